@@ -1,0 +1,84 @@
+"""orch's error tree and exit codes.
+
+Every expected failure is an ``OrchError`` and is caught in one place, ``cli.main``, which prints
+one line (what is wrong, where, how to fix it) and exits with the error's code. Anything else is a
+bug and keeps its traceback.
+
+    OrchError                       exit 1 unless a subclass says otherwise
+    ├── UsageError                  exit 2  bad command-line value
+    ├── ConfigError                 exit 2  bad hosts.yaml / playbook (names file, host, key)
+    ├── StateError                  exit 4  state file corrupt, unknown version, or locked too long
+    └── HostError                   per-host failure, collected by the fleet fan-out
+        ├── UnreachableError                cannot connect (refused, timeout, DNS)
+        ├── HostKeyError                    unknown or changed host key
+        ├── RemoteCommandError              a remote command exited non-zero
+        └── RefusedError                    orch will not do it (dirty tree, busy GPU, bad recipe)
+
+A command that ran on several hosts exits ``HOSTS_FAILED`` when at least one host failed, after
+reporting every host.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    INTERNAL = 1  # a bug: the traceback is printed
+    USAGE = 2  # bad input: command line, hosts.yaml, playbook
+    HOSTS_FAILED = 3  # the command failed on one or more hosts (the others are reported)
+    STATE = 4  # the state file is corrupt, of an unknown version, or locked by another orch
+    VERIFY_FAILED = 5  # the server runs but does not do what was asked (MTP off, accept length low)
+    INTERRUPTED = 130  # Ctrl-C
+
+
+class OrchError(Exception):
+    exit_code: ExitCode = ExitCode.INTERNAL
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+
+
+class UsageError(OrchError):
+    exit_code = ExitCode.USAGE
+
+
+class ConfigError(OrchError):
+    exit_code = ExitCode.USAGE
+
+
+class StateError(OrchError):
+    exit_code = ExitCode.STATE
+
+
+class HostError(OrchError):
+    exit_code = ExitCode.HOSTS_FAILED
+
+
+class UnreachableError(HostError):
+    pass
+
+
+class HostKeyError(HostError):
+    pass
+
+
+class RemoteCommandError(HostError):
+    def __init__(self, message: str, *, exit_status: int, stderr: str = "", hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.exit_status = exit_status
+        self.stderr = stderr
+
+
+class RefusedError(HostError):
+    pass
+
+
+class VerifyError(HostError):
+    exit_code = ExitCode.VERIFY_FAILED
