@@ -1,0 +1,43 @@
+"""The application object every command receives: options, inventory, state store and fleet."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from orchestrator.fleet import Fleet
+from orchestrator.inventory import Host, Inventory, inventory_path, load_inventory
+from orchestrator.state import StateStore
+from orchestrator.transport.ssh import ConnectOptions
+
+
+@dataclass
+class App:
+    inventory_option: Path | None = None
+    state_option: Path | None = None
+    options: ConnectOptions = field(default_factory=ConnectOptions)
+
+    @cached_property
+    def inventory(self) -> Inventory:
+        return load_inventory(inventory_path(self.inventory_option))
+
+    @property
+    def state_path(self) -> Path:
+        """``--state``, else ``$ORCH_STATE``, else ``.orch/state.json`` beside the inventory."""
+        if self.state_option is not None:
+            return self.state_option
+        if os.environ.get("ORCH_STATE"):
+            return Path(os.environ["ORCH_STATE"])
+        return inventory_path(self.inventory_option).resolve().parent / ".orch" / "state.json"
+
+    @cached_property
+    def store(self) -> StateStore:
+        return StateStore(self.state_path)
+
+    def select(self, names: tuple[str, ...] = (), tags: tuple[str, ...] = ()) -> list[Host]:
+        return self.inventory.select(names, tags)
+
+    def fleet(self, hosts: list[Host], parallel: int = 32) -> Fleet:
+        return Fleet(hosts, self.options, parallel=parallel)

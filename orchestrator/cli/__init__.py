@@ -1,0 +1,95 @@
+"""The ``orch`` command line: thin commands over the operations, one catch site for errors.
+
+Exit codes (see ``orchestrator.errors.ExitCode``): 0 ok; 1 internal error (traceback printed);
+2 bad input (command line, hosts.yaml, playbook); 3 failed on one or more hosts; 4 state file
+problem; 5 verification failed; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from orchestrator import __version__
+from orchestrator.app import App
+from orchestrator.cli import hosts
+from orchestrator.errors import ExitCode, OrchError
+from orchestrator.transport.ssh import ConnectOptions
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "-i",
+    "--inventory",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Inventory file. Default: $ORCH_INVENTORY, else ./hosts.yaml.",
+)
+@click.option(
+    "--state",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="State file. Default: $ORCH_STATE, else .orch/state.json beside the inventory.",
+)
+@click.option(
+    "--connect-timeout",
+    type=click.FloatRange(0.5, 300),
+    default=10.0,
+    show_default=True,
+    envvar="ORCH_CONNECT_TIMEOUT",
+    help="Seconds to wait for a host's SSH connection.",
+)
+@click.option(
+    "--accept-new-host-keys",
+    is_flag=True,
+    envvar="ORCH_ACCEPT_NEW_HOST_KEYS",
+    help="Trust and record the key of a host seen for the first time (a changed key is still refused).",
+)
+@click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv shows every remote command).")
+@click.version_option(__version__, prog_name="orch")
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    inventory: Path | None,
+    state: Path | None,
+    connect_timeout: float,
+    accept_new_host_keys: bool,
+    verbose: int,
+) -> None:
+    """orch: pull, tune, serve and measure SGLang on a fleet of GPU hosts over SSH.
+
+    \b
+    Example:
+      orch status
+      orch pull --host 10.1.230.171
+    """
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
+    logging.basicConfig(level=level, stream=sys.stderr, format="orch: %(message)s")
+    if verbose < 2:
+        logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    options = ConnectOptions(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)
+    ctx.obj = App(inventory_option=inventory, state_option=state, options=options)
+
+
+for command in (hosts.status, hosts.pull, hosts.trust):
+    cli.add_command(command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run a command and turn its outcome into the documented exit code."""
+    try:
+        code = cli.main(args=argv, prog_name="orch", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("orch: interrupted", err=True)
+        sys.exit(ExitCode.INTERRUPTED)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(ExitCode.USAGE if exc.exit_code == 2 else exc.exit_code)
+    except OrchError as exc:
+        click.echo(f"orch: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("orch: interrupted", err=True)
+        sys.exit(ExitCode.INTERRUPTED)
+    sys.exit(code if isinstance(code, int) else ExitCode.OK)

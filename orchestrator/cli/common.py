@@ -1,0 +1,44 @@
+"""What every command shares: the app object, host selection options, and the exit code rule."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from orchestrator.app import App
+from orchestrator.errors import ExitCode
+from orchestrator.fleet import FleetResult
+from orchestrator.render import host_errors
+
+F = TypeVar("F", bound=Callable[..., Any])
+pass_app = click.make_pass_decorator(App)
+
+
+def host_options(fn: F) -> F:
+    """``--host`` (repeatable, name or address), ``--tag`` (repeatable), ``--parallel``."""
+    fn = click.option(
+        "--parallel",
+        type=click.IntRange(1, 1024),
+        default=32,
+        show_default=True,
+        help="How many hosts to work on at once.",
+    )(fn)
+    fn = click.option("--tag", "tags", multiple=True, metavar="TAG", help="Hosts with this tag (repeatable).")(fn)
+    fn = click.option(
+        "--host",
+        "-H",
+        "hosts",
+        multiple=True,
+        metavar="NAME_OR_ADDRESS",
+        help="A host by inventory name or address (repeatable). Default: every host.",
+    )(fn)
+    return fn
+
+
+def finish(results: FleetResult[Any]) -> int:
+    """Report failed hosts on stderr; exit 0 when all succeeded, 3 when any failed; bugs re-raised."""
+    host_errors(results)
+    results.raise_bugs()
+    return int(ExitCode.HOSTS_FAILED if results.failed else ExitCode.OK)

@@ -1,0 +1,89 @@
+"""Commands about hosts themselves: status, pull, trust."""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator.app import App
+from orchestrator.cli.common import finish, host_options, pass_app
+from orchestrator.errors import ExitCode
+from orchestrator.ops import pull as pull_op
+from orchestrator.ops import status as status_op
+from orchestrator.render import out, print_json
+from orchestrator.transport.ssh import trust_host_key
+from orchestrator.views import pull_report, status_document, status_table
+
+
+@click.command()
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (logs go to stderr).")
+@pass_app
+def status(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, as_json: bool) -> int:
+    """Show each host: reachable, phase, SGLang commit, GPUs and what holds them.
+
+    \b
+    Example:
+      orch status
+      orch status --host blackwell-1 --json
+    """
+    selected = app.select(hosts, tags)
+    with app.fleet(selected, parallel) as fleet:
+        results = fleet.map(lambda h, r: status_op.probe(h, r, app.store))
+    views = [r.value if r.ok and r.value else status_op.unreachable(r, app.store) for r in results]
+    if as_json:
+        print_json(status_document(views))
+    else:
+        status_table(views)
+    results.raise_bugs()
+    return int(ExitCode.HOSTS_FAILED if results.failed else ExitCode.OK)
+
+
+@click.command()
+@host_options
+@click.option("--dry-run", is_flag=True, help="Print the exact remote commands; change nothing.")
+@click.option("--install", is_flag=True, help="Then run `pip install -e python` with the host's python.")
+@pass_app
+def pull(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, dry_run: bool, install: bool) -> int:
+    """Fast-forward each host's SGLang checkout to its upstream.
+
+    Refuses, changing nothing, when tracked files have uncommitted changes or the branch diverged.
+
+    \b
+    Example:
+      orch pull --host 10.1.230.171
+      orch pull --tag canary --dry-run
+    """
+    selected = app.select(hosts, tags)
+    if dry_run:
+        for host in selected:
+            for line in pull_op.dry_run_lines(host, install):
+                out.print(f"{host.name}: $ {line}", markup=False)
+        return int(ExitCode.OK)
+    with app.fleet(selected, parallel) as fleet:
+        results = fleet.map(lambda h, r: pull_op.pull(h, r, app.store, install))
+    pull_report(results)
+    return finish(results)
+
+
+@click.command()
+@click.argument("host_names", nargs=-1, required=True, metavar="HOST...")
+@click.option(
+    "--fingerprint",
+    "expected",
+    metavar="SHA256:...",
+    help="Only trust the key when it has this fingerprint (as `ssh-keygen -lf` prints it on the host).",
+)
+@pass_app
+def trust(app: App, host_names: tuple[str, ...], expected: str | None) -> int:
+    """Record a host's SSH host key as trusted (in the inventory's known_hosts, else ~/.ssh/known_hosts).
+
+    Check the fingerprint it prints against the host's own (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`).
+
+    \b
+    Example:
+      orch trust blackwell-1 --fingerprint SHA256:Zk3...
+    """
+    for host in app.select(host_names):
+        outcome = trust_host_key(host, app.options.connect_timeout, expected)
+        out.print(f"{host.name}: {outcome}", markup=False)
+    return int(ExitCode.OK)

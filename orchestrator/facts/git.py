@@ -1,0 +1,100 @@
+"""Git on the host: argv builders and parsers for the SGLang checkout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Prints key=value lines about the checkout in $1 relative to the upstream ref $2. Values arrive as
+# positional parameters, so no path or ref is ever parsed by the shell.
+_INFO_SCRIPT = r"""
+cd -- "$1" 2>/dev/null || { echo "error=no such directory: $1"; exit 0; }
+git rev-parse --is-inside-work-tree >/dev/null 2>&1 || { echo "error=not a git checkout: $1"; exit 0; }
+echo "commit=$(git rev-parse HEAD)"
+echo "branch=$(git symbolic-ref --short -q HEAD || echo HEAD)"
+echo "subject=$(git log -1 --format=%s)"
+echo "upstream_commit=$(git rev-parse -q --verify "$2^{commit}" || echo)"
+echo "behind=$(git rev-list --count "HEAD..$2" 2>/dev/null || echo)"
+"""
+
+
+@dataclass(frozen=True)
+class GitInfo:
+    commit: str
+    branch: str
+    subject: str
+    upstream_commit: str | None
+    behind: int | None
+
+    @property
+    def short(self) -> str:
+        return self.commit[:10]
+
+
+class GitInfoError(Exception):
+    pass
+
+
+def info_argv(sglang_dir: str, upstream: str) -> list[str]:
+    return ["sh", "-c", _INFO_SCRIPT, "orch-git-info", sglang_dir, upstream]
+
+
+def parse_info(stdout: str) -> GitInfo:
+    """Parse the output of ``info_argv``; a missing or broken checkout raises ``GitInfoError``."""
+    fields = dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+    if "error" in fields:
+        raise GitInfoError(fields["error"])
+    if not fields.get("commit"):
+        raise GitInfoError(f"unexpected output from git: {stdout.strip()[:200]!r}")
+    behind = fields.get("behind", "")
+    return GitInfo(
+        commit=fields["commit"],
+        branch=fields.get("branch", "HEAD"),
+        subject=fields.get("subject", ""),
+        upstream_commit=fields.get("upstream_commit") or None,
+        behind=int(behind) if behind.isdigit() else None,
+    )
+
+
+def git(sglang_dir: str, *args: str) -> list[str]:
+    """``git -C DIR ARGS``: every git command orch runs goes through here."""
+    return ["git", "-C", sglang_dir, *args]
+
+
+def dirty_argv(sglang_dir: str) -> list[str]:
+    return git(sglang_dir, "status", "--porcelain", "--untracked-files=no")
+
+
+def fetch_argv(sglang_dir: str, remote: str) -> list[str]:
+    return git(sglang_dir, "fetch", "--quiet", "--", remote)
+
+
+def is_ancestor_argv(sglang_dir: str, older: str, newer: str) -> list[str]:
+    """Exits 0 when ``older`` is an ancestor of ``newer``, 1 when not."""
+    return git(sglang_dir, "merge-base", "--is-ancestor", older, newer)
+
+
+def count_argv(sglang_dir: str, range_: str) -> list[str]:
+    return git(sglang_dir, "rev-list", "--count", range_)
+
+
+def fast_forward_argv(sglang_dir: str, upstream: str) -> list[str]:
+    return git(sglang_dir, "merge", "--ff-only", "--quiet", upstream)
+
+
+def log_argv(sglang_dir: str, old: str, new: str) -> list[str]:
+    return git(sglang_dir, "log", "--format=%h %s", f"{old}..{new}")
+
+
+def parse_dirty(stdout: str) -> list[str]:
+    """Paths of tracked files with uncommitted changes, from ``git status --porcelain``."""
+    return [line[3:] for line in stdout.splitlines() if len(line) > 3]
+
+
+def parse_log(stdout: str) -> list[tuple[str, str]]:
+    """``(short sha, subject)`` pairs, newest first."""
+    pairs = []
+    for line in stdout.splitlines():
+        sha, _, subject = line.partition(" ")
+        if sha:
+            pairs.append((sha, subject))
+    return pairs

@@ -1,0 +1,110 @@
+"""Fan-out: run one operation on many hosts at once; every host ends as a value, never a raised error.
+
+Like fabric's ``GroupResult``, each host maps to its result or the error it raised; one unreachable or
+failing host never stops or hides the others. A ``Fleet`` keeps one runner (one SSH connection) per
+host for the whole invocation, so every step of a command on a host reuses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from orchestrator.errors import OrchError
+from orchestrator.inventory import Host
+from orchestrator.transport.base import Runner
+from orchestrator.transport.local import LocalRunner
+from orchestrator.transport.ssh import ConnectOptions, SSHRunner
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def open_runner(host: Host, options: ConnectOptions) -> Runner:
+    """The runner for a host's transport (the connection opens on first use)."""
+    if host.transport == "local":
+        return LocalRunner(host)
+    return SSHRunner(host, options)
+
+
+@dataclass
+class HostResult(Generic[T]):
+    host: Host
+    value: T | None = None
+    error: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def is_bug(self) -> bool:
+        """An unexpected exception (not an ``OrchError``): its traceback must be shown."""
+        return self.error is not None and not isinstance(self.error, OrchError)
+
+
+class FleetResult(list[HostResult[T]]):
+    @property
+    def failed(self) -> list[HostResult[T]]:
+        return [r for r in self if not r.ok]
+
+    @property
+    def succeeded(self) -> list[HostResult[T]]:
+        return [r for r in self if r.ok]
+
+    def raise_bugs(self) -> None:
+        """Re-raise the first unexpected exception, after the others were reported."""
+        for r in self:
+            if r.is_bug and r.error is not None:
+                raise r.error
+
+
+class Fleet:
+    def __init__(self, hosts: list[Host], options: ConnectOptions, parallel: int = 32) -> None:
+        self.hosts = hosts
+        self.options = options
+        self.parallel = max(1, parallel)
+        self._runners: dict[str, Runner] = {}
+        self._lock = threading.Lock()
+
+    def runner(self, host: Host) -> Runner:
+        with self._lock:
+            if host.name not in self._runners:
+                self._runners[host.name] = open_runner(host, self.options)
+            return self._runners[host.name]
+
+    def map(self, fn: Callable[[Host, Runner], T], hosts: list[Host] | None = None) -> FleetResult[T]:
+        """``fn(host, runner)`` on every host, ``parallel`` at a time; results in inventory order."""
+        targets = self.hosts if hosts is None else hosts
+        with ThreadPoolExecutor(max_workers=min(self.parallel, max(1, len(targets)))) as pool:
+            results = list(pool.map(lambda h: self._call(fn, h), targets))
+        return FleetResult(results)
+
+    def _call(self, fn: Callable[[Host, Runner], T], host: Host) -> HostResult[T]:
+        try:
+            return HostResult(host, value=fn(host, self.runner(host)))
+        except OrchError as exc:
+            log.debug("%s: %s", host.name, exc)
+            return HostResult(host, error=exc)
+        except Exception as exc:
+            log.error("%s: internal error\n%s", host.name, traceback.format_exc())
+            return HostResult(host, error=exc)
+
+    def close(self) -> None:
+        for runner in self._runners.values():
+            runner.close()
+        self._runners.clear()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[Host]:
+        return iter(self.hosts)

@@ -1,0 +1,207 @@
+"""The inventory: ``hosts.yaml``, validated once at the boundary.
+
+Past ``load_inventory`` there are no raw dicts: every host is a ``Host`` with its defaults merged in.
+Every error names the file, the host and the key, says what is wrong and how to fix it, and exits 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from orchestrator.errors import ConfigError, UsageError
+
+DEFAULT_INVENTORY = Path("hosts.yaml")
+_UPSTREAM = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*/[A-Za-z0-9_.][A-Za-z0-9_./-]*$")
+_USER = re.compile(r"^[a-z_][a-z0-9_.-]*\$?$", re.IGNORECASE)
+_ADDRESS = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")
+_REMOTE_PATH_KEYS = ("sglang_dir", "python", "workdir", "model_path")
+
+
+class HostSettings(BaseModel):
+    """Every key a host may set, all with defaults; ``defaults:`` in hosts.yaml sets them for all hosts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    user: str = "root"
+    port: int = Field(22, ge=1, le=65535)
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    transport: Literal["ssh", "local"] = "ssh"
+    sglang_dir: str = "/root/sglang"
+    python: str = "/root/sglang/.venv/bin/python"
+    workdir: str = "/root/.orch"
+    upstream: str = "origin/main"
+    model_path: str = "/models/DeepSeek-V4-Flash"
+    server_port: int = Field(30000, ge=1, le=65535)
+    gpus: int = Field(8, ge=1, le=64)
+    env: dict[str, str] = Field(default_factory=dict)
+    tags: list[str] = Field(default_factory=list)
+    playbook: str | None = None
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str) -> str:
+        if not _USER.match(value):
+            raise ValueError(f"{value!r} is not a user name")
+        return value
+
+    @field_validator(*_REMOTE_PATH_KEYS)
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(
+                f"must be an absolute path on the host (got {value!r}); orch quotes every path, "
+                "so '~' and '$HOME' would not be expanded"
+            )
+        return value
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream(cls, value: str) -> str:
+        if not _UPSTREAM.match(value) or ".." in value:
+            raise ValueError(f"must be REMOTE/BRANCH such as 'origin/main' (got {value!r})")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return value
+
+    @property
+    def remote(self) -> str:
+        """The remote name of ``upstream`` (``origin`` of ``origin/main``)."""
+        return self.upstream.split("/", 1)[0]
+
+    @property
+    def branch(self) -> str:
+        return self.upstream.split("/", 1)[1]
+
+
+class Host(HostSettings):
+    """One host of the inventory, defaults merged in."""
+
+    name: str
+    address: str
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if not value or not _ADDRESS.match(value) or value.startswith("-"):
+            raise ValueError(f"{value!r} is not a host name or IP address")
+        return value
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.address})"
+
+
+class Inventory(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: Path
+    hosts: dict[str, Host]
+
+    def select(self, names: tuple[str, ...] = (), tags: tuple[str, ...] = ()) -> list[Host]:
+        """Hosts named (by name or address) or tagged; neither → every host. Unknown → exit 2."""
+        if not names and not tags:
+            return list(self.hosts.values())
+        chosen = {h.name: h for h in self._by_names(names)}
+        for tag in tags:
+            tagged = [h for h in self.hosts.values() if tag in h.tags]
+            if not tagged:
+                known = sorted({t for h in self.hosts.values() for t in h.tags})
+                raise UsageError(f"no host in {self.path} has tag {tag!r}; tags in use: {', '.join(known) or 'none'}")
+            chosen.update((h.name, h) for h in tagged)
+        return [h for h in self.hosts.values() if h.name in chosen]
+
+    def _by_names(self, names: tuple[str, ...]) -> list[Host]:
+        found: list[Host] = []
+        for wanted in names:
+            match = [h for h in self.hosts.values() if wanted in (h.name, h.address)]
+            if not match:
+                raise UsageError(
+                    f"unknown host {wanted!r} in {self.path}; known hosts: {', '.join(self.hosts)}",
+                    hint="use a host's name or address as written in the inventory",
+                )
+            found += match
+        return found
+
+
+def inventory_path(option: Path | None) -> Path:
+    """``--inventory``, else ``$ORCH_INVENTORY``, else ``./hosts.yaml``."""
+    if option is not None:
+        return option
+    return Path(os.environ.get("ORCH_INVENTORY") or DEFAULT_INVENTORY)
+
+
+def load_inventory(path: Path) -> Inventory:
+    raw = _read_yaml(path)
+    defaults = _validate_defaults(path, raw.get("defaults") or {})
+    hosts_raw = raw.get("hosts")
+    if not isinstance(hosts_raw, dict) or not hosts_raw:
+        raise ConfigError(f"{path}: 'hosts' must be a mapping of host names to settings, with at least one host")
+    hosts = {str(name): _validate_host(path, str(name), spec, defaults) for name, spec in hosts_raw.items()}
+    return Inventory(path=path, hosts=hosts)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"inventory {path} not found", hint="pass --inventory PATH or set ORCH_INVENTORY (see README: Inventory)"
+        ) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping with 'hosts' (and optional 'defaults')")
+    unknown = sorted(set(raw) - {"defaults", "hosts"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown top-level key {unknown[0]!r}; allowed: defaults, hosts")
+    return raw
+
+
+def _validate_defaults(path: Path, raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: 'defaults' must be a mapping of host settings")
+    try:
+        HostSettings.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_describe(path, "defaults", exc)) from None
+    return raw
+
+
+def _validate_host(path: Path, name: str, spec: Any, defaults: dict[str, Any]) -> Host:
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{path}: host {name!r}: settings must be a mapping with at least 'address'")
+    try:
+        return Host.model_validate({**defaults, **spec, "name": name})
+    except ValidationError as exc:
+        raise ConfigError(_describe(path, f"host {name!r}", exc)) from None
+
+
+def _describe(path: Path, where: str, exc: ValidationError) -> str:
+    """One line per problem: file, host, key, what is wrong."""
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "?"
+        if err["type"] == "extra_forbidden":
+            allowed = ", ".join(k for k in Host.model_fields if k != "name")
+            lines.append(f"{path}: {where}: unknown key {key!r} (allowed: {allowed})")
+        elif err["type"] == "missing":
+            lines.append(f"{path}: {where}: missing required key {key!r}")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{path}: {where}, key {key!r}: {msg} (got {err.get('input')!r})")
+    return "\n".join(lines)

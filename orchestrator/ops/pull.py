@@ -1,0 +1,114 @@
+"""``orch pull``: fast-forward the host's SGLang checkout to its upstream, or refuse and change nothing.
+
+Refusals (exit 3 for that host, the checkout untouched): tracked files with uncommitted changes, a
+detached HEAD, or a branch that has diverged from upstream. A checkout already at (or ahead of)
+upstream is success. Phase becomes ``pulled`` when the commit changed, or when the host was new or
+failed; a serving host whose checkout did not move keeps its phase.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from orchestrator.errors import RefusedError
+from orchestrator.facts import git
+from orchestrator.inventory import Host
+from orchestrator.ops.status import read_git, sglang_info
+from orchestrator.state import HostState, Phase, StateStore
+from orchestrator.transport.base import Runner, shell_command
+
+
+@dataclass
+class PullResult:
+    old: str
+    new: str
+    commits: list[tuple[str, str]] = field(default_factory=list)  # (short sha, subject), newest first
+    ahead: int = 0
+    installed: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return self.old != self.new
+
+
+def plan(host: Host, install: bool) -> list[list[str]]:
+    """The remote commands a pull runs (for ``--dry-run``), in order."""
+    d = host.sglang_dir
+    steps = [
+        git.info_argv(d, host.upstream),
+        git.dirty_argv(d),
+        git.fetch_argv(d, host.remote),
+        git.is_ancestor_argv(d, "HEAD", host.upstream),
+        git.fast_forward_argv(d, host.upstream),
+        git.log_argv(d, "OLD", "NEW"),
+    ]
+    if install:
+        steps.append(install_argv(host))
+    return steps
+
+
+def dry_run_lines(host: Host, install: bool) -> list[str]:
+    return [shell_command(argv, env=host.env or None) for argv in plan(host, install)]
+
+
+def install_argv(host: Host) -> list[str]:
+    return [host.python, "-m", "pip", "install", "-e", f"{host.sglang_dir.rstrip('/')}/python"]
+
+
+def pull(host: Host, runner: Runner, store: StateStore, install: bool = False) -> PullResult:
+    before = read_git(host, runner)
+    _refuse_unsafe(host, runner, before)
+    runner.run(git.fetch_argv(host.sglang_dir, host.remote), check=True, timeout=600)
+    ahead = _check_not_diverged(host, runner)
+    result = PullResult(old=before.commit, new=before.commit, ahead=ahead)
+    if ahead == 0:
+        runner.run(git.fast_forward_argv(host.sglang_dir, host.upstream), check=True, timeout=300)
+    after = read_git(host, runner)
+    result.new = after.commit
+    if result.changed:
+        log = runner.run(git.log_argv(host.sglang_dir, before.commit, after.commit), check=True)
+        result.commits = git.parse_log(log.stdout)
+    if install:
+        runner.run(install_argv(host), cwd=host.sglang_dir, check=True, timeout=1800)
+        result.installed = True
+    store.update_host(host.name, lambda hs: _record(hs, host, after, result))
+    return result
+
+
+def _refuse_unsafe(host: Host, runner: Runner, info: git.GitInfo) -> None:
+    dirty = git.parse_dirty(runner.run(git.dirty_argv(host.sglang_dir), check=True).stdout)
+    if dirty:
+        shown = ", ".join(dirty[:5]) + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")
+        raise RefusedError(
+            f"{host.name}: {host.sglang_dir} has uncommitted changes to tracked files ({shown}); nothing changed",
+            hint="commit or stash them on the host (git stash), then pull again",
+        )
+    if info.branch == "HEAD":
+        raise RefusedError(
+            f"{host.name}: {host.sglang_dir} is on a detached HEAD ({info.short}); nothing changed",
+            hint=f"check out the branch that follows {host.upstream} (git checkout {host.branch}), then pull again",
+        )
+
+
+def _check_not_diverged(host: Host, runner: Runner) -> int:
+    """Local commits not in upstream (0 when HEAD can be fast-forwarded); refuse a divergence."""
+    d = host.sglang_dir
+    if runner.run(git.is_ancestor_argv(d, "HEAD", host.upstream)).ok:
+        return 0
+    ahead = int(runner.run(git.count_argv(d, f"{host.upstream}..HEAD"), check=True).stdout.strip() or 0)
+    if runner.run(git.is_ancestor_argv(d, host.upstream, "HEAD")).ok:
+        return ahead  # only local commits: nothing to pull
+    behind = runner.run(git.count_argv(d, f"HEAD..{host.upstream}"), check=True).stdout.strip()
+    raise RefusedError(
+        f"{host.name}: branch has diverged from {host.upstream} ({ahead} local, {behind} upstream commits); "
+        "nothing changed",
+        hint="rebase or reset the checkout on the host by hand, then pull again",
+    )
+
+
+def _record(hs: HostState, host: Host, info: git.GitInfo, result: PullResult) -> None:
+    hs.sglang = sglang_info(host, info)
+    if result.changed or hs.phase in (Phase.NEW, Phase.FAILED):
+        reason = f"{result.old[:10]} -> {result.new[:10]}" if result.changed else "already up to date"
+        hs.set_phase(Phase.PULLED, reason)
+    hs.last_error = None

@@ -1,0 +1,60 @@
+"""Rendering for people (rich tables on stdout) and for programs (one JSON document on stdout).
+
+Errors and logs go to stderr, so ``--json`` output can always be piped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.fleet import HostResult
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def to_jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: to_jsonable(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    return value
+
+
+def print_json(document: Any) -> None:
+    sys.stdout.write(json.dumps(to_jsonable(document), indent=2, sort_keys=False, default=str) + "\n")
+
+
+def host_errors(results: Iterable[HostResult[Any]]) -> None:
+    """One block per failed host on stderr: what failed, and the hint when there is one."""
+    for r in results:
+        if r.error is None:
+            continue
+        text = str(r.error) if not r.is_bug else f"internal error: {r.error!r} (traceback above)"
+        first, *rest = text.splitlines() or [""]
+        prefix = "" if first.startswith(f"{r.host.name}:") else f"{r.host.name}: "
+        err.print(f"[red]✗[/red] {prefix}{first}", markup=True)
+        for line in rest:
+            err.print(f"  {line}", markup=False)
+
+
+def table(title: str | None, columns: list[str], rows: list[list[str]]) -> None:
+    t = Table(title=title, show_lines=False, header_style="bold")
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for row in rows:
+        t.add_row(*row)
+    out.print(t)
+
+
+def fmt_mib(mib: int) -> str:
+    return f"{mib / 1024:.0f}G" if mib >= 1024 else f"{mib}M"

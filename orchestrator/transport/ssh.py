@@ -1,0 +1,277 @@
+"""The SSH runner: the only module that imports fabric and paramiko.
+
+One ``SSHRunner`` holds one SSH connection to one host for the whole orch invocation; every command
+and file transfer of that invocation is a channel on it. Host keys are verified against the
+inventory's ``known_hosts`` and the user's ``~/.ssh/known_hosts``: an unknown key is refused (or, with
+``accept_new``, recorded like OpenSSH's ``StrictHostKeyChecking=accept-new``); a changed key is
+always refused. Only *connecting* is retried: a remote command is never run twice by orch.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import paramiko
+from fabric import Connection
+from invoke.exceptions import CommandTimedOut
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential
+
+from orchestrator.errors import HostKeyError, RemoteCommandError, UnreachableError
+from orchestrator.inventory import Host
+from orchestrator.transport.base import CommandResult, check_result, shell_command
+
+log = logging.getLogger(__name__)
+
+USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
+# Failures worth another try: nothing answered yet, or the handshake broke off. Not auth, not host keys.
+_RETRYABLE = (socket.timeout, ConnectionError, paramiko.ssh_exception.NoValidConnectionsError, EOFError)
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    connect_timeout: float = 10.0
+    keepalive: int = 15
+    connect_attempts: int = 3
+    accept_new_host_keys: bool = False
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's SHA256 fingerprint of a host key, as ``ssh-keygen -lf`` prints it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def known_hosts_files(host: Host) -> list[Path]:
+    """Files checked for host keys: the user's, then the inventory's."""
+    files = [Path(os.path.expanduser(USER_KNOWN_HOSTS))]
+    if host.known_hosts:
+        files.append(Path(os.path.expanduser(host.known_hosts)))
+    return files
+
+
+def trust_file(host: Host) -> Path:
+    """Where a newly trusted key is recorded: the inventory's known_hosts if set, else the user's."""
+    return Path(os.path.expanduser(host.known_hosts or USER_KNOWN_HOSTS))
+
+
+def record_host_key(path: Path, name: str, key: paramiko.PKey) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(path, "a") as fh:
+        fh.write(f"{name} {key.get_name()} {key.get_base64()}\n")
+
+
+class _VerifyHostKey(paramiko.MissingHostKeyPolicy):
+    """Called by paramiko only for a key that no known_hosts file lists."""
+
+    def __init__(self, host: Host, accept_new: bool) -> None:
+        self.host = host
+        self.accept_new = accept_new
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        fp = fingerprint(key)
+        if not self.accept_new:
+            raise HostKeyError(
+                f"{self.host.name}: unknown host key for {hostname}: {key.get_name()} {fp}",
+                hint=f"check the fingerprint on the host (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), "
+                f"then run `orch trust {self.host.name}`, or pass --accept-new-host-keys",
+            )
+        record_host_key(trust_file(self.host), hostname, key)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        log.warning(
+            "%s: trusted new host key %s %s (recorded in %s)", self.host.name, key.get_name(), fp, trust_file(self.host)
+        )
+
+
+class SSHRunner:
+    """A ``Runner`` over one SSH connection (opened on first use)."""
+
+    def __init__(self, host: Host, options: ConnectOptions) -> None:
+        self.host = host.name
+        self._spec = host
+        self._options = options
+        self._conn: Connection | None = None
+        self._sftp: paramiko.SFTPClient | None = None
+
+    # -- connection -----------------------------------------------------------------------------
+    def connect(self) -> Connection:
+        if self._conn is not None and self._conn.is_connected:
+            return self._conn
+        deadline = time.monotonic() + self._options.connect_timeout
+        retrying = Retrying(
+            stop=stop_after_attempt(self._options.connect_attempts) | stop_after_delay(self._options.connect_timeout),
+            wait=wait_exponential(multiplier=0.25, max=2.0),
+            retry=retry_if_exception_type(_RETRYABLE),
+            reraise=True,
+        )
+        try:
+            self._conn = retrying(self._open, deadline)
+        except (HostKeyError, UnreachableError):
+            raise
+        except paramiko.BadHostKeyException as exc:
+            raise self._changed_key(exc) from None
+        except paramiko.AuthenticationException as exc:
+            raise UnreachableError(
+                f"{self.host}: SSH authentication as {self._spec.user!r} failed: {exc}",
+                hint="check identity_file in the inventory, or that your ssh-agent holds the key",
+            ) from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise UnreachableError(
+                f"{self.host}: cannot connect to {self._spec.address}:{self._spec.port}: {_reason(exc)}"
+            ) from None
+        return self._conn
+
+    def _open(self, deadline: float) -> Connection:
+        timeout = max(0.5, deadline - time.monotonic())
+        conn = Connection(
+            host=self._spec.address,
+            user=self._spec.user,
+            port=self._spec.port,
+            connect_timeout=max(1, round(timeout)),
+            connect_kwargs=self._connect_kwargs(timeout),
+        )
+        self._load_host_keys(conn.client)
+        try:
+            conn.open()
+        except BaseException:
+            conn.close()
+            raise
+        conn.transport.set_keepalive(self._options.keepalive)
+        return conn
+
+    def _connect_kwargs(self, timeout: float) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"banner_timeout": timeout, "auth_timeout": timeout}
+        if self._spec.identity_file:
+            kwargs["key_filename"] = os.path.expanduser(self._spec.identity_file)
+        return kwargs
+
+    def _load_host_keys(self, client: paramiko.SSHClient) -> None:
+        for path in known_hosts_files(self._spec):
+            if path.exists():
+                client.load_host_keys(str(path))
+        client.set_missing_host_key_policy(_VerifyHostKey(self._spec, self._options.accept_new_host_keys))
+
+    def _changed_key(self, exc: paramiko.BadHostKeyException) -> HostKeyError:
+        files = ", ".join(str(p) for p in known_hosts_files(self._spec))
+        return HostKeyError(
+            f"{self.host}: HOST KEY CHANGED for {self._spec.address}:{self._spec.port}: known "
+            f"{fingerprint(exc.expected_key)}, offered {fingerprint(exc.key)}; refusing to connect",
+            hint=f"if the host was reinstalled, verify the new key and remove the old line from {files}",
+        )
+
+    def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- commands -------------------------------------------------------------------------------
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+    ) -> CommandResult:
+        conn = self.connect()
+        command = shell_command(argv, cwd=cwd, env={**self._spec.env, **(env or {})})
+        log.debug("%s: $ %s", self.host, command)
+        in_stream: Any = io.StringIO(stdin) if stdin is not None else False
+        try:
+            res = conn.run(command, hide=True, warn=True, pty=False, in_stream=in_stream, timeout=timeout)
+        except CommandTimedOut:
+            raise RemoteCommandError(f"{self.host}: `{command}` timed out after {timeout} s", exit_status=-1) from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            self._conn = None
+            raise UnreachableError(f"{self.host}: connection lost while running a command: {_reason(exc)}") from None
+        result = CommandResult(tuple(argv), res.exited, res.stdout, res.stderr)
+        return check_result(self.host, result) if check else result
+
+    # -- files ----------------------------------------------------------------------------------
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            self._sftp = self.connect().client.open_sftp()
+        return self._sftp
+
+    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        try:
+            with self._sftp_client().open(path, "rb") as fh:
+                fh.seek(offset)
+                data: bytes = fh.read(length) if length is not None else fh.read()
+                return data
+        except (TimeoutError, paramiko.SSHException, EOFError, ConnectionError) as exc:
+            self._conn, self._sftp = None, None
+            raise UnreachableError(f"{self.host}: connection lost while reading {path}: {_reason(exc)}") from None
+
+    def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        sftp = self._sftp_client()
+        tmp = f"{path}.orch-tmp-{uuid.uuid4().hex[:8]}"
+        with sftp.open(tmp, "wb") as fh:
+            fh.chmod(mode)
+            fh.write(data)
+        sftp.posix_rename(tmp, path)
+
+
+def fetch_host_key(host: Host, timeout: float) -> tuple[str, paramiko.PKey]:
+    """The key a host offers, without authenticating: for ``orch trust``."""
+    try:
+        sock = socket.create_connection((host.address, host.port), timeout=timeout)
+    except OSError as exc:
+        raise UnreachableError(f"{host.name}: cannot connect to {host.address}:{host.port}: {_reason(exc)}") from None
+    transport = paramiko.Transport(sock)
+    try:
+        transport.start_client(timeout=timeout)
+        return known_hosts_name(host.address, host.port), transport.get_remote_server_key()
+    except (paramiko.SSHException, EOFError) as exc:
+        raise UnreachableError(f"{host.name}: SSH handshake failed: {_reason(exc)}") from None
+    finally:
+        transport.close()
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return "connection refused (is sshd running? is the port right?)"
+    if isinstance(exc, socket.timeout | TimeoutError):
+        return "timed out"
+    return str(exc) or type(exc).__name__
+
+
+def trust_host_key(host: Host, timeout: float, expected: str | None = None) -> str:
+    """Record the key ``host`` offers; refuse when it differs from a known one or from ``expected``."""
+    name, key = fetch_host_key(host, timeout)
+    fp = fingerprint(key)
+    if expected and expected != fp:
+        raise HostKeyError(f"{host.name}: offered key {key.get_name()} {fp} does not match the expected {expected}")
+    known = paramiko.HostKeys()
+    for path in known_hosts_files(host):
+        if path.exists():
+            known.load(str(path))
+    entry = known.lookup(name)
+    if entry is not None and key.get_name() in entry:
+        if entry[key.get_name()] == key:
+            return f"{key.get_name()} {fp} is already trusted"
+        raise HostKeyError(
+            f"{host.name}: HOST KEY CHANGED for {name}: offered {fp}; refusing to trust it over the known key",
+            hint="if the host was reinstalled, remove its old line from known_hosts first",
+        )
+    record_host_key(trust_file(host), name, key)
+    return f"trusted {key.get_name()} {fp} (recorded in {trust_file(host)})"

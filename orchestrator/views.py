@@ -1,0 +1,88 @@
+"""What commands show: pure functions from operation results to tables and JSON documents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.fleet import FleetResult
+from orchestrator.ops.pull import PullResult
+from orchestrator.ops.status import HostStatus
+from orchestrator.render import fmt_mib, out, table, to_jsonable
+
+
+def status_document(views: list[HostStatus]) -> dict[str, Any]:
+    hosts = []
+    for v in views:
+        doc = to_jsonable(v)
+        sg = v.sglang or {}
+        doc["sglang"] = (
+            {
+                "commit": sg.get("commit"),
+                "branch": sg.get("branch"),
+                "behind": sg.get("behind"),
+                "subject": sg.get("subject"),
+            }
+            if v.sglang
+            else None
+        )
+        doc.update(doc.pop("extra"))
+        hosts.append(doc)
+    return {"hosts": hosts}
+
+
+def _sglang_cell(v: HostStatus) -> str:
+    if not v.sglang:
+        return "-"
+    sg = v.sglang
+    behind = sg.get("behind")
+    lag = "" if behind is None else (" (up to date)" if behind == 0 else f" ({behind} behind)")
+    return f"{sg.get('branch')} {sg.get('short') or str(sg.get('commit'))[:10]} {sg.get('subject', '')}{lag}"
+
+
+def _gpu_cell(v: HostStatus) -> str:
+    if v.gpu_error:
+        return f"error: {v.gpu_error}"
+    if not v.gpus:
+        return "-"
+    used = sum(g.memory_used_mib for g in v.gpus)
+    total = sum(g.memory_total_mib for g in v.gpus)
+    busy = [f"{g.index}:{p['name']}({p['pid']})" for g in v.gpus for p in g.processes]
+    line = f"{len(v.gpus)}× {v.gpus[0].name}, {fmt_mib(used)}/{fmt_mib(total)}"
+    return line + (f"; held: {' '.join(busy)}" if busy else "; idle")
+
+
+def status_table(views: list[HostStatus]) -> None:
+    rows = []
+    for v in views:
+        reach = "yes" if v.reachable else f"NO: {v.error}"
+        rows.append(
+            [
+                v.name,
+                v.address,
+                reach,
+                v.phase,
+                _sglang_cell(v),
+                _gpu_cell(v),
+                *(str(v.extra.get(k, "")) for k in ("jobs",)),
+            ]
+        )
+        if v.reachable and v.error:
+            rows[-1][2] = f"yes ({v.error})"
+    table(None, ["host", "address", "reachable", "phase", "sglang", "gpus", "jobs"], rows)
+
+
+def pull_report(results: FleetResult[PullResult]) -> None:
+    for r in results.succeeded:
+        p = r.value
+        assert p is not None
+        if not p.changed:
+            note = f" ({p.ahead} local commits ahead of upstream)" if p.ahead else ""
+            out.print(f"{r.host.name}: already up to date at {p.new[:10]}{note}", markup=False)
+            continue
+        out.print(
+            f"{r.host.name}: {p.old[:10]} → {p.new[:10]}, {len(p.commits)} new "
+            f"commit{'s' if len(p.commits) != 1 else ''}:",
+            markup=False,
+        )
+        for sha, subject in p.commits:
+            out.print(f"    {sha} {subject}", markup=False)

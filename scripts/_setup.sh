@@ -1,0 +1,23 @@
+# Shared install steps for scripts/test.sh and scripts/demo.sh (sourced, not run).
+
+ensure_system_packages() {
+  # Debian packages: openssh-server (the simulated hosts run real sshd), git.
+  local missing=()
+  [ -x /usr/sbin/sshd ] || command -v sshd >/dev/null || missing+=(openssh-server)
+  command -v git >/dev/null || missing+=(git)
+  python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "== installing Debian packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+ensure_venv() {
+  # A project-local virtualenv with orch installed (editable) plus the given extras.
+  if [ ! -x .venv/bin/python ]; then
+    python3 -c 'import venv, ensurepip' 2>/dev/null || ensure_system_packages
+    python3 -m venv .venv
+  fi
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e "$1"
+}
