@@ -1,0 +1,424 @@
+"""The state store: atomic, locked, validated, secret-free. Concurrency tests use real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+import orchestrator
+from orchestrator.errors import ExitCode, StateError
+from orchestrator.state import (
+    HostState,
+    JobRecord,
+    Phase,
+    ServerRecord,
+    SGLangInfo,
+    State,
+    StateStore,
+)
+
+REPO_ROOT = Path(orchestrator.__file__).resolve().parents[1]
+T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def state_path(tmp_path: Path) -> Path:
+    return tmp_path / ".orch" / "state.json"
+
+
+@pytest.fixture
+def store(state_path: Path) -> StateStore:
+    return StateStore(state_path)
+
+
+@pytest.fixture
+def no_umask() -> Iterator[None]:
+    """umask 0, so only the modes orch passes at creation protect the files."""
+    old = os.umask(0)
+    yield
+    os.umask(old)
+
+
+def a_job(**changes: object) -> JobRecord:
+    fields: dict[str, object] = {
+        "id": "tune-1",
+        "kind": "tune",
+        "purpose": "tune-fp8:N=1024,K=4096",
+        "argv": ["python", "-m", "sglang.tune", "--N", "1024", "--max-total-tokens=4096"],
+        "pid": 4242,
+        "started_at": T0,
+        "gpus": [0, 1],
+        "log": "/root/.orch/jobs/tune-1/log",
+        "meta": {"shapes": [[1024, 4096]], "batch_sizes": [1, 2, 4]},
+    }
+    return JobRecord.model_validate({**fields, **changes})
+
+
+def a_server(**changes: object) -> ServerRecord:
+    fields: dict[str, object] = {
+        "job_id": "server-1",
+        "argv": ["python", "-m", "sglang.launch_server", "--speculative-num-draft-tokens", "4"],
+        "port": 30000,
+        "mtp": True,
+        "started_at": T0,
+    }
+    return ServerRecord.model_validate({**fields, **changes})
+
+
+def populate(state: State) -> None:
+    host = state.host("blackwell-1")
+    host.set_phase(Phase.PULLED, "pulled 3 new commits")
+    host.sglang = SGLangInfo(commit="a" * 40, short="aaaaaaa", subject="Fix", branch="main", behind=0)
+    host.jobs["tune-1"] = a_job()
+    host.server = a_server(healthy=True, verified={"speculative_algorithm": "EAGLE"})
+    host.tuning = {"plan": {"units": 90}, "installed": ["N=1024,K=4096"]}
+    host.benchmarks.append({"label": "baseline", "output_tok_s": 1234.5})
+    host.last_seen = T0
+
+
+def files_in(directory: Path) -> set[str]:
+    return {p.name for p in directory.iterdir()}
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def python_process(code: str, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+# --- round trip and timestamps ------------------------------------------------------------------------
+
+
+def test_missing_file_loads_as_empty_state_without_creating_it(store: StateStore, state_path: Path) -> None:
+    assert store.load() == State()
+    assert not state_path.parent.exists()
+
+
+def test_state_round_trips_through_the_file(store: StateStore) -> None:
+    with store.update() as state:
+        populate(state)
+    expected = State()
+    populate(expected)
+    loaded = store.load()
+    # history timestamps come from the clock: compare them separately
+    assert loaded.model_dump(exclude={"hosts": {"blackwell-1": {"history"}}}) == expected.model_dump(
+        exclude={"hosts": {"blackwell-1": {"history"}}}
+    )
+    [change] = loaded.hosts["blackwell-1"].history
+    assert (change.from_phase, change.to_phase, change.reason) == (
+        Phase.NEW,
+        Phase.PULLED,
+        "pulled 3 new commits",
+    )
+
+
+def test_timestamps_are_saved_as_iso_utc(store: StateStore, state_path: Path) -> None:
+    paris = timezone(timedelta(hours=1))
+    store.update_host("h", lambda host: setattr(host, "last_seen", datetime(2025, 1, 2, 4, 4, 5, tzinfo=paris)))
+    raw = json.loads(state_path.read_text())
+    assert raw["hosts"]["h"]["last_seen"] == "2025-01-02T03:04:05Z"
+    assert store.load().hosts["h"].last_seen == T0
+
+
+def test_naive_timestamps_are_refused() -> None:
+    with pytest.raises(ValidationError, match="timezone"):
+        a_job(started_at=datetime(2025, 1, 2, 3, 4, 5))
+
+
+def test_unknown_keys_are_refused() -> None:
+    with pytest.raises(ValidationError, match="extra"):
+        a_job(colour="blue")
+
+
+def test_update_host_returns_what_the_function_returns(store: StateStore) -> None:
+    assert store.update_host("h", lambda host: host.phase) == Phase.NEW
+    assert list(store.load().hosts) == ["h"]
+
+
+# --- atomic writes, modes, backup ---------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_umask")
+def test_files_are_private_and_no_temp_file_is_left(store: StateStore, state_path: Path) -> None:
+    store.update_host("h", lambda host: host.set_phase(Phase.PULLED, "pull"))
+    store.update_host("h", lambda host: host.set_phase(Phase.TUNING, "tune"))
+    assert files_in(state_path.parent) == {"state.json", "state.json.bak", "state.json.lock"}
+    assert mode(state_path.parent) == 0o700
+    assert {name: mode(state_path.parent / name) for name in files_in(state_path.parent)} == {
+        "state.json": 0o600,
+        "state.json.bak": 0o600,
+        "state.json.lock": 0o600,
+    }
+
+
+def test_backup_holds_the_previous_good_version(store: StateStore, state_path: Path) -> None:
+    store.update_host("h", lambda host: host.set_phase(Phase.PULLED, "pull"))
+    first = state_path.read_bytes()
+    store.update_host("h", lambda host: host.set_phase(Phase.TUNING, "tune"))
+    assert (state_path.parent / "state.json.bak").read_bytes() == first
+    assert store.load().hosts["h"].phase == Phase.TUNING
+
+
+def test_failed_write_keeps_the_previous_file_and_leaves_no_temp_file(
+    store: StateStore, state_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.update_host("h", lambda host: host.set_phase(Phase.PULLED, "pull"))
+    before = state_path.read_bytes()
+    real_replace = os.replace
+
+    def replace_failing_for_state(src: str | Path, dst: str | Path) -> None:
+        if Path(dst) == state_path:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_failing_for_state)
+    with pytest.raises(StateError, match=f"cannot write state file {state_path}.*No space left"):
+        store.update_host("h", lambda host: host.set_phase(Phase.TUNING, "tune"))
+    assert state_path.read_bytes() == before
+    assert files_in(state_path.parent) == {"state.json", "state.json.bak", "state.json.lock"}
+
+
+def test_exception_in_update_saves_nothing(store: StateStore, state_path: Path) -> None:
+    store.update_host("h", lambda host: host.set_phase(Phase.PULLED, "pull"))
+    before = state_path.read_bytes()
+    with pytest.raises(KeyError), store.update() as state:
+        state.host("h").set_phase(Phase.FAILED, "boom")
+        raise KeyError("boom")
+    assert state_path.read_bytes() == before
+
+
+def test_update_is_not_reentrant(store: StateStore) -> None:
+    with store.update(), pytest.raises(RuntimeError, match="not reentrant"), store.update():
+        pass
+
+
+# --- corrupt and unknown files ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "what"),
+    [
+        ('{"schema_version": 1, "hosts": {', "not valid JSON"),
+        ('{"schema_version": 1, "hosts": {"h": {"phase": "flying"}}}', r"hosts\.h\.phase"),
+        ('{"schema_version": 1, "hosts": {}, "colour": "blue"}', "colour"),
+    ],
+)
+def test_corrupt_file_is_an_error_naming_the_file_and_is_left_unchanged(
+    store: StateStore, state_path: Path, content: str, what: str
+) -> None:
+    state_path.parent.mkdir()
+    state_path.write_text(content)
+    with pytest.raises(StateError, match=f"state file {state_path} is corrupt: .*{what}") as error:
+        store.load()
+    assert error.value.exit_code == ExitCode.STATE
+    assert f"move {state_path} away" in str(error.value.hint)
+    with pytest.raises(StateError, match="corrupt"), store.update() as state:
+        state.host("h")
+    assert state_path.read_text() == content
+    assert not (state_path.parent / "state.json.bak").exists()
+
+
+def test_corrupt_file_error_says_how_to_restore_the_backup(store: StateStore, state_path: Path) -> None:
+    store.update_host("h", lambda host: host.set_phase(Phase.PULLED, "pull"))
+    store.update_host("h", lambda host: host.set_phase(Phase.TUNING, "tune"))
+    state_path.write_text("garbage")
+    with pytest.raises(StateError) as error:
+        store.load()
+    assert f"cp {state_path}.bak {state_path}" in str(error.value.hint)
+
+
+@pytest.mark.parametrize("version", [2, 0, None])
+def test_unknown_schema_version_is_an_error(store: StateStore, state_path: Path, version: int | None) -> None:
+    state_path.parent.mkdir()
+    document = {"hosts": {}} if version is None else {"schema_version": version, "hosts": {}}
+    state_path.write_text(json.dumps(document))
+    with pytest.raises(StateError, match=f"state file {state_path} has schema_version {version}; this orch"):
+        store.load()
+    with pytest.raises(StateError, match="schema_version"), store.update():
+        pass
+    assert json.loads(state_path.read_text()) == document
+
+
+# --- phase history ------------------------------------------------------------------------------------
+
+
+def test_phase_history_records_only_changes() -> None:
+    host = State().host("h")
+    assert host.set_phase(Phase.PULLED, "pulled") is True
+    assert host.set_phase(Phase.PULLED, "pulled again") is False
+    assert host.set_phase(Phase.TUNING, "tuning started") is True
+    assert [(c.from_phase, c.to_phase, c.reason) for c in host.history] == [
+        (Phase.NEW, Phase.PULLED, "pulled"),
+        (Phase.PULLED, Phase.TUNING, "tuning started"),
+    ]
+    assert host.phase == Phase.TUNING
+    assert all(c.at.tzinfo == timezone.utc for c in host.history)
+
+
+def test_unknown_phase_is_refused() -> None:
+    with pytest.raises(ValidationError):
+        State().host("h").phase = "flying"  # type: ignore[assignment]
+
+
+# --- secrets ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv_item",
+    [
+        "HF_TOKEN=hf_secretvalue",
+        "token=abc123",
+        "--api-key",
+        "api_key=abc123",
+        "--password=hunter2",
+        "-----BEGIN OPENSSH PRIVATE KEY-----",
+        "hf_" + "x" * 34,
+    ],
+)
+def test_secret_in_job_argv_is_refused_without_echoing_it(argv_item: str) -> None:
+    with pytest.raises(ValidationError, match="looks like a secret") as error:
+        a_job(argv=["python", "-m", "sglang.tune", argv_item])
+    assert argv_item not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "meta", [{"env": {"HF_TOKEN": "x"}}, {"password": "hunter2"}, {"headers": ["Authorization: Bearer x"]}]
+)
+def test_secret_in_job_meta_is_refused(meta: dict[str, object]) -> None:
+    with pytest.raises(ValidationError, match="meta"):
+        a_job(meta=meta)
+
+
+def test_secret_in_server_argv_is_refused() -> None:
+    with pytest.raises(ValidationError, match="known_good_argv"):
+        a_server(known_good_argv=["python", "--api-key", "sk-123"])
+    with pytest.raises(ValidationError, match="argv"):
+        a_server(argv=["python", "--api-key", "sk-123"])
+
+
+def test_ordinary_sglang_argv_is_accepted() -> None:
+    argv = ["--speculative-num-draft-tokens", "4", "--max-total-tokens=8192", "--tokenizer-path", "/m"]
+    assert a_job(argv=argv).argv == argv
+
+
+def test_secret_added_by_mutation_is_refused_at_save(store: StateStore, state_path: Path) -> None:
+    store.update_host("h", lambda host: host.jobs.setdefault("tune-1", a_job()))
+    before = state_path.read_bytes()
+    with pytest.raises(StateError, match=f"refusing to write state file {state_path}: .*secret"):
+        store.update_host("h", lambda host: host.jobs["tune-1"].meta.update(env={"HF_TOKEN": "hf_leak"}))
+    assert state_path.read_bytes() == before
+    assert b"hf_leak" not in state_path.read_bytes()
+
+
+def test_threads_sharing_a_store_lose_no_update(state_path: Path) -> None:
+    stores = [StateStore(state_path), StateStore(state_path)]  # in-process lock, and flock between them
+
+    def increment(host: HostState) -> None:
+        host.steps["count"] = host.steps.get("count", 0) + 1
+
+    def work(store: StateStore) -> None:
+        for _ in range(20):
+            store.update_host("h", increment)
+
+    threads = [threading.Thread(target=work, args=(stores[i % 2],)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert StateStore(state_path).load().hosts["h"].steps["count"] == 160
+
+
+# --- concurrency: real processes ----------------------------------------------------------------------
+
+INCREMENTER = """
+import sys, time
+from pathlib import Path
+from orchestrator.state import StateStore
+
+path, go = Path(sys.argv[1]), Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.001)
+
+def increment(host):
+    count = host.steps.get("count", 0)
+    time.sleep(0.002)  # widen the read-modify-write window: without the lock, updates would be lost
+    host.steps["count"] = count + 1
+
+store = StateStore(path)
+for _ in range(50):
+    store.update_host("h", increment)
+"""
+
+
+def test_two_processes_incrementing_lose_no_update(state_path: Path, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    workers = [python_process(INCREMENTER, str(state_path), str(go)) for _ in range(2)]
+    time.sleep(0.3)  # let both start and wait at the barrier
+    go.touch()
+    for worker in workers:
+        _, stderr = worker.communicate(timeout=120)
+        assert worker.returncode == 0, stderr
+    assert StateStore(state_path).load().hosts["h"].steps["count"] == 100
+    assert files_in(state_path.parent) == {"state.json", "state.json.bak", "state.json.lock"}
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from orchestrator.state import StateStore
+
+with StateStore(Path(sys.argv[1])).update():
+    print("locked", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_lock_timeout_names_the_holders_pid_and_command(state_path: Path) -> None:
+    holder = python_process(HOLDER, str(state_path), "--holder-marker")
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "locked\n"
+        started = time.monotonic()
+        with pytest.raises(StateError) as error, StateStore(state_path, lock_timeout=0.5).update():
+            pass
+        waited = time.monotonic() - started
+    finally:
+        holder.kill()
+        holder.communicate()
+    message = str(error.value)
+    assert "\n" not in error.value.message
+    assert f"state file {state_path} is locked by another orch (pid {holder.pid}, command `" in message
+    assert "--holder-marker`" in message
+    assert "gave up after 0.5s" in message
+    assert error.value.exit_code == ExitCode.STATE
+    assert 0.5 <= waited < 5
+    assert not state_path.exists()
+
+
+def test_killed_holder_leaves_no_stale_lock(state_path: Path) -> None:
+    holder = python_process(HOLDER, str(state_path))
+    assert holder.stdout is not None
+    assert holder.stdout.readline() == "locked\n"
+    holder.kill()
+    holder.communicate()
+    StateStore(state_path, lock_timeout=2).update_host("h", lambda host: host.set_phase(Phase.PULLED, "pull"))
+    assert StateStore(state_path).load().hosts["h"].phase == Phase.PULLED
