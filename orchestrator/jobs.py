@@ -1,0 +1,306 @@
+"""Detached jobs on a host: started so they outlive the SSH session and orch, tracked by files.
+
+Layout on the host, all under ``workdir`` (mode 0700)::
+
+    jobs/<job-id>/argv        the command, NUL-separated       env         K=V lines (non-secret)
+                 purpose     the dedup key                     log         stdout+stderr
+                 pid         the wrapper's pid (= its pgid)    starttime   /proc/<pid>/stat field 22
+                 boot_id     the kernel boot it started in     exit_code   written when the command ends
+                 started_at  ended_at (epoch seconds)          stop_requested  when orch stop asked
+    purposes/<purpose>        symlink to the job that holds that purpose
+
+A job is started by ``setsid`` with stdin from /dev/null and stdout/stderr to its log, and with no
+descriptor of the SSH channel left open (else the channel would stay open until the job ended).
+A small wrapper shell writes the pid and start time, waits for the command and writes its exit code,
+also when it fails. State: ``running`` (pid alive with the same start time and boot), ``succeeded``
+/ ``failed`` (exit code), ``lost`` (process gone and no exit code: rebooted, SIGKILLed).
+Starting a job for a purpose whose job still runs attaches to it instead (under a host-side flock,
+so two orch processes cannot both start one). ``stop`` only ever signals the job's own process group,
+after checking pid, start time and boot id: orch never kills what it did not start.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from orchestrator.errors import RefusedError, UsageError
+from orchestrator.transport.base import Runner
+
+_PURPOSE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,80}$")
+
+# $1 = dir, then the command. Runs as the session leader made by setsid.
+_WRAPPER = r"""
+dir=$1; shift
+cut -d' ' -f22 "/proc/$$/stat" > "$dir/starttime"
+cat /proc/sys/kernel/random/boot_id > "$dir/boot_id" 2>/dev/null || echo none > "$dir/boot_id"
+echo $$ > "$dir/pid.tmp" && mv "$dir/pid.tmp" "$dir/pid"
+trap 'echo "orch: job received a signal; waiting for the command to exit" >&2' TERM INT HUP
+"$@" &
+child=$!
+while :; do wait "$child"; rc=$?; kill -0 "$child" 2>/dev/null || break; done
+date +%s > "$dir/ended_at"
+echo "$rc" > "$dir/exit_code.tmp" && mv "$dir/exit_code.tmp" "$dir/exit_code"
+"""
+
+# $1 workdir, $2 job id, $3 purpose, $4 wrapper, $5 number of env pairs N, then the command, which
+# is `env K=V ... argv` with N pairs.
+_START = r"""
+set -eu
+workdir=$1; id=$2; purpose=$3; wrapper=$4; nenv=$5; shift 5
+umask 077
+mkdir -p "$workdir/jobs" "$workdir/purposes"
+chmod 700 "$workdir" "$workdir/jobs"
+exec 9>"$workdir/jobs.lock"
+flock -w 30 9 || { echo "orch: another orch is starting a job on this host" >&2; exit 75; }
+link="$workdir/purposes/$purpose"
+if [ -L "$link" ]; then
+  old=$(readlink "$link")
+  if [ ! -e "$old/exit_code" ] && [ -s "$old/pid" ]; then
+    pid=$(cat "$old/pid")
+    if [ -r "/proc/$pid/stat" ] && [ "$(cut -d' ' -f22 "/proc/$pid/stat")" = "$(cat "$old/starttime")" ]; then
+      echo "attached ${old##*/} $pid"; exit 0
+    fi
+  fi
+fi
+dir="$workdir/jobs/$id"
+mkdir -m 700 "$dir"
+: > "$dir/env"
+i=0; for a in "$@"; do [ $i -ge 1 ] && [ $i -le "$nenv" ] && printf '%s\n' "$a" >> "$dir/env"; i=$((i + 1)); done
+printf '%s\0' "$@" > "$dir/argv"
+printf '%s\n' "$purpose" > "$dir/purpose"
+date +%s > "$dir/started_at"
+setsid sh -c "$wrapper" orch-job "$dir" "$@" </dev/null >"$dir/log" 2>&1 9>&- &
+i=0; while [ ! -s "$dir/pid" ] && [ $i -lt 200 ]; do sleep 0.02; i=$((i + 1)); done
+ln -sfn "$dir" "$link"
+echo "started $id $(cat "$dir/pid" 2>/dev/null || echo 0)"
+"""
+
+# $1 workdir: one line per job, tab-separated (see parse_list).
+_LIST = r"""
+workdir=$1
+boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
+for d in "$workdir"/jobs/*/; do
+  [ -d "$d" ] || continue
+  d=${d%/}
+  pid=$(cat "$d/pid" 2>/dev/null || true)
+  alive=0
+  if [ -n "$pid" ] && [ -r "/proc/$pid/stat" ] && [ "$(cat "$d/boot_id" 2>/dev/null)" = "$boot" ] \
+     && [ "$(cut -d' ' -f22 "/proc/$pid/stat")" = "$(cat "$d/starttime" 2>/dev/null)" ]; then alive=1; fi
+  stop=0; [ -e "$d/stop_requested" ] && stop=1
+  size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)
+  printf 'job\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "${d##*/}" "$(cat "$d/purpose" 2>/dev/null)" "$pid" "$alive" \
+    "$(cat "$d/exit_code" 2>/dev/null)" "$(cat "$d/started_at" 2>/dev/null)" "$(cat "$d/ended_at" 2>/dev/null)" \
+    "$size" "$stop"
+done
+"""
+
+# $1 job dir, $2 seconds to wait after SIGTERM before SIGKILL.
+_STOP = r"""
+dir=$1; grace=$2
+[ -e "$dir/exit_code" ] && { echo "ended"; exit 0; }
+pid=$(cat "$dir/pid" 2>/dev/null || true)
+alive() { [ -r "/proc/$pid/stat" ] && [ "$(cut -d' ' -f22 "/proc/$pid/stat")" = "$(cat "$dir/starttime")" ]; }
+[ -n "$pid" ] && alive || { echo "gone"; exit 0; }
+touch "$dir/stop_requested"
+kill -s TERM -- "-$pid" 2>/dev/null || true
+end=$(( $(date +%s) + grace ))
+while alive && [ ! -e "$dir/exit_code" ]; do
+  if [ "$(date +%s)" -ge "$end" ]; then
+    kill -s KILL -- "-$pid" 2>/dev/null || true
+    while alive; do sleep 0.1; done
+    [ -e "$dir/exit_code" ] || { date +%s > "$dir/ended_at"; echo 137 > "$dir/exit_code"; }
+    echo "killed"; exit 0
+  fi
+  sleep 0.2
+done
+while alive; do sleep 0.1; done
+echo "stopped"
+"""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to run: ``purpose`` is the dedup key (e.g. ``tune.gpu3``, ``server``)."""
+
+    kind: str
+    purpose: str
+    argv: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    gpus: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not _PURPOSE.match(self.purpose):
+            raise UsageError(f"job purpose {self.purpose!r} must match {_PURPOSE.pattern}")
+        if not self.argv:
+            raise UsageError("a job needs a command")
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    id: str
+    purpose: str
+    pid: int | None
+    state: str  # running | succeeded | failed | lost
+    exit_code: int | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    log_size: int
+    stop_requested: bool
+    dir: str
+
+    @property
+    def log(self) -> str:
+        return f"{self.dir}/log"
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+
+@dataclass(frozen=True)
+class Started:
+    job_id: str
+    pid: int
+    attached: bool  # True: a job for this purpose was already running; nothing new was started
+
+
+def new_job_id(spec: JobSpec, now: datetime | None = None) -> str:
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%S")
+    return f"{spec.purpose.replace(':', '-')}-{stamp}-{secrets.token_hex(2)}"
+
+
+def start_argv(workdir: str, job_id: str, spec: JobSpec) -> list[str]:
+    pairs = [f"{k}={v}" for k, v in spec.env.items()]
+    for name, value in spec.env.items():
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name) or "\n" in value:
+            raise UsageError(f"job environment {name}={value!r}: bad name, or a newline in the value")
+    return [
+        "sh",
+        "-c",
+        _START,
+        "orch-start",
+        workdir,
+        job_id,
+        spec.purpose,
+        _WRAPPER,
+        str(len(pairs)),
+        "env",
+        *pairs,
+        *spec.argv,
+    ]
+
+
+def parse_start(stdout: str) -> Started:
+    words = stdout.split()
+    if len(words) != 3 or words[0] not in ("started", "attached"):
+        raise ValueError(f"unexpected answer when starting a job: {stdout.strip()!r}")
+    return Started(job_id=words[1], pid=int(words[2]), attached=words[0] == "attached")
+
+
+def list_argv(workdir: str) -> list[str]:
+    return ["sh", "-c", _LIST, "orch-jobs", workdir]
+
+
+def _epoch(value: str) -> datetime | None:
+    return datetime.fromtimestamp(int(value), timezone.utc) if value.strip().isdigit() else None
+
+
+def job_state(alive: bool, exit_code: str) -> str:
+    if exit_code.strip().lstrip("-").isdigit():
+        return "succeeded" if int(exit_code) == 0 else "failed"
+    return "running" if alive else "lost"
+
+
+def parse_list(stdout: str, workdir: str) -> list[JobInfo]:
+    """Jobs from ``list_argv``'s output, oldest first."""
+    jobs = []
+    for line in stdout.splitlines():
+        cells = line.split("\t")
+        if len(cells) != 10 or cells[0] != "job":
+            continue
+        _, job_id, purpose, pid, alive, code, started, ended, size, stop = cells
+        jobs.append(
+            JobInfo(
+                id=job_id,
+                purpose=purpose,
+                pid=int(pid) if pid.isdigit() else None,
+                state=job_state(alive == "1", code),
+                exit_code=int(code) if code.strip().lstrip("-").isdigit() else None,
+                started_at=_epoch(started),
+                ended_at=_epoch(ended),
+                log_size=int(size) if size.isdigit() else 0,
+                stop_requested=stop == "1",
+                dir=f"{workdir}/jobs/{job_id}",
+            )
+        )
+    return sorted(jobs, key=lambda j: (j.started_at or datetime.min.replace(tzinfo=timezone.utc), j.id))
+
+
+def stop_argv(job_dir: str, grace_seconds: int) -> list[str]:
+    return ["sh", "-c", _STOP, "orch-stop", job_dir, str(grace_seconds)]
+
+
+# -- operations over a runner ------------------------------------------------------------------
+
+
+def start(runner: Runner, workdir: str, spec: JobSpec) -> Started:
+    """Start ``spec`` detached, or attach to the job already running for its purpose."""
+    result = runner.run(start_argv(workdir, new_job_id(spec), spec), check=True, timeout=60)
+    return parse_start(result.stdout)
+
+
+def list_jobs(runner: Runner, workdir: str) -> list[JobInfo]:
+    return parse_list(runner.run(list_argv(workdir), check=True, timeout=60).stdout, workdir)
+
+
+def find(runner: Runner, workdir: str, job_id: str) -> JobInfo:
+    for job in list_jobs(runner, workdir):
+        if job.id == job_id:
+            return job
+    raise UsageError(
+        f"{runner.host}: no job {job_id!r} in {workdir}/jobs", hint=f"see `orch jobs --host {runner.host}`"
+    )
+
+
+def latest(jobs: list[JobInfo], purpose_prefix: str = "") -> JobInfo | None:
+    matching = [j for j in jobs if j.purpose.startswith(purpose_prefix)]
+    return matching[-1] if matching else None
+
+
+def stop(runner: Runner, job: JobInfo, grace_seconds: int = 30) -> str:
+    """SIGTERM the job's process group, SIGKILL after ``grace_seconds``: 'stopped', 'killed', 'ended', 'gone'."""
+    result = runner.run(stop_argv(job.dir, grace_seconds), check=True, timeout=grace_seconds + 60)
+    return result.stdout.strip()
+
+
+def read_tail(runner: Runner, job: JobInfo, max_bytes: int = 8192) -> str:
+    """The end of a job's log: at most ``max_bytes``, starting at a line boundary when it can."""
+    size = job.log_size
+    data = runner.read_bytes(job.log, offset=max(0, size - max_bytes), length=max_bytes) if size else b""
+    text = data.decode(errors="replace")
+    if size > max_bytes and "\n" in text:
+        text = text.split("\n", 1)[1]
+    return text
+
+
+def tail_lines(text: str, lines: int) -> str:
+    """Last ``lines`` lines of a log, with tqdm's carriage-return redraws collapsed to their last state."""
+    clean = [line.rsplit("\r", 1)[-1] for line in text.replace("\r\n", "\n").split("\n")]
+    return "\n".join(clean[-lines:]) if lines > 0 else ""
+
+
+def wait_until_ended(runner: Runner, workdir: str, job_id: str, timeout: float, poll: float = 0.5) -> JobInfo:
+    """Poll until the job is no longer running (or raise after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = find(runner, workdir, job_id)
+        if not job.running:
+            return job
+        if time.monotonic() > deadline:
+            raise RefusedError(f"{runner.host}: job {job_id} still running after {timeout:.0f} s")
+        time.sleep(poll)
