@@ -1,0 +1,197 @@
+"""Model recipes (playbooks): one YAML per model under ``playbooks/``, validated at the boundary.
+
+A recipe says how to serve a model (base launch arguments, the MTP block, the FP8 GEMM backend),
+what to expect of it (minimum accept length), which GEMM shapes to tune, how to benchmark it, and the
+``steps`` of the campaign ``orch run`` walks through. Each step's options use the same models as the
+single commands (``TuneOptions`` for ``orch tune-fp8``, ...): one code path per step.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from orchestrator.errors import ConfigError
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+DEFAULT_RECIPE = "deepseek-v4-flash"
+PACKAGED_PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
+_FLAG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Shape(_Strict):
+    """A weight of ``y = x W^T`` with W of shape (N, K), as the tuner's ``--N``/``--K`` take it."""
+
+    n: int = Field(alias="N", gt=0)
+    k: int = Field(alias="K", gt=0)
+    source: str = ""  # where the shape comes from (layer, split by TP)
+
+    @property
+    def key(self) -> str:
+        return f"N={self.n},K={self.k}"
+
+
+class MTPSpec(_Strict):
+    algorithm: str = "EAGLE"
+    num_steps: int | None = Field(None, ge=1)
+    eagle_topk: int | None = Field(None, ge=1)
+    num_draft_tokens: int | None = Field(None, ge=1)
+    draft_model_path: str | None = None
+
+
+class TuningSpec(_Strict):
+    shapes: list[Shape] = Field(default_factory=list)
+    batch_sizes: list[int] = Field(default_factory=lambda: list(DEFAULT_BATCH_SIZES))
+    fleet: bool = False  # spread units over every GPU of hosts with the same GPU and SGLang commit
+
+
+class BenchSpec(_Strict):
+    input_len: int = Field(1024, gt=0)
+    output_len: int = Field(256, gt=0)
+    num_prompts: int = Field(64, gt=0)
+    max_concurrency: int = Field(16, gt=0)
+    request_rate: float | None = None
+
+
+# -- step options: the same models the single commands build from their flags ------------------
+
+
+class PullOptions(_Strict):
+    install: bool = False
+
+
+class TuneOptions(_Strict):
+    shapes: str = "default"  # default | auto | "N=1024,K=4096;N=4096,K=2048"
+    batch_sizes: list[int] | None = None
+    fleet: bool | None = None  # None: as the recipe says
+    force: bool = False
+    allow_busy_gpus: bool = False
+    stop_server: bool = False
+    wait: bool = True
+
+
+class ServeOptions(_Strict):
+    mtp: bool = True
+    wait_tuning: bool = True
+    rollback: bool = False
+    min_accept: float | None = None
+    health_timeout: float = Field(1200.0, gt=0)
+    drain_timeout: float = Field(120.0, gt=0)
+
+
+class BenchOptions(_Strict):
+    label: str | None = None
+    baseline: str | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+    num_prompts: int | None = None
+    max_concurrency: int | None = None
+
+
+STEP_OPTIONS: dict[str, type[_Strict]] = {
+    "pull": PullOptions,
+    "tune-fp8": TuneOptions,
+    "serve": ServeOptions,
+    "bench": BenchOptions,
+}
+
+
+class Step(_Strict):
+    name: Literal["pull", "tune-fp8", "serve", "bench"]
+    options: PullOptions | TuneOptions | ServeOptions | BenchOptions
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_yaml(cls, value: Any) -> Any:
+        """``pull`` or ``{serve: {mtp: true}}`` in YAML → ``Step(name, options)``."""
+        if isinstance(value, str):
+            value = {value: {}}
+        if isinstance(value, dict) and len(value) == 1 and "name" not in value:
+            ((name, opts),) = value.items()
+            if name not in STEP_OPTIONS:
+                raise ValueError(f"unknown step {name!r}; steps are: {', '.join(STEP_OPTIONS)}")
+            return {"name": name, "options": STEP_OPTIONS[name].model_validate(opts or {})}
+        return value
+
+
+class Recipe(_Strict):
+    model: str
+    architecture: str
+    source_tests: list[str] = Field(default_factory=list)  # upstream tests the flags come from
+    server_args: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    mtp: MTPSpec | None = None
+    fp8_gemm_backend: str | None = None  # "triton" to read tuned configs on sm_120
+    min_accept_length: float | None = None
+    tuning: TuningSpec = Field(default_factory=TuningSpec)
+    bench: BenchSpec = Field(default_factory=BenchSpec)
+    steps: list[Step] = Field(default_factory=list)
+    path: Path | None = Field(None, exclude=True)
+
+    @field_validator("server_args")
+    @classmethod
+    def _flags(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not _FLAG.match(name):
+                raise ValueError(f"{name!r} is not a flag name (write 'mem-fraction-static', without '--')")
+            if name.startswith("speculative-") or name in ("fp8-gemm-backend", "model-path", "port"):
+                raise ValueError(f"{name!r} is set by orch (use the recipe's mtp / fp8_gemm_backend blocks)")
+        return value
+
+    def step(self, name: str) -> Step | None:
+        return next((s for s in self.steps if s.name == name), None)
+
+
+def parse_shapes(text: str) -> list[Shape]:
+    """``"N=1024,K=4096;N=4096,K=2048"`` → shapes; a malformed part raises ``ConfigError`` naming it."""
+    shapes = []
+    for part in [p.strip() for p in text.split(";")]:
+        m = re.fullmatch(r"N\s*=\s*(\d+)\s*,\s*K\s*=\s*(\d+)", part, flags=re.IGNORECASE)
+        if not m or int(m[1]) == 0 or int(m[2]) == 0:
+            raise ConfigError(f"--shapes: {part!r} is not of the form N=1024,K=4096 (shapes separated by ';')")
+        shapes.append(Shape(N=int(m[1]), K=int(m[2]), source="command line"))
+    return shapes
+
+
+def find_recipe(name_or_path: str, search_dirs: list[Path]) -> Path:
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+        return candidate
+    for d in [*search_dirs, PACKAGED_PLAYBOOKS]:
+        for suffix in (".yaml", ".yml"):
+            if (d / f"{name_or_path}{suffix}").exists():
+                return d / f"{name_or_path}{suffix}"
+    known = sorted({p.stem for d in [*search_dirs, PACKAGED_PLAYBOOKS] if d.is_dir() for p in d.glob("*.yaml")})
+    raise ConfigError(
+        f"no playbook {name_or_path!r}; known: {', '.join(known) or 'none'}",
+        hint="pass --playbook NAME or a path to a YAML file",
+    )
+
+
+def load_recipe(path: Path) -> Recipe:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read playbook: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a playbook is a mapping (model, architecture, server_args, mtp, ...)")
+    try:
+        return Recipe.model_validate({**raw, "path": path})
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_describe(path, exc))) from None
+
+
+def _describe(path: Path, exc: ValidationError) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: key {key!r}: {msg}" + (" (unknown key)" if err["type"] == "extra_forbidden" else ""))
+    return lines
