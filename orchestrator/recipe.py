@@ -130,8 +130,8 @@ class Recipe(_Strict):
     mtp: MTPSpec | None = None
     fp8_gemm_backend: str | None = None  # "triton" to read tuned configs on sm_120
     min_accept_length: float | None = None
-    tuning: TuningSpec = Field(default_factory=TuningSpec)
-    bench: BenchSpec = Field(default_factory=BenchSpec)
+    tuning: TuningSpec = TuningSpec()
+    bench: BenchSpec = BenchSpec()
     steps: list[Step] = Field(default_factory=list)
     path: Path | None = Field(None, exclude=True)
 
