@@ -156,7 +156,7 @@ def parse_shapes(text: str) -> list[Shape]:
         m = re.fullmatch(r"N\s*=\s*(\d+)\s*,\s*K\s*=\s*(\d+)", part, flags=re.IGNORECASE)
         if not m or int(m[1]) == 0 or int(m[2]) == 0:
             raise ConfigError(f"--shapes: {part!r} is not of the form N=1024,K=4096 (shapes separated by ';')")
-        shapes.append(Shape(N=int(m[1]), K=int(m[2]), source="command line"))
+        shapes.append(Shape.model_validate({"N": int(m[1]), "K": int(m[2]), "source": "command line"}))
     return shapes
 
 
