@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -16,8 +17,13 @@ from rich.table import Table
 
 from orchestrator.fleet import HostResult
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+def _width(stream: Any) -> int | None:
+    """A terminal's own width; 200 columns (or $COLUMNS) when piped, so tables stay one line per row."""
+    return None if stream.isatty() else int(os.environ.get("COLUMNS") or 200)
+
+
+out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
 
 
 def to_jsonable(value: Any) -> Any:

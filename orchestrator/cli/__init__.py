@@ -15,7 +15,7 @@ import click
 
 from orchestrator import __version__
 from orchestrator.app import App
-from orchestrator.cli import hosts
+from orchestrator.cli import hosts, jobs
 from orchestrator.errors import ExitCode, OrchError
 from orchestrator.transport.ssh import ConnectOptions
 
@@ -72,7 +72,7 @@ def cli(
     ctx.obj = App(inventory_option=inventory, state_option=state, options=options)
 
 
-for command in (hosts.status, hosts.pull, hosts.trust):
+for command in (hosts.status, hosts.pull, hosts.trust, jobs.jobs_cmd, jobs.logs, jobs.stop):
     cli.add_command(command)
 
 

@@ -181,6 +181,13 @@ class SSHRunner:
             self._conn.close()
             self._conn = None
 
+    def _drop(self) -> None:
+        """Forget a broken connection; the next call reconnects."""
+        try:
+            self.close()
+        except Exception:  # closing a dead transport may raise anything; it is gone either way
+            self._conn, self._sftp = None, None
+
     # -- commands -------------------------------------------------------------------------------
     def run(
         self,
@@ -201,7 +208,7 @@ class SSHRunner:
         except CommandTimedOut:
             raise RemoteCommandError(f"{self.host}: `{command}` timed out after {timeout} s", exit_status=-1) from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            self._conn = None
+            self._drop()
             raise UnreachableError(f"{self.host}: connection lost while running a command: {_reason(exc)}") from None
         result = CommandResult(tuple(argv), res.exited, res.stdout, res.stderr)
         return check_result(self.host, result) if check else result
@@ -219,7 +226,7 @@ class SSHRunner:
                 data: bytes = fh.read(length) if length is not None else fh.read()
                 return data
         except (TimeoutError, paramiko.SSHException, EOFError, ConnectionError) as exc:
-            self._conn, self._sftp = None, None
+            self._drop()
             raise UnreachableError(f"{self.host}: connection lost while reading {path}: {_reason(exc)}") from None
 
     def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
