@@ -38,8 +38,13 @@ class OrchRun:
 def run_orch(*args: str, cwd: Path | None = None, timeout: float = 180, env: dict[str, str] | None = None) -> OrchRun:
     """Run the real `orch` CLI in a subprocess, as a user would."""
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "COLUMNS": "200", **(env or {})}, stdin=subprocess.DEVNULL,
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+        stdin=subprocess.DEVNULL,
     )
     return OrchRun(proc.returncode, proc.stdout, proc.stderr)
 

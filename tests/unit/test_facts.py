@@ -1,0 +1,117 @@
+"""Pure builders and parsers: remote argv lists are quoted, host output is parsed from recorded tables."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from orchestrator.facts import git, gpus
+from orchestrator.transport.base import shell_command
+
+HOSTILE = "/tmp/a b/$(touch pwned)/`id`/;rm -rf x/'q'\"d\""
+
+
+def test_shell_command_quotes_every_value() -> None:
+    command = shell_command(["printf", "%s\\n", HOSTILE], cwd="/", env={"A": "$(echo no)"})
+    out = subprocess.run(["sh", "-c", command + ' && echo "$A"'], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines()[0] == HOSTILE
+
+
+def test_shell_command_env_passes_literal_value() -> None:
+    command = shell_command(["sh", "-c", 'printf %s "$A"'], env={"A": "$(echo no);`x`"})
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert out.stdout == "$(echo no);`x`"
+
+
+def test_shell_command_refuses_bad_env_name() -> None:
+    with pytest.raises(Exception, match="not valid"):
+        shell_command(["true"], env={"A;B": "1"})
+
+
+INFO = """commit=0123456789abcdef0123456789abcdef01234567
+branch=main
+subject=Fix: a=b in FP8 path
+upstream_commit=fedcba9876543210fedcba9876543210fedcba98
+behind=3
+"""
+
+
+@pytest.mark.parametrize(
+    ("stdout", "expected"),
+    [
+        (INFO, ("main", "Fix: a=b in FP8 path", 3, "0123456789")),
+        (INFO.replace("behind=3", "behind="), ("main", "Fix: a=b in FP8 path", None, "0123456789")),
+        (INFO.replace("branch=main", "branch=HEAD"), ("HEAD", "Fix: a=b in FP8 path", 3, "0123456789")),
+    ],
+)
+def test_parse_git_info(stdout: str, expected: tuple[str, str, int | None, str]) -> None:
+    info = git.parse_info(stdout)
+    assert (info.branch, info.subject, info.behind, info.short) == expected
+
+
+@pytest.mark.parametrize("stdout", ["error=not a git checkout: /x\n", "", "garbage\n"])
+def test_parse_git_info_errors(stdout: str) -> None:
+    with pytest.raises(git.GitInfoError):
+        git.parse_info(stdout)
+
+
+def test_git_info_script_runs_on_a_real_checkout(tmp_path: pytest.TempPathFactory) -> None:
+    repo = tmp_path / "odd $(dir)"  # type: ignore[operator]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo),
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "first one",
+        ],
+        check=True,
+    )
+    out = subprocess.run(git.info_argv(str(repo), "origin/main"), capture_output=True, text=True, check=True)
+    info = git.parse_info(out.stdout)
+    assert (info.branch, info.subject, info.behind, info.upstream_commit) == ("main", "first one", None, None)
+
+
+def test_parse_dirty_and_log() -> None:
+    assert git.parse_dirty(" M python/sglang/x.py\nM  README.md\n") == ["python/sglang/x.py", "README.md"]
+    assert git.parse_log("abc1234 Add thing\ndef5678 Fix: other\n") == [
+        ("abc1234", "Add thing"),
+        ("def5678", "Fix: other"),
+    ]
+
+
+GPU_CSV = """0, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-aaaa, 97887, 1024, 3, 12.0
+1, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-bbbb, 97887, 0, [N/A], 12.0
+"""
+APPS_CSV = "4242, python3, GPU-bbbb, 2000\n"
+
+
+def test_parse_gpus_and_apps() -> None:
+    devices = gpus.parse_gpus(GPU_CSV)
+    assert [(d.index, d.memory_used_mib, d.utilization_pct, d.compute_cap) for d in devices] == [
+        (0, 1024, 3, "12.0"),
+        (1, 0, None, "12.0"),
+    ]
+    assert devices[0].name == "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    assert gpus.parse_apps(APPS_CSV) == [gpus.GpuProcess(4242, "python3", "GPU-bbbb", 2000)]
+    assert gpus.parse_apps("No running processes found\n") == []
+
+
+def test_parse_gpus_refuses_unexpected_lines() -> None:
+    with pytest.raises(gpus.NvidiaSmiError):
+        gpus.parse_gpus("0, only two\n")
+
+
+def test_device_file_name() -> None:
+    assert gpus.device_file_name("NVIDIA RTX PRO 6000 Blackwell Server Edition") == (
+        "NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition"
+    )

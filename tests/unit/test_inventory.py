@@ -1,0 +1,80 @@
+"""hosts.yaml: every kind of bad file is exit 2 with one message naming the file, the host and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import ConfigError, ExitCode, UsageError
+from orchestrator.inventory import load_inventory
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "hosts.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_repository_example_loads_with_defaults_inherited() -> None:
+    inv = load_inventory(REPO / "hosts.yaml")
+    assert list(inv.hosts) == ["blackwell-1", "blackwell-2"]
+    b2 = inv.hosts["blackwell-2"]
+    assert (b2.address, b2.port, b2.tags, b2.sglang_dir) == ("10.1.230.172", 2222, ["canary"], "/root/sglang")
+    assert inv.hosts["blackwell-1"].port == 22
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("hosts:\n  a:\n    address: h\n    colour: red\n", "host 'a': unknown key 'colour'"),
+        ("hosts:\n  a:\n    address: h\n    port: twenty\n", "host 'a', key 'port'"),
+        ("hosts:\n  a:\n    port: 22\n", "host 'a': missing required key 'address'"),
+        ("hosts:\n  a:\n    address: h\n    port: 70000\n", "host 'a', key 'port'"),
+        ("hosts:\n  a:\n    address: h\n    sglang_dir: ~/sglang\n", "host 'a', key 'sglang_dir': must be an absolute"),
+        ("hosts:\n  a:\n    address: h\n    transport: telnet\n", "host 'a', key 'transport'"),
+        ("hosts:\n  a:\n    address: h\n    upstream: main\n", "host 'a', key 'upstream': must be REMOTE/BRANCH"),
+        ("hosts:\n  a:\n    address: 'h; rm -rf /'\n", "host 'a', key 'address'"),
+        ("defaults:\n  gpu: 8\nhosts:\n  a:\n    address: h\n", "defaults: unknown key 'gpu'"),
+        ("defaults:\n  port: x\nhosts:\n  a:\n    address: h\n", "defaults, key 'port'"),
+        ("hosts: []\n", "'hosts' must be a mapping"),
+        ("hostz:\n  a: {}\n", "unknown top-level key 'hostz'"),
+        ("hosts:\n  a: [1]\n", "host 'a': settings must be a mapping"),
+        ("hosts:\n  a:\n    address: h\n  : bad\n", "hosts.yaml"),
+        ("hosts: {a: {address: h}\n", "not valid YAML"),
+    ],
+)
+def test_bad_inventory_names_file_host_and_key(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    assert str(path) in str(info.value)
+    assert expected in str(info.value)
+    assert info.value.exit_code == ExitCode.USAGE
+
+
+def test_missing_inventory_says_how_to_point_at_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found") as info:
+        load_inventory(tmp_path / "nope.yaml")
+    assert "--inventory" in str(info.value)
+
+
+def test_select_by_name_address_and_tag(tmp_path: Path) -> None:
+    inv = load_inventory(REPO / "hosts.yaml")
+    assert [h.name for h in inv.select(("10.1.230.171",))] == ["blackwell-1"]
+    assert [h.name for h in inv.select(tags=("canary",))] == ["blackwell-2"]
+    assert [h.name for h in inv.select()] == ["blackwell-1", "blackwell-2"]
+
+
+def test_unknown_host_lists_known_names() -> None:
+    inv = load_inventory(REPO / "hosts.yaml")
+    with pytest.raises(UsageError, match=r"unknown host 'blackwell-9'.*known hosts: blackwell-1, blackwell-2"):
+        inv.select(("blackwell-9",))
+
+
+def test_unknown_tag_is_an_error() -> None:
+    inv = load_inventory(REPO / "hosts.yaml")
+    with pytest.raises(UsageError, match=r"no host .* has tag 'gold'"):
+        inv.select(tags=("gold",))

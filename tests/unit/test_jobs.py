@@ -1,0 +1,114 @@
+"""The detached-job scripts, run for real with a local runner (no SSH needed to prove the shell logic)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import jobs
+from orchestrator.inventory import Host
+from orchestrator.transport.local import LocalRunner
+
+
+@pytest.fixture
+def runner() -> LocalRunner:
+    return LocalRunner(Host(name="local", address="localhost", transport="local"))
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> str:
+    return str(tmp_path / "work $(dir)")
+
+
+def wait_state(runner: LocalRunner, workdir: str, job_id: str, state: str, timeout: float = 10) -> jobs.JobInfo:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = jobs.find(runner, workdir, job_id)
+        if job.state == state:
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} never reached {state}: {jobs.find(runner, workdir, job_id)}")
+
+
+def test_job_records_exit_code_log_and_env(runner: LocalRunner, workdir: str) -> None:
+    spec = jobs.JobSpec("test", "t.one", ["sh", "-c", 'echo "out $FOO"; echo err >&2; exit 3'], env={"FOO": "a *"})
+    started = jobs.start(runner, workdir, spec)
+    job = wait_state(runner, workdir, started.job_id, "failed")
+    assert job.exit_code == 3
+    assert runner.read_bytes(job.log).decode() in ("out a *\nerr\n", "err\nout a *\n")
+    assert Path(job.dir, "env").read_text() == "FOO=a *\n"
+    assert oct(os.stat(job.dir).st_mode & 0o777) == "0o700"
+
+
+def test_same_purpose_attaches_instead_of_starting_twice(runner: LocalRunner, workdir: str) -> None:
+    first = jobs.start(runner, workdir, jobs.JobSpec("test", "t.dup", ["sleep", "5"]))
+    second = jobs.start(runner, workdir, jobs.JobSpec("test", "t.dup", ["sleep", "5"]))
+    assert (second.attached, second.job_id, second.pid) == (True, first.job_id, first.pid)
+    assert len(jobs.list_jobs(runner, workdir)) == 1
+    assert jobs.stop(runner, jobs.find(runner, workdir, first.job_id), 5) == "stopped"
+
+
+def test_start_returns_while_the_job_runs(runner: LocalRunner, workdir: str) -> None:
+    t0 = time.monotonic()
+    started = jobs.start(runner, workdir, jobs.JobSpec("test", "t.slow", ["sleep", "30"]))
+    assert time.monotonic() - t0 < 5
+    assert jobs.find(runner, workdir, started.job_id).state == "running"
+    jobs.stop(runner, jobs.find(runner, workdir, started.job_id), 5)
+
+
+def test_killed_job_is_lost(runner: LocalRunner, workdir: str) -> None:
+    started = jobs.start(runner, workdir, jobs.JobSpec("test", "t.lost", ["sleep", "30"]))
+    os.killpg(started.pid, signal.SIGKILL)
+    job = wait_state(runner, workdir, started.job_id, "lost")
+    assert job.exit_code is None
+
+
+def test_stop_escalates_to_sigkill_for_a_job_ignoring_sigterm(runner: LocalRunner, workdir: str) -> None:
+    script = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    )
+    started = jobs.start(runner, workdir, jobs.JobSpec("test", "t.stubborn", ["python3", "-c", script]))
+    deadline = time.monotonic() + 10
+    while b"up" not in runner.read_bytes(f"{workdir}/jobs/{started.job_id}/log") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert jobs.stop(runner, jobs.find(runner, workdir, started.job_id), 1) == "killed"
+    job = jobs.find(runner, workdir, started.job_id)
+    assert (job.state, job.exit_code, job.stop_requested) == ("failed", 137, True)
+
+
+def test_stop_never_signals_a_reused_pid(runner: LocalRunner, workdir: str) -> None:
+    started = jobs.start(runner, workdir, jobs.JobSpec("test", "t.reuse", ["sleep", "30"]))
+    job = jobs.find(runner, workdir, started.job_id)
+    bystander = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        Path(job.dir, "pid").write_text(f"{bystander.pid}\n")  # as if the pid had been reused
+        assert jobs.stop(runner, job, 1) == "gone"
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+        os.killpg(started.pid, signal.SIGKILL)
+
+
+def test_parse_list_and_states() -> None:
+    line = "job\tt-1\ttune.gpu0\t123\t0\t\t1700000000\t\t10\t0\n"
+    (job,) = jobs.parse_list(line, "/w")
+    assert (job.state, job.pid, job.log, job.log_size) == ("lost", 123, "/w/jobs/t-1/log", 10)
+    assert jobs.job_state(True, "") == "running"
+    assert jobs.job_state(False, "0") == "succeeded"
+    assert jobs.job_state(False, "-9") == "failed"
+
+
+def test_tail_lines_collapses_tqdm_redraws() -> None:
+    text = "a\nGPU 0 - Batch sizes:  10%|#\rGPU 0 - Batch sizes:  50%|#####\nb\n"
+    assert jobs.tail_lines(text, 3) == "GPU 0 - Batch sizes:  50%|#####\nb\n"
+
+
+def test_bad_purpose_refused() -> None:
+    with pytest.raises(Exception, match="purpose"):
+        jobs.JobSpec("test", "../etc", ["true"])
