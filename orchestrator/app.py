@@ -9,6 +9,7 @@ from pathlib import Path
 
 from orchestrator.fleet import Fleet
 from orchestrator.inventory import Host, Inventory, inventory_path, load_inventory
+from orchestrator.notify import Notifier
 from orchestrator.state import StateStore
 from orchestrator.transport.ssh import ConnectOptions
 
@@ -18,6 +19,7 @@ class App:
     inventory_option: Path | None = None
     state_option: Path | None = None
     options: ConnectOptions = field(default_factory=ConnectOptions)
+    notify_cmd: str | None = None  # run on every phase change and job end (see ``orchestrator.notify``)
 
     @cached_property
     def inventory(self) -> Inventory:
@@ -34,7 +36,8 @@ class App:
 
     @cached_property
     def store(self) -> StateStore:
-        return StateStore(self.state_path)
+        notifier = Notifier(self.notify_cmd) if self.notify_cmd else None
+        return StateStore(self.state_path, on_commit=notifier.on_commit if notifier else None)
 
     def select(self, names: tuple[str, ...] = (), tags: tuple[str, ...] = ()) -> list[Host]:
         return self.inventory.select(names, tags)

@@ -236,9 +236,17 @@ class StateStore:
     ``flock``, which the kernel releases when a holder dies, so a killed orch never leaves a stale lock.
     """
 
-    def __init__(self, path: Path, lock_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        lock_timeout: float = 30.0,
+        on_commit: Callable[[State, State], None] | None = None,
+    ) -> None:
+        """``on_commit(before, after)`` runs after every saved ``update``, outside the lock, with the state
+        as loaded and as saved (``notify.Notifier.on_commit`` turns the difference into events)."""
         self.path = Path(path)
         self.lock_timeout = lock_timeout
+        self.on_commit = on_commit
         self.backup_path = self.path.with_name(self.path.name + ".bak")
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self._thread_lock = threading.Lock()
@@ -266,8 +274,11 @@ class StateStore:
         """
         with self._locked():
             state = self.load()
+            before = state.model_copy(deep=True) if self.on_commit else None
             yield state
             self._save(state)
+        if self.on_commit and before is not None:
+            self.on_commit(before, state)
 
     def update_host(self, name: str, fn: Callable[[HostState], T]) -> T:
         """Apply ``fn`` to host ``name``'s state in one transaction and return what it returns."""

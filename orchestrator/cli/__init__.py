@@ -46,6 +46,12 @@ from orchestrator.transport.ssh import ConnectOptions
     envvar="ORCH_ACCEPT_NEW_HOST_KEYS",
     help="Trust and record the key of a host seen for the first time (a changed key is still refused).",
 )
+@click.option(
+    "--notify-cmd",
+    metavar="CMD",
+    envvar="ORCH_NOTIFY_CMD",
+    help="Run CMD (no shell) on every phase change and job end, with a JSON event on stdin.",
+)
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv shows every remote command).")
 @click.version_option(__version__, prog_name="orch")
 @click.pass_context
@@ -55,6 +61,7 @@ def cli(
     state: Path | None,
     connect_timeout: float,
     accept_new_host_keys: bool,
+    notify_cmd: str | None,
     verbose: int,
 ) -> None:
     """orch: pull, tune, serve and measure SGLang on a fleet of GPU hosts over SSH.
@@ -69,7 +76,7 @@ def cli(
     if verbose < 2:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     options = ConnectOptions(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)
-    ctx.obj = App(inventory_option=inventory, state_option=state, options=options)
+    ctx.obj = App(inventory_option=inventory, state_option=state, options=options, notify_cmd=notify_cmd)
 
 
 for command in (hosts.status, hosts.pull, hosts.trust, jobs.jobs_cmd, jobs.logs, jobs.stop):

@@ -1,0 +1,144 @@
+"""Notifications: a local command run on every phase change and every job end, with a JSON event on stdin.
+
+``orch --notify-cmd CMD`` (or ``$ORCH_NOTIFY_CMD``) names the command; it is split like a shell would
+(``shlex.split``) but never run by one. Each event is one JSON object on the command's stdin::
+
+    {"kind": "phase", "host": "blackwell-1", "from": "tuning", "to": "tuned",
+     "reason": "all 2 shapes tuned", "time": "2026-11-29T22:34:00+00:00"}
+    {"kind": "job", "host": "blackwell-1", "from": "running", "to": "succeeded",
+     "reason": "bench job bench-2026... exited 0", "time": "...", "job": {"id": ..., "kind": "bench", ...}}
+
+Events come from the state file itself: ``StateStore(on_commit=notifier.on_commit)`` hands every
+committed transaction's before/after states to ``events_between``, which finds new ``history`` entries
+(phase changes) and job records that left ``running``. So every operation that records what it did in
+the state notifies, without knowing about notifications. The notifier runs after the state lock is
+released. A notifier that fails, cannot be started or outlives its timeout (its process group is then
+killed) is reported on stderr; it never stops or fails the command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from orchestrator.errors import UsageError
+from orchestrator.state import HostState, JobRecord, State
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class Event:
+    """A phase change or a job end on one host."""
+
+    kind: Literal["phase", "job"]
+    host: str
+    from_: str
+    to: str
+    reason: str
+    time: datetime
+    job: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """The event as the notifier reads it on stdin (``from``, not ``from_``; time in ISO 8601)."""
+        doc: dict[str, Any] = {"kind": self.kind, "host": self.host, "from": self.from_, "to": self.to}
+        doc.update(reason=self.reason, time=self.time.isoformat())
+        if self.job:
+            doc["job"] = self.job
+        return json.dumps(doc)
+
+
+def events_between(before: State, after: State) -> list[Event]:
+    """The events a transaction made: per host, new phase changes then newly ended jobs."""
+    events: list[Event] = []
+    for name, hs in after.hosts.items():
+        old = before.hosts.get(name)
+        events += _phase_events(name, old, hs)
+        events += _job_events(name, old, hs)
+    return events
+
+
+def _phase_events(name: str, old: HostState | None, new: HostState) -> list[Event]:
+    seen = len(old.history) if old else 0
+    return [Event("phase", name, c.from_phase.value, c.to_phase.value, c.reason, c.at) for c in new.history[seen:]]
+
+
+def _job_events(name: str, old: HostState | None, new: HostState) -> list[Event]:
+    previous = old.jobs if old else {}
+    return [
+        _job_event(name, job)
+        for job_id, job in new.jobs.items()
+        if job.state != "running" and (job_id not in previous or previous[job_id].state == "running")
+    ]
+
+
+def _job_event(name: str, job: JobRecord) -> Event:
+    code = f"exited {job.exit_code}" if job.exit_code is not None else job.state
+    details = {"id": job.id, "kind": job.kind, "purpose": job.purpose, "exit_code": job.exit_code}
+    when = job.ended_at or job.started_at
+    return Event("job", name, "running", job.state, f"{job.kind} job {job.id} {code}", when, details)
+
+
+class Notifier:
+    """Runs the notify command once per event; failures are logged as warnings, never raised."""
+
+    def __init__(self, command: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+        try:
+            self.argv = shlex.split(command)
+        except ValueError as exc:
+            raise UsageError(f"--notify-cmd {command!r}: {exc}") from None
+        if not self.argv:
+            raise UsageError("--notify-cmd is empty")
+        self.timeout = timeout
+
+    def on_commit(self, before: State, after: State) -> None:
+        """``StateStore``'s hook: notify every event the committed transaction made."""
+        for event in events_between(before, after):
+            self.send(event)
+
+    def send(self, event: Event) -> bool:
+        """Deliver one event; False (after a warning on stderr) when the notifier failed."""
+        what = f"notify: `{shlex.join(self.argv)}` for {event.host} {event.kind} {event.from_} -> {event.to}"
+        try:
+            code, stderr = _run(self.argv, event.to_json() + "\n", self.timeout)
+        except OSError as exc:
+            log.warning("%s could not start: %s", what, exc.strerror or exc)
+            return False
+        if code is None:
+            log.warning("%s timed out after %gs (killed)", what, self.timeout)
+        elif code != 0:
+            tail = " ".join(stderr.strip().splitlines()[-3:])
+            log.warning("%s exited %d%s", what, code, f": {tail}" if tail else "")
+        return code == 0
+
+
+def _run(argv: list[str], payload: str, timeout: float) -> tuple[int | None, str]:
+    """Run ``argv`` in its own session with ``payload`` on stdin: (exit code or None on timeout, stderr).
+
+    On timeout the whole process group is killed, so a notifier's children cannot linger.
+    """
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            _, stderr = proc.communicate(payload, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            return None, ""
+        return proc.returncode, stderr

@@ -1,0 +1,120 @@
+"""Notifications: events from state transactions, delivered as JSON on a local command's stdin."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import UsageError
+from orchestrator.notify import Event, Notifier, events_between
+from orchestrator.state import JobRecord, Phase, State, StateStore
+
+T0 = datetime(2026, 11, 29, 22, 34, tzinfo=timezone.utc)
+
+RECORDER = "import sys, pathlib; pathlib.Path(sys.argv[1]).open('a').write(sys.stdin.read())"
+
+
+def recorder(out: Path) -> str:
+    """A notify command that appends each event it reads to ``out``."""
+    return shlex.join([sys.executable, "-c", RECORDER, str(out)])
+
+
+def a_job(state: str = "running", **changes: object) -> JobRecord:
+    fields: dict[str, object] = {"id": "bench-1", "kind": "bench", "purpose": "bench", "argv": ["python"]}
+    fields.update(log="/root/.orch/jobs/bench-1/log", state=state, started_at=T0, **changes)
+    return JobRecord.model_validate(fields)
+
+
+def test_phase_change_in_a_transaction_is_one_event() -> None:
+    before = State()
+    after = before.model_copy(deep=True)
+    after.host("gpu-1").set_phase(Phase.PULLED, "abc -> def")
+    [event] = events_between(before, after)
+    assert (event.kind, event.host, event.from_, event.to, event.reason) == (
+        "phase",
+        "gpu-1",
+        "new",
+        "pulled",
+        "abc -> def",
+    )
+
+
+def test_job_that_left_running_is_one_event_and_a_still_running_job_is_none() -> None:
+    before = State()
+    before.host("gpu-1").jobs["bench-1"] = a_job()
+    after = before.model_copy(deep=True)
+    assert events_between(before, after) == []
+    after.host("gpu-1").jobs["bench-1"] = a_job("failed", exit_code=2, ended_at=T0)
+    [event] = events_between(before, after)
+    assert (event.kind, event.from_, event.to, event.time) == ("job", "running", "failed", T0)
+    assert event.job == {"id": "bench-1", "kind": "bench", "purpose": "bench", "exit_code": 2}
+    assert event.reason == "bench job bench-1 exited 2"
+
+
+def test_event_json_has_the_documented_keys() -> None:
+    doc = json.loads(Event("phase", "gpu-1", "tuning", "tuned", "done", T0).to_json())
+    assert doc == {
+        "kind": "phase",
+        "host": "gpu-1",
+        "from": "tuning",
+        "to": "tuned",
+        "reason": "done",
+        "time": T0.isoformat(),
+    }
+
+
+def test_store_delivers_each_phase_change_as_json_on_stdin(tmp_path: Path) -> None:
+    out = tmp_path / "events.jsonl"
+    store = StateStore(tmp_path / "state.json", on_commit=Notifier(recorder(out)).on_commit)
+    store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.PULLED, "pulled"))
+    store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.PULLED, "again: no change, no event"))
+    store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.TUNING, "tuning 2 shapes"))
+    events = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(e["host"], e["from"], e["to"], e["reason"]) for e in events] == [
+        ("gpu-1", "new", "pulled", "pulled"),
+        ("gpu-1", "pulled", "tuning", "tuning 2 shapes"),
+    ]
+    assert all(e["kind"] == "phase" and datetime.fromisoformat(e["time"]).tzinfo for e in events)
+
+
+def test_failing_notifier_is_reported_and_the_update_still_succeeds(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    command = shlex.join([sys.executable, "-c", "import sys; print('slack said no', file=sys.stderr); sys.exit(3)"])
+    store = StateStore(tmp_path / "state.json", on_commit=Notifier(command).on_commit)
+    with caplog.at_level(logging.WARNING):
+        store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.PULLED, "pulled"))
+    assert store.load().host("gpu-1").phase == Phase.PULLED
+    assert "gpu-1 phase new -> pulled exited 3: slack said no" in caplog.text
+
+
+def test_hanging_notifier_is_killed_after_its_timeout_and_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    marker = tmp_path / "child-survived"
+    script = f"sleep 5 && touch {shlex.quote(str(marker))}"
+    notifier = Notifier(shlex.join(["sh", "-c", f"({script}) & sleep 30"]), timeout=0.3)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        assert notifier.send(Event("phase", "gpu-1", "tuned", "launching", "relaunch", T0)) is False
+    assert time.monotonic() - started < 3
+    assert "timed out after 0.3s (killed)" in caplog.text
+
+
+def test_missing_notifier_command_is_reported_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        assert Notifier("/nonexistent/notify --x").send(Event("phase", "h", "new", "pulled", "r", T0)) is False
+    assert "could not start" in caplog.text
+
+
+@pytest.mark.parametrize("command", ["", "   ", "unbalanced 'quote"])
+def test_unusable_notify_command_is_a_usage_error(command: str) -> None:
+    with pytest.raises(UsageError, match="--notify-cmd"):
+        Notifier(command)
