@@ -1,0 +1,422 @@
+"""The SGLang server: its launch argv, the MTP rules, the host's flag list, and its HTTP answers.
+
+Pure: builders of argv lists and checkers/parsers of what hosts print. Facts come from
+``shared/reference/sglang.md`` §2. Log lines are in ``facts/server_log.py``; upstream test files
+(``other_args``) in ``facts/server_upstream.py``.
+
+Where the server listens: orch passes ``--port server_port`` and leaves ``--host`` to the recipe
+(SGLang's default is 127.0.0.1). orch itself talks to the server from the host, through the SSH
+connection, so an unexposed port works; ``probe_address`` says which address it uses.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.inventory import Host
+from orchestrator.recipe import MTPSpec, Recipe
+
+SERVER_MODULE = "sglang.launch_server"
+SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO")
+DEEPSEEK_V4 = "DeepseekV4ForCausalLM"
+DEEPSEEK_V4_ALGORITHMS = ("EAGLE", "DSPARK")
+DEEPSEEK_NEXTN_ARCHS = ("DeepseekV3ForCausalLM", DEEPSEEK_V4)
+DEEPSEEK_DEFAULT_SPEC = (3, 1, 4)  # what SGLang picks for DeepSeek MTP when no number is given
+HOST_SPECIFIC_FLAGS = ("model-path", "model", "port", "host")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a recipe or a launch command: ``where`` (a recipe key or a flag) and why."""
+
+    where: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.reason}"
+
+
+# --- the launch command -------------------------------------------------------------------------
+
+
+def launch_argv(recipe: Recipe, host: Host, *, mtp: bool) -> list[str]:
+    """The exact server command for ``host``: model, port, the recipe's arguments, the FP8 GEMM
+    backend, and the speculative flags when ``mtp`` (and the recipe has an ``mtp`` block)."""
+    argv = [host.python, "-m", SERVER_MODULE, "--model-path", host.model_path, "--port", str(host.server_port)]
+    argv += server_arg_flags(recipe.server_args)
+    if recipe.fp8_gemm_backend:
+        argv += ["--fp8-gemm-backend", recipe.fp8_gemm_backend]
+    if mtp and recipe.mtp is not None:
+        argv += mtp_flags(recipe.mtp)
+    return argv
+
+
+def server_arg_flags(args: Mapping[str, str | int | float | bool]) -> list[str]:
+    """``{"tp": 8, "trust-remote-code": true, "x": false}`` → ``["--tp", "8", "--trust-remote-code"]``:
+    true is a bare flag, false leaves the flag out, anything else is the flag and its value."""
+    flags: list[str] = []
+    for name, value in args.items():
+        if value is True:
+            flags.append(f"--{name}")
+        elif value is not False:
+            flags += [f"--{name}", str(value)]
+    return flags
+
+
+def mtp_flags(spec: MTPSpec) -> list[str]:
+    """The ``--speculative-*`` flags of an MTP block, only the numbers it gives."""
+    flags = ["--speculative-algorithm", spec.algorithm]
+    for flag, value in (
+        ("--speculative-num-steps", spec.num_steps),
+        ("--speculative-eagle-topk", spec.eagle_topk),
+        ("--speculative-num-draft-tokens", spec.num_draft_tokens),
+        ("--speculative-draft-model-path", spec.draft_model_path),
+    ):
+        if value is not None:
+            flags += [flag, str(value)]
+    return flags
+
+
+def server_gpus(recipe: Recipe, host: Host) -> list[int]:
+    """GPU indexes the server uses: ``base-gpu-id`` .. + tp * dp (capped by the host's GPUs)."""
+    args = recipe.server_args
+    tp = _int_arg(args, ("tp", "tp-size", "tensor-parallel-size"), 1)
+    dp = _int_arg(args, ("dp", "dp-size", "data-parallel-size"), 1)
+    base = _int_arg(args, ("base-gpu-id",), 0)
+    return [i for i in range(base, base + tp * dp) if i < host.gpus]
+
+
+def _int_arg(args: Mapping[str, Any], names: Sequence[str], default: int) -> int:
+    for name in names:
+        if name in args and not isinstance(args[name], bool):
+            return int(args[name])
+    return default
+
+
+def probe_address(recipe: Recipe) -> str:
+    """Where orch, on the host, reaches the server: the address it binds, or loopback for a wildcard."""
+    bound = str(recipe.server_args.get("host", "127.0.0.1"))
+    return "127.0.0.1" if bound in ("0.0.0.0", "::", "", "localhost") else bound
+
+
+def base_url(recipe: Recipe, host: Host) -> str:
+    address = probe_address(recipe)
+    return f"http://{f'[{address}]' if ':' in address else address}:{host.server_port}"
+
+
+# --- the MTP rules (reference §2) -----------------------------------------------------------------
+
+
+def check_recipe(recipe: Recipe, *, mtp: bool) -> list[Problem]:
+    """Every reason SGLang would refuse the recipe's speculative settings, or silently change them.
+
+    Empty means fine. Without ``mtp`` nothing speculative is passed, so nothing is checked.
+    """
+    if not mtp:
+        return []
+    if recipe.mtp is None:
+        return [Problem("mtp", "MTP was asked for but the recipe has no `mtp:` block (or serve with --no-mtp)")]
+    spec, problems = recipe.mtp, []
+    problems += _check_algorithm(spec.algorithm, recipe.architecture, spec.eagle_topk)
+    problems += _check_numbers(spec)
+    problems += _check_draft_model(spec, recipe.architecture)
+    return problems
+
+
+def _check_algorithm(name: str, architecture: str, topk: int | None) -> list[Problem]:
+    upper = name.upper()
+    if upper == "MTP":
+        return [
+            Problem(
+                "mtp.algorithm",
+                "`MTP` is not an SGLang algorithm name (it fails with `Unknown "
+                "speculative algorithm name: MTP`); DeepSeek MTP is `EAGLE`",
+            )
+        ]
+    if upper not in SPECULATIVE_ALGORITHMS:
+        return [
+            Problem(
+                "mtp.algorithm",
+                f"unknown speculative algorithm {name!r}; SGLang knows {', '.join(SPECULATIVE_ALGORITHMS)}",
+            )
+        ]
+    if architecture == DEEPSEEK_V4:
+        return _check_deepseek_v4(upper, topk)
+    return []
+
+
+def _check_deepseek_v4(upper: str, topk: int | None) -> list[Problem]:
+    if upper == "NEXTN":
+        return [
+            Problem(
+                "mtp.algorithm",
+                "pass `EAGLE`, not `NEXTN`, for DeepSeek-V4: SGLang checks the "
+                "algorithm before it maps NEXTN to EAGLE, and refuses NEXTN",
+            )
+        ]
+    if upper not in DEEPSEEK_V4_ALGORITHMS:
+        return [Problem("mtp.algorithm", f"DeepSeek-V4 supports only EAGLE or DSPARK, not {upper}")]
+    if upper == "EAGLE" and topk != 1:
+        got = "not given" if topk is None else f"{topk}"
+        return [Problem("mtp.eagle_topk", f"DeepSeek-V4 with EAGLE needs eagle_topk 1 given explicitly ({got})")]
+    return []
+
+
+def _check_numbers(spec: MTPSpec) -> list[Problem]:
+    numbers = {"num_steps": spec.num_steps, "eagle_topk": spec.eagle_topk, "num_draft_tokens": spec.num_draft_tokens}
+    missing = [k for k, v in numbers.items() if v is None]
+    if missing and len(missing) < len(numbers):
+        return [
+            Problem(
+                "mtp",
+                f"give num_steps, eagle_topk and num_draft_tokens all or none (missing: "
+                f"{', '.join(missing)}); SGLang refuses a partial set",
+            )
+        ]
+    if spec.eagle_topk == 1 and spec.num_steps is not None and spec.num_draft_tokens != spec.num_steps + 1:
+        return [
+            Problem(
+                "mtp.num_draft_tokens",
+                f"with eagle_topk 1 SGLang forces draft tokens to num_steps + 1 "
+                f"= {spec.num_steps + 1} (got {spec.num_draft_tokens}); write {spec.num_steps + 1}",
+            )
+        ]
+    return []
+
+
+def _check_draft_model(spec: MTPSpec, architecture: str) -> list[Problem]:
+    if spec.draft_model_path is None or architecture not in DEEPSEEK_NEXTN_ARCHS:
+        return []
+    return [
+        Problem(
+            "mtp.draft_model_path",
+            "DeepSeek NextN/MTP takes its draft layers from the model itself; "
+            "remove draft_model_path (SGLang ignores it and logs `DeepSeek MTP does not require "
+            "setting speculative_draft_model_path.`)",
+        )
+    ]
+
+
+# --- the host's flag list (`python -m sglang.launch_server --help`) ------------------------------
+
+
+def help_argv(host: Host) -> list[str]:
+    return [host.python, "-m", SERVER_MODULE, "--help"]
+
+
+_OPTION_INDENT = 6  # argparse indents options by 2 (4 in nested groups), their help by 24
+_FLAG_IN_HELP = re.compile(r"^(--[A-Za-z0-9][A-Za-z0-9_-]*)(?:[ =](\{[^}]*\}))?")
+
+
+def parse_help(text: str) -> dict[str, tuple[str, ...] | None]:
+    """Every ``--flag`` argparse lists in ``--help``, with its choices (``{a,b}``) or None.
+
+    Only the option column counts (lines starting with ``-`` after a short indentation, up to the help
+    text), so a flag merely mentioned in a description is not taken for one the server accepts.
+    """
+    flags: dict[str, tuple[str, ...] | None] = {}
+    for line in text.splitlines():
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip(" "))
+        if not 0 < indent <= _OPTION_INDENT or not stripped.startswith("-"):
+            continue
+        invocation = re.split(r"\s{2,}", stripped, maxsplit=1)[0]
+        for part in invocation.split(", "):
+            m = _FLAG_IN_HELP.match(part)
+            if m:
+                flags[m[1]] = tuple(m[2][1:-1].split(",")) if m[2] else None
+    return flags
+
+
+def check_flags(argv: Sequence[str], known: Mapping[str, tuple[str, ...] | None]) -> list[Problem]:
+    """Flags in ``argv`` the host's SGLang does not list (with a close match, as upstream renames
+    flags), and values outside a flag's choices."""
+    problems = []
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--"):
+            continue
+        flag, _, inline = arg.partition("=")
+        if flag not in known:
+            problems.append(Problem(flag, _unknown_flag_reason(flag, known)))
+            continue
+        value = inline or (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None)
+        choices = known[flag]
+        if choices and value is not None and value not in choices:
+            problems.append(Problem(flag, f"the host's SGLang accepts only {', '.join(choices)} (got {value!r})"))
+    return problems
+
+
+def _unknown_flag_reason(flag: str, known: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(flag, list(known), n=1, cutoff=0.75)
+    hint = f"; did upstream rename it to {close[0]}?" if close else ""
+    return f"the host's SGLang does not know this flag (not in `python -m {SERVER_MODULE} --help`){hint}"
+
+
+# --- HTTP, asked from the host ----------------------------------------------------------------------
+
+# argv[1] is a JSON list of [method, url, body-or-null, timeout]; prints a JSON list of
+# {"status": int (0 = no answer), "body": text}. One process and one SSH channel for several requests.
+_HTTP = r"""
+import json, sys, urllib.error, urllib.request
+answers = []
+for method, url, body, timeout in json.loads(sys.argv[1]):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            answers.append({"status": r.status, "body": r.read().decode("utf-8", "replace")})
+    except urllib.error.HTTPError as e:
+        answers.append({"status": e.code, "body": e.read().decode("utf-8", "replace")})
+    except Exception as e:
+        answers.append({"status": 0, "body": "%s: %s" % (type(e).__name__, e)})
+print(json.dumps(answers))
+"""
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    method: str
+    url: str
+    body: Any = None
+    timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    status: int  # 0: no answer (connection refused, timeout)
+    body: str
+
+    def json(self) -> Any:
+        """The body as JSON, or None when it is not JSON."""
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            return None
+
+
+def http_argv(python: str, requests: Sequence[HttpRequest]) -> list[str]:
+    """Run ``requests`` in order from the host with its own python (no curl needed, nothing exposed)."""
+    payload = [[r.method, r.url, r.body, r.timeout] for r in requests]
+    return [python, "-c", _HTTP, json.dumps(payload)]
+
+
+def parse_http(stdout: str) -> list[HttpAnswer]:
+    """Answers of ``http_argv``; raises ValueError on output that is not the snippet's."""
+    try:
+        answers = json.loads(stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        answers = None
+    if not isinstance(answers, list):
+        raise ValueError(f"unexpected output of the HTTP probe: {stdout.strip()[:200]!r}")
+    return [HttpAnswer(int(a["status"]), str(a["body"])) for a in answers]
+
+
+def generate_request(url: str, max_new_tokens: int, index: int, timeout: float = 120.0) -> HttpRequest:
+    """A short deterministic ``POST /generate`` used to probe a fresh server."""
+    body = {
+        "text": f"orch probe {index}: write a short story about a GPU that learns to count.",
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
+    }
+    return HttpRequest("POST", f"{url}/generate", body, timeout)
+
+
+# --- /server_info ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """Speculative settings as SGLang resolved them (``algorithm`` None: speculative decoding off)."""
+
+    algorithm: str | None
+    num_steps: int | None = None
+    eagle_topk: int | None = None
+    num_draft_tokens: int | None = None
+
+    def __str__(self) -> str:
+        if self.algorithm is None:
+            return "off"
+        return f"{self.algorithm} steps={self.num_steps} topk={self.eagle_topk} draft={self.num_draft_tokens}"
+
+
+def spec_settings(info: Mapping[str, Any]) -> SpecSettings:
+    """The speculative settings of a ``GET /server_info`` answer."""
+    algorithm = info.get("speculative_algorithm")
+    if algorithm in (None, "", "NONE", "None"):
+        return SpecSettings(None)
+    return SpecSettings(
+        str(algorithm),
+        _opt_int(info.get("speculative_num_steps")),
+        _opt_int(info.get("speculative_eagle_topk")),
+        _opt_int(info.get("speculative_num_draft_tokens")),
+    )
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def expected_spec(recipe: Recipe, *, mtp: bool) -> SpecSettings:
+    """What ``/server_info`` must say: off without MTP; else the recipe's algorithm as SGLang names it
+    (NEXTN → EAGLE), its numbers, SGLang's (3, 1, 4) for DeepSeek when none is given, and draft tokens
+    forced to steps + 1 with topk 1."""
+    if not mtp or recipe.mtp is None:
+        return SpecSettings(None)
+    spec = recipe.mtp
+    algorithm = "EAGLE" if spec.algorithm.upper() == "NEXTN" else spec.algorithm.upper()
+    steps, topk, draft = spec.num_steps, spec.eagle_topk, spec.num_draft_tokens
+    if steps is None and topk is None and draft is None and recipe.architecture in DEEPSEEK_NEXTN_ARCHS:
+        steps, topk, draft = DEEPSEEK_DEFAULT_SPEC
+    if topk == 1 and steps is not None:
+        draft = steps + 1
+    return SpecSettings(algorithm, steps, topk, draft)
+
+
+def check_spec(actual: SpecSettings, expected: SpecSettings) -> list[Problem]:
+    """Differences between what the server runs and what was asked (a number not asked is not checked)."""
+    if expected.algorithm is None:
+        return (
+            []
+            if actual.algorithm is None
+            else [
+                Problem("speculative_algorithm", f"speculative decoding is on ({actual}) although it was not asked for")
+            ]
+        )
+    if actual.algorithm != expected.algorithm:
+        shown = actual.algorithm or "off (None)"
+        return [Problem("speculative_algorithm", f"the server runs {shown}, expected {expected.algorithm}")]
+    problems = []
+    for key in ("num_steps", "eagle_topk", "num_draft_tokens"):
+        want, got = getattr(expected, key), getattr(actual, key)
+        if want is not None and got != want:
+            problems.append(Problem(f"speculative_{key}", f"the server runs {got}, expected {want}"))
+    return problems
+
+
+def check_backend(info: Mapping[str, Any], wanted: str | None) -> list[Problem]:
+    """The FP8 GEMM backend the server resolved, when the recipe asks for one."""
+    got = info.get("fp8_gemm_backend")
+    if wanted is None or got is None or got == wanted:
+        return []
+    return [Problem("fp8_gemm_backend", f"the server runs {got!r}, expected {wanted!r}")]
+
+
+def avg_accept_length(info: Mapping[str, Any]) -> float | None:
+    """``internal_states[0].avg_spec_accept_length`` (absent until the first decode log interval)."""
+    states = info.get("internal_states")
+    if not isinstance(states, list) or not states or not isinstance(states[0], dict):
+        return None
+    value = states[0].get("avg_spec_accept_length")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def generate_accept_length(answer: HttpAnswer) -> float | None:
+    """``meta_info.spec_accept_length`` of one ``POST /generate`` answer, when it has one."""
+    body = answer.json() if answer.status == 200 else None
+    meta = body.get("meta_info") if isinstance(body, dict) else None
+    value = meta.get("spec_accept_length") if isinstance(meta, dict) else None
+    return float(value) if isinstance(value, int | float) else None

@@ -1,0 +1,239 @@
+"""Upstream SGLang's registered tests: which launch arguments they use for a model family.
+
+Upstream keeps each test's server flags in a list named ``other_args`` (``test/registered/**``). This
+module reads them with ``ast`` (never by regex, never by importing the test): assignments to
+``other_args`` (a name or ``cls.other_args``), ``other_args=[...]`` keywords, ``+=``/``.extend``,
+list concatenation and module/class constants are resolved; anything else shows as ``{expression}``.
+It also picks up the accept length a test asserts (``assertGreater(...accept_length..., 2.8)``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.facts.server import HOST_SPECIFIC_FLAGS
+
+REGISTERED_TESTS = "test/registered"
+
+
+@dataclass
+class UpstreamArgs:
+    """The ``other_args`` of one test scope (``Class.method``), with the accept length it expects."""
+
+    path: str
+    scope: str
+    args: list[str]
+    min_accept_length: float | None = None
+
+
+@dataclass(frozen=True)
+class FlagDiff:
+    flag: str
+    recipe: str | None  # None: the recipe does not pass it ("" is a bare flag)
+    upstream: str | None
+
+    @property
+    def kind(self) -> str:
+        if self.recipe == self.upstream:
+            return "same"
+        if self.upstream is None:
+            return "recipe only"
+        return "upstream only" if self.recipe is None else "differs"
+
+
+# --- which files ------------------------------------------------------------------------------------
+
+
+def model_family(model: str) -> str:
+    """The file-name key of a model family: ``DeepSeek-V4-Flash`` → ``deepseek_v4``, ``Qwen3-8B`` → ``qwen3``,
+    ``Llama-3.1-8B`` → ``llama_3.1``.
+
+    Words up to and including the first version-like word (``v4``, ``3``, ``3.1``), lower-cased.
+    """
+    words = [w for w in re.split(r"[-_ ]+", model.lower()) if w]
+    for i, word in enumerate(words):
+        if re.fullmatch(r"v?\d+(\.\d+)?", word) or re.search(r"[a-z]\d+$", word):
+            return "_".join(words[: i + 1])
+    return words[0] if words else ""
+
+
+def list_tests_argv(sglang_dir: str) -> list[str]:
+    return ["find", f"{sglang_dir.rstrip('/')}/{REGISTERED_TESTS}", "-name", "*.py", "-type", "f"]
+
+
+def family_tests(paths: Sequence[str], family: str, named: Sequence[str] = ()) -> list[str]:
+    """Test files of a family (its key in the path, ignoring ``_``, ``-`` and ``.``), plus any the recipe names."""
+    key, chosen = _flat(family), []
+    for path in sorted(paths):
+        if (key and key in _flat(path)) or any(path.endswith(n) for n in named):
+            chosen.append(path)
+    return chosen
+
+
+def _flat(text: str) -> str:
+    return re.sub(r"[-_.]", "", text.lower())
+
+
+# --- extraction ----------------------------------------------------------------------------------------
+
+
+def extract_other_args(source: str, path: str) -> list[UpstreamArgs]:
+    """Every ``other_args`` launch list in a test file, one per scope, in source order."""
+    tree = ast.parse(source, filename=path)
+    found: dict[str, UpstreamArgs] = {}
+    _walk(tree, [], _constants(tree.body), found, path)
+    accept = _asserted_accept_length(tree)
+    for entry in found.values():
+        entry.min_accept_length = accept
+    return list(found.values())
+
+
+def _walk(node: ast.AST, scope: list[str], consts: dict[str, Any], found: dict[str, UpstreamArgs], path: str) -> None:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            inner = {**consts, **_constants(child.body)} if isinstance(child, ast.ClassDef) else consts
+            _walk(child, [*scope, child.name], inner, found, path)
+            continue
+        _visit(child, ".".join(scope) or "<module>", consts, found, path)
+        _walk(child, scope, consts, found, path)
+
+
+def _visit(node: ast.AST, scope: str, consts: dict[str, Any], found: dict[str, UpstreamArgs], path: str) -> None:
+    value, extend = _other_args_value(node)
+    if value is None:
+        return
+    args = _strings(value, consts)
+    if extend and scope in found:
+        found[scope].args += args
+    else:
+        found[scope] = UpstreamArgs(path, scope, args)
+
+
+def _other_args_value(node: ast.AST) -> tuple[ast.expr | None, bool]:
+    """(the list expression, whether it extends an earlier one) when ``node`` sets ``other_args``."""
+    if isinstance(node, ast.Assign) and any(_is_other_args(t) for t in node.targets):
+        return node.value, False
+    if isinstance(node, ast.AnnAssign) and _is_other_args(node.target) and node.value is not None:
+        return node.value, False
+    if isinstance(node, ast.AugAssign) and _is_other_args(node.target) and isinstance(node.op, ast.Add):
+        return node.value, True
+    if _is_extend_call(node) and isinstance(node, ast.Call):
+        return node.args[0], True
+    if isinstance(node, ast.keyword) and node.arg == "other_args" and not _is_other_args(node.value):
+        return node.value, False
+    return None, False
+
+
+def _is_extend_call(node: ast.AST) -> bool:
+    """``other_args.extend([...])``."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "extend"
+        and _is_other_args(node.func.value)
+        and bool(node.args)
+    )
+
+
+def _is_other_args(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "other_args") or (
+        isinstance(node, ast.Attribute) and node.attr == "other_args"
+    )
+
+
+def _constants(body: Sequence[ast.stmt]) -> dict[str, Any]:
+    """``NAME = <literal>`` assignments of a module or class body (strings, numbers, lists of them)."""
+    consts: dict[str, Any] = {}
+    for stmt in body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            try:
+                consts[stmt.targets[0].id] = ast.literal_eval(stmt.value)
+            except (ValueError, SyntaxError, TypeError):
+                continue
+    return consts
+
+
+def _strings(node: ast.expr, consts: Mapping[str, Any]) -> list[str]:
+    """The argv items of a list expression; unresolvable parts become ``{source}``."""
+    if isinstance(node, ast.List | ast.Tuple):
+        return [s for elt in node.elts for s in _items(elt, consts)]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _strings(node.left, consts) + _strings(node.right, consts)
+    if isinstance(node, ast.Name) and isinstance(consts.get(node.id), list | tuple):
+        return [str(v) for v in consts[node.id]]
+    return [f"{{{ast.unparse(node)}}}"]
+
+
+def _items(node: ast.expr, consts: Mapping[str, Any]) -> list[str]:
+    if isinstance(node, ast.Starred):
+        return _strings(node.value, consts)
+    return [_scalar(node, consts)]
+
+
+def _scalar(node: ast.expr, consts: Mapping[str, Any]) -> str:
+    if isinstance(node, ast.Constant):
+        return str(node.value)
+    if isinstance(node, ast.Name) and isinstance(consts.get(node.id), str | int | float):
+        return str(consts[node.id])
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "str" and node.args:
+        return _scalar(node.args[0], consts)
+    if isinstance(node, ast.JoinedStr):
+        return "".join(
+            _scalar(v.value, consts) if isinstance(v, ast.FormattedValue) else _scalar(v, consts) for v in node.values
+        )
+    return f"{{{ast.unparse(node)}}}"
+
+
+def _asserted_accept_length(tree: ast.AST) -> float | None:
+    """The bound of ``assertGreater[Equal](<...accept_length...>, NUMBER)``, when a test asserts one."""
+    bounds = (_accept_bound(node) for node in ast.walk(tree) if isinstance(node, ast.Call))
+    return next((b for b in bounds if b is not None), None)
+
+
+def _accept_bound(call: ast.Call) -> float | None:
+    if not isinstance(call.func, ast.Attribute) or call.func.attr not in ("assertGreater", "assertGreaterEqual"):
+        return None
+    if len(call.args) != 2 or "accept_length" not in ast.unparse(call.args[0]):
+        return None
+    bound = call.args[1]
+    return float(bound.value) if isinstance(bound, ast.Constant) and isinstance(bound.value, int | float) else None
+
+
+# --- comparison with a recipe --------------------------------------------------------------------------
+
+
+def args_to_flags(args: Sequence[str]) -> dict[str, str]:
+    """``["--tp", "8", "--trust-remote-code", "--x=1"]`` → ``{"tp": "8", "trust-remote-code": "", "x": "1"}``.
+
+    Several values after one flag are joined with a space (``--cuda-graph-bs 1 2 4``).
+    """
+    flags: dict[str, str] = {}
+    current: str | None = None
+    for arg in args:
+        if arg.startswith("--"):
+            name, eq, value = arg[2:].partition("=")
+            flags[name] = value if eq else ""
+            current = None if eq else name
+        elif current is not None:
+            flags[current] = f"{flags[current]} {arg}".strip()
+    return flags
+
+
+def diff_flags(recipe_args: Sequence[str], upstream_args: Sequence[str]) -> list[FlagDiff]:
+    """Flag by flag, the recipe's launch arguments beside upstream's (host-specific flags left out)."""
+    ours, theirs = args_to_flags(recipe_args), args_to_flags(upstream_args)
+    names = [*ours, *(n for n in theirs if n not in ours)]
+    return [FlagDiff(n, ours.get(n), theirs.get(n)) for n in names if n not in HOST_SPECIFIC_FLAGS]
+
+
+@dataclass
+class Discovery:
+    """What ``orch recipe discover`` found on one host."""
+
+    family: str
+    tests: list[UpstreamArgs] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)  # files that are not valid Python

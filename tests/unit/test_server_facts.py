@@ -1,0 +1,277 @@
+"""Pure server facts: launch argv, the MTP rules, the host's --help flags, HTTP answers, /server_info."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.facts import server
+from orchestrator.facts.server import HttpAnswer, HttpRequest, Problem, SpecSettings
+from orchestrator.inventory import Host
+from orchestrator.recipe import PACKAGED_PLAYBOOKS, Recipe, load_recipe
+
+HOST = Host(name="b1", address="127.0.0.2", python="/opt/sg lang/bin/python", model_path="/m/DS V4", server_port=31000)
+V4 = "DeepseekV4ForCausalLM"
+
+
+def recipe(mtp: dict[str, Any] | None = None, arch: str = V4, **extra: Any) -> Recipe:
+    base: dict[str, Any] = {"model": "DeepSeek-V4-Flash", "architecture": arch, "server_args": {"tp": 8}}
+    if mtp is not None:
+        base["mtp"] = mtp
+    return Recipe.model_validate({**base, **extra})
+
+
+GOOD_MTP = {"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
+
+# --- launch argv --------------------------------------------------------------------------------------
+
+
+def test_launch_argv_with_mtp_has_model_port_args_backend_and_speculative_flags() -> None:
+    r = recipe(GOOD_MTP, server_args={"trust-remote-code": True, "tp": 8, "mem-fraction-static": 0.85})
+    r = r.model_copy(update={"fp8_gemm_backend": "triton"})
+    assert server.launch_argv(r, HOST, mtp=True) == [
+        "/opt/sg lang/bin/python", "-m", "sglang.launch_server", "--model-path", "/m/DS V4", "--port", "31000",
+        "--trust-remote-code", "--tp", "8", "--mem-fraction-static", "0.85", "--fp8-gemm-backend", "triton",
+        "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "4",
+    ]  # fmt: skip
+
+
+def test_launch_argv_without_mtp_has_no_speculative_flag() -> None:
+    argv = server.launch_argv(recipe(GOOD_MTP), HOST, mtp=False)
+    assert not [a for a in argv if a.startswith("--speculative")]
+
+
+@pytest.mark.parametrize(
+    ("args", "flags"),
+    [
+        ({"tp": 8}, ["--tp", "8"]),
+        ({"trust-remote-code": True}, ["--trust-remote-code"]),
+        ({"disable-cuda-graph": False}, []),
+        ({"mem-fraction-static": 0.85, "attention-backend": "fa3"},
+         ["--mem-fraction-static", "0.85", "--attention-backend", "fa3"]),
+    ],
+)  # fmt: skip
+def test_server_arg_flags(args: dict[str, Any], flags: list[str]) -> None:
+    assert server.server_arg_flags(args) == flags
+
+
+@pytest.mark.parametrize(
+    ("args", "gpus"),
+    [({}, [0]), ({"tp": 8}, list(range(8))), ({"tp": 2, "dp": 2}, [0, 1, 2, 3]), ({"tp": 4, "base-gpu-id": 6}, [6, 7])],
+)
+def test_server_gpus(args: dict[str, Any], gpus: list[int]) -> None:
+    assert server.server_gpus(recipe(server_args=args), HOST.model_copy(update={"gpus": 8})) == gpus
+
+
+@pytest.mark.parametrize(
+    ("bound", "url"),
+    [(None, "http://127.0.0.1:31000"), ("0.0.0.0", "http://127.0.0.1:31000"), ("10.0.0.5", "http://10.0.0.5:31000")],
+)
+def test_base_url_reaches_the_bound_address_from_the_host(bound: str | None, url: str) -> None:
+    args: dict[str, Any] = {"tp": 8} if bound is None else {"tp": 8, "host": bound}
+    assert server.base_url(recipe(server_args=args), HOST) == url
+
+
+# --- MTP rules ------------------------------------------------------------------------------------------
+
+
+def where(problems: list[Problem]) -> list[str]:
+    return [p.where for p in problems]
+
+
+@pytest.mark.parametrize(
+    ("mtp", "arch", "expected", "reason_part"),
+    [
+        (GOOD_MTP, V4, [], ""),
+        ({**GOOD_MTP, "algorithm": "DSPARK"}, V4, [], ""),
+        ({"algorithm": "EAGLE", "eagle_topk": 1, "num_steps": 3}, V4, ["mtp"], "all or none"),
+        ({**GOOD_MTP, "algorithm": "MTP"}, V4, ["mtp.algorithm"], "not an SGLang algorithm name"),
+        ({**GOOD_MTP, "algorithm": "NEXTN"}, V4, ["mtp.algorithm"], "pass `EAGLE`, not `NEXTN`"),
+        ({**GOOD_MTP, "algorithm": "EAGLE3"}, V4, ["mtp.algorithm"], "only EAGLE or DSPARK"),
+        ({**GOOD_MTP, "algorithm": "WARP"}, V4, ["mtp.algorithm"], "unknown speculative algorithm"),
+        ({"algorithm": "EAGLE"}, V4, ["mtp.eagle_topk"], "given explicitly (not given)"),
+        ({**GOOD_MTP, "eagle_topk": 2, "num_draft_tokens": 8}, V4, ["mtp.eagle_topk"], "eagle_topk 1"),
+        ({**GOOD_MTP, "num_draft_tokens": 6}, V4, ["mtp.num_draft_tokens"], "num_steps + 1 = 4"),
+        ({**GOOD_MTP, "draft_model_path": "/m/draft"}, V4, ["mtp.draft_model_path"], "from the model itself"),
+        ({**GOOD_MTP, "draft_model_path": "/m/draft"}, "LlamaForCausalLM", [], ""),
+        ({"algorithm": "NEXTN"}, "DeepseekV3ForCausalLM", [], ""),
+        ({"algorithm": "eagle", "eagle_topk": 1, "num_steps": 2, "num_draft_tokens": 3}, V4, [], ""),
+    ],
+)
+def test_mtp_rules(mtp: dict[str, Any], arch: str, expected: list[str], reason_part: str) -> None:
+    problems = server.check_recipe(recipe(mtp, arch=arch), mtp=True)
+    assert where(problems) == expected
+    assert reason_part in " ".join(p.reason for p in problems)
+
+
+def test_mtp_rules_report_every_problem() -> None:
+    problems = server.check_recipe(recipe({"algorithm": "EAGLE", "num_steps": 3, "draft_model_path": "/d"}), mtp=True)
+    assert where(problems) == ["mtp.eagle_topk", "mtp", "mtp.draft_model_path"]
+
+
+def test_mtp_asked_without_an_mtp_block_is_a_problem_and_no_mtp_checks_nothing() -> None:
+    assert where(server.check_recipe(recipe(None), mtp=True)) == ["mtp"]
+    assert server.check_recipe(recipe({"algorithm": "MTP"}), mtp=False) == []
+
+
+def test_shipped_playbook_passes_the_rules() -> None:
+    shipped = load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml")
+    assert server.check_recipe(shipped, mtp=True) == []
+    assert shipped.fp8_gemm_backend == "triton"
+    assert shipped.min_accept_length == 2.8
+
+
+# --- --help --------------------------------------------------------------------------------------------
+
+HELP = """usage: launch_server.py [-h] --model-path MODEL_PATH [--tokenizer-path TOKENIZER_PATH]
+                        [--fp8-gemm-backend {auto,cutlass,triton}]
+
+options:
+  -h, --help            show this help message and exit
+  --model-path MODEL_PATH, --model MODEL_PATH
+                        The path of the model weights. Prefer --model-path over --weights-dir.
+  --trust-remote-code   Whether or not to allow for custom models.
+  --port PORT           The port of the HTTP server.
+  --tensor-parallel-size TP_SIZE, --tp-size TP_SIZE, --tp TP_SIZE
+                        The tensor parallelism size.
+  --fp8-gemm-backend {auto,cutlass,triton}
+                        Choose the runner backend.
+                        --not-a-flag is mentioned here only.
+  --speculative-algorithm SPECULATIVE_ALGORITHM
+                        Speculative algorithm.
+  --dtype, --data-type {auto,half}
+                        Python 3.13 prints the metavar once.
+"""
+
+
+def test_parse_help_reads_the_option_column_with_choices() -> None:
+    flags = server.parse_help(HELP)
+    assert flags["--fp8-gemm-backend"] == ("auto", "cutlass", "triton")
+    assert flags["--dtype"] is None and flags["--data-type"] == ("auto", "half")
+    assert {"--model-path", "--model", "--tp", "--tp-size", "--trust-remote-code", "--help"} <= set(flags)
+    assert "--not-a-flag" not in flags and "--weights-dir" not in flags
+
+
+def test_check_flags_finds_unknown_flags_and_bad_choices() -> None:
+    known = server.parse_help(HELP)
+    argv = ["py", "-m", "sglang.launch_server", "--model-path", "/m", "--tp", "8", "--fp8-gemm-backend", "tritn"]
+    argv += ["--trust-remote-code", "--speculative-algo", "EAGLE", "--port=30000"]
+    problems = server.check_flags(argv, known)
+    assert where(problems) == ["--fp8-gemm-backend", "--speculative-algo"]
+    assert "accepts only auto, cutlass, triton (got 'tritn')" in problems[0].reason
+    assert "did upstream rename it to --speculative-algorithm?" in problems[1].reason
+
+
+def test_check_flags_accepts_the_shipped_recipe_against_known_flags() -> None:
+    argv = ["py", "-m", "x", "--model-path", "/m", "--tp", "8", "--fp8-gemm-backend", "triton", "--trust-remote-code"]
+    assert server.check_flags(argv, server.parse_help(HELP)) == []
+
+
+# --- HTTP ------------------------------------------------------------------------------------------------
+
+
+def test_http_argv_passes_requests_as_one_json_argument() -> None:
+    argv = server.http_argv("/py", [HttpRequest("GET", "http://127.0.0.1:1/health", timeout=2)])
+    assert argv[:2] == ["/py", "-c"] and json.loads(argv[3]) == [["GET", "http://127.0.0.1:1/health", None, 2]]
+
+
+def test_http_snippet_runs_and_reports_no_answer_as_status_0(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    argv = server.http_argv(sys.executable, [HttpRequest("GET", "http://127.0.0.1:9/health", timeout=1)])
+    out = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, check=True).stdout
+    (answer,) = server.parse_http(out)
+    assert answer.status == 0 and "Error" in answer.body
+
+
+def test_parse_http_and_bad_output() -> None:
+    assert server.parse_http('[{"status": 200, "body": "{}"}]\n') == [HttpAnswer(200, "{}")]
+    with pytest.raises(ValueError, match="unexpected output"):
+        server.parse_http("Traceback ...\n")
+
+
+def test_generate_request_is_a_short_deterministic_post() -> None:
+    req = server.generate_request("http://h:1", 64, 2)
+    assert (req.method, req.url) == ("POST", "http://h:1/generate")
+    assert req.body["sampling_params"] == {"max_new_tokens": 64, "temperature": 0}
+
+
+# --- /server_info ------------------------------------------------------------------------------------------
+
+INFO_MTP = {
+    "speculative_algorithm": "EAGLE",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+    "fp8_gemm_backend": "triton",
+    "internal_states": [{"#running-req": 0, "avg_spec_accept_length": 3.1}],
+}
+
+
+def test_spec_settings_of_server_info() -> None:
+    assert server.spec_settings(INFO_MTP) == SpecSettings("EAGLE", 3, 1, 4)
+    assert server.spec_settings({"speculative_algorithm": None}) == SpecSettings(None)
+    assert str(SpecSettings("EAGLE", 3, 1, 4)) == "EAGLE steps=3 topk=1 draft=4"
+
+
+@pytest.mark.parametrize(
+    ("mtp", "expected"),
+    [
+        (GOOD_MTP, SpecSettings("EAGLE", 3, 1, 4)),
+        ({"algorithm": "NEXTN"}, SpecSettings("EAGLE", 3, 1, 4)),  # DeepSeek default (3, 1, 4)
+        (
+            {"algorithm": "eagle", "num_steps": 2, "eagle_topk": 1, "num_draft_tokens": 9},
+            SpecSettings("EAGLE", 2, 1, 3),
+        ),
+    ],
+)
+def test_expected_spec(mtp: dict[str, Any], expected: SpecSettings) -> None:
+    assert server.expected_spec(recipe(mtp), mtp=True) == expected
+    assert server.expected_spec(recipe(mtp), mtp=False) == SpecSettings(None)
+
+
+@pytest.mark.parametrize(
+    ("actual", "expected", "problems"),
+    [
+        (SpecSettings("EAGLE", 3, 1, 4), SpecSettings("EAGLE", 3, 1, 4), []),
+        (SpecSettings(None), SpecSettings("EAGLE", 3, 1, 4), ["speculative_algorithm"]),
+        (SpecSettings("EAGLE", 2, 1, 3), SpecSettings("EAGLE", 3, 1, 4),
+         ["speculative_num_steps", "speculative_num_draft_tokens"]),
+        (SpecSettings("EAGLE", 3, 1, 4), SpecSettings(None), ["speculative_algorithm"]),
+        (SpecSettings(None), SpecSettings(None), []),
+        (SpecSettings("EAGLE", 5, 1, 6), SpecSettings("EAGLE", None, None, None), []),
+    ],
+)  # fmt: skip
+def test_check_spec(actual: SpecSettings, expected: SpecSettings, problems: list[str]) -> None:
+    assert where(server.check_spec(actual, expected)) == problems
+
+
+def test_check_backend() -> None:
+    assert server.check_backend(INFO_MTP, "triton") == []
+    assert where(server.check_backend({"fp8_gemm_backend": "auto"}, "triton")) == ["fp8_gemm_backend"]
+    assert server.check_backend({"fp8_gemm_backend": "auto"}, None) == []
+
+
+@pytest.mark.parametrize(
+    ("info", "value"),
+    [
+        (INFO_MTP, 3.1),
+        ({"internal_states": [{"#running-req": 0}]}, None),  # before the first decode log interval
+        ({"internal_states": []}, None),
+        ({}, None),
+    ],
+)
+def test_avg_accept_length(info: dict[str, Any], value: float | None) -> None:
+    assert server.avg_accept_length(info) == value
+
+
+def test_generate_accept_length() -> None:
+    body = json.dumps({"text": "x", "meta_info": {"spec_accept_length": 3.05, "spec_verify_ct": 40}})
+    assert server.generate_accept_length(HttpAnswer(200, body)) == 3.05
+    assert server.generate_accept_length(HttpAnswer(200, json.dumps({"meta_info": {}}))) is None
+    assert server.generate_accept_length(HttpAnswer(503, body)) is None

@@ -1,0 +1,115 @@
+"""Server log parsers against recorded lines (reference §1-2): ready, failures, FP8 lookups, decode."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.facts.server_log import (
+    ConfigFile,
+    ShapeUse,
+    parse_config_path,
+    parse_server_log,
+    shape_use,
+    strip_prefix,
+    traceback_error,
+)
+
+DIR = "/root/sglang/python/sglang/kernels/ops/gemm/configs"
+DEV = "NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition"
+
+
+def cfg(n: int, k: int) -> str:
+    return f"{DIR}/N={n},K={k},device_name={DEV},dtype=fp8_w8a8,block_shape=[128, 128].json"
+
+
+READY_LOG = f"""[2026-11-29 22:34:00 TP0] server_args=ServerArgs(model_path='/models/DeepSeek-V4-Flash', ...)
+[2026-11-29 22:34:00 TP0] Load weight begin. avail mem=95.59 GB
+[2026-11-29 22:34:01 TP0] Using configuration from {cfg(1024, 4096)} for W8A8 Block FP8 kernel.
+[2026-11-29 22:34:01 TP0] Using default W8A8 Block FP8 kernel config. Performance might be sub-optimal! Config file not found at {cfg(4096, 2048)}
+[2026-11-29 22:34:02 TP0] The server is fired up and ready to roll!
+[2026-11-29 22:34:03] INFO:     127.0.0.1:5555 - "GET /health HTTP/1.1" 200 OK
+[2026-11-29 22:34:09 TP0] Decode batch, #running-req: 1, #token: 140, token usage: 0.00, accept len: 3.10, accept rate: 0.78, cuda graph: True, gen throughput (token/s): 123.45, #queue-req: 0
+[2026-11-29 22:34:10 TP0] Decode batch, #running-req: 1, #token: 180, token usage: 0.00, cuda graph: True, gen throughput (token/s): 99.00, #queue-req: 0
+"""  # noqa: E501
+
+CRASH_LOG = """[2026-11-29 22:34:00 TP0] Load weight begin. avail mem=95.59 GB
+[2026-11-29 22:34:05 TP0] Initialization failed. warmup error: Traceback (most recent call last):
+  File "/root/sglang/python/sglang/_sim/server.py", line 120, in warmup_failure
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+RuntimeError: CUDA error: an illegal memory access was encountered
+"""
+
+TRACEBACK_LOG = """[2026-11-29 22:34:00 TP0] server_args=...
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/root/sglang/python/sglang/srt/server_args.py", line 90, in _handle_speculative_decoding
+    raise ValueError(f"Unknown speculative algorithm name: {name}")
+ValueError: Unknown speculative algorithm name: MTP
+"""
+
+
+def test_ready_log_with_fp8_lookups_and_decode_lines() -> None:
+    log = parse_server_log(READY_LOG)
+    assert log.ready and log.failure is None
+    assert log.configs_used == [ConfigFile(1024, 4096, DEV, cfg(1024, 4096))]
+    assert [c.shape for c in log.configs_missing] == [(4096, 2048)]
+    assert log.accept_lengths == [3.1]
+
+
+def test_initialization_failed_is_the_failure() -> None:
+    log = parse_server_log(CRASH_LOG)
+    assert not log.ready
+    assert log.failure is not None and log.failure.startswith("Initialization failed. warmup error")
+
+
+def test_a_traceback_is_a_failure_with_its_exception_line() -> None:
+    assert parse_server_log(TRACEBACK_LOG).failure == "ValueError: Unknown speculative algorithm name: MTP"
+
+
+@pytest.mark.parametrize(
+    ("lines", "error"),
+    [
+        (["Traceback (most recent call last):", '  File "x", line 1'], None),  # still being written
+        (["nothing wrong"], None),
+        (
+            [
+                "Traceback (most recent call last):",
+                '  File "a"',
+                "KeyError: 'x'",
+                "",
+                "During handling of the above exception, another exception occurred:",
+                "",
+                "Traceback (most recent call last):",
+                '  File "b"',
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+            ],
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        ),
+    ],
+)
+def test_traceback_error(lines: list[str], error: str | None) -> None:
+    assert traceback_error(lines) == error
+
+
+def test_strip_prefix_and_carriage_returns() -> None:
+    assert strip_prefix("[2026-11-29 22:34:00 TP0] hello\n") == "hello"
+    assert strip_prefix("[2026-11-29 22:34:00 TP3 EP1] x") == "x"
+    assert strip_prefix("10%\r50%\r[2026-11-29 22:34:00 TP0] done") == "done"
+
+
+def test_parse_config_path() -> None:
+    assert parse_config_path(cfg(4096, 256)) == ConfigFile(4096, 256, DEV, cfg(4096, 256))
+    assert parse_config_path("/x/something.json") is None
+
+
+def test_shape_use_in_use_missing_and_cutlass_on_sm120() -> None:
+    log = parse_server_log(READY_LOG)
+    report = shape_use(log, [(1024, 4096), (4096, 2048), (512, 4096)], "triton", "12.0")
+    assert report[0] == ShapeUse(1024, 4096, True, cfg(1024, 4096))
+    assert not report[1].in_use and "no tuned file at" in report[1].reason and "orch tune-fp8" in report[1].reason
+    assert not report[2].in_use and "logged no config lookup" in report[2].reason
+    cutlass = shape_use(parse_server_log(""), [(1024, 4096)], None, "12.0")[0]
+    assert "fp8-gemm-backend auto runs block-FP8 GEMMs on CUTLASS on sm_120" in cutlass.reason
+    assert cutlass.key == "N=1024,K=4096"
+    other = shape_use(parse_server_log(""), [(1024, 4096)], "deep_gemm", "9.0")[0]
+    assert "fp8-gemm-backend deep_gemm" in other.reason

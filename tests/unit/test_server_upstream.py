@@ -1,0 +1,136 @@
+"""Reading upstream registered tests' ``other_args`` with ast, and comparing them with a recipe."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from orchestrator.facts.server_upstream import (
+    FlagDiff,
+    args_to_flags,
+    diff_flags,
+    extract_other_args,
+    family_tests,
+    list_tests_argv,
+    model_family,
+)
+
+UPSTREAM_V4_FLASH = """
+import unittest
+from sglang.test.test_utils import DEFAULT_URL_FOR_TEST, CustomTestCase, popen_launch_server
+
+DEEPSEEK_V4_FLASH_MODEL_PATH = "deepseek-ai/DeepSeek-V4-Flash"
+TP = 8
+
+
+class TestDeepseekV4FlashFp4MTP(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.model = DEEPSEEK_V4_FLASH_MODEL_PATH
+        other_args = [
+            "--trust-remote-code",
+            "--tp",
+            str(TP),
+            "--speculative-algorithm",
+            "EAGLE",
+            "--speculative-num-steps",
+            "3",
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            "4",
+            "--mem-fraction-static",
+            "0.85",
+        ]
+        cls.process = popen_launch_server(cls.model, cls.base_url, other_args=other_args)
+
+    def test_gsm8k(self):
+        server_info = requests.get(self.base_url + "/server_info").json()
+        avg_spec_accept_length = server_info["internal_states"][0]["avg_spec_accept_length"]
+        self.assertGreater(avg_spec_accept_length, 2.8)
+"""
+
+
+def test_extracts_other_args_resolving_constants_and_the_asserted_accept_length() -> None:
+    (found,) = extract_other_args(UPSTREAM_V4_FLASH, "test/registered/e2e/models/test_deepseek_v4_flash.py")
+    assert found.scope == "TestDeepseekV4FlashFp4MTP.setUpClass"
+    assert found.args[:3] == ["--trust-remote-code", "--tp", "8"]
+    assert found.args[-2:] == ["--mem-fraction-static", "0.85"]
+    assert found.min_accept_length == 2.8
+
+
+def test_extracts_keyword_concatenation_extend_starred_and_unresolvable_parts() -> None:
+    source = textwrap.dedent(
+        """
+        BASE = ["--tp", "8"]
+
+        class A:
+            PORT = 1234
+            def setUp(self):
+                other_args = BASE + ["--port", PORT]
+                other_args.extend(["--enable-metrics"])
+                other_args += [f"--x={PORT}", helper()]
+
+        def test_b():
+            popen_launch_server("m", "u", other_args=[*BASE, "--dp", str(dp)])
+        """
+    )
+    a, b = extract_other_args(source, "t.py")
+    assert a.scope == "A.setUp"
+    assert a.args == ["--tp", "8", "--port", "1234", "--enable-metrics", "--x=1234", "{helper()}"]
+    assert (b.scope, b.args) == ("test_b", ["--tp", "8", "--dp", "{dp}"])
+    assert a.min_accept_length is None
+
+
+def test_other_args_passed_by_name_is_not_counted_twice() -> None:
+    source = "def f():\n    other_args = ['--tp', '2']\n    launch(other_args=other_args)\n"
+    assert [e.args for e in extract_other_args(source, "t.py")] == [["--tp", "2"]]
+
+
+def test_invalid_python_raises_syntax_error() -> None:
+    with pytest.raises(SyntaxError):
+        extract_other_args("def (:\n", "bad.py")
+
+
+@pytest.mark.parametrize(
+    ("model", "family"),
+    [("DeepSeek-V4-Flash", "deepseek_v4"), ("Qwen3-235B-A22B", "qwen3"), ("Llama-3.1-8B", "llama_3.1"), ("gpt", "gpt")],
+)
+def test_model_family(model: str, family: str) -> None:
+    assert model_family(model) == family
+
+
+def test_family_tests_match_paths_loosely_and_include_named_tests() -> None:
+    paths = [
+        "/s/test/registered/amd/test_deepseek_v4_pro_fp4_mtp.py",
+        "/s/test/registered/e2e/models/test_deepseek_v4_flash_fp4_b200.py",
+        "/s/test/registered/e2e/models/test_llama31_8b_eagle3.py",
+        "/s/test/registered/e2e/test_other.py",
+    ]
+    assert family_tests(paths, "deepseek_v4") == paths[:2]
+    assert family_tests(paths, "llama_3.1") == [paths[2]]
+    assert family_tests(paths, "nothing", named=["e2e/test_other.py"]) == [paths[3]]
+
+
+def test_list_tests_argv() -> None:
+    assert list_tests_argv("/root/sg lang/") == ["find", "/root/sg lang/test/registered", "-name", "*.py", "-type", "f"]
+
+
+def test_args_to_flags() -> None:
+    flags = args_to_flags(["--tp", "8", "--trust-remote-code", "--x=1", "--cuda-graph-bs", "1", "2", "4"])
+    assert flags == {"tp": "8", "trust-remote-code": "", "x": "1", "cuda-graph-bs": "1 2 4"}
+
+
+def test_diff_flags_leaves_out_host_specific_flags() -> None:
+    ours = ["--model-path", "/m", "--port", "30000", "--tp", "8", "--fp8-gemm-backend", "triton"]
+    ours += ["--mem-fraction-static", "0.85"]
+    theirs = ["--tp", "8", "--mem-fraction-static", "0.8", "--attention-backend", "aiter"]
+    diffs = diff_flags(ours, theirs)
+    assert diffs == [
+        FlagDiff("tp", "8", "8"),
+        FlagDiff("fp8-gemm-backend", "triton", None),
+        FlagDiff("mem-fraction-static", "0.85", "0.8"),
+        FlagDiff("attention-backend", None, "aiter"),
+    ]
+    assert [d.kind for d in diffs] == ["same", "recipe only", "differs", "upstream only"]
