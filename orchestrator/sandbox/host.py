@@ -1,0 +1,125 @@
+"""One simulated GPU host: its disk, its sshd, its knobs and the GPU users on it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+
+from orchestrator.sandbox import hostdisk, sshkeys
+from orchestrator.sandbox.hostdisk import HostDisk
+from orchestrator.sandbox.hosttools import nvidia_smi
+from orchestrator.sandbox.processes import kill_host_processes
+from orchestrator.sandbox.sshd import SshDaemon, sshd_config
+
+
+class SimHost:
+    """A simulated GPU box: a real sshd on ``address:ssh_port`` in front of a private disk at ``root``."""
+
+    def __init__(self, name: str, address: str, ssh_port: int, server_port: int, root: Path) -> None:
+        self.name = name
+        self.address = address
+        self.ssh_port = ssh_port
+        self.server_port = server_port
+        self.root = root
+        self.disk = HostDisk(root)
+        self.sglang_dir = self.disk.sglang_dir
+        self.python = self.disk.python
+        self.workdir = self.disk.workdir
+        self.model_path = self.disk.model_path
+        self.host_key = self.disk.etc / "ssh_host_ed25519_key"
+        self._sshd = SshDaemon(root, address, ssh_port)
+        self._holders: list[subprocess.Popen[bytes]] = []
+
+    def __repr__(self) -> str:
+        return f"SimHost({self.name!r}, {self.address}:{self.ssh_port}, root={str(self.root)!r})"
+
+    def configure_sshd(self, client_public_key: str) -> None:
+        """Host key, authorized key and sshd_config (sshd is started separately)."""
+        sshkeys.generate_key(self.host_key, f"{self.name}-host-key")
+        authorized = self.disk.etc / "authorized_keys"
+        authorized.write_text(client_public_key + "\n")
+        config = sshd_config(
+            address=self.address,
+            port=self.ssh_port,
+            host_key=self.host_key,
+            authorized_keys=authorized,
+            session_env=self.disk.session_env(),
+        )
+        self._sshd.config.write_text(config)
+
+    def known_hosts_line(self) -> str:
+        """``[addr]:port ssh-ed25519 AAAA...``: the line that makes orch trust this host."""
+        return sshkeys.known_hosts_line(self.address, self.ssh_port, self.host_key)
+
+    def start_sshd(self) -> None:
+        self._sshd.start()
+
+    def stop_sshd(self) -> None:
+        """Stop the listener: new connections are refused; open sessions and their processes live on."""
+        self._sshd.stop()
+
+    def restart_sshd(self) -> None:
+        self._sshd.stop()
+        self._sshd.start()
+
+    def sshd_running(self) -> bool:
+        return self._sshd.running()
+
+    def accepted_connections(self) -> int:
+        """SSH connections this host accepted so far (restarts included)."""
+        return self._sshd.accepted_connections()
+
+    def env(self) -> dict[str, str]:
+        """The environment of every command on this host (what the local transport must pass)."""
+        return self.disk.session_env()
+
+    def set_knobs(self, **knobs: object) -> None:
+        """Merge knobs (see the simulated SGLang's ``_sim/host.py``); tools read them when they start."""
+        hostdisk.merge_knobs(self.disk.knobs, knobs)
+
+    def knobs(self) -> dict[str, object]:
+        return hostdisk.read_knobs(self.disk.knobs)
+
+    def hold_gpu(self, index: int, memory_mib: int = 20000) -> subprocess.Popen[bytes]:
+        """Start a process orch did not start that holds GPU ``index`` (until killed or teardown)."""
+        holder = subprocess.Popen(
+            ["sleep", "infinity"],
+            env=self.env(),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._holders.append(holder)
+        entry = {
+            "pid": holder.pid,
+            "name": "sleep",
+            "gpus": [index],
+            "memory_mib": memory_mib,
+            "start_time": nvidia_smi.process_start_time(holder.pid),
+            "utilization": 0,
+        }
+        tmp = self.disk.gpus / f".{holder.pid}.tmp"
+        tmp.write_text(json.dumps(entry))
+        tmp.replace(self.disk.gpus / f"{holder.pid}.json")
+        return holder
+
+    def gpu_processes(self) -> list[dict[str, object]]:
+        """What ``nvidia-smi --query-compute-apps`` lists: one dict per (process, GPU) with
+        ``pid, process_name, gpu_index, gpu_uuid, gpu_name, used_memory`` (MiB)."""
+        return [dataclasses.asdict(p) for p in nvidia_smi.gpu_processes(self.root)]
+
+    def teardown(self) -> None:
+        """Stop sshd and end every process of this host (sessions, jobs, servers, GPU holders)."""
+        self._sshd.stop()
+        kill_host_processes([self.root])
+        self.reap_holders()
+
+    def reap_holders(self) -> None:
+        """Collect the GPU holders this host started (after they were killed)."""
+        for holder in self._holders:
+            holder.kill()
+            holder.wait()
+        self._holders.clear()

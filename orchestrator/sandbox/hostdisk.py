@@ -1,0 +1,134 @@
+"""The private disk of one simulated host, laid out under its root directory.
+
+::
+
+    <root>/bin/nvidia-smi               simulated nvidia-smi (hosttools/nvidia_smi.py)
+    <root>/etc/                         sshd_config, host key, authorized_keys
+    <root>/log/sshd.log                 sshd's log (LogLevel VERBOSE)
+    <root>/home/                        HOME of every session on the host
+    <root>/knobs.json                   speed and fault knobs read by the simulated tools
+    <root>/gpus/<pid>.json              GPU users, as nvidia-smi lists them
+    <root>/sglang/                      git clone of the simulated upstream SGLang (origin, main)
+    <root>/venv/bin/python              a venv whose .pth puts <root>/sglang/python on sys.path
+    <root>/models/DeepSeek-V4-Flash/    config.json of the model
+    <root>/orch/                        orch's workdir (not created here: orch creates it)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.sandbox import gitrepo, modelconfig
+from orchestrator.sandbox.hosttools import nvidia_smi
+
+PTH_NAME = "sglang_sim_editable.pth"
+
+
+@dataclass(frozen=True)
+class HostDisk:
+    """Where everything of one host lives (paths only; ``prepare`` creates them)."""
+
+    root: Path
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def knobs(self) -> Path:
+        return self.root / "knobs.json"
+
+    @property
+    def gpus(self) -> Path:
+        return self.root / "gpus"
+
+    @property
+    def sglang_dir(self) -> Path:
+        return self.root / "sglang"
+
+    @property
+    def venv(self) -> Path:
+        return self.root / "venv"
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    @property
+    def model_path(self) -> Path:
+        return self.root / "models" / modelconfig.MODEL_NAME
+
+    @property
+    def workdir(self) -> Path:
+        return self.root / "orch"
+
+    def session_env(self) -> dict[str, str]:
+        """The environment of every command on the host: its ``bin`` first on PATH, its HOME, its root."""
+        return {
+            "PATH": f"{self.bin}:/usr/local/bin:/usr/bin:/bin",
+            "ORCH_SIM_HOST": str(self.root),
+            "HOME": str(self.home),
+        }
+
+
+def prepare(disk: HostDisk, upstream: Path, venv_template: Path, knobs: Mapping[str, object]) -> None:
+    """Create the host's disk: tools, checkout, interpreter, model, knobs."""
+    for directory in (disk.bin, disk.etc, disk.home, disk.gpus, disk.root / "log"):
+        directory.mkdir(parents=True, exist_ok=True)
+    install_nvidia_smi(disk.bin / "nvidia-smi")
+    gitrepo.clone(upstream, disk.sglang_dir)
+    install_venv(venv_template, disk.venv, disk.sglang_dir / "python")
+    modelconfig.write_model(disk.model_path.parent)
+    merge_knobs(disk.knobs, knobs)
+
+
+def install_nvidia_smi(dest: Path) -> None:
+    """Copy the simulated nvidia-smi, run by this interpreter (found without PATH)."""
+    source = Path(nvidia_smi.__file__).read_text()
+    body = source.split("\n", 1)[1] if source.startswith("#!") else source
+    dest.write_text(f"#!{sys.executable}\n{body}")
+    dest.chmod(0o755)
+
+
+def make_venv_template(path: Path) -> Path:
+    """One real venv (no pip, system site-packages) that hosts copy: cheaper than one ``venv`` per host."""
+    argv = [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(path)]
+    subprocess.run(argv, check=True, capture_output=True, stdin=subprocess.DEVNULL)
+    return path
+
+
+def install_venv(template: Path, dest: Path, source_dir: Path) -> None:
+    """Copy the venv template to ``dest`` and make ``source_dir`` importable (as ``pip install -e`` does)."""
+    shutil.copytree(template, dest, symlinks=True)
+    site = dest / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / PTH_NAME).write_text(f"{source_dir}\n")
+
+
+def read_knobs(path: Path) -> dict[str, object]:
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def merge_knobs(path: Path, knobs: Mapping[str, object]) -> None:
+    """Merge ``knobs`` into the knobs file atomically (a tool starting meanwhile sees old or new)."""
+    merged = {**read_knobs(path), **knobs}
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)

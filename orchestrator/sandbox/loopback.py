@@ -1,0 +1,47 @@
+"""Loopback addresses and free ports for simulated hosts.
+
+Each fleet takes its own ``127.A.B.0/24`` (A, B random) so fleets that run at once never share an
+address; host ``i`` is ``127.A.B.(i+1)``. Ports come from 20000-32767, below Linux's ephemeral range
+(32768-60999), so a port chosen now cannot be taken later by an outgoing connection's local port.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+
+PORT_RANGE = (20000, 32767)
+MAX_HOSTS = 250
+
+_handed_out: set[int] = set()
+
+
+def fleet_subnet() -> tuple[int, int]:
+    """The random middle octets (A, B) of a fleet's ``127.A.B.0/24``."""
+    return random.randint(1, 254), random.randint(1, 254)
+
+
+def host_address(subnet: tuple[int, int], index: int) -> str:
+    if not 0 <= index < MAX_HOSTS:
+        raise ValueError(f"a simulated fleet has at most {MAX_HOSTS} hosts")
+    return f"127.{subnet[0]}.{subnet[1]}.{index + 1}"
+
+
+def is_free(address: str, port: int) -> bool:
+    """Whether ``address:port`` can be bound for listening right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(*addresses: str) -> int:
+    """A port free on every one of ``addresses`` and never handed out before by this process."""
+    for _ in range(1000):
+        port = random.randint(*PORT_RANGE)
+        if port not in _handed_out and all(is_free(a, port) for a in addresses):
+            _handed_out.add(port)
+            return port
+    raise OSError(f"no free port in {PORT_RANGE} on {', '.join(addresses)}")

@@ -1,0 +1,74 @@
+"""The ``config.json`` of the simulated DeepSeek-V4-Flash model on every sandbox host.
+
+Block-FP8 GEMM shapes follow from it by this rule (``y = x W^T``, W is (N, K); a column-parallel
+layer divides N by TP, a row-parallel layer divides K), which the simulated server also uses:
+
+==============================  ====================================  =================================
+linear                          N                                     K
+==============================  ====================================  =================================
+``wq_a`` (replicated)           q_lora_rank = 1024                    hidden_size = 4096
+``wkv`` (replicated)            head_dim = 512                        hidden_size = 4096
+``wq_b`` (column-parallel)      num_attention_heads*head_dim/tp       q_lora_rank = 1024
+                                = 64*512/8 = 4096
+``wo_b`` (row-parallel)         hidden_size = 4096                    o_groups*o_lora_rank/tp
+                                                                      = 16*1024/8 = 2048
+shared expert gate_up (col.)    2*moe_intermediate_size*shared/tp     hidden_size = 4096
+                                = 2*2048*1/8 = 512
+shared expert down (row)        hidden_size = 4096                    moe_intermediate_size*shared/tp
+                                                                      = 2048*1/8 = 256
+==============================  ====================================  =================================
+
+So on 8 GPUs the two critical shapes of the reference come out: N=1024,K=4096 (``wq_a``) and
+N=4096,K=2048 (``wo_b``). ``o_groups`` is 16 (with ``o_lora_rank`` 1024) because the row-parallel
+``wo_b`` must have K = 2048 on 8 GPUs: o_groups*o_lora_rank = 16384.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MODEL_NAME = "DeepSeek-V4-Flash"
+
+DEEPSEEK_V4_FLASH: dict[str, object] = {
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "torch_dtype": "bfloat16",
+    "vocab_size": 129280,
+    "hidden_size": 4096,
+    "num_hidden_layers": 43,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 1,
+    "head_dim": 512,
+    "qk_rope_head_dim": 64,
+    "q_lora_rank": 1024,
+    "o_lora_rank": 1024,
+    "o_groups": 16,
+    "max_position_embeddings": 1048576,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000,
+    "hidden_act": "silu",
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 6,
+    "moe_intermediate_size": 2048,
+    "routed_scaling_factor": 1.5,
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "num_nextn_predict_layers": 1,
+    "tie_word_embeddings": False,
+    "quantization_config": {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+    },
+}
+
+
+def write_model(models_dir: Path) -> Path:
+    """Create ``models_dir/DeepSeek-V4-Flash/config.json``; return the model directory."""
+    model = models_dir / MODEL_NAME
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text(json.dumps(DEEPSEEK_V4_FLASH, indent=2) + "\n")
+    return model

@@ -1,0 +1,54 @@
+"""The model's ``config.json`` and the block-FP8 GEMM shapes the simulated server runs.
+
+For ``y = x W^T`` with W of shape (N, K): a column-parallel layer divides N by TP, a row-parallel
+layer divides K. DeepseekV4ForCausalLM (per layer; names as in the model):
+
+    wq_a        hidden -> q_lora_rank, replicated:            N = q_lora_rank,             K = hidden_size
+    wkv         hidden -> head_dim, replicated:               N = head_dim,                K = hidden_size
+    wq_b        q_lora_rank -> heads*head_dim, column-par.:   N = heads*head_dim / tp,     K = q_lora_rank
+    wo_b        o_groups*o_lora_rank -> hidden, row-par.:     N = hidden_size,             K = o_groups*o_lora_rank / tp
+    shared_experts.gate_up_proj, column-parallel:             N = 2*moe_inter*shared / tp, K = hidden_size
+    shared_experts.down_proj, row-parallel:                   N = hidden_size,             K = moe_inter*shared / tp
+
+DeepseekV3ForCausalLM: the tuner's fixed DeepSeek-V3 list. Other architectures: no block-FP8 GEMMs.
+"""
+
+import json
+import os
+
+
+def load_config(model_path):
+    with open(os.path.join(model_path, "config.json")) as f:
+        return json.load(f)
+
+
+def architecture(config):
+    return (config.get("architectures") or ["LlamaForCausalLM"])[0]
+
+
+def deepseek_v4_shapes(config, tp):
+    """(name, N, K) of every block-FP8 linear of a DeepSeek-V4 layer on ``tp`` GPUs."""
+    hidden, heads, head_dim = config["hidden_size"], config["num_attention_heads"], config["head_dim"]
+    shared = config.get("moe_intermediate_size", 0) * config.get("n_shared_experts", 0)
+    shapes = [
+        ("wq_a", config["q_lora_rank"], hidden),
+        ("wkv", head_dim, hidden),
+        ("wq_b", heads * head_dim // tp, config["q_lora_rank"]),
+        ("wo_b", hidden, config["o_groups"] * config["o_lora_rank"] // tp),
+    ]
+    if shared:
+        shapes += [("shared_experts.gate_up_proj", 2 * shared // tp, hidden),
+                   ("shared_experts.down_proj", hidden, shared // tp)]
+    return shapes
+
+
+def fp8_gemm_shapes(config, tp):
+    """(name, N, K) of the block-FP8 GEMMs the server runs for this model."""
+    arch = architecture(config)
+    if arch == "DeepseekV4ForCausalLM":
+        return deepseek_v4_shapes(config, tp)
+    if arch == "DeepseekV3ForCausalLM":
+        from sglang._sim.tuner import get_weight_shapes
+
+        return [(f"linear_{i}", n, k) for i, (n, k) in enumerate(get_weight_shapes(tp))]
+    return []

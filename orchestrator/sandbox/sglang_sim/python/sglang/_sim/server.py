@@ -1,0 +1,180 @@
+"""The simulated server's life: load, look up FP8 configs, get ready, serve, drain on SIGTERM.
+
+Startup: claim the GPUs (CUDA out of memory when other processes hold too much of one), open the HTTP
+port (503 until ready), log the model load and one FP8 config line per block-FP8 GEMM shape that runs
+on Triton, wait ``startup_seconds``, then ``The server is fired up and ready to roll!``.
+
+FP8 lookups: a shape runs on Triton (and reads the tuned configs) when ``--fp8-gemm-backend triton``
+or when N or K is not a multiple of 128; with any other backend on this sm_120 host the shape runs on
+CUTLASS and nothing is logged for it. The decode step time is scaled per shape: 1 on CUTLASS,
+``tuned_speedup`` on Triton with a tuned config, ``triton_default_slowdown`` on Triton without one.
+
+Faults (knob ``server_fail``): ``crash`` (``Initialization failed. warmup error: ...`` + traceback,
+exit 1), ``never_healthy`` (never ready), ``ignore_sigterm`` (SIGTERM does nothing).
+"""
+
+import logging
+import signal
+import sys
+import threading
+import time
+import traceback
+
+from sglang._sim import gpus, host
+from sglang._sim.engine import Engine
+from sglang._sim.faults import cuda_oom
+from sglang._sim.http_api import HttpServer
+from sglang._sim.model import architecture, fp8_gemm_shapes, load_config
+from sglang.kernels.ops.gemm import fp8_kernel
+
+logger = logging.getLogger("sglang.srt.entrypoints.http_server")
+
+SERVER_PROCESS_NAME = "sglang::scheduler"
+
+
+def configure_logging(level="info"):
+    """SGLang's log format: ``[%Y-%m-%d %H:%M:%S TP0] message`` on stdout; uvicorn's for HTTP access."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("[%(asctime)s TP0] %(message)s", datefmt="%Y-%m-%d %H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    access = logging.StreamHandler(sys.stdout)
+    access.setFormatter(logging.Formatter("[%(asctime)s] INFO:     %(message)s", datefmt="%Y-%m-%d %H:%M:%S"))
+    access_log = logging.getLogger("uvicorn.access")
+    access_log.handlers[:], access_log.propagate = [access], False
+
+
+class App:
+    """What the HTTP handlers see: the state, the resolved arguments, the model, the scheduler."""
+
+    def __init__(self, server_args):
+        self.server_args = server_args
+        self.config = load_config(server_args.model_path)
+        self.context_length = server_args.context_length or self.config.get("max_position_embeddings", 4096)
+        self.state = "starting"
+        self.started = time.time()
+        self.engine = None
+        self.stopping = threading.Event()
+
+
+def gpus_for(tp_size):
+    visible = host.visible_gpus()
+    if len(visible) < tp_size:
+        raise RuntimeError(f"Not enough GPUs: tp_size={tp_size} but only {len(visible)} visible.")
+    return visible[:tp_size]
+
+
+def claim_gpus(server_args):
+    """Register the TP GPUs with the static memory; CUDA OOM when another process holds too much."""
+    need = int(host.GPU_TOTAL_MIB * server_args.mem_fraction_static)
+    indexes = gpus_for(server_args.tp_size)
+    free = min(host.GPU_TOTAL_MIB - gpus.used_mib(i) for i in indexes)
+    logger.info(f"Load weight begin. avail mem={free / 1024:.2f} GB")
+    if free < need:
+        raise cuda_oom(0, (need - 1000) / 1024, free)
+    gpus.register(indexes, need, SERVER_PROCESS_NAME)
+    return free
+
+
+def fp8_step_factor(server_args, config):
+    """Look up the tuned config of every block-FP8 shape (logging as SGLang does); the step time factor."""
+    factors = []
+    for _name, n, k in fp8_gemm_shapes(config, server_args.tp_size):
+        if not fp8_kernel.uses_triton_kernel(server_args.fp8_gemm_backend, n, k):
+            factors.append(1.0)
+        elif fp8_kernel.get_w8a8_block_fp8_configs(n, k, 128, 128) is not None:
+            factors.append(float(host.knob("tuned_speedup", 0.85)))
+        else:
+            factors.append(float(host.knob("triton_default_slowdown", 1.25)))
+    return sum(factors) / len(factors) if factors else 1.0
+
+
+def make_engine(server_args, config):
+    step = float(host.knob("decode_step_seconds", 0.005)) * fp8_step_factor(server_args, config)
+    if server_args.speculative_algorithm is not None:
+        step *= float(host.knob("spec_step_overhead", 1.2))
+    return Engine(server_args, step, float(host.knob("accept_length", 3.1)))
+
+
+def install_sigterm(app):
+    if host.knob("server_fail", None) == "ignore_sigterm":
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        return
+
+    def on_sigterm(signum, frame):
+        logger.info(f"SIGTERM received. {signum=} {frame=}. Draining requests and shutting down...")
+        app.state = "exiting"
+        app.stopping.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def warmup_failure():
+    try:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    except RuntimeError:
+        return traceback.format_exc()
+
+
+def drain(app):
+    """Wait for in-flight requests (and at least ``drain_seconds``), logging what remains."""
+    deadline = time.monotonic() + float(host.knob("drain_seconds", 0))
+    every = float(host.knob("drain_log_seconds", 5))
+    next_log = time.monotonic()
+    while app.engine.in_flight() or time.monotonic() < deadline:
+        if time.monotonic() >= next_log:
+            rids = app.engine.in_flight()
+            logger.info(f"Gracefully exiting... Remaining number of requests {len(rids)}. "
+                        f"Remaining requests remaining_rids={rids}.")
+            next_log += every
+        time.sleep(0.02)
+
+
+def log_load(app, free):
+    args, config = app.server_args, app.config
+    static = host.GPU_TOTAL_MIB * args.mem_fraction_static / 1024
+    logger.info(f"Load weight end. type={architecture(config)}, dtype=torch.bfloat16, "
+                f"avail mem={free / 1024 - 38.5:.2f} GB, mem usage=38.50 GB.")
+    logger.info(f"KV Cache is allocated. #tokens: 1048576, KV size: {static - 38.5:.2f} GB")
+    logger.info(f"Capture cuda graph begin. This can take up to several minutes. "
+                f"avail mem={free / 1024 - static:.2f} GB")
+
+
+def run(server_args):
+    """Start, serve until SIGTERM, drain; return the exit status."""
+    app = App(server_args)
+    install_sigterm(app)
+    logger.info(f"server_args={server_args!r}")
+    free = claim_gpus(server_args)
+    httpd = HttpServer(app, server_args.host, server_args.port)
+    threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
+    log_load(app, free)
+    app.engine = make_engine(server_args, app.config)
+    app.engine.start()
+    started = time.monotonic()
+    if app.stopping.wait(float(host.knob("startup_seconds", 0.5))):
+        return shutdown(app)
+    logger.info(f"Capture cuda graph end. Time elapsed: {time.monotonic() - started:.2f} s.")
+    logger.info(f"Uvicorn running on http://{server_args.host}:{server_args.port} (Press CTRL+C to quit)")
+    return serve(app)
+
+
+def serve(app):
+    fault = host.knob("server_fail", None)
+    if fault == "crash":
+        logger.error(f"Initialization failed. warmup error: {warmup_failure()}")
+        gpus.release()
+        return 1
+    if fault != "never_healthy":
+        app.state = "serving"
+        logger.info("The server is fired up and ready to roll!")
+    app.stopping.wait()
+    return shutdown(app)
+
+
+def shutdown(app):
+    app.state = "exiting"
+    drain(app)
+    gpus.release()
+    return 0
