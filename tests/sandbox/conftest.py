@@ -27,26 +27,59 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
 
 def ssh(fleet: SimFleet, host: SimHost, command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     """Run ``command`` on ``host`` with the OpenSSH client, checking its key against the fleet's known_hosts."""
-    argv = ["ssh", "-i", str(fleet.client_key), "-o", f"UserKnownHostsFile={fleet.known_hosts}",
-            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-            "-o", "GlobalKnownHostsFile=/dev/null", "-F", "/dev/null",
-            "-p", str(host.ssh_port), f"root@{host.address}", command]
+    argv = [
+        "ssh",
+        "-i",
+        str(fleet.client_key),
+        "-o",
+        f"UserKnownHostsFile={fleet.known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=5",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-F",
+        "/dev/null",
+        "-p",
+        str(host.ssh_port),
+        f"root@{host.address}",
+        command,
+    ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def on_host(host: SimHost, argv: Sequence[str], env: dict[str, str] | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def on_host(
+    host: SimHost, argv: Sequence[str], env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` as the host would (its environment, in its SGLang checkout) without SSH."""
-    return subprocess.run(list(argv), cwd=host.sglang_dir, env={**host.env(), **(env or {})},
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        list(argv),
+        cwd=host.sglang_dir,
+        env={**host.env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
-def start_on_host(host: SimHost, argv: Sequence[str], log: Path,
-                  env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start_on_host(
+    host: SimHost, argv: Sequence[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """Start a long-running host process (own session, output to ``log``)."""
     with log.open("wb") as out:
-        return subprocess.Popen(list(argv), cwd=host.sglang_dir, env={**host.env(), **(env or {})}, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            list(argv),
+            cwd=host.sglang_dir,
+            env={**host.env(), **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 def http_get(url: str) -> tuple[int, dict[str, object] | None]:
@@ -59,8 +92,9 @@ def http_get(url: str) -> tuple[int, dict[str, object] | None]:
 
 
 def http_post(url: str, payload: dict[str, object]) -> dict[str, object]:
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         result: dict[str, object] = json.loads(response.read())
         return result

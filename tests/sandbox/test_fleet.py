@@ -9,8 +9,10 @@ import yaml
 from orchestrator.sandbox import SimFleet
 from tests.sandbox.conftest import GPU_NAME, pid_alive, ssh, wait_until
 
-QUERY_GPU = "nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,utilization.gpu,compute_cap " \
-            "--format=csv,noheader,nounits"
+QUERY_GPU = (
+    "nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,utilization.gpu,compute_cap "
+    "--format=csv,noheader,nounits"
+)
 QUERY_APPS = "nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory --format=csv,noheader,nounits"
 
 
@@ -86,8 +88,21 @@ def test_stopped_sshd_refuses_connections_but_a_started_process_survives(fleet: 
 
 def test_restart_keeps_an_open_session(fleet: SimFleet) -> None:
     host = fleet.hosts[1]
-    argv = ["ssh", "-i", str(fleet.client_key), "-o", f"UserKnownHostsFile={fleet.known_hosts}", "-F", "/dev/null",
-            "-o", "BatchMode=yes", "-p", str(host.ssh_port), f"root@{host.address}", "sleep 1; echo still-here"]
+    argv = [
+        "ssh",
+        "-i",
+        str(fleet.client_key),
+        "-o",
+        f"UserKnownHostsFile={fleet.known_hosts}",
+        "-F",
+        "/dev/null",
+        "-o",
+        "BatchMode=yes",
+        "-p",
+        str(host.ssh_port),
+        f"root@{host.address}",
+        "sleep 1; echo still-here",
+    ]
     log = host.root / "log" / "sshd.log"
     sessions = log.read_text().count("Starting session")
     session = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -113,8 +128,12 @@ def test_upstream_commit_is_one_new_commit_after_fetch(fleet: SimFleet) -> None:
     git = f"git -C {host.sglang_dir}"
     assert ssh(fleet, host, f"{git} rev-parse --abbrev-ref HEAD").stdout.strip() == "main"
     sha = fleet.add_upstream_commit("Faster FP8 GEMM", {"python/sglang/NOTES.md": "fast\n"})
-    run = ssh(fleet, host, f"{git} fetch --quiet origin && {git} rev-list --count HEAD..origin/main "
-                           f"&& {git} rev-parse origin/main && {git} log -1 --format=%s origin/main")
+    run = ssh(
+        fleet,
+        host,
+        f"{git} fetch --quiet origin && {git} rev-list --count HEAD..origin/main "
+        f"&& {git} rev-parse origin/main && {git} log -1 --format=%s origin/main",
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split("\n")[:3] == ["1", sha, "Faster FP8 GEMM"]
 
@@ -122,12 +141,21 @@ def test_upstream_commit_is_one_new_commit_after_fetch(fleet: SimFleet) -> None:
 def test_inventory_schema_and_untrusted_keys(fleet: SimFleet) -> None:
     path = fleet.write_inventory(fleet.root / "untrusted.yaml", trust=False, upstream="origin/main")
     doc = yaml.safe_load(path.read_text())
-    assert doc["defaults"] == {"user": "root", "identity_file": str(fleet.client_key), "transport": "ssh",
-                               "gpus": 8, "upstream": "origin/main"}
+    assert doc["defaults"] == {
+        "user": "root",
+        "identity_file": str(fleet.client_key),
+        "transport": "ssh",
+        "gpus": 8,
+        "upstream": "origin/main",
+    }
     host = fleet.hosts[0]
     assert doc["hosts"][host.name] == {
-        "address": host.address, "port": host.ssh_port, "sglang_dir": str(host.sglang_dir),
-        "python": str(host.python), "workdir": str(host.workdir), "model_path": str(host.model_path),
+        "address": host.address,
+        "port": host.ssh_port,
+        "sglang_dir": str(host.sglang_dir),
+        "python": str(host.python),
+        "workdir": str(host.workdir),
+        "model_path": str(host.model_path),
         "server_port": host.server_port,
     }
     trusted = yaml.safe_load(fleet.write_inventory(fleet.root / "hosts.yaml").read_text())

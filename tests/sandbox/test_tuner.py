@@ -13,7 +13,8 @@ import pytest
 from orchestrator.sandbox import SimFleet, SimHost
 from tests.sandbox.conftest import TUNER, on_host, ssh, start_on_host, wait_until
 
-FILE_NAME = "N=1024,K=4096,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition,dtype=fp8_w8a8,block_shape=[128, 128].json"
+DEVICE = "NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition"
+FILE_NAME = f"N=1024,K=4096,device_name={DEVICE},dtype=fp8_w8a8,block_shape=[128, 128].json"
 CTIME = r"[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4}"
 
 
@@ -32,13 +33,19 @@ def tuner(host: SimHost, *args: str, env: dict[str, str] | None = None):  # type
 
 def test_tuner_over_ssh_prints_upstream_lines_and_writes_the_config(fleet: SimFleet, host: SimHost) -> None:
     save = host.root / "tuned"
-    run = ssh(fleet, host, f"cd {host.sglang_dir} && CUDA_VISIBLE_DEVICES=0 {host.python} {TUNER} --N 1024 --K 4096 "
-                           f"--out-dtype bfloat16 --batch-sizes 1 2 4 --save-path {save}")
+    run = ssh(
+        fleet,
+        host,
+        f"cd {host.sglang_dir} && CUDA_VISIBLE_DEVICES=0 {host.python} {TUNER} --N 1024 --K 4096 "
+        f"--out-dtype bfloat16 --batch-sizes 1 2 4 --save-path {save}",
+    )
     assert run.returncode == 0, run.stderr
     path = save / FILE_NAME
     expected = [
-        re.escape(f"Namespace(tp_size=8, N=1024, K=4096, input_type='fp8', out_dtype='bfloat16', block_n=128, "
-                  f"block_k=128, batch_sizes=[1, 2, 4], save_path='{save}')"),
+        re.escape(
+            f"Namespace(tp_size=8, N=1024, K=4096, input_type='fp8', out_dtype='bfloat16', block_n=128, "
+            f"block_k=128, batch_sizes=[1, 2, 4], save_path='{save}')"
+        ),
         "Found 1 GPUs for parallel tuning",
         "Using manually specified weight shape: N=1024, K=4096",
         r"Starting tuning on GPU 0 with batch sizes \[\d, \d, \d\]",
@@ -57,15 +64,34 @@ def test_tuner_over_ssh_prints_upstream_lines_and_writes_the_config(fleet: SimFl
     text = path.read_text()
     configs = json.loads(text)
     assert text == json.dumps(configs, indent=4) + "\n" and list(configs) == ["1", "2", "4"]
-    assert set(configs["1"]) == {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
-                                 "num_stages"}
+    assert set(configs["1"]) == {
+        "BLOCK_SIZE_M",
+        "BLOCK_SIZE_N",
+        "BLOCK_SIZE_K",
+        "GROUP_SIZE_M",
+        "num_warps",
+        "num_stages",
+    }
     assert configs["4"]["BLOCK_SIZE_K"] == 128
 
 
 def test_tuner_splits_batch_sizes_over_visible_gpus_and_merges_one_file(host: SimHost) -> None:
     save = host.root / "merged"
-    run = tuner(host, "--N", "1024", "--K", "4096", "--batch-sizes", "1", "2", "4", "8", "--save-path", str(save),
-                env={"CUDA_VISIBLE_DEVICES": "2,5"})
+    run = tuner(
+        host,
+        "--N",
+        "1024",
+        "--K",
+        "4096",
+        "--batch-sizes",
+        "1",
+        "2",
+        "4",
+        "8",
+        "--save-path",
+        str(save),
+        env={"CUDA_VISIBLE_DEVICES": "2,5"},
+    )
     assert run.returncode == 0, run.stderr
     assert "Found 2 GPUs for parallel tuning" in run.stdout
     assert run.stdout.count("Writing best config to") == 2 and "Starting tuning on GPU 1 with" in run.stdout
@@ -74,8 +100,19 @@ def test_tuner_splits_batch_sizes_over_visible_gpus_and_merges_one_file(host: Si
 
 def test_tuner_workers_hold_only_their_visible_gpus(host: SimHost, tmp_path: Path) -> None:
     host.set_knobs(tune_seconds_per_unit=0.5)
-    argv = [str(host.python), TUNER, "--N", "1024", "--K", "4096", "--batch-sizes", "1", "2", "--save-path",
-            str(tmp_path)]
+    argv = [
+        str(host.python),
+        TUNER,
+        "--N",
+        "1024",
+        "--K",
+        "4096",
+        "--batch-sizes",
+        "1",
+        "2",
+        "--save-path",
+        str(tmp_path),
+    ]
     job = start_on_host(host, argv, tmp_path / "log", env={"CUDA_VISIBLE_DEVICES": "1,6"})
     try:
         wait_until(lambda: len(host.gpu_processes()) == 2, what="two tuner workers on GPUs")
@@ -90,8 +127,19 @@ def test_tuner_workers_hold_only_their_visible_gpus(host: SimHost, tmp_path: Pat
 
 def test_tuner_crash_ends_in_assertion_error(host: SimHost) -> None:
     host.set_knobs(tuner_fail="crash", tuner_fail_after=1)
-    run = tuner(host, "--N", "1024", "--K", "4096", "--batch-sizes", "1", "2", "--save-path", str(host.root / "c"),
-                env={"CUDA_VISIBLE_DEVICES": "0"})
+    run = tuner(
+        host,
+        "--N",
+        "1024",
+        "--K",
+        "4096",
+        "--batch-sizes",
+        "1",
+        "2",
+        "--save-path",
+        str(host.root / "c"),
+        env={"CUDA_VISIBLE_DEVICES": "0"},
+    )
     assert run.returncode == 1
     assert run.stderr.splitlines()[-1] == "AssertionError"
     assert "Traceback (most recent call last):" in run.stderr and "Multi-GPU tuning completed" not in run.stdout
@@ -100,11 +148,22 @@ def test_tuner_crash_ends_in_assertion_error(host: SimHost) -> None:
 
 def test_tuner_oom_is_a_torch_out_of_memory_error(host: SimHost) -> None:
     host.set_knobs(tuner_fail="oom")
-    run = tuner(host, "--N", "1024", "--K", "4096", "--batch-sizes", "1", "--save-path", str(host.root / "o"),
-                env={"CUDA_VISIBLE_DEVICES": "0"})
+    run = tuner(
+        host,
+        "--N",
+        "1024",
+        "--K",
+        "4096",
+        "--batch-sizes",
+        "1",
+        "--save-path",
+        str(host.root / "o"),
+        env={"CUDA_VISIBLE_DEVICES": "0"},
+    )
     assert run.returncode == 1
     assert run.stderr.splitlines()[-1].startswith(
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 95.59 GiB"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+        "GPU 0 has a total capacity of 95.59 GiB"
     )
 
 
@@ -118,8 +177,18 @@ def test_tuner_without_gpus_raises(host: SimHost, env: dict[str, str], knobs: di
 
 def test_tuner_help_and_flag_errors(host: SimHost) -> None:
     help_text = tuner(host, "--help").stdout
-    for flag in ("--tp-size", "-tp", "--N", "--K", "--input-type", "--out-dtype", "--block-n", "--block-k",
-                 "--batch-sizes", "--save-path"):
+    for flag in (
+        "--tp-size",
+        "-tp",
+        "--N",
+        "--K",
+        "--input-type",
+        "--out-dtype",
+        "--block-n",
+        "--block-k",
+        "--batch-sizes",
+        "--save-path",
+    ):
         assert flag in help_text
     lone = tuner(host, "--N", "1024")
     assert lone.returncode == 2 and "--N and --K must be specified together or not at all" in lone.stderr
