@@ -1,0 +1,125 @@
+"""Measuring: ``orch bench`` (SGLang's serving benchmark on each host) and ``orch report``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from orchestrator.app import App
+from orchestrator.cli.common import finish, host_options, pass_app
+from orchestrator.errors import ConfigError, ExitCode, UsageError
+from orchestrator.facts.bench import fmt_number
+from orchestrator.fleet import FleetResult
+from orchestrator.inventory import Host
+from orchestrator.ops import bench as bench_op
+from orchestrator.ops import report as report_op
+from orchestrator.recipe import DEFAULT_RECIPE, BenchOptions, BenchSpec, find_recipe, load_recipe
+from orchestrator.render import err, out, table
+
+COMPARISON_COLUMNS = ["label", "time (UTC)", "output tok/s", "accept length", "median TTFT ms", "mean TPOT ms"]
+
+
+@click.command()
+@host_options
+@click.option("--label", help="Name of this configuration in the comparison. Default: '<commit> mtp|no-mtp'.")
+@click.option(
+    "--baseline", metavar="LABEL", help="Compare with the latest run with this label. Default: the first run."
+)
+@click.option("--input-len", type=click.IntRange(1), help="Random prompt length in tokens (default: the playbook's).")
+@click.option("--output-len", type=click.IntRange(1), help="Output tokens per request (default: the playbook's).")
+@click.option("--num-prompts", type=click.IntRange(1), help="Requests to send (default: the playbook's).")
+@click.option("--max-concurrency", type=click.IntRange(1), help="Requests in flight at most (default: the playbook's).")
+@click.option("--playbook", metavar="NAME_OR_PATH", help="Playbook with the bench settings. Default: the host's.")
+@click.option("--timeout", type=click.FloatRange(1), default=bench_op.DEFAULT_TIMEOUT, show_default=True,
+              help="Seconds to wait for the benchmark; it keeps running after that.")  # fmt: skip
+@pass_app
+def bench(
+    app: App,
+    hosts: tuple[str, ...],
+    tags: tuple[str, ...],
+    parallel: int,
+    label: str | None,
+    baseline: str | None,
+    input_len: int | None,
+    output_len: int | None,
+    num_prompts: int | None,
+    max_concurrency: int | None,
+    playbook: str | None,
+    timeout: float,
+) -> int:
+    """Benchmark each host's running server (SGLang's serving benchmark, random prompts) and compare runs.
+
+    Each result is stored in the state with the SGLang commit, MTP settings, tuned shapes and FP8 backend
+    the server runs; the table compares every run on the host with a baseline.
+
+    \b
+    Example:
+      orch bench --label before-tuning
+      orch bench --host blackwell-1 --label tuned+mtp --baseline before-tuning
+    """
+    options = BenchOptions(
+        label=label,
+        baseline=baseline,
+        input_len=input_len,
+        output_len=output_len,
+        num_prompts=num_prompts,
+        max_concurrency=max_concurrency,
+    )
+    selected = app.select(hosts, tags)
+    specs = {h.name: bench_spec(app, h, playbook) for h in selected}
+    with app.fleet(selected, parallel) as fleet:
+        results = fleet.map(lambda h, r: bench_op.bench(h, r, app.store, specs[h.name], options, timeout))
+    show_comparisons(results)
+    return finish(results)
+
+
+def bench_spec(app: App, host: Host, playbook: str | None) -> BenchSpec:
+    """The ``bench`` block of ``--playbook``, else of the host's playbook, else of the default playbook
+    when there is one, else the built-in defaults."""
+    name = playbook or host.playbook
+    search = [app.inventory.path.resolve().parent / "playbooks", Path.cwd() / "playbooks"]
+    try:
+        return load_recipe(find_recipe(name or DEFAULT_RECIPE, search)).bench
+    except ConfigError:
+        if name:
+            raise
+        return BenchSpec()
+
+
+def show_comparisons(results: FleetResult[bench_op.BenchRun]) -> None:
+    """Per host: what was just measured, then every run on the host against the baseline."""
+    for result in results.succeeded:
+        run = result.value
+        assert run is not None
+        note = " (attached to the benchmark already running)" if run.attached else ""
+        out.print(f"{result.host.name}: {run.record.label}: {run.record.metrics.output_throughput:,.1f} tok/s{note}")
+        rows = [
+            [r.label, r.at.strftime("%Y-%m-%d %H:%M"), fmt_number(r.output_throughput), fmt_number(r.accept_length, 2),
+             fmt_number(r.median_ttft_ms), fmt_number(r.mean_tpot_ms, 2), r.change]
+            for r in run.rows
+        ]  # fmt: skip
+        table(f"{result.host.name}: benchmark runs", [*COMPARISON_COLUMNS, "vs baseline"], rows)
+        if run.baseline_missing:
+            err.print(f"{result.host.name}: no run labelled {run.baseline_missing!r}; no change shown", markup=False)
+
+
+@click.command()
+@click.option("--format", "fmt", type=click.Choice(["md", "html"]), default="md", show_default=True)
+@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("orch-report"),
+              show_default=True, help="Directory for the report and its charts (created).")  # fmt: skip
+@pass_app
+def report(app: App, fmt: report_op.Format, out_dir: Path) -> int:
+    """Write a fleet report from the state file (no SSH): per host the phase history with durations,
+    tuned shapes, server configuration, benchmark table and a throughput chart (PNG).
+
+    \b
+    Example:
+      orch report
+      orch report --format html --out /tmp/report && xdg-open /tmp/report/report.html
+    """
+    if not app.state_path.exists():
+        raise UsageError(f"no state file at {app.state_path}", hint="run orch status, pull or serve first")
+    target = report_op.write_report(app.store.load(), str(app.state_path), out_dir, fmt)
+    out.print(f"report written to {target}", markup=False)
+    return int(ExitCode.OK)

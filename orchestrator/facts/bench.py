@@ -1,0 +1,246 @@
+"""SGLang's serving benchmark: argv builders, the JSONL parser and the comparison table (reference §3).
+
+Pure: nothing here runs a command. ``ops.bench`` runs ``module_argv`` to learn which benchmark module the
+host's SGLang has (``sglang.benchmark.serving``, else the deprecated ``sglang.bench_serving``), then
+``bench_argv`` as a detached job, then ``parse_jsonl`` on the output file. The file is appended to, one
+JSON object per run, so its last line is the run that just ended. Parse the file, never stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from orchestrator.recipe import BenchOptions, BenchSpec
+from orchestrator.state import UtcDateTime
+
+BENCH_MODULES = ("sglang.benchmark.serving", "sglang.bench_serving")
+"""Benchmark modules in order of preference: current SGLang first, the deprecation shim second."""
+
+# argv[1:] are module names; prints the first one the interpreter can import, or nothing.
+_FIND_MODULE = r"""
+import importlib.util, sys
+for name in sys.argv[1:]:
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    if found:
+        print(name)
+        break
+"""
+
+
+class BenchOutputError(Exception):
+    """The benchmark's output file holds no usable result."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BenchParams(_Model):
+    """The workload of one run: random prompts, so no dataset download is needed."""
+
+    input_len: int
+    output_len: int
+    num_prompts: int
+    max_concurrency: int
+    request_rate: float | None = None
+
+
+class BenchMetrics(_Model):
+    """What orch keeps of one JSONL result. ``accept_length`` is None when the server ran without
+    speculative decoding (SGLang writes null then, older versions leave the key out)."""
+
+    output_throughput: float
+    total_throughput: float | None = None
+    request_throughput: float | None = None
+    mean_ttft_ms: float | None = None
+    median_ttft_ms: float | None = None
+    mean_tpot_ms: float | None = None
+    mean_itl_ms: float | None = None
+    completed: int
+    duration: float | None = None
+    accept_length: float | None = None
+
+
+class BenchRecord(_Model):
+    """One stored benchmark run (an item of ``HostState.benchmarks``): the numbers and what was measured.
+
+    ``mtp_settings`` holds the server's ``--speculative-*`` flags (without the dashes); ``tuned_shapes``
+    the tuned GEMM shapes the server reads (``N=1024,K=4096``); ``fp8_backend`` its ``--fp8-gemm-backend``.
+    """
+
+    label: str
+    at: UtcDateTime
+    job_id: str
+    module: str
+    params: BenchParams
+    metrics: BenchMetrics
+    sglang_commit: str | None = None
+    mtp: bool | None = None
+    mtp_settings: dict[str, str] = {}
+    tuned_shapes: list[str] = []
+    fp8_backend: str | None = None
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One run as the comparison table shows it; ``change`` is relative to the baseline's output tok/s."""
+
+    label: str
+    at: datetime
+    output_throughput: float
+    accept_length: float | None
+    median_ttft_ms: float | None
+    mean_tpot_ms: float | None
+    change: str
+
+
+def module_argv(python: str) -> list[str]:
+    """Prints the benchmark module the host's ``python`` can import (see ``parse_module``)."""
+    return [python, "-c", _FIND_MODULE, *BENCH_MODULES]
+
+
+def parse_module(stdout: str) -> str | None:
+    """The module ``module_argv`` found, or None when the host's SGLang has no serving benchmark."""
+    name = stdout.strip().splitlines()[-1].strip() if stdout.strip() else ""
+    return name if name in BENCH_MODULES else None
+
+
+def resolve_params(spec: BenchSpec, options: BenchOptions) -> BenchParams:
+    """The playbook's ``bench`` settings, each overridden by the command's flag when given."""
+    return BenchParams(
+        input_len=options.input_len or spec.input_len,
+        output_len=options.output_len or spec.output_len,
+        num_prompts=options.num_prompts or spec.num_prompts,
+        max_concurrency=options.max_concurrency or spec.max_concurrency,
+        request_rate=spec.request_rate,
+    )
+
+
+def bench_argv(python: str, module: str, port: int, params: BenchParams, output_file: str) -> list[str]:
+    """The benchmark against the server on ``127.0.0.1:port``, appending its result to ``output_file``."""
+    argv = [python, "-m", module, "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--dataset-name", "random", "--random-input-len", str(params.input_len)]
+    argv += ["--random-output-len", str(params.output_len), "--num-prompts", str(params.num_prompts)]
+    argv += ["--max-concurrency", str(params.max_concurrency)]
+    if params.request_rate is not None:
+        argv += ["--request-rate", str(params.request_rate)]
+    return [*argv, "--output-file", output_file, "--disable-tqdm"]
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag`` in a command line (``--flag V`` or ``--flag=V``; the last one wins)."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def speculative_settings(server_argv: list[str]) -> dict[str, str]:
+    """The server's ``--speculative-*`` flags, without the prefix: ``{"algorithm": "EAGLE", "num-steps": "3"}``."""
+    names = {a.split("=", 1)[0] for a in server_argv if a.startswith("--speculative-")}
+    found = {name.removeprefix("--speculative-"): flag_value(server_argv, name) for name in sorted(names)}
+    return {name: value for name, value in found.items() if value is not None}
+
+
+def fp8_backend(server_argv: list[str], verified: dict[str, Any]) -> str:
+    """The server's FP8 GEMM backend: its ``--fp8-gemm-backend`` flag, else SGLang's default ``auto``."""
+    return flag_value(server_argv, "--fp8-gemm-backend") or str(verified.get("fp8_backend") or "auto")
+
+
+def tuned_shapes(verified: dict[str, Any]) -> list[str]:
+    """The tuned GEMM shapes the server reads (``N=1024,K=4096``), as the server's verification found them."""
+    shapes = verified.get("tuned_shapes") or []
+    return [str(s) for s in shapes] if isinstance(shapes, list) else []
+
+
+def parse_jsonl(text: str) -> BenchMetrics:
+    """The metrics of the last run in a benchmark JSONL file (the file is appended to, one run a line).
+
+    Raises ``BenchOutputError`` when the file is empty, the last line is not a JSON object, a required
+    number (``output_throughput``, ``completed``) is missing, or no request completed.
+    """
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise BenchOutputError("the benchmark wrote no result (empty output file)")
+    try:
+        data = json.loads(lines[-1])
+    except json.JSONDecodeError as exc:
+        raise BenchOutputError(f"the last line of the output file is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise BenchOutputError("the last line of the output file is not a JSON object")
+    return _metrics(data)
+
+
+def _metrics(data: dict[str, Any]) -> BenchMetrics:
+    picked = {name: _finite(data.get(name)) for name in BenchMetrics.model_fields}
+    try:
+        metrics = BenchMetrics.model_validate({k: v for k, v in picked.items() if v is not None})
+    except ValidationError as exc:
+        missing = ", ".join(str(e["loc"][0]) for e in exc.errors())
+        raise BenchOutputError(f"the benchmark result lacks or has a bad value for: {missing}") from None
+    if metrics.completed == 0:
+        raise BenchOutputError("no request completed (the server answered none of the benchmark's requests)")
+    return metrics
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities (JSON ``NaN``/``Infinity``, e.g. a TPOT with one output token) count as absent."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def pick_baseline(records: list[BenchRecord], label: str | None) -> BenchRecord | None:
+    """The baseline run: the latest run labelled ``label``, or the first run when no label is given.
+    None when there is no such run."""
+    if label is None:
+        return records[0] if records else None
+    return next((r for r in reversed(records) if r.label == label), None)
+
+
+def compare(records: list[BenchRecord], baseline: BenchRecord | None) -> list[ComparisonRow]:
+    """One row per run, oldest first, with the change of output tok/s relative to ``baseline``."""
+    return [
+        ComparisonRow(
+            label=r.label,
+            at=r.at,
+            output_throughput=r.metrics.output_throughput,
+            accept_length=r.metrics.accept_length,
+            median_ttft_ms=r.metrics.median_ttft_ms,
+            mean_tpot_ms=r.metrics.mean_tpot_ms,
+            change=change_label(r, baseline),
+        )
+        for r in records
+    ]
+
+
+def change_label(record: BenchRecord, baseline: BenchRecord | None) -> str:
+    """``baseline``, ``+12.3%`` / ``-4.0%`` of output tok/s, or ``n/a`` without a usable baseline."""
+    if baseline is None or baseline.metrics.output_throughput <= 0:
+        return "n/a"
+    if record is baseline:
+        return "baseline"
+    ratio = record.metrics.output_throughput / baseline.metrics.output_throughput - 1
+    return f"{ratio * 100:+.1f}%"
+
+
+def latest_per_label(records: list[BenchRecord]) -> list[BenchRecord]:
+    """The latest run of each label, in the order labels first appeared: one bar per configuration."""
+    order = list(dict.fromkeys(r.label for r in records))
+    by_label = {r.label: r for r in records}  # a later run of a label replaces the earlier ones
+    return [by_label[label] for label in order]
+
+
+def fmt_number(value: float | None, digits: int = 1) -> str:
+    """A number for tables, ``-`` when absent."""
+    return "-" if value is None else f"{value:,.{digits}f}"

@@ -1,0 +1,275 @@
+"""``orch bench``: SGLang's serving benchmark on a host, against the server orch launched there.
+
+The benchmark runs as a detached job (purpose ``bench``) so it survives a dropped connection or a
+killed orch: running ``orch bench`` again while it runs attaches to it (its label, output file and
+workload were recorded with the job in the state) instead of starting a second one. The result is the
+last line of the job's own JSONL output file (reference §3), stored in ``HostState.benchmarks`` as a
+``BenchRecord`` with what was measured: SGLang commit, MTP on/off and its settings, the tuned shapes the
+server reads, the FP8 GEMM backend, the label and the time.
+
+Refusals (nothing started): orch has launched no server on the host, the server's job is not running,
+or the host's SGLang has no serving benchmark module.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchestrator import jobs
+from orchestrator.errors import OrchError, RefusedError, RemoteCommandError, StateError, UsageError
+from orchestrator.facts import bench as facts
+from orchestrator.facts import git
+from orchestrator.facts.bench import BenchParams, BenchRecord, ComparisonRow
+from orchestrator.inventory import Host
+from orchestrator.ops.status import read_git
+from orchestrator.recipe import BenchOptions, BenchSpec
+from orchestrator.state import HostState, JobRecord, JobState, ServerRecord, StateStore, utc_now
+from orchestrator.transport.base import Runner
+
+PURPOSE = "bench"
+DEFAULT_TIMEOUT = 3600.0
+_LOG_LINES = 15
+_ENDED_STATES: dict[str, JobState] = {"succeeded": "succeeded", "failed": "failed"}
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One finished run and the comparison of every run stored for the host.
+
+    ``baseline_missing`` is the ``--baseline`` label when no run on this host carries it (no change column).
+    """
+
+    record: BenchRecord
+    rows: list[ComparisonRow]
+    baseline_missing: str | None = None
+    attached: bool = False
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a benchmark job runs; kept in the job's state record so that a later orch can attach."""
+
+    label: str
+    module: str
+    params: BenchParams
+    output_file: str
+    argv: list[str]
+    commit: str | None
+
+    def meta(self) -> dict[str, Any]:
+        keep = {"label": self.label, "module": self.module, "output": self.output_file, "commit": self.commit}
+        return {**keep, "params": self.params.model_dump()}
+
+
+def bench(
+    host: Host,
+    runner: Runner,
+    store: StateStore,
+    spec: BenchSpec,
+    options: BenchOptions,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> BenchRun:
+    """Benchmark the host's running server, wait for the result, store it and compare it with earlier runs.
+
+    Raises ``RefusedError`` when there is no running server or benchmark module, ``RemoteCommandError``
+    when the benchmark fails (with the end of its log), ``RefusedError`` when it outlives ``timeout``.
+    """
+    server = running_server(host, runner, store)
+    plan = _plan(host, runner, server, spec, options)
+    job_id, plan, attached = _start(host, runner, store, plan)
+    ended = _wait(host, runner, job_id, timeout)
+    record = _result(host, runner, store, server, plan, ended)
+    records = store.update_host(host.name, lambda hs: _store_result(host.name, hs, record, ended))
+    baseline = facts.pick_baseline(records, options.baseline)
+    missing = options.baseline if options.baseline and baseline is None else None
+    return BenchRun(record, facts.compare(records, baseline), missing, attached)
+
+
+def records_of(name: str, hs: HostState) -> list[BenchRecord]:
+    """The host's stored benchmark runs, oldest first; a malformed one is a ``StateError``."""
+    try:
+        return [BenchRecord.model_validate(raw) for raw in hs.benchmarks]
+    except ValidationError as exc:
+        raise StateError(
+            f"host {name}: a stored benchmark result is not valid ({exc.error_count()} problems)",
+            hint="remove the bad entry from `benchmarks` in the state file",
+        ) from None
+
+
+# -- before the run ------------------------------------------------------------------------------
+
+
+def running_server(host: Host, runner: Runner, store: StateStore) -> ServerRecord:
+    """The server orch launched on the host, checked to be running; else a ``RefusedError`` saying why."""
+    server = store.load().host(host.name).server
+    if server is None:
+        raise RefusedError(
+            f"{host.name}: no server to benchmark: orch has not launched one on this host",
+            hint=f"start it with `orch serve --host {host.name}`",
+        )
+    state = _job_state(runner, host, server.job_id)
+    if state != "running":
+        raise RefusedError(
+            f"{host.name}: the server orch launched (job {server.job_id}) is not running ({state})",
+            hint=f"relaunch it with `orch serve --host {host.name}`",
+        )
+    return server
+
+
+def _job_state(runner: Runner, host: Host, job_id: str) -> str:
+    try:
+        return jobs.find(runner, host.workdir, job_id).state
+    except UsageError:
+        return "its job files are gone"
+
+
+def find_module(host: Host, runner: Runner) -> str:
+    """The serving benchmark module of the host's SGLang (current one first, then the deprecated shim)."""
+    result = runner.run(facts.module_argv(host.python), timeout=120)
+    module = facts.parse_module(result.stdout) if result.ok else None
+    if module is None:
+        raise RefusedError(
+            f"{host.name}: {host.python} can import neither {' nor '.join(facts.BENCH_MODULES)}",
+            hint="check `python` in hosts.yaml points at the interpreter that has SGLang installed",
+        )
+    return module
+
+
+def _plan(host: Host, runner: Runner, server: ServerRecord, spec: BenchSpec, options: BenchOptions) -> _Plan:
+    module = find_module(host, runner)
+    params = facts.resolve_params(spec, options)
+    commit = _commit(host, runner, server)
+    label = options.label or default_label(server, commit)
+    output = f"{host.workdir.rstrip('/')}/bench/{utc_now():%Y%m%dT%H%M%S}-{secrets.token_hex(3)}.jsonl"
+    argv = facts.bench_argv(host.python, module, server.port, params, output)
+    return _Plan(label, module, params, output, argv, commit)
+
+
+def default_label(server: ServerRecord, commit: str | None) -> str:
+    """``<short commit> mtp`` or ``<short commit> no-mtp``: the configuration a run measured."""
+    return f"{(commit or 'unknown')[:7]} {'mtp' if server.mtp else 'no-mtp'}"
+
+
+def _commit(host: Host, runner: Runner, server: ServerRecord) -> str | None:
+    """The SGLang commit the server runs: as serve recorded it, else the checkout's HEAD now."""
+    recorded = server.verified.get("sglang_commit")
+    if isinstance(recorded, str) and recorded:
+        return recorded
+    try:
+        return read_git(host, runner).commit
+    except (OrchError, git.GitInfoError):
+        return None
+
+
+# -- the job -------------------------------------------------------------------------------------
+
+
+def _start(host: Host, runner: Runner, store: StateStore, plan: _Plan) -> tuple[str, _Plan, bool]:
+    """Start the benchmark job, or attach to the one already running (then its own plan applies)."""
+    runner.run(["mkdir", "-p", "-m", "700", "--", plan.output_file.rsplit("/", 1)[0]], check=True)
+    started = jobs.start(runner, host.workdir, jobs.JobSpec(kind="bench", purpose=PURPOSE, argv=plan.argv))
+    if started.attached:
+        return started.job_id, _attached_plan(host, store, started.job_id), True
+    record = JobRecord(
+        id=started.job_id,
+        kind="bench",
+        purpose=PURPOSE,
+        argv=plan.argv,
+        pid=started.pid,
+        log=f"{host.workdir.rstrip('/')}/jobs/{started.job_id}/log",
+        meta=plan.meta(),
+    )
+    store.update_host(host.name, lambda hs: hs.jobs.__setitem__(record.id, record))
+    return started.job_id, plan, False
+
+
+def _attached_plan(host: Host, store: StateStore, job_id: str) -> _Plan:
+    """The plan of a benchmark job started earlier by orch, from its state record."""
+    job = store.load().host(host.name).jobs.get(job_id)
+    meta = job.meta if job else {}
+    if job is None or not {"label", "module", "params", "output"} <= meta.keys():
+        raise RefusedError(
+            f"{host.name}: a benchmark this state file does not know is running (job {job_id})",
+            hint=f"wait for it to end, or stop it with `orch stop --host {host.name} {job_id}`",
+        )
+    params = BenchParams.model_validate(meta["params"])
+    return _Plan(meta["label"], meta["module"], params, meta["output"], list(job.argv), meta.get("commit"))
+
+
+def _wait(host: Host, runner: Runner, job_id: str, timeout: float) -> jobs.JobInfo:
+    try:
+        return jobs.wait_until_ended(runner, host.workdir, job_id, timeout, poll=1.0)
+    except RefusedError as exc:
+        raise RefusedError(
+            exc.message,
+            hint="it keeps running: run `orch bench` again to wait for it, or `orch stop` it",
+        ) from None
+
+
+# -- after the run -------------------------------------------------------------------------------
+
+
+def _result(
+    host: Host, runner: Runner, store: StateStore, server: ServerRecord, plan: _Plan, ended: jobs.JobInfo
+) -> BenchRecord:
+    """The stored record of a finished job; a failed job or unusable output is recorded, then raised."""
+    try:
+        metrics = _metrics(host, runner, plan, ended)
+    except OrchError:
+        store.update_host(host.name, lambda hs: _end_job(hs, ended))
+        raise
+    return BenchRecord(
+        label=plan.label,
+        at=ended.ended_at or utc_now(),
+        job_id=ended.id,
+        module=plan.module,
+        params=plan.params,
+        metrics=metrics,
+        sglang_commit=plan.commit,
+        mtp=server.mtp,
+        mtp_settings=facts.speculative_settings(server.argv) if server.mtp else {},
+        tuned_shapes=facts.tuned_shapes(server.verified),
+        fp8_backend=facts.fp8_backend(server.argv, server.verified),
+    )
+
+
+def _metrics(host: Host, runner: Runner, plan: _Plan, ended: jobs.JobInfo) -> facts.BenchMetrics:
+    if ended.state != "succeeded":
+        how = f"exited {ended.exit_code}" if ended.exit_code is not None else "was lost (killed or rebooted)"
+        raise _failure(host, runner, ended, f"the benchmark (job {ended.id}) {how}")
+    try:
+        text = runner.read_bytes(plan.output_file).decode(errors="replace")
+        return facts.parse_jsonl(text)
+    except OSError:
+        raise _failure(host, runner, ended, f"the benchmark wrote no output file {plan.output_file}") from None
+    except facts.BenchOutputError as exc:
+        raise _failure(host, runner, ended, f"{plan.output_file}: {exc}") from None
+
+
+def _failure(host: Host, runner: Runner, ended: jobs.JobInfo, what: str) -> RemoteCommandError:
+    tail = jobs.tail_lines(jobs.read_tail(runner, ended), _LOG_LINES).strip()
+    return RemoteCommandError(
+        f"{host.name}: {what}" + (f"; end of its log:\n{tail}" if tail else ""),
+        exit_status=ended.exit_code if ended.exit_code is not None else -1,
+        hint=f"full log: `orch logs --host {host.name} {ended.id}`",
+    )
+
+
+def _end_job(hs: HostState, ended: jobs.JobInfo) -> None:
+    """Mark the job's state record as ended (a job end is what notifications report)."""
+    job = hs.jobs.get(ended.id)
+    if job is not None and job.state == "running":
+        job.state = _ENDED_STATES.get(ended.state, "lost")
+        job.exit_code = ended.exit_code
+        job.ended_at = ended.ended_at or utc_now()
+
+
+def _store_result(name: str, hs: HostState, record: BenchRecord, ended: jobs.JobInfo) -> list[BenchRecord]:
+    _end_job(hs, ended)
+    if not any(raw.get("job_id") == record.job_id for raw in hs.benchmarks):  # attached twice: store once
+        hs.benchmarks.append(record.model_dump(mode="json"))
+    return records_of(name, hs)

@@ -1,0 +1,361 @@
+"""``orch report``: a per-fleet report in Markdown or HTML, from the state file alone (no SSH).
+
+Per host: the phase history with how long each phase lasted (so how long tuning and the relaunch took),
+the tuned shapes the server reads, the server's configuration, the benchmark table (changes relative to
+the host's first run) and a PNG chart of output throughput per configuration (the latest run of each
+benchmark label). The Markdown reads well on GitHub (the charts are relative links beside it); the HTML
+is one self-contained page apart from the PNGs, every value escaped.
+
+``build`` turns the state into ``HostReport`` values (pure); ``render_markdown``/``render_html`` turn
+those into text (pure); ``write_report`` writes the files.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shlex
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from orchestrator.errors import UsageError
+from orchestrator.facts import bench as facts
+from orchestrator.facts.bench import BenchRecord, ComparisonRow
+from orchestrator.ops.bench import records_of
+from orchestrator.state import HostState, Phase, PhaseChange, State, utc_now
+
+Format = Literal["md", "html"]
+BENCH_COLUMNS = ["label", "time (UTC)", "output tok/s", "accept length", "median TTFT ms", "mean TPOT ms",
+                 "vs first run", "MTP", "FP8 backend", "tuned shapes", "SGLang"]  # fmt: skip
+HISTORY_COLUMNS = ["phase", "entered (UTC)", "lasted", "reason"]
+
+
+@dataclass(frozen=True)
+class PhaseSpan:
+    """A stretch of time a host spent in one phase; ``end`` None: it is still there."""
+
+    phase: Phase
+    start: datetime
+    end: datetime | None
+    reason: str
+
+    def duration(self, now: datetime) -> timedelta:
+        return (self.end or now) - self.start
+
+
+@dataclass
+class HostReport:
+    """What the report says about one host."""
+
+    name: str
+    phase: str
+    sglang: str
+    spans: list[PhaseSpan]
+    durations: list[tuple[str, str]]
+    tuned_shapes: list[str]
+    server: list[tuple[str, str]]
+    server_command: str | None
+    records: list[BenchRecord]
+    rows: list[ComparisonRow]
+    chart: str | None = None  # file name of the PNG beside the report
+
+
+@dataclass
+class Report:
+    generated_at: datetime
+    source: str
+    hosts: list[HostReport] = field(default_factory=list)
+
+
+# -- building ------------------------------------------------------------------------------------
+
+
+def build(state: State, source: str, now: datetime | None = None) -> Report:
+    """The report of every host in ``state`` (``source`` names the state file in the text)."""
+    when = now or utc_now()
+    return Report(when, source, [host_report(name, hs, when) for name, hs in state.hosts.items()])
+
+
+def host_report(name: str, hs: HostState, now: datetime) -> HostReport:
+    spans = phase_spans(hs.history)
+    records = records_of(name, hs)
+    return HostReport(
+        name=name,
+        phase=hs.phase.value,
+        sglang=_sglang(hs),
+        spans=spans,
+        durations=step_durations(spans, now),
+        tuned_shapes=tuned_shapes(hs),
+        server=server_settings(hs),
+        server_command=shlex.join(hs.server.argv) if hs.server else None,
+        records=records,
+        rows=facts.compare(records, facts.pick_baseline(records, None)),
+    )
+
+
+def phase_spans(history: Sequence[PhaseChange]) -> list[PhaseSpan]:
+    """Each phase entered, from the moment it was entered to the next transition (None: current)."""
+    ends: list[datetime | None] = [change.at for change in history[1:]]
+    return [PhaseSpan(c.to_phase, c.at, end, c.reason) for c, end in zip(history, [*ends, None], strict=False)]
+
+
+def step_durations(spans: Sequence[PhaseSpan], now: datetime) -> list[tuple[str, str]]:
+    """How long the campaign's long steps took: tuning (time in ``tuning``), the relaunch (time in
+    ``launching``), and from the first pull to serving. Repeated phases add up; an unfinished one says so."""
+    found = []
+    for title, phase in (("tuning", Phase.TUNING), ("relaunch", Phase.LAUNCHING)):
+        mine = [s for s in spans if s.phase == phase]
+        if mine:
+            running = " (still running)" if mine[-1].end is None else ""
+            found.append((title, fmt_duration(sum((s.duration(now) for s in mine), timedelta())) + running))
+    pulled = next((s.start for s in spans if s.phase == Phase.PULLED), None)
+    serving = next((s.start for s in reversed(spans) if s.phase == Phase.SERVING), None)
+    if pulled and serving and serving > pulled:
+        found.append(("pull to serving", fmt_duration(serving - pulled)))
+    return found
+
+
+def tuned_shapes(hs: HostState) -> list[str]:
+    """The tuned shapes the running server reads, as its verification found them."""
+    return facts.tuned_shapes(hs.server.verified) if hs.server else []
+
+
+def server_settings(hs: HostState) -> list[tuple[str, str]]:
+    """The server's configuration as (setting, value) rows; empty without a server."""
+    server = hs.server
+    if server is None:
+        return []
+    rows = [("port", str(server.port)), ("MTP", "on" if server.mtp else "off")]
+    speculative = facts.speculative_settings(server.argv)
+    if server.mtp and speculative:
+        rows.append(("speculative", ", ".join(f"{k} {v}" for k, v in speculative.items())))
+    rows.append(("FP8 GEMM backend", facts.fp8_backend(server.argv, server.verified)))
+    rows.append(("started (UTC)", fmt_time(server.started_at)))
+    rows.append(("healthy", {None: "unknown", True: "yes", False: "no"}[server.healthy]))
+    rows += [(f"verified: {k}", _value(v)) for k, v in server.verified.items() if k != "tuned_shapes"]
+    return rows
+
+
+def _sglang(hs: HostState) -> str:
+    sg = hs.sglang
+    return f"{sg.branch or 'detached'} {sg.short} {sg.subject}".strip() if sg else "unknown"
+
+
+def _value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+
+
+def fmt_duration(delta: timedelta) -> str:
+    """``1h02m``, ``4m12s``, ``12s``."""
+    seconds = max(0, int(delta.total_seconds()))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def fmt_time(when: datetime) -> str:
+    return when.strftime("%Y-%m-%d %H:%M:%S")
+
+
+# -- tables as plain cells, shared by both formats -----------------------------------------------
+
+
+def history_cells(report: HostReport, now: datetime) -> list[list[str]]:
+    return [
+        [s.phase.value, fmt_time(s.start), fmt_duration(s.duration(now)) + ("" if s.end else " so far"), s.reason]
+        for s in report.spans
+    ]
+
+
+def bench_cells(report: HostReport) -> list[list[str]]:
+    return [
+        [
+            row.label,
+            fmt_time(row.at),
+            facts.fmt_number(row.output_throughput),
+            facts.fmt_number(row.accept_length, 2),
+            facts.fmt_number(row.median_ttft_ms),
+            facts.fmt_number(row.mean_tpot_ms, 2),
+            row.change,
+            _mtp_cell(record),
+            record.fp8_backend or "-",
+            ", ".join(record.tuned_shapes) or "none",
+            (record.sglang_commit or "-")[:10],
+        ]
+        for row, record in zip(report.rows, report.records, strict=True)
+    ]
+
+
+def _mtp_cell(record: BenchRecord) -> str:
+    if not record.mtp:
+        return "off" if record.mtp is False else "-"
+    settings = " ".join(f"{k}={v}" for k, v in record.mtp_settings.items() if k != "algorithm")
+    return f"{record.mtp_settings.get('algorithm', 'on')} {settings}".strip()
+
+
+# -- Markdown ------------------------------------------------------------------------------------
+
+
+def render_markdown(report: Report) -> str:
+    """GitHub-flavoured Markdown: every value escaped, charts as relative image links."""
+    lines = ["# orch report", "", f"Generated {fmt_time(report.generated_at)} UTC from {_md(report.source)}.", ""]
+    if not report.hosts:
+        lines.append("No host in the state file yet.")
+    lines += _md_table(["host", "phase", "SGLang", "latest benchmark"], [_summary(h) for h in report.hosts])
+    for host in report.hosts:
+        lines += _md_host(host, report.generated_at)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _summary(host: HostReport) -> list[str]:
+    last = host.rows[-1] if host.rows else None
+    latest = f"{last.label}: {facts.fmt_number(last.output_throughput)} tok/s" if last else "-"
+    return [host.name, host.phase, host.sglang, latest]
+
+
+def _md_host(host: HostReport, now: datetime) -> list[str]:
+    lines = ["", f"## {_md(host.name)}", "", f"Phase **{_md(host.phase)}**, SGLang {_md(host.sglang)}.", ""]
+    history = _md_table(HISTORY_COLUMNS, history_cells(host, now)) or ["No transition yet."]
+    lines += ["### Phase history", "", *history]
+    if host.durations:
+        lines += ["", "Durations: " + ", ".join(f"{_md(k)} {v}" for k, v in host.durations) + "."]
+    shapes = [f"- {_md(s)}" for s in host.tuned_shapes] or ["None in use by the server."]
+    lines += ["", "### Tuned shapes", "", *shapes, "", "### Server", "", *_md_server(host)]
+    lines += ["", "### Benchmarks", ""] + (_md_table(BENCH_COLUMNS, bench_cells(host)) or ["No benchmark yet."])
+    if host.chart:
+        alt = f"{_md(host.name)}: output throughput per configuration"
+        lines += ["", f"![{alt}]({urllib.parse.quote(host.chart)})"]
+    return lines
+
+
+def _md_server(host: HostReport) -> list[str]:
+    if host.server_command is None:
+        return ["No server launched by orch."]
+    fence = "`" * max(3, _longest_backtick_run(host.server_command) + 1)
+    return [*_md_table(["setting", "value"], host.server), "", fence, host.server_command, fence]
+
+
+def _md_table(columns: list[str], rows: list[list[str]] | list[tuple[str, str]]) -> list[str]:
+    if not rows:
+        return []
+    head = ["| " + " | ".join(_md(c) for c in columns) + " |", "|" + "---|" * len(columns)]
+    return head + ["| " + " | ".join(_md(cell) for cell in row) + " |" for row in rows]
+
+
+def _md(text: str) -> str:
+    """A value safe in a Markdown table cell: HTML escaped, pipes as entities, one line."""
+    marked = re.sub(r"([\\`*_\[\]#])", r"\\\1", " ".join(str(text).split()))
+    return html.escape(marked, quote=False).replace("|", "&#124;")
+
+
+def _longest_backtick_run(text: str) -> int:
+    return max((len(m) for m in re.findall(r"`+", text)), default=0)
+
+
+# -- HTML ----------------------------------------------------------------------------------------
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1em}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left}
+th{background:#f3f3f3}td.num{text-align:right}pre{background:#f6f6f6;padding:.6em;white-space:pre-wrap}
+img{max-width:100%;border:1px solid #eee}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}"""
+
+
+def render_html(report: Report) -> str:
+    """One page, styles inline, every value escaped; charts as relative ``<img>`` links."""
+    generated = f"Generated {fmt_time(report.generated_at)} UTC from <code>{_h(report.source)}</code>."
+    body = [f"<h1>orch report</h1><p>{generated}</p>"]
+    if not report.hosts:
+        body.append("<p>No host in the state file yet.</p>")
+    body.append(_html_table(["host", "phase", "SGLang", "latest benchmark"], [_summary(h) for h in report.hosts]))
+    body += [_html_host(host, report.generated_at) for host in report.hosts]
+    head = f'<meta charset="utf-8"><title>orch report</title><style>{_CSS}</style>'
+    return f'<!DOCTYPE html>\n<html lang="en"><head>{head}</head><body>\n' + "\n".join(body) + "\n</body></html>\n"
+
+
+def _html_host(host: HostReport, now: datetime) -> str:
+    parts = [f"<h2>{_h(host.name)}</h2><p>Phase <b>{_h(host.phase)}</b>, SGLang {_h(host.sglang)}.</p>"]
+    parts.append(
+        _html_section("Phase history", _html_table(HISTORY_COLUMNS, history_cells(host, now)), "No transition yet.")
+    )
+    if host.durations:
+        parts.append("<p>Durations: " + ", ".join(f"{_h(k)} {_h(v)}" for k, v in host.durations) + ".</p>")
+    shapes = "".join(f"<li><code>{_h(s)}</code></li>" for s in host.tuned_shapes)
+    parts.append(_html_section("Tuned shapes", f"<ul>{shapes}</ul>" if shapes else "", "None in use by the server."))
+    server = _html_table(["setting", "value"], host.server) + f"<pre>{_h(host.server_command or '')}</pre>"
+    parts.append(_html_section("Server", server if host.server_command else "", "No server launched by orch."))
+    parts.append(_html_section("Benchmarks", _html_table(BENCH_COLUMNS, bench_cells(host)), "No benchmark yet."))
+    if host.chart:
+        src, alt = _h(urllib.parse.quote(host.chart)), _h(f"{host.name}: output throughput per configuration")
+        parts.append(f'<p><img src="{src}" alt="{alt}"></p>')
+    return "<section>" + "\n".join(parts) + "</section>"
+
+
+def _html_section(title: str, content: str, empty: str) -> str:
+    return f"<h3>{_h(title)}</h3>" + (content or f"<p>{_h(empty)}</p>")
+
+
+def _html_table(columns: list[str], rows: list[list[str]] | list[tuple[str, str]]) -> str:
+    if not rows:
+        return ""
+    head = "".join(f"<th>{_h(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_h(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _h(text: str) -> str:
+    return html.escape(str(text), quote=True)
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+
+def write_report(state: State, source: str, out_dir: Path, fmt: Format = "md", now: datetime | None = None) -> Path:
+    """Write ``report.md`` or ``report.html`` and one chart per benchmarked host into ``out_dir``."""
+    report = build(state, source, now)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for index, host in enumerate(report.hosts):
+            if host.records:
+                host.chart = chart_name(host.name, index)
+                write_chart(out_dir / host.chart, host.name, facts.latest_per_label(host.records))
+        target = out_dir / f"report.{fmt}"
+        target.write_text(render_markdown(report) if fmt == "md" else render_html(report))
+    except OSError as exc:
+        raise UsageError(f"cannot write the report into {out_dir}: {exc.strerror or exc}") from None
+    return target
+
+
+def chart_name(host: str, index: int) -> str:
+    """A file name for a host's chart: safe characters only, unique by the host's position."""
+    return f"throughput-{index + 1:02d}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', host)[:60]}.png"
+
+
+def write_chart(path: Path, host: str, records: Sequence[BenchRecord]) -> None:
+    """A bar chart (PNG, Agg backend, no display needed) of output tok/s per configuration label,
+    annotated with the accept length when the run had one."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UsageError("orch report needs matplotlib for its charts", hint="pip install 'orch[report]'") from None
+    figure = Figure(figsize=(max(5.0, 1.2 * len(records) + 2), 3.8), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    values = [r.metrics.output_throughput for r in records]
+    bars = axes.bar(range(len(records)), values, color="#4878a8")
+    axes.set_xticks(range(len(records)), [r.label for r in records], rotation=20 if len(records) > 4 else 0)
+    axes.bar_label(bars, labels=[_bar_text(r) for r in records], fontsize=8)
+    axes.set_ylabel("output throughput (tok/s)")
+    axes.set_title(f"{host}: output throughput per configuration", fontsize=10)
+    axes.set_ylim(0, max(values) * 1.2)
+    figure.savefig(path, format="png")
+
+
+def _bar_text(record: BenchRecord) -> str:
+    accept = record.metrics.accept_length
+    return f"{record.metrics.output_throughput:,.0f}" + (f"\naccept {accept:.2f}" if accept is not None else "")

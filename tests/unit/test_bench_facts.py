@@ -1,0 +1,184 @@
+"""The serving benchmark's pure parts: argv, module detection, JSONL parsing (recorded files), comparison."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from orchestrator.facts import bench
+from orchestrator.facts.bench import BenchMetrics, BenchOutputError, BenchParams, BenchRecord
+from orchestrator.recipe import BenchOptions, BenchSpec
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "bench"
+T0 = datetime(2026, 11, 29, 22, 0, tzinfo=timezone.utc)
+PARAMS = BenchParams(input_len=1024, output_len=256, num_prompts=64, max_concurrency=16)
+
+
+def a_record(label: str, tok_s: float, minutes: int = 0, accept: float | None = None) -> BenchRecord:
+    metrics = BenchMetrics(output_throughput=tok_s, completed=64, accept_length=accept, median_ttft_ms=400.0)
+    return BenchRecord(
+        label=label,
+        at=T0 + timedelta(minutes=minutes),
+        job_id=f"bench-{label}-{minutes}",
+        module="sglang.benchmark.serving",
+        params=PARAMS,
+        metrics=metrics,
+    )
+
+
+# -- argv --------------------------------------------------------------------------------------
+
+
+def test_bench_argv_targets_the_local_server_with_the_random_dataset_and_a_jsonl_file() -> None:
+    argv = bench.bench_argv("/venv/bin/python", "sglang.benchmark.serving", 30001, PARAMS, "/w/bench/r 1.jsonl")
+    assert argv == [
+        "/venv/bin/python", "-m", "sglang.benchmark.serving", "--backend", "sglang", "--host", "127.0.0.1",
+        "--port", "30001", "--dataset-name", "random", "--random-input-len", "1024", "--random-output-len", "256",
+        "--num-prompts", "64", "--max-concurrency", "16", "--output-file", "/w/bench/r 1.jsonl", "--disable-tqdm",
+    ]  # fmt: skip
+
+
+def test_bench_argv_passes_a_request_rate_only_when_the_playbook_sets_one() -> None:
+    params = PARAMS.model_copy(update={"request_rate": 4.0})
+    argv = bench.bench_argv("python", "sglang.bench_serving", 30000, params, "/o.jsonl")
+    assert argv[argv.index("--request-rate") + 1] == "4.0"
+
+
+def test_flags_override_the_playbook_bench_settings() -> None:
+    spec = BenchSpec(input_len=2048, output_len=512, num_prompts=32, max_concurrency=8, request_rate=2.0)
+    params = bench.resolve_params(spec, BenchOptions(input_len=128, max_concurrency=4))
+    assert params == BenchParams(input_len=128, output_len=512, num_prompts=32, max_concurrency=4, request_rate=2.0)
+
+
+@pytest.mark.parametrize(
+    ("stdout", "module"),
+    [
+        ("sglang.benchmark.serving\n", "sglang.benchmark.serving"),
+        ("sglang.bench_serving\n", "sglang.bench_serving"),
+        ("", None),
+        ("some warning\nsglang.bench_serving\n", "sglang.bench_serving"),
+        ("os.path\n", None),
+    ],
+)
+def test_parse_module(stdout: str, module: str | None) -> None:
+    assert bench.parse_module(stdout) == module
+
+
+def test_module_probe_prefers_the_current_module_and_falls_back_to_the_shim(tmp_path: Path) -> None:
+    """Run the real probe snippet against two fake SGLang trees."""
+    (tmp_path / "new" / "sglang" / "benchmark").mkdir(parents=True)
+    for rel in ("new/sglang/__init__.py", "new/sglang/benchmark/__init__.py", "new/sglang/benchmark/serving.py",
+                "new/sglang/bench_serving.py", "old/sglang/__init__.py", "old/sglang/bench_serving.py"):  # fmt: skip
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    for tree, expected in (("new", "sglang.benchmark.serving"), ("old", "sglang.bench_serving"), ("none", None)):
+        env = {"PYTHONPATH": str(tmp_path / tree), "PATH": "/usr/bin:/bin"}
+        out = subprocess.run(bench.module_argv(sys.executable), capture_output=True, text=True, env=env, check=True)
+        assert bench.parse_module(out.stdout) == expected
+
+
+# -- JSONL -------------------------------------------------------------------------------------
+
+
+def test_appended_file_yields_the_last_run() -> None:
+    metrics = bench.parse_jsonl((DATA / "sglang-0.5.23-appended.jsonl").read_text())
+    assert metrics == BenchMetrics(
+        output_throughput=2930.17,
+        total_throughput=9474.097414,
+        request_throughput=12.684719,
+        mean_ttft_ms=509.714,
+        median_ttft_ms=455.102,
+        mean_tpot_ms=4.871,
+        mean_itl_ms=13.98,
+        completed=64,
+        duration=5.045441,
+        accept_length=2.87,
+    )
+
+
+def test_run_without_speculative_decoding_has_no_accept_length() -> None:
+    metrics = bench.parse_jsonl((DATA / "sglang-0.5.23-no-mtp.jsonl").read_text())
+    assert (metrics.output_throughput, metrics.accept_length, metrics.median_ttft_ms) == (1812.64, None, 412.883)
+
+
+def test_older_sglang_without_the_accept_length_key_parses() -> None:
+    metrics = bench.parse_jsonl((DATA / "sglang-0.4.6-no-accept-length.jsonl").read_text())
+    assert (metrics.output_throughput, metrics.accept_length, metrics.mean_tpot_ms) == (1790.02, None, 8.02)
+
+
+def test_a_run_killed_while_writing_is_an_error_not_the_previous_run() -> None:
+    with pytest.raises(BenchOutputError, match="last line of the output file is not JSON"):
+        bench.parse_jsonl((DATA / "killed-mid-write.jsonl").read_text())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "empty output file"),
+        ("\n\n", "empty output file"),
+        ("[1, 2]\n", "not a JSON object"),
+        ('{"completed": 3}\n', "output_throughput"),
+        ('{"output_throughput": "fast", "completed": 3}\n', "output_throughput"),
+        ('{"output_throughput": 0.0, "completed": 0}\n', "no request completed"),
+    ],
+)
+def test_unusable_output_is_a_clear_error(text: str, message: str) -> None:
+    with pytest.raises(BenchOutputError, match=message):
+        bench.parse_jsonl(text)
+
+
+def test_nan_and_infinite_numbers_count_as_absent() -> None:
+    metrics = bench.parse_jsonl(
+        '{"output_throughput": 10.5, "completed": 1, "mean_tpot_ms": NaN, "duration": Infinity}'
+    )
+    assert (metrics.mean_tpot_ms, metrics.duration) == (None, None)
+
+
+# -- what the server runs ----------------------------------------------------------------------
+
+
+def test_server_facts_from_its_argv() -> None:
+    argv = ["python", "-m", "sglang.launch_server", "--speculative-algorithm", "EAGLE", "--speculative-num-steps=3",
+            "--speculative-eagle-topk", "1", "--fp8-gemm-backend", "triton", "--port", "30000"]  # fmt: skip
+    assert bench.speculative_settings(argv) == {"algorithm": "EAGLE", "num-steps": "3", "eagle-topk": "1"}
+    assert bench.fp8_backend(argv, {}) == "triton"
+    assert bench.fp8_backend(["python"], {}) == "auto"
+    assert bench.tuned_shapes({"tuned_shapes": ["N=1024,K=4096"]}) == ["N=1024,K=4096"]
+    assert bench.tuned_shapes({}) == []
+
+
+# -- comparison --------------------------------------------------------------------------------
+
+
+def test_comparison_is_relative_to_the_first_run_by_default() -> None:
+    records = [a_record("a", 1000.0), a_record("b", 1250.0, 5, accept=2.9), a_record("c", 900.0, 9)]
+    rows = bench.compare(records, bench.pick_baseline(records, None))
+    assert [(r.label, r.change) for r in rows] == [("a", "baseline"), ("b", "+25.0%"), ("c", "-10.0%")]
+    assert rows[1].accept_length == 2.9
+
+
+def test_baseline_label_picks_its_latest_run() -> None:
+    records = [a_record("a", 1000.0), a_record("b", 1250.0, 5), a_record("b", 800.0, 9)]
+    baseline = bench.pick_baseline(records, "b")
+    assert baseline is records[2]
+    assert [r.change for r in bench.compare(records, baseline)] == ["+25.0%", "+56.2%", "baseline"]
+
+
+def test_unknown_baseline_label_gives_no_change_column() -> None:
+    records = [a_record("a", 1000.0)]
+    assert bench.pick_baseline(records, "nope") is None
+    assert [r.change for r in bench.compare(records, None)] == ["n/a"]
+
+
+def test_latest_run_per_label_in_first_seen_order() -> None:
+    records = [a_record("a", 1.0), a_record("b", 2.0, 1), a_record("a", 3.0, 2)]
+    assert [(r.label, r.metrics.output_throughput) for r in bench.latest_per_label(records)] == [("a", 3.0), ("b", 2.0)]
+
+
+def test_record_round_trips_through_json() -> None:
+    record = a_record("mtp", 2930.17, accept=2.87)
+    assert BenchRecord.model_validate(record.model_dump(mode="json")) == record

@@ -1,0 +1,139 @@
+"""``orch report``: Markdown and HTML from the state file alone, with a PNG chart per benchmarked host."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from orchestrator.facts.bench import BenchMetrics, BenchParams, BenchRecord
+from orchestrator.ops import report
+from orchestrator.state import Phase, PhaseChange, ServerRecord, SGLangInfo, State, StateStore
+from tests.conftest import OrchRun
+
+T0 = datetime(2026, 11, 29, 20, 0, tzinfo=timezone.utc)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SERVER_ARGV = ["/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/DeepSeek-V4-Flash",
+               "--port", "30000", "--tp", "8", "--fp8-gemm-backend", "triton", "--speculative-algorithm", "EAGLE",
+               "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"]  # fmt: skip
+
+
+def at(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def a_run(label: str, tok_s: float, minutes: float, accept: float | None, mtp: bool) -> dict[str, object]:
+    record = BenchRecord(
+        label=label,
+        at=at(minutes),
+        job_id=f"bench-{minutes}",
+        module="sglang.benchmark.serving",
+        params=BenchParams(input_len=1024, output_len=256, num_prompts=64, max_concurrency=16),
+        metrics=BenchMetrics(output_throughput=tok_s, completed=64, accept_length=accept, median_ttft_ms=412.9),
+        sglang_commit="0123456789abcdef",
+        mtp=mtp,
+        mtp_settings={"algorithm": "EAGLE", "num-steps": "3"} if mtp else {},
+        tuned_shapes=["N=1024,K=4096"] if mtp else [],
+        fp8_backend="triton" if mtp else "auto",
+    )
+    return record.model_dump(mode="json")
+
+
+def campaign_state(label_b: str = "tuned+mtp") -> State:
+    """One host through pull → tuning (62 min) → launching (4 min) → serving, benchmarked twice; one new host."""
+    state = State()
+    hs = state.host("blackwell-1")
+    steps = [(0, Phase.NEW, Phase.PULLED, "abc -> def"), (1, Phase.PULLED, Phase.TUNING, "5 shapes"),
+             (63, Phase.TUNING, Phase.TUNED, "all shapes tuned"), (64, Phase.TUNED, Phase.LAUNCHING, "relaunch"),
+             (68, Phase.LAUNCHING, Phase.SERVING, "healthy, MTP verified")]  # fmt: skip
+    hs.history = [PhaseChange(at=at(m), from_phase=a, to_phase=b, reason=r) for m, a, b, r in steps]
+    hs.phase = Phase.SERVING
+    hs.sglang = SGLangInfo(commit="0123456789abcdef", short="0123456789", subject="Faster FP8", branch="main")
+    hs.server = ServerRecord(
+        job_id="server-1", argv=SERVER_ARGV, port=30000, mtp=True, started_at=at(64), healthy=True,
+        verified={"tuned_shapes": ["N=1024,K=4096"], "accept_length": 3.05},
+    )  # fmt: skip
+    hs.benchmarks = [a_run("baseline", 1800.0, 0.5, None, False), a_run(label_b, 2900.0, 70, 2.87, True)]
+    state.host("blackwell-2")
+    return state
+
+
+def test_phase_spans_and_step_durations() -> None:
+    spans = report.phase_spans(campaign_state().hosts["blackwell-1"].history)
+    assert [(s.phase.value, s.end) for s in spans][-1] == ("serving", None)
+    assert spans[1].duration(at(100)) == timedelta(minutes=62)
+    assert report.step_durations(spans, at(100)) == [
+        ("tuning", "1h02m"),
+        ("relaunch", "4m00s"),
+        ("pull to serving", "1h08m"),
+    ]
+
+
+def test_unfinished_tuning_says_so() -> None:
+    history = [PhaseChange(at=at(0), from_phase=Phase.PULLED, to_phase=Phase.TUNING, reason="r")]
+    assert report.step_durations(report.phase_spans(history), at(3.5)) == [("tuning", "3m30s (still running)")]
+
+
+@pytest.mark.parametrize("fmt", ["md", "html"])
+def test_report_files_with_a_valid_png_chart(tmp_path: Path, fmt: report.Format) -> None:
+    target = report.write_report(campaign_state(), "state.json", tmp_path / "out", fmt, now=at(100))
+    assert target == tmp_path / "out" / f"report.{fmt}"
+    [chart] = sorted((tmp_path / "out").glob("*.png"))  # the new host has no benchmark, so no chart
+    data = chart.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    assert chart.name == "throughput-01-blackwell-1.png"
+    text = target.read_text()
+    assert chart.name in text
+    for expected in (
+        "Durations: tuning 1h02m, relaunch 4m00s, pull to serving 1h08m.",
+        "N=1024,K=4096",
+        "+61.1%",
+        "triton",
+        "2.87",
+    ):
+        assert expected in text
+
+
+def test_markdown_reads_well_on_github(tmp_path: Path) -> None:
+    text = report.write_report(campaign_state(), "state.json", tmp_path, "md", now=at(100)).read_text()
+    assert "![blackwell-1: output throughput per configuration](throughput-01-blackwell-1.png)" in text
+    assert "| label | time (UTC) | output tok/s |" in text
+    assert "| baseline | 2026-11-29 20:00:30 | 1,800.0 | - |" in text
+    assert "## blackwell-2" in text and "No benchmark yet." in text
+    assert "```\n/venv/bin/python -m sglang.launch_server --model-path" in text
+
+
+def test_hostile_values_are_escaped(tmp_path: Path) -> None:
+    state = campaign_state(label_b="<script>alert(1)</script> | x")
+    html_text = report.write_report(state, "state.json", tmp_path / "h", "html", now=at(100)).read_text()
+    assert "<script>" not in html_text and "&lt;script&gt;alert(1)&lt;/script&gt; | x" in html_text
+    md_text = report.write_report(state, "state.json", tmp_path / "m", "md", now=at(100)).read_text()
+    assert "<script>" not in md_text
+    row = next(line for line in md_text.splitlines() if line.startswith("| &lt;script&gt;"))
+    assert row.count("|") == len(report.BENCH_COLUMNS) + 1  # the label's pipe did not split the row
+
+
+def test_html_is_one_page_with_relative_images(tmp_path: Path) -> None:
+    text = report.write_report(campaign_state(), "state.json", tmp_path, "html", now=at(100)).read_text()
+    assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
+    assert re.findall(r'src="([^"]+)"', text) == ["throughput-01-blackwell-1.png"]
+    assert "<link" not in text and "<script" not in text
+
+
+def test_orch_report_cli_reads_only_the_state_file(tmp_path: Path, orch: Callable[..., OrchRun]) -> None:
+    state_path = tmp_path / ".orch" / "state.json"
+    with StateStore(state_path).update() as state:
+        state.hosts.update(campaign_state().hosts)
+    result = orch("--state", str(state_path), "report", "--format", "html", "--out", str(tmp_path / "r"))
+    assert result.returncode == 0, result.output
+    assert result.stdout.strip() == f"report written to {tmp_path / 'r' / 'report.html'}"
+    assert (tmp_path / "r" / "throughput-01-blackwell-1.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_orch_report_without_a_state_file_is_a_usage_error(tmp_path: Path, orch: Callable[..., OrchRun]) -> None:
+    result = orch("--state", str(tmp_path / "missing.json"), "report", "--out", str(tmp_path / "r"))
+    assert result.returncode == 2
+    assert f"no state file at {tmp_path / 'missing.json'}" in result.stderr
