@@ -15,7 +15,7 @@ import click
 
 from orchestrator import __version__
 from orchestrator.app import App
-from orchestrator.cli import bench, hosts, jobs
+from orchestrator.cli import bench, demo, hosts, jobs
 from orchestrator.errors import ExitCode, OrchError
 from orchestrator.transport.ssh import ConnectOptions
 
@@ -79,7 +79,17 @@ def cli(
     ctx.obj = App(inventory_option=inventory, state_option=state, options=options, notify_cmd=notify_cmd)
 
 
-for command in (hosts.status, hosts.pull, hosts.trust, jobs.jobs_cmd, jobs.logs, jobs.stop, bench.bench, bench.report):
+for command in (
+    hosts.status,
+    hosts.pull,
+    hosts.trust,
+    jobs.jobs_cmd,
+    jobs.logs,
+    jobs.stop,
+    bench.bench,
+    bench.report,
+    demo.demo,
+):
     cli.add_command(command)
 
 
