@@ -73,8 +73,9 @@ class BenchMetrics(_Model):
 class BenchRecord(_Model):
     """One stored benchmark run (an item of ``HostState.benchmarks``): the numbers and what was measured.
 
-    ``mtp_settings`` holds the server's ``--speculative-*`` flags (without the dashes); ``tuned_shapes``
-    the tuned GEMM shapes the server reads (``N=1024,K=4096``); ``fp8_backend`` its ``--fp8-gemm-backend``.
+    ``mtp_settings`` holds the server's ``--speculative-*`` flags (without the prefix), ``speculative``
+    the settings as the server resolved them (from ``orch serve``'s verification); ``tuned_shapes`` the
+    tuned GEMM shapes the server reads (``N=1024,K=4096``); ``fp8_backend`` its ``--fp8-gemm-backend``.
     """
 
     label: str
@@ -86,6 +87,7 @@ class BenchRecord(_Model):
     sglang_commit: str | None = None
     mtp: bool | None = None
     mtp_settings: dict[str, str] = {}
+    speculative: str | None = None
     tuned_shapes: list[str] = []
     fp8_backend: str | None = None
 
@@ -160,9 +162,22 @@ def fp8_backend(server_argv: list[str], verified: dict[str, Any]) -> str:
 
 
 def tuned_shapes(verified: dict[str, Any]) -> list[str]:
-    """The tuned GEMM shapes the server reads (``N=1024,K=4096``), as the server's verification found them."""
-    shapes = verified.get("tuned_shapes") or []
+    """The tuned GEMM shapes the server reads (``N=1024,K=4096``), as ``orch serve``'s verification found
+    them in its log (``tuned_shapes_in_use``)."""
+    shapes = verified.get("tuned_shapes_in_use") or []
     return [str(s) for s in shapes] if isinstance(shapes, list) else []
+
+
+def shape_fallbacks(verified: dict[str, Any]) -> dict[str, str]:
+    """Tuned shapes the server does not read, and why (``fallback`` of the verification)."""
+    fallback = verified.get("fallback") or {}
+    return {str(k): str(v) for k, v in fallback.items()} if isinstance(fallback, dict) else {}
+
+
+def resolved_speculative(verified: dict[str, Any]) -> str | None:
+    """The speculative settings as the server resolved them (``EAGLE steps=3 topk=1 draft=4``, ``off``)."""
+    value = verified.get("speculative")
+    return value if isinstance(value, str) and value else None
 
 
 def parse_jsonl(text: str) -> BenchMetrics:

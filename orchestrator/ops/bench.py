@@ -232,6 +232,7 @@ def _result(
         sglang_commit=plan.commit,
         mtp=server.mtp,
         mtp_settings=facts.speculative_settings(server.argv) if server.mtp else {},
+        speculative=facts.resolved_speculative(server.verified),
         tuned_shapes=facts.tuned_shapes(server.verified),
         fp8_backend=facts.fp8_backend(server.argv, server.verified),
     )

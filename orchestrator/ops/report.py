@@ -121,8 +121,11 @@ def step_durations(spans: Sequence[PhaseSpan], now: datetime) -> list[tuple[str,
 
 
 def tuned_shapes(hs: HostState) -> list[str]:
-    """The tuned shapes the running server reads, as its verification found them."""
-    return facts.tuned_shapes(hs.server.verified) if hs.server else []
+    """The tuned shapes the running server reads, then those it does not read and why (its verification)."""
+    if hs.server is None:
+        return []
+    fallbacks = facts.shape_fallbacks(hs.server.verified)
+    return [*facts.tuned_shapes(hs.server.verified), *(f"{k}: not used ({why})" for k, why in fallbacks.items())]
 
 
 def server_settings(hs: HostState) -> list[tuple[str, str]]:
@@ -137,7 +140,8 @@ def server_settings(hs: HostState) -> list[tuple[str, str]]:
     rows.append(("FP8 GEMM backend", facts.fp8_backend(server.argv, server.verified)))
     rows.append(("started (UTC)", fmt_time(server.started_at)))
     rows.append(("healthy", {None: "unknown", True: "yes", False: "no"}[server.healthy]))
-    rows += [(f"verified: {k}", _value(v)) for k, v in server.verified.items() if k != "tuned_shapes"]
+    shown = {"tuned_shapes_in_use", "fallback"}  # in the tuned shapes section
+    rows += [(f"verified: {k}", _value(v)) for k, v in server.verified.items() if k not in shown]
     return rows
 
 
@@ -194,6 +198,8 @@ def bench_cells(report: HostReport) -> list[list[str]]:
 def _mtp_cell(record: BenchRecord) -> str:
     if not record.mtp:
         return "off" if record.mtp is False else "-"
+    if record.speculative:
+        return record.speculative
     settings = " ".join(f"{k}={v}" for k, v in record.mtp_settings.items() if k != "algorithm")
     return f"{record.mtp_settings.get('algorithm', 'on')} {settings}".strip()
 

@@ -147,7 +147,7 @@ def test_server_facts_from_its_argv() -> None:
     assert bench.speculative_settings(argv) == {"algorithm": "EAGLE", "num-steps": "3", "eagle-topk": "1"}
     assert bench.fp8_backend(argv, {}) == "triton"
     assert bench.fp8_backend(["python"], {}) == "auto"
-    assert bench.tuned_shapes({"tuned_shapes": ["N=1024,K=4096"]}) == ["N=1024,K=4096"]
+    assert bench.tuned_shapes({"tuned_shapes_in_use": ["N=1024,K=4096"]}) == ["N=1024,K=4096"]
     assert bench.tuned_shapes({}) == []
 
 

@@ -54,7 +54,8 @@ def campaign_state(label_b: str = "tuned+mtp") -> State:
     hs.sglang = SGLangInfo(commit="0123456789abcdef", short="0123456789", subject="Faster FP8", branch="main")
     hs.server = ServerRecord(
         job_id="server-1", argv=SERVER_ARGV, port=30000, mtp=True, started_at=at(64), healthy=True,
-        verified={"tuned_shapes": ["N=1024,K=4096"], "accept_length": 3.05},
+        verified={"tuned_shapes_in_use": ["N=1024,K=4096"], "fallback": {"N=4096,K=256": "no tuned config"},
+                  "speculative": "EAGLE steps=3 topk=1 draft=4", "accept_length": 3.05},
     )  # fmt: skip
     hs.benchmarks = [a_run("baseline", 1800.0, 0.5, None, False), a_run(label_b, 2900.0, 70, 2.87, True)]
     state.host("blackwell-2")
@@ -90,6 +91,8 @@ def test_report_files_with_a_valid_png_chart(tmp_path: Path, fmt: report.Format)
     for expected in (
         "Durations: tuning 1h02m, relaunch 4m00s, pull to serving 1h08m.",
         "N=1024,K=4096",
+        "N=4096,K=256: not used (no tuned config)",
+        "EAGLE steps=3 topk=1 draft=4",
         "+61.1%",
         "triton",
         "2.87",
