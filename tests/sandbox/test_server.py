@@ -1,0 +1,236 @@
+"""The simulated SGLang server and serving benchmark: flags, rules, log lines, HTTP answers, shutdown."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.sandbox import SimFleet, SimHost
+from tests.sandbox.conftest import http_get, http_post, on_host, pid_alive, ssh, start_on_host, wait_until
+
+MTP = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+       "--speculative-num-draft-tokens", "4"]  # fmt: skip
+DEVICE = "NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition"
+CONFIGS = "python/sglang/kernels/ops/gemm/configs"
+
+
+def config_name(n: int, k: int) -> str:
+    return f"N={n},K={k},device_name={DEVICE},dtype=fp8_w8a8,block_shape=[128, 128].json"
+
+
+@pytest.fixture
+def host(fleet: SimFleet) -> Iterator[SimHost]:
+    chosen = fleet.hosts[1]
+    chosen.set_knobs(startup_seconds=0.6)
+    yield chosen
+    chosen.set_knobs(startup_seconds=None, server_fail=None, drain_seconds=None, drain_log_seconds=None)
+
+
+def server_argv(host: SimHost, *extra: str) -> list[str]:
+    base = [str(host.python), "-m", "sglang.launch_server", "--model-path", str(host.model_path), "--tp", "8"]
+    return [*base, "--port", str(host.server_port), "--trust-remote-code", *extra]
+
+
+def url(host: SimHost, path: str) -> str:
+    return f"http://127.0.0.1:{host.server_port}{path}"
+
+
+def health(host: SimHost) -> int | None:
+    try:
+        return http_get(url(host, "/health"))[0]
+    except OSError:
+        return None
+
+
+def bench(fleet: SimFleet, host: SimHost, output: Path, module: str = "sglang.benchmark.serving"):  # type: ignore[no-untyped-def]
+    return ssh(
+        fleet,
+        host,
+        f"{host.python} -m {module} --backend sglang --host 127.0.0.1 --port {host.server_port} "
+        f"--dataset-name random --random-input-len 32 --random-output-len 48 --num-prompts 8 "
+        f"--max-concurrency 4 --output-file {output} --disable-tqdm",
+    )
+
+
+def stop(server: subprocess.Popen[bytes]) -> int:
+    server.send_signal(signal.SIGTERM)
+    return server.wait(timeout=15)
+
+
+def test_mtp_server_lifecycle_with_tuned_config_and_bench(fleet: SimFleet, host: SimHost, tmp_path: Path) -> None:
+    tuned = host.sglang_dir / CONFIGS / config_name(1024, 4096)
+    tuned.write_text(json.dumps({"1": {"BLOCK_SIZE_M": 16}}, indent=4) + "\n")
+    host.set_knobs(drain_seconds=0.5, drain_log_seconds=0.2)
+    log = tmp_path / "server.log"
+    server = start_on_host(
+        host, server_argv(host, *MTP, "--fp8-gemm-backend", "triton", "--decode-log-interval", "10"), log
+    )
+    try:
+        wait_until(lambda: health(host) is not None, what="the HTTP port")
+        assert health(host) == 503  # starting
+        wait_until(lambda: health(host) == 200, what="the server to be healthy")
+        text = log.read_text()
+        assert "TP0] The server is fired up and ready to roll!" in text
+        assert f"Using configuration from {tuned} for W8A8 Block FP8 kernel." in text
+        missing = host.sglang_dir / CONFIGS / config_name(4096, 2048)
+        default = "Using default W8A8 Block FP8 kernel config. Performance might be sub-optimal!"
+        assert f"{default} Config file not found at {missing}" in text
+
+        _, info = http_get(url(host, "/server_info"))
+        assert info is not None
+        assert (info["speculative_algorithm"], info["speculative_num_steps"], info["speculative_eagle_topk"],
+                info["speculative_num_draft_tokens"]) == ("EAGLE", 3, 1, 4)  # fmt: skip
+        assert (info["tp_size"], info["fp8_gemm_backend"], info["max_running_requests"]) == (8, "triton", 48)
+        assert "avg_spec_accept_length" not in info["internal_states"][0]  # type: ignore[index]
+
+        out = http_post(url(host, "/generate"), {"text": "hello there", "sampling_params": {"max_new_tokens": 64}})
+        meta = out["meta_info"]
+        assert meta["completion_tokens"] == 64 and meta["prompt_tokens"] == 2  # type: ignore[index]
+        assert meta["spec_accept_length"] > 2.8 and meta["spec_verify_ct"] == 21  # type: ignore[index]
+        _, info = http_get(url(host, "/get_server_info"))
+        assert info["internal_states"][0]["avg_spec_accept_length"] == 3.1  # type: ignore[index]
+        assert "accept len: 3.10, accept rate: 0.78, cuda graph: True, gen throughput (token/s): " in log.read_text()
+
+        procs = host.gpu_processes()
+        assert sorted(p["gpu_index"] for p in procs) == list(range(8))
+        assert {p["pid"] for p in procs} == {server.pid} and {p["used_memory"] for p in procs} == {88098}
+
+        results = tmp_path / "bench.jsonl"
+        run = bench(fleet, host, results)
+        assert run.returncode == 0, run.stderr
+        assert "Output token throughput (tok/s):" in run.stdout and "Accept length:" in run.stdout
+        (line,) = results.read_text().splitlines()
+        row = json.loads(line)
+        assert row["completed"] == 8 and row["accept_length"] == 3.1 and row["output_throughput"] > 0
+        for key in ("total_throughput", "request_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",
+                    "mean_itl_ms", "duration"):  # fmt: skip
+            assert isinstance(row[key], float)
+
+        server.send_signal(signal.SIGTERM)
+        wait_until(lambda: "Draining requests and shutting down..." in log.read_text(), what="the SIGTERM line")
+        assert health(host) == 503
+        assert server.wait(timeout=15) == 0
+    finally:
+        tuned.unlink()
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    text = log.read_text()
+    assert "SIGTERM received. signum=15 frame=<frame at " in text
+    assert "Gracefully exiting... Remaining number of requests 0. Remaining requests remaining_rids=[]." in text
+    assert host.gpu_processes() == []
+
+
+def test_plain_server_with_default_backend_reads_no_tuned_config(
+    fleet: SimFleet, host: SimHost, tmp_path: Path
+) -> None:
+    log = tmp_path / "server.log"
+    server = start_on_host(host, server_argv(host), log)
+    try:
+        wait_until(lambda: health(host) == 200, what="the server to be healthy")
+        _, info = http_get(url(host, "/server_info"))
+        assert info is not None and info["speculative_algorithm"] is None and info["fp8_gemm_backend"] == "auto"
+        meta = http_post(url(host, "/generate"), {"text": "x", "sampling_params": {"max_new_tokens": 5}})["meta_info"]
+        assert meta["completion_tokens"] == 5 and "spec_accept_length" not in meta  # type: ignore[operator,index]
+        results = tmp_path / "bench.jsonl"
+        run = bench(fleet, host, results, module="sglang.bench_serving")
+        assert run.returncode == 0, run.stderr
+        assert "deprecated" in run.stderr and "Accept length:" not in run.stdout
+        assert json.loads(results.read_text())["accept_length"] is None
+    finally:
+        assert stop(server) == 0
+    assert "W8A8 Block FP8" not in log.read_text()  # CUTLASS on sm_120: the tuned Triton files are never read
+
+
+@pytest.mark.parametrize(
+    "flags, error",
+    [
+        (["--speculative-algorithm", "MTP"], "ValueError: Unknown speculative algorithm name: MTP"),
+        (["--speculative-algorithm", "NEXTN", *MTP[2:]], "ValueError: DeepSeek-V4 only supports speculative "
+                                                         "algorithm EAGLE or DSPARK, got NEXTN."),
+        (["--speculative-algorithm", "EAGLE"], "ValueError: DeepSeek-V4 with EAGLE requires "
+                                               "--speculative-eagle-topk 1 to be set explicitly."),
+        ([*MTP[:6]], "ValueError: speculative_num_steps, speculative_eagle_topk and speculative_num_draft_tokens "
+                     "must be set together (or none of them)"),
+    ],
+)  # fmt: skip
+def test_launch_server_rejects_bad_speculative_settings(host: SimHost, flags: list[str], error: str) -> None:
+    run = on_host(host, server_argv(host, *flags))
+    assert run.returncode == 1
+    assert "Traceback (most recent call last):" in run.stderr and run.stderr.splitlines()[-1] == error
+
+
+def test_launch_server_rejects_an_unknown_flag(host: SimHost) -> None:
+    run = on_host(host, server_argv(host, "--bogus-flag", "1"))
+    assert run.returncode == 2
+    assert "launch_server.py: error: unrecognized arguments: --bogus-flag 1" in run.stderr
+
+
+def test_help_lists_the_real_flag_names(host: SimHost) -> None:
+    text = on_host(host, [str(host.python), "-m", "sglang.launch_server", "--help"]).stdout
+    for flag in ("--model-path", "--tp-size", "--tp", "--host", "--port", "--trust-remote-code",
+                 "--attention-backend", "--mem-fraction-static", "--max-running-requests", "--speculative-algorithm",
+                 "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+                 "--speculative-draft-model-path", "--decode-log-interval", "--cuda-graph-max-bs",
+                 "--chunked-prefill-size", "--context-length", "--kv-cache-dtype", "--disable-radix-cache",
+                 "--enable-metrics", "--log-level"):  # fmt: skip
+        assert re.search(rf"^ +(\S.*, )?{re.escape(flag)}[ ,\n]", text, re.MULTILINE), flag
+    assert "--fp8-gemm-backend {auto,deep_gemm,flashinfer_trtllm,flashinfer_cutlass" in text
+
+
+def test_resolution_rules_topk_one_and_deepseek_draft_model(host: SimHost) -> None:
+    probe = (
+        "import sys; from sglang.srt.server_args import prepare_server_args as p; a = p(sys.argv[1:]); "
+        "print(a.speculative_algorithm, a.speculative_num_draft_tokens, a.max_running_requests, "
+        "a.speculative_draft_model_path == a.model_path)"
+    )
+    flags = ["--model-path", str(host.model_path), "--speculative-algorithm", "eagle", "--speculative-num-steps", "4",
+             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2",
+             "--speculative-draft-model-path", "/elsewhere"]  # fmt: skip
+    run = on_host(host, [str(host.python), "-c", probe, *flags])
+    assert run.stdout.split() == ["EAGLE", "5", "48", "True"]
+    dspark = on_host(host, [str(host.python), "-c", probe, "--model-path", str(host.model_path),
+                            "--speculative-algorithm", "DSPARK", "--max-running-requests", "16"])  # fmt: skip
+    assert dspark.stdout.split() == ["DSPARK", "4", "16", "True"]
+
+
+def test_server_crash_at_startup(host: SimHost, tmp_path: Path) -> None:
+    host.set_knobs(server_fail="crash", startup_seconds=0.1)
+    run = on_host(host, server_argv(host, *MTP))
+    assert run.returncode == 1
+    assert "TP0] Initialization failed. warmup error: Traceback (most recent call last):" in run.stdout
+    assert "ready to roll" not in run.stdout and host.gpu_processes() == []
+
+
+def test_server_refuses_a_gpu_held_by_another_process(host: SimHost) -> None:
+    holder = host.hold_gpu(5, memory_mib=20000)
+    try:
+        run = on_host(host, server_argv(host))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run.returncode == 1
+    assert run.stderr.splitlines()[-1].startswith("torch.OutOfMemoryError: CUDA out of memory.")
+
+
+def test_never_healthy_and_ignore_sigterm_faults(host: SimHost, tmp_path: Path) -> None:
+    host.set_knobs(server_fail="never_healthy", startup_seconds=0.1)
+    server = start_on_host(host, server_argv(host), tmp_path / "never.log")
+    wait_until(lambda: "Uvicorn running" in (tmp_path / "never.log").read_text(), what="startup to end")
+    assert health(host) == 503
+    assert stop(server) == 0
+    host.set_knobs(server_fail="ignore_sigterm")
+    server = start_on_host(host, server_argv(host), tmp_path / "stubborn.log")
+    wait_until(lambda: health(host) == 200, what="the server to be healthy")
+    server.send_signal(signal.SIGTERM)
+    with pytest.raises(subprocess.TimeoutExpired):
+        server.wait(timeout=0.5)
+    assert pid_alive(server.pid) and health(host) == 200
+    server.kill()
+    assert server.wait(timeout=5) == -signal.SIGKILL
