@@ -1,0 +1,502 @@
+"""SGLang's block-FP8 GEMM tuner: argv builders, the schedule, the log parser and the config files.
+
+Everything here is pure (reference ``shared/reference/sglang.md`` §1). ``ops/tune.py`` runs the argv
+lists this module builds and hands what hosts print back to its parsers.
+
+- **Flags**: discovered from the tuner's ``--help`` (``parse_help_flags``); a tuner without ``--N``,
+  ``--K``, ``--batch-sizes``, ``--save-path`` and ``--out-dtype`` (the old ``--batch-size`` one) is
+  refused (``TunerTooOld``).
+- **Schedule**: the unit of work is (shape, batch size). ``schedule`` cuts the units, in shape-major
+  order, into one contiguous chunk per GPU whose sizes differ by at most one: the makespan is
+  ``ceil(units / GPUs)`` units (the minimum for equal units) and each GPU runs few tuner invocations
+  (one per shape its chunk touches), one after another, pinned with ``CUDA_VISIBLE_DEVICES``.
+- **Progress**: ``LogProgress.feed`` reads a job's log incrementally from a byte offset.
+- **Configs**: ``config_file_name`` is SGLang's exact name; ``parse_config``, ``merge_configs`` and
+  ``render_config`` validate, merge (never overwriting) and write the JSON as the tuner does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.recipe import Shape
+
+TUNER_SCRIPT = "benchmark/kernels/quantization/tuning_block_wise_kernel.py"
+OLD_TUNER_SCRIPT = "benchmark/kernels/quantization/tuning_block_wise_fp8.py"
+REQUIRED_FLAGS = ("--N", "--K", "--batch-sizes", "--save-path", "--out-dtype")
+CONFIG_MODULES = ("sglang.kernels.ops.gemm.fp8_kernel", "sglang.srt.layers.quantization.fp8_kernel")
+CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+RUN_MARKER = "::orch-run::"
+
+
+class TunerTooOld(Exception):
+    """The tuner lacks flags orch needs; the message names them."""
+
+
+class ConfigInvalid(Exception):
+    """A tuned config file is not what SGLang reads; the message says what is wrong."""
+
+
+def shape(n: int, k: int, source: str = "") -> Shape:
+    return Shape.model_validate({"N": n, "K": k, "source": source})
+
+
+# -- discovery ------------------------------------------------------------------------------------
+
+# Prints `config <dir>` for the first module of argv that imports (its configs/ directory), or
+# `config-missing <module>: <error>` for each that does not; then `triton <version>` or `triton-missing`.
+_DISCOVER_SNIPPET = """
+import importlib, os, sys
+for name in sys.argv[1:]:
+    try:
+        module = importlib.import_module(name)
+    except Exception as exc:
+        print(f"config-missing {name}: {type(exc).__name__}: {exc}".replace("\\n", " "))
+        continue
+    print("config", os.path.join(os.path.dirname(os.path.realpath(module.__file__)), "configs"))
+    break
+try:
+    import triton
+    print("triton", triton.__version__)
+except Exception:
+    print("triton-missing")
+"""
+
+
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """Where the host's SGLang reads tuned configs, and the Triton version (None: not importable)."""
+
+    config_dir: str | None
+    triton: str | None
+    errors: tuple[str, ...] = ()
+
+
+def help_argv(python: str, sglang_dir: str, script: str = TUNER_SCRIPT) -> list[str]:
+    return [python, f"{sglang_dir.rstrip('/')}/{script}", "--help"]
+
+
+def discover_argv(python: str) -> list[str]:
+    """A constant ``-c`` snippet that imports ``CONFIG_MODULES`` in order (see ``parse_discover``)."""
+    return [python, "-c", _DISCOVER_SNIPPET, *CONFIG_MODULES]
+
+
+def parse_discover(stdout: str) -> RuntimeFacts:
+    config_dir, triton, errors = None, None, []
+    for line in stdout.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "config" and config_dir is None:
+            config_dir = rest.strip()
+        elif word == "config-missing":
+            errors.append(rest.strip())
+        elif word == "triton":
+            triton = rest.strip() or None
+    return RuntimeFacts(config_dir, triton, tuple(errors))
+
+
+def parse_help_flags(text: str) -> frozenset[str]:
+    """Every long or short option an argparse ``--help`` mentions (``--N``, ``--batch-sizes``, ``-tp``)."""
+    return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", text))
+
+
+def check_flags(script: str, flags: frozenset[str]) -> None:
+    """Raise ``TunerTooOld`` naming the missing flags when the tuner cannot be driven per shape."""
+    missing = [f for f in REQUIRED_FLAGS if f not in flags]
+    if missing:
+        has = " (it has --batch-size: the old one-batch-size tuner)" if "--batch-size" in flags else ""
+        raise TunerTooOld(f"{script} lacks {', '.join(missing)}{has}")
+
+
+def tuner_argv(
+    python: str, script_path: str, flags: frozenset[str], run: Run, save_path: str, tp_size: int
+) -> list[str]:
+    """One tuner invocation: always ``--N --K --batch-sizes --out-dtype bfloat16 --save-path``;
+    ``--tp-size`` only when the tuner has it (it is ignored with ``--N/--K`` anyway)."""
+    argv = [python, script_path, "--N", str(run.n), "--K", str(run.k)]
+    argv += ["--batch-sizes", *map(str, run.batch_sizes), "--out-dtype", "bfloat16", "--save-path", save_path]
+    if "--tp-size" in flags:
+        argv += ["--tp-size", str(tp_size)]
+    return argv
+
+
+# -- the schedule -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One (shape, batch size): what one GPU tunes in one go."""
+
+    n: int
+    k: int
+    m: int
+
+
+@dataclass(frozen=True)
+class Run:
+    """One tuner invocation: one shape, some of its batch sizes."""
+
+    n: int
+    k: int
+    batch_sizes: tuple[int, ...]
+
+    @property
+    def key(self) -> str:
+        return f"N={self.n},K={self.k}"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A GPU that can take work: ``gpu`` is the physical index on ``host``."""
+
+    host: str
+    gpu: int
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What one GPU does: its tuner runs, one after another, in one job."""
+
+    slot: Slot
+    runs: tuple[Run, ...]
+
+    @property
+    def units(self) -> int:
+        return sum(len(r.batch_sizes) for r in self.runs)
+
+
+def units_of(shapes: Sequence[Shape], batch_sizes: Sequence[int]) -> list[Unit]:
+    """Every (shape, batch size), shape-major, in the given orders."""
+    return [Unit(s.n, s.k, m) for s in shapes for m in batch_sizes]
+
+
+def chunk_sizes(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` sizes that differ by at most one, larger first."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def runs_of(units: Sequence[Unit]) -> tuple[Run, ...]:
+    """Consecutive units of the same shape grouped into tuner runs."""
+    runs: list[Run] = []
+    for u in units:
+        if runs and (runs[-1].n, runs[-1].k) == (u.n, u.k):
+            runs[-1] = Run(u.n, u.k, (*runs[-1].batch_sizes, u.m))
+        else:
+            runs.append(Run(u.n, u.k, (u.m,)))
+    return tuple(runs)
+
+
+def schedule(units: Sequence[Unit], slots: Sequence[Slot]) -> list[Assignment]:
+    """Contiguous chunks of ``units`` over ``slots``; GPUs left without work get no assignment."""
+    if not slots:
+        raise ValueError("no GPU to schedule on")
+    assignments, start = [], 0
+    for slot, size in zip(slots, chunk_sizes(len(units), len(slots)), strict=True):
+        if size:
+            assignments.append(Assignment(slot, runs_of(units[start : start + size])))
+        start += size
+    return assignments
+
+
+def makespan(assignments: Iterable[Assignment]) -> int:
+    """The schedule's length in units: the busiest GPU's load."""
+    return max((a.units for a in assignments), default=0)
+
+
+# A job: $1 the SGLang checkout (cwd of the tuner), then runs, each introduced by RUN_MARKER. Runs
+# go one after another; the first that fails ends the job with its exit code.
+_JOB_SCRIPT = r"""
+cd -- "$1" || exit 2
+shift
+total=0
+for a in "$@"; do [ "$a" = "::orch-run::" ] && total=$((total + 1)); done
+i=0
+run=()
+go() {
+  i=$((i + 1))
+  echo "orch: tuner run $i/$total: ${run[*]}"
+  "${run[@]}"
+  rc=$?
+  if [ "$rc" -ne 0 ]; then echo "orch: tuner run $i/$total exited $rc"; exit "$rc"; fi
+}
+for a in "$@"; do
+  if [ "$a" = "::orch-run::" ]; then
+    if [ "${#run[@]}" -gt 0 ]; then go; fi
+    run=()
+  else
+    run+=("$a")
+  fi
+done
+if [ "${#run[@]}" -gt 0 ]; then go; fi
+echo "orch: all $total tuner runs finished"
+"""
+
+
+def job_argv(sglang_dir: str, runs: Sequence[Sequence[str]]) -> list[str]:
+    """The command of one GPU's job: ``bash -c`` a constant script with the runs' argv lists."""
+    argv = ["bash", "-c", _JOB_SCRIPT, "orch-tune", sglang_dir]
+    for run in runs:
+        argv += [RUN_MARKER, *run]
+    return argv
+
+
+# -- progress ---------------------------------------------------------------------------------------
+
+_SHAPE_LINE = re.compile(r"\[GPU (\d+)\] Tune for weight shape of `N: (\d+), K: (\d+)`")
+_COMPLETED = re.compile(r"Completed tuning for batch_size=(\d+)")
+_WRITING = re.compile(r"Writing best config to (.+?)\.\.\.\s*$")
+_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))(?::\s*(.*))?$")
+_CARRY_LIMIT = 65536
+
+
+@dataclass
+class LogProgress:
+    """What one job's log said so far; ``feed`` it the bytes from ``offset`` on.
+
+    Lines end at ``\\n`` or ``\\r`` (tqdm redraws); an unterminated last line is kept in ``carry``
+    and parsed once it is complete. A "Completed tuning for batch_size=M" line counts for the shape
+    the same log announced last ("[GPU i] Tune for weight shape of ..."): exact for orch's
+    one-GPU runs, a best effort for a multi-GPU run whose lines interleave.
+    """
+
+    offset: int = 0
+    carry: str = ""
+    shape: str | None = None
+    done: dict[str, list[int]] = field(default_factory=dict)
+    written: list[str] = field(default_factory=list)
+    runs_completed: int = 0
+    traceback: bool = False
+    error: str | None = None
+    oom: bool = False
+
+    def feed(self, data: bytes) -> None:
+        """Parse ``data``, the log's bytes from ``offset``; advance ``offset`` past them."""
+        self.offset += len(data)
+        text = self.carry + data.decode("utf-8", errors="replace")
+        *lines, self.carry = re.split(r"[\r\n]", text)
+        if len(self.carry) > _CARRY_LIMIT:  # a line that never ends: keep its end only
+            self.carry = self.carry[-_CARRY_LIMIT:]
+        for line in lines:
+            self._line(line)
+
+    def _line(self, line: str) -> None:
+        if m := _SHAPE_LINE.search(line):
+            self.shape = f"N={m[2]},K={m[3]}"
+        for m in _COMPLETED.finditer(line):
+            self._completed(int(m[1]))
+        if m := _WRITING.search(line):
+            self.written.append(m[1])
+        self.runs_completed += line.count("Multi-GPU tuning completed")
+        self._failure(line)
+
+    def _completed(self, m: int) -> None:
+        if self.shape is not None and m not in self.done.setdefault(self.shape, []):
+            self.done[self.shape].append(m)
+
+    def _failure(self, line: str) -> None:
+        if "Traceback (most recent call last)" in line:
+            self.traceback = True
+        if "CUDA out of memory" in line or "OutOfMemoryError" in line:
+            self.oom = True
+        if _EXCEPTION.match(line.strip()):
+            self.error = line.strip()[:300]
+
+    def units_done(self) -> int:
+        return sum(len(ms) for ms in self.done.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "offset": self.offset,
+            "carry": self.carry,
+            "shape": self.shape,
+            "done": self.done,
+            "written": self.written[-50:],
+            "runs_completed": self.runs_completed,
+            "traceback": self.traceback,
+            "error": self.error,
+            "oom": self.oom,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LogProgress:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def failure_reason(progress: LogProgress, exit_code: int | None) -> str:
+    """One line on why a tuner job failed, naming CUDA OOM when it was one."""
+    if progress.oom:
+        return "CUDA out of memory (torch.OutOfMemoryError)" + (f", exit code {exit_code}" if exit_code else "")
+    what = progress.error or ("a Python traceback" if progress.traceback else None)
+    code = f"exit code {exit_code}" if exit_code is not None else "no exit code"
+    return f"{code}: {what}" if what else code
+
+
+# -- config files -----------------------------------------------------------------------------------
+
+
+def config_file_name(n: int, k: int, device_name: str) -> str:
+    """SGLang's exact file name, e.g. ``N=1024,K=4096,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition,
+    dtype=fp8_w8a8,block_shape=[128, 128].json`` (``device_name``: the GPU name, spaces → ``_``)."""
+    device = device_name.replace(" ", "_")
+    return f"N={n},K={k},device_name={device},dtype=fp8_w8a8,block_shape=[128, 128].json"
+
+
+Configs = dict[int, dict[str, int]]
+
+
+def parse_config(text: str | bytes, where: str) -> Configs:
+    """A tuned config file → ``{M: {six int keys}}``; ``ConfigInvalid`` naming ``where`` otherwise."""
+    try:
+        raw = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigInvalid(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigInvalid(f"{where}: the top level must be an object keyed by batch size")
+    return {_batch_size(key, where): _entry(value, f"{where}: batch size {key}") for key, value in raw.items()}
+
+
+def _batch_size(key: str, where: str) -> int:
+    if not key.isdigit() or int(key) <= 0:
+        raise ConfigInvalid(f"{where}: key {key!r} is not a batch size")
+    return int(key)
+
+
+def _entry(value: Any, where: str) -> dict[str, int]:
+    if not isinstance(value, dict) or sorted(value) != sorted(CONFIG_KEYS):
+        keys = sorted(value) if isinstance(value, dict) else type(value).__name__
+        raise ConfigInvalid(f"{where}: expected exactly the keys {', '.join(CONFIG_KEYS)}; got {keys}")
+    bad = [k for k, v in value.items() if type(v) is not int]
+    if bad:
+        raise ConfigInvalid(f"{where}: {', '.join(bad)} must be integers")
+    return {k: value[k] for k in CONFIG_KEYS}
+
+
+def merge_configs(parts: Sequence[tuple[str, Configs]]) -> Configs:
+    """Merge partial files ``(where, configs)``: a batch size in two parts with different configs is
+    a ``ConfigInvalid`` (one never overwrites another)."""
+    merged: Configs = {}
+    origin: dict[int, str] = {}
+    for where, configs in parts:
+        for m, config in configs.items():
+            if m in merged and merged[m] != config:
+                raise ConfigInvalid(f"batch size {m} differs between {origin[m]} and {where}")
+            merged[m], origin[m] = config, origin.get(m, where)
+    return dict(sorted(merged.items()))
+
+
+def missing_batch_sizes(configs: Configs, wanted: Iterable[int]) -> list[int]:
+    return sorted(set(wanted) - set(configs))
+
+
+def render_config(configs: Configs) -> str:
+    """The file as the tuner writes it: keys in increasing M, ``json.dumps(indent=4)`` and a newline."""
+    return json.dumps({str(m): configs[m] for m in sorted(configs)}, indent=4) + "\n"
+
+
+# -- shapes from the model's config.json (``--shapes auto``) -----------------------------------------
+
+SHAPE_RULES = """How ``--shapes auto`` derives the block-FP8 GEMM shapes from a model's ``config.json``.
+
+``y = x W^T`` with W of shape (N, K); a column-parallel layer divides N by TP, a row-parallel layer
+divides K; replicated layers keep both. Duplicates are tuned once (their sources are joined).
+
+DeepseekV3ForCausalLM: the list SGLang's tuner itself uses (upstream ``get_weight_shapes``), from
+  h = hidden_size, H = num_attention_heads, nope/rope/v = qk_nope_head_dim/qk_rope_head_dim/v_head_dim,
+  q = q_lora_rank, kv = kv_lora_rank, I = intermediate_size, S = moe_intermediate_size * n_shared_experts:
+  unsplit  (kv+rope, h) (H*(nope+rope), h) (H*(nope+v), kv) (h, H*v) (h, I)
+  N / tp   (2*I, h) (H*(nope+rope), h) (H*(nope+v), kv) (H*(nope+rope), q) (2*S, h)
+  K / tp   (h, I) (h, H*v) (h, S)
+  (DeepSeek-V3 on 8 GPUs gives the reference's 13 shapes.)
+
+DeepseekV4ForCausalLM: the attention linears and the shared expert, from
+  h = hidden_size, H = num_attention_heads, d = head_dim, q = q_lora_rank,
+  o = o_groups * o_lora_rank, S = moe_intermediate_size * n_shared_experts:
+  wq_a (q, h) replicated; wkv (d, h) replicated; wq_b (H*d/tp, q) column-parallel;
+  wo_b (h, o/tp) row-parallel; shared expert gate_up (2*S/tp, h) and down (h, S/tp).
+  (DeepSeek-V4-Flash on 8 GPUs: N=1024,K=4096 N=512,K=4096 N=4096,K=1024 N=4096,K=2048 N=4096,K=256.)
+"""
+
+
+class UnknownArchitecture(Exception):
+    """``config.json`` names no architecture orch has shape rules for, or lacks a key they need."""
+
+
+def shapes_from_model_config(config: Mapping[str, Any], tp: int) -> list[Shape]:
+    """The GEMM shapes of a model for TP size ``tp`` (rules: ``SHAPE_RULES``)."""
+    archs = config.get("architectures") or []
+    rules = {"DeepseekV3ForCausalLM": _deepseek_v3, "DeepseekV4ForCausalLM": _deepseek_v4}
+    for arch in archs:
+        if arch in rules:
+            return _dedupe(rules[arch](_Dims(config, arch), tp))
+    known = ", ".join(rules)
+    raise UnknownArchitecture(
+        f"no shape rules for architecture {', '.join(map(str, archs)) or '(none)'}; known: {known}"
+    )
+
+
+class _Dims:
+    """Integer keys of a config.json, with an error naming the missing key."""
+
+    def __init__(self, config: Mapping[str, Any], arch: str) -> None:
+        self.config, self.arch = config, arch
+
+    def __getitem__(self, key: str) -> int:
+        value = self.config.get(key)
+        if type(value) is not int:
+            raise UnknownArchitecture(f"{self.arch}: config.json has no integer {key!r} (got {value!r})")
+        return value
+
+
+def _split(value: int, tp: int, what: str) -> int:
+    if value % tp:
+        raise UnknownArchitecture(f"{what} = {value} does not divide by TP size {tp}")
+    return value // tp
+
+
+def _deepseek_v3(c: _Dims, tp: int) -> list[Shape]:
+    h, heads, kv, v = c["hidden_size"], c["num_attention_heads"], c["kv_lora_rank"], c["v_head_dim"]
+    qk = c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
+    inter, shared = c["intermediate_size"], c["moe_intermediate_size"] * c["n_shared_experts"]
+    unsplit = [(kv + c["qk_rope_head_dim"], h, "kv_a_proj_with_mqa"), (heads * qk, h, "q_proj")]
+    unsplit += [
+        (heads * (c["qk_nope_head_dim"] + v), kv, "kv_b_proj"),
+        (h, heads * v, "o_proj"),
+        (h, inter, "down_proj"),
+    ]
+    n_tp = [
+        (2 * inter, h, "gate_up_proj"),
+        (heads * qk, h, "q_proj"),
+        (heads * (c["qk_nope_head_dim"] + v), kv, "kv_b_proj"),
+    ]
+    n_tp += [(heads * qk, c["q_lora_rank"], "q_b_proj"), (2 * shared, h, "shared_experts.gate_up_proj")]
+    k_tp = [(h, inter, "down_proj"), (h, heads * v, "o_proj"), (h, shared, "shared_experts.down_proj")]
+    shapes = [shape(n, k, f"{src} (replicated)") for n, k, src in unsplit]
+    shapes += [shape(_split(n, tp, src), k, f"{src} (N/tp)") for n, k, src in n_tp]
+    return shapes + [shape(n, _split(k, tp, src), f"{src} (K/tp)") for n, k, src in k_tp]
+
+
+def _deepseek_v4(c: _Dims, tp: int) -> list[Shape]:
+    h, q, d = c["hidden_size"], c["q_lora_rank"], c["head_dim"]
+    heads, o = c["num_attention_heads"], c["o_groups"] * c["o_lora_rank"]
+    shared = c["moe_intermediate_size"] * c["n_shared_experts"]
+    return [
+        shape(q, h, "wq_a (replicated)"),
+        shape(d, h, "wkv (replicated)"),
+        shape(_split(heads * d, tp, "wq_b N"), q, "wq_b (N/tp)"),
+        shape(h, _split(o, tp, "wo_b K"), "wo_b (K/tp)"),
+        shape(_split(2 * shared, tp, "shared expert N"), h, "shared_experts.gate_up (N/tp)"),
+        shape(h, _split(shared, tp, "shared expert K"), "shared_experts.down (K/tp)"),
+    ]
+
+
+def _dedupe(shapes: Sequence[Shape]) -> list[Shape]:
+    """One shape per (N, K), first-seen order, sources joined with ``+``."""
+    by_key: dict[str, Shape] = {}
+    for s in shapes:
+        seen = by_key.get(s.key)
+        by_key[s.key] = s if seen is None else shape(s.n, s.k, f"{seen.source} + {s.source}")
+    return list(by_key.values())

@@ -1,0 +1,370 @@
+"""facts/tuner.py: the tuner's flags, the schedule, the log parser, config files and shape rules."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.facts import tuner as tf
+from orchestrator.recipe import DEFAULT_BATCH_SIZES
+from orchestrator.sandbox.modelconfig import DEEPSEEK_V4_FLASH
+
+NEW_HELP = """usage: tuning_block_wise_kernel.py [-h] [--tp-size TP_SIZE] [--N N] [--K K]
+                                    [--input-type {fp8,int8}]
+                                    [--out-dtype {float32,float16,bfloat16,half}]
+                                    [--block-n BLOCK_N] [--block-k BLOCK_K]
+                                    [--batch-sizes BATCH_SIZES [BATCH_SIZES ...]]
+                                    [--save-path SAVE_PATH]
+
+options:
+  -h, --help            show this help message and exit
+  --tp-size TP_SIZE, -tp TP_SIZE
+                        Tensor parallelism size (ignored if --N and --K are specified)
+"""
+OLD_HELP = """usage: tuning_block_wise_fp8.py [-h] [--tp-size TP_SIZE] [--input-type {fp8,int8}]
+                                 [--out-dtype {float32,float16,bfloat16,half}]
+                                 [--block-n BLOCK_N] [--block-k BLOCK_K] [--batch-size BATCH_SIZE]
+                                 [--save-path SAVE_PATH]
+"""
+NO_TP_HELP = NEW_HELP.replace("[--tp-size TP_SIZE] ", "").split("options:")[0]
+DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+CONFIG = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 64,
+    "BLOCK_SIZE_K": 128,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 3,
+}
+
+
+# -- flags and argv ---------------------------------------------------------------------------------
+
+
+def test_parse_help_flags_finds_long_and_short_options() -> None:
+    flags = tf.parse_help_flags(NEW_HELP)
+    assert {"--N", "--K", "--batch-sizes", "--save-path", "--out-dtype", "--tp-size", "-tp", "-h"} <= flags
+    assert "--batch-size" not in flags
+
+
+@pytest.mark.parametrize(
+    ("help_text", "error"),
+    [
+        (NEW_HELP, None),
+        (NO_TP_HELP, None),
+        (OLD_HELP, "lacks --N, --K, --batch-sizes (it has --batch-size: the old one-batch-size tuner)"),
+        ("usage: x.py [-h]\n", "lacks --N, --K, --batch-sizes, --save-path, --out-dtype"),
+    ],
+)
+def test_check_flags_refuses_a_tuner_without_per_shape_flags(help_text: str, error: str | None) -> None:
+    flags = tf.parse_help_flags(help_text)
+    if error is None:
+        tf.check_flags("t.py", flags)
+    else:
+        with pytest.raises(tf.TunerTooOld, match=rf"^t\.py {error.replace('(', '[(]').replace(')', '[)]')}$"):
+            tf.check_flags("t.py", flags)
+
+
+def test_tuner_argv_always_passes_shape_batch_sizes_dtype_and_save_path() -> None:
+    run = tf.Run(1024, 4096, (1, 2, 4))
+    argv = tf.tuner_argv("/py", "/s/t.py", tf.parse_help_flags(NEW_HELP), run, "/w/stage", 8)
+    assert argv == [
+        "/py", "/s/t.py", "--N", "1024", "--K", "4096", "--batch-sizes", "1", "2", "4",
+        "--out-dtype", "bfloat16", "--save-path", "/w/stage", "--tp-size", "8",
+    ]  # fmt: skip
+
+
+def test_tuner_argv_leaves_out_tp_size_when_the_tuner_lacks_it() -> None:
+    argv = tf.tuner_argv("/py", "/t.py", tf.parse_help_flags(NO_TP_HELP), tf.Run(1, 2, (8,)), "/s", 8)
+    assert "--tp-size" not in argv and argv[-2:] == ["--save-path", "/s"]
+
+
+@pytest.mark.parametrize(
+    ("stdout", "expected"),
+    [
+        (
+            "config /v/sglang/kernels/ops/gemm/configs\ntriton 3.4.0\n",
+            ("/v/sglang/kernels/ops/gemm/configs", "3.4.0", 0),
+        ),
+        (
+            "config-missing sglang.kernels.ops.gemm.fp8_kernel: ModuleNotFoundError: x\n"
+            "config /old/sglang/srt/layers/quantization/configs\ntriton-missing\n",
+            ("/old/sglang/srt/layers/quantization/configs", None, 1),
+        ),
+        ("config-missing a: E\nconfig-missing b: E\ntriton-missing\n", (None, None, 2)),
+    ],
+)
+def test_parse_discover(stdout: str, expected: tuple[str | None, str | None, int]) -> None:
+    facts = tf.parse_discover(stdout)
+    assert (facts.config_dir, facts.triton, len(facts.errors)) == expected
+
+
+def test_discover_snippet_imports_the_first_module_that_exists(tmp_path: Path) -> None:
+    pkg = tmp_path / "sglang" / "srt" / "layers" / "quantization"
+    pkg.mkdir(parents=True)
+    for d in [pkg, *pkg.parents][:4]:
+        (d / "__init__.py").touch()
+    (pkg / "fp8_kernel.py").touch()
+    argv = tf.discover_argv("python3")
+    out = subprocess.run(argv, capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)}, check=True)
+    assert tf.parse_discover(out.stdout).config_dir == str((pkg / "configs").resolve())
+
+
+# -- the schedule ----------------------------------------------------------------------------------
+
+
+def shapes(n: int) -> list[tf.Shape]:
+    return [tf.shape(1024 * (i + 1), 4096) for i in range(n)]
+
+
+@pytest.mark.parametrize(("n_shapes", "n_batch", "n_gpus"), [(5, 18, 8), (1, 18, 8), (2, 3, 8), (5, 18, 16), (3, 7, 5)])
+def test_schedule_is_balanced_contiguous_and_covers_every_unit_once(n_shapes: int, n_batch: int, n_gpus: int) -> None:
+    units = tf.units_of(shapes(n_shapes), DEFAULT_BATCH_SIZES[:n_batch])
+    plan = tf.schedule(units, [tf.Slot("h", g) for g in range(n_gpus)])
+    flat = [tf.Unit(r.n, r.k, m) for a in plan for r in a.runs for m in r.batch_sizes]
+    assert flat == units  # every unit exactly once, in shape-major order: contiguous chunks
+    assert tf.makespan(plan) == math.ceil(len(units) / n_gpus)
+    assert max(a.units for a in plan) - min(a.units for a in plan) <= 1
+
+
+def test_schedule_of_five_shapes_on_eight_gpus_runs_few_tuner_invocations() -> None:
+    plan = tf.schedule(tf.units_of(shapes(5), DEFAULT_BATCH_SIZES), [tf.Slot("h", g) for g in range(8)])
+    assert [a.units for a in plan] == [12, 12, 11, 11, 11, 11, 11, 11]
+    assert max(len(a.runs) for a in plan) == 2  # a chunk of 12 touches at most 2 shapes of 18
+    assert plan[0].runs == (tf.Run(1024, 4096, tuple(DEFAULT_BATCH_SIZES[:12])),)
+
+
+def test_schedule_over_two_hosts_uses_every_gpu_of_both() -> None:
+    slots = [tf.Slot(h, g) for h in ("a", "b") for g in range(8)]
+    plan = tf.schedule(tf.units_of(shapes(5), DEFAULT_BATCH_SIZES), slots)
+    assert {a.slot.host for a in plan} == {"a", "b"} and len(plan) == 16
+    assert tf.makespan(plan) == 6  # ceil(90 / 16)
+
+
+def test_schedule_with_fewer_units_than_gpus_leaves_gpus_idle() -> None:
+    plan = tf.schedule(tf.units_of(shapes(1), [1, 2, 4]), [tf.Slot("h", g) for g in range(8)])
+    assert [a.slot.gpu for a in plan] == [0, 1, 2]
+
+
+def test_job_script_runs_each_tuner_run_in_order_and_stops_at_the_first_failure(tmp_path: Path) -> None:
+    argv = tf.job_argv(str(tmp_path), [["echo", "one", "a b"], ["sh", "-c", "pwd; exit 3"], ["echo", "never"]])
+    out = subprocess.run(argv, capture_output=True, text=True)
+    assert out.returncode == 3
+    assert out.stdout.splitlines() == [
+        "orch: tuner run 1/3: echo one a b",
+        "one a b",
+        "orch: tuner run 2/3: sh -c pwd; exit 3",
+        str(tmp_path),
+        "orch: tuner run 2/3 exited 3",
+    ]
+
+
+def test_job_script_reports_every_run_finished(tmp_path: Path) -> None:
+    out = subprocess.run(tf.job_argv(str(tmp_path), [["true"], ["true"]]), capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.splitlines()[-1] == "orch: all 2 tuner runs finished"
+
+
+# -- progress ----------------------------------------------------------------------------------------
+
+LOG = (
+    "orch: tuner run 1/2: /py t.py --N 1024 --K 4096\n"
+    "Namespace(tp_size=8, N=1024, K=4096, input_type='fp8')\n"
+    "Found 1 GPUs for parallel tuning\n"
+    "Using manually specified weight shape: N=1024, K=4096\n"
+    "Starting tuning on GPU 0 with batch sizes [1, 2, 4]\n"
+    "\rGPU 0 - Shapes:   0%|          | 0/1 [00:00<?, ?it/s]"
+    "[GPU 0] Tune for weight shape of `N: 1024, K: 4096`\n"
+    "\r  0%|          | 0/1280 [00:00<?, ?it/s]\r 50%|█████     | 640/1280 [00:01<00:01, 600it/s]"
+    "\r100%|██████████| 1280/1280 [00:02<00:00, 600it/s]\n"
+    "Sun Nov 29 22:34:00 2026] Completed tuning for batch_size=1\n"
+    "\rGPU 0 - Batch sizes:  33%|███▎      | 1/3 [00:02<00:04, 0.5it/s]"
+    "Sun Nov 29 22:34:02 2026] Completed tuning for batch_size=2\n"
+    "Sun Nov 29 22:34:04 2026] Completed tuning for batch_size=4\n"
+    "Writing best config to /w/stage/N=1024,K=4096,device_name=X,dtype=fp8_w8a8,block_shape=[128, 128].json...\n"
+    "Tuning on GPU 0 took 6.01 seconds\n"
+    "Multi-GPU tuning completed\n"
+)
+
+
+def feed_in_pieces(data: bytes, sizes: list[int]) -> tf.LogProgress:
+    progress, pos = tf.LogProgress(), 0
+    for size in [*sizes, len(data)]:
+        progress.feed(data[pos : pos + size])
+        pos += len(data[pos : pos + size])
+    return progress
+
+
+@pytest.mark.parametrize("sizes", [[], [1] * 200, [7, 300, 13, 1], [len(LOG.encode()) - 3]])
+def test_progress_is_the_same_whatever_the_read_boundaries(sizes: list[int]) -> None:
+    progress = feed_in_pieces(LOG.encode(), sizes)
+    assert progress.done == {"N=1024,K=4096": [1, 2, 4]}
+    assert progress.runs_completed == 1 and len(progress.written) == 1
+    assert progress.offset == len(LOG.encode()) and not progress.traceback
+
+
+def test_progress_keeps_a_partial_last_line_until_it_ends() -> None:
+    progress = tf.LogProgress()
+    progress.feed(b"[GPU 0] Tune for weight shape of `N: 1, K: 2`\nSun] Completed tuning for batch_si")
+    assert progress.done == {}
+    progress.feed(b"ze=8\n")
+    assert progress.done == {"N=1,K=2": [8]}
+
+
+def test_progress_counts_completions_for_the_last_announced_shape_and_never_twice() -> None:
+    progress = tf.LogProgress()
+    progress.feed(
+        b"[GPU 0] Tune for weight shape of `N: 1, K: 2`\nx] Completed tuning for batch_size=8\n"
+        b"x] Completed tuning for batch_size=8\n[GPU 1] Tune for weight shape of `N: 3, K: 4`\n"
+        b"x] Completed tuning for batch_size=16\n"
+    )
+    assert progress.done == {"N=1,K=2": [8], "N=3,K=4": [16]}
+
+
+def test_progress_survives_a_json_round_trip_mid_line() -> None:
+    data = LOG.encode()
+    first = feed_in_pieces(data[:300], [])
+    resumed = tf.LogProgress.from_json(json.loads(json.dumps(first.to_json())))
+    resumed.feed(data[300:])
+    assert resumed.done == {"N=1024,K=4096": [1, 2, 4]} and resumed.offset == len(data)
+
+
+def test_progress_bounds_a_line_that_never_ends() -> None:
+    progress = tf.LogProgress()
+    progress.feed(b"x" * 200_000)
+    assert len(progress.carry) <= 65536
+
+
+CRASH = """Traceback (most recent call last):
+  File "t.py", line 10, in tune
+    assert best is not None
+AssertionError
+"""
+OOM = """multiprocessing.pool.RemoteTraceback:
+\"\"\"
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/multiprocessing/pool.py", line 125, in worker
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 95.59 GiB
+\"\"\"
+"""
+
+
+@pytest.mark.parametrize(
+    ("log", "exit_code", "reason"),
+    [
+        (CRASH, 1, "exit code 1: AssertionError"),
+        ("Traceback (most recent call last):\nRuntimeError: No GPU available for tuning\n", 1,
+         "exit code 1: RuntimeError: No GPU available for tuning"),
+        (OOM, 1, "CUDA out of memory (torch.OutOfMemoryError), exit code 1"),
+        ("Traceback (most recent call last):\n  File x\n", 2, "exit code 2: a Python traceback"),
+        ("", 137, "exit code 137"),
+        ("", None, "no exit code"),
+    ],
+)  # fmt: skip
+def test_failure_reason_names_the_exception_or_oom(log: str, exit_code: int | None, reason: str) -> None:
+    progress = tf.LogProgress()
+    progress.feed(log.encode())
+    assert tf.failure_reason(progress, exit_code) == reason
+
+
+# -- config files -------------------------------------------------------------------------------------
+
+
+def test_config_file_name_is_sglangs() -> None:
+    assert tf.config_file_name(1024, 4096, DEVICE) == (
+        "N=1024,K=4096,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition,"
+        "dtype=fp8_w8a8,block_shape=[128, 128].json"
+    )
+
+
+def test_parse_config_reads_what_the_tuner_writes() -> None:
+    text = json.dumps({"1": CONFIG, "64": CONFIG}, indent=4) + "\n"
+    assert tf.parse_config(text, "f") == {1: CONFIG, 64: CONFIG}
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("{", "f: not valid JSON"),
+        ("[]", "f: the top level must be an object"),
+        (json.dumps({"x": CONFIG}), "f: key 'x' is not a batch size"),
+        (json.dumps({"0": CONFIG}), "f: key '0' is not a batch size"),
+        (json.dumps({"1": {**CONFIG, "num_warps": 4.0}}), "f: batch size 1: num_warps must be integers"),
+        (json.dumps({"1": {**CONFIG, "num_warps": True}}), "f: batch size 1: num_warps must be integers"),
+        (
+            json.dumps({"1": {k: v for k, v in CONFIG.items() if k != "num_stages"}}),
+            "f: batch size 1: expected exactly",
+        ),
+        (json.dumps({"1": {**CONFIG, "extra": 1}}), "f: batch size 1: expected exactly"),
+        (json.dumps({"1": None}), "f: batch size 1: expected exactly"),
+    ],
+)
+def test_parse_config_refuses_what_sglang_would_not_read(text: str, error: str) -> None:
+    with pytest.raises(tf.ConfigInvalid, match="^" + error.replace("(", r"\(")):
+        tf.parse_config(text, "f")
+
+
+def test_merge_configs_joins_disjoint_parts_and_accepts_identical_overlap() -> None:
+    other = {**CONFIG, "num_warps": 8}
+    merged = tf.merge_configs([("a", {64: other, 1: CONFIG}), ("b", {2: CONFIG, 1: CONFIG})])
+    assert list(merged) == [1, 2, 64] and merged[64] == other
+
+
+def test_merge_configs_never_overwrites_one_part_with_another() -> None:
+    with pytest.raises(tf.ConfigInvalid, match="batch size 1 differs between a and b"):
+        tf.merge_configs([("a", {1: CONFIG}), ("b", {1: {**CONFIG, "num_warps": 8}})])
+
+
+def test_render_config_is_the_tuners_format() -> None:
+    configs = {64: CONFIG, 1: CONFIG, 8: CONFIG}
+    text = tf.render_config(configs)
+    assert text == json.dumps({"1": CONFIG, "8": CONFIG, "64": CONFIG}, indent=4) + "\n"
+    assert tf.parse_config(text, "x") == configs
+    assert tf.missing_batch_sizes(configs, [1, 2, 8, 64, 128]) == [2, 128]
+
+
+# -- shapes from config.json ----------------------------------------------------------------------------
+
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "n_shared_experts": 1,
+    "num_attention_heads": 128,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+}
+REFERENCE_V3 = [(576, 7168), (24576, 7168), (32768, 512), (7168, 16384), (7168, 18432)]
+REFERENCE_V3 += [(n // 8, k) for n, k in [(36864, 7168), (24576, 7168), (32768, 512), (24576, 1536), (4096, 7168)]]
+REFERENCE_V3 += [(n, k // 8) for n, k in [(7168, 18432), (7168, 16384), (7168, 2048)]]
+
+
+def test_auto_shapes_of_deepseek_v3_are_the_references_list() -> None:
+    assert [(s.n, s.k) for s in tf.shapes_from_model_config(DEEPSEEK_V3, 8)] == REFERENCE_V3
+
+
+def test_auto_shapes_of_the_simulated_deepseek_v4_flash_include_the_critical_shapes() -> None:
+    found = tf.shapes_from_model_config(DEEPSEEK_V4_FLASH, 8)
+    assert [s.key for s in found] == ["N=1024,K=4096", "N=512,K=4096", "N=4096,K=1024", "N=4096,K=2048", "N=4096,K=256"]
+    assert found[1].source == "wkv (replicated) + shared_experts.gate_up (N/tp)"
+
+
+@pytest.mark.parametrize(
+    ("config", "tp", "error"),
+    [
+        ({"architectures": ["LlamaForCausalLM"]}, 8, "no shape rules for architecture LlamaForCausalLM; known: "),
+        ({}, 8, r"no shape rules for architecture \(none\)"),
+        ({**DEEPSEEK_V4_FLASH, "head_dim": None}, 8, "DeepseekV4ForCausalLM: config.json has no integer 'head_dim'"),
+        (DEEPSEEK_V4_FLASH, 3, "wq_b N = 32768 does not divide by TP size 3"),
+    ],
+)
+def test_auto_shapes_refuse_what_they_cannot_derive(config: dict[str, object], tp: int, error: str) -> None:
+    with pytest.raises(tf.UnknownArchitecture, match=error):
+        tf.shapes_from_model_config(config, tp)
