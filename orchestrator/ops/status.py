@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from orchestrator.errors import RemoteCommandError
-from orchestrator.facts import git, gpus
+from orchestrator.facts import git, gpus, probe
 from orchestrator.fleet import HostResult
 from orchestrator.inventory import Host
 from orchestrator.state import HostState, SGLangInfo, StateStore
@@ -42,10 +41,10 @@ def read_git(host: Host, runner: Runner) -> git.GitInfo:
     return git.parse_info(result.stdout)
 
 
-def read_gpus(runner: Runner) -> list[GpuView]:
-    """GPUs with the processes holding each, from one pair of nvidia-smi queries."""
-    devices = gpus.parse_gpus(runner.run(gpus.query_gpus_argv(), check=True).stdout)
-    apps = gpus.parse_apps(runner.run(gpus.query_apps_argv(), check=True).stdout)
+def gpu_views(gpu_csv: str, apps_csv: str) -> list[GpuView]:
+    """GPUs with the processes holding each, from the two nvidia-smi queries."""
+    devices = gpus.parse_gpus(gpu_csv)
+    apps = gpus.parse_apps(apps_csv)
     views = []
     for d in devices:
         procs = [
@@ -55,6 +54,11 @@ def read_gpus(runner: Runner) -> list[GpuView]:
         ]
         views.append(GpuView(d.index, d.name, d.memory_used_mib, d.memory_total_mib, procs))
     return views
+
+
+def read_gpus(runner: Runner) -> list[GpuView]:
+    devices = runner.run(gpus.query_gpus_argv(), check=True).stdout
+    return gpu_views(devices, runner.run(gpus.query_apps_argv(), check=True).stdout)
 
 
 def sglang_info(host: Host, info: git.GitInfo) -> SGLangInfo:
@@ -68,33 +72,76 @@ def sglang_info(host: Host, info: git.GitInfo) -> SGLangInfo:
     )
 
 
-def probe(host: Host, runner: Runner, store: StateStore) -> HostStatus:
-    """Read one host; record what was seen in the state file."""
+def status_sections(host: Host) -> list[tuple[str, list[str]]]:
+    """The read-only commands ``status`` runs on a host, all in one round trip."""
+    return [
+        ("git", git.info_argv(host.sglang_dir, host.upstream)),
+        ("gpus", gpus.query_gpus_argv()),
+        ("apps", gpus.query_apps_argv()),
+    ]
+
+
+@dataclass
+class Observed:
+    """What one status probe read from a host, before it is merged with the state file."""
+
+    status: HostStatus
+    git: git.GitInfo | None
+    sections: dict[str, probe.Section]
+
+
+def observe(host: Host, runner: Runner) -> Observed:
+    """Read one host in a single remote command. Findings (no checkout, broken driver) are not errors."""
+    raw = runner.run(probe.probe_argv(status_sections(host)), timeout=120).stdout
+    sections = probe.parse(raw)
     status = HostStatus(host.name, host.address, reachable=True, phase="new")
-    info: git.GitInfo | None = None
+    info = _parse_git(sections.get("git"), status)
+    status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
+    return Observed(status, info, sections)
+
+
+def _parse_git(section: probe.Section | None, status: HostStatus) -> git.GitInfo | None:
     try:
-        info = read_git(host, runner)
+        return git.parse_info(section.output if section else "")
     except git.GitInfoError as exc:
         status.error = f"SGLang checkout: {exc}"
+        return None
+
+
+def _parse_gpus(devs: probe.Section | None, apps: probe.Section | None) -> tuple[list[GpuView], str | None]:
+    if devs is None or apps is None:
+        return [], "nvidia-smi gave no answer"
+    failed = devs if not devs.ok else apps if not apps.ok else None
+    if failed is not None:
+        last = failed.output.strip().splitlines()[-1:] or [f"exit status {failed.exit_status}"]
+        return [], f"nvidia-smi: {last[0]}"
     try:
-        status.gpus = read_gpus(runner)
-    except (gpus.NvidiaSmiError, RemoteCommandError) as exc:  # a broken driver is a finding, not a crash
-        status.gpu_error = str(exc)
+        return gpu_views(devs.output, apps.output), None
+    except gpus.NvidiaSmiError as exc:
+        return [], str(exc)
 
-    def record(hs: HostState) -> HostState:
-        hs.last_seen = datetime.now(timezone.utc)
-        if info is not None:
-            hs.sglang = sglang_info(host, info)
-        return hs.model_copy(deep=True)
 
-    hs = store.update_host(host.name, record)
+def record_seen(store: StateStore, hosts: dict[str, Host], observed: list[Observed]) -> dict[str, HostState]:
+    """One state transaction for the whole fleet: last_seen and the SGLang checkout as read."""
+    now = datetime.now(timezone.utc)
+    with store.update() as state:
+        for obs in observed:
+            hs = state.host(obs.status.name)
+            hs.last_seen = now
+            if obs.git is not None:
+                hs.sglang = sglang_info(hosts[obs.status.name], obs.git)
+        return {o.status.name: state.host(o.status.name).model_copy(deep=True) for o in observed}
+
+
+def merge_state(obs: Observed, hs: HostState) -> HostStatus:
+    status = obs.status
     status.phase = hs.phase.value
     status.sglang = hs.sglang.model_dump(mode="json") if hs.sglang else None
     status.last_seen = hs.last_seen.isoformat() if hs.last_seen else None
     return status
 
 
-def unreachable(result: HostResult[HostStatus], store: StateStore) -> HostStatus:
+def unreachable(result: HostResult[Any], store: StateStore) -> HostStatus:
     """The status line of a host that could not be read: cached state, marked unreachable."""
     host = result.host
     cached = store.load().hosts.get(host.name)

@@ -100,7 +100,7 @@ def install_nvidia_smi(dest: Path) -> None:
     """Copy the simulated nvidia-smi, run by this interpreter (found without PATH)."""
     source = Path(nvidia_smi.__file__).read_text()
     body = source.split("\n", 1)[1] if source.startswith("#!") else source
-    dest.write_text(f"#!{sys.executable}\n{body}")
+    dest.write_text(f"#!{sys.executable} -SI\n{body}")  # -S -I: no site import, like a fast C binary
     dest.chmod(0o755)
 
 
