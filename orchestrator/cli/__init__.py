@@ -15,7 +15,7 @@ import click
 
 from orchestrator import __version__
 from orchestrator.app import App
-from orchestrator.cli import bench, demo, hosts, jobs
+from orchestrator.cli import bench, demo, hosts, jobs, serve
 from orchestrator.errors import ExitCode, OrchError
 from orchestrator.transport.ssh import ConnectOptions
 
@@ -88,6 +88,9 @@ for command in (
     jobs.stop,
     bench.bench,
     bench.report,
+    serve.serve,
+    serve.stop_server,
+    serve.recipe,
     demo.demo,
 ):
     cli.add_command(command)

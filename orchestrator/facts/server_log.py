@@ -126,7 +126,7 @@ class ShapeUse:
     n: int
     k: int
     in_use: bool
-    path: str | None
+    path: str | None  # the config read, or the one SGLang looked for and did not find
     reason: str = ""
 
     @property
@@ -146,16 +146,14 @@ def shape_use(
             report.append(ShapeUse(n, k, True, used[(n, k)].path))
         else:
             miss = missing.get((n, k))
-            report.append(ShapeUse(n, k, False, None, _fallback_reason(n, k, miss, backend, compute_cap)))
+            path = miss.path if miss else None
+            report.append(ShapeUse(n, k, False, path, _fallback_reason(n, k, miss, backend, compute_cap)))
     return report
 
 
 def _fallback_reason(n: int, k: int, miss: ConfigFile | None, backend: str | None, cap: str | None) -> str:
     if miss is not None:
-        return (
-            f"default config: no tuned file at {miss.path} (not installed for this GPU and SGLang commit; "
-            "run `orch tune-fp8`)"
-        )
+        return "no tuned config file for this GPU and SGLang commit (run `orch tune-fp8`)"
     chosen = backend or "auto"
     if chosen != "triton" and (cap or "").startswith("12.") and n % 128 == 0 and k % 128 == 0:
         return (

@@ -106,7 +106,8 @@ def test_shape_use_in_use_missing_and_cutlass_on_sm120() -> None:
     log = parse_server_log(READY_LOG)
     report = shape_use(log, [(1024, 4096), (4096, 2048), (512, 4096)], "triton", "12.0")
     assert report[0] == ShapeUse(1024, 4096, True, cfg(1024, 4096))
-    assert not report[1].in_use and "no tuned file at" in report[1].reason and "orch tune-fp8" in report[1].reason
+    assert not report[1].in_use and report[1].path == cfg(4096, 2048)
+    assert "no tuned config file for this GPU and SGLang commit (run `orch tune-fp8`)" in report[1].reason
     assert not report[2].in_use and "logged no config lookup" in report[2].reason
     cutlass = shape_use(parse_server_log(""), [(1024, 4096)], None, "12.0")[0]
     assert "fp8-gemm-backend auto runs block-FP8 GEMMs on CUTLASS on sm_120" in cutlass.reason

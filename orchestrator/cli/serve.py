@@ -1,0 +1,263 @@
+"""Commands about the server: serve, stop-server, recipe show, recipe discover."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orchestrator.app import App
+from orchestrator.cli.common import host_options, pass_app
+from orchestrator.errors import ExitCode, VerifyError
+from orchestrator.facts import server as facts
+from orchestrator.facts.server_log import ShapeUse
+from orchestrator.facts.server_upstream import diff_flags
+from orchestrator.fleet import Fleet, FleetResult
+from orchestrator.inventory import Host
+from orchestrator.ops import serve as serve_op
+from orchestrator.ops import tune
+from orchestrator.recipe import Recipe, ServeOptions
+from orchestrator.render import err, host_errors, out, table
+
+_playbook = click.option(
+    "--playbook", metavar="NAME_OR_PATH", help="Recipe name under playbooks/ or a YAML path. Default: the host's."
+)
+_drain = click.option(
+    "--drain-timeout",
+    type=click.FloatRange(1),
+    default=120,
+    show_default=True,
+    help="Seconds the old server may drain before SIGKILL.",
+)
+
+
+def recipes(app: App, hosts: list[Host], playbook: str | None) -> dict[str, Recipe]:
+    """Each host's recipe (``--playbook``, else the inventory's, else the default), loaded once."""
+    search = [app.inventory.path.resolve().parent / "playbooks", Path.cwd() / "playbooks"]
+    return {h.name: serve_op.resolve_recipe(h, playbook, search) for h in hosts}
+
+
+def reporter(host: Host) -> serve_op.Report:
+    """Live progress on stderr, one line per event, prefixed by the host."""
+
+    def report(message: str) -> None:
+        style = "bold red" if message.startswith("WARNING") else "dim"
+        err.print(f"[{style}]{host.name}: {message}[/{style}]", markup=True, highlight=False)
+
+    return report
+
+
+def peers(app: App, fleet: Fleet) -> tune.Peers:
+    """Other hosts of a ``--fleet`` tuning group, reached over this invocation's connections."""
+    return lambda name: tune.Member(app.inventory.hosts[name], fleet.runner(app.inventory.hosts[name]))
+
+
+@click.command()
+@host_options
+@_playbook
+@click.option("--mtp/--no-mtp", default=True, show_default=True, help="Serve with the recipe's MTP speculative flags.")
+@click.option("--no-wait-tuning", is_flag=True, help="Do not wait for running FP8 tuning jobs.")
+@click.option("--rollback", is_flag=True, help="If the new server fails to start, relaunch the last known-good one.")
+@click.option("--min-accept", type=click.FloatRange(0), help="Minimum accept length (default: the recipe's).")
+@click.option(
+    "--health-timeout", type=click.FloatRange(1), default=1200, show_default=True, help="Seconds to wait for /health."
+)
+@_drain
+@pass_app
+def serve(
+    app: App,
+    hosts: tuple[str, ...],
+    tags: tuple[str, ...],
+    parallel: int,
+    playbook: str | None,
+    mtp: bool,
+    no_wait_tuning: bool,
+    rollback: bool,
+    min_accept: float | None,
+    health_timeout: float,
+    drain_timeout: float,
+) -> int:
+    """Relaunch SGLang with the recipe (MTP by default) and verify it serves as asked.
+
+    Checks the recipe and the host's SGLang flags before touching the running server, waits for FP8
+    tuning, relaunches, then verifies /server_info, the tuned FP8 configs in use and the accept length.
+    Exit 5 when the server runs but not as asked (e.g. accept length below the minimum).
+
+    \b
+    Example:
+      orch serve --host blackwell-1
+      orch serve --tag canary --rollback --min-accept 2.5
+    """
+    options = serve_options(mtp, no_wait_tuning, rollback, min_accept, health_timeout, drain_timeout)
+    selected = app.select(hosts, tags)
+    chosen = recipes(app, selected, playbook)
+    with app.fleet(selected, parallel) as fleet:
+        results = fleet.map(
+            lambda h, r: serve_op.serve(h, r, app.store, chosen[h.name], options, reporter(h), peers(app, fleet))
+        )
+    for r in results:
+        result = r.value if r.ok else getattr(r.error, "result", None)
+        if isinstance(result, serve_op.ServeResult):
+            serve_report(r.host, result)
+    return serve_exit(results)
+
+
+def serve_options(
+    mtp: bool,
+    no_wait_tuning: bool,
+    rollback: bool,
+    min_accept: float | None,
+    health_timeout: float,
+    drain_timeout: float,
+) -> ServeOptions:
+    """The options ``orch run``'s serve step uses too, from the command's flags."""
+    return ServeOptions(
+        mtp=mtp,
+        wait_tuning=not no_wait_tuning,
+        rollback=rollback,
+        min_accept=min_accept,
+        health_timeout=health_timeout,
+        drain_timeout=drain_timeout,
+    )
+
+
+def serve_exit(results: FleetResult[Any]) -> int:
+    """0 all verified; 5 when every failure is a verification failure; else 3 (bugs re-raised)."""
+    host_errors(results)
+    results.raise_bugs()
+    if not results.failed:
+        return int(ExitCode.OK)
+    if all(isinstance(r.error, VerifyError) for r in results.failed):
+        return int(ExitCode.VERIFY_FAILED)
+    return int(ExitCode.HOSTS_FAILED)
+
+
+def serve_report(host: Host, r: serve_op.ServeResult) -> None:
+    """What was launched and what verification found, for one host."""
+    replaced = f"; replaced {r.stopped_job}" if r.stopped_job else ""
+    healthy = f"healthy after {r.healthy_after:.0f} s{replaced}"
+    out.print(f"{host.name}: serving job {r.job_id} on port {host.server_port} ({healthy})", markup=False)
+    out.print(f"  speculative: {r.spec}" + ("" if r.problems else " (as asked)"), markup=False)
+    if r.mtp:
+        accept = "not measured" if r.accept_length is None else f"{r.accept_length:.2f}"
+        out.print(f"  accept length: {accept} (minimum {r.min_accept if r.min_accept is not None else '-'})")
+    used = [s.key for s in r.shapes if s.in_use]
+    if r.shapes:
+        out.print(
+            f"  tuned FP8 configs in use: {len(used)}/{len(r.shapes)}" + (f" ({', '.join(used)})" if used else "")
+        )
+    for reason, keys in _fallbacks(r.shapes).items():
+        out.print(f"  fell back to defaults: {', '.join(keys)}: {reason}", markup=False)
+    for problem in [*r.problems, *([r.accept_problem] if r.accept_problem else [])]:
+        err.print(f"[bold red]  WARNING: {problem}[/bold red]", markup=True)
+
+
+def _fallbacks(shapes: list[ShapeUse]) -> dict[str, list[str]]:
+    """Shapes not using a tuned config, grouped by the reason."""
+    grouped: dict[str, list[str]] = {}
+    for s in shapes:
+        if not s.in_use:
+            grouped.setdefault(s.reason, []).append(s.key)
+    return grouped
+
+
+@click.command(name="stop-server")
+@host_options
+@_playbook
+@_drain
+@pass_app
+def stop_server(
+    app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, playbook: str | None, drain_timeout: float
+) -> int:
+    """Stop the server orch launched on each host (drain, then SIGKILL after the timeout); never another process.
+
+    \b
+    Example:
+      orch stop-server --host blackwell-1
+    """
+    selected = app.select(hosts, tags)
+    chosen = recipes(app, selected, playbook)
+    with app.fleet(selected, parallel) as fleet:
+        results = fleet.map(
+            lambda h, r: serve_op.stop_server(h, r, app.store, chosen[h.name], drain_timeout, reporter(h))
+        )
+    for r in results.succeeded:
+        out.print(f"{r.host.name}: " + (f"server {r.value}" if r.value else "no server of orch's was running"))
+    return serve_exit(results)
+
+
+@click.group()
+def recipe() -> None:
+    """Show a recipe's exact server command, or compare it with upstream's registered tests.
+
+    \b
+    Example:
+      orch recipe show
+      orch recipe discover --host blackwell-1
+    """
+
+
+@recipe.command()
+@host_options
+@_playbook
+@click.option("--mtp/--no-mtp", default=True, show_default=True, help="With the recipe's MTP flags.")
+@pass_app
+def show(
+    app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, playbook: str | None, mtp: bool
+) -> int:
+    """Print the exact server command per host, and what the MTP rules find wrong (no host is contacted).
+
+    \b
+    Example:
+      orch recipe show --host blackwell-1 --no-mtp
+    """
+    selected = app.select(hosts, tags)
+    problems = 0
+    for host, r in recipes(app, selected, playbook).items():
+        host_ = app.inventory.hosts[host]
+        out.print(f"{host}: {r.path or r.model}", markup=False)
+        out.print(f"  $ {shlex.join(facts.launch_argv(r, host_, mtp=mtp))}", markup=False)
+        for p in facts.check_recipe(r, mtp=mtp):
+            err.print(f"[bold red]  refused: {p}[/bold red]", markup=True)
+            problems += 1
+    return int(ExitCode.USAGE if problems else ExitCode.OK)
+
+
+@recipe.command()
+@host_options
+@_playbook
+@pass_app
+def discover(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, playbook: str | None) -> int:
+    """Read the host's SGLang test/registered/** for the recipe's model family and compare their launch
+    arguments (`other_args`) with the recipe's.
+
+    \b
+    Example:
+      orch recipe discover --host blackwell-1
+    """
+    selected = app.select(hosts, tags)
+    chosen = recipes(app, selected, playbook)
+    with app.fleet(selected, parallel) as fleet:
+        results = fleet.map(lambda h, r: serve_op.discover_upstream(h, r, chosen[h.name]))
+    for r in results.succeeded:
+        assert r.value is not None
+        discovery_report(r.host, chosen[r.host.name], r.value)
+    return serve_exit(results)
+
+
+def discovery_report(host: Host, r: Recipe, found: Any) -> None:
+    """Per upstream test: its scope, the accept length it asserts, and a flag-by-flag comparison."""
+    ours = facts.launch_argv(r, host, mtp=True)[3:]
+    out.print(f"{host.name}: {len(found.tests)} upstream launch argument lists for family {found.family!r}")
+    for t in found.tests:
+        accept = f", asserts accept length > {t.min_accept_length}" if t.min_accept_length is not None else ""
+        rows = [[d.flag, _cell(d.recipe), _cell(d.upstream), d.kind] for d in diff_flags(ours, t.args)]
+        table(f"{t.path} ({t.scope}{accept})", ["flag", "recipe", "upstream", "difference"], rows)
+    for path in found.unreadable:
+        err.print(f"  {host.name}: not valid Python, skipped: {path}", markup=False)
+
+
+def _cell(value: str | None) -> str:
+    return "-" if value is None else (value or "(set)")

@@ -1,0 +1,554 @@
+"""``orch serve``: relaunch SGLang (with MTP) safely, then verify it does what was asked.
+
+The flow on one host; every check runs before the running server is touched:
+
+1. ``check_launch``: the recipe's MTP rules (``facts.server.check_recipe``) and every flag of the
+   launch command against the host's own ``python -m sglang.launch_server --help``. A bad recipe is
+   ``RefusedError`` with every reason; the old server keeps serving.
+2. ``tuning_gate``: tuning still running → wait for it (``ops.tune.wait_for_tuning``, live progress),
+   failed → refuse with its reason; ``wait_tuning=False`` skips the wait. A recipe that wants tuned
+   configs (``fp8_gemm_backend: triton``) with none installed for this GPU and commit → a loud warning.
+3. The GPUs the new server needs: held by anything but orch's old server → refused, pid and name,
+   never killed.
+4. ``relaunch``: phase ``launching``; stop the old server job (SIGTERM to its process group, wait for
+   the drain, SIGKILL after ``drain_timeout``), wait until its GPUs are free, start the new server as a
+   detached job (purpose ``server``) and poll ``/health`` from the host until 200, a crash in the log
+   (traceback, ``Initialization failed``), the job's exit, or ``health_timeout``. Failure: the new job
+   is stopped, phase ``failed`` with the log tail, and with ``rollback`` the last known-good argv is
+   relaunched (phase back to ``serving``; the command still fails).
+5. ``verify``: ``/server_info``'s speculative settings and FP8 backend, which tuned shapes the log says
+   are in use (or why each fell back), and the accept length after a short ``/generate`` probe against
+   the minimum. Any miss is ``VerifyError`` (exit 5) — the server keeps running, phase ``serving``.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator import jobs
+from orchestrator.errors import HostError, RefusedError, VerifyError
+from orchestrator.facts import server as facts
+from orchestrator.facts.server_log import ServerLog, ShapeUse, shape_use
+from orchestrator.facts.server_upstream import (
+    REGISTERED_TESTS,
+    Discovery,
+    extract_other_args,
+    family_tests,
+    list_tests_argv,
+    model_family,
+)
+from orchestrator.inventory import Host
+from orchestrator.ops import server as srv
+from orchestrator.ops import tune
+from orchestrator.ops.status import read_git
+from orchestrator.recipe import DEFAULT_RECIPE, Recipe, ServeOptions, find_recipe, load_recipe
+from orchestrator.state import HostState, Phase, ServerRecord, StateStore
+from orchestrator.transport.base import Runner
+
+Report = Callable[[str], None]
+"""Where the op tells the user what it is doing (progress, warnings) as it happens."""
+
+HEALTH_POLL_SECONDS = 1.0
+GPU_RELEASE_SECONDS = 120.0
+PROBE_REQUESTS = 4
+PROBE_TOKENS = 128  # 4 x 128 tokens pass SGLang's 40-step decode log interval even at accept length 3+
+LOG_TAIL_LINES = 30
+
+
+def _quiet(message: str) -> None:
+    """The default ``Report``: say nothing."""
+
+
+@dataclass
+class ServeResult:
+    """What ``orch serve`` did on one host and what verification found."""
+
+    argv: list[str]
+    job_id: str
+    mtp: bool
+    healthy_after: float
+    spec: str = "off"
+    fp8_backend: str | None = None  # as the server resolved it (/server_info)
+    shapes: list[ShapeUse] = field(default_factory=list)
+    accept_length: float | None = None
+    min_accept: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # not serving as asked (spec settings, backend)
+    accept_problem: str | None = None  # accept length below the minimum, or not measurable
+    stopped_job: str | None = None
+
+
+class NotAsAsked(VerifyError):
+    """The server is serving but not as asked (exit 5); ``result`` holds what verification found."""
+
+    def __init__(self, message: str, result: ServeResult, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.result = result
+
+
+class StartupFailed(HostError):
+    """The new server (job ``job_id``) crashed, exited or never became healthy; ``tail`` ends its log."""
+
+    def __init__(self, message: str, job_id: str, tail: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.tail = tail
+
+
+def resolve_recipe(host: Host, playbook: str | None, search_dirs: Sequence[Path]) -> Recipe:
+    """The recipe for ``host``: ``--playbook``, else the inventory's ``playbook``, else the default."""
+    return load_recipe(find_recipe(playbook or host.playbook or DEFAULT_RECIPE, list(search_dirs)))
+
+
+# --- 1. checks ---------------------------------------------------------------------------------------------
+
+
+def check_launch(host: Host, runner: Runner, recipe: Recipe, mtp: bool) -> list[str]:
+    """The launch argv once the recipe passes the MTP rules and the host's SGLang knows every flag."""
+    argv = facts.launch_argv(recipe, host, mtp=mtp)
+    problems = facts.check_recipe(recipe, mtp=mtp)
+    if not problems:
+        problems = facts.check_flags(argv[3:], host_flags(host, runner))
+    if problems:
+        where = recipe.path or recipe.model
+        raise RefusedError(
+            f"{host.name}: recipe {where} refused; the running server was left untouched:\n"
+            + "\n".join(f"  - {p}" for p in problems),
+            hint="fix the recipe (see `orch recipe show` and `orch recipe discover`), then serve again",
+        )
+    return argv
+
+
+def host_flags(host: Host, runner: Runner) -> dict[str, tuple[str, ...] | None]:
+    """The flags the host's own SGLang accepts (``python -m sglang.launch_server --help``)."""
+    result = runner.run(facts.help_argv(host), check=True, timeout=120)
+    flags = facts.parse_help(result.stdout)
+    if "--model-path" not in flags:
+        raise RefusedError(f"{host.name}: could not read the server's flags from `{shlex.join(facts.help_argv(host))}`")
+    return flags
+
+
+# --- 2. the tuning gate --------------------------------------------------------------------------------------
+
+
+def tuning_gate(
+    host: Host,
+    runner: Runner,
+    store: StateStore,
+    recipe: Recipe,
+    options: ServeOptions,
+    report: Report,
+    peers: tune.Peers | None = None,
+) -> list[str]:
+    """Wait for running tuning (or skip with ``wait_tuning=False``), refuse failed tuning; warnings.
+
+    ``peers`` reaches the other hosts of a ``--fleet`` tuning group (their jobs are waited for too).
+    """
+    status = tune.tuning_status(host, runner, store, peers)
+    if status.state in ("running", "ready-to-install") and not options.wait_tuning:
+        return [f"tuning is {status.state} ({status.percent:.0f}%); not waiting (--no-wait-tuning)"]
+    if status.state in ("running", "ready-to-install"):
+        report(f"tuning is {status.state}: waiting for it before serving")
+        status = tune.wait_for_tuning(host, runner, store, _progress(report), HEALTH_POLL_SECONDS, peers)
+    if status.state == "failed" and options.wait_tuning:
+        raise RefusedError(
+            f"{host.name}: FP8 tuning failed: {status.reason}; not serving (the running server was left untouched)",
+            hint="see `orch status` and `orch logs`, tune again, or serve with --no-wait-tuning",
+        )
+    return _untuned_warning(host, runner, store, recipe)
+
+
+def _progress(report: Report) -> Callable[[tune.TuneStatus], None]:
+    def show(status: tune.TuneStatus) -> None:
+        eta = f", ETA {status.eta_seconds:.0f} s" if status.eta_seconds is not None else ""
+        report(f"tuning {status.host}: {status.units_done}/{status.units_total} units ({status.percent:.0f}%){eta}")
+
+    return show
+
+
+def _untuned_warning(host: Host, runner: Runner, store: StateStore, recipe: Recipe) -> list[str]:
+    """A warning when the recipe wants tuned configs and none is installed for this GPU and commit."""
+    if recipe.fp8_gemm_backend != "triton" or not recipe.tuning.shapes:
+        return []
+    commit = read_git(host, runner).commit
+    device = _device(host, runner)
+    record = tune.load_record(store.load().hosts.get(host.name))
+    ours = {k for k, r in record.installed.items() if r.commit == commit and _same_device(r.device, device)}
+    missing = [s.key for s in recipe.tuning.shapes if s.key not in ours]
+    if not missing:
+        return []
+    which = "no tuned FP8 config is" if len(missing) == len(recipe.tuning.shapes) else "tuned FP8 configs are not"
+    return [
+        f"{which} installed for {device} at SGLang {commit[:10]} ({', '.join(missing)}): the Triton kernels "
+        "will use default configs; run `orch tune-fp8 --shapes default` first"
+    ]
+
+
+def _device(host: Host, runner: Runner) -> str:
+    info = srv.read_gpu_info(host, runner, list(range(host.gpus)))
+    return info.device or "unknown GPU"
+
+
+def _same_device(a: str, b: str) -> bool:
+    return a.replace(" ", "_") == b.replace(" ", "_")
+
+
+# --- 3 + 4. relaunch ------------------------------------------------------------------------------------------
+
+
+def serve(
+    host: Host,
+    runner: Runner,
+    store: StateStore,
+    recipe: Recipe,
+    options: ServeOptions,
+    report: Report = _quiet,
+    peers: tune.Peers | None = None,
+) -> ServeResult:
+    """Check, gate, relaunch and verify the server on ``host`` (the flow in the module docstring).
+
+    Raises RefusedError (nothing touched), StartupFailed (phase ``failed``; rolled back when asked)
+    or VerifyError (serving, but not as asked).
+    """
+    argv = check_launch(host, runner, recipe, options.mtp)
+    warnings = tuning_gate(host, runner, store, recipe, options, report, peers)
+    for warning in warnings:
+        report(f"WARNING: {warning}")
+    gpus = facts.server_gpus(recipe, host)
+    old = srv.running_server(runner, host)
+    srv.refuse_held_gpus(host, srv.read_gpu_info(host, runner, gpus).holders, old.id if old else None, _UNTOUCHED)
+    _set_phase(store, host, Phase.LAUNCHING, f"serve: {'MTP' if options.mtp else 'no MTP'}")
+    try:
+        started = relaunch(host, runner, store, recipe, argv, options, old, report)
+        result = verify(host, runner, recipe, options, started)
+    except StartupFailed:
+        raise  # already recorded (and rolled back when asked)
+    except HostError as exc:
+        _mark_failed(host, store, str(exc).splitlines()[0])
+        raise
+    result.warnings[:0] = warnings
+    result.stopped_job = old.id if old else None
+    return _finish(host, store, result)
+
+
+_UNTOUCHED = "the running server was left untouched"
+
+
+@dataclass
+class Started:
+    job_id: str
+    argv: list[str]
+    log: ServerLog
+    seconds: float
+
+
+def relaunch(
+    host: Host,
+    runner: Runner,
+    store: StateStore,
+    recipe: Recipe,
+    argv: list[str],
+    options: ServeOptions,
+    old: jobs.JobInfo | None,
+    report: Report,
+) -> Started:
+    """Stop ``old``, start ``argv``, wait until healthy; on failure stop it, mark ``failed``, roll back."""
+    gpus = facts.server_gpus(recipe, host)
+    if old is not None:
+        stop_job(host, runner, old, gpus, options.drain_timeout, report)
+    try:
+        return launch(host, runner, store, argv, gpus, options, recipe, report)
+    except StartupFailed as failure:
+        _stop_failed(host, runner, failure.job_id, gpus, options, report)
+        _mark_failed(host, store, failure.message.splitlines()[0])
+        if options.rollback:
+            rollback(host, runner, store, recipe, options, failure, report)
+        raise
+
+
+def _stop_failed(
+    host: Host, runner: Runner, job_id: str, gpus: Sequence[int], options: ServeOptions, report: Report
+) -> None:
+    """Stop a server that failed to start (it may hang, holding its GPUs); its log stays on the host."""
+    job = jobs.find(runner, host.workdir, job_id)
+    if job.running:
+        stop_job(host, runner, job, gpus, options.drain_timeout, report)
+
+
+def stop_job(host: Host, runner: Runner, job: jobs.JobInfo, gpus: Sequence[int], drain: float, report: Report) -> str:
+    """Stop a server job (drain, then SIGKILL after ``drain`` seconds) and wait until its GPUs are free."""
+    report(f"stopping server job {job.id} (draining up to {drain:.0f} s)")
+    outcome = jobs.stop(runner, job, grace_seconds=math.ceil(drain))
+    srv.wait_gpus_released(host, runner, gpus, job.id, GPU_RELEASE_SECONDS)
+    report(f"server job {job.id} {outcome}; GPUs free")
+    return outcome
+
+
+def launch(
+    host: Host,
+    runner: Runner,
+    store: StateStore,
+    argv: list[str],
+    gpus: Sequence[int],
+    options: ServeOptions,
+    recipe: Recipe,
+    report: Report,
+) -> Started:
+    """Start ``argv`` as the server job, record it, and wait until ``/health`` answers 200."""
+    spec = jobs.JobSpec(kind="server", purpose=srv.SERVER_PURPOSE, argv=argv, gpus=tuple(gpus))
+    job = jobs.start(runner, host.workdir, spec)
+    _record_server(store, host, job.job_id, argv, options.mtp)
+    report(f"started server job {job.job_id} on port {host.server_port}; waiting for /health")
+    begin = time.monotonic()
+    log = wait_healthy(host, runner, job.job_id, facts.base_url(recipe, host), options.health_timeout)
+    report(f"healthy after {time.monotonic() - begin:.0f} s")
+    return Started(job.job_id, argv, log, time.monotonic() - begin)
+
+
+def wait_healthy(host: Host, runner: Runner, job_id: str, url: str, timeout: float) -> ServerLog:
+    """Poll ``/health`` until 200; StartupFailed on a crash in the log, the job's exit, or ``timeout``."""
+    job = jobs.find(runner, host.workdir, job_id)
+    reader = srv.LogReader(runner, job.log)
+    deadline = time.monotonic() + timeout
+    while True:
+        status = srv.health(host, runner, url)
+        log = reader.read()
+        if status == 200:
+            return log
+        _check_alive(host, runner, job_id, log, reader, timeout if time.monotonic() > deadline else None)
+        time.sleep(HEALTH_POLL_SECONDS)
+
+
+def _check_alive(
+    host: Host, runner: Runner, job_id: str, log: ServerLog, reader: srv.LogReader, timed_out: float | None
+) -> None:
+    job = jobs.find(runner, host.workdir, job_id)
+    reason = None
+    if log.failure:
+        reason = f"crashed at start: {log.failure}"
+    elif not job.running:
+        reason = f"exited at start ({job.state}, exit code {job.exit_code})"
+    elif timed_out is not None:
+        reason = f"not healthy after {timed_out:.0f} s (GET /health never answered 200)"
+    if reason:
+        tail = jobs.tail_lines(reader.text, LOG_TAIL_LINES)
+        message = f"{host.name}: the new server (job {job_id}) {reason}\n--- log tail ---\n{tail}"
+        raise StartupFailed(message, job_id, tail)
+
+
+def _mark_failed(host: Host, store: StateStore, reason: str) -> None:
+    """Phase ``failed`` with the reason; the server record (if any) is marked unhealthy."""
+
+    def apply(hs: HostState) -> None:
+        hs.set_phase(Phase.FAILED, reason[:300])
+        hs.last_error = reason
+        if hs.server is not None:
+            hs.server.healthy = False
+
+    store.update_host(host.name, apply)
+
+
+def rollback(
+    host: Host,
+    runner: Runner,
+    store: StateStore,
+    recipe: Recipe,
+    options: ServeOptions,
+    failure: StartupFailed,
+    report: Report,
+) -> None:
+    """Relaunch the last known-good argv after a failed start; adds the outcome to ``failure``."""
+    record = store.load().hosts.get(host.name, HostState()).server
+    good = record.known_good_argv if record else None
+    if not good:
+        failure.message += "\nrollback: no known-good server command recorded; nothing relaunched"
+        return
+    report("rolling back to the last known-good server command")
+    gpus = facts.server_gpus(recipe, host)
+    try:
+        started = launch(host, runner, store, good, gpus, options, recipe, report)
+    except StartupFailed as again:
+        _stop_failed(host, runner, again.job_id, gpus, options, report)
+        failure.message += f"\nrollback failed too: {again.message.splitlines()[0]}"
+        return
+    _record_good(store, host, started.job_id)
+    _set_phase(store, host, Phase.SERVING, f"rolled back to the known-good server (job {started.job_id})")
+    failure.message += f"\nrollback: the known-good server is serving again (job {started.job_id})"
+
+
+# --- 5. verify --------------------------------------------------------------------------------------------
+
+
+def verify(host: Host, runner: Runner, recipe: Recipe, options: ServeOptions, started: Started) -> ServeResult:
+    """Check ``/server_info``, the FP8 config lines and the probed accept length; record what was found."""
+    url = facts.base_url(recipe, host)
+    result = ServeResult(started.argv, started.job_id, options.mtp, started.seconds)
+    if options.mtp:
+        result.accept_length = probe_accept_length(host, runner, url)
+        result.min_accept = options.min_accept if options.min_accept is not None else recipe.min_accept_length
+    info = srv.server_info(host, runner, url)
+    actual = facts.spec_settings(info)
+    result.spec = str(actual)
+    result.fp8_backend = info.get("fp8_gemm_backend")
+    problems = facts.check_spec(actual, facts.expected_spec(recipe, mtp=options.mtp))
+    problems += facts.check_backend(info, recipe.fp8_gemm_backend)
+    result.problems = [str(p) for p in problems]
+    result.shapes = _shape_report(host, runner, recipe, srv.LogReader(runner, _log_path(host, started)))
+    result.accept_problem = _accept_problem(result)
+    return result
+
+
+def _log_path(host: Host, started: Started) -> str:
+    return f"{host.workdir}/jobs/{started.job_id}/log"
+
+
+def _shape_report(host: Host, runner: Runner, recipe: Recipe, reader: srv.LogReader) -> list[ShapeUse]:
+    """In use or fallen back (and why) for each of the recipe's tuned shapes, from the whole log."""
+    shapes = [(s.n, s.k) for s in recipe.tuning.shapes]
+    cap = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host)).compute_cap
+    return shape_use(reader.read(), shapes, recipe.fp8_gemm_backend, cap)
+
+
+def probe_accept_length(host: Host, runner: Runner, url: str) -> float | None:
+    """A few short ``POST /generate`` requests, then ``internal_states[0].avg_spec_accept_length``
+    (falling back to the mean ``meta_info.spec_accept_length`` of the probe when SGLang has not yet
+    logged a decode interval)."""
+    requests = [facts.generate_request(url, PROBE_TOKENS, i) for i in range(PROBE_REQUESTS)]
+    answers = srv.http(host, runner, [*requests, facts.HttpRequest("GET", f"{url}/server_info", timeout=15)])
+    info = answers[-1].json()
+    average = facts.avg_accept_length(info) if isinstance(info, dict) else None
+    if average is not None:
+        return average
+    per_request = [a for a in map(facts.generate_accept_length, answers[:-1]) if a is not None]
+    return sum(per_request) / len(per_request) if per_request else None
+
+
+def _accept_problem(result: ServeResult) -> str | None:
+    if not result.mtp or result.min_accept is None:
+        return None
+    if result.accept_length is None:
+        return f"could not measure the accept length (minimum {result.min_accept:.2f})"
+    if result.accept_length < result.min_accept:
+        return f"accept length {result.accept_length:.2f} is below the minimum {result.min_accept:.2f}"
+    return None
+
+
+def _finish(host: Host, store: StateStore, result: ServeResult) -> ServeResult:
+    """Record the verification; VerifyError when the server does not do what was asked."""
+    failed = result.problems + ([result.accept_problem] if result.accept_problem else [])
+    _record_verified(store, host, result, known_good=not result.problems)
+    if failed:
+        raise NotAsAsked(
+            f"{host.name}: the server is serving but NOT as asked: " + "; ".join(failed),
+            result,
+            hint="see `orch logs` for the server job; `--min-accept` overrides the recipe's minimum",
+        )
+    return result
+
+
+# --- state --------------------------------------------------------------------------------------------------
+
+
+def _set_phase(store: StateStore, host: Host, phase: Phase, reason: str) -> None:
+    store.update_host(host.name, lambda hs: hs.set_phase(phase, reason))
+
+
+def _record_server(store: StateStore, host: Host, job_id: str, argv: list[str], mtp: bool) -> None:
+    """A new server record; the last known-good argv is carried over until this one proves good."""
+
+    def apply(hs: HostState) -> None:
+        good = hs.server.known_good_argv if hs.server else None
+        hs.server = ServerRecord(job_id=job_id, argv=argv, port=host.server_port, mtp=mtp, known_good_argv=good)
+
+    store.update_host(host.name, apply)
+
+
+def _record_good(store: StateStore, host: Host, job_id: str) -> None:
+    def apply(hs: HostState) -> None:
+        if hs.server is not None and hs.server.job_id == job_id:
+            hs.server.healthy = True
+
+    store.update_host(host.name, apply)
+
+
+def _record_verified(store: StateStore, host: Host, result: ServeResult, known_good: bool) -> None:
+    verified = {
+        "healthy_after_s": round(result.healthy_after, 1),
+        "speculative": result.spec,
+        "fp8_backend": result.fp8_backend,
+        "accept_length": result.accept_length,
+        "min_accept": result.min_accept,
+        "tuned_shapes_in_use": [s.key for s in result.shapes if s.in_use],
+        "fallback": {s.key: s.reason for s in result.shapes if not s.in_use},
+        "problems": result.problems,
+        "accept_problem": result.accept_problem,
+        "warnings": result.warnings,
+    }
+
+    def apply(hs: HostState) -> None:
+        if hs.server is not None and hs.server.job_id == result.job_id:
+            hs.server.healthy, hs.server.verified = True, verified
+            hs.server.known_good_argv = result.argv if known_good else hs.server.known_good_argv
+        hs.set_phase(Phase.SERVING, f"server job {result.job_id} healthy")
+        failed = result.problems + ([result.accept_problem] if result.accept_problem else [])
+        hs.last_error = "; ".join(failed) if failed else None
+
+    store.update_host(host.name, apply)
+
+
+# --- stop-server ------------------------------------------------------------------------------------------
+
+
+def stop_server(
+    host: Host, runner: Runner, store: StateStore, recipe: Recipe, drain_timeout: float, report: Report = _quiet
+) -> str | None:
+    """Stop the server orch launched (drain, SIGKILL after ``drain_timeout``) and wait for its GPUs.
+
+    Returns how it ended (``stopped``/``killed``), or None when no server of orch's was running. The
+    phase goes back to what it was before the server was launched.
+    """
+    job = srv.running_server(runner, host)
+    if job is None:
+        return None
+    outcome = stop_job(host, runner, job, facts.server_gpus(recipe, host), drain_timeout, report)
+    store.update_host(host.name, _record_stopped)
+    return outcome
+
+
+def _record_stopped(hs: HostState) -> None:
+    if hs.server is not None:
+        hs.server.healthy = False
+    if hs.phase in (Phase.SERVING, Phase.LAUNCHING, Phase.FAILED):
+        hs.set_phase(_phase_before_launch(hs), "server stopped")
+
+
+def _phase_before_launch(hs: HostState) -> Phase:
+    """The phase the host was in before its last ``launching`` (``pulled`` when unknown)."""
+    for change in reversed(hs.history):
+        if change.to_phase == Phase.LAUNCHING and change.from_phase not in (Phase.SERVING, Phase.FAILED):
+            return change.from_phase
+    return Phase.PULLED
+
+
+# --- recipe discover --------------------------------------------------------------------------------------
+
+
+def discover_upstream(host: Host, runner: Runner, recipe: Recipe) -> Discovery:
+    """The ``other_args`` of the host checkout's registered tests for the recipe's model family."""
+    family = model_family(recipe.model)
+    listing = runner.run(list_tests_argv(host.sglang_dir), timeout=120)
+    if not listing.ok:
+        raise RefusedError(f"{host.name}: cannot list {host.sglang_dir}/{REGISTERED_TESTS}: {listing.stderr.strip()}")
+    found = Discovery(family)
+    for path in family_tests(listing.stdout.splitlines(), family, recipe.source_tests):
+        source = runner.read_bytes(path).decode(errors="replace")
+        try:
+            found.tests += extract_other_args(source, path)
+        except SyntaxError:
+            found.unreadable.append(path)
+    return found
