@@ -76,7 +76,8 @@ class SimHost:
         return self.disk.session_env()
 
     def set_knobs(self, **knobs: object) -> None:
-        """Merge knobs (see the simulated SGLang's ``_sim/host.py``); tools read them when they start."""
+        """Merge knobs (listed in the simulated SGLang's ``_sim/host.py``); a None value restores the
+        default. Tools read the knobs when they start."""
         hostdisk.merge_knobs(self.disk.knobs, knobs)
 
     def knobs(self) -> dict[str, object]:

@@ -127,8 +127,11 @@ def read_knobs(path: Path) -> dict[str, object]:
 
 
 def merge_knobs(path: Path, knobs: Mapping[str, object]) -> None:
-    """Merge ``knobs`` into the knobs file atomically (a tool starting meanwhile sees old or new)."""
-    merged = {**read_knobs(path), **knobs}
+    """Merge ``knobs`` into the knobs file atomically (a tool starting meanwhile sees old or new).
+
+    A knob set to None is removed: the tools use its default again.
+    """
+    merged = {name: value for name, value in {**read_knobs(path), **knobs}.items() if value is not None}
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
     tmp.replace(path)

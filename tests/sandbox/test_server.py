@@ -136,6 +136,9 @@ def test_plain_server_with_default_backend_reads_no_tuned_config(
         wait_until(lambda: health(host) == 200, what="the server to be healthy")
         _, info = http_get(url(host, "/server_info"))
         assert info is not None and info["speculative_algorithm"] is None and info["fp8_gemm_backend"] == "auto"
+        assert http_get(url(host, "/ready"))[0] == 200
+        assert http_get(url(host, "/v1/models"))[1]["data"][0]["id"] == str(host.model_path)  # type: ignore[index]
+        assert http_get(url(host, "/model_info"))[1]["architectures"] == ["DeepseekV4ForCausalLM"]  # type: ignore[index]
         meta = http_post(url(host, "/generate"), {"text": "x", "sampling_params": {"max_new_tokens": 5}})["meta_info"]
         assert meta["completion_tokens"] == 5 and "spec_accept_length" not in meta  # type: ignore[operator,index]
         results = tmp_path / "bench.jsonl"
@@ -234,3 +237,37 @@ def test_never_healthy_and_ignore_sigterm_faults(host: SimHost, tmp_path: Path) 
     assert pid_alive(server.pid) and health(host) == 200
     server.kill()
     assert server.wait(timeout=5) == -signal.SIGKILL
+
+
+def test_tuned_triton_configs_make_decode_steps_faster(host: SimHost) -> None:
+    probe = (
+        "import sys; from sglang.srt.server_args import prepare_server_args as p; "
+        "from sglang._sim.server import fp8_step_factor; from sglang._sim.model import load_config; "
+        "a = p(sys.argv[1:]); print(round(fp8_step_factor(a, load_config(a.model_path)), 3))"
+    )
+    base = [str(host.python), "-c", probe, "--model-path", str(host.model_path), "--tp", "8"]
+
+    def factor(*flags: str) -> float:
+        return float(on_host(host, [*base, *flags]).stdout)
+
+    assert factor() == 1.0  # auto: CUTLASS on sm_120
+    assert factor("--fp8-gemm-backend", "triton") == 1.25  # Triton with default configs: slower
+    shapes = [(1024, 4096), (512, 4096), (4096, 1024), (4096, 2048), (4096, 256)]
+    files = [host.sglang_dir / CONFIGS / config_name(n, k) for n, k in shapes]
+    for path in files:
+        path.write_text('{"1": {}}\n')
+    try:
+        assert factor("--fp8-gemm-backend", "triton") == 0.85  # every shape tuned: faster than CUTLASS
+    finally:
+        for path in files:
+            path.unlink()
+
+
+def test_a_knob_set_to_none_returns_to_its_default(fleet: SimFleet) -> None:
+    host = fleet.hosts[0]
+    host.set_knobs(accept_length=2.0, gpus=4)
+    assert host.knobs()["accept_length"] == 2.0
+    assert len(ssh(fleet, host, "nvidia-smi -L").stdout.splitlines()) == 4
+    host.set_knobs(accept_length=None, gpus=None)
+    assert "accept_length" not in host.knobs() and "gpus" not in host.knobs()
+    assert len(ssh(fleet, host, "nvidia-smi -L").stdout.splitlines()) == 8
