@@ -92,14 +92,14 @@ def show_comparisons(results: FleetResult[bench_op.BenchRun]) -> None:
     for result in results.succeeded:
         run = result.value
         assert run is not None
-        note = " (attached to the benchmark already running)" if run.attached else ""
+        note = " (the benchmark an earlier orch started: waited for it, started none)" if run.attached else ""
         out.print(f"{result.host.name}: {run.record.label}: {run.record.metrics.output_throughput:,.1f} tok/s{note}")
         rows = [
             [r.label, r.at.strftime("%Y-%m-%d %H:%M"), fmt_number(r.output_throughput), fmt_number(r.accept_length, 2),
              fmt_number(r.median_ttft_ms), fmt_number(r.mean_tpot_ms, 2), r.change]
             for r in run.rows
         ]  # fmt: skip
-        table(f"{result.host.name}: benchmark runs", [*COMPARISON_COLUMNS, "vs baseline"], rows)
+        table(f"{result.host.name}: benchmark runs", [*COMPARISON_COLUMNS, f"vs {run.baseline or 'baseline'}"], rows)
         if run.baseline_missing:
             err.print(f"{result.host.name}: no run labelled {run.baseline_missing!r}; no change shown", markup=False)
 

@@ -13,6 +13,7 @@ or the host's SGLang has no serving benchmark module.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from orchestrator.transport.base import Runner
 PURPOSE = "bench"
 DEFAULT_TIMEOUT = 3600.0
 _LOG_LINES = 15
+_GONE = "its job files are gone"
 _ENDED_STATES: dict[str, JobState] = {"succeeded": "succeeded", "failed": "failed"}
 
 
@@ -40,11 +42,14 @@ _ENDED_STATES: dict[str, JobState] = {"succeeded": "succeeded", "failed": "faile
 class BenchRun:
     """One finished run and the comparison of every run stored for the host.
 
-    ``baseline_missing`` is the ``--baseline`` label when no run on this host carries it (no change column).
+    ``baseline``: the label of the run the changes are relative to. ``baseline_missing``: the ``--baseline``
+    label when no run on this host carries it (no change shown). ``attached``: the run is one started
+    earlier (by a killed orch, or by another orch still waiting for it), not a new one.
     """
 
     record: BenchRecord
     rows: list[ComparisonRow]
+    baseline: str | None = None
     baseline_missing: str | None = None
     attached: bool = False
 
@@ -75,18 +80,22 @@ def bench(
 ) -> BenchRun:
     """Benchmark the host's running server, wait for the result, store it and compare it with earlier runs.
 
+    A benchmark orch started earlier and never collected (orch was killed) is waited for or collected
+    instead of starting a new one (``BenchRun.attached``): nothing is started twice.
+
     Raises ``RefusedError`` when there is no running server or benchmark module, ``RemoteCommandError``
     when the benchmark fails (with the end of its log), ``RefusedError`` when it outlives ``timeout``.
     """
     server = running_server(host, runner, store)
-    plan = _plan(host, runner, server, spec, options)
-    job_id, plan, attached = _start(host, runner, store, plan)
+    pending = _pending(host, runner, store)
+    job_id, plan, attached = pending or _start(host, runner, store, _plan(host, runner, server, spec, options))
     ended = _wait(host, runner, job_id, timeout)
     record = _result(host, runner, store, server, plan, ended)
     records = store.update_host(host.name, lambda hs: _store_result(host.name, hs, record, ended))
     baseline = facts.pick_baseline(records, options.baseline)
     missing = options.baseline if options.baseline and baseline is None else None
-    return BenchRun(record, facts.compare(records, baseline), missing, attached)
+    label = baseline.label if baseline else None
+    return BenchRun(record, facts.compare(records, baseline), label, missing, attached)
 
 
 def records_of(name: str, hs: HostState) -> list[BenchRecord]:
@@ -124,7 +133,7 @@ def _job_state(runner: Runner, host: Host, job_id: str) -> str:
     try:
         return jobs.find(runner, host.workdir, job_id).state
     except UsageError:
-        return "its job files are gone"
+        return _GONE
 
 
 def find_module(host: Host, runner: Runner) -> str:
@@ -185,6 +194,24 @@ def _start(host: Host, runner: Runner, store: StateStore, plan: _Plan) -> tuple[
     )
     store.update_host(host.name, lambda hs: hs.jobs.__setitem__(record.id, record))
     return started.job_id, plan, False
+
+
+def _pending(host: Host, runner: Runner, store: StateStore) -> tuple[str, _Plan, bool] | None:
+    """The benchmark job the state says is running, when its files are still on the host; a record
+    whose job is gone is marked lost."""
+    for job in store.load().host(host.name).jobs.values():
+        if job.kind != "bench" or job.state != "running":
+            continue
+        if _job_state(runner, host, job.id) == _GONE:
+            store.update_host(host.name, functools.partial(_mark_lost, job_id=job.id))
+            continue
+        return job.id, _attached_plan(host, store, job.id), True
+    return None
+
+
+def _mark_lost(hs: HostState, job_id: str) -> None:
+    job = hs.jobs[job_id]
+    job.state, job.ended_at = "lost", utc_now()
 
 
 def _attached_plan(host: Host, store: StateStore, job_id: str) -> _Plan:

@@ -267,7 +267,7 @@ def _longest_backtick_run(text: str) -> int:
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1em}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left}
-th{background:#f3f3f3}td.num{text-align:right}pre{background:#f6f6f6;padding:.6em;white-space:pre-wrap}
+th{background:#f3f3f3}pre{background:#f6f6f6;padding:.6em;white-space:pre-wrap}
 img{max-width:100%;border:1px solid #eee}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}"""
 
 

@@ -1,0 +1,148 @@
+"""``orch bench``, ``orch report`` and notifications end to end: the real CLI over real sshd, simulated SGLang."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from orchestrator import jobs
+from orchestrator.fleet import open_runner
+from orchestrator.inventory import Host, load_inventory
+from orchestrator.state import Phase, ServerRecord, StateStore
+from orchestrator.transport.ssh import ConnectOptions
+from tests.conftest import FleetEnv
+
+SMALL = ("--num-prompts", "6", "--input-len", "32", "--output-len", "64", "--max-concurrency", "3")
+MTP_FLAGS = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+             "--speculative-num-draft-tokens", "4", "--fp8-gemm-backend", "triton"]  # fmt: skip
+RECORDER = "import sys, pathlib; pathlib.Path(sys.argv[1]).open('a').write(sys.stdin.read())"
+
+
+def serve(env: FleetEnv, host: Host, mtp: bool = True) -> None:
+    """Launch the simulated server as a detached job and record it as `orch serve` does, then wait until
+    it answers /health (the server listens on this machine's loopback)."""
+    argv = [host.python, "-m", "sglang.launch_server", "--model-path", host.model_path, "--port", str(host.server_port)]
+    argv += ["--tp", "8", "--decode-log-interval", "10", *(MTP_FLAGS if mtp else [])]
+    runner = open_runner(host, ConnectOptions())
+    try:
+        started = jobs.start(runner, host.workdir, jobs.JobSpec(kind="server", purpose="server", argv=argv))
+    finally:
+        runner.close()
+    record = ServerRecord(job_id=started.job_id, argv=argv, port=host.server_port, mtp=mtp, healthy=True)
+    StateStore(env.state).update_host(host.name, lambda hs: _serving(hs, record))
+    wait_healthy(host.server_port)
+
+
+def _serving(hs, record: ServerRecord) -> None:  # type: ignore[no-untyped-def]
+    hs.server = record
+    hs.set_phase(Phase.SERVING, f"server job {record.job_id} healthy")
+
+
+def head_commit(host: Host) -> str:
+    """The simulated host's checkout HEAD (its disk is on this machine)."""
+    git = ["git", "-C", host.sglang_dir, "rev-parse", "HEAD"]
+    return subprocess.run(git, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def wait_healthy(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"simulated server on port {port} never became healthy")
+
+
+def test_bench_two_labels_compared_stored_reported_and_notified(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(2)
+    hosts = list(load_inventory(env.inventory).hosts.values())
+    for host in hosts:
+        serve(env, host)
+    failing = shlex.join([sys.executable, "-c", "import sys; sys.exit(7)"])
+    first = env.orch("--notify-cmd", failing, "bench", "--label", "a", *SMALL)
+    assert first.returncode == 0, first.output
+    assert "notify:" in first.stderr and "exited 7" in first.stderr  # reported, and bench still succeeded
+
+    events = tmp_path / "events.jsonl"
+    notify = shlex.join([sys.executable, "-c", RECORDER, str(events)])
+    second = env.orch("--notify-cmd", notify, "bench", "--label", "b", "--baseline", "a", *SMALL)
+    assert second.returncode == 0, second.output
+    for host in hosts:
+        assert f"{host.name}: b: " in second.stdout
+        assert f"{host.name}: benchmark runs" in second.stdout
+    assert "baseline" in second.stdout and "%" in second.stdout
+
+    state = StateStore(env.state).load()
+    for host in hosts:
+        hs = state.hosts[host.name]
+        assert [b["label"] for b in hs.benchmarks] == ["a", "b"]
+        run = hs.benchmarks[-1]
+        assert run["module"] == "sglang.benchmark.serving"
+        assert run["metrics"]["completed"] == 6 and run["metrics"]["output_throughput"] > 0
+        assert run["metrics"]["accept_length"] > 1
+        assert run["mtp"] is True and run["mtp_settings"]["algorithm"] == "EAGLE"
+        assert run["fp8_backend"] == "triton"
+        assert run["sglang_commit"] == head_commit(host)
+        assert hs.jobs[run["job_id"]].state == "succeeded"
+
+    bench_events = [json.loads(line) for line in events.read_text().splitlines()]
+    assert sorted(e["host"] for e in bench_events) == sorted(h.name for h in hosts)
+    assert all((e["kind"], e["from"], e["to"], e["job"]["kind"]) == ("job", "running", "succeeded", "bench")
+               for e in bench_events)  # fmt: skip
+
+    out = tmp_path / "report"
+    report = env.orch("report", "--out", str(out))
+    assert report.returncode == 0, report.output
+    text = (out / "report.md").read_text()
+    assert all(f"## {h.name}" in text for h in hosts)
+    assert len(list(out.glob("*.png"))) == 2
+
+
+def test_bench_refuses_a_host_without_a_running_server(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(2)
+    first, second = load_inventory(env.inventory).hosts.values()
+    gone = ServerRecord(job_id="server-20260101T000000-dead", argv=["python"], port=second.server_port, mtp=False)
+    StateStore(env.state).update_host(second.name, lambda hs: setattr(hs, "server", gone))
+    result = env.orch("bench", *SMALL)
+    assert result.returncode == 3
+    assert f"{first.name}: no server to benchmark: orch has not launched one on this host" in result.stderr
+    assert f"{second.name}: the server orch launched (job server-20260101T000000-dead) is not running" in result.stderr
+    assert all(not hs.benchmarks for hs in StateStore(env.state).load().hosts.values())
+
+
+def test_bench_of_a_killed_orch_is_collected_not_started_twice(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(1)
+    [host] = load_inventory(env.inventory).hosts.values()
+    serve(env, host)
+    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "bench"]
+    slow = ("--num-prompts", "12", "--output-len", "256", "--max-concurrency", "2")
+    first = subprocess.Popen([*argv, "--label", "first", *slow], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(j.kind == "bench" for j in StateStore(env.state).load().host(host.name).jobs.values()))
+    finally:
+        first.kill()  # SIGKILL once the job is recorded: the benchmark itself lives on, detached
+        first.wait()
+    again = env.orch("bench", "--label", "second", *SMALL)
+    assert again.returncode == 0, again.output
+    assert f"{host.name}: first: " in again.stdout and "started none" in again.stdout
+    hs = StateStore(env.state).load().hosts[host.name]
+    assert [b["label"] for b in hs.benchmarks] == ["first"]
+    assert [j.state for j in hs.jobs.values() if j.kind == "bench"] == ["succeeded"]
+    assert len(list(Path(host.workdir, "jobs").glob("bench-*"))) == 1
+
+
+def wait_for(condition, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
