@@ -15,7 +15,7 @@ import click
 
 from orchestrator import __version__
 from orchestrator.app import App
-from orchestrator.cli import bench, demo, hosts, jobs, serve
+from orchestrator.cli import bench, demo, hosts, jobs, serve, tune
 from orchestrator.errors import ExitCode, OrchError
 from orchestrator.transport.ssh import ConnectOptions
 
@@ -91,6 +91,8 @@ for command in (
     serve.serve,
     serve.stop_server,
     serve.recipe,
+    tune.tune_fp8,
+    tune.wait,
     demo.demo,
 ):
     cli.add_command(command)

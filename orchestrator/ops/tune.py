@@ -32,7 +32,7 @@ import functools
 import json
 import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -44,6 +44,7 @@ from orchestrator.errors import ConfigError, OrchError, RefusedError, Unreachabl
 from orchestrator.facts import git
 from orchestrator.facts import gpus as smi
 from orchestrator.facts import tuner as tf
+from orchestrator.fleet import Fleet, FleetResult, HostResult
 from orchestrator.inventory import Host
 from orchestrator.recipe import Recipe, Shape, TuneOptions, parse_shapes
 from orchestrator.state import HostState, JobRecord, Phase, StateStore, utc_now
@@ -142,6 +143,9 @@ class TuningRecord(_Record):
     log_tail: str | None = None
     progress: dict[str, dict[str, Any]] = Field(default_factory=dict)
     installed: dict[str, InstalledRecord] = Field(default_factory=dict)
+
+    def installed_paths(self) -> dict[str, str]:
+        return {key: done.path for key, done in self.installed.items()}
 
 
 def load_record(hs: HostState | None) -> TuningRecord:
@@ -677,7 +681,7 @@ def group_status(
 ) -> TuneStatus:
     """The status of ``host`` in its group from one round of polls (pure)."""
     plan = group_plan({**cached, host: record}, [host, *(n for n in cached if n != host)])
-    status = TuneStatus(host, plan=plan, installed={k: v.path for k, v in record.installed.items()})
+    status = TuneStatus(host, plan=plan, installed=record.installed_paths())
     if plan is None:
         status.state = "installed" if record.installed else "none"
         return status
@@ -1068,3 +1072,107 @@ def _watch_step(
         if on_progress is not None:
             on_progress(status)
     return all(s.finished for s in step.values())
+
+
+# -- the commands: orch tune-fp8, orch wait ---------------------------------------------------------------
+
+
+def fleet_peers(fleet: Fleet, inventory: Mapping[str, Host]) -> Peers:
+    """Resolve group members through ``fleet`` (one connection per host for the whole invocation)."""
+
+    def resolve(name: str) -> Member:
+        if name not in inventory:
+            raise RefusedError(f"{name}: a member of this tuning group is no longer in the inventory")
+        return Member(inventory[name], fleet.runner(inventory[name]))
+
+    return resolve
+
+
+def tune_fp8(
+    fleet: Fleet,
+    hosts: list[Host],
+    store: StateStore,
+    recipe_for: Callable[[Host], Recipe],
+    options: TuneOptions,
+    peers: Peers,
+    on_plan: Callable[[Sequence[Group]], None] | None = None,
+    on_progress: Callable[[TuneStatus], None] | None = None,
+    poll: float = 1.0,
+) -> FleetResult[TuneStatus]:
+    """``orch tune-fp8`` (and the ``tune-fp8`` step of ``orch run``): prepare every host, start new
+    plans (``on_plan`` sees them before any waiting), attach to running ones, then step them once or
+    (``options.wait``) until each is installed or failed. One value or error per host."""
+    prepared = fleet.map(lambda h, r: prepare(h, r, store, recipe_for(h), options), hosts)
+    ready = [r.value for r in prepared if r.ok and r.value is not None]
+    use_fleet = options.fleet if options.fleet is not None else any(recipe_for(p.host).tuning.fleet for p in ready)
+    groups, errors = start_groups(ready, store, use_fleet, peers)
+    if on_plan is not None:
+        on_plan(groups)
+    statuses, watch_errors = watch_groups(groups, store, options.wait, on_progress, poll)
+    for p in ready:
+        if p.attach is None and not p.shapes:
+            statuses[p.host.name] = TuneStatus(p.host.name, "installed", skipped=p.skipped)
+            statuses[p.host.name].installed = load_record(store.load().hosts.get(p.host.name)).installed_paths()
+    failures = {r.host.name: r.error for r in prepared if r.error is not None} | errors | watch_errors
+    return _results(hosts, statuses, failures)
+
+
+def wait_tuning(
+    fleet: Fleet,
+    hosts: list[Host],
+    store: StateStore,
+    peers: Peers,
+    on_progress: Callable[[TuneStatus], None] | None = None,
+    poll: float = 1.0,
+) -> FleetResult[TuneStatus]:
+    """``orch wait``: wait for every running plan of ``hosts`` (and their groups), install, report."""
+    state = store.load()
+    records = {h.name: load_record(state.hosts.get(h.name)) for h in hosts}
+    groups: dict[str, Group] = {}
+    for h in hosts:
+        plan = records[h.name].plan
+        if records[h.name].state == "running" and plan is not None and plan.id not in groups:
+            members = [Member(h, fleet.runner(h)) if n == h.name else peers(n) for n in plan.group]
+            groups[plan.id] = Group(members, plan, attached=True)
+    statuses, errors = watch_groups(list(groups.values()), store, True, on_progress, poll)
+    for h in hosts:
+        statuses.setdefault(h.name, group_status(h.name, records[h.name], {}, {}))
+    return _results(hosts, statuses, errors)
+
+
+def _results(
+    hosts: Sequence[Host], statuses: dict[str, TuneStatus], errors: Mapping[str, BaseException]
+) -> FleetResult[TuneStatus]:
+    """One result per selected host, in inventory order."""
+    return FleetResult(
+        [
+            HostResult(h, error=errors[h.name]) if h.name in errors else HostResult(h, statuses.get(h.name))
+            for h in hosts
+        ]
+    )
+
+
+def status_field(host: Host, runner: Runner, store: StateStore) -> dict[str, Any] | None:
+    """The compact ``tuning`` field of ``orch status`` (None when the host was never tuned)."""
+    record = load_record(store.load().hosts.get(host.name))
+    if record.plan is None and not record.installed:
+        return None
+    try:
+        return summary(tuning_status(host, runner, store))
+    except OrchError as exc:
+        return {"state": "unknown", "error": str(exc).splitlines()[0]}
+
+
+def summary(status: TuneStatus) -> dict[str, Any]:
+    """A status as a small JSON-able dict: state, percent, units, ETA, per-shape done/total, reason."""
+    return {
+        "state": status.state,
+        "plan": status.plan.id if status.plan else None,
+        "percent": round(status.percent, 1),
+        "units_done": status.units_done,
+        "units_total": status.units_total,
+        "eta_seconds": None if status.eta_seconds is None else round(status.eta_seconds),
+        "shapes": {s.key: f"{s.done}/{s.total}" for s in status.shapes},
+        "reason": status.reason,
+        "installed": sorted(status.installed),
+    }

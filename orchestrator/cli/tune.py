@@ -1,0 +1,240 @@
+"""Commands for FP8 GEMM autotuning: tune-fp8 and wait."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from functools import cache
+
+import click
+from rich.live import Live
+from rich.table import Table
+
+from orchestrator.app import App
+from orchestrator.cli.common import host_options, pass_app
+from orchestrator.errors import ExitCode, UsageError
+from orchestrator.fleet import FleetResult
+from orchestrator.inventory import Host
+from orchestrator.ops import tune as tune_op
+from orchestrator.recipe import DEFAULT_RECIPE, Recipe, TuneOptions, find_recipe, load_recipe, parse_shapes
+from orchestrator.render import err, host_errors, out
+
+
+@click.command(name="tune-fp8")
+@host_options
+@click.option(
+    "--playbook", metavar="NAME", help="Model recipe under playbooks/. Default: the host's, else deepseek-v4-flash."
+)
+@click.option(
+    "--shapes",
+    default="default",
+    show_default=True,
+    metavar="default|auto|LIST",
+    help="default: the recipe's shapes; auto: from the model's config.json; or 'N=1024,K=4096;N=4096,K=2048'.",
+)
+@click.option("--batch-sizes", metavar="M,M,...", help="Batch sizes to tune (default: the recipe's, 18 sizes 1..4096).")
+@click.option(
+    "--fleet/--no-fleet",
+    default=None,
+    help="Spread the work over every GPU of hosts with the same GPU and SGLang commit.",
+)
+@click.option("--force", is_flag=True, help="Tune again shapes already installed for this device and commit.")
+@click.option("--allow-busy-gpus", is_flag=True, help="Start even when other processes hold the GPUs.")
+@click.option("--stop-server", is_flag=True, help="First stop the server orch launched on the host.")
+@click.option("--wait", is_flag=True, help="Show live progress until the jobs end, then install the configs.")
+@pass_app
+def tune_fp8(
+    app: App,
+    hosts: tuple[str, ...],
+    tags: tuple[str, ...],
+    parallel: int,
+    playbook: str | None,
+    shapes: str,
+    batch_sizes: str | None,
+    fleet: bool | None,
+    force: bool,
+    allow_busy_gpus: bool,
+    stop_server: bool,
+    wait: bool,
+) -> int:
+    """Tune SGLang's block-FP8 GEMM kernels as detached jobs, one per GPU, and install the configs.
+
+    Prints and records the plan; the jobs run on without orch. Running it again while they run
+    attaches to them; after success it skips shapes already installed (unless --force).
+
+    \b
+    Example:
+      orch tune-fp8 --host blackwell-1 --wait
+      orch tune-fp8 --shapes 'N=1024,K=4096;N=4096,K=2048' --batch-sizes 1,2,4,8
+      orch tune-fp8 --fleet --shapes auto
+    """
+    options = TuneOptions(
+        shapes=check_shapes(shapes),
+        batch_sizes=parse_batch_sizes(batch_sizes),
+        fleet=fleet,
+        force=force,
+        allow_busy_gpus=allow_busy_gpus,
+        stop_server=stop_server,
+        wait=wait,
+    )
+    selected = app.select(hosts, tags)
+    recipe_for = recipe_lookup(app, playbook)
+    with app.fleet(selected, parallel) as fl, progress_display(wait) as on_progress:
+        peers = tune_op.fleet_peers(fl, app.inventory.hosts)
+        results = tune_op.tune_fp8(fl, selected, app.store, recipe_for, options, peers, print_plans, on_progress)
+    return report(results)
+
+
+@click.command(name="wait")
+@host_options
+@click.option("--poll", type=click.FloatRange(0.1, 60), default=2.0, show_default=True, help="Seconds between polls.")
+@pass_app
+def wait(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, poll: float) -> int:
+    """Wait for the tuning running on each host with a live progress display, then install its configs.
+
+    \b
+    Example:
+      orch wait
+      orch wait --host blackwell-1
+    """
+    selected = app.select(hosts, tags)
+    with app.fleet(selected, parallel) as fl, progress_display(True) as on_progress:
+        peers = tune_op.fleet_peers(fl, app.inventory.hosts)
+        results = tune_op.wait_tuning(fl, selected, app.store, peers, on_progress, poll)
+    return report(results)
+
+
+# -- options ------------------------------------------------------------------------------------------
+
+
+def check_shapes(spec: str) -> str:
+    """``default``, ``auto`` or a list that parses (else exit 2 naming the bad part)."""
+    if spec not in ("default", "auto"):
+        parse_shapes(spec)
+    return spec
+
+
+def parse_batch_sizes(text: str | None) -> list[int] | None:
+    """``1,2,4`` or ``1 2 4`` → [1, 2, 4]; anything else is exit 2 naming the bad part."""
+    if text is None:
+        return None
+    parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
+    bad = [p for p in parts if not p.isdigit() or int(p) == 0]
+    if bad or not parts:
+        raise UsageError(f"--batch-sizes: {bad[0] if bad else text!r} is not a positive integer (e.g. 1,2,4,8)")
+    return sorted({int(p) for p in parts})
+
+
+def recipe_lookup(app: App, playbook: str | None) -> Callable[[Host], Recipe]:
+    """Each host's recipe: --playbook, else the host's ``playbook``, else the default (loaded once each)."""
+    search = [app.inventory.path.resolve().parent / "playbooks"]
+
+    @cache
+    def load(name: str) -> Recipe:
+        return load_recipe(find_recipe(name, search))
+
+    return lambda host: load(playbook or host.playbook or DEFAULT_RECIPE)
+
+
+# -- output -------------------------------------------------------------------------------------------
+
+
+def print_plans(groups: Sequence[tune_op.Group]) -> None:
+    """What each group will do: shapes, GPUs, the schedule's length, every GPU's runs."""
+    for g in groups:
+        names = ", ".join(m.host.name for m in g.members)
+        if g.attached:
+            out.print(f"{names}: attached to the running tuning (plan {g.plan.id})", markup=False)
+            continue
+        for line in plan_lines(g.plan):
+            out.print(f"{names}: {line}", markup=False)
+
+
+def plan_lines(plan: tune_op.PlanRecord) -> list[str]:
+    units = len(plan.shapes) * len(plan.batch_sizes)
+    gpus = len(plan.assignments)
+    lines = [
+        f"plan {plan.id}: {len(plan.shapes)} shapes × {len(plan.batch_sizes)} batch sizes = {units} units "
+        f"on {gpus} GPUs ({plan.device}, SGLang {plan.commit[:10]})",
+        f"  schedule: {plan.makespan} units per GPU at most (ideal {units / max(gpus, 1):.2f})",
+    ]
+    lines += [f"  shape {s.key}  {s.source}".rstrip() for s in plan.shapes]
+    for a in plan.assignments:
+        runs = "; ".join(f"{r.key} M={','.join(map(str, r.batch_sizes))}" for r in a.runs)
+        lines.append(f"  {a.host} GPU {a.gpu} ({a.purpose}): {runs}")
+    return lines
+
+
+def status_line(s: tune_op.TuneStatus) -> str:
+    """One line per host: state, percent, units, ETA (what non-terminal output shows as it goes)."""
+    if s.state in ("running", "ready-to-install"):
+        eta = "" if s.eta_seconds is None else f", ETA {fmt_seconds(s.eta_seconds)}"
+        return f"{s.host}: {s.state} {s.percent:.0f}% ({s.units_done}/{s.units_total} units){eta}"
+    if s.state == "failed":
+        return f"{s.host}: failed: {s.reason}"
+    if s.state == "installed":
+        skipped = f" (already tuned: {', '.join(s.skipped)})" if s.skipped else ""
+        return f"{s.host}: installed {len(s.installed)} tuned configs{skipped}"
+    return f"{s.host}: no tuning"
+
+
+def fmt_seconds(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def progress_table(statuses: dict[str, tune_op.TuneStatus]) -> Table:
+    t = Table(show_lines=False, header_style="bold")
+    for column in ("host", "state", "progress", "ETA", "shapes (batch sizes done/total)"):
+        t.add_column(column, overflow="fold")
+    for s in statuses.values():
+        shapes = "  ".join(f"{p.key} {p.done}/{p.total}" for p in s.shapes)
+        eta = "-" if s.eta_seconds is None else fmt_seconds(s.eta_seconds)
+        t.add_row(s.host, s.state, f"{s.percent:.0f}% ({s.units_done}/{s.units_total})", eta, shapes)
+    return t
+
+
+@contextlib.contextmanager
+def progress_display(live: bool) -> Iterator[Callable[[tune_op.TuneStatus], None]]:
+    """A callback for progress: a live rich table on a terminal, else a line whenever a host's state
+    or tenth of the work changes. Nothing when not ``live``."""
+    statuses: dict[str, tune_op.TuneStatus] = {}
+    shown: dict[str, tuple[str, int]] = {}
+    lock = threading.Lock()
+    display = Live(progress_table(statuses), console=out, auto_refresh=False) if live and out.is_terminal else None
+
+    def update(status: tune_op.TuneStatus) -> None:
+        with lock:
+            statuses[status.host] = status
+            if display is not None:
+                display.update(progress_table(statuses), refresh=True)
+            elif live and shown.get(status.host) != (status.state, int(status.percent // 10)):
+                shown[status.host] = (status.state, int(status.percent // 10))
+                out.print(status_line(status), markup=False)
+
+    with display or contextlib.nullcontext():
+        try:
+            yield update
+        except KeyboardInterrupt:
+            err.print("orch: stopped watching; the tuning jobs keep running (`orch wait` re-attaches)")
+            raise
+
+
+def report(results: FleetResult[tune_op.TuneStatus]) -> int:
+    """The final line per host, a failure's log tail; exit 0, or 3 when a host failed."""
+    failed = bool(results.failed)
+    for r in results.succeeded:
+        if r.value is None:
+            continue
+        out.print(status_line(r.value), markup=False)
+        for key, path in sorted(r.value.installed.items()):
+            out.print(f"    {key}: {path}", markup=False)
+        if r.value.state == "failed":
+            failed = True
+            if r.value.log_tail:
+                err.print(f"{r.host.name}: log tail:\n{r.value.log_tail}", markup=False)
+    host_errors(results)
+    results.raise_bugs()
+    return int(ExitCode.HOSTS_FAILED if failed else ExitCode.OK)
