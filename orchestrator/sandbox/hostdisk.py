@@ -97,10 +97,11 @@ def prepare(disk: HostDisk, upstream: Path, venv_template: Path, knobs: Mapping[
 
 
 def install_nvidia_smi(dest: Path) -> None:
-    """Copy the simulated nvidia-smi, run by this interpreter (found without PATH)."""
+    """Copy the simulated nvidia-smi, run by this interpreter (found without PATH). It needs only the
+    standard library, so it starts without site-packages (4x faster: status calls it on every host)."""
     source = Path(nvidia_smi.__file__).read_text()
     body = source.split("\n", 1)[1] if source.startswith("#!") else source
-    dest.write_text(f"#!{sys.executable} -SI\n{body}")  # -S -I: no site import, like a fast C binary
+    dest.write_text(f"#!{sys.executable} -SI\n{body}")
     dest.chmod(0o755)
 
 
