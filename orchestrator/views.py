@@ -51,6 +51,19 @@ def _gpu_cell(v: HostStatus) -> str:
     return line + (f"; held: {' '.join(busy)}" if busy else "; idle")
 
 
+def _tuning_cell(v: HostStatus) -> str:
+    """``orch tune-fp8`` progress: ``running 45% (41/90), ETA 62s``, ``installed 5 shapes``, ``failed: why``."""
+    t = v.extra.get("tuning")
+    if not t:
+        return "-"
+    if t["state"] in ("running", "ready-to-install"):
+        eta = f", ETA {t['eta_seconds']}s" if t.get("eta_seconds") is not None else ""
+        return f"{t['state']} {t['percent']:.0f}% ({t['units_done']}/{t['units_total']}){eta}"
+    if t["state"] == "installed":
+        return f"installed {len(t['installed'])} shapes"
+    return f"{t['state']}: {t.get('reason') or t.get('error') or ''}".rstrip(": ")
+
+
 def status_table(views: list[HostStatus]) -> None:
     rows = []
     for v in views:
@@ -63,12 +76,13 @@ def status_table(views: list[HostStatus]) -> None:
                 v.phase,
                 _sglang_cell(v),
                 _gpu_cell(v),
+                _tuning_cell(v),
                 *(str(v.extra.get(k, "")) for k in ("jobs",)),
             ]
         )
         if v.reachable and v.error:
             rows[-1][2] = f"yes ({v.error})"
-    table(None, ["host", "address", "reachable", "phase", "sglang", "gpus", "jobs"], rows)
+    table(None, ["host", "address", "reachable", "phase", "sglang", "gpus", "tuning", "jobs"], rows)
 
 
 def pull_report(results: FleetResult[PullResult]) -> None:

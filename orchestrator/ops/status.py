@@ -9,6 +9,7 @@ from typing import Any
 from orchestrator.facts import git, gpus, probe
 from orchestrator.fleet import HostResult
 from orchestrator.inventory import Host
+from orchestrator.ops import tune
 from orchestrator.state import HostState, SGLangInfo, StateStore
 from orchestrator.transport.base import Runner
 
@@ -90,13 +91,16 @@ class Observed:
     sections: dict[str, probe.Section]
 
 
-def observe(host: Host, runner: Runner) -> Observed:
-    """Read one host in a single remote command. Findings (no checkout, broken driver) are not errors."""
+def observe(host: Host, runner: Runner, store: StateStore | None = None) -> Observed:
+    """Read one host in a single remote command. Findings (no checkout, broken driver) are not errors.
+    With ``store``, also the tuning progress (read from the tuning jobs' logs only while they run)."""
     raw = runner.run(probe.probe_argv(status_sections(host)), timeout=120).stdout
     sections = probe.parse(raw)
     status = HostStatus(host.name, host.address, reachable=True, phase="new")
     info = _parse_git(sections.get("git"), status)
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
+    if store is not None:
+        status.extra["tuning"] = tune.status_field(host, runner, store)
     return Observed(status, info, sections)
 
 
