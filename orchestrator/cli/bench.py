@@ -8,13 +8,13 @@ import click
 
 from orchestrator.app import App
 from orchestrator.cli.common import finish, host_options, pass_app
-from orchestrator.errors import ConfigError, ExitCode, UsageError
+from orchestrator.cli.serve import recipes
+from orchestrator.errors import ExitCode, UsageError
 from orchestrator.facts.bench import fmt_number
 from orchestrator.fleet import FleetResult
-from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import report as report_op
-from orchestrator.recipe import DEFAULT_RECIPE, BenchOptions, BenchSpec, find_recipe, load_recipe
+from orchestrator.recipe import BenchOptions
 from orchestrator.render import err, out, table
 
 COMPARISON_COLUMNS = ["label", "time (UTC)", "output tok/s", "accept length", "median TTFT ms", "mean TPOT ms"]
@@ -67,24 +67,11 @@ def bench(
         max_concurrency=max_concurrency,
     )
     selected = app.select(hosts, tags)
-    specs = {h.name: bench_spec(app, h, playbook) for h in selected}
+    specs = {name: recipe.bench for name, recipe in recipes(app, selected, playbook).items()}
     with app.fleet(selected, parallel) as fleet:
         results = fleet.map(lambda h, r: bench_op.bench(h, r, app.store, specs[h.name], options, timeout))
     show_comparisons(results)
     return finish(results)
-
-
-def bench_spec(app: App, host: Host, playbook: str | None) -> BenchSpec:
-    """The ``bench`` block of ``--playbook``, else of the host's playbook, else of the default playbook
-    when there is one, else the built-in defaults."""
-    name = playbook or host.playbook
-    search = [app.inventory.path.resolve().parent / "playbooks", Path.cwd() / "playbooks"]
-    try:
-        return load_recipe(find_recipe(name or DEFAULT_RECIPE, search)).bench
-    except ConfigError:
-        if name:
-            raise
-        return BenchSpec()
 
 
 def show_comparisons(results: FleetResult[bench_op.BenchRun]) -> None:

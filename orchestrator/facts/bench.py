@@ -157,8 +157,9 @@ def speculative_settings(server_argv: list[str]) -> dict[str, str]:
 
 
 def fp8_backend(server_argv: list[str], verified: dict[str, Any]) -> str:
-    """The server's FP8 GEMM backend: its ``--fp8-gemm-backend`` flag, else SGLang's default ``auto``."""
-    return flag_value(server_argv, "--fp8-gemm-backend") or str(verified.get("fp8_backend") or "auto")
+    """The server's FP8 GEMM backend: as its ``/server_info`` said at verification, else its
+    ``--fp8-gemm-backend`` flag, else SGLang's default ``auto``."""
+    return str(verified.get("fp8_backend") or flag_value(server_argv, "--fp8-gemm-backend") or "auto")
 
 
 def tuned_shapes(verified: dict[str, Any]) -> list[str]:

@@ -7,41 +7,20 @@ import shlex
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from orchestrator import jobs
-from orchestrator.fleet import open_runner
 from orchestrator.inventory import Host, load_inventory
-from orchestrator.state import Phase, ServerRecord, StateStore
-from orchestrator.transport.ssh import ConnectOptions
+from orchestrator.state import ServerRecord, StateStore
 from tests.conftest import FleetEnv
 
 SMALL = ("--num-prompts", "6", "--input-len", "32", "--output-len", "64", "--max-concurrency", "3")
-MTP_FLAGS = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-             "--speculative-num-draft-tokens", "4", "--fp8-gemm-backend", "triton"]  # fmt: skip
 RECORDER = "import sys, pathlib; pathlib.Path(sys.argv[1]).open('a').write(sys.stdin.read())"
 
 
-def serve(env: FleetEnv, host: Host, mtp: bool = True) -> None:
-    """Launch the simulated server as a detached job and record it as `orch serve` does, then wait until
-    it answers /health (the server listens on this machine's loopback)."""
-    argv = [host.python, "-m", "sglang.launch_server", "--model-path", host.model_path, "--port", str(host.server_port)]
-    argv += ["--tp", "8", "--decode-log-interval", "10", *(MTP_FLAGS if mtp else [])]
-    runner = open_runner(host, ConnectOptions())
-    try:
-        started = jobs.start(runner, host.workdir, jobs.JobSpec(kind="server", purpose="server", argv=argv))
-    finally:
-        runner.close()
-    record = ServerRecord(job_id=started.job_id, argv=argv, port=host.server_port, mtp=mtp, healthy=True)
-    StateStore(env.state).update_host(host.name, lambda hs: _serving(hs, record))
-    wait_healthy(host.server_port)
-
-
-def _serving(hs, record: ServerRecord) -> None:  # type: ignore[no-untyped-def]
-    hs.server = record
-    hs.set_phase(Phase.SERVING, f"server job {record.job_id} healthy")
+def serve(env: FleetEnv, *options: str) -> None:
+    """`orch serve` every host (the default playbook: MTP on, Triton FP8 GEMMs, no tuned configs yet)."""
+    result = env.orch(*options, "serve")
+    assert result.returncode == 0, result.output
 
 
 def head_commit(host: Host) -> str:
@@ -50,24 +29,13 @@ def head_commit(host: Host) -> str:
     return subprocess.run(git, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def wait_healthy(port: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"simulated server on port {port} never became healthy")
-
-
 def test_bench_two_labels_compared_stored_reported_and_notified(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     env = make_fleet(2)
     hosts = list(load_inventory(env.inventory).hosts.values())
-    for host in hosts:
-        serve(env, host)
+    phases = tmp_path / "phases.jsonl"
+    serve(env, "--notify-cmd", shlex.join([sys.executable, "-c", RECORDER, str(phases)]))
+    serving = [json.loads(line) for line in phases.read_text().splitlines() if '"to": "serving"' in line]
+    assert sorted(e["host"] for e in serving) == sorted(h.name for h in hosts)
     failing = shlex.join([sys.executable, "-c", "import sys; sys.exit(7)"])
     first = env.orch("--notify-cmd", failing, "bench", "--label", "a", *SMALL)
     assert first.returncode == 0, first.output
@@ -91,7 +59,8 @@ def test_bench_two_labels_compared_stored_reported_and_notified(make_fleet, tmp_
         assert run["metrics"]["completed"] == 6 and run["metrics"]["output_throughput"] > 0
         assert run["metrics"]["accept_length"] > 1
         assert run["mtp"] is True and run["mtp_settings"]["algorithm"] == "EAGLE"
-        assert run["fp8_backend"] == "triton"
+        assert run["fp8_backend"] == "triton" and run["tuned_shapes"] == []
+        assert run["speculative"] == "EAGLE steps=3 topk=1 draft=4"
         assert run["sglang_commit"] == head_commit(host)
         assert hs.jobs[run["job_id"]].state == "succeeded"
 
@@ -123,7 +92,7 @@ def test_bench_refuses_a_host_without_a_running_server(make_fleet) -> None:  # t
 def test_bench_of_a_killed_orch_is_collected_not_started_twice(make_fleet) -> None:  # type: ignore[no-untyped-def]
     env = make_fleet(1)
     [host] = load_inventory(env.inventory).hosts.values()
-    serve(env, host)
+    serve(env)
     argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "bench"]
     slow = ("--num-prompts", "12", "--output-len", "256", "--max-concurrency", "2")
     first = subprocess.Popen([*argv, "--label", "first", *slow], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
