@@ -15,7 +15,7 @@ import click
 
 from orchestrator import __version__
 from orchestrator.app import App
-from orchestrator.cli import bench, demo, hosts, jobs, serve, tune
+from orchestrator.cli import bench, demo, hosts, jobs, run, serve, tune
 from orchestrator.errors import ExitCode, OrchError
 from orchestrator.transport.ssh import ConnectOptions
 
@@ -93,6 +93,7 @@ for command in (
     serve.recipe,
     tune.tune_fp8,
     tune.wait,
+    run.run,
     demo.demo,
 ):
     cli.add_command(command)

@@ -1,0 +1,74 @@
+"""``orch run``: the whole campaign of a playbook, resumable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from orchestrator.app import App
+from orchestrator.cli.common import finish, host_options, pass_app
+from orchestrator.cli.serve import peers
+from orchestrator.errors import ExitCode
+from orchestrator.inventory import Host
+from orchestrator.ops import run as run_op
+from orchestrator.ops import serve as serve_op
+from orchestrator.recipe import DEFAULT_RECIPE
+from orchestrator.render import err, out
+
+
+def _say(host: Host, message: str) -> None:
+    err.print(f"{host.name}: {message}", markup=False, highlight=False)
+
+
+@click.command(name="run")
+@click.argument("playbook", required=False, metavar="[PLAYBOOK]")
+@host_options
+@click.option("--lockstep", is_flag=True, help="Every host finishes a step before any starts the next.")
+@click.option("--from", "from_step", metavar="STEP", help="Start at STEP (run it and the later ones again).")
+@click.option("--only", metavar="STEP", help="Run only STEP (again, even if it was done).")
+@click.option("--dry-run", is_flag=True, help="Print the plan and the exact remote commands per host; change nothing.")
+@pass_app
+def run(
+    app: App,
+    playbook: str | None,
+    hosts: tuple[str, ...],
+    tags: tuple[str, ...],
+    parallel: int,
+    lockstep: bool,
+    from_step: str | None,
+    only: str | None,
+    dry_run: bool,
+) -> int:
+    """Run a playbook's steps (e.g. pull, tune-fp8, serve, bench) on each host; re-run to resume.
+
+    Finished steps are skipped, running jobs re-attached; nothing is started twice, even after orch
+    was killed. Progress goes to stderr, one line per host and event.
+
+    \b
+    Example:
+      orch run deepseek-v4-flash
+      orch run deepseek-v4-flash --host blackwell-1 --from serve
+      orch run --dry-run
+    """
+    selected = app.select(hosts, tags)
+    search = [app.inventory.path.resolve().parent / "playbooks", Path.cwd() / "playbooks"]
+    name = playbook or selected[0].playbook or DEFAULT_RECIPE
+    recipe = serve_op.resolve_recipe(selected[0], name, search)
+    steps = run_op.select_steps(recipe, from_step, only)
+    with app.fleet(selected, parallel) as fleet:
+        if dry_run:
+            plans = fleet.map(lambda h, r: run_op.dry_run(h, r, app.store, recipe, steps))
+            for p in plans.succeeded:
+                out.print(f"{p.host.name}:\n" + "\n".join(p.value or []), markup=False)
+            return finish(plans)
+        if from_step or only:
+            run_op.forget_done(app.store, selected, str(recipe.path), steps)
+        ctx = run_op.RunContext(fleet, app.store, recipe, str(recipe.path), _say, peers(app, fleet), lockstep)
+        walk = run_op.run_lockstep if lockstep else run_op.run_independent
+        results = walk(ctx, selected, steps)
+    for r in results.succeeded:
+        assert r.value is not None
+        skipped = f" (already done: {', '.join(r.value.skipped)})" if r.value.skipped else ""
+        out.print(f"{r.host.name}: done {', '.join(r.value.done) or 'nothing new'}{skipped}", markup=False)
+    return finish(results) if results.failed else int(ExitCode.OK)

@@ -1,0 +1,248 @@
+"""``orch run``: walk each host through the playbook's steps (pull, tune-fp8, serve, bench), resumably.
+
+Each step calls the same operation as its single command, with the same options model. Progress is
+kept per host in ``HostState.steps`` (``{"playbook", "done": {step: time}, "running", "failed"}``),
+written before and after every step, and every operation records its own job starts. Killing orch at
+any moment and running the same command again resumes: finished steps are skipped, and a step that was
+running is run again, which attaches to its jobs (tuning jobs by purpose, a benchmark by its pending
+record, the server when it already runs the same command) instead of starting them twice.
+
+By default each host advances on its own (a slow or failed host does not hold the others); with
+``lockstep`` every host finishes a step before any starts the next, which also lets ``tune-fp8``
+spread its units over the whole fleet (``fleet: true``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from orchestrator.errors import RefusedError, UsageError
+from orchestrator.facts import bench as bench_facts
+from orchestrator.facts import server as server_facts
+from orchestrator.fleet import Fleet, FleetResult, HostResult
+from orchestrator.inventory import Host
+from orchestrator.ops import bench as bench_op
+from orchestrator.ops import pull as pull_op
+from orchestrator.ops import serve as serve_op
+from orchestrator.ops import tune
+from orchestrator.recipe import BenchOptions, PullOptions, Recipe, ServeOptions, Step, TuneOptions
+from orchestrator.state import HostState, StateStore
+from orchestrator.transport.base import Runner, shell_command
+
+Say = Callable[[Host, str], None]
+
+
+@dataclass
+class RunContext:
+    fleet: Fleet
+    store: StateStore
+    recipe: Recipe
+    playbook: str  # the campaign's name in the state file
+    say: Say
+    peers: tune.Peers
+    lockstep: bool = False
+
+
+@dataclass
+class HostRun:
+    """What ``orch run`` did on one host: steps done now, skipped as already done."""
+
+    done: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    details: dict[str, str] = field(default_factory=dict)
+
+
+def select_steps(recipe: Recipe, from_step: str | None, only: str | None) -> list[Step]:
+    names = [s.name for s in recipe.steps]
+    if not names:
+        raise UsageError(f"playbook {recipe.path}: no 'steps' to run", hint="add e.g. steps: [pull, tune-fp8, serve]")
+    for wanted in (from_step, only):
+        if wanted is not None and wanted not in names:
+            raise UsageError(f"no step {wanted!r} in playbook {recipe.path}; its steps: {', '.join(names)}")
+    if only is not None:
+        return [s for s in recipe.steps if s.name == only]
+    start = [str(n) for n in names].index(from_step) if from_step else 0
+    return recipe.steps[start:]
+
+
+def forget_done(store: StateStore, hosts: list[Host], playbook: str, steps: list[Step]) -> None:
+    """``--from``/``--only``: the chosen steps run again even if they were done."""
+    names = {s.name for s in steps}
+    with store.update() as state:
+        for host in hosts:
+            progress = _progress(state.host(host.name), playbook)
+            progress["done"] = {k: v for k, v in progress["done"].items() if k not in names}
+
+
+def _progress(hs: HostState, playbook: str) -> dict[str, Any]:
+    """The host's step record for this playbook (a new one when it ran another playbook)."""
+    if hs.steps.get("playbook") != playbook:
+        hs.steps = {"playbook": playbook, "done": {}, "running": None, "failed": None}
+    return hs.steps
+
+
+def _mark(store: StateStore, host: Host, playbook: str, step: str, outcome: str, detail: str = "") -> None:
+    def update(hs: HostState) -> None:
+        progress = _progress(hs, playbook)
+        now = datetime.now(timezone.utc).isoformat()
+        if outcome == "running":
+            progress["running"], progress["failed"] = step, None
+        elif outcome == "done":
+            progress["done"][step], progress["running"] = now, None
+        else:
+            progress["running"], progress["failed"] = None, {"step": step, "at": now, "reason": detail}
+
+    store.update_host(host.name, update)
+
+
+def is_done(store: StateStore, host: Host, playbook: str, step: str) -> bool:
+    hs = store.load().hosts.get(host.name)
+    return hs is not None and hs.steps.get("playbook") == playbook and step in hs.steps.get("done", {})
+
+
+def run_step(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: HostRun) -> None:
+    """Run one step on one host unless it is already done; record it before and after."""
+    if is_done(ctx.store, host, ctx.playbook, step.name):
+        outcome.skipped.append(step.name)
+        ctx.say(host, f"{step.name}: already done, skipped")
+        return
+    _mark(ctx.store, host, ctx.playbook, step.name, "running")
+    ctx.say(host, f"{step.name}: started")
+    try:
+        detail = STEPS[step.name](ctx, host, runner, step)
+    except Exception as exc:
+        _mark(ctx.store, host, ctx.playbook, step.name, "failed", str(exc).splitlines()[0] if str(exc) else "")
+        raise
+    _mark(ctx.store, host, ctx.playbook, step.name, "done", detail)
+    outcome.done.append(step.name)
+    outcome.details[step.name] = detail
+    ctx.say(host, f"{step.name}: done — {detail}")
+
+
+def _pull(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
+    assert isinstance(step.options, PullOptions)
+    result = pull_op.pull(host, runner, ctx.store, step.options.install)
+    return f"{result.old[:10]} → {result.new[:10]} ({len(result.commits)} new commits)"
+
+
+def _tune(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
+    assert isinstance(step.options, TuneOptions)
+    options = step.options.model_copy(update={"wait": True, "fleet": False if not ctx.lockstep else step.options.fleet})
+
+    def progress(status: tune.TuneStatus) -> None:
+        if status.units_total:
+            ctx.say(host, f"tune-fp8: {status.units_done}/{status.units_total} units")
+
+    results = tune.tune_fp8(
+        ctx.fleet, [host], ctx.store, lambda _: ctx.recipe, options, ctx.peers, on_progress=progress, poll=1.0
+    )
+    return _tune_outcome(results, host)
+
+
+def _tune_outcome(results: FleetResult[tune.TuneStatus], host: Host) -> str:
+    (result,) = [r for r in results if r.host.name == host.name]
+    if result.error is not None:
+        raise result.error
+    status = result.value
+    assert status is not None
+    if status.state != "installed":
+        raise RefusedError(f"{host.name}: tuning {status.state}: {status.reason or ''}".rstrip(": "))
+    return f"{len(status.installed)} shape(s) installed" + (
+        f", {len(status.skipped)} already" if status.skipped else ""
+    )
+
+
+def _serve(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
+    assert isinstance(step.options, ServeOptions)
+    result = serve_op.serve(host, runner, ctx.store, ctx.recipe, step.options, lambda m: ctx.say(host, m), ctx.peers)
+    accept = f", accept length {result.accept_length:.2f}" if result.accept_length is not None else ""
+    return f"serving job {result.job_id}, speculative {result.spec}{accept}"
+
+
+def _bench(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
+    assert isinstance(step.options, BenchOptions)
+    run = bench_op.bench(host, runner, ctx.store, ctx.recipe.bench, step.options)
+    record = run.record
+    return f"{record.label}: {record.metrics.output_throughput:.1f} output tok/s" + (" (collected)" if run.attached else "")
+
+
+STEPS: dict[str, Callable[[RunContext, Host, Runner, Step], str]] = {
+    "pull": _pull,
+    "tune-fp8": _tune,
+    "serve": _serve,
+    "bench": _bench,
+}
+
+
+def run_independent(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> FleetResult[HostRun]:
+    """Each host walks all its steps on its own thread; a failure stops only that host."""
+
+    def walk(host: Host, runner: Runner) -> HostRun:
+        outcome = HostRun()
+        for step in steps:
+            run_step(ctx, host, runner, step, outcome)
+        return outcome
+
+    return ctx.fleet.map(walk, hosts)
+
+
+def run_lockstep(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> FleetResult[HostRun]:
+    """Every remaining host finishes a step before any starts the next; failed hosts drop out."""
+    outcomes = {h.name: HostRun() for h in hosts}
+    errors: dict[str, BaseException] = {}
+    for step in steps:
+        remaining = [h for h in hosts if h.name not in errors]
+
+        def one(host: Host, runner: Runner, step: Step = step) -> None:
+            run_step(ctx, host, runner, step, outcomes[host.name])
+
+        results = ctx.fleet.map(one, remaining)
+        errors.update({r.host.name: r.error for r in results if r.error is not None})
+    return FleetResult(
+        [HostResult(h, error=errors[h.name]) if h.name in errors else HostResult(h, outcomes[h.name]) for h in hosts]
+    )
+
+
+# -- dry run -------------------------------------------------------------------------------------
+
+
+def dry_run(host: Host, runner: Runner, store: StateStore, recipe: Recipe, steps: list[Step]) -> list[str]:
+    """The plan and the exact remote commands per step; reads the host, changes nothing."""
+    lines: list[str] = []
+    for step in steps:
+        lines.append(f"step {step.name}:")
+        lines += [f"  $ {c}" for c in _dry_commands(host, runner, store, recipe, step)]
+    return lines
+
+
+def _dry_commands(host: Host, runner: Runner, store: StateStore, recipe: Recipe, step: Step) -> list[str]:
+    options = step.options
+    if isinstance(options, PullOptions):
+        return pull_op.dry_run_lines(host, options.install)
+    if isinstance(options, TuneOptions):
+        return _dry_tune(host, runner, store, recipe, options)
+    if isinstance(options, ServeOptions):
+        return [shell_command(server_facts.launch_argv(recipe, host, mtp=options.mtp))]
+    assert isinstance(options, BenchOptions)
+    module = (
+        bench_facts.parse_module(runner.run(bench_facts.module_argv(host.python)).stdout) or "sglang.benchmark.serving"
+    )
+    params = bench_facts.resolve_params(recipe.bench, options)
+    return [
+        shell_command(bench_facts.bench_argv(host.python, module, host.server_port, params, "<job dir>/bench.jsonl"))
+    ]
+
+
+def _dry_tune(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> list[str]:
+    prepared = tune.prepare(host, runner, store, recipe, options.model_copy(update={"stop_server": False}))
+    if prepared.attach is not None:
+        return [f"(attach to the running tuning plan {prepared.attach.id})"]
+    if not prepared.shapes:
+        return [f"(nothing to tune: {', '.join(prepared.skipped)} already installed)"]
+    plan = tune.make_plan([prepared])
+    assert prepared.facts is not None
+    specs = [tune.job_spec(host, plan, a, prepared.facts.flags) for a in plan.on(host.name)]
+    return [shell_command(s.argv, env=dict(s.env)) for s in specs]
