@@ -46,9 +46,13 @@ def _gpu_cell(v: HostStatus) -> str:
         return "-"
     used = sum(g.memory_used_mib for g in v.gpus)
     total = sum(g.memory_total_mib for g in v.gpus)
-    busy = [f"{g.index}:{p['name']}({p['pid']})" for g in v.gpus for p in g.processes]
+    holders: dict[tuple[int, str], list[str]] = {}
+    for g in v.gpus:
+        for p in g.processes:
+            holders.setdefault((p["pid"], p["name"]), []).append(str(g.index))
+    busy = [f"GPU {','.join(idx)}: {name} (pid {pid})" for (pid, name), idx in holders.items()]
     line = f"{len(v.gpus)}× {v.gpus[0].name}, {fmt_mib(used)}/{fmt_mib(total)}"
-    return line + (f"; held: {' '.join(busy)}" if busy else "; idle")
+    return line + (f"; held by {'; '.join(busy)}" if busy else "; idle")
 
 
 def _tuning_cell(v: HostStatus) -> str:
