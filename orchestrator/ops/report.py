@@ -1,10 +1,11 @@
 """``orch report``: a per-fleet report in Markdown or HTML, from the state file alone (no SSH).
 
-Per host: the phase history with how long each phase lasted (so how long tuning and the relaunch took),
-the tuned shapes the server reads, the server's configuration, the benchmark table (changes relative to
-the host's first run) and a PNG chart of output throughput per configuration (the latest run of each
-benchmark label). The Markdown reads well on GitHub (the charts are relative links beside it); the HTML
-is one self-contained page apart from the PNGs, every value escaped.
+Per host: the phase history with how long each phase lasted (so how long tuning and the relaunch
+took), the tuned shapes (installed by ``orch tune-fp8``, and whether the server reads them), the
+server's configuration, the benchmark table (changes relative to the host's first run) and a PNG chart
+of output throughput per configuration (the latest run of each benchmark label). The Markdown reads
+well on GitHub (the charts are relative links beside it); the HTML is one self-contained page apart
+from the PNGs, every value escaped.
 
 ``build`` turns the state into ``HostReport`` values (pure); ``render_markdown``/``render_html`` turn
 those into text (pure); ``write_report`` writes the files.
@@ -23,16 +24,21 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from orchestrator.errors import UsageError
 from orchestrator.facts import bench as facts
 from orchestrator.facts.bench import BenchRecord, ComparisonRow
+from orchestrator.ops import tune
 from orchestrator.ops.bench import records_of
+from orchestrator.ops.tune import InstalledRecord
 from orchestrator.state import HostState, Phase, PhaseChange, State, utc_now
 
 Format = Literal["md", "html"]
 BENCH_COLUMNS = ["label", "time (UTC)", "output tok/s", "accept length", "median TTFT ms", "mean TPOT ms",
                  "vs first run", "MTP", "FP8 backend", "tuned shapes", "SGLang"]  # fmt: skip
 HISTORY_COLUMNS = ["phase", "entered (UTC)", "lasted", "reason"]
+SHAPE_COLUMNS = ["shape", "installed (UTC)", "for SGLang", "server"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,7 @@ class HostReport:
     sglang: str
     spans: list[PhaseSpan]
     durations: list[tuple[str, str]]
-    tuned_shapes: list[str]
+    tuned_shapes: list[list[str]]
     server: list[tuple[str, str]]
     server_command: str | None
     records: list[BenchRecord]
@@ -120,12 +126,26 @@ def step_durations(spans: Sequence[PhaseSpan], now: datetime) -> list[tuple[str,
     return found
 
 
-def tuned_shapes(hs: HostState) -> list[str]:
-    """The tuned shapes the running server reads, then those it does not read and why (its verification)."""
-    if hs.server is None:
-        return []
-    fallbacks = facts.shape_fallbacks(hs.server.verified)
-    return [*facts.tuned_shapes(hs.server.verified), *(f"{k}: not used ({why})" for k, why in fallbacks.items())]
+def tuned_shapes(hs: HostState) -> list[list[str]]:
+    """One row per shape tuned (installed by ``orch tune-fp8``) or looked up by the server: when it was
+    installed, for which SGLang commit, and whether the server reads it (its verification said so)."""
+    installed = _installed(hs)
+    verified = hs.server.verified if hs.server else {}
+    in_use, fallback = set(facts.tuned_shapes(verified)), facts.shape_fallbacks(verified)
+    rows = []
+    for key in dict.fromkeys([*installed, *facts.tuned_shapes(verified), *fallback]):
+        done = installed.get(key)
+        use = "in use" if key in in_use else (f"not used: {fallback[key]}" if key in fallback else "-")
+        rows.append([key, fmt_time(done.installed_at) if done else "-", done.commit[:10] if done else "-", use])
+    return rows
+
+
+def _installed(hs: HostState) -> dict[str, InstalledRecord]:
+    """The tuned configs ``orch tune-fp8`` installed (none when its record cannot be read)."""
+    try:
+        return dict(tune.load_record(hs).installed)
+    except ValidationError:
+        return {}
 
 
 def server_settings(hs: HostState) -> list[tuple[str, str]]:
@@ -230,7 +250,7 @@ def _md_host(host: HostReport, now: datetime) -> list[str]:
     lines += ["### Phase history", "", *history]
     if host.durations:
         lines += ["", "Durations: " + ", ".join(f"{_md(k)} {v}" for k, v in host.durations) + "."]
-    shapes = [f"- {_md(s)}" for s in host.tuned_shapes] or ["None in use by the server."]
+    shapes = _md_table(SHAPE_COLUMNS, host.tuned_shapes) or ["None."]
     lines += ["", "### Tuned shapes", "", *shapes, "", "### Server", "", *_md_server(host)]
     lines += ["", "### Benchmarks", ""] + (_md_table(BENCH_COLUMNS, bench_cells(host)) or ["No benchmark yet."])
     if host.chart:
@@ -290,8 +310,7 @@ def _html_host(host: HostReport, now: datetime) -> str:
     )
     if host.durations:
         parts.append("<p>Durations: " + ", ".join(f"{_h(k)} {_h(v)}" for k, v in host.durations) + ".</p>")
-    shapes = "".join(f"<li><code>{_h(s)}</code></li>" for s in host.tuned_shapes)
-    parts.append(_html_section("Tuned shapes", f"<ul>{shapes}</ul>" if shapes else "", "None in use by the server."))
+    parts.append(_html_section("Tuned shapes", _html_table(SHAPE_COLUMNS, host.tuned_shapes), "None."))
     server = _html_table(["setting", "value"], host.server) + f"<pre>{_h(host.server_command or '')}</pre>"
     parts.append(_html_section("Server", server if host.server_command else "", "No server launched by orch."))
     parts.append(_html_section("Benchmarks", _html_table(BENCH_COLUMNS, bench_cells(host)), "No benchmark yet."))

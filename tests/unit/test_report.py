@@ -57,6 +57,10 @@ def campaign_state(label_b: str = "tuned+mtp") -> State:
         verified={"tuned_shapes_in_use": ["N=1024,K=4096"], "fallback": {"N=4096,K=256": "no tuned config"},
                   "speculative": "EAGLE steps=3 topk=1 draft=4", "accept_length": 3.05},
     )  # fmt: skip
+    hs.tuning = {"state": "installed", "installed": {"N=1024,K=4096": {
+        "path": "/sglang/configs/N=1024,K=4096,device_name=X,dtype=fp8_w8a8,block_shape=[128, 128].json",
+        "device": "NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition", "commit": "0123456789abcdef",
+        "batch_sizes": [1, 2, 4], "installed_at": at(63).isoformat()}}}  # fmt: skip
     hs.benchmarks = [a_run("baseline", 1800.0, 0.5, None, False), a_run(label_b, 2900.0, 70, 2.87, True)]
     state.host("blackwell-2")
     return state
@@ -91,7 +95,7 @@ def test_report_files_with_a_valid_png_chart(tmp_path: Path, fmt: report.Format)
     for expected in (
         "Durations: tuning 1h02m, relaunch 4m00s, pull to serving 1h08m.",
         "N=1024,K=4096",
-        "N=4096,K=256: not used (no tuned config)",
+        "not used: no tuned config",
         "EAGLE steps=3 topk=1 draft=4",
         "+61.1%",
         "triton",
@@ -105,6 +109,8 @@ def test_markdown_reads_well_on_github(tmp_path: Path) -> None:
     assert "![blackwell-1: output throughput per configuration](throughput-01-blackwell-1.png)" in text
     assert "| label | time (UTC) | output tok/s |" in text
     assert "| baseline | 2026-11-29 20:00:30 | 1,800.0 | - |" in text
+    assert "| N=1024,K=4096 | 2026-11-29 21:03:00 | 0123456789 | in use |" in text
+    assert "| N=4096,K=256 | - | - | not used: no tuned config |" in text
     assert "## blackwell-2" in text and "No benchmark yet." in text
     assert "```\n/venv/bin/python -m sglang.launch_server --model-path" in text
 
