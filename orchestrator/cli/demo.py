@@ -48,8 +48,18 @@ class _Demo:
     show_default=True,
     help="auto: real sshd on loopback when installed, else the local transport.",
 )
-def demo(n_hosts: int, keep: bool, transport: str) -> int:
-    """Bring up simulated GPU hosts on loopback and run orch against them: status, pull, status.
+@click.option(
+    "--report-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("orch-demo-report"),
+    show_default=True,
+    help="Where the final report (HTML + PNG) is written; it outlives the demo.",
+)
+def demo(n_hosts: int, keep: bool, transport: str, report_dir: Path) -> int:
+    """Bring up simulated GPU hosts on loopback and run orch against them, start to finish.
+
+    status, an upstream commit, pull, status, then `orch run deepseek-v4-flash` (pull, FP8 tuning,
+    MTP relaunch with verification, benchmark), status, a second benchmark and the report.
 
     Every host is a real OpenSSH sshd on its own 127.x address with simulated nvidia-smi and a real
     git checkout of a simulated SGLang; nothing connects anywhere else.
@@ -79,6 +89,14 @@ def demo(n_hosts: int, keep: bool, transport: str) -> int:
         out.print(f"\n[dim]# upstream gained commit {sha[:10]}[/dim]")
         session.orch("pull")
         session.orch("status")
+        for host in fleet.hosts:  # minutes of GPU work, simulated in seconds
+            host.set_knobs(tune_seconds_per_unit=0.02, startup_seconds=0.5)
+        out.print("\n[dim]# the whole campaign: pull, FP8 tuning, MTP relaunch with verification, benchmark[/dim]")
+        session.orch("run", "deepseek-v4-flash")
+        session.orch("status")
+        session.orch("bench", "--label", "mtp-again")
+        session.orch("report", "--format", "html", "--out", str(report_dir))
+        _show_report(report_dir)
         if keep:
             out.print(f"\nKept: the fleet runs until you stop it; files under {root}")
             fleet.detach()
@@ -86,6 +104,11 @@ def demo(n_hosts: int, keep: bool, transport: str) -> int:
         shutil.rmtree(root, ignore_errors=True)
         out.print(f"\nTorn down: every simulated sshd stopped, {root} removed.")
     return int(ExitCode.HOSTS_FAILED if session.failed else ExitCode.OK)
+
+
+def _show_report(directory: Path) -> None:
+    files = sorted(p.name for p in directory.glob("*")) if directory.is_dir() else []
+    out.print(f"\nReport in {directory}: {', '.join(files) or 'nothing written'}", markup=False)
 
 
 def _show_layout(fleet: object, inventory: Path, transport: str) -> None:
