@@ -89,7 +89,10 @@ class AssignmentRecord(_Record):
 
 
 class HostPaths(_Record):
+    """Per member: the tuner and its flags, where configs go, orch's workdir."""
+
     tuner: str
+    flags: list[str] = Field(default_factory=list)
     config_dir: str
     workdir: str
 
@@ -472,7 +475,8 @@ def _union_shapes(members: Sequence[Prepared]) -> list[Shape]:
 
 def _paths(p: Prepared) -> HostPaths:
     assert p.facts is not None
-    return HostPaths(tuner=p.facts.tuner, config_dir=p.facts.config_dir, workdir=p.host.workdir)
+    facts = p.facts
+    return HostPaths(tuner=facts.tuner, flags=sorted(facts.flags), config_dir=facts.config_dir, workdir=p.host.workdir)
 
 
 def _assignment(a: tf.Assignment, plan_id: str, members: Sequence[Prepared]) -> AssignmentRecord:
@@ -503,8 +507,7 @@ def start_group(members: Sequence[Prepared], store: StateStore) -> PlanRecord:
         _edit(store, p.host.name, lambda hs, r: _begin(hs, r, plan, reason))
     try:
         for p in members:
-            assert p.facts is not None
-            _start_jobs(p.host, p.runner, store, plan, p.facts.flags)
+            _start_jobs(p.host, p.runner, store, plan, plan.on(p.host.name))
     except OrchError as exc:
         _abandon(members, store, plan, f"could not start every job: {exc}")
         raise
@@ -528,18 +531,60 @@ def _begin(hs: HostState, record: TuningRecord, plan: PlanRecord, reason: str) -
     hs.last_error = None
 
 
-def _start_jobs(host: Host, runner: Runner, store: StateStore, plan: PlanRecord, flags: frozenset[str]) -> None:
-    mine = plan.on(host.name)
-    runner.run(["mkdir", "-p", "-m", "700", "--", *(a.staging for a in mine)], check=True)
-    for a in mine:
-        spec = job_spec(host, plan, a, flags)
+def _start_jobs(
+    host: Host, runner: Runner, store: StateStore, plan: PlanRecord, todo: Sequence[AssignmentRecord]
+) -> None:
+    """Start the jobs of ``todo`` on ``host`` and record each job id as soon as it runs.
+
+    A job already running for the same purpose is accepted only when it is this plan's (an earlier,
+    interrupted start of the same plan: its command names this plan's staging directory)."""
+    if not todo:  # every job of this host already started (an interrupted start is being resumed)
+        return
+    runner.run(["mkdir", "-p", "-m", "700", "--", *(a.staging for a in todo)], check=True)
+    for a in todo:
+        spec = job_spec(host, plan, a, frozenset(plan.hosts[host.name].flags))
         started = jobs.start(runner, host.workdir, spec)
-        if started.attached:
+        if started.attached and not _runs_assignment(runner, host.workdir, started.job_id, a):
             raise RefusedError(
                 f"{host.name}: a job for {a.purpose} ({started.job_id}) already runs, not started by this plan",
                 hint=f"wait for it or stop it: orch stop {host.name} {started.job_id}",
             )
         _edit(store, host.name, functools.partial(_record_start, a=a, spec=spec, s=started))
+
+
+def _runs_assignment(runner: Runner, workdir: str, job_id: str, a: AssignmentRecord) -> bool:
+    """Whether job ``job_id``'s command (its NUL-separated argv file) writes to ``a``'s staging dir."""
+    try:
+        argv = runner.read_bytes(f"{workdir.rstrip('/')}/jobs/{job_id}/argv").split(b"\0")
+    except OSError:
+        return False
+    return a.staging.encode() in argv
+
+
+def resume_starts(members: Sequence[Member], store: StateStore, plan_id: str) -> None:
+    """Start the jobs a running plan still lacks on each member (orch was killed while starting
+    them); a job that did start but was not recorded is found by its purpose and attached to."""
+    cached = cached_records(store, [m.host.name for m in members])
+    for m in members:
+        own = cached[m.host.name]
+        if own.state != "running" or own.plan is None or own.plan.id != plan_id:
+            continue
+        todo = [a for a in own.plan.on(m.host.name) if a.job_id is None]
+        if todo:
+            _adopt_started(m, store, own.plan, todo)
+            _start_jobs(m.host, m.runner, store, own.plan, [a for a in todo if a.job_id is None])
+
+
+def _adopt_started(member: Member, store: StateStore, plan: PlanRecord, todo: Sequence[AssignmentRecord]) -> None:
+    """Record jobs of ``todo`` that did start (and maybe already ended) before orch was killed."""
+    host, runner = member.host, member.runner
+    for info in jobs.list_jobs(runner, host.workdir):
+        for a in todo:
+            if a.job_id is None and info.purpose == a.purpose and _runs_assignment(runner, host.workdir, info.id, a):
+                a.job_id = info.id
+                spec = job_spec(host, plan, a, frozenset(plan.hosts[host.name].flags))
+                started = jobs.Started(info.id, info.pid or 0, attached=True)
+                _edit(store, host.name, functools.partial(_record_start, a=a, spec=spec, s=started))
 
 
 def _record_start(
@@ -883,6 +928,7 @@ def record_nothing_to_do(store: StateStore, p: Prepared) -> None:
 def step_group(members: Sequence[Member], store: StateStore, plan: PlanRecord) -> dict[str, TuneStatus]:
     """Poll once; when every job has ended and the group is still ``running``, complete it."""
     names = [m.host.name for m in members]
+    resume_starts(members, store, plan.id)
     polls = poll_group(members, store, plan)
     cached = cached_records(store, names)
     current = group_plan(cached, names)
@@ -895,10 +941,12 @@ def step_group(members: Sequence[Member], store: StateStore, plan: PlanRecord) -
 def _ended(
     current: PlanRecord, plan_id: str, lead: TuningRecord, polls: dict[str, HostPoll], cached: dict[str, TuningRecord]
 ) -> bool:
-    """The plan is still the group's, not yet completed, and none of its jobs runs any more."""
+    """The plan is still the group's, not yet completed, and none of its jobs runs any more or one
+    failed (then the others are stopped: the result could not be complete)."""
     if current.id != plan_id or lead.state != "running":
         return False
-    return not any(v.state == "running" for v in job_views(current, polls, cached))
+    states = {v.state for v in job_views(current, polls, cached)}
+    return "running" not in states or bool(states & {"failed", "lost", "missing"})
 
 
 def wait_group(

@@ -1,0 +1,237 @@
+"""Issue 3 end to end: `orch tune-fp8` / `orch wait` against simulated hosts over real sshd."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.facts import tuner as tf
+from orchestrator.recipe import DEFAULT_BATCH_SIZES
+from tests.conftest import FleetEnv
+
+DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+DEFAULT_SHAPES = ["N=1024,K=4096", "N=4096,K=2048", "N=4096,K=1024", "N=512,K=4096", "N=4096,K=256"]
+FAST = 0.02  # simulated seconds per (shape, batch size) on one GPU
+SMALL = ("--shapes", "N=1024,K=4096;N=4096,K=2048", "--batch-sizes", "1,2,4,8,16,32,64,128")
+
+
+def configs_dir(host: Any) -> Path:
+    return Path(host.sglang_dir) / "python" / "sglang" / "kernels" / "ops" / "gemm" / "configs"
+
+
+def tuned_files(host: Any) -> dict[str, dict[int, dict[str, int]]]:
+    """Configs orch installed for the simulated RTX PRO 6000, by shape key."""
+    found = {}
+    for path in configs_dir(host).glob(f"*device_name={DEVICE.replace(' ', '_')}*"):
+        key = path.name.split(",device_name=")[0]
+        found[key] = tf.parse_config(path.read_text(), str(path))
+    return found
+
+
+def job_dirs(host: Any) -> list[Path]:
+    jobs = Path(host.workdir) / "jobs"
+    return sorted(jobs.iterdir()) if jobs.exists() else []
+
+
+def host_state(env: FleetEnv, name: str) -> dict[str, Any]:
+    return json.loads(env.state.read_text())["hosts"][name]  # type: ignore[no-any-return]
+
+
+def tuning_field(env: FleetEnv) -> dict[str, Any]:
+    run = env.orch("status", "--json")
+    return {h["name"]: h.get("tuning") for h in json.loads(run.stdout)["hosts"]}
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
+    """Poll ``condition`` until it returns something truthy; return that."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+    return value
+
+
+def partial(field: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The status ``tuning`` field when some but not all units are done."""
+    return field if field and 0 < field["units_done"] < field["units_total"] else None
+
+
+@pytest.fixture
+def tune_fleet(make_fleet: Callable[..., FleetEnv]) -> Callable[..., FleetEnv]:
+    def make(n_hosts: int = 1, seconds_per_unit: float = FAST, **knobs: object) -> FleetEnv:
+        env = make_fleet(n_hosts)
+        for host in env.fleet.hosts:  # type: ignore[attr-defined]
+            host.set_knobs(tune_seconds_per_unit=seconds_per_unit, **knobs)
+        return env
+
+    return make
+
+
+def test_tune_fp8_tunes_the_default_shapes_on_two_hosts_and_installs_them(tune_fleet: Callable[..., FleetEnv]) -> None:
+    env = tune_fleet(2)
+    run = env.orch("tune-fp8", "--wait")
+    assert run.returncode == 0, run.output
+    assert "5 shapes × 18 batch sizes = 90 units on 8 GPUs" in run.stdout
+    assert "schedule: 12 units per GPU at most (ideal 11.25)" in run.stdout
+    for host in env.fleet.hosts:  # type: ignore[attr-defined]
+        assert f"{host.name}: installed 5 tuned configs" in run.stdout
+        installed = tuned_files(host)
+        assert sorted(installed) == sorted(DEFAULT_SHAPES)
+        assert all(sorted(c) == list(DEFAULT_BATCH_SIZES) for c in installed.values())
+        assert len(job_dirs(host)) == 8
+        hs = host_state(env, host.name)
+        assert hs["phase"] == "tuned" and hs["tuning"]["state"] == "installed"
+        assert {r["device"] for r in hs["tuning"]["installed"].values()} == {DEVICE}
+        head = subprocess.run(["git", "-C", str(host.sglang_dir), "rev-parse", "HEAD"], capture_output=True, text=True)
+        assert {r["commit"] for r in hs["tuning"]["installed"].values()} == {head.stdout.strip()}
+    again = env.orch("tune-fp8")
+    assert again.returncode == 0 and "already tuned: N=1024,K=4096" in again.stdout
+    assert all(len(job_dirs(h)) == 8 for h in env.fleet.hosts)  # type: ignore[attr-defined]
+
+
+def test_tune_fp8_fleet_spreads_units_over_both_hosts_and_installs_the_merged_result(
+    tune_fleet: Callable[..., FleetEnv],
+) -> None:
+    env = tune_fleet(2)
+    run = env.orch("tune-fp8", "--fleet", "--wait")
+    assert run.returncode == 0, run.output
+    assert "90 units on 16 GPUs" in run.stdout and "schedule: 6 units per GPU at most" in run.stdout
+    sim1, sim2 = env.fleet.hosts  # type: ignore[attr-defined]
+    assert len(job_dirs(sim1)) == 8 and len(job_dirs(sim2)) == 8
+    assert tuned_files(sim1) == tuned_files(sim2)
+    assert all(sorted(c) == list(DEFAULT_BATCH_SIZES) for c in tuned_files(sim2).values())
+
+
+def test_progress_is_visible_in_status_while_the_jobs_run(tune_fleet: Callable[..., FleetEnv]) -> None:
+    env = tune_fleet(1, seconds_per_unit=1.5)
+    start = env.orch("tune-fp8", *SMALL)
+    assert start.returncode == 0, start.output
+    host = env.fleet.hosts[0]  # type: ignore[attr-defined]
+    field = wait_for(lambda: partial(tuning_field(env)[host.name]), what="partial progress")
+    assert field["state"] == "running" and field["units_total"] == 16 and 0 < field["percent"] < 100
+    assert set(field["shapes"]) == {"N=1024,K=4096", "N=4096,K=2048"}
+    table = env.orch("status")
+    assert "tuning" in table.stdout.splitlines()[1] and "/16)" in table.stdout  # e.g. "running 50% (8/16)"
+    done = env.orch("wait")
+    assert done.returncode == 0 and f"{host.name}: installed 2 tuned configs" in done.stdout
+    assert tuning_field(env)[host.name]["state"] == "installed"
+
+
+def test_jobs_survive_an_sshd_restart_and_orch_reattaches(tune_fleet: Callable[..., FleetEnv]) -> None:
+    env = tune_fleet(1, seconds_per_unit=0.3)
+    assert env.orch("tune-fp8", *SMALL).returncode == 0
+    host = env.fleet.hosts[0]  # type: ignore[attr-defined]
+    host.restart_sshd()
+    again = env.orch("tune-fp8", *SMALL)
+    assert again.returncode == 0, again.output
+    assert "attached to the running tuning" in again.stdout
+    done = env.orch("wait")
+    assert done.returncode == 0, done.output
+    assert len(job_dirs(host)) == 8 and len(tuned_files(host)) == 2
+
+
+def test_orch_killed_during_wait_then_rerun_attaches_without_duplicate_jobs(
+    tune_fleet: Callable[..., FleetEnv],
+) -> None:
+    env = tune_fleet(1, seconds_per_unit=0.3)
+    host = env.fleet.hosts[0]  # type: ignore[attr-defined]
+    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state)]
+    first = subprocess.Popen(
+        [*argv, "tune-fp8", *SMALL, "--wait"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for(lambda: len(job_dirs(host)) >= 5, what="jobs to start")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    rerun = env.orch("tune-fp8", *SMALL, "--wait")
+    assert rerun.returncode == 0, rerun.output
+    assert "attached to the running tuning" in rerun.stdout
+    assert len(job_dirs(host)) == 8
+    assert len({(d / "purpose").read_text() for d in job_dirs(host)}) == 8
+    assert len(tuned_files(host)) == 2
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [("crash", "failed: exit code 1: AssertionError"), ("oom", "failed: CUDA out of memory (torch.OutOfMemoryError)")],
+)
+def test_a_failing_tuner_fails_the_host_with_the_log_tail_and_installs_nothing(
+    tune_fleet: Callable[..., FleetEnv], fault: str, expected: str
+) -> None:
+    env = tune_fleet(1, tuner_fail=fault, tuner_fail_after=1)
+    host = env.fleet.hosts[0]  # type: ignore[attr-defined]
+    run = env.orch("tune-fp8", *SMALL, "--wait")
+    assert run.returncode == 3, run.output
+    assert expected in run.stdout
+    assert "Traceback (most recent call last)" in run.stderr  # the log tail
+    assert tuned_files(host) == {}
+    hs = host_state(env, host.name)
+    assert hs["phase"] == "failed" and hs["tuning"]["state"] == "failed"
+    assert expected.removeprefix("failed: ") in hs["last_error"]
+
+
+def test_jobs_killed_as_by_a_reboot_are_lost(tune_fleet: Callable[..., FleetEnv]) -> None:
+    env = tune_fleet(1, seconds_per_unit=1.0)
+    host = env.fleet.hosts[0]  # type: ignore[attr-defined]
+    assert env.orch("tune-fp8", *SMALL).returncode == 0
+    for job in job_dirs(host):
+        os.killpg(int((job / "pid").read_text()), signal.SIGKILL)
+    run = env.orch("wait")
+    assert run.returncode == 3, run.output
+    assert "was lost: its process is gone without an exit code" in run.stdout
+    assert tuned_files(host) == {}
+    assert host_state(env, host.name)["phase"] == "failed"
+
+
+def test_busy_gpus_are_refused_naming_the_process(tune_fleet: Callable[..., FleetEnv]) -> None:
+    env = tune_fleet(1)
+    host = env.fleet.hosts[0]  # type: ignore[attr-defined]
+    holder = host.hold_gpu(3)
+    run = env.orch("tune-fp8", *SMALL)
+    assert run.returncode == 3
+    assert f"GPUs are busy: GPU 3: pid {holder.pid} (sleep)" in run.stderr
+    assert job_dirs(host) == []
+    allowed = env.orch("tune-fp8", *SMALL, "--allow-busy-gpus", "--wait")
+    assert allowed.returncode == 0, allowed.output
+
+
+def test_shapes_auto_reads_the_models_config(tune_fleet: Callable[..., FleetEnv]) -> None:
+    env = tune_fleet(1)
+    run = env.orch("tune-fp8", "--shapes", "auto", "--batch-sizes", "1,2", "--wait")
+    assert run.returncode == 0, run.output
+    assert "shape N=512,K=4096  wkv (replicated) + shared_experts.gate_up (N/tp)" in run.stdout
+    assert sorted(tuned_files(env.fleet.hosts[0])) == sorted(DEFAULT_SHAPES)  # type: ignore[attr-defined]
+
+
+def test_an_old_tuner_without_per_shape_flags_is_refused(tune_fleet: Callable[..., FleetEnv]) -> None:
+    env = tune_fleet(1)
+    quant = Path(env.fleet.hosts[0].sglang_dir) / "benchmark" / "kernels" / "quantization"  # type: ignore[attr-defined]
+    (quant / "tuning_block_wise_kernel.py").unlink()
+    run = env.orch("tune-fp8", *SMALL)
+    assert run.returncode == 3
+    assert "tuner too old" in run.stderr and "lacks --N, --K, --batch-sizes (it has --batch-size" in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--shapes", "N=1024,K=4096;N=4096"), "--shapes: 'N=4096' is not of the form N=1024,K=4096"),
+        (("--batch-sizes", "1,two,4"), "--batch-sizes: 'two' is not a positive integer"),
+    ],
+)
+def test_malformed_options_exit_2_naming_the_bad_part(
+    orch: Callable[..., Any], tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    run = orch("-i", str(tmp_path / "none.yaml"), "tune-fp8", *args)
+    assert run.returncode == 2 and message in run.stderr
