@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +53,9 @@ from orchestrator.transport.base import Runner
 Report = Callable[[str], None]
 """Where the op tells the user what it is doing (progress, warnings) as it happens."""
 
-HEALTH_POLL_SECONDS = 1.0
+HEALTH_POLL_FIRST = 0.2  # a fast start is seen at once; a 20-minute one is polled every HEALTH_POLL_SECONDS
+HEALTH_POLL_SECONDS = 2.0
+TUNING_POLL_SECONDS = 1.0
 GPU_RELEASE_SECONDS = 120.0
 PROBE_REQUESTS = 4
 PROBE_TOKENS = 128  # 4 x 128 tokens pass SGLang's 40-step decode log interval even at accept length 3+
@@ -154,13 +156,13 @@ def tuning_gate(
         return [f"tuning is {status.state} ({status.percent:.0f}%); not waiting (--no-wait-tuning)"]
     if status.state in ("running", "ready-to-install"):
         report(f"tuning is {status.state}: waiting for it before serving")
-        status = tune.wait_for_tuning(host, runner, store, _progress(report), HEALTH_POLL_SECONDS, peers)
+        status = tune.wait_for_tuning(host, runner, store, _progress(report), TUNING_POLL_SECONDS, peers)
     if status.state == "failed" and options.wait_tuning:
         raise RefusedError(
             f"{host.name}: FP8 tuning failed: {status.reason}; not serving (the running server was left untouched)",
             hint="see `orch status` and `orch logs`, tune again, or serve with --no-wait-tuning",
         )
-    return _untuned_warning(host, runner, store, recipe)
+    return []
 
 
 def _progress(report: Report) -> Callable[[tune.TuneStatus], None]:
@@ -171,12 +173,12 @@ def _progress(report: Report) -> Callable[[tune.TuneStatus], None]:
     return show
 
 
-def _untuned_warning(host: Host, runner: Runner, store: StateStore, recipe: Recipe) -> list[str]:
-    """A warning when the recipe wants tuned configs and none is installed for this GPU and commit."""
+def untuned_warning(host: Host, runner: Runner, store: StateStore, recipe: Recipe, device: str) -> list[str]:
+    """A warning when the recipe wants tuned configs (Triton backend) and some or all of its shapes
+    have none installed for this GPU (``device``, nvidia-smi's name) and the checkout's commit."""
     if recipe.fp8_gemm_backend != "triton" or not recipe.tuning.shapes:
         return []
     commit = read_git(host, runner).commit
-    device = _device(host, runner)
     record = tune.load_record(store.load().hosts.get(host.name))
     ours = {k for k, r in record.installed.items() if r.commit == commit and _same_device(r.device, device)}
     missing = [s.key for s in recipe.tuning.shapes if s.key not in ours]
@@ -187,11 +189,6 @@ def _untuned_warning(host: Host, runner: Runner, store: StateStore, recipe: Reci
         f"{which} installed for {device} at SGLang {commit[:10]} ({', '.join(missing)}): the Triton kernels "
         "will use default configs; run `orch tune-fp8 --shapes default` first"
     ]
-
-
-def _device(host: Host, runner: Runner) -> str:
-    info = srv.read_gpu_info(host, runner, list(range(host.gpus)))
-    return info.device or "unknown GPU"
 
 
 def _same_device(a: str, b: str) -> bool:
@@ -215,25 +212,51 @@ def serve(
     Raises RefusedError (nothing touched), StartupFailed (phase ``failed``; rolled back when asked)
     or VerifyError (serving, but not as asked).
     """
-    argv = check_launch(host, runner, recipe, options.mtp)
-    warnings = tuning_gate(host, runner, store, recipe, options, report, peers)
-    for warning in warnings:
-        report(f"WARNING: {warning}")
-    gpus = facts.server_gpus(recipe, host)
-    old = srv.running_server(runner, host)
-    srv.refuse_held_gpus(host, srv.read_gpu_info(host, runner, gpus).holders, old.id if old else None, _UNTOUCHED)
+    ready = preflight(host, runner, store, recipe, options, report, peers)
     _set_phase(store, host, Phase.LAUNCHING, f"serve: {'MTP' if options.mtp else 'no MTP'}")
     try:
-        started = relaunch(host, runner, store, recipe, argv, options, old, report)
-        result = verify(host, runner, recipe, options, started)
+        started = relaunch(host, runner, store, recipe, ready.argv, options, ready.old, report)
+        result = verify(host, runner, recipe, options, started, ready.gpus.compute_cap)
     except StartupFailed:
         raise  # already recorded (and rolled back when asked)
     except HostError as exc:
         _mark_failed(host, store, str(exc).splitlines()[0])
         raise
-    result.warnings[:0] = warnings
-    result.stopped_job = old.id if old else None
+    result.warnings[:0] = ready.warnings
+    result.stopped_job = ready.old.id if ready.old else None
     return _finish(host, store, result)
+
+
+@dataclass
+class Preflight:
+    """Everything checked before the running server is touched."""
+
+    argv: list[str]
+    gpus: srv.GpuInfo
+    old: jobs.JobInfo | None
+    warnings: list[str]
+
+
+def preflight(
+    host: Host,
+    runner: Runner,
+    store: StateStore,
+    recipe: Recipe,
+    options: ServeOptions,
+    report: Report,
+    peers: tune.Peers | None = None,
+) -> Preflight:
+    """Recipe and flags, the tuning gate, and the new server's GPUs (only orch's old server may hold
+    them); RefusedError leaves everything as it was."""
+    argv = check_launch(host, runner, recipe, options.mtp)
+    warnings = tuning_gate(host, runner, store, recipe, options, report, peers)
+    gpus = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host))
+    warnings += untuned_warning(host, runner, store, recipe, gpus.device or "unknown GPU")
+    for warning in warnings:
+        report(f"WARNING: {warning}")
+    old = srv.running_server(runner, host)
+    srv.refuse_held_gpus(host, gpus.holders, old.id if old else None, _UNTOUCHED)
+    return Preflight(argv, gpus, old, warnings)
 
 
 _UNTOUCHED = "the running server was left untouched"
@@ -315,13 +338,22 @@ def wait_healthy(host: Host, runner: Runner, job_id: str, url: str, timeout: flo
     job = jobs.find(runner, host.workdir, job_id)
     reader = srv.LogReader(runner, job.log)
     deadline = time.monotonic() + timeout
-    while True:
+    for pause in _backoff(HEALTH_POLL_FIRST, HEALTH_POLL_SECONDS):
         status = srv.health(host, runner, url)
         log = reader.read()
         if status == 200:
             return log
         _check_alive(host, runner, job_id, log, reader, timeout if time.monotonic() > deadline else None)
-        time.sleep(HEALTH_POLL_SECONDS)
+        time.sleep(pause)
+    raise AssertionError("unreachable")
+
+
+def _backoff(first: float, cap: float) -> Iterator[float]:
+    """Pauses between polls: ``first``, doubling up to ``cap``, then ``cap`` forever."""
+    pause = first
+    while True:
+        yield pause
+        pause = min(cap, pause * 2)
 
 
 def _check_alive(
@@ -384,8 +416,20 @@ def rollback(
 # --- 5. verify --------------------------------------------------------------------------------------------
 
 
-def verify(host: Host, runner: Runner, recipe: Recipe, options: ServeOptions, started: Started) -> ServeResult:
-    """Check ``/server_info``, the FP8 config lines and the probed accept length; record what was found."""
+def verify(
+    host: Host,
+    runner: Runner,
+    recipe: Recipe,
+    options: ServeOptions,
+    started: Started,
+    compute_cap: str | None = None,
+) -> ServeResult:
+    """Check ``/server_info``, the FP8 config lines and the probed accept length.
+
+    ``compute_cap`` (of the server's GPUs) explains fallbacks; read from nvidia-smi when not given.
+    """
+    if compute_cap is None:
+        compute_cap = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host)).compute_cap
     url = facts.base_url(recipe, host)
     result = ServeResult(started.argv, started.job_id, options.mtp, started.seconds)
     if options.mtp:
@@ -398,20 +442,14 @@ def verify(host: Host, runner: Runner, recipe: Recipe, options: ServeOptions, st
     problems = facts.check_spec(actual, facts.expected_spec(recipe, mtp=options.mtp))
     problems += facts.check_backend(info, recipe.fp8_gemm_backend)
     result.problems = [str(p) for p in problems]
-    result.shapes = _shape_report(host, runner, recipe, srv.LogReader(runner, _log_path(host, started)))
+    log = srv.LogReader(runner, _log_path(host, started)).read()
+    result.shapes = shape_use(log, [(s.n, s.k) for s in recipe.tuning.shapes], recipe.fp8_gemm_backend, compute_cap)
     result.accept_problem = _accept_problem(result)
     return result
 
 
 def _log_path(host: Host, started: Started) -> str:
     return f"{host.workdir}/jobs/{started.job_id}/log"
-
-
-def _shape_report(host: Host, runner: Runner, recipe: Recipe, reader: srv.LogReader) -> list[ShapeUse]:
-    """In use or fallen back (and why) for each of the recipe's tuned shapes, from the whole log."""
-    shapes = [(s.n, s.k) for s in recipe.tuning.shapes]
-    cap = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host)).compute_cap
-    return shape_use(reader.read(), shapes, recipe.fp8_gemm_backend, cap)
 
 
 def probe_accept_length(host: Host, runner: Runner, url: str) -> float | None:
@@ -449,6 +487,22 @@ def _finish(host: Host, store: StateStore, result: ServeResult) -> ServeResult:
             hint="see `orch logs` for the server job; `--min-accept` overrides the recipe's minimum",
         )
     return result
+
+
+def reattach(
+    host: Host,
+    runner: Runner,
+    store: StateStore,
+    recipe: Recipe,
+    options: ServeOptions,
+    job: jobs.JobInfo,
+    argv: list[str],
+) -> ServeResult:
+    """Adopt a server job already running ``argv`` (e.g. launched by an interrupted ``orch run``):
+    record it, wait until healthy, verify. Raises like ``serve``'s last steps."""
+    _record_server(store, host, job.id, argv, options.mtp)
+    log = wait_healthy(host, runner, job.id, facts.base_url(recipe, host), options.health_timeout)
+    return _finish(host, store, verify(host, runner, recipe, options, Started(job.id, argv, log, 0.0)))
 
 
 # --- state --------------------------------------------------------------------------------------------------

@@ -1,0 +1,229 @@
+"""Issue 4 end to end: `orch serve` against simulated hosts over real sshd (real jobs, real HTTP)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator.recipe import PACKAGED_PLAYBOOKS
+from orchestrator.state import StateStore
+from tests.conftest import FleetEnv, OrchRun
+
+FAST = {"startup_seconds": 0.3, "decode_step_seconds": 0.001}
+MakeFleet = Callable[..., FleetEnv]
+
+
+@pytest.fixture
+def fleet1(make_fleet: MakeFleet) -> FleetEnv:
+    env = make_fleet(1)
+    env.fleet.hosts[0].set_knobs(**FAST)  # type: ignore[attr-defined]
+    return env
+
+
+def host0(env: FleetEnv) -> Any:
+    return env.fleet.hosts[0]  # type: ignore[attr-defined]
+
+
+def playbook(tmp_path: Path, name: str, **changes: Any) -> str:
+    """The shipped DeepSeek-V4-Flash playbook with top-level keys replaced (``server_args`` merged)."""
+    doc = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text())
+    for key, value in changes.items():
+        doc[key] = {**doc[key], **value} if key in ("server_args", "mtp") and value is not None else value
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def server_state(env: FleetEnv, name: str = "sim-1") -> Any:
+    return StateStore(env.state).load().hosts[name]
+
+
+def server_jobs(env: FleetEnv) -> list[dict[str, Any]]:
+    run = env.orch("jobs", "--json")
+    return [j for jobs in json.loads(run.stdout).values() for j in jobs if j["purpose"] == "server"]
+
+
+def running_server_ids(env: FleetEnv) -> list[str]:
+    return [j["id"] for j in server_jobs(env) if j["state"] == "running"]
+
+
+def serve_ok(env: FleetEnv, *args: str) -> OrchRun:
+    run = env.orch("serve", *args)
+    assert run.returncode == 0, run.output
+    return run
+
+
+# --- the whole path ---------------------------------------------------------------------------------------
+
+
+def test_serve_with_mtp_on_two_hosts_is_verified_then_no_mtp_then_stopped(make_fleet: MakeFleet) -> None:
+    env = make_fleet(2)
+    for host in env.fleet.hosts:  # type: ignore[attr-defined]
+        host.set_knobs(**FAST)
+    run = serve_ok(env)
+    for name in ("sim-1", "sim-2"):
+        assert f"{name}: serving job server-" in run.stdout
+    assert run.stdout.count("speculative: EAGLE steps=3 topk=1 draft=4 (as asked)") == 2
+    assert run.stdout.count("accept length: 3.10 (minimum 2.8)") == 2
+    assert "no tuned FP8 config is installed" in run.stderr  # the recipe wants tuned configs: said loudly
+    hs = server_state(env)
+    assert hs.phase.value == "serving" and hs.server.mtp and hs.server.healthy
+    assert hs.server.known_good_argv == hs.server.argv
+    assert "--speculative-eagle-topk" in hs.server.argv and "--fp8-gemm-backend" in hs.server.argv
+    assert hs.server.verified["speculative"] == "EAGLE steps=3 topk=1 draft=4"
+    assert hs.server.verified["accept_length"] == pytest.approx(3.1)
+
+    plain = serve_ok(env, "--host", "sim-1", "--no-mtp")
+    assert "speculative: off (as asked)" in plain.stdout and "accept length" not in plain.stdout
+    hs = server_state(env)
+    assert not [a for a in hs.server.argv if a.startswith("--speculative")] and hs.server.mtp is False
+    assert len(running_server_ids(env)) == 2  # one per host: the old sim-1 server was replaced
+
+    stop = env.orch("stop-server")
+    assert stop.returncode == 0, stop.output
+    assert stop.stdout.count("server stopped") == 2
+    assert running_server_ids(env) == []
+    assert all(not h.gpu_processes() for h in env.fleet.hosts)  # type: ignore[attr-defined]
+    assert server_state(env).phase.value != "serving"
+
+
+def test_recipe_show_prints_the_exact_argv_and_discover_compares_upstream(fleet1: FleetEnv) -> None:
+    show = fleet1.orch("recipe", "show")
+    assert show.returncode == 0, show.output
+    assert "-m sglang.launch_server --model-path" in show.stdout
+    assert "--speculative-algorithm EAGLE --speculative-num-steps 3" in show.stdout
+    found = fleet1.orch("recipe", "discover")
+    assert found.returncode == 0, found.output
+    assert "family 'deepseek_v4'" in found.stdout
+    assert "test_deepseek_v4_flash_fp4_b200.py" in found.stdout and "test_deepseek_v4_pro_fp4_mtp.py" in found.stdout
+    assert "llama" not in found.stdout
+    assert "asserts accept length > 2.8" in found.stdout
+    assert "upstream only" in found.stdout and "recipe only" in found.stdout  # aiter / fp8-gemm-backend
+
+
+# --- refused before the old server is touched -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mtp", "reason"),
+    [
+        ({"algorithm": "MTP"}, "`MTP` is not an SGLang algorithm name"),
+        ({"algorithm": "NEXTN"}, "pass `EAGLE`, not `NEXTN`"),
+        ({"eagle_topk": None}, "needs eagle_topk 1 given explicitly"),
+    ],
+)
+def test_bad_mtp_recipe_is_refused_and_the_old_server_keeps_serving(
+    fleet1: FleetEnv, tmp_path: Path, mtp: dict[str, Any], reason: str
+) -> None:
+    serve_ok(fleet1)
+    before = running_server_ids(fleet1)
+    run = fleet1.orch("serve", "--playbook", playbook(tmp_path, "bad", mtp=mtp))
+    assert run.returncode == 3
+    assert "refused; the running server was left untouched" in run.stderr and reason in run.stderr
+    assert running_server_ids(fleet1) == before
+    assert server_state(fleet1).phase.value == "serving"
+
+
+def test_flag_unknown_to_the_hosts_sglang_is_refused(fleet1: FleetEnv, tmp_path: Path) -> None:
+    serve_ok(fleet1)
+    before = running_server_ids(fleet1)
+    renamed = playbook(tmp_path, "renamed", server_args={"cuda-graph-max-bss": 64})
+    run = fleet1.orch("serve", "--playbook", renamed)
+    assert run.returncode == 3
+    assert "--cuda-graph-max-bss: the host's SGLang does not know this flag" in run.stderr
+    assert "did upstream rename it to --cuda-graph-max-bs?" in run.stderr
+    assert running_server_ids(fleet1) == before
+
+
+def test_gpu_held_by_a_foreign_process_is_refused_and_left_alone(fleet1: FleetEnv) -> None:
+    serve_ok(fleet1)
+    before = running_server_ids(fleet1)
+    holder = host0(fleet1).hold_gpu(3)
+    run = fleet1.orch("serve")
+    assert run.returncode == 3
+    assert f"GPU 3: pid {holder.pid} (sleep, not started by orch)" in run.stderr
+    assert holder.poll() is None  # never killed
+    assert running_server_ids(fleet1) == before
+
+
+# --- relaunch failures --------------------------------------------------------------------------------------
+
+
+def test_crash_at_start_is_failed_with_the_log_tail(fleet1: FleetEnv) -> None:
+    host0(fleet1).set_knobs(server_fail="crash")
+    run = fleet1.orch("serve")
+    assert run.returncode == 3
+    assert "crashed at start: Initialization failed. warmup error" in run.stderr
+    assert "--- log tail ---" in run.stderr and "RuntimeError: CUDA error" in run.stderr
+    hs = server_state(fleet1)
+    assert hs.phase.value == "failed" and "crashed at start" in (hs.last_error or "")
+    assert running_server_ids(fleet1) == []
+
+
+def test_rollback_restores_the_known_good_server_after_a_crash(fleet1: FleetEnv, tmp_path: Path) -> None:
+    serve_ok(fleet1)
+    good = server_state(fleet1).server.argv
+    too_big = playbook(tmp_path, "tp16", server_args={"tp": 16})  # the server dies: not enough GPUs
+    run = fleet1.orch("serve", "--playbook", too_big, "--rollback")
+    assert run.returncode == 3
+    assert "crashed at start: RuntimeError: Not enough GPUs" in run.stderr
+    assert "rollback: the known-good server is serving again" in run.stderr
+    hs = server_state(fleet1)
+    assert hs.server.argv == good and hs.server.healthy and hs.phase.value == "serving"
+    assert [p.to_phase.value for p in hs.history[-3:]] == ["launching", "failed", "serving"]
+    assert len(running_server_ids(fleet1)) == 1
+
+
+def test_a_server_that_never_becomes_healthy_times_out(fleet1: FleetEnv) -> None:
+    host0(fleet1).set_knobs(server_fail="never_healthy")
+    run = fleet1.orch("serve", "--health-timeout", "3", "--drain-timeout", "5")
+    assert run.returncode == 3
+    assert "not healthy after 3 s" in run.stderr
+    assert server_state(fleet1).phase.value == "failed"
+    assert running_server_ids(fleet1) == []  # the hung server was stopped: its GPUs are free
+    assert host0(fleet1).gpu_processes() == []
+
+
+def test_the_old_server_slow_to_drain_is_waited_for(fleet1: FleetEnv) -> None:
+    host0(fleet1).set_knobs(drain_seconds=3)
+    serve_ok(fleet1)
+    (old,) = running_server_ids(fleet1)
+    began = time.monotonic()
+    run = serve_ok(fleet1)
+    assert time.monotonic() - began >= 3
+    assert f"server job {old} stopped; GPUs free" in run.stderr
+    jobs = {j["id"]: j for j in server_jobs(fleet1)}
+    assert jobs[old]["state"] == "succeeded" and jobs[old]["exit_code"] == 0  # drained, not killed
+    new = next(j for j in jobs.values() if j["state"] == "running")
+    assert new["started_at"] >= jobs[old]["ended_at"]
+    log = fleet1.orch("logs", "sim-1", old, "--tail", "100").stdout
+    assert "SIGTERM received" in log and "Gracefully exiting" in log
+
+
+def test_a_server_ignoring_sigterm_is_killed_after_the_drain_timeout(fleet1: FleetEnv) -> None:
+    host0(fleet1).set_knobs(server_fail="ignore_sigterm")
+    serve_ok(fleet1)
+    (old,) = running_server_ids(fleet1)
+    run = serve_ok(fleet1, "--drain-timeout", "2")
+    assert f"server job {old} killed; GPUs free" in run.stderr
+
+
+# --- verification ------------------------------------------------------------------------------------------
+
+
+def test_accept_length_below_the_minimum_warns_and_exits_5(fleet1: FleetEnv) -> None:
+    host0(fleet1).set_knobs(accept_length=2.0)
+    run = fleet1.orch("serve")
+    assert run.returncode == 5
+    assert "WARNING: accept length 2.00 is below the minimum 2.80" in run.stderr
+    assert "serving but NOT as asked" in run.stderr
+    hs = server_state(fleet1)
+    assert hs.phase.value == "serving" and "below the minimum" in (hs.last_error or "")
+    assert len(running_server_ids(fleet1)) == 1
+    assert fleet1.orch("serve", "--min-accept", "1.5").returncode == 0
