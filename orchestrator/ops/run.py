@@ -27,6 +27,7 @@ from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import pull as pull_op
 from orchestrator.ops import serve as serve_op
+from orchestrator.ops import server as server_host
 from orchestrator.ops import tune
 from orchestrator.recipe import BenchOptions, PullOptions, Recipe, ServeOptions, Step, TuneOptions
 from orchestrator.state import HostState, StateStore
@@ -109,8 +110,10 @@ def run_step(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: H
         outcome.skipped.append(step.name)
         ctx.say(host, f"{step.name}: already done, skipped")
         return
-    _mark(ctx.store, host, ctx.playbook, step.name, "running")
-    ctx.say(host, f"{step.name}: started")
+    resumed = was_interrupted(ctx.store, host, ctx.playbook, step.name)
+    ctx.say(host, f"{step.name}: {'resumed' if resumed else 'started'}")
+    if not resumed:
+        _mark(ctx.store, host, ctx.playbook, step.name, "running")
     try:
         detail = STEPS[step.name](ctx, host, runner, step)
     except Exception as exc:
@@ -157,16 +160,42 @@ def _tune_outcome(results: FleetResult[tune.TuneStatus], host: Host) -> str:
 
 def _serve(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
     assert isinstance(step.options, ServeOptions)
-    result = serve_op.serve(host, runner, ctx.store, ctx.recipe, step.options, lambda m: ctx.say(host, m), ctx.peers)
+    result = _resume_serve(ctx, host, runner, step.options) or serve_op.serve(
+        host, runner, ctx.store, ctx.recipe, step.options, lambda m: ctx.say(host, m), ctx.peers
+    )
     accept = f", accept length {result.accept_length:.2f}" if result.accept_length is not None else ""
     return f"serving job {result.job_id}, speculative {result.spec}{accept}"
+
+
+def _resume_serve(ctx: RunContext, host: Host, runner: Runner, options: ServeOptions) -> serve_op.ServeResult | None:
+    """After an interrupted run: the server it launched still runs the same command → attach, do not relaunch."""
+    if not was_interrupted(ctx.store, host, ctx.playbook, "serve"):
+        return None
+    argv = serve_op.check_launch(host, runner, ctx.recipe, options.mtp)
+    job = server_host.running_server(runner, host)
+    if job is None or runner.read_bytes(f"{job.dir}/argv").split(b"\0")[-len(argv) - 1 : -1] != [
+        a.encode() for a in argv
+    ]:
+        return None
+    ctx.say(host, f"serve: re-attaching to server job {job.id}, launched by the interrupted run")
+    serve_op._record_server(ctx.store, host, job.id, argv, options.mtp)  # the killed run may not have
+    log = serve_op.wait_healthy(host, runner, job.id, server_facts.base_url(ctx.recipe, host), options.health_timeout)
+    result = serve_op.verify(host, runner, ctx.recipe, options, serve_op.Started(job.id, argv, log, 0.0))
+    return serve_op._finish(host, ctx.store, result)
+
+
+def was_interrupted(store: StateStore, host: Host, playbook: str, step: str) -> bool:
+    hs = store.load().hosts.get(host.name)
+    return hs is not None and hs.steps.get("playbook") == playbook and hs.steps.get("running") == step
 
 
 def _bench(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
     assert isinstance(step.options, BenchOptions)
     run = bench_op.bench(host, runner, ctx.store, ctx.recipe.bench, step.options)
     record = run.record
-    return f"{record.label}: {record.metrics.output_throughput:.1f} output tok/s" + (" (collected)" if run.attached else "")
+    return f"{record.label}: {record.metrics.output_throughput:.1f} output tok/s" + (
+        " (collected)" if run.attached else ""
+    )
 
 
 STEPS: dict[str, Callable[[RunContext, Host, Runner, Step], str]] = {

@@ -1,0 +1,117 @@
+"""Issue 5 §1: `orch run` end to end over real SSH: the whole pipeline, resuming after SIGKILL, dry runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from tests.conftest import FleetEnv
+
+FAST = {"tune_seconds_per_unit": 0.02, "startup_seconds": 0.3}
+
+
+def fast(env: FleetEnv, **knobs: object) -> None:
+    for host in env.fleet.hosts:  # type: ignore[attr-defined]
+        host.set_knobs(**{**FAST, **knobs})
+
+
+def state(env: FleetEnv) -> dict:  # type: ignore[type-arg]
+    return json.loads(env.state.read_text())["hosts"] if env.state.exists() else {}
+
+
+def purposes(host: object) -> Counter[str]:
+    """How many jobs were ever started on the host, by purpose (from the job directories on its disk)."""
+    jobs = Path(host.workdir) / "jobs"  # type: ignore[attr-defined]
+    names = [d.name for d in jobs.iterdir()] if jobs.exists() else []
+    return Counter(name.split("-")[0].split(".")[0] for name in names)  # job ids start with their purpose
+
+
+def start_run(env: FleetEnv) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "run"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def kill_when(proc: subprocess.Popen[bytes], ready: object, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():  # type: ignore[operator]
+        assert proc.poll() is None, "orch run ended before the moment to kill it"
+        assert time.monotonic() < deadline, "never reached the moment to kill orch"
+        time.sleep(0.1)
+    proc.kill()  # SIGKILL: no cleanup of any kind
+    proc.wait()
+
+
+def test_run_takes_three_hosts_to_serving_with_mtp_verified_and_a_benchmark(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(3)
+    fast(env)
+    env.fleet.add_upstream_commit("Faster FP8 path")
+    run = env.orch("run", "deepseek-v4-flash", timeout=600)
+    assert run.returncode == 0, run.output
+    for name, hs in state(env).items():
+        assert hs["phase"] == "serving", name
+        assert set(hs["steps"]["done"]) == {"pull", "tune-fp8", "serve", "bench"}
+        assert hs["server"]["mtp"] is True and hs["server"]["verified"]
+        assert len(hs["benchmarks"]) == 1 and hs["benchmarks"][0]["metrics"]["output_throughput"] > 0
+    again = env.orch("run", "deepseek-v4-flash")
+    assert again.returncode == 0 and again.stdout.count("already done: pull, tune-fp8, serve, bench") == 3
+
+
+def test_run_resumes_after_sigkill_during_tuning_with_no_duplicate_job(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(2)
+    fast(env, tune_seconds_per_unit=0.25)
+    proc = start_run(env)
+    kill_when(proc, lambda: all(purposes(h)["tune"] == 8 for h in env.fleet.hosts))
+    assert all(hs["steps"]["running"] == "tune-fp8" for hs in state(env).values())
+    run = env.orch("run", timeout=600)
+    assert run.returncode == 0, run.output
+    for host in env.fleet.hosts:
+        assert purposes(host) == Counter({"tune": 8, "server": 1, "bench": 1})
+        assert state(env)[host.name]["phase"] == "serving"
+
+
+def test_run_resumes_after_sigkill_during_relaunch_without_a_second_server(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(1)
+    fast(env, startup_seconds=4)
+    (host,) = env.fleet.hosts
+    proc = start_run(env)
+    kill_when(proc, lambda: purposes(host)["server"] == 1)
+    run = env.orch("run", timeout=600)
+    assert run.returncode == 0, run.output
+    assert "re-attaching to server job" in run.stderr
+    assert purposes(host) == Counter({"tune": 8, "server": 1, "bench": 1})
+    assert state(env)[host.name]["phase"] == "serving"
+
+
+def test_one_host_failing_its_tuning_does_not_hold_the_others(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(3)
+    fast(env)
+    broken = env.fleet.hosts[1]
+    broken.set_knobs(tuner_fail="crash")
+    run = env.orch("run", timeout=600)
+    assert run.returncode == 3
+    hosts = state(env)
+    assert hosts[broken.name]["phase"] == "failed"
+    assert hosts[broken.name]["steps"]["failed"]["step"] == "tune-fp8"
+    assert [n for n, hs in hosts.items() if hs["phase"] == "serving"] == [
+        h.name for h in env.fleet.hosts if h is not broken
+    ]
+
+
+def test_run_dry_run_prints_commands_and_changes_nothing(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(1)
+    (host,) = env.fleet.hosts
+    env.fleet.add_upstream_commit("Not pulled by a dry run")
+    head = subprocess.run(["git", "-C", str(host.sglang_dir), "rev-parse", "HEAD"], capture_output=True, text=True)
+    run = env.orch("run", "--dry-run")
+    assert run.returncode == 0, run.output
+    assert "step tune-fp8:" in run.stdout and "tuning_block_wise_kernel.py" in run.stdout
+    assert "CUDA_VISIBLE_DEVICES=7" in run.stdout
+    assert "--speculative-algorithm EAGLE" in run.stdout
+    after = subprocess.run(["git", "-C", str(host.sglang_dir), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert after.stdout == head.stdout
+    assert not purposes(host)
+    assert all(not hs.get("steps") for hs in state(env).values())
