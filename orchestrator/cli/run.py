@@ -40,7 +40,7 @@ def run(
     only: str | None,
     dry_run: bool,
 ) -> int:
-    """Run a playbook's steps (e.g. pull, tune-fp8, serve, bench) on each host; re-run to resume.
+    """Run a playbook's steps on each host (pull, tune-fp8, serve, bench); re-run to resume.
 
     Finished steps are skipped, running jobs re-attached; nothing is started twice, even after orch
     was killed. Progress goes to stderr, one line per host and event.

@@ -178,10 +178,7 @@ def _resume_serve(ctx: RunContext, host: Host, runner: Runner, options: ServeOpt
     ]:
         return None
     ctx.say(host, f"serve: re-attaching to server job {job.id}, launched by the interrupted run")
-    serve_op._record_server(ctx.store, host, job.id, argv, options.mtp)  # the killed run may not have
-    log = serve_op.wait_healthy(host, runner, job.id, server_facts.base_url(ctx.recipe, host), options.health_timeout)
-    result = serve_op.verify(host, runner, ctx.recipe, options, serve_op.Started(job.id, argv, log, 0.0))
-    return serve_op._finish(host, ctx.store, result)
+    return serve_op.reattach(host, runner, ctx.store, ctx.recipe, options, job, argv)
 
 
 def was_interrupted(store: StateStore, host: Host, playbook: str, step: str) -> bool:
