@@ -44,6 +44,7 @@ from orchestrator.render import err, host_errors, out
 @click.option("--allow-busy-gpus", is_flag=True, help="Start even when other processes hold the GPUs.")
 @click.option("--stop-server", is_flag=True, help="First stop the server orch launched on the host.")
 @click.option("--wait", is_flag=True, help="Show live progress until the jobs end, then install the configs.")
+@click.option("--poll", type=click.FloatRange(0.1, 60), default=1.0, show_default=True, help="Seconds between polls.")
 @pass_app
 def tune_fp8(
     app: App,
@@ -58,6 +59,7 @@ def tune_fp8(
     allow_busy_gpus: bool,
     stop_server: bool,
     wait: bool,
+    poll: float,
 ) -> int:
     """Tune SGLang's block-FP8 GEMM kernels as detached jobs, one per GPU, and install the configs.
 
@@ -83,7 +85,7 @@ def tune_fp8(
     recipe_for = recipe_lookup(app, playbook)
     with app.fleet(selected, parallel) as fl, progress_display(wait) as on_progress:
         peers = tune_op.fleet_peers(fl, app.inventory.hosts)
-        results = tune_op.tune_fp8(fl, selected, app.store, recipe_for, options, peers, print_plans, on_progress)
+        results = tune_op.tune_fp8(fl, selected, app.store, recipe_for, options, peers, print_plans, on_progress, poll)
     return report(results)
 
 
