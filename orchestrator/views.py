@@ -68,6 +68,20 @@ def _tuning_cell(v: HostStatus) -> str:
     return f"{t['state']}: {t.get('reason') or t.get('error') or ''}".rstrip(": ")
 
 
+def _server_cell(v: HostStatus) -> str:
+    """``healthy, MTP on (accept 3.10), 5 tuned shapes, up 2h03m, job server-...`` or why it is down."""
+    s = v.extra.get("server")
+    if not s:
+        return "-"
+    if not s["healthy"]:
+        return f"NOT healthy (job {s['job']}: {s['job_state']})"
+    accept = f" (accept {s['accept_length']:.2f})" if s.get("accept_length") is not None else ""
+    mtp = f"MTP on{accept}" if s["mtp"] else "MTP off"
+    up = s.get("uptime_s") or 0
+    uptime = f"{up // 3600}h{up % 3600 // 60:02d}m" if up >= 3600 else f"{up // 60}m{up % 60:02d}s"
+    return f"healthy, {mtp}, {len(s['tuned_shapes_in_use'])} tuned shapes, up {uptime}, job {s['job']}"
+
+
 def status_table(views: list[HostStatus]) -> None:
     rows = []
     for v in views:
@@ -81,12 +95,13 @@ def status_table(views: list[HostStatus]) -> None:
                 _sglang_cell(v),
                 _gpu_cell(v),
                 _tuning_cell(v),
+                _server_cell(v),
                 *(str(v.extra.get(k, "")) for k in ("jobs",)),
             ]
         )
         if v.reachable and v.error:
             rows[-1][2] = f"yes ({v.error})"
-    table(None, ["host", "address", "reachable", "phase", "sglang", "gpus", "tuning", "jobs"], rows)
+    table(None, ["host", "address", "reachable", "phase", "sglang", "gpus", "tuning", "server", "jobs"], rows)
 
 
 def pull_report(results: FleetResult[PullResult]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from orchestrator import jobs
@@ -18,6 +19,7 @@ from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts.server_log import ServerLog, parse_server_log
 from orchestrator.inventory import Host
+from orchestrator.state import ServerRecord
 from orchestrator.transport.base import Runner
 
 SERVER_PURPOSE = "server"
@@ -174,3 +176,48 @@ def wait_gpus_released(host: Host, runner: Runner, indexes: Sequence[int], job_i
         if time.monotonic() > deadline:
             raise RefusedError(f"{host.name}: GPUs {sorted({h.gpu for h in holders})} still held after {timeout:.0f} s")
         time.sleep(0.5)
+
+
+# --- `orch status` -------------------------------------------------------------------------------------
+
+
+def status_sections(host: Host) -> list[tuple[str, list[str]]]:
+    """What ``orch status`` reads about the server, in its single round trip: ``/health`` and
+    ``/server_info`` from the host itself (on loopback), and the host's job list."""
+    url = f"http://127.0.0.1:{host.server_port}"
+    probes = [facts.HttpRequest("GET", f"{url}/health", timeout=3), facts.HttpRequest("GET", f"{url}/server_info")]
+    return [("server_http", facts.http_argv(host.python, probes)), ("server_jobs", jobs.list_argv(host.workdir))]
+
+
+def status_field(
+    http_out: str | None, jobs_out: str | None, record: ServerRecord | None, now: datetime
+) -> dict[str, Any] | None:
+    """The ``server`` field of ``orch status`` (None when orch never launched one on this host):
+    healthy or not, MTP on/off with the live accept length, the tuned shapes in use (as verified at
+    launch), uptime and the server job."""
+    if record is None:
+        return None
+    job = next((j for j in jobs.parse_list(jobs_out or "", "") if j.id == record.job_id), None)
+    health, info = _answers(http_out)
+    running = job is not None and job.running
+    return {
+        "job": record.job_id,
+        "job_state": job.state if job else "unknown",
+        "healthy": running and health == 200,
+        "port": record.port,
+        "mtp": record.mtp,
+        "speculative": str(facts.spec_settings(info)) if info else record.verified.get("speculative"),
+        "accept_length": facts.avg_accept_length(info) if info else None,
+        "tuned_shapes_in_use": list(record.verified.get("tuned_shapes_in_use") or []),
+        "uptime_s": int((now - job.started_at).total_seconds()) if running and job and job.started_at else None,
+    }
+
+
+def _answers(http_out: str | None) -> tuple[int, dict[str, Any] | None]:
+    """(/health status, /server_info dict or None) from the status section's output."""
+    try:
+        health, info = facts.parse_http(http_out or "")
+    except ValueError:
+        return 0, None
+    body = info.json() if info.status == 200 else None
+    return health.status, body if isinstance(body, dict) else None

@@ -9,7 +9,7 @@ from typing import Any
 from orchestrator.facts import git, gpus, probe
 from orchestrator.fleet import HostResult
 from orchestrator.inventory import Host
-from orchestrator.ops import tune
+from orchestrator.ops import server, tune
 from orchestrator.state import HostState, SGLangInfo, StateStore
 from orchestrator.transport.base import Runner
 
@@ -76,6 +76,7 @@ def sglang_info(host: Host, info: git.GitInfo) -> SGLangInfo:
 def status_sections(host: Host) -> list[tuple[str, list[str]]]:
     """The read-only commands ``status`` runs on a host, all in one round trip."""
     return [
+        *server.status_sections(host),  # first: git, read last, is then as fresh as it can be
         ("git", git.info_argv(host.sglang_dir, host.upstream)),
         ("gpus", gpus.query_gpus_argv()),
         ("apps", gpus.query_apps_argv()),
@@ -142,6 +143,10 @@ def merge_state(obs: Observed, hs: HostState) -> HostStatus:
     status.phase = hs.phase.value
     status.sglang = hs.sglang.model_dump(mode="json") if hs.sglang else None
     status.last_seen = hs.last_seen.isoformat() if hs.last_seen else None
+    http, listed = obs.sections.get("server_http"), obs.sections.get("server_jobs")
+    status.extra["server"] = server.status_field(
+        http.output if http else None, listed.output if listed else None, hs.server, datetime.now(timezone.utc)
+    )
     return status
 
 

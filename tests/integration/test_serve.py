@@ -78,6 +78,13 @@ def test_serve_with_mtp_on_two_hosts_is_verified_then_no_mtp_then_stopped(make_f
     assert "--speculative-eagle-topk" in hs.server.argv and "--fp8-gemm-backend" in hs.server.argv
     assert hs.server.verified["speculative"] == "EAGLE steps=3 topk=1 draft=4"
     assert hs.server.verified["accept_length"] == pytest.approx(3.1)
+    status = env.orch("status", "--json")
+    servers = {h["name"]: h["server"] for h in json.loads(status.stdout)["hosts"]}
+    for server in servers.values():
+        assert server["healthy"] and server["mtp"] and server["job_state"] == "running"
+        assert server["speculative"] == "EAGLE steps=3 topk=1 draft=4" and server["accept_length"] == pytest.approx(3.1)
+        assert server["uptime_s"] is not None and server["tuned_shapes_in_use"] == []
+    assert "healthy, MTP" in env.orch("status").stdout  # (the table wraps long cells)
 
     plain = serve_ok(env, "--host", "sim-1", "--no-mtp")
     assert "speculative: off (as asked)" in plain.stdout and "accept length" not in plain.stdout

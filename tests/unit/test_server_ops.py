@@ -1,0 +1,160 @@
+"""The server helpers of ops/server.py and ops/serve.py that need no host: holders, status field, log reading."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from itertools import islice
+
+import pytest
+
+from orchestrator.errors import RefusedError
+from orchestrator.inventory import Host
+from orchestrator.ops import serve as serve_op
+from orchestrator.ops import server as srv
+from orchestrator.state import HostState, Phase, ServerRecord
+from orchestrator.transport.base import CommandResult
+
+HOST = Host(name="b1", address="127.0.0.2", workdir="/w")
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+
+
+def test_parse_sessions_skips_gone_processes() -> None:
+    assert srv.parse_sessions("12 10\n13 -\njunk\n14 14\n") == {12: 10, 14: 14}
+
+
+def test_sessions_script_reads_proc_for_real() -> None:
+    argv = ["sh", "-c", srv._SESSIONS, "orch-sessions", str(os.getpid()), "999999999"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    assert srv.parse_sessions(out) == {os.getpid(): os.getsid(0)}
+
+
+def test_refuse_held_gpus_names_foreign_processes_and_other_jobs_but_allows_ours() -> None:
+    ours = srv.Holder(0, 100, "sglang::scheduler", "server-1")
+    srv.refuse_held_gpus(HOST, [ours], "server-1", "untouched")  # the old server: fine
+    foreign = srv.Holder(3, 4242, "python3")
+    tuner = srv.Holder(5, 77, "python", "tune.gpu5-x")
+    with pytest.raises(RefusedError) as refused:
+        srv.refuse_held_gpus(HOST, [ours, foreign, tuner], "server-1", "the running server was left untouched")
+    message = str(refused.value)
+    assert "GPU 3: pid 4242 (python3, not started by orch)" in message
+    assert "GPU 5: pid 77 (python, orch job tune.gpu5-x)" in message
+    assert "the running server was left untouched" in message and "never kills" in message
+
+
+def jobs_line(job_id: str, alive: str, code: str, started: datetime) -> str:
+    return "\t".join(["job", job_id, "server", "4242", alive, code, str(int(started.timestamp())), "", "10", "0"])
+
+
+def http_out(health: int, info: Mapping[str, object] | None) -> str:
+    answers = [{"status": health, "body": ""}, {"status": 200 if info else 0, "body": json.dumps(info) if info else ""}]
+    return json.dumps(answers) + "\n"
+
+
+RECORD = ServerRecord(
+    job_id="server-1",
+    argv=["py", "-m", "sglang.launch_server"],
+    port=30000,
+    mtp=True,
+    verified={"speculative": "EAGLE steps=3 topk=1 draft=4", "tuned_shapes_in_use": ["N=1024,K=4096"]},
+)
+INFO = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4, "internal_states": [{"avg_spec_accept_length": 3.05}]}  # fmt: skip
+
+
+def test_status_field_of_a_healthy_mtp_server() -> None:
+    field = srv.status_field(http_out(200, INFO), jobs_line("server-1", "1", "", NOW - timedelta(hours=2)), RECORD, NOW)
+    assert field == {
+        "job": "server-1",
+        "job_state": "running",
+        "healthy": True,
+        "port": 30000,
+        "mtp": True,
+        "speculative": "EAGLE steps=3 topk=1 draft=4",
+        "accept_length": 3.05,
+        "tuned_shapes_in_use": ["N=1024,K=4096"],
+        "uptime_s": 7200,
+    }
+
+
+def test_status_field_of_a_dead_server_and_of_no_server() -> None:
+    field = srv.status_field(http_out(0, None), jobs_line("server-1", "0", "1", NOW), RECORD, NOW)
+    assert field is not None
+    assert (field["healthy"], field["job_state"], field["uptime_s"], field["accept_length"]) == (
+        False,
+        "failed",
+        None,
+        None,
+    )
+    assert field["speculative"] == "EAGLE steps=3 topk=1 draft=4"  # as verified at launch
+    assert srv.status_field("garbage", "", RECORD, NOW)["job_state"] == "unknown"  # type: ignore[index]
+    assert srv.status_field(http_out(200, INFO), "", None, NOW) is None
+
+
+class FileRunner:
+    """A runner whose files are in memory: enough for LogReader."""
+
+    host = "b1"
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files
+        self.reads: list[tuple[int, int | None]] = []
+
+    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        self.reads.append((offset, length))
+        if path not in self.files:
+            raise OSError("no such file")
+        data = self.files[path][offset:]
+        return data if length is None else data[:length]
+
+    def run(self, argv: Sequence[str], **kwargs: object) -> CommandResult:
+        raise AssertionError("not used")
+
+    def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        raise AssertionError("not used")
+
+    def close(self) -> None:
+        pass
+
+
+def test_log_reader_reads_only_new_bytes_and_tolerates_a_missing_log() -> None:
+    runner = FileRunner({})
+    reader = srv.LogReader(runner, "/w/log")
+    assert not reader.read().ready
+    first = b"[2026-11-29 12:00:00 TP0] Load weight begin.\n"
+    runner.files["/w/log"] = first
+    assert not reader.read().ready
+    runner.files["/w/log"] += b"[2026-11-29 12:00:05 TP0] The server is fired up and ready to roll!\n"
+    assert reader.read().ready
+    assert [offset for offset, _ in runner.reads] == [0, 0, len(first)]
+
+
+def test_health_polls_back_off_to_the_cap() -> None:
+    assert list(islice(serve_op._backoff(0.2, 2.0), 6)) == [0.2, 0.4, 0.8, 1.6, 2.0, 2.0]
+
+
+def test_stopping_the_server_returns_the_phase_from_before_the_launch() -> None:
+    hs = HostState(phase=Phase.TUNED)
+    hs.set_phase(Phase.LAUNCHING, "serve")
+    hs.set_phase(Phase.SERVING, "healthy")
+    hs.server = RECORD.model_copy(update={"healthy": True})
+    serve_op._record_stopped(hs)
+    assert hs.phase == Phase.TUNED and hs.server is not None and hs.server.healthy is False
+    fresh = HostState(phase=Phase.FAILED)
+    serve_op._record_stopped(fresh)
+    assert fresh.phase == Phase.PULLED
+
+
+def test_accept_problem() -> None:
+    result = serve_op.ServeResult(argv=[], job_id="j", mtp=True, healthy_after=1.0, min_accept=2.8)
+    assert serve_op._accept_problem(result) == "could not measure the accept length (minimum 2.80)"
+    result.accept_length = 2.0
+    assert serve_op._accept_problem(result) == "accept length 2.00 is below the minimum 2.80"
+    result.accept_length = 3.1
+    assert serve_op._accept_problem(result) is None
+    result.mtp = False
+    result.accept_length = None
+    assert serve_op._accept_problem(result) is None
