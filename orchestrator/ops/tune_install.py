@@ -1,0 +1,158 @@
+"""Completing a tuning group: install the merged configs on every member, or record why it failed.
+
+All or nothing: every partial file of every job is read and validated (``facts.tuner``), merged per
+shape (never one over another) and checked complete before the first file is installed. A replaced
+config is backed up under ``workdir/tune/backups/<plan>/``. A failure names the first failed job
+(host, GPU, exit code, OOM or exception, or lost), keeps its log tail, and stops the group's other jobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator import jobs
+from orchestrator.facts import tuner as tf
+from orchestrator.ops.tune_progress import HostPoll
+from orchestrator.ops.tune_record import (
+    AssignmentRecord,
+    InstalledRecord,
+    Member,
+    PlanRecord,
+    RunRecord,
+    TuningRecord,
+    edit_record,
+)
+from orchestrator.state import HostState, Phase, StateStore, utc_now
+from orchestrator.transport.base import Runner
+
+_TAIL_LINES = 25
+
+
+def complete_group(members: Sequence[Member], store: StateStore, plan: PlanRecord, polls: dict[str, HostPoll]) -> None:
+    """All jobs ended: install the merged configs on every member, or record the failure on each."""
+    failed = [(a, polls[a.host].infos.get(a.job_id or "")) for a in plan.assignments]
+    failed = [(a, info) for a, info in failed if info is None or info.state != "succeeded"]
+    if failed:
+        reason, tail = describe_failure(members, failed, polls)
+        stop_running(members, plan, polls)
+        return record_failure(members, store, plan, reason, tail)
+    try:
+        merged = merge_group(members, plan)
+    except (tf.ConfigInvalid, OSError) as exc:
+        return record_failure(members, store, plan, f"tuned configs are not valid: {exc}", None)
+    for m in members:
+        install(m, store, plan, merged)
+
+
+def describe_failure(
+    members: Sequence[Member],
+    failed: Sequence[tuple[AssignmentRecord, jobs.JobInfo | None]],
+    polls: dict[str, HostPoll],
+) -> tuple[str, str | None]:
+    """The reason (first failed job: host, GPU, job, exit/lost, OOM or exception) and its log tail."""
+    a, info = failed[0]
+    where = f"{a.host} GPU {a.gpu} job {a.purpose} ({a.job_id})"
+    if info is None:
+        return f"{where}: its job directory is gone", None
+    if info.state == "lost":
+        return f"{where} was lost: its process is gone without an exit code (host rebooted or killed)", None
+    progress = polls[a.host].progress.get(a.purpose, tf.LogProgress())
+    runner = next(m.runner for m in members if m.host.name == a.host)
+    tail = jobs.tail_lines(jobs.read_tail(runner, info), _TAIL_LINES)
+    more = f" (and {len(failed) - 1} more jobs)" if len(failed) > 1 else ""
+    return f"{where} failed: {tf.failure_reason(progress, info.exit_code)}{more}", tail
+
+
+def stop_running(members: Sequence[Member], plan: PlanRecord, polls: dict[str, HostPoll]) -> None:
+    """Stop the group's jobs that still run: without the failed part the result cannot be installed."""
+    for m in members:
+        for a in plan.on(m.host.name):
+            info = polls[m.host.name].infos.get(a.job_id or "")
+            if info is not None and info.running:
+                jobs.stop(m.runner, info, grace_seconds=10)
+
+
+def record_failure(
+    members: Sequence[Member], store: StateStore, plan: PlanRecord, reason: str, tail: str | None
+) -> None:
+    def apply(hs: HostState, record: TuningRecord) -> None:
+        if record.plan is None or record.plan.id != plan.id:
+            return
+        record.state, record.reason, record.log_tail = "failed", reason, tail
+        hs.set_phase(Phase.FAILED, f"tuning failed: {reason}")
+        hs.last_error = f"tuning: {reason}"
+
+    for m in members:
+        edit_record(store, m.host.name, apply)
+
+
+def merge_group(members: Sequence[Member], plan: PlanRecord) -> dict[str, tf.Configs]:
+    """Per shape key: the merged configs of every job that tuned it, checked complete."""
+    runners = {m.host.name: m.runner for m in members}
+    merged = {}
+    for s in plan.shapes:
+        parts = [
+            _partial(runners[a.host], a, r, plan.device) for a in plan.assignments for r in a.runs if r.key == s.key
+        ]
+        configs = tf.merge_configs(parts)
+        missing = tf.missing_batch_sizes(configs, plan.batch_sizes)
+        if missing:
+            raise tf.ConfigInvalid(f"{s.key}: no config for batch sizes {missing}")
+        merged[s.key] = configs
+    return merged
+
+
+def _partial(runner: Runner, a: AssignmentRecord, run: RunRecord, device: str) -> tuple[str, tf.Configs]:
+    """One job's partial file for one run, which must hold every batch size of the run."""
+    path = f"{a.staging}/{tf.config_file_name(run.n, run.k, device)}"
+    where = f"{a.host}:{path}"
+    configs = tf.parse_config(runner.read_bytes(path), where)
+    missing = tf.missing_batch_sizes(configs, run.batch_sizes)
+    if missing:
+        raise tf.ConfigInvalid(f"{where}: no config for batch sizes {missing}")
+    return where, configs
+
+
+def install(member: Member, store: StateStore, plan: PlanRecord, merged: dict[str, tf.Configs]) -> None:
+    """Write every merged config into the member's runtime config dir; back up a replaced file."""
+    host, runner = member.host, member.runner
+    paths = plan.hosts[host.name]
+    done: dict[str, InstalledRecord] = {}
+    for s in plan.shapes:
+        target = f"{paths.config_dir.rstrip('/')}/{tf.config_file_name(s.n, s.k, plan.device)}"
+        data = tf.render_config(merged[s.key]).encode()
+        backup = _backup(runner, target, data, f"{paths.workdir.rstrip('/')}/tune/backups/{plan.id}")
+        runner.write_bytes(target, data, mode=0o644)
+        done[s.key] = InstalledRecord(
+            path=target,
+            device=plan.device,
+            commit=plan.commit,
+            triton=plan.triton,
+            batch_sizes=plan.batch_sizes,
+            plan_id=plan.id,
+            installed_at=utc_now(),
+            backup=backup,
+        )
+    edit_record(store, host.name, lambda hs, r: _record_installed(hs, r, plan, done))
+
+
+def _backup(runner: Runner, target: str, data: bytes, backup_dir: str) -> str | None:
+    """Copy an existing, different ``target`` to ``backup_dir``; its path, or None when nothing to keep."""
+    try:
+        old = runner.read_bytes(target)
+    except FileNotFoundError:
+        return None
+    if old == data:
+        return None
+    runner.run(["mkdir", "-p", "-m", "700", "--", backup_dir], check=True)
+    backup = f"{backup_dir}/{target.rsplit('/', 1)[-1]}"
+    runner.write_bytes(backup, old, mode=0o644)
+    return backup
+
+
+def _record_installed(hs: HostState, record: TuningRecord, plan: PlanRecord, done: dict[str, InstalledRecord]) -> None:
+    record.installed.update(done)
+    if record.plan is not None and record.plan.id == plan.id:
+        record.state, record.reason, record.log_tail = "installed", None, None
+    hs.set_phase(Phase.TUNED, f"installed {len(done)} tuned FP8 configs (plan {plan.id})")
+    hs.last_error = None

@@ -1,0 +1,199 @@
+"""Preparing a host for tuning: discover on the host, resolve the shapes, skip installed ones, check GPUs.
+
+Nothing is hard-coded that the host can tell: the tuner's flags come from its ``--help``, the runtime
+config directory from importing SGLang's ``fp8_kernel`` with the host's python, the GPU name from
+nvidia-smi, Triton's version if it imports, the SGLang commit from git. A host already running a plan
+is attached to instead (``Prepared.attach``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from orchestrator import jobs
+from orchestrator.errors import ConfigError, RefusedError
+from orchestrator.facts import git
+from orchestrator.facts import gpus as smi
+from orchestrator.facts import tuner as tf
+from orchestrator.inventory import Host
+from orchestrator.ops.tune_progress import record_job_end
+from orchestrator.ops.tune_record import InstalledRecord, PlanRecord, TuningRecord, load_record
+from orchestrator.recipe import Recipe, Shape, TuneOptions, parse_shapes
+from orchestrator.state import StateStore
+from orchestrator.transport.base import Runner
+
+
+@dataclass
+class HostFacts:
+    """What orch found on a host before tuning it."""
+
+    host: Host
+    tuner: str  # absolute path of the tuner script
+    flags: frozenset[str]
+    config_dir: str
+    triton: str | None
+    device: str  # nvidia-smi's name, spaces and all
+    commit: str
+    gpus: list[smi.Gpu]
+    gpu_users: dict[int, list[smi.GpuProcess]]
+
+
+def discover(host: Host, runner: Runner) -> HostFacts:
+    """Read the tuner, the runtime config directory, the GPUs, Triton and the SGLang commit."""
+    script, flags = discover_tuner(host, runner)
+    runtime = discover_runtime(host, runner)
+    devices, users = read_gpu_users(runner)
+    if not devices:
+        raise RefusedError(f"{host.name}: nvidia-smi lists no GPU")
+    commit = git.parse_info(runner.run(git.info_argv(host.sglang_dir, host.upstream), check=True).stdout).commit
+    config_dir = runtime.config_dir or ""
+    return HostFacts(host, script, flags, config_dir, runtime.triton, devices[0].name, commit, devices, users)
+
+
+def discover_tuner(host: Host, runner: Runner) -> tuple[str, frozenset[str]]:
+    """The tuner's path and flags; refuse a missing tuner or one too old to take ``--N/--K``."""
+    for script in (tf.TUNER_SCRIPT, tf.OLD_TUNER_SCRIPT):
+        result = runner.run(tf.help_argv(host.python, host.sglang_dir, script), timeout=300)
+        if result.ok:
+            path = tf.help_argv(host.python, host.sglang_dir, script)[1]
+            try:
+                flags = tf.parse_help_flags(result.stdout)
+                tf.check_flags(path, flags)
+            except tf.TunerTooOld as exc:
+                raise RefusedError(f"{host.name}: tuner too old: {exc}", hint="update SGLang: orch pull") from None
+            return path, flags
+    raise RefusedError(
+        f"{host.name}: no block-FP8 tuner in {host.sglang_dir} ({tf.TUNER_SCRIPT}), or `{host.python}` cannot run it",
+        hint="check sglang_dir and python in the inventory",
+    )
+
+
+def discover_runtime(host: Host, runner: Runner) -> tf.RuntimeFacts:
+    result = runner.run(tf.discover_argv(host.python), timeout=300)
+    facts = tf.parse_discover(result.stdout)
+    if facts.config_dir is None:
+        why = "; ".join(facts.errors) or result.stderr.strip()[-300:]
+        raise RefusedError(
+            f"{host.name}: cannot import SGLang's fp8_kernel with {host.python} ({why})",
+            hint=f"install SGLang for that interpreter: orch pull --install --host {host.name}",
+        )
+    return facts
+
+
+def read_gpu_users(runner: Runner) -> tuple[list[smi.Gpu], dict[int, list[smi.GpuProcess]]]:
+    """The GPUs and, per GPU index, the processes holding it."""
+    devices = smi.parse_gpus(runner.run(smi.query_gpus_argv(), check=True).stdout)
+    apps = smi.parse_apps(runner.run(smi.query_apps_argv(), check=True).stdout)
+    return devices, {d.index: [a for a in apps if a.gpu_uuid == d.uuid] for d in devices}
+
+
+@dataclass
+class Prepared:
+    """A host ready to tune (``facts``, the shapes it needs) or to attach to (``attach``)."""
+
+    host: Host
+    runner: Runner
+    attach: PlanRecord | None = None
+    facts: HostFacts | None = None
+    shapes: list[Shape] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+    tp_size: int = 8
+
+
+def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> Prepared:
+    """Attach to a running plan, or discover, resolve shapes, skip installed ones and check GPUs."""
+    record = load_record(store.load().hosts.get(host.name))
+    if record.state == "running" and record.plan is not None:
+        return Prepared(host, runner, attach=record.plan)
+    facts = discover(host, runner)
+    tp = tp_size(recipe, host)
+    wanted = resolve_shapes(options.shapes, recipe, host, runner, tp)
+    batch_sizes = list(options.batch_sizes or recipe.tuning.batch_sizes)
+    skipped = [] if options.force else installed_shapes(runner, record, facts, wanted, batch_sizes)
+    needed = [s for s in wanted if s.key not in skipped]
+    if needed and options.stop_server:
+        stop_server(host, runner, store)
+        facts.gpus, facts.gpu_users = read_gpu_users(runner)
+    if needed:
+        refuse_busy(host, facts, options.allow_busy_gpus)
+    return Prepared(host, runner, None, facts, needed, skipped, batch_sizes, tp)
+
+
+def tp_size(recipe: Recipe, host: Host) -> int:
+    """The serving TP size: the recipe's ``tp``/``tp-size`` server argument, else the host's GPU count."""
+    value = recipe.server_args.get("tp", recipe.server_args.get("tp-size", host.gpus))
+    return int(value)
+
+
+def resolve_shapes(spec: str, recipe: Recipe, host: Host, runner: Runner, tp: int) -> list[Shape]:
+    """``default`` (the recipe's list), ``auto`` (from the model's config.json) or ``N=..,K=..;...``."""
+    if spec == "default":
+        if not recipe.tuning.shapes:
+            raise ConfigError(
+                f"playbook {recipe.path or recipe.model} has no tuning.shapes; use --shapes auto or a list"
+            )
+        return list(recipe.tuning.shapes)
+    if spec == "auto":
+        return auto_shapes(host, runner, tp)
+    return parse_shapes(spec)
+
+
+def auto_shapes(host: Host, runner: Runner, tp: int) -> list[Shape]:
+    path = f"{host.model_path.rstrip('/')}/config.json"
+    try:
+        config = json.loads(runner.read_bytes(path))
+    except (OSError, ValueError) as exc:
+        raise RefusedError(f"{host.name}: cannot read the model's {path}: {exc}") from None
+    try:
+        return tf.shapes_from_model_config(config, tp)
+    except tf.UnknownArchitecture as exc:
+        raise RefusedError(f"{host.name}: --shapes auto: {path}: {exc}", hint="pass --shapes N=..,K=..;...") from None
+
+
+def installed_shapes(
+    runner: Runner, record: TuningRecord, facts: HostFacts, shapes: Iterable[Shape], batch_sizes: Sequence[int]
+) -> list[str]:
+    """Keys of ``shapes`` whose installed config is complete for this device and commit (re-read on the host)."""
+    return [s.key for s in shapes if _installed_complete(runner, record.installed.get(s.key), facts, batch_sizes)]
+
+
+def _installed_complete(
+    runner: Runner, done: InstalledRecord | None, facts: HostFacts, batch_sizes: Sequence[int]
+) -> bool:
+    if done is None or (done.device, done.commit) != (facts.device, facts.commit):
+        return False
+    try:
+        configs = tf.parse_config(runner.read_bytes(done.path), done.path)
+    except (OSError, tf.ConfigInvalid):
+        return False
+    return not tf.missing_batch_sizes(configs, batch_sizes)
+
+
+def stop_server(host: Host, runner: Runner, store: StateStore) -> str | None:
+    """Stop the server job orch launched on this host (purpose ``server``), if one runs."""
+    server = next((j for j in reversed(jobs.list_jobs(runner, host.workdir)) if j.purpose == "server"), None)
+    if server is None or not server.running:
+        return None
+    outcome = jobs.stop(runner, server)
+    after = jobs.find(runner, host.workdir, server.id)
+    store.update_host(host.name, lambda hs: record_job_end(hs, after))
+    return outcome
+
+
+def refuse_busy(host: Host, facts: HostFacts, allow: bool) -> None:
+    """Refuse GPUs held by other processes, naming each pid and process, unless ``allow``."""
+    held = [(i, p) for i in selected_gpus(host, facts) for p in facts.gpu_users.get(i, [])]
+    if held and not allow:
+        who = ", ".join(f"GPU {i}: pid {p.pid} ({p.process_name})" for i, p in held)
+        raise RefusedError(
+            f"{host.name}: GPUs are busy: {who}",
+            hint="stop those processes, pass --stop-server if it is orch's server, or --allow-busy-gpus",
+        )
+
+
+def selected_gpus(host: Host, facts: HostFacts) -> list[int]:
+    """The GPU indexes orch tunes on: the first ``gpus`` (inventory) of those nvidia-smi lists."""
+    return [g.index for g in facts.gpus][: host.gpus]

@@ -1,0 +1,243 @@
+"""Tuning progress: poll a group's jobs and logs, and derive each host's ``TuneStatus`` (pure parts
+table-tested). A poll lists the host's jobs once and reads each tuning job's log from the offset the
+last poll reached (``Runner.read_bytes``), so its cost does not grow with the log; the furthest
+progress is kept in the record, so ``orch status`` and ``orch wait`` in other processes resume there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from orchestrator import jobs
+from orchestrator.facts import tuner as tf
+from orchestrator.ops.tune_record import (
+    AssignmentRecord,
+    Member,
+    PlanRecord,
+    TuningRecord,
+    edit_record,
+    group_plan,
+    load_record,
+)
+from orchestrator.state import HostState, StateStore
+
+TuneState = Literal["none", "running", "ready-to-install", "installed", "failed"]
+_READ_LIMIT = 4 << 20  # bytes of a log read per job per poll; the rest comes with the next poll
+
+
+@dataclass
+class ShapeProgress:
+    key: str
+    source: str
+    done: int
+    total: int
+
+
+@dataclass
+class JobView:
+    host: str
+    gpu: int
+    purpose: str
+    job_id: str | None
+    state: str  # running | succeeded | failed | lost | missing
+    units_done: int
+    units_total: int
+
+
+@dataclass
+class TuneStatus:
+    """A host's tuning as last seen. ``state``: ``none`` (never planned), ``running``,
+    ``ready-to-install`` (every job succeeded, not yet installed), ``installed``, ``failed``
+    (``reason`` and ``log_tail`` say why). ``installed`` maps shape keys to config paths on the host."""
+
+    host: str
+    state: TuneState = "none"
+    plan: PlanRecord | None = None
+    shapes: list[ShapeProgress] = field(default_factory=list)
+    jobs: list[JobView] = field(default_factory=list)
+    eta_seconds: float | None = None
+    reason: str | None = None
+    log_tail: str | None = None
+    installed: dict[str, str] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    attached: bool = False
+
+    @property
+    def units_done(self) -> int:
+        return sum(s.done for s in self.shapes)
+
+    @property
+    def units_total(self) -> int:
+        return sum(s.total for s in self.shapes)
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.units_done / self.units_total if self.units_total else 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("none", "installed", "failed")
+
+
+@dataclass
+class HostPoll:
+    """One host's jobs and their log progress, as read in one poll."""
+
+    infos: dict[str, jobs.JobInfo]
+    progress: dict[str, tf.LogProgress]
+
+
+def poll_host(member: Member, plan: PlanRecord, record: TuningRecord) -> HostPoll:
+    """List the host's jobs and read each tuning job's log from its last offset (at most ``_READ_LIMIT``)."""
+    host, runner = member.host, member.runner
+    infos = {j.id: j for j in jobs.list_jobs(runner, host.workdir)}
+    progress: dict[str, tf.LogProgress] = {}
+    for a in plan.on(host.name):
+        p = tf.LogProgress.from_json(record.progress.get(a.purpose, {}))
+        info = infos.get(a.job_id or "")
+        if info is not None and info.log_size > p.offset:
+            p.feed(runner.read_bytes(info.log, p.offset, min(info.log_size - p.offset, _READ_LIMIT)))
+        progress[a.purpose] = p
+    return HostPoll(infos, progress)
+
+
+def _store_poll(store: StateStore, host: str, plan_id: str, poll: HostPoll) -> None:
+    """Keep the furthest progress per job (another orch may poll too) and mirror job ends into ``jobs``."""
+
+    def apply(hs: HostState, record: TuningRecord) -> None:
+        if record.plan is None or record.plan.id != plan_id:
+            return
+        for purpose, p in poll.progress.items():
+            if p.offset >= int(record.progress.get(purpose, {}).get("offset", 0)):
+                record.progress[purpose] = p.to_json()
+        for info in poll.infos.values():
+            if info.id in hs.jobs and hs.jobs[info.id].kind == "tune":
+                record_job_end(hs, info)
+
+    edit_record(store, host, apply)
+
+
+def record_job_end(hs: HostState, info: jobs.JobInfo) -> None:
+    rec = hs.jobs.get(info.id)
+    if rec is None or rec.state == info.state:
+        return
+    rec.state = info.state  # type: ignore[assignment]
+    rec.exit_code, rec.ended_at = info.exit_code, info.ended_at
+
+
+def poll_group(members: Sequence[Member], store: StateStore, plan: PlanRecord) -> dict[str, HostPoll]:
+    """Poll every member once; record what was read."""
+    polls = {}
+    for m in members:
+        record = load_record(store.load().hosts.get(m.host.name))
+        own = record.plan if record.plan is not None and record.plan.id == plan.id else plan
+        polls[m.host.name] = poll_host(m, own, record)
+        _store_poll(store, m.host.name, plan.id, polls[m.host.name])
+    return polls
+
+
+def job_views(plan: PlanRecord, polls: dict[str, HostPoll], cached: dict[str, TuningRecord]) -> list[JobView]:
+    """Every job of the plan: live where polled, else as cached in the state."""
+    views = []
+    for a in plan.assignments:
+        poll = polls.get(a.host)
+        info = poll.infos.get(a.job_id or "") if poll else None
+        progress = poll.progress.get(a.purpose) if poll else None
+        if progress is None:
+            progress = tf.LogProgress.from_json(cached.get(a.host, TuningRecord()).progress.get(a.purpose, {}))
+        state = _job_state(a, info, polled=poll is not None)
+        views.append(JobView(a.host, a.gpu, a.purpose, a.job_id, state, _units_done(a, progress), a.units))
+    return views
+
+
+def _job_state(a: AssignmentRecord, info: jobs.JobInfo | None, polled: bool) -> str:
+    """``missing``: the plan names a job the host does not have; ``running`` also while it starts."""
+    if info is not None:
+        return info.state
+    return "missing" if polled and a.job_id else "running"
+
+
+def _units_done(a: AssignmentRecord, progress: tf.LogProgress) -> int:
+    return sum(len(set(progress.done.get(r.key, [])) & set(r.batch_sizes)) for r in a.runs)
+
+
+def shape_progress(plan: PlanRecord, progress: dict[str, tf.LogProgress]) -> list[ShapeProgress]:
+    """Per shape: batch sizes done over the whole group, out of those requested."""
+    rows = []
+    for s in plan.shapes:
+        done = 0
+        for a in plan.assignments:
+            p = progress.get(f"{a.host}/{a.purpose}", tf.LogProgress())
+            done += sum(len(set(p.done.get(s.key, [])) & set(r.batch_sizes)) for r in a.runs if r.key == s.key)
+        rows.append(ShapeProgress(s.key, s.source, done, len(plan.batch_sizes)))
+    return rows
+
+
+def eta_seconds(views: Sequence[JobView], infos: dict[str, jobs.JobInfo], now: datetime) -> float | None:
+    """Seconds until the slowest running job ends, from the rate observed so far (None: no rate yet)."""
+    elapsed = done = 0.0
+    for v in views:
+        info = infos.get(v.job_id or "")
+        if info is not None and info.started_at is not None and v.units_done:
+            elapsed += ((info.ended_at or now) - info.started_at).total_seconds()
+            done += v.units_done
+    if not done:
+        return None
+    per_unit = elapsed / done
+    return max((per_unit * (v.units_total - v.units_done) for v in views if v.state == "running"), default=0.0)
+
+
+def group_status(
+    host: str, record: TuningRecord, polls: dict[str, HostPoll], cached: dict[str, TuningRecord]
+) -> TuneStatus:
+    """The status of ``host`` in its group from one round of polls (pure)."""
+    plan = group_plan({**cached, host: record}, [host, *(n for n in cached if n != host)])
+    status = TuneStatus(host, plan=plan, installed=record.installed_paths())
+    if plan is None:
+        status.state = "installed" if record.installed else "none"
+        return status
+    views = job_views(plan, polls, cached)
+    status.jobs, status.shapes = views, shape_progress(plan, _all_progress(plan, polls, cached))
+    infos = {i: info for poll in polls.values() for i, info in poll.infos.items()}
+    status.eta_seconds = eta_seconds(views, infos, datetime.now(timezone.utc))
+    status.state, status.reason, status.log_tail = _derive_state(record, views)
+    return status
+
+
+def _all_progress(
+    plan: PlanRecord, polls: dict[str, HostPoll], cached: dict[str, TuningRecord]
+) -> dict[str, tf.LogProgress]:
+    merged = {}
+    for a in plan.assignments:
+        live = polls[a.host].progress.get(a.purpose) if a.host in polls else None
+        stored = cached.get(a.host, TuningRecord()).progress.get(a.purpose, {})
+        merged[f"{a.host}/{a.purpose}"] = live or tf.LogProgress.from_json(stored)
+    return merged
+
+
+def _derive_state(record: TuningRecord, views: Sequence[JobView]) -> tuple[TuneState, str | None, str | None]:
+    if record.state in ("installed", "failed"):
+        return record.state, record.reason, record.log_tail
+    if any(v.state in ("failed", "lost", "missing") for v in views):
+        return "failed", "a tuning job failed (details once orch completes the group)", None
+    if views and all(v.state == "succeeded" for v in views):
+        return "ready-to-install", None, None
+    return "running", None, None
+
+
+def summary(status: TuneStatus) -> dict[str, Any]:
+    """A status as a small JSON-able dict: state, percent, units, ETA, per-shape done/total, reason."""
+    return {
+        "state": status.state,
+        "plan": status.plan.id if status.plan else None,
+        "percent": round(status.percent, 1),
+        "units_done": status.units_done,
+        "units_total": status.units_total,
+        "eta_seconds": None if status.eta_seconds is None else round(status.eta_seconds),
+        "shapes": {s.key: f"{s.done}/{s.total}" for s in status.shapes},
+        "reason": status.reason,
+        "installed": sorted(status.installed),
+    }
