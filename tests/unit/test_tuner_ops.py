@@ -1,0 +1,281 @@
+"""The tune operation's pure parts (plan, groups, progress, status) and its install step on a local runner."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from orchestrator import jobs
+from orchestrator.cli import tune as tune_cli
+from orchestrator.errors import ConfigError, RefusedError, UsageError
+from orchestrator.facts import gpus as smi
+from orchestrator.facts import tuner as tf
+from orchestrator.inventory import Host
+from orchestrator.ops import tune, tune_install, tune_prepare, tune_progress
+from orchestrator.ops.status import HostStatus
+from orchestrator.recipe import Recipe, parse_shapes
+from orchestrator.state import StateStore
+from orchestrator.transport.local import LocalRunner
+from orchestrator.views import _tuning_cell
+
+DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+COMMIT = "c0ffee" * 6 + "beef"
+CONFIG = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 64,
+    "BLOCK_SIZE_K": 128,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 3,
+}
+T0 = datetime(2026, 11, 29, 22, 0, tzinfo=timezone.utc)
+
+
+def host(name: str = "h1", gpus: int = 8, workdir: str = "/w") -> Host:
+    return Host.model_validate({"name": name, "address": "127.0.0.1", "gpus": gpus, "workdir": workdir})
+
+
+def facts(h: Host, n_gpus: int = 8, device: str = DEVICE, commit: str = COMMIT) -> tune.HostFacts:
+    devices = [smi.Gpu(i, device, f"GPU-{h.name}-{i}", 97887, 0, 0, "12.0") for i in range(n_gpus)]
+    flags = tf.parse_help_flags("--N --K --batch-sizes --save-path --out-dtype --tp-size")
+    return tune.HostFacts(h, "/s/t.py", flags, "/s/configs", "3.4.0", device, commit, devices, {})
+
+
+def prepared(
+    h: Host, shapes: str = "N=1024,K=4096;N=4096,K=2048", batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+) -> tune.Prepared:
+    return tune.Prepared(h, LocalRunner(h), facts=facts(h), shapes=parse_shapes(shapes), batch_sizes=list(batch_sizes))
+
+
+# -- planning -------------------------------------------------------------------------------------------
+
+
+def test_make_plan_spreads_the_units_over_every_gpu_of_the_group_with_private_staging_dirs() -> None:
+    a, b = host("a", workdir="/wa"), host("b", gpus=2, workdir="/wb")
+    plan = tune.make_plan([prepared(a), prepared(b)], now=T0)
+    assert plan.id.startswith("20261129T220000-") and plan.group == ["a", "b"]
+    assert [(x.host, x.gpu, x.units) for x in plan.assignments] == [("a", g, 1) for g in range(8)]
+    assert plan.assignments[0].staging == f"/wa/tune/{plan.id}/gpu0" and plan.assignments[0].purpose == "tune.gpu0"
+    assert plan.hosts["b"].workdir == "/wb" and "--tp-size" in plan.hosts["a"].flags
+    assert plan.makespan == 1
+
+
+def test_selected_gpus_are_the_first_the_inventory_allows() -> None:
+    h = host(gpus=3)
+    assert tune.selected_gpus(h, facts(h)) == [0, 1, 2]
+
+
+def test_job_spec_pins_one_gpu_and_runs_its_tuner_runs_in_order() -> None:
+    h = host()
+    plan = tune.make_plan([prepared(h, batch_sizes=tuple(range(1, 7)))], now=T0)
+    a = plan.assignments[1]  # 12 units on 8 GPUs: GPU 1 has M=3,4 of the first shape
+    spec = tune.job_spec(h, plan, a, frozenset(plan.hosts["h1"].flags))
+    assert spec.env == {"CUDA_VISIBLE_DEVICES": "1"} and spec.gpus == (1,) and spec.purpose == "tune.gpu1"
+    assert spec.argv[:2] == ["bash", "-c"] and spec.argv[4] == h.sglang_dir
+    run = spec.argv[spec.argv.index(tf.RUN_MARKER) + 1 :]
+    assert run[:8] == [h.python, "/s/t.py", "--N", "1024", "--K", "4096", "--batch-sizes", "3"]
+    assert run[-4:] == ["--save-path", a.staging, "--tp-size", "8"]
+
+
+def test_fleet_groups_hosts_by_gpu_name_and_commit() -> None:
+    a, b, c = prepared(host("a")), prepared(host("b")), prepared(host("c"))
+    assert c.facts is not None
+    c.facts = facts(c.host, commit="f" * 40)
+    assert [[p.host.name for p in g] for g in tune.group_prepared([a, b, c], fleet=True)] == [["a", "b"], ["c"]]
+    assert [[p.host.name for p in g] for g in tune.group_prepared([a, b, c], fleet=False)] == [["a"], ["b"], ["c"]]
+
+
+def test_tp_size_comes_from_the_recipe_else_the_host() -> None:
+    recipe = Recipe(model="m", architecture="A", server_args={"tp": 4})
+    assert tune_prepare.tp_size(recipe, host()) == 4
+    assert tune_prepare.tp_size(Recipe(model="m", architecture="A"), host(gpus=2)) == 2
+
+
+def test_default_shapes_need_a_recipe_that_lists_them() -> None:
+    with pytest.raises(ConfigError, match=r"has no tuning\.shapes; use --shapes auto or a list"):
+        tune_prepare.resolve_shapes("default", Recipe(model="m", architecture="A"), host(), LocalRunner(host()), 8)
+
+
+def test_busy_gpus_are_refused_naming_pid_and_process() -> None:
+    h = host(gpus=4)
+    f = facts(h)
+    f.gpu_users = {2: [smi.GpuProcess(4242, "python3", "GPU-h1-2", 1000)], 6: [smi.GpuProcess(1, "x", "u", 1)]}
+    with pytest.raises(RefusedError, match=r"^h1: GPUs are busy: GPU 2: pid 4242 \(python3\)\n  hint: "):
+        tune_prepare.refuse_busy(h, f, allow=False)
+    tune_prepare.refuse_busy(h, f, allow=True)
+
+
+# -- progress and status ----------------------------------------------------------------------------------
+
+
+def job(job_id: str, state: str, started: datetime = T0, ended: datetime | None = None) -> jobs.JobInfo:
+    code = {"succeeded": 0, "failed": 1}.get(state)
+    return jobs.JobInfo(job_id, "tune.gpu0", 1, state, code, started, ended, 0, False, f"/w/jobs/{job_id}")
+
+
+def two_gpu_plan() -> tune.PlanRecord:
+    plan = tune.make_plan([prepared(host(gpus=2), batch_sizes=(1, 2))], now=T0)
+    for i, a in enumerate(plan.assignments):
+        a.job_id = f"j{i}"
+    return plan
+
+
+def progress(done: dict[str, list[int]]) -> tf.LogProgress:
+    return tf.LogProgress(offset=10, done=done)
+
+
+def polled(plan: tune.PlanRecord, states: list[str], done: list[dict[str, list[int]]]) -> dict[str, tune.HostPoll]:
+    infos = {f"j{i}": job(f"j{i}", s) for i, s in enumerate(states)}
+    return {"h1": tune.HostPoll(infos, {f"tune.gpu{i}": progress(d) for i, d in enumerate(done)})}
+
+
+@pytest.mark.parametrize(
+    ("states", "record_state", "expected"),
+    [
+        (["running", "running"], "running", "running"),
+        (["succeeded", "running"], "running", "running"),
+        (["succeeded", "succeeded"], "running", "ready-to-install"),
+        (["failed", "running"], "running", "failed"),
+        (["lost", "succeeded"], "running", "failed"),
+        (["succeeded", "succeeded"], "installed", "installed"),
+    ],
+)
+def test_group_status_derives_the_state_from_the_jobs(states: list[str], record_state: str, expected: str) -> None:
+    plan = two_gpu_plan()
+    record = tune.TuningRecord(plan=plan, state=record_state)  # type: ignore[arg-type]
+    done = [{"N=1024,K=4096": [1, 2]}, {"N=4096,K=2048": [1]}]
+    status = tune_progress.group_status("h1", record, polled(plan, states, done), {"h1": record})
+    assert status.state == expected
+    assert [(s.key, s.done, s.total) for s in status.shapes] == [("N=1024,K=4096", 2, 2), ("N=4096,K=2048", 1, 2)]
+    assert (status.units_done, status.units_total, round(status.percent)) == (3, 4, 75)
+
+
+def test_progress_counts_only_the_batch_sizes_a_job_was_given() -> None:
+    plan = two_gpu_plan()
+    record = tune.TuningRecord(plan=plan, state="running")
+    done = [{"N=1024,K=4096": [1, 2, 64], "N=9,K=9": [1]}, {}]
+    status = tune_progress.group_status("h1", record, polled(plan, ["running", "running"], done), {"h1": record})
+    assert [v.units_done for v in status.jobs] == [2, 0]
+
+
+def test_a_planned_job_the_host_does_not_have_is_missing() -> None:
+    plan = two_gpu_plan()
+    record = tune.TuningRecord(plan=plan, state="running")
+    polls = {"h1": tune.HostPoll({"j0": job("j0", "running")}, {})}
+    views = tune_progress.job_views(plan, polls, {"h1": record})
+    assert [v.state for v in views] == ["running", "missing"]
+
+
+def test_eta_is_the_slowest_running_job_at_the_observed_rate() -> None:
+    views = [
+        tune.JobView("h", 0, "tune.gpu0", "a", "running", 2, 6),
+        tune.JobView("h", 1, "tune.gpu1", "b", "running", 1, 3),
+        tune.JobView("h", 2, "tune.gpu2", "c", "running", 0, 3),
+    ]
+    infos = {"a": job("a", "running"), "b": job("b", "running")}
+    now = T0 + timedelta(seconds=30)
+    assert tune_progress.eta_seconds(views, infos, now) == pytest.approx(20 * 4)  # 60 s / 3 units; 4 left
+    assert tune_progress.eta_seconds(views[2:], infos, now) is None
+
+
+def test_group_plan_takes_each_job_id_from_the_host_that_started_it() -> None:
+    plan = tune.make_plan([prepared(host("a", gpus=1)), prepared(host("b", gpus=1))], now=T0)
+    a_copy, b_copy = plan.model_copy(deep=True), plan.model_copy(deep=True)
+    a_copy.assignments[0].job_id, b_copy.assignments[1].job_id = "ja", "jb"
+    cached = {"a": tune.TuningRecord(plan=a_copy), "b": tune.TuningRecord(plan=b_copy)}
+    merged = tune.group_plan(cached, ["a", "b"])
+    assert merged is not None and [x.job_id for x in merged.assignments] == ["ja", "jb"]
+
+
+def test_summary_and_status_cells() -> None:
+    plan = two_gpu_plan()
+    record = tune.TuningRecord(plan=plan, state="running")
+    done = [{"N=1024,K=4096": [1]}, {}]
+    status = tune_progress.group_status("h1", record, polled(plan, ["running", "running"], done), {"h1": record})
+    field = tune.summary(status)
+    assert field["state"] == "running" and field["shapes"] == {"N=1024,K=4096": "1/2", "N=4096,K=2048": "0/2"}
+    view = HostStatus("h1", "a", True, "tuning", extra={"tuning": field})
+    assert _tuning_cell(view).startswith("running 25% (1/4)")
+    view.extra["tuning"] = {"state": "failed", "reason": "h1 GPU 0 job tune.gpu0 (j0) failed: exit code 1"}
+    assert _tuning_cell(view) == "failed: h1 GPU 0 job tune.gpu0 (j0) failed: exit code 1"
+    assert tune_cli.status_line(status).startswith("h1: running 25% (1/4 units)")
+
+
+# -- install (a local runner on a temporary directory) -------------------------------------------------------
+
+
+def staged_plan(tmp_path: Path, parts: dict[int, dict[str, dict[str, int]]]) -> tuple[tune.Member, tune.PlanRecord]:
+    """A one-shape plan on 2 GPUs whose staging dirs hold ``parts`` (GPU → partial JSON)."""
+    h = host(gpus=2, workdir=str(tmp_path / "work"))
+    p = prepared(h, shapes="N=1024,K=4096", batch_sizes=(1, 2, 4, 8))
+    assert p.facts is not None
+    p.facts.config_dir = str(tmp_path / "configs")
+    plan = tune.make_plan([p], now=T0)
+    for a in plan.assignments:
+        Path(a.staging).mkdir(parents=True)
+        if a.gpu in parts:
+            name = tf.config_file_name(1024, 4096, DEVICE)
+            (Path(a.staging) / name).write_text(json.dumps(parts[a.gpu], indent=4))
+    (tmp_path / "configs").mkdir()
+    return tune.Member(h, LocalRunner(h)), plan
+
+
+def test_install_merges_the_partials_and_backs_up_a_replaced_config(tmp_path: Path) -> None:
+    member, plan = staged_plan(tmp_path, {0: {"1": CONFIG, "2": CONFIG}, 1: {"4": CONFIG, "8": CONFIG}})
+    target = tmp_path / "configs" / tf.config_file_name(1024, 4096, DEVICE)
+    target.write_text("old\n")
+    store = StateStore(tmp_path / "state.json")
+    merged = tune_install.merge_group([member], plan)
+    tune_install.install(member, store, plan, merged)
+    assert tf.parse_config(target.read_text(), "t") == {m: CONFIG for m in (1, 2, 4, 8)}
+    assert target.read_text() == tf.render_config(merged["N=1024,K=4096"])
+    record = tune.load_record(store.load().hosts["h1"])
+    backup = record.installed["N=1024,K=4096"].backup
+    assert backup is not None and Path(backup).read_text() == "old\n"
+    assert store.load().hosts["h1"].phase.value == "tuned"
+
+
+@pytest.mark.parametrize(
+    ("parts", "error"),
+    [
+        ({0: {"1": CONFIG, "2": CONFIG}}, "No such file"),
+        ({0: {"1": CONFIG}, 1: {"4": CONFIG, "8": CONFIG}}, "no config for batch sizes [2]"),
+        ({0: {"1": CONFIG, "2": {**CONFIG, "num_warps": "4"}}, 1: {"4": CONFIG, "8": CONFIG}}, "must be integers"),
+    ],
+)
+def test_merge_refuses_a_missing_incomplete_or_invalid_part(
+    tmp_path: Path, parts: dict[int, dict[str, dict[str, int]]], error: str
+) -> None:
+    member, plan = staged_plan(tmp_path, parts)
+    with pytest.raises((tf.ConfigInvalid, OSError), match=error.replace("[", r"\[").replace("]", r"\]")):
+        tune_install.merge_group([member], plan)
+
+
+# -- command-line values ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "expected"), [("1,2,4", [1, 2, 4]), (" 8 1  2,2", [1, 2, 8]), (None, None)])
+def test_parse_batch_sizes(text: str | None, expected: list[int] | None) -> None:
+    assert tune_cli.parse_batch_sizes(text) == expected
+
+
+@pytest.mark.parametrize(("text", "bad"), [("1,x", "'x'"), ("0", "'0'"), ("", "''"), ("-4", "'-4'")])
+def test_parse_batch_sizes_names_the_bad_part(text: str, bad: str) -> None:
+    with pytest.raises(UsageError, match=f"--batch-sizes: {bad} is not a positive integer"):
+        tune_cli.parse_batch_sizes(text)
+
+
+def test_check_shapes_accepts_keywords_and_lists_and_names_a_bad_part() -> None:
+    assert tune_cli.check_shapes("auto") == "auto" and tune_cli.check_shapes("N=1,K=2;N=3,K=4") == "N=1,K=2;N=3,K=4"
+    with pytest.raises(ConfigError, match="--shapes: 'N=3' is not of the form"):
+        tune_cli.check_shapes("N=1,K=2;N=3")
+
+
+def test_plan_lines_show_shapes_schedule_and_every_gpu() -> None:
+    lines = tune_cli.plan_lines(tune.make_plan([prepared(host(gpus=3), batch_sizes=(1, 2, 4, 8))], now=T0))
+    assert lines[0].endswith(f"2 shapes × 4 batch sizes = 8 units on 3 GPUs ({DEVICE}, SGLang {COMMIT[:10]})")
+    assert lines[1] == "  schedule: 3 units per GPU at most (ideal 2.67)"
+    assert lines[-1] == "  h1 GPU 2 (tune.gpu2): N=4096,K=2048 M=4,8"
