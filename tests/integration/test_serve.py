@@ -117,22 +117,23 @@ def test_recipe_show_prints_the_exact_argv_and_discover_compares_upstream(fleet1
 # --- refused before the old server is touched -------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("mtp", "reason"),
-    [
-        ({"algorithm": "MTP"}, "`MTP` is not an SGLang algorithm name"),
-        ({"algorithm": "NEXTN"}, "pass `EAGLE`, not `NEXTN`"),
-        ({"eagle_topk": None}, "needs eagle_topk 1 given explicitly"),
-    ],
-)
-def test_bad_mtp_recipe_is_refused_and_the_old_server_keeps_serving(
-    fleet1: FleetEnv, tmp_path: Path, mtp: dict[str, Any], reason: str
-) -> None:
+BAD_MTP = [
+    ({"algorithm": "MTP"}, "`MTP` is not an SGLang algorithm name"),
+    ({"algorithm": "NEXTN"}, "pass `EAGLE`, not `NEXTN`"),
+    ({"eagle_topk": None}, "needs eagle_topk 1 given explicitly"),
+    ({"num_draft_tokens": 6}, "forces draft tokens to num_steps + 1 = 4"),
+    ({"num_steps": None}, "all or none"),
+    ({"draft_model_path": "/models/draft"}, "remove draft_model_path"),
+]
+
+
+def test_bad_mtp_recipes_are_refused_and_the_old_server_keeps_serving(fleet1: FleetEnv, tmp_path: Path) -> None:
     serve_ok(fleet1)
     before = running_server_ids(fleet1)
-    run = fleet1.orch("serve", "--playbook", playbook(tmp_path, "bad", mtp=mtp))
-    assert run.returncode == 3
-    assert "refused; the running server was left untouched" in run.stderr and reason in run.stderr
+    for i, (mtp, reason) in enumerate(BAD_MTP):
+        run = fleet1.orch("serve", "--playbook", playbook(tmp_path, f"bad{i}", mtp=mtp))
+        assert run.returncode == 3, run.output
+        assert "refused; the running server was left untouched" in run.stderr and reason in run.stderr
     assert running_server_ids(fleet1) == before
     assert server_state(fleet1).phase.value == "serving"
 
@@ -234,3 +235,31 @@ def test_accept_length_below_the_minimum_warns_and_exits_5(fleet1: FleetEnv) -> 
     assert hs.phase.value == "serving" and "below the minimum" in (hs.last_error or "")
     assert len(running_server_ids(fleet1)) == 1
     assert fleet1.orch("serve", "--min-accept", "1.5").returncode == 0
+
+
+# --- the tuning gate ----------------------------------------------------------------------------------------
+
+
+def test_serve_waits_for_running_tuning_then_uses_the_tuned_configs(fleet1: FleetEnv, tmp_path: Path) -> None:
+    host0(fleet1).set_knobs(tune_seconds_per_unit=0.7)  # about 8 s of tuning
+    tune = fleet1.orch("tune-fp8")
+    assert tune.returncode == 0, tune.output
+    skip = fleet1.orch("serve", "--no-wait-tuning")
+    assert skip.returncode == 3
+    assert "not waiting (--no-wait-tuning)" in skip.stderr and "orch job tune." in skip.stderr  # GPUs still busy
+    run = serve_ok(fleet1)
+    assert "tuning is running: waiting for it before serving" in run.stderr and "units (" in run.stderr
+    assert "tuned FP8 configs in use: 5/5" in run.stdout and "no tuned FP8 config" not in run.stderr
+    assert len(server_state(fleet1).server.verified["tuned_shapes_in_use"]) == 5
+    auto = serve_ok(fleet1, "--playbook", playbook(tmp_path, "auto", fp8_gemm_backend=None))
+    assert "tuned FP8 configs in use: 0/5" in auto.stdout
+    assert "fp8-gemm-backend auto runs block-FP8 GEMMs on CUTLASS on sm_120" in auto.stdout
+
+
+def test_failed_tuning_stops_serve_with_the_reason(fleet1: FleetEnv) -> None:
+    host0(fleet1).set_knobs(tuner_fail="crash", tune_seconds_per_unit=0.05)
+    assert fleet1.orch("tune-fp8").returncode in (0, 3)
+    run = fleet1.orch("serve")
+    assert run.returncode == 3
+    assert "FP8 tuning failed:" in run.stderr and "AssertionError" in run.stderr
+    assert running_server_ids(fleet1) == []
