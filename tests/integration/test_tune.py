@@ -235,3 +235,17 @@ def test_malformed_options_exit_2_naming_the_bad_part(
 ) -> None:
     run = orch("-i", str(tmp_path / "none.yaml"), "tune-fp8", *args)
     assert run.returncode == 2 and message in run.stderr
+
+
+def test_stop_server_frees_the_gpus_of_the_server_orch_launched(tune_fleet: Callable[..., FleetEnv]) -> None:
+    env = tune_fleet(1)
+    host = env.fleet.hosts[0]  # type: ignore[attr-defined]
+    served = env.orch("serve", "--no-mtp")
+    assert served.returncode == 0, served.output
+    refused = env.orch("tune-fp8", *SMALL)
+    assert refused.returncode == 3 and "GPUs are busy: GPU 0: pid" in refused.stderr
+    run = env.orch("tune-fp8", *SMALL, "--stop-server", "--wait")
+    assert run.returncode == 0, run.output
+    server = [d for d in job_dirs(host) if (d / "purpose").read_text().strip() == "server"]
+    assert len(server) == 1 and (server[0] / "exit_code").exists()
+    assert len(tuned_files(host)) == 2
