@@ -275,3 +275,22 @@ def test_generate_accept_length() -> None:
     assert server.generate_accept_length(HttpAnswer(200, body)) == 3.05
     assert server.generate_accept_length(HttpAnswer(200, json.dumps({"meta_info": {}}))) is None
     assert server.generate_accept_length(HttpAnswer(503, body)) is None
+
+
+def test_shipped_playbook_shapes_are_the_simulated_models_unique_gemm_shapes_at_tp8() -> None:
+    """The five `tuning.shapes` match what the simulated server (from the sandbox's config.json) runs."""
+    import importlib.util
+
+    from orchestrator.sandbox.modelconfig import DEEPSEEK_V4_FLASH
+
+    sim = Path(PACKAGED_PLAYBOOKS).parent / "orchestrator/sandbox/sglang_sim/python/sglang/_sim/model.py"
+    spec = importlib.util.spec_from_file_location("sim_model", sim)
+    assert spec is not None and spec.loader is not None
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    shipped = load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml")
+    runs = {(n, k) for _, n, k in model.deepseek_v4_shapes(DEEPSEEK_V4_FLASH, 8)}
+    assert {(s.n, s.k) for s in shipped.tuning.shapes} == runs
+    assert len(shipped.tuning.shapes) == 5 and all(s.source for s in shipped.tuning.shapes)
+    assert {(1024, 4096), (4096, 2048)} <= runs
+    assert shipped.server_args["tp"] == 8
