@@ -9,6 +9,7 @@ failed; a serving host whose checkout did not move keeps its phase.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from orchestrator.errors import RefusedError
 from orchestrator.facts import git
@@ -108,6 +109,7 @@ def _check_not_diverged(host: Host, runner: Runner) -> int:
 
 def _record(hs: HostState, host: Host, info: git.GitInfo, result: PullResult) -> None:
     hs.sglang = sglang_info(host, info)
+    hs.last_seen = datetime.now(timezone.utc)  # orders this reading after any status that started earlier
     if result.changed or hs.phase in (Phase.NEW, Phase.FAILED):
         reason = f"{result.old[:10]} -> {result.new[:10]}" if result.changed else "already up to date"
         hs.set_phase(Phase.PULLED, reason)

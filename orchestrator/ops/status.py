@@ -90,11 +90,13 @@ class Observed:
     status: HostStatus
     git: git.GitInfo | None
     sections: dict[str, probe.Section]
+    started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
 
 def observe(host: Host, runner: Runner, store: StateStore | None = None) -> Observed:
     """Read one host in a single remote command. Findings (no checkout, broken driver) are not errors.
     With ``store``, also the tuning progress (read from the tuning jobs' logs only while they run)."""
+    started_at = datetime.now(timezone.utc)
     raw = runner.run(probe.probe_argv(status_sections(host)), timeout=120).stdout
     sections = probe.parse(raw)
     status = HostStatus(host.name, host.address, reachable=True, phase="new")
@@ -102,7 +104,7 @@ def observe(host: Host, runner: Runner, store: StateStore | None = None) -> Obse
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
     if store is not None:
         status.extra["tuning"] = tune.status_field(host, runner, store)
-    return Observed(status, info, sections)
+    return Observed(status, info, sections, started_at)
 
 
 def _parse_git(section: probe.Section | None, status: HostStatus) -> git.GitInfo | None:
@@ -127,13 +129,17 @@ def _parse_gpus(devs: probe.Section | None, apps: probe.Section | None) -> tuple
 
 
 def record_seen(store: StateStore, hosts: dict[str, Host], observed: list[Observed]) -> dict[str, HostState]:
-    """One state transaction for the whole fleet: last_seen and the SGLang checkout as read."""
+    """One state transaction for the whole fleet: last_seen and the SGLang checkout as read.
+
+    A reading older than what another orch recorded meanwhile (a pull that finished while this status
+    was reading) does not overwrite it: ``last_seen`` orders the observations."""
     now = datetime.now(timezone.utc)
     with store.update() as state:
         for obs in observed:
             hs = state.host(obs.status.name)
-            hs.last_seen = now
-            if obs.git is not None:
+            newer_known = hs.last_seen is not None and hs.last_seen > obs.started_at
+            hs.last_seen = max(now, hs.last_seen) if hs.last_seen else now
+            if obs.git is not None and not newer_known:
                 hs.sglang = sglang_info(hosts[obs.status.name], obs.git)
         return {o.status.name: state.host(o.status.name).model_copy(deep=True) for o in observed}
 
