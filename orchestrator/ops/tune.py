@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from orchestrator import jobs
 from orchestrator.errors import OrchError, RefusedError, UnreachableError
 from orchestrator.facts import tuner as tf
@@ -236,6 +238,7 @@ def _start_jobs(
     runner.run(["mkdir", "-p", "-m", "700", "--", *(a.staging for a in todo)], check=True)
     for a in todo:
         spec = job_spec(host, plan, a, frozenset(plan.hosts[host.name].flags))
+        _check_recordable(host, spec)
         started = jobs.start(runner, host.workdir, spec)
         if started.attached and not _runs_assignment(runner, host.workdir, started.job_id, a):
             raise RefusedError(
@@ -243,6 +246,18 @@ def _start_jobs(
                 hint=f"wait for it or stop it: orch stop {host.name} {started.job_id}",
             )
         edit_record(store, host.name, functools.partial(_record_start, a=a, spec=spec, s=started))
+
+
+def _check_recordable(host: Host, spec: jobs.JobSpec) -> None:
+    """Refuse before starting a job whose command the state file would refuse (it looks like a secret),
+    so that no job ever runs unrecorded."""
+    try:
+        JobRecord(id="check", kind=spec.kind, purpose=spec.purpose, argv=list(spec.argv), log="-")
+    except ValidationError:
+        raise RefusedError(
+            f"{host.name}: the tuning command looks like it holds a secret, which orch never records; not started",
+            hint="check the inventory paths (sglang_dir, python, workdir) for words like 'secret' or 'token='",
+        ) from None
 
 
 def _runs_assignment(runner: Runner, workdir: str, job_id: str, a: AssignmentRecord) -> bool:

@@ -279,3 +279,11 @@ def test_plan_lines_show_shapes_schedule_and_every_gpu() -> None:
     assert lines[0].endswith(f"2 shapes × 4 batch sizes = 8 units on 3 GPUs ({DEVICE}, SGLang {COMMIT[:10]})")
     assert lines[1] == "  schedule: 3 units per GPU at most (ideal 2.67)"
     assert lines[-1] == "  h1 GPU 2 (tune.gpu2): N=4096,K=2048 M=4,8"
+
+
+def test_a_job_the_state_could_not_record_is_never_started(tmp_path: Path) -> None:
+    h = host(gpus=1, workdir=str(tmp_path / "secret-work"))
+    plan = tune.make_plan([prepared(h, shapes="N=1024,K=4096", batch_sizes=(1,))], now=T0)
+    with pytest.raises(RefusedError, match="looks like it holds a secret"):
+        tune._start_jobs(h, LocalRunner(h), StateStore(tmp_path / "s.json"), plan, plan.assignments)
+    assert not (tmp_path / "secret-work" / "jobs").exists()
