@@ -47,7 +47,7 @@ from orchestrator.ops import server as srv
 from orchestrator.ops import tune
 from orchestrator.ops.status import read_git
 from orchestrator.recipe import DEFAULT_RECIPE, Recipe, ServeOptions, find_recipe, load_recipe
-from orchestrator.state import HostState, Phase, ServerRecord, StateStore
+from orchestrator.state import HostState, Phase, ServerRecord, StateStore, find_secret
 from orchestrator.transport.base import Runner
 
 Report = Callable[[str], None]
@@ -111,11 +111,14 @@ def resolve_recipe(host: Host, playbook: str | None, search_dirs: Sequence[Path]
 
 
 def check_launch(host: Host, runner: Runner, recipe: Recipe, mtp: bool) -> list[str]:
-    """The launch argv once the recipe passes the MTP rules and the host's SGLang knows every flag."""
+    """The launch argv once it passes the MTP rules, holds no secret (it goes into the state file and
+    the job directory), and the host's SGLang knows every flag; else RefusedError listing every problem."""
     argv = facts.launch_argv(recipe, host, mtp=mtp)
     problems = facts.check_recipe(recipe, mtp=mtp)
-    if not problems:
-        problems = facts.check_flags(argv[3:], host_flags(host, runner))
+    secret = find_secret(argv)
+    if secret:
+        problems.append(facts.Problem("server_args", f"looks like a secret ({secret!r}): pass it in the host's env"))
+    problems += facts.check_flags(argv[3:], host_flags(host, runner))
     if problems:
         where = recipe.path or recipe.model
         raise RefusedError(
@@ -325,7 +328,9 @@ def launch(
     """Start ``argv`` as the server job, record it, and wait until ``/health`` answers 200."""
     spec = jobs.JobSpec(kind="server", purpose=srv.SERVER_PURPOSE, argv=argv, gpus=tuple(gpus))
     job = jobs.start(runner, host.workdir, spec)
-    _record_server(store, host, job.job_id, argv, options.mtp)
+    if job.attached:  # another orch started a server between our check and now: leave it to that one
+        raise RefusedError(f"{host.name}: server job {job.job_id} appeared meanwhile (another orch?); not replacing it")
+    _record_server(store, host, job.job_id, argv, "--speculative-algorithm" in argv)
     report(f"started server job {job.job_id} on port {host.server_port}; waiting for /health")
     begin = time.monotonic()
     log = wait_healthy(host, runner, job.job_id, facts.base_url(recipe, host), options.health_timeout)

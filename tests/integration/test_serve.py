@@ -146,6 +146,9 @@ def test_flag_unknown_to_the_hosts_sglang_is_refused(fleet1: FleetEnv, tmp_path:
     assert run.returncode == 3
     assert "--cuda-graph-max-bss: the host's SGLang does not know this flag" in run.stderr
     assert "did upstream rename it to --cuda-graph-max-bs?" in run.stderr
+    secret = fleet1.orch("serve", "--playbook", playbook(tmp_path, "secret", server_args={"api-key": "sk-123"}))
+    assert secret.returncode == 3 and "looks like a secret ('api-key')" in secret.stderr
+    assert "sk-123" not in secret.output
     assert running_server_ids(fleet1) == before
 
 
