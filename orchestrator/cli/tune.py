@@ -32,7 +32,8 @@ from orchestrator.render import err, host_errors, out
     default="default",
     show_default=True,
     metavar="default|auto|LIST",
-    help="default: the recipe's shapes; auto: from the model's config.json; or 'N=1024,K=4096;N=4096,K=2048'.",
+    help="default: the recipe's shapes; auto: from the model's config.json (rules for DeepseekV3ForCausalLM and "
+    "DeepseekV4ForCausalLM: orchestrator/facts/tuner.py SHAPE_RULES); or 'N=1024,K=4096;N=4096,K=2048'.",
 )
 @click.option("--batch-sizes", metavar="M,M,...", help="Batch sizes to tune (default: the recipe's, 18 sizes 1..4096).")
 @click.option(
