@@ -17,6 +17,7 @@ from rich.table import Table
 
 from orchestrator.fleet import HostResult
 
+
 def _width(stream: Any) -> int | None:
     """A terminal's own width; 200 columns (or $COLUMNS) when piped, so tables stay one line per row."""
     return None if stream.isatty() else int(os.environ.get("COLUMNS") or 200)
