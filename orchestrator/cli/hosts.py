@@ -28,7 +28,8 @@ def status(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: in
     """
     selected = app.select(hosts, tags)
     with app.fleet(selected, parallel) as fleet:
-        results = fleet.map(lambda h, r: status_op.observe(h, r, app.store))
+        cached = app.store.load().hosts
+        results = fleet.map(lambda h, r: status_op.observe(h, r, app.store, cached.get(h.name)))
     observed = [r.value for r in results if r.ok and r.value is not None]
     seen = status_op.record_seen(app.store, {h.name: h for h in selected}, observed)
     by_name = {o.status.name: status_op.merge_state(o, seen[o.status.name]) for o in observed}

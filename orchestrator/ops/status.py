@@ -73,10 +73,11 @@ def sglang_info(host: Host, info: git.GitInfo) -> SGLangInfo:
     )
 
 
-def status_sections(host: Host) -> list[tuple[str, list[str]]]:
-    """The read-only commands ``status`` runs on a host, all in one round trip."""
+def status_sections(host: Host, with_server: bool = True) -> list[tuple[str, list[str]]]:
+    """The read-only commands ``status`` runs on a host, all in one round trip. The server is asked
+    only where orch launched one (asking costs a python start on the host)."""
     return [
-        *server.status_sections(host),  # first: git, read last, is then as fresh as it can be
+        *(server.status_sections(host) if with_server else []),  # first: git, read last, is then freshest
         ("git", git.info_argv(host.sglang_dir, host.upstream)),
         ("gpus", gpus.query_gpus_argv()),
         ("apps", gpus.query_apps_argv()),
@@ -93,11 +94,13 @@ class Observed:
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
 
-def observe(host: Host, runner: Runner, store: StateStore | None = None) -> Observed:
+def observe(host: Host, runner: Runner, store: StateStore | None = None, cached: HostState | None = None) -> Observed:
     """Read one host in a single remote command. Findings (no checkout, broken driver) are not errors.
-    With ``store``, also the tuning progress (read from the tuning jobs' logs only while they run)."""
+    With ``store``, also the tuning progress (read from the tuning jobs' logs only while they run);
+    ``cached`` (the host's state as loaded once for the whole fleet) says whether to ask the server."""
     started_at = datetime.now(timezone.utc)
-    raw = runner.run(probe.probe_argv(status_sections(host)), timeout=120).stdout
+    with_server = store is None or (cached is not None and cached.server is not None)
+    raw = runner.run(probe.probe_argv(status_sections(host, with_server)), timeout=120).stdout
     sections = probe.parse(raw)
     status = HostStatus(host.name, host.address, reachable=True, phase="new")
     info = _parse_git(sections.get("git"), status)
