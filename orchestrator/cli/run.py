@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from orchestrator.app import App
@@ -12,8 +10,6 @@ from orchestrator.cli.serve import peers
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Host
 from orchestrator.ops import run as run_op
-from orchestrator.ops import serve as serve_op
-from orchestrator.recipe import DEFAULT_RECIPE
 from orchestrator.render import err, out
 
 
@@ -52,9 +48,7 @@ def run(
       orch run --dry-run
     """
     selected = app.select(hosts, tags)
-    search = [app.inventory.path.resolve().parent / "playbooks", Path.cwd() / "playbooks"]
-    name = playbook or selected[0].playbook or DEFAULT_RECIPE
-    recipe = serve_op.resolve_recipe(selected[0], name, search)
+    recipe = app.recipe_for(selected[0], playbook)
     steps = run_op.select_steps(recipe, from_step, only)
     with app.fleet(selected, parallel) as fleet:
         if dry_run:

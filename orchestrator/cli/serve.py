@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 from typing import Any
 
 import click
@@ -35,8 +34,7 @@ _drain = click.option(
 
 def recipes(app: App, hosts: list[Host], playbook: str | None) -> dict[str, Recipe]:
     """Each host's recipe (``--playbook``, else the inventory's, else the default), loaded once."""
-    search = [app.inventory.path.resolve().parent / "playbooks", Path.cwd() / "playbooks"]
-    return {h.name: serve_op.resolve_recipe(h, playbook, search) for h in hosts}
+    return {h.name: app.recipe_for(h, playbook) for h in hosts}
 
 
 def reporter(host: Host) -> serve_op.Report:

@@ -6,7 +6,6 @@ import contextlib
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from functools import cache
 
 import click
 from rich.live import Live
@@ -18,7 +17,7 @@ from orchestrator.errors import ExitCode, UsageError
 from orchestrator.fleet import FleetResult
 from orchestrator.inventory import Host
 from orchestrator.ops import tune as tune_op
-from orchestrator.recipe import DEFAULT_RECIPE, Recipe, TuneOptions, find_recipe, load_recipe, parse_shapes
+from orchestrator.recipe import Recipe, TuneOptions, parse_shapes
 from orchestrator.render import err, host_errors, out
 
 
@@ -132,13 +131,7 @@ def parse_batch_sizes(text: str | None) -> list[int] | None:
 
 def recipe_lookup(app: App, playbook: str | None) -> Callable[[Host], Recipe]:
     """Each host's recipe: --playbook, else the host's ``playbook``, else the default (loaded once each)."""
-    search = [app.inventory.path.resolve().parent / "playbooks"]
-
-    @cache
-    def load(name: str) -> Recipe:
-        return load_recipe(find_recipe(name, search))
-
-    return lambda host: load(playbook or host.playbook or DEFAULT_RECIPE)
+    return lambda host: app.recipe_for(host, playbook)
 
 
 # -- output -------------------------------------------------------------------------------------------

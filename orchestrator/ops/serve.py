@@ -28,7 +28,6 @@ import shlex
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from orchestrator import jobs
 from orchestrator.errors import HostError, RefusedError, VerifyError
@@ -46,7 +45,7 @@ from orchestrator.inventory import Host
 from orchestrator.ops import server as srv
 from orchestrator.ops import tune
 from orchestrator.ops.status import read_git
-from orchestrator.recipe import DEFAULT_RECIPE, Recipe, ServeOptions, find_recipe, load_recipe
+from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.state import HostState, Phase, ServerRecord, StateStore, find_secret
 from orchestrator.transport.base import Runner
 
@@ -100,14 +99,6 @@ class StartupFailed(HostError):
         super().__init__(message)
         self.job_id = job_id
         self.tail = tail
-
-
-def resolve_recipe(host: Host, playbook: str | None, search_dirs: Sequence[Path]) -> Recipe:
-    """The recipe for ``host``: ``--playbook``, else the inventory's ``playbook``, else the default."""
-    return load_recipe(find_recipe(playbook or host.playbook or DEFAULT_RECIPE, list(search_dirs)))
-
-
-# --- 1. checks ---------------------------------------------------------------------------------------------
 
 
 def check_launch(host: Host, runner: Runner, recipe: Recipe, mtp: bool) -> list[str]:
