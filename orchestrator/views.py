@@ -85,7 +85,7 @@ def _server_cell(v: HostStatus) -> str:
 def status_table(views: list[HostStatus]) -> None:
     rows = []
     for v in views:
-        reach = "yes" if v.reachable else f"NO: {v.error}"
+        reach = "yes" if v.reachable else f"NO: {(v.error or '').removeprefix(f'{v.name}: ')}"
         rows.append(
             [
                 v.name,
@@ -96,12 +96,11 @@ def status_table(views: list[HostStatus]) -> None:
                 _gpu_cell(v),
                 _tuning_cell(v),
                 _server_cell(v),
-                *(str(v.extra.get(k, "")) for k in ("jobs",)),
             ]
         )
         if v.reachable and v.error:
             rows[-1][2] = f"yes ({v.error})"
-    table(None, ["host", "address", "reachable", "phase", "sglang", "gpus", "tuning", "server", "jobs"], rows)
+    table(None, ["host", "address", "reachable", "phase", "sglang", "gpus", "tuning", "server"], rows)
 
 
 def pull_report(results: FleetResult[PullResult]) -> None:
