@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_setup.sh
-ensure_venv '.'
+ensure_venv '.[report]'
 exec .venv/bin/orch demo "$@"
