@@ -58,8 +58,9 @@ class _Demo:
 def demo(n_hosts: int, keep: bool, transport: str, report_dir: Path) -> int:
     """Bring up simulated GPU hosts on loopback and run orch against them, start to finish.
 
-    status, an upstream commit, pull, status, then `orch run deepseek-v4-flash` (pull, FP8 tuning,
-    MTP relaunch with verification, benchmark), status, a second benchmark and the report.
+    status, an upstream commit, pull, status, a baseline server (no MTP, no tuned configs) and its
+    benchmark, then `orch run deepseek-v4-flash` (pull, FP8 tuning, MTP relaunch with verification,
+    benchmark), status, a benchmark compared with the baseline, and the report.
 
     Every host is a real OpenSSH sshd on its own 127.x address with simulated nvidia-smi and a real
     git checkout of a simulated SGLang; nothing connects anywhere else.
@@ -91,10 +92,13 @@ def demo(n_hosts: int, keep: bool, transport: str, report_dir: Path) -> int:
         session.orch("status")
         for host in fleet.hosts:  # minutes of GPU work, simulated in seconds
             host.set_knobs(tune_seconds_per_unit=0.02, startup_seconds=0.5)
+        out.print("\n[dim]# a baseline: the server as it was, without MTP and without tuned FP8 configs[/dim]")
+        session.orch("serve", "--no-mtp")
+        session.orch("bench", "--label", "baseline")
         out.print("\n[dim]# the whole campaign: pull, FP8 tuning, MTP relaunch with verification, benchmark[/dim]")
         session.orch("run", "deepseek-v4-flash")
         session.orch("status")
-        session.orch("bench", "--label", "mtp-again")
+        session.orch("bench", "--label", "tuned+mtp", "--baseline", "baseline")
         session.orch("report", "--format", "html", "--out", str(report_dir))
         _show_report(report_dir)
         if keep:

@@ -128,6 +128,8 @@ def run_step(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: H
 def _pull(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
     assert isinstance(step.options, PullOptions)
     result = pull_op.pull(host, runner, ctx.store, step.options.install)
+    if not result.changed:
+        return f"already up to date at {result.new[:10]}"
     return f"{result.old[:10]} → {result.new[:10]} ({len(result.commits)} new commits)"
 
 
