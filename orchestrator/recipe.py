@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.errors import ConfigError
 
+# libyaml's loader when PyYAML was built with it (10x faster), else the pure-Python one; both are safe.
+SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 DEFAULT_RECIPE = "deepseek-v4-flash"
 PACKAGED_PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
@@ -177,7 +180,7 @@ def find_recipe(name_or_path: str, search_dirs: list[Path]) -> Path:
 
 def load_recipe(path: Path) -> Recipe:
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=SafeLoader)
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot read playbook: {exc}") from None
     if not isinstance(raw, dict):
