@@ -118,3 +118,6 @@ def pull_report(results: FleetResult[PullResult]) -> None:
         )
         for sha, subject in p.commits:
             out.print(f"    {sha} {subject}", markup=False)
+    for r in results.succeeded:
+        if r.value is not None and r.value.installed:
+            out.print(f"{r.host.name}: installed with `pip install -e python` ({r.host.python})", markup=False)

@@ -243,3 +243,14 @@ def test_local_transport_runs_the_same_commands(tmp_path: Path) -> None:
         assert run.returncode == 0, run.output
         (host,) = json.loads(run.stdout)["hosts"]
         assert host["reachable"] and len(host["gpus"]) == 8
+
+
+def test_pull_install_runs_pip_with_the_hosts_python(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(1)
+    (host,) = env.fleet.hosts
+    env.fleet.add_upstream_commit("Needs a reinstall")
+    run = env.orch("pull", "--install", timeout=600)
+    assert run.returncode == 0, run.output
+    assert f"installed with `pip install -e python` ({host.python})" in run.stdout
+    site = subprocess.run([str(host.python), "-m", "pip", "show", "sglang"], capture_output=True, text=True)
+    assert "Editable project location: " + str(host.sglang_dir / "python") in site.stdout
