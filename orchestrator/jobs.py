@@ -279,9 +279,12 @@ def stop(runner: Runner, job: JobInfo, grace_seconds: int = 30) -> str:
 
 
 def read_tail(runner: Runner, job: JobInfo, max_bytes: int = 8192) -> str:
-    """The end of a job's log: at most ``max_bytes``, starting at a line boundary when it can."""
+    """The end of a job's log as of ``job.log_size``: at most ``max_bytes``, starting at a line boundary
+    when it can. Bytes written since the listing are left out, so a follower resuming at
+    ``job.log_size`` prints each byte once."""
     size = job.log_size
-    data = runner.read_bytes(job.log, offset=max(0, size - max_bytes), length=max_bytes) if size else b""
+    start = max(0, size - max_bytes)
+    data = runner.read_bytes(job.log, offset=start, length=size - start) if size else b""
     text = data.decode(errors="replace")
     if size > max_bytes and "\n" in text:
         text = text.split("\n", 1)[1]

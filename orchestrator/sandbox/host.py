@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -63,6 +66,22 @@ class SimHost:
     def restart_sshd(self) -> None:
         self._sshd.stop()
         self._sshd.start()
+
+    def drop_connections(self) -> int:
+        """Cut every open SSH connection, as a network drop would: SIGKILL the listener's per-connection
+        sshd processes (the listener stays up, so clients can reconnect). Returns how many were cut."""
+        listener = self._sshd.pid
+        cut = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # the process ended meanwhile
+            if listener is not None and int(fields[1]) == listener:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(stat.parent.name), signal.SIGKILL)
+                    cut += 1
+        return cut
 
     def sshd_running(self) -> bool:
         return self._sshd.running()

@@ -225,8 +225,10 @@ class SSHRunner:
                 fh.seek(offset)
                 data: bytes = fh.read(length) if length is not None else fh.read()
                 return data
-        except (TimeoutError, paramiko.SSHException, EOFError, ConnectionError) as exc:
-            self._drop()
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, ConnectionError):
+                raise  # the file itself: missing, not readable (SFTP status errors carry an errno)
+            self._drop()  # paramiko says "Socket is closed" with a plain OSError: the connection is gone
             raise UnreachableError(f"{self.host}: connection lost while reading {path}: {_reason(exc)}") from None
 
     def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:

@@ -1,0 +1,67 @@
+"""Detached jobs over real SSH: start returns while the job runs, logs -f survives a dropped connection,
+orch stop signals only the job's own process group."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestrator import jobs
+from orchestrator.fleet import Fleet
+from orchestrator.inventory import load_inventory
+from orchestrator.transport.ssh import ConnectOptions
+from tests.conftest import FleetEnv
+
+# Prints "line 1" .. "line N", one every 0.1 s.
+COUNTER = ["sh", "-c", 'i=1; while [ $i -le "$1" ]; do echo "line $i"; i=$((i + 1)); sleep 0.1; done', "count"]
+
+
+def start_job(env: FleetEnv, purpose: str, argv: list[str]) -> jobs.Started:
+    host = next(iter(load_inventory(env.inventory).hosts.values()))
+    with Fleet([host], ConnectOptions()) as fleet:
+        started = jobs.start(fleet.runner(host), host.workdir, jobs.JobSpec("test", purpose, argv))
+        assert jobs.find(fleet.runner(host), host.workdir, started.job_id).state == "running"
+    return started
+
+
+def test_a_job_started_over_ssh_outlives_the_session_and_orch(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(1)
+    started = start_job(env, "t.long", [*COUNTER, "30"])  # returned and disconnected while it runs
+    run = env.orch("jobs", "--json")
+    (job,) = next(iter(__import__("json").loads(run.stdout).values()))
+    assert (job["id"], job["state"]) == (started.job_id, "running")
+
+
+def test_logs_follow_resumes_at_its_offset_after_the_connection_drops(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(1)
+    (sim,) = env.fleet.hosts
+    started = start_job(env, "t.count", [*COUNTER, "40"])
+    cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "logs", sim.name, started.job_id, "-f"]
+    follower = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    assert sim.drop_connections() >= 1
+    out, err = follower.communicate(timeout=60)
+    assert follower.returncode == 0, err
+    lines = [line for line in out.splitlines() if line.startswith("line ")]
+    assert lines == [f"line {i}" for i in range(1, 41)]  # nothing lost, nothing twice
+    assert "reconnecting, resuming at byte" in err
+    assert f"-- {started.job_id}: succeeded" in out
+
+
+def test_stop_ends_the_job_and_leaves_other_processes_alone(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(1)
+    (sim,) = env.fleet.hosts
+    bystander = subprocess.Popen(["sleep", "60"])  # same host, same user, not started by orch
+    try:
+        started = start_job(env, "t.stop", ["sleep", "60"])
+        run = env.orch("stop", sim.name, started.job_id, "--timeout", "5")
+        assert run.returncode == 0, run.output
+        assert f"{started.job_id}: stopped" in run.stdout
+        listed = env.orch("jobs")
+        assert "failed (exit 143, stopped by orch)" in listed.stdout
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
