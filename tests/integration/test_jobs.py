@@ -3,6 +3,7 @@ orch stop signals only the job's own process group."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -65,3 +66,18 @@ def test_stop_ends_the_job_and_leaves_other_processes_alone(make_fleet, tmp_path
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_ctrl_c_stops_following_never_the_job(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(1)
+    (sim,) = env.fleet.hosts
+    started = start_job(env, "t.ctrlc", [*COUNTER, "300"])
+    cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "logs", sim.name, "-f"]
+    follower = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    follower.send_signal(signal.SIGINT)
+    out, err = follower.communicate(timeout=30)
+    assert follower.returncode == 130
+    assert "line 1" in out and "interrupted" in err
+    assert f"{started.job_id}" in env.orch("jobs").stdout
+    assert "running" in env.orch("jobs").stdout
