@@ -82,7 +82,9 @@ class SshDaemon:
         self._wait_listening(offset)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        argv = [str(SSHD), "-D", "-e", "-f", str(self.config), "-E", str(self.log)]
+        # -r: no re-exec per connection. All simulated hosts share this machine's cores, so each
+        # connection's sshd CPU is kept low; a real host spends its own.
+        argv = [str(SSHD), "-D", "-r", "-e", "-f", str(self.config), "-E", str(self.log)]
         env = {"PATH": "/usr/sbin:/usr/bin:/bin", "ORCH_SIM_HOST": str(self.root)}
         with self.log.open("ab") as log:
             return subprocess.Popen(
