@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -115,3 +116,25 @@ def test_run_dry_run_prints_commands_and_changes_nothing(make_fleet) -> None:  #
     assert after.stdout == head.stdout
     assert not purposes(host)
     assert all(not hs.get("steps") for hs in state(env).values())
+
+
+def test_ctrl_c_stops_orch_at_once_and_the_same_command_resumes(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(1)
+    fast(env, tune_seconds_per_unit=0.25)
+    (host,) = env.fleet.hosts
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "run"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while purposes(host)["tune"] < 8:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "jobs on the hosts keep running" in err
+    assert purposes(host) == Counter({"tune": 8})  # orch stopped: no server was started after Ctrl-C
+    run = env.orch("run", timeout=600)
+    assert run.returncode == 0, run.output
+    assert purposes(host) == Counter({"tune": 8, "server": 1, "bench": 1})
