@@ -81,8 +81,15 @@ class Fleet:
     def map(self, fn: Callable[[Host, Runner], T], hosts: list[Host] | None = None) -> FleetResult[T]:
         """``fn(host, runner)`` on every host, ``parallel`` at a time; results in inventory order."""
         targets = self.hosts if hosts is None else hosts
-        with ThreadPoolExecutor(max_workers=min(self.parallel, max(1, len(targets)))) as pool:
+        pool = ThreadPoolExecutor(max_workers=min(self.parallel, max(1, len(targets))))
+        try:
             results = list(pool.map(lambda h: self._call(fn, h), targets))
+        except KeyboardInterrupt:
+            # Ctrl-C: do not wait for the hosts' threads (a step may take minutes); cli.main ends the
+            # process at once. Remote jobs are detached and a re-run resumes, as after a SIGKILL.
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
         return FleetResult(results)
 
     def _call(self, fn: Callable[[Host, Runner], T], host: Host) -> HostResult[T]:

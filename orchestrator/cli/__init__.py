@@ -8,6 +8,7 @@ problem; 5 verification failed; 130 interrupted.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -103,16 +104,22 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run a command and turn its outcome into the documented exit code."""
     try:
         code = cli.main(args=argv, prog_name="orch", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("orch: interrupted", err=True)
-        sys.exit(ExitCode.INTERRUPTED)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        _interrupted()
     except click.ClickException as exc:
         exc.show()
         sys.exit(ExitCode.USAGE if exc.exit_code == 2 else exc.exit_code)
     except OrchError as exc:
         click.echo(f"orch: error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo("orch: interrupted", err=True)
-        sys.exit(ExitCode.INTERRUPTED)
     sys.exit(code if isinstance(code, int) else ExitCode.OK)
+
+
+def _interrupted() -> None:
+    """Ctrl-C: stop now, without waiting for threads still talking to hosts. Jobs on the hosts are
+    detached and keep running; state writes are atomic renames, so nothing is half-written; running
+    the same command again resumes (as after a SIGKILL)."""
+    click.echo("orch: interrupted; jobs on the hosts keep running; run the same command again to resume", err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(ExitCode.INTERRUPTED)

@@ -8,11 +8,15 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator.errors import ExitCode
 from orchestrator.render import out
+
+if TYPE_CHECKING:  # the sandbox is imported only when the demo runs
+    from orchestrator.sandbox import SimFleet
 
 
 def _sshd_available() -> bool:
@@ -81,33 +85,41 @@ def demo(n_hosts: int, keep: bool, transport: str, report_dir: Path) -> int:
             )
     root = Path(tempfile.mkdtemp(prefix="orch-demo-"))
     fleet = SimFleet(root / "fleet", n_hosts=n_hosts, transport=transport)
-    with fleet:
-        inventory = fleet.write_inventory(root / "hosts.yaml")
-        _show_layout(fleet, inventory, transport)
-        session = _Demo(root, inventory)
-        session.orch("status")
-        sha = fleet.add_upstream_commit("Demo: a new upstream commit to pull")
-        out.print(f"\n[dim]# upstream gained commit {sha[:10]}[/dim]")
-        session.orch("pull")
-        session.orch("status")
-        for host in fleet.hosts:  # minutes of GPU work, simulated in seconds
-            host.set_knobs(tune_seconds_per_unit=0.02, startup_seconds=0.5)
-        out.print("\n[dim]# a baseline: the server as it was, without MTP and without tuned FP8 configs[/dim]")
-        session.orch("serve", "--no-mtp")
-        session.orch("bench", "--label", "baseline")
-        out.print("\n[dim]# the whole campaign: pull, FP8 tuning, MTP relaunch with verification, benchmark[/dim]")
-        session.orch("run", "deepseek-v4-flash")
-        session.orch("status")
-        session.orch("bench", "--label", "tuned+mtp", "--baseline", "baseline")
-        session.orch("report", "--format", "html", "--out", str(report_dir))
-        _show_report(report_dir)
-        if keep:
-            out.print(f"\nKept: the fleet runs until you stop it; files under {root}")
-            fleet.detach()
-    if not keep:
-        shutil.rmtree(root, ignore_errors=True)
-        out.print(f"\nTorn down: every simulated sshd stopped, {root} removed.")
+    try:
+        with fleet:
+            session = _story(fleet, root, transport, report_dir)
+            if keep:
+                out.print(f"\nKept: the fleet runs until you stop it; files under {root}")
+                fleet.detach()
+    finally:  # also on Ctrl-C: the fleet's sshd and processes are stopped by the `with` above
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+            out.print(f"\nTorn down: every simulated sshd stopped, {root} removed.")
     return int(ExitCode.HOSTS_FAILED if session.failed else ExitCode.OK)
+
+
+def _story(fleet: SimFleet, root: Path, transport: str, report_dir: Path) -> _Demo:
+    """The commands the demo runs, in order, each shown as a user would type it."""
+    inventory = fleet.write_inventory(root / "hosts.yaml")
+    _show_layout(fleet, inventory, transport)
+    session = _Demo(root, inventory)
+    session.orch("status")
+    sha = fleet.add_upstream_commit("Demo: a new upstream commit to pull")
+    out.print(f"\n[dim]# upstream gained commit {sha[:10]}[/dim]")
+    session.orch("pull")
+    session.orch("status")
+    for host in fleet.hosts:  # minutes of GPU work, simulated in seconds
+        host.set_knobs(tune_seconds_per_unit=0.02, startup_seconds=0.5)
+    out.print("\n[dim]# a baseline: the server as it was, without MTP and without tuned FP8 configs[/dim]")
+    session.orch("serve", "--no-mtp")
+    session.orch("bench", "--label", "baseline")
+    out.print("\n[dim]# the whole campaign: pull, FP8 tuning, MTP relaunch with verification, benchmark[/dim]")
+    session.orch("run", "deepseek-v4-flash")
+    session.orch("status")
+    session.orch("bench", "--label", "tuned+mtp", "--baseline", "baseline")
+    session.orch("report", "--format", "html", "--out", str(report_dir))
+    _show_report(report_dir)
+    return session
 
 
 def _show_report(directory: Path) -> None:
@@ -115,9 +127,9 @@ def _show_report(directory: Path) -> None:
     out.print(f"\nReport in {directory}: {', '.join(files) or 'nothing written'}", markup=False)
 
 
-def _show_layout(fleet: object, inventory: Path, transport: str) -> None:
+def _show_layout(fleet: SimFleet, inventory: Path, transport: str) -> None:
     out.print(f"[bold]Simulated fleet[/bold] ({transport} transport), inventory: {inventory}")
-    for host in fleet.hosts:  # type: ignore[attr-defined]
+    for host in fleet.hosts:
         where = f"sshd {host.address}:{host.ssh_port}" if transport == "ssh" else "local"
         out.print(
             f"  {host.name}: {where}; disk {host.root} (sglang {host.sglang_dir}, orch files {host.workdir})",
