@@ -113,7 +113,7 @@ def test_tune_fp8_fleet_spreads_units_over_both_hosts_and_installs_the_merged_re
 
 
 def test_progress_is_visible_in_status_while_the_jobs_run(tune_fleet: Callable[..., FleetEnv]) -> None:
-    env = tune_fleet(1, seconds_per_unit=1.5)
+    env = tune_fleet(1, seconds_per_unit=3.0)
     start = env.orch("tune-fp8", *SMALL)
     assert start.returncode == 0, start.output
     host = env.fleet.hosts[0]  # type: ignore[attr-defined]
