@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.facts.gpus import device_file_name
 from orchestrator.recipe import Shape
 
 TUNER_SCRIPT = "benchmark/kernels/quantization/tuning_block_wise_kernel.py"
@@ -341,7 +342,7 @@ def failure_reason(progress: LogProgress, exit_code: int | None) -> str:
 def config_file_name(n: int, k: int, device_name: str) -> str:
     """SGLang's exact file name, e.g. ``N=1024,K=4096,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition,
     dtype=fp8_w8a8,block_shape=[128, 128].json`` (``device_name``: the GPU name, spaces → ``_``)."""
-    device = device_name.replace(" ", "_")
+    device = device_file_name(device_name)
     return f"N={n},K={k},device_name={device},dtype=fp8_w8a8,block_shape=[128, 128].json"
 
 

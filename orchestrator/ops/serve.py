@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from orchestrator import jobs
 from orchestrator.errors import HostError, RefusedError, VerifyError
 from orchestrator.facts import server as facts
+from orchestrator.facts.gpus import device_file_name
 from orchestrator.facts.server_log import ServerLog, ShapeUse, shape_use
 from orchestrator.facts.server_upstream import (
     REGISTERED_TESTS,
@@ -186,7 +187,7 @@ def untuned_warning(host: Host, runner: Runner, store: StateStore, recipe: Recip
 
 
 def _same_device(a: str, b: str) -> bool:
-    return a.replace(" ", "_") == b.replace(" ", "_")
+    return device_file_name(a) == device_file_name(b)
 
 
 # --- 3 + 4. relaunch ------------------------------------------------------------------------------------------

@@ -57,11 +57,6 @@ def gpu_views(gpu_csv: str, apps_csv: str) -> list[GpuView]:
     return views
 
 
-def read_gpus(runner: Runner) -> list[GpuView]:
-    devices = runner.run(gpus.query_gpus_argv(), check=True).stdout
-    return gpu_views(devices, runner.run(gpus.query_apps_argv(), check=True).stdout)
-
-
 def sglang_info(host: Host, info: git.GitInfo) -> SGLangInfo:
     return SGLangInfo(
         commit=info.commit,
