@@ -58,6 +58,32 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
+class RunnerBase:
+    """What both runners share: every command gets the host's inventory ``env`` under the caller's,
+    and ``check=True`` turns a non-zero exit into ``RemoteCommandError``. Subclasses run the command."""
+
+    host: str
+    _env: Mapping[str, str]
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+    ) -> CommandResult:
+        result = self._execute(argv, cwd, {**self._env, **(env or {})}, stdin, timeout)
+        return check_result(self.host, result) if check else result
+
+    def _execute(
+        self, argv: Sequence[str], cwd: str | None, env: Mapping[str, str], stdin: str | None, timeout: float | None
+    ) -> CommandResult:
+        raise NotImplementedError
+
+
 def shell_command(argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> str:
     """The one string handed to a remote shell for ``argv``: every value quoted.
 

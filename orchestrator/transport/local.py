@@ -12,25 +12,18 @@ from pathlib import Path
 
 from orchestrator.errors import RemoteCommandError
 from orchestrator.inventory import Host
-from orchestrator.transport.base import CommandResult, check_result
+from orchestrator.transport.base import CommandResult, RunnerBase
 
 
-class LocalRunner:
+class LocalRunner(RunnerBase):
     def __init__(self, host: Host) -> None:
         self.host = host.name
         self._env = host.env
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: str | None = None,
-        timeout: float | None = None,
-        check: bool = False,
+    def _execute(
+        self, argv: Sequence[str], cwd: str | None, env: Mapping[str, str], stdin: str | None, timeout: float | None
     ) -> CommandResult:
-        full_env = {**os.environ, **self._env, **(env or {})}
+        full_env = {**os.environ, **env}
         try:
             proc = subprocess.run(
                 list(argv),
@@ -46,8 +39,7 @@ class LocalRunner:
             raise RemoteCommandError(f"{self.host}: `{argv[0]}` timed out after {timeout} s", exit_status=-1) from None
         except FileNotFoundError as exc:
             proc = subprocess.CompletedProcess(list(argv), 127, "", f"{exc.filename}: command not found\n")
-        result = CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
-        return check_result(self.host, result) if check else result
+        return CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
 
     def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         with open(path, "rb") as fh:

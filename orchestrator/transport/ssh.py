@@ -29,7 +29,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop
 
 from orchestrator.errors import HostKeyError, RemoteCommandError, UnreachableError
 from orchestrator.inventory import Host
-from orchestrator.transport.base import CommandResult, check_result, shell_command
+from orchestrator.transport.base import CommandResult, RunnerBase, shell_command
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +97,12 @@ class _VerifyHostKey(paramiko.MissingHostKeyPolicy):
         )
 
 
-class SSHRunner:
+class SSHRunner(RunnerBase):
     """A ``Runner`` over one SSH connection (opened on first use)."""
 
     def __init__(self, host: Host, options: ConnectOptions) -> None:
         self.host = host.name
+        self._env = host.env
         self._spec = host
         self._options = options
         self._conn: Connection | None = None
@@ -189,18 +190,11 @@ class SSHRunner:
             self._conn, self._sftp = None, None
 
     # -- commands -------------------------------------------------------------------------------
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: str | None = None,
-        timeout: float | None = None,
-        check: bool = False,
+    def _execute(
+        self, argv: Sequence[str], cwd: str | None, env: Mapping[str, str], stdin: str | None, timeout: float | None
     ) -> CommandResult:
         conn = self.connect()
-        command = shell_command(argv, cwd=cwd, env={**self._spec.env, **(env or {})})
+        command = shell_command(argv, cwd=cwd, env=env)
         log.debug("%s: $ %s", self.host, command)
         in_stream: Any = io.StringIO(stdin) if stdin is not None else False
         try:
@@ -210,8 +204,7 @@ class SSHRunner:
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self._drop()
             raise UnreachableError(f"{self.host}: connection lost while running a command: {_reason(exc)}") from None
-        result = CommandResult(tuple(argv), res.exited, res.stdout, res.stderr)
-        return check_result(self.host, result) if check else result
+        return CommandResult(tuple(argv), res.exited, res.stdout, res.stderr)
 
     # -- files ----------------------------------------------------------------------------------
     def _sftp_client(self) -> paramiko.SFTPClient:
