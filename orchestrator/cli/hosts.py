@@ -33,7 +33,7 @@ def status(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: in
     observed = [r.value for r in results if r.ok and r.value is not None]
     seen = status_op.record_seen(app.store, {h.name: h for h in selected}, observed)
     by_name = {o.status.name: status_op.merge_state(o, seen[o.status.name]) for o in observed}
-    views = [by_name.get(r.host.name) or status_op.unreachable(r, app.store) for r in results]
+    views = [by_name.get(r.host.name) or status_op.unreachable(r, cached.get(r.host.name)) for r in results]
     if as_json:
         print_json(status_document(views))
     else:

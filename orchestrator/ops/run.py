@@ -99,9 +99,14 @@ def _mark(store: StateStore, host: Host, playbook: str, step: str, outcome: str,
     store.update_host(host.name, update)
 
 
-def is_done(store: StateStore, host: Host, playbook: str, step: str) -> bool:
+def recorded(store: StateStore, host: Host, playbook: str) -> dict[str, Any]:
+    """The host's step record for ``playbook`` as saved (empty when it never ran it)."""
     hs = store.load().hosts.get(host.name)
-    return hs is not None and hs.steps.get("playbook") == playbook and step in hs.steps.get("done", {})
+    return hs.steps if hs is not None and hs.steps.get("playbook") == playbook else {}
+
+
+def is_done(store: StateStore, host: Host, playbook: str, step: str) -> bool:
+    return step in recorded(store, host, playbook).get("done", {})
 
 
 def run_step(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: HostRun) -> None:
@@ -184,8 +189,7 @@ def _resume_serve(ctx: RunContext, host: Host, runner: Runner, options: ServeOpt
 
 
 def was_interrupted(store: StateStore, host: Host, playbook: str, step: str) -> bool:
-    hs = store.load().hosts.get(host.name)
-    return hs is not None and hs.steps.get("playbook") == playbook and hs.steps.get("running") == step
+    return recorded(store, host, playbook).get("running") == step
 
 
 def _bench(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:

@@ -89,19 +89,18 @@ class Observed:
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
 
-def observe(host: Host, runner: Runner, store: StateStore | None = None, cached: HostState | None = None) -> Observed:
-    """Read one host in a single remote command. Findings (no checkout, broken driver) are not errors.
-    With ``store``, also the tuning progress (read from the tuning jobs' logs only while they run);
-    ``cached`` (the host's state as loaded once for the whole fleet) says whether to ask the server."""
+def observe(host: Host, runner: Runner, store: StateStore, cached: HostState | None) -> Observed:
+    """Read one host in a single remote command, plus the tuning progress (from the tuning jobs' logs,
+    only while they run). Findings (no checkout, broken driver) are not errors. ``cached`` is the host's
+    state as loaded once for the whole fleet: it says whether there is a server or tuning to ask about."""
     started_at = datetime.now(timezone.utc)
-    with_server = store is None or (cached is not None and cached.server is not None)
+    with_server = cached is not None and cached.server is not None
     raw = runner.run(probe.probe_argv(status_sections(host, with_server)), timeout=120).stdout
     sections = probe.parse(raw)
     status = HostStatus(host.name, host.address, reachable=True, phase="new")
     info = _parse_git(sections.get("git"), status)
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
-    if store is not None:
-        status.extra["tuning"] = tune.status_field(host, runner, store)
+    status.extra["tuning"] = tune.status_field(host, runner, store, cached)
     return Observed(status, info, sections, started_at)
 
 
@@ -142,11 +141,16 @@ def record_seen(store: StateStore, hosts: dict[str, Host], observed: list[Observ
         return {o.status.name: state.host(o.status.name).model_copy(deep=True) for o in observed}
 
 
-def merge_state(obs: Observed, hs: HostState) -> HostStatus:
-    status = obs.status
+def _show_state(status: HostStatus, hs: HostState) -> None:
+    """Phase, SGLang checkout and last_seen as the state file has them."""
     status.phase = hs.phase.value
     status.sglang = hs.sglang.model_dump(mode="json") if hs.sglang else None
     status.last_seen = hs.last_seen.isoformat() if hs.last_seen else None
+
+
+def merge_state(obs: Observed, hs: HostState) -> HostStatus:
+    status = obs.status
+    _show_state(status, hs)
     http, listed = obs.sections.get("server_http"), obs.sections.get("server_jobs")
     status.extra["server"] = server.status_field(
         http.output if http else None, listed.output if listed else None, hs.server, datetime.now(timezone.utc)
@@ -154,18 +158,10 @@ def merge_state(obs: Observed, hs: HostState) -> HostStatus:
     return status
 
 
-def unreachable(result: HostResult[Any], store: StateStore) -> HostStatus:
-    """The status line of a host that could not be read: cached state, marked unreachable."""
+def unreachable(result: HostResult[Any], cached: HostState | None) -> HostStatus:
+    """The status line of a host that could not be read: its cached state, marked unreachable."""
     host = result.host
-    cached = store.load().hosts.get(host.name)
-    status = HostStatus(
-        host.name,
-        host.address,
-        reachable=False,
-        phase=cached.phase.value if cached else "new",
-        error=str(result.error).splitlines()[0],
-    )
+    status = HostStatus(host.name, host.address, reachable=False, phase="new", error=str(result.error).splitlines()[0])
     if cached is not None:
-        status.sglang = cached.sglang.model_dump(mode="json") if cached.sglang else None
-        status.last_seen = cached.last_seen.isoformat() if cached.last_seen else None
+        _show_state(status, cached)
     return status

@@ -604,9 +604,10 @@ def _results(
     )
 
 
-def status_field(host: Host, runner: Runner, store: StateStore) -> dict[str, Any] | None:
-    """The compact ``tuning`` field of ``orch status`` (None when the host was never tuned)."""
-    record = load_record(store.load().hosts.get(host.name))
+def status_field(host: Host, runner: Runner, store: StateStore, cached: HostState | None) -> dict[str, Any] | None:
+    """The compact ``tuning`` field of ``orch status`` (None when the host was never tuned, decided from
+    ``cached``, the host's state as ``status`` loaded it once for the fleet)."""
+    record = load_record(cached)
     if record.plan is None and not record.installed:
         return None
     try:
