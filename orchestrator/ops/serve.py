@@ -23,7 +23,6 @@ The flow on one host; every check runs before the running server is touched:
 
 from __future__ import annotations
 
-import math
 import shlex
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -50,20 +49,15 @@ from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.state import HostState, Phase, ServerRecord, StateStore, find_secret
 from orchestrator.transport.base import Runner
 
-Report = Callable[[str], None]
+Report = srv.Report
 """Where the op tells the user what it is doing (progress, warnings) as it happens."""
 
 HEALTH_POLL_FIRST = 0.2  # a fast start is seen at once; a 20-minute one is polled every HEALTH_POLL_SECONDS
 HEALTH_POLL_SECONDS = 2.0
 TUNING_POLL_SECONDS = 1.0
-GPU_RELEASE_SECONDS = 120.0
 PROBE_REQUESTS = 4
 PROBE_TOKENS = 128  # 4 x 128 tokens pass SGLang's 40-step decode log interval even at accept length 3+
 LOG_TAIL_LINES = 30
-
-
-def _quiet(message: str) -> None:
-    """The default ``Report``: say nothing."""
 
 
 @dataclass
@@ -199,7 +193,7 @@ def serve(
     store: StateStore,
     recipe: Recipe,
     options: ServeOptions,
-    report: Report = _quiet,
+    report: Report = srv._quiet,
     peers: tune.Peers | None = None,
 ) -> ServeResult:
     """Check, gate, relaunch and verify the server on ``host`` (the flow in the module docstring).
@@ -278,7 +272,7 @@ def relaunch(
     """Stop ``old``, start ``argv``, wait until healthy; on failure stop it, mark ``failed``, roll back."""
     gpus = facts.server_gpus(recipe, host)
     if old is not None:
-        stop_job(host, runner, old, gpus, options.drain_timeout, report)
+        srv.stop_job(host, runner, old, gpus, options.drain_timeout, report)
     try:
         return launch(host, runner, store, argv, gpus, options, recipe, report)
     except StartupFailed as failure:
@@ -295,16 +289,7 @@ def _stop_failed(
     """Stop a server that failed to start (it may hang, holding its GPUs); its log stays on the host."""
     job = jobs.find(runner, host.workdir, job_id)
     if job.running:
-        stop_job(host, runner, job, gpus, options.drain_timeout, report)
-
-
-def stop_job(host: Host, runner: Runner, job: jobs.JobInfo, gpus: Sequence[int], drain: float, report: Report) -> str:
-    """Stop a server job (drain, then SIGKILL after ``drain`` seconds) and wait until its GPUs are free."""
-    report(f"stopping server job {job.id} (draining up to {drain:.0f} s)")
-    outcome = jobs.stop(runner, job, grace_seconds=math.ceil(drain))
-    srv.wait_gpus_released(host, runner, gpus, job.id, GPU_RELEASE_SECONDS)
-    report(f"server job {job.id} {outcome}; GPUs free")
-    return outcome
+        srv.stop_job(host, runner, job, gpus, options.drain_timeout, report)
 
 
 def launch(
@@ -556,34 +541,10 @@ def _record_verified(store: StateStore, host: Host, result: ServeResult, known_g
 
 
 def stop_server(
-    host: Host, runner: Runner, store: StateStore, recipe: Recipe, drain_timeout: float, report: Report = _quiet
+    host: Host, runner: Runner, store: StateStore, recipe: Recipe, drain_timeout: float, report: Report = srv._quiet
 ) -> str | None:
-    """Stop the server orch launched (drain, SIGKILL after ``drain_timeout``) and wait for its GPUs.
-
-    Returns how it ended (``stopped``/``killed``), or None when no server of orch's was running. The
-    phase goes back to what it was before the server was launched.
-    """
-    job = srv.running_server(runner, host)
-    if job is None:
-        return None
-    outcome = stop_job(host, runner, job, facts.server_gpus(recipe, host), drain_timeout, report)
-    store.update_host(host.name, _record_stopped)
-    return outcome
-
-
-def _record_stopped(hs: HostState) -> None:
-    if hs.server is not None:
-        hs.server.healthy = False
-    if hs.phase in (Phase.SERVING, Phase.LAUNCHING, Phase.FAILED):
-        hs.set_phase(_phase_before_launch(hs), "server stopped")
-
-
-def _phase_before_launch(hs: HostState) -> Phase:
-    """The phase the host was in before its last ``launching`` (``pulled`` when unknown)."""
-    for change in reversed(hs.history):
-        if change.to_phase == Phase.LAUNCHING and change.from_phase not in (Phase.SERVING, Phase.FAILED):
-            return change.from_phase
-    return Phase.PULLED
+    """``orch stop-server``: stop the server orch launched, freeing the recipe's GPUs (``srv.stop_server``)."""
+    return srv.stop_server(host, runner, store, facts.server_gpus(recipe, host), drain_timeout, report)
 
 
 # --- recipe discover --------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ python (``facts.server.http_argv``), so the server's port never has to be expose
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -19,7 +20,7 @@ from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts.server_log import ServerLog, parse_server_log
 from orchestrator.inventory import Host
-from orchestrator.state import ServerRecord
+from orchestrator.state import HostState, Phase, ServerRecord, StateStore
 from orchestrator.transport.base import Runner
 
 SERVER_PURPOSE = "server"
@@ -221,3 +222,53 @@ def _answers(http_out: str | None) -> tuple[int, dict[str, Any] | None]:
         return 0, None
     body = info.json() if info.status == 200 else None
     return health.status, body if isinstance(body, dict) else None
+
+
+# --- stopping the server orch launched (orch stop-server, orch serve, orch tune-fp8 --stop-server) ----------
+
+Report = Callable[[str], None]
+GPU_RELEASE_SECONDS = 120.0
+
+
+def _quiet(message: str) -> None:
+    """A ``Report`` that says nothing."""
+
+
+def stop_job(host: Host, runner: Runner, job: jobs.JobInfo, gpus: Sequence[int], drain: float, report: Report) -> str:
+    """Stop a server job (drain, then SIGKILL after ``drain`` seconds) and wait until its GPUs are free."""
+    report(f"stopping server job {job.id} (draining up to {drain:.0f} s)")
+    outcome = jobs.stop(runner, job, grace_seconds=math.ceil(drain))
+    wait_gpus_released(host, runner, gpus, job.id, GPU_RELEASE_SECONDS)
+    report(f"server job {job.id} {outcome}; GPUs free")
+    return outcome
+
+
+def stop_server(
+    host: Host, runner: Runner, store: StateStore, gpus: Sequence[int], drain: float, report: Report = _quiet
+) -> str | None:
+    """Stop the server orch launched (drain, SIGKILL after ``drain``) and wait for its GPUs.
+
+    Returns how it ended (``stopped``/``killed``), or None when no server of orch's was running. The
+    phase goes back to what it was before the server was launched.
+    """
+    job = running_server(runner, host)
+    if job is None:
+        return None
+    outcome = stop_job(host, runner, job, gpus, drain, report)
+    store.update_host(host.name, record_stopped)
+    return outcome
+
+
+def record_stopped(hs: HostState) -> None:
+    if hs.server is not None:
+        hs.server.healthy = False
+    if hs.phase in (Phase.SERVING, Phase.LAUNCHING, Phase.FAILED):
+        hs.set_phase(_phase_before_launch(hs), "server stopped")
+
+
+def _phase_before_launch(hs: HostState) -> Phase:
+    """The phase the host was in before its last ``launching`` (``pulled`` when unknown)."""
+    for change in reversed(hs.history):
+        if change.to_phase == Phase.LAUNCHING and change.from_phase not in (Phase.SERVING, Phase.FAILED):
+            return change.from_phase
+    return Phase.PULLED

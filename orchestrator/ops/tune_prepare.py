@@ -12,15 +12,15 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator import jobs
 from orchestrator.errors import ConfigError, RefusedError
 from orchestrator.facts import git
 from orchestrator.facts import gpus as smi
+from orchestrator.facts import server as server_facts
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
-from orchestrator.ops.tune_progress import record_job_end
+from orchestrator.ops import server as srv
 from orchestrator.ops.tune_record import InstalledRecord, PlanRecord, TuningRecord, load_record
-from orchestrator.recipe import Recipe, Shape, TuneOptions, parse_shapes
+from orchestrator.recipe import Recipe, ServeOptions, Shape, TuneOptions, parse_shapes
 from orchestrator.state import StateStore
 from orchestrator.transport.base import Runner
 
@@ -115,7 +115,7 @@ def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
     skipped = [] if options.force else installed_shapes(runner, record, facts, wanted, batch_sizes)
     needed = [s for s in wanted if s.key not in skipped]
     if needed and options.stop_server:
-        stop_server(host, runner, store)
+        srv.stop_server(host, runner, store, server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout)
         facts.gpus, facts.gpu_users = read_gpu_users(runner)
     if needed:
         refuse_busy(host, facts, options.allow_busy_gpus)
@@ -170,17 +170,6 @@ def _installed_complete(
     except (OSError, tf.ConfigInvalid):
         return False
     return not tf.missing_batch_sizes(configs, batch_sizes)
-
-
-def stop_server(host: Host, runner: Runner, store: StateStore) -> str | None:
-    """Stop the server job orch launched on this host (purpose ``server``), if one runs."""
-    server = next((j for j in reversed(jobs.list_jobs(runner, host.workdir)) if j.purpose == "server"), None)
-    if server is None or not server.running:
-        return None
-    outcome = jobs.stop(runner, server)
-    after = jobs.find(runner, host.workdir, server.id)
-    store.update_host(host.name, lambda hs: record_job_end(hs, after))
-    return outcome
 
 
 def refuse_busy(host: Host, facts: HostFacts, allow: bool) -> None:

@@ -141,10 +141,10 @@ def test_stopping_the_server_returns_the_phase_from_before_the_launch() -> None:
     hs.set_phase(Phase.LAUNCHING, "serve")
     hs.set_phase(Phase.SERVING, "healthy")
     hs.server = RECORD.model_copy(update={"healthy": True})
-    serve_op._record_stopped(hs)
+    srv.record_stopped(hs)
     assert hs.phase == Phase.TUNED and hs.server is not None and hs.server.healthy is False
     fresh = HostState(phase=Phase.FAILED)
-    serve_op._record_stopped(fresh)
+    srv.record_stopped(fresh)
     assert fresh.phase == Phase.PULLED
 
 
