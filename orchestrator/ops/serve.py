@@ -146,6 +146,10 @@ def tuning_gate(
     if status.state in ("running", "ready-to-install"):
         report(f"tuning is {status.state}: waiting for it before serving")
         status = tune.wait_for_tuning(host, runner, store, _progress(report), TUNING_POLL_SECONDS, peers)
+    elif status.state == "failed" and options.wait_tuning:
+        # A job failed but the plan may still be recorded as running, its other jobs holding GPUs:
+        # completing it records the failure and stops them (it returns at once if already recorded).
+        status = tune.wait_for_tuning(host, runner, store, None, TUNING_POLL_SECONDS, peers)
     if status.state == "failed" and options.wait_tuning:
         raise RefusedError(
             f"{host.name}: FP8 tuning failed: {status.reason}; not serving (the running server was left untouched)",
