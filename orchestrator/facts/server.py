@@ -85,10 +85,15 @@ def mtp_flags(spec: MTPSpec) -> list[str]:
 def server_gpus(recipe: Recipe, host: Host) -> list[int]:
     """GPU indexes the server uses: ``base-gpu-id`` .. + tp * dp (capped by the host's GPUs)."""
     args = recipe.server_args
-    tp = _int_arg(args, ("tp", "tp-size", "tensor-parallel-size"), 1)
+    tp = tp_size(recipe, 1)
     dp = _int_arg(args, ("dp", "dp-size", "data-parallel-size"), 1)
     base = _int_arg(args, ("base-gpu-id",), 0)
     return [i for i in range(base, base + tp * dp) if i < host.gpus]
+
+
+def tp_size(recipe: Recipe, default: int) -> int:
+    """The recipe's tensor-parallel size (``tp``, ``tp-size`` or ``tensor-parallel-size``), else ``default``."""
+    return _int_arg(recipe.server_args, ("tp", "tp-size", "tensor-parallel-size"), default)
 
 
 def _int_arg(args: Mapping[str, Any], names: Sequence[str], default: int) -> int:

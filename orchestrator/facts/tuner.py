@@ -306,9 +306,6 @@ class LogProgress:
         if _EXCEPTION.match(line.strip()):
             self.error = line.strip()[:300]
 
-    def units_done(self) -> int:
-        return sum(len(ms) for ms in self.done.values())
-
     def to_json(self) -> dict[str, Any]:
         return {
             "offset": self.offset,

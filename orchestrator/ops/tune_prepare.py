@@ -123,9 +123,8 @@ def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
 
 
 def tp_size(recipe: Recipe, host: Host) -> int:
-    """The serving TP size: the recipe's ``tp``/``tp-size`` server argument, else the host's GPU count."""
-    value = recipe.server_args.get("tp", recipe.server_args.get("tp-size", host.gpus))
-    return int(value)
+    """The serving TP size: the recipe's, else the host's GPU count."""
+    return server_facts.tp_size(recipe, host.gpus)
 
 
 def resolve_shapes(spec: str, recipe: Recipe, host: Host, runner: Runner, tp: int) -> list[Shape]:
