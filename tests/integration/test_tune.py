@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,17 +122,20 @@ def test_progress_is_visible_in_status_while_the_jobs_run(tune_fleet: Callable[.
     assert field["state"] == "running" and field["units_total"] == 16 and 0 < field["percent"] < 100
     assert set(field["shapes"]) == {"N=1024,K=4096", "N=4096,K=2048"}
     table = env.orch("status")
-    assert "tuning" in table.stdout.splitlines()[1] and "/16)" in table.stdout  # e.g. "running 50% (8/16)"
+    row = next(line for line in table.stdout.splitlines() if host.name in line)
+    assert re.search(r"(running|ready-to-install) \d+% \(\d+/16\)", row), row  # the host's own row
     done = env.orch("wait")
     assert done.returncode == 0 and f"{host.name}: installed 2 tuned configs" in done.stdout
     assert tuning_field(env)[host.name]["state"] == "installed"
 
 
 def test_jobs_survive_an_sshd_restart_and_orch_reattaches(tune_fleet: Callable[..., FleetEnv]) -> None:
-    env = tune_fleet(1, seconds_per_unit=0.3)
+    env = tune_fleet(1, seconds_per_unit=2.0)
     assert env.orch("tune-fp8", *SMALL).returncode == 0
     host = env.fleet.hosts[0]  # type: ignore[attr-defined]
     host.restart_sshd()
+    jobs = json.loads(env.orch("jobs", "--json").stdout)[host.name]
+    assert [j["state"] for j in jobs] == ["running"] * 8  # the jobs outlived the sshd restart
     again = env.orch("tune-fp8", *SMALL)
     assert again.returncode == 0, again.output
     assert "attached to the running tuning" in again.stdout
