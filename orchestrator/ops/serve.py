@@ -77,6 +77,7 @@ class ServeResult:
     problems: list[str] = field(default_factory=list)  # not serving as asked (spec settings, backend)
     accept_problem: str | None = None  # accept length below the minimum, or not measurable
     stopped_job: str | None = None
+    commit: str | None = None  # the SGLang commit the server runs (HEAD at launch)
 
 
 class NotAsAsked(VerifyError):
@@ -261,6 +262,7 @@ class Started:
     argv: list[str]
     log: ServerLog
     seconds: float
+    commit: str | None = None  # the SGLang checkout's HEAD when the server started: the code it runs
 
 
 def relaunch(
@@ -308,6 +310,7 @@ def launch(
 ) -> Started:
     """Start ``argv`` as the server job, record it, and wait until ``/health`` answers 200."""
     spec = jobs.JobSpec(kind="server", purpose=srv.SERVER_PURPOSE, argv=argv, gpus=tuple(gpus))
+    commit = read_git(host, runner).commit
     job = jobs.start(runner, host.workdir, spec)
     if job.attached:  # another orch started a server between our check and now: leave it to that one
         raise RefusedError(f"{host.name}: server job {job.job_id} appeared meanwhile (another orch?); not replacing it")
@@ -316,7 +319,7 @@ def launch(
     begin = time.monotonic()
     log = wait_healthy(host, runner, job.job_id, facts.base_url(recipe, host), options.health_timeout)
     report(f"healthy after {time.monotonic() - begin:.0f} s")
-    return Started(job.job_id, argv, log, time.monotonic() - begin)
+    return Started(job.job_id, argv, log, time.monotonic() - begin, commit)
 
 
 def wait_healthy(host: Host, runner: Runner, job_id: str, url: str, timeout: float) -> ServerLog:
@@ -417,7 +420,7 @@ def verify(
     if compute_cap is None:
         compute_cap = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host)).compute_cap
     url = facts.base_url(recipe, host)
-    result = ServeResult(started.argv, started.job_id, options.mtp, started.seconds)
+    result = ServeResult(started.argv, started.job_id, options.mtp, started.seconds, commit=started.commit)
     if options.mtp:
         result.accept_length = probe_accept_length(host, runner, url)
         result.min_accept = options.min_accept if options.min_accept is not None else recipe.min_accept_length
@@ -488,7 +491,8 @@ def reattach(
     record it, wait until healthy, verify. Raises like ``serve``'s last steps."""
     _record_server(store, host, job.id, argv, options.mtp)
     log = wait_healthy(host, runner, job.id, facts.base_url(recipe, host), options.health_timeout)
-    return _finish(host, store, verify(host, runner, recipe, options, Started(job.id, argv, log, 0.0)))
+    started = Started(job.id, argv, log, 0.0, read_git(host, runner).commit)
+    return _finish(host, store, verify(host, runner, recipe, options, started))
 
 
 # --- state --------------------------------------------------------------------------------------------------
@@ -528,6 +532,7 @@ def _record_verified(store: StateStore, host: Host, result: ServeResult, known_g
         "problems": result.problems,
         "accept_problem": result.accept_problem,
         "warnings": result.warnings,
+        "sglang_commit": result.commit,
     }
 
     def apply(hs: HostState) -> None:

@@ -41,6 +41,10 @@ def test_bench_two_labels_compared_stored_reported_and_notified(make_fleet, tmp_
     assert first.returncode == 0, first.output
     assert "notify:" in first.stderr and "exited 7" in first.stderr  # reported, and bench still succeeded
 
+    served = {h.name: head_commit(h) for h in hosts}
+    env.fleet.add_upstream_commit("Pulled after the server started")
+    assert env.orch("pull").returncode == 0  # the checkout moves on; the running server does not
+
     events = tmp_path / "events.jsonl"
     notify = shlex.join([sys.executable, "-c", RECORDER, str(events)])
     second = env.orch("--notify-cmd", notify, "bench", "--label", "b", "--baseline", "a", *SMALL)
@@ -61,7 +65,7 @@ def test_bench_two_labels_compared_stored_reported_and_notified(make_fleet, tmp_
         assert run["mtp"] is True and run["mtp_settings"]["algorithm"] == "EAGLE"
         assert run["fp8_backend"] == "triton" and run["tuned_shapes"] == []
         assert run["speculative"] == "EAGLE steps=3 topk=1 draft=4"
-        assert run["sglang_commit"] == head_commit(host)
+        assert run["sglang_commit"] == served[host.name] != head_commit(host)  # what the server runs
         assert hs.jobs[run["job_id"]].state == "succeeded"
 
     bench_events = [json.loads(line) for line in events.read_text().splitlines()]
