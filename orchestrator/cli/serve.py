@@ -148,7 +148,7 @@ def serve_report(host: Host, r: serve_op.ServeResult) -> None:
         )
     for reason, keys in _fallbacks(r.shapes).items():
         out.print(f"  fell back to defaults: {', '.join(keys)}: {reason}", markup=False)
-    for problem in [*r.problems, *([r.accept_problem] if r.accept_problem else [])]:
+    for problem in r.failures:
         err.print(f"[bold red]  WARNING: {problem}[/bold red]", markup=True)
 
 

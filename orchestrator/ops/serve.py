@@ -79,6 +79,11 @@ class ServeResult:
     stopped_job: str | None = None
     commit: str | None = None  # the SGLang commit the server runs (HEAD at launch)
 
+    @property
+    def failures(self) -> list[str]:
+        """Everything that makes it "not as asked": settings, backend, accept length."""
+        return self.problems + ([self.accept_problem] if self.accept_problem else [])
+
 
 class NotAsAsked(VerifyError):
     """The server is serving but not as asked (exit 5); ``result`` holds what verification found."""
@@ -467,7 +472,7 @@ def _accept_problem(result: ServeResult) -> str | None:
 
 def _finish(host: Host, store: StateStore, result: ServeResult) -> ServeResult:
     """Record the verification; VerifyError when the server does not do what was asked."""
-    failed = result.problems + ([result.accept_problem] if result.accept_problem else [])
+    failed = result.failures
     _record_verified(store, host, result, known_good=not result.problems)
     if failed:
         raise NotAsAsked(
@@ -540,7 +545,7 @@ def _record_verified(store: StateStore, host: Host, result: ServeResult, known_g
             hs.server.healthy, hs.server.verified = True, verified
             hs.server.known_good_argv = result.argv if known_good else hs.server.known_good_argv
         hs.set_phase(Phase.SERVING, f"server job {result.job_id} healthy")
-        failed = result.problems + ([result.accept_problem] if result.accept_problem else [])
+        failed = result.failures
         hs.last_error = "; ".join(failed) if failed else None
 
     store.update_host(host.name, apply)
