@@ -348,11 +348,15 @@ class StateStore:
 
     def _save(self, state: State) -> None:
         """Validate everything again (catching secrets or bad values added by mutation), back up the
-        current good file, then replace it atomically. Nothing is written when validation fails."""
+        current good file, then replace it atomically. Nothing is written when validation fails, nor when
+        nothing changed (pollers save often; ``.bak`` keeps the version before the last real change)."""
         data = self._serialize(state)
         try:
-            if self.path.exists():
-                _write_atomically(self.backup_path, self.path.read_bytes())
+            current = self.path.read_bytes() if self.path.exists() else None
+            if current == data:
+                return
+            if current is not None:
+                _write_atomically(self.backup_path, current)
             _write_atomically(self.path, data)
         except OSError as exc:
             raise StateError(f"cannot write state file {self.path}: {exc}") from exc

@@ -422,3 +422,15 @@ def test_killed_holder_leaves_no_stale_lock(state_path: Path) -> None:
     holder.communicate()
     StateStore(state_path, lock_timeout=2).update_host("h", lambda host: host.set_phase(Phase.PULLED, "pull"))
     assert StateStore(state_path).load().hosts["h"].phase == Phase.PULLED
+
+
+def test_an_update_that_changes_nothing_writes_nothing_and_keeps_the_backup(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.json")
+    store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.PULLED, "first"))
+    store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.TUNING, "second"))
+    backup = store.backup_path.read_bytes()
+    inode = store.path.stat().st_ino
+    store.update_host("gpu-1", lambda hs: None)  # a poll that found nothing new
+    assert store.path.stat().st_ino == inode  # not rewritten (a write renames a new file over it)
+    assert store.backup_path.read_bytes() == backup  # still the version before the last real change
+    assert json.loads(backup)["hosts"]["gpu-1"]["phase"] == "pulled"
