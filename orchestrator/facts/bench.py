@@ -127,9 +127,9 @@ def resolve_params(spec: BenchSpec, options: BenchOptions) -> BenchParams:
     )
 
 
-def bench_argv(python: str, module: str, port: int, params: BenchParams, output_file: str) -> list[str]:
-    """The benchmark against the server on ``127.0.0.1:port``, appending its result to ``output_file``."""
-    argv = [python, "-m", module, "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port)]
+def bench_argv(python: str, module: str, address: str, port: int, params: BenchParams, output_file: str) -> list[str]:
+    """The benchmark against the server on ``address:port``, appending its result to ``output_file``."""
+    argv = [python, "-m", module, "--backend", "sglang", "--host", address, "--port", str(port)]
     argv += ["--dataset-name", "random", "--random-input-len", str(params.input_len)]
     argv += ["--random-output-len", str(params.output_len), "--num-prompts", str(params.num_prompts)]
     argv += ["--max-concurrency", str(params.max_concurrency)]

@@ -105,13 +105,25 @@ def _int_arg(args: Mapping[str, Any], names: Sequence[str], default: int) -> int
 
 def probe_address(recipe: Recipe) -> str:
     """Where orch, on the host, reaches the server: the address it binds, or loopback for a wildcard."""
-    bound = str(recipe.server_args.get("host", "127.0.0.1"))
+    return _reachable(str(recipe.server_args.get("host", "127.0.0.1")))
+
+
+def argv_address(argv: Sequence[str]) -> str:
+    """``probe_address`` for a server already launched, from its command line (``--host``)."""
+    bound = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--host"), "127.0.0.1")
+    return _reachable(bound)
+
+
+def _reachable(bound: str) -> str:
     return "127.0.0.1" if bound in ("0.0.0.0", "::", "", "localhost") else bound
 
 
 def base_url(recipe: Recipe, host: Host) -> str:
-    address = probe_address(recipe)
-    return f"http://{f'[{address}]' if ':' in address else address}:{host.server_port}"
+    return url(probe_address(recipe), host.server_port)
+
+
+def url(address: str, port: int) -> str:
+    return f"http://{f'[{address}]' if ':' in address else address}:{port}"
 
 
 # --- the MTP rules (reference §2) -----------------------------------------------------------------

@@ -24,6 +24,7 @@ from orchestrator import jobs
 from orchestrator.errors import OrchError, RefusedError, RemoteCommandError, StateError, UsageError
 from orchestrator.facts import bench as facts
 from orchestrator.facts import git
+from orchestrator.facts import server as server_facts
 from orchestrator.facts.bench import BenchParams, BenchRecord, ComparisonRow
 from orchestrator.inventory import Host
 from orchestrator.ops.status import read_git
@@ -154,7 +155,8 @@ def _plan(host: Host, runner: Runner, server: ServerRecord, spec: BenchSpec, opt
     commit = _commit(host, runner, server)
     label = options.label or default_label(server, commit)
     output = f"{host.workdir.rstrip('/')}/bench/{utc_now():%Y%m%dT%H%M%S}-{secrets.token_hex(3)}.jsonl"
-    argv = facts.bench_argv(host.python, module, server.port, params, output)
+    address = server_facts.argv_address(server.argv)
+    argv = facts.bench_argv(host.python, module, address, server.port, params, output)
     return _Plan(label, module, params, output, argv, commit)
 
 

@@ -264,7 +264,16 @@ def _dry_commands(host: Host, runner: Runner, store: StateStore, recipe: Recipe,
     )
     params = bench_facts.resolve_params(recipe.bench, options)
     return [
-        shell_command(bench_facts.bench_argv(host.python, module, host.server_port, params, "<job dir>/bench.jsonl"))
+        shell_command(
+            bench_facts.bench_argv(
+                host.python,
+                module,
+                server_facts.probe_address(recipe),
+                host.server_port,
+                params,
+                "<job dir>/bench.jsonl",
+            )
+        )
     ]
 
 

@@ -10,7 +10,7 @@ from orchestrator.facts import git, gpus, probe
 from orchestrator.fleet import HostResult
 from orchestrator.inventory import Host
 from orchestrator.ops import server, tune
-from orchestrator.state import HostState, SGLangInfo, StateStore
+from orchestrator.state import HostState, ServerRecord, SGLangInfo, StateStore
 from orchestrator.transport.base import Runner
 
 
@@ -68,11 +68,11 @@ def sglang_info(host: Host, info: git.GitInfo) -> SGLangInfo:
     )
 
 
-def status_sections(host: Host, with_server: bool = True) -> list[tuple[str, list[str]]]:
+def status_sections(host: Host, launched: ServerRecord | None = None) -> list[tuple[str, list[str]]]:
     """The read-only commands ``status`` runs on a host, all in one round trip. The server is asked
     only where orch launched one (asking costs a python start on the host)."""
     return [
-        *(server.status_sections(host) if with_server else []),  # first: git, read last, is then freshest
+        *(server.status_sections(host, launched) if launched else []),  # first: git, read last, is freshest
         ("git", git.info_argv(host.sglang_dir, host.upstream)),
         ("gpus", gpus.query_gpus_argv()),
         ("apps", gpus.query_apps_argv()),
@@ -94,8 +94,8 @@ def observe(host: Host, runner: Runner, store: StateStore, cached: HostState | N
     only while they run). Findings (no checkout, broken driver) are not errors. ``cached`` is the host's
     state as loaded once for the whole fleet: it says whether there is a server or tuning to ask about."""
     started_at = datetime.now(timezone.utc)
-    with_server = cached is not None and cached.server is not None
-    raw = runner.run(probe.probe_argv(status_sections(host, with_server)), timeout=120).stdout
+    launched = cached.server if cached is not None else None
+    raw = runner.run(probe.probe_argv(status_sections(host, launched)), timeout=120).stdout
     sections = probe.parse(raw)
     status = HostStatus(host.name, host.address, reachable=True, phase="new")
     info = _parse_git(sections.get("git"), status)

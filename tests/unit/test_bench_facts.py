@@ -34,7 +34,9 @@ def a_record(label: str, tok_s: float, minutes: int = 0, accept: float | None = 
 
 
 def test_bench_argv_targets_the_local_server_with_the_random_dataset_and_a_jsonl_file() -> None:
-    argv = bench.bench_argv("/venv/bin/python", "sglang.benchmark.serving", 30001, PARAMS, "/w/bench/r 1.jsonl")
+    argv = bench.bench_argv(
+        "/venv/bin/python", "sglang.benchmark.serving", "127.0.0.1", 30001, PARAMS, "/w/bench/r 1.jsonl"
+    )
     assert argv == [
         "/venv/bin/python", "-m", "sglang.benchmark.serving", "--backend", "sglang", "--host", "127.0.0.1",
         "--port", "30001", "--dataset-name", "random", "--random-input-len", "1024", "--random-output-len", "256",
@@ -44,7 +46,7 @@ def test_bench_argv_targets_the_local_server_with_the_random_dataset_and_a_jsonl
 
 def test_bench_argv_passes_a_request_rate_only_when_the_playbook_sets_one() -> None:
     params = PARAMS.model_copy(update={"request_rate": 4.0})
-    argv = bench.bench_argv("python", "sglang.bench_serving", 30000, params, "/o.jsonl")
+    argv = bench.bench_argv("python", "sglang.bench_serving", "10.0.0.5", 30000, params, "/o.jsonl")
     assert argv[argv.index("--request-rate") + 1] == "4.0"
 
 

@@ -294,3 +294,17 @@ def test_shipped_playbook_shapes_are_the_simulated_models_unique_gemm_shapes_at_
     assert len(shipped.tuning.shapes) == 5 and all(s.source for s in shipped.tuning.shapes)
     assert {(1024, 4096), (4096, 2048)} <= runs
     assert shipped.server_args["tp"] == 8
+
+
+@pytest.mark.parametrize(
+    ("argv", "address"),
+    [
+        (["python", "-m", "sglang.launch_server", "--port", "30000"], "127.0.0.1"),
+        (["python", "-m", "sglang.launch_server", "--host", "0.0.0.0", "--port", "30000"], "127.0.0.1"),
+        (["python", "-m", "sglang.launch_server", "--host", "10.1.230.171"], "10.1.230.171"),
+        (["python", "-m", "sglang.launch_server", "--host", "::"], "127.0.0.1"),
+    ],
+)
+def test_a_launched_server_is_reached_where_its_command_line_binds_it(argv: list[str], address: str) -> None:
+    assert server.argv_address(argv) == address
+    assert server.url(address, 30000) == f"http://{address}:30000"
