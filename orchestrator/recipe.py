@@ -22,6 +22,7 @@ SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 DEFAULT_RECIPE = "deepseek-v4-flash"
+DEFAULT_HEALTH_TIMEOUT = 1200.0
 PACKAGED_PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 _FLAG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
@@ -62,6 +63,8 @@ class BenchSpec(_Strict):
     num_prompts: int = Field(64, gt=0)
     max_concurrency: int = Field(16, gt=0)
     request_rate: float | None = None
+    # SGLang's default 0.0 draws each request's lengths from [1, len]; 1.0 keeps them fixed at len.
+    random_range_ratio: float = Field(1.0, ge=0.0, le=1.0)
 
 
 # -- step options: the same models the single commands build from their flags ------------------
@@ -86,7 +89,7 @@ class ServeOptions(_Strict):
     wait_tuning: bool = True
     rollback: bool = False
     min_accept: float | None = None
-    health_timeout: float = Field(1200.0, gt=0)
+    health_timeout: float | None = Field(None, gt=0)  # None: the recipe's health_timeout
     drain_timeout: float = Field(120.0, gt=0)
 
 
@@ -133,6 +136,7 @@ class Recipe(_Strict):
     mtp: MTPSpec | None = None
     fp8_gemm_backend: str | None = None  # "triton" to read tuned configs on sm_120
     min_accept_length: float | None = None
+    health_timeout: float = Field(DEFAULT_HEALTH_TIMEOUT, gt=0)  # seconds serve waits for /health
     tuning: TuningSpec = TuningSpec()
     bench: BenchSpec = BenchSpec()
     steps: list[Step] = Field(default_factory=list)

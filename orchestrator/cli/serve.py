@@ -60,7 +60,9 @@ def peers(app: App, fleet: Fleet) -> tune.Peers:
 @click.option("--rollback", is_flag=True, help="If the new server fails to start, relaunch the last known-good one.")
 @click.option("--min-accept", type=click.FloatRange(0), help="Minimum accept length (default: the recipe's).")
 @click.option(
-    "--health-timeout", type=click.FloatRange(1), default=1200, show_default=True, help="Seconds to wait for /health."
+    "--health-timeout",
+    type=click.FloatRange(1),
+    help="Seconds to wait for /health (default: the recipe's health_timeout; DeepSeek-V4-Flash: 3600).",
 )
 @_drain
 @pass_app
@@ -74,7 +76,7 @@ def serve(
     no_wait_tuning: bool,
     rollback: bool,
     min_accept: float | None,
-    health_timeout: float,
+    health_timeout: float | None,
     drain_timeout: float,
 ) -> int:
     """Relaunch SGLang with the recipe (MTP by default) and verify it serves as asked.
@@ -107,7 +109,7 @@ def serve_options(
     no_wait_tuning: bool,
     rollback: bool,
     min_accept: float | None,
-    health_timeout: float,
+    health_timeout: float | None,
     drain_timeout: float,
 ) -> ServeOptions:
     """The options ``orch run``'s serve step uses too, from the command's flags."""

@@ -322,9 +322,14 @@ def launch(
     _record_server(store, host, job.job_id, argv, "--speculative-algorithm" in argv)
     report(f"started server job {job.job_id} on port {host.server_port}; waiting for /health")
     begin = time.monotonic()
-    log = wait_healthy(host, runner, job.job_id, facts.base_url(recipe, host), options.health_timeout)
+    log = wait_healthy(host, runner, job.job_id, facts.base_url(recipe, host), health_timeout(recipe, options))
     report(f"healthy after {time.monotonic() - begin:.0f} s")
     return Started(job.job_id, argv, log, time.monotonic() - begin, commit)
+
+
+def health_timeout(recipe: Recipe, options: ServeOptions) -> float:
+    """``--health-timeout`` when given, else the recipe's (a first DeepSeek-V4 launch may take an hour)."""
+    return options.health_timeout if options.health_timeout is not None else recipe.health_timeout
 
 
 def wait_healthy(host: Host, runner: Runner, job_id: str, url: str, timeout: float) -> ServerLog:
@@ -495,7 +500,7 @@ def reattach(
     """Adopt a server job already running ``argv`` (e.g. launched by an interrupted ``orch run``):
     record it, wait until healthy, verify. Raises like ``serve``'s last steps."""
     _record_server(store, host, job.id, argv, options.mtp)
-    log = wait_healthy(host, runner, job.id, facts.base_url(recipe, host), options.health_timeout)
+    log = wait_healthy(host, runner, job.id, facts.base_url(recipe, host), health_timeout(recipe, options))
     started = Started(job.id, argv, log, 0.0, read_git(host, runner).commit)
     return _finish(host, store, verify(host, runner, recipe, options, started))
 
