@@ -1,16 +1,19 @@
 """Regenerate the simulated SGLang's surface from the real package.
 
-Run with the interpreter of the conformance virtualenv (``scripts/conformance.sh`` makes it)::
+Run with an interpreter that has the real ``sglang`` package importable (it needs no GPU; see
+``shared/reference/sglang.md`` §4 for what to install beside it) and orch's pure modules' dependencies
+(pydantic, PyYAML)::
 
-    .venv-sglang/bin/python scripts/sglang_snapshot.py
+    PYTHON_WITH_REAL_SGLANG scripts/sglang_snapshot.py
 
 It writes ``orchestrator/sandbox/sglang_sim/python/sglang/_sim/snapshot/``:
 
 - ``server_args.json``: every option of the real ``sglang serve`` parser (option strings with aliases,
   dest, action kind, nargs, choices, default, type name, help) and the parser's own settings; the
   simulated server builds its argparse parser from it, so both parse with the same rules;
-- ``server_info.json``: the real ``build_server_info`` of a DeepSeek-V4-Flash MTP launch (every key
-  ``GET /server_info`` answers at the top level, with the value the real code gives it).
+- ``server_info.json``: the real ``build_server_info`` of the shipped DeepSeek-V4-Flash playbook's MTP
+  launch, as orch's own ``launch_argv`` builds it (every key ``GET /server_info`` answers at the top
+  level, with the value the real code gives it).
 
 The next SGLang release is one command away: install it into the virtualenv, run this, review the diff.
 """
@@ -24,14 +27,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-OUT = Path(__file__).resolve().parent.parent / "orchestrator/sandbox/sglang_sim/python/sglang/_sim/snapshot"
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # orch's pure modules, without installing orch into that interpreter
 
-# The launch the server_info snapshot is taken of: the shipped playbook's MTP launch at TP 8.
-REFERENCE_ARGV = [
-    "--trust-remote-code", "--tp-size", "8", "--mem-fraction-static", "0.85", "--fp8-gemm-backend", "triton",
-    "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-    "--speculative-num-draft-tokens", "4",
-]  # fmt: skip
+from orchestrator.facts.server import launch_argv  # noqa: E402
+from orchestrator.inventory import Host  # noqa: E402
+from orchestrator.recipe import DEFAULT_RECIPE, PACKAGED_PLAYBOOKS, load_recipe  # noqa: E402
+from orchestrator.sandbox.modelconfig import write_model  # noqa: E402
+
+OUT = ROOT / "orchestrator/sandbox/sglang_sim/python/sglang/_sim/snapshot"
+MODEL_PLACEHOLDER = "MODEL"
 
 ACTION_KINDS = {
     "_StoreAction": "store",
@@ -54,6 +59,15 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def choices(action: argparse.Action) -> list[str] | None:
+    """The option's choices in the order its help shows them; a set's order changes from run to run
+    (hash seed), so it is sorted to keep the snapshot reproducible."""
+    if action.choices is None:
+        return None
+    listed = [str(c) for c in action.choices]
+    return sorted(listed) if isinstance(action.choices, set | frozenset) else listed
+
+
 def describe_action(action: argparse.Action) -> dict[str, Any]:
     name = type(action).__name__
     kind = ACTION_KINDS.get(name)
@@ -67,7 +81,7 @@ def describe_action(action: argparse.Action) -> dict[str, Any]:
         "action_class": name,
         "nargs": action.nargs,
         "const": jsonable(action.const),
-        "choices": None if action.choices is None else [str(c) for c in action.choices],
+        "choices": choices(action),
         "default": jsonable(action.default),
         "type": None if action.type is None else getattr(action.type, "__name__", repr(action.type)),
         "required": action.required,
@@ -90,37 +104,36 @@ def server_args_snapshot() -> dict[str, Any]:
     }
 
 
+def reference_flags(model_dir: Path) -> list[str]:
+    """The server flags ``orch serve --mtp`` launches for the shipped playbook (orch's own builder)."""
+    host = Host(name="reference", address="127.0.0.1", model_path=str(model_dir))
+    argv = launch_argv(load_recipe(PACKAGED_PLAYBOOKS / f"{DEFAULT_RECIPE}.yaml"), host, mtp=True)
+    return argv[3:]  # without `python -m sglang.launch_server`, as ops.serve.check_launch checks them
+
+
 def server_info_snapshot(model_dir: Path) -> dict[str, Any]:
     import sglang
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.utils.common import build_server_info
 
-    argv = ["--model-path", str(model_dir), *REFERENCE_ARGV]
-    info = build_server_info(prepare_server_args(argv), {})
+    flags = reference_flags(model_dir)
+    info = build_server_info(prepare_server_args(flags), {})
     return {
         "sglang_version": sglang.__version__,
-        "argv": ["--model-path", "MODEL", *REFERENCE_ARGV],
+        "argv": flags,
         "info": {k: jsonable(v) for k, v in info.items()},
     }
-
-
-def write_model(directory: Path) -> Path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from orchestrator.sandbox.modelconfig import write_model as write
-
-    return write(directory)
 
 
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         model = write_model(Path(tmp))
-        snapshots = {"server_args.json": server_args_snapshot(), "server_info.json": server_info_snapshot(model)}
-    for name, data in snapshots.items():
-        info = data["info"] if "info" in data else data["actions"]
-        text = json.dumps(data, indent=1, sort_keys=False).replace(str(model), "MODEL")
+        args, info = server_args_snapshot(), server_info_snapshot(model)
+    for name, data, entries in (("server_args.json", args, "actions"), ("server_info.json", info, "info")):
+        text = json.dumps(data, indent=1).replace(str(model), MODEL_PLACEHOLDER)
         (OUT / name).write_text(text + "\n")
-        print(f"wrote {OUT / name} ({len(info)} entries, SGLang {data['sglang_version']})")
+        print(f"wrote {OUT / name} ({len(data[entries])} {entries}, SGLang {data['sglang_version']})")
     return 0
 
 
