@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -250,27 +250,52 @@ def parse_help(text: str) -> dict[str, tuple[str, ...] | None]:
     return flags
 
 
+def matching_options(flag: str, known: Iterable[str]) -> list[str]:
+    """The option strings ``flag`` stands for under argparse's rules (SGLang's parser keeps
+    ``allow_abbrev``): itself when it is one (an option or an alias), else every option it is a prefix
+    of, in the order ``--help`` lists them. One: accepted; several: SGLang exits 2 ("ambiguous option");
+    none: unknown."""
+    options = list(known)
+    if flag in options:
+        return [flag]
+    return [o for o in options if o.startswith(flag)]
+
+
 def check_flags(argv: Sequence[str], known: Mapping[str, tuple[str, ...] | None]) -> list[Problem]:
-    """Flags in ``argv`` the host's SGLang does not list (with a close match, as upstream renames
-    flags), and values outside a flag's choices."""
+    """Flags in ``argv`` the host's SGLang would refuse (unknown, with a close match as upstream renames
+    flags, or an ambiguous abbreviation, with its candidates), and values outside a flag's choices."""
     problems = []
     for i, arg in enumerate(argv):
         if not arg.startswith("--"):
             continue
         flag, _, inline = arg.partition("=")
-        if flag not in known:
-            problems.append(Problem(flag, _unknown_flag_reason(flag, known)))
+        matches = matching_options(flag, known)
+        if len(matches) != 1:
+            problems.append(Problem(flag, _ambiguous_reason(matches) if matches else _unknown_reason(flag, known)))
             continue
         value = inline or (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None)
-        choices = known[flag]
+        choices = known[matches[0]]
         if choices and value is not None and value not in choices:
             problems.append(Problem(flag, f"the host's SGLang accepts only {', '.join(choices)} (got {value!r})"))
     return problems
 
 
-def _unknown_flag_reason(flag: str, known: Mapping[str, Any]) -> str:
-    close = difflib.get_close_matches(flag, list(known), n=1, cutoff=0.75)
-    hint = f"; did upstream rename it to {close[0]}?" if close else ""
+def _ambiguous_reason(candidates: Sequence[str]) -> str:
+    return (
+        f"ambiguous: SGLang refuses an abbreviation that could match {', '.join(candidates)} (exit 2); "
+        "write the full flag name"
+    )
+
+
+# Names are compared without their dashes, which made `--tp` and `--ep` (or `--help`) look 75-80% alike:
+# a hint must never propose an unrelated flag.
+_HINT_CUTOFF = 0.8
+
+
+def _unknown_reason(flag: str, known: Iterable[str]) -> str:
+    names = {option.lstrip("-"): option for option in known}
+    close = difflib.get_close_matches(flag.lstrip("-"), list(names), n=1, cutoff=_HINT_CUTOFF)
+    hint = f"; did upstream rename it to {names[close[0]]}?" if close else ""
     return f"the host's SGLang does not know this flag (not in `python -m {SERVER_MODULE} --help`){hint}"
 
 
@@ -414,12 +439,26 @@ def check_spec(actual: SpecSettings, expected: SpecSettings) -> list[Problem]:
     return problems
 
 
+# `--fp8-gemm-backend` sets the field `fp8_gemm_runner_backend`, the key /server_info answers; the first
+# version of orch read `fp8_gemm_backend`, which SGLang 0.5.23 does not have (kept as a fallback).
+FP8_BACKEND_KEYS = ("fp8_gemm_runner_backend", "fp8_gemm_backend")
+
+
+def fp8_backend(info: Mapping[str, Any]) -> str | None:
+    """The FP8 GEMM backend a ``/server_info`` answer reports, or None when it reports none."""
+    return next((info[k] for k in FP8_BACKEND_KEYS if isinstance(info.get(k), str)), None)
+
+
 def check_backend(info: Mapping[str, Any], wanted: str | None) -> list[Problem]:
-    """The FP8 GEMM backend the server resolved, when the recipe asks for one."""
-    got = info.get("fp8_gemm_backend")
-    if wanted is None or got is None or got == wanted:
+    """The FP8 GEMM backend the server resolved, when the recipe asks for one: a server that does not
+    report one is a problem too (the check must be able to fail)."""
+    if wanted is None:
         return []
-    return [Problem("fp8_gemm_backend", f"the server runs {got!r}, expected {wanted!r}")]
+    got = fp8_backend(info)
+    if got == wanted:
+        return []
+    shown = "reports no FP8 GEMM backend" if got is None else f"runs {got!r}"
+    return [Problem(FP8_BACKEND_KEYS[0], f"the server {shown}, expected {wanted!r}")]
 
 
 def avg_accept_length(info: Mapping[str, Any]) -> float | None:

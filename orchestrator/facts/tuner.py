@@ -481,9 +481,8 @@ def _deepseek_v4(c: _Dims, tp: int) -> list[Shape]:
     h, q, d = c["hidden_size"], c["q_lora_rank"], c["head_dim"]
     heads, o = c["num_attention_heads"], c["o_groups"] * c["o_lora_rank"]
     shared = c["moe_intermediate_size"] * c["n_shared_experts"]
-    return [
-        shape(q, h, "wq_a (replicated)"),
-        shape(d, h, "wkv (replicated)"),
+    return [  # wq_a and wkv fused into one replicated wqkv_a (SGLang's default, SGLANG_OPT_FUSE_WQA_WKV=1)
+        shape(q + d, h, "wqkv_a (replicated)"),
         shape(_split(heads * d, tp, "wq_b N"), q, "wq_b (N/tp)"),
         shape(h, _split(o, tp, "wo_b K"), "wo_b (K/tp)"),
         shape(_split(2 * shared, tp, "shared expert N"), h, "shared_experts.gate_up (N/tp)"),

@@ -437,7 +437,7 @@ def verify(
     info = srv.server_info(host, runner, url)
     actual = facts.spec_settings(info)
     result.spec = str(actual)
-    result.fp8_backend = info.get("fp8_gemm_backend")
+    result.fp8_backend = facts.fp8_backend(info)
     problems = facts.check_spec(actual, facts.expected_spec(recipe, mtp=options.mtp))
     problems += facts.check_backend(info, recipe.fp8_gemm_backend)
     result.problems = [str(p) for p in problems]

@@ -1,26 +1,25 @@
 """The ``config.json`` of the simulated DeepSeek-V4-Flash model on every sandbox host.
 
-Block-FP8 GEMM shapes follow from it by this rule (``y = x W^T``, W is (N, K); a column-parallel
-layer divides N by TP, a row-parallel layer divides K), which the simulated server also uses:
+Its dimensions are the real model's (``srt/configs/deepseek_v4.py`` defaults, reference §1.3). Block-FP8
+GEMM shapes follow from it by this rule (``y = x W^T``, W is (N, K); a column-parallel layer divides N
+by TP, a row-parallel layer divides K), which the simulated server also uses:
 
 ==============================  ====================================  =================================
 linear                          N                                     K
 ==============================  ====================================  =================================
-``wq_a`` (replicated)           q_lora_rank = 1024                    hidden_size = 4096
-``wkv`` (replicated)            head_dim = 512                        hidden_size = 4096
+``wqkv_a`` (replicated; wq_a    q_lora_rank + head_dim                hidden_size = 4096
+and wkv fused by default)       = 1024 + 512 = 1536
 ``wq_b`` (column-parallel)      num_attention_heads*head_dim/tp       q_lora_rank = 1024
                                 = 64*512/8 = 4096
 ``wo_b`` (row-parallel)         hidden_size = 4096                    o_groups*o_lora_rank/tp
-                                                                      = 16*1024/8 = 2048
+                                                                      = 8*1024/8 = 1024
 shared expert gate_up (col.)    2*moe_intermediate_size*shared/tp     hidden_size = 4096
                                 = 2*2048*1/8 = 512
 shared expert down (row)        hidden_size = 4096                    moe_intermediate_size*shared/tp
                                                                       = 2048*1/8 = 256
 ==============================  ====================================  =================================
 
-So on 8 GPUs the two critical shapes of the reference come out: N=1024,K=4096 (``wq_a``) and
-N=4096,K=2048 (``wo_b``). ``o_groups`` is 16 (with ``o_lora_rank`` 1024) because the row-parallel
-``wo_b`` must have K = 2048 on 8 GPUs: o_groups*o_lora_rank = 16384.
+So on 8 GPUs the server looks up four shapes: (1536, 4096), (4096, 1024), (512, 4096), (4096, 256).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ DEEPSEEK_V4_FLASH: dict[str, object] = {
     "qk_rope_head_dim": 64,
     "q_lora_rank": 1024,
     "o_lora_rank": 1024,
-    "o_groups": 16,
+    "o_groups": 8,
     "max_position_embeddings": 1048576,
     "rms_norm_eps": 1e-06,
     "rope_theta": 10000,

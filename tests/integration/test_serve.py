@@ -145,7 +145,14 @@ def test_flag_unknown_to_the_hosts_sglang_is_refused(fleet1: FleetEnv, tmp_path:
     run = fleet1.orch("serve", "--playbook", renamed)
     assert run.returncode == 3
     assert "--cuda-graph-max-bss: the host's SGLang does not know this flag" in run.stderr
-    assert "did upstream rename it to --cuda-graph-max-bs?" in run.stderr
+    assert "did upstream rename it to --cuda-graph-max-bs-decode?" in run.stderr
+    first_version = playbook(tmp_path, "ambiguous", server_args={"cuda-graph-max-bs": 64})  # SGLang would exit 2
+    ambiguous = fleet1.orch("serve", "--playbook", first_version)
+    assert ambiguous.returncode == 3
+    assert (
+        "--cuda-graph-max-bs: ambiguous: SGLang refuses an abbreviation that could match "
+        "--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill (exit 2)"
+    ) in ambiguous.stderr
     secret = fleet1.orch("serve", "--playbook", playbook(tmp_path, "secret", server_args={"api-key": "sk-123"}))
     assert secret.returncode == 3 and "looks like a secret ('api-key')" in secret.stderr
     assert "sk-123" not in secret.output
@@ -180,7 +187,7 @@ def test_crash_at_start_is_failed_with_the_log_tail(fleet1: FleetEnv) -> None:
 def test_rollback_restores_the_known_good_server_after_a_crash(fleet1: FleetEnv, tmp_path: Path) -> None:
     serve_ok(fleet1)
     good = server_state(fleet1).server.argv
-    too_big = playbook(tmp_path, "tp16", server_args={"tp": 16})  # the server dies: not enough GPUs
+    too_big = playbook(tmp_path, "tp16", server_args={"tp-size": 16})  # the server dies: not enough GPUs
     run = fleet1.orch("serve", "--playbook", too_big, "--rollback")
     assert run.returncode == 3
     assert "crashed at start: RuntimeError: Not enough GPUs" in run.stderr
@@ -252,10 +259,10 @@ def test_serve_waits_for_running_tuning_then_uses_the_tuned_configs(fleet1: Flee
     assert "not waiting (--no-wait-tuning)" in skip.stderr and "orch job tune." in skip.stderr  # GPUs still busy
     run = serve_ok(fleet1)
     assert "tuning is running: waiting for it before serving" in run.stderr and "units (" in run.stderr
-    assert "tuned FP8 configs in use: 5/5" in run.stdout and "no tuned FP8 config" not in run.stderr
-    assert len(server_state(fleet1).server.verified["tuned_shapes_in_use"]) == 5
+    assert "tuned FP8 configs in use: 4/4" in run.stdout and "no tuned FP8 config" not in run.stderr
+    assert len(server_state(fleet1).server.verified["tuned_shapes_in_use"]) == 4
     auto = serve_ok(fleet1, "--playbook", playbook(tmp_path, "auto", fp8_gemm_backend=None))
-    assert "tuned FP8 configs in use: 0/5" in auto.stdout
+    assert "tuned FP8 configs in use: 0/4" in auto.stdout
     assert "fp8-gemm-backend auto runs block-FP8 GEMMs on CUTLASS on sm_120" in auto.stdout
 
 

@@ -20,7 +20,7 @@ from orchestrator.recipe import DEFAULT_BATCH_SIZES
 from tests.conftest import FleetEnv
 
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
-DEFAULT_SHAPES = ["N=1024,K=4096", "N=4096,K=2048", "N=4096,K=1024", "N=512,K=4096", "N=4096,K=256"]
+DEFAULT_SHAPES = ["N=1536,K=4096", "N=4096,K=1024", "N=512,K=4096", "N=4096,K=256"]
 FAST = 0.02  # simulated seconds per (shape, batch size) on one GPU
 SMALL = ("--shapes", "N=1024,K=4096;N=4096,K=2048", "--batch-sizes", "1,2,4,8,16,32,64,128")
 
@@ -82,10 +82,10 @@ def test_tune_fp8_tunes_the_default_shapes_on_two_hosts_and_installs_them(tune_f
     env = tune_fleet(2)
     run = env.orch("tune-fp8", "--wait")
     assert run.returncode == 0, run.output
-    assert "5 shapes × 18 batch sizes = 90 units on 8 GPUs" in run.stdout
-    assert "schedule: 12 units per GPU at most (ideal 11.25)" in run.stdout
+    assert "4 shapes × 18 batch sizes = 72 units on 8 GPUs" in run.stdout
+    assert "schedule: 9 units per GPU at most (ideal 9.00)" in run.stdout
     for host in env.fleet.hosts:  # type: ignore[attr-defined]
-        assert f"{host.name}: installed 5 tuned configs" in run.stdout
+        assert f"{host.name}: installed 4 tuned configs" in run.stdout
         installed = tuned_files(host)
         assert sorted(installed) == sorted(DEFAULT_SHAPES)
         assert all(sorted(c) == list(DEFAULT_BATCH_SIZES) for c in installed.values())
@@ -96,7 +96,7 @@ def test_tune_fp8_tunes_the_default_shapes_on_two_hosts_and_installs_them(tune_f
         head = subprocess.run(["git", "-C", str(host.sglang_dir), "rev-parse", "HEAD"], capture_output=True, text=True)
         assert {r["commit"] for r in hs["tuning"]["installed"].values()} == {head.stdout.strip()}
     again = env.orch("tune-fp8")
-    assert again.returncode == 0 and "already tuned: N=1024,K=4096" in again.stdout
+    assert again.returncode == 0 and "already tuned: N=1536,K=4096" in again.stdout
     assert all(len(job_dirs(h)) == 8 for h in env.fleet.hosts)  # type: ignore[attr-defined]
 
 
@@ -106,7 +106,7 @@ def test_tune_fp8_fleet_spreads_units_over_both_hosts_and_installs_the_merged_re
     env = tune_fleet(2)
     run = env.orch("tune-fp8", "--fleet", "--wait")
     assert run.returncode == 0, run.output
-    assert "90 units on 16 GPUs" in run.stdout and "schedule: 6 units per GPU at most" in run.stdout
+    assert "72 units on 16 GPUs" in run.stdout and "schedule: 5 units per GPU at most" in run.stdout
     sim1, sim2 = env.fleet.hosts  # type: ignore[attr-defined]
     assert len(job_dirs(sim1)) == 8 and len(job_dirs(sim2)) == 8
     assert tuned_files(sim1) == tuned_files(sim2)
@@ -214,7 +214,7 @@ def test_shapes_auto_reads_the_models_config(tune_fleet: Callable[..., FleetEnv]
     env = tune_fleet(1)
     run = env.orch("tune-fp8", "--shapes", "auto", "--batch-sizes", "1,2", "--wait")
     assert run.returncode == 0, run.output
-    assert "shape N=512,K=4096  wkv (replicated) + shared_experts.gate_up (N/tp)" in run.stdout
+    assert "shape N=4096,K=1024  wq_b (N/tp) + wo_b (K/tp)" in run.stdout
     assert sorted(tuned_files(env.fleet.hosts[0])) == sorted(DEFAULT_SHAPES)  # type: ignore[attr-defined]
 
 

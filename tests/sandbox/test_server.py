@@ -64,7 +64,7 @@ def stop(server: subprocess.Popen[bytes]) -> int:
 
 
 def test_mtp_server_lifecycle_with_tuned_config_and_bench(fleet: SimFleet, host: SimHost, tmp_path: Path) -> None:
-    tuned = host.sglang_dir / CONFIGS / config_name(1024, 4096)
+    tuned = host.sglang_dir / CONFIGS / config_name(1536, 4096)
     tuned.write_text(json.dumps({"1": {"BLOCK_SIZE_M": 16}}, indent=4) + "\n")
     host.set_knobs(drain_seconds=0.5, drain_log_seconds=0.2)
     log = tmp_path / "server.log"
@@ -78,7 +78,7 @@ def test_mtp_server_lifecycle_with_tuned_config_and_bench(fleet: SimFleet, host:
         text = log.read_text()
         assert "TP0] The server is fired up and ready to roll!" in text
         assert f"Using configuration from {tuned} for W8A8 Block FP8 kernel." in text
-        missing = host.sglang_dir / CONFIGS / config_name(4096, 2048)
+        missing = host.sglang_dir / CONFIGS / config_name(4096, 1024)
         default = "Using default W8A8 Block FP8 kernel config. Performance might be sub-optimal!"
         assert f"{default} Config file not found at {missing}" in text
 
@@ -86,7 +86,7 @@ def test_mtp_server_lifecycle_with_tuned_config_and_bench(fleet: SimFleet, host:
         assert info is not None
         assert (info["speculative_algorithm"], info["speculative_num_steps"], info["speculative_eagle_topk"],
                 info["speculative_num_draft_tokens"]) == ("EAGLE", 3, 1, 4)  # fmt: skip
-        assert (info["tp_size"], info["fp8_gemm_backend"], info["max_running_requests"]) == (8, "triton", 48)
+        assert (info["tp_size"], info["fp8_gemm_runner_backend"], info["max_running_requests"]) == (8, "triton", 48)
         assert "avg_spec_accept_length" not in info["internal_states"][0]  # type: ignore[index]
 
         out = http_post(url(host, "/generate"), {"text": "hello there", "sampling_params": {"max_new_tokens": 64}})
@@ -135,7 +135,7 @@ def test_plain_server_with_default_backend_reads_no_tuned_config(
     try:
         wait_until(lambda: health(host) == 200, what="the server to be healthy")
         _, info = http_get(url(host, "/server_info"))
-        assert info is not None and info["speculative_algorithm"] is None and info["fp8_gemm_backend"] == "auto"
+        assert info is not None and info["speculative_algorithm"] is None and info["fp8_gemm_runner_backend"] == "auto"
         assert http_get(url(host, "/ready"))[0] == 200
         assert http_get(url(host, "/v1/models"))[1]["data"][0]["id"] == str(host.model_path)  # type: ignore[index]
         assert http_get(url(host, "/model_info"))[1]["architectures"] == ["DeepseekV4ForCausalLM"]  # type: ignore[index]
@@ -172,15 +172,27 @@ def test_launch_server_rejects_bad_speculative_settings(host: SimHost, flags: li
 def test_launch_server_rejects_an_unknown_flag(host: SimHost) -> None:
     run = on_host(host, server_argv(host, "--bogus-flag", "1"))
     assert run.returncode == 2
-    assert "launch_server.py: error: unrecognized arguments: --bogus-flag 1" in run.stderr
+    assert "sglang serve: error: unrecognized arguments: --bogus-flag 1" in run.stderr
+
+
+def test_launch_server_parses_with_argparse_prefix_rules_like_the_real_one(host: SimHost) -> None:
+    ambiguous = on_host(host, server_argv(host, "--cuda-graph-max-bs", "64"))
+    assert ambiguous.returncode == 2
+    assert (
+        "sglang serve: error: ambiguous option: --cuda-graph-max-bs could match "
+        "--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"
+    ) in ambiguous.stderr
+    probe = "import sys; from sglang.srt.server_args import prepare_server_args as p; print(p(sys.argv[1:]).tp_size)"
+    prefix = on_host(host, [str(host.python), "-c", probe, "--model-path", str(host.model_path), "--tp", "4"])
+    assert prefix.stdout.split() == ["4"]  # --tp: a unique prefix of --tp-size
 
 
 def test_help_lists_the_real_flag_names(host: SimHost) -> None:
     text = on_host(host, [str(host.python), "-m", "sglang.launch_server", "--help"]).stdout
-    for flag in ("--model-path", "--tp-size", "--tp", "--host", "--port", "--trust-remote-code",
+    for flag in ("--model-path", "--tp-size", "--tensor-parallel-size", "--host", "--port", "--trust-remote-code",
                  "--attention-backend", "--mem-fraction-static", "--max-running-requests", "--speculative-algorithm",
                  "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
-                 "--speculative-draft-model-path", "--decode-log-interval", "--cuda-graph-max-bs",
+                 "--speculative-draft-model-path", "--decode-log-interval", "--cuda-graph-max-bs-decode",
                  "--chunked-prefill-size", "--context-length", "--kv-cache-dtype", "--disable-radix-cache",
                  "--enable-metrics", "--log-level"):  # fmt: skip
         assert re.search(rf"^ +(\S.*, )?{re.escape(flag)}[ ,\n]", text, re.MULTILINE), flag
@@ -252,7 +264,7 @@ def test_tuned_triton_configs_make_decode_steps_faster(host: SimHost) -> None:
 
     assert factor() == 1.0  # auto: CUTLASS on sm_120
     assert factor("--fp8-gemm-backend", "triton") == 1.25  # Triton with default configs: slower
-    shapes = [(1024, 4096), (512, 4096), (4096, 1024), (4096, 2048), (4096, 256)]
+    shapes = [(1536, 4096), (4096, 1024), (512, 4096), (4096, 256)]
     files = [host.sglang_dir / CONFIGS / config_name(n, k) for n, k in shapes]
     for path in files:
         path.write_text('{"1": {}}\n')

@@ -159,11 +159,33 @@ def test_parse_help_reads_the_option_column_with_choices() -> None:
 def test_check_flags_finds_unknown_flags_and_bad_choices() -> None:
     known = server.parse_help(HELP)
     argv = ["py", "-m", "sglang.launch_server", "--model-path", "/m", "--tp", "8", "--fp8-gemm-backend", "tritn"]
-    argv += ["--trust-remote-code", "--speculative-algo", "EAGLE", "--port=30000"]
+    argv += ["--trust-remote-code", "--speculative-algorithmm", "EAGLE", "--port=30000"]
     problems = server.check_flags(argv, known)
-    assert where(problems) == ["--fp8-gemm-backend", "--speculative-algo"]
+    assert where(problems) == ["--fp8-gemm-backend", "--speculative-algorithmm"]
     assert "accepts only auto, cutlass, triton (got 'tritn')" in problems[0].reason
     assert "did upstream rename it to --speculative-algorithm?" in problems[1].reason
+
+
+@pytest.mark.parametrize(
+    ("arg", "outcome"),
+    [
+        ("--tensor-parallel-size", "ok"),  # exact
+        ("--tp-size", "ok"),  # alias
+        ("--speculative-algo", "ok"),  # unique prefix: argparse accepts it
+        ("--fp8-gemm=triton", "ok"),  # unique prefix with an inline value
+        ("--fp8-gemm=tritn", "the host's SGLang accepts only auto, cutlass, triton (got 'tritn')"),
+        ("--mod", "ambiguous: SGLang refuses an abbreviation that could match --model-path, --model (exit 2)"),
+        ("--bogus", "the host's SGLang does not know this flag (not in `python -m sglang.launch_server --help`)"),
+    ],
+)
+def test_check_flags_follows_argparse_rules(arg: str, outcome: str) -> None:
+    problems = server.check_flags([arg, "x"], server.parse_help(HELP))
+    assert ([] if outcome == "ok" else [outcome]) == [p.reason.split("; ")[0] for p in problems]
+
+
+def test_an_unknown_flag_gets_no_hint_to_an_unrelated_one() -> None:
+    (problem,) = server.check_flags(["--ep", "8"], server.parse_help(HELP))  # --tp is 0.75 alike
+    assert "did upstream rename" not in problem.reason
 
 
 def test_check_flags_accepts_the_shipped_recipe_against_known_flags() -> None:
@@ -208,7 +230,7 @@ INFO_MTP = {
     "speculative_num_steps": 3,
     "speculative_eagle_topk": 1,
     "speculative_num_draft_tokens": 4,
-    "fp8_gemm_backend": "triton",
+    "fp8_gemm_runner_backend": "triton",
     "internal_states": [{"#running-req": 0, "avg_spec_accept_length": 3.1}],
 }
 
@@ -251,10 +273,16 @@ def test_check_spec(actual: SpecSettings, expected: SpecSettings, problems: list
     assert where(server.check_spec(actual, expected)) == problems
 
 
-def test_check_backend() -> None:
+def test_check_backend_reads_the_real_key_fp8_gemm_runner_backend() -> None:
     assert server.check_backend(INFO_MTP, "triton") == []
-    assert where(server.check_backend({"fp8_gemm_backend": "auto"}, "triton")) == ["fp8_gemm_backend"]
-    assert server.check_backend({"fp8_gemm_backend": "auto"}, None) == []
+    assert where(server.check_backend({"fp8_gemm_runner_backend": "auto"}, "triton")) == ["fp8_gemm_runner_backend"]
+    assert server.check_backend({"fp8_gemm_runner_backend": "auto"}, None) == []
+
+
+def test_check_backend_falls_back_to_the_old_key_and_fails_when_none_is_reported() -> None:
+    assert server.check_backend({"fp8_gemm_backend": "triton"}, "triton") == []
+    (problem,) = server.check_backend({"tp_size": 8}, "triton")
+    assert str(problem) == "fp8_gemm_runner_backend: the server reports no FP8 GEMM backend, expected 'triton'"
 
 
 @pytest.mark.parametrize(
@@ -278,7 +306,7 @@ def test_generate_accept_length() -> None:
 
 
 def test_shipped_playbook_shapes_are_the_simulated_models_unique_gemm_shapes_at_tp8() -> None:
-    """The five `tuning.shapes` match what the simulated server (from the sandbox's config.json) runs."""
+    """The four `tuning.shapes` match what the simulated server (from the sandbox's config.json) runs."""
     import importlib.util
 
     from orchestrator.sandbox.modelconfig import DEEPSEEK_V4_FLASH
@@ -291,9 +319,9 @@ def test_shipped_playbook_shapes_are_the_simulated_models_unique_gemm_shapes_at_
     shipped = load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml")
     runs = {(n, k) for _, n, k in model.deepseek_v4_shapes(DEEPSEEK_V4_FLASH, 8)}
     assert {(s.n, s.k) for s in shipped.tuning.shapes} == runs
-    assert len(shipped.tuning.shapes) == 5 and all(s.source for s in shipped.tuning.shapes)
-    assert {(1024, 4096), (4096, 2048)} <= runs
-    assert shipped.server_args["tp"] == 8
+    assert len(shipped.tuning.shapes) == 4 and all(s.source for s in shipped.tuning.shapes)
+    assert {(1536, 4096), (4096, 1024)} <= runs
+    assert server.tp_size(shipped, 1) == 8  # the shapes are TP 8's
 
 
 @pytest.mark.parametrize(

@@ -350,10 +350,11 @@ def test_auto_shapes_of_deepseek_v3_are_the_references_list() -> None:
     assert [(s.n, s.k) for s in tf.shapes_from_model_config(DEEPSEEK_V3, 8)] == REFERENCE_V3
 
 
-def test_auto_shapes_of_the_simulated_deepseek_v4_flash_include_the_critical_shapes() -> None:
+def test_auto_shapes_of_deepseek_v4_flash_are_the_tp8_shapes_with_wqkv_a_fused() -> None:
     found = tf.shapes_from_model_config(DEEPSEEK_V4_FLASH, 8)
-    assert [s.key for s in found] == ["N=1024,K=4096", "N=512,K=4096", "N=4096,K=1024", "N=4096,K=2048", "N=4096,K=256"]
-    assert found[1].source == "wkv (replicated) + shared_experts.gate_up (N/tp)"
+    assert [s.key for s in found] == ["N=1536,K=4096", "N=4096,K=1024", "N=512,K=4096", "N=4096,K=256"]
+    assert found[0].source == "wqkv_a (replicated)"
+    assert found[1].source == "wq_b (N/tp) + wo_b (K/tp)"
 
 
 @pytest.mark.parametrize(

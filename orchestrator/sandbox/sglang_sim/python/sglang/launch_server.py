@@ -1,4 +1,4 @@
-"""Launch the inference server: ``python -m sglang.launch_server --model-path PATH [--tp 8] ...``."""
+"""Launch the inference server: ``python -m sglang.launch_server --model-path PATH [--tp-size 8] ...``."""
 
 import sys
 

@@ -111,7 +111,7 @@ class Engine:
             self.avg_accept_length = self.total_accepted / self.total_verify
             rate = self.tokens_per_step / self.args.speculative_num_draft_tokens
             spec = f"accept len: {self.tokens_per_step:.2f}, accept rate: {rate:.2f}, "
-        cuda_graph = not self.args.disable_cuda_graph and batch <= self.args.cuda_graph_max_bs
+        cuda_graph = not self.args.disable_cuda_graph and batch <= self.args.cuda_graph_max_bs_decode
         tokens = sum(r.prompt_tokens + r.completion_tokens for r in self.running)
         logger.info(f"Decode batch, #running-req: {batch}, #token: {tokens}, token usage: {tokens / 1048576:.2f}, "
                     f"{spec}cuda graph: {cuda_graph}, gen throughput (token/s): {self.last_gen_throughput:.2f}, "

@@ -6,8 +6,8 @@ top level plus ``internal_states``. ``POST /generate`` waits for the scheduler (
 ``"stream": true`` as ``data: {...}`` server-sent events).
 """
 
-import dataclasses
 import json
+import sys
 import logging
 import time
 from http import HTTPStatus
@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from sglang.version import __version__
 from sglang._sim.engine import Request
+from sglang.srt.server_args import load_snapshot
 
 access_log = logging.getLogger("uvicorn.access")
 
@@ -58,7 +59,7 @@ class Handler(BaseHTTPRequestHandler):
                              "model_type": self.app.config.get("model_type")})
 
     def server_info(self):
-        info = dataclasses.asdict(self.app.server_args)
+        info = server_info(self.app.server_args)
         info.update(version=__version__, status=self.app.state, internal_states=[self.app.engine.internal_state()])
         self.send_json(200, info)
 
@@ -114,6 +115,15 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format, *args):
         pass
+
+
+def server_info(server_args):
+    """``GET /server_info``'s top level with the real SGLang's keys (snapshot of its ``build_server_info``):
+    each resolved field of this server, the snapshot's value for the few keys that are not flags."""
+    fields = vars(server_args)
+    info = {key: fields.get(key, value) for key, value in load_snapshot("server_info.json")["info"].items()}
+    info["launch_command"] = " ".join(sys.argv[1:])
+    return info
 
 
 def _prompt_tokens(body):

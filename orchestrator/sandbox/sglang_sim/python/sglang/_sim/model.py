@@ -3,8 +3,8 @@
 For ``y = x W^T`` with W of shape (N, K): a column-parallel layer divides N by TP, a row-parallel
 layer divides K. DeepseekV4ForCausalLM (per layer; names as in the model):
 
-    wq_a        hidden -> q_lora_rank, replicated:            N = q_lora_rank,             K = hidden_size
-    wkv         hidden -> head_dim, replicated:               N = head_dim,                K = hidden_size
+    wqkv_a      hidden -> q_lora_rank + head_dim, replicated: N = q_lora_rank + head_dim,  K = hidden_size
+                (wq_a and wkv fused, SGLANG_OPT_FUSE_WQA_WKV on by default; unfused: two shapes)
     wq_b        q_lora_rank -> heads*head_dim, column-par.:   N = heads*head_dim / tp,     K = q_lora_rank
     wo_b        o_groups*o_lora_rank -> hidden, row-par.:     N = hidden_size,             K = o_groups*o_lora_rank / tp
     shared_experts.gate_up_proj, column-parallel:             N = 2*moe_inter*shared / tp, K = hidden_size
@@ -30,9 +30,11 @@ def deepseek_v4_shapes(config, tp):
     """(name, N, K) of every block-FP8 linear of a DeepSeek-V4 layer on ``tp`` GPUs."""
     hidden, heads, head_dim = config["hidden_size"], config["num_attention_heads"], config["head_dim"]
     shared = config.get("moe_intermediate_size", 0) * config.get("n_shared_experts", 0)
-    shapes = [
-        ("wq_a", config["q_lora_rank"], hidden),
-        ("wkv", head_dim, hidden),
+    if os.environ.get("SGLANG_OPT_FUSE_WQA_WKV", "1") not in ("0", "false", "False"):
+        shapes = [("wqkv_a", config["q_lora_rank"] + head_dim, hidden)]
+    else:
+        shapes = [("wq_a", config["q_lora_rank"], hidden), ("wkv", head_dim, hidden)]
+    shapes += [
         ("wq_b", heads * head_dim // tp, config["q_lora_rank"]),
         ("wo_b", hidden, config["o_groups"] * config["o_lora_rank"] // tp),
     ]
