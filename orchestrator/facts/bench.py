@@ -52,6 +52,8 @@ class BenchParams(_Model):
     num_prompts: int
     max_concurrency: int
     request_rate: float | None = None
+    # Lengths are drawn from [len * ratio, len]; None: a run recorded before orch passed it (SGLang's 0.0).
+    random_range_ratio: float | None = None
 
 
 class BenchMetrics(_Model):
@@ -124,6 +126,7 @@ def resolve_params(spec: BenchSpec, options: BenchOptions) -> BenchParams:
         num_prompts=options.num_prompts or spec.num_prompts,
         max_concurrency=options.max_concurrency or spec.max_concurrency,
         request_rate=spec.request_rate,
+        random_range_ratio=spec.random_range_ratio,
     )
 
 
@@ -133,6 +136,8 @@ def bench_argv(python: str, module: str, address: str, port: int, params: BenchP
     argv += ["--dataset-name", "random", "--random-input-len", str(params.input_len)]
     argv += ["--random-output-len", str(params.output_len), "--num-prompts", str(params.num_prompts)]
     argv += ["--max-concurrency", str(params.max_concurrency)]
+    if params.random_range_ratio is not None:
+        argv += ["--random-range-ratio", str(params.random_range_ratio)]
     if params.request_rate is not None:
         argv += ["--request-rate", str(params.request_rate)]
     return [*argv, "--output-file", output_file, "--disable-tqdm"]

@@ -64,6 +64,9 @@ def test_bench_two_labels_compared_stored_reported_and_notified(make_fleet, tmp_
         assert run["metrics"]["accept_length"] > 1
         assert run["mtp"] is True and run["mtp_settings"]["algorithm"] == "EAGLE"
         assert run["fp8_backend"] == "triton" and run["tuned_shapes"] == []
+        assert run["params"]["random_range_ratio"] == 1.0  # fixed lengths, recorded
+        argv = hs.jobs[run["job_id"]].argv
+        assert argv[argv.index("--random-range-ratio") + 1] == "1.0"  # what the benchmark ran with
         assert run["speculative"] == "EAGLE steps=3 topk=1 draft=4"
         assert run["sglang_commit"] == served[host.name] != head_commit(host)  # what the server runs
         assert hs.jobs[run["job_id"]].state == "succeeded"

@@ -15,7 +15,7 @@ from orchestrator.recipe import BenchOptions, BenchSpec
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "bench"
 T0 = datetime(2026, 11, 29, 22, 0, tzinfo=timezone.utc)
-PARAMS = BenchParams(input_len=1024, output_len=256, num_prompts=64, max_concurrency=16)
+PARAMS = BenchParams(input_len=1024, output_len=256, num_prompts=64, max_concurrency=16, random_range_ratio=1.0)
 
 
 def a_record(label: str, tok_s: float, minutes: int = 0, accept: float | None = None) -> BenchRecord:
@@ -40,7 +40,8 @@ def test_bench_argv_targets_the_local_server_with_the_random_dataset_and_a_jsonl
     assert argv == [
         "/venv/bin/python", "-m", "sglang.benchmark.serving", "--backend", "sglang", "--host", "127.0.0.1",
         "--port", "30001", "--dataset-name", "random", "--random-input-len", "1024", "--random-output-len", "256",
-        "--num-prompts", "64", "--max-concurrency", "16", "--output-file", "/w/bench/r 1.jsonl", "--disable-tqdm",
+        "--num-prompts", "64", "--max-concurrency", "16", "--random-range-ratio", "1.0",
+        "--output-file", "/w/bench/r 1.jsonl", "--disable-tqdm",
     ]  # fmt: skip
 
 
@@ -53,7 +54,13 @@ def test_bench_argv_passes_a_request_rate_only_when_the_playbook_sets_one() -> N
 def test_flags_override_the_playbook_bench_settings() -> None:
     spec = BenchSpec(input_len=2048, output_len=512, num_prompts=32, max_concurrency=8, request_rate=2.0)
     params = bench.resolve_params(spec, BenchOptions(input_len=128, max_concurrency=4))
-    assert params == BenchParams(input_len=128, output_len=512, num_prompts=32, max_concurrency=4, request_rate=2.0)
+    expected = {"input_len": 128, "output_len": 512, "num_prompts": 32, "max_concurrency": 4, "request_rate": 2.0}
+    assert params == BenchParams(**expected, random_range_ratio=1.0)  # fixed lengths unless the playbook says
+
+
+def test_a_run_recorded_before_the_range_ratio_was_passed_still_loads() -> None:
+    old = {"input_len": 1024, "output_len": 256, "num_prompts": 64, "max_concurrency": 16}
+    assert BenchParams.model_validate(old).random_range_ratio is None
 
 
 @pytest.mark.parametrize(
