@@ -27,8 +27,12 @@ def host(fleet: SimFleet) -> Iterator[SimHost]:
     chosen.set_knobs(tuner_fail=None, tuner_fail_after=None, tune_seconds_per_unit=None)
 
 
+LIVE = {"PYTHONUNBUFFERED": "1"}  # what a job that reads the workers' lines must set (reference §1.1)
+
+
 def tuner(host: SimHost, *args: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
-    return on_host(host, [str(host.python), TUNER, *args], env=env)
+    """Run the tuner with its output in pipes, unbuffered so that every worker line arrives."""
+    return on_host(host, [str(host.python), TUNER, *args], env={**LIVE, **(env or {})})
 
 
 def test_tuner_over_ssh_prints_upstream_lines_and_writes_the_config(fleet: SimFleet, host: SimHost) -> None:
@@ -36,7 +40,7 @@ def test_tuner_over_ssh_prints_upstream_lines_and_writes_the_config(fleet: SimFl
     run = ssh(
         fleet,
         host,
-        f"cd {host.sglang_dir} && CUDA_VISIBLE_DEVICES=0 {host.python} {TUNER} --N 1024 --K 4096 "
+        f"cd {host.sglang_dir} && PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0 {host.python} {TUNER} --N 1024 --K 4096 "
         f"--out-dtype bfloat16 --batch-sizes 1 2 4 --save-path {save}",
     )
     assert run.returncode == 0, run.stderr
@@ -73,6 +77,31 @@ def test_tuner_over_ssh_prints_upstream_lines_and_writes_the_config(fleet: SimFl
         "num_stages",
     }
     assert configs["4"]["BLOCK_SIZE_K"] == 128
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_tuner_worker_lines_reach_a_log_file_live_only_with_pythonunbuffered(
+    host: SimHost, tmp_path: Path, live: bool
+) -> None:
+    """Upstream's workers print() without flushing: a log file gets their lines in bursts, at exit or
+    never (a terminated worker loses them), unless PYTHONUNBUFFERED=1 is in the environment."""
+    host.set_knobs(tune_seconds_per_unit=4)
+    argv = [str(host.python), TUNER, "--N", "1024", "--K", "4096", "--batch-sizes", "1", "2"]
+    env = {"CUDA_VISIBLE_DEVICES": "0", **(LIVE if live else {})}
+    log = tmp_path / "log"
+    job = start_on_host(host, [*argv, "--save-path", str(tmp_path)], log, env=env)
+    try:
+        # The bar (stderr, flushed) moves to 1/2 only after the worker printed batch 1's line.
+        wait_until(lambda: "GPU 0 - Batch sizes:  50%|" in log.read_text(), timeout=30, what="one unit done")
+        running = log.read_text()
+    finally:
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=10)
+    assert "Found 1 GPUs for parallel tuning" in running  # the parent's lines: flushed when the pool starts
+    assert "Tuning on GPU 0 took" not in running
+    worker_lines = ("Starting tuning on GPU 0 with", "[GPU 0] Tune for weight", "Completed tuning for batch_size=")
+    assert [line in running for line in worker_lines] == [live] * 3
+    assert ("Completed tuning for batch_size=" in log.read_text()) == live  # a killed worker's buffer is lost
 
 
 def test_tuner_splits_batch_sizes_over_visible_gpus_and_merges_one_file(host: SimHost) -> None:
@@ -120,7 +149,7 @@ def test_tuner_workers_hold_only_their_visible_gpus(host: SimHost, tmp_path: Pat
     finally:
         job.send_signal(signal.SIGTERM)
         job.wait(timeout=10)
-    assert sorted(w["gpu_index"] for w in workers) == [1, 6] and {w["used_memory"] for w in workers} == {2000}
+    assert sorted(str(w["gpu_index"]) for w in workers) == ["1", "6"] and {w["used_memory"] for w in workers} == {2000}
     assert job.returncode == -signal.SIGTERM
     wait_until(lambda: host.gpu_processes() == [], what="the GPUs to be released")
 

@@ -2,10 +2,18 @@
 
 It mirrors upstream's ``tuning_block_wise_kernel.py``: the parent prints the arguments and finds the
 GPUs (``CUDA_VISIBLE_DEVICES``), splits the (shuffled) batch sizes over them and runs one worker
-process per GPU in a multiprocessing pool; each worker tunes every weight shape for its batch sizes
-and writes the shape's JSON file itself (current upstream: merging into an existing file under a
-lock; ``legacy``: overwriting it, as older versions did). Instead of benchmarking 1280 Triton configs,
-each (shape, batch size) unit sleeps ``tune_seconds_per_unit`` and picks a deterministic config.
+process per GPU in a multiprocessing "spawn" pool; each worker tunes every weight shape for its batch
+sizes and writes the shape's JSON file itself (current upstream: merging into an existing file under a
+lock; ``legacy``: overwriting it, as older versions did).
+
+Every line is a plain ``print()``, as upstream's: when stdout is a file or a pipe, Python buffers it
+in blocks, so a worker's lines reach the log when its buffer fills or the worker exits (the parent's
+when it starts the pool, which flushes, and at exit), and a worker killed by a signal loses what it
+buffered. ``PYTHONUNBUFFERED=1`` in the environment (inherited by the spawned workers) makes them
+live. Only the tqdm-like bars (stderr) are flushed as they are drawn.
+
+Instead of benchmarking 1280 Triton configs, each (shape, batch size) unit sleeps
+``tune_seconds_per_unit`` and picks a deterministic config.
 
 Faults (knobs): ``tuner_fail`` = ``crash`` (``assert best_config is not None`` fails),
 ``oom`` (``torch.OutOfMemoryError``), ``no_gpu``; ``tuner_fail_after`` = units a worker finishes first.
@@ -28,7 +36,7 @@ DEFAULT_BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 
 SEARCH_SPACE_SIZE = 1280
 WORKER_MEMORY_MIB = 2000
 
-_save_lock = None  # made by main() before the workers fork, so they share it
+_save_lock = None  # made by main() and handed to each spawned worker, so they share it
 
 
 def get_weight_shapes(tp_size):
@@ -60,7 +68,7 @@ def config_file_name(N, K, block_n, block_k, input_type):
 def save_configs(N, K, block_n, block_k, configs, save_path, input_type, merge):
     os.makedirs(save_path, exist_ok=True)
     config_file_path = os.path.join(save_path, config_file_name(N, K, block_n, block_k, input_type))
-    print(f"Writing best config to {config_file_path}...", flush=True)
+    print(f"Writing best config to {config_file_path}...")
     with _save_lock:
         existing = {}
         if merge and os.path.exists(config_file_path):
@@ -91,7 +99,7 @@ class _Worker:
             if i % 160 == 0:
                 time.sleep(seconds / 8)
         best = None if self.check_fault("crash") else best_config(M, N, K, block_k)
-        print(f"{datetime.now().ctime()}] Completed tuning for batch_size={M}", flush=True)
+        print(f"{datetime.now().ctime()}] Completed tuning for batch_size={M}")
         self.units_done += 1
         assert best is not None
         return best
@@ -102,14 +110,14 @@ def tune_on_gpu(task):
     worker = _Worker(gpu_id)
     gpus.register([host.visible_gpus()[gpu_id]], WORKER_MEMORY_MIB, sys.executable, utilization=100)
     try:
-        print(f"Starting tuning on GPU {gpu_id} with batch sizes {batch_sizes}", flush=True)
+        print(f"Starting tuning on GPU {gpu_id} with batch sizes {batch_sizes}")
         start = time.perf_counter()
         for N, K in Bar(weight_shapes, desc=f"GPU {gpu_id} - Shapes"):
-            print(f"[GPU {gpu_id}] Tune for weight shape of `N: {N}, K: {K}`", flush=True)
+            print(f"[GPU {gpu_id}] Tune for weight shape of `N: {N}, K: {K}`")
             units = Bar(batch_sizes, desc=f"GPU {gpu_id} - Batch sizes")
             results = {M: worker.tune(M, N, K, args.block_k) for M in units}
             save_configs(N, K, args.block_n, args.block_k, results, args.save_path, args.input_type, merge)
-        print(f"Tuning on GPU {gpu_id} took {time.perf_counter() - start:.2f} seconds", flush=True)
+        print(f"Tuning on GPU {gpu_id} took {time.perf_counter() - start:.2f} seconds")
     finally:
         gpus.release()
 
@@ -129,7 +137,9 @@ def _die_by_sigterm(signum, frame):
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _init_worker():
+def _init_worker(save_lock):
+    global _save_lock
+    _save_lock = save_lock
     signal.signal(signal.SIGTERM, _die_by_sigterm)
 
 
@@ -140,22 +150,20 @@ def count_gpus():
 def main(args, legacy=False):
     """Run a tuning from parsed ``args`` (``legacy``: the old ``tuning_block_wise_fp8.py`` flags)."""
     signal.signal(signal.SIGTERM, _die_by_sigterm)
-    print(args, flush=True)
+    print(args)
     num_gpus = count_gpus()
     if num_gpus == 0:
         raise RuntimeError("No GPU available for tuning")
-    print(f"Found {num_gpus} GPUs for parallel tuning", flush=True)
+    print(f"Found {num_gpus} GPUs for parallel tuning")
     batch_sizes, weight_shapes = _plan(args, legacy)
     if legacy and args.batch_size is not None:
         num_gpus = 1
-    global _save_lock
-    ctx = mp.get_context("fork")
-    _save_lock = ctx.Lock()
+    ctx = mp.get_context("spawn")
     tasks = [(gpu_id, share, weight_shapes, args, not legacy)
              for gpu_id, share in enumerate(distribute_batch_sizes(batch_sizes, num_gpus, not legacy))]
-    with ctx.Pool(num_gpus, initializer=_init_worker) as pool:
+    with ctx.Pool(num_gpus, initializer=_init_worker, initargs=(ctx.Lock(),)) as pool:
         pool.map(tune_on_gpu, tasks)
-    print("Multi-GPU tuning completed", flush=True)
+    print("Multi-GPU tuning completed")
 
 
 def _plan(args, legacy):
@@ -165,7 +173,7 @@ def _plan(args, legacy):
         return sizes, get_weight_shapes(args.tp_size)
     sizes = DEFAULT_BATCH_SIZES[:] if args.batch_sizes is None else args.batch_sizes
     if args.N is not None and args.K is not None:
-        print(f"Using manually specified weight shape: N={args.N}, K={args.K}", flush=True)
+        print(f"Using manually specified weight shape: N={args.N}, K={args.K}")
         return sizes, [(args.N, args.K)]
-    print(f"Using predefined weight shapes for TP size {args.tp_size}", flush=True)
+    print(f"Using predefined weight shapes for TP size {args.tp_size}")
     return sizes, get_weight_shapes(args.tp_size)
