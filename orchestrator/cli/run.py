@@ -59,8 +59,7 @@ def run(
         if from_step or only:
             run_op.forget_done(app.store, selected, str(recipe.path), steps)
         ctx = run_op.RunContext(fleet, app.store, recipe, str(recipe.path), _say, peers(app, fleet), lockstep)
-        walk = run_op.run_lockstep if lockstep else run_op.run_independent
-        results = walk(ctx, selected, steps)
+        results = run_op.run(ctx, selected, steps)
     for r in results.succeeded:
         assert r.value is not None
         skipped = f" (already done: {', '.join(r.value.skipped)})" if r.value.skipped else ""

@@ -139,17 +139,25 @@ def serve_report(host: Host, r: serve_op.ServeResult) -> None:
     replaced = f"; replaced {r.stopped_job}" if r.stopped_job else ""
     healthy = f"healthy after {r.healthy_after:.0f} s{replaced}"
     out.print(f"{host.name}: serving job {r.job_id} on port {host.server_port} ({healthy})", markup=False)
+    out.print(f"  started with: {facts.entrypoint_name(r.argv)}", markup=False)
     out.print(f"  speculative: {r.spec}" + ("" if r.problems else " (as asked)"), markup=False)
     if r.mtp:
         accept = "not measured" if r.accept_length is None else f"{r.accept_length:.2f}"
         out.print(f"  accept length: {accept} (minimum {r.min_accept if r.min_accept is not None else '-'})")
-    used = [s.key for s in r.shapes if s.in_use]
-    if r.shapes:
-        out.print(
-            f"  tuned FP8 configs in use: {len(used)}/{len(r.shapes)}" + (f" ({', '.join(used)})" if used else "")
-        )
+    out.print(f"  FP8 GEMM backend: {r.fp8_runs or r.fp8_backend or 'not reported'}", markup=False)
+    listed = [s for s in r.shapes if s.listed]
+    used = [s.key for s in listed if s.in_use]
+    if listed:
+        out.print(f"  tuned FP8 configs in use: {len(used)}/{len(listed)}" + (f" ({', '.join(used)})" if used else ""))
+    also = [s.key for s in r.shapes if s.in_use and not s.listed]
+    if also:
+        out.print(f"  also in use (not in the recipe's shapes): {', '.join(also)}", markup=False)
     for reason, keys in _fallbacks(r.shapes).items():
         out.print(f"  fell back to defaults: {', '.join(keys)}: {reason}", markup=False)
+    untuned = [s for s in r.shapes if not s.in_use and s.path]
+    if untuned:
+        shapes = ";".join(s.key for s in untuned)
+        out.print(f"  tune them: orch tune-fp8 --host {host.name} --shapes '{shapes}'", markup=False)
     for problem in r.failures:
         err.print(f"[bold red]  WARNING: {problem}[/bold red]", markup=True)
 
@@ -249,7 +257,7 @@ def discover(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: 
 
 def discovery_report(host: Host, r: Recipe, found: Any) -> None:
     """Per upstream test: its scope, the accept length it asserts, and a flag-by-flag comparison."""
-    ours = facts.launch_argv(r, host, mtp=True)[3:]
+    ours = facts.split_entrypoint(facts.launch_argv(r, host, mtp=True))[1]
     out.print(f"{host.name}: {len(found.tests)} upstream launch argument lists for family {found.family!r}")
     for t in found.tests:
         accept = f", asserts accept length > {t.min_accept_length}" if t.min_accept_length is not None else ""

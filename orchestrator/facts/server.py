@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,9 @@ from orchestrator.inventory import Host
 from orchestrator.recipe import MTPSpec, Recipe
 
 SERVER_MODULE = "sglang.launch_server"
+# `sglang serve` picks a backend (LLM or diffusion) from the model unless told; orch names it, so the
+# command it checks with `--help` is the command it launches.
+SERVE_SUBCOMMAND = ("serve", "--model-type", "llm")
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO")
 DEEPSEEK_V4 = "DeepseekV4ForCausalLM"
 DEEPSEEK_V4_ALGORITHMS = ("EAGLE", "DSPARK")
@@ -44,16 +48,50 @@ class Problem:
 # --- the launch command -------------------------------------------------------------------------
 
 
-def launch_argv(recipe: Recipe, host: Host, *, mtp: bool) -> list[str]:
-    """The exact server command for ``host``: model, port, the recipe's arguments, the FP8 GEMM
-    backend, and the speculative flags when ``mtp`` (and the recipe has an ``mtp`` block)."""
-    argv = [host.python, "-m", SERVER_MODULE, "--model-path", host.model_path, "--port", str(host.server_port)]
+def serve_entrypoint(host: Host) -> list[str]:
+    """``sglang serve`` (the recommended entrypoint): the console script next to the host's python
+    (an absolute path, as the inventory requires)."""
+    return [posixpath.join(posixpath.dirname(host.python), "sglang"), *SERVE_SUBCOMMAND]
+
+
+def module_entrypoint(host: Host) -> list[str]:
+    """``python -m sglang.launch_server``: older SGLang, or a host without the console script (it warns)."""
+    return [host.python, "-m", SERVER_MODULE]
+
+
+def entrypoints(host: Host) -> list[list[str]]:
+    """The ways to start the server, preferred first; the host's own ``--help`` decides which it has."""
+    return [serve_entrypoint(host), module_entrypoint(host)]
+
+
+def launch_argv(recipe: Recipe, host: Host, *, mtp: bool, entrypoint: Sequence[str] | None = None) -> list[str]:
+    """The exact server command for ``host``: the entrypoint (default ``python -m sglang.launch_server``),
+    then model, port, the recipe's arguments, the FP8 GEMM backend, and the speculative flags when
+    ``mtp`` (and the recipe has an ``mtp`` block)."""
+    argv = list(entrypoint or module_entrypoint(host))
+    argv += ["--model-path", host.model_path, "--port", str(host.server_port)]
     argv += server_arg_flags(recipe.server_args)
     if recipe.fp8_gemm_backend:
         argv += ["--fp8-gemm-backend", recipe.fp8_gemm_backend]
     if mtp and recipe.mtp is not None:
         argv += mtp_flags(recipe.mtp)
     return argv
+
+
+def split_entrypoint(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A launch command as (entrypoint, the arguments SGLang's server parser reads)."""
+    if argv[1:3] == ["-m", SERVER_MODULE]:
+        return list(argv[:3]), list(argv[3:])
+    size = 1 + len(SERVE_SUBCOMMAND)
+    if tuple(argv[1:size]) == SERVE_SUBCOMMAND:
+        return list(argv[:size]), list(argv[size:])
+    raise ValueError(f"not an SGLang server command: {' '.join(argv[:4])} ...")
+
+
+def entrypoint_name(argv: Sequence[str]) -> str:
+    """``sglang serve`` or ``python -m sglang.launch_server``: which entrypoint a launch command used."""
+    entry, _ = split_entrypoint(argv)
+    return "sglang serve" if entry[1] == SERVE_SUBCOMMAND[0] else f"python -m {SERVER_MODULE}"
 
 
 def server_arg_flags(args: Mapping[str, str | int | float | bool]) -> list[str]:
@@ -69,8 +107,9 @@ def server_arg_flags(args: Mapping[str, str | int | float | bool]) -> list[str]:
 
 
 def mtp_flags(spec: MTPSpec) -> list[str]:
-    """The ``--speculative-*`` flags of an MTP block, only the numbers it gives."""
-    flags = ["--speculative-algorithm", spec.algorithm]
+    """The ``--speculative-*`` flags of an MTP block, only the numbers it gives. The algorithm is sent
+    upper-case: DeepSeek-V4's model hook checks the raw string before SGLang upper-cases it."""
+    flags = ["--speculative-algorithm", spec.algorithm.upper()]
     for flag, value in (
         ("--speculative-num-steps", spec.num_steps),
         ("--speculative-eagle-topk", spec.eagle_topk),
@@ -219,11 +258,11 @@ def _check_draft_model(spec: MTPSpec, architecture: str) -> list[Problem]:
     ]
 
 
-# --- the host's flag list (`python -m sglang.launch_server --help`) ------------------------------
+# --- the host's flag list (`sglang serve --model-type llm --help`) ------------------------------
 
 
-def help_argv(host: Host) -> list[str]:
-    return [host.python, "-m", SERVER_MODULE, "--help"]
+def help_argv(entrypoint: Sequence[str]) -> list[str]:
+    return [*entrypoint, "--help"]
 
 
 _OPTION_INDENT = 6  # argparse indents options by 2 (4 in nested groups), their help by 24
@@ -296,7 +335,7 @@ def _unknown_reason(flag: str, known: Iterable[str]) -> str:
     names = {option.lstrip("-"): option for option in known}
     close = difflib.get_close_matches(flag.lstrip("-"), list(names), n=1, cutoff=_HINT_CUTOFF)
     hint = f"; did upstream rename it to {names[close[0]]}?" if close else ""
-    return f"the host's SGLang does not know this flag (not in `python -m {SERVER_MODULE} --help`){hint}"
+    return f"the host's SGLang does not know this flag (not in its server's `--help`){hint}"
 
 
 # --- HTTP, asked from the host ----------------------------------------------------------------------
@@ -447,6 +486,17 @@ FP8_BACKEND_KEYS = ("fp8_gemm_runner_backend", "fp8_gemm_backend")
 def fp8_backend(info: Mapping[str, Any]) -> str | None:
     """The FP8 GEMM backend a ``/server_info`` answer reports, or None when it reports none."""
     return next((info[k] for k in FP8_BACKEND_KEYS if isinstance(info.get(k), str)), None)
+
+
+def backend_runs(reported: str | None, compute_cap: str | None) -> str:
+    """What runs the block-FP8 GEMMs, in words: ``auto`` stays ``"auto"`` in ``/server_info`` even on
+    sm_120, where it runs them on CUTLASS and never reads the tuned Triton configs (reference §1.2)."""
+    name = reported or "not reported"
+    if reported in (None, "auto") and (compute_cap or "").startswith("12."):
+        return f"{name} = CUTLASS on sm_120 (tuned Triton configs unused)"
+    if reported == "cutlass":
+        return "cutlass (tuned Triton configs unused)"
+    return name
 
 
 def check_backend(info: Mapping[str, Any], wanted: str | None) -> list[Problem]:

@@ -128,6 +128,7 @@ class ShapeUse:
     in_use: bool
     path: str | None  # the config read, or the one SGLang looked for and did not find
     reason: str = ""
+    listed: bool = True  # one of the recipe's tuning shapes (else: found only in the log)
 
     @property
     def key(self) -> str:
@@ -137,7 +138,8 @@ class ShapeUse:
 def shape_use(
     log: ServerLog, shapes: Sequence[tuple[int, int]], backend: str | None, compute_cap: str | None
 ) -> list[ShapeUse]:
-    """For each tuned shape: in use (``Using configuration from ...``) or the reason it fell back."""
+    """For each tuned shape: in use (``Using configuration from ...``) or the reason it fell back; then
+    every other shape the log shows the server looking up, so no fallback goes unreported."""
     used = {c.shape: c for c in log.configs_used}
     missing = {c.shape: c for c in log.configs_missing}
     report = []
@@ -148,7 +150,16 @@ def shape_use(
             miss = missing.get((n, k))
             path = miss.path if miss else None
             report.append(ShapeUse(n, k, False, path, _fallback_reason(n, k, miss, backend, compute_cap)))
+    for (n, k), config in used.items():
+        if (n, k) not in shapes:
+            report.append(ShapeUse(n, k, True, config.path, listed=False))
+    for (n, k), miss in missing.items():
+        if (n, k) not in shapes and (n, k) not in used:
+            report.append(ShapeUse(n, k, False, miss.path, NOT_LISTED, listed=False))
     return report
+
+
+NOT_LISTED = "not in the recipe's tuning.shapes, and no tuned config file for this GPU and SGLang commit"
 
 
 def _fallback_reason(n: int, k: int, miss: ConfigFile | None, backend: str | None, cap: str | None) -> str:

@@ -7,6 +7,9 @@ any moment and running the same command again resumes: finished steps are skippe
 running is run again, which attaches to its jobs (tuning jobs by purpose, a benchmark by its pending
 record, the server when it already runs the same command) instead of starting them twice.
 
+Before the first step every host that will serve checks the whole launch command (``preflight``):
+a host whose SGLang would refuse the recipe runs no step at all.
+
 By default each host advances on its own (a slow or failed host does not hold the others); with
 ``lockstep`` every host finishes a step before any starts the next, which also lets ``tune-fp8``
 spread its units over the whole fleet (``fleet: true``).
@@ -207,6 +210,32 @@ STEPS: dict[str, Callable[[RunContext, Host, Runner, Step], str]] = {
     "serve": _serve,
     "bench": _bench,
 }
+
+
+def run(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> FleetResult[HostRun]:
+    """The campaign: ``preflight``, then the steps (``lockstep`` or each host on its own) on the hosts
+    that passed it; results in the order of ``hosts``."""
+    refused = {r.host.name: r.error for r in preflight(ctx, hosts, steps).failed}
+    for host in hosts:
+        if host.name in refused:
+            ctx.say(host, "refused before any step: nothing was started or stopped")
+    walk = run_lockstep if ctx.lockstep else run_independent
+    done = {r.host.name: r for r in walk(ctx, [h for h in hosts if h.name not in refused], steps)}
+    return FleetResult([done[h.name] if h.name in done else HostResult(h, error=refused[h.name]) for h in hosts])
+
+
+def preflight(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> FleetResult[None]:
+    """Before the first step, on each host that will serve: the whole launch command (MTP rules, no
+    secret, every flag against the host's own ``--help``), so a recipe ``serve`` would refuse costs no
+    tuning and stops no server. A pull may change the host's SGLang: ``serve`` checks again."""
+    serve = next((s for s in steps if isinstance(s.options, ServeOptions)), None)
+
+    def check(host: Host, runner: Runner) -> None:
+        if serve is not None and not is_done(ctx.store, host, ctx.playbook, serve.name):
+            assert isinstance(serve.options, ServeOptions)
+            serve_op.check_launch(host, runner, ctx.recipe, serve.options.mtp)
+
+    return ctx.fleet.map(check, hosts)
 
 
 def run_independent(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> FleetResult[HostRun]:

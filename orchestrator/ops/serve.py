@@ -32,7 +32,7 @@ from orchestrator import jobs
 from orchestrator.errors import HostError, RefusedError, VerifyError
 from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import device_file_name
-from orchestrator.facts.server_log import ServerLog, ShapeUse, shape_use
+from orchestrator.facts.server_log import ServerLog, ShapeUse, shape_use, strip_prefix
 from orchestrator.facts.server_upstream import (
     REGISTERED_TESTS,
     Discovery,
@@ -54,6 +54,8 @@ Report = srv.Report
 
 HEALTH_POLL_FIRST = 0.2  # a fast start is seen at once; a 20-minute one is polled every HEALTH_POLL_SECONDS
 HEALTH_POLL_SECONDS = 2.0
+HEALTH_REPORT_FIRST = 5.0  # a slow start is explained after this many seconds, then every HEALTH_REPORT_SECONDS
+HEALTH_REPORT_SECONDS = 30.0
 TUNING_POLL_SECONDS = 1.0
 PROBE_REQUESTS = 4
 PROBE_TOKENS = 128  # 4 x 128 tokens pass SGLang's 40-step decode log interval even at accept length 3+
@@ -70,6 +72,7 @@ class ServeResult:
     healthy_after: float
     spec: str = "off"
     fp8_backend: str | None = None  # as the server resolved it (/server_info)
+    fp8_runs: str = ""  # what runs the FP8 GEMMs, in words (`auto` on sm_120 is CUTLASS)
     shapes: list[ShapeUse] = field(default_factory=list)
     accept_length: float | None = None
     min_accept: float | None = None
@@ -105,12 +108,13 @@ class StartupFailed(HostError):
 def check_launch(host: Host, runner: Runner, recipe: Recipe, mtp: bool) -> list[str]:
     """The launch argv once it passes the MTP rules, holds no secret (it goes into the state file and
     the job directory), and the host's SGLang knows every flag; else RefusedError listing every problem."""
-    argv = facts.launch_argv(recipe, host, mtp=mtp)
+    server = host_server(host, runner)
+    argv = facts.launch_argv(recipe, host, mtp=mtp, entrypoint=server.entrypoint)
     problems = facts.check_recipe(recipe, mtp=mtp)
     secret = find_secret(argv)
     if secret:
         problems.append(facts.Problem("server_args", f"looks like a secret ({secret!r}): pass it in the host's env"))
-    problems += facts.check_flags(argv[3:], host_flags(host, runner))
+    problems += facts.check_flags(facts.split_entrypoint(argv)[1], server.flags)
     if problems:
         where = recipe.path or recipe.model
         raise RefusedError(
@@ -121,13 +125,33 @@ def check_launch(host: Host, runner: Runner, recipe: Recipe, mtp: bool) -> list[
     return argv
 
 
-def host_flags(host: Host, runner: Runner) -> dict[str, tuple[str, ...] | None]:
-    """The flags the host's own SGLang accepts (``python -m sglang.launch_server --help``)."""
-    result = runner.run(facts.help_argv(host), check=True, timeout=120)
-    flags = facts.parse_help(result.stdout)
-    if "--model-path" not in flags:
-        raise RefusedError(f"{host.name}: could not read the server's flags from `{shlex.join(facts.help_argv(host))}`")
-    return flags
+@dataclass(frozen=True)
+class HostServer:
+    """How the host starts SGLang's server and the flags that server accepts (its own ``--help``)."""
+
+    entrypoint: list[str]
+    flags: dict[str, tuple[str, ...] | None]
+
+
+def host_server(host: Host, runner: Runner) -> HostServer:
+    """The first entrypoint whose ``--help`` lists the server's flags: ``sglang serve`` when the host's
+    SGLang has it, else ``python -m sglang.launch_server``; RefusedError with each one's error."""
+    tried = []
+    for entrypoint in facts.entrypoints(host):
+        result = runner.run(facts.help_argv(entrypoint), timeout=120)
+        flags = facts.parse_help(result.stdout) if result.ok else {}
+        if "--model-path" in flags:
+            return HostServer(entrypoint, flags)
+        tail = jobs.tail_lines(result.stderr.strip() or result.stdout.strip(), 3) or "(no output)"
+        tried.append(f"  $ {shlex.join(facts.help_argv(entrypoint))}  (exit {result.exit_status})\n{_indent(tail)}")
+    raise RefusedError(
+        f"{host.name}: could not read the SGLang server's flags; tried:\n" + "\n".join(tried),
+        hint=f"check the inventory's `python` for {host.name} ({host.python}) and that SGLang is installed there",
+    )
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"      {line}" for line in text.splitlines())
 
 
 # --- 2. the tuning gate --------------------------------------------------------------------------------------
@@ -322,7 +346,8 @@ def launch(
     _record_server(store, host, job.job_id, argv, "--speculative-algorithm" in argv)
     report(f"started server job {job.job_id} on port {host.server_port}; waiting for /health")
     begin = time.monotonic()
-    log = wait_healthy(host, runner, job.job_id, facts.base_url(recipe, host), health_timeout(recipe, options))
+    url = facts.base_url(recipe, host)
+    log = wait_healthy(host, runner, job.job_id, url, health_timeout(recipe, options), report)
     report(f"healthy after {time.monotonic() - begin:.0f} s")
     return Started(job.job_id, argv, log, time.monotonic() - begin, commit)
 
@@ -332,19 +357,42 @@ def health_timeout(recipe: Recipe, options: ServeOptions) -> float:
     return options.health_timeout if options.health_timeout is not None else recipe.health_timeout
 
 
-def wait_healthy(host: Host, runner: Runner, job_id: str, url: str, timeout: float) -> ServerLog:
-    """Poll ``/health`` until 200; StartupFailed on a crash in the log, the job's exit, or ``timeout``."""
+def wait_healthy(
+    host: Host, runner: Runner, job_id: str, url: str, timeout: float, report: Report = srv._quiet
+) -> ServerLog:
+    """Poll ``/health`` until 200; StartupFailed on a crash in the log, the job's exit, or ``timeout``.
+
+    A first DeepSeek-V4 launch may take an hour: every ``HEALTH_REPORT_SECONDS`` (the first after
+    ``HEALTH_REPORT_FIRST``) ``report`` hears the time waited and the server's last log line."""
     job = jobs.find(runner, host.workdir, job_id)
     reader = srv.LogReader(runner, job.log)
-    deadline = time.monotonic() + timeout
+    begin = time.monotonic()
+    next_report = begin + HEALTH_REPORT_FIRST
     for pause in _backoff(HEALTH_POLL_FIRST, HEALTH_POLL_SECONDS):
         status = srv.health(host, runner, url)
         log = reader.read()
         if status == 200:
             return log
-        _check_alive(host, runner, job_id, log, reader, timeout if time.monotonic() > deadline else None)
+        now = time.monotonic()
+        _check_alive(host, runner, job_id, log, reader, timeout if now - begin > timeout else None)
+        if now >= next_report:
+            report(starting_line(now - begin, timeout, reader.text))
+            next_report = now + HEALTH_REPORT_SECONDS
         time.sleep(pause)
     raise AssertionError("unreachable")
+
+
+def starting_line(elapsed: float, timeout: float, log_text: str) -> str:
+    """``still starting (2 min 5 s of 60 min): <the server's last log line>``."""
+    last = next((line for line in reversed(log_text.splitlines()) if line.strip()), "(nothing logged yet)")
+    last = strip_prefix(last).strip()
+    shown = last if len(last) <= 160 else last[:157] + "..."
+    return f"still starting ({_duration(elapsed)} of {_duration(timeout)}): {shown}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes and rest else f"{minutes} min" if minutes else f"{rest} s"
 
 
 def _backoff(first: float, cap: float) -> Iterator[float]:
@@ -438,6 +486,7 @@ def verify(
     actual = facts.spec_settings(info)
     result.spec = str(actual)
     result.fp8_backend = facts.fp8_backend(info)
+    result.fp8_runs = facts.backend_runs(result.fp8_backend, compute_cap)
     problems = facts.check_spec(actual, facts.expected_spec(recipe, mtp=options.mtp))
     problems += facts.check_backend(info, recipe.fp8_gemm_backend)
     result.problems = [str(p) for p in problems]
@@ -535,6 +584,7 @@ def _record_verified(store: StateStore, host: Host, result: ServeResult, known_g
         "healthy_after_s": round(result.healthy_after, 1),
         "speculative": result.spec,
         "fp8_backend": result.fp8_backend,
+        "fp8_runs": result.fp8_runs,
         "accept_length": result.accept_length,
         "min_accept": result.min_accept,
         "tuned_shapes_in_use": [s.key for s in result.shapes if s.in_use],

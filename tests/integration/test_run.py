@@ -10,6 +10,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import yaml
+
+from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from tests.conftest import FleetEnv
 
 FAST = {"tune_seconds_per_unit": 0.02, "startup_seconds": 0.3}
@@ -137,3 +140,26 @@ def test_ctrl_c_stops_orch_at_once_and_the_same_command_resumes(make_fleet) -> N
     run = env.orch("run", timeout=600)
     assert run.returncode == 0, run.output
     assert purposes(host) == Counter({"tune": 8, "server": 1, "bench": 1})
+
+
+def test_run_refuses_a_recipe_serve_would_refuse_before_its_first_step(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(2)
+    fast(env)
+    assert env.orch("serve").returncode == 0
+    servers = {h.name: purposes(h)["server"] for h in env.fleet.hosts}
+    env.fleet.add_upstream_commit("Would be pulled by the first step")
+    heads = [subprocess.run(["git", "-C", str(h.sglang_dir), "rev-parse", "HEAD"], capture_output=True).stdout
+             for h in env.fleet.hosts]  # fmt: skip
+    doc = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text())
+    doc["server_args"]["cuda-graph-max-bs"] = 64  # the first version's flag: SGLang exits 2 on it
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    run = env.orch("run", str(bad))
+    assert run.returncode == 3, run.output
+    for host in env.fleet.hosts:
+        assert f"{host.name}: refused before any step: nothing was started or stopped" in run.stderr
+        assert purposes(host) == Counter({"server": servers[host.name]})  # no tuning job, no second server
+    assert "--cuda-graph-max-bs: ambiguous" in run.stderr
+    assert [subprocess.run(["git", "-C", str(h.sglang_dir), "rev-parse", "HEAD"], capture_output=True).stdout
+            for h in env.fleet.hosts] == heads  # fmt: skip
+    assert all(hs["phase"] == "serving" and not hs.get("steps") for hs in state(env).values())

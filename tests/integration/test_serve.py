@@ -273,3 +273,39 @@ def test_failed_tuning_stops_serve_with_the_reason(fleet1: FleetEnv) -> None:
     assert run.returncode == 3
     assert "FP8 tuning failed:" in run.stderr and "AssertionError" in run.stderr
     assert running_server_ids(fleet1) == []
+
+
+# --- issue 8: what the real SGLang does, said plainly ---------------------------------------------------------
+
+
+def test_every_shape_the_server_falls_back_on_is_reported_with_the_command_that_tunes_it(
+    fleet1: FleetEnv, tmp_path: Path
+) -> None:
+    doc = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text())
+    two = playbook(tmp_path, "two", tuning={"shapes": doc["tuning"]["shapes"][:2]})  # the log shows the others too
+    run = serve_ok(fleet1, "--playbook", two)
+    assert "tuned FP8 configs in use: 0/2" in run.stdout
+    assert "N=512,K=4096" in run.stdout and "not in the recipe's tuning.shapes" in run.stdout
+    tune_line = next(line for line in run.stdout.splitlines() if "tune them:" in line)
+    for key in ("N=1536,K=4096", "N=4096,K=1024", "N=512,K=4096", "N=4096,K=256"):
+        assert key in tune_line
+    assert "orch tune-fp8 --host sim-1 --shapes '" in tune_line
+    assert "FP8 GEMM backend: triton" in run.stdout
+    fallback = server_state(fleet1).server.verified["fallback"]
+    assert "N=4096,K=256" in fallback  # recorded, not only printed
+
+
+def test_auto_backend_is_reported_as_cutlass_on_sm120(fleet1: FleetEnv, tmp_path: Path) -> None:
+    run = serve_ok(fleet1, "--playbook", playbook(tmp_path, "auto", fp8_gemm_backend=None))
+    assert "FP8 GEMM backend: auto = CUTLASS on sm_120 (tuned Triton configs unused)" in run.stdout
+    assert server_state(fleet1).server.verified["fp8_runs"].startswith("auto = CUTLASS")
+
+
+def test_a_slow_start_shows_the_time_waited_and_the_servers_last_log_line(fleet1: FleetEnv) -> None:
+    host0(fleet1).set_knobs(startup_seconds=9)
+    run = serve_ok(fleet1)
+    waiting = [line for line in run.stderr.splitlines() if "still starting (" in line]
+    assert waiting, run.stderr
+    assert " of 60 min): " in waiting[0]  # the recipe's health_timeout, 3600 s
+    shown = waiting[0].split("): ", 1)[1].strip()  # the server's own words, without its time prefix
+    assert shown and not shown.startswith("[")

@@ -45,6 +45,37 @@ def test_launch_argv_without_mtp_has_no_speculative_flag() -> None:
     assert not [a for a in argv if a.startswith("--speculative")]
 
 
+def test_the_algorithm_is_sent_upper_case_as_deepseek_v4_checks_the_raw_string() -> None:
+    argv = server.launch_argv(recipe({**GOOD_MTP, "algorithm": "eagle"}), HOST, mtp=True)
+    assert argv[argv.index("--speculative-algorithm") + 1] == "EAGLE"
+
+
+def test_launch_argv_with_sglang_serve_and_split_back_into_entrypoint_and_server_args() -> None:
+    serve, module = server.entrypoints(HOST)
+    assert serve == ["/opt/sg lang/bin/sglang", "serve", "--model-type", "llm"]
+    assert module == ["/opt/sg lang/bin/python", "-m", "sglang.launch_server"]
+    for entry, name in ((serve, "sglang serve"), (module, "python -m sglang.launch_server")):
+        argv = server.launch_argv(recipe(GOOD_MTP), HOST, mtp=False, entrypoint=entry)
+        assert server.split_entrypoint(argv) == (entry, ["--model-path", "/m/DS V4", "--port", "31000", "--tp", "8"])
+        assert server.entrypoint_name(argv) == name
+    with pytest.raises(ValueError, match="not an SGLang server command"):
+        server.split_entrypoint(["/usr/bin/python", "other.py", "--port", "1"])
+
+
+@pytest.mark.parametrize(
+    ("reported", "cap", "words"),
+    [
+        ("auto", "12.0", "auto = CUTLASS on sm_120 (tuned Triton configs unused)"),
+        (None, "12.0", "not reported = CUTLASS on sm_120 (tuned Triton configs unused)"),
+        ("auto", "9.0", "auto"),
+        ("triton", "12.0", "triton"),
+        ("cutlass", "12.0", "cutlass (tuned Triton configs unused)"),
+    ],
+)
+def test_backend_runs_names_what_auto_really_runs_on_sm120(reported: str | None, cap: str, words: str) -> None:
+    assert server.backend_runs(reported, cap) == words
+
+
 @pytest.mark.parametrize(
     ("args", "flags"),
     [
@@ -175,7 +206,7 @@ def test_check_flags_finds_unknown_flags_and_bad_choices() -> None:
         ("--fp8-gemm=triton", "ok"),  # unique prefix with an inline value
         ("--fp8-gemm=tritn", "the host's SGLang accepts only auto, cutlass, triton (got 'tritn')"),
         ("--mod", "ambiguous: SGLang refuses an abbreviation that could match --model-path, --model (exit 2)"),
-        ("--bogus", "the host's SGLang does not know this flag (not in `python -m sglang.launch_server --help`)"),
+        ("--bogus", "the host's SGLang does not know this flag (not in its server's `--help`)"),
     ],
 )
 def test_check_flags_follows_argparse_rules(arg: str, outcome: str) -> None:

@@ -114,3 +114,17 @@ def test_shape_use_in_use_missing_and_cutlass_on_sm120() -> None:
     assert cutlass.key == "N=1024,K=4096"
     other = shape_use(parse_server_log(""), [(1024, 4096)], "deep_gemm", "9.0")[0]
     assert "fp8-gemm-backend deep_gemm" in other.reason
+
+
+def test_shape_use_reports_every_shape_the_log_shows_not_only_the_recipes() -> None:
+    log = parse_server_log(
+        READY_LOG + f"[2026-11-29 22:34:01 TP0] Using default W8A8 Block FP8 kernel config. Performance might be "
+        f"sub-optimal! Config file not found at {cfg(8192, 1024)}\n"
+    )
+    report = shape_use(log, [(4096, 2048)], "triton", "12.0")
+    assert [(s.key, s.in_use, s.listed) for s in report] == [
+        ("N=4096,K=2048", False, True),
+        ("N=1024,K=4096", True, False),  # read although the recipe does not list it
+        ("N=8192,K=1024", False, False),  # looked up, no file, not in the recipe: reported too
+    ]
+    assert "not in the recipe's tuning.shapes" in report[2].reason and report[2].path == cfg(8192, 1024)

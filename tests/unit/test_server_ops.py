@@ -158,3 +158,10 @@ def test_accept_problem() -> None:
     result.mtp = False
     result.accept_length = None
     assert serve_op._accept_problem(result) is None
+
+
+def test_starting_line_shows_time_waited_and_the_last_log_line_without_its_prefix() -> None:
+    log = "[2026-12-01 10:00:00 TP0] Load weight begin.\n[2026-12-01 10:00:09 TP0] Capture cuda graph begin.\n\n"
+    assert serve_op.starting_line(125, 3600, log) == "still starting (2 min 5 s of 60 min): Capture cuda graph begin."
+    assert serve_op.starting_line(5.4, 20, "") == "still starting (5 s of 20 s): (nothing logged yet)"
+    assert serve_op.starting_line(60, 60, "x" * 200).endswith("x" * 157 + "...")
