@@ -286,7 +286,7 @@ def _dry_commands(host: Host, runner: Runner, store: StateStore, recipe: Recipe,
     if isinstance(options, TuneOptions):
         return _dry_tune(host, runner, store, recipe, options)
     if isinstance(options, ServeOptions):
-        return [shell_command(server_facts.launch_argv(recipe, host, mtp=options.mtp))]
+        return [shell_command(serve_op.check_launch(host, runner, recipe, options.mtp))]
     assert isinstance(options, BenchOptions)
     module = (
         bench_facts.parse_module(runner.run(bench_facts.module_argv(host.python)).stdout) or "sglang.benchmark.serving"
