@@ -12,7 +12,8 @@ lists this module builds and hands what hosts print back to its parsers.
   (one per shape its chunk touches), one after another, pinned with ``CUDA_VISIBLE_DEVICES``.
 - **Progress**: ``LogProgress.feed`` reads a job's log incrementally from a byte offset.
 - **Configs**: ``config_file_name`` is SGLang's exact name; ``parse_config``, ``merge_configs`` and
-  ``render_config`` validate, merge (never overwriting) and write the JSON as the tuner does.
+  ``render_config`` validate (the six ``CONFIG_KEYS`` required, any further scalar keys kept), merge
+  (never overwriting) and write the JSON as the tuner does.
 """
 
 from __future__ import annotations
@@ -343,11 +344,16 @@ def config_file_name(n: int, k: int, device_name: str) -> str:
     return f"N={n},K={k},device_name={device},dtype=fp8_w8a8,block_shape=[128, 128].json"
 
 
-Configs = dict[int, dict[str, int]]
+ConfigValue = int | float | bool | str
+Configs = dict[int, dict[str, ConfigValue]]
 
 
 def parse_config(text: str | bytes, where: str) -> Configs:
-    """A tuned config file → ``{M: {six int keys}}``; ``ConfigInvalid`` naming ``where`` otherwise."""
+    """A tuned config file → ``{M: {key: value}}``; ``ConfigInvalid`` naming ``where`` otherwise.
+
+    Every batch size needs the six ``CONFIG_KEYS`` as integers. SGLang's loader passes a config's
+    every key to the kernel, and 0.5.23 ships files with more (``SWAP_AB``, ``SPLIT_K``,
+    ``waves_per_eu``): those are kept as given, JSON scalars, after the six."""
     try:
         raw = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -363,14 +369,24 @@ def _batch_size(key: str, where: str) -> int:
     return int(key)
 
 
-def _entry(value: Any, where: str) -> dict[str, int]:
-    if not isinstance(value, dict) or sorted(value) != sorted(CONFIG_KEYS):
-        keys = sorted(value) if isinstance(value, dict) else type(value).__name__
-        raise ConfigInvalid(f"{where}: expected exactly the keys {', '.join(CONFIG_KEYS)}; got {keys}")
-    bad = [k for k, v in value.items() if type(v) is not int]
+def _entry(value: Any, where: str) -> dict[str, ConfigValue]:
+    if not isinstance(value, dict):
+        raise ConfigInvalid(
+            f"{where}: expected an object with the keys {', '.join(CONFIG_KEYS)}; got {type(value).__name__}"
+        )
+    missing = [k for k in CONFIG_KEYS if k not in value]
+    if missing:
+        raise ConfigInvalid(
+            f"{where}: lacks {', '.join(missing)} (needs {', '.join(CONFIG_KEYS)}; got {sorted(value)})"
+        )
+    bad = [k for k in CONFIG_KEYS if type(value[k]) is not int]
     if bad:
         raise ConfigInvalid(f"{where}: {', '.join(bad)} must be integers")
-    return {k: value[k] for k in CONFIG_KEYS}
+    extra = {k: v for k, v in value.items() if k not in CONFIG_KEYS}
+    odd = [k for k, v in extra.items() if not isinstance(v, int | float | str)]
+    if odd:
+        raise ConfigInvalid(f"{where}: {', '.join(odd)} must be a number, true/false or a string")
+    return {**{k: value[k] for k in CONFIG_KEYS}, **extra}
 
 
 def merge_configs(parts: Sequence[tuple[str, Configs]]) -> Configs:

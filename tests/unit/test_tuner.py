@@ -296,15 +296,35 @@ def test_parse_config_reads_what_the_tuner_writes() -> None:
         (json.dumps({"1": {**CONFIG, "num_warps": True}}), "f: batch size 1: num_warps must be integers"),
         (
             json.dumps({"1": {k: v for k, v in CONFIG.items() if k != "num_stages"}}),
-            "f: batch size 1: expected exactly",
+            "f: batch size 1: lacks num_stages (needs BLOCK_SIZE_M",
         ),
-        (json.dumps({"1": {**CONFIG, "extra": 1}}), "f: batch size 1: expected exactly"),
-        (json.dumps({"1": None}), "f: batch size 1: expected exactly"),
+        (json.dumps({"1": {**CONFIG, "SPLIT_K": [1]}}), "f: batch size 1: SPLIT_K must be a number"),
+        (json.dumps({"1": {**CONFIG, "kpack": None}}), "f: batch size 1: kpack must be a number"),
+        (json.dumps({"1": None}), "f: batch size 1: expected an object with the keys BLOCK_SIZE_M"),
     ],
 )
 def test_parse_config_refuses_what_sglang_would_not_read(text: str, error: str) -> None:
     with pytest.raises(tf.ConfigInvalid, match="^" + error.replace("(", r"\(")):
         tf.parse_config(text, "f")
+
+
+# An entry shaped like those SGLang 0.5.23 ships (configs/ files with SWAP_AB, SPLIT_K, waves_per_eu).
+SHIPPED = {**CONFIG, "SPLIT_K": 1, "SWAP_AB": True, "waves_per_eu": 0, "kpack": 2, "matrix_instr_nonkdim": 16}
+
+
+def test_parse_config_keeps_keys_beyond_the_six_as_given() -> None:
+    text = json.dumps({"1": SHIPPED, "2": CONFIG}, indent=4) + "\n"
+    configs = tf.parse_config(text, "f")
+    assert configs == {1: SHIPPED, 2: CONFIG}
+    assert configs[1]["SWAP_AB"] is True and list(configs[1])[:6] == list(tf.CONFIG_KEYS)
+    assert tf.render_config(configs) == text
+
+
+def test_merge_configs_keeps_extra_keys_and_tells_parts_apart_by_them() -> None:
+    merged = tf.merge_configs([("a", {1: SHIPPED}), ("b", {2: SHIPPED, 1: SHIPPED})])
+    assert merged == {1: SHIPPED, 2: SHIPPED}
+    with pytest.raises(tf.ConfigInvalid, match="batch size 1 differs between a and b"):
+        tf.merge_configs([("a", {1: SHIPPED}), ("b", {1: {**SHIPPED, "SPLIT_K": 2}})])
 
 
 def test_merge_configs_joins_disjoint_parts_and_accepts_identical_overlap() -> None:

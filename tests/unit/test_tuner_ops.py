@@ -207,7 +207,9 @@ def test_summary_and_status_cells() -> None:
 # -- install (a local runner on a temporary directory) -------------------------------------------------------
 
 
-def staged_plan(tmp_path: Path, parts: dict[int, dict[str, dict[str, int]]]) -> tuple[tune.Member, tune.PlanRecord]:
+def staged_plan(
+    tmp_path: Path, parts: dict[int, dict[str, dict[str, tf.ConfigValue]]]
+) -> tuple[tune.Member, tune.PlanRecord]:
     """A one-shape plan on 2 GPUs whose staging dirs hold ``parts`` (GPU → partial JSON)."""
     h = host(gpus=2, workdir=str(tmp_path / "work"))
     p = prepared(h, shapes="N=1024,K=4096", batch_sizes=(1, 2, 4, 8))
@@ -236,6 +238,15 @@ def test_install_merges_the_partials_and_backs_up_a_replaced_config(tmp_path: Pa
     backup = record.installed["N=1024,K=4096"].backup
     assert backup is not None and Path(backup).read_text() == "old\n"
     assert store.load().hosts["h1"].phase.value == "tuned"
+
+
+def test_install_keeps_the_keys_a_tuner_writes_beyond_the_six(tmp_path: Path) -> None:
+    extra = {**CONFIG, "SPLIT_K": 1, "SWAP_AB": False, "waves_per_eu": 0}
+    member, plan = staged_plan(tmp_path, {0: {"1": extra, "2": extra}, 1: {"4": CONFIG, "8": extra}})
+    store = StateStore(tmp_path / "state.json")
+    tune_install.install(member, store, plan, tune_install.merge_group([member], plan))
+    installed = json.loads((tmp_path / "configs" / tf.config_file_name(1024, 4096, DEVICE)).read_text())
+    assert installed == {"1": extra, "2": extra, "4": CONFIG, "8": extra}
 
 
 @pytest.mark.parametrize(
