@@ -86,7 +86,8 @@ def test_mtp_server_lifecycle_with_tuned_config_and_bench(fleet: SimFleet, host:
         assert info is not None
         assert (info["speculative_algorithm"], info["speculative_num_steps"], info["speculative_eagle_topk"],
                 info["speculative_num_draft_tokens"]) == ("EAGLE", 3, 1, 4)  # fmt: skip
-        assert (info["tp_size"], info["fp8_gemm_runner_backend"], info["max_running_requests"]) == (8, "triton", 48)
+        assert (info["tp_size"], info["fp8_gemm_runner_backend"], info["max_running_requests"]) == (8, "triton", 256)
+        assert info["speculative_draft_model_path"] == str(host.model_path)
         assert "avg_spec_accept_length" not in info["internal_states"][0]  # type: ignore[index]
 
         out = http_post(url(host, "/generate"), {"text": "hello there", "sampling_params": {"max_new_tokens": 64}})
@@ -98,7 +99,7 @@ def test_mtp_server_lifecycle_with_tuned_config_and_bench(fleet: SimFleet, host:
         assert "accept len: 3.10, accept rate: 0.78, cuda graph: True, gen throughput (token/s): " in log.read_text()
 
         procs = host.gpu_processes()
-        assert sorted(p["gpu_index"] for p in procs) == list(range(8))
+        assert sorted(int(str(p["gpu_index"])) for p in procs) == list(range(8))
         assert {p["pid"] for p in procs} == {server.pid} and {p["used_memory"] for p in procs} == {88098}
 
         results = tmp_path / "bench.jsonl"
@@ -152,21 +153,79 @@ def test_plain_server_with_default_backend_reads_no_tuned_config(
 
 
 @pytest.mark.parametrize(
-    "flags, error",
+    "flags",
     [
-        (["--speculative-algorithm", "MTP"], "ValueError: Unknown speculative algorithm name: MTP"),
-        (["--speculative-algorithm", "NEXTN", *MTP[2:]], "ValueError: DeepSeek-V4 only supports speculative "
-                                                         "algorithm EAGLE or DSPARK, got NEXTN."),
-        (["--speculative-algorithm", "EAGLE"], "ValueError: DeepSeek-V4 with EAGLE requires "
-                                               "--speculative-eagle-topk 1 to be set explicitly."),
-        ([*MTP[:6]], "ValueError: speculative_num_steps, speculative_eagle_topk and speculative_num_draft_tokens "
-                     "must be set together (or none of them)"),
+        ["--speculative-algorithm", "eagle", *MTP[2:]],  # the model hook sees the raw string
+        ["--speculative-algorithm", "NEXTN", *MTP[2:]],  # mapped to EAGLE only after the model hook
+        ["--speculative-algorithm", "MTP", *MTP[2:]],
+        ["--speculative-algorithm", "EAGLE"],  # topk missing: None is not 1
+        ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "2"],
     ],
-)  # fmt: skip
-def test_launch_server_rejects_bad_speculative_settings(host: SimHost, flags: list[str], error: str) -> None:
+)
+def test_deepseek_v4_model_hook_asserts_on_the_raw_algorithm_and_topk_at_launch(
+    host: SimHost, flags: list[str]
+) -> None:
     run = on_host(host, server_argv(host, *flags))
     assert run.returncode == 1
-    assert "Traceback (most recent call last):" in run.stderr and run.stderr.splitlines()[-1] == error
+    assert "Traceback (most recent call last):" in run.stderr and run.stderr.splitlines()[-1] == "AssertionError"
+    assert "in _handle_model_specific_adjustments" in run.stderr
+    assert "ready to roll" not in run.stderr + run.stdout and host.gpu_processes() == []
+
+
+def llama(tmp_path: Path) -> Path:
+    """A model of another architecture (the DeepSeek-V4 hook does not apply to it)."""
+    model = tmp_path / "Llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    return model
+
+
+RESOLVED = (
+    "import sys; from sglang.srt.server_args import prepare_server_args as p; a = p(sys.argv[1:]).resolve(); "
+    "print(a.speculative_algorithm, a.speculative_num_draft_tokens, a.max_running_requests, "
+    "a.speculative_draft_model_path == a.model_path)"
+)
+
+
+def resolved(host: SimHost, model: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    return on_host(host, [str(host.python), "-c", RESOLVED, "--model-path", str(model), *flags])
+
+
+def test_unknown_algorithm_name_is_a_value_error_after_upper_casing(host: SimHost, tmp_path: Path) -> None:
+    run = resolved(host, llama(tmp_path), "--speculative-algorithm", "mtp", *MTP[2:])
+    assert run.returncode == 1 and run.stderr.splitlines()[-1] == "ValueError: Unknown speculative algorithm name: MTP"
+
+
+def test_other_archs_get_the_speculative_hook_only(host: SimHost, tmp_path: Path) -> None:
+    model = llama(tmp_path)
+    lower = resolved(host, model, "--speculative-algorithm", "eagle", *MTP[2:])
+    assert lower.stdout.split() == ["EAGLE", "4", "48", "False"]  # upper-cased; EAGLE's 48; no DeepSeek draft
+    assert "Max running requests is reset to 48 for speculative decoding." in lower.stderr
+    nextn = resolved(host, model, "--speculative-algorithm", "NEXTN", "--max-running-requests", "8")
+    assert nextn.stdout.split() == ["EAGLE", "4", "8", "False"]
+
+
+def test_parser_keeps_the_raw_values_as_typed(host: SimHost) -> None:
+    parsed = "import sys; from sglang.srt.server_args import prepare_server_args as p; a = p(sys.argv[1:]); "
+    probe = parsed + "print(a.speculative_algorithm, a.max_running_requests, a.speculative_draft_model_path)"
+    raw = on_host(host, [str(host.python), "-c", probe, "--model-path", str(host.model_path),
+                         "--speculative-algorithm", "eagle"])  # fmt: skip
+    assert raw.returncode == 0 and raw.stdout.split() == ["eagle", "None", "None"]
+
+
+def test_deepseek_v4_resolution_sets_256_and_draft_tokens_and_draft_model(host: SimHost) -> None:
+    steps_only = resolved(host, host.model_path, *MTP[:6], "--speculative-num-steps", "4")
+    assert steps_only.stdout.split() == ["EAGLE", "5", "256", "True"]  # draft tokens missing: steps + 1
+    assert (
+        "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1"
+    ) in steps_only.stderr
+    assert "Max running requests is reset to 48" not in steps_only.stderr
+    other = resolved(host, host.model_path, *MTP[:6], "--speculative-num-draft-tokens", "2",
+                     "--speculative-draft-model-path", "/elsewhere")  # fmt: skip
+    assert other.stdout.split() == ["EAGLE", "4", "256", "True"]
+    assert "DeepSeek MTP does not require setting speculative_draft_model_path." in other.stderr
+    dspark = resolved(host, host.model_path, "--speculative-algorithm", "DSPARK", "--max-running-requests", "16")
+    assert dspark.stdout.split() == ["DSPARK", "4", "16", "True"]
 
 
 def test_launch_server_rejects_an_unknown_flag(host: SimHost) -> None:
@@ -197,22 +256,6 @@ def test_help_lists_the_real_flag_names(host: SimHost) -> None:
                  "--enable-metrics", "--log-level"):  # fmt: skip
         assert re.search(rf"^ +(\S.*, )?{re.escape(flag)}[ ,\n]", text, re.MULTILINE), flag
     assert "--fp8-gemm-backend {auto,deep_gemm,flashinfer_trtllm,flashinfer_cutlass" in text
-
-
-def test_resolution_rules_topk_one_and_deepseek_draft_model(host: SimHost) -> None:
-    probe = (
-        "import sys; from sglang.srt.server_args import prepare_server_args as p; a = p(sys.argv[1:]); "
-        "print(a.speculative_algorithm, a.speculative_num_draft_tokens, a.max_running_requests, "
-        "a.speculative_draft_model_path == a.model_path)"
-    )
-    flags = ["--model-path", str(host.model_path), "--speculative-algorithm", "eagle", "--speculative-num-steps", "4",
-             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2",
-             "--speculative-draft-model-path", "/elsewhere"]  # fmt: skip
-    run = on_host(host, [str(host.python), "-c", probe, *flags])
-    assert run.stdout.split() == ["EAGLE", "5", "48", "True"]
-    dspark = on_host(host, [str(host.python), "-c", probe, "--model-path", str(host.model_path),
-                            "--speculative-algorithm", "DSPARK", "--max-running-requests", "16"])  # fmt: skip
-    assert dspark.stdout.split() == ["DSPARK", "4", "16", "True"]
 
 
 def test_server_crash_at_startup(host: SimHost, tmp_path: Path) -> None:

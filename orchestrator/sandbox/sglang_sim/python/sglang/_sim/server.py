@@ -142,7 +142,8 @@ def log_load(app, free):
 
 
 def run(server_args):
-    """Start, serve until SIGTERM, drain; return the exit status."""
+    """Resolve the arguments, start, serve until SIGTERM, drain; return the exit status."""
+    server_args.resolve()
     app = App(server_args)
     install_sigterm(app)
     logger.info(f"server_args={server_args!r}")
