@@ -105,6 +105,22 @@ def parse_help_flags(text: str) -> frozenset[str]:
     return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", text))
 
 
+HELP_TAIL_LINES = 12
+
+
+def script_missing(stderr: str) -> bool:
+    """Whether python's stderr says the script does not exist (``can't open file ...: [Errno 2]``)."""
+    return "can't open file" in stderr and "[Errno 2]" in stderr
+
+
+def help_failure(script: str, exit_status: int, stderr: str) -> str:
+    """Why a tuner that exists failed its ``--help``: the exit status and the last lines of stderr
+    (an ``ImportError`` there is the usual sign that the tuner imports a module SGLang moved)."""
+    lines = [line.rstrip() for line in stderr.splitlines() if line.strip()][-HELP_TAIL_LINES:]
+    tail = "\n".join(f"    {line}" for line in lines) if lines else "    (nothing on stderr)"
+    return f"{script} --help exited {exit_status}; the end of its stderr:\n{tail}"
+
+
 def check_flags(script: str, flags: frozenset[str]) -> None:
     """Raise ``TunerTooOld`` naming the missing flags when the tuner cannot be driven per shape."""
     missing = [f for f in REQUIRED_FLAGS if f not in flags]

@@ -53,21 +53,34 @@ def discover(host: Host, runner: Runner) -> HostFacts:
 
 
 def discover_tuner(host: Host, runner: Runner) -> tuple[str, frozenset[str]]:
-    """The tuner's path and flags; refuse a missing tuner or one too old to take ``--N/--K``."""
+    """The tuner's path and flags: the first script of the checkout that exists decides. Refuse a
+    missing tuner, one whose ``--help`` fails (showing its stderr), or one too old to take ``--N/--K``."""
     for script in (tf.TUNER_SCRIPT, tf.OLD_TUNER_SCRIPT):
-        result = runner.run(tf.help_argv(host.python, host.sglang_dir, script), timeout=300)
-        if result.ok:
-            path = tf.help_argv(host.python, host.sglang_dir, script)[1]
-            try:
-                flags = tf.parse_help_flags(result.stdout)
-                tf.check_flags(path, flags)
-            except tf.TunerTooOld as exc:
-                raise RefusedError(f"{host.name}: tuner too old: {exc}", hint="update SGLang: orch pull") from None
-            return path, flags
+        argv = tf.help_argv(host.python, host.sglang_dir, script)
+        result = runner.run(argv, timeout=300)
+        if not result.ok and tf.script_missing(result.stderr):
+            continue
+        if not result.ok:
+            raise RefusedError(
+                f"{host.name}: the tuner fails: {tf.help_failure(argv[1], result.exit_status, result.stderr)}",
+                hint=f"an ImportError there usually means the tuner and the installed SGLang disagree: "
+                f"reinstall SGLang from this checkout (orch pull --install --host {host.name}), "
+                f"or check python in the inventory ({host.python})",
+            )
+        return argv[1], _checked_flags(host, argv[1], result.stdout)
     raise RefusedError(
-        f"{host.name}: no block-FP8 tuner in {host.sglang_dir} ({tf.TUNER_SCRIPT}), or `{host.python}` cannot run it",
-        hint="check sglang_dir and python in the inventory",
+        f"{host.name}: no block-FP8 tuner in {host.sglang_dir} ({tf.TUNER_SCRIPT})",
+        hint="check sglang_dir in the inventory, or update SGLang: orch pull",
     )
+
+
+def _checked_flags(host: Host, path: str, help_text: str) -> frozenset[str]:
+    flags = tf.parse_help_flags(help_text)
+    try:
+        tf.check_flags(path, flags)
+    except tf.TunerTooOld as exc:
+        raise RefusedError(f"{host.name}: tuner too old: {exc}", hint="update SGLang: orch pull") from None
+    return flags
 
 
 def discover_runtime(host: Host, runner: Runner) -> tf.RuntimeFacts:

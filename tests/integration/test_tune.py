@@ -227,6 +227,20 @@ def test_an_old_tuner_without_per_shape_flags_is_refused(tune_fleet: Callable[..
     assert "tuner too old" in run.stderr and "lacks --N, --K, --batch-sizes (it has --batch-size" in run.stderr
 
 
+def test_a_tuner_whose_help_fails_is_refused_showing_its_import_error(tune_fleet: Callable[..., FleetEnv]) -> None:
+    env = tune_fleet(1)
+    host = env.fleet.hosts[0]  # type: ignore[attr-defined]
+    tuner = Path(host.sglang_dir) / tf.TUNER_SCRIPT
+    tuner.write_text("from sglang.srt.layers.quantization.moved_away import w8a8\n" + tuner.read_text())
+    run = env.orch("tune-fp8", *SMALL)
+    assert run.returncode == 3, run.output
+    assert f"{host.name}: the tuner fails: {tuner} --help exited 1; the end of its stderr:" in run.stderr
+    assert "from sglang.srt.layers.quantization.moved_away import w8a8" in run.stderr
+    assert "ModuleNotFoundError: No module named 'sglang.srt" in run.stderr
+    assert f"orch pull --install --host {host.name}" in run.stderr
+    assert job_dirs(host) == []
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -298,3 +299,58 @@ def test_a_job_the_state_could_not_record_is_never_started(tmp_path: Path) -> No
     with pytest.raises(RefusedError, match="looks like it holds a secret"):
         tune._start_jobs(h, LocalRunner(h), StateStore(tmp_path / "s.json"), plan, plan.assignments)
     assert not (tmp_path / "secret-work" / "jobs").exists()
+
+
+# -- discovering the tuner (a local runner on a fake checkout) ------------------------------------------------
+
+HELP = "usage: t [--N N] [--K K] [--batch-sizes M [M ...]] [--save-path P] [--out-dtype D] [--tp-size TP]"
+
+
+def checkout(tmp_path: Path, scripts: dict[str, str]) -> Host:
+    """A host whose ``sglang_dir`` holds ``scripts`` (path under the checkout → Python source)."""
+    for path, source in scripts.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(source)
+    return Host.model_validate(
+        {"name": "h1", "address": "127.0.0.1", "sglang_dir": str(tmp_path), "python": sys.executable}
+    )
+
+
+def test_a_tuner_whose_help_fails_is_refused_with_its_stderr_tail(tmp_path: Path) -> None:
+    moved = "import sys\nprint('loading', file=sys.stderr)\nfrom sglang.srt.layers.quantization.fp8_utils_v2 import x\n"
+    h = checkout(tmp_path, {tf.TUNER_SCRIPT: moved, tf.OLD_TUNER_SCRIPT: f"print({HELP!r})\n"})
+    with pytest.raises(RefusedError) as caught:
+        tune_prepare.discover_tuner(h, LocalRunner(h))
+    message = str(caught.value)
+    assert message.startswith(f"h1: the tuner fails: {tmp_path}/{tf.TUNER_SCRIPT} --help exited 1; the end of its")
+    assert "    loading\n" in message and "    Traceback (most recent call last):" in message
+    assert "    ModuleNotFoundError: No module named 'sglang'" in message
+    assert "hint: an ImportError there usually means" in message and "orch pull --install --host h1" in message
+
+
+def test_a_failing_help_shows_only_the_last_lines_of_stderr(tmp_path: Path) -> None:
+    noisy = "import sys\nfor i in range(100):\n    print(f'line {i}', file=sys.stderr)\nsys.exit(3)\n"
+    h = checkout(tmp_path, {tf.TUNER_SCRIPT: noisy})
+    with pytest.raises(RefusedError, match="exited 3") as caught:
+        tune_prepare.discover_tuner(h, LocalRunner(h))
+    shown = [line.strip() for line in str(caught.value).splitlines() if line.startswith("    line ")]
+    assert shown == [f"line {i}" for i in range(100 - tf.HELP_TAIL_LINES, 100)]
+
+
+def test_the_old_tuner_is_used_only_when_the_new_one_does_not_exist(tmp_path: Path) -> None:
+    h = checkout(tmp_path, {tf.OLD_TUNER_SCRIPT: f"print({HELP!r})\n"})
+    path, flags = tune_prepare.discover_tuner(h, LocalRunner(h))
+    assert path == f"{tmp_path}/{tf.OLD_TUNER_SCRIPT}" and "--batch-sizes" in flags
+
+
+def test_a_checkout_without_a_tuner_is_refused_naming_the_script(tmp_path: Path) -> None:
+    h = checkout(tmp_path, {})
+    with pytest.raises(RefusedError, match=f"h1: no block-FP8 tuner in {tmp_path} \\({tf.TUNER_SCRIPT}\\)"):
+        tune_prepare.discover_tuner(h, LocalRunner(h))
+
+
+def test_help_failure_says_when_stderr_was_empty() -> None:
+    assert (
+        tf.help_failure("/s/t.py", 1, "\n")
+        == "/s/t.py --help exited 1; the end of its stderr:\n    (nothing on stderr)"
+    )
