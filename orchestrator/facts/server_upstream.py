@@ -4,7 +4,9 @@ Upstream keeps each test's server flags in a list named ``other_args`` (``test/r
 module reads them with ``ast`` (never by regex, never by importing the test): assignments to
 ``other_args`` (a name or ``cls.other_args``), ``other_args=[...]`` keywords, ``+=``/``.extend``,
 list concatenation and module/class constants are resolved; anything else shows as ``{expression}``.
-It also picks up the accept length a test asserts (``assertGreater(...accept_length..., 2.8)``).
+It also picks up the accept length a test asserts (``assertGreater(...accept_length..., 2.8)``), given
+as a number, a module constant (``AVG_SPEC_ACCEPT_LENGTH_THRESHOLD``) or a class attribute
+(``self.accept_length_thres``).
 """
 
 from __future__ import annotations
@@ -86,9 +88,10 @@ def extract_other_args(source: str, path: str) -> list[UpstreamArgs]:
     tree = ast.parse(source, filename=path)
     found: dict[str, UpstreamArgs] = {}
     _walk(tree, [], _constants(tree.body), found, path)
-    accept = _asserted_accept_length(tree)
+    bounds = _asserted_accept_lengths(tree)
     for entry in found.values():
-        entry.min_accept_length = accept
+        own = bounds.get(entry.scope.split(".")[0]) if "." in entry.scope else bounds.get("")
+        entry.min_accept_length = own if own is not None else next(iter(bounds.values()), None)
     return list(found.values())
 
 
@@ -146,15 +149,26 @@ def _is_other_args(node: ast.expr) -> bool:
 
 
 def _constants(body: Sequence[ast.stmt]) -> dict[str, Any]:
-    """``NAME = <literal>`` assignments of a module or class body (strings, numbers, lists of them)."""
+    """``NAME = <literal>`` (or ``NAME: T = <literal>``) assignments of a module or class body
+    (strings, numbers, lists of them)."""
     consts: dict[str, Any] = {}
     for stmt in body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            try:
-                consts[stmt.targets[0].id] = ast.literal_eval(stmt.value)
-            except (ValueError, SyntaxError, TypeError):
-                continue
+        target, value = _simple_assignment(stmt)
+        if target is None or value is None:
+            continue
+        try:
+            consts[target] = ast.literal_eval(value)
+        except (ValueError, SyntaxError, TypeError):
+            continue
     return consts
+
+
+def _simple_assignment(stmt: ast.stmt) -> tuple[str | None, ast.expr | None]:
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0].id, stmt.value
+    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+        return stmt.target.id, stmt.value
+    return None, None
 
 
 def _strings(node: ast.expr, consts: Mapping[str, Any]) -> list[str]:
@@ -188,19 +202,80 @@ def _scalar(node: ast.expr, consts: Mapping[str, Any]) -> str:
     return f"{{{ast.unparse(node)}}}"
 
 
-def _asserted_accept_length(tree: ast.AST) -> float | None:
-    """The bound of ``assertGreater[Equal](<...accept_length...>, NUMBER)``, when a test asserts one."""
-    bounds = (_accept_bound(node) for node in ast.walk(tree) if isinstance(node, ast.Call))
-    return next((b for b in bounds if b is not None), None)
+def _asserted_accept_lengths(tree: ast.Module) -> dict[str, float]:
+    """The accept-length bound each top-level class asserts (``""``: module-level functions).
+
+    The bound may be a number, a module constant (``AVG_SPEC_ACCEPT_LENGTH_THRESHOLD = 2.8``) or a
+    class attribute (``accept_length_thres = 2.8`` read as ``self.accept_length_thres``), in
+    ``assertGreater[Equal](measured, bound)``, ``assertLess[Equal](bound, measured)`` or
+    ``assert measured > bound`` (either side), where one side mentions the accept length."""
+    module = _constants(tree.body)
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    bounds: dict[str, float] = {}
+    for node in tree.body:
+        scope, consts = ("", module)
+        if isinstance(node, ast.ClassDef):
+            scope, consts = node.name, {**module, **_class_attributes(node, classes)}
+        found = _first_bound(node, consts)
+        if found is not None:
+            bounds.setdefault(scope, found)
+    return bounds
 
 
-def _accept_bound(call: ast.Call) -> float | None:
-    if not isinstance(call.func, ast.Attribute) or call.func.attr not in ("assertGreater", "assertGreaterEqual"):
+def _class_attributes(node: ast.ClassDef, classes: Mapping[str, ast.ClassDef]) -> dict[str, Any]:
+    """``self.NAME`` → value for the class's constant attributes, its bases' (of the same file) first."""
+    inherited: dict[str, Any] = {}
+    for base in reversed(node.bases):
+        if isinstance(base, ast.Name) and base.id in classes and base.id != node.name:
+            inherited.update(_class_attributes(classes[base.id], {k: v for k, v in classes.items() if k != node.name}))
+    return inherited | {f"self.{k}": v for k, v in _constants(node.body).items()}
+
+
+def _first_bound(node: ast.AST, consts: Mapping[str, Any]) -> float | None:
+    for child in ast.walk(node):
+        pair = _compared(child)
+        if pair is not None and any("accept_len" in ast.unparse(side).lower() for side in pair):
+            bound = _number(pair[1], consts)
+            if bound is not None:
+                return bound
+    return None
+
+
+_BOUND_FIRST = {"assertGreater": False, "assertGreaterEqual": False, "assertLess": True, "assertLessEqual": True}
+
+
+def _compared(node: ast.AST) -> tuple[ast.expr, ast.expr] | None:
+    """(measured, bound) of an assertion that the measured value exceeds the bound."""
+    if isinstance(node, ast.Call):
+        return _asserted_call(node)
+    if isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1:
+        left, op, right = node.test.left, node.test.ops[0], node.test.comparators[0]
+        if isinstance(op, ast.Gt | ast.GtE):
+            return left, right
+        if isinstance(op, ast.Lt | ast.LtE):
+            return right, left
+    return None
+
+
+def _asserted_call(call: ast.Call) -> tuple[ast.expr, ast.expr] | None:
+    """``assertGreater(measured, bound)`` or ``assertLess(bound, measured)`` (and the ``Equal`` forms)."""
+    if not isinstance(call.func, ast.Attribute) or call.func.attr not in _BOUND_FIRST or len(call.args) < 2:
         return None
-    if len(call.args) != 2 or "accept_length" not in ast.unparse(call.args[0]):
+    first, second = call.args[0], call.args[1]
+    return (second, first) if _BOUND_FIRST[call.func.attr] else (first, second)
+
+
+def _number(node: ast.expr, consts: Mapping[str, Any]) -> float | None:
+    """A number literal, a constant's value, or ``self.X``/``cls.X``/``Class.X`` of a class attribute."""
+    if isinstance(node, ast.Constant):
+        value = node.value
+    elif isinstance(node, ast.Name):
+        value = consts.get(node.id)
+    elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        value = consts.get(f"self.{node.attr}")
+    else:
         return None
-    bound = call.args[1]
-    return float(bound.value) if isinstance(bound, ast.Constant) and isinstance(bound.value, int | float) else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 # --- comparison with a recipe --------------------------------------------------------------------------

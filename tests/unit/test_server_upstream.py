@@ -60,6 +60,129 @@ def test_extracts_other_args_resolving_constants_and_the_asserted_accept_length(
     assert found.min_accept_length == 2.8
 
 
+# Shaped like upstream's test/registered/e2e/models/test_deepseek_v4_flash_fp4_b200.py (reference §2.3):
+# TP 4, the threshold a class attribute read through self.
+UPSTREAM_B200_CLASS_ATTRIBUTE = """
+import unittest
+from sglang.test.test_utils import DEFAULT_URL_FOR_TEST, CustomTestCase, popen_launch_server
+
+SERVER_LAUNCH_TIMEOUT = 3600
+
+
+class TestDeepseekV4FlashFp4B200(CustomTestCase):
+    accept_length_thres = 2.8
+
+    @classmethod
+    def setUpClass(cls):
+        other_args = [
+            "--trust-remote-code", "--tp", "4",
+            "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+            "--chunked-prefill-size", "4096", "--disable-flashinfer-autotune",
+        ]
+        cls.process = popen_launch_server(
+            "deepseek-ai/DeepSeek-V4-Flash", DEFAULT_URL_FOR_TEST, timeout=SERVER_LAUNCH_TIMEOUT, other_args=other_args
+        )
+
+    def test_accept_length(self):
+        server_info = requests.get(self.base_url + "/server_info").json()
+        avg_spec_accept_length = server_info["internal_states"][0]["avg_spec_accept_length"]
+        self.assertGreater(avg_spec_accept_length, self.accept_length_thres)
+"""
+
+# Shaped like upstream's test/registered/amd/test_deepseek_v4_pro_fp4_mtp.py: a named module constant.
+UPSTREAM_AMD_NAMED_CONSTANT = """
+AVG_SPEC_ACCEPT_LENGTH_THRESHOLD = 2.8
+GSM8K_ACCURACY_THRESHOLD = 0.94
+
+
+class TestDeepseekV4ProFp4MTP(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        other_args = ["--trust-remote-code", "--tp", "8", "--attention-backend", "dsv4"]
+        cls.process = popen_launch_server(cls.model, cls.base_url, other_args=other_args)
+
+    def test_a_gsm8k(self):
+        self.assertGreater(metrics["accuracy"], GSM8K_ACCURACY_THRESHOLD)
+
+    def test_b_accept_length(self):
+        avg_spec_accept_length = server_info["internal_states"][0]["avg_spec_accept_length"]
+        self.assertGreaterEqual(avg_spec_accept_length, AVG_SPEC_ACCEPT_LENGTH_THRESHOLD)
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "bound"),
+    [(UPSTREAM_B200_CLASS_ATTRIBUTE, 2.8), (UPSTREAM_AMD_NAMED_CONSTANT, 2.8)],
+    ids=["class-attribute", "named-constant"],
+)
+def test_finds_an_accept_length_threshold_given_by_name(source: str, bound: float) -> None:
+    (found,) = extract_other_args(source, "t.py")
+    assert found.min_accept_length == bound
+
+
+def test_the_class_attribute_threshold_of_the_b200_test_and_its_tp_4() -> None:
+    (found,) = extract_other_args(UPSTREAM_B200_CLASS_ATTRIBUTE, "t.py")
+    assert found.args[:3] == ["--trust-remote-code", "--tp", "4"]
+    assert found.args[-3:] == ["--chunked-prefill-size", "4096", "--disable-flashinfer-autotune"]
+
+
+@pytest.mark.parametrize(
+    ("assertion", "bound"),
+    [
+        ("assert acc_len_of(info)['accept_length'] > THRESHOLD", 2.5),
+        ("assert THRESHOLD <= avg_spec_accept_length", 2.5),
+        ("self.assertLess(cls.accept_length_thres, avg_accept_length)", 3.1),
+        ("self.assertGreater(accept_length, Base.accept_length_thres)", 3.1),
+        ("self.assertGreater(metrics['accuracy'], THRESHOLD)", None),
+        ("self.assertGreater(accept_length, unknown_name)", None),
+        ("self.assertGreater(accept_length, True)", None),
+    ],
+)
+def test_accept_length_assertions_in_their_common_forms(assertion: str, bound: float | None) -> None:
+    source = textwrap.dedent(
+        f"""
+        THRESHOLD: float = 2.5
+
+        class Base(CustomTestCase):
+            accept_length_thres = 3.1
+
+        class TestMTP(Base):
+            def setUp(self):
+                other_args = ["--tp-size", "8"]
+
+            def test_accept(self):
+                {assertion}
+        """
+    )
+    (found,) = extract_other_args(source, "t.py")
+    assert found.min_accept_length == bound
+
+
+def test_each_class_gets_the_threshold_it_asserts() -> None:
+    source = textwrap.dedent(
+        """
+        class A:
+            accept_length_thres = 2.8
+            def setUp(self):
+                other_args = ["--a"]
+            def test(self):
+                self.assertGreater(accept_length, self.accept_length_thres)
+
+        class B:
+            accept_length_thres = 3.3
+            def setUp(self):
+                other_args = ["--b"]
+            def test(self):
+                self.assertGreater(accept_length, self.accept_length_thres)
+        """
+    )
+    assert [(e.scope, e.min_accept_length) for e in extract_other_args(source, "t.py")] == [
+        ("A.setUp", 2.8),
+        ("B.setUp", 3.3),
+    ]
+
+
 def test_extracts_keyword_concatenation_extend_starred_and_unresolvable_parts() -> None:
     source = textwrap.dedent(
         """
