@@ -10,6 +10,7 @@
     <root>/gpus/<pid>.json              GPU users, as nvidia-smi lists them
     <root>/sglang/                      git clone of the simulated upstream SGLang (origin, main)
     <root>/venv/bin/python              a venv whose .pth puts <root>/sglang/python on sys.path
+    <root>/venv/bin/sglang              SGLang's console script (``sglang serve ...``), as pip installs it
     <root>/models/DeepSeek-V4-Flash/    config.json of the model
     <root>/orch/                        orch's workdir (not created here: orch creates it)
 """
@@ -28,6 +29,18 @@ from orchestrator.sandbox import gitrepo, modelconfig
 from orchestrator.sandbox.hosttools import nvidia_smi
 
 PTH_NAME = "sglang_sim_editable.pth"
+CONSOLE_SCRIPTS = {"sglang": "sglang.cli.main:main"}
+"""The ``[project.scripts]`` of the simulated SGLang's ``pyproject.toml`` (a sandbox test compares them)."""
+
+_CONSOLE_SCRIPT = """#!{python}
+# -*- coding: utf-8 -*-
+import re
+import sys
+from {module} import {function}
+if __name__ == "__main__":
+    sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
+    sys.exit({function}())
+"""
 
 
 @dataclass(frozen=True)
@@ -113,11 +126,21 @@ def make_venv_template(path: Path) -> Path:
 
 
 def install_venv(template: Path, dest: Path, source_dir: Path) -> None:
-    """Copy the venv template to ``dest`` and make ``source_dir`` importable (as ``pip install -e`` does)."""
+    """Copy the venv template to ``dest`` and make ``source_dir`` importable with its console scripts
+    in ``dest/bin`` (as ``pip install -e`` does)."""
     shutil.copytree(template, dest, symlinks=True)
     site = dest / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     site.mkdir(parents=True, exist_ok=True)
     (site / PTH_NAME).write_text(f"{source_dir}\n")
+    for name, entry in CONSOLE_SCRIPTS.items():
+        install_console_script(dest / "bin" / name, dest / "bin" / "python", entry)
+
+
+def install_console_script(path: Path, python: Path, entry: str) -> None:
+    """Write the script pip makes for ``name = "module:function"``, run by ``python``."""
+    module, function = entry.split(":")
+    path.write_text(_CONSOLE_SCRIPT.format(python=python, module=module, function=function))
+    path.chmod(0o755)
 
 
 def read_knobs(path: Path) -> dict[str, object]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.sandbox import SimFleet, SimHost
+from orchestrator.sandbox import SimFleet, SimHost, hostdisk
 from tests.sandbox.conftest import http_get, http_post, on_host, pid_alive, ssh, start_on_host, wait_until
 
 MTP = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
@@ -181,7 +181,7 @@ def llama(tmp_path: Path) -> Path:
 
 
 RESOLVED = (
-    "import sys; from sglang.srt.server_args import prepare_server_args as p; a = p(sys.argv[1:]).resolve(); "
+    "import sys; from sglang.srt.server_args import prepare_server_args as p; a = p(sys.argv[1:]).resolve_once(); "
     "print(a.speculative_algorithm, a.speculative_num_draft_tokens, a.max_running_requests, "
     "a.speculative_draft_model_path == a.model_path)"
 )
@@ -246,6 +246,58 @@ def test_launch_server_parses_with_argparse_prefix_rules_like_the_real_one(host:
     assert prefix.stdout.split() == ["4"]  # --tp: a unique prefix of --tp-size
 
 
+def test_launch_server_warns_that_sglang_serve_is_the_recommended_entrypoint(host: SimHost) -> None:
+    run = on_host(host, server_argv(host, "--bogus-flag"))
+    assert run.returncode == 2
+    assert (
+        "UserWarning: 'python -m sglang.launch_server' is still supported, but 'sglang serve' is the recommended "
+        "entrypoint.\n  Example: sglang serve --model-path <model> [options]"
+    ) in run.stderr
+
+
+def sglang_cli(host: SimHost) -> str:
+    """The console script pip installs next to the host's python."""
+    return str(host.python.parent / "sglang")
+
+
+def test_sglang_serve_help_has_a_header_then_the_server_help(host: SimHost) -> None:
+    run = on_host(host, [sglang_cli(host), "serve", "--help"])
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[0] == "Usage: sglang serve <model-name-or-path> [additional-arguments]"
+    llm = run.stdout.split("\n--- Help for Standard Language Model Server ---\n", 1)[1]
+    assert llm.startswith("usage: sglang serve [-h] ") and "--speculative-eagle-topk" in llm
+    assert "UserWarning" not in run.stderr
+
+
+def test_sglang_serve_runs_the_same_server_without_the_warning(host: SimHost, tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    argv = [sglang_cli(host), "serve", "--model-path", str(host.model_path), "--tp-size", "8"]
+    server = start_on_host(host, [*argv, "--port", str(host.server_port), *MTP], log)
+    try:
+        wait_until(lambda: health(host) == 200, what="the server to be healthy")
+        _, info = http_get(url(host, "/server_info"))
+        assert info is not None and (info["speculative_algorithm"], info["max_running_requests"]) == ("EAGLE", 256)
+    finally:
+        assert stop(server) == 0
+    text = log.read_text()
+    assert "TP0] The server is fired up and ready to roll!" in text and "UserWarning" not in text
+
+
+def test_sglang_serve_takes_the_model_as_a_positional_argument(host: SimHost) -> None:
+    run = on_host(host, [sglang_cli(host), "serve", str(host.model_path), "--tp", "8", "--cuda-graph-max-bs", "1"])
+    assert run.returncode == 2 and "sglang serve: error: ambiguous option: --cuda-graph-max-bs" in run.stderr
+
+
+def test_console_scripts_are_the_simulated_packages_own() -> None:
+    pyproject = Path(hostdisk.__file__).parent / "sglang_sim" / "python" / "pyproject.toml"
+    section = pyproject.read_text().split("[project.scripts]\n", 1)[1].split("\n\n", 1)[0]
+    scripts = {}
+    for line in section.splitlines():
+        name, entry = line.split(" = ")
+        scripts[name] = entry.strip('"')
+    assert scripts == hostdisk.CONSOLE_SCRIPTS
+
+
 def test_help_lists_the_real_flag_names(host: SimHost) -> None:
     text = on_host(host, [str(host.python), "-m", "sglang.launch_server", "--help"]).stdout
     for flag in ("--model-path", "--tp-size", "--tensor-parallel-size", "--host", "--port", "--trust-remote-code",
@@ -262,8 +314,9 @@ def test_server_crash_at_startup(host: SimHost, tmp_path: Path) -> None:
     host.set_knobs(server_fail="crash", startup_seconds=0.1)
     run = on_host(host, server_argv(host, *MTP))
     assert run.returncode == 1
-    assert "TP0] Initialization failed. warmup error: Traceback (most recent call last):" in run.stdout
-    assert "ready to roll" not in run.stdout and host.gpu_processes() == []
+    assert "TP0] Initialization failed. warmup error: Traceback (most recent call last):" in run.stderr
+    assert "ready to roll" not in run.stderr and host.gpu_processes() == []
+    assert "TP0]" not in run.stdout  # SGLang logs to stderr
 
 
 def test_server_refuses_a_gpu_held_by_another_process(host: SimHost) -> None:

@@ -33,8 +33,9 @@ SERVER_PROCESS_NAME = "sglang::scheduler"
 
 
 def configure_logging(level="info"):
-    """SGLang's log format: ``[%Y-%m-%d %H:%M:%S TP0] message`` on stdout; uvicorn's for HTTP access."""
-    handler = logging.StreamHandler(sys.stdout)
+    """SGLang's log format: ``[%Y-%m-%d %H:%M:%S TP0] message`` on stderr (as ``logging.basicConfig``);
+    uvicorn's for HTTP access lines, on stdout (uvicorn's default)."""
+    handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[%(asctime)s TP0] %(message)s", datefmt="%Y-%m-%d %H:%M:%S"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -143,7 +144,7 @@ def log_load(app, free):
 
 def run(server_args):
     """Resolve the arguments, start, serve until SIGTERM, drain; return the exit status."""
-    server_args.resolve()
+    server_args.resolve_once()
     app = App(server_args)
     install_sigterm(app)
     logger.info(f"server_args={server_args!r}")

@@ -8,7 +8,7 @@ an ambiguous prefix or an unknown flag exits 2.
 
 ``prepare_server_args`` only parses, as the real one does (its ``/server_info`` snapshot shows the raw
 values: the algorithm as typed, no max running requests, no draft model). The server resolves the
-arguments when it launches (``ServerArgs.resolve``), in the real order (reference §2.2):
+arguments when it launches (``ServerArgs.resolve_once``), in the real order (reference §2.2):
 
 1. the model hook, on the raw values: DeepSeek-V4 asserts the algorithm is ``EAGLE`` or ``DSPARK``
    as typed (``eagle`` fails), for EAGLE that ``--speculative-eagle-topk`` is 1 (missing fails), and
@@ -81,13 +81,14 @@ def _add_action(parser, spec):
 
 
 class ServerArgs:
-    """Every field of the real parser (its dests) as attributes; ``resolve`` applies the launch rules."""
+    """Every field of the real parser (its dests) as attributes; ``resolve_once`` applies the launch rules."""
 
     def __init__(self, **fields):
         self.__dict__.update(fields)
 
     def __repr__(self):
-        return "ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in vars(self).items()) + ")"
+        fields = (f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return "ServerArgs(" + ", ".join(fields) + ")"
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser):
@@ -99,8 +100,12 @@ class ServerArgs:
     def from_cli_args(cls, args: argparse.Namespace):
         return cls(**vars(args))
 
-    def resolve(self):
-        """What the server does with the parsed arguments when it launches (see the module docstring)."""
+    def resolve_once(self):
+        """What the server does with the parsed arguments when it launches (see the module docstring);
+        a second call does nothing."""
+        if self.__dict__.get("_resolved"):
+            return self
+        self._resolved = True
         arch = architecture(load_config(self.model_path))
         self._handle_model_specific_adjustments(arch)
         self._handle_speculative_decoding(arch)
