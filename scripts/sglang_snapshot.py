@@ -104,11 +104,27 @@ def server_args_snapshot() -> dict[str, Any]:
     }
 
 
+def server_flags(argv: list[str]) -> list[str]:
+    """The arguments the real entrypoint hands to ``prepare_server_args``, whichever orch launches:
+    everything after ``-m sglang.launch_server``, or after ``sglang serve`` once the real ``serve``
+    command has taken its own ``--model-type`` (and a positional model path) out."""
+    for i, arg in enumerate(argv[:4]):
+        if arg == "sglang.launch_server":
+            return argv[i + 1 :]
+        if arg == "serve":
+            from sglang.cli.serve import _extract_model_type_override, _normalize_positional_model_path
+
+            backend, rest = _extract_model_type_override(argv[i + 1 :])
+            if backend not in ("llm", "auto"):
+                raise ValueError(f"orch launches the {backend!r} backend of `sglang serve`: {argv}")
+            return list(_normalize_positional_model_path(rest)[0])
+    raise ValueError(f"not an SGLang server command: {argv}")
+
+
 def reference_flags(model_dir: Path) -> list[str]:
     """The server flags ``orch serve --mtp`` launches for the shipped playbook (orch's own builder)."""
     host = Host(name="reference", address="127.0.0.1", model_path=str(model_dir))
-    argv = launch_argv(load_recipe(PACKAGED_PLAYBOOKS / f"{DEFAULT_RECIPE}.yaml"), host, mtp=True)
-    return argv[3:]  # without `python -m sglang.launch_server`, as ops.serve.check_launch checks them
+    return server_flags(launch_argv(load_recipe(PACKAGED_PLAYBOOKS / f"{DEFAULT_RECIPE}.yaml"), host, mtp=True))
 
 
 def server_info_snapshot(model_dir: Path) -> dict[str, Any]:
@@ -125,15 +141,30 @@ def server_info_snapshot(model_dir: Path) -> dict[str, Any]:
     }
 
 
-def main() -> int:
-    OUT.mkdir(parents=True, exist_ok=True)
+SNAPSHOTS = {"server_args.json": "actions", "server_info.json": "info"}
+"""The snapshot files, each with the key of its list of entries."""
+
+
+def snapshots() -> dict[str, str]:
+    """Every snapshot file's text as ``main`` writes it, made from the real package in this interpreter
+    (the conformance tier compares them with the committed files)."""
     with tempfile.TemporaryDirectory() as tmp:
         model = write_model(Path(tmp))
-        args, info = server_args_snapshot(), server_info_snapshot(model)
-    for name, data, entries in (("server_args.json", args, "actions"), ("server_info.json", info, "info")):
-        text = json.dumps(data, indent=1).replace(str(model), MODEL_PLACEHOLDER)
-        (OUT / name).write_text(text + "\n")
-        print(f"wrote {OUT / name} ({len(data[entries])} {entries}, SGLang {data['sglang_version']})")
+        data = {"server_args.json": server_args_snapshot(), "server_info.json": server_info_snapshot(model)}
+        return {name: render(value, model) for name, value in data.items()}
+
+
+def render(data: dict[str, Any], model_dir: Path) -> str:
+    """A snapshot as its file holds it: indented JSON, the temporary model path as ``MODEL``."""
+    return json.dumps(data, indent=1).replace(str(model_dir), MODEL_PLACEHOLDER) + "\n"
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, text in snapshots().items():
+        (OUT / name).write_text(text)
+        data = json.loads(text)
+        print(f"wrote {OUT / name} ({len(data[SNAPSHOTS[name]])} {SNAPSHOTS[name]}, SGLang {data['sglang_version']})")
     return 0
 
 

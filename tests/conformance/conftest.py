@@ -1,0 +1,35 @@
+"""Fixtures of the conformance tier (the real SGLang package; see real.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from orchestrator.inventory import Host
+from orchestrator.sandbox.modelconfig import write_model
+from tests.conformance.real import load_snapshot_script, real_help_text
+
+
+@pytest.fixture(scope="session")
+def snapshot_script() -> ModuleType:
+    """``scripts/sglang_snapshot.py``: the dump functions that made the committed snapshot."""
+    return load_snapshot_script()
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DeepSeek-V4-Flash ``config.json`` (the real model's dimensions; no weights)."""
+    return write_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="session")
+def host(model_dir: Path) -> Host:
+    """A host whose model is ``model_dir``; 64 GPUs so the recipe's GPU count is never capped."""
+    return Host(name="conformance", address="127.0.0.1", model_path=str(model_dir), gpus=64)
+
+
+@pytest.fixture(scope="session")
+def real_help() -> str:
+    return real_help_text()

@@ -1,0 +1,113 @@
+"""Every launch ``orch serve`` can make from a shipped playbook, through the real SGLang parser.
+
+For each playbook (read with orch's own loader), MTP on and off, and each FP8 backend orch may ask for,
+the exact argv orch's ``launch_argv`` builds must pass orch's own preflight (MTP rules, flags against the
+real ``--help``) and be accepted by the real ``prepare_server_args``; the real ``build_server_info`` of
+that parse (what ``GET /server_info`` answers at the top level) must then satisfy every reader
+``orch serve``'s verification uses, with the values orch asked for.
+
+``prepare_server_args`` does not run the DeepSeek-V4 model hook (it needs the model on GPUs, reference
+§0 and §2.2), so the speculative values checked here are the ones orch sends, not values SGLang derives.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.facts import server as facts
+from orchestrator.inventory import Host
+from orchestrator.recipe import PACKAGED_PLAYBOOKS, Recipe, load_recipe
+from tests.conformance.real import real_parse, real_parser, server_flags
+
+PLAYBOOKS = sorted(PACKAGED_PLAYBOOKS.glob("*.yaml"))
+FP8_BACKENDS = ("recipe", None, "auto", "cutlass", "triton")  # "recipe": the playbook's own choice
+SGLANG_DEFAULT_BACKEND = "auto"
+assert PLAYBOOKS, f"no playbook in {PACKAGED_PLAYBOOKS}"  # an empty table would skip, not fail
+
+
+def variant(path: Path, backend: str | None) -> Recipe:
+    recipe = load_recipe(path)
+    return recipe if backend == "recipe" else recipe.model_copy(update={"fp8_gemm_backend": backend})
+
+
+def answer(info: dict[str, object]) -> dict[str, object]:
+    """``info`` as orch receives it: JSON over HTTP, as the real server serializes it."""
+    from sglang.srt.utils.msgspec_utils import msgspec_to_builtins
+
+    return dict(json.loads(json.dumps(msgspec_to_builtins(info), default=str)))
+
+
+def launch(recipe: Recipe, host: Host, mtp: bool) -> tuple[list[str], dict[str, object]]:
+    """orch's argv, and the real ``/server_info`` of it (the parse must succeed)."""
+    from sglang.srt.utils.common import build_server_info
+
+    argv = facts.launch_argv(recipe, host, mtp=mtp)
+    parsed = real_parse(server_flags(argv))
+    assert parsed.accepted, f"the real SGLang refused orch's launch (exit {parsed.exit_code}):\n{parsed.stderr}"
+    return argv, answer(build_server_info(parsed.args, {}))
+
+
+CASES = [
+    pytest.param(path, mtp, backend, id=f"{path.stem}-{'mtp' if mtp else 'no-mtp'}-{backend}")
+    for path in PLAYBOOKS
+    for mtp in (True, False)
+    for backend in FP8_BACKENDS
+]
+
+
+@pytest.mark.parametrize(("path", "mtp", "backend"), CASES)
+def test_orchs_preflight_accepts_the_launch_against_the_real_help(
+    path: Path, mtp: bool, backend: str | None, host: Host, real_help: str
+) -> None:
+    recipe = variant(path, backend)
+    argv = facts.launch_argv(recipe, host, mtp=mtp)
+    assert facts.check_recipe(recipe, mtp=mtp) == []
+    assert facts.check_flags(server_flags(argv), facts.parse_help(real_help)) == []
+
+
+@pytest.mark.parametrize(("path", "mtp", "backend"), CASES)
+def test_the_real_server_info_of_orchs_launch_passes_orchs_verification(
+    path: Path, mtp: bool, backend: str | None, host: Host
+) -> None:
+    recipe = variant(path, backend)
+    _, info = launch(recipe, host, mtp)
+    assert facts.check_spec(facts.spec_settings(info), facts.expected_spec(recipe, mtp=mtp)) == []
+    assert facts.check_backend(info, recipe.fp8_gemm_backend) == []
+    assert facts.fp8_backend(info) == (recipe.fp8_gemm_backend or SGLANG_DEFAULT_BACKEND)
+    assert facts.avg_accept_length(info) is None  # no internal_states before the first decode interval
+
+
+@pytest.mark.parametrize(("path", "mtp", "backend"), CASES)
+def test_the_real_server_info_holds_what_orch_assumes_about_the_launch(
+    path: Path, mtp: bool, backend: str | None, host: Host
+) -> None:
+    """TP size, GPUs, model, port and address as orch computes them from the recipe are what SGLang
+    resolved; speculative settings are as sent (the DeepSeek-V4 model hook does not run here)."""
+    recipe = variant(path, backend)
+    argv, info = launch(recipe, host, mtp)
+    gpus = facts.server_gpus(recipe, host)
+    assert info["tp_size"] == facts.tp_size(recipe, 1)
+    assert len(gpus) == int(str(info["tp_size"])) * int(str(info["dp_size"]))
+    assert gpus[0] == info["base_gpu_id"]
+    assert (info["model_path"], info["port"]) == (host.model_path, host.server_port)
+    assert facts.probe_address(recipe) == facts.argv_address(argv) == info["host"]
+    expected = facts.expected_spec(recipe, mtp=mtp)
+    spec = facts.spec_settings(info)
+    assert (spec.algorithm, spec.num_steps, spec.eagle_topk, spec.num_draft_tokens) == (
+        expected.algorithm,
+        expected.num_steps,
+        expected.eagle_topk,
+        expected.num_draft_tokens,
+    )
+
+
+@pytest.mark.parametrize("path", PLAYBOOKS, ids=[p.stem for p in PLAYBOOKS])
+def test_a_playbook_writes_every_flag_in_full(path: Path) -> None:
+    """argparse would accept `tp` as an abbreviation of `tp-size`, but orch's own readers (TP size, GPUs)
+    and a later SGLang with one more `--tp...` flag would not: a playbook names each flag exactly."""
+    options = {o for action in real_parser()._actions for o in action.option_strings}
+    abbreviated = [f"--{name}" for name in load_recipe(path).server_args if f"--{name}" not in options]
+    assert abbreviated == [], f"{path.name}: not an exact option string of the real SGLang parser"
