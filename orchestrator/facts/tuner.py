@@ -9,7 +9,8 @@ lists this module builds and hands what hosts print back to its parsers.
 - **Schedule**: the unit of work is (shape, batch size). ``schedule`` cuts the units, in shape-major
   order, into one contiguous chunk per GPU whose sizes differ by at most one: the makespan is
   ``ceil(units / GPUs)`` units (the minimum for equal units) and each GPU runs few tuner invocations
-  (one per shape its chunk touches), one after another, pinned with ``CUDA_VISIBLE_DEVICES``.
+  (one per shape its chunk touches), one after another, pinned with ``CUDA_VISIBLE_DEVICES`` and
+  unbuffered (``PYTHONUNBUFFERED=1``: ``job_env``), so progress reaches the log as it happens.
 - **Progress**: ``LogProgress.feed`` reads a job's log incrementally from a byte offset.
 - **Configs**: ``config_file_name`` is SGLang's exact name; ``parse_config``, ``merge_configs`` and
   ``render_config`` validate (the six ``CONFIG_KEYS`` required, any further scalar keys kept), merge
@@ -260,6 +261,13 @@ def job_argv(sglang_dir: str, runs: Sequence[Sequence[str]]) -> list[str]:
     for run in runs:
         argv += [RUN_MARKER, *run]
     return argv
+
+
+def job_env(gpu: int) -> dict[str, str]:
+    """One GPU's job environment: pinned to ``gpu``, and unbuffered. The tuner prints its progress
+    with plain ``print()`` in spawned pool workers (which inherit the environment); into a log file
+    that is block-buffered, so without ``PYTHONUNBUFFERED=1`` the lines arrive when a run ends."""
+    return {"CUDA_VISIBLE_DEVICES": str(gpu), "PYTHONUNBUFFERED": "1"}
 
 
 # -- progress ---------------------------------------------------------------------------------------

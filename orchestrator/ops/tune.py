@@ -183,14 +183,15 @@ def _assignment(a: tf.Assignment, plan_id: str, members: Sequence[Prepared]) -> 
 
 
 def job_spec(host: Host, plan: PlanRecord, a: AssignmentRecord, flags: frozenset[str]) -> jobs.JobSpec:
-    """One GPU's job: its tuner runs one after another, pinned with ``CUDA_VISIBLE_DEVICES``."""
+    """One GPU's job: its tuner runs one after another, pinned with ``CUDA_VISIBLE_DEVICES`` and
+    unbuffered (``PYTHONUNBUFFERED=1``), so the log shows progress live."""
     tuner = plan.hosts[host.name].tuner
     runs = [
         tf.tuner_argv(host.python, tuner, flags, tf.Run(r.n, r.k, tuple(r.batch_sizes)), a.staging, plan.tp_size)
         for r in a.runs
     ]
     argv = tf.job_argv(host.sglang_dir, runs)
-    return jobs.JobSpec("tune", a.purpose, argv, {"CUDA_VISIBLE_DEVICES": str(a.gpu)}, (a.gpu,))
+    return jobs.JobSpec("tune", a.purpose, argv, tf.job_env(a.gpu), (a.gpu,))
 
 
 def start_group(members: Sequence[Prepared], store: StateStore) -> PlanRecord:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from orchestrator.facts import tuner as tf
 from orchestrator.recipe import DEFAULT_BATCH_SIZES
@@ -127,6 +128,37 @@ def test_progress_is_visible_in_status_while_the_jobs_run(tune_fleet: Callable[.
     done = env.orch("wait")
     assert done.returncode == 0 and f"{host.name}: installed 2 tuned configs" in done.stdout
     assert tuning_field(env)[host.name]["state"] == "installed"
+
+
+def one_gpu(env: FleetEnv) -> None:
+    """Let orch use only the first GPU of each host (the inventory's ``gpus``)."""
+    document = yaml.safe_load(env.inventory.read_text())
+    document["defaults"]["gpus"] = 1
+    env.inventory.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+def test_progress_is_live_while_a_tuner_run_is_still_going(tune_fleet: Callable[..., FleetEnv]) -> None:
+    """The tuner's workers print() without flushing (reference §1.1): only an unbuffered job shows
+    some but not all batch sizes of one tuner run done before that run ends."""
+    env = tune_fleet(1, seconds_per_unit=2.0)
+    one_gpu(env)
+    start = env.orch("tune-fp8", "--shapes", "N=1024,K=4096", "--batch-sizes", "1,2,4,8,16,32")
+    assert start.returncode == 0, start.output
+    host = env.fleet.hosts[0]  # type: ignore[attr-defined]
+    (job,) = job_dirs(host)
+    assert "PYTHONUNBUFFERED=1" in (job / "env").read_text().splitlines()
+    lines_seen, fields_seen = set(), []
+    while not (job / "exit_code").exists():
+        fields_seen.append(tuning_field(env)[host.name])
+        done = (job / "log").read_text().count("Completed tuning for batch_size=")
+        if not (job / "exit_code").exists():  # read while the one tuner run was still going
+            lines_seen.add(done)
+    assert lines_seen & {1, 2, 3, 4, 5}, f"the log only ever had {sorted(lines_seen)} of 6 batch sizes"
+    field = next((f for f in fields_seen if partial(f)), None)
+    assert field is not None, f"status never showed partial progress: {fields_seen}"
+    assert field["state"] == "running" and field["units_total"] == 6
+    done_run = env.orch("wait")
+    assert done_run.returncode == 0 and f"{host.name}: installed 1 tuned configs" in done_run.stdout
 
 
 def test_jobs_survive_an_sshd_restart_and_orch_reattaches(tune_fleet: Callable[..., FleetEnv]) -> None:

@@ -74,11 +74,21 @@ def test_job_spec_pins_one_gpu_and_runs_its_tuner_runs_in_order() -> None:
     plan = tune.make_plan([prepared(h, batch_sizes=tuple(range(1, 7)))], now=T0)
     a = plan.assignments[1]  # 12 units on 8 GPUs: GPU 1 has M=3,4 of the first shape
     spec = tune.job_spec(h, plan, a, frozenset(plan.hosts["h1"].flags))
-    assert spec.env == {"CUDA_VISIBLE_DEVICES": "1"} and spec.gpus == (1,) and spec.purpose == "tune.gpu1"
+    assert spec.env == {"CUDA_VISIBLE_DEVICES": "1", "PYTHONUNBUFFERED": "1"}
+    assert spec.gpus == (1,) and spec.purpose == "tune.gpu1"
     assert spec.argv[:2] == ["bash", "-c"] and spec.argv[4] == h.sglang_dir
     run = spec.argv[spec.argv.index(tf.RUN_MARKER) + 1 :]
     assert run[:8] == [h.python, "/s/t.py", "--N", "1024", "--K", "4096", "--batch-sizes", "3"]
     assert run[-4:] == ["--save-path", a.staging, "--tp-size", "8"]
+
+
+def test_a_tuning_job_runs_unbuffered_so_its_workers_progress_is_live() -> None:
+    h = host()
+    plan = tune.make_plan([prepared(h)], now=T0)
+    spec = tune.job_spec(h, plan, plan.assignments[0], frozenset(plan.hosts["h1"].flags))
+    argv = jobs.start_argv(h.workdir, "j1", spec)
+    command = argv[argv.index("env") :]
+    assert command[: command.index("bash")] == ["env", "CUDA_VISIBLE_DEVICES=0", "PYTHONUNBUFFERED=1"]
 
 
 def test_fleet_groups_hosts_by_gpu_name_and_commit() -> None:
