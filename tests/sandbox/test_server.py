@@ -269,9 +269,20 @@ def test_sglang_serve_help_has_a_header_then_the_server_help(host: SimHost) -> N
     assert "UserWarning" not in run.stderr
 
 
+def test_sglang_serve_model_type_llm_help_is_the_server_help_only(host: SimHost) -> None:
+    run = on_host(host, [sglang_cli(host), "serve", "--model-type", "llm", "--help"])
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("usage: sglang serve [-h] ") and "--- Help for" not in run.stdout
+    bad = on_host(host, [sglang_cli(host), "serve", "--model-type=vision", "--help"])
+    assert bad.returncode == 1
+    assert bad.stderr.splitlines()[-1] == (
+        "ValueError: Unknown serve backend 'vision'. Available values: auto, llm, diffusion."
+    )
+
+
 def test_sglang_serve_runs_the_same_server_without_the_warning(host: SimHost, tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
-    argv = [sglang_cli(host), "serve", "--model-path", str(host.model_path), "--tp-size", "8"]
+    argv = [sglang_cli(host), "serve", "--model-type", "llm", "--model-path", str(host.model_path), "--tp-size", "8"]
     server = start_on_host(host, [*argv, "--port", str(host.server_port), *MTP], log)
     try:
         wait_until(lambda: health(host) == 200, what="the server to be healthy")
