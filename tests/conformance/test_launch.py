@@ -46,7 +46,8 @@ def launch(recipe: Recipe, host: Host, mtp: bool) -> tuple[list[str], dict[str, 
 
     argv = facts.launch_argv(recipe, host, mtp=mtp)
     parsed = real_parse(server_flags(argv))
-    assert parsed.accepted, f"the real SGLang refused orch's launch (exit {parsed.exit_code}):\n{parsed.stderr}"
+    error = next((line for line in parsed.stderr.splitlines() if ": error: " in line), parsed.stderr[-300:])
+    assert parsed.accepted, f"the real SGLang refused orch's launch (exit {parsed.exit_code}): {error}"
     return argv, answer(build_server_info(parsed.args, {}))
 
 
@@ -64,8 +65,8 @@ def test_orchs_preflight_accepts_the_launch_against_the_real_help(
 ) -> None:
     recipe = variant(path, backend)
     argv = facts.launch_argv(recipe, host, mtp=mtp)
-    assert facts.check_recipe(recipe, mtp=mtp) == []
-    assert facts.check_flags(server_flags(argv), facts.parse_help(real_help)) == []
+    problems = facts.check_recipe(recipe, mtp=mtp) + facts.check_flags(server_flags(argv), facts.parse_help(real_help))
+    assert problems == [], "orch's preflight refuses: " + "; ".join(map(str, problems))
 
 
 @pytest.mark.parametrize(("path", "mtp", "backend"), CASES)
@@ -74,9 +75,13 @@ def test_the_real_server_info_of_orchs_launch_passes_orchs_verification(
 ) -> None:
     recipe = variant(path, backend)
     _, info = launch(recipe, host, mtp)
-    assert facts.check_spec(facts.spec_settings(info), facts.expected_spec(recipe, mtp=mtp)) == []
-    assert facts.check_backend(info, recipe.fp8_gemm_backend) == []
-    assert facts.fp8_backend(info) == (recipe.fp8_gemm_backend or SGLANG_DEFAULT_BACKEND)
+    problems = facts.check_spec(facts.spec_settings(info), facts.expected_spec(recipe, mtp=mtp))
+    problems += facts.check_backend(info, recipe.fp8_gemm_backend)
+    assert problems == [], "orch's verification fails: " + "; ".join(map(str, problems))
+    wanted = recipe.fp8_gemm_backend or SGLANG_DEFAULT_BACKEND
+    assert facts.fp8_backend(info) == wanted, (
+        f"orch reads FP8 backend {facts.fp8_backend(info)!r}, SGLang runs {wanted!r}"
+    )
     assert facts.avg_accept_length(info) is None  # no internal_states before the first decode interval
 
 
@@ -110,4 +115,4 @@ def test_a_playbook_writes_every_flag_in_full(path: Path) -> None:
     and a later SGLang with one more `--tp...` flag would not: a playbook names each flag exactly."""
     options = {o for action in real_parser()._actions for o in action.option_strings}
     abbreviated = [f"--{name}" for name in load_recipe(path).server_args if f"--{name}" not in options]
-    assert abbreviated == [], f"{path.name}: not an exact option string of the real SGLang parser"
+    assert abbreviated == [], f"{path.name}: {', '.join(abbreviated)} not an exact option of the real parser"
