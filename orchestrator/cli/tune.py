@@ -30,9 +30,11 @@ from orchestrator.render import err, host_errors, out
     "--shapes",
     default="default",
     show_default=True,
-    metavar="default|auto|LIST",
+    metavar="default|auto|logged|LIST",
     help="default: the recipe's shapes; auto: from the model's config.json (rules for DeepseekV3ForCausalLM and "
-    "DeepseekV4ForCausalLM: orchestrator/facts/tuner.py SHAPE_RULES); or 'N=1024,K=4096;N=4096,K=2048'.",
+    "DeepseekV4ForCausalLM: orchestrator/facts/tuner.py SHAPE_RULES); logged: exactly the shapes the host's "
+    "last --fp8-gemm-backend triton server logged as 'Config file not found' for its GPU; "
+    "or 'N=1024,K=4096;N=4096,K=2048'.",
 )
 @click.option("--batch-sizes", metavar="M,M,...", help="Batch sizes to tune (default: the recipe's, 18 sizes 1..4096).")
 @click.option(
@@ -71,6 +73,7 @@ def tune_fp8(
       orch tune-fp8 --host blackwell-1 --wait
       orch tune-fp8 --shapes 'N=1024,K=4096;N=4096,K=2048' --batch-sizes 1,2,4,8
       orch tune-fp8 --fleet --shapes auto
+      orch tune-fp8 --shapes logged --stop-server --wait
     """
     options = TuneOptions(
         shapes=check_shapes(shapes),
@@ -112,8 +115,8 @@ def wait(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int,
 
 
 def check_shapes(spec: str) -> str:
-    """``default``, ``auto`` or a list that parses (else exit 2 naming the bad part)."""
-    if spec not in ("default", "auto"):
+    """``default``, ``auto``, ``logged`` or a list that parses (else exit 2 naming the bad part)."""
+    if spec not in ("default", "auto", "logged"):
         parse_shapes(spec)
     return spec
 
@@ -170,6 +173,8 @@ def status_line(s: tune_op.TuneStatus) -> str:
         return f"{s.host}: {s.state} {s.percent:.0f}% ({s.units_done}/{s.units_total} units){eta}"
     if s.state == "failed":
         return f"{s.host}: failed: {s.reason}"
+    if s.state == "installed" and s.note:
+        return f"{s.host}: {s.note}"
     if s.state == "installed":
         skipped = f" (already tuned: {', '.join(s.skipped)})" if s.skipped else ""
         return f"{s.host}: installed {len(s.installed)} tuned configs{skipped}"

@@ -12,6 +12,8 @@ lists this module builds and hands what hosts print back to its parsers.
   (one per shape its chunk touches), one after another, pinned with ``CUDA_VISIBLE_DEVICES`` and
   unbuffered (``PYTHONUNBUFFERED=1``: ``job_env``), so progress reaches the log as it happens.
 - **Progress**: ``LogProgress.feed`` reads a job's log incrementally from a byte offset.
+- **Logged shapes**: ``logged_shapes`` reads a ``--fp8-gemm-backend triton`` server's log for the
+  config files it looked up and did not find on this GPU (reference §1.2): the shapes to tune.
 - **Configs**: ``config_file_name`` is SGLang's exact name; ``parse_config``, ``merge_configs`` and
   ``render_config`` validate (the six ``CONFIG_KEYS`` required, any further scalar keys kept), merge
   (never overwriting) and write the JSON as the tuner does.
@@ -25,7 +27,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.facts.bench import flag_value
 from orchestrator.facts.gpus import device_file_name
+from orchestrator.facts.server_log import ConfigFile, parse_server_log
 from orchestrator.recipe import Shape
 
 TUNER_SCRIPT = "benchmark/kernels/quantization/tuning_block_wise_kernel.py"
@@ -433,6 +437,43 @@ def missing_batch_sizes(configs: Configs, wanted: Iterable[int]) -> list[int]:
 def render_config(configs: Configs) -> str:
     """The file as the tuner writes it: keys in increasing M, ``json.dumps(indent=4)`` and a newline."""
     return json.dumps({str(m): configs[m] for m in sorted(configs)}, indent=4) + "\n"
+
+
+# -- shapes a server logged as missing (``--shapes logged``) -----------------------------------------
+
+
+def uses_triton(server_argv: Sequence[str]) -> bool:
+    """Whether a server command line runs block-FP8 GEMMs on Triton (the only backend that reads the
+    tuned files, and so the only one whose log lists the files it looked for)."""
+    return flag_value(list(server_argv), "--fp8-gemm-backend") == "triton"
+
+
+@dataclass(frozen=True)
+class LoggedShapes:
+    """What one server's log says about the tuned configs of one GPU: ``missing`` (``Config file not
+    found at ...``, to tune), ``found`` (keys it read a config for) and ``other`` (file names it
+    looked for that are not this GPU's block-FP8 files: another device, dtype or block shape)."""
+
+    missing: list[Shape]
+    found: list[str]
+    other: list[str]
+
+
+def logged_shapes(log_text: str, device: str, source: str) -> LoggedShapes:
+    """The shapes a server log shows falling back to default configs on ``device`` (nvidia-smi's name),
+    each with ``source``; lookups of files for other devices are listed in ``other``, not tuned."""
+    log = parse_server_log(log_text)
+    mine = [c for c in log.configs_missing if _is_file_for(c, device)]
+    missing = {f"N={c.n},K={c.k}": shape(c.n, c.k, source) for c in mine}
+    found = {f"N={c.n},K={c.k}": None for c in log.configs_used if _is_file_for(c, device)}
+    other = [
+        c.path.rsplit("/", 1)[-1] for c in [*log.configs_missing, *log.configs_used] if not _is_file_for(c, device)
+    ]
+    return LoggedShapes(list(missing.values()), [k for k in found if k not in missing], list(dict.fromkeys(other)))
+
+
+def _is_file_for(config: ConfigFile, device: str) -> bool:
+    return config.path.rsplit("/", 1)[-1] == config_file_name(config.n, config.k, device)
 
 
 # -- shapes from the model's config.json (``--shapes auto``) -----------------------------------------

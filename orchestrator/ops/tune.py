@@ -314,12 +314,14 @@ def _record_start(
 
 
 def record_nothing_to_do(store: StateStore, p: Prepared) -> None:
-    """Every wanted shape is already installed for this device and commit: phase ``tuned``."""
+    """Every wanted shape is already installed for this device and commit (or, ``p.note``, the shapes'
+    source asks for none): phase ``tuned``."""
+    reason = p.note or f"tuned configs already installed for {', '.join(p.skipped)}"
 
     def apply(hs: HostState, record: TuningRecord) -> None:
         if record.state != "installed":
             record.state, record.reason = "installed", None
-        hs.set_phase(Phase.TUNED, f"tuned configs already installed for {', '.join(p.skipped)}")
+        hs.set_phase(Phase.TUNED, reason)
 
     edit_record(store, p.host.name, apply)
 
@@ -561,7 +563,7 @@ def tune_fp8(
     statuses, watch_errors = watch_groups(groups, store, options.wait, on_progress, poll)
     for p in ready:
         if p.attach is None and not p.shapes:
-            statuses[p.host.name] = TuneStatus(p.host.name, "installed", skipped=p.skipped)
+            statuses[p.host.name] = TuneStatus(p.host.name, "installed", skipped=p.skipped, note=p.note)
             statuses[p.host.name].installed = load_record(store.load().hosts.get(p.host.name)).installed_paths()
     failures = {r.host.name: r.error for r in prepared if r.error is not None} | errors | watch_errors
     return _results(hosts, statuses, failures)

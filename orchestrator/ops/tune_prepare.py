@@ -19,6 +19,7 @@ from orchestrator.facts import server as server_facts
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.ops import server as srv
+from orchestrator.ops.tune_logged import logged_shapes
 from orchestrator.ops.tune_record import InstalledRecord, PlanRecord, TuningRecord, load_record
 from orchestrator.recipe import Recipe, ServeOptions, Shape, TuneOptions, parse_shapes
 from orchestrator.state import StateStore
@@ -114,6 +115,7 @@ class Prepared:
     skipped: list[str] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
     tp_size: int = 8
+    note: str | None = None  # why there is nothing to tune, when the shapes' source says so
 
 
 def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> Prepared:
@@ -123,7 +125,8 @@ def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
         return Prepared(host, runner, attach=record.plan)
     facts = discover(host, runner)
     tp = tp_size(recipe, host)
-    wanted = resolve_shapes(options.shapes, recipe, host, runner, tp)
+    logged = logged_shapes(host, runner, facts.device) if options.shapes == "logged" else None
+    wanted = logged.shapes if logged else resolve_shapes(options.shapes, recipe, host, runner, tp)
     batch_sizes = list(options.batch_sizes or recipe.tuning.batch_sizes)
     skipped = [] if options.force else installed_shapes(runner, record, facts, wanted, batch_sizes)
     needed = [s for s in wanted if s.key not in skipped]
@@ -132,7 +135,7 @@ def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
         facts.gpus, facts.gpu_users = read_gpu_users(runner)
     if needed:
         refuse_busy(host, facts, options.allow_busy_gpus)
-    return Prepared(host, runner, None, facts, needed, skipped, batch_sizes, tp)
+    return Prepared(host, runner, None, facts, needed, skipped, batch_sizes, tp, logged.note if logged else None)
 
 
 def tp_size(recipe: Recipe, host: Host) -> int:
@@ -141,7 +144,8 @@ def tp_size(recipe: Recipe, host: Host) -> int:
 
 
 def resolve_shapes(spec: str, recipe: Recipe, host: Host, runner: Runner, tp: int) -> list[Shape]:
-    """``default`` (the recipe's list), ``auto`` (from the model's config.json) or ``N=..,K=..;...``."""
+    """``default`` (the recipe's list), ``auto`` (from the model's config.json) or ``N=..,K=..;...``
+    (``logged`` needs the GPU's name: ``tune_logged.logged_shapes``)."""
     if spec == "default":
         if not recipe.tuning.shapes:
             raise ConfigError(

@@ -64,6 +64,7 @@ class TuneStatus:
     installed: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     attached: bool = False
+    note: str | None = None  # e.g. why there was nothing to tune
 
     @property
     def units_done(self) -> int:

@@ -250,6 +250,38 @@ def test_shapes_auto_reads_the_models_config(tune_fleet: Callable[..., FleetEnv]
     assert sorted(tuned_files(env.fleet.hosts[0])) == sorted(DEFAULT_SHAPES)  # type: ignore[attr-defined]
 
 
+def server_logged_missing(host: Any) -> list[str]:
+    """The shape keys a server job's log says it found no config file for on the simulated GPU, in order."""
+    (server,) = [d for d in job_dirs(host) if (d / "purpose").read_text().strip() == "server"]
+    names = re.findall(r"Config file not found at \S*/(N=\d+,K=\d+),device_name=([^,]+),", (server / "log").read_text())
+    assert names, "the simulated triton server logged no missing config"
+    return list(dict.fromkeys(key for key, device in names if device == DEVICE.replace(" ", "_")))
+
+
+def test_shapes_logged_tunes_exactly_what_the_last_triton_server_missed(tune_fleet: Callable[..., FleetEnv]) -> None:
+    env = tune_fleet(1)
+    host = env.fleet.hosts[0]  # type: ignore[attr-defined]
+    none_yet = env.orch("tune-fp8", "--shapes", "logged")
+    assert none_yet.returncode == 3, none_yet.output
+    assert f"{host.name}: --shapes logged: no server launched with --fp8-gemm-backend triton has run" in none_yet.stderr
+    assert "serve once with `fp8_gemm_backend: triton` in the playbook" in none_yet.stderr
+    served = env.orch("serve", "--no-mtp")  # the shipped playbook serves with fp8_gemm_backend: triton
+    assert served.returncode == 0, served.output
+    missed = server_logged_missing(host)
+    run = env.orch("tune-fp8", "--shapes", "logged", "--batch-sizes", "1,2", "--stop-server", "--wait")
+    assert run.returncode == 0, run.output
+    planned = re.findall(r"  shape (N=\d+,K=\d+)  logged missing by server job server-", run.stdout)
+    assert planned == missed
+    assert sorted(tuned_files(host)) == sorted(missed)
+    again = env.orch("serve", "--no-mtp")
+    assert again.returncode == 0, again.output
+    nothing = env.orch("tune-fp8", "--shapes", "logged", "--batch-sizes", "1,2")
+    assert nothing.returncode == 0, nothing.output
+    assert f"{host.name}: nothing to tune: server job server-" in nothing.stdout
+    assert "read a tuned config for every shape it looked up" in nothing.stdout
+    assert len([d for d in job_dirs(host) if (d / "purpose").read_text().startswith("tune.")]) == 8
+
+
 def test_an_old_tuner_without_per_shape_flags_is_refused(tune_fleet: Callable[..., FleetEnv]) -> None:
     env = tune_fleet(1)
     quant = Path(env.fleet.hosts[0].sglang_dir) / "benchmark" / "kernels" / "quantization"  # type: ignore[attr-defined]

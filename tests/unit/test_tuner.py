@@ -389,3 +389,64 @@ def test_auto_shapes_of_deepseek_v4_flash_are_the_tp8_shapes_with_wqkv_a_fused()
 def test_auto_shapes_refuse_what_they_cannot_derive(config: dict[str, object], tp: int, error: str) -> None:
     with pytest.raises(tf.UnknownArchitecture, match=error):
         tf.shapes_from_model_config(config, tp)
+
+
+# -- shapes a triton server logged as missing -------------------------------------------------------------
+
+CONFIGS = "/venv/lib/python3.12/site-packages/sglang/kernels/ops/gemm/configs"
+
+
+def missing_line(n: int, k: int, device: str = DEVICE, rank: int = 0) -> str:
+    path = f"{CONFIGS}/{tf.config_file_name(n, k, device)}"
+    return (
+        f"[2026-12-01 10:00:0{rank} TP{rank}] Using default W8A8 Block FP8 kernel config. "
+        f"Performance might be sub-optimal! Config file not found at {path}"
+    )
+
+
+def used_line(n: int, k: int) -> str:
+    path = f"{CONFIGS}/{tf.config_file_name(n, k, DEVICE)}"
+    return f"[2026-12-01 10:00:00 TP0] Using configuration from {path} for W8A8 Block FP8 kernel."
+
+
+def test_logged_shapes_are_this_gpus_missing_files_once_each_in_log_order() -> None:
+    log = "\n".join(
+        [
+            "[2026-12-01 09:59:59 TP0] Load weight end.",
+            *(missing_line(1536, 4096, rank=r) for r in range(8)),  # every rank logs it
+            used_line(4096, 1024),
+            missing_line(8192, 1024),
+            missing_line(4096, 4096, device="NVIDIA H100 80GB HBM3"),
+            missing_line(512, 4096).replace("dtype=fp8_w8a8", "dtype=int8_w8a8"),
+            missing_line(4096, 256, rank=3),
+        ]
+    )
+    found = tf.logged_shapes(log, DEVICE, "logged by job j")
+    assert [(s.key, s.source) for s in found.missing] == [
+        ("N=1536,K=4096", "logged by job j"),
+        ("N=8192,K=1024", "logged by job j"),
+        ("N=4096,K=256", "logged by job j"),
+    ]
+    assert found.found == ["N=4096,K=1024"]
+    assert found.other == [
+        tf.config_file_name(4096, 4096, "NVIDIA H100 80GB HBM3"),
+        tf.config_file_name(512, 4096, DEVICE).replace("dtype=fp8_w8a8", "dtype=int8_w8a8"),
+    ]
+
+
+def test_logged_shapes_of_a_log_without_lookups_are_empty() -> None:
+    assert tf.logged_shapes("The server is fired up and ready to roll!\n", DEVICE, "x") == tf.LoggedShapes([], [], [])
+
+
+@pytest.mark.parametrize(
+    ("argv", "triton"),
+    [
+        (["python", "-m", "sglang.launch_server", "--fp8-gemm-backend", "triton"], True),
+        (["sglang", "serve", "--fp8-gemm-backend=triton"], True),
+        (["x", "--fp8-gemm-backend", "triton", "--fp8-gemm-backend", "cutlass"], False),
+        (["x", "--fp8-gemm-backend", "auto"], False),
+        (["x", "--model-path", "/m"], False),
+    ],
+)
+def test_uses_triton_reads_the_servers_fp8_gemm_backend(argv: list[str], triton: bool) -> None:
+    assert tf.uses_triton(argv) is triton

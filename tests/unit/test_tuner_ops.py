@@ -292,8 +292,16 @@ def test_parse_batch_sizes_names_the_bad_part(text: str, bad: str) -> None:
 
 def test_check_shapes_accepts_keywords_and_lists_and_names_a_bad_part() -> None:
     assert tune_cli.check_shapes("auto") == "auto" and tune_cli.check_shapes("N=1,K=2;N=3,K=4") == "N=1,K=2;N=3,K=4"
+    assert tune_cli.check_shapes("logged") == "logged"
     with pytest.raises(ConfigError, match="--shapes: 'N=3' is not of the form"):
         tune_cli.check_shapes("N=1,K=2;N=3")
+
+
+def test_a_note_replaces_the_installed_line() -> None:
+    status = tune.TuneStatus(
+        "h1", "installed", note="nothing to tune: server job s read a tuned config for every shape"
+    )
+    assert tune_cli.status_line(status) == "h1: nothing to tune: server job s read a tuned config for every shape"
 
 
 def test_plan_lines_show_shapes_schedule_and_every_gpu() -> None:
