@@ -17,9 +17,15 @@ shared expert gate_up (col.)    2*moe_intermediate_size*shared/tp     hidden_siz
                                 = 2*2048*1/8 = 512
 shared expert down (row)        hidden_size = 4096                    moe_intermediate_size*shared/tp
                                                                       = 2048*1/8 = 256
+indexer ``wq_b`` (replicated)   index_n_heads*index_head_dim          q_lora_rank = 1024
+                                = 64*128 = 8192
+MTP ``e_proj``, ``h_proj``      hidden_size = 4096                    hidden_size = 4096
+(replicated; MTP on only)
 ==============================  ====================================  =================================
 
-So on 8 GPUs the server looks up four shapes: (1536, 4096), (4096, 1024), (512, 4096), (4096, 256).
+So on 8 GPUs the server looks up five shapes: (1536, 4096), (4096, 1024), (512, 4096), (4096, 256),
+(8192, 1024); with MTP on also (4096, 4096). Reference §1.3 marks the last two "probably" (if the
+checkpoint stores them in FP8); the simulation assumes it does.
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ DEEPSEEK_V4_FLASH: dict[str, object] = {
     "scoring_func": "sigmoid",
     "norm_topk_prob": True,
     "num_nextn_predict_layers": 1,
+    "index_n_heads": 64,
+    "index_head_dim": 128,
     "tie_word_embeddings": False,
     "quantization_config": {
         "quant_method": "fp8",

@@ -78,9 +78,11 @@ def test_mtp_server_lifecycle_with_tuned_config_and_bench(fleet: SimFleet, host:
         text = log.read_text()
         assert "TP0] The server is fired up and ready to roll!" in text
         assert f"Using configuration from {tuned} for W8A8 Block FP8 kernel." in text
-        missing = host.sglang_dir / CONFIGS / config_name(4096, 1024)
         default = "Using default W8A8 Block FP8 kernel config. Performance might be sub-optimal!"
-        assert f"{default} Config file not found at {missing}" in text
+        missing = [(4096, 1024), (512, 4096), (4096, 256), (8192, 1024), (4096, 4096)]  # MTP adds (4096, 4096)
+        lines = [line.split("TP0] ", 1)[1] for line in text.splitlines() if "Config file not found" in line]
+        assert lines == [f"{default} Config file not found at {host.sglang_dir / CONFIGS / config_name(n, k)}"
+                         for n, k in missing]  # fmt: skip
 
         _, info = http_get(url(host, "/server_info"))
         assert info is not None
@@ -371,7 +373,7 @@ def test_tuned_triton_configs_make_decode_steps_faster(host: SimHost) -> None:
 
     assert factor() == 1.0  # auto: CUTLASS on sm_120
     assert factor("--fp8-gemm-backend", "triton") == 1.25  # Triton with default configs: slower
-    shapes = [(1536, 4096), (4096, 1024), (512, 4096), (4096, 256)]
+    shapes = [(1536, 4096), (4096, 1024), (512, 4096), (4096, 256), (8192, 1024)]
     files = [host.sglang_dir / CONFIGS / config_name(n, k) for n, k in shapes]
     for path in files:
         path.write_text('{"1": {}}\n')
@@ -380,6 +382,18 @@ def test_tuned_triton_configs_make_decode_steps_faster(host: SimHost) -> None:
     finally:
         for path in files:
             path.unlink()
+
+
+def test_triton_lookups_without_mtp_skip_the_mtp_layer_shapes(host: SimHost) -> None:
+    probe = (
+        "import sys; from sglang.srt.server_args import prepare_server_args as p; "
+        "from sglang._sim.server import configure_logging, fp8_step_factor; from sglang._sim.model import load_config; "
+        "a = p(sys.argv[1:]).resolve_once(); configure_logging(); fp8_step_factor(a, load_config(a.model_path))"
+    )
+    argv = [str(host.python), "-c", probe, "--model-path", str(host.model_path), "--tp", "8"]
+    run = on_host(host, [*argv, "--fp8-gemm-backend", "triton"])
+    missing = re.findall(r"Config file not found at .*/N=(\d+),K=(\d+),", run.stderr)
+    assert missing == [("1536", "4096"), ("4096", "1024"), ("512", "4096"), ("4096", "256"), ("8192", "1024")]
 
 
 def test_a_knob_set_to_none_returns_to_its_default(fleet: SimFleet) -> None:

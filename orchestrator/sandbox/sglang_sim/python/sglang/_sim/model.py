@@ -9,6 +9,13 @@ layer divides K. DeepseekV4ForCausalLM (per layer; names as in the model):
     wo_b        o_groups*o_lora_rank -> hidden, row-par.:     N = hidden_size,             K = o_groups*o_lora_rank / tp
     shared_experts.gate_up_proj, column-parallel:             N = 2*moe_inter*shared / tp, K = hidden_size
     shared_experts.down_proj, row-parallel:                   N = hidden_size,             K = moe_inter*shared / tp
+    indexer.wq_b (layers with the sparse-attention indexer), replicated:
+                                                              N = index_n_heads*index_head_dim, K = q_lora_rank
+    with MTP on (speculative decoding), the NextN layer's e_proj and h_proj, replicated:
+                                                              N = hidden_size,             K = hidden_size
+
+Reference §1.3 calls the last two "probably" (if the checkpoint stores them in FP8): the simulation
+assumes it does, so a ``--fp8-gemm-backend triton`` launch looks them up (and logs a missing file).
 
 DeepseekV3ForCausalLM: the tuner's fixed DeepSeek-V3 list. Other architectures: no block-FP8 GEMMs.
 """
@@ -26,8 +33,9 @@ def architecture(config):
     return (config.get("architectures") or ["LlamaForCausalLM"])[0]
 
 
-def deepseek_v4_shapes(config, tp):
-    """(name, N, K) of every block-FP8 linear of a DeepSeek-V4 layer on ``tp`` GPUs."""
+def deepseek_v4_shapes(config, tp, mtp=False):
+    """(name, N, K) of every block-FP8 linear of a DeepSeek-V4 layer on ``tp`` GPUs (``mtp``: and of
+    the NextN layer speculative decoding adds)."""
     hidden, heads, head_dim = config["hidden_size"], config["num_attention_heads"], config["head_dim"]
     shared = config.get("moe_intermediate_size", 0) * config.get("n_shared_experts", 0)
     if os.environ.get("SGLANG_OPT_FUSE_WQA_WKV", "1") not in ("0", "false", "False"):
@@ -41,14 +49,19 @@ def deepseek_v4_shapes(config, tp):
     if shared:
         shapes += [("shared_experts.gate_up_proj", 2 * shared // tp, hidden),
                    ("shared_experts.down_proj", hidden, shared // tp)]
+    if config.get("index_n_heads"):
+        shapes.append(("indexer.wq_b", config["index_n_heads"] * config["index_head_dim"], config["q_lora_rank"]))
+    if mtp and config.get("num_nextn_predict_layers"):
+        shapes += [("mtp.e_proj", hidden, hidden), ("mtp.h_proj", hidden, hidden)]
     return shapes
 
 
-def fp8_gemm_shapes(config, tp):
-    """(name, N, K) of the block-FP8 GEMMs the server runs for this model."""
+def fp8_gemm_shapes(config, tp, mtp=False):
+    """(name, N, K) of the block-FP8 GEMMs the server runs for this model (``mtp``: with speculative
+    decoding on)."""
     arch = architecture(config)
     if arch == "DeepseekV4ForCausalLM":
-        return deepseek_v4_shapes(config, tp)
+        return deepseek_v4_shapes(config, tp, mtp)
     if arch == "DeepseekV3ForCausalLM":
         from sglang._sim.tuner import get_weight_shapes
 

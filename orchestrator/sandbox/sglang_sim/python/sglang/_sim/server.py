@@ -81,7 +81,8 @@ def claim_gpus(server_args):
 def fp8_step_factor(server_args, config):
     """Look up the tuned config of every block-FP8 shape (logging as SGLang does); the step time factor."""
     factors = []
-    for _name, n, k in fp8_gemm_shapes(config, server_args.tp_size):
+    mtp = server_args.speculative_algorithm is not None
+    for _name, n, k in fp8_gemm_shapes(config, server_args.tp_size, mtp):
         if not fp8_kernel.uses_triton_kernel(server_args.fp8_gemm_runner_backend, n, k):
             factors.append(1.0)
         elif fp8_kernel.get_w8a8_block_fp8_configs(n, k, 128, 128) is not None:
