@@ -265,6 +265,35 @@ def help_argv(entrypoint: Sequence[str]) -> list[str]:
     return [*entrypoint, "--help"]
 
 
+# The option strings the server's parser really matches against, hidden ones (help=SUPPRESS) included:
+# argparse counts them for prefixes and ambiguity, and `--help` does not list them. Built the way
+# SGLang's `prepare_server_args` builds its parser; prints one JSON object {option: choices or null}.
+_PARSER_SNIPPET = r"""
+import argparse, json
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser(prog="sglang serve")
+ServerArgs.add_cli_args(parser)
+print(json.dumps({o: None if a.choices is None else [str(c) for c in a.choices]
+                  for a in parser._actions for o in a.option_strings}))
+"""
+
+
+def parser_argv(python: str) -> list[str]:
+    """Ask the host's SGLang for its server parser's every option string (see ``parse_parser``)."""
+    return [python, "-c", _PARSER_SNIPPET]
+
+
+def parse_parser(stdout: str) -> dict[str, tuple[str, ...] | None] | None:
+    """``parser_argv``'s answer as ``parse_help`` gives it; None when it is not one (drifted upstream)."""
+    try:
+        options = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else None
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(options, dict) or "--model-path" not in options:
+        return None
+    return {str(o): None if c is None else tuple(map(str, c)) for o, c in options.items()}
+
+
 _OPTION_INDENT = 6  # argparse indents options by 2 (4 in nested groups), their help by 24
 _FLAG_IN_HELP = re.compile(r"^(--[A-Za-z0-9][A-Za-z0-9_-]*)(?:[ =](\{[^}]*\}))?")
 

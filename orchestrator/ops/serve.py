@@ -134,14 +134,17 @@ class HostServer:
 
 
 def host_server(host: Host, runner: Runner) -> HostServer:
-    """The first entrypoint whose ``--help`` lists the server's flags: ``sglang serve`` when the host's
-    SGLang has it, else ``python -m sglang.launch_server``; RefusedError with each one's error."""
+    """The first entrypoint whose ``--help`` lists the server's flags (``sglang serve`` when the host's
+    SGLang has it, else ``python -m sglang.launch_server``), and the flags its parser accepts: every
+    option string, hidden ones included, read by importing the host's parser; ``--help``'s list when
+    that import fails. RefusedError with each entrypoint's error when none answers."""
     tried = []
     for entrypoint in facts.entrypoints(host):
         result = runner.run(facts.help_argv(entrypoint), timeout=120)
         flags = facts.parse_help(result.stdout) if result.ok else {}
         if "--model-path" in flags:
-            return HostServer(entrypoint, flags)
+            surface = runner.run(facts.parser_argv(host.python), timeout=120)
+            return HostServer(entrypoint, (facts.parse_parser(surface.stdout) if surface.ok else None) or flags)
         tail = jobs.tail_lines(result.stderr.strip() or result.stdout.strip(), 3) or "(no output)"
         tried.append(f"  $ {shlex.join(facts.help_argv(entrypoint))}  (exit {result.exit_status})\n{_indent(tail)}")
     raise RefusedError(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +187,33 @@ def test_parse_help_reads_the_option_column_with_choices() -> None:
     assert flags["--dtype"] is None and flags["--data-type"] == ("auto", "half")
     assert {"--model-path", "--model", "--tp", "--tp-size", "--trust-remote-code", "--help"} <= set(flags)
     assert "--not-a-flag" not in flags and "--weights-dir" not in flags
+
+
+def test_parser_snippet_lists_hidden_options_that_help_does_not(tmp_path: Path) -> None:
+    """The snippet runs against a stand-in `sglang.srt.server_args` (the real one: tests/conformance)."""
+    package = tmp_path / "sglang" / "srt"
+    package.mkdir(parents=True)
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "server_args.py").write_text(
+        "import argparse\n"
+        "class ServerArgs:\n"
+        "    @staticmethod\n"
+        "    def add_cli_args(p):\n"
+        "        p.add_argument('--model-path', '--model')\n"
+        "        p.add_argument('--fp8-gemm-backend', choices=['auto', 'triton'])\n"
+        "        p.add_argument('--tp-size', type=int)\n"
+        "        p.add_argument('--tp-hidden', help=argparse.SUPPRESS)\n"
+    )
+    argv = server.parser_argv(sys.executable)
+    done = subprocess.run(argv, capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)}, check=True)
+    known = server.parse_parser(done.stdout)
+    assert known is not None
+    assert known["--fp8-gemm-backend"] == ("auto", "triton") and known["--model"] is None
+    assert "--tp-hidden" in known  # argparse counts it: `--tp` is ambiguous there, though --help shows one
+    assert [p.reason.split(":")[0] for p in server.check_flags(["--tp", "8"], known)] == ["ambiguous"]
+    assert server.parse_parser("Traceback ...\nImportError: x") is None
+    assert server.parse_parser('{"--port": null}') is None  # not a server parser
 
 
 def test_check_flags_finds_unknown_flags_and_bad_choices() -> None:
