@@ -248,6 +248,17 @@ def test_launch_server_parses_with_argparse_prefix_rules_like_the_real_one(host:
     assert prefix.stdout.split() == ["4"]  # --tp: a unique prefix of --tp-size
 
 
+def test_help_hides_suppressed_options_and_a_bare_optional_value_takes_its_const(host: SimHost) -> None:
+    text = on_host(host, [str(host.python), "-m", "sglang.launch_server", "--help"]).stdout
+    assert "--forward-pass-metrics-worker-id" not in text and "--model-checksum" in text  # help=SUPPRESS hides
+    probe = (
+        "import sys; from sglang.srt.server_args import prepare_server_args as p; "
+        "print(repr(p(sys.argv[1:]).model_checksum))"
+    )
+    bare = on_host(host, [str(host.python), "-c", probe, "--model-path", str(host.model_path), "--model-checksum"])
+    assert bare.stdout.split() == ["''"]
+
+
 def test_launch_server_warns_that_sglang_serve_is_the_recommended_entrypoint(host: SimHost) -> None:
     run = on_host(host, server_argv(host, "--bogus-flag"))
     assert run.returncode == 2

@@ -64,8 +64,14 @@ def _default(value):
     return None if isinstance(value, dict) and set(value) == {"repr"} else value
 
 
+def _help(text):
+    """argparse hides an option whose help *is* ``argparse.SUPPRESS`` (an identity test: the snapshot's
+    equal string must be turned back into the constant)."""
+    return argparse.SUPPRESS if text == argparse.SUPPRESS else text
+
+
 def _add_action(parser, spec):
-    kwargs = {"dest": spec["dest"], "default": _default(spec["default"]), "help": spec["help"]}
+    kwargs = {"dest": spec["dest"], "default": _default(spec["default"]), "help": _help(spec["help"])}
     strings, kind = spec["option_strings"], spec["kind"]
     if kind == "store_true":
         kwargs["action"] = "store_true"
@@ -77,6 +83,8 @@ def _add_action(parser, spec):
     else:
         kwargs.update(nargs=spec["nargs"], choices=spec["choices"], required=spec["required"],
                       metavar=spec["metavar"], type=_TYPES.get(spec["type"] or "str", str))
+        if spec["nargs"] == "?":  # the value of a bare ``--flag``
+            kwargs["const"] = _default(spec["const"])
     parser.add_argument(*strings, **kwargs)
 
 
