@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.inventory import Host
 from orchestrator.sandbox.modelconfig import write_model
-from tests.conformance.real import load_snapshot_script, real_help_text
+from tests.conformance.real import load_snapshot_script, orch_flag_sources, real_help_text
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +33,9 @@ def host(model_dir: Path) -> Host:
 @pytest.fixture(scope="session")
 def real_help() -> str:
     return real_help_text()
+
+
+@pytest.fixture(scope="session")
+def flag_sources(real_help: str) -> dict[str, dict[str, tuple[str, ...] | None]]:
+    """Orch's known flags from each source (``parser``, ``help``), made from the real package."""
+    return orch_flag_sources(real_help)

@@ -19,6 +19,8 @@ import contextlib
 import functools
 import importlib.util
 import io
+import subprocess
+import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -140,3 +142,16 @@ def dict_keys(node: ast.AST) -> set[str]:
         for k in d.keys
         if isinstance(k, ast.Constant) and isinstance(k.value, str)
     }
+
+
+def orch_flag_sources(real_help: str) -> dict[str, dict[str, tuple[str, ...] | None]]:
+    """The flags orch's serve checks a launch against, from each of its sources, run against the real
+    package: ``parser`` (``facts.parser_argv``: the host's parser imported, hidden options included;
+    what serve uses) and ``help`` (``facts.parse_help`` of ``--help``: its fallback when that import fails)."""
+    from orchestrator.facts import server as facts
+
+    proc = subprocess.run(facts.parser_argv(sys.executable), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"orch's parser probe failed on the real package:\n{proc.stderr[-1000:]}"
+    parser = facts.parse_parser(proc.stdout)
+    assert parser is not None, f"orch cannot read its parser probe's answer: {proc.stdout[-300:]!r}"
+    return {"parser": parser, "help": facts.parse_help(real_help)}

@@ -1,22 +1,29 @@
-"""orch's flag check (``facts.server.check_flags`` over ``parse_help`` of the host's ``--help``) agrees
-with the real SGLang parser on what it accepts and refuses.
+"""orch's flag check (``facts.server.check_flags``) agrees with the real SGLang parser on what it accepts
+and refuses.
 
 The real judge is ``prepare_server_args`` itself (argparse with ``allow_abbrev``: an exact option, an
 alias or a unique prefix is accepted; an ambiguous prefix, an unknown flag or a value outside the choices
 exits 2). Each case states what the real parser does, so the table shows which rule it covers.
+
+orch knows the host's flags from two sources (``conftest.flag_sources``): its parser probe
+(``facts.parser_argv``, every option string; what serve uses) must agree on every case; the ``--help``
+fallback (``facts.parse_help``) on every case but options registered with ``help=SUPPRESS``, which
+``--help`` cannot show: there the fallback refuses, the safe side.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from orchestrator.facts import server as facts
-from tests.conformance.real import real_parse
+from tests.conformance.real import real_parse, real_parser
 
 ACCEPT, REFUSE = "accepted", "refused"
+HIDDEN = "hidden-"
 
 CASES = [
     # exact names and aliases
@@ -51,44 +58,74 @@ CASES = [
     ("choice", ["--fp8-gemm-backend", "cutlass"], ACCEPT),
     ("bad-choice", ["--fp8-gemm-backend", "bogus"], REFUSE),
     # options SGLang registers with help=SUPPRESS: the parser knows them, `--help` does not show them
-    ("hidden-option", ["--forward-pass-metrics-worker-id", "w0"], ACCEPT),
-    ("hidden-options-ambiguous-prefix", ["--forward-pass-metrics", "x"], REFUSE),
+    (HIDDEN + "option", ["--forward-pass-metrics-worker-id", "w0"], ACCEPT),
+    (HIDDEN + "options-ambiguous-prefix", ["--forward-pass-metrics", "x"], REFUSE),
 ]
+SOURCES = ("parser", "help")
 
 _AMBIGUOUS = re.compile(r"ambiguous option: (\S+) could match (.+)$", re.MULTILINE)
 
 
-def verdicts(flags: list[str], model_dir: Path, real_help: str) -> tuple[str, str, list[facts.Problem], str]:
+def verdicts(
+    flags: list[str], model_dir: Path, known: dict[str, tuple[str, ...] | None]
+) -> tuple[str, str, list[facts.Problem], str]:
     real = real_parse(["--model-path", str(model_dir), *flags])
-    problems = facts.check_flags(flags, facts.parse_help(real_help))
+    problems = facts.check_flags(flags, known)
     return (ACCEPT if real.accepted else REFUSE), (REFUSE if problems else ACCEPT), problems, real.stderr
 
 
-@pytest.mark.parametrize(("flags", "expected"), [pytest.param(f, e, id=i) for i, f, e in CASES])
+def table(source: str, only_ambiguous: bool = False) -> list[object]:
+    """The cases orch's ``source`` must agree on (the ``help`` fallback cannot see hidden options)."""
+    return [
+        pytest.param(source, flags, expected, id=f"{source}-{name}")
+        for name, flags, expected in CASES
+        if not (source == "help" and name.startswith(HIDDEN)) and (not only_ambiguous or "ambiguous" in name)
+    ]
+
+
+@pytest.mark.parametrize(("source", "flags", "expected"), [c for s in SOURCES for c in table(s)])
 def test_orch_accepts_and_refuses_what_the_real_parser_does(
-    flags: list[str], expected: str, model_dir: Path, real_help: str
+    source: str, flags: list[str], expected: str, model_dir: Path, flag_sources: dict[str, dict[str, Any]]
 ) -> None:
-    real, orch, problems, stderr = verdicts(flags, model_dir, real_help)
+    real, orch, problems, stderr = verdicts(flags, model_dir, flag_sources[source])
     assert real == expected, f"the real parser {real} {flags} (the table says {expected}):\n{stderr[-500:]}"
     assert orch == real, f"the real parser {real} {flags}; orch {orch} it: {[str(p) for p in problems]}"
 
 
-AMBIGUOUS = [pytest.param(f, id=i) for i, f, e in CASES if e == REFUSE and "ambiguous" in i]
-
-
-@pytest.mark.parametrize("flags", AMBIGUOUS)
+@pytest.mark.parametrize(("source", "flags", "expected"), [c for s in SOURCES for c in table(s, True)])
 def test_orchs_refusal_of_an_ambiguous_prefix_names_the_real_candidates(
-    flags: list[str], model_dir: Path, real_help: str
+    source: str, flags: list[str], expected: str, model_dir: Path, flag_sources: dict[str, dict[str, Any]]
 ) -> None:
-    _, _, problems, stderr = verdicts(flags, model_dir, real_help)
+    _, _, problems, stderr = verdicts(flags, model_dir, flag_sources[source])
     match = _AMBIGUOUS.search(stderr)
     assert match, f"the real parser did not call {flags[0]} ambiguous:\n{stderr[-500:]}"
     real_candidates = match[2].strip().split(", ")
     assert len(problems) == 1, [str(p) for p in problems]
     assert problems[0].where == flags[0].partition("=")[0]
-    assert "ambiguous" in problems[0].reason
+    assert "ambiguous" in problems[0].reason, problems[0].reason
     named = re.findall(r"--[A-Za-z0-9][A-Za-z0-9_-]*", problems[0].reason)
     assert named == real_candidates, problems[0].reason
+
+
+@pytest.mark.parametrize("flags", [pytest.param(f, id=n) for n, f, _ in CASES if n.startswith(HIDDEN)])
+def test_the_help_fallback_refuses_a_hidden_option_it_cannot_see(
+    flags: list[str], flag_sources: dict[str, dict[str, Any]]
+) -> None:
+    problems = facts.check_flags(flags, flag_sources["help"])
+    assert [p.where for p in problems] == [flags[0]]
+    assert "--help" in problems[0].reason
+
+
+def test_orchs_parser_probe_reads_every_option_string_of_the_real_parser(
+    flag_sources: dict[str, dict[str, Any]],
+) -> None:
+    real = {o: a.choices for a in real_parser()._actions for o in a.option_strings}
+    probed = flag_sources["parser"]
+    assert sorted(probed) == sorted(real)
+    assert len(probed) == 561  # reference §2.1
+    assert {o: None if c is None else set(c) for o, c in probed.items()} == {
+        o: None if c is None else {str(x) for x in c} for o, c in real.items()
+    }
 
 
 def test_the_real_help_lists_every_flag_orch_reads_from_it(real_help: str) -> None:

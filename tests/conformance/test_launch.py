@@ -13,7 +13,10 @@ that parse (what ``GET /server_info`` answers at the top level) must then satisf
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,11 +43,17 @@ def answer(info: dict[str, object]) -> dict[str, object]:
     return dict(json.loads(json.dumps(msgspec_to_builtins(info), default=str)))
 
 
-def launch(recipe: Recipe, host: Host, mtp: bool) -> tuple[list[str], dict[str, object]]:
+def entrypoint(host: Host, name: str) -> list[str]:
+    """One of the entrypoints orch chooses from (``facts.entrypoints``): ``serve`` or ``module``."""
+    serve, module = facts.entrypoints(host)
+    return {"serve": serve, "module": module}[name]
+
+
+def launch(recipe: Recipe, host: Host, mtp: bool, via: str = "serve") -> tuple[list[str], dict[str, object]]:
     """orch's argv, and the real ``/server_info`` of it (the parse must succeed)."""
     from sglang.srt.utils.common import build_server_info
 
-    argv = facts.launch_argv(recipe, host, mtp=mtp)
+    argv = facts.launch_argv(recipe, host, mtp=mtp, entrypoint=entrypoint(host, via))
     parsed = real_parse(server_flags(argv))
     error = next((line for line in parsed.stderr.splitlines() if ": error: " in line), parsed.stderr[-300:])
     assert parsed.accepted, f"the real SGLang refused orch's launch (exit {parsed.exit_code}): {error}"
@@ -59,22 +68,29 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("via", ["serve", "module"])
 @pytest.mark.parametrize(("path", "mtp", "backend"), CASES)
-def test_orchs_preflight_accepts_the_launch_against_the_real_help(
-    path: Path, mtp: bool, backend: str | None, host: Host, real_help: str
+def test_orchs_preflight_accepts_the_launch_against_the_real_parser(
+    path: Path, mtp: bool, backend: str | None, via: str, host: Host, flag_sources: dict[str, Any]
 ) -> None:
+    """What ``ops.serve.check_launch`` checks, with the flags from each of orch's sources (the host's
+    parser; its ``--help`` as the fallback); orch's split of the command is the real entrypoint's."""
     recipe = variant(path, backend)
-    argv = facts.launch_argv(recipe, host, mtp=mtp)
-    problems = facts.check_recipe(recipe, mtp=mtp) + facts.check_flags(server_flags(argv), facts.parse_help(real_help))
-    assert problems == [], "orch's preflight refuses: " + "; ".join(map(str, problems))
+    argv = facts.launch_argv(recipe, host, mtp=mtp, entrypoint=entrypoint(host, via))
+    _, flags = facts.split_entrypoint(argv)
+    assert flags == server_flags(argv), "orch checks other arguments than the real entrypoint parses"
+    for source, known in flag_sources.items():
+        problems = facts.check_recipe(recipe, mtp=mtp) + facts.check_flags(flags, known)
+        assert problems == [], f"orch's preflight ({source}) refuses: " + "; ".join(map(str, problems))
 
 
+@pytest.mark.parametrize("via", ["serve", "module"])
 @pytest.mark.parametrize(("path", "mtp", "backend"), CASES)
 def test_the_real_server_info_of_orchs_launch_passes_orchs_verification(
-    path: Path, mtp: bool, backend: str | None, host: Host
+    path: Path, mtp: bool, backend: str | None, via: str, host: Host
 ) -> None:
     recipe = variant(path, backend)
-    _, info = launch(recipe, host, mtp)
+    _, info = launch(recipe, host, mtp, via)
     problems = facts.check_spec(facts.spec_settings(info), facts.expected_spec(recipe, mtp=mtp))
     problems += facts.check_backend(info, recipe.fp8_gemm_backend)
     assert problems == [], "orch's verification fails: " + "; ".join(map(str, problems))
@@ -116,3 +132,19 @@ def test_a_playbook_writes_every_flag_in_full(path: Path) -> None:
     options = {o for action in real_parser()._actions for o in action.option_strings}
     abbreviated = [f"--{name}" for name in load_recipe(path).server_args if f"--{name}" not in options]
     assert abbreviated == [], f"{path.name}: {', '.join(abbreviated)} not an exact option of the real parser"
+
+
+@pytest.mark.parametrize("via", ["serve", "module"])
+def test_each_entrypoint_orch_tries_answers_its_help_argv_on_the_real_package(via: str, real_help: str) -> None:
+    """``ops.serve.host_server`` takes the first entrypoint whose ``--help`` lists ``--model-path``: both of
+    orch's commands, run against the real package, print the real parser's flags (choices compared as
+    sets: SGLang lists some from a set, in an order that changes with the hash seed)."""
+    host = Host(name="conformance", address="127.0.0.1", python=sys.executable)
+    proc = subprocess.run(facts.help_argv(entrypoint(host, via)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-1000:]
+
+    def flags(text: str) -> dict[str, frozenset[str] | None]:
+        return {f: None if c is None else frozenset(c) for f, c in facts.parse_help(text).items()}
+
+    assert "--model-path" in flags(proc.stdout)
+    assert flags(proc.stdout) == flags(real_help)
