@@ -90,8 +90,8 @@ def extract_other_args(source: str, path: str) -> list[UpstreamArgs]:
     _walk(tree, [], _constants(tree.body), found, path)
     bounds = _asserted_accept_lengths(tree)
     for entry in found.values():
-        own = bounds.get(entry.scope.split(".")[0]) if "." in entry.scope else bounds.get("")
-        entry.min_accept_length = own if own is not None else next(iter(bounds.values()), None)
+        own = bounds.get(entry.scope.split(".")[0]) if "." in entry.scope else None
+        entry.min_accept_length = own if own is not None else bounds.get("")
     return list(found.values())
 
 
@@ -203,12 +203,15 @@ def _scalar(node: ast.expr, consts: Mapping[str, Any]) -> str:
 
 
 def _asserted_accept_lengths(tree: ast.Module) -> dict[str, float]:
-    """The accept-length bound each top-level class asserts (``""``: module-level functions).
+    """The accept-length bound of each top-level class (``""``: the module's, for module-level tests
+    and classes that have none of their own).
 
-    The bound may be a number, a module constant (``AVG_SPEC_ACCEPT_LENGTH_THRESHOLD = 2.8``) or a
-    class attribute (``accept_length_thres = 2.8`` read as ``self.accept_length_thres``), in
-    ``assertGreater[Equal](measured, bound)``, ``assertLess[Equal](bound, measured)`` or
-    ``assert measured > bound`` (either side), where one side mentions the accept length."""
+    The bound a class asserts, as a number, a module constant (``AVG_SPEC_ACCEPT_LENGTH_THRESHOLD =
+    2.8``) or a class attribute (``self.accept_length_thres``), in ``assertGreater[Equal](measured,
+    bound)``, ``assertLess[Equal](bound, measured)`` or ``assert measured > bound`` (either side), where
+    one side mentions the accept length. Failing that, a class attribute named for it
+    (``accept_length_thres = 2.8``: upstream's mixins in ``sglang.test.kits`` assert it, in another
+    file), or for the module a constant named for it."""
     module = _constants(tree.body)
     classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
     bounds: dict[str, float] = {}
@@ -217,9 +220,25 @@ def _asserted_accept_lengths(tree: ast.Module) -> dict[str, float]:
         if isinstance(node, ast.ClassDef):
             scope, consts = node.name, {**module, **_class_attributes(node, classes)}
         found = _first_bound(node, consts)
+        if found is None and isinstance(node, ast.ClassDef):
+            found = _named_bound({k: v for k, v in consts.items() if k.startswith("self.")})
         if found is not None:
             bounds.setdefault(scope, found)
+    named = _named_bound(module)
+    if named is not None:
+        bounds.setdefault("", named)
     return bounds
+
+
+_BOUND_NAME = re.compile(r"accept_?len.*(thres|min)|min.*accept_?len", re.IGNORECASE)
+
+
+def _named_bound(consts: Mapping[str, Any]) -> float | None:
+    """The first numeric constant named like an accept-length threshold (``accept_length_thres``)."""
+    for name, value in consts.items():
+        if _BOUND_NAME.search(name) and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
 
 
 def _class_attributes(node: ast.ClassDef, classes: Mapping[str, ast.ClassDef]) -> dict[str, Any]:

@@ -132,8 +132,8 @@ def test_the_class_attribute_threshold_of_the_b200_test_and_its_tp_4() -> None:
     [
         ("assert acc_len_of(info)['accept_length'] > THRESHOLD", 2.5),
         ("assert THRESHOLD <= avg_spec_accept_length", 2.5),
-        ("self.assertLess(cls.accept_length_thres, avg_accept_length)", 3.1),
-        ("self.assertGreater(accept_length, Base.accept_length_thres)", 3.1),
+        ("self.assertLess(cls.bound, avg_accept_length)", 3.1),
+        ("self.assertGreater(accept_length, Base.bound)", 3.1),
         ("self.assertGreater(metrics['accuracy'], THRESHOLD)", None),
         ("self.assertGreater(accept_length, unknown_name)", None),
         ("self.assertGreater(accept_length, True)", None),
@@ -145,7 +145,7 @@ def test_accept_length_assertions_in_their_common_forms(assertion: str, bound: f
         THRESHOLD: float = 2.5
 
         class Base(CustomTestCase):
-            accept_length_thres = 3.1
+            bound = 3.1
 
         class TestMTP(Base):
             def setUp(self):
@@ -157,6 +157,57 @@ def test_accept_length_assertions_in_their_common_forms(assertion: str, bound: f
     )
     (found,) = extract_other_args(source, "t.py")
     assert found.min_accept_length == bound
+
+
+# Shaped like the B200 file as upstream has it now: four classes, thresholds as class attributes that
+# mixins of sglang.test.kits assert (in another file), flags as an other_args= keyword.
+UPSTREAM_B200_MIXINS = """
+SERVER_LAUNCH_TIMEOUT = 3600
+
+
+class TestDSV4FlashFP4B200MTP(SpecDecodingMixin, GSM8KMixin, CustomTestCase):
+    gsm8k_accuracy_thres = 0.93
+    accept_length_thres = 2.8
+    bs_1_speed_thres = 220
+
+    @classmethod
+    def setUpClass(cls):
+        cls.process = popen_launch_server(
+            cls.model, cls.base_url, timeout=SERVER_LAUNCH_TIMEOUT,
+            other_args=["--trust-remote-code", "--tp", "4", "--speculative-algorithm", "EAGLE"],
+        )
+
+
+class TestDSV4FlashFP4B200DSpark(SpecDecodingMixin, GSM8KMixin, CustomTestCase):
+    accept_length_thres = 4.0
+
+    @classmethod
+    def setUpClass(cls):
+        cls.process = popen_launch_server(cls.model, cls.base_url, other_args=["--speculative-algorithm", "DSPARK"])
+
+
+class TestDSV4FlashFP4NonSpecB200(GSM8KMixin, CustomTestCase):
+    gsm8k_accuracy_thres = 0.93
+
+    @classmethod
+    def setUpClass(cls):
+        cls.process = popen_launch_server(cls.model, cls.base_url, other_args=["--tp", "4", "--dp", "4"])
+"""
+
+
+def test_a_threshold_attribute_a_mixin_asserts_belongs_to_its_class_only() -> None:
+    found = extract_other_args(UPSTREAM_B200_MIXINS, "t.py")
+    assert [(e.scope, e.min_accept_length) for e in found] == [
+        ("TestDSV4FlashFP4B200MTP.setUpClass", 2.8),
+        ("TestDSV4FlashFP4B200DSpark.setUpClass", 4.0),
+        ("TestDSV4FlashFP4NonSpecB200.setUpClass", None),
+    ]
+    assert found[0].args[:3] == ["--trust-remote-code", "--tp", "4"]
+
+
+def test_a_module_constant_named_for_the_threshold_covers_classes_without_their_own() -> None:
+    source = "MIN_ACCEPT_LENGTH = 3.0\n\nclass A:\n    def setUp(self):\n        other_args = ['--a']\n"
+    assert [e.min_accept_length for e in extract_other_args(source, "t.py")] == [3.0]
 
 
 def test_each_class_gets_the_threshold_it_asserts() -> None:
