@@ -12,7 +12,7 @@ from orchestrator.cli.common import host_options, pass_app
 from orchestrator.errors import ExitCode, VerifyError
 from orchestrator.facts import server as facts
 from orchestrator.facts.server_log import ShapeUse
-from orchestrator.facts.server_upstream import diff_flags
+from orchestrator.facts.server_upstream import Discovery, diff_flags
 from orchestrator.fleet import Fleet, FleetResult
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
@@ -255,13 +255,14 @@ def discover(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: 
     return serve_exit(results)
 
 
-def discovery_report(host: Host, r: Recipe, found: Any) -> None:
+def discovery_report(host: Host, r: Recipe, found: Discovery) -> None:
     """Per upstream test: its scope, the accept length it asserts, and a flag-by-flag comparison."""
     ours = facts.split_entrypoint(facts.launch_argv(r, host, mtp=True))[1]
     out.print(f"{host.name}: {len(found.tests)} upstream launch argument lists for family {found.family!r}")
     for t in found.tests:
         accept = f", asserts accept length > {t.min_accept_length}" if t.min_accept_length is not None else ""
-        rows = [[d.flag, _cell(d.recipe), _cell(d.upstream), d.kind] for d in diff_flags(ours, t.args)]
+        diffs = diff_flags(ours, t.args, lambda name: facts.canonical_flag(name, found.known_flags))
+        rows = [[d.flag, _cell(d.recipe), _cell(d.upstream), d.kind] for d in diffs]
         table(f"{t.path} ({t.scope}{accept})", ["flag", "recipe", "upstream", "difference"], rows)
     for path in found.unreadable:
         err.print(f"  {host.name}: not valid Python, skipped: {path}", markup=False)

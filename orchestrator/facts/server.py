@@ -329,6 +329,12 @@ def matching_options(flag: str, known: Iterable[str]) -> list[str]:
     return [o for o in options if o.startswith(flag)]
 
 
+def canonical_flag(name: str, known: Iterable[str]) -> str:
+    """``tp`` → ``tp-size`` when ``--tp`` stands for exactly one option (as argparse reads it); else ``name``."""
+    matches = matching_options(f"--{name}", known)
+    return matches[0][2:] if len(matches) == 1 and matches[0].startswith("--") else name
+
+
 def check_flags(argv: Sequence[str], known: Mapping[str, tuple[str, ...] | None]) -> list[Problem]:
     """Flags in ``argv`` the host's SGLang would refuse (unknown, with a close match as upstream renames
     flags, or an ambiguous abbreviation, with its candidates), and values outside a flag's choices."""

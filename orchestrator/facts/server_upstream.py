@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,9 +317,13 @@ def args_to_flags(args: Sequence[str]) -> dict[str, str]:
     return flags
 
 
-def diff_flags(recipe_args: Sequence[str], upstream_args: Sequence[str]) -> list[FlagDiff]:
-    """Flag by flag, the recipe's launch arguments beside upstream's (host-specific flags left out)."""
-    ours, theirs = args_to_flags(recipe_args), args_to_flags(upstream_args)
+def diff_flags(
+    recipe_args: Sequence[str], upstream_args: Sequence[str], canonical: Callable[[str], str] = str
+) -> list[FlagDiff]:
+    """Flag by flag, the recipe's launch arguments beside upstream's (host-specific flags left out);
+    ``canonical`` names each flag as the parser resolves it (upstream's ``--tp`` is ``--tp-size``)."""
+    ours = {canonical(n): v for n, v in args_to_flags(recipe_args).items()}
+    theirs = {canonical(n): v for n, v in args_to_flags(upstream_args).items()}
     names = [*ours, *(n for n in theirs if n not in ours)]
     return [FlagDiff(n, ours.get(n), theirs.get(n)) for n in names if n not in HOST_SPECIFIC_FLAGS]
 
@@ -331,3 +335,4 @@ class Discovery:
     family: str
     tests: list[UpstreamArgs] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)  # files that are not valid Python
+    known_flags: dict[str, tuple[str, ...] | None] = field(default_factory=dict)  # the host's server parser

@@ -628,7 +628,7 @@ def discover_upstream(host: Host, runner: Runner, recipe: Recipe) -> Discovery:
     listing = runner.run(list_tests_argv(host.sglang_dir), timeout=120)
     if not listing.ok:
         raise RefusedError(f"{host.name}: cannot list {host.sglang_dir}/{REGISTERED_TESTS}: {listing.stderr.strip()}")
-    found = Discovery(family)
+    found = Discovery(family, known_flags=host_server(host, runner).flags)
     for path in family_tests(listing.stdout.splitlines(), family, recipe.source_tests):
         source = runner.read_bytes(path).decode(errors="replace")
         try:

@@ -112,6 +112,9 @@ def test_recipe_show_prints_the_exact_argv_and_discover_compares_upstream(fleet1
     assert "llama" not in found.stdout
     assert "asserts accept length > 2.8" in found.stdout
     assert "upstream only" in found.stdout and "recipe only" in found.stdout  # aiter / fp8-gemm-backend
+    tp_rows = [line for line in found.stdout.splitlines() if line.startswith("│ tp")]
+    assert any("tp-size" in row and "4" in row and "differs" in row for row in tp_rows)  # upstream's `--tp 4`
+    assert not any(row.startswith("│ tp ") for row in tp_rows)  # read as argparse does: one flag, not two
 
 
 # --- refused before the old server is touched -------------------------------------------------------------

@@ -216,6 +216,14 @@ def test_parser_snippet_lists_hidden_options_that_help_does_not(tmp_path: Path) 
     assert server.parse_parser('{"--port": null}') is None  # not a server parser
 
 
+def test_canonical_flag_reads_a_unique_prefix_as_argparse_does() -> None:
+    known = ["--tp-size", "--tensor-parallel-size", "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill"]
+    assert server.canonical_flag("tp", known) == "tp-size"
+    assert server.canonical_flag("tp-size", known) == "tp-size"
+    assert server.canonical_flag("cuda-graph-max-bs", known) == "cuda-graph-max-bs"  # ambiguous: left as written
+    assert server.canonical_flag("bogus", known) == "bogus"
+
+
 def test_check_flags_finds_unknown_flags_and_bad_choices() -> None:
     known = server.parse_help(HELP)
     argv = ["py", "-m", "sglang.launch_server", "--model-path", "/m", "--tp", "8", "--fp8-gemm-backend", "tritn"]

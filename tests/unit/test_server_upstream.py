@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+from orchestrator.facts.server import canonical_flag
 from orchestrator.facts.server_upstream import (
     FlagDiff,
     args_to_flags,
@@ -308,3 +309,12 @@ def test_diff_flags_leaves_out_host_specific_flags() -> None:
         FlagDiff("attention-backend", None, "aiter"),
     ]
     assert [d.kind for d in diffs] == ["same", "recipe only", "differs", "upstream only"]
+
+
+def test_diff_flags_compares_flags_under_their_canonical_names() -> None:
+    known = ["--tp-size", "--trust-remote-code"]
+    diffs = diff_flags(["--tp-size", "8"], ["--tp", "4", "--trust-remote-code"], lambda n: canonical_flag(n, known))
+    assert [(d.flag, d.recipe, d.upstream, d.kind) for d in diffs] == [
+        ("tp-size", "8", "4", "differs"),
+        ("trust-remote-code", None, "", "upstream only"),
+    ]
