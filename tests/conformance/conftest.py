@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -39,3 +40,13 @@ def real_help() -> str:
 def flag_sources(real_help: str) -> dict[str, dict[str, tuple[str, ...] | None]]:
     """Orch's known flags from each source (``parser``, ``help``), made from the real package."""
     return orch_flag_sources(real_help)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """No test of this tier is skipped: a skip (an empty parameter table, a skip mark) is a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped:
+        report.outcome = "failed"
+        report.longrepr = f"the conformance tier never skips a test (it was skipped: {report.longrepr})"
