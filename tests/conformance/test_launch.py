@@ -1,10 +1,11 @@
 """Every launch ``orch serve`` can make from a shipped playbook, through the real SGLang parser.
 
-For each playbook (read with orch's own loader), MTP on and off, and each FP8 backend orch may ask for,
-the exact argv orch's ``launch_argv`` builds must pass orch's own preflight (MTP rules, flags against the
-real ``--help``) and be accepted by the real ``prepare_server_args``; the real ``build_server_info`` of
-that parse (what ``GET /server_info`` answers at the top level) must then satisfy every reader
-``orch serve``'s verification uses, with the values orch asked for.
+For each playbook (read with orch's own loader), MTP on and off, each FP8 backend orch may ask for and
+both entrypoints (``sglang serve``, ``python -m sglang.launch_server``), the exact argv orch's
+``launch_argv`` builds must pass orch's own preflight (MTP rules; flags against the real parser's option
+strings and the real ``--help``) and be accepted by the real ``prepare_server_args``; the real
+``build_server_info`` of that parse (what ``GET /server_info`` answers at the top level) must then
+satisfy every reader ``orch serve``'s verification uses, with the values orch asked for.
 
 ``prepare_server_args`` does not run the DeepSeek-V4 model hook (it needs the model on GPUs, reference
 §0 and §2.2), so the speculative values checked here are the ones orch sends, not values SGLang derives.
