@@ -11,13 +11,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.errors import ConfigError, UsageError
-
-# libyaml's loader when PyYAML was built with it (10x faster), else the pure-Python one; both are safe.
-SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+from orchestrator.yamlfile import load_yaml
 
 DEFAULT_INVENTORY = Path("hosts.yaml")
 _UPSTREAM = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*/[A-Za-z0-9_.][A-Za-z0-9_./-]*$")
@@ -163,10 +160,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(
             f"inventory {path} not found", hint="pass --inventory PATH or set ORCH_INVENTORY (see README: Inventory)"
         ) from None
-    try:
-        raw = yaml.load(text, Loader=SafeLoader)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    raw = load_yaml(path, text)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping with 'hosts' (and optional 'defaults')")
     unknown = sorted(set(raw) - {"defaults", "hosts"})

@@ -12,13 +12,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.errors import ConfigError
-
-# libyaml's loader when PyYAML was built with it (10x faster), else the pure-Python one; both are safe.
-SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+from orchestrator.yamlfile import load_yaml
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 DEFAULT_RECIPE = "deepseek-v4-flash"
@@ -184,9 +181,10 @@ def find_recipe(name_or_path: str, search_dirs: list[Path]) -> Path:
 
 def load_recipe(path: Path) -> Recipe:
     try:
-        raw = yaml.load(path.read_text(), Loader=SafeLoader)
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: cannot read playbook: {exc}") from None
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read playbook: {exc.strerror or exc}") from None
+    raw = load_yaml(path, text)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a playbook is a mapping (model, architecture, server_args, mtp, ...)")
     try:

@@ -78,3 +78,37 @@ def test_unknown_tag_is_an_error() -> None:
     inv = load_inventory(REPO / "hosts.yaml")
     with pytest.raises(UsageError, match=r"no host .* has tag 'gold'"):
         inv.select(tags=("gold",))
+
+
+def test_host_named_twice_names_both_lines(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a:\n    address: h1\n  b:\n    address: h2\n  a:\n    address: h3\n")
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    assert str(info.value).startswith(f"{path}:6: key 'a' given twice (first at line 2)")
+    assert info.value.exit_code == ExitCode.USAGE
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "first"),
+    [
+        ("defaults:\n  port: 22\n  port: 2222\nhosts:\n  a:\n    address: h\n", 3, 2),
+        ("hosts:\n  a:\n    address: h\n    env: {X: '1', X: '2'}\n", 4, 4),
+        ("hosts:\n  a:\n    address: h\n    address: h2\n", 4, 3),
+        ("hosts:\n  a: {address: h}\nhosts:\n  b: {address: h}\n", 3, 1),
+    ],
+)
+def test_duplicate_key_anywhere_is_refused(tmp_path: Path, text: str, line: int, first: int) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=f"^{path}:{line}: key .* given twice \\(first at line {first}\\)"):
+        load_inventory(path)
+
+
+def test_merge_key_overrides_are_not_duplicates(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a: &a {address: h, port: 22}\n  b:\n    <<: *a\n    port: 2222\n")
+    assert load_inventory(path).hosts["b"].port == 2222
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a:\n    address: h\n   port: 22\n")
+    with pytest.raises(ConfigError, match=f"^{path}:4: not valid YAML: "):
+        load_inventory(path)
