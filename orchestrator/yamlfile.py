@@ -8,14 +8,17 @@ the file and both lines; a syntax error names the file and the line. Both are ``
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from orchestrator.errors import ConfigError
 
 # libyaml's parser when PyYAML was built with it (10x faster), else the pure-Python one; both are safe.
-_Base: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+if TYPE_CHECKING:
+    _Base = yaml.SafeLoader
+else:
+    _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class DuplicateKey(yaml.YAMLError):
