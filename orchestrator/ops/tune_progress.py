@@ -15,6 +15,7 @@ from orchestrator import jobs
 from orchestrator.facts import tuner as tf
 from orchestrator.ops.tune_record import (
     AssignmentRecord,
+    InstalledRecord,
     Member,
     PlanRecord,
     TuningRecord,
@@ -62,6 +63,7 @@ class TuneStatus:
     reason: str | None = None
     log_tail: str | None = None
     installed: dict[str, str] = field(default_factory=dict)
+    installed_for: dict[str, dict[str, Any]] = field(default_factory=dict)  # shape -> device, commit, when
     skipped: list[str] = field(default_factory=list)
     attached: bool = False
     note: str | None = None  # e.g. why there was nothing to tune
@@ -165,14 +167,20 @@ def _units_done(a: AssignmentRecord, progress: tf.LogProgress) -> int:
     return sum(len(set(progress.done.get(r.key, [])) & set(r.batch_sizes)) for r in a.runs)
 
 
-def shape_progress(plan: PlanRecord, progress: dict[str, tf.LogProgress]) -> list[ShapeProgress]:
-    """Per shape: batch sizes done over the whole group, out of those requested."""
+def shape_progress(
+    plan: PlanRecord, progress: dict[str, tf.LogProgress], installed: dict[str, InstalledRecord] | None = None
+) -> list[ShapeProgress]:
+    """Per shape: batch sizes done over the whole group, out of those requested. A shape this plan
+    installed is done whatever the logs say (another member's progress may not be at hand)."""
     rows = []
     for s in plan.shapes:
         done = 0
         for a in plan.assignments:
             p = progress.get(f"{a.host}/{a.purpose}", tf.LogProgress())
             done += sum(len(set(p.done.get(s.key, [])) & set(r.batch_sizes)) for r in a.runs if r.key == s.key)
+        ours = (installed or {}).get(s.key)
+        if ours is not None and ours.plan_id == plan.id:
+            done = len(set(plan.batch_sizes) & set(ours.batch_sizes))
         rows.append(ShapeProgress(s.key, s.source, done, len(plan.batch_sizes)))
     return rows
 
@@ -194,18 +202,29 @@ def eta_seconds(views: Sequence[JobView], infos: dict[str, jobs.JobInfo], now: d
 def group_status(
     host: str, record: TuningRecord, polls: dict[str, HostPoll], cached: dict[str, TuningRecord]
 ) -> TuneStatus:
-    """The status of ``host`` in its group from one round of polls (pure)."""
-    plan = group_plan({**cached, host: record}, [host, *(n for n in cached if n != host)])
-    status = TuneStatus(host, plan=plan, installed=record.installed_paths())
+    """The status of ``host`` in its group from one round of polls (pure). ``record`` is the host's
+    own record; it wins over the host's entry in ``cached`` (which may be absent)."""
+    cached = {**cached, host: record}
+    plan = group_plan(cached, [host, *(n for n in cached if n != host)])
+    status = TuneStatus(host, plan=plan, installed=record.installed_paths(), installed_for=installed_for(record))
     if plan is None:
         status.state = "installed" if record.installed else "none"
         return status
     views = job_views(plan, polls, cached)
-    status.jobs, status.shapes = views, shape_progress(plan, _all_progress(plan, polls, cached))
+    status.jobs = views
+    status.shapes = shape_progress(plan, _all_progress(plan, polls, cached), record.installed)
     infos = {i: info for poll in polls.values() for i, info in poll.infos.items()}
     status.eta_seconds = eta_seconds(views, infos, datetime.now(timezone.utc))
     status.state, status.reason, status.log_tail = _derive_state(record, views)
     return status
+
+
+def installed_for(record: TuningRecord) -> dict[str, dict[str, Any]]:
+    """For each installed shape, the device and SGLang commit it was tuned for, and when it was installed."""
+    return {
+        key: {"device": r.device, "commit": r.commit, "installed_at": r.installed_at.isoformat()}
+        for key, r in sorted(record.installed.items())
+    }
 
 
 def _all_progress(
@@ -241,4 +260,5 @@ def summary(status: TuneStatus) -> dict[str, Any]:
         "shapes": {s.key: f"{s.done}/{s.total}" for s in status.shapes},
         "reason": status.reason,
         "installed": sorted(status.installed),
+        "installed_for": status.installed_for,
     }
