@@ -89,7 +89,7 @@ def tune_fp8(
     with app.fleet(selected, parallel) as fl, progress_display(wait) as on_progress:
         peers = tune_op.fleet_peers(fl, app.inventory.hosts)
         results = tune_op.tune_fp8(fl, selected, app.store, recipe_for, options, peers, print_plans, on_progress, poll)
-    return report(results)
+    return report(results, wait)
 
 
 @click.command(name="wait")
@@ -171,13 +171,18 @@ def status_line(s: tune_op.TuneStatus) -> str:
     if s.state in ("running", "ready-to-install"):
         eta = "" if s.eta_seconds is None else f", ETA {fmt_seconds(s.eta_seconds)}"
         return f"{s.host}: {s.state} {s.percent:.0f}% ({s.units_done}/{s.units_total} units){eta}"
+    if s.note:
+        return f"{s.host}: {s.note}"
     if s.state == "failed":
         return f"{s.host}: failed: {s.reason}"
-    if s.state == "installed" and s.note:
-        return f"{s.host}: {s.note}"
+    if s.state == "installed" and not s.installed and s.skipped:
+        return f"{s.host}: nothing to tune: already tuned for this GPU and commit: {', '.join(s.skipped)}"
+    if s.state == "installed" and not s.installed:
+        return f"{s.host}: tuned configs installed earlier (plan {s.plan.id if s.plan else '?'})"
     if s.state == "installed":
         skipped = f" (already tuned: {', '.join(s.skipped)})" if s.skipped else ""
-        return f"{s.host}: installed {len(s.installed)} tuned configs{skipped}"
+        configs = "config" if len(s.installed) == 1 else "configs"
+        return f"{s.host}: installed {len(s.installed)} tuned {configs}: {', '.join(sorted(s.installed))}{skipped}"
     return f"{s.host}: no tuning"
 
 
@@ -211,7 +216,7 @@ def progress_display(live: bool) -> Iterator[Callable[[tune_op.TuneStatus], None
             statuses[status.host] = status
             if display is not None:
                 display.update(progress_table(statuses), refresh=True)
-            elif live and shown.get(status.host) != (status.state, int(status.percent // 10)):
+            elif live and not status.finished and shown.get(status.host) != (status.state, int(status.percent // 10)):
                 shown[status.host] = (status.state, int(status.percent // 10))
                 out.print(status_line(status), markup=False)
 
@@ -223,8 +228,9 @@ def progress_display(live: bool) -> Iterator[Callable[[tune_op.TuneStatus], None
             raise
 
 
-def report(results: FleetResult[tune_op.TuneStatus]) -> int:
-    """The final line per host, a failure's log tail; exit 0, or 3 when a host failed."""
+def report(results: FleetResult[tune_op.TuneStatus], wait: bool = True) -> int:
+    """The final line per host (a failure once, with its log tail on stderr), the configs this run
+    installed, and without ``wait`` what runs and how to watch it; exit 0, or 3 when a host failed."""
     failed = bool(results.failed)
     for r in results.succeeded:
         if r.value is None:
@@ -236,6 +242,23 @@ def report(results: FleetResult[tune_op.TuneStatus]) -> int:
             failed = True
             if r.value.log_tail:
                 err.print(f"{r.host.name}: log tail:\n{r.value.log_tail}", markup=False)
+    if not wait:
+        for line in watch_hint([r.value for r in results.succeeded if r.value is not None]):
+            out.print(line, markup=False)
     host_errors(results)
     results.raise_bugs()
     return int(ExitCode.HOSTS_FAILED if failed else ExitCode.OK)
+
+
+def watch_hint(statuses: Sequence[tune_op.TuneStatus]) -> list[str]:
+    """What still runs (jobs per host, detached) and the commands to watch it; nothing when none runs."""
+    running = [s for s in statuses if s.state in ("running", "ready-to-install")]
+    if not running:
+        return []
+    jobs = ", ".join(f"{len([j for j in s.jobs if j.host == s.host]) or '?'} on {s.host}" for s in running)
+    hosts = " ".join(f"--host {s.host}" for s in running)
+    return [
+        f"Tuning runs on as detached jobs ({jobs}); orch need not stay connected. To watch it:",
+        f"  orch wait {hosts}    # live progress; installs the configs when every job is done",
+        f"  orch logs {running[0].host} tune    # the log of {running[0].host}'s newest tuning job (-f follows it)",
+    ]

@@ -564,9 +564,8 @@ def tune_fp8(
     for p in ready:
         if p.attach is None and not p.shapes:
             statuses[p.host.name] = TuneStatus(p.host.name, "installed", skipped=p.skipped, note=p.note)
-            statuses[p.host.name].installed = load_record(store.load().hosts.get(p.host.name)).installed_paths()
     failures = {r.host.name: r.error for r in prepared if r.error is not None} | errors | watch_errors
-    return _results(hosts, statuses, failures)
+    return _results(hosts, just_installed(store, statuses), failures)
 
 
 def wait_tuning(
@@ -588,8 +587,33 @@ def wait_tuning(
             groups[plan.id] = Group(members, plan, attached=True)
     statuses, errors = watch_groups(list(groups.values()), store, True, on_progress, poll)
     for h in hosts:
-        statuses.setdefault(h.name, group_status(h.name, records[h.name], {}, {}))
-    return _results(hosts, statuses, errors)
+        if h.name not in statuses:
+            statuses[h.name] = group_status(h.name, records[h.name], {}, {})
+            statuses[h.name].note = nothing_running_note(records[h.name])
+    return _results(hosts, just_installed(store, statuses), errors)
+
+
+def just_installed(store: StateStore, statuses: dict[str, TuneStatus]) -> dict[str, TuneStatus]:
+    """Narrow each status's ``installed`` to the configs its own plan installed (what this command
+    did), so configs of earlier plans are never reported as if just installed."""
+    state = store.load()
+    for name, status in statuses.items():
+        record = load_record(state.hosts.get(name))
+        plan_id = status.plan.id if status.plan is not None and status.state == "installed" else None
+        fresh = {k: r.path for k, r in record.installed.items() if plan_id is not None and r.plan_id == plan_id}
+        status.installed = {} if status.note else fresh
+    return statuses
+
+
+def nothing_running_note(record: TuningRecord) -> str:
+    """What ``orch wait`` says of a host with no tuning running: its last tuning, if any."""
+    plan = f" (plan {record.plan.id})" if record.plan is not None else ""
+    if record.state == "failed":
+        return f"no tuning running; the last one{plan} failed: {record.reason}"
+    if record.installed:
+        keys = ", ".join(sorted(record.installed))
+        return f"no tuning running; tuned configs installed earlier: {keys}"
+    return "no tuning running"
 
 
 def _results(

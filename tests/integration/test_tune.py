@@ -210,6 +210,7 @@ def test_a_failing_tuner_fails_the_host_with_the_log_tail_and_installs_nothing(
     run = env.orch("tune-fp8", *SMALL, "--wait")
     assert run.returncode == 3, run.output
     assert expected in run.stdout
+    assert run.output.count(expected) == 1, run.output  # the failure once, not as progress and again at the end
     assert "Traceback (most recent call last)" in run.stderr  # the log tail
     assert tuned_files(host) == {}
     hs = host_state(env, host.name)
@@ -331,3 +332,42 @@ def test_stop_server_frees_the_gpus_of_the_server_orch_launched(tune_fleet: Call
     server = [d for d in job_dirs(host) if (d / "purpose").read_text().strip() == "server"]
     assert len(server) == 1 and (server[0] / "exit_code").exists()
     assert len(tuned_files(host)) == 2
+
+
+def config_path(host: Any, key: str) -> str:
+    return str(configs_dir(host) / tf.config_file_name(*(int(p[2:]) for p in key.split(",")), DEVICE))
+
+
+def test_tune_without_wait_says_what_runs_and_how_to_watch_and_lists_only_what_it_installed(
+    tune_fleet: Callable[..., FleetEnv],
+) -> None:
+    env = tune_fleet(1, seconds_per_unit=1.0)
+    host = env.fleet.hosts[0]  # type: ignore[attr-defined]
+    first = env.orch("tune-fp8", "--shapes", "N=1024,K=4096", "--batch-sizes", "1", "--wait")
+    assert first.returncode == 0, first.output
+    assert f"{host.name}: installed 1 tuned config: N=1024,K=4096" in first.stdout  # one shape: that one
+    old = config_path(host, "N=1024,K=4096")
+    assert old in first.stdout
+    start = env.orch("tune-fp8", "--shapes", "N=4096,K=2048", "--batch-sizes", "1,2")
+    assert start.returncode == 0, start.output
+    assert f"{host.name}: running 0% (0/2 units)" in start.stdout
+    assert f"Tuning runs on as detached jobs (2 on {host.name})" in start.stdout
+    assert f"orch wait --host {host.name}" in start.stdout and f"orch logs {host.name} tune" in start.stdout
+    assert old not in start.stdout  # an earlier plan's config is not listed as if just installed
+    logs = env.orch("logs", host.name, "tune")
+    assert logs.returncode == 0, logs.output
+    assert re.search(rf"{host.name}: job tune\.gpu[01]-\S+ \((running|succeeded), started", logs.stderr), logs.stderr
+    assert "tuning_block_wise_kernel.py --N 4096 --K 2048" in logs.stdout
+    done = env.orch("wait")
+    assert done.returncode == 0, done.output
+    assert f"{host.name}: installed 1 tuned config: N=4096,K=2048" in done.stdout
+    assert config_path(host, "N=4096,K=2048") in done.stdout and old not in done.stdout
+    assert "Tuning runs on" not in done.stdout
+    again = env.orch("tune-fp8", "--shapes", "N=1024,K=4096", "--batch-sizes", "1")
+    assert again.returncode == 0, again.output
+    assert f"{host.name}: nothing to tune: already tuned for this GPU and commit: N=1024,K=4096" in again.stdout
+    assert old not in again.stdout
+    idle = env.orch("wait")
+    assert f"{host.name}: no tuning running; tuned configs installed earlier: N=1024,K=4096, N=4096,K=2048" in (
+        idle.stdout
+    )
