@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from orchestrator import jobs
-from orchestrator.errors import UnreachableError
+from orchestrator.errors import UnreachableError, UsageError
 from orchestrator.jobs import JobInfo
 from orchestrator.transport.base import Runner
 
@@ -20,14 +20,36 @@ log = logging.getLogger(__name__)
 CHUNK = 1 << 20
 
 
-def pick_job(runner: Runner, workdir: str, job_id: str | None) -> JobInfo:
-    """The named job, else the most recently started one."""
-    if job_id:
-        return jobs.find(runner, workdir, job_id)
-    newest = jobs.latest(jobs.list_jobs(runner, workdir))
-    if newest is None:
-        raise UnreachableError(f"{runner.host}: no jobs yet in {workdir}/jobs")
-    return newest
+def pick_job(runner: Runner, workdir: str, which: str | None) -> JobInfo:
+    """The job ``which`` names: a job id; else a kind or purpose (``server``, ``tune``, ``tune.gpu3``,
+    ``bench``), meaning the newest job of it; else (None) the most recently started job."""
+    listed = jobs.list_jobs(runner, workdir)
+    if which is None:
+        newest = jobs.latest(listed)
+        if newest is None:
+            raise UnreachableError(f"{runner.host}: no jobs yet in {workdir}/jobs")
+        return newest
+    by_id = next((j for j in listed if j.id == which), None)
+    found = by_id or newest_of_kind(listed, which)
+    if found is None:
+        kinds = ", ".join(sorted({job_kind(j.purpose) for j in listed})) or "none yet"
+        raise UsageError(
+            f"{runner.host}: no job {which!r}: neither a job id nor a kind of job in {workdir}/jobs "
+            f"(kinds there: {kinds})",
+            hint=f"see `orch jobs --host {runner.host}`",
+        )
+    return found
+
+
+def job_kind(purpose: str) -> str:
+    """A job's kind, the part of its purpose before the first dot: ``tune.gpu3`` → ``tune``."""
+    return purpose.split(".", 1)[0]
+
+
+def newest_of_kind(listed: list[JobInfo], kind: str) -> JobInfo | None:
+    """The newest job whose purpose is ``kind`` or starts with ``kind.`` (``listed`` oldest first)."""
+    matching = [j for j in listed if j.purpose == kind or j.purpose.startswith(kind + ".")]
+    return matching[-1] if matching else None
 
 
 def start_offset(runner: Runner, job: JobInfo, tail: int) -> tuple[str, int]:

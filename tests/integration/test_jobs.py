@@ -81,3 +81,30 @@ def test_ctrl_c_stops_following_never_the_job(make_fleet) -> None:  # type: igno
     assert "line 1" in out and "interrupted" in err
     assert f"{started.job_id}" in env.orch("jobs").stdout
     assert "running" in env.orch("jobs").stdout
+
+
+def test_jobs_shows_live_and_recent_one_line_each_and_logs_takes_a_kind(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(1)
+    (sim,) = env.fleet.hosts
+    host = next(iter(load_inventory(env.inventory).hosts.values()))
+    with Fleet([host], ConnectOptions()) as fleet:
+        runner = fleet.runner(host)
+        ended = [jobs.start(runner, host.workdir, jobs.JobSpec("t", f"t.run{i}", ["echo", f"run {i}"])).job_id
+                 for i in range(7)]  # fmt: skip
+        while any(j.running for j in jobs.list_jobs(runner, host.workdir)):
+            time.sleep(0.1)
+    server = start_job(env, "server", [*COUNTER, "300"]).job_id
+    listed = env.orch("jobs")
+    assert listed.returncode == 0, listed.output
+    rows = [line for line in listed.stdout.splitlines() if sim.name in line]
+    assert len(rows) == 6 and any(server in r and "running" in r for r in rows)  # one line per job
+    assert not any(old in listed.stdout for old in ended[:2]) and all(new in listed.stdout for new in ended[2:])
+    assert "(2 older ended jobs not shown: --all lists them)" in listed.stdout
+    assert all(j in env.orch("jobs", "--all").stdout for j in [*ended, server])
+    only = env.orch("jobs", "--kind", "server")
+    assert server in only.stdout and not any(j in only.stdout for j in ended)
+    shown = env.orch("logs", sim.name, "server")
+    assert shown.returncode == 0, shown.output
+    assert f"{sim.name}: job {server} (running, started" in shown.stderr and "line 1" in shown.stdout
+    newest = env.orch("logs", sim.name, "t")
+    assert f"job {ended[-1]} (succeeded" in newest.stderr and newest.stdout.strip() == "run 6"

@@ -112,3 +112,27 @@ def test_tail_lines_collapses_tqdm_redraws() -> None:
 def test_bad_purpose_refused() -> None:
     with pytest.raises(Exception, match="purpose"):
         jobs.JobSpec("test", "../etc", ["true"])
+
+
+def info(job_id: str, purpose: str, state: str = "succeeded") -> jobs.JobInfo:
+    return jobs.JobInfo(job_id, purpose, 1, state, 0 if state == "succeeded" else None, None, None, 0, False, "/w")
+
+
+def test_a_kind_names_the_newest_job_of_it_and_a_purpose_only_its_own() -> None:
+    from orchestrator.ops.logs import newest_of_kind
+
+    listed = [info("server-1", "server"), info("tune.gpu0-1", "tune.gpu0"), info("tune.gpu1-1", "tune.gpu1")]
+    assert newest_of_kind(listed, "tune") == listed[2]
+    assert newest_of_kind(listed, "tune.gpu0") == listed[1]
+    assert newest_of_kind(listed, "server") == listed[0]
+    assert newest_of_kind(listed, "tun") is None and newest_of_kind(listed, "bench") is None
+
+
+def test_jobs_by_default_lists_every_live_job_and_the_last_ended_ones() -> None:
+    from orchestrator.cli.jobs import of_kind, recent
+
+    listed = [info(f"t.{i}-1", f"t.{i}") for i in range(4)]
+    listed.insert(1, info("server-1", "server", "running"))
+    assert [j.id for j in recent(listed, 2)] == ["server-1", "t.2-1", "t.3-1"]
+    assert [j.id for j in of_kind(listed, "server")] == ["server-1"]
+    assert len(of_kind(listed, "t")) == 4 and of_kind(listed, None) == listed
