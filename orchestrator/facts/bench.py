@@ -3,13 +3,15 @@
 Pure: nothing here runs a command. ``ops.bench`` runs ``module_argv`` to learn which benchmark module the
 host's SGLang has (``sglang.benchmark.serving``, else the deprecated ``sglang.bench_serving``), then
 ``bench_argv`` as a detached job, then ``parse_jsonl`` on the output file. The file is appended to, one
-JSON object per run, so its last line is the run that just ended. Parse the file, never stdout.
+JSON object per run, so its last line is the run that just ended. Parse the file, never stdout; the job's
+log carries only the benchmark's tqdm bar, read for progress (``parse_progress``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -96,7 +98,8 @@ class BenchRecord(_Model):
 
 @dataclass(frozen=True)
 class ComparisonRow:
-    """One run as the comparison table shows it; ``change`` is relative to the baseline's output tok/s."""
+    """One run as the comparison table shows it; ``change`` is relative to the baseline's output tok/s
+    (marked when the run's workload differs from the baseline's); ``settings`` what the run measured."""
 
     label: str
     at: datetime
@@ -105,6 +108,8 @@ class ComparisonRow:
     median_ttft_ms: float | None
     mean_tpot_ms: float | None
     change: str
+    settings: str = ""
+    other_workload: str = ""  # how the workload differs from the baseline's (``input 32≠1024``), or ""
 
 
 def module_argv(python: str) -> list[str]:
@@ -140,7 +145,17 @@ def bench_argv(python: str, module: str, address: str, port: int, params: BenchP
         argv += ["--random-range-ratio", str(params.random_range_ratio)]
     if params.request_rate is not None:
         argv += ["--request-rate", str(params.request_rate)]
-    return [*argv, "--output-file", output_file, "--disable-tqdm"]
+    return [*argv, "--output-file", output_file]  # its tqdm bar (stderr, in the job log) shows progress
+
+
+_TQDM_COUNT = re.compile(r"\|\s*(\d+)/(\d+)")
+
+
+def parse_progress(log_tail: str) -> tuple[int, int] | None:
+    """Requests done and in all from the last state of the benchmark's tqdm bar (`` 58%|█████▊ | 37/64
+    [00:12<00:09, 2.95it/s]``, redrawn with ``\\r``) in the end of its log; None before the bar shows."""
+    found = _TQDM_COUNT.findall(log_tail)
+    return (int(found[-1][0]), int(found[-1][1])) if found else None
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -240,19 +255,75 @@ def compare(records: list[BenchRecord], baseline: BenchRecord | None) -> list[Co
             median_ttft_ms=r.metrics.median_ttft_ms,
             mean_tpot_ms=r.metrics.mean_tpot_ms,
             change=change_label(r, baseline),
+            settings=settings_text(r),
+            other_workload=", ".join(workload_differences(r.params, baseline.params)) if baseline else "",
         )
         for r in records
     ]
 
 
 def change_label(record: BenchRecord, baseline: BenchRecord | None) -> str:
-    """``baseline``, ``+12.3%`` / ``-4.0%`` of output tok/s, or ``n/a`` without a usable baseline."""
+    """``baseline``, ``+12.3%`` / ``-4.0%`` of output tok/s, or ``n/a`` without a usable baseline; a run
+    whose workload differs from the baseline's is marked (``+12.3% (other workload)``): not comparable."""
     if baseline is None or baseline.metrics.output_throughput <= 0:
         return "n/a"
     if record is baseline:
         return "baseline"
     ratio = record.metrics.output_throughput / baseline.metrics.output_throughput - 1
-    return f"{ratio * 100:+.1f}%"
+    differs = workload_differences(record.params, baseline.params)
+    return f"{ratio * 100:+.1f}%" + (" (other workload)" if differs else "")
+
+
+_WORKLOAD = {
+    "num_prompts": "prompts",
+    "input_len": "input",
+    "output_len": "output",
+    "random_range_ratio": "range ratio",
+    "max_concurrency": "concurrency",
+    "request_rate": "request rate",
+}
+
+
+def workload_differences(run: BenchParams, baseline: BenchParams) -> list[str]:
+    """How ``run``'s workload differs from ``baseline``'s (``input 32≠1024``): runs compare only on the same
+    workload. The server's configuration (backend, MTP, commit) is what a comparison measures, not listed.
+    A range ratio not recorded is SGLang's default 0.0."""
+    differs = []
+    for name, words in _WORKLOAD.items():
+        mine, theirs = _workload_value(run, name), _workload_value(baseline, name)
+        if mine != theirs:
+            differs.append(f"{words} {_fmt_setting(mine)}≠{_fmt_setting(theirs)}")
+    return differs
+
+
+def _workload_value(params: BenchParams, name: str) -> float | int | None:
+    value: float | int | None = getattr(params, name)
+    return 0.0 if name == "random_range_ratio" and value is None else value
+
+
+def _fmt_setting(value: float | int | None) -> str:
+    return "inf" if value is None else f"{value:g}"
+
+
+def settings_text(record: BenchRecord) -> str:
+    """What a run measured, in one cell: ``64 prompts 1024/256 tok ratio 1 conc 16, triton, MTP EAGLE,
+    SGLang ed88712``."""
+    p = record.params
+    ratio = "?" if p.random_range_ratio is None else f"{p.random_range_ratio:g}"
+    rate = f" rate {p.request_rate:g}/s" if p.request_rate is not None else ""
+    workload = f"{p.num_prompts} prompts {p.input_len}/{p.output_len} tok ratio {ratio} conc {p.max_concurrency}{rate}"
+    mtp = {True: f"MTP {record.mtp_settings.get('algorithm', 'on')}", False: "no MTP", None: "MTP ?"}[record.mtp]
+    commit = (record.sglang_commit or "unknown")[:7]
+    return f"{workload}, {record.fp8_backend or 'backend ?'}, {mtp}, SGLang {commit}"
+
+
+def chart_labels(records: list[BenchRecord]) -> list[str]:
+    """One x-axis label per run, for a chart of every run: the label, with the run's time (``HH:MM``)
+    when several runs share it."""
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.label] = counts.get(r.label, 0) + 1
+    return [f"{r.label} {r.at:%H:%M}" if counts[r.label] > 1 else r.label for r in records]
 
 
 def latest_per_label(records: list[BenchRecord]) -> list[BenchRecord]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +73,19 @@ class _Plan:
         return {**keep, "params": self.params.model_dump()}
 
 
+@dataclass(frozen=True)
+class BenchProgress:
+    """A running benchmark as last seen: requests done of all (None before its progress bar shows),
+    seconds since the job started, and whether orch attached to a run started earlier."""
+
+    host: str
+    job_id: str
+    done: int | None
+    total: int | None
+    elapsed: float
+    attached: bool = False
+
+
 def bench(
     host: Host,
     runner: Runner,
@@ -78,25 +93,46 @@ def bench(
     spec: BenchSpec,
     options: BenchOptions,
     timeout: float = DEFAULT_TIMEOUT,
+    on_progress: Callable[[BenchProgress], None] | None = None,
 ) -> BenchRun:
     """Benchmark the host's running server, wait for the result, store it and compare it with earlier runs.
 
     A benchmark orch started earlier and never collected (orch was killed) is waited for or collected
-    instead of starting a new one (``BenchRun.attached``): nothing is started twice.
+    instead of starting a new one (``BenchRun.attached``): nothing is started twice. ``on_progress``
+    sees the run about every second while it runs (requests done, from its tqdm bar in the job log).
 
-    Raises ``RefusedError`` when there is no running server or benchmark module, ``RemoteCommandError``
+    Raises ``UsageError`` when no stored run on the host has the ``--baseline`` label (before anything
+    runs), ``RefusedError`` when there is no running server or benchmark module, ``RemoteCommandError``
     when the benchmark fails (with the end of its log), ``RefusedError`` when it outlives ``timeout``.
     """
+    check_baseline(store, [host], options)
     server = running_server(host, runner, store)
     pending = _pending(host, runner, store)
     job_id, plan, attached = pending or _start(host, runner, store, _plan(host, runner, server, spec, options))
-    ended = _wait(host, runner, job_id, timeout)
+    ended = _wait(host, runner, job_id, timeout, lambda info: _progress(host, runner, info, attached, on_progress))
     record = _result(host, runner, store, server, plan, ended)
     records = store.update_host(host.name, lambda hs: _store_result(host.name, hs, record, ended))
     baseline = facts.pick_baseline(records, options.baseline)
     missing = options.baseline if options.baseline and baseline is None else None
     label = baseline.label if baseline else None
     return BenchRun(record, facts.compare(records, baseline), label, missing, attached)
+
+
+def check_baseline(store: StateStore, hosts: list[Host], options: BenchOptions) -> None:
+    """Refuse a ``--baseline`` label that some host has no stored run of (unless this run gets that
+    label): a ``UsageError`` naming the hosts and the labels they have, before any benchmark runs."""
+    if options.baseline is None or options.baseline == options.label:
+        return
+    state = store.load()
+    known = {h.name: [r.label for r in records_of(h.name, state.host(h.name))] for h in hosts}
+    lacking = [name for name, labels in known.items() if options.baseline not in labels]
+    if lacking:
+        have = sorted({label for name in lacking for label in known[name]})
+        raise UsageError(
+            f"--baseline {options.baseline!r}: no benchmark run with this label on {', '.join(lacking)}"
+            f" (labels there: {', '.join(repr(x) for x in have) or 'no runs yet'})",
+            hint="pick one of those labels, or run `orch bench --label NAME` first to make the baseline",
+        )
 
 
 def records_of(name: str, hs: HostState) -> list[BenchRecord]:
@@ -223,20 +259,39 @@ def _attached_plan(host: Host, store: StateStore, job_id: str) -> _Plan:
     if job is None or not {"label", "module", "params", "output"} <= meta.keys():
         raise RefusedError(
             f"{host.name}: a benchmark this state file does not know is running (job {job_id})",
-            hint=f"wait for it to end, or stop it with `orch stop --host {host.name} {job_id}`",
+            hint=f"wait for it to end, or stop it with `orch stop {host.name} {job_id}`",
         )
     params = BenchParams.model_validate(meta["params"])
     return _Plan(meta["label"], meta["module"], params, meta["output"], list(job.argv), meta.get("commit"))
 
 
-def _wait(host: Host, runner: Runner, job_id: str, timeout: float) -> jobs.JobInfo:
-    try:
-        return jobs.wait_until_ended(runner, host.workdir, job_id, timeout, poll=1.0)
-    except RefusedError as exc:
-        raise RefusedError(
-            exc.message,
-            hint="it keeps running: run `orch bench` again to wait for it, or `orch stop` it",
-        ) from None
+def _wait(
+    host: Host, runner: Runner, job_id: str, timeout: float, on_poll: Callable[[jobs.JobInfo], None]
+) -> jobs.JobInfo:
+    """Poll the job every second until it ends; ``on_poll`` sees it each time while it runs."""
+    deadline = time.monotonic() + timeout
+    while (info := jobs.find(runner, host.workdir, job_id)).running:
+        if time.monotonic() > deadline:
+            raise RefusedError(
+                f"{host.name}: benchmark job {job_id} still running after {timeout:.0f} s",
+                hint=f"it keeps running: run `orch bench` again to wait for it, or `orch stop {host.name} {job_id}`",
+            )
+        on_poll(info)
+        time.sleep(1.0)
+    return info
+
+
+def _progress(
+    host: Host, runner: Runner, info: jobs.JobInfo, attached: bool, on_progress: Callable[[BenchProgress], None] | None
+) -> None:
+    """Read the running job's progress (its log's end) and report it."""
+    if on_progress is None:
+        return
+    counts = facts.parse_progress(jobs.read_tail(runner, info, max_bytes=4096))
+    since = info.started_at or utc_now()
+    elapsed = max(0.0, (utc_now() - since).total_seconds())
+    done, total = counts if counts else (None, None)
+    on_progress(BenchProgress(host.name, info.id, done, total, elapsed, attached))
 
 
 # -- after the run -------------------------------------------------------------------------------
@@ -285,7 +340,7 @@ def _failure(host: Host, runner: Runner, ended: jobs.JobInfo, what: str) -> Remo
     return RemoteCommandError(
         f"{host.name}: {what}" + (f"; end of its log:\n{tail}" if tail else ""),
         exit_status=ended.exit_code if ended.exit_code is not None else -1,
-        hint=f"full log: `orch logs --host {host.name} {ended.id}`",
+        hint=f"full log: `orch logs {host.name} {ended.id}`",
     )
 
 

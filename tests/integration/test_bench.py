@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -122,3 +123,31 @@ def wait_for(condition, timeout: float = 30) -> None:  # type: ignore[no-untyped
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.05)
+
+
+def test_bench_shows_progress_and_settings_refuses_an_unknown_baseline_first_and_marks_other_workloads(
+    make_fleet,  # type: ignore[no-untyped-def]
+) -> None:
+    env = make_fleet(1)
+    [host] = load_inventory(env.inventory).hosts.values()
+    serve(env)
+    slow = ("--num-prompts", "12", "--input-len", "32", "--output-len", "128", "--max-concurrency", "2")
+    first = env.orch("bench", "--label", "a", *slow)
+    assert first.returncode == 0, first.output
+    assert re.search(rf"{host.name}: benchmark job bench-\S+: \d+/12 requests done, \d+ s", first.stderr), first.stderr
+    commit = head_commit(host)[:7]
+    backend = StateStore(env.state).load().hosts[host.name].benchmarks[-1]["fp8_backend"]
+    settings = f"12 prompts 32/128 tok ratio 1 conc 2, {backend}, MTP EAGLE, SGLang {commit}"
+    assert f"{host.name}:   settings: {settings}" in first.stdout
+    bench_jobs = lambda: list(Path(host.workdir, "jobs").glob("bench-*"))  # noqa: E731
+    unknown = env.orch("bench", "--label", "b", "--baseline", "nope", *SMALL)
+    assert unknown.returncode == 2, unknown.output
+    assert f"--baseline 'nope': no benchmark run with this label on {host.name} (labels there: 'a')" in unknown.stderr
+    assert len(bench_jobs()) == 1  # refused before any benchmark ran
+    second = env.orch("bench", "--label", "b", "--baseline", "a", *SMALL)
+    assert second.returncode == 0, second.output
+    row = next(line for line in second.stdout.splitlines() if line.startswith("│ b "))
+    assert "(other workload)" in row, second.stdout
+    assert "b (" in second.stdout and "other workload than a: prompts 6≠12, output 64≠128, concurrency 3≠2" in (
+        second.stdout
+    )

@@ -38,11 +38,30 @@ def test_bench_argv_targets_the_local_server_with_the_random_dataset_and_a_jsonl
         "/venv/bin/python", "sglang.benchmark.serving", "127.0.0.1", 30001, PARAMS, "/w/bench/r 1.jsonl"
     )
     assert argv == [
-        "/venv/bin/python", "-m", "sglang.benchmark.serving", "--backend", "sglang", "--host", "127.0.0.1",
-        "--port", "30001", "--dataset-name", "random", "--random-input-len", "1024", "--random-output-len", "256",
-        "--num-prompts", "64", "--max-concurrency", "16", "--random-range-ratio", "1.0",
-        "--output-file", "/w/bench/r 1.jsonl", "--disable-tqdm",
-    ]  # fmt: skip
+        "/venv/bin/python",
+        "-m",
+        "sglang.benchmark.serving",
+        "--backend",
+        "sglang",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "30001",
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "1024",
+        "--random-output-len",
+        "256",
+        "--num-prompts",
+        "64",
+        "--max-concurrency",
+        "16",
+        "--random-range-ratio",
+        "1.0",
+        "--output-file",
+        "/w/bench/r 1.jsonl",
+    ]  # fmt: skip: no --disable-tqdm: its bar in the job log is the progress orch shows
 
 
 def test_bench_argv_passes_a_request_rate_only_when_the_playbook_sets_one() -> None:
@@ -191,3 +210,54 @@ def test_latest_run_per_label_in_first_seen_order() -> None:
 def test_record_round_trips_through_json() -> None:
     record = a_record("mtp", 2930.17, accept=2.87)
     assert BenchRecord.model_validate(record.model_dump(mode="json")) == record
+
+
+# -- progress, settings, comparability ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("log", "expected"),
+    [
+        ("#Input tokens: 2048\n", None),
+        ("  0%|          | 0/64 [00:00<?, ?it/s]\r 58%|█████▊    | 37/64 [00:12<00:09,  2.95it/s]", (37, 64)),
+        ("\r 16%| 1/6\r 33%| 2/6", (2, 6)),  # the simulator's bar
+        ("100%|██████████| 64/64 [00:20<00:00,  3.10it/s]\n============ Serving Benchmark Result ====\n", (64, 64)),
+    ],
+)
+def test_progress_is_the_last_state_of_the_benchmarks_tqdm_bar(log: str, expected: tuple[int, int] | None) -> None:
+    assert bench.parse_progress(log) == expected
+
+
+def test_a_run_with_another_workload_than_the_baseline_is_marked_with_how_it_differs() -> None:
+    base = a_record("base", 100.0)
+    same = a_record("same", 120.0, minutes=1)
+    other = a_record("other", 150.0, minutes=2).model_copy(
+        update={"params": PARAMS.model_copy(update={"input_len": 32, "random_range_ratio": None})}
+    )
+    assert bench.change_label(same, base) == "+20.0%"
+    assert bench.change_label(other, base) == "+50.0% (other workload)"
+    assert bench.workload_differences(other.params, base.params) == ["input 32≠1024", "range ratio 0≠1"]
+    rows = bench.compare([base, same, other], base)
+    assert [r.other_workload for r in rows] == ["", "", "input 32≠1024, range ratio 0≠1"]
+
+
+def test_settings_say_the_workload_backend_mtp_and_commit_of_a_run() -> None:
+    record = a_record("tuned", 100.0).model_copy(
+        update={
+            "mtp": True,
+            "mtp_settings": {"algorithm": "EAGLE"},
+            "fp8_backend": "triton",
+            "sglang_commit": "ed88712abc",
+        }
+    )
+    expected = "64 prompts 1024/256 tok ratio 1 conc 16, triton, MTP EAGLE, SGLang ed88712"
+    assert bench.settings_text(record) == expected
+    assert (
+        bench.settings_text(a_record("old", 1.0))
+        == "64 prompts 1024/256 tok ratio 1 conc 16, backend ?, MTP ?, SGLang unknown"
+    )
+
+
+def test_chart_labels_name_every_run_with_its_time_when_a_label_repeats() -> None:
+    records = [a_record("base", 1.0), a_record("tuned", 2.0, minutes=5), a_record("tuned", 3.0, minutes=70)]
+    assert bench.chart_labels(records) == ["base", "tuned 22:05", "tuned 23:10"]
