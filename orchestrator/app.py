@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from orchestrator.errors import ConfigError
+from orchestrator.facts.server import check_recipe
 from orchestrator.fleet import Fleet
 from orchestrator.inventory import Host, Inventory, inventory_path, load_inventory
 from orchestrator.notify import Notifier
 from orchestrator.recipe import DEFAULT_RECIPE, Recipe, find_recipe, load_recipe
 from orchestrator.state import StateStore
 from orchestrator.transport.ssh import ConnectOptions
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -22,10 +28,14 @@ class App:
     options: ConnectOptions = field(default_factory=ConnectOptions)
     _recipes: dict[str, Recipe] = field(default_factory=dict, repr=False)
     notify_cmd: str | None = None  # run on every phase change and job end (see ``orchestrator.notify``)
+    _store: StateStore | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @cached_property
     def inventory(self) -> Inventory:
-        return load_inventory(inventory_path(self.inventory_option))
+        inventory = load_inventory(inventory_path(self.inventory_option))
+        log.info("inventory %s: %d hosts", inventory.path, len(inventory.hosts))
+        return inventory
 
     @property
     def state_path(self) -> Path:
@@ -36,10 +46,19 @@ class App:
             return Path(os.environ["ORCH_STATE"])
         return inventory_path(self.inventory_option).resolve().parent / ".orch" / "state.json"
 
-    @cached_property
+    @property
     def store(self) -> StateStore:
-        notifier = Notifier(self.notify_cmd) if self.notify_cmd else None
-        return StateStore(self.state_path, on_commit=notifier.on_commit if notifier else None)
+        """The state store, its file checked once: a corrupt or unreadable state file is a
+        ``StateError`` (exit 4) at the first use, before any host is contacted when the command
+        uses it first (and on every host otherwise: still exit 4, see ``cli.common.exit_code``)."""
+        with self._lock:
+            if self._store is None:
+                notifier = Notifier(self.notify_cmd) if self.notify_cmd else None
+                store = StateStore(self.state_path, on_commit=notifier.on_commit if notifier else None)
+                store.load()
+                log.info("state file %s", store.path)
+                self._store = store
+            return self._store
 
     def select(self, names: tuple[str, ...] = (), tags: tuple[str, ...] = ()) -> list[Host]:
         return self.inventory.select(names, tags)
@@ -53,9 +72,28 @@ class App:
         """The host's recipe: ``playbook`` (name or path), else the host's ``playbook``, else the default.
         Each file is read and validated once per invocation."""
         name = playbook or host.playbook or DEFAULT_RECIPE
-        if name not in self._recipes:
-            self._recipes[name] = load_recipe(find_recipe(name, self.playbook_dirs))
-        return self._recipes[name]
+        with self._lock:
+            if name not in self._recipes:
+                self._recipes[name] = load_recipe(find_recipe(name, self.playbook_dirs))
+                log.info("playbook %s: %s", name, self._recipes[name].path)
+            return self._recipes[name]
+
+    def recipes(self, hosts: list[Host], playbook: str | None = None, *, mtp: bool | None = None) -> dict[str, Recipe]:
+        """Each host's recipe (``recipe_for``), all read before any host is contacted: a missing or
+        invalid playbook is exit 2 at once. With ``mtp`` given, a recipe the MTP rules refuse
+        (``facts.server.check_recipe``, no host needed) is exit 2 too, as ``orch recipe show`` says."""
+        chosen = {h.name: self.recipe_for(h, playbook) for h in hosts}
+        for recipe in {id(r): r for r in chosen.values()}.values():
+            problems = [] if mtp is None else check_recipe(recipe, mtp=mtp)
+            if problems:
+                raise ConfigError(
+                    f"recipe {recipe.path or recipe.model} refused (no host was contacted):\n"
+                    + "\n".join(f"  - {p}" for p in problems),
+                    hint="fix the playbook (`orch recipe show` lists the same problems)"
+                    + (", or serve without MTP: --no-mtp" if mtp else ""),
+                )
+        return chosen
 
     def fleet(self, hosts: list[Host], parallel: int = 32) -> Fleet:
+        log.info("%d hosts (%s), %d at a time", len(hosts), ", ".join(h.name for h in hosts), parallel)
         return Fleet(hosts, self.options, parallel=parallel)

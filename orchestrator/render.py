@@ -1,6 +1,9 @@
 """Rendering for people (rich tables on stdout) and for programs (one JSON document on stdout).
 
-Errors and logs go to stderr, so ``--json`` output can always be piped.
+Errors and logs go to stderr, so ``--json`` output can always be piped. When the reader of stdout
+goes away (``orch status | head -1``), the rest of the output is dropped quietly (``PipeSafeStdout``)
+and the command finishes its work: a closed pipe never aborts a fleet operation half-way, and the
+exit code stays the command's own.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
@@ -25,6 +28,36 @@ def _width(stream: Any) -> int | None:
 
 out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
 err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
+
+
+class PipeSafeStdout:
+    """``sys.stdout`` until a write meets a closed pipe; from then on every write goes to /dev/null
+    (no ``BrokenPipeError`` traceback, none at interpreter exit either). Installed by ``cli.main``."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        """Point the stream's file descriptor at /dev/null: what is still buffered goes there too."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
 
 
 def to_jsonable(value: Any) -> Any:

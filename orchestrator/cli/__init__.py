@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -18,6 +19,7 @@ from orchestrator import __version__
 from orchestrator.app import App
 from orchestrator.cli import bench, demo, hosts, jobs, run, serve, tune
 from orchestrator.errors import ExitCode, OrchError
+from orchestrator.render import PipeSafeStdout
 from orchestrator.transport.ssh import ConnectOptions
 
 
@@ -53,7 +55,13 @@ from orchestrator.transport.ssh import ConnectOptions
     envvar="ORCH_NOTIFY_CMD",
     help="Run CMD (no shell) on every phase change and job end, with a JSON event on stdin.",
 )
-@click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv shows every remote command).")
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="More logging on stderr: -v orch's own steps, -vv also every remote command, -vvv also the SSH "
+    "libraries' debug output.",
+)
 @click.version_option(__version__, prog_name="orch")
 @click.pass_context
 def cli(
@@ -72,10 +80,7 @@ def cli(
       orch status
       orch pull --host 10.1.230.171
     """
-    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
-    logging.basicConfig(level=level, stream=sys.stderr, format="orch: %(message)s")
-    if verbose < 2:
-        logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    configure_logging(verbose)
     options = ConnectOptions(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)
     ctx.obj = App(inventory_option=inventory, state_option=state, options=options, notify_cmd=notify_cmd)
 
@@ -100,22 +105,46 @@ for command in (
     cli.add_command(command)
 
 
+LIBRARIES = ("paramiko", "invoke", "fabric")  # their debug output is noise below -vvv
+
+
+def configure_logging(verbose: int) -> None:
+    """Logging on stderr. 0: warnings; -v: orch's own steps (INFO of ``orchestrator.*``); -vv: every
+    remote command too (DEBUG); -vvv: every library's debug output too (paramiko, invoke, ...), each
+    line naming its logger. Below -vvv the SSH libraries say nothing: orch reports their failures."""
+    logging.basicConfig(
+        stream=sys.stderr, format="orch: %(name)s: %(message)s" if verbose >= 3 else "orch: %(message)s"
+    )
+    logging.getLogger().setLevel(logging.DEBUG if verbose >= 3 else logging.WARNING)
+    logging.getLogger("orchestrator").setLevel([logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)])
+    for name in LIBRARIES:
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose >= 3 else logging.CRITICAL)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run a command and turn its outcome into the documented exit code."""
+    sys.stdout = PipeSafeStdout(sys.stdout)
+    code = run_command(argv)
+    sys.stdout.flush()  # meet a closed pipe here, not at interpreter exit (where it prints a traceback)
+    sys.exit(code)
+
+
+def run_command(argv: list[str] | None) -> int:
+    """The command's exit code; an ``OrchError`` printed as one line, a bug raised with its traceback."""
     try:
         code = cli.main(args=argv, prog_name="orch", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
         _interrupted()
     except click.ClickException as exc:
         exc.show()
-        sys.exit(ExitCode.USAGE if exc.exit_code == 2 else exc.exit_code)
+        return ExitCode.USAGE if exc.exit_code == 2 else exc.exit_code
     except OrchError as exc:
         click.echo(f"orch: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    sys.exit(code if isinstance(code, int) else ExitCode.OK)
+        return exc.exit_code
+    return code if isinstance(code, int) else ExitCode.OK
 
 
-def _interrupted() -> None:
+def _interrupted() -> NoReturn:
     """Ctrl-C: stop now, without waiting for threads still talking to hosts. Jobs on the hosts are
     detached and keep running; state writes are atomic renames, so nothing is half-written; running
     the same command again resumes (as after a SIGKILL)."""

@@ -38,7 +38,19 @@ def host_options(fn: F) -> F:
 
 
 def finish(results: FleetResult[Any]) -> int:
-    """Report failed hosts on stderr; exit 0 when all succeeded, 3 when any failed; bugs re-raised."""
+    """Report failed hosts on stderr and return ``exit_code(results)``; bugs re-raised."""
     host_errors(results)
     results.raise_bugs()
-    return int(ExitCode.HOSTS_FAILED if results.failed else ExitCode.OK)
+    return int(exit_code(results))
+
+
+def exit_code(results: FleetResult[Any], also_failed: bool = False) -> ExitCode:
+    """0 when every host succeeded (and not ``also_failed``); when hosts failed, the code they all
+    share (2 bad input, 4 state file, 5 verification: the same failure a single-host command exits
+    with), else 3. A missing playbook or a corrupt state file met on every host is still 2 or 4."""
+    codes = {ExitCode(getattr(r.error, "exit_code", ExitCode.INTERNAL)) for r in results.failed}
+    if not codes:
+        return ExitCode.HOSTS_FAILED if also_failed else ExitCode.OK
+    if len(codes) == 1 and not also_failed:
+        return codes.pop()
+    return ExitCode.HOSTS_FAILED

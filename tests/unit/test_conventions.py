@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from orchestrator.errors import ConfigError, ExitCode
 from orchestrator.recipe import load_recipe
+from tests.conftest import OrchRun, run_orch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,3 +35,86 @@ def test_playbook_syntax_error_names_file_and_line(tmp_path: Path) -> None:
 def test_shipped_playbooks_have_no_duplicate_keys() -> None:
     for path in sorted((REPO / "playbooks").glob("*.yaml")):
         assert load_recipe(path).path == path
+
+
+# -- one exit-code table -------------------------------------------------------------------------
+
+# Two hosts the commands below never reach: each fails before contacting one (or on "every host" in
+# the same way), so no SSH is needed. `transport: local` points at directories that do not exist.
+HOSTS = """\
+defaults:
+  transport: local
+  sglang_dir: /nonexistent/sglang
+  python: /nonexistent/sglang/python
+  workdir: /nonexistent/orch
+hosts:
+  a: {address: 127.0.0.1}
+  b: {address: 127.0.0.2}
+"""
+BAD_MTP = """\
+model: m
+architecture: DeepseekV4ForCausalLM
+server_args: {tp-size: 8}
+mtp: {algorithm: MTP, num_steps: 3, eagle_topk: 1, num_draft_tokens: 4}
+steps: [serve]
+"""
+
+
+@pytest.fixture
+def fleet_dir(tmp_path: Path) -> Path:
+    (tmp_path / "hosts.yaml").write_text(HOSTS)
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks" / "bad-mtp.yaml").write_text(BAD_MTP)
+    return tmp_path
+
+
+def in_dir(directory: Path, *args: str) -> OrchRun:
+    return run_orch("-i", str(directory / "hosts.yaml"), *args, cwd=directory, timeout=60)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("status",), ("pull",), ("run",), ("run", "--dry-run"), ("tune-fp8",), ("wait",), ("bench",), ("report",)],
+    ids=" ".join,
+)
+def test_corrupt_state_file_is_exit_4_in_every_command(fleet_dir: Path, command: tuple[str, ...]) -> None:
+    (fleet_dir / ".orch").mkdir()
+    (fleet_dir / ".orch" / "state.json").write_text("{not json")
+    result = in_dir(fleet_dir, *command)
+    assert result.returncode == ExitCode.STATE, result.output
+    assert f"state file {fleet_dir / '.orch' / 'state.json'} is corrupt" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("recipe", "show", "--playbook", "nope"), ("serve", "--playbook", "nope"), ("run", "nope"),
+     ("stop-server", "--playbook", "nope")],
+    ids=" ".join,
+)  # fmt: skip
+def test_missing_playbook_is_exit_2_in_every_command(fleet_dir: Path, command: tuple[str, ...]) -> None:
+    result = in_dir(fleet_dir, *command)
+    assert result.returncode == ExitCode.USAGE, result.output
+    assert "no playbook 'nope'; known: bad-mtp, deepseek-v4-flash" in result.stderr
+
+
+def test_recipe_refused_by_the_mtp_rules_is_exit_2_in_recipe_show(fleet_dir: Path) -> None:
+    result = in_dir(fleet_dir, "recipe", "show", "--playbook", "bad-mtp")
+    assert result.returncode == ExitCode.USAGE, result.output
+    assert "`MTP` is not an SGLang algorithm name" in result.stderr
+
+
+# -- a closed stdout ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [("recipe", "show"), ("status", "--json"), ("status",)], ids=" ".join)
+def test_closed_stdout_is_quiet_and_keeps_the_commands_exit_code(fleet_dir: Path, command: tuple[str, ...]) -> None:
+    """`orch status | head -1`: the reader left; orch finishes, prints no traceback, exits as it would."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to stdout meets a closed pipe, deterministically
+    env = {**os.environ, "COLUMNS": "200"}
+    argv = [sys.executable, "-m", "orchestrator", "-i", "hosts.yaml", *command]
+    proc = subprocess.run(argv, cwd=fleet_dir, stdout=write_end, stderr=subprocess.PIPE, text=True, env=env, timeout=60)
+    os.close(write_end)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    assert "Error" not in proc.stderr and "Traceback" not in proc.stderr
