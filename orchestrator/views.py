@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
+
+from rich.table import Table
 
 from orchestrator.fleet import FleetResult
 from orchestrator.ops.pull import PullResult
@@ -21,6 +24,8 @@ def status_document(views: list[HostStatus]) -> dict[str, Any]:
                 "branch": sg.get("branch"),
                 "behind": sg.get("behind"),
                 "subject": sg.get("subject"),
+                "upstream": sg.get("upstream"),
+                "fetched_at": sg.get("fetched_at"),
             }
             if v.sglang
             else None
@@ -30,13 +35,85 @@ def status_document(views: list[HostStatus]) -> dict[str, Any]:
     return {"hosts": hosts}
 
 
-def _sglang_cell(v: HostStatus) -> str:
+# -- small formats ---------------------------------------------------------------------------------------
+
+
+def _when(iso: str | None) -> datetime | None:
+    """A timestamp as the state and ``status --json`` write it (``...Z`` or ``+00:00``)."""
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")) if iso else None
+
+
+def fmt_age(seconds: float) -> str:
+    """``just now``, ``5 min``, ``2 h``, ``3 d``: how long ago, as precisely as an operator needs."""
+    if seconds < 60:
+        return "just now"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min"
+    if seconds < 86400:
+        return f"{seconds // 3600:.0f} h"
+    return f"{seconds // 86400:.0f} d"
+
+
+def _ago(iso: str | None, now: datetime) -> str | None:
+    when = _when(iso)
+    if when is None:
+        return None
+    age = fmt_age((now - when).total_seconds())
+    return age if age == "just now" else f"{age} ago"
+
+
+def fmt_ranges(numbers: list[int]) -> str:
+    """``0-7``, ``0,2,4-6``: a sorted set of numbers with runs collapsed, each value once."""
+    parts: list[str] = []
+    ordered = sorted(set(numbers))
+    start = prev = ordered[0] if ordered else 0
+    for n in [*ordered[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    return ",".join(parts) if ordered else ""
+
+
+def _uptime(seconds: int) -> str:
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
+
+
+# -- cells of the wide table and of `orch status HOST` ------------------------------------------------------
+
+
+def _fetched(v: HostStatus, now: datetime) -> str:
+    ago = _ago((v.sglang or {}).get("fetched_at"), now)
+    return f"fetched {ago}" if ago else "never fetched"
+
+
+def _sglang_cell(v: HostStatus, now: datetime | None = None) -> str:
     if not v.sglang:
         return "-"
     sg = v.sglang
     behind = sg.get("behind")
-    lag = "" if behind is None else (" (up to date)" if behind == 0 else f" ({behind} behind)")
-    return f"{sg.get('branch')} {sg.get('short') or str(sg.get('commit'))[:10]} {sg.get('subject', '')}{lag}"
+    lag = "" if behind is None else (" (up to date" if behind == 0 else f" ({behind} behind")
+    fetched = f", {_fetched(v, now)})" if now is not None and lag else ")" if lag else ""
+    return f"{sg.get('branch')} {sg.get('short') or str(sg.get('commit'))[:10]} {sg.get('subject', '')}{lag}{fetched}"
+
+
+def _holders(v: HostStatus) -> list[str]:
+    """Who holds which GPUs, each process once: ``GPU 0-7: sglang::scheduler (pid 23657)``."""
+    by_name: dict[str, tuple[list[int], list[int]]] = {}
+    for g in v.gpus:
+        for p in g.processes:
+            idx, pids = by_name.setdefault(p["name"], ([], []))
+            idx.append(g.index)
+            pids.append(p["pid"])
+    held = []
+    for name, (idx, pids) in by_name.items():
+        label = "pid" if len(set(pids)) == 1 else "pids"
+        held.append(f"GPU {fmt_ranges(idx)}: {name} ({label} {fmt_ranges(pids)})")
+    return held
 
 
 def _gpu_cell(v: HostStatus) -> str:
@@ -46,17 +123,22 @@ def _gpu_cell(v: HostStatus) -> str:
         return "-"
     used = sum(g.memory_used_mib for g in v.gpus)
     total = sum(g.memory_total_mib for g in v.gpus)
-    holders: dict[tuple[int, str], list[str]] = {}
-    for g in v.gpus:
-        for p in g.processes:
-            holders.setdefault((p["pid"], p["name"]), []).append(str(g.index))
-    busy = [f"GPU {','.join(idx)}: {name} (pid {pid})" for (pid, name), idx in holders.items()]
+    busy = _holders(v)
     line = f"{len(v.gpus)}× {v.gpus[0].name}, {fmt_mib(used)}/{fmt_mib(total)}"
     return line + (f"; held by {'; '.join(busy)}" if busy else "; idle")
 
 
+def _made_for(t: dict[str, Any]) -> str:
+    """``for 8e6290d on NVIDIA RTX PRO 6000 ...``: the commits and devices the installed configs were made for."""
+    made = t.get("installed_for") or {}
+    commits = sorted({str(r["commit"])[:7] for r in made.values()})
+    devices = sorted({str(r["device"]) for r in made.values()})
+    return f" for {', '.join(commits)} on {', '.join(devices)}" if made else ""
+
+
 def _tuning_cell(v: HostStatus) -> str:
-    """``orch tune-fp8`` progress: ``running 45% (41/90), ETA 62s``, ``installed 5 shapes``, ``failed: why``."""
+    """``orch tune-fp8`` progress: ``running 45% (41/90), ETA 62s``, ``installed 5 shapes for 8e6290d on
+    NVIDIA ...``, ``failed: why``."""
     t = v.extra.get("tuning")
     if not t:
         return "-"
@@ -64,43 +146,197 @@ def _tuning_cell(v: HostStatus) -> str:
         eta = f", ETA {t['eta_seconds']}s" if t.get("eta_seconds") is not None else ""
         return f"{t['state']} {t['percent']:.0f}% ({t['units_done']}/{t['units_total']}){eta}"
     if t["state"] == "installed":
-        return f"installed {len(t['installed'])} shapes"
+        return f"installed {len(t['installed'])} shapes{_made_for(t)}"
     return f"{t['state']}: {t.get('reason') or t.get('error') or ''}".rstrip(": ")
 
 
-def _server_cell(v: HostStatus) -> str:
-    """``healthy, MTP on (accept 3.10), 5 tuned shapes, up 2h03m, job server-...`` or why it is down."""
+def _stopped(s: dict[str, Any], now: datetime | None) -> str:
+    ago = _ago(s.get("stopped_at"), now) if now is not None else None
+    by = s.get("stopped_by")
+    detail = ", ".join(x for x in (f"by {by}" if by else None, ago) if x)
+    return f"stopped ({detail})" if detail else "stopped"
+
+
+def _commits(s: dict[str, Any]) -> str:
+    """``runs ed88712, checkout a525317: restart pending`` (or just ``runs ed88712``)."""
+    runs, checkout = s.get("commit"), s.get("checkout")
+    if not runs:
+        return ""
+    text = f"runs {runs[:7]}"
+    if checkout and checkout != runs:
+        text += f", checkout {checkout[:7]}"
+    if s.get("restart_pending"):
+        newer = len(s.get("configs_since_launch") or [])
+        text += ": restart pending" + (f" ({newer} tuned configs installed since launch)" if newer else "")
+    return text
+
+
+def _server_cell(v: HostStatus, now: datetime | None = None) -> str:
+    """``healthy, MTP on (accept 3.10), 5 tuned shapes, up 2h03m, job server-...; runs 8e6290d``, or
+    why it is down, or ``stopped (by orch stop-server, 2 h ago)``."""
     s = v.extra.get("server")
     if not s:
         return "-"
+    if s.get("job_state") == "stopped":
+        return f"{_stopped(s, now)}, job {s['job']}"
     if not s["healthy"]:
         return f"NOT healthy (job {s['job']}: {s['job_state']})"
     accept = f" (accept {s['accept_length']:.2f})" if s.get("accept_length") is not None else ""
     mtp = f"MTP on{accept}" if s["mtp"] else "MTP off"
+    uptime = _uptime(s.get("uptime_s") or 0)
+    commits = _commits(s)
+    line = f"healthy, {mtp}, {len(s['tuned_shapes_in_use'])} tuned shapes, up {uptime}, job {s['job']}"
+    return f"{line}; {commits}" if commits else line
+
+
+# -- the default table: one short line per host ------------------------------------------------------------
+
+
+def _state_short(v: HostStatus) -> str:
+    return v.phase if v.reachable else "unreachable"
+
+
+def _sglang_short(v: HostStatus, now: datetime) -> str:
+    """``8e6290d 3 behind, 2 h ago``: the commit, the commits behind upstream and when it was fetched."""
+    if not v.sglang:
+        return "-"
+    sg = v.sglang
+    behind = sg.get("behind")
+    lag = "? behind" if behind is None else "up to date" if behind == 0 else f"{behind} behind"
+    ago = _ago(sg.get("fetched_at"), now)
+    return f"{str(sg.get('commit'))[:7]} {lag}, {ago or 'never fetched'}"
+
+
+def _gpu_short(v: HostStatus) -> str:
+    """``8× idle``, ``8× busy 84%``, ``8×, 3 busy 30%`` (the share of GPU memory in use)."""  # noqa: RUF002
+    if v.gpu_error:
+        return "error"
+    if not v.gpus:
+        return "-"
+    busy = sum(1 for g in v.gpus if g.processes)
+    total = sum(g.memory_total_mib for g in v.gpus)
+    used = 100 * sum(g.memory_used_mib for g in v.gpus) // total if total else 0
+    if not busy:
+        return f"{len(v.gpus)}× idle"
+    return f"{len(v.gpus)}× busy {used}%" if busy == len(v.gpus) else f"{len(v.gpus)}×, {busy} busy {used}%"
+
+
+def _tuning_short(v: HostStatus) -> str:
+    t = v.extra.get("tuning")
+    if not t:
+        return "-"
+    if t["state"] in ("running", "ready-to-install"):
+        eta = f" ETA {_uptime(int(t['eta_seconds']))}" if t.get("eta_seconds") else ""
+        return f"{t['state']} {t['percent']:.0f}% ({t['units_done']}/{t['units_total']}){eta}"
+    if t["state"] == "installed":
+        return f"installed {len(t['installed'])}"
+    return str(t["state"])
+
+
+def _server_short(v: HostStatus, now: datetime) -> str:
+    """``healthy, MTP 3.10, up 2h``, ``healthy, restart pending``, ``stopped (by ..., 2 h ago)``, ``DOWN (failed)``."""
+    s = v.extra.get("server")
+    if not s:
+        return "-"
+    if s.get("job_state") == "stopped":
+        return _stopped(s, now)
+    if not s["healthy"]:
+        return f"NOT healthy ({s['job_state']})"
+    if s.get("restart_pending"):
+        return "healthy, restart pending"
+    accept = f" {s['accept_length']:.2f}" if s.get("accept_length") is not None else " on"
     up = s.get("uptime_s") or 0
-    uptime = f"{up // 3600}h{up % 3600 // 60:02d}m" if up >= 3600 else f"{up // 60}m{up % 60:02d}s"
-    return f"healthy, {mtp}, {len(s['tuned_shapes_in_use'])} tuned shapes, up {uptime}, job {s['job']}"
+    uptime = f"{up // 3600}h" if up >= 3600 else f"{up // 60}m"
+    return f"healthy, MTP{accept if s['mtp'] else ' off'}, up {uptime}"
 
 
-def status_table(views: list[HostStatus]) -> None:
-    rows = []
+STATUS_COLUMNS = ["host", "state", "sglang (fetched)", "gpus", "tuning", "server"]
+
+
+def status_row(v: HostStatus, now: datetime) -> list[str]:
+    """One host's line of the default table: short cells, details in ``--wide`` and ``orch status HOST``."""
+    return [v.name, _state_short(v), _sglang_short(v, now), _gpu_short(v), _tuning_short(v), _server_short(v, now)]
+
+
+def status_notes(views: list[HostStatus], restarts: bool = True) -> list[str]:
+    """Lines under the table for what needs the operator: unreachable hosts with the fix (an unknown host
+    key: `orch trust HOST`), a checkout that cannot be read, a failed ``--fetch``, a pending restart
+    (unless ``restarts`` is False: the server line already says it)."""
+    notes = []
     for v in views:
-        reach = "yes" if v.reachable else f"NO: {(v.error or '').removeprefix(f'{v.name}: ')}"
-        rows.append(
-            [
-                v.name,
-                v.address,
-                reach,
-                v.phase,
-                _sglang_cell(v),
-                _gpu_cell(v),
-                _tuning_cell(v),
-                _server_cell(v),
-            ]
-        )
-        if v.reachable and v.error:
-            rows[-1][2] = f"yes ({v.error})"
-    table(None, ["host", "address", "reachable", "phase", "sglang", "gpus", "tuning", "server"], rows)
+        problems = [v.error.removeprefix(f"{v.name}: ")] if v.error else []
+        if v.hint:
+            problems.append(f"hint: {v.hint}")
+        if v.extra.get("fetch_error"):
+            problems.append(str(v.extra["fetch_error"]))
+        server = v.extra.get("server") or {}
+        if restarts and server.get("restart_pending"):
+            problems.append(f"server {_commits(server)}")
+        notes += [f"{v.name}: {p}" for p in problems]
+    return notes
+
+
+def compact_table(views: list[HostStatus], now: datetime) -> Table:
+    """The default ``orch status`` table: one line per host (cells cut with … rather than wrapped)."""
+    t = Table(box=None, header_style="bold", pad_edge=False, show_edge=False)
+    for c in STATUS_COLUMNS:
+        t.add_column(c, no_wrap=True, overflow="ellipsis")
+    for v in views:
+        t.add_row(*status_row(v, now))
+    return t
+
+
+def status_table(views: list[HostStatus], wide: bool = False, now: datetime | None = None) -> None:
+    """Print the status table (``wide``: every detail, cells wrapped) and the notes under it."""
+    now = now or datetime.now(timezone.utc)
+    if wide:
+        rows = [_wide_row(v, now) for v in views]
+        table(None, ["host", "address", "reachable", "phase", "sglang", "gpus", "tuning", "server"], rows)
+    else:
+        out.print(compact_table(views, now))
+    for note in status_notes(views):
+        out.print(note, markup=False)
+
+
+def _wide_row(v: HostStatus, now: datetime) -> list[str]:
+    reach = "yes" if v.reachable else f"NO: {(v.error or '').removeprefix(f'{v.name}: ')}"
+    if v.reachable and v.error:
+        reach = f"yes ({v.error})"
+    return [
+        v.name,
+        v.address,
+        reach,
+        v.phase,
+        _sglang_cell(v, now),
+        _gpu_cell(v),
+        _tuning_cell(v),
+        _server_cell(v, now),
+    ]
+
+
+def status_details(views: list[HostStatus], now: datetime | None = None) -> None:
+    """``orch status HOST``: every detail of each host, one labelled line per part."""
+    now = now or datetime.now(timezone.utc)
+    for i, v in enumerate(views):
+        if i:
+            out.print("")
+        for line in detail_lines(v, now):
+            out.print(line, markup=False)
+
+
+def detail_lines(v: HostStatus, now: datetime) -> list[str]:
+    seen = _ago(v.last_seen, now)
+    reach = "reachable" if v.reachable else f"UNREACHABLE (last seen {seen or 'never'})"
+    lines = [f"{v.name} ({v.address}): {reach}, phase {v.phase}"]
+    parts = [
+        ("sglang", _sglang_cell(v, now)),
+        ("gpus", _gpu_cell(v)),
+        ("tuning", _tuning_cell(v)),
+        ("server", _server_cell(v, now)),
+    ]
+    lines += [f"  {label:<8}{text}" for label, text in parts]
+    lines += [f"  {note.removeprefix(f'{v.name}: ')}" for note in status_notes([v], restarts=False)]
+    return lines
 
 
 def pull_report(results: FleetResult[PullResult]) -> None:

@@ -11,33 +11,52 @@ from orchestrator.ops import pull as pull_op
 from orchestrator.ops import status as status_op
 from orchestrator.render import out, print_json
 from orchestrator.transport.ssh import trust_host_key
-from orchestrator.views import pull_report, status_document, status_table
+from orchestrator.views import pull_report, status_details, status_document, status_table
 
 
 @click.command()
+@click.argument("detail_hosts", nargs=-1, metavar="[HOST]...")
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (logs go to stderr).")
+@click.option("--wide", is_flag=True, help="Every detail in the table (cells wrap), not one short line per host.")
+@click.option("--fetch", is_flag=True, help="Fetch upstream on each host first, in the same round trip.")
 @pass_app
-def status(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, as_json: bool) -> int:
-    """Show each host: reachable, phase, SGLang commit, GPUs and what holds them.
+def status(
+    app: App,
+    detail_hosts: tuple[str, ...],
+    hosts: tuple[str, ...],
+    tags: tuple[str, ...],
+    parallel: int,
+    as_json: bool,
+    wide: bool,
+    fetch: bool,
+) -> int:
+    """Show each host: phase, SGLang commit (commits behind, when fetched), GPUs, tuning, server.
+
+    One line per host; `--wide` or `orch status HOST` show every detail (who holds the GPUs, the
+    commit the server runs and whether a restart is pending, what the tuned configs were made for).
 
     \b
     Example:
       orch status
+      orch status --fetch
+      orch status blackwell-1
       orch status --host blackwell-1 --json
     """
-    selected = app.select(hosts, tags)
+    selected = app.select(hosts + detail_hosts, tags)
     with app.fleet(selected, parallel) as fleet:
         cached = app.store.load().hosts
-        results = fleet.map(lambda h, r: status_op.observe(h, r, app.store, cached.get(h.name)))
+        results = fleet.map(lambda h, r: status_op.observe(h, r, app.store, cached.get(h.name), fetch))
     observed = [r.value for r in results if r.ok and r.value is not None]
     seen = status_op.record_seen(app.store, {h.name: h for h in selected}, observed)
     by_name = {o.status.name: status_op.merge_state(o, seen[o.status.name]) for o in observed}
     views = [by_name.get(r.host.name) or status_op.unreachable(r, cached.get(r.host.name)) for r in results]
     if as_json:
         print_json(status_document(views))
+    elif detail_hosts:
+        status_details(views)
     else:
-        status_table(views)
+        status_table(views, wide=wide)
     results.raise_bugs()
     return int(ExitCode.HOSTS_FAILED if results.failed else ExitCode.OK)
 

@@ -14,7 +14,18 @@ echo "branch=$(git symbolic-ref --short -q HEAD || echo HEAD)"
 echo "subject=$(git log -1 --format=%s)"
 echo "upstream_commit=$(git rev-parse -q --verify "$2^{commit}" || echo)"
 echo "behind=$(git rev-list --count "HEAD..$2" 2>/dev/null || echo)"
+reflog_time() { t=$(git log -g -1 --date=unix --format=%gd "$1" -- 2>/dev/null); t=${t##*@?}; echo "${t%?}"; }
+fetched=$(stat -c %Y -- "$(git rev-parse --git-path FETCH_HEAD)" 2>/dev/null)
+[ -n "$fetched" ] || fetched=$(reflog_time "$2")
+[ -n "$fetched" ] || fetched=$(reflog_time "${2%%/*}/HEAD")
+echo "fetched=$fetched"
+echo "now=$(date +%s)"
 """
+# ``fetched`` is when upstream was last fetched, on the host's clock: FETCH_HEAD's mtime (every fetch
+# rewrites it, whoever ran it: orch pull, status --fetch, a cron job, the operator), else the last
+# update of the upstream ref's reflog, else of the remote's HEAD (a fresh clone: it has no FETCH_HEAD,
+# and its remote refs are packed without a reflog). ``now`` is the host's clock too, so the age does
+# not depend on the two clocks agreeing.
 
 
 @dataclass(frozen=True)
@@ -24,6 +35,7 @@ class GitInfo:
     subject: str
     upstream_commit: str | None
     behind: int | None
+    fetched_age_s: int | None = None  # seconds since upstream was last fetched (None: no fetch recorded)
 
     @property
     def short(self) -> str:
@@ -52,7 +64,15 @@ def parse_info(stdout: str) -> GitInfo:
         subject=fields.get("subject", ""),
         upstream_commit=fields.get("upstream_commit") or None,
         behind=int(behind) if behind.isdigit() else None,
+        fetched_age_s=_age(fields.get("fetched", ""), fields.get("now", "")),
     )
+
+
+def _age(then: str, now: str) -> int | None:
+    """Seconds from ``then`` to ``now`` (epoch seconds, both read on the host); never negative."""
+    if not (then.strip().isdigit() and now.strip().isdigit()):
+        return None
+    return max(0, int(now) - int(then))
 
 
 def git(sglang_dir: str, *args: str) -> list[str]:

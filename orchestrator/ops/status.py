@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from orchestrator.errors import OrchError
 from orchestrator.facts import git, gpus, probe
 from orchestrator.fleet import HostResult
 from orchestrator.inventory import Host
 from orchestrator.ops import server, tune
+from orchestrator.ops.tune_record import TuningRecord, load_record
 from orchestrator.state import HostState, ServerRecord, SGLangInfo, StateStore
 from orchestrator.transport.base import Runner
 
@@ -34,6 +36,7 @@ class HostStatus:
     gpu_error: str | None = None
     error: str | None = None
     last_seen: str | None = None
+    hint: str | None = None  # how to fix ``error`` (an unknown host key: `orch trust HOST`)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -57,7 +60,11 @@ def gpu_views(gpu_csv: str, apps_csv: str) -> list[GpuView]:
     return views
 
 
-def sglang_info(host: Host, info: git.GitInfo) -> SGLangInfo:
+def sglang_info(host: Host, info: git.GitInfo, read_at: datetime | None = None) -> SGLangInfo:
+    """The checkout as recorded in the state; ``fetched_at`` is ``read_at`` (default now) minus the
+    fetch age the host measured on its own clock."""
+    read_at = read_at or datetime.now(timezone.utc)
+    age = info.fetched_age_s
     return SGLangInfo(
         commit=info.commit,
         short=info.short,
@@ -65,13 +72,22 @@ def sglang_info(host: Host, info: git.GitInfo) -> SGLangInfo:
         branch=info.branch,
         upstream=host.upstream,
         behind=info.behind,
+        fetched_at=None if age is None else read_at - timedelta(seconds=age),
     )
 
 
-def status_sections(host: Host, launched: ServerRecord | None = None) -> list[tuple[str, list[str]]]:
-    """The read-only commands ``status`` runs on a host, all in one round trip. The server is asked
-    only where orch launched one (asking costs a python start on the host)."""
+FETCH_TIMEOUT = 600  # seconds for ``status --fetch``: a fetch of a large upstream is slow
+PROBE_TIMEOUT = 120
+
+
+def status_sections(
+    host: Host, launched: ServerRecord | None = None, fetch: bool = False
+) -> list[tuple[str, list[str]]]:
+    """The commands ``status`` runs on a host, all in one round trip: read-only, but for ``fetch``
+    (``status --fetch``: fetch upstream first, so the commits behind are counted as of now). The server
+    is asked only where orch launched one (asking costs a python start on the host)."""
     return [
+        *([("fetch", git.fetch_argv(host.sglang_dir, host.remote))] if fetch else []),
         *(server.status_sections(host, launched) if launched else []),  # first: git, read last, is freshest
         ("git", git.info_argv(host.sglang_dir, host.upstream)),
         ("gpus", gpus.query_gpus_argv()),
@@ -89,19 +105,30 @@ class Observed:
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
 
-def observe(host: Host, runner: Runner, store: StateStore, cached: HostState | None) -> Observed:
+def observe(host: Host, runner: Runner, store: StateStore, cached: HostState | None, fetch: bool = False) -> Observed:
     """Read one host in a single remote command, plus the tuning progress (from the tuning jobs' logs,
-    only while they run). Findings (no checkout, broken driver) are not errors. ``cached`` is the host's
-    state as loaded once for the whole fleet: it says whether there is a server or tuning to ask about."""
+    only while they run). Findings (no checkout, broken driver, a failed ``fetch``) are not errors.
+    ``cached`` is the host's state as loaded once for the whole fleet: it says whether there is a server
+    or tuning to ask about."""
     started_at = datetime.now(timezone.utc)
     launched = cached.server if cached is not None else None
-    raw = runner.run(probe.probe_argv(status_sections(host, launched)), timeout=120).stdout
-    sections = probe.parse(raw)
+    argv = probe.probe_argv(status_sections(host, launched, fetch))
+    sections = probe.parse(runner.run(argv, timeout=FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout)
     status = HostStatus(host.name, host.address, reachable=True, phase="new")
+    if fetch:
+        status.extra["fetch_error"] = _fetch_error(sections.get("fetch"), host)
     info = _parse_git(sections.get("git"), status)
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
     status.extra["tuning"] = tune.status_field(host, runner, store, cached)
     return Observed(status, info, sections, started_at)
+
+
+def _fetch_error(section: probe.Section | None, host: Host) -> str | None:
+    """Why ``git fetch`` failed (its last line), None when it worked."""
+    if section is not None and section.ok:
+        return None
+    last = (section.output.strip().splitlines()[-1:] if section else []) or ["no answer"]
+    return f"git fetch {host.remote} failed: {last[0]}"
 
 
 def _parse_git(section: probe.Section | None, status: HostStatus) -> git.GitInfo | None:
@@ -137,7 +164,7 @@ def record_seen(store: StateStore, hosts: dict[str, Host], observed: list[Observ
             newer_known = hs.last_seen is not None and hs.last_seen > obs.started_at
             hs.last_seen = max(now, hs.last_seen) if hs.last_seen else now
             if obs.git is not None and not newer_known:
-                hs.sglang = sglang_info(hosts[obs.status.name], obs.git)
+                hs.sglang = sglang_info(hosts[obs.status.name], obs.git, obs.started_at)
         return {o.status.name: state.host(o.status.name).model_copy(deep=True) for o in observed}
 
 
@@ -152,16 +179,42 @@ def merge_state(obs: Observed, hs: HostState) -> HostStatus:
     status = obs.status
     _show_state(status, hs)
     http, listed = obs.sections.get("server_http"), obs.sections.get("server_jobs")
-    status.extra["server"] = server.status_field(
+    field = server.status_field(
         http.output if http else None, listed.output if listed else None, hs.server, datetime.now(timezone.utc)
     )
+    checkout = obs.git.commit if obs.git else hs.sglang.commit if hs.sglang else None
+    if field is not None and hs.server is not None:
+        for key, value in pending_restart(field, hs.server, checkout, load_record(hs)).items():
+            field.setdefault(key, value)
+    status.extra["server"] = field
     return status
 
 
+def pending_restart(
+    field: dict[str, Any], record: ServerRecord, checkout: str | None, tuning: TuningRecord
+) -> dict[str, Any]:
+    """Which commit the server runs (recorded at launch) and the checkout's now; a restart is pending
+    when a running server would pick up something new: a checkout that moved since launch, or tuned
+    configs installed after it started (``configs_since_launch``)."""
+    runs = record.commit or record.verified.get("sglang_commit")
+    running = field.get("job_state") == "running"
+    moved = bool(running and runs and checkout and runs != checkout)
+    newer = sorted(k for k, r in tuning.installed.items() if r.installed_at > record.started_at) if running else []
+    return {
+        "commit": runs,
+        "checkout": checkout,
+        "configs_since_launch": newer,
+        "restart_pending": moved or bool(newer),
+    }
+
+
 def unreachable(result: HostResult[Any], cached: HostState | None) -> HostStatus:
-    """The status line of a host that could not be read: its cached state, marked unreachable."""
+    """The status line of a host that could not be read: its cached state, marked unreachable, with
+    the error's first line and its hint (an unknown host key says to run `orch trust HOST`)."""
     host = result.host
-    status = HostStatus(host.name, host.address, reachable=False, phase="new", error=str(result.error).splitlines()[0])
+    error = result.error
+    status = HostStatus(host.name, host.address, reachable=False, phase="new", error=str(error).splitlines()[0])
+    status.hint = error.hint if isinstance(error, OrchError) else None
     if cached is not None:
         _show_state(status, cached)
     return status

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -115,3 +116,35 @@ def test_device_file_name() -> None:
     assert gpus.device_file_name("NVIDIA RTX PRO 6000 Blackwell Server Edition") == (
         "NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition"
     )
+
+
+@pytest.mark.parametrize(
+    ("lines", "age"),
+    [
+        ("fetched=1000\nnow=8200\n", 7200),
+        ("fetched=9000\nnow=8200\n", 0),  # a FETCH_HEAD from the future (clock moved back): just now
+        ("fetched=\nnow=8200\n", None),  # never fetched (nor cloned with a reflog)
+        ("", None),  # an older script without the lines
+    ],
+)
+def test_parse_git_info_reads_the_fetch_age_on_the_hosts_clock(lines: str, age: int | None) -> None:
+    assert git.parse_info(INFO + lines).fetched_age_s == age
+
+
+def _git(repo: object, *args: str) -> str:
+    cmd = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+
+def test_git_info_script_dates_the_last_fetch_from_fetch_head_else_the_clone(tmp_path: pytest.TempPathFactory) -> None:
+    upstream, clone = tmp_path / "up", tmp_path / "clone"  # type: ignore[operator]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(upstream)], check=True)
+    _git(upstream, "commit", "-q", "--allow-empty", "-m", "first")
+    subprocess.run(["git", "clone", "-q", str(upstream), str(clone)], check=True)
+    out = subprocess.run(git.info_argv(str(clone), "origin/main"), capture_output=True, text=True, check=True)
+    assert git.parse_info(out.stdout).fetched_age_s is not None  # the clone's reflog: no FETCH_HEAD yet
+    _git(clone, "fetch", "-q", "origin")
+    day_ago = int(subprocess.run(["date", "+%s"], capture_output=True, text=True).stdout) - 86400
+    os.utime(clone / ".git" / "FETCH_HEAD", (day_ago, day_ago))
+    out = subprocess.run(git.info_argv(str(clone), "origin/main"), capture_output=True, text=True, check=True)
+    assert 86400 <= (git.parse_info(out.stdout).fetched_age_s or 0) < 2 * 86400  # FETCH_HEAD's mtime

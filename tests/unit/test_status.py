@@ -3,11 +3,22 @@ rows it renders (one line per host at 100 columns)."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+import io
+from datetime import datetime, timedelta, timezone
 
+import pytest
+from rich.console import Console
+
+from orchestrator import views as views_mod
+from orchestrator.errors import HostKeyError
+from orchestrator.facts import git
+from orchestrator.fleet import HostResult
 from orchestrator.inventory import Host
+from orchestrator.ops import status as status_op
 from orchestrator.ops import tune, tune_progress
+from orchestrator.ops.status import GpuView, HostStatus
 from orchestrator.ops.tune_record import InstalledRecord, TuningRecord
+from orchestrator.state import ServerRecord
 
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 COMMIT = "8e6290d39dd0e429b92f9eb2a8c753e727381e71"
@@ -76,3 +87,153 @@ def test_installed_tuning_says_for_which_device_and_commit() -> None:
         "commit": COMMIT,
         "installed_at": T0.isoformat(),
     }
+
+
+# -- the rows status renders ---------------------------------------------------------------------------------
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+
+
+def view(name: str = "blackwell-12", **server: object) -> HostStatus:
+    """A busy host as status sees it: serving on 8 GPUs (one process), tuned, 3 commits behind."""
+    gpus = [
+        GpuView(i, DEVICE, 83203, 97887, [{"pid": 23657, "name": "sglang::scheduler", "memory_mib": 83203}])
+        for i in range(8)
+    ]
+    sglang = {
+        "commit": COMMIT,
+        "short": COMMIT[:10],
+        "branch": "main",
+        "subject": "[Feature] DeepSeek V4 FP8 kernels for sm_120 with a long subject line",
+        "behind": 3,
+        "fetched_at": (NOW - timedelta(hours=2)).isoformat(),
+    }
+    field = {
+        "job": "server-20261201T105115-529f",
+        "job_state": "running",
+        "healthy": True,
+        "mtp": True,
+        "accept_length": 3.1,
+        "tuned_shapes_in_use": ["N=1536,K=4096"] * 4,
+        "uptime_s": 7380,
+        "commit": COMMIT,
+        "checkout": COMMIT,
+        "restart_pending": False,
+        **server,
+    }
+    tuning = {"state": "installed", "installed": ["a", "b", "c", "d"], "installed_for": {}}
+    return HostStatus(
+        name, "10.1.230.171", True, "serving", sglang=sglang, gpus=gpus, extra={"server": field, "tuning": tuning}
+    )
+
+
+def rendered(views: list[HostStatus], width: int) -> list[str]:
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, color_system=None).print(views_mod.compact_table(views, NOW))
+    return buffer.getvalue().splitlines()
+
+
+def test_default_table_is_one_line_per_host_at_100_columns_for_32_hosts() -> None:
+    views = [view(f"blackwell-{i}") for i in range(1, 33)]
+    lines = rendered(views, 100)
+    assert len(lines) == 33  # the header and one line per host
+    assert all(len(line) <= 100 for line in lines)
+    row = lines[12]
+    assert row.split()[0] == "blackwell-12"
+    for cell in ("serving", "8e6290d 3 behind, 2 h ago", "8× busy 84%", "installed 4", "healthy, MTP 3.10, up 2h"):
+        assert cell in row, row
+
+
+def test_a_cell_too_long_for_the_width_is_cut_not_wrapped() -> None:
+    long = view(job_state="stopped", healthy=False, stopped_by="orch run (tune-fp8 step) " * 3, stopped_at=None)
+    lines = rendered([long], 100)
+    assert len(lines) == 2 and all(len(line) <= 100 for line in lines) and "…" in lines[1]
+
+
+def test_the_same_pid_on_eight_gpus_is_shown_once() -> None:
+    cell = views_mod._gpu_cell(view())
+    assert cell.endswith("held by GPU 0-7: sglang::scheduler (pid 23657)")
+    v = view()
+    for g in v.gpus:
+        g.processes = [{"pid": 100 + g.index, "name": "sglang::scheduler_TP", "memory_mib": 1}] if g.index % 2 else []
+    assert views_mod._holders(v) == ["GPU 1,3,5,7: sglang::scheduler_TP (pids 101,103,105,107)"]
+
+
+@pytest.mark.parametrize(
+    ("numbers", "text"), [([0, 1, 2, 3, 4, 5, 6, 7], "0-7"), ([3, 1, 0, 5, 6, 7, 3], "0-1,3,5-7"), ([4], "4"), ([], "")]
+)
+def test_fmt_ranges(numbers: list[int], text: str) -> None:
+    assert views_mod.fmt_ranges(numbers) == text
+
+
+def test_sglang_cells_say_when_upstream_was_fetched() -> None:
+    v = view()
+    assert views_mod._sglang_short(v, NOW) == "8e6290d 3 behind, 2 h ago"
+    assert views_mod._sglang_cell(v, NOW).endswith("(3 behind, fetched 2 h ago)")
+    assert v.sglang is not None
+    v.sglang["fetched_at"], v.sglang["behind"] = None, 0
+    assert views_mod._sglang_short(v, NOW) == "8e6290d up to date, never fetched"
+    v.sglang["fetched_at"] = (NOW - timedelta(seconds=20)).isoformat().replace("+00:00", "Z")
+    assert views_mod._sglang_cell(v, NOW).endswith("(up to date, fetched just now)")
+
+
+def test_sglang_info_dates_the_fetch_from_the_age_the_host_measured() -> None:
+    h = Host.model_validate({"name": "h1", "address": "127.0.0.1"})
+    info = git.GitInfo(COMMIT, "main", "s", COMMIT, 0, fetched_age_s=7200)
+    assert status_op.sglang_info(h, info, NOW).fetched_at == NOW - timedelta(hours=2)
+    assert status_op.sglang_info(h, git.GitInfo(COMMIT, "main", "s", None, None), NOW).fetched_at is None
+
+
+def test_server_cells_say_which_commit_runs_and_that_a_restart_is_pending() -> None:
+    v = view(checkout="a525317" + "0" * 33, restart_pending=True)
+    assert views_mod._server_short(v, NOW) == "healthy, restart pending"
+    assert views_mod._server_cell(v, NOW).endswith("; runs 8e6290d, checkout a525317: restart pending")
+    assert views_mod.status_notes([v]) == ["blackwell-12: server runs 8e6290d, checkout a525317: restart pending"]
+    assert views_mod._server_cell(view(), NOW).endswith("; runs 8e6290d")
+
+
+def test_a_stopped_server_says_by_whom_and_when() -> None:
+    when = (NOW - timedelta(hours=2)).isoformat()
+    v = view(job_state="stopped", healthy=False, stopped_by="orch stop-server", stopped_at=when)
+    assert views_mod._server_short(v, NOW) == "stopped (by orch stop-server, 2 h ago)"
+    assert views_mod._server_cell(v, NOW) == "stopped (by orch stop-server, 2 h ago), job server-20261201T105115-529f"
+
+
+def record(started: datetime = T0, commit: str | None = COMMIT) -> ServerRecord:
+    return ServerRecord(job_id="s1", argv=["python"], port=30000, mtp=True, started_at=started, commit=commit)
+
+
+def test_restart_is_pending_when_the_checkout_moved_or_configs_came_after_launch() -> None:
+    running = {"job_state": "running"}
+    other = "a525317" + "0" * 33
+    assert status_op.pending_restart(running, record(), COMMIT, TuningRecord())["restart_pending"] is False
+    moved = status_op.pending_restart(running, record(), other, TuningRecord())
+    assert (moved["commit"], moved["checkout"], moved["restart_pending"]) == (COMMIT, other, True)
+    tuned = installed(group_plan())  # installed at T0
+    assert status_op.pending_restart(running, record(T0 - timedelta(hours=1)), COMMIT, tuned)[
+        "configs_since_launch"
+    ] == ["N=1024,K=4096", "N=4096,K=2048"]
+    assert (
+        status_op.pending_restart(running, record(T0 + timedelta(hours=1)), COMMIT, tuned)["restart_pending"] is False
+    )
+    assert status_op.pending_restart({"job_state": "stopped"}, record(), other, tuned)["restart_pending"] is False
+    legacy = record(commit=None).model_copy(update={"verified": {"sglang_commit": other}})
+    assert status_op.pending_restart(running, legacy, other, TuningRecord())["commit"] == other
+
+
+def test_an_unknown_host_key_shows_the_orch_trust_hint() -> None:
+    h = Host.model_validate({"name": "h1", "address": "127.0.0.1"})
+    error = HostKeyError(
+        "h1: unknown host key for [127.0.0.1]:2222: ssh-ed25519 SHA256:abc",
+        hint="check the fingerprint on the host, then run `orch trust h1`, or pass --accept-new-host-keys",
+    )
+    v = status_op.unreachable(HostResult(h, error=error), None)
+    assert v.error == "h1: unknown host key for [127.0.0.1]:2222: ssh-ed25519 SHA256:abc"
+    assert views_mod.status_row(v, NOW)[:2] == ["h1", "unreachable"]
+    assert views_mod.status_notes([v]) == [
+        "h1: unknown host key for [127.0.0.1]:2222: ssh-ed25519 SHA256:abc",
+        "h1: hint: check the fingerprint on the host, then run `orch trust h1`, or pass --accept-new-host-keys",
+    ]
+    assert views_mod.status_document([v])["hosts"][0]["hint"].endswith(
+        "`orch trust h1`, or pass --accept-new-host-keys"
+    )
