@@ -20,7 +20,9 @@ from orchestrator.yamlfile import load_yaml
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 DEFAULT_RECIPE = "deepseek-v4-flash"
 DEFAULT_HEALTH_TIMEOUT = 1200.0
-PACKAGED_PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
+# The shipped playbooks: package data in an installed wheel; in a checkout the symlink
+# orchestrator/playbooks resolves to the repository's playbooks/. Searched after ./playbooks.
+PACKAGED_PLAYBOOKS = (Path(__file__).resolve().parent / "playbooks").resolve()
 _FLAG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
