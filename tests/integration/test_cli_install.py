@@ -6,6 +6,7 @@ a fresh virtualenv that borrows only the dependencies from the project venv (one
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -45,6 +46,7 @@ def recipe_show(orch: Path, cwd: Path, *args: str) -> subprocess.CompletedProces
         text=True,
         timeout=120,
         stdin=subprocess.DEVNULL,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},  # the installed orch, not a checkout
     )
 
 
