@@ -90,6 +90,9 @@ class ServeOptions(_Strict):
     min_accept: float | None = None
     health_timeout: float | None = Field(None, gt=0)  # None: the recipe's health_timeout
     drain_timeout: float = Field(120.0, gt=0)
+    fp8_gemm_backend: str | None = None  # None: the recipe's (auto when no tuned config is installed)
+    use_installed_configs: bool = False  # serve with what is installed, even after a failed tuning
+    force: bool = False  # relaunch even when the server already runs as asked
 
 
 class BenchOptions(_Strict):

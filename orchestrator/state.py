@@ -187,6 +187,10 @@ class ServerRecord(_Model):
     healthy: bool | None = None
     verified: Annotated[dict[str, Any], NoSecrets] = Field(default_factory=dict)
     known_good_argv: Annotated[list[str] | None, NoSecrets] = None
+    commit: str | None = None  # the SGLang checkout's HEAD at launch: the code the server runs
+    configs: dict[str, float] = Field(default_factory=dict)  # tuned config files it could read: name -> mtime
+    stopped_at: UtcDateTime | None = None  # set when orch stopped it on purpose
+    stopped_by: str | None = None  # "orch stop-server", "tune-fp8 --stop-server", "orch serve (replaced)", ...
 
 
 class HostState(_Model):

@@ -6,6 +6,7 @@ import click
 
 from orchestrator.app import App
 from orchestrator.cli.common import finish, host_options, pass_app
+from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.serve import peers
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Host
@@ -24,6 +25,7 @@ def _say(host: Host, message: str) -> None:
 @click.option("--from", "from_step", metavar="STEP", help="Start at STEP (run it and the later ones again).")
 @click.option("--only", metavar="STEP", help="Run only STEP (again, even if it was done).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the exact remote commands per host; change nothing.")
+@yes_option
 @pass_app
 def run(
     app: App,
@@ -35,11 +37,13 @@ def run(
     from_step: str | None,
     only: str | None,
     dry_run: bool,
+    yes: bool,
 ) -> int:
     """Run a playbook's steps on each host (pull, tune-fp8, serve, bench); re-run to resume.
 
     Finished steps are skipped, running jobs re-attached; nothing is started twice, even after orch
-    was killed. Progress goes to stderr, one line per host and event.
+    was killed. Progress goes to stderr, one line per host and event. Every server stop is announced
+    first; stopping servers on several hosts without --host/--tag asks first (--yes to skip).
 
     \b
     Example:
@@ -51,14 +55,24 @@ def run(
     recipe = app.recipe_for(selected[0], playbook)
     steps = run_op.select_steps(recipe, from_step, only)
     with app.fleet(selected, parallel) as fleet:
+        redo = bool(from_step or only)
         if dry_run:
-            plans = fleet.map(lambda h, r: run_op.dry_run(h, r, app.store, recipe, steps))
+            plans = fleet.map(lambda h, r: run_op.dry_run(h, r, app.store, recipe, steps, redo))
             for p in plans.succeeded:
                 out.print(f"{p.host.name}:\n" + "\n".join(p.value or []), markup=False)
             return finish(plans)
-        if from_step or only:
+
+        def stops(host: Host) -> bool:
+            return bool(run_op.stopping_steps(app.store, host, str(recipe.path), steps, redo))
+
+        def confirm(passed: list[Host]) -> None:
+            ask_before_stopping(fleet, passed, bool(hosts or tags), yes, stops)
+
+        if redo:
             run_op.forget_done(app.store, selected, str(recipe.path), steps)
-        ctx = run_op.RunContext(fleet, app.store, recipe, str(recipe.path), _say, peers(app, fleet), lockstep)
+        ctx = run_op.RunContext(
+            fleet, app.store, recipe, str(recipe.path), _say, peers(app, fleet), lockstep, confirm, redo
+        )
         results = run_op.run(ctx, selected, steps)
     for r in results.succeeded:
         assert r.value is not None

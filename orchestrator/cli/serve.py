@@ -9,6 +9,7 @@ import click
 
 from orchestrator.app import App
 from orchestrator.cli.common import host_options, pass_app
+from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.errors import ExitCode, VerifyError
 from orchestrator.facts import server as facts
 from orchestrator.facts.server_log import ShapeUse
@@ -41,7 +42,7 @@ def reporter(host: Host) -> serve_op.Report:
     """Live progress on stderr, one line per event, prefixed by the host."""
 
     def report(message: str) -> None:
-        style = "bold red" if message.startswith("WARNING") else "dim"
+        style = "bold red" if message.startswith("WARNING") else "bold" if message.startswith("stopping ") else "dim"
         err.print(f"[{style}]{host.name}: {message}[/{style}]", markup=True, highlight=False)
 
     return report
@@ -57,6 +58,18 @@ def peers(app: App, fleet: Fleet) -> tune.Peers:
 @_playbook
 @click.option("--mtp/--no-mtp", default=True, show_default=True, help="Serve with the recipe's MTP speculative flags.")
 @click.option("--no-wait-tuning", is_flag=True, help="Do not wait for running FP8 tuning jobs.")
+@click.option(
+    "--use-installed-configs",
+    is_flag=True,
+    help="Serve with the tuned FP8 configs installed now, even after a failed tuning.",
+)
+@click.option(
+    "--fp8-gemm-backend",
+    metavar="NAME",
+    help="Launch with this FP8 GEMM backend (e.g. triton, auto). Default: the recipe's, or auto when no "
+    "tuned config is installed for the GPU.",
+)
+@click.option("--force", is_flag=True, help="Relaunch even when the server already runs as asked.")
 @click.option("--rollback", is_flag=True, help="If the new server fails to start, relaunch the last known-good one.")
 @click.option("--min-accept", type=click.FloatRange(0), help="Minimum accept length (default: the recipe's).")
 @click.option(
@@ -65,6 +78,7 @@ def peers(app: App, fleet: Fleet) -> tune.Peers:
     help="Seconds to wait for /health (default: the recipe's health_timeout; DeepSeek-V4-Flash: 3600).",
 )
 @_drain
+@yes_option
 @pass_app
 def serve(
     app: App,
@@ -74,26 +88,37 @@ def serve(
     playbook: str | None,
     mtp: bool,
     no_wait_tuning: bool,
+    use_installed_configs: bool,
+    fp8_gemm_backend: str | None,
+    force: bool,
     rollback: bool,
     min_accept: float | None,
     health_timeout: float | None,
     drain_timeout: float,
+    yes: bool,
 ) -> int:
     """Relaunch SGLang with the recipe (MTP by default) and verify it serves as asked.
 
     Checks the recipe and the host's SGLang flags before touching the running server, waits for FP8
     tuning, relaunches, then verifies /server_info, the tuned FP8 configs in use and the accept length.
-    Exit 5 when the server runs but not as asked (e.g. accept length below the minimum).
+    A server already running the same command, SGLang commit and tuned configs is left alone (--force
+    relaunches). With no tuned FP8 config for the GPU, a recipe asking for triton is served with auto
+    (CUTLASS on sm_120) unless --fp8-gemm-backend forces one. Replacing servers on several hosts
+    without --host/--tag asks first (--yes to skip). Exit 5 when the server runs but not as asked.
 
     \b
     Example:
       orch serve --host blackwell-1
       orch serve --tag canary --rollback --min-accept 2.5
+      orch serve --yes --fp8-gemm-backend triton
     """
-    options = serve_options(mtp, no_wait_tuning, rollback, min_accept, health_timeout, drain_timeout)
+    options = serve_options(mtp, no_wait_tuning, rollback, min_accept, health_timeout, drain_timeout).model_copy(
+        update={"use_installed_configs": use_installed_configs, "fp8_gemm_backend": fp8_gemm_backend, "force": force}
+    )
     selected = app.select(hosts, tags)
     chosen = recipes(app, selected, playbook)
     with app.fleet(selected, parallel) as fleet:
+        ask_before_stopping(fleet, selected, bool(hosts or tags), yes)
         results = fleet.map(
             lambda h, r: serve_op.serve(h, r, app.store, chosen[h.name], options, reporter(h), peers(app, fleet))
         )
@@ -136,6 +161,9 @@ def serve_exit(results: FleetResult[Any]) -> int:
 
 def serve_report(host: Host, r: serve_op.ServeResult) -> None:
     """What was launched and what verification found, for one host."""
+    if r.unchanged:
+        out.print(f"{host.name}: already serving as asked (job {r.job_id}); --force relaunches", markup=False)
+        return
     replaced = f"; replaced {r.stopped_job}" if r.stopped_job else ""
     healthy = f"healthy after {r.healthy_after:.0f} s{replaced}"
     out.print(f"{host.name}: serving job {r.job_id} on port {host.server_port} ({healthy})", markup=False)
@@ -175,19 +203,30 @@ def _fallbacks(shapes: list[ShapeUse]) -> dict[str, list[str]]:
 @host_options
 @_playbook
 @_drain
+@yes_option
 @pass_app
 def stop_server(
-    app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, playbook: str | None, drain_timeout: float
+    app: App,
+    hosts: tuple[str, ...],
+    tags: tuple[str, ...],
+    parallel: int,
+    playbook: str | None,
+    drain_timeout: float,
+    yes: bool,
 ) -> int:
     """Stop the server orch launched on each host (drain, then SIGKILL after the timeout); never another process.
+
+    Stopping servers on several hosts without --host/--tag asks first (--yes to skip).
 
     \b
     Example:
       orch stop-server --host blackwell-1
+      orch stop-server --yes
     """
     selected = app.select(hosts, tags)
     chosen = recipes(app, selected, playbook)
     with app.fleet(selected, parallel) as fleet:
+        ask_before_stopping(fleet, selected, bool(hosts or tags), yes)
         results = fleet.map(
             lambda h, r: serve_op.stop_server(h, r, app.store, chosen[h.name], drain_timeout, reporter(h))
         )

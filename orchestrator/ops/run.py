@@ -48,6 +48,8 @@ class RunContext:
     say: Say
     peers: tune.Peers
     lockstep: bool = False
+    confirm: Callable[[list[Host]], None] | None = None  # after preflight, before any step: may refuse
+    redo: bool = False  # --from/--only: the steps run again (serve relaunches even when serving as asked)
 
 
 @dataclass
@@ -141,9 +143,19 @@ def _pull(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
     return f"{result.old[:10]} → {result.new[:10]} ({len(result.commits)} new commits)"
 
 
+def _step_say(ctx: RunContext, host: Host, step: str) -> server_host.Report:
+    """A step's progress lines, prefixed by its name."""
+    return lambda message: ctx.say(host, f"{step}: {message}")
+
+
 def _tune(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
     assert isinstance(step.options, TuneOptions)
     options = step.options.model_copy(update={"wait": True, "fleet": False if not ctx.lockstep else step.options.fleet})
+    if options.stop_server and tuning_needed(host, runner, ctx.store, ctx.recipe, options):
+        gpus, drain = server_facts.server_gpus(ctx.recipe, host), ServeOptions().drain_timeout
+        server_host.stop_server(
+            host, runner, ctx.store, gpus, drain, _step_say(ctx, host, "tune-fp8"), server_host.FOR_RUN_TUNING
+        )
 
     def progress(status: tune.TuneStatus) -> None:
         if status.units_total:
@@ -170,9 +182,12 @@ def _tune_outcome(results: FleetResult[tune.TuneStatus], host: Host) -> str:
 
 def _serve(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
     assert isinstance(step.options, ServeOptions)
-    result = _resume_serve(ctx, host, runner, step.options) or serve_op.serve(
-        host, runner, ctx.store, ctx.recipe, step.options, lambda m: ctx.say(host, m), ctx.peers
+    options = step.options.model_copy(update={"force": True}) if ctx.redo else step.options
+    result = _resume_serve(ctx, host, runner, options) or serve_op.serve(
+        host, runner, ctx.store, ctx.recipe, options, _step_say(ctx, host, "serve"), ctx.peers
     )
+    if result.unchanged:
+        return f"already serving as asked (job {result.job_id})"
     accept = f", accept length {result.accept_length:.2f}" if result.accept_length is not None else ""
     return f"serving job {result.job_id}, speculative {result.spec}{accept}"
 
@@ -183,9 +198,7 @@ def _resume_serve(ctx: RunContext, host: Host, runner: Runner, options: ServeOpt
         return None
     argv = serve_op.check_launch(host, runner, ctx.recipe, options.mtp)
     job = server_host.running_server(runner, host)
-    if job is None or runner.read_bytes(f"{job.dir}/argv").split(b"\0")[-len(argv) - 1 : -1] != [
-        a.encode() for a in argv
-    ]:
+    if job is None or not serve_op.runs_argv(runner, job, argv):
         return None
     ctx.say(host, f"serve: re-attaching to server job {job.id}, launched by the interrupted run")
     return serve_op.reattach(host, runner, ctx.store, ctx.recipe, options, job, argv)
@@ -213,14 +226,18 @@ STEPS: dict[str, Callable[[RunContext, Host, Runner, Step], str]] = {
 
 
 def run(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> FleetResult[HostRun]:
-    """The campaign: ``preflight``, then the steps (``lockstep`` or each host on its own) on the hosts
-    that passed it; results in the order of ``hosts``."""
+    """The campaign: ``preflight``, ``ctx.confirm`` (the CLI's question before serving goes down on
+    several hosts), then the steps (``lockstep`` or each host on its own) on the hosts that passed
+    preflight; results in the order of ``hosts``."""
     refused = {r.host.name: r.error for r in preflight(ctx, hosts, steps).failed}
     for host in hosts:
         if host.name in refused:
             ctx.say(host, "refused before any step: nothing was started or stopped")
+    passed = [h for h in hosts if h.name not in refused]
+    if ctx.confirm is not None:
+        ctx.confirm(passed)
     walk = run_lockstep if ctx.lockstep else run_independent
-    done = {r.host.name: r for r in walk(ctx, [h for h in hosts if h.name not in refused], steps)}
+    done = {r.host.name: r for r in walk(ctx, passed, steps)}
     return FleetResult([done[h.name] if h.name in done else HostResult(h, error=refused[h.name]) for h in hosts])
 
 
@@ -267,26 +284,70 @@ def run_lockstep(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> Fleet
     )
 
 
+# -- outages: which steps would stop the running server ---------------------------------------------------
+
+
+def tuning_needed(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> bool:
+    """Whether ``tune-fp8`` would start tuning jobs (and so need the server's GPUs); reads, changes nothing."""
+    look = options.model_copy(update={"stop_server": False, "allow_busy_gpus": True})
+    prepared = tune.prepare(host, runner, store, recipe, look)
+    return prepared.attach is None and bool(prepared.shapes)
+
+
+def stopping_steps(store: StateStore, host: Host, playbook: str, steps: list[Step], redo: bool) -> list[str]:
+    """The steps that will run (not done, or ``redo``) and may stop a running server: ``serve``, and
+    ``tune-fp8`` with ``stop_server``."""
+    return [
+        s.name
+        for s in steps
+        if (redo or not is_done(store, host, playbook, s.name))
+        and (isinstance(s.options, ServeOptions) or (isinstance(s.options, TuneOptions) and s.options.stop_server))
+    ]
+
+
 # -- dry run -------------------------------------------------------------------------------------
 
 
-def dry_run(host: Host, runner: Runner, store: StateStore, recipe: Recipe, steps: list[Step]) -> list[str]:
-    """The plan and the exact remote commands per step; reads the host, changes nothing."""
+def dry_run(
+    host: Host, runner: Runner, store: StateStore, recipe: Recipe, steps: list[Step], redo: bool = False
+) -> list[str]:
+    """The plan: per step that would run, the exact remote commands and the server stops it makes;
+    steps already done are listed as skipped (``redo``: ``--from``/``--only`` run them again). Reads
+    the host, changes nothing."""
     lines: list[str] = []
+    server = server_host.running_server(runner, host)
+    playbook = str(recipe.path)
     for step in steps:
+        if not redo and is_done(store, host, playbook, step.name):
+            lines.append(f"step {step.name}: already done, skipped")
+            continue
         lines.append(f"step {step.name}:")
-        lines += [f"  $ {c}" for c in _dry_commands(host, runner, store, recipe, step)]
+        commands, stops = _dry_step(host, runner, store, recipe, step)
+        if stops is not None and server is not None:
+            lines.append(f"  (stops server job {server.id} {stops.why})")
+            server = None
+        lines += [f"  {c}" if c.startswith("(") else f"  $ {c}" for c in commands]
     return lines
+
+
+def _dry_step(
+    host: Host, runner: Runner, store: StateStore, recipe: Recipe, step: Step
+) -> tuple[list[str], server_host.Outage | None]:
+    """The step's remote commands, and why it would stop the running server (None: it would not)."""
+    options = step.options
+    if isinstance(options, TuneOptions):
+        commands = _dry_tune(host, runner, store, recipe, options)
+        needed = not commands[0].startswith("(")
+        return commands, server_host.FOR_RUN_TUNING if needed and options.stop_server else None
+    if isinstance(options, ServeOptions):
+        return [shell_command(serve_op.check_launch(host, runner, recipe, options.mtp))], server_host.FOR_RELAUNCH
+    return _dry_commands(host, runner, store, recipe, step), None
 
 
 def _dry_commands(host: Host, runner: Runner, store: StateStore, recipe: Recipe, step: Step) -> list[str]:
     options = step.options
     if isinstance(options, PullOptions):
         return pull_op.dry_run_lines(host, options.install)
-    if isinstance(options, TuneOptions):
-        return _dry_tune(host, runner, store, recipe, options)
-    if isinstance(options, ServeOptions):
-        return [shell_command(serve_op.check_launch(host, runner, recipe, options.mtp))]
     assert isinstance(options, BenchOptions)
     module = (
         bench_facts.parse_module(runner.run(bench_facts.module_argv(host.python)).stdout) or "sglang.benchmark.serving"
@@ -307,7 +368,8 @@ def _dry_commands(host: Host, runner: Runner, store: StateStore, recipe: Recipe,
 
 
 def _dry_tune(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> list[str]:
-    prepared = tune.prepare(host, runner, store, recipe, options.model_copy(update={"stop_server": False}))
+    look = options.model_copy(update={"stop_server": False, "allow_busy_gpus": True})
+    prepared = tune.prepare(host, runner, store, recipe, look)
     if prepared.attach is not None:
         return [f"(attach to the running tuning plan {prepared.attach.id})"]
     if not prepared.shapes:

@@ -6,11 +6,16 @@ The flow on one host; every check runs before the running server is touched:
    launch command against the host's own ``python -m sglang.launch_server --help``. A bad recipe is
    ``RefusedError`` with every reason; the old server keeps serving.
 2. ``tuning_gate``: tuning still running → wait for it (``ops.tune.wait_for_tuning``, live progress),
-   failed → refuse with its reason; ``wait_tuning=False`` skips the wait. A recipe that wants tuned
-   configs (``fp8_gemm_backend: triton``) with none installed for this GPU and commit → a loud warning.
+   failed → refuse saying what is installed and the way forward (``use_installed_configs`` serves
+   anyway); ``wait_tuning=False`` skips the wait. ``config_gate`` then reads the tuned config files the
+   server would read (``ops.serve_configs``, the one source of truth): a recipe that wants Triton with
+   none for this GPU launches ``auto`` instead (CUTLASS on sm_120), loudly, unless the operator forces
+   ``fp8_gemm_backend``; missing shapes or files orch did not tune for this commit are warned about.
+   A server already running the same argv, commit and config files, verified as asked, is left alone
+   (``already_serving``; ``force`` relaunches).
 3. The GPUs the new server needs: held by anything but orch's old server → refused, pid and name,
    never killed.
-4. ``relaunch``: phase ``launching``; stop the old server job (SIGTERM to its process group, wait for
+4. ``relaunch``: phase ``launching``; say so, then stop the old server job (SIGTERM to its process group, wait for
    the drain, SIGKILL after ``drain_timeout``), wait until its GPUs are free, start the new server as a
    detached job (purpose ``server``) and poll ``/health`` from the host until 200, a crash in the log
    (traceback, ``Initialization failed``), the job's exit, or ``health_timeout``. Failure: the new job
@@ -44,6 +49,7 @@ from orchestrator.facts.server_upstream import (
 from orchestrator.inventory import Host
 from orchestrator.ops import server as srv
 from orchestrator.ops import tune
+from orchestrator.ops.serve_configs import TunedConfigs, read_configs, tuned_elsewhere
 from orchestrator.ops.status import read_git
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.state import HostState, Phase, ServerRecord, StateStore, find_secret
@@ -81,6 +87,7 @@ class ServeResult:
     accept_problem: str | None = None  # accept length below the minimum, or not measurable
     stopped_job: str | None = None
     commit: str | None = None  # the SGLang commit the server runs (HEAD at launch)
+    unchanged: bool = False  # already served as asked: nothing was stopped or started
 
     @property
     def failures(self) -> list[str]:
@@ -169,7 +176,8 @@ def tuning_gate(
     report: Report,
     peers: tune.Peers | None = None,
 ) -> list[str]:
-    """Wait for running tuning (or skip with ``wait_tuning=False``), refuse failed tuning; warnings.
+    """Wait for running tuning (or skip with ``wait_tuning=False``), refuse failed tuning unless
+    ``use_installed_configs``; warnings.
 
     ``peers`` reaches the other hosts of a ``--fleet`` tuning group (their jobs are waited for too).
     """
@@ -183,12 +191,31 @@ def tuning_gate(
         # A job failed but the plan may still be recorded as running, its other jobs holding GPUs:
         # completing it records the failure and stops them (it returns at once if already recorded).
         status = tune.wait_for_tuning(host, runner, store, None, TUNING_POLL_SECONDS, peers)
+    if status.state == "failed" and options.use_installed_configs:
+        return [f"FP8 tuning failed ({status.reason}); serving with the configs installed (--use-installed-configs)"]
     if status.state == "failed" and options.wait_tuning:
-        raise RefusedError(
-            f"{host.name}: FP8 tuning failed: {status.reason}; not serving (the running server was left untouched)",
-            hint="see `orch status` and `orch logs`, tune again, or serve with --no-wait-tuning",
-        )
+        raise RefusedError(failed_tuning_message(host, runner, store, recipe, status.reason or "unknown reason"))
     return []
+
+
+def failed_tuning_message(host: Host, runner: Runner, store: StateStore, recipe: Recipe, reason: str) -> str:
+    """What a failed tuning leaves installed for this GPU and commit, and the two ways forward."""
+    devices = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host)).device or "unknown GPU"
+    commit = read_git(host, runner).commit
+    record = tune.load_record(store.load().hosts.get(host.name))
+    ours = [s.key for s in recipe.tuning.shapes if _installed_here(record, s.key, devices, commit)]
+    shown = f" ({', '.join(ours)})" if ours else ""
+    return (
+        f"{host.name}: FP8 tuning failed: {reason}. Installed for {devices} at SGLang {commit[:10]}: "
+        f"{len(ours)} of {len(recipe.tuning.shapes)} shapes{shown}; not serving (the running server was left "
+        f"untouched). To serve anyway: `orch serve --host {host.name} --use-installed-configs` (serves with what "
+        f"is installed), or tune again: `orch tune-fp8 --host {host.name}`"
+    )
+
+
+def _installed_here(record: tune.TuningRecord, key: str, device: str, commit: str) -> bool:
+    done = record.installed.get(key)
+    return done is not None and done.commit == commit and _same_device(done.device, device)
 
 
 def _progress(report: Report) -> Callable[[tune.TuneStatus], None]:
@@ -199,26 +226,62 @@ def _progress(report: Report) -> Callable[[tune.TuneStatus], None]:
     return show
 
 
-def untuned_warning(host: Host, runner: Runner, store: StateStore, recipe: Recipe, device: str) -> list[str]:
-    """A warning when the recipe wants tuned configs (Triton backend) and some or all of its shapes
-    have none installed for this GPU (``device``, nvidia-smi's name) and the checkout's commit."""
+def config_gate(
+    host: Host,
+    recipe: Recipe,
+    options: ServeOptions,
+    configs: TunedConfigs,
+    record: tune.TuningRecord,
+    commit: str,
+    compute_cap: str | None,
+) -> tuple[Recipe, list[str]]:
+    """The recipe to launch (its FP8 backend decided) and what to warn about, from the tuned config
+    files the server would read (``configs``, on the host's disk): the one source of truth.
+
+    A recipe that wants Triton with no tuned file for any of its shapes launches ``auto`` instead
+    (CUTLASS on sm_120: faster than Triton's untuned defaults), unless ``--fp8-gemm-backend`` forces one."""
+    forced = options.fp8_gemm_backend is not None
     if recipe.fp8_gemm_backend != "triton" or not recipe.tuning.shapes:
-        return []
-    commit = read_git(host, runner).commit
-    record = tune.load_record(store.load().hosts.get(host.name))
-    ours = {k for k, r in record.installed.items() if r.commit == commit and _same_device(r.device, device)}
-    missing = [s.key for s in recipe.tuning.shapes if s.key not in ours]
-    if not missing:
-        return []
-    which = "no tuned FP8 config is" if len(missing) == len(recipe.tuning.shapes) else "tuned FP8 configs are not"
-    return [
-        f"{which} installed for {device} at SGLang {commit[:10]} ({', '.join(missing)}): the Triton kernels "
-        "will use default configs; run `orch tune-fp8 --shapes default` first"
-    ]
+        return recipe, []
+    if configs.config_dir is None:
+        return recipe, [f"cannot tell which tuned FP8 configs are installed ({host.python} cannot import fp8_kernel)"]
+    shapes = recipe.tuning.shapes
+    missing = [s.key for s in shapes if not configs.has(s)]
+    where = f"{configs.device} at SGLang {commit[:10]}"
+    if len(missing) == len(shapes) and not forced:
+        runs = "CUTLASS on sm_120" if (compute_cap or "").startswith("12.") else "SGLang's choice for this GPU"
+        return recipe.model_copy(update={"fp8_gemm_backend": "auto"}), [
+            f"no tuned FP8 configs for {where}: serving with fp8-gemm-backend auto ({runs}) instead of the "
+            f"recipe's triton; tune first (`orch tune-fp8 --host {host.name}`), or pass --fp8-gemm-backend "
+            "triton to force it"
+        ]
+    warnings = []
+    if missing:
+        which = "none of the recipe's shapes has" if len(missing) == len(shapes) else f"{', '.join(missing)} have"
+        warnings.append(
+            f"{which} a tuned FP8 config for {where}: the Triton kernels use SGLang's default configs for them; "
+            f"`orch tune-fp8 --host {host.name}` tunes them"
+        )
+    elsewhere = tuned_elsewhere(shapes, record, configs, commit)
+    if elsewhere:
+        shown = "; ".join(f"{k} ({why})" for k, why in elsewhere.items())
+        warnings.append(
+            f"tuned FP8 configs the server will use were not tuned by orch for SGLang {commit[:10]}: {shown}; "
+            f"`orch tune-fp8 --host {host.name} --force` tunes them for this commit"
+        )
+    return recipe, warnings
 
 
 def _same_device(a: str, b: str) -> bool:
     return device_file_name(a) == device_file_name(b)
+
+
+def _with_backend(argv: list[str], backend: str | None) -> list[str]:
+    """``argv`` with the value of ``--fp8-gemm-backend`` replaced (the flag was checked with the recipe's)."""
+    if backend is None or "--fp8-gemm-backend" not in argv:
+        return argv
+    at = argv.index("--fp8-gemm-backend") + 1
+    return [*argv[:at], backend, *argv[at + 1 :]]
 
 
 # --- 3 + 4. relaunch ------------------------------------------------------------------------------------------
@@ -235,14 +298,19 @@ def serve(
 ) -> ServeResult:
     """Check, gate, relaunch and verify the server on ``host`` (the flow in the module docstring).
 
+    A server already running the same command, SGLang commit and tuned configs, verified as asked, is
+    left alone (``ServeResult.unchanged``) unless ``options.force``.
     Raises RefusedError (nothing touched), StartupFailed (phase ``failed``; rolled back when asked)
     or VerifyError (serving, but not as asked).
     """
     ready = preflight(host, runner, store, recipe, options, report, peers)
+    same = None if options.force else already_serving(host, runner, store, ready, options)
+    if same is not None:
+        return same
     _set_phase(store, host, Phase.LAUNCHING, f"serve: {'MTP' if options.mtp else 'no MTP'}")
     try:
-        started = relaunch(host, runner, store, recipe, ready.argv, options, ready.old, report)
-        result = verify(host, runner, recipe, options, started, ready.gpus.compute_cap)
+        started = relaunch(host, runner, store, ready, options, report)
+        result = verify(host, runner, ready.recipe, options, started, ready.gpus.compute_cap)
     except StartupFailed:
         raise  # already recorded (and rolled back when asked)
     except HostError as exc:
@@ -255,12 +323,16 @@ def serve(
 
 @dataclass
 class Preflight:
-    """Everything checked before the running server is touched."""
+    """Everything checked before the running server is touched. ``recipe`` is the one to launch
+    (its FP8 backend decided by ``config_gate``)."""
 
     argv: list[str]
     gpus: srv.GpuInfo
     old: jobs.JobInfo | None
     warnings: list[str]
+    recipe: Recipe
+    commit: str = ""
+    configs: dict[str, float] = field(default_factory=dict)
 
 
 def preflight(
@@ -272,20 +344,68 @@ def preflight(
     report: Report,
     peers: tune.Peers | None = None,
 ) -> Preflight:
-    """Recipe and flags, the tuning gate, and the new server's GPUs (only orch's old server may hold
-    them); RefusedError leaves everything as it was."""
+    """Recipe and flags, the tuning gate, the tuned configs on disk (which FP8 backend to launch), and
+    the new server's GPUs (only orch's old server may hold them); RefusedError leaves everything as it was."""
+    if options.fp8_gemm_backend is not None:
+        recipe = recipe.model_copy(update={"fp8_gemm_backend": options.fp8_gemm_backend})
     argv = check_launch(host, runner, recipe, options.mtp)
     warnings = tuning_gate(host, runner, store, recipe, options, report, peers)
     gpus = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host))
-    warnings += untuned_warning(host, runner, store, recipe, gpus.device or "unknown GPU")
+    commit = read_git(host, runner).commit
+    configs = read_configs(host, runner, gpus.device or "unknown GPU")
+    record = tune.load_record(store.load().hosts.get(host.name))
+    launched, notes = config_gate(host, recipe, options, configs, record, commit, gpus.compute_cap)
+    warnings += notes
     for warning in warnings:
         report(f"WARNING: {warning}")
     old = srv.running_server(runner, host)
     srv.refuse_held_gpus(host, gpus.holders, old.id if old else None, _UNTOUCHED)
-    return Preflight(argv, gpus, old, warnings)
+    argv = _with_backend(argv, launched.fp8_gemm_backend)
+    return Preflight(argv, gpus, old, warnings, launched, commit, configs.files)
 
 
 _UNTOUCHED = "the running server was left untouched"
+
+
+def already_serving(
+    host: Host, runner: Runner, store: StateStore, ready: Preflight, options: ServeOptions
+) -> ServeResult | None:
+    """The running server as recorded, when it runs ``ready.argv`` on the same SGLang commit with the
+    same tuned config files, answers ``/health`` and was verified as asked (accept length against
+    today's minimum); None when it must be relaunched."""
+    hs = store.load().hosts.get(host.name)
+    record = hs.server if hs is not None else None
+    if ready.old is None or record is None or record.job_id != ready.old.id or not record.verified:
+        return None
+    if (record.commit, record.configs) != (ready.commit, ready.configs) or not runs_argv(runner, ready.old, ready.argv):
+        return None
+    if srv.health(host, runner, facts.base_url(ready.recipe, host)) != 200:
+        return None
+    result = recorded_result(record, ready.recipe, options)
+    return result if not result.failures else None
+
+
+def runs_argv(runner: Runner, job: jobs.JobInfo, argv: list[str]) -> bool:
+    """Whether server job ``job`` was started with ``argv`` (its job directory's NUL-separated argv file)."""
+    started = runner.read_bytes(f"{job.dir}/argv").split(b"\0")[-len(argv) - 1 : -1]
+    return started == [a.encode() for a in argv]
+
+
+def recorded_result(record: ServerRecord, recipe: Recipe, options: ServeOptions) -> ServeResult:
+    """What the last verification of ``record``'s server found, as a result that did nothing."""
+    v = record.verified
+    result = ServeResult(record.argv, record.job_id, record.mtp, 0.0, commit=record.commit, unchanged=True)
+    result.spec, result.fp8_backend, result.fp8_runs = (
+        v.get("speculative", "off"),
+        v.get("fp8_backend"),
+        v.get("fp8_runs", ""),
+    )
+    result.accept_length = v.get("accept_length")
+    result.problems = list(v.get("problems") or [])
+    if options.mtp:
+        result.min_accept = options.min_accept if options.min_accept is not None else recipe.min_accept_length
+    result.accept_problem = _accept_problem(result)
+    return result
 
 
 @dataclass
@@ -298,26 +418,20 @@ class Started:
 
 
 def relaunch(
-    host: Host,
-    runner: Runner,
-    store: StateStore,
-    recipe: Recipe,
-    argv: list[str],
-    options: ServeOptions,
-    old: jobs.JobInfo | None,
-    report: Report,
+    host: Host, runner: Runner, store: StateStore, ready: Preflight, options: ServeOptions, report: Report
 ) -> Started:
-    """Stop ``old``, start ``argv``, wait until healthy; on failure stop it, mark ``failed``, roll back."""
-    gpus = facts.server_gpus(recipe, host)
-    if old is not None:
-        srv.stop_job(host, runner, old, gpus, options.drain_timeout, report)
+    """Stop the old server (said first), start the new one, wait until healthy; on failure stop it,
+    mark ``failed``, roll back."""
+    gpus = facts.server_gpus(ready.recipe, host)
+    if ready.old is not None:
+        srv.stop_job(host, runner, ready.old, gpus, options.drain_timeout, report, srv.FOR_RELAUNCH)
     try:
-        return launch(host, runner, store, argv, gpus, options, recipe, report)
+        return launch(host, runner, store, ready.argv, gpus, options, ready.recipe, report, ready.configs)
     except StartupFailed as failure:
         _stop_failed(host, runner, failure.job_id, gpus, options, report)
         _mark_failed(host, store, failure.message.splitlines()[0])
         if options.rollback:
-            rollback(host, runner, store, recipe, options, failure, report)
+            rollback(host, runner, store, ready.recipe, options, failure, report)
         raise
 
 
@@ -327,7 +441,7 @@ def _stop_failed(
     """Stop a server that failed to start (it may hang, holding its GPUs); its log stays on the host."""
     job = jobs.find(runner, host.workdir, job_id)
     if job.running:
-        srv.stop_job(host, runner, job, gpus, options.drain_timeout, report)
+        srv.stop_job(host, runner, job, gpus, options.drain_timeout, report, srv.FAILED_START)
 
 
 def launch(
@@ -339,14 +453,16 @@ def launch(
     options: ServeOptions,
     recipe: Recipe,
     report: Report,
+    configs: dict[str, float],
 ) -> Started:
-    """Start ``argv`` as the server job, record it, and wait until ``/health`` answers 200."""
+    """Start ``argv`` as the server job, record it (with the commit and the tuned ``configs`` files it
+    starts with), and wait until ``/health`` answers 200."""
     spec = jobs.JobSpec(kind="server", purpose=srv.SERVER_PURPOSE, argv=argv, gpus=tuple(gpus))
     commit = read_git(host, runner).commit
     job = jobs.start(runner, host.workdir, spec)
     if job.attached:  # another orch started a server between our check and now: leave it to that one
         raise RefusedError(f"{host.name}: server job {job.job_id} appeared meanwhile (another orch?); not replacing it")
-    _record_server(store, host, job.job_id, argv, "--speculative-algorithm" in argv)
+    _record_server(store, host, job.job_id, argv, "--speculative-algorithm" in argv, commit, configs)
     report(f"started server job {job.job_id} on port {host.server_port}; waiting for /health")
     begin = time.monotonic()
     url = facts.base_url(recipe, host)
@@ -453,7 +569,8 @@ def rollback(
     report("rolling back to the last known-good server command")
     gpus = facts.server_gpus(recipe, host)
     try:
-        started = launch(host, runner, store, good, gpus, options, recipe, report)
+        configs = _recorded_configs(store, host)
+        started = launch(host, runner, store, good, gpus, options, recipe, report, configs)
     except StartupFailed as again:
         _stop_failed(host, runner, again.job_id, gpus, options, report)
         failure.message += f"\nrollback failed too: {again.message.splitlines()[0]}"
@@ -551,9 +668,11 @@ def reattach(
 ) -> ServeResult:
     """Adopt a server job already running ``argv`` (e.g. launched by an interrupted ``orch run``):
     record it, wait until healthy, verify. Raises like ``serve``'s last steps."""
-    _record_server(store, host, job.id, argv, options.mtp)
+    commit = read_git(host, runner).commit
+    device = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host)).device or "unknown GPU"
+    _record_server(store, host, job.id, argv, options.mtp, commit, read_configs(host, runner, device).files)
     log = wait_healthy(host, runner, job.id, facts.base_url(recipe, host), health_timeout(recipe, options))
-    started = Started(job.id, argv, log, 0.0, read_git(host, runner).commit)
+    started = Started(job.id, argv, log, 0.0, commit)
     return _finish(host, store, verify(host, runner, recipe, options, started))
 
 
@@ -564,14 +683,35 @@ def _set_phase(store: StateStore, host: Host, phase: Phase, reason: str) -> None
     store.update_host(host.name, lambda hs: hs.set_phase(phase, reason))
 
 
-def _record_server(store: StateStore, host: Host, job_id: str, argv: list[str], mtp: bool) -> None:
+def _record_server(
+    store: StateStore,
+    host: Host,
+    job_id: str,
+    argv: list[str],
+    mtp: bool,
+    commit: str | None,
+    configs: dict[str, float],
+) -> None:
     """A new server record; the last known-good argv is carried over until this one proves good."""
 
     def apply(hs: HostState) -> None:
         good = hs.server.known_good_argv if hs.server else None
-        hs.server = ServerRecord(job_id=job_id, argv=argv, port=host.server_port, mtp=mtp, known_good_argv=good)
+        hs.server = ServerRecord(
+            job_id=job_id,
+            argv=argv,
+            port=host.server_port,
+            mtp=mtp,
+            known_good_argv=good,
+            commit=commit,
+            configs=configs,
+        )
 
     store.update_host(host.name, apply)
+
+
+def _recorded_configs(store: StateStore, host: Host) -> dict[str, float]:
+    hs = store.load().hosts.get(host.name)
+    return dict(hs.server.configs) if hs is not None and hs.server is not None else {}
 
 
 def _record_good(store: StateStore, host: Host, job_id: str) -> None:
@@ -616,7 +756,7 @@ def stop_server(
     host: Host, runner: Runner, store: StateStore, recipe: Recipe, drain_timeout: float, report: Report = srv._quiet
 ) -> str | None:
     """``orch stop-server``: stop the server orch launched, freeing the recipe's GPUs (``srv.stop_server``)."""
-    return srv.stop_server(host, runner, store, facts.server_gpus(recipe, host), drain_timeout, report)
+    return srv.stop_server(host, runner, store, facts.server_gpus(recipe, host), drain_timeout, report, srv.AS_ASKED)
 
 
 # --- recipe discover --------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ python (``facts.server.http_argv``), so the server's port never has to be expose
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts.server_log import ServerLog, parse_server_log
 from orchestrator.inventory import Host
-from orchestrator.state import HostState, Phase, ServerRecord, StateStore
+from orchestrator.state import HostState, Phase, ServerRecord, StateStore, utc_now
 from orchestrator.transport.base import Runner
 
 SERVER_PURPOSE = "server"
@@ -195,15 +196,19 @@ def status_field(
 ) -> dict[str, Any] | None:
     """The ``server`` field of ``orch status`` (None when orch never launched one on this host):
     healthy or not, MTP on/off with the live accept length, the tuned shapes in use (as verified at
-    launch), uptime and the server job."""
+    launch), uptime and the server job; a server orch stopped is ``job_state`` ``stopped`` with who
+    stopped it and when (never the ``succeeded`` of its drained exit)."""
     if record is None:
         return None
     job = next((j for j in jobs.parse_list(jobs_out or "", "") if j.id == record.job_id), None)
     health, info = _answers(http_out)
     running = job is not None and job.running
+    stopped = record.stopped_at is not None and not running
     return {
         "job": record.job_id,
-        "job_state": job.state if job else "unknown",
+        "job_state": "stopped" if stopped else job.state if job else "unknown",
+        "stopped_by": record.stopped_by if stopped else None,
+        "stopped_at": record.stopped_at.isoformat() if stopped and record.stopped_at else None,
         "healthy": running and health == 200,
         "port": record.port,
         "mtp": record.mtp,
@@ -228,15 +233,39 @@ def _answers(http_out: str | None) -> tuple[int, dict[str, Any] | None]:
 
 Report = Callable[[str], None]
 GPU_RELEASE_SECONDS = 120.0
+log = logging.getLogger(__name__)
 
 
 def _quiet(message: str) -> None:
     """A ``Report`` that says nothing."""
 
 
-def stop_job(host: Host, runner: Runner, job: jobs.JobInfo, gpus: Sequence[int], drain: float, report: Report) -> str:
-    """Stop a server job (drain, then SIGKILL after ``drain`` seconds) and wait until its GPUs are free."""
-    report(f"stopping server job {job.id} (draining up to {drain:.0f} s)")
+def warn_log(host: Host) -> Report:
+    """A ``Report`` for operations with no progress channel: each line is a logged warning (stderr)."""
+    return lambda message: log.warning("%s: %s", host.name, message)
+
+
+@dataclass(frozen=True)
+class Outage:
+    """Why a server is stopped: ``why`` ends the line announcing it, ``by`` goes into its record."""
+
+    why: str
+    by: str
+
+
+FOR_RUN_TUNING = Outage("for tuning; serving resumes at the serve step", "orch run (tune-fp8 step)")
+FOR_TUNE_FP8 = Outage("for tune-fp8 --stop-server; serve again to resume", "tune-fp8 --stop-server")
+FOR_RELAUNCH = Outage("to relaunch with the new command", "orch serve (replaced)")
+AS_ASKED = Outage("as asked (stop-server)", "orch stop-server")
+FAILED_START = Outage("that failed to start", "orch serve (failed start)")
+
+
+def stop_job(
+    host: Host, runner: Runner, job: jobs.JobInfo, gpus: Sequence[int], drain: float, report: Report, outage: Outage
+) -> str:
+    """Say so, stop a server job (drain, then SIGKILL after ``drain`` seconds) and wait until its GPUs
+    are free."""
+    report(f"stopping server job {job.id} {outage.why} (draining up to {drain:.0f} s)")
     outcome = jobs.stop(runner, job, grace_seconds=math.ceil(drain))
     wait_gpus_released(host, runner, gpus, job.id, GPU_RELEASE_SECONDS)
     report(f"server job {job.id} {outcome}; GPUs free")
@@ -244,26 +273,36 @@ def stop_job(host: Host, runner: Runner, job: jobs.JobInfo, gpus: Sequence[int],
 
 
 def stop_server(
-    host: Host, runner: Runner, store: StateStore, gpus: Sequence[int], drain: float, report: Report = _quiet
+    host: Host,
+    runner: Runner,
+    store: StateStore,
+    gpus: Sequence[int],
+    drain: float,
+    report: Report = _quiet,
+    outage: Outage = AS_ASKED,
 ) -> str | None:
-    """Stop the server orch launched (drain, SIGKILL after ``drain``) and wait for its GPUs.
+    """Stop the server orch launched (announced through ``report``; drain, SIGKILL after ``drain``) and
+    wait for its GPUs.
 
     Returns how it ended (``stopped``/``killed``), or None when no server of orch's was running. The
-    phase goes back to what it was before the server was launched.
+    record says who stopped it and when; the phase goes back to what it was before the launch.
     """
     job = running_server(runner, host)
     if job is None:
         return None
-    outcome = stop_job(host, runner, job, gpus, drain, report)
-    store.update_host(host.name, record_stopped)
+    outcome = stop_job(host, runner, job, gpus, drain, report, outage)
+    store.update_host(host.name, lambda hs: record_stopped(hs, job.id, outage.by))
     return outcome
 
 
-def record_stopped(hs: HostState) -> None:
+def record_stopped(hs: HostState, job_id: str | None = None, by: str | None = None) -> None:
+    """The server record (when it is job ``job_id``) marks who stopped it and when; phase rolled back."""
     if hs.server is not None:
         hs.server.healthy = False
+        if by is not None and hs.server.job_id == job_id:
+            hs.server.stopped_at, hs.server.stopped_by = utc_now(), by
     if hs.phase in (Phase.SERVING, Phase.LAUNCHING, Phase.FAILED):
-        hs.set_phase(_phase_before_launch(hs), "server stopped")
+        hs.set_phase(_phase_before_launch(hs), "server stopped" + (f" by {by}" if by else ""))
 
 
 def _phase_before_launch(hs: HostState) -> Phase:

@@ -131,7 +131,8 @@ def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
     skipped = [] if options.force else installed_shapes(runner, record, facts, wanted, batch_sizes)
     needed = [s for s in wanted if s.key not in skipped]
     if needed and options.stop_server:
-        srv.stop_server(host, runner, store, server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout)
+        gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
+        srv.stop_server(host, runner, store, gpus, drain, srv.warn_log(host), srv.FOR_TUNE_FP8)
         facts.gpus, facts.gpu_users = read_gpu_users(runner)
     if needed:
         refuse_busy(host, facts, options.allow_busy_gpus)

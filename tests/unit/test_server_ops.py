@@ -70,6 +70,8 @@ def test_status_field_of_a_healthy_mtp_server() -> None:
     assert field == {
         "job": "server-1",
         "job_state": "running",
+        "stopped_by": None,
+        "stopped_at": None,
         "healthy": True,
         "port": 30000,
         "mtp": True,
@@ -118,6 +120,20 @@ class FileRunner:
 
     def close(self) -> None:
         pass
+
+
+def test_a_server_orch_stopped_is_shown_stopped_by_whom_and_when_not_succeeded() -> None:
+    hs = HostState(phase=Phase.SERVING, server=RECORD.model_copy())
+    srv.record_stopped(hs, "server-1", "orch stop-server")
+    assert hs.server is not None and hs.server.stopped_by == "orch stop-server" and hs.server.stopped_at is not None
+    drained = jobs_line("server-1", "0", "0", NOW - timedelta(hours=1))  # its drained exit: "succeeded"
+    field = srv.status_field(http_out(0, None), drained, hs.server, NOW)
+    assert field is not None
+    assert (field["job_state"], field["stopped_by"]) == ("stopped", "orch stop-server")
+    assert field["stopped_at"] == hs.server.stopped_at.isoformat()
+    other = HostState(phase=Phase.SERVING, server=RECORD.model_copy())
+    srv.record_stopped(other, "server-0", "orch stop-server")  # another job: this record is not marked
+    assert other.server is not None and other.server.stopped_by is None
 
 
 def test_log_reader_reads_only_new_bytes_and_tolerates_a_missing_log() -> None:

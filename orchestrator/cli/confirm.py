@@ -1,0 +1,68 @@
+"""Asking before serving goes down on several hosts at once (``--yes`` skips the question).
+
+``stop-server``, ``serve``, ``run`` and ``tune-fp8 --stop-server`` run on every host by default: one
+command without ``--host``/``--tag`` could take a whole fleet's serving down. When more than one host
+has a server of orch's running that the command would stop, orch asks on a terminal and refuses
+(exit 2) elsewhere unless ``--yes`` is given. Hosts with no server running take nothing down.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import click
+
+from orchestrator.errors import UsageError
+from orchestrator.fleet import Fleet
+from orchestrator.inventory import Host
+from orchestrator.ops import server as srv
+from orchestrator.transport.base import Runner
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+yes_option = click.option(
+    "--yes",
+    "-y",
+    is_flag=True,
+    help="Do not ask before taking serving down on several hosts (needed without a terminal).",
+)
+
+
+def confirm_outage(down: Sequence[str], chosen: bool, yes: bool) -> None:
+    """Go on, or UsageError: ``down`` names the hosts whose running server would be stopped; ``chosen``
+    is true when hosts were picked with ``--host``/``--tag`` (then nothing is asked)."""
+    if chosen or yes or len(down) < 2:
+        return
+    question = f"Take serving down on {len(down)} hosts ({', '.join(down)})?"
+    if not sys.stdin.isatty():
+        raise UsageError(
+            f"{question[:-1]}: refused without confirmation (stdin is not a terminal); nothing was changed",
+            hint="pass --yes to confirm, or pick hosts with --host/--tag",
+        )
+    if not click.confirm(question, default=False, err=True):
+        raise UsageError("not confirmed: nothing was changed")
+
+
+def serving_hosts(fleet: Fleet, hosts: Sequence[Host], would_stop: Callable[[Host], bool] | None = None) -> list[str]:
+    """Names of ``hosts`` where a server of orch's is running (and ``would_stop(host)``, when given);
+    a host that cannot be reached is left out (the command reports it)."""
+
+    def running(host: Host, runner: Runner) -> bool:
+        return (would_stop is None or would_stop(host)) and srv.running_server(runner, host) is not None
+
+    return [r.host.name for r in fleet.map(running, list(hosts)).succeeded if r.value]
+
+
+def ask_before_stopping(
+    fleet: Fleet,
+    hosts: Sequence[Host],
+    chosen: bool,
+    yes: bool,
+    would_stop: Callable[[Host], bool] | None = None,
+) -> None:
+    """``confirm_outage`` for the hosts that serve now (looked up only when the answer could matter)."""
+    if chosen or yes or len(hosts) < 2:
+        return
+    confirm_outage(serving_hosts(fleet, hosts, would_stop), chosen, yes)
