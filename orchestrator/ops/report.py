@@ -14,7 +14,6 @@ those into text (pure); ``write_report`` writes the files.
 from __future__ import annotations
 
 import html
-import json
 import re
 import shlex
 import urllib.parse
@@ -161,8 +160,27 @@ def server_settings(hs: HostState) -> list[tuple[str, str]]:
     rows.append(("started (UTC)", fmt_time(server.started_at)))
     rows.append(("healthy", {None: "unknown", True: "yes", False: "no"}[server.healthy]))
     shown = {"tuned_shapes_in_use", "fallback"}  # in the tuned shapes section
-    rows += [(f"verified: {k}", _value(v)) for k, v in server.verified.items() if k not in shown]
+    rows += [(_verified_label(k), _value(v)) for k, v in server.verified.items() if k not in shown]
     return rows
+
+
+VERIFIED_LABELS = {
+    "healthy_after_s": "healthy after (s)",
+    "speculative": "speculative (as running)",
+    "fp8_backend": "FP8 backend (reported)",
+    "fp8_runs": "FP8 GEMM kernels run",
+    "accept_length": "accept length",
+    "min_accept": "minimum accept length",
+    "problems": "problems",
+    "accept_problem": "accept length problem",
+    "warnings": "warnings",
+    "sglang_commit": "SGLang commit",
+}
+
+
+def _verified_label(key: str) -> str:
+    """What serve's verification found, in words (an unknown key: its name, underscores as spaces)."""
+    return "verified: " + VERIFIED_LABELS.get(key, key.replace("_", " "))
 
 
 def _sglang(hs: HostState) -> str:
@@ -171,7 +189,17 @@ def _sglang(hs: HostState) -> str:
 
 
 def _value(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    """A stored value as a person reads it: ``-`` for nothing, yes/no, a list joined by ``; ``,
+    a mapping as ``key: value`` pairs; never a Python or JSON literal (``None``, ``[]``, ``{...}``)."""
+    if value is None or value == [] or value == {}:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        return "; ".join(_value(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_value(v)}" for k, v in value.items())
+    return str(value)
 
 
 def fmt_duration(delta: timedelta) -> str:
@@ -229,7 +257,8 @@ def _mtp_cell(record: BenchRecord) -> str:
 
 def render_markdown(report: Report) -> str:
     """GitHub-flavoured Markdown: every value escaped, charts as relative image links."""
-    lines = ["# orch report", "", f"Generated {fmt_time(report.generated_at)} UTC from {_md(report.source)}.", ""]
+    source = _md_code(report.source)
+    lines = ["# orch report", "", f"Generated {fmt_time(report.generated_at)} UTC from {source}.", ""]
     if not report.hosts:
         lines.append("No host in the state file yet.")
     lines += _md_table(["host", "phase", "SGLang", "latest benchmark"], [_summary(h) for h in report.hosts])
@@ -250,7 +279,7 @@ def _md_host(host: HostReport, now: datetime) -> list[str]:
     lines += ["### Phase history", "", *history]
     if host.durations:
         lines += ["", "Durations: " + ", ".join(f"{_md(k)} {v}" for k, v in host.durations) + "."]
-    shapes = _md_table(SHAPE_COLUMNS, host.tuned_shapes) or ["None."]
+    shapes = _md_table(SHAPE_COLUMNS, host.tuned_shapes) or ["No tuned shape."]
     lines += ["", "### Tuned shapes", "", *shapes, "", "### Server", "", *_md_server(host)]
     lines += ["", "### Benchmarks", ""] + (_md_table(BENCH_COLUMNS, bench_cells(host)) or ["No benchmark yet."])
     if host.chart:
@@ -274,9 +303,23 @@ def _md_table(columns: list[str], rows: list[list[str]] | list[tuple[str, str]])
 
 
 def _md(text: str) -> str:
-    """A value safe in a Markdown table cell: HTML escaped, pipes as entities, one line."""
-    marked = re.sub(r"([\\`*_\[\]#])", r"\\\1", " ".join(str(text).split()))
-    return html.escape(marked, quote=False).replace("|", "&#124;")
+    """A value as literal Markdown text, safe in a table cell and a heading, on one line: characters
+    Markdown would read as markup are backslash-escaped (CommonMark escapes: ``\\<`` is a literal
+    ``<``, so no HTML gets through, and ``\\|`` keeps a GFM table cell whole); no HTML entities,
+    so the source reads as it renders."""
+    flat = " ".join(str(text).split())
+    marked = re.sub(r"([\\`*\[\]<|~])", r"\\\1", flat)
+    marked = re.sub(r"&(?=#?\w+;)", r"\\&", marked)  # only what would read as an entity
+    marked = re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", marked)  # intraword _ is no emphasis
+    return re.sub(r"^#|#$", r"\\#", marked)
+
+
+def _md_code(text: str) -> str:
+    """``text`` as an inline code span (a path, a command): literal, whatever backticks it holds."""
+    flat = " ".join(str(text).split())
+    fence = "`" * (_longest_backtick_run(flat) + 1)
+    pad = " " if flat.startswith("`") or flat.endswith("`") else ""
+    return f"{fence}{pad}{flat}{pad}{fence}"
 
 
 def _longest_backtick_run(text: str) -> int:
@@ -310,7 +353,7 @@ def _html_host(host: HostReport, now: datetime) -> str:
     )
     if host.durations:
         parts.append("<p>Durations: " + ", ".join(f"{_h(k)} {_h(v)}" for k, v in host.durations) + ".</p>")
-    parts.append(_html_section("Tuned shapes", _html_table(SHAPE_COLUMNS, host.tuned_shapes), "None."))
+    parts.append(_html_section("Tuned shapes", _html_table(SHAPE_COLUMNS, host.tuned_shapes), "No tuned shape."))
     server = _html_table(["setting", "value"], host.server) + f"<pre>{_h(host.server_command or '')}</pre>"
     parts.append(_html_section("Server", server if host.server_command else "", "No server launched by orch."))
     parts.append(_html_section("Benchmarks", _html_table(BENCH_COLUMNS, bench_cells(host)), "No benchmark yet."))

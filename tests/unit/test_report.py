@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from markdown_it import MarkdownIt
 
 from orchestrator.facts.bench import BenchMetrics, BenchParams, BenchRecord
 from orchestrator.ops import report
@@ -120,9 +122,41 @@ def test_hostile_values_are_escaped(tmp_path: Path) -> None:
     html_text = report.write_report(state, "state.json", tmp_path / "h", "html", now=at(100)).read_text()
     assert "<script>" not in html_text and "&lt;script&gt;alert(1)&lt;/script&gt; | x" in html_text
     md_text = report.write_report(state, "state.json", tmp_path / "m", "md", now=at(100)).read_text()
-    assert "<script>" not in md_text
-    row = next(line for line in md_text.splitlines() if line.startswith("| &lt;script&gt;"))
-    assert row.count("|") == len(report.BENCH_COLUMNS) + 1  # the label's pipe did not split the row
+    assert not re.search(r"(?<!\\)<", md_text)  # every '<' escaped: CommonMark reads '\<' as a literal '<'
+    row = next(line for line in md_text.splitlines() if line.startswith("| \\<script>"))
+    assert row.startswith("| \\<script>alert(1)\\</script> \\| x | ")
+    assert len(re.findall(r"(?<!\\)\|", row)) == len(report.BENCH_COLUMNS) + 1  # the label's pipe split no cell
+    rendered = MarkdownIt("commonmark").enable("table").render(md_text)  # rich's own Markdown parser
+    assert "<td>&lt;script&gt;alert(1)&lt;/script&gt; | x</td>" in rendered  # the label, literally
+
+
+@pytest.mark.parametrize("label", ["a_b_", "*x*", "[l](http://e)", "`c`", "&amp;", "#1 #", "~~s~~", "\\"])
+def test_markdown_cells_render_as_the_literal_value(tmp_path: Path, label: str) -> None:
+    md_text = report.write_report(campaign_state(label_b=label), "s.json", tmp_path, "md", now=at(100)).read_text()
+    rendered = MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(md_text)
+    assert f"<td>{html.escape(label, quote=False)}</td>" in rendered
+
+
+def test_markdown_source_reads_as_it_renders(tmp_path: Path) -> None:
+    """No HTML entities and no Python/JSON literals: a person reads the .md file as GitHub shows it."""
+    state = campaign_state(label_b="a&b_c")
+    server = state.hosts["blackwell-1"].server
+    assert server is not None
+    server.verified.update(
+        healthy_after_s=12.3, fp8_backend=None, problems=[], warnings=["w1", "w2"], flag=True, extra_key={"a": 1}
+    )
+    state.hosts["blackwell-1"].history[0].reason = "abc -> def"
+    text = report.write_report(state, "/tmp/my_state/state.json", tmp_path, "md", now=at(100)).read_text()
+    assert not re.search(r"&(#\d+|[a-z]+);", text), "HTML entity in the Markdown source"
+    for literal in ("None", "null", "[]", "{", "True", "'"):
+        assert literal not in text.replace("```", ""), literal
+    assert "Generated 2026-11-29 21:40:00 UTC from `/tmp/my_state/state.json`." in text
+    assert "| pulled | 2026-11-29 20:00:00 | 1m00s | abc -> def |" in text
+    assert "| a&b_c | " in text  # intraword '_' and a lone '&' need no escape
+    for row in ("| verified: healthy after (s) | 12.3 |", "| verified: FP8 backend (reported) | - |",
+                "| verified: problems | - |", "| verified: warnings | w1; w2 |", "| verified: flag | yes |",
+                "| verified: extra key | a: 1 |", "| verified: accept length | 3.05 |"):  # fmt: skip
+        assert row in text, row
 
 
 def test_html_is_one_page_with_relative_images(tmp_path: Path) -> None:
