@@ -97,7 +97,8 @@ def test_tune_fp8_tunes_the_default_shapes_on_two_hosts_and_installs_them(tune_f
         head = subprocess.run(["git", "-C", str(host.sglang_dir), "rev-parse", "HEAD"], capture_output=True, text=True)
         assert {r["commit"] for r in hs["tuning"]["installed"].values()} == {head.stdout.strip()}
     again = env.orch("tune-fp8")
-    assert again.returncode == 0 and "already tuned: N=1536,K=4096" in again.stdout
+    assert again.returncode == 0, again.output
+    assert "nothing to tune: already tuned for this GPU and commit: N=1536,K=4096" in again.stdout
     assert all(len(job_dirs(h)) == 8 for h in env.fleet.hosts)  # type: ignore[attr-defined]
 
 
@@ -158,7 +159,7 @@ def test_progress_is_live_while_a_tuner_run_is_still_going(tune_fleet: Callable[
     assert field is not None, f"status never showed partial progress: {fields_seen}"
     assert field["state"] == "running" and field["units_total"] == 6
     done_run = env.orch("wait")
-    assert done_run.returncode == 0 and f"{host.name}: installed 1 tuned configs" in done_run.stdout
+    assert done_run.returncode == 0 and f"{host.name}: installed 1 tuned config: N=1024,K=4096" in done_run.stdout
 
 
 def test_jobs_survive_an_sshd_restart_and_orch_reattaches(tune_fleet: Callable[..., FleetEnv]) -> None:
