@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.fleet import FleetResult
 from orchestrator.ops.pull import PullResult
@@ -54,11 +55,13 @@ def fmt_age(seconds: float) -> str:
     return f"{seconds // 86400:.0f} d"
 
 
-def _ago(iso: str | None, now: datetime) -> str | None:
+def _ago(iso: str | None, now: datetime, short: bool = False) -> str | None:
+    """``2 h ago`` (``short``: ``2h ago``), ``just now``; None without a time."""
     when = _when(iso)
     if when is None:
         return None
     age = fmt_age((now - when).total_seconds())
+    age = age.replace(" min", "m").replace(" ", "") if short else age
     return age if age == "just now" else f"{age} ago"
 
 
@@ -203,7 +206,7 @@ def _sglang_short(v: HostStatus, now: datetime) -> str:
     sg = v.sglang
     behind = sg.get("behind")
     lag = "? behind" if behind is None else "up to date" if behind == 0 else f"{behind} behind"
-    ago = _ago(sg.get("fetched_at"), now)
+    ago = _ago(sg.get("fetched_at"), now, short=True)
     return f"{str(sg.get('commit'))[:7]} {lag}, {ago or 'never fetched'}"
 
 
@@ -277,12 +280,13 @@ def status_notes(views: list[HostStatus], restarts: bool = True) -> list[str]:
 
 
 def compact_table(views: list[HostStatus], now: datetime) -> Table:
-    """The default ``orch status`` table: one line per host (cells cut with … rather than wrapped)."""
+    """The default ``orch status`` table: one line per host. Host, state and sglang are never cut; when the
+    terminal is too narrow, the widest other cells are cut with … (never wrapped onto a second line)."""
     t = Table(box=None, header_style="bold", pad_edge=False, show_edge=False)
-    for c in STATUS_COLUMNS:
-        t.add_column(c, no_wrap=True, overflow="ellipsis")
+    for i, c in enumerate(STATUS_COLUMNS):
+        t.add_column(c, no_wrap=i < 3)  # the others may shrink; their Text cells cut rather than wrap
     for v in views:
-        t.add_row(*status_row(v, now))
+        t.add_row(*(Text(cell, no_wrap=True, overflow="ellipsis") for cell in status_row(v, now)))
     return t
 
 
@@ -295,7 +299,7 @@ def status_table(views: list[HostStatus], wide: bool = False, now: datetime | No
     else:
         out.print(compact_table(views, now))
     for note in status_notes(views):
-        out.print(note, markup=False)
+        out.print(note, markup=False, soft_wrap=False)  # wrapped at the terminal's width, as the table
 
 
 def _wide_row(v: HostStatus, now: datetime) -> list[str]:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from tests.conftest import FleetEnv, run_orch
 
@@ -72,7 +76,7 @@ def test_status_dates_a_fetch_made_on_the_host_by_hand(make_fleet: Callable[...,
     two_hours_ago = fetch_head.stat().st_mtime - 2 * 3600
     os.utime(fetch_head, (two_hours_ago, two_hours_ago))  # the host is the truth, whoever fetched
     run = env.orch("status")
-    assert run.returncode == 0 and "up to date, 2 h ago" in run.stdout, run.stdout
+    assert run.returncode == 0 and "up to date, 2h ago" in run.stdout, run.stdout
     assert "fetched 2 h ago" in env.orch("status", host.name).stdout
 
 
@@ -140,3 +144,28 @@ def test_a_stopped_server_shows_as_stopped_by_whom_and_when(make_fleet: Callable
     row = next(line for line in env.orch("status").stdout.splitlines() if line.startswith(host.name))
     assert "stopped (by orch stop-server, just now)" in row and "succeeded" not in row
     assert "server  stopped (by orch stop-server, just now), job server-" in env.orch("status", host.name).stdout
+
+
+def test_thirty_two_hosts_read_at_100_columns(make_fleet: Callable[..., FleetEnv]) -> None:
+    """4 simulated hosts and 28 more the state knows but nothing answers for: 32 lines, none over 100."""
+    env = make_fleet(4)
+    assert env.orch("status").returncode == 0
+    closed = socket.socket()  # bound, never listening: every connection is refused at once
+    closed.bind(("127.0.0.1", 0))
+    try:
+        inventory = yaml.safe_load(env.inventory.read_text())
+        state = json.loads(env.state.read_text())
+        for i in range(5, 33):
+            inventory["hosts"][f"sim-{i}"] = {"address": "127.0.0.1", "port": closed.getsockname()[1]}
+            state["hosts"][f"sim-{i}"] = state["hosts"]["sim-1"]
+        env.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+        env.state.write_text(json.dumps(state))
+        run = run_orch("-i", str(env.inventory), "--state", str(env.state), "status", env={"COLUMNS": "100"})
+    finally:
+        closed.close()
+    assert run.returncode == 3
+    lines = run.stdout.splitlines()
+    rows = [line for line in lines if re.fullmatch(r"sim-\d+", line.split()[0])]  # notes say "sim-5: ..."
+    assert [r.split()[0] for r in rows] == [f"sim-{i}" for i in range(1, 33)]
+    assert all(len(line) <= 100 for line in lines), max(lines, key=len)
+    assert all(r.split()[1] == "unreachable" and "up to date" in r for r in rows[4:])  # from the state
