@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.fleet import HostResult
@@ -75,14 +76,18 @@ def print_json(document: Any) -> None:
 
 
 def host_errors(results: Iterable[HostResult[Any]]) -> None:
-    """One block per failed host on stderr: what failed, and the hint when there is one."""
+    """One block per failure on stderr: what failed, and the hint when there is one. Hosts that
+    failed with the same words (a corrupt state file, a missing playbook) share one block."""
+    blocks: dict[str, list[str]] = {}
     for r in results:
         if r.error is None:
             continue
         text = str(r.error) if not r.is_bug else f"internal error: {r.error!r} (traceback above)"
+        blocks.setdefault(text, []).append(r.host.name)
+    for text, names in blocks.items():
         first, *rest = text.splitlines() or [""]
-        prefix = "" if first.startswith(f"{r.host.name}:") else f"{r.host.name}: "
-        err.print(f"[red]✗[/red] {prefix}{first}", markup=True)
+        prefix = "" if len(names) == 1 and first.startswith(f"{names[0]}:") else f"{', '.join(names)}: "
+        err.print(f"[red]✗[/red] {escape(prefix + first)}", markup=True)
         for line in rest:
             err.print(f"  {line}", markup=False)
 

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import ConfigError, ExitCode
+from orchestrator.errors import ConfigError, ExitCode, RefusedError
+from orchestrator.fleet import FleetResult, HostResult
+from orchestrator.inventory import Host
 from orchestrator.recipe import load_recipe
+from orchestrator.render import err, host_errors
 from tests.conftest import OrchRun, run_orch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,3 +121,19 @@ def test_closed_stdout_is_quiet_and_keeps_the_commands_exit_code(fleet_dir: Path
     os.close(write_end)
     assert proc.returncode == ExitCode.OK, proc.stderr
     assert "Error" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_hosts_failing_with_the_same_words_share_one_block(fleet_dir: Path) -> None:
+    (fleet_dir / ".orch").mkdir()
+    (fleet_dir / ".orch" / "state.json").write_text("{not json")
+    result = in_dir(fleet_dir, "pull")
+    assert result.returncode == ExitCode.STATE
+    assert result.stderr.count("is corrupt") == 1
+    assert result.stderr.startswith(f"✗ a, b: state file {fleet_dir / '.orch' / 'state.json'} is corrupt")
+
+
+def test_failure_text_is_printed_literally_not_as_rich_markup() -> None:
+    host = Host(name="a", address="h")
+    with err.capture() as captured:
+        host_errors(FleetResult([HostResult(host, error=RefusedError("a: flag [bold] refused"))]))
+    assert captured.get() == "✗ a: flag [bold] refused\n"
