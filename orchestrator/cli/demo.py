@@ -133,10 +133,10 @@ def _story(fleet: SimFleet, root: Path, transport: str, report_dir: Path) -> _De
     for host in fleet.hosts:  # minutes of GPU work, simulated in seconds
         host.set_knobs(tune_seconds_per_unit=0.02, startup_seconds=0.5)
     out.print("\n[dim]# a baseline: the server as it was, without MTP and without tuned FP8 configs[/dim]")
-    session.orch("serve", "--no-mtp")
+    session.orch("serve", "--no-mtp", "--yes")  # --yes: serving goes down on every host, do not ask
     session.orch("bench", "--label", "baseline")
     out.print("\n[dim]# the whole campaign: pull, FP8 tuning, MTP relaunch with verification, benchmark[/dim]")
-    session.orch("run", "deepseek-v4-flash")
+    session.orch("run", "deepseek-v4-flash", "--yes")
     session.orch("status")
     session.orch("bench", "--label", "tuned+mtp", "--baseline", "baseline")
     session.orch("report", "--format", "html", "--out", str(report_dir))
