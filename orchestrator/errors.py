@@ -6,16 +6,24 @@ bug and keeps its traceback.
 
     OrchError                       exit 1 unless a subclass says otherwise
     ├── UsageError                  exit 2  bad command-line value
-    ├── ConfigError                 exit 2  bad hosts.yaml / playbook (names file, host, key)
+    ├── ConfigError                 exit 2  bad hosts.yaml / playbook (names file:line, host, key): not
+    │                                       found, invalid YAML, a key given twice, a bad value, or a
+    │                                       recipe the MTP rules refuse (no host needed to know)
     ├── StateError                  exit 4  state file corrupt, unknown version, or locked too long
-    └── HostError                   per-host failure, collected by the fleet fan-out
+    └── HostError                   exit 3  per-host failure, collected by the fleet fan-out
         ├── UnreachableError                cannot connect (refused, timeout, DNS)
         ├── HostKeyError                    unknown or changed host key
         ├── RemoteCommandError              a remote command exited non-zero
-        └── RefusedError                    orch will not do it (dirty tree, busy GPU, bad recipe)
+        ├── RefusedError                    orch will not do it on this host (dirty tree, busy GPU, a
+        │                                   flag the host's SGLang does not know)
+        └── VerifyError             exit 5  the server runs but not as asked
 
-A command that ran on several hosts exits ``HOSTS_FAILED`` when at least one host failed, after
-reporting every host.
+The rule that keeps the codes coherent: a problem with the input is 2 wherever it is found, before
+anything changed (``recipe show``, ``serve``, ``run`` and ``tune-fp8`` refuse the same recipe with 2);
+what depends on a host is 3. A command that ran on several hosts reports every host, then exits with
+the code every failed host shares (2, 4 or 5: the same as a single host would), else ``HOSTS_FAILED``
+(``cli.common.exit_code``). A closed stdout (``orch status | head -1``) changes nothing: the rest of
+the output is dropped and the command finishes with its own code.
 """
 
 from __future__ import annotations

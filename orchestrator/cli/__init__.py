@@ -1,8 +1,8 @@
 """The ``orch`` command line: thin commands over the operations, one catch site for errors.
 
-Exit codes (see ``orchestrator.errors.ExitCode``): 0 ok; 1 internal error (traceback printed);
-2 bad input (command line, hosts.yaml, playbook); 3 failed on one or more hosts; 4 state file
-problem; 5 verification failed; 130 interrupted.
+Exit codes (``orchestrator.errors``, which also states the rule): 0 ok; 1 internal error (traceback
+printed); 2 bad input (command line, hosts.yaml, playbook, a recipe the MTP rules refuse); 3 failed on
+one or more hosts; 4 state file problem; 5 verification failed; 130 interrupted.
 """
 
 from __future__ import annotations
