@@ -65,8 +65,10 @@ def tune_fp8(
 ) -> int:
     """Tune SGLang's block-FP8 GEMM kernels as detached jobs, one per GPU, and install the configs.
 
-    Prints and records the plan; the jobs run on without orch. Running it again while they run
-    attaches to them; after success it skips shapes already installed (unless --force).
+    Prints and records the plan; the jobs run on without orch. Without --wait it ends with what runs
+    and the commands to watch it (orch wait --host H, orch logs H tune). Running it again while they
+    run attaches to them; after success it skips shapes already installed (unless --force). Only the
+    configs this tuning installed are listed.
 
     \b
     Example:
