@@ -131,12 +131,16 @@ def _gpu_cell(v: HostStatus) -> str:
     return line + (f"; held by {'; '.join(busy)}" if busy else "; idle")
 
 
-def _made_for(t: dict[str, Any]) -> str:
-    """``for 8e6290d on NVIDIA RTX PRO 6000 ...``: the commits and devices the installed configs were made for."""
+def _made_for(t: dict[str, Any], checkout: str | None) -> str:
+    """`` for 8e6290d on NVIDIA RTX PRO 6000 ...``: the commits and devices the installed configs were
+    made for, and the checkout's commit when it is another one (the configs may be stale)."""
     made = t.get("installed_for") or {}
-    commits = sorted({str(r["commit"])[:7] for r in made.values()})
+    if not made:
+        return ""
+    commits = sorted({str(r["commit"]) for r in made.values()})
     devices = sorted({str(r["device"]) for r in made.values()})
-    return f" for {', '.join(commits)} on {', '.join(devices)}" if made else ""
+    moved = f" (checkout now {checkout[:7]})" if checkout and commits != [checkout] else ""
+    return f" for {', '.join(c[:7] for c in commits)} on {', '.join(devices)}{moved}"
 
 
 def _tuning_cell(v: HostStatus) -> str:
@@ -149,7 +153,7 @@ def _tuning_cell(v: HostStatus) -> str:
         eta = f", ETA {t['eta_seconds']}s" if t.get("eta_seconds") is not None else ""
         return f"{t['state']} {t['percent']:.0f}% ({t['units_done']}/{t['units_total']}){eta}"
     if t["state"] == "installed":
-        return f"installed {len(t['installed'])} shapes{_made_for(t)}"
+        return f"installed {len(t['installed'])} shapes{_made_for(t, (v.sglang or {}).get('commit'))}"
     return f"{t['state']}: {t.get('reason') or t.get('error') or ''}".rstrip(": ")
 
 

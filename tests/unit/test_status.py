@@ -242,3 +242,13 @@ def test_an_unknown_host_key_shows_the_orch_trust_hint() -> None:
     assert views_mod.status_document([v])["hosts"][0]["hint"].endswith(
         "`orch trust h1`, or pass --accept-new-host-keys"
     )
+
+
+def test_installed_configs_say_for_which_commit_and_device_and_when_the_checkout_moved() -> None:
+    v = view()
+    made = {"device": DEVICE, "commit": COMMIT, "installed_at": T0.isoformat()}
+    v.extra["tuning"]["installed_for"] = {k: made for k in v.extra["tuning"]["installed"]}
+    assert views_mod._tuning_cell(v) == f"installed 4 shapes for 8e6290d on {DEVICE}"
+    assert v.sglang is not None
+    v.sglang["commit"] = "a525317" + "0" * 33
+    assert views_mod._tuning_cell(v) == f"installed 4 shapes for 8e6290d on {DEVICE} (checkout now a525317)"
