@@ -265,10 +265,10 @@ def status_row(v: HostStatus, now: datetime) -> list[str]:
     return [v.name, _state_short(v), _sglang_short(v, now), _gpu_short(v), _tuning_short(v), _server_short(v, now)]
 
 
-def status_notes(views: list[HostStatus], restarts: bool = True) -> list[str]:
+def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]:
     """Lines under the table for what needs the operator: unreachable hosts with the fix (an unknown host
-    key: `orch trust HOST`), a checkout that cannot be read, a failed ``--fetch``, a pending restart
-    (unless ``restarts`` is False: the server line already says it)."""
+    key: `orch trust HOST`), a checkout that cannot be read, a failed ``--fetch``; with ``short_cells``
+    (under the default table) also what its cells only hint at: a pending restart, why tuning failed."""
     notes = []
     for v in views:
         problems = [v.error.removeprefix(f"{v.name}: ")] if v.error else []
@@ -276,9 +276,11 @@ def status_notes(views: list[HostStatus], restarts: bool = True) -> list[str]:
             problems.append(f"hint: {v.hint}")
         if v.extra.get("fetch_error"):
             problems.append(str(v.extra["fetch_error"]))
-        server = v.extra.get("server") or {}
-        if restarts and server.get("restart_pending"):
+        server, tuning = v.extra.get("server") or {}, v.extra.get("tuning") or {}
+        if short_cells and server.get("restart_pending"):
             problems.append(f"server {_commits(server)}")
+        if short_cells and tuning.get("state") in ("failed", "unknown"):
+            problems.append(f"tuning {_tuning_cell(v)}")
         notes += [f"{v.name}: {p}" for p in problems]
     return notes
 
@@ -343,7 +345,7 @@ def detail_lines(v: HostStatus, now: datetime) -> list[str]:
         ("server", _server_cell(v, now)),
     ]
     lines += [f"  {label:<8}{text}" for label, text in parts]
-    lines += [f"  {note.removeprefix(f'{v.name}: ')}" for note in status_notes([v], restarts=False)]
+    lines += [f"  {note.removeprefix(f'{v.name}: ')}" for note in status_notes([v], short_cells=False)]
     return lines
 
 

@@ -252,3 +252,13 @@ def test_installed_configs_say_for_which_commit_and_device_and_when_the_checkout
     assert v.sglang is not None
     v.sglang["commit"] = "a525317" + "0" * 33
     assert views_mod._tuning_cell(v) == f"installed 4 shapes for 8e6290d on {DEVICE} (checkout now a525317)"
+
+
+def test_why_tuning_failed_is_a_note_under_the_table() -> None:
+    v = view()
+    v.extra["tuning"] = {"state": "failed", "reason": "h1 GPU 0 job tune.gpu0 (j0) failed: exit code 1"}
+    assert views_mod.status_row(v, NOW)[4] == "failed"
+    assert views_mod.status_notes([v]) == [
+        "blackwell-12: tuning failed: h1 GPU 0 job tune.gpu0 (j0) failed: exit code 1"
+    ]
+    assert views_mod.status_notes([v], short_cells=False) == []  # orch status HOST has it on its tuning line
