@@ -24,6 +24,7 @@ from typing import Any
 
 from orchestrator.errors import RefusedError, UsageError
 from orchestrator.facts import bench as bench_facts
+from orchestrator.facts import git
 from orchestrator.facts import server as server_facts
 from orchestrator.fleet import Fleet, FleetResult, HostResult
 from orchestrator.inventory import Host
@@ -32,6 +33,7 @@ from orchestrator.ops import pull as pull_op
 from orchestrator.ops import serve as serve_op
 from orchestrator.ops import server as server_host
 from orchestrator.ops import tune
+from orchestrator.ops.status import read_git
 from orchestrator.recipe import BenchOptions, PullOptions, Recipe, ServeOptions, Step, TuneOptions
 from orchestrator.state import HostState, StateStore
 from orchestrator.transport.base import Runner, shell_command
@@ -125,7 +127,7 @@ def run_step(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: H
     if not resumed:
         _mark(ctx.store, host, ctx.playbook, step.name, "running")
     try:
-        detail = STEPS[step.name](ctx, host, runner, step)
+        detail = STEPS[step.name](ctx, host, runner, step, resumed)
     except Exception as exc:
         _mark(ctx.store, host, ctx.playbook, step.name, "failed", str(exc).splitlines()[0] if str(exc) else "")
         raise
@@ -135,7 +137,7 @@ def run_step(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: H
     ctx.say(host, f"{step.name}: done — {detail}")
 
 
-def _pull(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
+def _pull(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool) -> str:
     assert isinstance(step.options, PullOptions)
     result = pull_op.pull(host, runner, ctx.store, step.options.install)
     if not result.changed:
@@ -148,7 +150,7 @@ def _step_say(ctx: RunContext, host: Host, step: str) -> server_host.Report:
     return lambda message: ctx.say(host, f"{step}: {message}")
 
 
-def _tune(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
+def _tune(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool) -> str:
     assert isinstance(step.options, TuneOptions)
     options = step.options.model_copy(update={"wait": True, "fleet": False if not ctx.lockstep else step.options.fleet})
     if options.stop_server and tuning_needed(host, runner, ctx.store, ctx.recipe, options):
@@ -157,14 +159,36 @@ def _tune(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
             host, runner, ctx.store, gpus, drain, _step_say(ctx, host, "tune-fp8"), server_host.FOR_RUN_TUNING
         )
 
-    def progress(status: tune.TuneStatus) -> None:
-        if status.units_total:
-            ctx.say(host, f"tune-fp8: {status.units_done}/{status.units_total} units")
-
     results = tune.tune_fp8(
-        ctx.fleet, [host], ctx.store, lambda _: ctx.recipe, options, ctx.peers, on_progress=progress, poll=1.0
+        ctx.fleet,
+        [host],
+        ctx.store,
+        lambda _: ctx.recipe,
+        options,
+        ctx.peers,
+        on_progress=progress(ctx, host),
+        poll=1.0,
     )
     return _tune_outcome(results, host)
+
+
+def progress(ctx: RunContext, host: Host) -> Callable[[tune.TuneStatus], None]:
+    """``host``'s tuning progress for ``ctx.say``: a line only when its units done change, with the ETA."""
+    last: list[int] = []
+
+    def show(status: tune.TuneStatus) -> None:
+        if status.host != host.name or not status.units_total or last[-1:] == [status.units_done]:
+            return
+        last.append(status.units_done)
+        eta = f", ETA {_eta(status.eta_seconds)}" if status.eta_seconds is not None and status.percent < 100 else ""
+        ctx.say(host, f"tune-fp8: {status.units_done}/{status.units_total} units ({status.percent:.0f}%){eta}")
+
+    return show
+
+
+def _eta(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
 
 
 def _tune_outcome(results: FleetResult[tune.TuneStatus], host: Host) -> str:
@@ -180,10 +204,12 @@ def _tune_outcome(results: FleetResult[tune.TuneStatus], host: Host) -> str:
     )
 
 
-def _serve(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
+def _serve(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool) -> str:
+    """Serve; a step interrupted in an earlier run re-attaches to the server it launched, ``--from``/
+    ``--only`` relaunch even a server that serves as asked."""
     assert isinstance(step.options, ServeOptions)
     options = step.options.model_copy(update={"force": True}) if ctx.redo else step.options
-    result = _resume_serve(ctx, host, runner, options) or serve_op.serve(
+    result = (_resume_serve(ctx, host, runner, options) if resumed and not ctx.redo else None) or serve_op.serve(
         host, runner, ctx.store, ctx.recipe, options, _step_say(ctx, host, "serve"), ctx.peers
     )
     if result.unchanged:
@@ -194,8 +220,6 @@ def _serve(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
 
 def _resume_serve(ctx: RunContext, host: Host, runner: Runner, options: ServeOptions) -> serve_op.ServeResult | None:
     """After an interrupted run: the server it launched still runs the same command → attach, do not relaunch."""
-    if not was_interrupted(ctx.store, host, ctx.playbook, "serve"):
-        return None
     argv = serve_op.check_launch(host, runner, ctx.recipe, options.mtp)
     job = server_host.running_server(runner, host)
     if job is None or not serve_op.runs_argv(runner, job, argv):
@@ -208,7 +232,7 @@ def was_interrupted(store: StateStore, host: Host, playbook: str, step: str) -> 
     return recorded(store, host, playbook).get("running") == step
 
 
-def _bench(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
+def _bench(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool) -> str:
     assert isinstance(step.options, BenchOptions)
     run = bench_op.bench(host, runner, ctx.store, ctx.recipe.bench, step.options)
     record = run.record
@@ -217,7 +241,7 @@ def _bench(ctx: RunContext, host: Host, runner: Runner, step: Step) -> str:
     )
 
 
-STEPS: dict[str, Callable[[RunContext, Host, Runner, Step], str]] = {
+STEPS: dict[str, Callable[[RunContext, Host, Runner, Step, bool], str]] = {
     "pull": _pull,
     "tune-fp8": _tune,
     "serve": _serve,
@@ -238,7 +262,28 @@ def run(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> FleetResult[Ho
         ctx.confirm(passed)
     walk = run_lockstep if ctx.lockstep else run_independent
     done = {r.host.name: r for r in walk(ctx, passed, steps)}
+    finished = [h for h in passed if (r := done[h.name].value) is not None and not r.done]
+    if finished and ctx.recipe.step("pull") is not None:
+        ctx.fleet.map(lambda h, r: _next_round(ctx, h, r), finished)  # a host that cannot fetch says nothing
     return FleetResult([done[h.name] if h.name in done else HostResult(h, error=refused[h.name]) for h in hosts])
+
+
+def _next_round(ctx: RunContext, host: Host, runner: Runner) -> None:
+    """A campaign with every step already done: fetch upstream and, when it moved on, say how to start
+    the next round (the fetch changes no branch and no file of the checkout)."""
+    runner.run(git.fetch_argv(host.sglang_dir, host.remote), check=True, timeout=600)
+    info = read_git(host, runner)
+    if info.behind:
+        new = f"{info.behind} new commit{'s' if info.behind != 1 else ''}"
+        ctx.say(
+            host,
+            f"campaign done at {info.short}; upstream has {new} since: "
+            f"`orch run {_playbook_arg(ctx)} --from pull` starts the next round",
+        )
+
+
+def _playbook_arg(ctx: RunContext) -> str:
+    return ctx.recipe.path.stem if ctx.recipe.path is not None else ctx.playbook
 
 
 def preflight(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> FleetResult[None]:

@@ -60,8 +60,18 @@ def test_run_takes_three_hosts_to_serving_with_mtp_verified_and_a_benchmark(make
         assert set(hs["steps"]["done"]) == {"pull", "tune-fp8", "serve", "bench"}
         assert hs["server"]["mtp"] is True and hs["server"]["verified"]
         assert len(hs["benchmarks"]) == 1 and hs["benchmarks"][0]["metrics"]["output_throughput"] > 0
+    sha = env.fleet.add_upstream_commit("Next round")
     again = env.orch("run", "deepseek-v4-flash")
     assert again.returncode == 0 and again.stdout.count("already done: pull, tune-fp8, serve, bench") == 3
+    for name in state(env):  # the finished campaign met a new upstream commit: said, with the next step
+        assert f"{name}: campaign done at " in again.stderr
+    assert again.stderr.count("upstream has 1 new commit since: `orch run deepseek-v4-flash --from pull`") == 3
+    assert all(hs["sglang"]["commit"] != sha for hs in state(env).values())  # fetched, not pulled
+    served = state(env)["sim-1"]["server"]["job_id"]
+    redo = env.orch("run", "deepseek-v4-flash", "--host", "sim-1", "--from", "serve", timeout=600)
+    assert redo.returncode == 0, redo.output
+    assert f"sim-1: serve: stopping server job {served} to relaunch with the new command" in redo.stderr
+    assert state(env)["sim-1"]["server"]["job_id"] != served  # --from serve relaunches, though serving as asked
 
 
 def test_run_resumes_after_sigkill_during_tuning_with_no_duplicate_job(make_fleet) -> None:  # type: ignore[no-untyped-def]
