@@ -80,20 +80,28 @@ class App:
 
     def recipes(self, hosts: list[Host], playbook: str | None = None, *, mtp: bool | None = None) -> dict[str, Recipe]:
         """Each host's recipe (``recipe_for``), all read before any host is contacted: a missing or
-        invalid playbook is exit 2 at once. With ``mtp`` given, a recipe the MTP rules refuse
-        (``facts.server.check_recipe``, no host needed) is exit 2 too, as ``orch recipe show`` says."""
+        invalid playbook is exit 2 at once. With ``mtp`` given, a recipe the MTP rules refuse is
+        exit 2 too (``refuse_bad_recipe``)."""
         chosen = {h.name: self.recipe_for(h, playbook) for h in hosts}
-        for recipe in {id(r): r for r in chosen.values()}.values():
-            problems = [] if mtp is None else check_recipe(recipe, mtp=mtp)
-            if problems:
-                raise ConfigError(
-                    f"recipe {recipe.path or recipe.model} refused (no host was contacted):\n"
-                    + "\n".join(f"  - {p}" for p in problems),
-                    hint="fix the playbook (`orch recipe show` lists the same problems)"
-                    + (", or serve without MTP: --no-mtp" if mtp else ""),
-                )
+        if mtp is not None:
+            for recipe in {id(r): r for r in chosen.values()}.values():
+                refuse_bad_recipe(recipe, mtp=mtp)
         return chosen
 
     def fleet(self, hosts: list[Host], parallel: int = 32) -> Fleet:
         log.info("%d hosts (%s), %d at a time", len(hosts), ", ".join(h.name for h in hosts), parallel)
         return Fleet(hosts, self.options, parallel=parallel)
+
+
+def refuse_bad_recipe(recipe: Recipe, *, mtp: bool) -> None:
+    """``ConfigError`` (exit 2) listing what the MTP rules (``facts.server.check_recipe``) find wrong
+    with ``recipe``: no host is needed to know, so ``serve``, ``run`` and ``recipe show`` refuse it
+    alike, before contacting one."""
+    problems = check_recipe(recipe, mtp=mtp)
+    if problems:
+        raise ConfigError(
+            f"recipe {recipe.path or recipe.model} refused (no host was contacted):\n"
+            + "\n".join(f"  - {p}" for p in problems),
+            hint="fix the playbook (`orch recipe show` lists the same problems)"
+            + (", or serve without MTP: --no-mtp" if mtp else ""),
+        )
