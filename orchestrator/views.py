@@ -61,8 +61,9 @@ def _ago(iso: str | None, now: datetime, short: bool = False) -> str | None:
     if when is None:
         return None
     age = fmt_age((now - when).total_seconds())
-    age = age.replace(" min", "m").replace(" ", "") if short else age
-    return age if age == "just now" else f"{age} ago"
+    if age == "just now":
+        return age
+    return f"{age.replace(' min', 'm').replace(' ', '') if short else age} ago"
 
 
 def fmt_ranges(numbers: list[int]) -> str:

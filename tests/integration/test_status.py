@@ -118,6 +118,7 @@ def test_server_line_says_which_commit_runs_and_that_a_restart_is_pending(make_f
     assert (server["commit"], server["checkout"], server["restart_pending"]) == (launched, moved, True)
     row = next(line for line in env.orch("status").stdout.splitlines() if line.startswith(host.name))
     assert "healthy, restart pending" in row
+    assert f"{moved[:7]} up to date, just now" in row  # pull fetched
     detail = env.orch("status", host.name).stdout
     assert f"runs {launched[:7]}, checkout {moved[:7]}: restart pending" in detail
 

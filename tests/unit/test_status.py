@@ -262,3 +262,27 @@ def test_why_tuning_failed_is_a_note_under_the_table() -> None:
         "blackwell-12: tuning failed: h1 GPU 0 job tune.gpu0 (j0) failed: exit code 1"
     ]
     assert views_mod.status_notes([v], short_cells=False) == []  # orch status HOST has it on its tuning line
+
+
+def test_status_host_details_an_unreachable_host_from_its_cached_state() -> None:
+    v = view()
+    v.reachable, v.last_seen = False, (NOW - timedelta(days=3)).isoformat()
+    v.error, v.hint = "blackwell-12: unknown host key for 10.1.230.171", "run `orch trust blackwell-12`"
+    lines = views_mod.detail_lines(v, NOW)
+    assert lines[0] == "blackwell-12 (10.1.230.171): UNREACHABLE (last seen 3 d ago), phase serving"
+    assert lines[1] == f"  sglang  main {COMMIT[:10]} {v.sglang['subject']} (3 behind, fetched 2 h ago)"  # type: ignore[index]
+    assert lines[-2:] == ["  unknown host key for 10.1.230.171", "  hint: run `orch trust blackwell-12`"]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "long", "short"),
+    [
+        (20, "just now", "just now"),
+        (300, "5 min ago", "5m ago"),
+        (7300, "2 h ago", "2h ago"),
+        (90000, "1 d ago", "1d ago"),
+    ],
+)
+def test_ages(seconds: int, long: str, short: str) -> None:
+    when = (NOW - timedelta(seconds=seconds)).isoformat()
+    assert (views_mod._ago(when, NOW), views_mod._ago(when, NOW, short=True)) == (long, short)
