@@ -79,6 +79,7 @@ def peers(app: App, fleet: Fleet) -> tune.Peers:
 )
 @_drain
 @yes_option
+@click.option("--dry-run", is_flag=True, help="Print what would be stopped and launched per host; change nothing.")
 @pass_app
 def serve(
     app: App,
@@ -96,6 +97,7 @@ def serve(
     health_timeout: float | None,
     drain_timeout: float,
     yes: bool,
+    dry_run: bool,
 ) -> int:
     """Relaunch SGLang with the recipe (MTP by default) and verify it serves as asked.
 
@@ -111,6 +113,7 @@ def serve(
       orch serve --host blackwell-1
       orch serve --tag canary --rollback --min-accept 2.5
       orch serve --yes --fp8-gemm-backend triton
+      orch serve --dry-run
     """
     options = serve_options(mtp, no_wait_tuning, rollback, min_accept, health_timeout, drain_timeout).model_copy(
         update={"use_installed_configs": use_installed_configs, "fp8_gemm_backend": fp8_gemm_backend, "force": force}
@@ -118,6 +121,11 @@ def serve(
     selected = app.select(hosts, tags)
     chosen = recipes(app, selected, playbook)
     with app.fleet(selected, parallel) as fleet:
+        if dry_run:
+            plans = fleet.map(lambda h, r: serve_op.dry_run(h, r, app.store, chosen[h.name], options))
+            for p in plans.succeeded:
+                out.print(f"{p.host.name}:\n" + "\n".join(f"  {line}" for line in p.value or []), markup=False)
+            return serve_exit(plans)
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes)
         results = fleet.map(
             lambda h, r: serve_op.serve(h, r, app.store, chosen[h.name], options, reporter(h), peers(app, fleet))

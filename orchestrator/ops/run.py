@@ -362,12 +362,18 @@ def dry_run(
     lines: list[str] = []
     server = server_host.running_server(runner, host)
     playbook = str(recipe.path)
+    moved = False  # an earlier step would pull or tune: serve's decision waits for them
     for step in steps:
         if not redo and is_done(store, host, playbook, step.name):
             lines.append(f"step {step.name}: already done, skipped")
             continue
         lines.append(f"step {step.name}:")
+        if isinstance(step.options, ServeOptions) and not moved:
+            options = step.options.model_copy(update={"force": redo})
+            lines += [f"  {line}" for line in serve_op.dry_run(host, runner, store, recipe, options)]
+            continue
         commands, stops = _dry_step(host, runner, store, recipe, step)
+        moved = moved or isinstance(step.options, PullOptions) or not commands[0].startswith("(")
         if stops is not None and server is not None:
             lines.append(f"  (stops server job {server.id} {stops.why})")
             server = None

@@ -53,7 +53,7 @@ from orchestrator.ops.serve_configs import TunedConfigs, read_configs, tuned_els
 from orchestrator.ops.status import read_git
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.state import HostState, Phase, ServerRecord, StateStore, find_secret
-from orchestrator.transport.base import Runner
+from orchestrator.transport.base import Runner, shell_command
 
 Report = srv.Report
 """Where the op tells the user what it is doing (progress, warnings) as it happens."""
@@ -346,22 +346,58 @@ def preflight(
 ) -> Preflight:
     """Recipe and flags, the tuning gate, the tuned configs on disk (which FP8 backend to launch), and
     the new server's GPUs (only orch's old server may hold them); RefusedError leaves everything as it was."""
-    if options.fp8_gemm_backend is not None:
-        recipe = recipe.model_copy(update={"fp8_gemm_backend": options.fp8_gemm_backend})
+    recipe = _forced(recipe, options)
     argv = check_launch(host, runner, recipe, options.mtp)
     warnings = tuning_gate(host, runner, store, recipe, options, report, peers)
+    ready = decide(host, runner, store, recipe, options, argv)
+    ready.warnings[:0] = warnings
+    for warning in ready.warnings:
+        report(f"WARNING: {warning}")
+    srv.refuse_held_gpus(host, ready.gpus.holders, ready.old.id if ready.old else None, _UNTOUCHED)
+    return ready
+
+
+def _forced(recipe: Recipe, options: ServeOptions) -> Recipe:
+    """The recipe with ``--fp8-gemm-backend`` applied."""
+    if options.fp8_gemm_backend is None:
+        return recipe
+    return recipe.model_copy(update={"fp8_gemm_backend": options.fp8_gemm_backend})
+
+
+def decide(
+    host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: ServeOptions, argv: list[str]
+) -> Preflight:
+    """What would be launched now (the FP8 backend from the tuned configs on disk) and what runs: reads only."""
     gpus = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host))
     commit = read_git(host, runner).commit
     configs = read_configs(host, runner, gpus.device or "unknown GPU")
     record = tune.load_record(store.load().hosts.get(host.name))
-    launched, notes = config_gate(host, recipe, options, configs, record, commit, gpus.compute_cap)
-    warnings += notes
-    for warning in warnings:
-        report(f"WARNING: {warning}")
+    launched, warnings = config_gate(host, recipe, options, configs, record, commit, gpus.compute_cap)
     old = srv.running_server(runner, host)
-    srv.refuse_held_gpus(host, gpus.holders, old.id if old else None, _UNTOUCHED)
     argv = _with_backend(argv, launched.fp8_gemm_backend)
     return Preflight(argv, gpus, old, warnings, launched, commit, configs.files)
+
+
+def dry_run(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: ServeOptions) -> list[str]:
+    """What ``serve`` would do now, without waiting for tuning or touching anything: the lines to print."""
+    recipe = _forced(recipe, options)
+    argv = check_launch(host, runner, recipe, options.mtp)
+    status = tune.tuning_status(host, runner, store)
+    if status.state in ("running", "ready-to-install") and options.wait_tuning:
+        return [
+            f"(waits for tuning, {status.state} at {status.percent:.0f}%, then decides)",
+            f"$ {shell_command(argv)}",
+        ]
+    if status.state == "failed" and options.wait_tuning and not options.use_installed_configs:
+        return [f"(refuses: FP8 tuning failed: {status.reason}; --use-installed-configs serves anyway)"]
+    ready = decide(host, runner, store, recipe, options, argv)
+    same = None if options.force else already_serving(host, runner, store, ready, options)
+    if same is not None:
+        return [f"(already serving as asked (job {same.job_id}): nothing to do; --force relaunches)"]
+    lines = [f"WARNING: {w}" for w in ready.warnings]
+    if ready.old is not None:
+        lines.append(f"(stops server job {ready.old.id} {srv.FOR_RELAUNCH.why})")
+    return [*lines, f"$ {shell_command(ready.argv)}"]
 
 
 _UNTOUCHED = "the running server was left untouched"

@@ -82,6 +82,8 @@ def test_serve_as_already_served_does_nothing_until_forced_or_the_commit_moves(m
     env = fleet(make_fleet, 1)
     ok(env, "serve")
     (job,) = running(env).values()
+    dry = ok(env, "serve", "--dry-run")
+    assert f"  (already serving as asked (job {job}): nothing to do; --force relaunches)" in dry.stdout
     same = ok(env, "serve")
     assert f"sim-1: already serving as asked (job {job}); --force relaunches" in same.stdout
     assert "stopping server job" not in same.stderr and running(env) == {"sim-1": job}
@@ -91,6 +93,9 @@ def test_serve_as_already_served_does_nothing_until_forced_or_the_commit_moves(m
     assert second != job
     env.fleet.add_upstream_commit("A new SGLang commit")  # type: ignore[attr-defined]
     ok(env, "pull")
+    dry_moved = ok(env, "serve", "--dry-run")
+    assert f"  (stops server job {second} to relaunch with the new command)" in dry_moved.stdout
+    assert running(env) == {"sim-1": second}  # a dry run changes nothing
     moved = ok(env, "serve")  # the checkout moved: the running server runs old code
     assert "already serving" not in moved.stdout and running(env)["sim-1"] != second
     assert commit_of(env) == StateStore(env.state).load().hosts["sim-1"].sglang.commit  # type: ignore[union-attr]
@@ -137,6 +142,9 @@ def test_run_announces_the_stop_for_tuning_shows_it_in_the_dry_run_and_asks_on_s
 
 def test_no_tuned_config_serves_auto_loudly_unless_triton_is_forced(make_fleet: MakeFleet) -> None:
     env = fleet(make_fleet, 1)
+    dry = ok(env, "serve", "--dry-run")
+    assert "WARNING: no tuned FP8 configs for" in dry.stdout and "--fp8-gemm-backend auto" in dry.stdout
+    assert running(env) == {}
     run = ok(env, "serve")
     assert f"WARNING: no tuned FP8 configs for {DEVICE} at SGLang " in run.stderr
     assert (
