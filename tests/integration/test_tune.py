@@ -267,7 +267,7 @@ def test_shapes_logged_tunes_exactly_what_the_last_triton_server_missed(tune_fle
     assert none_yet.returncode == 3, none_yet.output
     assert f"{host.name}: --shapes logged: no server launched with --fp8-gemm-backend triton has run" in none_yet.stderr
     assert "serve once with `fp8_gemm_backend: triton` in the playbook" in none_yet.stderr
-    served = env.orch("serve", "--no-mtp")  # the shipped playbook serves with fp8_gemm_backend: triton
+    served = env.orch("serve", "--no-mtp", "--fp8-gemm-backend", "triton")  # untuned, serve would pick auto
     assert served.returncode == 0, served.output
     missed = server_logged_missing(host)
     run = env.orch("tune-fp8", "--shapes", "logged", "--batch-sizes", "1,2", "--stop-server", "--wait")
@@ -275,7 +275,7 @@ def test_shapes_logged_tunes_exactly_what_the_last_triton_server_missed(tune_fle
     planned = re.findall(r"  shape (N=\d+,K=\d+)  logged missing by server job server-", run.stdout)
     assert planned == missed
     assert sorted(tuned_files(host)) == sorted(missed)
-    again = env.orch("serve", "--no-mtp")
+    again = env.orch("serve", "--no-mtp", "--fp8-gemm-backend", "triton")
     assert again.returncode == 0, again.output
     nothing = env.orch("tune-fp8", "--shapes", "logged", "--batch-sizes", "1,2")
     assert nothing.returncode == 0, nothing.output
