@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -124,6 +125,10 @@ def configure_logging(verbose: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run a command and turn its outcome into the documented exit code."""
     sys.stdout = PipeSafeStdout(sys.stdout)
+    # Ctrl-C ends orch from the handler itself: a KeyboardInterrupt can be swallowed on its way up (raised
+    # inside a __del__ or a library's cleanup, it is only "ignored"), and orch then went on as if nothing
+    # had happened. Detached jobs and atomic state writes make stopping at any point safe.
+    signal.signal(signal.SIGINT, lambda signum, frame: _interrupted())
     code = run_command(argv)
     sys.stdout.flush()  # meet a closed pipe here, not at interpreter exit (where it prints a traceback)
     sys.exit(code)
