@@ -205,7 +205,7 @@ def _state_short(v: HostStatus) -> str:
 
 
 def _sglang_short(v: HostStatus, now: datetime) -> str:
-    """``8e6290d 3 behind, 2 h ago``: the commit, the commits behind upstream and when it was fetched."""
+    """``8e6290d 3 behind, 2h ago``: the commit, the commits behind upstream and when it was fetched."""
     if not v.sglang:
         return "-"
     sg = v.sglang
@@ -242,7 +242,8 @@ def _tuning_short(v: HostStatus) -> str:
 
 
 def _server_short(v: HostStatus, now: datetime) -> str:
-    """``healthy, MTP 3.10, up 2h``, ``healthy, restart pending``, ``stopped (by ..., 2 h ago)``, ``DOWN (failed)``."""
+    """``healthy, MTP 3.10, up 2h``, ``healthy, restart pending``, ``stopped (by ..., 2 h ago)``,
+    ``NOT healthy (failed)``."""
     s = v.extra.get("server")
     if not s:
         return "-"
@@ -269,7 +270,8 @@ def status_row(v: HostStatus, now: datetime) -> list[str]:
 def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]:
     """Lines under the table for what needs the operator: unreachable hosts with the fix (an unknown host
     key: `orch trust HOST`), a checkout that cannot be read, a failed ``--fetch``; with ``short_cells``
-    (under the default table) also what its cells only hint at: a pending restart, why tuning failed."""
+    (under the default table) also what its cells only hint at: a pending restart, why tuning failed,
+    why the GPUs could not be read."""
     notes = []
     for v in views:
         problems = [v.error.removeprefix(f"{v.name}: ")] if v.error else []
@@ -282,6 +284,8 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
             problems.append(f"server {_commits(server)}")
         if short_cells and tuning.get("state") in ("failed", "unknown"):
             problems.append(f"tuning {_tuning_cell(v)}")
+        if short_cells and v.gpu_error:
+            problems.append(f"gpus: {v.gpu_error}")
         notes += [f"{v.name}: {p}" for p in problems]
     return notes
 

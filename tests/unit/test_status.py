@@ -264,6 +264,13 @@ def test_why_tuning_failed_is_a_note_under_the_table() -> None:
     assert views_mod.status_notes([v], short_cells=False) == []  # orch status HOST has it on its tuning line
 
 
+def test_why_the_gpus_could_not_be_read_is_a_note_under_the_table() -> None:
+    v = view()
+    v.gpus, v.gpu_error = [], "nvidia-smi: NVIDIA-SMI has failed because it couldn't communicate with the driver"
+    assert views_mod.status_row(v, NOW)[3] == "error"
+    assert views_mod.status_notes([v]) == [f"blackwell-12: gpus: {v.gpu_error}"]
+
+
 def test_status_host_details_an_unreachable_host_from_its_cached_state() -> None:
     v = view()
     v.reachable, v.last_seen = False, (NOW - timedelta(days=3)).isoformat()
