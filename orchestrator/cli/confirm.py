@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
 
 import click
 
@@ -19,8 +18,6 @@ from orchestrator.fleet import Fleet
 from orchestrator.inventory import Host
 from orchestrator.ops import server as srv
 from orchestrator.transport.base import Runner
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 yes_option = click.option(
     "--yes",
@@ -45,12 +42,15 @@ def confirm_outage(down: Sequence[str], chosen: bool, yes: bool) -> None:
         raise UsageError("not confirmed: nothing was changed")
 
 
-def serving_hosts(fleet: Fleet, hosts: Sequence[Host], would_stop: Callable[[Host], bool] | None = None) -> list[str]:
-    """Names of ``hosts`` where a server of orch's is running (and ``would_stop(host)``, when given);
-    a host that cannot be reached is left out (the command reports it)."""
+WouldStop = Callable[[Host, Runner], bool]
+
+
+def serving_hosts(fleet: Fleet, hosts: Sequence[Host], would_stop: WouldStop | None = None) -> list[str]:
+    """Names of ``hosts`` where a server of orch's is running and ``would_stop(host, runner)`` (when
+    given); a host that cannot be reached or fails the check is left out (the command reports it)."""
 
     def running(host: Host, runner: Runner) -> bool:
-        return (would_stop is None or would_stop(host)) and srv.running_server(runner, host) is not None
+        return srv.running_server(runner, host) is not None and (would_stop is None or would_stop(host, runner))
 
     return [r.host.name for r in fleet.map(running, list(hosts)).succeeded if r.value]
 
@@ -60,7 +60,7 @@ def ask_before_stopping(
     hosts: Sequence[Host],
     chosen: bool,
     yes: bool,
-    would_stop: Callable[[Host], bool] | None = None,
+    would_stop: WouldStop | None = None,
 ) -> None:
     """``confirm_outage`` for the hosts that serve now (looked up only when the answer could matter)."""
     if chosen or yes or len(hosts) < 2:

@@ -12,6 +12,7 @@ from orchestrator.errors import ExitCode
 from orchestrator.inventory import Host
 from orchestrator.ops import run as run_op
 from orchestrator.render import err, out
+from orchestrator.transport.base import Runner
 
 
 def _say(host: Host, message: str) -> None:
@@ -62,7 +63,7 @@ def run(
                 out.print(f"{p.host.name}:\n" + "\n".join(p.value or []), markup=False)
             return finish(plans)
 
-        def stops(host: Host) -> bool:
+        def stops(host: Host, runner: Runner) -> bool:
             return bool(run_op.stopping_steps(app.store, host, str(recipe.path), steps, redo))
 
         def confirm(passed: list[Host]) -> None:

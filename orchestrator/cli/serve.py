@@ -126,7 +126,8 @@ def serve(
             for p in plans.succeeded:
                 out.print(f"{p.host.name}:\n" + "\n".join(f"  {line}" for line in p.value or []), markup=False)
             return serve_exit(plans)
-        ask_before_stopping(fleet, selected, bool(hosts or tags), yes)
+        replaces = lambda h, r: serve_op.would_replace(h, r, app.store, chosen[h.name], options)  # noqa: E731
+        ask_before_stopping(fleet, selected, bool(hosts or tags), yes, replaces)
         results = fleet.map(
             lambda h, r: serve_op.serve(h, r, app.store, chosen[h.name], options, reporter(h), peers(app, fleet))
         )

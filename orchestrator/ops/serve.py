@@ -378,6 +378,13 @@ def decide(
     return Preflight(argv, gpus, old, warnings, launched, commit, configs.files)
 
 
+def would_replace(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: ServeOptions) -> bool:
+    """Whether ``serve`` would stop the running server: not when it already serves as asked (when
+    tuning runs, serve decides after it: counted as a replacement)."""
+    lines = dry_run(host, runner, store, recipe, options)
+    return not lines[0].startswith(("(already serving", "(refuses"))
+
+
 def dry_run(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: ServeOptions) -> list[str]:
     """What ``serve`` would do now, without waiting for tuning or touching anything: the lines to print."""
     recipe = _forced(recipe, options)

@@ -70,7 +70,9 @@ def test_stopping_servers_on_several_hosts_needs_yes_and_each_stop_is_announced(
     assert server["stopped_at"] and not server["healthy"]
     again = env.orch("serve")  # would replace sim-2's server and start sim-1's: one outage, no question
     assert again.returncode == 0, again.output
-    refused_serve = env.orch("serve", "--force")  # both serving now: replacing both asks
+    same = ok(env, "serve")  # both serve as asked: nothing would go down, nothing to confirm
+    assert same.stdout.count("already serving as asked") == 2
+    refused_serve = env.orch("serve", "--force")  # replacing both asks
     assert refused_serve.returncode == 2 and "Take serving down on 2 hosts" in refused_serve.stderr
     replaced = ok(env, "serve", "--force", "--yes")
     for name, job in running(env).items():
