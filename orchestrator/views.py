@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from rich.table import Table
@@ -309,8 +309,25 @@ def status_table(views: list[HostStatus], wide: bool = False, now: datetime | No
         table(None, ["host", "address", "reachable", "phase", "sglang", "gpus", "tuning", "server"], rows)
     else:
         out.print(compact_table(views, now))
-    for note in status_notes(views):
+    for note in [*status_notes(views), *stale_fetch_note(views, now)]:
         out.print(note, markup=False, soft_wrap=False)  # wrapped at the terminal's width, as the table
+
+
+STALE_FETCH = timedelta(days=1)
+
+
+def stale_fetch_note(views: list[HostStatus], now: datetime) -> list[str]:
+    """One line naming the reachable hosts whose upstream was last fetched over a day ago (or never):
+    their commits behind may be far from the truth, and ``--fetch`` fixes that."""
+    stale = []
+    for v in views:
+        fetched = _when((v.sglang or {}).get("fetched_at"))
+        if v.reachable and v.sglang and (fetched is None or now - fetched > STALE_FETCH):
+            stale.append(v.name)
+    if not stale:
+        return []
+    names = ", ".join(stale[:5]) + (f" and {len(stale) - 5} more" if len(stale) > 5 else "")
+    return [f"upstream last fetched over a day ago on {names}: `orch status --fetch` counts commits behind as of now"]
 
 
 def _wide_row(v: HostStatus, now: datetime) -> list[str]:

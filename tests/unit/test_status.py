@@ -293,3 +293,16 @@ def test_status_host_details_an_unreachable_host_from_its_cached_state() -> None
 def test_ages(seconds: int, long: str, short: str) -> None:
     when = (NOW - timedelta(seconds=seconds)).isoformat()
     assert (views_mod._ago(when, NOW), views_mod._ago(when, NOW, short=True)) == (long, short)
+
+
+def test_hosts_fetched_over_a_day_ago_are_named_once_with_the_way_to_fetch() -> None:
+    views = [view(f"b-{i}") for i in range(8)]
+    for v in views[1:]:
+        assert v.sglang is not None
+        v.sglang["fetched_at"] = (NOW - timedelta(days=2)).isoformat()
+    views[7].reachable = False  # fetching would not reach it
+    assert views_mod.stale_fetch_note(views, NOW) == [
+        "upstream last fetched over a day ago on b-1, b-2, b-3, b-4, b-5 and 1 more: "
+        "`orch status --fetch` counts commits behind as of now"
+    ]
+    assert views_mod.stale_fetch_note(views[:1], NOW) == []
