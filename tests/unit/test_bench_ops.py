@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import RefusedError, StateError
+from orchestrator.cli.bench import ProgressLines
+from orchestrator.errors import RefusedError, StateError, UsageError
 from orchestrator.inventory import Host
 from orchestrator.ops import bench
+from orchestrator.recipe import BenchOptions
 from orchestrator.state import HostState, ServerRecord, StateStore
 from orchestrator.transport.base import CommandResult
+from tests.unit.test_bench_facts import a_record
 
 HOST = Host(name="gpu-1", address="10.0.0.1")
 
@@ -55,3 +58,36 @@ def test_a_malformed_stored_result_is_a_state_error() -> None:
 
 def test_no_stored_results_is_an_empty_comparison() -> None:
     assert bench.records_of("gpu-1", HostState()) == []
+
+
+def test_an_unknown_baseline_is_refused_before_anything_runs_naming_the_hosts_without_it(tmp_path: Path) -> None:
+
+    store = StateStore(tmp_path / "state.json")
+    other = Host(name="gpu-2", address="10.0.0.2")
+    store.update_host("gpu-1", lambda hs: hs.benchmarks.append(a_record("before", 1.0).model_dump(mode="json")))
+    bench.check_baseline(store, [HOST], BenchOptions(baseline="before"))  # known: nothing raised
+    bench.check_baseline(store, [HOST, other], BenchOptions(label="new", baseline="new"))  # this run's own label
+    with pytest.raises(UsageError) as caught:
+        bench.check_baseline(store, [HOST, other], BenchOptions(baseline="before"))
+    assert (
+        caught.value.message
+        == "--baseline 'before': no benchmark run with this label on gpu-2 (labels there: no runs yet)"
+    )
+    with pytest.raises(UsageError, match=r"on gpu-1, gpu-2 \(labels there: 'before'\)"):
+        bench.check_baseline(store, [HOST, other], BenchOptions(baseline="after"))
+
+
+def test_bench_progress_is_a_line_per_tenth_of_the_requests_or_per_half_minute(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    show = ProgressLines()
+    for done, elapsed in [(None, 0.0), (None, 5.0), (1, 6.0), (2, 7.0), (7, 9.0), (7, 20.0), (7, 40.0), (64, 50.0)]:
+        show(bench.BenchProgress("gpu-1", "bench-1", done, None if done is None else 64, elapsed))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "gpu-1: benchmark job bench-1: running, 0 s",
+        "gpu-1: benchmark job bench-1: 1/64 requests done, 6 s",
+        "gpu-1: benchmark job bench-1: 7/64 requests done, 9 s",
+        "gpu-1: benchmark job bench-1: 7/64 requests done, 40 s",
+        "gpu-1: benchmark job bench-1: 64/64 requests done, 50 s",
+    ]
