@@ -61,7 +61,6 @@ def test_no_stored_results_is_an_empty_comparison() -> None:
 
 
 def test_an_unknown_baseline_is_refused_before_anything_runs_naming_the_hosts_without_it(tmp_path: Path) -> None:
-
     store = StateStore(tmp_path / "state.json")
     other = Host(name="gpu-2", address="10.0.0.2")
     store.update_host("gpu-1", lambda hs: hs.benchmarks.append(a_record("before", 1.0).model_dump(mode="json")))
