@@ -438,12 +438,8 @@ def recorded_result(record: ServerRecord, recipe: Recipe, options: ServeOptions)
     """What the last verification of ``record``'s server found, as a result that did nothing."""
     v = record.verified
     result = ServeResult(record.argv, record.job_id, record.mtp, 0.0, commit=record.commit, unchanged=True)
-    result.spec, result.fp8_backend, result.fp8_runs = (
-        v.get("speculative", "off"),
-        v.get("fp8_backend"),
-        v.get("fp8_runs", ""),
-    )
-    result.accept_length = v.get("accept_length")
+    result.spec, result.fp8_backend = v.get("speculative", "off"), v.get("fp8_backend")
+    result.fp8_runs, result.accept_length = v.get("fp8_runs", ""), v.get("accept_length")
     result.problems = list(v.get("problems") or [])
     if options.mtp:
         result.min_accept = options.min_accept if options.min_accept is not None else recipe.min_accept_length
