@@ -12,8 +12,8 @@ from rich.live import Live
 from rich.table import Table
 
 from orchestrator.app import App
-from orchestrator.cli.common import host_options, pass_app
-from orchestrator.errors import ExitCode, UsageError
+from orchestrator.cli.common import exit_code, host_options, pass_app
+from orchestrator.errors import UsageError
 from orchestrator.fleet import FleetResult
 from orchestrator.inventory import Host
 from orchestrator.ops import tune as tune_op
@@ -87,7 +87,7 @@ def tune_fp8(
         wait=wait,
     )
     selected = app.select(hosts, tags)
-    recipe_for = recipe_lookup(app, playbook)
+    recipe_for = recipe_lookup(app, selected, playbook)
     with app.fleet(selected, parallel) as fl, progress_display(wait) as on_progress:
         peers = tune_op.fleet_peers(fl, app.inventory.hosts)
         results = tune_op.tune_fp8(fl, selected, app.store, recipe_for, options, peers, print_plans, on_progress, poll)
@@ -134,8 +134,10 @@ def parse_batch_sizes(text: str | None) -> list[int] | None:
     return sorted({int(p) for p in parts})
 
 
-def recipe_lookup(app: App, playbook: str | None) -> Callable[[Host], Recipe]:
-    """Each host's recipe: --playbook, else the host's ``playbook``, else the default (loaded once each)."""
+def recipe_lookup(app: App, hosts: list[Host], playbook: str | None) -> Callable[[Host], Recipe]:
+    """Each host's recipe: --playbook, else the host's ``playbook``, else the default; every one read
+    now, before any host is contacted (a missing or invalid playbook: exit 2, as in serve and run)."""
+    app.recipes(hosts, playbook)
     return lambda host: app.recipe_for(host, playbook)
 
 
@@ -249,7 +251,7 @@ def report(results: FleetResult[tune_op.TuneStatus], wait: bool = True) -> int:
             out.print(line, markup=False)
     host_errors(results)
     results.raise_bugs()
-    return int(ExitCode.HOSTS_FAILED if failed else ExitCode.OK)
+    return int(exit_code(results, also_failed=failed))
 
 
 def watch_hint(statuses: Sequence[tune_op.TuneStatus]) -> list[str]:
