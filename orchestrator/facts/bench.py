@@ -326,13 +326,6 @@ def chart_labels(records: list[BenchRecord]) -> list[str]:
     return [f"{r.label} {r.at:%H:%M}" if counts[r.label] > 1 else r.label for r in records]
 
 
-def latest_per_label(records: list[BenchRecord]) -> list[BenchRecord]:
-    """The latest run of each label, in the order labels first appeared: one bar per configuration."""
-    order = list(dict.fromkeys(r.label for r in records))
-    by_label = {r.label: r for r in records}  # a later run of a label replaces the earlier ones
-    return [by_label[label] for label in order]
-
-
 def fmt_number(value: float | None, digits: int = 1) -> str:
     """A number for tables, ``-`` when absent."""
     return "-" if value is None else f"{value:,.{digits}f}"

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
@@ -32,6 +32,9 @@ from orchestrator.ops import tune
 from orchestrator.ops.bench import records_of
 from orchestrator.ops.tune import InstalledRecord
 from orchestrator.state import HostState, Phase, PhaseChange, State, utc_now
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 Format = Literal["md", "html"]
 BENCH_COLUMNS = ["label", "time (UTC)", "output tok/s", "accept length", "median TTFT ms", "mean TPOT ms",
@@ -390,7 +393,7 @@ def write_report(state: State, source: str, out_dir: Path, fmt: Format = "md", n
         for index, host in enumerate(report.hosts):
             if host.records:
                 host.chart = chart_name(host.name, index)
-                write_chart(out_dir / host.chart, host.name, facts.latest_per_label(host.records))
+                write_chart(out_dir / host.chart, host.name, host.records)
         target = out_dir / f"report.{fmt}"
         target.write_text(render_markdown(report) if fmt == "md" else render_html(report))
     except OSError as exc:
@@ -404,7 +407,12 @@ def chart_name(host: str, index: int) -> str:
 
 
 def write_chart(path: Path, host: str, records: Sequence[BenchRecord]) -> None:
-    """A bar chart (PNG, Agg backend, no display needed) of output tok/s per configuration label,
+    """The chart of ``chart_figure`` as a PNG (Agg backend, no display needed)."""
+    chart_figure(host, records).savefig(path, format="png")
+
+
+def chart_figure(host: str, records: Sequence[BenchRecord]) -> Figure:
+    """A bar chart of output tok/s, one bar per run (a label run twice shows both, with their times),
     annotated with the accept length when the run had one."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -416,12 +424,13 @@ def write_chart(path: Path, host: str, records: Sequence[BenchRecord]) -> None:
     axes = figure.add_subplot()
     values = [r.metrics.output_throughput for r in records]
     bars = axes.bar(range(len(records)), values, color="#4878a8")
-    axes.set_xticks(range(len(records)), [r.label for r in records], rotation=20 if len(records) > 4 else 0)
+    labels = facts.chart_labels(list(records))
+    axes.set_xticks(range(len(records)), labels, rotation=20 if len(records) > 4 else 0)
     axes.bar_label(bars, labels=[_bar_text(r) for r in records], fontsize=8)
     axes.set_ylabel("output throughput (tok/s)")
-    axes.set_title(f"{host}: output throughput per configuration", fontsize=10)
+    axes.set_title(f"{host}: output throughput per run", fontsize=10)
     axes.set_ylim(0, max(values) * 1.2)
-    figure.savefig(path, format="png")
+    return figure
 
 
 def _bar_text(record: BenchRecord) -> str:

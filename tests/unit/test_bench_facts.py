@@ -202,11 +202,6 @@ def test_unknown_baseline_label_gives_no_change_column() -> None:
     assert [r.change for r in bench.compare(records, None)] == ["n/a"]
 
 
-def test_latest_run_per_label_in_first_seen_order() -> None:
-    records = [a_record("a", 1.0), a_record("b", 2.0, 1), a_record("a", 3.0, 2)]
-    assert [(r.label, r.metrics.output_throughput) for r in bench.latest_per_label(records)] == [("a", 3.0), ("b", 2.0)]
-
-
 def test_record_round_trips_through_json() -> None:
     record = a_record("mtp", 2930.17, accept=2.87)
     assert BenchRecord.model_validate(record.model_dump(mode="json")) == record

@@ -180,3 +180,15 @@ def test_orch_report_without_a_state_file_is_a_usage_error(tmp_path: Path, orch:
     result = orch("--state", str(tmp_path / "missing.json"), "report", "--out", str(tmp_path / "r"))
     assert result.returncode == 2
     assert f"no state file at {tmp_path / 'missing.json'}" in result.stderr
+
+
+def test_the_chart_shows_every_run_a_repeated_label_with_its_time() -> None:
+    runs = [BenchRecord.model_validate(a_run(label, tok, m, None, False)) for label, tok, m in
+            (("baseline", 100.0, 0), ("tuned", 150.0, 10), ("tuned", 160.0, 20))]  # fmt: skip
+    axes = report.chart_figure("blackwell-1", runs).axes[0]
+    assert len(axes.patches) == 3  # the first tuned run is not hidden behind the second
+    assert [t.get_text() for t in axes.get_xticklabels()] == [
+        "baseline",
+        f"tuned {at(10):%H:%M}",
+        f"tuned {at(20):%H:%M}",
+    ]
