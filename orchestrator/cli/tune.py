@@ -13,6 +13,7 @@ from rich.table import Table
 
 from orchestrator.app import App
 from orchestrator.cli.common import exit_code, host_options, pass_app
+from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.errors import UsageError
 from orchestrator.fleet import FleetResult
 from orchestrator.inventory import Host
@@ -47,6 +48,7 @@ from orchestrator.render import err, host_errors, out
 @click.option("--stop-server", is_flag=True, help="First stop the server orch launched on the host.")
 @click.option("--wait", is_flag=True, help="Show live progress until the jobs end, then install the configs.")
 @click.option("--poll", type=click.FloatRange(0.1, 60), default=1.0, show_default=True, help="Seconds between polls.")
+@yes_option
 @pass_app
 def tune_fp8(
     app: App,
@@ -62,6 +64,7 @@ def tune_fp8(
     stop_server: bool,
     wait: bool,
     poll: float,
+    yes: bool,
 ) -> int:
     """Tune SGLang's block-FP8 GEMM kernels as detached jobs, one per GPU, and install the configs.
 
@@ -89,6 +92,8 @@ def tune_fp8(
     selected = app.select(hosts, tags)
     recipe_for = recipe_lookup(app, selected, playbook)
     with app.fleet(selected, parallel) as fl, progress_display(wait) as on_progress:
+        if stop_server:
+            ask_before_stopping(fl, selected, bool(hosts or tags), yes)
         peers = tune_op.fleet_peers(fl, app.inventory.hosts)
         results = tune_op.tune_fp8(fl, selected, app.store, recipe_for, options, peers, print_plans, on_progress, poll)
     return report(results, wait)

@@ -40,8 +40,8 @@ def logged_shapes(host: Host, runner: Runner, device: str) -> Logged:
         raise RefusedError(
             f"{host.name}: --shapes logged: no server launched with --fp8-gemm-backend triton has run on "
             f"{host.name} (in {host.workdir}/jobs)",
-            hint=f"serve once with `fp8_gemm_backend: triton` in the playbook (orch serve --host {host.name}), "
-            f"or use {SHAPE_CHOICES}",
+            hint=f"serve once with Triton (`orch serve --host {host.name} --fp8-gemm-backend triton`: untuned, "
+            f"serve would pick auto), or use {SHAPE_CHOICES}",
         )
     found = tf.logged_shapes(read_log_head(host, runner, job), device, f"logged missing by server job {job.id}")
     if found.missing:
@@ -58,7 +58,7 @@ def read_log_head(host: Host, runner: Runner, job: jobs.JobInfo) -> str:
     except FileNotFoundError:
         raise RefusedError(
             f"{host.name}: --shapes logged: the log of server job {job.id} is gone ({job.log})",
-            hint=f"serve again with `fp8_gemm_backend: triton`, or use {SHAPE_CHOICES}",
+            hint=f"serve again with `--fp8-gemm-backend triton`, or use {SHAPE_CHOICES}",
         ) from None
 
 

@@ -191,3 +191,16 @@ def test_after_a_failed_tuning_serve_says_what_is_installed_and_use_installed_co
     anyway = ok(env, "serve", "--use-installed-configs")
     assert "serving with the configs installed (--use-installed-configs)" in anyway.stderr
     assert "FP8 GEMM backend: auto = CUTLASS on sm_120" in anyway.stdout  # none installed: auto, said loudly
+
+
+def test_tune_fp8_stop_server_on_several_hosts_needs_yes(make_fleet: MakeFleet) -> None:
+    env = fleet(make_fleet, 2)
+    ok(env, "serve")
+    before = running(env)
+    refused = env.orch("tune-fp8", "--stop-server", *FEW)
+    assert refused.returncode == 2, refused.output
+    assert "Take serving down on 2 hosts (sim-1, sim-2)" in refused.stderr and "pass --yes" in refused.stderr
+    assert running(env) == before  # nothing stopped, nothing tuned
+    assert "tune." not in env.orch("jobs").stdout
+    went = ok(env, "tune-fp8", "--stop-server", "--yes", *FEW)
+    assert "stopping server job" in went.stderr and running(env) == {}
