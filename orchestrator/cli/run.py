@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.app import App
+from orchestrator.app import App, refuse_bad_recipe
 from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.serve import peers
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Host
 from orchestrator.ops import run as run_op
+from orchestrator.recipe import ServeOptions
 from orchestrator.render import err, out
 from orchestrator.transport.base import Runner
 
@@ -55,6 +56,9 @@ def run(
     selected = app.select(hosts, tags)
     recipe = app.recipe_for(selected[0], playbook)
     steps = run_op.select_steps(recipe, from_step, only)
+    for step in steps:
+        if isinstance(step.options, ServeOptions):
+            refuse_bad_recipe(recipe, mtp=step.options.mtp)  # exit 2 before any host, as recipe show
     with app.fleet(selected, parallel) as fleet:
         redo = bool(from_step or only)
         if dry_run:

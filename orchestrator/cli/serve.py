@@ -8,9 +8,9 @@ from typing import Any
 import click
 
 from orchestrator.app import App
-from orchestrator.cli.common import host_options, pass_app
+from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
-from orchestrator.errors import ExitCode, VerifyError
+from orchestrator.errors import ExitCode
 from orchestrator.facts import server as facts
 from orchestrator.facts.server_log import ShapeUse
 from orchestrator.facts.server_upstream import Discovery, diff_flags
@@ -19,7 +19,7 @@ from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
 from orchestrator.ops import tune
 from orchestrator.recipe import Recipe, ServeOptions
-from orchestrator.render import err, host_errors, out, table
+from orchestrator.render import err, out, table
 
 _playbook = click.option(
     "--playbook", metavar="NAME_OR_PATH", help="Recipe name under playbooks/ or a YAML path. Default: the host's."
@@ -119,7 +119,7 @@ def serve(
         update={"use_installed_configs": use_installed_configs, "fp8_gemm_backend": fp8_gemm_backend, "force": force}
     )
     selected = app.select(hosts, tags)
-    chosen = recipes(app, selected, playbook)
+    chosen = app.recipes(selected, playbook, mtp=mtp)
     with app.fleet(selected, parallel) as fleet:
         if dry_run:
             plans = fleet.map(lambda h, r: serve_op.dry_run(h, r, app.store, chosen[h.name], options))
@@ -158,14 +158,8 @@ def serve_options(
 
 
 def serve_exit(results: FleetResult[Any]) -> int:
-    """0 all verified; 5 when every failure is a verification failure; else 3 (bugs re-raised)."""
-    host_errors(results)
-    results.raise_bugs()
-    if not results.failed:
-        return int(ExitCode.OK)
-    if all(isinstance(r.error, VerifyError) for r in results.failed):
-        return int(ExitCode.VERIFY_FAILED)
-    return int(ExitCode.HOSTS_FAILED)
+    """0 all verified; else the code every failure shares (5 verification, 2, 4), else 3 (bugs re-raised)."""
+    return finish(results)
 
 
 def serve_report(host: Host, r: serve_op.ServeResult) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -136,8 +137,8 @@ def test_bad_mtp_recipes_are_refused_and_the_old_server_keeps_serving(fleet1: Fl
     before = running_server_ids(fleet1)
     for i, (mtp, reason) in enumerate(BAD_MTP):
         run = fleet1.orch("serve", "--playbook", playbook(tmp_path, f"bad{i}", mtp=mtp))
-        assert run.returncode == 3, run.output
-        assert "refused; the running server was left untouched" in run.stderr and reason in run.stderr
+        assert run.returncode == 2, run.output  # bad input, found before any host is contacted
+        assert "refused (no host was contacted)" in run.stderr and reason in run.stderr
     assert running_server_ids(fleet1) == before
     assert server_state(fleet1).phase.value == "serving"
 
@@ -262,7 +263,9 @@ def test_serve_waits_for_running_tuning_then_uses_the_tuned_configs(fleet1: Flee
     assert skip.returncode == 3
     assert "not waiting (--no-wait-tuning)" in skip.stderr and "orch job tune." in skip.stderr  # GPUs still busy
     run = serve_ok(fleet1)
-    assert "tuning is running: waiting for it before serving" in run.stderr and "units (" in run.stderr
+    # running, or (on a loaded machine, the 8 s already over) finished but not yet installed: waited for either way
+    assert re.search(r"tuning is (running|ready-to-install): waiting for it before serving", run.stderr), run.stderr
+    assert "units (" in run.stderr
     assert "tuned FP8 configs in use: 4/4" in run.stdout and "no tuned FP8 config" not in run.stderr
     assert len(server_state(fleet1).server.verified["tuned_shapes_in_use"]) == 4
     auto = serve_ok(fleet1, "--playbook", playbook(tmp_path, "auto", fp8_gemm_backend=None))

@@ -77,7 +77,18 @@ def in_dir(directory: Path, *args: str) -> OrchRun:
 
 @pytest.mark.parametrize(
     "command",
-    [("status",), ("pull",), ("run",), ("run", "--dry-run"), ("tune-fp8",), ("wait",), ("bench",), ("report",)],
+    [
+        ("status",),
+        ("pull",),
+        ("run",),
+        ("run", "--dry-run"),
+        ("tune-fp8",),
+        ("wait",),
+        ("bench",),
+        ("report",),
+        ("serve",),
+        ("stop-server",),
+    ],
     ids=" ".join,
 )
 def test_corrupt_state_file_is_exit_4_in_every_command(fleet_dir: Path, command: tuple[str, ...]) -> None:
@@ -92,7 +103,7 @@ def test_corrupt_state_file_is_exit_4_in_every_command(fleet_dir: Path, command:
 @pytest.mark.parametrize(
     "command",
     [("recipe", "show", "--playbook", "nope"), ("serve", "--playbook", "nope"), ("run", "nope"),
-     ("stop-server", "--playbook", "nope")],
+     ("stop-server", "--playbook", "nope"), ("tune-fp8", "--playbook", "nope")],
     ids=" ".join,
 )  # fmt: skip
 def test_missing_playbook_is_exit_2_in_every_command(fleet_dir: Path, command: tuple[str, ...]) -> None:
@@ -101,10 +112,31 @@ def test_missing_playbook_is_exit_2_in_every_command(fleet_dir: Path, command: t
     assert "no playbook 'nope'; known: bad-mtp, deepseek-v4-flash" in result.stderr
 
 
-def test_recipe_refused_by_the_mtp_rules_is_exit_2_in_recipe_show(fleet_dir: Path) -> None:
-    result = in_dir(fleet_dir, "recipe", "show", "--playbook", "bad-mtp")
+@pytest.mark.parametrize(
+    "command",
+    [("recipe", "show", "--playbook", "bad-mtp"), ("serve", "--playbook", "bad-mtp"), ("run", "bad-mtp")],
+    ids=" ".join,
+)
+def test_recipe_refused_by_the_mtp_rules_is_exit_2_before_any_host(fleet_dir: Path, command: tuple[str, ...]) -> None:
+    result = in_dir(fleet_dir, *command)
     assert result.returncode == ExitCode.USAGE, result.output
     assert "`MTP` is not an SGLang algorithm name" in result.stderr
+    assert "/nonexistent" not in result.stderr  # no host was asked (its python does not exist)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("recipe", "show", "--playbook", "typo"), ("serve", "--playbook", "typo"), ("run", "typo"),
+     ("tune-fp8", "--playbook", "typo")],
+    ids=" ".join,
+)  # fmt: skip
+def test_invalid_playbook_is_exit_2_in_every_command(fleet_dir: Path, command: tuple[str, ...]) -> None:
+    (fleet_dir / "playbooks" / "typo.yaml").write_text(BAD_MTP.replace("server_args", "server_argz"))
+    result = in_dir(fleet_dir, *command)
+    assert result.returncode == ExitCode.USAGE, result.output
+    assert (
+        f"{fleet_dir / 'playbooks' / 'typo.yaml'}: key 'server_argz': Extra inputs are not permitted" in result.stderr
+    )
 
 
 # -- a closed stdout ---------------------------------------------------------------------------------

@@ -66,8 +66,8 @@ def test_no_triton_server_is_refused_saying_how_to_get_one(host: Host) -> None:
     assert str(caught.value) == (
         "h1: --shapes logged: no server launched with --fp8-gemm-backend triton has run on h1 "
         f"(in {host.workdir}/jobs)\n"
-        "  hint: serve once with `fp8_gemm_backend: triton` in the playbook (orch serve --host h1), "
-        "or use --shapes default, auto or N=..,K=..;..."
+        "  hint: serve once with Triton (`orch serve --host h1 --fp8-gemm-backend triton`: untuned, serve would "
+        "pick auto), or use --shapes default, auto or N=..,K=..;..."
     )
 
 
