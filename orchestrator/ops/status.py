@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from orchestrator.errors import OrchError
+from orchestrator.errors import OrchError, RefusedError
 from orchestrator.facts import git, gpus, probe
 from orchestrator.fleet import HostResult
 from orchestrator.inventory import Host
@@ -41,8 +41,15 @@ class HostStatus:
 
 
 def read_git(host: Host, runner: Runner) -> git.GitInfo:
+    """The host's SGLang checkout; RefusedError (exit 3) naming it when it is missing or broken."""
     result = runner.run(git.info_argv(host.sglang_dir, host.upstream), check=True)
-    return git.parse_info(result.stdout)
+    try:
+        return git.parse_info(result.stdout)
+    except git.GitInfoError as exc:
+        raise RefusedError(
+            f"{host.name}: SGLang checkout {host.sglang_dir}: {exc}",
+            hint=f"check `sglang_dir` for {host.name} in the inventory (a git clone of SGLang)",
+        ) from None
 
 
 def gpu_views(gpu_csv: str, apps_csv: str) -> list[GpuView]:

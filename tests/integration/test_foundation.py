@@ -141,6 +141,18 @@ def test_pull_refuses_dirty_tree_and_changes_nothing(make_fleet) -> None:  # typ
     assert f"{clean.name}: " in run.stdout and "1 new commit" in run.stdout
 
 
+def test_pull_on_a_host_without_its_checkout_is_a_clear_error_not_a_traceback(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(1)
+    (host,) = env.fleet.hosts
+    moved = host.sglang_dir.with_name("sglang-moved")
+    host.sglang_dir.rename(moved)
+    run = env.orch("pull")
+    assert run.returncode == 3, run.output
+    assert f"{host.name}: SGLang checkout {host.sglang_dir}:" in run.stderr
+    assert "check `sglang_dir`" in run.stderr and "Traceback" not in run.stderr
+    moved.rename(host.sglang_dir)
+
+
 def test_pull_refuses_diverged_branch(make_fleet) -> None:  # type: ignore[no-untyped-def]
     env = make_fleet(1)
     host = env.fleet.hosts[0]
