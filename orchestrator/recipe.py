@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.errors import ConfigError
+from orchestrator.state import find_secret
 from orchestrator.yamlfile import load_yaml
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
@@ -152,6 +153,9 @@ class Recipe(_Strict):
                 raise ValueError(f"{name!r} is not a flag name (write 'mem-fraction-static', without '--')")
             if name.startswith("speculative-") or name in ("fp8-gemm-backend", "model-path", "port"):
                 raise ValueError(f"{name!r} is set by orch (use the recipe's mtp / fp8_gemm_backend blocks)")
+            secret = find_secret({name: str(value[name])})
+            if secret:  # the launch command goes into the state file, the job directory and `ps` on the host
+                raise ValueError(f"{name!r} looks like a secret ({secret!r}): pass it in the host's env instead")
         return value
 
     def step(self, name: str) -> Step | None:

@@ -169,3 +169,11 @@ def test_failure_text_is_printed_literally_not_as_rich_markup() -> None:
     with err.capture() as captured:
         host_errors(FleetResult([HostResult(host, error=RefusedError("a: flag [bold] refused"))]))
     assert captured.get() == "✗ a: flag [bold] refused\n"
+
+
+def test_a_secret_in_server_args_is_refused_when_the_playbook_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "secret.yaml"
+    path.write_text("model: X\narchitecture: DeepseekV4ForCausalLM\nserver_args:\n  api-key: sk-123\n")
+    with pytest.raises(ConfigError, match=r"'api-key' looks like a secret \('api-key'\)") as caught:
+        load_recipe(path)
+    assert "sk-123" not in str(caught.value)
