@@ -3,10 +3,18 @@
 YAML loaders keep the last of two equal keys silently, so a host named twice in hosts.yaml would
 lose its first entry without a word. ``load_yaml`` refuses any mapping with a duplicate key, naming
 the file and both lines; a syntax error names the file and the line. Both are ``ConfigError`` (exit 2).
+
+Aliases (``*name``) share one parsed node, so a few lines can describe billions of values (the
+"billion laughs"): nothing breaks until the validation walks them, minutes and gigabytes later. Before
+constructing anything, ``load_yaml`` counts the values the document holds with every alias expanded
+and refuses more than ``MAX_VALUES`` (a hosts.yaml of 1,000 hosts with 40 keys each is about 80,000),
+and refuses an alias inside the node it names (a recursive structure). Counting walks each parsed node
+once, so a refusal takes milliseconds. Ordinary ``<<: *defaults`` merges count their keys once per use.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +28,8 @@ if TYPE_CHECKING:
 else:
     _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+MAX_VALUES = 200_000  # scalars, lists and mappings in the document, every alias expanded
+
 
 class DuplicateKey(yaml.YAMLError):
     def __init__(self, key: object, first: yaml.Mark, second: yaml.Mark) -> None:
@@ -27,8 +37,21 @@ class DuplicateKey(yaml.YAMLError):
         self.key, self.first, self.second = key, first, second
 
 
+class AliasBomb(yaml.YAMLError):
+    def __init__(self, problem: str, mark: yaml.Mark) -> None:
+        super().__init__(problem)
+        self.mark = mark
+
+
 class StrictLoader(_Base):
-    """A safe loader that refuses a mapping giving the same key twice."""
+    """A safe loader that refuses a mapping giving the same key twice, or aliases expanding too far."""
+
+    def get_single_data(self) -> Any:
+        node = self.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node)
+        return self.construct_document(node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[object, yaml.Mark] = {}
@@ -46,6 +69,37 @@ class StrictLoader(_Base):
         return mapping
 
 
+def _children(node: yaml.Node) -> Iterator[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        yield from node.value
+    elif isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            yield key
+            yield value
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Raise ``AliasBomb`` if ``root`` expands past ``MAX_VALUES`` values or contains itself via an alias."""
+    sizes: dict[int, int] = {}  # id(node) -> values in it, aliases expanded
+    open_nodes: set[int] = set()  # the ancestors of the node being walked
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:  # iterative: a deeply nested document must not hit the recursion limit
+        node, walked = stack.pop()
+        if walked:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = size = 1 + sum(sizes[id(child)] for child in _children(node))
+            if size > MAX_VALUES:
+                raise AliasBomb(
+                    f"the value here expands through aliases to more than {MAX_VALUES:,} values", node.start_mark
+                )
+        elif id(node) in open_nodes:
+            raise AliasBomb("an alias refers to a node that contains it (a recursive structure)", node.start_mark)
+        elif id(node) not in sizes:
+            open_nodes.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
+
+
 def load_yaml(path: Path, text: str) -> Any:
     """The document in ``text`` (read from ``path``); ``ConfigError`` naming the file and line(s)."""
     try:
@@ -55,6 +109,11 @@ def load_yaml(path: Path, text: str) -> Any:
             f"{path}:{exc.second.line + 1}: {exc} given twice (first at line {exc.first.line + 1}); "
             "YAML would keep only the last silently",
             hint="remove or rename one of them",
+        ) from None
+    except AliasBomb as exc:
+        raise ConfigError(
+            f"{path}:{exc.mark.line + 1}: refused: {exc}; orch does not expand YAML like this (a YAML bomb?)",
+            hint="write the values out, or use fewer levels of anchors (&name) and aliases (*name)",
         ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
