@@ -2,8 +2,10 @@
 
 Refusals (exit 3 for that host, the checkout untouched): tracked files with uncommitted changes, a
 detached HEAD, or a branch that has diverged from upstream. A checkout already at (or ahead of)
-upstream is success. Phase becomes ``pulled`` when the commit changed, or when the host was new or
-failed; a serving host whose checkout did not move keeps its phase.
+upstream is success. The fast-forward runs under the state lock and is recorded in that transaction:
+when the lock cannot be had (exit 4) the checkout has not moved. Phase becomes ``pulled`` when the
+commit changed, or when the host was new or failed; a serving host whose checkout did not move keeps
+its phase.
 """
 
 from __future__ import annotations
@@ -62,18 +64,26 @@ def pull(host: Host, runner: Runner, store: StateStore, install: bool = False) -
     runner.run(git.fetch_argv(host.sglang_dir, host.remote), check=True, timeout=600)
     ahead = _check_not_diverged(host, runner)
     result = PullResult(old=before.commit, new=before.commit, ahead=ahead)
-    if ahead == 0:
-        runner.run(git.fast_forward_argv(host.sglang_dir, host.upstream), check=True, timeout=300)
-    after = read_git(host, runner)
-    result.new = after.commit
+    _fast_forward(host, runner, store, result)
     if result.changed:
-        log = runner.run(git.log_argv(host.sglang_dir, before.commit, after.commit), check=True)
+        log = runner.run(git.log_argv(host.sglang_dir, before.commit, result.new), check=True)
         result.commits = git.parse_log(log.stdout)
     if install:
         runner.run(install_argv(host), cwd=host.sglang_dir, check=True, timeout=1800)
         result.installed = True
-    store.update_host(host.name, lambda hs: _record(hs, host, after, result))
     return result
+
+
+def _fast_forward(host: Host, runner: Runner, store: StateStore, result: PullResult) -> None:
+    """Move the checkout and record where it is in one state transaction: the state lock is taken
+    first, so a lock orch cannot get (another orch holds it too long: ``StateError``, exit 4) means
+    the checkout did not move, and a checkout that moved is always recorded."""
+    with store.update() as state:
+        if result.ahead == 0:
+            runner.run(git.fast_forward_argv(host.sglang_dir, host.upstream), check=True, timeout=300)
+        after = read_git(host, runner)
+        result.new = after.commit
+        _record(state.host(host.name), host, after, result)
 
 
 def _refuse_unsafe(host: Host, runner: Runner, info: git.GitInfo) -> None:
