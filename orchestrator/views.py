@@ -11,7 +11,7 @@ from rich.text import Text
 from orchestrator.fleet import FleetResult
 from orchestrator.ops.pull import PullResult
 from orchestrator.ops.status import HostStatus
-from orchestrator.render import fmt_mib, out, table, to_jsonable
+from orchestrator.render import fmt_mib, inert, out, table, to_jsonable
 
 
 def status_document(views: list[HostStatus]) -> dict[str, Any]:
@@ -297,7 +297,7 @@ def compact_table(views: list[HostStatus], now: datetime) -> Table:
     for i, c in enumerate(STATUS_COLUMNS):
         t.add_column(c, no_wrap=i < 3)  # the others may shrink; their Text cells cut rather than wrap
     for v in views:
-        t.add_row(*(Text(cell, no_wrap=True, overflow="ellipsis") for cell in status_row(v, now)))
+        t.add_row(*(Text(inert(cell), no_wrap=True, overflow="ellipsis") for cell in status_row(v, now)))
     return t
 
 
@@ -310,7 +310,7 @@ def status_table(views: list[HostStatus], wide: bool = False, now: datetime | No
     else:
         out.print(compact_table(views, now))
     for note in [*status_notes(views), *stale_fetch_note(views, now)]:
-        out.print(note, markup=False, soft_wrap=False)  # wrapped at the terminal's width, as the table
+        out.print(inert(note), markup=False, soft_wrap=False)  # wrapped at the terminal's width, as the table
 
 
 STALE_FETCH = timedelta(days=1)
@@ -353,7 +353,7 @@ def status_details(views: list[HostStatus], now: datetime | None = None) -> None
         if i:
             out.print("")
         for line in detail_lines(v, now):
-            out.print(line, markup=False)
+            out.print(inert(line), markup=False)
 
 
 def detail_lines(v: HostStatus, now: datetime) -> list[str]:
@@ -385,7 +385,7 @@ def pull_report(results: FleetResult[PullResult]) -> None:
             markup=False,
         )
         for sha, subject in p.commits:
-            out.print(f"    {sha} {subject}", markup=False)
+            out.print(inert(f"    {sha} {subject}"), markup=False)
     for r in results.succeeded:
         if r.value is not None and r.value.installed:
             out.print(f"{r.host.name}: installed with `pip install -e python` ({r.host.python})", markup=False)

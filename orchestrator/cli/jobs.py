@@ -14,7 +14,7 @@ from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.errors import ExitCode
 from orchestrator.jobs import JobInfo
 from orchestrator.ops import logs as logs_op
-from orchestrator.render import err, out, print_json, table
+from orchestrator.render import InertLog, err, inert_log, out, print_json, table
 
 
 def _age(when: datetime | None) -> str:
@@ -110,9 +110,11 @@ def logs(app: App, host_name: str, job_id: str | None, follow: bool, tail: int) 
             f"{host.name}: job {job.id} ({_state(job)}, started {_age(job.started_at)} ago): {job.log}", markup=False
         )
         text, offset = logs_op.start_offset(runner, job, tail)
-        sys.stdout.write(text + ("\n" if text and not text.endswith("\n") else ""))
+        sys.stdout.write(inert_log(text) + ("\n" if text and not text.endswith("\n") else ""))
         if follow:
-            job = logs_op.follow(runner, host.workdir, job, offset, _write)
+            shown = InertLog()
+            job = logs_op.follow(runner, host.workdir, job, offset, lambda chunk: _write(shown.feed(chunk)))
+            _write(shown.end())
             out.print(f"-- {job.id}: {_state(job)}", markup=False)
     return int(ExitCode.OK)
 

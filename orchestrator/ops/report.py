@@ -31,6 +31,7 @@ from orchestrator.facts.bench import BenchRecord, ComparisonRow
 from orchestrator.ops import tune
 from orchestrator.ops.bench import records_of
 from orchestrator.ops.tune import InstalledRecord
+from orchestrator.render import inert
 from orchestrator.state import HostState, Phase, PhaseChange, State, utc_now
 
 if TYPE_CHECKING:
@@ -294,8 +295,9 @@ def _md_host(host: HostReport, now: datetime) -> list[str]:
 def _md_server(host: HostReport) -> list[str]:
     if host.server_command is None:
         return ["No server launched by orch."]
-    fence = "`" * max(3, _longest_backtick_run(host.server_command) + 1)
-    return [*_md_table(["setting", "value"], host.server), "", fence, host.server_command, fence]
+    command = inert(host.server_command)
+    fence = "`" * max(3, _longest_backtick_run(command) + 1)
+    return [*_md_table(["setting", "value"], host.server), "", fence, command, fence]
 
 
 def _md_table(columns: list[str], rows: list[list[str]] | list[tuple[str, str]]) -> list[str]:
@@ -310,7 +312,7 @@ def _md(text: str) -> str:
     Markdown would read as markup are backslash-escaped (CommonMark escapes: ``\\<`` is a literal
     ``<``, so no HTML gets through, and ``\\|`` keeps a GFM table cell whole); no HTML entities,
     so the source reads as it renders."""
-    flat = " ".join(str(text).split())
+    flat = " ".join(inert(str(text)).split())
     marked = re.sub(r"([\\`*\[\]<|~])", r"\\\1", flat)
     marked = re.sub(r"&(?=#?\w+;)", r"\\&", marked)  # only what would read as an entity
     marked = re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", marked)  # intraword _ is no emphasis
@@ -319,7 +321,7 @@ def _md(text: str) -> str:
 
 def _md_code(text: str) -> str:
     """``text`` as an inline code span (a path, a command): literal, whatever backticks it holds."""
-    flat = " ".join(str(text).split())
+    flat = " ".join(inert(str(text)).split())
     fence = "`" * (_longest_backtick_run(flat) + 1)
     pad = " " if flat.startswith("`") or flat.endswith("`") else ""
     return f"{fence}{pad}{flat}{pad}{fence}"
@@ -379,7 +381,7 @@ def _html_table(columns: list[str], rows: list[list[str]] | list[tuple[str, str]
 
 
 def _h(text: str) -> str:
-    return html.escape(str(text), quote=True)
+    return html.escape(inert(str(text)), quote=True)
 
 
 # -- files ---------------------------------------------------------------------------------------
