@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.errors import ConfigError, UsageError
-from orchestrator.yamlfile import load_yaml
+from orchestrator.yamlfile import control_character, load_yaml
 
 DEFAULT_INVENTORY = Path("hosts.yaml")
 _UPSTREAM = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*/[A-Za-z0-9_.][A-Za-z0-9_./-]*$")
@@ -145,6 +145,7 @@ def inventory_path(option: Path | None) -> Path:
 
 def load_inventory(path: Path) -> Inventory:
     raw = _read_yaml(path)
+    _refuse_control_characters(path, raw)
     defaults = _validate_defaults(path, raw.get("defaults") or {})
     hosts_raw = raw.get("hosts")
     if not isinstance(hosts_raw, dict) or not hosts_raw:
@@ -167,6 +168,26 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"{path}: unknown top-level key {unknown[0]!r}; allowed: defaults, hosts")
     return raw
+
+
+def _refuse_control_characters(path: Path, raw: dict[str, Any]) -> None:
+    """A newline, CR, NUL, ... anywhere in hosts.yaml → exit 2 naming the host and key, never the value."""
+    hosts = raw.get("hosts")
+    sections: list[tuple[str, Any]] = [("defaults", raw.get("defaults"))]
+    if isinstance(hosts, dict):
+        for name, spec in hosts.items():
+            if control_character(name):
+                raise ConfigError(f"{path}: host {name!r}: the host name holds a control character")
+            sections.append((f"host {name!r}", spec))
+    for where, spec in sections:
+        found = control_character(spec)
+        if found:
+            key, what = found
+            raise ConfigError(
+                f"{path}: {where}, key {key!r}: holds {what}; orch uses every value literally on the host, "
+                "where a newline, carriage return or NUL would cut or change it",
+                hint="remove the character (a double-quoted YAML string turns \\n, \\r, \\0 into one)",
+            )
 
 
 def _validate_defaults(path: Path, raw: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.errors import ConfigError
 from orchestrator.state import find_secret
-from orchestrator.yamlfile import load_yaml
+from orchestrator.yamlfile import control_character, load_yaml
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 DEFAULT_RECIPE = "deepseek-v4-flash"
@@ -196,6 +196,12 @@ def load_recipe(path: Path) -> Recipe:
     raw = load_yaml(path, text)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a playbook is a mapping (model, architecture, server_args, mtp, ...)")
+    found = control_character(raw)
+    if found:  # the values reach the host's command line and files, where a newline would cut them
+        raise ConfigError(
+            f"{path}: key {found[0]!r}: holds {found[1]}; orch passes playbook values to the host literally",
+            hint="remove the character (a double-quoted YAML string turns \\n, \\r, \\0 into one)",
+        )
     try:
         return Recipe.model_validate({**raw, "path": path})
     except ValidationError as exc:

@@ -10,10 +10,15 @@ constructing anything, ``load_yaml`` counts the values the document holds with e
 and refuses more than ``MAX_VALUES`` (a hosts.yaml of 1,000 hosts with 40 keys each is about 80,000),
 and refuses an alias inside the node it names (a recursive structure). Counting walks each parsed node
 once, so a refusal takes milliseconds. Ordinary ``<<: *defaults`` merges count their keys once per use.
+
+``control_character`` finds a control character (newline, CR, NUL, escape, ...) in the keys and values
+of a loaded document: orch passes paths and environment values to hosts literally, and there such a
+character cuts or changes them, so the inventory and playbook loaders refuse it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +34,7 @@ else:
     _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 MAX_VALUES = 200_000  # scalars, lists and mappings in the document, every alias expanded
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 (tab, newline, CR, NUL, ESC, ...), DEL and C1
 
 
 class DuplicateKey(yaml.YAMLError):
@@ -122,3 +128,27 @@ def load_yaml(path: Path, text: str) -> Any:
         raise ConfigError(f"{where}: not valid YAML: {what}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
+def control_character(document: Any) -> tuple[str, str] | None:
+    """The first ``(key path, what)`` in ``document`` whose key or string value holds a control character.
+
+    The key path is dotted (``env.HF_HOME``, ``tags[2]``); ``what`` names the character and its offset,
+    never the value (an environment value may be a secret).
+    """
+    stack: list[tuple[str, Any]] = [("", document)]
+    while stack:  # iterative: nesting is bounded by MAX_VALUES only
+        where, value = stack.pop()
+        if isinstance(value, str):
+            found = _CONTROL.search(value)
+            if found:
+                return where, f"a control character ({found.group()!r} at offset {found.start()})"
+        elif isinstance(value, dict):
+            items = [(f"{where}.{k}" if where else str(k), k, v) for k, v in value.items()]
+            for sub, key, _ in items:
+                if isinstance(key, str) and _CONTROL.search(key):
+                    return sub, "a control character in the key itself"
+            stack.extend((sub, v) for sub, _, v in reversed(items))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{n}]", v) for n, v in reversed(list(enumerate(value))))
+    return None
