@@ -2,10 +2,12 @@
 
 The benchmark runs as a detached job (purpose ``bench``) so it survives a dropped connection or a
 killed orch: running ``orch bench`` again while it runs attaches to it (its label, output file and
-workload were recorded with the job in the state) instead of starting a second one. The result is the
-last line of the job's own JSONL output file (reference §3), stored in ``HostState.benchmarks`` as a
-``BenchRecord`` with what was measured: SGLang commit, MTP on/off and its settings, the tuned shapes the
-server reads, the FP8 GEMM backend, the label and the time.
+workload were recorded with the job in the state) instead of starting a second one. The same plan is
+written beside the output file before the job starts, so a job whose orch was killed before recording
+it is adopted too, running or ended but not yet collected. The result is the last line of the job's
+own JSONL output file (reference §3), stored in ``HostState.benchmarks`` as a ``BenchRecord`` with what
+was measured: SGLang commit, MTP on/off and its settings, the tuned shapes the server reads, the FP8
+GEMM backend, the label and the time.
 
 Refusals (nothing started): orch has launched no server on the host, the server's job is not running,
 or the host's SGLang has no serving benchmark module.
@@ -14,6 +16,7 @@ or the host's SGLang has no serving benchmark module.
 from __future__ import annotations
 
 import functools
+import json
 import secrets
 import time
 from collections.abc import Callable
@@ -72,6 +75,25 @@ class _Plan:
         keep = {"label": self.label, "module": self.module, "output": self.output_file, "commit": self.commit}
         return {**keep, "params": self.params.model_dump()}
 
+    @property
+    def plan_file(self) -> str:
+        """Where the plan is kept on the host, beside the output, written before the job starts: a
+        re-run after orch was killed between starting the job and recording it adopts the job by it."""
+        return plan_file(self.output_file)
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any], argv: list[str]) -> _Plan | None:
+        """The plan recorded as ``meta`` (None when keys are missing)."""
+        if not {"label", "module", "params", "output"} <= meta.keys():
+            return None
+        params = BenchParams.model_validate(meta["params"])
+        return cls(meta["label"], meta["module"], params, meta["output"], argv, meta.get("commit"))
+
+
+def plan_file(output_file: str) -> str:
+    """``<workdir>/bench/<stamp>.plan.json`` beside ``<stamp>.jsonl``: the plan a job was started with."""
+    return output_file.removesuffix(".jsonl") + ".plan.json"
+
 
 @dataclass(frozen=True)
 class BenchProgress:
@@ -107,7 +129,7 @@ def bench(
     """
     check_baseline(store, [host], options)
     server = running_server(host, runner, store)
-    pending = _pending(host, runner, store)
+    pending = _pending(host, runner, store) or _unrecorded(host, runner, store, server)
     job_id, plan, attached = pending or _start(host, runner, store, _plan(host, runner, server, spec, options))
     ended = _wait(host, runner, job_id, timeout, lambda info: _progress(host, runner, info, attached, on_progress))
     record = _result(host, runner, store, server, plan, ended)
@@ -218,20 +240,25 @@ def _commit(host: Host, runner: Runner, server: ServerRecord) -> str | None:
 def _start(host: Host, runner: Runner, store: StateStore, plan: _Plan) -> tuple[str, _Plan, bool]:
     """Start the benchmark job, or attach to the one already running (then its own plan applies)."""
     runner.run(["mkdir", "-p", "-m", "700", "--", plan.output_file.rsplit("/", 1)[0]], check=True)
+    runner.write_bytes(plan.plan_file, json.dumps({**plan.meta(), "argv": plan.argv}).encode())
     started = jobs.start(runner, host.workdir, jobs.JobSpec(kind="bench", purpose=PURPOSE, argv=plan.argv))
     if started.attached:
         return started.job_id, _attached_plan(host, store, started.job_id), True
+    _record_job(host, store, started.job_id, started.pid, plan)
+    return started.job_id, plan, False
+
+
+def _record_job(host: Host, store: StateStore, job_id: str, pid: int | None, plan: _Plan) -> None:
     record = JobRecord(
-        id=started.job_id,
+        id=job_id,
         kind="bench",
         purpose=PURPOSE,
         argv=plan.argv,
-        pid=started.pid,
-        log=f"{host.workdir.rstrip('/')}/jobs/{started.job_id}/log",
+        pid=pid,
+        log=f"{host.workdir.rstrip('/')}/jobs/{job_id}/log",
         meta=plan.meta(),
     )
-    store.update_host(host.name, lambda hs: hs.jobs.__setitem__(record.id, record))
-    return started.job_id, plan, False
+    store.update_host(host.name, lambda hs: hs.jobs.setdefault(record.id, record))
 
 
 def _pending(host: Host, runner: Runner, store: StateStore) -> tuple[str, _Plan, bool] | None:
@@ -247,6 +274,40 @@ def _pending(host: Host, runner: Runner, store: StateStore) -> tuple[str, _Plan,
     return None
 
 
+def _unrecorded(host: Host, runner: Runner, store: StateStore, server: ServerRecord) -> tuple[str, _Plan, bool] | None:
+    """The newest benchmark job on the host that the state does not know (orch was killed between
+    starting it and recording it), running or ended since the server started, with its plan file:
+    recorded now and adopted, so that it is collected instead of a second one started."""
+    hs = store.load().host(host.name)
+    collected = {raw.get("job_id") for raw in hs.benchmarks}
+    for info in reversed(jobs.list_jobs(runner, host.workdir)):
+        if info.purpose != PURPOSE or info.id in hs.jobs or info.id in collected:
+            continue
+        if not info.running and (info.started_at is None or info.started_at < server.started_at):
+            continue  # an old run (of another server, or its state forgotten): not this one's
+        plan = _host_plan(runner, info)
+        if plan is not None:
+            _record_job(host, store, info.id, info.pid, plan)
+            return info.id, plan, True
+    return None
+
+
+def _host_plan(runner: Runner, info: jobs.JobInfo) -> _Plan | None:
+    """The plan of job ``info`` from the plan file beside the output file its command names."""
+    try:
+        argv = runner.read_bytes(f"{info.dir}/argv").decode(errors="replace").split("\0")
+        output = facts.flag_value(argv, "--output-file")
+        raw = json.loads(runner.read_bytes(plan_file(output))) if output else None
+    except (OSError, RemoteCommandError, ValueError):
+        return None
+    if not isinstance(raw, dict) or raw.get("output") != output or not isinstance(raw.get("argv"), list):
+        return None
+    try:
+        return _Plan.from_meta(raw, [str(a) for a in raw["argv"]])
+    except ValidationError:
+        return None
+
+
 def _mark_lost(hs: HostState, job_id: str) -> None:
     job = hs.jobs[job_id]
     job.state, job.ended_at = "lost", utc_now()
@@ -255,14 +316,13 @@ def _mark_lost(hs: HostState, job_id: str) -> None:
 def _attached_plan(host: Host, store: StateStore, job_id: str) -> _Plan:
     """The plan of a benchmark job started earlier by orch, from its state record."""
     job = store.load().host(host.name).jobs.get(job_id)
-    meta = job.meta if job else {}
-    if job is None or not {"label", "module", "params", "output"} <= meta.keys():
+    plan = _Plan.from_meta(job.meta, list(job.argv)) if job else None
+    if plan is None:
         raise RefusedError(
             f"{host.name}: a benchmark this state file does not know is running (job {job_id})",
             hint=f"wait for it to end, or stop it with `orch stop {host.name} {job_id}`",
         )
-    params = BenchParams.model_validate(meta["params"])
-    return _Plan(meta["label"], meta["module"], params, meta["output"], list(job.argv), meta.get("commit"))
+    return plan
 
 
 def _wait(
