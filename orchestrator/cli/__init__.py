@@ -20,7 +20,7 @@ from orchestrator import __version__
 from orchestrator.app import App
 from orchestrator.cli import bench, demo, hosts, jobs, run, serve, tune
 from orchestrator.errors import ExitCode, OrchError
-from orchestrator.render import PipeSafeStdout
+from orchestrator.render import PipeSafeStdout, inert
 from orchestrator.transport.ssh import ConnectOptions
 
 
@@ -109,13 +109,20 @@ for command in (
 LIBRARIES = ("paramiko", "invoke", "fabric")  # their debug output is noise below -vvv
 
 
+class _InertFormatter(logging.Formatter):
+    """Log lines can carry what a host sent (an SSH error, a remote command's output): never raw."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return inert(super().format(record))
+
+
 def configure_logging(verbose: int) -> None:
     """Logging on stderr. 0: warnings; -v: orch's own steps (INFO of ``orchestrator.*``); -vv: every
     remote command too (DEBUG); -vvv: every library's debug output too (paramiko, invoke, ...), each
     line naming its logger. Below -vvv the SSH libraries say nothing: orch reports their failures."""
-    logging.basicConfig(
-        stream=sys.stderr, format="orch: %(name)s: %(message)s" if verbose >= 3 else "orch: %(message)s"
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_InertFormatter("orch: %(name)s: %(message)s" if verbose >= 3 else "orch: %(message)s"))
+    logging.basicConfig(handlers=[handler])
     logging.getLogger().setLevel(logging.DEBUG if verbose >= 3 else logging.WARNING)
     logging.getLogger("orchestrator").setLevel([logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)])
     for name in LIBRARIES:

@@ -12,12 +12,12 @@ from orchestrator.errors import ExitCode
 from orchestrator.inventory import Host
 from orchestrator.ops import run as run_op
 from orchestrator.recipe import ServeOptions
-from orchestrator.render import err, out
+from orchestrator.render import err, inert, out
 from orchestrator.transport.base import Runner
 
 
 def _say(host: Host, message: str) -> None:
-    err.print(f"{host.name}: {message}", markup=False, highlight=False)
+    err.print(f"{host.name}: {inert(message)}", markup=False, highlight=False)
 
 
 @click.command(name="run")

@@ -6,6 +6,7 @@ import shlex
 from typing import Any
 
 import click
+from rich.text import Text
 
 from orchestrator.app import App
 from orchestrator.cli.common import finish, host_options, pass_app
@@ -19,7 +20,7 @@ from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
 from orchestrator.ops import tune
 from orchestrator.recipe import Recipe, ServeOptions
-from orchestrator.render import err, out, table
+from orchestrator.render import err, inert, out, table
 
 _playbook = click.option(
     "--playbook", metavar="NAME_OR_PATH", help="Recipe name under playbooks/ or a YAML path. Default: the host's."
@@ -43,7 +44,7 @@ def reporter(host: Host) -> serve_op.Report:
 
     def report(message: str) -> None:
         style = "bold red" if message.startswith("WARNING") else "bold" if message.startswith("stopping ") else "dim"
-        err.print(f"[{style}]{host.name}: {message}[/{style}]", markup=True, highlight=False)
+        err.print(Text(f"{host.name}: {inert(message)}", style=style), highlight=False)
 
     return report
 
@@ -190,7 +191,7 @@ def serve_report(host: Host, r: serve_op.ServeResult) -> None:
         shapes = ";".join(s.key for s in untuned)
         out.print(f"  tune them: orch tune-fp8 --host {host.name} --shapes '{shapes}'", markup=False)
     for problem in r.failures:
-        err.print(f"[bold red]  WARNING: {problem}[/bold red]", markup=True)
+        err.print(Text(f"  WARNING: {inert(problem)}", style="bold red"))
 
 
 def _fallbacks(shapes: list[ShapeUse]) -> dict[str, list[str]]:
@@ -270,7 +271,7 @@ def show(
         out.print(f"{host}: {r.path or r.model}", markup=False)
         out.print(f"  $ {shlex.join(facts.launch_argv(r, host_, mtp=mtp))}", markup=False)
         for p in facts.check_recipe(r, mtp=mtp):
-            err.print(f"[bold red]  refused: {p}[/bold red]", markup=True)
+            err.print(Text(f"  refused: {p}", style="bold red"))
             problems += 1
     return int(ExitCode.USAGE if problems else ExitCode.OK)
 

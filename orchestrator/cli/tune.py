@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 import click
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.app import App
 from orchestrator.cli.common import exit_code, host_options, pass_app
@@ -19,7 +20,7 @@ from orchestrator.fleet import FleetResult
 from orchestrator.inventory import Host
 from orchestrator.ops import tune as tune_op
 from orchestrator.recipe import Recipe, TuneOptions, parse_shapes
-from orchestrator.render import err, host_errors, out
+from orchestrator.render import err, host_errors, inert, out
 
 
 @click.command(name="tune-fp8")
@@ -207,7 +208,8 @@ def progress_table(statuses: dict[str, tune_op.TuneStatus]) -> Table:
     for s in statuses.values():
         shapes = "  ".join(f"{p.key} {p.done}/{p.total}" for p in s.shapes)
         eta = "-" if s.eta_seconds is None else fmt_seconds(s.eta_seconds)
-        t.add_row(s.host, s.state, f"{s.percent:.0f}% ({s.units_done}/{s.units_total})", eta, shapes)
+        cells = (s.host, s.state, f"{s.percent:.0f}% ({s.units_done}/{s.units_total})", eta, shapes)
+        t.add_row(*(Text(inert(c)) for c in cells))
     return t
 
 
