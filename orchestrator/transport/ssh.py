@@ -5,6 +5,12 @@ and file transfer of that invocation is a channel on it. Host keys are verified 
 inventory's ``known_hosts`` and the user's ``~/.ssh/known_hosts``: an unknown key is refused (or, with
 ``accept_new``, recorded like OpenSSH's ``StrictHostKeyChecking=accept-new``); a changed key is
 always refused. Only *connecting* is retried: a remote command is never run twice by orch.
+
+The known_hosts files are read here, not by paramiko's parser, which raises on OpenSSH's marker lines:
+hashed names (``|1|...``) match as OpenSSH matches them; an ``@cert-authority`` line is skipped (a CA
+vouches for host *certificates*, and paramiko verifies plain host keys only); a key marked ``@revoked``
+is never trusted, even where another line lists it; a line that cannot be read is skipped. Skips are
+logged at debug level (``-vvv``).
 """
 
 from __future__ import annotations
@@ -75,15 +81,62 @@ def record_host_key(path: Path, name: str, key: paramiko.PKey) -> None:
         fh.write(f"{name} {key.get_name()} {key.get_base64()}\n")
 
 
-class _VerifyHostKey(paramiko.MissingHostKeyPolicy):
-    """Called by paramiko only for a key that no known_hosts file lists."""
+def load_known_hosts(host: Host, keys: paramiko.HostKeys) -> dict[bytes, Path]:
+    """Add the keys ``host``'s known_hosts files list to ``keys``; the ``@revoked`` keys, with their file."""
+    entries: list[paramiko.hostkeys.HostKeyEntry] = []
+    revoked: dict[bytes, Path] = {}
+    for path in known_hosts_files(host):
+        if path.exists():
+            _read_known_hosts(path, entries, revoked)
+    seen: set[tuple[str, str]] = set()  # the first line for a name and key type wins, as in paramiko's parser
+    for entry in entries:
+        if entry.key.asbytes() in revoked:
+            log.debug("%s: not trusting %s for %s: it is @revoked", host.name, entry.key.get_name(), entry.hostnames)
+            continue
+        for name in entry.hostnames:
+            if (name, entry.key.get_name()) not in seen:
+                seen.add((name, entry.key.get_name()))
+                keys.add(name, entry.key.get_name(), entry.key)
+    return revoked
 
-    def __init__(self, host: Host, accept_new: bool) -> None:
+
+def _read_known_hosts(path: Path, entries: list[paramiko.hostkeys.HostKeyEntry], revoked: dict[bytes, Path]) -> None:
+    for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        marker = None
+        if line.startswith("@"):
+            marker, _, line = line.replace("\t", " ").partition(" ")
+            line = line.strip()
+        if marker not in (None, "@revoked"):
+            log.debug("%s:%d: skipping a %s line: orch verifies host keys, not host certificates", path, lineno, marker)
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+        except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey) as exc:
+            entry = None
+            log.debug("%s:%d: skipping a line that is not a host key: %s", path, lineno, exc)
+        if entry is None:
+            continue
+        if marker == "@revoked":
+            revoked[entry.key.asbytes()] = path
+        else:
+            entries.append(entry)
+
+
+class _VerifyHostKey(paramiko.MissingHostKeyPolicy):
+    """Called by paramiko only for a key that no known_hosts file lists (a revoked key is not listed)."""
+
+    def __init__(self, host: Host, accept_new: bool, revoked: Mapping[bytes, Path]) -> None:
         self.host = host
         self.accept_new = accept_new
+        self.revoked = revoked
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         fp = fingerprint(key)
+        if key.asbytes() in self.revoked:
+            raise _revoked(self.host, hostname, key, self.revoked[key.asbytes()])
         if not self.accept_new:
             raise HostKeyError(
                 f"{self.host.name}: unknown host key for {hostname}: {key.get_name()} {fp}",
@@ -95,6 +148,14 @@ class _VerifyHostKey(paramiko.MissingHostKeyPolicy):
         log.warning(
             "%s: trusted new host key %s %s (recorded in %s)", self.host.name, key.get_name(), fp, trust_file(self.host)
         )
+
+
+def _revoked(host: Host, hostname: str, key: paramiko.PKey, path: Path) -> HostKeyError:
+    return HostKeyError(
+        f"{host.name}: host key {key.get_name()} {fingerprint(key)} offered by {hostname} is marked @revoked "
+        f"in {path}; refusing to connect",
+        hint=f"the host needs a new key; once it has one, verify it and run `orch trust {host.name}`",
+    )
 
 
 class SSHRunner(RunnerBase):
@@ -161,10 +222,8 @@ class SSHRunner(RunnerBase):
         return kwargs
 
     def _load_host_keys(self, client: paramiko.SSHClient) -> None:
-        for path in known_hosts_files(self._spec):
-            if path.exists():
-                client.load_host_keys(str(path))
-        client.set_missing_host_key_policy(_VerifyHostKey(self._spec, self._options.accept_new_host_keys))
+        revoked = load_known_hosts(self._spec, client.get_host_keys())
+        client.set_missing_host_key_policy(_VerifyHostKey(self._spec, self._options.accept_new_host_keys, revoked))
 
     def _changed_key(self, exc: paramiko.BadHostKeyException) -> HostKeyError:
         files = ", ".join(str(p) for p in known_hosts_files(self._spec))
@@ -264,9 +323,9 @@ def trust_host_key(host: Host, timeout: float, expected: str | None = None) -> s
     if expected and expected != fp:
         raise HostKeyError(f"{host.name}: offered key {key.get_name()} {fp} does not match the expected {expected}")
     known = paramiko.HostKeys()
-    for path in known_hosts_files(host):
-        if path.exists():
-            known.load(str(path))
+    revoked = load_known_hosts(host, known)
+    if key.asbytes() in revoked:
+        raise _revoked(host, name, key, revoked[key.asbytes()])
     entry = known.lookup(name)
     if entry is not None and key.get_name() in entry:
         if entry[key.get_name()] == key:
