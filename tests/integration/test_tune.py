@@ -266,7 +266,7 @@ def test_shapes_logged_tunes_exactly_what_the_last_triton_server_missed(tune_fle
     none_yet = env.orch("tune-fp8", "--shapes", "logged")
     assert none_yet.returncode == 3, none_yet.output
     assert f"{host.name}: --shapes logged: no server launched with --fp8-gemm-backend triton has run" in none_yet.stderr
-    assert "serve once with `fp8_gemm_backend: triton` in the playbook" in none_yet.stderr
+    assert "serve once with Triton (`orch serve --host sim-1 --fp8-gemm-backend triton`" in none_yet.stderr
     served = env.orch("serve", "--no-mtp", "--fp8-gemm-backend", "triton")  # untuned, serve would pick auto
     assert served.returncode == 0, served.output
     missed = server_logged_missing(host)
