@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import jobs
-from orchestrator.errors import HostError, RefusedError, VerifyError
+from orchestrator.errors import HostError, RefusedError, UnreachableError, VerifyError
 from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import device_file_name
 from orchestrator.facts.server_log import ServerLog, ShapeUse, shape_use, strip_prefix
@@ -62,6 +62,7 @@ HEALTH_POLL_FIRST = 0.2  # a fast start is seen at once; a 20-minute one is poll
 HEALTH_POLL_SECONDS = 2.0
 HEALTH_REPORT_FIRST = 5.0  # a slow start is explained after this many seconds, then every HEALTH_REPORT_SECONDS
 HEALTH_REPORT_SECONDS = 30.0
+RECONNECT_SECONDS = 300.0  # a connection lost while waiting for /health is retried this long (within the timeout)
 TUNING_POLL_SECONDS = 1.0
 PROBE_REQUESTS = 4
 PROBE_TOKENS = 128  # 4 x 128 tokens pass SGLang's 40-step decode log interval even at accept length 3+
@@ -307,9 +308,13 @@ def serve(
     same = None if options.force else already_serving(host, runner, store, ready, options)
     if same is not None:
         return same
+    unverified = None if options.force else interrupted_launch(store, host, runner, ready)
     _set_phase(store, host, Phase.LAUNCHING, f"serve: {'MTP' if options.mtp else 'no MTP'}")
     try:
-        started = relaunch(host, runner, store, ready, options, report)
+        if unverified is not None:
+            started = adopt(host, runner, store, ready, unverified, options, report)
+        else:
+            started = relaunch(host, runner, store, ready, options, report)
         result = verify(host, runner, ready.recipe, options, started, ready.gpus.compute_cap)
     except StartupFailed:
         raise  # already recorded (and rolled back when asked)
@@ -317,7 +322,7 @@ def serve(
         _mark_failed(host, store, str(exc).splitlines()[0])
         raise
     result.warnings[:0] = ready.warnings
-    result.stopped_job = ready.old.id if ready.old else None
+    result.stopped_job = ready.old.id if ready.old and unverified is None else None
     return _finish(host, store, result)
 
 
@@ -382,7 +387,7 @@ def would_replace(host: Host, runner: Runner, store: StateStore, recipe: Recipe,
     """Whether ``serve`` would stop the running server: not when it already serves as asked (when
     tuning runs, serve decides after it: counted as a replacement)."""
     lines = dry_run(host, runner, store, recipe, options)
-    return not lines[0].startswith(("(already serving", "(refuses"))
+    return not lines[0].startswith(("(already serving", "(refuses", "(re-attaches"))
 
 
 def dry_run(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: ServeOptions) -> list[str]:
@@ -401,6 +406,9 @@ def dry_run(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
     same = None if options.force else already_serving(host, runner, store, ready, options)
     if same is not None:
         return [f"(already serving as asked (job {same.job_id}): nothing to do; --force relaunches)"]
+    unverified = None if options.force else interrupted_launch(store, host, runner, ready)
+    if unverified is not None:
+        return [f"(re-attaches to server job {unverified.id}, {_ADOPTED}, and verifies it; --force relaunches)"]
     lines = [f"WARNING: {w}" for w in ready.warnings]
     if ready.old is not None:
         lines.append(f"(stops server job {ready.old.id} {srv.FOR_RELAUNCH.why})")
@@ -408,6 +416,7 @@ def dry_run(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
 
 
 _UNTOUCHED = "the running server was left untouched"
+_ADOPTED = "started with this command by a serve that was cut off before verifying it"
 
 
 def already_serving(
@@ -426,6 +435,19 @@ def already_serving(
         return None
     result = recorded_result(record, ready.recipe, options)
     return result if not result.failures else None
+
+
+def interrupted_launch(store: StateStore, host: Host, runner: Runner, ready: Preflight) -> jobs.JobInfo | None:
+    """The running server when a serve cut off after launching it (orch killed, connection lost) left it
+    unverified: recorded as ours, never verified, running ``ready.argv`` on the same commit and tuned
+    configs. Adopting it (``adopt``) finishes that serve; replacing it would stop a good server."""
+    hs = store.load().hosts.get(host.name)
+    record = hs.server if hs is not None else None
+    if ready.old is None or record is None or record.job_id != ready.old.id or record.verified:
+        return None
+    if (record.commit, record.configs) != (ready.commit, ready.configs) or not runs_argv(runner, ready.old, ready.argv):
+        return None
+    return ready.old
 
 
 def runs_argv(runner: Runner, job: jobs.JobInfo, argv: list[str]) -> bool:
@@ -467,11 +489,50 @@ def relaunch(
     try:
         return launch(host, runner, store, ready.argv, gpus, options, ready.recipe, report, ready.configs)
     except StartupFailed as failure:
-        _stop_failed(host, runner, failure.job_id, gpus, options, report)
-        _mark_failed(host, store, failure.message.splitlines()[0])
-        if options.rollback:
-            rollback(host, runner, store, ready.recipe, options, failure, report)
+        _failed_start(host, runner, store, ready, options, failure, report)
         raise
+
+
+def adopt(
+    host: Host,
+    runner: Runner,
+    store: StateStore,
+    ready: Preflight,
+    job: jobs.JobInfo,
+    options: ServeOptions,
+    report: Report,
+) -> Started:
+    """Finish the serve that launched ``job`` (``interrupted_launch``): wait until healthy, nothing
+    stopped or started; a failed start is handled as ``relaunch`` handles its own."""
+    report(f"re-attaching to server job {job.id}, {_ADOPTED}; waiting for /health")
+    _record_server(
+        store, host, job.id, ready.argv, "--speculative-algorithm" in ready.argv, ready.commit, ready.configs
+    )
+    begin = time.monotonic()
+    url = facts.base_url(ready.recipe, host)
+    try:
+        log = wait_healthy(host, runner, job.id, url, health_timeout(ready.recipe, options), report)
+    except StartupFailed as failure:
+        _failed_start(host, runner, store, ready, options, failure, report)
+        raise
+    report(f"healthy after {time.monotonic() - begin:.0f} s more")
+    return Started(job.id, ready.argv, log, time.monotonic() - begin, ready.commit)
+
+
+def _failed_start(
+    host: Host,
+    runner: Runner,
+    store: StateStore,
+    ready: Preflight,
+    options: ServeOptions,
+    failure: StartupFailed,
+    report: Report,
+) -> None:
+    """The new server failed to start: stop it, mark ``failed``, roll back when asked."""
+    _stop_failed(host, runner, failure.job_id, facts.server_gpus(ready.recipe, host), options, report)
+    _mark_failed(host, store, failure.message.splitlines()[0])
+    if options.rollback:
+        rollback(host, runner, store, ready.recipe, options, failure, report)
 
 
 def _stop_failed(
@@ -522,22 +583,43 @@ def wait_healthy(
 
     A first DeepSeek-V4 launch may take an hour: every ``HEALTH_REPORT_SECONDS`` (the first after
     ``HEALTH_REPORT_FIRST``) ``report`` hears the time waited and the server's last log line."""
-    job = jobs.find(runner, host.workdir, job_id)
-    reader = srv.LogReader(runner, job.log)
+    reader = srv.LogReader(runner, f"{host.workdir}/jobs/{job_id}/log")
     begin = time.monotonic()
     next_report = begin + HEALTH_REPORT_FIRST
+    lost: float | None = None  # when the connection was lost, while it stays lost
     for pause in _backoff(HEALTH_POLL_FIRST, HEALTH_POLL_SECONDS):
-        status = srv.health(host, runner, url)
-        log = reader.read()
-        if status == 200:
-            return log
-        now = time.monotonic()
-        _check_alive(host, runner, job_id, log, reader, timeout if now - begin > timeout else None)
+        try:
+            status = srv.health(host, runner, url)
+            log = reader.read()
+            if status == 200:
+                return log
+            now = time.monotonic()
+            _check_alive(host, runner, job_id, log, reader, timeout if now - begin > timeout else None)
+            lost = None
+        except UnreachableError as exc:
+            lost = _reconnect(host, runner, exc, lost, begin + timeout, report)
+            now = time.monotonic()
         if now >= next_report:
             report(starting_line(now - begin, timeout, reader.text))
             next_report = now + HEALTH_REPORT_SECONDS
         time.sleep(pause)
     raise AssertionError("unreachable")
+
+
+def _reconnect(
+    host: Host, runner: Runner, exc: UnreachableError, lost: float | None, deadline: float, report: Report
+) -> float:
+    """Ride out a connection lost while waiting for /health (the server starts on without orch): close it,
+    so the next poll reconnects, and return when it was first lost. Re-raises ``exc`` once it has been
+    lost for ``RECONNECT_SECONDS`` or the health timeout (``deadline``) has passed."""
+    now = time.monotonic()
+    if now > deadline or (lost is not None and now - lost > RECONNECT_SECONDS):
+        raise exc
+    if lost is None:
+        said = exc.message.removeprefix(f"{host.name}: ")
+        report(f"{said}; reconnecting (the server starts on; waiting for /health goes on)")
+    runner.close()
+    return lost if lost is not None else now
 
 
 def starting_line(elapsed: float, timeout: float, log_text: str) -> str:
