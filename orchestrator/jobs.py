@@ -9,6 +9,8 @@ Layout on the host, all under ``workdir`` (mode 0700)::
                  started_at  ended_at (epoch seconds)          stop_requested  when orch stop asked
     purposes/<purpose>        symlink to the job that holds that purpose
 
+The host's inventory ``env`` reaches the job through its environment (the runner passes it on
+stdin, never on a command line); ``JobSpec.env`` is on the job's command line and holds no secrets.
 A job is started by ``setsid`` with stdin from /dev/null and stdout/stderr to its log, and with no
 descriptor of the SSH channel left open (else the channel would stay open until the job ended).
 A small wrapper shell writes the pid and start time, waits for the command and writes its exit code,
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from orchestrator.errors import RefusedError, UsageError
-from orchestrator.transport.base import Runner
+from orchestrator.transport.base import Runner, looks_secret
 
 _PURPOSE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,80}$")
 
@@ -179,6 +181,11 @@ def start_argv(workdir: str, job_id: str, spec: JobSpec) -> list[str]:
     for name, value in spec.env.items():
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name) or "\n" in value:
             raise UsageError(f"job environment {name}={value!r}: bad name, or a newline in the value")
+        if looks_secret(name):  # these pairs are on the job's command line for its whole life
+            raise UsageError(
+                f"job environment {name}: looks like a secret, and a job's own env is on its command line",
+                hint="put secrets in the host's inventory env: they reach the job through its environment",
+            )
     return [
         "sh",
         "-c",

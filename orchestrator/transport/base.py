@@ -84,24 +84,71 @@ class RunnerBase:
         raise NotImplementedError
 
 
-def shell_command(argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> str:
-    """The one string handed to a remote shell for ``argv``: every value quoted.
+_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASS|CRED|AUTH|COOKIE|SESSION", re.IGNORECASE)
+REDACTED = "<redacted>"
 
-    >>> shell_command(["ls", "a b"], cwd="/tmp/$(x)", env={"A": "1;2"})
-    "cd -- '/tmp/$(x)' && env A='1;2' ls 'a b'"
+
+def looks_secret(name: str) -> bool:
+    """Whether an environment variable's name says its value is a secret (HF_TOKEN, OPENAI_API_KEY, ...)."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def _check_env_names(env: Mapping[str, str]) -> None:
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise UsageError(f"environment variable name {name!r} is not valid")
+
+
+def shell_command(argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """``argv`` as a shell command line for people to read (``--dry-run``, messages): every value
+    quoted, and the value of an env variable whose name looks secret shown as ``<redacted>``.
+    Commands are run with ``remote_command``, which keeps env values off the command line.
+
+    >>> shell_command(["ls", "a b"], cwd="/tmp/$(x)", env={"A": "1;2", "HF_TOKEN": "hf_x"})
+    "cd -- '/tmp/$(x)' && env A='1;2' HF_TOKEN=<redacted> ls 'a b'"
     """
     if not argv:
         raise ValueError("empty argv")
-    parts: list[str] = []
-    if env:
-        for name in env:
-            if not _ENV_NAME.match(name):
-                raise UsageError(f"environment variable name {name!r} is not valid")
-        parts += ["env", *(f"{k}={shlex.quote(v)}" for k, v in env.items())]
-    command = " ".join([*parts[:1], *parts[1:], *(shlex.quote(a) for a in argv)])
+    _check_env_names(env or {})
+    pairs = [f"{k}={REDACTED if looks_secret(k) else shlex.quote(v)}" for k, v in (env or {}).items()]
+    command = " ".join([*(["env", *pairs] if pairs else []), *(shlex.quote(a) for a in argv)])
     if cwd is not None:
         command = f"cd -- {shlex.quote(cwd)} && {command}"
     return command
+
+
+def remote_command(
+    argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None
+) -> tuple[str, str]:
+    """The string handed to a remote shell for ``argv``, and the text to send first on its stdin.
+
+    Env values never appear in the string (a remote shell's argv is visible to every user in ``ps``):
+    the shell reads them from stdin, one line per variable, with its ``read`` builtin (which takes
+    no byte past the newline, so the command gets the rest of stdin), and exports them literally.
+
+    >>> command, stdin = remote_command(["ls", "a b"], cwd="/tmp/$(x)", env={"A": "1;2"})
+    >>> print(command)
+    IFS= read -r _orch_v && export A="$_orch_v" && unset _orch_v && cd -- '/tmp/$(x)' && ls 'a b'
+    >>> stdin.split()
+    ['1;2']
+    """
+    if not argv:
+        raise ValueError("empty argv")
+    env = env or {}
+    _check_env_names(env)
+    for name, value in env.items():
+        if "\n" in value or "\0" in value:
+            raise UsageError(
+                f"environment variable {name}: its value has a newline or NUL byte",
+                hint="an env value is one line; put multi-line values in a file on the host",
+            )
+    parts = [f'IFS= read -r _orch_v && export {name}="$_orch_v"' for name in env]
+    if env:
+        parts.append("unset _orch_v")
+    if cwd is not None:
+        parts.append(f"cd -- {shlex.quote(cwd)}")
+    parts.append(" ".join(shlex.quote(a) for a in argv))
+    return " && ".join(parts), "".join(f"{v}\n" for v in env.values())
 
 
 def check_result(host: str, result: CommandResult) -> CommandResult:

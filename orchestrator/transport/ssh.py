@@ -35,7 +35,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop
 
 from orchestrator.errors import HostKeyError, RemoteCommandError, UnreachableError
 from orchestrator.inventory import Host
-from orchestrator.transport.base import CommandResult, RunnerBase, shell_command
+from orchestrator.transport.base import CommandResult, RunnerBase, remote_command
 
 log = logging.getLogger(__name__)
 
@@ -253,9 +253,9 @@ class SSHRunner(RunnerBase):
         self, argv: Sequence[str], cwd: str | None, env: Mapping[str, str], stdin: str | None, timeout: float | None
     ) -> CommandResult:
         conn = self.connect()
-        command = shell_command(argv, cwd=cwd, env=env)
+        command, env_lines = remote_command(argv, cwd=cwd, env=env)  # env values go on stdin, not argv
         log.debug("%s: $ %s", self.host, command)
-        in_stream: Any = io.StringIO(stdin) if stdin is not None else False
+        in_stream: Any = io.StringIO(env_lines + (stdin or "")) if env or stdin is not None else False
         try:
             res = conn.run(command, hide=True, warn=True, pty=False, in_stream=in_stream, timeout=timeout)
         except CommandTimedOut:
