@@ -8,8 +8,9 @@ commit, which need the same configs):
    Triton, the SGLang commit), resolve the shapes, skip shapes already installed for this device and
    commit (unless ``force``), stop orch's server (``stop_server``) and refuse busy GPUs.
 2. ``start_group``: schedule the (shape, batch size) units over every GPU of the group
-   (``facts.tuner.schedule``), record the plan in each member's ``HostState.tuning`` and start one
-   detached job per GPU (purpose ``tune.gpu<i>``: a re-run attaches, never duplicates).
+   (``facts.tuner.schedule``), record the plan in each member's ``HostState.tuning`` (one state
+   transaction, before any job starts: a plan another orch recorded meanwhile is adopted instead) and
+   start one detached job per GPU (purpose ``tune.gpu<i>``: a re-run attaches, never duplicates).
 3. ``poll_group``: read each job's log from its last byte offset (``Runner.read_bytes``: the cost of
    a poll does not grow with the log) and report per-shape progress, overall percentage and an ETA.
 4. ``complete_group``: when every job exited 0, merge the job-private partial JSON files (never one
@@ -70,6 +71,7 @@ from orchestrator.ops.tune_record import (
     edit_record,
     group_plan,
     load_record,
+    save_record,
 )
 from orchestrator.recipe import Recipe, Shape, TuneOptions
 from orchestrator.state import HostState, JobRecord, Phase, StateStore, find_secret, utc_now
@@ -194,27 +196,50 @@ def job_spec(host: Host, plan: PlanRecord, a: AssignmentRecord, flags: frozenset
     return jobs.JobSpec("tune", a.purpose, argv, tf.job_env(a.gpu), (a.gpu,))
 
 
-def start_group(members: Sequence[Prepared], store: StateStore) -> PlanRecord:
-    """Plan, record the plan on every member (phase ``tuning``), then start every member's jobs."""
+def start_group(members: Sequence[Prepared], store: StateStore) -> tuple[PlanRecord, bool]:
+    """Plan, record the plan on every member (phase ``tuning``), then start every member's jobs.
+
+    Returns the plan and whether it is another orch's: one that recorded its plan for a member while
+    this one prepared is adopted (attached to, as a re-run does), and nothing is started."""
     plan = make_plan(members)
-    reason = f"tuning {len(plan.shapes)} shapes on {len(plan.assignments)} GPUs (plan {plan.id})"
-    for p in members:
-        edit_record(store, p.host.name, lambda hs, r: _begin(hs, r, plan, reason))
+    other = _claim(members, store, plan)
+    if other is not None:
+        return other, True
     try:
         for p in members:
             _start_jobs(p.host, p.runner, store, plan, plan.on(p.host.name))
     except OrchError as exc:
         _abandon(members, store, plan, f"could not start every job: {exc}")
         raise
-    return plan
+    return plan, False
+
+
+def _claim(members: Sequence[Prepared], store: StateStore, plan: PlanRecord) -> PlanRecord | None:
+    """Record ``plan`` on every member in one state transaction, unless a member already runs a plan
+    (another orch's, recorded since this one prepared): then record nothing and return that plan."""
+    reason = f"tuning {len(plan.shapes)} shapes on {len(plan.assignments)} GPUs (plan {plan.id})"
+    with store.update() as state:
+        for p in members:
+            record = load_record(state.hosts.get(p.host.name))
+            if record.state == "running" and record.plan is not None:
+                return record.plan
+        for p in members:
+            hs = state.host(p.host.name)
+            record = load_record(hs)
+            _begin(hs, record, plan, reason)
+            save_record(hs, record)
+    return None
 
 
 def _abandon(members: Sequence[Prepared], store: StateStore, plan: PlanRecord, reason: str) -> None:
-    """A plan that could not start completely: stop what did start, record the failure."""
+    """A plan that could not start completely: stop what did start, record the failure. Jobs of a plan
+    that replaced this one in the state are another orch's: never stopped here."""
     group = [Member(p.host, p.runner) for p in members]
     try:
-        polls = poll_group(group, store, plan)
         current = group_plan(cached_records(store, [m.host.name for m in group]), [m.host.name for m in group])
+        if current is not None and current.id != plan.id:
+            return
+        polls = poll_group(group, store, plan)
         stop_running(group, current or plan, polls)
     finally:
         record_failure(group, store, plan, reason, None)
@@ -297,9 +322,14 @@ def _record_start(
     hs: HostState, record: TuningRecord, a: AssignmentRecord, spec: jobs.JobSpec, s: jobs.Started
 ) -> None:
     assert record.plan is not None
-    for mine in record.plan.assignments:
-        if (mine.host, mine.purpose) == (a.host, a.purpose):
-            mine.job_id = s.job_id
+    mine = [m for m in record.plan.assignments if (m.host, m.purpose, m.staging) == (a.host, a.purpose, a.staging)]
+    if not mine:  # the state holds another plan now: never write this job into it
+        raise RefusedError(
+            f"{a.host}: job {s.job_id} started for a plan the state no longer holds (now plan {record.plan.id})",
+            hint=f"orch jobs {a.host} lists it; stop it if plan {record.plan.id} is the one to keep",
+        )
+    for m in mine:
+        m.job_id = s.job_id
     workdir = record.plan.hosts[a.host].workdir.rstrip("/")
     hs.jobs[s.job_id] = JobRecord(
         id=s.job_id,
@@ -453,18 +483,29 @@ def start_groups(
 ) -> tuple[list[Group], dict[str, BaseException]]:
     """Start new groups and gather attached plans; errors of a group are returned for its members."""
     groups, errors = _attached_groups(prepared, peers), dict[str, BaseException]()
+    seen = {g.plan.id for g in groups}
     todo = [p for p in prepared if p.attach is None and p.shapes]
     for members in group_prepared(todo, fleet):
         try:
-            plan = start_group(members, store)
+            plan, adopted = start_group(members, store)
         except OrchError as exc:
             errors.update((p.host.name, exc) for p in members)
             continue
-        groups.append(Group([Member(p.host, p.runner) for p in members], plan, attached=False))
+        if adopted:
+            groups.extend(g for g in _attached_groups([_adopting(members, plan)], peers) if g.plan.id not in seen)
+        else:
+            groups.append(Group([Member(p.host, p.runner) for p in members], plan, attached=False))
+        seen.update(g.plan.id for g in groups)
     for p in prepared:
         if p.attach is None and not p.shapes:
             record_nothing_to_do(store, p)
     return groups, errors
+
+
+def _adopting(members: Sequence[Prepared], plan: PlanRecord) -> Prepared:
+    """The member of ``members`` that ``plan`` (another orch's) tunes, as if it had attached."""
+    lead = next((p for p in members if p.host.name in plan.group), members[0])
+    return Prepared(lead.host, lead.runner, attach=plan)
 
 
 def _attached_groups(prepared: Sequence[Prepared], peers: Peers) -> list[Group]:

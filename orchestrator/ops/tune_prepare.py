@@ -134,9 +134,21 @@ def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
         srv.stop_server(host, runner, store, gpus, drain, srv.warn_log(host), srv.FOR_TUNE_FP8)
         facts.gpus, facts.gpu_users = read_gpu_users(runner)
+    if needed and (other := running_plan(store, host)) is not None:
+        return Prepared(host, runner, attach=other)  # another orch planned while this one looked: adopt its plan
     if needed:
         refuse_busy(host, facts, options.allow_busy_gpus)
     return Prepared(host, runner, None, facts, needed, skipped, batch_sizes, tp, logged.note if logged else None)
+
+
+def running_plan(store: StateStore, host: Host) -> PlanRecord | None:
+    """The plan another orch recorded for ``host`` while this one looked, if it runs. Read after the
+    GPUs: plans are recorded before their jobs start, so GPUs busy with that plan's jobs are adopted,
+    never refused as someone else's."""
+    record = load_record(store.load().hosts.get(host.name))
+    if record.state == "running" and record.plan is not None:
+        return record.plan
+    return None
 
 
 def tp_size(recipe: Recipe, host: Host) -> int:

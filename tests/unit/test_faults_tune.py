@@ -1,0 +1,76 @@
+"""Two orchs tuning one host at once (issue 13): the later one adopts the plan the earlier one recorded,
+never starts jobs beside it, and never writes its jobs into another plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator import jobs
+from orchestrator.errors import RefusedError
+from orchestrator.inventory import Host
+from orchestrator.ops import tune
+from orchestrator.ops.tune_record import edit_record, load_record
+from orchestrator.state import StateStore
+from tests.unit.test_tuner_ops import T0, prepared
+
+
+def host(tmp_path: Path) -> Host:
+    return Host.model_validate({"name": "h1", "address": "127.0.0.1", "gpus": 8, "workdir": str(tmp_path / "w")})
+
+
+def recorded_by_another_orch(store: StateStore, h: Host) -> tune.PlanRecord:
+    other = tune.make_plan([prepared(h)], now=T0)
+    edit_record(store, h.name, lambda hs, r: tune._begin(hs, r, other, "tuning (the other orch)"))
+    return other
+
+
+def test_a_plan_recorded_meanwhile_is_adopted_and_nothing_is_started(tmp_path: Path) -> None:
+    h, store = host(tmp_path), StateStore(tmp_path / "state.json")
+    mine = prepared(h)  # prepared while the state held no plan
+    other = recorded_by_another_orch(store, h)
+
+    plan, adopted = tune.start_group([mine], store)
+    assert adopted and plan.id == other.id
+    assert load_record(store.load().hosts[h.name]).plan == other  # the other orch's plan is untouched
+    assert not Path(h.workdir).exists()  # no job, no staging dir started beside the other plan's
+
+
+def test_start_groups_attaches_to_the_adopted_plan(tmp_path: Path) -> None:
+    h, store = host(tmp_path), StateStore(tmp_path / "state.json")
+    mine = prepared(h)
+    other = recorded_by_another_orch(store, h)
+
+    groups, errors = tune.start_groups([mine], store, False, lambda name: tune.Member(h, mine.runner))
+    assert errors == {}
+    assert [(g.plan.id, g.attached, [m.host.name for m in g.members]) for g in groups] == [(other.id, True, ["h1"])]
+
+
+def test_a_job_of_one_plan_is_never_recorded_into_another(tmp_path: Path) -> None:
+    h, store = host(tmp_path), StateStore(tmp_path / "state.json")
+    other = recorded_by_another_orch(store, h)
+    stale = tune.make_plan([prepared(h)], now=T0)
+    a = stale.assignments[0]
+    spec = tune.job_spec(h, stale, a, frozenset(stale.hosts[h.name].flags))
+    started = jobs.Started("tune.gpu0-x", 42, attached=False)
+    with pytest.raises(RefusedError, match=f"no longer holds \\(now plan {other.id}\\)"):
+        edit_record(store, h.name, lambda hs, r: tune._record_start(hs, r, a=a, spec=spec, s=started))
+    hs = store.load().hosts[h.name]
+    assert hs.jobs == {} and all(x.job_id is None for x in load_record(hs).plan.assignments)  # type: ignore[union-attr]
+
+
+def test_a_failed_start_never_stops_the_jobs_of_the_plan_that_replaced_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h, store = host(tmp_path), StateStore(tmp_path / "state.json")
+    mine = prepared(h)
+    stale = tune.make_plan([mine], now=T0)
+    other = recorded_by_another_orch(store, h)
+    edit_record(store, h.name, lambda hs, r: setattr(r.plan.assignments[0], "job_id", "tune.gpu0-theirs"))  # type: ignore[union-attr]
+    stopped: list[object] = []
+    monkeypatch.setattr(tune, "stop_running", lambda *args: stopped.append(args))
+    tune._abandon([mine], store, stale, "could not start every job")
+    assert stopped == []
+    record = load_record(store.load().hosts[h.name])
+    assert record.plan is not None and record.plan.id == other.id and record.state == "running"
