@@ -43,9 +43,11 @@ def run(
 ) -> int:
     """Run a playbook's steps on each host (pull, tune-fp8, serve, bench); re-run to resume.
 
-    Finished steps are skipped, running jobs re-attached; nothing is started twice, even after orch
-    was killed. Progress goes to stderr, one line per host and event. Every server stop is announced
-    first; stopping servers on several hosts without --host/--tag asks first (--yes to skip).
+    Finished steps are skipped while their result holds on the host (a server gone after a reboot,
+    a tuned config deleted: that step runs again, saying why), running jobs re-attached; nothing is
+    started twice, even after orch was killed. Progress goes to stderr, one line per host and event.
+    Every server stop is announced first; stopping servers on several hosts without --host/--tag
+    asks first (--yes to skip).
 
     \b
     Example:

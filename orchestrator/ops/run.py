@@ -7,6 +7,12 @@ any moment and running the same command again resumes: finished steps are skippe
 running is run again, which attaches to its jobs (tuning jobs by purpose, a benchmark by its pending
 record, the server when it already runs the same command) instead of starting them twice.
 
+A step recorded as done is skipped only while its result still holds on the host (``gone``): ``serve``
+while a server job of orch's runs (a reboot ends it), ``tune-fp8`` while this GPU's config files for
+its shapes are where the host's SGLang reads them, ``bench`` unless ``serve`` ran again in this run
+(it measured the old server); ``pull`` always holds (a moved checkout is the next round's business).
+A step whose result is gone runs again, with a line saying why.
+
 Before the first step every host that will serve checks the whole launch command (``preflight``):
 a host whose SGLang would refuse the recipe runs no step at all.
 
@@ -25,6 +31,7 @@ from typing import Any
 from orchestrator.errors import RefusedError, UsageError
 from orchestrator.facts import bench as bench_facts
 from orchestrator.facts import git
+from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as server_facts
 from orchestrator.fleet import Fleet, FleetResult, HostResult
 from orchestrator.inventory import Host
@@ -33,8 +40,10 @@ from orchestrator.ops import pull as pull_op
 from orchestrator.ops import serve as serve_op
 from orchestrator.ops import server as server_host
 from orchestrator.ops import tune
+from orchestrator.ops.serve_configs import read_configs
 from orchestrator.ops.status import read_git
-from orchestrator.recipe import BenchOptions, PullOptions, Recipe, ServeOptions, Step, TuneOptions
+from orchestrator.ops.tune_record import load_record
+from orchestrator.recipe import BenchOptions, PullOptions, Recipe, ServeOptions, Shape, Step, TuneOptions, parse_shapes
 from orchestrator.state import HostState, StateStore
 from orchestrator.transport.base import Runner, shell_command
 
@@ -96,8 +105,9 @@ def _mark(store: StateStore, host: Host, playbook: str, step: str, outcome: str,
     def update(hs: HostState) -> None:
         progress = _progress(hs, playbook)
         now = datetime.now(timezone.utc).isoformat()
-        if outcome == "running":
+        if outcome == "running":  # a step redone is not done until it ends again
             progress["running"], progress["failed"] = step, None
+            progress["done"].pop(step, None)
         elif outcome == "done":
             progress["done"][step], progress["running"] = now, None
         else:
@@ -119,9 +129,12 @@ def is_done(store: StateStore, host: Host, playbook: str, step: str) -> bool:
 def run_step(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: HostRun) -> None:
     """Run one step on one host unless it is already done; record it before and after."""
     if is_done(ctx.store, host, ctx.playbook, step.name):
-        outcome.skipped.append(step.name)
-        ctx.say(host, f"{step.name}: already done, skipped")
-        return
+        why = gone(ctx, host, runner, step, outcome)
+        if why is None:
+            outcome.skipped.append(step.name)
+            ctx.say(host, f"{step.name}: already done, skipped")
+            return
+        ctx.say(host, f"{step.name}: done before, but {why}")
     resumed = was_interrupted(ctx.store, host, ctx.playbook, step.name)
     ctx.say(host, f"{step.name}: {'resumed' if resumed else 'started'}")
     if not resumed:
@@ -135,6 +148,48 @@ def run_step(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: H
     outcome.done.append(step.name)
     outcome.details[step.name] = detail
     ctx.say(host, f"{step.name}: done — {detail}")
+
+
+def gone(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: HostRun) -> str | None:
+    """Why a step recorded as done must run again (its result no longer holds on the host), or None."""
+    options = step.options
+    if isinstance(options, ServeOptions) and server_host.running_server(runner, host) is None:
+        cause = "tune-fp8 ran in this run" if "tune-fp8" in outcome.done else "rebooted?"
+        return f"no server of orch's runs now ({cause}): serving again"
+    if isinstance(options, TuneOptions):
+        missing = missing_configs(host, runner, ctx.store, ctx.recipe, options)
+        if missing:
+            return f"no tuned config for {', '.join(missing)} where SGLang reads them: tuning again"
+    if isinstance(options, BenchOptions) and "serve" in outcome.done:
+        return "serve ran again in this run (the benchmark measured the old server): benchmarking again"
+    return None
+
+
+def missing_configs(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> list[str]:
+    """The step's shapes (``auto``/``logged``: those orch installed) whose config file for this GPU is
+    not in the directory the host's SGLang reads configs from."""
+    installed = load_record(store.load().hosts.get(host.name)).installed
+    shapes = _done_shapes(options.shapes, recipe, list(installed))
+    if not shapes:
+        return []
+    device = next((d.device for d in installed.values()), None) or _device(runner)
+    configs = read_configs(host, runner, device)
+    if configs.config_dir is None:
+        return [s.key for s in shapes]
+    return [s.key for s in shapes if not configs.has(s)]
+
+
+def _done_shapes(spec: str, recipe: Recipe, installed: list[str]) -> list[Shape]:
+    if spec == "default":
+        return list(recipe.tuning.shapes)
+    if spec in ("auto", "logged"):
+        return parse_shapes(";".join(installed)) if installed else []
+    return parse_shapes(spec)
+
+
+def _device(runner: Runner) -> str:
+    devices = gpu_facts.parse_gpus(runner.run(gpu_facts.query_gpus_argv(), check=True).stdout)
+    return devices[0].name if devices else "unknown GPU"
 
 
 def _pull(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool) -> str:
