@@ -28,6 +28,7 @@ The flow on one host; every check runs before the running server is touched:
 
 from __future__ import annotations
 
+import math
 import shlex
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -315,7 +316,7 @@ def serve(
             started = adopt(host, runner, store, ready, unverified, options, report)
         else:
             started = relaunch(host, runner, store, ready, options, report)
-        result = verify(host, runner, ready.recipe, options, started, ready.gpus.compute_cap)
+        result = verify(host, runner, ready.recipe, options, started, ready.gpus.compute_cap, report)
     except StartupFailed:
         raise  # already recorded (and rolled back when asked)
     except HostError as exc:
@@ -607,7 +608,13 @@ def wait_healthy(
 
 
 def _reconnect(
-    host: Host, runner: Runner, exc: UnreachableError, lost: float | None, deadline: float, report: Report
+    host: Host,
+    runner: Runner,
+    exc: UnreachableError,
+    lost: float | None,
+    deadline: float,
+    report: Report,
+    going_on: str = "the server starts on; waiting for /health goes on",
 ) -> float:
     """Ride out a connection lost while waiting for /health (the server starts on without orch): close it,
     so the next poll reconnects, and return when it was first lost. Re-raises ``exc`` once it has been
@@ -617,7 +624,7 @@ def _reconnect(
         raise exc
     if lost is None:
         said = exc.message.removeprefix(f"{host.name}: ")
-        report(f"{said}; reconnecting (the server starts on; waiting for /health goes on)")
+        report(f"{said}; reconnecting ({going_on})")
     runner.close()
     return lost if lost is not None else now
 
@@ -711,11 +718,26 @@ def verify(
     options: ServeOptions,
     started: Started,
     compute_cap: str | None = None,
+    report: Report = srv._quiet,
 ) -> ServeResult:
     """Check ``/server_info``, the FP8 config lines and the probed accept length.
 
     ``compute_cap`` (of the server's GPUs) explains fallbacks; read from nvidia-smi when not given.
+    A connection lost meanwhile is ridden out like ``wait_healthy``'s (it only reads; a repeated probe
+    is a few more short requests): the healthy server is verified, not marked failed.
     """
+    lost: float | None = None
+    while True:
+        try:
+            return _verify(host, runner, recipe, options, started, compute_cap)
+        except UnreachableError as exc:
+            lost = _reconnect(host, runner, exc, lost, math.inf, report, "verification goes on")
+            time.sleep(HEALTH_POLL_SECONDS)
+
+
+def _verify(
+    host: Host, runner: Runner, recipe: Recipe, options: ServeOptions, started: Started, compute_cap: str | None
+) -> ServeResult:
     if compute_cap is None:
         compute_cap = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host)).compute_cap
     url = facts.base_url(recipe, host)

@@ -1,0 +1,63 @@
+"""Issue 13: serve's verification rides out a dropped connection (the healthy server is verified, not
+marked failed): the reads are repeated on a new connection."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import UnreachableError
+from orchestrator.facts.server_log import ServerLog
+from orchestrator.inventory import Host
+from orchestrator.ops import serve as serve_op
+from orchestrator.ops import server as srv
+from orchestrator.recipe import PACKAGED_PLAYBOOKS, ServeOptions, load_recipe
+from orchestrator.transport.base import CommandResult
+
+HOST = Host(name="b1", address="127.0.0.2", workdir="/w")
+INFO = {"speculative_algorithm": None, "fp8_gemm_runner_backend": "auto"}
+
+
+class DroppingRunner:
+    """No files; counts how often the connection was closed (the next call reconnects)."""
+
+    host = "b1"
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        raise OSError("no such file")
+
+    def run(self, argv: Sequence[str], **kwargs: object) -> CommandResult:
+        raise AssertionError("not used")
+
+    def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        raise AssertionError("not used")
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_verify_reconnects_after_a_drop_and_verifies(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers: list[Any] = [UnreachableError("b1: connection lost while running a command: EOFError"), INFO]
+
+    def server_info(host: Host, runner: object, url: str) -> dict[str, Any]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return dict(answer)
+
+    monkeypatch.setattr(srv, "server_info", server_info)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    recipe = load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").model_copy(update={"fp8_gemm_backend": "auto"})
+    runner = DroppingRunner()
+    said: list[str] = []
+    started = serve_op.Started("server-1", ["sglang"], ServerLog(), 3.0, "abc")
+    result = serve_op.verify(HOST, runner, recipe, ServeOptions(mtp=False), started, "12.0", said.append)
+    assert (result.job_id, result.fp8_backend) == ("server-1", "auto")
+    assert runner.closed == 1 and not answers
+    assert said == ["connection lost while running a command: EOFError; reconnecting (verification goes on)"]
