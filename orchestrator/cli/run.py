@@ -70,7 +70,7 @@ def run(
             return finish(plans)
 
         def stops(host: Host, runner: Runner) -> bool:
-            return bool(run_op.stopping_steps(app.store, host, str(recipe.path), steps, redo))
+            return bool(run_op.stopping_steps(app.store, host, runner, recipe, steps, redo))
 
         def confirm(passed: list[Host]) -> None:
             ask_before_stopping(fleet, passed, bool(hosts or tags), yes, stops)

@@ -347,8 +347,8 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> FleetRes
     tuning and stops no server. A pull may change the host's SGLang: ``serve`` checks again."""
     serve = next((s for s in steps if isinstance(s.options, ServeOptions)), None)
 
-    def check(host: Host, runner: Runner) -> None:
-        if serve is not None and not is_done(ctx.store, host, ctx.playbook, serve.name):
+    def check(host: Host, runner: Runner) -> None:  # a serve done before may be redone (its server gone)
+        if serve is not None:
             assert isinstance(serve.options, ServeOptions)
             serve_op.check_launch(host, runner, ctx.recipe, serve.options.mtp)
 
@@ -394,14 +394,24 @@ def tuning_needed(host: Host, runner: Runner, store: StateStore, recipe: Recipe,
     return prepared.attach is None and bool(prepared.shapes)
 
 
-def stopping_steps(store: StateStore, host: Host, playbook: str, steps: list[Step], redo: bool) -> list[str]:
-    """The steps that will run (not done, or ``redo``) and may stop a running server: ``serve``, and
-    ``tune-fp8`` with ``stop_server``."""
+def stopping_steps(
+    store: StateStore, host: Host, runner: Runner, recipe: Recipe, steps: list[Step], redo: bool
+) -> list[str]:
+    """The steps that will run and may stop a running server: ``serve``, and ``tune-fp8`` with
+    ``stop_server``, when not done (or ``redo``), or done but redone because a tuned config is gone."""
+    playbook = str(recipe.path)
+
+    def runs(step: Step) -> bool:
+        if redo or not is_done(store, host, playbook, step.name):
+            return True
+        options = step.options
+        return isinstance(options, TuneOptions) and bool(missing_configs(host, runner, store, recipe, options))
+
     return [
         s.name
         for s in steps
-        if (redo or not is_done(store, host, playbook, s.name))
-        and (isinstance(s.options, ServeOptions) or (isinstance(s.options, TuneOptions) and s.options.stop_server))
+        if (isinstance(s.options, ServeOptions) or (isinstance(s.options, TuneOptions) and s.options.stop_server))
+        and runs(s)
     ]
 
 

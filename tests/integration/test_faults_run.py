@@ -62,3 +62,20 @@ def test_run_redoes_serve_and_bench_after_a_reboot_and_tuning_for_a_deleted_conf
         f"{host.name}: serve: done before, but no server of orch's runs now (tune-fp8 ran in this run)" in third.stderr
     )
     assert purposes(host)["server"] == 3 and state(env)[host.name]["phase"] == "serving"
+
+
+def test_a_tuning_redone_for_a_deleted_config_asks_before_stopping_servers_on_several_hosts(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(2)
+    fast(env)
+    first = env.orch("run", "deepseek-v4-flash", timeout=600)  # nothing served before: nothing to confirm
+    assert first.returncode == 0, first.output
+    servers = {h.name: state(env)[h.name]["server"]["job_id"] for h in env.fleet.hosts}
+    for h in env.fleet.hosts:
+        os.remove(sorted(state(env)[h.name]["tuning"]["installed"].values(), key=lambda r: r["path"])[0]["path"])
+    refused = env.orch("run", "deepseek-v4-flash", timeout=600)  # the redone tune-fp8 would stop both servers
+    assert refused.returncode == 2, refused.output
+    assert "Take serving down on 2 hosts" in refused.stderr and "pass --yes" in refused.stderr
+    assert {h.name: state(env)[h.name]["server"]["job_id"] for h in env.fleet.hosts} == servers
+    assert all(purposes(h)["server"] == 1 for h in env.fleet.hosts)  # nothing stopped or started
+    done = env.orch("run", "deepseek-v4-flash", "--yes", timeout=600)
+    assert done.returncode == 0, done.output
