@@ -16,6 +16,8 @@ bug and keeps its traceback.
         ├── RemoteCommandError              a remote command exited non-zero
         ├── RefusedError                    orch will not do it on this host (dirty tree, busy GPU, a
         │                                   flag the host's SGLang does not know)
+        ├── HostOutputError                 a host answered output orch cannot read (garbage nvidia-smi,
+        │                                   a tuned config or /server_info of the wrong shape)
         └── VerifyError             exit 5  the server runs but not as asked
 
 The rule that keeps the codes coherent: a problem with the input is 2 wherever it is found, before
@@ -85,6 +87,10 @@ class RemoteCommandError(HostError):
 
 
 class RefusedError(HostError):
+    pass
+
+
+class HostOutputError(HostError):
     pass
 
 

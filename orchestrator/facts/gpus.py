@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.errors import HostOutputError, RemoteCommandError
+from orchestrator.facts.probe import TIMED_OUT
+from orchestrator.transport.base import CommandResult, check_result
+
 GPU_FIELDS = ("index", "name", "uuid", "memory.total", "memory.used", "utilization.gpu", "compute_cap")
 APP_FIELDS = ("pid", "process_name", "gpu_uuid", "used_memory")
+
+GPU_QUERY_TIMEOUT = 20  # seconds a query may take on the host; a wedged driver makes nvidia-smi hang
+_KILL_AFTER = 5  # then SIGKILL, if it ignored the SIGTERM
+CLIENT_TIMEOUT = GPU_QUERY_TIMEOUT + _KILL_AFTER + 10
+"""What the caller waits for the remote command: a backstop, the host-side ``timeout`` ends it first."""
+HANG_MESSAGE = f"did not answer in {GPU_QUERY_TIMEOUT} s (a wedged driver?)"
 
 
 @dataclass(frozen=True)
@@ -27,26 +37,49 @@ class GpuProcess:
     used_memory_mib: int | None
 
 
-class NvidiaSmiError(Exception):
-    pass
+class NvidiaSmiError(HostOutputError):
+    """nvidia-smi answered something that is not its CSV (the message names the line and field)."""
+
+
+def _bounded(argv: list[str]) -> list[str]:
+    """``argv`` ended on the host after ``GPU_QUERY_TIMEOUT`` s, so a hung nvidia-smi does not stay behind."""
+    return ["timeout", "-k", str(_KILL_AFTER), str(GPU_QUERY_TIMEOUT), *argv]
 
 
 def query_gpus_argv() -> list[str]:
-    return ["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"]
+    return _bounded(["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"])
 
 
 def query_apps_argv() -> list[str]:
-    return ["nvidia-smi", f"--query-compute-apps={','.join(APP_FIELDS)}", "--format=csv,noheader,nounits"]
+    return _bounded(["nvidia-smi", f"--query-compute-apps={','.join(APP_FIELDS)}", "--format=csv,noheader,nounits"])
 
 
-def _rows(stdout: str, width: int) -> list[list[str]]:
+def timed_out(exit_status: int) -> bool:
+    """Whether a query's exit status says the host-side ``timeout`` ended it."""
+    return exit_status in TIMED_OUT
+
+
+def answer(host: str, result: CommandResult) -> str:
+    """A query's output; ``RemoteCommandError`` naming the host when it failed or hung."""
+    if timed_out(result.exit_status):
+        raise RemoteCommandError(f"{host}: nvidia-smi {HANG_MESSAGE}", exit_status=result.exit_status)
+    return check_result(host, result).stdout
+
+
+def _shown(text: str) -> str:
+    return repr(text[:120] + "…" if len(text) > 120 else text)
+
+
+def _rows(stdout: str, width: int, what: str) -> list[list[str]]:
     rows = []
     for line in stdout.splitlines():
         if not line.strip():
             continue
         cells = [c.strip() for c in line.split(",")]
         if len(cells) != width:
-            raise NvidiaSmiError(f"unexpected nvidia-smi line: {line!r}")
+            raise NvidiaSmiError(
+                f"nvidia-smi answered a line that is not {what} ({len(cells)} fields, expected {width}): {_shown(line)}"
+            )
         rows.append(cells)
     return rows
 
@@ -55,21 +88,36 @@ def _int(value: str) -> int | None:
     """nvidia-smi prints ``[N/A]`` or ``[Not Supported]`` where it has no number."""
     try:
         return int(float(value))
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
+
+
+def _count(cells: list[str], field: int, what: str) -> int:
+    """Field ``field`` (1-based) of a row, which must be a whole number ≥ 0 (a GPU index, a pid)."""
+    value = cells[field - 1]
+    if not (value.isascii() and value.isdigit()):
+        raise NvidiaSmiError(
+            f"nvidia-smi answered a line that is not {what} (field {field} {_shown(value)} is not a number): "
+            f"{_shown(', '.join(cells))}"
+        )
+    return int(value)
 
 
 def parse_gpus(stdout: str) -> list[Gpu]:
     gpus = []
-    for idx, name, uuid, total, used, util, cap in _rows(stdout, len(GPU_FIELDS)):
-        gpus.append(Gpu(int(idx), name, uuid, _int(total) or 0, _int(used) or 0, _int(util), cap))
+    for row in _rows(stdout, len(GPU_FIELDS), "a GPU"):
+        _, name, uuid, total, used, util, cap = row
+        gpus.append(Gpu(_count(row, 1, "a GPU"), name, uuid, _int(total) or 0, _int(used) or 0, _int(util), cap))
     return gpus
 
 
 def parse_apps(stdout: str) -> list[GpuProcess]:
     if "No running processes found" in stdout:
         return []
-    return [GpuProcess(int(pid), name, uuid, _int(mem)) for pid, name, uuid, mem in _rows(stdout, len(APP_FIELDS))]
+    what = "a GPU process"
+    return [
+        GpuProcess(_count(row, 1, what), row[1], row[2], _int(row[3])) for row in _rows(stdout, len(APP_FIELDS), what)
+    ]
 
 
 def device_file_name(gpu_name: str) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.errors import HostOutputError
 from orchestrator.inventory import Host
 from orchestrator.recipe import MTPSpec, Recipe
 
@@ -421,15 +422,22 @@ def http_argv(python: str, requests: Sequence[HttpRequest]) -> list[str]:
     return [python, "-c", _HTTP, json.dumps(payload)]
 
 
+class HttpOutputError(HostOutputError, ValueError):
+    """The HTTP probe printed something that is not its answers (a ValueError too, for its callers)."""
+
+
 def parse_http(stdout: str) -> list[HttpAnswer]:
-    """Answers of ``http_argv``; raises ValueError on output that is not the snippet's."""
+    """Answers of ``http_argv``; raises ``HttpOutputError`` on output that is not the snippet's."""
     try:
         answers = json.loads(stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
+    except (IndexError, ValueError, RecursionError):
         answers = None
-    if not isinstance(answers, list):
-        raise ValueError(f"unexpected output of the HTTP probe: {stdout.strip()[:200]!r}")
-    return [HttpAnswer(int(a["status"]), str(a["body"])) for a in answers]
+    valid = isinstance(answers, list) and all(
+        isinstance(a, dict) and type(a.get("status")) is int and "body" in a for a in answers
+    )
+    if not valid:
+        raise HttpOutputError(f"unexpected output of the HTTP probe: {stdout.strip()[:200]!r}")
+    return [HttpAnswer(a["status"], str(a["body"])) for a in answers]
 
 
 def generate_request(url: str, max_new_tokens: int, index: int, timeout: float = 120.0) -> HttpRequest:
@@ -460,20 +468,35 @@ class SpecSettings:
 
 
 def spec_settings(info: Mapping[str, Any]) -> SpecSettings:
-    """The speculative settings of a ``GET /server_info`` answer."""
+    """The speculative settings of a ``GET /server_info`` answer; ``HostOutputError`` when the
+    answer is not an object or a setting is not what SGLang reports (a string, whole numbers)."""
+    if not isinstance(info, Mapping):
+        raise HostOutputError(f"/server_info answered {type(info).__name__}, not an object")
     algorithm = info.get("speculative_algorithm")
     if algorithm in (None, "", "NONE", "None"):
         return SpecSettings(None)
+    if not isinstance(algorithm, str):
+        raise HostOutputError(f"/server_info: speculative_algorithm {_shown(algorithm)} is not a name")
     return SpecSettings(
-        str(algorithm),
-        _opt_int(info.get("speculative_num_steps")),
-        _opt_int(info.get("speculative_eagle_topk")),
-        _opt_int(info.get("speculative_num_draft_tokens")),
+        algorithm,
+        *(_opt_int(info, f"speculative_{k}") for k in ("num_steps", "eagle_topk", "num_draft_tokens")),
     )
 
 
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)
+def _opt_int(info: Mapping[str, Any], key: str) -> int | None:
+    value = info.get(key)
+    if value is None:
+        return None
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    raise HostOutputError(f"/server_info: {key} {_shown(value)} is not a whole number")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text[:80] + "…" if len(text) > 80 else text
 
 
 def expected_spec(recipe: Recipe, *, mtp: bool) -> SpecSettings:
@@ -520,6 +543,8 @@ FP8_BACKEND_KEYS = ("fp8_gemm_runner_backend", "fp8_gemm_backend")
 
 def fp8_backend(info: Mapping[str, Any]) -> str | None:
     """The FP8 GEMM backend a ``/server_info`` answer reports, or None when it reports none."""
+    if not isinstance(info, Mapping):
+        return None
     return next((info[k] for k in FP8_BACKEND_KEYS if isinstance(info.get(k), str)), None)
 
 
@@ -548,7 +573,7 @@ def check_backend(info: Mapping[str, Any], wanted: str | None) -> list[Problem]:
 
 def avg_accept_length(info: Mapping[str, Any]) -> float | None:
     """``internal_states[0].avg_spec_accept_length`` (absent until the first decode log interval)."""
-    states = info.get("internal_states")
+    states = info.get("internal_states") if isinstance(info, Mapping) else None
     if not isinstance(states, list) or not states or not isinstance(states[0], dict):
         return None
     value = states[0].get("avg_spec_accept_length")

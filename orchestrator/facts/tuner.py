@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.errors import HostOutputError
 from orchestrator.facts.bench import flag_value
 from orchestrator.facts.gpus import device_file_name
 from orchestrator.facts.server_log import ConfigFile, parse_server_log
@@ -44,8 +45,8 @@ class TunerTooOld(Exception):
     """The tuner lacks flags orch needs; the message names them."""
 
 
-class ConfigInvalid(Exception):
-    """A tuned config file is not what SGLang reads; the message says what is wrong."""
+class ConfigInvalid(HostOutputError):
+    """A tuned config file is not what SGLang reads; the message says what is wrong (and where)."""
 
 
 def shape(n: int, k: int, source: str = "") -> Shape:
@@ -384,16 +385,16 @@ def parse_config(text: str | bytes, where: str) -> Configs:
     ``waves_per_eu``): those are kept as given, JSON scalars, after the six."""
     try:
         raw = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigInvalid(f"{where}: not valid JSON ({exc})") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ConfigInvalid(f"{where}: not valid JSON ({str(exc)[:200] or 'nested too deeply'})") from None
     if not isinstance(raw, dict):
         raise ConfigInvalid(f"{where}: the top level must be an object keyed by batch size")
     return {_batch_size(key, where): _entry(value, f"{where}: batch size {key}") for key, value in raw.items()}
 
 
 def _batch_size(key: str, where: str) -> int:
-    if not key.isdigit() or int(key) <= 0:
-        raise ConfigInvalid(f"{where}: key {key!r} is not a batch size")
+    if not (key.isascii() and key.isdigit()) or int(key) <= 0:
+        raise ConfigInvalid(f"{where}: key {key[:80]!r} is not a batch size")
     return int(key)
 
 
@@ -505,11 +506,16 @@ class UnknownArchitecture(Exception):
 
 
 def shapes_from_model_config(config: Mapping[str, Any], tp: int) -> list[Shape]:
-    """The GEMM shapes of a model for TP size ``tp`` (rules: ``SHAPE_RULES``)."""
+    """The GEMM shapes of a model for TP size ``tp`` (rules: ``SHAPE_RULES``); ``UnknownArchitecture``
+    naming the key when ``config.json`` is not an object, lacks a key or gives a dimension ≤ 0."""
+    if not isinstance(config, Mapping):
+        raise UnknownArchitecture(f"config.json is {type(config).__name__}, not an object")
     archs = config.get("architectures") or []
+    if not isinstance(archs, list):
+        raise UnknownArchitecture(f"config.json: architectures {archs!r:.80} is not a list")
     rules = {"DeepseekV3ForCausalLM": _deepseek_v3, "DeepseekV4ForCausalLM": _deepseek_v4}
     for arch in archs:
-        if arch in rules:
+        if isinstance(arch, str) and arch in rules:
             return _dedupe(rules[arch](_Dims(config, arch), tp))
     known = ", ".join(rules)
     raise UnknownArchitecture(
@@ -526,7 +532,9 @@ class _Dims:
     def __getitem__(self, key: str) -> int:
         value = self.config.get(key)
         if type(value) is not int:
-            raise UnknownArchitecture(f"{self.arch}: config.json has no integer {key!r} (got {value!r})")
+            raise UnknownArchitecture(f"{self.arch}: config.json has no integer {key!r} (got {value!r:.80})")
+        if value <= 0:
+            raise UnknownArchitecture(f"{self.arch}: config.json: {key} = {value} is not a positive size")
         return value
 
 
