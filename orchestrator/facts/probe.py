@@ -64,3 +64,15 @@ def parse(stdout: str) -> dict[str, Section]:
         elif current is not None:
             lines.append(line)
     return sections
+
+
+TIMED_OUT = (124, 137)  # coreutils ``timeout``: the command ended by SIGTERM, by SIGKILL (``-k``)
+
+
+def explain_timeouts(sections: dict[str, Section], messages: dict[str, str]) -> dict[str, Section]:
+    """``sections`` with the output of each one named in ``messages`` that ``timeout`` ended replaced
+    by its message (a hung command prints nothing worth showing)."""
+    return {
+        name: Section(s.exit_status, messages[name]) if name in messages and s.exit_status in TIMED_OUT else s
+        for name, s in sections.items()
+    }

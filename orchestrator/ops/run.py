@@ -188,7 +188,8 @@ def _done_shapes(spec: str, recipe: Recipe, installed: list[str]) -> list[Shape]
 
 
 def _device(runner: Runner) -> str:
-    devices = gpu_facts.parse_gpus(runner.run(gpu_facts.query_gpus_argv(), check=True).stdout)
+    result = runner.run(gpu_facts.query_gpus_argv(), timeout=gpu_facts.CLIENT_TIMEOUT)
+    devices = gpu_facts.parse_gpus(gpu_facts.answer(runner.host, result))
     return devices[0].name if devices else "unknown GPU"
 
 

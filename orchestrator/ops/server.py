@@ -119,8 +119,9 @@ class GpuInfo:
 
 def read_gpu_info(host: Host, runner: Runner, indexes: Sequence[int]) -> GpuInfo:
     """Compute capability and the processes on GPUs ``indexes``, each tied to its orch job if any."""
-    devices = gpu_facts.parse_gpus(runner.run(gpu_facts.query_gpus_argv(), check=True).stdout)
-    apps = gpu_facts.parse_apps(runner.run(gpu_facts.query_apps_argv(), check=True).stdout)
+    query = gpu_facts.CLIENT_TIMEOUT
+    devices = gpu_facts.parse_gpus(gpu_facts.answer(host.name, runner.run(gpu_facts.query_gpus_argv(), timeout=query)))
+    apps = gpu_facts.parse_apps(gpu_facts.answer(host.name, runner.run(gpu_facts.query_apps_argv(), timeout=query)))
     by_uuid = {d.uuid: d.index for d in devices if d.index in indexes}
     raw = [(by_uuid[a.gpu_uuid], a.pid, a.process_name) for a in apps if a.gpu_uuid in by_uuid]
     owners = _owners(host, runner, sorted({pid for _, pid, _ in raw}))

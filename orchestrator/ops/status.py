@@ -120,7 +120,10 @@ def observe(host: Host, runner: Runner, store: StateStore, cached: HostState | N
     started_at = datetime.now(timezone.utc)
     launched = cached.server if cached is not None else None
     argv = probe.probe_argv(status_sections(host, launched, fetch))
-    sections = probe.parse(runner.run(argv, timeout=FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout)
+    sections = probe.explain_timeouts(
+        probe.parse(runner.run(argv, timeout=FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout),
+        {"gpus": gpus.HANG_MESSAGE, "apps": gpus.HANG_MESSAGE},
+    )
     status = HostStatus(host.name, host.address, reachable=True, phase="new")
     if fetch:
         status.extra["fetch_error"] = _fetch_error(sections.get("fetch"), host)

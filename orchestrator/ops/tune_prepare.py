@@ -98,8 +98,8 @@ def discover_runtime(host: Host, runner: Runner) -> tf.RuntimeFacts:
 
 def read_gpu_users(runner: Runner) -> tuple[list[smi.Gpu], dict[int, list[smi.GpuProcess]]]:
     """The GPUs and, per GPU index, the processes holding it."""
-    devices = smi.parse_gpus(runner.run(smi.query_gpus_argv(), check=True).stdout)
-    apps = smi.parse_apps(runner.run(smi.query_apps_argv(), check=True).stdout)
+    devices = smi.parse_gpus(smi.answer(runner.host, runner.run(smi.query_gpus_argv(), timeout=smi.CLIENT_TIMEOUT)))
+    apps = smi.parse_apps(smi.answer(runner.host, runner.run(smi.query_apps_argv(), timeout=smi.CLIENT_TIMEOUT)))
     return devices, {d.index: [a for a in apps if a.gpu_uuid == d.uuid] for d in devices}
 
 

@@ -9,7 +9,8 @@ process's memory. The host root is ``$ORCH_SIM_HOST``, else the parent of this f
 
 Forms answered (``docs/reference/sglang.md`` section 4): ``--query-gpu=FIELDS``,
 ``--query-compute-apps=FIELDS``, ``--format=csv[,noheader][,nounits]``, ``-i INDEX``, ``-L`` and a
-plain table. Knob ``nvidia_smi_fail`` makes it fail like a host whose driver is gone (exit 9).
+plain table. Knob ``nvidia_smi_fail`` makes it fail like a host whose driver is gone (exit 9);
+knob ``nvidia_smi_hang`` makes it hang like one whose driver is wedged (it sleeps until killed).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -274,7 +276,10 @@ def _csv_options(fmt: list[str]) -> list[str]:
 
 def main(argv: Sequence[str]) -> int:
     root = host_root()
-    if load_knobs(root).get("nvidia_smi_fail"):
+    knobs = load_knobs(root)
+    while knobs.get("nvidia_smi_hang"):  # a wedged driver: no answer, ever
+        time.sleep(3600)
+    if knobs.get("nvidia_smi_fail"):
         print(DRIVER_FAILURE)
         return 9
     try:
