@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator import jobs
-from orchestrator.errors import RefusedError, RemoteCommandError
+from orchestrator.errors import HostOutputError, RefusedError, RemoteCommandError
 from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts.server_log import ServerLog, parse_server_log
@@ -213,11 +213,19 @@ def status_field(
         "healthy": running and health == 200,
         "port": record.port,
         "mtp": record.mtp,
-        "speculative": str(facts.spec_settings(info)) if info else record.verified.get("speculative"),
+        "speculative": _speculative(info) if info else record.verified.get("speculative"),
         "accept_length": facts.avg_accept_length(info) if info else None,
         "tuned_shapes_in_use": list(record.verified.get("tuned_shapes_in_use") or []),
         "uptime_s": int((now - job.started_at).total_seconds()) if running and job and job.started_at else None,
     }
+
+
+def _speculative(info: dict[str, Any]) -> str:
+    """The live speculative settings, or "unknown (why)" when /server_info reports them oddly."""
+    try:
+        return str(facts.spec_settings(info))
+    except HostOutputError as exc:
+        return f"unknown ({exc})"
 
 
 def _answers(http_out: str | None) -> tuple[int, dict[str, Any] | None]:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 
 from orchestrator.errors import HostOutputError
 from orchestrator.facts import gpus, probe, server, tuner
+from orchestrator.ops import server as server_ops
+from orchestrator.state import ServerRecord
 
 GOOD_GPU = "0, NVIDIA H100 80GB HBM3, GPU-aaa, 81559, 1, 0, 9.0"
 BAD_UTF8 = b"0, NVIDIA \xff\xfe H100, GPU-\x80, 81559, 1, 0, 9.0".decode(errors="replace")
@@ -113,3 +116,13 @@ def test_unknowns_stay_unknown() -> None:
     assert server.avg_accept_length({"internal_states": "x"}) is None
     assert server.fp8_backend({"fp8_gemm_runner_backend": 3}) is None
     assert probe.parse("@@orch-section begin a\nx\n@@orch-section end a zz")["a"].exit_status == -1
+
+
+def test_status_shows_odd_speculative_settings_as_unknown() -> None:
+    """`orch status` reading ``speculative_num_steps: "x"`` from /server_info: that field unknown, the rest shown."""
+    info = {"speculative_algorithm": "EAGLE", "speculative_num_steps": "x"}
+    http = _http({"status": 200, "body": "OK"}, {"status": 200, "body": json.dumps(info)})
+    record = ServerRecord(job_id="j", argv=["sglang"], port=30000, mtp=True)
+    field = server_ops.status_field(http, "", record, datetime.now(timezone.utc))
+    assert field is not None
+    assert field["speculative"] == "unknown (/server_info: speculative_num_steps 'x' is not a whole number)"
