@@ -174,7 +174,7 @@ def auto_shapes(host: Host, runner: Runner, tp: int) -> list[Shape]:
     path = f"{host.model_path.rstrip('/')}/config.json"
     try:
         config = json.loads(runner.read_bytes(path))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested absurdly deep
         raise RefusedError(f"{host.name}: cannot read the model's {path}: {exc}") from None
     try:
         return tf.shapes_from_model_config(config, tp)

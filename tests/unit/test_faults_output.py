@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -126,3 +127,18 @@ def test_status_shows_odd_speculative_settings_as_unknown() -> None:
     field = server_ops.status_field(http, "", record, datetime.now(timezone.utc))
     assert field is not None
     assert field["speculative"] == "unknown (/server_info: speculative_num_steps 'x' is not a whole number)"
+
+
+def test_a_model_config_nested_absurdly_deep_is_a_refusal_not_a_recursion_error(tmp_path: Path) -> None:
+    from orchestrator.errors import RefusedError
+    from orchestrator.inventory import Host
+    from orchestrator.ops import tune_prepare
+    from orchestrator.transport.local import LocalRunner
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    host = Host.model_validate(
+        {"name": "h1", "address": "127.0.0.1", "workdir": str(tmp_path / "w"), "model_path": str(tmp_path / "model")}
+    )
+    with pytest.raises(RefusedError, match="cannot read the model's"):
+        tune_prepare.auto_shapes(host, LocalRunner(host), 8)
