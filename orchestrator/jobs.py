@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import re
 import secrets
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from orchestrator.errors import RefusedError, UsageError
+from orchestrator.errors import UsageError
 from orchestrator.transport.base import Runner, looks_secret
 
 _PURPOSE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,80}$")
@@ -302,15 +301,3 @@ def tail_lines(text: str, lines: int) -> str:
     """Last ``lines`` lines of a log, with tqdm's carriage-return redraws collapsed to their last state."""
     clean = [line.rsplit("\r", 1)[-1] for line in text.replace("\r\n", "\n").split("\n")]
     return "\n".join(clean[-lines:]) if lines > 0 else ""
-
-
-def wait_until_ended(runner: Runner, workdir: str, job_id: str, timeout: float, poll: float = 0.5) -> JobInfo:
-    """Poll until the job is no longer running (or raise after ``timeout`` seconds)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        job = find(runner, workdir, job_id)
-        if not job.running:
-            return job
-        if time.monotonic() > deadline:
-            raise RefusedError(f"{runner.host}: job {job_id} still running after {timeout:.0f} s")
-        time.sleep(poll)
