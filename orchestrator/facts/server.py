@@ -548,11 +548,18 @@ def fp8_backend(info: Mapping[str, Any]) -> str | None:
     return next((info[k] for k in FP8_BACKEND_KEYS if isinstance(info.get(k), str)), None)
 
 
+def auto_is_cutlass(backend: str | None, compute_cap: str | None, shape: tuple[int, int] | None = None) -> bool:
+    """Whether ``auto`` (or no backend named) runs block-FP8 GEMMs on CUTLASS: on sm_120 it does, for
+    every shape whose N and K are multiples of 128, and never reads the tuned Triton configs; ``auto``
+    stays ``"auto"`` in ``/server_info`` all the same (reference §1.2)."""
+    on_sm120 = backend in (None, "auto") and (compute_cap or "").startswith("12.")
+    return on_sm120 and (shape is None or all(d % 128 == 0 for d in shape))
+
+
 def backend_runs(reported: str | None, compute_cap: str | None) -> str:
-    """What runs the block-FP8 GEMMs, in words: ``auto`` stays ``"auto"`` in ``/server_info`` even on
-    sm_120, where it runs them on CUTLASS and never reads the tuned Triton configs (reference §1.2)."""
+    """What runs the block-FP8 GEMMs, in words."""
     name = reported or "not reported"
-    if reported in (None, "auto") and (compute_cap or "").startswith("12."):
+    if auto_is_cutlass(reported, compute_cap):
         return f"{name} = CUTLASS on sm_120 (tuned Triton configs unused)"
     if reported == "cutlass":
         return "cutlass (tuned Triton configs unused)"

@@ -10,6 +10,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.facts.server import auto_is_cutlass
+
 READY = "The server is fired up and ready to roll!"
 INIT_FAILED = "Initialization failed."
 TRACEBACK = "Traceback (most recent call last):"
@@ -166,7 +168,7 @@ def _fallback_reason(n: int, k: int, miss: ConfigFile | None, backend: str | Non
     if miss is not None:
         return "no tuned config file for this GPU and SGLang commit (run `orch tune-fp8`)"
     chosen = backend or "auto"
-    if chosen != "triton" and (cap or "").startswith("12.") and n % 128 == 0 and k % 128 == 0:
+    if auto_is_cutlass(backend, cap, (n, k)):
         return (
             f"fp8-gemm-backend {chosen} runs block-FP8 GEMMs on CUTLASS on sm_120: the tuned Triton configs "
             "are never read (set `fp8_gemm_backend: triton` in the recipe)"
