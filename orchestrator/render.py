@@ -159,3 +159,11 @@ def table(title: str | None, columns: list[str], rows: list[list[str]]) -> None:
 
 def fmt_mib(mib: int) -> str:
     return f"{mib / 1024:.0f}G" if mib >= 1024 else f"{mib}M"
+
+
+def fmt_seconds(seconds: float) -> str:
+    """A span of time to the second: ``12s``, ``4m12s``, ``1h02m``."""
+    whole = max(0, int(seconds))
+    if whole >= 3600:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"

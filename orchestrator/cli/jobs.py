@@ -14,16 +14,13 @@ from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.errors import ExitCode
 from orchestrator.jobs import JobInfo
 from orchestrator.ops import logs as logs_op
-from orchestrator.render import InertLog, err, inert_log, out, print_json, table
+from orchestrator.render import InertLog, err, fmt_seconds, inert_log, out, print_json, table
 
 
 def _age(when: datetime | None) -> str:
     if when is None:
         return "-"
-    seconds = int((datetime.now(timezone.utc) - when).total_seconds())
-    return (
-        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-    )
+    return fmt_seconds((datetime.now(timezone.utc) - when).total_seconds())
 
 
 def _state(job: JobInfo) -> str:

@@ -20,7 +20,7 @@ from orchestrator.fleet import FleetResult
 from orchestrator.inventory import Host
 from orchestrator.ops import tune as tune_op
 from orchestrator.recipe import Recipe, TuneOptions, parse_shapes
-from orchestrator.render import err, host_errors, inert, out
+from orchestrator.render import err, fmt_seconds, host_errors, inert, out
 
 
 @click.command(name="tune-fp8")
@@ -194,11 +194,6 @@ def status_line(s: tune_op.TuneStatus) -> str:
         configs = "config" if len(s.installed) == 1 else "configs"
         return f"{s.host}: installed {len(s.installed)} tuned {configs}: {', '.join(sorted(s.installed))}{skipped}"
     return f"{s.host}: no tuning"
-
-
-def fmt_seconds(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def progress_table(statuses: dict[str, tune_op.TuneStatus]) -> Table:

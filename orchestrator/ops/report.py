@@ -31,7 +31,7 @@ from orchestrator.facts.bench import BenchRecord, ComparisonRow
 from orchestrator.ops import tune
 from orchestrator.ops.bench import records_of
 from orchestrator.ops.tune import InstalledRecord
-from orchestrator.render import inert
+from orchestrator.render import fmt_seconds, inert
 from orchestrator.state import HostState, Phase, PhaseChange, State, utc_now
 
 if TYPE_CHECKING:
@@ -207,11 +207,7 @@ def _value(value: Any) -> str:
 
 
 def fmt_duration(delta: timedelta) -> str:
-    """``1h02m``, ``4m12s``, ``12s``."""
-    seconds = max(0, int(delta.total_seconds()))
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+    return fmt_seconds(delta.total_seconds())
 
 
 def fmt_time(when: datetime) -> str:
