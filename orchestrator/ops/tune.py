@@ -32,6 +32,7 @@ for ``orch serve`` and ``orch run``).
 from __future__ import annotations
 
 import functools
+import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +41,7 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator import jobs
-from orchestrator.errors import OrchError, RefusedError, UnreachableError
+from orchestrator.errors import HostError, OrchError, RefusedError, UnreachableError
 from orchestrator.facts import tuner as tf
 from orchestrator.fleet import Fleet, FleetResult, HostResult
 from orchestrator.inventory import Host
@@ -109,7 +110,8 @@ __all__ = [
     "wait_tuning",
 ]
 
-_RECONNECT_SECONDS = 300.0  # how long a wait tolerates a host it cannot reach before giving up
+RECONNECT_SECONDS = 300.0  # how long a tuning wait reconnects to a host it cannot reach before giving up
+log = logging.getLogger(__name__)
 
 
 # -- groups --------------------------------------------------------------------------------------------
@@ -390,25 +392,55 @@ def wait_group(
     on_progress: Callable[[TuneStatus], None] | None = None,
     poll: float = 1.0,
 ) -> dict[str, TuneStatus]:
-    """Step the group every ``poll`` seconds until it is installed or failed; a host that cannot be
-    reached is retried (its jobs run on without orch) for up to ``_RECONNECT_SECONDS``."""
-    unreachable_since: float | None = None
+    """Step the group every ``poll`` seconds until it is installed or failed; an outage is ridden out
+    by ``Outage`` (the jobs run on without orch)."""
+    outage = Outage(plan.group)
     while True:
         try:
             statuses = step_group(members, store, plan)
-            unreachable_since = None
-        except UnreachableError:
-            unreachable_since = unreachable_since or time.monotonic()
-            if time.monotonic() - unreachable_since > _RECONNECT_SECONDS:
-                raise
+        except UnreachableError as exc:
+            outage.lost(exc)
             time.sleep(poll)
             continue
+        outage.over()
         for s in statuses.values():
             if on_progress is not None:
                 on_progress(s)
         if all(s.finished for s in statuses.values()):
             return statuses
         time.sleep(poll)
+
+
+class Outage:
+    """The one rule of every tuning wait (``wait_group``, ``watch_groups``) for a host it cannot reach:
+    the jobs run on without orch, so the wait goes on reconnecting (each SSH runner reconnects on its
+    next call) for up to ``RECONNECT_SECONDS`` in a row, saying ``reconnecting`` once per outage, then
+    gives up with ``UnreachableError`` naming the host (exit 3). Only reads and idempotent steps are
+    repeated after a drop: a job start whose result is unknown is resolved by ``resume_starts``, which
+    looks for the job by its purpose before starting one. A refused host key is not an outage
+    (``HostKeyError`` is not retried: the SSH runner refuses that host for the rest of the invocation)."""
+
+    def __init__(self, group: Sequence[str]) -> None:
+        self.group = ", ".join(group)
+        self.since: float | None = None
+
+    def lost(self, exc: UnreachableError) -> None:
+        """Note a failed step; re-raise ``exc`` (with how long) once the outage is too long."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            log.warning("%s; reconnecting (the jobs run on; giving up after %.0f s)", exc.message, RECONNECT_SECONDS)
+        elif now - self.since > RECONNECT_SECONDS:
+            lasted = f"unreachable for {now - self.since:.0f} s"
+            raise UnreachableError(
+                f"{exc.message} ({lasted}; gave up waiting for the tuning of {self.group})",
+                hint="the tuning jobs run on without orch: `orch wait` attaches again once the host answers",
+            ) from None
+
+    def over(self) -> None:
+        if self.since is not None:
+            log.warning("%s: reconnected after %.0f s; waiting goes on", self.group, time.monotonic() - self.since)
+        self.since = None
 
 
 # -- the API other operations use ----------------------------------------------------------------------
@@ -525,15 +557,17 @@ def watch_groups(
     on_progress: Callable[[TuneStatus], None] | None = None,
     poll: float = 1.0,
 ) -> tuple[dict[str, TuneStatus], dict[str, BaseException]]:
-    """Step every group once, or (``wait``) until each is installed or failed. Runs in the calling
-    thread, so Ctrl-C stops watching at once (the jobs run on; ``orch wait`` re-attaches)."""
+    """Step every group once, or (``wait``) until each is installed or failed, riding out outages by
+    ``Outage`` (as ``wait_group``). A host error of one group (a refused host key, a command that
+    failed) fails that group's hosts only; the others go on. Runs in the calling thread, so Ctrl-C
+    stops watching at once (the jobs run on; ``orch wait`` re-attaches)."""
     statuses: dict[str, TuneStatus] = {}
     errors: dict[str, BaseException] = {}
     pending = {g.plan.id: g for g in groups}
-    since: dict[str, float] = {}
+    outages = {g.plan.id: Outage(g.plan.group) for g in groups}
     while pending:
         for plan_id, group in list(pending.items()):
-            done = _watch_step(group, store, statuses, errors, since, on_progress)
+            done = _watch_step(group, store, statuses, errors, outages[plan_id], on_progress)
             if done or not wait:
                 pending.pop(plan_id)
         if pending:
@@ -546,19 +580,23 @@ def _watch_step(
     store: StateStore,
     statuses: dict[str, TuneStatus],
     errors: dict[str, BaseException],
-    since: dict[str, float],
+    outage: Outage,
     on_progress: Callable[[TuneStatus], None] | None,
 ) -> bool:
     """One step of one group; True when it needs no more watching."""
     try:
         step = step_group(group.members, store, group.plan)
     except UnreachableError as exc:
-        first = since.setdefault(group.plan.id, time.monotonic())
-        if time.monotonic() - first <= _RECONNECT_SECONDS:
-            return False
+        try:
+            outage.lost(exc)
+        except UnreachableError as gave_up:
+            errors.update((m.host.name, gave_up) for m in group.members)
+            return True
+        return False
+    except HostError as exc:
         errors.update((m.host.name, exc) for m in group.members)
         return True
-    since.pop(group.plan.id, None)
+    outage.over()
     for name, status in step.items():
         status.attached = group.attached
         statuses[name] = status

@@ -168,11 +168,17 @@ class SSHRunner(RunnerBase):
         self._options = options
         self._conn: Connection | None = None
         self._sftp: paramiko.SFTPClient | None = None
+        self._refused: HostKeyError | None = None  # a host key refused in this invocation
 
     # -- connection -----------------------------------------------------------------------------
     def connect(self) -> Connection:
+        """The open connection, or a new one. A host key refused once is refused for the rest of the
+        invocation without connecting again: a changed key is not a transient drop to retry."""
         if self._conn is not None and self._conn.is_connected:
             return self._conn
+        if self._refused is not None:
+            raise self._refused
+        self._drop()  # a connection that died between calls, and its SFTP session
         deadline = time.monotonic() + self._options.connect_timeout
         retrying = Retrying(
             stop=stop_after_attempt(self._options.connect_attempts) | stop_after_delay(self._options.connect_timeout),
@@ -182,10 +188,14 @@ class SSHRunner(RunnerBase):
         )
         try:
             self._conn = retrying(self._open, deadline)
-        except (HostKeyError, UnreachableError):
+        except HostKeyError as exc:
+            self._refused = exc
+            raise
+        except UnreachableError:
             raise
         except paramiko.BadHostKeyException as exc:
-            raise self._changed_key(exc) from None
+            self._refused = self._changed_key(exc)
+            raise self._refused from None
         except paramiko.AuthenticationException as exc:
             raise UnreachableError(
                 f"{self.host}: SSH authentication as {self._spec.user!r} failed: {exc}",
@@ -230,7 +240,8 @@ class SSHRunner(RunnerBase):
         return HostKeyError(
             f"{self.host}: HOST KEY CHANGED for {self._spec.address}:{self._spec.port}: known "
             f"{fingerprint(exc.expected_key)}, offered {fingerprint(exc.key)}; refusing to connect",
-            hint=f"if the host was reinstalled, verify the new key and remove the old line from {files}",
+            hint=f"if the host was reinstalled, verify the new key (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub on "
+            f"the host), remove the old line from {files}, then run `orch trust {self.host}`",
         )
 
     def close(self) -> None:
@@ -263,6 +274,11 @@ class SSHRunner(RunnerBase):
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self._drop()
             raise UnreachableError(f"{self.host}: connection lost while running a command: {_reason(exc)}") from None
+        if res.exited == -1 and not conn.is_connected:
+            # The channel closed without an exit status because the connection died (a command killed by
+            # a signal has a live connection). Whether the command ran is unknown: callers decide.
+            self._drop()
+            raise UnreachableError(f"{self.host}: connection lost while running a command (its result is unknown)")
         return CommandResult(tuple(argv), res.exited, res.stdout, res.stderr)
 
     # -- files ----------------------------------------------------------------------------------
@@ -284,12 +300,18 @@ class SSHRunner(RunnerBase):
             raise UnreachableError(f"{self.host}: connection lost while reading {path}: {_reason(exc)}") from None
 
     def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
-        sftp = self._sftp_client()
         tmp = f"{path}.orch-tmp-{uuid.uuid4().hex[:8]}"
-        with sftp.open(tmp, "wb") as fh:
-            fh.chmod(mode)
-            fh.write(data)
-        sftp.posix_rename(tmp, path)
+        try:
+            sftp = self._sftp_client()
+            with sftp.open(tmp, "wb") as fh:
+                fh.chmod(mode)
+                fh.write(data)
+            sftp.posix_rename(tmp, path)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, ConnectionError):
+                raise  # the file itself: a missing directory, no permission
+            self._drop()  # the rename is atomic: the file is the old one or the new one, never half
+            raise UnreachableError(f"{self.host}: connection lost while writing {path}: {_reason(exc)}") from None
 
 
 def fetch_host_key(host: Host, timeout: float) -> tuple[str, paramiko.PKey]:

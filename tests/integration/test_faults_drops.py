@@ -8,7 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from orchestrator.state import StateStore
@@ -77,3 +79,120 @@ def test_serve_after_one_cut_off_past_the_launch_adopts_the_server_it_started(ma
     state = StateStore(env.state).load().hosts[sim.name]
     assert state.phase == "serving" and state.server is not None and state.server.verified
     assert state.server.job_id == launched["id"]
+
+
+# -- tuning waits, commands cut as they start, logs -f (issue 13 §2) --------------------------------------
+
+TUNE_ARGS = ("--shapes", "N=1024,K=4096;N=4096,K=2048", "--batch-sizes", "1,2,4,8")
+UNITS = 2 * 4
+
+
+class DropOnCommand(threading.Thread):
+    """Cut ``sim``'s SSH connections the instant a remote command runs on it (a process under one of its
+    sshd's sessions), at most ``times`` times: the drop lands with the command in flight."""
+
+    def __init__(self, sim: Any, times: int) -> None:
+        super().__init__(daemon=True)
+        self.sim, self.times, self.cuts = sim, times, 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while self.cuts < self.times and not self.done.is_set():
+            if session_commands(self.sim) and self.sim.drop_connections():
+                self.cuts += 1
+            time.sleep(0.002)
+        self.done.set()
+
+
+def cut_in_flight(sim: Any, process: subprocess.Popen[str], times: int = 1) -> int:
+    """Cut ``sim``'s connections ``times`` times, each with a command in flight; return early (with the
+    cuts made) if ``process`` ends first."""
+    cutter = DropOnCommand(sim, times)
+    cutter.start()
+    deadline = time.monotonic() + 120
+    while not cutter.done.wait(0.1) and process.poll() is None and time.monotonic() < deadline:
+        pass
+    cutter.done.set()
+    cutter.join()
+    return cutter.cuts
+
+
+def session_commands(sim: Any) -> list[int]:
+    """Pids of processes started through ``sim``'s sshd sessions (not sshd itself)."""
+    parents: dict[int, tuple[int, str]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+        parents[int(stat.parent.name)] = (int(rest[1]), comm)
+    listener = sim._sshd.pid
+
+    def under_listener(pid: int) -> bool:
+        for _ in range(20):
+            parent = parents.get(pid, (0, ""))[0]
+            if parent == listener:
+                return True
+            if parent <= 1:
+                return False
+            pid = parent
+        return False
+
+    return [pid for pid, (_, comm) in parents.items() if not comm.startswith("sshd") and under_listener(pid)]
+
+
+def orch_process(env: FleetEnv, *args: str) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), *args]
+    process_env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=process_env
+    )
+
+
+def read_line_until(process: subprocess.Popen[str], text: str) -> str:
+    """Output up to and including the first line holding ``text``."""
+    assert process.stdout is not None
+    seen = ""
+    for line in process.stdout:
+        seen += line
+        if text in line:
+            return seen
+    raise AssertionError(f"orch ended before saying {text!r}:\n{seen}")
+
+
+def tune_jobs(sim: Any) -> list[Path]:
+    jobs_dir = Path(sim.workdir) / "jobs"
+    return sorted(d for d in jobs_dir.iterdir() if (d / "purpose").read_text().startswith("tune."))
+
+
+def assert_tuned_once(env: FleetEnv, sim: Any) -> None:
+    """Installed; one job per GPU purpose ever started, none stopped, every unit tuned exactly once."""
+    hs = StateStore(env.state).load().hosts[sim.name]
+    assert hs.phase == "tuned", hs
+    dirs = tune_jobs(sim)
+    purposes = [(d / "purpose").read_text().strip() for d in dirs]
+    assert sorted(purposes) == sorted(set(purposes)), purposes
+    assert all((d / "exit_code").read_text().strip() == "0" for d in dirs)
+    assert not any((d / "stop_requested").exists() for d in dirs)
+    completed = sum((d / "log").read_text().count("Completed tuning for batch_size=") for d in dirs)
+    assert completed == UNITS
+
+
+def test_tune_fp8_wait_rides_out_two_sshd_outages(make_fleet: Any) -> None:
+    env = make_fleet(1)
+    (sim,) = env.fleet.hosts
+    sim.set_knobs(tune_seconds_per_unit=20.0)
+    tune = orch_process(env, "tune-fp8", *TUNE_ARGS, "--wait")
+    seen = read_line_until(tune, "% (")  # waiting: the first progress line
+    for _ in range(2):
+        cut_in_flight(sim, tune)  # the session is cut with a poll in flight ...
+        sim.stop_sshd()  # ... and the host answers nothing for a while
+        time.sleep(3)
+        sim.start_sshd()
+        seen += read_line_until(tune, "reconnected after")  # the wait is back before the next outage
+    out = seen + tune.communicate(timeout=180)[0]
+    assert tune.returncode == 0, out
+    assert out.count("; reconnecting (") == 2 and "Traceback" not in out, out  # once per outage
+    assert f"{sim.name}: installed 2 tuned configs" in out
+    assert_tuned_once(env, sim)
