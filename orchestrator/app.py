@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, UsageError
 from orchestrator.facts.server import check_recipe
 from orchestrator.fleet import Fleet
 from orchestrator.inventory import Host, Inventory, inventory_path, load_inventory
@@ -19,6 +20,10 @@ from orchestrator.state import StateStore
 from orchestrator.transport.ssh import ConnectOptions
 
 log = logging.getLogger(__name__)
+
+LOCK_TIMEOUT_ENV = "ORCH_LOCK_TIMEOUT"
+DEFAULT_LOCK_TIMEOUT = 30.0
+"""Seconds a writer waits for the state lock before giving up (exit 4 naming the holder)."""
 
 
 @dataclass
@@ -54,7 +59,11 @@ class App:
         with self._lock:
             if self._store is None:
                 notifier = Notifier(self.notify_cmd) if self.notify_cmd else None
-                store = StateStore(self.state_path, on_commit=notifier.on_commit if notifier else None)
+                store = StateStore(
+                    self.state_path,
+                    lock_timeout=lock_timeout_setting(),
+                    on_commit=notifier.on_commit if notifier else None,
+                )
                 store.load()
                 log.info("state file %s", store.path)
                 self._store = store
@@ -91,6 +100,24 @@ class App:
     def fleet(self, hosts: list[Host], parallel: int = 32) -> Fleet:
         log.info("%d hosts (%s), %d at a time", len(hosts), ", ".join(h.name for h in hosts), parallel)
         return Fleet(hosts, self.options, parallel=parallel)
+
+
+def lock_timeout_setting() -> float:
+    """``$ORCH_LOCK_TIMEOUT`` (seconds, > 0), else 30 s: how long a command waits for another orch
+    holding the state lock. Anything else in the variable is exit 2, not a silent default."""
+    raw = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_LOCK_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(
+            f"{LOCK_TIMEOUT_ENV}={raw!r} is not a number of seconds > 0",
+            hint=f"set it to e.g. 60, or unset it for the default ({DEFAULT_LOCK_TIMEOUT:g} s)",
+        )
+    return value
 
 
 def refuse_bad_recipe(recipe: Recipe, *, mtp: bool) -> None:

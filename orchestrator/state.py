@@ -8,7 +8,9 @@ beside the inventory. ``StateStore`` owns the file:
 - Writers (``update``/``update_host``) take an exclusive ``flock`` on the sibling ``state.json.lock``,
   re-read the file under the lock, mutate, and save before releasing, so two orch processes running at
   once never lose each other's updates. A writer waits at most ``lock_timeout`` seconds, then fails
-  naming the holder's pid and command line.
+  naming the holder's pid and command line (``orch`` sets it from ``ORCH_LOCK_TIMEOUT``, default 30 s).
+  An operation about to change a host first checks that it could record the change
+  (``check_writable``): a stuck holder fails it before anything happened on the host.
 - A save writes a temp file (0600 from creation), fsyncs it, copies the current good file to
   ``state.json.bak``, renames the temp file over ``state.json`` and fsyncs the directory.
 - A corrupt file or an unknown ``schema_version`` is a ``StateError`` that names the file and says how to
@@ -288,6 +290,13 @@ class StateStore:
         """Apply ``fn`` to host ``name``'s state in one transaction and return what it returns."""
         with self.update() as state:
             return fn(state.host(name))
+
+    def check_writable(self) -> None:
+        """Take the lock and let go at once, saving nothing: an operation about to change a host in a
+        way it must then record (stop a server, start a job) calls this first, so that a stuck holder
+        makes it give up (``StateError``, exit 4) before anything changed, not after."""
+        with self._locked():
+            pass
 
     # -- locking
 

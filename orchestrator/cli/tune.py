@@ -237,7 +237,7 @@ def progress_display(live: bool) -> Iterator[Callable[[tune_op.TuneStatus], None
 def report(results: FleetResult[tune_op.TuneStatus], wait: bool = True) -> int:
     """The final line per host (a failure once, with its log tail on stderr), the configs this run
     installed, and without ``wait`` what runs and how to watch it; exit 0, or 3 when a host failed."""
-    failed = bool(results.failed)
+    failed = False  # a tuning that failed; a host's error gives its own exit code (exit_code)
     for r in results.succeeded:
         if r.value is None:
             continue

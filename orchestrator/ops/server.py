@@ -299,6 +299,7 @@ def stop_server(
     job = running_server(runner, host)
     if job is None:
         return None
+    store.check_writable()  # a stop that could not be recorded must not happen
     outcome = stop_job(host, runner, job, gpus, drain, report, outage)
     store.update_host(host.name, lambda hs: record_stopped(hs, job.id, outage.by))
     return outcome
