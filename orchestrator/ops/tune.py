@@ -210,6 +210,9 @@ def start_group(members: Sequence[Prepared], store: StateStore) -> tuple[PlanRec
     try:
         for p in members:
             _start_jobs(p.host, p.runner, store, plan, plan.on(p.host.name))
+    except UnreachableError as exc:  # a start cut off by a drop: whether its job runs is unknown, so the
+        # plan stays running and the watch's resume_starts finds the job by purpose before starting any
+        log.warning("%s; the plan stays running: its jobs are found or started once the host answers", exc.message)
     except OrchError as exc:
         _abandon(members, store, plan, f"could not start every job: {exc}")
         raise
@@ -423,10 +426,12 @@ class Outage:
     def __init__(self, group: Sequence[str]) -> None:
         self.group = ", ".join(group)
         self.since: float | None = None
+        self.last: UnreachableError | None = None  # what the outage says, while it lasts
 
     def lost(self, exc: UnreachableError) -> None:
         """Note a failed step; re-raise ``exc`` (with how long) once the outage is too long."""
         now = time.monotonic()
+        self.last = UnreachableError(exc.message, hint="the tuning jobs run on: `orch wait` attaches once it answers")
         if self.since is None:
             self.since = now
             log.warning("%s; reconnecting (the jobs run on; giving up after %.0f s)", exc.message, RECONNECT_SECONDS)
@@ -440,7 +445,7 @@ class Outage:
     def over(self) -> None:
         if self.since is not None:
             log.warning("%s: reconnected after %.0f s; waiting goes on", self.group, time.monotonic() - self.since)
-        self.since = None
+        self.since, self.last = None, None
 
 
 # -- the API other operations use ----------------------------------------------------------------------
@@ -568,6 +573,8 @@ def watch_groups(
     while pending:
         for plan_id, group in list(pending.items()):
             done = _watch_step(group, store, statuses, errors, outages[plan_id], on_progress)
+            if not done and not wait and outages[plan_id].last is not None:
+                errors.update((m.host.name, outages[plan_id].last) for m in group.members)  # not waiting
             if done or not wait:
                 pending.pop(plan_id)
         if pending:

@@ -91,17 +91,24 @@ class DropOnCommand(threading.Thread):
     """Cut ``sim``'s SSH connections the instant a remote command runs on it (a process under one of its
     sshd's sessions), at most ``times`` times: the drop lands with the command in flight."""
 
-    def __init__(self, sim: Any, times: int) -> None:
+    def __init__(self, sim: Any, times: int, match: bytes = b"") -> None:
         super().__init__(daemon=True)
-        self.sim, self.times, self.cuts = sim, times, 0
+        self.sim, self.times, self.match, self.cuts = sim, times, match, 0
         self.done = threading.Event()
 
     def run(self) -> None:
         while self.cuts < self.times and not self.done.is_set():
-            if session_commands(self.sim) and self.sim.drop_connections():
+            if any(self.match in cmdline(pid) for pid in session_commands(self.sim)) and self.sim.drop_connections():
                 self.cuts += 1
             time.sleep(0.002)
         self.done.set()
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def cut_in_flight(sim: Any, process: subprocess.Popen[str], times: int = 1) -> int:
@@ -196,3 +203,35 @@ def test_tune_fp8_wait_rides_out_two_sshd_outages(make_fleet: Any) -> None:
     assert out.count("; reconnecting (") == 2 and "Traceback" not in out, out  # once per outage
     assert f"{sim.name}: installed 2 tuned configs" in out
     assert_tuned_once(env, sim)
+
+
+def test_a_job_start_cut_off_by_a_drop_is_found_by_its_purpose_not_started_again(make_fleet: Any) -> None:
+    env = make_fleet(1)
+    (sim,) = env.fleet.hosts
+    sim.set_knobs(tune_seconds_per_unit=1.0)
+    cutter = DropOnCommand(sim, times=3, match=b"orch-start")  # cut as job starts are in flight
+    cutter.start()
+    tune = orch_process(env, "tune-fp8", *TUNE_ARGS, "--wait")
+    out = tune.communicate(timeout=180)[0]
+    cutter.done.set()
+    assert cutter.cuts >= 1
+    assert tune.returncode == 0, out
+    assert "the plan stays running: its jobs are found or started once the host answers" in out
+    assert f"{sim.name}: installed 2 tuned configs" in out and "Traceback" not in out
+    assert_tuned_once(env, sim)
+
+
+def test_status_with_drops_as_commands_start_fails_that_host_only(make_fleet: Any) -> None:
+    env = make_fleet(2)
+    steady, dropping = env.fleet.hosts
+    cutter = DropOnCommand(dropping, times=3)
+    cutter.start()
+    status = orch_process(env, "status")
+    out = status.communicate(timeout=180)[0]
+    cutter.done.set()
+    assert cutter.cuts >= 1
+    assert status.returncode == 3, out
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:3]}
+    assert rows == {steady.name: "new", dropping.name: "unreachable"}, out
+    assert f"{dropping.name}: connection lost while running a command (its result is unknown)" in out
+    assert "Traceback" not in out and "exited -1" not in out
