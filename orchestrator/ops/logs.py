@@ -7,6 +7,7 @@ seconds pass without success; the job is never touched (Ctrl-C stops following, 
 
 from __future__ import annotations
 
+import codecs
 import logging
 import time
 from collections.abc import Callable
@@ -67,7 +68,13 @@ def follow(
     poll: float = 0.5,
     reconnect_for: float = 300.0,
 ) -> JobInfo:
-    """Print new log bytes from ``offset`` until the job has ended and the log is drained."""
+    """Print new log bytes from ``offset`` until the job has ended and the log is drained.
+
+    Every byte is printed once: reads resume at the offset after the last byte printed, and bytes are
+    decoded incrementally, so a UTF-8 character cut by a read's end (or by a dropped connection) is
+    printed whole with the next read, not as two replacement characters. Invalid UTF-8 shows as U+FFFD.
+    A lost connection is said once per outage."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     lost_since: float | None = None
     while True:
         try:
@@ -75,18 +82,20 @@ def follow(
             if not chunk:
                 job = jobs.find(runner, workdir, job.id)
                 if not job.running and job.log_size <= offset:
+                    write(decoder.decode(b"", final=True))
                     return job
-            lost_since = None
         except UnreachableError as exc:
-            lost_since = lost_since or time.monotonic()
-            if time.monotonic() - lost_since > reconnect_for:
+            if lost_since is None:
+                lost_since = time.monotonic()
+                log.warning("%s (reconnecting, resuming at byte %d)", exc, offset)
+            elif time.monotonic() - lost_since > reconnect_for:
                 raise
-            log.warning("%s (reconnecting, resuming at byte %d)", exc, offset)
             runner.close()
             time.sleep(poll)
             continue
+        lost_since = None
         if chunk:
-            write(chunk.decode(errors="replace"))
+            write(decoder.decode(chunk))
             offset += len(chunk)
         else:
             time.sleep(poll)

@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator.state import StateStore
 from tests.conftest import FleetEnv
+from tests.integration.test_jobs import start_job
 
 SLOW_START = {"startup_seconds": 6, "decode_step_seconds": 0.001}
 
@@ -235,3 +236,36 @@ def test_status_with_drops_as_commands_start_fails_that_host_only(make_fleet: An
     assert rows == {steady.name: "new", dropping.name: "unreachable"}, out
     assert f"{dropping.name}: connection lost while running a command (its result is unknown)" in out
     assert "Traceback" not in out and "exited -1" not in out
+
+
+# Waits for the file $1, then prints $2 numbered lines, each in two writes that cut a UTF-8 character.
+HALVES = [
+    "sh",
+    "-c",
+    'while [ ! -e "$1" ]; do sleep 0.05; done; i=1; while [ $i -le "$2" ]; do '
+    "printf 'line %d Gr\\303' $i; sleep 0.25; printf '\\274\\303\\237e\\n'; sleep 0.05; i=$((i + 1)); done",
+    "halves",
+]
+
+
+def test_logs_follow_prints_every_byte_once_across_repeated_drops(make_fleet: Any, tmp_path: Path) -> None:
+    env = make_fleet(1)
+    (sim,) = env.fleet.hosts
+    gate = tmp_path / "go"
+    started = start_job(env, "t.halves", [*HALVES, str(gate), "30"])
+    cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "logs", sim.name, started.job_id, "-f"]
+    follower = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert follower.stderr is not None
+    assert started.job_id.encode() in follower.stderr.readline()  # following, from byte 0
+    gate.touch()
+    cuts = sum(cut_in_flight(sim, follower) for _ in range(3))  # listings cut as they run ...
+    sim.drop_connections()  # ... and an outage with the daemon down
+    sim.stop_sshd()
+    time.sleep(2)
+    sim.start_sshd()
+    out, err = follower.communicate(timeout=120)
+    assert follower.returncode == 0, err
+    assert cuts == 3 and err.count(b"reconnecting, resuming at byte") >= 2, err
+    log = (Path(sim.workdir) / "jobs" / started.job_id / "log").read_bytes()
+    assert log.count(b"\n") == 30
+    assert out == log + f"-- {started.job_id}: succeeded\n".encode()  # every byte once, none lost
