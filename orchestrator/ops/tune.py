@@ -573,8 +573,9 @@ def watch_groups(
     while pending:
         for plan_id, group in list(pending.items()):
             done = _watch_step(group, store, statuses, errors, outages[plan_id], on_progress)
-            if not done and not wait and outages[plan_id].last is not None:
-                errors.update((m.host.name, outages[plan_id].last) for m in group.members)  # not waiting
+            lost = outages[plan_id].last
+            if not done and not wait and lost is not None:
+                errors.update((m.host.name, lost) for m in group.members)  # not waiting out the outage
             if done or not wait:
                 pending.pop(plan_id)
         if pending:
