@@ -59,11 +59,13 @@ chmod 700 "$workdir" "$workdir/jobs"
 exec 9>"$workdir/jobs.lock"
 flock -w 30 9 || { echo "orch: another orch is starting a job on this host" >&2; exit 75; }
 link="$workdir/purposes/$purpose"
+boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
 if [ -L "$link" ]; then
   old=$(readlink "$link")
   if [ ! -e "$old/exit_code" ] && [ -s "$old/pid" ]; then
     pid=$(cat "$old/pid")
-    if [ -r "/proc/$pid/stat" ] && [ "$(cut -d' ' -f22 "/proc/$pid/stat")" = "$(cat "$old/starttime")" ]; then
+    if [ -r "/proc/$pid/stat" ] && [ "$(cut -d' ' -f22 "/proc/$pid/stat")" = "$(cat "$old/starttime")" ] \
+       && [ "$(cat "$old/boot_id" 2>/dev/null)" = "$boot" ]; then
       echo "attached ${old##*/} $pid"; exit 0
     fi
   fi
@@ -105,8 +107,12 @@ _STOP = r"""
 dir=$1; grace=$2
 [ -e "$dir/exit_code" ] && { echo "ended"; exit 0; }
 pid=$(cat "$dir/pid" 2>/dev/null || true)
-alive() { [ -r "/proc/$pid/stat" ] && [ "$(cut -d' ' -f22 "/proc/$pid/stat")" = "$(cat "$dir/starttime")" ]; }
-[ -n "$pid" ] && alive || { echo "gone"; exit 0; }
+boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
+alive() {
+  [ -r "/proc/$pid/stat" ] && [ "$(cut -d' ' -f22 "/proc/$pid/stat")" = "$(cat "$dir/starttime")" ] \
+    && [ "$(cat "$dir/boot_id" 2>/dev/null)" = "$boot" ]
+}
+[ -n "$pid" ] && alive || { echo "lost"; exit 0; }
 touch "$dir/stop_requested"
 kill -s TERM -- "-$pid" 2>/dev/null || true
 end=$(( $(date +%s) + grace ))
@@ -279,7 +285,10 @@ def latest(jobs: list[JobInfo], purpose_prefix: str = "") -> JobInfo | None:
 
 
 def stop(runner: Runner, job: JobInfo, grace_seconds: int = 30) -> str:
-    """SIGTERM the job's process group, SIGKILL after ``grace_seconds``: 'stopped', 'killed', 'ended', 'gone'."""
+    """SIGTERM the job's process group, SIGKILL after ``grace_seconds``: 'stopped', 'killed', 'ended', or
+    'lost' (no exit code and its process is gone: nothing is signalled). The job's process is its
+    recorded pid only while that pid has the recorded start time in the recorded boot: after a reboot
+    a pid (and start time, counted from boot) can belong to anyone."""
     result = runner.run(stop_argv(job.dir, grace_seconds), check=True, timeout=grace_seconds + 60)
     return result.stdout.strip()
 

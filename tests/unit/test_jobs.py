@@ -87,7 +87,7 @@ def test_stop_never_signals_a_reused_pid(runner: LocalRunner, workdir: str) -> N
     bystander = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
         Path(job.dir, "pid").write_text(f"{bystander.pid}\n")  # as if the pid had been reused
-        assert jobs.stop(runner, job, 1) == "gone"
+        assert jobs.stop(runner, job, 1) == "lost"
         assert bystander.poll() is None
     finally:
         bystander.kill()
