@@ -170,6 +170,9 @@ def plan_lines(plan: tune_op.PlanRecord) -> list[str]:
         f"  schedule: {plan.makespan} units per GPU at most (ideal {units / max(gpus, 1):.2f})",
     ]
     lines += [f"  shape {s.key}  {s.source}".rstrip() for s in plan.shapes]
+    if plan.kept:
+        before = "the reboot" if all(k.lost for k in plan.kept) else "an earlier plan failed"
+        lines.append(f"  kept {plan.kept_units} units tuned before {before}, tuning {plan.tuned_units}")
     for a in plan.assignments:
         runs = "; ".join(f"{r.key} M={','.join(map(str, r.batch_sizes))}" for r in a.runs)
         lines.append(f"  {a.host} GPU {a.gpu} ({a.purpose}): {runs}")

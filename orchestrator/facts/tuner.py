@@ -16,7 +16,9 @@ lists this module builds and hands what hosts print back to its parsers.
   config files it looked up and did not find on this GPU (reference §1.2): the shapes to tune.
 - **Configs**: ``config_file_name`` is SGLang's exact name; ``parse_config``, ``merge_configs`` and
   ``render_config`` validate (the six ``CONFIG_KEYS`` required, any further scalar keys kept), merge
-  (never overwriting) and write the JSON as the tuner does.
+  (never overwriting) and write the JSON as the tuner does; ``finished_run`` trusts a run's file only
+  whole (a plan that failed, e.g. by a reboot, leaves the files of its finished runs: a new plan keeps
+  them and ``uncovered`` leaves their units out of its schedule).
 """
 
 from __future__ import annotations
@@ -433,6 +435,23 @@ def merge_configs(parts: Sequence[tuple[str, Configs]]) -> Configs:
 
 def missing_batch_sizes(configs: Configs, wanted: Iterable[int]) -> list[int]:
     return sorted(set(wanted) - set(configs))
+
+
+def finished_run(text: str | bytes, where: str, batch_sizes: Sequence[int]) -> Configs:
+    """A tuner run's result file, trusted only whole: the tuner writes it once, when the run ends, so a
+    file that is not valid (``parse_config``) or lacks a batch size of the run (cut short by a reboot,
+    or another run's) is a ``ConfigInvalid``. Its configs for ``batch_sizes``."""
+    configs = parse_config(text, where)
+    missing = missing_batch_sizes(configs, batch_sizes)
+    if missing:
+        raise ConfigInvalid(f"{where}: no config for batch sizes {missing}")
+    return {m: configs[m] for m in sorted(set(batch_sizes))}
+
+
+def uncovered(units: Sequence[Unit], covered: Iterable[Unit]) -> list[Unit]:
+    """``units`` less those ``covered`` (kept from an earlier plan), in their order."""
+    done = set(covered)
+    return [u for u in units if u not in done]
 
 
 def render_config(configs: Configs) -> str:

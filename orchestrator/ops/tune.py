@@ -11,6 +11,9 @@ commit, which need the same configs):
    (``facts.tuner.schedule``), record the plan in each member's ``HostState.tuning`` (one state
    transaction, before any job starts: a plan another orch recorded meanwhile is adopted instead) and
    start one detached job per GPU (purpose ``tune.gpu<i>``: a re-run attaches, never duplicates).
+   After a plan that failed (its jobs lost to a reboot, say), the units its finished runs wrote are kept
+   (``PlanRecord.kept``: their files, validated, stay where that plan's jobs wrote them) and left out of
+   the schedule: only the rest is tuned, and ``complete_group`` installs both.
 3. ``poll_group``: read each job's log from its last byte offset (``Runner.read_bytes``: the cost of
    a poll does not grow with the log) and report per-shape progress, overall percentage and an ETA.
 4. ``complete_group``: when every job exited 0, merge the job-private partial JSON files (never one
@@ -62,6 +65,7 @@ from orchestrator.ops.tune_record import (
     AssignmentRecord,
     HostPaths,
     InstalledRecord,
+    KeptRecord,
     Member,
     Peers,
     PlanRecord,
@@ -86,6 +90,7 @@ __all__ = [
     "HostPoll",
     "InstalledRecord",
     "JobView",
+    "KeptRecord",
     "Member",
     "Peers",
     "PlanRecord",
@@ -140,12 +145,15 @@ def group_key(p: Prepared) -> tuple[str, str]:
 
 
 def make_plan(members: Sequence[Prepared], now: datetime | None = None) -> PlanRecord:
-    """The group's plan: the union of needed shapes, spread over every selected GPU of the group."""
+    """The group's plan: the union of needed shapes, spread over every selected GPU of the group, less
+    the units an earlier, failed plan finished (``Prepared.kept``): those are installed from its files."""
     lead = members[0]
     assert lead.facts is not None
     shapes = _union_shapes(members)
+    kept = _union_kept(members, {s.key for s in shapes}, lead.batch_sizes)
+    covered = [tf.Unit(k.n, k.k, m) for k in kept for m in k.batch_sizes]
     slots = [tf.Slot(p.host.name, gpu) for p in members if p.facts for gpu in selected_gpus(p.host, p.facts)]
-    assignments = tf.schedule(tf.units_of(shapes, lead.batch_sizes), slots)
+    assignments = tf.schedule(tf.uncovered(tf.units_of(shapes, lead.batch_sizes), covered), slots)
     now = now or utc_now()  # one instant: the plan id's stamp and created_at agree
     plan_id = now.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2)
     return PlanRecord(
@@ -160,6 +168,7 @@ def make_plan(members: Sequence[Prepared], now: datetime | None = None) -> PlanR
         shapes=[ShapeRecord.model_validate({"N": s.n, "K": s.k, "source": s.source}) for s in shapes],
         hosts={p.host.name: _paths(p) for p in members},
         assignments=[_assignment(a, plan_id, members) for a in assignments],
+        kept=kept,
     )
 
 
@@ -169,6 +178,19 @@ def _union_shapes(members: Sequence[Prepared]) -> list[Shape]:
         for s in p.shapes:
             seen.setdefault(s.key, s)
     return list(seen.values())
+
+
+def _union_kept(members: Sequence[Prepared], shapes: set[str], batch_sizes: Sequence[int]) -> list[KeptRecord]:
+    """The members' kept results for the plan's shapes and batch sizes, each unit from the first file
+    that has it (a file left with no unit of its own is not kept)."""
+    seen: set[tuple[str, int]] = set()
+    kept = []
+    for k in (k for p in members for k in p.kept if k.key in shapes):
+        sizes = [m for m in k.batch_sizes if m in batch_sizes and (k.key, m) not in seen]
+        seen.update((k.key, m) for m in sizes)
+        if sizes:
+            kept.append(k.model_copy(update={"batch_sizes": sizes}))
+    return kept
 
 
 def _paths(p: Prepared) -> HostPaths:
@@ -222,7 +244,8 @@ def start_group(members: Sequence[Prepared], store: StateStore) -> tuple[PlanRec
 def _claim(members: Sequence[Prepared], store: StateStore, plan: PlanRecord) -> PlanRecord | None:
     """Record ``plan`` on every member in one state transaction, unless a member already runs a plan
     (another orch's, recorded since this one prepared): then record nothing and return that plan."""
-    reason = f"tuning {len(plan.shapes)} shapes on {len(plan.assignments)} GPUs (plan {plan.id})"
+    kept = f", keeping {plan.kept_units} units tuned before" if plan.kept else ""
+    reason = f"tuning {len(plan.shapes)} shapes on {len(plan.assignments)} GPUs (plan {plan.id}{kept})"
     with store.update() as state:
         for p in members:
             record = load_record(state.hosts.get(p.host.name))

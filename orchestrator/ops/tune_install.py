@@ -1,9 +1,10 @@
 """Completing a tuning group: install the merged configs on every member, or record why it failed.
 
 All or nothing: every partial file of every job is read and validated (``facts.tuner``), merged per
-shape (never one over another) and checked complete before the first file is installed. A replaced
-config is backed up under ``workdir/tune/backups/<plan>/``. A failure names the first failed job
-(host, GPU, exit code, OOM or exception, or lost), keeps its log tail, and stops the group's other jobs.
+shape with the results the plan kept from an earlier, failed one (``PlanRecord.kept``, validated again)
+(never one over another) and checked complete before the first file is installed. A replaced config
+is backed up under ``workdir/tune/backups/<plan>/``. A failure names the first failed job (host, GPU,
+exit code, OOM or exception, or lost), keeps its log tail, and stops the group's other jobs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from orchestrator.ops.tune_progress import HostPoll
 from orchestrator.ops.tune_record import (
     AssignmentRecord,
     InstalledRecord,
+    KeptRecord,
     Member,
     PlanRecord,
     RunRecord,
@@ -94,6 +96,7 @@ def merge_group(members: Sequence[Member], plan: PlanRecord) -> dict[str, tf.Con
         parts = [
             _partial(runners[a.host], a, r, plan.device) for a in plan.assignments for r in a.runs if r.key == s.key
         ]
+        parts += [_kept(runners[k.host], k) for k in plan.kept if k.key == s.key]
         configs = tf.merge_configs(parts)
         missing = tf.missing_batch_sizes(configs, plan.batch_sizes)
         if missing:
@@ -106,11 +109,13 @@ def _partial(runner: Runner, a: AssignmentRecord, run: RunRecord, device: str) -
     """One job's partial file for one run, which must hold every batch size of the run."""
     path = f"{a.staging}/{tf.config_file_name(run.n, run.k, device)}"
     where = f"{a.host}:{path}"
-    configs = tf.parse_config(runner.read_bytes(path), where)
-    missing = tf.missing_batch_sizes(configs, run.batch_sizes)
-    if missing:
-        raise tf.ConfigInvalid(f"{where}: no config for batch sizes {missing}")
-    return where, configs
+    return where, tf.finished_run(runner.read_bytes(path), where, run.batch_sizes)
+
+
+def _kept(runner: Runner, kept: KeptRecord) -> tuple[str, tf.Configs]:
+    """A result an earlier plan finished, validated again (it is installed now): its kept batch sizes."""
+    where = f"{kept.host}:{kept.path} (kept from plan {kept.plan_id})"
+    return where, tf.finished_run(runner.read_bytes(kept.path), where, kept.batch_sizes)
 
 
 def install(member: Member, store: StateStore, plan: PlanRecord, merged: dict[str, tf.Configs]) -> None:

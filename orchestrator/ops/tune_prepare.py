@@ -3,7 +3,9 @@
 Nothing is hard-coded that the host can tell: the tuner's flags come from its ``--help``, the runtime
 config directory from importing SGLang's ``fp8_kernel`` with the host's python, the GPU name from
 nvidia-smi, Triton's version if it imports, the SGLang commit from git. A host already running a plan
-is attached to instead (``Prepared.attach``).
+is attached to instead (``Prepared.attach``). After a plan that failed (its jobs lost to a reboot, say),
+the result files its finished runs wrote are validated and kept (``kept_results``): the next plan tunes
+only the rest.
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.ops import server as srv
 from orchestrator.ops.tune_logged import logged_shapes
-from orchestrator.ops.tune_record import InstalledRecord, PlanRecord, TuningRecord, load_record
+from orchestrator.ops.tune_record import (
+    AssignmentRecord,
+    InstalledRecord,
+    KeptRecord,
+    PlanRecord,
+    RunRecord,
+    TuningRecord,
+    load_record,
+)
 from orchestrator.recipe import Recipe, ServeOptions, Shape, TuneOptions, parse_shapes
 from orchestrator.state import StateStore
 from orchestrator.transport.base import Runner
@@ -116,6 +126,7 @@ class Prepared:
     batch_sizes: list[int] = field(default_factory=list)
     tp_size: int = 8
     note: str | None = None  # why there is nothing to tune, when the shapes' source says so
+    kept: list[KeptRecord] = field(default_factory=list)  # units an earlier, failed plan finished here
 
 
 def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> Prepared:
@@ -130,6 +141,7 @@ def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
     batch_sizes = list(options.batch_sizes or recipe.tuning.batch_sizes)
     skipped = [] if options.force else installed_shapes(runner, record, facts, wanted, batch_sizes)
     needed = [s for s in wanted if s.key not in skipped]
+    kept = [] if options.force else kept_results(host, runner, record, facts, needed, batch_sizes)
     if needed and options.stop_server:
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
         srv.stop_server(host, runner, store, gpus, drain, srv.warn_log(host), srv.FOR_TUNE_FP8)
@@ -138,7 +150,8 @@ def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
         return Prepared(host, runner, attach=other)  # another orch planned while this one looked: adopt its plan
     if needed:
         refuse_busy(host, facts, options.allow_busy_gpus)
-    return Prepared(host, runner, None, facts, needed, skipped, batch_sizes, tp, logged.note if logged else None)
+    note = logged.note if logged else None
+    return Prepared(host, runner, None, facts, needed, skipped, batch_sizes, tp, note, kept)
 
 
 def running_plan(store: StateStore, host: Host) -> PlanRecord | None:
@@ -199,6 +212,49 @@ def _installed_complete(
     except (OSError, tf.ConfigInvalid):
         return False
     return not tf.missing_batch_sizes(configs, batch_sizes)
+
+
+def kept_results(
+    host: Host,
+    runner: Runner,
+    record: TuningRecord,
+    facts: HostFacts,
+    shapes: Iterable[Shape],
+    batch_sizes: Sequence[int],
+) -> list[KeptRecord]:
+    """What the host's last plan finished before it failed (its jobs lost to a reboot, say), for a new
+    plan to keep rather than tune again: each run's result file on this host (and the files that plan
+    itself kept), when that plan was for this device, commit and Triton, for shapes and batch sizes still
+    wanted. Each file is re-read and trusted only whole (``tf.finished_run``): one missing, cut short or
+    wrong is left out, and its units are tuned again."""
+    plan = record.plan
+    if record.state != "failed" or plan is None:
+        return []
+    if (plan.device, plan.commit, plan.triton) != (facts.device, facts.commit, facts.triton):
+        return []
+    lost = "was lost" in (record.reason or "")
+    wanted = {s.key for s in shapes}
+    results = [_run_result(plan, a, r, lost) for a in plan.on(host.name) for r in a.runs]
+    kept = []
+    for candidate in [*plan.kept_on(host.name), *results]:
+        sizes = [m for m in candidate.batch_sizes if m in batch_sizes]
+        if candidate.key in wanted and sizes and _finished(runner, candidate):
+            kept.append(candidate.model_copy(update={"batch_sizes": sizes}))
+    return kept
+
+
+def _run_result(plan: PlanRecord, a: AssignmentRecord, run: RunRecord, lost: bool) -> KeptRecord:
+    path = f"{a.staging}/{tf.config_file_name(run.n, run.k, plan.device)}"
+    fields = {"host": a.host, "path": path, "N": run.n, "K": run.k, "batch_sizes": run.batch_sizes}
+    return KeptRecord.model_validate({**fields, "plan_id": plan.id, "lost": lost})
+
+
+def _finished(runner: Runner, kept: KeptRecord) -> bool:
+    try:
+        tf.finished_run(runner.read_bytes(kept.path), f"{kept.host}:{kept.path}", kept.batch_sizes)
+    except (OSError, tf.ConfigInvalid):
+        return False
+    return True
 
 
 def refuse_busy(host: Host, facts: HostFacts, allow: bool) -> None:

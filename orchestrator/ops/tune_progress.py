@@ -171,10 +171,11 @@ def shape_progress(
     plan: PlanRecord, progress: dict[str, tf.LogProgress], installed: dict[str, InstalledRecord] | None = None
 ) -> list[ShapeProgress]:
     """Per shape: batch sizes done over the whole group, out of those requested. A shape this plan
-    installed is done whatever the logs say (another member's progress may not be at hand)."""
+    installed is done whatever the logs say (another member's progress may not be at hand); units the
+    plan kept from an earlier one are done from the start."""
     rows = []
     for s in plan.shapes:
-        done = 0
+        done = sum(len(k.batch_sizes) for k in plan.kept if k.key == s.key)
         for a in plan.assignments:
             p = progress.get(f"{a.host}/{a.purpose}", tf.LogProgress())
             done += sum(len(set(p.done.get(s.key, [])) & set(r.batch_sizes)) for r in a.runs if r.key == s.key)

@@ -68,6 +68,25 @@ class ShapeRecord(_Record):
         return f"N={self.n},K={self.k}"
 
 
+class KeptRecord(_Record):
+    """Units an earlier, failed plan finished: one tuner run's result file on ``host``, validated when
+    the new plan was made (right shape and device, every batch size of its run, the six keys) and again
+    before it is installed. The new plan tunes only the units no kept file covers; ``batch_sizes`` are
+    the units this file gives it. ``lost``: the plan that wrote it ended with its jobs lost (a reboot)."""
+
+    host: str
+    path: str
+    n: int = Field(alias="N")
+    k: int = Field(alias="K")
+    batch_sizes: list[int]
+    plan_id: str
+    lost: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"N={self.n},K={self.k}"
+
+
 class PlanRecord(_Record):
     id: str
     created_at: datetime
@@ -80,9 +99,22 @@ class PlanRecord(_Record):
     shapes: list[ShapeRecord]
     hosts: dict[str, HostPaths]
     assignments: list[AssignmentRecord]
+    kept: list[KeptRecord] = Field(default_factory=list)
 
     def on(self, host: str) -> list[AssignmentRecord]:
         return [a for a in self.assignments if a.host == host]
+
+    def kept_on(self, host: str) -> list[KeptRecord]:
+        return [k for k in self.kept if k.host == host]
+
+    @property
+    def kept_units(self) -> int:
+        return sum(len(k.batch_sizes) for k in self.kept)
+
+    @property
+    def tuned_units(self) -> int:
+        """The units this plan's jobs tune (the plan's units less the kept ones)."""
+        return sum(a.units for a in self.assignments)
 
     @property
     def makespan(self) -> int:
