@@ -24,7 +24,7 @@ import yaml
 
 from orchestrator.facts import tuner as tf
 from tests.conftest import FleetEnv
-from tests.integration.test_tune import host_state, job_dirs, tuned_files, wait_for
+from tests.integration.test_tune import host_state, job_dirs, tuned_files, tuning_field, wait_for
 
 REBOOT_SHAPES = ("N=1024,K=4096", "N=4096,K=2048", "N=512,K=4096", "N=4096,K=256")
 REBOOT = ("--shapes", ";".join(REBOOT_SHAPES), "--batch-sizes", "1,2,4")  # 12 units: 2 runs of 3 on each of 2 GPUs
@@ -214,6 +214,7 @@ def test_a_reboot_mid_tuning_keeps_the_finished_runs_and_the_rerun_tunes_only_th
     cut, whole = sorted(files, key=lambda p: p.parent.name, reverse=True)  # gpu1's file is cut short
     cut.write_text(files[cut][: len(files[cut]) // 2])
 
+    assert tuning_field(env)["sim-1"]["state"] == "failed"  # before orch wait too: never "running"
     waited = env.orch("wait")
     assert waited.returncode == 3, waited.output
     assert "was lost: its process is gone without an exit code" in waited.stdout
