@@ -441,14 +441,27 @@ def already_serving(
 def interrupted_launch(store: StateStore, host: Host, runner: Runner, ready: Preflight) -> jobs.JobInfo | None:
     """The running server when a serve cut off after launching it (orch killed, connection lost) left it
     unverified: recorded as ours, never verified, running ``ready.argv`` on the same commit and tuned
-    configs. Adopting it (``adopt``) finishes that serve; replacing it would stop a good server."""
+    configs; or cut off before it could record it (``launched_unrecorded``). Adopting it (``adopt``)
+    finishes that serve; replacing it would stop a good server."""
     hs = store.load().hosts.get(host.name)
     record = hs.server if hs is not None else None
-    if ready.old is None or record is None or record.job_id != ready.old.id or record.verified:
+    if ready.old is None or hs is None:
+        return None
+    if record is None or record.job_id != ready.old.id:
+        return ready.old if launched_unrecorded(hs, runner, ready.old, ready.argv) else None
+    if record.verified:
         return None
     if (record.commit, record.configs) != (ready.commit, ready.configs) or not runs_argv(runner, ready.old, ready.argv):
         return None
     return ready.old
+
+
+def launched_unrecorded(hs: HostState, runner: Runner, job: jobs.JobInfo, argv: list[str]) -> bool:
+    """Whether running server job ``job``, which the state does not record, is the one a serve started
+    just before it was cut off (killed between the job's start and its record): the host is still in
+    phase ``launching`` (which serve saves just before the launch, and every other step leaves), and
+    the job runs ``argv``. Its commit and configs are today's: nothing else ran since."""
+    return hs.phase == Phase.LAUNCHING and job.id not in hs.jobs and runs_argv(runner, job, argv)
 
 
 def runs_argv(runner: Runner, job: jobs.JobInfo, argv: list[str]) -> bool:
