@@ -1,0 +1,346 @@
+"""Kill `orch run` again and again (issue 13, "Faults survived" item 1), then check that nothing was lost
+and nothing done twice. Used by tests/integration/test_faults_kills.py and bench/kills.py.
+
+On a small simulated fleet (tiny shapes and batch sizes, fast sim knobs: one whole run takes seconds)
+``campaign`` starts ``orch run <playbook> --yes`` and SIGKILLs it at a moment drawn from a seeded RNG: the
+k-th line of orch's progress that no earlier run printed (k in [1, 2]: counted in orch's own lines, the
+moment does not depend on the machine's speed, and each run gets a little further than the last: the
+kills spread over pull, tuning, serve and bench), plus a seeded pause of up to ``jitter`` seconds after
+that line (to land between lines: in an SSH command, a job start, a state write). Then it runs it
+again, kill after kill, and once more unkilled at the end.
+``check`` then reads the hosts' disks and the state file:
+
+- every (shape, batch size) unit tuned exactly once per host ("Completed tuning for batch_size=M" lines
+  over every tuning job's log, attributed to the shape the log says it tunes);
+- one server job per host, running; one benchmark job per host, ended with exit code 0 and recorded;
+- no stray process: on each host only sshd and the server job's process group live; no orch is left;
+- every re-run was either killed or exited 0 (a non-zero exit between kills is a finding);
+- state.json and state.json.bak load with the state's own models; every host ``serving``, verified.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.errors import StateError
+from orchestrator.recipe import PACKAGED_PLAYBOOKS
+from orchestrator.sandbox.processes import host_pids
+from orchestrator.state import State, StateStore
+
+KNOBS = {"tune_seconds_per_unit": 0.3, "startup_seconds": 0.6, "decode_step_seconds": 0.001}
+BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]  # x 2 shapes = 16 units per host: 2 per GPU
+BENCH = {"input_len": 32, "output_len": 32, "num_prompts": 4, "max_concurrency": 2, "random_range_ratio": 1.0}
+RUN_TIMEOUT = 300.0  # one `orch run` that prints nothing for this long is hung: a finding, not a wait
+
+_EVENT = re.compile(
+    r"Tune for weight shape of `N: (?P<n>\d+), K: (?P<k>\d+)`|Completed tuning for batch_size=(?P<m>\d+)"
+)
+
+
+def tiny_playbook(path: Path) -> Path:
+    """The shipped DeepSeek-V4-Flash playbook with two shapes, eight batch sizes and a tiny benchmark."""
+    doc = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text())
+    doc["tuning"] = {"shapes": doc["tuning"]["shapes"][:2], "batch_sizes": BATCH_SIZES}
+    doc["bench"] = BENCH
+    doc["health_timeout"] = 120
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@dataclass
+class Attempt:
+    """One `orch run`: killed ``pause`` s after its ``kill_after``-th new line (None: left to finish)."""
+
+    kill_after: int | None
+    pause: float = 0.0
+    killed: bool = False
+    returncode: int | None = None
+    last_line: str = ""  # the line after which it was killed (or its last line)
+    stderr: str = ""
+
+
+@dataclass
+class Figures:
+    kills: int = 0
+    reruns: int = 0
+    units_expected: int = 0
+    units_tuned: int = 0
+    units_duplicated: int = 0
+    units_missing: int = 0
+    servers_per_host: dict[str, int] = field(default_factory=dict)
+    servers_running_per_host: dict[str, int] = field(default_factory=dict)
+    bench_jobs_per_host: dict[str, int] = field(default_factory=dict)
+    bench_ok_per_host: dict[str, int] = field(default_factory=dict)
+    stray_processes: list[str] = field(default_factory=list)
+    orch_left: list[int] = field(default_factory=list)
+    failed_reruns: list[dict[str, Any]] = field(default_factory=list)
+    state_valid: bool = False
+    backup_valid: bool = False
+    state_errors: list[str] = field(default_factory=list)
+    phases: dict[str, str] = field(default_factory=dict)
+    verified: dict[str, bool] = field(default_factory=dict)
+    kill_moments: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Campaign:
+    """``orch run`` on one fleet (a ``SimFleet``), killed at seeded moments."""
+
+    def __init__(self, fleet: Any, inventory: Path, state: Path, playbook: Path) -> None:
+        self.fleet, self.inventory, self.state, self.playbook = fleet, inventory, state, playbook
+        self.attempts: list[Attempt] = []
+        self.seen: set[str] = set()  # every line any run printed so far: a line seen before is no progress
+
+    def argv(self) -> list[str]:
+        inv, st = str(self.inventory), str(self.state)
+        return [sys.executable, "-m", "orchestrator", "-i", inv, "--state", st, "run", str(self.playbook), "--yes"]
+
+    def attempt(self, kill_after: int | None, pause: float = 0.0) -> Attempt:
+        """Start `orch run`; SIGKILL it ``pause`` s after its ``kill_after``-th new line (if it gets there)."""
+        env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+        attempt, lines, new = Attempt(kill_after, pause), [], 0
+        pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
+        with subprocess.Popen(self.argv(), env=env, **pipes) as proc:  # type: ignore[call-overload]
+            watchdog = threading.Timer(RUN_TIMEOUT, proc.kill)
+            watchdog.start()
+            try:
+                for raw in proc.stderr:
+                    lines.append(raw.decode(errors="replace"))
+                    new += lines[-1] not in self.seen
+                    self.seen.add(lines[-1])
+                    if kill_after is not None and new >= kill_after:
+                        attempt.killed = self._kill(proc, pause)
+                        break
+                lines += proc.stderr.read().decode(errors="replace").splitlines(keepends=True)
+                attempt.returncode = proc.wait()
+            finally:
+                watchdog.cancel()
+        if attempt.killed and attempt.returncode != -9:  # it had exited by itself just before the kill
+            attempt.killed = False
+        attempt.last_line = lines[-1].rstrip("\n") if lines else ""
+        if attempt.killed:
+            attempt.last_line += f" (+{pause:.2f} s)"
+        attempt.stderr = "".join(lines)
+        self.attempts.append(attempt)
+        return attempt
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen[bytes], pause: float) -> bool:
+        """SIGKILL ``proc`` after ``pause`` s (no cleanup of any kind); False when it ended before."""
+        try:
+            proc.wait(timeout=pause)  # it may end meanwhile: then it was not killed
+            return False
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return True
+
+    def run(self, kills: int, seed: int, max_line: int = 1, jitter: float = 0.4) -> None:
+        """Up to ``kills`` killed runs (each after new line k in [1, ``max_line``] and up to ``jitter``
+        seconds more), then one left to finish. A run that ends before its moment ends the campaign:
+        it printed nothing new, so nothing was left to do (``Figures.kills`` then falls short)."""
+        rng = random.Random(seed)
+        while sum(a.killed for a in self.attempts) < kills:
+            if not self.attempt(rng.randint(1, max_line), round(rng.uniform(0, jitter), 2)).killed:
+                return
+        self.attempt(None)
+
+
+def tuned_units(host: Any) -> Counter[tuple[int, int, int]]:
+    """How many times each (N, K, batch size) was tuned on the host, over every tuning job's log."""
+    counts: Counter[tuple[int, int, int]] = Counter()
+    for log in sorted(Path(host.workdir, "jobs").glob("tune.*/log")):
+        shape: tuple[int, int] | None = None
+        for m in _EVENT.finditer(log.read_text(errors="replace")):  # in order: a shape, then its units
+            if m["n"] is not None:
+                shape = (int(m["n"]), int(m["k"]))
+            elif shape is not None:
+                counts[(shape[0], shape[1], int(m["m"]))] += 1
+    return counts
+
+
+def job_dirs(host: Any, purpose: str) -> list[Path]:
+    jobs = Path(host.workdir, "jobs")
+    return sorted(d for d in jobs.iterdir() if d.name.split("-")[0].split(".")[0] == purpose) if jobs.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return not stat.rsplit(") ", 1)[-1].startswith("Z")
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[-1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def stray_processes(host: Any, server_dir: Path | None) -> list[str]:
+    """The host's live processes other than sshd and the running server job's process group."""
+    keep = int((server_dir / "pid").read_text()) if server_dir is not None and (server_dir / "pid").exists() else None
+    stray = []
+    for pid in host_pids([host.root]):
+        cmd = _cmdline(pid)
+        if not _alive(pid) or cmd.startswith(("/usr/sbin/sshd", "sshd")) or (keep and _pgid(pid) == keep):
+            continue
+        stray.append(f"{host.name}: pid {pid}: {cmd[:160]}")
+    return stray
+
+
+def orch_processes(inventory: Path) -> list[int]:
+    """orch processes still alive that were run with this inventory."""
+    mine = str(inventory)
+    pids = (int(p) for p in os.listdir("/proc") if p.isdigit())
+    return [pid for pid in pids if mine in _cmdline(pid) and "orchestrator" in _cmdline(pid) and _alive(pid)]
+
+
+def wait_quiet(campaign: Campaign, timeout: float = 30) -> None:
+    """Give processes that outlive a finished orch by design a moment to end: per-connection sshd
+    children and commands in flight when orch was killed (they end when their session closes)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        servers = {h.name: _running_server(h) for h in campaign.fleet.hosts}
+        if not any(stray_processes(h, servers[h.name]) for h in campaign.fleet.hosts):
+            return
+        time.sleep(0.2)
+
+
+def _running_server(host: Any) -> Path | None:
+    running = [d for d in job_dirs(host, "server") if not (d / "exit_code").exists()]
+    return running[-1] if running else None
+
+
+def check(campaign: Campaign, expected_units: set[tuple[int, int, int]]) -> Figures:
+    """The figures of a finished campaign (see the module docstring for what each means)."""
+    fig = Figures(kills=sum(a.killed for a in campaign.attempts), reruns=len(campaign.attempts) - 1)
+    fig.kill_moments = [a.last_line for a in campaign.attempts if a.killed]
+    fig.failed_reruns = [
+        {"attempt": i, "returncode": a.returncode, "stderr_tail": a.stderr.splitlines()[-6:]}
+        for i, a in enumerate(campaign.attempts)
+        if not a.killed and a.returncode != 0
+    ]
+    wait_quiet(campaign)
+    fig.orch_left = orch_processes(campaign.inventory)
+    for host in campaign.fleet.hosts:
+        units = tuned_units(host)
+        fig.units_expected += len(expected_units)
+        fig.units_tuned += sum(1 for u in expected_units if units[u] >= 1)
+        fig.units_duplicated += sum(n - 1 for n in units.values() if n > 1)
+        fig.units_missing += sum(1 for u in expected_units if units[u] == 0)
+        servers = job_dirs(host, "server")
+        fig.servers_per_host[host.name] = len(servers)
+        fig.servers_running_per_host[host.name] = sum(not (d / "exit_code").exists() for d in servers)
+        benches = job_dirs(host, "bench")
+        fig.bench_jobs_per_host[host.name] = len(benches)
+        fig.bench_ok_per_host[host.name] = sum(_exit_code(d) == 0 for d in benches)
+        fig.stray_processes += stray_processes(host, _running_server(host))
+    store = StateStore(campaign.state)
+    try:
+        state = store.load()
+        fig.state_valid = True
+    except StateError as exc:
+        fig.state_errors.append(str(exc))
+        state = State()
+    try:  # the same models as the state file, and the same schema version
+        backup = State.model_validate(json.loads(store.backup_path.read_bytes()))
+        fig.backup_valid = backup.schema_version == state.schema_version
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        fig.state_errors.append(f"{store.backup_path}: {exc}")
+    for name, hs in state.hosts.items():
+        fig.phases[name] = hs.phase.value
+        fig.verified[name] = bool(hs.server is not None and hs.server.verified)
+    return fig
+
+
+def _exit_code(job: Path) -> int | None:
+    try:
+        return int((job / "exit_code").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def expected_units(playbook: Path) -> set[tuple[int, int, int]]:
+    doc = yaml.safe_load(playbook.read_text())
+    return {(s["N"], s["K"], m) for s in doc["tuning"]["shapes"] for m in doc["tuning"]["batch_sizes"]}
+
+
+def prepare(fleet: Any, root: Path) -> tuple[Path, Path, Path]:
+    """Knobs on every host of a started fleet; its inventory, a state path and the tiny playbook."""
+    for host in fleet.hosts:
+        host.set_knobs(**KNOBS)
+    inventory = fleet.write_inventory(root / "hosts.yaml")
+    return inventory, root / "state" / "state.json", tiny_playbook(root / "tiny.yaml")
+
+
+def campaign(fleet: Any, root: Path, kills: int, seed: int) -> tuple[Campaign, Figures]:
+    """The whole driver: prepare, kill ``kills`` times, finish, check."""
+    t0 = time.monotonic()
+    inventory, state, playbook = prepare(fleet, root)
+    c = Campaign(fleet, inventory, state, playbook)
+    c.run(kills, seed)
+    figures = check(c, expected_units(playbook))
+    figures.seconds = round(time.monotonic() - t0, 1)
+    return c, figures
+
+
+# -- a kill between a job's start and its record in the state -------------------------------------------
+
+
+def hold_state_lock_from(state: Path, moment: Callable[[dict[str, Any]], bool], timeout: float = 120) -> int:
+    """Take the state file's lock (as another orch would) at the first ``moment(state document)``.
+
+    orch saves a phase (``tuning``, ``launching``) and then starts the job over SSH, and records the
+    job only after the start returns: the lock taken as soon as the phase is saved (polled every 2 ms,
+    while orch's next step costs SSH round trips) holds that record back however long the test needs,
+    so the job runs on the host and the state does not know it. Close the descriptor to release."""
+    lock = state.with_name(state.name + ".lock")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            document = json.loads(state.read_bytes())
+        except (OSError, ValueError):
+            document = {}
+        if document and moment(document):
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError("the moment to take the state lock never came")
+        time.sleep(0.002)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # orch holds it only for the write just seen: granted at once
+    return fd
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"never saw {what}"
+        time.sleep(0.02)
+    return value

@@ -1,0 +1,114 @@
+"""Issue 13, "Faults survived" 1: orch SIGKILLed at seeded moments across `orch run` loses nothing and does
+nothing twice; killed between starting a job and recording it, the re-run adopts the job."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.state import StateStore
+from tests.conftest import FleetEnv
+from tests.integration import kills
+
+SEED, KILLS = 13, 20
+
+
+def test_run_killed_twenty_times_at_seeded_moments_tunes_serves_and_benchmarks_once(
+    make_fleet: Any, tmp_path: Path
+) -> None:
+    env = make_fleet(2)
+    runs, fig = kills.campaign(env.fleet, tmp_path, KILLS, SEED)
+    assert fig.kills >= KILLS, [a.last_line for a in runs.attempts]
+    assert fig.failed_reruns == []  # every run between the kills was killed or exited 0
+    assert runs.attempts[-1].returncode == 0 and not runs.attempts[-1].killed
+    assert (fig.units_tuned, fig.units_missing, fig.units_duplicated) == (fig.units_expected, 0, 0)
+    assert fig.servers_per_host == fig.servers_running_per_host == {"sim-1": 1, "sim-2": 1}
+    assert fig.bench_jobs_per_host == fig.bench_ok_per_host == {"sim-1": 1, "sim-2": 1}
+    assert fig.stray_processes == [] and fig.orch_left == []
+    assert fig.state_valid and fig.backup_valid
+    assert fig.phases == {"sim-1": "serving", "sim-2": "serving"} and all(fig.verified.values())
+    state = StateStore(runs.state).load()
+    for name, hs in state.hosts.items():
+        assert set(hs.steps["done"]) == {"pull", "tune-fp8", "serve", "bench"}, name
+        (bench,) = kills.job_dirs(env.fleet.host(name), "bench")
+        assert [b["job_id"] for b in hs.benchmarks] == [bench.name]  # the one benchmark, recorded once
+
+
+def _orch(env: FleetEnv, *args: str) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), *args]
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _phase_is(name: str, phase: str) -> Any:
+    return lambda doc: doc.get("hosts", {}).get(name, {}).get("phase") == phase
+
+
+def _started(host: Any, purpose: str) -> list[Path]:
+    """Job directories of ``purpose`` whose job runs (its wrapper wrote its pid)."""
+    return [d for d in kills.job_dirs(host, purpose) if (d / "pid").exists()]
+
+
+def _kill_between_start_and_record(env: FleetEnv, args: list[str], phase: str, purpose: str) -> Path:
+    """Run orch ``args``; once the host's phase is ``phase``, hold the state lock, wait for the first job
+    of ``purpose`` to run on the host, check the state does not know it, SIGKILL orch, release."""
+    (host,) = env.fleet.hosts  # type: ignore[attr-defined]
+    proc = _orch(env, *args)
+    try:
+        fd = kills.hold_state_lock_from(env.state, _phase_is(host.name, phase))
+        try:
+            job = kills.wait_for(lambda: _started(host, purpose), f"a {purpose} job on the host")[0]
+            known = StateStore(env.state).load().hosts[host.name]
+            assert job.name not in known.jobs and (known.server is None or known.server.job_id != job.name)
+        finally:
+            proc.kill()
+            proc.wait()
+            os.close(fd)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return job
+
+
+@pytest.mark.parametrize("command", ["serve", "run"])
+def test_serve_killed_between_starting_its_server_and_recording_it_is_adopted(
+    make_fleet: Any, tmp_path: Path, command: str
+) -> None:
+    env = make_fleet(1)
+    (host,) = env.fleet.hosts
+    _inventory, _state, playbook = kills.prepare(env.fleet, tmp_path)
+    args = ["run", str(playbook), "--yes"] if command == "run" else ["serve"]  # run: its serve step, tuned first
+    job = _kill_between_start_and_record(env, args, "launching", "server")
+    again = env.orch(*args, timeout=300)
+    assert again.returncode == 0, again.output
+    assert f"re-attaching to server job {job.name}" in again.stderr
+    assert kills.job_dirs(host, "server") == [job]  # the one it started, not stopped and replaced
+    hs = StateStore(env.state).load().hosts[host.name]
+    assert hs.phase.value == "serving" and hs.server is not None and hs.server.verified
+    assert hs.server.job_id == job.name
+
+
+def test_tuning_killed_between_starting_a_job_and_recording_it_adopts_the_job_even_ended(
+    make_fleet: Any, tmp_path: Path
+) -> None:
+    env = make_fleet(1)
+    (host,) = env.fleet.hosts
+    _inventory, _state, playbook = kills.prepare(env.fleet, tmp_path)
+    args = ["run", str(playbook), "--yes"]
+    job = _kill_between_start_and_record(env, args, "tuning", "tune")
+    kills.wait_for(lambda: (job / "exit_code").exists(), "the unrecorded job's end")  # only its log says so now
+    again = env.orch(*args, timeout=300)
+    assert again.returncode == 0, again.output
+    tuned = kills.tuned_units(host)
+    assert set(tuned) == kills.expected_units(playbook) and set(tuned.values()) == {1}  # each unit once
+    purposes = Counter(d.name.split("-")[0] for d in kills.job_dirs(host, "tune"))
+    assert len(purposes) == 8 and set(purposes.values()) == {1}  # one job per GPU, none started twice
+    hs = StateStore(env.state).load().hosts[host.name]
+    assert job.name in hs.jobs and hs.jobs[job.name].state == "succeeded"
+    assert hs.phase.value == "serving"
