@@ -20,6 +20,7 @@ Knobs (name: default):
     spec_step_overhead: 1.2          server: a speculative step costs this many decode steps
     triton_default_slowdown: 1.25    server: step factor for Triton FP8 GEMMs without tuned configs
     tuned_speedup: 0.85              server: step factor for Triton FP8 GEMMs with tuned configs
+    log_noise_bytes: 0               tuner and server: log invalid UTF-8 and one line this long first
 """
 
 import functools
@@ -49,6 +50,15 @@ def knobs():
 def knob(name, default):
     value = knobs().get(name)
     return default if value is None else value
+
+
+def write_log_noise(stream):
+    """Knob ``log_noise_bytes``: a hostile log (invalid UTF-8, then one line of that many bytes)."""
+    size = int(knob("log_noise_bytes", 0))
+    if size:
+        stream.flush()
+        stream.buffer.write(b"noise \xff\xfe\xc3( not UTF-8\n" + b"x" * size + b"\n")
+        stream.buffer.flush()
 
 
 def gpu_name():

@@ -149,6 +149,7 @@ def run(server_args):
     app = App(server_args)
     install_sigterm(app)
     logger.info(f"server_args={server_args!r}")
+    host.write_log_noise(sys.stderr)
     free = claim_gpus(server_args)
     httpd = HttpServer(app, server_args.host, server_args.port)
     threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()

@@ -151,6 +151,7 @@ def main(args, legacy=False):
     """Run a tuning from parsed ``args`` (``legacy``: the old ``tuning_block_wise_fp8.py`` flags)."""
     signal.signal(signal.SIGTERM, _die_by_sigterm)
     print(args)
+    host.write_log_noise(sys.stdout)
     num_gpus = count_gpus()
     if num_gpus == 0:
         raise RuntimeError("No GPU available for tuning")
