@@ -3,14 +3,16 @@
 Nothing is hard-coded that the host can tell: the tuner's flags come from its ``--help``, the runtime
 config directory from importing SGLang's ``fp8_kernel`` with the host's python, the GPU name from
 nvidia-smi, Triton's version if it imports, the SGLang commit from git. A host already running a plan
-is attached to instead (``Prepared.attach``). After a plan that failed (its jobs lost to a reboot, say),
-the result files its finished runs wrote are validated and kept (``kept_results``): the next plan tunes
-only the rest.
+is attached to instead (``Prepared.attach``), unless none of that plan's jobs runs any more (a reboot
+killed them): then it is finished first, as ``orch wait`` would (``finish_ended``). After a plan that
+failed (its jobs lost to a reboot, say), the result files its finished runs wrote are validated and
+kept (``kept_results``): the next plan tunes only the rest.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -21,19 +23,25 @@ from orchestrator.facts import server as server_facts
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.ops import server as srv
+from orchestrator.ops.tune_install import complete_group
 from orchestrator.ops.tune_logged import logged_shapes
+from orchestrator.ops.tune_progress import job_views, poll_group
 from orchestrator.ops.tune_record import (
     AssignmentRecord,
     InstalledRecord,
     KeptRecord,
+    Member,
     PlanRecord,
     RunRecord,
     TuningRecord,
+    cached_records,
     load_record,
 )
 from orchestrator.recipe import Recipe, ServeOptions, Shape, TuneOptions, parse_shapes
 from orchestrator.state import StateStore
 from orchestrator.transport.base import Runner
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -130,8 +138,11 @@ class Prepared:
 
 
 def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> Prepared:
-    """Attach to a running plan, or discover, resolve shapes, skip installed ones and check GPUs."""
+    """Attach to a running plan, or discover, resolve shapes, skip installed ones and check GPUs. A
+    plan recorded running whose jobs all ended or were lost is finished first (installed or failed)."""
     record = load_record(store.load().hosts.get(host.name))
+    if record.state == "running" and record.plan is not None and finish_ended(host, runner, store, record.plan):
+        record = load_record(store.load().hosts.get(host.name))
     if record.state == "running" and record.plan is not None:
         return Prepared(host, runner, attach=record.plan)
     facts = discover(host, runner)
@@ -152,6 +163,29 @@ def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
         refuse_busy(host, facts, options.allow_busy_gpus)
     note = logged.note if logged else None
     return Prepared(host, runner, None, facts, needed, skipped, batch_sizes, tp, note, kept)
+
+
+def finish_ended(host: Host, runner: Runner, store: StateStore, plan: PlanRecord) -> bool:
+    """Whether ``plan``, recorded running on ``host`` alone, has no job running any more (all ended or
+    lost, e.g. to a reboot; one job listing tells): then it is completed as the watch would (installed,
+    or failed with the same reason), so a re-run tunes afresh, keeping its finished runs, instead of
+    attaching to jobs that are gone. A job whose start is not recorded yet counts as running (the watch
+    finds or starts it); a ``--fleet`` plan is left to the watch, which reaches every member."""
+    if plan.group != [host.name]:
+        return False
+    member = Member(host, runner)
+    polls = poll_group([member], store, plan)
+    cached = cached_records(store, [host.name])
+    now = cached[host.name]
+    if now.state != "running" or now.plan is None or now.plan.id != plan.id:
+        return True  # another orch finished it (or planned anew) meanwhile: read the record again
+    if any(v.state == "running" for v in job_views(now.plan, polls, cached)):
+        return False
+    complete_group([member], store, now.plan, polls)
+    record = load_record(store.load().hosts.get(host.name))
+    if record.state == "failed" and record.plan is not None and record.plan.id == plan.id:
+        log.warning("%s: tuning plan %s failed: %s; tuning afresh", host.name, plan.id, record.reason)
+    return True
 
 
 def running_plan(store: StateStore, host: Host) -> PlanRecord | None:

@@ -241,3 +241,38 @@ def test_a_reboot_mid_tuning_keeps_the_finished_runs_and_the_rerun_tunes_only_th
     assert hs["phase"] == "tuned" and hs["tuning"]["state"] == "installed"
     (kept,) = hs["tuning"]["plan"]["kept"]
     assert (kept["path"], kept["batch_sizes"], kept["lost"]) == (str(whole), [1, 2, 4], True)
+
+
+def test_a_tuning_rerun_straight_after_a_reboot_fails_the_lost_plan_and_tunes_the_rest_in_one_run(
+    make_fleet: Callable[..., FleetEnv],
+) -> None:
+    env = make_fleet(1)
+    two_gpus(env)
+    host = host0(env)
+    host.set_knobs(tune_seconds_per_unit=1.5)
+    ok(env, "tune-fp8", *REBOOT)
+    first = wait_for(lambda: running_tune_jobs(host, 2), 30, "both tuning jobs")
+    wait_for(lambda: in_second_run(first), 120, "each job's first run to finish")
+    for job in first:
+        kill_as_a_reboot_would(job)
+    lost_plan = host_state(env, "sim-1")["tuning"]["plan"]["id"]
+    assert host_state(env, "sim-1")["tuning"]["state"] == "running"  # no orch looked since the reboot
+
+    host.set_knobs(tune_seconds_per_unit=0.02)
+    rerun = env.orch("tune-fp8", *REBOOT, "--wait")  # no orch wait first
+    assert rerun.returncode == 0, rerun.output
+    assert f"sim-1: tuning plan {lost_plan} failed: sim-1 GPU 0 job tune.gpu0" in rerun.stderr, rerun.stderr
+    assert "was lost: its process is gone without an exit code (host rebooted or killed)" in rerun.stderr
+    assert "kept 6 units tuned before the reboot, tuning 6" in rerun.stdout, rerun.stdout
+    new_logs = [log_of(j) for j in job_dirs(host) if j not in first]
+    assert completed(new_logs) == 6  # 12 units less the 6 of the two finished runs
+    installed = tuned_files(host)
+    assert sorted(installed) == sorted(REBOOT_SHAPES)
+    assert all(sorted(configs) == [1, 2, 4] for configs in installed.values())
+    hs = host_state(env, "sim-1")
+    assert hs["phase"] == "tuned" and hs["tuning"]["state"] == "installed"
+    assert hs["tuning"]["plan"]["id"] != lost_plan
+    steps = [(h["from_phase"], h["to_phase"]) for h in hs["history"]][-3:]
+    assert steps == [("tuning", "failed"), ("failed", "tuning"), ("tuning", "tuned")], hs["history"]
+    failed = hs["history"][-3]["reason"]
+    assert failed.startswith("tuning failed: sim-1 GPU 0 job tune.gpu0") and "was lost" in failed
