@@ -151,13 +151,27 @@ def remote_command(
     return " && ".join(parts), "".join(f"{v}\n" for v in env.values())
 
 
+def short_command(argv: Sequence[str], limit: int = 80) -> str:
+    """``argv`` for a one-line message: a constant ``sh -c`` script is named by its ``$0`` (orch's
+    scripts name themselves: ``orch-jobs``, ``orch-start``), and each word is cut at ``limit``.
+
+    >>> short_command(["sh", "-c", "a long script", "orch-jobs", "/w/orch"])
+    'orch-jobs /w/orch (a sh -c script)'
+    >>> short_command(["ls", "x" * 100], limit=10)
+    'ls xxxxxxx...'
+    """
+    script = len(argv) > 3 and argv[0] in ("sh", "bash") and argv[1] == "-c"
+    words = [w if len(w) <= limit else w[: limit - 3] + "..." for w in (argv[3:] if script else argv)]
+    return shlex.join(words) + (f" (a {argv[0]} -c script)" if script else "")
+
+
 def check_result(host: str, result: CommandResult) -> CommandResult:
     """Raise ``RemoteCommandError`` naming the host and command when ``result`` failed."""
     if result.ok:
         return result
     tail = "\n".join(result.stderr.strip().splitlines()[-5:])
     raise RemoteCommandError(
-        f"{host}: `{shlex.join(result.argv)}` exited {result.exit_status}" + (f": {tail}" if tail else ""),
+        f"{host}: `{short_command(result.argv)}` exited {result.exit_status}" + (f": {tail}" if tail else ""),
         exit_status=result.exit_status,
         stderr=result.stderr,
     )

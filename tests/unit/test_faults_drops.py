@@ -61,3 +61,64 @@ def test_verify_reconnects_after_a_drop_and_verifies(monkeypatch: pytest.MonkeyP
     assert (result.job_id, result.fp8_backend) == ("server-1", "auto")
     assert runner.closed == 1 and not answers
     assert said == ["connection lost while running a command: EOFError; reconnecting (verification goes on)"]
+
+
+# -- the tuning waits' one rule for an outage (issue 13 §2) ---------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_outage_says_reconnecting_once_and_gives_up_after_the_documented_time_naming_the_host(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from orchestrator.ops import tune
+
+    clock = Clock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    outage = tune.Outage(["b1"])
+    lost = UnreachableError("b1: connection lost while running a command (its result is unknown)")
+    for _ in range(5):
+        outage.lost(lost)
+        clock.now += 60
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"{lost.message}; reconnecting (the jobs run on; giving up after 300 s)"]
+    clock.now += 1
+    with pytest.raises(UnreachableError) as gave_up:
+        outage.lost(lost)
+    assert gave_up.value.message.startswith(lost.message + " (unreachable for 301 s;")
+    assert "`orch wait`" in str(gave_up.value.hint)
+
+
+def test_a_new_outage_after_a_good_step_is_said_again_and_timed_from_its_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from orchestrator.ops import tune
+
+    clock = Clock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    outage = tune.Outage(["b1"])
+    lost = UnreachableError("b1: cannot connect to 127.0.0.2:22: connection refused")
+    outage.lost(lost)
+    clock.now += 290
+    outage.over()  # a step went through
+    clock.now += 20
+    outage.lost(lost)  # 310 s after the first loss, but a new outage
+    assert sum("reconnecting" in r.getMessage() for r in caplog.records) == 2
+    assert outage.last is not None and outage.last.message == lost.message
+
+
+def test_a_failed_command_names_a_shell_script_by_its_name_not_its_text() -> None:
+    from orchestrator.errors import RemoteCommandError
+    from orchestrator.transport.base import check_result
+
+    script = "set -eu\nworkdir=$1\n" * 20
+    result = CommandResult(("sh", "-c", script, "orch-jobs", "/w/orch"), 75, "", "orch: busy\n")
+    with pytest.raises(RemoteCommandError) as failed:
+        check_result("b1", result)
+    assert failed.value.message == "b1: `orch-jobs /w/orch (a sh -c script)` exited 75: orch: busy"
