@@ -44,6 +44,7 @@ def main() -> None:
         "stray_processes": len(data["stray_processes"]),
         "failed_reruns": len(data["failed_reruns"]),
         "seconds": data["seconds"],
+        "kills_by_step": data["kills_by_step"],
     }
     if args.json:
         print(json.dumps({**summary, "details": data}))

@@ -2,12 +2,13 @@
 and nothing done twice. Used by tests/integration/test_faults_kills.py and bench/kills.py.
 
 On a small simulated fleet (tiny shapes and batch sizes, fast sim knobs: one whole run takes seconds)
-``campaign`` starts ``orch run <playbook> --yes`` and SIGKILLs it at a moment drawn from a seeded RNG: the
-k-th line of orch's progress that no earlier run printed (k in [1, 2]: counted in orch's own lines, the
-moment does not depend on the machine's speed, and each run gets a little further than the last: the
-kills spread over pull, tuning, serve and bench), plus a seeded pause of up to ``jitter`` seconds after
-that line (to land between lines: in an SSH command, a job start, a state write). Then it runs it
-again, kill after kill, and once more unkilled at the end.
+``campaign`` starts ``orch run <playbook> --yes`` and SIGKILLs it at a moment drawn from a seeded RNG: a
+new line of orch's progress (one no earlier run printed: counted in orch's own lines, the moment does not
+depend on the machine's speed, and each run gets a little further than the last) of the step the kill
+aims at (pull, tune-fp8, serve, bench: ``SHARE`` of the kills each, in that order, so that every step is
+hit), plus a seeded pause of up to ``jitter`` seconds after that line (to land between lines: in an SSH
+command, a job start, a state write). Then it runs it again, kill after kill, and once more unkilled at
+the end.
 ``check`` then reads the hosts' disks and the state file:
 
 - every (shape, batch size) unit tuned exactly once per host ("Completed tuning for batch_size=M" lines
@@ -45,6 +46,8 @@ from orchestrator.state import State, StateStore
 KNOBS = {"tune_seconds_per_unit": 0.3, "startup_seconds": 0.6, "decode_step_seconds": 0.001}
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]  # x 2 shapes = 16 units per host: 2 per GPU
 BENCH = {"input_len": 32, "output_len": 32, "num_prompts": 4, "max_concurrency": 2, "random_range_ratio": 1.0}
+STEPS = ("pull", "tune-fp8", "serve", "bench")
+SHARE = {"pull": 0.2, "tune-fp8": 0.35, "serve": 0.3, "bench": 0.15}  # of the kills, aimed at each step
 RUN_TIMEOUT = 300.0  # one `orch run` that prints nothing for this long is hung: a finding, not a wait
 
 _EVENT = re.compile(
@@ -64,9 +67,10 @@ def tiny_playbook(path: Path) -> Path:
 
 @dataclass
 class Attempt:
-    """One `orch run`: killed ``pause`` s after its ``kill_after``-th new line (None: left to finish)."""
+    """One `orch run`: killed ``pause`` s after its first new line of step ``aim`` or a later one
+    (None: left to finish)."""
 
-    kill_after: int | None
+    aim: str | None
     pause: float = 0.0
     killed: bool = False
     returncode: int | None = None
@@ -94,7 +98,8 @@ class Figures:
     state_errors: list[str] = field(default_factory=list)
     phases: dict[str, str] = field(default_factory=dict)
     verified: dict[str, bool] = field(default_factory=dict)
-    kill_moments: list[str] = field(default_factory=list)
+    kill_moments: list[str] = field(default_factory=list)  # the last line orch printed before each kill
+    kills_by_step: dict[str, int] = field(default_factory=dict)  # the step of that line
     seconds: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
@@ -113,10 +118,11 @@ class Campaign:
         inv, st = str(self.inventory), str(self.state)
         return [sys.executable, "-m", "orchestrator", "-i", inv, "--state", st, "run", str(self.playbook), "--yes"]
 
-    def attempt(self, kill_after: int | None, pause: float = 0.0) -> Attempt:
-        """Start `orch run`; SIGKILL it ``pause`` s after its ``kill_after``-th new line (if it gets there)."""
+    def attempt(self, aim: str | None, pause: float = 0.0) -> Attempt:
+        """Start `orch run`; SIGKILL it ``pause`` s after its first new line of step ``aim`` or a later
+        step (if it gets there)."""
         env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
-        attempt, lines, new = Attempt(kill_after, pause), [], 0
+        attempt, lines = Attempt(aim, pause), []
         pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
         with subprocess.Popen(self.argv(), env=env, **pipes) as proc:  # type: ignore[call-overload]
             watchdog = threading.Timer(RUN_TIMEOUT, proc.kill)
@@ -124,9 +130,9 @@ class Campaign:
             try:
                 for raw in proc.stderr:
                     lines.append(raw.decode(errors="replace"))
-                    new += lines[-1] not in self.seen
+                    new = lines[-1] not in self.seen
                     self.seen.add(lines[-1])
-                    if kill_after is not None and new >= kill_after:
+                    if aim is not None and new and STEPS.index(aim) <= _step_index(lines[-1]):
                         attempt.killed = self._kill(proc, pause)
                         break
                 lines += proc.stderr.read().decode(errors="replace").splitlines(keepends=True)
@@ -152,15 +158,28 @@ class Campaign:
             proc.kill()
             return True
 
-    def run(self, kills: int, seed: int, max_line: int = 1, jitter: float = 0.4) -> None:
-        """Up to ``kills`` killed runs (each after new line k in [1, ``max_line``] and up to ``jitter``
-        seconds more), then one left to finish. A run that ends before its moment ends the campaign:
-        it printed nothing new, so nothing was left to do (``Figures.kills`` then falls short)."""
+    def run(self, kills: int, seed: int, jitter: float = 0.4) -> None:
+        """Up to ``kills`` killed runs (``SHARE`` of them aimed at each step in turn, each up to ``jitter``
+        seconds after its line), then one left to finish. A run that ends before its moment ends the
+        campaign: it printed nothing new, nothing was left to do (``Figures.kills`` then falls short)."""
         rng = random.Random(seed)
-        while sum(a.killed for a in self.attempts) < kills:
-            if not self.attempt(rng.randint(1, max_line), round(rng.uniform(0, jitter), 2)).killed:
+        for aim in kill_plan(kills):
+            if not self.attempt(aim, round(rng.uniform(0, jitter), 2)).killed:
                 return
         self.attempt(None)
+
+
+def kill_plan(kills: int) -> list[str]:
+    """The step each kill aims at, in campaign order: ``SHARE`` of ``kills`` each (the rest: tune-fp8)."""
+    counts = {step: int(kills * SHARE[step]) for step in STEPS}
+    counts["tune-fp8"] += kills - sum(counts.values())
+    return [step for step in STEPS for _ in range(counts[step])]
+
+
+def _step_index(line: str) -> int:
+    """The campaign step a progress line (``host: step: ...``) is about; -1 for other lines."""
+    parts = line.split(": ")
+    return STEPS.index(parts[1]) if len(parts) > 2 and parts[1] in STEPS else -1
 
 
 def tuned_units(host: Any) -> Counter[tuple[int, int, int]]:
@@ -242,6 +261,8 @@ def check(campaign: Campaign, expected_units: set[tuple[int, int, int]]) -> Figu
     """The figures of a finished campaign (see the module docstring for what each means)."""
     fig = Figures(kills=sum(a.killed for a in campaign.attempts), reruns=len(campaign.attempts) - 1)
     fig.kill_moments = [a.last_line for a in campaign.attempts if a.killed]
+    steps = (m.split(": ")[1] if m.count(": ") >= 2 else "(before any step)" for m in fig.kill_moments)
+    fig.kills_by_step = dict(Counter(steps))
     fig.failed_reruns = [
         {"attempt": i, "returncode": a.returncode, "stderr_tail": a.stderr.splitlines()[-6:]}
         for i, a in enumerate(campaign.attempts)
