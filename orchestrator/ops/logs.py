@@ -19,6 +19,7 @@ from orchestrator.transport.base import Runner
 
 log = logging.getLogger(__name__)
 CHUNK = 1 << 20
+_CONTINUATION = bytes(range(0x80, 0xC0))  # UTF-8 continuation bytes: a character cut by a window's start
 
 
 def pick_job(runner: Runner, workdir: str, which: str | None) -> JobInfo:
@@ -54,9 +55,17 @@ def newest_of_kind(listed: list[JobInfo], kind: str) -> JobInfo | None:
 
 
 def start_offset(runner: Runner, job: JobInfo, tail: int) -> tuple[str, int]:
-    """The last ``tail`` lines and the byte offset right after them."""
-    text = jobs.read_tail(runner, job, max_bytes=max(8192, tail * 400))
-    return jobs.tail_lines(text, tail), job.log_size
+    """The last ``tail`` lines and the byte offset right after them (``job.log_size``, so a follower
+    prints each later byte once). At most ``max(8192, tail * 400)`` bytes are read: the line cut by
+    that window's start is left out, unless it is all the window holds (a log ending in one huge
+    line), which is then shown by its end after ``[...]``."""
+    size = job.log_size
+    start = max(0, size - max(8192, tail * 400))
+    data = runner.read_bytes(job.log, offset=start, length=size - start) if size else b""
+    if start:
+        _cut, newline, rest = data.partition(b"\n")
+        data = rest if newline and rest.strip() else b"[...]" + data.lstrip(_CONTINUATION)
+    return jobs.tail_lines(data.decode(errors="replace"), tail), size
 
 
 def follow(

@@ -4,7 +4,10 @@ One ``SSHRunner`` holds one SSH connection to one host for the whole orch invoca
 and file transfer of that invocation is a channel on it. Host keys are verified against the
 inventory's ``known_hosts`` and the user's ``~/.ssh/known_hosts``: an unknown key is refused (or, with
 ``accept_new``, recorded like OpenSSH's ``StrictHostKeyChecking=accept-new``); a changed key is
-always refused. Only *connecting* is retried: a remote command is never run twice by orch.
+always refused, and a refused host is not connected to again in the invocation (a key that changed
+mid-campaign is not a drop to retry). Only *connecting* is retried: a remote command is never run
+twice by orch. A connection lost with a command in flight is ``UnreachableError`` ("its result is
+unknown"), never an exit status: callers decide whether the command may be repeated.
 
 The known_hosts files are read here, not by paramiko's parser, which raises on OpenSSH's marker lines:
 hashed names (``|1|...``) match as OpenSSH matches them; an ``@cert-authority`` line is skipped (a CA

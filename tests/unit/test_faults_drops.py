@@ -122,3 +122,34 @@ def test_a_failed_command_names_a_shell_script_by_its_name_not_its_text() -> Non
     with pytest.raises(RemoteCommandError) as failed:
         check_result("b1", result)
     assert failed.value.message == "b1: `orch-jobs /w/orch (a sh -c script)` exited 75: orch: busy"
+
+
+class LogFile:
+    """A runner holding one job log."""
+
+    host = "b1"
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        return self.data[offset : None if length is None else offset + length]
+
+
+@pytest.mark.parametrize(
+    ("log", "shown"),
+    [
+        (b"one\ntwo\n", "one\ntwo\n"),
+        (b"x" * 9000 + b"\nlast\n", "last\n"),  # the line cut by the window is left out
+        (b"x" * 30000 + b"\n", "[...]" + "x" * 8191),  # unless it is all there is: its end, marked
+        (b"x" * 30000, "[...]" + "x" * 8192),
+        ("é".encode() * 9000 + b"a", "[...]" + "é" * 4095 + "a"),  # nor half a character
+    ],
+)
+def test_logs_tail_of_a_huge_last_line_shows_its_end(log: bytes, shown: str) -> None:
+    from orchestrator.jobs import JobInfo
+    from orchestrator.ops.logs import start_offset
+
+    job = JobInfo("j", "t", 1, "running", None, None, None, len(log), False, "/w/jobs/j")
+    text, offset = start_offset(LogFile(log), job, tail=10)  # type: ignore[arg-type]
+    assert (text.rstrip("\n"), offset) == (shown.rstrip("\n"), len(log))
