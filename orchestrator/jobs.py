@@ -34,10 +34,16 @@ from orchestrator.transport.base import Runner, looks_secret
 
 _PURPOSE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,80}$")
 
+# Every script below runs after this (``_script``): a process's start time, field 22 of /proc/<pid>/stat
+# counted after the LAST ") ", since the process name before it (comm, in parentheses) may hold spaces and ")".
+_STARTTIME = r"""
+starttime() { _stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0; printf '%s\n' "${_stat##*") "}" | cut -d' ' -f20; }
+"""
+
 # $1 = dir, then the command. Runs as the session leader made by setsid.
 _WRAPPER = r"""
 dir=$1; shift
-cut -d' ' -f22 "/proc/$$/stat" > "$dir/starttime"
+starttime $$ > "$dir/starttime"
 cat /proc/sys/kernel/random/boot_id > "$dir/boot_id" 2>/dev/null || echo none > "$dir/boot_id"
 echo $$ > "$dir/pid.tmp" && mv "$dir/pid.tmp" "$dir/pid"
 trap 'echo "orch: job received a signal; waiting for the command to exit" >&2' TERM INT HUP
@@ -64,7 +70,7 @@ if [ -L "$link" ]; then
   old=$(readlink "$link")
   if [ ! -e "$old/exit_code" ] && [ -s "$old/pid" ]; then
     pid=$(cat "$old/pid")
-    if [ -r "/proc/$pid/stat" ] && [ "$(cut -d' ' -f22 "/proc/$pid/stat")" = "$(cat "$old/starttime")" ] \
+    if [ -r "/proc/$pid/stat" ] && [ "$(starttime "$pid")" = "$(cat "$old/starttime")" ] \
        && [ "$(cat "$old/boot_id" 2>/dev/null)" = "$boot" ]; then
       echo "attached ${old##*/} $pid"; exit 0
     fi
@@ -93,7 +99,7 @@ for d in "$workdir"/jobs/*/; do
   pid=$(cat "$d/pid" 2>/dev/null || true)
   alive=0
   if [ -n "$pid" ] && [ -r "/proc/$pid/stat" ] && [ "$(cat "$d/boot_id" 2>/dev/null)" = "$boot" ] \
-     && [ "$(cut -d' ' -f22 "/proc/$pid/stat")" = "$(cat "$d/starttime" 2>/dev/null)" ]; then alive=1; fi
+     && [ "$(starttime "$pid")" = "$(cat "$d/starttime" 2>/dev/null)" ]; then alive=1; fi
   stop=0; [ -e "$d/stop_requested" ] && stop=1
   size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)
   printf 'job\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "${d##*/}" "$(cat "$d/purpose" 2>/dev/null)" "$pid" "$alive" \
@@ -109,7 +115,7 @@ dir=$1; grace=$2
 pid=$(cat "$dir/pid" 2>/dev/null || true)
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
 alive() {
-  [ -r "/proc/$pid/stat" ] && [ "$(cut -d' ' -f22 "/proc/$pid/stat")" = "$(cat "$dir/starttime")" ] \
+  [ -r "/proc/$pid/stat" ] && [ "$(starttime "$pid")" = "$(cat "$dir/starttime")" ] \
     && [ "$(cat "$dir/boot_id" 2>/dev/null)" = "$boot" ]
 }
 [ -n "$pid" ] && alive || { echo "lost"; exit 0; }
@@ -181,6 +187,10 @@ def new_job_id(spec: JobSpec, now: datetime | None = None) -> str:
     return f"{spec.purpose.replace(':', '-')}-{stamp}-{secrets.token_hex(2)}"
 
 
+def _script(body: str) -> str:
+    return _STARTTIME + body
+
+
 def start_argv(workdir: str, job_id: str, spec: JobSpec) -> list[str]:
     pairs = [f"{k}={v}" for k, v in spec.env.items()]
     for name, value in spec.env.items():
@@ -194,12 +204,12 @@ def start_argv(workdir: str, job_id: str, spec: JobSpec) -> list[str]:
     return [
         "sh",
         "-c",
-        _START,
+        _script(_START),
         "orch-start",
         workdir,
         job_id,
         spec.purpose,
-        _WRAPPER,
+        _script(_WRAPPER),
         str(len(pairs)),
         "env",
         *pairs,
@@ -215,7 +225,7 @@ def parse_start(stdout: str) -> Started:
 
 
 def list_argv(workdir: str) -> list[str]:
-    return ["sh", "-c", _LIST, "orch-jobs", workdir]
+    return ["sh", "-c", _script(_LIST), "orch-jobs", workdir]
 
 
 def _epoch(value: str) -> datetime | None:
@@ -254,7 +264,7 @@ def parse_list(stdout: str, workdir: str) -> list[JobInfo]:
 
 
 def stop_argv(job_dir: str, grace_seconds: int) -> list[str]:
-    return ["sh", "-c", _STOP, "orch-stop", job_dir, str(grace_seconds)]
+    return ["sh", "-c", _script(_STOP), "orch-stop", job_dir, str(grace_seconds)]
 
 
 # -- operations over a runner ------------------------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -93,6 +95,41 @@ def test_stop_never_signals_a_reused_pid(runner: LocalRunner, workdir: str) -> N
         bystander.kill()
         bystander.wait()
         os.killpg(started.pid, signal.SIGKILL)
+
+
+RENAMED = "orch (x) y z"  # a process name (comm) with spaces and ") ", as any process may take (15 bytes at most)
+
+
+def renamed_process() -> subprocess.Popen[bytes]:
+    """A process leading its own session that has named itself ``RENAMED``, reaped as soon as it dies."""
+    script = f"open('/proc/self/comm', 'w').write({RENAMED!r}); import time; time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{proc.pid}/comm").read_text().strip() != RENAMED:
+        assert time.monotonic() < deadline, "the process never renamed itself"
+        time.sleep(0.05)
+    threading.Thread(target=proc.wait, daemon=True).start()  # a zombie would look alive to stop
+    return proc
+
+
+def test_a_job_process_named_with_spaces_and_parens_is_running_attached_and_stopped(
+    runner: LocalRunner, workdir: str
+) -> None:
+    started = jobs.start(runner, workdir, jobs.JobSpec("test", "t.comm", ["sleep", "30"]))
+    os.killpg(started.pid, signal.SIGKILL)  # its wrapper, replaced by a process named RENAMED
+    proc = renamed_process()
+    try:
+        job_dir = Path(workdir, "jobs", started.job_id)
+        (job_dir / "pid").write_text(f"{proc.pid}\n")
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(") ", 1)[1].split()
+        (job_dir / "starttime").write_text(f"{fields[19]}\n")  # field 22, counted after the name
+        assert jobs.find(runner, workdir, started.job_id).state == "running"
+        again = jobs.start(runner, workdir, jobs.JobSpec("test", "t.comm", ["sleep", "30"]))
+        assert (again.attached, again.job_id, again.pid) == (True, started.job_id, proc.pid)
+        assert jobs.stop(runner, jobs.find(runner, workdir, started.job_id), 5) == "stopped"
+        assert proc.wait(10) == -signal.SIGTERM
+    finally:
+        proc.kill()
 
 
 def test_parse_list_and_states() -> None:
