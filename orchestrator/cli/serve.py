@@ -235,8 +235,17 @@ def stop_server(
             lambda h, r: serve_op.stop_server(h, r, app.store, chosen[h.name], drain_timeout, reporter(h))
         )
     for r in results.succeeded:
-        out.print(f"{r.host.name}: " + (f"server {r.value}" if r.value else "no server of orch's was running"))
+        out.print(f"{r.host.name}: {stopped_line(r.value)}")
     return serve_exit(results)
+
+
+def stopped_line(outcome: str | None) -> str:
+    """What ``orch stop-server`` says of a host: how its server ended, or why nothing was stopped."""
+    if outcome is None:
+        return "no server of orch's was running"
+    if outcome == "lost":
+        return "the server job was lost (host rebooted or killed): nothing was signalled"
+    return f"server {outcome}"
 
 
 @click.group()

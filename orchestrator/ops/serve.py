@@ -911,8 +911,13 @@ def _record_verified(store: StateStore, host: Host, result: ServeResult, known_g
 def stop_server(
     host: Host, runner: Runner, store: StateStore, recipe: Recipe, drain_timeout: float, report: Report = srv._quiet
 ) -> str | None:
-    """``orch stop-server``: stop the server orch launched, freeing the recipe's GPUs (``srv.stop_server``)."""
-    return srv.stop_server(host, runner, store, facts.server_gpus(recipe, host), drain_timeout, report, srv.AS_ASKED)
+    """``orch stop-server``: stop the server orch launched, freeing the recipe's GPUs (``srv.stop_server``);
+    ``lost`` when none runs and the last server job was lost (host rebooted or killed): nothing signalled."""
+    outcome = srv.stop_server(host, runner, store, facts.server_gpus(recipe, host), drain_timeout, report, srv.AS_ASKED)
+    if outcome is not None:
+        return outcome
+    servers = [j for j in jobs.list_jobs(runner, host.workdir) if j.purpose == srv.SERVER_PURPOSE]
+    return "lost" if servers and servers[-1].state == "lost" else None
 
 
 # --- recipe discover --------------------------------------------------------------------------------------
