@@ -66,3 +66,23 @@ def test_a_host_key_changed_mid_tuning_is_refused_once_and_the_other_host_finish
     assert f"{steady.name}: installed 2 tuned configs" in out
     assert_tuned_once(env, steady)
     assert StateStore(env.state).load().hosts[changed.name].phase == "tuning"  # its jobs run on, unwatched
+
+
+def test_a_host_key_changed_during_run_fails_that_host_only_and_it_is_never_tried_again(make_fleet: Any) -> None:
+    env: FleetEnv = make_fleet(2)
+    steady, changed = env.fleet.hosts  # type: ignore[attr-defined]
+    for sim in (steady, changed):
+        sim.set_knobs(tune_seconds_per_unit=0.5, startup_seconds=0.3)
+    run = orch_process(env, "run", "deepseek-v4-flash", "--yes")
+    seen = read_line_until(run, f"{changed.name}: tune-fp8: ")
+    while " units (" not in seen.splitlines()[-1]:  # waiting for its tuning (not preparing it)
+        seen += read_line_until(run, f"{changed.name}: tune-fp8: ")
+    old, new = replace_host_key(changed)
+    connections = changed.accepted_connections()
+    out = seen + run.communicate(timeout=300)[0]
+
+    assert run.returncode == 3, out
+    assert "Traceback" not in out, out
+    assert f"known {old}, offered {new}" in out and f"`orch trust {changed.name}`" in out, out
+    assert changed.accepted_connections() - connections == 1, out  # refused once, never tried again
+    assert StateStore(env.state).load().hosts[steady.name].phase == "serving", out
