@@ -3,10 +3,10 @@
 Nothing is hard-coded that the host can tell: the tuner's flags come from its ``--help``, the runtime
 config directory from importing SGLang's ``fp8_kernel`` with the host's python, the GPU name from
 nvidia-smi, Triton's version if it imports, the SGLang commit from git. A host already running a plan
-is attached to instead (``Prepared.attach``), unless none of that plan's jobs runs any more (a reboot
-killed them): then it is finished first, as ``orch wait`` would (``finish_ended``). After a plan that
-failed (its jobs lost to a reboot, say), the result files its finished runs wrote are validated and
-kept (``kept_results``): the next plan tunes only the rest.
+is attached to instead (``Prepared.attach``), unless none of that plan's jobs runs any more and some
+were lost (a reboot killed them): then it is failed first, as ``orch wait`` would (``fail_lost``).
+After a plan that failed (its jobs lost to a reboot, say), the result files its finished runs wrote
+are validated and kept (``kept_results``): the next plan tunes only the rest.
 """
 
 from __future__ import annotations
@@ -138,10 +138,10 @@ class Prepared:
 
 
 def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> Prepared:
-    """Attach to a running plan, or discover, resolve shapes, skip installed ones and check GPUs. A
-    plan recorded running whose jobs all ended or were lost is finished first (installed or failed)."""
+    """Attach to a running plan, or discover, resolve shapes, skip installed ones and check GPUs. A plan
+    recorded running whose jobs were lost (none runs any more) is failed first (``fail_lost``)."""
     record = load_record(store.load().hosts.get(host.name))
-    if record.state == "running" and record.plan is not None and finish_ended(host, runner, store, record.plan):
+    if record.state == "running" and record.plan is not None and fail_lost(host, runner, store, record.plan):
         record = load_record(store.load().hosts.get(host.name))
     if record.state == "running" and record.plan is not None:
         return Prepared(host, runner, attach=record.plan)
@@ -165,12 +165,14 @@ def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
     return Prepared(host, runner, None, facts, needed, skipped, batch_sizes, tp, note, kept)
 
 
-def finish_ended(host: Host, runner: Runner, store: StateStore, plan: PlanRecord) -> bool:
-    """Whether ``plan``, recorded running on ``host`` alone, has no job running any more (all ended or
-    lost, e.g. to a reboot; one job listing tells): then it is completed as the watch would (installed,
-    or failed with the same reason), so a re-run tunes afresh, keeping its finished runs, instead of
-    attaching to jobs that are gone. A job whose start is not recorded yet counts as running (the watch
-    finds or starts it); a ``--fleet`` plan is left to the watch, which reaches every member."""
+def fail_lost(host: Host, runner: Runner, store: StateStore, plan: PlanRecord) -> bool:
+    """Whether ``plan``, recorded running on ``host`` alone, was lost: no job of it runs any more and one
+    or more was lost (its process gone without an exit code, e.g. by a reboot) or is missing (one job
+    listing tells). Then it is failed as the watch would (``complete_group``: same reason, phase
+    ``failed``), so this re-run tunes afresh, keeping the finished runs, instead of attaching to jobs
+    that are gone. A plan whose jobs all ended with an exit code is left to the watch (it installs, or
+    reports the failure with its log tail); a job whose start is not recorded yet counts as running (the
+    watch finds or starts it); a ``--fleet`` plan is left to the watch, which reaches every member."""
     if plan.group != [host.name]:
         return False
     member = Member(host, runner)
@@ -178,8 +180,9 @@ def finish_ended(host: Host, runner: Runner, store: StateStore, plan: PlanRecord
     cached = cached_records(store, [host.name])
     now = cached[host.name]
     if now.state != "running" or now.plan is None or now.plan.id != plan.id:
-        return True  # another orch finished it (or planned anew) meanwhile: read the record again
-    if any(v.state == "running" for v in job_views(now.plan, polls, cached)):
+        return True  # another orch completed it (or planned anew) meanwhile: read the record again
+    states = {v.state for v in job_views(now.plan, polls, cached)}
+    if "running" in states or not states & {"lost", "missing"}:
         return False
     complete_group([member], store, now.plan, polls)
     record = load_record(store.load().hosts.get(host.name))
