@@ -45,6 +45,7 @@ class SimFleet:
         gpu_name: str = DEFAULT_GPU_NAME,
         gpus: int = 8,
         name_prefix: str = "sim",
+        sshd_log_level: str = "VERBOSE",
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
@@ -53,6 +54,7 @@ class SimFleet:
         self.transport = transport
         self.gpu_name = gpu_name
         self.gpus = gpus
+        self.sshd_log_level = sshd_log_level
         self.upstream = self.root / "upstream.git"
         self.client_key = self.root / "client" / "id_ed25519"
         self.known_hosts = self.root / "known_hosts"
@@ -109,7 +111,7 @@ class SimFleet:
 
     def _prepare_host(self, host: SimHost, template: Path, knobs: dict[str, object]) -> None:
         hostdisk.prepare(host.disk, self.upstream, template, knobs)
-        host.configure_sshd(sshkeys.public_key(self.client_key))
+        host.configure_sshd(sshkeys.public_key(self.client_key), self.sshd_log_level)
         if self.transport == "ssh":
             host.start_sshd()
 

@@ -38,7 +38,7 @@ class SimHost:
     def __repr__(self) -> str:
         return f"SimHost({self.name!r}, {self.address}:{self.ssh_port}, root={str(self.root)!r})"
 
-    def configure_sshd(self, client_public_key: str) -> None:
+    def configure_sshd(self, client_public_key: str, log_level: str = "VERBOSE") -> None:
         """Host key, authorized key and sshd_config (sshd is started separately)."""
         sshkeys.generate_key(self.host_key, f"{self.name}-host-key")
         authorized = self.disk.etc / "authorized_keys"
@@ -49,6 +49,7 @@ class SimHost:
             host_key=self.host_key,
             authorized_keys=authorized,
             session_env=self.disk.session_env(),
+            log_level=log_level,
         )
         self._sshd.config.write_text(config)
 
@@ -85,6 +86,11 @@ class SimHost:
 
     def sshd_running(self) -> bool:
         return self._sshd.running()
+
+    @property
+    def sshd_log(self) -> Path:
+        """sshd's log file on this host (what a host's admin would read)."""
+        return self._sshd.log
 
     def accepted_connections(self) -> int:
         """SSH connections this host accepted so far (restarts included)."""

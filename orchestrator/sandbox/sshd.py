@@ -1,6 +1,7 @@
 """A real OpenSSH ``sshd`` for one simulated host, on its own loopback address and port.
 
-It runs in the foreground (``-D``) in its own session, logging at VERBOSE to ``<root>/log/sshd.log``
+It runs in the foreground (``-D``) in its own session, logging at VERBOSE (or a higher ``log_level`` such
+as DEBUG3, whose log shows every channel request, ``env`` ones included) to ``<root>/log/sshd.log``
 (one ``Connection from ...`` line per accepted TCP connection: that is how connections are counted).
 Every session gets the host's environment through ``SetEnv`` (``PATH`` with the host's ``bin``, ``HOME``
 on the host's disk, ``ORCH_SIM_HOST``). The daemon process itself carries ``ORCH_SIM_HOST`` too, and
@@ -21,6 +22,8 @@ from pathlib import Path
 from orchestrator.sandbox.errors import SandboxError
 
 SSHD = Path("/usr/sbin/sshd")
+LOG_LEVELS = ("VERBOSE", "DEBUG1", "DEBUG2", "DEBUG3")
+"""The levels a simulated sshd may log at: VERBOSE or above (connections are counted from its lines)."""
 PRIVSEP_DIR = Path("/run/sshd")
 START_TIMEOUT = 10.0
 
@@ -32,9 +35,17 @@ def _quote(value: str) -> str:
 
 
 def sshd_config(
-    *, address: str, port: int, host_key: Path, authorized_keys: Path, session_env: Mapping[str, str]
+    *,
+    address: str,
+    port: int,
+    host_key: Path,
+    authorized_keys: Path,
+    session_env: Mapping[str, str],
+    log_level: str = "VERBOSE",
 ) -> str:
     """The ``sshd_config`` text of a simulated host: key-only root login, verbose log, host environment."""
+    if log_level not in LOG_LEVELS:
+        raise SandboxError(f"sshd log level {log_level!r} is not one of {', '.join(LOG_LEVELS)}")
     setenv = " ".join(_quote(f"{name}={value}") for name, value in session_env.items())
     lines = [
         f"ListenAddress {address}:{port}",
@@ -49,7 +60,7 @@ def sshd_config(
         "PermitRootLogin yes",
         "MaxStartups 200",
         "MaxSessions 100",
-        "LogLevel VERBOSE",
+        f"LogLevel {log_level}",
         "PrintMotd no",
         "UseDNS no",
         f"SetEnv {setenv}",
