@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator.errors import ConfigError, ExitCode
 from orchestrator.inventory import _REMOTE_PATH_KEYS, load_inventory
@@ -86,3 +87,21 @@ def test_control_character_walks_keys_lists_and_nesting() -> None:
     )
     assert control_character({"a": [{"b": "x\ty"}]}) == ("a[0].b", "a control character ('\\t' at offset 1)")
     assert control_character({"a": "ünïcödé ok", "b": 3, "c": None}) is None
+
+
+@pytest.mark.parametrize("key", _REMOTE_PATH_KEYS)
+def test_a_path_starting_with_tilde_is_refused_since_orch_never_expands_it(tmp_path: Path, key: str) -> None:
+    path = write(tmp_path, f'hosts:\n  gpu1:\n    address: h\n    {key}: "~/sglang"\n')
+    with pytest.raises(ConfigError) as exc:
+        load_inventory(path)
+    assert exc.value.exit_code == ExitCode.USAGE
+    assert str(exc.value).startswith(f"{path}: host 'gpu1', key '{key}': must be an absolute path on the host")
+    assert "'~' and '$HOME' would not be expanded" in str(exc.value)
+
+
+@pytest.mark.parametrize("key", _REMOTE_PATH_KEYS)
+def test_a_tilde_or_shell_syntax_inside_an_absolute_path_is_kept_literally(tmp_path: Path, key: str) -> None:
+    odd = "/root/~x/$(id) `id`;|&>*'q\"d\\"
+    path = write(tmp_path, yaml.safe_dump({"hosts": {"gpu1": {"address": "h", key: odd}}}))
+    host = load_inventory(path).hosts["gpu1"]
+    assert getattr(host, key) == odd
