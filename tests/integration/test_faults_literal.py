@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import FleetEnv
@@ -140,3 +141,31 @@ def test_hostile_values_in_every_path_key_env_and_tag_are_used_literally_through
     environs = [Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") for pid in tree]
     assert all(f"ODD_VALUE={odd_env}".encode() in e for e in environs)  # the server got it literally
     assert any(str(python_dir).encode() in b" ".join(a) for a in argv_seen.values())  # the odd python ran
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("workdir", "~/orch", "must be an absolute path on the host (got '~/orch'); orch quotes every path"),
+        ("model_path", "/models/x\rDeepSeek", "holds a control character ('\\r'"),
+        ("env", {"HF_HOME": "/cache\0/x"}, "holds a control character ('\\x00'"),
+        ("tags", ["ok", "a\nb"], "holds a control character ('\\n'"),
+    ],
+    ids=["tilde", "CR-in-model-path", "NUL-in-env", "newline-in-tag"],
+)
+def test_a_value_orch_cannot_use_literally_stops_orch_run_before_any_connection(
+    make_fleet: Callable[..., FleetEnv], key: str, value: object, message: str
+) -> None:
+    env = make_fleet(1)
+    sim = env.fleet.hosts[0]  # type: ignore[attr-defined]
+    document = yaml.safe_load(env.inventory.read_text())
+    document["hosts"][sim.name][key] = value
+    env.inventory.write_text(yaml.safe_dump(document))
+    before = sim.accepted_connections()
+    run = env.orch("run")
+    assert run.returncode == 2, run.output
+    where = "key 'env.HF_HOME'" if key == "env" else "key 'tags[1]'" if key == "tags" else f"key '{key}'"
+    assert f"{env.inventory}: host '{sim.name}', {where}: {message}" in run.stderr, run.stderr
+    assert "Traceback" not in run.output
+    assert sim.accepted_connections() == before  # no host was contacted
+    assert not Path(sim.workdir).exists() and not env.state.exists()
