@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -278,3 +279,36 @@ def test_a_tuning_rerun_straight_after_a_reboot_fails_the_lost_plan_and_tunes_th
     assert steps == [("tuning", "failed"), ("failed", "tuning"), ("tuning", "tuned")], hs["history"]
     failed = hs["history"][-3]["reason"]
     assert failed.startswith("tuning failed: sim-1 GPU 0 job tune.gpu0") and "was lost" in failed
+
+
+def test_two_tuning_reruns_at_once_straight_after_a_reboot_start_one_new_plan(
+    make_fleet: Callable[..., FleetEnv],
+) -> None:
+    env = make_fleet(1)
+    host = host0(env)
+    host.set_knobs(tune_seconds_per_unit=30.0)
+    ok(env, "tune-fp8", *SMALL)
+    for job in wait_for(lambda: running_tune_jobs(host, 2), 30, "both tuning jobs"):
+        kill_as_a_reboot_would(job)
+    first = job_dirs(host)
+
+    host.set_knobs(tune_seconds_per_unit=0.02)
+    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state)]
+    both = [
+        subprocess.Popen(
+            [*argv, "tune-fp8", *SMALL, "--wait"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=300)[0] for p in both]
+    assert [p.returncode for p in both] == [0, 0], outputs
+    assert all("not started by this plan" not in out for out in outputs), outputs
+    assert any("was lost: its process is gone without an exit code" in out for out in outputs), outputs
+    new = [d for d in job_dirs(host) if d not in first]
+    assert sorted((d / "purpose").read_text().strip() for d in new) == ["tune.gpu0", "tune.gpu1"]  # one plan
+    assert all((d / "exit_code").read_text().strip() == "0" for d in new)  # neither stopped the other's
+    assert completed([log_of(d) for d in new]) == 2  # each unit tuned once
+    assert sorted(tuned_files(host)["N=1024,K=4096"]) == [1, 2]
+    hs = host_state(env, "sim-1")
+    assert hs["phase"] == "tuned" and hs["tuning"]["state"] == "installed"
+    assert sorted(a["job_id"] for a in hs["tuning"]["plan"]["assignments"]) == [d.name for d in new]
