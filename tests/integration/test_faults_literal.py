@@ -91,8 +91,7 @@ def test_hostile_values_in_every_path_key_env_and_tag_are_used_literally_through
     model_path.parent.mkdir()
     subprocess.run(["cp", "-a", str(sim.model_path), str(model_path)], check=True)
     workdir = sim.root / f"orch {odd}"
-    # Short: orch's SSH transport sends env values to the host at 10 ms a byte (see the issue 13 report).
-    odd_env = f"$(touch {canary})`touch {canary}`;|&>*~'\"\\"
+    odd_env = f"$(touch {absolute_canary}) `touch {canary}`; | & > * ~ 'q' \"d\" \\"
     tag = f"$(touch {absolute_canary});~*"
 
     document = yaml.safe_load(env.inventory.read_text())
