@@ -3,6 +3,7 @@ orch stop signals only the job's own process group."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -106,6 +107,7 @@ def test_jobs_shows_live_and_recent_one_line_each_and_logs_takes_a_kind(make_fle
     assert server in only.stdout and not any(j in only.stdout for j in ended)
     shown = env.orch("logs", sim.name, "server")
     assert shown.returncode == 0, shown.output
-    assert f"{sim.name}: job {server} (running, started" in shown.stderr and "line 1" in shown.stdout
+    assert f"{sim.name}: job {server} (running, started" in shown.stderr
+    assert re.search(r"^line \d+$", shown.stdout, re.M), shown.stdout  # its tail, however far it got
     newest = env.orch("logs", sim.name, "t")
     assert f"job {ended[-1]} (succeeded" in newest.stderr and newest.stdout.strip() == "run 6"
