@@ -61,8 +61,27 @@ def module_entrypoint(host: Host) -> list[str]:
 
 
 def entrypoints(host: Host) -> list[list[str]]:
-    """The ways to start the server, preferred first; the host's own ``--help`` decides which it has."""
+    """The ways to start the server, preferred first; the host's own ``--help`` decides which it has.
+    ``sglang serve`` only when its interpreter line runs the host's python literally (see
+    ``console_script_is_literal``): otherwise ``python -m``, which orch starts without a shell."""
+    if not console_script_is_literal(host.python):
+        return [module_entrypoint(host)]
     return [serve_entrypoint(host), module_entrypoint(host)]
+
+
+_SHELL_PLAIN = re.compile(r"^[A-Za-z0-9_./+,:@%=-]+$")
+
+
+def console_script_is_literal(python: str) -> bool:
+    """Whether the console scripts pip writes beside ``python`` start it without /bin/sh reading shell
+    syntax in its path. pip (distlib) writes ``#!<python>`` when the path has no space and the line fits
+    in 127 bytes (the kernel runs it: literal); else a ``/bin/sh`` trampoline with the path in double
+    quotes when it has a space (``$``, backticks, ``\\`` and ``"`` are then live) or bare (everything is)."""
+    if " " not in python and len(python.encode()) + 3 <= 127:
+        return True
+    if " " in python:
+        return not any(c in python for c in '$`\\"')
+    return bool(_SHELL_PLAIN.match(python))
 
 
 def launch_argv(recipe: Recipe, host: Host, *, mtp: bool, entrypoint: Sequence[str] | None = None) -> list[str]:

@@ -32,7 +32,7 @@ PTH_NAME = "sglang_sim_editable.pth"
 CONSOLE_SCRIPTS = {"sglang": "sglang.cli.main:main"}
 """The ``[project.scripts]`` of the simulated SGLang's ``pyproject.toml`` (a sandbox test compares them)."""
 
-_CONSOLE_SCRIPT = """#!{python}
+_CONSOLE_SCRIPT = """{shebang}
 # -*- coding: utf-8 -*-
 import re
 import sys
@@ -136,10 +136,23 @@ def install_venv(template: Path, dest: Path, source_dir: Path) -> None:
         install_console_script(dest / "bin" / name, dest / "bin" / "python", entry)
 
 
+def console_script_shebang(python: Path) -> str:
+    """The interpreter line(s) pip (distlib's ``ScriptMaker._build_shebang``) writes for ``python``:
+    ``#!python`` when the path has no space and the line fits in 127 bytes; else a ``/bin/sh``
+    trampoline, the path in double quotes when it has a space, so /bin/sh expands ``$``, backticks and
+    backslashes in it when the script starts, as on a real host."""
+    executable = str(python)
+    if " " not in executable and len(executable.encode()) + 3 <= 127:
+        return f"#!{executable}"
+    quoted = f'"{executable}"' if " " in executable else executable
+    return "#!/bin/sh\n'''exec' " + quoted + ' "$0" "$@"\n' + "' '''"
+
+
 def install_console_script(path: Path, python: Path, entry: str) -> None:
     """Write the script pip makes for ``name = "module:function"``, run by ``python``."""
     module, function = entry.split(":")
-    path.write_text(_CONSOLE_SCRIPT.format(python=python, module=module, function=function))
+    shebang = console_script_shebang(python)
+    path.write_text(_CONSOLE_SCRIPT.format(shebang=shebang, module=module, function=function))
     path.chmod(0o755)
 
 

@@ -83,10 +83,8 @@ def test_hostile_values_in_every_path_key_env_and_tag_are_used_literally_through
     odd = hostile(canary)
     sglang_dir = sim.root / f"sglang {odd}"
     subprocess.run(["cp", "-a", str(sim.sglang_dir), str(sglang_dir)], check=True)
-    venv = sim.root / "venv-of-the-odd-checkout"  # a real venv importing SGLang from the odd checkout ...
-    hostdisk.install_venv(env.fleet.root / "venv-template", venv, sglang_dir / "python")  # type: ignore[attr-defined]
-    python_dir = sim.root / f"python {odd}"  # ... reached through an odd path (see the report on pip's scripts)
-    python_dir.symlink_to(venv, target_is_directory=True)
+    python_dir = sim.root / f"python {odd}"  # a real venv importing SGLang from the odd checkout
+    hostdisk.install_venv(env.fleet.root / "venv-template", python_dir, sglang_dir / "python")  # type: ignore[attr-defined]
     model_path = sim.root / f"models {odd}" / "DeepSeek-V4-Flash"
     model_path.parent.mkdir()
     subprocess.run(["cp", "-a", str(sim.model_path), str(model_path)], check=True)
@@ -137,6 +135,7 @@ def test_hostile_values_in_every_path_key_env_and_tag_are_used_literally_through
     tree = process_tree(server_pid)
     argvs = [argv_of(pid) for pid in tree]
     assert any(str(model_path).encode() in argv for argv in argvs)  # one argument, exactly the inventory's
+    assert any(argv[1:3] == [b"-m", b"sglang.launch_server"] for argv in argvs)  # not pip's sh trampoline
     environs = [Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") for pid in tree]
     assert all(f"ODD_VALUE={odd_env}".encode() in e for e in environs)  # the server got it literally
     assert any(str(python_dir).encode() in b" ".join(a) for a in argv_seen.values())  # the odd python ran

@@ -105,3 +105,29 @@ def test_a_tilde_or_shell_syntax_inside_an_absolute_path_is_kept_literally(tmp_p
     path = write(tmp_path, yaml.safe_dump({"hosts": {"gpu1": {"address": "h", key: odd}}}))
     host = load_inventory(path).hosts["gpu1"]
     assert getattr(host, key) == odd
+
+
+@pytest.mark.parametrize(
+    ("python", "literal"),
+    [
+        ("/root/sglang/.venv/bin/python", True),  # #!<python>: the kernel runs it
+        ("/opt/my venv/bin/python", True),  # pip's /bin/sh trampoline, the path in double quotes
+        ("/opt/x $(touch p)/bin/python", False),  # ... where $(...) runs
+        ("/opt/x `id`/bin/python", False),
+        ('/opt/x "q"/bin/python', False),
+        ("/opt/x\\ y/bin/python", False),
+        ("/" + "d" * 130 + "/bin/python", True),  # too long for #!: a bare trampoline, nothing live in it
+        ("/" + "d" * 130 + "/$(id)/bin/python", False),
+        ("/" + "d" * 130 + "/a;b/bin/python", False),
+    ],
+)
+def test_sglang_serve_is_used_only_when_pips_script_would_start_the_python_literally(
+    python: str, literal: bool
+) -> None:
+    from orchestrator.facts.server import SERVER_MODULE, console_script_is_literal, entrypoints
+    from orchestrator.inventory import Host
+
+    assert console_script_is_literal(python) is literal
+    host = Host(name="h", address="h", python=python)
+    assert entrypoints(host)[-1] == [python, "-m", SERVER_MODULE]  # python -m: argv, no shell
+    assert len(entrypoints(host)) == (2 if literal else 1)
