@@ -14,7 +14,7 @@ stdin, never on a command line); ``JobSpec.env`` is on the job's command line an
 A job is started by ``setsid`` with stdin from /dev/null and stdout/stderr to its log, and with no
 descriptor of the SSH channel left open (else the channel would stay open until the job ended).
 A small wrapper shell writes the pid and start time, waits for the command and writes its exit code,
-also when it fails. State: ``running`` (pid alive with the same start time and boot), ``succeeded``
+also when it fails. State: ``running`` (pid alive, not a zombie, with the same start time and boot), ``succeeded``
 / ``failed`` (exit code), ``lost`` (process gone and no exit code: rebooted, SIGKILLed).
 Starting a job for a purpose whose job still runs attaches to it instead (under a host-side flock,
 so two orch processes cannot both start one). ``stop`` only ever signals the job's own process group,
@@ -34,10 +34,16 @@ from orchestrator.transport.base import Runner, looks_secret
 
 _PURPOSE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,80}$")
 
-# Every script below runs after this (``_script``): a process's start time, field 22 of /proc/<pid>/stat
-# counted after the LAST ") ", since the process name before it (comm, in parentheses) may hold spaces and ")".
+# Every script below runs after this (``_script``): a live process's start time, field 22 of
+# /proc/<pid>/stat counted after the LAST ") ", since the process name before it (comm, in parentheses)
+# may hold spaces and ")"; nothing for a zombie (state Z or X: dead, only not reaped yet).
 _STARTTIME = r"""
-starttime() { _stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0; printf '%s\n' "${_stat##*") "}" | cut -d' ' -f20; }
+starttime() {
+  _stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+  _stat=${_stat##*") "}
+  case $_stat in [ZX]*) return 0 ;; esac
+  printf '%s\n' "$_stat" | cut -d' ' -f20
+}
 """
 
 # $1 = dir, then the command. Runs as the session leader made by setsid.

@@ -132,6 +132,29 @@ def test_a_job_process_named_with_spaces_and_parens_is_running_attached_and_stop
         proc.kill()
 
 
+def test_a_job_whose_process_died_unreaped_is_lost_and_stop_signals_nothing(runner: LocalRunner, workdir: str) -> None:
+    started = jobs.start(runner, workdir, jobs.JobSpec("test", "t.zombie", ["sleep", "30"]))
+    os.killpg(started.pid, signal.SIGKILL)  # its wrapper, replaced by a process killed but not reaped
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        job_dir = Path(workdir, "jobs", started.job_id)
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(") ", 1)[1].split()
+        (job_dir / "pid").write_text(f"{proc.pid}\n")
+        (job_dir / "starttime").write_text(f"{fields[19]}\n")
+        assert jobs.find(runner, workdir, started.job_id).state == "running"
+        os.kill(proc.pid, signal.SIGKILL)  # a zombie until this test reaps it: dead, as after a reboot
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z":
+            assert time.monotonic() < deadline, "the process never became a zombie"
+            time.sleep(0.05)
+        job = jobs.find(runner, workdir, started.job_id)
+        assert (job.state, job.exit_code) == ("lost", None)
+        assert jobs.stop(runner, job, 1) == "lost"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_parse_list_and_states() -> None:
     line = "job\tt-1\ttune.gpu0\t123\t0\t\t1700000000\t\t10\t0\n"
     (job,) = jobs.parse_list(line, "/w")
