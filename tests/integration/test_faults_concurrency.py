@@ -131,3 +131,16 @@ def test_a_stuck_lock_holder_makes_tune_and_serve_give_up_naming_it_with_nothing
     assert bad.returncode == 2, bad.stdout + bad.stderr
     assert "ORCH_LOCK_TIMEOUT='soon' is not a number of seconds > 0" in bad.stderr
     assert job_dirs(sim.workdir) == job_dirs(sim.workdir, "server")
+
+
+def test_a_stuck_lock_holder_makes_tune_serve_and_run_on_a_fresh_host_start_no_job(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(1)
+    (sim,) = env.fleet.hosts
+    with stuck_lock_holder(env.state) as holder:
+        lock_env = {**os.environ, "ORCH_LOCK_TIMEOUT": "1.5", "COLUMNS": "200"}
+        for args in (("tune-fp8", *SMALL_TUNE, "--wait"), ("serve",), ("run",)):
+            run = subprocess.run(orch_argv(env, *args), capture_output=True, text=True, env=lock_env, timeout=120)
+            assert run.returncode == 4, (args, run.stdout + run.stderr)
+            assert f"(pid {holder.pid}, command `" in run.stderr and "gave up after 1.5s" in run.stderr, run.stderr
+            assert job_dirs(sim.workdir) == [], args  # no tuning job, no server, no benchmark
+    assert not env.state.exists()  # the holder saved nothing, nor did anyone else
