@@ -391,7 +391,7 @@ def run_lockstep(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> Fleet
 def tuning_needed(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> bool:
     """Whether ``tune-fp8`` would start tuning jobs (and so need the server's GPUs); reads, changes nothing."""
     look = options.model_copy(update={"stop_server": False, "allow_busy_gpus": True})
-    prepared = tune.prepare(host, runner, store, recipe, look)
+    prepared = tune.prepare(host, runner, store, recipe, look, look=True)
     return prepared.attach is None and bool(prepared.shapes)
 
 
@@ -486,7 +486,7 @@ def _dry_commands(host: Host, runner: Runner, store: StateStore, recipe: Recipe,
 
 def _dry_tune(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> list[str]:
     look = options.model_copy(update={"stop_server": False, "allow_busy_gpus": True})
-    prepared = tune.prepare(host, runner, store, recipe, look)
+    prepared = tune.prepare(host, runner, store, recipe, look, look=True)
     if prepared.attach is not None:
         return [f"(attach to the running tuning plan {prepared.attach.id})"]
     if not prepared.shapes:

@@ -3,10 +3,11 @@
 The flow for a host (or, with ``--fleet``, a *group* of hosts with the same GPU name and SGLang
 commit, which need the same configs):
 
-1. ``prepare``: attach when a plan is already running; else discover on the host (the tuner's flags
-   from its ``--help``, the runtime config directory by importing SGLang's ``fp8_kernel``, the GPU name,
-   Triton, the SGLang commit), resolve the shapes, skip shapes already installed for this device and
-   commit (unless ``force``), stop orch's server (``stop_server``) and refuse busy GPUs.
+1. ``prepare``: attach when a plan is already running (one whose jobs were lost, to a reboot say, is
+   failed first, as the watch would); else discover on the host (the tuner's flags from its ``--help``,
+   the runtime config directory by importing SGLang's ``fp8_kernel``, the GPU name, Triton, the SGLang
+   commit), resolve the shapes, skip shapes already installed for this device and commit (unless
+   ``force``), stop orch's server (``stop_server``) and refuse busy GPUs.
 2. ``start_group``: schedule the (shape, batch size) units over every GPU of the group
    (``facts.tuner.schedule``), record the plan in each member's ``HostState.tuning`` (one state
    transaction, before any job starts: a plan another orch recorded meanwhile is adopted instead) and

@@ -4,7 +4,7 @@ Nothing is hard-coded that the host can tell: the tuner's flags come from its ``
 config directory from importing SGLang's ``fp8_kernel`` with the host's python, the GPU name from
 nvidia-smi, Triton's version if it imports, the SGLang commit from git. A host already running a plan
 is attached to instead (``Prepared.attach``), unless none of that plan's jobs runs any more and some
-were lost (a reboot killed them): then it is failed first, as ``orch wait`` would (``fail_lost``).
+were lost (a reboot killed them): then it is failed first, as ``orch wait`` would (``settle_lost``).
 After a plan that failed (its jobs lost to a reboot, say), the result files its finished runs wrote
 are validated and kept (``kept_results``): the next plan tunes only the rest.
 """
@@ -23,9 +23,9 @@ from orchestrator.facts import server as server_facts
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.ops import server as srv
-from orchestrator.ops.tune_install import complete_group
+from orchestrator.ops.tune_install import complete_group, describe_failure
 from orchestrator.ops.tune_logged import logged_shapes
-from orchestrator.ops.tune_progress import job_views, poll_group
+from orchestrator.ops.tune_progress import HostPoll, job_views, poll_group, poll_host
 from orchestrator.ops.tune_record import (
     AssignmentRecord,
     InstalledRecord,
@@ -137,12 +137,16 @@ class Prepared:
     kept: list[KeptRecord] = field(default_factory=list)  # units an earlier, failed plan finished here
 
 
-def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> Prepared:
+def prepare(
+    host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions, look: bool = False
+) -> Prepared:
     """Attach to a running plan, or discover, resolve shapes, skip installed ones and check GPUs. A plan
-    recorded running whose jobs were lost (none runs any more) is failed first (``fail_lost``)."""
+    recorded running whose jobs were lost is failed first (``settle_lost``). ``look``: change nothing
+    (``orch run``'s dry run and outage check): such a plan is taken as failed without recording it."""
     record = load_record(store.load().hosts.get(host.name))
-    if record.state == "running" and record.plan is not None and fail_lost(host, runner, store, record.plan):
-        record = load_record(store.load().hosts.get(host.name))
+    running = record.plan.id if record.state == "running" and record.plan is not None else None
+    if running is not None:
+        record = settle_lost(host, runner, store, record, look)
     if record.state == "running" and record.plan is not None:
         return Prepared(host, runner, attach=record.plan)
     facts = discover(host, runner)
@@ -157,7 +161,8 @@ def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
         srv.stop_server(host, runner, store, gpus, drain, srv.warn_log(host), srv.FOR_TUNE_FP8)
         facts.gpus, facts.gpu_users = read_gpu_users(runner)
-    if needed and (other := running_plan(store, host)) is not None:
+    other = running_plan(store, host) if needed else None
+    if other is not None and not (look and other.id == running):  # looking: a lost plan is still recorded
         return Prepared(host, runner, attach=other)  # another orch planned while this one looked: adopt its plan
     if needed:
         refuse_busy(host, facts, options.allow_busy_gpus)
@@ -165,30 +170,41 @@ def prepare(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
     return Prepared(host, runner, None, facts, needed, skipped, batch_sizes, tp, note, kept)
 
 
-def fail_lost(host: Host, runner: Runner, store: StateStore, plan: PlanRecord) -> bool:
-    """Whether ``plan``, recorded running on ``host`` alone, was lost: no job of it runs any more and one
-    or more was lost (its process gone without an exit code, e.g. by a reboot) or is missing (one job
-    listing tells). Then it is failed as the watch would (``complete_group``: same reason, phase
-    ``failed``), so this re-run tunes afresh, keeping the finished runs, instead of attaching to jobs
-    that are gone. A plan whose jobs all ended with an exit code is left to the watch (it installs, or
-    reports the failure with its log tail); a job whose start is not recorded yet counts as running (the
-    watch finds or starts it); a ``--fleet`` plan is left to the watch, which reaches every member."""
-    if plan.group != [host.name]:
-        return False
+def settle_lost(host: Host, runner: Runner, store: StateStore, record: TuningRecord, look: bool) -> TuningRecord:
+    """``record``, running a plan, as ``prepare`` goes on from. The plan was lost when no job of it runs
+    any more and one or more was lost (its process gone without an exit code, e.g. by a reboot) or is
+    missing (one job listing tells): then it is failed as the watch would (``complete_group``: same
+    reason, phase ``failed``; only in the returned copy when ``look``), so this re-run tunes afresh,
+    keeping the finished runs, instead of attaching to jobs that are gone. Else ``record`` as it is: a
+    plan whose jobs all ended with an exit code is left to the watch (it installs, or reports the failure
+    with its log tail), a job whose start is not recorded yet counts as running (the watch finds or
+    starts it), and a ``--fleet`` plan is left to the watch, which reaches every member."""
+    plan = record.plan
+    if plan is None or plan.group != [host.name]:
+        return record
     member = Member(host, runner)
-    polls = poll_group([member], store, plan)
-    cached = cached_records(store, [host.name])
+    polls = {host.name: poll_host(member, plan, record)} if look else poll_group([member], store, plan)
+    cached = {host.name: record} if look else cached_records(store, [host.name])
     now = cached[host.name]
     if now.state != "running" or now.plan is None or now.plan.id != plan.id:
-        return True  # another orch completed it (or planned anew) meanwhile: read the record again
+        return now  # another orch completed it (or planned anew) meanwhile
     states = {v.state for v in job_views(now.plan, polls, cached)}
     if "running" in states or not states & {"lost", "missing"}:
-        return False
+        return now
+    if look:
+        return now.model_copy(update={"state": "failed", "reason": failure(member, now.plan, polls)})
     complete_group([member], store, now.plan, polls)
-    record = load_record(store.load().hosts.get(host.name))
-    if record.state == "failed" and record.plan is not None and record.plan.id == plan.id:
-        log.warning("%s: tuning plan %s failed: %s; tuning afresh", host.name, plan.id, record.reason)
-    return True
+    now = load_record(store.load().hosts.get(host.name))
+    if now.state == "failed" and now.plan is not None and now.plan.id == plan.id:
+        log.warning("%s: tuning plan %s failed: %s; tuning afresh", host.name, plan.id, now.reason)
+    return now
+
+
+def failure(member: Member, plan: PlanRecord, polls: dict[str, HostPoll]) -> str:
+    """Why ``plan`` failed, as ``complete_group`` records it."""
+    infos = polls[member.host.name].infos
+    failed = [(a, infos.get(a.job_id or "")) for a in plan.assignments]
+    return describe_failure([member], [(a, i) for a, i in failed if i is None or i.state != "succeeded"], polls)[0]
 
 
 def running_plan(store: StateStore, host: Host) -> PlanRecord | None:

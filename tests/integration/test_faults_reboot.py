@@ -312,3 +312,20 @@ def test_two_tuning_reruns_at_once_straight_after_a_reboot_start_one_new_plan(
     hs = host_state(env, "sim-1")
     assert hs["phase"] == "tuned" and hs["tuning"]["state"] == "installed"
     assert sorted(a["job_id"] for a in hs["tuning"]["plan"]["assignments"]) == [d.name for d in new]
+
+
+def test_a_dry_run_straight_after_a_reboot_shows_a_new_tuning_and_changes_nothing(
+    make_fleet: Callable[..., FleetEnv],
+) -> None:
+    env = make_fleet(1)
+    host = host0(env)
+    host.set_knobs(tune_seconds_per_unit=30.0)
+    ok(env, "tune-fp8", *SMALL)
+    for job in wait_for(lambda: running_tune_jobs(host, 2), 30, "both tuning jobs"):
+        kill_as_a_reboot_would(job)
+    before = env.state.read_bytes()
+    dry = env.orch("run", "--dry-run")
+    assert dry.returncode == 0, dry.output
+    assert "attach to the running tuning plan" not in dry.stdout, dry.stdout
+    assert "tuning_block_wise" in dry.stdout, dry.stdout  # the new plan's tuner commands
+    assert env.state.read_bytes() == before  # the lost plan is not recorded failed by a dry run
