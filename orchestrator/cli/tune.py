@@ -167,7 +167,7 @@ def plan_lines(plan: tune_op.PlanRecord) -> list[str]:
     lines = [
         f"plan {plan.id}: {len(plan.shapes)} shapes × {len(plan.batch_sizes)} batch sizes = {units} units "
         f"on {gpus} GPUs ({plan.device}, SGLang {plan.commit[:10]})",
-        f"  schedule: {plan.makespan} units per GPU at most (ideal {units / max(gpus, 1):.2f})",
+        f"  schedule: {plan.makespan} units per GPU at most (ideal {plan.tuned_units / max(gpus, 1):.2f})",
     ]
     lines += [f"  shape {s.key}  {s.source}".rstrip() for s in plan.shapes]
     if plan.kept:

@@ -267,6 +267,7 @@ def test_a_tuning_rerun_straight_after_a_reboot_fails_the_lost_plan_and_tunes_th
     assert f"sim-1: tuning plan {lost_plan} failed: sim-1 GPU 0 job tune.gpu0" in rerun.stderr, rerun.stderr
     assert "was lost: its process is gone without an exit code (host rebooted or killed)" in rerun.stderr
     assert "kept 6 units tuned before the reboot, tuning 6" in rerun.stdout, rerun.stdout
+    assert "schedule: 3 units per GPU at most (ideal 3.00)" in rerun.stdout  # of the 6 units tuned
     new_logs = [log_of(j) for j in job_dirs(host) if j not in first]
     assert completed(new_logs) == 6  # 12 units less the 6 of the two finished runs
     installed = tuned_files(host)
