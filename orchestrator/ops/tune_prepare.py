@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.errors import ConfigError, RefusedError
+from orchestrator.errors import ConfigError, RefusedError, UnreachableError
 from orchestrator.facts import git
 from orchestrator.facts import gpus as smi
 from orchestrator.facts import server as server_facts
@@ -178,12 +178,16 @@ def settle_lost(host: Host, runner: Runner, store: StateStore, record: TuningRec
     keeping the finished runs, instead of attaching to jobs that are gone. Else ``record`` as it is: a
     plan whose jobs all ended with an exit code is left to the watch (it installs, or reports the failure
     with its log tail), a job whose start is not recorded yet counts as running (the watch finds or
-    starts it), and a ``--fleet`` plan is left to the watch, which reaches every member."""
+    starts it), and a ``--fleet`` plan (or a host that does not answer) is left to the watch, which
+    reaches every member and rides out outages."""
     plan = record.plan
     if plan is None or plan.group != [host.name]:
         return record
     member = Member(host, runner)
-    polls = {host.name: poll_host(member, plan, record)} if look else poll_group([member], store, plan)
+    try:
+        polls = {host.name: poll_host(member, plan, record)} if look else poll_group([member], store, plan)
+    except UnreachableError:
+        return record  # attached to as before: the watch rides out the outage
     cached = {host.name: record} if look else cached_records(store, [host.name])
     now = cached[host.name]
     if now.state != "running" or now.plan is None or now.plan.id != plan.id:

@@ -25,6 +25,7 @@ import yaml
 
 from orchestrator.facts import tuner as tf
 from tests.conftest import FleetEnv
+from tests.integration.test_faults_drops import orch_process, read_line_until
 from tests.integration.test_tune import host_state, job_dirs, tuned_files, tuning_field, wait_for
 
 REBOOT_SHAPES = ("N=1024,K=4096", "N=4096,K=2048", "N=512,K=4096", "N=4096,K=256")
@@ -330,3 +331,23 @@ def test_a_dry_run_straight_after_a_reboot_shows_a_new_tuning_and_changes_nothin
     assert "attach to the running tuning plan" not in dry.stdout, dry.stdout
     assert "tuning_block_wise" in dry.stdout, dry.stdout  # the new plan's tuner commands
     assert env.state.read_bytes() == before  # the lost plan is not recorded failed by a dry run
+
+
+def test_a_tuning_rerun_while_the_host_does_not_answer_attaches_and_rides_it_out(
+    make_fleet: Callable[..., FleetEnv],
+) -> None:
+    env = make_fleet(1)
+    host = host0(env)
+    host.set_knobs(tune_seconds_per_unit=1.0)
+    ok(env, "tune-fp8", *SMALL)
+    wait_for(lambda: running_tune_jobs(host, 2), 30, "both tuning jobs")
+    host.stop_sshd()  # before the re-run's first look at the plan's jobs
+    try:
+        rerun = orch_process(env, "tune-fp8", *SMALL, "--wait")
+        seen = read_line_until(rerun, "; reconnecting (")
+    finally:
+        host.start_sshd()
+    out = seen + rerun.communicate(timeout=180)[0]
+    assert rerun.returncode == 0, out
+    assert "attached to the running tuning" in out and "sim-1: installed 1 tuned config" in out, out
+    assert len(job_dirs(host)) == 2  # the plan's own jobs, none started again
