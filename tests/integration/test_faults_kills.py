@@ -17,6 +17,10 @@ from tests.conftest import FleetEnv
 from tests.integration import kills
 
 SEED, KILLS = 13, 20
+# Moments aimed at the campaign's last step may come after orch has already finished (it printed its last
+# line and exited within the seeded pause): that kill does not happen and the campaign ends. Aiming a few
+# more than KILLS keeps the count of kills that did happen at KILLS or more, however fast the machine.
+MARGIN = 3
 
 
 @pytest.mark.slow  # 21 runs of orch: 125-135 s measured on this 2-core machine shared with other tests
@@ -24,7 +28,7 @@ def test_run_killed_twenty_times_at_seeded_moments_tunes_serves_and_benchmarks_o
     make_fleet: Any, tmp_path: Path
 ) -> None:
     env = make_fleet(2)
-    runs, fig = kills.campaign(env.fleet, tmp_path, KILLS, SEED)
+    runs, fig = kills.campaign(env.fleet, tmp_path, KILLS + MARGIN, SEED)
     assert fig.kills >= KILLS, [a.last_line for a in runs.attempts]
     assert fig.failed_reruns == []  # every run between the kills was killed or exited 0
     assert runs.attempts[-1].returncode == 0 and not runs.attempts[-1].killed
