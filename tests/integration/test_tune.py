@@ -163,12 +163,12 @@ def test_progress_is_live_while_a_tuner_run_is_still_going(tune_fleet: Callable[
 
 
 def test_jobs_survive_an_sshd_restart_and_orch_reattaches(tune_fleet: Callable[..., FleetEnv]) -> None:
-    env = tune_fleet(1, seconds_per_unit=2.0)
+    env = tune_fleet(1, seconds_per_unit=5.0)  # 10 s a job: most still run when listed, however slow the machine
     assert env.orch("tune-fp8", *SMALL).returncode == 0
     host = env.fleet.hosts[0]  # type: ignore[attr-defined]
     host.restart_sshd()
-    jobs = json.loads(env.orch("jobs", "--json").stdout)[host.name]
-    assert [j["state"] for j in jobs] == ["running"] * 8  # the jobs outlived the sshd restart
+    states = [j["state"] for j in json.loads(env.orch("jobs", "--json").stdout)[host.name]]
+    assert len(states) == 8 and set(states) <= {"running", "succeeded"} and "running" in states, states  # outlived it
     again = env.orch("tune-fp8", *SMALL)
     assert again.returncode == 0, again.output
     assert "attached to the running tuning" in again.stdout
