@@ -201,10 +201,9 @@ def completed(logs: list[str], key: str | None = None) -> int:
     return count
 
 
-def test_a_reboot_mid_tuning_keeps_the_finished_runs_and_the_rerun_tunes_only_the_rest(
-    make_fleet: Callable[..., FleetEnv],
-) -> None:
-    env = make_fleet(1)
+def reboot_after_the_first_runs(env: FleetEnv) -> tuple[Any, list[Path]]:
+    """Tune REBOOT on two GPUs and kill both jobs as a reboot would once each has finished its first run
+    (its result file written) and started its second; the host and the killed jobs."""
     two_gpus(env)
     host = host0(env)
     host.set_knobs(tune_seconds_per_unit=1.5)
@@ -213,6 +212,24 @@ def test_a_reboot_mid_tuning_keeps_the_finished_runs_and_the_rerun_tunes_only_th
     wait_for(lambda: in_second_run(first), 120, "each job's first run to finish")
     for job in first:
         kill_as_a_reboot_would(job)
+    return host, first
+
+
+def reboot_while_tuning(env: FleetEnv) -> Any:
+    """Tune SMALL slowly and kill both jobs as a reboot would while they run (nothing finished); the host."""
+    host = host0(env)
+    host.set_knobs(tune_seconds_per_unit=30.0)
+    ok(env, "tune-fp8", *SMALL)
+    for job in wait_for(lambda: running_tune_jobs(host, 2), 30, "both tuning jobs"):
+        kill_as_a_reboot_would(job)
+    return host
+
+
+def test_a_reboot_mid_tuning_keeps_the_finished_runs_and_the_rerun_tunes_only_the_rest(
+    make_fleet: Callable[..., FleetEnv],
+) -> None:
+    env = make_fleet(1)
+    host, first = reboot_after_the_first_runs(env)
     files = staged(host)
     assert len(files) == 2, f"expected one finished run per job, found {sorted(files)}"
     cut, whole = sorted(files, key=lambda p: p.parent.name, reverse=True)  # gpu1's file is cut short
@@ -251,14 +268,7 @@ def test_a_tuning_rerun_straight_after_a_reboot_fails_the_lost_plan_and_tunes_th
     make_fleet: Callable[..., FleetEnv],
 ) -> None:
     env = make_fleet(1)
-    two_gpus(env)
-    host = host0(env)
-    host.set_knobs(tune_seconds_per_unit=1.5)
-    ok(env, "tune-fp8", *REBOOT)
-    first = wait_for(lambda: running_tune_jobs(host, 2), 30, "both tuning jobs")
-    wait_for(lambda: in_second_run(first), 120, "each job's first run to finish")
-    for job in first:
-        kill_as_a_reboot_would(job)
+    host, first = reboot_after_the_first_runs(env)
     lost_plan = host_state(env, "sim-1")["tuning"]["plan"]["id"]
     assert host_state(env, "sim-1")["tuning"]["state"] == "running"  # no orch looked since the reboot
 
@@ -287,11 +297,7 @@ def test_two_tuning_reruns_at_once_straight_after_a_reboot_start_one_new_plan(
     make_fleet: Callable[..., FleetEnv],
 ) -> None:
     env = make_fleet(1)
-    host = host0(env)
-    host.set_knobs(tune_seconds_per_unit=30.0)
-    ok(env, "tune-fp8", *SMALL)
-    for job in wait_for(lambda: running_tune_jobs(host, 2), 30, "both tuning jobs"):
-        kill_as_a_reboot_would(job)
+    host = reboot_while_tuning(env)
     first = job_dirs(host)
 
     host.set_knobs(tune_seconds_per_unit=0.02)
@@ -320,11 +326,7 @@ def test_a_dry_run_straight_after_a_reboot_shows_a_new_tuning_and_changes_nothin
     make_fleet: Callable[..., FleetEnv],
 ) -> None:
     env = make_fleet(1)
-    host = host0(env)
-    host.set_knobs(tune_seconds_per_unit=30.0)
-    ok(env, "tune-fp8", *SMALL)
-    for job in wait_for(lambda: running_tune_jobs(host, 2), 30, "both tuning jobs"):
-        kill_as_a_reboot_would(job)
+    reboot_while_tuning(env)
     before = env.state.read_bytes()
     dry = env.orch("run", "--dry-run")
     assert dry.returncode == 0, dry.output
