@@ -9,15 +9,16 @@ import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigError, UsageError
-from orchestrator.facts.server import check_recipe
-from orchestrator.fleet import Fleet
-from orchestrator.inventory import Host, Inventory, inventory_path, load_inventory
-from orchestrator.notify import Notifier
-from orchestrator.recipe import DEFAULT_RECIPE, Recipe, find_recipe, load_recipe
-from orchestrator.state import StateStore
-from orchestrator.transport.ssh import ConnectOptions
+from orchestrator.transport.base import ConnectOptions
+
+if TYPE_CHECKING:
+    from orchestrator.fleet import Fleet
+    from orchestrator.inventory import Host, Inventory
+    from orchestrator.recipe import Recipe
+    from orchestrator.state import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,10 @@ DEFAULT_LOCK_TIMEOUT = 30.0
 
 @dataclass
 class App:
+    """What a command needs, each part built on first use: the inventory, the state store, the
+    recipes and the fleet import their modules (pydantic models, paramiko) only when asked for, so a
+    command pays for what it uses and ``orch --help`` for none of it."""
+
     inventory_option: Path | None = None
     state_option: Path | None = None
     options: ConnectOptions = field(default_factory=ConnectOptions)
@@ -38,6 +43,8 @@ class App:
 
     @cached_property
     def inventory(self) -> Inventory:
+        from orchestrator.inventory import inventory_path, load_inventory
+
         inventory = load_inventory(inventory_path(self.inventory_option))
         log.info("inventory %s: %d hosts", inventory.path, len(inventory.hosts))
         return inventory
@@ -45,6 +52,8 @@ class App:
     @property
     def state_path(self) -> Path:
         """``--state``, else ``$ORCH_STATE``, else ``.orch/state.json`` beside the inventory."""
+        from orchestrator.inventory import inventory_path
+
         if self.state_option is not None:
             return self.state_option
         if os.environ.get("ORCH_STATE"):
@@ -56,6 +65,9 @@ class App:
         """The state store, its file checked once: a corrupt or unreadable state file is a
         ``StateError`` (exit 4) at the first use, before any host is contacted when the command
         uses it first (and on every host otherwise: still exit 4, see ``cli.common.exit_code``)."""
+        from orchestrator.notify import Notifier
+        from orchestrator.state import StateStore
+
         with self._lock:
             if self._store is None:
                 notifier = Notifier(self.notify_cmd) if self.notify_cmd else None
@@ -75,11 +87,15 @@ class App:
     @property
     def playbook_dirs(self) -> list[Path]:
         """Where recipes are looked up by name: beside the inventory, then the current directory."""
+        from orchestrator.inventory import inventory_path
+
         return [inventory_path(self.inventory_option).resolve().parent / "playbooks", Path.cwd() / "playbooks"]
 
     def recipe_for(self, host: Host, playbook: str | None = None) -> Recipe:
         """The host's recipe: ``playbook`` (name or path), else the host's ``playbook``, else the default.
         Each file is read and validated once per invocation."""
+        from orchestrator.recipe import DEFAULT_RECIPE, find_recipe, load_recipe
+
         name = playbook or host.playbook or DEFAULT_RECIPE
         with self._lock:
             if name not in self._recipes:
@@ -98,6 +114,8 @@ class App:
         return chosen
 
     def fleet(self, hosts: list[Host], parallel: int = 32) -> Fleet:
+        from orchestrator.fleet import Fleet
+
         log.info("%d hosts (%s), %d at a time", len(hosts), ", ".join(h.name for h in hosts), parallel)
         return Fleet(hosts, self.options, parallel=parallel)
 
@@ -124,6 +142,8 @@ def refuse_bad_recipe(recipe: Recipe, *, mtp: bool) -> None:
     """``ConfigError`` (exit 2) listing what the MTP rules (``facts.server.check_recipe``) find wrong
     with ``recipe``: no host is needed to know, so ``serve``, ``run`` and ``recipe show`` refuse it
     alike, before contacting one."""
+    from orchestrator.facts.server import check_recipe
+
     problems = check_recipe(recipe, mtp=mtp)
     if problems:
         raise ConfigError(

@@ -20,6 +20,17 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
+class ConnectOptions:
+    """How the SSH runner connects (``transport.ssh``). Here, not there, so that building a command's
+    options does not import paramiko: only a command that talks to a host pays for it."""
+
+    connect_timeout: float = 10.0
+    keepalive: int = 15
+    connect_attempts: int = 3
+    accept_new_host_keys: bool = False
+
+
+@dataclass(frozen=True)
 class CommandResult:
     argv: tuple[str, ...]
     exit_status: int

@@ -19,15 +19,18 @@ logged at debug level (``-vvv``).
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
+import hmac
 import io
+import itertools
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,21 +41,13 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop
 
 from orchestrator.errors import HostKeyError, RemoteCommandError, UnreachableError
 from orchestrator.inventory import Host
-from orchestrator.transport.base import CommandResult, RunnerBase, remote_command
+from orchestrator.transport.base import CommandResult, ConnectOptions, RunnerBase, remote_command
 
 log = logging.getLogger(__name__)
 
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 # Failures worth another try: nothing answered yet, or the handshake broke off. Not auth, not host keys.
 _RETRYABLE = (socket.timeout, ConnectionError, paramiko.ssh_exception.NoValidConnectionsError, EOFError)
-
-
-@dataclass(frozen=True)
-class ConnectOptions:
-    connect_timeout: float = 10.0
-    keepalive: int = 15
-    connect_attempts: int = 3
-    accept_new_host_keys: bool = False
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -86,21 +81,121 @@ def record_host_key(path: Path, name: str, key: paramiko.PKey) -> None:
 
 def load_known_hosts(host: Host, keys: paramiko.HostKeys) -> dict[bytes, Path]:
     """Add the keys ``host``'s known_hosts files list to ``keys``; the ``@revoked`` keys, with their file."""
+    return _add_entries(host.name, _parse_known_hosts(known_hosts_files(host)), keys)
+
+
+_Parsed = tuple[list[paramiko.hostkeys.HostKeyEntry], dict[bytes, Path]]
+
+
+def _parse_known_hosts(files: Sequence[Path]) -> _Parsed:
     entries: list[paramiko.hostkeys.HostKeyEntry] = []
     revoked: dict[bytes, Path] = {}
-    for path in known_hosts_files(host):
+    for path in files:
         if path.exists():
             _read_known_hosts(path, entries, revoked)
+    return entries, revoked
+
+
+def _add_entries(name_for_log: str, parsed: _Parsed, keys: paramiko.HostKeys) -> dict[bytes, Path]:
+    entries, revoked = parsed
     seen: set[tuple[str, str]] = set()  # the first line for a name and key type wins, as in paramiko's parser
     for entry in entries:
         if entry.key.asbytes() in revoked:
-            log.debug("%s: not trusting %s for %s: it is @revoked", host.name, entry.key.get_name(), entry.hostnames)
+            log.debug("%s: not trusting %s for %s: it is @revoked", name_for_log, entry.key.get_name(), entry.hostnames)
             continue
         for name in entry.hostnames:
             if (name, entry.key.get_name()) not in seen:
                 seen.add((name, entry.key.get_name()))
                 keys.add(name, entry.key.get_name(), entry.key)
     return revoked
+
+
+class HostKeyTable:
+    """The keys of parsed known_hosts files by host name, looked up as paramiko's ``HostKeys.lookup``
+    does (hashed names by their HMAC; the first line for a name and key type wins), in time linear in
+    the file's length to build and constant per plain name to look up."""
+
+    def __init__(self, parsed: _Parsed) -> None:
+        entries, self.revoked = parsed
+        self._order = itertools.count()
+        self._plain: dict[str, dict[str, tuple[int, paramiko.PKey]]] = {}
+        self._hashed: list[tuple[int, str, str, paramiko.PKey]] = []
+        for entry in entries:
+            if entry.key.asbytes() not in self.revoked:
+                for name in entry.hostnames:
+                    self.add(name, entry.key)
+
+    def add(self, name: str, key: paramiko.PKey) -> None:
+        order = next(self._order)
+        if name.startswith("|1|"):
+            self._hashed.append((order, name, key.get_name(), key))
+        else:
+            self._plain.setdefault(name, {}).setdefault(key.get_name(), (order, key))
+
+    def lookup(self, name: str) -> dict[str, paramiko.PKey]:
+        """Key type -> key, for every key the files list for ``name``."""
+        found = dict(self._plain.get(name, {}))
+        for order, hashed, keytype, key in self._hashed:
+            if (keytype not in found or found[keytype][0] > order) and _hash_matches(name, hashed):
+                found[keytype] = (order, key)
+        return {keytype: key for keytype, (_, key) in found.items()}
+
+
+def _hash_matches(name: str, hashed: str) -> bool:
+    try:
+        return hmac.compare_digest(paramiko.HostKeys.hash_host(name, hashed), hashed)
+    except (ValueError, AssertionError, binascii.Error):  # a malformed salt: the line names no host
+        return False
+
+
+def _signature(files: Sequence[Path]) -> tuple[tuple[int, int, int] | None, ...]:
+    """What tells a changed known_hosts file from the one parsed: inode, size, modification time."""
+    stats: list[tuple[int, int, int] | None] = []
+    for path in files:
+        try:
+            st = path.stat()
+        except OSError:
+            stats.append(None)
+        else:
+            stats.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(stats)
+
+
+class KnownHosts:
+    """The host keys of each set of known_hosts files, parsed once and shared by every connection of
+    the invocation: parsing per connection cost ~150 ms at 1000 lines (paramiko's ``HostKeys.add`` is
+    linear in what it holds), for every host. A file that changed on disk since it was parsed (a key
+    recorded by another orch, or by hand) is parsed again; a key this process records is appended to
+    the file and added to the table at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tables: dict[tuple[Path, ...], tuple[tuple[object, ...], HostKeyTable]] = {}
+
+    def table(self, host: Host) -> HostKeyTable:
+        files = tuple(known_hosts_files(host))
+        with self._lock:
+            signature = _signature(files)
+            cached = self._tables.get(files)
+            if cached is None or cached[0] != signature:
+                cached = self._tables[files] = (signature, HostKeyTable(_parse_known_hosts(files)))
+                log.debug("known_hosts %s parsed", ", ".join(str(f) for f in files))
+            return cached[1]
+
+    def record(self, host: Host, name: str, key: paramiko.PKey) -> None:
+        """Append ``name``'s key to ``host``'s trust file (``trust_file``) and to the shared table."""
+        files = tuple(known_hosts_files(host))
+        with self._lock:
+            cached = self._tables.get(files)
+            current = cached is not None and cached[0] == _signature(files)
+            record_host_key(trust_file(host), name, key)
+            if cached is not None and current:
+                cached[1].add(name, key)
+                self._tables[files] = (_signature(files), cached[1])
+
+
+KNOWN_HOSTS = KnownHosts()
+"""The invocation's known_hosts table (one orch process is one invocation)."""
 
 
 def _read_known_hosts(path: Path, entries: list[paramiko.hostkeys.HostKeyEntry], revoked: dict[bytes, Path]) -> None:
@@ -131,10 +226,11 @@ def _read_known_hosts(path: Path, entries: list[paramiko.hostkeys.HostKeyEntry],
 class _VerifyHostKey(paramiko.MissingHostKeyPolicy):
     """Called by paramiko only for a key that no known_hosts file lists (a revoked key is not listed)."""
 
-    def __init__(self, host: Host, accept_new: bool, revoked: Mapping[bytes, Path]) -> None:
+    def __init__(self, host: Host, accept_new: bool, revoked: Mapping[bytes, Path], known: KnownHosts) -> None:
         self.host = host
         self.accept_new = accept_new
         self.revoked = revoked
+        self.known = known
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         fp = fingerprint(key)
@@ -146,7 +242,7 @@ class _VerifyHostKey(paramiko.MissingHostKeyPolicy):
                 hint=f"check the fingerprint on the host (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), "
                 f"then run `orch trust {self.host.name}`, or pass --accept-new-host-keys",
             )
-        record_host_key(trust_file(self.host), hostname, key)
+        self.known.record(self.host, hostname, key)
         client.get_host_keys().add(hostname, key.get_name(), key)
         log.warning(
             "%s: trusted new host key %s %s (recorded in %s)", self.host.name, key.get_name(), fp, trust_file(self.host)
@@ -244,8 +340,14 @@ class SSHRunner(RunnerBase):
         return kwargs
 
     def _load_host_keys(self, client: paramiko.SSHClient) -> None:
-        revoked = load_known_hosts(self._spec, client.get_host_keys())
-        client.set_missing_host_key_policy(_VerifyHostKey(self._spec, self._options.accept_new_host_keys, revoked))
+        """The client checks the keys known for this host only, from the invocation's shared table
+        (``KNOWN_HOSTS``), under the name paramiko looks up (``[address]:port`` off port 22)."""
+        table = KNOWN_HOSTS.table(self._spec)
+        name = known_hosts_name(self._spec.address, self._spec.port)
+        for keytype, key in table.lookup(name).items():
+            client.get_host_keys().add(name, keytype, key)
+        accept_new = self._options.accept_new_host_keys
+        client.set_missing_host_key_policy(_VerifyHostKey(self._spec, accept_new, table.revoked, KNOWN_HOSTS))
 
     def _changed_key(self, exc: paramiko.BadHostKeyException) -> HostKeyError:
         files = ", ".join(str(p) for p in known_hosts_files(self._spec))

@@ -18,7 +18,10 @@ README = (REPO / "README.md").read_text()
 
 def all_commands(group: click.Group = cli, prefix: str = "") -> list[tuple[str, click.Command]]:
     found = []
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # a lazy group (orch's) imports each command here
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         found.append((f"{prefix}{name}", command))
         if isinstance(command, click.Group):
             found += all_commands(command, f"{prefix}{name} ")

@@ -1,0 +1,131 @@
+"""A light controller (issue 11 §2, §3): commands imported when they run, known_hosts parsed once.
+
+`orch --help` used to import every command, the operations and paramiko/fabric (~0.8 s under load);
+every SSH connection parsed the known_hosts files again (~150 ms per connection at 1000 lines).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import paramiko
+import pytest
+
+from orchestrator.cli import COMMANDS, cli
+from orchestrator.inventory import Host
+from orchestrator.transport import ssh
+
+HEAVY = ("paramiko", "fabric", "invoke", "pydantic", "orchestrator.ops", "orchestrator.inventory", "orchestrator.state")
+
+HELP_PROBE = """
+import json, sys
+from orchestrator.cli import run_command
+code = run_command(["--help"])
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+def test_help_lists_every_command_without_importing_commands_or_ssh_libraries() -> None:
+    proc = subprocess.run([sys.executable, "-c", HELP_PROBE], capture_output=True, text=True, check=True)
+    *help_lines, last = proc.stdout.strip().splitlines()
+    probe = json.loads(last)
+    assert probe["code"] == 0
+    loaded = [m for m in probe["modules"] if m.startswith(HEAVY) or m.startswith("orchestrator.cli.")]
+    assert loaded == []
+    listed = [line.split()[0] for line in help_lines[help_lines.index("Commands:") + 1 :]]
+    assert listed == sorted(COMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_the_command_table_says_what_each_command_says_of_itself(name: str) -> None:
+    command = cli.get_command(click.Context(cli), name)
+    assert command is not None and command.name == name
+    table = click.Command(name, help=COMMANDS[name].help)
+    for limit in (45, 80, 1000):
+        assert table.get_short_help_str(limit) == command.get_short_help_str(limit)
+
+
+def test_an_unknown_command_is_still_a_usage_error() -> None:
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "stauts"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "No such command 'stauts'" in proc.stderr
+
+
+# -- known_hosts: one parse per invocation ---------------------------------------------------------
+
+
+def hosts_with(path: Path, n: int) -> list[Host]:
+    return [Host(name=f"h{i}", address=f"10.0.0.{i}", port=2222, known_hosts=str(path)) for i in range(n)]
+
+
+def known_hosts_file(path: Path, keys: list[paramiko.PKey]) -> Path:
+    path.write_text("".join(f"[10.0.0.{i}]:2222 {k.get_name()} {k.get_base64()}\n" for i, k in enumerate(keys)))
+    return path
+
+
+@pytest.fixture
+def parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One item per parse of a set of known_hosts files."""
+    calls: list[int] = []
+    real = ssh._parse_known_hosts
+
+    def counting(files):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(files)
+
+    monkeypatch.setattr(ssh, "_parse_known_hosts", counting)
+    return calls
+
+
+def test_known_hosts_are_parsed_once_for_every_host(tmp_path: Path, parses: list[int]) -> None:
+    keys = [paramiko.ECDSAKey.generate() for _ in range(4)]
+    hosts = hosts_with(known_hosts_file(tmp_path / "known_hosts", keys), 4)
+    known = ssh.KnownHosts()
+    found = [known.table(h).lookup(ssh.known_hosts_name(h.address, h.port)) for h in hosts]
+    assert found == [{k.get_name(): k} for k in keys]
+    assert len(parses) == 1
+
+
+def test_a_known_hosts_file_changed_on_disk_is_read_again(tmp_path: Path, parses: list[int]) -> None:
+    old, new = paramiko.ECDSAKey.generate(), paramiko.ECDSAKey.generate()
+    path = known_hosts_file(tmp_path / "known_hosts", [old])
+    (host,) = hosts_with(path, 1)
+    known = ssh.KnownHosts()
+    assert known.table(host).lookup("[10.0.0.0]:2222") == {old.get_name(): old}
+    known_hosts_file(path, [new, old])  # edited by hand, or by another orch
+    assert known.table(host).lookup("[10.0.0.0]:2222") == {new.get_name(): new}
+    assert len(parses) == 2
+
+
+def test_a_recorded_key_is_in_the_file_and_the_table_without_a_new_parse(tmp_path: Path, parses: list[int]) -> None:
+    path = known_hosts_file(tmp_path / "known_hosts", [paramiko.ECDSAKey.generate()])
+    first, second = hosts_with(path, 2)
+    known = ssh.KnownHosts()
+    assert known.table(second).lookup("[10.0.0.1]:2222") == {}
+    key = paramiko.ECDSAKey.generate()
+    known.record(second, "[10.0.0.1]:2222", key)
+    assert known.table(first).lookup("[10.0.0.1]:2222") == {key.get_name(): key}
+    assert path.read_text().splitlines()[-1] == f"[10.0.0.1]:2222 {key.get_name()} {key.get_base64()}"
+    assert len(parses) == 1
+
+
+def test_hashed_names_and_first_lines_win_as_in_paramiko(tmp_path: Path) -> None:
+    one, two, three = (paramiko.ECDSAKey.generate() for _ in range(3))
+    lines = [
+        f"{paramiko.HostKeys.hash_host('[10.0.0.0]:2222')} {one.get_name()} {one.get_base64()}",
+        f"[10.0.0.0]:2222 {two.get_name()} {two.get_base64()}",  # a later line for the same name: ignored
+        f"|1|not-base64|x {three.get_name()} {three.get_base64()}",  # a broken hash names no host
+        f"[10.0.0.1]:2222,10.0.0.9 {three.get_name()} {three.get_base64()}",
+    ]
+    path = tmp_path / "known_hosts"
+    path.write_text("\n".join(lines) + "\n")
+    (host,) = hosts_with(path, 1)
+    table = ssh.KnownHosts().table(host)
+    assert table.lookup("[10.0.0.0]:2222") == {one.get_name(): one}
+    assert table.lookup("10.0.0.9") == {three.get_name(): three}
+    assert table.lookup("[10.0.0.1]:2222") == {three.get_name(): three}
+    assert table.lookup("10.0.0.5") == {}
