@@ -36,14 +36,3 @@ def test_a_job_refuses_a_secret_in_its_own_env_which_is_on_its_command_line() ->
     spec = jobs.JobSpec("t", "t.x", ["true"], env={"HF_TOKEN": "hf_1"})
     with pytest.raises(UsageError, match="job environment HF_TOKEN: looks like a secret"):
         jobs.start_argv("/w", "j1", spec)
-
-
-def test_a_commands_stdin_is_handed_to_invoke_in_one_read_not_one_byte_per_10_ms() -> None:
-    from invoke.terminals import bytes_to_read
-
-    from orchestrator.transport import ssh
-
-    text = "hf_" + "x" * 34 + "\nsk-" + "y" * 20 + "\nrest of stdin\n"
-    stream = ssh._WholeInput(text)
-    assert stream.read(bytes_to_read(stream)) == text  # invoke asks for 1 byte: a non-tty has no FIONREAD
-    assert stream.read(1) == ""  # then end of input: the remote command's stdin is closed
