@@ -8,9 +8,11 @@ process; <= 15 ms of orch CPU per host at 32 hosts; the known_hosts files parsed
 CPU is the orch process alone (user + sys from ``getrusage(RUSAGE_CHILDREN)``), not the simulated hosts
 that share this machine's cores. Every host is a real sshd on a loopback address. Medians.
 
-    python bench/controller.py --hosts 32 --json [--runs 5] [--orch-src /tmp/old-checkout]
+    python bench/controller.py --hosts 32 --json [--runs 5] [--before /tmp/old-checkout]
 
-``--orch-src`` runs the orch found in another checkout (put first on PYTHONPATH), to compare commits.
+``--before`` also measures the orch of another checkout (``git worktree add /tmp/old-checkout <commit>``),
+interleaved with this one run by run so that both see the same machine load; each orch runs outside
+any checkout with its source on PYTHONPATH (``imported_from`` says which files ran).
 """
 
 from __future__ import annotations
@@ -31,16 +33,30 @@ from orchestrator.sandbox import SimFleet
 KNOWN_HOSTS_LINES = 1000
 
 
-def run_orch(args: list[str], env: dict[str, str]) -> tuple[float, float]:
+REPO = Path(__file__).resolve().parents[1]
+
+
+def orch_env(src: Path) -> dict[str, str]:
+    """The environment that makes ``python -m orchestrator`` (run outside any checkout) import ``src``'s."""
+    return {**os.environ, "PYTHONPATH": str(src.resolve())}
+
+
+def run_orch(args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
     """Wall seconds and CPU seconds (user + sys) of one ``python -m orchestrator ARGS``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, env=env)
+    cmd = [sys.executable, "-m", "orchestrator", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"orch {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
     return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def imported_from(env: dict[str, str], cwd: Path) -> str:
+    code = "import orchestrator; print(orchestrator.__file__)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=cwd).stdout.strip()
 
 
 def padded_known_hosts(fleet_file: Path, out: Path, lines: int) -> Path:
@@ -53,21 +69,28 @@ def padded_known_hosts(fleet_file: Path, out: Path, lines: int) -> Path:
     return out
 
 
-def median_cpu(cmd: list[str], env: dict[str, str], runs: int) -> float:
-    return statistics.median(run_orch(cmd, env)[1] for _ in range(runs))
+def figures(samples: dict[str, list[tuple[float, float]]], hosts: int) -> dict[str, object]:
+    wall = {k: statistics.median(x[0] for x in v) for k, v in samples.items()}
+    cpu = {k: statistics.median(x[1] for x in v) for k, v in samples.items()}
+    return {
+        "help_wall_s": round(wall["help"], 3),
+        "status_1host_cpu_s": round(cpu["one"], 3),
+        "status_Nhost_cpu_s": round(cpu["all"], 3),
+        "cpu_ms_per_host": round(cpu["all"] / hosts * 1000, 1),
+        "marginal_cpu_ms_per_host": round((cpu["all"] - cpu["one"]) / max(1, hosts - 1) * 1000, 1),
+        "status_Nhost_known_hosts_1000_lines_cpu_s": round(cpu["long"], 3),
+        "known_hosts_1000_lines_extra_ms_per_host": round((cpu["long"] - cpu["all"]) / hosts * 1000, 1),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=32, help="simulated hosts for the N-host figure")
     parser.add_argument("--runs", type=int, default=5, help="runs per figure; medians are reported")
-    parser.add_argument("--orch-src", type=Path, help="a checkout whose orch to measure (default: this one)")
+    parser.add_argument("--before", type=Path, help="another checkout to measure too, interleaved run by run")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    env = dict(os.environ)
-    if args.orch_src:
-        paths = [str(args.orch_src.resolve()), env.get("PYTHONPATH", "")]
-        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    sources = {"after": REPO, **({"before": args.before} if args.before else {})}
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp, SimFleet(Path(tmp), n_hosts=args.hosts) as fleet:
         root = Path(tmp)
         inventory = fleet.write_inventory(root / "hosts.yaml")
@@ -80,23 +103,25 @@ def main() -> None:
             selection = [a for n in hosts for a in ("--host", n)]
             return ["-i", str(inv), "--state", str(root / "state.json"), "status", "--json", *selection]
 
-        run_orch(status(inventory, names[:1]), env)  # warm caches (bytecode, page cache)
-        help_wall = statistics.median(run_orch(["--help"], env)[0] for _ in range(args.runs))
-        cpu_1 = median_cpu(status(inventory, names[:1]), env, args.runs)
-        cpu_n = median_cpu(status(inventory, names), env, args.runs)
-        cpu_n_long = median_cpu(status(long_inventory, names), env, args.runs)
-    result = {
-        "hosts": args.hosts,
-        "runs": args.runs,
-        "help_wall_s": round(help_wall, 3),
-        "status_1host_cpu_s": round(cpu_1, 3),
-        "status_Nhost_cpu_s": round(cpu_n, 3),
-        "cpu_ms_per_host": round(cpu_n / args.hosts * 1000, 1),
-        "marginal_cpu_ms_per_host": round((cpu_n - cpu_1) / max(1, args.hosts - 1) * 1000, 1),
-        "status_Nhost_known_hosts_1000_lines_cpu_s": round(cpu_n_long, 3),
-        "known_hosts_1000_lines_extra_ms_per_host": round((cpu_n_long - cpu_n) / args.hosts * 1000, 1),
-        "loadavg": [round(x, 2) for x in os.getloadavg()],
-    }
+        commands = {
+            "help": ["--help"],
+            "one": status(inventory, names[:1]),
+            "all": status(inventory, names),
+            "long": status(long_inventory, names),
+        }
+        envs = {label: orch_env(src) for label, src in sources.items()}
+        result: dict[str, object] = {"hosts": args.hosts, "runs": args.runs}
+        result["imported_from"] = {label: imported_from(env, root) for label, env in envs.items()}
+        for env in envs.values():
+            run_orch(commands["one"], env, root)  # warm caches (bytecode, page cache)
+        samples: dict[str, dict[str, list[tuple[float, float]]]] = {label: {k: [] for k in commands} for label in envs}
+        for _ in range(args.runs):
+            for what, cmd in commands.items():
+                for label, env in envs.items():  # interleaved: both see the same machine load
+                    samples[label][what].append(run_orch(cmd, env, root))
+    for label in envs:
+        result[label] = figures(samples[label], args.hosts)
+    result["loadavg"] = [round(x, 2) for x in os.getloadavg()]
     if args.json:
         print(json.dumps(result))
     else:

@@ -41,24 +41,29 @@ class App:
     _store: StateStore | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    @property
+    def inventory_file(self) -> Path:
+        """``--inventory``, else ``$ORCH_INVENTORY``, else ./hosts.yaml (``inventory.inventory_path``)."""
+        from orchestrator.inventory import inventory_path
+
+        return inventory_path(self.inventory_option)
+
     @cached_property
     def inventory(self) -> Inventory:
-        from orchestrator.inventory import inventory_path, load_inventory
+        from orchestrator.inventory import load_inventory
 
-        inventory = load_inventory(inventory_path(self.inventory_option))
+        inventory = load_inventory(self.inventory_file)
         log.info("inventory %s: %d hosts", inventory.path, len(inventory.hosts))
         return inventory
 
     @property
     def state_path(self) -> Path:
         """``--state``, else ``$ORCH_STATE``, else ``.orch/state.json`` beside the inventory."""
-        from orchestrator.inventory import inventory_path
-
         if self.state_option is not None:
             return self.state_option
         if os.environ.get("ORCH_STATE"):
             return Path(os.environ["ORCH_STATE"])
-        return inventory_path(self.inventory_option).resolve().parent / ".orch" / "state.json"
+        return self.inventory_file.resolve().parent / ".orch" / "state.json"
 
     @property
     def store(self) -> StateStore:
@@ -87,9 +92,7 @@ class App:
     @property
     def playbook_dirs(self) -> list[Path]:
         """Where recipes are looked up by name: beside the inventory, then the current directory."""
-        from orchestrator.inventory import inventory_path
-
-        return [inventory_path(self.inventory_option).resolve().parent / "playbooks", Path.cwd() / "playbooks"]
+        return [self.inventory_file.resolve().parent / "playbooks", Path.cwd() / "playbooks"]
 
     def recipe_for(self, host: Host, playbook: str | None = None) -> Recipe:
         """The host's recipe: ``playbook`` (name or path), else the host's ``playbook``, else the default.
