@@ -5,6 +5,7 @@ in memory (each orch's peak RSS stays below what holding it would take)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -15,18 +16,30 @@ NOISE = 30 << 20  # bytes of the one long line
 BOUND = 64 << 20  # orch's own peak RSS (about 60 MiB here) plus less than the line decoded once more
 
 
+# Peak RSS is measured by a small parent of orch's: a child forked from pytest itself would count pytest's
+# own resident memory (hundreds of MiB late in a full run) as its peak, from before it exec'd orch.
+MEASURE = (
+    "import resource, subprocess, sys\n"
+    "code = subprocess.run(sys.argv[1:]).returncode\n"
+    "print(f'@@maxrss {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}', file=sys.stderr)\n"
+    "sys.exit(code)\n"
+)
+
+
 def orch_rss(env: FleetEnv, *args: str) -> tuple[int, str, int]:
     """Exit code, output and peak RSS in bytes of one orch command."""
     cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), *args]
-    process = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200"}
+    run = subprocess.run(
+        [sys.executable, "-c", MEASURE, *cmd],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "COLUMNS": "200"},
+        check=False,
     )
-    assert process.stdout is not None
-    with process.stdout:
-        out = process.stdout.read().decode(errors="replace")
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return process.returncode, out, usage.ru_maxrss * 1024
+    out = run.stdout.decode(errors="replace")
+    measured = re.search(r"^@@maxrss (\d+)$", out, re.M)
+    assert measured, out
+    return run.returncode, out[: measured.start()] + out[measured.end() :], int(measured[1]) * 1024
 
 
 def test_hostile_job_logs_are_read_in_bounded_memory_without_a_traceback(make_fleet: Any) -> None:

@@ -19,8 +19,11 @@ def _registration_path():
 
 
 def start_time(pid):
+    """Start time (clock ticks since boot) of a live process; None for a zombie, whose memory (GPU memory
+    included) is already freed, as the simulated nvidia-smi also counts it."""
     stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 def register(gpus, memory_mib, name, utilization=0):
