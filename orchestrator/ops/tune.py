@@ -438,6 +438,9 @@ def wait_group(
         time.sleep(poll)
 
 
+_OUTAGE_HINT = "the tuning jobs run on without orch: `orch wait` attaches again once the host answers"
+
+
 class Outage:
     """The one rule of every tuning wait (``wait_group``, ``watch_groups``) for a host it cannot reach:
     the jobs run on without orch, so the wait goes on reconnecting (each SSH runner reconnects on its
@@ -455,7 +458,7 @@ class Outage:
     def lost(self, exc: UnreachableError) -> None:
         """Note a failed step; re-raise ``exc`` (with how long) once the outage is too long."""
         now = time.monotonic()
-        self.last = UnreachableError(exc.message, hint="the tuning jobs run on: `orch wait` attaches once it answers")
+        self.last = UnreachableError(exc.message, hint=_OUTAGE_HINT)
         if self.since is None:
             self.since = now
             log.warning("%s; reconnecting (the jobs run on; giving up after %.0f s)", exc.message, RECONNECT_SECONDS)
@@ -463,7 +466,7 @@ class Outage:
             lasted = f"unreachable for {now - self.since:.0f} s"
             raise UnreachableError(
                 f"{exc.message} ({lasted}; gave up waiting for the tuning of {self.group})",
-                hint="the tuning jobs run on without orch: `orch wait` attaches again once the host answers",
+                hint=_OUTAGE_HINT,
             ) from None
 
     def over(self) -> None:
