@@ -20,6 +20,8 @@ from orchestrator.transport.base import ConnectOptions, Runner
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Host
+    from orchestrator.session import HostSession
+    from orchestrator.state import StateStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -75,6 +77,7 @@ class Fleet:
         self.options = options
         self.parallel = max(1, parallel)
         self._runners: dict[str, Runner] = {}
+        self._sessions: dict[str, HostSession] = {}
         self._lock = threading.Lock()
 
     def runner(self, host: Host) -> Runner:
@@ -82,6 +85,22 @@ class Fleet:
             if host.name not in self._runners:
                 self._runners[host.name] = open_runner(host, self.options)
             return self._runners[host.name]
+
+    def session(self, host: Host, store: StateStore) -> HostSession:
+        """The host's session for this invocation: one per host, sharing the host's runner."""
+        from orchestrator.session import HostSession
+
+        runner = self.runner(host)
+        with self._lock:
+            if host.name not in self._sessions:
+                self._sessions[host.name] = HostSession(host, runner, store)
+            return self._sessions[host.name]
+
+    def map_sessions(
+        self, fn: Callable[[HostSession], T], store: StateStore, hosts: list[Host] | None = None
+    ) -> FleetResult[T]:
+        """``fn(session)`` on every host (``map`` with each host's ``HostSession``)."""
+        return self.map(lambda host, _runner: fn(self.session(host, store)), hosts)
 
     def map(self, fn: Callable[[Host, Runner], T], hosts: list[Host] | None = None) -> FleetResult[T]:
         """``fn(host, runner)`` on every host, ``parallel`` at a time; results in inventory order."""
@@ -111,6 +130,7 @@ class Fleet:
         for runner in self._runners.values():
             runner.close()
         self._runners.clear()
+        self._sessions.clear()
 
     def __enter__(self) -> Fleet:
         return self
