@@ -17,6 +17,7 @@ from orchestrator.transport.base import ConnectOptions
 if TYPE_CHECKING:
     from orchestrator.fleet import Fleet
     from orchestrator.inventory import Host, Inventory
+    from orchestrator.ops.tune import Peers
     from orchestrator.recipe import Recipe
     from orchestrator.state import StateStore
 
@@ -69,7 +70,7 @@ class App:
     def store(self) -> StateStore:
         """The state store, its file checked once: a corrupt or unreadable state file is a
         ``StateError`` (exit 4) at the first use, before any host is contacted when the command
-        uses it first (and on every host otherwise: still exit 4, see ``cli.common.exit_code``)."""
+        uses it first (and on every host otherwise: still exit 4, see ``FleetResult.exit_code``)."""
         from orchestrator.notify import Notifier
         from orchestrator.state import StateStore
 
@@ -115,6 +116,14 @@ class App:
             for recipe in {id(r): r for r in chosen.values()}.values():
                 refuse_bad_recipe(recipe, mtp=mtp)
         return chosen
+
+    def peers(self, fleet: Fleet) -> Peers:
+        """The one resolver of the other hosts of a ``--fleet`` tuning group, for every command
+        (``tune-fp8``, ``wait``, ``serve``, ``run``): by inventory name, over ``fleet``'s connections;
+        a member no longer in the inventory is a clean refusal of that host (exit 3), not a KeyError."""
+        from orchestrator.ops.tune import fleet_peers
+
+        return fleet_peers(fleet, self.inventory.hosts)
 
     def fleet(self, hosts: list[Host], parallel: int = 32) -> Fleet:
         from orchestrator.fleet import Fleet

@@ -57,8 +57,7 @@ def status(
         status_details(views)
     else:
         status_table(views, wide=wide)
-    results.raise_bugs()
-    return int(ExitCode.HOSTS_FAILED if results.failed else ExitCode.OK)
+    return finish(results, show_errors=False)  # the table shows each failed host
 
 
 @click.command()

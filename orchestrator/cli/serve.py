@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any
 
 import click
 from rich.text import Text
@@ -15,10 +14,8 @@ from orchestrator.errors import ExitCode
 from orchestrator.facts import server as facts
 from orchestrator.facts.server_log import ShapeUse
 from orchestrator.facts.server_upstream import Discovery, diff_flags
-from orchestrator.fleet import Fleet, FleetResult
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
-from orchestrator.ops import tune
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.render import err, inert, out, table
 
@@ -47,11 +44,6 @@ def reporter(host: Host) -> serve_op.Report:
         err.print(Text(f"{host.name}: {inert(message)}", style=style), highlight=False)
 
     return report
-
-
-def peers(app: App, fleet: Fleet) -> tune.Peers:
-    """Other hosts of a ``--fleet`` tuning group, reached over this invocation's connections."""
-    return lambda name: tune.Member(app.inventory.hosts[name], fleet.runner(app.inventory.hosts[name]))
 
 
 @click.command()
@@ -126,17 +118,17 @@ def serve(
             plans = fleet.map(lambda h, r: serve_op.dry_run(h, r, app.store, chosen[h.name], options))
             for p in plans.succeeded:
                 out.print(f"{p.host.name}:\n" + "\n".join(f"  {line}" for line in p.value or []), markup=False)
-            return serve_exit(plans)
+            return finish(plans)
         replaces = lambda h, r: serve_op.would_replace(h, r, app.store, chosen[h.name], options)  # noqa: E731
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes, replaces)
         results = fleet.map(
-            lambda h, r: serve_op.serve(h, r, app.store, chosen[h.name], options, reporter(h), peers(app, fleet))
+            lambda h, r: serve_op.serve(h, r, app.store, chosen[h.name], options, reporter(h), app.peers(fleet))
         )
     for r in results:
         result = r.value if r.ok else getattr(r.error, "result", None)
         if isinstance(result, serve_op.ServeResult):
             serve_report(r.host, result)
-    return serve_exit(results)
+    return finish(results)
 
 
 def serve_options(
@@ -156,11 +148,6 @@ def serve_options(
         health_timeout=health_timeout,
         drain_timeout=drain_timeout,
     )
-
-
-def serve_exit(results: FleetResult[Any]) -> int:
-    """0 all verified; else the code every failure shares (5 verification, 2, 4), else 3 (bugs re-raised)."""
-    return finish(results)
 
 
 def serve_report(host: Host, r: serve_op.ServeResult) -> None:
@@ -236,7 +223,7 @@ def stop_server(
         )
     for r in results.succeeded:
         out.print(f"{r.host.name}: {stopped_line(r.value)}")
-    return serve_exit(results)
+    return finish(results)
 
 
 def stopped_line(outcome: str | None) -> str:
@@ -304,7 +291,7 @@ def discover(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: 
     for r in results.succeeded:
         assert r.value is not None
         discovery_report(r.host, chosen[r.host.name], r.value)
-    return serve_exit(results)
+    return finish(results)
 
 
 def discovery_report(host: Host, r: Recipe, found: Discovery) -> None:

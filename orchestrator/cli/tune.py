@@ -13,14 +13,14 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.app import App
-from orchestrator.cli.common import exit_code, host_options, pass_app
+from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.errors import UsageError
 from orchestrator.fleet import FleetResult
 from orchestrator.inventory import Host
 from orchestrator.ops import tune as tune_op
 from orchestrator.recipe import Recipe, TuneOptions, parse_shapes
-from orchestrator.render import err, fmt_seconds, host_errors, inert, out
+from orchestrator.render import err, fmt_seconds, inert, out
 
 
 @click.command(name="tune-fp8")
@@ -95,7 +95,7 @@ def tune_fp8(
     with app.fleet(selected, parallel) as fl, progress_display(wait) as on_progress:
         if stop_server:
             ask_before_stopping(fl, selected, bool(hosts or tags), yes)
-        peers = tune_op.fleet_peers(fl, app.inventory.hosts)
+        peers = app.peers(fl)
         results = tune_op.tune_fp8(fl, selected, app.store, recipe_for, options, peers, print_plans, on_progress, poll)
     return report(results, wait)
 
@@ -114,7 +114,7 @@ def wait(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int,
     """
     selected = app.select(hosts, tags)
     with app.fleet(selected, parallel) as fl, progress_display(True) as on_progress:
-        peers = tune_op.fleet_peers(fl, app.inventory.hosts)
+        peers = app.peers(fl)
         results = tune_op.wait_tuning(fl, selected, app.store, peers, on_progress, poll)
     return report(results)
 
@@ -240,7 +240,7 @@ def progress_display(live: bool) -> Iterator[Callable[[tune_op.TuneStatus], None
 def report(results: FleetResult[tune_op.TuneStatus], wait: bool = True) -> int:
     """The final line per host (a failure once, with its log tail on stderr), the configs this run
     installed, and without ``wait`` what runs and how to watch it; exit 0, or 3 when a host failed."""
-    failed = False  # a tuning that failed; a host's error gives its own exit code (exit_code)
+    failed = False  # a tuning that failed; a host's error gives its own exit code (FleetResult.exit_code)
     for r in results.succeeded:
         if r.value is None:
             continue
@@ -254,9 +254,7 @@ def report(results: FleetResult[tune_op.TuneStatus], wait: bool = True) -> int:
     if not wait:
         for line in watch_hint([r.value for r in results.succeeded if r.value is not None]):
             out.print(line, markup=False)
-    host_errors(results)
-    results.raise_bugs()
-    return int(exit_code(results, also_failed=failed))
+    return finish(results, also_failed=failed)
 
 
 def watch_hint(statuses: Sequence[tune_op.TuneStatus]) -> list[str]:
