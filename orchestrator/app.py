@@ -95,7 +95,7 @@ class App:
         """Where recipes are looked up by name: beside the inventory, then the current directory."""
         return [self.inventory_file.resolve().parent / "playbooks", Path.cwd() / "playbooks"]
 
-    def recipe_for(self, host: Host, playbook: str | None = None) -> Recipe:
+    def _recipe(self, host: Host, playbook: str | None) -> Recipe:
         """The host's recipe: ``playbook`` (name or path), else the host's ``playbook``, else the default.
         Each file is read and validated once per invocation."""
         from orchestrator.recipe import DEFAULT_RECIPE, find_recipe, load_recipe
@@ -108,10 +108,11 @@ class App:
             return self._recipes[name]
 
     def recipes(self, hosts: list[Host], playbook: str | None = None, *, mtp: bool | None = None) -> dict[str, Recipe]:
-        """Each host's recipe (``recipe_for``), all read before any host is contacted: a missing or
-        invalid playbook is exit 2 at once. With ``mtp`` given, a recipe the MTP rules refuse is
-        exit 2 too (``refuse_bad_recipe``)."""
-        chosen = {h.name: self.recipe_for(h, playbook) for h in hosts}
+        """The one recipe lookup of every command: each host's own recipe, by host name (``--playbook``
+        or ``PLAYBOOK``, else the host's ``playbook:``, else the default), all read before any host is
+        contacted: a missing or invalid playbook is exit 2 at once. With ``mtp`` given, a recipe the
+        MTP rules refuse is exit 2 too (``refuse_bad_recipe``)."""
+        chosen = {h.name: self._recipe(h, playbook) for h in hosts}
         if mtp is not None:
             for recipe in {id(r): r for r in chosen.values()}.values():
                 refuse_bad_recipe(recipe, mtp=mtp)

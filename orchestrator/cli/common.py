@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from pydantic import BaseModel
 
 from orchestrator.app import App
 from orchestrator.fleet import FleetResult
@@ -14,6 +15,12 @@ from orchestrator.render import host_errors
 
 F = TypeVar("F", bound=Callable[..., Any])
 pass_app = click.make_pass_decorator(App)
+
+
+def default(model: type[BaseModel], name: str) -> Any:
+    """The default of an options model's field (``ServeOptions``, ``TuneOptions``, ...): a flag takes
+    its default from the model, so a command and an ``orch run`` step never disagree."""
+    return model.model_fields[name].get_default(call_default_factory=True)
 
 
 def host_options(fn: F) -> F:

@@ -8,7 +8,7 @@ import click
 from rich.text import Text
 
 from orchestrator.app import App
-from orchestrator.cli.common import finish, host_options, pass_app
+from orchestrator.cli.common import default, finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.errors import ExitCode
 from orchestrator.facts import server as facts
@@ -25,15 +25,10 @@ _playbook = click.option(
 _drain = click.option(
     "--drain-timeout",
     type=click.FloatRange(1),
-    default=120,
+    default=default(ServeOptions, "drain_timeout"),
     show_default=True,
     help="Seconds the old server may drain before SIGKILL.",
 )
-
-
-def recipes(app: App, hosts: list[Host], playbook: str | None) -> dict[str, Recipe]:
-    """Each host's recipe (``--playbook``, else the inventory's, else the default), loaded once."""
-    return {h.name: app.recipe_for(h, playbook) for h in hosts}
 
 
 def reporter(host: Host) -> serve_op.Report:
@@ -49,11 +44,22 @@ def reporter(host: Host) -> serve_op.Report:
 @click.command()
 @host_options
 @_playbook
-@click.option("--mtp/--no-mtp", default=True, show_default=True, help="Serve with the recipe's MTP speculative flags.")
-@click.option("--no-wait-tuning", is_flag=True, help="Do not wait for running FP8 tuning jobs.")
+@click.option(
+    "--mtp/--no-mtp",
+    default=default(ServeOptions, "mtp"),
+    show_default=True,
+    help="Serve with the recipe's MTP speculative flags.",
+)
+@click.option(
+    "--no-wait-tuning",
+    is_flag=True,
+    default=not default(ServeOptions, "wait_tuning"),
+    help="Do not wait for running FP8 tuning jobs.",
+)
 @click.option(
     "--use-installed-configs",
     is_flag=True,
+    default=default(ServeOptions, "use_installed_configs"),
     help="Serve with the tuned FP8 configs installed now, even after a failed tuning.",
 )
 @click.option(
@@ -62,8 +68,18 @@ def reporter(host: Host) -> serve_op.Report:
     help="Launch with this FP8 GEMM backend (e.g. triton, auto). Default: the recipe's, or auto when no "
     "tuned config is installed for the GPU.",
 )
-@click.option("--force", is_flag=True, help="Relaunch even when the server already runs as asked.")
-@click.option("--rollback", is_flag=True, help="If the new server fails to start, relaunch the last known-good one.")
+@click.option(
+    "--force",
+    is_flag=True,
+    default=default(ServeOptions, "force"),
+    help="Relaunch even when the server already runs as asked.",
+)
+@click.option(
+    "--rollback",
+    is_flag=True,
+    default=default(ServeOptions, "rollback"),
+    help="If the new server fails to start, relaunch the last known-good one.",
+)
 @click.option("--min-accept", type=click.FloatRange(0), help="Minimum accept length (default: the recipe's).")
 @click.option(
     "--health-timeout",
@@ -108,8 +124,16 @@ def serve(
       orch serve --yes --fp8-gemm-backend triton
       orch serve --dry-run
     """
-    options = serve_options(mtp, no_wait_tuning, rollback, min_accept, health_timeout, drain_timeout).model_copy(
-        update={"use_installed_configs": use_installed_configs, "fp8_gemm_backend": fp8_gemm_backend, "force": force}
+    options = ServeOptions(
+        mtp=mtp,
+        wait_tuning=not no_wait_tuning,
+        rollback=rollback,
+        min_accept=min_accept,
+        health_timeout=health_timeout,
+        drain_timeout=drain_timeout,
+        use_installed_configs=use_installed_configs,
+        fp8_gemm_backend=fp8_gemm_backend,
+        force=force,
     )
     selected = app.select(hosts, tags)
     chosen = app.recipes(selected, playbook, mtp=mtp)
@@ -129,25 +153,6 @@ def serve(
         if isinstance(result, serve_op.ServeResult):
             serve_report(r.host, result)
     return finish(results)
-
-
-def serve_options(
-    mtp: bool,
-    no_wait_tuning: bool,
-    rollback: bool,
-    min_accept: float | None,
-    health_timeout: float | None,
-    drain_timeout: float,
-) -> ServeOptions:
-    """The options ``orch run``'s serve step uses too, from the command's flags."""
-    return ServeOptions(
-        mtp=mtp,
-        wait_tuning=not no_wait_tuning,
-        rollback=rollback,
-        min_accept=min_accept,
-        health_timeout=health_timeout,
-        drain_timeout=drain_timeout,
-    )
 
 
 def serve_report(host: Host, r: serve_op.ServeResult) -> None:
@@ -215,7 +220,7 @@ def stop_server(
       orch stop-server --yes
     """
     selected = app.select(hosts, tags)
-    chosen = recipes(app, selected, playbook)
+    chosen = app.recipes(selected, playbook)
     with app.fleet(selected, parallel) as fleet:
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes)
         results = fleet.map(
@@ -249,7 +254,9 @@ def recipe() -> None:
 @recipe.command()
 @host_options
 @_playbook
-@click.option("--mtp/--no-mtp", default=True, show_default=True, help="With the recipe's MTP flags.")
+@click.option(
+    "--mtp/--no-mtp", default=default(ServeOptions, "mtp"), show_default=True, help="With the recipe's MTP flags."
+)
 @pass_app
 def show(
     app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, playbook: str | None, mtp: bool
@@ -262,7 +269,7 @@ def show(
     """
     selected = app.select(hosts, tags)
     problems = 0
-    for host, r in recipes(app, selected, playbook).items():
+    for host, r in app.recipes(selected, playbook).items():
         host_ = app.inventory.hosts[host]
         out.print(f"{host}: {r.path or r.model}", markup=False)
         out.print(f"  $ {shlex.join(facts.launch_argv(r, host_, mtp=mtp))}", markup=False)
@@ -285,7 +292,7 @@ def discover(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: 
       orch recipe discover --host blackwell-1
     """
     selected = app.select(hosts, tags)
-    chosen = recipes(app, selected, playbook)
+    chosen = app.recipes(selected, playbook)
     with app.fleet(selected, parallel) as fleet:
         results = fleet.map(lambda h, r: serve_op.discover_upstream(h, r, chosen[h.name]))
     for r in results.succeeded:
