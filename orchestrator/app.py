@@ -17,6 +17,7 @@ from orchestrator.transport.base import ConnectOptions
 if TYPE_CHECKING:
     from orchestrator.fleet import Fleet
     from orchestrator.inventory import Host, Inventory
+    from orchestrator.ops.tune import Peers
     from orchestrator.recipe import Recipe
     from orchestrator.state import StateStore
 
@@ -69,7 +70,7 @@ class App:
     def store(self) -> StateStore:
         """The state store, its file checked once: a corrupt or unreadable state file is a
         ``StateError`` (exit 4) at the first use, before any host is contacted when the command
-        uses it first (and on every host otherwise: still exit 4, see ``cli.common.exit_code``)."""
+        uses it first (and on every host otherwise: still exit 4, see ``FleetResult.exit_code``)."""
         from orchestrator.notify import Notifier
         from orchestrator.state import StateStore
 
@@ -94,7 +95,7 @@ class App:
         """Where recipes are looked up by name: beside the inventory, then the current directory."""
         return [self.inventory_file.resolve().parent / "playbooks", Path.cwd() / "playbooks"]
 
-    def recipe_for(self, host: Host, playbook: str | None = None) -> Recipe:
+    def _recipe(self, host: Host, playbook: str | None) -> Recipe:
         """The host's recipe: ``playbook`` (name or path), else the host's ``playbook``, else the default.
         Each file is read and validated once per invocation."""
         from orchestrator.recipe import DEFAULT_RECIPE, find_recipe, load_recipe
@@ -107,14 +108,23 @@ class App:
             return self._recipes[name]
 
     def recipes(self, hosts: list[Host], playbook: str | None = None, *, mtp: bool | None = None) -> dict[str, Recipe]:
-        """Each host's recipe (``recipe_for``), all read before any host is contacted: a missing or
-        invalid playbook is exit 2 at once. With ``mtp`` given, a recipe the MTP rules refuse is
-        exit 2 too (``refuse_bad_recipe``)."""
-        chosen = {h.name: self.recipe_for(h, playbook) for h in hosts}
+        """The one recipe lookup of every command: each host's own recipe, by host name (``--playbook``
+        or ``PLAYBOOK``, else the host's ``playbook:``, else the default), all read before any host is
+        contacted: a missing or invalid playbook is exit 2 at once. With ``mtp`` given, a recipe the
+        MTP rules refuse is exit 2 too (``refuse_bad_recipe``)."""
+        chosen = {h.name: self._recipe(h, playbook) for h in hosts}
         if mtp is not None:
             for recipe in {id(r): r for r in chosen.values()}.values():
                 refuse_bad_recipe(recipe, mtp=mtp)
         return chosen
+
+    def peers(self, fleet: Fleet) -> Peers:
+        """The one resolver of the other hosts of a ``--fleet`` tuning group, for every command
+        (``tune-fp8``, ``wait``, ``serve``, ``run``): by inventory name, over ``fleet``'s connections;
+        a member no longer in the inventory is a clean refusal of that host (exit 3), not a KeyError."""
+        from orchestrator.ops.tune import fleet_peers
+
+        return fleet_peers(fleet, self.inventory.hosts)
 
     def fleet(self, hosts: list[Host], parallel: int = 32) -> Fleet:
         from orchestrator.fleet import Fleet

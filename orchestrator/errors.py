@@ -24,7 +24,7 @@ The rule that keeps the codes coherent: a problem with the input is 2 wherever i
 anything changed (``recipe show``, ``serve``, ``run`` and ``tune-fp8`` refuse the same recipe with 2);
 what depends on a host is 3. A command that ran on several hosts reports every host, then exits with
 the code every failed host shares (2, 4 or 5: the same as a single host would), else ``HOSTS_FAILED``
-(``cli.common.exit_code``). A closed stdout (``orch status | head -1``) changes nothing: the rest of
+(``FleetResult.exit_code``). A closed stdout (``orch status | head -1``) changes nothing: the rest of
 the output is dropped and the command finishes with its own code.
 """
 

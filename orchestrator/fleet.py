@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from orchestrator.errors import OrchError
+from orchestrator.errors import ExitCode, OrchError
 from orchestrator.transport.base import ConnectOptions, Runner
 
 if TYPE_CHECKING:
@@ -56,6 +56,21 @@ class HostResult(Generic[T]):
 
 
 class FleetResult(list[HostResult[T]]):
+    """Every host's ``HostResult``, in inventory order."""
+
+    def exit_code(self, *, also_failed: bool = False) -> ExitCode:
+        """orch's one exit-code rule for a command over hosts (README "Exit codes"): 0 when every host
+        succeeded; when hosts failed, the code they all share (2 bad input, 4 state file, 5
+        verification: what one host alone exits with), else 3. ``also_failed``: a host failed without
+        an error (a tuning job that failed), so never 0 and never a shared code but 3. A missing
+        playbook or a corrupt state file met on every host is still 2 or 4; a bug is 1 as for one host."""
+        codes = {ExitCode(getattr(r.error, "exit_code", ExitCode.INTERNAL)) for r in self.failed}
+        if not codes:
+            return ExitCode.HOSTS_FAILED if also_failed else ExitCode.OK
+        if len(codes) == 1 and not also_failed:
+            return codes.pop()
+        return ExitCode.HOSTS_FAILED
+
     @property
     def failed(self) -> list[HostResult[T]]:
         return [r for r in self if not r.ok]

@@ -68,6 +68,7 @@ class BenchSpec(_Strict):
 
 
 # -- step options: the same models the single commands build from their flags ------------------
+# Each default is written here only: the commands' flags read theirs from these models (``cli.common.default``).
 
 
 class PullOptions(_Strict):
@@ -81,7 +82,7 @@ class TuneOptions(_Strict):
     force: bool = False
     allow_busy_gpus: bool = False
     stop_server: bool = False
-    wait: bool = True
+    wait: bool = False  # `orch run` always waits (its next step needs the configs installed)
 
 
 class ServeOptions(_Strict):
@@ -90,7 +91,7 @@ class ServeOptions(_Strict):
     rollback: bool = False
     min_accept: float | None = None
     health_timeout: float | None = Field(None, gt=0)  # None: the recipe's health_timeout
-    drain_timeout: float = Field(120.0, gt=0)
+    drain_timeout: float = Field(120, gt=0)  # `--drain-timeout` shows it as 120
     fp8_gemm_backend: str | None = None  # None: the recipe's (auto when no tuned config is installed)
     use_installed_configs: bool = False  # serve with what is installed, even after a failed tuning
     force: bool = False  # relaunch even when the server already runs as asked

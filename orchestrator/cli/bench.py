@@ -9,7 +9,6 @@ import click
 
 from orchestrator.app import App
 from orchestrator.cli.common import finish, host_options, pass_app
-from orchestrator.cli.serve import recipes
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.facts.bench import fmt_number, settings_text
 from orchestrator.fleet import FleetResult
@@ -70,7 +69,7 @@ def bench(
         max_concurrency=max_concurrency,
     )
     selected = app.select(hosts, tags)
-    specs = {name: recipe.bench for name, recipe in recipes(app, selected, playbook).items()}
+    specs = {name: recipe.bench for name, recipe in app.recipes(selected, playbook).items()}
     bench_op.check_baseline(app.store, selected, options)
     show = ProgressLines()
     with app.fleet(selected, parallel) as fleet:

@@ -1,4 +1,5 @@
-"""What every command shares: the app object, host selection options, and the exit code rule."""
+"""What every command shares: the app object, host selection options, and ``finish`` (failed hosts
+reported, the exit code by ``FleetResult.exit_code``)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,20 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from pydantic import BaseModel
 
 from orchestrator.app import App
-from orchestrator.errors import ExitCode
 from orchestrator.fleet import FleetResult
 from orchestrator.render import host_errors
 
 F = TypeVar("F", bound=Callable[..., Any])
 pass_app = click.make_pass_decorator(App)
+
+
+def default(model: type[BaseModel], name: str) -> Any:
+    """The default of an options model's field (``ServeOptions``, ``TuneOptions``, ...): a flag takes
+    its default from the model, so a command and an ``orch run`` step never disagree."""
+    return model.model_fields[name].get_default(call_default_factory=True)
 
 
 def host_options(fn: F) -> F:
@@ -37,20 +44,11 @@ def host_options(fn: F) -> F:
     return fn
 
 
-def finish(results: FleetResult[Any]) -> int:
-    """Report failed hosts on stderr and return ``exit_code(results)``; bugs re-raised."""
-    host_errors(results)
+def finish(results: FleetResult[Any], *, also_failed: bool = False, show_errors: bool = True) -> int:
+    """Where every command over hosts ends: the failed hosts reported on stderr (``show_errors``;
+    ``status`` shows them in its table instead), bugs re-raised with their traceback, and the exit code
+    by orch's one rule, ``FleetResult.exit_code``."""
+    if show_errors:
+        host_errors(results)
     results.raise_bugs()
-    return int(exit_code(results))
-
-
-def exit_code(results: FleetResult[Any], also_failed: bool = False) -> ExitCode:
-    """0 when every host succeeded (and not ``also_failed``); when hosts failed, the code they all
-    share (2 bad input, 4 state file, 5 verification: the same failure a single-host command exits
-    with), else 3. A missing playbook or a corrupt state file met on every host is still 2 or 4."""
-    codes = {ExitCode(getattr(r.error, "exit_code", ExitCode.INTERNAL)) for r in results.failed}
-    if not codes:
-        return ExitCode.HOSTS_FAILED if also_failed else ExitCode.OK
-    if len(codes) == 1 and not also_failed:
-        return codes.pop()
-    return ExitCode.HOSTS_FAILED
+    return int(results.exit_code(also_failed=also_failed))

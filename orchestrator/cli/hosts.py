@@ -5,10 +5,11 @@ from __future__ import annotations
 import click
 
 from orchestrator.app import App
-from orchestrator.cli.common import finish, host_options, pass_app
+from orchestrator.cli.common import default, finish, host_options, pass_app
 from orchestrator.errors import ExitCode
 from orchestrator.ops import pull as pull_op
 from orchestrator.ops import status as status_op
+from orchestrator.recipe import PullOptions
 from orchestrator.render import out, print_json
 from orchestrator.transport.ssh import trust_host_key
 from orchestrator.views import pull_report, status_details, status_document, status_table
@@ -57,14 +58,18 @@ def status(
         status_details(views)
     else:
         status_table(views, wide=wide)
-    results.raise_bugs()
-    return int(ExitCode.HOSTS_FAILED if results.failed else ExitCode.OK)
+    return finish(results, show_errors=False)  # the table shows each failed host
 
 
 @click.command()
 @host_options
 @click.option("--dry-run", is_flag=True, help="Print the exact remote commands; change nothing.")
-@click.option("--install", is_flag=True, help="Then run `pip install -e python` with the host's python.")
+@click.option(
+    "--install",
+    is_flag=True,
+    default=default(PullOptions, "install"),
+    help="Then run `pip install -e python` with the host's python.",
+)
 @pass_app
 def pull(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, dry_run: bool, install: bool) -> int:
     """Fast-forward each host's SGLang checkout to its upstream.

@@ -7,8 +7,6 @@ import click
 from orchestrator.app import App, refuse_bad_recipe
 from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
-from orchestrator.cli.serve import peers
-from orchestrator.errors import ExitCode
 from orchestrator.inventory import Host
 from orchestrator.ops import run as run_op
 from orchestrator.recipe import ServeOptions
@@ -56,33 +54,32 @@ def run(
       orch run --dry-run
     """
     selected = app.select(hosts, tags)
-    recipe = app.recipe_for(selected[0], playbook)
-    steps = run_op.select_steps(recipe, from_step, only)
-    for step in steps:
-        if isinstance(step.options, ServeOptions):
-            refuse_bad_recipe(recipe, mtp=step.options.mtp)  # exit 2 before any host, as recipe show
+    chosen = app.recipes(selected, playbook)  # each host's own (its `playbook:`), unless PLAYBOOK is given
+    steps = {h.name: run_op.select_steps(chosen[h.name], from_step, only) for h in selected}
+    for host in selected:
+        for step in steps[host.name]:
+            if isinstance(step.options, ServeOptions):
+                refuse_bad_recipe(chosen[host.name], mtp=step.options.mtp)  # exit 2 before any host, as recipe show
     with app.fleet(selected, parallel) as fleet:
         redo = bool(from_step or only)
         if dry_run:
-            plans = fleet.map(lambda h, r: run_op.dry_run(h, r, app.store, recipe, steps, redo))
+            plans = fleet.map(lambda h, r: run_op.dry_run(h, r, app.store, chosen[h.name], steps[h.name], redo))
             for p in plans.succeeded:
                 out.print(f"{p.host.name}:\n" + "\n".join(p.value or []), markup=False)
             return finish(plans)
 
         def stops(host: Host, runner: Runner) -> bool:
-            return bool(run_op.stopping_steps(app.store, host, runner, recipe, steps, redo))
+            return bool(run_op.stopping_steps(app.store, host, runner, chosen[host.name], steps[host.name], redo))
 
         def confirm(passed: list[Host]) -> None:
             ask_before_stopping(fleet, passed, bool(hosts or tags), yes, stops)
 
         if redo:
-            run_op.forget_done(app.store, selected, str(recipe.path), steps)
-        ctx = run_op.RunContext(
-            fleet, app.store, recipe, str(recipe.path), _say, peers(app, fleet), lockstep, confirm, redo
-        )
+            run_op.forget_done(app.store, selected, chosen, steps)
+        ctx = run_op.RunContext(fleet, app.store, chosen, _say, app.peers(fleet), lockstep, confirm, redo)
         results = run_op.run(ctx, selected, steps)
     for r in results.succeeded:
         assert r.value is not None
         skipped = f" (already done: {', '.join(r.value.skipped)})" if r.value.skipped else ""
         out.print(f"{r.host.name}: done {', '.join(r.value.done) or 'nothing new'}{skipped}", markup=False)
-    return finish(results) if results.failed else int(ExitCode.OK)
+    return finish(results)

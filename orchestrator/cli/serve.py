@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any
 
 import click
 from rich.text import Text
 
 from orchestrator.app import App
-from orchestrator.cli.common import finish, host_options, pass_app
+from orchestrator.cli.common import default, finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.errors import ExitCode
 from orchestrator.facts import server as facts
 from orchestrator.facts.server_log import ShapeUse
 from orchestrator.facts.server_upstream import Discovery, diff_flags
-from orchestrator.fleet import Fleet, FleetResult
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
-from orchestrator.ops import tune
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.render import err, inert, out, table
 
@@ -28,15 +25,10 @@ _playbook = click.option(
 _drain = click.option(
     "--drain-timeout",
     type=click.FloatRange(1),
-    default=120,
+    default=default(ServeOptions, "drain_timeout"),
     show_default=True,
     help="Seconds the old server may drain before SIGKILL.",
 )
-
-
-def recipes(app: App, hosts: list[Host], playbook: str | None) -> dict[str, Recipe]:
-    """Each host's recipe (``--playbook``, else the inventory's, else the default), loaded once."""
-    return {h.name: app.recipe_for(h, playbook) for h in hosts}
 
 
 def reporter(host: Host) -> serve_op.Report:
@@ -49,19 +41,25 @@ def reporter(host: Host) -> serve_op.Report:
     return report
 
 
-def peers(app: App, fleet: Fleet) -> tune.Peers:
-    """Other hosts of a ``--fleet`` tuning group, reached over this invocation's connections."""
-    return lambda name: tune.Member(app.inventory.hosts[name], fleet.runner(app.inventory.hosts[name]))
-
-
 @click.command()
 @host_options
 @_playbook
-@click.option("--mtp/--no-mtp", default=True, show_default=True, help="Serve with the recipe's MTP speculative flags.")
-@click.option("--no-wait-tuning", is_flag=True, help="Do not wait for running FP8 tuning jobs.")
+@click.option(
+    "--mtp/--no-mtp",
+    default=default(ServeOptions, "mtp"),
+    show_default=True,
+    help="Serve with the recipe's MTP speculative flags.",
+)
+@click.option(
+    "--no-wait-tuning",
+    is_flag=True,
+    default=not default(ServeOptions, "wait_tuning"),
+    help="Do not wait for running FP8 tuning jobs.",
+)
 @click.option(
     "--use-installed-configs",
     is_flag=True,
+    default=default(ServeOptions, "use_installed_configs"),
     help="Serve with the tuned FP8 configs installed now, even after a failed tuning.",
 )
 @click.option(
@@ -70,8 +68,18 @@ def peers(app: App, fleet: Fleet) -> tune.Peers:
     help="Launch with this FP8 GEMM backend (e.g. triton, auto). Default: the recipe's, or auto when no "
     "tuned config is installed for the GPU.",
 )
-@click.option("--force", is_flag=True, help="Relaunch even when the server already runs as asked.")
-@click.option("--rollback", is_flag=True, help="If the new server fails to start, relaunch the last known-good one.")
+@click.option(
+    "--force",
+    is_flag=True,
+    default=default(ServeOptions, "force"),
+    help="Relaunch even when the server already runs as asked.",
+)
+@click.option(
+    "--rollback",
+    is_flag=True,
+    default=default(ServeOptions, "rollback"),
+    help="If the new server fails to start, relaunch the last known-good one.",
+)
 @click.option("--min-accept", type=click.FloatRange(0), help="Minimum accept length (default: the recipe's).")
 @click.option(
     "--health-timeout",
@@ -116,8 +124,16 @@ def serve(
       orch serve --yes --fp8-gemm-backend triton
       orch serve --dry-run
     """
-    options = serve_options(mtp, no_wait_tuning, rollback, min_accept, health_timeout, drain_timeout).model_copy(
-        update={"use_installed_configs": use_installed_configs, "fp8_gemm_backend": fp8_gemm_backend, "force": force}
+    options = ServeOptions(
+        mtp=mtp,
+        wait_tuning=not no_wait_tuning,
+        rollback=rollback,
+        min_accept=min_accept,
+        health_timeout=health_timeout,
+        drain_timeout=drain_timeout,
+        use_installed_configs=use_installed_configs,
+        fp8_gemm_backend=fp8_gemm_backend,
+        force=force,
     )
     selected = app.select(hosts, tags)
     chosen = app.recipes(selected, playbook, mtp=mtp)
@@ -126,40 +142,16 @@ def serve(
             plans = fleet.map(lambda h, r: serve_op.dry_run(h, r, app.store, chosen[h.name], options))
             for p in plans.succeeded:
                 out.print(f"{p.host.name}:\n" + "\n".join(f"  {line}" for line in p.value or []), markup=False)
-            return serve_exit(plans)
+            return finish(plans)
         replaces = lambda h, r: serve_op.would_replace(h, r, app.store, chosen[h.name], options)  # noqa: E731
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes, replaces)
         results = fleet.map(
-            lambda h, r: serve_op.serve(h, r, app.store, chosen[h.name], options, reporter(h), peers(app, fleet))
+            lambda h, r: serve_op.serve(h, r, app.store, chosen[h.name], options, reporter(h), app.peers(fleet))
         )
     for r in results:
         result = r.value if r.ok else getattr(r.error, "result", None)
         if isinstance(result, serve_op.ServeResult):
             serve_report(r.host, result)
-    return serve_exit(results)
-
-
-def serve_options(
-    mtp: bool,
-    no_wait_tuning: bool,
-    rollback: bool,
-    min_accept: float | None,
-    health_timeout: float | None,
-    drain_timeout: float,
-) -> ServeOptions:
-    """The options ``orch run``'s serve step uses too, from the command's flags."""
-    return ServeOptions(
-        mtp=mtp,
-        wait_tuning=not no_wait_tuning,
-        rollback=rollback,
-        min_accept=min_accept,
-        health_timeout=health_timeout,
-        drain_timeout=drain_timeout,
-    )
-
-
-def serve_exit(results: FleetResult[Any]) -> int:
-    """0 all verified; else the code every failure shares (5 verification, 2, 4), else 3 (bugs re-raised)."""
     return finish(results)
 
 
@@ -228,7 +220,7 @@ def stop_server(
       orch stop-server --yes
     """
     selected = app.select(hosts, tags)
-    chosen = recipes(app, selected, playbook)
+    chosen = app.recipes(selected, playbook)
     with app.fleet(selected, parallel) as fleet:
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes)
         results = fleet.map(
@@ -236,7 +228,7 @@ def stop_server(
         )
     for r in results.succeeded:
         out.print(f"{r.host.name}: {stopped_line(r.value)}")
-    return serve_exit(results)
+    return finish(results)
 
 
 def stopped_line(outcome: str | None) -> str:
@@ -262,7 +254,9 @@ def recipe() -> None:
 @recipe.command()
 @host_options
 @_playbook
-@click.option("--mtp/--no-mtp", default=True, show_default=True, help="With the recipe's MTP flags.")
+@click.option(
+    "--mtp/--no-mtp", default=default(ServeOptions, "mtp"), show_default=True, help="With the recipe's MTP flags."
+)
 @pass_app
 def show(
     app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, playbook: str | None, mtp: bool
@@ -275,7 +269,7 @@ def show(
     """
     selected = app.select(hosts, tags)
     problems = 0
-    for host, r in recipes(app, selected, playbook).items():
+    for host, r in app.recipes(selected, playbook).items():
         host_ = app.inventory.hosts[host]
         out.print(f"{host}: {r.path or r.model}", markup=False)
         out.print(f"  $ {shlex.join(facts.launch_argv(r, host_, mtp=mtp))}", markup=False)
@@ -298,13 +292,13 @@ def discover(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: 
       orch recipe discover --host blackwell-1
     """
     selected = app.select(hosts, tags)
-    chosen = recipes(app, selected, playbook)
+    chosen = app.recipes(selected, playbook)
     with app.fleet(selected, parallel) as fleet:
         results = fleet.map(lambda h, r: serve_op.discover_upstream(h, r, chosen[h.name]))
     for r in results.succeeded:
         assert r.value is not None
         discovery_report(r.host, chosen[r.host.name], r.value)
-    return serve_exit(results)
+    return finish(results)
 
 
 def discovery_report(host: Host, r: Recipe, found: Discovery) -> None:

@@ -13,14 +13,13 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.app import App
-from orchestrator.cli.common import exit_code, host_options, pass_app
+from orchestrator.cli.common import default, finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.errors import UsageError
 from orchestrator.fleet import FleetResult
-from orchestrator.inventory import Host
 from orchestrator.ops import tune as tune_op
-from orchestrator.recipe import Recipe, TuneOptions, parse_shapes
-from orchestrator.render import err, fmt_seconds, host_errors, inert, out
+from orchestrator.recipe import TuneOptions, parse_shapes
+from orchestrator.render import err, fmt_seconds, inert, out
 
 
 @click.command(name="tune-fp8")
@@ -30,7 +29,7 @@ from orchestrator.render import err, fmt_seconds, host_errors, inert, out
 )
 @click.option(
     "--shapes",
-    default="default",
+    default=default(TuneOptions, "shapes"),
     show_default=True,
     metavar="default|auto|logged|LIST",
     help="default: the recipe's shapes; auto: from the model's config.json (rules for DeepseekV3ForCausalLM and "
@@ -41,13 +40,33 @@ from orchestrator.render import err, fmt_seconds, host_errors, inert, out
 @click.option("--batch-sizes", metavar="M,M,...", help="Batch sizes to tune (default: the recipe's, 18 sizes 1..4096).")
 @click.option(
     "--fleet/--no-fleet",
-    default=None,
+    default=default(TuneOptions, "fleet"),
     help="Spread the work over every GPU of hosts with the same GPU and SGLang commit.",
 )
-@click.option("--force", is_flag=True, help="Tune again shapes already installed for this device and commit.")
-@click.option("--allow-busy-gpus", is_flag=True, help="Start even when other processes hold the GPUs.")
-@click.option("--stop-server", is_flag=True, help="First stop the server orch launched on the host.")
-@click.option("--wait", is_flag=True, help="Show live progress until the jobs end, then install the configs.")
+@click.option(
+    "--force",
+    is_flag=True,
+    default=default(TuneOptions, "force"),
+    help="Tune again shapes already installed for this device and commit.",
+)
+@click.option(
+    "--allow-busy-gpus",
+    is_flag=True,
+    default=default(TuneOptions, "allow_busy_gpus"),
+    help="Start even when other processes hold the GPUs.",
+)
+@click.option(
+    "--stop-server",
+    is_flag=True,
+    default=default(TuneOptions, "stop_server"),
+    help="First stop the server orch launched on the host.",
+)
+@click.option(
+    "--wait",
+    is_flag=True,
+    default=default(TuneOptions, "wait"),
+    help="Show live progress until the jobs end, then install the configs.",
+)
 @click.option("--poll", type=click.FloatRange(0.1, 60), default=1.0, show_default=True, help="Seconds between polls.")
 @yes_option
 @pass_app
@@ -91,12 +110,14 @@ def tune_fp8(
         wait=wait,
     )
     selected = app.select(hosts, tags)
-    recipe_for = recipe_lookup(app, selected, playbook)
+    chosen = app.recipes(selected, playbook)  # every one read now: a bad playbook is exit 2 before any host
     with app.fleet(selected, parallel) as fl, progress_display(wait) as on_progress:
         if stop_server:
             ask_before_stopping(fl, selected, bool(hosts or tags), yes)
-        peers = tune_op.fleet_peers(fl, app.inventory.hosts)
-        results = tune_op.tune_fp8(fl, selected, app.store, recipe_for, options, peers, print_plans, on_progress, poll)
+        peers = app.peers(fl)
+        results = tune_op.tune_fp8(
+            fl, selected, app.store, lambda h: chosen[h.name], options, peers, print_plans, on_progress, poll
+        )
     return report(results, wait)
 
 
@@ -114,7 +135,7 @@ def wait(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int,
     """
     selected = app.select(hosts, tags)
     with app.fleet(selected, parallel) as fl, progress_display(True) as on_progress:
-        peers = tune_op.fleet_peers(fl, app.inventory.hosts)
+        peers = app.peers(fl)
         results = tune_op.wait_tuning(fl, selected, app.store, peers, on_progress, poll)
     return report(results)
 
@@ -138,13 +159,6 @@ def parse_batch_sizes(text: str | None) -> list[int] | None:
     if bad or not parts:
         raise UsageError(f"--batch-sizes: {bad[0] if bad else text!r} is not a positive integer (e.g. 1,2,4,8)")
     return sorted({int(p) for p in parts})
-
-
-def recipe_lookup(app: App, hosts: list[Host], playbook: str | None) -> Callable[[Host], Recipe]:
-    """Each host's recipe: --playbook, else the host's ``playbook``, else the default; every one read
-    now, before any host is contacted (a missing or invalid playbook: exit 2, as in serve and run)."""
-    app.recipes(hosts, playbook)
-    return lambda host: app.recipe_for(host, playbook)
 
 
 # -- output -------------------------------------------------------------------------------------------
@@ -240,7 +254,7 @@ def progress_display(live: bool) -> Iterator[Callable[[tune_op.TuneStatus], None
 def report(results: FleetResult[tune_op.TuneStatus], wait: bool = True) -> int:
     """The final line per host (a failure once, with its log tail on stderr), the configs this run
     installed, and without ``wait`` what runs and how to watch it; exit 0, or 3 when a host failed."""
-    failed = False  # a tuning that failed; a host's error gives its own exit code (exit_code)
+    failed = False  # a tuning that failed; a host's error gives its own exit code (FleetResult.exit_code)
     for r in results.succeeded:
         if r.value is None:
             continue
@@ -254,9 +268,7 @@ def report(results: FleetResult[tune_op.TuneStatus], wait: bool = True) -> int:
     if not wait:
         for line in watch_hint([r.value for r in results.succeeded if r.value is not None]):
             out.print(line, markup=False)
-    host_errors(results)
-    results.raise_bugs()
-    return int(exit_code(results, also_failed=failed))
+    return finish(results, also_failed=failed)
 
 
 def watch_hint(statuses: Sequence[tune_op.TuneStatus]) -> list[str]:

@@ -31,8 +31,8 @@ from orchestrator.facts.bench import BenchRecord, ComparisonRow
 from orchestrator.ops import tune
 from orchestrator.ops.bench import records_of
 from orchestrator.ops.tune import InstalledRecord
-from orchestrator.render import fmt_seconds, inert
 from orchestrator.state import HostState, Phase, PhaseChange, State, utc_now
+from orchestrator.text import fmt_seconds, inert
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -23,7 +23,7 @@ spread its units over the whole fleet (``fleet: true``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -54,13 +54,23 @@ Say = Callable[[Host, str], None]
 class RunContext:
     fleet: Fleet
     store: StateStore
-    recipe: Recipe
-    playbook: str  # the campaign's name in the state file
+    recipes: Mapping[str, Recipe]  # each host's recipe, by host name (``App.recipes``)
     say: Say
     peers: tune.Peers
     lockstep: bool = False
     confirm: Callable[[list[Host]], None] | None = None  # after preflight, before any step: may refuse
     redo: bool = False  # --from/--only: the steps run again (serve relaunches even when serving as asked)
+
+    def recipe(self, host: Host) -> Recipe:
+        return self.recipes[host.name]
+
+    def playbook(self, host: Host) -> str:
+        """The host's campaign's name in the state file (its recipe's path)."""
+        return str(self.recipe(host).path)
+
+
+Steps = Mapping[str, list[Step]]
+"""The steps each host runs, by host name (``select_steps`` of its own recipe)."""
 
 
 @dataclass
@@ -85,12 +95,12 @@ def select_steps(recipe: Recipe, from_step: str | None, only: str | None) -> lis
     return recipe.steps[start:]
 
 
-def forget_done(store: StateStore, hosts: list[Host], playbook: str, steps: list[Step]) -> None:
+def forget_done(store: StateStore, hosts: list[Host], recipes: Mapping[str, Recipe], steps: Steps) -> None:
     """``--from``/``--only``: the chosen steps run again even if they were done."""
-    names = {s.name for s in steps}
     with store.update() as state:
         for host in hosts:
-            progress = _progress(state.host(host.name), playbook)
+            names = {s.name for s in steps[host.name]}
+            progress = _progress(state.host(host.name), str(recipes[host.name].path))
             progress["done"] = {k: v for k, v in progress["done"].items() if k not in names}
 
 
@@ -128,23 +138,24 @@ def is_done(store: StateStore, host: Host, playbook: str, step: str) -> bool:
 
 def run_step(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: HostRun) -> None:
     """Run one step on one host unless it is already done; record it before and after."""
-    if is_done(ctx.store, host, ctx.playbook, step.name):
+    playbook = ctx.playbook(host)
+    if is_done(ctx.store, host, playbook, step.name):
         why = gone(ctx, host, runner, step, outcome)
         if why is None:
             outcome.skipped.append(step.name)
             ctx.say(host, f"{step.name}: already done, skipped")
             return
         ctx.say(host, f"{step.name}: done before, but {why}")
-    resumed = was_interrupted(ctx.store, host, ctx.playbook, step.name)
+    resumed = was_interrupted(ctx.store, host, playbook, step.name)
     ctx.say(host, f"{step.name}: {'resumed' if resumed else 'started'}")
     if not resumed:
-        _mark(ctx.store, host, ctx.playbook, step.name, "running")
+        _mark(ctx.store, host, playbook, step.name, "running")
     try:
         detail = STEPS[step.name](ctx, host, runner, step, resumed)
     except Exception as exc:
-        _mark(ctx.store, host, ctx.playbook, step.name, "failed", str(exc).splitlines()[0] if str(exc) else "")
+        _mark(ctx.store, host, playbook, step.name, "failed", str(exc).splitlines()[0] if str(exc) else "")
         raise
-    _mark(ctx.store, host, ctx.playbook, step.name, "done", detail)
+    _mark(ctx.store, host, playbook, step.name, "done", detail)
     outcome.done.append(step.name)
     outcome.details[step.name] = detail
     ctx.say(host, f"{step.name}: done — {detail}")
@@ -157,7 +168,7 @@ def gone(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: HostR
         cause = "tune-fp8 ran in this run" if "tune-fp8" in outcome.done else "rebooted?"
         return f"no server of orch's runs now ({cause}): serving again"
     if isinstance(options, TuneOptions):
-        missing = missing_configs(host, runner, ctx.store, ctx.recipe, options)
+        missing = missing_configs(host, runner, ctx.store, ctx.recipe(host), options)
         if missing:
             return f"no tuned config for {', '.join(missing)} where SGLang reads them: tuning again"
     if isinstance(options, BenchOptions) and "serve" in outcome.done:
@@ -209,8 +220,9 @@ def _step_say(ctx: RunContext, host: Host, step: str) -> server_host.Report:
 def _tune(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool) -> str:
     assert isinstance(step.options, TuneOptions)
     options = step.options.model_copy(update={"wait": True, "fleet": False if not ctx.lockstep else step.options.fleet})
-    if options.stop_server and tuning_needed(host, runner, ctx.store, ctx.recipe, options):
-        gpus, drain = server_facts.server_gpus(ctx.recipe, host), ServeOptions().drain_timeout
+    recipe = ctx.recipe(host)
+    if options.stop_server and tuning_needed(host, runner, ctx.store, recipe, options):
+        gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
         server_host.stop_server(
             host, runner, ctx.store, gpus, drain, _step_say(ctx, host, "tune-fp8"), server_host.FOR_RUN_TUNING
         )
@@ -219,7 +231,7 @@ def _tune(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool
         ctx.fleet,
         [host],
         ctx.store,
-        lambda _: ctx.recipe,
+        lambda _: recipe,
         options,
         ctx.peers,
         on_progress=progress(ctx, host),
@@ -266,7 +278,7 @@ def _serve(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: boo
     assert isinstance(step.options, ServeOptions)
     options = step.options.model_copy(update={"force": True}) if ctx.redo else step.options
     result = (_resume_serve(ctx, host, runner, options) if resumed and not ctx.redo else None) or serve_op.serve(
-        host, runner, ctx.store, ctx.recipe, options, _step_say(ctx, host, "serve"), ctx.peers
+        host, runner, ctx.store, ctx.recipe(host), options, _step_say(ctx, host, "serve"), ctx.peers
     )
     if result.unchanged:
         return f"already serving as asked (job {result.job_id})"
@@ -276,12 +288,12 @@ def _serve(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: boo
 
 def _resume_serve(ctx: RunContext, host: Host, runner: Runner, options: ServeOptions) -> serve_op.ServeResult | None:
     """After an interrupted run: the server it launched still runs the same command → attach, do not relaunch."""
-    argv = serve_op.check_launch(host, runner, ctx.recipe, options.mtp)
+    argv = serve_op.check_launch(host, runner, ctx.recipe(host), options.mtp)
     job = server_host.running_server(runner, host)
     if job is None or not serve_op.runs_argv(runner, job, argv):
         return None
     ctx.say(host, f"serve: re-attaching to server job {job.id}, launched by the interrupted run")
-    return serve_op.reattach(host, runner, ctx.store, ctx.recipe, options, job, argv)
+    return serve_op.reattach(host, runner, ctx.store, ctx.recipe(host), options, job, argv)
 
 
 def was_interrupted(store: StateStore, host: Host, playbook: str, step: str) -> bool:
@@ -290,7 +302,7 @@ def was_interrupted(store: StateStore, host: Host, playbook: str, step: str) -> 
 
 def _bench(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool) -> str:
     assert isinstance(step.options, BenchOptions)
-    run = bench_op.bench(host, runner, ctx.store, ctx.recipe.bench, step.options)
+    run = bench_op.bench(host, runner, ctx.store, ctx.recipe(host).bench, step.options)
     record = run.record
     return f"{record.label}: {record.metrics.output_throughput:.1f} output tok/s" + (
         " (collected)" if run.attached else ""
@@ -305,7 +317,7 @@ STEPS: dict[str, Callable[[RunContext, Host, Runner, Step, bool], str]] = {
 }
 
 
-def run(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> FleetResult[HostRun]:
+def run(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[HostRun]:
     """The campaign: ``preflight``, ``ctx.confirm`` (the CLI's question before serving goes down on
     several hosts), then the steps (``lockstep`` or each host on its own) on the hosts that passed
     preflight; results in the order of ``hosts``."""
@@ -319,7 +331,8 @@ def run(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> FleetResult[Ho
     walk = run_lockstep if ctx.lockstep else run_independent
     done = {r.host.name: r for r in walk(ctx, passed, steps)}
     finished = [h for h in passed if (r := done[h.name].value) is not None and not r.done]
-    if finished and ctx.recipe.step("pull") is not None:
+    finished = [h for h in finished if ctx.recipe(h).step("pull") is not None]
+    if finished:
         ctx.fleet.map(lambda h, r: _next_round(ctx, h, r), finished)  # a host that cannot fetch says nothing
     return FleetResult([done[h.name] if h.name in done else HostResult(h, error=refused[h.name]) for h in hosts])
 
@@ -334,49 +347,51 @@ def _next_round(ctx: RunContext, host: Host, runner: Runner) -> None:
         ctx.say(
             host,
             f"campaign done at {info.short}; upstream has {new} since: "
-            f"`orch run {_playbook_arg(ctx)} --from pull` starts the next round",
+            f"`orch run {_playbook_arg(ctx, host)} --from pull` starts the next round",
         )
 
 
-def _playbook_arg(ctx: RunContext) -> str:
-    return ctx.recipe.path.stem if ctx.recipe.path is not None else ctx.playbook
+def _playbook_arg(ctx: RunContext, host: Host) -> str:
+    recipe = ctx.recipe(host)
+    return recipe.path.stem if recipe.path is not None else ctx.playbook(host)
 
 
-def preflight(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> FleetResult[None]:
+def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[None]:
     """Before the first step, on each host that will serve: the whole launch command (MTP rules, no
     secret, every flag against the host's own ``--help``), so a recipe ``serve`` would refuse costs no
     tuning and stops no server. A pull may change the host's SGLang: ``serve`` checks again."""
-    serve = next((s for s in steps if isinstance(s.options, ServeOptions)), None)
 
     def check(host: Host, runner: Runner) -> None:  # a serve done before may be redone (its server gone)
+        serve = next((s for s in steps[host.name] if isinstance(s.options, ServeOptions)), None)
         if serve is not None:
             assert isinstance(serve.options, ServeOptions)
-            serve_op.check_launch(host, runner, ctx.recipe, serve.options.mtp)
+            serve_op.check_launch(host, runner, ctx.recipe(host), serve.options.mtp)
 
     return ctx.fleet.map(check, hosts)
 
 
-def run_independent(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> FleetResult[HostRun]:
+def run_independent(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[HostRun]:
     """Each host walks all its steps on its own thread; a failure stops only that host."""
 
     def walk(host: Host, runner: Runner) -> HostRun:
         outcome = HostRun()
-        for step in steps:
+        for step in steps[host.name]:
             run_step(ctx, host, runner, step, outcome)
         return outcome
 
     return ctx.fleet.map(walk, hosts)
 
 
-def run_lockstep(ctx: RunContext, hosts: list[Host], steps: list[Step]) -> FleetResult[HostRun]:
-    """Every remaining host finishes a step before any starts the next; failed hosts drop out."""
+def run_lockstep(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[HostRun]:
+    """Every remaining host finishes a step before any starts the next (its n-th step: hosts with
+    different playbooks walk their own steps); failed hosts drop out."""
     outcomes = {h.name: HostRun() for h in hosts}
     errors: dict[str, BaseException] = {}
-    for step in steps:
-        remaining = [h for h in hosts if h.name not in errors]
+    for n in range(max((len(steps[h.name]) for h in hosts), default=0)):
+        remaining = [h for h in hosts if h.name not in errors and n < len(steps[h.name])]
 
-        def one(host: Host, runner: Runner, step: Step = step) -> None:
-            run_step(ctx, host, runner, step, outcomes[host.name])
+        def one(host: Host, runner: Runner, n: int = n) -> None:
+            run_step(ctx, host, runner, steps[host.name][n], outcomes[host.name])
 
         results = ctx.fleet.map(one, remaining)
         errors.update({r.host.name: r.error for r in results if r.error is not None})

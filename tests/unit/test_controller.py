@@ -14,9 +14,11 @@ from pathlib import Path
 import click
 import paramiko
 import pytest
+from pydantic import BaseModel
 
 from orchestrator.cli import COMMANDS, cli
 from orchestrator.inventory import Host
+from orchestrator.recipe import PullOptions, ServeOptions, TuneOptions
 from orchestrator.transport import ssh
 
 HEAVY = ("paramiko", "fabric", "invoke", "pydantic", "orchestrator.ops", "orchestrator.inventory", "orchestrator.state")
@@ -47,6 +49,35 @@ def test_the_command_table_says_what_each_command_says_of_itself(name: str) -> N
     table = click.Command(name, help=COMMANDS[name].help)
     for limit in (45, 80, 1000):
         assert table.get_short_help_str(limit) == command.get_short_help_str(limit)
+
+
+FLAG_DEFAULTS = [  # (command, click parameter, options model, field, how the flag reads the field)
+    ("serve", "mtp", ServeOptions, "mtp", "same"),
+    ("serve", "no_wait_tuning", ServeOptions, "wait_tuning", "negated"),
+    ("serve", "use_installed_configs", ServeOptions, "use_installed_configs", "same"),
+    ("serve", "force", ServeOptions, "force", "same"),
+    ("serve", "rollback", ServeOptions, "rollback", "same"),
+    ("serve", "drain_timeout", ServeOptions, "drain_timeout", "same"),
+    ("stop-server", "drain_timeout", ServeOptions, "drain_timeout", "same"),
+    ("tune-fp8", "shapes", TuneOptions, "shapes", "same"),
+    ("tune-fp8", "fleet", TuneOptions, "fleet", "same"),
+    ("tune-fp8", "force", TuneOptions, "force", "same"),
+    ("tune-fp8", "allow_busy_gpus", TuneOptions, "allow_busy_gpus", "same"),
+    ("tune-fp8", "stop_server", TuneOptions, "stop_server", "same"),
+    ("tune-fp8", "wait", TuneOptions, "wait", "same"),
+    ("pull", "install", PullOptions, "install", "same"),
+]
+
+
+@pytest.mark.parametrize(("name", "param", "model", "field", "how"), FLAG_DEFAULTS, ids=lambda v: str(v))
+def test_a_flag_and_its_options_model_have_one_default(
+    name: str, param: str, model: type[BaseModel], field: str, how: str
+) -> None:
+    command = cli.get_command(click.Context(cli), name)
+    assert command is not None
+    (option,) = [p for p in command.params if p.name == param]
+    expected = model.model_fields[field].get_default(call_default_factory=True)
+    assert option.default == (not expected if how == "negated" else expected)
 
 
 def test_an_unknown_command_is_still_a_usage_error() -> None:

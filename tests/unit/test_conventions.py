@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import ConfigError, ExitCode, RefusedError
+from orchestrator.errors import ConfigError, ExitCode, RefusedError, StateError, VerifyError
 from orchestrator.fleet import FleetResult, HostResult
 from orchestrator.inventory import Host
 from orchestrator.recipe import load_recipe
@@ -162,6 +162,30 @@ def test_hosts_failing_with_the_same_words_share_one_block(fleet_dir: Path) -> N
     assert result.returncode == ExitCode.STATE
     assert result.stderr.count("is corrupt") == 1
     assert result.stderr.startswith(f"✗ a, b: state file {fleet_dir / '.orch' / 'state.json'} is corrupt")
+
+
+def _results(*errors: BaseException | None) -> FleetResult[None]:
+    return FleetResult([HostResult(Host(name=f"h{i}", address="h"), error=e) for i, e in enumerate(errors)])
+
+
+@pytest.mark.parametrize(
+    ("errors", "also_failed", "code"),
+    [
+        ((None, None), False, ExitCode.OK),
+        ((None, None), True, ExitCode.HOSTS_FAILED),  # a tuning failed without an error
+        ((None, RefusedError("x")), False, ExitCode.HOSTS_FAILED),
+        ((ConfigError("x"), ConfigError("y")), False, ExitCode.USAGE),  # what one host alone exits with
+        ((StateError("x"), None), False, ExitCode.STATE),
+        ((VerifyError("x"), VerifyError("y")), False, ExitCode.VERIFY_FAILED),
+        ((VerifyError("x"), RefusedError("y")), False, ExitCode.HOSTS_FAILED),  # no code shared
+        ((VerifyError("x"), None), True, ExitCode.HOSTS_FAILED),
+        ((KeyError("x"), None), False, ExitCode.INTERNAL),  # a bug
+    ],
+)
+def test_a_fleet_exits_with_the_code_its_failed_hosts_share_else_3(
+    errors: tuple[BaseException | None, ...], also_failed: bool, code: ExitCode
+) -> None:
+    assert _results(*errors).exit_code(also_failed=also_failed) == code
 
 
 def test_failure_text_is_printed_literally_not_as_rich_markup() -> None:

@@ -133,7 +133,7 @@ def test_run_prints_tuning_progress_only_when_it_changes_with_an_eta() -> None:
     from orchestrator.ops.tune_progress import ShapeProgress, TuneStatus
 
     said: list[str] = []
-    ctx = run_op.RunContext(None, None, RECIPE, "p", lambda h, m: said.append(f"{h.name}: {m}"), None)  # type: ignore[arg-type]
+    ctx = run_op.RunContext(None, None, {HOST.name: RECIPE}, lambda h, m: said.append(f"{h.name}: {m}"), None)  # type: ignore[arg-type]
     show = run_op.progress(ctx, HOST)
 
     def status(done: int, eta: float | None, host: str = "b1") -> TuneStatus:

@@ -1,0 +1,72 @@
+"""Text made safe and short for people: what a host sent, shown inert (``inert``, ``inert_log``,
+``InertLog``), and spans of time and memory in a few characters. Pure functions with no output of their
+own, so rendering (``render``, ``views``) and the written report (``ops.report``) share them.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Characters that drive a terminal rather than print: C0 controls (ESC, BEL, CR, backspace, ...) but
+# newline and tab, DEL, C1 controls (the one-byte CSI 0x9b, OSC 0x9d, ...), and the bidirectional
+# overrides and isolates that reorder what a line appears to say.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# A colour or text style (SGR, ``ESC [ ... m``): harmless, common in logs, so a log drops it unseen.
+_SGR = re.compile("\x1b\\[[0-9;:]*m")
+# As ``_CONTROL``, but a log keeps its carriage returns: tqdm redraws its progress bars with them.
+_LOG_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def inert(text: str) -> str:
+    """Host-supplied text made safe to print: every character that would drive the terminal (an OSC
+    title or link, clear-screen, a colour, a bell, a carriage return) is shown as its escape (``\\x1b``,
+    ``\\x07``), so the operator sees what the host sent and the terminal does nothing. Newlines and tabs
+    stay. ``--json`` needs none of this: JSON escapes control characters itself."""
+    return _CONTROL.sub(_visible, text)
+
+
+def inert_log(text: str) -> str:
+    """A job log's text made safe to print: colours (SGR sequences, as SGLang's and pip's logs carry)
+    are dropped, carriage returns (tqdm's progress bars), newlines and tabs stay, and every other
+    control character (an OSC title or link, clear-screen, cursor moves, a bell) is shown as its escape,
+    as ``inert`` does."""
+    return _LOG_CONTROL.sub(_visible, _SGR.sub("", text))
+
+
+_PARTIAL_SGR = re.compile("\x1b(\\[[0-9;:]*)?\\Z")
+
+
+class InertLog:
+    """``inert_log`` for a log that arrives in pieces (``logs -f``): a colour sequence cut by a piece's
+    end is held back until the next piece completes it, so it is dropped whole, never half shown."""
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        text = self._held + text
+        cut = _PARTIAL_SGR.search(text)
+        self._held = text[cut.start() :] if cut else ""
+        return inert_log(text[: cut.start()] if cut else text)
+
+    def end(self) -> str:
+        """What is still held back (the log ended inside a sequence), shown escaped."""
+        held, self._held = self._held, ""
+        return inert_log(held)
+
+
+def fmt_mib(mib: int) -> str:
+    return f"{mib / 1024:.0f}G" if mib >= 1024 else f"{mib}M"
+
+
+def fmt_seconds(seconds: float) -> str:
+    """A span of time to the second: ``12s``, ``4m12s``, ``1h02m``."""
+    whole = max(0, int(seconds))
+    if whole >= 3600:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
