@@ -403,10 +403,10 @@ def _flat(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         flat.setdefault("  longest", {})[label] = p["top5"][0][1] if p["top5"] else None
         for group, s in figures["state_per_poll"].items():
             flat.setdefault(f"tuning polls, {group} ({POLL_SECONDS:g} s)", {})[label] = s["polls"]
-            for kind in ("parse", "read", "write"):
-                key = f"  state {kind}s per poll, {group}: median"
-                flat.setdefault(key, {})[label] = s[kind]["median"]
-                flat.setdefault(f"  state {kind}s per poll, {group}: max", {})[label] = s[kind]["max"]
+            for kind, what in (("parse", "parses"), ("read", "file reads"), ("write", "writes")):
+                flat.setdefault(f"  state {what} per poll, {group}: median", {})[label] = s[kind]["median"]
+                flat.setdefault(f"  state {what} per poll, {group}: max", {})[label] = s[kind]["max"]
+                flat.setdefault(f"  state {what}, {group}: whole command", {})[label] = s[kind]["total"]
         r = figures["serve_round_trips"]
         flat.setdefault("serve: remote round trips", {})[label] = r["total"]
         flat.setdefault("  of them /health polls", {})[label] = r["health_polls"]
@@ -443,6 +443,9 @@ def main() -> None:
     print("\n".join(side_by_side(results)))
     for label, figures in results.items():
         print(f"{label}: longest parameter lists: {figures['parameter_lists']['top5']}")
+        for group, s in figures["state_per_poll"].items():
+            print(f"{label}: {group}: poll function {s['poll_function']}; parses in polls by caller:")
+            print(f"    {s['in_polls_by_caller']['parse']}")
     print(f"measured in {document['seconds']} s. Method:\n{method}")
 
 
