@@ -18,9 +18,9 @@ from orchestrator.facts.server_upstream import Discovery, diff_flags
 from orchestrator.fleet import Fleet, FleetResult
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
-from orchestrator.ops import tune
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.render import err, inert, out, table
+from orchestrator.tuning.member import Member, Peers
 
 _playbook = click.option(
     "--playbook", metavar="NAME_OR_PATH", help="Recipe name under playbooks/ or a YAML path. Default: the host's."
@@ -49,9 +49,9 @@ def reporter(host: Host) -> serve_op.Report:
     return report
 
 
-def peers(app: App, fleet: Fleet) -> tune.Peers:
+def peers(app: App, fleet: Fleet) -> Peers:
     """Other hosts of a ``--fleet`` tuning group, reached over this invocation's connections."""
-    return lambda name: tune.Member(app.inventory.hosts[name], fleet.runner(app.inventory.hosts[name]))
+    return lambda name: Member(app.inventory.hosts[name], fleet.runner(app.inventory.hosts[name]))
 
 
 @click.command()

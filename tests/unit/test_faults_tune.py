@@ -10,9 +10,13 @@ import pytest
 from orchestrator import jobs
 from orchestrator.errors import RefusedError
 from orchestrator.inventory import Host
-from orchestrator.ops import tune
-from orchestrator.ops.tune_record import edit_record, load_record
 from orchestrator.state import StateStore
+from orchestrator.tuning import start
+from orchestrator.tuning.group import start_groups
+from orchestrator.tuning.member import Member, edit_record, record_of
+from orchestrator.tuning.plan import job_spec, make_plan
+from orchestrator.tuning.record import PlanRecord
+from orchestrator.tuning.start import _abandon, _begin, _record_start, start_group
 from tests.unit.test_tuner_ops import T0, prepared
 
 
@@ -20,9 +24,9 @@ def host(tmp_path: Path) -> Host:
     return Host.model_validate({"name": "h1", "address": "127.0.0.1", "gpus": 8, "workdir": str(tmp_path / "w")})
 
 
-def recorded_by_another_orch(store: StateStore, h: Host) -> tune.PlanRecord:
-    other = tune.make_plan([prepared(h)], now=T0)
-    edit_record(store, h.name, lambda hs, r: tune._begin(hs, r, other, "tuning (the other orch)"))
+def recorded_by_another_orch(store: StateStore, h: Host) -> PlanRecord:
+    other = make_plan([prepared(h)], now=T0)
+    edit_record(store, h.name, lambda hs, r: _begin(hs, r, other, "tuning (the other orch)"))
     return other
 
 
@@ -31,9 +35,9 @@ def test_a_plan_recorded_meanwhile_is_adopted_and_nothing_is_started(tmp_path: P
     mine = prepared(h)  # prepared while the state held no plan
     other = recorded_by_another_orch(store, h)
 
-    plan, adopted = tune.start_group([mine], store)
+    plan, adopted = start_group([mine], store)
     assert adopted and plan.id == other.id
-    assert load_record(store.load().hosts[h.name]).plan == other  # the other orch's plan is untouched
+    assert record_of(store.load().hosts[h.name]).plan == other  # the other orch's plan is untouched
     assert not Path(h.workdir).exists()  # no job, no staging dir started beside the other plan's
 
 
@@ -42,7 +46,7 @@ def test_start_groups_attaches_to_the_adopted_plan(tmp_path: Path) -> None:
     mine = prepared(h)
     other = recorded_by_another_orch(store, h)
 
-    groups, errors = tune.start_groups([mine], store, False, lambda name: tune.Member(h, mine.runner))
+    groups, errors = start_groups([mine], store, False, lambda name: Member(h, mine.runner))
     assert errors == {}
     assert [(g.plan.id, g.attached, [m.host.name for m in g.members]) for g in groups] == [(other.id, True, ["h1"])]
 
@@ -50,14 +54,14 @@ def test_start_groups_attaches_to_the_adopted_plan(tmp_path: Path) -> None:
 def test_a_job_of_one_plan_is_never_recorded_into_another(tmp_path: Path) -> None:
     h, store = host(tmp_path), StateStore(tmp_path / "state.json")
     other = recorded_by_another_orch(store, h)
-    stale = tune.make_plan([prepared(h)], now=T0)
+    stale = make_plan([prepared(h)], now=T0)
     a = stale.assignments[0]
-    spec = tune.job_spec(h, stale, a, frozenset(stale.hosts[h.name].flags))
+    spec = job_spec(h, stale, a, frozenset(stale.hosts[h.name].flags))
     started = jobs.Started("tune.gpu0-x", 42, attached=False)
     with pytest.raises(RefusedError, match=f"no longer holds \\(now plan {other.id}\\)"):
-        edit_record(store, h.name, lambda hs, r: tune._record_start(hs, r, a=a, spec=spec, s=started))
+        edit_record(store, h.name, lambda hs, r: _record_start(hs, r, a=a, spec=spec, s=started))
     hs = store.load().hosts[h.name]
-    assert hs.jobs == {} and all(x.job_id is None for x in load_record(hs).plan.assignments)  # type: ignore[union-attr]
+    assert hs.jobs == {} and all(x.job_id is None for x in record_of(hs).plan.assignments)  # type: ignore[union-attr]
 
 
 def test_a_failed_start_never_stops_the_jobs_of_the_plan_that_replaced_it(
@@ -65,12 +69,12 @@ def test_a_failed_start_never_stops_the_jobs_of_the_plan_that_replaced_it(
 ) -> None:
     h, store = host(tmp_path), StateStore(tmp_path / "state.json")
     mine = prepared(h)
-    stale = tune.make_plan([mine], now=T0)
+    stale = make_plan([mine], now=T0)
     other = recorded_by_another_orch(store, h)
     edit_record(store, h.name, lambda hs, r: setattr(r.plan.assignments[0], "job_id", "tune.gpu0-theirs"))  # type: ignore[union-attr]
     stopped: list[object] = []
-    monkeypatch.setattr(tune, "stop_running", lambda *args: stopped.append(args))
-    tune._abandon([mine], store, stale, "could not start every job")
+    monkeypatch.setattr(start, "stop_running", lambda *args: stopped.append(args))
+    _abandon([mine], store, stale, "could not start every job")
     assert stopped == []
-    record = load_record(store.load().hosts[h.name])
+    record = record_of(store.load().hosts[h.name])
     assert record.plan is not None and record.plan.id == other.id and record.state == "running"

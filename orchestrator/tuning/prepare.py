@@ -23,23 +23,22 @@ from orchestrator.facts import server as server_facts
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.ops import server as srv
-from orchestrator.ops.tune_install import complete_group, describe_failure
-from orchestrator.ops.tune_logged import logged_shapes
-from orchestrator.ops.tune_progress import HostPoll, job_views, poll_group, poll_host
-from orchestrator.ops.tune_record import (
-    AssignmentRecord,
-    InstalledRecord,
-    KeptRecord,
-    Member,
-    PlanRecord,
-    RunRecord,
-    TuningRecord,
-    cached_records,
-    load_record,
-)
 from orchestrator.recipe import Recipe, ServeOptions, Shape, TuneOptions, parse_shapes
 from orchestrator.state import StateStore
 from orchestrator.transport.base import Runner
+from orchestrator.tuning.install import complete_group, describe_failure
+from orchestrator.tuning.logged import logged_shapes
+from orchestrator.tuning.member import Member, record_of, records
+from orchestrator.tuning.plan import selected_gpus
+from orchestrator.tuning.progress import HostPoll, job_views, poll_group, poll_host
+from orchestrator.tuning.record import (
+    AssignmentRecord,
+    InstalledRecord,
+    KeptRecord,
+    PlanRecord,
+    RunRecord,
+    TuningRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +142,7 @@ def prepare(
     """Attach to a running plan, or discover, resolve shapes, skip installed ones and check GPUs. A plan
     recorded running whose jobs were lost is failed first (``settle_lost``). ``look``: change nothing
     (``orch run``'s dry run and outage check): such a plan is taken as failed without recording it."""
-    record = load_record(store.load().hosts.get(host.name))
+    record = record_of(store.load().hosts.get(host.name))
     running = record.plan.id if record.state == "running" and record.plan is not None else None
     if running is not None:
         record = settle_lost(host, runner, store, record, look)
@@ -185,10 +184,13 @@ def settle_lost(host: Host, runner: Runner, store: StateStore, record: TuningRec
         return record
     member = Member(host, runner)
     try:
-        polls = {host.name: poll_host(member, plan, record)} if look else poll_group([member], store, plan)
+        if look:
+            polls, cached = {host.name: poll_host(member, plan, record)}, {host.name: record}
+        else:
+            polls, state = poll_group([member], store, plan)
+            cached = records(state, [host.name])
     except UnreachableError:
         return record  # attached to as before: the watch rides out the outage
-    cached = {host.name: record} if look else cached_records(store, [host.name])
     now = cached[host.name]
     if now.state != "running" or now.plan is None or now.plan.id != plan.id:
         return now  # another orch completed it (or planned anew) meanwhile
@@ -198,7 +200,7 @@ def settle_lost(host: Host, runner: Runner, store: StateStore, record: TuningRec
     if look:
         return now.model_copy(update={"state": "failed", "reason": failure(member, now.plan, polls)})
     complete_group([member], store, now.plan, polls)
-    now = load_record(store.load().hosts.get(host.name))
+    now = record_of(store.load().hosts.get(host.name))
     if now.state == "failed" and now.plan is not None and now.plan.id == plan.id:
         log.warning("%s: tuning plan %s failed: %s; tuning afresh", host.name, plan.id, now.reason)
     return now
@@ -215,7 +217,7 @@ def running_plan(store: StateStore, host: Host) -> PlanRecord | None:
     """The plan another orch recorded for ``host`` while this one looked, if it runs. Read after the
     GPUs: plans are recorded before their jobs start, so GPUs busy with that plan's jobs are adopted,
     never refused as someone else's."""
-    record = load_record(store.load().hosts.get(host.name))
+    record = record_of(store.load().hosts.get(host.name))
     if record.state == "running" and record.plan is not None:
         return record.plan
     return None
@@ -228,7 +230,7 @@ def tp_size(recipe: Recipe, host: Host) -> int:
 
 def resolve_shapes(spec: str, recipe: Recipe, host: Host, runner: Runner, tp: int) -> list[Shape]:
     """``default`` (the recipe's list), ``auto`` (from the model's config.json) or ``N=..,K=..;...``
-    (``logged`` needs the GPU's name: ``tune_logged.logged_shapes``)."""
+    (``logged`` needs the GPU's name: ``logged.logged_shapes``)."""
     if spec == "default":
         if not recipe.tuning.shapes:
             raise ConfigError(
@@ -323,8 +325,3 @@ def refuse_busy(host: Host, facts: HostFacts, allow: bool) -> None:
             f"{host.name}: GPUs are busy: {who}",
             hint="stop those processes, pass --stop-server if it is orch's server, or --allow-busy-gpus",
         )
-
-
-def selected_gpus(host: Host, facts: HostFacts) -> list[int]:
-    """The GPU indexes orch tunes on: the first ``gpus`` (inventory) of those nvidia-smi lists."""
-    return [g.index for g in facts.gpus][: host.gpus]

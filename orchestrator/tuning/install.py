@@ -13,19 +13,18 @@ from collections.abc import Sequence
 
 from orchestrator import jobs
 from orchestrator.facts import tuner as tf
-from orchestrator.ops.tune_progress import HostPoll
-from orchestrator.ops.tune_record import (
+from orchestrator.state import HostState, Phase, StateStore, utc_now
+from orchestrator.transport.base import Runner
+from orchestrator.tuning.member import Member, edit_record
+from orchestrator.tuning.progress import HostPoll
+from orchestrator.tuning.record import (
     AssignmentRecord,
     InstalledRecord,
     KeptRecord,
-    Member,
     PlanRecord,
     RunRecord,
     TuningRecord,
-    edit_record,
 )
-from orchestrator.state import HostState, Phase, StateStore, utc_now
-from orchestrator.transport.base import Runner
 
 _TAIL_LINES = 25
 

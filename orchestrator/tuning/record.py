@@ -1,27 +1,23 @@
 """The tuning record in ``HostState.tuning``: the plan, its state, log progress and installed configs.
 
-``TuningRecord`` is validated on every load (``load_record``) and stored as JSON (``save_record``);
-``edit_record`` changes one host's record in one state transaction. Each member of a ``--fleet`` group
-keeps a copy of the group's plan and records the ids of the jobs *it* started; ``group_plan`` puts
-them together.
+Pure pydantic models (no I/O, no import of ``orchestrator.state``, which imports them): the state file
+validates ``TuningRecord`` with the rest of the host's state, so code past the loader reads
+``hs.tuning`` as a typed value. Each member of a ``--fleet`` group keeps a copy of the group's plan and
+records the ids of the jobs *it* started; ``group_plan`` puts them together. ``migrate_v1`` turns a
+schema-1 host's ``tuning`` dict into the schema-2 form.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.inventory import Host
-from orchestrator.state import HostState, StateStore
-from orchestrator.transport.base import Runner
-
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, serialize_by_alias=True)
 
 
 class RunRecord(_Record):
@@ -144,35 +140,6 @@ class TuningRecord(_Record):
         return {key: done.path for key, done in self.installed.items()}
 
 
-def load_record(hs: HostState | None) -> TuningRecord:
-    return TuningRecord.model_validate(hs.tuning if hs else {})
-
-
-def save_record(hs: HostState, record: TuningRecord) -> None:
-    hs.tuning = record.model_dump(mode="json", by_alias=True)
-
-
-def edit_record(store: StateStore, host: str, fn: Callable[[HostState, TuningRecord], None]) -> None:
-    """Change host ``host``'s tuning record (and state) in one transaction."""
-
-    def apply(hs: HostState) -> None:
-        record = load_record(hs)
-        fn(hs, record)
-        save_record(hs, record)
-
-    store.update_host(host, apply)
-
-
-@dataclass(frozen=True)
-class Member:
-    host: Host
-    runner: Runner
-
-
-Peers = Callable[[str], Member]
-"""Resolves another host of a ``--fleet`` group by inventory name (the CLI passes the fleet's runners)."""
-
-
 def group_plan(cached: dict[str, TuningRecord], names: Sequence[str]) -> PlanRecord | None:
     """The group's plan as the first member records it, with every job id from the member that runs
     the job (each host records the ids of the jobs it started in its own copy)."""
@@ -187,6 +154,12 @@ def group_plan(cached: dict[str, TuningRecord], names: Sequence[str]) -> PlanRec
     return plan
 
 
-def cached_records(store: StateStore, names: Iterable[str]) -> dict[str, TuningRecord]:
-    state = store.load()
-    return {n: load_record(state.hosts.get(n)) for n in names}
+def migrate_v1(raw: dict[str, Any]) -> dict[str, Any]:
+    """A schema-1 state document (the raw JSON dict) in schema 2: a host never tuned held ``"tuning": {}``,
+    it now holds ``null`` (``HostState.tuning is None``); a tuned host's record is unchanged (its keys
+    were always a ``TuningRecord``'s). Returns a new dict; ``raw`` is left as it was."""
+    hosts = {
+        name: {**hs, "tuning": hs.get("tuning") or None} if isinstance(hs, dict) else hs
+        for name, hs in (raw.get("hosts") or {}).items()
+    }
+    return {**raw, "schema_version": 2, "hosts": hosts}
