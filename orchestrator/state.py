@@ -40,7 +40,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.errors import StateError
-from orchestrator.tuning.record import TuningRecord, migrate_v1
+from orchestrator.tuning.record import PlanRecord, TuningRecord, migrate_v1
 
 SCHEMA_VERSION = 2
 """The only ``schema_version`` this orch reads and writes; bump it (with a migration) on a breaking change."""
@@ -226,6 +226,7 @@ class State(_Model):
 
     schema_version: int = SCHEMA_VERSION
     hosts: dict[str, HostState] = Field(default_factory=dict)
+    tuning_plans: dict[str, PlanRecord] = Field(default_factory=dict)  # by id; hosts' tuning names theirs
 
     def host(self, name: str) -> HostState:
         """The state of host ``name``, created (phase ``new``) on first use."""

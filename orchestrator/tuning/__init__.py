@@ -23,8 +23,10 @@ which need the same configs and share one plan. The flow:
 host); ``commands.py`` holds the entry points: ``tune_fp8`` and ``wait_tuning`` (the commands),
 ``tuning_status`` and ``wait_for_tuning`` (one host, for ``orch serve``, ``orch run``, ``orch status``).
 
-In the state: ``HostState.tuning`` is a typed ``TuningRecord`` (``record.py``, pure pydantic: the plan,
-the state ``running``/``installed``/``failed``, per-job log progress, the installed configs), or None
-for a host never tuned; ``member.py`` holds a group member (host + runner) and ``edit_record``, the
-record's one write path. There is no facade: import a name from the module that defines it.
+In the state (``record.py``, pure pydantic): ``HostState.tuning`` is a typed ``TuningRecord`` (the id
+of the host's last plan, its state ``running``/``installed``/``failed``, per-job log progress, the
+installed configs), or None for a host never tuned; ``State.tuning_plans`` holds each plan once, by id,
+with every job id of its group. ``member.py`` holds a group member (host + runner), the readers
+(``record_of``, ``plan_of``, ``running_plan``) and ``edit_record``, the record's one write path. There is
+no facade: import a name from the module that defines it.
 """

@@ -17,7 +17,7 @@ from orchestrator.recipe import Recipe, TuneOptions
 from orchestrator.state import HostState, StateStore
 from orchestrator.transport.base import Runner
 from orchestrator.tuning.group import Group, group_members, start_groups
-from orchestrator.tuning.member import Member, Peers, record_of, records
+from orchestrator.tuning.member import Member, Peers, plan_of, record_of, records, running_plan
 from orchestrator.tuning.prepare import prepare
 from orchestrator.tuning.progress import TuneStatus, group_status, poll_group, summary
 from orchestrator.tuning.record import TuningRecord
@@ -35,13 +35,13 @@ def tuning_status(host: Host, runner: Runner, store: StateStore, peers: Peers | 
     """
     state = store.load()
     record = record_of(state.hosts.get(host.name))
-    if record.plan is None or record.state != "running":
-        return group_status(host.name, record, {}, {})
-    plan = record.plan
+    plan = plan_of(state, record)
+    if plan is None or record.state != "running":
+        return group_status(host.name, record, plan, {}, {})
     members = [Member(host, runner)] + ([peers(n) for n in plan.group if n != host.name] if peers else [])
     polls, state = poll_group(members, store, plan, state)
     cached = records(state, plan.group)
-    return group_status(host.name, cached[host.name], polls, cached)
+    return group_status(host.name, cached[host.name], plan_of(state, cached[host.name]), polls, cached)
 
 
 def wait_for_tuning(
@@ -60,10 +60,12 @@ def wait_for_tuning(
     ``peers`` (else ``RefusedError`` naming the group). Raises ``UnreachableError`` when a host stays
     unreachable for minutes.
     """
-    record = record_of(store.load().hosts.get(host.name))
-    if record.plan is None or record.state != "running":
-        return group_status(host.name, record, {}, {})
-    group = Group(group_members(host, runner, record.plan, peers), record.plan, attached=False)
+    state = store.load()
+    record = record_of(state.hosts.get(host.name))
+    plan = plan_of(state, record)
+    if plan is None or record.state != "running":
+        return group_status(host.name, record, plan, {}, {})
+    group = Group(group_members(host, runner, plan, peers), plan, attached=False)
     return wait_group(group, store, on_progress, poll)[host.name]
 
 
@@ -119,14 +121,14 @@ def wait_tuning(
     cached = records(state, [h.name for h in hosts])
     groups: dict[str, Group] = {}
     for h in hosts:
-        plan = cached[h.name].plan
-        if cached[h.name].state == "running" and plan is not None and plan.id not in groups:
+        plan = running_plan(state, h.name)
+        if plan is not None and plan.id not in groups:
             members = [Member(h, fleet.runner(h)) if n == h.name else peers(n) for n in plan.group]
             groups[plan.id] = Group(members, plan, attached=True)
     statuses, errors = watch_groups(list(groups.values()), store, True, on_progress, poll)
     for h in hosts:
         if h.name not in statuses:
-            statuses[h.name] = group_status(h.name, cached[h.name], {}, {})
+            statuses[h.name] = group_status(h.name, cached[h.name], plan_of(state, cached[h.name]), {}, {})
             statuses[h.name].note = nothing_running_note(cached[h.name])
     return _results(hosts, just_installed(store, statuses), errors)
 
@@ -145,7 +147,7 @@ def just_installed(store: StateStore, statuses: dict[str, TuneStatus]) -> dict[s
 
 def nothing_running_note(record: TuningRecord) -> str:
     """What ``orch wait`` says of a host with no tuning running: its last tuning, if any."""
-    plan = f" (plan {record.plan.id})" if record.plan is not None else ""
+    plan = f" (plan {record.plan_id})" if record.plan_id is not None else ""
     if record.state == "failed":
         return f"no tuning running; the last one{plan} failed: {record.reason}"
     if record.installed:
@@ -170,7 +172,7 @@ def status_field(host: Host, runner: Runner, store: StateStore, cached: HostStat
     """The compact ``tuning`` field of ``orch status`` (None when the host was never tuned, decided from
     ``cached``, the host's state as ``status`` loaded it once for the fleet)."""
     record = record_of(cached)
-    if record.plan is None and not record.installed:
+    if record.plan_id is None and not record.installed:
         return None
     try:
         return summary(tuning_status(host, runner, store))

@@ -15,11 +15,11 @@ from orchestrator.inventory import Host
 from orchestrator.state import State, StateStore
 from orchestrator.transport.base import Runner
 from orchestrator.tuning.install import complete_group
-from orchestrator.tuning.member import Member, Peers, records
+from orchestrator.tuning.member import Member, Peers, plan_of, records
 from orchestrator.tuning.plan import group_prepared
 from orchestrator.tuning.prepare import Prepared
 from orchestrator.tuning.progress import HostPoll, TuneStatus, group_status, job_views, poll_group
-from orchestrator.tuning.record import PlanRecord, TuningRecord, group_plan
+from orchestrator.tuning.record import PlanRecord, TuningRecord
 from orchestrator.tuning.start import record_nothing_to_do, resume_starts, start_group
 
 
@@ -100,12 +100,12 @@ def step_group(
     resume_starts(members, store, state, plan.id)
     polls, state = poll_group(members, store, plan, state)
     cached = records(state, names)
-    current = group_plan(cached, names)
+    current = plan_of(state, cached[names[0]])
     if current is not None and _ended(current, plan.id, cached[names[0]], polls, cached):
         complete_group(members, store, current, polls)
         state = store.load()
         cached = records(state, names)
-    return {n: group_status(n, cached[n], polls, cached) for n in names}, state
+    return {n: group_status(n, cached[n], plan_of(state, cached[n]), polls, cached) for n in names}, state
 
 
 def _ended(

@@ -77,7 +77,7 @@ def record_failure(
     members: Sequence[Member], store: StateStore, plan: PlanRecord, reason: str, tail: str | None
 ) -> None:
     def apply(hs: HostState, record: TuningRecord) -> None:
-        if record.plan is None or record.plan.id != plan.id:
+        if record.plan_id != plan.id:
             return
         record.state, record.reason, record.log_tail = "failed", reason, tail
         hs.set_phase(Phase.FAILED, f"tuning failed: {reason}")
@@ -156,7 +156,7 @@ def _backup(runner: Runner, target: str, data: bytes, backup_dir: str) -> str | 
 
 def _record_installed(hs: HostState, record: TuningRecord, plan: PlanRecord, done: dict[str, InstalledRecord]) -> None:
     record.installed.update(done)
-    if record.plan is not None and record.plan.id == plan.id:
+    if record.plan_id == plan.id:
         record.state, record.reason, record.log_tail = "installed", None, None
     hs.set_phase(Phase.TUNED, f"installed {len(done)} tuned FP8 configs (plan {plan.id})")
     hs.last_error = None

@@ -15,7 +15,7 @@ from orchestrator import jobs
 from orchestrator.facts import tuner as tf
 from orchestrator.state import HostState, State, StateStore
 from orchestrator.tuning.member import Member, records
-from orchestrator.tuning.record import AssignmentRecord, InstalledRecord, PlanRecord, TuningRecord, group_plan
+from orchestrator.tuning.record import AssignmentRecord, InstalledRecord, PlanRecord, TuningRecord
 
 TuneState = Literal["none", "running", "ready-to-install", "installed", "failed"]
 _READ_LIMIT = 4 << 20  # bytes of a log read per job per poll; the rest comes with the next poll
@@ -102,7 +102,7 @@ def poll_host(member: Member, plan: PlanRecord, record: TuningRecord) -> HostPol
 def _store_poll(hs: HostState, plan_id: str, poll: HostPoll) -> None:
     """Keep the furthest progress per job (another orch may poll too) and mirror job ends into ``jobs``."""
     record = hs.tuning
-    if record is None or record.plan is None or record.plan.id != plan_id:
+    if record is None or record.plan_id != plan_id:
         return
     for purpose, p in poll.progress.items():
         if p.offset >= int(record.progress.get(purpose, {}).get("offset", 0)):
@@ -126,12 +126,10 @@ def poll_group(
     """Poll every member once and record what was read in one state transaction. Each job's log is read
     from the offset ``state`` holds (the state the caller has at hand, else loaded once): an offset
     older than the file's only re-reads some bytes. Returns the polls and the state as saved."""
-    cached = records(state or store.load(), [m.host.name for m in members])
-    polls = {}
-    for m in members:
-        record = cached[m.host.name]
-        own = record.plan if record.plan is not None and record.plan.id == plan.id else plan
-        polls[m.host.name] = poll_host(m, own, record)
+    state = state or store.load()
+    cached = records(state, [m.host.name for m in members])
+    current = state.tuning_plans.get(plan.id, plan)  # the job ids as last recorded
+    polls = {m.host.name: poll_host(m, current, cached[m.host.name]) for m in members}
     with store.update() as saved:
         for name, poll in polls.items():
             _store_poll(saved.host(name), plan.id, poll)
@@ -197,12 +195,16 @@ def eta_seconds(views: Sequence[JobView], infos: dict[str, jobs.JobInfo], now: d
 
 
 def group_status(
-    host: str, record: TuningRecord, polls: dict[str, HostPoll], cached: dict[str, TuningRecord]
+    host: str,
+    record: TuningRecord,
+    plan: PlanRecord | None,
+    polls: dict[str, HostPoll],
+    cached: dict[str, TuningRecord],
 ) -> TuneStatus:
-    """The status of ``host`` in its group from one round of polls (pure). ``record`` is the host's
-    own record; it wins over the host's entry in ``cached`` (which may be absent)."""
+    """The status of ``host`` in its group from one round of polls (pure). ``record`` is the host's own
+    record and ``plan`` the plan it names; ``record`` wins over the host's entry in ``cached`` (the
+    group's records, for the other members' progress; it may lack the host)."""
     cached = {**cached, host: record}
-    plan = group_plan(cached, [host, *(n for n in cached if n != host)])
     status = TuneStatus(host, plan=plan, installed=record.installed_paths(), installed_for=installed_for(record))
     if plan is None:
         status.state = "installed" if record.installed else "none"

@@ -8,7 +8,6 @@ before starting one, so a job never runs twice nor unrecorded.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Sequence
 
@@ -18,11 +17,11 @@ from orchestrator.inventory import Host
 from orchestrator.state import HostState, JobRecord, Phase, State, StateStore, find_secret
 from orchestrator.transport.base import Runner
 from orchestrator.tuning.install import record_failure, stop_running
-from orchestrator.tuning.member import Member, edit_record, record_of, records
+from orchestrator.tuning.member import Member, edit_record, forget_unused_plans, plan_of, record_of, running_plan
 from orchestrator.tuning.plan import job_spec, make_plan
 from orchestrator.tuning.prepare import Prepared
 from orchestrator.tuning.progress import poll_group
-from orchestrator.tuning.record import AssignmentRecord, PlanRecord, TuningRecord, group_plan
+from orchestrator.tuning.record import AssignmentRecord, PlanRecord, TuningRecord
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +52,28 @@ def _claim(members: Sequence[Prepared], store: StateStore, plan: PlanRecord) -> 
     (another orch's, recorded since this one prepared): then record nothing and return that plan."""
     kept = f", keeping {plan.kept_units} units tuned before" if plan.kept else ""
     reason = f"tuning {len(plan.shapes)} shapes on {len(plan.assignments)} GPUs (plan {plan.id}{kept})"
+    names = [p.host.name for p in members]
     with store.update() as state:
-        for p in members:
-            record = record_of(state.hosts.get(p.host.name))
-            if record.state == "running" and record.plan is not None:
-                return record.plan
-        for p in members:
-            hs = state.host(p.host.name)
-            hs.tuning = record_of(hs)
-            _begin(hs, hs.tuning, plan, reason)
+        for name in names:
+            other = running_plan(state, name)
+            if other is not None:
+                return other
+        record_plan(state, names, plan, reason)
     return None
+
+
+def record_plan(state: State, names: Sequence[str], plan: PlanRecord, reason: str) -> None:
+    """Store ``plan`` once and make it each named host's running plan (phase ``tuning``); forget the
+    plans no host names any more."""
+    state.tuning_plans[plan.id] = plan.model_copy(deep=True)
+    for name in names:
+        hs = state.host(name)
+        hs.tuning = record_of(hs)
+        hs.tuning.plan_id, hs.tuning.state, hs.tuning.reason, hs.tuning.log_tail = plan.id, "running", None, None
+        hs.tuning.progress = {}
+        hs.set_phase(Phase.TUNING, reason)
+        hs.last_error = None
+    forget_unused_plans(state)
 
 
 def _abandon(members: Sequence[Prepared], store: StateStore, plan: PlanRecord, reason: str) -> None:
@@ -70,21 +81,14 @@ def _abandon(members: Sequence[Prepared], store: StateStore, plan: PlanRecord, r
     that replaced this one in the state are another orch's: never stopped here."""
     group = [Member(p.host, p.runner) for p in members]
     try:
-        names = [m.host.name for m in group]
-        current = group_plan(records(store.load(), names), names)
+        state = store.load()
+        current = plan_of(state, record_of(state.hosts.get(group[0].host.name)))
         if current is not None and current.id != plan.id:
             return
         polls, _ = poll_group(group, store, plan)
         stop_running(group, current or plan, polls)
     finally:
         record_failure(group, store, plan, reason, None)
-
-
-def _begin(hs: HostState, record: TuningRecord, plan: PlanRecord, reason: str) -> None:
-    record.plan, record.state, record.reason, record.log_tail = plan.model_copy(deep=True), "running", None, None
-    record.progress = {}
-    hs.set_phase(Phase.TUNING, reason)
-    hs.last_error = None
 
 
 def _start_jobs(
@@ -106,7 +110,7 @@ def _start_jobs(
                 f"{host.name}: a job for {a.purpose} ({started.job_id}) already runs, not started by this plan",
                 hint=f"wait for it or stop it: orch stop {host.name} {started.job_id}",
             )
-        edit_record(store, host.name, functools.partial(_record_start, a=a, spec=spec, s=started))
+        _record(store, a, spec, started)
 
 
 def _check_recordable(host: Host, spec: jobs.JobSpec) -> None:
@@ -132,15 +136,14 @@ def resume_starts(members: Sequence[Member], store: StateStore, state: State, pl
     """Start the jobs a running plan still lacks on each member (orch was killed while starting
     them), as ``state`` tells; a job that did start but was not recorded is found by its purpose and
     attached to."""
-    cached = records(state, [m.host.name for m in members])
     for m in members:
-        own = cached[m.host.name]
-        if own.state != "running" or own.plan is None or own.plan.id != plan_id:
+        plan = running_plan(state, m.host.name)
+        if plan is None or plan.id != plan_id:
             continue
-        todo = [a for a in own.plan.on(m.host.name) if a.job_id is None]
+        todo = [a for a in plan.on(m.host.name) if a.job_id is None]
         if todo:
-            _adopt_started(m, store, own.plan, todo)
-            _start_jobs(m.host, m.runner, store, own.plan, [a for a in todo if a.job_id is None])
+            _adopt_started(m, store, plan, todo)
+            _start_jobs(m.host, m.runner, store, plan, [a for a in todo if a.job_id is None])
 
 
 def _adopt_started(member: Member, store: StateStore, plan: PlanRecord, todo: Sequence[AssignmentRecord]) -> None:
@@ -152,23 +155,29 @@ def _adopt_started(member: Member, store: StateStore, plan: PlanRecord, todo: Se
                 a.job_id = info.id
                 spec = job_spec(host, plan, a, frozenset(plan.hosts[host.name].flags))
                 started = jobs.Started(info.id, info.pid or 0, attached=True)
-                edit_record(store, host.name, functools.partial(_record_start, a=a, spec=spec, s=started))
+                _record(store, a, spec, started)
 
 
-def _record_start(
-    hs: HostState, record: TuningRecord, a: AssignmentRecord, spec: jobs.JobSpec, s: jobs.Started
-) -> None:
-    assert record.plan is not None
-    mine = [m for m in record.plan.assignments if (m.host, m.purpose, m.staging) == (a.host, a.purpose, a.staging)]
-    if not mine:  # the state holds another plan now: never write this job into it
+def _record(store: StateStore, a: AssignmentRecord, spec: jobs.JobSpec, s: jobs.Started) -> None:
+    with store.update() as state:
+        record_start(state, a, spec, s)
+
+
+def record_start(state: State, a: AssignmentRecord, spec: jobs.JobSpec, s: jobs.Started) -> None:
+    """Record job ``s`` as the one of assignment ``a`` in the plan its host runs, and in its ``jobs``."""
+    record = record_of(state.hosts.get(a.host))
+    plan = plan_of(state, record)
+    key = (a.host, a.purpose, a.staging)
+    mine = [m for m in plan.assignments if (m.host, m.purpose, m.staging) == key] if plan is not None else []
+    if plan is None or not mine:  # the state holds another plan now: never write this job into it
         raise RefusedError(
-            f"{a.host}: job {s.job_id} started for a plan the state no longer holds (now plan {record.plan.id})",
-            hint=f"orch jobs {a.host} lists it; stop it if plan {record.plan.id} is the one to keep",
+            f"{a.host}: job {s.job_id} started for a plan the state no longer holds (now plan {record.plan_id})",
+            hint=f"orch jobs {a.host} lists it; stop it if plan {record.plan_id} is the one to keep",
         )
     for m in mine:
         m.job_id = s.job_id
-    workdir = record.plan.hosts[a.host].workdir.rstrip("/")
-    hs.jobs[s.job_id] = JobRecord(
+    workdir = plan.hosts[a.host].workdir.rstrip("/")
+    state.host(a.host).jobs[s.job_id] = JobRecord(
         id=s.job_id,
         kind=spec.kind,
         purpose=spec.purpose,
@@ -176,7 +185,7 @@ def _record_start(
         pid=s.pid,
         gpus=list(spec.gpus),
         log=f"{workdir}/jobs/{s.job_id}/log",
-        meta={"plan": record.plan.id},
+        meta={"plan": plan.id},
     )
 
 

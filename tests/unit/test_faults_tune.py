@@ -13,10 +13,10 @@ from orchestrator.inventory import Host
 from orchestrator.state import StateStore
 from orchestrator.tuning import start
 from orchestrator.tuning.group import start_groups
-from orchestrator.tuning.member import Member, edit_record, record_of
+from orchestrator.tuning.member import Member, record_of, running_plan
 from orchestrator.tuning.plan import job_spec, make_plan
 from orchestrator.tuning.record import PlanRecord
-from orchestrator.tuning.start import _abandon, _begin, _record_start, start_group
+from orchestrator.tuning.start import _abandon, record_plan, record_start, start_group
 from tests.unit.test_tuner_ops import T0, prepared
 
 
@@ -26,7 +26,8 @@ def host(tmp_path: Path) -> Host:
 
 def recorded_by_another_orch(store: StateStore, h: Host) -> PlanRecord:
     other = make_plan([prepared(h)], now=T0)
-    edit_record(store, h.name, lambda hs, r: _begin(hs, r, other, "tuning (the other orch)"))
+    with store.update() as state:
+        record_plan(state, [h.name], other, "tuning (the other orch)")
     return other
 
 
@@ -37,7 +38,8 @@ def test_a_plan_recorded_meanwhile_is_adopted_and_nothing_is_started(tmp_path: P
 
     plan, adopted = start_group([mine], store)
     assert adopted and plan.id == other.id
-    assert record_of(store.load().hosts[h.name]).plan == other  # the other orch's plan is untouched
+    state = store.load()
+    assert running_plan(state, h.name) == other  # the other orch's plan is untouched
     assert not Path(h.workdir).exists()  # no job, no staging dir started beside the other plan's
 
 
@@ -58,10 +60,10 @@ def test_a_job_of_one_plan_is_never_recorded_into_another(tmp_path: Path) -> Non
     a = stale.assignments[0]
     spec = job_spec(h, stale, a, frozenset(stale.hosts[h.name].flags))
     started = jobs.Started("tune.gpu0-x", 42, attached=False)
-    with pytest.raises(RefusedError, match=f"no longer holds \\(now plan {other.id}\\)"):
-        edit_record(store, h.name, lambda hs, r: _record_start(hs, r, a=a, spec=spec, s=started))
-    hs = store.load().hosts[h.name]
-    assert hs.jobs == {} and all(x.job_id is None for x in record_of(hs).plan.assignments)  # type: ignore[union-attr]
+    with pytest.raises(RefusedError, match=f"no longer holds \\(now plan {other.id}\\)"), store.update() as state:
+        record_start(state, a, spec, started)
+    state = store.load()
+    assert state.hosts[h.name].jobs == {} and all(x.job_id is None for x in state.tuning_plans[other.id].assignments)
 
 
 def test_a_failed_start_never_stops_the_jobs_of_the_plan_that_replaced_it(
@@ -71,10 +73,11 @@ def test_a_failed_start_never_stops_the_jobs_of_the_plan_that_replaced_it(
     mine = prepared(h)
     stale = make_plan([mine], now=T0)
     other = recorded_by_another_orch(store, h)
-    edit_record(store, h.name, lambda hs, r: setattr(r.plan.assignments[0], "job_id", "tune.gpu0-theirs"))  # type: ignore[union-attr]
+    with store.update() as state:
+        state.tuning_plans[other.id].assignments[0].job_id = "tune.gpu0-theirs"
     stopped: list[object] = []
     monkeypatch.setattr(start, "stop_running", lambda *args: stopped.append(args))
     _abandon([mine], store, stale, "could not start every job")
     assert stopped == []
     record = record_of(store.load().hosts[h.name])
-    assert record.plan is not None and record.plan.id == other.id and record.state == "running"
+    assert record.plan_id == other.id and record.state == "running"

@@ -65,12 +65,12 @@ def installed(plan: PlanRecord) -> TuningRecord:
         for s in plan.shapes
     }
     progress = {a.purpose: {"offset": 99, "done": {r.key: r.batch_sizes for r in a.runs}} for a in plan.on("h1")}
-    return TuningRecord(plan=plan, state="installed", progress=progress, installed=done)
+    return TuningRecord(plan_id=plan.id, state="installed", progress=progress, installed=done)
 
 
 def test_installed_tuning_counts_every_unit_done_without_a_poll() -> None:
     plan = group_plan()
-    field = summary(group_status("h1", installed(plan), {}, {}))
+    field = summary(group_status("h1", installed(plan), plan, {}, {}))
     assert field["state"] == "installed"
     assert (field["units_done"], field["units_total"], field["percent"]) == (6, 6, 100.0)
     assert field["shapes"] == {"N=1024,K=4096": "3/3", "N=4096,K=2048": "3/3"}
@@ -78,12 +78,13 @@ def test_installed_tuning_counts_every_unit_done_without_a_poll() -> None:
 
 def test_installed_fleet_tuning_is_complete_though_the_peers_progress_is_not_at_hand() -> None:
     plan = group_plan(("h1", "h2"))
-    field = summary(group_status("h1", installed(plan), {}, {}))
+    field = summary(group_status("h1", installed(plan), plan, {}, {}))
     assert (field["units_done"], field["units_total"]) == (6, 6)
 
 
 def test_installed_tuning_says_for_which_device_and_commit() -> None:
-    field = summary(group_status("h1", installed(group_plan()), {}, {}))
+    plan = group_plan()
+    field = summary(group_status("h1", installed(plan), plan, {}, {}))
     assert field["installed_for"]["N=1024,K=4096"] == {
         "device": DEVICE,
         "commit": COMMIT,

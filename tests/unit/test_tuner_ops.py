@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from datetime import datetime, timedelta, timezone
@@ -17,14 +18,14 @@ from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.ops.status import HostStatus
 from orchestrator.recipe import Recipe, parse_shapes
-from orchestrator.state import StateStore
+from orchestrator.state import State, StateStore
 from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.install import install, merge_group
-from orchestrator.tuning.member import Member, record_of
+from orchestrator.tuning.member import Member, record_of, running_plan
 from orchestrator.tuning.plan import group_prepared, job_spec, make_plan, selected_gpus
 from orchestrator.tuning.prepare import HostFacts, Prepared, discover_tuner, refuse_busy, resolve_shapes, tp_size
 from orchestrator.tuning.progress import HostPoll, JobView, TuneStatus, eta_seconds, group_status, job_views, summary
-from orchestrator.tuning.record import PlanRecord, TuningRecord, group_plan
+from orchestrator.tuning.record import PlanRecord, TuningRecord, migrate_v1
 from orchestrator.tuning.start import _start_jobs
 from orchestrator.views import _tuning_cell
 
@@ -162,9 +163,9 @@ def polled(plan: PlanRecord, states: list[str], done: list[dict[str, list[int]]]
 )
 def test_group_status_derives_the_state_from_the_jobs(states: list[str], record_state: str, expected: str) -> None:
     plan = two_gpu_plan()
-    record = TuningRecord(plan=plan, state=record_state)  # type: ignore[arg-type]
+    record = TuningRecord(plan_id=plan.id, state=record_state)  # type: ignore[arg-type]
     done = [{"N=1024,K=4096": [1, 2]}, {"N=4096,K=2048": [1]}]
-    status = group_status("h1", record, polled(plan, states, done), {"h1": record})
+    status = group_status("h1", record, plan, polled(plan, states, done), {"h1": record})
     assert status.state == expected
     assert [(s.key, s.done, s.total) for s in status.shapes] == [("N=1024,K=4096", 2, 2), ("N=4096,K=2048", 1, 2)]
     assert (status.units_done, status.units_total, round(status.percent)) == (3, 4, 75)
@@ -172,15 +173,15 @@ def test_group_status_derives_the_state_from_the_jobs(states: list[str], record_
 
 def test_progress_counts_only_the_batch_sizes_a_job_was_given() -> None:
     plan = two_gpu_plan()
-    record = TuningRecord(plan=plan, state="running")
+    record = TuningRecord(plan_id=plan.id, state="running")
     done = [{"N=1024,K=4096": [1, 2, 64], "N=9,K=9": [1]}, {}]
-    status = group_status("h1", record, polled(plan, ["running", "running"], done), {"h1": record})
+    status = group_status("h1", record, plan, polled(plan, ["running", "running"], done), {"h1": record})
     assert [v.units_done for v in status.jobs] == [2, 0]
 
 
 def test_a_planned_job_the_host_does_not_have_is_missing() -> None:
     plan = two_gpu_plan()
-    record = TuningRecord(plan=plan, state="running")
+    record = TuningRecord(plan_id=plan.id, state="running")
     polls = {"h1": HostPoll({"j0": job("j0", "running")}, {})}
     views = job_views(plan, polls, {"h1": record})
     assert [v.state for v in views] == ["running", "missing"]
@@ -198,20 +199,36 @@ def test_eta_is_the_slowest_running_job_at_the_observed_rate() -> None:
     assert eta_seconds(views[2:], infos, now) is None
 
 
-def test_group_plan_takes_each_job_id_from_the_host_that_started_it() -> None:
+def test_a_v1_state_stores_a_fleet_plan_once_with_each_job_id_from_the_host_that_started_it() -> None:
     plan = make_plan([prepared(host("a", gpus=1)), prepared(host("b", gpus=1))], now=T0)
     a_copy, b_copy = plan.model_copy(deep=True), plan.model_copy(deep=True)
-    a_copy.assignments[0].job_id, b_copy.assignments[1].job_id = "ja", "jb"
-    cached = {"a": TuningRecord(plan=a_copy), "b": TuningRecord(plan=b_copy)}
-    merged = group_plan(cached, ["a", "b"])
-    assert merged is not None and [x.job_id for x in merged.assignments] == ["ja", "jb"]
+    a_copy.assignments[0].job_id, b_copy.assignments[1].job_id = "ja", "jb"  # each host recorded its own job
+    progress = {"tune.gpu0": {"offset": 7}}
+    v1 = {
+        "schema_version": 1,
+        "hosts": {
+            "a": {"phase": "tuning", "tuning": {"plan": a_copy.model_dump(mode="json"), "state": "running"}},
+            "b": {"phase": "tuning", "tuning": {"plan": b_copy.model_dump(mode="json"), "progress": progress}},
+            "c": {"phase": "new", "tuning": {}},
+        },
+    }
+    before = copy.deepcopy(v1)
+    v2 = migrate_v1(v1)
+    assert v1 == before  # a pure function of the raw document
+    assert v2["schema_version"] == 2 and list(v2["tuning_plans"]) == [plan.id]
+    assert v2["hosts"]["a"]["tuning"] == {"plan_id": plan.id, "state": "running"}
+    assert v2["hosts"]["b"]["tuning"] == {"plan_id": plan.id, "progress": progress}
+    assert v2["hosts"]["c"]["tuning"] is None
+    state = State.model_validate(v2)
+    assert [x.job_id for x in state.tuning_plans[plan.id].assignments] == ["ja", "jb"]
+    assert running_plan(state, "a") == state.tuning_plans[plan.id] and running_plan(state, "b") is None
 
 
 def test_summary_and_status_cells() -> None:
     plan = two_gpu_plan()
-    record = TuningRecord(plan=plan, state="running")
+    record = TuningRecord(plan_id=plan.id, state="running")
     done = [{"N=1024,K=4096": [1]}, {}]
-    status = group_status("h1", record, polled(plan, ["running", "running"], done), {"h1": record})
+    status = group_status("h1", record, plan, polled(plan, ["running", "running"], done), {"h1": record})
     field = summary(status)
     assert field["state"] == "running" and field["shapes"] == {"N=1024,K=4096": "1/2", "N=4096,K=2048": "0/2"}
     view = HostStatus("h1", "a", True, "tuning", extra={"tuning": field})
