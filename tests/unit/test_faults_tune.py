@@ -3,6 +3,7 @@ never starts jobs beside it, and never writes its jobs into another plan."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from orchestrator.tuning.member import Member, record_of, running_plan
 from orchestrator.tuning.plan import job_spec, make_plan
 from orchestrator.tuning.record import PlanRecord
 from orchestrator.tuning.start import _abandon, record_plan, record_start, start_group
+from tests.conftest import run_orch
 from tests.unit.test_tuner_ops import T0, prepared
 
 
@@ -81,3 +83,17 @@ def test_a_failed_start_never_stops_the_jobs_of_the_plan_that_replaced_it(
     assert stopped == []
     record = record_of(store.load().hosts[h.name])
     assert record.plan_id == other.id and record.state == "running"
+
+
+def test_a_corrupt_tuning_record_is_a_state_error_naming_the_file_and_key_not_a_traceback(tmp_path: Path) -> None:
+    """Before schema 2 the record was validated at each use: ``orch wait`` died with pydantic's traceback."""
+    inventory, state = tmp_path / "hosts.yaml", tmp_path / "state.json"
+    h1 = {"address": "127.0.0.1", "transport": "local", "workdir": str(tmp_path / "w")}
+    inventory.write_text(json.dumps({"hosts": {"h1": h1}}))  # YAML is a superset of JSON
+    doc = {"schema_version": 1, "hosts": {"h1": {"phase": "tuning", "tuning": {"state": "bogus"}}}}
+    state.write_text(json.dumps(doc))
+    run = run_orch("-i", str(inventory), "--state", str(state), "wait")
+    assert run.returncode == 4, run.output
+    assert f"orch: error: state file {state} is corrupt: hosts.h1.tuning.state: Input should be" in run.stderr
+    assert "Traceback" not in run.output
+    assert json.loads(state.read_text()) == doc  # never rewritten
