@@ -2,7 +2,7 @@
 
 A real detached job (``jobs.start`` on the local transport, in a temporary workdir) writes a log of
 the given size in tuner-like lines, then appends one "Completed tuning" line (~60 bytes) every 50 ms.
-``ops.tune.poll_group`` polls it as ``orch wait`` and ``orch status`` do, through a runner that counts
+``tuning.progress.poll_group`` polls it as ``orch wait`` and ``orch status`` do, through a runner that counts
 every byte ``read_bytes`` returns and every byte of command output. The first polls catch up with
 what was already written (at most 4 MiB per poll); after that a poll must cost the same for both
 logs: only what was appended since the previous poll.
@@ -23,10 +23,12 @@ from pathlib import Path
 
 from orchestrator import jobs
 from orchestrator.inventory import Host
-from orchestrator.ops import tune
 from orchestrator.state import StateStore, utc_now
 from orchestrator.transport.base import CommandResult
 from orchestrator.transport.local import LocalRunner
+from orchestrator.tuning.member import Member
+from orchestrator.tuning.progress import poll_group
+from orchestrator.tuning.record import AssignmentRecord, HostPaths, PlanRecord, TuningRecord
 
 # $1 bytes of log to write first; then a completion line every 50 ms until killed.
 _WRITER = r"""
@@ -86,11 +88,11 @@ class Result:
     steady_output: list[int]
 
 
-def plan_for(job_id: str, workdir: str) -> tune.PlanRecord:
-    assignment = tune.AssignmentRecord(
+def plan_for(job_id: str, workdir: str) -> PlanRecord:
+    assignment = AssignmentRecord(
         host="h", gpu=0, purpose="tune.gpu0", staging=f"{workdir}/stage", runs=[], job_id=job_id
     )
-    return tune.PlanRecord(
+    return PlanRecord(
         id="bench",
         created_at=utc_now(),
         group=["h"],
@@ -99,7 +101,7 @@ def plan_for(job_id: str, workdir: str) -> tune.PlanRecord:
         tp_size=8,
         batch_sizes=[1],
         shapes=[],
-        hosts={"h": tune.HostPaths(tuner="t.py", config_dir="/c", workdir=workdir)},
+        hosts={"h": HostPaths(tuner="t.py", config_dir="/c", workdir=workdir)},
         assignments=[assignment],
     )
 
@@ -119,15 +121,14 @@ def measure(size: int, polls: int, root: Path) -> Result:
 def _poll(runner: CountingRunner, host: Host, job_id: str, size: int, polls: int, root: Path) -> Result:
     store = StateStore(root / f"state-{size}.json")
     plan = plan_for(job_id, host.workdir)
-    store.update_host("h", lambda hs: hs.tuning.update({"plan": plan.model_dump(mode="json", by_alias=True)}))
-    store.update_host("h", lambda hs: hs.tuning.update({"state": "running"}))
-    member = tune.Member(host, runner)  # type: ignore[arg-type]
+    store.update_host("h", lambda hs: setattr(hs, "tuning", TuningRecord(plan=plan, state="running")))
+    member = Member(host, runner)  # type: ignore[arg-type]
     while jobs.find(runner.inner, host.workdir, job_id).log_size < size:
         time.sleep(0.05)
     catch_up, catch_up_read = 0, 0
     while True:  # catch up with what the job wrote before the first poll
         before = runner.read
-        tune.poll_group([member], store, plan)
+        poll_group([member], store, plan)
         catch_up, catch_up_read = catch_up + 1, catch_up_read + runner.read - before
         if runner.read - before < 4 << 20:
             break
@@ -135,7 +136,7 @@ def _poll(runner: CountingRunner, host: Host, job_id: str, size: int, polls: int
     for _ in range(polls):
         time.sleep(0.5)
         read0, out0 = runner.read, runner.output
-        tune.poll_group([member], store, plan)
+        poll_group([member], store, plan)
         steady_read.append(runner.read - read0)
         steady_output.append(runner.output - out0)
     return Result(size, catch_up, catch_up_read, steady_read, steady_output)

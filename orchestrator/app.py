@@ -17,9 +17,9 @@ from orchestrator.transport.base import ConnectOptions
 if TYPE_CHECKING:
     from orchestrator.fleet import Fleet
     from orchestrator.inventory import Host, Inventory
-    from orchestrator.ops.tune import Peers
     from orchestrator.recipe import Recipe
     from orchestrator.state import StateStore
+    from orchestrator.tuning.member import Peers
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class App:
         """The one resolver of the other hosts of a ``--fleet`` tuning group, for every command
         (``tune-fp8``, ``wait``, ``serve``, ``run``): by inventory name, over ``fleet``'s connections;
         a member no longer in the inventory is a clean refusal of that host (exit 3), not a KeyError."""
-        from orchestrator.ops.tune import fleet_peers
+        from orchestrator.tuning.commands import fleet_peers
 
         return fleet_peers(fleet, self.inventory.hosts)
 

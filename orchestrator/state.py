@@ -40,8 +40,9 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.errors import StateError
+from orchestrator.tuning.record import PlanRecord, TuningRecord, migrate_v1
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The only ``schema_version`` this orch reads and writes; bump it (with a migration) on a breaking change."""
 
 T = TypeVar("T")
@@ -203,7 +204,7 @@ class HostState(_Model):
     sglang: SGLangInfo | None = None
     jobs: dict[str, JobRecord] = Field(default_factory=dict)
     server: ServerRecord | None = None
-    tuning: dict[str, Any] = Field(default_factory=dict)
+    tuning: TuningRecord | None = None
     benchmarks: list[dict[str, Any]] = Field(default_factory=list)
     steps: dict[str, Any] = Field(default_factory=dict)
     last_seen: UtcDateTime | None = None
@@ -225,6 +226,7 @@ class State(_Model):
 
     schema_version: int = SCHEMA_VERSION
     hosts: dict[str, HostState] = Field(default_factory=dict)
+    tuning_plans: dict[str, PlanRecord] = Field(default_factory=dict)  # by id; hosts' tuning names theirs
 
     def host(self, name: str) -> HostState:
         """The state of host ``name``, created (phase ``new``) on first use."""
@@ -401,6 +403,8 @@ def _parse_state(path: Path, raw: bytes, hint: str) -> State:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StateError(f"state file {path} is corrupt: not valid JSON ({exc})", hint=hint) from exc
     version = data.get("schema_version") if isinstance(data, dict) else None
+    if version == 1:
+        data, version = migrate_v1(data), 2
     if version != SCHEMA_VERSION:
         raise StateError(
             f"state file {path} has schema_version {version!r}; this orch reads only {SCHEMA_VERSION}",

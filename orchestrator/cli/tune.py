@@ -17,9 +17,13 @@ from orchestrator.cli.common import default, finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.errors import UsageError
 from orchestrator.fleet import FleetResult
-from orchestrator.ops import tune as tune_op
 from orchestrator.recipe import TuneOptions, parse_shapes
 from orchestrator.render import err, fmt_seconds, inert, out
+from orchestrator.tuning.commands import tune_fp8 as tune_fp8_op
+from orchestrator.tuning.commands import wait_tuning as wait_tuning_op
+from orchestrator.tuning.group import Group
+from orchestrator.tuning.progress import TuneStatus
+from orchestrator.tuning.record import PlanRecord
 
 
 @click.command(name="tune-fp8")
@@ -115,7 +119,7 @@ def tune_fp8(
         if stop_server:
             ask_before_stopping(fl, selected, bool(hosts or tags), yes)
         peers = app.peers(fl)
-        results = tune_op.tune_fp8(
+        results = tune_fp8_op(
             fl, selected, app.store, lambda h: chosen[h.name], options, peers, print_plans, on_progress, poll
         )
     return report(results, wait)
@@ -136,7 +140,7 @@ def wait(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int,
     selected = app.select(hosts, tags)
     with app.fleet(selected, parallel) as fl, progress_display(True) as on_progress:
         peers = app.peers(fl)
-        results = tune_op.wait_tuning(fl, selected, app.store, peers, on_progress, poll)
+        results = wait_tuning_op(fl, selected, app.store, peers, on_progress, poll)
     return report(results)
 
 
@@ -164,7 +168,7 @@ def parse_batch_sizes(text: str | None) -> list[int] | None:
 # -- output -------------------------------------------------------------------------------------------
 
 
-def print_plans(groups: Sequence[tune_op.Group]) -> None:
+def print_plans(groups: Sequence[Group]) -> None:
     """What each group will do: shapes, GPUs, the schedule's length, every GPU's runs."""
     for g in groups:
         names = ", ".join(m.host.name for m in g.members)
@@ -175,7 +179,7 @@ def print_plans(groups: Sequence[tune_op.Group]) -> None:
             out.print(f"{names}: {line}", markup=False)
 
 
-def plan_lines(plan: tune_op.PlanRecord) -> list[str]:
+def plan_lines(plan: PlanRecord) -> list[str]:
     units = len(plan.shapes) * len(plan.batch_sizes)
     gpus = len(plan.assignments)
     lines = [
@@ -193,7 +197,7 @@ def plan_lines(plan: tune_op.PlanRecord) -> list[str]:
     return lines
 
 
-def status_line(s: tune_op.TuneStatus) -> str:
+def status_line(s: TuneStatus) -> str:
     """One line per host: state, percent, units, ETA (what non-terminal output shows as it goes)."""
     if s.state in ("running", "ready-to-install"):
         eta = "" if s.eta_seconds is None else f", ETA {fmt_seconds(s.eta_seconds)}"
@@ -213,7 +217,7 @@ def status_line(s: tune_op.TuneStatus) -> str:
     return f"{s.host}: no tuning"
 
 
-def progress_table(statuses: dict[str, tune_op.TuneStatus]) -> Table:
+def progress_table(statuses: dict[str, TuneStatus]) -> Table:
     t = Table(show_lines=False, header_style="bold")
     for column in ("host", "state", "progress", "ETA", "shapes (batch sizes done/total)"):
         t.add_column(column, overflow="fold")
@@ -226,15 +230,15 @@ def progress_table(statuses: dict[str, tune_op.TuneStatus]) -> Table:
 
 
 @contextlib.contextmanager
-def progress_display(live: bool) -> Iterator[Callable[[tune_op.TuneStatus], None]]:
+def progress_display(live: bool) -> Iterator[Callable[[TuneStatus], None]]:
     """A callback for progress: a live rich table on a terminal, else a line whenever a host's state
     or tenth of the work changes. Nothing when not ``live``."""
-    statuses: dict[str, tune_op.TuneStatus] = {}
+    statuses: dict[str, TuneStatus] = {}
     shown: dict[str, tuple[str, int]] = {}
     lock = threading.Lock()
     display = Live(progress_table(statuses), console=out, auto_refresh=False) if live and out.is_terminal else None
 
-    def update(status: tune_op.TuneStatus) -> None:
+    def update(status: TuneStatus) -> None:
         with lock:
             statuses[status.host] = status
             if display is not None:
@@ -251,7 +255,7 @@ def progress_display(live: bool) -> Iterator[Callable[[tune_op.TuneStatus], None
             raise
 
 
-def report(results: FleetResult[tune_op.TuneStatus], wait: bool = True) -> int:
+def report(results: FleetResult[TuneStatus], wait: bool = True) -> int:
     """The final line per host (a failure once, with its log tail on stderr), the configs this run
     installed, and without ``wait`` what runs and how to watch it; exit 0, or 3 when a host failed."""
     failed = False  # a tuning that failed; a host's error gives its own exit code (FleetResult.exit_code)
@@ -271,7 +275,7 @@ def report(results: FleetResult[tune_op.TuneStatus], wait: bool = True) -> int:
     return finish(results, also_failed=failed)
 
 
-def watch_hint(statuses: Sequence[tune_op.TuneStatus]) -> list[str]:
+def watch_hint(statuses: Sequence[TuneStatus]) -> list[str]:
     """What still runs (jobs per host, detached) and the commands to watch it; nothing when none runs."""
     running = [s for s in statuses if s.state in ("running", "ready-to-install")]
     if not running:

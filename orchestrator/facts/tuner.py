@@ -1,6 +1,6 @@
 """SGLang's block-FP8 GEMM tuner: argv builders, the schedule, the log parser and the config files.
 
-Everything here is pure (reference ``shared/reference/sglang.md`` §1). ``ops/tune.py`` runs the argv
+Everything here is pure (reference ``shared/reference/sglang.md`` §1). ``tuning/`` runs the argv
 lists this module builds and hands what hosts print back to its parsers.
 
 - **Flags**: discovered from the tuner's ``--help`` (``parse_help_flags``); a tuner without ``--N``,

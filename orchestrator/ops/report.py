@@ -23,16 +23,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import ValidationError
-
 from orchestrator.errors import UsageError
 from orchestrator.facts import bench as facts
 from orchestrator.facts.bench import BenchRecord, ComparisonRow
-from orchestrator.ops import tune
 from orchestrator.ops.bench import records_of
-from orchestrator.ops.tune import InstalledRecord
 from orchestrator.state import HostState, Phase, PhaseChange, State, utc_now
 from orchestrator.text import fmt_seconds, inert
+from orchestrator.tuning.member import record_of
+from orchestrator.tuning.record import InstalledRecord
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -145,10 +143,7 @@ def tuned_shapes(hs: HostState) -> list[list[str]]:
 
 def _installed(hs: HostState) -> dict[str, InstalledRecord]:
     """The tuned configs ``orch tune-fp8`` installed (none when its record cannot be read)."""
-    try:
-        return dict(tune.load_record(hs).installed)
-    except ValidationError:
-        return {}
+    return dict(record_of(hs).installed)
 
 
 def server_settings(hs: HostState) -> list[tuple[str, str]]:

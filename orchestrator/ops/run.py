@@ -39,13 +39,16 @@ from orchestrator.ops import bench as bench_op
 from orchestrator.ops import pull as pull_op
 from orchestrator.ops import serve as serve_op
 from orchestrator.ops import server as server_host
-from orchestrator.ops import tune
 from orchestrator.ops.serve_configs import read_configs
 from orchestrator.ops.status import read_git
-from orchestrator.ops.tune_record import load_record
 from orchestrator.recipe import BenchOptions, PullOptions, Recipe, ServeOptions, Shape, Step, TuneOptions, parse_shapes
 from orchestrator.state import HostState, StateStore
 from orchestrator.transport.base import Runner, shell_command
+from orchestrator.tuning.commands import tune_fp8
+from orchestrator.tuning.member import Peers, record_of
+from orchestrator.tuning.plan import job_spec, make_plan
+from orchestrator.tuning.prepare import prepare
+from orchestrator.tuning.progress import TuneStatus
 
 Say = Callable[[Host, str], None]
 
@@ -56,7 +59,7 @@ class RunContext:
     store: StateStore
     recipes: Mapping[str, Recipe]  # each host's recipe, by host name (``App.recipes``)
     say: Say
-    peers: tune.Peers
+    peers: Peers
     lockstep: bool = False
     confirm: Callable[[list[Host]], None] | None = None  # after preflight, before any step: may refuse
     redo: bool = False  # --from/--only: the steps run again (serve relaunches even when serving as asked)
@@ -179,7 +182,7 @@ def gone(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: HostR
 def missing_configs(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> list[str]:
     """The step's shapes (``auto``/``logged``: those orch installed) whose config file for this GPU is
     not in the directory the host's SGLang reads configs from."""
-    installed = load_record(store.load().hosts.get(host.name)).installed
+    installed = record_of(store.load().hosts.get(host.name)).installed
     shapes = _done_shapes(options.shapes, recipe, list(installed))
     if not shapes:
         return []
@@ -227,7 +230,7 @@ def _tune(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool
             host, runner, ctx.store, gpus, drain, _step_say(ctx, host, "tune-fp8"), server_host.FOR_RUN_TUNING
         )
 
-    results = tune.tune_fp8(
+    results = tune_fp8(
         ctx.fleet,
         [host],
         ctx.store,
@@ -240,11 +243,11 @@ def _tune(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool
     return _tune_outcome(results, host)
 
 
-def progress(ctx: RunContext, host: Host) -> Callable[[tune.TuneStatus], None]:
+def progress(ctx: RunContext, host: Host) -> Callable[[TuneStatus], None]:
     """``host``'s tuning progress for ``ctx.say``: a line only when its units done change, with the ETA."""
     last: list[int] = []
 
-    def show(status: tune.TuneStatus) -> None:
+    def show(status: TuneStatus) -> None:
         if status.host != host.name or not status.units_total or last[-1:] == [status.units_done]:
             return
         last.append(status.units_done)
@@ -259,7 +262,7 @@ def _eta(seconds: float) -> str:
     return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
 
 
-def _tune_outcome(results: FleetResult[tune.TuneStatus], host: Host) -> str:
+def _tune_outcome(results: FleetResult[TuneStatus], host: Host) -> str:
     (result,) = [r for r in results if r.host.name == host.name]
     if result.error is not None:
         raise result.error
@@ -406,7 +409,7 @@ def run_lockstep(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResul
 def tuning_needed(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> bool:
     """Whether ``tune-fp8`` would start tuning jobs (and so need the server's GPUs); reads, changes nothing."""
     look = options.model_copy(update={"stop_server": False, "allow_busy_gpus": True})
-    prepared = tune.prepare(host, runner, store, recipe, look, look=True)
+    prepared = prepare(host, runner, store, recipe, look, look=True)
     return prepared.attach is None and bool(prepared.shapes)
 
 
@@ -501,12 +504,12 @@ def _dry_commands(host: Host, runner: Runner, store: StateStore, recipe: Recipe,
 
 def _dry_tune(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> list[str]:
     look = options.model_copy(update={"stop_server": False, "allow_busy_gpus": True})
-    prepared = tune.prepare(host, runner, store, recipe, look, look=True)
+    prepared = prepare(host, runner, store, recipe, look, look=True)
     if prepared.attach is not None:
         return [f"(attach to the running tuning plan {prepared.attach.id})"]
     if not prepared.shapes:
         return [f"(nothing to tune: {', '.join(prepared.skipped)} already installed)"]
-    plan = tune.make_plan([prepared])
+    plan = make_plan([prepared])
     assert prepared.facts is not None
-    specs = [tune.job_spec(host, plan, a, prepared.facts.flags) for a in plan.on(host.name)]
+    specs = [job_spec(host, plan, a, prepared.facts.flags) for a in plan.on(host.name)]
     return [shell_command(s.argv, env=dict(s.env)) for s in specs]

@@ -5,7 +5,7 @@ The flow on one host; every check runs before the running server is touched:
 1. ``check_launch``: the recipe's MTP rules (``facts.server.check_recipe``) and every flag of the
    launch command against the host's own ``python -m sglang.launch_server --help``. A bad recipe is
    ``RefusedError`` with every reason; the old server keeps serving.
-2. ``tuning_gate``: tuning still running → wait for it (``ops.tune.wait_for_tuning``, live progress),
+2. ``tuning_gate``: tuning still running → wait for it (``tuning.commands.wait_for_tuning``, live progress),
    failed → refuse saying what is installed and the way forward (``use_installed_configs`` serves
    anyway); ``wait_tuning=False`` skips the wait. ``config_gate`` then reads the tuned config files the
    server would read (``ops.serve_configs``, the one source of truth): a recipe that wants Triton with
@@ -49,12 +49,15 @@ from orchestrator.facts.server_upstream import (
 )
 from orchestrator.inventory import Host
 from orchestrator.ops import server as srv
-from orchestrator.ops import tune
 from orchestrator.ops.serve_configs import TunedConfigs, read_configs, tuned_elsewhere
 from orchestrator.ops.status import read_git
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.state import HostState, Phase, ServerRecord, StateStore, find_secret
 from orchestrator.transport.base import Runner, shell_command
+from orchestrator.tuning.commands import tuning_status, wait_for_tuning
+from orchestrator.tuning.member import Peers, record_of
+from orchestrator.tuning.progress import TuneStatus
+from orchestrator.tuning.record import TuningRecord
 
 Report = srv.Report
 """Where the op tells the user what it is doing (progress, warnings) as it happens."""
@@ -176,23 +179,23 @@ def tuning_gate(
     recipe: Recipe,
     options: ServeOptions,
     report: Report,
-    peers: tune.Peers | None = None,
+    peers: Peers | None = None,
 ) -> list[str]:
     """Wait for running tuning (or skip with ``wait_tuning=False``), refuse failed tuning unless
     ``use_installed_configs``; warnings.
 
     ``peers`` reaches the other hosts of a ``--fleet`` tuning group (their jobs are waited for too).
     """
-    status = tune.tuning_status(host, runner, store, peers)
+    status = tuning_status(host, runner, store, peers)
     if status.state in ("running", "ready-to-install") and not options.wait_tuning:
         return [f"tuning is {status.state} ({status.percent:.0f}%); not waiting (--no-wait-tuning)"]
     if status.state in ("running", "ready-to-install"):
         report(f"tuning is {status.state}: waiting for it before serving")
-        status = tune.wait_for_tuning(host, runner, store, _progress(report), TUNING_POLL_SECONDS, peers)
+        status = wait_for_tuning(host, runner, store, _progress(report), TUNING_POLL_SECONDS, peers)
     elif status.state == "failed" and options.wait_tuning:
         # A job failed but the plan may still be recorded as running, its other jobs holding GPUs:
         # completing it records the failure and stops them (it returns at once if already recorded).
-        status = tune.wait_for_tuning(host, runner, store, None, TUNING_POLL_SECONDS, peers)
+        status = wait_for_tuning(host, runner, store, None, TUNING_POLL_SECONDS, peers)
     if status.state == "failed" and options.use_installed_configs:
         return [f"FP8 tuning failed ({status.reason}); serving with the configs installed (--use-installed-configs)"]
     if status.state == "failed" and options.wait_tuning:
@@ -204,7 +207,7 @@ def failed_tuning_message(host: Host, runner: Runner, store: StateStore, recipe:
     """What a failed tuning leaves installed for this GPU and commit, and the two ways forward."""
     devices = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host)).device or "unknown GPU"
     commit = read_git(host, runner).commit
-    record = tune.load_record(store.load().hosts.get(host.name))
+    record = record_of(store.load().hosts.get(host.name))
     ours = [s.key for s in recipe.tuning.shapes if _installed_here(record, s.key, devices, commit)]
     shown = f" ({', '.join(ours)})" if ours else ""
     return (
@@ -215,13 +218,13 @@ def failed_tuning_message(host: Host, runner: Runner, store: StateStore, recipe:
     )
 
 
-def _installed_here(record: tune.TuningRecord, key: str, device: str, commit: str) -> bool:
+def _installed_here(record: TuningRecord, key: str, device: str, commit: str) -> bool:
     done = record.installed.get(key)
     return done is not None and done.commit == commit and _same_device(done.device, device)
 
 
-def _progress(report: Report) -> Callable[[tune.TuneStatus], None]:
-    def show(status: tune.TuneStatus) -> None:
+def _progress(report: Report) -> Callable[[TuneStatus], None]:
+    def show(status: TuneStatus) -> None:
         eta = f", ETA {status.eta_seconds:.0f} s" if status.eta_seconds is not None else ""
         report(f"tuning {status.host}: {status.units_done}/{status.units_total} units ({status.percent:.0f}%){eta}")
 
@@ -233,7 +236,7 @@ def config_gate(
     recipe: Recipe,
     options: ServeOptions,
     configs: TunedConfigs,
-    record: tune.TuningRecord,
+    record: TuningRecord,
     commit: str,
     compute_cap: str | None,
 ) -> tuple[Recipe, list[str]]:
@@ -296,7 +299,7 @@ def serve(
     recipe: Recipe,
     options: ServeOptions,
     report: Report = srv._quiet,
-    peers: tune.Peers | None = None,
+    peers: Peers | None = None,
 ) -> ServeResult:
     """Check, gate, relaunch and verify the server on ``host`` (the flow in the module docstring).
 
@@ -348,7 +351,7 @@ def preflight(
     recipe: Recipe,
     options: ServeOptions,
     report: Report,
-    peers: tune.Peers | None = None,
+    peers: Peers | None = None,
 ) -> Preflight:
     """Recipe and flags, the tuning gate, the tuned configs on disk (which FP8 backend to launch), and
     the new server's GPUs (only orch's old server may hold them); RefusedError leaves everything as it was."""
@@ -377,7 +380,7 @@ def decide(
     gpus = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host))
     commit = read_git(host, runner).commit
     configs = read_configs(host, runner, gpus.device or "unknown GPU")
-    record = tune.load_record(store.load().hosts.get(host.name))
+    record = record_of(store.load().hosts.get(host.name))
     launched, warnings = config_gate(host, recipe, options, configs, record, commit, gpus.compute_cap)
     old = srv.running_server(runner, host)
     argv = _with_backend(argv, launched.fp8_gemm_backend)
@@ -395,7 +398,7 @@ def dry_run(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
     """What ``serve`` would do now, without waiting for tuning or touching anything: the lines to print."""
     recipe = _forced(recipe, options)
     argv = check_launch(host, runner, recipe, options.mtp)
-    status = tune.tuning_status(host, runner, store)
+    status = tuning_status(host, runner, store)
     if status.state in ("running", "ready-to-install") and options.wait_tuning:
         return [
             f"(waits for tuning, {status.state} at {status.percent:.0f}%, then decides)",

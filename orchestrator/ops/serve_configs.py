@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from orchestrator.facts import tuner as tf
 from orchestrator.facts.gpus import device_file_name
 from orchestrator.inventory import Host
-from orchestrator.ops.tune_record import TuningRecord
 from orchestrator.recipe import Shape
 from orchestrator.transport.base import Runner
+from orchestrator.tuning.record import TuningRecord
 
 # Prints {file name: mtime} of the JSON files in argv[1] ({} when the directory does not exist).
 _LIST_SNIPPET = """

@@ -10,10 +10,12 @@ from orchestrator.errors import OrchError, RefusedError
 from orchestrator.facts import git, gpus, probe
 from orchestrator.fleet import HostResult
 from orchestrator.inventory import Host
-from orchestrator.ops import server, tune
-from orchestrator.ops.tune_record import TuningRecord, load_record
+from orchestrator.ops import server
 from orchestrator.state import HostState, ServerRecord, SGLangInfo, StateStore
 from orchestrator.transport.base import Runner
+from orchestrator.tuning.commands import status_field
+from orchestrator.tuning.member import record_of
+from orchestrator.tuning.record import TuningRecord
 
 
 @dataclass
@@ -129,7 +131,7 @@ def observe(host: Host, runner: Runner, store: StateStore, cached: HostState | N
         status.extra["fetch_error"] = _fetch_error(sections.get("fetch"), host)
     info = _parse_git(sections.get("git"), status)
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
-    status.extra["tuning"] = tune.status_field(host, runner, store, cached)
+    status.extra["tuning"] = status_field(host, runner, store, cached)
     return Observed(status, info, sections, started_at)
 
 
@@ -194,7 +196,7 @@ def merge_state(obs: Observed, hs: HostState) -> HostStatus:
     )
     checkout = obs.git.commit if obs.git else hs.sglang.commit if hs.sglang else None
     if field is not None and hs.server is not None:
-        for key, value in pending_restart(field, hs.server, checkout, load_record(hs)).items():
+        for key, value in pending_restart(field, hs.server, checkout, record_of(hs)).items():
             field.setdefault(key, value)
     status.extra["server"] = field
     return status

@@ -50,8 +50,8 @@ def test_status_pull_tune_and_status_at_once_lose_no_update(make_fleet) -> None:
     for name in names:
         hs = state.hosts[name]
         assert hs.sglang is not None and hs.sglang.commit == sha, name  # the pull's update
-        assert hs.tuning.get("state") == "installed", name  # the tuning's
-        assert sorted(hs.tuning["installed"]) == ["N=1024,K=4096"], name
+        assert hs.tuning is not None and hs.tuning.state == "installed", name  # the tuning's
+        assert sorted(hs.tuning.installed) == ["N=1024,K=4096"], name
         assert hs.last_seen is not None, name  # every status saw every host
     backup = json.loads(store.backup_path.read_text())  # a valid earlier state, never a torn one
     assert StateStore(store.backup_path).load().schema_version == backup["schema_version"]

@@ -126,8 +126,9 @@ def test_hostile_values_in_every_path_key_env_and_tag_are_used_literally_through
     hs = StateStore(env.state).load().hosts[sim.name]
     assert hs.phase.value == "serving" and hs.server is not None and hs.server.verified
     assert hs.sglang is not None and hs.sglang.subject == "Through hostile paths"  # the odd checkout was pulled
-    [installed] = hs.tuning["installed"].values()
-    config = Path(installed["path"])
+    assert hs.tuning is not None
+    [installed] = hs.tuning.installed.values()
+    config = Path(installed.path)
     assert config.is_file() and str(config).startswith(f"{sglang_dir}/python/sglang/")  # in the odd checkout
     server_log = (workdir / "jobs" / hs.server.job_id / "log").read_text()
     assert f"Using configuration from {config} for W8A8 Block FP8 kernel." in server_log  # SGLang read it there

@@ -26,7 +26,7 @@ import yaml
 from orchestrator.facts import tuner as tf
 from tests.conftest import FleetEnv
 from tests.integration.test_faults_drops import orch_process, read_line_until
-from tests.integration.test_tune import host_state, job_dirs, tuned_files, tuning_field, wait_for
+from tests.integration.test_tune import host_state, job_dirs, stored_plan, tuned_files, tuning_field, wait_for
 
 REBOOT_SHAPES = ("N=1024,K=4096", "N=4096,K=2048", "N=512,K=4096", "N=4096,K=256")
 REBOOT = ("--shapes", ";".join(REBOOT_SHAPES), "--batch-sizes", "1,2,4")  # 12 units: 2 runs of 3 on each of 2 GPUs
@@ -260,7 +260,7 @@ def test_a_reboot_mid_tuning_keeps_the_finished_runs_and_the_rerun_tunes_only_th
     assert installed[kept_key] == tf.parse_config(files[whole], str(whole))  # the kept file, as it was written
     hs = host_state(env, "sim-1")
     assert hs["phase"] == "tuned" and hs["tuning"]["state"] == "installed"
-    (kept,) = hs["tuning"]["plan"]["kept"]
+    (kept,) = stored_plan(env, "sim-1")["kept"]
     assert (kept["path"], kept["batch_sizes"], kept["lost"]) == (str(whole), [1, 2, 4], True)
 
 
@@ -269,7 +269,7 @@ def test_a_tuning_rerun_straight_after_a_reboot_fails_the_lost_plan_and_tunes_th
 ) -> None:
     env = make_fleet(1)
     host, first = reboot_after_the_first_runs(env)
-    lost_plan = host_state(env, "sim-1")["tuning"]["plan"]["id"]
+    lost_plan = host_state(env, "sim-1")["tuning"]["plan_id"]
     assert host_state(env, "sim-1")["tuning"]["state"] == "running"  # no orch looked since the reboot
 
     host.set_knobs(tune_seconds_per_unit=0.02)
@@ -286,7 +286,7 @@ def test_a_tuning_rerun_straight_after_a_reboot_fails_the_lost_plan_and_tunes_th
     assert all(sorted(configs) == [1, 2, 4] for configs in installed.values())
     hs = host_state(env, "sim-1")
     assert hs["phase"] == "tuned" and hs["tuning"]["state"] == "installed"
-    assert hs["tuning"]["plan"]["id"] != lost_plan
+    assert hs["tuning"]["plan_id"] != lost_plan
     steps = [(h["from_phase"], h["to_phase"]) for h in hs["history"]][-3:]
     assert steps == [("tuning", "failed"), ("failed", "tuning"), ("tuning", "tuned")], hs["history"]
     failed = hs["history"][-3]["reason"]
@@ -319,7 +319,7 @@ def test_two_tuning_reruns_at_once_straight_after_a_reboot_start_one_new_plan(
     assert sorted(tuned_files(host)["N=1024,K=4096"]) == [1, 2]
     hs = host_state(env, "sim-1")
     assert hs["phase"] == "tuned" and hs["tuning"]["state"] == "installed"
-    assert sorted(a["job_id"] for a in hs["tuning"]["plan"]["assignments"]) == [d.name for d in new]
+    assert sorted(a["job_id"] for a in stored_plan(env, "sim-1")["assignments"]) == [d.name for d in new]
 
 
 def test_a_dry_run_straight_after_a_reboot_shows_a_new_tuning_and_changes_nothing(

@@ -48,9 +48,10 @@ def test_two_tune_fp8_at_once_share_one_plan(make_fleet: Callable[..., FleetEnv]
     completed = sum((d / "log").read_text().count("Completed tuning for batch_size=") for d in dirs)
     assert completed == len(SHAPES) * len(BATCH_SIZES)  # every unit tuned once
 
-    hs: dict[str, Any] = json.loads(env.state.read_text())["hosts"][host.name]
+    doc: dict[str, Any] = json.loads(env.state.read_text())
+    hs = doc["hosts"][host.name]
     assert hs["phase"] == "tuned" and hs["tuning"]["state"] == "installed"
-    plan = hs["tuning"]["plan"]
+    plan = doc["tuning_plans"][hs["tuning"]["plan_id"]]
     assert sorted(hs["tuning"]["installed"]) == sorted(SHAPES)
     assert {r["plan_id"] for r in hs["tuning"]["installed"].values()} == {plan["id"]}
     assert sorted(a["job_id"] for a in plan["assignments"]) == [d.name for d in dirs]

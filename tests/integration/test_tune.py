@@ -48,6 +48,12 @@ def host_state(env: FleetEnv, name: str) -> dict[str, Any]:
     return json.loads(env.state.read_text())["hosts"][name]  # type: ignore[no-any-return]
 
 
+def stored_plan(env: FleetEnv, name: str) -> dict[str, Any]:
+    """The plan host ``name``'s tuning names, as the state file stores it (once, for its whole group)."""
+    doc = json.loads(env.state.read_text())
+    return doc["tuning_plans"][doc["hosts"][name]["tuning"]["plan_id"]]  # type: ignore[no-any-return]
+
+
 def tuning_field(env: FleetEnv) -> dict[str, Any]:
     run = env.orch("status", "--json")
     return {h["name"]: h.get("tuning") for h in json.loads(run.stdout)["hosts"]}

@@ -77,11 +77,11 @@ class Clock:
 def test_an_outage_says_reconnecting_once_and_gives_up_after_the_documented_time_naming_the_host(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from orchestrator.ops import tune
+    from orchestrator.tuning.watch import Outage
 
     clock = Clock()
     monkeypatch.setattr(time, "monotonic", clock)
-    outage = tune.Outage(["b1"])
+    outage = Outage(["b1"])
     lost = UnreachableError("b1: connection lost while running a command (its result is unknown)")
     for _ in range(5):
         outage.lost(lost)
@@ -98,11 +98,11 @@ def test_an_outage_says_reconnecting_once_and_gives_up_after_the_documented_time
 def test_a_new_outage_after_a_good_step_is_said_again_and_timed_from_its_start(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from orchestrator.ops import tune
+    from orchestrator.tuning.watch import Outage
 
     clock = Clock()
     monkeypatch.setattr(time, "monotonic", clock)
-    outage = tune.Outage(["b1"])
+    outage = Outage(["b1"])
     lost = UnreachableError("b1: cannot connect to 127.0.0.2:22: connection refused")
     outage.lost(lost)
     clock.now += 290

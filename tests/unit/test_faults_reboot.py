@@ -17,11 +17,14 @@ from orchestrator import jobs
 from orchestrator.cli import tune as tune_cli
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
-from orchestrator.ops import tune, tune_install, tune_prepare
-from orchestrator.ops.tune_record import KeptRecord, PlanRecord, TuningRecord
 from orchestrator.recipe import parse_shapes
 from orchestrator.state import StateStore
 from orchestrator.transport.local import LocalRunner
+from orchestrator.tuning.install import install, merge_group
+from orchestrator.tuning.member import Member
+from orchestrator.tuning.plan import make_plan
+from orchestrator.tuning.prepare import Prepared, kept_results
+from orchestrator.tuning.record import KeptRecord, PlanRecord, TuningRecord
 from tests.unit.test_tuner_ops import CONFIG, DEVICE, T0, facts, host, prepared
 
 WHOLE = json.dumps({"1": CONFIG, "2": CONFIG}, indent=4)
@@ -52,32 +55,31 @@ def test_uncovered_leaves_out_the_kept_units_in_order() -> None:
     assert tf.uncovered(units, [tf.Unit(1, 2, 2), tf.Unit(3, 4, 1)]) == [tf.Unit(1, 2, 1), tf.Unit(3, 4, 2)]
 
 
-def failed_plan(tmp_path: Path, files: dict[int, str], reason: str = LOST) -> tuple[tune.Prepared, TuningRecord]:
+def failed_plan(tmp_path: Path, files: dict[int, str], reason: str = LOST) -> tuple[Prepared, TuningRecord, PlanRecord]:
     """A failed two-shape plan on 2 GPUs (GPU 0: N=1024,K=4096; GPU 1: N=4096,K=2048, batch sizes 1, 2)
     whose staging dirs hold ``files`` (GPU → the text of its one run's result file)."""
     h = host(gpus=2, workdir=str(tmp_path / "work"))
     p = prepared(h, batch_sizes=(1, 2))
-    plan = tune.make_plan([p], now=T0)
+    plan = make_plan([p], now=T0)
     for a in plan.assignments:
         Path(a.staging).mkdir(parents=True)
         if a.gpu in files:
             (run,) = a.runs
             (Path(a.staging) / tf.config_file_name(run.n, run.k, DEVICE)).write_text(files[a.gpu])
-    return p, TuningRecord(plan=plan, state="failed", reason=reason)
+    return p, TuningRecord(plan_id=plan.id, state="failed", reason=reason), plan
 
 
-def kept_of(p: tune.Prepared, record: TuningRecord, **changes: object) -> list[KeptRecord]:
+def kept_of(p: Prepared, record: TuningRecord, failed: PlanRecord, **changes: object) -> list[KeptRecord]:
     assert p.facts is not None
     f = facts(p.host, 2, **changes)  # type: ignore[arg-type]
-    return tune_prepare.kept_results(p.host, p.runner, record, f, p.shapes, p.batch_sizes)
+    return kept_results(p.host, p.runner, record, failed, f, p.shapes, p.batch_sizes)
 
 
 def test_the_finished_runs_of_a_failed_plan_are_kept_and_a_cut_file_is_not(tmp_path: Path) -> None:
-    p, record = failed_plan(tmp_path, {0: WHOLE, 1: WHOLE[:40]})
-    (kept,) = kept_of(p, record)
-    assert record.plan is not None
-    a0 = record.plan.assignments[0]
-    assert (kept.key, kept.batch_sizes, kept.plan_id, kept.lost) == ("N=1024,K=4096", [1, 2], record.plan.id, True)
+    p, record, failed = failed_plan(tmp_path, {0: WHOLE, 1: WHOLE[:40]})
+    (kept,) = kept_of(p, record, failed)
+    a0 = failed.assignments[0]
+    assert (kept.key, kept.batch_sizes, kept.plan_id, kept.lost) == ("N=1024,K=4096", [1, 2], failed.id, True)
     assert kept.path == f"{a0.staging}/{tf.config_file_name(1024, 4096, DEVICE)}"
 
 
@@ -91,31 +93,32 @@ def test_the_finished_runs_of_a_failed_plan_are_kept_and_a_cut_file_is_not(tmp_p
 def test_nothing_is_kept_from_a_plan_for_another_gpu_or_commit(
     tmp_path: Path, change: dict[str, str], why: str
 ) -> None:
-    p, record = failed_plan(tmp_path, {0: WHOLE, 1: WHOLE})
-    assert kept_of(p, record, **change) == [], why
+    p, record, failed = failed_plan(tmp_path, {0: WHOLE, 1: WHOLE})
+    assert kept_of(p, record, failed, **change) == [], why
 
 
 def test_what_a_failed_plan_itself_kept_is_kept_again(tmp_path: Path) -> None:
-    p, first = failed_plan(tmp_path, {0: WHOLE})
-    p.kept = kept_of(p, first)
-    second = TuningRecord(plan=tune.make_plan([p]), state="failed", reason=LOST)  # rebooted again, nothing done
-    assert kept_of(p, second) == p.kept
+    p, first, first_plan = failed_plan(tmp_path, {0: WHOLE})
+    p.kept = kept_of(p, first, first_plan)
+    second_plan = make_plan([p])
+    second = TuningRecord(plan_id=second_plan.id, state="failed", reason=LOST)  # rebooted again, nothing done
+    assert kept_of(p, second, second_plan) == p.kept
 
 
 def test_nothing_is_kept_from_a_plan_that_did_not_fail_or_for_shapes_no_longer_wanted(tmp_path: Path) -> None:
-    p, record = failed_plan(tmp_path, {0: WHOLE, 1: WHOLE})
-    assert len(kept_of(p, record)) == 2
-    assert kept_of(p, record.model_copy(update={"state": "installed"})) == []
+    p, record, failed = failed_plan(tmp_path, {0: WHOLE, 1: WHOLE})
+    assert len(kept_of(p, record, failed)) == 2
+    assert kept_of(p, record.model_copy(update={"state": "installed"}), failed) == []
     p.shapes = p.shapes[1:]
-    assert [k.key for k in kept_of(p, record)] == ["N=4096,K=2048"]
+    assert [k.key for k in kept_of(p, record, failed)] == ["N=4096,K=2048"]
     p.batch_sizes = [2, 4]
-    assert [k.batch_sizes for k in kept_of(p, record)] == [[2]]
+    assert [k.batch_sizes for k in kept_of(p, record, failed)] == [[2]]
 
 
 def test_a_new_plan_tunes_only_the_units_not_kept_and_carries_the_kept_files(tmp_path: Path) -> None:
-    p, record = failed_plan(tmp_path, {0: WHOLE, 1: "{"})
-    p.kept = kept_of(p, record)
-    plan = tune.make_plan([p])
+    p, record, failed = failed_plan(tmp_path, {0: WHOLE, 1: "{"})
+    p.kept = kept_of(p, record, failed)
+    plan = make_plan([p])
     assert plan.kept == p.kept and (plan.kept_units, plan.tuned_units) == (2, 2)
     assert [(r.key, r.batch_sizes) for a in plan.assignments for r in a.runs] == [
         ("N=4096,K=2048", [1]),
@@ -123,43 +126,44 @@ def test_a_new_plan_tunes_only_the_units_not_kept_and_carries_the_kept_files(tmp
     ]
     assert "  kept 2 units tuned before the reboot, tuning 2" in tune_cli.plan_lines(plan)
     p.kept = p.kept + p.kept  # the same units kept twice are scheduled out and carried once
-    assert tune.make_plan([p]).kept == plan.kept
+    assert make_plan([p]).kept == plan.kept
 
 
 def test_a_plan_that_keeps_everything_starts_no_job(tmp_path: Path) -> None:
-    p, record = failed_plan(tmp_path, {0: WHOLE, 1: WHOLE}, reason="h1 GPU 1 job tune.gpu1 (x) failed: exit code 1")
-    p.kept = kept_of(p, record)
-    plan = tune.make_plan([p])
+    p, record, failed = failed_plan(
+        tmp_path, {0: WHOLE, 1: WHOLE}, reason="h1 GPU 1 job tune.gpu1 (x) failed: exit code 1"
+    )
+    p.kept = kept_of(p, record, failed)
+    plan = make_plan([p])
     assert plan.assignments == [] and plan.kept_units == 4
     assert "  kept 4 units tuned before an earlier plan failed, tuning 0" in tune_cli.plan_lines(plan)
 
 
 def test_install_merges_the_kept_files_with_the_new_jobs_results_and_revalidates_them(tmp_path: Path) -> None:
-    p, record = failed_plan(tmp_path, {0: WHOLE})
-    p.kept = kept_of(p, record)
+    p, record, failed = failed_plan(tmp_path, {0: WHOLE})
+    p.kept = kept_of(p, record, failed)
     assert p.facts is not None
     p.facts.config_dir = str(tmp_path / "configs")
     (tmp_path / "configs").mkdir()
-    plan = tune.make_plan([p])
+    plan = make_plan([p])
     for a in plan.assignments:  # the new jobs' results
         Path(a.staging).mkdir(parents=True)
         (run,) = a.runs
         text = json.dumps({str(m): CONFIG for m in run.batch_sizes})
         (Path(a.staging) / tf.config_file_name(run.n, run.k, DEVICE)).write_text(text)
-    member = tune.Member(p.host, p.runner)
-    merged = tune_install.merge_group([member], plan)
+    member = Member(p.host, p.runner)
+    merged = merge_group([member], plan)
     assert merged == {"N=1024,K=4096": {1: CONFIG, 2: CONFIG}, "N=4096,K=2048": {1: CONFIG, 2: CONFIG}}
-    tune_install.install(member, StateStore(tmp_path / "state.json"), plan, merged)
+    install(member, StateStore(tmp_path / "state.json"), plan, merged)
     assert sorted(path.name.split(",device")[0] for path in (tmp_path / "configs").iterdir()) == sorted(merged)
     Path(plan.kept[0].path).write_text(WHOLE[:10])  # changed since the plan was made: refused, not installed
     with pytest.raises(tf.ConfigInvalid, match=r"kept from plan .*not valid JSON"):
-        tune_install.merge_group([member], plan)
+        merge_group([member], plan)
 
 
 def test_a_plan_recorded_before_plans_kept_anything_still_loads(tmp_path: Path) -> None:
-    _, record = failed_plan(tmp_path, {})
-    assert record.plan is not None
-    stored = record.plan.model_dump(mode="json", by_alias=True)
+    _, _, failed = failed_plan(tmp_path, {})
+    stored = failed.model_dump(mode="json", by_alias=True)
     del stored["kept"]
     assert PlanRecord.model_validate(stored).kept == []
 

@@ -3,6 +3,7 @@ never starts jobs beside it, and never writes its jobs into another plan."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,14 @@ import pytest
 from orchestrator import jobs
 from orchestrator.errors import RefusedError
 from orchestrator.inventory import Host
-from orchestrator.ops import tune
-from orchestrator.ops.tune_record import edit_record, load_record
 from orchestrator.state import StateStore
+from orchestrator.tuning import start
+from orchestrator.tuning.group import start_groups
+from orchestrator.tuning.member import Member, record_of, running_plan
+from orchestrator.tuning.plan import job_spec, make_plan
+from orchestrator.tuning.record import PlanRecord
+from orchestrator.tuning.start import _abandon, record_plan, record_start, start_group
+from tests.conftest import run_orch
 from tests.unit.test_tuner_ops import T0, prepared
 
 
@@ -20,9 +26,10 @@ def host(tmp_path: Path) -> Host:
     return Host.model_validate({"name": "h1", "address": "127.0.0.1", "gpus": 8, "workdir": str(tmp_path / "w")})
 
 
-def recorded_by_another_orch(store: StateStore, h: Host) -> tune.PlanRecord:
-    other = tune.make_plan([prepared(h)], now=T0)
-    edit_record(store, h.name, lambda hs, r: tune._begin(hs, r, other, "tuning (the other orch)"))
+def recorded_by_another_orch(store: StateStore, h: Host) -> PlanRecord:
+    other = make_plan([prepared(h)], now=T0)
+    with store.update() as state:
+        record_plan(state, [h.name], other, "tuning (the other orch)")
     return other
 
 
@@ -31,9 +38,10 @@ def test_a_plan_recorded_meanwhile_is_adopted_and_nothing_is_started(tmp_path: P
     mine = prepared(h)  # prepared while the state held no plan
     other = recorded_by_another_orch(store, h)
 
-    plan, adopted = tune.start_group([mine], store)
+    plan, adopted = start_group([mine], store)
     assert adopted and plan.id == other.id
-    assert load_record(store.load().hosts[h.name]).plan == other  # the other orch's plan is untouched
+    state = store.load()
+    assert running_plan(state, h.name) == other  # the other orch's plan is untouched
     assert not Path(h.workdir).exists()  # no job, no staging dir started beside the other plan's
 
 
@@ -42,7 +50,7 @@ def test_start_groups_attaches_to_the_adopted_plan(tmp_path: Path) -> None:
     mine = prepared(h)
     other = recorded_by_another_orch(store, h)
 
-    groups, errors = tune.start_groups([mine], store, False, lambda name: tune.Member(h, mine.runner))
+    groups, errors = start_groups([mine], store, False, lambda name: Member(h, mine.runner))
     assert errors == {}
     assert [(g.plan.id, g.attached, [m.host.name for m in g.members]) for g in groups] == [(other.id, True, ["h1"])]
 
@@ -50,14 +58,14 @@ def test_start_groups_attaches_to_the_adopted_plan(tmp_path: Path) -> None:
 def test_a_job_of_one_plan_is_never_recorded_into_another(tmp_path: Path) -> None:
     h, store = host(tmp_path), StateStore(tmp_path / "state.json")
     other = recorded_by_another_orch(store, h)
-    stale = tune.make_plan([prepared(h)], now=T0)
+    stale = make_plan([prepared(h)], now=T0)
     a = stale.assignments[0]
-    spec = tune.job_spec(h, stale, a, frozenset(stale.hosts[h.name].flags))
+    spec = job_spec(h, stale, a, frozenset(stale.hosts[h.name].flags))
     started = jobs.Started("tune.gpu0-x", 42, attached=False)
-    with pytest.raises(RefusedError, match=f"no longer holds \\(now plan {other.id}\\)"):
-        edit_record(store, h.name, lambda hs, r: tune._record_start(hs, r, a=a, spec=spec, s=started))
-    hs = store.load().hosts[h.name]
-    assert hs.jobs == {} and all(x.job_id is None for x in load_record(hs).plan.assignments)  # type: ignore[union-attr]
+    with pytest.raises(RefusedError, match=f"no longer holds \\(now plan {other.id}\\)"), store.update() as state:
+        record_start(state, a, spec, started)
+    state = store.load()
+    assert state.hosts[h.name].jobs == {} and all(x.job_id is None for x in state.tuning_plans[other.id].assignments)
 
 
 def test_a_failed_start_never_stops_the_jobs_of_the_plan_that_replaced_it(
@@ -65,12 +73,27 @@ def test_a_failed_start_never_stops_the_jobs_of_the_plan_that_replaced_it(
 ) -> None:
     h, store = host(tmp_path), StateStore(tmp_path / "state.json")
     mine = prepared(h)
-    stale = tune.make_plan([mine], now=T0)
+    stale = make_plan([mine], now=T0)
     other = recorded_by_another_orch(store, h)
-    edit_record(store, h.name, lambda hs, r: setattr(r.plan.assignments[0], "job_id", "tune.gpu0-theirs"))  # type: ignore[union-attr]
+    with store.update() as state:
+        state.tuning_plans[other.id].assignments[0].job_id = "tune.gpu0-theirs"
     stopped: list[object] = []
-    monkeypatch.setattr(tune, "stop_running", lambda *args: stopped.append(args))
-    tune._abandon([mine], store, stale, "could not start every job")
+    monkeypatch.setattr(start, "stop_running", lambda *args: stopped.append(args))
+    _abandon([mine], store, stale, "could not start every job")
     assert stopped == []
-    record = load_record(store.load().hosts[h.name])
-    assert record.plan is not None and record.plan.id == other.id and record.state == "running"
+    record = record_of(store.load().hosts[h.name])
+    assert record.plan_id == other.id and record.state == "running"
+
+
+def test_a_corrupt_tuning_record_is_a_state_error_naming_the_file_and_key_not_a_traceback(tmp_path: Path) -> None:
+    """Before schema 2 the record was validated at each use: ``orch wait`` died with pydantic's traceback."""
+    inventory, state = tmp_path / "hosts.yaml", tmp_path / "state.json"
+    h1 = {"address": "127.0.0.1", "transport": "local", "workdir": str(tmp_path / "w")}
+    inventory.write_text(json.dumps({"hosts": {"h1": h1}}))  # YAML is a superset of JSON
+    doc = {"schema_version": 1, "hosts": {"h1": {"phase": "tuning", "tuning": {"state": "bogus"}}}}
+    state.write_text(json.dumps(doc))
+    run = run_orch("-i", str(inventory), "--state", str(state), "wait")
+    assert run.returncode == 4, run.output
+    assert f"orch: error: state file {state} is corrupt: hosts.h1.tuning.state: Input should be" in run.stderr
+    assert "Traceback" not in run.output
+    assert json.loads(state.read_text()) == doc  # never rewritten

@@ -13,8 +13,9 @@ from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
 from orchestrator.ops.serve_configs import TunedConfigs, parse_listing
-from orchestrator.ops.tune_record import InstalledRecord, TuningRecord
 from orchestrator.recipe import Recipe, ServeOptions, Shape, TuningSpec
+from orchestrator.tuning.progress import ShapeProgress, TuneStatus
+from orchestrator.tuning.record import InstalledRecord, TuningRecord
 
 HOST = Host(name="b1", address="127.0.0.2", workdir="/w")
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
@@ -130,7 +131,6 @@ def test_outage_question_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_run_prints_tuning_progress_only_when_it_changes_with_an_eta() -> None:
     from orchestrator.ops import run as run_op
-    from orchestrator.ops.tune_progress import ShapeProgress, TuneStatus
 
     said: list[str] = []
     ctx = run_op.RunContext(None, None, {HOST.name: RECIPE}, lambda h, m: said.append(f"{h.name}: {m}"), None)  # type: ignore[arg-type]

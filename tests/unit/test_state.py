@@ -81,7 +81,7 @@ def populate(state: State) -> None:
     host.sglang = SGLangInfo(commit="a" * 40, short="aaaaaaa", subject="Fix", branch="main", behind=0)
     host.jobs["tune-1"] = a_job()
     host.server = a_server(healthy=True, verified={"speculative_algorithm": "EAGLE"})
-    host.tuning = {"plan": {"units": 90}, "installed": ["N=1024,K=4096"]}
+    host.tuning = {"state": "running", "progress": {"tune.gpu0": {"offset": 90}}}  # type: ignore[assignment]
     host.benchmarks.append({"label": "baseline", "output_tok_s": 1234.5})
     host.last_seen = T0
 
@@ -246,7 +246,7 @@ def test_corrupt_file_error_says_how_to_restore_the_backup(store: StateStore, st
     assert f"cp {state_path}.bak {state_path}" in str(error.value.hint)
 
 
-@pytest.mark.parametrize("version", [2, 0, None])
+@pytest.mark.parametrize("version", [3, 0, None])
 def test_unknown_schema_version_is_an_error(store: StateStore, state_path: Path, version: int | None) -> None:
     state_path.parent.mkdir()
     document = {"hosts": {}} if version is None else {"schema_version": version, "hosts": {}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from datetime import datetime, timedelta, timezone
@@ -15,11 +16,17 @@ from orchestrator.errors import ConfigError, RefusedError, UsageError
 from orchestrator.facts import gpus as smi
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
-from orchestrator.ops import tune, tune_install, tune_prepare, tune_progress
 from orchestrator.ops.status import HostStatus
 from orchestrator.recipe import Recipe, parse_shapes
-from orchestrator.state import StateStore
+from orchestrator.state import State, StateStore
 from orchestrator.transport.local import LocalRunner
+from orchestrator.tuning.install import install, merge_group
+from orchestrator.tuning.member import Member, record_of, running_plan
+from orchestrator.tuning.plan import group_prepared, job_spec, make_plan, selected_gpus
+from orchestrator.tuning.prepare import HostFacts, Prepared, discover_tuner, refuse_busy, resolve_shapes, tp_size
+from orchestrator.tuning.progress import HostPoll, JobView, TuneStatus, eta_seconds, group_status, job_views, summary
+from orchestrator.tuning.record import PlanRecord, TuningRecord, migrate_v1
+from orchestrator.tuning.start import _start_jobs
 from orchestrator.views import _tuning_cell
 
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
@@ -39,16 +46,16 @@ def host(name: str = "h1", gpus: int = 8, workdir: str = "/w") -> Host:
     return Host.model_validate({"name": name, "address": "127.0.0.1", "gpus": gpus, "workdir": workdir})
 
 
-def facts(h: Host, n_gpus: int = 8, device: str = DEVICE, commit: str = COMMIT) -> tune.HostFacts:
+def facts(h: Host, n_gpus: int = 8, device: str = DEVICE, commit: str = COMMIT) -> HostFacts:
     devices = [smi.Gpu(i, device, f"GPU-{h.name}-{i}", 97887, 0, 0, "12.0") for i in range(n_gpus)]
     flags = tf.parse_help_flags("--N --K --batch-sizes --save-path --out-dtype --tp-size")
-    return tune.HostFacts(h, "/s/t.py", flags, "/s/configs", "3.4.0", device, commit, devices, {})
+    return HostFacts(h, "/s/t.py", flags, "/s/configs", "3.4.0", device, commit, devices, {})
 
 
 def prepared(
     h: Host, shapes: str = "N=1024,K=4096;N=4096,K=2048", batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
-) -> tune.Prepared:
-    return tune.Prepared(h, LocalRunner(h), facts=facts(h), shapes=parse_shapes(shapes), batch_sizes=list(batch_sizes))
+) -> Prepared:
+    return Prepared(h, LocalRunner(h), facts=facts(h), shapes=parse_shapes(shapes), batch_sizes=list(batch_sizes))
 
 
 # -- planning -------------------------------------------------------------------------------------------
@@ -56,7 +63,7 @@ def prepared(
 
 def test_make_plan_spreads_the_units_over_every_gpu_of_the_group_with_private_staging_dirs() -> None:
     a, b = host("a", workdir="/wa"), host("b", gpus=2, workdir="/wb")
-    plan = tune.make_plan([prepared(a), prepared(b)], now=T0)
+    plan = make_plan([prepared(a), prepared(b)], now=T0)
     assert plan.id.startswith("20261129T220000-") and plan.group == ["a", "b"]
     assert [(x.host, x.gpu, x.units) for x in plan.assignments] == [("a", g, 1) for g in range(8)]
     assert plan.assignments[0].staging == f"/wa/tune/{plan.id}/gpu0" and plan.assignments[0].purpose == "tune.gpu0"
@@ -66,14 +73,14 @@ def test_make_plan_spreads_the_units_over_every_gpu_of_the_group_with_private_st
 
 def test_selected_gpus_are_the_first_the_inventory_allows() -> None:
     h = host(gpus=3)
-    assert tune.selected_gpus(h, facts(h)) == [0, 1, 2]
+    assert selected_gpus(h, facts(h)) == [0, 1, 2]
 
 
 def test_job_spec_pins_one_gpu_and_runs_its_tuner_runs_in_order() -> None:
     h = host()
-    plan = tune.make_plan([prepared(h, batch_sizes=tuple(range(1, 7)))], now=T0)
+    plan = make_plan([prepared(h, batch_sizes=tuple(range(1, 7)))], now=T0)
     a = plan.assignments[1]  # 12 units on 8 GPUs: GPU 1 has M=3,4 of the first shape
-    spec = tune.job_spec(h, plan, a, frozenset(plan.hosts["h1"].flags))
+    spec = job_spec(h, plan, a, frozenset(plan.hosts["h1"].flags))
     assert spec.env == {"CUDA_VISIBLE_DEVICES": "1", "PYTHONUNBUFFERED": "1"}
     assert spec.gpus == (1,) and spec.purpose == "tune.gpu1"
     assert spec.argv[:2] == ["bash", "-c"] and spec.argv[4] == h.sglang_dir
@@ -84,8 +91,8 @@ def test_job_spec_pins_one_gpu_and_runs_its_tuner_runs_in_order() -> None:
 
 def test_a_tuning_job_runs_unbuffered_so_its_workers_progress_is_live() -> None:
     h = host()
-    plan = tune.make_plan([prepared(h)], now=T0)
-    spec = tune.job_spec(h, plan, plan.assignments[0], frozenset(plan.hosts["h1"].flags))
+    plan = make_plan([prepared(h)], now=T0)
+    spec = job_spec(h, plan, plan.assignments[0], frozenset(plan.hosts["h1"].flags))
     argv = jobs.start_argv(h.workdir, "j1", spec)
     command = argv[argv.index("env") :]
     assert command[: command.index("bash")] == ["env", "CUDA_VISIBLE_DEVICES=0", "PYTHONUNBUFFERED=1"]
@@ -95,19 +102,19 @@ def test_fleet_groups_hosts_by_gpu_name_and_commit() -> None:
     a, b, c = prepared(host("a")), prepared(host("b")), prepared(host("c"))
     assert c.facts is not None
     c.facts = facts(c.host, commit="f" * 40)
-    assert [[p.host.name for p in g] for g in tune.group_prepared([a, b, c], fleet=True)] == [["a", "b"], ["c"]]
-    assert [[p.host.name for p in g] for g in tune.group_prepared([a, b, c], fleet=False)] == [["a"], ["b"], ["c"]]
+    assert [[p.host.name for p in g] for g in group_prepared([a, b, c], fleet=True)] == [["a", "b"], ["c"]]
+    assert [[p.host.name for p in g] for g in group_prepared([a, b, c], fleet=False)] == [["a"], ["b"], ["c"]]
 
 
 def test_tp_size_comes_from_the_recipe_else_the_host() -> None:
     recipe = Recipe(model="m", architecture="A", server_args={"tp": 4})
-    assert tune_prepare.tp_size(recipe, host()) == 4
-    assert tune_prepare.tp_size(Recipe(model="m", architecture="A"), host(gpus=2)) == 2
+    assert tp_size(recipe, host()) == 4
+    assert tp_size(Recipe(model="m", architecture="A"), host(gpus=2)) == 2
 
 
 def test_default_shapes_need_a_recipe_that_lists_them() -> None:
     with pytest.raises(ConfigError, match=r"has no tuning\.shapes; use --shapes auto or a list"):
-        tune_prepare.resolve_shapes("default", Recipe(model="m", architecture="A"), host(), LocalRunner(host()), 8)
+        resolve_shapes("default", Recipe(model="m", architecture="A"), host(), LocalRunner(host()), 8)
 
 
 def test_busy_gpus_are_refused_naming_pid_and_process() -> None:
@@ -115,8 +122,8 @@ def test_busy_gpus_are_refused_naming_pid_and_process() -> None:
     f = facts(h)
     f.gpu_users = {2: [smi.GpuProcess(4242, "python3", "GPU-h1-2", 1000)], 6: [smi.GpuProcess(1, "x", "u", 1)]}
     with pytest.raises(RefusedError, match=r"^h1: GPUs are busy: GPU 2: pid 4242 \(python3\)\n  hint: "):
-        tune_prepare.refuse_busy(h, f, allow=False)
-    tune_prepare.refuse_busy(h, f, allow=True)
+        refuse_busy(h, f, allow=False)
+    refuse_busy(h, f, allow=True)
 
 
 # -- progress and status ----------------------------------------------------------------------------------
@@ -127,8 +134,8 @@ def job(job_id: str, state: str, started: datetime = T0, ended: datetime | None 
     return jobs.JobInfo(job_id, "tune.gpu0", 1, state, code, started, ended, 0, False, f"/w/jobs/{job_id}")
 
 
-def two_gpu_plan() -> tune.PlanRecord:
-    plan = tune.make_plan([prepared(host(gpus=2), batch_sizes=(1, 2))], now=T0)
+def two_gpu_plan() -> PlanRecord:
+    plan = make_plan([prepared(host(gpus=2), batch_sizes=(1, 2))], now=T0)
     for i, a in enumerate(plan.assignments):
         a.job_id = f"j{i}"
     return plan
@@ -138,9 +145,9 @@ def progress(done: dict[str, list[int]]) -> tf.LogProgress:
     return tf.LogProgress(offset=10, done=done)
 
 
-def polled(plan: tune.PlanRecord, states: list[str], done: list[dict[str, list[int]]]) -> dict[str, tune.HostPoll]:
+def polled(plan: PlanRecord, states: list[str], done: list[dict[str, list[int]]]) -> dict[str, HostPoll]:
     infos = {f"j{i}": job(f"j{i}", s) for i, s in enumerate(states)}
-    return {"h1": tune.HostPoll(infos, {f"tune.gpu{i}": progress(d) for i, d in enumerate(done)})}
+    return {"h1": HostPoll(infos, {f"tune.gpu{i}": progress(d) for i, d in enumerate(done)})}
 
 
 @pytest.mark.parametrize(
@@ -156,9 +163,9 @@ def polled(plan: tune.PlanRecord, states: list[str], done: list[dict[str, list[i
 )
 def test_group_status_derives_the_state_from_the_jobs(states: list[str], record_state: str, expected: str) -> None:
     plan = two_gpu_plan()
-    record = tune.TuningRecord(plan=plan, state=record_state)  # type: ignore[arg-type]
+    record = TuningRecord(plan_id=plan.id, state=record_state)  # type: ignore[arg-type]
     done = [{"N=1024,K=4096": [1, 2]}, {"N=4096,K=2048": [1]}]
-    status = tune_progress.group_status("h1", record, polled(plan, states, done), {"h1": record})
+    status = group_status("h1", record, plan, polled(plan, states, done), {"h1": record})
     assert status.state == expected
     assert [(s.key, s.done, s.total) for s in status.shapes] == [("N=1024,K=4096", 2, 2), ("N=4096,K=2048", 1, 2)]
     assert (status.units_done, status.units_total, round(status.percent)) == (3, 4, 75)
@@ -166,47 +173,63 @@ def test_group_status_derives_the_state_from_the_jobs(states: list[str], record_
 
 def test_progress_counts_only_the_batch_sizes_a_job_was_given() -> None:
     plan = two_gpu_plan()
-    record = tune.TuningRecord(plan=plan, state="running")
+    record = TuningRecord(plan_id=plan.id, state="running")
     done = [{"N=1024,K=4096": [1, 2, 64], "N=9,K=9": [1]}, {}]
-    status = tune_progress.group_status("h1", record, polled(plan, ["running", "running"], done), {"h1": record})
+    status = group_status("h1", record, plan, polled(plan, ["running", "running"], done), {"h1": record})
     assert [v.units_done for v in status.jobs] == [2, 0]
 
 
 def test_a_planned_job_the_host_does_not_have_is_missing() -> None:
     plan = two_gpu_plan()
-    record = tune.TuningRecord(plan=plan, state="running")
-    polls = {"h1": tune.HostPoll({"j0": job("j0", "running")}, {})}
-    views = tune_progress.job_views(plan, polls, {"h1": record})
+    record = TuningRecord(plan_id=plan.id, state="running")
+    polls = {"h1": HostPoll({"j0": job("j0", "running")}, {})}
+    views = job_views(plan, polls, {"h1": record})
     assert [v.state for v in views] == ["running", "missing"]
 
 
 def test_eta_is_the_slowest_running_job_at_the_observed_rate() -> None:
     views = [
-        tune.JobView("h", 0, "tune.gpu0", "a", "running", 2, 6),
-        tune.JobView("h", 1, "tune.gpu1", "b", "running", 1, 3),
-        tune.JobView("h", 2, "tune.gpu2", "c", "running", 0, 3),
+        JobView("h", 0, "tune.gpu0", "a", "running", 2, 6),
+        JobView("h", 1, "tune.gpu1", "b", "running", 1, 3),
+        JobView("h", 2, "tune.gpu2", "c", "running", 0, 3),
     ]
     infos = {"a": job("a", "running"), "b": job("b", "running")}
     now = T0 + timedelta(seconds=30)
-    assert tune_progress.eta_seconds(views, infos, now) == pytest.approx(20 * 4)  # 60 s / 3 units; 4 left
-    assert tune_progress.eta_seconds(views[2:], infos, now) is None
+    assert eta_seconds(views, infos, now) == pytest.approx(20 * 4)  # 60 s / 3 units; 4 left
+    assert eta_seconds(views[2:], infos, now) is None
 
 
-def test_group_plan_takes_each_job_id_from_the_host_that_started_it() -> None:
-    plan = tune.make_plan([prepared(host("a", gpus=1)), prepared(host("b", gpus=1))], now=T0)
+def test_a_v1_state_stores_a_fleet_plan_once_with_each_job_id_from_the_host_that_started_it() -> None:
+    plan = make_plan([prepared(host("a", gpus=1)), prepared(host("b", gpus=1))], now=T0)
     a_copy, b_copy = plan.model_copy(deep=True), plan.model_copy(deep=True)
-    a_copy.assignments[0].job_id, b_copy.assignments[1].job_id = "ja", "jb"
-    cached = {"a": tune.TuningRecord(plan=a_copy), "b": tune.TuningRecord(plan=b_copy)}
-    merged = tune.group_plan(cached, ["a", "b"])
-    assert merged is not None and [x.job_id for x in merged.assignments] == ["ja", "jb"]
+    a_copy.assignments[0].job_id, b_copy.assignments[1].job_id = "ja", "jb"  # each host recorded its own job
+    progress = {"tune.gpu0": {"offset": 7}}
+    v1 = {
+        "schema_version": 1,
+        "hosts": {
+            "a": {"phase": "tuning", "tuning": {"plan": a_copy.model_dump(mode="json"), "state": "running"}},
+            "b": {"phase": "tuning", "tuning": {"plan": b_copy.model_dump(mode="json"), "progress": progress}},
+            "c": {"phase": "new", "tuning": {}},
+        },
+    }
+    before = copy.deepcopy(v1)
+    v2 = migrate_v1(v1)
+    assert v1 == before  # a pure function of the raw document
+    assert v2["schema_version"] == 2 and list(v2["tuning_plans"]) == [plan.id]
+    assert v2["hosts"]["a"]["tuning"] == {"plan_id": plan.id, "state": "running"}
+    assert v2["hosts"]["b"]["tuning"] == {"plan_id": plan.id, "progress": progress}
+    assert v2["hosts"]["c"]["tuning"] is None
+    state = State.model_validate(v2)
+    assert [x.job_id for x in state.tuning_plans[plan.id].assignments] == ["ja", "jb"]
+    assert running_plan(state, "a") == state.tuning_plans[plan.id] and running_plan(state, "b") is None
 
 
 def test_summary_and_status_cells() -> None:
     plan = two_gpu_plan()
-    record = tune.TuningRecord(plan=plan, state="running")
+    record = TuningRecord(plan_id=plan.id, state="running")
     done = [{"N=1024,K=4096": [1]}, {}]
-    status = tune_progress.group_status("h1", record, polled(plan, ["running", "running"], done), {"h1": record})
-    field = tune.summary(status)
+    status = group_status("h1", record, plan, polled(plan, ["running", "running"], done), {"h1": record})
+    field = summary(status)
     assert field["state"] == "running" and field["shapes"] == {"N=1024,K=4096": "1/2", "N=4096,K=2048": "0/2"}
     view = HostStatus("h1", "a", True, "tuning", extra={"tuning": field})
     assert _tuning_cell(view).startswith("running 25% (1/4)")
@@ -218,22 +241,20 @@ def test_summary_and_status_cells() -> None:
 # -- install (a local runner on a temporary directory) -------------------------------------------------------
 
 
-def staged_plan(
-    tmp_path: Path, parts: dict[int, dict[str, dict[str, tf.ConfigValue]]]
-) -> tuple[tune.Member, tune.PlanRecord]:
+def staged_plan(tmp_path: Path, parts: dict[int, dict[str, dict[str, tf.ConfigValue]]]) -> tuple[Member, PlanRecord]:
     """A one-shape plan on 2 GPUs whose staging dirs hold ``parts`` (GPU → partial JSON)."""
     h = host(gpus=2, workdir=str(tmp_path / "work"))
     p = prepared(h, shapes="N=1024,K=4096", batch_sizes=(1, 2, 4, 8))
     assert p.facts is not None
     p.facts.config_dir = str(tmp_path / "configs")
-    plan = tune.make_plan([p], now=T0)
+    plan = make_plan([p], now=T0)
     for a in plan.assignments:
         Path(a.staging).mkdir(parents=True)
         if a.gpu in parts:
             name = tf.config_file_name(1024, 4096, DEVICE)
             (Path(a.staging) / name).write_text(json.dumps(parts[a.gpu], indent=4))
     (tmp_path / "configs").mkdir()
-    return tune.Member(h, LocalRunner(h)), plan
+    return Member(h, LocalRunner(h)), plan
 
 
 def test_install_merges_the_partials_and_backs_up_a_replaced_config(tmp_path: Path) -> None:
@@ -241,11 +262,11 @@ def test_install_merges_the_partials_and_backs_up_a_replaced_config(tmp_path: Pa
     target = tmp_path / "configs" / tf.config_file_name(1024, 4096, DEVICE)
     target.write_text("old\n")
     store = StateStore(tmp_path / "state.json")
-    merged = tune_install.merge_group([member], plan)
-    tune_install.install(member, store, plan, merged)
+    merged = merge_group([member], plan)
+    install(member, store, plan, merged)
     assert tf.parse_config(target.read_text(), "t") == {m: CONFIG for m in (1, 2, 4, 8)}
     assert target.read_text() == tf.render_config(merged["N=1024,K=4096"])
-    record = tune.load_record(store.load().hosts["h1"])
+    record = record_of(store.load().hosts["h1"])
     backup = record.installed["N=1024,K=4096"].backup
     assert backup is not None and Path(backup).read_text() == "old\n"
     assert store.load().hosts["h1"].phase.value == "tuned"
@@ -255,7 +276,7 @@ def test_install_keeps_the_keys_a_tuner_writes_beyond_the_six(tmp_path: Path) ->
     extra = {**CONFIG, "SPLIT_K": 1, "SWAP_AB": False, "waves_per_eu": 0}
     member, plan = staged_plan(tmp_path, {0: {"1": extra, "2": extra}, 1: {"4": CONFIG, "8": extra}})
     store = StateStore(tmp_path / "state.json")
-    tune_install.install(member, store, plan, tune_install.merge_group([member], plan))
+    install(member, store, plan, merge_group([member], plan))
     installed = json.loads((tmp_path / "configs" / tf.config_file_name(1024, 4096, DEVICE)).read_text())
     assert installed == {"1": extra, "2": extra, "4": CONFIG, "8": extra}
 
@@ -273,7 +294,7 @@ def test_merge_refuses_a_missing_incomplete_or_invalid_part(
 ) -> None:
     member, plan = staged_plan(tmp_path, parts)
     with pytest.raises((tf.ConfigInvalid, OSError), match=error.replace("[", r"\[").replace("]", r"\]")):
-        tune_install.merge_group([member], plan)
+        merge_group([member], plan)
 
 
 # -- command-line values ------------------------------------------------------------------------------------
@@ -298,14 +319,12 @@ def test_check_shapes_accepts_keywords_and_lists_and_names_a_bad_part() -> None:
 
 
 def test_a_note_replaces_the_installed_line() -> None:
-    status = tune.TuneStatus(
-        "h1", "installed", note="nothing to tune: server job s read a tuned config for every shape"
-    )
+    status = TuneStatus("h1", "installed", note="nothing to tune: server job s read a tuned config for every shape")
     assert tune_cli.status_line(status) == "h1: nothing to tune: server job s read a tuned config for every shape"
 
 
 def test_plan_lines_show_shapes_schedule_and_every_gpu() -> None:
-    lines = tune_cli.plan_lines(tune.make_plan([prepared(host(gpus=3), batch_sizes=(1, 2, 4, 8))], now=T0))
+    lines = tune_cli.plan_lines(make_plan([prepared(host(gpus=3), batch_sizes=(1, 2, 4, 8))], now=T0))
     assert lines[0].endswith(f"2 shapes × 4 batch sizes = 8 units on 3 GPUs ({DEVICE}, SGLang {COMMIT[:10]})")
     assert lines[1] == "  schedule: 3 units per GPU at most (ideal 2.67)"
     assert lines[-1] == "  h1 GPU 2 (tune.gpu2): N=4096,K=2048 M=4,8"
@@ -313,9 +332,9 @@ def test_plan_lines_show_shapes_schedule_and_every_gpu() -> None:
 
 def test_a_job_the_state_could_not_record_is_never_started(tmp_path: Path) -> None:
     h = host(gpus=1, workdir=str(tmp_path / "secret-work"))
-    plan = tune.make_plan([prepared(h, shapes="N=1024,K=4096", batch_sizes=(1,))], now=T0)
+    plan = make_plan([prepared(h, shapes="N=1024,K=4096", batch_sizes=(1,))], now=T0)
     with pytest.raises(RefusedError, match="looks like it holds a secret"):
-        tune._start_jobs(h, LocalRunner(h), StateStore(tmp_path / "s.json"), plan, plan.assignments)
+        _start_jobs(h, LocalRunner(h), StateStore(tmp_path / "s.json"), plan, plan.assignments)
     assert not (tmp_path / "secret-work" / "jobs").exists()
 
 
@@ -338,7 +357,7 @@ def test_a_tuner_whose_help_fails_is_refused_with_its_stderr_tail(tmp_path: Path
     moved = "import sys\nprint('loading', file=sys.stderr)\nfrom sglang.srt.layers.quantization.fp8_utils_v2 import x\n"
     h = checkout(tmp_path, {tf.TUNER_SCRIPT: moved, tf.OLD_TUNER_SCRIPT: f"print({HELP!r})\n"})
     with pytest.raises(RefusedError) as caught:
-        tune_prepare.discover_tuner(h, LocalRunner(h))
+        discover_tuner(h, LocalRunner(h))
     message = str(caught.value)
     assert message.startswith(f"h1: the tuner fails: {tmp_path}/{tf.TUNER_SCRIPT} --help exited 1; the end of its")
     assert "    loading\n" in message and "    Traceback (most recent call last):" in message
@@ -350,21 +369,21 @@ def test_a_failing_help_shows_only_the_last_lines_of_stderr(tmp_path: Path) -> N
     noisy = "import sys\nfor i in range(100):\n    print(f'line {i}', file=sys.stderr)\nsys.exit(3)\n"
     h = checkout(tmp_path, {tf.TUNER_SCRIPT: noisy})
     with pytest.raises(RefusedError, match="exited 3") as caught:
-        tune_prepare.discover_tuner(h, LocalRunner(h))
+        discover_tuner(h, LocalRunner(h))
     shown = [line.strip() for line in str(caught.value).splitlines() if line.startswith("    line ")]
     assert shown == [f"line {i}" for i in range(100 - tf.HELP_TAIL_LINES, 100)]
 
 
 def test_the_old_tuner_is_used_only_when_the_new_one_does_not_exist(tmp_path: Path) -> None:
     h = checkout(tmp_path, {tf.OLD_TUNER_SCRIPT: f"print({HELP!r})\n"})
-    path, flags = tune_prepare.discover_tuner(h, LocalRunner(h))
+    path, flags = discover_tuner(h, LocalRunner(h))
     assert path == f"{tmp_path}/{tf.OLD_TUNER_SCRIPT}" and "--batch-sizes" in flags
 
 
 def test_a_checkout_without_a_tuner_is_refused_naming_the_script(tmp_path: Path) -> None:
     h = checkout(tmp_path, {})
     with pytest.raises(RefusedError, match=f"h1: no block-FP8 tuner in {tmp_path} \\({tf.TUNER_SCRIPT}\\)"):
-        tune_prepare.discover_tuner(h, LocalRunner(h))
+        discover_tuner(h, LocalRunner(h))
 
 
 def test_help_failure_says_when_stderr_was_empty() -> None:

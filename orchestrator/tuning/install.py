@@ -13,19 +13,18 @@ from collections.abc import Sequence
 
 from orchestrator import jobs
 from orchestrator.facts import tuner as tf
-from orchestrator.ops.tune_progress import HostPoll
-from orchestrator.ops.tune_record import (
+from orchestrator.state import HostState, Phase, StateStore, utc_now
+from orchestrator.transport.base import Runner
+from orchestrator.tuning.member import Member, edit_record
+from orchestrator.tuning.progress import HostPoll
+from orchestrator.tuning.record import (
     AssignmentRecord,
     InstalledRecord,
     KeptRecord,
-    Member,
     PlanRecord,
     RunRecord,
     TuningRecord,
-    edit_record,
 )
-from orchestrator.state import HostState, Phase, StateStore, utc_now
-from orchestrator.transport.base import Runner
 
 _TAIL_LINES = 25
 
@@ -78,7 +77,7 @@ def record_failure(
     members: Sequence[Member], store: StateStore, plan: PlanRecord, reason: str, tail: str | None
 ) -> None:
     def apply(hs: HostState, record: TuningRecord) -> None:
-        if record.plan is None or record.plan.id != plan.id:
+        if record.plan_id != plan.id:
             return
         record.state, record.reason, record.log_tail = "failed", reason, tail
         hs.set_phase(Phase.FAILED, f"tuning failed: {reason}")
@@ -157,7 +156,7 @@ def _backup(runner: Runner, target: str, data: bytes, backup_dir: str) -> str | 
 
 def _record_installed(hs: HostState, record: TuningRecord, plan: PlanRecord, done: dict[str, InstalledRecord]) -> None:
     record.installed.update(done)
-    if record.plan is not None and record.plan.id == plan.id:
+    if record.plan_id == plan.id:
         record.state, record.reason, record.log_tail = "installed", None, None
     hs.set_phase(Phase.TUNED, f"installed {len(done)} tuned FP8 configs (plan {plan.id})")
     hs.last_error = None

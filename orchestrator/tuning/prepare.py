@@ -23,23 +23,22 @@ from orchestrator.facts import server as server_facts
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.ops import server as srv
-from orchestrator.ops.tune_install import complete_group, describe_failure
-from orchestrator.ops.tune_logged import logged_shapes
-from orchestrator.ops.tune_progress import HostPoll, job_views, poll_group, poll_host
-from orchestrator.ops.tune_record import (
-    AssignmentRecord,
-    InstalledRecord,
-    KeptRecord,
-    Member,
-    PlanRecord,
-    RunRecord,
-    TuningRecord,
-    cached_records,
-    load_record,
-)
 from orchestrator.recipe import Recipe, ServeOptions, Shape, TuneOptions, parse_shapes
 from orchestrator.state import StateStore
 from orchestrator.transport.base import Runner
+from orchestrator.tuning.install import complete_group, describe_failure
+from orchestrator.tuning.logged import logged_shapes
+from orchestrator.tuning.member import Member, plan_of, record_of, records, running_plan
+from orchestrator.tuning.plan import selected_gpus
+from orchestrator.tuning.progress import HostPoll, job_views, poll_group, poll_host
+from orchestrator.tuning.record import (
+    AssignmentRecord,
+    InstalledRecord,
+    KeptRecord,
+    PlanRecord,
+    RunRecord,
+    TuningRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -143,12 +142,14 @@ def prepare(
     """Attach to a running plan, or discover, resolve shapes, skip installed ones and check GPUs. A plan
     recorded running whose jobs were lost is failed first (``settle_lost``). ``look``: change nothing
     (``orch run``'s dry run and outage check): such a plan is taken as failed without recording it."""
-    record = load_record(store.load().hosts.get(host.name))
-    running = record.plan.id if record.state == "running" and record.plan is not None else None
-    if running is not None:
-        record = settle_lost(host, runner, store, record, look)
-    if record.state == "running" and record.plan is not None:
-        return Prepared(host, runner, attach=record.plan)
+    state = store.load()
+    record = record_of(state.hosts.get(host.name))
+    plan = plan_of(state, record)
+    running = plan.id if record.state == "running" and plan is not None else None
+    if running is not None and plan is not None:
+        record, plan = settle_lost(host, runner, store, record, plan, look)
+    if record.state == "running" and plan is not None:
+        return Prepared(host, runner, attach=plan)
     facts = discover(host, runner)
     tp = tp_size(recipe, host)
     logged = logged_shapes(host, runner, facts.device) if options.shapes == "logged" else None
@@ -156,12 +157,14 @@ def prepare(
     batch_sizes = list(options.batch_sizes or recipe.tuning.batch_sizes)
     skipped = [] if options.force else installed_shapes(runner, record, facts, wanted, batch_sizes)
     needed = [s for s in wanted if s.key not in skipped]
-    kept = [] if options.force else kept_results(host, runner, record, facts, needed, batch_sizes)
+    kept = [] if options.force else kept_results(host, runner, record, plan, facts, needed, batch_sizes)
     if needed and options.stop_server:
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
         srv.stop_server(host, runner, store, gpus, drain, srv.warn_log(host), srv.FOR_TUNE_FP8)
         facts.gpus, facts.gpu_users = read_gpu_users(runner)
-    other = running_plan(store, host) if needed else None
+    # a plan another orch recorded while this one looked; read after the GPUs: plans are recorded before
+    # their jobs start, so GPUs busy with that plan's jobs are adopted, never refused as someone else's
+    other = running_plan(store.load(), host.name) if needed else None
     if other is not None and not (look and other.id == running):  # looking: a lost plan is still recorded
         return Prepared(host, runner, attach=other)  # another orch planned while this one looked: adopt its plan
     if needed:
@@ -170,38 +173,45 @@ def prepare(
     return Prepared(host, runner, None, facts, needed, skipped, batch_sizes, tp, note, kept)
 
 
-def settle_lost(host: Host, runner: Runner, store: StateStore, record: TuningRecord, look: bool) -> TuningRecord:
-    """``record``, running a plan, as ``prepare`` goes on from. The plan was lost when no job of it runs
-    any more and one or more was lost (its process gone without an exit code, e.g. by a reboot) or is
-    missing (one job listing tells): then it is failed as the watch would (``complete_group``: same
-    reason, phase ``failed``; only in the returned copy when ``look``), so this re-run tunes afresh,
-    keeping the finished runs, instead of attaching to jobs that are gone. Else ``record`` as it is: a
-    plan whose jobs all ended with an exit code is left to the watch (it installs, or reports the failure
-    with its log tail), a job whose start is not recorded yet counts as running (the watch finds or
-    starts it), and a ``--fleet`` plan (or a host that does not answer) is left to the watch, which
-    reaches every member and rides out outages."""
-    plan = record.plan
-    if plan is None or plan.group != [host.name]:
-        return record
+def settle_lost(
+    host: Host, runner: Runner, store: StateStore, record: TuningRecord, plan: PlanRecord, look: bool
+) -> tuple[TuningRecord, PlanRecord | None]:
+    """``record``, running ``plan``, as ``prepare`` goes on from (with the plan it then names). The plan
+    was lost when no job of it runs any more and one or more was lost (its process gone without an exit
+    code, e.g. by a reboot) or is missing (one job listing tells): then it is failed as the watch would
+    (``complete_group``: same reason, phase ``failed``; only in the returned copy when ``look``), so
+    this re-run tunes afresh, keeping the finished runs, instead of attaching to jobs that are gone.
+    Else ``record`` as it is: a plan whose jobs all ended with an exit code is left to the watch (it
+    installs, or reports the failure with its log tail), a job whose start is not recorded yet counts
+    as running (the watch finds or starts it), and a ``--fleet`` plan (or a host that does not answer)
+    is left to the watch, which reaches every member and rides out outages."""
+    if plan.group != [host.name]:
+        return record, plan
     member = Member(host, runner)
+    current: PlanRecord | None
     try:
-        polls = {host.name: poll_host(member, plan, record)} if look else poll_group([member], store, plan)
+        if look:
+            polls, cached, current = {host.name: poll_host(member, plan, record)}, {host.name: record}, plan
+        else:
+            polls, state = poll_group([member], store, plan)
+            cached = records(state, [host.name])
+            current = plan_of(state, cached[host.name])
     except UnreachableError:
-        return record  # attached to as before: the watch rides out the outage
-    cached = {host.name: record} if look else cached_records(store, [host.name])
+        return record, plan  # attached to as before: the watch rides out the outage
     now = cached[host.name]
-    if now.state != "running" or now.plan is None or now.plan.id != plan.id:
-        return now  # another orch completed it (or planned anew) meanwhile
-    states = {v.state for v in job_views(now.plan, polls, cached)}
+    if now.state != "running" or current is None or current.id != plan.id:
+        return now, current  # another orch completed it (or planned anew) meanwhile
+    states = {v.state for v in job_views(current, polls, cached)}
     if "running" in states or not states & {"lost", "missing"}:
-        return now
+        return now, current
     if look:
-        return now.model_copy(update={"state": "failed", "reason": failure(member, now.plan, polls)})
-    complete_group([member], store, now.plan, polls)
-    now = load_record(store.load().hosts.get(host.name))
-    if now.state == "failed" and now.plan is not None and now.plan.id == plan.id:
+        return now.model_copy(update={"state": "failed", "reason": failure(member, current, polls)}), current
+    complete_group([member], store, current, polls)
+    state = store.load()
+    now = record_of(state.hosts.get(host.name))
+    if now.state == "failed" and now.plan_id == plan.id:
         log.warning("%s: tuning plan %s failed: %s; tuning afresh", host.name, plan.id, now.reason)
-    return now
+    return now, plan_of(state, now)
 
 
 def failure(member: Member, plan: PlanRecord, polls: dict[str, HostPoll]) -> str:
@@ -211,16 +221,6 @@ def failure(member: Member, plan: PlanRecord, polls: dict[str, HostPoll]) -> str
     return describe_failure([member], [(a, i) for a, i in failed if i is None or i.state != "succeeded"], polls)[0]
 
 
-def running_plan(store: StateStore, host: Host) -> PlanRecord | None:
-    """The plan another orch recorded for ``host`` while this one looked, if it runs. Read after the
-    GPUs: plans are recorded before their jobs start, so GPUs busy with that plan's jobs are adopted,
-    never refused as someone else's."""
-    record = load_record(store.load().hosts.get(host.name))
-    if record.state == "running" and record.plan is not None:
-        return record.plan
-    return None
-
-
 def tp_size(recipe: Recipe, host: Host) -> int:
     """The serving TP size: the recipe's, else the host's GPU count."""
     return server_facts.tp_size(recipe, host.gpus)
@@ -228,7 +228,7 @@ def tp_size(recipe: Recipe, host: Host) -> int:
 
 def resolve_shapes(spec: str, recipe: Recipe, host: Host, runner: Runner, tp: int) -> list[Shape]:
     """``default`` (the recipe's list), ``auto`` (from the model's config.json) or ``N=..,K=..;...``
-    (``logged`` needs the GPU's name: ``tune_logged.logged_shapes``)."""
+    (``logged`` needs the GPU's name: ``logged.logged_shapes``)."""
     if spec == "default":
         if not recipe.tuning.shapes:
             raise ConfigError(
@@ -275,6 +275,7 @@ def kept_results(
     host: Host,
     runner: Runner,
     record: TuningRecord,
+    plan: PlanRecord | None,
     facts: HostFacts,
     shapes: Iterable[Shape],
     batch_sizes: Sequence[int],
@@ -283,8 +284,7 @@ def kept_results(
     plan to keep rather than tune again: each run's result file on this host (and the files that plan
     itself kept), when that plan was for this device, commit and Triton, for shapes and batch sizes still
     wanted. Each file is re-read and trusted only whole (``tf.finished_run``): one missing, cut short or
-    wrong is left out, and its units are tuned again."""
-    plan = record.plan
+    wrong is left out, and its units are tuned again. ``plan``: the one ``record`` names."""
     if record.state != "failed" or plan is None:
         return []
     if (plan.device, plan.commit, plan.triton) != (facts.device, facts.commit, facts.triton):
@@ -323,8 +323,3 @@ def refuse_busy(host: Host, facts: HostFacts, allow: bool) -> None:
             f"{host.name}: GPUs are busy: {who}",
             hint="stop those processes, pass --stop-server if it is orch's server, or --allow-busy-gpus",
         )
-
-
-def selected_gpus(host: Host, facts: HostFacts) -> list[int]:
-    """The GPU indexes orch tunes on: the first ``gpus`` (inventory) of those nvidia-smi lists."""
-    return [g.index for g in facts.gpus][: host.gpus]

@@ -1,27 +1,22 @@
 """The tuning record in ``HostState.tuning``: the plan, its state, log progress and installed configs.
 
-``TuningRecord`` is validated on every load (``load_record``) and stored as JSON (``save_record``);
-``edit_record`` changes one host's record in one state transaction. Each member of a ``--fleet`` group
-keeps a copy of the group's plan and records the ids of the jobs *it* started; ``group_plan`` puts
-them together.
+Pure pydantic models (no I/O, no import of ``orchestrator.state``, which imports them): the state file
+validates ``TuningRecord`` with the rest of the host's state, so code past the loader reads
+``hs.tuning`` as a typed value. A plan is stored once (``State.tuning_plans``, by id), however many
+hosts its group has; each member's record names it by ``plan_id``. ``migrate_v1`` turns a schema-1
+document (one copy of the plan per member) into schema 2.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.inventory import Host
-from orchestrator.state import HostState, StateStore
-from orchestrator.transport.base import Runner
-
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, serialize_by_alias=True)
 
 
 class RunRecord(_Record):
@@ -133,7 +128,10 @@ class InstalledRecord(_Record):
 
 
 class TuningRecord(_Record):
-    plan: PlanRecord | None = None
+    """One host's tuning: its last plan (by id: ``State.tuning_plans`` holds the plan, once for the
+    whole group), that plan's state, per-job log progress and the configs installed on the host."""
+
+    plan_id: str | None = None
     state: Literal["none", "running", "installed", "failed"] = "none"
     reason: str | None = None
     log_tail: str | None = None
@@ -144,49 +142,49 @@ class TuningRecord(_Record):
         return {key: done.path for key, done in self.installed.items()}
 
 
-def load_record(hs: HostState | None) -> TuningRecord:
-    return TuningRecord.model_validate(hs.tuning if hs else {})
+def migrate_v1(raw: dict[str, Any]) -> dict[str, Any]:
+    """A schema-1 state document (the raw JSON dict) in schema 2 (a pure function; ``raw`` is left as
+    it was). A host never tuned held ``"tuning": {}``: now ``null``. Each host's copy of its plan moves
+    to the top-level store ``tuning_plans`` (``migrate_v1_plans``); the host keeps its ``plan_id``."""
+    hosts = {
+        name: {**hs, "tuning": hs.get("tuning") or None} if isinstance(hs, dict) else hs
+        for name, hs in (raw.get("hosts") or {}).items()
+    }
+    return migrate_v1_plans({**raw, "schema_version": 2, "hosts": hosts})
 
 
-def save_record(hs: HostState, record: TuningRecord) -> None:
-    hs.tuning = record.model_dump(mode="json", by_alias=True)
+def migrate_v1_plans(raw: dict[str, Any]) -> dict[str, Any]:
+    """Move each host's copy of its plan (``hosts.<h>.tuning.plan``) into ``tuning_plans``, one entry per
+    plan id, and leave ``plan_id`` in its place. In schema 1 each member of a ``--fleet`` group kept a
+    copy and recorded the ids of the jobs *it* started in it: the stored plan is the first copy seen,
+    with each assignment's ``job_id`` taken from the copy of the host that runs it (when it has one)."""
+    copies: dict[str, dict[str, dict[str, Any]]] = {}  # plan id -> host -> that host's copy
+    hosts = {}
+    for name, hs in (raw.get("hosts") or {}).items():
+        tuning = hs.get("tuning") if isinstance(hs, dict) else None
+        plan = tuning.get("plan") if isinstance(tuning, dict) else None
+        if not isinstance(tuning, dict) or "plan" not in tuning:
+            hosts[name] = hs
+            continue
+        if isinstance(plan, dict) and isinstance(plan.get("id"), str):
+            copies.setdefault(plan["id"], {})[name] = plan
+        rest = {k: v for k, v in tuning.items() if k != "plan"}
+        plan_id = plan.get("id") if isinstance(plan, dict) else None
+        hosts[name] = {**hs, "tuning": {**rest, "plan_id": plan_id}}
+    plans = {plan_id: _merged_copy(by_host) for plan_id, by_host in copies.items()}
+    return {**raw, "hosts": hosts, "tuning_plans": {**(raw.get("tuning_plans") or {}), **plans}}
 
 
-def edit_record(store: StateStore, host: str, fn: Callable[[HostState, TuningRecord], None]) -> None:
-    """Change host ``host``'s tuning record (and state) in one transaction."""
-
-    def apply(hs: HostState) -> None:
-        record = load_record(hs)
-        fn(hs, record)
-        save_record(hs, record)
-
-    store.update_host(host, apply)
-
-
-@dataclass(frozen=True)
-class Member:
-    host: Host
-    runner: Runner
-
-
-Peers = Callable[[str], Member]
-"""Resolves another host of a ``--fleet`` group by inventory name (the CLI passes the fleet's runners)."""
-
-
-def group_plan(cached: dict[str, TuningRecord], names: Sequence[str]) -> PlanRecord | None:
-    """The group's plan as the first member records it, with every job id from the member that runs
-    the job (each host records the ids of the jobs it started in its own copy)."""
-    base = cached[names[0]].plan
-    if base is None:
-        return None
-    plan = base.model_copy(deep=True)
-    for a in plan.assignments:
-        own = cached.get(a.host, TuningRecord()).plan
-        if own is not None and own.id == plan.id:
-            a.job_id = next((o.job_id for o in own.on(a.host) if o.purpose == a.purpose), a.job_id)
-    return plan
-
-
-def cached_records(store: StateStore, names: Iterable[str]) -> dict[str, TuningRecord]:
-    state = store.load()
-    return {n: load_record(state.hosts.get(n)) for n in names}
+def _merged_copy(by_host: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    base = next(iter(by_host.values()))
+    assignments = []
+    for a in base.get("assignments") or []:
+        own = by_host.get(a.get("host"), base)
+        theirs = [
+            o
+            for o in own.get("assignments") or []
+            if (o.get("host"), o.get("purpose")) == (a.get("host"), a.get("purpose"))
+        ]
+        mine = next(iter(theirs), a)
+        assignments.append({**a, "job_id": mine.get("job_id", a.get("job_id"))})
+    return {**base, "assignments": assignments}

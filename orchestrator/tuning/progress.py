@@ -13,17 +13,9 @@ from typing import Any, Literal
 
 from orchestrator import jobs
 from orchestrator.facts import tuner as tf
-from orchestrator.ops.tune_record import (
-    AssignmentRecord,
-    InstalledRecord,
-    Member,
-    PlanRecord,
-    TuningRecord,
-    edit_record,
-    group_plan,
-    load_record,
-)
-from orchestrator.state import HostState, StateStore
+from orchestrator.state import HostState, State, StateStore
+from orchestrator.tuning.member import Member, records
+from orchestrator.tuning.record import AssignmentRecord, InstalledRecord, PlanRecord, TuningRecord
 
 TuneState = Literal["none", "running", "ready-to-install", "installed", "failed"]
 _READ_LIMIT = 4 << 20  # bytes of a log read per job per poll; the rest comes with the next poll
@@ -107,20 +99,17 @@ def poll_host(member: Member, plan: PlanRecord, record: TuningRecord) -> HostPol
     return HostPoll(infos, progress)
 
 
-def _store_poll(store: StateStore, host: str, plan_id: str, poll: HostPoll) -> None:
+def _store_poll(hs: HostState, plan_id: str, poll: HostPoll) -> None:
     """Keep the furthest progress per job (another orch may poll too) and mirror job ends into ``jobs``."""
-
-    def apply(hs: HostState, record: TuningRecord) -> None:
-        if record.plan is None or record.plan.id != plan_id:
-            return
-        for purpose, p in poll.progress.items():
-            if p.offset >= int(record.progress.get(purpose, {}).get("offset", 0)):
-                record.progress[purpose] = p.to_json()
-        for info in poll.infos.values():
-            if info.id in hs.jobs and hs.jobs[info.id].kind == "tune":
-                record_job_end(hs, info)
-
-    edit_record(store, host, apply)
+    record = hs.tuning
+    if record is None or record.plan_id != plan_id:
+        return
+    for purpose, p in poll.progress.items():
+        if p.offset >= int(record.progress.get(purpose, {}).get("offset", 0)):
+            record.progress[purpose] = p.to_json()
+    for info in poll.infos.values():
+        if info.id in hs.jobs and hs.jobs[info.id].kind == "tune":
+            record_job_end(hs, info)
 
 
 def record_job_end(hs: HostState, info: jobs.JobInfo) -> None:
@@ -131,15 +120,20 @@ def record_job_end(hs: HostState, info: jobs.JobInfo) -> None:
     rec.exit_code, rec.ended_at = info.exit_code, info.ended_at
 
 
-def poll_group(members: Sequence[Member], store: StateStore, plan: PlanRecord) -> dict[str, HostPoll]:
-    """Poll every member once; record what was read."""
-    polls = {}
-    for m in members:
-        record = load_record(store.load().hosts.get(m.host.name))
-        own = record.plan if record.plan is not None and record.plan.id == plan.id else plan
-        polls[m.host.name] = poll_host(m, own, record)
-        _store_poll(store, m.host.name, plan.id, polls[m.host.name])
-    return polls
+def poll_group(
+    members: Sequence[Member], store: StateStore, plan: PlanRecord, state: State | None = None
+) -> tuple[dict[str, HostPoll], State]:
+    """Poll every member once and record what was read in one state transaction. Each job's log is read
+    from the offset ``state`` holds (the state the caller has at hand, else loaded once): an offset
+    older than the file's only re-reads some bytes. Returns the polls and the state as saved."""
+    state = state or store.load()
+    cached = records(state, [m.host.name for m in members])
+    current = state.tuning_plans.get(plan.id, plan)  # the job ids as last recorded
+    polls = {m.host.name: poll_host(m, current, cached[m.host.name]) for m in members}
+    with store.update() as saved:
+        for name, poll in polls.items():
+            _store_poll(saved.host(name), plan.id, poll)
+    return polls, saved
 
 
 def job_views(plan: PlanRecord, polls: dict[str, HostPoll], cached: dict[str, TuningRecord]) -> list[JobView]:
@@ -201,12 +195,16 @@ def eta_seconds(views: Sequence[JobView], infos: dict[str, jobs.JobInfo], now: d
 
 
 def group_status(
-    host: str, record: TuningRecord, polls: dict[str, HostPoll], cached: dict[str, TuningRecord]
+    host: str,
+    record: TuningRecord,
+    plan: PlanRecord | None,
+    polls: dict[str, HostPoll],
+    cached: dict[str, TuningRecord],
 ) -> TuneStatus:
-    """The status of ``host`` in its group from one round of polls (pure). ``record`` is the host's
-    own record; it wins over the host's entry in ``cached`` (which may be absent)."""
+    """The status of ``host`` in its group from one round of polls (pure). ``record`` is the host's own
+    record and ``plan`` the plan it names; ``record`` wins over the host's entry in ``cached`` (the
+    group's records, for the other members' progress; it may lack the host)."""
     cached = {**cached, host: record}
-    plan = group_plan(cached, [host, *(n for n in cached if n != host)])
     status = TuneStatus(host, plan=plan, installed=record.installed_paths(), installed_for=installed_for(record))
     if plan is None:
         status.state = "installed" if record.installed else "none"

@@ -1,0 +1,32 @@
+"""FP8 GEMM autotuning (``orch tune-fp8``, ``orch wait``) as detached, GPU-pinned jobs.
+
+A host is tuned alone, or (``--fleet``) in a *group* of hosts with the same GPU name and SGLang commit,
+which need the same configs and share one plan. The flow:
+
+1. ``prepare`` (``prepare.py``): attach when a plan already runs on the host (one whose jobs were lost,
+   to a reboot say, is failed first); else discover on the host (the tuner's flags from its ``--help``,
+   the runtime config directory, the GPU name, Triton, the SGLang commit), resolve the shapes
+   (``logged.py`` for ``--shapes logged``), skip shapes already installed for this device and commit,
+   keep what a failed plan finished, stop orch's server on request and refuse busy GPUs.
+2. plan and start (``plan.py``, pure: the schedule over every GPU of the group and the job specs;
+   ``start.py``): record the plan on every member in one state transaction before any job starts (a plan
+   another orch recorded meanwhile is adopted instead), then start one detached job per GPU (purpose
+   ``tune.gpu<i>``: a re-run attaches, never duplicates).
+3. poll (``progress.py``): read each job's log from its last byte offset and derive per-shape progress,
+   percentage and ETA; ``group.py``'s ``step_group`` polls a group with one state read and at most one
+   write, and completes it when every job has ended.
+4. complete and install (``install.py``): merge the job-private partial files, validate them, install
+   the merged configs under SGLang's exact name (backing up a replaced file), phase ``tuned``; or
+   record the failure (phase ``failed``, reason and log tail) and stop the group's other jobs.
+
+``watch.py`` is the one watcher (step groups until they end; ``Outage`` rides out an unreachable
+host); ``commands.py`` holds the entry points: ``tune_fp8`` and ``wait_tuning`` (the commands),
+``tuning_status`` and ``wait_for_tuning`` (one host, for ``orch serve``, ``orch run``, ``orch status``).
+
+In the state (``record.py``, pure pydantic): ``HostState.tuning`` is a typed ``TuningRecord`` (the id
+of the host's last plan, its state ``running``/``installed``/``failed``, per-job log progress, the
+installed configs), or None for a host never tuned; ``State.tuning_plans`` holds each plan once, by id,
+with every job id of its group. ``member.py`` holds a group member (host + runner), the readers
+(``record_of``, ``plan_of``, ``running_plan``) and ``edit_record``, the record's one write path. There is
+no facade: import a name from the module that defines it.
+"""

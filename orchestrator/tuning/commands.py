@@ -1,0 +1,180 @@
+"""The tuning commands and the API other operations use.
+
+``tune_fp8`` (``orch tune-fp8`` and the ``tune-fp8`` step of ``orch run``) and ``wait_tuning``
+(``orch wait``) work on many hosts and return one value or error per host; ``tuning_status`` and
+``wait_for_tuning`` are one host's tuning for ``orch serve``, ``orch run`` and ``orch status``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from orchestrator.errors import OrchError, RefusedError
+from orchestrator.fleet import Fleet, FleetResult, HostResult
+from orchestrator.inventory import Host
+from orchestrator.recipe import Recipe, TuneOptions
+from orchestrator.state import HostState, StateStore
+from orchestrator.transport.base import Runner
+from orchestrator.tuning.group import Group, group_members, start_groups
+from orchestrator.tuning.member import Member, Peers, plan_of, record_of, records, running_plan
+from orchestrator.tuning.prepare import prepare
+from orchestrator.tuning.progress import TuneStatus, group_status, poll_group, summary
+from orchestrator.tuning.record import TuningRecord
+from orchestrator.tuning.watch import wait_group, watch_groups
+
+
+def tuning_status(host: Host, runner: Runner, store: StateStore, peers: Peers | None = None) -> TuneStatus:
+    """``host``'s tuning now, read from its jobs' logs (from their last offsets). Read-only apart from
+    recording log progress: it never installs nor marks a failure (``wait_for_tuning`` does).
+
+    State ``none`` | ``running`` | ``ready-to-install`` | ``installed`` | ``failed``; ``shapes`` gives
+    per-shape done/total batch sizes, ``percent`` and ``eta_seconds`` the overall progress, ``reason``
+    and ``log_tail`` a failure, ``installed`` the shape → config path on the host. For a ``--fleet``
+    group, other members are read through ``peers`` when given, else from the cached state.
+    """
+    state = store.load()
+    record = record_of(state.hosts.get(host.name))
+    plan = plan_of(state, record)
+    if plan is None or record.state != "running":
+        return group_status(host.name, record, plan, {}, {})
+    members = [Member(host, runner)] + ([peers(n) for n in plan.group if n != host.name] if peers else [])
+    polls, state = poll_group(members, store, plan, state)
+    cached = records(state, plan.group)
+    return group_status(host.name, cached[host.name], plan_of(state, cached[host.name]), polls, cached)
+
+
+def wait_for_tuning(
+    host: Host,
+    runner: Runner,
+    store: StateStore,
+    on_progress: Callable[[TuneStatus], None] | None = None,
+    poll: float = 1.0,
+    peers: Peers | None = None,
+) -> TuneStatus:
+    """Wait for ``host``'s tuning to end, install its configs when every job succeeded, and return the
+    final status (``installed``, ``failed`` or ``none`` when nothing was ever planned).
+
+    Polls every ``poll`` seconds, calling ``on_progress(status)`` for each host of the group. Safe to
+    call from several orch processes: installing twice writes the same files. A ``--fleet`` group needs
+    ``peers`` (else ``RefusedError`` naming the group). Raises ``UnreachableError`` when a host stays
+    unreachable for minutes.
+    """
+    state = store.load()
+    record = record_of(state.hosts.get(host.name))
+    plan = plan_of(state, record)
+    if plan is None or record.state != "running":
+        return group_status(host.name, record, plan, {}, {})
+    group = Group(group_members(host, runner, plan, peers), plan, attached=False)
+    return wait_group(group, store, on_progress, poll)[host.name]
+
+
+def fleet_peers(fleet: Fleet, inventory: Mapping[str, Host]) -> Peers:
+    """Resolve group members through ``fleet`` (one connection per host for the whole invocation)."""
+
+    def resolve(name: str) -> Member:
+        if name not in inventory:
+            raise RefusedError(f"{name}: a member of this tuning group is no longer in the inventory")
+        return Member(inventory[name], fleet.runner(inventory[name]))
+
+    return resolve
+
+
+def tune_fp8(
+    fleet: Fleet,
+    hosts: list[Host],
+    store: StateStore,
+    recipe_for: Callable[[Host], Recipe],
+    options: TuneOptions,
+    peers: Peers,
+    on_plan: Callable[[Sequence[Group]], None] | None = None,
+    on_progress: Callable[[TuneStatus], None] | None = None,
+    poll: float = 1.0,
+) -> FleetResult[TuneStatus]:
+    """``orch tune-fp8`` (and the ``tune-fp8`` step of ``orch run``): prepare every host, start new
+    plans (``on_plan`` sees them before any waiting), attach to running ones, then step them once or
+    (``options.wait``) until each is installed or failed. One value or error per host."""
+    prepared = fleet.map(lambda h, r: prepare(h, r, store, recipe_for(h), options), hosts)
+    ready = [r.value for r in prepared if r.ok and r.value is not None]
+    use_fleet = options.fleet if options.fleet is not None else any(recipe_for(p.host).tuning.fleet for p in ready)
+    groups, errors = start_groups(ready, store, use_fleet, peers)
+    if on_plan is not None:
+        on_plan(groups)
+    statuses, watch_errors = watch_groups(groups, store, options.wait, on_progress, poll)
+    for p in ready:
+        if p.attach is None and not p.shapes:
+            statuses[p.host.name] = TuneStatus(p.host.name, "installed", skipped=p.skipped, note=p.note)
+    failures = {r.host.name: r.error for r in prepared if r.error is not None} | errors | watch_errors
+    return _results(hosts, just_installed(store, statuses), failures)
+
+
+def wait_tuning(
+    fleet: Fleet,
+    hosts: list[Host],
+    store: StateStore,
+    peers: Peers,
+    on_progress: Callable[[TuneStatus], None] | None = None,
+    poll: float = 1.0,
+) -> FleetResult[TuneStatus]:
+    """``orch wait``: wait for every running plan of ``hosts`` (and their groups), install, report."""
+    state = store.load()
+    cached = records(state, [h.name for h in hosts])
+    groups: dict[str, Group] = {}
+    for h in hosts:
+        plan = running_plan(state, h.name)
+        if plan is not None and plan.id not in groups:
+            members = [Member(h, fleet.runner(h)) if n == h.name else peers(n) for n in plan.group]
+            groups[plan.id] = Group(members, plan, attached=True)
+    statuses, errors = watch_groups(list(groups.values()), store, True, on_progress, poll)
+    for h in hosts:
+        if h.name not in statuses:
+            statuses[h.name] = group_status(h.name, cached[h.name], plan_of(state, cached[h.name]), {}, {})
+            statuses[h.name].note = nothing_running_note(cached[h.name])
+    return _results(hosts, just_installed(store, statuses), errors)
+
+
+def just_installed(store: StateStore, statuses: dict[str, TuneStatus]) -> dict[str, TuneStatus]:
+    """Narrow each status's ``installed`` to the configs its own plan installed (what this command
+    did), so configs of earlier plans are never reported as if just installed."""
+    state = store.load()
+    for name, status in statuses.items():
+        record = record_of(state.hosts.get(name))
+        plan_id = status.plan.id if status.plan is not None and status.state == "installed" else None
+        fresh = {k: r.path for k, r in record.installed.items() if plan_id is not None and r.plan_id == plan_id}
+        status.installed = {} if status.note else fresh
+    return statuses
+
+
+def nothing_running_note(record: TuningRecord) -> str:
+    """What ``orch wait`` says of a host with no tuning running: its last tuning, if any."""
+    plan = f" (plan {record.plan_id})" if record.plan_id is not None else ""
+    if record.state == "failed":
+        return f"no tuning running; the last one{plan} failed: {record.reason}"
+    if record.installed:
+        keys = ", ".join(sorted(record.installed))
+        return f"no tuning running; tuned configs installed earlier: {keys}"
+    return "no tuning running"
+
+
+def _results(
+    hosts: Sequence[Host], statuses: dict[str, TuneStatus], errors: Mapping[str, BaseException]
+) -> FleetResult[TuneStatus]:
+    """One result per selected host, in inventory order."""
+    return FleetResult(
+        [
+            HostResult(h, error=errors[h.name]) if h.name in errors else HostResult(h, statuses.get(h.name))
+            for h in hosts
+        ]
+    )
+
+
+def status_field(host: Host, runner: Runner, store: StateStore, cached: HostState | None) -> dict[str, Any] | None:
+    """The compact ``tuning`` field of ``orch status`` (None when the host was never tuned, decided from
+    ``cached``, the host's state as ``status`` loaded it once for the fleet)."""
+    record = record_of(cached)
+    if record.plan_id is None and not record.installed:
+        return None
+    try:
+        return summary(tuning_status(host, runner, store))
+    except OrchError as exc:
+        return {"state": "unknown", "error": str(exc).splitlines()[0]}

@@ -1,0 +1,66 @@
+"""A host of a tuning group (``Member``: the host and its runner), and reading the records and plans.
+
+``edit_record`` changes one host's ``TuningRecord`` (and its ``HostState``) in one state transaction;
+``records``, ``plan_of`` and ``running_plan`` read from a ``State`` already loaded (no file read of their
+own); ``forget_unused_plans`` drops the plans no host names any more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from orchestrator.inventory import Host
+from orchestrator.state import HostState, State, StateStore
+from orchestrator.transport.base import Runner
+from orchestrator.tuning.record import PlanRecord, TuningRecord
+
+
+@dataclass(frozen=True)
+class Member:
+    host: Host
+    runner: Runner
+
+
+Peers = Callable[[str], Member]
+"""Resolves another host of a ``--fleet`` group by inventory name (the CLI passes the fleet's runners)."""
+
+
+def record_of(hs: HostState | None) -> TuningRecord:
+    """The host's tuning record; an empty one (state ``none``) for a host never tuned."""
+    return hs.tuning if hs is not None and hs.tuning is not None else TuningRecord()
+
+
+def records(state: State, names: Iterable[str]) -> dict[str, TuningRecord]:
+    """Each named host's record as ``state`` holds it."""
+    return {n: record_of(state.hosts.get(n)) for n in names}
+
+
+def edit_record(store: StateStore, host: str, fn: Callable[[HostState, TuningRecord], None]) -> None:
+    """Change host ``host``'s tuning record (and state) in one transaction."""
+
+    def apply(hs: HostState) -> None:
+        record = record_of(hs)
+        fn(hs, record)
+        if hs.tuning is None and record != TuningRecord():  # a host never tuned keeps no empty record
+            hs.tuning = record
+
+    store.update_host(host, apply)
+
+
+def plan_of(state: State, record: TuningRecord) -> PlanRecord | None:
+    """The plan ``record`` names (its last one, whatever its state), from the state's one plan store."""
+    return state.tuning_plans.get(record.plan_id) if record.plan_id is not None else None
+
+
+def running_plan(state: State, name: str) -> PlanRecord | None:
+    """The plan host ``name`` runs now, if any."""
+    record = record_of(state.hosts.get(name))
+    return plan_of(state, record) if record.state == "running" else None
+
+
+def forget_unused_plans(state: State) -> None:
+    """Drop the stored plans no host's record names (each host keeps only its last plan)."""
+    used = {hs.tuning.plan_id for hs in state.hosts.values() if hs.tuning is not None}
+    for plan_id in [p for p in state.tuning_plans if p not in used]:
+        del state.tuning_plans[plan_id]

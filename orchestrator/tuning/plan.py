@@ -1,0 +1,119 @@
+"""The plan of a tuning group (pure): which (shape, batch size) units each GPU tunes, and its jobs.
+
+``make_plan`` spreads the group's units over every selected GPU of its hosts (``facts.tuner.schedule``,
+longest first), leaving out the units an earlier, failed plan finished (``Prepared.kept``);
+``job_spec`` is one GPU's detached job. No I/O here: ``start`` records the plan and runs the jobs.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from orchestrator import jobs
+from orchestrator.facts import tuner as tf
+from orchestrator.inventory import Host
+from orchestrator.recipe import Shape
+from orchestrator.state import utc_now
+from orchestrator.tuning.record import AssignmentRecord, HostPaths, KeptRecord, PlanRecord, RunRecord, ShapeRecord
+
+if TYPE_CHECKING:
+    from orchestrator.tuning.prepare import HostFacts, Prepared
+
+
+def selected_gpus(host: Host, facts: HostFacts) -> list[int]:
+    """The GPU indexes orch tunes on: the first ``gpus`` (inventory) of those nvidia-smi lists."""
+    return [g.index for g in facts.gpus][: host.gpus]
+
+
+def group_key(p: Prepared) -> tuple[str, str]:
+    assert p.facts is not None
+    return (p.facts.device, p.facts.commit)
+
+
+def group_prepared(prepared: Sequence[Prepared], fleet: bool) -> list[list[Prepared]]:
+    """New work grouped by (GPU name, SGLang commit) with ``fleet``, else one group per host."""
+    if not fleet:
+        return [[p] for p in prepared]
+    groups: dict[tuple[str, str], list[Prepared]] = {}
+    for p in prepared:
+        groups.setdefault(group_key(p), []).append(p)
+    return list(groups.values())
+
+
+def make_plan(members: Sequence[Prepared], now: datetime | None = None) -> PlanRecord:
+    """The group's plan: the union of needed shapes, spread over every selected GPU of the group, less
+    the units an earlier, failed plan finished (``Prepared.kept``): those are installed from its files."""
+    lead = members[0]
+    assert lead.facts is not None
+    shapes = _union_shapes(members)
+    kept = _union_kept(members, {s.key for s in shapes}, lead.batch_sizes)
+    covered = [tf.Unit(k.n, k.k, m) for k in kept for m in k.batch_sizes]
+    slots = [tf.Slot(p.host.name, gpu) for p in members if p.facts for gpu in selected_gpus(p.host, p.facts)]
+    assignments = tf.schedule(tf.uncovered(tf.units_of(shapes, lead.batch_sizes), covered), slots)
+    now = now or utc_now()  # one instant: the plan id's stamp and created_at agree
+    plan_id = now.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2)
+    return PlanRecord(
+        id=plan_id,
+        created_at=now,
+        group=[p.host.name for p in members],
+        device=lead.facts.device,
+        commit=lead.facts.commit,
+        triton=lead.facts.triton,
+        tp_size=lead.tp_size,
+        batch_sizes=lead.batch_sizes,
+        shapes=[ShapeRecord.model_validate({"N": s.n, "K": s.k, "source": s.source}) for s in shapes],
+        hosts={p.host.name: _paths(p) for p in members},
+        assignments=[_assignment(a, plan_id, members) for a in assignments],
+        kept=kept,
+    )
+
+
+def _union_shapes(members: Sequence[Prepared]) -> list[Shape]:
+    seen: dict[str, Shape] = {}
+    for p in members:
+        for s in p.shapes:
+            seen.setdefault(s.key, s)
+    return list(seen.values())
+
+
+def _union_kept(members: Sequence[Prepared], shapes: set[str], batch_sizes: Sequence[int]) -> list[KeptRecord]:
+    """The members' kept results for the plan's shapes and batch sizes, each unit from the first file
+    that has it (a file left with no unit of its own is not kept)."""
+    seen: set[tuple[str, int]] = set()
+    kept = []
+    for k in (k for p in members for k in p.kept if k.key in shapes):
+        sizes = [m for m in k.batch_sizes if m in batch_sizes and (k.key, m) not in seen]
+        seen.update((k.key, m) for m in sizes)
+        if sizes:
+            kept.append(k.model_copy(update={"batch_sizes": sizes}))
+    return kept
+
+
+def _paths(p: Prepared) -> HostPaths:
+    assert p.facts is not None
+    facts = p.facts
+    return HostPaths(tuner=facts.tuner, flags=sorted(facts.flags), config_dir=facts.config_dir, workdir=p.host.workdir)
+
+
+def _assignment(a: tf.Assignment, plan_id: str, members: Sequence[Prepared]) -> AssignmentRecord:
+    workdir = next(p.host.workdir for p in members if p.host.name == a.slot.host)
+    runs = [RunRecord.model_validate({"N": r.n, "K": r.k, "batch_sizes": list(r.batch_sizes)}) for r in a.runs]
+    staging = f"{workdir.rstrip('/')}/tune/{plan_id}/gpu{a.slot.gpu}"
+    return AssignmentRecord(
+        host=a.slot.host, gpu=a.slot.gpu, purpose=f"tune.gpu{a.slot.gpu}", staging=staging, runs=runs
+    )
+
+
+def job_spec(host: Host, plan: PlanRecord, a: AssignmentRecord, flags: frozenset[str]) -> jobs.JobSpec:
+    """One GPU's job: its tuner runs one after another, pinned with ``CUDA_VISIBLE_DEVICES`` and
+    unbuffered (``PYTHONUNBUFFERED=1``), so the log shows progress live."""
+    tuner = plan.hosts[host.name].tuner
+    runs = [
+        tf.tuner_argv(host.python, tuner, flags, tf.Run(r.n, r.k, tuple(r.batch_sizes)), a.staging, plan.tp_size)
+        for r in a.runs
+    ]
+    argv = tf.job_argv(host.sglang_dir, runs)
+    return jobs.JobSpec("tune", a.purpose, argv, tf.job_env(a.gpu), (a.gpu,))

@@ -1,0 +1,202 @@
+"""Starting a group's plan: record it on every member in one transaction, then start one job per GPU.
+
+A plan is recorded (phase ``tuning``) before any job starts, so a second orch adopts it rather than
+planning again (``start_group`` returns it as adopted). Each job id is recorded as soon as its job runs;
+a start cut off by a drop is resolved later by ``resume_starts``, which finds a job by its purpose
+before starting one, so a job never runs twice nor unrecorded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from orchestrator import jobs
+from orchestrator.errors import OrchError, RefusedError, UnreachableError
+from orchestrator.inventory import Host
+from orchestrator.state import HostState, JobRecord, Phase, State, StateStore, find_secret
+from orchestrator.transport.base import Runner
+from orchestrator.tuning.install import record_failure, stop_running
+from orchestrator.tuning.member import Member, edit_record, forget_unused_plans, plan_of, record_of, running_plan
+from orchestrator.tuning.plan import job_spec, make_plan
+from orchestrator.tuning.prepare import Prepared
+from orchestrator.tuning.progress import poll_group
+from orchestrator.tuning.record import AssignmentRecord, PlanRecord, TuningRecord
+
+log = logging.getLogger(__name__)
+
+
+def start_group(members: Sequence[Prepared], store: StateStore) -> tuple[PlanRecord, bool]:
+    """Plan, record the plan on every member (phase ``tuning``), then start every member's jobs.
+
+    Returns the plan and whether it is another orch's: one that recorded its plan for a member while
+    this one prepared is adopted (attached to, as a re-run does), and nothing is started."""
+    plan = make_plan(members)
+    other = _claim(members, store, plan)
+    if other is not None:
+        return other, True
+    try:
+        for p in members:
+            _start_jobs(p.host, p.runner, store, plan, plan.on(p.host.name))
+    except UnreachableError as exc:  # a start cut off by a drop: whether its job runs is unknown, so the
+        # plan stays running and the watch's resume_starts finds the job by purpose before starting any
+        log.warning("%s; the plan stays running: its jobs are found or started once the host answers", exc.message)
+    except OrchError as exc:
+        _abandon(members, store, plan, f"could not start every job: {exc}")
+        raise
+    return plan, False
+
+
+def _claim(members: Sequence[Prepared], store: StateStore, plan: PlanRecord) -> PlanRecord | None:
+    """Record ``plan`` on every member in one state transaction, unless a member already runs a plan
+    (another orch's, recorded since this one prepared): then record nothing and return that plan."""
+    kept = f", keeping {plan.kept_units} units tuned before" if plan.kept else ""
+    reason = f"tuning {len(plan.shapes)} shapes on {len(plan.assignments)} GPUs (plan {plan.id}{kept})"
+    names = [p.host.name for p in members]
+    with store.update() as state:
+        for name in names:
+            other = running_plan(state, name)
+            if other is not None:
+                return other
+        record_plan(state, names, plan, reason)
+    return None
+
+
+def record_plan(state: State, names: Sequence[str], plan: PlanRecord, reason: str) -> None:
+    """Store ``plan`` once and make it each named host's running plan (phase ``tuning``); forget the
+    plans no host names any more."""
+    state.tuning_plans[plan.id] = plan.model_copy(deep=True)
+    for name in names:
+        hs = state.host(name)
+        hs.tuning = record_of(hs)
+        hs.tuning.plan_id, hs.tuning.state, hs.tuning.reason, hs.tuning.log_tail = plan.id, "running", None, None
+        hs.tuning.progress = {}
+        hs.set_phase(Phase.TUNING, reason)
+        hs.last_error = None
+    forget_unused_plans(state)
+
+
+def _abandon(members: Sequence[Prepared], store: StateStore, plan: PlanRecord, reason: str) -> None:
+    """A plan that could not start completely: stop what did start, record the failure. Jobs of a plan
+    that replaced this one in the state are another orch's: never stopped here."""
+    group = [Member(p.host, p.runner) for p in members]
+    try:
+        state = store.load()
+        current = plan_of(state, record_of(state.hosts.get(group[0].host.name)))
+        if current is not None and current.id != plan.id:
+            return
+        polls, _ = poll_group(group, store, plan)
+        stop_running(group, current or plan, polls)
+    finally:
+        record_failure(group, store, plan, reason, None)
+
+
+def _start_jobs(
+    host: Host, runner: Runner, store: StateStore, plan: PlanRecord, todo: Sequence[AssignmentRecord]
+) -> None:
+    """Start the jobs of ``todo`` on ``host`` and record each job id as soon as it runs.
+
+    A job already running for the same purpose is accepted only when it is this plan's (an earlier,
+    interrupted start of the same plan: its command names this plan's staging directory)."""
+    if not todo:  # every job of this host already started (an interrupted start is being resumed)
+        return
+    runner.run(["mkdir", "-p", "-m", "700", "--", *(a.staging for a in todo)], check=True)
+    for a in todo:
+        spec = job_spec(host, plan, a, frozenset(plan.hosts[host.name].flags))
+        _check_recordable(host, spec)
+        started = jobs.start(runner, host.workdir, spec)
+        if started.attached and not _runs_assignment(runner, host.workdir, started.job_id, a):
+            raise RefusedError(
+                f"{host.name}: a job for {a.purpose} ({started.job_id}) already runs, not started by this plan",
+                hint=f"wait for it or stop it: orch stop {host.name} {started.job_id}",
+            )
+        _record(store, a, spec, started)
+
+
+def _check_recordable(host: Host, spec: jobs.JobSpec) -> None:
+    """Refuse before starting a job whose command the state file would refuse (it looks like a secret),
+    so that no job ever runs unrecorded."""
+    if find_secret(list(spec.argv)) is not None:
+        raise RefusedError(
+            f"{host.name}: the tuning command looks like it holds a secret, which orch never records; not started",
+            hint="check the inventory paths (sglang_dir, python, workdir) for words like 'secret' or 'token='",
+        )
+
+
+def _runs_assignment(runner: Runner, workdir: str, job_id: str, a: AssignmentRecord) -> bool:
+    """Whether job ``job_id``'s command (its NUL-separated argv file) writes to ``a``'s staging dir."""
+    try:
+        argv = runner.read_bytes(f"{workdir.rstrip('/')}/jobs/{job_id}/argv").split(b"\0")
+    except OSError:
+        return False
+    return a.staging.encode() in argv
+
+
+def resume_starts(members: Sequence[Member], store: StateStore, state: State, plan_id: str) -> None:
+    """Start the jobs a running plan still lacks on each member (orch was killed while starting
+    them), as ``state`` tells; a job that did start but was not recorded is found by its purpose and
+    attached to."""
+    for m in members:
+        plan = running_plan(state, m.host.name)
+        if plan is None or plan.id != plan_id:
+            continue
+        todo = [a for a in plan.on(m.host.name) if a.job_id is None]
+        if todo:
+            _adopt_started(m, store, plan, todo)
+            _start_jobs(m.host, m.runner, store, plan, [a for a in todo if a.job_id is None])
+
+
+def _adopt_started(member: Member, store: StateStore, plan: PlanRecord, todo: Sequence[AssignmentRecord]) -> None:
+    """Record jobs of ``todo`` that did start (and maybe already ended) before orch was killed."""
+    host, runner = member.host, member.runner
+    for info in jobs.list_jobs(runner, host.workdir):
+        for a in todo:
+            if a.job_id is None and info.purpose == a.purpose and _runs_assignment(runner, host.workdir, info.id, a):
+                a.job_id = info.id
+                spec = job_spec(host, plan, a, frozenset(plan.hosts[host.name].flags))
+                started = jobs.Started(info.id, info.pid or 0, attached=True)
+                _record(store, a, spec, started)
+
+
+def _record(store: StateStore, a: AssignmentRecord, spec: jobs.JobSpec, s: jobs.Started) -> None:
+    with store.update() as state:
+        record_start(state, a, spec, s)
+
+
+def record_start(state: State, a: AssignmentRecord, spec: jobs.JobSpec, s: jobs.Started) -> None:
+    """Record job ``s`` as the one of assignment ``a`` in the plan its host runs, and in its ``jobs``."""
+    record = record_of(state.hosts.get(a.host))
+    plan = plan_of(state, record)
+    key = (a.host, a.purpose, a.staging)
+    mine = [m for m in plan.assignments if (m.host, m.purpose, m.staging) == key] if plan is not None else []
+    if plan is None or not mine:  # the state holds another plan now: never write this job into it
+        raise RefusedError(
+            f"{a.host}: job {s.job_id} started for a plan the state no longer holds (now plan {record.plan_id})",
+            hint=f"orch jobs {a.host} lists it; stop it if plan {record.plan_id} is the one to keep",
+        )
+    for m in mine:
+        m.job_id = s.job_id
+    workdir = plan.hosts[a.host].workdir.rstrip("/")
+    state.host(a.host).jobs[s.job_id] = JobRecord(
+        id=s.job_id,
+        kind=spec.kind,
+        purpose=spec.purpose,
+        argv=list(spec.argv),
+        pid=s.pid,
+        gpus=list(spec.gpus),
+        log=f"{workdir}/jobs/{s.job_id}/log",
+        meta={"plan": plan.id},
+    )
+
+
+def record_nothing_to_do(store: StateStore, p: Prepared) -> None:
+    """Every wanted shape is already installed for this device and commit (or, ``p.note``, the shapes'
+    source asks for none): phase ``tuned``."""
+    reason = p.note or f"tuned configs already installed for {', '.join(p.skipped)}"
+
+    def apply(hs: HostState, record: TuningRecord) -> None:
+        if record.state != "installed":
+            record.state, record.reason = "installed", None
+        hs.set_phase(Phase.TUNED, reason)
+
+    edit_record(store, p.host.name, apply)

@@ -1,0 +1,138 @@
+"""The one tuning watcher: step groups until each is installed or failed, riding out outages.
+
+``watch_groups`` is the loop of ``orch tune-fp8 --wait``, ``orch wait`` and (one group, through
+``wait_group``) ``orch serve``/``orch run`` waiting for a host's tuning. ``Outage`` is its one rule for
+a host it cannot reach.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from orchestrator.errors import HostError, UnreachableError
+from orchestrator.state import State, StateStore
+from orchestrator.tuning.group import Group, step_group
+from orchestrator.tuning.progress import TuneStatus
+
+RECONNECT_SECONDS = 300.0  # how long a tuning wait reconnects to a host it cannot reach before giving up
+log = logging.getLogger(__name__)
+
+
+def wait_group(
+    group: Group,
+    store: StateStore,
+    on_progress: Callable[[TuneStatus], None] | None = None,
+    poll: float = 1.0,
+) -> dict[str, TuneStatus]:
+    """Watch one group until it is installed or failed (``watch_groups``); its error is raised: a host
+    error, or ``UnreachableError`` once a host stayed unreachable too long (the jobs run on)."""
+    statuses, errors = watch_groups([group], store, True, on_progress, poll)
+    if errors:
+        raise next(iter(errors.values()))
+    return statuses
+
+
+def watch_groups(
+    groups: Sequence[Group],
+    store: StateStore,
+    wait: bool,
+    on_progress: Callable[[TuneStatus], None] | None = None,
+    poll: float = 1.0,
+) -> tuple[dict[str, TuneStatus], dict[str, BaseException]]:
+    """Step every group once, or (``wait``) every ``poll`` seconds until each is installed or failed,
+    riding out outages by ``Outage``. A host error of one group (a refused host key, a command that
+    failed) fails that group's hosts only; the others go on. Each step starts from the state the
+    group's last step saved (one state read per group per poll). Runs in the calling thread, so Ctrl-C
+    stops watching at once (the jobs run on; ``orch wait`` re-attaches)."""
+    statuses: dict[str, TuneStatus] = {}
+    errors: dict[str, BaseException] = {}
+    pending = {g.plan.id: _Watched(g, Outage(g.plan.group)) for g in groups}
+    while pending:
+        for plan_id, watched in list(pending.items()):
+            done = watched.step(store, statuses, errors, on_progress)
+            lost = watched.outage.last
+            if not done and not wait and lost is not None:
+                errors.update((m.host.name, lost) for m in watched.group.members)  # not waiting out the outage
+            if done or not wait:
+                pending.pop(plan_id)
+        if pending:
+            time.sleep(poll)
+    return statuses, errors
+
+
+@dataclass
+class _Watched:
+    """A group being watched: its outage, and the state as its last step saved it."""
+
+    group: Group
+    outage: Outage
+    state: State | None = None
+
+    def step(
+        self,
+        store: StateStore,
+        statuses: dict[str, TuneStatus],
+        errors: dict[str, BaseException],
+        on_progress: Callable[[TuneStatus], None] | None,
+    ) -> bool:
+        """One step of the group; True when it needs no more watching."""
+        group = self.group
+        try:
+            step, self.state = step_group(group.members, store, group.plan, self.state)
+        except UnreachableError as exc:
+            try:
+                self.outage.lost(exc)
+            except UnreachableError as gave_up:
+                errors.update((m.host.name, gave_up) for m in group.members)
+                return True
+            return False
+        except HostError as exc:
+            errors.update((m.host.name, exc) for m in group.members)
+            return True
+        self.outage.over()
+        for name, status in step.items():
+            status.attached = group.attached
+            statuses[name] = status
+            if on_progress is not None:
+                on_progress(status)
+        return all(s.finished for s in step.values())
+
+
+_OUTAGE_HINT = "the tuning jobs run on without orch: `orch wait` attaches again once the host answers"
+
+
+class Outage:
+    """The one rule of the tuning watcher (``watch_groups``) for a host it cannot reach:
+    the jobs run on without orch, so the wait goes on reconnecting (each SSH runner reconnects on its
+    next call) for up to ``RECONNECT_SECONDS`` in a row, saying ``reconnecting`` once per outage, then
+    gives up with ``UnreachableError`` naming the host (exit 3). Only reads and idempotent steps are
+    repeated after a drop: a job start whose result is unknown is resolved by ``resume_starts``, which
+    looks for the job by its purpose before starting one. A refused host key is not an outage
+    (``HostKeyError`` is not retried: the SSH runner refuses that host for the rest of the invocation)."""
+
+    def __init__(self, group: Sequence[str]) -> None:
+        self.group = ", ".join(group)
+        self.since: float | None = None
+        self.last: UnreachableError | None = None  # what the outage says, while it lasts
+
+    def lost(self, exc: UnreachableError) -> None:
+        """Note a failed step; re-raise ``exc`` (with how long) once the outage is too long."""
+        now = time.monotonic()
+        self.last = UnreachableError(exc.message, hint=_OUTAGE_HINT)
+        if self.since is None:
+            self.since = now
+            log.warning("%s; reconnecting (the jobs run on; giving up after %.0f s)", exc.message, RECONNECT_SECONDS)
+        elif now - self.since > RECONNECT_SECONDS:
+            lasted = f"unreachable for {now - self.since:.0f} s"
+            raise UnreachableError(
+                f"{exc.message} ({lasted}; gave up waiting for the tuning of {self.group})",
+                hint=_OUTAGE_HINT,
+            ) from None
+
+    def over(self) -> None:
+        if self.since is not None:
+            log.warning("%s: reconnected after %.0f s; waiting goes on", self.group, time.monotonic() - self.since)
+        self.since, self.last = None, None
