@@ -18,7 +18,7 @@ from orchestrator.ops import status as status_op
 from orchestrator.ops import tune, tune_progress
 from orchestrator.ops.status import GpuView, HostStatus
 from orchestrator.ops.tune_record import InstalledRecord, TuningRecord
-from orchestrator.state import ServerRecord
+from orchestrator.state import ServerRecord, Verification
 
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 COMMIT = "8e6290d39dd0e429b92f9eb2a8c753e727381e71"
@@ -222,7 +222,7 @@ def test_restart_is_pending_when_the_checkout_moved_or_configs_came_after_launch
         status_op.pending_restart(running, record(T0 + timedelta(hours=1)), COMMIT, tuned)["restart_pending"] is False
     )
     assert status_op.pending_restart({"job_state": "stopped"}, record(), other, tuned)["restart_pending"] is False
-    legacy = record(commit=None).model_copy(update={"verified": {"sglang_commit": other}})
+    legacy = record(commit=None).model_copy(update={"verified": Verification(sglang_commit=other)})
     assert status_op.pending_restart(running, legacy, other, TuningRecord())["commit"] == other
 
 
