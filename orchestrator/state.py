@@ -13,8 +13,13 @@ beside the inventory. ``StateStore`` owns the file:
   (``check_writable``): a stuck holder fails it before anything happened on the host.
 - A save writes a temp file (0600 from creation), fsyncs it, copies the current good file to
   ``state.json.bak``, renames the temp file over ``state.json`` and fsyncs the directory.
-- A corrupt file or an unknown ``schema_version`` is a ``StateError`` that names the file and says how to
-  recover; the file is never reset or overwritten, and ``update`` refuses to run on it.
+- A file of an older ``schema_version`` is migrated when read (``_MIGRATIONS``, on the raw JSON, before
+  validation) and saved in the current version by the next write. A corrupt file or one of an unknown
+  (newer) ``schema_version`` is a ``StateError`` that names the file and says how to recover; the file is
+  never reset or overwritten, and ``update`` refuses to run on it.
+- Inside, everything is typed: a host's phase changes only through its event methods (``HostState``),
+  serve's verification is a ``Verification``, ``orch run``'s progress a ``StepProgress``, benchmark runs
+  ``facts.bench.BenchRecord``s.
 - No secret enters the file: job and server records refuse argv items and metadata that look like secrets
   (see ``find_secret``), and every save re-validates the whole state.
 """
