@@ -13,7 +13,7 @@ from markdown_it import MarkdownIt
 
 from orchestrator.facts.bench import BenchMetrics, BenchParams, BenchRecord
 from orchestrator.ops import report
-from orchestrator.state import Phase, PhaseChange, ServerRecord, SGLangInfo, State, StateStore
+from orchestrator.state import Phase, PhaseChange, ServerRecord, SGLangInfo, State, StateStore, Verification
 from tests.conftest import OrchRun
 
 T0 = datetime(2026, 11, 29, 20, 0, tzinfo=timezone.utc)
@@ -193,3 +193,8 @@ def test_the_chart_shows_every_run_a_repeated_label_with_its_time() -> None:
         f"tuned {at(10):%H:%M}",
         f"tuned {at(20):%H:%M}",
     ]
+
+
+def test_every_verification_field_has_words_in_the_report() -> None:
+    shown_as_shapes = {"tuned_shapes_in_use", "fallback"}
+    assert set(report.VERIFIED_LABELS) == set(Verification.model_fields) - shown_as_shapes
