@@ -13,8 +13,13 @@ beside the inventory. ``StateStore`` owns the file:
   (``check_writable``): a stuck holder fails it before anything happened on the host.
 - A save writes a temp file (0600 from creation), fsyncs it, copies the current good file to
   ``state.json.bak``, renames the temp file over ``state.json`` and fsyncs the directory.
-- A corrupt file or an unknown ``schema_version`` is a ``StateError`` that names the file and says how to
-  recover; the file is never reset or overwritten, and ``update`` refuses to run on it.
+- A file of an older ``schema_version`` is migrated when read (``_MIGRATIONS``, on the raw JSON, before
+  validation) and saved in the current version by the next write. A corrupt file or one of an unknown
+  (newer) ``schema_version`` is a ``StateError`` that names the file and says how to recover; the file is
+  never reset or overwritten, and ``update`` refuses to run on it.
+- Inside, everything is typed: a host's phase changes only through its event methods (``HostState``),
+  serve's verification is a ``Verification``, ``orch run``'s progress a ``StepProgress``, benchmark runs
+  ``facts.bench.BenchRecord``s.
 - No secret enters the file: job and server records refuse argv items and metadata that look like secrets
   (see ``find_secret``), and every save re-validates the whole state.
 """
@@ -33,35 +38,25 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.errors import StateError
+from orchestrator.facts.bench import BenchRecord
 from orchestrator.tuning.record import PlanRecord, TuningRecord, migrate_v1
+from orchestrator.utc import UtcDateTime as UtcDateTime  # re-exported: the state's timestamps
+from orchestrator.utc import utc_now as utc_now
 
 SCHEMA_VERSION = 2
-"""The only ``schema_version`` this orch reads and writes; bump it (with a migration) on a breaking change."""
+"""The ``schema_version`` this orch writes; older files are migrated when read (``_MIGRATIONS``), newer
+ones refused. Bump it, with a migration step, on a breaking change."""
 
 T = TypeVar("T")
 
 _LOCK_POLL_SECONDS = 0.02
 _MAX_COMMAND_CHARS = 300
-
-
-def utc_now() -> datetime:
-    """The current time, timezone-aware UTC: the only kind of timestamp the state holds."""
-    return datetime.now(timezone.utc)
-
-
-def _to_utc(value: datetime) -> datetime:
-    return value.astimezone(timezone.utc)
-
-
-UtcDateTime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
-"""A timezone-aware timestamp normalised to UTC (naive ones are refused); JSON holds it as ISO 8601."""
 
 
 # --- secrets ------------------------------------------------------------------------------------------
@@ -84,6 +79,8 @@ def find_secret(value: Any) -> str | None:
     Keys count because ``{"password": "..."}`` holds a secret whatever its value looks like. The marker,
     not the value, is returned so that error messages never repeat the secret.
     """
+    if isinstance(value, BaseModel):
+        return find_secret(value.model_dump())
     if isinstance(value, str):
         match = _SECRET_PATTERN.search(value)
         if match is None:
@@ -178,9 +175,33 @@ class JobRecord(_Model):
     meta: Annotated[dict[str, Any], NoSecrets] = Field(default_factory=dict)
 
 
+class Verification(_Model):
+    """What ``orch serve``'s verification found on a healthy server (``ServerRecord.verified``).
+
+    ``speculative``: the settings as the server resolved them (``EAGLE steps=3 topk=1 draft=4``, ``off``);
+    ``fp8_backend``: the backend ``/server_info`` reported, ``fp8_runs`` what runs the FP8 GEMMs, in words;
+    ``tuned_shapes_in_use``: the tuned shapes its log shows it reads (``N=1024,K=4096``), ``fallback``
+    the others with why; ``problems``/``accept_problem``: why it does not serve as asked (none: it does);
+    ``sglang_commit``: the commit it runs. Fields an older orch did not record take their defaults.
+    """
+
+    healthy_after_s: float | None = None
+    speculative: str = "off"
+    fp8_backend: str | None = None
+    fp8_runs: str = ""
+    accept_length: float | None = None
+    min_accept: float | None = None
+    tuned_shapes_in_use: list[str] = Field(default_factory=list)
+    fallback: dict[str, str] = Field(default_factory=dict)
+    problems: list[str] = Field(default_factory=list)
+    accept_problem: str | None = None
+    warnings: list[str] = Field(default_factory=list)
+    sglang_commit: str | None = None
+
+
 class ServerRecord(_Model):
-    """The server orch launched on a host, what verification found, and the last argv known to serve
-    well (what ``--rollback`` relaunches)."""
+    """The server orch launched on a host, what verification found (None: not verified yet), and the last
+    argv known to serve well (what ``--rollback`` relaunches)."""
 
     job_id: str
     argv: Annotated[list[str], NoSecrets]
@@ -188,25 +209,74 @@ class ServerRecord(_Model):
     mtp: bool
     started_at: UtcDateTime = Field(default_factory=utc_now)
     healthy: bool | None = None
-    verified: Annotated[dict[str, Any], NoSecrets] = Field(default_factory=dict)
+    verified: Annotated[Verification | None, NoSecrets] = None
     known_good_argv: Annotated[list[str] | None, NoSecrets] = None
     commit: str | None = None  # the SGLang checkout's HEAD at launch: the code the server runs
     configs: dict[str, float] = Field(default_factory=dict)  # tuned config files it could read: name -> mtime
     stopped_at: UtcDateTime | None = None  # set when orch stopped it on purpose
     stopped_by: str | None = None  # "orch stop-server", "tune-fp8 --stop-server", "orch serve (replaced)", ...
 
+    @property
+    def verification(self) -> Verification:
+        """What verification found; an empty one (nothing in use, no problem) when never verified."""
+        return self.verified if self.verified is not None else Verification()
+
+
+class StepFailure(_Model):
+    """The step of a playbook that failed last, when, and why."""
+
+    step: str
+    at: UtcDateTime = Field(default_factory=utc_now)
+    reason: str
+
+
+class StepProgress(_Model):
+    """``orch run``'s progress through one playbook on one host (``HostState.steps``): the steps done
+    (with when), the one running (its run was cut off when no orch runs it) and the last failure."""
+
+    playbook: str
+    done: dict[str, UtcDateTime] = Field(default_factory=dict)
+    running: str | None = None
+    failed: StepFailure | None = None
+
+    def step_started(self, step: str) -> None:
+        """A step redone is not done until it ends again."""
+        self.running, self.failed = step, None
+        self.done.pop(step, None)
+
+    def step_done(self, step: str) -> None:
+        self.done[step], self.running = utc_now(), None
+
+    def step_failed(self, step: str, reason: str) -> None:
+        self.running, self.failed = None, StepFailure(step=step, reason=reason)
+
+    def forget(self, steps: Iterable[str]) -> None:
+        """``--from``/``--only``: these steps run again even though they were done."""
+        for step in steps:
+            self.done.pop(step, None)
+
+
+_LAUNCHED_FROM = (Phase.SERVING, Phase.LAUNCHING, Phase.FAILED)
+"""The phases a server (launching, serving or failed at start) leaves when it is stopped."""
+
 
 class HostState(_Model):
-    """Everything orch remembers about one host. ``tuning`` (plan, progress, installed shapes),
-    ``benchmarks`` and ``steps`` (the playbook runner's progress) belong to their own modules."""
+    """Everything orch remembers about one host. ``tuning`` (plan, progress, installed shapes) belongs
+    to the tuning modules.
+
+    The phase machine lives here: each event is a method (``pulled``, ``tuning_started``, ``tuned``,
+    ``tuning_failed``, ``server_launching``, ``server_verified``, ``server_rolled_back``,
+    ``server_stopped``, ``server_failed``) that changes the phase and the fields that go with it, built
+    on ``set_phase``; ``tests/unit/test_state_phases.py`` is its table.
+    """
 
     phase: Phase = Phase.NEW
     sglang: SGLangInfo | None = None
     jobs: dict[str, JobRecord] = Field(default_factory=dict)
     server: ServerRecord | None = None
     tuning: TuningRecord | None = None
-    benchmarks: list[dict[str, Any]] = Field(default_factory=list)
-    steps: dict[str, Any] = Field(default_factory=dict)
+    benchmarks: list[BenchRecord] = Field(default_factory=list)
+    steps: StepProgress | None = None
     last_seen: UtcDateTime | None = None
     last_error: str | None = None
     history: list[PhaseChange] = Field(default_factory=list)
@@ -219,6 +289,86 @@ class HostState(_Model):
         self.history.append(PhaseChange(from_phase=self.phase, to_phase=to, reason=reason))
         self.phase = to
         return True
+
+    # -- events
+
+    def pulled(self, old: str, new: str) -> None:
+        """``orch pull`` left the checkout at ``new`` (was ``old``): phase ``pulled`` when the commit moved
+        or the host was new or failed; a host whose checkout did not move keeps its phase (a pull that
+        changed nothing does not send a serving host back). Clears the last error."""
+        changed = old != new
+        if changed or self.phase in (Phase.NEW, Phase.FAILED):
+            self.set_phase(Phase.PULLED, f"{old[:10]} -> {new[:10]}" if changed else "already up to date")
+        self.last_error = None
+
+    def tuning_started(self, reason: str) -> None:
+        self.set_phase(Phase.TUNING, reason)
+        self.last_error = None
+
+    def tuned(self, reason: str) -> None:
+        """Tuned configs are installed (or none was needed)."""
+        self.set_phase(Phase.TUNED, reason)
+        self.last_error = None
+
+    def tuning_failed(self, reason: str) -> None:
+        self.failed(f"tuning failed: {reason}", error=f"tuning: {reason}")
+
+    def server_launching(self, reason: str) -> None:
+        """``orch serve`` is about to (re)launch or adopt the server: saved before the launch, so that a
+        serve cut off after it can tell its own unrecorded server job (``launched_unrecorded``)."""
+        self.set_phase(Phase.LAUNCHING, reason)
+
+    def server_verified(self, job_id: str, verified: Verification, argv: list[str], failures: list[str]) -> None:
+        """Server job ``job_id`` is healthy and was verified: the record (when it is that job) holds what
+        verification found, and ``argv`` becomes the known-good command unless it has ``problems``;
+        phase ``serving``; the last error says why it does not serve as asked (``failures``), or is cleared."""
+        if self.server is not None and self.server.job_id == job_id:
+            self.server.healthy, self.server.verified = True, verified
+            self.server.known_good_argv = argv if not verified.problems else self.server.known_good_argv
+        self.set_phase(Phase.SERVING, f"server job {job_id} healthy")
+        self.last_error = "; ".join(failures) if failures else None
+
+    def server_rolled_back(self, job_id: str) -> None:
+        """The known-good server (job ``job_id``) serves again after a failed start."""
+        if self.server is not None and self.server.job_id == job_id:
+            self.server.healthy = True
+        self.set_phase(Phase.SERVING, f"rolled back to the known-good server (job {job_id})")
+
+    def server_failed(self, reason: str) -> None:
+        """The server failed to start or to be verified: phase ``failed``, the record marked unhealthy."""
+        self.failed(reason)
+        if self.server is not None:
+            self.server.healthy = False
+
+    def server_stopped(self, job_id: str | None = None, by: str | None = None) -> None:
+        """The server was stopped (``by`` someone, when it is job ``job_id``: the record says who and when).
+        A launching, serving or failed host goes back to the phase it had before its last launch
+        (``pulled`` when unknown); any other phase stays (tuning stops a server it did not launch)."""
+        if self.server is not None:
+            self.server.healthy = False
+            if by is not None and self.server.job_id == job_id:
+                self.server.stopped_at, self.server.stopped_by = utc_now(), by
+        if self.phase in _LAUNCHED_FROM:
+            self.set_phase(self.phase_before_launch(), "server stopped" + (f" by {by}" if by else ""))
+
+    def failed(self, reason: str, error: str | None = None) -> None:
+        """Phase ``failed`` (its history reason cut to 300 characters); the last error is ``error``, else
+        ``reason`` whole."""
+        self.set_phase(Phase.FAILED, reason[:300])
+        self.last_error = error if error is not None else reason
+
+    def phase_before_launch(self) -> Phase:
+        """The phase the host was in before its last ``launching`` (``pulled`` when unknown)."""
+        for change in reversed(self.history):
+            if change.to_phase == Phase.LAUNCHING and change.from_phase not in (Phase.SERVING, Phase.FAILED):
+                return change.from_phase
+        return Phase.PULLED
+
+    def progress(self, playbook: str) -> StepProgress:
+        """The step record for ``playbook`` (a new one when the host last ran another playbook)."""
+        if self.steps is None or self.steps.playbook != playbook:
+            self.steps = StepProgress(playbook=playbook)
+        return self.steps
 
 
 class State(_Model):
@@ -393,6 +543,56 @@ class StateStore:
         return move_away
 
 
+# --- schema migrations ----------------------------------------------------------------------------------
+
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
+"""One step of a migration: the raw JSON document in, the document in the next shape out (pure)."""
+
+
+def _v1_verified(document: dict[str, Any]) -> dict[str, Any]:
+    """``server.verified``: the dict serve wrote (``{}`` when not verified) -> a ``Verification`` or null."""
+    for host in _raw_hosts(document):
+        server = host.get("server")
+        if isinstance(server, dict) and server.get("verified") == {}:
+            server["verified"] = None
+    return document
+
+
+def _v1_steps(document: dict[str, Any]) -> dict[str, Any]:
+    """``steps``: ``{}`` when no playbook ran -> null; the record itself already has ``StepProgress``'s shape."""
+    for host in _raw_hosts(document):
+        if host.get("steps") == {}:
+            host["steps"] = None
+    return document
+
+
+def _raw_hosts(document: dict[str, Any]) -> list[dict[str, Any]]:
+    hosts = document.get("hosts")
+    return [h for h in hosts.values() if isinstance(h, dict)] if isinstance(hosts, dict) else []
+
+
+_MIGRATIONS: dict[int, list[Migration]] = {
+    # benchmarks: validated as BenchRecords, as their writer made them; tuning: the plan stored once
+    1: [_v1_verified, _v1_steps, migrate_v1],
+}
+"""``version -> steps`` turning a document of ``version`` into one of ``version + 1``. A file is migrated
+in memory when read, then validated; it is written in the new version on the next save (``.bak`` keeps
+the old one). Add a step to a version's list, or a new version with ``SCHEMA_VERSION``."""
+
+_READABLE = f"schema_version {min(_MIGRATIONS)} to {SCHEMA_VERSION}"
+
+
+def migrate(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` (raw JSON of any readable version) in the current version's shape."""
+    version = document["schema_version"]
+    while version < SCHEMA_VERSION:
+        for step in _MIGRATIONS[version]:
+            document = step(document)
+        version += 1
+        document["schema_version"] = version
+    return document
+
+
 # --- helpers ------------------------------------------------------------------------------------------
 
 
@@ -403,15 +603,13 @@ def _parse_state(path: Path, raw: bytes, hint: str) -> State:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StateError(f"state file {path} is corrupt: not valid JSON ({exc})", hint=hint) from exc
     version = data.get("schema_version") if isinstance(data, dict) else None
-    if version == 1:
-        data, version = migrate_v1(data), 2
-    if version != SCHEMA_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
         raise StateError(
-            f"state file {path} has schema_version {version!r}; this orch reads only {SCHEMA_VERSION}",
+            f"state file {path} has schema_version {version!r}; this orch reads {_READABLE}",
             hint=f"if a newer orch wrote it, use that orch; otherwise {hint}",
         )
     try:
-        return State.model_validate(data)
+        return State.model_validate(migrate(data))
     except ValidationError as exc:
         raise StateError(f"state file {path} is corrupt: {_summarize(exc)}", hint=hint) from exc
 

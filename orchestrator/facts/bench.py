@@ -14,12 +14,14 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from orchestrator.recipe import BenchOptions, BenchSpec
-from orchestrator.state import UtcDateTime
+from orchestrator.utc import UtcDateTime
+
+if TYPE_CHECKING:  # the state imports this module (its benchmarks are BenchRecords), the recipe the state
+    from orchestrator.recipe import BenchOptions, BenchSpec
 
 BENCH_MODULES = ("sglang.benchmark.serving", "sglang.bench_serving")
 """Benchmark modules in order of preference: current SGLang first, the deprecation shim second."""
@@ -176,29 +178,10 @@ def speculative_settings(server_argv: list[str]) -> dict[str, str]:
     return {name: value for name, value in found.items() if value is not None}
 
 
-def fp8_backend(server_argv: list[str], verified: dict[str, Any]) -> str:
-    """The server's FP8 GEMM backend: as its ``/server_info`` said at verification, else its
+def fp8_backend(server_argv: list[str], reported: str | None) -> str:
+    """The server's FP8 GEMM backend: as its ``/server_info`` ``reported`` it at verification, else its
     ``--fp8-gemm-backend`` flag, else SGLang's default ``auto``."""
-    return str(verified.get("fp8_backend") or flag_value(server_argv, "--fp8-gemm-backend") or "auto")
-
-
-def tuned_shapes(verified: dict[str, Any]) -> list[str]:
-    """The tuned GEMM shapes the server reads (``N=1024,K=4096``), as ``orch serve``'s verification found
-    them in its log (``tuned_shapes_in_use``)."""
-    shapes = verified.get("tuned_shapes_in_use") or []
-    return [str(s) for s in shapes] if isinstance(shapes, list) else []
-
-
-def shape_fallbacks(verified: dict[str, Any]) -> dict[str, str]:
-    """Tuned shapes the server does not read, and why (``fallback`` of the verification)."""
-    fallback = verified.get("fallback") or {}
-    return {str(k): str(v) for k, v in fallback.items()} if isinstance(fallback, dict) else {}
-
-
-def resolved_speculative(verified: dict[str, Any]) -> str | None:
-    """The speculative settings as the server resolved them (``EAGLE steps=3 topk=1 draft=4``, ``off``)."""
-    value = verified.get("speculative")
-    return value if isinstance(value, str) and value else None
+    return reported or flag_value(server_argv, "--fp8-gemm-backend") or "auto"
 
 
 def parse_jsonl(text: str) -> BenchMetrics:

@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator import jobs
-from orchestrator.errors import OrchError, RefusedError, RemoteCommandError, StateError, UsageError
+from orchestrator.errors import OrchError, RefusedError, RemoteCommandError, UsageError
 from orchestrator.facts import bench as facts
 from orchestrator.facts import git
 from orchestrator.facts import server as server_facts
@@ -158,14 +158,8 @@ def check_baseline(store: StateStore, hosts: list[Host], options: BenchOptions) 
 
 
 def records_of(name: str, hs: HostState) -> list[BenchRecord]:
-    """The host's stored benchmark runs, oldest first; a malformed one is a ``StateError``."""
-    try:
-        return [BenchRecord.model_validate(raw) for raw in hs.benchmarks]
-    except ValidationError as exc:
-        raise StateError(
-            f"host {name}: a stored benchmark result is not valid ({exc.error_count()} problems)",
-            hint="remove the bad entry from `benchmarks` in the state file",
-        ) from None
+    """The host's stored benchmark runs, oldest first (validated when the state file was read)."""
+    return list(hs.benchmarks)
 
 
 # -- before the run ------------------------------------------------------------------------------
@@ -225,8 +219,8 @@ def default_label(server: ServerRecord, commit: str | None) -> str:
 
 def _commit(host: Host, runner: Runner, server: ServerRecord) -> str | None:
     """The SGLang commit the server runs: as serve recorded it, else the checkout's HEAD now."""
-    recorded = server.verified.get("sglang_commit")
-    if isinstance(recorded, str) and recorded:
+    recorded = server.verification.sglang_commit
+    if recorded:
         return recorded
     try:
         return read_git(host, runner).commit
@@ -279,7 +273,7 @@ def _unrecorded(host: Host, runner: Runner, store: StateStore, server: ServerRec
     starting it and recording it), running or ended since the server started, with its plan file:
     recorded now and adopted, so that it is collected instead of a second one started."""
     hs = store.load().host(host.name)
-    collected = {raw.get("job_id") for raw in hs.benchmarks}
+    collected = {record.job_id for record in hs.benchmarks}
     for info in reversed(jobs.list_jobs(runner, host.workdir)):
         if info.purpose != PURPOSE or info.id in hs.jobs or info.id in collected:
             continue
@@ -376,9 +370,9 @@ def _result(
         sglang_commit=plan.commit,
         mtp=server.mtp,
         mtp_settings=facts.speculative_settings(server.argv) if server.mtp else {},
-        speculative=facts.resolved_speculative(server.verified),
-        tuned_shapes=facts.tuned_shapes(server.verified),
-        fp8_backend=facts.fp8_backend(server.argv, server.verified),
+        speculative=(server.verified.speculative or None) if server.verified else None,
+        tuned_shapes=list(server.verification.tuned_shapes_in_use),
+        fp8_backend=facts.fp8_backend(server.argv, server.verification.fp8_backend),
     )
 
 
@@ -415,6 +409,6 @@ def _end_job(hs: HostState, ended: jobs.JobInfo) -> None:
 
 def _store_result(name: str, hs: HostState, record: BenchRecord, ended: jobs.JobInfo) -> list[BenchRecord]:
     _end_job(hs, ended)
-    if not any(raw.get("job_id") == record.job_id for raw in hs.benchmarks):  # attached twice: store once
-        hs.benchmarks.append(record.model_dump(mode="json"))
+    if not any(stored.job_id == record.job_id for stored in hs.benchmarks):  # attached twice: store once
+        hs.benchmarks.append(record)
     return records_of(name, hs)

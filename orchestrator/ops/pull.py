@@ -17,7 +17,7 @@ from orchestrator.errors import RefusedError
 from orchestrator.facts import git
 from orchestrator.inventory import Host
 from orchestrator.ops.status import read_git, sglang_info
-from orchestrator.state import HostState, Phase, StateStore
+from orchestrator.state import HostState, StateStore
 from orchestrator.transport.base import Runner, shell_command
 
 
@@ -120,7 +120,4 @@ def _check_not_diverged(host: Host, runner: Runner) -> int:
 def _record(hs: HostState, host: Host, info: git.GitInfo, result: PullResult) -> None:
     hs.sglang = sglang_info(host, info)
     hs.last_seen = datetime.now(timezone.utc)  # orders this reading after any status that started earlier
-    if result.changed or hs.phase in (Phase.NEW, Phase.FAILED):
-        reason = f"{result.old[:10]} -> {result.new[:10]}" if result.changed else "already up to date"
-        hs.set_phase(Phase.PULLED, reason)
-    hs.last_error = None
+    hs.pulled(result.old, result.new)

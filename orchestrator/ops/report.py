@@ -27,7 +27,7 @@ from orchestrator.errors import UsageError
 from orchestrator.facts import bench as facts
 from orchestrator.facts.bench import BenchRecord, ComparisonRow
 from orchestrator.ops.bench import records_of
-from orchestrator.state import HostState, Phase, PhaseChange, State, utc_now
+from orchestrator.state import HostState, Phase, PhaseChange, State, Verification, utc_now
 from orchestrator.text import fmt_seconds, inert
 from orchestrator.tuning.member import record_of
 from orchestrator.tuning.record import InstalledRecord
@@ -131,10 +131,10 @@ def tuned_shapes(hs: HostState) -> list[list[str]]:
     """One row per shape tuned (installed by ``orch tune-fp8``) or looked up by the server: when it was
     installed, for which SGLang commit, and whether the server reads it (its verification said so)."""
     installed = _installed(hs)
-    verified = hs.server.verified if hs.server else {}
-    in_use, fallback = set(facts.tuned_shapes(verified)), facts.shape_fallbacks(verified)
+    verified = hs.server.verification if hs.server else Verification()
+    in_use, fallback = set(verified.tuned_shapes_in_use), verified.fallback
     rows = []
-    for key in dict.fromkeys([*installed, *facts.tuned_shapes(verified), *fallback]):
+    for key in dict.fromkeys([*installed, *verified.tuned_shapes_in_use, *fallback]):
         done = installed.get(key)
         use = "in use" if key in in_use else (f"not used: {fallback[key]}" if key in fallback else "-")
         rows.append([key, fmt_time(done.installed_at) if done else "-", done.commit[:10] if done else "-", use])
@@ -155,15 +155,17 @@ def server_settings(hs: HostState) -> list[tuple[str, str]]:
     speculative = facts.speculative_settings(server.argv)
     if server.mtp and speculative:
         rows.append(("speculative", ", ".join(f"{k} {v}" for k, v in speculative.items())))
-    rows.append(("FP8 GEMM backend", facts.fp8_backend(server.argv, server.verified)))
+    rows.append(("FP8 GEMM backend", facts.fp8_backend(server.argv, server.verification.fp8_backend)))
     rows.append(("started (UTC)", fmt_time(server.started_at)))
     rows.append(("healthy", {None: "unknown", True: "yes", False: "no"}[server.healthy]))
-    shown = {"tuned_shapes_in_use", "fallback"}  # in the tuned shapes section
-    rows += [(_verified_label(k), _value(v)) for k, v in server.verified.items() if k not in shown]
+    if server.verified is not None:
+        shown = {"tuned_shapes_in_use", "fallback"}  # in the tuned shapes section
+        found = server.verified.model_dump(exclude=shown)
+        rows += [(_verified_label(k), _value(v)) for k, v in found.items()]
     return rows
 
 
-VERIFIED_LABELS = {
+VERIFIED_LABELS = {  # every field of ``Verification`` but the two shown as tuned shapes
     "healthy_after_s": "healthy after (s)",
     "speculative": "speculative (as running)",
     "fp8_backend": "FP8 backend (reported)",
@@ -178,8 +180,8 @@ VERIFIED_LABELS = {
 
 
 def _verified_label(key: str) -> str:
-    """What serve's verification found, in words (an unknown key: its name, underscores as spaces)."""
-    return "verified: " + VERIFIED_LABELS.get(key, key.replace("_", " "))
+    """What serve's verification found, in words."""
+    return "verified: " + VERIFIED_LABELS[key]
 
 
 def _sglang(hs: HostState) -> str:
@@ -190,7 +192,7 @@ def _sglang(hs: HostState) -> str:
 def _value(value: Any) -> str:
     """A stored value as a person reads it: ``-`` for nothing, yes/no, a list joined by ``; ``,
     a mapping as ``key: value`` pairs; never a Python or JSON literal (``None``, ``[]``, ``{...}``)."""
-    if value is None or value == [] or value == {}:
+    if value is None or value in ("", [], {}):
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"

@@ -1,7 +1,7 @@
 """``orch run``: walk each host through the playbook's steps (pull, tune-fp8, serve, bench), resumably.
 
 Each step calls the same operation as its single command, with the same options model. Progress is
-kept per host in ``HostState.steps`` (``{"playbook", "done": {step: time}, "running", "failed"}``),
+kept per host in ``HostState.steps`` (a ``StepProgress``: the playbook, steps done, running, failed),
 written before and after every step, and every operation records its own job starts. Killing orch at
 any moment and running the same command again resumes: finished steps are skipped, and a step that was
 running is run again, which attaches to its jobs (tuning jobs by purpose, a benchmark by its pending
@@ -25,8 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any
 
 from orchestrator.errors import RefusedError, UsageError
 from orchestrator.facts import bench as bench_facts
@@ -42,7 +40,7 @@ from orchestrator.ops import server as server_host
 from orchestrator.ops.serve_configs import read_configs
 from orchestrator.ops.status import read_git
 from orchestrator.recipe import BenchOptions, PullOptions, Recipe, ServeOptions, Shape, Step, TuneOptions, parse_shapes
-from orchestrator.state import HostState, StateStore
+from orchestrator.state import HostState, StateStore, StepProgress
 from orchestrator.transport.base import Runner, shell_command
 from orchestrator.tuning.commands import tune_fp8
 from orchestrator.tuning.member import Peers, record_of
@@ -103,40 +101,31 @@ def forget_done(store: StateStore, hosts: list[Host], recipes: Mapping[str, Reci
     with store.update() as state:
         for host in hosts:
             names = {s.name for s in steps[host.name]}
-            progress = _progress(state.host(host.name), str(recipes[host.name].path))
-            progress["done"] = {k: v for k, v in progress["done"].items() if k not in names}
-
-
-def _progress(hs: HostState, playbook: str) -> dict[str, Any]:
-    """The host's step record for this playbook (a new one when it ran another playbook)."""
-    if hs.steps.get("playbook") != playbook:
-        hs.steps = {"playbook": playbook, "done": {}, "running": None, "failed": None}
-    return hs.steps
+            state.host(host.name).progress(str(recipes[host.name].path)).forget(names)
 
 
 def _mark(store: StateStore, host: Host, playbook: str, step: str, outcome: str, detail: str = "") -> None:
     def update(hs: HostState) -> None:
-        progress = _progress(hs, playbook)
-        now = datetime.now(timezone.utc).isoformat()
-        if outcome == "running":  # a step redone is not done until it ends again
-            progress["running"], progress["failed"] = step, None
-            progress["done"].pop(step, None)
+        progress = hs.progress(playbook)
+        if outcome == "running":
+            progress.step_started(step)
         elif outcome == "done":
-            progress["done"][step], progress["running"] = now, None
+            progress.step_done(step)
         else:
-            progress["running"], progress["failed"] = None, {"step": step, "at": now, "reason": detail}
+            progress.step_failed(step, detail)
 
     store.update_host(host.name, update)
 
 
-def recorded(store: StateStore, host: Host, playbook: str) -> dict[str, Any]:
+def recorded(store: StateStore, host: Host, playbook: str) -> StepProgress:
     """The host's step record for ``playbook`` as saved (empty when it never ran it)."""
     hs = store.load().hosts.get(host.name)
-    return hs.steps if hs is not None and hs.steps.get("playbook") == playbook else {}
+    steps = hs.steps if hs is not None else None
+    return steps if steps is not None and steps.playbook == playbook else StepProgress(playbook=playbook)
 
 
 def is_done(store: StateStore, host: Host, playbook: str, step: str) -> bool:
-    return step in recorded(store, host, playbook).get("done", {})
+    return step in recorded(store, host, playbook).done
 
 
 def run_step(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: HostRun) -> None:
@@ -300,7 +289,7 @@ def _resume_serve(ctx: RunContext, host: Host, runner: Runner, options: ServeOpt
 
 
 def was_interrupted(store: StateStore, host: Host, playbook: str, step: str) -> bool:
-    return recorded(store, host, playbook).get("running") == step
+    return recorded(store, host, playbook).running == step
 
 
 def _bench(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool) -> str:

@@ -52,7 +52,7 @@ from orchestrator.ops import server as srv
 from orchestrator.ops.serve_configs import TunedConfigs, read_configs, tuned_elsewhere
 from orchestrator.ops.status import read_git
 from orchestrator.recipe import Recipe, ServeOptions
-from orchestrator.state import HostState, Phase, ServerRecord, StateStore, find_secret
+from orchestrator.state import HostState, Phase, ServerRecord, StateStore, Verification, find_secret
 from orchestrator.transport.base import Runner, shell_command
 from orchestrator.tuning.commands import tuning_status, wait_for_tuning
 from orchestrator.tuning.member import Peers, record_of
@@ -313,7 +313,8 @@ def serve(
     if same is not None:
         return same
     unverified = None if options.force else interrupted_launch(store, host, runner, ready)
-    _set_phase(store, host, Phase.LAUNCHING, f"serve: {'MTP' if options.mtp else 'no MTP'}")
+    reason = f"serve: {'MTP' if options.mtp else 'no MTP'}"
+    store.update_host(host.name, lambda hs: hs.server_launching(reason))
     try:
         if unverified is not None:
             started = adopt(host, runner, store, ready, unverified, options, report)
@@ -431,7 +432,7 @@ def already_serving(
     today's minimum); None when it must be relaunched."""
     hs = store.load().hosts.get(host.name)
     record = hs.server if hs is not None else None
-    if ready.old is None or record is None or record.job_id != ready.old.id or not record.verified:
+    if ready.old is None or record is None or record.job_id != ready.old.id or record.verified is None:
         return None
     if (record.commit, record.configs) != (ready.commit, ready.configs) or not runs_argv(runner, ready.old, ready.argv):
         return None
@@ -452,7 +453,7 @@ def interrupted_launch(store: StateStore, host: Host, runner: Runner, ready: Pre
         return None
     if record is None or record.job_id != ready.old.id:
         return ready.old if launched_unrecorded(hs, runner, ready.old, ready.argv) else None
-    if record.verified:
+    if record.verified is not None:
         return None
     if (record.commit, record.configs) != (ready.commit, ready.configs) or not runs_argv(runner, ready.old, ready.argv):
         return None
@@ -475,11 +476,11 @@ def runs_argv(runner: Runner, job: jobs.JobInfo, argv: list[str]) -> bool:
 
 def recorded_result(record: ServerRecord, recipe: Recipe, options: ServeOptions) -> ServeResult:
     """What the last verification of ``record``'s server found, as a result that did nothing."""
-    v = record.verified
+    v = record.verification
     result = ServeResult(record.argv, record.job_id, record.mtp, 0.0, commit=record.commit, unchanged=True)
-    result.spec, result.fp8_backend = v.get("speculative", "off"), v.get("fp8_backend")
-    result.fp8_runs, result.accept_length = v.get("fp8_runs", ""), v.get("accept_length")
-    result.problems = list(v.get("problems") or [])
+    result.spec, result.fp8_backend = v.speculative, v.fp8_backend
+    result.fp8_runs, result.accept_length = v.fp8_runs, v.accept_length
+    result.problems = list(v.problems)
     if options.mtp:
         result.min_accept = options.min_accept if options.min_accept is not None else recipe.min_accept_length
     result.accept_problem = _accept_problem(result)
@@ -686,13 +687,7 @@ def _check_alive(
 def _mark_failed(host: Host, store: StateStore, reason: str) -> None:
     """Phase ``failed`` with the reason; the server record (if any) is marked unhealthy."""
 
-    def apply(hs: HostState) -> None:
-        hs.set_phase(Phase.FAILED, reason[:300])
-        hs.last_error = reason
-        if hs.server is not None:
-            hs.server.healthy = False
-
-    store.update_host(host.name, apply)
+    store.update_host(host.name, lambda hs: hs.server_failed(reason))
 
 
 def rollback(
@@ -719,8 +714,7 @@ def rollback(
         _stop_failed(host, runner, again.job_id, gpus, options, report)
         failure.message += f"\nrollback failed too: {again.message.splitlines()[0]}"
         return
-    _record_good(store, host, started.job_id)
-    _set_phase(store, host, Phase.SERVING, f"rolled back to the known-good server (job {started.job_id})")
+    store.update_host(host.name, lambda hs: hs.server_rolled_back(started.job_id))
     failure.message += f"\nrollback: the known-good server is serving again (job {started.job_id})"
 
 
@@ -806,7 +800,7 @@ def _accept_problem(result: ServeResult) -> str | None:
 def _finish(host: Host, store: StateStore, result: ServeResult) -> ServeResult:
     """Record the verification; VerifyError when the server does not do what was asked."""
     failed = result.failures
-    _record_verified(store, host, result, known_good=not result.problems)
+    _record_verified(store, host, result)
     if failed:
         raise NotAsAsked(
             f"{host.name}: the server is serving but NOT as asked: " + "; ".join(failed),
@@ -836,10 +830,6 @@ def reattach(
 
 
 # --- state --------------------------------------------------------------------------------------------------
-
-
-def _set_phase(store: StateStore, host: Host, phase: Phase, reason: str) -> None:
-    store.update_host(host.name, lambda hs: hs.set_phase(phase, reason))
 
 
 def _record_server(
@@ -873,39 +863,24 @@ def _recorded_configs(store: StateStore, host: Host) -> dict[str, float]:
     return dict(hs.server.configs) if hs is not None and hs.server is not None else {}
 
 
-def _record_good(store: StateStore, host: Host, job_id: str) -> None:
-    def apply(hs: HostState) -> None:
-        if hs.server is not None and hs.server.job_id == job_id:
-            hs.server.healthy = True
-
-    store.update_host(host.name, apply)
-
-
-def _record_verified(store: StateStore, host: Host, result: ServeResult, known_good: bool) -> None:
-    verified = {
-        "healthy_after_s": round(result.healthy_after, 1),
-        "speculative": result.spec,
-        "fp8_backend": result.fp8_backend,
-        "fp8_runs": result.fp8_runs,
-        "accept_length": result.accept_length,
-        "min_accept": result.min_accept,
-        "tuned_shapes_in_use": [s.key for s in result.shapes if s.in_use],
-        "fallback": {s.key: s.reason for s in result.shapes if not s.in_use},
-        "problems": result.problems,
-        "accept_problem": result.accept_problem,
-        "warnings": result.warnings,
-        "sglang_commit": result.commit,
-    }
-
-    def apply(hs: HostState) -> None:
-        if hs.server is not None and hs.server.job_id == result.job_id:
-            hs.server.healthy, hs.server.verified = True, verified
-            hs.server.known_good_argv = result.argv if known_good else hs.server.known_good_argv
-        hs.set_phase(Phase.SERVING, f"server job {result.job_id} healthy")
-        failed = result.failures
-        hs.last_error = "; ".join(failed) if failed else None
-
-    store.update_host(host.name, apply)
+def _record_verified(store: StateStore, host: Host, result: ServeResult) -> None:
+    """Phase ``serving`` with what verification found; a command without problems becomes known-good."""
+    verified = Verification(
+        healthy_after_s=round(result.healthy_after, 1),
+        speculative=result.spec,
+        fp8_backend=result.fp8_backend,
+        fp8_runs=result.fp8_runs,
+        accept_length=result.accept_length,
+        min_accept=result.min_accept,
+        tuned_shapes_in_use=[s.key for s in result.shapes if s.in_use],
+        fallback={s.key: s.reason for s in result.shapes if not s.in_use},
+        problems=result.problems,
+        accept_problem=result.accept_problem,
+        warnings=result.warnings,
+        sglang_commit=result.commit,
+    )
+    failures = result.failures
+    store.update_host(host.name, lambda hs: hs.server_verified(result.job_id, verified, result.argv, failures))
 
 
 # --- stop-server ------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts.server_log import ServerLog, parse_server_log
 from orchestrator.inventory import Host
-from orchestrator.state import HostState, Phase, ServerRecord, StateStore, utc_now
+from orchestrator.state import HostState, ServerRecord, StateStore
 from orchestrator.transport.base import Runner
 
 SERVER_PURPOSE = "server"
@@ -213,9 +213,9 @@ def status_field(
         "healthy": running and health == 200,
         "port": record.port,
         "mtp": record.mtp,
-        "speculative": _speculative(info) if info else record.verified.get("speculative"),
+        "speculative": _speculative(info) if info else record.verified.speculative if record.verified else None,
         "accept_length": facts.avg_accept_length(info) if info else None,
-        "tuned_shapes_in_use": list(record.verified.get("tuned_shapes_in_use") or []),
+        "tuned_shapes_in_use": list(record.verification.tuned_shapes_in_use),
         "uptime_s": int((now - job.started_at).total_seconds()) if running and job and job.started_at else None,
     }
 
@@ -306,18 +306,6 @@ def stop_server(
 
 
 def record_stopped(hs: HostState, job_id: str | None = None, by: str | None = None) -> None:
-    """The server record (when it is job ``job_id``) marks who stopped it and when; phase rolled back."""
-    if hs.server is not None:
-        hs.server.healthy = False
-        if by is not None and hs.server.job_id == job_id:
-            hs.server.stopped_at, hs.server.stopped_by = utc_now(), by
-    if hs.phase in (Phase.SERVING, Phase.LAUNCHING, Phase.FAILED):
-        hs.set_phase(_phase_before_launch(hs), "server stopped" + (f" by {by}" if by else ""))
-
-
-def _phase_before_launch(hs: HostState) -> Phase:
-    """The phase the host was in before its last ``launching`` (``pulled`` when unknown)."""
-    for change in reversed(hs.history):
-        if change.to_phase == Phase.LAUNCHING and change.from_phase not in (Phase.SERVING, Phase.FAILED):
-            return change.from_phase
-    return Phase.PULLED
+    """The server record (when it is job ``job_id``) marks who stopped it and when; phase rolled back
+    (``HostState.server_stopped``)."""
+    hs.server_stopped(job_id, by)

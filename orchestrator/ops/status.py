@@ -208,7 +208,7 @@ def pending_restart(
     """Which commit the server runs (recorded at launch) and the checkout's now; a restart is pending
     when a running server would pick up something new: a checkout that moved since launch, or tuned
     configs installed after it started (``configs_since_launch``)."""
-    runs = record.commit or record.verified.get("sglang_commit")
+    runs = record.commit or record.verification.sglang_commit
     running = field.get("job_state") == "running"
     moved = bool(running and runs and checkout and runs != checkout)
     newer = sorted(k for k, r in tuning.installed.items() if r.installed_at > record.started_at) if running else []

@@ -58,8 +58,8 @@ def test_bench_two_labels_compared_stored_reported_and_notified(make_fleet, tmp_
     state = StateStore(env.state).load()
     for host in hosts:
         hs = state.hosts[host.name]
-        assert [b["label"] for b in hs.benchmarks] == ["a", "b"]
-        run = hs.benchmarks[-1]
+        assert [b.label for b in hs.benchmarks] == ["a", "b"]
+        run = hs.benchmarks[-1].model_dump(mode="json")
         assert run["module"] == "sglang.benchmark.serving"
         assert run["metrics"]["completed"] == 6 and run["metrics"]["output_throughput"] > 0
         assert run["metrics"]["accept_length"] > 1
@@ -113,7 +113,7 @@ def test_bench_of_a_killed_orch_is_collected_not_started_twice(make_fleet) -> No
     assert again.returncode == 0, again.output
     assert f"{host.name}: first: " in again.stdout and "started none" in again.stdout
     hs = StateStore(env.state).load().hosts[host.name]
-    assert [b["label"] for b in hs.benchmarks] == ["first"]
+    assert [b.label for b in hs.benchmarks] == ["first"]
     assert [j.state for j in hs.jobs.values() if j.kind == "bench"] == ["succeeded"]
     assert len(list(Path(host.workdir, "jobs").glob("bench-*"))) == 1
 
@@ -136,7 +136,7 @@ def test_bench_shows_progress_and_settings_refuses_an_unknown_baseline_first_and
     assert first.returncode == 0, first.output
     assert re.search(rf"{host.name}: benchmark job bench-\S+: \d+/12 requests done, \d+ s", first.stderr), first.stderr
     commit = head_commit(host)[:7]
-    backend = StateStore(env.state).load().hosts[host.name].benchmarks[-1]["fp8_backend"]
+    backend = StateStore(env.state).load().hosts[host.name].benchmarks[-1].fp8_backend
     settings = f"12 prompts 32/128 tok ratio 1 conc 2, {backend}, MTP EAGLE, SGLang {commit}"
     assert f"{host.name}:   settings: {settings}" in first.stdout
     bench_jobs = lambda: list(Path(host.workdir, "jobs").glob("bench-*"))  # noqa: E731

@@ -40,9 +40,9 @@ def test_run_killed_twenty_times_at_seeded_moments_tunes_serves_and_benchmarks_o
     assert fig.phases == {"sim-1": "serving", "sim-2": "serving"} and all(fig.verified.values())
     state = StateStore(runs.state).load()
     for name, hs in state.hosts.items():
-        assert set(hs.steps["done"]) == {"pull", "tune-fp8", "serve", "bench"}, name
+        assert set(hs.steps.done) == {"pull", "tune-fp8", "serve", "bench"}, name
         (bench,) = kills.job_dirs(env.fleet.host(name), "bench")
-        assert [b["job_id"] for b in hs.benchmarks] == [bench.name]  # the one benchmark, recorded once
+        assert [b.job_id for b in hs.benchmarks] == [bench.name]  # the one benchmark, recorded once
 
 
 def _orch(env: FleetEnv, *args: str) -> subprocess.Popen[bytes]:
@@ -137,4 +137,4 @@ def test_run_killed_between_starting_its_benchmark_and_recording_it_collects_tha
     assert f"{host.name}: bench: done" in again.stderr and "(collected)" in again.stderr
     assert kills.job_dirs(host, "bench") == [job]  # its result collected, no second benchmark
     hs = StateStore(env.state).load().hosts[host.name]
-    assert [b["job_id"] for b in hs.benchmarks] == [job.name] and hs.jobs[job.name].state == "succeeded"
+    assert [b.job_id for b in hs.benchmarks] == [job.name] and hs.jobs[job.name].state == "succeeded"

@@ -75,12 +75,12 @@ def test_bench_killed_before_recording_its_job_is_adopted_not_started_again(make
     assert f"{host.name}: first: " in again.stdout and "started none" in again.stdout
     assert bench_dirs(host) == [started]  # exactly one benchmark ever started on the host
     hs = StateStore(env.state).load().hosts[host.name]
-    assert [(b["label"], b["job_id"]) for b in hs.benchmarks] == [("first", started.name)]
+    assert [(b.label, b.job_id) for b in hs.benchmarks] == [("first", started.name)]
     assert [(j.id, j.state) for j in hs.jobs.values() if j.kind == "bench"] == [(started.name, "succeeded")]
 
     third = env.orch("bench", "--label", "third", *SMALL)  # collected: the next run is a new benchmark
     assert third.returncode == 0, third.output
-    assert [b["label"] for b in StateStore(env.state).load().hosts[host.name].benchmarks] == ["first", "third"]
+    assert [b.label for b in StateStore(env.state).load().hosts[host.name].benchmarks] == ["first", "third"]
     assert len(bench_dirs(host)) == 2
 
 

@@ -78,8 +78,8 @@ def test_serve_with_mtp_on_two_hosts_is_verified_then_no_mtp_then_stopped(make_f
     assert hs.phase.value == "serving" and hs.server.mtp and hs.server.healthy
     assert hs.server.known_good_argv == hs.server.argv
     assert "--speculative-eagle-topk" in hs.server.argv and "--fp8-gemm-backend" in hs.server.argv
-    assert hs.server.verified["speculative"] == "EAGLE steps=3 topk=1 draft=4"
-    assert hs.server.verified["accept_length"] == pytest.approx(3.1)
+    assert hs.server.verified.speculative == "EAGLE steps=3 topk=1 draft=4"
+    assert hs.server.verified.accept_length == pytest.approx(3.1)
     status = env.orch("status", "--json")
     servers = {h["name"]: h["server"] for h in json.loads(status.stdout)["hosts"]}
     for server in servers.values():
@@ -267,7 +267,7 @@ def test_serve_waits_for_running_tuning_then_uses_the_tuned_configs(fleet1: Flee
     assert re.search(r"tuning is (running|ready-to-install): waiting for it before serving", run.stderr), run.stderr
     assert "units (" in run.stderr
     assert "tuned FP8 configs in use: 4/4" in run.stdout and "no tuned FP8 config" not in run.stderr
-    assert len(server_state(fleet1).server.verified["tuned_shapes_in_use"]) == 4
+    assert len(server_state(fleet1).server.verified.tuned_shapes_in_use) == 4
     auto = serve_ok(fleet1, "--playbook", playbook(tmp_path, "auto", fp8_gemm_backend=None))
     assert "tuned FP8 configs in use: 0/4" in auto.stdout
     assert "fp8-gemm-backend auto runs block-FP8 GEMMs on CUTLASS on sm_120" in auto.stdout
@@ -298,14 +298,14 @@ def test_every_shape_the_server_falls_back_on_is_reported_with_the_command_that_
         assert key in tune_line
     assert "orch tune-fp8 --host sim-1 --shapes '" in tune_line
     assert "FP8 GEMM backend: triton" in run.stdout
-    fallback = server_state(fleet1).server.verified["fallback"]
+    fallback = server_state(fleet1).server.verified.fallback
     assert "N=4096,K=256" in fallback  # recorded, not only printed
 
 
 def test_auto_backend_is_reported_as_cutlass_on_sm120(fleet1: FleetEnv, tmp_path: Path) -> None:
     run = serve_ok(fleet1, "--playbook", playbook(tmp_path, "auto", fp8_gemm_backend=None))
     assert "FP8 GEMM backend: auto = CUTLASS on sm_120 (tuned Triton configs unused)" in run.stdout
-    assert server_state(fleet1).server.verified["fp8_runs"].startswith("auto = CUTLASS")
+    assert server_state(fleet1).server.verified.fp8_runs.startswith("auto = CUTLASS")
 
 
 def test_a_slow_start_shows_the_time_waited_and_the_servers_last_log_line(fleet1: FleetEnv) -> None:

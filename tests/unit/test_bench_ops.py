@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,10 +51,12 @@ def test_default_label_names_commit_and_mtp() -> None:
     assert bench.default_label(server.model_copy(update={"mtp": False}), None) == "unknown no-mtp"
 
 
-def test_a_malformed_stored_result_is_a_state_error() -> None:
-    hs = HostState(benchmarks=[{"label": "a"}])
-    with pytest.raises(StateError, match="host gpu-1: a stored benchmark result is not valid"):
-        bench.records_of("gpu-1", hs)
+def test_a_malformed_stored_result_is_a_state_error(tmp_path: Path) -> None:
+    """Stored runs are ``BenchRecord``s, validated when the state file is read: a bad one names its key."""
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({"schema_version": 2, "hosts": {"gpu-1": {"benchmarks": [{"label": "a"}]}}}))
+    with pytest.raises(StateError, match=f"state file {path} is corrupt: hosts.gpu-1.benchmarks.0.at: Field required"):
+        StateStore(path).load()
 
 
 def test_no_stored_results_is_an_empty_comparison() -> None:
@@ -63,7 +66,7 @@ def test_no_stored_results_is_an_empty_comparison() -> None:
 def test_an_unknown_baseline_is_refused_before_anything_runs_naming_the_hosts_without_it(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "state.json")
     other = Host(name="gpu-2", address="10.0.0.2")
-    store.update_host("gpu-1", lambda hs: hs.benchmarks.append(a_record("before", 1.0).model_dump(mode="json")))
+    store.update_host("gpu-1", lambda hs: hs.benchmarks.append(a_record("before", 1.0)))
     bench.check_baseline(store, [HOST], BenchOptions(baseline="before"))  # known: nothing raised
     bench.check_baseline(store, [HOST, other], BenchOptions(label="new", baseline="new"))  # this run's own label
     with pytest.raises(UsageError) as caught:

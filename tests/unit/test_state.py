@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -18,6 +19,8 @@ from pydantic import ValidationError
 import orchestrator
 from orchestrator.errors import ExitCode, StateError
 from orchestrator.state import (
+    _MIGRATIONS,
+    SCHEMA_VERSION,
     HostState,
     JobRecord,
     Phase,
@@ -25,7 +28,9 @@ from orchestrator.state import (
     SGLangInfo,
     State,
     StateStore,
+    Verification,
 )
+from tests.unit.test_bench_facts import a_record
 
 REPO_ROOT = Path(orchestrator.__file__).resolve().parents[1]
 T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -80,9 +85,9 @@ def populate(state: State) -> None:
     host.set_phase(Phase.PULLED, "pulled 3 new commits")
     host.sglang = SGLangInfo(commit="a" * 40, short="aaaaaaa", subject="Fix", branch="main", behind=0)
     host.jobs["tune-1"] = a_job()
-    host.server = a_server(healthy=True, verified={"speculative_algorithm": "EAGLE"})
+    host.server = a_server(healthy=True, verified={"speculative": "EAGLE steps=3 topk=1 draft=4"})
     host.tuning = {"state": "running", "progress": {"tune.gpu0": {"offset": 90}}}  # type: ignore[assignment]
-    host.benchmarks.append({"label": "baseline", "output_tok_s": 1234.5})
+    host.benchmarks.append(a_record("baseline", 1234.5))
     host.last_seen = T0
 
 
@@ -332,8 +337,8 @@ def test_secret_added_by_mutation_is_refused_at_save(store: StateStore, state_pa
 def test_threads_sharing_a_store_lose_no_update(state_path: Path) -> None:
     stores = [StateStore(state_path), StateStore(state_path)]  # in-process lock, and flock between them
 
-    def increment(host: HostState) -> None:
-        host.steps["count"] = host.steps.get("count", 0) + 1
+    def increment(host: HostState) -> None:  # a counter in a string field: any read-modify-write will do
+        host.last_error = str(int(host.last_error or 0) + 1)
 
     def work(store: StateStore) -> None:
         for _ in range(20):
@@ -344,7 +349,7 @@ def test_threads_sharing_a_store_lose_no_update(state_path: Path) -> None:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
-    assert StateStore(state_path).load().hosts["h"].steps["count"] == 160
+    assert StateStore(state_path).load().hosts["h"].last_error == "160"
 
 
 # --- concurrency: real processes ----------------------------------------------------------------------
@@ -359,9 +364,9 @@ while not go.exists():
     time.sleep(0.001)
 
 def increment(host):
-    count = host.steps.get("count", 0)
+    count = int(host.last_error or 0)
     time.sleep(0.002)  # widen the read-modify-write window: without the lock, updates would be lost
-    host.steps["count"] = count + 1
+    host.last_error = str(count + 1)
 
 store = StateStore(path)
 for _ in range(50):
@@ -377,7 +382,7 @@ def test_two_processes_incrementing_lose_no_update(state_path: Path, tmp_path: P
     for worker in workers:
         _, stderr = worker.communicate(timeout=120)
         assert worker.returncode == 0, stderr
-    assert StateStore(state_path).load().hosts["h"].steps["count"] == 100
+    assert StateStore(state_path).load().hosts["h"].last_error == "100"
     assert files_in(state_path.parent) == {"state.json", "state.json.bak", "state.json.lock"}
 
 
@@ -434,3 +439,98 @@ def test_an_update_that_changes_nothing_writes_nothing_and_keeps_the_backup(tmp_
     assert store.path.stat().st_ino == inode  # not rewritten (a write renames a new file over it)
     assert store.backup_path.read_bytes() == backup  # still the version before the last real change
     assert json.loads(backup)["hosts"]["gpu-1"]["phase"] == "pulled"
+
+
+# --- schema migration -----------------------------------------------------------------------------------
+
+V1_DEMO = REPO_ROOT / "tests" / "data" / "state-v1-demo.json"
+"""A real schema_version 1 file: the state `orch demo --keep` (2 hosts) left, written by orch before the
+schema_version 2 models (commit 3a04ba3): pull, a baseline serve and benchmark, `orch run` through tuning,
+an MTP relaunch with verification and a benchmark, and a benchmark compared with the baseline."""
+
+
+def v1_copy(state_path: Path) -> dict[str, Any]:
+    state_path.parent.mkdir(parents=True, exist_ok=True)
+    state_path.write_bytes(V1_DEMO.read_bytes())
+    return dict(json.loads(V1_DEMO.read_text()))
+
+
+def test_a_v1_file_loads_typed_and_is_rewritten_as_v2_only_on_the_next_write(
+    store: StateStore, state_path: Path
+) -> None:
+    raw = v1_copy(state_path)
+    state = store.load()
+    assert state.schema_version == SCHEMA_VERSION == 2
+    assert state_path.read_bytes() == V1_DEMO.read_bytes()  # reading migrates in memory only
+    for name, hs in state.hosts.items():
+        old = raw["hosts"][name]
+        assert hs.server is not None and hs.server.verified is not None
+        assert hs.server.verified.model_dump() == old["server"]["verified"]  # every key typed, none lost
+        assert hs.steps is not None and hs.steps.playbook == old["steps"]["playbook"]
+        assert {k: v.isoformat() for k, v in hs.steps.done.items()} == old["steps"]["done"]
+        assert [b.model_dump(mode="json") for b in hs.benchmarks] == old["benchmarks"]
+        assert [b.label for b in hs.benchmarks] == ["baseline", "dd7fe09 mtp", "tuned+mtp"]
+    store.update_host("sim-1", lambda hs: setattr(hs, "last_error", "touched"))
+    written = json.loads(state_path.read_text())
+    assert written["schema_version"] == 2
+    assert json.loads(store.backup_path.read_text()) == raw  # .bak keeps the v1 file
+    expected = state.model_copy(deep=True)
+    expected.hosts["sim-1"].last_error = "touched"
+    assert StateStore(state_path).load() == expected
+
+
+def test_v1_empty_verification_and_steps_become_none(store: StateStore, state_path: Path) -> None:
+    state_path.parent.mkdir()
+    server = {"job_id": "s", "argv": ["python"], "port": 30000, "mtp": False, "verified": {}}
+    state_path.write_text(json.dumps({"schema_version": 1, "hosts": {"h": {"server": server, "steps": {}}}}))
+    hs = store.load().hosts["h"]
+    assert hs.steps is None and hs.server is not None and hs.server.verified is None
+    assert hs.server.verification == Verification()  # read as "nothing verified": no shape in use, no problem
+
+
+def test_a_v1_verification_written_by_an_older_orch_takes_the_defaults(store: StateStore, state_path: Path) -> None:
+    """orch of 75302fa wrote neither ``fp8_runs`` nor ``sglang_commit``."""
+    state_path.parent.mkdir()
+    verified = {"healthy_after_s": 4.2, "speculative": "off", "fp8_backend": "triton", "accept_length": None,
+                "min_accept": None, "tuned_shapes_in_use": [], "fallback": {}, "problems": [],
+                "accept_problem": None, "warnings": []}  # fmt: skip
+    server = {"job_id": "s", "argv": ["python"], "port": 30000, "mtp": False, "verified": verified}
+    state_path.write_text(json.dumps({"schema_version": 1, "hosts": {"h": {"server": server}}}))
+    hs = store.load().hosts["h"]
+    assert hs.server is not None and hs.server.verified is not None
+    assert (hs.server.verified.fp8_runs, hs.server.verified.sglang_commit) == ("", None)
+
+
+@pytest.mark.parametrize(
+    ("host", "where"),
+    [
+        ({"server": {"job_id": "s", "argv": [], "port": 1, "mtp": False, "verified": {"colour": "blue"}}},
+         r"hosts\.h\.server\.verified\.colour"),
+        ({"steps": {"playbook": "p", "done": {"pull": "yesterday"}}}, r"hosts\.h\.steps\.done\.pull"),
+        ({"benchmarks": [{"label": "a"}]}, r"hosts\.h\.benchmarks\.0"),
+    ],
+)  # fmt: skip
+def test_a_v1_file_that_does_not_migrate_is_a_clear_error_left_unchanged(
+    store: StateStore, state_path: Path, host: dict[str, Any], where: str
+) -> None:
+    state_path.parent.mkdir()
+    state_path.write_text(json.dumps({"schema_version": 1, "hosts": {"h": host}}))
+    before = state_path.read_bytes()
+    with pytest.raises(StateError, match=f"state file {state_path} is corrupt: {where}"):
+        store.load()
+    with pytest.raises(StateError), store.update():
+        pass
+    assert state_path.read_bytes() == before
+
+
+def test_a_v1_verification_holding_a_secret_is_refused(store: StateStore, state_path: Path) -> None:
+    state_path.parent.mkdir()
+    server = {"job_id": "s", "argv": [], "port": 1, "mtp": False, "verified": {"warnings": ["HF_TOKEN=x"]}}
+    state_path.write_text(json.dumps({"schema_version": 1, "hosts": {"h": {"server": server}}}))
+    with pytest.raises(StateError, match=r"hosts\.h\.server\.verified"):
+        store.load()
+
+
+def test_every_older_version_has_a_migration_to_the_next() -> None:
+    assert sorted(_MIGRATIONS) == list(range(1, SCHEMA_VERSION))
+    assert all(_MIGRATIONS[v] for v in _MIGRATIONS)

@@ -16,7 +16,7 @@ from orchestrator.fleet import HostResult
 from orchestrator.inventory import Host
 from orchestrator.ops import status as status_op
 from orchestrator.ops.status import GpuView, HostStatus
-from orchestrator.state import ServerRecord
+from orchestrator.state import ServerRecord, Verification
 from orchestrator.tuning.plan import make_plan
 from orchestrator.tuning.prepare import HostFacts, Prepared
 from orchestrator.tuning.progress import group_status, summary
@@ -225,7 +225,7 @@ def test_restart_is_pending_when_the_checkout_moved_or_configs_came_after_launch
         status_op.pending_restart(running, record(T0 + timedelta(hours=1)), COMMIT, tuned)["restart_pending"] is False
     )
     assert status_op.pending_restart({"job_state": "stopped"}, record(), other, tuned)["restart_pending"] is False
-    legacy = record(commit=None).model_copy(update={"verified": {"sglang_commit": other}})
+    legacy = record(commit=None).model_copy(update={"verified": Verification(sglang_commit=other)})
     assert status_op.pending_restart(running, legacy, other, TuningRecord())["commit"] == other
 
 
