@@ -2,7 +2,8 @@
 
 Like fabric's ``GroupResult``, each host maps to its result or the error it raised; one unreachable or
 failing host never stops or hides the others. A ``Fleet`` keeps one runner (one SSH connection) per
-host for the whole invocation, so every step of a command on a host reuses it.
+host for the whole invocation, so every step of a command on a host reuses it, and hands out one
+``HostSession`` per host (``session``, ``map_sessions``): what an operation takes.
 """
 
 from __future__ import annotations

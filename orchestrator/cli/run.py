@@ -64,13 +64,13 @@ def run(
     with app.fleet(selected, parallel) as fleet:
         redo = bool(from_step or only)
         if dry_run:
-            plans = fleet.map(lambda h, r: run_op.dry_run(h, r, app.store, recipe, steps, redo))
+            plans = fleet.map_sessions(lambda s: run_op.dry_run(s, recipe, steps, redo), app.store)
             for p in plans.succeeded:
                 out.print(f"{p.host.name}:\n" + "\n".join(p.value or []), markup=False)
             return finish(plans)
 
         def stops(host: Host, runner: Runner) -> bool:
-            return bool(run_op.stopping_steps(app.store, host, runner, recipe, steps, redo))
+            return bool(run_op.stopping_steps(fleet.session(host, app.store), recipe, steps, redo))
 
         def confirm(passed: list[Host]) -> None:
             ask_before_stopping(fleet, passed, bool(hosts or tags), yes, stops)
