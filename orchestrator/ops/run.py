@@ -280,12 +280,7 @@ def _serve(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> 
 
 def _resume_serve(ctx: RunContext, session: HostSession, options: ServeOptions) -> serve_op.ServeResult | None:
     """After an interrupted run: the server it launched still runs the same command → attach, do not relaunch."""
-    argv = serve_op.check_launch(session, ctx.recipe, options.mtp)
-    job = session.running_server()
-    if job is None or not serve_op.runs_argv(session, job, argv):
-        return None
-    ctx.say(session.host, f"serve: re-attaching to server job {job.id}, launched by the interrupted run")
-    return serve_op.reattach(session, ctx.recipe, options, job, argv)
+    return serve_op.resume(session, ctx.recipe, options, _step_say(ctx, session.host, "serve"))
 
 
 def was_interrupted(store: StateStore, host: Host, playbook: str, step: str) -> bool:

@@ -805,6 +805,20 @@ def _finish(session: HostSession, result: ServeResult) -> ServeResult:
     return result
 
 
+def resume(session: HostSession, recipe: Recipe, options: ServeOptions, report: Report) -> ServeResult | None:
+    """Finish the serve of an interrupted ``orch run``: when orch's running server job runs the launch
+    command, adopt it (``reattach``); None when there is none to adopt (the run serves as usual).
+
+    Unlike ``serve``'s ``interrupted_launch`` it needs no record of the launch: the run's own step
+    record says a serve was cut off."""
+    argv = check_launch(session, recipe, options.mtp)
+    job = session.running_server()
+    if job is None or not runs_argv(session, job, argv):
+        return None
+    report(f"re-attaching to server job {job.id}, launched by the interrupted run")
+    return reattach(session, recipe, options, job, argv)
+
+
 def reattach(
     session: HostSession, recipe: Recipe, options: ServeOptions, job: jobs.JobInfo, argv: list[str]
 ) -> ServeResult:
