@@ -302,7 +302,7 @@ def discover(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: 
     selected = app.select(hosts, tags)
     chosen = recipes(app, selected, playbook)
     with app.fleet(selected, parallel) as fleet:
-        results = fleet.map_sessions(lambda s: serve_op.discover_upstream(s, chosen[s.name]), app.store)
+        results = fleet.map(lambda h, r: serve_op.discover_upstream(h, r, chosen[h.name]))
     for r in results.succeeded:
         assert r.value is not None
         discovery_report(r.host, chosen[r.host.name], r.value)

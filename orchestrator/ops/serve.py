@@ -923,14 +923,14 @@ def stop_server(session: HostSession, recipe: Recipe, drain_timeout: float, repo
 # --- recipe discover --------------------------------------------------------------------------------------
 
 
-def discover_upstream(session: HostSession, recipe: Recipe) -> Discovery:
-    """The ``other_args`` of the host checkout's registered tests for the recipe's model family."""
-    host, runner = session.host, session.runner
+def discover_upstream(host: Host, runner: Runner, recipe: Recipe) -> Discovery:
+    """The ``other_args`` of the host checkout's registered tests for the recipe's model family (reads
+    no state: ``orch recipe discover`` works without a state file)."""
     family = model_family(recipe.model)
     listing = runner.run(list_tests_argv(host.sglang_dir), timeout=120)
     if not listing.ok:
         raise RefusedError(f"{host.name}: cannot list {host.sglang_dir}/{REGISTERED_TESTS}: {listing.stderr.strip()}")
-    found = Discovery(family, known_flags=session.server_surface().flags)
+    found = Discovery(family, known_flags=host_server(host, runner).flags)
     for path in family_tests(listing.stdout.splitlines(), family, recipe.source_tests):
         source = runner.read_bytes(path).decode(errors="replace")
         try:
