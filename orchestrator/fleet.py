@@ -98,10 +98,15 @@ class Fleet:
             return self._sessions[host.name]
 
     def map_sessions(
-        self, fn: Callable[[HostSession], T], store: StateStore, hosts: list[Host] | None = None
+        self,
+        fn: Callable[[HostSession], T],
+        store: StateStore | Callable[[], StateStore],
+        hosts: list[Host] | None = None,
     ) -> FleetResult[T]:
-        """``fn(session)`` on every host (``map`` with each host's ``HostSession``)."""
-        return self.map(lambda host, _runner: fn(self.session(host, store)), hosts)
+        """``fn(session)`` on every host (``map`` with each host's ``HostSession``). ``store`` may be
+        given as a function (``lambda: app.store``): it is then asked on each host's thread, so a state
+        file that cannot be read fails every host, as a value, like any other per-host error."""
+        return self.map(lambda host, _runner: fn(self.session(host, store() if callable(store) else store)), hosts)
 
     def map(self, fn: Callable[[Host, Runner], T], hosts: list[Host] | None = None) -> FleetResult[T]:
         """``fn(host, runner)`` on every host, ``parallel`` at a time; results in inventory order."""

@@ -83,7 +83,7 @@ def pull(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int,
                 out.print(f"{host.name}: $ {line}", markup=False)
         return int(ExitCode.OK)
     with app.fleet(selected, parallel) as fleet:
-        results = fleet.map_sessions(lambda s: pull_op.pull(s, install), app.store)
+        results = fleet.map_sessions(lambda s: pull_op.pull(s, install), lambda: app.store)
     pull_report(results)
     return finish(results)
 

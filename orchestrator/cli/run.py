@@ -64,7 +64,7 @@ def run(
     with app.fleet(selected, parallel) as fleet:
         redo = bool(from_step or only)
         if dry_run:
-            plans = fleet.map_sessions(lambda s: run_op.dry_run(s, recipe, steps, redo), app.store)
+            plans = fleet.map_sessions(lambda s: run_op.dry_run(s, recipe, steps, redo), lambda: app.store)
             for p in plans.succeeded:
                 out.print(f"{p.host.name}:\n" + "\n".join(p.value or []), markup=False)
             return finish(plans)

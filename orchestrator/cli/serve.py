@@ -124,7 +124,7 @@ def serve(
     chosen = app.recipes(selected, playbook, mtp=mtp)
     with app.fleet(selected, parallel) as fleet:
         if dry_run:
-            plans = fleet.map_sessions(lambda s: serve_op.dry_run(s, chosen[s.name], options), app.store)
+            plans = fleet.map_sessions(lambda s: serve_op.dry_run(s, chosen[s.name], options), lambda: app.store)
             for p in plans.succeeded:
                 out.print(f"{p.host.name}:\n" + "\n".join(f"  {line}" for line in p.value or []), markup=False)
             return serve_exit(plans)
@@ -132,7 +132,8 @@ def serve(
         replaces = lambda h, r: serve_op.would_replace(HostSession(h, r, app.store), chosen[h.name], options)  # noqa: E731
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes, replaces)
         results = fleet.map_sessions(
-            lambda s: serve_op.serve(s, chosen[s.name], options, reporter(s.host), peers(app, fleet)), app.store
+            lambda s: serve_op.serve(s, chosen[s.name], options, reporter(s.host), peers(app, fleet)),
+            lambda: app.store,
         )
     for r in results:
         result = r.value if r.ok else getattr(r.error, "result", None)
@@ -234,7 +235,7 @@ def stop_server(
     with app.fleet(selected, parallel) as fleet:
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes)
         results = fleet.map_sessions(
-            lambda s: serve_op.stop_server(s, chosen[s.name], drain_timeout, reporter(s.host)), app.store
+            lambda s: serve_op.stop_server(s, chosen[s.name], drain_timeout, reporter(s.host)), lambda: app.store
         )
     for r in results.succeeded:
         out.print(f"{r.host.name}: {stopped_line(r.value)}")

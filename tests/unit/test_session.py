@@ -8,7 +8,9 @@ from typing import Any, cast
 
 import pytest
 
+from orchestrator import jobs
 from orchestrator.inventory import Host
+from orchestrator.ops import serve as serve_op
 from orchestrator.session import HostSession
 from orchestrator.transport.base import CommandResult
 
@@ -139,3 +141,12 @@ def test_a_jobs_log_is_read_on_from_where_the_last_read_ended() -> None:
     assert session.log("server-1").read() is not None
     assert session.log("server-1").text == "one\ntwo\nthree\n"
     assert session.log("server-1").offset == len(b"one\ntwo\nthree\n")
+
+
+def test_a_jobs_argv_is_read_once_for_every_check_of_it() -> None:
+    runner = ScriptedRunner([], {"/w/jobs/server-1/argv": b"env\0A=1\0sglang\0serve\0"})
+    session = HostSession(HOST, runner, cast(Any, None))
+    (job,) = jobs.parse_list(SERVER, "/w")
+    assert serve_op.runs_argv(session, job, ["sglang", "serve"])  # already serving as asked?
+    assert not serve_op.runs_argv(session, job, ["sglang", "serve", "--port", "1"])  # an interrupted launch?
+    assert runner.count("read /w/jobs/server-1/argv") == 1
