@@ -2,7 +2,8 @@
 
 Like fabric's ``GroupResult``, each host maps to its result or the error it raised; one unreachable or
 failing host never stops or hides the others. A ``Fleet`` keeps one runner (one SSH connection) per
-host for the whole invocation, so every step of a command on a host reuses it.
+host for the whole invocation, so every step of a command on a host reuses it, and hands out one
+``HostSession`` per host (``session``, ``map_sessions``): what an operation takes.
 """
 
 from __future__ import annotations
@@ -112,10 +113,15 @@ class Fleet:
             return self._sessions[host.name]
 
     def map_sessions(
-        self, fn: Callable[[HostSession], T], store: StateStore, hosts: list[Host] | None = None
+        self,
+        fn: Callable[[HostSession], T],
+        store: StateStore | Callable[[], StateStore],
+        hosts: list[Host] | None = None,
     ) -> FleetResult[T]:
-        """``fn(session)`` on every host (``map`` with each host's ``HostSession``)."""
-        return self.map(lambda host, _runner: fn(self.session(host, store)), hosts)
+        """``fn(session)`` on every host (``map`` with each host's ``HostSession``). ``store`` may be
+        given as a function (``lambda: app.store``): it is then asked on each host's thread, so a state
+        file that cannot be read fails every host, as a value, like any other per-host error."""
+        return self.map(lambda host, _runner: fn(self.session(host, store() if callable(store) else store)), hosts)
 
     def map(self, fn: Callable[[Host, Runner], T], hosts: list[Host] | None = None) -> FleetResult[T]:
         """``fn(host, runner)`` on every host, ``parallel`` at a time; results in inventory order."""

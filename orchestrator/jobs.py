@@ -36,13 +36,20 @@ _PURPOSE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,80}$")
 
 # Every script below runs after this (``_script``): a live process's start time, field 22 of
 # /proc/<pid>/stat counted after the LAST ") ", since the process name before it (comm, in parentheses)
-# may hold spaces and ")"; nothing for a zombie (state Z or X: dead, only not reaped yet).
+# may hold spaces and ")"; nothing for a zombie (state Z or X: dead, only not reaped yet). And the one
+# "is this job still alive" check that start (attach), list and stop share.
 _STARTTIME = r"""
 starttime() {
   _stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
   _stat=${_stat##*") "}
   case $_stat in [ZX]*) return 0 ;; esac
   printf '%s\n' "$_stat" | cut -d' ' -f20
+}
+# job_alive DIR PID BOOT: the job in DIR still runs as PID, with the start time and in the boot it
+# recorded (after a reboot a pid, and a start time counted from boot, can belong to anyone).
+job_alive() {
+  [ -n "$2" ] && [ -r "/proc/$2/stat" ] && [ "$(starttime "$2")" = "$(cat "$1/starttime" 2>/dev/null)" ] \
+    && [ "$(cat "$1/boot_id" 2>/dev/null)" = "$3" ]
 }
 """
 
@@ -76,10 +83,7 @@ if [ -L "$link" ]; then
   old=$(readlink "$link")
   if [ ! -e "$old/exit_code" ] && [ -s "$old/pid" ]; then
     pid=$(cat "$old/pid")
-    if [ -r "/proc/$pid/stat" ] && [ "$(starttime "$pid")" = "$(cat "$old/starttime")" ] \
-       && [ "$(cat "$old/boot_id" 2>/dev/null)" = "$boot" ]; then
-      echo "attached ${old##*/} $pid"; exit 0
-    fi
+    if job_alive "$old" "$pid" "$boot"; then echo "attached ${old##*/} $pid"; exit 0; fi
   fi
 fi
 dir="$workdir/jobs/$id"
@@ -103,9 +107,7 @@ for d in "$workdir"/jobs/*/; do
   [ -d "$d" ] || continue
   d=${d%/}
   pid=$(cat "$d/pid" 2>/dev/null || true)
-  alive=0
-  if [ -n "$pid" ] && [ -r "/proc/$pid/stat" ] && [ "$(cat "$d/boot_id" 2>/dev/null)" = "$boot" ] \
-     && [ "$(starttime "$pid")" = "$(cat "$d/starttime" 2>/dev/null)" ]; then alive=1; fi
+  alive=0; job_alive "$d" "$pid" "$boot" && alive=1
   stop=0; [ -e "$d/stop_requested" ] && stop=1
   size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)
   printf 'job\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "${d##*/}" "$(cat "$d/purpose" 2>/dev/null)" "$pid" "$alive" \
@@ -120,11 +122,8 @@ dir=$1; grace=$2
 [ -e "$dir/exit_code" ] && { echo "ended"; exit 0; }
 pid=$(cat "$dir/pid" 2>/dev/null || true)
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
-alive() {
-  [ -r "/proc/$pid/stat" ] && [ "$(starttime "$pid")" = "$(cat "$dir/starttime")" ] \
-    && [ "$(cat "$dir/boot_id" 2>/dev/null)" = "$boot" ]
-}
-[ -n "$pid" ] && alive || { echo "lost"; exit 0; }
+alive() { job_alive "$dir" "$pid" "$boot"; }
+alive || { echo "lost"; exit 0; }
 touch "$dir/stop_requested"
 kill -s TERM -- "-$pid" 2>/dev/null || true
 end=$(( $(date +%s) + grace ))
@@ -191,6 +190,11 @@ class Started:
 def new_job_id(spec: JobSpec, now: datetime | None = None) -> str:
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%S")
     return f"{spec.purpose.replace(':', '-')}-{stamp}-{secrets.token_hex(2)}"
+
+
+def job_dir(workdir: str, job_id: str) -> str:
+    """The job's directory on the host (the layout in the module docstring)."""
+    return f"{workdir}/jobs/{job_id}"
 
 
 def _script(body: str) -> str:
@@ -263,7 +267,7 @@ def parse_list(stdout: str, workdir: str) -> list[JobInfo]:
                 ended_at=_epoch(ended),
                 log_size=int(size) if size.isdigit() else 0,
                 stop_requested=stop == "1",
-                dir=f"{workdir}/jobs/{job_id}",
+                dir=job_dir(workdir, job_id),
             )
         )
     return sorted(jobs, key=lambda j: (j.started_at or datetime.min.replace(tzinfo=timezone.utc), j.id))

@@ -5,21 +5,47 @@ A ``HostSession`` is what an operation works on (``op(session, recipe, options)`
 connection for the whole invocation) and the state store, and it caches each fact it reads from the
 host: a command asks ``session.git()`` or ``session.jobs()`` as often as it likes and the host is asked
 once. Whatever changes a fact on the host says so with ``forget("jobs")`` (or ``forget()`` for all),
-and the next read asks the host again.
+and the next read asks the host again. The facts and what forgets them:
 
-``Fleet.sessions`` hands out one session per host; they live as long as the fleet (its connections).
+==================  ==============================================  ==========================================
+fact                read by                                         forgotten by
+==================  ==============================================  ==========================================
+``git``             ``ops.status.read_git``                         pull (fetch, fast-forward)
+``jobs``            ``jobs.list_jobs``                              a job started or stopped
+``gpus``            ``ops.server.read_gpu_info`` (holders' jobs     a job started or stopped
+                    from ``jobs``)
+``server_surface``  ``ops.serve.host_server`` (``--help``, parser)  pull (new code, ``--install``)
+``server_info``     ``GET /server_info`` of a url                   a server started or stopped
+``tuned_configs``   ``ops.serve_configs.read_configs``              pull, tuning installed configs
+``log:<job>``       the job's ``LogReader`` (reads on from its      never: a job's log only grows
+                    offset)
+``argv:<job>``      the job's argv file                             never: a job's command never changes
+==================  ==============================================  ==========================================
+
+A fact's name may carry a key after a colon (``gpus:0,1``, ``server_info:http://...``);
+``forget("gpus")`` drops every key of it. Every read goes through the session's runner
+(``Runner.run`` / ``read_bytes``), so a counting wrapper around the runner sees each round trip.
+
+``Fleet.session`` hands out one session per host (``Fleet.map_sessions`` runs an operation on each);
+they live as long as the fleet (its connections). A session is for one invocation: facts another orch
+may change meanwhile (a job it started) are re-read only where an operation forgets them, so a long
+wait (a question to the operator) uses a fresh session.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from orchestrator import jobs
     from orchestrator.facts import git
     from orchestrator.inventory import Host
+    from orchestrator.jobs import JobInfo
+    from orchestrator.ops.serve import HostServer
+    from orchestrator.ops.serve_configs import TunedConfigs
+    from orchestrator.ops.server import GpuInfo, LogReader
     from orchestrator.state import HostState, StateStore
     from orchestrator.transport.base import Runner
 
@@ -56,13 +82,22 @@ class HostSession:
             self._facts[name] = value
         return value
 
+    def know(self, name: str, value: T) -> T:
+        """Cache ``value`` as the fact ``name``: it was read as part of another request (the
+        ``/server_info`` answer that ends the accept-length probe)."""
+        with self._lock:
+            self._facts[name] = value
+        return value
+
     def forget(self, *names: str) -> None:
-        """Drop the cached facts ``names`` (all of them when none is given): something changed them."""
+        """Drop the cached facts ``names``, each with all its keys (``gpus`` drops ``gpus:0,1``); all of
+        them when none is given: something changed them."""
         with self._lock:
             if not names:
                 self._facts.clear()
-            for name in names:
-                self._facts.pop(name, None)
+            for cached in list(self._facts):
+                if cached in names or cached.split(":", 1)[0] in names:
+                    del self._facts[cached]
 
     def git(self) -> git.GitInfo:
         """The host's SGLang checkout (``ops.status.read_git``): HEAD, branch, upstream, dirty files."""
@@ -75,6 +110,50 @@ class HostSession:
         from orchestrator import jobs as jobs_mod
 
         return self.fact("jobs", lambda: jobs_mod.list_jobs(self.runner, self.host.workdir))
+
+    def running_server(self) -> JobInfo | None:
+        """The server job orch launched that still runs on the host, if any (from ``jobs()``)."""
+        from orchestrator.ops.server import SERVER_PURPOSE
+
+        running = [j for j in self.jobs() if j.purpose == SERVER_PURPOSE and j.running]
+        return running[-1] if running else None
+
+    def gpus(self, indexes: Sequence[int]) -> GpuInfo:
+        """GPUs ``indexes``: their name and compute capability, and who holds them, each holder tied to
+        its orch job (``ops.server.read_gpu_info``, the jobs from ``jobs()``)."""
+        from orchestrator.ops.server import read_gpu_info
+
+        key = "gpus:" + ",".join(map(str, indexes))
+        return self.fact(key, lambda: read_gpu_info(self.host, self.runner, indexes, self.jobs))
+
+    def server_surface(self) -> HostServer:
+        """How the host starts SGLang's server and the flags it accepts (``ops.serve.host_server``)."""
+        from orchestrator.ops.serve import host_server
+
+        return self.fact("server_surface", lambda: host_server(self.host, self.runner))
+
+    def server_info(self, url: str) -> dict[str, Any]:
+        """``GET /server_info`` of the server at ``url`` (``ops.server.server_info``)."""
+        from orchestrator.ops.server import server_info
+
+        return self.fact(f"server_info:{url}", lambda: server_info(self.host, self.runner, url))
+
+    def tuned_configs(self, device: str) -> TunedConfigs:
+        """The tuned FP8 config files for ``device`` where the host's SGLang reads them (``read_configs``)."""
+        from orchestrator.ops.serve_configs import read_configs
+
+        return self.fact(f"tuned_configs:{device}", lambda: read_configs(self.host, self.runner, device))
+
+    def log(self, job: str) -> LogReader:
+        """The reader of job ``job``'s log: each ``read()`` asks only for the bytes since the last one."""
+        from orchestrator.jobs import job_dir
+        from orchestrator.ops.server import LogReader
+
+        return self.fact(f"log:{job}", lambda: LogReader(self.runner, f"{job_dir(self.host.workdir, job)}/log"))
+
+    def job_argv(self, job: JobInfo) -> list[bytes]:
+        """The NUL-separated words of the job's argv file (as the host's job directory holds them)."""
+        return self.fact(f"argv:{job.id}", lambda: self.runner.read_bytes(f"{job.dir}/argv").split(b"\0"))
 
     # --- state ----------------------------------------------------------------------------------------
 

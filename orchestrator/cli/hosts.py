@@ -47,7 +47,7 @@ def status(
     selected = app.select(hosts + detail_hosts, tags)
     with app.fleet(selected, parallel) as fleet:
         cached = app.store.load().hosts
-        results = fleet.map(lambda h, r: status_op.observe(h, r, app.store, cached.get(h.name), fetch))
+        results = fleet.map_sessions(lambda s: status_op.observe(s, cached.get(s.name), fetch), app.store)
     observed = [r.value for r in results if r.ok and r.value is not None]
     seen = status_op.record_seen(app.store, {h.name: h for h in selected}, observed)
     by_name = {o.status.name: status_op.merge_state(o, seen[o.status.name]) for o in observed}
@@ -88,7 +88,7 @@ def pull(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int,
                 out.print(f"{host.name}: $ {line}", markup=False)
         return int(ExitCode.OK)
     with app.fleet(selected, parallel) as fleet:
-        results = fleet.map(lambda h, r: pull_op.pull(h, r, app.store, install))
+        results = fleet.map_sessions(lambda s: pull_op.pull(s, install), lambda: app.store)
     pull_report(results)
     return finish(results)
 

@@ -63,13 +63,17 @@ def run(
     with app.fleet(selected, parallel) as fleet:
         redo = bool(from_step or only)
         if dry_run:
-            plans = fleet.map(lambda h, r: run_op.dry_run(h, r, app.store, chosen[h.name], steps[h.name], redo))
+            plans = fleet.map_sessions(
+                lambda s: run_op.dry_run(s, chosen[s.name], steps[s.name], redo), lambda: app.store
+            )
             for p in plans.succeeded:
                 out.print(f"{p.host.name}:\n" + "\n".join(p.value or []), markup=False)
             return finish(plans)
 
         def stops(host: Host, runner: Runner) -> bool:
-            return bool(run_op.stopping_steps(app.store, host, runner, chosen[host.name], steps[host.name], redo))
+            return bool(
+                run_op.stopping_steps(fleet.session(host, app.store), chosen[host.name], steps[host.name], redo)
+            )
 
         def confirm(passed: list[Host]) -> None:
             ask_before_stopping(fleet, passed, bool(hosts or tags), yes, stops)

@@ -18,6 +18,7 @@ from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.render import err, inert, out, table
+from orchestrator.session import HostSession
 
 _playbook = click.option(
     "--playbook", metavar="NAME_OR_PATH", help="Recipe name under playbooks/ or a YAML path. Default: the host's."
@@ -139,14 +140,16 @@ def serve(
     chosen = app.recipes(selected, playbook, mtp=mtp)
     with app.fleet(selected, parallel) as fleet:
         if dry_run:
-            plans = fleet.map(lambda h, r: serve_op.dry_run(h, r, app.store, chosen[h.name], options))
+            plans = fleet.map_sessions(lambda s: serve_op.dry_run(s, chosen[s.name], options), lambda: app.store)
             for p in plans.succeeded:
                 out.print(f"{p.host.name}:\n" + "\n".join(f"  {line}" for line in p.value or []), markup=False)
             return finish(plans)
-        replaces = lambda h, r: serve_op.would_replace(h, r, app.store, chosen[h.name], options)  # noqa: E731
+        # its own session: the question may wait long, serve reads the host afresh after it
+        replaces = lambda h, r: serve_op.would_replace(HostSession(h, r, app.store), chosen[h.name], options)  # noqa: E731
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes, replaces)
-        results = fleet.map(
-            lambda h, r: serve_op.serve(h, r, app.store, chosen[h.name], options, reporter(h), app.peers(fleet))
+        results = fleet.map_sessions(
+            lambda s: serve_op.serve(s, chosen[s.name], options, reporter(s.host), app.peers(fleet)),
+            lambda: app.store,
         )
     for r in results:
         result = r.value if r.ok else getattr(r.error, "result", None)
@@ -223,8 +226,8 @@ def stop_server(
     chosen = app.recipes(selected, playbook)
     with app.fleet(selected, parallel) as fleet:
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes)
-        results = fleet.map(
-            lambda h, r: serve_op.stop_server(h, r, app.store, chosen[h.name], drain_timeout, reporter(h))
+        results = fleet.map_sessions(
+            lambda s: serve_op.stop_server(s, chosen[s.name], drain_timeout, reporter(s.host)), lambda: app.store
         )
     for r in results.succeeded:
         out.print(f"{r.host.name}: {stopped_line(r.value)}")

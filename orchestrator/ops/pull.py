@@ -5,7 +5,9 @@ detached HEAD, or a branch that has diverged from upstream. A checkout already a
 upstream is success. The fast-forward runs under the state lock and is recorded in that transaction:
 when the lock cannot be had (exit 4) the checkout has not moved. Phase becomes ``pulled`` when the
 commit changed, or when the host was new or failed; a serving host whose checkout did not move keeps
-its phase.
+its phase. The session forgets what a pull changes: the checkout (``git``: a fetch alone changes
+the commits behind), and when the commit moved or ``--install`` ran, the SGLang code the server's
+flags and the tuned-config directory are read from.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from datetime import datetime, timezone
 from orchestrator.errors import RefusedError
 from orchestrator.facts import git
 from orchestrator.inventory import Host
-from orchestrator.ops.status import read_git, sglang_info
-from orchestrator.state import HostState, StateStore
+from orchestrator.ops.status import sglang_info
+from orchestrator.session import HostSession
+from orchestrator.state import HostState
 from orchestrator.transport.base import Runner, shell_command
+
+CHANGED_WITH_THE_CODE = ("server_surface", "tuned_configs")  # read from the host's SGLang
 
 
 @dataclass
@@ -58,30 +63,35 @@ def install_argv(host: Host) -> list[str]:
     return [host.python, "-m", "pip", "install", "-e", f"{host.sglang_dir.rstrip('/')}/python"]
 
 
-def pull(host: Host, runner: Runner, store: StateStore, install: bool = False) -> PullResult:
-    before = read_git(host, runner)
+def pull(session: HostSession, install: bool = False) -> PullResult:
+    host, runner = session.host, session.runner
+    before = session.git()
     _refuse_unsafe(host, runner, before)
+    session.forget("git")  # from the fetch on, the checkout is no longer what was read
     runner.run(git.fetch_argv(host.sglang_dir, host.remote), check=True, timeout=600)
     ahead = _check_not_diverged(host, runner)
     result = PullResult(old=before.commit, new=before.commit, ahead=ahead)
-    _fast_forward(host, runner, store, result)
+    _fast_forward(session, result)
     if result.changed:
+        session.forget(*CHANGED_WITH_THE_CODE)
         log = runner.run(git.log_argv(host.sglang_dir, before.commit, result.new), check=True)
         result.commits = git.parse_log(log.stdout)
     if install:
+        session.forget(*CHANGED_WITH_THE_CODE)
         runner.run(install_argv(host), cwd=host.sglang_dir, check=True, timeout=1800)
         result.installed = True
     return result
 
 
-def _fast_forward(host: Host, runner: Runner, store: StateStore, result: PullResult) -> None:
+def _fast_forward(session: HostSession, result: PullResult) -> None:
     """Move the checkout and record where it is in one state transaction: the state lock is taken
     first, so a lock orch cannot get (another orch holds it too long: ``StateError``, exit 4) means
     the checkout did not move, and a checkout that moved is always recorded."""
-    with store.update() as state:
+    host = session.host
+    with session.store.update() as state:
         if result.ahead == 0:
-            runner.run(git.fast_forward_argv(host.sglang_dir, host.upstream), check=True, timeout=300)
-        after = read_git(host, runner)
+            session.runner.run(git.fast_forward_argv(host.sglang_dir, host.upstream), check=True, timeout=300)
+        after = session.git()
         result.new = after.commit
         _record(state.host(host.name), host, after, result)
 

@@ -37,9 +37,8 @@ from orchestrator.ops import bench as bench_op
 from orchestrator.ops import pull as pull_op
 from orchestrator.ops import serve as serve_op
 from orchestrator.ops import server as server_host
-from orchestrator.ops.serve_configs import read_configs
-from orchestrator.ops.status import read_git
 from orchestrator.recipe import BenchOptions, PullOptions, Recipe, ServeOptions, Shape, Step, TuneOptions, parse_shapes
+from orchestrator.session import HostSession
 from orchestrator.state import HostState, StateStore, StepProgress
 from orchestrator.transport.base import Runner, shell_command
 from orchestrator.tuning.commands import tune_fp8
@@ -128,11 +127,12 @@ def is_done(store: StateStore, host: Host, playbook: str, step: str) -> bool:
     return step in recorded(store, host, playbook).done
 
 
-def run_step(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: HostRun) -> None:
+def run_step(ctx: RunContext, session: HostSession, step: Step, outcome: HostRun) -> None:
     """Run one step on one host unless it is already done; record it before and after."""
+    host = session.host
     playbook = ctx.playbook(host)
     if is_done(ctx.store, host, playbook, step.name):
-        why = gone(ctx, host, runner, step, outcome)
+        why = gone(ctx, session, step, outcome)
         if why is None:
             outcome.skipped.append(step.name)
             ctx.say(host, f"{step.name}: already done, skipped")
@@ -143,7 +143,7 @@ def run_step(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: H
     if not resumed:
         _mark(ctx.store, host, playbook, step.name, "running")
     try:
-        detail = STEPS[step.name](ctx, host, runner, step, resumed)
+        detail = STEPS[step.name](ctx, session, step, resumed)
     except Exception as exc:
         _mark(ctx.store, host, playbook, step.name, "failed", str(exc).splitlines()[0] if str(exc) else "")
         raise
@@ -153,14 +153,14 @@ def run_step(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: H
     ctx.say(host, f"{step.name}: done — {detail}")
 
 
-def gone(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: HostRun) -> str | None:
+def gone(ctx: RunContext, session: HostSession, step: Step, outcome: HostRun) -> str | None:
     """Why a step recorded as done must run again (its result no longer holds on the host), or None."""
     options = step.options
-    if isinstance(options, ServeOptions) and server_host.running_server(runner, host) is None:
+    if isinstance(options, ServeOptions) and session.running_server() is None:
         cause = "tune-fp8 ran in this run" if "tune-fp8" in outcome.done else "rebooted?"
         return f"no server of orch's runs now ({cause}): serving again"
     if isinstance(options, TuneOptions):
-        missing = missing_configs(host, runner, ctx.store, ctx.recipe(host), options)
+        missing = missing_configs(session, ctx.recipe(session.host), options)
         if missing:
             return f"no tuned config for {', '.join(missing)} where SGLang reads them: tuning again"
     if isinstance(options, BenchOptions) and "serve" in outcome.done:
@@ -168,15 +168,16 @@ def gone(ctx: RunContext, host: Host, runner: Runner, step: Step, outcome: HostR
     return None
 
 
-def missing_configs(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> list[str]:
+def missing_configs(session: HostSession, recipe: Recipe, options: TuneOptions) -> list[str]:
     """The step's shapes (``auto``/``logged``: those orch installed) whose config file for this GPU is
-    not in the directory the host's SGLang reads configs from."""
-    installed = record_of(store.load().hosts.get(host.name)).installed
+    not in the directory the host's SGLang reads configs from (the session's ``tuned_configs``: the
+    question before a run and the run itself read them once)."""
+    installed = record_of(session.state()).installed
     shapes = _done_shapes(options.shapes, recipe, list(installed))
     if not shapes:
         return []
-    device = next((d.device for d in installed.values()), None) or _device(runner)
-    configs = read_configs(host, runner, device)
+    device = next((d.device for d in installed.values()), None) or _device(session)
+    configs = session.tuned_configs(device)
     if configs.config_dir is None:
         return [s.key for s in shapes]
     return [s.key for s in shapes if not configs.has(s)]
@@ -190,15 +191,15 @@ def _done_shapes(spec: str, recipe: Recipe, installed: list[str]) -> list[Shape]
     return parse_shapes(spec)
 
 
-def _device(runner: Runner) -> str:
-    result = runner.run(gpu_facts.query_gpus_argv(), timeout=gpu_facts.CLIENT_TIMEOUT)
-    devices = gpu_facts.parse_gpus(gpu_facts.answer(runner.host, result))
+def _device(session: HostSession) -> str:
+    result = session.runner.run(gpu_facts.query_gpus_argv(), timeout=gpu_facts.CLIENT_TIMEOUT)
+    devices = gpu_facts.parse_gpus(gpu_facts.answer(session.name, result))
     return devices[0].name if devices else "unknown GPU"
 
 
-def _pull(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool) -> str:
+def _pull(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> str:
     assert isinstance(step.options, PullOptions)
-    result = pull_op.pull(host, runner, ctx.store, step.options.install)
+    result = pull_op.pull(session, step.options.install)
     if not result.changed:
         return f"already up to date at {result.new[:10]}"
     return f"{result.old[:10]} → {result.new[:10]} ({len(result.commits)} new commits)"
@@ -209,8 +210,9 @@ def _step_say(ctx: RunContext, host: Host, step: str) -> server_host.Report:
     return lambda message: ctx.say(host, f"{step}: {message}")
 
 
-def _tune(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool) -> str:
+def _tune(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> str:
     assert isinstance(step.options, TuneOptions)
+    host, runner = session.host, session.runner
     options = step.options.model_copy(update={"wait": True, "fleet": False if not ctx.lockstep else step.options.fleet})
     recipe = ctx.recipe(host)
     if options.stop_server and tuning_needed(host, runner, ctx.store, recipe, options):
@@ -219,16 +221,19 @@ def _tune(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool
             host, runner, ctx.store, gpus, drain, _step_say(ctx, host, "tune-fp8"), server_host.FOR_RUN_TUNING
         )
 
-    results = tune_fp8(
-        ctx.fleet,
-        [host],
-        ctx.store,
-        lambda _: recipe,
-        options,
-        ctx.peers,
-        on_progress=progress(ctx, host),
-        poll=1.0,
-    )
+    try:
+        results = tune_fp8(
+            ctx.fleet,
+            [host],
+            ctx.store,
+            lambda _: recipe,
+            options,
+            ctx.peers,
+            on_progress=progress(ctx, host),
+            poll=1.0,
+        )
+    finally:  # jobs started and ended, a server stopped, configs installed
+        session.forget("jobs", "gpus", "server_info", "tuned_configs")
     return _tune_outcome(results, host)
 
 
@@ -264,13 +269,13 @@ def _tune_outcome(results: FleetResult[TuneStatus], host: Host) -> str:
     )
 
 
-def _serve(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool) -> str:
+def _serve(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> str:
     """Serve; a step interrupted in an earlier run re-attaches to the server it launched, ``--from``/
     ``--only`` relaunch even a server that serves as asked."""
     assert isinstance(step.options, ServeOptions)
     options = step.options.model_copy(update={"force": True}) if ctx.redo else step.options
-    result = (_resume_serve(ctx, host, runner, options) if resumed and not ctx.redo else None) or serve_op.serve(
-        host, runner, ctx.store, ctx.recipe(host), options, _step_say(ctx, host, "serve"), ctx.peers
+    result = (_resume_serve(ctx, session, options) if resumed and not ctx.redo else None) or serve_op.serve(
+        session, ctx.recipe(session.host), options, _step_say(ctx, session.host, "serve"), ctx.peers
     )
     if result.unchanged:
         return f"already serving as asked (job {result.job_id})"
@@ -278,30 +283,28 @@ def _serve(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: boo
     return f"serving job {result.job_id}, speculative {result.spec}{accept}"
 
 
-def _resume_serve(ctx: RunContext, host: Host, runner: Runner, options: ServeOptions) -> serve_op.ServeResult | None:
+def _resume_serve(ctx: RunContext, session: HostSession, options: ServeOptions) -> serve_op.ServeResult | None:
     """After an interrupted run: the server it launched still runs the same command → attach, do not relaunch."""
-    argv = serve_op.check_launch(host, runner, ctx.recipe(host), options.mtp)
-    job = server_host.running_server(runner, host)
-    if job is None or not serve_op.runs_argv(runner, job, argv):
-        return None
-    ctx.say(host, f"serve: re-attaching to server job {job.id}, launched by the interrupted run")
-    return serve_op.reattach(host, runner, ctx.store, ctx.recipe(host), options, job, argv)
+    return serve_op.resume(session, ctx.recipe(session.host), options, _step_say(ctx, session.host, "serve"))
 
 
 def was_interrupted(store: StateStore, host: Host, playbook: str, step: str) -> bool:
     return recorded(store, host, playbook).running == step
 
 
-def _bench(ctx: RunContext, host: Host, runner: Runner, step: Step, resumed: bool) -> str:
+def _bench(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> str:
     assert isinstance(step.options, BenchOptions)
-    run = bench_op.bench(host, runner, ctx.store, ctx.recipe(host).bench, step.options)
+    try:
+        run = bench_op.bench(session.host, session.runner, ctx.store, ctx.recipe(session.host).bench, step.options)
+    finally:
+        session.forget("jobs")  # a benchmark job started
     record = run.record
     return f"{record.label}: {record.metrics.output_throughput:.1f} output tok/s" + (
         " (collected)" if run.attached else ""
     )
 
 
-STEPS: dict[str, Callable[[RunContext, Host, Runner, Step, bool], str]] = {
+STEPS: dict[str, Callable[[RunContext, HostSession, Step, bool], str]] = {
     "pull": _pull,
     "tune-fp8": _tune,
     "serve": _serve,
@@ -324,16 +327,18 @@ def run(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[HostRun
     done = {r.host.name: r for r in walk(ctx, passed, steps)}
     finished = [h for h in passed if (r := done[h.name].value) is not None and not r.done]
     finished = [h for h in finished if ctx.recipe(h).step("pull") is not None]
-    if finished:
-        ctx.fleet.map(lambda h, r: _next_round(ctx, h, r), finished)  # a host that cannot fetch says nothing
+    if finished:  # a host that cannot fetch says nothing
+        ctx.fleet.map_sessions(lambda s: _next_round(ctx, s), ctx.store, finished)
     return FleetResult([done[h.name] if h.name in done else HostResult(h, error=refused[h.name]) for h in hosts])
 
 
-def _next_round(ctx: RunContext, host: Host, runner: Runner) -> None:
+def _next_round(ctx: RunContext, session: HostSession) -> None:
     """A campaign with every step already done: fetch upstream and, when it moved on, say how to start
     the next round (the fetch changes no branch and no file of the checkout)."""
-    runner.run(git.fetch_argv(host.sglang_dir, host.remote), check=True, timeout=600)
-    info = read_git(host, runner)
+    host = session.host
+    session.runner.run(git.fetch_argv(host.sglang_dir, host.remote), check=True, timeout=600)
+    session.forget("git")
+    info = session.git()
     if info.behind:
         new = f"{info.behind} new commit{'s' if info.behind != 1 else ''}"
         ctx.say(
@@ -353,25 +358,25 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
     secret, every flag against the host's own ``--help``), so a recipe ``serve`` would refuse costs no
     tuning and stops no server. A pull may change the host's SGLang: ``serve`` checks again."""
 
-    def check(host: Host, runner: Runner) -> None:  # a serve done before may be redone (its server gone)
-        serve = next((s for s in steps[host.name] if isinstance(s.options, ServeOptions)), None)
+    def check(session: HostSession) -> None:  # a serve done before may be redone (its server gone)
+        serve = next((s for s in steps[session.name] if isinstance(s.options, ServeOptions)), None)
         if serve is not None:
             assert isinstance(serve.options, ServeOptions)
-            serve_op.check_launch(host, runner, ctx.recipe(host), serve.options.mtp)
+            serve_op.check_launch(session, ctx.recipe(session.host), serve.options.mtp)
 
-    return ctx.fleet.map(check, hosts)
+    return ctx.fleet.map_sessions(check, ctx.store, hosts)
 
 
 def run_independent(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[HostRun]:
     """Each host walks all its steps on its own thread; a failure stops only that host."""
 
-    def walk(host: Host, runner: Runner) -> HostRun:
+    def walk(session: HostSession) -> HostRun:
         outcome = HostRun()
-        for step in steps[host.name]:
-            run_step(ctx, host, runner, step, outcome)
+        for step in steps[session.name]:
+            run_step(ctx, session, step, outcome)
         return outcome
 
-    return ctx.fleet.map(walk, hosts)
+    return ctx.fleet.map_sessions(walk, ctx.store, hosts)
 
 
 def run_lockstep(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[HostRun]:
@@ -382,10 +387,10 @@ def run_lockstep(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResul
     for n in range(max((len(steps[h.name]) for h in hosts), default=0)):
         remaining = [h for h in hosts if h.name not in errors and n < len(steps[h.name])]
 
-        def one(host: Host, runner: Runner, n: int = n) -> None:
-            run_step(ctx, host, runner, steps[host.name][n], outcomes[host.name])
+        def one(session: HostSession, n: int = n) -> None:
+            run_step(ctx, session, steps[session.name][n], outcomes[session.name])
 
-        results = ctx.fleet.map(one, remaining)
+        results = ctx.fleet.map_sessions(one, ctx.store, remaining)
         errors.update({r.host.name: r.error for r in results if r.error is not None})
     return FleetResult(
         [HostResult(h, error=errors[h.name]) if h.name in errors else HostResult(h, outcomes[h.name]) for h in hosts]
@@ -402,18 +407,16 @@ def tuning_needed(host: Host, runner: Runner, store: StateStore, recipe: Recipe,
     return prepared.attach is None and bool(prepared.shapes)
 
 
-def stopping_steps(
-    store: StateStore, host: Host, runner: Runner, recipe: Recipe, steps: list[Step], redo: bool
-) -> list[str]:
+def stopping_steps(session: HostSession, recipe: Recipe, steps: list[Step], redo: bool) -> list[str]:
     """The steps that will run and may stop a running server: ``serve``, and ``tune-fp8`` with
     ``stop_server``, when not done (or ``redo``), or done but redone because a tuned config is gone."""
     playbook = str(recipe.path)
 
     def runs(step: Step) -> bool:
-        if redo or not is_done(store, host, playbook, step.name):
+        if redo or not is_done(session.store, session.host, playbook, step.name):
             return True
         options = step.options
-        return isinstance(options, TuneOptions) and bool(missing_configs(host, runner, store, recipe, options))
+        return isinstance(options, TuneOptions) and bool(missing_configs(session, recipe, options))
 
     return [
         s.name
@@ -426,14 +429,13 @@ def stopping_steps(
 # -- dry run -------------------------------------------------------------------------------------
 
 
-def dry_run(
-    host: Host, runner: Runner, store: StateStore, recipe: Recipe, steps: list[Step], redo: bool = False
-) -> list[str]:
+def dry_run(session: HostSession, recipe: Recipe, steps: list[Step], redo: bool = False) -> list[str]:
     """The plan: per step that would run, the exact remote commands and the server stops it makes;
     steps already done are listed as skipped (``redo``: ``--from``/``--only`` run them again). Reads
     the host, changes nothing."""
+    host, store = session.host, session.store
     lines: list[str] = []
-    server = server_host.running_server(runner, host)
+    server = session.running_server()
     playbook = str(recipe.path)
     moved = False  # an earlier step would pull or tune: serve's decision waits for them
     for step in steps:
@@ -443,9 +445,9 @@ def dry_run(
         lines.append(f"step {step.name}:")
         if isinstance(step.options, ServeOptions) and not moved:
             options = step.options.model_copy(update={"force": redo})
-            lines += [f"  {line}" for line in serve_op.dry_run(host, runner, store, recipe, options)]
+            lines += [f"  {line}" for line in serve_op.dry_run(session, recipe, options)]
             continue
-        commands, stops = _dry_step(host, runner, store, recipe, step)
+        commands, stops = _dry_step(session, recipe, step)
         moved = moved or isinstance(step.options, PullOptions) or not commands[0].startswith("(")
         if stops is not None and server is not None:
             lines.append(f"  (stops server job {server.id} {stops.why})")
@@ -454,21 +456,20 @@ def dry_run(
     return lines
 
 
-def _dry_step(
-    host: Host, runner: Runner, store: StateStore, recipe: Recipe, step: Step
-) -> tuple[list[str], server_host.Outage | None]:
+def _dry_step(session: HostSession, recipe: Recipe, step: Step) -> tuple[list[str], server_host.Outage | None]:
     """The step's remote commands, and why it would stop the running server (None: it would not)."""
     options = step.options
     if isinstance(options, TuneOptions):
-        commands = _dry_tune(host, runner, store, recipe, options)
+        commands = _dry_tune(session.host, session.runner, session.store, recipe, options)
         needed = not commands[0].startswith("(")
         return commands, server_host.FOR_RUN_TUNING if needed and options.stop_server else None
     if isinstance(options, ServeOptions):
-        return [shell_command(serve_op.check_launch(host, runner, recipe, options.mtp))], server_host.FOR_RELAUNCH
-    return _dry_commands(host, runner, store, recipe, step), None
+        return [shell_command(serve_op.check_launch(session, recipe, options.mtp))], server_host.FOR_RELAUNCH
+    return _dry_commands(session, recipe, step), None
 
 
-def _dry_commands(host: Host, runner: Runner, store: StateStore, recipe: Recipe, step: Step) -> list[str]:
+def _dry_commands(session: HostSession, recipe: Recipe, step: Step) -> list[str]:
+    host, runner = session.host, session.runner
     options = step.options
     if isinstance(options, PullOptions):
         return pull_op.dry_run_lines(host, options.install)

@@ -24,6 +24,9 @@ The flow on one host; every check runs before the running server is touched:
 5. ``verify``: ``/server_info``'s speculative settings and FP8 backend, which tuned shapes the log says
    are in use (or why each fell back), and the accept length after a short ``/generate`` probe against
    the minimum. Any miss is ``VerifyError`` (exit 5) — the server keeps running, phase ``serving``.
+Every step works on the host's ``HostSession``: the facts it reads (the server's flags, the GPUs and
+their holders, the checkout, the tuned configs, the jobs, ``/server_info``, the log) are asked once per
+serve, and forgotten where serve changes them (a server stopped or started).
 """
 
 from __future__ import annotations
@@ -49,9 +52,9 @@ from orchestrator.facts.server_upstream import (
 )
 from orchestrator.inventory import Host
 from orchestrator.ops import server as srv
-from orchestrator.ops.serve_configs import TunedConfigs, read_configs, tuned_elsewhere
-from orchestrator.ops.status import read_git
+from orchestrator.ops.serve_configs import TunedConfigs, tuned_elsewhere
 from orchestrator.recipe import Recipe, ServeOptions
+from orchestrator.session import HostSession
 from orchestrator.state import HostState, Phase, ServerRecord, StateStore, Verification, find_secret
 from orchestrator.transport.base import Runner, shell_command
 from orchestrator.tuning.commands import tuning_status, wait_for_tuning
@@ -117,10 +120,11 @@ class StartupFailed(HostError):
         self.tail = tail
 
 
-def check_launch(host: Host, runner: Runner, recipe: Recipe, mtp: bool) -> list[str]:
+def check_launch(session: HostSession, recipe: Recipe, mtp: bool) -> list[str]:
     """The launch argv once it passes the MTP rules, holds no secret (it goes into the state file and
-    the job directory), and the host's SGLang knows every flag; else RefusedError listing every problem."""
-    server = host_server(host, runner)
+    the job directory), and the host's SGLang knows every flag; else RefusedError listing every problem.
+    The host's server surface is read once per session (``orch run`` checks in preflight and again in serve)."""
+    host, server = session.host, session.server_surface()
     argv = facts.launch_argv(recipe, host, mtp=mtp, entrypoint=server.entrypoint)
     problems = facts.check_recipe(recipe, mtp=mtp)
     secret = find_secret(argv)
@@ -173,25 +177,21 @@ def _indent(text: str) -> str:
 
 
 def tuning_gate(
-    host: Host,
-    runner: Runner,
-    store: StateStore,
-    recipe: Recipe,
-    options: ServeOptions,
-    report: Report,
-    peers: Peers | None = None,
+    session: HostSession, recipe: Recipe, options: ServeOptions, report: Report, peers: Peers | None = None
 ) -> list[str]:
     """Wait for running tuning (or skip with ``wait_tuning=False``), refuse failed tuning unless
     ``use_installed_configs``; warnings.
 
     ``peers`` reaches the other hosts of a ``--fleet`` tuning group (their jobs are waited for too).
     """
+    host, runner, store = session.host, session.runner, session.store
     status = tuning_status(host, runner, store, peers)
     if status.state in ("running", "ready-to-install") and not options.wait_tuning:
         return [f"tuning is {status.state} ({status.percent:.0f}%); not waiting (--no-wait-tuning)"]
     if status.state in ("running", "ready-to-install"):
         report(f"tuning is {status.state}: waiting for it before serving")
         status = wait_for_tuning(host, runner, store, _progress(report), TUNING_POLL_SECONDS, peers)
+        session.forget("jobs", "gpus", "tuned_configs")  # tuning jobs ended, their configs installed
     elif status.state == "failed" and options.wait_tuning:
         # A job failed but the plan may still be recorded as running, its other jobs holding GPUs:
         # completing it records the failure and stops them (it returns at once if already recorded).
@@ -199,15 +199,16 @@ def tuning_gate(
     if status.state == "failed" and options.use_installed_configs:
         return [f"FP8 tuning failed ({status.reason}); serving with the configs installed (--use-installed-configs)"]
     if status.state == "failed" and options.wait_tuning:
-        raise RefusedError(failed_tuning_message(host, runner, store, recipe, status.reason or "unknown reason"))
+        raise RefusedError(failed_tuning_message(session, recipe, status.reason or "unknown reason"))
     return []
 
 
-def failed_tuning_message(host: Host, runner: Runner, store: StateStore, recipe: Recipe, reason: str) -> str:
+def failed_tuning_message(session: HostSession, recipe: Recipe, reason: str) -> str:
     """What a failed tuning leaves installed for this GPU and commit, and the two ways forward."""
-    devices = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host)).device or "unknown GPU"
-    commit = read_git(host, runner).commit
-    record = record_of(store.load().hosts.get(host.name))
+    host = session.host
+    devices = session.gpus(facts.server_gpus(recipe, host)).device or "unknown GPU"
+    commit = session.git().commit
+    record = record_of(session.state())
     ours = [s.key for s in recipe.tuning.shapes if _installed_here(record, s.key, devices, commit)]
     shown = f" ({', '.join(ours)})" if ours else ""
     return (
@@ -293,34 +294,33 @@ def _with_backend(argv: list[str], backend: str | None) -> list[str]:
 
 
 def serve(
-    host: Host,
-    runner: Runner,
-    store: StateStore,
+    session: HostSession,
     recipe: Recipe,
     options: ServeOptions,
     report: Report = srv._quiet,
     peers: Peers | None = None,
 ) -> ServeResult:
-    """Check, gate, relaunch and verify the server on ``host`` (the flow in the module docstring).
+    """Check, gate, relaunch and verify the server on the session's host (the flow in the module docstring).
 
     A server already running the same command, SGLang commit and tuned configs, verified as asked, is
     left alone (``ServeResult.unchanged``) unless ``options.force``.
     Raises RefusedError (nothing touched), StartupFailed (phase ``failed``; rolled back when asked)
     or VerifyError (serving, but not as asked).
     """
-    ready = preflight(host, runner, store, recipe, options, report, peers)
-    same = None if options.force else already_serving(host, runner, store, ready, options)
+    host, store = session.host, session.store
+    ready = preflight(session, recipe, options, report, peers)
+    same = None if options.force else already_serving(session, ready, options)
     if same is not None:
         return same
-    unverified = None if options.force else interrupted_launch(store, host, runner, ready)
+    unverified = None if options.force else interrupted_launch(session, ready)
     reason = f"serve: {'MTP' if options.mtp else 'no MTP'}"
     store.update_host(host.name, lambda hs: hs.server_launching(reason))
     try:
         if unverified is not None:
-            started = adopt(host, runner, store, ready, unverified, options, report)
+            started = adopt(session, ready, unverified, options, report)
         else:
-            started = relaunch(host, runner, store, ready, options, report)
-        result = verify(host, runner, ready.recipe, options, started, ready.gpus.compute_cap, report)
+            started = relaunch(session, ready, options, report)
+        result = verify(session, ready.recipe, options, started, ready.gpus.compute_cap, report)
     except StartupFailed:
         raise  # already recorded (and rolled back when asked)
     except HostError as exc:
@@ -328,7 +328,7 @@ def serve(
         raise
     result.warnings[:0] = ready.warnings
     result.stopped_job = ready.old.id if ready.old and unverified is None else None
-    return _finish(host, store, result)
+    return _finish(session, result)
 
 
 @dataclass
@@ -346,24 +346,18 @@ class Preflight:
 
 
 def preflight(
-    host: Host,
-    runner: Runner,
-    store: StateStore,
-    recipe: Recipe,
-    options: ServeOptions,
-    report: Report,
-    peers: Peers | None = None,
+    session: HostSession, recipe: Recipe, options: ServeOptions, report: Report, peers: Peers | None = None
 ) -> Preflight:
     """Recipe and flags, the tuning gate, the tuned configs on disk (which FP8 backend to launch), and
     the new server's GPUs (only orch's old server may hold them); RefusedError leaves everything as it was."""
     recipe = _forced(recipe, options)
-    argv = check_launch(host, runner, recipe, options.mtp)
-    warnings = tuning_gate(host, runner, store, recipe, options, report, peers)
-    ready = decide(host, runner, store, recipe, options, argv)
+    argv = check_launch(session, recipe, options.mtp)
+    warnings = tuning_gate(session, recipe, options, report, peers)
+    ready = decide(session, recipe, options, argv)
     ready.warnings[:0] = warnings
     for warning in ready.warnings:
         report(f"WARNING: {warning}")
-    srv.refuse_held_gpus(host, ready.gpus.holders, ready.old.id if ready.old else None, _UNTOUCHED)
+    srv.refuse_held_gpus(session.host, ready.gpus.holders, ready.old.id if ready.old else None, _UNTOUCHED)
     return ready
 
 
@@ -374,32 +368,31 @@ def _forced(recipe: Recipe, options: ServeOptions) -> Recipe:
     return recipe.model_copy(update={"fp8_gemm_backend": options.fp8_gemm_backend})
 
 
-def decide(
-    host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: ServeOptions, argv: list[str]
-) -> Preflight:
+def decide(session: HostSession, recipe: Recipe, options: ServeOptions, argv: list[str]) -> Preflight:
     """What would be launched now (the FP8 backend from the tuned configs on disk) and what runs: reads only."""
-    gpus = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host))
-    commit = read_git(host, runner).commit
-    configs = read_configs(host, runner, gpus.device or "unknown GPU")
-    record = record_of(store.load().hosts.get(host.name))
+    host = session.host
+    gpus = session.gpus(facts.server_gpus(recipe, host))
+    commit = session.git().commit
+    configs = session.tuned_configs(gpus.device or "unknown GPU")
+    record = record_of(session.state())
     launched, warnings = config_gate(host, recipe, options, configs, record, commit, gpus.compute_cap)
-    old = srv.running_server(runner, host)
+    old = session.running_server()
     argv = _with_backend(argv, launched.fp8_gemm_backend)
     return Preflight(argv, gpus, old, warnings, launched, commit, configs.files)
 
 
-def would_replace(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: ServeOptions) -> bool:
+def would_replace(session: HostSession, recipe: Recipe, options: ServeOptions) -> bool:
     """Whether ``serve`` would stop the running server: not when it already serves as asked (when
     tuning runs, serve decides after it: counted as a replacement)."""
-    lines = dry_run(host, runner, store, recipe, options)
+    lines = dry_run(session, recipe, options)
     return not lines[0].startswith(("(already serving", "(refuses", "(re-attaches"))
 
 
-def dry_run(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: ServeOptions) -> list[str]:
+def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list[str]:
     """What ``serve`` would do now, without waiting for tuning or touching anything: the lines to print."""
     recipe = _forced(recipe, options)
-    argv = check_launch(host, runner, recipe, options.mtp)
-    status = tuning_status(host, runner, store)
+    argv = check_launch(session, recipe, options.mtp)
+    status = tuning_status(session.host, session.runner, session.store)
     if status.state in ("running", "ready-to-install") and options.wait_tuning:
         return [
             f"(waits for tuning, {status.state} at {status.percent:.0f}%, then decides)",
@@ -407,11 +400,11 @@ def dry_run(host: Host, runner: Runner, store: StateStore, recipe: Recipe, optio
         ]
     if status.state == "failed" and options.wait_tuning and not options.use_installed_configs:
         return [f"(refuses: FP8 tuning failed: {status.reason}; --use-installed-configs serves anyway)"]
-    ready = decide(host, runner, store, recipe, options, argv)
-    same = None if options.force else already_serving(host, runner, store, ready, options)
+    ready = decide(session, recipe, options, argv)
+    same = None if options.force else already_serving(session, ready, options)
     if same is not None:
         return [f"(already serving as asked (job {same.job_id}): nothing to do; --force relaunches)"]
-    unverified = None if options.force else interrupted_launch(store, host, runner, ready)
+    unverified = None if options.force else interrupted_launch(session, ready)
     if unverified is not None:
         return [f"(re-attaches to server job {unverified.id}, {_ADOPTED}, and verifies it; --force relaunches)"]
     lines = [f"WARNING: {w}" for w in ready.warnings]
@@ -424,53 +417,57 @@ _UNTOUCHED = "the running server was left untouched"
 _ADOPTED = "started with this command by a serve that was cut off before verifying it"
 
 
-def already_serving(
-    host: Host, runner: Runner, store: StateStore, ready: Preflight, options: ServeOptions
-) -> ServeResult | None:
+def already_serving(session: HostSession, ready: Preflight, options: ServeOptions) -> ServeResult | None:
     """The running server as recorded, when it runs ``ready.argv`` on the same SGLang commit with the
     same tuned config files, answers ``/health`` and was verified as asked (accept length against
     today's minimum); None when it must be relaunched."""
-    hs = store.load().hosts.get(host.name)
-    record = hs.server if hs is not None else None
+    record = session.state().server
     if ready.old is None or record is None or record.job_id != ready.old.id or record.verified is None:
         return None
-    if (record.commit, record.configs) != (ready.commit, ready.configs) or not runs_argv(runner, ready.old, ready.argv):
+    if not _same_launch(session, record, ready):
         return None
-    if srv.health(host, runner, facts.base_url(ready.recipe, host)) != 200:
+    if srv.health(session.host, session.runner, facts.base_url(ready.recipe, session.host)) != 200:
         return None
     result = recorded_result(record, ready.recipe, options)
     return result if not result.failures else None
 
 
-def interrupted_launch(store: StateStore, host: Host, runner: Runner, ready: Preflight) -> jobs.JobInfo | None:
+def interrupted_launch(session: HostSession, ready: Preflight) -> jobs.JobInfo | None:
     """The running server when a serve cut off after launching it (orch killed, connection lost) left it
     unverified: recorded as ours, never verified, running ``ready.argv`` on the same commit and tuned
     configs; or cut off before it could record it (``launched_unrecorded``). Adopting it (``adopt``)
     finishes that serve; replacing it would stop a good server."""
-    hs = store.load().hosts.get(host.name)
+    hs = session.store.load().hosts.get(session.host.name)
     record = hs.server if hs is not None else None
     if ready.old is None or hs is None:
         return None
     if record is None or record.job_id != ready.old.id:
-        return ready.old if launched_unrecorded(hs, runner, ready.old, ready.argv) else None
+        return ready.old if launched_unrecorded(hs, session, ready.old, ready.argv) else None
     if record.verified is not None:
         return None
-    if (record.commit, record.configs) != (ready.commit, ready.configs) or not runs_argv(runner, ready.old, ready.argv):
+    if not _same_launch(session, record, ready):
         return None
     return ready.old
 
 
-def launched_unrecorded(hs: HostState, runner: Runner, job: jobs.JobInfo, argv: list[str]) -> bool:
+def _same_launch(session: HostSession, record: ServerRecord, ready: Preflight) -> bool:
+    """Whether the recorded server runs what ``ready`` would launch: commit, tuned configs and argv."""
+    assert ready.old is not None
+    same = (record.commit, record.configs) == (ready.commit, ready.configs)
+    return same and runs_argv(session, ready.old, ready.argv)
+
+
+def launched_unrecorded(hs: HostState, session: HostSession, job: jobs.JobInfo, argv: list[str]) -> bool:
     """Whether running server job ``job``, which the state does not record, is the one a serve started
     just before it was cut off (killed between the job's start and its record): the host is still in
     phase ``launching`` (which serve saves just before the launch, and every other step leaves), and
     the job runs ``argv``. Its commit and configs are today's: nothing else ran since."""
-    return hs.phase == Phase.LAUNCHING and job.id not in hs.jobs and runs_argv(runner, job, argv)
+    return hs.phase == Phase.LAUNCHING and job.id not in hs.jobs and runs_argv(session, job, argv)
 
 
-def runs_argv(runner: Runner, job: jobs.JobInfo, argv: list[str]) -> bool:
+def runs_argv(session: HostSession, job: jobs.JobInfo, argv: list[str]) -> bool:
     """Whether server job ``job`` was started with ``argv`` (its job directory's NUL-separated argv file)."""
-    started = runner.read_bytes(f"{job.dir}/argv").split(b"\0")[-len(argv) - 1 : -1]
+    started = session.job_argv(job)[-len(argv) - 1 : -1]
     return started == [a.encode() for a in argv]
 
 
@@ -496,95 +493,96 @@ class Started:
     commit: str | None = None  # the SGLang checkout's HEAD when the server started: the code it runs
 
 
-def relaunch(
-    host: Host, runner: Runner, store: StateStore, ready: Preflight, options: ServeOptions, report: Report
-) -> Started:
+def relaunch(session: HostSession, ready: Preflight, options: ServeOptions, report: Report) -> Started:
     """Stop the old server (said first), start the new one, wait until healthy; on failure stop it,
     mark ``failed``, roll back."""
-    gpus = facts.server_gpus(ready.recipe, host)
+    gpus = facts.server_gpus(ready.recipe, session.host)
     if ready.old is not None:
-        srv.stop_job(host, runner, ready.old, gpus, options.drain_timeout, report, srv.FOR_RELAUNCH)
+        stop_job(session, ready.old, gpus, options.drain_timeout, report, srv.FOR_RELAUNCH)
     try:
-        return launch(host, runner, store, ready.argv, gpus, options, ready.recipe, report, ready.configs)
+        return launch(session, ready.argv, options, ready.recipe, report, ready.configs)
     except StartupFailed as failure:
-        _failed_start(host, runner, store, ready, options, failure, report)
+        _failed_start(session, ready, options, failure, report)
         raise
 
 
-def adopt(
-    host: Host,
-    runner: Runner,
-    store: StateStore,
-    ready: Preflight,
-    job: jobs.JobInfo,
-    options: ServeOptions,
-    report: Report,
-) -> Started:
+def stop_job(
+    session: HostSession, job: jobs.JobInfo, gpus: Sequence[int], drain: float, report: Report, outage: srv.Outage
+) -> str:
+    """``srv.stop_job``, then the session forgets what the stop changed (its jobs, GPUs, the server)."""
+    try:
+        return srv.stop_job(session.host, session.runner, job, gpus, drain, report, outage)
+    finally:
+        session.forget("jobs", "gpus", "server_info")
+
+
+def adopt(session: HostSession, ready: Preflight, job: jobs.JobInfo, options: ServeOptions, report: Report) -> Started:
     """Finish the serve that launched ``job`` (``interrupted_launch``): wait until healthy, nothing
     stopped or started; a failed start is handled as ``relaunch`` handles its own."""
     report(f"re-attaching to server job {job.id}, {_ADOPTED}; waiting for /health")
     _record_server(
-        store, host, job.id, ready.argv, "--speculative-algorithm" in ready.argv, ready.commit, ready.configs
+        session.store,
+        session.host,
+        job.id,
+        ready.argv,
+        "--speculative-algorithm" in ready.argv,
+        ready.commit,
+        ready.configs,
     )
     begin = time.monotonic()
-    url = facts.base_url(ready.recipe, host)
+    url = facts.base_url(ready.recipe, session.host)
     try:
-        log = wait_healthy(host, runner, job.id, url, health_timeout(ready.recipe, options), report)
+        log = wait_healthy(session, job.id, url, health_timeout(ready.recipe, options), report)
     except StartupFailed as failure:
-        _failed_start(host, runner, store, ready, options, failure, report)
+        _failed_start(session, ready, options, failure, report)
         raise
     report(f"healthy after {time.monotonic() - begin:.0f} s more")
     return Started(job.id, ready.argv, log, time.monotonic() - begin, ready.commit)
 
 
 def _failed_start(
-    host: Host,
-    runner: Runner,
-    store: StateStore,
-    ready: Preflight,
-    options: ServeOptions,
-    failure: StartupFailed,
-    report: Report,
+    session: HostSession, ready: Preflight, options: ServeOptions, failure: StartupFailed, report: Report
 ) -> None:
     """The new server failed to start: stop it, mark ``failed``, roll back when asked."""
-    _stop_failed(host, runner, failure.job_id, facts.server_gpus(ready.recipe, host), options, report)
-    _mark_failed(host, store, failure.message.splitlines()[0])
+    _stop_failed(session, failure.job_id, facts.server_gpus(ready.recipe, session.host), options, report)
+    _mark_failed(session.host, session.store, failure.message.splitlines()[0])
     if options.rollback:
-        rollback(host, runner, store, ready.recipe, options, failure, report)
+        rollback(session, ready.recipe, options, failure, report)
 
 
-def _stop_failed(
-    host: Host, runner: Runner, job_id: str, gpus: Sequence[int], options: ServeOptions, report: Report
-) -> None:
+def _stop_failed(session: HostSession, job_id: str, gpus: Sequence[int], options: ServeOptions, report: Report) -> None:
     """Stop a server that failed to start (it may hang, holding its GPUs); its log stays on the host."""
-    job = jobs.find(runner, host.workdir, job_id)
+    job = jobs.find(session.runner, session.host.workdir, job_id)
     if job.running:
-        srv.stop_job(host, runner, job, gpus, options.drain_timeout, report, srv.FAILED_START)
+        stop_job(session, job, gpus, options.drain_timeout, report, srv.FAILED_START)
 
 
 def launch(
-    host: Host,
-    runner: Runner,
-    store: StateStore,
+    session: HostSession,
     argv: list[str],
-    gpus: Sequence[int],
     options: ServeOptions,
     recipe: Recipe,
     report: Report,
     configs: dict[str, float],
 ) -> Started:
     """Start ``argv`` as the server job, record it (with the commit and the tuned ``configs`` files it
-    starts with), and wait until ``/health`` answers 200."""
-    spec = jobs.JobSpec(kind="server", purpose=srv.SERVER_PURPOSE, argv=argv, gpus=tuple(gpus))
-    commit = read_git(host, runner).commit
-    job = jobs.start(runner, host.workdir, spec)
+    starts with), and wait until ``/health`` answers 200. The commit is the session's ``git()``:
+    serve reads it in ``decide`` and nothing since moved the checkout."""
+    host, store = session.host, session.store
+    gpus = tuple(facts.server_gpus(recipe, host))
+    spec = jobs.JobSpec(kind="server", purpose=srv.SERVER_PURPOSE, argv=argv, gpus=gpus)
+    commit = session.git().commit
+    try:
+        job = jobs.start(session.runner, host.workdir, spec)
+    finally:
+        session.forget("jobs", "gpus", "server_info")
     if job.attached:  # another orch started a server between our check and now: leave it to that one
         raise RefusedError(f"{host.name}: server job {job.job_id} appeared meanwhile (another orch?); not replacing it")
     _record_server(store, host, job.job_id, argv, "--speculative-algorithm" in argv, commit, configs)
     report(f"started server job {job.job_id} on port {host.server_port}; waiting for /health")
     begin = time.monotonic()
     url = facts.base_url(recipe, host)
-    log = wait_healthy(host, runner, job.job_id, url, health_timeout(recipe, options), report)
+    log = wait_healthy(session, job.job_id, url, health_timeout(recipe, options), report)
     report(f"healthy after {time.monotonic() - begin:.0f} s")
     return Started(job.job_id, argv, log, time.monotonic() - begin, commit)
 
@@ -594,14 +592,13 @@ def health_timeout(recipe: Recipe, options: ServeOptions) -> float:
     return options.health_timeout if options.health_timeout is not None else recipe.health_timeout
 
 
-def wait_healthy(
-    host: Host, runner: Runner, job_id: str, url: str, timeout: float, report: Report = srv._quiet
-) -> ServerLog:
+def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float, report: Report = srv._quiet) -> ServerLog:
     """Poll ``/health`` until 200; StartupFailed on a crash in the log, the job's exit, or ``timeout``.
 
     A first DeepSeek-V4 launch may take an hour: every ``HEALTH_REPORT_SECONDS`` (the first after
     ``HEALTH_REPORT_FIRST``) ``report`` hears the time waited and the server's last log line."""
-    reader = srv.LogReader(runner, f"{host.workdir}/jobs/{job_id}/log")
+    host, runner = session.host, session.runner
+    reader = session.log(job_id)
     begin = time.monotonic()
     next_report = begin + HEALTH_REPORT_FIRST
     lost: float | None = None  # when the connection was lost, while it stays lost
@@ -612,10 +609,10 @@ def wait_healthy(
             if status == 200:
                 return log
             now = time.monotonic()
-            _check_alive(host, runner, job_id, log, reader, timeout if now - begin > timeout else None)
+            _check_alive(session, job_id, log, reader, timeout if now - begin > timeout else None)
             lost = None
         except UnreachableError as exc:
-            lost = _reconnect(host, runner, exc, lost, begin + timeout, report)
+            lost = _reconnect(session, exc, lost, begin + timeout, report)
             now = time.monotonic()
         if now >= next_report:
             report(starting_line(now - begin, timeout, reader.text))
@@ -625,8 +622,7 @@ def wait_healthy(
 
 
 def _reconnect(
-    host: Host,
-    runner: Runner,
+    session: HostSession,
     exc: UnreachableError,
     lost: float | None,
     deadline: float,
@@ -640,9 +636,9 @@ def _reconnect(
     if now > deadline or (lost is not None and now - lost > RECONNECT_SECONDS):
         raise exc
     if lost is None:
-        said = exc.message.removeprefix(f"{host.name}: ")
+        said = exc.message.removeprefix(f"{session.host.name}: ")
         report(f"{said}; reconnecting ({going_on})")
-    runner.close()
+    session.runner.close()
     return lost if lost is not None else now
 
 
@@ -668,9 +664,10 @@ def _backoff(first: float, cap: float) -> Iterator[float]:
 
 
 def _check_alive(
-    host: Host, runner: Runner, job_id: str, log: ServerLog, reader: srv.LogReader, timed_out: float | None
+    session: HostSession, job_id: str, log: ServerLog, reader: srv.LogReader, timed_out: float | None
 ) -> None:
-    job = jobs.find(runner, host.workdir, job_id)
+    host = session.host
+    job = jobs.find(session.runner, host.workdir, job_id)
     reason = None
     if log.failure:
         reason = f"crashed at start: {log.failure}"
@@ -691,15 +688,10 @@ def _mark_failed(host: Host, store: StateStore, reason: str) -> None:
 
 
 def rollback(
-    host: Host,
-    runner: Runner,
-    store: StateStore,
-    recipe: Recipe,
-    options: ServeOptions,
-    failure: StartupFailed,
-    report: Report,
+    session: HostSession, recipe: Recipe, options: ServeOptions, failure: StartupFailed, report: Report
 ) -> None:
     """Relaunch the last known-good argv after a failed start; adds the outcome to ``failure``."""
+    host, store = session.host, session.store
     record = store.load().hosts.get(host.name, HostState()).server
     good = record.known_good_argv if record else None
     if not good:
@@ -709,9 +701,9 @@ def rollback(
     gpus = facts.server_gpus(recipe, host)
     try:
         configs = _recorded_configs(store, host)
-        started = launch(host, runner, store, good, gpus, options, recipe, report, configs)
+        started = launch(session, good, options, recipe, report, configs)
     except StartupFailed as again:
-        _stop_failed(host, runner, again.job_id, gpus, options, report)
+        _stop_failed(session, again.job_id, gpus, options, report)
         failure.message += f"\nrollback failed too: {again.message.splitlines()[0]}"
         return
     store.update_host(host.name, lambda hs: hs.server_rolled_back(started.job_id))
@@ -722,8 +714,7 @@ def rollback(
 
 
 def verify(
-    host: Host,
-    runner: Runner,
+    session: HostSession,
     recipe: Recipe,
     options: ServeOptions,
     started: Started,
@@ -739,23 +730,24 @@ def verify(
     lost: float | None = None
     while True:
         try:
-            return _verify(host, runner, recipe, options, started, compute_cap)
+            return _verify(session, recipe, options, started, compute_cap)
         except UnreachableError as exc:
-            lost = _reconnect(host, runner, exc, lost, math.inf, report, "verification goes on")
+            lost = _reconnect(session, exc, lost, math.inf, report, "verification goes on")
             time.sleep(HEALTH_POLL_SECONDS)
 
 
 def _verify(
-    host: Host, runner: Runner, recipe: Recipe, options: ServeOptions, started: Started, compute_cap: str | None
+    session: HostSession, recipe: Recipe, options: ServeOptions, started: Started, compute_cap: str | None
 ) -> ServeResult:
+    host = session.host
     if compute_cap is None:
-        compute_cap = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host)).compute_cap
+        compute_cap = session.gpus(facts.server_gpus(recipe, host)).compute_cap
     url = facts.base_url(recipe, host)
     result = ServeResult(started.argv, started.job_id, options.mtp, started.seconds, commit=started.commit)
     if options.mtp:
-        result.accept_length = probe_accept_length(host, runner, url)
+        result.accept_length = probe_accept_length(session, url)
         result.min_accept = options.min_accept if options.min_accept is not None else recipe.min_accept_length
-    info = srv.server_info(host, runner, url)
+    info = session.server_info(url)  # the probe's own /server_info when it had one: asked once
     actual = facts.spec_settings(info)
     result.spec = str(actual)
     result.fp8_backend = facts.fp8_backend(info)
@@ -763,23 +755,23 @@ def _verify(
     problems = facts.check_spec(actual, facts.expected_spec(recipe, mtp=options.mtp))
     problems += facts.check_backend(info, recipe.fp8_gemm_backend)
     result.problems = [str(p) for p in problems]
-    log = srv.LogReader(runner, _log_path(host, started)).read()
+    log = session.log(started.job_id).read()  # the bytes logged since /health answered
     result.shapes = shape_use(log, [(s.n, s.k) for s in recipe.tuning.shapes], recipe.fp8_gemm_backend, compute_cap)
     result.accept_problem = _accept_problem(result)
     return result
 
 
-def _log_path(host: Host, started: Started) -> str:
-    return f"{host.workdir}/jobs/{started.job_id}/log"
-
-
-def probe_accept_length(host: Host, runner: Runner, url: str) -> float | None:
+def probe_accept_length(session: HostSession, url: str) -> float | None:
     """A few short ``POST /generate`` requests, then ``internal_states[0].avg_spec_accept_length``
     (falling back to the mean ``meta_info.spec_accept_length`` of the probe when SGLang has not yet
-    logged a decode interval)."""
+    logged a decode interval). The ``/server_info`` answer is the session's ``server_info(url)`` from then on."""
     requests = [facts.generate_request(url, PROBE_TOKENS, i) for i in range(PROBE_REQUESTS)]
-    answers = srv.http(host, runner, [*requests, facts.HttpRequest("GET", f"{url}/server_info", timeout=15)])
+    answers = srv.http(
+        session.host, session.runner, [*requests, facts.HttpRequest("GET", f"{url}/server_info", timeout=15)]
+    )
     info = answers[-1].json()
+    if answers[-1].status == 200 and isinstance(info, dict):
+        session.know(f"server_info:{url}", info)
     average = facts.avg_accept_length(info) if isinstance(info, dict) else None
     if average is not None:
         return average
@@ -797,36 +789,46 @@ def _accept_problem(result: ServeResult) -> str | None:
     return None
 
 
-def _finish(host: Host, store: StateStore, result: ServeResult) -> ServeResult:
+def _finish(session: HostSession, result: ServeResult) -> ServeResult:
     """Record the verification; VerifyError when the server does not do what was asked."""
     failed = result.failures
-    _record_verified(store, host, result)
+    _record_verified(session.store, session.host, result)
     if failed:
         raise NotAsAsked(
-            f"{host.name}: the server is serving but NOT as asked: " + "; ".join(failed),
+            f"{session.host.name}: the server is serving but NOT as asked: " + "; ".join(failed),
             result,
             hint="see `orch logs` for the server job; `--min-accept` overrides the recipe's minimum",
         )
     return result
 
 
+def resume(session: HostSession, recipe: Recipe, options: ServeOptions, report: Report) -> ServeResult | None:
+    """Finish the serve of an interrupted ``orch run``: when orch's running server job runs the launch
+    command, adopt it (``reattach``); None when there is none to adopt (the run serves as usual).
+
+    Unlike ``serve``'s ``interrupted_launch`` it needs no record of the launch: the run's own step
+    record says a serve was cut off."""
+    argv = check_launch(session, recipe, options.mtp)
+    job = session.running_server()
+    if job is None or not runs_argv(session, job, argv):
+        return None
+    report(f"re-attaching to server job {job.id}, launched by the interrupted run")
+    return reattach(session, recipe, options, job, argv)
+
+
 def reattach(
-    host: Host,
-    runner: Runner,
-    store: StateStore,
-    recipe: Recipe,
-    options: ServeOptions,
-    job: jobs.JobInfo,
-    argv: list[str],
+    session: HostSession, recipe: Recipe, options: ServeOptions, job: jobs.JobInfo, argv: list[str]
 ) -> ServeResult:
     """Adopt a server job already running ``argv`` (e.g. launched by an interrupted ``orch run``):
     record it, wait until healthy, verify. Raises like ``serve``'s last steps."""
-    commit = read_git(host, runner).commit
-    device = srv.read_gpu_info(host, runner, facts.server_gpus(recipe, host)).device or "unknown GPU"
-    _record_server(store, host, job.id, argv, options.mtp, commit, read_configs(host, runner, device).files)
-    log = wait_healthy(host, runner, job.id, facts.base_url(recipe, host), health_timeout(recipe, options))
+    host = session.host
+    commit = session.git().commit
+    device = session.gpus(facts.server_gpus(recipe, host)).device or "unknown GPU"
+    configs = session.tuned_configs(device).files
+    _record_server(session.store, host, job.id, argv, options.mtp, commit, configs)
+    log = wait_healthy(session, job.id, facts.base_url(recipe, host), health_timeout(recipe, options))
     started = Started(job.id, argv, log, 0.0, commit)
-    return _finish(host, store, verify(host, runner, recipe, options, started))
+    return _finish(session, verify(session, recipe, options, started))
 
 
 # --- state --------------------------------------------------------------------------------------------------
@@ -886,23 +888,22 @@ def _record_verified(store: StateStore, host: Host, result: ServeResult) -> None
 # --- stop-server ------------------------------------------------------------------------------------------
 
 
-def stop_server(
-    host: Host, runner: Runner, store: StateStore, recipe: Recipe, drain_timeout: float, report: Report = srv._quiet
-) -> str | None:
+def stop_server(session: HostSession, recipe: Recipe, drain_timeout: float, report: Report = srv._quiet) -> str | None:
     """``orch stop-server``: stop the server orch launched, freeing the recipe's GPUs (``srv.stop_server``);
     ``lost`` when none runs and the last server job was lost (host rebooted or killed): nothing signalled."""
-    outcome = srv.stop_server(host, runner, store, facts.server_gpus(recipe, host), drain_timeout, report, srv.AS_ASKED)
-    if outcome is not None:
-        return outcome
-    servers = [j for j in jobs.list_jobs(runner, host.workdir) if j.purpose == srv.SERVER_PURPOSE]
-    return "lost" if servers and servers[-1].state == "lost" else None
+    gpus = facts.server_gpus(recipe, session.host)
+    try:
+        return srv.stop_server(session.host, session.runner, session.store, gpus, drain_timeout, report, srv.AS_ASKED)
+    finally:
+        session.forget("jobs", "gpus", "server_info")
 
 
 # --- recipe discover --------------------------------------------------------------------------------------
 
 
 def discover_upstream(host: Host, runner: Runner, recipe: Recipe) -> Discovery:
-    """The ``other_args`` of the host checkout's registered tests for the recipe's model family."""
+    """The ``other_args`` of the host checkout's registered tests for the recipe's model family (reads
+    no state: ``orch recipe discover`` works without a state file)."""
     family = model_family(recipe.model)
     listing = runner.run(list_tests_argv(host.sglang_dir), timeout=120)
     if not listing.ok:

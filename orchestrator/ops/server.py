@@ -117,26 +117,32 @@ class GpuInfo:
     holders: list[Holder] = field(default_factory=list)
 
 
-def read_gpu_info(host: Host, runner: Runner, indexes: Sequence[int]) -> GpuInfo:
-    """Compute capability and the processes on GPUs ``indexes``, each tied to its orch job if any."""
+def read_gpu_info(
+    host: Host, runner: Runner, indexes: Sequence[int], listed: Callable[[], list[jobs.JobInfo]] | None = None
+) -> GpuInfo:
+    """Compute capability and the processes on GPUs ``indexes``, each tied to its orch job if any.
+    ``listed`` gives the host's jobs (a session's cached ``jobs()``); read from the host when None."""
     query = gpu_facts.CLIENT_TIMEOUT
     devices = gpu_facts.parse_gpus(gpu_facts.answer(host.name, runner.run(gpu_facts.query_gpus_argv(), timeout=query)))
     apps = gpu_facts.parse_apps(gpu_facts.answer(host.name, runner.run(gpu_facts.query_apps_argv(), timeout=query)))
     by_uuid = {d.uuid: d.index for d in devices if d.index in indexes}
     raw = [(by_uuid[a.gpu_uuid], a.pid, a.process_name) for a in apps if a.gpu_uuid in by_uuid]
-    owners = _owners(host, runner, sorted({pid for _, pid, _ in raw}))
+    owners = _owners(host, runner, sorted({pid for _, pid, _ in raw}), listed)
     first = next((d for d in devices if d.index in indexes), None)
     holders = [Holder(gpu, pid, name, owners.get(pid)) for gpu, pid, name in raw]
     return GpuInfo(first.name if first else None, first.compute_cap if first else None, holders)
 
 
-def _owners(host: Host, runner: Runner, pids: Sequence[int]) -> dict[int, str]:
+def _owners(
+    host: Host, runner: Runner, pids: Sequence[int], listed: Callable[[], list[jobs.JobInfo]] | None
+) -> dict[int, str]:
     """pid → id of the orch job whose session it belongs to (its wrapper's pid is the session id)."""
     if not pids:
         return {}
     out = runner.run(["sh", "-c", _SESSIONS, "orch-sessions", *map(str, pids)], check=True).stdout
     sessions = parse_sessions(out)
-    job_by_session = {j.pid: j.id for j in jobs.list_jobs(runner, host.workdir) if j.pid}  # oldest first
+    found = listed() if listed is not None else jobs.list_jobs(runner, host.workdir)
+    job_by_session = {j.pid: j.id for j in found if j.pid}  # oldest first
     return {pid: job_by_session[sid] for pid, sid in sessions.items() if sid in job_by_session}
 
 
@@ -293,12 +299,14 @@ def stop_server(
     """Stop the server orch launched (announced through ``report``; drain, SIGKILL after ``drain``) and
     wait for its GPUs.
 
-    Returns how it ended (``stopped``/``killed``), or None when no server of orch's was running. The
-    record says who stopped it and when; the phase goes back to what it was before the launch.
+    Returns how it ended (``stopped``/``killed``); when no server of orch's was running, ``lost`` if
+    the last server job was lost (host rebooted or killed: nothing signalled), else None. The record
+    says who stopped it and when; the phase goes back to what it was before the launch.
     """
-    job = running_server(runner, host)
+    servers = [j for j in jobs.list_jobs(runner, host.workdir) if j.purpose == SERVER_PURPOSE]
+    job = next((j for j in reversed(servers) if j.running), None)
     if job is None:
-        return None
+        return "lost" if servers and servers[-1].state == "lost" else None
     store.check_writable()  # a stop that could not be recorded must not happen
     outcome = stop_job(host, runner, job, gpus, drain, report, outage)
     store.update_host(host.name, lambda hs: record_stopped(hs, job.id, outage.by))

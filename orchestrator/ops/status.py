@@ -11,6 +11,7 @@ from orchestrator.facts import git, gpus, probe
 from orchestrator.fleet import HostResult
 from orchestrator.inventory import Host
 from orchestrator.ops import server
+from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord, SGLangInfo, StateStore
 from orchestrator.transport.base import Runner
 from orchestrator.tuning.commands import status_field
@@ -114,11 +115,12 @@ class Observed:
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
 
-def observe(host: Host, runner: Runner, store: StateStore, cached: HostState | None, fetch: bool = False) -> Observed:
+def observe(session: HostSession, cached: HostState | None, fetch: bool = False) -> Observed:
     """Read one host in a single remote command, plus the tuning progress (from the tuning jobs' logs,
     only while they run). Findings (no checkout, broken driver, a failed ``fetch``) are not errors.
     ``cached`` is the host's state as loaded once for the whole fleet: it says whether there is a server
-    or tuning to ask about."""
+    or tuning to ask about. The checkout read becomes the session's ``git()``."""
+    host, runner, store = session.host, session.runner, session.store
     started_at = datetime.now(timezone.utc)
     launched = cached.server if cached is not None else None
     argv = probe.probe_argv(status_sections(host, launched, fetch))
@@ -130,6 +132,8 @@ def observe(host: Host, runner: Runner, store: StateStore, cached: HostState | N
     if fetch:
         status.extra["fetch_error"] = _fetch_error(sections.get("fetch"), host)
     info = _parse_git(sections.get("git"), status)
+    if info is not None:
+        session.know("git", info)
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
     status.extra["tuning"] = status_field(host, runner, store, cached)
     return Observed(status, info, sections, started_at)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -15,6 +15,7 @@ from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
 from orchestrator.ops import server as srv
 from orchestrator.recipe import PACKAGED_PLAYBOOKS, ServeOptions, load_recipe
+from orchestrator.session import HostSession
 from orchestrator.transport.base import CommandResult
 
 HOST = Host(name="b1", address="127.0.0.2", workdir="/w")
@@ -57,7 +58,8 @@ def test_verify_reconnects_after_a_drop_and_verifies(monkeypatch: pytest.MonkeyP
     runner = DroppingRunner()
     said: list[str] = []
     started = serve_op.Started("server-1", ["sglang"], ServerLog(), 3.0, "abc")
-    result = serve_op.verify(HOST, runner, recipe, ServeOptions(mtp=False), started, "12.0", said.append)
+    session = HostSession(HOST, runner, cast(Any, None))
+    result = serve_op.verify(session, recipe, ServeOptions(mtp=False), started, "12.0", said.append)
     assert (result.job_id, result.fp8_backend) == ("server-1", "auto")
     assert runner.closed == 1 and not answers
     assert said == ["connection lost while running a command: EOFError; reconnecting (verification goes on)"]
