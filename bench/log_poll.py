@@ -121,7 +121,9 @@ def measure(size: int, polls: int, root: Path) -> Result:
 def _poll(runner: CountingRunner, host: Host, job_id: str, size: int, polls: int, root: Path) -> Result:
     store = StateStore(root / f"state-{size}.json")
     plan = plan_for(job_id, host.workdir)
-    store.update_host("h", lambda hs: setattr(hs, "tuning", TuningRecord(plan=plan, state="running")))
+    with store.update() as state:  # the plan, stored once, and the host running it
+        state.tuning_plans[plan.id] = plan
+        state.host("h").tuning = TuningRecord(plan_id=plan.id, state="running")
     member = Member(host, runner)  # type: ignore[arg-type]
     while jobs.find(runner.inner, host.workdir, job_id).log_size < size:
         time.sleep(0.05)
