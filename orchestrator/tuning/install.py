@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from orchestrator import jobs
 from orchestrator.facts import tuner as tf
-from orchestrator.state import HostState, Phase, StateStore, utc_now
+from orchestrator.state import HostState, StateStore, utc_now
 from orchestrator.transport.base import Runner
 from orchestrator.tuning.member import Member, edit_record
 from orchestrator.tuning.progress import HostPoll
@@ -80,8 +80,7 @@ def record_failure(
         if record.plan_id != plan.id:
             return
         record.state, record.reason, record.log_tail = "failed", reason, tail
-        hs.set_phase(Phase.FAILED, f"tuning failed: {reason}")
-        hs.last_error = f"tuning: {reason}"
+        hs.tuning_failed(reason)
 
     for m in members:
         edit_record(store, m.host.name, apply)
@@ -158,5 +157,4 @@ def _record_installed(hs: HostState, record: TuningRecord, plan: PlanRecord, don
     record.installed.update(done)
     if record.plan_id == plan.id:
         record.state, record.reason, record.log_tail = "installed", None, None
-    hs.set_phase(Phase.TUNED, f"installed {len(done)} tuned FP8 configs (plan {plan.id})")
-    hs.last_error = None
+    hs.tuned(f"installed {len(done)} tuned FP8 configs (plan {plan.id})")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from orchestrator import jobs
 from orchestrator.errors import OrchError, RefusedError, UnreachableError
 from orchestrator.inventory import Host
-from orchestrator.state import HostState, JobRecord, Phase, State, StateStore, find_secret
+from orchestrator.state import HostState, JobRecord, State, StateStore, find_secret
 from orchestrator.transport.base import Runner
 from orchestrator.tuning.install import record_failure, stop_running
 from orchestrator.tuning.member import Member, edit_record, forget_unused_plans, plan_of, record_of, running_plan
@@ -71,8 +71,7 @@ def record_plan(state: State, names: Sequence[str], plan: PlanRecord, reason: st
         hs.tuning = record_of(hs)
         hs.tuning.plan_id, hs.tuning.state, hs.tuning.reason, hs.tuning.log_tail = plan.id, "running", None, None
         hs.tuning.progress = {}
-        hs.set_phase(Phase.TUNING, reason)
-        hs.last_error = None
+        hs.tuning_started(reason)
     forget_unused_plans(state)
 
 
@@ -197,6 +196,6 @@ def record_nothing_to_do(store: StateStore, p: Prepared) -> None:
     def apply(hs: HostState, record: TuningRecord) -> None:
         if record.state != "installed":
             record.state, record.reason = "installed", None
-        hs.set_phase(Phase.TUNED, reason)
+        hs.tuned(reason)
 
     edit_record(store, p.host.name, apply)

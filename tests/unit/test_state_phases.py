@@ -171,3 +171,23 @@ def test_step_progress_for_another_playbook_starts_afresh() -> None:
     steps.step_started("pull")  # a step redone is not done until it ends again; the failure is cleared
     assert (steps.done, steps.running, steps.failed) == ({}, "pull", None)
     assert hs.progress("b.yaml").done == {} and hs.steps is not None and hs.steps.playbook == "b.yaml"
+
+
+def test_phases_change_only_through_the_event_methods() -> None:
+    """Outside ``state.py`` nothing calls ``set_phase`` or assigns a HostState's ``phase`` (``hs``, as
+    every module names it): the table above is the whole phase machine."""
+    import re
+    from pathlib import Path
+
+    import orchestrator
+
+    root = Path(orchestrator.__file__).parent
+    pattern = re.compile(r"\.set_phase\(|\bhs\.phase\s*=[^=]")
+    offenders = [
+        f"{path.relative_to(root)}:{n}"
+        for path in root.rglob("*.py")
+        if path.name != "state.py" and "sandbox" not in path.parts
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert offenders == []
