@@ -50,9 +50,10 @@ def test_the_v1_shape_of_a_migrated_real_v1_file_is_that_file(tmp_path: Path) ->
     path.write_bytes(V1_DEMO.read_bytes())
     migrated = as_v1(json.loads(StateStore(path).load().model_dump_json()))
     original = json.loads(V1_DEMO.read_text())
+    migrated.pop("tuning_plans")  # the plans, stored once since v2: checked by the tuning modules' own step
     for doc in (migrated, original):
         for host in doc["hosts"].values():
-            host.pop("tuning")  # migrated by the tuning modules' own step
+            host.pop("tuning")
     assert shape(migrated) == shape(original)
 
 
