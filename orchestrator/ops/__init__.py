@@ -1,5 +1,8 @@
-"""Operations: what orch does to a host (status, pull, tune, serve, bench, run).
+"""Operations: what orch does to a host (status, pull, serve + server, bench, report, run, logs).
 
-Each operation is a function of ``(host, runner, ...)`` that returns a value and records what it
-learned in the state file; the CLI fans it out over the fleet and renders the values.
+Each operation takes the host's ``HostSession`` (``orchestrator.session``: the host, its runner, the
+state store, and the facts read from the host so far), the recipe and its options:
+``op(session, recipe, options)``. It returns a value and records what it learned through the state's
+event methods (``HostState.pulled()``, ``server_verified()``...); the CLI fans it out over the fleet
+(``Fleet.map_sessions``) and renders the values. Tuning is its own package, ``orchestrator.tuning``.
 """
