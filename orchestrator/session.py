@@ -10,13 +10,13 @@ and the next read asks the host again. The facts and what forgets them:
 ==================  ==============================================  ==========================================
 fact                read by                                         forgotten by
 ==================  ==============================================  ==========================================
-``git``             ``ops.status.read_git``                         pull (fetch, fast-forward)
+``git``             ``readers.read_git``                            pull (fetch, fast-forward)
 ``jobs``            ``jobs.list_jobs``                              a job started or stopped
-``gpus``            ``ops.server.read_gpu_info`` (holders' jobs     a job started or stopped
+``gpus``            ``readers.read_gpu_info`` (holders' jobs      a job started or stopped
                     from ``jobs``)
-``server_surface``  ``ops.serve.host_server`` (``--help``, parser)  pull (new code, ``--install``)
+``server_surface``  ``readers.host_server`` (``--help``, parser)    pull (new code, ``--install``)
 ``server_info``     ``GET /server_info`` of a url                   a server started or stopped
-``tuned_configs``   ``ops.serve_configs.read_configs``              pull, tuning installed configs
+``tuned_configs``   ``readers.read_configs``                        pull, tuning installed configs
 ``log:<job>``       the job's ``LogReader`` (reads on from its      never: a job's log only grows
                     offset)
 ``argv:<job>``      the job's argv file                             never: a job's command never changes
@@ -43,9 +43,7 @@ if TYPE_CHECKING:
     from orchestrator.facts import git
     from orchestrator.inventory import Host
     from orchestrator.jobs import JobInfo
-    from orchestrator.ops.serve import HostServer
-    from orchestrator.ops.serve_configs import TunedConfigs
-    from orchestrator.ops.server import GpuInfo, LogReader
+    from orchestrator.readers import GpuInfo, HostServer, LogReader, TunedConfigs
     from orchestrator.state import HostState, StateStore
     from orchestrator.transport.base import Runner
 
@@ -100,8 +98,8 @@ class HostSession:
                     del self._facts[cached]
 
     def git(self) -> git.GitInfo:
-        """The host's SGLang checkout (``ops.status.read_git``): HEAD, branch, upstream, dirty files."""
-        from orchestrator.ops.status import read_git
+        """The host's SGLang checkout (``readers.read_git``): HEAD, branch, upstream, dirty files."""
+        from orchestrator.readers import read_git
 
         return self.fact("git", lambda: read_git(self.host, self.runner))
 
@@ -113,41 +111,41 @@ class HostSession:
 
     def running_server(self) -> JobInfo | None:
         """The server job orch launched that still runs on the host, if any (from ``jobs()``)."""
-        from orchestrator.ops.server import SERVER_PURPOSE
+        from orchestrator.readers import SERVER_PURPOSE
 
         running = [j for j in self.jobs() if j.purpose == SERVER_PURPOSE and j.running]
         return running[-1] if running else None
 
     def gpus(self, indexes: Sequence[int]) -> GpuInfo:
         """GPUs ``indexes``: their name and compute capability, and who holds them, each holder tied to
-        its orch job (``ops.server.read_gpu_info``, the jobs from ``jobs()``)."""
-        from orchestrator.ops.server import read_gpu_info
+        its orch job (``readers.read_gpu_info``, the jobs from ``jobs()``)."""
+        from orchestrator.readers import read_gpu_info
 
         key = "gpus:" + ",".join(map(str, indexes))
         return self.fact(key, lambda: read_gpu_info(self.host, self.runner, indexes, self.jobs))
 
     def server_surface(self) -> HostServer:
-        """How the host starts SGLang's server and the flags it accepts (``ops.serve.host_server``)."""
-        from orchestrator.ops.serve import host_server
+        """How the host starts SGLang's server and the flags it accepts (``readers.host_server``)."""
+        from orchestrator.readers import host_server
 
         return self.fact("server_surface", lambda: host_server(self.host, self.runner))
 
     def server_info(self, url: str) -> dict[str, Any]:
-        """``GET /server_info`` of the server at ``url`` (``ops.server.server_info``)."""
-        from orchestrator.ops.server import server_info
+        """``GET /server_info`` of the server at ``url`` (``readers.server_info``)."""
+        from orchestrator.readers import server_info
 
         return self.fact(f"server_info:{url}", lambda: server_info(self.host, self.runner, url))
 
     def tuned_configs(self, device: str) -> TunedConfigs:
         """The tuned FP8 config files for ``device`` where the host's SGLang reads them (``read_configs``)."""
-        from orchestrator.ops.serve_configs import read_configs
+        from orchestrator.readers import read_configs
 
         return self.fact(f"tuned_configs:{device}", lambda: read_configs(self.host, self.runner, device))
 
     def log(self, job: str) -> LogReader:
         """The reader of job ``job``'s log: each ``read()`` asks only for the bytes since the last one."""
         from orchestrator.jobs import job_dir
-        from orchestrator.ops.server import LogReader
+        from orchestrator.readers import LogReader
 
         return self.fact(f"log:{job}", lambda: LogReader(self.runner, f"{job_dir(self.host.workdir, job)}/log"))
 

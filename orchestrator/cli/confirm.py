@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 
 import click
 
+from orchestrator import readers
 from orchestrator.errors import UsageError
 from orchestrator.fleet import Fleet
 from orchestrator.inventory import Host
-from orchestrator.ops import server as srv
 from orchestrator.transport.base import Runner
 
 yes_option = click.option(
@@ -50,7 +50,7 @@ def serving_hosts(fleet: Fleet, hosts: Sequence[Host], would_stop: WouldStop | N
     given); a host that cannot be reached or fails the check is left out (the command reports it)."""
 
     def running(host: Host, runner: Runner) -> bool:
-        return srv.running_server(runner, host) is not None and (would_stop is None or would_stop(host, runner))
+        return readers.running_server(runner, host) is not None and (would_stop is None or would_stop(host, runner))
 
     return [r.host.name for r in fleet.map(running, list(hosts)).succeeded if r.value]
 

@@ -32,7 +32,7 @@ from orchestrator.facts import git
 from orchestrator.facts import server as server_facts
 from orchestrator.facts.bench import BenchParams, BenchRecord, ComparisonRow
 from orchestrator.inventory import Host
-from orchestrator.ops.status import read_git
+from orchestrator.readers import read_git
 from orchestrator.recipe import BenchOptions, BenchSpec
 from orchestrator.state import HostState, JobRecord, JobState, ServerRecord, StateStore, utc_now
 from orchestrator.transport.base import Runner

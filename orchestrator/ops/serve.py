@@ -8,7 +8,7 @@ The flow on one host; every check runs before the running server is touched:
 2. ``tuning_gate``: tuning still running → wait for it (``tuning.commands.wait_for_tuning``, live progress),
    failed → refuse saying what is installed and the way forward (``use_installed_configs`` serves
    anyway); ``wait_tuning=False`` skips the wait. ``config_gate`` then reads the tuned config files the
-   server would read (``ops.serve_configs``, the one source of truth): a recipe that wants Triton with
+   server would read (``readers.read_configs``, the one source of truth): a recipe that wants Triton with
    none for this GPU launches ``auto`` instead (CUTLASS on sm_120), loudly, unless the operator forces
    ``fp8_gemm_backend``; missing shapes or files orch did not tune for this commit are warned about.
    A server already running the same argv, commit and config files, verified as asked, is left alone
@@ -32,12 +32,11 @@ serve, and forgotten where serve changes them (a server stopped or started).
 from __future__ import annotations
 
 import math
-import shlex
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator import jobs
+from orchestrator import jobs, readers
 from orchestrator.errors import HostError, RefusedError, UnreachableError, VerifyError
 from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import device_file_name
@@ -52,8 +51,8 @@ from orchestrator.facts.server_upstream import (
 )
 from orchestrator.inventory import Host
 from orchestrator.ops import server as srv
-from orchestrator.ops.serve_configs import TunedConfigs, tuned_elsewhere
-from orchestrator.recipe import Recipe, ServeOptions
+from orchestrator.readers import TunedConfigs, host_server
+from orchestrator.recipe import Recipe, ServeOptions, Shape
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, Phase, ServerRecord, StateStore, Verification, find_secret
 from orchestrator.transport.base import Runner, shell_command
@@ -139,38 +138,6 @@ def check_launch(session: HostSession, recipe: Recipe, mtp: bool) -> list[str]:
             hint="fix the recipe (see `orch recipe show` and `orch recipe discover`), then serve again",
         )
     return argv
-
-
-@dataclass(frozen=True)
-class HostServer:
-    """How the host starts SGLang's server and the flags that server accepts (its own ``--help``)."""
-
-    entrypoint: list[str]
-    flags: dict[str, tuple[str, ...] | None]
-
-
-def host_server(host: Host, runner: Runner) -> HostServer:
-    """The first entrypoint whose ``--help`` lists the server's flags (``sglang serve`` when the host's
-    SGLang has it, else ``python -m sglang.launch_server``), and the flags its parser accepts: every
-    option string, hidden ones included, read by importing the host's parser; ``--help``'s list when
-    that import fails. RefusedError with each entrypoint's error when none answers."""
-    tried = []
-    for entrypoint in facts.entrypoints(host):
-        result = runner.run(facts.help_argv(entrypoint), timeout=120)
-        flags = facts.parse_help(result.stdout) if result.ok else {}
-        if "--model-path" in flags:
-            surface = runner.run(facts.parser_argv(host.python), timeout=120)
-            return HostServer(entrypoint, (facts.parse_parser(surface.stdout) if surface.ok else None) or flags)
-        tail = jobs.tail_lines(result.stderr.strip() or result.stdout.strip(), 3) or "(no output)"
-        tried.append(f"  $ {shlex.join(facts.help_argv(entrypoint))}  (exit {result.exit_status})\n{_indent(tail)}")
-    raise RefusedError(
-        f"{host.name}: could not read the SGLang server's flags; tried:\n" + "\n".join(tried),
-        hint=f"check the inventory's `python` for {host.name} ({host.python}) and that SGLang is installed there",
-    )
-
-
-def _indent(text: str) -> str:
-    return "\n".join(f"      {line}" for line in text.splitlines())
 
 
 # --- 2. the tuning gate --------------------------------------------------------------------------------------
@@ -278,6 +245,20 @@ def config_gate(
     return recipe, warnings
 
 
+def tuned_elsewhere(shapes: list[Shape], record: TuningRecord, configs: TunedConfigs, commit: str) -> dict[str, str]:
+    """Shapes whose file is there but that orch did not tune for this commit: key -> what is known of it."""
+    found = {}
+    for shape in shapes:
+        if not configs.has(shape):
+            continue
+        done = record.installed.get(shape.key)
+        if done is None or device_file_name(done.device) != device_file_name(configs.device):
+            found[shape.key] = "not installed by orch"
+        elif done.commit != commit:
+            found[shape.key] = f"tuned at SGLang {done.commit[:10]}"
+    return found
+
+
 def _same_device(a: str, b: str) -> bool:
     return device_file_name(a) == device_file_name(b)
 
@@ -337,7 +318,7 @@ class Preflight:
     (its FP8 backend decided by ``config_gate``)."""
 
     argv: list[str]
-    gpus: srv.GpuInfo
+    gpus: readers.GpuInfo
     old: jobs.JobInfo | None
     warnings: list[str]
     recipe: Recipe
@@ -426,7 +407,7 @@ def already_serving(session: HostSession, ready: Preflight, options: ServeOption
         return None
     if not _same_launch(session, record, ready):
         return None
-    if srv.health(session.host, session.runner, facts.base_url(ready.recipe, session.host)) != 200:
+    if readers.health(session.host, session.runner, facts.base_url(ready.recipe, session.host)) != 200:
         return None
     result = recorded_result(record, ready.recipe, options)
     return result if not result.failures else None
@@ -570,7 +551,7 @@ def launch(
     serve reads it in ``decide`` and nothing since moved the checkout."""
     host, store = session.host, session.store
     gpus = tuple(facts.server_gpus(recipe, host))
-    spec = jobs.JobSpec(kind="server", purpose=srv.SERVER_PURPOSE, argv=argv, gpus=gpus)
+    spec = jobs.JobSpec(kind="server", purpose=readers.SERVER_PURPOSE, argv=argv, gpus=gpus)
     commit = session.git().commit
     try:
         job = jobs.start(session.runner, host.workdir, spec)
@@ -604,7 +585,7 @@ def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float, re
     lost: float | None = None  # when the connection was lost, while it stays lost
     for pause in _backoff(HEALTH_POLL_FIRST, HEALTH_POLL_SECONDS):
         try:
-            status = srv.health(host, runner, url)
+            status = readers.health(host, runner, url)
             log = reader.read()
             if status == 200:
                 return log
@@ -664,7 +645,7 @@ def _backoff(first: float, cap: float) -> Iterator[float]:
 
 
 def _check_alive(
-    session: HostSession, job_id: str, log: ServerLog, reader: srv.LogReader, timed_out: float | None
+    session: HostSession, job_id: str, log: ServerLog, reader: readers.LogReader, timed_out: float | None
 ) -> None:
     host = session.host
     job = jobs.find(session.runner, host.workdir, job_id)
@@ -766,7 +747,7 @@ def probe_accept_length(session: HostSession, url: str) -> float | None:
     (falling back to the mean ``meta_info.spec_accept_length`` of the probe when SGLang has not yet
     logged a decode interval). The ``/server_info`` answer is the session's ``server_info(url)`` from then on."""
     requests = [facts.generate_request(url, PROBE_TOKENS, i) for i in range(PROBE_REQUESTS)]
-    answers = srv.http(
+    answers = readers.http(
         session.host, session.runner, [*requests, facts.HttpRequest("GET", f"{url}/server_info", timeout=15)]
     )
     info = answers[-1].json()

@@ -1,8 +1,9 @@
-"""Talking to a server on a host: HTTP from the host, its log, its GPUs and who holds them.
+"""orch's server on a host: refusing GPUs others hold, waiting for GPUs to be released, stopping the
+server (announced, drained, recorded), its status fields, and riding out an outage.
 
-Everything goes through the host's runner (one SSH connection): HTTP requests run in the host's own
-python (``facts.server.http_argv``), so the server's port never has to be exposed. The serve flow
-(``ops.serve``) and ``orch status`` build on these.
+What these read from the host (HTTP from the host itself, the server's job and log, the GPUs and their
+holders) is in ``orchestrator.readers``, cached per invocation by the ``HostSession``. The serve flow
+(``ops.serve``), ``orch status``, tuning (which stops the server) and ``orch run`` build on these.
 """
 
 from __future__ import annotations
@@ -11,145 +12,17 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from orchestrator import jobs
-from orchestrator.errors import HostOutputError, RefusedError, RemoteCommandError
-from orchestrator.facts import gpus as gpu_facts
+from orchestrator.errors import HostOutputError, RefusedError
 from orchestrator.facts import server as facts
-from orchestrator.facts.server_log import ServerLog, parse_server_log
 from orchestrator.inventory import Host
+from orchestrator.readers import SERVER_PURPOSE, Holder, read_gpu_info
 from orchestrator.state import HostState, ServerRecord, StateStore
 from orchestrator.transport.base import Runner
-
-SERVER_PURPOSE = "server"
-_LOG_CHUNK = 1 << 20
-_LOG_KEEP = 8 << 20  # startup log kept in memory at most (the FP8 lines come early)
-
-# Prints "PID SID" for every pid given (SID "-" when the process is gone). The session id tells
-# whether a GPU holder belongs to a job orch started: each job is its own session (setsid).
-_SESSIONS = r"""
-for pid in "$@"; do
-  stat=$(cat "/proc/$pid/stat" 2>/dev/null) || { echo "$pid -"; continue; }
-  rest=${stat##*) }
-  set -- $rest
-  echo "$pid $4"
-done
-"""
-
-
-def http(host: Host, runner: Runner, requests: Sequence[facts.HttpRequest]) -> list[facts.HttpAnswer]:
-    """Run HTTP requests from the host itself; a broken answer is a RemoteCommandError."""
-    timeout = sum(r.timeout for r in requests) + 30
-    result = runner.run(facts.http_argv(host.python, requests), check=True, timeout=timeout)
-    try:
-        return facts.parse_http(result.stdout)
-    except ValueError as exc:
-        raise RemoteCommandError(f"{host.name}: {exc}", exit_status=result.exit_status) from None
-
-
-def health(host: Host, runner: Runner, url: str, timeout: float = 5.0) -> int:
-    """``GET /health``'s status code (0: nothing answered)."""
-    return http(host, runner, [facts.HttpRequest("GET", f"{url}/health", timeout=timeout)])[0].status
-
-
-def server_info(host: Host, runner: Runner, url: str) -> dict[str, Any]:
-    """``GET /server_info`` as a dict; RemoteCommandError when the server does not answer with JSON."""
-    (answer,) = http(host, runner, [facts.HttpRequest("GET", f"{url}/server_info", timeout=15)])
-    info = answer.json()
-    if answer.status != 200 or not isinstance(info, dict):
-        raise RemoteCommandError(f"{host.name}: GET /server_info answered {answer.status}", exit_status=1)
-    return info
-
-
-# --- the server's job --------------------------------------------------------------------------------
-
-
-def running_server(runner: Runner, host: Host) -> jobs.JobInfo | None:
-    """The server job orch launched that still runs on the host, if any."""
-    running = [j for j in jobs.list_jobs(runner, host.workdir) if j.purpose == SERVER_PURPOSE and j.running]
-    return running[-1] if running else None
-
-
-@dataclass
-class LogReader:
-    """Reads a job's log from a byte offset, so each poll costs only the new bytes."""
-
-    runner: Runner
-    path: str
-    offset: int = 0
-    text: str = ""
-
-    def read(self) -> ServerLog:
-        """Read what was appended since the last call and parse the whole log so far."""
-        while True:
-            try:
-                data = self.runner.read_bytes(self.path, offset=self.offset, length=_LOG_CHUNK)
-            except (OSError, RemoteCommandError):
-                data = b""  # not created yet
-            self.offset += len(data)
-            self.text = (self.text + data.decode(errors="replace"))[-_LOG_KEEP:]
-            if len(data) < _LOG_CHUNK:
-                return parse_server_log(self.text)
-
-
-# --- GPUs and their holders ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Holder:
-    """A process on a GPU: ``job`` names the orch job it belongs to (None: orch did not start it)."""
-
-    gpu: int
-    pid: int
-    name: str
-    job: str | None = None
-
-
-@dataclass
-class GpuInfo:
-    """The server's GPUs: their name and compute capability (of the first), and who holds them."""
-
-    device: str | None = None
-    compute_cap: str | None = None
-    holders: list[Holder] = field(default_factory=list)
-
-
-def read_gpu_info(
-    host: Host, runner: Runner, indexes: Sequence[int], listed: Callable[[], list[jobs.JobInfo]] | None = None
-) -> GpuInfo:
-    """Compute capability and the processes on GPUs ``indexes``, each tied to its orch job if any.
-    ``listed`` gives the host's jobs (a session's cached ``jobs()``); read from the host when None."""
-    query = gpu_facts.CLIENT_TIMEOUT
-    devices = gpu_facts.parse_gpus(gpu_facts.answer(host.name, runner.run(gpu_facts.query_gpus_argv(), timeout=query)))
-    apps = gpu_facts.parse_apps(gpu_facts.answer(host.name, runner.run(gpu_facts.query_apps_argv(), timeout=query)))
-    by_uuid = {d.uuid: d.index for d in devices if d.index in indexes}
-    raw = [(by_uuid[a.gpu_uuid], a.pid, a.process_name) for a in apps if a.gpu_uuid in by_uuid]
-    owners = _owners(host, runner, sorted({pid for _, pid, _ in raw}), listed)
-    first = next((d for d in devices if d.index in indexes), None)
-    holders = [Holder(gpu, pid, name, owners.get(pid)) for gpu, pid, name in raw]
-    return GpuInfo(first.name if first else None, first.compute_cap if first else None, holders)
-
-
-def _owners(
-    host: Host, runner: Runner, pids: Sequence[int], listed: Callable[[], list[jobs.JobInfo]] | None
-) -> dict[int, str]:
-    """pid → id of the orch job whose session it belongs to (its wrapper's pid is the session id)."""
-    if not pids:
-        return {}
-    out = runner.run(["sh", "-c", _SESSIONS, "orch-sessions", *map(str, pids)], check=True).stdout
-    sessions = parse_sessions(out)
-    found = listed() if listed is not None else jobs.list_jobs(runner, host.workdir)
-    job_by_session = {j.pid: j.id for j in found if j.pid}  # oldest first
-    return {pid: job_by_session[sid] for pid, sid in sessions.items() if sid in job_by_session}
-
-
-def parse_sessions(stdout: str) -> dict[int, int]:
-    """``PID SID`` lines → {pid: sid}; processes already gone are left out."""
-    pairs = (line.split() for line in stdout.splitlines())
-    return {int(p[0]): int(p[1]) for p in pairs if len(p) == 2 and p[0].isdigit() and p[1].isdigit()}
 
 
 def refuse_held_gpus(host: Host, holders: Sequence[Holder], ours: str | None, outcome: str) -> None:

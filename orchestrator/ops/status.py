@@ -6,14 +6,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from orchestrator.errors import OrchError, RefusedError
+from orchestrator.errors import OrchError
 from orchestrator.facts import git, gpus, probe
 from orchestrator.fleet import HostResult
 from orchestrator.inventory import Host
 from orchestrator.ops import server
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord, SGLangInfo, StateStore
-from orchestrator.transport.base import Runner
 from orchestrator.tuning.commands import status_field
 from orchestrator.tuning.member import record_of
 from orchestrator.tuning.record import TuningRecord
@@ -41,18 +40,6 @@ class HostStatus:
     last_seen: str | None = None
     hint: str | None = None  # how to fix ``error`` (an unknown host key: `orch trust HOST`)
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def read_git(host: Host, runner: Runner) -> git.GitInfo:
-    """The host's SGLang checkout; RefusedError (exit 3) naming it when it is missing or broken."""
-    result = runner.run(git.info_argv(host.sglang_dir, host.upstream), check=True)
-    try:
-        return git.parse_info(result.stdout)
-    except git.GitInfoError as exc:
-        raise RefusedError(
-            f"{host.name}: SGLang checkout {host.sglang_dir}: {exc}",
-            hint=f"check `sglang_dir` for {host.name} in the inventory (a git clone of SGLang)",
-        ) from None
 
 
 def gpu_views(gpu_csv: str, apps_csv: str) -> list[GpuView]:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator import jobs
+from orchestrator import jobs, readers
 from orchestrator.errors import RefusedError
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
-from orchestrator.ops import server as srv
 from orchestrator.recipe import Shape
 from orchestrator.transport.base import Runner
 
@@ -72,7 +71,7 @@ def no_lookup_message(host: Host, job: jobs.JobInfo, device: str, other: list[st
 
 def last_triton_server(host: Host, runner: Runner) -> jobs.JobInfo | None:
     """The newest server job on ``host`` whose command line selects ``--fp8-gemm-backend triton``."""
-    servers = [j for j in jobs.list_jobs(runner, host.workdir) if j.purpose == srv.SERVER_PURPOSE]
+    servers = [j for j in jobs.list_jobs(runner, host.workdir) if j.purpose == readers.SERVER_PURPOSE]
     for job in reversed(servers):  # list_jobs lists the oldest first
         if tf.uses_triton(job_argv(runner, job)):
             return job

@@ -137,7 +137,7 @@ def test_a_playbook_writes_every_flag_in_full(path: Path) -> None:
 
 @pytest.mark.parametrize("via", ["serve", "module"])
 def test_each_entrypoint_orch_tries_answers_its_help_argv_on_the_real_package(via: str, real_help: str) -> None:
-    """``ops.serve.host_server`` takes the first entrypoint whose ``--help`` lists ``--model-path``: both of
+    """``readers.host_server`` takes the first entrypoint whose ``--help`` lists ``--model-path``: both of
     orch's commands, run against the real package, print the real parser's flags (choices compared as
     sets: SGLang lists some from a set, in an order that changes with the hash seed)."""
     host = Host(name="conformance", address="127.0.0.1", python=sys.executable)

@@ -9,7 +9,7 @@ import pytest
 from orchestrator.errors import RefusedError, RemoteCommandError
 from orchestrator.facts import git
 from orchestrator.inventory import Host
-from orchestrator.ops.status import read_git
+from orchestrator.readers import read_git
 from orchestrator.session import HostSession
 from orchestrator.state import StateStore
 from tests.fakerunner import FakeRunner, UnscriptedCall

@@ -9,11 +9,11 @@ from typing import Any, cast
 
 import pytest
 
+from orchestrator import readers
 from orchestrator.errors import UnreachableError
 from orchestrator.facts.server_log import ServerLog
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
-from orchestrator.ops import server as srv
 from orchestrator.recipe import PACKAGED_PLAYBOOKS, ServeOptions, load_recipe
 from orchestrator.session import HostSession
 from orchestrator.transport.base import CommandResult
@@ -52,7 +52,7 @@ def test_verify_reconnects_after_a_drop_and_verifies(monkeypatch: pytest.MonkeyP
             raise answer
         return dict(answer)
 
-    monkeypatch.setattr(srv, "server_info", server_info)
+    monkeypatch.setattr(readers, "server_info", server_info)
     monkeypatch.setattr(time, "sleep", lambda seconds: None)
     recipe = load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").model_copy(update={"fp8_gemm_backend": "auto"})
     runner = DroppingRunner()

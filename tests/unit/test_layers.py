@@ -25,7 +25,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cli", ("orchestrator.cli", "orchestrator.app", "orchestrator.views", "orchestrator.render",
              "orchestrator.__main__")),
     ("ops", ("orchestrator.ops", "orchestrator.tuning")),
-    ("fleet", ("orchestrator.fleet", "orchestrator.session", "orchestrator.jobs", "orchestrator.notify")),
+    ("fleet", ("orchestrator.fleet", "orchestrator.session", "orchestrator.readers", "orchestrator.jobs",
+               "orchestrator.notify")),
     ("facts", ("orchestrator.facts",)),
     ("transport", ("orchestrator.transport",)),
     # The validated models of the files orch reads and writes (the tuning record is one: the state
@@ -74,13 +75,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ),
     ("orchestrator.transport.ssh", "orchestrator.inventory"): "a runner connects to a Host (address, user, keys)",
     ("orchestrator.transport.local", "orchestrator.inventory"): "a runner is opened for a Host (its environment)",
-    **{
-        ("orchestrator.session", f"orchestrator.ops.{reader}"): (
-            "HostSession caches facts that ops modules read today (read_git, the server's surface and "
-            "/server_info, the tuned configs); those readers belong below ops, beside the session"
-        )
-        for reader in ("status", "serve", "server", "serve_configs")
-    },
     ("orchestrator.state", "orchestrator.facts.bench"): (
         "the state file's BenchRecord model lives beside the parser that builds it; it belongs in the models"
     ),

@@ -12,7 +12,7 @@ from orchestrator.errors import UsageError
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
-from orchestrator.ops.serve_configs import TunedConfigs, parse_listing
+from orchestrator.readers import TunedConfigs, parse_listing
 from orchestrator.recipe import Recipe, ServeOptions, Shape, TuningSpec
 from orchestrator.tuning.progress import ShapeProgress, TuneStatus
 from orchestrator.tuning.record import InstalledRecord, TuningRecord

@@ -11,6 +11,7 @@ from itertools import islice
 
 import pytest
 
+from orchestrator import readers
 from orchestrator.errors import RefusedError
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
@@ -23,20 +24,20 @@ NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 
 
 def test_parse_sessions_skips_gone_processes() -> None:
-    assert srv.parse_sessions("12 10\n13 -\njunk\n14 14\n") == {12: 10, 14: 14}
+    assert readers.parse_sessions("12 10\n13 -\njunk\n14 14\n") == {12: 10, 14: 14}
 
 
 def test_sessions_script_reads_proc_for_real() -> None:
-    argv = ["sh", "-c", srv._SESSIONS, "orch-sessions", str(os.getpid()), "999999999"]
+    argv = ["sh", "-c", readers._SESSIONS, "orch-sessions", str(os.getpid()), "999999999"]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    assert srv.parse_sessions(out) == {os.getpid(): os.getsid(0)}
+    assert readers.parse_sessions(out) == {os.getpid(): os.getsid(0)}
 
 
 def test_refuse_held_gpus_names_foreign_processes_and_other_jobs_but_allows_ours() -> None:
-    ours = srv.Holder(0, 100, "sglang::scheduler", "server-1")
+    ours = readers.Holder(0, 100, "sglang::scheduler", "server-1")
     srv.refuse_held_gpus(HOST, [ours], "server-1", "untouched")  # the old server: fine
-    foreign = srv.Holder(3, 4242, "python3")
-    tuner = srv.Holder(5, 77, "python", "tune.gpu5-x")
+    foreign = readers.Holder(3, 4242, "python3")
+    tuner = readers.Holder(5, 77, "python", "tune.gpu5-x")
     with pytest.raises(RefusedError) as refused:
         srv.refuse_held_gpus(HOST, [ours, foreign, tuner], "server-1", "the running server was left untouched")
     message = str(refused.value)
@@ -138,7 +139,7 @@ def test_a_server_orch_stopped_is_shown_stopped_by_whom_and_when_not_succeeded()
 
 def test_log_reader_reads_only_new_bytes_and_tolerates_a_missing_log() -> None:
     runner = FileRunner({})
-    reader = srv.LogReader(runner, "/w/log")
+    reader = readers.LogReader(runner, "/w/log")
     assert not reader.read().ready
     first = b"[2026-11-29 12:00:00 TP0] Load weight begin.\n"
     runner.files["/w/log"] = first
