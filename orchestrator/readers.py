@@ -90,10 +90,15 @@ def server_info(host: Host, runner: Runner, url: str) -> dict[str, Any]:
 # --- the server's job --------------------------------------------------------------------------------
 
 
+def server_job(found: Sequence[jobs.JobInfo]) -> jobs.JobInfo | None:
+    """Of the host's jobs ``found``, the server job orch launched that still runs, if any."""
+    running = [j for j in found if j.purpose == SERVER_PURPOSE and j.running]
+    return running[-1] if running else None
+
+
 def running_server(runner: Runner, host: Host) -> jobs.JobInfo | None:
     """The server job orch launched that still runs on the host, if any."""
-    running = [j for j in jobs.list_jobs(runner, host.workdir) if j.purpose == SERVER_PURPOSE and j.running]
-    return running[-1] if running else None
+    return server_job(jobs.list_jobs(runner, host.workdir))
 
 
 @dataclass

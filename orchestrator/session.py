@@ -111,10 +111,9 @@ class HostSession:
 
     def running_server(self) -> JobInfo | None:
         """The server job orch launched that still runs on the host, if any (from ``jobs()``)."""
-        from orchestrator.readers import SERVER_PURPOSE
+        from orchestrator.readers import server_job
 
-        running = [j for j in self.jobs() if j.purpose == SERVER_PURPOSE and j.running]
-        return running[-1] if running else None
+        return server_job(self.jobs())
 
     def gpus(self, indexes: Sequence[int]) -> GpuInfo:
         """GPUs ``indexes``: their name and compute capability, and who holds them, each holder tied to
@@ -158,7 +157,3 @@ class HostSession:
     def state(self) -> HostState:
         """What the state file says about the host now (a fresh read: another orch may have written)."""
         return self.store.load().host(self.host.name)
-
-    def update(self, fn: Callable[[HostState], T]) -> T:
-        """Change the host's state in one transaction (``StateStore.update_host``)."""
-        return self.store.update_host(self.host.name, fn)

@@ -14,7 +14,7 @@ which need the same configs and share one plan. The flow:
    ``tune.gpu<i>``: a re-run attaches, never duplicates).
 3. poll (``progress.py``): read each job's log from its last byte offset and derive per-shape progress,
    percentage and ETA; ``group.py``'s ``step_group`` polls a group with one state read and at most one
-   write, and completes it when every job has ended.
+   write (more when it starts missing jobs or completes the group), and completes it when every job has ended.
 4. complete and install (``install.py``): merge the job-private partial files, validate them, install
    the merged configs under SGLang's exact name (backing up a replaced file), phase ``tuned``; or
    record the failure (phase ``failed``, reason and log tail) and stop the group's other jobs.
