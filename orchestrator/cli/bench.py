@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import click
@@ -10,14 +9,11 @@ import click
 from orchestrator.app import App
 from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.errors import ExitCode, UsageError
-from orchestrator.facts.bench import fmt_number, settings_text
-from orchestrator.fleet import FleetResult
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import report as report_op
 from orchestrator.recipe import BenchOptions
-from orchestrator.render import err, out, table
-
-COMPARISON_COLUMNS = ["label", "UTC", "output tok/s", "accept length", "median TTFT ms", "mean TPOT ms"]
+from orchestrator.render import out
+from orchestrator.views.bench import ProgressLines, show_comparisons
 
 
 @click.command()
@@ -76,62 +72,6 @@ def bench(
         results = fleet.map(lambda h, r: bench_op.bench(h, r, app.store, specs[h.name], options, timeout, show))
     show_comparisons(results)
     return finish(results)
-
-
-class ProgressLines:
-    """Progress of running benchmarks on stderr: a line per host when its run starts, at each tenth of its
-    requests, and at least every 30 s (elapsed time) while the count does not move."""
-
-    def __init__(self) -> None:
-        self._shown: dict[str, tuple[int, float]] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, p: bench_op.BenchProgress) -> None:
-        step = -1 if p.done is None or not p.total else p.done * 10 // p.total
-        with self._lock:
-            last = self._shown.get(p.host)
-            if last is not None and last[0] == step and p.elapsed - last[1] < 30:
-                return
-            self._shown[p.host] = (step, p.elapsed)
-        err.print(progress_line(p), markup=False)
-
-
-def progress_line(p: bench_op.BenchProgress) -> str:
-    """``gpu-1: benchmark job bench-...: 37/64 requests done, 12 s``."""
-    counts = f"{p.done}/{p.total} requests done" if p.done is not None else "running"
-    attached = " (started by an earlier orch)" if p.attached else ""
-    return f"{p.host}: benchmark job {p.job_id}{attached}: {counts}, {p.elapsed:.0f} s"
-
-
-def settings_lines(run: bench_op.BenchRun) -> list[str]:
-    """Below the table, each run's settings and how its workload differs from the baseline's."""
-    lines = []
-    for r in run.rows:
-        differs = f"; other workload than {run.baseline}: {r.other_workload}" if r.other_workload else ""
-        lines.append(f"{r.label} ({r.at:%H:%M}): {r.settings}{differs}")
-    return lines
-
-
-def show_comparisons(results: FleetResult[bench_op.BenchRun]) -> None:
-    """Per host: what was just measured and with which settings, then every run on the host against the
-    baseline (a run with another workload than the baseline's is marked)."""
-    for result in results.succeeded:
-        run = result.value
-        assert run is not None
-        note = " (the benchmark an earlier orch started: waited for it, started none)" if run.attached else ""
-        record = run.record
-        out.print(f"{result.host.name}: {record.label}: {record.metrics.output_throughput:,.1f} tok/s{note}")
-        out.print(f"{result.host.name}:   settings: {settings_text(record)}", markup=False)
-        rows = [
-            [r.label, r.at.strftime("%m-%d %H:%M"), fmt_number(r.output_throughput), fmt_number(r.accept_length, 2),
-             fmt_number(r.median_ttft_ms), fmt_number(r.mean_tpot_ms, 2), r.change]
-            for r in run.rows
-        ]  # fmt: skip
-        table(f"{result.host.name}: benchmark runs", [*COMPARISON_COLUMNS, f"vs {run.baseline or 'baseline'}"], rows)
-        for line in settings_lines(run):
-            out.print(f"  {line}", markup=False)
-        if run.baseline_missing:
-            err.print(f"{result.host.name}: no run labelled {run.baseline_missing!r}; no change shown", markup=False)
 
 
 @click.command()

@@ -12,7 +12,8 @@ from orchestrator.ops import status as status_op
 from orchestrator.recipe import PullOptions
 from orchestrator.render import out, print_json
 from orchestrator.transport.ssh import trust_host_key
-from orchestrator.views import pull_report, status_details, status_document, status_table
+from orchestrator.views.pull import pull_report
+from orchestrator.views.status import status_details, status_document, status_table
 
 
 @click.command()

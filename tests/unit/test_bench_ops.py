@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.bench import ProgressLines
 from orchestrator.errors import RefusedError, StateError, UsageError
 from orchestrator.inventory import Host
 from orchestrator.ops import bench
 from orchestrator.recipe import BenchOptions
 from orchestrator.state import HostState, ServerRecord, StateStore
 from orchestrator.transport.base import CommandResult
+from orchestrator.views.bench import ProgressLines
 from tests.unit.test_bench_facts import a_record
 
 HOST = Host(name="gpu-1", address="10.0.0.1")

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from orchestrator import jobs
-from orchestrator.cli import tune as tune_cli
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.recipe import parse_shapes
@@ -25,6 +24,7 @@ from orchestrator.tuning.member import Member
 from orchestrator.tuning.plan import make_plan
 from orchestrator.tuning.prepare import Prepared, kept_results
 from orchestrator.tuning.record import KeptRecord, PlanRecord, TuningRecord
+from orchestrator.views import tune as tune_view
 from tests.unit.test_tuner_ops import CONFIG, DEVICE, T0, facts, host, prepared
 
 WHOLE = json.dumps({"1": CONFIG, "2": CONFIG}, indent=4)
@@ -124,7 +124,7 @@ def test_a_new_plan_tunes_only_the_units_not_kept_and_carries_the_kept_files(tmp
         ("N=4096,K=2048", [1]),
         ("N=4096,K=2048", [2]),
     ]
-    assert "  kept 2 units tuned before the reboot, tuning 2" in tune_cli.plan_lines(plan)
+    assert "  kept 2 units tuned before the reboot, tuning 2" in tune_view.plan_lines(plan)
     p.kept = p.kept + p.kept  # the same units kept twice are scheduled out and carried once
     assert make_plan([p]).kept == plan.kept
 
@@ -136,7 +136,7 @@ def test_a_plan_that_keeps_everything_starts_no_job(tmp_path: Path) -> None:
     p.kept = kept_of(p, record, failed)
     plan = make_plan([p])
     assert plan.assignments == [] and plan.kept_units == 4
-    assert "  kept 4 units tuned before an earlier plan failed, tuning 0" in tune_cli.plan_lines(plan)
+    assert "  kept 4 units tuned before an earlier plan failed, tuning 0" in tune_view.plan_lines(plan)
 
 
 def test_install_merges_the_kept_files_with_the_new_jobs_results_and_revalidates_them(tmp_path: Path) -> None:

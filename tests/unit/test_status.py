@@ -9,7 +9,6 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from rich.console import Console
 
-from orchestrator import views as views_mod
 from orchestrator.errors import HostKeyError
 from orchestrator.facts import git
 from orchestrator.fleet import HostResult
@@ -21,6 +20,7 @@ from orchestrator.tuning.plan import make_plan
 from orchestrator.tuning.prepare import HostFacts, Prepared
 from orchestrator.tuning.progress import group_status, summary
 from orchestrator.tuning.record import InstalledRecord, PlanRecord, TuningRecord
+from orchestrator.views import status as views_mod
 
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 COMMIT = "8e6290d39dd0e429b92f9eb2a8c753e727381e71"

@@ -27,7 +27,8 @@ from orchestrator.tuning.prepare import HostFacts, Prepared, discover_tuner, ref
 from orchestrator.tuning.progress import HostPoll, JobView, TuneStatus, eta_seconds, group_status, job_views, summary
 from orchestrator.tuning.record import PlanRecord, TuningRecord, migrate_v1
 from orchestrator.tuning.start import _start_jobs
-from orchestrator.views import _tuning_cell
+from orchestrator.views import tune as tune_view
+from orchestrator.views.status import _tuning_cell
 
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 COMMIT = "c0ffee" * 6 + "beef"
@@ -235,7 +236,7 @@ def test_summary_and_status_cells() -> None:
     assert _tuning_cell(view).startswith("running 25% (1/4)")
     view.extra["tuning"] = {"state": "failed", "reason": "h1 GPU 0 job tune.gpu0 (j0) failed: exit code 1"}
     assert _tuning_cell(view) == "failed: h1 GPU 0 job tune.gpu0 (j0) failed: exit code 1"
-    assert tune_cli.status_line(status).startswith("h1: running 25% (1/4 units)")
+    assert tune_view.status_line(status).startswith("h1: running 25% (1/4 units)")
 
 
 # -- install (a local runner on a temporary directory) -------------------------------------------------------
@@ -320,11 +321,11 @@ def test_check_shapes_accepts_keywords_and_lists_and_names_a_bad_part() -> None:
 
 def test_a_note_replaces_the_installed_line() -> None:
     status = TuneStatus("h1", "installed", note="nothing to tune: server job s read a tuned config for every shape")
-    assert tune_cli.status_line(status) == "h1: nothing to tune: server job s read a tuned config for every shape"
+    assert tune_view.status_line(status) == "h1: nothing to tune: server job s read a tuned config for every shape"
 
 
 def test_plan_lines_show_shapes_schedule_and_every_gpu() -> None:
-    lines = tune_cli.plan_lines(make_plan([prepared(host(gpus=3), batch_sizes=(1, 2, 4, 8))], now=T0))
+    lines = tune_view.plan_lines(make_plan([prepared(host(gpus=3), batch_sizes=(1, 2, 4, 8))], now=T0))
     assert lines[0].endswith(f"2 shapes × 4 batch sizes = 8 units on 3 GPUs ({DEVICE}, SGLang {COMMIT[:10]})")
     assert lines[1] == "  schedule: 3 units per GPU at most (ideal 2.67)"
     assert lines[-1] == "  h1 GPU 2 (tune.gpu2): N=4096,K=2048 M=4,8"

@@ -1,4 +1,4 @@
-"""What commands show: pure functions from operation results to tables and JSON documents."""
+"""What `orch status` shows: the table, the notes below it, the details and the JSON document."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.fleet import FleetResult
-from orchestrator.ops.pull import PullResult
 from orchestrator.ops.status import HostStatus
 from orchestrator.render import fmt_mib, inert, out, table, to_jsonable
 
@@ -369,23 +367,3 @@ def detail_lines(v: HostStatus, now: datetime) -> list[str]:
     lines += [f"  {label:<8}{text}" for label, text in parts]
     lines += [f"  {note.removeprefix(f'{v.name}: ')}" for note in status_notes([v], short_cells=False)]
     return lines
-
-
-def pull_report(results: FleetResult[PullResult]) -> None:
-    for r in results.succeeded:
-        p = r.value
-        assert p is not None
-        if not p.changed:
-            note = f" ({p.ahead} local commits ahead of upstream)" if p.ahead else ""
-            out.print(f"{r.host.name}: already up to date at {p.new[:10]}{note}", markup=False)
-            continue
-        out.print(
-            f"{r.host.name}: {p.old[:10]} → {p.new[:10]}, {len(p.commits)} new "
-            f"commit{'s' if len(p.commits) != 1 else ''}:",
-            markup=False,
-        )
-        for sha, subject in p.commits:
-            out.print(inert(f"    {sha} {subject}"), markup=False)
-    for r in results.succeeded:
-        if r.value is not None and r.value.installed:
-            out.print(f"{r.host.name}: installed with `pip install -e python` ({r.host.python})", markup=False)

@@ -1,0 +1,27 @@
+"""What `orch pull` shows: the commits each host moved by."""
+
+from __future__ import annotations
+
+from orchestrator.fleet import FleetResult
+from orchestrator.ops.pull import PullResult
+from orchestrator.render import inert, out
+
+
+def pull_report(results: FleetResult[PullResult]) -> None:
+    for r in results.succeeded:
+        p = r.value
+        assert p is not None
+        if not p.changed:
+            note = f" ({p.ahead} local commits ahead of upstream)" if p.ahead else ""
+            out.print(f"{r.host.name}: already up to date at {p.new[:10]}{note}", markup=False)
+            continue
+        out.print(
+            f"{r.host.name}: {p.old[:10]} → {p.new[:10]}, {len(p.commits)} new "
+            f"commit{'s' if len(p.commits) != 1 else ''}:",
+            markup=False,
+        )
+        for sha, subject in p.commits:
+            out.print(inert(f"    {sha} {subject}"), markup=False)
+    for r in results.succeeded:
+        if r.value is not None and r.value.installed:
+            out.print(f"{r.host.name}: installed with `pip install -e python` ({r.host.python})", markup=False)

@@ -1,0 +1,90 @@
+"""What `orch serve`, `stop-server` and `recipe discover` show: live progress lines, what was launched and
+what verification found, how a server ended, and upstream's launch arguments against the recipe's."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from orchestrator.facts import server as facts
+from orchestrator.facts.server_log import ShapeUse
+from orchestrator.facts.server_upstream import Discovery, diff_flags
+from orchestrator.inventory import Host
+from orchestrator.ops import serve as serve_op
+from orchestrator.recipe import Recipe
+from orchestrator.render import err, inert, out, table
+
+
+def reporter(host: Host) -> serve_op.Report:
+    """Live progress on stderr, one line per event, prefixed by the host."""
+
+    def report(message: str) -> None:
+        style = "bold red" if message.startswith("WARNING") else "bold" if message.startswith("stopping ") else "dim"
+        err.print(Text(f"{host.name}: {inert(message)}", style=style), highlight=False)
+
+    return report
+
+
+def serve_report(host: Host, r: serve_op.ServeResult) -> None:
+    """What was launched and what verification found, for one host."""
+    if r.unchanged:
+        out.print(f"{host.name}: already serving as asked (job {r.job_id}); --force relaunches", markup=False)
+        return
+    replaced = f"; replaced {r.stopped_job}" if r.stopped_job else ""
+    healthy = f"healthy after {r.healthy_after:.0f} s{replaced}"
+    out.print(f"{host.name}: serving job {r.job_id} on port {host.server_port} ({healthy})", markup=False)
+    out.print(f"  started with: {facts.entrypoint_name(r.argv)}", markup=False)
+    out.print(f"  speculative: {r.spec}" + ("" if r.problems else " (as asked)"), markup=False)
+    if r.mtp:
+        accept = "not measured" if r.accept_length is None else f"{r.accept_length:.2f}"
+        out.print(f"  accept length: {accept} (minimum {r.min_accept if r.min_accept is not None else '-'})")
+    out.print(f"  FP8 GEMM backend: {r.fp8_runs or r.fp8_backend or 'not reported'}", markup=False)
+    listed = [s for s in r.shapes if s.listed]
+    used = [s.key for s in listed if s.in_use]
+    if listed:
+        out.print(f"  tuned FP8 configs in use: {len(used)}/{len(listed)}" + (f" ({', '.join(used)})" if used else ""))
+    also = [s.key for s in r.shapes if s.in_use and not s.listed]
+    if also:
+        out.print(f"  also in use (not in the recipe's shapes): {', '.join(also)}", markup=False)
+    for reason, keys in _fallbacks(r.shapes).items():
+        out.print(f"  fell back to defaults: {', '.join(keys)}: {reason}", markup=False)
+    untuned = [s for s in r.shapes if not s.in_use and s.path]
+    if untuned:
+        shapes = ";".join(s.key for s in untuned)
+        out.print(f"  tune them: orch tune-fp8 --host {host.name} --shapes '{shapes}'", markup=False)
+    for problem in r.failures:
+        err.print(Text(f"  WARNING: {inert(problem)}", style="bold red"))
+
+
+def _fallbacks(shapes: list[ShapeUse]) -> dict[str, list[str]]:
+    """Shapes not using a tuned config, grouped by the reason."""
+    grouped: dict[str, list[str]] = {}
+    for s in shapes:
+        if not s.in_use:
+            grouped.setdefault(s.reason, []).append(s.key)
+    return grouped
+
+
+def stopped_line(outcome: str | None) -> str:
+    """What ``orch stop-server`` says of a host: how its server ended, or why nothing was stopped."""
+    if outcome is None:
+        return "no server of orch's was running"
+    if outcome == "lost":
+        return "the server job was lost (host rebooted or killed): nothing was signalled"
+    return f"server {outcome}"
+
+
+def discovery_report(host: Host, r: Recipe, found: Discovery) -> None:
+    """Per upstream test: its scope, the accept length it asserts, and a flag-by-flag comparison."""
+    ours = facts.split_entrypoint(facts.launch_argv(r, host, mtp=True))[1]
+    out.print(f"{host.name}: {len(found.tests)} upstream launch argument lists for family {found.family!r}")
+    for t in found.tests:
+        accept = f", asserts accept length > {t.min_accept_length}" if t.min_accept_length is not None else ""
+        diffs = diff_flags(ours, t.args, lambda name: facts.canonical_flag(name, found.known_flags))
+        rows = [[d.flag, _cell(d.recipe), _cell(d.upstream), d.kind] for d in diffs]
+        table(f"{t.path} ({t.scope}{accept})", ["flag", "recipe", "upstream", "difference"], rows)
+    for path in found.unreadable:
+        err.print(f"  {host.name}: not valid Python, skipped: {path}", markup=False)
+
+
+def _cell(value: str | None) -> str:
+    return "-" if value is None else (value or "(set)")
