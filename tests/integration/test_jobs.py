@@ -3,6 +3,7 @@ orch stop signals only the job's own process group."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -28,9 +29,21 @@ def start_job(env: FleetEnv, purpose: str, argv: list[str]) -> jobs.Started:
     return started
 
 
+def first_line(process: subprocess.Popen[bytes]) -> str:
+    """The first line a process writes to its stdout pipe, read unbuffered (communicate() reads the rest)."""
+    assert process.stdout is not None
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(process.stdout.fileno(), 1)
+        if not byte:
+            break
+        line += byte
+    return line.decode()
+
+
 def test_a_job_started_over_ssh_outlives_the_session_and_orch(make_fleet) -> None:  # type: ignore[no-untyped-def]
     env = make_fleet(1)
-    started = start_job(env, "t.long", [*COUNTER, "30"])  # returned and disconnected while it runs
+    started = start_job(env, "t.long", [*COUNTER, "300"])  # returned and disconnected while it runs
     run = env.orch("jobs", "--json")
     (job,) = next(iter(__import__("json").loads(run.stdout).values()))
     assert (job["id"], job["state"]) == (started.job_id, "running")
@@ -39,17 +52,18 @@ def test_a_job_started_over_ssh_outlives_the_session_and_orch(make_fleet) -> Non
 def test_logs_follow_resumes_at_its_offset_after_the_connection_drops(make_fleet) -> None:  # type: ignore[no-untyped-def]
     env = make_fleet(1)
     (sim,) = env.fleet.hosts
-    started = start_job(env, "t.count", [*COUNTER, "40"])
+    started = start_job(env, "t.count", [*COUNTER, "100"])
     cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "logs", sim.name, started.job_id, "-f"]
-    follower = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
+    follower = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+    first = first_line(follower)  # following: its connection is up (however loaded the machine is)
     assert sim.drop_connections() >= 1
-    out, err = follower.communicate(timeout=60)
+    rest_bytes, err_bytes = follower.communicate(timeout=60)
+    rest, err = rest_bytes.decode(), err_bytes.decode()
     assert follower.returncode == 0, err
-    lines = [line for line in out.splitlines() if line.startswith("line ")]
-    assert lines == [f"line {i}" for i in range(1, 41)]  # nothing lost, nothing twice
+    lines = [line for line in (first + rest).splitlines() if line.startswith("line ")]
+    assert lines == [f"line {i}" for i in range(1, 101)]  # nothing lost, nothing twice
     assert "reconnecting, resuming at byte" in err
-    assert f"-- {started.job_id}: succeeded" in out
+    assert f"-- {started.job_id}: succeeded" in rest
 
 
 def test_stop_ends_the_job_and_leaves_other_processes_alone(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
