@@ -505,8 +505,9 @@ class JumpHost:
 
 def _for_host(host: Host, exc: HostKeyError | UnreachableError) -> HostKeyError | UnreachableError:
     """``exc`` (met by another host behind the same jump host) told for ``host``."""
-    _, _, rest = exc.message.partition(": ")
-    return type(exc)(f"{host.name}: {rest}", hint=exc.hint)
+    first, _, rest = exc.message.partition(": ")
+    hint = exc.hint.replace(f"`orch trust {first}`", f"`orch trust {host.name}`") if exc.hint else None
+    return type(exc)(f"{host.name}: {rest}", hint=hint)
 
 
 class JumpHosts:

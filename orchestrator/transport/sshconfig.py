@@ -29,7 +29,7 @@ REFUSED = {
     "hostkeyalias": "orch verifies host keys under the host's own name and port",
     "include": "orch does not follow Include; point the inventory's ssh_config at a file without it",
 }
-_NAMES = {"hostname": "HostName", "port": "Port", "proxyjump": "ProxyJump", **{k: k for k in REFUSED}}
+_NAMES = {"proxycommand": "ProxyCommand", "hostkeyalias": "HostKeyAlias", "include": "Include"}
 
 
 def config_path(setting: str | None) -> Path | None:
