@@ -1,4 +1,5 @@
-"""The SSH runner: the only module that imports fabric and paramiko.
+"""The SSH runner: the only module that opens SSH connections (paramiko; ``sshconfig`` reads the ssh
+config file with paramiko's parser).
 
 One ``SSHRunner`` holds one SSH connection to one host for the whole orch invocation; every command
 and file transfer of that invocation is a channel on it. Host keys are verified against the
@@ -14,6 +15,14 @@ hashed names (``|1|...``) match as OpenSSH matches them; an ``@cert-authority`` 
 vouches for host *certificates*, and paramiko verifies plain host keys only); a key marked ``@revoked``
 is never trusted, even where another line lists it; a line that cannot be read is skipped. Skips are
 logged at debug level (``-vvv``).
+
+Where a host is comes from the inventory, then the ssh config file (``resolve_route``: ``Host``
+aliases, ``HostName``, ``User``, ``Port``, ``IdentityFile``, ``ProxyJump``; the inventory wins). A host
+behind a jump host is a connection over a ``direct-tcpip`` channel of the jump host's one connection
+for the invocation (``JumpHost``), shared by every host behind it; the jump host's key is verified,
+recorded and refused exactly as a host's. paramiko's ``SSHClient`` is used bare: fabric's
+``Connection`` read ``~/.ssh/config`` on its own and opened a ProxyJump host with ``AutoAddPolicy``,
+trusting any key it offered.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ the bastion; the bastion's key is verified like a host's."""
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from orchestrator.errors import UnreachableError
 from orchestrator.sandbox import SimFleet, sshkeys
 from tests.conftest import FleetEnv
 
@@ -181,3 +183,29 @@ def test_a_changed_bastion_key_is_refused_for_every_host_behind_it(bastion_fleet
         assert sim.accepted_connections() == 0
     assert f"`orch trust {sims(env)[0].name}`" in result.output
     assert bastion(env).accepted_connections() == 1
+
+
+def test_hosts_share_one_bastion_connection_and_reconnect_through_it_after_a_drop(bastion_fleet: Any) -> None:
+    from orchestrator.inventory import load_inventory
+    from orchestrator.transport.base import ConnectOptions
+    from orchestrator.transport.ssh import JUMP_HOSTS, SSHRunner
+
+    env = bastion_fleet(2)
+    set_defaults(env, proxy_jump=jump_spec(env))
+    runners = [SSHRunner(host, ConnectOptions()) for host in load_inventory(env.inventory).hosts.values()]
+    try:
+        assert [r.run(["hostname"]).ok for r in runners] == [True, True]
+        first = sims(env)[0]
+        assert first.drop_connections() == 1  # the host's sshd -i is cut; the bastion's connection lives on
+
+        with contextlib.suppress(UnreachableError):  # this command may be the one that meets the drop
+            runners[0].run(["true"])
+
+        assert runners[0].run(["true"]).ok
+        assert [sim.accepted_connections() for sim in sims(env)] == [2, 1]
+        assert bastion(env).accepted_connections() == 1
+    finally:
+        for runner in runners:
+            runner.close()
+    jump = JUMP_HOSTS.get(runners[0]._spec, runners[0]._route.jump, ConnectOptions())  # type: ignore[union-attr]
+    assert jump._client is None  # the last host's close closed the bastion connection
