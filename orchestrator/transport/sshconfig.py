@@ -6,14 +6,17 @@ Which file: the inventory's ``ssh_config`` key, else ``$ORCH_SSH_CONFIG``, else 
 
 Keys orch honours for a host it connects to: ``HostName``, ``User``, ``Port``, ``IdentityFile``,
 ``ProxyJump``. Keys that would change *where* or *how securely* orch connects, and that orch cannot
-honour, are refused with an error naming the file and line (``ProxyCommand``, ``HostKeyAlias``,
-``Include``): ignoring them would connect somewhere the user did not mean. Every other key is ignored
-(orch's own flags decide timeouts, keepalives and host-key policy).
+honour, are refused with an error naming the file and line (``ProxyCommand``, ``HostKeyAlias``):
+ignoring them would connect somewhere the user did not mean. ``Include`` is followed (read in as
+text, ``_read_lines``). Every other key is ignored (orch's own flags decide timeouts, keepalives and
+host-key policy).
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import shlex
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +27,12 @@ from orchestrator.errors import ConfigError
 
 USER_SSH_CONFIG = "~/.ssh/config"
 ENV_SSH_CONFIG = "ORCH_SSH_CONFIG"
+MAX_INCLUDE_DEPTH = 16  # as OpenSSH's READCONF_MAX_DEPTH
 REFUSED = {
     "proxycommand": "orch runs no local command to connect; use ProxyJump (or the inventory's proxy_jump)",
     "hostkeyalias": "orch verifies host keys under the host's own name and port",
-    "include": "orch does not follow Include; point the inventory's ssh_config at a file without it",
 }
-_NAMES = {"proxycommand": "ProxyCommand", "hostkeyalias": "HostKeyAlias", "include": "Include"}
+_NAMES = {"proxycommand": "ProxyCommand", "hostkeyalias": "HostKeyAlias"}
 
 
 def config_path(setting: str | None) -> Path | None:
@@ -52,30 +55,28 @@ class HostConfig:
 
 
 class SSHConfigFile:
-    """One parsed ssh config file (empty when ``path`` is None or missing)."""
+    """One parsed ssh config file, its ``Include`` files read in (empty when ``path`` is None or missing)."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        text = path.read_text(errors="replace") if path is not None and path.exists() else ""
-        self._lines = _key_lines(text)
+        self._lines = _read_lines(path) if path is not None and path.exists() else []
+        text = "\n".join(raw for _, raw in self._lines)
         try:
             self._config = paramiko.SSHConfig.from_text(text)
         except paramiko.ssh_exception.ConfigParseError as exc:
             bad = str(exc).removeprefix("Unparsable line ").strip()
-            line = next((n for n, raw in enumerate(text.splitlines(), 1) if raw.strip() == bad), None)
+            where = next((where for where, raw in self._lines if raw.strip() == bad), str(path))
             raise ConfigError(
-                f"{self._at(line)}: cannot read the line {bad!r}: an ssh config line is KEY VALUE",
+                f"{where}: cannot read the line {bad!r}: an ssh config line is KEY VALUE",
                 hint="fix the line (see `man ssh_config`), or set ssh_config: none in the inventory's defaults",
             ) from None
 
-    def _at(self, line: int | None) -> str:
-        return f"{self.path}:{line}" if line else str(self.path)
-
     def line_of(self, key: str, value: str | None = None) -> str:
         """``FILE:LINE`` of the first line setting ``key`` (to ``value``), for messages."""
-        for lineno, name, text in self._lines:
+        for where, raw in self._lines:
+            name, text = _split(raw)
             if name == key and (value is None or text == value):
-                return self._at(lineno)
+                return where
         return str(self.path)
 
     def lookup(self, name: str) -> HostConfig:
@@ -104,14 +105,37 @@ class SSHConfigFile:
         return int(value)
 
 
-def _key_lines(text: str) -> list[tuple[int, str, str]]:
-    """(line number, lower-case key, value) of every setting line, to name the line of a bad value."""
-    lines = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if line and not line.startswith("#"):
-            key, _, value = line.replace("=", " ", 1).partition(" ")
-            lines.append((lineno, key.lower(), value.strip().strip('"')))
+def _split(raw: str) -> tuple[str, str]:
+    """(lower-case key, value) of a setting line; ("", "") for a blank line or a comment."""
+    line = raw.strip()
+    if not line or line.startswith("#"):
+        return "", ""
+    key, _, value = line.replace("=", " ", 1).partition(" ")
+    return key.lower(), value.strip().strip('"')
+
+
+def _read_lines(path: Path, depth: int = 0) -> list[tuple[str, str]]:
+    """("FILE:LINE", text) of every line of ``path``, each ``Include`` replaced by the lines of the
+    files it names (as OpenSSH: several patterns, ``~`` or relative to ``~/.ssh``, globbed, in sorted
+    order), then by the including block's ``Host``/``Match`` line again, so that what follows the
+    Include is matched as before it (the included text itself is read as if written there)."""
+    lines: list[tuple[str, str]] = []
+    block = "Host *"
+    for lineno, raw in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        where, (key, value) = f"{path}:{lineno}", _split(raw)
+        if key in ("host", "match"):
+            block = raw.strip()
+        if key != "include":
+            lines.append((where, raw))
+            continue
+        if depth >= MAX_INCLUDE_DEPTH:
+            raise ConfigError(f"{where}: Include nested more than {MAX_INCLUDE_DEPTH} deep (a file including itself?)")
+        for pattern in shlex.split(value):
+            full = Path(os.path.expanduser(pattern))
+            full = full if full.is_absolute() else Path(os.path.expanduser("~/.ssh")) / full
+            for included in sorted(glob.glob(str(full))):
+                lines += _read_lines(Path(included), depth + 1)
+        lines.append((where, block))
     return lines
 
 

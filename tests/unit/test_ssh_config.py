@@ -89,7 +89,7 @@ def test_which_ssh_config_file_is_read(monkeypatch: pytest.MonkeyPatch, isolated
     [
         ("Host gpu-1\n  Port 22x\n", "ssh_config:2: host 'gpu-1': Port '22x' is not a port (1-65535)"),
         ("Host gpu-1\n  ProxyCommand nc %h %p\n", "ssh_config:2: host 'gpu-1': ProxyCommand is not supported"),
-        ("Include ~/.ssh/conf.d/*\nHost gpu-1\n  User a\n", "ssh_config:1: host 'gpu-1': Include is not supported"),
+        ("Include {config}\n", "ssh_config:1: Include nested more than 16 deep"),
         ("Host *\n  HostKeyAlias other\n", "ssh_config:2: host 'gpu-1': HostKeyAlias is not supported"),
         ("Host gpu-1\n  ProxyJump a,b\n", "ssh_config:2: host 'gpu-1': ProxyJump orch connects through one jump"),
         ("Host gpu-1\n  ProxyJump j:x\n", "ssh_config:2: host 'gpu-1': ProxyJump must be [USER@]HOST[:PORT]"),
@@ -100,12 +100,29 @@ def test_which_ssh_config_file_is_read(monkeypatch: pytest.MonkeyPatch, isolated
 def test_a_bad_or_unsupported_ssh_config_value_names_the_file_and_line(
     tmp_path: Path, text: str, expected: str
 ) -> None:
-    (tmp_path / "ssh_config").write_text(text)
+    (tmp_path / "ssh_config").write_text(text.format(config=tmp_path / "ssh_config"))
     inventory = tmp_path / "hosts.yaml"
     inventory.write_text(f"hosts:\n  h:\n    address: gpu-1\n    ssh_config: {tmp_path / 'ssh_config'}\n")
     with pytest.raises(ConfigError) as raised:
         resolve_route(load_inventory(inventory).hosts["h"])
     assert str(raised.value).startswith(str(tmp_path / expected.split(":", 1)[0]) + ":" + expected.split(":", 1)[1])
+
+
+def test_include_reads_the_files_in_place_and_the_block_goes_on_after_it(isolated_env: Path, tmp_path: Path) -> None:
+    (isolated_env / ".ssh" / "conf.d").mkdir(parents=True)
+    (isolated_env / ".ssh" / "conf.d" / "20-gpus.conf").write_text("Host gpu-*\n  HostName 10.0.0.9\n  Port x\n")
+    (isolated_env / ".ssh" / "conf.d" / "10-gpu1.conf").write_text("Host gpu-1\n  Port 2001\n")
+    (tmp_path / "other.conf").write_text("Host elsewhere\n  User nobody\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Include conf.d/*.conf\nHost gpu-1 gpu-2\n  Include {tmp_path / 'other.conf'}\n  User ops\n")
+    inventory = tmp_path / "hosts.yaml"
+    hosts_yaml = "hosts:\n  a:\n    address: gpu-1\n  b:\n    address: gpu-2\n"
+    inventory.write_text(f"defaults:\n  ssh_config: {config}\n{hosts_yaml}")
+    hosts = load_inventory(inventory).hosts
+
+    assert resolve_route(hosts["a"]) == Route(Endpoint("10.0.0.9", 2001, "ops"))
+    with pytest.raises(ConfigError, match=f"^{isolated_env}/.ssh/conf.d/20-gpus.conf:3: host 'gpu-2': Port 'x'"):
+        resolve_route(hosts["b"])
 
 
 @pytest.mark.parametrize(
