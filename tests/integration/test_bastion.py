@@ -209,3 +209,20 @@ def test_hosts_share_one_bastion_connection_and_reconnect_through_it_after_a_dro
             runner.close()
     jump = JUMP_HOSTS.get(runners[0]._spec, runners[0]._route.jump, ConnectOptions())  # type: ignore[union-attr]
     assert jump._client is None  # the last host's close closed the bastion connection
+
+
+def test_a_host_down_behind_the_bastion_is_unreachable_and_the_others_are_not(bastion_fleet: Any) -> None:
+    env = bastion_fleet(2)
+    set_defaults(env, proxy_jump=jump_spec(env))
+    down, up = sims(env)
+    down.stop_sshd()
+
+    result = env.orch("status")
+
+    assert result.returncode == 3, result.output
+    assert (
+        f"{down.name}: cannot connect to {down.address}:{down.ssh_port} via jump host "
+        f"{bastion(env).address}:{bastion(env).port}: the jump host could not connect to it (Connect failed)"
+    ) in result.output
+    assert f"{up.name}  new " in result.stdout and up.accepted_connections() == 1
+    assert bastion(env).accepted_connections() == 1
