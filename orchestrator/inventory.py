@@ -32,6 +32,8 @@ class HostSettings(BaseModel):
     port: int = Field(22, ge=1, le=65535)
     identity_file: str | None = None
     known_hosts: str | None = None
+    proxy_jump: str | None = None
+    ssh_config: str | None = None
     transport: Literal["ssh", "local"] = "ssh"
     sglang_dir: str = "/root/sglang"
     python: str = "/root/sglang/.venv/bin/python"
@@ -49,6 +51,13 @@ class HostSettings(BaseModel):
     def _user(cls, value: str) -> str:
         if not _USER.match(value):
             raise ValueError(f"{value!r} is not a user name")
+        return value
+
+    @field_validator("proxy_jump")
+    @classmethod
+    def _proxy_jump(cls, value: str | None) -> str | None:
+        if value is not None and value != "none":
+            parse_jump(value)
         return value
 
     @field_validator(*_REMOTE_PATH_KEYS)
@@ -84,6 +93,30 @@ class HostSettings(BaseModel):
     @property
     def branch(self) -> str:
         return self.upstream.split("/", 1)[1]
+
+
+def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
+    """``[user@]host[:port]`` (or ``ssh://...``) of a jump host, as OpenSSH's ProxyJump takes it: user,
+    host, port. One jump host: a comma list (a chain of them) is refused. ValueError says what is wrong.
+
+    >>> parse_jump("ops@bastion.example:2222")
+    ('ops', 'bastion.example', 2222)
+    >>> parse_jump("[::1]")
+    (None, '::1', None)
+    """
+    if "," in spec:
+        raise ValueError(f"orch connects through one jump host, not a chain (got {spec!r})")
+    rest = spec.removeprefix("ssh://")
+    user, at, rest = rest.rpartition("@")
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        port = tail.removeprefix(":") if tail.startswith(":") else ("" if not tail else None)
+    else:
+        host, _, port = rest.partition(":")
+    bad_port = port is None or (port != "" and (not port.isdigit() or not 1 <= int(port) <= 65535))
+    if (at and not _USER.match(user)) or not host or not _ADDRESS.match(host) or host.startswith("-") or bad_port:
+        raise ValueError(f"must be [USER@]HOST[:PORT] of one jump host, or 'none' (got {spec!r})")
+    return user or None, host, int(port) if port else None
 
 
 class Host(HostSettings):

@@ -11,7 +11,9 @@
 Files under ``root``: ``upstream.git`` (bare) and ``upstream-work`` (the clone commits are made in),
 ``client/id_ed25519`` (orch's key), ``known_hosts`` (every host's key), ``hosts/<name>/`` (each host's
 disk, see ``hostdisk``). With ``transport="local"`` no sshd runs: orch runs the host's commands on
-this machine with the host's environment (``env`` in the inventory).
+this machine with the host's environment (``env`` in the inventory). With ``bastion=True`` the hosts
+are reachable only through ``fleet.bastion``, a real sshd jump host (``bastion``; its key is in
+``known_hosts`` too): the inventory needs ``proxy_jump`` (or an ssh config ProxyJump) to reach them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from orchestrator.sandbox import gitrepo, hostdisk, inventory, loopback, sshkeys
+from orchestrator.sandbox.bastion import SimBastion
 from orchestrator.sandbox.errors import SandboxError
 from orchestrator.sandbox.host import SimHost
 from orchestrator.sandbox.processes import kill_host_processes
@@ -46,6 +49,7 @@ class SimFleet:
         gpus: int = 8,
         name_prefix: str = "sim",
         sshd_log_level: str = "VERBOSE",
+        bastion: bool = False,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
@@ -58,18 +62,25 @@ class SimFleet:
         self.upstream = self.root / "upstream.git"
         self.client_key = self.root / "client" / "id_ed25519"
         self.known_hosts = self.root / "known_hosts"
+        self.bastion: SimBastion | None = None  # with bastion=True: the hosts are reachable only through it
+        self._subnet = loopback.fleet_subnet()
+        if bastion:
+            if n_hosts >= loopback.MAX_HOSTS:
+                raise ValueError(f"a fleet behind a bastion has fewer than {loopback.MAX_HOSTS} hosts")
+            address = loopback.host_address(self._subnet, loopback.MAX_HOSTS - 1)
+            self.bastion = SimBastion(self.root / "bastion", address, loopback.free_port(address))
         self.hosts = self._plan_hosts(n_hosts, name_prefix)
         self._started = self._detached = False
 
     def _plan_hosts(self, n_hosts: int, prefix: str) -> list[SimHost]:
-        subnet = loopback.fleet_subnet()
+        subnet = self._subnet
+        behind = self.bastion
         hosts = []
         for i in range(n_hosts):
             address = loopback.host_address(subnet, i)
             ssh_port, server_port = loopback.free_port(address), loopback.free_port(address, "127.0.0.1")
-            hosts.append(
-                SimHost(f"{prefix}-{i + 1}", address, ssh_port, server_port, self.root / "hosts" / f"{prefix}-{i + 1}")
-            )
+            root = self.root / "hosts" / f"{prefix}-{i + 1}"
+            hosts.append(SimHost(f"{prefix}-{i + 1}", address, ssh_port, server_port, root, behind))
         return hosts
 
     def __enter__(self) -> SimFleet:
@@ -107,7 +118,14 @@ class SimFleet:
         knobs = {"gpus": self.gpus, "gpu_name": self.gpu_name}
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(lambda host: self._prepare_host(host, template, knobs), self.hosts))
-        self.known_hosts.write_text("".join(h.known_hosts_line() + "\n" for h in self.hosts))
+        lines = [h.known_hosts_line() for h in self.hosts]
+        if self.bastion is not None:
+            targets = [(h.address, h.ssh_port) for h in self.hosts]
+            self.bastion.configure(sshkeys.public_key(self.client_key), targets, self.sshd_log_level)
+            if self.transport == "ssh":
+                self.bastion.start()
+            lines.append(self.bastion.known_hosts_line())
+        self.known_hosts.write_text("".join(line + "\n" for line in lines))
 
     def _prepare_host(self, host: SimHost, template: Path, knobs: dict[str, object]) -> None:
         hostdisk.prepare(host.disk, self.upstream, template, knobs)
@@ -144,7 +162,9 @@ class SimFleet:
             return
         for host in self.hosts:
             host.stop_sshd()
-        kill_host_processes(h.root for h in self.hosts)
+        if self.bastion is not None:
+            self.bastion.stop()
+        kill_host_processes([*(h.root for h in self.hosts), *([self.bastion.root] if self.bastion else [])])
         for host in self.hosts:
             host.reap_holders()
         if self._made_root:

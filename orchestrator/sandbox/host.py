@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 from orchestrator.sandbox import hostdisk, sshkeys
+from orchestrator.sandbox.bastion import GatedSshDaemon, SimBastion
 from orchestrator.sandbox.hostdisk import HostDisk
 from orchestrator.sandbox.hosttools import nvidia_smi
 from orchestrator.sandbox.processes import kill_host_processes
@@ -20,7 +21,9 @@ from orchestrator.sandbox.sshd import SshDaemon, sshd_config
 class SimHost:
     """A simulated GPU box: a real sshd on ``address:ssh_port`` in front of a private disk at ``root``."""
 
-    def __init__(self, name: str, address: str, ssh_port: int, server_port: int, root: Path) -> None:
+    def __init__(
+        self, name: str, address: str, ssh_port: int, server_port: int, root: Path, behind: SimBastion | None = None
+    ) -> None:
         self.name = name
         self.address = address
         self.ssh_port = ssh_port
@@ -32,7 +35,10 @@ class SimHost:
         self.workdir = self.disk.workdir
         self.model_path = self.disk.model_path
         self.host_key = self.disk.etc / "ssh_host_ed25519_key"
-        self._sshd = SshDaemon(root, address, ssh_port)
+        # ``behind``: the bastion through which alone the host is reachable
+        self._sshd = (
+            SshDaemon(root, address, ssh_port) if behind is None else GatedSshDaemon(root, address, ssh_port, behind)
+        )
         self._holders: list[subprocess.Popen[bytes]] = []
 
     def __repr__(self) -> str:
@@ -73,6 +79,11 @@ class SimHost:
         sshd processes (the listener stays up, so clients can reconnect). Returns how many were cut."""
         listener = self._sshd.pid
         cut = 0
+        if isinstance(self._sshd, GatedSshDaemon):  # behind a bastion: one sshd -i per connection
+            for pid in self._sshd.session_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    cut += 1
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
                 fields = stat.read_text().rsplit(")", 1)[1].split()

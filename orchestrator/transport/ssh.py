@@ -1,4 +1,5 @@
-"""The SSH runner: the only module that imports fabric and paramiko.
+"""The SSH runner: the only module that opens SSH connections (paramiko; ``sshconfig`` reads the ssh
+config file with paramiko's parser).
 
 One ``SSHRunner`` holds one SSH connection to one host for the whole orch invocation; every command
 and file transfer of that invocation is a channel on it. Host keys are verified against the
@@ -14,6 +15,14 @@ hashed names (``|1|...``) match as OpenSSH matches them; an ``@cert-authority`` 
 vouches for host *certificates*, and paramiko verifies plain host keys only); a key marked ``@revoked``
 is never trusted, even where another line lists it; a line that cannot be read is skipped. Skips are
 logged at debug level (``-vvv``).
+
+Where a host is comes from the inventory, then the ssh config file (``resolve_route``: ``Host``
+aliases, ``HostName``, ``User``, ``Port``, ``IdentityFile``, ``ProxyJump``; the inventory wins). A host
+behind a jump host is a connection over a ``direct-tcpip`` channel of the jump host's one connection
+for the invocation (``JumpHost``), shared by every host behind it; the jump host's key is verified,
+recorded and refused exactly as a host's. paramiko's ``SSHClient`` is used bare: fabric's
+``Connection`` read ``~/.ssh/config`` on its own and opened a ProxyJump host with ``AutoAddPolicy``,
+trusting any key it offered.
 """
 
 from __future__ import annotations
@@ -30,22 +39,29 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import paramiko
-from fabric import Connection
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential
 
-from orchestrator.errors import HostKeyError, RemoteCommandError, UnreachableError
-from orchestrator.inventory import Host
+from orchestrator.errors import ConfigError, HostKeyError, RemoteCommandError, UnreachableError
+from orchestrator.inventory import Host, parse_jump
 from orchestrator.transport.base import CommandResult, ConnectOptions, RunnerBase, remote_command
+from orchestrator.transport.sshconfig import SSH_CONFIGS, HostConfig, SSHConfigFile
 
 log = logging.getLogger(__name__)
 
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 # Failures worth another try: nothing answered yet, or the handshake broke off. Not auth, not host keys.
-_RETRYABLE = (socket.timeout, ConnectionError, paramiko.ssh_exception.NoValidConnectionsError, EOFError)
+# A jump host that cannot reach the target yet answers the channel request with ChannelException.
+_RETRYABLE = (
+    socket.timeout,
+    ConnectionError,
+    paramiko.ssh_exception.NoValidConnectionsError,
+    EOFError,
+    paramiko.ChannelException,
+)
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -224,11 +240,14 @@ def _read_known_hosts(path: Path, entries: list[paramiko.hostkeys.HostKeyEntry],
 class _VerifyHostKey(paramiko.MissingHostKeyPolicy):
     """Called by paramiko only for a key that no known_hosts file lists (a revoked key is not listed)."""
 
-    def __init__(self, host: Host, accept_new: bool, revoked: Mapping[bytes, Path], known: KnownHosts) -> None:
+    def __init__(
+        self, host: Host, accept_new: bool, revoked: Mapping[bytes, Path], known: KnownHosts, role: str = ""
+    ) -> None:
         self.host = host
         self.accept_new = accept_new
         self.revoked = revoked
         self.known = known
+        self.role = role  # "jump host " for a jump host's key
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         fp = fingerprint(key)
@@ -236,7 +255,7 @@ class _VerifyHostKey(paramiko.MissingHostKeyPolicy):
             raise _revoked(self.host, hostname, key, self.revoked[key.asbytes()])
         if not self.accept_new:
             raise HostKeyError(
-                f"{self.host.name}: unknown host key for {hostname}: {key.get_name()} {fp}",
+                f"{self.host.name}: unknown host key for {self.role}{hostname}: {key.get_name()} {fp}",
                 hint=f"check the fingerprint on the host (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), "
                 f"then run `orch trust {self.host.name}`, or pass --accept-new-host-keys",
             )
@@ -252,6 +271,280 @@ def _revoked(host: Host, hostname: str, key: paramiko.PKey, path: Path) -> HostK
         f"{host.name}: host key {key.get_name()} {fingerprint(key)} offered by {hostname} is marked @revoked "
         f"in {path}; refusing to connect",
         hint=f"the host needs a new key; once it has one, verify it and run `orch trust {host.name}`",
+    )
+
+
+# -- where a host is: ssh config, ProxyJump -------------------------------------------------------
+@dataclass(frozen=True)
+class Endpoint:
+    """One SSH server as orch reaches it: address and port to connect to, the user, the identity files."""
+
+    address: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...] = ()
+
+    @property
+    def known_hosts_name(self) -> str:
+        return known_hosts_name(self.address, self.port)
+
+    def __str__(self) -> str:
+        return f"{self.address}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Route:
+    """How to reach a host: its endpoint, and the jump host the connection goes through (or None)."""
+
+    target: Endpoint
+    jump: Endpoint | None = None
+
+
+def resolve_route(host: Host) -> Route:
+    """``host``'s route: the inventory's keys, then what the ssh config file (``sshconfig``) says for
+    the inventory's ``address`` (an alias there), then orch's defaults. A key the inventory sets (for the
+    host or in ``defaults``) wins over the ssh config; ``proxy_jump: none`` turns off a ProxyJump the
+    ssh config gives. A bad value in the ssh config is a ``ConfigError`` naming its file and line."""
+    config = SSH_CONFIGS.file(host.ssh_config)
+    found = config.lookup(host.address)
+    target = _endpoint(host, found)
+    spec: str | None
+    if host.proxy_jump is not None:
+        spec, where = host.proxy_jump, "the inventory's proxy_jump"
+    else:
+        spec, where = found.proxy_jump, found.where
+    if spec is None or spec == "none":
+        return Route(target)
+    return Route(target, _jump_endpoint(host, spec, where, config))
+
+
+def _endpoint(host: Host, found: HostConfig) -> Endpoint:
+    chosen = host.model_fields_set
+    return Endpoint(
+        address=found.hostname or host.address,
+        port=host.port if "port" in chosen or found.port is None else found.port,
+        user=host.user if "user" in chosen or found.user is None else found.user,
+        identity_files=(
+            (os.path.expanduser(host.identity_file),)
+            if host.identity_file and ("identity_file" in chosen or not found.identity_files)
+            else found.identity_files
+        ),
+    )
+
+
+def _jump_endpoint(host: Host, spec: str, where: str, config: SSHConfigFile) -> Endpoint:
+    """The jump host of ``spec`` (``[user@]host[:port]``), itself looked up in the ssh config as OpenSSH
+    does; the user and identity file default to the target host's."""
+    try:
+        user, alias, port = parse_jump(spec)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: host {host.address!r}: ProxyJump {exc}") from None
+    found = config.lookup(alias)
+    if found.proxy_jump not in (None, "none"):
+        raise ConfigError(
+            f"{found.where}: jump host {alias!r} has a ProxyJump of its own; orch connects through one jump host",
+            hint=f"add `ProxyJump none` to the Host block of {alias!r}",
+        )
+    own_key = (os.path.expanduser(host.identity_file),) if host.identity_file else ()
+    return Endpoint(
+        address=found.hostname or alias,
+        port=port or found.port or 22,
+        user=user or found.user or host.user,
+        identity_files=found.identity_files or own_key,
+    )
+
+
+def _retrying(options: ConnectOptions) -> Retrying:
+    """Retry connecting: nothing answered yet, or the handshake broke off (``_RETRYABLE``)."""
+    return Retrying(
+        stop=stop_after_attempt(options.connect_attempts) | stop_after_delay(options.connect_timeout),
+        wait=wait_exponential(multiplier=0.25, max=2.0),
+        retry=retry_if_exception_type(_RETRYABLE),
+        reraise=True,
+    )
+
+
+def _expect_host_keys(client: paramiko.SSHClient, host: Host, name: str, accept_new: bool, role: str = "") -> None:
+    """The client checks the keys known for ``name`` only, from the invocation's shared table
+    (``KNOWN_HOSTS``, the files of ``host``), under the name paramiko looks up (``[address]:port``
+    off port 22); an unknown key goes to ``_VerifyHostKey``."""
+    table = KNOWN_HOSTS.table(host)
+    for keytype, key in table.lookup(name).items():
+        client.get_host_keys().add(name, keytype, key)
+    client.set_missing_host_key_policy(_VerifyHostKey(host, accept_new, table.revoked, KNOWN_HOSTS, role))
+
+
+def _open_client(
+    host: Host,
+    endpoint: Endpoint,
+    options: ConnectOptions,
+    timeout: float,
+    sock: paramiko.Channel | None = None,
+    role: str = "",
+) -> paramiko.SSHClient:
+    """An authenticated client of ``endpoint`` (over ``sock``, a channel through a jump host, if given),
+    its host key verified against ``host``'s known_hosts files."""
+    client = paramiko.SSHClient()
+    _expect_host_keys(client, host, endpoint.known_hosts_name, options.accept_new_host_keys, role)
+    try:
+        client.connect(
+            endpoint.address,
+            endpoint.port,
+            endpoint.user,
+            timeout=max(1, round(timeout)),
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+            sock=sock,
+            key_filename=list(endpoint.identity_files) or None,  # type: ignore[arg-type]  # paramiko takes a list
+        )
+    except BaseException:
+        client.close()
+        if sock is not None:
+            sock.close()
+        raise
+    _transport_of(client).set_keepalive(options.keepalive)
+    return client
+
+
+def _transport_of(client: paramiko.SSHClient) -> paramiko.Transport:
+    transport = client.get_transport()
+    if transport is None:
+        raise paramiko.SSHException("not connected")
+    return transport
+
+
+class _Connection:
+    """One open SSH connection to a host: its client and transport, and the share of a jump host's
+    connection it holds (released on close)."""
+
+    def __init__(self, client: paramiko.SSHClient, jump: JumpHost | None) -> None:
+        self.client = client
+        self.transport = _transport_of(client)
+        self._jump = jump
+
+    @property
+    def is_connected(self) -> bool:
+        return self.transport.is_active()
+
+    def close(self) -> None:
+        self.client.close()
+        jump, self._jump = self._jump, None
+        if jump is not None:
+            jump.release()
+
+
+class JumpHost:
+    """One connection to a jump host for the invocation, shared by every host behind it: each host's
+    connection is a ``direct-tcpip`` channel on it (OpenSSH's ``ssh -J`` opens one connection per
+    target). Its host key is verified like a target's, against the files of the first host that uses
+    it (hosts with other known_hosts files get their own ``JumpHost``); a refused key is refused for
+    every host behind it for the rest of the invocation. The connection closes when the last host
+    releases its share."""
+
+    def __init__(self, host: Host, endpoint: Endpoint, options: ConnectOptions) -> None:
+        self.endpoint = endpoint
+        self._host = host
+        self._options = options
+        self._lock = threading.Lock()
+        self._client: paramiko.SSHClient | None = None
+        self._users = 0
+        self._refused: HostKeyError | None = None
+        self._failed: tuple[float, UnreachableError] | None = None  # the last failure, for a while
+
+    def open_channel(self, host: Host, target: Endpoint, timeout: float) -> paramiko.Channel:
+        """A channel to ``target`` through the jump host, connecting to it first if needed. The caller
+        holds a share of the connection until ``release``."""
+        with self._lock:
+            transport = self._transport(host)
+            self._users += 1
+        try:
+            return transport.open_channel(
+                "direct-tcpip", (target.address, target.port), ("127.0.0.1", 0), timeout=timeout
+            )
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users <= 0 and self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def _transport(self, host: Host) -> paramiko.Transport:
+        if self._client is not None and _transport_of(self._client).is_active():
+            return _transport_of(self._client)
+        if self._refused is not None:
+            raise _for_host(host, self._refused)
+        if self._failed is not None and time.monotonic() - self._failed[0] < self._options.connect_timeout:
+            raise _for_host(host, self._failed[1])
+        if self._client is not None:  # died meanwhile (the hosts on it see their connections lost)
+            self._client.close()
+        self._client = None
+        try:
+            self._client = self._connect(host)
+        except HostKeyError as exc:
+            self._refused = exc
+            raise
+        except UnreachableError as exc:
+            self._failed = (time.monotonic(), exc)
+            raise
+        return _transport_of(self._client)
+
+    def _connect(self, host: Host) -> paramiko.SSHClient:
+        deadline = time.monotonic() + self._options.connect_timeout
+        where = f"jump host {self.endpoint}"
+        try:
+            return _retrying(self._options)(
+                lambda: _open_client(
+                    self._host, self.endpoint, self._options, max(0.5, deadline - time.monotonic()), role="jump host "
+                )
+            )
+        except paramiko.BadHostKeyException as exc:
+            raise _changed_key(host, self._host, where, exc) from None
+        except paramiko.AuthenticationException as exc:
+            raise UnreachableError(
+                f"{host.name}: SSH authentication to {where} as {self.endpoint.user!r} failed: {exc}",
+                hint="check the jump host's User and IdentityFile in the ssh config (or proxy_jump's USER@)",
+            ) from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise UnreachableError(f"{host.name}: cannot connect to {where}: {_reason(exc)}") from None
+
+
+def _for_host(host: Host, exc: HostKeyError | UnreachableError) -> HostKeyError | UnreachableError:
+    """``exc`` (met by another host behind the same jump host) told for ``host``."""
+    first, _, rest = exc.message.partition(": ")
+    hint = exc.hint.replace(f"`orch trust {first}`", f"`orch trust {host.name}`") if exc.hint else None
+    return type(exc)(f"{host.name}: {rest}", hint=hint)
+
+
+class JumpHosts:
+    """The invocation's jump host connections, one per jump host (and set of known_hosts files)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hosts: dict[tuple[Endpoint, tuple[Path, ...], ConnectOptions], JumpHost] = {}
+
+    def get(self, host: Host, endpoint: Endpoint, options: ConnectOptions) -> JumpHost:
+        key = (endpoint, tuple(known_hosts_files(host)), options)
+        with self._lock:
+            if key not in self._hosts:
+                self._hosts[key] = JumpHost(host, endpoint, options)
+            return self._hosts[key]
+
+
+JUMP_HOSTS = JumpHosts()
+"""The invocation's jump hosts (one orch process is one invocation)."""
+
+
+def _changed_key(host: Host, files_of: Host, where: str, exc: paramiko.BadHostKeyException) -> HostKeyError:
+    files = ", ".join(str(p) for p in known_hosts_files(files_of))
+    return HostKeyError(
+        f"{host.name}: HOST KEY CHANGED for {where}: known "
+        f"{fingerprint(exc.expected_key)}, offered {fingerprint(exc.key)}; refusing to connect",
+        hint=f"if the host was reinstalled, verify the new key (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub on "
+        f"the host), remove the old line from {files}, then run `orch trust {host.name}`",
     )
 
 
@@ -314,12 +607,13 @@ class SSHRunner(RunnerBase):
         self._env = host.env
         self._spec = host
         self._options = options
-        self._conn: Connection | None = None
+        self._conn: _Connection | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._refused: HostKeyError | None = None  # a host key refused in this invocation
+        self._route: Route | None = None  # resolved on first connect (the ssh config is read then)
 
     # -- connection -----------------------------------------------------------------------------
-    def connect(self) -> Connection:
+    def connect(self) -> _Connection:
         """The open connection, or a new one. A host key refused once is refused for the rest of the
         invocation without connecting again: a changed key is not a transient drop to retry."""
         if self._conn is not None and self._conn.is_connected:
@@ -327,15 +621,10 @@ class SSHRunner(RunnerBase):
         if self._refused is not None:
             raise self._refused
         self._drop()  # a connection that died between calls, and its SFTP session
+        route = self._route = self._route or resolve_route(self._spec)
         deadline = time.monotonic() + self._options.connect_timeout
-        retrying = Retrying(
-            stop=stop_after_attempt(self._options.connect_attempts) | stop_after_delay(self._options.connect_timeout),
-            wait=wait_exponential(multiplier=0.25, max=2.0),
-            retry=retry_if_exception_type(_RETRYABLE),
-            reraise=True,
-        )
         try:
-            self._conn = retrying(self._open, deadline)
+            self._conn = _retrying(self._options)(self._open, route, deadline)
         except HostKeyError as exc:
             self._refused = exc
             raise
@@ -346,57 +635,30 @@ class SSHRunner(RunnerBase):
             raise self._refused from None
         except paramiko.AuthenticationException as exc:
             raise UnreachableError(
-                f"{self.host}: SSH authentication as {self._spec.user!r} failed: {exc}",
+                f"{self.host}: SSH authentication as {route.target.user!r} failed: {exc}",
                 hint="check identity_file in the inventory, or that your ssh-agent holds the key",
             ) from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise UnreachableError(
-                f"{self.host}: cannot connect to {self._spec.address}:{self._spec.port}: {_reason(exc)}"
-            ) from None
+            via = f" via jump host {route.jump}" if route.jump else ""
+            raise UnreachableError(f"{self.host}: cannot connect to {route.target}{via}: {_reason(exc)}") from None
         return self._conn
 
-    def _open(self, deadline: float) -> Connection:
+    def _open(self, route: Route, deadline: float) -> _Connection:
+        """One attempt: through the jump host's shared connection (a channel on it), or directly."""
         timeout = max(0.5, deadline - time.monotonic())
-        conn = Connection(
-            host=self._spec.address,
-            user=self._spec.user,
-            port=self._spec.port,
-            connect_timeout=max(1, round(timeout)),
-            connect_kwargs=self._connect_kwargs(timeout),
-        )
-        self._load_host_keys(conn.client)
+        jump = JUMP_HOSTS.get(self._spec, route.jump, self._options) if route.jump else None
+        sock = jump.open_channel(self._spec, route.target, timeout) if jump else None
         try:
-            conn.open()
+            client = _open_client(self._spec, route.target, self._options, timeout, sock)
         except BaseException:
-            conn.close()
+            if jump is not None:
+                jump.release()
             raise
-        conn.transport.set_keepalive(self._options.keepalive)
-        return conn
-
-    def _connect_kwargs(self, timeout: float) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"banner_timeout": timeout, "auth_timeout": timeout}
-        if self._spec.identity_file:
-            kwargs["key_filename"] = os.path.expanduser(self._spec.identity_file)
-        return kwargs
-
-    def _load_host_keys(self, client: paramiko.SSHClient) -> None:
-        """The client checks the keys known for this host only, from the invocation's shared table
-        (``KNOWN_HOSTS``), under the name paramiko looks up (``[address]:port`` off port 22)."""
-        table = KNOWN_HOSTS.table(self._spec)
-        name = known_hosts_name(self._spec.address, self._spec.port)
-        for keytype, key in table.lookup(name).items():
-            client.get_host_keys().add(name, keytype, key)
-        accept_new = self._options.accept_new_host_keys
-        client.set_missing_host_key_policy(_VerifyHostKey(self._spec, accept_new, table.revoked, KNOWN_HOSTS))
+        return _Connection(client, jump)
 
     def _changed_key(self, exc: paramiko.BadHostKeyException) -> HostKeyError:
-        files = ", ".join(str(p) for p in known_hosts_files(self._spec))
-        return HostKeyError(
-            f"{self.host}: HOST KEY CHANGED for {self._spec.address}:{self._spec.port}: known "
-            f"{fingerprint(exc.expected_key)}, offered {fingerprint(exc.key)}; refusing to connect",
-            hint=f"if the host was reinstalled, verify the new key (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub on "
-            f"the host), remove the old line from {files}, then run `orch trust {self.host}`",
-        )
+        target = self._route.target if self._route else Endpoint(self._spec.address, self._spec.port, self._spec.user)
+        return _changed_key(self._spec, self._spec, str(target), exc)
 
     def close(self) -> None:
         if self._sftp is not None:
@@ -468,22 +730,37 @@ class SSHRunner(RunnerBase):
 
 
 def fetch_host_key(host: Host, timeout: float) -> tuple[str, paramiko.PKey]:
-    """The key a host offers, without authenticating: for ``orch trust``."""
+    """The key a host offers, without authenticating to it: for ``orch trust``. Behind a jump host the
+    key is fetched through it, so the jump host's own key must be trusted first (``trust_host_key``)."""
+    route = resolve_route(host)
+    return route.target.known_hosts_name, _offered_key(host, route.target, timeout, route.jump)
+
+
+def _offered_key(host: Host, endpoint: Endpoint, timeout: float, jump: Endpoint | None = None) -> paramiko.PKey:
+    via = JUMP_HOSTS.get(host, jump, ConnectOptions(connect_timeout=timeout)) if jump else None
     try:
-        sock = socket.create_connection((host.address, host.port), timeout=timeout)
-    except OSError as exc:
-        raise UnreachableError(f"{host.name}: cannot connect to {host.address}:{host.port}: {_reason(exc)}") from None
+        sock: socket.socket | paramiko.Channel = (
+            via.open_channel(host, endpoint, timeout)
+            if via
+            else socket.create_connection((endpoint.address, endpoint.port), timeout=timeout)
+        )
+    except (OSError, paramiko.SSHException) as exc:
+        raise UnreachableError(f"{host.name}: cannot connect to {endpoint}: {_reason(exc)}") from None
     transport = paramiko.Transport(sock)
     try:
         transport.start_client(timeout=timeout)
-        return known_hosts_name(host.address, host.port), transport.get_remote_server_key()
+        return transport.get_remote_server_key()
     except (paramiko.SSHException, EOFError) as exc:
         raise UnreachableError(f"{host.name}: SSH handshake failed: {_reason(exc)}") from None
     finally:
         transport.close()
+        if via is not None:
+            via.release()
 
 
 def _reason(exc: BaseException) -> str:
+    if isinstance(exc, paramiko.ChannelException):
+        return f"the jump host could not connect to it ({exc.text})"
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         return "connection refused (is sshd running? is the port right?)"
     if isinstance(exc, socket.timeout | TimeoutError):
@@ -492,8 +769,20 @@ def _reason(exc: BaseException) -> str:
 
 
 def trust_host_key(host: Host, timeout: float, expected: str | None = None) -> str:
-    """Record the key ``host`` offers; refuse when it differs from a known one or from ``expected``."""
-    name, key = fetch_host_key(host, timeout)
+    """Record the key ``host`` offers; refuse when it differs from a known one or from ``expected``.
+    Behind a jump host, the jump host's key is trusted first the same way (``expected`` is the
+    target's fingerprint), then the target's key is fetched through it."""
+    route = resolve_route(host)
+    outcomes = []
+    if route.jump is not None:
+        key = _offered_key(host, route.jump, timeout)
+        outcomes.append(f"jump host {route.jump}: {_trust(host, route.jump.known_hosts_name, key, None)}")
+    key = _offered_key(host, route.target, timeout, route.jump)
+    outcomes.append(_trust(host, route.target.known_hosts_name, key, expected))
+    return "; ".join(outcomes)
+
+
+def _trust(host: Host, name: str, key: paramiko.PKey, expected: str | None) -> str:
     fp = fingerprint(key)
     if expected and expected != fp:
         raise HostKeyError(f"{host.name}: offered key {key.get_name()} {fp} does not match the expected {expected}")
