@@ -194,8 +194,8 @@ def make_tools(fleet: SimFleet, sizes: Sequence[int], root: Path, peer_bin: Path
     home.mkdir()
     command = peer_probe()
     options = ssh_options(fleet)
-    env = {**os.environ, "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1"}
-    env.pop("SSH_AUTH_SOCK", None)
+    env = {k: v for k, v in os.environ.items() if k not in ("SSH_AUTH_SOCK", "PYTHONDONTWRITEBYTECODE")}
+    env["HOME"] = str(home)  # bytecode is cached (the warm-up writes it), as a user's install has it
     inventory = fleet.write_inventory(root / "hosts.yaml")
     for size in sizes:
         (root / f"ssh-{size}.sh").write_text(openssh_script(hosts[:size], options, user, command))
