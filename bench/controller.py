@@ -37,8 +37,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def orch_env(src: Path) -> dict[str, str]:
-    """The environment that makes ``python -m orchestrator`` (run outside any checkout) import ``src``'s."""
-    return {**os.environ, "PYTHONPATH": str(src.resolve())}
+    """The environment that makes ``python -m orchestrator`` (run outside any checkout) import ``src``'s,
+    with its bytecode cached (an inherited PYTHONDONTWRITEBYTECODE made every run compile orch again)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPATH": str(src.resolve())}
 
 
 def run_orch(args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:

@@ -207,7 +207,18 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, lambda signum, frame: _interrupted())
     code = run_command(argv)
     sys.stdout.flush()  # meet a closed pipe here, not at interpreter exit (where it prints a traceback)
-    sys.exit(code)
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the process without the interpreter's teardown, which frees every module (paramiko,
+    cryptography, pydantic, rich: ~600) and runs a last full garbage collection: ~10% of a short command's
+    CPU (py-spy: no Python frame on the stack, issue 11 §2). Nothing is left to do by then: the command
+    has returned, its hosts' threads have ended (``Fleet.map`` waits for them), its connections are
+    closed, state writes are atomic renames and logs go to stderr, flushed here."""
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def run_command(argv: list[str] | None) -> int:

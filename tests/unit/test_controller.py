@@ -7,6 +7,7 @@ every SSH connection parsed the known_hosts files again (~150 ms per connection 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,34 @@ def test_an_unknown_command_is_still_a_usage_error() -> None:
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "stauts"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "No such command 'stauts'" in proc.stderr
+
+
+EXIT_PROBE = """
+import logging, sys
+import click
+from orchestrator import cli
+
+def command(argv):
+    click.echo("x" * 999 + "\\n", nl=False)  # buffered: a pipe is not a terminal
+    for _ in range(2000):
+        sys.stdout.write("y" * 511 + "\\n")
+    sys.stdout.write("end")  # what is still in the buffer
+    logging.getLogger("orchestrator.test").warning("last words")
+    return 3
+
+cli.configure_logging(0)
+cli.run_command = command
+cli.main([])
+print("not reached")
+"""
+
+
+def test_main_ends_without_teardown_yet_flushes_every_byte_and_keeps_the_exit_code() -> None:
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout is a pipe: block-buffered
+    proc = subprocess.run([sys.executable, "-c", EXIT_PROBE], capture_output=True, text=True, env=buffered)
+    assert proc.returncode == 3
+    assert proc.stdout == "x" * 999 + "\n" + ("y" * 511 + "\n") * 2000 + "end"
+    assert proc.stderr == "orch: last words\n"
 
 
 # -- known_hosts: one parse per invocation ---------------------------------------------------------
