@@ -270,3 +270,25 @@ def test_a_job_id_that_is_not_one_path_component_is_no_job(runner: LocalRunner, 
     for bad in ("../jobs", "a/b", "", ".."):
         with pytest.raises(UsageError, match="no job"):
             jobs.find(runner, workdir, bad)
+
+
+def test_a_tuning_watchers_pause_ends_when_one_of_its_running_jobs_exits(runner: LocalRunner, workdir: str) -> None:
+    from orchestrator.state import utc_now
+    from orchestrator.tuning.group import Group
+    from orchestrator.tuning.member import Member
+    from orchestrator.tuning.progress import JobView, TuneStatus
+    from orchestrator.tuning.record import HostPaths, PlanRecord
+    from orchestrator.tuning.watch import Outage, _Watched
+
+    host = Host(name="local", address="localhost", transport="local", workdir=workdir)
+    paths = {"local": HostPaths(tuner="t.py", config_dir="/c", workdir=workdir)}
+    plan = PlanRecord(id="p", created_at=utc_now(), group=["local"], device="d", commit="0" * 40, tp_size=1,
+                      batch_sizes=[1], shapes=[], hosts=paths, assignments=[])  # fmt: skip
+    witness = jobs.start(runner, workdir, jobs.JobSpec("t", "t.witness", ["sleep", "40"]))
+    short = jobs.start(runner, workdir, jobs.JobSpec("t", "tune.gpu0", ["sh", "-c", "sleep 0.5"]))
+    views = [JobView("local", 0, "tune.gpu0", short.job_id, "running", 0, 1)]
+    watched = _Watched(Group([Member(host, runner)], plan, attached=False), Outage(["local"]))
+    watched.pause({"local": TuneStatus("local", "running", jobs=views)}, poll=120)
+    assert jobs.find(runner, workdir, short.job_id).state == "succeeded"
+    assert jobs.find(runner, workdir, witness.job_id).running  # the pause ended long before its 120 s
+    os.killpg(witness.pid, signal.SIGKILL)
