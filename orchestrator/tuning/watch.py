@@ -49,9 +49,10 @@ def watch_groups(
     riding out outages by ``Outage``. A host error of one group (a refused host key, a command that
     failed) fails that group's hosts only; the others go on. Each step starts from the state the
     group's last step saved (one state read per group per poll). Between two steps of a group its hosts
-    wait for its running jobs (``_Watched.pause``, in a worker thread per group): a job's exit ends the
-    pause at once, and that group alone is stepped. Steps run in the calling thread, so Ctrl-C stops
-    watching within a pause (the jobs run on; ``orch wait`` re-attaches)."""
+    wait for its running jobs (``_Watched.pause``; with several groups, in a worker thread per group): a
+    job's exit ends the pause at once, and that group alone is stepped. Steps (and the pause of a lone
+    group) run in the calling thread, so Ctrl-C stops watching at once (the jobs run on; ``orch wait``
+    re-attaches)."""
     statuses: dict[str, TuneStatus] = {}
     errors: dict[str, BaseException] = {}
     pending = {g.plan.id: _Watched(g, Outage(g.plan.group)) for g in groups}
@@ -69,9 +70,11 @@ def watch_groups(
                     errors.update((m.host.name, lost) for m in watched.group.members)  # not waiting out the outage
                 if done or not wait:
                     pending.pop(plan_id)
+                elif len(pending) == 1:
+                    watched.pause(statuses, poll)  # the only group: paused in this thread
                 else:
-                    paused[plan_id] = pool.submit(watched.pause, statuses, poll)
-            if pending:
+                    paused[plan_id] = pool.submit(watched.pause, dict(statuses), poll)  # a copy: steps go on
+            if paused:
                 futures.wait(list(paused.values()), return_when=futures.FIRST_COMPLETED)
     return statuses, errors
 
