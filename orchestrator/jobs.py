@@ -387,6 +387,14 @@ def list_jobs(runner: Runner, workdir: str) -> list[JobInfo]:
     return parse_list(runner.run(list_argv(workdir), check=True, timeout=60).stdout, workdir)
 
 
+def show(runner: Runner, workdir: str, job_ids: Sequence[str]) -> list[JobInfo]:
+    """Jobs ``job_ids`` as the host sees them now, read from their directories only (a cost that does
+    not grow with the host's other jobs); a job the host does not have is left out."""
+    if not job_ids:
+        return []
+    return parse_list(runner.run(show_argv(workdir, job_ids), check=True, timeout=60).stdout, workdir)
+
+
 def find(runner: Runner, workdir: str, job_id: str) -> JobInfo:
     """Job ``job_id`` as the host sees it now (its directory only: no listing); UsageError when there is none."""
     if not _JOB_ID.match(job_id):

@@ -292,3 +292,10 @@ def test_a_tuning_watchers_pause_ends_when_one_of_its_running_jobs_exits(runner:
     assert jobs.find(runner, workdir, short.job_id).state == "succeeded"
     assert jobs.find(runner, workdir, witness.job_id).running  # the pause ended long before its 120 s
     os.killpg(witness.pid, signal.SIGKILL)
+
+
+def test_a_job_listed_twice_is_listed_once_as_its_last_line_says() -> None:
+    running = "job\tt-1\tserver\t123\t1\t\t1700000000\t\t10\t0\n"
+    ended = "job\tt-1\tserver\t123\t0\t0\t1700000000\t1700000100\t12\t0\n"  # from the index, read after
+    (job,) = jobs.parse_list(running + ended, "/w")
+    assert (job.state, job.log_size) == ("succeeded", 12)
