@@ -86,10 +86,9 @@ class HostPoll:
 
 
 def poll_host(member: Member, plan: PlanRecord, record: TuningRecord) -> HostPoll:
-    """Read the plan's jobs on the host (``jobs.show``: their directories only) and each tuning job's log
-    from its last offset (at most ``_READ_LIMIT``)."""
+    """List the host's jobs and read each tuning job's log from its last offset (at most ``_READ_LIMIT``)."""
     host, runner = member.host, member.runner
-    infos = {j.id: j for j in jobs.show(runner, host.workdir, [a.job_id for a in plan.on(host.name) if a.job_id])}
+    infos = {j.id: j for j in jobs.list_jobs(runner, host.workdir)}
     progress: dict[str, tf.LogProgress] = {}
     for a in plan.on(host.name):
         p = tf.LogProgress.from_json(record.progress.get(a.purpose, {}))
