@@ -140,9 +140,11 @@ workdir=$1
 umask 077
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
 if [ -d "$workdir/jobs" ] && [ ! -e "$workdir/jobs.index" ]; then
-  exec 9>"$workdir/jobs.lock"
-  flock -w 30 9 && index_jobs "$workdir"
-  exec 9>&-
+  (exec 9>"$workdir/jobs.lock" && flock -w 30 9 && index_jobs "$workdir") 2>/dev/null
+fi
+if [ -d "$workdir/jobs" ] && [ ! -e "$workdir/jobs.index" ]; then  # could not make it: every directory, as before
+  for d in "$workdir"/jobs/*/; do [ -d "$d" ] && row "${d%/}" "$boot" && printf '%s\n' "$line"; done
+  exit 0
 fi
 for e in "$workdir"/live/*; do
   [ -e "$e" ] || continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -299,3 +300,13 @@ def test_a_job_listed_twice_is_listed_once_as_its_last_line_says() -> None:
     ended = "job\tt-1\tserver\t123\t0\t0\t1700000000\t1700000100\t12\t0\n"  # from the index, read after
     (job,) = jobs.parse_list(running + ended, "/w")
     assert (job.state, job.log_size) == ("succeeded", 12)
+
+
+def test_a_host_where_the_index_cannot_be_made_lists_every_job_directory(runner: LocalRunner, workdir: str) -> None:
+    done = jobs.start(runner, workdir, jobs.JobSpec("t", "t.done", ["true"])).job_id
+    wait_ended(runner, workdir, [done])
+    Path(workdir, "jobs.index").unlink()
+    shutil.rmtree(Path(workdir, "live"))
+    Path(workdir, "live").write_text("")  # not a directory: the index cannot be made
+    assert {j.id: j.state for j in jobs.list_jobs(runner, workdir)} == {done: "succeeded"}
+    assert not Path(workdir, "jobs.index").exists()
