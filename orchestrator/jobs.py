@@ -8,6 +8,15 @@ Layout on the host, all under ``workdir`` (mode 0700)::
                  boot_id     the kernel boot it started in     exit_code   written when the command ends
                  started_at  ended_at (epoch seconds)          stop_requested  when orch stop asked
     purposes/<purpose>        symlink to the job that holds that purpose
+    live/<job-id>             an empty file per job not yet seen ended (the index of live jobs)
+    jobs.index                one listing line per ended job, appended when a listing first sees it ended
+
+A listing reads the job directories of the ``live/`` jobs only, and the ended ones' lines from
+``jobs.index``: its cost grows with the live jobs, not with every job ever started (a line of the
+index is final: an ended job's exit code, times and log no longer change). A host whose jobs predate
+the index gets one, once: every job directory counts as live until a listing sees it ended.
+``find`` and ``wait`` read one job's directory; ``wait`` blocks on the host until the job ends (or its
+log grows) or a deadline passes, so an exit is seen at once without polling faster.
 
 The host's inventory ``env`` reaches the job through its environment (the runner passes it on
 stdin, never on a command line); ``JobSpec.env`` is on the job's command line and holds no secrets.
@@ -51,6 +60,28 @@ job_alive() {
   [ -n "$2" ] && [ -r "/proc/$2/stat" ] && [ "$(starttime "$2")" = "$(cat "$1/starttime" 2>/dev/null)" ] \
     && [ "$(cat "$1/boot_id" 2>/dev/null)" = "$3" ]
 }
+# row DIR BOOT: sets line to the job's listing line (see parse_list), and final=1 when the line can no longer
+# change: the job has an exit code, or its process is gone without one (lost) and no stop is under
+# way (a stop that SIGKILLs writes the exit code after the process is gone).
+row() {
+  pid=$(cat "$1/pid" 2>/dev/null || true)
+  alive=0; job_alive "$1" "$pid" "$2" && alive=1
+  stop=0; [ -e "$1/stop_requested" ] && stop=1
+  code=$(cat "$1/exit_code" 2>/dev/null)
+  final=0
+  if [ -n "$code" ] || { [ -n "$pid" ] && [ $alive = 0 ] && [ $stop = 0 ]; }; then final=1; fi
+  size=$(stat -c %s "$1/log" 2>/dev/null || echo 0)
+  line=$(printf 'job\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s' "${1##*/}" "$(cat "$1/purpose" 2>/dev/null)" "$pid" \
+    "$alive" "$code" "$(cat "$1/started_at" 2>/dev/null)" "$(cat "$1/ended_at" 2>/dev/null)" "$size" "$stop")
+}
+# index_jobs WORKDIR: give a host whose jobs predate the index one (the caller holds jobs.lock):
+# every job directory is live until a listing sees it ended.
+index_jobs() {
+  [ -e "$1/jobs.index" ] && return 0
+  mkdir -p "$1/live"
+  for _d in "$1"/jobs/*/; do [ -d "$_d" ] || continue; _d=${_d%/}; : > "$1/live/${_d##*/}"; done
+  : > "$1/jobs.index"
+}
 """
 
 # $1 = dir, then the command. Runs as the session leader made by setsid.
@@ -86,8 +117,10 @@ if [ -L "$link" ]; then
     if job_alive "$old" "$pid" "$boot"; then echo "attached ${old##*/} $pid"; exit 0; fi
   fi
 fi
+index_jobs "$workdir"
 dir="$workdir/jobs/$id"
 mkdir -m 700 "$dir"
+: > "$workdir/live/$id"
 : > "$dir/env"
 i=0; for a in "$@"; do [ $i -ge 1 ] && [ $i -le "$nenv" ] && printf '%s\n' "$a" >> "$dir/env"; i=$((i + 1)); done
 printf '%s\0' "$@" > "$dir/argv"
@@ -99,21 +132,63 @@ ln -sfn "$dir" "$link"
 echo "started $id $(cat "$dir/pid" 2>/dev/null || echo 0)"
 """
 
-# $1 workdir: one line per job, tab-separated (see parse_list).
+# $1 workdir: one line per job (see parse_list): the live jobs' from their directories, then the
+# ended ones' from the index. A live job seen ended is appended to the index, then leaves live/ (in that
+# order: a listing at the same time finds it in one or the other; parse_list keeps a job's last line).
 _LIST = r"""
 workdir=$1
+umask 077
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
-for d in "$workdir"/jobs/*/; do
-  [ -d "$d" ] || continue
-  d=${d%/}
-  pid=$(cat "$d/pid" 2>/dev/null || true)
-  alive=0; job_alive "$d" "$pid" "$boot" && alive=1
-  stop=0; [ -e "$d/stop_requested" ] && stop=1
-  size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)
-  printf 'job\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "${d##*/}" "$(cat "$d/purpose" 2>/dev/null)" "$pid" "$alive" \
-    "$(cat "$d/exit_code" 2>/dev/null)" "$(cat "$d/started_at" 2>/dev/null)" "$(cat "$d/ended_at" 2>/dev/null)" \
-    "$size" "$stop"
+if [ -d "$workdir/jobs" ] && [ ! -e "$workdir/jobs.index" ]; then
+  (exec 9>"$workdir/jobs.lock" && flock -w 30 9 && index_jobs "$workdir") 2>/dev/null
+fi
+if [ -d "$workdir/jobs" ] && [ ! -e "$workdir/jobs.index" ]; then  # could not make it: every directory, as before
+  for d in "$workdir"/jobs/*/; do [ -d "$d" ] && row "${d%/}" "$boot" && printf '%s\n' "$line"; done
+  exit 0
+fi
+for e in "$workdir"/live/*; do
+  [ -e "$e" ] || continue
+  d="$workdir/jobs/${e##*/}"
+  [ -d "$d" ] || { rm -f "$e"; continue; }
+  row "$d" "$boot"
+  printf '%s\n' "$line"
+  [ $final = 1 ] && printf '%s\n' "$line" >> "$workdir/jobs.index" && rm -f "$e"
 done
+cat "$workdir/jobs.index" 2>/dev/null
+exit 0
+"""
+
+# $1 workdir, then job ids: the line of each job that has a directory.
+_SHOW = r"""
+workdir=$1; shift
+boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
+for id in "$@"; do [ -d "$workdir/jobs/$id" ] && row "$workdir/jobs/$id" "$boot" && printf '%s\n' "$line"; done
+exit 0
+"""
+
+# $1 workdir, $2 milliseconds at most, $3 log offset (-1: none), $4 milliseconds before a grown log
+# counts, then job ids. Returns (printing each job's line, like _SHOW) when one of the jobs has ended
+# (its exit code written, or its process gone), when the first job's log has grown past the offset,
+# or after $2 ms. Checked every 0.1 s with shell builtins (test, kill -0), plus one stat for the log.
+_WAIT = r"""
+workdir=$1; ms=$2; offset=$3; settle=$4; shift 4
+boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
+first="$workdir/jobs/$1"
+pids=""
+for id in "$@"; do pid=$(cat "$workdir/jobs/$id/pid" 2>/dev/null); pids="$pids ${pid:--}"; done
+waited=0
+while [ "$waited" -lt "$ms" ]; do
+  ended=0
+  for id in "$@"; do [ -e "$workdir/jobs/$id/exit_code" ] && ended=1; done
+  for pid in $pids; do [ "$pid" = - ] || kill -0 "$pid" 2>/dev/null || ended=1; done
+  [ $ended = 1 ] && break
+  if [ "$offset" -ge 0 ] && [ "$waited" -ge "$settle" ]; then
+    [ "$(stat -c %s "$first/log" 2>/dev/null || echo 0)" -gt "$offset" ] && break
+  fi
+  sleep 0.1; waited=$((waited + 100))
+done
+for id in "$@"; do [ -d "$workdir/jobs/$id" ] && row "$workdir/jobs/$id" "$boot" && printf '%s\n' "$line"; done
+exit 0
 """
 
 # $1 job dir, $2 seconds to wait after SIGTERM before SIGKILL.
@@ -248,29 +323,53 @@ def job_state(alive: bool, exit_code: str) -> str:
     return "running" if alive else "lost"
 
 
+def show_argv(workdir: str, job_ids: Sequence[str]) -> list[str]:
+    """Reads the directories of ``job_ids`` only (``parse_list`` reads the answer)."""
+    return ["sh", "-c", _script(_SHOW), "orch-job", workdir, *map(_checked_id, job_ids)]
+
+
+def wait_argv(
+    workdir: str, job_ids: Sequence[str], seconds: float, log_offset: int | None = None, settle: float = 0.0
+) -> list[str]:
+    """Blocks on the host until one of ``job_ids`` ends, or the first one's log grows past ``log_offset``
+    (counted only after ``settle`` seconds), or ``seconds`` pass; then reads them like ``show_argv``."""
+    ms, settle_ms = str(max(0, round(seconds * 1000))), str(max(0, round(settle * 1000)))
+    offset = str(log_offset) if log_offset is not None else "-1"
+    return ["sh", "-c", _script(_WAIT), "orch-job-wait", workdir, ms, offset, settle_ms, *map(_checked_id, job_ids)]
+
+
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,200}$")
+
+
+def _checked_id(job_id: str) -> str:
+    """A job id as a single path component (job ids come from the command line too: ``orch stop``)."""
+    if not _JOB_ID.match(job_id):
+        raise UsageError(f"{job_id!r} is not a job id", hint="job ids are listed by `orch jobs`")
+    return job_id
+
+
 def parse_list(stdout: str, workdir: str) -> list[JobInfo]:
-    """Jobs from ``list_argv``'s output, oldest first."""
-    jobs = []
+    """Jobs from ``list_argv``'s (or ``show_argv``'s, ``wait_argv``'s) output, oldest first; of a job
+    listed twice (seen ended by two listings at once), its last line."""
+    jobs: dict[str, JobInfo] = {}
     for line in stdout.splitlines():
         cells = line.split("\t")
         if len(cells) != 10 or cells[0] != "job":
             continue
         _, job_id, purpose, pid, alive, code, started, ended, size, stop = cells
-        jobs.append(
-            JobInfo(
-                id=job_id,
-                purpose=purpose,
-                pid=int(pid) if pid.isdigit() else None,
-                state=job_state(alive == "1", code),
-                exit_code=int(code) if code.strip().lstrip("-").isdigit() else None,
-                started_at=_epoch(started),
-                ended_at=_epoch(ended),
-                log_size=int(size) if size.isdigit() else 0,
-                stop_requested=stop == "1",
-                dir=job_dir(workdir, job_id),
-            )
+        jobs[job_id] = JobInfo(
+            id=job_id,
+            purpose=purpose,
+            pid=int(pid) if pid.isdigit() else None,
+            state=job_state(alive == "1", code),
+            exit_code=int(code) if code.strip().lstrip("-").isdigit() else None,
+            started_at=_epoch(started),
+            ended_at=_epoch(ended),
+            log_size=int(size) if size.isdigit() else 0,
+            stop_requested=stop == "1",
+            dir=job_dir(workdir, job_id),
         )
-    return sorted(jobs, key=lambda j: (j.started_at or datetime.min.replace(tzinfo=timezone.utc), j.id))
+    return sorted(jobs.values(), key=lambda j: (j.started_at or datetime.min.replace(tzinfo=timezone.utc), j.id))
 
 
 def stop_argv(job_dir: str, grace_seconds: int) -> list[str]:
@@ -290,11 +389,46 @@ def list_jobs(runner: Runner, workdir: str) -> list[JobInfo]:
     return parse_list(runner.run(list_argv(workdir), check=True, timeout=60).stdout, workdir)
 
 
+def show(runner: Runner, workdir: str, job_ids: Sequence[str]) -> list[JobInfo]:
+    """Jobs ``job_ids`` as the host sees them now, read from their directories only (a cost that does
+    not grow with the host's other jobs); a job the host does not have is left out."""
+    if not job_ids:
+        return []
+    return parse_list(runner.run(show_argv(workdir, job_ids), check=True, timeout=60).stdout, workdir)
+
+
 def find(runner: Runner, workdir: str, job_id: str) -> JobInfo:
-    for job in list_jobs(runner, workdir):
+    """Job ``job_id`` as the host sees it now (its directory only: no listing); UsageError when there is none."""
+    if not _JOB_ID.match(job_id):
+        raise _no_job(runner, workdir, job_id)
+    return _one(runner, workdir, job_id, runner.run(show_argv(workdir, [job_id]), check=True, timeout=60).stdout)
+
+
+def wait(runner: Runner, workdir: str, job_id: str, seconds: float, log_offset: int | None = None,
+         settle: float = 0.0) -> JobInfo:  # fmt: skip
+    """Job ``job_id`` once it has ended, its log has grown past ``log_offset`` (once ``settle`` seconds
+    have passed), or ``seconds`` have passed, whichever is first: one round trip that blocks on the host
+    (checking every 0.1 s), so an exit is seen at once while a caller polls once per ``seconds``."""
+    return wait_any(runner, workdir, [job_id], seconds, log_offset, settle)[0]
+
+
+def wait_any(runner: Runner, workdir: str, job_ids: Sequence[str], seconds: float, log_offset: int | None = None,
+             settle: float = 0.0) -> list[JobInfo]:  # fmt: skip
+    """``wait`` for several jobs of one host: returns when the first of them ends; each job as it is then,
+    in the order of ``job_ids``. UsageError naming a job the host does not have."""
+    result = runner.run(wait_argv(workdir, job_ids, seconds, log_offset, settle), check=True, timeout=seconds + 60)
+    return [_one(runner, workdir, job_id, result.stdout) for job_id in job_ids]
+
+
+def _one(runner: Runner, workdir: str, job_id: str, stdout: str) -> JobInfo:
+    for job in parse_list(stdout, workdir):
         if job.id == job_id:
             return job
-    raise UsageError(
+    raise _no_job(runner, workdir, job_id)
+
+
+def _no_job(runner: Runner, workdir: str, job_id: str) -> UsageError:
+    return UsageError(
         f"{runner.host}: no job {job_id!r} in {workdir}/jobs", hint=f"see `orch jobs --host {runner.host}`"
     )
 

@@ -322,16 +322,18 @@ def _attached_plan(host: Host, store: StateStore, job_id: str) -> _Plan:
 def _wait(
     host: Host, runner: Runner, job_id: str, timeout: float, on_poll: Callable[[jobs.JobInfo], None]
 ) -> jobs.JobInfo:
-    """Poll the job every second until it ends; ``on_poll`` sees it each time while it runs."""
+    """Poll the job every second until it ends (the host waits for its end between polls: seen at
+    once); ``on_poll`` sees it each time while it runs."""
     deadline = time.monotonic() + timeout
-    while (info := jobs.find(runner, host.workdir, job_id)).running:
+    info = jobs.find(runner, host.workdir, job_id)
+    while info.running:
         if time.monotonic() > deadline:
             raise RefusedError(
                 f"{host.name}: benchmark job {job_id} still running after {timeout:.0f} s",
                 hint=f"it keeps running: run `orch bench` again to wait for it, or `orch stop {host.name} {job_id}`",
             )
         on_poll(info)
-        time.sleep(1.0)
+        info = jobs.wait(runner, host.workdir, job_id, 1.0)
     return info
 
 

@@ -74,7 +74,7 @@ def follow(
     job: JobInfo,
     offset: int,
     write: Callable[[str], None],
-    poll: float = 0.5,
+    poll: float = 1.0,
     reconnect_for: float = 300.0,
 ) -> JobInfo:
     """Print new log bytes from ``offset`` until the job has ended and the log is drained.
@@ -82,17 +82,24 @@ def follow(
     Every byte is printed once: reads resume at the offset after the last byte printed, and bytes are
     decoded incrementally, so a UTF-8 character cut by a read's end (or by a dropped connection) is
     printed whole with the next read, not as two replacement characters. Invalid UTF-8 shows as U+FFFD.
-    A lost connection is said once per outage."""
+    Between reads the host waits (``jobs.wait``) for the job to end, or for its log to grow once half of
+    ``poll`` has passed, at most ``poll`` seconds: the end is seen at once, and a busy log is read at most
+    twice per ``poll``. A lost connection is said once per outage."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     lost_since: float | None = None
     while True:
         try:
             chunk = runner.read_bytes(job.log, offset=offset, length=CHUNK)
-            if not chunk:
-                job = jobs.find(runner, workdir, job.id)
-                if not job.running and job.log_size <= offset:
-                    write(decoder.decode(b"", final=True))
-                    return job
+            lost_since = None
+            if chunk:
+                write(decoder.decode(chunk))
+                offset += len(chunk)
+            if len(chunk) == CHUNK:
+                continue  # more is there already
+            job = jobs.wait(runner, workdir, job.id, poll, log_offset=offset, settle=poll / 2)
+            if not job.running and job.log_size <= offset:
+                write(decoder.decode(b"", final=True))
+                return job
         except UnreachableError as exc:
             if lost_since is None:
                 lost_since = time.monotonic()
@@ -100,11 +107,4 @@ def follow(
             elif time.monotonic() - lost_since > reconnect_for:
                 raise
             runner.close()
-            time.sleep(poll)
-            continue
-        lost_since = None
-        if chunk:
-            write(decoder.decode(chunk))
-            offset += len(chunk)
-        else:
             time.sleep(poll)

@@ -576,13 +576,15 @@ def health_timeout(recipe: Recipe, options: ServeOptions) -> float:
 def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float, report: Report = srv._quiet) -> ServerLog:
     """Poll ``/health`` until 200; StartupFailed on a crash in the log, the job's exit, or ``timeout``.
 
-    A first DeepSeek-V4 launch may take an hour: every ``HEALTH_REPORT_SECONDS`` (the first after
-    ``HEALTH_REPORT_FIRST``) ``report`` hears the time waited and the server's last log line."""
+    Between polls the host waits for the job (``jobs.wait``): an exit at start is seen at once, not at
+    the next poll. A first DeepSeek-V4 launch may take an hour: every ``HEALTH_REPORT_SECONDS`` (the
+    first after ``HEALTH_REPORT_FIRST``) ``report`` hears the time waited and the server's last log line."""
     host, runner = session.host, session.runner
     reader = session.log(job_id)
     begin = time.monotonic()
     next_report = begin + HEALTH_REPORT_FIRST
     lost: float | None = None  # when the connection was lost, while it stays lost
+    job: jobs.JobInfo | None = None  # as the last wait saw it
     for pause in _backoff(HEALTH_POLL_FIRST, HEALTH_POLL_SECONDS):
         try:
             status = readers.health(host, runner, url)
@@ -590,15 +592,17 @@ def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float, re
             if status == 200:
                 return log
             now = time.monotonic()
-            _check_alive(session, job_id, log, reader, timeout if now - begin > timeout else None)
+            job = job or jobs.find(runner, host.workdir, job_id)
+            _check_alive(session, job, log, reader, timeout if now - begin > timeout else None)
             lost = None
+            job = jobs.wait(runner, host.workdir, job_id, pause)
         except UnreachableError as exc:
             lost = _reconnect(session, exc, lost, begin + timeout, report)
-            now = time.monotonic()
+            now, job = time.monotonic(), None
+            time.sleep(pause)
         if now >= next_report:
             report(starting_line(now - begin, timeout, reader.text))
             next_report = now + HEALTH_REPORT_SECONDS
-        time.sleep(pause)
     raise AssertionError("unreachable")
 
 
@@ -645,10 +649,9 @@ def _backoff(first: float, cap: float) -> Iterator[float]:
 
 
 def _check_alive(
-    session: HostSession, job_id: str, log: ServerLog, reader: readers.LogReader, timed_out: float | None
+    session: HostSession, job: jobs.JobInfo, log: ServerLog, reader: readers.LogReader, timed_out: float | None
 ) -> None:
-    host = session.host
-    job = jobs.find(session.runner, host.workdir, job_id)
+    host, job_id = session.host, job.id
     reason = None
     if log.failure:
         reason = f"crashed at start: {log.failure}"

@@ -65,10 +65,14 @@ def wait_gpus_released(host: Host, runner: Runner, indexes: Sequence[int], job_i
 
 def status_sections(host: Host, record: ServerRecord) -> list[tuple[str, list[str]]]:
     """What ``orch status`` reads about the server orch launched, in its single round trip: ``/health``
-    and ``/server_info`` from the host itself (at the address the server binds), and the job list."""
+    and ``/server_info`` from the host itself (at the address the server binds), and the server job's own
+    directory (``jobs.show_argv``: not the host's whole job list)."""
     url = facts.url(facts.argv_address(record.argv), record.port)
     probes = [facts.HttpRequest("GET", f"{url}/health", timeout=3), facts.HttpRequest("GET", f"{url}/server_info")]
-    return [("server_http", facts.http_argv(host.python, probes)), ("server_jobs", jobs.list_argv(host.workdir))]
+    return [
+        ("server_http", facts.http_argv(host.python, probes)),
+        ("server_jobs", jobs.show_argv(host.workdir, [record.job_id])),
+    ]
 
 
 def status_field(

@@ -10,11 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent import futures
 from dataclasses import dataclass
 
-from orchestrator.errors import HostError, UnreachableError
+from orchestrator import jobs
+from orchestrator.errors import HostError, UnreachableError, UsageError
 from orchestrator.state import State, StateStore
 from orchestrator.tuning.group import Group, step_group
+from orchestrator.tuning.member import Member
 from orchestrator.tuning.progress import TuneStatus
 
 RECONNECT_SECONDS = 300.0  # how long a tuning wait reconnects to a host it cannot reach before giving up
@@ -45,21 +48,34 @@ def watch_groups(
     """Step every group once, or (``wait``) every ``poll`` seconds until each is installed or failed,
     riding out outages by ``Outage``. A host error of one group (a refused host key, a command that
     failed) fails that group's hosts only; the others go on. Each step starts from the state the
-    group's last step saved (one state read per group per poll). Runs in the calling thread, so Ctrl-C
-    stops watching at once (the jobs run on; ``orch wait`` re-attaches)."""
+    group's last step saved (one state read per group per poll). Between two steps of a group its hosts
+    wait for its running jobs (``_Watched.pause``; with several groups, in a worker thread per group): a
+    job's exit ends the pause at once, and that group alone is stepped. Steps (and the pause of a lone
+    group) run in the calling thread, so Ctrl-C stops watching at once (the jobs run on; ``orch wait``
+    re-attaches)."""
     statuses: dict[str, TuneStatus] = {}
     errors: dict[str, BaseException] = {}
     pending = {g.plan.id: _Watched(g, Outage(g.plan.group)) for g in groups}
-    while pending:
-        for plan_id, watched in list(pending.items()):
-            done = watched.step(store, statuses, errors, on_progress)
-            lost = watched.outage.last
-            if not done and not wait and lost is not None:
-                errors.update((m.host.name, lost) for m in watched.group.members)  # not waiting out the outage
-            if done or not wait:
-                pending.pop(plan_id)
-        if pending:
-            time.sleep(poll)
+    paused: dict[str, futures.Future[None]] = {}
+    with futures.ThreadPoolExecutor(max_workers=max(1, len(pending)), thread_name_prefix="orch-tune-wait") as pool:
+        while pending:
+            for plan_id, watched in list(pending.items()):
+                if plan_id in paused:
+                    if not paused[plan_id].done():
+                        continue
+                    paused.pop(plan_id).result()  # a bug in the pause keeps its traceback
+                done = watched.step(store, statuses, errors, on_progress)
+                lost = watched.outage.last
+                if not done and not wait and lost is not None:
+                    errors.update((m.host.name, lost) for m in watched.group.members)  # not waiting out the outage
+                if done or not wait:
+                    pending.pop(plan_id)
+                elif len(pending) == 1:
+                    watched.pause(statuses, poll)  # the only group: paused in this thread
+                else:
+                    paused[plan_id] = pool.submit(watched.pause, dict(statuses), poll)  # a copy: steps go on
+            if paused:
+                futures.wait(list(paused.values()), return_when=futures.FIRST_COMPLETED)
     return statuses, errors
 
 
@@ -99,6 +115,33 @@ class _Watched:
             if on_progress is not None:
                 on_progress(status)
         return all(s.finished for s in step.values())
+
+    def pause(self, statuses: dict[str, TuneStatus], poll: float) -> None:
+        """``poll`` seconds, or less when one of the group's running jobs ends: each member's host
+        blocks until one of its jobs ends (``jobs.wait_any``; members in parallel, the pause ends with
+        the last). A host without running jobs, or that cannot be asked, just waits out ``poll``."""
+        waits = [(m, ids) for m in self.group.members if (ids := _running(statuses.get(m.host.name), m))]
+        if not waits:
+            time.sleep(poll)
+        elif len(waits) == 1:
+            _wait_host(*waits[0], poll)
+        else:
+            with futures.ThreadPoolExecutor(max_workers=len(waits)) as pool:
+                list(pool.map(lambda w: _wait_host(w[0], w[1], poll), waits))
+
+
+def _running(status: TuneStatus | None, member: Member) -> list[str]:
+    """The ids of the member's jobs that ran at the last step."""
+    views = status.jobs if status is not None else []
+    return [v.job_id for v in views if v.host == member.host.name and v.state == "running" and v.job_id]
+
+
+def _wait_host(member: Member, job_ids: list[str], poll: float) -> None:
+    begin = time.monotonic()
+    try:
+        jobs.wait_any(member.runner, member.host.workdir, job_ids, poll)
+    except (HostError, UsageError):  # an outage, a job gone: the next step says so
+        time.sleep(max(0.0, poll - (time.monotonic() - begin)))
 
 
 _OUTAGE_HINT = "the tuning jobs run on without orch: `orch wait` attaches again once the host answers"

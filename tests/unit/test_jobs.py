@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import jobs
+from orchestrator.errors import UsageError
 from orchestrator.inventory import Host
 from orchestrator.transport.local import LocalRunner
 
@@ -196,3 +198,115 @@ def test_jobs_by_default_lists_every_live_job_and_the_last_ended_ones() -> None:
     assert [j.id for j in recent(listed, 2)] == ["server-1", "t.2-1", "t.3-1"]
     assert [j.id for j in of_kind(listed, "server")] == ["server-1"]
     assert len(of_kind(listed, "t")) == 4 and of_kind(listed, None) == listed
+
+
+def wait_ended(runner: LocalRunner, workdir: str, job_ids: list[str]) -> None:
+    for job_id in job_ids:
+        while jobs.find(runner, workdir, job_id).running:
+            time.sleep(0.05)
+
+
+def test_a_listing_reads_ended_jobs_from_the_index_and_still_finds_every_job(runner: LocalRunner, workdir: str) -> None:
+    ended = [
+        jobs.start(runner, workdir, jobs.JobSpec("t", f"t.end{i}", ["sh", "-c", f"exit {i}"])).job_id for i in range(3)
+    ]
+    lost = jobs.start(runner, workdir, jobs.JobSpec("t", "t.lost", ["sleep", "30"]))
+    live = jobs.start(runner, workdir, jobs.JobSpec("t", "t.live", ["sleep", "30"]))
+    os.killpg(lost.pid, signal.SIGKILL)
+    wait_ended(runner, workdir, [*ended, lost.job_id])
+    first = {j.id: j.state for j in jobs.list_jobs(runner, workdir)}
+    assert sorted(os.listdir(Path(workdir, "live"))) == [live.job_id]  # the ended ones left the live index
+    again = {j.id: j.state for j in jobs.list_jobs(runner, workdir)}  # from the index now
+    expected = {
+        ended[0]: "succeeded",
+        ended[1]: "failed",
+        ended[2]: "failed",
+        lost.job_id: "lost",
+        live.job_id: "running",
+    }
+    assert first == again == expected
+    assert jobs.find(runner, workdir, ended[2]).exit_code == 2
+    jobs.stop(runner, jobs.find(runner, workdir, live.job_id), 5)
+    assert {j.id: j.state for j in jobs.list_jobs(runner, workdir)}[live.job_id] == "failed"  # exit 143, once
+    assert Path(workdir, "jobs.index").read_text().count(live.job_id) == 1
+
+
+def test_jobs_started_before_the_index_are_all_listed_once_it_is_made(runner: LocalRunner, workdir: str) -> None:
+    done = jobs.start(runner, workdir, jobs.JobSpec("t", "t.old", ["true"])).job_id
+    running = jobs.start(runner, workdir, jobs.JobSpec("t", "t.older", ["sleep", "30"]))
+    wait_ended(runner, workdir, [done])
+    Path(workdir, "jobs.index").unlink()  # as an orch before the index left the host
+    for entry in Path(workdir, "live").iterdir():
+        entry.unlink()
+    assert {j.id: j.state for j in jobs.list_jobs(runner, workdir)} == {done: "succeeded", running.job_id: "running"}
+    assert os.listdir(Path(workdir, "live")) == [running.job_id] and done in Path(workdir, "jobs.index").read_text()
+    os.killpg(running.pid, signal.SIGKILL)
+
+
+def test_a_wait_returns_when_the_job_exits_not_at_its_deadline(runner: LocalRunner, workdir: str) -> None:
+    witness = jobs.start(runner, workdir, jobs.JobSpec("t", "t.witness", ["sleep", "40"]))
+    short = jobs.start(runner, workdir, jobs.JobSpec("t", "t.short", ["sh", "-c", "sleep 0.5; exit 4"]))
+    job = jobs.wait(runner, workdir, short.job_id, seconds=120)
+    assert (job.state, job.exit_code) == ("failed", 4)
+    assert jobs.find(runner, workdir, witness.job_id).running  # returned long before its 120 s
+    os.killpg(witness.pid, signal.SIGKILL)
+
+
+def test_a_wait_returns_when_a_job_is_lost_or_its_log_grows_and_else_at_the_deadline(
+    runner: LocalRunner, workdir: str
+) -> None:
+    talker = jobs.start(runner, workdir, jobs.JobSpec("t", "t.talk", ["sh", "-c", "sleep 0.3; echo hello; sleep 30"]))
+    quiet = jobs.start(runner, workdir, jobs.JobSpec("t", "t.quiet", ["sleep", "30"]))
+    grown = jobs.wait(runner, workdir, talker.job_id, seconds=120, log_offset=0)
+    assert grown.running and grown.log_size == len(b"hello\n")
+    assert jobs.wait(runner, workdir, quiet.job_id, seconds=0.3).running  # nothing happened: its deadline
+    threading.Timer(0.3, os.killpg, (quiet.pid, signal.SIGKILL)).start()
+    found = jobs.wait_any(runner, workdir, [talker.job_id, quiet.job_id], seconds=120)
+    assert [j.state for j in found] == ["running", "lost"]
+    os.killpg(talker.pid, signal.SIGKILL)
+
+
+def test_a_job_id_that_is_not_one_path_component_is_no_job(runner: LocalRunner, workdir: str) -> None:
+    jobs.start(runner, workdir, jobs.JobSpec("t", "t.x", ["true"]))
+    for bad in ("../jobs", "a/b", "", ".."):
+        with pytest.raises(UsageError, match="no job"):
+            jobs.find(runner, workdir, bad)
+
+
+def test_a_tuning_watchers_pause_ends_when_one_of_its_running_jobs_exits(runner: LocalRunner, workdir: str) -> None:
+    from orchestrator.state import utc_now
+    from orchestrator.tuning.group import Group
+    from orchestrator.tuning.member import Member
+    from orchestrator.tuning.progress import JobView, TuneStatus
+    from orchestrator.tuning.record import HostPaths, PlanRecord
+    from orchestrator.tuning.watch import Outage, _Watched
+
+    host = Host(name="local", address="localhost", transport="local", workdir=workdir)
+    paths = {"local": HostPaths(tuner="t.py", config_dir="/c", workdir=workdir)}
+    plan = PlanRecord(id="p", created_at=utc_now(), group=["local"], device="d", commit="0" * 40, tp_size=1,
+                      batch_sizes=[1], shapes=[], hosts=paths, assignments=[])  # fmt: skip
+    witness = jobs.start(runner, workdir, jobs.JobSpec("t", "t.witness", ["sleep", "40"]))
+    short = jobs.start(runner, workdir, jobs.JobSpec("t", "tune.gpu0", ["sh", "-c", "sleep 0.5"]))
+    views = [JobView("local", 0, "tune.gpu0", short.job_id, "running", 0, 1)]
+    watched = _Watched(Group([Member(host, runner)], plan, attached=False), Outage(["local"]))
+    watched.pause({"local": TuneStatus("local", "running", jobs=views)}, poll=120)
+    assert jobs.find(runner, workdir, short.job_id).state == "succeeded"
+    assert jobs.find(runner, workdir, witness.job_id).running  # the pause ended long before its 120 s
+    os.killpg(witness.pid, signal.SIGKILL)
+
+
+def test_a_job_listed_twice_is_listed_once_as_its_last_line_says() -> None:
+    running = "job\tt-1\tserver\t123\t1\t\t1700000000\t\t10\t0\n"
+    ended = "job\tt-1\tserver\t123\t0\t0\t1700000000\t1700000100\t12\t0\n"  # from the index, read after
+    (job,) = jobs.parse_list(running + ended, "/w")
+    assert (job.state, job.log_size) == ("succeeded", 12)
+
+
+def test_a_host_where_the_index_cannot_be_made_lists_every_job_directory(runner: LocalRunner, workdir: str) -> None:
+    done = jobs.start(runner, workdir, jobs.JobSpec("t", "t.done", ["true"])).job_id
+    wait_ended(runner, workdir, [done])
+    Path(workdir, "jobs.index").unlink()
+    shutil.rmtree(Path(workdir, "live"))
+    Path(workdir, "live").write_text("")  # not a directory: the index cannot be made
+    assert {j.id: j.state for j in jobs.list_jobs(runner, workdir)} == {done: "succeeded"}
+    assert not Path(workdir, "jobs.index").exists()
