@@ -14,7 +14,8 @@ Each measurement runs in a fresh child process (its own peak RSS):
   round trips: the store's first load, the fleet load, each host's tuning field (``status_field``), the
   record of every host seen (``record_seen``) and the merge for display (``merge_state``);
   ``--status-hosts M`` limits it to M hosts (the quadratic orch of 2ad0a07 takes minutes at 1000);
-- ``rss_mb``: the larger peak resident set of the two children.
+- ``rss_mb``: the larger peak resident set of the two children;
+- ``status_cpu_parts``: that CPU by step (``load``: both reads; ``tuning_field``; ``record_seen``; ``merge``).
 
     python bench/state_scale.py --hosts 1000 --json
 """
@@ -111,6 +112,7 @@ def child_status(path: Path, status_hosts: int) -> dict[str, Any]:
     getattr(store, "check_readable", store.load)()  # App.store checks the state before contacting a host
     state = store.load()
     cached = state.hosts
+    cpu_loaded = time.process_time()
     names = list(cached)[:status_hosts]
     hosts = {n: Host.model_validate({"name": n, "address": "127.0.0.1"}) for n in names}
     observed = []
@@ -125,11 +127,22 @@ def child_status(path: Path, status_hosts: int) -> dict[str, Any]:
         assert hs is not None and hs.sglang is not None
         git = GitInfo(hs.sglang.commit, hs.sglang.branch or "main", hs.sglang.subject, None, hs.sglang.behind)
         observed.append(status_op.Observed(status, git, {}))
+    cpu_fields = time.process_time()
     seen = status_op.record_seen(store, hosts, observed)
+    cpu_recorded = time.process_time()
     views = [status_op.merge_state(o, seen[o.status.name]) for o in observed]
     cpu = time.process_time() - cpu0
     assert len(views) == len(names)
-    return {"status_state_cpu_s": cpu, "status_hosts": len(names), "tuned_hosts": tuned, "rss_mb": _rss_mb()}
+    parts = {"load": cpu_loaded - cpu0, "tuning_field": cpu_fields - cpu_loaded}
+    parts["record_seen"] = cpu_recorded - cpu_fields
+    parts["merge"] = cpu - sum(parts.values())
+    return {
+        "status_state_cpu_s": cpu,
+        "status_cpu_parts": {k: round(v, 3) for k, v in parts.items()},
+        "status_hosts": len(names),
+        "tuned_hosts": tuned,
+        "rss_mb": _rss_mb(),
+    }
 
 
 def _rss_mb() -> float:
@@ -176,6 +189,7 @@ def main() -> None:
             "hosts": args.hosts,
             "txn_1host_ms": round(txn["txn_1host_ms"], 2),
             "status_state_cpu_s": round(status["status_state_cpu_s"], 3),
+            "status_cpu_parts": status["status_cpu_parts"],
             "status_hosts": status["status_hosts"],
             "tuned_hosts": status["tuned_hosts"],
             "rss_mb": round(max(status["rss_mb"], txn["rss_mb"]), 1),

@@ -795,14 +795,15 @@ class StateStore:
             _guarded(self.layout.host(name), functools.partial(_drop, self.layout.host(name)))
 
     def _serialize_host(self, name: str, hs: HostState) -> tuple[bytes, list[bytes]]:
-        """Host ``name``'s file (validated again: secrets or bad values added by mutation are refused) and the
-        log lines of the entries it rotates out."""
-        document = {"schema_version": SCHEMA_VERSION, "name": name, "host": hs.model_dump()}
+        """Host ``name``'s file and the log lines of the entries it rotates out. The text is validated again
+        before it is written (bad values added by mutation, which assignments do not see, are refused), and
+        searched for secrets field by field when a marker occurs in it at all (``_may_hold_secret``)."""
+        unchecked = _HostFile.model_construct(schema_version=SCHEMA_VERSION, name=name, host=hs)
+        text = unchecked.model_dump_json(indent=2, warnings=False)  # a bad value: refused just below
         try:
-            checked = _HostFile.model_validate(document, context=_READ_BACK)
-            text = checked.model_dump_json(indent=2)
-            if _may_hold_secret(text):  # then every argv and metadata is searched, field by field
-                _HostFile.model_validate(document)
+            checked = _HostFile.model_validate_json(text, context=_READ_BACK)
+            if _may_hold_secret(text):
+                _HostFile.model_validate_json(text)
         except ValidationError as exc:
             raise StateError(
                 f"refusing to write state file {self.layout.host(name)}: {_summarize(exc)}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -105,6 +106,30 @@ def tree(directory: Path) -> set[str]:
 
 def host_file(state_path: Path, name: str = "h") -> Path:
     return state_path / "hosts" / f"{name}.json"
+
+
+def put_single_file(path: Path, document: dict[str, Any]) -> None:
+    """An older orch's single state file at ``path``: the state directory there (and its migration
+    backups) removed first."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    for backup in path.parent.glob(f"{path.name}.v*.bak"):
+        backup.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document))
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    """Every file of the state directory at ``path`` but the locks, by relative path (a single file: itself):
+    what a test compares to see that nothing was written."""
+    if path.is_file():
+        return {".": path.read_bytes()}
+    return {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file() and p.suffix != ".lock"}
+
+
+def document(path: Path) -> dict[str, Any]:
+    """The state at ``path`` as one JSON document (``State``'s shape: schema_version, hosts, tuning_plans)."""
+    return dict(json.loads(StateStore(path).load().model_dump_json()))
 
 
 STATE_FILES = {"hosts", "hosts/h.json", "hosts/h.json.bak", "locks", "locks/host-h.lock"}
