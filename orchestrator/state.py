@@ -451,11 +451,27 @@ KEEP_BENCHMARKS = 32
 
 
 class _HostFile(_Model):
-    """One host's file in the state directory: ``hosts/<name>.json``."""
+    """One host's file in the state directory: ``hosts/<name>.json`` (but what ``seen/`` holds)."""
 
     schema_version: int
     name: str
     host: HostState
+
+
+class _SeenFile(_Model):
+    """When the host was last seen and its checkout as then read: ``seen/<name>.json``, a file of its own
+    because every ``orch status`` changes it on every host (``StateStore.update_seen``), and rewriting
+    a whole host record (its jobs, plans, benchmarks) for that cost more than the rest of ``status``."""
+
+    schema_version: int
+    name: str
+    last_seen: UtcDateTime | None = None
+    sglang: SGLangInfo | None = None
+
+
+_SEEN_FIELDS = frozenset(("last_seen", "sglang"))
+_Raws = tuple[bytes | None, bytes | None]
+"""A host's files as read: its record and its seen file (None: absent)."""
 
 
 class _Layout:
@@ -466,10 +482,14 @@ class _Layout:
         self.hosts = root / "hosts"
         self.history = root / "history"
         self.locks = root / "locks"
+        self.seen = root / "seen"
         self.fleet = root / "fleet.json"
 
     def host(self, name: str) -> Path:
         return self.hosts / f"{_file_name(name)}.json"
+
+    def seen_file(self, name: str) -> Path:
+        return self.seen / f"{_file_name(name)}.json"
 
     def host_log(self, name: str) -> Path:
         return self.history / f"{_file_name(name)}.jsonl"
@@ -559,7 +579,7 @@ class StateStore:
         self._read_fleet()
 
     def load_host(self, name: str) -> HostState | None:
-        """Host ``name``'s state (None when orch knows nothing of it): one file read."""
+        """Host ``name``'s state (None when orch knows nothing of it): its own files alone."""
         self._ensure_layout()
         return self._read_host(name)[0] if self.layout.host(name).exists() else None
 
@@ -589,12 +609,13 @@ class StateStore:
         """
         self._ensure_layout()
         with self._transaction(None, exclusive=True):
-            raws = {name: self._read_host(name) for name in self.host_names()}
+            read = {name: self._read_host(name) for name in self.host_names()}
             fleet, fleet_raw = self._read_fleet()
-            state = _joined(fleet, {name: hs for name, (hs, _) in raws.items()})
+            state = _joined(fleet, {name: hs for name, (hs, _) in read.items()})
+            raws = {name: raw for name, (_, raw) in read.items()}
             before = self._reparsed(fleet_raw, raws) if self.on_commit else None
             yield state
-            self._save_all(state, fleet_raw, {name: raw for name, (_, raw) in raws.items()})
+            self._save_all(state, fleet_raw, raws)
         if self.on_commit and before is not None:
             self.on_commit(before, state)
 
@@ -605,12 +626,10 @@ class StateStore:
         self._ensure_layout()
         with self._transaction(f"host-{_file_name(name)}"):
             exists = self.layout.host(name).exists()
-            hs, raw = self._read_host(name) if exists else (HostState(), None)
-            before = State(hosts={name: self._parse_host(name, raw)} if raw else {}) if self.on_commit else None
+            hs, raws = self._read_host(name) if exists else (HostState(), (None, None))
+            before = State(hosts={name: self._parse_host(name, raws)} if exists else {}) if self.on_commit else None
             yield hs
-            data, rotated = self._serialize_host(name, hs)
-            if data != raw:
-                self._write(self.layout.host(name), data, rotated=(name, rotated))
+            self._save_host(name, hs, raws)
         if self.on_commit and before is not None:
             self.on_commit(before, State(hosts={name: hs}))
 
@@ -618,6 +637,24 @@ class StateStore:
         """Apply ``fn`` to host ``name``'s state in one one-host transaction and return what it returns."""
         with self.host_update(name) as hs:
             return fn(hs)
+
+    def update_seen(self, name: str, fn: Callable[[HostState], T]) -> T:
+        """``update_host`` for ``fn`` that reads and changes only ``last_seen`` and ``sglang`` (``orch status``):
+        it gets a ``HostState`` with those two alone, and only the host's small seen file is read and
+        written. Changing anything else is a bug (``RuntimeError``)."""
+        self._ensure_layout()
+        if not self.layout.host(name).exists():
+            return self.update_host(name, fn)  # a host new to the state gets its record
+        with self._transaction(f"host-{_file_name(name)}"):
+            seen_raw = self._read_optional(self.layout.seen_file(name))
+            hs = self._overlay_seen(name, HostState(), seen_raw)
+            result = fn(hs)
+            if hs.model_dump(exclude=set(_SEEN_FIELDS)) != _EMPTY_HOST:
+                raise RuntimeError("update_seen() changes last_seen and sglang alone: use update_host()")
+            data = self._serialize_seen(name, hs)
+            if data is not None and data != seen_raw:
+                self._write(self.layout.seen_file(name), data)
+            return result
 
     @contextlib.contextmanager
     def update_fleet(self) -> Iterator[State]:
@@ -723,12 +760,21 @@ class StateStore:
 
     # -- reading files
 
-    def _read_host(self, name: str) -> tuple[HostState, bytes]:
-        raw = _read(self.layout.host(name))
-        return self._parse_host(name, raw), raw
+    def _read_host(self, name: str) -> tuple[HostState, _Raws]:
+        raws = (_read(self.layout.host(name)), self._read_optional(self.layout.seen_file(name)))
+        return self._parse_host(name, raws), raws
 
-    def _parse_host(self, name: str, raw: bytes) -> HostState:
-        path = self.layout.host(name)
+    def _read_optional(self, path: Path) -> bytes | None:
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StateError(f"cannot read state file {path}: {exc.strerror}") from exc
+
+    def _parse_host(self, name: str, raws: _Raws) -> HostState:
+        path, (raw, seen_raw) = self.layout.host(name), raws
+        assert raw is not None
         hint = _recovery_hint(path, f"orch forgets host {name!r}: its jobs, server and history")
         try:
             found = _HostFile.model_validate_json(raw, context=_READ_BACK)
@@ -736,7 +782,22 @@ class StateStore:
             raise _corrupt(path, raw, exc, hint) from exc
         if found.schema_version != SCHEMA_VERSION or found.name != name:
             raise _corrupt(path, raw, None, hint)
-        return found.host
+        return self._overlay_seen(name, found.host, seen_raw)
+
+    def _overlay_seen(self, name: str, hs: HostState, seen_raw: bytes | None) -> HostState:
+        """``hs`` with ``last_seen`` and ``sglang`` from the host's seen file (when there is one)."""
+        if seen_raw is None:
+            return hs
+        path = self.layout.seen_file(name)
+        hint = _recovery_hint(path, "orch forgets when it last saw the host and its checkout")
+        try:
+            seen = _SeenFile.model_validate_json(seen_raw, context=_READ_BACK)
+        except ValidationError as exc:
+            raise _corrupt(path, seen_raw, exc, hint) from exc
+        if seen.schema_version != SCHEMA_VERSION or seen.name != name:
+            raise _corrupt(path, seen_raw, None, hint)
+        hs.__dict__.update(last_seen=seen.last_seen, sglang=seen.sglang)  # both validated just above
+        return hs
 
     def _read_fleet(self) -> tuple[State, bytes | None]:
         path = self.layout.fleet
@@ -754,10 +815,10 @@ class StateStore:
             raise _corrupt(path, raw, None, _recovery_hint(path, "orch forgets its tuning plans"))
         return fleet, raw
 
-    def _reparsed(self, fleet_raw: bytes | None, raws: dict[str, tuple[HostState, bytes]]) -> State:
+    def _reparsed(self, fleet_raw: bytes | None, raws: dict[str, _Raws]) -> State:
         """The state as read, parsed again: a copy for ``on_commit`` that costs less than a deep copy."""
         fleet = State.model_validate_json(fleet_raw, context=_READ_BACK) if fleet_raw else State()
-        return _joined(fleet, {name: self._parse_host(name, raw) for name, (_, raw) in raws.items()})
+        return _joined(fleet, {name: self._parse_host(name, raw) for name, raw in raws.items()})
 
     def _with_archive(self, name: str, hs: HostState) -> HostState:
         """``hs`` with the entries rotated into its history log put back before its own, oldest first."""
@@ -779,7 +840,7 @@ class StateStore:
 
     # -- saving
 
-    def _save_all(self, state: State, fleet_raw: bytes | None, raws: dict[str, bytes]) -> None:
+    def _save_all(self, state: State, fleet_raw: bytes | None, raws: dict[str, _Raws]) -> None:
         """Validate every host and the fleet first (nothing is written when one fails), then write the files
         that changed: the fleet file first (a host never names a plan not yet stored), then each host;
         a host dropped from the state loses its file (``.bak`` keeps it)."""
@@ -788,18 +849,32 @@ class StateStore:
         hosts = {name: self._serialize_host(name, hs) for name, hs in state.hosts.items()}
         if fleet_data != fleet_raw and (fleet_raw is not None or fleet_data != self._serialize_fleet(State())):
             self._write(self.layout.fleet, fleet_data)
-        for name, (data, rotated) in hosts.items():
-            if data != raws.get(name):
-                self._write(self.layout.host(name), data, rotated=(name, rotated))
+        for name, serialized in hosts.items():
+            self._write_host(name, serialized, raws.get(name, (None, None)))
         for name in raws.keys() - hosts.keys():
             _guarded(self.layout.host(name), functools.partial(_drop, self.layout.host(name)))
+            if raws[name][1] is not None:
+                _guarded(self.layout.seen_file(name), functools.partial(_drop, self.layout.seen_file(name)))
 
-    def _serialize_host(self, name: str, hs: HostState) -> tuple[bytes, list[bytes]]:
+    def _save_host(self, name: str, hs: HostState, raws: _Raws) -> None:
+        self._write_host(name, self._serialize_host(name, hs), raws)
+
+    def _write_host(self, name: str, serialized: tuple[bytes, bytes | None, list[bytes]], raws: _Raws) -> None:
+        """The host's files that changed: its seen file first (what it says is never older than the
+        record's: neither holds those fields), then its record."""
+        data, seen_data, rotated = serialized
+        if seen_data is not None and seen_data != raws[1]:
+            self._write(self.layout.seen_file(name), seen_data)
+        if data != raws[0]:
+            self._write(self.layout.host(name), data, rotated=(name, rotated))
+
+    def _serialize_host(self, name: str, hs: HostState) -> tuple[bytes, bytes | None, list[bytes]]:
         """Host ``name``'s file and the log lines of the entries it rotates out. The text is validated again
         before it is written (bad values added by mutation, which assignments do not see, are refused), and
         searched for secrets field by field when a marker occurs in it at all (``_may_hold_secret``)."""
         unchecked = _HostFile.model_construct(schema_version=SCHEMA_VERSION, name=name, host=hs)
-        text = unchecked.model_dump_json(indent=2, warnings=False)  # a bad value: refused just below
+        exclude = {"host": set(_SEEN_FIELDS)}  # in the seen file
+        text = unchecked.model_dump_json(indent=2, warnings=False, exclude=exclude)  # bad values: refused below
         try:
             checked = _HostFile.model_validate_json(text, context=_READ_BACK)
             if _may_hold_secret(text):
@@ -811,8 +886,23 @@ class StateStore:
             ) from exc
         rotated = _rotate(checked.host)
         if rotated:
-            text = checked.model_dump_json(indent=2)
-        return (text + "\n").encode(), rotated
+            text = checked.model_dump_json(indent=2, exclude=exclude)
+        return (text + "\n").encode(), self._serialize_seen(name, hs), rotated
+
+    def _serialize_seen(self, name: str, hs: HostState) -> bytes | None:
+        """The host's seen file (None when there is nothing to say), validated again."""
+        if hs.last_seen is None and hs.sglang is None:
+            return None
+        unchecked = _SeenFile.model_construct(schema_version=SCHEMA_VERSION, name=name, **hs.__dict__)
+        text = unchecked.model_dump_json(indent=2, warnings=False, include={"schema_version", "name", *_SEEN_FIELDS})
+        try:
+            _SeenFile.model_validate_json(text)
+        except ValidationError as exc:
+            raise StateError(
+                f"refusing to write state file {self.layout.seen_file(name)}: {_summarize(exc)}",
+                hint="this is a bug in the code that changed the state; the file was left unchanged",
+            ) from exc
+        return (text + "\n").encode()
 
     def _serialize_fleet(self, fleet: State) -> bytes:
         try:
@@ -869,8 +959,7 @@ class StateStore:
         target = StateStore(building)
         target.layout.root.mkdir(mode=0o700)
         for name, hs in state.hosts.items():
-            data, rotated = target._serialize_host(name, hs)
-            target._write(target.layout.host(name), data, rotated=(name, rotated))
+            target._save_host(name, hs, (None, None))
         target._write(target.layout.fleet, target._serialize_fleet(_joined(state, {})))
         backup = _free_name(self.path.with_name(f"{self.path.name}.v{version}.bak"))
         os.replace(self.path, backup)
@@ -883,6 +972,9 @@ class StateStore:
             version,
             backup,
         )
+
+
+_EMPTY_HOST = HostState().model_dump(exclude=set(_SEEN_FIELDS))
 
 
 def _joined(fleet: State, hosts: dict[str, HostState]) -> State:

@@ -50,7 +50,7 @@ def status(
         cached = state.hosts
         results = fleet.map_sessions(lambda s: status_op.observe(s, cached.get(s.name), fetch, state), app.store)
     observed = [r.value for r in results if r.ok and r.value is not None]
-    seen = status_op.record_seen(app.store, {h.name: h for h in selected}, observed)
+    seen = status_op.record_seen(app.store, {h.name: h for h in selected}, observed, cached)
     by_name = {o.status.name: status_op.merge_state(o, seen[o.status.name]) for o in observed}
     views = [by_name.get(r.host.name) or status_op.unreachable(r, cached.get(r.host.name)) for r in results]
     if as_json:

@@ -159,17 +159,23 @@ def _parse_gpus(devs: probe.Section | None, apps: probe.Section | None) -> tuple
         return [], str(exc)
 
 
-def record_seen(store: StateStore, hosts: dict[str, Host], observed: list[Observed]) -> dict[str, HostState]:
-    """Each host's last_seen and SGLang checkout as read, in one one-host transaction per host (a host
-    another orch holds does not hold up the others' records); each host's state as saved.
+def record_seen(
+    store: StateStore, hosts: dict[str, Host], observed: list[Observed], cached: dict[str, HostState] | None = None
+) -> dict[str, HostState]:
+    """Each host's last_seen and SGLang checkout as read, in one small transaction per host (its seen file
+    alone: ``StateStore.update_seen``; a host another orch holds does not hold up the others' records);
+    each host's state with them: ``cached`` (as ``status`` loaded it) when given, else read again.
 
     A reading older than what another orch recorded meanwhile (a pull that finished while this status
     was reading) does not overwrite it: ``last_seen`` orders the observations."""
     now = datetime.now(timezone.utc)
-    return {
-        o.status.name: store.update_host(o.status.name, functools.partial(_seen, hosts[o.status.name], o, now))
-        for o in observed
-    }
+    found = {}
+    for obs in observed:
+        name = obs.status.name
+        seen = store.update_seen(name, functools.partial(_seen, hosts[name], obs, now))
+        base = (cached or {}).get(name) or store.load_host(name) or HostState()
+        found[name] = base.model_copy(update={"last_seen": seen.last_seen, "sglang": seen.sglang})
+    return found
 
 
 def _seen(host: Host, obs: Observed, now: datetime, hs: HostState) -> HostState:
@@ -177,7 +183,7 @@ def _seen(host: Host, obs: Observed, now: datetime, hs: HostState) -> HostState:
     hs.last_seen = max(now, hs.last_seen) if hs.last_seen else now
     if obs.git is not None and not newer_known:
         hs.sglang = sglang_info(host, obs.git, obs.started_at)
-    return hs  # the transaction's own copy: the store reads a new one for every transaction
+    return hs
 
 
 def _show_state(status: HostStatus, hs: HostState) -> None:

@@ -180,9 +180,10 @@ def test_state_round_trips_through_the_file(store: StateStore) -> None:
 def test_timestamps_are_saved_as_iso_utc(store: StateStore, state_path: Path) -> None:
     paris = timezone(timedelta(hours=1))
     store.update_host("h", lambda host: setattr(host, "last_seen", datetime(2025, 1, 2, 4, 4, 5, tzinfo=paris)))
-    raw = json.loads(host_file(state_path).read_text())
+    raw = json.loads((state_path / "seen" / "h.json").read_text())  # what status changes: a file of its own
     assert (raw["schema_version"], raw["name"]) == (SCHEMA_VERSION, "h")
-    assert raw["host"]["last_seen"] == "2025-01-02T03:04:05Z"
+    assert raw["last_seen"] == "2025-01-02T03:04:05Z"
+    assert "last_seen" not in json.loads(host_file(state_path).read_text())["host"]
     assert store.load().hosts["h"].last_seen == T0
 
 

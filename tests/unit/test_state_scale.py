@@ -5,6 +5,7 @@ is its own unit. Concurrency tests use real processes."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,8 @@ from orchestrator.state import (
 from orchestrator.tuning.record import PlanRecord
 from tests.unit.test_bench_facts import a_record
 from tests.unit.test_state import V1_DEMO, a_job, a_server, host_file, python_process
+
+T1 = datetime(2026, 12, 1, 20, 0, tzinfo=timezone.utc)
 
 HOST_HOLDER = """
 import sys, time
@@ -183,3 +186,19 @@ def test_a_v2_file_migrates_its_plans_and_hosts_once(state_path: Path, tmp_path:
     state_path.with_name("state.json.v2.bak").unlink()
     assert StateStore(state_path).load() == first  # nothing to migrate any more
     assert not state_path.with_name("state.json.v2.bak").exists()
+
+
+def test_status_records_seen_in_the_small_seen_file_leaving_the_host_record_alone(state_path: Path) -> None:
+    store = StateStore(state_path)
+    store.update_host("a", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    record = host_file(state_path, "a")
+    inode = record.stat().st_ino
+    store.update_seen("a", lambda hs: setattr(hs, "last_seen", T1))
+    assert record.stat().st_ino == inode  # not rewritten
+    loaded = store.load_host("a")
+    assert loaded is not None and loaded.last_seen == T1 and loaded.phase == Phase.PULLED
+    with pytest.raises(RuntimeError, match="last_seen and sglang alone"):
+        store.update_seen("a", lambda hs: hs.set_phase(Phase.TUNING, "tune"))
+    assert store.load_host("a").phase == Phase.PULLED  # type: ignore[union-attr]
+    store.update_seen("new", lambda hs: setattr(hs, "last_seen", T1))  # a host new to the state: a record too
+    assert host_file(state_path, "new").exists() and store.load().hosts["new"].last_seen == T1
