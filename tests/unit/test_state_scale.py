@@ -5,6 +5,7 @@ is its own unit. Concurrency tests use real processes."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from orchestrator.state import (
     StateStore,
 )
 from orchestrator.tuning.record import PlanRecord
+from tests.conftest import OrchRun
 from tests.unit.test_bench_facts import a_record
 from tests.unit.test_state import V1_DEMO, a_job, a_server, host_file, python_process
 
@@ -202,3 +204,16 @@ def test_status_records_seen_in_the_small_seen_file_leaving_the_host_record_alon
     assert store.load_host("a").phase == Phase.PULLED  # type: ignore[union-attr]
     store.update_seen("new", lambda hs: setattr(hs, "last_seen", T1))  # a host new to the state: a record too
     assert host_file(state_path, "new").exists() and store.load().hosts["new"].last_seen == T1
+
+
+def test_orch_report_shows_the_benchmarks_rotated_out_of_the_host_file(
+    state_path: Path, tmp_path: Path, orch: Callable[..., OrchRun]
+) -> None:
+    store = StateStore(state_path)
+    runs = 2 * KEEP_BENCHMARKS + 1
+    store.update_host("h", lambda hs: hs.benchmarks.extend(a_record(f"run {n}", 100.0 + n) for n in range(runs)))
+    assert store.load_host("h").benchmarks[0].label != "run 0"  # type: ignore[union-attr]  # rotated out
+    result = orch("--state", str(state_path), "report", "--format", "md", "--out", str(tmp_path / "r"))
+    assert result.returncode == 0, result.output
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert all(f"| run {n} |" in text for n in range(runs))
