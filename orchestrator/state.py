@@ -520,6 +520,8 @@ class StateStore:
 
     - ``hosts/<name>.json``: one host's ``HostState`` (``{"schema_version", "name", "host"}``), with
       ``hosts/<name>.json.bak``, the version before its last change;
+    - ``seen/<name>.json`` (+ ``.bak``): the host's ``last_seen`` and ``sglang`` (what every ``orch status``
+      changes: ``update_seen`` writes this small file alone), merged into its ``HostState`` when read;
     - ``fleet.json`` (+ ``.bak``): what belongs to no one host (``State`` but ``hosts``: the tuning plans);
     - ``history/<name>.jsonl``: the host's older phase changes, finished jobs and benchmark runs, rotated
       out of its file (append-only, one ``{"kind", "entry"}`` per line; ``load(archived=True)`` merges it);
