@@ -68,7 +68,7 @@ class App:
 
     @property
     def store(self) -> StateStore:
-        """The state store, its file checked once: a corrupt or unreadable state file is a
+        """The state store, checked once (``check_readable``): a corrupt or unreadable state file is a
         ``StateError`` (exit 4) at the first use, before any host is contacted when the command
         uses it first (and on every host otherwise: still exit 4, see ``FleetResult.exit_code``)."""
         from orchestrator.notify import Notifier
@@ -82,7 +82,7 @@ class App:
                     lock_timeout=lock_timeout_setting(),
                     on_commit=notifier.on_commit if notifier else None,
                 )
-                store.load()
+                store.check_readable()
                 log.info("state file %s", store.path)
                 self._store = store
             return self._store

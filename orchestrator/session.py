@@ -156,4 +156,6 @@ class HostSession:
 
     def state(self) -> HostState:
         """What the state file says about the host now (a fresh read: another orch may have written)."""
-        return self.store.load().host(self.host.name)
+        from orchestrator.state import HostState
+
+        return self.store.load_host(self.host.name) or HostState()

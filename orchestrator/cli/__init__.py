@@ -122,8 +122,9 @@ class LazyGroup(click.Group):
 )
 @click.option(
     "--state",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="State file. Default: $ORCH_STATE, else .orch/state.json beside the inventory.",
+    type=click.Path(path_type=Path),
+    help="State directory (an older orch's state file there is migrated). Default: $ORCH_STATE, else "
+    ".orch/state.json beside the inventory.",
 )
 @click.option(
     "--connect-timeout",

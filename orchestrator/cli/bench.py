@@ -90,6 +90,6 @@ def report(app: App, fmt: report_op.Format, out_dir: Path) -> int:
     """
     if not app.state_path.exists():
         raise UsageError(f"no state file at {app.state_path}", hint="run orch status, pull or serve first")
-    target = report_op.write_report(app.store.load(), str(app.state_path), out_dir, fmt)
+    target = report_op.write_report(app.store.load(archived=True), str(app.state_path), out_dir, fmt)
     out.print(f"report written to {target}", markup=False)
     return int(ExitCode.OK)

@@ -47,10 +47,11 @@ def status(
     """
     selected = app.select(hosts + detail_hosts, tags)
     with app.fleet(selected, parallel) as fleet:
-        cached = app.store.load().hosts
-        results = fleet.map_sessions(lambda s: status_op.observe(s, cached.get(s.name), fetch), app.store)
+        state = app.store.load()  # once for the fleet: no host reads it again
+        cached = state.hosts
+        results = fleet.map_sessions(lambda s: status_op.observe(s, cached.get(s.name), fetch, state), app.store)
     observed = [r.value for r in results if r.ok and r.value is not None]
-    seen = status_op.record_seen(app.store, {h.name: h for h in selected}, observed)
+    seen = status_op.record_seen(app.store, {h.name: h for h in selected}, observed, cached)
     by_name = {o.status.name: status_op.merge_state(o, seen[o.status.name]) for o in observed}
     views = [by_name.get(r.host.name) or status_op.unreachable(r, cached.get(r.host.name)) for r in results]
     if as_json:

@@ -167,7 +167,7 @@ def records_of(name: str, hs: HostState) -> list[BenchRecord]:
 
 def running_server(host: Host, runner: Runner, store: StateStore) -> ServerRecord:
     """The server orch launched on the host, checked to be running; else a ``RefusedError`` saying why."""
-    server = store.load().host(host.name).server
+    server = (store.load_host(host.name) or HostState()).server
     if server is None:
         raise RefusedError(
             f"{host.name}: no server to benchmark: orch has not launched one on this host",
@@ -258,7 +258,7 @@ def _record_job(host: Host, store: StateStore, job_id: str, pid: int | None, pla
 def _pending(host: Host, runner: Runner, store: StateStore) -> tuple[str, _Plan, bool] | None:
     """The benchmark job the state says is running, when its files are still on the host; a record
     whose job is gone is marked lost."""
-    for job in store.load().host(host.name).jobs.values():
+    for job in (store.load_host(host.name) or HostState()).jobs.values():
         if job.kind != "bench" or job.state != "running":
             continue
         if _job_state(runner, host, job.id) == _GONE:
@@ -272,7 +272,7 @@ def _unrecorded(host: Host, runner: Runner, store: StateStore, server: ServerRec
     """The newest benchmark job on the host that the state does not know (orch was killed between
     starting it and recording it), running or ended since the server started, with its plan file:
     recorded now and adopted, so that it is collected instead of a second one started."""
-    hs = store.load().host(host.name)
+    hs = store.load_host(host.name) or HostState()
     collected = {record.job_id for record in hs.benchmarks}
     for info in reversed(jobs.list_jobs(runner, host.workdir)):
         if info.purpose != PURPOSE or info.id in hs.jobs or info.id in collected:
@@ -309,7 +309,7 @@ def _mark_lost(hs: HostState, job_id: str) -> None:
 
 def _attached_plan(host: Host, store: StateStore, job_id: str) -> _Plan:
     """The plan of a benchmark job started earlier by orch, from its state record."""
-    job = store.load().host(host.name).jobs.get(job_id)
+    job = (store.load_host(host.name) or HostState()).jobs.get(job_id)
     plan = _Plan.from_meta(job.meta, list(job.argv)) if job else None
     if plan is None:
         raise RefusedError(

@@ -84,16 +84,17 @@ def pull(session: HostSession, install: bool = False) -> PullResult:
 
 
 def _fast_forward(session: HostSession, result: PullResult) -> None:
-    """Move the checkout and record where it is in one state transaction: the state lock is taken
-    first, so a lock orch cannot get (another orch holds it too long: ``StateError``, exit 4) means
-    the checkout did not move, and a checkout that moved is always recorded."""
+    """Move the checkout and record where it is in one state transaction: the host's state lock is taken
+    first (this host's alone: pulls on other hosts do not wait), so a lock orch cannot get (another orch
+    holds it too long: ``StateError``, exit 4) means the checkout did not move, and a checkout that moved
+    is always recorded."""
     host = session.host
-    with session.store.update() as state:
+    with session.store.host_update(host.name) as hs:
         if result.ahead == 0:
             session.runner.run(git.fast_forward_argv(host.sglang_dir, host.upstream), check=True, timeout=300)
         after = session.git()
         result.new = after.commit
-        _record(state.host(host.name), host, after, result)
+        _record(hs, host, after, result)
 
 
 def _refuse_unsafe(host: Host, runner: Runner, info: git.GitInfo) -> None:

@@ -118,7 +118,7 @@ def _mark(store: StateStore, host: Host, playbook: str, step: str, outcome: str,
 
 def recorded(store: StateStore, host: Host, playbook: str) -> StepProgress:
     """The host's step record for ``playbook`` as saved (empty when it never ran it)."""
-    hs = store.load().hosts.get(host.name)
+    hs = store.load_host(host.name)
     steps = hs.steps if hs is not None else None
     return steps if steps is not None and steps.playbook == playbook else StepProgress(playbook=playbook)
 

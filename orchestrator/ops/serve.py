@@ -418,7 +418,7 @@ def interrupted_launch(session: HostSession, ready: Preflight) -> jobs.JobInfo |
     unverified: recorded as ours, never verified, running ``ready.argv`` on the same commit and tuned
     configs; or cut off before it could record it (``launched_unrecorded``). Adopting it (``adopt``)
     finishes that serve; replacing it would stop a good server."""
-    hs = session.store.load().hosts.get(session.host.name)
+    hs = session.store.load_host(session.host.name)
     record = hs.server if hs is not None else None
     if ready.old is None or hs is None:
         return None
@@ -676,7 +676,7 @@ def rollback(
 ) -> None:
     """Relaunch the last known-good argv after a failed start; adds the outcome to ``failure``."""
     host, store = session.host, session.store
-    record = store.load().hosts.get(host.name, HostState()).server
+    record = (store.load_host(host.name) or HostState()).server
     good = record.known_good_argv if record else None
     if not good:
         failure.message += "\nrollback: no known-good server command recorded; nothing relaunched"
@@ -845,7 +845,7 @@ def _record_server(
 
 
 def _recorded_configs(store: StateStore, host: Host) -> dict[str, float]:
-    hs = store.load().hosts.get(host.name)
+    hs = store.load_host(host.name)
     return dict(hs.server.configs) if hs is not None and hs.server is not None else {}
 
 

@@ -184,7 +184,7 @@ def stop_server(
     job = next((j for j in reversed(servers) if j.running), None)
     if job is None:
         return "lost" if servers and servers[-1].state == "lost" else None
-    store.check_writable()  # a stop that could not be recorded must not happen
+    store.check_writable(host.name)  # a stop that could not be recorded must not happen
     outcome = stop_job(host, runner, job, gpus, drain, report, outage)
     store.update_host(host.name, lambda hs: record_stopped(hs, job.id, outage.by))
     return outcome

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -12,7 +13,7 @@ from orchestrator.fleet import HostResult
 from orchestrator.inventory import Host
 from orchestrator.ops import server
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, ServerRecord, SGLangInfo, StateStore
+from orchestrator.state import HostState, ServerRecord, SGLangInfo, State, StateStore
 from orchestrator.tuning.commands import status_field
 from orchestrator.tuning.member import record_of
 from orchestrator.tuning.record import TuningRecord
@@ -102,11 +103,14 @@ class Observed:
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
 
-def observe(session: HostSession, cached: HostState | None, fetch: bool = False) -> Observed:
+def observe(
+    session: HostSession, cached: HostState | None, fetch: bool = False, state: State | None = None
+) -> Observed:
     """Read one host in a single remote command, plus the tuning progress (from the tuning jobs' logs,
     only while they run). Findings (no checkout, broken driver, a failed ``fetch``) are not errors.
     ``cached`` is the host's state as loaded once for the whole fleet: it says whether there is a server
-    or tuning to ask about. The checkout read becomes the session's ``git()``."""
+    or tuning to ask about; ``state``, the whole state as loaded then, holds the tuning plans (so that no
+    host reads the state again). The checkout read becomes the session's ``git()``."""
     host, runner, store = session.host, session.runner, session.store
     started_at = datetime.now(timezone.utc)
     launched = cached.server if cached is not None else None
@@ -122,7 +126,7 @@ def observe(session: HostSession, cached: HostState | None, fetch: bool = False)
     if info is not None:
         session.know("git", info)
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
-    status.extra["tuning"] = status_field(host, runner, store, cached)
+    status.extra["tuning"] = status_field(host, runner, store, cached, state)
     return Observed(status, info, sections, started_at)
 
 
@@ -155,20 +159,31 @@ def _parse_gpus(devs: probe.Section | None, apps: probe.Section | None) -> tuple
         return [], str(exc)
 
 
-def record_seen(store: StateStore, hosts: dict[str, Host], observed: list[Observed]) -> dict[str, HostState]:
-    """One state transaction for the whole fleet: last_seen and the SGLang checkout as read.
+def record_seen(
+    store: StateStore, hosts: dict[str, Host], observed: list[Observed], cached: dict[str, HostState] | None = None
+) -> dict[str, HostState]:
+    """Each host's last_seen and SGLang checkout as read, in one small transaction per host (its seen file
+    alone: ``StateStore.update_seen``; a host another orch holds does not hold up the others' records);
+    each host's state with them: ``cached`` (as ``status`` loaded it) when given, else read again.
 
     A reading older than what another orch recorded meanwhile (a pull that finished while this status
     was reading) does not overwrite it: ``last_seen`` orders the observations."""
     now = datetime.now(timezone.utc)
-    with store.update() as state:
-        for obs in observed:
-            hs = state.host(obs.status.name)
-            newer_known = hs.last_seen is not None and hs.last_seen > obs.started_at
-            hs.last_seen = max(now, hs.last_seen) if hs.last_seen else now
-            if obs.git is not None and not newer_known:
-                hs.sglang = sglang_info(hosts[obs.status.name], obs.git, obs.started_at)
-        return {o.status.name: state.host(o.status.name).model_copy(deep=True) for o in observed}
+    found = {}
+    for obs in observed:
+        name = obs.status.name
+        seen = store.update_seen(name, functools.partial(_seen, hosts[name], obs, now))
+        base = (cached or {}).get(name) or store.load_host(name) or HostState()
+        found[name] = base.model_copy(update={"last_seen": seen.last_seen, "sglang": seen.sglang})
+    return found
+
+
+def _seen(host: Host, obs: Observed, now: datetime, hs: HostState) -> HostState:
+    newer_known = hs.last_seen is not None and hs.last_seen > obs.started_at
+    hs.last_seen = max(now, hs.last_seen) if hs.last_seen else now
+    if obs.git is not None and not newer_known:
+        hs.sglang = sglang_info(host, obs.git, obs.started_at)
+    return hs
 
 
 def _show_state(status: HostStatus, hs: HostState) -> None:

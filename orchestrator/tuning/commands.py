@@ -14,7 +14,7 @@ from orchestrator.errors import OrchError, RefusedError
 from orchestrator.fleet import Fleet, FleetResult, HostResult
 from orchestrator.inventory import Host
 from orchestrator.recipe import Recipe, TuneOptions
-from orchestrator.state import HostState, StateStore
+from orchestrator.state import HostState, State, StateStore
 from orchestrator.transport.base import Runner
 from orchestrator.tuning.group import Group, group_members, start_groups
 from orchestrator.tuning.member import Member, Peers, plan_of, record_of, records, running_plan
@@ -24,16 +24,19 @@ from orchestrator.tuning.record import TuningRecord
 from orchestrator.tuning.watch import wait_group, watch_groups
 
 
-def tuning_status(host: Host, runner: Runner, store: StateStore, peers: Peers | None = None) -> TuneStatus:
+def tuning_status(
+    host: Host, runner: Runner, store: StateStore, peers: Peers | None = None, state: State | None = None
+) -> TuneStatus:
     """``host``'s tuning now, read from its jobs' logs (from their last offsets). Read-only apart from
     recording log progress: it never installs nor marks a failure (``wait_for_tuning`` does).
 
     State ``none`` | ``running`` | ``ready-to-install`` | ``installed`` | ``failed``; ``shapes`` gives
     per-shape done/total batch sizes, ``percent`` and ``eta_seconds`` the overall progress, ``reason``
     and ``log_tail`` a failure, ``installed`` the shape → config path on the host. For a ``--fleet``
-    group, other members are read through ``peers`` when given, else from the cached state.
+    group, other members are read through ``peers`` when given, else from the cached state. ``state``: the
+    state as the caller loaded it (``orch status``, once for the fleet), else it is read here.
     """
-    state = store.load()
+    state = state or store.load()
     record = record_of(state.hosts.get(host.name))
     plan = plan_of(state, record)
     if plan is None or record.state != "running":
@@ -168,13 +171,16 @@ def _results(
     )
 
 
-def status_field(host: Host, runner: Runner, store: StateStore, cached: HostState | None) -> dict[str, Any] | None:
+def status_field(
+    host: Host, runner: Runner, store: StateStore, cached: HostState | None, state: State | None = None
+) -> dict[str, Any] | None:
     """The compact ``tuning`` field of ``orch status`` (None when the host was never tuned, decided from
-    ``cached``, the host's state as ``status`` loaded it once for the fleet)."""
+    ``cached``, the host's state as ``status`` loaded it once for the fleet, with the plans in ``state``:
+    read once for the fleet, not once per tuned host, which made ``status`` quadratic)."""
     record = record_of(cached)
     if record.plan_id is None and not record.installed:
         return None
     try:
-        return summary(tuning_status(host, runner, store))
+        return summary(tuning_status(host, runner, store, state=state))
     except OrchError as exc:
         return {"state": "unknown", "error": str(exc).splitlines()[0]}

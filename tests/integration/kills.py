@@ -16,7 +16,7 @@ the end.
 - one server job per host, running; one benchmark job per host, ended with exit code 0 and recorded;
 - no stray process: on each host only sshd and the server job's process group live; no orch is left;
 - every re-run was either killed or exited 0 (a non-zero exit between kills is a finding);
-- state.json and state.json.bak load with the state's own models; every host ``serving``, verified.
+- the state and each host file's ``.bak`` load with the state's own models; every host ``serving``, verified.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import yaml
 from orchestrator.errors import StateError
 from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.sandbox.processes import host_pids
-from orchestrator.state import State, StateStore
+from orchestrator.state import HostState, State, StateStore
 
 KNOBS = {"tune_seconds_per_unit": 0.3, "startup_seconds": 0.6, "decode_step_seconds": 0.001}
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]  # x 2 shapes = 16 units per host: 2 per GPU
@@ -290,11 +290,15 @@ def check(campaign: Campaign, expected_units: set[tuple[int, int, int]]) -> Figu
     except StateError as exc:
         fig.state_errors.append(str(exc))
         state = State()
-    try:  # the same models as the state file, and the same schema version
-        backup = State.model_validate(json.loads(store.backup_path.read_bytes()))
-        fig.backup_valid = backup.schema_version == state.schema_version
-    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
-        fig.state_errors.append(f"{store.backup_path}: {exc}")
+    backups = sorted((campaign.state / "hosts").glob("*.json.bak"))
+    fig.backup_valid = bool(backups)
+    for backup in backups:  # the same models as the state's files, and the same schema version
+        try:
+            document = json.loads(backup.read_bytes())
+            HostState.model_validate(document["host"])
+            fig.backup_valid &= document["schema_version"] == state.schema_version
+        except (OSError, ValueError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
+            fig.state_errors.append(f"{backup}: {exc}")
     for name, hs in state.hosts.items():
         fig.phases[name] = hs.phase.value
         fig.verified[name] = bool(hs.server is not None and hs.server.verified)
@@ -346,8 +350,8 @@ def hold_state_lock_from(state: Path, moment: Callable[[dict[str, Any]], bool], 
     deadline = time.monotonic() + timeout
     while True:
         try:
-            document = json.loads(state.read_bytes())
-        except (OSError, ValueError):
+            document = json.loads(StateStore(state).load().model_dump_json()) if state.exists() else {}
+        except (OSError, ValueError, StateError):
             document = {}
         if document and moment(document):
             break

@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from orchestrator.state import StateStore
+from orchestrator.state import HostState, StateStore
 from tests.conftest import FleetEnv
+from tests.unit.test_state import snapshot
 
 SMALL_TUNE = ("--shapes", "N=1024,K=4096", "--batch-sizes", "1,2")
 FAST = {"tune_seconds_per_unit": 0.05, "startup_seconds": 0.3}
@@ -53,8 +54,9 @@ def test_status_pull_tune_and_status_at_once_lose_no_update(make_fleet) -> None:
         assert hs.tuning is not None and hs.tuning.state == "installed", name  # the tuning's
         assert sorted(hs.tuning.installed) == ["N=1024,K=4096"], name
         assert hs.last_seen is not None, name  # every status saw every host
-    backup = json.loads(store.backup_path.read_text())  # a valid earlier state, never a torn one
-    assert StateStore(store.backup_path).load().schema_version == backup["schema_version"]
+    for backup in (env.state / "hosts").glob("*.json.bak"):  # a valid earlier state, never a torn one
+        document = json.loads(backup.read_text())
+        assert HostState.model_validate(document["host"]) and document["schema_version"] == state.schema_version
 
 
 @contextmanager
@@ -89,7 +91,7 @@ def test_a_stuck_lock_holder_makes_tune_and_serve_give_up_naming_it_with_nothing
     before = StateStore(env.state).load()
     server_job = before.hosts[sim.name].server.job_id  # type: ignore[union-attr]
     server_pid = int((sim.workdir / "jobs" / server_job / "pid").read_text())
-    state_bytes = env.state.read_bytes()
+    state_bytes = snapshot(env.state)
     configs = sorted(Path(sim.sglang_dir).rglob("*.json"))
     with stuck_lock_holder(env.state) as holder:
         lock_env = {**os.environ, "ORCH_LOCK_TIMEOUT": "2", "COLUMNS": "200"}
@@ -119,7 +121,7 @@ def test_a_stuck_lock_holder_makes_tune_and_serve_give_up_naming_it_with_nothing
         assert os.path.exists(f"/proc/{server_pid}")  # the server was not stopped
         assert not (sim.workdir / "jobs" / server_job / "exit_code").exists()
         assert sorted(Path(sim.sglang_dir).rglob("*.json")) == configs  # no config installed
-    assert env.state.read_bytes() == state_bytes
+    assert snapshot(env.state) == state_bytes
 
     bad = subprocess.run(
         orch_argv(env, "tune-fp8", *SMALL_TUNE),

@@ -109,7 +109,7 @@ def test_vv_status_and_dry_run_never_print_the_token_nor_the_state_file_keep_it(
         assert not any(s in run.output for s in SECRETS), run.output
     assert "HF_TOKEN" in status.output  # the command lines are still logged, with the names only
     assert sightings.found == []
-    for path in env.state.parent.glob("*"):
+    for path in (p for p in env.state.parent.rglob("*") if p.is_file()):
         assert not any(s.encode() in path.read_bytes() for s in SECRETS), path
 
 
@@ -203,7 +203,7 @@ def test_a_whole_campaign_keeps_inventory_secrets_out_of_every_command_line_log_
         places = {
             f"orch {name} output": r.output.encode() for name, r in (("run", run), ("dry", dry), ("status", status))
         }
-        files = [state, state.with_name("state.json.bak"), sim.sshd_log]
+        files = [p for p in state.parent.rglob("*") if p.is_file()] + [sim.sshd_log]  # each host file, .bak, log
         files += [p for p in (sim.workdir).rglob("*") if p.is_file()]  # every job's log and files
         files += [p for fmt in ("md", "html") for p in (tmp_path / f"report-{fmt}").rglob("*") if p.is_file()]
         places.update((str(p), p.read_bytes()) for p in files)

@@ -3,7 +3,6 @@ plan, every (shape, batch size) unit tuned once, neither stopping the other's jo
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -12,6 +11,7 @@ from typing import Any
 
 from orchestrator.inventory import load_inventory
 from tests.conftest import FleetEnv
+from tests.unit.test_state import document
 
 SHAPES = ("N=1024,K=4096", "N=4096,K=2048")
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
@@ -48,7 +48,7 @@ def test_two_tune_fp8_at_once_share_one_plan(make_fleet: Callable[..., FleetEnv]
     completed = sum((d / "log").read_text().count("Completed tuning for batch_size=") for d in dirs)
     assert completed == len(SHAPES) * len(BATCH_SIZES)  # every unit tuned once
 
-    doc: dict[str, Any] = json.loads(env.state.read_text())
+    doc: dict[str, Any] = document(env.state)
     hs = doc["hosts"][host.name]
     assert hs["phase"] == "tuned" and hs["tuning"]["state"] == "installed"
     plan = doc["tuning_plans"][hs["tuning"]["plan_id"]]

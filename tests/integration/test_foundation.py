@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import FleetEnv, run_orch
+from tests.unit.test_state import document
 
 
 def status_json(env: FleetEnv, *args: str) -> tuple[int, dict[str, dict]]:  # type: ignore[type-arg]
@@ -215,7 +216,7 @@ def test_concurrent_orch_runs_lose_no_state_update(make_fleet) -> None:  # type:
     for p in procs:
         p.stdout.close()  # type: ignore[union-attr]
         p.stderr.close()  # type: ignore[union-attr]
-    state = json.loads(env.state.read_text())
+    state = document(env.state)
     assert {state["hosts"][a]["phase"], state["hosts"][b]["phase"]} == {"pulled"}
     assert all(state["hosts"][n]["sglang"]["subject"] == "Both" for n in (a, b))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import yaml
 
 from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from tests.conftest import FleetEnv
+from tests.unit.test_state import document
 
 FAST = {"tune_seconds_per_unit": 0.02, "startup_seconds": 0.3}
 
@@ -24,7 +24,7 @@ def fast(env: FleetEnv, **knobs: object) -> None:
 
 
 def state(env: FleetEnv) -> dict:  # type: ignore[type-arg]
-    return json.loads(env.state.read_text())["hosts"] if env.state.exists() else {}
+    return document(env.state)["hosts"] if env.state.exists() else {}
 
 
 def purposes(host: object) -> Counter[str]:

@@ -1,5 +1,5 @@
-"""Issue 9: a schema_version 1 state file keeps working. Commands read it (migrated in memory), a
-command that changes nothing leaves it as it is, and the next write saves it as schema_version 2.
+"""Issues 9 and 11: a schema_version 1 state file keeps working. The first command migrates it, once,
+to the state directory (issue 11), the file kept as ``state.json.v1.bak``; commands then work on it.
 
 ``tests/data/state-v1-demo.json`` is a real v1 file (``orch demo --keep`` before the typed state). A live
 v1 file for a running simulated server is the live state in the v1 shape (``as_v1``), which the first
@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.state import StateStore
 from tests.conftest import FleetEnv, run_orch
-from tests.unit.test_state import V1_DEMO
+from tests.unit.test_state import V1_DEMO, document, put_single_file
 
 FAST = {"startup_seconds": 0.3, "decode_step_seconds": 0.001}
 
@@ -57,7 +57,7 @@ def test_the_v1_shape_of_a_migrated_real_v1_file_is_that_file(tmp_path: Path) ->
     assert shape(migrated) == shape(original)
 
 
-def test_report_on_a_real_v1_file_shows_everything_and_writes_no_state(tmp_path: Path) -> None:
+def test_report_on_a_real_v1_file_shows_everything_and_keeps_the_file_as_backup(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     path.write_bytes(V1_DEMO.read_bytes())
     run = run_orch("--state", str(path), "report", "--out", str(tmp_path / "report"))
@@ -66,39 +66,40 @@ def test_report_on_a_real_v1_file_shows_everything_and_writes_no_state(tmp_path:
     for expected in ("| baseline |", "| dd7fe09 mtp |", "| tuned+mtp |", "| verified: accept length | 3.1 |",
                      "| verified: FP8 GEMM kernels run | triton |", "| N=1536,K=4096 |"):  # fmt: skip
         assert expected in text, expected
-    assert path.read_bytes() == V1_DEMO.read_bytes()
+    assert path.with_name("state.json.v1.bak").read_bytes() == V1_DEMO.read_bytes()
+    assert path.is_dir()
 
 
-def test_serve_adopts_the_unverified_server_of_a_v1_file_and_saves_v2(make_fleet: Callable[..., FleetEnv]) -> None:
+def test_serve_adopts_the_unverified_server_of_a_v1_file_and_migrates_it(make_fleet: Callable[..., FleetEnv]) -> None:
     env = make_fleet(1)
     env.fleet.hosts[0].set_knobs(**FAST)  # type: ignore[attr-defined]
     assert env.orch("serve").returncode == 0
-    live = json.loads(env.state.read_text())
+    live = document(env.state)
     job = live["hosts"]["sim-1"]["server"]["job_id"]
 
-    served = as_v1(live)  # verified and serving: left alone, nothing written
-    env.state.write_text(json.dumps(served))
+    served = as_v1(live)  # verified and serving: left alone (migrated, nothing else written)
+    put_single_file(env.state, served)
     again = env.orch("serve")
     assert again.returncode == 0, again.output
     assert f"sim-1: already serving as asked (job {job})" in again.stdout
-    assert json.loads(env.state.read_text()) == served
+    assert document(env.state) == live
+    assert json.loads(env.state.with_name("state.json.v1.bak").read_text()) == served
 
     cut_off = as_v1(live)  # a v1 serve cut off after the launch, before verifying: `verified` is {}
     cut_off["hosts"]["sim-1"]["server"]["verified"] = {}
     cut_off["hosts"]["sim-1"]["phase"] = "launching"
-    env.state.write_text(json.dumps(cut_off))
+    put_single_file(env.state, cut_off)
     adopted = env.orch("serve")
     assert adopted.returncode == 0, adopted.output
     assert f"re-attaching to server job {job}" in adopted.stderr + adopted.stdout
-    saved = json.loads(env.state.read_text())
-    assert saved["schema_version"] == 2
+    assert json.loads((env.state / "hosts" / "sim-1.json").read_text())["schema_version"] == 3
     hs = StateStore(env.state).load().hosts["sim-1"]
     assert hs.phase.value == "serving" and hs.server is not None and hs.server.job_id == job
     assert hs.server.verified is not None and hs.server.verified.speculative == "EAGLE steps=3 topk=1 draft=4"
 
-    env.state.write_text(json.dumps(served))
+    put_single_file(env.state, served)
     status = env.orch("status", "--json")
     assert status.returncode == 0, status.output
     (host,) = json.loads(status.stdout)["hosts"]
     assert host["server"]["healthy"] and host["server"]["speculative"] == "EAGLE steps=3 topk=1 draft=4"
-    assert json.loads(env.state.read_text())["schema_version"] == 2  # status recorded what it saw
+    assert env.state.is_dir() and document(env.state)["hosts"]["sim-1"]["last_seen"]  # status recorded it

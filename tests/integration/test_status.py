@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from orchestrator.state import StateStore
 from tests.conftest import FleetEnv, run_orch
 
 FAST = 0.02  # simulated seconds per (shape, batch size) on one GPU
@@ -155,12 +156,11 @@ def test_thirty_two_hosts_read_at_100_columns(make_fleet: Callable[..., FleetEnv
     closed.bind(("127.0.0.1", 0))
     try:
         inventory = yaml.safe_load(env.inventory.read_text())
-        state = json.loads(env.state.read_text())
-        for i in range(5, 33):
-            inventory["hosts"][f"sim-{i}"] = {"address": "127.0.0.1", "port": closed.getsockname()[1]}
-            state["hosts"][f"sim-{i}"] = state["hosts"]["sim-1"]
+        with StateStore(env.state).update() as state:
+            for i in range(5, 33):
+                inventory["hosts"][f"sim-{i}"] = {"address": "127.0.0.1", "port": closed.getsockname()[1]}
+                state.hosts[f"sim-{i}"] = state.hosts["sim-1"].model_copy(deep=True)
         env.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
-        env.state.write_text(json.dumps(state))
         run = run_orch("-i", str(env.inventory), "--state", str(env.state), "status", env={"COLUMNS": "100"})
     finally:
         closed.close()

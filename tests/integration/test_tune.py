@@ -19,6 +19,7 @@ import yaml
 from orchestrator.facts import tuner as tf
 from orchestrator.recipe import DEFAULT_BATCH_SIZES
 from tests.conftest import FleetEnv
+from tests.unit.test_state import document
 
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 DEFAULT_SHAPES = ["N=1536,K=4096", "N=4096,K=1024", "N=512,K=4096", "N=4096,K=256"]
@@ -45,12 +46,12 @@ def job_dirs(host: Any) -> list[Path]:
 
 
 def host_state(env: FleetEnv, name: str) -> dict[str, Any]:
-    return json.loads(env.state.read_text())["hosts"][name]  # type: ignore[no-any-return]
+    return document(env.state)["hosts"][name]  # type: ignore[no-any-return]
 
 
 def stored_plan(env: FleetEnv, name: str) -> dict[str, Any]:
     """The plan host ``name``'s tuning names, as the state file stores it (once, for its whole group)."""
-    doc = json.loads(env.state.read_text())
+    doc = document(env.state)
     return doc["tuning_plans"][doc["hosts"][name]["tuning"]["plan_id"]]  # type: ignore[no-any-return]
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import FleetEnv
 from tests.integration.test_tune import SMALL, job_dirs, tuned_files
+from tests.unit.test_state import document, put_single_file
 
 
 def as_v1(doc: dict[str, Any]) -> dict[str, Any]:
@@ -39,11 +40,11 @@ def test_a_running_fleet_plan_in_a_v1_state_file_is_attached_to_and_installed(
         host.set_knobs(tune_seconds_per_unit=0.3)
     started = env.orch("tune-fp8", "--fleet", *SMALL)
     assert started.returncode == 0, started.output
-    doc = json.loads(env.state.read_text())
+    doc = document(env.state)
     (plan_id,) = doc["tuning_plans"]
     v1 = as_v1(doc)
     assert all(hs["tuning"]["plan"]["id"] == plan_id for hs in v1["hosts"].values())
-    env.state.write_text(json.dumps(v1, indent=2))
+    put_single_file(env.state, v1)
 
     run = env.orch(*command)
     assert run.returncode == 0, run.output
@@ -51,8 +52,8 @@ def test_a_running_fleet_plan_in_a_v1_state_file_is_attached_to_and_installed(
         assert f"{host.name}: installed 2 tuned configs" in run.stdout, run.output
     assert sorted(tuned_files(sim1)) == sorted(tuned_files(sim2)) == ["N=1024,K=4096", "N=4096,K=2048"]
     assert len(job_dirs(sim1)) == len(job_dirs(sim2)) == 8  # attached: no job started again
-    after = json.loads(env.state.read_text())
-    assert after["schema_version"] == 2 and list(after["tuning_plans"]) == [plan_id]  # the plan, stored once
+    after = document(env.state)
+    assert after["schema_version"] == 3 and list(after["tuning_plans"]) == [plan_id]  # the plan, stored once
     jobs = {a["job_id"] for a in after["tuning_plans"][plan_id]["assignments"]}
     assert jobs == {d.name for d in job_dirs(sim1) + job_dirs(sim2)}  # every member's job ids, put together
     for name in (sim1.name, sim2.name):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -20,6 +22,7 @@ import orchestrator
 from orchestrator.errors import ExitCode, StateError
 from orchestrator.state import (
     _MIGRATIONS,
+    _SECRET_PATTERN,
     SCHEMA_VERSION,
     HostState,
     JobRecord,
@@ -29,6 +32,7 @@ from orchestrator.state import (
     State,
     StateStore,
     Verification,
+    _secret_in_text,
 )
 from tests.unit.test_bench_facts import a_record
 
@@ -95,6 +99,43 @@ def files_in(directory: Path) -> set[str]:
     return {p.name for p in directory.iterdir()}
 
 
+def tree(directory: Path) -> set[str]:
+    """Every file and directory under ``directory``, as paths relative to it."""
+    return {str(p.relative_to(directory)) for p in directory.rglob("*")}
+
+
+def host_file(state_path: Path, name: str = "h") -> Path:
+    return state_path / "hosts" / f"{name}.json"
+
+
+def put_single_file(path: Path, document: dict[str, Any]) -> None:
+    """An older orch's single state file at ``path``: the state directory there (and its migration
+    backups) removed first."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    for backup in path.parent.glob(f"{path.name}.v*.bak"):
+        backup.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document))
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    """Every file of the state directory at ``path`` but the locks, by relative path (a single file: itself):
+    what a test compares to see that nothing was written."""
+    if path.is_file():
+        return {".": path.read_bytes()}
+    return {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file() and p.suffix != ".lock"}
+
+
+def document(path: Path) -> dict[str, Any]:
+    """The state at ``path`` as one JSON document (``State``'s shape: schema_version, hosts, tuning_plans)."""
+    return dict(json.loads(StateStore(path).load().model_dump_json()))
+
+
+STATE_FILES = {"hosts", "hosts/h.json", "hosts/h.json.bak", "locks", "locks/host-h.lock"}
+"""What one host's state leaves in the state directory after two changes."""
+
+
 def mode(path: Path) -> int:
     return path.stat().st_mode & 0o777
 
@@ -139,8 +180,10 @@ def test_state_round_trips_through_the_file(store: StateStore) -> None:
 def test_timestamps_are_saved_as_iso_utc(store: StateStore, state_path: Path) -> None:
     paris = timezone(timedelta(hours=1))
     store.update_host("h", lambda host: setattr(host, "last_seen", datetime(2025, 1, 2, 4, 4, 5, tzinfo=paris)))
-    raw = json.loads(state_path.read_text())
-    assert raw["hosts"]["h"]["last_seen"] == "2025-01-02T03:04:05Z"
+    raw = json.loads((state_path / "seen" / "h.json").read_text())  # what status changes: a file of its own
+    assert (raw["schema_version"], raw["name"]) == (SCHEMA_VERSION, "h")
+    assert raw["last_seen"] == "2025-01-02T03:04:05Z"
+    assert "last_seen" not in json.loads(host_file(state_path).read_text())["host"]
     assert store.load().hosts["h"].last_seen == T0
 
 
@@ -166,20 +209,24 @@ def test_update_host_returns_what_the_function_returns(store: StateStore) -> Non
 def test_files_are_private_and_no_temp_file_is_left(store: StateStore, state_path: Path) -> None:
     store.update_host("h", lambda host: host.set_phase(Phase.PULLED, "pull"))
     store.update_host("h", lambda host: host.set_phase(Phase.TUNING, "tune"))
-    assert files_in(state_path.parent) == {"state.json", "state.json.bak", "state.json.lock"}
-    assert mode(state_path.parent) == 0o700
-    assert {name: mode(state_path.parent / name) for name in files_in(state_path.parent)} == {
-        "state.json": 0o600,
-        "state.json.bak": 0o600,
-        "state.json.lock": 0o600,
+    assert files_in(state_path.parent) == {"state.json", "state.json.lock"}
+    assert tree(state_path) == STATE_FILES
+    assert mode(state_path.parent) == mode(state_path) == 0o700
+    assert {name: mode(state_path / name) for name in STATE_FILES} == {
+        "hosts": 0o700,
+        "hosts/h.json": 0o600,
+        "hosts/h.json.bak": 0o600,
+        "locks": 0o700,
+        "locks/host-h.lock": 0o600,
     }
+    assert mode(state_path.with_name("state.json.lock")) == 0o600
 
 
 def test_backup_holds_the_previous_good_version(store: StateStore, state_path: Path) -> None:
     store.update_host("h", lambda host: host.set_phase(Phase.PULLED, "pull"))
-    first = state_path.read_bytes()
+    first = host_file(state_path).read_bytes()
     store.update_host("h", lambda host: host.set_phase(Phase.TUNING, "tune"))
-    assert (state_path.parent / "state.json.bak").read_bytes() == first
+    assert host_file(state_path).with_name("h.json.bak").read_bytes() == first
     assert store.load().hosts["h"].phase == Phase.TUNING
 
 
@@ -187,33 +234,38 @@ def test_failed_write_keeps_the_previous_file_and_leaves_no_temp_file(
     store: StateStore, state_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store.update_host("h", lambda host: host.set_phase(Phase.PULLED, "pull"))
-    before = state_path.read_bytes()
+    store.update_host("h", lambda host: host.set_phase(Phase.TUNING, "tune"))
+    before = host_file(state_path).read_bytes()
     real_replace = os.replace
 
     def replace_failing_for_state(src: str | Path, dst: str | Path) -> None:
-        if Path(dst) == state_path:
+        if Path(dst) == host_file(state_path):
             raise OSError(28, "No space left on device")
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", replace_failing_for_state)
-    with pytest.raises(StateError, match=f"cannot write state file {state_path}.*No space left"):
-        store.update_host("h", lambda host: host.set_phase(Phase.TUNING, "tune"))
-    assert state_path.read_bytes() == before
-    assert files_in(state_path.parent) == {"state.json", "state.json.bak", "state.json.lock"}
+    with pytest.raises(StateError, match=f"cannot write state file {host_file(state_path)}.*No space left"):
+        store.update_host("h", lambda host: host.set_phase(Phase.SERVING, "serve"))
+    assert host_file(state_path).read_bytes() == before
+    assert tree(state_path) == STATE_FILES
 
 
 def test_exception_in_update_saves_nothing(store: StateStore, state_path: Path) -> None:
     store.update_host("h", lambda host: host.set_phase(Phase.PULLED, "pull"))
-    before = state_path.read_bytes()
+    before = host_file(state_path).read_bytes()
     with pytest.raises(KeyError), store.update() as state:
         state.host("h").set_phase(Phase.FAILED, "boom")
+        state.host("other").set_phase(Phase.FAILED, "boom")
         raise KeyError("boom")
-    assert state_path.read_bytes() == before
+    assert host_file(state_path).read_bytes() == before
+    assert not host_file(state_path, "other").exists()
 
 
 def test_update_is_not_reentrant(store: StateStore) -> None:
     with store.update(), pytest.raises(RuntimeError, match="not reentrant"), store.update():
         pass
+    with store.update(), pytest.raises(RuntimeError, match="not reentrant"):
+        store.update_host("h", lambda host: None)  # would wait for itself
 
 
 # --- corrupt and unknown files ------------------------------------------------------------------------
@@ -238,20 +290,42 @@ def test_corrupt_file_is_an_error_naming_the_file_and_is_left_unchanged(
     assert f"move {state_path} away" in str(error.value.hint)
     with pytest.raises(StateError, match="corrupt"), store.update() as state:
         state.host("h")
-    assert state_path.read_text() == content
-    assert not (state_path.parent / "state.json.bak").exists()
+    assert state_path.read_text() == content  # never migrated, nor moved
+    assert files_in(state_path.parent) == {"state.json", "state.json.lock"}
 
 
-def test_corrupt_file_error_says_how_to_restore_the_backup(store: StateStore, state_path: Path) -> None:
-    store.update_host("h", lambda host: host.set_phase(Phase.PULLED, "pull"))
-    store.update_host("h", lambda host: host.set_phase(Phase.TUNING, "tune"))
+def test_corrupt_single_file_error_says_how_to_restore_its_backup(store: StateStore, state_path: Path) -> None:
+    state_path.parent.mkdir()
+    state_path.with_name("state.json.bak").write_text('{"schema_version": 2, "hosts": {}}')
     state_path.write_text("garbage")
     with pytest.raises(StateError) as error:
         store.load()
     assert f"cp {state_path}.bak {state_path}" in str(error.value.hint)
 
 
-@pytest.mark.parametrize("version", [3, 0, None])
+@pytest.mark.parametrize(
+    ("content", "what"),
+    [("garbage", "not valid JSON"), ('{"schema_version": 3, "name": "h", "host": {"phase": "x"}}', r"host\.phase")],
+)
+def test_corrupt_host_file_is_an_error_naming_it_and_how_to_restore_its_backup(
+    store: StateStore, state_path: Path, content: str, what: str
+) -> None:
+    store.update_host("h", lambda host: host.set_phase(Phase.PULLED, "pull"))
+    store.update_host("h", lambda host: host.set_phase(Phase.TUNING, "tune"))
+    store.update_host("other", lambda host: host.set_phase(Phase.PULLED, "pull"))
+    path = host_file(state_path)
+    path.write_text(content)
+    for attempt in (store.load, lambda: store.update_host("h", lambda host: None)):
+        with pytest.raises(StateError, match=f"state file {path} is corrupt: .*{what}") as error:
+            attempt()
+        assert f"cp {path}.bak {path}" in str(error.value.hint)
+        assert f"move {path} away to start from an empty state (orch forgets host 'h'" in str(error.value.hint)
+    assert path.read_text() == content
+    assert store.load_host("other").phase == Phase.PULLED  # type: ignore[union-attr]  # other hosts still work
+    store.update_host("other", lambda host: host.set_phase(Phase.TUNING, "tune"))
+
+
+@pytest.mark.parametrize("version", [SCHEMA_VERSION, SCHEMA_VERSION + 1, 0, None])
 def test_unknown_schema_version_is_an_error(store: StateStore, state_path: Path, version: int | None) -> None:
     state_path.parent.mkdir()
     document = {"hosts": {}} if version is None else {"schema_version": version, "hosts": {}}
@@ -261,6 +335,13 @@ def test_unknown_schema_version_is_an_error(store: StateStore, state_path: Path,
     with pytest.raises(StateError, match="schema_version"), store.update():
         pass
     assert json.loads(state_path.read_text()) == document
+
+
+def test_a_host_file_of_a_newer_schema_version_is_an_error(store: StateStore, state_path: Path) -> None:
+    store.update_host("h", lambda host: host.set_phase(Phase.PULLED, "pull"))
+    host_file(state_path).write_text(json.dumps({"schema_version": 4, "name": "h", "host": {}}))
+    with pytest.raises(StateError, match=f"state file {host_file(state_path)} has schema_version 4; this orch"):
+        store.load()
 
 
 # --- phase history ------------------------------------------------------------------------------------
@@ -327,11 +408,15 @@ def test_ordinary_sglang_argv_is_accepted() -> None:
 
 def test_secret_added_by_mutation_is_refused_at_save(store: StateStore, state_path: Path) -> None:
     store.update_host("h", lambda host: host.jobs.setdefault("tune-1", a_job()))
-    before = state_path.read_bytes()
-    with pytest.raises(StateError, match=f"refusing to write state file {state_path}: .*secret"):
+    before = host_file(state_path).read_bytes()
+    with pytest.raises(StateError, match=f"refusing to write state file {host_file(state_path)}: .*secret"):
         store.update_host("h", lambda host: host.jobs["tune-1"].meta.update(env={"HF_TOKEN": "hf_leak"}))
-    assert state_path.read_bytes() == before
-    assert b"hf_leak" not in state_path.read_bytes()
+    with pytest.raises(StateError, match="secret"), store.update() as state:  # nothing half-done
+        state.host("a").set_phase(Phase.PULLED, "pull")
+        state.host("h").jobs["tune-1"].meta.update(env={"HF_TOKEN": "hf_leak"})
+    assert host_file(state_path).read_bytes() == before
+    assert not host_file(state_path, "a").exists()
+    assert all(b"hf_leak" not in p.read_bytes() for p in state_path.rglob("*") if p.is_file())
 
 
 def test_threads_sharing_a_store_lose_no_update(state_path: Path) -> None:
@@ -383,7 +468,7 @@ def test_two_processes_incrementing_lose_no_update(state_path: Path, tmp_path: P
         _, stderr = worker.communicate(timeout=120)
         assert worker.returncode == 0, stderr
     assert StateStore(state_path).load().hosts["h"].last_error == "100"
-    assert files_in(state_path.parent) == {"state.json", "state.json.bak", "state.json.lock"}
+    assert tree(state_path) == STATE_FILES
 
 
 HOLDER = """
@@ -433,12 +518,16 @@ def test_an_update_that_changes_nothing_writes_nothing_and_keeps_the_backup(tmp_
     store = StateStore(tmp_path / "state.json")
     store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.PULLED, "first"))
     store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.TUNING, "second"))
-    backup = store.backup_path.read_bytes()
-    inode = store.path.stat().st_ino
+    path = host_file(store.path, "gpu-1")
+    backup = path.with_name("gpu-1.json.bak").read_bytes()
+    inode = path.stat().st_ino
     store.update_host("gpu-1", lambda hs: None)  # a poll that found nothing new
-    assert store.path.stat().st_ino == inode  # not rewritten (a write renames a new file over it)
-    assert store.backup_path.read_bytes() == backup  # still the version before the last real change
-    assert json.loads(backup)["hosts"]["gpu-1"]["phase"] == "pulled"
+    with store.update():
+        pass
+    assert path.stat().st_ino == inode  # not rewritten (a write renames a new file over it)
+    assert path.with_name("gpu-1.json.bak").read_bytes() == backup  # the version before the last real change
+    assert json.loads(backup)["host"]["phase"] == "pulled"
+    assert not (store.path / "fleet.json").exists()  # no plan was ever stored
 
 
 # --- schema migration -----------------------------------------------------------------------------------
@@ -455,13 +544,16 @@ def v1_copy(state_path: Path) -> dict[str, Any]:
     return dict(json.loads(V1_DEMO.read_text()))
 
 
-def test_a_v1_file_loads_typed_and_is_rewritten_as_v2_only_on_the_next_write(
+def test_a_v1_file_is_migrated_once_to_the_directory_typed_and_kept_as_a_backup(
     store: StateStore, state_path: Path
 ) -> None:
     raw = v1_copy(state_path)
     state = store.load()
-    assert state.schema_version == SCHEMA_VERSION == 2
-    assert state_path.read_bytes() == V1_DEMO.read_bytes()  # reading migrates in memory only
+    assert state.schema_version == SCHEMA_VERSION == 3
+    assert state_path.is_dir()
+    assert state_path.with_name("state.json.v1.bak").read_bytes() == V1_DEMO.read_bytes()  # the file, as it was
+    assert sorted(p.name for p in (state_path / "hosts").glob("*.json")) == sorted(f"{n}.json" for n in raw["hosts"])
+    assert json.loads((state_path / "fleet.json").read_text())["tuning_plans"].keys() == state.tuning_plans.keys()
     for name, hs in state.hosts.items():
         old = raw["hosts"][name]
         assert hs.server is not None and hs.server.verified is not None
@@ -471,12 +563,25 @@ def test_a_v1_file_loads_typed_and_is_rewritten_as_v2_only_on_the_next_write(
         assert [b.model_dump(mode="json") for b in hs.benchmarks] == old["benchmarks"]
         assert [b.label for b in hs.benchmarks] == ["baseline", "dd7fe09 mtp", "tuned+mtp"]
     store.update_host("sim-1", lambda hs: setattr(hs, "last_error", "touched"))
-    written = json.loads(state_path.read_text())
-    assert written["schema_version"] == 2
-    assert json.loads(store.backup_path.read_text()) == raw  # .bak keeps the v1 file
     expected = state.model_copy(deep=True)
     expected.hosts["sim-1"].last_error = "touched"
     assert StateStore(state_path).load() == expected
+    assert sorted(p.name for p in state_path.parent.iterdir()) == ["state.json", "state.json.lock", "state.json.v1.bak"]
+
+
+def test_a_migration_cut_off_between_its_renames_is_completed_by_the_next_orch(state_path: Path) -> None:
+    v1_copy(state_path)
+    expected = StateStore(state_path).load()
+    os.replace(state_path, state_path.with_name(".state.json.migrating.cut"))  # as if killed before the 2nd rename
+    assert StateStore(state_path).load() == expected
+    assert not list(state_path.parent.glob(".state.json.migrating.*"))
+
+
+def test_an_unfinished_migration_directory_is_dropped_and_the_file_migrated_again(state_path: Path) -> None:
+    v1_copy(state_path)
+    (state_path.with_name(".state.json.migrating.cut") / "hosts").mkdir(parents=True)  # no fleet.json: unfinished
+    assert set(StateStore(state_path).load().hosts) == {"sim-1", "sim-2"}
+    assert not list(state_path.parent.glob(".state.json.migrating.*"))
 
 
 def test_v1_empty_verification_and_steps_become_none(store: StateStore, state_path: Path) -> None:
@@ -533,4 +638,17 @@ def test_a_v1_verification_holding_a_secret_is_refused(store: StateStore, state_
 
 def test_every_older_version_has_a_migration_to_the_next() -> None:
     assert sorted(_MIGRATIONS) == list(range(1, SCHEMA_VERSION))
-    assert all(_MIGRATIONS[v] for v in _MIGRATIONS)
+    assert all(_MIGRATIONS[v] for v in _MIGRATIONS if v != 2)  # 2 -> 3 splits the same document into files
+
+
+def test_the_fast_secret_search_finds_what_the_pattern_finds() -> None:
+    """``_secret_in_text`` (str.find) against ``_SECRET_PATTERN.search`` on strings made of marker pieces."""
+    pieces = ["token=", "TOKEN", "=", "hf_", "HF-", "token", "passw", "or", "d", "Api", "_", "-", "key", "secret",
+              "Authorization:", "-----BEGIN", "x", " ", "a" * 31, "hf_" + "Ab1" * 11, "é", "İ",
+              "--hf-token"]  # fmt: skip
+    rng = random.Random(11)
+    for _ in range(5000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+        match = _SECRET_PATTERN.search(text)
+        expected = None if match is None else match.group("marker") or "a Hugging Face token (hf_...)"
+        assert _secret_in_text(text) == expected, text

@@ -1,0 +1,219 @@
+"""The state directory at fleet scale (issue 11): one-host transactions touch one file and do not wait for
+each other, whole-state ones wait for all, history rotates to a log ``orch report`` reads, fleet-level data
+is its own unit. Concurrency tests use real processes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import StateError
+from orchestrator.state import (
+    KEEP_BENCHMARKS,
+    KEEP_FINISHED_JOBS,
+    KEEP_HISTORY,
+    HostState,
+    Phase,
+    State,
+    StateStore,
+)
+from orchestrator.tuning.record import PlanRecord
+from tests.conftest import OrchRun
+from tests.unit.test_bench_facts import a_record
+from tests.unit.test_state import V1_DEMO, a_job, a_server, host_file, python_process
+
+T1 = datetime(2026, 12, 1, 20, 0, tzinfo=timezone.utc)
+
+HOST_HOLDER = """
+import sys, time
+from pathlib import Path
+from orchestrator.state import StateStore
+
+with StateStore(Path(sys.argv[1])).host_update(sys.argv[2]) as hs:
+    hs.last_error = "held"
+    print("locked", flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.fixture
+def state_path(tmp_path: Path) -> Path:
+    return tmp_path / ".orch" / "state.json"
+
+
+def test_a_host_held_by_another_orch_blocks_only_itself_and_whole_state_updates(state_path: Path) -> None:
+    for name in ("a", "b"):
+        StateStore(state_path).update_host(name, lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    holder = python_process(HOST_HOLDER, str(state_path), "a")
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        store = StateStore(state_path, lock_timeout=0.5)
+        store.update_host("b", lambda hs: hs.set_phase(Phase.TUNING, "tune"))  # another host: no wait
+        with store.update_fleet() as fleet:
+            fleet.tuning_plans.clear()
+        named = f"is locked by another orch \\(pid {holder.pid}, command `"
+        with pytest.raises(StateError, match=named):
+            store.update_host("a", lambda hs: None)
+        with pytest.raises(StateError, match=named):
+            store.check_writable("a")
+        with pytest.raises(StateError, match=f"pid {holder.pid}.*gave up after 0.5s"), store.update():
+            pass
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert StateStore(state_path).load_host("b").phase == Phase.TUNING  # type: ignore[union-attr]
+    assert StateStore(state_path).load_host("a").last_error is None  # type: ignore[union-attr]  # killed: dropped
+
+
+def test_a_one_host_transaction_reads_and_writes_only_that_hosts_file(state_path: Path) -> None:
+    store = StateStore(state_path)
+    with store.update() as state:
+        for n in range(20):
+            state.host(f"gpu-{n}").set_phase(Phase.PULLED, "pull")
+    others = {p.name: p.stat().st_ino for p in (state_path / "hosts").glob("*.json") if p.name != "gpu-7.json"}
+    (state_path / "hosts" / "gpu-3.json").write_text("corrupt, and never read by a transaction on gpu-7")
+    store.update_host("gpu-7", lambda hs: hs.set_phase(Phase.TUNING, "tune"))
+    assert {p.name: p.stat().st_ino for p in (state_path / "hosts").glob("*.json") if p.name != "gpu-7.json"} == others
+    assert store.load_host("gpu-7").phase == Phase.TUNING  # type: ignore[union-attr]
+
+
+def test_a_whole_fleet_load_lists_hosts_in_natural_order_and_odd_names_round_trip(state_path: Path) -> None:
+    store = StateStore(state_path)
+    names = ["sim-10", "sim-2", "rack/1 gpu", "100%", ".hidden", "sim-1"]
+    for name in names:
+        store.update_host(name, lambda hs, n=name: setattr(hs, "last_error", n))
+    loaded = StateStore(state_path).load()
+    assert list(loaded.hosts) == ["100%", ".hidden", "rack/1 gpu", "sim-1", "sim-2", "sim-10"]
+    assert all(hs.last_error == name for name, hs in loaded.hosts.items())
+    assert sorted(p.name for p in (state_path / "hosts").glob("*.json")) == sorted(
+        [".hidden.json", "100%25.json", "rack%2F1%20gpu.json", "sim-1.json", "sim-2.json", "sim-10.json"]
+    )
+
+
+def a_plan(tmp_path: Path) -> PlanRecord:
+    """The tuning plan of the demo campaign's first host (tests/data/state-v1-demo.json), renamed ``p1``."""
+    demo = tmp_path / "demo" / "state.json"
+    demo.parent.mkdir()
+    demo.write_bytes(V1_DEMO.read_bytes())
+    plan = next(iter(StateStore(demo).load().tuning_plans.values()))
+    return plan.model_copy(update={"id": "p1"})
+
+
+def test_plans_live_in_the_fleet_file_and_a_whole_update_stores_them_before_the_hosts(
+    state_path: Path, tmp_path: Path
+) -> None:
+    store = StateStore(state_path)
+    plan = a_plan(tmp_path)
+    with store.update() as state:
+        state.tuning_plans["p1"] = plan
+        state.host("a").last_error = "planned"
+    assert json.loads((state_path / "fleet.json").read_text())["tuning_plans"]["p1"]["id"] == "p1"
+    assert "hosts" not in json.loads((state_path / "fleet.json").read_text())
+    assert store.load_fleet().tuning_plans == {"p1": plan} and store.load_fleet().hosts == {}
+    with pytest.raises(RuntimeError, match="changes no host"), store.update_fleet() as fleet:
+        fleet.host("a").last_error = "lost"
+    with store.update_fleet() as fleet:
+        del fleet.tuning_plans["p1"]
+    assert store.load() == State(hosts={"a": HostState(last_error="planned")})
+
+
+def test_a_host_dropped_by_a_whole_update_loses_its_file_kept_as_backup(state_path: Path) -> None:
+    store = StateStore(state_path)
+    store.update_host("a", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    with store.update() as state:
+        del state.hosts["a"]
+    assert store.load().hosts == {}
+    assert json.loads(host_file(state_path, "a").with_name("a.json.bak").read_text())["host"]["phase"] == "pulled"
+
+
+def test_history_rotates_to_the_log_and_an_archived_load_reads_it_back_once(state_path: Path) -> None:
+    store = StateStore(state_path)
+    phases = [Phase.PULLED, Phase.TUNING]
+    changes = 2 * KEEP_HISTORY + 1
+    for n in range(changes):
+        store.update_host("h", lambda hs, n=n: hs.set_phase(phases[n % 2], f"change {n}"))
+    kept = store.load_host("h")
+    assert kept is not None and len(kept.history) <= 2 * KEEP_HISTORY
+    assert kept.history[-1].reason == f"change {changes - 1}"
+    full = store.load(archived=True).hosts["h"]
+    assert [c.reason for c in full.history] == [f"change {n}" for n in range(changes)]
+    log = (state_path / "history" / "h.jsonl").read_bytes().splitlines()
+    assert len(log) == changes - len(kept.history) and json.loads(log[0])["kind"] == "phase"
+    assert (state_path / "history" / "h.jsonl").stat().st_mode & 0o777 == 0o600
+
+
+def test_rotation_keeps_running_jobs_and_the_servers_job(state_path: Path) -> None:
+    store = StateStore(state_path)
+
+    def fill(hs: HostState) -> None:
+        hs.server = a_server(job_id="job-0")
+        hs.jobs["running"] = a_job(id="running", state="running")
+        for n in range(2 * KEEP_FINISHED_JOBS + 2):  # job-0 is the server's: never rotated
+            hs.jobs[f"job-{n}"] = a_job(id=f"job-{n}", state="succeeded", exit_code=0)
+        hs.benchmarks += [a_record(f"run {n}", 100.0 + n) for n in range(2 * KEEP_BENCHMARKS + 1)]
+
+    store.update_host("h", fill)
+    kept = store.load_host("h")
+    assert kept is not None
+    assert {"running", "job-0"} <= kept.jobs.keys()
+    assert len(kept.jobs) == KEEP_FINISHED_JOBS + 2 and len(kept.benchmarks) == KEEP_BENCHMARKS
+    full = store.load(archived=True).hosts["h"]
+    assert len(full.jobs) == 2 * KEEP_FINISHED_JOBS + 3
+    assert [b.label for b in full.benchmarks] == [f"run {n}" for n in range(2 * KEEP_BENCHMARKS + 1)]
+
+
+def test_a_corrupt_history_log_line_is_an_error_naming_the_log(state_path: Path) -> None:
+    store = StateStore(state_path)
+    store.update_host("h", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    (state_path / "history").mkdir()
+    (state_path / "history" / "h.jsonl").write_text('{"kind": "phase", "entry": {"at": "never"}}\n')
+    with pytest.raises(StateError, match=f"history log {state_path / 'history' / 'h.jsonl'} is corrupt at line 1"):
+        store.load(archived=True)
+    assert store.load().hosts["h"].phase == Phase.PULLED  # the hosts themselves still read
+
+
+def test_a_v2_file_migrates_its_plans_and_hosts_once(state_path: Path, tmp_path: Path) -> None:
+    state_path.parent.mkdir(parents=True)
+    plan = a_plan(tmp_path).model_dump(mode="json")
+    document = {"schema_version": 2, "hosts": {"a": {"phase": "tuned", "tuning": {"plan_id": "p1"}}},
+                "tuning_plans": {"p1": plan}}  # fmt: skip
+    state_path.write_text(json.dumps(document))
+    first = StateStore(state_path).load()
+    assert first.hosts["a"].phase == Phase.TUNED and list(first.tuning_plans) == ["p1"]
+    assert json.loads(state_path.with_name("state.json.v2.bak").read_text()) == document
+    state_path.with_name("state.json.v2.bak").unlink()
+    assert StateStore(state_path).load() == first  # nothing to migrate any more
+    assert not state_path.with_name("state.json.v2.bak").exists()
+
+
+def test_status_records_seen_in_the_small_seen_file_leaving_the_host_record_alone(state_path: Path) -> None:
+    store = StateStore(state_path)
+    store.update_host("a", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    record = host_file(state_path, "a")
+    inode = record.stat().st_ino
+    store.update_seen("a", lambda hs: setattr(hs, "last_seen", T1))
+    assert record.stat().st_ino == inode  # not rewritten
+    loaded = store.load_host("a")
+    assert loaded is not None and loaded.last_seen == T1 and loaded.phase == Phase.PULLED
+    with pytest.raises(RuntimeError, match="last_seen and sglang alone"):
+        store.update_seen("a", lambda hs: hs.set_phase(Phase.TUNING, "tune"))
+    assert store.load_host("a").phase == Phase.PULLED  # type: ignore[union-attr]
+    store.update_seen("new", lambda hs: setattr(hs, "last_seen", T1))  # a host new to the state: a record too
+    assert host_file(state_path, "new").exists() and store.load().hosts["new"].last_seen == T1
+
+
+def test_orch_report_shows_the_benchmarks_rotated_out_of_the_host_file(
+    state_path: Path, tmp_path: Path, orch: Callable[..., OrchRun]
+) -> None:
+    store = StateStore(state_path)
+    runs = 2 * KEEP_BENCHMARKS + 1
+    store.update_host("h", lambda hs: hs.benchmarks.extend(a_record(f"run {n}", 100.0 + n) for n in range(runs)))
+    assert store.load_host("h").benchmarks[0].label != "run 0"  # type: ignore[union-attr]  # rotated out
+    result = orch("--state", str(state_path), "report", "--format", "md", "--out", str(tmp_path / "r"))
+    assert result.returncode == 0, result.output
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert all(f"| run {n} |" in text for n in range(runs))
