@@ -3,14 +3,15 @@
 Everything here is pure (reference ``shared/reference/sglang.md`` §1). ``tuning/`` runs the argv
 lists this module builds and hands what hosts print back to its parsers.
 
-- **Flags**: discovered from the tuner's ``--help`` (``parse_help_flags``); a tuner without ``--N``,
-  ``--K``, ``--batch-sizes``, ``--save-path`` and ``--out-dtype`` (the old ``--batch-size`` one) is
-  refused (``TunerTooOld``).
-- **Schedule**: the unit of work is (shape, batch size). ``schedule`` cuts the units, in shape-major
-  order, into one contiguous chunk per GPU whose sizes differ by at most one: the makespan is
-  ``ceil(units / GPUs)`` units (the minimum for equal units) and each GPU runs few tuner invocations
-  (one per shape its chunk touches), one after another, pinned with ``CUDA_VISIBLE_DEVICES`` and
-  unbuffered (``PYTHONUNBUFFERED=1``: ``job_env``), so progress reaches the log as it happens.
+- **Flags**: discovered from the tuner's ``--help`` (``find_tuner_argv``, ``parse_help_flags``); a
+  tuner without ``--N``, ``--K``, ``--batch-sizes``, ``--save-path`` and ``--out-dtype`` (the old
+  ``--batch-size`` one) is refused (``TunerTooOld``).
+- **Schedule**: the unit of work is (shape, batch size); a tuner call takes one shape and any of its
+  batch sizes, and pays a start-up (imports, CUDA init) before its first unit. ``schedule`` gives each
+  GPU its units of a shape in ONE call and picks the least makespan, start-ups counted (``Costs``), of
+  three packings (``schedule``'s docstring); ``lower_bound`` is the integral bound it is measured
+  against. A GPU's calls run one after another, pinned with ``CUDA_VISIBLE_DEVICES`` and unbuffered
+  (``PYTHONUNBUFFERED=1``: ``job_env``), so progress reaches the log as it happens.
 - **Progress**: ``LogProgress.feed`` reads a job's log incrementally from a byte offset.
 - **Logged shapes**: ``logged_shapes`` reads a ``--fp8-gemm-backend triton`` server's log for the
   config files it looked up and did not find on this GPU (reference §1.2): the shapes to tune.
@@ -87,10 +88,6 @@ class RuntimeFacts:
     errors: tuple[str, ...] = ()
 
 
-def help_argv(python: str, sglang_dir: str, script: str = TUNER_SCRIPT) -> list[str]:
-    return [python, f"{sglang_dir.rstrip('/')}/{script}", "--help"]
-
-
 def discover_argv(python: str) -> list[str]:
     """A constant ``-c`` snippet that imports ``CONFIG_MODULES`` in order (see ``parse_discover``)."""
     return [python, "-c", _DISCOVER_SNIPPET, *CONFIG_MODULES]
@@ -161,11 +158,6 @@ def parse_tuner_help(output: str, exit_status: int) -> TunerHelp:
     if exit_status == 0:
         return TunerHelp(first.removeprefix("tuner "), 0, help=rest)
     return TunerHelp(first.removeprefix("tuner "), exit_status, stderr=stderr if marked else text)
-
-
-def script_missing(stderr: str) -> bool:
-    """Whether python's stderr says the script does not exist (``can't open file ...: [Errno 2]``)."""
-    return "can't open file" in stderr and "[Errno 2]" in stderr
 
 
 def help_failure(script: str, exit_status: int, stderr: str) -> str:
