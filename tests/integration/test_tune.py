@@ -174,7 +174,9 @@ def test_progress_is_live_while_a_tuner_run_is_still_going(tune_fleet: Callable[
 
 
 def test_jobs_survive_an_sshd_restart_and_orch_reattaches(tune_fleet: Callable[..., FleetEnv]) -> None:
-    env = tune_fleet(1, seconds_per_unit=5.0)  # 10 s a job: most still run when listed, however slow the machine
+    # 20 s a job: most still run when listed, however slow the machine (a host's jobs start together, in
+    # one command, so the last one no longer starts a round trip per job after the first)
+    env = tune_fleet(1, seconds_per_unit=10.0)
     assert env.orch("tune-fp8", *SMALL).returncode == 0
     host = env.fleet.hosts[0]  # type: ignore[attr-defined]
     host.restart_sshd()
