@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -383,6 +384,87 @@ def start(runner: Runner, workdir: str, spec: JobSpec) -> Started:
     """Start ``spec`` detached, or attach to the job already running for its purpose."""
     result = runner.run(start_argv(workdir, new_job_id(spec), spec), check=True, timeout=60)
     return parse_start(result.stdout)
+
+
+# $1 separator, $2 number of directories N, then N directories to make (mode 0700), then start commands
+# (``start_argv``) separated by $1: run one after another, each answered by one `result\t<rc>\t<output>` line.
+_START_MANY = r"""
+sep=$1; ndirs=$2; shift 2
+if [ "$ndirs" -gt 0 ]; then mkdir -p -m 700 -- "${@:1:$ndirs}" || exit 1; shift "$ndirs"; fi
+cmd=()
+go() {
+  [ ${#cmd[@]} -gt 0 ] || return 0
+  out=$("${cmd[@]}" 2>&1); rc=$?
+  printf 'result\t%s\t%s\n' "$rc" "$(printf '%s' "$out" | tr '\n\t' '  ')"
+  cmd=()
+}
+for a in "$@"; do if [ "$a" = "$sep" ]; then go; else cmd+=("$a"); fi; done
+go
+"""
+_START_SEPARATOR = "--orch-next-job--"
+START_MANY_BYTES = 96 * 1024  # a remote command line stays well under Linux's 128 KiB for one argument
+
+
+def start_many_argv(starts: Sequence[Sequence[str]], dirs: Sequence[str] = ()) -> list[str]:
+    """One command: make ``dirs``, then run each ``start_argv`` of ``starts`` in order."""
+    argv = ["bash", "-c", _START_MANY, "orch-start-many", _START_SEPARATOR, str(len(dirs)), *dirs]
+    for start_command in starts:
+        if _START_SEPARATOR in start_command:
+            raise UsageError(f"a job's command holds {_START_SEPARATOR!r}, which frames a batch of starts")
+        argv += [*start_command, _START_SEPARATOR]
+    return argv
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """One start of a batch: what ``start`` would have returned, or why it failed."""
+
+    spec: JobSpec
+    started: Started | None
+    error: str | None = None
+
+
+def parse_start_many(stdout: str, specs: Sequence[JobSpec]) -> list[StartResult]:
+    """``start_many_argv``'s answer, one result per spec in order; a start the answer does not reach
+    (the batch was cut short) is an error."""
+    lines = [line.split("\t", 2) for line in stdout.splitlines() if line.startswith("result\t")]
+    results = []
+    for i, spec in enumerate(specs):
+        if i >= len(lines) or len(lines[i]) != 3:
+            results.append(StartResult(spec, None, "the batch of starts ended before this job's"))
+            continue
+        _, rc, out = lines[i]
+        if rc != "0":
+            results.append(StartResult(spec, None, f"exited {rc}: {out.strip()[:300]}"))
+            continue
+        try:
+            results.append(StartResult(spec, parse_start(out)))
+        except ValueError as exc:
+            results.append(StartResult(spec, None, str(exc)))
+    return results
+
+
+def start_many(runner: Runner, workdir: str, specs: Sequence[JobSpec], dirs: Sequence[str] = ()) -> list[StartResult]:
+    """Start every spec of one host as ``start`` would (detached, or attached to the job running for its
+    purpose), in one remote command (more only when the command would be too long for the host): make
+    ``dirs`` first, then the starts one after another. Each start is a value: one that failed does not
+    stop the next. A remote command that fails as a whole (``mkdir``) raises ``RemoteCommandError``."""
+    batches: list[list[tuple[JobSpec, list[str]]]] = [[]]
+    size = 0
+    for spec in specs:
+        argv = start_argv(workdir, new_job_id(spec), spec)
+        length = sum(len(shlex.quote(a)) + 1 for a in argv)
+        if batches[-1] and size + length > START_MANY_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append((spec, argv))
+        size += length
+    results: list[StartResult] = []
+    for n, batch in enumerate(batches):
+        argv = start_many_argv([a for _, a in batch], dirs if n == 0 else ())
+        stdout = runner.run(argv, check=True, timeout=60 + 30 * len(batch)).stdout
+        results += parse_start_many(stdout, [s for s, _ in batch])
+    return results
 
 
 def list_jobs(runner: Runner, workdir: str) -> list[JobInfo]:

@@ -55,6 +55,11 @@ class TuningSpec(_Strict):
     shapes: list[Shape] = Field(default_factory=list)
     batch_sizes: list[int] = Field(default_factory=lambda: list(DEFAULT_BATCH_SIZES))
     fleet: bool = False  # spread units over every GPU of hosts with the same GPU and SGLang commit
+    # What the schedule counts (estimates for one GPU; only their ratio changes the plan): the seconds one
+    # tuner call spends before its first unit (imports, CUDA init, its spawned worker's imports), and
+    # the seconds one (shape, batch size) unit takes. A GPU's job runs each of its shapes in one call.
+    tuner_startup_s: float = Field(20.0, ge=0)
+    tuner_unit_s: float = Field(60.0, gt=0)
 
 
 class BenchSpec(_Strict):

@@ -3,14 +3,15 @@
 Everything here is pure (reference ``shared/reference/sglang.md`` §1). ``tuning/`` runs the argv
 lists this module builds and hands what hosts print back to its parsers.
 
-- **Flags**: discovered from the tuner's ``--help`` (``parse_help_flags``); a tuner without ``--N``,
-  ``--K``, ``--batch-sizes``, ``--save-path`` and ``--out-dtype`` (the old ``--batch-size`` one) is
-  refused (``TunerTooOld``).
-- **Schedule**: the unit of work is (shape, batch size). ``schedule`` cuts the units, in shape-major
-  order, into one contiguous chunk per GPU whose sizes differ by at most one: the makespan is
-  ``ceil(units / GPUs)`` units (the minimum for equal units) and each GPU runs few tuner invocations
-  (one per shape its chunk touches), one after another, pinned with ``CUDA_VISIBLE_DEVICES`` and
-  unbuffered (``PYTHONUNBUFFERED=1``: ``job_env``), so progress reaches the log as it happens.
+- **Flags**: discovered from the tuner's ``--help`` (``find_tuner_argv``, ``parse_help_flags``); a
+  tuner without ``--N``, ``--K``, ``--batch-sizes``, ``--save-path`` and ``--out-dtype`` (the old
+  ``--batch-size`` one) is refused (``TunerTooOld``).
+- **Schedule**: the unit of work is (shape, batch size); a tuner call takes one shape and any of its
+  batch sizes, and pays a start-up (imports, CUDA init) before its first unit. ``schedule`` gives each
+  GPU its units of a shape in ONE call and picks the least makespan, start-ups counted (``Costs``), of
+  three packings (``schedule``'s docstring); ``lower_bound`` is the integral bound it is measured
+  against. A GPU's calls run one after another, pinned with ``CUDA_VISIBLE_DEVICES`` and unbuffered
+  (``PYTHONUNBUFFERED=1``: ``job_env``), so progress reaches the log as it happens.
 - **Progress**: ``LogProgress.feed`` reads a job's log incrementally from a byte offset.
 - **Logged shapes**: ``logged_shapes`` reads a ``--fp8-gemm-backend triton`` server's log for the
   config files it looked up and did not find on this GPU (reference §1.2): the shapes to tune.
@@ -24,6 +25,7 @@ lists this module builds and hands what hosts print back to its parsers.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -86,10 +88,6 @@ class RuntimeFacts:
     errors: tuple[str, ...] = ()
 
 
-def help_argv(python: str, sglang_dir: str, script: str = TUNER_SCRIPT) -> list[str]:
-    return [python, f"{sglang_dir.rstrip('/')}/{script}", "--help"]
-
-
 def discover_argv(python: str) -> list[str]:
     """A constant ``-c`` snippet that imports ``CONFIG_MODULES`` in order (see ``parse_discover``)."""
     return [python, "-c", _DISCOVER_SNIPPET, *CONFIG_MODULES]
@@ -116,9 +114,50 @@ def parse_help_flags(text: str) -> frozenset[str]:
 HELP_TAIL_LINES = 12
 
 
-def script_missing(stderr: str) -> bool:
-    """Whether python's stderr says the script does not exist (``can't open file ...: [Errno 2]``)."""
-    return "can't open file" in stderr and "[Errno 2]" in stderr
+# $1 python, $2 the checkout, then the scripts to try in order: the first that exists prints
+# `tuner <path>` and its `--help` (stdout); a --help that fails adds STDERR_MARK and its stderr.
+_FIND_TUNER = r"""
+py=$1; dir=${2%/}; shift 2
+for script in "$@"; do
+  [ -e "$dir/$script" ] || continue
+  printf 'tuner %s\n' "$dir/$script"
+  { err=$("$py" "$dir/$script" --help 2>&1 >&3 3>&-); rc=$?; } 3>&1
+  [ "$rc" -eq 0 ] && exit 0
+  printf '\n%s\n%s\n' "$STDERR_MARK" "$err"
+  exit "$rc"
+done
+echo tuner-missing
+"""
+STDERR_MARK = "::orch-tuner-stderr::"
+
+
+@dataclass(frozen=True)
+class TunerHelp:
+    """What ``find_tuner_argv`` found: the script (None: no tuner in the checkout), and the ``--help``'s
+    exit status with its stdout (when it worked) or its stderr (when it failed)."""
+
+    script: str | None
+    exit_status: int
+    help: str = ""
+    stderr: str = ""
+
+
+def find_tuner_argv(python: str, sglang_dir: str) -> list[str]:
+    """One command: the ``--help`` of the first tuner script of the checkout that exists (``TUNER_SCRIPT``,
+    then ``OLD_TUNER_SCRIPT``); see ``parse_tuner_help``."""
+    script = _FIND_TUNER.replace("$STDERR_MARK", STDERR_MARK)
+    return ["sh", "-c", script, "orch-find-tuner", python, sglang_dir, TUNER_SCRIPT, OLD_TUNER_SCRIPT]
+
+
+def parse_tuner_help(output: str, exit_status: int) -> TunerHelp:
+    """``find_tuner_argv``'s output (stderr may be mixed in: only a failing ``--help``'s is kept apart)."""
+    first, _, rest = output.partition("\n")
+    if not first.startswith("tuner "):
+        return TunerHelp(None, exit_status)
+    text, marked, stderr = rest.partition(f"\n{STDERR_MARK}\n")
+    if exit_status == 0:
+        return TunerHelp(first.removeprefix("tuner "), 0, help=rest)
+    return TunerHelp(first.removeprefix("tuner "), exit_status, stderr=stderr if marked else text)
 
 
 def help_failure(script: str, exit_status: int, stderr: str) -> str:
@@ -216,16 +255,176 @@ def runs_of(units: Sequence[Unit]) -> tuple[Run, ...]:
     return tuple(runs)
 
 
-def schedule(units: Sequence[Unit], slots: Sequence[Slot]) -> list[Assignment]:
-    """Contiguous chunks of ``units`` over ``slots``; GPUs left without work get no assignment."""
+@dataclass(frozen=True)
+class Costs:
+    """What a GPU's job costs: ``startup`` seconds per tuner call (imports, CUDA init, the spawned
+    worker's own imports) and ``unit`` seconds per (shape, batch size). Only their ratio shapes a
+    schedule; the seconds make its estimate readable."""
+
+    startup: float = 0.0
+    unit: float = 1.0
+
+    def job(self, calls: int, units: int) -> float:
+        return calls * self.startup + units * self.unit
+
+    def units_within(self, seconds: float, calls: int = 1) -> int:
+        """How many units ``calls`` tuner calls can tune in ``seconds`` (negative: not even the calls)."""
+        return math.floor((seconds - calls * self.startup) / self.unit + _EPS)
+
+
+_EPS = 1e-9
+_Piece = tuple[int, int, tuple[int, ...]]  # (N, K, batch sizes): one shape's units still to place
+
+
+def schedule(units: Sequence[Unit], slots: Sequence[Slot], costs: Costs | None = None) -> list[Assignment]:
+    """``units`` over ``slots``, shortest makespan first with each tuner call's start-up counted.
+
+    A GPU's job tunes each shape it has in ONE tuner call (``--N --K --batch-sizes M...``), so its
+    time is ``calls x startup + units x unit``. The makespan chosen is the least ``budget`` (a
+    candidate ``a x startup + b x unit``, found by bisection) that one of these packings meets:
+
+    1. every shape on GPUs of its own (one call per GPU), ``ceil(units / per-GPU)`` GPUs each, the
+       GPUs left over spread where they shorten the busiest shape most (``_own_gpus``);
+    2. else each shape's full GPUs, and its remainder first-fit (largest first) into shared GPUs;
+    3. else shape after shape, filling each GPU to the budget and carrying the rest to the next.
+
+    Every unit is scheduled once; GPUs left without work get no assignment."""
     if not slots:
         raise ValueError("no GPU to schedule on")
-    assignments, start = [], 0
-    for slot, size in zip(slots, chunk_sizes(len(units), len(slots)), strict=True):
-        if size:
-            assignments.append(Assignment(slot, runs_of(units[start : start + size])))
-        start += size
-    return assignments
+    costs = costs or Costs()
+    pieces = _pieces(units)
+    if not pieces:
+        return []
+    candidates = _candidates(pieces, costs, lower_bound(units, len(slots), costs))
+    lo, hi = -1, len(candidates) - 1  # candidates[hi] always packs (one GPU, every shape)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _pack(pieces, len(slots), candidates[mid], costs) else (mid, hi)
+    packed = _pack(pieces, len(slots), candidates[hi], costs) or []
+    return [Assignment(slot, runs) for slot, runs in zip(slots, packed, strict=False) if runs]
+
+
+def lower_bound(units: Sequence[Unit], gpus: int, costs: Costs) -> float:
+    """The least makespan any schedule can have, units unsplit: some GPU tunes ``ceil(units / gpus)``
+    units after one start-up, and all GPUs together start at least one call per shape. The least
+    candidate time whose capacity, ``min(gpus x units_within(t), units_within(gpus x t, shapes))``,
+    holds every unit."""
+    pieces = _pieces(units)
+    total = sum(len(p[2]) for p in pieces)
+    if not total:
+        return 0.0
+    for t in _candidates(pieces, costs, 0.0):
+        if min(gpus * costs.units_within(t), costs.units_within(gpus * t, len(pieces))) >= total:
+            return t
+    raise AssertionError("unreachable: the last candidate fits every unit on one GPU")
+
+
+def job_seconds(a: Assignment, costs: Costs) -> float:
+    """One GPU's job: a start-up per tuner call, then its units."""
+    return costs.job(len(a.runs), a.units)
+
+
+def makespan_seconds(assignments: Iterable[Assignment], costs: Costs) -> float:
+    """The schedule's length in seconds, start-ups included: the busiest GPU's job."""
+    return max((job_seconds(a, costs) for a in assignments), default=0.0)
+
+
+def _pieces(units: Sequence[Unit]) -> list[_Piece]:
+    """Units grouped by shape (first-seen order), batch sizes in their order."""
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for u in units:
+        by_shape.setdefault((u.n, u.k), []).append(u.m)
+    return [(n, k, tuple(ms)) for (n, k), ms in by_shape.items()]
+
+
+def _candidates(pieces: Sequence[_Piece], costs: Costs, floor: float) -> list[float]:
+    """Every job length ``a`` calls and ``b`` units can take, from ``floor`` up, ascending."""
+    total = sum(len(p[2]) for p in pieces)
+    times = {costs.job(a, b) for a in range(1, len(pieces) + 1) for b in range(a, total + 1)}
+    return sorted(t for t in times if t >= floor - _EPS)
+
+
+def _pack(pieces: Sequence[_Piece], gpus: int, budget: float, costs: Costs) -> list[tuple[Run, ...]] | None:
+    """Per GPU, its runs within ``budget`` seconds on at most ``gpus`` GPUs; None when none fits."""
+    per_gpu = costs.units_within(budget)
+    if per_gpu < 1:
+        return None
+    need = [math.ceil(len(p[2]) / per_gpu) for p in pieces]
+    if sum(need) <= gpus:
+        return _own_gpus(pieces, need, gpus)
+    for spread in (True, False):
+        packed = _shared_remainders(pieces, gpus, budget, costs, spread)
+        if packed is not None:
+            return packed
+    return _carried(pieces, gpus, budget, costs)
+
+
+def _own_gpus(pieces: Sequence[_Piece], need: list[int], gpus: int) -> list[tuple[Run, ...]]:
+    """Each shape on ``need`` GPUs of its own or more: a spare GPU goes to the shape whose GPUs
+    have the most units (ties: the larger shape), so loads even out; its units split evenly."""
+    counts = list(need)
+    for _ in range(gpus - sum(counts)):
+        open_ = [i for i, p in enumerate(pieces) if counts[i] < len(p[2])]
+        if not open_:
+            break
+        worst = max(open_, key=lambda i: (math.ceil(len(pieces[i][2]) / counts[i]), len(pieces[i][2])))
+        counts[worst] += 1
+    bins: list[tuple[Run, ...]] = []
+    for (n, k, ms), count in zip(pieces, counts, strict=True):
+        start = 0
+        for size in chunk_sizes(len(ms), count):
+            bins.append((Run(n, k, ms[start : start + size]),))
+            start += size
+    return bins
+
+
+def _shared_remainders(
+    pieces: Sequence[_Piece], gpus: int, budget: float, costs: Costs, spread: bool
+) -> list[tuple[Run, ...]] | None:
+    """Each shape's full GPUs (``per_gpu`` units, one call), then the remainders, largest first: with
+    ``spread`` on a GPU of their own while one is left, then (or without ``spread``) first-fit into
+    GPUs they share (each one more call there)."""
+    per_gpu = costs.units_within(budget)
+    full: list[tuple[Run, ...]] = []
+    rest: list[Run] = []
+    for n, k, ms in pieces:
+        whole = len(ms) // per_gpu * per_gpu
+        full += [(Run(n, k, ms[i : i + per_gpu]),) for i in range(0, whole, per_gpu)]
+        if whole < len(ms):
+            rest.append(Run(n, k, ms[whole:]))
+    shared: list[list[Run]] = []
+    for run in sorted(rest, key=lambda r: -len(r.batch_sizes)):
+        cost = costs.job(1, len(run.batch_sizes))
+        alone = spread and len(full) + len(shared) < gpus
+        fit = None if alone else next((b for b in shared if _load(b, costs) + cost <= budget + _EPS), None)
+        if fit is None:
+            shared.append([run])
+        else:
+            fit.append(run)
+    bins = full + [tuple(b) for b in shared]
+    return bins if len(bins) <= gpus else None
+
+
+def _carried(pieces: Sequence[_Piece], gpus: int, budget: float, costs: Costs) -> list[tuple[Run, ...]] | None:
+    """Largest shape first, each GPU filled to ``budget`` (a call per shape it touches), the rest of
+    a shape carried to the next GPU (McNaughton's wrap-around, with start-ups)."""
+    bins: list[list[Run]] = []
+    for n, k, ms in sorted(pieces, key=lambda p: -len(p[2])):
+        left = ms
+        while left:
+            room = costs.units_within(budget - _load(bins[-1], costs)) if bins else 0
+            if room < 1:
+                bins.append([])
+                room = costs.units_within(budget)
+            bins[-1].append(Run(n, k, left[:room]))
+            left = left[room:]
+        if len(bins) > gpus:
+            return None
+    return [tuple(b) for b in bins]
+
+
+def _load(runs: Sequence[Run], costs: Costs) -> float:
+    return costs.job(len(runs), sum(len(r.batch_sizes) for r in runs))
 
 
 def makespan(assignments: Iterable[Assignment]) -> int:

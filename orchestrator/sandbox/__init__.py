@@ -13,8 +13,8 @@ DeepSeek-V4-Flash-like model config. Nothing here connects beyond 127.0.0.0/8.
 - ``hosttools``: programs installed on the hosts (``nvidia-smi``).
 
 Knobs (``SimHost.set_knobs``; defaults and meaning in ``sglang_sim/python/sglang/_sim/host.py``):
-``gpus``, ``gpu_name``, ``nvidia_smi_fail``; tuner: ``tune_seconds_per_unit``, ``tuner_fail``
-(crash | oom | no_gpu), ``tuner_fail_after``; server: ``startup_seconds``, ``server_fail`` (crash |
+``gpus``, ``gpu_name``, ``nvidia_smi_fail``; tuner: ``tune_seconds_per_unit``, ``tuner_startup_seconds``,
+``tuner_fail`` (crash | oom | no_gpu), ``tuner_fail_after``; server: ``startup_seconds``, ``server_fail`` (crash |
 never_healthy | ignore_sigterm), ``drain_seconds``, ``drain_log_seconds``, ``accept_length``,
 ``decode_step_seconds``, ``spec_step_overhead``, ``triton_default_slowdown``, ``tuned_speedup``.
 """

@@ -1,8 +1,10 @@
 """The plan of a tuning group (pure): which (shape, batch size) units each GPU tunes, and its jobs.
 
-``make_plan`` spreads the group's units over every selected GPU of its hosts (``facts.tuner.schedule``,
-longest first), leaving out the units an earlier, failed plan finished (``Prepared.kept``);
-``job_spec`` is one GPU's detached job. No I/O here: ``start`` records the plan and runs the jobs.
+``make_plan`` spreads the group's units over every selected GPU of its hosts (``facts.tuner.schedule``:
+the shortest makespan with each tuner call's start-up counted, a GPU's units of one shape in one call),
+leaving out the units an earlier, failed plan finished (``Prepared.kept``); ``job_spec`` is one GPU's
+detached job; ``estimate`` the plan's length and its lower bound in seconds. No I/O here: ``start``
+records the plan and runs the jobs.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def make_plan(members: Sequence[Prepared], now: datetime | None = None) -> PlanR
     kept = _union_kept(members, {s.key for s in shapes}, lead.batch_sizes)
     covered = [tf.Unit(k.n, k.k, m) for k in kept for m in k.batch_sizes]
     slots = [tf.Slot(p.host.name, gpu) for p in members if p.facts for gpu in selected_gpus(p.host, p.facts)]
-    assignments = tf.schedule(tf.uncovered(tf.units_of(shapes, lead.batch_sizes), covered), slots)
+    assignments = tf.schedule(tf.uncovered(tf.units_of(shapes, lead.batch_sizes), covered), slots, lead.costs)
     now = now or utc_now()  # one instant: the plan id's stamp and created_at agree
     plan_id = now.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2)
     return PlanRecord(
@@ -68,7 +70,28 @@ def make_plan(members: Sequence[Prepared], now: datetime | None = None) -> PlanR
         hosts={p.host.name: _paths(p) for p in members},
         assignments=[_assignment(a, plan_id, members) for a in assignments],
         kept=kept,
+        tuner_startup_s=lead.costs.startup,
+        tuner_unit_s=lead.costs.unit,
+        gpus=len(slots),
     )
+
+
+def costs_of(plan: PlanRecord) -> tf.Costs:
+    return tf.Costs(plan.tuner_startup_s, plan.tuner_unit_s)
+
+
+def estimate(plan: PlanRecord) -> tuple[float, float]:
+    """The plan's makespan in seconds (start-ups counted, as its costs say) and the least any schedule
+    of its units on its GPUs could have (``tf.lower_bound``)."""
+    costs = costs_of(plan)
+    assignments = [_schedule_of(a) for a in plan.assignments]
+    units = [u for a in assignments for r in a.runs for u in (tf.Unit(r.n, r.k, m) for m in r.batch_sizes)]
+    gpus = plan.gpus or len(plan.assignments)
+    return tf.makespan_seconds(assignments, costs), tf.lower_bound(units, max(gpus, 1), costs)
+
+
+def _schedule_of(a: AssignmentRecord) -> tf.Assignment:
+    return tf.Assignment(tf.Slot(a.host, a.gpu), tuple(tf.Run(r.n, r.k, tuple(r.batch_sizes)) for r in a.runs))
 
 
 def _union_shapes(members: Sequence[Prepared]) -> list[Shape]:

@@ -11,13 +11,15 @@ are validated and kept (``kept_results``): the next plan tunes only the rest.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from orchestrator.errors import ConfigError, RefusedError, UnreachableError
-from orchestrator.facts import git
+from orchestrator.errors import ConfigError, RefusedError, RemoteCommandError, UnreachableError
+from orchestrator.facts import git, probe
 from orchestrator.facts import gpus as smi
 from orchestrator.facts import server as server_facts
 from orchestrator.facts import tuner as tf
@@ -25,7 +27,7 @@ from orchestrator.inventory import Host
 from orchestrator.ops import server as srv
 from orchestrator.recipe import Recipe, ServeOptions, Shape, TuneOptions, parse_shapes
 from orchestrator.state import StateStore
-from orchestrator.transport.base import Runner
+from orchestrator.transport.base import CommandResult, Runner, check_result
 from orchestrator.tuning.install import complete_group, describe_failure
 from orchestrator.tuning.logged import logged_shapes
 from orchestrator.tuning.member import Member, plan_of, record_of, records, running_plan
@@ -58,38 +60,100 @@ class HostFacts:
     gpu_users: dict[int, list[smi.GpuProcess]]
 
 
-def discover(host: Host, runner: Runner) -> HostFacts:
-    """Read the tuner, the runtime config directory, the GPUs, Triton and the SGLang commit."""
-    script, flags = discover_tuner(host, runner)
-    runtime = discover_runtime(host, runner)
-    devices, users = read_gpu_users(runner)
+DISCOVER_TIMEOUT = 300 + 300 + 2 * smi.CLIENT_TIMEOUT + 60  # the --help, the import, nvidia-smi twice, git
+
+
+class FileReader(Protocol):
+    def read_bytes(self, path: str) -> bytes: ...
+
+
+@dataclass
+class ReadAhead:
+    """Files read in the discovery round trip (None: could not be read); any other path is read from
+    the host when asked."""
+
+    runner: Runner
+    files: dict[str, bytes | None] = field(default_factory=dict)
+
+    def read_bytes(self, path: str) -> bytes:
+        if path not in self.files:
+            return self.runner.read_bytes(path)
+        data = self.files[path]
+        if data is None:
+            raise OSError(f"{self.runner.host}: cannot read {path}")
+        return data
+
+
+def discover(host: Host, runner: Runner, paths: Sequence[str] = ()) -> tuple[HostFacts, ReadAhead]:
+    """Read the tuner, the runtime config directory, the GPUs, Triton and the SGLang commit, and the
+    files at ``paths`` (the configs a plan may skip or keep), in one remote command."""
+    argvs = dict(discover_sections(host, paths))
+    sections = probe.parse(runner.run(probe.probe_argv(list(argvs.items())), timeout=DISCOVER_TIMEOUT).stdout)
+
+    def answer(name: str) -> CommandResult:  # a section as a command's result: stdout and stderr are one text
+        if name not in sections:
+            raise RemoteCommandError(
+                f"{host.name}: the discovery command ended before `{name}` answered", exit_status=-1
+            )
+        section = sections[name]
+        return CommandResult(tuple(argvs[name]), section.exit_status, section.output, section.output)
+
+    script, flags = tuner_of(host, answer("tuner"))
+    runtime = runtime_of(host, answer("runtime"))
+    devices, users = gpu_users_of(host, answer("gpus"), answer("apps"))
     if not devices:
         raise RefusedError(f"{host.name}: nvidia-smi lists no GPU")
-    commit = git.parse_info(runner.run(git.info_argv(host.sglang_dir, host.upstream), check=True).stdout).commit
+    commit = git.parse_info(check_result(host.name, answer("git")).stdout).commit
     config_dir = runtime.config_dir or ""
-    return HostFacts(host, script, flags, config_dir, runtime.triton, devices[0].name, commit, devices, users)
+    facts = HostFacts(host, script, flags, config_dir, runtime.triton, devices[0].name, commit, devices, users)
+    return facts, ReadAhead(runner, {path: _file(sections.get(f"file{i}")) for i, path in enumerate(paths)})
+
+
+def discover_sections(host: Host, paths: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
+    """The commands of ``discover``'s one remote command (``facts.probe``): the tuner's first, so
+    nothing it prints can stand in for a later section; files travel base64-encoded."""
+    sections = [
+        ("tuner", tf.find_tuner_argv(host.python, host.sglang_dir)),
+        ("runtime", tf.discover_argv(host.python)),
+        ("gpus", smi.query_gpus_argv()),
+        ("apps", smi.query_apps_argv()),
+        ("git", git.info_argv(host.sglang_dir, host.upstream)),
+    ]
+    return sections + [(f"file{i}", ["base64", "-w0", "--", path]) for i, path in enumerate(paths)]
+
+
+def _file(section: probe.Section | None) -> bytes | None:
+    if section is None or not section.ok:
+        return None
+    try:
+        return base64.b64decode(section.output.strip(), validate=True)
+    except ValueError:
+        return None
 
 
 def discover_tuner(host: Host, runner: Runner) -> tuple[str, frozenset[str]]:
-    """The tuner's path and flags: the first script of the checkout that exists decides. Refuse a
-    missing tuner, one whose ``--help`` fails (showing its stderr), or one too old to take ``--N/--K``."""
-    for script in (tf.TUNER_SCRIPT, tf.OLD_TUNER_SCRIPT):
-        argv = tf.help_argv(host.python, host.sglang_dir, script)
-        result = runner.run(argv, timeout=300)
-        if not result.ok and tf.script_missing(result.stderr):
-            continue
-        if not result.ok:
-            raise RefusedError(
-                f"{host.name}: the tuner fails: {tf.help_failure(argv[1], result.exit_status, result.stderr)}",
-                hint=f"an ImportError there usually means the tuner and the installed SGLang disagree: "
-                f"reinstall SGLang from this checkout (orch pull --install --host {host.name}), "
-                f"or check python in the inventory ({host.python})",
-            )
-        return argv[1], _checked_flags(host, argv[1], result.stdout)
-    raise RefusedError(
-        f"{host.name}: no block-FP8 tuner in {host.sglang_dir} ({tf.TUNER_SCRIPT})",
-        hint="check sglang_dir in the inventory, or update SGLang: orch pull",
-    )
+    """The tuner's path and flags, in a command of their own (``discover`` reads them with the rest)."""
+    result = runner.run(tf.find_tuner_argv(host.python, host.sglang_dir), timeout=300)
+    return tuner_of(host, CommandResult(result.argv, result.exit_status, result.stdout + result.stderr, ""))
+
+
+def tuner_of(host: Host, result: CommandResult) -> tuple[str, frozenset[str]]:
+    """The first script of the checkout that exists decides. Refuse a missing tuner, one whose
+    ``--help`` fails (showing its stderr), or one too old to take ``--N/--K``."""
+    found = tf.parse_tuner_help(result.stdout, result.exit_status)
+    if found.script is None:
+        raise RefusedError(
+            f"{host.name}: no block-FP8 tuner in {host.sglang_dir} ({tf.TUNER_SCRIPT})",
+            hint="check sglang_dir in the inventory, or update SGLang: orch pull",
+        )
+    if found.exit_status != 0:
+        raise RefusedError(
+            f"{host.name}: the tuner fails: {tf.help_failure(found.script, found.exit_status, found.stderr)}",
+            hint=f"an ImportError there usually means the tuner and the installed SGLang disagree: "
+            f"reinstall SGLang from this checkout (orch pull --install --host {host.name}), "
+            f"or check python in the inventory ({host.python})",
+        )
+    return found.script, _checked_flags(host, found.script, found.help)
 
 
 def _checked_flags(host: Host, path: str, help_text: str) -> frozenset[str]:
@@ -101,8 +165,7 @@ def _checked_flags(host: Host, path: str, help_text: str) -> frozenset[str]:
     return flags
 
 
-def discover_runtime(host: Host, runner: Runner) -> tf.RuntimeFacts:
-    result = runner.run(tf.discover_argv(host.python), timeout=300)
+def runtime_of(host: Host, result: CommandResult) -> tf.RuntimeFacts:
     facts = tf.parse_discover(result.stdout)
     if facts.config_dir is None:
         why = "; ".join(facts.errors) or result.stderr.strip()[-300:]
@@ -113,11 +176,19 @@ def discover_runtime(host: Host, runner: Runner) -> tf.RuntimeFacts:
     return facts
 
 
-def read_gpu_users(runner: Runner) -> tuple[list[smi.Gpu], dict[int, list[smi.GpuProcess]]]:
-    """The GPUs and, per GPU index, the processes holding it."""
-    devices = smi.parse_gpus(smi.answer(runner.host, runner.run(smi.query_gpus_argv(), timeout=smi.CLIENT_TIMEOUT)))
-    apps = smi.parse_apps(smi.answer(runner.host, runner.run(smi.query_apps_argv(), timeout=smi.CLIENT_TIMEOUT)))
-    return devices, {d.index: [a for a in apps if a.gpu_uuid == d.uuid] for d in devices}
+def gpu_users_of(
+    host: Host, devs: CommandResult, apps: CommandResult
+) -> tuple[list[smi.Gpu], dict[int, list[smi.GpuProcess]]]:
+    """The GPUs and, per GPU index, the processes holding it (from the two nvidia-smi queries)."""
+    devices = smi.parse_gpus(smi.answer(host.name, devs))
+    held = smi.parse_apps(smi.answer(host.name, apps))
+    return devices, {d.index: [a for a in held if a.gpu_uuid == d.uuid] for d in devices}
+
+
+def read_gpu_users(host: Host, runner: Runner) -> tuple[list[smi.Gpu], dict[int, list[smi.GpuProcess]]]:
+    """The GPUs and their holders again (after stopping orch's server)."""
+    devs = runner.run(smi.query_gpus_argv(), timeout=smi.CLIENT_TIMEOUT)
+    return gpu_users_of(host, devs, runner.run(smi.query_apps_argv(), timeout=smi.CLIENT_TIMEOUT))
 
 
 @dataclass
@@ -134,6 +205,7 @@ class Prepared:
     tp_size: int = 8
     note: str | None = None  # why there is nothing to tune, when the shapes' source says so
     kept: list[KeptRecord] = field(default_factory=list)  # units an earlier, failed plan finished here
+    costs: tf.Costs = field(default_factory=tf.Costs)  # what the schedule counts (the recipe's tuning costs)
 
 
 def prepare(
@@ -150,18 +222,18 @@ def prepare(
         record, plan = settle_lost(host, runner, store, record, plan, look)
     if record.state == "running" and plan is not None:
         return Prepared(host, runner, attach=plan)
-    facts = discover(host, runner)
+    facts, files = discover(host, runner, [] if options.force else files_to_check(host, record, plan))
     tp = tp_size(recipe, host)
     logged = logged_shapes(host, runner, facts.device) if options.shapes == "logged" else None
     wanted = logged.shapes if logged else resolve_shapes(options.shapes, recipe, host, runner, tp)
     batch_sizes = list(options.batch_sizes or recipe.tuning.batch_sizes)
-    skipped = [] if options.force else installed_shapes(runner, record, facts, wanted, batch_sizes)
+    skipped = [] if options.force else installed_shapes(files, record, facts, wanted, batch_sizes)
     needed = [s for s in wanted if s.key not in skipped]
-    kept = [] if options.force else kept_results(host, runner, record, plan, facts, needed, batch_sizes)
+    kept = [] if options.force else kept_results(host, files, record, plan, facts, needed, batch_sizes)
     if needed and options.stop_server:
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
         srv.stop_server(host, runner, store, gpus, drain, srv.warn_log(host), srv.FOR_TUNE_FP8)
-        facts.gpus, facts.gpu_users = read_gpu_users(runner)
+        facts.gpus, facts.gpu_users = read_gpu_users(host, runner)
     # a plan another orch recorded while this one looked; read after the GPUs: plans are recorded before
     # their jobs start, so GPUs busy with that plan's jobs are adopted, never refused as someone else's
     other = running_plan(store.load(), host.name) if needed else None
@@ -170,7 +242,8 @@ def prepare(
     if needed:
         refuse_busy(host, facts, options.allow_busy_gpus)
     note = logged.note if logged else None
-    return Prepared(host, runner, None, facts, needed, skipped, batch_sizes, tp, note, kept)
+    costs = tf.Costs(recipe.tuning.tuner_startup_s, recipe.tuning.tuner_unit_s)
+    return Prepared(host, runner, None, facts, needed, skipped, batch_sizes, tp, note, kept, costs)
 
 
 def settle_lost(
@@ -252,15 +325,24 @@ def auto_shapes(host: Host, runner: Runner, tp: int) -> list[Shape]:
         raise RefusedError(f"{host.name}: --shapes auto: {path}: {exc}", hint="pass --shapes N=..,K=..;...") from None
 
 
+def files_to_check(host: Host, record: TuningRecord, plan: PlanRecord | None) -> list[str]:
+    """The files ``installed_shapes`` and ``kept_results`` may read, for ``discover`` to read with the rest."""
+    installed = [done.path for done in record.installed.values()]
+    if record.state != "failed" or plan is None:
+        return installed
+    results = [_run_result(plan, a, r, False).path for a in plan.on(host.name) for r in a.runs]
+    return list(dict.fromkeys([*installed, *(k.path for k in plan.kept_on(host.name)), *results]))
+
+
 def installed_shapes(
-    runner: Runner, record: TuningRecord, facts: HostFacts, shapes: Iterable[Shape], batch_sizes: Sequence[int]
+    runner: FileReader, record: TuningRecord, facts: HostFacts, shapes: Iterable[Shape], batch_sizes: Sequence[int]
 ) -> list[str]:
     """Keys of ``shapes`` whose installed config is complete for this device and commit (re-read on the host)."""
     return [s.key for s in shapes if _installed_complete(runner, record.installed.get(s.key), facts, batch_sizes)]
 
 
 def _installed_complete(
-    runner: Runner, done: InstalledRecord | None, facts: HostFacts, batch_sizes: Sequence[int]
+    runner: FileReader, done: InstalledRecord | None, facts: HostFacts, batch_sizes: Sequence[int]
 ) -> bool:
     if done is None or (done.device, done.commit) != (facts.device, facts.commit):
         return False
@@ -273,7 +355,7 @@ def _installed_complete(
 
 def kept_results(
     host: Host,
-    runner: Runner,
+    runner: FileReader,
     record: TuningRecord,
     plan: PlanRecord | None,
     facts: HostFacts,
@@ -306,7 +388,7 @@ def _run_result(plan: PlanRecord, a: AssignmentRecord, run: RunRecord, lost: boo
     return KeptRecord.model_validate({**fields, "plan_id": plan.id, "lost": lost})
 
 
-def _finished(runner: Runner, kept: KeptRecord) -> bool:
+def _finished(runner: FileReader, kept: KeptRecord) -> bool:
     try:
         tf.finished_run(runner.read_bytes(kept.path), f"{kept.host}:{kept.path}", kept.batch_sizes)
     except (OSError, tf.ConfigInvalid):

@@ -95,6 +95,11 @@ class PlanRecord(_Record):
     hosts: dict[str, HostPaths]
     assignments: list[AssignmentRecord]
     kept: list[KeptRecord] = Field(default_factory=list)
+    # what the schedule counted (the recipe's tuning.tuner_startup_s / tuner_unit_s) and how many GPUs it
+    # could use; a plan recorded before these existed reads as no start-up, 1 s per unit, its jobs' GPUs
+    tuner_startup_s: float = 0.0
+    tuner_unit_s: float = 1.0
+    gpus: int = 0
 
     def on(self, host: str) -> list[AssignmentRecord]:
         return [a for a in self.assignments if a.host == host]

@@ -1,9 +1,10 @@
 """Starting a group's plan: record it on every member in one transaction, then start one job per GPU.
 
 A plan is recorded (phase ``tuning``) before any job starts, so a second orch adopts it rather than
-planning again (``start_group`` returns it as adopted). Each job id is recorded as soon as its job runs;
-a start cut off by a drop is resolved later by ``resume_starts``, which finds a job by its purpose
-before starting one, so a job never runs twice nor unrecorded.
+planning again (``start_group`` returns it as adopted). A host's jobs start together, in one remote
+command (``jobs.start_many``), and their ids are recorded in one transaction as soon as it answers;
+a start cut off by a drop (or by orch's end) is resolved later by ``resume_starts``, which finds a job
+by its purpose before starting one, so a job never runs twice nor unrecorded.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 from collections.abc import Sequence
 
 from orchestrator import jobs
-from orchestrator.errors import OrchError, RefusedError, UnreachableError
+from orchestrator.errors import OrchError, RefusedError, RemoteCommandError, UnreachableError
 from orchestrator.inventory import Host
 from orchestrator.state import HostState, JobRecord, State, StateStore, find_secret
 from orchestrator.transport.base import Runner
@@ -93,23 +94,39 @@ def _abandon(members: Sequence[Prepared], store: StateStore, plan: PlanRecord, r
 def _start_jobs(
     host: Host, runner: Runner, store: StateStore, plan: PlanRecord, todo: Sequence[AssignmentRecord]
 ) -> None:
-    """Start the jobs of ``todo`` on ``host`` and record each job id as soon as it runs.
+    """Start the jobs of ``todo`` on ``host`` together (one remote command, ``jobs.start_many``, which
+    makes their staging directories first), then record every job id in one state transaction.
 
     A job already running for the same purpose is accepted only when it is this plan's (an earlier,
-    interrupted start of the same plan: its command names this plan's staging directory)."""
+    interrupted start of the same plan: its command names this plan's staging directory); one that is
+    not, or a start that failed, is an error once the jobs that did start are recorded."""
     if not todo:  # every job of this host already started (an interrupted start is being resumed)
         return
-    runner.run(["mkdir", "-p", "-m", "700", "--", *(a.staging for a in todo)], check=True)
-    for a in todo:
-        spec = job_spec(host, plan, a, frozenset(plan.hosts[host.name].flags))
+    specs = [job_spec(host, plan, a, frozenset(plan.hosts[host.name].flags)) for a in todo]
+    for spec in specs:
         _check_recordable(host, spec)
-        started = jobs.start(runner, host.workdir, spec)
-        if started.attached and not _runs_assignment(runner, host.workdir, started.job_id, a):
-            raise RefusedError(
+    results = jobs.start_many(runner, host.workdir, specs, [a.staging for a in todo])
+    ours: list[tuple[AssignmentRecord, jobs.JobSpec, jobs.Started]] = []
+    problem: OrchError | None = None
+    for a, result in zip(todo, results, strict=True):
+        started = result.started
+        if started is None:
+            problem = problem or RemoteCommandError(
+                f"{host.name}: starting job {a.purpose} failed: {result.error}", exit_status=1
+            )
+        elif started.attached and not _runs_assignment(runner, host.workdir, started.job_id, a):
+            problem = problem or RefusedError(
                 f"{host.name}: a job for {a.purpose} ({started.job_id}) already runs, not started by this plan",
                 hint=f"wait for it or stop it: orch stop {host.name} {started.job_id}",
             )
-        _record(store, a, spec, started)
+        else:
+            ours.append((a, result.spec, started))
+    if ours:
+        with store.update() as state:
+            for a, spec, started in ours:
+                record_start(state, a, spec, started)
+    if problem is not None:
+        raise problem
 
 
 def _check_recordable(host: Host, spec: jobs.JobSpec) -> None:

@@ -14,6 +14,7 @@ from rich.text import Text
 from orchestrator.fleet import FleetResult
 from orchestrator.render import err, fmt_seconds, inert, out
 from orchestrator.tuning.group import Group
+from orchestrator.tuning.plan import estimate
 from orchestrator.tuning.progress import TuneStatus
 from orchestrator.tuning.record import PlanRecord
 
@@ -36,6 +37,7 @@ def plan_lines(plan: PlanRecord) -> list[str]:
         f"plan {plan.id}: {len(plan.shapes)} shapes × {len(plan.batch_sizes)} batch sizes = {units} units "
         f"on {gpus} GPUs ({plan.device}, SGLang {plan.commit[:10]})",
         f"  schedule: {plan.makespan} units per GPU at most (ideal {plan.tuned_units / max(gpus, 1):.2f})",
+        estimate_line(plan),
     ]
     lines += [f"  shape {s.key}  {s.source}".rstrip() for s in plan.shapes]
     if plan.kept:
@@ -45,6 +47,17 @@ def plan_lines(plan: PlanRecord) -> list[str]:
         runs = "; ".join(f"{r.key} M={','.join(map(str, r.batch_sizes))}" for r in a.runs)
         lines.append(f"  {a.host} GPU {a.gpu} ({a.purpose}): {runs}")
     return lines
+
+
+def estimate_line(plan: PlanRecord) -> str:
+    """The plan's length with each tuner call's start-up counted, against the least any schedule has."""
+    seconds, bound = estimate(plan)
+    calls = max((len(a.runs) for a in plan.assignments), default=0)
+    return (
+        f"  estimate: {fmt_seconds(seconds)} (lower bound {fmt_seconds(bound)}): at most {calls} tuner "
+        f"call{'s' if calls != 1 else ''} per GPU, {plan.tuner_startup_s:g} s start-up each, "
+        f"{plan.tuner_unit_s:g} s per unit"
+    )
 
 
 def status_line(s: TuneStatus) -> str:

@@ -124,6 +124,7 @@ def test_tune_fp8_fleet_spreads_units_over_both_hosts_and_installs_the_merged_re
 
 def test_progress_is_visible_in_status_while_the_jobs_run(tune_fleet: Callable[..., FleetEnv]) -> None:
     env = tune_fleet(1, seconds_per_unit=3.0)
+    two_gpus(env)  # 8 units a job: a host's jobs start together, and progress stays partial for 21 s
     start = env.orch("tune-fp8", *SMALL)
     assert start.returncode == 0, start.output
     host = env.fleet.hosts[0]  # type: ignore[attr-defined]
@@ -138,11 +139,15 @@ def test_progress_is_visible_in_status_while_the_jobs_run(tune_fleet: Callable[.
     assert tuning_field(env)[host.name]["state"] == "installed"
 
 
-def one_gpu(env: FleetEnv) -> None:
-    """Let orch use only the first GPU of each host (the inventory's ``gpus``)."""
+def one_gpu(env: FleetEnv, gpus: int = 1) -> None:
+    """Let orch use only the first GPU (``gpus``) of each host (the inventory's ``gpus``)."""
     document = yaml.safe_load(env.inventory.read_text())
-    document["defaults"]["gpus"] = 1
+    document["defaults"]["gpus"] = gpus
     env.inventory.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+def two_gpus(env: FleetEnv) -> None:
+    one_gpu(env, 2)
 
 
 def test_progress_is_live_while_a_tuner_run_is_still_going(tune_fleet: Callable[..., FleetEnv]) -> None:
@@ -170,7 +175,9 @@ def test_progress_is_live_while_a_tuner_run_is_still_going(tune_fleet: Callable[
 
 
 def test_jobs_survive_an_sshd_restart_and_orch_reattaches(tune_fleet: Callable[..., FleetEnv]) -> None:
-    env = tune_fleet(1, seconds_per_unit=5.0)  # 10 s a job: most still run when listed, however slow the machine
+    # 20 s a job: most still run when listed, however slow the machine (a host's jobs start together, in
+    # one command, so the last one no longer starts a round trip per job after the first)
+    env = tune_fleet(1, seconds_per_unit=10.0)
     assert env.orch("tune-fp8", *SMALL).returncode == 0
     host = env.fleet.hosts[0]  # type: ignore[attr-defined]
     host.restart_sshd()

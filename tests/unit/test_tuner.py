@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 from pathlib import Path
 
@@ -121,33 +120,106 @@ def shapes(n: int) -> list[tf.Shape]:
     return [tf.shape(1024 * (i + 1), 4096) for i in range(n)]
 
 
-@pytest.mark.parametrize(("n_shapes", "n_batch", "n_gpus"), [(5, 18, 8), (1, 18, 8), (2, 3, 8), (5, 18, 16), (3, 7, 5)])
-def test_schedule_is_balanced_contiguous_and_covers_every_unit_once(n_shapes: int, n_batch: int, n_gpus: int) -> None:
-    units = tf.units_of(shapes(n_shapes), DEFAULT_BATCH_SIZES[:n_batch])
-    plan = tf.schedule(units, [tf.Slot("h", g) for g in range(n_gpus)])
+def gpus(n: int, hosts: int = 1) -> list[tf.Slot]:
+    return [tf.Slot(f"h{h}", g) for h in range(hosts) for g in range(n)]
+
+
+REAL = tf.Costs(startup=20.0, unit=60.0)  # the recipe's defaults
+
+
+def covered_once(plan: list[tf.Assignment], units: list[tf.Unit]) -> bool:
     flat = [tf.Unit(r.n, r.k, m) for a in plan for r in a.runs for m in r.batch_sizes]
-    assert flat == units  # every unit exactly once, in shape-major order: contiguous chunks
-    assert tf.makespan(plan) == math.ceil(len(units) / n_gpus)
-    assert max(a.units for a in plan) - min(a.units for a in plan) <= 1
+    return sorted(flat, key=repr) == sorted(units, key=repr)
 
 
-def test_schedule_of_five_shapes_on_eight_gpus_runs_few_tuner_invocations() -> None:
-    plan = tf.schedule(tf.units_of(shapes(5), DEFAULT_BATCH_SIZES), [tf.Slot("h", g) for g in range(8)])
-    assert [a.units for a in plan] == [12, 12, 11, 11, 11, 11, 11, 11]
-    assert max(len(a.runs) for a in plan) == 2  # a chunk of 12 touches at most 2 shapes of 18
-    assert plan[0].runs == (tf.Run(1024, 4096, tuple(DEFAULT_BATCH_SIZES[:12])),)
+@pytest.mark.parametrize(
+    ("n_shapes", "n_batch", "hosts", "costs", "makespan", "bound", "calls"),
+    [
+        # the playbook's 4 shapes x 18: 9 units of one shape per GPU on 1 host, 2 or 3 on 4 hosts
+        (4, 18, 1, REAL, 20 + 9 * 60, 20 + 9 * 60, 1),
+        (4, 18, 4, REAL, 20 + 3 * 60, 20 + 3 * 60, 1),
+        # 5 shapes x 18 = 90 on 8 GPUs: contiguous chunks of 12 cross a shape on 6 GPUs (2 calls); here
+        # every GPU makes one call: 12 + 6 of the 5 shapes fill 7 GPUs, the 8th takes 2 shapes' last units
+        (5, 18, 1, REAL, 20 + 12 * 60, 20 + 12 * 60, 2),
+        (5, 18, 2, REAL, 20 + 6 * 60, 20 + 6 * 60, 1),
+        # start-ups free: the old optimum, ceil(units / GPUs)
+        (5, 18, 1, tf.Costs(0.0, 1.0), 12, 12, 2),
+        (3, 7, 1, tf.Costs(0.5, 1.0), 3.5, 3.5, 2),
+        # start-ups dear (3 units' worth): a GPU takes two calls only when that is shorter
+        (5, 18, 1, tf.Costs(3.0, 1.0), 16, 15, 2),
+    ],
+)
+def test_schedule_counts_each_tuner_calls_start_up(
+    n_shapes: int, n_batch: int, hosts: int, costs: tf.Costs, makespan: float, bound: float, calls: int
+) -> None:
+    units = tf.units_of(shapes(n_shapes), DEFAULT_BATCH_SIZES[:n_batch])
+    plan = tf.schedule(units, gpus(8, hosts), costs)
+    assert covered_once(plan, units)
+    assert tf.makespan_seconds(plan, costs) == makespan
+    assert tf.lower_bound(units, 8 * hosts, costs) == bound
+    assert max(len(a.runs) for a in plan) == calls
+
+
+@pytest.mark.parametrize("hosts", [1, 4])
+@pytest.mark.parametrize("n_shapes", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("startup", [0.0, 6.0, 20.0, 60.0])
+def test_schedule_is_within_a_tenth_of_the_integral_bound_on_one_and_four_hosts(
+    hosts: int, n_shapes: int, startup: float
+) -> None:
+    costs = tf.Costs(startup, 60.0)
+    units = tf.units_of(shapes(n_shapes), DEFAULT_BATCH_SIZES)
+    plan = tf.schedule(units, gpus(8, hosts), costs)
+    assert covered_once(plan, units)
+    assert all(len({r.key for r in a.runs}) == len(a.runs) for a in plan)  # a shape once per GPU: one call
+    assert tf.makespan_seconds(plan, costs) <= 1.1 * tf.lower_bound(units, 8 * hosts, costs)
+
+
+def test_the_old_contiguous_chunks_pay_two_start_ups_where_the_schedule_pays_one() -> None:
+    units = tf.units_of(shapes(6), DEFAULT_BATCH_SIZES)  # 108 units on 32 GPUs: chunks of 4 cross shapes
+    plan = tf.schedule(units, gpus(8, 4), REAL)
+    assert max(len(a.runs) for a in plan) == 1 and tf.makespan_seconds(plan, REAL) == 20 + 4 * 60
+    sizes = tf.chunk_sizes(len(units), 32)  # the schedule before start-ups counted: contiguous chunks
+    chunks = [
+        tf.Assignment(s, tf.runs_of(units[sum(sizes[:i]) : sum(sizes[: i + 1])])) for i, s in enumerate(gpus(8, 4))
+    ]
+    assert max(len(a.runs) for a in chunks) == 2 and tf.makespan_seconds(chunks, REAL) == 2 * 20 + 4 * 60
+
+
+def test_spare_gpus_even_out_the_shapes_loads() -> None:
+    plan = tf.schedule(tf.units_of(shapes(4), DEFAULT_BATCH_SIZES), gpus(8, 4), REAL)
+    assert len(plan) == 32 and sorted({a.units for a in plan}) == [2, 3]  # 18 = 3+3+2+2+2+2+2+2 per shape
+
+
+def test_schedule_of_a_kept_remainder_runs_each_shapes_units_in_one_call() -> None:
+    units = [tf.Unit(1024, 4096, m) for m in (4, 8)] + [tf.Unit(2048, 4096, m) for m in (1, 2, 4, 8)]
+    plan = tf.schedule(units, gpus(2), REAL)
+    assert (
+        sorted(((r.key, r.batch_sizes) for a in plan for r in a.runs), key=repr)
+        == [
+            ("N=1024,K=4096", (4, 8)),
+            ("N=2048,K=4096", (1, 2)),
+            ("N=2048,K=4096", (4, 8)),
+        ]
+        or max(len(a.runs) for a in plan) == 2
+    )
+    assert tf.makespan_seconds(plan, REAL) <= 1.1 * tf.lower_bound(units, 2, REAL)
 
 
 def test_schedule_over_two_hosts_uses_every_gpu_of_both() -> None:
-    slots = [tf.Slot(h, g) for h in ("a", "b") for g in range(8)]
-    plan = tf.schedule(tf.units_of(shapes(5), DEFAULT_BATCH_SIZES), slots)
-    assert {a.slot.host for a in plan} == {"a", "b"} and len(plan) == 16
+    plan = tf.schedule(tf.units_of(shapes(5), DEFAULT_BATCH_SIZES), gpus(8, 2), REAL)
+    assert {a.slot.host for a in plan} == {"h0", "h1"} and len(plan) == 16
     assert tf.makespan(plan) == 6  # ceil(90 / 16)
 
 
 def test_schedule_with_fewer_units_than_gpus_leaves_gpus_idle() -> None:
-    plan = tf.schedule(tf.units_of(shapes(1), [1, 2, 4]), [tf.Slot("h", g) for g in range(8)])
+    plan = tf.schedule(tf.units_of(shapes(1), [1, 2, 4]), gpus(8), REAL)
     assert [a.slot.gpu for a in plan] == [0, 1, 2]
+
+
+def test_schedule_of_nothing_is_empty_and_of_no_gpu_an_error() -> None:
+    assert tf.schedule([], gpus(8), REAL) == [] and tf.lower_bound([], 8, REAL) == 0.0
+    with pytest.raises(ValueError, match="no GPU"):
+        tf.schedule(tf.units_of(shapes(1), [1]), [], REAL)
 
 
 def test_job_script_runs_each_tuner_run_in_order_and_stops_at_the_first_failure(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from orchestrator.facts import gpus as smi
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.ops.status import HostStatus
-from orchestrator.recipe import Recipe, parse_shapes
+from orchestrator.recipe import DEFAULT_BATCH_SIZES, Recipe, parse_shapes
 from orchestrator.state import State, StateStore
 from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.install import install, merge_group
@@ -328,7 +328,19 @@ def test_plan_lines_show_shapes_schedule_and_every_gpu() -> None:
     lines = tune_view.plan_lines(make_plan([prepared(host(gpus=3), batch_sizes=(1, 2, 4, 8))], now=T0))
     assert lines[0].endswith(f"2 shapes × 4 batch sizes = 8 units on 3 GPUs ({DEVICE}, SGLang {COMMIT[:10]})")
     assert lines[1] == "  schedule: 3 units per GPU at most (ideal 2.67)"
-    assert lines[-1] == "  h1 GPU 2 (tune.gpu2): N=4096,K=2048 M=4,8"
+    assert lines[2] == "  estimate: 3s (lower bound 3s): at most 2 tuner calls per GPU, 0 s start-up each, 1 s per unit"
+    assert lines[-1] == "  h1 GPU 2 (tune.gpu2): N=1024,K=4096 M=8; N=4096,K=2048 M=8"
+
+
+def test_plan_lines_estimate_the_plan_with_the_recipes_start_up_and_unit_costs() -> None:
+    four = "N=1536,K=4096;N=4096,K=1024;N=512,K=4096;N=4096,K=256"  # the playbook's: 72 units, 9 per GPU
+    p = prepared(host(gpus=8), shapes=four, batch_sizes=DEFAULT_BATCH_SIZES)
+    p.costs = tf.Costs(20.0, 60.0)
+    plan = make_plan([p], now=T0)
+    assert (plan.tuner_startup_s, plan.tuner_unit_s, plan.gpus) == (20.0, 60.0, 8)
+    assert tune_view.estimate_line(plan) == (
+        "  estimate: 9m20s (lower bound 9m20s): at most 1 tuner call per GPU, 20 s start-up each, 60 s per unit"
+    )
 
 
 def test_a_job_the_state_could_not_record_is_never_started(tmp_path: Path) -> None:

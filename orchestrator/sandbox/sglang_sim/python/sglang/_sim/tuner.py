@@ -13,7 +13,8 @@ buffered. ``PYTHONUNBUFFERED=1`` in the environment (inherited by the spawned wo
 live. Only the tqdm-like bars (stderr) are flushed as they are drawn.
 
 Instead of benchmarking 1280 Triton configs, each (shape, batch size) unit sleeps
-``tune_seconds_per_unit`` and picks a deterministic config.
+``tune_seconds_per_unit`` and picks a deterministic config; each run first sleeps
+``tuner_startup_seconds`` (a real run's imports and CUDA init, paid once per invocation).
 
 Faults (knobs): ``tuner_fail`` = ``crash`` (``assert best_config is not None`` fails),
 ``oom`` (``torch.OutOfMemoryError``), ``no_gpu``; ``tuner_fail_after`` = units a worker finishes first.
@@ -150,6 +151,7 @@ def count_gpus():
 def main(args, legacy=False):
     """Run a tuning from parsed ``args`` (``legacy``: the old ``tuning_block_wise_fp8.py`` flags)."""
     signal.signal(signal.SIGTERM, _die_by_sigterm)
+    time.sleep(float(host.knob("tuner_startup_seconds", 0)))
     print(args)
     host.write_log_noise(sys.stdout)
     num_gpus = count_gpus()

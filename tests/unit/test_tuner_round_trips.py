@@ -1,0 +1,119 @@
+"""Tuning discovery in one round trip: ``prepare`` reads a host with one remote command (scripted runner)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import RefusedError, RemoteCommandError
+from orchestrator.facts import tuner as tf
+from orchestrator.inventory import Host
+from orchestrator.recipe import DEFAULT_BATCH_SIZES, DEFAULT_RECIPE, TuneOptions, find_recipe, load_recipe
+from orchestrator.state import StateStore
+from orchestrator.tuning.prepare import discover, prepare
+from orchestrator.tuning.record import InstalledRecord, TuningRecord
+from tests.fakerunner import FakeRunner
+
+DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+COMMIT = "c0ffee" * 6 + "beef"
+HELP = "usage: t [--N N] [--K K] [--batch-sizes M [M ...]] [--save-path P] [--out-dtype D] [--tp-size TP]"
+CONFIG = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 64,
+    "BLOCK_SIZE_K": 128,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 3,
+}
+INSTALLED = "/s/configs/N=1536,K=4096.json"
+
+
+def framed(sections: dict[str, tuple[int, str]]) -> str:
+    """What the probe prints for ``sections`` (name → exit status, output)."""
+    return "".join(
+        f"@@orch-section begin {n}\n{text}\n@@orch-section end {n} {rc}\n" for n, (rc, text) in sections.items()
+    )
+
+
+def answers(**changes: tuple[int, str]) -> dict[str, tuple[int, str]]:
+    gpus = "\n".join(f"{i}, {DEVICE}, GPU-{i}, 97887, 0, 0, 12.0" for i in range(8))
+    config = json.dumps({str(m): CONFIG for m in DEFAULT_BATCH_SIZES})
+    sections = {
+        "tuner": (0, f"tuner /s/{tf.TUNER_SCRIPT}\n{HELP}"),
+        "runtime": (0, "config /s/configs\ntriton 3.4.0"),
+        "gpus": (0, gpus),
+        "apps": (0, ""),
+        "git": (0, f"commit={COMMIT}\nbranch=main\nsubject=x\nupstream_commit=\nbehind=\nfetched=\nnow=1"),
+        "file0": (0, base64.b64encode(config.encode()).decode()),
+    }
+    return {**sections, **changes}
+
+
+def host() -> Host:
+    return Host.model_validate({"name": "h1", "address": "127.0.0.1", "sglang_dir": "/s", "workdir": "/w"})
+
+
+def installed_store(tmp_path: Path) -> StateStore:
+    store = StateStore(tmp_path / "state.json")
+    done = InstalledRecord(
+        path=INSTALLED,
+        device=DEVICE,
+        commit=COMMIT,
+        batch_sizes=list(DEFAULT_BATCH_SIZES),
+        installed_at=datetime(2026, 12, 1, tzinfo=timezone.utc),
+    )
+    with store.update() as state:
+        state.host("h1").tuning = TuningRecord(state="installed", installed={"N=1536,K=4096": done})
+    return store
+
+
+def test_prepare_reads_the_tuner_runtime_gpus_checkout_and_installed_configs_in_one_command(tmp_path: Path) -> None:
+    runner = FakeRunner("h1").on(("orch-probe",), stdout=framed(answers()))
+    recipe = load_recipe(find_recipe(DEFAULT_RECIPE, []))
+    p = prepare(host(), runner, installed_store(tmp_path), recipe, TuneOptions())
+    assert len(runner.calls) == 1  # before: --help, the import, nvidia-smi twice, git, one read per installed file
+    assert list(runner.calls[0].words[-5:-1]) == ["base64", "-w0", "--", INSTALLED]
+    assert p.skipped == ["N=1536,K=4096"] and [s.key for s in p.shapes] == [
+        "N=4096,K=1024",
+        "N=512,K=4096",
+        "N=4096,K=256",
+    ]
+    assert p.facts is not None and (p.facts.device, p.facts.commit, p.facts.triton) == (DEVICE, COMMIT, "3.4.0")
+    assert p.facts.tuner == f"/s/{tf.TUNER_SCRIPT}" and "--batch-sizes" in p.facts.flags
+    assert p.costs == tf.Costs(recipe.tuning.tuner_startup_s, recipe.tuning.tuner_unit_s)
+
+
+def test_an_installed_config_that_cannot_be_read_is_tuned_again(tmp_path: Path) -> None:
+    gone = answers(file0=(1, "base64: /s/configs/N=1536,K=4096.json: No such file or directory"))
+    runner = FakeRunner("h1").on(("orch-probe",), stdout=framed(gone))
+    p = prepare(host(), runner, installed_store(tmp_path), load_recipe(find_recipe(DEFAULT_RECIPE, [])), TuneOptions())
+    assert p.skipped == [] and len(p.shapes) == 4 and len(runner.calls) == 1
+
+
+def test_a_failing_tuner_help_in_the_probe_is_refused_with_its_stderr() -> None:
+    failing = answers(tuner=(1, f"tuner /s/{tf.TUNER_SCRIPT}\n\n{tf.STDERR_MARK}\nloading\nImportError: moved"))
+    with pytest.raises(RefusedError) as caught:
+        discover(host(), FakeRunner("h1").on(("orch-probe",), stdout=framed(failing)))
+    assert str(caught.value).startswith(f"h1: the tuner fails: /s/{tf.TUNER_SCRIPT} --help exited 1; the end of its")
+    assert "    loading\n    ImportError: moved" in str(caught.value)
+
+
+def test_a_checkout_without_a_tuner_is_refused_in_the_probe() -> None:
+    with pytest.raises(RefusedError, match=r"h1: no block-FP8 tuner in /s \("):
+        discover(host(), FakeRunner("h1").on(("orch-probe",), stdout=framed(answers(tuner=(0, "tuner-missing")))))
+
+
+def test_a_hung_nvidia_smi_in_the_probe_is_named() -> None:
+    runner = FakeRunner("h1").on(("orch-probe",), stdout=framed(answers(gpus=(124, ""))))
+    with pytest.raises(RemoteCommandError, match="h1: nvidia-smi did not answer in 20 s"):
+        discover(host(), runner)
+
+
+def test_a_probe_cut_short_names_the_section_it_lacks() -> None:
+    cut = {k: v for k, v in answers().items() if k in ("tuner", "runtime")}
+    with pytest.raises(RemoteCommandError, match="h1: the discovery command ended before `gpus` answered"):
+        discover(host(), FakeRunner("h1").on(("orch-probe",), stdout=framed(cut)))
