@@ -281,16 +281,26 @@ def trace(out: Path, args: list[str]) -> None:
             frame = frame.f_back
         return "?"
 
+    def in_state(path: Any) -> bool:
+        """The state: one file (schema 2) or a directory of JSON files (schema 3: hosts/, seen/, fleet.json)."""
+        real = os.path.realpath(path)
+        return real == state or (real.startswith(state + os.sep) and real.endswith(".json"))
+
     def audit(event: str, details: tuple[Any, ...]) -> None:
         if event == "open" and isinstance(details[0], str | os.PathLike):
             mode, flags = details[1], details[2]
             reading = ("r" in mode and "+" not in mode) if isinstance(mode, str) else (flags & 3) == os.O_RDONLY
-            if reading and os.path.realpath(details[0]) == state:
+            if reading and in_state(details[0]):
                 timeline.append(("read", who(sys._getframe(1))))
-        elif event in ("os.replace", "os.rename") and os.path.realpath(details[1]) == state:
+        elif event in ("os.replace", "os.rename") and in_state(details[1]):
             timeline.append(("write", who(sys._getframe(1))))
 
     sys.addaudithook(audit)
+
+    def unwind(status: int) -> None:
+        raise SystemExit(status)
+
+    os._exit = unwind  # type: ignore[assignment]  # orch ends with os._exit; here it unwinds, so the trace is written
     sys.argv = ["orch", *args]
     code: Any = 0
     threading.settrace(tracer)
