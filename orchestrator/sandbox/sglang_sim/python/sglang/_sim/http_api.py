@@ -3,7 +3,9 @@
 ``/health`` and ``/health_generate`` answer 503 while the server starts or exits, 200 when serving.
 ``/server_info`` (and the deprecated ``/get_server_info``) returns every resolved server argument at the
 top level plus ``internal_states``. ``POST /generate`` waits for the scheduler (streams with
-``"stream": true`` as ``data: {...}`` server-sent events).
+``"stream": true`` as ``data: {...}`` server-sent events). ``/get_load`` is the per-DP-rank load the
+SGLang Model Gateway polls for its ``power_of_two`` policy (it sums ``num_tokens``; see orch's
+``docs/gateway.md`` for what the gateway asks of a worker).
 """
 
 import json
@@ -31,7 +33,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         routes = {"/health": self.health, "/health_generate": self.health, "/ready": self.health,
                   "/v1/models": self.models, "/model_info": self.model_info, "/get_model_info": self.model_info,
-                  "/server_info": self.server_info, "/get_server_info": self.server_info}
+                  "/server_info": self.server_info, "/get_server_info": self.server_info,
+                  "/get_load": self.load}
         route = routes.get(self.path.split("?")[0])
         return route() if route else self.send_json(404, {"detail": "Not Found"})
 
@@ -57,6 +60,16 @@ class Handler(BaseHTTPRequestHandler):
                              "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
                              "architectures": self.app.config.get("architectures"),
                              "model_type": self.app.config.get("model_type")})
+
+    def load(self):
+        engine = self.app.engine
+        if engine is None:
+            return self.send_json(503, None)
+        with engine.changed:
+            running, waiting = list(engine.running), list(engine.waiting)
+        tokens = sum(r.prompt_tokens + r.completion_tokens for r in running + waiting)
+        self.send_json(200, [{"dp_rank": 0, "num_reqs": len(running), "num_waiting_reqs": len(waiting),
+                              "num_tokens": int(tokens)}])
 
     def server_info(self):
         info = server_info(self.app.server_args)
