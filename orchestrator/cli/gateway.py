@@ -49,7 +49,7 @@ def rolling_serve(
             results.raise_bugs()
             return [(r.host, r.value, r.error) for r in results]
 
-        done = rollout.run_waves(planned, roll_wave, lambda line: err.print(inert(line), style="bold"))
+        done = rollout.run_waves(planned, roll_wave, lambda line: err.print(inert(line), style="bold"), app.store)
     return rollout_report(selected, done, serve_report)
 
 

@@ -30,7 +30,7 @@ from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.session import HostSession
-from orchestrator.state import HostState
+from orchestrator.state import HostState, RolloutRecord, StateStore, utc_now
 from orchestrator.tuning.member import Peers
 
 REGISTER_TIMEOUT = 120.0  # the gateway checks a queued worker every --worker-startup-check-interval s
@@ -78,6 +78,7 @@ def roll_host(
     if not serve_op.would_replace(session, recipe, options):
         return _unchanged(session, recipe, options, client, url, report, peers, began)
     report(f"taking {url} out of the gateway before its server is replaced")
+    record_outcome(session.store, session.host.name, "removed")
     client.remove(url)
     client.wait_removed(url, timeout=30)
     drained = drain(session, recipe, options.drain_timeout, report)
@@ -214,10 +215,33 @@ class Rollout:
 RollOne = Callable[[list[Host]], list[tuple[Host, HostRoll | None, BaseException | None]]]
 
 
-def run_waves(planned: list[list[Host]], roll_wave: RollOne, report: Callable[[str], None]) -> Rollout:
-    """Roll each wave with ``roll_wave`` (the fleet fan-out), stopping after the first wave with a failure."""
+def record_outcome(store: StateStore, name: str, outcome: str) -> None:
+    with store.update() as state:
+        if state.rollout is not None:
+            state.rollout.outcomes[name] = outcome
+
+
+def resume_first(store: StateStore, planned: list[list[Host]]) -> list[list[Host]]:
+    """An interrupted rollout's hosts left out of the gateway (``removed``) go first, in a wave of their
+    own: each is relaunched if it does not serve as asked, and registered again either way."""
+    last = store.load().rollout
+    if last is None or last.ended_at is not None:
+        return planned
+    out = [h for wave in planned for h in wave if last.outcomes.get(h.name) == "removed"]
+    rest = [[h for h in wave if h not in out] for wave in planned]
+    return ([out] if out else []) + [wave for wave in rest if wave]
+
+
+def run_waves(
+    planned: list[list[Host]], roll_wave: RollOne, report: Callable[[str], None], store: StateStore
+) -> Rollout:
+    """Roll each wave with ``roll_wave`` (the fleet fan-out), stopping after the first wave with a failure;
+    the state file holds the rollout as it goes (``State.rollout``)."""
     began = time.monotonic()
+    planned = resume_first(store, planned)
     rollout = Rollout([[h.name for h in wave] for wave in planned])
+    with store.update() as state:
+        state.rollout = RolloutRecord(waves=rollout.waves)
     for number, wave in enumerate(planned, 1):
         report(f"wave {number}/{len(planned)}: {', '.join(h.name for h in wave)}")
         failed = []
@@ -230,9 +254,13 @@ def run_waves(planned: list[list[Host]], roll_wave: RollOne, report: Callable[[s
             else:
                 rollout.hosts[host.name] = HostRoll("failed", notes=[str(error).splitlines()[0]])
                 failed.append(host.name)
+            record_outcome(store, host.name, rollout.hosts[host.name].outcome)
         if failed:
             left = [h.name for w in planned[number:] for h in w]
             rollout.halted = f"wave {number} failed on {', '.join(failed)}; not touched: {', '.join(left) or 'none'}"
             break
     rollout.seconds = time.monotonic() - began
+    with store.update() as state:
+        if state.rollout is not None:
+            state.rollout.ended_at, state.rollout.halted = utc_now(), rollout.halted
     return rollout

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from orchestrator.gateway import GatewayClient
-from orchestrator.state import StateStore
+from orchestrator.state import RolloutRecord, StateStore
 from tests.conftest import FleetEnv
 from tests.gateway_smg import RunningGateway, running_smg
 from tests.integration.test_serve import playbook
@@ -153,6 +153,10 @@ def test_rolling_serve_behind_the_gateway_fails_no_request(
         argv = argv_of(env, name)
         assert argv[argv.index("--max-running-requests") + 1] == "64"
     assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+    recorded = StateStore(env.state).load().rollout
+    assert recorded is not None and recorded.ended_at is not None and recorded.halted is None
+    assert recorded.waves == [["sim-1"], ["sim-2"], ["sim-3"]]
+    assert recorded.outcomes == {"sim-1": "relaunched", "sim-2": "relaunched", "sim-3": "relaunched"}
 
 
 def test_plain_serve_of_the_same_fleet_fails_requests(
@@ -187,3 +191,28 @@ def test_canary_not_as_asked_halts_rolls_back_and_re_registers(
     for name in ("sim-2", "sim-3"):
         assert (argv_of(env, name), server_job(env, name)) == old[name]
     assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+    recorded = StateStore(env.state).load().rollout
+    assert recorded is not None and recorded.outcomes == {"sim-1": "rolled back"}
+    assert recorded.halted == "wave 1 failed on sim-1; not touched: sim-2, sim-3"
+
+
+def test_an_interrupted_rollout_resumes_by_registering_the_host_it_left_out_first(
+    gateway_fleet: GatewayFleet,
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    sim2 = gateway_fleet.urls()[1]
+    client.remove(sim2)  # as a rollout cut off after taking sim-2 out of the gateway leaves it
+    client.wait_removed(sim2, timeout=10)
+    with StateStore(env.state).update() as state:
+        state.rollout = RolloutRecord(
+            waves=[["sim-1"], ["sim-2"], ["sim-3"]], outcomes={"sim-1": "relaunched", "sim-2": "removed"}
+        )
+    jobs = {name: server_job(env, name) for name in ("sim-1", "sim-2", "sim-3")}
+    run = env.orch("serve", "--rolling")
+    assert run.returncode == 0, run.output
+    waves = [line for line in run.stderr.splitlines() if line.startswith("wave ")]
+    assert waves == ["wave 1/3: sim-2", "wave 2/3: sim-1", "wave 3/3: sim-3"]
+    assert f"sim-2: serving as asked but not registered: registering {sim2}" in run.stderr
+    assert "sim-2: rollout unchanged in " in run.stdout and "(re-registered)" in run.stdout
+    assert {name: server_job(env, name) for name in jobs} == jobs  # nothing relaunched
+    assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
