@@ -31,8 +31,8 @@ from tests.integration.test_serve import playbook
 
 MakeFleet = Callable[..., FleetEnv]
 KNOBS = {"startup_seconds": 1.5, "decode_step_seconds": 0.002}
-MAX_REQUESTS = 3000
-LOAD_SECONDS = 120.0
+MAX_REQUESTS = 30000
+LOAD_SECONDS = 240.0
 CLIENTS = 3
 
 
@@ -43,6 +43,7 @@ class Load:
     url: str
     sent: int = 0
     failed: list[str] = field(default_factory=list)
+    ran_out: bool = False  # a bound stopped a client before orch finished: the test would prove nothing
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -51,10 +52,12 @@ class Load:
         while not self.stop.is_set() and time.monotonic() < deadline:
             with self.lock:
                 if self.sent >= MAX_REQUESTS:
+                    self.ran_out = True
                     return
                 self.sent += 1
                 number = self.sent
             self.one(f"client {index} request {number}")
+        self.ran_out = self.ran_out or not self.stop.is_set()
 
     def one(self, text: str) -> None:
         body = json.dumps({"text": text, "sampling_params": {"max_new_tokens": 4}}).encode()
@@ -86,6 +89,7 @@ def load_during() -> Callable[[str, Callable[[], Any]], tuple[Any, Load]]:
             load.stop.set()
             for thread in threads:
                 thread.join(timeout=60)
+        assert not load.ran_out, f"the load stopped at a bound ({load.sent} requests) before orch finished"
         return result, load
 
     return run
