@@ -98,8 +98,8 @@ def _worker(item: Any) -> Worker:
 
 
 def parse_loads(payload: Any) -> dict[str, int]:
-    """``GET /get_loads``'s ``{"workers": [{"worker": URL, "load": N}]}`` → URL → load (the workers'
-    own ``/get_load`` ``num_tokens``, summed over DP ranks by the gateway)."""
+    """``GET /get_loads``'s ``{"workers": [{"worker": URL, "load": N}]}`` → URL → load (only polled under
+    ``power_of_two``, from the workers' ``/get_load``; -1 when that fails, as on SGLang 0.5.23, which has none)."""
     if not isinstance(payload, dict) or not isinstance(payload.get("workers"), list):
         raise ValueError("expected an object with a 'workers' list")
     loads: dict[str, int] = {}

@@ -4,7 +4,7 @@ Hosts go in waves of ``max_unavailable`` (canary-tagged hosts first, each wave w
 before). For each host of a wave:
 
 1. ``remove``: the gateway stops routing to it (``DELETE /workers/{id}``, waited for);
-2. ``drain``: its in-flight requests finish, bounded by ``drain_timeout`` (the server's ``/get_load``,
+2. ``drain``: its in-flight requests finish, bounded by ``drain_timeout`` (the server's ``/v1/loads``,
    asked from the host; a server without it is drained by serve's own SIGTERM wait);
 3. ``serve``: ``ops.serve.serve`` relaunches and verifies it exactly as ``orch serve`` does (nothing of
    it is repeated here), with rollback on;
@@ -123,8 +123,8 @@ def _bind(recipe: Recipe) -> str | None:
 
 def drain(session: HostSession, recipe: Recipe, timeout: float, report: serve_op.Report) -> int:
     """Wait (at most ``timeout`` s) until the server has no request running or queued; returns how many
-    were in flight at first. A server that does not answer ``/get_load`` is left to serve's SIGTERM drain."""
-    url = facts.base_url(recipe, session.host) + "/get_load"
+    were in flight at first. A server that does not answer ``/v1/loads`` is left to serve's SIGTERM drain."""
+    url = facts.base_url(recipe, session.host) + "/v1/loads?include=core"
     deadline = time.monotonic() + timeout
     first: int | None = None
     while True:
@@ -142,10 +142,12 @@ def drain(session: HostSession, recipe: Recipe, timeout: float, report: serve_op
 
 
 def _in_flight(payload: object) -> int | None:
-    """``/get_load``'s per-DP-rank list → running + waiting requests (None: not that shape)."""
-    if not isinstance(payload, list) or not all(isinstance(r, dict) for r in payload):
+    """``/v1/loads``' ``{"loads": [per DP rank]}`` → its running + waiting requests, summed over the ranks
+    (None: not that shape)."""
+    loads = payload.get("loads") if isinstance(payload, dict) else None
+    if not isinstance(loads, list) or not all(isinstance(r, dict) for r in loads):
         return None
-    return sum(int(r.get("num_reqs", 0)) + int(r.get("num_waiting_reqs", 0)) for r in payload)
+    return sum(int(r.get("num_running_reqs", 0)) + int(r.get("num_waiting_reqs", 0)) for r in loads)
 
 
 def register(client: GatewayClient, url: str, report: serve_op.Report) -> None:

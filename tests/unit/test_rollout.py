@@ -34,6 +34,10 @@ def test_waves_put_the_canary_first_and_hold_at_most_n_hosts(
 
 
 def test_in_flight_counts_running_and_waiting_requests_of_every_dp_rank() -> None:
-    assert _in_flight([{"num_reqs": 2, "num_waiting_reqs": 1, "num_tokens": 9}, {"num_reqs": 1}]) == 4
-    assert _in_flight([]) == 0
+    """The shape of SGLang 0.5.23's ``GET /v1/loads?include=core`` (sglang/srt/entrypoints/v1_loads.py)."""
+    ranks = [{"dp_rank": 0, "num_running_reqs": 2, "num_waiting_reqs": 1, "num_used_tokens": 9},
+             {"dp_rank": 1, "num_running_reqs": 1, "num_waiting_reqs": 0}]  # fmt: skip
+    assert _in_flight({"timestamp": "t", "version": "0.5.23", "num_accelerators": 8, "loads": ranks}) == 4
+    assert _in_flight({"loads": []}) == 0
     assert _in_flight({"detail": "Not Found"}) is None
+    assert _in_flight([{"num_reqs": 2, "num_waiting_reqs": 1}]) is None  # the pre-0.5 /get_load list
