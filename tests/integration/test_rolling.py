@@ -29,8 +29,7 @@ from tests.conftest import FleetEnv
 from tests.gateway_smg import RunningGateway, running_smg
 from tests.integration.test_serve import playbook
 
-MakeFleet = Callable[..., FleetEnv]
-KNOBS = {"startup_seconds": 1.5, "decode_step_seconds": 0.002}
+KNOBS = {"startup_seconds": 0.75, "decode_step_seconds": 0.002}
 MAX_REQUESTS = 30000
 LOAD_SECONDS = 240.0
 CLIENTS = 3
@@ -108,24 +107,49 @@ class GatewayFleet:
         return [f"http://127.0.0.1:{h.server_port}" for h in self.env.fleet.hosts]  # type: ignore[attr-defined]
 
 
+@pytest.fixture(scope="module")
+def shared_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayFleet]:
+    """One 3-host fleet (sim-1 tagged canary) behind one smg for the module, the inventory naming it;
+    ``gateway_fleet`` puts it back as it started before each test."""
+    from orchestrator.sandbox import SimFleet
+
+    root = tmp_path_factory.mktemp("rolling")
+    with SimFleet(root / "fleet", n_hosts=3) as fleet:
+        env = FleetEnv(fleet, fleet.write_inventory(root / "hosts.yaml", trust=True), root / "state" / "state.json")
+        for host in fleet.hosts:
+            host.set_knobs(**KNOBS)
+        first = env.orch("serve", "--yes")
+        assert first.returncode == 0, first.output
+        urls = tuple(f"http://127.0.0.1:{h.server_port}" for h in fleet.hosts)
+        with running_smg(root / "smg.log", "--policy", "round_robin", workers=urls) as smg:
+            doc = yaml.safe_load(env.inventory.read_text())
+            doc["hosts"]["sim-1"]["tags"] = ["canary"]
+            doc["gateway"] = {"url": smg.gateway.url}
+            env.inventory.write_text(yaml.safe_dump(doc))
+            yield GatewayFleet(env, smg)
+
+
 @pytest.fixture
-def gateway_fleet(make_fleet: MakeFleet, tmp_path: Path) -> Iterator[GatewayFleet]:
-    """3 hosts serving the default recipe (sim-1 tagged canary), behind smg, the inventory naming it."""
-    env = make_fleet(3)
+def gateway_fleet(shared_fleet: GatewayFleet) -> GatewayFleet:
+    """The shared fleet as it started: every host serving a fresh server of the default recipe with the
+    test knobs, no rollout in the state, every server registered afresh and routed to by the gateway."""
+    env, client = shared_fleet.env, shared_fleet.client
     for host in env.fleet.hosts:  # type: ignore[attr-defined]
-        host.set_knobs(**KNOBS)
-    first = env.orch("serve", "--yes")
-    assert first.returncode == 0, first.output
-    urls = tuple(f"http://127.0.0.1:{h.server_port}" for h in env.fleet.hosts)  # type: ignore[attr-defined]
-    with running_smg(tmp_path / "smg.log", "--policy", "round_robin", workers=urls) as smg:
-        doc = yaml.safe_load(env.inventory.read_text())
-        doc["hosts"]["sim-1"]["tags"] = ["canary"]
-        doc["gateway"] = {"url": smg.gateway.url}
-        env.inventory.write_text(yaml.safe_dump(doc))
-        client = smg.client()
-        for url in urls:
-            client.wait_routing(url, timeout=60)
-        yield GatewayFleet(env, smg)
+        host.set_knobs(accept_length=None, **KNOBS)
+    with StateStore(env.state).update() as state:
+        state.rollout = None
+    reset = env.orch("serve", "--no-rolling", "--force", "--yes")  # fresh servers, read the knobs anew
+    assert reset.returncode == 0, reset.output
+    registered = {w.url for w in client.workers()}
+    for url in registered:  # registered afresh: no health or circuit-breaker state left from the last test
+        client.remove(url)
+    for url in registered:
+        client.wait_removed(url, timeout=10)
+    for url in shared_fleet.urls():
+        client.add(url)
+    for url in shared_fleet.urls():
+        client.wait_routing(url, timeout=60)
+    return shared_fleet
 
 
 def argv_of(env: FleetEnv, name: str) -> list[str]:
