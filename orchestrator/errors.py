@@ -10,6 +10,8 @@ bug and keeps its traceback.
     │                                       found, invalid YAML, a key given twice, a bad value, or a
     │                                       recipe the MTP rules refuse (no host needed to know)
     ├── StateError                  exit 4  state file corrupt, unknown version, or locked too long
+    ├── GatewayError                exit 3  the SGLang Model Gateway unreachable, refusing a request, or
+    │                                       answering what orch cannot read (issue 12)
     └── HostError                   exit 3  per-host failure, collected by the fleet fan-out
         ├── UnreachableError                cannot connect (refused, timeout, DNS)
         ├── HostKeyError                    unknown or changed host key
@@ -68,6 +70,10 @@ class StateError(OrchError):
 
 
 class HostError(OrchError):
+    exit_code = ExitCode.HOSTS_FAILED
+
+
+class GatewayError(OrchError):
     exit_code = ExitCode.HOSTS_FAILED
 
 

@@ -21,6 +21,7 @@ _UPSTREAM = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*/[A-Za-z0-9_.][A-Za-z0-9_.
 _USER = re.compile(r"^[a-z_][a-z0-9_.-]*\$?$", re.IGNORECASE)
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")
 _REMOTE_PATH_KEYS = ("sglang_dir", "python", "workdir", "model_path")
+_GATEWAY_URL = re.compile(r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}/?$")
 
 
 class HostSettings(BaseModel):
@@ -137,11 +138,50 @@ class Host(HostSettings):
         return f"{self.name} ({self.address})"
 
 
+class Gateway(BaseModel):
+    """``gateway:`` in hosts.yaml: the SGLang Model Gateway (``smg``) in front of the fleet (issue 12).
+
+    ``api_key_env`` names the environment variable holding the gateway's API key: the key itself is
+    never written in hosts.yaml, on a command line, in a log or in the state file. ``host`` is the
+    inventory host on which ``orch gateway up`` runs ``smg``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    api_key_env: str | None = None
+    host: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not _GATEWAY_URL.match(value):
+            raise ValueError("must be http://HOST:PORT (no path, no user or password), e.g. http://10.1.2.3:30080")
+        return value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", value):
+            raise ValueError(f"{value!r} is not an environment variable name (the variable holds the key)")
+        return value
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    @property
+    def bind_address(self) -> str:
+        """The address part of ``url`` (what ``smg --host`` binds on ``host``)."""
+        return self.url.split("://", 1)[1].rsplit(":", 1)[0].strip("[]")
+
+
 class Inventory(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: Path
     hosts: dict[str, Host]
+    gateway: Gateway | None = None
 
     def select(self, names: tuple[str, ...] = (), tags: tuple[str, ...] = ()) -> list[Host]:
         """Hosts named (by name or address) or tagged; neither → every host. Unknown → exit 2."""
@@ -184,7 +224,8 @@ def load_inventory(path: Path) -> Inventory:
     if not isinstance(hosts_raw, dict) or not hosts_raw:
         raise ConfigError(f"{path}: 'hosts' must be a mapping of host names to settings, with at least one host")
     hosts = {str(name): _validate_host(path, str(name), spec, defaults) for name, spec in hosts_raw.items()}
-    return Inventory(path=path, hosts=hosts)
+    gateway = _validate_gateway(path, raw["gateway"], hosts) if "gateway" in raw else None
+    return Inventory(path=path, hosts=hosts, gateway=gateway)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -197,16 +238,16 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     raw = load_yaml(path, text)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping with 'hosts' (and optional 'defaults')")
-    unknown = sorted(set(raw) - {"defaults", "hosts"})
+    unknown = sorted(set(raw) - {"defaults", "hosts", "gateway"})
     if unknown:
-        raise ConfigError(f"{path}: unknown top-level key {unknown[0]!r}; allowed: defaults, hosts")
+        raise ConfigError(f"{path}: unknown top-level key {unknown[0]!r}; allowed: defaults, hosts, gateway")
     return raw
 
 
 def _refuse_control_characters(path: Path, raw: dict[str, Any]) -> None:
     """A newline, CR, NUL, ... anywhere in hosts.yaml → exit 2 naming the host and key, never the value."""
     hosts = raw.get("hosts")
-    sections: list[tuple[str, Any]] = [("defaults", raw.get("defaults"))]
+    sections: list[tuple[str, Any]] = [("defaults", raw.get("defaults")), ("gateway", raw.get("gateway"))]
     if isinstance(hosts, dict):
         for name, spec in hosts.items():
             if control_character(name):
@@ -242,13 +283,29 @@ def _validate_host(path: Path, name: str, spec: Any, defaults: dict[str, Any]) -
         raise ConfigError(_describe(path, f"host {name!r}", exc)) from None
 
 
-def _describe(path: Path, where: str, exc: ValidationError) -> str:
+def _validate_gateway(path: Path, raw: Any, hosts: dict[str, Host]) -> Gateway:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: 'gateway' must be a mapping with 'url' (and optional 'api_key_env', 'host')")
+    try:
+        gateway = Gateway.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_describe(path, "gateway", exc, Gateway)) from None
+    if gateway.host is not None and gateway.host not in hosts:
+        raise ConfigError(
+            f"{path}: gateway, key 'host': {gateway.host!r} is not a host of the inventory; "
+            f"known hosts: {', '.join(hosts)}",
+            hint="name the inventory host that runs smg, or leave 'host' out if the gateway runs elsewhere",
+        )
+    return gateway
+
+
+def _describe(path: Path, where: str, exc: ValidationError, model: type[BaseModel] = Host) -> str:
     """One line per problem: file, host, key, what is wrong."""
     lines = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "?"
         if err["type"] == "extra_forbidden":
-            allowed = ", ".join(k for k in Host.model_fields if k != "name")
+            allowed = ", ".join(k for k in model.model_fields if k != "name")
             lines.append(f"{path}: {where}: unknown key {key!r} (allowed: {allowed})")
         elif err["type"] == "missing":
             lines.append(f"{path}: {where}: missing required key {key!r}")

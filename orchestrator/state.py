@@ -428,12 +428,25 @@ class HostState(_Model):
         return self.steps
 
 
+class RolloutRecord(_Model):
+    """The last ``orch serve --rolling`` (issue 12): its waves as planned, each host's outcome as it
+    happened (``removed`` while out of the gateway; then relaunched, unchanged, rolled back or failed),
+    and why it halted. ``ended_at`` None: interrupted; the same command resumes it."""
+
+    started_at: UtcDateTime = Field(default_factory=utc_now)
+    ended_at: UtcDateTime | None = None
+    waves: list[list[str]] = Field(default_factory=list)
+    outcomes: dict[str, str] = Field(default_factory=dict)
+    halted: str | None = None
+
+
 class State(_Model):
     """The whole state file."""
 
     schema_version: int = SCHEMA_VERSION
     hosts: dict[str, HostState] = Field(default_factory=dict)
     tuning_plans: dict[str, PlanRecord] = Field(default_factory=dict)  # by id; hosts' tuning names theirs
+    rollout: RolloutRecord | None = None
 
     def host(self, name: str) -> HostState:
         """The state of host ``name``, created (phase ``new``) on first use."""

@@ -14,7 +14,7 @@ from orchestrator.errors import ExitCode
 from orchestrator.facts import server as facts
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import ServeOptions
-from orchestrator.render import err, out
+from orchestrator.render import err, inert, out
 from orchestrator.session import HostSession
 from orchestrator.views.serve import discovery_report, reporter, serve_report, stopped_line
 
@@ -78,6 +78,14 @@ _drain = click.option(
 @_drain
 @yes_option
 @click.option("--dry-run", is_flag=True, help="Print what would be stopped and launched per host; change nothing.")
+@click.option(
+    "--rolling/--no-rolling",
+    default=None,
+    help="Relaunch in waves behind the inventory's gateway, serving throughout (default with a gateway: "
+    "on for the whole fleet).",
+)
+@click.option("--max-unavailable", type=click.IntRange(1), default=1, show_default=True, help="Hosts per wave.")
+@click.option("--canary", metavar="TAG", help="With --rolling: the hosts with this tag go first.")
 @pass_app
 def serve(
     app: App,
@@ -96,6 +104,9 @@ def serve(
     drain_timeout: float,
     yes: bool,
     dry_run: bool,
+    rolling: bool | None,
+    max_unavailable: int,
+    canary: str | None,
 ) -> int:
     """Relaunch SGLang with the recipe (MTP by default) and verify it serves as asked.
 
@@ -112,6 +123,7 @@ def serve(
       orch serve --tag canary --rollback --min-accept 2.5
       orch serve --yes --fp8-gemm-backend triton
       orch serve --dry-run
+      orch serve --rolling --canary canary --max-unavailable 2
     """
     options = ServeOptions(
         mtp=mtp,
@@ -126,6 +138,13 @@ def serve(
     )
     selected = app.select(hosts, tags)
     chosen = app.recipes(selected, playbook, mtp=mtp)
+    if rolling is None and not dry_run and not (hosts or tags) and app.inventory.gateway is not None:
+        err.print(f"the inventory has a gateway: rolling relaunch ({inert(app.inventory.gateway.url)})", style="bold")
+        rolling = True
+    if rolling and not dry_run:
+        from orchestrator.cli.gateway import rolling_serve
+
+        return rolling_serve(app, selected, chosen, options, parallel, max_unavailable, canary)
     with app.fleet(selected, parallel) as fleet:
         if dry_run:
             plans = fleet.map_sessions(lambda s: serve_op.dry_run(s, chosen[s.name], options), lambda: app.store)

@@ -51,6 +51,7 @@ def test_the_v1_shape_of_a_migrated_real_v1_file_is_that_file(tmp_path: Path) ->
     migrated = as_v1(json.loads(StateStore(path).load().model_dump_json()))
     original = json.loads(V1_DEMO.read_text())
     migrated.pop("tuning_plans")  # the plans, stored once since v2: checked by the tuning modules' own step
+    migrated.pop("rollout")  # the last rolling relaunch (issue 12), none in a v1 file
     for doc in (migrated, original):
         for host in doc["hosts"].values():
             host.pop("tuning")

@@ -3,13 +3,17 @@
 ``/health`` and ``/health_generate`` answer 503 while the server starts or exits, 200 when serving.
 ``/server_info`` (and the deprecated ``/get_server_info``) returns every resolved server argument at the
 top level plus ``internal_states``. ``POST /generate`` waits for the scheduler (streams with
-``"stream": true`` as ``data: {...}`` server-sent events).
+``"stream": true`` as ``data: {...}`` server-sent events). ``/v1/loads`` is SGLang 0.5's per-DP-rank load
+(``{"timestamp", "version", "accelerator", "num_accelerators", "loads": [{"dp_rank", "num_running_reqs",
+"num_waiting_reqs", "num_used_tokens", ...}]}``, sglang/srt/entrypoints/v1_loads.py); there is no
+``/get_load`` (404, as on the real server; see orch's ``docs/gateway.md`` for what the gateway asks).
 """
 
 import json
 import sys
 import logging
 import time
+from datetime import datetime, timezone
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -31,7 +35,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         routes = {"/health": self.health, "/health_generate": self.health, "/ready": self.health,
                   "/v1/models": self.models, "/model_info": self.model_info, "/get_model_info": self.model_info,
-                  "/server_info": self.server_info, "/get_server_info": self.server_info}
+                  "/server_info": self.server_info, "/get_server_info": self.server_info,
+                  "/v1/loads": self.loads}
         route = routes.get(self.path.split("?")[0])
         return route() if route else self.send_json(404, {"detail": "Not Found"})
 
@@ -57,6 +62,23 @@ class Handler(BaseHTTPRequestHandler):
                              "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
                              "architectures": self.app.config.get("architectures"),
                              "model_type": self.app.config.get("model_type")})
+
+    def loads(self):
+        engine = self.app.engine
+        if engine is None:
+            return self.send_json(503, None)
+        with engine.changed:
+            running, waiting = list(engine.running), list(engine.waiting)
+        used = int(sum(r.prompt_tokens + r.completion_tokens for r in running))
+        load = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": len(running),
+                "num_waiting_reqs": len(waiting),
+                "num_waiting_uncached_tokens": int(sum(r.prompt_tokens for r in waiting)),
+                "num_used_tokens": used, "num_total_tokens": used, "num_active_tokens": used,
+                "num_prealloc_ready_tokens": 0, "max_total_num_tokens": 0, "max_running_requests": engine.max_running,
+                "token_usage": 0.0, "gen_throughput": 0.0, "cache_hit_rate": 0.0, "utilization": 0.0,
+                "total_prefill_uncached_tokens": 0, "total_prefill_busy_us": 0, "decode_moments": None}
+        self.send_json(200, {"timestamp": datetime.now(timezone.utc).isoformat(), "version": __version__,
+                             "accelerator": None, "num_accelerators": 1, "loads": [load]})
 
     def server_info(self):
         info = server_info(self.app.server_args)

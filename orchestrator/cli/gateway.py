@@ -1,0 +1,75 @@
+"""The SGLang Model Gateway commands (issue 12): ``orch serve --rolling``'s front end."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from orchestrator.app import App
+from orchestrator.errors import ExitCode, UsageError
+from orchestrator.gateway import GatewayClient
+from orchestrator.inventory import Host
+from orchestrator.ops import rollout
+from orchestrator.ops.serve import ServeResult
+from orchestrator.recipe import Recipe, ServeOptions
+from orchestrator.render import err, inert, out
+from orchestrator.views.serve import reporter, serve_report
+
+
+def rolling_serve(
+    app: App,
+    selected: list[Host],
+    chosen: dict[str, Recipe],
+    options: ServeOptions,
+    parallel: int,
+    max_unavailable: int,
+    canary: str | None,
+) -> int:
+    """Relaunch ``selected`` in waves behind the inventory's gateway (``ops.rollout``); exit 0, or the
+    failed host's code (3 did not start, 5 not as asked) after the halt."""
+    gateway = app.inventory.gateway
+    if gateway is None:
+        raise UsageError(
+            f"--rolling needs the gateway in front of the fleet: {app.inventory.path} has no 'gateway:'",
+            hint="add gateway: {url: http://HOST:PORT} to the inventory (README: Gateway)",
+        )
+    if canary is not None:
+        app.select(tags=(canary,))  # an unknown tag is exit 2 before anything changes
+    client = GatewayClient(gateway)
+    client.workers()  # unreachable or refused → exit 3 before anything changes
+    planned = rollout.waves(selected, max_unavailable, canary)
+    with app.fleet(selected, parallel) as fleet:
+
+        def roll_wave(wave: list[Host]) -> list[tuple[Host, rollout.HostRoll | None, BaseException | None]]:
+            results = fleet.map_sessions(
+                lambda s: rollout.roll_host(s, chosen[s.name], options, client, reporter(s.host), app.peers(fleet)),
+                lambda: app.store,
+                wave,
+            )
+            results.raise_bugs()
+            return [(r.host, r.value, r.error) for r in results]
+
+        done = rollout.run_waves(planned, roll_wave, lambda line: err.print(inert(line), style="bold"), app.store)
+    return rollout_report(selected, done, serve_report)
+
+
+def rollout_report(
+    selected: list[Host], done: rollout.Rollout, serve_report: Callable[[Host, ServeResult], None]
+) -> int:
+    """One line per host (its serve report first), the halt's reason, and the exit code."""
+    code = ExitCode.OK
+    for host in selected:
+        roll = done.hosts.get(host.name)
+        if roll is None:
+            out.print(f"{host.name}: not touched (still on its old server)", markup=False)
+            continue
+        if roll.result is not None:
+            serve_report(host, roll.result)
+        notes = f" ({'; '.join(roll.notes)})" if roll.notes else ""
+        out.print(f"{host.name}: rollout {roll.outcome} in {roll.seconds:.1f} s{notes}", markup=False)
+        if roll.outcome in ("rolled back", "failed") and code == ExitCode.OK:
+            code = ExitCode.VERIFY_FAILED if roll.result is not None else ExitCode.HOSTS_FAILED
+    if done.halted:
+        err.print(inert(f"rollout halted: {done.halted}"), style="bold red")
+    else:
+        out.print(f"rollout complete: {len(done.waves)} waves in {done.seconds:.1f} s", markup=False)
+    return int(code)

@@ -1,0 +1,231 @@
+"""The SGLang Model Gateway (``smg``, package ``sglang-router``) as orch drives it (issue 12).
+
+orch talks to the gateway's HTTP API from the controller, at the inventory's ``gateway.url``; what the
+API answers was read from the real ``smg`` 0.3.2 (``docs/gateway.md``). ``POST /workers`` queues a
+worker (202): the gateway asks the worker ``/health``, ``/server_info`` and ``/model_info`` and lists it
+only once they answered, healthy. ``DELETE /workers/{id}`` (202) takes it out of routing; requests
+already sent to it finish on their own connection. A worker is known to the gateway by a random id per
+registration, to orch by its URL (``http://ADDRESS:SERVER_PORT``).
+
+The API key is read from the environment variable the inventory names and sent only as the
+``Authorization`` header: never on a command line, in a log, an error message or the state file.
+
+The parsers (``parse_workers``, ``parse_loads``) are pure; ``GatewayClient`` is the one place that
+sends requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from orchestrator.errors import GatewayError, UsageError
+from orchestrator.inventory import Gateway, Host
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker as the gateway lists it: ``load`` is the gateway's own count of requests in flight."""
+
+    id: str
+    url: str
+    healthy: bool
+    load: int
+    model: str
+
+
+# ``smg launch`` takes its API key only as ``--api-key KEY``, which would put the secret on a command
+# line (ps, the job record). orch starts the gateway through its own Python entry point instead, with
+# the key read from the environment variable the inventory names (argv[1]); the rest of argv is smg's.
+SMG_LAUNCHER = (
+    "import os, sys\n"
+    "from sglang_router.launch_router import launch_router, parse_router_args\n"
+    "args = parse_router_args(sys.argv[2:])\n"
+    "args.api_key = (os.environ.get(sys.argv[1]) or None) if sys.argv[1] else None\n"
+    "launch_router(args)\n"
+)
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def smg_argv(
+    python: str, gateway: Gateway, workers: tuple[str, ...] = (), *extra: str, metrics_port: int | None = None
+) -> list[str]:
+    """The command that runs the gateway at ``gateway.url`` with ``python`` (the one ``sglang-router``
+    is installed in): smg's own flags, the key's variable name, never the key. smg also serves
+    Prometheus metrics, by default on 0.0.0.0:29000: orch binds them beside the gateway (its address,
+    ``metrics_port``, default the gateway's port + 1), so two gateways never collide and nothing
+    listens on an address the inventory did not name."""
+    metrics = metrics_port or gateway.port + 1
+    argv = [python, "-c", SMG_LAUNCHER, gateway.api_key_env or "", "--host", gateway.bind_address]
+    argv += ["--port", str(gateway.port), "--prometheus-host", gateway.bind_address, "--prometheus-port", str(metrics)]
+    return argv + [*extra] + (["--worker-urls", *workers] if workers else [])
+
+
+def worker_url(host: Host, bind: str | None = None) -> str:
+    """The URL the gateway reaches a host's server at: the address its ``--host`` binds (SGLang's default
+    127.0.0.1, reachable only from the host itself), the host's inventory address for a wildcard."""
+    address = host.address if bind in WILDCARDS else (bind or "127.0.0.1")
+    address = f"[{address}]" if ":" in address else address
+    return f"http://{address}:{host.server_port}"
+
+
+def parse_workers(payload: Any) -> list[Worker]:
+    """``GET /workers``'s ``{"workers": [...], "total": N, ...}`` → workers; a wrong shape → ValueError."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("workers"), list):
+        raise ValueError("expected an object with a 'workers' list")
+    return [_worker(item) for item in payload["workers"]]
+
+
+def _worker(item: Any) -> Worker:
+    if not isinstance(item, dict) or not isinstance(item.get("url"), str) or not isinstance(item.get("id"), str):
+        raise ValueError("a worker without 'id' and 'url'")
+    load = item.get("load", 0)
+    return Worker(
+        id=item["id"],
+        url=item["url"],
+        healthy=item.get("is_healthy") is True,
+        load=load if isinstance(load, int) else 0,
+        model=str(item.get("model_id") or ""),
+    )
+
+
+def parse_loads(payload: Any) -> dict[str, int]:
+    """``GET /get_loads``'s ``{"workers": [{"worker": URL, "load": N}]}`` → URL → load (only polled under
+    ``power_of_two``, from the workers' ``/get_load``; -1 when that fails, as on SGLang 0.5.23, which has none)."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("workers"), list):
+        raise ValueError("expected an object with a 'workers' list")
+    loads: dict[str, int] = {}
+    for item in payload["workers"]:
+        if not isinstance(item, dict) or not isinstance(item.get("worker"), str):
+            raise ValueError("a load entry without 'worker'")
+        load = item.get("load")
+        loads[item["worker"]] = load if isinstance(load, int) else 0
+    return loads
+
+
+def api_key(gateway: Gateway, environ: Mapping[str, str]) -> str | None:
+    """The key from the variable ``gateway.api_key_env`` names; named but unset → exit 2."""
+    if gateway.api_key_env is None:
+        return None
+    key = environ.get(gateway.api_key_env)
+    if not key:
+        raise UsageError(
+            f"the inventory's gateway.api_key_env names {gateway.api_key_env}, which is not set in orch's environment",
+            hint=f"export {gateway.api_key_env}=... (the gateway's --api-key) before running orch",
+        )
+    return key
+
+
+class GatewayClient:
+    """The gateway's worker API: list, add, remove, loads, and waits on them."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        environ: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.gateway = gateway
+        self.base = gateway.url.rstrip("/")
+        self._key = api_key(gateway, os.environ if environ is None else environ)
+        self.timeout = timeout
+        self._sleep = sleep
+
+    def alive(self) -> bool:
+        """``GET /health`` answers 200 (the gateway process serves; says nothing of the workers)."""
+        try:
+            return self._call("GET", "/health", parse=False) is not None
+        except GatewayError:
+            return False
+
+    def workers(self) -> list[Worker]:
+        return self._parsed("/workers", parse_workers)
+
+    def loads(self) -> dict[str, int]:
+        return self._parsed("/get_loads", parse_loads)
+
+    def find(self, url: str) -> Worker | None:
+        return next((w for w in self.workers() if w.url == url), None)
+
+    def add(self, url: str) -> str:
+        """Queue ``url`` for registration (the gateway checks it in the background); returns its id."""
+        answer = self._call("POST", "/workers", {"url": url})
+        if not isinstance(answer, dict) or not isinstance(answer.get("worker_id"), str):
+            raise GatewayError(f"gateway {self.base}: POST /workers answered without a worker_id")
+        return str(answer["worker_id"])
+
+    def remove(self, url: str) -> bool:
+        """Take every registration of ``url`` out of routing; False if it was not registered."""
+        found = [w for w in self.workers() if w.url == url]
+        for worker in found:
+            self._call("DELETE", f"/workers/{worker.id}")
+        return bool(found)
+
+    def wait_routing(self, url: str, timeout: float, poll: float = 0.2) -> Worker:
+        """Until the gateway lists ``url`` healthy (it then routes to it), at most ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            worker = self.find(url)
+            if worker is not None and worker.healthy:
+                return worker
+            if time.monotonic() >= deadline:
+                raise GatewayError(
+                    f"gateway {self.base}: {url} not listed healthy after {timeout:g} s",
+                    hint="see the gateway's log; the worker must answer /health, /server_info and /model_info",
+                )
+            self._sleep(poll)
+
+    def wait_removed(self, url: str, timeout: float, poll: float = 0.2) -> None:
+        """Until the gateway no longer lists ``url`` (removal is queued, not immediate)."""
+        deadline = time.monotonic() + timeout
+        while self.find(url) is not None:
+            if time.monotonic() >= deadline:
+                raise GatewayError(f"gateway {self.base}: {url} still listed {timeout:g} s after its removal")
+            self._sleep(poll)
+
+    def _parsed(self, path: str, parse: Callable[[Any], T]) -> T:
+        answer = self._call("GET", path)
+        try:
+            return parse(answer)
+        except ValueError as exc:
+            raise GatewayError(f"gateway {self.base}: GET {path} answered an unexpected shape: {exc}") from None
+
+    def _call(self, method: str, path: str, body: Any = None, parse: bool = True) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if self._key is not None:
+            headers["Authorization"] = f"Bearer {self._key}"
+        request = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                text = response.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as exc:
+            raise GatewayError(_refusal(self.base, method, path, exc.code, self.gateway)) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise GatewayError(
+                f"gateway {self.base} unreachable ({method} {path}): {reason}",
+                hint="is smg running there? `orch gateway up` starts it on the inventory's gateway.host",
+            ) from None
+        if not parse:
+            return text
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise GatewayError(f"gateway {self.base}: {method} {path} answered no JSON") from None
+
+
+def _refusal(base: str, method: str, path: str, status: int, gateway: Gateway) -> str:
+    if status == 401:
+        which = f"the key in ${gateway.api_key_env}" if gateway.api_key_env else "no API key"
+        return f"gateway {base} refused {method} {path} with 401 (unauthorized): orch sent {which}"
+    return f"gateway {base}: {method} {path} answered HTTP {status}"

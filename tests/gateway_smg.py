@@ -1,0 +1,89 @@
+"""The real SGLang Model Gateway (``smg`` from ``sglang-router``) on loopback, for the gateway tests (issue 12).
+
+``scripts/test.sh`` installs it into ``.venv-smg/``; a test that needs it and does not find it fails
+and says how to install it (never skips). It runs through orch's own launcher (``gateway.smg_argv``),
+with the API key in the environment, the Prometheus exporter beside it on loopback, and
+``HF_ENDPOINT`` on a closed loopback port: at registration smg looks up the worker's tokenizer on
+Hugging Face, which must stay off the network here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from orchestrator.gateway import GatewayClient, smg_argv
+from orchestrator.inventory import Gateway
+from orchestrator.sandbox.loopback import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+SMG_VENV = REPO / ".venv-smg"
+# Short intervals: the gateway checks a queued worker every second and the registered ones every second.
+FAST = ("--worker-startup-check-interval", "1", "--health-check-interval-secs", "1", "--log-level", "info")
+
+
+def smg_python() -> Path:
+    """The interpreter ``sglang-router`` is installed in."""
+    for candidate in (SMG_VENV / "bin" / "python", _python_of(shutil.which("smg"))):
+        if candidate is not None and candidate.exists():
+            return candidate
+    pytest.fail(
+        f"the SGLang Model Gateway is not installed: no {SMG_VENV}/bin/python and no `smg` on PATH; "
+        "run scripts/test.sh (it creates .venv-smg with sglang-router)"
+    )
+
+
+def _python_of(smg: str | None) -> Path | None:
+    return None if smg is None else Path(smg).resolve().parent / "python"
+
+
+@dataclass
+class RunningGateway:
+    gateway: Gateway
+    process: subprocess.Popen[bytes]
+    log: Path
+    env: dict[str, str]
+
+    def client(self) -> GatewayClient:
+        return GatewayClient(self.gateway, self.env)
+
+
+@contextmanager
+def running_smg(
+    log: Path, *extra: str, workers: tuple[str, ...] = (), api_key: str | None = None
+) -> Iterator[RunningGateway]:
+    """smg on 127.0.0.1 (a free port), stopped (SIGTERM, then SIGKILL) when the block ends."""
+    port, metrics = free_port("127.0.0.1"), free_port("127.0.0.1")
+    gateway = Gateway(url=f"http://127.0.0.1:{port}", api_key_env="ORCH_TEST_GATEWAY_KEY" if api_key else None)
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", **({"ORCH_TEST_GATEWAY_KEY": api_key} if api_key else {})}
+    argv = smg_argv(str(smg_python()), gateway, workers, *FAST, *extra, metrics_port=metrics)
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    running = RunningGateway(gateway, process, log, env)
+    try:
+        _wait_alive(running)
+        yield running
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def _wait_alive(running: RunningGateway, timeout: float = 30) -> None:
+    client = running.client()
+    deadline = time.monotonic() + timeout
+    while not client.alive():
+        if running.process.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"smg did not come up; its log:\n{running.log.read_text()[-3000:]}")
+        time.sleep(0.1)

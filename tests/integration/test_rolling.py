@@ -1,0 +1,246 @@
+"""Issue 12 end to end: `orch serve --rolling` behind the REAL SGLang Model Gateway, under client load.
+
+A 3-host simulated fleet serves behind smg (tests/gateway_smg.py) on loopback; a bounded load
+generator (at most MAX_REQUESTS requests, at most LOAD_SECONDS, loopback only) sends requests through
+the gateway while orch relaunches the fleet. Rolling: zero failed requests and every host on the new
+configuration. Plain (--no-rolling): the same load sees failures, so the rolling test can fail. Fault:
+the canary's new server is not as asked → halt after the canary, rolled back and re-registered, the
+other hosts never stopped, zero failed requests.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator.gateway import GatewayClient
+from orchestrator.state import RolloutRecord, StateStore
+from tests.conftest import FleetEnv
+from tests.gateway_smg import RunningGateway, running_smg
+from tests.integration.test_serve import playbook
+
+KNOBS = {"startup_seconds": 0.75, "decode_step_seconds": 0.002}
+MAX_REQUESTS = 30000
+LOAD_SECONDS = 240.0
+CLIENTS = 3
+
+
+@dataclass
+class Load:
+    """Requests sent through the gateway by CLIENTS threads until stopped, MAX_REQUESTS or LOAD_SECONDS."""
+
+    url: str
+    sent: int = 0
+    failed: list[str] = field(default_factory=list)
+    ran_out: bool = False  # a bound stopped a client before orch finished: the test would prove nothing
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def client(self, index: int) -> None:
+        deadline = time.monotonic() + LOAD_SECONDS
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            with self.lock:
+                if self.sent >= MAX_REQUESTS:
+                    self.ran_out = True
+                    return
+                self.sent += 1
+                number = self.sent
+            self.one(f"client {index} request {number}")
+        self.ran_out = self.ran_out or not self.stop.is_set()
+
+    def one(self, text: str) -> None:
+        body = json.dumps({"text": text, "sampling_params": {"max_new_tokens": 4}}).encode()
+        request = urllib.request.Request(
+            self.url + "/generate", data=body, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                ok = response.status == 200 and "meta_info" in json.loads(response.read())
+                problem = None if ok else f"status {response.status}"
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is not None:
+            with self.lock:
+                self.failed.append(problem)
+
+
+@pytest.fixture
+def load_during() -> Callable[[str, Callable[[], Any]], tuple[Any, Load]]:
+    def run(url: str, action: Callable[[], Any]) -> tuple[Any, Load]:
+        load = Load(url)
+        threads = [threading.Thread(target=load.client, args=(i,), daemon=True) for i in range(CLIENTS)]
+        for thread in threads:
+            thread.start()
+        try:
+            time.sleep(0.5)  # the load is flowing before orch starts
+            result = action()
+        finally:
+            load.stop.set()
+            for thread in threads:
+                thread.join(timeout=60)
+        assert not load.ran_out, f"the load stopped at a bound ({load.sent} requests) before orch finished"
+        return result, load
+
+    return run
+
+
+@dataclass
+class GatewayFleet:
+    env: FleetEnv
+    smg: RunningGateway
+
+    @property
+    def client(self) -> GatewayClient:
+        return self.smg.client()
+
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{h.server_port}" for h in self.env.fleet.hosts]  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def shared_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayFleet]:
+    """One 3-host fleet (sim-1 tagged canary) behind one smg for the module, the inventory naming it;
+    ``gateway_fleet`` puts it back as it started before each test."""
+    from orchestrator.sandbox import SimFleet
+
+    root = tmp_path_factory.mktemp("rolling")
+    with SimFleet(root / "fleet", n_hosts=3) as fleet:
+        env = FleetEnv(fleet, fleet.write_inventory(root / "hosts.yaml", trust=True), root / "state" / "state.json")
+        for host in fleet.hosts:
+            host.set_knobs(**KNOBS)
+        first = env.orch("serve", "--yes")
+        assert first.returncode == 0, first.output
+        urls = tuple(f"http://127.0.0.1:{h.server_port}" for h in fleet.hosts)
+        with running_smg(root / "smg.log", "--policy", "round_robin", workers=urls) as smg:
+            doc = yaml.safe_load(env.inventory.read_text())
+            doc["hosts"]["sim-1"]["tags"] = ["canary"]
+            doc["gateway"] = {"url": smg.gateway.url}
+            env.inventory.write_text(yaml.safe_dump(doc))
+            yield GatewayFleet(env, smg)
+
+
+@pytest.fixture
+def gateway_fleet(shared_fleet: GatewayFleet) -> GatewayFleet:
+    """The shared fleet as it started: every host serving a fresh server of the default recipe with the
+    test knobs, no rollout in the state, every server registered afresh and routed to by the gateway."""
+    env, client = shared_fleet.env, shared_fleet.client
+    for host in env.fleet.hosts:  # type: ignore[attr-defined]
+        host.set_knobs(accept_length=None, **KNOBS)
+    with StateStore(env.state).update() as state:
+        state.rollout = None
+    reset = env.orch("serve", "--no-rolling", "--force", "--yes")  # fresh servers, read the knobs anew
+    assert reset.returncode == 0, reset.output
+    registered = {w.url for w in client.workers()}
+    for url in registered:  # registered afresh: no health or circuit-breaker state left from the last test
+        client.remove(url)
+    for url in registered:
+        client.wait_removed(url, timeout=10)
+    for url in shared_fleet.urls():
+        client.add(url)
+    for url in shared_fleet.urls():
+        client.wait_routing(url, timeout=60)
+    return shared_fleet
+
+
+def argv_of(env: FleetEnv, name: str) -> list[str]:
+    record = StateStore(env.state).load().hosts[name].server
+    assert record is not None
+    return record.argv
+
+
+def server_job(env: FleetEnv, name: str) -> str:
+    record = StateStore(env.state).load().hosts[name].server
+    assert record is not None
+    return record.job_id
+
+
+def test_rolling_serve_behind_the_gateway_fails_no_request(
+    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, Load]]
+) -> None:
+    env = gateway_fleet.env
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
+    run, load = load_during(gateway_fleet.smg.gateway.url, lambda: env.orch("serve", "--playbook", new))
+    assert run.returncode == 0, run.output
+    assert "the inventory has a gateway: rolling relaunch" in run.stderr
+    assert [line for line in run.stderr.splitlines() if line.startswith("wave ")] == [
+        "wave 1/3: sim-1", "wave 2/3: sim-2", "wave 3/3: sim-3"
+    ]  # fmt: skip
+    assert run.stdout.count("rollout relaunched in ") == 3 and "rollout complete: 3 waves" in run.stdout
+    assert load.sent > 0 and load.failed == []
+    for name in ("sim-1", "sim-2", "sim-3"):
+        argv = argv_of(env, name)
+        assert argv[argv.index("--max-running-requests") + 1] == "64"
+    assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+    recorded = StateStore(env.state).load().rollout
+    assert recorded is not None and recorded.ended_at is not None and recorded.halted is None
+    assert recorded.waves == [["sim-1"], ["sim-2"], ["sim-3"]]
+    assert recorded.outcomes == {"sim-1": "relaunched", "sim-2": "relaunched", "sim-3": "relaunched"}
+
+
+def test_plain_serve_of_the_same_fleet_fails_requests(
+    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, Load]]
+) -> None:
+    env = gateway_fleet.env
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
+    run, load = load_during(
+        gateway_fleet.smg.gateway.url, lambda: env.orch("serve", "--no-rolling", "--yes", "--playbook", new)
+    )
+    assert run.returncode == 0, run.output
+    assert "rolling" not in run.stderr
+    assert load.failed, f"{load.sent} requests sent during a plain relaunch of every host, none failed"
+
+
+def test_canary_not_as_asked_halts_rolls_back_and_re_registers(
+    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, Load]]
+) -> None:
+    env = gateway_fleet.env
+    old = {name: (argv_of(env, name), server_job(env, name)) for name in ("sim-1", "sim-2", "sim-3")}
+    env.fleet.hosts[0].set_knobs(accept_length=2.0)  # type: ignore[attr-defined]
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
+    run, load = load_during(
+        gateway_fleet.smg.gateway.url, lambda: env.orch("serve", "--rolling", "--canary", "canary", "--playbook", new)
+    )
+    assert run.returncode == 5, run.output
+    assert "rollout halted: wave 1 failed on sim-1; not touched: sim-2, sim-3" in run.stderr
+    assert "rollback: the known-good server is serving again" in run.stdout
+    assert "sim-2: not touched (still on its old server)" in run.stdout
+    assert load.sent > 0 and load.failed == []
+    assert argv_of(env, "sim-1") == old["sim-1"][0]
+    for name in ("sim-2", "sim-3"):
+        assert (argv_of(env, name), server_job(env, name)) == old[name]
+    assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+    recorded = StateStore(env.state).load().rollout
+    assert recorded is not None and recorded.outcomes == {"sim-1": "rolled back"}
+    assert recorded.halted == "wave 1 failed on sim-1; not touched: sim-2, sim-3"
+
+
+def test_an_interrupted_rollout_resumes_by_registering_the_host_it_left_out_first(
+    gateway_fleet: GatewayFleet,
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    sim2 = gateway_fleet.urls()[1]
+    client.remove(sim2)  # as a rollout cut off after taking sim-2 out of the gateway leaves it
+    client.wait_removed(sim2, timeout=10)
+    with StateStore(env.state).update() as state:
+        state.rollout = RolloutRecord(
+            waves=[["sim-1"], ["sim-2"], ["sim-3"]], outcomes={"sim-1": "relaunched", "sim-2": "removed"}
+        )
+    jobs = {name: server_job(env, name) for name in ("sim-1", "sim-2", "sim-3")}
+    run = env.orch("serve", "--rolling")
+    assert run.returncode == 0, run.output
+    waves = [line for line in run.stderr.splitlines() if line.startswith("wave ")]
+    assert waves == ["wave 1/3: sim-2", "wave 2/3: sim-1", "wave 3/3: sim-3"]
+    assert f"sim-2: serving as asked but not registered: registering {sim2}" in run.stderr
+    assert "sim-2: rollout unchanged in " in run.stdout and "(re-registered)" in run.stdout
+    assert {name: server_job(env, name) for name in jobs} == jobs  # nothing relaunched
+    assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())

@@ -1,0 +1,83 @@
+"""orchestrator/gateway.py's pure parts: the gateway's answers read, the smg command line, the key (issue 12)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import ExitCode, UsageError
+from orchestrator.gateway import SMG_LAUNCHER, Worker, api_key, parse_loads, parse_workers, smg_argv, worker_url
+from orchestrator.inventory import Gateway, Host
+
+# GET /workers of smg 0.3.2, as it answered on loopback (docs/gateway.md)
+WORKERS = {
+    "workers": [
+        {"id": "f7149f07-c3e9-424b-ab91-d5f7af9783f4", "url": "http://127.0.0.1:18101", "model_id": "sim/model",
+         "priority": 50, "cost": 1.0, "worker_type": "regular", "is_healthy": True, "load": 2,
+         "connection_mode": "HTTP", "metadata": {"model_path": "sim/model", "tp_size": "8"},
+         "disable_health_check": False},
+        {"id": "4c11997e-069a-48cd-b0ae-24f94bb0b37a", "url": "http://127.0.0.1:18102", "model_id": "sim/model",
+         "is_healthy": False, "load": 0},
+    ],
+    "total": 2,
+    "stats": {"prefill_count": 0, "decode_count": 0, "regular_count": 2},
+}  # fmt: skip
+
+
+def test_workers_are_read_with_health_and_load() -> None:
+    assert parse_workers(WORKERS) == [
+        Worker("f7149f07-c3e9-424b-ab91-d5f7af9783f4", "http://127.0.0.1:18101", True, 2, "sim/model"),
+        Worker("4c11997e-069a-48cd-b0ae-24f94bb0b37a", "http://127.0.0.1:18102", False, 0, "sim/model"),
+    ]
+    assert parse_workers({"workers": [], "total": 0}) == []
+
+
+@pytest.mark.parametrize("payload", [[], {"total": 0}, {"workers": [{"url": "http://h:1"}]}, {"workers": [3]}])
+def test_workers_of_the_wrong_shape_are_refused(payload: Any) -> None:
+    with pytest.raises(ValueError):
+        parse_workers(payload)
+
+
+def test_loads_map_each_worker_url_to_its_load() -> None:
+    payload = {"workers": [{"worker": "http://127.0.0.1:18102", "load": 0}, {"worker": "http://a:1", "load": 7}]}
+    assert parse_loads(payload) == {"http://127.0.0.1:18102": 0, "http://a:1": 7}
+    with pytest.raises(ValueError):
+        parse_loads({"workers": [{"load": 1}]})
+
+
+def test_api_key_comes_from_the_named_variable_and_a_missing_one_is_exit_2() -> None:
+    gateway = Gateway(url="http://127.0.0.1:30080", api_key_env="GW_KEY")
+    assert api_key(gateway, {"GW_KEY": "s3cret"}) == "s3cret"
+    assert api_key(Gateway(url="http://127.0.0.1:30080"), {}) is None
+    with pytest.raises(UsageError, match=r"gateway\.api_key_env names GW_KEY, which is not set") as info:
+        api_key(gateway, {})
+    assert info.value.exit_code == ExitCode.USAGE
+
+
+def test_smg_argv_names_the_key_variable_never_the_key_and_binds_metrics_beside_the_gateway() -> None:
+    gateway = Gateway(url="http://10.1.2.3:30080", api_key_env="GW_KEY")
+    argv = smg_argv("/opt/smg/bin/python", gateway, ("http://10.1.2.4:30000",), "--policy", "round_robin")
+    assert argv == ["/opt/smg/bin/python", "-c", SMG_LAUNCHER, "GW_KEY", "--host", "10.1.2.3", "--port", "30080",
+                    "--prometheus-host", "10.1.2.3", "--prometheus-port", "30081", "--policy", "round_robin",
+                    "--worker-urls", "http://10.1.2.4:30000"]  # fmt: skip
+    assert "--api-key" not in argv
+    assert smg_argv("p", Gateway(url="http://[::1]:9"), metrics_port=7)[3:10] == [
+        "",
+        "--host",
+        "::1",
+        "--port",
+        "9",
+        "--prometheus-host",
+        "::1",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("bind", "expected"),
+    [(None, "http://127.0.0.1:30001"), ("0.0.0.0", "http://10.0.0.7:30001"), ("::", "http://10.0.0.7:30001"),
+     ("10.9.9.9", "http://10.9.9.9:30001"), ("fd00::1", "http://[fd00::1]:30001")],
+)  # fmt: skip
+def test_worker_url_is_where_the_server_listens(bind: str | None, expected: str) -> None:
+    host = Host(name="a", address="10.0.0.7", server_port=30001)
+    assert worker_url(host, bind) == expected

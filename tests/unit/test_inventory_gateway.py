@@ -1,0 +1,61 @@
+"""hosts.yaml ``gateway:`` (issue 12): optional, validated like the rest, exit 2 naming file and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import ConfigError, ExitCode
+from orchestrator.inventory import load_inventory
+
+HOSTS = "hosts:\n  a:\n    address: 127.0.0.2\n"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "hosts.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_gateway_is_optional(tmp_path: Path) -> None:
+    assert load_inventory(write(tmp_path, HOSTS)).gateway is None
+
+
+def test_gateway_loads_url_key_variable_and_host(tmp_path: Path) -> None:
+    text = HOSTS + "gateway:\n  url: http://127.0.0.2:30080\n  api_key_env: ORCH_GATEWAY_KEY\n  host: a\n"
+    gateway = load_inventory(write(tmp_path, text)).gateway
+    assert gateway is not None
+    assert (gateway.url, gateway.api_key_env, gateway.host) == ("http://127.0.0.2:30080", "ORCH_GATEWAY_KEY", "a")
+    assert (gateway.bind_address, gateway.port) == ("127.0.0.2", 30080)
+
+
+@pytest.mark.parametrize(
+    ("gateway", "expected"),
+    [
+        ("gateway: http://h:1\n", "'gateway' must be a mapping"),
+        ("gateway:\n  host: a\n", "gateway: missing required key 'url'"),
+        ("gateway:\n  url: h:30080\n", "gateway, key 'url': must be http://HOST:PORT"),
+        ("gateway:\n  url: http://user:pw@h:30080\n", "gateway, key 'url': must be http://HOST:PORT"),
+        ("gateway:\n  url: http://h:30080/v1\n", "gateway, key 'url': must be http://HOST:PORT"),
+        ("gateway:\n  url: http://h:1\n  api_key: s3cret\n", "gateway: unknown key 'api_key' (allowed: url,"),
+        ("gateway:\n  url: http://h:1\n  api_key_env: 'MY-KEY'\n", "gateway, key 'api_key_env': 'MY-KEY' is not"),
+        ("gateway:\n  url: http://h:1\n  host: b\n", "gateway, key 'host': 'b' is not a host of the inventory"),
+        ('gateway:\n  url: "http://h:1\\n"\n', "gateway, key 'url': holds"),
+    ],
+)
+def test_bad_gateway_names_file_and_key(tmp_path: Path, gateway: str, expected: str) -> None:
+    path = write(tmp_path, HOSTS + gateway)
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    assert str(path) in str(info.value)
+    assert expected in str(info.value)
+    assert info.value.exit_code == ExitCode.USAGE
+
+
+def test_secret_value_never_echoed(tmp_path: Path) -> None:
+    """A key written in the file by mistake is refused by its name; the value is not repeated."""
+    path = write(tmp_path, HOSTS + "gateway:\n  url: http://h:1\n  api_key: s3cret-value\n")
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    assert "s3cret-value" not in str(info.value)

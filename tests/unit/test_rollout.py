@@ -1,0 +1,43 @@
+"""ops/rollout.py's pure parts: the waves and the in-flight count (issue 12)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.inventory import Host
+from orchestrator.ops.rollout import _in_flight, waves
+
+
+def hosts(*specs: str) -> list[Host]:
+    """``"a"`` or ``"a:canary"`` → hosts named so, with those tags."""
+    made = []
+    for spec in specs:
+        name, _, tag = spec.partition(":")
+        made.append(Host(name=name, address="127.0.0.2", tags=[tag] if tag else []))
+    return made
+
+
+@pytest.mark.parametrize(
+    ("specs", "n", "canary", "expected"),
+    [
+        (("a", "b", "c"), 1, None, [["a"], ["b"], ["c"]]),
+        (("a", "b", "c"), 2, None, [["a", "b"], ["c"]]),
+        (("a", "b:canary", "c"), 1, "canary", [["b"], ["a"], ["c"]]),
+        (("a", "b:canary", "c", "d:canary"), 3, "canary", [["b", "d"], ["a", "c"]]),
+        (("a", "b"), 5, "gold", [["a", "b"]]),
+    ],
+)
+def test_waves_put_the_canary_first_and_hold_at_most_n_hosts(
+    specs: tuple[str, ...], n: int, canary: str | None, expected: list[list[str]]
+) -> None:
+    assert [[h.name for h in wave] for wave in waves(hosts(*specs), n, canary)] == expected
+
+
+def test_in_flight_counts_running_and_waiting_requests_of_every_dp_rank() -> None:
+    """The shape of SGLang 0.5.23's ``GET /v1/loads?include=core`` (sglang/srt/entrypoints/v1_loads.py)."""
+    ranks = [{"dp_rank": 0, "num_running_reqs": 2, "num_waiting_reqs": 1, "num_used_tokens": 9},
+             {"dp_rank": 1, "num_running_reqs": 1, "num_waiting_reqs": 0}]  # fmt: skip
+    assert _in_flight({"timestamp": "t", "version": "0.5.23", "num_accelerators": 8, "loads": ranks}) == 4
+    assert _in_flight({"loads": []}) == 0
+    assert _in_flight({"detail": "Not Found"}) is None
+    assert _in_flight([{"num_reqs": 2, "num_waiting_reqs": 1}]) is None  # the pre-0.5 /get_load list
