@@ -13,15 +13,11 @@ into .venv-smg.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -31,48 +27,10 @@ sys.path.insert(0, str(REPO))
 
 from orchestrator.recipe import PACKAGED_PLAYBOOKS  # noqa: E402
 from orchestrator.sandbox import SimFleet  # noqa: E402
-from tests.gateway_smg import running_smg  # noqa: E402
+from tests.gateway_smg import ClientLoad, running_smg  # noqa: E402
 
 KNOBS = {"startup_seconds": 1.5, "decode_step_seconds": 0.002}
 CLIENTS, MAX_REQUESTS, LOAD_SECONDS = 3, 40000, 300.0
-
-
-@dataclass
-class Load:
-    url: str
-    latencies: list[float] = field(default_factory=list)
-    failed: int = 0
-    sent: int = 0
-    stop: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def client(self, index: int) -> None:
-        deadline = time.monotonic() + LOAD_SECONDS
-        while not self.stop.is_set() and time.monotonic() < deadline:
-            with self.lock:
-                if self.sent >= MAX_REQUESTS:
-                    return
-                self.sent += 1
-                number = self.sent
-            body = json.dumps({"text": f"client {index} request {number}", "sampling_params": {"max_new_tokens": 4}})
-            request = urllib.request.Request(
-                self.url + "/generate", data=body.encode(), headers={"Content-Type": "application/json"}
-            )
-            began = time.monotonic()
-            try:
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    ok = response.status == 200 and "meta_info" in json.loads(response.read())
-            except (urllib.error.URLError, OSError, ValueError):
-                ok = False
-            with self.lock:
-                if ok:
-                    self.latencies.append(time.monotonic() - began)
-                else:
-                    self.failed += 1
-
-    def p99_ms(self) -> float:
-        ordered = sorted(self.latencies)
-        return 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("nan")
 
 
 def orch(inventory: Path, state: Path, *args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
@@ -86,8 +44,8 @@ def orch(inventory: Path, state: Path, *args: str) -> tuple[float, subprocess.Co
     return time.monotonic() - began, proc
 
 
-def under_load(url: str, action: list[str], inventory: Path, state: Path) -> tuple[float, Load]:
-    load = Load(url)
+def under_load(url: str, action: list[str], inventory: Path, state: Path) -> tuple[float, ClientLoad]:
+    load = ClientLoad(url, MAX_REQUESTS, LOAD_SECONDS)
     threads = [threading.Thread(target=load.client, args=(i,), daemon=True) for i in range(CLIENTS)]
     for thread in threads:
         thread.start()
@@ -142,9 +100,11 @@ def main() -> None:
     print("| relaunch | requests sent | failed | p99 latency (ms) | wall time (s) | wall / sum of own relaunches |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, (wall, load) in (("orch serve --rolling", rolling), ("orch serve (plain, all hosts)", plain)):
-        if load.sent >= MAX_REQUESTS:
+        if load.ran_out:
             raise SystemExit(f"{name}: the load ran out ({MAX_REQUESTS} requests) before orch finished; raise it")
-        print(f"| {name} | {load.sent} | {load.failed} | {load.p99_ms():.0f} | {wall:.1f} | {wall / sum(own):.2f} |")
+        print(
+            f"| {name} | {load.sent} | {len(load.failed)} | {load.p99_ms():.0f} | {wall:.1f} | {wall / sum(own):.2f} |"
+        )
 
 
 if __name__ == "__main__":

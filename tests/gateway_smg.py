@@ -9,13 +9,17 @@ Hugging Face, which must stay off the network here.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -87,3 +91,54 @@ def _wait_alive(running: RunningGateway, timeout: float = 30) -> None:
         if running.process.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(f"smg did not come up; its log:\n{running.log.read_text()[-3000:]}")
         time.sleep(0.1)
+
+
+@dataclass
+class ClientLoad:
+    """Requests sent through the gateway by client threads (``client(i)``) until ``stop`` is set, ``max_requests``
+    are sent or ``seconds`` pass (loopback only, bounded in count and time): what was sent, what failed and the
+    latency of each success."""
+
+    url: str
+    max_requests: int
+    seconds: float
+    sent: int = 0
+    failed: list[str] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    ran_out: bool = False  # a bound stopped a client before ``stop`` was set
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def client(self, index: int) -> None:
+        deadline = time.monotonic() + self.seconds
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            with self.lock:
+                if self.sent >= self.max_requests:
+                    self.ran_out = True
+                    return
+                self.sent += 1
+                number = self.sent
+            self.one(f"client {index} request {number}")
+        self.ran_out = self.ran_out or not self.stop.is_set()
+
+    def one(self, text: str) -> None:
+        body = json.dumps({"text": text, "sampling_params": {"max_new_tokens": 4}}).encode()
+        request = urllib.request.Request(
+            self.url + "/generate", data=body, headers={"Content-Type": "application/json"}
+        )
+        began = time.monotonic()
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                ok = response.status == 200 and "meta_info" in json.loads(response.read())
+                problem = None if ok else f"status {response.status}"
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        with self.lock:
+            if problem is None:
+                self.latencies.append(time.monotonic() - began)
+            else:
+                self.failed.append(problem)
+
+    def p99_ms(self) -> float:
+        ordered = sorted(self.latencies)
+        return 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("nan")

@@ -10,13 +10,10 @@ other hosts never stopped, zero failed requests.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +23,7 @@ import yaml
 from orchestrator.gateway import GatewayClient
 from orchestrator.state import RolloutRecord, StateStore
 from tests.conftest import FleetEnv
-from tests.gateway_smg import RunningGateway, running_smg
+from tests.gateway_smg import ClientLoad, RunningGateway, running_smg
 from tests.integration.test_serve import playbook
 
 KNOBS = {"startup_seconds": 0.75, "decode_step_seconds": 0.002}
@@ -35,49 +32,10 @@ LOAD_SECONDS = 240.0
 CLIENTS = 3
 
 
-@dataclass
-class Load:
-    """Requests sent through the gateway by CLIENTS threads until stopped, MAX_REQUESTS or LOAD_SECONDS."""
-
-    url: str
-    sent: int = 0
-    failed: list[str] = field(default_factory=list)
-    ran_out: bool = False  # a bound stopped a client before orch finished: the test would prove nothing
-    stop: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def client(self, index: int) -> None:
-        deadline = time.monotonic() + LOAD_SECONDS
-        while not self.stop.is_set() and time.monotonic() < deadline:
-            with self.lock:
-                if self.sent >= MAX_REQUESTS:
-                    self.ran_out = True
-                    return
-                self.sent += 1
-                number = self.sent
-            self.one(f"client {index} request {number}")
-        self.ran_out = self.ran_out or not self.stop.is_set()
-
-    def one(self, text: str) -> None:
-        body = json.dumps({"text": text, "sampling_params": {"max_new_tokens": 4}}).encode()
-        request = urllib.request.Request(
-            self.url + "/generate", data=body, headers={"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                ok = response.status == 200 and "meta_info" in json.loads(response.read())
-                problem = None if ok else f"status {response.status}"
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            problem = f"{type(exc).__name__}: {exc}"
-        if problem is not None:
-            with self.lock:
-                self.failed.append(problem)
-
-
 @pytest.fixture
-def load_during() -> Callable[[str, Callable[[], Any]], tuple[Any, Load]]:
-    def run(url: str, action: Callable[[], Any]) -> tuple[Any, Load]:
-        load = Load(url)
+def load_during() -> Callable[[str, Callable[[], Any]], tuple[Any, ClientLoad]]:
+    def run(url: str, action: Callable[[], Any]) -> tuple[Any, ClientLoad]:
+        load = ClientLoad(url, MAX_REQUESTS, LOAD_SECONDS)
         threads = [threading.Thread(target=load.client, args=(i,), daemon=True) for i in range(CLIENTS)]
         for thread in threads:
             thread.start()
@@ -165,7 +123,7 @@ def server_job(env: FleetEnv, name: str) -> str:
 
 
 def test_rolling_serve_behind_the_gateway_fails_no_request(
-    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, Load]]
+    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, ClientLoad]]
 ) -> None:
     env = gateway_fleet.env
     new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
@@ -188,7 +146,7 @@ def test_rolling_serve_behind_the_gateway_fails_no_request(
 
 
 def test_plain_serve_of_the_same_fleet_fails_requests(
-    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, Load]]
+    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, ClientLoad]]
 ) -> None:
     env = gateway_fleet.env
     new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
@@ -201,7 +159,7 @@ def test_plain_serve_of_the_same_fleet_fails_requests(
 
 
 def test_canary_not_as_asked_halts_rolls_back_and_re_registers(
-    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, Load]]
+    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, ClientLoad]]
 ) -> None:
     env = gateway_fleet.env
     old = {name: (argv_of(env, name), server_job(env, name)) for name in ("sim-1", "sim-2", "sim-3")}
