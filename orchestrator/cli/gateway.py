@@ -7,8 +7,8 @@ from collections.abc import Callable
 import click
 
 from orchestrator.app import App
-from orchestrator.errors import ExitCode, UsageError
 from orchestrator.cli.common import pass_app
+from orchestrator.errors import ExitCode, UsageError
 from orchestrator.gateway import GatewayClient, worker_url
 from orchestrator.inventory import Host
 from orchestrator.ops import rollout
