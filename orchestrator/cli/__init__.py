@@ -82,6 +82,9 @@ COMMANDS: dict[str, CommandEntry] = {
     "run": CommandEntry(
         "run:run", "Run a playbook's steps on each host (pull, tune-fp8, serve, bench); re-run to resume."
     ),
+    "gateway": CommandEntry(
+        "gateway:gateway", "The SGLang Model Gateway in front of the fleet (inventory 'gateway:')."
+    ),
     "demo": CommandEntry(
         "demo:demo", "Bring up simulated GPU hosts on loopback and run orch against them, start to finish."
     ),

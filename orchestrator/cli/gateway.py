@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import click
+
 from orchestrator.app import App
+from orchestrator.cli.common import pass_app
 from orchestrator.errors import ExitCode, UsageError
-from orchestrator.gateway import GatewayClient
+from orchestrator.gateway import GatewayClient, worker_url
 from orchestrator.inventory import Host
 from orchestrator.ops import rollout
 from orchestrator.ops.serve import ServeResult
 from orchestrator.recipe import Recipe, ServeOptions
-from orchestrator.render import err, inert, out
+from orchestrator.render import err, inert, out, print_json
+from orchestrator.state import Phase
+from orchestrator.views import gateway as gateway_view
 from orchestrator.views.serve import reporter, serve_report
 
 
@@ -73,3 +78,45 @@ def rollout_report(
     else:
         out.print(f"rollout complete: {len(done.waves)} waves in {done.seconds:.1f} s", markup=False)
     return int(code)
+
+
+@click.group("gateway")
+def gateway() -> None:
+    """The SGLang Model Gateway in front of the fleet (inventory 'gateway:').
+
+    Example: orch gateway status
+    """
+
+
+@gateway.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@pass_app
+def status(app: App, as_json: bool) -> int:
+    """Show the gateway's workers (URL, host, health, load) and flag hosts out of step with it: exit 0
+    when consistent, 3 when a host is flagged, 2 without 'gateway:', 3 when the gateway is unreachable.
+
+    Example: orch gateway status --json
+    """
+    config = app.inventory.gateway
+    if config is None:
+        raise UsageError(
+            f"{app.inventory.path} has no 'gateway:'",
+            hint="add gateway: {url: http://HOST:PORT} to the inventory (README: Gateway)",
+        )
+    workers = GatewayClient(config).workers()
+    urls: dict[str, str] = {}
+    serving: set[str] = set()
+    state = app.store.load()  # one pass over the state directory
+    for host in app.inventory.hosts.values():
+        record = state.hosts.get(host.name)
+        argv = record.server.argv if record is not None and record.server else []
+        bind = argv[argv.index("--host") + 1] if "--host" in argv[:-1] else None
+        urls[host.name] = worker_url(host, bind)
+        if record is not None and record.phase == Phase.SERVING:
+            serving.add(host.name)
+    result = gateway_view.check(workers, urls, serving)
+    if as_json:
+        print_json(gateway_view.document(result))
+    else:
+        gateway_view.report(result)
+    return int(ExitCode.OK if result.consistent else ExitCode.HOSTS_FAILED)

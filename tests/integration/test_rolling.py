@@ -10,6 +10,7 @@ other hosts never stopped, zero failed requests.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -202,3 +203,23 @@ def test_an_interrupted_rollout_resumes_by_registering_the_host_it_left_out_firs
     assert "sim-2: rollout unchanged in " in run.stdout and "(re-registered)" in run.stdout
     assert {name: server_job(env, name) for name in jobs} == jobs  # nothing relaunched
     assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+
+
+def test_gateway_status_matches_workers_with_the_inventory_and_flags_a_serving_host_not_registered(
+    gateway_fleet: GatewayFleet,
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    consistent = env.orch("gateway", "status", "--json")
+    assert consistent.returncode == 0, consistent.output
+    doc = json.loads(consistent.stdout)
+    assert doc["consistent"] and doc["unregistered"] == []
+    assert sorted((w["host"], w["url"], w["flag"]) for w in doc["workers"]) == [
+        (f"sim-{i + 1}", url, None) for i, url in enumerate(gateway_fleet.urls())
+    ]
+    sim3 = gateway_fleet.urls()[2]
+    client.remove(sim3)  # serving, but the gateway no longer sends it requests
+    client.wait_removed(sim3, timeout=10)
+    flagged = env.orch("gateway", "status")
+    assert flagged.returncode == 3, flagged.output
+    assert "sim-3: serving but not registered with the gateway" in flagged.stdout
+    assert "gateway: hosts flagged" in flagged.stdout

@@ -1,0 +1,32 @@
+"""``orch gateway status``'s matching of the gateway's workers with the inventory (issue 12)."""
+
+from __future__ import annotations
+
+from orchestrator.gateway import Worker
+from orchestrator.views.gateway import check, document
+
+
+def _worker(url: str, load: int = 0, healthy: bool = True) -> Worker:
+    return Worker(id=url, url=url, healthy=healthy, load=load, model="m")
+
+
+URLS = {"a": "http://127.0.0.1:30001", "b": "http://127.0.0.2:30002", "c": "http://127.0.0.3:30003"}
+
+
+def test_all_serving_hosts_registered_is_consistent_and_unknown_load_is_none() -> None:
+    result = check([_worker(URLS["a"], load=-1), _worker(URLS["b"], load=2)], URLS, {"a", "b"})
+    assert result.consistent
+    assert [(r.host, r.load, r.flag) for r in result.workers] == [("a", None, None), ("b", 2, None)]
+    assert document(result)["unregistered"] == []
+
+
+def test_flags_unregistered_serving_host_non_serving_worker_and_stranger() -> None:
+    workers = [_worker(URLS["a"]), _worker(URLS["c"]), _worker("http://127.0.0.9:1")]
+    result = check(workers, URLS, {"a", "b"})
+    assert not result.consistent
+    assert result.unregistered == ["b"]
+    assert [(r.host, r.flag) for r in result.workers] == [
+        ("a", None),
+        ("c", "registered but not serving"),
+        (None, "not an inventory host"),
+    ]
