@@ -69,6 +69,7 @@ file is migrated (``_MIGRATIONS``, then ``StateStore``'s layout migration), newe
 with a migration step, on a breaking change."""
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger(__name__)
 
 _LOCK_POLL_SECONDS = 0.02
@@ -791,12 +792,7 @@ class StateStore:
         path, (raw, seen_raw) = self.layout.host(name), raws
         assert raw is not None
         hint = _recovery_hint(path, f"orch forgets host {name!r}: its jobs, server and history")
-        try:
-            found = _HostFile.model_validate_json(raw, context=_READ_BACK)
-        except ValidationError as exc:
-            raise _corrupt(path, raw, exc, hint) from exc
-        if found.schema_version != SCHEMA_VERSION or found.name != name:
-            raise _corrupt(path, raw, None, hint)
+        found = _parse_unit(_HostFile, path, raw, hint, lambda f: f.schema_version == SCHEMA_VERSION and f.name == name)
         return self._overlay_seen(name, found.host, seen_raw)
 
     def _overlay_seen(self, name: str, hs: HostState, seen_raw: bytes | None) -> HostState:
@@ -805,29 +801,19 @@ class StateStore:
             return hs
         path = self.layout.seen_file(name)
         hint = _recovery_hint(path, "orch forgets when it last saw the host and its checkout")
-        try:
-            seen = _SeenFile.model_validate_json(seen_raw, context=_READ_BACK)
-        except ValidationError as exc:
-            raise _corrupt(path, seen_raw, exc, hint) from exc
-        if seen.schema_version != SCHEMA_VERSION or seen.name != name:
-            raise _corrupt(path, seen_raw, None, hint)
+        seen = _parse_unit(
+            _SeenFile, path, seen_raw, hint, lambda s: s.schema_version == SCHEMA_VERSION and s.name == name
+        )
         hs.__dict__.update(last_seen=seen.last_seen, sglang=seen.sglang)  # both validated just above
         return hs
 
     def _read_fleet(self) -> tuple[State, bytes | None]:
         path = self.layout.fleet
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
+        raw = self._read_optional(path)
+        if raw is None:
             return State(), None
-        except OSError as exc:
-            raise StateError(f"cannot read state file {path}: {exc.strerror}") from exc
-        try:
-            fleet = State.model_validate_json(raw, context=_READ_BACK)
-        except ValidationError as exc:
-            raise _corrupt(path, raw, exc, _recovery_hint(path, "orch forgets its tuning plans")) from exc
-        if fleet.schema_version != SCHEMA_VERSION or fleet.hosts:
-            raise _corrupt(path, raw, None, _recovery_hint(path, "orch forgets its tuning plans"))
+        hint = _recovery_hint(path, "orch forgets its tuning plans")
+        fleet = _parse_unit(State, path, raw, hint, lambda f: f.schema_version == SCHEMA_VERSION and not f.hosts)
         return fleet, raw
 
     def _reparsed(self, fleet_raw: bytes | None, raws: dict[str, _Raws]) -> State:
@@ -1054,6 +1040,19 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise StateError(f"cannot read state file {path}: {exc.strerror}") from exc
+
+
+def _parse_unit(model: type[M], path: Path, raw: bytes, hint: str, belongs: Callable[[M], bool]) -> M:
+    """One file of the state directory, parsed as ``model`` (as orch wrote it: no secret search on read
+    back); a file that does not parse, or that ``belongs`` rejects (another schema version, another
+    host's name), is corrupt: the error names it and ``hint`` says how to recover."""
+    try:
+        found = model.model_validate_json(raw, context=_READ_BACK)
+    except ValidationError as exc:
+        raise _corrupt(path, raw, exc, hint) from exc
+    if not belongs(found):
+        raise _corrupt(path, raw, None, hint)
+    return found
 
 
 def _corrupt(path: Path, raw: bytes, exc: ValidationError | None, hint: str) -> StateError:
