@@ -17,18 +17,9 @@ from orchestrator.state import StateStore
 from orchestrator.tuning.prepare import discover, prepare
 from orchestrator.tuning.record import InstalledRecord, TuningRecord
 from tests.fakerunner import FakeRunner
+from tests.unit.test_tuner_ops import COMMIT, CONFIG, DEVICE
 
-DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
-COMMIT = "c0ffee" * 6 + "beef"
 HELP = "usage: t [--N N] [--K K] [--batch-sizes M [M ...]] [--save-path P] [--out-dtype D] [--tp-size TP]"
-CONFIG = {
-    "BLOCK_SIZE_M": 16,
-    "BLOCK_SIZE_N": 64,
-    "BLOCK_SIZE_K": 128,
-    "GROUP_SIZE_M": 1,
-    "num_warps": 4,
-    "num_stages": 3,
-}
 INSTALLED = "/s/configs/N=1536,K=4096.json"
 
 
