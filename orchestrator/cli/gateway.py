@@ -9,7 +9,7 @@ import click
 from orchestrator.app import App
 from orchestrator.cli.common import pass_app
 from orchestrator.errors import ExitCode, UsageError
-from orchestrator.gateway import GatewayClient, worker_url
+from orchestrator.gateway import GatewayClient, check_workers, worker_url
 from orchestrator.inventory import Host
 from orchestrator.ops import rollout
 from orchestrator.ops.serve import ServeResult
@@ -114,7 +114,7 @@ def status(app: App, as_json: bool) -> int:
         urls[host.name] = worker_url(host, bind)
         if record is not None and record.phase == Phase.SERVING:
             serving.add(host.name)
-    result = gateway_view.check(workers, urls, serving)
+    result = check_workers(workers, urls, serving)
     if as_json:
         print_json(gateway_view.document(result))
     else:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from orchestrator.gateway import Worker
-from orchestrator.views.gateway import check, document
+from orchestrator.gateway import Worker, check_workers
+from orchestrator.views.gateway import document
 
 
 def _worker(url: str, load: int = 0, healthy: bool = True) -> Worker:
@@ -14,7 +14,7 @@ URLS = {"a": "http://127.0.0.1:30001", "b": "http://127.0.0.2:30002", "c": "http
 
 
 def test_all_serving_hosts_registered_is_consistent_and_unknown_load_is_none() -> None:
-    result = check([_worker(URLS["a"], load=-1), _worker(URLS["b"], load=2)], URLS, {"a", "b"})
+    result = check_workers([_worker(URLS["a"], load=-1), _worker(URLS["b"], load=2)], URLS, {"a", "b"})
     assert result.consistent
     assert [(r.host, r.load, r.flag) for r in result.workers] == [("a", None, None), ("b", 2, None)]
     assert document(result)["unregistered"] == []
@@ -22,7 +22,7 @@ def test_all_serving_hosts_registered_is_consistent_and_unknown_load_is_none() -
 
 def test_flags_unregistered_serving_host_non_serving_worker_and_stranger() -> None:
     workers = [_worker(URLS["a"]), _worker(URLS["c"]), _worker("http://127.0.0.9:1")]
-    result = check(workers, URLS, {"a", "b"})
+    result = check_workers(workers, URLS, {"a", "b"})
     assert not result.consistent
     assert result.unregistered == ["b"]
     assert [(r.host, r.flag) for r in result.workers] == [
