@@ -58,7 +58,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo
 
 from orchestrator.errors import StateError
-from orchestrator.facts.bench import BenchRecord
+from orchestrator.facts.bench import BenchRecord, GateRecord
 from orchestrator.tuning.record import PlanRecord, TuningRecord, migrate_v1
 from orchestrator.utc import UtcDateTime as UtcDateTime  # re-exported: the state's timestamps
 from orchestrator.utc import utc_now as utc_now
@@ -432,13 +432,16 @@ class HostState(_Model):
 class RolloutRecord(_Model):
     """The last ``orch serve --rolling`` (issue 12): its waves as planned, each host's outcome as it
     happened (``removed`` while out of the gateway; then relaunched, unchanged, rolled back or failed),
-    and why it halted. ``ended_at`` None: interrupted; the same command resumes it."""
+    and why it halted. ``ended_at`` None: interrupted; the same command resumes it. ``gates``: the
+    promotion gate's decision per canary host (``--gate bench``; a field added with a default, so files
+    written before it read as they are: no schema_version change)."""
 
     started_at: UtcDateTime = Field(default_factory=utc_now)
     ended_at: UtcDateTime | None = None
     waves: list[list[str]] = Field(default_factory=list)
     outcomes: dict[str, str] = Field(default_factory=dict)
     halted: str | None = None
+    gates: dict[str, GateRecord] = Field(default_factory=dict)
 
 
 class State(_Model):

@@ -15,6 +15,7 @@ from orchestrator.ops import rollout
 from orchestrator.ops.serve import ServeResult
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.render import err, inert, out, print_json
+from orchestrator.session import HostSession
 from orchestrator.state import Phase
 from orchestrator.views import gateway as gateway_view
 from orchestrator.views.serve import reporter, serve_report
@@ -28,9 +29,11 @@ def rolling_serve(
     parallel: int,
     max_unavailable: int,
     canary: str | None,
+    gate: str | None = None,
 ) -> int:
     """Relaunch ``selected`` in waves behind the inventory's gateway (``ops.rollout``); exit 0, or the
-    failed host's code (3 did not start, 5 not as asked) after the halt."""
+    failed host's code (3 did not start, 5 not as asked or failed the gate) after the halt. ``gate``
+    ``bench``: the canary hosts (``rollout.gated``) must each have a baseline run, else exit 2 first."""
     gateway = app.inventory.gateway
     if gateway is None:
         raise UsageError(
@@ -42,11 +45,15 @@ def rolling_serve(
     client = GatewayClient(gateway)
     client.workers()  # unreachable or refused → exit 3 before anything changes
     planned = rollout.waves(selected, max_unavailable, canary)
+    gating = rollout.plan_gate(app.store, rollout.gated(planned, canary), chosen) if gate == "bench" else None
     with app.fleet(selected, parallel) as fleet:
+
+        def roll_one(s: HostSession) -> rollout.HostRoll:
+            return rollout.roll_host(s, chosen[s.name], options, client, reporter(s.host), app.peers(fleet), gating)
 
         def roll_wave(wave: list[Host]) -> list[tuple[Host, rollout.HostRoll | None, BaseException | None]]:
             results = fleet.map_sessions(
-                lambda s: rollout.roll_host(s, chosen[s.name], options, client, reporter(s.host), app.peers(fleet)),
+                roll_one,
                 lambda: app.store,
                 wave,
             )
@@ -69,6 +76,8 @@ def rollout_report(
             continue
         if roll.result is not None:
             serve_report(host, roll.result)
+        for line in gateway_view.gate_lines(host.name, roll.gate) if roll.gate is not None else []:
+            out.print(line, markup=False)
         notes = f" ({'; '.join(roll.notes)})" if roll.notes else ""
         out.print(f"{host.name}: rollout {roll.outcome} in {roll.seconds:.1f} s{notes}", markup=False)
         if roll.outcome in ("rolled back", "failed") and code == ExitCode.OK:

@@ -10,7 +10,7 @@ from rich.text import Text
 from orchestrator.app import App
 from orchestrator.cli.common import default, finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
-from orchestrator.errors import ExitCode
+from orchestrator.errors import ExitCode, UsageError
 from orchestrator.facts import server as facts
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import ServeOptions
@@ -86,6 +86,13 @@ _drain = click.option(
 )
 @click.option("--max-unavailable", type=click.IntRange(1), default=1, show_default=True, help="Hosts per wave.")
 @click.option("--canary", metavar="TAG", help="With --rolling: the hosts with this tag go first.")
+@click.option(
+    "--gate",
+    type=click.Choice(["bench"]),
+    help="With --rolling: benchmark the canary (--canary hosts, else the first wave) on its own port before "
+    "it rejoins the gateway; go on only if its output tok/s is at least its last `orch bench` run of the "
+    "same workload and its accept length meets the minimum, else roll it back and halt (exit 5).",
+)
 @pass_app
 def serve(
     app: App,
@@ -107,6 +114,7 @@ def serve(
     rolling: bool | None,
     max_unavailable: int,
     canary: str | None,
+    gate: str | None,
 ) -> int:
     """Relaunch SGLang with the recipe (MTP by default) and verify it serves as asked.
 
@@ -124,6 +132,7 @@ def serve(
       orch serve --yes --fp8-gemm-backend triton
       orch serve --dry-run
       orch serve --rolling --canary canary --max-unavailable 2
+      orch serve --rolling --canary canary --gate bench
     """
     options = ServeOptions(
         mtp=mtp,
@@ -141,10 +150,15 @@ def serve(
     if rolling is None and not dry_run and not (hosts or tags) and app.inventory.gateway is not None:
         err.print(f"the inventory has a gateway: rolling relaunch ({inert(app.inventory.gateway.url)})", style="bold")
         rolling = True
+    if gate is not None and not rolling:
+        raise UsageError(
+            f"--gate {gate} gates a rolling relaunch: it needs --rolling (and the inventory's gateway:)",
+            hint="add --rolling, or leave --gate out",
+        )
     if rolling and not dry_run:
         from orchestrator.cli.gateway import rolling_serve
 
-        return rolling_serve(app, selected, chosen, options, parallel, max_unavailable, canary)
+        return rolling_serve(app, selected, chosen, options, parallel, max_unavailable, canary, gate)
     with app.fleet(selected, parallel) as fleet:
         if dry_run:
             plans = fleet.map_sessions(lambda s: serve_op.dry_run(s, chosen[s.name], options), lambda: app.store)

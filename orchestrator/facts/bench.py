@@ -312,3 +312,64 @@ def chart_labels(records: list[BenchRecord]) -> list[str]:
 def fmt_number(value: float | None, digits: int = 1) -> str:
     """A number for tables, ``-`` when absent."""
     return "-" if value is None else f"{value:,.{digits}f}"
+
+
+# -- the promotion gate (``orch serve --rolling --gate bench``) ----------------------------------------
+
+GATE_LABEL_PREFIX = "gate-"
+"""The label of a gate's own benchmark runs (``gate-<rollout start>``); never a gate's baseline."""
+
+
+class GateRecord(_Model):
+    """One promotion gate's decision on one canary host, as printed and stored (``RolloutRecord.gates``).
+
+    ``baseline_*``: the run compared with (label, time, output tok/s); ``canary_*``: the gate's own run
+    of the new server (None when it did not finish); ``min_accept`` None: the accept length is not
+    checked (MTP off, or no minimum). ``reasons``: why it failed (empty when ``passed``)."""
+
+    passed: bool
+    baseline_label: str
+    baseline_at: UtcDateTime
+    baseline_tok_s: float
+    canary_label: str | None = None
+    canary_tok_s: float | None = None
+    accept_length: float | None = None
+    min_accept: float | None = None
+    reasons: list[str] = []
+
+
+def gate_baseline(records: list[BenchRecord], workload: BenchParams) -> BenchRecord | None:
+    """The baseline of a promotion gate: the latest stored run with the same ``workload`` that is not a
+    gate's own run (a rejected configuration's run would lower the bar). None: there is none."""
+    same = [r for r in records if not r.label.startswith(GATE_LABEL_PREFIX)]
+    return next((r for r in reversed(same) if not workload_differences(r.params, workload)), None)
+
+
+def gate_decision(baseline: BenchRecord, run: BenchRecord | None, min_accept: float | None) -> GateRecord:
+    """Pass when the canary's ``run`` has at least the baseline's output tok/s and, when ``min_accept`` is
+    given and the run had MTP on, an accept length of at least ``min_accept``. ``run`` None: its benchmark
+    did not finish (fails)."""
+    reasons = []
+    if run is None:
+        reasons.append("the canary's benchmark did not finish")
+    elif run.metrics.output_throughput < baseline.metrics.output_throughput:
+        reasons.append(
+            f"output {run.metrics.output_throughput:,.1f} tok/s is below the baseline's "
+            f"{baseline.metrics.output_throughput:,.1f} tok/s ({baseline.label!r})"
+        )
+    checked = min_accept if run is not None and run.mtp is not False else None
+    accept = run.metrics.accept_length if run is not None else None
+    if checked is not None and (accept is None or accept < checked):
+        have = "not measured" if accept is None else f"{accept:.2f}"
+        reasons.append(f"accept length {have} is below the minimum {checked:.2f}")
+    return GateRecord(
+        passed=not reasons,
+        baseline_label=baseline.label,
+        baseline_at=baseline.at,
+        baseline_tok_s=baseline.metrics.output_throughput,
+        canary_label=run.label if run else None,
+        canary_tok_s=run.metrics.output_throughput if run else None,
+        accept_length=accept,
+        min_accept=checked,
+        reasons=reasons,
+    )

@@ -10,8 +10,14 @@ before). For each host of a wave:
    it is repeated here), with rollback on;
 4. ``register``: ``POST /workers``, then wait until the gateway lists it healthy (it then routes to it).
 
-A host whose new server fails (does not start, or runs but not as asked) halts the rollout: it is
-rolled back to its last known-good server (serve's ``--rollback``; for a server that runs but not as
+With a promotion gate (``--gate bench``, ``Gate``), a gated host (the canary: ``gated``) is benchmarked
+between 3 and 4, on its own port as ``orch bench`` does, before it takes gateway traffic: a configuration
+that fails the gate never serves a request through the gateway, and the number measures the canary alone.
+Its output tok/s must be at least its baseline's (``facts.bench.gate_baseline``, picked before anything
+changes) and its accept length at least serve's minimum; else it fails like a verification does.
+
+A host whose new server fails (does not start, runs but not as asked, or fails the gate) halts the
+rollout: it is rolled back to its last known-good server (serve's ``--rollback``; for a server that runs but not as
 asked, the new server is stopped first), re-registered, and the hosts of later waves are never
 touched. A host already serving as asked is not relaunched, only registered if it is not.
 """
@@ -23,12 +29,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import readers
-from orchestrator.errors import GatewayError, HostError
+from orchestrator.errors import GatewayError, HostError, OrchError, UsageError
+from orchestrator.facts import bench as bench_facts
 from orchestrator.facts import server as facts
+from orchestrator.facts.bench import BenchRecord, GateRecord
 from orchestrator.gateway import GatewayClient, worker_url
 from orchestrator.inventory import Host
+from orchestrator.ops import bench as bench_op
 from orchestrator.ops import serve as serve_op
-from orchestrator.recipe import Recipe, ServeOptions
+from orchestrator.recipe import BenchOptions, Recipe, ServeOptions
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, RolloutRecord, StateStore, utc_now
 from orchestrator.tuning.member import Peers
@@ -54,6 +63,7 @@ class HostRoll:
     seconds: float = 0.0
     drained: int = 0  # requests in flight when it was taken out of the gateway
     notes: list[str] = field(default_factory=list)
+    gate: GateRecord | None = None  # the promotion gate's decision, when the host was gated
 
 
 class RolloutHalted(HostError):
@@ -64,6 +74,85 @@ class RolloutHalted(HostError):
         self.roll = roll
 
 
+class GateFailed(serve_op.NotAsAsked):
+    """The canary's new server serves, but fails the promotion gate (exit 5, as a failed verification)."""
+
+    def __init__(self, message: str, result: serve_op.ServeResult, gate: GateRecord) -> None:
+        super().__init__(message, result)
+        self.gate = gate
+
+
+@dataclass(frozen=True)
+class Gate:
+    """``--gate bench``: the gated hosts' baselines, picked before the rollout changes anything, and the
+    label of the gate's own benchmark runs (stored like any ``orch bench`` run)."""
+
+    baselines: dict[str, BenchRecord]
+    label: str
+    timeout: float = bench_op.DEFAULT_TIMEOUT
+
+
+def gated(planned: list[list[Host]], canary: str | None) -> list[Host]:
+    """The hosts a promotion gate benchmarks: the canary-tagged ones, else (no ``--canary``) the first wave."""
+    if canary is None:
+        return list(planned[0]) if planned else []
+    return [h for wave in planned for h in wave if canary in h.tags]
+
+
+def plan_gate(store: StateStore, hosts: list[Host], chosen: dict[str, Recipe]) -> Gate:
+    """The gate for ``hosts``: each one's baseline, the latest stored run of the workload of its recipe's
+    ``bench:`` (``gate_baseline``); a ``UsageError`` naming every host without one, before anything runs."""
+    state = store.load()
+    baselines, lacking = {}, []
+    for host in hosts:
+        workload = bench_facts.resolve_params(chosen[host.name].bench, BenchOptions())
+        found = bench_facts.gate_baseline(bench_op.records_of(host.name, state.host(host.name)), workload)
+        if found is None:
+            lacking.append(host.name)
+        else:
+            baselines[host.name] = found
+    if lacking:
+        first = lacking[0]
+        raise UsageError(
+            f"--gate bench: no baseline benchmark on {', '.join(lacking)} for the playbook's bench workload"
+            " (a stored run of the same prompts, lengths and concurrency, not a gate's own run)",
+            hint=f"benchmark the server it runs now first: `orch bench --host {first} --playbook PLAYBOOK` "
+            "(the playbook of this serve, for its bench: settings)",
+        )
+    return Gate(baselines, f"{bench_facts.GATE_LABEL_PREFIX}{utc_now():%Y%m%dT%H%M%S}")
+
+
+def check_gate(
+    session: HostSession, recipe: Recipe, gate: Gate, result: serve_op.ServeResult, report: serve_op.Report
+) -> GateRecord:
+    """Benchmark the new server through its own port and decide (``facts.bench.gate_decision``); the
+    decision goes into the state's rollout. Raises ``GateFailed`` when it fails (a benchmark that fails
+    fails the gate)."""
+    name = session.host.name
+    baseline = gate.baselines[name]
+    report(
+        f"promotion gate: benchmarking the new server on its own port against {baseline.label!r} "
+        f"({baseline.metrics.output_throughput:,.1f} tok/s)"
+    )
+    error = None
+    try:
+        options = BenchOptions(label=gate.label)
+        run: BenchRecord | None = bench_op.bench(
+            session.host, session.runner, session.store, recipe.bench, options, gate.timeout
+        ).record
+    except OrchError as exc:
+        run, error = None, str(exc).splitlines()[0]
+    decision = bench_facts.gate_decision(baseline, run, result.min_accept)
+    if error is not None:
+        decision = decision.model_copy(update={"reasons": [f"the canary's benchmark failed: {error}"]})
+    with session.store.update() as state:
+        if state.rollout is not None:
+            state.rollout.gates[name] = decision
+    if not decision.passed:
+        raise GateFailed(f"promotion gate failed: {'; '.join(decision.reasons)}", result, decision)
+    return decision
+
+
 def roll_host(
     session: HostSession,
     recipe: Recipe,
@@ -71,12 +160,16 @@ def roll_host(
     client: GatewayClient,
     report: serve_op.Report,
     peers: Peers | None = None,
+    gate: Gate | None = None,
 ) -> HostRoll:
-    """Steps 1 to 4 of the module docstring on one host."""
+    """Steps 1 to 4 of the module docstring on one host (with ``gate``'s check when it gates the host)."""
     began = time.monotonic()
     url = worker_url(session.host, _bind(recipe))
     if not serve_op.would_replace(session, recipe, options):
-        return _unchanged(session, recipe, options, client, url, report, peers, began)
+        roll = _unchanged(session, recipe, options, client, url, report, peers, began)
+        if gate is not None and session.host.name in gate.baselines:
+            roll.notes.append("gate not run: already serving as asked, nothing to promote")
+        return roll
     report(f"taking {url} out of the gateway before its server is replaced")
     record_outcome(session.store, session.host.name, "removed")
     client.remove(url)
@@ -86,13 +179,17 @@ def roll_host(
     before = known_good(session)
     try:
         result = serve_op.serve(session, recipe, rolled, report, peers)
+        decision = None
+        if gate is not None and session.host.name in gate.baselines:
+            decision = check_gate(session, recipe, gate, result, report)
     except serve_op.NotAsAsked as exc:
         _roll_back_running(session, recipe, rolled, exc, before, report)
-        raise _halt(session, client, url, exc, HostRoll("rolled back", exc.result, drained=drained), report) from None
+        roll = HostRoll("rolled back", exc.result, drained=drained, gate=getattr(exc, "gate", None))
+        raise _halt(session, client, url, exc, roll, report) from None
     except serve_op.StartupFailed as exc:
         raise _halt(session, client, url, exc, HostRoll("rolled back", drained=drained), report) from None
     register(client, url, report)
-    return HostRoll("relaunched", result, time.monotonic() - began, drained)
+    return HostRoll("relaunched", result, time.monotonic() - began, drained, gate=decision)
 
 
 def _unchanged(
@@ -170,10 +267,11 @@ def _roll_back_running(
     before: list[str] | None,
     report: serve_op.Report,
 ) -> None:
-    """A new server that runs but not as asked is stopped and the server the host ran before the rollout
-    relaunched. Serve counts a low accept length as serving (the argv becomes known-good), so the
+    """A new server that runs but not as asked (or fails the gate) is stopped and the server the host
+    ran before the rollout relaunched. Serve counts a low accept length as serving (the argv becomes known-good), so the
     rollout puts back the known-good command it found before the relaunch."""
-    report("the new server is not serving as asked: stopping it to roll back")
+    why = "it failed the promotion gate" if isinstance(exc, GateFailed) else "it is not serving as asked"
+    report(f"stopping the new server to roll back: {why}")
     stopped = serve_op.stop_server(session, recipe, options.drain_timeout, report)
 
     def restore(hs: HostState) -> None:
