@@ -25,7 +25,7 @@ touched. A host already serving as asked is not relaunched, only registered if i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import readers
@@ -90,6 +90,7 @@ class Gate:
     baselines: dict[str, BenchRecord]
     label: str
     timeout: float = bench_op.DEFAULT_TIMEOUT
+    unproven: frozenset[str] = frozenset()  # left out of the gateway by an interrupted rollout, gate undecided
 
 
 def gated(planned: list[list[Host]], canary: str | None) -> list[Host]:
@@ -119,7 +120,22 @@ def plan_gate(store: StateStore, hosts: list[Host], chosen: dict[str, Recipe]) -
             hint=f"benchmark the server it runs now first: `orch bench --host {first} --playbook PLAYBOOK` "
             "(the playbook of this serve, for its bench: settings)",
         )
-    return Gate(baselines, f"{bench_facts.GATE_LABEL_PREFIX}{utc_now():%Y%m%dT%H%M%S}")
+    label = f"{bench_facts.GATE_LABEL_PREFIX}{utc_now():%Y%m%dT%H%M%S}"
+    return Gate(baselines, label, unproven=_unproven(state.rollout, baselines))
+
+
+def _unproven(last: RolloutRecord | None, gated: Iterable[str]) -> frozenset[str]:
+    """The gated hosts the last rollout left out of the gateway without a passed gate: ``removed`` by an
+    interrupted one, or ``failed`` after its gate failed. Their server may be the new configuration,
+    never proven: served as asked, they are gated again before they are registered."""
+    if last is None:
+        return frozenset()
+
+    def left_out(name: str) -> bool:
+        outcome = last.outcomes.get(name)
+        return (outcome == "removed" and last.ended_at is None) or (outcome == "failed" and name in last.gates)
+
+    return frozenset(n for n in gated if left_out(n) and not (n in last.gates and last.gates[n].passed))
 
 
 def check_gate(
@@ -166,6 +182,8 @@ def roll_host(
     began = time.monotonic()
     url = worker_url(session.host, _bind(recipe))
     if not serve_op.would_replace(session, recipe, options):
+        if gate is not None and session.host.name in gate.unproven:
+            return _prove_resumed(session, recipe, options, client, url, gate, report, peers)
         roll = _unchanged(session, recipe, options, client, url, report, peers, began)
         if gate is not None and session.host.name in gate.baselines:
             roll.notes.append("gate not run: already serving as asked, nothing to promote")
@@ -211,6 +229,32 @@ def _unchanged(
         roll.notes.append("re-registered")
     roll.seconds = time.monotonic() - began
     return roll
+
+
+def _prove_resumed(
+    session: HostSession,
+    recipe: Recipe,
+    options: ServeOptions,
+    client: GatewayClient,
+    url: str,
+    gate: Gate,
+    report: serve_op.Report,
+    peers: Peers | None,
+) -> HostRoll:
+    """A canary that an interrupted gated rollout left out of the gateway serves as asked, but its gate
+    never decided: gated now, it rejoins the gateway only when it passes. Failing, it stays out (the
+    server it ran before the interrupted rollout is not known any more) and the rollout halts."""
+    result = serve_op.serve(session, recipe, options, report, peers)
+    report("resuming a rollout whose gate never decided on this host: gating its server before registering it")
+    try:
+        decision = check_gate(session, recipe, gate, result, report)
+    except GateFailed as exc:
+        roll = HostRoll("failed", result, notes=[exc.message, "left out of the gateway"], gate=exc.gate)
+        name = session.host.name
+        hint = f"serve what it ran before: `orch serve --rolling --host {name} --playbook OLD`"
+        raise RolloutHalted(f"{name}: rollout halted: {exc.message}\nnot re-registered; {hint}", roll) from None
+    register(client, url, report)
+    return HostRoll("unchanged", result, notes=["gated on resume", "re-registered"], gate=decision)
 
 
 def _bind(recipe: Recipe) -> str | None:

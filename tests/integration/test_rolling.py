@@ -310,3 +310,28 @@ def test_gate_bench_without_a_baseline_or_without_rolling_is_refused_before_anyt
     assert plain.returncode == 2 and "--gate bench gates a rolling relaunch: it needs --rolling" in plain.stderr
     assert {name: server_job(env, name) for name in jobs} == jobs
     assert StateStore(env.state).load().rollout is None
+
+
+def test_gate_bench_resumed_gates_the_canary_an_interrupted_rollout_left_out_before_registering_it(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    slow, new = gate_playbook(tmp_path, "slow", 1), gate_playbook(tmp_path, "new", 64)
+    assert env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", slow).returncode == 0
+    assert env.orch("bench", "--host", "sim-1", "--playbook", slow, "--label", "before-slow").returncode == 0
+    assert env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", new).returncode == 0
+    sim1 = gateway_fleet.urls()[0]
+    client.remove(sim1)  # as a gated rollout cut off after sim-1's relaunch, before its gate decided, leaves it
+    client.wait_removed(sim1, timeout=10)
+    with StateStore(env.state).update() as state:
+        state.rollout = RolloutRecord(waves=[["sim-1"], ["sim-2"], ["sim-3"]], outcomes={"sim-1": "removed"})
+    job = server_job(env, "sim-1")
+    run = env.orch("serve", "--rolling", "--canary", "canary", "--gate", "bench", "--playbook", new)
+    assert run.returncode == 0, run.output
+    assert "sim-1: resuming a rollout whose gate never decided on this host" in run.stderr
+    assert "sim-1: promotion gate PASSED: canary " in run.stdout
+    assert "sim-1: rollout unchanged in " in run.stdout and "(gated on resume; re-registered)" in run.stdout
+    assert server_job(env, "sim-1") == job  # not relaunched: gated as it serves
+    gates = StateStore(env.state).load().rollout.gates  # type: ignore[union-attr]
+    assert gates["sim-1"].passed and gates["sim-1"].baseline_label == "before-slow"
+    assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())

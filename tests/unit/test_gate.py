@@ -1,0 +1,142 @@
+"""The promotion gate (``orch serve --rolling --gate bench``) without a fleet: which stored run is the
+baseline, the decision from the two numbers and the accept length, which hosts are gated (a real state
+directory in tmp_path), and the printed decision."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import UsageError
+from orchestrator.facts import bench
+from orchestrator.facts.bench import BenchRecord
+from orchestrator.ops.rollout import gated, plan_gate, waves
+from orchestrator.recipe import BenchSpec, Recipe
+from orchestrator.state import RolloutRecord, StateStore
+from orchestrator.views.gateway import gate_lines
+from tests.unit.test_bench_facts import PARAMS, a_record
+from tests.unit.test_rollout import hosts
+
+OTHER = PARAMS.model_copy(update={"num_prompts": 8})
+
+
+def with_params(record: BenchRecord, **changes: object) -> BenchRecord:
+    return record.model_copy(update=changes)
+
+
+@pytest.mark.parametrize(
+    ("records", "expected"),
+    [
+        ([], None),
+        ([a_record("old", 100.0)], "old"),
+        ([a_record("a", 100.0, 0), a_record("b", 120.0, 5)], "b"),  # the latest
+        ([a_record("a", 100.0, 0), with_params(a_record("b", 120.0, 5), params=OTHER)], "a"),  # same workload
+        ([a_record("a", 100.0, 0), a_record("gate-20261202T014000", 50.0, 5)], "a"),  # never a gate's own run
+        ([with_params(a_record("b", 1.0), params=OTHER)], None),
+        ([a_record("gate-x", 50.0)], None),
+    ],
+)
+def test_gate_baseline_is_the_latest_run_of_the_same_workload_that_is_no_gate_run(
+    records: list[BenchRecord], expected: str | None
+) -> None:
+    found = bench.gate_baseline(records, PARAMS)
+    assert (found.label if found else None) == expected
+
+
+BASE = a_record("before", 100.0)
+
+
+@pytest.mark.parametrize(
+    ("tok_s", "accept", "mtp", "min_accept", "passed", "reason"),
+    [
+        (100.0, 3.0, True, 2.8, True, None),  # equal throughput passes ("at least")
+        (150.0, None, False, 2.8, True, None),  # MTP off: the accept length is not checked
+        (150.0, None, None, None, True, None),  # no minimum: not checked
+        (99.9, 3.0, True, 2.8, False, "output 99.9 tok/s is below the baseline's 100.0 tok/s ('before')"),
+        (150.0, 2.0, True, 2.8, False, "accept length 2.00 is below the minimum 2.80"),
+        (150.0, None, True, 2.8, False, "accept length not measured is below the minimum 2.80"),
+    ],
+)
+def test_gate_decision_table(
+    tok_s: float, accept: float | None, mtp: bool | None, min_accept: float | None, passed: bool, reason: str | None
+) -> None:
+    run = with_params(a_record("gate-1", tok_s, 10, accept=accept), mtp=mtp)
+    decision = bench.gate_decision(BASE, run, min_accept)
+    assert decision.passed is passed
+    assert decision.reasons == ([reason] if reason else [])
+    assert (decision.baseline_label, decision.baseline_at, decision.baseline_tok_s) == ("before", BASE.at, 100.0)
+    assert (decision.canary_label, decision.canary_tok_s, decision.accept_length) == ("gate-1", tok_s, accept)
+
+
+def test_gate_decision_fails_a_canary_whose_benchmark_did_not_finish_and_fails_both_reasons_at_once() -> None:
+    missing = bench.gate_decision(BASE, None, 2.8)
+    assert not missing.passed and missing.reasons == ["the canary's benchmark did not finish"]
+    assert missing.canary_tok_s is None and missing.min_accept is None
+    both = bench.gate_decision(BASE, with_params(a_record("gate-1", 10.0, accept=1.5), mtp=True), 2.8)
+    assert len(both.reasons) == 2 and not both.passed
+
+
+# -- ops.rollout: which hosts are gated, their baselines (a real state directory), the printed decision ----
+
+
+def test_gated_hosts_are_the_canary_tagged_ones_else_the_first_wave() -> None:
+    planned = waves(hosts("a", "b:canary", "c", "d:canary"), 1, "canary")
+    assert [h.name for h in gated(planned, "canary")] == ["b", "d"]
+    assert [h.name for h in gated(waves(hosts("a", "b", "c"), 2, None), None)] == ["a", "b"]
+    assert gated([], None) == []
+
+
+def recipe(num_prompts: int = 64) -> Recipe:
+    spec = BenchSpec(input_len=1024, output_len=256, num_prompts=num_prompts, max_concurrency=16)
+    return Recipe(model="m", architecture="A", bench=spec)
+
+
+def test_plan_gate_picks_each_baseline_before_anything_runs_and_names_every_host_without_one(
+    tmp_path: Path,
+) -> None:
+    store = StateStore(tmp_path / "state.json")
+    store.update_host("a", lambda hs: hs.benchmarks.extend([a_record("old", 90.0), a_record("new", 100.0, 5)]))
+    store.update_host("b", lambda hs: hs.benchmarks.append(a_record("gate-20261202T010000", 100.0)))
+    a, b, c = hosts("a", "b", "c")
+    gate = plan_gate(store, [a], {"a": recipe()})
+    assert gate.baselines["a"].label == "new" and gate.label.startswith("gate-") and gate.unproven == frozenset()
+    with pytest.raises(UsageError) as refused:
+        plan_gate(store, [a, b, c], {"a": recipe(), "b": recipe(), "c": recipe()})
+    assert "--gate bench: no baseline benchmark on b, c for the playbook's bench workload" in refused.value.message
+    assert "orch bench --host b --playbook PLAYBOOK" in (refused.value.hint or "")
+    with pytest.raises(UsageError):  # another workload than the stored runs'
+        plan_gate(store, [a], {"a": recipe(num_prompts=8)})
+
+
+def test_plan_gate_gates_again_a_canary_the_last_rollout_left_out_of_the_gateway_unproven(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.json")
+    for name in ("a", "b", "c", "d"):
+        store.update_host(name, lambda hs: hs.benchmarks.append(a_record("before", 100.0)))
+    failed = bench.gate_decision(BASE, a_record("gate-1", 10.0), None)
+    passed = bench.gate_decision(BASE, a_record("gate-1", 200.0), None)
+    with store.update() as state:  # interrupted: a and b removed (b's gate passed), c relaunched, d failed its gate
+        outcomes = {"a": "removed", "b": "removed", "c": "relaunched", "d": "failed"}
+        state.rollout = RolloutRecord(outcomes=outcomes, gates={"b": passed, "d": failed})
+    everyone = hosts("a", "b", "c", "d")
+    assert plan_gate(store, everyone, dict.fromkeys("abcd", recipe())).unproven == {"a", "d"}
+    with store.update() as state:
+        assert state.rollout is not None
+        state.rollout.ended_at = state.rollout.started_at  # ended: nothing is left removed, d still failed
+    assert plan_gate(store, everyone, dict.fromkeys("abcd", recipe())).unproven == {"d"}
+
+
+def test_gate_lines_print_the_decision_both_numbers_and_the_reasons() -> None:
+    run = with_params(a_record("gate-20261202T014649", 25.5, 10, accept=2.0), mtp=True)
+    lines = gate_lines("sim-1", bench.gate_decision(BASE, run, 2.8))
+    assert lines == [
+        "sim-1: promotion gate FAILED: canary 25.5 tok/s (gate-20261202T014649) vs baseline 100.0 tok/s "
+        "('before', 2026-11-29 22:00:00 UTC); accept length 2.00 (minimum 2.80)",
+        "sim-1:   output 25.5 tok/s is below the baseline's 100.0 tok/s ('before')",
+        "sim-1:   accept length 2.00 is below the minimum 2.80",
+    ]
+    unchecked = gate_lines("sim-1", bench.gate_decision(BASE, a_record("g", 120.0), None))
+    assert unchecked == [
+        "sim-1: promotion gate PASSED: canary 120.0 tok/s (g) vs baseline 100.0 tok/s ('before', "
+        "2026-11-29 22:00:00 UTC); accept length not checked"
+    ]
