@@ -346,12 +346,15 @@ def gate_baseline(records: list[BenchRecord], workload: BenchParams) -> BenchRec
 
 
 def gate_decision(baseline: BenchRecord, run: BenchRecord | None, min_accept: float | None) -> GateRecord:
-    """Pass when the canary's ``run`` has at least the baseline's output tok/s and, when ``min_accept`` is
-    given and the run had MTP on, an accept length of at least ``min_accept``. ``run`` None: its benchmark
-    did not finish (fails)."""
+    """Pass when the canary's ``run`` has at least the baseline's output tok/s on the same workload and,
+    when ``min_accept`` is given and the run had MTP on, an accept length of at least ``min_accept``.
+    ``run`` None: its benchmark did not finish (fails)."""
     reasons = []
+    other = workload_differences(run.params, baseline.params) if run is not None else []
     if run is None:
         reasons.append("the canary's benchmark did not finish")
+    elif other:  # orch attached to a benchmark already running on the host (another workload)
+        reasons.append(f"the canary's benchmark ran another workload than the baseline's ({', '.join(other)})")
     elif run.metrics.output_throughput < baseline.metrics.output_throughput:
         reasons.append(
             f"output {run.metrics.output_throughput:,.1f} tok/s is below the baseline's "

@@ -69,6 +69,13 @@ def test_gate_decision_table(
     assert (decision.canary_label, decision.canary_tok_s, decision.accept_length) == ("gate-1", tok_s, accept)
 
 
+def test_gate_decision_fails_a_run_of_another_workload_whatever_its_numbers() -> None:
+    """orch attaches to a benchmark already running on the host: its workload may not be the baseline's."""
+    decision = bench.gate_decision(BASE, with_params(a_record("gate-1", 500.0), params=OTHER), None)
+    assert not decision.passed
+    assert decision.reasons == ["the canary's benchmark ran another workload than the baseline's (prompts 8≠64)"]
+
+
 def test_gate_decision_fails_a_canary_whose_benchmark_did_not_finish_and_fails_both_reasons_at_once() -> None:
     missing = bench.gate_decision(BASE, None, 2.8)
     assert not missing.passed and missing.reasons == ["the canary's benchmark did not finish"]
