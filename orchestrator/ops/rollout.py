@@ -17,9 +17,9 @@ Its output tok/s must be at least its baseline's (``facts.bench.gate_baseline``,
 changes) and its accept length at least serve's minimum; else it fails like a verification does.
 
 A host whose new server fails (does not start, runs but not as asked, or fails the gate) halts the
-rollout: it is rolled back to its last known-good server (serve's ``--rollback``; for a server that runs but not as
-asked, the new server is stopped first), re-registered, and the hosts of later waves are never
-touched. A host already serving as asked is not relaunched, only registered if it is not.
+rollout: it is rolled back to its last known-good server (serve's ``--rollback``; for a server that
+runs but not as asked, the new server is stopped first), re-registered, and the hosts of later waves
+are never touched. A host already serving as asked is not relaunched, only registered if it is not.
 """
 
 from __future__ import annotations
@@ -244,6 +244,7 @@ def _prove_resumed(
     """A canary that an interrupted gated rollout left out of the gateway serves as asked, but its gate
     never decided: gated now, it rejoins the gateway only when it passes. Failing, it stays out (the
     server it ran before the interrupted rollout is not known any more) and the rollout halts."""
+    record_outcome(session.store, session.host.name, "removed")  # still out: interrupted again, gated again
     result = serve_op.serve(session, recipe, options, report, peers)
     report("resuming a rollout whose gate never decided on this host: gating its server before registering it")
     try:
