@@ -1,9 +1,12 @@
-"""``orch gateway status`` (issue 12): the gateway's workers matched with the inventory's hosts."""
+"""``orch gateway status`` (issue 12): the gateway's workers matched with the inventory's hosts, and the
+gateway job orch runs (``orch gateway up``)."""
 
 from __future__ import annotations
 
 from orchestrator.gateway import GatewayCheck
-from orchestrator.render import out
+from orchestrator.jobs import JobInfo
+from orchestrator.ops.gateway import GatewayUp
+from orchestrator.render import err, inert, inert_log, out
 
 
 def document(result: GatewayCheck) -> dict[str, object]:
@@ -25,3 +28,44 @@ def report(result: GatewayCheck) -> None:
     for name in result.unregistered:
         out.print(f"{name}: serving but not registered with the gateway  FLAG", markup=False)
     out.print("gateway consistent with the inventory" if result.consistent else "gateway: hosts flagged", markup=False)
+
+
+def job_state(job: JobInfo | None) -> str:
+    """The gateway job orch runs, in one phrase: running (id, pid) / ended (how) / none."""
+    if job is None:
+        return "none (orch started no gateway job there; `orch gateway up` starts one)"
+    if job.running:
+        return f"running (job {job.id}, pid {job.pid})"
+    code = "" if job.exit_code is None else f", exit {job.exit_code}"
+    stopped = ", stopped by orch" if job.stop_requested else ""
+    return f"ended ({job.state}{code}{stopped}; job {job.id}); `orch gateway up` starts a new one"
+
+
+def job_document(job: JobInfo | None) -> dict[str, object] | None:
+    if job is None:
+        return None
+    return {"id": job.id, "state": job.state, "pid": job.pid, "exit_code": job.exit_code, "running": job.running}
+
+
+def job_report(host: str, job: JobInfo | None) -> None:
+    out.print(f"gateway job on {host}: {job_state(job)}", markup=False)
+
+
+def up_report(host: str, url: str, result: GatewayUp) -> None:
+    """What ``orch gateway up`` did: the ended job it replaced (with its log's end), the job, smg's answer."""
+    if result.previous is not None:
+        job, log = result.previous
+        err.print(inert(f"{host}: the last gateway job {job_state(job)}; the end of its log:"), style="bold")
+        err.print(inert_log(log), markup=False, highlight=False)
+    started = result.job
+    if result.attached:
+        out.print(f"{host}: the gateway job {started.job_id} (pid {started.pid}) is already running; "
+                  "nothing started", markup=False)  # fmt: skip
+        return
+    workers = ", ".join(result.workers) or "none yet (no host is serving)"
+    out.print(f"{host}: started the gateway job {started.job_id} (pid {started.pid}); workers: {workers}", markup=False)
+    if result.alive:
+        out.print(f"gateway up: {url} answers /health", markup=False)
+        return
+    err.print(inert(f"gateway not up: {result.failed}; the end of its log:"), style="bold red")
+    err.print(inert_log(result.log), markup=False, highlight=False)
