@@ -97,7 +97,7 @@ GATEWAY = "gateway:\n  url: http://h:1\n  host: a\n"
         ("  args: ['--worker-urls=http://x:1']\n", "gateway, key 'args': --worker-urls is set by orch"),
         ("  args: [--api-key, s3cret-value]\n", "gateway, key 'args': --api-key is set by orch"),
         ("  args: [--policy, '--token=s3cret-value']\n", "gateway, key 'args': looks like a secret ('token=')"),
-        ("  args: [\"--policy\\n\"]\n", "gateway, key 'args[0]': holds"),
+        ('  args: ["--policy\\n"]\n', "gateway, key 'args[0]': holds"),
     ],
 )
 def test_bad_gateway_job_setting_names_file_and_key(tmp_path: Path, extra: str, expected: str) -> None:
