@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from orchestrator import jobs
-from orchestrator.errors import UsageError
+from orchestrator.errors import GatewayError, UsageError
 from orchestrator.gateway import GatewayClient, api_key, smg_argv, worker_url
 from orchestrator.inventory import Gateway, Host, Inventory
 from orchestrator.state import HostState, Phase, State
@@ -92,6 +92,12 @@ def up(runner: Runner, host: Host, gateway: Gateway, workers: tuple[str, ...], t
     current = gateway_job(runner, host)
     if current is not None and current.running:
         return GatewayUp(jobs.Started(current.id, current.pid or 0, True), True, workers)
+    if client.alive():  # our job would die on the taken port while the other one answered for it
+        raise GatewayError(
+            f"{gateway.url} already answers /health, but no gateway job of orch's runs on {host.name}: "
+            "another gateway (not orch's) holds the address; nothing started",
+            hint="stop that gateway, or point gateway.url at it and leave `orch gateway up` out",
+        )
     previous = (current, log_end(runner, current)) if current is not None else None
     spec = jobs.JobSpec("gateway", GATEWAY_PURPOSE, smg_argv(gateway.python, gateway, workers, *gateway.args),
                         env=gateway.env)  # fmt: skip

@@ -23,19 +23,19 @@ from orchestrator.gateway import GatewayClient
 from orchestrator.inventory import Gateway, load_inventory
 from orchestrator.sandbox.loopback import free_port
 from tests.conftest import FleetEnv, OrchRun
-from tests.gateway_smg import FAST, smg_python
+from tests.gateway_smg import FAST, running_smg, smg_python
 
 KEY_ENV = "SMG_TEST_GATEWAY_KEY"
 KEY = "k3y-7b1f0c9e-never-written"
 KNOBS = {"startup_seconds": 0.5}
 
 
-def with_gateway(env: FleetEnv, python: str, monkeypatch: pytest.MonkeyPatch) -> Gateway:
+def with_gateway(env: FleetEnv, python: str, monkeypatch: pytest.MonkeyPatch, url: str | None = None) -> Gateway:
     """The inventory's gateway: smg on sim-1, on a free loopback port, Hugging Face on a closed port."""
     monkeypatch.setenv(KEY_ENV, KEY)  # orch's environment (run_orch passes it on), never a file
     doc = yaml.safe_load(env.inventory.read_text())
     doc["gateway"] = {
-        "url": f"http://127.0.0.1:{free_port('127.0.0.1')}",
+        "url": url or f"http://127.0.0.1:{free_port('127.0.0.1')}",
         "api_key_env": KEY_ENV,
         "host": "sim-1",
         "python": python,
@@ -155,6 +155,18 @@ def test_gateway_up_that_does_not_come_up_shows_its_log_and_exits_3(
     assert "gateway not up: the gateway job gateway-" in run.stderr and "ended (failed, exit 1)" in run.stderr
     assert "ModuleNotFoundError: No module named 'sglang_router'" in run.stderr
     assert "workers: none yet (no host is serving)" in run.stdout
+
+
+def test_gateway_up_starts_nothing_when_another_gateway_holds_the_url(
+    make_fleet: Callable[..., FleetEnv], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    env: FleetEnv = make_fleet(n_hosts=1)
+    with running_smg(tmp_path / "other-smg.log") as other:  # a gateway orch did not start
+        with_gateway(env, str(smg_python()), monkeypatch, url=other.gateway.url)
+        run = env.orch("gateway", "up")
+        assert run.returncode == 3, run.output
+        assert f"{other.gateway.url} already answers /health, but no gateway job of orch's runs on sim-1" in run.stderr
+        assert gateway_jobs(env) == [] and other.process.poll() is None
 
 
 def test_gateway_up_without_gateway_host_is_exit_2_with_a_hint(tmp_path: Path, orch: Callable[..., OrchRun]) -> None:
