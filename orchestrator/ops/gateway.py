@@ -28,7 +28,7 @@ from orchestrator.transport.base import Runner
 GATEWAY_PURPOSE = "gateway"
 UP_TIMEOUT = 60.0  # seconds `orch gateway up` waits for smg's /health by default
 STOP_GRACE = 15  # seconds between SIGTERM and SIGKILL when `orch gateway down` stops smg
-LOG_TAIL = 40  # lines of a gateway job's log shown when it ended
+LOG_TAIL = 20  # lines of a gateway job's log shown when it ended
 
 
 def gateway_host(inventory: Inventory) -> tuple[Gateway, Host]:
@@ -70,11 +70,17 @@ def log_end(runner: Runner, job: jobs.JobInfo) -> str:
     return jobs.tail_lines(jobs.read_tail(runner, job), LOG_TAIL)
 
 
+def died_log(runner: Runner, job: jobs.JobInfo) -> str:
+    """The end of an ended gateway job's log, to say why it died; nothing for one orch stopped (``down``)."""
+    return "" if job.stop_requested else log_end(runner, job)
+
+
 @dataclass(frozen=True)
 class GatewayUp:
     """What ``up`` did: ``job`` is the gateway job (``attached``: it was running, nothing was started);
     ``previous`` the ended job it replaced and the end of its log; ``alive`` whether smg answers
-    ``/health``, else ``failed`` says why and ``log`` is the end of the new job's log."""
+    ``/health``, else ``failed`` says why and ``log`` is the end of the new job's log. The previous job's
+    log is empty when orch stopped it."""
 
     job: jobs.Started
     attached: bool
@@ -98,7 +104,7 @@ def up(runner: Runner, host: Host, gateway: Gateway, workers: tuple[str, ...], t
             "another gateway (not orch's) holds the address; nothing started",
             hint="stop that gateway, or point gateway.url at it and leave `orch gateway up` out",
         )
-    previous = (current, log_end(runner, current)) if current is not None else None
+    previous = (current, died_log(runner, current)) if current is not None else None
     spec = jobs.JobSpec("gateway", GATEWAY_PURPOSE, smg_argv(gateway.python, gateway, workers, *gateway.args),
                         env=gateway.env)  # fmt: skip
     started = jobs.start(runner, host.workdir, spec, secret_env=_key_env(gateway))

@@ -38,7 +38,7 @@ def job_state(job: JobInfo | None) -> str:
         return f"running (job {job.id}, pid {job.pid})"
     code = "" if job.exit_code is None else f", exit {job.exit_code}"
     stopped = ", stopped by orch" if job.stop_requested else ""
-    return f"ended ({job.state}{code}{stopped}; job {job.id}); `orch gateway up` starts a new one"
+    return f"ended ({job.state}{code}{stopped}; job {job.id})"
 
 
 def job_document(job: JobInfo | None) -> dict[str, object] | None:
@@ -48,15 +48,18 @@ def job_document(job: JobInfo | None) -> dict[str, object] | None:
 
 
 def job_report(host: str, job: JobInfo | None) -> None:
-    out.print(f"gateway job on {host}: {job_state(job)}", markup=False)
+    again = "; `orch gateway up` starts a new one" if job is not None and not job.running else ""
+    out.print(f"gateway job on {host}: {job_state(job)}{again}", markup=False)
 
 
 def up_report(host: str, url: str, result: GatewayUp) -> None:
     """What ``orch gateway up`` did: the ended job it replaced (with its log's end), the job, smg's answer."""
     if result.previous is not None:
         job, log = result.previous
-        err.print(inert(f"{host}: the last gateway job {job_state(job)}; the end of its log:"), style="bold")
-        err.print(inert_log(log), markup=False, highlight=False)
+        shown = "; the end of its log:" if log else ""
+        err.print(inert(f"{host}: the last gateway job {job_state(job)}{shown}"), style="bold")
+        if log:
+            err.print(inert_log(log), markup=False, highlight=False)
     started = result.job
     if result.attached:
         out.print(f"{host}: the gateway job {started.job_id} (pid {started.pid}) is already running; "

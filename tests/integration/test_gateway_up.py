@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import urllib.error
 import urllib.request
@@ -138,10 +139,25 @@ def test_gateway_up_runs_smg_in_front_of_the_serving_hosts_and_down_stops_it(
     assert ended["state"] != "running" and ended["stop_requested"]
     assert "no gateway job of orch's is running" in env.orch("gateway", "down", "--yes").stdout
 
-    restarted = env.orch("gateway", "up")  # the ended job is shown, with the end of its log, then replaced
+    restarted = env.orch("gateway", "up")  # the job orch stopped is named, then replaced
     assert restarted.returncode == 0, restarted.output
-    assert "sim-1: the last gateway job ended (" in restarted.stderr and "the end of its log:" in restarted.stderr
-    assert [j["state"] for j in gateway_jobs(env)][-1] == "running" and len(gateway_jobs(env)) == 2
+    assert f"sim-1: the last gateway job ended (succeeded, exit 0, stopped by orch; job {job['id']})\n" in (
+        restarted.stderr
+    )
+    jobs_now = gateway_jobs(env)
+    assert [j["state"] for j in jobs_now] == ["succeeded", "running"]
+
+    wrapper = int(str(jobs_now[-1]["pid"]))
+    (smg,) = Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split()
+    os.kill(int(smg), signal.SIGKILL)  # smg dies on its own (as an OOM kill would), its job ends failed
+    died = env.orch("gateway", "up")  # the dead job is shown with the end of its log, then replaced
+    assert died.returncode == 0, died.output
+    assert f"sim-1: the last gateway job ended (failed, exit 137; job {jobs_now[-1]['id']}); the end of its log:" in (
+        died.stderr
+    )
+    assert "smg::" in died.stderr  # smg's own log lines
+    assert [j["state"] for j in gateway_jobs(env)] == ["succeeded", "failed", "running"]
+    assert client.wait_routing(sim1, timeout=60).healthy
     assert env.orch("gateway", "down", "--yes").returncode == 0
 
 
