@@ -9,7 +9,7 @@ import click
 from orchestrator.app import App
 from orchestrator.cli.common import pass_app
 from orchestrator.cli.confirm import confirm_or_refuse, yes_option
-from orchestrator.errors import ExitCode, UsageError
+from orchestrator.errors import ExitCode, HostError, UsageError
 from orchestrator.gateway import GatewayClient, check_workers, worker_url
 from orchestrator.inventory import Host
 from orchestrator.jobs import JobInfo
@@ -131,10 +131,15 @@ def status(app: App, as_json: bool) -> int:
     return int(ExitCode.OK if result.consistent else ExitCode.HOSTS_FAILED)
 
 
-def _gateway_job(app: App) -> JobInfo | None:
+def _gateway_job(app: App) -> JobInfo | str | None:
+    """The gateway job on gateway.host, or why it cannot be known (the host unreachable: the gateway's
+    own answer is still worth showing)."""
     _, host = gateway_op.gateway_host(app.inventory)
     with app.fleet([host]) as fleet:
-        return gateway_op.gateway_job(fleet.runner(host), host)
+        try:
+            return gateway_op.gateway_job(fleet.runner(host), host)
+        except HostError as exc:
+            return exc.message
 
 
 @gateway.command("up")

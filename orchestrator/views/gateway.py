@@ -41,13 +41,20 @@ def job_state(job: JobInfo | None) -> str:
     return f"ended ({job.state}{code}{stopped}; job {job.id})"
 
 
-def job_document(job: JobInfo | None) -> dict[str, object] | None:
+def job_document(job: JobInfo | str | None) -> dict[str, object] | None:
+    """The gateway job for ``--json``; a string is why it is unknown."""
     if job is None:
         return None
+    if isinstance(job, str):
+        return {"error": job}
     return {"id": job.id, "state": job.state, "pid": job.pid, "exit_code": job.exit_code, "running": job.running}
 
 
-def job_report(host: str, job: JobInfo | None) -> None:
+def job_report(host: str, job: JobInfo | str | None) -> None:
+    """One line: the gateway job orch runs on ``host``; a string is why it is unknown."""
+    if isinstance(job, str):
+        out.print(inert(f"gateway job on {host}: unknown ({job})"), markup=False)
+        return
     again = "; `orch gateway up` starts a new one" if job is not None and not job.running else ""
     out.print(f"gateway job on {host}: {job_state(job)}{again}", markup=False)
 
