@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.errors import ConfigError, UsageError
+from orchestrator.state import find_secret
 from orchestrator.yamlfile import control_character, load_yaml
 
 DEFAULT_INVENTORY = Path("hosts.yaml")
@@ -21,7 +22,14 @@ _UPSTREAM = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*/[A-Za-z0-9_.][A-Za-z0-9_.
 _USER = re.compile(r"^[a-z_][a-z0-9_.-]*\$?$", re.IGNORECASE)
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")
 _REMOTE_PATH_KEYS = ("sglang_dir", "python", "workdir", "model_path")
+# Names of environment variables that hold secrets (``transport.base.looks_secret``'s rule, which the
+# models layer cannot import): a gateway job's own env is on its command line.
+_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASS|CRED|AUTH|COOKIE|SESSION", re.IGNORECASE)
 _GATEWAY_URL = re.compile(r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}/?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_COMMAND = re.compile(r"^[A-Za-z0-9_.+-]+$")
+# The flags ``gateway.smg_argv`` sets from the inventory itself, and the one orch never puts on a command line.
+GATEWAY_OWN_FLAGS = ("--host", "--port", "--prometheus-host", "--prometheus-port", "--worker-urls", "--api-key")
 
 
 class HostSettings(BaseModel):
@@ -143,7 +151,9 @@ class Gateway(BaseModel):
 
     ``api_key_env`` names the environment variable holding the gateway's API key: the key itself is
     never written in hosts.yaml, on a command line, in a log or in the state file. ``host`` is the
-    inventory host on which ``orch gateway up`` runs ``smg``.
+    inventory host on which ``orch gateway up`` runs ``smg``, with ``python`` (the interpreter that has
+    ``sglang-router``), ``env`` (plain variables such as ``HF_ENDPOINT``: smg looks tokenizers up on
+    Hugging Face at registration) and ``args`` (smg's other flags, e.g. ``[--policy, round_robin]``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -151,6 +161,9 @@ class Gateway(BaseModel):
     url: str
     api_key_env: str | None = None
     host: str | None = None
+    python: str = "python3"
+    env: dict[str, str] = Field(default_factory=dict)
+    args: list[str] = Field(default_factory=list)
 
     @field_validator("url")
     @classmethod
@@ -164,6 +177,43 @@ class Gateway(BaseModel):
     def _env_name(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", value):
             raise ValueError(f"{value!r} is not an environment variable name (the variable holds the key)")
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str) -> str:
+        if not (value.startswith("/") or _COMMAND.match(value)) or value.startswith("-"):
+            raise ValueError(
+                "must be an absolute path on the gateway host, or a command name found on its PATH "
+                "(the interpreter sglang-router is installed in), e.g. /opt/smg/.venv/bin/python"
+            )
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _plain_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        if find_secret(value) or any(_SECRET_NAME.search(name) for name in value):
+            raise ValueError(
+                "looks like a secret: these variables are on the gateway job's command line and in its record; "
+                "the only secret the gateway takes is its API key, named by api_key_env"
+            )
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            own = next((f for f in GATEWAY_OWN_FLAGS if arg == f or arg.startswith(f + "=")), None)
+            if own:
+                raise ValueError(
+                    f"{own} is set by orch (from url, the serving hosts and api_key_env); leave it out of args"
+                )
+        secret = find_secret(value)
+        if secret:
+            raise ValueError(f"looks like a secret ({secret!r}): args are on the gateway job's command line")
         return value
 
     @property
@@ -285,7 +335,10 @@ def _validate_host(path: Path, name: str, spec: Any, defaults: dict[str, Any]) -
 
 def _validate_gateway(path: Path, raw: Any, hosts: dict[str, Host]) -> Gateway:
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: 'gateway' must be a mapping with 'url' (and optional 'api_key_env', 'host')")
+        raise ConfigError(
+            f"{path}: 'gateway' must be a mapping with 'url' "
+            "(and optional 'api_key_env', 'host', 'python', 'env', 'args')"
+        )
     try:
         gateway = Gateway.model_validate(raw)
     except ValidationError as exc:
@@ -311,5 +364,6 @@ def _describe(path: Path, where: str, exc: ValidationError, model: type[BaseMode
             lines.append(f"{path}: {where}: missing required key {key!r}")
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{path}: {where}, key {key!r}: {msg} (got {err.get('input')!r})")
+            got = "" if err["loc"][:1] in (("env",), ("args",)) else f" (got {err.get('input')!r})"  # may hold a secret
+            lines.append(f"{path}: {where}, key {key!r}: {msg}{got}")
     return "\n".join(lines)

@@ -380,9 +380,11 @@ def stop_argv(job_dir: str, grace_seconds: int) -> list[str]:
 # -- operations over a runner ------------------------------------------------------------------
 
 
-def start(runner: Runner, workdir: str, spec: JobSpec) -> Started:
-    """Start ``spec`` detached, or attach to the job already running for its purpose."""
-    result = runner.run(start_argv(workdir, new_job_id(spec), spec), check=True, timeout=60)
+def start(runner: Runner, workdir: str, spec: JobSpec, secret_env: Mapping[str, str] | None = None) -> Started:
+    """Start ``spec`` detached, or attach to the job already running for its purpose. ``secret_env``
+    reaches the job's environment as the host's inventory env does (the runner sends the values on
+    stdin): on no command line, and not in the job's ``env`` file or any other part of its record."""
+    result = runner.run(start_argv(workdir, new_job_id(spec), spec), env=secret_env, check=True, timeout=60)
     return parse_start(result.stdout)
 
 

@@ -32,11 +32,15 @@ def confirm_outage(down: Sequence[str], chosen: bool, yes: bool) -> None:
     is true when hosts were picked with ``--host``/``--tag`` (then nothing is asked)."""
     if chosen or yes or len(down) < 2:
         return
-    question = f"Take serving down on {len(down)} hosts ({', '.join(down)})?"
+    confirm_or_refuse(f"Take serving down on {len(down)} hosts ({', '.join(down)})?", "or pick hosts with --host/--tag")
+
+
+def confirm_or_refuse(question: str, alternative: str = "") -> None:
+    """Ask ``question`` on a terminal; no terminal, or not confirmed → UsageError, nothing changed."""
     if not sys.stdin.isatty():
         raise UsageError(
             f"{question[:-1]}: refused without confirmation (stdin is not a terminal); nothing was changed",
-            hint="pass --yes to confirm, or pick hosts with --host/--tag",
+            hint=f"pass --yes to confirm{', ' + alternative if alternative else ''}",
         )
     if not click.confirm(question, default=False, err=True):
         raise UsageError("not confirmed: nothing was changed")

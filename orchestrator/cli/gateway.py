@@ -8,9 +8,12 @@ import click
 
 from orchestrator.app import App
 from orchestrator.cli.common import pass_app
-from orchestrator.errors import ExitCode, UsageError
+from orchestrator.cli.confirm import confirm_or_refuse, yes_option
+from orchestrator.errors import ExitCode, HostError, UsageError
 from orchestrator.gateway import GatewayClient, check_workers, worker_url
 from orchestrator.inventory import Host
+from orchestrator.jobs import JobInfo
+from orchestrator.ops import gateway as gateway_op
 from orchestrator.ops import rollout
 from orchestrator.ops.serve import ServeResult
 from orchestrator.recipe import Recipe, ServeOptions
@@ -112,6 +115,12 @@ def status(app: App, as_json: bool) -> int:
             f"{app.inventory.path} has no 'gateway:'",
             hint="add gateway: {url: http://HOST:PORT} to the inventory (README: Gateway)",
         )
+    if config.host is not None:
+        job = _gateway_job(app)
+        if as_json:
+            job_doc = gateway_view.job_document(job)
+        else:
+            gateway_view.job_report(config.host, job)
     workers = GatewayClient(config).workers()
     urls: dict[str, str] = {}
     serving: set[str] = set()
@@ -125,7 +134,65 @@ def status(app: App, as_json: bool) -> int:
             serving.add(host.name)
     result = check_workers(workers, urls, serving)
     if as_json:
-        print_json(gateway_view.document(result))
+        print_json({**gateway_view.document(result), **({"job": job_doc} if config.host is not None else {})})
     else:
         gateway_view.report(result)
     return int(ExitCode.OK if result.consistent else ExitCode.HOSTS_FAILED)
+
+
+def _gateway_job(app: App) -> JobInfo | str | None:
+    """The gateway job on gateway.host, or why it cannot be known (the host unreachable: the gateway's
+    own answer is still worth showing)."""
+    _, host = gateway_op.gateway_host(app.inventory)
+    with app.fleet([host]) as fleet:
+        try:
+            return gateway_op.gateway_job(fleet.runner(host), host)
+        except HostError as exc:
+            return exc.message
+
+
+@gateway.command("up")
+@click.option(
+    "--timeout", type=click.FloatRange(min=1), default=gateway_op.UP_TIMEOUT, show_default=True,
+    help="Seconds to wait for the gateway to answer /health.",
+)  # fmt: skip
+@pass_app
+def up(app: App, timeout: float) -> int:
+    """Start the gateway (smg) on the inventory's gateway.host as a detached orch job, in front of the hosts
+    that serve, and wait until it answers /health at gateway.url. Already running: nothing is started.
+    Exit 0 when up, 3 when it did not come up (the end of its log is shown), 2 without gateway.host.
+
+    Example: orch gateway up
+    """
+    config, host = gateway_op.gateway_host(app.inventory)
+    workers = tuple(gateway_op.serving_urls(app.inventory, app.store.load()).values())
+    with app.fleet([host]) as fleet:
+        result = gateway_op.up(fleet.runner(host), host, config, workers, timeout)
+    gateway_view.up_report(host.name, config.url, result)
+    return int(ExitCode.OK if result.alive else ExitCode.HOSTS_FAILED)
+
+
+@gateway.command("down")
+@yes_option
+@pass_app
+def down(app: App, yes: bool) -> int:
+    """Stop the gateway job orch started on gateway.host (only that process). Every request through the
+    gateway then fails: a fleet-wide outage, so it asks first (--yes without a terminal). Exit 0, also
+    when no gateway job of orch's is running; 2 without gateway.host or when not confirmed.
+
+    Example: orch gateway down --yes
+    """
+    config, host = gateway_op.gateway_host(app.inventory)
+    with app.fleet([host]) as fleet:
+        runner = fleet.runner(host)
+        job = gateway_op.running_job(runner, host)
+        if job is None:
+            out.print(f"{host.name}: no gateway job of orch's is running; nothing to stop", markup=False)
+            return int(ExitCode.OK)
+        err.print(inert(f"{host.name}: stopping the gateway job {job.id} (pid {job.pid}): every request through "
+                        f"{config.url} fails from now on, for the whole fleet"), style="bold")  # fmt: skip
+        if not yes:
+            confirm_or_refuse(f"Stop the gateway at {config.url} (the whole fleet's traffic)?")
+        outcome = gateway_op.down(runner, job)
+    out.print(f"{host.name}: gateway job {job.id} {outcome}", markup=False)
+    return int(ExitCode.OK)

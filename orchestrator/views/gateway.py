@@ -1,11 +1,14 @@
-"""``orch gateway status`` (issue 12): the gateway's workers matched with the inventory's hosts; and the
-promotion gate's decision of ``orch serve --rolling --gate bench``."""
+"""``orch gateway status`` (issue 12): the gateway's workers matched with the inventory's hosts, the
+gateway job orch runs (``orch gateway up``), and the promotion gate's decision of
+``orch serve --rolling --gate bench``."""
 
 from __future__ import annotations
 
 from orchestrator.facts.bench import GateRecord, fmt_number
 from orchestrator.gateway import GatewayCheck
-from orchestrator.render import out
+from orchestrator.jobs import JobInfo
+from orchestrator.ops.gateway import GatewayUp
+from orchestrator.render import err, inert, inert_log, out
 
 
 def document(result: GatewayCheck) -> dict[str, object]:
@@ -43,3 +46,54 @@ def gate_lines(host: str, gate: GateRecord) -> list[str]:
     return [f"{host}: promotion gate {verdict}: {canary} vs {baseline}; {accept}"] + [
         f"{host}:   {reason}" for reason in gate.reasons
     ]
+
+
+def job_state(job: JobInfo | None) -> str:
+    """The gateway job orch runs, in one phrase: running (id, pid) / ended (how) / none."""
+    if job is None:
+        return "none (orch started no gateway job there; `orch gateway up` starts one)"
+    if job.running:
+        return f"running (job {job.id}, pid {job.pid})"
+    code = "" if job.exit_code is None else f", exit {job.exit_code}"
+    stopped = ", stopped by orch" if job.stop_requested else ""
+    return f"ended ({job.state}{code}{stopped}; job {job.id})"
+
+
+def job_document(job: JobInfo | str | None) -> dict[str, object] | None:
+    """The gateway job for ``--json``; a string is why it is unknown."""
+    if job is None:
+        return None
+    if isinstance(job, str):
+        return {"error": job}
+    return {"id": job.id, "state": job.state, "pid": job.pid, "exit_code": job.exit_code, "running": job.running}
+
+
+def job_report(host: str, job: JobInfo | str | None) -> None:
+    """One line: the gateway job orch runs on ``host``; a string is why it is unknown."""
+    if isinstance(job, str):
+        out.print(inert(f"gateway job on {host}: unknown ({job})"), markup=False)
+        return
+    again = "; `orch gateway up` starts a new one" if job is not None and not job.running else ""
+    out.print(f"gateway job on {host}: {job_state(job)}{again}", markup=False)
+
+
+def up_report(host: str, url: str, result: GatewayUp) -> None:
+    """What ``orch gateway up`` did: the ended job it replaced (with its log's end), the job, smg's answer."""
+    if result.previous is not None:
+        job, log = result.previous
+        shown = "; the end of its log:" if log else ""
+        err.print(inert(f"{host}: the last gateway job {job_state(job)}{shown}"), style="bold")
+        if log:
+            err.print(inert_log(log), markup=False, highlight=False)
+    started = result.job
+    if result.attached:
+        out.print(f"{host}: the gateway job {started.job_id} (pid {started.pid}) is already running; "
+                  "nothing started", markup=False)  # fmt: skip
+        return
+    workers = ", ".join(result.workers) or "none yet (no host is serving)"
+    out.print(f"{host}: started the gateway job {started.job_id} (pid {started.pid}); workers: {workers}", markup=False)
+    if result.alive:
+        out.print(f"gateway up: {url} answers /health", markup=False)
+        return
+    err.print(inert(f"gateway not up: {result.failed}; the end of its log:"), style="bold red")
+    err.print(inert_log(result.log), markup=False, highlight=False)

@@ -59,3 +59,52 @@ def test_secret_value_never_echoed(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_inventory(path)
     assert "s3cret-value" not in str(info.value)
+
+
+def test_gateway_job_settings_default_to_python3_and_nothing_extra(tmp_path: Path) -> None:
+    gateway = load_inventory(write(tmp_path, HOSTS + "gateway:\n  url: http://h:1\n  host: a\n")).gateway
+    assert gateway is not None
+    assert (gateway.python, gateway.env, gateway.args) == ("python3", {}, [])
+
+
+def test_gateway_job_settings_load(tmp_path: Path) -> None:
+    text = HOSTS + (
+        "gateway:\n  url: http://h:1\n  host: a\n  python: /opt/smg/bin/python\n"
+        "  env: {HF_ENDPOINT: 'http://127.0.0.1:9'}\n  args: [--policy, round_robin]\n"
+    )
+    gateway = load_inventory(write(tmp_path, text)).gateway
+    assert gateway is not None
+    assert gateway.python == "/opt/smg/bin/python"
+    assert gateway.env == {"HF_ENDPOINT": "http://127.0.0.1:9"}
+    assert gateway.args == ["--policy", "round_robin"]
+
+
+GATEWAY = "gateway:\n  url: http://h:1\n  host: a\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ("  python: bin/python\n", "gateway, key 'python': must be an absolute path on the gateway host"),
+        ("  python: ~/venv/bin/python\n", "gateway, key 'python': must be an absolute path"),
+        ("  python: -c\n", "gateway, key 'python': must be an absolute path"),
+        ("  env: {HF-ENDPOINT: x}\n", "gateway, key 'env': 'HF-ENDPOINT' is not an environment variable name"),
+        ("  env: {HF_TOKEN: hf_x}\n", "gateway, key 'env': looks like a secret"),
+        ("  env: {MODE: 'password=x'}\n", "gateway, key 'env': looks like a secret"),
+        ("  env: [HF_ENDPOINT]\n", "gateway, key 'env': Input should be a valid dictionary"),
+        ("  args: --policy round_robin\n", "gateway, key 'args': Input should be a valid list"),
+        ("  args: [--port, '8080']\n", "gateway, key 'args': --port is set by orch"),
+        ("  args: ['--worker-urls=http://x:1']\n", "gateway, key 'args': --worker-urls is set by orch"),
+        ("  args: [--api-key, s3cret-value]\n", "gateway, key 'args': --api-key is set by orch"),
+        ("  args: [--policy, '--token=s3cret-value']\n", "gateway, key 'args': looks like a secret ('token=')"),
+        ('  args: ["--policy\\n"]\n', "gateway, key 'args[0]': holds"),
+    ],
+)
+def test_bad_gateway_job_setting_names_file_and_key(tmp_path: Path, extra: str, expected: str) -> None:
+    path = write(tmp_path, HOSTS + GATEWAY + extra)
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    assert str(path) in str(info.value)
+    assert expected in str(info.value)
+    assert "s3cret-value" not in str(info.value) and "hf_x" not in str(info.value)
+    assert info.value.exit_code == ExitCode.USAGE

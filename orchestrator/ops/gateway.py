@@ -1,0 +1,149 @@
+"""``orch gateway up`` / ``down``: orch runs the SGLang Model Gateway itself, as a detached job (issue 12).
+
+On the inventory's ``gateway.host``, smg runs through ``gateway.smg_argv`` (``gateway.python -c
+SMG_LAUNCHER``) as the job of purpose ``gateway``: one per host (``jobs.start`` attaches to a live one
+under the host's lock), signalled only by its recorded pid (``jobs.stop``). It starts with the inventory
+hosts that serve (state phase SERVING) as its ``--worker-urls``.
+
+The API key: the controller has it already (``GatewayClient`` reads it from the variable
+``gateway.api_key_env`` names, to talk to the gateway), so it travels from there, in the variable of the
+same name, through the runner's environment: SSH sends environment values on the command's stdin
+(``transport.base.remote_command``), the job inherits them, and ``SMG_LAUNCHER`` reads the variable.
+The key is on no command line and in no job file, log or state file; only the job's processes hold it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from orchestrator import jobs
+from orchestrator.errors import GatewayError, UsageError
+from orchestrator.gateway import GatewayClient, api_key, smg_argv, worker_url
+from orchestrator.inventory import Gateway, Host, Inventory
+from orchestrator.state import HostState, Phase, State
+from orchestrator.transport.base import Runner
+
+GATEWAY_PURPOSE = "gateway"
+UP_TIMEOUT = 60.0  # seconds `orch gateway up` waits for smg's /health by default
+STOP_GRACE = 15  # seconds between SIGTERM and SIGKILL when `orch gateway down` stops smg
+LOG_TAIL = 20  # lines of a gateway job's log shown when it ended
+
+
+def gateway_host(inventory: Inventory) -> tuple[Gateway, Host]:
+    """The inventory's gateway and the host orch runs it on; without either, exit 2 saying what to add."""
+    gateway = inventory.gateway
+    if gateway is None or gateway.host is None:
+        what = "no 'gateway:'" if gateway is None else "a 'gateway:' without 'host:'"
+        raise UsageError(
+            f"{inventory.path} has {what}: orch does not know where to run the gateway",
+            hint="add gateway: {url: http://ADDRESS:PORT, host: HOST, python: /path/to/python-with-sglang-router}"
+            " (README: Gateway)",
+        )
+    return gateway, inventory.hosts[gateway.host]  # the loader checked that the host exists
+
+
+def server_bind(record: HostState | None) -> str | None:
+    """The ``--host`` the host's recorded server command binds (None: SGLang's default)."""
+    argv = record.server.argv if record is not None and record.server else []
+    return argv[argv.index("--host") + 1] if "--host" in argv[:-1] else None
+
+
+def serving_urls(inventory: Inventory, state: State) -> dict[str, str]:
+    """Host name → the URL the gateway reaches its server at, for every host whose state is SERVING."""
+    urls = {}
+    for host in inventory.hosts.values():
+        record = state.hosts.get(host.name)
+        if record is not None and record.phase == Phase.SERVING:
+            urls[host.name] = worker_url(host, server_bind(record))
+    return urls
+
+
+def gateway_job(runner: Runner, host: Host) -> jobs.JobInfo | None:
+    """The newest gateway job orch started on ``host`` (running or ended), or None."""
+    listed = [j for j in jobs.list_jobs(runner, host.workdir) if j.purpose == GATEWAY_PURPOSE]
+    return listed[-1] if listed else None
+
+
+def log_end(runner: Runner, job: jobs.JobInfo) -> str:
+    return jobs.tail_lines(jobs.read_tail(runner, job), LOG_TAIL)
+
+
+def died_log(runner: Runner, job: jobs.JobInfo) -> str:
+    """The end of an ended gateway job's log, to say why it died; nothing for one orch stopped (``down``)."""
+    return "" if job.stop_requested else log_end(runner, job)
+
+
+@dataclass(frozen=True)
+class GatewayUp:
+    """What ``up`` did: ``job`` is the gateway job (``attached``: it was running, nothing was started);
+    ``previous`` the ended job it replaced and the end of its log; ``alive`` whether smg answers
+    ``/health``, else ``failed`` says why and ``log`` is the end of the new job's log. The previous job's
+    log is empty when orch stopped it."""
+
+    job: jobs.Started
+    attached: bool
+    workers: tuple[str, ...]
+    previous: tuple[jobs.JobInfo, str] | None = None
+    alive: bool = True
+    failed: str | None = None
+    log: str = ""
+
+
+def up(runner: Runner, host: Host, gateway: Gateway, workers: tuple[str, ...], timeout: float) -> GatewayUp:
+    """Start smg on ``host`` unless orch's gateway job already runs there, then wait (``timeout`` s at
+    most) until it answers ``/health`` at ``gateway.url`` from the controller."""
+    client = GatewayClient(gateway)  # the key's variable unset → exit 2 before anything starts
+    current = gateway_job(runner, host)
+    if current is not None and current.running:
+        return GatewayUp(jobs.Started(current.id, current.pid or 0, True), True, workers)
+    if client.alive():  # our job would die on the taken port while the other one answered for it
+        raise GatewayError(
+            f"{gateway.url} already answers /health, but no gateway job of orch's runs on {host.name}: "
+            "another gateway (not orch's) holds the address; nothing started",
+            hint="stop that gateway, or point gateway.url at it and leave `orch gateway up` out",
+        )
+    previous = (current, died_log(runner, current)) if current is not None else None
+    spec = jobs.JobSpec("gateway", GATEWAY_PURPOSE, smg_argv(gateway.python, gateway, workers, *gateway.args),
+                        env=gateway.env)  # fmt: skip
+    started = jobs.start(runner, host.workdir, spec, secret_env=_key_env(gateway))
+    if started.attached:  # another orch started it between the listing and the start
+        return GatewayUp(started, True, workers, previous)
+    failed = wait_alive(runner, host, started.job_id, client, timeout)
+    if failed is None:
+        return GatewayUp(started, False, workers, previous)
+    job = jobs.find(runner, host.workdir, started.job_id)
+    return GatewayUp(started, False, workers, previous, alive=False, failed=failed, log=log_end(runner, job))
+
+
+def _key_env(gateway: Gateway) -> dict[str, str]:
+    key = api_key(gateway, os.environ)
+    return {gateway.api_key_env: key} if gateway.api_key_env and key else {}
+
+
+def wait_alive(runner: Runner, host: Host, job_id: str, client: GatewayClient, timeout: float) -> str | None:
+    """None once smg answers ``/health``; else why not: its job ended, or ``timeout`` s passed. Between
+    checks the host blocks on the job (``jobs.wait``), so a crash is seen at once."""
+    deadline = time.monotonic() + timeout
+    while not client.alive():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return f"smg did not answer {client.base}/health within {timeout:g} s"
+        job = jobs.wait(runner, host.workdir, job_id, min(0.5, left))
+        if not job.running and not client.alive():
+            code = "" if job.exit_code is None else f", exit {job.exit_code}"
+            return f"the gateway job {job_id} ended ({job.state}{code}) before smg answered {client.base}/health"
+    return None
+
+
+def running_job(runner: Runner, host: Host) -> jobs.JobInfo | None:
+    """orch's gateway job on ``host`` if it is running (what ``down`` would stop)."""
+    job = gateway_job(runner, host)
+    return job if job is not None and job.running else None
+
+
+def down(runner: Runner, job: jobs.JobInfo) -> str:
+    """Stop the gateway job ``job`` (its process group, by its recorded pid and start time: SIGTERM, SIGKILL
+    after ``STOP_GRACE`` s): 'stopped', 'killed', 'ended' or 'lost' (``jobs.stop``)."""
+    return jobs.stop(runner, job, grace_seconds=STOP_GRACE)

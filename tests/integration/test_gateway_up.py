@@ -1,0 +1,195 @@
+"""Issue 12: `orch gateway up` / `down` run the REAL SGLang Model Gateway as a detached orch job on
+the inventory's gateway.host, over real sshd on loopback, in front of the simulated fleet's servers.
+
+The gateway's API key is in orch's environment only: the tests look for it in the job's argv, env
+file, log and listing, the state file, orch's output and every process's command line (never there),
+and check that smg holds it (401 without it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.gateway import GatewayClient
+from orchestrator.inventory import Gateway, load_inventory
+from orchestrator.sandbox.loopback import free_port
+from tests.conftest import FleetEnv, OrchRun
+from tests.gateway_smg import FAST, running_smg, smg_python
+
+KEY_ENV = "SMG_TEST_GATEWAY_KEY"
+KEY = "k3y-7b1f0c9e-never-written"
+KNOBS = {"startup_seconds": 0.5}
+
+
+def with_gateway(env: FleetEnv, python: str, monkeypatch: pytest.MonkeyPatch, url: str | None = None) -> Gateway:
+    """The inventory's gateway: smg on sim-1, on a free loopback port, Hugging Face on a closed port."""
+    monkeypatch.setenv(KEY_ENV, KEY)  # orch's environment (run_orch passes it on), never a file
+    doc = yaml.safe_load(env.inventory.read_text())
+    doc["gateway"] = {
+        "url": url or f"http://127.0.0.1:{free_port('127.0.0.1')}",
+        "api_key_env": KEY_ENV,
+        "host": "sim-1",
+        "python": python,
+        "env": {"HF_ENDPOINT": "http://127.0.0.1:9"},
+        "args": ["--policy", "round_robin", *FAST],
+    }
+    env.inventory.write_text(yaml.safe_dump(doc))
+    gateway = load_inventory(env.inventory).gateway
+    assert gateway is not None
+    return gateway
+
+
+def gateway_jobs(env: FleetEnv) -> list[dict[str, object]]:
+    listed = env.orch("jobs", "--host", "sim-1", "--kind", "gateway", "--all", "--json")
+    assert listed.returncode == 0, listed.output
+    return list(json.loads(listed.stdout)["sim-1"])
+
+
+def job_dir(env: FleetEnv, job_id: str) -> Path:
+    return Path(load_inventory(env.inventory).hosts["sim-1"].workdir) / "jobs" / job_id
+
+
+def unauthenticated_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url + "/workers", timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(") ", 1)[1][0] not in "ZX"
+
+
+def assert_key_nowhere(env: FleetEnv, job_id: str, *runs: OrchRun) -> None:
+    """The key is in no job file, the state file, orch's output or any process's command line."""
+    places = {path: path.read_bytes() for path in job_dir(env, job_id).iterdir() if path.is_file()}
+    places.update({path: path.read_bytes() for path in env.state.rglob("*") if path.is_file()})  # the state
+    assert any(path.is_relative_to(env.state) for path in places)
+    for n, run in enumerate(runs):
+        places[Path(f"orch output {n}")] = run.output.encode()
+    places[Path("orch jobs --json")] = json.dumps(gateway_jobs(env)).encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                places[Path(f"/proc/{entry}/cmdline")] = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+    assert {"argv", "env", "log", "purpose"} <= {p.name for p in places}
+    assert [str(p) for p, data in places.items() if KEY.encode() in data] == []
+
+
+def test_gateway_up_runs_smg_in_front_of_the_serving_hosts_and_down_stops_it(
+    make_fleet: Callable[..., FleetEnv], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env: FleetEnv = make_fleet(n_hosts=2)
+    for host in env.fleet.hosts:  # type: ignore[attr-defined]
+        host.set_knobs(**KNOBS)
+    served = env.orch("serve", "--host", "sim-1")  # sim-2 is not serving: the gateway must not list it
+    assert served.returncode == 0, served.output
+    gateway = with_gateway(env, str(smg_python()), monkeypatch)
+    sim1 = f"http://127.0.0.1:{env.fleet.hosts[0].server_port}"  # type: ignore[attr-defined]
+
+    first = env.orch("gateway", "up")
+    assert first.returncode == 0, first.output
+    assert "sim-1: started the gateway job gateway-" in first.stdout
+    assert f"workers: {sim1}\n" in first.stdout and f"gateway up: {gateway.url} answers /health" in first.stdout
+    (job,) = gateway_jobs(env)
+    assert job["state"] == "running" and isinstance(job["pid"], int)
+    client = GatewayClient(gateway, {KEY_ENV: KEY})
+    assert client.wait_routing(sim1, timeout=60).healthy
+    assert [w.url for w in client.workers()] == [sim1]  # sim-2, not serving, is not registered
+    assert unauthenticated_status(gateway.url) == 401  # the key reached smg
+    assert KEY.encode() in Path(f"/proc/{job['pid']}/environ").read_bytes()  # through the environment
+
+    again = env.orch("gateway", "up")
+    assert again.returncode == 0, again.output
+    assert f"sim-1: the gateway job {job['id']} (pid {job['pid']}) is already running; nothing started" in again.stdout
+    assert [j["id"] for j in gateway_jobs(env)] == [job["id"]]
+
+    status = env.orch("gateway", "status", "--json")
+    assert status.returncode == 0, status.output
+    assert json.loads(status.stdout)["job"]["id"] == job["id"]
+    assert_key_nowhere(env, str(job["id"]), first, again, status)
+
+    refused = env.orch("gateway", "down")
+    assert refused.returncode == 2, refused.output
+    assert f"every request through {gateway.url} fails from now on, for the whole fleet" in refused.stderr
+    assert "refused without confirmation" in refused.stderr and alive(int(str(job["pid"])))
+
+    down = env.orch("gateway", "down", "--yes")
+    assert down.returncode == 0, down.output
+    assert f"sim-1: gateway job {job['id']} stopped" in down.stdout
+    assert not alive(int(str(job["pid"]))) and not client.alive()
+    (ended,) = gateway_jobs(env)
+    assert ended["state"] != "running" and ended["stop_requested"]
+    assert "no gateway job of orch's is running" in env.orch("gateway", "down", "--yes").stdout
+
+    restarted = env.orch("gateway", "up")  # the job orch stopped is named, then replaced
+    assert restarted.returncode == 0, restarted.output
+    assert f"sim-1: the last gateway job ended (succeeded, exit 0, stopped by orch; job {job['id']})\n" in (
+        restarted.stderr
+    )
+    jobs_now = gateway_jobs(env)
+    assert [j["state"] for j in jobs_now] == ["succeeded", "running"]
+
+    wrapper = int(str(jobs_now[-1]["pid"]))
+    (smg,) = Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split()
+    os.kill(int(smg), signal.SIGKILL)  # smg dies on its own (as an OOM kill would), its job ends failed
+    died = env.orch("gateway", "up")  # the dead job is shown with the end of its log, then replaced
+    assert died.returncode == 0, died.output
+    assert f"sim-1: the last gateway job ended (failed, exit 137; job {jobs_now[-1]['id']}); the end of its log:" in (
+        died.stderr
+    )
+    assert "smg::" in died.stderr  # smg's own log lines
+    assert [j["state"] for j in gateway_jobs(env)] == ["succeeded", "failed", "running"]
+    assert client.wait_routing(sim1, timeout=60).healthy
+    assert env.orch("gateway", "down", "--yes").returncode == 0
+
+
+def test_gateway_up_that_does_not_come_up_shows_its_log_and_exits_3(
+    make_fleet: Callable[..., FleetEnv], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env: FleetEnv = make_fleet(n_hosts=1)
+    with_gateway(env, sys.executable, monkeypatch)  # orch's own interpreter: no sglang-router in it
+    run = env.orch("gateway", "up")
+    assert run.returncode == 3, run.output
+    assert "gateway not up: the gateway job gateway-" in run.stderr and "ended (failed, exit 1)" in run.stderr
+    assert "ModuleNotFoundError: No module named 'sglang_router'" in run.stderr
+    assert "workers: none yet (no host is serving)" in run.stdout
+
+
+def test_gateway_up_starts_nothing_when_another_gateway_holds_the_url(
+    make_fleet: Callable[..., FleetEnv], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    env: FleetEnv = make_fleet(n_hosts=1)
+    with running_smg(tmp_path / "other-smg.log") as other:  # a gateway orch did not start
+        with_gateway(env, str(smg_python()), monkeypatch, url=other.gateway.url)
+        run = env.orch("gateway", "up")
+        assert run.returncode == 3, run.output
+        assert f"{other.gateway.url} already answers /health, but no gateway job of orch's runs on sim-1" in run.stderr
+        assert gateway_jobs(env) == [] and other.process.poll() is None
+
+
+def test_gateway_up_without_gateway_host_is_exit_2_with_a_hint(tmp_path: Path, orch: Callable[..., OrchRun]) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  a:\n    address: 127.0.0.2\ngateway:\n  url: http://127.0.0.1:30080\n")
+    for command in ("up", "down"):
+        run = orch("-i", str(inventory), "--state", str(tmp_path / "state.json"), "gateway", command)
+        assert run.returncode == 2, run.output
+        assert f"{inventory} has a 'gateway:' without 'host:'" in run.stderr
+        assert "hint: add gateway: {url: http://ADDRESS:PORT, host: HOST" in run.stderr
