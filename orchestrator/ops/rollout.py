@@ -23,9 +23,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import readers
-from orchestrator.errors import GatewayError, HostError
+from orchestrator.errors import ExitCode, GatewayError, HostError
 from orchestrator.facts import server as facts
-from orchestrator.gateway import GatewayClient, worker_url
+from orchestrator.fleet import Fleet
+from orchestrator.gateway import GatewayClient, host_worker_url
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe, ServeOptions
@@ -64,6 +65,11 @@ class RolloutHalted(HostError):
         self.roll = roll
 
 
+def failure_code(roll: HostRoll) -> ExitCode:
+    """The exit code of a host the rollout halted on: 5 when its new server ran but not as asked, else 3."""
+    return ExitCode.VERIFY_FAILED if roll.result is not None else ExitCode.HOSTS_FAILED
+
+
 def roll_host(
     session: HostSession,
     recipe: Recipe,
@@ -74,7 +80,7 @@ def roll_host(
 ) -> HostRoll:
     """Steps 1 to 4 of the module docstring on one host."""
     began = time.monotonic()
-    url = worker_url(session.host, _bind(recipe))
+    url = worker_url_of(session, recipe)
     if not serve_op.would_replace(session, recipe, options):
         return _unchanged(session, recipe, options, client, url, report, peers, began)
     report(f"taking {url} out of the gateway before its server is replaced")
@@ -116,9 +122,11 @@ def _unchanged(
     return roll
 
 
-def _bind(recipe: Recipe) -> str | None:
-    value = recipe.server_args.get("host")
-    return None if value is None else str(value)
+def worker_url_of(session: HostSession, recipe: Recipe) -> str:
+    """Where the gateway reaches the host's server (``gateway.host_worker_url``: the recorded server's
+    ``--host``, else the recipe's)."""
+    server = session.state().server
+    return host_worker_url(session.host, server.argv if server is not None else None, recipe)
 
 
 def drain(session: HostSession, recipe: Recipe, timeout: float, report: serve_op.Report) -> int:
@@ -215,6 +223,24 @@ class Rollout:
 
 
 RollOne = Callable[[list[Host]], list[tuple[Host, HostRoll | None, BaseException | None]]]
+
+
+def roll_fleet(
+    fleet: Fleet,
+    planned: list[list[Host]],
+    roll_one: Callable[[HostSession], HostRoll],
+    report: Callable[[str], None],
+    store: StateStore,
+) -> Rollout:
+    """``run_waves`` with each wave's hosts rolled by ``roll_one`` on the fleet's threads (a bug in one
+    is re-raised with its traceback): what ``orch serve --rolling`` and ``orch run --rolling`` share."""
+
+    def roll_wave(wave: list[Host]) -> list[tuple[Host, HostRoll | None, BaseException | None]]:
+        results = fleet.map_sessions(roll_one, store, wave)
+        results.raise_bugs()
+        return [(r.host, r.value, r.error) for r in results]
+
+    return run_waves(planned, roll_wave, report, store)
 
 
 def record_outcome(store: StateStore, name: str, outcome: str) -> None:

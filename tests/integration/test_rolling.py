@@ -223,3 +223,55 @@ def test_gateway_status_matches_workers_with_the_inventory_and_flags_a_serving_h
     assert flagged.returncode == 3, flagged.output
     assert "sim-3: serving but not registered with the gateway" in flagged.stdout
     assert "gateway: hosts flagged" in flagged.stdout
+
+
+def steps_of(env: FleetEnv, name: str, playbook: str) -> set[str]:
+    """The steps of ``playbook``'s campaign the state file records as done on host ``name``."""
+    progress = StateStore(env.state).load().hosts[name].steps
+    return set(progress.done) if progress is not None and progress.playbook == playbook else set()
+
+
+def test_rolling_run_walks_the_campaign_through_the_gateway_fails_no_request_and_resumes(
+    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, ClientLoad]]
+) -> None:
+    env = gateway_fleet.env
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64}, steps=["pull", "serve", "bench"])
+    run, load = load_during(gateway_fleet.smg.gateway.url, lambda: env.orch("run", new))
+    assert run.returncode == 0, run.output
+    assert "the inventory has a gateway: rolling relaunch" in run.stderr
+    assert "the serve step is a rolling relaunch: not a fleet outage" in run.stderr
+    assert [line for line in run.stderr.splitlines() if line.startswith("wave ")] == [
+        "wave 1/3: sim-1", "wave 2/3: sim-2", "wave 3/3: sim-3"
+    ]  # fmt: skip
+    assert run.stderr.count("; rollout relaunched in ") == 3
+    assert load.sent > 0 and load.failed == []
+    for name in ("sim-1", "sim-2", "sim-3"):
+        argv = argv_of(env, name)
+        assert argv[argv.index("--max-running-requests") + 1] == "64"
+        assert steps_of(env, name, new) == {"pull", "serve", "bench"}
+    assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+    jobs = {name: server_job(env, name) for name in ("sim-1", "sim-2", "sim-3")}
+    again = env.orch("run", new)  # every step done and holding: nothing relaunched, nothing unregistered
+    assert again.returncode == 0, again.output
+    assert again.stderr.count("serve: already done, skipped") == 3
+    assert {name: server_job(env, name) for name in jobs} == jobs
+
+
+def test_rolling_run_halted_by_the_canary_stops_the_campaign_of_the_untouched_hosts(
+    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, ClientLoad]]
+) -> None:
+    env = gateway_fleet.env
+    old = {name: server_job(env, name) for name in ("sim-2", "sim-3")}
+    env.fleet.hosts[0].set_knobs(accept_length=2.0)  # type: ignore[attr-defined]
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64}, steps=["serve", "bench"])
+    run, load = load_during(
+        gateway_fleet.smg.gateway.url, lambda: env.orch("run", new, "--rolling", "--canary", "canary")
+    )
+    assert run.returncode == 5, run.output  # as `orch serve --rolling`: the canary ran, but not as asked
+    assert "sim-1: rollout halted:" in run.stderr
+    for name in ("sim-2", "sim-3"):
+        assert f"{name}: not served, the rollout halted (wave 1 failed on sim-1" in run.stderr
+        assert server_job(env, name) == old[name] and steps_of(env, name, new) == set()
+    assert steps_of(env, "sim-1", new) == set()
+    assert load.sent > 0 and load.failed == []
+    assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
