@@ -11,6 +11,7 @@ other hosts never stopped, zero failed requests.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -275,3 +276,39 @@ def test_rolling_run_halted_by_the_canary_stops_the_campaign_of_the_untouched_ho
     assert steps_of(env, "sim-1", new) == set()
     assert load.sent > 0 and load.failed == []
     assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+
+
+def test_status_has_a_gateway_column_from_one_workers_call_and_says_when_the_gateway_does_not_answer(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    doc = json.loads(env.orch("status", "--json").stdout)
+    assert doc["gateway"] == {"url": gateway_fleet.smg.gateway.url, "reachable": True, "error": None,
+                              "not_in_inventory": []}  # fmt: skip
+    healthy = {"reachable": True, "registered": True, "healthy": True, "load": 0, "flag": None}
+    assert [(h["name"], h["gateway"]) for h in doc["hosts"]] == [(f"sim-{i}", healthy) for i in (1, 2, 3)]
+    sim3 = gateway_fleet.urls()[2]
+    client.remove(sim3)
+    client.wait_removed(sim3, timeout=10)
+    assert env.orch("stop-server", "--host", "sim-2").returncode == 0  # still registered, no longer serving
+    table = env.orch("status")
+    assert table.returncode == 0, table.output  # the gateway's findings change no exit code
+    rows = {line.split()[0]: line for line in table.stdout.splitlines() if line.startswith("sim-")}
+    assert rows["sim-1"].rstrip().endswith("registered, healthy") and rows["sim-3"].rstrip().endswith("not registered")
+    assert "sim-3: gateway: serving but not registered" in table.stdout
+    assert "sim-2: gateway: registered but not serving" in table.stdout
+    dead = yaml.safe_load(env.inventory.read_text())
+    dead["gateway"] = {"url": f"http://127.0.0.1:{free_port()}"}
+    elsewhere = tmp_path / "hosts.yaml"
+    elsewhere.write_text(yaml.safe_dump(dead))
+    unreachable = FleetEnv(env.fleet, elsewhere, env.state).orch("status")
+    assert unreachable.returncode == 0, unreachable.output
+    assert unreachable.stdout.count("gateway unreachable") == 3
+    assert f"gateway {dead['gateway']['url']} unreachable (GET /workers)" in unreachable.stdout
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
