@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from orchestrator.gateway import GatewayClient
+from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.state import RolloutRecord, StateStore
 from tests.conftest import FleetEnv
 from tests.gateway_smg import ClientLoad, RunningGateway, running_smg
@@ -312,3 +313,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_an_interrupted_rolling_run_re_registers_the_host_it_left_out_first_and_a_plain_run_asks(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    shipped = (PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text()
+    same = str(tmp_path / "same.yaml")  # the servers already run it as asked (its server_args in their order)
+    Path(same).write_text(shipped[: shipped.index("\nsteps:")] + "\nsteps: [serve]\n")
+    plain = env.orch("run", same, "--no-rolling")  # a plain relaunch of 3 serving hosts is an outage: asked
+    assert plain.returncode == 2 and "Take serving down on 3 hosts" in plain.stderr, plain.output
+    sim2 = gateway_fleet.urls()[1]
+    client.remove(sim2)  # as a rolling run cut off in sim-2's serve step, after taking it out of the gateway
+    client.wait_removed(sim2, timeout=10)
+    with StateStore(env.state).update() as state:
+        state.rollout = RolloutRecord(waves=[["sim-1"], ["sim-2"], ["sim-3"]], outcomes={"sim-2": "removed"})
+        state.host("sim-2").progress(same).step_started("serve")
+    jobs = {name: server_job(env, name) for name in ("sim-1", "sim-2", "sim-3")}
+    run = env.orch("run", same)
+    assert run.returncode == 0, run.output
+    assert next(line for line in run.stderr.splitlines() if line.startswith("wave ")) == "wave 1/3: sim-2"
+    assert "sim-2: serve: resumed" in run.stderr
+    assert f"sim-2: serve: serving as asked but not registered: registering {sim2}" in run.stderr
+    assert {name: server_job(env, name) for name in jobs} == jobs  # nothing relaunched
+    assert all(steps_of(env, name, same) == {"serve"} for name in jobs)
+    assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
