@@ -21,12 +21,15 @@ import os
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from orchestrator.errors import GatewayError, UsageError
+from orchestrator.facts import server as server_facts
 from orchestrator.inventory import Gateway, Host
+from orchestrator.recipe import Recipe
+from orchestrator.state import Phase, State
 
 T = TypeVar("T")
 
@@ -77,6 +80,16 @@ def worker_url(host: Host, bind: str | None = None) -> str:
     return f"http://{address}:{host.server_port}"
 
 
+def host_worker_url(host: Host, argv: Sequence[str] | None, recipe: Recipe | None = None) -> str:
+    """orch's one rule for the URL a host is registered at: the bind address of the server it runs,
+    read from the recorded launch command ``argv`` (``--host``; none: SGLang's 127.0.0.1), or, with no
+    server recorded, the one ``recipe`` would launch (its ``server_args.host``)."""
+    if argv:
+        return worker_url(host, server_facts.bind_address(argv))
+    bind = recipe.server_args.get("host") if recipe is not None else None
+    return worker_url(host, None if bind is None else str(bind))
+
+
 @dataclass(frozen=True)
 class WorkerRow:
     """One registered worker: the inventory host it is (None: none) and what is wrong with it."""
@@ -116,6 +129,21 @@ def check_workers(workers: list[Worker], urls: dict[str, str], serving: set[str]
     registered = {worker.url for worker in workers}
     unregistered = [name for name in urls if name in serving and urls[name] not in registered]
     return GatewayCheck(rows, unregistered)
+
+
+def check_fleet(workers: list[Worker], hosts: list[Host], state: State) -> GatewayCheck:
+    """``check_workers`` for ``hosts`` as the state file (loaded once) has them: each registered at its
+    ``host_worker_url``, serving when its phase is ``serving``. ``orch gateway status`` and the gateway
+    column of ``orch status`` both judge by it."""
+    urls: dict[str, str] = {}
+    serving: set[str] = set()
+    for host in hosts:
+        record = state.hosts.get(host.name)
+        server = record.server if record is not None else None
+        urls[host.name] = host_worker_url(host, server.argv if server is not None else None)
+        if record is not None and record.phase == Phase.SERVING:
+            serving.add(host.name)
+    return check_workers(workers, urls, serving)
 
 
 def parse_workers(payload: Any) -> list[Worker]:

@@ -7,10 +7,10 @@ from collections.abc import Callable
 import click
 
 from orchestrator.app import App
-from orchestrator.cli.common import pass_app
+from orchestrator.cli.common import F, pass_app
 from orchestrator.cli.confirm import confirm_or_refuse, yes_option
 from orchestrator.errors import ExitCode, HostError, UsageError
-from orchestrator.gateway import GatewayClient, check_workers, worker_url
+from orchestrator.gateway import GatewayClient, check_fleet
 from orchestrator.inventory import Host
 from orchestrator.jobs import JobInfo
 from orchestrator.ops import gateway as gateway_op
@@ -19,9 +19,52 @@ from orchestrator.ops.serve import ServeResult
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.render import err, inert, out, print_json
 from orchestrator.session import HostSession
-from orchestrator.state import Phase
 from orchestrator.views import gateway as gateway_view
 from orchestrator.views.serve import reporter, serve_report
+
+
+def rolling_options(command: F) -> F:
+    """``--rolling/--no-rolling``, ``--max-unavailable`` and ``--canary`` (``serve`` and ``run``)."""
+    command = click.option("--canary", metavar="TAG", help="With --rolling: the hosts with this tag go first.")(command)
+    command = click.option(
+        "--max-unavailable", type=click.IntRange(1), default=1, show_default=True, help="Hosts per wave."
+    )(command)
+    return click.option(
+        "--rolling/--no-rolling",
+        default=None,
+        help="Relaunch in waves behind the inventory's gateway, serving throughout (default with a gateway: "
+        "on for the whole fleet).",
+    )(command)
+
+
+def rolling_default(app: App, rolling: bool | None, chosen: bool, dry_run: bool) -> bool:
+    """``--rolling/--no-rolling`` of ``serve`` and ``run``: unset, it is on for the whole fleet (no
+    ``--host``/``--tag``) when the inventory has a gateway, and says so; never for a dry run."""
+    if rolling is None and not dry_run and not chosen and app.inventory.gateway is not None:
+        err.print(f"the inventory has a gateway: rolling relaunch ({inert(app.inventory.gateway.url)})", style="bold")
+        return True
+    return bool(rolling) and not dry_run
+
+
+def rollout_client(app: App, canary: str | None) -> GatewayClient:
+    """The gateway a rollout goes through, checked before anything changes: no ``gateway:`` or an unknown
+    ``--canary`` tag is exit 2, an unreachable or refusing gateway exit 3."""
+    gateway = app.inventory.gateway
+    if gateway is None:
+        raise UsageError(
+            f"--rolling needs the gateway in front of the fleet: {app.inventory.path} has no 'gateway:'",
+            hint="add gateway: {url: http://HOST:PORT} to the inventory (README: Gateway)",
+        )
+    if canary is not None:
+        app.select(tags=(canary,))
+    client = GatewayClient(gateway)
+    client.workers()
+    return client
+
+
+def progress(line: str) -> None:
+    """A rollout's own lines (the waves), on stderr."""
+    err.print(inert(line), style="bold")
 
 
 def rolling_serve(
@@ -37,16 +80,7 @@ def rolling_serve(
     """Relaunch ``selected`` in waves behind the inventory's gateway (``ops.rollout``); exit 0, or the
     failed host's code (3 did not start, 5 not as asked or failed the gate) after the halt. ``gate``
     ``bench``: the canary hosts (``rollout.gated``) must each have a baseline run, else exit 2 first."""
-    gateway = app.inventory.gateway
-    if gateway is None:
-        raise UsageError(
-            f"--rolling needs the gateway in front of the fleet: {app.inventory.path} has no 'gateway:'",
-            hint="add gateway: {url: http://HOST:PORT} to the inventory (README: Gateway)",
-        )
-    if canary is not None:
-        app.select(tags=(canary,))  # an unknown tag is exit 2 before anything changes
-    client = GatewayClient(gateway)
-    client.workers()  # unreachable or refused → exit 3 before anything changes
+    client = rollout_client(app, canary)
     planned = rollout.waves(selected, max_unavailable, canary)
     gating = rollout.plan_gate(app.store, rollout.gated(planned, canary), chosen) if gate == "bench" else None
     with app.fleet(selected, parallel) as fleet:
@@ -54,16 +88,7 @@ def rolling_serve(
         def roll_one(s: HostSession) -> rollout.HostRoll:
             return rollout.roll_host(s, chosen[s.name], options, client, reporter(s.host), app.peers(fleet), gating)
 
-        def roll_wave(wave: list[Host]) -> list[tuple[Host, rollout.HostRoll | None, BaseException | None]]:
-            results = fleet.map_sessions(
-                roll_one,
-                lambda: app.store,
-                wave,
-            )
-            results.raise_bugs()
-            return [(r.host, r.value, r.error) for r in results]
-
-        done = rollout.run_waves(planned, roll_wave, lambda line: err.print(inert(line), style="bold"), app.store)
+        done = rollout.roll_fleet(fleet, planned, roll_one, progress, app.store)
     return rollout_report(selected, done, serve_report)
 
 
@@ -81,15 +106,24 @@ def rollout_report(
             serve_report(host, roll.result)
         for line in gateway_view.gate_lines(host.name, roll.gate) if roll.gate is not None else []:
             out.print(line, markup=False)
-        notes = f" ({'; '.join(roll.notes)})" if roll.notes else ""
-        out.print(f"{host.name}: rollout {roll.outcome} in {roll.seconds:.1f} s{notes}", markup=False)
+        out.print(f"{host.name}: {roll_line(roll)}", markup=False)
         if roll.outcome in ("rolled back", "failed") and code == ExitCode.OK:
-            code = ExitCode.VERIFY_FAILED if roll.result is not None else ExitCode.HOSTS_FAILED
+            code = rollout.failure_code(roll)
     if done.halted:
-        err.print(inert(f"rollout halted: {done.halted}"), style="bold red")
+        halted_line(done.halted)
     else:
         out.print(f"rollout complete: {len(done.waves)} waves in {done.seconds:.1f} s", markup=False)
     return int(code)
+
+
+def roll_line(roll: rollout.HostRoll) -> str:
+    """``rollout relaunched in 4.2 s (re-registered)``: what the rollout did on one host."""
+    notes = f" ({'; '.join(roll.notes)})" if roll.notes else ""
+    return f"rollout {roll.outcome} in {roll.seconds:.1f} s{notes}"
+
+
+def halted_line(halted: str) -> None:
+    err.print(inert(f"rollout halted: {halted}"), style="bold red")
 
 
 @click.group("gateway")
@@ -122,17 +156,7 @@ def status(app: App, as_json: bool) -> int:
         else:
             gateway_view.job_report(config.host, job)
     workers = GatewayClient(config).workers()
-    urls: dict[str, str] = {}
-    serving: set[str] = set()
-    state = app.store.load()  # one pass over the state directory
-    for host in app.inventory.hosts.values():
-        record = state.hosts.get(host.name)
-        argv = record.server.argv if record is not None and record.server else []
-        bind = argv[argv.index("--host") + 1] if "--host" in argv[:-1] else None
-        urls[host.name] = worker_url(host, bind)
-        if record is not None and record.phase == Phase.SERVING:
-            serving.add(host.name)
-    result = check_workers(workers, urls, serving)
+    result = check_fleet(workers, list(app.inventory.hosts.values()), app.store.load())
     if as_json:
         print_json({**gateway_view.document(result), **({"job": job_doc} if config.host is not None else {})})
     else:

@@ -37,6 +37,9 @@ def status(
 
     One line per host; `--wide` or `orch status HOST` show every detail (who holds the GPUs, the
     commit the server runs and whether a restart is pending, what the tuned configs were made for).
+    With a gateway: in the inventory, a gateway column says whether each host is registered and
+    healthy there, and flags a host serving but not registered, or registered but not serving (one
+    GET /workers; an unreachable gateway is said, not fatal, and changes no exit code).
 
     \b
     Example:
@@ -54,12 +57,14 @@ def status(
     seen = status_op.record_seen(app.store, {h.name: h for h in selected}, observed, cached)
     by_name = {o.status.name: status_op.merge_state(o, seen[o.status.name]) for o in observed}
     views = [by_name.get(r.host.name) or status_op.unreachable(r, cached.get(r.host.name)) for r in results]
+    config, hosts_all = app.inventory.gateway, list(app.inventory.hosts.values())
+    gateway = status_op.gateway_column(config, hosts_all, state, views) if config is not None else None
     if as_json:
-        print_json(status_document(views))
+        print_json(status_document(views, gateway))
     elif detail_hosts:
-        status_details(views)
+        status_details(views, gateway)
     else:
-        status_table(views, wide=wide)
+        status_table(views, wide=wide, gateway=gateway)
     return finish(results, show_errors=False)  # the table shows each failed host
 
 

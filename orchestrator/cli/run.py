@@ -7,6 +7,7 @@ import click
 from orchestrator.app import App, refuse_bad_recipe
 from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
+from orchestrator.cli.gateway import progress, rolling_default, rolling_options, rollout_client
 from orchestrator.inventory import Host
 from orchestrator.ops import run as run_op
 from orchestrator.recipe import ServeOptions
@@ -26,6 +27,7 @@ def _say(host: Host, message: str) -> None:
 @click.option("--only", metavar="STEP", help="Run only STEP (again, even if it was done).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the exact remote commands per host; change nothing.")
 @yes_option
+@rolling_options
 @pass_app
 def run(
     app: App,
@@ -38,6 +40,9 @@ def run(
     only: str | None,
     dry_run: bool,
     yes: bool,
+    rolling: bool | None,
+    max_unavailable: int,
+    canary: str | None,
 ) -> int:
     """Run a playbook's steps on each host (pull, tune-fp8, serve, bench); re-run to resume.
 
@@ -45,13 +50,16 @@ def run(
     a tuned config deleted: that step runs again, saying why), running jobs re-attached; nothing is
     started twice, even after orch was killed. Progress goes to stderr, one line per host and event.
     Every server stop is announced first; stopping servers on several hosts without --host/--tag
-    asks first (--yes to skip).
+    asks first (--yes to skip). With --rolling (the default for the whole fleet when the inventory
+    has a gateway:) the serve step goes host by host through the gateway as `orch serve --rolling`
+    does (no outage, so no question for it); the steps after it run once the rollout is over.
 
     \b
     Example:
       orch run deepseek-v4-flash
       orch run deepseek-v4-flash --host blackwell-1 --from serve
       orch run --dry-run
+      orch run deepseek-v4-flash --rolling --canary canary
     """
     selected = app.select(hosts, tags)
     chosen = app.recipes(selected, playbook)  # each host's own (its `playbook:`), unless PLAYBOOK is given
@@ -60,6 +68,8 @@ def run(
         for step in steps[host.name]:
             if isinstance(step.options, ServeOptions):
                 refuse_bad_recipe(chosen[host.name], mtp=step.options.mtp)  # exit 2 before any host, as recipe show
+    serves = any(run_op.around_serve(steps[h.name])[1] is not None for h in selected)
+    rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run) and serves
     with app.fleet(selected, parallel) as fleet:
         redo = bool(from_step or only)
         if dry_run:
@@ -71,9 +81,8 @@ def run(
             return finish(plans)
 
         def stops(host: Host, runner: Runner) -> bool:
-            return bool(
-                run_op.stopping_steps(fleet.session(host, app.store), chosen[host.name], steps[host.name], redo)
-            )
+            found = run_op.stopping_steps(fleet.session(host, app.store), chosen[host.name], steps[host.name], redo)
+            return bool([s for s in found if not (rolling and s == "serve")])  # a rolling serve is no outage
 
         def confirm(passed: list[Host]) -> None:
             ask_before_stopping(fleet, passed, bool(hosts or tags), yes, stops)
@@ -81,6 +90,9 @@ def run(
         if redo:
             run_op.forget_done(app.store, selected, chosen, steps)
         ctx = run_op.RunContext(fleet, app.store, chosen, _say, app.peers(fleet), lockstep, confirm, redo)
+        if rolling:
+            ctx.rolling = run_op.Rolling(rollout_client(app, canary), max_unavailable, canary, progress)
+            err.print("the serve step is a rolling relaunch: not a fleet outage (no question asked for it)")
         results = run_op.run(ctx, selected, steps)
     for r in results.succeeded:
         assert r.value is not None

@@ -10,11 +10,12 @@ from rich.text import Text
 from orchestrator.app import App
 from orchestrator.cli.common import default, finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
+from orchestrator.cli.gateway import rolling_default, rolling_options, rolling_serve
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.facts import server as facts
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import ServeOptions
-from orchestrator.render import err, inert, out
+from orchestrator.render import err, out
 from orchestrator.session import HostSession
 from orchestrator.views.serve import discovery_report, reporter, serve_report, stopped_line
 
@@ -78,14 +79,7 @@ _drain = click.option(
 @_drain
 @yes_option
 @click.option("--dry-run", is_flag=True, help="Print what would be stopped and launched per host; change nothing.")
-@click.option(
-    "--rolling/--no-rolling",
-    default=None,
-    help="Relaunch in waves behind the inventory's gateway, serving throughout (default with a gateway: "
-    "on for the whole fleet).",
-)
-@click.option("--max-unavailable", type=click.IntRange(1), default=1, show_default=True, help="Hosts per wave.")
-@click.option("--canary", metavar="TAG", help="With --rolling: the hosts with this tag go first.")
+@rolling_options
 @click.option(
     "--gate",
     type=click.Choice(["bench"]),
@@ -147,17 +141,13 @@ def serve(
     )
     selected = app.select(hosts, tags)
     chosen = app.recipes(selected, playbook, mtp=mtp)
-    if rolling is None and not dry_run and not (hosts or tags) and app.inventory.gateway is not None:
-        err.print(f"the inventory has a gateway: rolling relaunch ({inert(app.inventory.gateway.url)})", style="bold")
-        rolling = True
+    rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run)
     if gate is not None and not rolling:
         raise UsageError(
             f"--gate {gate} gates a rolling relaunch: it needs --rolling (and the inventory's gateway:)",
             hint="add --rolling, or leave --gate out",
         )
-    if rolling and not dry_run:
-        from orchestrator.cli.gateway import rolling_serve
-
+    if rolling:
         return rolling_serve(app, selected, chosen, options, parallel, max_unavailable, canary, gate)
     with app.fleet(selected, parallel) as fleet:
         if dry_run:

@@ -169,8 +169,19 @@ def probe_address(recipe: Recipe) -> str:
 
 def argv_address(argv: Sequence[str]) -> str:
     """``probe_address`` for a server already launched, from its command line (``--host``)."""
-    bound = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--host"), "127.0.0.1")
-    return _reachable(bound)
+    return _reachable(bind_address(argv) or "127.0.0.1")
+
+
+def bind_address(argv: Sequence[str]) -> str | None:
+    """The address a server command binds: the value of its last ``--host ADDR`` / ``--host=ADDR``
+    (SGLang's parser keeps the last), None without one (SGLang then binds 127.0.0.1)."""
+    found = None
+    for i, arg in enumerate(argv):
+        if arg == "--host" and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif arg.startswith("--host="):
+            found = arg.split("=", 1)[1]
+    return found
 
 
 def _reachable(bound: str) -> str:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from orchestrator import jobs
 from orchestrator.errors import GatewayError, UsageError
-from orchestrator.gateway import GatewayClient, api_key, smg_argv, worker_url
+from orchestrator.gateway import GatewayClient, api_key, host_worker_url, smg_argv
 from orchestrator.inventory import Gateway, Host, Inventory
-from orchestrator.state import HostState, Phase, State
+from orchestrator.state import Phase, State
 from orchestrator.transport.base import Runner
 
 GATEWAY_PURPOSE = "gateway"
@@ -44,19 +44,14 @@ def gateway_host(inventory: Inventory) -> tuple[Gateway, Host]:
     return gateway, inventory.hosts[gateway.host]  # the loader checked that the host exists
 
 
-def server_bind(record: HostState | None) -> str | None:
-    """The ``--host`` the host's recorded server command binds (None: SGLang's default)."""
-    argv = record.server.argv if record is not None and record.server else []
-    return argv[argv.index("--host") + 1] if "--host" in argv[:-1] else None
-
-
 def serving_urls(inventory: Inventory, state: State) -> dict[str, str]:
-    """Host name → the URL the gateway reaches its server at, for every host whose state is SERVING."""
+    """Host name → the URL the gateway reaches its server at (``gateway.host_worker_url``), for every
+    host whose state is SERVING."""
     urls = {}
     for host in inventory.hosts.values():
         record = state.hosts.get(host.name)
-        if record is not None and record.phase == Phase.SERVING:
-            urls[host.name] = worker_url(host, server_bind(record))
+        if record is not None and record.phase == Phase.SERVING and record.server is not None:
+            urls[host.name] = host_worker_url(host, record.server.argv)
     return urls
 
 

@@ -29,11 +29,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import readers
-from orchestrator.errors import GatewayError, HostError, OrchError, UsageError
+from orchestrator.errors import ExitCode, GatewayError, HostError, OrchError, UsageError
 from orchestrator.facts import bench as bench_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts.bench import BenchRecord, GateRecord
-from orchestrator.gateway import GatewayClient, worker_url
+from orchestrator.fleet import Fleet
+from orchestrator.gateway import GatewayClient, host_worker_url
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import serve as serve_op
@@ -169,6 +170,11 @@ def check_gate(
     return decision
 
 
+def failure_code(roll: HostRoll) -> ExitCode:
+    """The exit code of a host the rollout halted on: 5 when its new server ran but not as asked, else 3."""
+    return ExitCode.VERIFY_FAILED if roll.result is not None else ExitCode.HOSTS_FAILED
+
+
 def roll_host(
     session: HostSession,
     recipe: Recipe,
@@ -180,7 +186,7 @@ def roll_host(
 ) -> HostRoll:
     """Steps 1 to 4 of the module docstring on one host (with ``gate``'s check when it gates the host)."""
     began = time.monotonic()
-    url = worker_url(session.host, _bind(recipe))
+    url = worker_url_of(session, recipe)
     if not serve_op.would_replace(session, recipe, options):
         if gate is not None and session.host.name in gate.unproven:
             return _prove_resumed(session, recipe, options, client, url, gate, report, peers)
@@ -258,9 +264,11 @@ def _prove_resumed(
     return HostRoll("unchanged", result, notes=["gated on resume", "re-registered"], gate=decision)
 
 
-def _bind(recipe: Recipe) -> str | None:
-    value = recipe.server_args.get("host")
-    return None if value is None else str(value)
+def worker_url_of(session: HostSession, recipe: Recipe) -> str:
+    """Where the gateway reaches the host's server (``gateway.host_worker_url``: the recorded server's
+    ``--host``, else the recipe's)."""
+    server = session.state().server
+    return host_worker_url(session.host, server.argv if server is not None else None, recipe)
 
 
 def drain(session: HostSession, recipe: Recipe, timeout: float, report: serve_op.Report) -> int:
@@ -358,6 +366,24 @@ class Rollout:
 
 
 RollOne = Callable[[list[Host]], list[tuple[Host, HostRoll | None, BaseException | None]]]
+
+
+def roll_fleet(
+    fleet: Fleet,
+    planned: list[list[Host]],
+    roll_one: Callable[[HostSession], HostRoll],
+    report: Callable[[str], None],
+    store: StateStore,
+) -> Rollout:
+    """``run_waves`` with each wave's hosts rolled by ``roll_one`` on the fleet's threads (a bug in one
+    is re-raised with its traceback): what ``orch serve --rolling`` and ``orch run --rolling`` share."""
+
+    def roll_wave(wave: list[Host]) -> list[tuple[Host, HostRoll | None, BaseException | None]]:
+        results = fleet.map_sessions(roll_one, store, wave)
+        results.raise_bugs()
+        return [(r.host, r.value, r.error) for r in results]
+
+    return run_waves(planned, roll_wave, report, store)
 
 
 def record_outcome(store: StateStore, name: str, outcome: str) -> None:

@@ -26,15 +26,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from orchestrator.errors import RefusedError, UsageError
+from orchestrator.errors import ExitCode, HostError, RefusedError, UsageError
 from orchestrator.facts import bench as bench_facts
 from orchestrator.facts import git
 from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as server_facts
 from orchestrator.fleet import Fleet, FleetResult, HostResult
+from orchestrator.gateway import GatewayClient
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import pull as pull_op
+from orchestrator.ops import rollout
 from orchestrator.ops import serve as serve_op
 from orchestrator.ops import server as server_host
 from orchestrator.recipe import BenchOptions, PullOptions, Recipe, ServeOptions, Shape, Step, TuneOptions, parse_shapes
@@ -60,6 +62,7 @@ class RunContext:
     lockstep: bool = False
     confirm: Callable[[list[Host]], None] | None = None  # after preflight, before any step: may refuse
     redo: bool = False  # --from/--only: the steps run again (serve relaunches even when serving as asked)
+    rolling: Rolling | None = None  # --rolling: the serve step goes through the gateway rollout
 
     def recipe(self, host: Host) -> Recipe:
         return self.recipes[host.name]
@@ -67,6 +70,27 @@ class RunContext:
     def playbook(self, host: Host) -> str:
         """The host's campaign's name in the state file (its recipe's path)."""
         return str(self.recipe(host).path)
+
+
+@dataclass
+class Rolling:
+    """``orch run --rolling``: the ``serve`` step of every host goes through ``ops.rollout``'s waves
+    behind ``client``; ``rolls`` collects what the rollout did on each host (its threads write it)."""
+
+    client: GatewayClient
+    max_unavailable: int
+    canary: str | None
+    report: Callable[[str], None]  # the rollout's own lines (the waves)
+    rolls: dict[str, rollout.HostRoll] = field(default_factory=dict)
+
+
+class RolloutStopped(HostError):
+    """A host of a halted rollout (the failed one, or one it never reached): it exits with the failed
+    host's code (``rollout.failure_code``), so ``orch run --rolling`` exits as ``orch serve --rolling``."""
+
+    def __init__(self, message: str, code: ExitCode, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.exit_code = code
 
 
 Steps = Mapping[str, list[Step]]
@@ -274,9 +298,26 @@ def _serve(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> 
     ``--only`` relaunch even a server that serves as asked."""
     assert isinstance(step.options, ServeOptions)
     options = step.options.model_copy(update={"force": True}) if ctx.redo else step.options
+    if ctx.rolling is not None:
+        return _roll(ctx, ctx.rolling, session, options)
     result = (_resume_serve(ctx, session, options) if resumed and not ctx.redo else None) or serve_op.serve(
         session, ctx.recipe(session.host), options, _step_say(ctx, session.host, "serve"), ctx.peers
     )
+    return _served(result)
+
+
+def _roll(ctx: RunContext, rolling: Rolling, session: HostSession, options: ServeOptions) -> str:
+    """The serve step of a rolling run: ``rollout.roll_host`` (out of the gateway, drained, relaunched
+    and verified, back in; a server already serving as asked is only registered if it is not, which is
+    also how an interrupted step resumes)."""
+    say = _step_say(ctx, session.host, "serve")
+    roll = rollout.roll_host(session, ctx.recipe(session.host), options, rolling.client, say, ctx.peers)
+    rolling.rolls[session.name] = roll
+    assert roll.result is not None
+    return f"{_served(roll.result)}; rollout {roll.outcome} in {roll.seconds:.1f} s"
+
+
+def _served(result: serve_op.ServeResult) -> str:
     if result.unchanged:
         return f"already serving as asked (job {result.job_id})"
     accept = f", accept length {result.accept_length:.2f}" if result.accept_length is not None else ""
@@ -324,7 +365,7 @@ def run(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[HostRun
     if ctx.confirm is not None:
         ctx.confirm(passed)
     walk = run_lockstep if ctx.lockstep else run_independent
-    done = {r.host.name: r for r in walk(ctx, passed, steps)}
+    done = run_rolling(ctx, passed, steps) if ctx.rolling else {r.host.name: r for r in walk(ctx, passed, steps)}
     finished = [h for h in passed if (r := done[h.name].value) is not None and not r.done]
     finished = [h for h in finished if ctx.recipe(h).step("pull") is not None]
     if finished:  # a host that cannot fetch says nothing
@@ -367,11 +408,71 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
     return ctx.fleet.map_sessions(check, ctx.store, hosts)
 
 
-def run_independent(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[HostRun]:
-    """Each host walks all its steps on its own thread; a failure stops only that host."""
+def around_serve(steps: list[Step]) -> tuple[list[Step], Step | None, list[Step]]:
+    """A host's steps as (before ``serve``, ``serve``, after it); no serve step: (all, None, [])."""
+    at = next((i for i, s in enumerate(steps) if isinstance(s.options, ServeOptions)), None)
+    return (steps, None, []) if at is None else (steps[:at], steps[at], steps[at + 1 :])
+
+
+def run_rolling(ctx: RunContext, hosts: list[Host], steps: Steps) -> dict[str, HostResult[HostRun]]:
+    """``--rolling``: the steps before ``serve`` as without it (each host on its own, or ``lockstep``);
+    then ``serve`` through the rollout's waves, on the hosts whose earlier steps succeeded; then the
+    steps after it, once the whole rollout is over (a benchmark measures a fleet that no longer changes).
+    A halted rollout stops the campaign of the hosts it never reached: they keep their old servers."""
+    assert ctx.rolling is not None
+    walk = run_lockstep if ctx.lockstep else run_independent
+    split = {h.name: around_serve(steps[h.name]) for h in hosts}
+    outcomes = {h.name: HostRun() for h in hosts}
+    done = {r.host.name: r for r in walk(ctx, hosts, {n: p[0] for n, p in split.items()}, outcomes)}
+    ready = [h for h in hosts if done[h.name].ok and split[h.name][1] is not None]
+    failures: dict[str, BaseException] = {}
+
+    def roll_one(session: HostSession) -> rollout.HostRoll:
+        serve = split[session.name][1]
+        assert serve is not None and ctx.rolling is not None
+        try:
+            run_step(ctx, session, serve, outcomes[session.name])
+        except Exception as exc:
+            failures[session.name] = exc
+            raise
+        return ctx.rolling.rolls.pop(session.name, None) or rollout.HostRoll("unchanged", notes=["already done"])
+
+    planned = rollout.waves(ready, ctx.rolling.max_unavailable, ctx.rolling.canary)
+    rolled = rollout.roll_fleet(ctx.fleet, planned, roll_one, ctx.rolling.report, ctx.store)
+    done.update(_halted_hosts(ready, rolled, failures))
+    served = [h for h in ready if done[h.name].ok]
+    done.update({r.host.name: r for r in walk(ctx, served, {h.name: split[h.name][2] for h in served}, outcomes)})
+    return done
+
+
+def _halted_hosts(
+    ready: list[Host], rolled: rollout.Rollout, failures: dict[str, BaseException]
+) -> dict[str, HostResult[HostRun]]:
+    """The failed host (its error, with the rollout's exit code) and the hosts the halt left untouched."""
+    failed = [rolled.hosts[h.name] for h in ready if h.name in failures]
+    code = rollout.failure_code(failed[0]) if failed else ExitCode.HOSTS_FAILED
+    results: dict[str, HostResult[HostRun]] = {}
+    for host in ready:
+        error = failures.get(host.name)
+        if isinstance(error, rollout.RolloutHalted):
+            results[host.name] = HostResult(host, error=RolloutStopped(error.message, code, error.hint))
+        elif error is not None:
+            results[host.name] = HostResult(host, error=error)
+        elif host.name not in rolled.hosts:
+            message = f"{host.name}: not served, the rollout halted ({rolled.halted}): still on its old server"
+            hint = "fix the failed host, then run the same command again: the steps done are skipped"
+            results[host.name] = HostResult(host, error=RolloutStopped(message, code, hint))
+    return results
+
+
+def run_independent(
+    ctx: RunContext, hosts: list[Host], steps: Steps, outcomes: dict[str, HostRun] | None = None
+) -> FleetResult[HostRun]:
+    """Each host walks all its steps on its own thread; a failure stops only that host. ``outcomes``:
+    what each host did earlier in this run, added to."""
 
     def walk(session: HostSession) -> HostRun:
-        outcome = HostRun()
+        outcome = outcomes[session.name] if outcomes is not None else HostRun()
         for step in steps[session.name]:
             run_step(ctx, session, step, outcome)
         return outcome
@@ -379,10 +480,12 @@ def run_independent(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetRe
     return ctx.fleet.map_sessions(walk, ctx.store, hosts)
 
 
-def run_lockstep(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[HostRun]:
+def run_lockstep(
+    ctx: RunContext, hosts: list[Host], steps: Steps, outcomes: dict[str, HostRun] | None = None
+) -> FleetResult[HostRun]:
     """Every remaining host finishes a step before any starts the next (its n-th step: hosts with
-    different playbooks walk their own steps); failed hosts drop out."""
-    outcomes = {h.name: HostRun() for h in hosts}
+    different playbooks walk their own steps); failed hosts drop out. ``outcomes`` as ``run_independent``."""
+    outcomes = outcomes if outcomes is not None else {h.name: HostRun() for h in hosts}
     errors: dict[str, BaseException] = {}
     for n in range(max((len(steps[h.name]) for h in hosts), default=0)):
         remaining = [h for h in hosts if h.name not in errors and n < len(steps[h.name])]

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from orchestrator.errors import OrchError
+from orchestrator.errors import GatewayError, OrchError, UsageError
 from orchestrator.facts import git, gpus, probe
 from orchestrator.fleet import HostResult
-from orchestrator.inventory import Host
+from orchestrator.gateway import GatewayClient, check_fleet
+from orchestrator.inventory import Gateway, Host
 from orchestrator.ops import server
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord, SGLangInfo, State, StateStore
@@ -224,6 +225,34 @@ def pending_restart(
         "configs_since_launch": newer,
         "restart_pending": moved or bool(newer),
     }
+
+
+def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: list[HostStatus]) -> dict[str, Any]:
+    """The gateway column, from ONE ``GET /workers``: each view's ``extra["gateway"]`` (registered,
+    healthy, load, flag: ``gateway.check_fleet``'s judgement, as ``orch gateway status``) and what
+    concerns the gateway itself (its URL, whether it answered and why not, the workers that are no
+    inventory host). ``hosts`` is the whole inventory, so a host left out of this status is no stranger;
+    a gateway that does not answer (or a key not set) is said in the column, never fatal."""
+    try:
+        workers = GatewayClient(gateway).workers()
+    except (GatewayError, UsageError) as exc:
+        for v in views:
+            v.extra["gateway"] = {"reachable": False}
+        return {"url": gateway.url, "reachable": False, "error": exc.message, "not_in_inventory": []}
+    check = check_fleet(workers, hosts, state)
+    rows = {r.host: r for r in check.workers if r.host is not None}
+    for v in views:
+        row = rows.get(v.name)
+        flag = row.flag if row else "serving but not registered" if v.name in check.unregistered else None
+        v.extra["gateway"] = {
+            "reachable": True,
+            "registered": row is not None,
+            "healthy": row.healthy if row else None,
+            "load": row.load if row else None,
+            "flag": flag,
+        }
+    strangers = [r.url for r in check.workers if r.host is None]
+    return {"url": gateway.url, "reachable": True, "error": None, "not_in_inventory": strangers}
 
 
 def unreachable(result: HostResult[Any], cached: HostState | None) -> HostStatus:

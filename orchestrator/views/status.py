@@ -12,7 +12,9 @@ from orchestrator.ops.status import HostStatus
 from orchestrator.render import fmt_mib, inert, out, table, to_jsonable
 
 
-def status_document(views: list[HostStatus]) -> dict[str, Any]:
+def status_document(views: list[HostStatus], gateway: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``--json`` document: ``hosts`` (each with its ``gateway`` entry when the inventory has one) and,
+    with a gateway, ``gateway`` (url, reachable, error, not_in_inventory)."""
     hosts = []
     for v in views:
         doc = to_jsonable(v)
@@ -31,7 +33,7 @@ def status_document(views: list[HostStatus]) -> dict[str, Any]:
         )
         doc.update(doc.pop("extra"))
         hosts.append(doc)
-    return {"hosts": hosts}
+    return {"hosts": hosts, **({"gateway": gateway} if gateway is not None else {})}
 
 
 # -- small formats ---------------------------------------------------------------------------------------
@@ -195,6 +197,30 @@ def _server_cell(v: HostStatus, now: datetime | None = None) -> str:
     return f"{line}; {commits}" if commits else line
 
 
+def _gateway_cell(v: HostStatus) -> str | None:
+    """``registered, healthy``, ``registered, UNHEALTHY``, ``not registered``, ``gateway unreachable``;
+    None without a gateway in the inventory (no column)."""
+    g = v.extra.get("gateway")
+    if g is None:
+        return None
+    if not g["reachable"]:
+        return "gateway unreachable"
+    if not g["registered"]:
+        return "not registered"
+    return "registered, healthy" if g["healthy"] else "registered, UNHEALTHY"
+
+
+def gateway_notes(views: list[HostStatus], gateway: dict[str, Any] | None) -> list[str]:
+    """The lines about the gateway under the table: hosts out of step with it (serving but not registered,
+    registered but not serving), workers that are no inventory host, why it did not answer."""
+    if gateway is None:
+        return []
+    if not gateway["reachable"]:
+        return [str(gateway["error"])]  # it names the gateway
+    flagged = [f"{v.name}: gateway: {g['flag']}" for v in views if (g := v.extra.get("gateway")) and g.get("flag")]
+    return flagged + [f"gateway: {url} is registered but no inventory host" for url in gateway["not_in_inventory"]]
+
+
 # -- the default table: one short line per host ------------------------------------------------------------
 
 
@@ -261,8 +287,19 @@ STATUS_COLUMNS = ["host", "state", "sglang (fetched)", "gpus", "tuning", "server
 
 
 def status_row(v: HostStatus, now: datetime) -> list[str]:
-    """One host's line of the default table: short cells, details in ``--wide`` and ``orch status HOST``."""
-    return [v.name, _state_short(v), _sglang_short(v, now), _gpu_short(v), _tuning_short(v), _server_short(v, now)]
+    """One host's line of the default table: short cells, details in ``--wide`` and ``orch status HOST``;
+    the gateway cell last, with a gateway in the inventory."""
+    row = [v.name, _state_short(v), _sglang_short(v, now), _gpu_short(v), _tuning_short(v), _server_short(v, now)]
+    return _with_gateway(row, v)
+
+
+def _with_gateway(row: list[str], v: HostStatus) -> list[str]:
+    gateway = _gateway_cell(v)
+    return row if gateway is None else [*row, gateway]
+
+
+def _columns(base: list[str], views: list[HostStatus]) -> list[str]:
+    return [*base, "gateway"] if any("gateway" in v.extra for v in views) else base
 
 
 def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]:
@@ -292,22 +329,26 @@ def compact_table(views: list[HostStatus], now: datetime) -> Table:
     """The default ``orch status`` table: one line per host. Host, state and sglang are never cut; when the
     terminal is too narrow, the widest other cells are cut with … (never wrapped onto a second line)."""
     t = Table(box=None, header_style="bold", pad_edge=False, show_edge=False)
-    for i, c in enumerate(STATUS_COLUMNS):
+    for i, c in enumerate(_columns(STATUS_COLUMNS, views)):
         t.add_column(c, no_wrap=i < 3)  # the others may shrink; their Text cells cut rather than wrap
     for v in views:
         t.add_row(*(Text(inert(cell), no_wrap=True, overflow="ellipsis") for cell in status_row(v, now)))
     return t
 
 
-def status_table(views: list[HostStatus], wide: bool = False, now: datetime | None = None) -> None:
-    """Print the status table (``wide``: every detail, cells wrapped) and the notes under it."""
+def status_table(
+    views: list[HostStatus], wide: bool = False, now: datetime | None = None, gateway: dict[str, Any] | None = None
+) -> None:
+    """Print the status table (``wide``: every detail, cells wrapped) and the notes under it (``gateway``:
+    what ``ops.status.gateway_column`` found, None without a gateway in the inventory)."""
     now = now or datetime.now(timezone.utc)
     if wide:
         rows = [_wide_row(v, now) for v in views]
-        table(None, ["host", "address", "reachable", "phase", "sglang", "gpus", "tuning", "server"], rows)
+        columns = ["host", "address", "reachable", "phase", "sglang", "gpus", "tuning", "server"]
+        table(None, _columns(columns, views), rows)
     else:
         out.print(compact_table(views, now))
-    for note in [*status_notes(views), *stale_fetch_note(views, now)]:
+    for note in [*status_notes(views), *gateway_notes(views, gateway), *stale_fetch_note(views, now)]:
         out.print(inert(note), markup=False, soft_wrap=False)  # wrapped at the terminal's width, as the table
 
 
@@ -332,19 +373,11 @@ def _wide_row(v: HostStatus, now: datetime) -> list[str]:
     reach = "yes" if v.reachable else f"NO: {(v.error or '').removeprefix(f'{v.name}: ')}"
     if v.reachable and v.error:
         reach = f"yes ({v.error})"
-    return [
-        v.name,
-        v.address,
-        reach,
-        v.phase,
-        _sglang_cell(v, now),
-        _gpu_cell(v),
-        _tuning_cell(v),
-        _server_cell(v, now),
-    ]
+    row = [v.name, v.address, reach, v.phase, _sglang_cell(v, now), _gpu_cell(v), _tuning_cell(v), _server_cell(v, now)]
+    return _with_gateway(row, v)
 
 
-def status_details(views: list[HostStatus], now: datetime | None = None) -> None:
+def status_details(views: list[HostStatus], gateway: dict[str, Any] | None = None, now: datetime | None = None) -> None:
     """``orch status HOST``: every detail of each host, one labelled line per part."""
     now = now or datetime.now(timezone.utc)
     for i, v in enumerate(views):
@@ -352,6 +385,8 @@ def status_details(views: list[HostStatus], now: datetime | None = None) -> None
             out.print("")
         for line in detail_lines(v, now):
             out.print(inert(line), markup=False)
+        for note in gateway_notes([v], gateway):
+            out.print(inert(f"  {note.removeprefix(f'{v.name}: ')}"), markup=False)
 
 
 def detail_lines(v: HostStatus, now: datetime) -> list[str]:
@@ -363,6 +398,7 @@ def detail_lines(v: HostStatus, now: datetime) -> list[str]:
         ("gpus", _gpu_cell(v)),
         ("tuning", _tuning_cell(v)),
         ("server", _server_cell(v, now)),
+        *([("gateway", gateway)] if (gateway := _gateway_cell(v)) is not None else []),
     ]
     lines += [f"  {label:<8}{text}" for label, text in parts]
     lines += [f"  {note.removeprefix(f'{v.name}: ')}" for note in status_notes([v], short_cells=False)]

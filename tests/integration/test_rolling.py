@@ -13,6 +13,7 @@ simulated scheduler) is rolled back, re-registered, and the rollout halts with z
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ import pytest
 import yaml
 
 from orchestrator.gateway import GatewayClient
+from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.state import RolloutRecord, StateStore
 from tests.conftest import FleetEnv
 from tests.gateway_smg import ClientLoad, RunningGateway, running_smg
@@ -334,4 +336,117 @@ def test_gate_bench_resumed_gates_the_canary_an_interrupted_rollout_left_out_bef
     assert server_job(env, "sim-1") == job  # not relaunched: gated as it serves
     gates = StateStore(env.state).load().rollout.gates  # type: ignore[union-attr]
     assert gates["sim-1"].passed and gates["sim-1"].baseline_label == "before-slow"
+
+
+def steps_of(env: FleetEnv, name: str, playbook: str) -> set[str]:
+    """The steps of ``playbook``'s campaign the state file records as done on host ``name``."""
+    progress = StateStore(env.state).load().hosts[name].steps
+    return set(progress.done) if progress is not None and progress.playbook == playbook else set()
+
+
+def test_rolling_run_walks_the_campaign_through_the_gateway_fails_no_request_and_resumes(
+    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, ClientLoad]]
+) -> None:
+    env = gateway_fleet.env
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64}, steps=["pull", "serve", "bench"])
+    run, load = load_during(gateway_fleet.smg.gateway.url, lambda: env.orch("run", new))
+    assert run.returncode == 0, run.output
+    assert "the inventory has a gateway: rolling relaunch" in run.stderr
+    assert "the serve step is a rolling relaunch: not a fleet outage" in run.stderr
+    assert [line for line in run.stderr.splitlines() if line.startswith("wave ")] == [
+        "wave 1/3: sim-1", "wave 2/3: sim-2", "wave 3/3: sim-3"
+    ]  # fmt: skip
+    assert run.stderr.count("; rollout relaunched in ") == 3
+    assert load.sent > 0 and load.failed == []
+    for name in ("sim-1", "sim-2", "sim-3"):
+        argv = argv_of(env, name)
+        assert argv[argv.index("--max-running-requests") + 1] == "64"
+        assert steps_of(env, name, new) == {"pull", "serve", "bench"}
+    assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+    jobs = {name: server_job(env, name) for name in ("sim-1", "sim-2", "sim-3")}
+    again = env.orch("run", new)  # every step done and holding: nothing relaunched, nothing unregistered
+    assert again.returncode == 0, again.output
+    assert again.stderr.count("serve: already done, skipped") == 3
+    assert {name: server_job(env, name) for name in jobs} == jobs
+
+
+def test_rolling_run_halted_by_the_canary_stops_the_campaign_of_the_untouched_hosts(
+    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, ClientLoad]]
+) -> None:
+    env = gateway_fleet.env
+    old = {name: server_job(env, name) for name in ("sim-2", "sim-3")}
+    env.fleet.hosts[0].set_knobs(accept_length=2.0)  # type: ignore[attr-defined]
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64}, steps=["serve", "bench"])
+    run, load = load_during(
+        gateway_fleet.smg.gateway.url, lambda: env.orch("run", new, "--rolling", "--canary", "canary")
+    )
+    assert run.returncode == 5, run.output  # as `orch serve --rolling`: the canary ran, but not as asked
+    assert "sim-1: rollout halted:" in run.stderr
+    for name in ("sim-2", "sim-3"):
+        assert f"{name}: not served, the rollout halted (wave 1 failed on sim-1" in run.stderr
+        assert server_job(env, name) == old[name] and steps_of(env, name, new) == set()
+    assert steps_of(env, "sim-1", new) == set()
+    assert load.sent > 0 and load.failed == []
+    assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+
+
+def test_status_has_a_gateway_column_from_one_workers_call_and_says_when_the_gateway_does_not_answer(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    doc = json.loads(env.orch("status", "--json").stdout)
+    assert doc["gateway"] == {"url": gateway_fleet.smg.gateway.url, "reachable": True, "error": None,
+                              "not_in_inventory": []}  # fmt: skip
+    healthy = {"reachable": True, "registered": True, "healthy": True, "load": 0, "flag": None}
+    assert [(h["name"], h["gateway"]) for h in doc["hosts"]] == [(f"sim-{i}", healthy) for i in (1, 2, 3)]
+    sim3 = gateway_fleet.urls()[2]
+    client.remove(sim3)
+    client.wait_removed(sim3, timeout=10)
+    assert env.orch("stop-server", "--host", "sim-2").returncode == 0  # still registered, no longer serving
+    table = env.orch("status")
+    assert table.returncode == 0, table.output  # the gateway's findings change no exit code
+    rows = {line.split()[0]: line for line in table.stdout.splitlines() if line.startswith("sim-")}
+    assert rows["sim-1"].rstrip().endswith("registered, healthy") and rows["sim-3"].rstrip().endswith("not registered")
+    assert "sim-3: gateway: serving but not registered" in table.stdout
+    assert "sim-2: gateway: registered but not serving" in table.stdout
+    dead = yaml.safe_load(env.inventory.read_text())
+    dead["gateway"] = {"url": f"http://127.0.0.1:{free_port()}"}
+    elsewhere = tmp_path / "hosts.yaml"
+    elsewhere.write_text(yaml.safe_dump(dead))
+    unreachable = FleetEnv(env.fleet, elsewhere, env.state).orch("status")
+    assert unreachable.returncode == 0, unreachable.output
+    assert unreachable.stdout.count("gateway unreachable") == 3
+    assert f"gateway {dead['gateway']['url']} unreachable (GET /workers)" in unreachable.stdout
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_interrupted_rolling_run_re_registers_the_host_it_left_out_first_and_a_plain_run_asks(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    shipped = (PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text()
+    same = str(tmp_path / "same.yaml")  # the servers already run it as asked (its server_args in their order)
+    Path(same).write_text(shipped[: shipped.index("\nsteps:")] + "\nsteps: [serve]\n")
+    plain = env.orch("run", same, "--no-rolling")  # a plain relaunch of 3 serving hosts is an outage: asked
+    assert plain.returncode == 2 and "Take serving down on 3 hosts" in plain.stderr, plain.output
+    sim2 = gateway_fleet.urls()[1]
+    client.remove(sim2)  # as a rolling run cut off in sim-2's serve step, after taking it out of the gateway
+    client.wait_removed(sim2, timeout=10)
+    with StateStore(env.state).update() as state:
+        state.rollout = RolloutRecord(waves=[["sim-1"], ["sim-2"], ["sim-3"]], outcomes={"sim-2": "removed"})
+        state.host("sim-2").progress(same).step_started("serve")
+    jobs = {name: server_job(env, name) for name in ("sim-1", "sim-2", "sim-3")}
+    run = env.orch("run", same)
+    assert run.returncode == 0, run.output
+    assert next(line for line in run.stderr.splitlines() if line.startswith("wave ")) == "wave 1/3: sim-2"
+    assert "sim-2: serve: resumed" in run.stderr
+    assert f"sim-2: serve: serving as asked but not registered: registering {sim2}" in run.stderr
+    assert {name: server_job(env, name) for name in jobs} == jobs  # nothing relaunched
+    assert all(steps_of(env, name, same) == {"serve"} for name in jobs)
     assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())

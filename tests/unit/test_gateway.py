@@ -7,8 +7,19 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import ExitCode, UsageError
-from orchestrator.gateway import SMG_LAUNCHER, Worker, api_key, parse_loads, parse_workers, smg_argv, worker_url
+from orchestrator.facts.server import bind_address
+from orchestrator.gateway import (
+    SMG_LAUNCHER,
+    Worker,
+    api_key,
+    host_worker_url,
+    parse_loads,
+    parse_workers,
+    smg_argv,
+    worker_url,
+)
 from orchestrator.inventory import Gateway, Host
+from orchestrator.recipe import PACKAGED_PLAYBOOKS, load_recipe
 
 # GET /workers of smg 0.3.2, as it answered on loopback (docs/gateway.md)
 WORKERS = {
@@ -81,3 +92,27 @@ def test_smg_argv_names_the_key_variable_never_the_key_and_binds_metrics_beside_
 def test_worker_url_is_where_the_server_listens(bind: str | None, expected: str) -> None:
     host = Host(name="a", address="10.0.0.7", server_port=30001)
     assert worker_url(host, bind) == expected
+
+
+SERVER = ["python", "-m", "sglang.launch_server", "--model-path", "/m", "--port", "30001"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "bind"),
+    [(SERVER, None), ([*SERVER, "--host", "0.0.0.0"], "0.0.0.0"), ([*SERVER, "--host=10.9.9.9"], "10.9.9.9"),
+     ([*SERVER, "--host", "10.1.1.1", "--host", "fd00::1"], "fd00::1"), ([*SERVER, "--host"], None),
+     ([*SERVER, "--hostname", "x"], None)],
+)  # fmt: skip
+def test_the_bind_address_is_the_last_host_flag_of_the_server_command(argv: list[str], bind: str | None) -> None:
+    assert bind_address(argv) == bind
+
+
+def test_a_host_is_registered_where_its_recorded_server_binds_else_where_the_recipe_would() -> None:
+    host = Host(name="a", address="10.0.0.7", server_port=30001)
+    wildcard = load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").model_copy(
+        update={"server_args": {"host": "0.0.0.0"}}
+    )
+    assert host_worker_url(host, [*SERVER, "--host", "10.9.9.9"], wildcard) == "http://10.9.9.9:30001"
+    assert host_worker_url(host, SERVER, wildcard) == "http://127.0.0.1:30001"  # recorded wins: SGLang's default
+    assert host_worker_url(host, None, wildcard) == "http://10.0.0.7:30001"  # no server recorded: the recipe's
+    assert host_worker_url(host, [], None) == "http://127.0.0.1:30001"

@@ -11,7 +11,7 @@ import pytest
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.inventory import Gateway, Host, Inventory
 from orchestrator.jobs import JobInfo
-from orchestrator.ops.gateway import gateway_host, server_bind, serving_urls
+from orchestrator.ops.gateway import gateway_host, serving_urls
 from orchestrator.state import HostState, Phase, ServerRecord, State
 from orchestrator.views.gateway import job_document, job_state
 
@@ -24,18 +24,6 @@ def serving(argv: list[str], phase: Phase = Phase.SERVING) -> HostState:
 
 def inventory(gateway: Gateway | None) -> Inventory:
     return Inventory(path=Path("hosts.yaml"), hosts=HOSTS, gateway=gateway)
-
-
-@pytest.mark.parametrize(
-    ("argv", "bind"),
-    [
-        (["python", "-m", "sglang.launch_server"], None),
-        (["python", "--host", "0.0.0.0", "--port", "30000"], "0.0.0.0"),
-        (["python", "--port", "30000", "--host"], None),  # --host without a value: SGLang's default
-    ],
-)
-def test_server_bind_is_the_recorded_servers_host(argv: list[str], bind: str | None) -> None:
-    assert server_bind(serving(argv)) == bind
 
 
 def test_only_serving_hosts_are_put_behind_the_gateway_at_the_address_their_server_binds() -> None:

@@ -309,3 +309,32 @@ def test_hosts_fetched_over_a_day_ago_are_named_once_with_the_way_to_fetch() -> 
         "`orch status --fetch` counts commits behind as of now"
     ]
     assert views_mod.stale_fetch_note(views[:1], NOW) == []
+
+
+@pytest.mark.parametrize(
+    ("entry", "cell"),
+    [({"reachable": False}, "gateway unreachable"),
+     ({"reachable": True, "registered": False, "healthy": None, "load": None, "flag": None}, "not registered"),
+     ({"reachable": True, "registered": True, "healthy": True, "load": 0, "flag": None}, "registered, healthy"),
+     ({"reachable": True, "registered": True, "healthy": False, "load": 0, "flag": None}, "registered, UNHEALTHY")],
+)  # fmt: skip
+def test_the_gateway_column_is_last_and_only_with_a_gateway(entry: dict[str, object], cell: str) -> None:
+    plain, behind = view("h1"), view("h2")
+    behind.extra["gateway"] = entry
+    assert len(views_mod.status_row(plain, NOW)) == 6
+    assert views_mod.status_row(behind, NOW)[-1] == cell
+    assert "gateway" in rendered([plain, behind], 200)[0] and "gateway" not in rendered([plain], 200)[0]
+
+
+def test_gateway_notes_flag_hosts_out_of_step_strangers_and_an_unreachable_gateway() -> None:
+    v = view("h1")
+    v.extra["gateway"] = {"reachable": True, "registered": True, "healthy": True, "load": 0,
+                          "flag": "registered but not serving"}  # fmt: skip
+    found = {"url": "http://g:1", "reachable": True, "error": None, "not_in_inventory": ["http://10.0.0.9:30000"]}
+    assert views_mod.gateway_notes([v], found) == [
+        "h1: gateway: registered but not serving",
+        "gateway: http://10.0.0.9:30000 is registered but no inventory host",
+    ]
+    down = {"url": "http://g:1", "reachable": False, "error": "gateway http://g:1 unreachable (GET /workers): refused"}
+    assert views_mod.gateway_notes([v], down) == [down["error"]]
+    assert views_mod.gateway_notes([v], None) == []
