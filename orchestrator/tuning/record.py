@@ -16,7 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True, serialize_by_alias=True)
+    """Strict like the rest of the state (``state._Model``): an unknown key is a corrupt file, not ignored.
+    Every key an orch ever wrote here is a field, or migrated (schema 1's ``plan``, ``migrate_v1_plans``)."""
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True, populate_by_name=True, serialize_by_alias=True)
 
 
 class RunRecord(_Record):
