@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 import orchestrator
 from orchestrator.errors import ExitCode, StateError
+from orchestrator.recipe import Shape
 from orchestrator.state import (
     _MIGRATIONS,
     _SECRET_PATTERN,
@@ -650,6 +651,17 @@ def test_an_older_state_file_with_tuning_records_still_loads_typed(
     for hs in state.hosts.values():
         assert hs.tuning is not None and hs.tuning.state == "installed"
         assert hs.tuning.plan_id in state.tuning_plans and hs.tuning.installed
+
+
+def test_a_plans_shapes_are_the_recipes_shape_type_and_written_as_the_file_spells_them(
+    store: StateStore, state_path: Path
+) -> None:
+    state_path.parent.mkdir()
+    state_path.write_bytes(V2_DEMO.read_bytes())
+    plan = store.load().tuning_plans[PLAN]
+    assert all(isinstance(s, Shape) for s in plan.shapes)
+    written = json.loads((state_path / "fleet.json").read_text())["tuning_plans"][PLAN]["shapes"]
+    assert written == json.loads(V2_DEMO.read_text())["tuning_plans"][PLAN]["shapes"]  # N, K, source
 
 
 @pytest.mark.parametrize(
