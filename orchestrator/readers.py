@@ -153,11 +153,11 @@ def read_gpu_info(
     query = gpu_facts.CLIENT_TIMEOUT
     devices = gpu_facts.parse_gpus(gpu_facts.answer(host.name, runner.run(gpu_facts.query_gpus_argv(), timeout=query)))
     apps = gpu_facts.parse_apps(gpu_facts.answer(host.name, runner.run(gpu_facts.query_apps_argv(), timeout=query)))
-    by_uuid = {d.uuid: d.index for d in devices if d.index in indexes}
-    raw = [(by_uuid[a.gpu_uuid], a.pid, a.process_name) for a in apps if a.gpu_uuid in by_uuid]
-    owners = _owners(host, runner, sorted({pid for _, pid, _ in raw}), listed)
-    first = next((d for d in devices if d.index in indexes), None)
-    holders = [Holder(gpu, pid, name, owners.get(pid)) for gpu, pid, name in raw]
+    ours = [d for d in devices if d.index in indexes]
+    held = gpu_facts.holders(ours, apps)
+    owners = _owners(host, runner, sorted({a.pid for _, a in held}), listed)
+    holders = [Holder(gpu, a.pid, a.process_name, owners.get(a.pid)) for gpu, a in held]
+    first = ours[0] if ours else None
     return GpuInfo(first.name if first else None, first.compute_cap if first else None, holders)
 
 

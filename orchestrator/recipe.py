@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.errors import ConfigError
 from orchestrator.state import find_secret
+from orchestrator.tuning.record import Shape as Shape  # the one shape type, re-exported: the playbook's shapes
 from orchestrator.yamlfile import control_character, load_yaml
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
@@ -29,18 +30,6 @@ _FLAG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-class Shape(_Strict):
-    """A weight of ``y = x W^T`` with W of shape (N, K), as the tuner's ``--N``/``--K`` take it."""
-
-    n: int = Field(alias="N", gt=0)
-    k: int = Field(alias="K", gt=0)
-    source: str = ""  # where the shape comes from (layer, split by TP)
-
-    @property
-    def key(self) -> str:
-        return f"N={self.n},K={self.k}"
 
 
 class MTPSpec(_Strict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.errors import HostOutputError, RemoteCommandError
@@ -118,6 +119,20 @@ def parse_apps(stdout: str) -> list[GpuProcess]:
     return [
         GpuProcess(_count(row, 1, what), row[1], row[2], _int(row[3])) for row in _rows(stdout, len(APP_FIELDS), what)
     ]
+
+
+def holders(devices: Sequence[Gpu], apps: Sequence[GpuProcess]) -> list[tuple[int, GpuProcess]]:
+    """Each process holding one of ``devices``, with that GPU's index, in nvidia-smi's order: the one join
+    of the two queries (by GPU UUID) that ``orch status``, ``serve`` and ``tune-fp8`` read holders by. A
+    process on a GPU not in ``devices`` is not a holder."""
+    index = {d.uuid: d.index for d in devices}
+    return [(index[a.gpu_uuid], a) for a in apps if a.gpu_uuid in index]
+
+
+def holders_by_gpu(devices: Sequence[Gpu], apps: Sequence[GpuProcess]) -> dict[int, list[GpuProcess]]:
+    """``holders`` per GPU index, every GPU of ``devices`` present (an idle one: ``[]``)."""
+    held = holders(devices, apps)
+    return {d.index: [a for i, a in held if i == d.index] for d in devices}
 
 
 def device_file_name(gpu_name: str) -> str:

@@ -47,14 +47,10 @@ class HostStatus:
 def gpu_views(gpu_csv: str, apps_csv: str) -> list[GpuView]:
     """GPUs with the processes holding each, from the two nvidia-smi queries."""
     devices = gpus.parse_gpus(gpu_csv)
-    apps = gpus.parse_apps(apps_csv)
+    held = gpus.holders_by_gpu(devices, gpus.parse_apps(apps_csv))
     views = []
     for d in devices:
-        procs = [
-            {"pid": a.pid, "name": a.process_name, "memory_mib": a.used_memory_mib}
-            for a in apps
-            if a.gpu_uuid == d.uuid
-        ]
+        procs = [{"pid": a.pid, "name": a.process_name, "memory_mib": a.used_memory_mib} for a in held[d.index]]
         views.append(GpuView(d.index, d.name, d.memory_used_mib, d.memory_total_mib, procs))
     return views
 

@@ -19,7 +19,7 @@ from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.recipe import Shape
 from orchestrator.state import utc_now
-from orchestrator.tuning.record import AssignmentRecord, HostPaths, KeptRecord, PlanRecord, RunRecord, ShapeRecord
+from orchestrator.tuning.record import AssignmentRecord, HostPaths, KeptRecord, PlanRecord, RunRecord
 
 if TYPE_CHECKING:
     from orchestrator.tuning.prepare import HostFacts, Prepared
@@ -66,7 +66,7 @@ def make_plan(members: Sequence[Prepared], now: datetime | None = None) -> PlanR
         triton=lead.facts.triton,
         tp_size=lead.tp_size,
         batch_sizes=lead.batch_sizes,
-        shapes=[ShapeRecord.model_validate({"N": s.n, "K": s.k, "source": s.source}) for s in shapes],
+        shapes=shapes,
         hosts={p.host.name: _paths(p) for p in members},
         assignments=[_assignment(a, plan_id, members) for a in assignments],
         kept=kept,

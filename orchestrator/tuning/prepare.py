@@ -182,7 +182,7 @@ def gpu_users_of(
     """The GPUs and, per GPU index, the processes holding it (from the two nvidia-smi queries)."""
     devices = smi.parse_gpus(smi.answer(host.name, devs))
     held = smi.parse_apps(smi.answer(host.name, apps))
-    return devices, {d.index: [a for a in held if a.gpu_uuid == d.uuid] for d in devices}
+    return devices, smi.holders_by_gpu(devices, held)
 
 
 def read_gpu_users(host: Host, runner: Runner) -> tuple[list[smi.Gpu], dict[int, list[smi.GpuProcess]]]:

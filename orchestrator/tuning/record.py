@@ -16,7 +16,26 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True, serialize_by_alias=True)
+    """Strict like the rest of the state (``state._Model``): an unknown key is a corrupt file, not ignored.
+    Every key an orch ever wrote here is a field, or migrated (schema 1's ``plan``, ``migrate_v1_plans``)."""
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True, populate_by_name=True, serialize_by_alias=True)
+
+
+class Shape(BaseModel):
+    """A weight of ``y = x W^T`` with W of shape (N, K), as the tuner's ``--N``/``--K`` take it. The one
+    shape type: the playbook's ``tuning.shapes`` and ``--shapes`` (``recipe``), the plan in the state
+    (written as ``N``/``K``, as the tuner and the config file names spell them), the facts and the views."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
+
+    n: int = Field(alias="N", gt=0)
+    k: int = Field(alias="K", gt=0)
+    source: str = ""  # where the shape comes from (layer, split by TP)
+
+    @property
+    def key(self) -> str:
+        return f"N={self.n},K={self.k}"
 
 
 class RunRecord(_Record):
@@ -53,16 +72,6 @@ class HostPaths(_Record):
     workdir: str
 
 
-class ShapeRecord(_Record):
-    n: int = Field(alias="N")
-    k: int = Field(alias="K")
-    source: str = ""
-
-    @property
-    def key(self) -> str:
-        return f"N={self.n},K={self.k}"
-
-
 class KeptRecord(_Record):
     """Units an earlier, failed plan finished: one tuner run's result file on ``host``, validated when
     the new plan was made (right shape and device, every batch size of its run, the six keys) and again
@@ -91,7 +100,7 @@ class PlanRecord(_Record):
     triton: str | None = None
     tp_size: int
     batch_sizes: list[int]
-    shapes: list[ShapeRecord]
+    shapes: list[Shape]
     hosts: dict[str, HostPaths]
     assignments: list[AssignmentRecord]
     kept: list[KeptRecord] = Field(default_factory=list)

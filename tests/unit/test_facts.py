@@ -107,6 +107,30 @@ def test_parse_gpus_and_apps() -> None:
     assert gpus.parse_apps("No running processes found\n") == []
 
 
+SERVER_0_1 = gpus.GpuProcess(10, "sglang::scheduler", "GPU-aaaa", 500)
+SERVER_1 = gpus.GpuProcess(10, "sglang::scheduler", "GPU-bbbb", 500)
+OTHER_1 = gpus.GpuProcess(20, "python3", "GPU-bbbb", 100)
+ELSEWHERE = gpus.GpuProcess(30, "python3", "GPU-cccc", 100)  # a GPU not asked about
+
+
+@pytest.mark.parametrize(
+    ("apps", "pairs", "per_gpu"),
+    [
+        ([], [], {0: [], 1: []}),
+        ([ELSEWHERE], [], {0: [], 1: []}),
+        ([OTHER_1, SERVER_0_1, SERVER_1, ELSEWHERE], [(1, OTHER_1), (0, SERVER_0_1), (1, SERVER_1)],
+         {0: [SERVER_0_1], 1: [OTHER_1, SERVER_1]}),
+    ],
+)  # fmt: skip
+def test_holders_join_the_two_queries_by_uuid_in_nvidia_smis_order(
+    apps: list[gpus.GpuProcess], pairs: list[tuple[int, gpus.GpuProcess]], per_gpu: dict[int, list[gpus.GpuProcess]]
+) -> None:
+    devices = gpus.parse_gpus(GPU_CSV)
+    assert gpus.holders(devices, apps) == pairs
+    assert gpus.holders_by_gpu(devices, apps) == per_gpu
+    assert gpus.holders(devices[:1], apps) == [p for p in pairs if p[0] == 0]  # only the GPUs asked about
+
+
 def test_parse_gpus_refuses_unexpected_lines() -> None:
     with pytest.raises(gpus.NvidiaSmiError):
         gpus.parse_gpus("0, only two\n")

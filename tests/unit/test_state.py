@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 import orchestrator
 from orchestrator.errors import ExitCode, StateError
+from orchestrator.recipe import Shape
 from orchestrator.state import (
     _MIGRATIONS,
     _SECRET_PATTERN,
@@ -633,6 +634,61 @@ def test_a_v1_verification_holding_a_secret_is_refused(store: StateStore, state_
     server = {"job_id": "s", "argv": [], "port": 1, "mtp": False, "verified": {"warnings": ["HF_TOKEN=x"]}}
     state_path.write_text(json.dumps({"schema_version": 1, "hosts": {"h": {"server": server}}}))
     with pytest.raises(StateError, match=r"hosts\.h\.server\.verified"):
+        store.load()
+
+
+V2_DEMO = REPO_ROOT / "tests" / "data" / "state-v2-demo.json"
+PLAN = "20261201T204203-e99c"  # sim-2's plan in the schema-2 demo file
+
+
+@pytest.mark.parametrize("demo", [V1_DEMO, V2_DEMO])
+def test_an_older_state_file_with_tuning_records_still_loads_typed(
+    store: StateStore, state_path: Path, demo: Path
+) -> None:
+    state_path.parent.mkdir()
+    state_path.write_bytes(demo.read_bytes())
+    state = store.load()
+    for hs in state.hosts.values():
+        assert hs.tuning is not None and hs.tuning.state == "installed"
+        assert hs.tuning.plan_id in state.tuning_plans and hs.tuning.installed
+
+
+def test_a_plans_shapes_are_the_recipes_shape_type_and_written_as_the_file_spells_them(
+    store: StateStore, state_path: Path
+) -> None:
+    state_path.parent.mkdir()
+    state_path.write_bytes(V2_DEMO.read_bytes())
+    plan = store.load().tuning_plans[PLAN]
+    assert all(isinstance(s, Shape) for s in plan.shapes)
+    written = json.loads((state_path / "fleet.json").read_text())["tuning_plans"][PLAN]["shapes"]
+    assert written == json.loads(V2_DEMO.read_text())["tuning_plans"][PLAN]["shapes"]  # N, K, source
+
+
+@pytest.mark.parametrize(
+    ("where", "loc"),
+    [
+        (["hosts", "sim-2", "tuning"], r"hosts\.sim-2\.tuning\.colour"),
+        (["hosts", "sim-2", "tuning", "installed", "N=1536,K=4096"], r"installed\.N=1536,K=4096\.colour"),
+        (["tuning_plans", PLAN], rf"tuning_plans\.{PLAN}\.colour"),
+        (["tuning_plans", PLAN, "shapes", 0], r"shapes\.0\.colour"),
+        (["tuning_plans", PLAN, "hosts", "sim-2"], r"hosts\.sim-2\.colour"),
+        (["tuning_plans", PLAN, "assignments", 0], r"assignments\.0\.colour"),
+        (["tuning_plans", PLAN, "assignments", 0, "runs", 0], r"runs\.0\.colour"),
+    ],
+)  # fmt: skip
+def test_an_unknown_key_in_a_tuning_record_is_a_clear_error_naming_it(
+    store: StateStore, state_path: Path, where: list[Any], loc: str
+) -> None:
+    """The tuning records are strict like the rest of the state (they ignored unknown keys): every key orch
+    ever wrote is a field or migrated (``plan`` in schema 1), so an unknown one is corruption, not history."""
+    document = json.loads(V2_DEMO.read_text())
+    record = document
+    for key in where:
+        record = record[key]
+    record["colour"] = "blue"
+    state_path.parent.mkdir()
+    state_path.write_text(json.dumps(document))
+    with pytest.raises(StateError, match=f"state file {state_path} is corrupt: .*{loc}: Extra inputs"):
         store.load()
 
 
