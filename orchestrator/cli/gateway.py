@@ -106,7 +106,7 @@ def rollout_report(
             serve_report(host, roll.result)
         for line in gateway_view.gate_lines(host.name, roll.gate) if roll.gate is not None else []:
             out.print(line, markup=False)
-        out.print(f"{host.name}: {roll_line(roll)}", markup=False)
+        out.print(f"{host.name}: {gateway_view.roll_line(roll)}", markup=False)
         if roll.outcome in ("rolled back", "failed") and code == ExitCode.OK:
             code = rollout.failure_code(roll)
     if done.halted:
@@ -114,12 +114,6 @@ def rollout_report(
     else:
         out.print(f"rollout complete: {len(done.waves)} waves in {done.seconds:.1f} s", markup=False)
     return int(code)
-
-
-def roll_line(roll: rollout.HostRoll) -> str:
-    """``rollout relaunched in 4.2 s (re-registered)``: what the rollout did on one host."""
-    notes = f" ({'; '.join(roll.notes)})" if roll.notes else ""
-    return f"rollout {roll.outcome} in {roll.seconds:.1f} s{notes}"
 
 
 def halted_line(halted: str) -> None:

@@ -209,10 +209,11 @@ def roll_host(
     except serve_op.NotAsAsked as exc:
         _roll_back_running(session, recipe, rolled, exc, before, report)
         roll = HostRoll("rolled back", exc.result, drained=drained, gate=getattr(exc, "gate", None))
-        raise _halt(session, client, url, exc, roll, report) from None
+        raise _halt(session, client, worker_url_of(session, recipe), exc, roll, report, began) from None
     except serve_op.StartupFailed as exc:
-        raise _halt(session, client, url, exc, HostRoll("rolled back", drained=drained), report) from None
-    register(client, url, report)
+        roll = HostRoll("rolled back", drained=drained)
+        raise _halt(session, client, worker_url_of(session, recipe), exc, roll, report, began) from None
+    register(client, worker_url_of(session, recipe), report)  # the new server's address: its --host may differ
     return HostRoll("relaunched", result, time.monotonic() - began, drained, gate=decision)
 
 
@@ -338,8 +339,16 @@ def _roll_back_running(
 
 
 def _halt(
-    session: HostSession, client: GatewayClient, url: str, exc: HostError, roll: HostRoll, report: serve_op.Report
+    session: HostSession,
+    client: GatewayClient,
+    url: str,
+    exc: HostError,
+    roll: HostRoll,
+    report: serve_op.Report,
+    began: float,
 ) -> RolloutHalted:
+    """The host's relaunch failed: re-register it when its known-good server serves again (at ``url``,
+    where that server binds), and say why the rollout halts."""
     reason = exc.message.splitlines()[0]
     text = f"{session.host.name}: rollout halted: {exc.message}"
     if "the known-good server is serving again" in exc.message:
@@ -352,6 +361,7 @@ def _halt(
     else:
         roll.outcome = "failed"
     roll.notes[:0] = [reason] + [line for line in exc.message.splitlines() if line.startswith("rollback")]
+    roll.seconds = time.monotonic() - began
     return RolloutHalted(text, roll)
 
 

@@ -8,6 +8,7 @@ from orchestrator.facts.bench import GateRecord, fmt_number
 from orchestrator.gateway import GatewayCheck
 from orchestrator.jobs import JobInfo
 from orchestrator.ops.gateway import GatewayUp
+from orchestrator.ops.rollout import HostRoll
 from orchestrator.render import err, inert, inert_log, out
 
 
@@ -97,3 +98,10 @@ def up_report(host: str, url: str, result: GatewayUp) -> None:
         return
     err.print(inert(f"gateway not up: {result.failed}; the end of its log:"), style="bold red")
     err.print(inert_log(result.log), markup=False, highlight=False)
+
+
+def roll_line(roll: HostRoll) -> str:
+    """``rollout relaunched in 4.2 s, 3 requests drained (re-registered)``: what the rollout did on one host."""
+    drained = f", {roll.drained} request{'s' if roll.drained != 1 else ''} drained" if roll.drained else ""
+    notes = f" ({'; '.join(roll.notes)})" if roll.notes else ""
+    return f"rollout {roll.outcome} in {roll.seconds:.1f} s{drained}{notes}"

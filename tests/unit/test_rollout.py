@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.inventory import Host
-from orchestrator.ops.rollout import _in_flight, waves
+from orchestrator.ops.rollout import HostRoll, _in_flight, waves
+from orchestrator.views.gateway import roll_line
 
 
 def hosts(*specs: str) -> list[Host]:
@@ -41,3 +42,18 @@ def test_in_flight_counts_running_and_waiting_requests_of_every_dp_rank() -> Non
     assert _in_flight({"loads": []}) == 0
     assert _in_flight({"detail": "Not Found"}) is None
     assert _in_flight([{"num_reqs": 2, "num_waiting_reqs": 1}]) is None  # the pre-0.5 /get_load list
+
+
+@pytest.mark.parametrize(
+    ("roll", "line"),
+    [
+        (HostRoll("relaunched", seconds=4.25), "rollout relaunched in 4.2 s"),
+        (HostRoll("relaunched", seconds=3.0, drained=1), "rollout relaunched in 3.0 s, 1 request drained"),
+        (
+            HostRoll("rolled back", seconds=9.0, drained=3, notes=["not as asked", "re-registered"]),
+            "rollout rolled back in 9.0 s, 3 requests drained (not as asked; re-registered)",
+        ),
+    ],
+)
+def test_a_hosts_rollout_line_says_what_it_did_how_long_it_took_and_what_it_drained(roll: HostRoll, line: str) -> None:
+    assert roll_line(roll) == line
