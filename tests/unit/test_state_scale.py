@@ -4,6 +4,7 @@ is its own unit. Concurrency tests use real processes."""
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -204,6 +205,58 @@ def test_status_records_seen_in_the_small_seen_file_leaving_the_host_record_alon
     assert store.load_host("a").phase == Phase.PULLED  # type: ignore[union-attr]
     store.update_seen("new", lambda hs: setattr(hs, "last_seen", T1))  # a host new to the state: a record too
     assert host_file(state_path, "new").exists() and store.load().hosts["new"].last_seen == T1
+
+
+def test_a_seen_file_is_replaced_whole_and_private_but_keeps_no_backup(state_path: Path) -> None:
+    store = StateStore(state_path)
+    store.update_host("a", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    store.update_host("a", lambda hs: hs.set_phase(Phase.TUNING, "tune"))
+    for at in (T1, T1.replace(hour=21)):
+        store.update_seen("a", lambda hs, at=at: setattr(hs, "last_seen", at))
+    seen = state_path / "seen" / "a.json"
+    assert sorted(p.name for p in seen.parent.iterdir()) == ["a.json"]  # a cache: no .bak, no temp file left
+    assert seen.stat().st_mode & 0o777 == 0o600
+    assert store.load().hosts["a"].last_seen == T1.replace(hour=21)
+    assert host_file(state_path, "a").with_name("a.json.bak").exists()  # the host's record keeps its own
+    seen.write_text("{")
+    with pytest.raises(StateError, match=f"state file {seen} is corrupt: not valid JSON"):
+        store.load()
+
+
+def test_the_fleet_file_checked_before_a_load_is_parsed_once_and_read_again_when_it_changed(
+    state_path: Path, tmp_path: Path
+) -> None:
+    store = StateStore(state_path)
+    with store.update_fleet() as fleet:
+        fleet.tuning_plans["p1"] = a_plan(tmp_path)
+    store.check_readable()
+    first = store.load()
+    assert list(first.tuning_plans) == ["p1"]
+    assert store.load().tuning_plans["p1"] is not first.tuning_plans["p1"]  # handed over once, then parsed
+    store.check_readable()
+    with StateStore(state_path).update_fleet() as fleet:  # another orch changes it in between
+        fleet.tuning_plans["p2"] = fleet.tuning_plans.pop("p1")
+    assert list(store.load().tuning_plans) == ["p2"]
+
+
+def test_a_whole_fleet_read_leaves_the_garbage_collector_as_it_found_it(state_path: Path) -> None:
+    store = StateStore(state_path)
+    store.update_host("a", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    assert gc.isenabled()
+    store.load()
+    with store.update():
+        assert gc.isenabled()  # paused for the read only, not for the caller's block
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        store.load()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    host_file(state_path, "a").write_text("{")
+    with pytest.raises(StateError):
+        store.load()
+    assert gc.isenabled()
 
 
 def test_orch_report_shows_the_benchmarks_rotated_out_of_the_host_file(
