@@ -515,6 +515,7 @@ class _Layout:
         return self.locks / f"{unit}.lock"
 
 
+@functools.lru_cache(maxsize=8192)
 def _file_name(host: str) -> str:
     """A host name as a file name: percent-encoded but for letters, digits and ``-_.`` (so ``/`` and
     ``%`` never clash); read back with ``urllib.parse.unquote``."""
@@ -806,8 +807,9 @@ class StateStore:
         return self._overlay_seen(name, found.host, seen_raw)
 
     def _overlay_seen(self, name: str, hs: HostState, seen_raw: bytes | None) -> HostState:
-        """``hs`` with ``last_seen`` and ``sglang`` from the host's seen file (when there is one)."""
-        if seen_raw is None:
+        """``hs`` with ``last_seen`` and ``sglang`` from the host's seen file (when there is one). An empty one
+        is none: orch never writes one, a crash can leave one (seen files are not fsynced: ``_replace``)."""
+        if not seen_raw:
             return hs
         path = self.layout.seen_file(name)
         hint = _recovery_hint(path, "orch forgets when it last saw the host and its checkout")
@@ -1202,10 +1204,12 @@ def _replace(target: Path, data: bytes, cache: bool = False) -> None:
     directory. The temp file is removed when anything fails.
 
     ``cache``: a seen file (``_SeenFile``), which only caches what the host itself answers again at the
-    next ``orch status``: no ``.bak`` and no fsync of the directory, about half of what a save costs, and
-    ``status`` saves one per host. Still atomic (the rename) and never torn (the temp file is fsynced
-    before the rename), so a crash leaves the new version or the previous one, which the next ``status``
-    overwrites; the host's record, the one file that is not a cache, keeps its ``.bak``."""
+    next ``orch status``: no fsync, no ``.bak`` and no fsync of the directory, two thirds of what a save
+    costs, and ``status`` saves one per host. Still atomic for readers (the rename) and 0600. What a crash
+    (power loss) can leave is the previous version (the next ``status`` overwrites it) or, on a file
+    system that does not write a file's data before a rename over it (ext4 by default does), an empty
+    file, which reads as no seen file (``_overlay_seen``): either way only the cache is lost, and the
+    host's record, the file that is not a cache, keeps its fsyncs and its ``.bak``."""
     _private_dirs(target.parent)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -1213,7 +1217,8 @@ def _replace(target: Path, data: bytes, cache: bool = False) -> None:
         with os.fdopen(fd, "wb") as file:
             file.write(data)
             file.flush()
-            os.fsync(file.fileno())
+            if not cache:
+                os.fsync(file.fileno())
         if not cache and target.exists():
             linked = tmp.with_name(tmp.name + ".bak")
             os.link(target, linked)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import StateError
+from orchestrator.facts import tuner as tf
 from orchestrator.state import (
     KEEP_BENCHMARKS,
     KEEP_FINISHED_JOBS,
@@ -22,7 +23,8 @@ from orchestrator.state import (
     State,
     StateStore,
 )
-from orchestrator.tuning.record import PlanRecord
+from orchestrator.tuning.progress import shape_progress
+from orchestrator.tuning.record import KeptRecord, PlanRecord
 from tests.conftest import OrchRun
 from tests.unit.test_bench_facts import a_record
 from tests.unit.test_state import V1_DEMO, a_job, a_server, host_file, python_process
@@ -218,6 +220,8 @@ def test_a_seen_file_is_replaced_whole_and_private_but_keeps_no_backup(state_pat
     assert seen.stat().st_mode & 0o777 == 0o600
     assert store.load().hosts["a"].last_seen == T1.replace(hour=21)
     assert host_file(state_path, "a").with_name("a.json.bak").exists()  # the host's record keeps its own
+    seen.write_text("")  # what a crash can leave of a seen file (not fsynced): no seen file
+    assert store.load().hosts["a"].last_seen is None and store.load().hosts["a"].phase == Phase.TUNING
     seen.write_text("{")
     with pytest.raises(StateError, match=f"state file {seen} is corrupt: not valid JSON"):
         store.load()
@@ -270,3 +274,28 @@ def test_orch_report_shows_the_benchmarks_rotated_out_of_the_host_file(
     assert result.returncode == 0, result.output
     text = (tmp_path / "r" / "report.md").read_text()
     assert all(f"| run {n} |" in text for n in range(runs))
+
+
+def test_shape_progress_sums_each_shapes_units_over_every_assignment_and_kept_units(tmp_path: Path) -> None:
+    """``shape_progress`` (per tuned host in ``orch status``) sums in one pass; the per-shape sum it replaced
+    is the oracle, on the demo campaign's plan with partial logs and units kept from an earlier plan."""
+    plan = a_plan(tmp_path)
+    first, second = plan.assignments[0], plan.assignments[2]
+    n, k = (int(part.split("=")[1]) for part in second.runs[0].key.split(","))
+    kept = KeptRecord(host=second.host, path="/kept.json", N=n, K=k, batch_sizes=[4096], plan_id="p0")
+    plan = plan.model_copy(update={"kept": [kept]})
+    progress = {
+        f"{first.host}/{first.purpose}": tf.LogProgress(done={first.runs[0].key: [1, 2, 2, 4, 9999]}),
+        f"{second.host}/{second.purpose}": tf.LogProgress(done={second.runs[0].key: [64], "N=1,K=1": [1]}),
+    }
+
+    def oracle(key: str) -> int:
+        done = sum(len(k.batch_sizes) for k in plan.kept if k.key == key)
+        for a in plan.assignments:
+            p = progress.get(f"{a.host}/{a.purpose}", tf.LogProgress())
+            done += sum(len(set(p.done.get(key, [])) & set(r.batch_sizes)) for r in a.runs if r.key == key)
+        return done
+
+    rows = shape_progress(plan, progress)
+    assert [(r.key, r.done) for r in rows] == [(s.key, oracle(s.key)) for s in plan.shapes]
+    assert {r.key: r.done for r in rows}[first.runs[0].key] == 3 and {r.key: r.done for r in rows}[kept.key] == 2
