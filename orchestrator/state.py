@@ -492,7 +492,8 @@ _Raws = tuple[bytes | None, bytes | None]
 
 
 class _Layout:
-    """Where the pieces of a state directory live (``StateStore`` documents the layout)."""
+    """Where the pieces of a state directory live (``StateStore`` documents the layout). Each path is built
+    once (``orch status`` asks for a host's several times, and ``pathlib`` joins cost at 1000 hosts)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -501,18 +502,25 @@ class _Layout:
         self.locks = root / "locks"
         self.seen = root / "seen"
         self.fleet = root / "fleet.json"
+        self._paths: dict[tuple[Path, str], Path] = {}
 
     def host(self, name: str) -> Path:
-        return self.hosts / f"{_file_name(name)}.json"
+        return self._path(self.hosts, f"{_file_name(name)}.json")
 
     def seen_file(self, name: str) -> Path:
-        return self.seen / f"{_file_name(name)}.json"
+        return self._path(self.seen, f"{_file_name(name)}.json")
 
     def host_log(self, name: str) -> Path:
-        return self.history / f"{_file_name(name)}.jsonl"
+        return self._path(self.history, f"{_file_name(name)}.jsonl")
 
     def lock(self, unit: str) -> Path:
-        return self.locks / f"{unit}.lock"
+        return self._path(self.locks, f"{unit}.lock")
+
+    def _path(self, directory: Path, file: str) -> Path:
+        found = self._paths.get((directory, file))
+        if found is None:
+            found = self._paths[(directory, file)] = directory / file
+        return found
 
 
 @functools.lru_cache(maxsize=8192)
@@ -802,8 +810,10 @@ class StateStore:
     def _parse_host(self, name: str, raws: _Raws) -> HostState:
         path, (raw, seen_raw) = self.layout.host(name), raws
         assert raw is not None
-        hint = _recovery_hint(path, f"orch forgets host {name!r}: its jobs, server and history")
-        found = _parse_unit(_HostFile, path, raw, hint, lambda f: f.schema_version == SCHEMA_VERSION and f.name == name)
+        forgets = f"orch forgets host {name!r}: its jobs, server and history"
+        found = _parse_unit(
+            _HostFile, path, raw, forgets, lambda f: f.schema_version == SCHEMA_VERSION and f.name == name
+        )
         return self._overlay_seen(name, found.host, seen_raw)
 
     def _overlay_seen(self, name: str, hs: HostState, seen_raw: bytes | None) -> HostState:
@@ -812,9 +822,9 @@ class StateStore:
         if not seen_raw:
             return hs
         path = self.layout.seen_file(name)
-        hint = _recovery_hint(path, "orch forgets when it last saw the host and its checkout")
+        forgets = "orch forgets when it last saw the host and its checkout"
         seen = _parse_unit(
-            _SeenFile, path, seen_raw, hint, lambda s: s.schema_version == SCHEMA_VERSION and s.name == name
+            _SeenFile, path, seen_raw, forgets, lambda s: s.schema_version == SCHEMA_VERSION and s.name == name
         )
         hs.__dict__.update(last_seen=seen.last_seen, sglang=seen.sglang)  # both validated just above
         return hs
@@ -831,8 +841,8 @@ class StateStore:
             checked, self._checked_fleet = self._checked_fleet, None
         if checked is not None and checked[0] == raw:
             return checked[1], raw
-        hint = _recovery_hint(path, "orch forgets its tuning plans")
-        fleet = _parse_unit(State, path, raw, hint, lambda f: f.schema_version == SCHEMA_VERSION and not f.hosts)
+        forgets = "orch forgets its tuning plans"
+        fleet = _parse_unit(State, path, raw, forgets, lambda f: f.schema_version == SCHEMA_VERSION and not f.hosts)
         return fleet, raw
 
     def _reparsed(self, fleet_raw: bytes | None, raws: dict[str, _Raws]) -> State:
@@ -1061,16 +1071,18 @@ def _read(path: Path) -> bytes:
         raise StateError(f"cannot read state file {path}: {exc.strerror}") from exc
 
 
-def _parse_unit(model: type[M], path: Path, raw: bytes, hint: str, belongs: Callable[[M], bool]) -> M:
+def _parse_unit(model: type[M], path: Path, raw: bytes, forgets: str, belongs: Callable[[M], bool]) -> M:
     """One file of the state directory, parsed as ``model`` (as orch wrote it: no secret search on read
     back); a file that does not parse, or that ``belongs`` rejects (another schema version, another
-    host's name), is corrupt: the error names it and ``hint`` says how to recover."""
+    host's name), is corrupt: the error names it and says how to recover (``_recovery_hint``, built only
+    then: it looks for a ``.bak``, a system call per file of a whole-fleet read), and what moving it
+    away ``forgets``."""
     try:
         found = model.model_validate_json(raw, context=_READ_BACK)
     except ValidationError as exc:
-        raise _corrupt(path, raw, exc, hint) from exc
+        raise _corrupt(path, raw, exc, _recovery_hint(path, forgets)) from exc
     if not belongs(found):
-        raise _corrupt(path, raw, None, hint)
+        raise _corrupt(path, raw, None, _recovery_hint(path, forgets))
     return found
 
 
