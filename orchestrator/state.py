@@ -1280,18 +1280,16 @@ def _fsync_directory(directory: Path) -> None:
 def _gc_paused() -> Iterator[None]:
     """The cyclic garbage collector paused while a whole-fleet read builds its models: it makes no garbage
     (every object it builds is kept), yet at 1000 hosts its million new objects set off collections that
-    walk them again and again: 40% of the read's CPU. Then everything alive is frozen (``gc.freeze``:
-    left out of later collections), or the first collections after it walk them all again (a tenth of
-    ``orch status``'s state CPU); the state read is kept for the command, and what it drops is freed
-    by reference counting, as models hold no cycles. Process-wide, so it only turns the collector back
-    on when it was on (a concurrent read in another thread at worst collects sooner)."""
+    walk them again and again: 40% of the read's CPU. (The first collections after it still walk them
+    once or twice; ``gc.freeze`` would spare that too, but it would also keep whatever cyclic garbage is
+    pending at each read, and long commands read the state every poll.) Process-wide, so it only turns
+    the collector back on when it was on (a concurrent read in another thread at worst collects sooner)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if enabled:
-            gc.freeze()
             gc.enable()
 
 
