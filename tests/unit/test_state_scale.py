@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import weakref
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -243,11 +244,21 @@ def test_the_fleet_file_checked_before_a_load_is_parsed_once_and_read_again_when
     assert list(store.load().tuning_plans) == ["p2"]
 
 
-def test_a_whole_fleet_read_leaves_the_garbage_collector_as_it_found_it(state_path: Path) -> None:
+def test_a_whole_fleet_read_collects_then_freezes_what_it_built_and_leaves_the_collector_on(state_path: Path) -> None:
     store = StateStore(state_path)
     store.update_host("a", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
     assert gc.isenabled()
+
+    class Node:
+        other: Node
+
+    cycle = Node()
+    cycle.other = cycle
+    gone = weakref.ref(cycle)
+    del cycle  # cyclic garbage pending when the read starts: collected, not frozen for good
     store.load()
+    assert gone() is None
+    assert gc.get_freeze_count() > 0  # what the read built is left out of later collections
     with store.update():
         assert gc.isenabled()  # paused for the read only, not for the caller's block
     assert gc.isenabled()
