@@ -1282,13 +1282,14 @@ def _gc_paused() -> Iterator[None]:
     then frozen out of its later collections (``gc.freeze``). The read makes no garbage (every object it
     builds is kept), yet at 1000 hosts its million new objects set off collections that walk them again
     and again (40% of the read's CPU), and after it the next full collection walks them all once more
-    (0.2-0.5 s of ``orch status``). A collection first (it walks only what is not frozen: little, from
-    the second read of a process on) takes the cyclic garbage of before the read, which a freeze would
-    keep. The models hold no cycles: a state dropped later is freed by reference counting, frozen or not.
+    (0.2-0.5 s of ``orch status``). A full collection first, of everything (``gc.unfreeze``: what the
+    last read froze too), takes the cyclic garbage of before the read, which a freeze would keep for good;
+    it costs one walk of the heap per read, where the paused collector's collections cost several.
     Process-wide, so it only turns the collector back on when it was on (a concurrent read in another
     thread at worst collects sooner)."""
     enabled = gc.isenabled()
     if enabled:
+        gc.unfreeze()
         gc.collect()
     gc.disable()
     try:

@@ -259,6 +259,13 @@ def test_a_whole_fleet_read_collects_then_freezes_what_it_built_and_leaves_the_c
     store.load()
     assert gone() is None
     assert gc.get_freeze_count() > 0  # what the read built is left out of later collections
+    cycle = Node()
+    cycle.other = cycle
+    gone = weakref.ref(cycle)
+    del cycle
+    gc.freeze()  # garbage a freeze kept (the last read's, or anyone's): the next read still collects it
+    store.load()
+    assert gone() is None
     with store.update():
         assert gc.isenabled()  # paused for the read only, not for the caller's block
     assert gc.isenabled()
