@@ -167,12 +167,19 @@ def shape_progress(
     """Per shape: batch sizes done over the whole group, out of those requested. A shape this plan
     installed is done whatever the logs say (another member's progress may not be at hand); units the
     plan kept from an earlier one are done from the start."""
+    done_by_shape: dict[str, int] = {}  # summed in one pass: ``orch status`` runs this for every tuned host
+    for k in plan.kept:
+        done_by_shape[k.key] = done_by_shape.get(k.key, 0) + len(k.batch_sizes)
+    for a in plan.assignments:
+        p = progress.get(f"{a.host}/{a.purpose}")
+        if p is None:
+            continue
+        for r in a.runs:
+            units = len(set(p.done.get(r.key, [])) & set(r.batch_sizes))
+            done_by_shape[r.key] = done_by_shape.get(r.key, 0) + units
     rows = []
     for s in plan.shapes:
-        done = sum(len(k.batch_sizes) for k in plan.kept if k.key == s.key)
-        for a in plan.assignments:
-            p = progress.get(f"{a.host}/{a.purpose}", tf.LogProgress())
-            done += sum(len(set(p.done.get(s.key, [])) & set(r.batch_sizes)) for r in a.runs if r.key == s.key)
+        done = done_by_shape.get(s.key, 0)
         ours = (installed or {}).get(s.key)
         if ours is not None and ours.plan_id == plan.id:
             done = len(set(plan.batch_sizes) & set(ours.batch_sizes))

@@ -4,7 +4,9 @@ is its own unit. Concurrency tests use real processes."""
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import StateError
+from orchestrator.facts import tuner as tf
 from orchestrator.state import (
     KEEP_BENCHMARKS,
     KEEP_FINISHED_JOBS,
@@ -21,7 +24,8 @@ from orchestrator.state import (
     State,
     StateStore,
 )
-from orchestrator.tuning.record import PlanRecord
+from orchestrator.tuning.progress import shape_progress
+from orchestrator.tuning.record import KeptRecord, PlanRecord
 from tests.conftest import OrchRun
 from tests.unit.test_bench_facts import a_record
 from tests.unit.test_state import V1_DEMO, a_job, a_server, host_file, python_process
@@ -206,6 +210,77 @@ def test_status_records_seen_in_the_small_seen_file_leaving_the_host_record_alon
     assert host_file(state_path, "new").exists() and store.load().hosts["new"].last_seen == T1
 
 
+def test_a_seen_file_is_replaced_whole_and_private_but_keeps_no_backup(state_path: Path) -> None:
+    store = StateStore(state_path)
+    store.update_host("a", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    store.update_host("a", lambda hs: hs.set_phase(Phase.TUNING, "tune"))
+    for at in (T1, T1.replace(hour=21)):
+        store.update_seen("a", lambda hs, at=at: setattr(hs, "last_seen", at))
+    seen = state_path / "seen" / "a.json"
+    assert sorted(p.name for p in seen.parent.iterdir()) == ["a.json"]  # a cache: no .bak, no temp file left
+    assert seen.stat().st_mode & 0o777 == 0o600
+    assert store.load().hosts["a"].last_seen == T1.replace(hour=21)
+    assert host_file(state_path, "a").with_name("a.json.bak").exists()  # the host's record keeps its own
+    seen.write_text("")  # what a crash can leave of a seen file (not fsynced): no seen file
+    assert store.load().hosts["a"].last_seen is None and store.load().hosts["a"].phase == Phase.TUNING
+    seen.write_text("{")
+    with pytest.raises(StateError, match=f"state file {seen} is corrupt: not valid JSON"):
+        store.load()
+
+
+def test_the_fleet_file_checked_before_a_load_is_parsed_once_and_read_again_when_it_changed(
+    state_path: Path, tmp_path: Path
+) -> None:
+    store = StateStore(state_path)
+    with store.update_fleet() as fleet:
+        fleet.tuning_plans["p1"] = a_plan(tmp_path)
+    store.check_readable()
+    first = store.load()
+    assert list(first.tuning_plans) == ["p1"]
+    assert store.load().tuning_plans["p1"] is not first.tuning_plans["p1"]  # handed over once, then parsed
+    store.check_readable()
+    with StateStore(state_path).update_fleet() as fleet:  # another orch changes it in between
+        fleet.tuning_plans["p2"] = fleet.tuning_plans.pop("p1")
+    assert list(store.load().tuning_plans) == ["p2"]
+
+
+def test_a_whole_fleet_read_collects_then_freezes_what_it_built_and_leaves_the_collector_on(state_path: Path) -> None:
+    store = StateStore(state_path)
+    store.update_host("a", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    assert gc.isenabled()
+
+    class Node:
+        other: Node
+
+    cycle = Node()
+    cycle.other = cycle
+    gone = weakref.ref(cycle)
+    del cycle  # cyclic garbage pending when the read starts: collected, not frozen for good
+    store.load()
+    assert gone() is None
+    assert gc.get_freeze_count() > 0  # what the read built is left out of later collections
+    cycle = Node()
+    cycle.other = cycle
+    gone = weakref.ref(cycle)
+    del cycle
+    gc.freeze()  # garbage a freeze kept (the last read's, or anyone's): the next read still collects it
+    store.load()
+    assert gone() is None
+    with store.update():
+        assert gc.isenabled()  # paused for the read only, not for the caller's block
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        store.load()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    host_file(state_path, "a").write_text("{")
+    with pytest.raises(StateError):
+        store.load()
+    assert gc.isenabled()
+
+
 def test_orch_report_shows_the_benchmarks_rotated_out_of_the_host_file(
     state_path: Path, tmp_path: Path, orch: Callable[..., OrchRun]
 ) -> None:
@@ -217,3 +292,28 @@ def test_orch_report_shows_the_benchmarks_rotated_out_of_the_host_file(
     assert result.returncode == 0, result.output
     text = (tmp_path / "r" / "report.md").read_text()
     assert all(f"| run {n} |" in text for n in range(runs))
+
+
+def test_shape_progress_sums_each_shapes_units_over_every_assignment_and_kept_units(tmp_path: Path) -> None:
+    """``shape_progress`` (per tuned host in ``orch status``) sums in one pass; the per-shape sum it replaced
+    is the oracle, on the demo campaign's plan with partial logs and units kept from an earlier plan."""
+    plan = a_plan(tmp_path)
+    first, second = plan.assignments[0], plan.assignments[2]
+    n, k = (int(part.split("=")[1]) for part in second.runs[0].key.split(","))
+    kept = KeptRecord(host=second.host, path="/kept.json", N=n, K=k, batch_sizes=[4096], plan_id="p0")
+    plan = plan.model_copy(update={"kept": [kept]})
+    progress = {
+        f"{first.host}/{first.purpose}": tf.LogProgress(done={first.runs[0].key: [1, 2, 2, 4, 9999]}),
+        f"{second.host}/{second.purpose}": tf.LogProgress(done={second.runs[0].key: [64], "N=1,K=1": [1]}),
+    }
+
+    def oracle(key: str) -> int:
+        done = sum(len(k.batch_sizes) for k in plan.kept if k.key == key)
+        for a in plan.assignments:
+            p = progress.get(f"{a.host}/{a.purpose}", tf.LogProgress())
+            done += sum(len(set(p.done.get(key, [])) & set(r.batch_sizes)) for r in a.runs if r.key == key)
+        return done
+
+    rows = shape_progress(plan, progress)
+    assert [(r.key, r.done) for r in rows] == [(s.key, oracle(s.key)) for s in plan.shapes]
+    assert {r.key: r.done for r in rows}[first.runs[0].key] == 3 and {r.key: r.done for r in rows}[kept.key] == 2
