@@ -599,8 +599,9 @@ class StateStore:
         Raises StateError naming the file that cannot be read, is corrupt or has an unknown schema_version.
         """
         self._ensure_layout()
-        with _gc_paused():
-            hosts = {name: self._read_host(name)[0] for name in self.host_names()}
+        names = self.host_names()
+        with _gc_paused(len(names)):
+            hosts = {name: self._read_host(name)[0] for name in names}
             if archived:
                 hosts = {name: self._with_archive(name, hs) for name, hs in hosts.items()}
             return _joined(self._read_fleet()[0], hosts)
@@ -646,8 +647,9 @@ class StateStore:
         """
         self._ensure_layout()
         with self._transaction(None, exclusive=True):
-            with _gc_paused():
-                read = {name: self._read_host(name) for name in self.host_names()}
+            names = self.host_names()
+            with _gc_paused(len(names)):
+                read = {name: self._read_host(name) for name in names}
                 fleet, fleet_raw = self._read_fleet()
                 state = _joined(fleet, {name: hs for name, (hs, _) in read.items()})
                 raws = {name: raw for name, (_, raw) in read.items()}
@@ -1279,8 +1281,11 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+GC_PAUSE_HOSTS = 64  # below this, a whole-fleet read builds too few objects for the collector to matter
+
+
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def _gc_paused(hosts: int) -> Iterator[None]:
     """The cyclic garbage collector paused while a whole-fleet read builds its models, and what they are
     then frozen out of its later collections (``gc.freeze``). The read makes no garbage (every object it
     builds is kept), yet at 1000 hosts its million new objects set off collections that walk them again
@@ -1289,7 +1294,11 @@ def _gc_paused() -> Iterator[None]:
     last read froze too), takes the cyclic garbage of before the read, which a freeze would keep for good;
     it costs one walk of the heap per read, where the paused collector's collections cost several.
     Process-wide, so it only turns the collector back on when it was on (a concurrent read in another
-    thread at worst collects sooner)."""
+    thread at worst collects sooner). Only for a fleet of ``GC_PAUSE_HOSTS`` hosts or more: for a small one
+    the full collection would cost more than it saves, in commands that read the state every poll."""
+    if hosts < GC_PAUSE_HOSTS:
+        yield
+        return
     enabled = gc.isenabled()
     if enabled:
         gc.unfreeze()

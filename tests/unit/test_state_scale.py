@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import state as state_module
 from orchestrator.errors import StateError
 from orchestrator.facts import tuner as tf
 from orchestrator.state import (
@@ -244,7 +245,18 @@ def test_the_fleet_file_checked_before_a_load_is_parsed_once_and_read_again_when
     assert list(store.load().tuning_plans) == ["p2"]
 
 
-def test_a_whole_fleet_read_collects_then_freezes_what_it_built_and_leaves_the_collector_on(state_path: Path) -> None:
+def test_a_small_fleets_read_leaves_the_collector_alone(state_path: Path) -> None:
+    store = StateStore(state_path)
+    store.update_host("a", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    gc.unfreeze()
+    store.load()
+    assert gc.get_freeze_count() == 0 and gc.isenabled()  # 1 host < GC_PAUSE_HOSTS: no collection, no freeze
+
+
+def test_a_whole_fleet_read_collects_then_freezes_what_it_built_and_leaves_the_collector_on(
+    state_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(state_module, "GC_PAUSE_HOSTS", 1)  # as for a large fleet
     store = StateStore(state_path)
     store.update_host("a", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
     assert gc.isenabled()
@@ -279,6 +291,7 @@ def test_a_whole_fleet_read_collects_then_freezes_what_it_built_and_leaves_the_c
     with pytest.raises(StateError):
         store.load()
     assert gc.isenabled()
+    gc.unfreeze()
 
 
 def test_orch_report_shows_the_benchmarks_rotated_out_of_the_host_file(
