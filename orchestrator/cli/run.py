@@ -51,8 +51,9 @@ def run(
     started twice, even after orch was killed. Progress goes to stderr, one line per host and event.
     Every server stop is announced first; stopping servers on several hosts without --host/--tag
     asks first (--yes to skip). With --rolling (the default for the whole fleet when the inventory
-    has a gateway:) the serve step goes host by host through the gateway as `orch serve --rolling`
-    does (no outage, so no question for it); the steps after it run once the rollout is over.
+    has a gateway:) the steps from a tune-fp8 that stops the server through serve go host by host
+    through the gateway, as `orch serve --rolling` does (no outage, so no question); the steps after
+    serve run once the rollout is over.
 
     \b
     Example:
@@ -68,7 +69,7 @@ def run(
         for step in steps[host.name]:
             if isinstance(step.options, ServeOptions):
                 refuse_bad_recipe(chosen[host.name], mtp=step.options.mtp)  # exit 2 before any host, as recipe show
-    serves = any(run_op.around_serve(steps[h.name])[1] is not None for h in selected)
+    serves = any(run_op.around_serve(steps[h.name])[1] for h in selected)
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run) and serves
     with app.fleet(selected, parallel) as fleet:
         redo = bool(from_step or only)
@@ -82,7 +83,8 @@ def run(
 
         def stops(host: Host, runner: Runner) -> bool:
             found = run_op.stopping_steps(fleet.session(host, app.store), chosen[host.name], steps[host.name], redo)
-            return bool([s for s in found if not (rolling and s == "serve")])  # a rolling serve is no outage
+            rolled = {s.name for s in run_op.around_serve(steps[host.name])[1]} if rolling else set()
+            return bool(set(found) - rolled)  # what rolls goes host by host through the gateway: no outage
 
         def confirm(passed: list[Host]) -> None:
             ask_before_stopping(fleet, passed, bool(hosts or tags), yes, stops)
@@ -92,7 +94,10 @@ def run(
         ctx = run_op.RunContext(fleet, app.store, chosen, _say, app.peers(fleet), lockstep, confirm, redo)
         if rolling:
             ctx.rolling = run_op.Rolling(rollout_client(app, canary), max_unavailable, canary, progress)
-            err.print("the serve step is a rolling relaunch: not a fleet outage (no question asked for it)")
+            err.print(
+                "the serve step (and a tune-fp8 before it that stops the server) goes host by host through the"
+                " gateway: not a fleet outage (no question asked for it)"
+            )
         results = run_op.run(ctx, selected, steps)
     for r in results.succeeded:
         assert r.value is not None

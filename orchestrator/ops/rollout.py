@@ -194,11 +194,7 @@ def roll_host(
         if gate is not None and session.host.name in gate.baselines:
             roll.notes.append("gate not run: already serving as asked, nothing to promote")
         return roll
-    report(f"taking {url} out of the gateway before its server is replaced")
-    record_outcome(session.store, session.host.name, "removed")
-    client.remove(url)
-    client.wait_removed(url, timeout=30)
-    drained = drain(session, recipe, options.drain_timeout, report)
+    drained = leave_gateway(session, recipe, client, options.drain_timeout, report, "replaced")
     rolled = options.model_copy(update={"rollback": True})
     before = known_good(session)
     try:
@@ -215,6 +211,39 @@ def roll_host(
         raise _halt(session, client, worker_url_of(session, recipe), exc, roll, report, began) from None
     register(client, worker_url_of(session, recipe), report)  # the new server's address: its --host may differ
     return HostRoll("relaunched", result, time.monotonic() - began, drained, gate=decision)
+
+
+def registered(session: HostSession, recipe: Recipe, client: GatewayClient) -> bool:
+    """Whether the gateway lists the host (it routes requests to it)."""
+    return client.find(worker_url_of(session, recipe)) is not None
+
+
+def leave_gateway(
+    session: HostSession, recipe: Recipe, client: GatewayClient, drain_timeout: float, report: serve_op.Report, why: str
+) -> int:
+    """Steps 1 and 2: the gateway stops routing to the host (recorded ``removed`` first, so an
+    interruption is resumed by registering it again), then its in-flight requests drain; returns how many
+    were in flight. Before its server is ``why`` (replaced, stopped for tuning)."""
+    url = worker_url_of(session, recipe)
+    report(f"taking {url} out of the gateway before its server is {why}")
+    record_outcome(session.store, session.host.name, "removed")
+    client.remove(url)
+    client.wait_removed(url, timeout=30)
+    return drain(session, recipe, drain_timeout, report)
+
+
+def rejoin_if_serving(session: HostSession, recipe: Recipe, client: GatewayClient, report: serve_op.Report) -> str:
+    """After a step failed on a host ``leave_gateway`` took out: registered again when its server still
+    runs (not stopped since it was healthy), else left out; says which, for the error message."""
+    server = session.state().server
+    if server is None or not server.healthy:
+        return "its server is stopped: it stays out of the gateway until its serve step runs again"
+    url = worker_url_of(session, recipe)
+    try:
+        register(client, url, report)
+    except GatewayError as exc:
+        return f"its server still serves but is NOT registered again: {exc.message}"
+    return "its server still serves: registered with the gateway again"
 
 
 def _unchanged(

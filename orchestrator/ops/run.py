@@ -408,10 +408,17 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
     return ctx.fleet.map_sessions(check, ctx.store, hosts)
 
 
-def around_serve(steps: list[Step]) -> tuple[list[Step], Step | None, list[Step]]:
-    """A host's steps as (before ``serve``, ``serve``, after it); no serve step: (all, None, [])."""
+def around_serve(steps: list[Step]) -> tuple[list[Step], list[Step], list[Step]]:
+    """A host's steps as (before the rolled part, the rolled part, after it). The rolled part runs host by
+    host in the rollout's waves: from the first step before ``serve`` that stops the server
+    (``tune-fp8`` with ``stop_server``) through ``serve``, so a host is out of the gateway from the
+    moment its server stops until its new one is verified. No serve step: (all, [], [])."""
     at = next((i for i, s in enumerate(steps) if isinstance(s.options, ServeOptions)), None)
-    return (steps, None, []) if at is None else (steps[:at], steps[at], steps[at + 1 :])
+    if at is None:
+        return steps, [], []
+    stops = (i for i, s in enumerate(steps[:at]) if isinstance(s.options, TuneOptions) and s.options.stop_server)
+    first = next(stops, at)
+    return steps[:first], steps[first : at + 1], steps[at + 1 :]
 
 
 def run_rolling(ctx: RunContext, hosts: list[Host], steps: Steps) -> dict[str, HostResult[HostRun]]:
@@ -424,18 +431,19 @@ def run_rolling(ctx: RunContext, hosts: list[Host], steps: Steps) -> dict[str, H
     split = {h.name: around_serve(steps[h.name]) for h in hosts}
     outcomes = {h.name: HostRun() for h in hosts}
     done = {r.host.name: r for r in walk(ctx, hosts, {n: p[0] for n, p in split.items()}, outcomes)}
-    ready = [h for h in hosts if done[h.name].ok and split[h.name][1] is not None]
+    ready = [h for h in hosts if done[h.name].ok and split[h.name][1]]
     failures: dict[str, BaseException] = {}
 
     def roll_one(session: HostSession) -> rollout.HostRoll:
-        serve = split[session.name][1]
-        assert serve is not None and ctx.rolling is not None
+        assert ctx.rolling is not None
         try:
-            run_step(ctx, session, serve, outcomes[session.name])
+            drained = _rolled_steps(ctx, ctx.rolling, session, split[session.name][1], outcomes[session.name])
         except Exception as exc:
             failures[session.name] = exc
             raise
-        return ctx.rolling.rolls.pop(session.name, None) or rollout.HostRoll("unchanged", notes=["already done"])
+        roll = ctx.rolling.rolls.pop(session.name, None) or rollout.HostRoll("unchanged", notes=["already done"])
+        roll.drained = max(roll.drained, drained)
+        return roll
 
     planned = rollout.waves(ready, ctx.rolling.max_unavailable, ctx.rolling.canary)
     rolled = rollout.roll_fleet(ctx.fleet, planned, roll_one, ctx.rolling.report, ctx.store)
@@ -443,6 +451,35 @@ def run_rolling(ctx: RunContext, hosts: list[Host], steps: Steps) -> dict[str, H
     served = [h for h in ready if done[h.name].ok]
     done.update({r.host.name: r for r in walk(ctx, served, {h.name: split[h.name][2] for h in served}, outcomes)})
     return done
+
+
+def _rolled_steps(ctx: RunContext, rolling: Rolling, session: HostSession, rolled: list[Step], outcome: HostRun) -> int:
+    """One host's rolled part (``around_serve``): before a step that will stop its server (``tune-fp8``
+    with ``stop_server``) the host leaves the gateway and drains; ``serve`` (the last) relaunches and
+    registers it again. A step that fails while it is out registers it again if its server still serves.
+    Returns the requests drained."""
+    recipe, say, client = ctx.recipe(session.host), _step_say(ctx, session.host, "rollout"), rolling.client
+    drained, out = 0, False
+    for step in rolled[:-1]:
+        if (
+            not out
+            and stopping_steps(session, recipe, [step], ctx.redo)
+            and rollout.registered(session, recipe, client)
+        ):
+            drained = rollout.leave_gateway(
+                session, recipe, client, ServeOptions().drain_timeout, say, "stopped for tuning"
+            )
+            out = True
+        try:
+            run_step(ctx, session, step, outcome)
+        except HostError as exc:
+            if out:
+                exc.message += f"\n{session.name} was taken out of the gateway: " + rollout.rejoin_if_serving(
+                    session, recipe, client, say
+                )
+            raise
+    run_step(ctx, session, rolled[-1], outcome)
+    return drained
 
 
 def _halted_hosts(

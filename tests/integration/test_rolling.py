@@ -26,7 +26,7 @@ import yaml
 
 from orchestrator.gateway import GatewayClient
 from orchestrator.recipe import PACKAGED_PLAYBOOKS
-from orchestrator.state import RolloutRecord, StateStore
+from orchestrator.state import Phase, RolloutRecord, StateStore
 from tests.conftest import FleetEnv
 from tests.gateway_smg import ClientLoad, RunningGateway, running_smg
 from tests.integration.test_serve import playbook
@@ -352,7 +352,7 @@ def test_rolling_run_walks_the_campaign_through_the_gateway_fails_no_request_and
     run, load = load_during(gateway_fleet.smg.gateway.url, lambda: env.orch("run", new))
     assert run.returncode == 0, run.output
     assert "the inventory has a gateway: rolling relaunch" in run.stderr
-    assert "the serve step is a rolling relaunch: not a fleet outage" in run.stderr
+    assert "goes host by host through the gateway: not a fleet outage" in run.stderr
     assert [line for line in run.stderr.splitlines() if line.startswith("wave ")] == [
         "wave 1/3: sim-1", "wave 2/3: sim-2", "wave 3/3: sim-3"
     ]  # fmt: skip
@@ -450,3 +450,42 @@ def test_an_interrupted_rolling_run_re_registers_the_host_it_left_out_first_and_
     assert {name: server_job(env, name) for name in jobs} == jobs  # nothing relaunched
     assert all(steps_of(env, name, same) == {"serve"} for name in jobs)
     assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+
+
+SIM1_ORDER = (
+    "before its server is stopped for tuning",
+    "tune-fp8: started",
+    "tune-fp8: done",
+    "registering http://",
+    "is healthy in the gateway and routed to",
+)
+
+
+def test_rolling_run_tunes_host_by_host_out_of_the_gateway_and_fails_no_request(
+    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, ClientLoad]]
+) -> None:
+    """The shipped campaign's tune-fp8 stops the server (stop_server): in a rolling run each host leaves
+    the gateway and drains before it, in its wave, and rejoins when its serve step verified the new server.
+    Last in the module: it leaves tuned configs on the hosts."""
+    env = gateway_fleet.env
+    for host in env.fleet.hosts:  # type: ignore[attr-defined]
+        host.set_knobs(tune_seconds_per_unit=0.02)
+    tune = {"tune-fp8": {"shapes": "default", "stop_server": True}}
+    new = playbook(tmp_path, "tuned", server_args={"max-running-requests": 64}, steps=[tune, "serve"])
+    run, load = load_during(gateway_fleet.smg.gateway.url, lambda: env.orch("run", new))
+    assert run.returncode == 0, run.output
+    assert load.sent > 0 and load.failed == []
+    assert "tune-fp8 before it that stops the server) goes host by host through the gateway" in run.stderr
+    assert run.stderr.count("out of the gateway before its server is stopped for tuning") == 3
+    sim1 = [line for line in run.stderr.splitlines() if line.startswith("sim-1: ")]
+    order = [next(i for i, line in enumerate(sim1) if text in line) for text in SIM1_ORDER]
+    assert order == sorted(order), sim1  # out of the gateway, then the server stopped and tuned, then back in
+    waves = [line for line in run.stderr.splitlines() if line.startswith("wave ")]
+    assert waves == ["wave 1/3: sim-1", "wave 2/3: sim-2", "wave 3/3: sim-3"]
+    state = StateStore(env.state).load()
+    for name in ("sim-1", "sim-2", "sim-3"):
+        argv = argv_of(env, name)
+        assert argv[argv.index("--max-running-requests") + 1] == "64"
+        assert steps_of(env, name, new) == {"tune-fp8", "serve"}
+        assert state.hosts[name].phase == Phase.SERVING
+    assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
