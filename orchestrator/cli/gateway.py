@@ -24,7 +24,14 @@ from orchestrator.views.serve import reporter, serve_report
 
 
 def rolling_options(command: F) -> F:
-    """``--rolling/--no-rolling``, ``--max-unavailable`` and ``--canary`` (``serve`` and ``run``)."""
+    """``--rolling/--no-rolling``, ``--max-unavailable``, ``--canary`` and ``--gate`` (``serve`` and ``run``)."""
+    command = click.option(
+        "--gate",
+        type=click.Choice(["bench"]),
+        help="With --rolling: benchmark the canary (--canary hosts, else the first wave) on its own port before "
+        "it rejoins the gateway; go on only if its output tok/s is at least its last `orch bench` run of the "
+        "same workload and its accept length meets the minimum, else roll it back and halt (exit 5).",
+    )(command)
     command = click.option("--canary", metavar="TAG", help="With --rolling: the hosts with this tag go first.")(command)
     command = click.option(
         "--max-unavailable", type=click.IntRange(1), default=1, show_default=True, help="Hosts per wave."
@@ -44,6 +51,24 @@ def rolling_default(app: App, rolling: bool | None, chosen: bool, dry_run: bool)
         err.print(f"the inventory has a gateway: rolling relaunch ({inert(app.inventory.gateway.url)})", style="bold")
         return True
     return bool(rolling) and not dry_run
+
+
+def gate_needs_rolling(gate: str | None, rolling: bool) -> None:
+    """``--gate`` gates a rolling relaunch: without ``--rolling`` it is exit 2, before anything changes."""
+    if gate is not None and not rolling:
+        raise UsageError(
+            f"--gate {gate} gates a rolling relaunch: it needs --rolling (and the inventory's gateway:)",
+            hint="add --rolling, or leave --gate out",
+        )
+
+
+def gate_plan(
+    app: App, gate: str | None, planned: list[list[Host]], chosen: dict[str, Recipe], canary: str | None
+) -> rollout.Gate | None:
+    """``--gate bench``'s baselines for the hosts it gates in the waves ``planned`` (``rollout.gated``: the
+    canary hosts, else the first wave), before anything changes: a gated host without a baseline run is
+    exit 2."""
+    return None if gate is None else rollout.plan_gate(app.store, rollout.gated(planned, canary), chosen)
 
 
 def rollout_client(app: App, canary: str | None) -> GatewayClient:
@@ -82,7 +107,7 @@ def rolling_serve(
     ``bench``: the canary hosts (``rollout.gated``) must each have a baseline run, else exit 2 first."""
     client = rollout_client(app, canary)
     planned = rollout.waves(selected, max_unavailable, canary)
-    gating = rollout.plan_gate(app.store, rollout.gated(planned, canary), chosen) if gate == "bench" else None
+    gating = gate_plan(app, gate, planned, chosen, canary)
     with app.fleet(selected, parallel) as fleet:
 
         def roll_one(s: HostSession) -> rollout.HostRoll:

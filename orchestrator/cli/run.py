@@ -7,8 +7,16 @@ import click
 from orchestrator.app import App, refuse_bad_recipe
 from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
-from orchestrator.cli.gateway import progress, rolling_default, rolling_options, rollout_client
+from orchestrator.cli.gateway import (
+    gate_needs_rolling,
+    gate_plan,
+    progress,
+    rolling_default,
+    rolling_options,
+    rollout_client,
+)
 from orchestrator.inventory import Host
+from orchestrator.ops import rollout
 from orchestrator.ops import run as run_op
 from orchestrator.recipe import ServeOptions
 from orchestrator.render import err, inert, out
@@ -43,6 +51,7 @@ def run(
     rolling: bool | None,
     max_unavailable: int,
     canary: str | None,
+    gate: str | None,
 ) -> int:
     """Run a playbook's steps on each host (pull, tune-fp8, serve, bench); re-run to resume.
 
@@ -71,6 +80,7 @@ def run(
                 refuse_bad_recipe(chosen[host.name], mtp=step.options.mtp)  # exit 2 before any host, as recipe show
     serves = any(run_op.around_serve(steps[h.name])[1] for h in selected)
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run) and serves
+    gate_needs_rolling(gate, rolling)
     with app.fleet(selected, parallel) as fleet:
         redo = bool(from_step or only)
         if dry_run:
@@ -93,7 +103,9 @@ def run(
             run_op.forget_done(app.store, selected, chosen, steps)
         ctx = run_op.RunContext(fleet, app.store, chosen, _say, app.peers(fleet), lockstep, confirm, redo)
         if rolling:
-            ctx.rolling = run_op.Rolling(rollout_client(app, canary), max_unavailable, canary, progress)
+            client = rollout_client(app, canary)
+            gating = gate_plan(app, gate, rollout.waves(selected, max_unavailable, canary), chosen, canary)
+            ctx.rolling = run_op.Rolling(client, max_unavailable, canary, progress, gating)
             err.print(
                 "the serve step (and a tune-fp8 before it that stops the server) goes host by host through the"
                 " gateway: not a fleet outage (no question asked for it)"

@@ -10,8 +10,8 @@ from rich.text import Text
 from orchestrator.app import App
 from orchestrator.cli.common import default, finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
-from orchestrator.cli.gateway import rolling_default, rolling_options, rolling_serve
-from orchestrator.errors import ExitCode, UsageError
+from orchestrator.cli.gateway import gate_needs_rolling, rolling_default, rolling_options, rolling_serve
+from orchestrator.errors import ExitCode
 from orchestrator.facts import server as facts
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import ServeOptions
@@ -80,13 +80,6 @@ _drain = click.option(
 @yes_option
 @click.option("--dry-run", is_flag=True, help="Print what would be stopped and launched per host; change nothing.")
 @rolling_options
-@click.option(
-    "--gate",
-    type=click.Choice(["bench"]),
-    help="With --rolling: benchmark the canary (--canary hosts, else the first wave) on its own port before "
-    "it rejoins the gateway; go on only if its output tok/s is at least its last `orch bench` run of the "
-    "same workload and its accept length meets the minimum, else roll it back and halt (exit 5).",
-)
 @pass_app
 def serve(
     app: App,
@@ -142,11 +135,7 @@ def serve(
     selected = app.select(hosts, tags)
     chosen = app.recipes(selected, playbook, mtp=mtp)
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run)
-    if gate is not None and not rolling:
-        raise UsageError(
-            f"--gate {gate} gates a rolling relaunch: it needs --rolling (and the inventory's gateway:)",
-            hint="add --rolling, or leave --gate out",
-        )
+    gate_needs_rolling(gate, rolling)
     if rolling:
         return rolling_serve(app, selected, chosen, options, parallel, max_unavailable, canary, gate)
     with app.fleet(selected, parallel) as fleet:

@@ -81,6 +81,7 @@ class Rolling:
     max_unavailable: int
     canary: str | None
     report: Callable[[str], None]  # the rollout's own lines (the waves)
+    gate: rollout.Gate | None = None  # --gate bench: the canary's promotion gate
     rolls: dict[str, rollout.HostRoll] = field(default_factory=dict)
 
 
@@ -311,10 +312,14 @@ def _roll(ctx: RunContext, rolling: Rolling, session: HostSession, options: Serv
     and verified, back in; a server already serving as asked is only registered if it is not, which is
     also how an interrupted step resumes)."""
     say = _step_say(ctx, session.host, "serve")
-    roll = rollout.roll_host(session, ctx.recipe(session.host), options, rolling.client, say, ctx.peers)
+    roll = rollout.roll_host(session, ctx.recipe(session.host), options, rolling.client, say, ctx.peers, rolling.gate)
     rolling.rolls[session.name] = roll
     assert roll.result is not None
-    return f"{_served(roll.result)}; rollout {roll.outcome} in {roll.seconds:.1f} s"
+    gate, passed = roll.gate, ""
+    if gate is not None and gate.passed:
+        baseline = f"baseline {gate.baseline_tok_s:,.1f} ({gate.baseline_label!r})"
+        passed = f"; promotion gate passed: {gate.canary_tok_s or 0:,.1f} tok/s, {baseline}"
+    return f"{_served(roll.result)}; rollout {roll.outcome} in {roll.seconds:.1f} s{passed}"
 
 
 def _served(result: serve_op.ServeResult) -> str:

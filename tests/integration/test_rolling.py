@@ -452,6 +452,29 @@ def test_an_interrupted_rolling_run_re_registers_the_host_it_left_out_first_and_
     assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
 
 
+def test_rolling_run_with_gate_bench_promotes_a_canary_faster_than_its_baseline(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    env = gateway_fleet.env
+    slow = gate_playbook(tmp_path, "slow", 1)
+    assert env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", slow).returncode == 0
+    assert env.orch("bench", "--host", "sim-1", "--playbook", slow, "--label", "before-slow").returncode == 0
+    unmeasured = playbook(tmp_path, "unmeasured", bench={**GATE_BENCH, "num_prompts": 7}, steps=["serve"])
+    refused = env.orch("run", unmeasured, "--canary", "canary", "--gate", "bench")
+    assert refused.returncode == 2 and "--gate bench: no baseline benchmark on sim-1" in refused.stderr
+    campaign = playbook(
+        tmp_path, "campaign", server_args={"max-running-requests": 64}, bench=GATE_BENCH, steps=["serve"]
+    )
+    run = env.orch("run", campaign, "--canary", "canary", "--gate", "bench")
+    assert run.returncode == 0, run.output
+    assert (
+        "sim-1: serve: promotion gate: benchmarking the new server on its own port against 'before-slow'" in run.stderr
+    )
+    assert "; promotion gate passed: " in run.stderr and "baseline " in run.stderr
+    gates = StateStore(env.state).load().rollout.gates  # type: ignore[union-attr]
+    assert list(gates) == ["sim-1"] and gates["sim-1"].passed
+
+
 SIM1_ORDER = (
     "before its server is stopped for tuning",
     "tune-fp8: started",
