@@ -43,7 +43,10 @@ from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.sandbox.processes import host_pids
 from orchestrator.state import HostState, State, StateStore
 
-KNOBS = {"tune_seconds_per_unit": 0.3, "startup_seconds": 0.6, "decode_step_seconds": 0.001}
+# Tuning (2 units per GPU) and the benchmark last a few seconds each: the tuning job and the benchmark run
+# on while orch is dead, so steps shorter than a kill-and-rerun cycle end before the kills aimed at them
+# (at 0.3 s per unit and 0.001 s per decode step the campaign was over after 19-20 of the 23 aimed kills).
+KNOBS = {"tune_seconds_per_unit": 2.0, "startup_seconds": 0.6, "decode_step_seconds": 0.005}
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]  # x 2 shapes = 16 units per host: 2 per GPU
 BENCH = {"input_len": 32, "output_len": 32, "num_prompts": 4, "max_concurrency": 2, "random_range_ratio": 1.0}
 STEPS = ("pull", "tune-fp8", "serve", "bench")
