@@ -131,10 +131,9 @@ def check_workers(workers: list[Worker], urls: dict[str, str], serving: set[str]
     return GatewayCheck(rows, unregistered)
 
 
-def check_fleet(workers: list[Worker], hosts: list[Host], state: State) -> GatewayCheck:
-    """``check_workers`` for ``hosts`` as the state file (loaded once) has them: each registered at its
-    ``host_worker_url``, serving when its phase is ``serving``. ``orch gateway status`` and the gateway
-    column of ``orch status`` both judge by it."""
+def fleet_urls(hosts: list[Host], state: State) -> tuple[dict[str, str], set[str]]:
+    """Each host's worker URL (``host_worker_url`` of its recorded server) and the hosts serving (phase
+    ``serving``), as the state file (loaded once) has them."""
     urls: dict[str, str] = {}
     serving: set[str] = set()
     for host in hosts:
@@ -143,7 +142,13 @@ def check_fleet(workers: list[Worker], hosts: list[Host], state: State) -> Gatew
         urls[host.name] = host_worker_url(host, server.argv if server is not None else None)
         if record is not None and record.phase == Phase.SERVING:
             serving.add(host.name)
-    return check_workers(workers, urls, serving)
+    return urls, serving
+
+
+def check_fleet(workers: list[Worker], hosts: list[Host], state: State) -> GatewayCheck:
+    """``check_workers`` for ``hosts`` as ``fleet_urls`` has them. ``orch gateway status`` and the gateway
+    column of ``orch status`` both judge by it."""
+    return check_workers(workers, *fleet_urls(hosts, state))
 
 
 def parse_workers(payload: Any) -> list[Worker]:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from orchestrator import jobs
 from orchestrator.errors import GatewayError, UsageError
-from orchestrator.gateway import GatewayClient, api_key, host_worker_url, smg_argv
+from orchestrator.gateway import GatewayClient, api_key, fleet_urls, smg_argv
 from orchestrator.inventory import Gateway, Host, Inventory
-from orchestrator.state import Phase, State
+from orchestrator.state import State
 from orchestrator.transport.base import Runner
 
 GATEWAY_PURPOSE = "gateway"
@@ -45,14 +45,10 @@ def gateway_host(inventory: Inventory) -> tuple[Gateway, Host]:
 
 
 def serving_urls(inventory: Inventory, state: State) -> dict[str, str]:
-    """Host name → the URL the gateway reaches its server at (``gateway.host_worker_url``), for every
-    host whose state is SERVING."""
-    urls = {}
-    for host in inventory.hosts.values():
-        record = state.hosts.get(host.name)
-        if record is not None and record.phase == Phase.SERVING and record.server is not None:
-            urls[host.name] = host_worker_url(host, record.server.argv)
-    return urls
+    """Host name → the URL the gateway reaches its server at (``gateway.fleet_urls``), for every host
+    whose state is SERVING."""
+    urls, serving = fleet_urls(list(inventory.hosts.values()), state)
+    return {name: url for name, url in urls.items() if name in serving}
 
 
 def gateway_job(runner: Runner, host: Host) -> jobs.JobInfo | None:
