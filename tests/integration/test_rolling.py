@@ -154,6 +154,8 @@ def test_plain_serve_of_the_same_fleet_fails_requests(
     gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, ClientLoad]]
 ) -> None:
     env = gateway_fleet.env
+    for host in env.fleet.hosts:  # type: ignore[attr-defined]
+        host.set_knobs(startup_seconds=3.0)  # the three model loads overlap: smg cannot retry elsewhere
     new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
     run, load = load_during(
         gateway_fleet.smg.gateway.url, lambda: env.orch("serve", "--no-rolling", "--yes", "--playbook", new)
