@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.state import find_secret
+from orchestrator.text import is_env_name, looks_secret
 from orchestrator.yamlfile import control_character, load_yaml
 
 DEFAULT_INVENTORY = Path("hosts.yaml")
@@ -22,11 +23,7 @@ _UPSTREAM = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*/[A-Za-z0-9_.][A-Za-z0-9_.
 _USER = re.compile(r"^[a-z_][a-z0-9_.-]*\$?$", re.IGNORECASE)
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")
 _REMOTE_PATH_KEYS = ("sglang_dir", "python", "workdir", "model_path")
-# Names of environment variables that hold secrets (``transport.base.looks_secret``'s rule, which the
-# models layer cannot import): a gateway job's own env is on its command line.
-_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASS|CRED|AUTH|COOKIE|SESSION", re.IGNORECASE)
 _GATEWAY_URL = re.compile(r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}/?$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _COMMAND = re.compile(r"^[A-Za-z0-9_.+-]+$")
 # The flags ``gateway.smg_argv`` sets from the inventory itself, and the one orch never puts on a command line.
 GATEWAY_OWN_FLAGS = ("--host", "--port", "--prometheus-host", "--prometheus-port", "--worker-urls", "--api-key")
@@ -193,9 +190,9 @@ class Gateway(BaseModel):
     @classmethod
     def _plain_env(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
-            if not _ENV_NAME.match(name):
+            if not is_env_name(name):
                 raise ValueError(f"{name!r} is not an environment variable name")
-        if find_secret(value) or any(_SECRET_NAME.search(name) for name in value):
+        if find_secret(value) or any(looks_secret(name) for name in value):
             raise ValueError(
                 "looks like a secret: these variables are on the gateway job's command line and in its record; "
                 "the only secret the gateway takes is its API key, named by api_key_env"

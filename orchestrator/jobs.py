@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from orchestrator.errors import UsageError
-from orchestrator.transport.base import Runner, looks_secret
+from orchestrator.text import looks_secret
+from orchestrator.transport.base import Runner
 
 _PURPOSE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,80}$")
 

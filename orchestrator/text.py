@@ -1,6 +1,9 @@
 """Text made safe and short for people: what a host sent, shown inert (``inert``, ``inert_log``,
 ``InertLog``), and spans of time and memory in a few characters. Pure functions with no output of their
-own, so rendering (``render``, ``views``) and the written report (``ops.report``) share them.
+own, so rendering (``render``, ``views``) and the written report (``ops.report``) share them; and the
+two rules about environment variable names that the transport (what it sends) and the inventory (what
+it accepts) must agree on: which names are valid (``is_env_name``) and which say their value is a
+secret (``looks_secret``).
 """
 
 from __future__ import annotations
@@ -70,3 +73,17 @@ def fmt_seconds(seconds: float) -> str:
     if whole >= 3600:
         return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
     return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASS|CRED|AUTH|COOKIE|SESSION", re.IGNORECASE)
+
+
+def is_env_name(name: str) -> bool:
+    """Whether ``name`` is a valid environment variable name (a shell assignment's left side)."""
+    return bool(_ENV_NAME.match(name))
+
+
+def looks_secret(name: str) -> bool:
+    """Whether an environment variable's name says its value is a secret (HF_TOKEN, OPENAI_API_KEY, ...)."""
+    return bool(_SECRET_NAME.search(name))

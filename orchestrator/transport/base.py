@@ -8,15 +8,13 @@ shell.
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from orchestrator.errors import RemoteCommandError, UsageError
-
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from orchestrator.text import is_env_name, looks_secret
 
 
 @dataclass(frozen=True)
@@ -95,18 +93,12 @@ class RunnerBase:
         raise NotImplementedError
 
 
-_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASS|CRED|AUTH|COOKIE|SESSION", re.IGNORECASE)
 REDACTED = "<redacted>"
-
-
-def looks_secret(name: str) -> bool:
-    """Whether an environment variable's name says its value is a secret (HF_TOKEN, OPENAI_API_KEY, ...)."""
-    return bool(_SECRET_NAME.search(name))
 
 
 def _check_env_names(env: Mapping[str, str]) -> None:
     for name in env:
-        if not _ENV_NAME.match(name):
+        if not is_env_name(name):
             raise UsageError(f"environment variable name {name!r} is not valid")
 
 
