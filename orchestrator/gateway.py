@@ -58,17 +58,21 @@ SMG_LAUNCHER = (
 WILDCARDS = ("0.0.0.0", "::", "")
 
 
-def smg_argv(
-    python: str, gateway: Gateway, workers: tuple[str, ...] = (), *extra: str, metrics_port: int | None = None
-) -> list[str]:
+def smg_argv(python: str, gateway: Gateway, workers: tuple[str, ...] = (), *extra: str) -> list[str]:
     """The command that runs the gateway at ``gateway.url`` with ``python`` (the one ``sglang-router``
     is installed in): smg's own flags, the key's variable name, never the key. smg also serves
     Prometheus metrics, by default on 0.0.0.0:29000: orch binds them beside the gateway (its address,
-    ``metrics_port``, default the gateway's port + 1), so two gateways never collide and nothing
-    listens on an address the inventory did not name."""
-    metrics = metrics_port or gateway.port + 1
+    ``gateway.metrics``: the inventory's ``metrics_port``, default the gateway's port + 1), so two
+    gateways never collide and nothing listens on an address the inventory did not name."""
     argv = [python, "-c", SMG_LAUNCHER, gateway.api_key_env or "", "--host", gateway.bind_address]
-    argv += ["--port", str(gateway.port), "--prometheus-host", gateway.bind_address, "--prometheus-port", str(metrics)]
+    argv += [
+        "--port",
+        str(gateway.port),
+        "--prometheus-host",
+        gateway.bind_address,
+        "--prometheus-port",
+        str(gateway.metrics),
+    ]
     return argv + [*extra] + (["--worker-urls", *workers] if workers else [])
 
 

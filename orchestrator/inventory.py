@@ -151,6 +151,8 @@ class Gateway(BaseModel):
     inventory host on which ``orch gateway up`` runs ``smg``, with ``python`` (the interpreter that has
     ``sglang-router``), ``env`` (plain variables such as ``HF_ENDPOINT``: smg looks tokenizers up on
     Hugging Face at registration) and ``args`` (smg's other flags, e.g. ``[--policy, round_robin]``).
+    ``metrics_port`` is where smg serves its Prometheus metrics, beside the gateway's address (default:
+    the gateway's port + 1).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -161,6 +163,7 @@ class Gateway(BaseModel):
     python: str = "python3"
     env: dict[str, str] = Field(default_factory=dict)
     args: list[str] = Field(default_factory=list)
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
 
     @field_validator("url")
     @classmethod
@@ -172,7 +175,7 @@ class Gateway(BaseModel):
     @field_validator("api_key_env")
     @classmethod
     def _env_name(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", value):
+        if value is not None and not is_env_name(value):
             raise ValueError(f"{value!r} is not an environment variable name (the variable holds the key)")
         return value
 
@@ -216,6 +219,11 @@ class Gateway(BaseModel):
     @property
     def port(self) -> int:
         return int(self.url.rsplit(":", 1)[1])
+
+    @property
+    def metrics(self) -> int:
+        """The port smg serves its Prometheus metrics on (``metrics_port``, else the gateway's port + 1)."""
+        return self.metrics_port or self.port + 1
 
     @property
     def bind_address(self) -> str:
@@ -345,6 +353,15 @@ def _validate_gateway(path: Path, raw: Any, hosts: dict[str, Host]) -> Gateway:
             f"{path}: gateway, key 'host': {gateway.host!r} is not a host of the inventory; "
             f"known hosts: {', '.join(hosts)}",
             hint="name the inventory host that runs smg, or leave 'host' out if the gateway runs elsewhere",
+        )
+    taken = {gateway.port: "the gateway's own port"}
+    if gateway.host is not None:
+        taken[hosts[gateway.host].server_port] = f"the server_port of {gateway.host}, where smg runs"
+    if gateway.metrics in taken:
+        key = "metrics_port" if gateway.metrics_port else "url"
+        raise ConfigError(
+            f"{path}: gateway, key {key!r}: smg's metrics port {gateway.metrics} is {taken[gateway.metrics]}",
+            hint="set gateway.metrics_port to a free port (by default it is the gateway's port + 1)",
         )
     return gateway
 

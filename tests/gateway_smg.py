@@ -66,9 +66,10 @@ def running_smg(
 ) -> Iterator[RunningGateway]:
     """smg on 127.0.0.1 (a free port), stopped (SIGTERM, then SIGKILL) when the block ends."""
     port, metrics = free_port("127.0.0.1"), free_port("127.0.0.1")
-    gateway = Gateway(url=f"http://127.0.0.1:{port}", api_key_env="ORCH_TEST_GATEWAY_KEY" if api_key else None)
+    key_env = "ORCH_TEST_GATEWAY_KEY" if api_key else None
+    gateway = Gateway(url=f"http://127.0.0.1:{port}", api_key_env=key_env, metrics_port=metrics)
     env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", **({"ORCH_TEST_GATEWAY_KEY": api_key} if api_key else {})}
-    argv = smg_argv(str(smg_python()), gateway, workers, *FAST, *extra, metrics_port=metrics)
+    argv = smg_argv(str(smg_python()), gateway, workers, *FAST, *extra)
     with log.open("wb") as out:
         process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     running = RunningGateway(gateway, process, log, env)

@@ -73,7 +73,7 @@ def test_smg_argv_names_the_key_variable_never_the_key_and_binds_metrics_beside_
                     "--prometheus-host", "10.1.2.3", "--prometheus-port", "30081", "--policy", "round_robin",
                     "--worker-urls", "http://10.1.2.4:30000"]  # fmt: skip
     assert "--api-key" not in argv
-    assert smg_argv("p", Gateway(url="http://[::1]:9"), metrics_port=7)[3:10] == [
+    assert smg_argv("p", Gateway(url="http://[::1]:9", metrics_port=7))[3:12] == [
         "",
         "--host",
         "::1",
@@ -81,6 +81,8 @@ def test_smg_argv_names_the_key_variable_never_the_key_and_binds_metrics_beside_
         "9",
         "--prometheus-host",
         "::1",
+        "--prometheus-port",
+        "7",
     ]
 
 

@@ -42,6 +42,7 @@ def test_gateway_loads_url_key_variable_and_host(tmp_path: Path) -> None:
         ("gateway:\n  url: http://h:1\n  api_key_env: 'MY-KEY'\n", "gateway, key 'api_key_env': 'MY-KEY' is not"),
         ("gateway:\n  url: http://h:1\n  host: b\n", "gateway, key 'host': 'b' is not a host of the inventory"),
         ('gateway:\n  url: "http://h:1\\n"\n', "gateway, key 'url': holds"),
+        ("gateway:\n  url: http://h:29999\n  host: a\n", "gateway, key 'url': smg's metrics port 30000 is the serv"),
     ],
 )
 def test_bad_gateway_names_file_and_key(tmp_path: Path, gateway: str, expected: str) -> None:
@@ -77,6 +78,13 @@ def test_gateway_job_settings_load(tmp_path: Path) -> None:
     assert gateway.python == "/opt/smg/bin/python"
     assert gateway.env == {"HF_ENDPOINT": "http://127.0.0.1:9"}
     assert gateway.args == ["--policy", "round_robin"]
+    assert gateway.metrics == 2  # the gateway's port + 1 when metrics_port is not set
+
+
+def test_gateway_metrics_port_loads(tmp_path: Path) -> None:
+    gateway = load_inventory(write(tmp_path, HOSTS + "gateway:\n  url: http://h:1\n  metrics_port: 9100\n")).gateway
+    assert gateway is not None
+    assert (gateway.metrics_port, gateway.metrics) == (9100, 9100)
 
 
 GATEWAY = "gateway:\n  url: http://h:1\n  host: a\n"
@@ -98,6 +106,9 @@ GATEWAY = "gateway:\n  url: http://h:1\n  host: a\n"
         ("  args: [--api-key, s3cret-value]\n", "gateway, key 'args': --api-key is set by orch"),
         ("  args: [--policy, '--token=s3cret-value']\n", "gateway, key 'args': looks like a secret ('token=')"),
         ('  args: ["--policy\\n"]\n', "gateway, key 'args[0]': holds"),
+        ("  metrics_port: 0\n", "gateway, key 'metrics_port': Input should be greater than or equal to 1"),
+        ("  metrics_port: 1\n", "gateway, key 'metrics_port': smg's metrics port 1 is the gateway's own port"),
+        ("  metrics_port: 30000\n", "key 'metrics_port': smg's metrics port 30000 is the server_port of a, where"),
     ],
 )
 def test_bad_gateway_job_setting_names_file_and_key(tmp_path: Path, extra: str, expected: str) -> None:
