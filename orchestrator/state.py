@@ -559,8 +559,10 @@ class StateStore:
 
     Transactions: ``update_host``/``host_update`` (one host) and ``update_fleet`` (the fleet file) take the
     store lock shared and their unit's lock exclusive, read and write only their own file: transactions on
-    different hosts never wait for each other. ``update`` (anything in the state: several hosts, plans)
-    takes the store lock exclusive and reads and writes the whole directory in one pass. Readers take no
+    different hosts never wait for each other. ``update_hosts`` (a group of hosts and the fleet file: a
+    tuning group) takes their units' locks, in sorted order, and reads and writes only their files.
+    ``update`` (anything in the state: any host, plans) takes the store lock exclusive and reads and writes
+    the whole directory in one pass. Readers take no
     lock: every file is replaced whole (temp file, fsync, rename), so a reader sees a host's previous or next
     version; ``load`` reads every file once. A writer waits at most ``lock_timeout`` seconds, then fails
     naming the holder's pid and command line; the kernel releases an ``flock`` when its holder dies.
@@ -626,6 +628,13 @@ class StateStore:
         self._ensure_layout()
         return self._read_fleet()[0]
 
+    def load_hosts(self, names: Iterable[str]) -> State:
+        """The fleet-level state and hosts ``names`` alone (those the state has): what a command about a few
+        hosts (a tuning group) reads, at a cost that does not grow with the fleet. No lock, as ``load``."""
+        self._ensure_layout()
+        hosts = {n: self._read_host(n)[0] for n in dict.fromkeys(names) if self.layout.host(n).exists()}
+        return _joined(self._read_fleet()[0], hosts)
+
     def host_names(self) -> list[str]:
         """The hosts the state has a file for, in natural order (``sim-2`` before ``sim-10``)."""
         try:
@@ -646,7 +655,7 @@ class StateStore:
         for every other transaction and they for it: a change to one host is ``update_host``. Not reentrant.
         """
         self._ensure_layout()
-        with self._transaction(None, exclusive=True):
+        with self._transaction(exclusive=True):
             names = self.host_names()
             with _gc_paused(len(names)):
                 read = {name: self._read_host(name) for name in names}
@@ -655,6 +664,29 @@ class StateStore:
                 raws = {name: raw for name, (_, raw) in read.items()}
                 before = self._reparsed(fleet_raw, raws) if self.on_commit else None
             yield state
+            self._save_all(state, fleet_raw, raws)
+        if self.on_commit and before is not None:
+            self.on_commit(before, state)
+
+    @contextlib.contextmanager
+    def update_hosts(self, names: Iterable[str]) -> Iterator[State]:
+        """``update`` for hosts ``names`` and the fleet file alone: their locks (the store lock shared), their
+        files read once, the ones that changed written. The state yielded has those of ``names`` the store
+        has (``state.host(name)`` creates another of them) and the fleet-level fields; changing which other
+        hosts there are is a bug (``RuntimeError``). A tuning group's poll costs this, whatever the fleet's
+        size, and transactions on other hosts do not wait for it."""
+        wanted = set(names)
+        self._ensure_layout()
+        with self._transaction(_FLEET_UNIT, *(f"host-{_file_name(n)}" for n in wanted)):
+            with _gc_paused(len(wanted)):
+                read = {n: self._read_host(n) for n in sorted(wanted, key=_natural) if self.layout.host(n).exists()}
+                fleet, fleet_raw = self._read_fleet()
+                state = _joined(fleet, {name: hs for name, (hs, _) in read.items()})
+                raws = {name: raw for name, (_, raw) in read.items()}
+                before = self._reparsed(fleet_raw, raws) if self.on_commit else None
+            yield state
+            if not set(raws) <= set(state.hosts) <= wanted:
+                raise RuntimeError("update_hosts() changes the hosts it was given, never which hosts there are")
             self._save_all(state, fleet_raw, raws)
         if self.on_commit and before is not None:
             self.on_commit(before, state)
@@ -715,32 +747,33 @@ class StateStore:
         about to change a host in a way it must then record (stop a server, start a job) calls this
         first, so that a stuck holder makes it give up (``StateError``, exit 4) before anything changed."""
         self._ensure_layout()
-        with self._transaction(None if host is None else f"host-{_file_name(host)}"):
+        with self._transaction(*([] if host is None else [f"host-{_file_name(host)}"])):
             pass
 
     # -- locking
 
     @contextlib.contextmanager
-    def _transaction(self, unit: str | None, exclusive: bool = False) -> Iterator[None]:
-        """The store lock (shared, or ``exclusive``) and then ``unit``'s lock, within one deadline.
-        Threads of one process queue on an in-process lock per unit first (no polling among themselves)."""
+    def _transaction(self, *units: str, exclusive: bool = False) -> Iterator[None]:
+        """The store lock (shared, or ``exclusive``) and then each unit's lock, within one deadline. Several
+        units are locked in sorted order, so two transactions over overlapping groups never deadlock (a
+        one-unit transaction never waits for a second). Threads of one process queue on an in-process lock
+        per unit first (no polling among themselves)."""
         if getattr(self._active, "busy", False):
             raise RuntimeError("StateStore transactions are not reentrant: finish the outer transaction first")
         deadline = time.monotonic() + self.lock_timeout
-        thread_lock = self._thread_lock(unit or "")
-        if not thread_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise self._lock_timeout_error(self.lock_path if unit is None else self.layout.lock(unit))
-        self._active.busy = True
-        try:
-            with self._flock(self.lock_path, deadline, exclusive=exclusive):
-                if unit is None:
-                    yield
-                else:
-                    with self._flock(self.layout.lock(unit), deadline, exclusive=True):
-                        yield
-        finally:
-            self._active.busy = False
-            thread_lock.release()
+        ordered = sorted(set(units))
+        with contextlib.ExitStack() as held:
+            for unit in ordered or [""]:
+                thread_lock = self._thread_lock(unit)
+                if not thread_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    raise self._lock_timeout_error(self.layout.lock(unit) if unit else self.lock_path)
+                held.callback(thread_lock.release)
+            self._active.busy = True
+            held.callback(setattr, self._active, "busy", False)
+            held.enter_context(self._flock(self.lock_path, deadline, exclusive=exclusive))
+            for unit in ordered:
+                held.enter_context(self._flock(self.layout.lock(unit), deadline, exclusive=True))
+            yield
 
     def _thread_lock(self, unit: str) -> threading.Lock:
         with self._guard:
@@ -973,7 +1006,7 @@ class StateStore:
         return sorted(self.path.parent.glob(f".{glob.escape(self.path.name)}.migrating.*"))
 
     def _migrate(self) -> None:
-        with self._transaction(None, exclusive=True):
+        with self._transaction(exclusive=True):
             for left in self._migrations_left():  # a migration cut off: complete (fleet.json is written last)
                 if not self.path.exists() and (left / "fleet.json").exists():
                     os.replace(left, self.path)
