@@ -21,6 +21,7 @@ from orchestrator.tuning.record import (
     AssignmentRecord,
     InstalledRecord,
     KeptRecord,
+    LogProgress,
     PlanRecord,
     RunRecord,
     TuningRecord,
@@ -57,7 +58,7 @@ def describe_failure(
         return f"{where}: its job directory is gone", None
     if info.state == "lost":
         return f"{where} was lost: its process is gone without an exit code (host rebooted or killed)", None
-    progress = polls[a.host].progress.get(a.purpose, tf.LogProgress())
+    progress = polls[a.host].progress.get(a.purpose, LogProgress())
     runner = next(m.runner for m in members if m.host.name == a.host)
     tail = jobs.tail_lines(jobs.read_tail(runner, info), _TAIL_LINES)
     more = f" (and {len(failed) - 1} more jobs)" if len(failed) > 1 else ""
