@@ -13,8 +13,9 @@ from typing import Any, Literal
 
 from orchestrator import jobs
 from orchestrator.facts import tuner as tf
-from orchestrator.state import HostState, State, StateStore
-from orchestrator.tuning.member import Member, records
+from orchestrator.session import HostSession
+from orchestrator.state import HostState, State
+from orchestrator.tuning.member import records, store_of
 from orchestrator.tuning.record import AssignmentRecord, InstalledRecord, LogProgress, PlanRecord, TuningRecord
 
 TuneState = Literal["none", "running", "ready-to-install", "installed", "failed"]
@@ -85,10 +86,13 @@ class HostPoll:
     progress: dict[str, LogProgress]
 
 
-def poll_host(member: Member, plan: PlanRecord, record: TuningRecord) -> HostPoll:
-    """List the host's jobs and read each tuning job's log from its last offset (at most ``_READ_LIMIT``)."""
-    host, runner = member.host, member.runner
-    infos = {j.id: j for j in jobs.list_jobs(runner, host.workdir)}
+def poll_host(session: HostSession, plan: PlanRecord, record: TuningRecord) -> HostPoll:
+    """List the host's jobs afresh (the session's ``jobs`` fact, and ``gpus`` with it, are forgotten:
+    jobs may have ended since) and read each tuning job's log from its last offset (at most
+    ``_READ_LIMIT``)."""
+    session.forget("jobs", "gpus")
+    host, runner = session.host, session.runner
+    infos = {j.id: j for j in session.jobs()}
     progress: dict[str, LogProgress] = {}
     for a in plan.on(host.name):
         p = record.progress[a.purpose].model_copy(deep=True) if a.purpose in record.progress else LogProgress()
@@ -122,15 +126,16 @@ def record_job_end(hs: HostState, info: jobs.JobInfo) -> None:
 
 
 def poll_group(
-    members: Sequence[Member], store: StateStore, plan: PlanRecord, state: State | None = None
+    members: Sequence[HostSession], plan: PlanRecord, state: State | None = None
 ) -> tuple[dict[str, HostPoll], State]:
     """Poll every member once and record what was read in one state transaction. Each job's log is read
     from the offset ``state`` holds (the state the caller has at hand, else loaded once): an offset
     older than the file's only re-reads some bytes. Returns the polls and the state as saved."""
+    store = store_of(members)
     state = state or store.load()
-    cached = records(state, [m.host.name for m in members])
+    cached = records(state, [m.name for m in members])
     current = state.tuning_plans.get(plan.id, plan)  # the job ids as last recorded
-    polls = {m.host.name: poll_host(m, current, cached[m.host.name]) for m in members}
+    polls = {m.name: poll_host(m, current, cached[m.name]) for m in members}
     with store.update() as saved:
         for name, poll in polls.items():
             _store_poll(saved.host(name), plan.id, poll)
