@@ -232,7 +232,7 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     batch_sizes = list(options.batch_sizes or recipe.tuning.batch_sizes)
     skipped = [] if options.force else installed_shapes(files, record, facts, wanted, batch_sizes)
     needed = [s for s in wanted if s.key not in skipped]
-    kept = [] if options.force else kept_results(host, files, record, plan, facts, needed, batch_sizes)
+    kept = [] if options.force else kept_results(files, record, plan, facts, needed, batch_sizes)
     if needed and options.stop_server:
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
         srv.stop_server(host, runner, store, gpus, drain, srv.warn_log(host), srv.FOR_TUNE_FP8)
@@ -359,7 +359,6 @@ def _installed_complete(
 
 
 def kept_results(
-    host: Host,
     runner: FileReader,
     record: TuningRecord,
     plan: PlanRecord | None,
@@ -371,7 +370,9 @@ def kept_results(
     plan to keep rather than tune again: each run's result file on this host (and the files that plan
     itself kept), when that plan was for this device, commit and Triton, for shapes and batch sizes still
     wanted. Each file is re-read and trusted only whole (``tf.finished_run``): one missing, cut short or
-    wrong is left out, and its units are tuned again. ``plan``: the one ``record`` names."""
+    wrong is left out, and its units are tuned again. ``plan``: the one ``record`` names; ``facts``: the
+    host's, as ``discover`` found them."""
+    host = facts.host
     if record.state != "failed" or plan is None:
         return []
     if (plan.device, plan.commit, plan.triton) != (facts.device, facts.commit, facts.triton):
