@@ -122,9 +122,7 @@ class App:
         """The one resolver of the other hosts of a ``--fleet`` tuning group, for every command
         (``tune-fp8``, ``wait``, ``serve``, ``run``): by inventory name, over ``fleet``'s connections;
         a member no longer in the inventory is a clean refusal of that host (exit 3), not a KeyError."""
-        from orchestrator.tuning.commands import fleet_peers
-
-        return fleet_peers(fleet, self.inventory.hosts)
+        return fleet.peers(self.inventory.hosts, lambda: self.store)
 
     def fleet(self, hosts: list[Host], parallel: int = 32) -> Fleet:
         from orchestrator.fleet import Fleet

@@ -3,7 +3,8 @@
 Like fabric's ``GroupResult``, each host maps to its result or the error it raised; one unreachable or
 failing host never stops or hides the others. A ``Fleet`` keeps one runner (one SSH connection) per
 host for the whole invocation, so every step of a command on a host reuses it, and hands out one
-``HostSession`` per host (``session``, ``map_sessions``): what an operation takes.
+``HostSession`` per host (``session``, ``map_sessions``): what an operation takes. ``peers`` resolves
+the other hosts of a ``--fleet`` tuning group to their sessions, with the inventory check.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from orchestrator.errors import ExitCode, OrchError
+from orchestrator.errors import ExitCode, OrchError, RefusedError
 from orchestrator.transport.base import ConnectOptions, Runner
 
 if TYPE_CHECKING:
@@ -111,6 +112,21 @@ class Fleet:
             if host.name not in self._sessions:
                 self._sessions[host.name] = HostSession(host, runner, store)
             return self._sessions[host.name]
+
+    def peers(
+        self, inventory: Mapping[str, Host], store: StateStore | Callable[[], StateStore]
+    ) -> Callable[[str], HostSession]:
+        """The one resolver of the other hosts of a ``--fleet`` tuning group, for every command
+        (``tune-fp8``, ``wait``, ``serve``, ``run``): by inventory name, to the host's session over this
+        fleet's connection (a host the command also selected gets the session it already has). A
+        member no longer in the inventory is a clean refusal of that host (exit 3), not a KeyError."""
+
+        def resolve(name: str) -> HostSession:
+            if name not in inventory:
+                raise RefusedError(f"{name}: a member of this tuning group is no longer in the inventory")
+            return self.session(inventory[name], store() if callable(store) else store)
+
+        return resolve
 
     def map_sessions(
         self,

@@ -23,6 +23,7 @@ from orchestrator.facts import git
 from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts import tuner as tf
+from orchestrator.facts.gpus import Holder as Holder  # the one holder type (facts/gpus.py), joined here
 from orchestrator.facts.gpus import device_file_name
 from orchestrator.facts.server_log import ServerLog, parse_server_log
 from orchestrator.inventory import Host
@@ -124,16 +125,6 @@ class LogReader:
 
 
 # --- GPUs and their holders ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Holder:
-    """A process on a GPU: ``job`` names the orch job it belongs to (None: orch did not start it)."""
-
-    gpu: int
-    pid: int
-    name: str
-    job: str | None = None
 
 
 @dataclass

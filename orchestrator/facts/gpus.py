@@ -1,4 +1,6 @@
-"""nvidia-smi's scripting interface: argv builders and CSV parsers (reference §4)."""
+"""nvidia-smi's scripting interface: argv builders and CSV parsers (reference §4), and the one busy-GPU
+policy: who of a GPU's holders is foreign (``foreign_holders``) and how a refusal names them
+(``busy_message``), for ``serve`` and ``tune-fp8`` alike."""
 
 from __future__ import annotations
 
@@ -36,6 +38,17 @@ class GpuProcess:
     process_name: str
     gpu_uuid: str
     used_memory_mib: int | None
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process on GPU ``gpu``: ``job`` names the orch job it belongs to (None: orch did not start it,
+    or, for ``tune-fp8``'s holders from its discovery, nobody asked)."""
+
+    gpu: int
+    pid: int
+    name: str
+    job: str | None = None
 
 
 class NvidiaSmiError(HostOutputError):
@@ -133,6 +146,26 @@ def holders_by_gpu(devices: Sequence[Gpu], apps: Sequence[GpuProcess]) -> dict[i
     """``holders`` per GPU index, every GPU of ``devices`` present (an idle one: ``[]``)."""
     held = holders(devices, apps)
     return {d.index: [a for i, a in held if i == d.index] for d in devices}
+
+
+def foreign_holders(holders: Sequence[Holder], ours: str | None = None) -> list[Holder]:
+    """The one busy-GPU policy: who of ``holders`` is not ours. ``ours`` is the orch job a command is
+    about to replace (``serve``: the old server, which it stops itself); without one (``tune-fp8``, whose
+    jobs start only on free GPUs) every holder is foreign. Each command keeps its own way out
+    (``--stop-server``, ``--allow-busy-gpus``)."""
+    return [h for h in holders if ours is None or h.job != ours]
+
+
+def busy_message(host: str, headline: str, holders: Sequence[Holder], *, owners: bool) -> str:
+    """The one shape of a busy-GPU refusal: ``<host>: <headline>: GPU i: pid p (name); ...``. ``owners``:
+    the holders were tied to their orch jobs (``readers.read_gpu_info``), so each also says whose it is
+    (``orch job <id>`` or ``not started by orch``)."""
+    return f"{host}: {headline}: " + "; ".join(_held(h, owners) for h in holders)
+
+
+def _held(h: Holder, owners: bool) -> str:
+    owner = (f", orch job {h.job}" if h.job else ", not started by orch") if owners else ""
+    return f"GPU {h.gpu}: pid {h.pid} ({h.name}{owner})"
 
 
 def device_file_name(gpu_name: str) -> str:

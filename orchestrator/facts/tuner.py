@@ -12,7 +12,8 @@ lists this module builds and hands what hosts print back to its parsers.
   three packings (``schedule``'s docstring); ``lower_bound`` is the integral bound it is measured
   against. A GPU's calls run one after another, pinned with ``CUDA_VISIBLE_DEVICES`` and unbuffered
   (``PYTHONUNBUFFERED=1``: ``job_env``), so progress reaches the log as it happens.
-- **Progress**: ``LogProgress.feed`` reads a job's log incrementally from a byte offset.
+- **Progress**: ``feed`` reads a job's log incrementally from a byte offset into its ``LogProgress``
+  (a model of ``tuning/record.py``: the state file keeps it).
 - **Logged shapes**: ``logged_shapes`` reads a ``--fp8-gemm-backend triton`` server's log for the
   config files it looked up and did not find on this GPU (reference §1.2): the shapes to tune.
 - **Configs**: ``config_file_name`` is SGLang's exact name; ``parse_config``, ``merge_configs`` and
@@ -28,7 +29,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import HostOutputError
@@ -36,6 +37,7 @@ from orchestrator.facts.bench import flag_value
 from orchestrator.facts.gpus import device_file_name
 from orchestrator.facts.server_log import ConfigFile, parse_server_log
 from orchestrator.recipe import Shape
+from orchestrator.tuning.record import LogProgress as LogProgress  # the typed progress a log is fed into
 
 TUNER_SCRIPT = "benchmark/kernels/quantization/tuning_block_wise_kernel.py"
 OLD_TUNER_SCRIPT = "benchmark/kernels/quantization/tuning_block_wise_fp8.py"
@@ -483,76 +485,51 @@ _COMPLETED = re.compile(r"Completed tuning for batch_size=(\d+)")
 _WRITING = re.compile(r"Writing best config to (.+?)\.\.\.\s*$")
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))(?::\s*(.*))?$")
 _CARRY_LIMIT = 65536
+_WRITTEN_KEPT = 50  # the config paths a log announced that are kept (the last ones)
 
 
-@dataclass
-class LogProgress:
-    """What one job's log said so far; ``feed`` it the bytes from ``offset`` on.
+def feed(progress: LogProgress, data: bytes) -> None:
+    """Parse ``data``, the job's log bytes from ``progress.offset`` on, into ``progress`` (the record's
+    typed ``LogProgress``); advance its offset past them.
 
     Lines end at ``\\n`` or ``\\r`` (tqdm redraws); an unterminated last line is kept in ``carry``
     and parsed once it is complete. A "Completed tuning for batch_size=M" line counts for the shape
     the same log announced last ("[GPU i] Tune for weight shape of ..."): exact for orch's
     one-GPU runs, a best effort for a multi-GPU run whose lines interleave.
     """
+    progress.offset += len(data)
+    text = progress.carry + data.decode("utf-8", errors="replace")
+    *lines, progress.carry = re.split(r"[\r\n]", text)
+    if len(progress.carry) > _CARRY_LIMIT:  # a line that never ends: keep its end only
+        progress.carry = progress.carry[-_CARRY_LIMIT:]
+    for line in lines:
+        _line(progress, line)
+    del progress.written[:-_WRITTEN_KEPT]
 
-    offset: int = 0
-    carry: str = ""
-    shape: str | None = None
-    done: dict[str, list[int]] = field(default_factory=dict)
-    written: list[str] = field(default_factory=list)
-    runs_completed: int = 0
-    traceback: bool = False
-    error: str | None = None
-    oom: bool = False
 
-    def feed(self, data: bytes) -> None:
-        """Parse ``data``, the log's bytes from ``offset``; advance ``offset`` past them."""
-        self.offset += len(data)
-        text = self.carry + data.decode("utf-8", errors="replace")
-        *lines, self.carry = re.split(r"[\r\n]", text)
-        if len(self.carry) > _CARRY_LIMIT:  # a line that never ends: keep its end only
-            self.carry = self.carry[-_CARRY_LIMIT:]
-        for line in lines:
-            self._line(line)
+def _line(p: LogProgress, line: str) -> None:
+    if m := _SHAPE_LINE.search(line):
+        p.shape = f"N={m[2]},K={m[3]}"
+    for m in _COMPLETED.finditer(line):
+        _completed(p, int(m[1]))
+    if m := _WRITING.search(line):
+        p.written.append(m[1])
+    p.runs_completed += line.count("Multi-GPU tuning completed")
+    _failure(p, line)
 
-    def _line(self, line: str) -> None:
-        if m := _SHAPE_LINE.search(line):
-            self.shape = f"N={m[2]},K={m[3]}"
-        for m in _COMPLETED.finditer(line):
-            self._completed(int(m[1]))
-        if m := _WRITING.search(line):
-            self.written.append(m[1])
-        self.runs_completed += line.count("Multi-GPU tuning completed")
-        self._failure(line)
 
-    def _completed(self, m: int) -> None:
-        if self.shape is not None and m not in self.done.setdefault(self.shape, []):
-            self.done[self.shape].append(m)
+def _completed(p: LogProgress, m: int) -> None:
+    if p.shape is not None and m not in p.done.setdefault(p.shape, []):
+        p.done[p.shape].append(m)
 
-    def _failure(self, line: str) -> None:
-        if "Traceback (most recent call last)" in line:
-            self.traceback = True
-        if "CUDA out of memory" in line or "OutOfMemoryError" in line:
-            self.oom = True
-        if _EXCEPTION.match(line.strip()):
-            self.error = line.strip()[:300]
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "offset": self.offset,
-            "carry": self.carry,
-            "shape": self.shape,
-            "done": self.done,
-            "written": self.written[-50:],
-            "runs_completed": self.runs_completed,
-            "traceback": self.traceback,
-            "error": self.error,
-            "oom": self.oom,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> LogProgress:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+def _failure(p: LogProgress, line: str) -> None:
+    if "Traceback (most recent call last)" in line:
+        p.traceback = True
+    if "CUDA out of memory" in line or "OutOfMemoryError" in line:
+        p.oom = True
+    if _EXCEPTION.match(line.strip()):
+        p.error = line.strip()[:300]
 
 
 def failure_reason(progress: LogProgress, exit_code: int | None) -> str:

@@ -42,7 +42,7 @@ from orchestrator.ops import server as server_host
 from orchestrator.recipe import BenchOptions, PullOptions, Recipe, ServeOptions, Shape, Step, TuneOptions, parse_shapes
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, StateStore, StepProgress
-from orchestrator.transport.base import Runner, shell_command
+from orchestrator.transport.base import shell_command
 from orchestrator.tuning.commands import tune_fp8
 from orchestrator.tuning.member import Peers, record_of
 from orchestrator.tuning.plan import job_spec, make_plan
@@ -240,7 +240,7 @@ def _tune(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> s
     host, runner = session.host, session.runner
     options = step.options.model_copy(update={"wait": True, "fleet": False if not ctx.lockstep else step.options.fleet})
     recipe = ctx.recipe(host)
-    if options.stop_server and tuning_needed(host, runner, ctx.store, recipe, options):
+    if options.stop_server and tuning_needed(session, recipe, options):
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
         server_host.stop_server(
             host, runner, ctx.store, gpus, drain, _step_say(ctx, host, "tune-fp8"), server_host.FOR_RUN_TUNING
@@ -545,10 +545,10 @@ def run_lockstep(
 # -- outages: which steps would stop the running server ---------------------------------------------------
 
 
-def tuning_needed(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> bool:
+def tuning_needed(session: HostSession, recipe: Recipe, options: TuneOptions) -> bool:
     """Whether ``tune-fp8`` would start tuning jobs (and so need the server's GPUs); reads, changes nothing."""
     look = options.model_copy(update={"stop_server": False, "allow_busy_gpus": True})
-    prepared = prepare(host, runner, store, recipe, look, look=True)
+    prepared = prepare(session, recipe, look, look=True)
     return prepared.attach is None and bool(prepared.shapes)
 
 
@@ -605,7 +605,7 @@ def _dry_step(session: HostSession, recipe: Recipe, step: Step) -> tuple[list[st
     """The step's remote commands, and why it would stop the running server (None: it would not)."""
     options = step.options
     if isinstance(options, TuneOptions):
-        commands = _dry_tune(session.host, session.runner, session.store, recipe, options)
+        commands = _dry_tune(session, recipe, options)
         needed = not commands[0].startswith("(")
         return commands, server_host.FOR_RUN_TUNING if needed and options.stop_server else None
     if isinstance(options, ServeOptions):
@@ -637,9 +637,10 @@ def _dry_commands(session: HostSession, recipe: Recipe, step: Step) -> list[str]
     ]
 
 
-def _dry_tune(host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions) -> list[str]:
+def _dry_tune(session: HostSession, recipe: Recipe, options: TuneOptions) -> list[str]:
+    host = session.host
     look = options.model_copy(update={"stop_server": False, "allow_busy_gpus": True})
-    prepared = prepare(host, runner, store, recipe, look, look=True)
+    prepared = prepare(session, recipe, look, look=True)
     if prepared.attach is not None:
         return [f"(attach to the running tuning plan {prepared.attach.id})"]
     if not prepared.shapes:

@@ -151,18 +151,17 @@ def tuning_gate(
 
     ``peers`` reaches the other hosts of a ``--fleet`` tuning group (their jobs are waited for too).
     """
-    host, runner, store = session.host, session.runner, session.store
-    status = tuning_status(host, runner, store, peers)
+    status = tuning_status(session, peers)
     if status.state in ("running", "ready-to-install") and not options.wait_tuning:
         return [f"tuning is {status.state} ({status.percent:.0f}%); not waiting (--no-wait-tuning)"]
     if status.state in ("running", "ready-to-install"):
         report(f"tuning is {status.state}: waiting for it before serving")
-        status = wait_for_tuning(host, runner, store, _progress(report), TUNING_POLL_SECONDS, peers)
+        status = wait_for_tuning(session, _progress(report), TUNING_POLL_SECONDS, peers)
         session.forget("jobs", "gpus", "tuned_configs")  # tuning jobs ended, their configs installed
     elif status.state == "failed" and options.wait_tuning:
         # A job failed but the plan may still be recorded as running, its other jobs holding GPUs:
         # completing it records the failure and stops them (it returns at once if already recorded).
-        status = wait_for_tuning(host, runner, store, None, TUNING_POLL_SECONDS, peers)
+        status = wait_for_tuning(session, None, TUNING_POLL_SECONDS, peers)
     if status.state == "failed" and options.use_installed_configs:
         return [f"FP8 tuning failed ({status.reason}); serving with the configs installed (--use-installed-configs)"]
     if status.state == "failed" and options.wait_tuning:
@@ -373,7 +372,7 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list
     """What ``serve`` would do now, without waiting for tuning or touching anything: the lines to print."""
     recipe = _forced(recipe, options)
     argv = check_launch(session, recipe, options.mtp)
-    status = tuning_status(session.host, session.runner, session.store)
+    status = tuning_status(session)
     if status.state in ("running", "ready-to-install") and options.wait_tuning:
         return [
             f"(waits for tuning, {status.state} at {status.percent:.0f}%, then decides)",

@@ -18,32 +18,29 @@ from typing import Any
 
 from orchestrator import jobs
 from orchestrator.errors import HostOutputError, RefusedError
+from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as facts
+from orchestrator.facts.gpus import Holder
 from orchestrator.inventory import Host
-from orchestrator.readers import SERVER_PURPOSE, Holder, read_gpu_info
+from orchestrator.readers import SERVER_PURPOSE, read_gpu_info
 from orchestrator.state import HostState, ServerRecord, StateStore
 from orchestrator.transport.base import Runner
 
 
 def refuse_held_gpus(host: Host, holders: Sequence[Holder], ours: str | None, outcome: str) -> None:
     """Refuse when a GPU is held by anything but job ``ours`` (the server about to be replaced);
-    ``outcome`` says what became of the running server.
+    ``outcome`` says what became of the running server. The policy and the message's shape are
+    ``facts.gpus``' (``foreign_holders``, ``busy_message``), as for ``tune-fp8``.
 
     Never kills: a process orch did not start is named by pid and name; another orch job is named too.
     """
-    others = [h for h in holders if ours is None or h.job != ours]
+    others = gpu_facts.foreign_holders(holders, ours)
     if not others:
         return
-    shown = "; ".join(_describe(h) for h in others)
     raise RefusedError(
-        f"{host.name}: GPU held by another process: {shown}; {outcome}",
+        f"{gpu_facts.busy_message(host.name, 'GPU held by another process', others, owners=True)}; {outcome}",
         hint="free the GPU (orch never kills a process it did not start), then serve again",
     )
-
-
-def _describe(h: Holder) -> str:
-    owner = f"orch job {h.job}" if h.job else "not started by orch"
-    return f"GPU {h.gpu}: pid {h.pid} ({h.name}, {owner})"
 
 
 def wait_gpus_released(host: Host, runner: Runner, indexes: Sequence[int], job_id: str, timeout: float) -> None:

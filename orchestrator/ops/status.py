@@ -108,7 +108,7 @@ def observe(
     ``cached`` is the host's state as loaded once for the whole fleet: it says whether there is a server
     or tuning to ask about; ``state``, the whole state as loaded then, holds the tuning plans (so that no
     host reads the state again). The checkout read becomes the session's ``git()``."""
-    host, runner, store = session.host, session.runner, session.store
+    host, runner = session.host, session.runner
     started_at = datetime.now(timezone.utc)
     launched = cached.server if cached is not None else None
     argv = probe.probe_argv(status_sections(host, launched, fetch))
@@ -123,7 +123,7 @@ def observe(
     if info is not None:
         session.know("git", info)
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
-    status.extra["tuning"] = status_field(host, runner, store, cached, state)
+    status.extra["tuning"] = status_field(session, cached, state)
     return Observed(status, info, sections, started_at)
 
 

@@ -7,7 +7,8 @@ which need the same configs and share one plan. The flow:
    to a reboot say, is failed first); else discover on the host (the tuner's flags from its ``--help``,
    the runtime config directory, the GPU name, Triton, the SGLang commit), resolve the shapes
    (``logged.py`` for ``--shapes logged``), skip shapes already installed for this device and commit,
-   keep what a failed plan finished, stop orch's server on request and refuse busy GPUs.
+   keep what a failed plan finished, stop orch's server on request and refuse busy GPUs (the one policy
+   of ``facts.gpus``: ``foreign_holders``, ``busy_message``, as ``serve`` refuses them).
 2. plan and start (``plan.py``, pure: the schedule over every GPU of the group and the job specs;
    ``start.py``): record the plan on every member in one state transaction before any job starts (a plan
    another orch recorded meanwhile is adopted instead), then start one detached job per GPU (purpose
@@ -26,7 +27,11 @@ host); ``commands.py`` holds the entry points: ``tune_fp8`` and ``wait_tuning`` 
 In the state (``record.py``, pure pydantic): ``HostState.tuning`` is a typed ``TuningRecord`` (the id
 of the host's last plan, its state ``running``/``installed``/``failed``, per-job log progress, the
 installed configs), or None for a host never tuned; ``State.tuning_plans`` holds each plan once, by id,
-with every job id of its group. ``member.py`` holds a group member (host + runner), the readers
-(``record_of``, ``plan_of``, ``running_plan``) and ``edit_record``, the record's one write path. There is
-no facade: import a name from the module that defines it.
+with every job id of its group. Every operation takes the host's ``HostSession`` (a group is a list of
+sessions; ``Fleet.peers`` resolves the other members of a ``--fleet`` group, with the inventory check)
+and reads through the session's cached facts: a poll lists the jobs afresh (``forget("jobs")``), a job
+start or stop forgets ``jobs`` and ``gpus``, an install forgets ``tuned_configs``, and discovery's one
+round trip leaves the checkout it read as the session's ``git``. ``member.py`` holds ``Peers``, the
+readers (``record_of``, ``plan_of``, ``running_plan``) and ``edit_record``, the record's one write path.
+There is no facade: import a name from the module that defines it.
 """

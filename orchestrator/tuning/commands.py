@@ -10,24 +10,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from orchestrator.errors import OrchError, RefusedError
+from orchestrator.errors import OrchError
 from orchestrator.fleet import Fleet, FleetResult, HostResult
 from orchestrator.inventory import Host
 from orchestrator.recipe import Recipe, TuneOptions
+from orchestrator.session import HostSession
 from orchestrator.state import HostState, State, StateStore
-from orchestrator.transport.base import Runner
 from orchestrator.tuning.group import Group, group_members, start_groups
-from orchestrator.tuning.member import Member, Peers, plan_of, record_of, records, running_plan
+from orchestrator.tuning.member import Peers, plan_of, record_of, records, running_plan
 from orchestrator.tuning.prepare import prepare
 from orchestrator.tuning.progress import TuneStatus, group_status, poll_group, summary
 from orchestrator.tuning.record import TuningRecord
 from orchestrator.tuning.watch import wait_group, watch_groups
 
 
-def tuning_status(
-    host: Host, runner: Runner, store: StateStore, peers: Peers | None = None, state: State | None = None
-) -> TuneStatus:
-    """``host``'s tuning now, read from its jobs' logs (from their last offsets). Read-only apart from
+def tuning_status(session: HostSession, peers: Peers | None = None, state: State | None = None) -> TuneStatus:
+    """The session's host's tuning now, read from its jobs' logs (from their last offsets). Read-only apart from
     recording log progress: it never installs nor marks a failure (``wait_for_tuning`` does).
 
     State ``none`` | ``running`` | ``ready-to-install`` | ``installed`` | ``failed``; ``shapes`` gives
@@ -36,26 +34,25 @@ def tuning_status(
     group, other members are read through ``peers`` when given, else from the cached state. ``state``: the
     state as the caller loaded it (``orch status``, once for the fleet), else it is read here.
     """
-    state = state or store.load()
+    host = session.host
+    state = state or session.store.load()
     record = record_of(state.hosts.get(host.name))
     plan = plan_of(state, record)
     if plan is None or record.state != "running":
         return group_status(host.name, record, plan, {}, {})
-    members = [Member(host, runner)] + ([peers(n) for n in plan.group if n != host.name] if peers else [])
-    polls, state = poll_group(members, store, plan, state)
+    members = [session] + ([peers(n) for n in plan.group if n != host.name] if peers else [])
+    polls, state = poll_group(members, plan, state)
     cached = records(state, plan.group)
     return group_status(host.name, cached[host.name], plan_of(state, cached[host.name]), polls, cached)
 
 
 def wait_for_tuning(
-    host: Host,
-    runner: Runner,
-    store: StateStore,
+    session: HostSession,
     on_progress: Callable[[TuneStatus], None] | None = None,
     poll: float = 1.0,
     peers: Peers | None = None,
 ) -> TuneStatus:
-    """Wait for ``host``'s tuning to end, install its configs when every job succeeded, and return the
+    """Wait for the session's host's tuning to end, install its configs when every job succeeded, and return the
     final status (``installed``, ``failed`` or ``none`` when nothing was ever planned).
 
     Polls every ``poll`` seconds, calling ``on_progress(status)`` for each host of the group. Safe to
@@ -63,24 +60,13 @@ def wait_for_tuning(
     ``peers`` (else ``RefusedError`` naming the group). Raises ``UnreachableError`` when a host stays
     unreachable for minutes.
     """
-    state = store.load()
-    record = record_of(state.hosts.get(host.name))
+    state = session.store.load()
+    record = record_of(state.hosts.get(session.name))
     plan = plan_of(state, record)
     if plan is None or record.state != "running":
-        return group_status(host.name, record, plan, {}, {})
-    group = Group(group_members(host, runner, plan, peers), plan, attached=False)
-    return wait_group(group, store, on_progress, poll)[host.name]
-
-
-def fleet_peers(fleet: Fleet, inventory: Mapping[str, Host]) -> Peers:
-    """Resolve group members through ``fleet`` (one connection per host for the whole invocation)."""
-
-    def resolve(name: str) -> Member:
-        if name not in inventory:
-            raise RefusedError(f"{name}: a member of this tuning group is no longer in the inventory")
-        return Member(inventory[name], fleet.runner(inventory[name]))
-
-    return resolve
+        return group_status(session.name, record, plan, {}, {})
+    group = Group(group_members(session, plan, peers), plan, attached=False)
+    return wait_group(group, on_progress, poll)[session.name]
 
 
 def tune_fp8(
@@ -97,13 +83,13 @@ def tune_fp8(
     """``orch tune-fp8`` (and the ``tune-fp8`` step of ``orch run``): prepare every host, start new
     plans (``on_plan`` sees them before any waiting), attach to running ones, then step them once or
     (``options.wait``) until each is installed or failed. One value or error per host."""
-    prepared = fleet.map(lambda h, r: prepare(h, r, store, recipe_for(h), options), hosts)
+    prepared = fleet.map_sessions(lambda s: prepare(s, recipe_for(s.host), options), store, hosts)
     ready = [r.value for r in prepared if r.ok and r.value is not None]
     use_fleet = options.fleet if options.fleet is not None else any(recipe_for(p.host).tuning.fleet for p in ready)
-    groups, errors = start_groups(ready, store, use_fleet, peers)
+    groups, errors = start_groups(ready, use_fleet, peers)
     if on_plan is not None:
         on_plan(groups)
-    statuses, watch_errors = watch_groups(groups, store, options.wait, on_progress, poll)
+    statuses, watch_errors = watch_groups(groups, options.wait, on_progress, poll)
     for p in ready:
         if p.attach is None and not p.shapes:
             statuses[p.host.name] = TuneStatus(p.host.name, "installed", skipped=p.skipped, note=p.note)
@@ -126,9 +112,8 @@ def wait_tuning(
     for h in hosts:
         plan = running_plan(state, h.name)
         if plan is not None and plan.id not in groups:
-            members = [Member(h, fleet.runner(h)) if n == h.name else peers(n) for n in plan.group]
-            groups[plan.id] = Group(members, plan, attached=True)
-    statuses, errors = watch_groups(list(groups.values()), store, True, on_progress, poll)
+            groups[plan.id] = Group(group_members(fleet.session(h, store), plan, peers), plan, attached=True)
+    statuses, errors = watch_groups(list(groups.values()), True, on_progress, poll)
     for h in hosts:
         if h.name not in statuses:
             statuses[h.name] = group_status(h.name, cached[h.name], plan_of(state, cached[h.name]), {}, {})
@@ -171,9 +156,7 @@ def _results(
     )
 
 
-def status_field(
-    host: Host, runner: Runner, store: StateStore, cached: HostState | None, state: State | None = None
-) -> dict[str, Any] | None:
+def status_field(session: HostSession, cached: HostState | None, state: State | None = None) -> dict[str, Any] | None:
     """The compact ``tuning`` field of ``orch status`` (None when the host was never tuned, decided from
     ``cached``, the host's state as ``status`` loaded it once for the fleet, with the plans in ``state``:
     read once for the fleet, not once per tuned host, which made ``status`` quadratic)."""
@@ -181,6 +164,6 @@ def status_field(
     if record.plan_id is None and not record.installed:
         return None
     try:
-        return summary(tuning_status(host, runner, store, state=state))
+        return summary(tuning_status(session, state=state))
     except OrchError as exc:
         return {"state": "unknown", "error": str(exc).splitlines()[0]}

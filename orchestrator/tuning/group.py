@@ -1,4 +1,5 @@
-"""A tuning group: hosts tuned together under one plan; one step of it polls, completes and installs.
+"""A tuning group: hosts tuned together under one plan (their sessions); one step of it polls, completes
+and installs.
 
 ``start_groups`` starts new plans (grouped by GPU name and SGLang commit with ``--fleet``) and gathers
 the running plans hosts attach to; ``step_group`` polls a group once (one state read, at most one
@@ -11,11 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.errors import OrchError, RefusedError
-from orchestrator.inventory import Host
-from orchestrator.state import State, StateStore
-from orchestrator.transport.base import Runner
+from orchestrator.session import HostSession
+from orchestrator.state import State
 from orchestrator.tuning.install import complete_group
-from orchestrator.tuning.member import Member, Peers, plan_of, records
+from orchestrator.tuning.member import Peers, plan_of, records, store_of
 from orchestrator.tuning.plan import group_prepared
 from orchestrator.tuning.prepare import Prepared
 from orchestrator.tuning.progress import HostPoll, TuneStatus, group_status, job_views, poll_group
@@ -25,29 +25,30 @@ from orchestrator.tuning.start import record_nothing_to_do, resume_starts, start
 
 @dataclass
 class Group:
-    """Hosts tuned together: one plan, its members (new plans are started, attached ones only polled)."""
+    """Hosts tuned together: one plan, its members' sessions (new plans are started, attached ones only
+    polled)."""
 
-    members: list[Member]
+    members: list[HostSession]
     plan: PlanRecord
     attached: bool
 
 
-def group_members(host: Host, runner: Runner, plan: PlanRecord | None, peers: Peers | None) -> list[Member]:
-    """Every member of ``host``'s tuning group; a group needs ``peers`` to reach its other hosts."""
-    me = Member(host, runner)
+def group_members(session: HostSession, plan: PlanRecord | None, peers: Peers | None) -> list[HostSession]:
+    """Every member of the session's host's tuning group; a group needs ``peers`` to reach its other hosts."""
+    host = session.host
     if plan is None or plan.group == [host.name]:
-        return [me]
+        return [session]
     if peers is None:
         others = ", ".join(h for h in plan.group if h != host.name)
         raise RefusedError(
             f"{host.name}: its tuning is shared with {others} (--fleet); orch needs them all to finish it",
             hint=f"select the whole group: orch wait {' '.join('--host ' + h for h in plan.group)}",
         )
-    return [me if name == host.name else peers(name) for name in plan.group]
+    return [session if name == host.name else peers(name) for name in plan.group]
 
 
 def start_groups(
-    prepared: Sequence[Prepared], store: StateStore, fleet: bool, peers: Peers
+    prepared: Sequence[Prepared], fleet: bool, peers: Peers
 ) -> tuple[list[Group], dict[str, BaseException]]:
     """Start new groups and gather attached plans; errors of a group are returned for its members."""
     groups, errors = _attached_groups(prepared, peers), dict[str, BaseException]()
@@ -55,25 +56,25 @@ def start_groups(
     todo = [p for p in prepared if p.attach is None and p.shapes]
     for members in group_prepared(todo, fleet):
         try:
-            plan, adopted = start_group(members, store)
+            plan, adopted = start_group(members)
         except OrchError as exc:
             errors.update((p.host.name, exc) for p in members)
             continue
         if adopted:
             groups.extend(g for g in _attached_groups([_adopting(members, plan)], peers) if g.plan.id not in seen)
         else:
-            groups.append(Group([Member(p.host, p.runner) for p in members], plan, attached=False))
+            groups.append(Group([p.session for p in members], plan, attached=False))
         seen.update(g.plan.id for g in groups)
     for p in prepared:
         if p.attach is None and not p.shapes:
-            record_nothing_to_do(store, p)
+            record_nothing_to_do(p)
     return groups, errors
 
 
 def _adopting(members: Sequence[Prepared], plan: PlanRecord) -> Prepared:
     """The member of ``members`` that ``plan`` (another orch's) tunes, as if it had attached."""
     lead = next((p for p in members if p.host.name in plan.group), members[0])
-    return Prepared(lead.host, lead.runner, attach=plan)
+    return Prepared(lead.session, attach=plan)
 
 
 def _attached_groups(prepared: Sequence[Prepared], peers: Peers) -> list[Group]:
@@ -81,13 +82,13 @@ def _attached_groups(prepared: Sequence[Prepared], peers: Peers) -> list[Group]:
     for p in prepared:
         if p.attach is None or p.attach.id in seen:
             continue
-        members = [Member(p.host, p.runner) if n == p.host.name else peers(n) for n in p.attach.group]
+        members = group_members(p.session, p.attach, peers)
         seen[p.attach.id] = Group(members, p.attach, attached=True)
     return list(seen.values())
 
 
 def step_group(
-    members: Sequence[Member], store: StateStore, plan: PlanRecord, state: State | None = None
+    members: Sequence[HostSession], plan: PlanRecord, state: State | None = None
 ) -> tuple[dict[str, TuneStatus], State]:
     """Poll once; when every job has ended and the group is still ``running``, complete it.
 
@@ -95,14 +96,15 @@ def step_group(
     started), else loaded. A step reads the state file once and writes it at most once (the poll's one
     transaction), unless it starts missing jobs or completes the group. Returns each member's status and
     the state as saved, for the next step."""
-    names = [m.host.name for m in members]
+    names = [m.name for m in members]
+    store = store_of(members)
     state = state or store.load()
-    resume_starts(members, store, state, plan.id)
-    polls, state = poll_group(members, store, plan, state)
+    resume_starts(members, state, plan.id)
+    polls, state = poll_group(members, plan, state)
     cached = records(state, names)
     current = plan_of(state, cached[names[0]])
     if current is not None and _ended(current, plan.id, cached[names[0]], polls, cached):
-        complete_group(members, store, current, polls)
+        complete_group(members, current, polls)
         state = store.load()
         cached = records(state, names)
     return {n: group_status(n, cached[n], plan_of(state, cached[n]), polls, cached) for n in names}, state

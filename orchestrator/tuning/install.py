@@ -13,14 +13,16 @@ from collections.abc import Sequence
 
 from orchestrator import jobs
 from orchestrator.facts import tuner as tf
-from orchestrator.state import HostState, StateStore, utc_now
+from orchestrator.session import HostSession
+from orchestrator.state import HostState, utc_now
 from orchestrator.transport.base import Runner
-from orchestrator.tuning.member import Member, edit_record
+from orchestrator.tuning.member import edit_record
 from orchestrator.tuning.progress import HostPoll
 from orchestrator.tuning.record import (
     AssignmentRecord,
     InstalledRecord,
     KeptRecord,
+    LogProgress,
     PlanRecord,
     RunRecord,
     TuningRecord,
@@ -29,24 +31,24 @@ from orchestrator.tuning.record import (
 _TAIL_LINES = 25
 
 
-def complete_group(members: Sequence[Member], store: StateStore, plan: PlanRecord, polls: dict[str, HostPoll]) -> None:
+def complete_group(members: Sequence[HostSession], plan: PlanRecord, polls: dict[str, HostPoll]) -> None:
     """All jobs ended: install the merged configs on every member, or record the failure on each."""
     failed = [(a, polls[a.host].infos.get(a.job_id or "")) for a in plan.assignments]
     failed = [(a, info) for a, info in failed if info is None or info.state != "succeeded"]
     if failed:
         reason, tail = describe_failure(members, failed, polls)
         stop_running(members, plan, polls)
-        return record_failure(members, store, plan, reason, tail)
+        return record_failure(members, plan, reason, tail)
     try:
         merged = merge_group(members, plan)
     except (tf.ConfigInvalid, OSError) as exc:
-        return record_failure(members, store, plan, f"tuned configs are not valid: {exc}", None)
+        return record_failure(members, plan, f"tuned configs are not valid: {exc}", None)
     for m in members:
-        install(m, store, plan, merged)
+        install(m, plan, merged)
 
 
 def describe_failure(
-    members: Sequence[Member],
+    members: Sequence[HostSession],
     failed: Sequence[tuple[AssignmentRecord, jobs.JobInfo | None]],
     polls: dict[str, HostPoll],
 ) -> tuple[str, str | None]:
@@ -57,25 +59,24 @@ def describe_failure(
         return f"{where}: its job directory is gone", None
     if info.state == "lost":
         return f"{where} was lost: its process is gone without an exit code (host rebooted or killed)", None
-    progress = polls[a.host].progress.get(a.purpose, tf.LogProgress())
-    runner = next(m.runner for m in members if m.host.name == a.host)
+    progress = polls[a.host].progress.get(a.purpose, LogProgress())
+    runner = next(m.runner for m in members if m.name == a.host)
     tail = jobs.tail_lines(jobs.read_tail(runner, info), _TAIL_LINES)
     more = f" (and {len(failed) - 1} more jobs)" if len(failed) > 1 else ""
     return f"{where} failed: {tf.failure_reason(progress, info.exit_code)}{more}", tail
 
 
-def stop_running(members: Sequence[Member], plan: PlanRecord, polls: dict[str, HostPoll]) -> None:
+def stop_running(members: Sequence[HostSession], plan: PlanRecord, polls: dict[str, HostPoll]) -> None:
     """Stop the group's jobs that still run: without the failed part the result cannot be installed."""
     for m in members:
-        for a in plan.on(m.host.name):
-            info = polls[m.host.name].infos.get(a.job_id or "")
+        for a in plan.on(m.name):
+            info = polls[m.name].infos.get(a.job_id or "")
             if info is not None and info.running:
                 jobs.stop(m.runner, info, grace_seconds=10)
+                m.forget("jobs", "gpus")
 
 
-def record_failure(
-    members: Sequence[Member], store: StateStore, plan: PlanRecord, reason: str, tail: str | None
-) -> None:
+def record_failure(members: Sequence[HostSession], plan: PlanRecord, reason: str, tail: str | None) -> None:
     def apply(hs: HostState, record: TuningRecord) -> None:
         if record.plan_id != plan.id:
             return
@@ -83,12 +84,12 @@ def record_failure(
         hs.tuning_failed(reason)
 
     for m in members:
-        edit_record(store, m.host.name, apply)
+        edit_record(m.store, m.name, apply)
 
 
-def merge_group(members: Sequence[Member], plan: PlanRecord) -> dict[str, tf.Configs]:
+def merge_group(members: Sequence[HostSession], plan: PlanRecord) -> dict[str, tf.Configs]:
     """Per shape key: the merged configs of every job that tuned it, checked complete."""
-    runners = {m.host.name: m.runner for m in members}
+    runners = {m.name: m.runner for m in members}
     merged = {}
     for s in plan.shapes:
         parts = [
@@ -116,9 +117,10 @@ def _kept(runner: Runner, kept: KeptRecord) -> tuple[str, tf.Configs]:
     return where, tf.finished_run(runner.read_bytes(kept.path), where, kept.batch_sizes)
 
 
-def install(member: Member, store: StateStore, plan: PlanRecord, merged: dict[str, tf.Configs]) -> None:
-    """Write every merged config into the member's runtime config dir; back up a replaced file."""
-    host, runner = member.host, member.runner
+def install(session: HostSession, plan: PlanRecord, merged: dict[str, tf.Configs]) -> None:
+    """Write every merged config into the member's runtime config dir; back up a replaced file (the
+    session's ``tuned_configs`` fact is forgotten: the files changed)."""
+    host, runner = session.host, session.runner
     paths = plan.hosts[host.name]
     done: dict[str, InstalledRecord] = {}
     for s in plan.shapes:
@@ -126,6 +128,7 @@ def install(member: Member, store: StateStore, plan: PlanRecord, merged: dict[st
         data = tf.render_config(merged[s.key]).encode()
         backup = _backup(runner, target, data, f"{paths.workdir.rstrip('/')}/tune/backups/{plan.id}")
         runner.write_bytes(target, data, mode=0o644)
+        session.forget("tuned_configs")
         done[s.key] = InstalledRecord(
             path=target,
             device=plan.device,
@@ -136,7 +139,7 @@ def install(member: Member, store: StateStore, plan: PlanRecord, merged: dict[st
             installed_at=utc_now(),
             backup=backup,
         )
-    edit_record(store, host.name, lambda hs, r: _record_installed(hs, r, plan, done))
+    edit_record(session.store, host.name, lambda hs, r: _record_installed(hs, r, plan, done))
 
 
 def _backup(runner: Runner, target: str, data: bytes, backup_dir: str) -> str | None:

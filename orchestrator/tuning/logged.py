@@ -4,7 +4,8 @@ A ``--fp8-gemm-backend triton`` server logs ``Config file not found at <path>`` 
 block-FP8 GEMM shape it looks up and has no tuned file for (reference §1.2): the server itself is the
 authority on which shapes the model runs at this TP size, with no model knowledge in orch. The server
 is found among the host's job directories (the state keeps only the newest server, which may not be
-a Triton one); its command line is the job's ``argv`` file, its output the job's ``log``.
+a Triton one); its command line is the job's ``argv`` file, its output the job's ``log`` (the job
+listing and each argv are the session's cached ``jobs`` and ``argv:<job>`` facts).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from orchestrator.errors import RefusedError
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.recipe import Shape
+from orchestrator.session import HostSession
 from orchestrator.transport.base import Runner
 
 LOG_HEAD_BYTES = 16 << 20  # the config lookups come at startup; a long-serving log is not read whole
@@ -31,10 +33,11 @@ class Logged:
     note: str | None = None
 
 
-def logged_shapes(host: Host, runner: Runner, device: str) -> Logged:
-    """The shapes the last Triton server on ``host`` logged as missing for ``device``; refuse when no
-    such server ran, or its log shows no config lookup for this GPU at all."""
-    job = last_triton_server(host, runner)
+def logged_shapes(session: HostSession, device: str) -> Logged:
+    """The shapes the last Triton server on the session's host logged as missing for ``device``; refuse
+    when no such server ran, or its log shows no config lookup for this GPU at all."""
+    host, runner = session.host, session.runner
+    job = last_triton_server(session)
     if job is None:
         raise RefusedError(
             f"{host.name}: --shapes logged: no server launched with --fp8-gemm-backend triton has run on "
@@ -69,19 +72,19 @@ def no_lookup_message(host: Host, job: jobs.JobInfo, device: str, other: list[st
     return f"{where} shows no FP8 config lookup (did the server get as far as loading the model?)"
 
 
-def last_triton_server(host: Host, runner: Runner) -> jobs.JobInfo | None:
-    """The newest server job on ``host`` whose command line selects ``--fp8-gemm-backend triton``."""
-    servers = [j for j in jobs.list_jobs(runner, host.workdir) if j.purpose == readers.SERVER_PURPOSE]
+def last_triton_server(session: HostSession) -> jobs.JobInfo | None:
+    """The newest server job on the host whose command line selects ``--fp8-gemm-backend triton``."""
+    servers = [j for j in session.jobs() if j.purpose == readers.SERVER_PURPOSE]
     for job in reversed(servers):  # list_jobs lists the oldest first
-        if tf.uses_triton(job_argv(runner, job)):
+        if tf.uses_triton(job_argv(session, job)):
             return job
     return None
 
 
-def job_argv(runner: Runner, job: jobs.JobInfo) -> list[str]:
+def job_argv(session: HostSession, job: jobs.JobInfo) -> list[str]:
     """A job's command line (its NUL-separated ``argv`` file); empty when the file is gone."""
     try:
-        data = runner.read_bytes(f"{job.dir}/argv")
+        words = session.job_argv(job)
     except FileNotFoundError:
         return []
-    return [a.decode(errors="replace") for a in data.split(b"\0") if a]
+    return [a.decode(errors="replace") for a in words if a]

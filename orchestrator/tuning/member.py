@@ -1,4 +1,7 @@
-"""A host of a tuning group (``Member``: the host and its runner), and reading the records and plans.
+"""A tuning group's members are host sessions (``HostSession``); reading the records and plans.
+
+``Peers`` resolves another member of a ``--fleet`` group to its session (``Fleet.peers``: one place,
+with the inventory check).
 
 ``edit_record`` changes one host's ``TuningRecord`` (and its ``HostState``) in one state transaction;
 ``records``, ``plan_of`` and ``running_plan`` read from a ``State`` already loaded (no file read of their
@@ -7,23 +10,19 @@ own); ``forget_unused_plans`` drops the plans no host names any more.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 
-from orchestrator.inventory import Host
+from orchestrator.session import HostSession
 from orchestrator.state import HostState, State, StateStore
-from orchestrator.transport.base import Runner
 from orchestrator.tuning.record import PlanRecord, TuningRecord
 
-
-@dataclass(frozen=True)
-class Member:
-    host: Host
-    runner: Runner
+Peers = Callable[[str], HostSession]
+"""Resolves another host of a ``--fleet`` group by inventory name to its session (``Fleet.peers``)."""
 
 
-Peers = Callable[[str], Member]
-"""Resolves another host of a ``--fleet`` group by inventory name (the CLI passes the fleet's runners)."""
+def store_of(group: Sequence[HostSession]) -> StateStore:
+    """The state store of a group's sessions: one for the whole invocation (``Fleet.session``)."""
+    return group[0].store
 
 
 def record_of(hs: HostState | None) -> TuningRecord:

@@ -26,11 +26,11 @@ from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.ops import server as srv
 from orchestrator.recipe import Recipe, ServeOptions, Shape, TuneOptions, parse_shapes
-from orchestrator.state import StateStore
+from orchestrator.session import HostSession
 from orchestrator.transport.base import CommandResult, Runner, check_result
 from orchestrator.tuning.install import complete_group, describe_failure
 from orchestrator.tuning.logged import logged_shapes
-from orchestrator.tuning.member import Member, plan_of, record_of, records, running_plan
+from orchestrator.tuning.member import plan_of, record_of, records, running_plan
 from orchestrator.tuning.plan import selected_gpus
 from orchestrator.tuning.progress import HostPoll, job_views, poll_group, poll_host
 from orchestrator.tuning.record import (
@@ -57,7 +57,7 @@ class HostFacts:
     device: str  # nvidia-smi's name, spaces and all
     commit: str
     gpus: list[smi.Gpu]
-    gpu_users: dict[int, list[smi.GpuProcess]]
+    holders: list[smi.Holder] = field(default_factory=list)  # every GPU's, from discovery (no job ties)
 
 
 DISCOVER_TIMEOUT = 300 + 300 + 2 * smi.CLIENT_TIMEOUT + 60  # the --help, the import, nvidia-smi twice, git
@@ -84,9 +84,15 @@ class ReadAhead:
         return data
 
 
-def discover(host: Host, runner: Runner, paths: Sequence[str] = ()) -> tuple[HostFacts, ReadAhead]:
+def discover(session: HostSession, paths: Sequence[str] = ()) -> tuple[HostFacts, ReadAhead]:
     """Read the tuner, the runtime config directory, the GPUs, Triton and the SGLang commit, and the
-    files at ``paths`` (the configs a plan may skip or keep), in one remote command."""
+    files at ``paths`` (the configs a plan may skip or keep), in one remote command.
+
+    The checkout it reads is the session's ``git`` fact (same command, same parser): it is cached for
+    what the invocation reads next (``orch run``'s serve step). Its GPU holders are not the session's
+    ``gpus`` fact, which ties each holder to its orch job (one more round trip): the tuning refusal
+    needs only who holds a GPU."""
+    host, runner = session.host, session.runner
     argvs = dict(discover_sections(host, paths))
     sections = probe.parse(runner.run(probe.probe_argv(list(argvs.items())), timeout=DISCOVER_TIMEOUT).stdout)
 
@@ -100,12 +106,14 @@ def discover(host: Host, runner: Runner, paths: Sequence[str] = ()) -> tuple[Hos
 
     script, flags = tuner_of(host, answer("tuner"))
     runtime = runtime_of(host, answer("runtime"))
-    devices, users = gpu_users_of(host, answer("gpus"), answer("apps"))
+    devices, holders = holders_of(host, answer("gpus"), answer("apps"))
     if not devices:
         raise RefusedError(f"{host.name}: nvidia-smi lists no GPU")
-    commit = git.parse_info(check_result(host.name, answer("git")).stdout).commit
+    checkout = session.know("git", git.parse_info(check_result(host.name, answer("git")).stdout))
     config_dir = runtime.config_dir or ""
-    facts = HostFacts(host, script, flags, config_dir, runtime.triton, devices[0].name, commit, devices, users)
+    facts = HostFacts(
+        host, script, flags, config_dir, runtime.triton, devices[0].name, checkout.commit, devices, holders
+    )
     return facts, ReadAhead(runner, {path: _file(sections.get(f"file{i}")) for i, path in enumerate(paths)})
 
 
@@ -176,27 +184,19 @@ def runtime_of(host: Host, result: CommandResult) -> tf.RuntimeFacts:
     return facts
 
 
-def gpu_users_of(
-    host: Host, devs: CommandResult, apps: CommandResult
-) -> tuple[list[smi.Gpu], dict[int, list[smi.GpuProcess]]]:
-    """The GPUs and, per GPU index, the processes holding it (from the two nvidia-smi queries)."""
+def holders_of(host: Host, devs: CommandResult, apps: CommandResult) -> tuple[list[smi.Gpu], list[smi.Holder]]:
+    """The GPUs and the processes holding them (from the two nvidia-smi queries, joined by
+    ``smi.holders``), not tied to orch jobs."""
     devices = smi.parse_gpus(smi.answer(host.name, devs))
-    held = smi.parse_apps(smi.answer(host.name, apps))
-    return devices, smi.holders_by_gpu(devices, held)
-
-
-def read_gpu_users(host: Host, runner: Runner) -> tuple[list[smi.Gpu], dict[int, list[smi.GpuProcess]]]:
-    """The GPUs and their holders again (after stopping orch's server)."""
-    devs = runner.run(smi.query_gpus_argv(), timeout=smi.CLIENT_TIMEOUT)
-    return gpu_users_of(host, devs, runner.run(smi.query_apps_argv(), timeout=smi.CLIENT_TIMEOUT))
+    held = smi.holders(devices, smi.parse_apps(smi.answer(host.name, apps)))
+    return devices, [smi.Holder(gpu, a.pid, a.process_name) for gpu, a in held]
 
 
 @dataclass
 class Prepared:
     """A host ready to tune (``facts``, the shapes it needs) or to attach to (``attach``)."""
 
-    host: Host
-    runner: Runner
+    session: HostSession
     attach: PlanRecord | None = None
     facts: HostFacts | None = None
     shapes: list[Shape] = field(default_factory=list)
@@ -207,47 +207,51 @@ class Prepared:
     kept: list[KeptRecord] = field(default_factory=list)  # units an earlier, failed plan finished here
     costs: tf.Costs = field(default_factory=tf.Costs)  # what the schedule counts (the recipe's tuning costs)
 
+    @property
+    def host(self) -> Host:
+        return self.session.host
 
-def prepare(
-    host: Host, runner: Runner, store: StateStore, recipe: Recipe, options: TuneOptions, look: bool = False
-) -> Prepared:
+
+def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bool = False) -> Prepared:
     """Attach to a running plan, or discover, resolve shapes, skip installed ones and check GPUs. A plan
     recorded running whose jobs were lost is failed first (``settle_lost``). ``look``: change nothing
     (``orch run``'s dry run and outage check): such a plan is taken as failed without recording it."""
+    host, runner, store = session.host, session.runner, session.store
     state = store.load()
     record = record_of(state.hosts.get(host.name))
     plan = plan_of(state, record)
     running = plan.id if record.state == "running" and plan is not None else None
     if running is not None and plan is not None:
-        record, plan = settle_lost(host, runner, store, record, plan, look)
+        record, plan = settle_lost(session, record, plan, look)
     if record.state == "running" and plan is not None:
-        return Prepared(host, runner, attach=plan)
-    facts, files = discover(host, runner, [] if options.force else files_to_check(host, record, plan))
+        return Prepared(session, attach=plan)
+    facts, files = discover(session, [] if options.force else files_to_check(host, record, plan))
     tp = tp_size(recipe, host)
-    logged = logged_shapes(host, runner, facts.device) if options.shapes == "logged" else None
-    wanted = logged.shapes if logged else resolve_shapes(options.shapes, recipe, host, runner, tp)
+    logged = logged_shapes(session, facts.device) if options.shapes == "logged" else None
+    wanted = logged.shapes if logged else resolve_shapes(options.shapes, recipe, session, tp)
     batch_sizes = list(options.batch_sizes or recipe.tuning.batch_sizes)
     skipped = [] if options.force else installed_shapes(files, record, facts, wanted, batch_sizes)
     needed = [s for s in wanted if s.key not in skipped]
-    kept = [] if options.force else kept_results(host, files, record, plan, facts, needed, batch_sizes)
+    kept = [] if options.force else kept_results(files, record, plan, facts, needed, batch_sizes)
     if needed and options.stop_server:
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
         srv.stop_server(host, runner, store, gpus, drain, srv.warn_log(host), srv.FOR_TUNE_FP8)
-        facts.gpus, facts.gpu_users = read_gpu_users(host, runner)
+        session.forget("jobs", "gpus", "server_info")  # the server job ended, its GPUs released
+        facts.holders = session.gpus(selected_gpus(host, facts)).holders
     # a plan another orch recorded while this one looked; read after the GPUs: plans are recorded before
     # their jobs start, so GPUs busy with that plan's jobs are adopted, never refused as someone else's
     other = running_plan(store.load(), host.name) if needed else None
     if other is not None and not (look and other.id == running):  # looking: a lost plan is still recorded
-        return Prepared(host, runner, attach=other)  # another orch planned while this one looked: adopt its plan
+        return Prepared(session, attach=other)  # another orch planned while this one looked: adopt its plan
     if needed:
         refuse_busy(host, facts, options.allow_busy_gpus)
     note = logged.note if logged else None
     costs = tf.Costs(recipe.tuning.tuner_startup_s, recipe.tuning.tuner_unit_s)
-    return Prepared(host, runner, None, facts, needed, skipped, batch_sizes, tp, note, kept, costs)
+    return Prepared(session, None, facts, needed, skipped, batch_sizes, tp, note, kept, costs)
 
 
 def settle_lost(
-    host: Host, runner: Runner, store: StateStore, record: TuningRecord, plan: PlanRecord, look: bool
+    session: HostSession, record: TuningRecord, plan: PlanRecord, look: bool
 ) -> tuple[TuningRecord, PlanRecord | None]:
     """``record``, running ``plan``, as ``prepare`` goes on from (with the plan it then names). The plan
     was lost when no job of it runs any more and one or more was lost (its process gone without an exit
@@ -258,15 +262,15 @@ def settle_lost(
     installs, or reports the failure with its log tail), a job whose start is not recorded yet counts
     as running (the watch finds or starts it), and a ``--fleet`` plan (or a host that does not answer)
     is left to the watch, which reaches every member and rides out outages."""
+    host, store = session.host, session.store
     if plan.group != [host.name]:
         return record, plan
-    member = Member(host, runner)
     current: PlanRecord | None
     try:
         if look:
-            polls, cached, current = {host.name: poll_host(member, plan, record)}, {host.name: record}, plan
+            polls, cached, current = {host.name: poll_host(session, plan, record)}, {host.name: record}, plan
         else:
-            polls, state = poll_group([member], store, plan)
+            polls, state = poll_group([session], plan)
             cached = records(state, [host.name])
             current = plan_of(state, cached[host.name])
     except UnreachableError:
@@ -278,8 +282,8 @@ def settle_lost(
     if "running" in states or not states & {"lost", "missing"}:
         return now, current
     if look:
-        return now.model_copy(update={"state": "failed", "reason": failure(member, current, polls)}), current
-    complete_group([member], store, current, polls)
+        return now.model_copy(update={"state": "failed", "reason": failure(session, current, polls)}), current
+    complete_group([session], current, polls)
     state = store.load()
     now = record_of(state.hosts.get(host.name))
     if now.state == "failed" and now.plan_id == plan.id:
@@ -287,11 +291,11 @@ def settle_lost(
     return now, plan_of(state, now)
 
 
-def failure(member: Member, plan: PlanRecord, polls: dict[str, HostPoll]) -> str:
+def failure(session: HostSession, plan: PlanRecord, polls: dict[str, HostPoll]) -> str:
     """Why ``plan`` failed, as ``complete_group`` records it."""
-    infos = polls[member.host.name].infos
+    infos = polls[session.name].infos
     failed = [(a, infos.get(a.job_id or "")) for a in plan.assignments]
-    return describe_failure([member], [(a, i) for a, i in failed if i is None or i.state != "succeeded"], polls)[0]
+    return describe_failure([session], [(a, i) for a, i in failed if i is None or i.state != "succeeded"], polls)[0]
 
 
 def tp_size(recipe: Recipe, host: Host) -> int:
@@ -299,7 +303,7 @@ def tp_size(recipe: Recipe, host: Host) -> int:
     return server_facts.tp_size(recipe, host.gpus)
 
 
-def resolve_shapes(spec: str, recipe: Recipe, host: Host, runner: Runner, tp: int) -> list[Shape]:
+def resolve_shapes(spec: str, recipe: Recipe, session: HostSession, tp: int) -> list[Shape]:
     """``default`` (the recipe's list), ``auto`` (from the model's config.json) or ``N=..,K=..;...``
     (``logged`` needs the GPU's name: ``logged.logged_shapes``)."""
     if spec == "default":
@@ -309,14 +313,15 @@ def resolve_shapes(spec: str, recipe: Recipe, host: Host, runner: Runner, tp: in
             )
         return list(recipe.tuning.shapes)
     if spec == "auto":
-        return auto_shapes(host, runner, tp)
+        return auto_shapes(session, tp)
     return parse_shapes(spec)
 
 
-def auto_shapes(host: Host, runner: Runner, tp: int) -> list[Shape]:
+def auto_shapes(session: HostSession, tp: int) -> list[Shape]:
+    host = session.host
     path = f"{host.model_path.rstrip('/')}/config.json"
     try:
-        config = json.loads(runner.read_bytes(path))
+        config = json.loads(session.runner.read_bytes(path))
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested absurdly deep
         raise RefusedError(f"{host.name}: cannot read the model's {path}: {exc}") from None
     try:
@@ -354,7 +359,6 @@ def _installed_complete(
 
 
 def kept_results(
-    host: Host,
     runner: FileReader,
     record: TuningRecord,
     plan: PlanRecord | None,
@@ -366,7 +370,9 @@ def kept_results(
     plan to keep rather than tune again: each run's result file on this host (and the files that plan
     itself kept), when that plan was for this device, commit and Triton, for shapes and batch sizes still
     wanted. Each file is re-read and trusted only whole (``tf.finished_run``): one missing, cut short or
-    wrong is left out, and its units are tuned again. ``plan``: the one ``record`` names."""
+    wrong is left out, and its units are tuned again. ``plan``: the one ``record`` names; ``facts``: the
+    host's, as ``discover`` found them."""
+    host = facts.host
     if record.state != "failed" or plan is None:
         return []
     if (plan.device, plan.commit, plan.triton) != (facts.device, facts.commit, facts.triton):
@@ -397,11 +403,12 @@ def _finished(runner: FileReader, kept: KeptRecord) -> bool:
 
 
 def refuse_busy(host: Host, facts: HostFacts, allow: bool) -> None:
-    """Refuse GPUs held by other processes, naming each pid and process, unless ``allow``."""
-    held = [(i, p) for i in selected_gpus(host, facts) for p in facts.gpu_users.get(i, [])]
-    if held and not allow:
-        who = ", ".join(f"GPU {i}: pid {p.pid} ({p.process_name})" for i, p in held)
+    """Refuse GPUs held by other processes (``smi.foreign_holders``: every holder of a GPU to tune on),
+    naming each pid and process (``smi.busy_message``), unless ``allow``."""
+    selected = selected_gpus(host, facts)
+    held = sorted((h for h in facts.holders if h.gpu in selected), key=lambda h: selected.index(h.gpu))
+    if smi.foreign_holders(held) and not allow:
         raise RefusedError(
-            f"{host.name}: GPUs are busy: {who}",
+            smi.busy_message(host.name, "GPUs are busy", held, owners=False),
             hint="stop those processes, pass --stop-server if it is orch's server, or --allow-busy-gpus",
         )

@@ -13,9 +13,10 @@ from typing import Any, Literal
 
 from orchestrator import jobs
 from orchestrator.facts import tuner as tf
-from orchestrator.state import HostState, State, StateStore
-from orchestrator.tuning.member import Member, records
-from orchestrator.tuning.record import AssignmentRecord, InstalledRecord, PlanRecord, TuningRecord
+from orchestrator.session import HostSession
+from orchestrator.state import HostState, State
+from orchestrator.tuning.member import records, store_of
+from orchestrator.tuning.record import AssignmentRecord, InstalledRecord, LogProgress, PlanRecord, TuningRecord
 
 TuneState = Literal["none", "running", "ready-to-install", "installed", "failed"]
 _READ_LIMIT = 4 << 20  # bytes of a log read per job per poll; the rest comes with the next poll
@@ -82,19 +83,22 @@ class HostPoll:
     """One host's jobs and their log progress, as read in one poll."""
 
     infos: dict[str, jobs.JobInfo]
-    progress: dict[str, tf.LogProgress]
+    progress: dict[str, LogProgress]
 
 
-def poll_host(member: Member, plan: PlanRecord, record: TuningRecord) -> HostPoll:
-    """List the host's jobs and read each tuning job's log from its last offset (at most ``_READ_LIMIT``)."""
-    host, runner = member.host, member.runner
-    infos = {j.id: j for j in jobs.list_jobs(runner, host.workdir)}
-    progress: dict[str, tf.LogProgress] = {}
+def poll_host(session: HostSession, plan: PlanRecord, record: TuningRecord) -> HostPoll:
+    """List the host's jobs afresh (the session's ``jobs`` fact, and ``gpus`` with it, are forgotten:
+    jobs may have ended since) and read each tuning job's log from its last offset (at most
+    ``_READ_LIMIT``)."""
+    session.forget("jobs", "gpus")
+    host, runner = session.host, session.runner
+    infos = {j.id: j for j in session.jobs()}
+    progress: dict[str, LogProgress] = {}
     for a in plan.on(host.name):
-        p = tf.LogProgress.from_json(record.progress.get(a.purpose, {}))
+        p = record.progress[a.purpose].model_copy(deep=True) if a.purpose in record.progress else LogProgress()
         info = infos.get(a.job_id or "")
         if info is not None and info.log_size > p.offset:
-            p.feed(runner.read_bytes(info.log, p.offset, min(info.log_size - p.offset, _READ_LIMIT)))
+            tf.feed(p, runner.read_bytes(info.log, p.offset, min(info.log_size - p.offset, _READ_LIMIT)))
         progress[a.purpose] = p
     return HostPoll(infos, progress)
 
@@ -105,8 +109,9 @@ def _store_poll(hs: HostState, plan_id: str, poll: HostPoll) -> None:
     if record is None or record.plan_id != plan_id:
         return
     for purpose, p in poll.progress.items():
-        if p.offset >= int(record.progress.get(purpose, {}).get("offset", 0)):
-            record.progress[purpose] = p.to_json()
+        stored = record.progress.get(purpose)
+        if stored is None or p.offset >= stored.offset:
+            record.progress[purpose] = p.model_copy(deep=True)
     for info in poll.infos.values():
         if info.id in hs.jobs and hs.jobs[info.id].kind == "tune":
             record_job_end(hs, info)
@@ -121,15 +126,16 @@ def record_job_end(hs: HostState, info: jobs.JobInfo) -> None:
 
 
 def poll_group(
-    members: Sequence[Member], store: StateStore, plan: PlanRecord, state: State | None = None
+    members: Sequence[HostSession], plan: PlanRecord, state: State | None = None
 ) -> tuple[dict[str, HostPoll], State]:
     """Poll every member once and record what was read in one state transaction. Each job's log is read
     from the offset ``state`` holds (the state the caller has at hand, else loaded once): an offset
     older than the file's only re-reads some bytes. Returns the polls and the state as saved."""
+    store = store_of(members)
     state = state or store.load()
-    cached = records(state, [m.host.name for m in members])
+    cached = records(state, [m.name for m in members])
     current = state.tuning_plans.get(plan.id, plan)  # the job ids as last recorded
-    polls = {m.host.name: poll_host(m, current, cached[m.host.name]) for m in members}
+    polls = {m.name: poll_host(m, current, cached[m.name]) for m in members}
     with store.update() as saved:
         for name, poll in polls.items():
             _store_poll(saved.host(name), plan.id, poll)
@@ -144,7 +150,7 @@ def job_views(plan: PlanRecord, polls: dict[str, HostPoll], cached: dict[str, Tu
         info = poll.infos.get(a.job_id or "") if poll else None
         progress = poll.progress.get(a.purpose) if poll else None
         if progress is None:
-            progress = tf.LogProgress.from_json(cached.get(a.host, TuningRecord()).progress.get(a.purpose, {}))
+            progress = cached.get(a.host, TuningRecord()).progress.get(a.purpose, LogProgress())
         state = _job_state(a, info, polled=poll is not None)
         views.append(JobView(a.host, a.gpu, a.purpose, a.job_id, state, _units_done(a, progress), a.units))
     return views
@@ -157,12 +163,12 @@ def _job_state(a: AssignmentRecord, info: jobs.JobInfo | None, polled: bool) -> 
     return "missing" if polled and a.job_id else "running"
 
 
-def _units_done(a: AssignmentRecord, progress: tf.LogProgress) -> int:
+def _units_done(a: AssignmentRecord, progress: LogProgress) -> int:
     return sum(len(set(progress.done.get(r.key, [])) & set(r.batch_sizes)) for r in a.runs)
 
 
 def shape_progress(
-    plan: PlanRecord, progress: dict[str, tf.LogProgress], installed: dict[str, InstalledRecord] | None = None
+    plan: PlanRecord, progress: dict[str, LogProgress], installed: dict[str, InstalledRecord] | None = None
 ) -> list[ShapeProgress]:
     """Per shape: batch sizes done over the whole group, out of those requested. A shape this plan
     installed is done whatever the logs say (another member's progress may not be at hand); units the
@@ -235,12 +241,12 @@ def installed_for(record: TuningRecord) -> dict[str, dict[str, Any]]:
 
 def _all_progress(
     plan: PlanRecord, polls: dict[str, HostPoll], cached: dict[str, TuningRecord]
-) -> dict[str, tf.LogProgress]:
+) -> dict[str, LogProgress]:
     merged = {}
     for a in plan.assignments:
         live = polls[a.host].progress.get(a.purpose) if a.host in polls else None
-        stored = cached.get(a.host, TuningRecord()).progress.get(a.purpose, {})
-        merged[f"{a.host}/{a.purpose}"] = live or tf.LogProgress.from_json(stored)
+        stored = cached.get(a.host, TuningRecord()).progress.get(a.purpose, LogProgress())
+        merged[f"{a.host}/{a.purpose}"] = live or stored
     return merged
 
 

@@ -141,6 +141,26 @@ class InstalledRecord(_Record):
     backup: str | None = None
 
 
+class LogProgress(BaseModel):
+    """What one tuning job's log said so far (``facts.tuner.feed`` reads it on from ``offset``), kept in
+    the record so another orch (``status``, ``wait``) resumes there. Lines end at ``\\n`` or ``\\r``; an
+    unterminated last line waits in ``carry``. ``done``: shape key -> batch sizes completed; ``written``:
+    the last 50 config paths the log announced. Unknown keys are ignored, as the dict it replaces was
+    read (the state file holds these keys in this order, as before)."""
+
+    model_config = ConfigDict(extra="ignore", hide_input_in_errors=True)
+
+    offset: int = 0
+    carry: str = ""
+    shape: str | None = None
+    done: dict[str, list[int]] = Field(default_factory=dict)
+    written: list[str] = Field(default_factory=list)
+    runs_completed: int = 0
+    traceback: bool = False
+    error: str | None = None
+    oom: bool = False
+
+
 class TuningRecord(_Record):
     """One host's tuning: its last plan (by id: ``State.tuning_plans`` holds the plan, once for the
     whole group), that plan's state, per-job log progress and the configs installed on the host."""
@@ -149,7 +169,7 @@ class TuningRecord(_Record):
     state: Literal["none", "running", "installed", "failed"] = "none"
     reason: str | None = None
     log_tail: str | None = None
-    progress: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    progress: dict[str, LogProgress] = Field(default_factory=dict)  # by job purpose
     installed: dict[str, InstalledRecord] = Field(default_factory=dict)
 
     def installed_paths(self) -> dict[str, str]:

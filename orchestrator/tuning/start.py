@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from orchestrator import jobs
 from orchestrator.errors import OrchError, RefusedError, RemoteCommandError, UnreachableError
 from orchestrator.inventory import Host
+from orchestrator.session import HostSession
 from orchestrator.state import HostState, JobRecord, State, StateStore, find_secret
 from orchestrator.transport.base import Runner
 from orchestrator.tuning.install import record_failure, stop_running
-from orchestrator.tuning.member import Member, edit_record, forget_unused_plans, plan_of, record_of, running_plan
+from orchestrator.tuning.member import edit_record, forget_unused_plans, plan_of, record_of, running_plan, store_of
 from orchestrator.tuning.plan import job_spec, make_plan
 from orchestrator.tuning.prepare import Prepared
 from orchestrator.tuning.progress import poll_group
@@ -27,34 +28,34 @@ from orchestrator.tuning.record import AssignmentRecord, PlanRecord, TuningRecor
 log = logging.getLogger(__name__)
 
 
-def start_group(members: Sequence[Prepared], store: StateStore) -> tuple[PlanRecord, bool]:
+def start_group(members: Sequence[Prepared]) -> tuple[PlanRecord, bool]:
     """Plan, record the plan on every member (phase ``tuning``), then start every member's jobs.
 
     Returns the plan and whether it is another orch's: one that recorded its plan for a member while
     this one prepared is adopted (attached to, as a re-run does), and nothing is started."""
     plan = make_plan(members)
-    other = _claim(members, store, plan)
+    other = _claim(members, plan)
     if other is not None:
         return other, True
     try:
         for p in members:
-            _start_jobs(p.host, p.runner, store, plan, plan.on(p.host.name))
+            _start_jobs(p.session, plan, plan.on(p.host.name))
     except UnreachableError as exc:  # a start cut off by a drop: whether its job runs is unknown, so the
         # plan stays running and the watch's resume_starts finds the job by purpose before starting any
         log.warning("%s; the plan stays running: its jobs are found or started once the host answers", exc.message)
     except OrchError as exc:
-        _abandon(members, store, plan, f"could not start every job: {exc}")
+        _abandon([p.session for p in members], plan, f"could not start every job: {exc}")
         raise
     return plan, False
 
 
-def _claim(members: Sequence[Prepared], store: StateStore, plan: PlanRecord) -> PlanRecord | None:
+def _claim(members: Sequence[Prepared], plan: PlanRecord) -> PlanRecord | None:
     """Record ``plan`` on every member in one state transaction, unless a member already runs a plan
     (another orch's, recorded since this one prepared): then record nothing and return that plan."""
     kept = f", keeping {plan.kept_units} units tuned before" if plan.kept else ""
     reason = f"tuning {len(plan.shapes)} shapes on {len(plan.assignments)} GPUs (plan {plan.id}{kept})"
     names = [p.host.name for p in members]
-    with store.update() as state:
+    with store_of([p.session for p in members]).update() as state:
         for name in names:
             other = running_plan(state, name)
             if other is not None:
@@ -76,24 +77,21 @@ def record_plan(state: State, names: Sequence[str], plan: PlanRecord, reason: st
     forget_unused_plans(state)
 
 
-def _abandon(members: Sequence[Prepared], store: StateStore, plan: PlanRecord, reason: str) -> None:
+def _abandon(group: Sequence[HostSession], plan: PlanRecord, reason: str) -> None:
     """A plan that could not start completely: stop what did start, record the failure. Jobs of a plan
     that replaced this one in the state are another orch's: never stopped here."""
-    group = [Member(p.host, p.runner) for p in members]
     try:
-        state = store.load()
-        current = plan_of(state, record_of(state.hosts.get(group[0].host.name)))
+        state = store_of(group).load()
+        current = plan_of(state, record_of(state.hosts.get(group[0].name)))
         if current is not None and current.id != plan.id:
             return
-        polls, _ = poll_group(group, store, plan)
+        polls, _ = poll_group(group, plan)
         stop_running(group, current or plan, polls)
     finally:
-        record_failure(group, store, plan, reason, None)
+        record_failure(group, plan, reason, None)
 
 
-def _start_jobs(
-    host: Host, runner: Runner, store: StateStore, plan: PlanRecord, todo: Sequence[AssignmentRecord]
-) -> None:
+def _start_jobs(session: HostSession, plan: PlanRecord, todo: Sequence[AssignmentRecord]) -> None:
     """Start the jobs of ``todo`` on ``host`` together (one remote command, ``jobs.start_many``, which
     makes their staging directories first), then record every job id in one state transaction.
 
@@ -102,9 +100,11 @@ def _start_jobs(
     not, or a start that failed, is an error once the jobs that did start are recorded."""
     if not todo:  # every job of this host already started (an interrupted start is being resumed)
         return
+    host, runner = session.host, session.runner
     specs = [job_spec(host, plan, a, frozenset(plan.hosts[host.name].flags)) for a in todo]
     for spec in specs:
         _check_recordable(host, spec)
+    session.forget("jobs", "gpus")  # jobs start (or a start is cut off): the listing is stale either way
     results = jobs.start_many(runner, host.workdir, specs, [a.staging for a in todo])
     ours: list[tuple[AssignmentRecord, jobs.JobSpec, jobs.Started]] = []
     problem: OrchError | None = None
@@ -122,7 +122,7 @@ def _start_jobs(
         else:
             ours.append((a, result.spec, started))
     if ours:
-        with store.update() as state:
+        with session.store.update() as state:
             for a, spec, started in ours:
                 record_start(state, a, spec, started)
     if problem is not None:
@@ -148,30 +148,32 @@ def _runs_assignment(runner: Runner, workdir: str, job_id: str, a: AssignmentRec
     return a.staging.encode() in argv
 
 
-def resume_starts(members: Sequence[Member], store: StateStore, state: State, plan_id: str) -> None:
+def resume_starts(members: Sequence[HostSession], state: State, plan_id: str) -> None:
     """Start the jobs a running plan still lacks on each member (orch was killed while starting
     them), as ``state`` tells; a job that did start but was not recorded is found by its purpose and
     attached to."""
     for m in members:
-        plan = running_plan(state, m.host.name)
+        plan = running_plan(state, m.name)
         if plan is None or plan.id != plan_id:
             continue
-        todo = [a for a in plan.on(m.host.name) if a.job_id is None]
+        todo = [a for a in plan.on(m.name) if a.job_id is None]
         if todo:
-            _adopt_started(m, store, plan, todo)
-            _start_jobs(m.host, m.runner, store, plan, [a for a in todo if a.job_id is None])
+            _adopt_started(m, plan, todo)
+            _start_jobs(m, plan, [a for a in todo if a.job_id is None])
 
 
-def _adopt_started(member: Member, store: StateStore, plan: PlanRecord, todo: Sequence[AssignmentRecord]) -> None:
-    """Record jobs of ``todo`` that did start (and maybe already ended) before orch was killed."""
-    host, runner = member.host, member.runner
-    for info in jobs.list_jobs(runner, host.workdir):
+def _adopt_started(session: HostSession, plan: PlanRecord, todo: Sequence[AssignmentRecord]) -> None:
+    """Record jobs of ``todo`` that did start (and maybe already ended) before orch was killed (the
+    host's jobs listed afresh: the session's listing may predate the start)."""
+    host, runner = session.host, session.runner
+    session.forget("jobs", "gpus")
+    for info in session.jobs():
         for a in todo:
             if a.job_id is None and info.purpose == a.purpose and _runs_assignment(runner, host.workdir, info.id, a):
                 a.job_id = info.id
                 spec = job_spec(host, plan, a, frozenset(plan.hosts[host.name].flags))
                 started = jobs.Started(info.id, info.pid or 0, attached=True)
-                _record(store, a, spec, started)
+                _record(session.store, a, spec, started)
 
 
 def _record(store: StateStore, a: AssignmentRecord, spec: jobs.JobSpec, s: jobs.Started) -> None:
@@ -205,7 +207,7 @@ def record_start(state: State, a: AssignmentRecord, spec: jobs.JobSpec, s: jobs.
     )
 
 
-def record_nothing_to_do(store: StateStore, p: Prepared) -> None:
+def record_nothing_to_do(p: Prepared) -> None:
     """Every wanted shape is already installed for this device and commit (or, ``p.note``, the shapes'
     source asks for none): phase ``tuned``."""
     reason = p.note or f"tuned configs already installed for {', '.join(p.skipped)}"
@@ -215,4 +217,4 @@ def record_nothing_to_do(store: StateStore, p: Prepared) -> None:
             record.state, record.reason = "installed", None
         hs.tuned(reason)
 
-    edit_record(store, p.host.name, apply)
+    edit_record(p.session.store, p.host.name, apply)

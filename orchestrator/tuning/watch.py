@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from orchestrator import jobs
 from orchestrator.errors import HostError, UnreachableError, UsageError
-from orchestrator.state import State, StateStore
+from orchestrator.session import HostSession
+from orchestrator.state import State
 from orchestrator.tuning.group import Group, step_group
-from orchestrator.tuning.member import Member
 from orchestrator.tuning.progress import TuneStatus
 
 RECONNECT_SECONDS = 300.0  # how long a tuning wait reconnects to a host it cannot reach before giving up
@@ -26,13 +26,12 @@ log = logging.getLogger(__name__)
 
 def wait_group(
     group: Group,
-    store: StateStore,
     on_progress: Callable[[TuneStatus], None] | None = None,
     poll: float = 1.0,
 ) -> dict[str, TuneStatus]:
     """Watch one group until it is installed or failed (``watch_groups``); its error is raised: a host
     error, or ``UnreachableError`` once a host stayed unreachable too long (the jobs run on)."""
-    statuses, errors = watch_groups([group], store, True, on_progress, poll)
+    statuses, errors = watch_groups([group], True, on_progress, poll)
     if errors:
         raise next(iter(errors.values()))
     return statuses
@@ -40,7 +39,6 @@ def wait_group(
 
 def watch_groups(
     groups: Sequence[Group],
-    store: StateStore,
     wait: bool,
     on_progress: Callable[[TuneStatus], None] | None = None,
     poll: float = 1.0,
@@ -64,10 +62,10 @@ def watch_groups(
                     if not paused[plan_id].done():
                         continue
                     paused.pop(plan_id).result()  # a bug in the pause keeps its traceback
-                done = watched.step(store, statuses, errors, on_progress)
+                done = watched.step(statuses, errors, on_progress)
                 lost = watched.outage.last
                 if not done and not wait and lost is not None:
-                    errors.update((m.host.name, lost) for m in watched.group.members)  # not waiting out the outage
+                    errors.update((m.name, lost) for m in watched.group.members)  # not waiting out the outage
                 if done or not wait:
                     pending.pop(plan_id)
                 elif len(pending) == 1:
@@ -89,7 +87,6 @@ class _Watched:
 
     def step(
         self,
-        store: StateStore,
         statuses: dict[str, TuneStatus],
         errors: dict[str, BaseException],
         on_progress: Callable[[TuneStatus], None] | None,
@@ -97,16 +94,16 @@ class _Watched:
         """One step of the group; True when it needs no more watching."""
         group = self.group
         try:
-            step, self.state = step_group(group.members, store, group.plan, self.state)
+            step, self.state = step_group(group.members, group.plan, self.state)
         except UnreachableError as exc:
             try:
                 self.outage.lost(exc)
             except UnreachableError as gave_up:
-                errors.update((m.host.name, gave_up) for m in group.members)
+                errors.update((m.name, gave_up) for m in group.members)
                 return True
             return False
         except HostError as exc:
-            errors.update((m.host.name, exc) for m in group.members)
+            errors.update((m.name, exc) for m in group.members)
             return True
         self.outage.over()
         for name, status in step.items():
@@ -120,7 +117,7 @@ class _Watched:
         """``poll`` seconds, or less when one of the group's running jobs ends: each member's host
         blocks until one of its jobs ends (``jobs.wait_any``; members in parallel, the pause ends with
         the last). A host without running jobs, or that cannot be asked, just waits out ``poll``."""
-        waits = [(m, ids) for m in self.group.members if (ids := _running(statuses.get(m.host.name), m))]
+        waits = [(m, ids) for m in self.group.members if (ids := _running(statuses.get(m.name), m))]
         if not waits:
             time.sleep(poll)
         elif len(waits) == 1:
@@ -130,13 +127,13 @@ class _Watched:
                 list(pool.map(lambda w: _wait_host(w[0], w[1], poll), waits))
 
 
-def _running(status: TuneStatus | None, member: Member) -> list[str]:
+def _running(status: TuneStatus | None, member: HostSession) -> list[str]:
     """The ids of the member's jobs that ran at the last step."""
     views = status.jobs if status is not None else []
-    return [v.job_id for v in views if v.host == member.host.name and v.state == "running" and v.job_id]
+    return [v.job_id for v in views if v.host == member.name and v.state == "running" and v.job_id]
 
 
-def _wait_host(member: Member, job_ids: list[str], poll: float) -> None:
+def _wait_host(member: HostSession, job_ids: list[str], poll: float) -> None:
     begin = time.monotonic()
     try:
         jobs.wait_any(member.runner, member.host.workdir, job_ids, poll)

@@ -131,6 +131,37 @@ def test_holders_join_the_two_queries_by_uuid_in_nvidia_smis_order(
     assert gpus.holders(devices[:1], apps) == [p for p in pairs if p[0] == 0]  # only the GPUs asked about
 
 
+SERVER_HOLDER = gpus.Holder(0, 10, "sglang::scheduler", job="server-1")
+TUNE_HOLDER = gpus.Holder(1, 11, "python", job="tune.gpu1-x")
+STRANGER = gpus.Holder(1, 20, "python3")
+
+
+@pytest.mark.parametrize(
+    ("ours", "foreign"),
+    [
+        (None, [SERVER_HOLDER, TUNE_HOLDER, STRANGER]),  # tune-fp8: whoever holds a GPU makes it busy
+        ("server-1", [TUNE_HOLDER, STRANGER]),  # serve: all but the old server it replaces
+        ("server-2", [SERVER_HOLDER, TUNE_HOLDER, STRANGER]),
+    ],
+)
+def test_the_one_busy_gpu_policy_keeps_every_holder_but_the_job_being_replaced(
+    ours: str | None, foreign: list[gpus.Holder]
+) -> None:
+    assert gpus.foreign_holders([SERVER_HOLDER, TUNE_HOLDER, STRANGER], ours) == foreign
+    assert gpus.foreign_holders([SERVER_HOLDER], "server-1") == []
+
+
+def test_a_busy_gpu_refusal_names_each_holder_and_whose_it_is_when_known() -> None:
+    held = [TUNE_HOLDER, STRANGER]
+    assert gpus.busy_message("h1", "GPU held by another process", held, owners=True) == (
+        "h1: GPU held by another process: GPU 1: pid 11 (python, orch job tune.gpu1-x); "
+        "GPU 1: pid 20 (python3, not started by orch)"
+    )
+    assert gpus.busy_message("h1", "GPUs are busy", held, owners=False) == (
+        "h1: GPUs are busy: GPU 1: pid 11 (python); GPU 1: pid 20 (python3)"
+    )
+
+
 def test_parse_gpus_refuses_unexpected_lines() -> None:
     with pytest.raises(gpus.NvidiaSmiError):
         gpus.parse_gpus("0, only two\n")

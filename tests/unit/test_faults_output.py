@@ -132,6 +132,8 @@ def test_status_shows_odd_speculative_settings_as_unknown() -> None:
 def test_a_model_config_nested_absurdly_deep_is_a_refusal_not_a_recursion_error(tmp_path: Path) -> None:
     from orchestrator.errors import RefusedError
     from orchestrator.inventory import Host
+    from orchestrator.session import HostSession
+    from orchestrator.state import StateStore
     from orchestrator.transport.local import LocalRunner
     from orchestrator.tuning.prepare import auto_shapes
 
@@ -141,4 +143,4 @@ def test_a_model_config_nested_absurdly_deep_is_a_refusal_not_a_recursion_error(
         {"name": "h1", "address": "127.0.0.1", "workdir": str(tmp_path / "w"), "model_path": str(tmp_path / "model")}
     )
     with pytest.raises(RefusedError, match="cannot read the model's"):
-        auto_shapes(host, LocalRunner(host), 8)
+        auto_shapes(HostSession(host, LocalRunner(host), StateStore(tmp_path / "state.json")), 8)

@@ -17,10 +17,8 @@ from orchestrator import jobs
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.recipe import parse_shapes
-from orchestrator.state import StateStore
 from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.install import install, merge_group
-from orchestrator.tuning.member import Member
 from orchestrator.tuning.plan import make_plan
 from orchestrator.tuning.prepare import Prepared, kept_results
 from orchestrator.tuning.record import KeptRecord, PlanRecord, TuningRecord
@@ -72,7 +70,7 @@ def failed_plan(tmp_path: Path, files: dict[int, str], reason: str = LOST) -> tu
 def kept_of(p: Prepared, record: TuningRecord, failed: PlanRecord, **changes: object) -> list[KeptRecord]:
     assert p.facts is not None
     f = facts(p.host, 2, **changes)  # type: ignore[arg-type]
-    return kept_results(p.host, p.runner, record, failed, f, p.shapes, p.batch_sizes)
+    return kept_results(p.session.runner, record, failed, f, p.shapes, p.batch_sizes)
 
 
 def test_the_finished_runs_of_a_failed_plan_are_kept_and_a_cut_file_is_not(tmp_path: Path) -> None:
@@ -151,10 +149,10 @@ def test_install_merges_the_kept_files_with_the_new_jobs_results_and_revalidates
         (run,) = a.runs
         text = json.dumps({str(m): CONFIG for m in run.batch_sizes})
         (Path(a.staging) / tf.config_file_name(run.n, run.k, DEVICE)).write_text(text)
-    member = Member(p.host, p.runner)
+    member = p.session
     merged = merge_group([member], plan)
     assert merged == {"N=1024,K=4096": {1: CONFIG, 2: CONFIG}, "N=4096,K=2048": {1: CONFIG, 2: CONFIG}}
-    install(member, StateStore(tmp_path / "state.json"), plan, merged)
+    install(member, plan, merged)
     assert sorted(path.name.split(",device")[0] for path in (tmp_path / "configs").iterdir()) == sorted(merged)
     Path(plan.kept[0].path).write_text(WHOLE[:10])  # changed since the plan was made: refused, not installed
     with pytest.raises(tf.ConfigInvalid, match=r"kept from plan .*not valid JSON"):

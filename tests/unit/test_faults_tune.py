@@ -14,7 +14,7 @@ from orchestrator.inventory import Host
 from orchestrator.state import StateStore
 from orchestrator.tuning import start
 from orchestrator.tuning.group import start_groups
-from orchestrator.tuning.member import Member, record_of, running_plan
+from orchestrator.tuning.member import record_of, running_plan
 from orchestrator.tuning.plan import job_spec, make_plan
 from orchestrator.tuning.record import PlanRecord
 from orchestrator.tuning.start import _abandon, record_plan, record_start, start_group
@@ -35,10 +35,10 @@ def recorded_by_another_orch(store: StateStore, h: Host) -> PlanRecord:
 
 def test_a_plan_recorded_meanwhile_is_adopted_and_nothing_is_started(tmp_path: Path) -> None:
     h, store = host(tmp_path), StateStore(tmp_path / "state.json")
-    mine = prepared(h)  # prepared while the state held no plan
+    mine = prepared(h, store=store)  # prepared while the state held no plan
     other = recorded_by_another_orch(store, h)
 
-    plan, adopted = start_group([mine], store)
+    plan, adopted = start_group([mine])
     assert adopted and plan.id == other.id
     state = store.load()
     assert running_plan(state, h.name) == other  # the other orch's plan is untouched
@@ -47,10 +47,10 @@ def test_a_plan_recorded_meanwhile_is_adopted_and_nothing_is_started(tmp_path: P
 
 def test_start_groups_attaches_to_the_adopted_plan(tmp_path: Path) -> None:
     h, store = host(tmp_path), StateStore(tmp_path / "state.json")
-    mine = prepared(h)
+    mine = prepared(h, store=store)
     other = recorded_by_another_orch(store, h)
 
-    groups, errors = start_groups([mine], store, False, lambda name: Member(h, mine.runner))
+    groups, errors = start_groups([mine], False, lambda name: mine.session)
     assert errors == {}
     assert [(g.plan.id, g.attached, [m.host.name for m in g.members]) for g in groups] == [(other.id, True, ["h1"])]
 
@@ -72,14 +72,14 @@ def test_a_failed_start_never_stops_the_jobs_of_the_plan_that_replaced_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     h, store = host(tmp_path), StateStore(tmp_path / "state.json")
-    mine = prepared(h)
+    mine = prepared(h, store=store)
     stale = make_plan([mine], now=T0)
     other = recorded_by_another_orch(store, h)
     with store.update() as state:
         state.tuning_plans[other.id].assignments[0].job_id = "tune.gpu0-theirs"
     stopped: list[object] = []
     monkeypatch.setattr(start, "stop_running", lambda *args: stopped.append(args))
-    _abandon([mine], store, stale, "could not start every job")
+    _abandon([mine.session], stale, "could not start every job")
     assert stopped == []
     record = record_of(store.load().hosts[h.name])
     assert record.plan_id == other.id and record.state == "running"

@@ -274,9 +274,9 @@ def test_a_job_id_that_is_not_one_path_component_is_no_job(runner: LocalRunner, 
 
 
 def test_a_tuning_watchers_pause_ends_when_one_of_its_running_jobs_exits(runner: LocalRunner, workdir: str) -> None:
-    from orchestrator.state import utc_now
+    from orchestrator.session import HostSession
+    from orchestrator.state import StateStore, utc_now
     from orchestrator.tuning.group import Group
-    from orchestrator.tuning.member import Member
     from orchestrator.tuning.progress import JobView, TuneStatus
     from orchestrator.tuning.record import HostPaths, PlanRecord
     from orchestrator.tuning.watch import Outage, _Watched
@@ -288,7 +288,8 @@ def test_a_tuning_watchers_pause_ends_when_one_of_its_running_jobs_exits(runner:
     witness = jobs.start(runner, workdir, jobs.JobSpec("t", "t.witness", ["sleep", "40"]))
     short = jobs.start(runner, workdir, jobs.JobSpec("t", "tune.gpu0", ["sh", "-c", "sleep 0.5"]))
     views = [JobView("local", 0, "tune.gpu0", short.job_id, "running", 0, 1)]
-    watched = _Watched(Group([Member(host, runner)], plan, attached=False), Outage(["local"]))
+    member = HostSession(host, runner, StateStore(Path(workdir) / "state.json"))
+    watched = _Watched(Group([member], plan, attached=False), Outage(["local"]))
     watched.pause({"local": TuneStatus("local", "running", jobs=views)}, poll=120)
     assert jobs.find(runner, workdir, short.job_id).state == "succeeded"
     assert jobs.find(runner, workdir, witness.job_id).running  # the pause ended long before its 120 s

@@ -32,9 +32,13 @@ T0 = datetime(2026, 11, 29, 22, 0, tzinfo=timezone.utc)
 
 def group_plan(names: tuple[str, ...] = ("h1",), batch_sizes: tuple[int, ...] = (1, 2, 4)) -> PlanRecord:
     """A plan as ``make_plan`` builds it: two shapes over 2 GPUs per host."""
+    from pathlib import Path
+
     from orchestrator.facts import gpus as smi
     from orchestrator.facts import tuner as tf
     from orchestrator.recipe import parse_shapes
+    from orchestrator.session import HostSession
+    from orchestrator.state import StateStore
     from orchestrator.transport.local import LocalRunner
 
     prepared = []
@@ -42,9 +46,10 @@ def group_plan(names: tuple[str, ...] = ("h1",), batch_sizes: tuple[int, ...] = 
         h = Host.model_validate({"name": name, "address": "127.0.0.1", "gpus": 2, "workdir": f"/w/{name}"})
         devices = [smi.Gpu(i, DEVICE, f"GPU-{name}-{i}", 97887, 0, 0, "12.0") for i in range(2)]
         flags = tf.parse_help_flags("--N --K --batch-sizes --save-path --out-dtype --tp-size")
-        facts = HostFacts(h, "/s/t.py", flags, "/s/configs", "3.4.0", DEVICE, COMMIT, devices, {})
+        facts = HostFacts(h, "/s/t.py", flags, "/s/configs", "3.4.0", DEVICE, COMMIT, devices)
         shapes = parse_shapes("N=1024,K=4096;N=4096,K=2048")
-        prepared.append(Prepared(h, LocalRunner(h), facts=facts, shapes=shapes, batch_sizes=list(batch_sizes)))
+        session = HostSession(h, LocalRunner(h), StateStore(Path(h.workdir, "state.json")))  # never read
+        prepared.append(Prepared(session, facts=facts, shapes=shapes, batch_sizes=list(batch_sizes)))
     plan = make_plan(prepared, now=T0)
     for i, a in enumerate(plan.assignments):
         a.job_id = f"j{i}"

@@ -265,7 +265,7 @@ LOG = (
 def feed_in_pieces(data: bytes, sizes: list[int]) -> tf.LogProgress:
     progress, pos = tf.LogProgress(), 0
     for size in [*sizes, len(data)]:
-        progress.feed(data[pos : pos + size])
+        tf.feed(progress, data[pos : pos + size])
         pos += len(data[pos : pos + size])
     return progress
 
@@ -280,18 +280,19 @@ def test_progress_is_the_same_whatever_the_read_boundaries(sizes: list[int]) -> 
 
 def test_progress_keeps_a_partial_last_line_until_it_ends() -> None:
     progress = tf.LogProgress()
-    progress.feed(b"[GPU 0] Tune for weight shape of `N: 1, K: 2`\nSun] Completed tuning for batch_si")
+    tf.feed(progress, b"[GPU 0] Tune for weight shape of `N: 1, K: 2`\nSun] Completed tuning for batch_si")
     assert progress.done == {}
-    progress.feed(b"ze=8\n")
+    tf.feed(progress, b"ze=8\n")
     assert progress.done == {"N=1,K=2": [8]}
 
 
 def test_progress_counts_completions_for_the_last_announced_shape_and_never_twice() -> None:
     progress = tf.LogProgress()
-    progress.feed(
+    tf.feed(
+        progress,
         b"[GPU 0] Tune for weight shape of `N: 1, K: 2`\nx] Completed tuning for batch_size=8\n"
         b"x] Completed tuning for batch_size=8\n[GPU 1] Tune for weight shape of `N: 3, K: 4`\n"
-        b"x] Completed tuning for batch_size=16\n"
+        b"x] Completed tuning for batch_size=16\n",
     )
     assert progress.done == {"N=1,K=2": [8], "N=3,K=4": [16]}
 
@@ -299,14 +300,31 @@ def test_progress_counts_completions_for_the_last_announced_shape_and_never_twic
 def test_progress_survives_a_json_round_trip_mid_line() -> None:
     data = LOG.encode()
     first = feed_in_pieces(data[:300], [])
-    resumed = tf.LogProgress.from_json(json.loads(json.dumps(first.to_json())))
-    resumed.feed(data[300:])
+    resumed = tf.LogProgress.model_validate_json(first.model_dump_json())
+    tf.feed(resumed, data[300:])
     assert resumed.done == {"N=1024,K=4096": [1, 2, 4]} and resumed.offset == len(data)
+
+
+def test_progress_is_stored_with_the_keys_and_order_of_the_dict_it_replaces() -> None:
+    """State files hold each job's progress as the old ``to_json`` dict wrote it: the model reads such a
+    document (unknown keys ignored, as ``from_json`` did) and writes it back byte for byte."""
+    stored = (
+        '{"offset":300,"carry":"x] Compl","shape":"N=1,K=2","done":{"N=1,K=2":[1,2]},"written":["/a.json"],'
+        '"runs_completed":1,"traceback":false,"error":null,"oom":false}'
+    )
+    assert tf.LogProgress.model_validate_json(stored).model_dump_json() == stored
+    assert tf.LogProgress.model_validate({"offset": 5, "older_key": 1}) == tf.LogProgress(offset=5)
+
+
+def test_progress_keeps_the_last_fifty_config_paths_a_log_announced() -> None:
+    progress = tf.LogProgress()
+    tf.feed(progress, b"".join(b"Writing best config to /c/%d.json...\n" % i for i in range(60)))
+    assert progress.written == [f"/c/{i}.json" for i in range(10, 60)]
 
 
 def test_progress_bounds_a_line_that_never_ends() -> None:
     progress = tf.LogProgress()
-    progress.feed(b"x" * 200_000)
+    tf.feed(progress, b"x" * 200_000)
     assert len(progress.carry) <= 65536
 
 
@@ -338,7 +356,7 @@ torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 ha
 )  # fmt: skip
 def test_failure_reason_names_the_exception_or_oom(log: str, exit_code: int | None, reason: str) -> None:
     progress = tf.LogProgress()
-    progress.feed(log.encode())
+    tf.feed(progress, log.encode())
     assert tf.failure_reason(progress, exit_code) == reason
 
 

@@ -9,6 +9,8 @@ import pytest
 from orchestrator.errors import RefusedError
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
+from orchestrator.session import HostSession
+from orchestrator.state import StateStore
 from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.logged import logged_shapes
 
@@ -34,6 +36,10 @@ def host(tmp_path: Path) -> Host:
     return Host.model_validate({"name": "h1", "address": "127.0.0.1", "workdir": str(tmp_path / "work")})
 
 
+def session(host: Host) -> HostSession:
+    return HostSession(host, LocalRunner(host), StateStore(Path(host.workdir) / "state.json"))  # never read
+
+
 def job(host: Host, job_id: str, started: int, argv: list[str], log: str | None, purpose: str = "server") -> None:
     """A finished job directory as orch's job wrapper leaves it."""
     d = Path(host.workdir) / "jobs" / job_id
@@ -51,7 +57,7 @@ def test_the_last_triton_server_is_found_behind_a_later_auto_server(host: Host) 
     job(host, "server-b", 200, TRITON, missing(4096, 1024) + missing(8192, 1024) + missing(512, 4096, "NVIDIA H100"))
     job(host, "server-c", 300, AUTO, "")
     job(host, "tune.gpu0-x", 400, ["--fp8-gemm-backend", "triton"], "", purpose="tune.gpu0")
-    logged = logged_shapes(host, LocalRunner(host), DEVICE)
+    logged = logged_shapes(session(host), DEVICE)
     assert [(s.key, s.source) for s in logged.shapes] == [
         ("N=4096,K=1024", "logged missing by server job server-b"),
         ("N=8192,K=1024", "logged missing by server job server-b"),
@@ -62,7 +68,7 @@ def test_the_last_triton_server_is_found_behind_a_later_auto_server(host: Host) 
 def test_no_triton_server_is_refused_saying_how_to_get_one(host: Host) -> None:
     job(host, "server-c", 300, AUTO, missing(1536, 4096))
     with pytest.raises(RefusedError) as caught:
-        logged_shapes(host, LocalRunner(host), DEVICE)
+        logged_shapes(session(host), DEVICE)
     assert str(caught.value) == (
         "h1: --shapes logged: no server launched with --fp8-gemm-backend triton has run on h1 "
         f"(in {host.workdir}/jobs)\n"
@@ -73,7 +79,7 @@ def test_no_triton_server_is_refused_saying_how_to_get_one(host: Host) -> None:
 
 def test_a_server_that_found_every_config_leaves_nothing_to_tune(host: Host) -> None:
     job(host, "server-a", 100, TRITON, used(1536, 4096) + used(4096, 1024))
-    logged = logged_shapes(host, LocalRunner(host), DEVICE)
+    logged = logged_shapes(session(host), DEVICE)
     assert logged.shapes == []
     assert logged.note == (
         "nothing to tune: server job server-a read a tuned config for every shape it looked up "
@@ -92,5 +98,5 @@ def test_a_server_that_found_every_config_leaves_nothing_to_tune(host: Host) -> 
 def test_a_log_that_names_no_shape_of_this_gpu_is_refused(host: Host, log: str | None, error: str) -> None:
     job(host, "server-a", 100, TRITON, log)
     with pytest.raises(RefusedError, match=r"^h1: --shapes logged: the log of server job server-a ") as caught:
-        logged_shapes(host, LocalRunner(host), DEVICE)
+        logged_shapes(session(host), DEVICE)
     assert error in str(caught.value)

@@ -18,10 +18,11 @@ from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.ops.status import HostStatus
 from orchestrator.recipe import DEFAULT_BATCH_SIZES, Recipe, parse_shapes
+from orchestrator.session import HostSession
 from orchestrator.state import State, StateStore
 from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.install import install, merge_group
-from orchestrator.tuning.member import Member, record_of, running_plan
+from orchestrator.tuning.member import record_of, running_plan
 from orchestrator.tuning.plan import group_prepared, job_spec, make_plan, selected_gpus
 from orchestrator.tuning.prepare import HostFacts, Prepared, discover_tuner, refuse_busy, resolve_shapes, tp_size
 from orchestrator.tuning.progress import HostPoll, JobView, TuneStatus, eta_seconds, group_status, job_views, summary
@@ -50,13 +51,21 @@ def host(name: str = "h1", gpus: int = 8, workdir: str = "/w") -> Host:
 def facts(h: Host, n_gpus: int = 8, device: str = DEVICE, commit: str = COMMIT) -> HostFacts:
     devices = [smi.Gpu(i, device, f"GPU-{h.name}-{i}", 97887, 0, 0, "12.0") for i in range(n_gpus)]
     flags = tf.parse_help_flags("--N --K --batch-sizes --save-path --out-dtype --tp-size")
-    return HostFacts(h, "/s/t.py", flags, "/s/configs", "3.4.0", device, commit, devices, {})
+    return HostFacts(h, "/s/t.py", flags, "/s/configs", "3.4.0", device, commit, devices)
+
+
+def session(h: Host, store: StateStore | None = None) -> HostSession:
+    """``h``'s session on a local runner; its state file under the host's workdir unless ``store``."""
+    return HostSession(h, LocalRunner(h), store or StateStore(Path(h.workdir) / "state.json"))
 
 
 def prepared(
-    h: Host, shapes: str = "N=1024,K=4096;N=4096,K=2048", batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    h: Host,
+    shapes: str = "N=1024,K=4096;N=4096,K=2048",
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8),
+    store: StateStore | None = None,
 ) -> Prepared:
-    return Prepared(h, LocalRunner(h), facts=facts(h), shapes=parse_shapes(shapes), batch_sizes=list(batch_sizes))
+    return Prepared(session(h, store), facts=facts(h), shapes=parse_shapes(shapes), batch_sizes=list(batch_sizes))
 
 
 # -- planning -------------------------------------------------------------------------------------------
@@ -115,13 +124,13 @@ def test_tp_size_comes_from_the_recipe_else_the_host() -> None:
 
 def test_default_shapes_need_a_recipe_that_lists_them() -> None:
     with pytest.raises(ConfigError, match=r"has no tuning\.shapes; use --shapes auto or a list"):
-        resolve_shapes("default", Recipe(model="m", architecture="A"), host(), LocalRunner(host()), 8)
+        resolve_shapes("default", Recipe(model="m", architecture="A"), session(host()), 8)
 
 
 def test_busy_gpus_are_refused_naming_pid_and_process() -> None:
     h = host(gpus=4)
     f = facts(h)
-    f.gpu_users = {2: [smi.GpuProcess(4242, "python3", "GPU-h1-2", 1000)], 6: [smi.GpuProcess(1, "x", "u", 1)]}
+    f.holders = [smi.Holder(6, 1, "x"), smi.Holder(2, 4242, "python3")]  # GPU 6 is not one of the host's 4
     with pytest.raises(RefusedError, match=r"^h1: GPUs are busy: GPU 2: pid 4242 \(python3\)\n  hint: "):
         refuse_busy(h, f, allow=False)
     refuse_busy(h, f, allow=True)
@@ -242,7 +251,9 @@ def test_summary_and_status_cells() -> None:
 # -- install (a local runner on a temporary directory) -------------------------------------------------------
 
 
-def staged_plan(tmp_path: Path, parts: dict[int, dict[str, dict[str, tf.ConfigValue]]]) -> tuple[Member, PlanRecord]:
+def staged_plan(
+    tmp_path: Path, parts: dict[int, dict[str, dict[str, tf.ConfigValue]]]
+) -> tuple[HostSession, PlanRecord]:
     """A one-shape plan on 2 GPUs whose staging dirs hold ``parts`` (GPU → partial JSON)."""
     h = host(gpus=2, workdir=str(tmp_path / "work"))
     p = prepared(h, shapes="N=1024,K=4096", batch_sizes=(1, 2, 4, 8))
@@ -255,16 +266,16 @@ def staged_plan(tmp_path: Path, parts: dict[int, dict[str, dict[str, tf.ConfigVa
             name = tf.config_file_name(1024, 4096, DEVICE)
             (Path(a.staging) / name).write_text(json.dumps(parts[a.gpu], indent=4))
     (tmp_path / "configs").mkdir()
-    return Member(h, LocalRunner(h)), plan
+    return session(h, StateStore(tmp_path / "state.json")), plan
 
 
 def test_install_merges_the_partials_and_backs_up_a_replaced_config(tmp_path: Path) -> None:
     member, plan = staged_plan(tmp_path, {0: {"1": CONFIG, "2": CONFIG}, 1: {"4": CONFIG, "8": CONFIG}})
     target = tmp_path / "configs" / tf.config_file_name(1024, 4096, DEVICE)
     target.write_text("old\n")
-    store = StateStore(tmp_path / "state.json")
+    store = member.store
     merged = merge_group([member], plan)
-    install(member, store, plan, merged)
+    install(member, plan, merged)
     assert tf.parse_config(target.read_text(), "t") == {m: CONFIG for m in (1, 2, 4, 8)}
     assert target.read_text() == tf.render_config(merged["N=1024,K=4096"])
     record = record_of(store.load().hosts["h1"])
@@ -276,8 +287,7 @@ def test_install_merges_the_partials_and_backs_up_a_replaced_config(tmp_path: Pa
 def test_install_keeps_the_keys_a_tuner_writes_beyond_the_six(tmp_path: Path) -> None:
     extra = {**CONFIG, "SPLIT_K": 1, "SWAP_AB": False, "waves_per_eu": 0}
     member, plan = staged_plan(tmp_path, {0: {"1": extra, "2": extra}, 1: {"4": CONFIG, "8": extra}})
-    store = StateStore(tmp_path / "state.json")
-    install(member, store, plan, merge_group([member], plan))
+    install(member, plan, merge_group([member], plan))
     installed = json.loads((tmp_path / "configs" / tf.config_file_name(1024, 4096, DEVICE)).read_text())
     assert installed == {"1": extra, "2": extra, "4": CONFIG, "8": extra}
 
@@ -347,7 +357,7 @@ def test_a_job_the_state_could_not_record_is_never_started(tmp_path: Path) -> No
     h = host(gpus=1, workdir=str(tmp_path / "secret-work"))
     plan = make_plan([prepared(h, shapes="N=1024,K=4096", batch_sizes=(1,))], now=T0)
     with pytest.raises(RefusedError, match="looks like it holds a secret"):
-        _start_jobs(h, LocalRunner(h), StateStore(tmp_path / "s.json"), plan, plan.assignments)
+        _start_jobs(session(h, StateStore(tmp_path / "s.json")), plan, plan.assignments)
     assert not (tmp_path / "secret-work" / "jobs").exists()
 
 
@@ -404,3 +414,18 @@ def test_help_failure_says_when_stderr_was_empty() -> None:
         tf.help_failure("/s/t.py", 1, "\n")
         == "/s/t.py --help exited 1; the end of its stderr:\n    (nothing on stderr)"
     )
+
+
+def test_peers_resolve_to_the_fleets_one_session_per_host_and_refuse_a_host_gone_from_the_inventory(
+    tmp_path: Path,
+) -> None:
+    from orchestrator.fleet import Fleet
+    from orchestrator.transport.base import ConnectOptions
+
+    a = Host.model_validate({"name": "a", "address": "127.0.0.1", "transport": "local", "workdir": str(tmp_path)})
+    store = StateStore(tmp_path / "state.json")
+    with Fleet([a], ConnectOptions()) as fleet:
+        peers = fleet.peers({"a": a}, store)
+        assert peers("a") is fleet.session(a, store)  # the session the command's own step has: facts shared
+        with pytest.raises(RefusedError, match=r"^b: a member of this tuning group is no longer in the inventory"):
+            peers("b")

@@ -13,6 +13,7 @@ from orchestrator.errors import RefusedError, RemoteCommandError
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.recipe import DEFAULT_BATCH_SIZES, DEFAULT_RECIPE, TuneOptions, find_recipe, load_recipe
+from orchestrator.session import HostSession
 from orchestrator.state import StateStore
 from orchestrator.tuning.prepare import discover, prepare
 from orchestrator.tuning.record import InstalledRecord, TuningRecord
@@ -48,6 +49,11 @@ def host() -> Host:
     return Host.model_validate({"name": "h1", "address": "127.0.0.1", "sglang_dir": "/s", "workdir": "/w"})
 
 
+def session(runner: FakeRunner, store: StateStore | None = None) -> HostSession:
+    """h1's session over the scripted ``runner`` (a state file that is never read unless ``store``)."""
+    return HostSession(host(), runner, store or StateStore(Path("/nonexistent/state.json")))
+
+
 def installed_store(tmp_path: Path) -> StateStore:
     store = StateStore(tmp_path / "state.json")
     done = InstalledRecord(
@@ -65,8 +71,10 @@ def installed_store(tmp_path: Path) -> StateStore:
 def test_prepare_reads_the_tuner_runtime_gpus_checkout_and_installed_configs_in_one_command(tmp_path: Path) -> None:
     runner = FakeRunner("h1").on(("orch-probe",), stdout=framed(answers()))
     recipe = load_recipe(find_recipe(DEFAULT_RECIPE, []))
-    p = prepare(host(), runner, installed_store(tmp_path), recipe, TuneOptions())
+    s = session(runner, installed_store(tmp_path))
+    p = prepare(s, recipe, TuneOptions())
     assert len(runner.calls) == 1  # before: --help, the import, nvidia-smi twice, git, one read per installed file
+    assert s.git().commit == COMMIT and len(runner.calls) == 1  # the checkout it read is the session's git fact
     assert list(runner.calls[0].words[-5:-1]) == ["base64", "-w0", "--", INSTALLED]
     assert p.skipped == ["N=1536,K=4096"] and [s.key for s in p.shapes] == [
         "N=4096,K=1024",
@@ -81,30 +89,30 @@ def test_prepare_reads_the_tuner_runtime_gpus_checkout_and_installed_configs_in_
 def test_an_installed_config_that_cannot_be_read_is_tuned_again(tmp_path: Path) -> None:
     gone = answers(file0=(1, "base64: /s/configs/N=1536,K=4096.json: No such file or directory"))
     runner = FakeRunner("h1").on(("orch-probe",), stdout=framed(gone))
-    p = prepare(host(), runner, installed_store(tmp_path), load_recipe(find_recipe(DEFAULT_RECIPE, [])), TuneOptions())
+    p = prepare(session(runner, installed_store(tmp_path)), load_recipe(find_recipe(DEFAULT_RECIPE, [])), TuneOptions())
     assert p.skipped == [] and len(p.shapes) == 4 and len(runner.calls) == 1
 
 
 def test_a_failing_tuner_help_in_the_probe_is_refused_with_its_stderr() -> None:
     failing = answers(tuner=(1, f"tuner /s/{tf.TUNER_SCRIPT}\n\n{tf.STDERR_MARK}\nloading\nImportError: moved"))
     with pytest.raises(RefusedError) as caught:
-        discover(host(), FakeRunner("h1").on(("orch-probe",), stdout=framed(failing)))
+        discover(session(FakeRunner("h1").on(("orch-probe",), stdout=framed(failing))))
     assert str(caught.value).startswith(f"h1: the tuner fails: /s/{tf.TUNER_SCRIPT} --help exited 1; the end of its")
     assert "    loading\n    ImportError: moved" in str(caught.value)
 
 
 def test_a_checkout_without_a_tuner_is_refused_in_the_probe() -> None:
     with pytest.raises(RefusedError, match=r"h1: no block-FP8 tuner in /s \("):
-        discover(host(), FakeRunner("h1").on(("orch-probe",), stdout=framed(answers(tuner=(0, "tuner-missing")))))
+        discover(session(FakeRunner("h1").on(("orch-probe",), stdout=framed(answers(tuner=(0, "tuner-missing"))))))
 
 
 def test_a_hung_nvidia_smi_in_the_probe_is_named() -> None:
     runner = FakeRunner("h1").on(("orch-probe",), stdout=framed(answers(gpus=(124, ""))))
     with pytest.raises(RemoteCommandError, match="h1: nvidia-smi did not answer in 20 s"):
-        discover(host(), runner)
+        discover(session(runner))
 
 
 def test_a_probe_cut_short_names_the_section_it_lacks() -> None:
     cut = {k: v for k, v in answers().items() if k in ("tuner", "runtime")}
     with pytest.raises(RemoteCommandError, match="h1: the discovery command ended before `gpus` answered"):
-        discover(host(), FakeRunner("h1").on(("orch-probe",), stdout=framed(cut)))
+        discover(session(FakeRunner("h1").on(("orch-probe",), stdout=framed(cut))))
