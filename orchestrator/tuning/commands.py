@@ -35,7 +35,7 @@ def tuning_status(session: HostSession, peers: Peers | None = None, state: State
     state as the caller loaded it (``orch status``, once for the fleet), else it is read here.
     """
     host = session.host
-    state = state or session.store.load()
+    state = state or session.store.load_hosts([host.name])
     record = record_of(state.hosts.get(host.name))
     plan = plan_of(state, record)
     if plan is None or record.state != "running":
@@ -60,7 +60,7 @@ def wait_for_tuning(
     ``peers`` (else ``RefusedError`` naming the group). Raises ``UnreachableError`` when a host stays
     unreachable for minutes.
     """
-    state = session.store.load()
+    state = session.store.load_hosts([session.name])
     record = record_of(state.hosts.get(session.name))
     plan = plan_of(state, record)
     if plan is None or record.state != "running":
@@ -106,7 +106,7 @@ def wait_tuning(
     poll: float = 1.0,
 ) -> FleetResult[TuneStatus]:
     """``orch wait``: wait for every running plan of ``hosts`` (and their groups), install, report."""
-    state = store.load()
+    state = store.load_hosts(h.name for h in hosts)
     cached = records(state, [h.name for h in hosts])
     groups: dict[str, Group] = {}
     for h in hosts:
@@ -124,7 +124,7 @@ def wait_tuning(
 def just_installed(store: StateStore, statuses: dict[str, TuneStatus]) -> dict[str, TuneStatus]:
     """Narrow each status's ``installed`` to the configs its own plan installed (what this command
     did), so configs of earlier plans are never reported as if just installed."""
-    state = store.load()
+    state = store.load_hosts(statuses)
     for name, status in statuses.items():
         record = record_of(state.hosts.get(name))
         plan_id = status.plan.id if status.plan is not None and status.state == "installed" else None

@@ -131,12 +131,12 @@ def poll_group(
     """Poll every member once and record what was read in one state transaction. Each job's log is read
     from the offset ``state`` holds (the state the caller has at hand, else loaded once): an offset
     older than the file's only re-reads some bytes. Returns the polls and the state as saved."""
-    store = store_of(members)
-    state = state or store.load()
-    cached = records(state, [m.name for m in members])
+    store, names = store_of(members), [m.name for m in members]
+    state = state or store.load_hosts(names)
+    cached = records(state, names)
     current = state.tuning_plans.get(plan.id, plan)  # the job ids as last recorded
     polls = {m.name: poll_host(m, current, cached[m.name]) for m in members}
-    with store.update() as saved:
+    with store.update_hosts(names) as saved:  # the group's files alone, whatever the fleet's size
         for name, poll in polls.items():
             _store_poll(saved.host(name), plan.id, poll)
     return polls, saved

@@ -55,6 +55,7 @@ def _claim(members: Sequence[Prepared], plan: PlanRecord) -> PlanRecord | None:
     kept = f", keeping {plan.kept_units} units tuned before" if plan.kept else ""
     reason = f"tuning {len(plan.shapes)} shapes on {len(plan.assignments)} GPUs (plan {plan.id}{kept})"
     names = [p.host.name for p in members]
+    # the whole store, not the group's files: recording a plan forgets the plans no host names any more
     with store_of([p.session for p in members]).update() as state:
         for name in names:
             other = running_plan(state, name)
@@ -122,7 +123,7 @@ def _start_jobs(session: HostSession, plan: PlanRecord, todo: Sequence[Assignmen
         else:
             ours.append((a, result.spec, started))
     if ours:
-        with session.store.update() as state:
+        with session.store.update_hosts([session.name]) as state:
             for a, spec, started in ours:
                 record_start(state, a, spec, started)
     if problem is not None:
@@ -177,7 +178,7 @@ def _adopt_started(session: HostSession, plan: PlanRecord, todo: Sequence[Assign
 
 
 def _record(store: StateStore, a: AssignmentRecord, spec: jobs.JobSpec, s: jobs.Started) -> None:
-    with store.update() as state:
+    with store.update_hosts([a.host]) as state:
         record_start(state, a, spec, s)
 
 
