@@ -10,7 +10,10 @@ two versions of orch, ``--before`` (a git revision, extracted with ``git archive
 which scheduled contiguous chunks and counted no start-up) and this checkout, interleaved:
 
 - jobs: the tuning jobs' own span, from the first job's start to the last one's exit (the job
-  directories' ``argv`` and ``exit_code`` files, read on this machine: the hosts are local);
+  directories' ``argv`` and ``exit_code`` files, read on this machine: the hosts are local); and what
+  a span beyond the bound is made of: the start spread (first job's start to the last one's) and the
+  longest job's own run (its start to its exit: above the bound, it is the simulated tuner's own
+  process start and the machine's contention, not the schedule);
 - end to end: the whole ``orch tune-fp8 --wait --poll 0.2`` (discovery, starts, polling, merge, install);
 - calls: tuner invocations, the most on one GPU and in all (the jobs' ``orch: tuner run i/N`` lines);
 - round trips: the remote commands (and file reads) one host's preparation and job starts take, with
@@ -124,13 +127,16 @@ def job_dirs(workdirs: list[Path]) -> set[Path]:
     return {d for w in workdirs for d in (w / "jobs").glob("*") if d.is_dir()}
 
 
-def job_span(dirs: set[Path]) -> tuple[float, int, int]:
-    """The jobs' span in seconds (first ``argv`` written to last ``exit_code``), and the tuner calls:
-    the most one job made, and all of them."""
-    starts = [(d / "argv").stat().st_mtime for d in dirs]
-    ends = [(d / "exit_code").stat().st_mtime for d in dirs]
+def job_span(dirs: set[Path]) -> tuple[float, int, int, float, float]:
+    """The jobs' span in seconds (first ``argv`` written to last ``exit_code``), the tuner calls (the
+    most one job made, and all of them), and where a span longer than the bound comes from: the start
+    spread (first job's start to the last one's) and the longest job's own run (its start to its exit)."""
+    starts = {d: (d / "argv").stat().st_mtime for d in dirs}
+    ends = {d: (d / "exit_code").stat().st_mtime for d in dirs}
     calls = [max(map(int, _RUN_LINE.findall((d / "log").read_text(errors="replace"))), default=0) for d in dirs]
-    return max(ends) - min(starts), max(calls), sum(calls)
+    spread = max(starts.values()) - min(starts.values())
+    longest = max(ends[d] - starts[d] for d in dirs)
+    return max(ends.values()) - min(starts.values()), max(calls), sum(calls), spread, longest
 
 
 def write_playbook(home: Path, startup: float, unit: float) -> None:
@@ -189,7 +195,7 @@ def measure(fleet: SimFleet, versions: list[Version], spec: str, costs: tf.Costs
         again = v.count(inventory, state, first, spec)
         trips[v.name] = {"first": fresh, "rerun": again}
     rows: dict[str, dict[str, Any]] = {}
-    samples: dict[tuple[str, int], list[tuple[float, float, int, int]]] = {}
+    samples: dict[tuple[str, int], list[tuple[float, float, int, int, float, float]]] = {}
     for _ in range(repeat):
         for hosts in (1, 4):
             for v in versions:  # interleaved: before, after, before, after
@@ -199,8 +205,8 @@ def measure(fleet: SimFleet, versions: list[Version], spec: str, costs: tf.Costs
                 wall = v.orch(
                     inventory, state, "tune-fp8", *where, "--shapes", spec, "--force", "--wait", "--poll", "0.2"
                 )
-                span, most, total = job_span(job_dirs(workdirs) - seen)
-                samples.setdefault((v.name, hosts), []).append((span, wall, most, total))
+                span, most, total, spread, longest = job_span(job_dirs(workdirs) - seen)
+                samples.setdefault((v.name, hosts), []).append((span, wall, most, total, spread, longest))
     for (name, hosts), runs in samples.items():
         bound = tf.lower_bound(units, 8 * hosts, costs)
         span, wall = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
@@ -214,6 +220,8 @@ def measure(fleet: SimFleet, versions: list[Version], spec: str, costs: tf.Costs
             "jobs_ratio": round(span / bound, 3),
             "end_to_end_s": round(wall, 2),
             "end_to_end_ratio": round(wall / bound, 3),
+            "start_spread_s": round(statistics.median(r[4] for r in runs), 2),
+            "longest_job_s": round(statistics.median(r[5] for r in runs), 2),
             "calls_per_gpu_max": runs[-1][2],
             "calls_total": runs[-1][3],
         }
@@ -226,14 +234,15 @@ def table(result: dict[str, Any]) -> str:
         f"{result['unit_seconds']:g} s per unit, {result['startup_seconds']:g} s per tuner start-up; "
         f"load average {', '.join(f'{x:.1f}' for x in result['load_average'])}",
         "",
-        "| orch | hosts (GPUs) | bound | jobs | jobs / bound | end to end | end to end / bound "
-        "| calls (max per GPU / all) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| orch | hosts (GPUs) | bound | jobs | jobs / bound | start spread | longest job | end to end "
+        "| end to end / bound | calls (max per GPU / all) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(result["rows"], key=lambda r: (r["hosts"], r["version"])):
         lines.append(
             f"| {r['version']} | {r['hosts']} ({r['gpus']}) | {r['bound_s']:.2f} s | {r['jobs_s']:.2f} s | "
-            f"{r['jobs_ratio']:.2f} | {r['end_to_end_s']:.2f} s | {r['end_to_end_ratio']:.2f} | "
+            f"{r['jobs_ratio']:.2f} | {r['start_spread_s']:.2f} s | {r['longest_job_s']:.2f} s | "
+            f"{r['end_to_end_s']:.2f} s | {r['end_to_end_ratio']:.2f} | "
             f"{r['calls_per_gpu_max']} / {r['calls_total']} |"
         )
     lines += [
