@@ -2,7 +2,9 @@
 
 A plan is recorded (phase ``tuning``) before any job starts, so a second orch adopts it rather than
 planning again (``start_group`` returns it as adopted). A host's jobs start together, in one remote
-command (``jobs.start_many``), and their ids are recorded in one transaction as soon as it answers;
+command (``jobs.start_many``), the group's hosts at once (one thread each: a 4-host group's jobs
+started up to 5 s apart one host after another), and each host's job ids are recorded in one
+transaction as soon as it answers;
 a start cut off by a drop (or by orch's end) is resolved later by ``resume_starts``, which finds a job
 by its purpose before starting one, so a job never runs twice nor unrecorded.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from orchestrator import jobs
 from orchestrator.errors import OrchError, RefusedError, RemoteCommandError, UnreachableError
@@ -37,16 +40,34 @@ def start_group(members: Sequence[Prepared]) -> tuple[PlanRecord, bool]:
     other = _claim(members, plan)
     if other is not None:
         return other, True
-    try:
-        for p in members:
-            _start_jobs(p.session, plan, plan.on(p.host.name))
-    except UnreachableError as exc:  # a start cut off by a drop: whether its job runs is unknown, so the
-        # plan stays running and the watch's resume_starts finds the job by purpose before starting any
+    failures = _start_everywhere(members, plan)
+    refused = [e for e in failures if not isinstance(e, UnreachableError)]
+    if refused:
+        _abandon([p.session for p in members], plan, f"could not start every job: {refused[0]}")
+        raise refused[0]
+    for exc in failures:  # a start cut off by a drop: whether its job runs is unknown, so the plan stays
+        # running and the watch's resume_starts finds the job by purpose before starting any
         log.warning("%s; the plan stays running: its jobs are found or started once the host answers", exc.message)
-    except OrchError as exc:
-        _abandon([p.session for p in members], plan, f"could not start every job: {exc}")
-        raise
     return plan, False
+
+
+def _start_everywhere(members: Sequence[Prepared], plan: PlanRecord) -> list[OrchError]:
+    """Start every member's jobs at once (one thread per host, each on its own connection); the errors,
+    in the members' order. A bug (not an ``OrchError``) propagates with its traceback."""
+
+    def start(p: Prepared) -> OrchError | None:
+        try:
+            _start_jobs(p.session, plan, plan.on(p.host.name))
+        except OrchError as exc:
+            return exc
+        return None
+
+    if len(members) == 1:
+        outcomes = [start(members[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=len(members), thread_name_prefix="tune-start") as pool:
+            outcomes = list(pool.map(start, members))
+    return [e for e in outcomes if e is not None]
 
 
 def _claim(members: Sequence[Prepared], plan: PlanRecord) -> PlanRecord | None:
