@@ -109,9 +109,11 @@ def rolling_serve(
     planned = rollout.waves(selected, max_unavailable, canary)
     gating = gate_plan(app, gate, planned, chosen, canary)
     with app.fleet(selected, parallel) as fleet:
+        fleet.events = reporter
+        rolling = rollout.Rolling(client, app.peers(fleet), gating)
 
         def roll_one(s: HostSession) -> rollout.HostRoll:
-            return rollout.roll_host(s, chosen[s.name], options, client, reporter(s.host), app.peers(fleet), gating)
+            return rollout.roll_host(s, chosen[s.name], options, rolling)
 
         done = rollout.roll_fleet(fleet, planned, roll_one, progress, app.store)
     return rollout_report(selected, done, serve_report)

@@ -139,6 +139,7 @@ def serve(
     if rolling:
         return rolling_serve(app, selected, chosen, options, parallel, max_unavailable, canary, gate)
     with app.fleet(selected, parallel) as fleet:
+        fleet.events = reporter
         if dry_run:
             plans = fleet.map_sessions(lambda s: serve_op.dry_run(s, chosen[s.name], options), lambda: app.store)
             for p in plans.succeeded:
@@ -148,7 +149,7 @@ def serve(
         replaces = lambda h, r: serve_op.would_replace(HostSession(h, r, app.store), chosen[h.name], options)  # noqa: E731
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes, replaces)
         results = fleet.map_sessions(
-            lambda s: serve_op.serve(s, chosen[s.name], options, reporter(s.host), app.peers(fleet)),
+            lambda s: serve_op.serve(s, chosen[s.name], options, app.peers(fleet)),
             lambda: app.store,
         )
     for r in results:
@@ -185,9 +186,10 @@ def stop_server(
     selected = app.select(hosts, tags)
     chosen = app.recipes(selected, playbook)
     with app.fleet(selected, parallel) as fleet:
+        fleet.events = reporter
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes)
         results = fleet.map_sessions(
-            lambda s: serve_op.stop_server(s, chosen[s.name], drain_timeout, reporter(s.host)), lambda: app.store
+            lambda s: serve_op.stop_server(s, chosen[s.name], drain_timeout), lambda: app.store
         )
     for r in results.succeeded:
         out.print(f"{r.host.name}: {stopped_line(r.value)}")

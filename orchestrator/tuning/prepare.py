@@ -232,7 +232,7 @@ def prepare(
     kept = [] if options.force else kept_results(host, files, record, plan, facts, needed, batch_sizes)
     if needed and options.stop_server:
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
-        srv.stop_server(host, runner, store, gpus, drain, srv.warn_log(host), srv.FOR_TUNE_FP8)
+        srv.stop_server(srv.warning_session(host, runner, store), gpus, drain, srv.FOR_TUNE_FP8)
         facts.gpus, facts.gpu_users = read_gpu_users(host, runner)
     # a plan another orch recorded while this one looked; read after the GPUs: plans are recorded before
     # their jobs start, so GPUs busy with that plan's jobs are adopted, never refused as someone else's

@@ -12,12 +12,16 @@ from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe
 from orchestrator.render import err, inert, out, table
+from orchestrator.session import Sink
 
 
-def reporter(host: Host) -> serve_op.Report:
-    """Live progress on stderr, one line per event, prefixed by the host."""
+def reporter(host: Host) -> Sink:
+    """The host's event sink (``Fleet.events``): each line said is live progress on stderr, one line per
+    event, prefixed by the host; typed events (a promotion gate's benchmark progress) are not shown."""
 
-    def report(message: str) -> None:
+    def report(message: object) -> None:
+        if not isinstance(message, str):
+            return
         style = "bold red" if message.startswith("WARNING") else "bold" if message.startswith("stopping ") else "dim"
         err.print(Text(f"{host.name}: {inert(message)}", style=style), highlight=False)
 
