@@ -10,7 +10,6 @@ from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.gateway import (
     gate_needs_rolling,
     gate_plan,
-    progress,
     rolling_default,
     rolling_options,
     rollout_client,
@@ -20,6 +19,7 @@ from orchestrator.ops import rollout
 from orchestrator.ops import run as run_op
 from orchestrator.recipe import ServeOptions
 from orchestrator.transport.base import Runner
+from orchestrator.views import gateway as gateway_view
 from orchestrator.views import run as run_view
 
 
@@ -101,7 +101,7 @@ def run(
         if rolling:
             client = rollout_client(app, canary)
             gating = gate_plan(app, gate, rollout.waves(selected, max_unavailable, canary), chosen, canary)
-            ctx.rolling = run_op.Rolling(client, max_unavailable, canary, progress, gating)
+            ctx.rolling = run_op.Rolling(client, max_unavailable, canary, gateway_view.wave_line, gating)
             run_view.rolling_note()
         results = run_op.run(ctx, selected, steps)
     run_view.done_lines(results)

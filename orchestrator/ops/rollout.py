@@ -186,6 +186,16 @@ def failure_code(roll: HostRoll) -> ExitCode:
     return ExitCode.VERIFY_FAILED if roll.result is not None else ExitCode.HOSTS_FAILED
 
 
+def exit_code(selected: Sequence[Host], done: Rollout) -> ExitCode:
+    """``orch serve --rolling``'s exit code: 0, or the code of the first of ``selected`` it rolled back or
+    failed on (``failure_code``)."""
+    for host in selected:
+        roll = done.hosts.get(host.name)
+        if roll is not None and roll.outcome in ("rolled back", "failed"):
+            return failure_code(roll)
+    return ExitCode.OK
+
+
 def roll_host(session: HostSession, recipe: Recipe, options: ServeOptions, rolling: Rolling) -> HostRoll:
     """Steps 1 to 4 of the module docstring on one host (with ``rolling.gate``'s check when it gates the host)."""
     began = time.monotonic()
