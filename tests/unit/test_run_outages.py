@@ -153,3 +153,19 @@ def test_run_prints_tuning_progress_only_when_it_changes_with_an_eta() -> None:
         "tune-fp8: 9/36 units (25%), ETA 1 min 35 s",
         "tune-fp8: 36/36 units (100%)",
     ]
+
+
+def test_runs_view_prints_each_line_said_by_host_and_leaves_typed_events_to_their_views(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from orchestrator.ops.bench import BenchProgress
+    from orchestrator.views.run import progress_lines
+
+    say = progress_lines(HOST)
+    say("serve: started server job server-1 on port 30000; waiting for /health")
+    say(BenchProgress("b1", "bench-1", 1, 64, 3.0))  # bench's progress: orch run shows none
+    say("bench: done")
+    assert capsys.readouterr().err.splitlines() == [
+        "b1: serve: started server job server-1 on port 30000; waiting for /health",
+        "b1: bench: done",
+    ]
