@@ -4,7 +4,9 @@ Like fabric's ``GroupResult``, each host maps to its result or the error it rais
 failing host never stops or hides the others. A ``Fleet`` keeps one runner (one SSH connection) per
 host for the whole invocation, so every step of a command on a host reuses it, and hands out one
 ``HostSession`` per host (``session``, ``map_sessions``): what an operation takes. ``peers`` resolves
-the other hosts of a ``--fleet`` tuning group to their sessions, with the inventory check.
+the other hosts of a ``--fleet`` tuning group to their sessions, with the inventory check. What the
+sessions' operations report goes to the sink ``events`` gives each host (set by the command, from its
+view, before the first session is handed out; by default nothing is shown).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from orchestrator.transport.base import ConnectOptions, Runner
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Host
-    from orchestrator.session import HostSession
+    from orchestrator.session import HostSession, Sink
     from orchestrator.state import StateStore
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,7 @@ class Fleet:
         self._runners: dict[str, Runner] = {}
         self._sessions: dict[str, HostSession] = {}
         self._lock = threading.Lock()
+        self.events: Callable[[Host], Sink] | None = None  # each host's event sink (the command's view)
 
     def runner(self, host: Host) -> Runner:
         with self._lock:
@@ -104,13 +107,15 @@ class Fleet:
             return self._runners[host.name]
 
     def session(self, host: Host, store: StateStore) -> HostSession:
-        """The host's session for this invocation: one per host, sharing the host's runner."""
-        from orchestrator.session import HostSession
+        """The host's session for this invocation: one per host, sharing the host's runner, its events
+        going to ``events(host)``."""
+        from orchestrator.session import HostSession, discard
 
         runner = self.runner(host)
         with self._lock:
             if host.name not in self._sessions:
-                self._sessions[host.name] = HostSession(host, runner, store)
+                sink = self.events(host) if self.events is not None else discard
+                self._sessions[host.name] = HostSession(host, runner, store, sink)
             return self._sessions[host.name]
 
     def peers(

@@ -26,6 +26,13 @@ A fact's name may carry a key after a colon (``gpus:0,1``, ``server_info:http://
 ``forget("gpus")`` drops every key of it. Every read goes through the session's runner
 (``Runner.run`` / ``read_bytes``), so a counting wrapper around the runner sees each round trip.
 
+Everything an operation reports while it works goes into the session's one event sink (``say`` for a
+line, ``emit`` for a typed event a view renders, such as a benchmark's progress): the command's view
+decides how it is printed (``Fleet.events`` gives each host its sink), and by default
+nothing is. An operation takes no ``report`` callback of its own. A sink is called from the host's own
+thread; printing one whole line per call keeps output from several hosts line-atomic.
+``prefixed(text)`` puts ``text`` before each line said meanwhile (``orch run``: the step's name).
+
 ``Fleet.session`` hands out one session per host (``Fleet.map_sessions`` runs an operation on each);
 they live as long as the fleet (its connections). A session is for one invocation: facts another orch
 may change meanwhile (a job it started) are re-read only where an operation forgets them, so a long
@@ -35,7 +42,8 @@ wait (a question to the operator) uses a fresh session.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -49,14 +57,22 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+Sink = Callable[[object], None]
+"""Where a session's events go: a line (``str``) or a typed event (``BenchProgress``...), as they happen."""
+
+
+def discard(event: object) -> None:
+    """The sink of a session nobody listens to: every event is dropped."""
+
 
 class HostSession:
     """A host, its runner and state store, and the facts read from it in this invocation."""
 
-    def __init__(self, host: Host, runner: Runner, store: StateStore) -> None:
+    def __init__(self, host: Host, runner: Runner, store: StateStore, events: Sink = discard) -> None:
         self.host = host
         self.runner = runner
         self.store = store
+        self.events = events
         self._facts: dict[str, Any] = {}
         self._lock = threading.Lock()
 
@@ -66,6 +82,27 @@ class HostSession:
 
     def __repr__(self) -> str:
         return f"HostSession({self.host.name!r}, cached={sorted(self._facts)})"
+
+    # --- what the operations report -------------------------------------------------------------------
+
+    def say(self, line: str) -> None:
+        """Report a line (progress, a warning) to whoever listens: the command's view prints it."""
+        self.events(line)
+
+    def emit(self, event: object) -> None:
+        """Report a typed event (a benchmark's progress): the command's view decides how it looks."""
+        self.events(event)
+
+    @contextmanager
+    def prefixed(self, text: str) -> Iterator[None]:
+        """Meanwhile, each line said starts with ``text`` (typed events pass as they are). A session is
+        one host's, worked on by one thread at a time: swapping its sink is safe."""
+        outer = self.events
+        self.events = lambda event: outer(text + event if isinstance(event, str) else event)
+        try:
+            yield
+        finally:
+            self.events = outer
 
     # --- facts, read at most once until forgotten ---------------------------------------------------
 

@@ -69,7 +69,8 @@ def bench(
     bench_op.check_baseline(app.store, selected, options)
     show = ProgressLines()
     with app.fleet(selected, parallel) as fleet:
-        results = fleet.map(lambda h, r: bench_op.bench(h, r, app.store, specs[h.name], options, timeout, show))
+        fleet.events = lambda host: show
+        results = fleet.map_sessions(lambda s: bench_op.bench(s, specs[s.name], options, timeout), lambda: app.store)
     show_comparisons(results)
     return finish(results)
 

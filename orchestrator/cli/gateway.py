@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import click
 
 from orchestrator.app import App
@@ -15,12 +13,11 @@ from orchestrator.inventory import Host
 from orchestrator.jobs import JobInfo
 from orchestrator.ops import gateway as gateway_op
 from orchestrator.ops import rollout
-from orchestrator.ops.serve import ServeResult
 from orchestrator.recipe import Recipe, ServeOptions
-from orchestrator.render import err, inert, out, print_json
+from orchestrator.render import err, inert, print_json
 from orchestrator.session import HostSession
 from orchestrator.views import gateway as gateway_view
-from orchestrator.views.serve import reporter, serve_report
+from orchestrator.views.serve import reporter
 
 
 def rolling_options(command: F) -> F:
@@ -87,11 +84,6 @@ def rollout_client(app: App, canary: str | None) -> GatewayClient:
     return client
 
 
-def progress(line: str) -> None:
-    """A rollout's own lines (the waves), on stderr."""
-    err.print(inert(line), style="bold")
-
-
 def rolling_serve(
     app: App,
     selected: list[Host],
@@ -109,40 +101,15 @@ def rolling_serve(
     planned = rollout.waves(selected, max_unavailable, canary)
     gating = gate_plan(app, gate, planned, chosen, canary)
     with app.fleet(selected, parallel) as fleet:
+        fleet.events = reporter
+        rolling = rollout.Rolling(client, app.peers(fleet), gating)
 
         def roll_one(s: HostSession) -> rollout.HostRoll:
-            return rollout.roll_host(s, chosen[s.name], options, client, reporter(s.host), app.peers(fleet), gating)
+            return rollout.roll_host(s, chosen[s.name], options, rolling)
 
-        done = rollout.roll_fleet(fleet, planned, roll_one, progress, app.store)
-    return rollout_report(selected, done, serve_report)
-
-
-def rollout_report(
-    selected: list[Host], done: rollout.Rollout, serve_report: Callable[[Host, ServeResult], None]
-) -> int:
-    """One line per host (its serve report first), the halt's reason, and the exit code."""
-    code = ExitCode.OK
-    for host in selected:
-        roll = done.hosts.get(host.name)
-        if roll is None:
-            out.print(f"{host.name}: not touched (still on its old server)", markup=False)
-            continue
-        if roll.result is not None:
-            serve_report(host, roll.result)
-        for line in gateway_view.gate_lines(host.name, roll.gate) if roll.gate is not None else []:
-            out.print(line, markup=False)
-        out.print(f"{host.name}: {gateway_view.roll_line(roll)}", markup=False)
-        if roll.outcome in ("rolled back", "failed") and code == ExitCode.OK:
-            code = rollout.failure_code(roll)
-    if done.halted:
-        halted_line(done.halted)
-    else:
-        out.print(f"rollout complete: {len(done.waves)} waves in {done.seconds:.1f} s", markup=False)
-    return int(code)
-
-
-def halted_line(halted: str) -> None:
-    err.print(inert(f"rollout halted: {halted}"), style="bold red")
+        done = rollout.roll_fleet(fleet, planned, roll_one, gateway_view.wave_line, app.store)
+    gateway_view.rollout_report(selected, done)
+    return int(rollout.exit_code(selected, done))
 
 
 @click.group("gateway")
@@ -228,14 +195,11 @@ def down(app: App, yes: bool) -> int:
     config, host = gateway_op.gateway_host(app.inventory)
     with app.fleet([host]) as fleet:
         runner = fleet.runner(host)
-        job = gateway_op.running_job(runner, host)
+        job = gateway_view.down_announced(host, gateway_op.running_job(runner, host), config.url)
         if job is None:
-            out.print(f"{host.name}: no gateway job of orch's is running; nothing to stop", markup=False)
             return int(ExitCode.OK)
-        err.print(inert(f"{host.name}: stopping the gateway job {job.id} (pid {job.pid}): every request through "
-                        f"{config.url} fails from now on, for the whole fleet"), style="bold")  # fmt: skip
         if not yes:
             confirm_or_refuse(f"Stop the gateway at {config.url} (the whole fleet's traffic)?")
         outcome = gateway_op.down(runner, job)
-    out.print(f"{host.name}: gateway job {job.id} {outcome}", markup=False)
+    gateway_view.down_line(host, job, outcome)
     return int(ExitCode.OK)

@@ -2,34 +2,15 @@
 
 from __future__ import annotations
 
-import sys
-from datetime import datetime, timezone
-from typing import Any
-
 import click
 
 from orchestrator import jobs as jobs_mod
 from orchestrator.app import App
 from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.errors import ExitCode
-from orchestrator.jobs import JobInfo
 from orchestrator.ops import logs as logs_op
-from orchestrator.render import InertLog, err, fmt_seconds, inert_log, out, print_json, table
-
-
-def _age(when: datetime | None) -> str:
-    if when is None:
-        return "-"
-    return fmt_seconds((datetime.now(timezone.utc) - when).total_seconds())
-
-
-def _state(job: JobInfo) -> str:
-    if job.state == "failed":
-        return f"failed (exit {job.exit_code}{', stopped by orch' if job.stop_requested else ''})"
-    return job.state
-
-
-RECENT = 5  # ended jobs shown per host by default, besides the live ones
+from orchestrator.views import jobs as jobs_view
+from orchestrator.views.jobs import RECENT
 
 
 @click.command(name="jobs")
@@ -51,32 +32,12 @@ def jobs_cmd(
       orch jobs --kind tune --all
     """
     with app.fleet(app.select(hosts, tags), parallel) as fleet:
-        results = fleet.map(lambda h, r: of_kind(jobs_mod.list_jobs(r, h.workdir), kind))
+        results = fleet.map(lambda h, r: logs_op.of_kind(jobs_mod.list_jobs(r, h.workdir), kind))
     if as_json:
-        doc: dict[str, Any] = {r.host.name: r.value if r.ok else {"error": str(r.error)} for r in results}
-        print_json(doc)
-        return finish(results)
-    rows, hidden = [], 0
-    for r in results.succeeded:
-        listed = r.value or []
-        shown = listed if show_all else recent(listed, RECENT)
-        hidden += len(listed) - len(shown)
-        rows += [[r.host.name, j.id, _state(j), str(j.pid or "-"), _age(j.started_at)] for j in shown]
-    table(None, ["host", "job", "state", "pid", "age"], rows)
-    if hidden:
-        out.print(f"({hidden} older ended jobs not shown: --all lists them)", markup=False)
+        jobs_view.jobs_document(results)
+    else:
+        jobs_view.jobs_table(results, show_all)
     return finish(results)
-
-
-def of_kind(listed: list[JobInfo], kind: str | None) -> list[JobInfo]:
-    """The jobs of ``kind`` (the purpose, or its part before the first dot); all when None."""
-    return [j for j in listed if kind is None or kind in (j.purpose, logs_op.job_kind(j.purpose))]
-
-
-def recent(listed: list[JobInfo], keep: int) -> list[JobInfo]:
-    """Every running job and the last ``keep`` others, in the listing's order (oldest first)."""
-    ended = [j for j in listed if not j.running][-keep:] if keep else []
-    return [j for j in listed if j.running or j in ended]
 
 
 @click.command()
@@ -103,22 +64,13 @@ def logs(app: App, host_name: str, job_id: str | None, follow: bool, tail: int) 
     with app.fleet([host]) as fleet:
         runner = fleet.runner(host)
         job = logs_op.pick_job(runner, host.workdir, job_id)
-        err.print(
-            f"{host.name}: job {job.id} ({_state(job)}, started {_age(job.started_at)} ago): {job.log}", markup=False
-        )
+        jobs_view.log_header(host, job)
         text, offset = logs_op.start_offset(runner, job, tail)
-        sys.stdout.write(inert_log(text) + ("\n" if text and not text.endswith("\n") else ""))
+        jobs_view.log_tail(text)
         if follow:
-            shown = InertLog()
-            job = logs_op.follow(runner, host.workdir, job, offset, lambda chunk: _write(shown.feed(chunk)))
-            _write(shown.end())
-            out.print(f"-- {job.id}: {_state(job)}", markup=False)
+            follower = jobs_view.LogFollower()
+            follower.ended(logs_op.follow(runner, host.workdir, job, offset, follower.write))
     return int(ExitCode.OK)
-
-
-def _write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
 
 
 @click.command()
@@ -145,5 +97,5 @@ def stop(app: App, host_name: str, job_id: str, timeout: int) -> int:
     with app.fleet([host]) as fleet:
         runner = fleet.runner(host)
         outcome = jobs_mod.stop(runner, jobs_mod.find(runner, host.workdir, job_id), timeout)
-    out.print(f"{host.name}: {job_id}: {outcome}", markup=False)
+    jobs_view.stopped_line(host, job_id, outcome)
     return int(ExitCode.OK)

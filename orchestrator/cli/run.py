@@ -10,7 +10,6 @@ from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.gateway import (
     gate_needs_rolling,
     gate_plan,
-    progress,
     rolling_default,
     rolling_options,
     rollout_client,
@@ -19,12 +18,9 @@ from orchestrator.inventory import Host
 from orchestrator.ops import rollout
 from orchestrator.ops import run as run_op
 from orchestrator.recipe import ServeOptions
-from orchestrator.render import err, inert, out
 from orchestrator.transport.base import Runner
-
-
-def _say(host: Host, message: str) -> None:
-    err.print(f"{host.name}: {inert(message)}", markup=False, highlight=False)
+from orchestrator.views import gateway as gateway_view
+from orchestrator.views import run as run_view
 
 
 @click.command(name="run")
@@ -82,13 +78,13 @@ def run(
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run) and serves
     gate_needs_rolling(gate, rolling)
     with app.fleet(selected, parallel) as fleet:
+        fleet.events = run_view.progress_lines
         redo = bool(from_step or only)
         if dry_run:
             plans = fleet.map_sessions(
                 lambda s: run_op.dry_run(s, chosen[s.name], steps[s.name], redo), lambda: app.store
             )
-            for p in plans.succeeded:
-                out.print(f"{p.host.name}:\n" + "\n".join(p.value or []), markup=False)
+            run_view.plans(plans)
             return finish(plans)
 
         def stops(host: Host, runner: Runner) -> bool:
@@ -101,18 +97,12 @@ def run(
 
         if redo:
             run_op.forget_done(app.store, selected, chosen, steps)
-        ctx = run_op.RunContext(fleet, app.store, chosen, _say, app.peers(fleet), lockstep, confirm, redo)
+        ctx = run_op.RunContext(fleet, app.store, chosen, app.peers(fleet), lockstep, confirm, redo)
         if rolling:
             client = rollout_client(app, canary)
             gating = gate_plan(app, gate, rollout.waves(selected, max_unavailable, canary), chosen, canary)
-            ctx.rolling = run_op.Rolling(client, max_unavailable, canary, progress, gating)
-            err.print(
-                "the serve step (and a tune-fp8 before it that stops the server) goes host by host through the"
-                " gateway: not a fleet outage (no question asked for it)"
-            )
+            ctx.rolling = run_op.Rolling(client, max_unavailable, canary, gateway_view.wave_line, gating)
+            run_view.rolling_note()
         results = run_op.run(ctx, selected, steps)
-    for r in results.succeeded:
-        assert r.value is not None
-        skipped = f" (already done: {', '.join(r.value.skipped)})" if r.value.skipped else ""
-        out.print(f"{r.host.name}: done {', '.join(r.value.done) or 'nothing new'}{skipped}", markup=False)
+    run_view.done_lines(results)
     return finish(results)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import shlex
-
 import click
-from rich.text import Text
 
 from orchestrator.app import App
 from orchestrator.cli.common import default, finish, host_options, pass_app
@@ -15,9 +12,9 @@ from orchestrator.errors import ExitCode
 from orchestrator.facts import server as facts
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import ServeOptions
-from orchestrator.render import err, out
 from orchestrator.session import HostSession
-from orchestrator.views.serve import discovery_report, reporter, serve_report, stopped_line
+from orchestrator.views import serve as serve_view
+from orchestrator.views.serve import reporter
 
 _playbook = click.option(
     "--playbook", metavar="NAME_OR_PATH", help="Recipe name under playbooks/ or a YAML path. Default: the host's."
@@ -139,22 +136,19 @@ def serve(
     if rolling:
         return rolling_serve(app, selected, chosen, options, parallel, max_unavailable, canary, gate)
     with app.fleet(selected, parallel) as fleet:
+        fleet.events = reporter
         if dry_run:
             plans = fleet.map_sessions(lambda s: serve_op.dry_run(s, chosen[s.name], options), lambda: app.store)
-            for p in plans.succeeded:
-                out.print(f"{p.host.name}:\n" + "\n".join(f"  {line}" for line in p.value or []), markup=False)
+            serve_view.plans(plans)
             return finish(plans)
         # its own session: the question may wait long, serve reads the host afresh after it
         replaces = lambda h, r: serve_op.would_replace(HostSession(h, r, app.store), chosen[h.name], options)  # noqa: E731
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes, replaces)
         results = fleet.map_sessions(
-            lambda s: serve_op.serve(s, chosen[s.name], options, reporter(s.host), app.peers(fleet)),
+            lambda s: serve_op.serve(s, chosen[s.name], options, app.peers(fleet)),
             lambda: app.store,
         )
-    for r in results:
-        result = r.value if r.ok else getattr(r.error, "result", None)
-        if isinstance(result, serve_op.ServeResult):
-            serve_report(r.host, result)
+    serve_view.serve_reports(results)
     return finish(results)
 
 
@@ -185,12 +179,12 @@ def stop_server(
     selected = app.select(hosts, tags)
     chosen = app.recipes(selected, playbook)
     with app.fleet(selected, parallel) as fleet:
+        fleet.events = reporter
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes)
         results = fleet.map_sessions(
-            lambda s: serve_op.stop_server(s, chosen[s.name], drain_timeout, reporter(s.host)), lambda: app.store
+            lambda s: serve_op.stop_server(s, chosen[s.name], drain_timeout), lambda: app.store
         )
-    for r in results.succeeded:
-        out.print(f"{r.host.name}: {stopped_line(r.value)}")
+    serve_view.stopped_lines(results)
     return finish(results)
 
 
@@ -224,12 +218,9 @@ def show(
     selected = app.select(hosts, tags)
     problems = 0
     for host, r in app.recipes(selected, playbook).items():
-        host_ = app.inventory.hosts[host]
-        out.print(f"{host}: {r.path or r.model}", markup=False)
-        out.print(f"  $ {shlex.join(facts.launch_argv(r, host_, mtp=mtp))}", markup=False)
-        for p in facts.check_recipe(r, mtp=mtp):
-            err.print(Text(f"  refused: {p}", style="bold red"))
-            problems += 1
+        found = facts.check_recipe(r, mtp=mtp)
+        serve_view.recipe_lines(host, r, facts.launch_argv(r, app.inventory.hosts[host], mtp=mtp), found)
+        problems += len(found)
     return int(ExitCode.USAGE if problems else ExitCode.OK)
 
 
@@ -249,7 +240,5 @@ def discover(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: 
     chosen = app.recipes(selected, playbook)
     with app.fleet(selected, parallel) as fleet:
         results = fleet.map(lambda h, r: serve_op.discover_upstream(h, r, chosen[h.name]))
-    for r in results.succeeded:
-        assert r.value is not None
-        discovery_report(r.host, chosen[r.host.name], r.value)
+    serve_view.discoveries(results, chosen)
     return finish(results)

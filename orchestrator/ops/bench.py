@@ -19,7 +19,6 @@ import functools
 import json
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +33,7 @@ from orchestrator.facts.bench import BenchParams, BenchRecord, ComparisonRow
 from orchestrator.inventory import Host
 from orchestrator.readers import read_git
 from orchestrator.recipe import BenchOptions, BenchSpec
+from orchestrator.session import HostSession
 from orchestrator.state import HostState, JobRecord, JobState, ServerRecord, StateStore, utc_now
 from orchestrator.transport.base import Runner
 
@@ -108,31 +108,24 @@ class BenchProgress:
     attached: bool = False
 
 
-def bench(
-    host: Host,
-    runner: Runner,
-    store: StateStore,
-    spec: BenchSpec,
-    options: BenchOptions,
-    timeout: float = DEFAULT_TIMEOUT,
-    on_progress: Callable[[BenchProgress], None] | None = None,
-) -> BenchRun:
+def bench(session: HostSession, spec: BenchSpec, options: BenchOptions, timeout: float = DEFAULT_TIMEOUT) -> BenchRun:
     """Benchmark the host's running server, wait for the result, store it and compare it with earlier runs.
 
     A benchmark orch started earlier and never collected (orch was killed) is waited for or collected
-    instead of starting a new one (``BenchRun.attached``): nothing is started twice. ``on_progress``
-    sees the run about every second while it runs (requests done, from its tqdm bar in the job log).
+    instead of starting a new one (``BenchRun.attached``): nothing is started twice. About every second
+    while it runs the session emits a ``BenchProgress`` (requests done, from its tqdm bar in the job log).
 
     Raises ``UsageError`` when no stored run on the host has the ``--baseline`` label (before anything
     runs), ``RefusedError`` when there is no running server or benchmark module, ``RemoteCommandError``
     when the benchmark fails (with the end of its log), ``RefusedError`` when it outlives ``timeout``.
     """
+    host, runner, store = session.host, session.runner, session.store
     check_baseline(store, [host], options)
     server = running_server(host, runner, store)
     pending = _pending(host, runner, store) or _unrecorded(host, runner, store, server)
     job_id, plan, attached = pending or _start(host, runner, store, _plan(host, runner, server, spec, options))
-    ended = _wait(host, runner, job_id, timeout, lambda info: _progress(host, runner, info, attached, on_progress))
-    record = _result(host, runner, store, server, plan, ended)
+    ended = _wait(session, job_id, timeout, attached)
+    record = _result(session, server, plan, ended)
     records = store.update_host(host.name, lambda hs: _store_result(host.name, hs, record, ended))
     baseline = facts.pick_baseline(records, options.baseline)
     missing = options.baseline if options.baseline and baseline is None else None
@@ -319,11 +312,10 @@ def _attached_plan(host: Host, store: StateStore, job_id: str) -> _Plan:
     return plan
 
 
-def _wait(
-    host: Host, runner: Runner, job_id: str, timeout: float, on_poll: Callable[[jobs.JobInfo], None]
-) -> jobs.JobInfo:
+def _wait(session: HostSession, job_id: str, timeout: float, attached: bool) -> jobs.JobInfo:
     """Poll the job every second until it ends (the host waits for its end between polls: seen at
-    once); ``on_poll`` sees it each time while it runs."""
+    once); the session emits its progress each time while it runs."""
+    host, runner = session.host, session.runner
     deadline = time.monotonic() + timeout
     info = jobs.find(runner, host.workdir, job_id)
     while info.running:
@@ -332,35 +324,29 @@ def _wait(
                 f"{host.name}: benchmark job {job_id} still running after {timeout:.0f} s",
                 hint=f"it keeps running: run `orch bench` again to wait for it, or `orch stop {host.name} {job_id}`",
             )
-        on_poll(info)
+        session.emit(_progress(session, info, attached))
         info = jobs.wait(runner, host.workdir, job_id, 1.0)
     return info
 
 
-def _progress(
-    host: Host, runner: Runner, info: jobs.JobInfo, attached: bool, on_progress: Callable[[BenchProgress], None] | None
-) -> None:
-    """Read the running job's progress (its log's end) and report it."""
-    if on_progress is None:
-        return
-    counts = facts.parse_progress(jobs.read_tail(runner, info, max_bytes=4096))
+def _progress(session: HostSession, info: jobs.JobInfo, attached: bool) -> BenchProgress:
+    """The running job's progress, read from its log's end."""
+    counts = facts.parse_progress(jobs.read_tail(session.runner, info, max_bytes=4096))
     since = info.started_at or utc_now()
     elapsed = max(0.0, (utc_now() - since).total_seconds())
     done, total = counts if counts else (None, None)
-    on_progress(BenchProgress(host.name, info.id, done, total, elapsed, attached))
+    return BenchProgress(session.name, info.id, done, total, elapsed, attached)
 
 
 # -- after the run -------------------------------------------------------------------------------
 
 
-def _result(
-    host: Host, runner: Runner, store: StateStore, server: ServerRecord, plan: _Plan, ended: jobs.JobInfo
-) -> BenchRecord:
+def _result(session: HostSession, server: ServerRecord, plan: _Plan, ended: jobs.JobInfo) -> BenchRecord:
     """The stored record of a finished job; a failed job or unusable output is recorded, then raised."""
     try:
-        metrics = _metrics(host, runner, plan, ended)
+        metrics = _metrics(session.host, session.runner, plan, ended)
     except OrchError:
-        store.update_host(host.name, lambda hs: _end_job(hs, ended))
+        session.store.update_host(session.name, lambda hs: _end_job(hs, ended))
         raise
     return BenchRecord(
         label=plan.label,

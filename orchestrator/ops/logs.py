@@ -1,7 +1,7 @@
 """Job logs: print the tail, or follow from a byte offset across dropped connections.
 
 Following reads only the bytes past the offset it has printed (``Runner.read_bytes``), so each poll
-costs the same whatever the log's size. A dropped connection is retried until ``reconnect_for``
+costs the same whatever the log's size. A dropped connection is retried until ``RECONNECT_SECONDS``
 seconds pass without success; the job is never touched (Ctrl-C stops following, not the job).
 """
 
@@ -19,6 +19,8 @@ from orchestrator.transport.base import Runner
 
 log = logging.getLogger(__name__)
 CHUNK = 1 << 20
+POLL_SECONDS = 1.0  # the longest a follower waits between reads
+RECONNECT_SECONDS = 300.0  # a lost connection is retried this long before following gives up
 _CONTINUATION = bytes(range(0x80, 0xC0))  # UTF-8 continuation bytes: a character cut by a window's start
 
 
@@ -48,6 +50,11 @@ def job_kind(purpose: str) -> str:
     return purpose.split(".", 1)[0]
 
 
+def of_kind(listed: list[JobInfo], kind: str | None) -> list[JobInfo]:
+    """The jobs of ``kind`` (the purpose, or its part before the first dot); all when None."""
+    return [j for j in listed if kind is None or kind in (j.purpose, job_kind(j.purpose))]
+
+
 def newest_of_kind(listed: list[JobInfo], kind: str) -> JobInfo | None:
     """The newest job whose purpose is ``kind`` or starts with ``kind.`` (``listed`` oldest first)."""
     matching = [j for j in listed if j.purpose == kind or j.purpose.startswith(kind + ".")]
@@ -68,23 +75,16 @@ def start_offset(runner: Runner, job: JobInfo, tail: int) -> tuple[str, int]:
     return jobs.tail_lines(data.decode(errors="replace"), tail), size
 
 
-def follow(
-    runner: Runner,
-    workdir: str,
-    job: JobInfo,
-    offset: int,
-    write: Callable[[str], None],
-    poll: float = 1.0,
-    reconnect_for: float = 300.0,
-) -> JobInfo:
+def follow(runner: Runner, workdir: str, job: JobInfo, offset: int, write: Callable[[str], None]) -> JobInfo:
     """Print new log bytes from ``offset`` until the job has ended and the log is drained.
 
     Every byte is printed once: reads resume at the offset after the last byte printed, and bytes are
     decoded incrementally, so a UTF-8 character cut by a read's end (or by a dropped connection) is
     printed whole with the next read, not as two replacement characters. Invalid UTF-8 shows as U+FFFD.
     Between reads the host waits (``jobs.wait``) for the job to end, or for its log to grow once half of
-    ``poll`` has passed, at most ``poll`` seconds: the end is seen at once, and a busy log is read at most
-    twice per ``poll``. A lost connection is said once per outage."""
+    ``POLL_SECONDS`` has passed, at most ``POLL_SECONDS``: the end is seen at once, and a busy log is read at
+    most twice per poll. A lost connection is said once per outage, and retried for ``RECONNECT_SECONDS``."""
+    poll = POLL_SECONDS
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     lost_since: float | None = None
     while True:
@@ -104,7 +104,7 @@ def follow(
             if lost_since is None:
                 lost_since = time.monotonic()
                 log.warning("%s (reconnecting, resuming at byte %d)", exc, offset)
-            elif time.monotonic() - lost_since > reconnect_for:
+            elif time.monotonic() - lost_since > RECONNECT_SECONDS:
                 raise
             runner.close()
             time.sleep(poll)

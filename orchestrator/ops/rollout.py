@@ -74,6 +74,11 @@ class RolloutHalted(HostError):
         super().__init__(message)
         self.roll = roll
 
+    def took(self, began: float) -> RolloutHalted:
+        """The halt, with the host's time from ``began`` (``time.monotonic``) until now."""
+        self.roll.seconds = time.monotonic() - began
+        return self
+
 
 class GateFailed(serve_op.NotAsAsked):
     """The canary's new server serves, but fails the promotion gate (exit 5, as a failed verification)."""
@@ -139,24 +144,30 @@ def _unproven(last: RolloutRecord | None, gated: Iterable[str]) -> frozenset[str
     return frozenset(n for n in gated if left_out(n) and not (n in last.gates and last.gates[n].passed))
 
 
-def check_gate(
-    session: HostSession, recipe: Recipe, gate: Gate, result: serve_op.ServeResult, report: serve_op.Report
-) -> GateRecord:
+@dataclass(frozen=True)
+class Rolling:
+    """What rolling a host goes through besides its recipe and serve options: the gateway (``client``),
+    the other hosts of its tuning group serve waits for (``peers``), and the promotion gate, if any."""
+
+    client: GatewayClient
+    peers: Peers | None = None
+    gate: Gate | None = None
+
+
+def check_gate(session: HostSession, recipe: Recipe, gate: Gate, result: serve_op.ServeResult) -> GateRecord:
     """Benchmark the new server through its own port and decide (``facts.bench.gate_decision``); the
     decision goes into the state's rollout. Raises ``GateFailed`` when it fails (a benchmark that fails
     fails the gate)."""
     name = session.host.name
     baseline = gate.baselines[name]
-    report(
+    session.say(
         f"promotion gate: benchmarking the new server on its own port against {baseline.label!r} "
         f"({baseline.metrics.output_throughput:,.1f} tok/s)"
     )
     error = None
     try:
         options = BenchOptions(label=gate.label)
-        run: BenchRecord | None = bench_op.bench(
-            session.host, session.runner, session.store, recipe.bench, options, gate.timeout
-        ).record
+        run: BenchRecord | None = bench_op.bench(session, recipe.bench, options, gate.timeout).record
     except OrchError as exc:
         run, error = None, str(exc).splitlines()[0]
     decision = bench_facts.gate_decision(baseline, run, result.min_accept)
@@ -175,41 +186,45 @@ def failure_code(roll: HostRoll) -> ExitCode:
     return ExitCode.VERIFY_FAILED if roll.result is not None else ExitCode.HOSTS_FAILED
 
 
-def roll_host(
-    session: HostSession,
-    recipe: Recipe,
-    options: ServeOptions,
-    client: GatewayClient,
-    report: serve_op.Report,
-    peers: Peers | None = None,
-    gate: Gate | None = None,
-) -> HostRoll:
-    """Steps 1 to 4 of the module docstring on one host (with ``gate``'s check when it gates the host)."""
+def exit_code(selected: Sequence[Host], done: Rollout) -> ExitCode:
+    """``orch serve --rolling``'s exit code: 0, or the code of the first of ``selected`` it rolled back or
+    failed on (``failure_code``)."""
+    for host in selected:
+        roll = done.hosts.get(host.name)
+        if roll is not None and roll.outcome in ("rolled back", "failed"):
+            return failure_code(roll)
+    return ExitCode.OK
+
+
+def roll_host(session: HostSession, recipe: Recipe, options: ServeOptions, rolling: Rolling) -> HostRoll:
+    """Steps 1 to 4 of the module docstring on one host (with ``rolling.gate``'s check when it gates the host)."""
     began = time.monotonic()
     url = worker_url_of(session, recipe)
+    gate, name = rolling.gate, session.host.name
     if not serve_op.would_replace(session, recipe, options):
-        if gate is not None and session.host.name in gate.unproven:
-            return _prove_resumed(session, recipe, options, client, url, gate, report, peers)
-        roll = _unchanged(session, recipe, options, client, url, report, peers, began)
-        if gate is not None and session.host.name in gate.baselines:
+        if gate is not None and name in gate.unproven:
+            return _prove_resumed(session, recipe, options, rolling, url)
+        roll = _unchanged(session, recipe, options, rolling, url)
+        roll.seconds = time.monotonic() - began
+        if gate is not None and name in gate.baselines:
             roll.notes.append("gate not run: already serving as asked, nothing to promote")
         return roll
-    drained = leave_gateway(session, recipe, client, options.drain_timeout, report, "replaced")
+    drained = leave_gateway(session, recipe, rolling.client, options.drain_timeout, "replaced")
     rolled = options.model_copy(update={"rollback": True})
     before = known_good(session)
     try:
-        result = serve_op.serve(session, recipe, rolled, report, peers)
+        result = serve_op.serve(session, recipe, rolled, rolling.peers)
         decision = None
-        if gate is not None and session.host.name in gate.baselines:
-            decision = check_gate(session, recipe, gate, result, report)
+        if gate is not None and name in gate.baselines:
+            decision = check_gate(session, recipe, gate, result)
     except serve_op.NotAsAsked as exc:
-        _roll_back_running(session, recipe, rolled, exc, before, report)
+        _roll_back_running(session, recipe, rolled, exc, before)
         roll = HostRoll("rolled back", exc.result, drained=drained, gate=getattr(exc, "gate", None))
-        raise _halt(session, client, worker_url_of(session, recipe), exc, roll, report, began) from None
+        raise _halt(session, rolling.client, worker_url_of(session, recipe), exc, roll).took(began) from None
     except serve_op.StartupFailed as exc:
         roll = HostRoll("rolled back", drained=drained)
-        raise _halt(session, client, worker_url_of(session, recipe), exc, roll, report, began) from None
-    register(client, worker_url_of(session, recipe), report)  # the new server's address: its --host may differ
+        raise _halt(session, rolling.client, worker_url_of(session, recipe), exc, roll).took(began) from None
+    register(session, rolling.client, worker_url_of(session, recipe))  # the new server's address: its --host may differ
     return HostRoll("relaunched", result, time.monotonic() - began, drained, gate=decision)
 
 
@@ -218,21 +233,19 @@ def registered(session: HostSession, recipe: Recipe, client: GatewayClient) -> b
     return client.find(worker_url_of(session, recipe)) is not None
 
 
-def leave_gateway(
-    session: HostSession, recipe: Recipe, client: GatewayClient, drain_timeout: float, report: serve_op.Report, why: str
-) -> int:
+def leave_gateway(session: HostSession, recipe: Recipe, client: GatewayClient, drain_timeout: float, why: str) -> int:
     """Steps 1 and 2: the gateway stops routing to the host (recorded ``removed`` first, so an
     interruption is resumed by registering it again), then its in-flight requests drain; returns how many
     were in flight. Before its server is ``why`` (replaced, stopped for tuning)."""
     url = worker_url_of(session, recipe)
-    report(f"taking {url} out of the gateway before its server is {why}")
+    session.say(f"taking {url} out of the gateway before its server is {why}")
     record_outcome(session.store, session.host.name, "removed")
     client.remove(url)
     client.wait_removed(url, timeout=30)
-    return drain(session, recipe, drain_timeout, report)
+    return drain(session, recipe, drain_timeout)
 
 
-def rejoin_if_serving(session: HostSession, recipe: Recipe, client: GatewayClient, report: serve_op.Report) -> str:
+def rejoin_if_serving(session: HostSession, recipe: Recipe, client: GatewayClient) -> str:
     """After a step failed on a host ``leave_gateway`` took out: registered again when its server still
     runs (not stopped since it was healthy), else left out; says which, for the error message."""
     server = session.state().server
@@ -240,57 +253,40 @@ def rejoin_if_serving(session: HostSession, recipe: Recipe, client: GatewayClien
         return "its server is stopped: it stays out of the gateway until its serve step runs again"
     url = worker_url_of(session, recipe)
     try:
-        register(client, url, report)
+        register(session, client, url)
     except GatewayError as exc:
         return f"its server still serves but is NOT registered again: {exc.message}"
     return "its server still serves: registered with the gateway again"
 
 
-def _unchanged(
-    session: HostSession,
-    recipe: Recipe,
-    options: ServeOptions,
-    client: GatewayClient,
-    url: str,
-    report: serve_op.Report,
-    peers: Peers | None,
-    began: float,
-) -> HostRoll:
-    result = serve_op.serve(session, recipe, options, report, peers)
+def _unchanged(session: HostSession, recipe: Recipe, options: ServeOptions, rolling: Rolling, url: str) -> HostRoll:
+    """A host already serving as asked: served (which leaves it alone), registered if it is not."""
+    result = serve_op.serve(session, recipe, options, rolling.peers)
     roll = HostRoll("unchanged", result)
-    worker = client.find(url)
+    worker = rolling.client.find(url)
     if worker is None:
-        report(f"serving as asked but not registered: registering {url}")
-        register(client, url, report)
+        session.say(f"serving as asked but not registered: registering {url}")
+        register(session, rolling.client, url)
         roll.notes.append("re-registered")
-    roll.seconds = time.monotonic() - began
     return roll
 
 
-def _prove_resumed(
-    session: HostSession,
-    recipe: Recipe,
-    options: ServeOptions,
-    client: GatewayClient,
-    url: str,
-    gate: Gate,
-    report: serve_op.Report,
-    peers: Peers | None,
-) -> HostRoll:
+def _prove_resumed(session: HostSession, recipe: Recipe, options: ServeOptions, rolling: Rolling, url: str) -> HostRoll:
     """A canary that an interrupted gated rollout left out of the gateway serves as asked, but its gate
     never decided: gated now, it rejoins the gateway only when it passes. Failing, it stays out (the
     server it ran before the interrupted rollout is not known any more) and the rollout halts."""
+    assert rolling.gate is not None
     record_outcome(session.store, session.host.name, "removed")  # still out: interrupted again, gated again
-    result = serve_op.serve(session, recipe, options, report, peers)
-    report("resuming a rollout whose gate never decided on this host: gating its server before registering it")
+    result = serve_op.serve(session, recipe, options, rolling.peers)
+    session.say("resuming a rollout whose gate never decided on this host: gating its server before registering it")
     try:
-        decision = check_gate(session, recipe, gate, result, report)
+        decision = check_gate(session, recipe, rolling.gate, result)
     except GateFailed as exc:
         roll = HostRoll("failed", result, notes=[exc.message, "left out of the gateway"], gate=exc.gate)
         name = session.host.name
         hint = f"serve what it ran before: `orch serve --rolling --host {name} --playbook OLD`"
         raise RolloutHalted(f"{name}: rollout halted: {exc.message}\nnot re-registered; {hint}", roll) from None
-    register(client, url, report)
+    register(session, rolling.client, url)
     return HostRoll("unchanged", result, notes=["gated on resume", "re-registered"], gate=decision)
 
 
@@ -301,7 +297,7 @@ def worker_url_of(session: HostSession, recipe: Recipe) -> str:
     return host_worker_url(session.host, server.argv if server is not None else None, recipe)
 
 
-def drain(session: HostSession, recipe: Recipe, timeout: float, report: serve_op.Report) -> int:
+def drain(session: HostSession, recipe: Recipe, timeout: float) -> int:
     """Wait (at most ``timeout`` s) until the server has no request running or queued; returns how many
     were in flight at first. A server that does not answer ``/v1/loads`` is left to serve's SIGTERM drain."""
     url = facts.base_url(recipe, session.host) + "/v1/loads?include=core"
@@ -316,7 +312,7 @@ def drain(session: HostSession, recipe: Recipe, timeout: float, report: serve_op
         if count == 0:
             return first
         if time.monotonic() >= deadline:
-            report(f"WARNING: {count} requests still in flight after {timeout:g} s; relaunching anyway")
+            session.say(f"WARNING: {count} requests still in flight after {timeout:g} s; relaunching anyway")
             return first
         time.sleep(DRAIN_POLL)
 
@@ -330,11 +326,12 @@ def _in_flight(payload: object) -> int | None:
     return sum(int(r.get("num_running_reqs", 0)) + int(r.get("num_waiting_reqs", 0)) for r in loads)
 
 
-def register(client: GatewayClient, url: str, report: serve_op.Report) -> None:
-    report(f"registering {url} with the gateway")
+def register(session: HostSession, client: GatewayClient, url: str) -> None:
+    """Step 4: the gateway routes to the host's server at ``url`` once it lists it healthy."""
+    session.say(f"registering {url} with the gateway")
     client.add(url)
     client.wait_routing(url, timeout=REGISTER_TIMEOUT)
-    report(f"{url} is healthy in the gateway and routed to")
+    session.say(f"{url} is healthy in the gateway and routed to")
 
 
 def known_good(session: HostSession) -> list[str] | None:
@@ -343,19 +340,14 @@ def known_good(session: HostSession) -> list[str] | None:
 
 
 def _roll_back_running(
-    session: HostSession,
-    recipe: Recipe,
-    options: ServeOptions,
-    exc: serve_op.NotAsAsked,
-    before: list[str] | None,
-    report: serve_op.Report,
+    session: HostSession, recipe: Recipe, options: ServeOptions, exc: serve_op.NotAsAsked, before: list[str] | None
 ) -> None:
     """A new server that runs but not as asked (or fails the gate) is stopped and the server the host
     ran before the rollout relaunched. Serve counts a low accept length as serving (the argv becomes known-good), so the
     rollout puts back the known-good command it found before the relaunch."""
     why = "it failed the promotion gate" if isinstance(exc, GateFailed) else "it is not serving as asked"
-    report(f"stopping the new server to roll back: {why}")
-    stopped = serve_op.stop_server(session, recipe, options.drain_timeout, report)
+    session.say(f"stopping the new server to roll back: {why}")
+    stopped = serve_op.stop_server(session, recipe, options.drain_timeout)
 
     def restore(hs: HostState) -> None:
         if hs.server is not None and before:
@@ -363,26 +355,18 @@ def _roll_back_running(
 
     session.store.update_host(session.host.name, restore)
     failure = serve_op.StartupFailed(exc.message, stopped or "", "")
-    serve_op.rollback(session, recipe, options, failure, report)
+    serve_op.rollback(session, recipe, options, failure)
     exc.message = failure.message
 
 
-def _halt(
-    session: HostSession,
-    client: GatewayClient,
-    url: str,
-    exc: HostError,
-    roll: HostRoll,
-    report: serve_op.Report,
-    began: float,
-) -> RolloutHalted:
+def _halt(session: HostSession, client: GatewayClient, url: str, exc: HostError, roll: HostRoll) -> RolloutHalted:
     """The host's relaunch failed: re-register it when its known-good server serves again (at ``url``,
     where that server binds), and say why the rollout halts."""
     reason = exc.message.splitlines()[0]
     text = f"{session.host.name}: rollout halted: {exc.message}"
     if "the known-good server is serving again" in exc.message:
         try:
-            register(client, url, report)
+            register(session, client, url)
             text += "\nre-registered with the gateway"
             roll.notes.append("re-registered")
         except GatewayError as again:
@@ -390,7 +374,6 @@ def _halt(
     else:
         roll.outcome = "failed"
     roll.notes[:0] = [reason] + [line for line in exc.message.splitlines() if line.startswith("rollback")]
-    roll.seconds = time.monotonic() - began
     return RolloutHalted(text, roll)
 
 

@@ -49,15 +49,12 @@ from orchestrator.tuning.plan import job_spec, make_plan
 from orchestrator.tuning.prepare import prepare
 from orchestrator.tuning.progress import TuneStatus
 
-Say = Callable[[Host, str], None]
-
 
 @dataclass
 class RunContext:
     fleet: Fleet
     store: StateStore
     recipes: Mapping[str, Recipe]  # each host's recipe, by host name (``App.recipes``)
-    say: Say
     peers: Peers
     lockstep: bool = False
     confirm: Callable[[list[Host]], None] | None = None  # after preflight, before any step: may refuse
@@ -128,9 +125,11 @@ def forget_done(store: StateStore, hosts: list[Host], recipes: Mapping[str, Reci
             state.host(host.name).progress(str(recipes[host.name].path)).forget(names)
 
 
-def _mark(store: StateStore, host: Host, playbook: str, step: str, outcome: str, detail: str = "") -> None:
+def _mark(ctx: RunContext, host: Host, step: str, outcome: str, detail: str = "") -> None:
+    """The host's step record: ``step`` is running, done or failed (with ``detail``)."""
+
     def update(hs: HostState) -> None:
-        progress = hs.progress(playbook)
+        progress = hs.progress(ctx.playbook(host))
         if outcome == "running":
             progress.step_started(step)
         elif outcome == "done":
@@ -138,7 +137,7 @@ def _mark(store: StateStore, host: Host, playbook: str, step: str, outcome: str,
         else:
             progress.step_failed(step, detail)
 
-    store.update_host(host.name, update)
+    ctx.store.update_host(host.name, update)
 
 
 def recorded(store: StateStore, host: Host, playbook: str) -> StepProgress:
@@ -153,29 +152,31 @@ def is_done(store: StateStore, host: Host, playbook: str, step: str) -> bool:
 
 
 def run_step(ctx: RunContext, session: HostSession, step: Step, outcome: HostRun) -> None:
-    """Run one step on one host unless it is already done; record it before and after."""
+    """Run one step on one host unless it is already done; record it before and after. What the step's
+    operation says is prefixed by the step's name."""
     host = session.host
     playbook = ctx.playbook(host)
     if is_done(ctx.store, host, playbook, step.name):
         why = gone(ctx, session, step, outcome)
         if why is None:
             outcome.skipped.append(step.name)
-            ctx.say(host, f"{step.name}: already done, skipped")
+            session.say(f"{step.name}: already done, skipped")
             return
-        ctx.say(host, f"{step.name}: done before, but {why}")
+        session.say(f"{step.name}: done before, but {why}")
     resumed = was_interrupted(ctx.store, host, playbook, step.name)
-    ctx.say(host, f"{step.name}: {'resumed' if resumed else 'started'}")
+    session.say(f"{step.name}: {'resumed' if resumed else 'started'}")
     if not resumed:
-        _mark(ctx.store, host, playbook, step.name, "running")
+        _mark(ctx, host, step.name, "running")
     try:
-        detail = STEPS[step.name](ctx, session, step, resumed)
+        with session.prefixed(f"{step.name}: "):
+            detail = STEPS[step.name](ctx, session, step, resumed)
     except Exception as exc:
-        _mark(ctx.store, host, playbook, step.name, "failed", str(exc).splitlines()[0] if str(exc) else "")
+        _mark(ctx, host, step.name, "failed", str(exc).splitlines()[0] if str(exc) else "")
         raise
-    _mark(ctx.store, host, playbook, step.name, "done", detail)
+    _mark(ctx, host, step.name, "done", detail)
     outcome.done.append(step.name)
     outcome.details[step.name] = detail
-    ctx.say(host, f"{step.name}: done — {detail}")
+    session.say(f"{step.name}: done — {detail}")
 
 
 def gone(ctx: RunContext, session: HostSession, step: Step, outcome: HostRun) -> str | None:
@@ -230,21 +231,14 @@ def _pull(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> s
     return f"{result.old[:10]} → {result.new[:10]} ({len(result.commits)} new commits)"
 
 
-def _step_say(ctx: RunContext, host: Host, step: str) -> server_host.Report:
-    """A step's progress lines, prefixed by its name."""
-    return lambda message: ctx.say(host, f"{step}: {message}")
-
-
 def _tune(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> str:
     assert isinstance(step.options, TuneOptions)
-    host, runner = session.host, session.runner
+    host = session.host
     options = step.options.model_copy(update={"wait": True, "fleet": False if not ctx.lockstep else step.options.fleet})
     recipe = ctx.recipe(host)
     if options.stop_server and tuning_needed(session, recipe, options):
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
-        server_host.stop_server(
-            host, runner, ctx.store, gpus, drain, _step_say(ctx, host, "tune-fp8"), server_host.FOR_RUN_TUNING
-        )
+        server_host.stop_server(session, gpus, drain, server_host.FOR_RUN_TUNING)
 
     try:
         results = tune_fp8(
@@ -254,7 +248,7 @@ def _tune(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> s
             lambda _: recipe,
             options,
             ctx.peers,
-            on_progress=progress(ctx, host),
+            on_progress=progress(session),
             poll=1.0,
         )
     finally:  # jobs started and ended, a server stopped, configs installed
@@ -262,16 +256,16 @@ def _tune(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> s
     return _tune_outcome(results, host)
 
 
-def progress(ctx: RunContext, host: Host) -> Callable[[TuneStatus], None]:
-    """``host``'s tuning progress for ``ctx.say``: a line only when its units done change, with the ETA."""
+def progress(session: HostSession) -> Callable[[TuneStatus], None]:
+    """The session's host's tuning progress, said as lines: one only when its units done change, with the ETA."""
     last: list[int] = []
 
     def show(status: TuneStatus) -> None:
-        if status.host != host.name or not status.units_total or last[-1:] == [status.units_done]:
+        if status.host != session.name or not status.units_total or last[-1:] == [status.units_done]:
             return
         last.append(status.units_done)
         eta = f", ETA {_eta(status.eta_seconds)}" if status.eta_seconds is not None and status.percent < 100 else ""
-        ctx.say(host, f"tune-fp8: {status.units_done}/{status.units_total} units ({status.percent:.0f}%){eta}")
+        session.say(f"{status.units_done}/{status.units_total} units ({status.percent:.0f}%){eta}")
 
     return show
 
@@ -302,7 +296,7 @@ def _serve(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> 
     if ctx.rolling is not None:
         return _roll(ctx, ctx.rolling, session, options)
     result = (_resume_serve(ctx, session, options) if resumed and not ctx.redo else None) or serve_op.serve(
-        session, ctx.recipe(session.host), options, _step_say(ctx, session.host, "serve"), ctx.peers
+        session, ctx.recipe(session.host), options, ctx.peers
     )
     return _served(result)
 
@@ -311,8 +305,8 @@ def _roll(ctx: RunContext, rolling: Rolling, session: HostSession, options: Serv
     """The serve step of a rolling run: ``rollout.roll_host`` (out of the gateway, drained, relaunched
     and verified, back in; a server already serving as asked is only registered if it is not, which is
     also how an interrupted step resumes)."""
-    say = _step_say(ctx, session.host, "serve")
-    roll = rollout.roll_host(session, ctx.recipe(session.host), options, rolling.client, say, ctx.peers, rolling.gate)
+    through = rollout.Rolling(rolling.client, ctx.peers, rolling.gate)
+    roll = rollout.roll_host(session, ctx.recipe(session.host), options, through)
     rolling.rolls[session.name] = roll
     assert roll.result is not None
     gate, passed = roll.gate, ""
@@ -331,7 +325,7 @@ def _served(result: serve_op.ServeResult) -> str:
 
 def _resume_serve(ctx: RunContext, session: HostSession, options: ServeOptions) -> serve_op.ServeResult | None:
     """After an interrupted run: the server it launched still runs the same command → attach, do not relaunch."""
-    return serve_op.resume(session, ctx.recipe(session.host), options, _step_say(ctx, session.host, "serve"))
+    return serve_op.resume(session, ctx.recipe(session.host), options)
 
 
 def was_interrupted(store: StateStore, host: Host, playbook: str, step: str) -> bool:
@@ -341,7 +335,7 @@ def was_interrupted(store: StateStore, host: Host, playbook: str, step: str) -> 
 def _bench(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> str:
     assert isinstance(step.options, BenchOptions)
     try:
-        run = bench_op.bench(session.host, session.runner, ctx.store, ctx.recipe(session.host).bench, step.options)
+        run = bench_op.bench(session, ctx.recipe(session.host).bench, step.options)
     finally:
         session.forget("jobs")  # a benchmark job started
     record = run.record
@@ -365,7 +359,7 @@ def run(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[HostRun
     refused = {r.host.name: r.error for r in preflight(ctx, hosts, steps).failed}
     for host in hosts:
         if host.name in refused:
-            ctx.say(host, "refused before any step: nothing was started or stopped")
+            ctx.fleet.session(host, ctx.store).say("refused before any step: nothing was started or stopped")
     passed = [h for h in hosts if h.name not in refused]
     if ctx.confirm is not None:
         ctx.confirm(passed)
@@ -387,8 +381,7 @@ def _next_round(ctx: RunContext, session: HostSession) -> None:
     info = session.git()
     if info.behind:
         new = f"{info.behind} new commit{'s' if info.behind != 1 else ''}"
-        ctx.say(
-            host,
+        session.say(
             f"campaign done at {info.short}; upstream has {new} since: "
             f"`orch run {_playbook_arg(ctx, host)} --from pull` starts the next round",
         )
@@ -463,7 +456,7 @@ def _rolled_steps(ctx: RunContext, rolling: Rolling, session: HostSession, rolle
     with ``stop_server``) the host leaves the gateway and drains; ``serve`` (the last) relaunches and
     registers it again. A step that fails while it is out registers it again if its server still serves.
     Returns the requests drained."""
-    recipe, say, client = ctx.recipe(session.host), _step_say(ctx, session.host, "rollout"), rolling.client
+    recipe, client = ctx.recipe(session.host), rolling.client
     drained, out = 0, False
     for step in rolled[:-1]:
         if (
@@ -471,17 +464,18 @@ def _rolled_steps(ctx: RunContext, rolling: Rolling, session: HostSession, rolle
             and stopping_steps(session, recipe, [step], ctx.redo)
             and rollout.registered(session, recipe, client)
         ):
-            drained = rollout.leave_gateway(
-                session, recipe, client, ServeOptions().drain_timeout, say, "stopped for tuning"
-            )
+            with session.prefixed("rollout: "):
+                drained = rollout.leave_gateway(
+                    session, recipe, client, ServeOptions().drain_timeout, "stopped for tuning"
+                )
             out = True
         try:
             run_step(ctx, session, step, outcome)
         except HostError as exc:
             if out:
-                exc.message += f"\n{session.name} was taken out of the gateway: " + rollout.rejoin_if_serving(
-                    session, recipe, client, say
-                )
+                with session.prefixed("rollout: "):
+                    rejoined = rollout.rejoin_if_serving(session, recipe, client)
+                exc.message += f"\n{session.name} was taken out of the gateway: " + rejoined
             raise
     run_step(ctx, session, rolled[-1], outcome)
     return drained

@@ -61,9 +61,6 @@ from orchestrator.tuning.member import Peers, record_of
 from orchestrator.tuning.progress import TuneStatus
 from orchestrator.tuning.record import TuningRecord
 
-Report = srv.Report
-"""Where the op tells the user what it is doing (progress, warnings) as it happens."""
-
 HEALTH_POLL_FIRST = 0.2  # a fast start is seen at once; a 20-minute one is polled every HEALTH_POLL_SECONDS
 HEALTH_POLL_SECONDS = 2.0
 HEALTH_REPORT_FIRST = 5.0  # a slow start is explained after this many seconds, then every HEALTH_REPORT_SECONDS
@@ -143,9 +140,7 @@ def check_launch(session: HostSession, recipe: Recipe, mtp: bool) -> list[str]:
 # --- 2. the tuning gate --------------------------------------------------------------------------------------
 
 
-def tuning_gate(
-    session: HostSession, recipe: Recipe, options: ServeOptions, report: Report, peers: Peers | None = None
-) -> list[str]:
+def tuning_gate(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Peers | None = None) -> list[str]:
     """Wait for running tuning (or skip with ``wait_tuning=False``), refuse failed tuning unless
     ``use_installed_configs``; warnings.
 
@@ -155,8 +150,8 @@ def tuning_gate(
     if status.state in ("running", "ready-to-install") and not options.wait_tuning:
         return [f"tuning is {status.state} ({status.percent:.0f}%); not waiting (--no-wait-tuning)"]
     if status.state in ("running", "ready-to-install"):
-        report(f"tuning is {status.state}: waiting for it before serving")
-        status = wait_for_tuning(session, _progress(report), TUNING_POLL_SECONDS, peers)
+        session.say(f"tuning is {status.state}: waiting for it before serving")
+        status = wait_for_tuning(session, _progress(session), TUNING_POLL_SECONDS, peers)
         session.forget("jobs", "gpus", "tuned_configs")  # tuning jobs ended, their configs installed
     elif status.state == "failed" and options.wait_tuning:
         # A job failed but the plan may still be recorded as running, its other jobs holding GPUs:
@@ -190,28 +185,37 @@ def _installed_here(record: TuningRecord, key: str, device: str, commit: str) ->
     return done is not None and done.commit == commit and _same_device(done.device, device)
 
 
-def _progress(report: Report) -> Callable[[TuneStatus], None]:
+def _progress(session: HostSession) -> Callable[[TuneStatus], None]:
+    """Tuning's progress, as lines the session says."""
+
     def show(status: TuneStatus) -> None:
         eta = f", ETA {status.eta_seconds:.0f} s" if status.eta_seconds is not None else ""
-        report(f"tuning {status.host}: {status.units_done}/{status.units_total} units ({status.percent:.0f}%){eta}")
+        session.say(
+            f"tuning {status.host}: {status.units_done}/{status.units_total} units ({status.percent:.0f}%){eta}"
+        )
 
     return show
 
 
-def config_gate(
-    host: Host,
-    recipe: Recipe,
-    options: ServeOptions,
-    configs: TunedConfigs,
-    record: TuningRecord,
-    commit: str,
-    compute_cap: str | None,
-) -> tuple[Recipe, list[str]]:
+@dataclass(frozen=True)
+class Tuned:
+    """What the host has that decides the FP8 backend: the tuned config files the server would read
+    (``configs``, on the host's disk: the one source of truth), orch's tuning record, the SGLang commit
+    and the compute capability of the server's GPUs."""
+
+    configs: TunedConfigs
+    record: TuningRecord
+    commit: str
+    compute_cap: str | None
+
+
+def config_gate(host: Host, recipe: Recipe, options: ServeOptions, tuned: Tuned) -> tuple[Recipe, list[str]]:
     """The recipe to launch (its FP8 backend decided) and what to warn about, from the tuned config
-    files the server would read (``configs``, on the host's disk): the one source of truth.
+    files the server would read (``tuned.configs``).
 
     A recipe that wants Triton with no tuned file for any of its shapes launches ``auto`` instead
     (CUTLASS on sm_120: faster than Triton's untuned defaults), unless ``--fp8-gemm-backend`` forces one."""
+    configs, record, commit, compute_cap = tuned.configs, tuned.record, tuned.commit, tuned.compute_cap
     forced = options.fp8_gemm_backend is not None
     if recipe.fp8_gemm_backend != "triton" or not recipe.tuning.shapes:
         return recipe, []
@@ -273,13 +277,7 @@ def _with_backend(argv: list[str], backend: str | None) -> list[str]:
 # --- 3 + 4. relaunch ------------------------------------------------------------------------------------------
 
 
-def serve(
-    session: HostSession,
-    recipe: Recipe,
-    options: ServeOptions,
-    report: Report = srv._quiet,
-    peers: Peers | None = None,
-) -> ServeResult:
+def serve(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Peers | None = None) -> ServeResult:
     """Check, gate, relaunch and verify the server on the session's host (the flow in the module docstring).
 
     A server already running the same command, SGLang commit and tuned configs, verified as asked, is
@@ -288,7 +286,7 @@ def serve(
     or VerifyError (serving, but not as asked).
     """
     host, store = session.host, session.store
-    ready = preflight(session, recipe, options, report, peers)
+    ready = preflight(session, recipe, options, peers)
     same = None if options.force else already_serving(session, ready, options)
     if same is not None:
         return same
@@ -297,10 +295,10 @@ def serve(
     store.update_host(host.name, lambda hs: hs.server_launching(reason))
     try:
         if unverified is not None:
-            started = adopt(session, ready, unverified, options, report)
+            started = adopt(session, ready, unverified, options)
         else:
-            started = relaunch(session, ready, options, report)
-        result = verify(session, ready.recipe, options, started, ready.gpus.compute_cap, report)
+            started = relaunch(session, ready, options)
+        result = verify(session, ready.recipe, options, started, ready.gpus.compute_cap)
     except StartupFailed:
         raise  # already recorded (and rolled back when asked)
     except HostError as exc:
@@ -325,18 +323,16 @@ class Preflight:
     configs: dict[str, float] = field(default_factory=dict)
 
 
-def preflight(
-    session: HostSession, recipe: Recipe, options: ServeOptions, report: Report, peers: Peers | None = None
-) -> Preflight:
+def preflight(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Peers | None = None) -> Preflight:
     """Recipe and flags, the tuning gate, the tuned configs on disk (which FP8 backend to launch), and
     the new server's GPUs (only orch's old server may hold them); RefusedError leaves everything as it was."""
     recipe = _forced(recipe, options)
     argv = check_launch(session, recipe, options.mtp)
-    warnings = tuning_gate(session, recipe, options, report, peers)
+    warnings = tuning_gate(session, recipe, options, peers)
     ready = decide(session, recipe, options, argv)
     ready.warnings[:0] = warnings
     for warning in ready.warnings:
-        report(f"WARNING: {warning}")
+        session.say(f"WARNING: {warning}")
     srv.refuse_held_gpus(session.host, ready.gpus.holders, ready.old.id if ready.old else None, _UNTOUCHED)
     return ready
 
@@ -355,7 +351,7 @@ def decide(session: HostSession, recipe: Recipe, options: ServeOptions, argv: li
     commit = session.git().commit
     configs = session.tuned_configs(gpus.device or "unknown GPU")
     record = record_of(session.state())
-    launched, warnings = config_gate(host, recipe, options, configs, record, commit, gpus.compute_cap)
+    launched, warnings = config_gate(host, recipe, options, Tuned(configs, record, commit, gpus.compute_cap))
     old = session.running_server()
     argv = _with_backend(argv, launched.fp8_gemm_backend)
     return Preflight(argv, gpus, old, warnings, launched, commit, configs.files)
@@ -473,82 +469,68 @@ class Started:
     commit: str | None = None  # the SGLang checkout's HEAD when the server started: the code it runs
 
 
-def relaunch(session: HostSession, ready: Preflight, options: ServeOptions, report: Report) -> Started:
+def relaunch(session: HostSession, ready: Preflight, options: ServeOptions) -> Started:
     """Stop the old server (said first), start the new one, wait until healthy; on failure stop it,
     mark ``failed``, roll back."""
     gpus = facts.server_gpus(ready.recipe, session.host)
     if ready.old is not None:
-        stop_job(session, ready.old, gpus, options.drain_timeout, report, srv.FOR_RELAUNCH)
+        srv.stop_job(session, ready.old, gpus, options.drain_timeout, srv.FOR_RELAUNCH)
     try:
-        return launch(session, ready.argv, options, ready.recipe, report, ready.configs)
+        return launch(session, ready.argv, options, ready.recipe, ready.configs)
     except StartupFailed as failure:
-        _failed_start(session, ready, options, failure, report)
+        _failed_start(session, ready, options, failure)
         raise
 
 
-def stop_job(
-    session: HostSession, job: jobs.JobInfo, gpus: Sequence[int], drain: float, report: Report, outage: srv.Outage
-) -> str:
-    """``srv.stop_job``, then the session forgets what the stop changed (its jobs, GPUs, the server)."""
-    try:
-        return srv.stop_job(session.host, session.runner, job, gpus, drain, report, outage)
-    finally:
-        session.forget("jobs", "gpus", "server_info")
-
-
-def adopt(session: HostSession, ready: Preflight, job: jobs.JobInfo, options: ServeOptions, report: Report) -> Started:
+def adopt(session: HostSession, ready: Preflight, job: jobs.JobInfo, options: ServeOptions) -> Started:
     """Finish the serve that launched ``job`` (``interrupted_launch``): wait until healthy, nothing
     stopped or started; a failed start is handled as ``relaunch`` handles its own."""
-    report(f"re-attaching to server job {job.id}, {_ADOPTED}; waiting for /health")
+    session.say(f"re-attaching to server job {job.id}, {_ADOPTED}; waiting for /health")
+    mtp = "--speculative-algorithm" in ready.argv
     _record_server(
-        session.store,
-        session.host,
-        job.id,
-        ready.argv,
-        "--speculative-algorithm" in ready.argv,
-        ready.commit,
-        ready.configs,
+        session,
+        ServerRecord(
+            job_id=job.id,
+            argv=ready.argv,
+            port=session.host.server_port,
+            mtp=mtp,
+            commit=ready.commit,
+            configs=ready.configs,
+        ),
     )
     begin = time.monotonic()
     url = facts.base_url(ready.recipe, session.host)
     try:
-        log = wait_healthy(session, job.id, url, health_timeout(ready.recipe, options), report)
+        log = wait_healthy(session, job.id, url, health_timeout(ready.recipe, options))
     except StartupFailed as failure:
-        _failed_start(session, ready, options, failure, report)
+        _failed_start(session, ready, options, failure)
         raise
-    report(f"healthy after {time.monotonic() - begin:.0f} s more")
+    session.say(f"healthy after {time.monotonic() - begin:.0f} s more")
     return Started(job.id, ready.argv, log, time.monotonic() - begin, ready.commit)
 
 
-def _failed_start(
-    session: HostSession, ready: Preflight, options: ServeOptions, failure: StartupFailed, report: Report
-) -> None:
+def _failed_start(session: HostSession, ready: Preflight, options: ServeOptions, failure: StartupFailed) -> None:
     """The new server failed to start: stop it, mark ``failed``, roll back when asked."""
-    _stop_failed(session, failure.job_id, facts.server_gpus(ready.recipe, session.host), options, report)
+    _stop_failed(session, failure.job_id, facts.server_gpus(ready.recipe, session.host), options)
     _mark_failed(session.host, session.store, failure.message.splitlines()[0])
     if options.rollback:
-        rollback(session, ready.recipe, options, failure, report)
+        rollback(session, ready.recipe, options, failure)
 
 
-def _stop_failed(session: HostSession, job_id: str, gpus: Sequence[int], options: ServeOptions, report: Report) -> None:
+def _stop_failed(session: HostSession, job_id: str, gpus: Sequence[int], options: ServeOptions) -> None:
     """Stop a server that failed to start (it may hang, holding its GPUs); its log stays on the host."""
     job = jobs.find(session.runner, session.host.workdir, job_id)
     if job.running:
-        stop_job(session, job, gpus, options.drain_timeout, report, srv.FAILED_START)
+        srv.stop_job(session, job, gpus, options.drain_timeout, srv.FAILED_START)
 
 
 def launch(
-    session: HostSession,
-    argv: list[str],
-    options: ServeOptions,
-    recipe: Recipe,
-    report: Report,
-    configs: dict[str, float],
+    session: HostSession, argv: list[str], options: ServeOptions, recipe: Recipe, configs: dict[str, float]
 ) -> Started:
     """Start ``argv`` as the server job, record it (with the commit and the tuned ``configs`` files it
     starts with), and wait until ``/health`` answers 200. The commit is the session's ``git()``:
     serve reads it in ``decide`` and nothing since moved the checkout."""
-    host, store = session.host, session.store
+    host = session.host
     gpus = tuple(facts.server_gpus(recipe, host))
     spec = jobs.JobSpec(kind="server", purpose=readers.SERVER_PURPOSE, argv=argv, gpus=gpus)
     commit = session.git().commit
@@ -558,12 +540,16 @@ def launch(
         session.forget("jobs", "gpus", "server_info")
     if job.attached:  # another orch started a server between our check and now: leave it to that one
         raise RefusedError(f"{host.name}: server job {job.job_id} appeared meanwhile (another orch?); not replacing it")
-    _record_server(store, host, job.job_id, argv, "--speculative-algorithm" in argv, commit, configs)
-    report(f"started server job {job.job_id} on port {host.server_port}; waiting for /health")
+    mtp = "--speculative-algorithm" in argv
+    _record_server(
+        session,
+        ServerRecord(job_id=job.job_id, argv=argv, port=host.server_port, mtp=mtp, commit=commit, configs=configs),
+    )
+    session.say(f"started server job {job.job_id} on port {host.server_port}; waiting for /health")
     begin = time.monotonic()
     url = facts.base_url(recipe, host)
-    log = wait_healthy(session, job.job_id, url, health_timeout(recipe, options), report)
-    report(f"healthy after {time.monotonic() - begin:.0f} s")
+    log = wait_healthy(session, job.job_id, url, health_timeout(recipe, options))
+    session.say(f"healthy after {time.monotonic() - begin:.0f} s")
     return Started(job.job_id, argv, log, time.monotonic() - begin, commit)
 
 
@@ -572,12 +558,12 @@ def health_timeout(recipe: Recipe, options: ServeOptions) -> float:
     return options.health_timeout if options.health_timeout is not None else recipe.health_timeout
 
 
-def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float, report: Report = srv._quiet) -> ServerLog:
+def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float) -> ServerLog:
     """Poll ``/health`` until 200; StartupFailed on a crash in the log, the job's exit, or ``timeout``.
 
     Between polls the host waits for the job (``jobs.wait``): an exit at start is seen at once, not at
     the next poll. A first DeepSeek-V4 launch may take an hour: every ``HEALTH_REPORT_SECONDS`` (the
-    first after ``HEALTH_REPORT_FIRST``) ``report`` hears the time waited and the server's last log line."""
+    first after ``HEALTH_REPORT_FIRST``) the session says the time waited and the server's last log line."""
     host, runner = session.host, session.runner
     reader = session.log(job_id)
     begin = time.monotonic()
@@ -596,11 +582,11 @@ def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float, re
             lost = None
             job = jobs.wait(runner, host.workdir, job_id, pause)
         except UnreachableError as exc:
-            lost = _reconnect(session, exc, lost, begin + timeout, report)
+            lost = _reconnect(session, exc, lost, begin + timeout)
             now, job = time.monotonic(), None
             time.sleep(pause)
         if now >= next_report:
-            report(starting_line(now - begin, timeout, reader.text))
+            session.say(starting_line(now - begin, timeout, reader.text))
             next_report = now + HEALTH_REPORT_SECONDS
     raise AssertionError("unreachable")
 
@@ -610,7 +596,6 @@ def _reconnect(
     exc: UnreachableError,
     lost: float | None,
     deadline: float,
-    report: Report,
     going_on: str = "the server starts on; waiting for /health goes on",
 ) -> float:
     """Ride out a connection lost while waiting for /health (the server starts on without orch): close it,
@@ -621,7 +606,7 @@ def _reconnect(
         raise exc
     if lost is None:
         said = exc.message.removeprefix(f"{session.host.name}: ")
-        report(f"{said}; reconnecting ({going_on})")
+        session.say(f"{said}; reconnecting ({going_on})")
     session.runner.close()
     return lost if lost is not None else now
 
@@ -670,9 +655,7 @@ def _mark_failed(host: Host, store: StateStore, reason: str) -> None:
     store.update_host(host.name, lambda hs: hs.server_failed(reason))
 
 
-def rollback(
-    session: HostSession, recipe: Recipe, options: ServeOptions, failure: StartupFailed, report: Report
-) -> None:
+def rollback(session: HostSession, recipe: Recipe, options: ServeOptions, failure: StartupFailed) -> None:
     """Relaunch the last known-good argv after a failed start; adds the outcome to ``failure``."""
     host, store = session.host, session.store
     record = (store.load_host(host.name) or HostState()).server
@@ -680,13 +663,13 @@ def rollback(
     if not good:
         failure.message += "\nrollback: no known-good server command recorded; nothing relaunched"
         return
-    report("rolling back to the last known-good server command")
+    session.say("rolling back to the last known-good server command")
     gpus = facts.server_gpus(recipe, host)
     try:
         configs = _recorded_configs(store, host)
-        started = launch(session, good, options, recipe, report, configs)
+        started = launch(session, good, options, recipe, configs)
     except StartupFailed as again:
-        _stop_failed(session, again.job_id, gpus, options, report)
+        _stop_failed(session, again.job_id, gpus, options)
         failure.message += f"\nrollback failed too: {again.message.splitlines()[0]}"
         return
     store.update_host(host.name, lambda hs: hs.server_rolled_back(started.job_id))
@@ -697,12 +680,7 @@ def rollback(
 
 
 def verify(
-    session: HostSession,
-    recipe: Recipe,
-    options: ServeOptions,
-    started: Started,
-    compute_cap: str | None = None,
-    report: Report = srv._quiet,
+    session: HostSession, recipe: Recipe, options: ServeOptions, started: Started, compute_cap: str | None = None
 ) -> ServeResult:
     """Check ``/server_info``, the FP8 config lines and the probed accept length.
 
@@ -715,7 +693,7 @@ def verify(
         try:
             return _verify(session, recipe, options, started, compute_cap)
         except UnreachableError as exc:
-            lost = _reconnect(session, exc, lost, math.inf, report, "verification goes on")
+            lost = _reconnect(session, exc, lost, math.inf, "verification goes on")
             time.sleep(HEALTH_POLL_SECONDS)
 
 
@@ -785,7 +763,7 @@ def _finish(session: HostSession, result: ServeResult) -> ServeResult:
     return result
 
 
-def resume(session: HostSession, recipe: Recipe, options: ServeOptions, report: Report) -> ServeResult | None:
+def resume(session: HostSession, recipe: Recipe, options: ServeOptions) -> ServeResult | None:
     """Finish the serve of an interrupted ``orch run``: when orch's running server job runs the launch
     command, adopt it (``reattach``); None when there is none to adopt (the run serves as usual).
 
@@ -795,7 +773,7 @@ def resume(session: HostSession, recipe: Recipe, options: ServeOptions, report: 
     job = session.running_server()
     if job is None or not runs_argv(session, job, argv):
         return None
-    report(f"re-attaching to server job {job.id}, launched by the interrupted run")
+    session.say(f"re-attaching to server job {job.id}, launched by the interrupted run")
     return reattach(session, recipe, options, job, argv)
 
 
@@ -808,7 +786,10 @@ def reattach(
     commit = session.git().commit
     device = session.gpus(facts.server_gpus(recipe, host)).device or "unknown GPU"
     configs = session.tuned_configs(device).files
-    _record_server(session.store, host, job.id, argv, options.mtp, commit, configs)
+    _record_server(
+        session,
+        ServerRecord(job_id=job.id, argv=argv, port=host.server_port, mtp=options.mtp, commit=commit, configs=configs),
+    )
     log = wait_healthy(session, job.id, facts.base_url(recipe, host), health_timeout(recipe, options))
     started = Started(job.id, argv, log, 0.0, commit)
     return _finish(session, verify(session, recipe, options, started))
@@ -817,30 +798,15 @@ def reattach(
 # --- state --------------------------------------------------------------------------------------------------
 
 
-def _record_server(
-    store: StateStore,
-    host: Host,
-    job_id: str,
-    argv: list[str],
-    mtp: bool,
-    commit: str | None,
-    configs: dict[str, float],
-) -> None:
-    """A new server record; the last known-good argv is carried over until this one proves good."""
+def _record_server(session: HostSession, record: ServerRecord) -> None:
+    """``record`` (a server just launched or adopted: its job, command, MTP, commit and tuned config files)
+    as the host's server record; the last known-good argv is carried over until this one proves good."""
 
     def apply(hs: HostState) -> None:
         good = hs.server.known_good_argv if hs.server else None
-        hs.server = ServerRecord(
-            job_id=job_id,
-            argv=argv,
-            port=host.server_port,
-            mtp=mtp,
-            known_good_argv=good,
-            commit=commit,
-            configs=configs,
-        )
+        hs.server = record.model_copy(update={"known_good_argv": good})
 
-    store.update_host(host.name, apply)
+    session.store.update_host(session.name, apply)
 
 
 def _recorded_configs(store: StateStore, host: Host) -> dict[str, float]:
@@ -871,14 +837,10 @@ def _record_verified(store: StateStore, host: Host, result: ServeResult) -> None
 # --- stop-server ------------------------------------------------------------------------------------------
 
 
-def stop_server(session: HostSession, recipe: Recipe, drain_timeout: float, report: Report = srv._quiet) -> str | None:
+def stop_server(session: HostSession, recipe: Recipe, drain_timeout: float) -> str | None:
     """``orch stop-server``: stop the server orch launched, freeing the recipe's GPUs (``srv.stop_server``);
     ``lost`` when none runs and the last server job was lost (host rebooted or killed): nothing signalled."""
-    gpus = facts.server_gpus(recipe, session.host)
-    try:
-        return srv.stop_server(session.host, session.runner, session.store, gpus, drain_timeout, report, srv.AS_ASKED)
-    finally:
-        session.forget("jobs", "gpus", "server_info")
+    return srv.stop_server(session, facts.server_gpus(recipe, session.host), drain_timeout, srv.AS_ASKED)
 
 
 # --- recipe discover --------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,6 +23,7 @@ from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import Holder
 from orchestrator.inventory import Host
 from orchestrator.readers import SERVER_PURPOSE, read_gpu_info
+from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord, StateStore
 from orchestrator.transport.base import Runner
 
@@ -120,18 +121,14 @@ def _answers(http_out: str | None) -> tuple[int, dict[str, Any] | None]:
 
 # --- stopping the server orch launched (orch stop-server, orch serve, orch tune-fp8 --stop-server) ----------
 
-Report = Callable[[str], None]
 GPU_RELEASE_SECONDS = 120.0
 log = logging.getLogger(__name__)
 
 
-def _quiet(message: str) -> None:
-    """A ``Report`` that says nothing."""
-
-
-def warn_log(host: Host) -> Report:
-    """A ``Report`` for operations with no progress channel: each line is a logged warning (stderr)."""
-    return lambda message: log.warning("%s: %s", host.name, message)
+def warning_session(host: Host, runner: Runner, store: StateStore) -> HostSession:
+    """A session for a caller with no progress channel of its own (tune-fp8 stopping the server): each
+    line said is a logged warning (stderr)."""
+    return HostSession(host, runner, store, lambda event: log.warning("%s: %s", host.name, event))
 
 
 @dataclass(frozen=True)
@@ -149,40 +146,37 @@ AS_ASKED = Outage("as asked (stop-server)", "orch stop-server")
 FAILED_START = Outage("that failed to start", "orch serve (failed start)")
 
 
-def stop_job(
-    host: Host, runner: Runner, job: jobs.JobInfo, gpus: Sequence[int], drain: float, report: Report, outage: Outage
-) -> str:
+def stop_job(session: HostSession, job: jobs.JobInfo, gpus: Sequence[int], drain: float, outage: Outage) -> str:
     """Say so, stop a server job (drain, then SIGKILL after ``drain`` seconds) and wait until its GPUs
-    are free."""
-    report(f"stopping server job {job.id} {outage.why} (draining up to {drain:.0f} s)")
-    outcome = jobs.stop(runner, job, grace_seconds=math.ceil(drain))
-    wait_gpus_released(host, runner, gpus, job.id, GPU_RELEASE_SECONDS)
-    report(f"server job {job.id} {outcome}; GPUs free")
+    are free; the session forgets what the stop changed (its jobs, GPUs, the server)."""
+    session.say(f"stopping server job {job.id} {outage.why} (draining up to {drain:.0f} s)")
+    try:
+        outcome = jobs.stop(session.runner, job, grace_seconds=math.ceil(drain))
+        wait_gpus_released(session.host, session.runner, gpus, job.id, GPU_RELEASE_SECONDS)
+    finally:
+        session.forget("jobs", "gpus", "server_info")
+    session.say(f"server job {job.id} {outcome}; GPUs free")
     return outcome
 
 
-def stop_server(
-    host: Host,
-    runner: Runner,
-    store: StateStore,
-    gpus: Sequence[int],
-    drain: float,
-    report: Report = _quiet,
-    outage: Outage = AS_ASKED,
-) -> str | None:
-    """Stop the server orch launched (announced through ``report``; drain, SIGKILL after ``drain``) and
-    wait for its GPUs.
+def stop_server(session: HostSession, gpus: Sequence[int], drain: float, outage: Outage = AS_ASKED) -> str | None:
+    """Stop the server orch launched (announced through the session's events; drain, SIGKILL after
+    ``drain``) and wait for its GPUs.
 
     Returns how it ended (``stopped``/``killed``); when no server of orch's was running, ``lost`` if
     the last server job was lost (host rebooted or killed: nothing signalled), else None. The record
     says who stopped it and when; the phase goes back to what it was before the launch.
     """
-    servers = [j for j in jobs.list_jobs(runner, host.workdir) if j.purpose == SERVER_PURPOSE]
-    job = next((j for j in reversed(servers) if j.running), None)
-    if job is None:
-        return "lost" if servers and servers[-1].state == "lost" else None
-    store.check_writable(host.name)  # a stop that could not be recorded must not happen
-    outcome = stop_job(host, runner, job, gpus, drain, report, outage)
+    host, store = session.host, session.store
+    try:
+        servers = [j for j in jobs.list_jobs(session.runner, host.workdir) if j.purpose == SERVER_PURPOSE]
+        job = next((j for j in reversed(servers) if j.running), None)
+        if job is None:
+            return "lost" if servers and servers[-1].state == "lost" else None
+        store.check_writable(host.name)  # a stop that could not be recorded must not happen
+        outcome = stop_job(session, job, gpus, drain, outage)
+    finally:
+        session.forget("jobs", "gpus", "server_info")  # what another orch or a reboot may have changed too
     store.update_host(host.name, lambda hs: record_stopped(hs, job.id, outage.by))
     return outcome
 

@@ -235,7 +235,7 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     kept = [] if options.force else kept_results(files, record, plan, facts, needed, batch_sizes)
     if needed and options.stop_server:
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
-        srv.stop_server(host, runner, store, gpus, drain, srv.warn_log(host), srv.FOR_TUNE_FP8)
+        srv.stop_server(srv.warning_session(host, runner, store), gpus, drain, srv.FOR_TUNE_FP8)
         session.forget("jobs", "gpus", "server_info")  # the server job ended, its GPUs released
         facts.holders = session.gpus(selected_gpus(host, facts)).holders
     # a plan another orch recorded while this one looked; read after the GPUs: plans are recorded before

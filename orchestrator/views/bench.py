@@ -21,7 +21,11 @@ class ProgressLines:
         self._shown: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, p: bench_op.BenchProgress) -> None:
+    def __call__(self, event: object) -> None:
+        """The event sink of every host (``Fleet.events``): it shows benchmark progress (bench says no lines)."""
+        if not isinstance(event, bench_op.BenchProgress):
+            return
+        p = event
         step = -1 if p.done is None or not p.total else p.done * 10 // p.total
         with self._lock:
             last = self._shown.get(p.host)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from orchestrator.facts.bench import GateRecord, fmt_number
 from orchestrator.gateway import GatewayCheck
+from orchestrator.inventory import Host
 from orchestrator.jobs import JobInfo
 from orchestrator.ops.gateway import GatewayUp
-from orchestrator.ops.rollout import HostRoll
+from orchestrator.ops.rollout import HostRoll, Rollout
 from orchestrator.render import err, inert, inert_log, out
+from orchestrator.views.serve import serve_report
 
 
 def document(result: GatewayCheck) -> dict[str, object]:
@@ -105,3 +107,41 @@ def roll_line(roll: HostRoll) -> str:
     drained = f", {roll.drained} request{'s' if roll.drained != 1 else ''} drained" if roll.drained else ""
     notes = f" ({'; '.join(roll.notes)})" if roll.notes else ""
     return f"rollout {roll.outcome} in {roll.seconds:.1f} s{drained}{notes}"
+
+
+def wave_line(line: str) -> None:
+    """A rollout's own lines (the waves), on stderr."""
+    err.print(inert(line), style="bold")
+
+
+def rollout_report(selected: list[Host], done: Rollout) -> None:
+    """One line per host (its serve report first), then the halt's reason or the rollout's time."""
+    for host in selected:
+        roll = done.hosts.get(host.name)
+        if roll is None:
+            out.print(f"{host.name}: not touched (still on its old server)", markup=False)
+            continue
+        if roll.result is not None:
+            serve_report(host, roll.result)
+        for line in gate_lines(host.name, roll.gate) if roll.gate is not None else []:
+            out.print(line, markup=False)
+        out.print(f"{host.name}: {roll_line(roll)}", markup=False)
+    if done.halted:
+        err.print(inert(f"rollout halted: {done.halted}"), style="bold red")
+    else:
+        out.print(f"rollout complete: {len(done.waves)} waves in {done.seconds:.1f} s", markup=False)
+
+
+def down_announced(host: Host, job: JobInfo | None, url: str) -> JobInfo | None:
+    """``orch gateway down``, before it stops anything: that nothing runs, or what stopping it means."""
+    if job is None:
+        out.print(f"{host.name}: no gateway job of orch's is running; nothing to stop", markup=False)
+        return None
+    err.print(inert(f"{host.name}: stopping the gateway job {job.id} (pid {job.pid}): every request through "
+                    f"{url} fails from now on, for the whole fleet"), style="bold")  # fmt: skip
+    return job
+
+
+def down_line(host: Host, job: JobInfo, outcome: str) -> None:
+    """How the gateway job ended."""
+    out.print(f"{host.name}: gateway job {job.id} {outcome}", markup=False)

@@ -3,21 +3,29 @@ what verification found, how a server ended, and upstream's launch arguments aga
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Mapping, Sequence
+
 from rich.text import Text
 
 from orchestrator.facts import server as facts
 from orchestrator.facts.server_log import ShapeUse
 from orchestrator.facts.server_upstream import Discovery, diff_flags
+from orchestrator.fleet import FleetResult
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe
 from orchestrator.render import err, inert, out, table
+from orchestrator.session import Sink
 
 
-def reporter(host: Host) -> serve_op.Report:
-    """Live progress on stderr, one line per event, prefixed by the host."""
+def reporter(host: Host) -> Sink:
+    """The host's event sink (``Fleet.events``): each line said is live progress on stderr, one line per
+    event, prefixed by the host; typed events (a promotion gate's benchmark progress) are not shown."""
 
-    def report(message: str) -> None:
+    def report(message: object) -> None:
+        if not isinstance(message, str):
+            return
         style = "bold red" if message.startswith("WARNING") else "bold" if message.startswith("stopping ") else "dim"
         err.print(Text(f"{host.name}: {inert(message)}", style=style), highlight=False)
 
@@ -64,6 +72,34 @@ def _fallbacks(shapes: list[ShapeUse]) -> dict[str, list[str]]:
     return grouped
 
 
+def plans(results: FleetResult[list[str]]) -> None:
+    """``orch serve --dry-run``: per host, what serve would do now (``ops.serve.dry_run``'s lines)."""
+    for p in results.succeeded:
+        out.print(f"{p.host.name}:\n" + "\n".join(f"  {line}" for line in p.value or []), markup=False)
+
+
+def serve_reports(results: FleetResult[serve_op.ServeResult]) -> None:
+    """Each host's ``serve_report``: of a host that serves, also when not as asked (the error's result)."""
+    for r in results:
+        result = r.value if r.ok else getattr(r.error, "result", None)
+        if isinstance(result, serve_op.ServeResult):
+            serve_report(r.host, result)
+
+
+def stopped_lines(results: FleetResult[str | None]) -> None:
+    """``orch stop-server``: per host that answered, how its server ended (``stopped_line``)."""
+    for r in results.succeeded:
+        out.print(f"{r.host.name}: {stopped_line(r.value)}")
+
+
+def recipe_lines(host: str, r: Recipe, argv: list[str], problems: Sequence[facts.Problem]) -> None:
+    """``orch recipe show``: the recipe, its exact server command, and what the MTP rules refuse."""
+    out.print(f"{host}: {r.path or r.model}", markup=False)
+    out.print(f"  $ {shlex.join(argv)}", markup=False)
+    for p in problems:
+        err.print(Text(f"  refused: {p}", style="bold red"))
+
+
 def stopped_line(outcome: str | None) -> str:
     """What ``orch stop-server`` says of a host: how its server ended, or why nothing was stopped."""
     if outcome is None:
@@ -71,6 +107,13 @@ def stopped_line(outcome: str | None) -> str:
     if outcome == "lost":
         return "the server job was lost (host rebooted or killed): nothing was signalled"
     return f"server {outcome}"
+
+
+def discoveries(results: FleetResult[Discovery], chosen: Mapping[str, Recipe]) -> None:
+    """``orch recipe discover``: each host's ``discovery_report`` against its own recipe."""
+    for r in results.succeeded:
+        assert r.value is not None
+        discovery_report(r.host, chosen[r.host.name], r.value)
 
 
 def discovery_report(host: Host, r: Recipe, found: Discovery) -> None:

@@ -83,6 +83,7 @@ def test_bench_progress_is_a_line_per_tenth_of_the_requests_or_per_half_minute(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     show = ProgressLines()
+    show("a line an operation said")  # the host's one sink: bench shows only its progress events
     for done, elapsed in [(None, 0.0), (None, 5.0), (1, 6.0), (2, 7.0), (7, 9.0), (7, 20.0), (7, 40.0), (64, 50.0)]:
         show(bench.BenchProgress("gpu-1", "bench-1", done, None if done is None else 64, elapsed))
     lines = capsys.readouterr().err.splitlines()

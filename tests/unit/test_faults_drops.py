@@ -58,8 +58,8 @@ def test_verify_reconnects_after_a_drop_and_verifies(monkeypatch: pytest.MonkeyP
     runner = DroppingRunner()
     said: list[str] = []
     started = serve_op.Started("server-1", ["sglang"], ServerLog(), 3.0, "abc")
-    session = HostSession(HOST, runner, cast(Any, None))
-    result = serve_op.verify(session, recipe, ServeOptions(mtp=False), started, "12.0", said.append)
+    session = HostSession(HOST, runner, cast(Any, None), cast(Any, said.append))
+    result = serve_op.verify(session, recipe, ServeOptions(mtp=False), started, "12.0")
     assert (result.job_id, result.fp8_backend) == ("server-1", "auto")
     assert runner.closed == 1 and not answers
     assert said == ["connection lost while running a command: EOFError; reconnecting (verification goes on)"]

@@ -191,7 +191,8 @@ def test_a_kind_names_the_newest_job_of_it_and_a_purpose_only_its_own() -> None:
 
 
 def test_jobs_by_default_lists_every_live_job_and_the_last_ended_ones() -> None:
-    from orchestrator.cli.jobs import of_kind, recent
+    from orchestrator.ops.logs import of_kind
+    from orchestrator.views.jobs import recent
 
     listed = [info(f"t.{i}-1", f"t.{i}") for i in range(4)]
     listed.insert(1, info("server-1", "server", "running"))

@@ -1,11 +1,13 @@
-"""ops/rollout.py's pure parts: the waves and the in-flight count (issue 12)."""
+"""ops/rollout.py's pure parts: the waves, the in-flight count and the exit code (issue 12)."""
 
 from __future__ import annotations
 
 import pytest
 
+from orchestrator.errors import ExitCode
 from orchestrator.inventory import Host
-from orchestrator.ops.rollout import HostRoll, _in_flight, waves
+from orchestrator.ops.rollout import HostRoll, Rollout, _in_flight, exit_code, waves
+from orchestrator.ops.serve import ServeResult
 from orchestrator.views.gateway import roll_line
 
 
@@ -57,3 +59,14 @@ def test_in_flight_counts_running_and_waiting_requests_of_every_dp_rank() -> Non
 )
 def test_a_hosts_rollout_line_says_what_it_did_how_long_it_took_and_what_it_drained(roll: HostRoll, line: str) -> None:
     assert roll_line(roll) == line
+
+
+def test_the_exit_code_is_the_first_selected_host_the_rollout_rolled_back_or_failed_on() -> None:
+    a, b, c = hosts("a", "b", "c")
+    served = ServeResult(argv=[], job_id="j", mtp=True, healthy_after=1.0)
+    done = Rollout([["a"], ["b"], ["c"]], {"a": HostRoll("relaunched", served), "b": HostRoll("unchanged", served)})
+    assert exit_code([a, b, c], done) == ExitCode.OK  # c never reached without a halt: not a failure
+    done.hosts["b"] = HostRoll("rolled back", served)  # ran, but not as asked
+    done.hosts["c"] = HostRoll("failed")  # did not start
+    assert exit_code([a, b, c], done) == ExitCode.VERIFY_FAILED
+    assert exit_code([a, c, b], done) == ExitCode.HOSTS_FAILED  # the first in the selection's order decides

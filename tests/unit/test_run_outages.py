@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from datetime import datetime, timezone
+from typing import Any, cast
 
 import pytest
 
@@ -14,6 +15,7 @@ from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
 from orchestrator.readers import TunedConfigs, parse_listing
 from orchestrator.recipe import Recipe, ServeOptions, Shape, TuningSpec
+from orchestrator.session import HostSession
 from orchestrator.tuning.progress import ShapeProgress, TuneStatus
 from orchestrator.tuning.record import InstalledRecord, TuningRecord
 
@@ -33,10 +35,7 @@ def gate(configs: dict[str, float], record: TuningRecord | None = None, **option
         HOST,
         RECIPE.model_copy(update={"fp8_gemm_backend": options.get("fp8_gemm_backend") or "triton"}),
         ServeOptions.model_validate(options),
-        TunedConfigs(DEVICE, "/cfg", configs),
-        record or TuningRecord(),
-        COMMIT,
-        "12.0",
+        serve_op.Tuned(TunedConfigs(DEVICE, "/cfg", configs), record or TuningRecord(), COMMIT, "12.0"),
     )
     return str(recipe.fp8_gemm_backend), warnings
 
@@ -87,8 +86,8 @@ def test_files_the_server_will_read_from_another_commit_or_not_from_orch_are_nam
 
 def test_a_recipe_without_triton_is_left_as_it_is() -> None:
     recipe, warnings = serve_op.config_gate(
-        HOST, RECIPE.model_copy(update={"fp8_gemm_backend": None}), ServeOptions(), TunedConfigs(DEVICE, "/c"),
-        TuningRecord(), COMMIT, "12.0",
+        HOST, RECIPE.model_copy(update={"fp8_gemm_backend": None}), ServeOptions(),
+        serve_op.Tuned(TunedConfigs(DEVICE, "/c"), TuningRecord(), COMMIT, "12.0"),
     )  # fmt: skip
     assert (recipe.fp8_gemm_backend, warnings) == (None, [])
 
@@ -132,9 +131,9 @@ def test_outage_question_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_run_prints_tuning_progress_only_when_it_changes_with_an_eta() -> None:
     from orchestrator.ops import run as run_op
 
-    said: list[str] = []
-    ctx = run_op.RunContext(None, None, {HOST.name: RECIPE}, lambda h, m: said.append(f"{h.name}: {m}"), None)  # type: ignore[arg-type]
-    show = run_op.progress(ctx, HOST)
+    said: list[object] = []
+    session = HostSession(HOST, cast(Any, None), cast(Any, None), said.append)
+    show = run_op.progress(session)
 
     def status(done: int, eta: float | None, host: str = "b1") -> TuneStatus:
         return TuneStatus(host, "running", shapes=[ShapeProgress("N=1,K=2", "", done, 36)], eta_seconds=eta)
@@ -147,9 +146,26 @@ def test_run_prints_tuning_progress_only_when_it_changes_with_an_eta() -> None:
         status(9, 5.0, "b2"),
         status(36, 0.0),
     ):
-        show(s)
+        with session.prefixed("tune-fp8: "):  # as ``orch run`` says what its step's operation says
+            show(s)
     assert said == [
-        "b1: tune-fp8: 0/36 units (0%)",
-        "b1: tune-fp8: 9/36 units (25%), ETA 1 min 35 s",
-        "b1: tune-fp8: 36/36 units (100%)",
+        "tune-fp8: 0/36 units (0%)",
+        "tune-fp8: 9/36 units (25%), ETA 1 min 35 s",
+        "tune-fp8: 36/36 units (100%)",
+    ]
+
+
+def test_runs_view_prints_each_line_said_by_host_and_leaves_typed_events_to_their_views(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from orchestrator.ops.bench import BenchProgress
+    from orchestrator.views.run import progress_lines
+
+    say = progress_lines(HOST)
+    say("serve: started server job server-1 on port 30000; waiting for /health")
+    say(BenchProgress("b1", "bench-1", 1, 64, 3.0))  # bench's progress: orch run shows none
+    say("bench: done")
+    assert capsys.readouterr().err.splitlines() == [
+        "b1: serve: started server job server-1 on port 30000; waiting for /health",
+        "b1: bench: done",
     ]

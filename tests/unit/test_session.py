@@ -1,5 +1,6 @@
 """HostSession's fact cache: each fact read once until forgotten; a failed read caches nothing; the facts
-serve reads (GPU holders, jobs, /server_info, the log) cost one round trip each."""
+serve reads (GPU holders, jobs, /server_info, the log) cost one round trip each. Its one event sink: what
+operations say and emit reaches the sink the fleet gave the host, prefixed while ``prefixed`` lasts."""
 
 from __future__ import annotations
 
@@ -31,6 +32,48 @@ def test_a_fact_is_read_once_until_forgotten() -> None:
     assert session.fact("n", read) == 2
     session.forget()
     assert session.fact("n", read) == 3
+
+
+def test_lines_and_typed_events_reach_the_one_sink_in_order_and_a_prefix_applies_to_lines_only() -> None:
+    heard: list[object] = []
+    session = HostSession(cast(Any, None), cast(Any, None), cast(Any, None), heard.append)
+    progress = object()
+    session.say("started")
+    with session.prefixed("serve: "):
+        session.say("healthy")
+        session.emit(progress)
+        with session.prefixed("again: "):
+            session.say("nested")
+    session.say("done")
+    assert heard == ["started", "serve: healthy", progress, "serve: again: nested", "done"]
+
+
+def test_a_prefix_ends_even_when_the_step_raises() -> None:
+    heard: list[object] = []
+    session = HostSession(cast(Any, None), cast(Any, None), cast(Any, None), heard.append)
+    with pytest.raises(RuntimeError), session.prefixed("tune-fp8: "):
+        raise RuntimeError("step failed")
+    session.say("after")
+    assert heard == ["after"]
+
+
+def test_nobody_listening_drops_every_event() -> None:
+    session = _session()
+    session.say("nobody hears this")
+    session.emit(object())  # no sink given: nothing raised, nothing kept
+
+
+def test_the_fleet_gives_each_hosts_session_the_sink_of_its_events() -> None:
+    from orchestrator.fleet import Fleet
+    from orchestrator.transport.base import ConnectOptions
+
+    hosts = [Host(name=n, address="127.0.0.1", transport="local", workdir="/w") for n in ("a", "b")]
+    heard: list[tuple[str, object]] = []
+    with Fleet(hosts, ConnectOptions()) as fleet:
+        fleet.events = lambda host: lambda event: heard.append((host.name, event))
+        results = fleet.map_sessions(lambda s: s.say(f"hello from {s.name}"), cast(Any, None))
+        assert all(r.ok for r in results)
+    assert sorted(heard) == [("a", "hello from a"), ("b", "hello from b")]
 
 
 def test_a_failed_read_is_not_cached() -> None:

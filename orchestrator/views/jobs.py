@@ -1,0 +1,90 @@
+"""What `orch jobs`, `logs` and `stop` show: the job table (live jobs and the last few that ended), the
+job a log belongs to, the log itself (inert: a job's output never drives the terminal), and how a stop
+ended."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+from orchestrator.fleet import FleetResult
+from orchestrator.inventory import Host
+from orchestrator.jobs import JobInfo
+from orchestrator.render import InertLog, err, fmt_seconds, inert_log, out, print_json, table
+
+RECENT = 5  # ended jobs shown per host by default, besides the live ones
+
+
+def age(when: datetime | None) -> str:
+    """How long ago ``when`` was (``-`` when unknown)."""
+    if when is None:
+        return "-"
+    return fmt_seconds((datetime.now(timezone.utc) - when).total_seconds())
+
+
+def state(job: JobInfo) -> str:
+    """The job's state; a failed job with its exit code, and whether orch stopped it."""
+    if job.state == "failed":
+        return f"failed (exit {job.exit_code}{', stopped by orch' if job.stop_requested else ''})"
+    return job.state
+
+
+def recent(listed: list[JobInfo], keep: int) -> list[JobInfo]:
+    """Every running job and the last ``keep`` others, in the listing's order (oldest first)."""
+    ended = [j for j in listed if not j.running][-keep:] if keep else []
+    return [j for j in listed if j.running or j in ended]
+
+
+def jobs_document(results: FleetResult[list[JobInfo]]) -> None:
+    """``orch jobs --json``: every job of the selection, by host (a failed host: its error)."""
+    doc: dict[str, Any] = {r.host.name: r.value if r.ok else {"error": str(r.error)} for r in results}
+    print_json(doc)
+
+
+def jobs_table(results: FleetResult[list[JobInfo]], show_all: bool) -> None:
+    """One line per job (all of them with ``show_all``, else ``recent``), and how many were left out."""
+    rows, hidden = [], 0
+    for r in results.succeeded:
+        listed = r.value or []
+        shown = listed if show_all else recent(listed, RECENT)
+        hidden += len(listed) - len(shown)
+        rows += [[r.host.name, j.id, state(j), str(j.pid or "-"), age(j.started_at)] for j in shown]
+    table(None, ["host", "job", "state", "pid", "age"], rows)
+    if hidden:
+        out.print(f"({hidden} older ended jobs not shown: --all lists them)", markup=False)
+
+
+def log_header(host: Host, job: JobInfo) -> None:
+    """On stderr, before a log: which job it is, its state, age and log file."""
+    err.print(f"{host.name}: job {job.id} ({state(job)}, started {age(job.started_at)} ago): {job.log}", markup=False)
+
+
+def log_tail(text: str) -> None:
+    """The log's last lines, inert, ending with a newline."""
+    sys.stdout.write(inert_log(text) + ("\n" if text and not text.endswith("\n") else ""))
+
+
+class LogFollower:
+    """``logs -f``: each chunk of the log as it comes (inert, escape sequences cut by a chunk's end kept
+    whole), then the job's end."""
+
+    def __init__(self) -> None:
+        self._shown = InertLog()
+
+    def write(self, chunk: str) -> None:
+        _write(self._shown.feed(chunk))
+
+    def ended(self, job: JobInfo) -> None:
+        _write(self._shown.end())
+        out.print(f"-- {job.id}: {state(job)}", markup=False)
+
+
+def stopped_line(host: Host, job_id: str, outcome: str) -> None:
+    """``orch stop``: how the job ended."""
+    out.print(f"{host.name}: {job_id}: {outcome}", markup=False)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
