@@ -957,7 +957,8 @@ class StateStore:
         return (text + "\n").encode(), self._serialize_seen(name, hs), rotated
 
     def _serialize_seen(self, name: str, hs: HostState) -> bytes | None:
-        """The host's seen file (None when there is nothing to say), validated again."""
+        """The host's seen file (None when there is nothing to say), validated again, padded with blanks
+        to a whole number of ``_SEEN_BLOCK`` bytes (``_put_seen``)."""
         if hs.last_seen is None and hs.sglang is None:
             return None
         unchecked = _SeenFile.model_construct(schema_version=SCHEMA_VERSION, name=name, **hs.__dict__)
@@ -969,7 +970,8 @@ class StateStore:
                 f"refusing to write state file {self.layout.seen_file(name)}: {_summarize(exc)}",
                 hint="this is a bug in the code that changed the state; the file was left unchanged",
             ) from exc
-        return (text + "\n").encode()
+        data = text.encode()
+        return data + b" " * (-(len(data) + 1) % _SEEN_BLOCK) + b"\n"
 
     def _serialize_fleet(self, fleet: State) -> bytes:
         try:
@@ -1014,6 +1016,8 @@ class StateStore:
                     return
             finally:
                 os.close(fd)
+            if time.monotonic() >= deadline:
+                raise self._lock_timeout_error(spare)
 
     def _read_seen(self, path: Path, deadline: float | None = None) -> bytes | None:
         """A seen file's bytes (None: absent), read under a shared ``flock`` on the file itself: a writer
@@ -1339,7 +1343,10 @@ def _put_seen(path: Path, spare: Path, data: bytes) -> None:
     the next writer to write over (a reader still holding it open waits: ``StateStore._read_seen``).
     Where the swap does not exist (not Linux, or a file system without it) and for a host's first seen
     file, a temp file is renamed over it (``_replace``, ``cache``). A cache's durability, as
-    ``_replace``'s: no fsync, so a crash can leave an older version (that of the spare)."""
+    ``_replace``'s: no fsync, so a power loss can leave an older version. Every version is padded to
+    the same size (``_SEEN_BLOCK``: a file system block) so that a write overwrites the spare's block in
+    place, neither growing nor truncating it: what a power loss leaves of it is its old or its new
+    block, or an empty file (a spare written for the first time), never a truncated one."""
     fd = os.open(spare, os.O_WRONLY)
     try:
         os.pwrite(fd, data, 0)
@@ -1350,6 +1357,8 @@ def _put_seen(path: Path, spare: Path, data: bytes) -> None:
         _replace(path, data, cache=True)
 
 
+_SEEN_BLOCK = 4096
+"""A seen file's size is a multiple of this (blanks after its JSON): one ext4 block for any real one."""
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 

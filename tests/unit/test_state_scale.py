@@ -273,6 +273,7 @@ def test_a_seen_file_is_swapped_with_its_spare_so_no_file_is_created_after_the_f
     store.update_seen("a", lambda hs: setattr(hs, "last_seen", T1.replace(hour=21)))
     assert (spare.stat().st_ino, seen.stat().st_ino) == inodes  # swapped: neither file was created anew
     assert spare.read_bytes() == before  # the previous version, for the next write to write over
+    assert seen.stat().st_size == spare.stat().st_size == state_module._SEEN_BLOCK  # overwritten in place
     assert seen.stat().st_mode & 0o777 == spare.stat().st_mode & 0o777 == 0o600
     assert store.load_host("a").last_seen == T1.replace(hour=21)  # type: ignore[union-attr]
 
