@@ -921,7 +921,8 @@ class StateStore:
             _guarded(self.layout.host(name), functools.partial(_drop, self.layout.host(name)))
             if raws[name][1] is not None:
                 _guarded(self.layout.seen_file(name), functools.partial(_drop, self.layout.seen_file(name)))
-            self.layout.seen_spare(name).unlink(missing_ok=True)  # no writer holds it: the store lock is ours
+            with contextlib.suppress(OSError):  # no writer holds it (the store lock is ours); a lock: may stay
+                self.layout.seen_spare(name).unlink(missing_ok=True)
 
     def _save_host(self, name: str, hs: HostState, raws: _Raws) -> None:
         self._write_host(name, self._serialize_host(name, hs), raws)
@@ -998,21 +999,17 @@ class StateStore:
             _guarded(path, functools.partial(_put_seen, path, spare, data))
 
     @contextlib.contextmanager
-    def _seen_locked(self, name: str, deadline: float) -> Iterator[Path]:
+    def _seen_locked(self, name: str, deadline: float) -> Iterator[_Spare]:
         """Host ``name``'s seen file locked for its writers: its spare (``locks/seen-<name>.lock``, created
         0600 on first use) held exclusive, checked after the wait to be the spare still (the writer
-        before may have swapped it in as the seen file: ``_put_seen``); yields the spare's path."""
+        before may have swapped it in as the seen file: ``_put_seen``); yields the spare's path and fd."""
         spare = self.layout.seen_spare(name)
         while True:
-            try:
-                _private_dirs(spare.parent)
-                fd = os.open(spare, os.O_RDWR | os.O_CREAT, 0o600)
-            except OSError as exc:
-                raise StateError(f"cannot open lock file {spare}: {exc.strerror}") from exc
+            fd = _open_lock(spare)
             try:
                 self._acquire(fd, spare, deadline, fcntl.LOCK_EX)
                 if _is_file_at(fd, spare):
-                    yield spare
+                    yield spare, fd
                     return
             finally:
                 os.close(fd)
@@ -1334,7 +1331,26 @@ def _replace(target: Path, data: bytes, cache: bool = False) -> None:
         _fsync_directory(target.parent)
 
 
-def _put_seen(path: Path, spare: Path, data: bytes) -> None:
+_Spare = tuple[Path, int]
+"""A seen file's spare, held: its path and its open file descriptor (``StateStore._seen_locked``)."""
+
+
+def _open_lock(path: Path) -> int:
+    """``path`` opened read-write, created 0600 (and its directory 0700) when missing."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise StateError(f"cannot open lock file {path}: {exc.strerror}") from exc
+    try:
+        _private_dirs(path.parent)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise StateError(f"cannot open lock file {path}: {exc.strerror}") from exc
+
+
+def _put_seen(path: Path, spare: _Spare, data: bytes) -> None:
     """Replace seen file ``path`` with ``data``, its writers' lock (the ``spare``) held: ``data`` written into
     the spare, which is then swapped with the seen file in one atomic rename (``_exchange``). Readers see
     the old or the new file, never a mix, as with a temp file renamed over it, but no file is created or
@@ -1347,13 +1363,10 @@ def _put_seen(path: Path, spare: Path, data: bytes) -> None:
     the same size (``_SEEN_BLOCK``: a file system block) so that a write overwrites the spare's block in
     place, neither growing nor truncating it: what a power loss leaves of it is its old or its new
     block, or an empty file (a spare written for the first time), never a truncated one."""
-    fd = os.open(spare, os.O_WRONLY)
-    try:
-        os.pwrite(fd, data, 0)
-        os.ftruncate(fd, len(data))
-    finally:
-        os.close(fd)
-    if not _exchange(spare, path):
+    spare_path, fd = spare
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
+    if not _exchange(spare_path, path):
         _replace(path, data, cache=True)
 
 
