@@ -260,6 +260,10 @@ def test_many_hosts_seen_in_one_call_each_in_its_own_seen_file(state_path: Path)
     with pytest.raises(RuntimeError, match="last_seen and sglang alone"):
         store.update_seen_all({"a": lambda hs: setattr(hs, "last_error", "no")})
     assert store.load_host("a").last_error is None  # type: ignore[union-attr]
+    with store.update() as state:
+        del state.hosts["b"]
+    assert not (state_path / "seen" / "b.json").exists() and not (state_path / "locks" / "seen-b.lock").exists()
+    assert (state_path / "seen" / "b.json.bak").exists()  # a dropped host's files are kept as their .bak
 
 
 @pytest.mark.skipif(state_module._renameat2() is None, reason="no renameat2 here: seen files use temp files")
