@@ -415,6 +415,47 @@ def test_a_whole_fleet_read_collects_then_freezes_what_it_built_and_leaves_the_c
     gc.unfreeze()
 
 
+def test_a_read_right_after_the_check_leaves_what_the_check_froze_and_collects_what_is_newer(
+    state_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(state_module, "GC_PAUSE_HOSTS", 1)  # as for a large fleet
+    monkeypatch.setattr(state_module, "_FLEET_BYTES_PER_HOST", 1)
+    store = StateStore(state_path)
+    with store.update_fleet() as fleet:
+        fleet.tuning_plans["p1"] = a_plan(tmp_path)
+    store.update_host("a", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    unfrozen: list[int] = []
+    real_unfreeze = gc.unfreeze
+    monkeypatch.setattr(gc, "unfreeze", lambda: (unfrozen.append(gc.get_freeze_count()), real_unfreeze())[1])
+
+    class Node:
+        other: Node
+
+    def garbage() -> weakref.ref[Node]:
+        cycle = Node()
+        cycle.other = cycle
+        return weakref.ref(cycle)
+
+    try:
+        store.check_readable()  # a read of its own: it collects and freezes
+        assert len(unfrozen) == 1 and gc.get_freeze_count() > 0
+        gone = garbage()
+        loaded = store.load()
+        assert gone() is None and len(unfrozen) == 1  # the newer garbage taken, the frozen not walked again
+        assert list(loaded.tuning_plans) == ["p1"] and loaded.hosts["a"].phase == Phase.PULLED
+        store.check_readable()
+        gone = garbage()
+        gc.freeze()  # someone else froze since the check: the read collects everything again
+        store.load()
+        assert gone() is None and len(unfrozen) == 3
+        gone = garbage()
+        gc.freeze()
+        store.load()  # not right after a check: everything, as before
+        assert gone() is None and len(unfrozen) == 4
+    finally:
+        gc.unfreeze()
+
+
 def test_orch_report_shows_the_benchmarks_rotated_out_of_the_host_file(
     state_path: Path, tmp_path: Path, orch: Callable[..., OrchRun]
 ) -> None:
