@@ -623,10 +623,12 @@ class StateStore:
         raw = self._read_optional(self.layout.fleet)
         if raw is None:
             return
-        with _gc_paused(len(raw) // _FLEET_BYTES_PER_HOST):
+        hosts = len(raw) // _FLEET_BYTES_PER_HOST
+        with _gc_paused(hosts):
             fleet = self._parse_fleet(raw)
+        collected = hosts >= GC_PAUSE_HOSTS and gc.isenabled()  # what _gc_paused did: a collection, a freeze
         with self._guard:
-            self._checked_fleet = (raw, fleet, gc.get_freeze_count())
+            self._checked_fleet = (raw, fleet, gc.get_freeze_count() if collected else -1)
 
     def _just_checked(self) -> bool:
         """Whether ``check_readable`` parsed the fleet file for the next read and nothing was frozen since

@@ -452,6 +452,10 @@ def test_a_read_right_after_the_check_leaves_what_the_check_froze_and_collects_w
         gc.freeze()
         store.load()  # not right after a check: everything, as before
         assert gone() is None and len(unfrozen) == 4
+        monkeypatch.setattr(state_module, "_FLEET_BYTES_PER_HOST", 1 << 30)  # a fleet file too small to pause
+        store.check_readable()
+        store.load()  # that check collected nothing: the read collects everything
+        assert len(unfrozen) == 5
     finally:
         gc.unfreeze()
 
