@@ -710,11 +710,12 @@ class StateStore:
         lock (shared) for them all; what each ``fn`` returned, by host. A host new to the state gets its
         record (``update_host``, after the others).
 
-        No host's own lock is taken: a seen file has its writers' lock of its own, its spare
-        (``_write_seen``), held from its read to its write, so a host's transaction (``orch pull``) and a
-        status never interleave on it (a reading older than what pull recorded is not written over it:
-        ``ops.status.record_seen``), and a host another orch holds for a long transaction does not hold
-        up its seen record."""
+        No host's own lock is taken (a host another orch holds for a long transaction does not hold up its
+        seen record), but a seen file is not written unlocked either, although it is a last-writer-wins
+        cache replaced whole: its writers' lock is its spare (``_seen_locked``), held from the read to the
+        write. Without it, two writers would write into the one spare at once (``_put_seen``), and a
+        status could write its reading over the newer one a pull recorded between its read and its write
+        (``ops.status.record_seen`` keeps the newer only when it reads under the same lock as it writes)."""
         self._ensure_layout()
         results: dict[str, T] = {}
         with self._transaction(None):
