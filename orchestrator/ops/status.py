@@ -159,17 +159,16 @@ def _parse_gpus(devs: probe.Section | None, apps: probe.Section | None) -> tuple
 def record_seen(
     store: StateStore, hosts: dict[str, Host], observed: list[Observed], cached: dict[str, HostState] | None = None
 ) -> dict[str, HostState]:
-    """Each host's last_seen and SGLang checkout as read, in one small transaction per host (its seen file
-    alone: ``StateStore.update_seen``; a host another orch holds does not hold up the others' records);
+    """Each host's last_seen and SGLang checkout as read, in one transaction on their seen files alone
+    (``StateStore.update_seen_all``; a host another orch holds does not hold up the others' records);
     each host's state with them: ``cached`` (as ``status`` loaded it) when given, else read again.
 
     A reading older than what another orch recorded meanwhile (a pull that finished while this status
     was reading) does not overwrite it: ``last_seen`` orders the observations."""
     now = datetime.now(timezone.utc)
     found = {}
-    for obs in observed:
-        name = obs.status.name
-        seen = store.update_seen(name, functools.partial(_seen, hosts[name], obs, now))
+    changes = {o.status.name: functools.partial(_seen, hosts[o.status.name], o, now) for o in observed}
+    for name, seen in store.update_seen_all(changes).items():
         base = (cached or {}).get(name) or store.load_host(name) or HostState()
         found[name] = base.model_copy(update={"last_seen": seen.last_seen, "sglang": seen.sglang})
     return found

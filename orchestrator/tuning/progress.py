@@ -142,13 +142,21 @@ def poll_group(
     return polls, saved
 
 
-def job_views(plan: PlanRecord, polls: dict[str, HostPoll], cached: dict[str, TuningRecord]) -> list[JobView]:
-    """Every job of the plan: live where polled, else as cached in the state."""
+def job_views(
+    plan: PlanRecord,
+    polls: dict[str, HostPoll],
+    cached: dict[str, TuningRecord],
+    merged: dict[str, tf.LogProgress] | None = None,
+) -> list[JobView]:
+    """Every job of the plan: live where polled, else as cached in the state (``merged``: that progress
+    already built by ``_all_progress``, which ``orch status`` would otherwise build twice per tuned host)."""
     views = []
     for a in plan.assignments:
         poll = polls.get(a.host)
         info = poll.infos.get(a.job_id or "") if poll else None
-        progress = poll.progress.get(a.purpose) if poll else None
+        progress = merged[f"{a.host}/{a.purpose}"] if merged is not None else None
+        if progress is None:
+            progress = poll.progress.get(a.purpose) if poll else None
         if progress is None:
             progress = cached.get(a.host, TuningRecord()).progress.get(a.purpose, LogProgress())
         state = _job_state(a, info, polled=poll is not None)
@@ -222,9 +230,10 @@ def group_status(
     if plan is None:
         status.state = "installed" if record.installed else "none"
         return status
-    views = job_views(plan, polls, cached)
+    progress = _all_progress(plan, polls, cached)
+    views = job_views(plan, polls, cached, progress)
     status.jobs = views
-    status.shapes = shape_progress(plan, _all_progress(plan, polls, cached), record.installed)
+    status.shapes = shape_progress(plan, progress, record.installed)
     infos = {i: info for poll in polls.values() for i, info in poll.infos.items()}
     status.eta_seconds = eta_seconds(views, infos, datetime.now(timezone.utc))
     status.state, status.reason, status.log_tail = _derive_state(record, views)

@@ -4,8 +4,10 @@ is its own unit. Concurrency tests use real processes."""
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import json
+import os
 import weakref
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -229,6 +231,125 @@ def test_a_seen_file_is_replaced_whole_and_private_but_keeps_no_backup(state_pat
         store.load()
 
 
+SEEN_COUNTER = """
+import sys
+from datetime import timedelta
+from pathlib import Path
+from orchestrator.state import StateStore
+
+def step(hs):
+    hs.last_seen = hs.last_seen + timedelta(seconds=1)
+
+store = StateStore(Path(sys.argv[1]))
+for _ in range(int(sys.argv[2])):
+    store.update_seen_all({"a": step, "b": step})
+"""
+
+
+def test_many_hosts_seen_in_one_call_each_in_its_own_seen_file(state_path: Path) -> None:
+    store = StateStore(state_path)
+    for name in ("a", "b"):
+        store.update_host(name, lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    records = {n: host_file(state_path, n).read_bytes() for n in ("a", "b")}
+    changes = {n: (lambda hs, n=n: (setattr(hs, "last_seen", T1), n)[1]) for n in ("b", "new", "a")}
+    assert list(store.update_seen_all(changes).items()) == [("b", "b"), ("new", "new"), ("a", "a")]
+    assert {n: host_file(state_path, n).read_bytes() for n in ("a", "b")} == records  # records untouched
+    loaded = store.load()
+    assert {n: hs.last_seen for n, hs in loaded.hosts.items()} == {"a": T1, "b": T1, "new": T1}
+    assert loaded.hosts["a"].phase == Phase.PULLED and host_file(state_path, "new").exists()
+    with pytest.raises(RuntimeError, match="last_seen and sglang alone"):
+        store.update_seen_all({"a": lambda hs: setattr(hs, "last_error", "no")})
+    assert store.load_host("a").last_error is None  # type: ignore[union-attr]
+    with store.update() as state:
+        del state.hosts["b"]
+    assert not (state_path / "seen" / "b.json").exists() and not (state_path / "locks" / "seen-b.lock").exists()
+    assert (state_path / "seen" / "b.json.bak").exists()  # a dropped host's files are kept as their .bak
+
+
+@pytest.mark.skipif(state_module._renameat2() is None, reason="no renameat2 here: seen files use temp files")
+def test_a_seen_file_is_swapped_with_its_spare_so_no_file_is_created_after_the_first(state_path: Path) -> None:
+    store = StateStore(state_path)
+    store.update_host("a", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    store.update_seen("a", lambda hs: setattr(hs, "last_seen", T1))
+    seen, spare = state_path / "seen" / "a.json", state_path / "locks" / "seen-a.lock"
+    inodes = (seen.stat().st_ino, spare.stat().st_ino)
+    before = seen.read_bytes()
+    store.update_seen("a", lambda hs: setattr(hs, "last_seen", T1.replace(hour=21)))
+    assert (spare.stat().st_ino, seen.stat().st_ino) == inodes  # swapped: neither file was created anew
+    assert spare.read_bytes() == before  # the previous version, for the next write to write over
+    assert seen.stat().st_size == spare.stat().st_size == state_module._SEEN_BLOCK  # overwritten in place
+    assert seen.stat().st_mode & 0o777 == spare.stat().st_mode & 0o777 == 0o600
+    assert store.load_host("a").last_seen == T1.replace(hour=21)  # type: ignore[union-attr]
+
+
+def test_without_the_swap_a_seen_file_is_still_replaced_whole(
+    state_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(state_module, "_renameat2", lambda: None)  # not Linux, or no renameat2
+    store = StateStore(state_path)
+    store.update_host("a", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    for at in (T1, T1.replace(hour=21)):
+        store.update_seen_all({"a": lambda hs, at=at: setattr(hs, "last_seen", at)})
+    seen = state_path / "seen" / "a.json"
+    assert sorted(p.name for p in seen.parent.iterdir()) == ["a.json"] and seen.stat().st_mode & 0o777 == 0o600
+    assert store.load_host("a").last_seen == T1.replace(hour=21)  # type: ignore[union-attr]
+
+
+def test_seen_files_written_by_two_orchs_at_once_lose_no_update(state_path: Path) -> None:
+    store = StateStore(state_path)
+    for name in ("a", "b"):
+        store.update_host(name, lambda hs: setattr(hs, "last_seen", T1))
+    writers = [python_process(SEEN_COUNTER, str(state_path), "1500") for _ in range(2)]  # 1 s or so each
+    torn = 0
+    while any(w.poll() is None for w in writers):  # meanwhile, readers never see half a file
+        hs = store.load_host("a")
+        torn += hs is None or hs.last_seen is None
+    for writer in writers:
+        _, err = writer.communicate()
+        assert writer.returncode == 0, err
+    loaded = store.load()
+    assert torn == 0
+    assert {n: hs.last_seen for n, hs in loaded.hosts.items()} == {n: T1.replace(minute=50) for n in ("a", "b")}
+
+
+def test_a_seen_write_waits_for_a_reader_still_reading_the_file_it_would_write_over(state_path: Path) -> None:
+    store = StateStore(state_path, lock_timeout=0.3)
+    store.update_host("a", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    store.update_seen("a", lambda hs: setattr(hs, "last_seen", T1))
+    seen = state_path / "seen" / "a.json"
+    reader = os.open(seen, os.O_RDONLY)
+    try:
+        fcntl.flock(reader, fcntl.LOCK_SH)  # a reader that opened the seen file, not done with it yet
+        store.update_seen("a", lambda hs: setattr(hs, "last_seen", T1.replace(hour=21)))  # it is the spare now
+        assert os.pread(reader, 1 << 16, 0) == os.pread(reader, 1 << 16, 0)
+        with pytest.raises(StateError, match="is locked by another orch"):
+            store.update_seen("a", lambda hs: setattr(hs, "last_seen", T1.replace(hour=22)))
+    finally:
+        os.close(reader)
+    writer = os.open(seen, os.O_RDONLY)
+    try:
+        fcntl.flock(writer, fcntl.LOCK_EX)  # as a writer holds the spare it writes into
+        with pytest.raises(StateError, match="is locked by another orch"):
+            store.load_host("a")  # a reader waits for it (it would read half a file)
+    finally:
+        os.close(writer)
+    store.update_seen("a", lambda hs: setattr(hs, "last_seen", T1.replace(hour=22)))
+    assert store.load_host("a").last_seen == T1.replace(hour=22)  # type: ignore[union-attr]
+
+
+def test_a_corrupt_seen_file_is_an_error_naming_it_and_nothing_is_written(state_path: Path) -> None:
+    store = StateStore(state_path)
+    store.update_host("a", lambda hs: setattr(hs, "last_seen", T1))
+    seen = state_path / "seen" / "a.json"
+    seen.write_text("{")
+    with pytest.raises(StateError, match=f"state file {seen} is corrupt: not valid JSON"):
+        store.update_seen_all({"a": lambda hs: setattr(hs, "last_seen", T1.replace(hour=21))})
+    assert seen.read_text() == "{"
+    seen.write_text("")  # what a crash can leave: no seen file
+    store.update_seen_all({"a": lambda hs: setattr(hs, "last_seen", T1.replace(hour=21))})
+    assert store.load_host("a").last_seen == T1.replace(hour=21)  # type: ignore[union-attr]
+
+
 def test_the_fleet_file_checked_before_a_load_is_parsed_once_and_read_again_when_it_changed(
     state_path: Path, tmp_path: Path
 ) -> None:
@@ -292,6 +413,51 @@ def test_a_whole_fleet_read_collects_then_freezes_what_it_built_and_leaves_the_c
         store.load()
     assert gc.isenabled()
     gc.unfreeze()
+
+
+def test_a_read_right_after_the_check_leaves_what_the_check_froze_and_collects_what_is_newer(
+    state_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(state_module, "GC_PAUSE_HOSTS", 1)  # as for a large fleet
+    monkeypatch.setattr(state_module, "_FLEET_BYTES_PER_HOST", 1)
+    store = StateStore(state_path)
+    with store.update_fleet() as fleet:
+        fleet.tuning_plans["p1"] = a_plan(tmp_path)
+    store.update_host("a", lambda hs: hs.set_phase(Phase.PULLED, "pull"))
+    unfrozen: list[int] = []
+    real_unfreeze = gc.unfreeze
+    monkeypatch.setattr(gc, "unfreeze", lambda: (unfrozen.append(gc.get_freeze_count()), real_unfreeze())[1])
+
+    class Node:
+        other: Node
+
+    def garbage() -> weakref.ref[Node]:
+        cycle = Node()
+        cycle.other = cycle
+        return weakref.ref(cycle)
+
+    try:
+        store.check_readable()  # a read of its own: it collects and freezes
+        assert len(unfrozen) == 1 and gc.get_freeze_count() > 0
+        gone = garbage()
+        loaded = store.load()
+        assert gone() is None and len(unfrozen) == 1  # the newer garbage taken, the frozen not walked again
+        assert list(loaded.tuning_plans) == ["p1"] and loaded.hosts["a"].phase == Phase.PULLED
+        store.check_readable()
+        gone = garbage()
+        gc.freeze()  # someone else froze since the check: the read collects everything again
+        store.load()
+        assert gone() is None and len(unfrozen) == 3
+        gone = garbage()
+        gc.freeze()
+        store.load()  # not right after a check: everything, as before
+        assert gone() is None and len(unfrozen) == 4
+        monkeypatch.setattr(state_module, "_FLEET_BYTES_PER_HOST", 1 << 30)  # a fleet file too small to pause
+        store.check_readable()
+        store.load()  # that check collected nothing: the read collects everything
+        assert len(unfrozen) == 5
+    finally:
+        gc.unfreeze()
 
 
 def test_orch_report_shows_the_benchmarks_rotated_out_of_the_host_file(
