@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from orchestrator import server_job as server_host
 from orchestrator.errors import ExitCode, HostError, RefusedError, UsageError
 from orchestrator.facts import bench as bench_facts
 from orchestrator.facts import git
@@ -38,7 +39,6 @@ from orchestrator.ops import bench as bench_op
 from orchestrator.ops import pull as pull_op
 from orchestrator.ops import rollout
 from orchestrator.ops import serve as serve_op
-from orchestrator.ops import server as server_host
 from orchestrator.recipe import BenchOptions, PullOptions, Recipe, ServeOptions, Shape, Step, TuneOptions, parse_shapes
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, StateStore, StepProgress

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import jobs, readers
+from orchestrator import server_job as srv
 from orchestrator.errors import HostError, RefusedError, UnreachableError, VerifyError
 from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import device_file_name
@@ -50,7 +51,6 @@ from orchestrator.facts.server_upstream import (
     model_family,
 )
 from orchestrator.inventory import Host
-from orchestrator.ops import server as srv
 from orchestrator.readers import TunedConfigs, host_server
 from orchestrator.recipe import Recipe, ServeOptions, Shape
 from orchestrator.session import HostSession

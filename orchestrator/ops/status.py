@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from orchestrator import server_job as server
 from orchestrator.errors import GatewayError, OrchError, UsageError
 from orchestrator.facts import git, gpus, probe
 from orchestrator.fleet import HostResult
 from orchestrator.gateway import GatewayClient, check_fleet
 from orchestrator.inventory import Gateway, Host
-from orchestrator.ops import server
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord, SGLangInfo, State, StateStore
 from orchestrator.tuning.commands import status_field

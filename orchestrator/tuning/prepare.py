@@ -18,13 +18,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from orchestrator import server_job as srv
 from orchestrator.errors import ConfigError, RefusedError, RemoteCommandError, UnreachableError
 from orchestrator.facts import git, probe
 from orchestrator.facts import gpus as smi
 from orchestrator.facts import server as server_facts
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
-from orchestrator.ops import server as srv
 from orchestrator.recipe import Recipe, ServeOptions, Shape, TuneOptions, parse_shapes
 from orchestrator.session import HostSession
 from orchestrator.transport.base import CommandResult, Runner, check_result

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from orchestrator import server_job as server_ops
 from orchestrator.errors import HostOutputError
 from orchestrator.facts import gpus, probe, server, tuner
-from orchestrator.ops import server as server_ops
 from orchestrator.state import ServerRecord
 
 GOOD_GPU = "0, NVIDIA H100 80GB HBM3, GPU-aaa, 81559, 1, 0, 9.0"

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
              "orchestrator.__main__")),
     ("ops", ("orchestrator.ops", "orchestrator.tuning")),
     ("fleet", ("orchestrator.fleet", "orchestrator.session", "orchestrator.readers", "orchestrator.jobs",
-               "orchestrator.notify", "orchestrator.gateway")),
+               "orchestrator.server_job", "orchestrator.notify", "orchestrator.gateway")),
     ("facts", ("orchestrator.facts",)),
     ("transport", ("orchestrator.transport",)),
     # The validated models of the files orch reads and writes (the tuning record is one: the state

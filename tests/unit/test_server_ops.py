@@ -12,10 +12,10 @@ from itertools import islice
 import pytest
 
 from orchestrator import readers
+from orchestrator import server_job as srv
 from orchestrator.errors import RefusedError
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
-from orchestrator.ops import server as srv
 from orchestrator.state import HostState, Phase, ServerRecord
 from orchestrator.transport.base import CommandResult
 

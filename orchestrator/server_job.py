@@ -3,7 +3,8 @@ server (announced, drained, recorded), its status fields, and riding out an outa
 
 What these read from the host (HTTP from the host itself, the server's job and log, the GPUs and their
 holders) is in ``orchestrator.readers``, cached per invocation by the ``HostSession``. The serve flow
-(``ops.serve``), ``orch status``, tuning (which stops the server) and ``orch run`` build on these.
+(``ops.serve``), ``orch status``, tuning (which stops the server) and ``orch run`` build on these: it
+sits below the operations (the fleet layer), so none of them imports another for it.
 """
 
 from __future__ import annotations
