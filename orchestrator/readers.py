@@ -1,8 +1,9 @@
 """Reading a host: the remote reads a ``HostSession`` caches, one or two round trips each.
 
 Each reader runs argv builders from ``facts/`` through the host's runner and parses the answer with
-``facts/``'s pure parsers: the SGLang checkout (``read_git``), HTTP from the host itself (``http``,
-``health``, ``server_info``: the server's port never has to be exposed), orch's server job
+``facts/``'s pure parsers: the SGLang checkout (``read_git``; ``sglang_info`` is what the state records
+of it), HTTP from the host itself (``http``, ``health``, ``server_info``: the server's port never has to
+be exposed), orch's server job
 (``running_server``) and its log (``LogReader``, reading on from a byte offset), the GPUs and who holds
 them (``read_gpu_info``), how the host starts SGLang's server and the flags it accepts (``host_server``),
 and the tuned FP8 config files where the host's SGLang reads them (``read_configs``). Operations ask the
@@ -15,6 +16,7 @@ import json
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from orchestrator import jobs
@@ -28,6 +30,7 @@ from orchestrator.facts.gpus import device_file_name
 from orchestrator.facts.server_log import ServerLog, parse_server_log
 from orchestrator.inventory import Host
 from orchestrator.recipe import Shape
+from orchestrator.state import SGLangInfo
 from orchestrator.transport.base import Runner
 
 # --- the SGLang checkout -----------------------------------------------------------------------------
@@ -43,6 +46,22 @@ def read_git(host: Host, runner: Runner) -> git.GitInfo:
             f"{host.name}: SGLang checkout {host.sglang_dir}: {exc}",
             hint=f"check `sglang_dir` for {host.name} in the inventory (a git clone of SGLang)",
         ) from None
+
+
+def sglang_info(host: Host, info: git.GitInfo, read_at: datetime | None = None) -> SGLangInfo:
+    """The checkout as recorded in the state; ``fetched_at`` is ``read_at`` (default now) minus the
+    fetch age the host measured on its own clock."""
+    read_at = read_at or datetime.now(timezone.utc)
+    age = info.fetched_age_s
+    return SGLangInfo(
+        commit=info.commit,
+        short=info.short,
+        subject=info.subject,
+        branch=info.branch,
+        upstream=host.upstream,
+        behind=info.behind,
+        fetched_at=None if age is None else read_at - timedelta(seconds=age),
+    )
 
 
 # --- HTTP from the host ----------------------------------------------------------------------------------

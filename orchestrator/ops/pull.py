@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from orchestrator import readers
 from orchestrator.errors import RefusedError
 from orchestrator.facts import git
 from orchestrator.inventory import Host
-from orchestrator.ops.status import sglang_info
 from orchestrator.session import HostSession
 from orchestrator.state import HostState
 from orchestrator.transport.base import Runner, shell_command
@@ -129,6 +129,6 @@ def _check_not_diverged(host: Host, runner: Runner) -> int:
 
 
 def _record(hs: HostState, host: Host, info: git.GitInfo, result: PullResult) -> None:
-    hs.sglang = sglang_info(host, info)
+    hs.sglang = readers.sglang_info(host, info)
     hs.last_seen = datetime.now(timezone.utc)  # orders this reading after any status that started earlier
     hs.pulled(result.old, result.new)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
+from orchestrator import readers
 from orchestrator import server_job as server
 from orchestrator.errors import GatewayError, OrchError, UsageError
 from orchestrator.facts import git, gpus, probe
@@ -14,7 +15,7 @@ from orchestrator.fleet import HostResult
 from orchestrator.gateway import GatewayClient, check_fleet
 from orchestrator.inventory import Gateway, Host
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, ServerRecord, SGLangInfo, State, StateStore
+from orchestrator.state import HostState, ServerRecord, State, StateStore
 from orchestrator.tuning.commands import status_field
 from orchestrator.tuning.member import record_of
 from orchestrator.tuning.record import TuningRecord
@@ -53,22 +54,6 @@ def gpu_views(gpu_csv: str, apps_csv: str) -> list[GpuView]:
         procs = [{"pid": a.pid, "name": a.process_name, "memory_mib": a.used_memory_mib} for a in held[d.index]]
         views.append(GpuView(d.index, d.name, d.memory_used_mib, d.memory_total_mib, procs))
     return views
-
-
-def sglang_info(host: Host, info: git.GitInfo, read_at: datetime | None = None) -> SGLangInfo:
-    """The checkout as recorded in the state; ``fetched_at`` is ``read_at`` (default now) minus the
-    fetch age the host measured on its own clock."""
-    read_at = read_at or datetime.now(timezone.utc)
-    age = info.fetched_age_s
-    return SGLangInfo(
-        commit=info.commit,
-        short=info.short,
-        subject=info.subject,
-        branch=info.branch,
-        upstream=host.upstream,
-        behind=info.behind,
-        fetched_at=None if age is None else read_at - timedelta(seconds=age),
-    )
 
 
 FETCH_TIMEOUT = 600  # seconds for ``status --fetch``: a fetch of a large upstream is slow
@@ -178,7 +163,7 @@ def _seen(host: Host, obs: Observed, now: datetime, hs: HostState) -> HostState:
     newer_known = hs.last_seen is not None and hs.last_seen > obs.started_at
     hs.last_seen = max(now, hs.last_seen) if hs.last_seen else now
     if obs.git is not None and not newer_known:
-        hs.sglang = sglang_info(host, obs.git, obs.started_at)
+        hs.sglang = readers.sglang_info(host, obs.git, obs.started_at)
     return hs
 
 

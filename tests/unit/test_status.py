@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from rich.console import Console
 
+from orchestrator import readers
 from orchestrator.errors import HostKeyError
 from orchestrator.facts import git
 from orchestrator.fleet import HostResult
@@ -193,8 +194,8 @@ def test_sglang_cells_say_when_upstream_was_fetched() -> None:
 def test_sglang_info_dates_the_fetch_from_the_age_the_host_measured() -> None:
     h = Host.model_validate({"name": "h1", "address": "127.0.0.1"})
     info = git.GitInfo(COMMIT, "main", "s", COMMIT, 0, fetched_age_s=7200)
-    assert status_op.sglang_info(h, info, NOW).fetched_at == NOW - timedelta(hours=2)
-    assert status_op.sglang_info(h, git.GitInfo(COMMIT, "main", "s", None, None), NOW).fetched_at is None
+    assert readers.sglang_info(h, info, NOW).fetched_at == NOW - timedelta(hours=2)
+    assert readers.sglang_info(h, git.GitInfo(COMMIT, "main", "s", None, None), NOW).fetched_at is None
 
 
 def test_server_cells_say_which_commit_runs_and_that_a_restart_is_pending() -> None:
