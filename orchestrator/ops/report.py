@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from orchestrator.errors import UsageError
 from orchestrator.facts import bench as facts
 from orchestrator.facts.bench import BenchRecord, ComparisonRow
-from orchestrator.ops.bench import records_of
 from orchestrator.state import HostState, Phase, PhaseChange, State, Verification, utc_now
 from orchestrator.text import fmt_seconds, inert
 from orchestrator.tuning.member import record_of
@@ -90,7 +89,7 @@ def build(state: State, source: str, now: datetime | None = None) -> Report:
 
 def host_report(name: str, hs: HostState, now: datetime) -> HostReport:
     spans = phase_spans(hs.history)
-    records = records_of(name, hs)
+    records = list(hs.benchmarks)  # oldest first, validated when the state file was read
     return HostReport(
         name=name,
         phase=hs.phase.value,

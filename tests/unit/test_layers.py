@@ -200,3 +200,22 @@ def test_a_planted_violation_of_each_rule_is_caught(tmp_path: Path) -> None:
 def test_a_module_sits_in_the_layer_of_its_longest_prefix(module: str, layer: str | None) -> None:
     index = layer_of(module)
     assert (None if index is None else LAYERS[index][0]) == layer
+
+
+COMPOSERS = ("orchestrator.ops.run", "orchestrator.ops.rollout")
+"""The operations made of other operations: ``orch run`` (the playbook: pull, tune, serve, bench) and the
+rolling relaunch (serve and the gate's bench, host by host). No other operation imports one: what
+several share lives below them (``server_job``, ``readers``, ``session``)."""
+
+
+def test_only_the_composing_operations_import_other_operations() -> None:
+    graph = imports_of(SOURCE)
+    ops = [m for m in graph if under(m, ("orchestrator.ops", "orchestrator.tuning"))]
+    found = sorted(
+        (m, i)
+        for m in ops
+        for i in graph[m]
+        if under(i, ("orchestrator.ops",)) and i != "orchestrator.ops" and not under(m, COMPOSERS)
+        and i.split(".")[:3] != m.split(".")[:3]
+    )  # fmt: skip
+    assert found == []
