@@ -15,9 +15,12 @@ for state-file events, then ``runpy`` runs ``orchestrator`` as ``python -m`` wou
 - **parameter lists** (static, ``ast``): every ``def`` in ``orchestrator/ops`` and ``orchestrator/tuning``,
   all parameters counted (``self``/``cls`` not): how many take 6 or more, and the 5 longest;
 - **state file per tuning poll**, for ``tune-fp8 --wait`` on 1 host and ``tune-fp8 --fleet --force --wait``
-  on a 2-host group (one group): *parses* are ``json.loads``/``model_validate_json`` calls made by
-  ``orchestrator.state*`` code; *file reads* are opens of the state file for reading (a parse, or a save
-  comparing before writing); *writes* are renames onto the state file. A poll is one call of the group's
+  on a 2-host group (one group): *loads* and *txn* are calls of the store's reads (``load``,
+  ``load_hosts``...) and transactions (``update``, ``update_hosts``, ``host_update``...), *whole* those of
+  them that read every host's file (``load``, ``update``); *parses* are ``json.loads``/``model_validate_json``
+  calls made by ``orchestrator.state*`` code; *file reads* are opens of a state file (the directory's:
+  a host's, its seen file, the fleet file) for reading (a parse, or a save comparing before writing);
+  *writes* are renames onto one. A poll is one call of the group's
   step function, the first of ``POLL_NAMES`` that ran (each checkout names it its own way; ``--poll-name``
   adds one); the figures are per poll cycle (from one poll's start to the next's: the sleep between is
   in it), median and max, and the totals over the whole command;
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import inspect
 import json
 import os
 import statistics
@@ -51,6 +55,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 POLL_SECONDS = 0.2
+STORE_READS = ("load", "load_hosts", "load_host", "load_fleet")  # StateStore methods: a read of the state
+STORE_TRANSACTIONS = ("update", "update_hosts", "host_update", "update_fleet", "update_seen_all")
+WHOLE_STORE = ("load", "update")  # what reads every host's file, whatever the command is about
 POLL_NAMES = ("step_group", "step", "poll_once", "poll")  # the group's one step per poll cycle, in order
 POLL_NAMES_ENV = "MIDDLE_POLL_NAMES"  # more names, tried first (``--poll-name``; the traced orch inherits it)
 PARAMETER_DIRS = ("ops", "tuning")
@@ -142,7 +149,7 @@ def state_per_poll(timeline: Sequence[Sequence[Any]]) -> dict[str, Any]:
     name = poll_name(timeline)
     cycles: list[Counter[str]] = []
     totals: Counter[str] = Counter()
-    callers: dict[str, Counter[str]] = {"parse": Counter(), "read": Counter(), "write": Counter()}
+    callers: dict[str, Counter[str]] = {k: Counter() for k in ("parse", "read", "write", "load", "txn", "whole")}
     for event in timeline:
         kind = event[0]
         if kind == "poll" and event[1].rsplit(".", 1)[-1] == name:
@@ -219,6 +226,7 @@ def trace(out: Path, args: list[str]) -> None:
     state = os.path.realpath(args[args.index("--state") + 1])
     parsers = {json_module.loads.__code__, BaseModel.model_validate_json.__code__}
     step_names = set(poll_names())
+    store_calls = {f"StateStore.{n}" for n in (*STORE_READS, *STORE_TRANSACTIONS)}
     transport_calls = {"_execute": "run", "read_bytes": "read_bytes", "write_bytes": "write_bytes"}
     counts: Counter[Any] = Counter()  # code object → calls while the command runs
     imported: Counter[Any] = Counter()  # code object → calls at import time (decorators, class bodies...)
@@ -237,6 +245,8 @@ def trace(out: Path, args: list[str]) -> None:
             return ("remote", module, code.co_qualname)
         if code.co_name in step_names and module.startswith(("orchestrator.ops", "orchestrator.tuning")):
             return ("poll", module, code.co_qualname)
+        if module == "orchestrator.state" and code.co_qualname in store_calls:
+            return ("store", module, code.co_name)
         if code.co_name == "<module>" and module != "orchestrator.__main__":  # (the command runs in that one)
             return ("module", module, code.co_qualname)
         return ("function", module, code.co_qualname)
@@ -267,10 +277,26 @@ def trace(out: Path, args: list[str]) -> None:
         (imported if importing.get(threading.get_ident()) else counts)[code] += 1
         if kind[0] == "poll":
             timeline.append(("poll", kind[2]))
+        elif kind[0] == "store" and not resumed(frame):
+            kind_name, caller = "txn" if kind[2] in STORE_TRANSACTIONS else "load", who(frame.f_back)
+            timeline.append((kind_name, f"{kind[2]} by {caller}"))
+            if kind[2] in WHOLE_STORE:
+                timeline.append(("whole", f"{kind[2]} by {caller}"))
         elif kind[0] == "remote":
             call = transport_calls[code.co_name]
             what = frame.f_locals.get("argv" if call == "run" else "path")
             timeline.append(("remote", call, list(what) if call == "run" else str(what)))
+
+    entered: dict[int, Any] = {}  # id → frame of the store's generator methods entered (kept: ids stay unique)
+
+    def resumed(frame: Any) -> bool:
+        """Whether this 'call' of a generator (a ``contextmanager`` transaction) resumes one already counted."""
+        if not frame.f_code.co_flags & inspect.CO_GENERATOR:
+            return False
+        if id(frame) in entered:
+            return True
+        entered[id(frame)] = frame
+        return False
 
     def who(frame: Any) -> str:
         """The first function outside ``orchestrator.state`` (and the stdlib) on the stack: who read or wrote."""
