@@ -29,7 +29,7 @@ _FLAG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
 
 class MTPSpec(_Strict):

@@ -14,20 +14,23 @@ import dataclasses
 import json
 import os
 import sys
+import threading
 from collections.abc import Iterable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
-
-from orchestrator.fleet import HostResult
 from orchestrator.text import InertLog as InertLog
 from orchestrator.text import fmt_mib as fmt_mib
 from orchestrator.text import fmt_seconds as fmt_seconds
 from orchestrator.text import inert as inert
 from orchestrator.text import inert_log as inert_log
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from orchestrator.fleet import HostResult
+
+    out: Console  # stdout and stderr, built on first use (``__getattr__``)
+    err: Console
 
 
 def _width(stream: Any) -> int | None:
@@ -35,8 +38,29 @@ def _width(stream: Any) -> int | None:
     return None if stream.isatty() else int(os.environ.get("COLUMNS") or 200)
 
 
-out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
-err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
+_consoles_lock = threading.Lock()
+
+
+def __getattr__(name: str) -> Any:
+    """``out`` and ``err``, the rich consoles on stdout and stderr, made on first use: rich costs some
+    20 ms of CPU to import, which a command printing JSON (``status --json``) never needs (issue 11 §2)."""
+    if name in ("out", "err"):
+        return _console(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _console(name: str) -> Console:
+    """The one console ``name`` ("out" or "err"), made once (hosts' threads print too) and kept as a module global, so
+    the next lookup is an ordinary one and a test can replace it (``monkeypatch.setattr``)."""
+    with _consoles_lock:
+        console = globals().get(name)
+        if console is None:
+            from rich.console import Console
+
+            stream = sys.stderr if name == "err" else sys.stdout
+            console = Console(stderr=name == "err", highlight=False, soft_wrap=True, width=_width(stream))
+            globals()[name] = console
+        return console
 
 
 class PipeSafeStdout:
@@ -86,6 +110,8 @@ def print_json(document: Any) -> None:
 def host_errors(results: Iterable[HostResult[Any]]) -> None:
     """One block per failure on stderr: what failed, and the hint when there is one. Hosts that
     failed with the same words (a corrupt state file, a missing playbook) share one block."""
+    from rich.markup import escape
+
     blocks: dict[str, list[str]] = {}
     for r in results:
         if r.error is None:
@@ -95,16 +121,19 @@ def host_errors(results: Iterable[HostResult[Any]]) -> None:
     for text, names in blocks.items():
         first, *rest = text.splitlines() or [""]
         prefix = "" if len(names) == 1 and first.startswith(f"{names[0]}:") else f"{', '.join(names)}: "
-        err.print(f"[red]✗[/red] {escape(inert(prefix + first))}", markup=True)
+        _console("err").print(f"[red]✗[/red] {escape(inert(prefix + first))}", markup=True)
         for line in rest:
-            err.print(f"  {inert(line)}", markup=False)
+            _console("err").print(f"  {inert(line)}", markup=False)
 
 
 def table(title: str | None, columns: list[str], rows: list[list[str]]) -> None:
     """A table of plain text: cells are never read as rich markup, and pass through ``inert``."""
+    from rich.table import Table
+    from rich.text import Text
+
     t = Table(title=Text(inert(title)) if title is not None else None, show_lines=False, header_style="bold")
     for c in columns:
         t.add_column(c, overflow="fold")
     for row in rows:
         t.add_row(*(Text(inert(cell)) for cell in row))
-    out.print(t)
+    _console("out").print(t)

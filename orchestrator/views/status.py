@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import Any
-
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.ops.status import HostStatus
-from orchestrator.render import fmt_mib, inert, out, table, to_jsonable
+from orchestrator.render import fmt_mib, inert, table, to_jsonable
+
+if TYPE_CHECKING:  # rich is imported by what prints a table: `orch status --json` needs none of it
+    from rich.table import Table
 
 
 def status_document(views: list[HostStatus], gateway: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -328,6 +328,9 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
 def compact_table(views: list[HostStatus], now: datetime) -> Table:
     """The default ``orch status`` table: one line per host. Host, state and sglang are never cut; when the
     terminal is too narrow, the widest other cells are cut with … (never wrapped onto a second line)."""
+    from rich.table import Table
+    from rich.text import Text
+
     t = Table(box=None, header_style="bold", pad_edge=False, show_edge=False)
     for i, c in enumerate(_columns(STATUS_COLUMNS, views)):
         t.add_column(c, no_wrap=i < 3)  # the others may shrink; their Text cells cut rather than wrap
@@ -341,6 +344,8 @@ def status_table(
 ) -> None:
     """Print the status table (``wide``: every detail, cells wrapped) and the notes under it (``gateway``:
     what ``ops.status.gateway_column`` found, None without a gateway in the inventory)."""
+    from orchestrator.render import out
+
     now = now or datetime.now(timezone.utc)
     if wide:
         rows = [_wide_row(v, now) for v in views]
@@ -379,6 +384,8 @@ def _wide_row(v: HostStatus, now: datetime) -> list[str]:
 
 def status_details(views: list[HostStatus], gateway: dict[str, Any] | None = None, now: datetime | None = None) -> None:
     """``orch status HOST``: every detail of each host, one labelled line per part."""
+    from orchestrator.render import out
+
     now = now or datetime.now(timezone.utc)
     for i, v in enumerate(views):
         if i:

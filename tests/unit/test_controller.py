@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -21,6 +22,7 @@ from orchestrator.cli import COMMANDS, cli
 from orchestrator.inventory import Host
 from orchestrator.recipe import PullOptions, ServeOptions, TuneOptions
 from orchestrator.transport import ssh
+from tests.conftest import FleetEnv
 
 HEAVY = ("paramiko", "fabric", "invoke", "pydantic", "orchestrator.ops", "orchestrator.inventory", "orchestrator.state")
 
@@ -79,6 +81,55 @@ def test_a_flag_and_its_options_model_have_one_default(
     (option,) = [p for p in command.params if p.name == param]
     expected = model.model_fields[field].get_default(call_default_factory=True)
     assert option.default == (not expected if how == "negated" else expected)
+
+
+COMMAND_PROBE = """
+import json, sys
+from orchestrator.cli import run_command
+code = run_command(sys.argv[1:])
+sys.stdout.flush()
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stderr)
+"""
+
+NOT_FOR_STATUS = ("orchestrator.ops.pull", "orchestrator.views.pull", "orchestrator.gateway", "rich", "invoke")
+"""What ``orch status --json`` without a gateway never uses: other commands' operations and views, the
+gateway client, rich (no table is printed), invoke (``transport._paramiko``)."""
+
+
+def loaded(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
+    return [m for m in modules if any(m == p or m.startswith(f"{p}.") for p in prefixes)]
+
+
+def test_status_json_imports_only_what_it_uses(make_fleet: Callable[..., FleetEnv]) -> None:
+    env = make_fleet(n_hosts=1)
+    argv = ["-i", str(env.inventory), "--state", str(env.state), "status", "--json"]
+    proc = subprocess.run([sys.executable, "-c", COMMAND_PROBE, *argv], capture_output=True, text=True, timeout=120)
+    probe = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert probe["code"] == 0, proc.stderr
+    assert [h["reachable"] for h in json.loads(proc.stdout)["hosts"]] == [True]
+    assert "orchestrator.ops.status" in probe["modules"] and "paramiko" in probe["modules"]  # the probe saw a status
+    assert loaded(probe["modules"], NOT_FOR_STATUS) == []
+
+
+RESOLVE_PROBE = """
+import json, sys
+import click
+from orchestrator.cli import cli
+for name in sys.argv[1:]:
+    cli.get_command(click.Context(cli), name)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_resolving_the_host_commands_imports_no_operation_view_or_transport() -> None:
+    """``orch status`` imports cli/hosts.py, which also defines ``pull`` and ``trust``: their operations,
+    views and the SSH transport are imported by the command that runs, not by the module."""
+    names = ["status", "pull", "trust"]
+    proc = subprocess.run([sys.executable, "-c", RESOLVE_PROBE, *names], capture_output=True, text=True, check=True)
+    modules = json.loads(proc.stdout)
+    assert "orchestrator.cli.hosts" in modules
+    heavy = ("orchestrator.ops", "orchestrator.views", "orchestrator.transport.ssh", "paramiko", "rich")
+    assert loaded(modules, heavy) == []
 
 
 def test_an_unknown_command_is_still_a_usage_error() -> None:
