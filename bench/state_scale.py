@@ -104,11 +104,22 @@ def child_status(path: Path, status_hosts: int) -> dict[str, Any]:
     from orchestrator.state import StateStore
     from orchestrator.tuning.commands import status_field
 
-    passes_state = "state" in inspect.signature(status_field).parameters
+    params = inspect.signature(status_field).parameters
+    passes_state, on_session = "state" in params, "session" in params
+
+    def field_of(host: Host, store: StateStore, hs: Any, *extra: Any) -> Any:
+        """``status_field`` as the checkout measured takes it: a ``HostSession`` (its runner unused: the host
+        is not polled, as ``orch status`` does not poll a finished plan) or, before, host, runner and store."""
+        if on_session:
+            from orchestrator.session import HostSession
+
+            return status_field(HostSession(host, None, store), hs, *extra)  # type: ignore[arg-type]
+        return status_field(host, None, store, hs, *extra)  # type: ignore[arg-type,call-arg]
+
     warm = StateStore(path)  # the modules status imports when first used: issue 11 §2, not the state
     name = warm.host_names()[0] if hasattr(warm, "host_names") else next(iter(warm.load().hosts))
     host = Host.model_validate({"name": name, "address": "127.0.0.1"})
-    status_field(host, None, warm, warm.load().hosts[name])  # type: ignore[arg-type]
+    field_of(host, warm, warm.load().hosts[name])
     cpu0 = time.process_time()
     store = StateStore(path)
     getattr(store, "check_readable", store.load)()  # App.store checks the state before contacting a host
@@ -122,7 +133,7 @@ def child_status(path: Path, status_hosts: int) -> dict[str, Any]:
     for name in names:
         hs = cached.get(name)
         extra = (state,) if passes_state else ()
-        field = status_field(hosts[name], None, store, hs, *extra)  # type: ignore[arg-type]
+        field = field_of(hosts[name], store, hs, *extra)
         tuned += field is not None and field.get("state") == "installed"
         status = status_op.HostStatus(name, "127.0.0.1", reachable=True, phase="new")
         status.extra["tuning"] = field

@@ -52,7 +52,7 @@ _RUN_LINE = re.compile(r"^orch: tuner run \d+/(\d+): ", re.MULTILINE)
 
 # Runs under either version (its own package on sys.path): one host's prepare and start, counted.
 _COUNT = r"""
-import json, sys
+import inspect, json, sys
 from pathlib import Path
 from orchestrator.fleet import open_runner
 from orchestrator.inventory import load_inventory
@@ -74,10 +74,15 @@ def counted(call):
 runner.run, runner.read_bytes = counted(runner.run), counted(runner.read_bytes)
 recipe = load_recipe(find_recipe(DEFAULT_RECIPE, [Path(inventory).parent / "playbooks"]))
 store = StateStore(Path(state))
-prepared = prepare(host, runner, store, recipe, TuneOptions(shapes=shapes))
+on_session = "session" in inspect.signature(prepare).parameters  # this orch's, or an older one's
+if on_session:
+    from orchestrator.session import HostSession
+    prepared = prepare(HostSession(host, runner, store), recipe, TuneOptions(shapes=shapes))
+else:
+    prepared = prepare(host, runner, store, recipe, TuneOptions(shapes=shapes))
 discovery, count[0] = count[0], 0
 if prepared.shapes:
-    start_group([prepared], store)
+    start_group([prepared]) if on_session else start_group([prepared], store)
 print(json.dumps({"discovery": discovery, "start": count[0], "tuned": bool(prepared.shapes)}))
 runner.close()
 """
