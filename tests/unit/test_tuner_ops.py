@@ -342,6 +342,39 @@ def test_plan_lines_show_shapes_schedule_and_every_gpu() -> None:
     assert lines[-1] == "  h1 GPU 2 (tune.gpu2): N=1024,K=4096 M=8; N=4096,K=2048 M=8"
 
 
+def test_a_groups_statuses_go_to_the_session_of_the_host_they_are_about_or_to_its_waiter() -> None:
+    from orchestrator.tuning.group import Group, TuningAwaited
+
+    heard: dict[str, list[object]] = {"a": [], "b": [], "serving": []}
+    a, b, serving = (HostSession(host(n), LocalRunner(host(n)), StateStore(Path("/nowhere")), heard[n].append)
+                     for n in ("a", "b", "serving"))  # fmt: skip
+    plan = make_plan([prepared(host("a", gpus=1)), prepared(host("b", gpus=1))], now=T0)
+    sa, sb = TuneStatus("a", "running"), TuneStatus("b", "installed")
+    for s in (sa, sb):
+        Group([a, b], plan, attached=False).report(s)
+        Group([a, b], plan, attached=False, waiter=serving).report(s)
+        Group([a, b], plan, attached=False, waiter=serving, quiet=True).report(s)
+    assert heard == {"a": [sa], "b": [sb], "serving": [TuningAwaited(sa), TuningAwaited(sb)]}
+
+
+def test_tune_fp8s_view_prints_an_announced_plan_and_feeds_statuses_to_the_display(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from orchestrator.tuning.group import Group
+
+    plan = make_plan([prepared(host(gpus=1), batch_sizes=(1, 2))], now=T0)
+    shown: list[TuneStatus] = []
+    sink = tune_view.events(shown.append)(host())
+    sink(Group([session(host())], plan, attached=False).planned())
+    sink(Group([session(host())], plan, attached=True).planned())
+    sink("stopping server job server-1")  # what the operations say: not shown by tune-fp8
+    sink(TuneStatus("h1", "running"))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[: len(tune_view.plan_lines(plan))] == [f"h1: {line}" for line in tune_view.plan_lines(plan)]
+    assert lines[len(tune_view.plan_lines(plan)) :] == [f"h1: attached to the running tuning (plan {plan.id})"]
+    assert shown == [TuneStatus("h1", "running")]
+
+
 def test_plan_lines_estimate_the_plan_with_the_recipes_start_up_and_unit_costs() -> None:
     four = "N=1536,K=4096;N=4096,K=1024;N=512,K=4096;N=4096,K=256"  # the playbook's: 72 units, 9 per GPU
     p = prepared(host(gpus=8), shapes=four, batch_sizes=DEFAULT_BATCH_SIZES)
