@@ -462,3 +462,21 @@ def test_peers_resolve_to_the_fleets_one_session_per_host_and_refuse_a_host_gone
         assert peers("a") is fleet.session(a, store)  # the session the command's own step has: facts shared
         with pytest.raises(RefusedError, match=r"^b: a member of this tuning group is no longer in the inventory"):
             peers("b")
+
+
+def test_whether_a_job_runs_an_assignment_reads_its_argv_once_as_the_sessions_fact(tmp_path: Path) -> None:
+    from orchestrator.tuning.start import _runs_assignment
+
+    h = host(gpus=1, workdir=str(tmp_path))
+    plan = make_plan([prepared(h, batch_sizes=(1,))], now=T0)
+    (a,) = plan.assignments
+    s = session(h)
+    assert not _runs_assignment(s, "tune-1", a)  # no argv file (yet): not ours, and nothing cached
+    argv = tmp_path / "jobs" / "tune-1" / "argv"
+    argv.parent.mkdir(parents=True)
+    argv.write_bytes(b"\0".join([b"python", b"tuner.py", b"--save-path", a.staging.encode()]))
+    assert _runs_assignment(s, "tune-1", a)
+    argv.unlink()  # a job's command never changes: the session asks the host once
+    assert _runs_assignment(s, "tune-1", a)
+    info = jobs.JobInfo("tune-1", "tune.gpu0", None, "running", None, None, None, 0, False, str(argv.parent))
+    assert s.job_argv(info)[-1] == a.staging.encode()  # the same fact as ``HostSession.job_argv``'s
