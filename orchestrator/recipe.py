@@ -77,6 +77,7 @@ class TuneOptions(_Strict):
     allow_busy_gpus: bool = False
     stop_server: bool = False
     wait: bool = False  # `orch run` always waits (its next step needs the configs installed)
+    poll: float = Field(1.0, ge=0.1, le=60)  # seconds between two polls of a tuning waited for
 
 
 class ServeOptions(_Strict):

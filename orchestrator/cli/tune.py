@@ -15,7 +15,8 @@ from orchestrator.recipe import TuneOptions, parse_shapes
 from orchestrator.tuning.commands import tune_fp8 as tune_fp8_op
 from orchestrator.tuning.commands import wait_tuning as wait_tuning_op
 from orchestrator.tuning.progress import TuneStatus
-from orchestrator.views.tune import print_plans, progress_display, tune_report
+from orchestrator.views import tune as tune_view
+from orchestrator.views.tune import progress_display, tune_report
 
 
 @click.command(name="tune-fp8")
@@ -63,7 +64,13 @@ from orchestrator.views.tune import print_plans, progress_display, tune_report
     default=default(TuneOptions, "wait"),
     help="Show live progress until the jobs end, then install the configs.",
 )
-@click.option("--poll", type=click.FloatRange(0.1, 60), default=1.0, show_default=True, help="Seconds between polls.")
+@click.option(
+    "--poll",
+    type=click.FloatRange(0.1, 60),
+    default=default(TuneOptions, "poll"),
+    show_default=True,
+    help="Seconds between polls.",
+)
 @yes_option
 @pass_app
 def tune_fp8(
@@ -104,16 +111,16 @@ def tune_fp8(
         allow_busy_gpus=allow_busy_gpus,
         stop_server=stop_server,
         wait=wait,
+        poll=poll,
     )
     selected = app.select(hosts, tags)
     chosen = app.recipes(selected, playbook)  # every one read now: a bad playbook is exit 2 before any host
     with app.fleet(selected, parallel) as fl, progress_display(wait) as on_progress:
+        fl.events = tune_view.events(on_progress)
         if stop_server:
             ask_before_stopping(fl, selected, bool(hosts or tags), yes)
-        peers = app.peers(fl)
-        results = tune_fp8_op(
-            fl, selected, app.store, lambda h: chosen[h.name], options, peers, print_plans, on_progress, poll
-        )
+        sessions = [fl.session(h, app.store) for h in selected]
+        results = tune_fp8_op(fl, sessions, lambda h: chosen[h.name], options, app.peers(fl))
     return report(results, wait)
 
 
@@ -131,8 +138,8 @@ def wait(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int,
     """
     selected = app.select(hosts, tags)
     with app.fleet(selected, parallel) as fl, progress_display(True) as on_progress:
-        peers = app.peers(fl)
-        results = wait_tuning_op(fl, selected, app.store, peers, on_progress, poll)
+        fl.events = tune_view.events(on_progress)
+        results = wait_tuning_op([fl.session(h, app.store) for h in selected], app.peers(fl), poll)
     return report(results)
 
 

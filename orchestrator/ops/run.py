@@ -241,38 +241,10 @@ def _tune(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> s
         server_host.stop_server(session, gpus, drain, server_host.FOR_RUN_TUNING)
 
     try:
-        results = tune_fp8(
-            ctx.fleet,
-            [host],
-            ctx.store,
-            lambda _: recipe,
-            options,
-            ctx.peers,
-            on_progress=progress(session),
-            poll=1.0,
-        )
+        results = tune_fp8(ctx.fleet, [session], lambda _: recipe, options, ctx.peers)  # progress: TuneStatus events
     finally:  # jobs started and ended, a server stopped, configs installed
         session.forget("jobs", "gpus", "server_info", "tuned_configs")
     return _tune_outcome(results, host)
-
-
-def progress(session: HostSession) -> Callable[[TuneStatus], None]:
-    """The session's host's tuning progress, said as lines: one only when its units done change, with the ETA."""
-    last: list[int] = []
-
-    def show(status: TuneStatus) -> None:
-        if status.host != session.name or not status.units_total or last[-1:] == [status.units_done]:
-            return
-        last.append(status.units_done)
-        eta = f", ETA {_eta(status.eta_seconds)}" if status.eta_seconds is not None and status.percent < 100 else ""
-        session.say(f"{status.units_done}/{status.units_total} units ({status.percent:.0f}%){eta}")
-
-    return show
-
-
-def _eta(seconds: float) -> str:
-    minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
 
 
 def _tune_outcome(results: FleetResult[TuneStatus], host: Host) -> str:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import jobs, readers
@@ -58,7 +58,6 @@ from orchestrator.state import HostState, Phase, ServerRecord, StateStore, Verif
 from orchestrator.transport.base import Runner, shell_command
 from orchestrator.tuning.commands import tuning_status, wait_for_tuning
 from orchestrator.tuning.member import Peers, record_of
-from orchestrator.tuning.progress import TuneStatus
 from orchestrator.tuning.record import TuningRecord
 
 HEALTH_POLL_FIRST = 0.2  # a fast start is seen at once; a 20-minute one is polled every HEALTH_POLL_SECONDS
@@ -151,12 +150,12 @@ def tuning_gate(session: HostSession, recipe: Recipe, options: ServeOptions, pee
         return [f"tuning is {status.state} ({status.percent:.0f}%); not waiting (--no-wait-tuning)"]
     if status.state in ("running", "ready-to-install"):
         session.say(f"tuning is {status.state}: waiting for it before serving")
-        status = wait_for_tuning(session, _progress(session), TUNING_POLL_SECONDS, peers)
+        status = wait_for_tuning(session, peers, TUNING_POLL_SECONDS)  # its progress: ``TuningAwaited`` events
         session.forget("jobs", "gpus", "tuned_configs")  # tuning jobs ended, their configs installed
     elif status.state == "failed" and options.wait_tuning:
         # A job failed but the plan may still be recorded as running, its other jobs holding GPUs:
         # completing it records the failure and stops them (it returns at once if already recorded).
-        status = wait_for_tuning(session, None, TUNING_POLL_SECONDS, peers)
+        status = wait_for_tuning(session, peers, TUNING_POLL_SECONDS, quiet=True)
     if status.state == "failed" and options.use_installed_configs:
         return [f"FP8 tuning failed ({status.reason}); serving with the configs installed (--use-installed-configs)"]
     if status.state == "failed" and options.wait_tuning:
@@ -183,18 +182,6 @@ def failed_tuning_message(session: HostSession, recipe: Recipe, reason: str) -> 
 def _installed_here(record: TuningRecord, key: str, device: str, commit: str) -> bool:
     done = record.installed.get(key)
     return done is not None and done.commit == commit and _same_device(done.device, device)
-
-
-def _progress(session: HostSession) -> Callable[[TuneStatus], None]:
-    """Tuning's progress, as lines the session says."""
-
-    def show(status: TuneStatus) -> None:
-        eta = f", ETA {status.eta_seconds:.0f} s" if status.eta_seconds is not None else ""
-        session.say(
-            f"tuning {status.host}: {status.units_done}/{status.units_total} units ({status.percent:.0f}%){eta}"
-        )
-
-    return show
 
 
 @dataclass(frozen=True)

@@ -47,78 +47,78 @@ def tuning_status(session: HostSession, peers: Peers | None = None, state: State
 
 
 def wait_for_tuning(
-    session: HostSession,
-    on_progress: Callable[[TuneStatus], None] | None = None,
-    poll: float = 1.0,
-    peers: Peers | None = None,
+    session: HostSession, peers: Peers | None = None, poll: float = 1.0, quiet: bool = False
 ) -> TuneStatus:
     """Wait for the session's host's tuning to end, install its configs when every job succeeded, and return the
     final status (``installed``, ``failed`` or ``none`` when nothing was ever planned).
 
-    Polls every ``poll`` seconds, calling ``on_progress(status)`` for each host of the group. Safe to
-    call from several orch processes: installing twice writes the same files. A ``--fleet`` group needs
-    ``peers`` (else ``RefusedError`` naming the group). Raises ``UnreachableError`` when a host stays
-    unreachable for minutes.
+    Polls every ``poll`` seconds; each status of the group is emitted on ``session`` as ``TuningAwaited``
+    (the waiting operation's progress), none when ``quiet``. Safe to call from several orch processes:
+    installing twice writes the same files. A ``--fleet`` group needs ``peers`` (else ``RefusedError``
+    naming the group). Raises ``UnreachableError`` when a host stays unreachable for minutes.
     """
     state = session.store.load_hosts([session.name])
     record = record_of(state.hosts.get(session.name))
     plan = plan_of(state, record)
     if plan is None or record.state != "running":
         return group_status(session.name, record, plan, {}, {})
-    group = Group(group_members(session, plan, peers), plan, attached=False)
-    return wait_group(group, on_progress, poll)[session.name]
+    group = Group(group_members(session, plan, peers), plan, attached=False, waiter=session, quiet=quiet)
+    return wait_group(group, poll)[session.name]
 
 
 def tune_fp8(
     fleet: Fleet,
-    hosts: list[Host],
-    store: StateStore,
+    sessions: Sequence[HostSession],
     recipe_for: Callable[[Host], Recipe],
     options: TuneOptions,
     peers: Peers,
-    on_plan: Callable[[Sequence[Group]], None] | None = None,
-    on_progress: Callable[[TuneStatus], None] | None = None,
-    poll: float = 1.0,
 ) -> FleetResult[TuneStatus]:
-    """``orch tune-fp8`` (and the ``tune-fp8`` step of ``orch run``): prepare every host, start new
-    plans (``on_plan`` sees them before any waiting), attach to running ones, then step them once or
-    (``options.wait``) until each is installed or failed. One value or error per host."""
-    prepared = fleet.map_sessions(lambda s: prepare(s, recipe_for(s.host), options), store, hosts)
+    """``orch tune-fp8`` (and the ``tune-fp8`` step of ``orch run``): prepare every session's host (in
+    parallel, over ``fleet``), start new plans (each group's ``TuningPlanned`` emitted before any
+    waiting), attach to running ones, then step them once or (``options.wait``, every ``options.poll``
+    seconds) until each is installed or failed, each status emitted on its host's session. One value or
+    error per host."""
+    by_name = {s.name: s for s in sessions}
+    hosts = [s.host for s in sessions]
+    prepared = fleet.map(lambda h, _runner: prepare(by_name[h.name], recipe_for(h), options), hosts)
     ready = [r.value for r in prepared if r.ok and r.value is not None]
     use_fleet = options.fleet if options.fleet is not None else any(recipe_for(p.host).tuning.fleet for p in ready)
     groups, errors = start_groups(ready, use_fleet, peers)
-    if on_plan is not None:
-        on_plan(groups)
-    statuses, watch_errors = watch_groups(groups, options.wait, on_progress, poll)
+    for g in groups:
+        g.members[0].emit(g.planned())
+    statuses, watch_errors = watch_groups(groups, options.wait, options.poll)
     for p in ready:
         if p.attach is None and not p.shapes:
             statuses[p.host.name] = TuneStatus(p.host.name, "installed", skipped=p.skipped, note=p.note)
     failures = {r.host.name: r.error for r in prepared if r.error is not None} | errors | watch_errors
-    return _results(hosts, just_installed(store, statuses), failures)
+    return _results(hosts, _just_installed(sessions, statuses), failures)
 
 
-def wait_tuning(
-    fleet: Fleet,
-    hosts: list[Host],
-    store: StateStore,
-    peers: Peers,
-    on_progress: Callable[[TuneStatus], None] | None = None,
-    poll: float = 1.0,
-) -> FleetResult[TuneStatus]:
-    """``orch wait``: wait for every running plan of ``hosts`` (and their groups), install, report."""
+def wait_tuning(sessions: Sequence[HostSession], peers: Peers, poll: float = 1.0) -> FleetResult[TuneStatus]:
+    """``orch wait``: wait for every running plan of the sessions' hosts (and their groups), install,
+    report; each status emitted on its host's session."""
+    hosts = [s.host for s in sessions]
+    if not sessions:
+        return _results(hosts, {}, {})
+    store = sessions[0].store
     state = store.load_hosts(h.name for h in hosts)
     cached = records(state, [h.name for h in hosts])
     groups: dict[str, Group] = {}
-    for h in hosts:
-        plan = running_plan(state, h.name)
+    for session in sessions:
+        plan = running_plan(state, session.name)
         if plan is not None and plan.id not in groups:
-            groups[plan.id] = Group(group_members(fleet.session(h, store), plan, peers), plan, attached=True)
-    statuses, errors = watch_groups(list(groups.values()), True, on_progress, poll)
+            groups[plan.id] = Group(group_members(session, plan, peers), plan, attached=True)
+    statuses, errors = watch_groups(list(groups.values()), True, poll)
     for h in hosts:
         if h.name not in statuses:
             statuses[h.name] = group_status(h.name, cached[h.name], plan_of(state, cached[h.name]), {}, {})
             statuses[h.name].note = nothing_running_note(cached[h.name])
     return _results(hosts, just_installed(store, statuses), errors)
+
+
+def _just_installed(sessions: Sequence[HostSession], statuses: dict[str, TuneStatus]) -> dict[str, TuneStatus]:
+    """``just_installed`` with the sessions' store (none to read when no host was selected)."""
+    return just_installed(sessions[0].store, statuses) if sessions else statuses
 
 
 def just_installed(store: StateStore, statuses: dict[str, TuneStatus]) -> dict[str, TuneStatus]:

@@ -26,11 +26,49 @@ from orchestrator.tuning.start import record_nothing_to_do, resume_starts, start
 @dataclass
 class Group:
     """Hosts tuned together: one plan, its members' sessions (new plans are started, attached ones only
-    polled)."""
+    polled). Each status a step finds is reported (``report``) on the session of the host it is about;
+    or, when an operation waits for this tuning before going on (``orch serve``'s gate), every status of
+    the group goes to that operation's session (``waiter``) as ``TuningAwaited``; or nowhere (``quiet``:
+    the gate only completes a tuning that already failed)."""
 
     members: list[HostSession]
     plan: PlanRecord
     attached: bool
+    waiter: HostSession | None = None
+    quiet: bool = False
+
+    def report(self, status: TuneStatus) -> None:
+        """Emit ``status`` where this group's statuses go (see the class)."""
+        if self.quiet:
+            return
+        if self.waiter is not None:
+            self.waiter.emit(TuningAwaited(status))
+            return
+        for member in self.members:
+            if member.name == status.host:
+                member.emit(status)
+
+    def planned(self) -> TuningPlanned:
+        """What ``orch tune-fp8`` announces of this group before any waiting."""
+        return TuningPlanned([m.name for m in self.members], self.plan, self.attached)
+
+
+@dataclass(frozen=True)
+class TuningPlanned:
+    """The event of a group's plan, started now or attached to (``attached``), emitted on its first
+    member's session before the watching begins: ``orch tune-fp8``'s view prints the plan."""
+
+    hosts: list[str]
+    plan: PlanRecord
+    attached: bool
+
+
+@dataclass(frozen=True)
+class TuningAwaited:
+    """The event of a tuning status seen by an operation that waits for the tuning before it goes on
+    (``orch serve``'s gate), emitted on that operation's session: its view shows it as its own progress."""
+
+    status: TuneStatus
 
 
 def group_members(session: HostSession, plan: PlanRecord | None, peers: Peers | None) -> list[HostSession]:

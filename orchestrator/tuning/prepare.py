@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -232,7 +232,7 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     batch_sizes = list(options.batch_sizes or recipe.tuning.batch_sizes)
     skipped = [] if options.force else installed_shapes(files, record, facts, wanted, batch_sizes)
     needed = [s for s in wanted if s.key not in skipped]
-    kept = [] if options.force else kept_results(files, record, plan, facts, needed, batch_sizes)
+    kept = [] if options.force else kept_results(files, record, plan, facts, wanted_units(needed, batch_sizes))
     if needed and options.stop_server:
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
         srv.stop_server(srv.warning_session(host, runner, store), gpus, drain, srv.FOR_TUNE_FP8)
@@ -363,29 +363,32 @@ def kept_results(
     record: TuningRecord,
     plan: PlanRecord | None,
     facts: HostFacts,
-    shapes: Iterable[Shape],
-    batch_sizes: Sequence[int],
+    wanted: Mapping[str, Sequence[int]],
 ) -> list[KeptRecord]:
     """What the host's last plan finished before it failed (its jobs lost to a reboot, say), for a new
     plan to keep rather than tune again: each run's result file on this host (and the files that plan
     itself kept), when that plan was for this device, commit and Triton, for shapes and batch sizes still
-    wanted. Each file is re-read and trusted only whole (``tf.finished_run``): one missing, cut short or
-    wrong is left out, and its units are tuned again. ``plan``: the one ``record`` names; ``facts``: the
-    host's, as ``discover`` found them."""
+    ``wanted`` (shape key → its batch sizes, ``wanted_units``). Each file is re-read and trusted only
+    whole (``tf.finished_run``): one missing, cut short or wrong is left out, and its units are tuned
+    again. ``plan``: the one ``record`` names; ``facts``: the host's, as ``discover`` found them."""
     host = facts.host
     if record.state != "failed" or plan is None:
         return []
     if (plan.device, plan.commit, plan.triton) != (facts.device, facts.commit, facts.triton):
         return []
     lost = "was lost" in (record.reason or "")
-    wanted = {s.key for s in shapes}
     results = [_run_result(plan, a, r, lost) for a in plan.on(host.name) for r in a.runs]
     kept = []
     for candidate in [*plan.kept_on(host.name), *results]:
-        sizes = [m for m in candidate.batch_sizes if m in batch_sizes]
-        if candidate.key in wanted and sizes and _finished(runner, candidate):
+        sizes = [m for m in candidate.batch_sizes if m in wanted.get(candidate.key, ())]
+        if sizes and _finished(runner, candidate):
             kept.append(candidate.model_copy(update={"batch_sizes": sizes}))
     return kept
+
+
+def wanted_units(shapes: Iterable[Shape], batch_sizes: Sequence[int]) -> dict[str, Sequence[int]]:
+    """The units a new plan wants, by shape key: every batch size of each shape."""
+    return {s.key: batch_sizes for s in shapes}
 
 
 def _run_result(plan: PlanRecord, a: AssignmentRecord, run: RunRecord, lost: bool) -> KeptRecord:

@@ -20,7 +20,6 @@ from orchestrator.errors import OrchError, RefusedError, RemoteCommandError, Unr
 from orchestrator.inventory import Host
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, JobRecord, State, StateStore, find_secret
-from orchestrator.transport.base import Runner
 from orchestrator.tuning.install import record_failure, stop_running
 from orchestrator.tuning.member import edit_record, forget_unused_plans, plan_of, record_of, running_plan, store_of
 from orchestrator.tuning.plan import job_spec, make_plan
@@ -136,7 +135,7 @@ def _start_jobs(session: HostSession, plan: PlanRecord, todo: Sequence[Assignmen
             problem = problem or RemoteCommandError(
                 f"{host.name}: starting job {a.purpose} failed: {result.error}", exit_status=1
             )
-        elif started.attached and not _runs_assignment(runner, host.workdir, started.job_id, a):
+        elif started.attached and not _runs_assignment(session, started.job_id, a):
             problem = problem or RefusedError(
                 f"{host.name}: a job for {a.purpose} ({started.job_id}) already runs, not started by this plan",
                 hint=f"wait for it or stop it: orch stop {host.name} {started.job_id}",
@@ -161,10 +160,13 @@ def _check_recordable(host: Host, spec: jobs.JobSpec) -> None:
         )
 
 
-def _runs_assignment(runner: Runner, workdir: str, job_id: str, a: AssignmentRecord) -> bool:
-    """Whether job ``job_id``'s command (its NUL-separated argv file) writes to ``a``'s staging dir."""
+def _runs_assignment(session: HostSession, job_id: str, a: AssignmentRecord) -> bool:
+    """Whether job ``job_id``'s command (its NUL-separated argv file) writes to ``a``'s staging dir. The
+    argv is the session's ``argv:<job>`` fact (as ``HostSession.job_argv`` reads it): a job's command
+    never changes, so it is read from the host once per invocation."""
+    path = f"{jobs.job_dir(session.host.workdir.rstrip('/'), job_id)}/argv"
     try:
-        argv = runner.read_bytes(f"{workdir.rstrip('/')}/jobs/{job_id}/argv").split(b"\0")
+        argv = session.fact(f"argv:{job_id}", lambda: session.runner.read_bytes(path).split(b"\0"))
     except OSError:
         return False
     return a.staging.encode() in argv
@@ -187,11 +189,11 @@ def resume_starts(members: Sequence[HostSession], state: State, plan_id: str) ->
 def _adopt_started(session: HostSession, plan: PlanRecord, todo: Sequence[AssignmentRecord]) -> None:
     """Record jobs of ``todo`` that did start (and maybe already ended) before orch was killed (the
     host's jobs listed afresh: the session's listing may predate the start)."""
-    host, runner = session.host, session.runner
+    host = session.host
     session.forget("jobs", "gpus")
     for info in session.jobs():
         for a in todo:
-            if a.job_id is None and info.purpose == a.purpose and _runs_assignment(runner, host.workdir, info.id, a):
+            if a.job_id is None and info.purpose == a.purpose and _runs_assignment(session, info.id, a):
                 a.job_id = info.id
                 spec = job_spec(host, plan, a, frozenset(plan.hosts[host.name].flags))
                 started = jobs.Started(info.id, info.pid or 0, attached=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import dataclass
 
@@ -24,33 +24,27 @@ RECONNECT_SECONDS = 300.0  # how long a tuning wait reconnects to a host it cann
 log = logging.getLogger(__name__)
 
 
-def wait_group(
-    group: Group,
-    on_progress: Callable[[TuneStatus], None] | None = None,
-    poll: float = 1.0,
-) -> dict[str, TuneStatus]:
+def wait_group(group: Group, poll: float = 1.0) -> dict[str, TuneStatus]:
     """Watch one group until it is installed or failed (``watch_groups``); its error is raised: a host
     error, or ``UnreachableError`` once a host stayed unreachable too long (the jobs run on)."""
-    statuses, errors = watch_groups([group], True, on_progress, poll)
+    statuses, errors = watch_groups([group], True, poll)
     if errors:
         raise next(iter(errors.values()))
     return statuses
 
 
 def watch_groups(
-    groups: Sequence[Group],
-    wait: bool,
-    on_progress: Callable[[TuneStatus], None] | None = None,
-    poll: float = 1.0,
+    groups: Sequence[Group], wait: bool, poll: float = 1.0
 ) -> tuple[dict[str, TuneStatus], dict[str, BaseException]]:
     """Step every group once, or (``wait``) every ``poll`` seconds until each is installed or failed,
-    riding out outages by ``Outage``. A host error of one group (a refused host key, a command that
-    failed) fails that group's hosts only; the others go on. Each step starts from the state the
-    group's last step saved (one state read per group per poll). Between two steps of a group its hosts
-    wait for its running jobs (``_Watched.pause``; with several groups, in a worker thread per group): a
-    job's exit ends the pause at once, and that group alone is stepped. Steps (and the pause of a lone
-    group) run in the calling thread, so Ctrl-C stops watching at once (the jobs run on; ``orch wait``
-    re-attaches)."""
+    riding out outages by ``Outage``. Each status a step finds is emitted (``Group.report``): on the
+    session of the host it is about, for the command's view to show. A host error of one group (a
+    refused host key, a command that failed) fails that group's hosts only; the others go on. Each step
+    starts from the state the group's last step saved (one state read per group per poll). Between two
+    steps of a group its hosts wait for its running jobs (``_Watched.pause``; with several groups, in a
+    worker thread per group): a job's exit ends the pause at once, and that group alone is stepped.
+    Steps (and the pause of a lone group) run in the calling thread, so Ctrl-C stops watching at once
+    (the jobs run on; ``orch wait`` re-attaches)."""
     statuses: dict[str, TuneStatus] = {}
     errors: dict[str, BaseException] = {}
     pending = {g.plan.id: _Watched(g, Outage(g.plan.group)) for g in groups}
@@ -62,7 +56,7 @@ def watch_groups(
                     if not paused[plan_id].done():
                         continue
                     paused.pop(plan_id).result()  # a bug in the pause keeps its traceback
-                done = watched.step(statuses, errors, on_progress)
+                done = watched.step(statuses, errors)
                 lost = watched.outage.last
                 if not done and not wait and lost is not None:
                     errors.update((m.name, lost) for m in watched.group.members)  # not waiting out the outage
@@ -85,12 +79,7 @@ class _Watched:
     outage: Outage
     state: State | None = None
 
-    def step(
-        self,
-        statuses: dict[str, TuneStatus],
-        errors: dict[str, BaseException],
-        on_progress: Callable[[TuneStatus], None] | None,
-    ) -> bool:
+    def step(self, statuses: dict[str, TuneStatus], errors: dict[str, BaseException]) -> bool:
         """One step of the group; True when it needs no more watching."""
         group = self.group
         try:
@@ -109,8 +98,7 @@ class _Watched:
         for name, status in step.items():
             status.attached = group.attached
             statuses[name] = status
-            if on_progress is not None:
-                on_progress(status)
+            group.report(status)
         return all(s.finished for s in step.values())
 
     def pause(self, statuses: dict[str, TuneStatus], poll: float) -> None:

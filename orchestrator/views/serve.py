@@ -17,13 +17,17 @@ from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe
 from orchestrator.render import err, inert, out, table
 from orchestrator.session import Sink
+from orchestrator.tuning.group import TuningAwaited
+from orchestrator.views.tune import awaited_line
 
 
 def reporter(host: Host) -> Sink:
     """The host's event sink (``Fleet.events``): each line said is live progress on stderr, one line per
-    event, prefixed by the host; typed events (a promotion gate's benchmark progress) are not shown."""
+    event, prefixed by the host, and so is each status of the tuning the gate waits for
+    (``TuningAwaited``); other typed events (a promotion gate's benchmark progress) are not shown."""
 
-    def report(message: object) -> None:
+    def report(event: object) -> None:
+        message = awaited_line(event.status) if isinstance(event, TuningAwaited) else event
         if not isinstance(message, str):
             return
         style = "bold red" if message.startswith("WARNING") else "bold" if message.startswith("stopping ") else "dim"

@@ -12,22 +12,37 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.fleet import FleetResult
+from orchestrator.inventory import Host
 from orchestrator.render import err, fmt_seconds, inert, out
-from orchestrator.tuning.group import Group
+from orchestrator.session import Sink
+from orchestrator.tuning.group import TuningPlanned
 from orchestrator.tuning.plan import estimate
 from orchestrator.tuning.progress import TuneStatus
 from orchestrator.tuning.record import PlanRecord
 
 
-def print_plans(groups: Sequence[Group]) -> None:
-    """What each group will do: shapes, GPUs, the schedule's length, every GPU's runs."""
-    for g in groups:
-        names = ", ".join(m.host.name for m in g.members)
-        if g.attached:
-            out.print(f"{names}: attached to the running tuning (plan {g.plan.id})", markup=False)
-            continue
-        for line in plan_lines(g.plan):
-            out.print(f"{names}: {line}", markup=False)
+def events(on_progress: Callable[[TuneStatus], None]) -> Callable[[Host], Sink]:
+    """Each host's event sink (``Fleet.events``) for ``orch tune-fp8`` and ``orch wait``: a group's plan
+    is printed as it is announced, each status goes to ``on_progress`` (``progress_display``); lines the
+    operations say (a server stopped, say) are not shown."""
+
+    def sink(event: object) -> None:
+        if isinstance(event, TuningPlanned):
+            print_plan(event)
+        elif isinstance(event, TuneStatus):
+            on_progress(event)
+
+    return lambda _host: sink
+
+
+def print_plan(planned: TuningPlanned) -> None:
+    """What a group will do: shapes, GPUs, the schedule's length, every GPU's runs."""
+    names = ", ".join(planned.hosts)
+    if planned.attached:
+        out.print(f"{names}: attached to the running tuning (plan {planned.plan.id})", markup=False)
+        return
+    for line in plan_lines(planned.plan):
+        out.print(f"{names}: {line}", markup=False)
 
 
 def plan_lines(plan: PlanRecord) -> list[str]:
@@ -78,6 +93,13 @@ def status_line(s: TuneStatus) -> str:
         configs = "config" if len(s.installed) == 1 else "configs"
         return f"{s.host}: installed {len(s.installed)} tuned {configs}: {', '.join(sorted(s.installed))}{skipped}"
     return f"{s.host}: no tuning"
+
+
+def awaited_line(s: TuneStatus) -> str:
+    """A status of the tuning an operation waits for (``orch serve``'s gate, ``TuningAwaited``): units
+    done and the ETA in seconds."""
+    eta = f", ETA {s.eta_seconds:.0f} s" if s.eta_seconds is not None else ""
+    return f"tuning {s.host}: {s.units_done}/{s.units_total} units ({s.percent:.0f}%){eta}"
 
 
 def progress_table(statuses: dict[str, TuneStatus]) -> Table:

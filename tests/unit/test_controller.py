@@ -68,6 +68,7 @@ FLAG_DEFAULTS = [  # (command, click parameter, options model, field, how the fl
     ("tune-fp8", "allow_busy_gpus", TuneOptions, "allow_busy_gpus", "same"),
     ("tune-fp8", "stop_server", TuneOptions, "stop_server", "same"),
     ("tune-fp8", "wait", TuneOptions, "wait", "same"),
+    ("tune-fp8", "poll", TuneOptions, "poll", "same"),
     ("pull", "install", PullOptions, "install", "same"),
 ]
 

@@ -20,7 +20,7 @@ from orchestrator.recipe import parse_shapes
 from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.install import install, merge_group
 from orchestrator.tuning.plan import make_plan
-from orchestrator.tuning.prepare import Prepared, kept_results
+from orchestrator.tuning.prepare import Prepared, kept_results, wanted_units
 from orchestrator.tuning.record import KeptRecord, PlanRecord, TuningRecord
 from orchestrator.views import tune as tune_view
 from tests.unit.test_tuner_ops import CONFIG, DEVICE, T0, facts, host, prepared
@@ -70,7 +70,7 @@ def failed_plan(tmp_path: Path, files: dict[int, str], reason: str = LOST) -> tu
 def kept_of(p: Prepared, record: TuningRecord, failed: PlanRecord, **changes: object) -> list[KeptRecord]:
     assert p.facts is not None
     f = facts(p.host, 2, **changes)  # type: ignore[arg-type]
-    return kept_results(p.session.runner, record, failed, f, p.shapes, p.batch_sizes)
+    return kept_results(p.session.runner, record, failed, f, wanted_units(p.shapes, p.batch_sizes))
 
 
 def test_the_finished_runs_of_a_failed_plan_are_kept_and_a_cut_file_is_not(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 from datetime import datetime, timezone
-from typing import Any, cast
 
 import pytest
 
@@ -15,7 +14,6 @@ from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
 from orchestrator.readers import TunedConfigs, parse_listing
 from orchestrator.recipe import Recipe, ServeOptions, Shape, TuningSpec
-from orchestrator.session import HostSession
 from orchestrator.tuning.progress import ShapeProgress, TuneStatus
 from orchestrator.tuning.record import InstalledRecord, TuningRecord
 
@@ -128,12 +126,10 @@ def test_outage_question_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
         confirm_outage(["a", "b"], chosen=False, yes=False)
 
 
-def test_run_prints_tuning_progress_only_when_it_changes_with_an_eta() -> None:
-    from orchestrator.ops import run as run_op
+def test_run_prints_tuning_progress_only_when_it_changes_with_an_eta(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.views.run import progress_lines
 
-    said: list[object] = []
-    session = HostSession(HOST, cast(Any, None), cast(Any, None), said.append)
-    show = run_op.progress(session)
+    say = progress_lines(HOST)  # the tune-fp8 step's TuneStatus events, emitted on the host's session
 
     def status(done: int, eta: float | None, host: str = "b1") -> TuneStatus:
         return TuneStatus(host, "running", shapes=[ShapeProgress("N=1,K=2", "", done, 36)], eta_seconds=eta)
@@ -146,12 +142,25 @@ def test_run_prints_tuning_progress_only_when_it_changes_with_an_eta() -> None:
         status(9, 5.0, "b2"),
         status(36, 0.0),
     ):
-        with session.prefixed("tune-fp8: "):  # as ``orch run`` says what its step's operation says
-            show(s)
-    assert said == [
-        "tune-fp8: 0/36 units (0%)",
-        "tune-fp8: 9/36 units (25%), ETA 1 min 35 s",
-        "tune-fp8: 36/36 units (100%)",
+        say(s)
+    assert capsys.readouterr().err.splitlines() == [
+        "b1: tune-fp8: 0/36 units (0%)",
+        "b1: tune-fp8: 9/36 units (25%), ETA 1 min 35 s",
+        "b1: tune-fp8: 36/36 units (100%)",
+    ]
+
+
+def test_a_tuning_the_serve_step_waits_for_is_the_serve_steps_progress(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.tuning.group import TuningAwaited
+    from orchestrator.views.run import progress_lines
+    from orchestrator.views.serve import reporter
+
+    status = TuneStatus("b2", "running", shapes=[ShapeProgress("N=1,K=2", "", 9, 36)], eta_seconds=95.4)
+    progress_lines(HOST)(TuningAwaited(status))  # every status of the group, on the waiting host's session
+    reporter(HOST)(TuningAwaited(status))  # orch serve's view: the same line
+    assert capsys.readouterr().err.splitlines() == [
+        "b1: serve: tuning b2: 9/36 units (25%), ETA 95 s",
+        "b1: tuning b2: 9/36 units (25%), ETA 95 s",
     ]
 
 

@@ -342,6 +342,39 @@ def test_plan_lines_show_shapes_schedule_and_every_gpu() -> None:
     assert lines[-1] == "  h1 GPU 2 (tune.gpu2): N=1024,K=4096 M=8; N=4096,K=2048 M=8"
 
 
+def test_a_groups_statuses_go_to_the_session_of_the_host_they_are_about_or_to_its_waiter() -> None:
+    from orchestrator.tuning.group import Group, TuningAwaited
+
+    heard: dict[str, list[object]] = {"a": [], "b": [], "serving": []}
+    a, b, serving = (HostSession(host(n), LocalRunner(host(n)), StateStore(Path("/nowhere")), heard[n].append)
+                     for n in ("a", "b", "serving"))  # fmt: skip
+    plan = make_plan([prepared(host("a", gpus=1)), prepared(host("b", gpus=1))], now=T0)
+    sa, sb = TuneStatus("a", "running"), TuneStatus("b", "installed")
+    for s in (sa, sb):
+        Group([a, b], plan, attached=False).report(s)
+        Group([a, b], plan, attached=False, waiter=serving).report(s)
+        Group([a, b], plan, attached=False, waiter=serving, quiet=True).report(s)
+    assert heard == {"a": [sa], "b": [sb], "serving": [TuningAwaited(sa), TuningAwaited(sb)]}
+
+
+def test_tune_fp8s_view_prints_an_announced_plan_and_feeds_statuses_to_the_display(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from orchestrator.tuning.group import Group
+
+    plan = make_plan([prepared(host(gpus=1), batch_sizes=(1, 2))], now=T0)
+    shown: list[TuneStatus] = []
+    sink = tune_view.events(shown.append)(host())
+    sink(Group([session(host())], plan, attached=False).planned())
+    sink(Group([session(host())], plan, attached=True).planned())
+    sink("stopping server job server-1")  # what the operations say: not shown by tune-fp8
+    sink(TuneStatus("h1", "running"))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[: len(tune_view.plan_lines(plan))] == [f"h1: {line}" for line in tune_view.plan_lines(plan)]
+    assert lines[len(tune_view.plan_lines(plan)) :] == [f"h1: attached to the running tuning (plan {plan.id})"]
+    assert shown == [TuneStatus("h1", "running")]
+
+
 def test_plan_lines_estimate_the_plan_with_the_recipes_start_up_and_unit_costs() -> None:
     four = "N=1536,K=4096;N=4096,K=1024;N=512,K=4096;N=4096,K=256"  # the playbook's: 72 units, 9 per GPU
     p = prepared(host(gpus=8), shapes=four, batch_sizes=DEFAULT_BATCH_SIZES)
@@ -429,3 +462,21 @@ def test_peers_resolve_to_the_fleets_one_session_per_host_and_refuse_a_host_gone
         assert peers("a") is fleet.session(a, store)  # the session the command's own step has: facts shared
         with pytest.raises(RefusedError, match=r"^b: a member of this tuning group is no longer in the inventory"):
             peers("b")
+
+
+def test_whether_a_job_runs_an_assignment_reads_its_argv_once_as_the_sessions_fact(tmp_path: Path) -> None:
+    from orchestrator.tuning.start import _runs_assignment
+
+    h = host(gpus=1, workdir=str(tmp_path))
+    plan = make_plan([prepared(h, batch_sizes=(1,))], now=T0)
+    (a,) = plan.assignments
+    s = session(h)
+    assert not _runs_assignment(s, "tune-1", a)  # no argv file (yet): not ours, and nothing cached
+    argv = tmp_path / "jobs" / "tune-1" / "argv"
+    argv.parent.mkdir(parents=True)
+    argv.write_bytes(b"\0".join([b"python", b"tuner.py", b"--save-path", a.staging.encode()]))
+    assert _runs_assignment(s, "tune-1", a)
+    argv.unlink()  # a job's command never changes: the session asks the host once
+    assert _runs_assignment(s, "tune-1", a)
+    info = jobs.JobInfo("tune-1", "tune.gpu0", None, "running", None, None, None, 0, False, str(argv.parent))
+    assert s.job_argv(info)[-1] == a.staging.encode()  # the same fact as ``HostSession.job_argv``'s
