@@ -25,8 +25,7 @@ from orchestrator.facts import git
 from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts import tuner as tf
-from orchestrator.facts.gpus import Holder as Holder  # the one holder type (facts/gpus.py), joined here
-from orchestrator.facts.gpus import device_file_name
+from orchestrator.facts.gpus import Holder, device_file_name
 from orchestrator.facts.server_log import ServerLog, parse_server_log
 from orchestrator.inventory import Host
 from orchestrator.recipe import Shape

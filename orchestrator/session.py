@@ -185,9 +185,12 @@ class HostSession:
 
         return self.fact(f"log:{job}", lambda: LogReader(self.runner, f"{job_dir(self.host.workdir, job)}/log"))
 
-    def job_argv(self, job: JobInfo) -> list[bytes]:
-        """The NUL-separated words of the job's argv file (as the host's job directory holds them)."""
-        return self.fact(f"argv:{job.id}", lambda: self.runner.read_bytes(f"{job.dir}/argv").split(b"\0"))
+    def job_argv(self, job: str) -> list[bytes]:
+        """The NUL-separated words of job ``job``'s argv file (as the host's job directory holds them)."""
+        from orchestrator.jobs import job_dir
+
+        path = f"{job_dir(self.host.workdir, job)}/argv"
+        return self.fact(f"argv:{job}", lambda: self.runner.read_bytes(path).split(b"\0"))
 
     # --- state ----------------------------------------------------------------------------------------
 

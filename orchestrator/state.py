@@ -676,18 +676,10 @@ class StateStore:
         for every other transaction and they for it: a change to one host is ``update_host``. Not reentrant.
         """
         self._ensure_layout()
-        with self._transaction(exclusive=True):
-            names = self.host_names()
-            with _gc_paused(len(names)):
-                read = {name: self._read_host(name) for name in names}
-                fleet, fleet_raw = self._read_fleet()
-                state = _joined(fleet, {name: hs for name, (hs, _) in read.items()})
-                raws = {name: raw for name, (_, raw) in read.items()}
-                before = self._reparsed(fleet_raw, raws) if self.on_commit else None
+        committed: list[tuple[State, State]] = []
+        with self._transaction(exclusive=True), self._read_and_save(self.host_names(), committed) as state:
             yield state
-            self._save_all(state, fleet_raw, raws)
-        if self.on_commit and before is not None:
-            self.on_commit(before, state)
+        self._notify(committed)
 
     @contextlib.contextmanager
     def update_hosts(self, names: Iterable[str]) -> Iterator[State]:
@@ -698,19 +690,39 @@ class StateStore:
         size, and transactions on other hosts do not wait for it."""
         wanted = set(names)
         self._ensure_layout()
+        committed: list[tuple[State, State]] = []
         with self._transaction(_FLEET_UNIT, *(f"host-{_file_name(n)}" for n in wanted)):
-            with _gc_paused(len(wanted)):
-                read = {n: self._read_host(n) for n in sorted(wanted, key=_natural) if self.layout.host(n).exists()}
-                fleet, fleet_raw = self._read_fleet()
-                state = _joined(fleet, {name: hs for name, (hs, _) in read.items()})
-                raws = {name: raw for name, (_, raw) in read.items()}
-                before = self._reparsed(fleet_raw, raws) if self.on_commit else None
-            yield state
-            if not set(raws) <= set(state.hosts) <= wanted:
-                raise RuntimeError("update_hosts() changes the hosts it was given, never which hosts there are")
-            self._save_all(state, fleet_raw, raws)
-        if self.on_commit and before is not None:
-            self.on_commit(before, state)
+            existing = [n for n in sorted(wanted, key=_natural) if self.layout.host(n).exists()]
+            with self._read_and_save(existing, committed, allowed=wanted) as state:
+                yield state
+        self._notify(committed)
+
+    @contextlib.contextmanager
+    def _read_and_save(
+        self, names: list[str], committed: list[tuple[State, State]], allowed: set[str] | None = None
+    ) -> Iterator[State]:
+        """The body of ``update`` and ``update_hosts``, their locks held by the caller: read hosts ``names``
+        and the fleet file, yield the state, save what changed, and add (before, after) to ``committed`` for
+        ``on_commit`` (which the caller runs once the locks are released). ``allowed``: the hosts the state
+        may hold when saved (None: any); holding others, or dropping one it read, is a ``RuntimeError``."""
+        with _gc_paused(len(names)):
+            read = {name: self._read_host(name) for name in names}
+            fleet, fleet_raw = self._read_fleet()
+            state = _joined(fleet, {name: hs for name, (hs, _) in read.items()})
+            raws = {name: raw for name, (_, raw) in read.items()}
+            before = self._reparsed(fleet_raw, raws) if self.on_commit else None
+        yield state
+        if allowed is not None and not set(raws) <= set(state.hosts) <= allowed:
+            raise RuntimeError("update_hosts() changes the hosts it was given, never which hosts there are")
+        self._save_all(state, fleet_raw, raws)
+        if before is not None:
+            committed.append((before, state))
+
+    def _notify(self, committed: list[tuple[State, State]]) -> None:
+        """``on_commit`` for what a transaction saved, outside its locks."""
+        for before, after in committed:
+            if self.on_commit is not None:
+                self.on_commit(before, after)
 
     @contextlib.contextmanager
     def host_update(self, name: str) -> Iterator[HostState]:
@@ -827,11 +839,7 @@ class StateStore:
     def _flock(self, path: Path, deadline: float, exclusive: bool) -> Iterator[None]:
         """Hold an ``flock`` on ``path`` (creating it 0600, its directory 0700); an exclusive holder writes
         who it is into the file for waiters, and empties it on release."""
-        try:
-            _private_dirs(path.parent)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise StateError(f"cannot open lock file {path}: {exc.strerror}") from exc
+        fd = _open_lock(path)
         try:
             self._acquire(fd, path, deadline, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             if exclusive:

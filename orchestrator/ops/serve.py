@@ -430,7 +430,7 @@ def launched_unrecorded(hs: HostState, session: HostSession, job: jobs.JobInfo, 
 
 def runs_argv(session: HostSession, job: jobs.JobInfo, argv: list[str]) -> bool:
     """Whether server job ``job`` was started with ``argv`` (its job directory's NUL-separated argv file)."""
-    started = session.job_argv(job)[-len(argv) - 1 : -1]
+    started = session.job_argv(job.id)[-len(argv) - 1 : -1]
     return started == [a.encode() for a in argv]
 
 

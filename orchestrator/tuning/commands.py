@@ -15,7 +15,7 @@ from orchestrator.fleet import Fleet, FleetResult, HostResult
 from orchestrator.inventory import Host
 from orchestrator.recipe import Recipe, TuneOptions
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, State, StateStore
+from orchestrator.state import HostState, State
 from orchestrator.tuning.group import Group, group_members, start_groups
 from orchestrator.tuning.member import Peers, plan_of, record_of, records, running_plan
 from orchestrator.tuning.prepare import prepare
@@ -91,17 +91,14 @@ def tune_fp8(
         if p.attach is None and not p.shapes:
             statuses[p.host.name] = TuneStatus(p.host.name, "installed", skipped=p.skipped, note=p.note)
     failures = {r.host.name: r.error for r in prepared if r.error is not None} | errors | watch_errors
-    return _results(hosts, _just_installed(sessions, statuses), failures)
+    return _results(hosts, just_installed(sessions, statuses), failures)
 
 
 def wait_tuning(sessions: Sequence[HostSession], peers: Peers, poll: float = 1.0) -> FleetResult[TuneStatus]:
     """``orch wait``: wait for every running plan of the sessions' hosts (and their groups), install,
     report; each status emitted on its host's session."""
     hosts = [s.host for s in sessions]
-    if not sessions:
-        return _results(hosts, {}, {})
-    store = sessions[0].store
-    state = store.load_hosts(h.name for h in hosts)
+    state = sessions[0].store.load_hosts(h.name for h in hosts) if sessions else State()
     cached = records(state, [h.name for h in hosts])
     groups: dict[str, Group] = {}
     for session in sessions:
@@ -113,18 +110,16 @@ def wait_tuning(sessions: Sequence[HostSession], peers: Peers, poll: float = 1.0
         if h.name not in statuses:
             statuses[h.name] = group_status(h.name, cached[h.name], plan_of(state, cached[h.name]), {}, {})
             statuses[h.name].note = nothing_running_note(cached[h.name])
-    return _results(hosts, just_installed(store, statuses), errors)
+    return _results(hosts, just_installed(sessions, statuses), errors)
 
 
-def _just_installed(sessions: Sequence[HostSession], statuses: dict[str, TuneStatus]) -> dict[str, TuneStatus]:
-    """``just_installed`` with the sessions' store (none to read when no host was selected)."""
-    return just_installed(sessions[0].store, statuses) if sessions else statuses
-
-
-def just_installed(store: StateStore, statuses: dict[str, TuneStatus]) -> dict[str, TuneStatus]:
+def just_installed(sessions: Sequence[HostSession], statuses: dict[str, TuneStatus]) -> dict[str, TuneStatus]:
     """Narrow each status's ``installed`` to the configs its own plan installed (what this command
-    did), so configs of earlier plans are never reported as if just installed."""
-    state = store.load_hosts(statuses)
+    did), so configs of earlier plans are never reported as if just installed (nothing to read when no
+    host was selected)."""
+    if not sessions:
+        return statuses
+    state = sessions[0].store.load_hosts(statuses)
     for name, status in statuses.items():
         record = record_of(state.hosts.get(name))
         plan_id = status.plan.id if status.plan is not None and status.state == "installed" else None

@@ -84,7 +84,7 @@ def last_triton_server(session: HostSession) -> jobs.JobInfo | None:
 def job_argv(session: HostSession, job: jobs.JobInfo) -> list[str]:
     """A job's command line (its NUL-separated ``argv`` file); empty when the file is gone."""
     try:
-        words = session.job_argv(job)
+        words = session.job_argv(job.id)
     except FileNotFoundError:
         return []
     return [a.decode(errors="replace") for a in words if a]

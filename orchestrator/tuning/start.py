@@ -162,11 +162,10 @@ def _check_recordable(host: Host, spec: jobs.JobSpec) -> None:
 
 def _runs_assignment(session: HostSession, job_id: str, a: AssignmentRecord) -> bool:
     """Whether job ``job_id``'s command (its NUL-separated argv file) writes to ``a``'s staging dir. The
-    argv is the session's ``argv:<job>`` fact (as ``HostSession.job_argv`` reads it): a job's command
-    never changes, so it is read from the host once per invocation."""
-    path = f"{jobs.job_dir(session.host.workdir.rstrip('/'), job_id)}/argv"
+    argv is the session's (``HostSession.job_argv``): a job's command never changes, so it is read from
+    the host once per invocation."""
     try:
-        argv = session.fact(f"argv:{job_id}", lambda: session.runner.read_bytes(path).split(b"\0"))
+        argv = session.job_argv(job_id)
     except OSError:
         return False
     return a.staging.encode() in argv

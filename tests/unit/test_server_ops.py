@@ -14,6 +14,7 @@ import pytest
 from orchestrator import readers
 from orchestrator import server_job as srv
 from orchestrator.errors import RefusedError
+from orchestrator.facts.gpus import Holder
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
 from orchestrator.state import HostState, Phase, ServerRecord
@@ -34,10 +35,10 @@ def test_sessions_script_reads_proc_for_real() -> None:
 
 
 def test_refuse_held_gpus_names_foreign_processes_and_other_jobs_but_allows_ours() -> None:
-    ours = readers.Holder(0, 100, "sglang::scheduler", "server-1")
+    ours = Holder(0, 100, "sglang::scheduler", "server-1")
     srv.refuse_held_gpus(HOST, [ours], "server-1", "untouched")  # the old server: fine
-    foreign = readers.Holder(3, 4242, "python3")
-    tuner = readers.Holder(5, 77, "python", "tune.gpu5-x")
+    foreign = Holder(3, 4242, "python3")
+    tuner = Holder(5, 77, "python", "tune.gpu5-x")
     with pytest.raises(RefusedError) as refused:
         srv.refuse_held_gpus(HOST, [ours, foreign, tuner], "server-1", "the running server was left untouched")
     message = str(refused.value)

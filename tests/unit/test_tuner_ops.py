@@ -479,4 +479,4 @@ def test_whether_a_job_runs_an_assignment_reads_its_argv_once_as_the_sessions_fa
     argv.unlink()  # a job's command never changes: the session asks the host once
     assert _runs_assignment(s, "tune-1", a)
     info = jobs.JobInfo("tune-1", "tune.gpu0", None, "running", None, None, None, 0, False, str(argv.parent))
-    assert s.job_argv(info)[-1] == a.staging.encode()  # the same fact as ``HostSession.job_argv``'s
+    assert s.job_argv(info.id)[-1] == a.staging.encode()  # the same fact as ``HostSession.job_argv``'s
