@@ -33,8 +33,7 @@ _TAIL_LINES = 25
 
 def complete_group(members: Sequence[HostSession], plan: PlanRecord, polls: dict[str, HostPoll]) -> None:
     """All jobs ended: install the merged configs on every member, or record the failure on each."""
-    failed = [(a, polls[a.host].infos.get(a.job_id or "")) for a in plan.assignments]
-    failed = [(a, info) for a, info in failed if info is None or info.state != "succeeded"]
+    failed = unsuccessful(plan, polls)
     if failed:
         reason, tail = describe_failure(members, failed, polls)
         stop_running(members, plan, polls)
@@ -45,6 +44,15 @@ def complete_group(members: Sequence[HostSession], plan: PlanRecord, polls: dict
         return record_failure(members, plan, f"tuned configs are not valid: {exc}", None)
     for m in members:
         install(m, plan, merged)
+
+
+def unsuccessful(plan: PlanRecord, polls: dict[str, HostPoll]) -> list[tuple[AssignmentRecord, jobs.JobInfo | None]]:
+    """The plan's jobs that did not succeed, those that ended badly (or are gone) first, in the plan's
+    order, then those still running: a group completes as soon as one job fails, and the reason must
+    name that job, not one the failure stops (it was called ``failed: no exit code``)."""
+    found = [(a, polls[a.host].infos.get(a.job_id or "")) for a in plan.assignments]
+    failed = [(a, info) for a, info in found if info is None or info.state != "succeeded"]
+    return sorted(failed, key=lambda f: f[1] is not None and f[1].state == "running")
 
 
 def describe_failure(

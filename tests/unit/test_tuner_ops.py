@@ -21,7 +21,7 @@ from orchestrator.recipe import DEFAULT_BATCH_SIZES, Recipe, parse_shapes
 from orchestrator.session import HostSession
 from orchestrator.state import State, StateStore
 from orchestrator.transport.local import LocalRunner
-from orchestrator.tuning.install import install, merge_group
+from orchestrator.tuning.install import install, merge_group, unsuccessful
 from orchestrator.tuning.member import record_of, running_plan
 from orchestrator.tuning.plan import group_prepared, job_spec, make_plan, selected_gpus
 from orchestrator.tuning.prepare import HostFacts, Prepared, discover_tuner, refuse_busy, resolve_shapes, tp_size
@@ -179,6 +179,15 @@ def test_group_status_derives_the_state_from_the_jobs(states: list[str], record_
     assert status.state == expected
     assert [(s.key, s.done, s.total) for s in status.shapes] == [("N=1024,K=4096", 2, 2), ("N=4096,K=2048", 1, 2)]
     assert (status.units_done, status.units_total, round(status.percent)) == (3, 4, 75)
+
+
+def test_the_job_that_failed_comes_before_those_still_running() -> None:
+    """One job fails while the others still run: the group completes at once, and its reason names the
+    failed job (CI once saw ``GPU 0 ... failed: no exit code`` for a job that was only still running)."""
+    plan = two_gpu_plan()
+    failed = unsuccessful(plan, polled(plan, ["running", "failed"], [{}, {}]))
+    assert [(a.job_id, info.state if info else None) for a, info in failed] == [("j1", "failed"), ("j0", "running")]
+    assert unsuccessful(plan, polled(plan, ["succeeded", "succeeded"], [{}, {}])) == []
 
 
 def test_progress_counts_only_the_batch_sizes_a_job_was_given() -> None:
