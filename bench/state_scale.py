@@ -102,7 +102,11 @@ def child_status(path: Path, status_hosts: int) -> dict[str, Any]:
     from orchestrator.inventory import Host
     from orchestrator.ops import status as status_op
     from orchestrator.state import StateStore
-    from orchestrator.tuning.commands import status_field
+
+    try:
+        from orchestrator.tuning.progress import status_field
+    except ImportError:  # a checkout from before it moved there
+        from orchestrator.tuning.commands import status_field  # type: ignore[no-redef]
 
     params = inspect.signature(status_field).parameters
     passes_state, on_session = "state" in params, "session" in params

@@ -56,8 +56,9 @@ from orchestrator.recipe import Recipe, ServeOptions, Shape
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, Phase, ServerRecord, StateStore, Verification, find_secret
 from orchestrator.transport.base import Runner, shell_command
-from orchestrator.tuning.commands import tuning_status, wait_for_tuning
+from orchestrator.tuning.commands import wait_for_tuning
 from orchestrator.tuning.member import Peers, record_of
+from orchestrator.tuning.progress import tuning_status
 from orchestrator.tuning.record import TuningRecord
 
 HEALTH_POLL_FIRST = 0.2  # a fast start is seen at once; a 20-minute one is polled every HEALTH_POLL_SECONDS

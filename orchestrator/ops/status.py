@@ -15,8 +15,8 @@ from orchestrator.fleet import HostResult
 from orchestrator.inventory import Host
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord, State, StateStore
-from orchestrator.tuning.commands import status_field
 from orchestrator.tuning.member import record_of
+from orchestrator.tuning.progress import status_field
 from orchestrator.tuning.record import TuningRecord
 
 if TYPE_CHECKING:

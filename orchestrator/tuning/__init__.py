@@ -22,7 +22,8 @@ which need the same configs and share one plan. The flow:
 
 ``watch.py`` is the one watcher (step groups until they end; ``Outage`` rides out an unreachable
 host); ``commands.py`` holds the entry points: ``tune_fp8`` and ``wait_tuning`` (the commands),
-``tuning_status`` and ``wait_for_tuning`` (one host, for ``orch serve``, ``orch run``, ``orch status``).
+``wait_for_tuning`` (one host, for ``orch serve`` and ``orch run``); one host's tuning read without
+waiting, ``tuning_status`` and ``status_field`` (``orch serve``, ``orch status``), is in ``progress.py``.
 Tuning reports through the sessions' event sink, never a callback: each ``TuneStatus`` a poll finds is
 emitted on the session of the host it is about (``Group.report``), a group's plan as ``TuningPlanned``
 before any waiting, and a tuning ``orch serve`` waits for as ``TuningAwaited`` on the waiting session;

@@ -8,42 +8,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
-from orchestrator.errors import OrchError
 from orchestrator.fleet import Fleet, FleetResult, HostResult
 from orchestrator.inventory import Host
 from orchestrator.recipe import Recipe, TuneOptions
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, State
+from orchestrator.state import State
 from orchestrator.tuning.group import Group, group_members, start_groups
 from orchestrator.tuning.member import Peers, plan_of, record_of, records, running_plan
 from orchestrator.tuning.prepare import prepare
-from orchestrator.tuning.progress import TuneStatus, group_status, poll_group, summary
+from orchestrator.tuning.progress import TuneStatus, group_status
 from orchestrator.tuning.record import TuningRecord
 from orchestrator.tuning.watch import wait_group, watch_groups
-
-
-def tuning_status(session: HostSession, peers: Peers | None = None, state: State | None = None) -> TuneStatus:
-    """The session's host's tuning now, read from its jobs' logs (from their last offsets). Read-only apart from
-    recording log progress: it never installs nor marks a failure (``wait_for_tuning`` does).
-
-    State ``none`` | ``running`` | ``ready-to-install`` | ``installed`` | ``failed``; ``shapes`` gives
-    per-shape done/total batch sizes, ``percent`` and ``eta_seconds`` the overall progress, ``reason``
-    and ``log_tail`` a failure, ``installed`` the shape → config path on the host. For a ``--fleet``
-    group, other members are read through ``peers`` when given, else from the cached state. ``state``: the
-    state as the caller loaded it (``orch status``, once for the fleet), else it is read here.
-    """
-    host = session.host
-    state = state or session.store.load_hosts([host.name])
-    record = record_of(state.hosts.get(host.name))
-    plan = plan_of(state, record)
-    if plan is None or record.state != "running":
-        return group_status(host.name, record, plan, {}, {})
-    members = [session] + ([peers(n) for n in plan.group if n != host.name] if peers else [])
-    polls, state = poll_group(members, plan, state)
-    cached = records(state, plan.group)
-    return group_status(host.name, cached[host.name], plan_of(state, cached[host.name]), polls, cached)
 
 
 def wait_for_tuning(
@@ -149,16 +125,3 @@ def _results(
             for h in hosts
         ]
     )
-
-
-def status_field(session: HostSession, cached: HostState | None, state: State | None = None) -> dict[str, Any] | None:
-    """The compact ``tuning`` field of ``orch status`` (None when the host was never tuned, decided from
-    ``cached``, the host's state as ``status`` loaded it once for the fleet, with the plans in ``state``:
-    read once for the fleet, not once per tuned host, which made ``status`` quadratic)."""
-    record = record_of(cached)
-    if record.plan_id is None and not record.installed:
-        return None
-    try:
-        return summary(tuning_status(session, state=state))
-    except OrchError as exc:
-        return {"state": "unknown", "error": str(exc).splitlines()[0]}

@@ -2,6 +2,9 @@
 table-tested). A poll lists the host's jobs once and reads each tuning job's log from the offset the
 last poll reached (``Runner.read_bytes``), so its cost does not grow with the log; the furthest
 progress is kept in the record, so ``orch status`` and ``orch wait`` in other processes resume there.
+
+``tuning_status`` and ``status_field`` are one host's tuning as ``orch serve`` and ``orch status`` read
+it: here, not in ``commands.py``, so that ``status`` does not import the planner and the starters.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 
 from orchestrator import jobs
+from orchestrator.errors import OrchError
 from orchestrator.facts import tuner as tf
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, State
-from orchestrator.tuning.member import records, store_of
+from orchestrator.tuning.member import Peers, plan_of, record_of, records, store_of
 from orchestrator.tuning.record import AssignmentRecord, InstalledRecord, LogProgress, PlanRecord, TuningRecord
 
 TuneState = Literal["none", "running", "ready-to-install", "installed", "failed"]
@@ -283,3 +287,38 @@ def summary(status: TuneStatus) -> dict[str, Any]:
         "installed": sorted(status.installed),
         "installed_for": status.installed_for,
     }
+
+
+def tuning_status(session: HostSession, peers: Peers | None = None, state: State | None = None) -> TuneStatus:
+    """The session's host's tuning now, read from its jobs' logs (from their last offsets). Read-only apart from
+    recording log progress: it never installs nor marks a failure (``wait_for_tuning`` does).
+
+    State ``none`` | ``running`` | ``ready-to-install`` | ``installed`` | ``failed``; ``shapes`` gives
+    per-shape done/total batch sizes, ``percent`` and ``eta_seconds`` the overall progress, ``reason``
+    and ``log_tail`` a failure, ``installed`` the shape → config path on the host. For a ``--fleet``
+    group, other members are read through ``peers`` when given, else from the cached state. ``state``: the
+    state as the caller loaded it (``orch status``, once for the fleet), else it is read here.
+    """
+    host = session.host
+    state = state or session.store.load_hosts([host.name])
+    record = record_of(state.hosts.get(host.name))
+    plan = plan_of(state, record)
+    if plan is None or record.state != "running":
+        return group_status(host.name, record, plan, {}, {})
+    members = [session] + ([peers(n) for n in plan.group if n != host.name] if peers else [])
+    polls, state = poll_group(members, plan, state)
+    cached = records(state, plan.group)
+    return group_status(host.name, cached[host.name], plan_of(state, cached[host.name]), polls, cached)
+
+
+def status_field(session: HostSession, cached: HostState | None, state: State | None = None) -> dict[str, Any] | None:
+    """The compact ``tuning`` field of ``orch status`` (None when the host was never tuned, decided from
+    ``cached``, the host's state as ``status`` loaded it once for the fleet, with the plans in ``state``:
+    read once for the fleet, not once per tuned host, which made ``status`` quadratic)."""
+    record = record_of(cached)
+    if record.plan_id is None and not record.installed:
+        return None
+    try:
+        return summary(tuning_status(session, state=state))
+    except OrchError as exc:
+        return {"state": "unknown", "error": str(exc).splitlines()[0]}
