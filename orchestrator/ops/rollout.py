@@ -113,7 +113,7 @@ def plan_gate(store: StateStore, hosts: list[Host], chosen: dict[str, Recipe]) -
     baselines, lacking = {}, []
     for host in hosts:
         workload = bench_facts.resolve_params(chosen[host.name].bench, BenchOptions())
-        found = bench_facts.gate_baseline(bench_op.records_of(host.name, state.host(host.name)), workload)
+        found = bench_facts.gate_baseline(state.host(host.name).benchmarks, workload)
         if found is None:
             lacking.append(host.name)
         else:
