@@ -39,6 +39,7 @@ owns it:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import errno
 import fcntl
@@ -599,7 +600,7 @@ class StateStore:
         self._unit_locks: dict[str, threading.Lock] = {}
         self._active = threading.local()
         self._ready = False
-        self._checked_fleet: tuple[bytes, State, int] | None = None  # ``check_readable``'s, for the next read
+        self._checked: _CheckedFleet | None = None  # ``check_readable``'s parse, for the next read
 
     # -- reading
 
@@ -611,33 +612,33 @@ class StateStore:
         """
         self._ensure_layout()
         names = self.host_names()
-        with _gc_paused(len(names), unfreeze=not self._just_checked()):
+        checked = self._take_checked()
+        with _gc_paused(len(names), keep=checked.frozen if checked else None):
             hosts = {name: self._read_host(name)[0] for name in names}
             if archived:
                 hosts = {name: self._with_archive(name, hs) for name, hs in hosts.items()}
-            return _joined(self._read_fleet()[0], hosts)
+            return _joined(self._read_fleet(checked)[0], hosts)
 
     def check_readable(self) -> None:
         """Migrate an older orch's single file when there is one and read the fleet file: a corrupt or
         unreadable state is a ``StateError`` here, before a command contacts any host (a host's own
-        file is read, and checked, when that host is)."""
+        file is read, and checked, when that host is). The parse is kept for the next read (``_CheckedFleet``):
+        the plans are the largest file of a tuned fleet, and ``orch status`` would otherwise parse it twice."""
         self._ensure_layout()
         raw = self._read_optional(self.layout.fleet)
         if raw is None:
             return
-        hosts = len(raw) // _FLEET_BYTES_PER_HOST
-        with _gc_paused(hosts):
+        with _gc_paused(len(self._host_files())) as pause:  # a plan per tuned host: sized as the fleet
             fleet = self._parse_fleet(raw)
-        collected = hosts >= GC_PAUSE_HOSTS and gc.isenabled()  # what _gc_paused did: a collection, a freeze
+        frozen = gc.get_freeze_count() if pause.froze else None  # counted once the pause's own objects are gone
         with self._guard:
-            self._checked_fleet = (raw, fleet, gc.get_freeze_count() if collected else -1)
+            self._checked = _CheckedFleet(raw, fleet, frozen)
 
-    def _just_checked(self) -> bool:
-        """Whether ``check_readable`` parsed the fleet file for the next read and nothing was frozen since
-        its collection (``_gc_paused``: that read's collection need not walk what it froze again)."""
+    def _take_checked(self) -> _CheckedFleet | None:
+        """``check_readable``'s parse, taken by the read after it alone (nobody else holds that object)."""
         with self._guard:
-            checked = self._checked_fleet
-        return checked is not None and gc.get_freeze_count() <= checked[2]
+            checked, self._checked = self._checked, None
+        return checked
 
     def load_host(self, name: str) -> HostState | None:
         """Host ``name``'s state (None when orch knows nothing of it): its own files alone."""
@@ -647,24 +648,28 @@ class StateStore:
     def load_fleet(self) -> State:
         """The fleet-level part of the state (``hosts`` empty): one file read."""
         self._ensure_layout()
-        return self._read_fleet()[0]
+        return self._read_fleet(self._take_checked())[0]
 
     def load_hosts(self, names: Iterable[str]) -> State:
         """The fleet-level state and hosts ``names`` alone (those the state has): what a command about a few
         hosts (a tuning group) reads, at a cost that does not grow with the fleet. No lock, as ``load``."""
         self._ensure_layout()
         hosts = {n: self._read_host(n)[0] for n in dict.fromkeys(names) if self.layout.host(n).exists()}
-        return _joined(self._read_fleet()[0], hosts)
+        return _joined(self._read_fleet(self._take_checked())[0], hosts)
 
     def host_names(self) -> list[str]:
         """The hosts the state has a file for, in natural order (``sim-2`` before ``sim-10``)."""
+        files = self._host_files()
+        return sorted((urllib.parse.unquote(f[: -len(".json")]) for f in files), key=_natural)
+
+    def _host_files(self) -> list[str]:
+        """The names of the host files (``<name>.json``, quoted), in no order."""
         try:
-            entries = [e.name for e in os.scandir(self.layout.hosts) if e.name.endswith(".json")]
+            return [e.name for e in os.scandir(self.layout.hosts) if e.name.endswith(".json")]
         except FileNotFoundError:
             return []
         except OSError as exc:
             raise StateError(f"cannot read state directory {self.layout.hosts}: {exc.strerror}") from exc
-        return sorted((urllib.parse.unquote(e[: -len(".json")]) for e in entries), key=_natural)
 
     # -- transactions
 
@@ -707,7 +712,7 @@ class StateStore:
         may hold when saved (None: any); holding others, or dropping one it read, is a ``RuntimeError``."""
         with _gc_paused(len(names)):
             read = {name: self._read_host(name) for name in names}
-            fleet, fleet_raw = self._read_fleet()
+            fleet, fleet_raw = self._read_fleet(self._take_checked())
             state = _joined(fleet, {name: hs for name, (hs, _) in read.items()})
             raws = {name: raw for name, (_, raw) in read.items()}
             before = self._reparsed(fleet_raw, raws) if self.on_commit else None
@@ -790,7 +795,7 @@ class StateStore:
         a host is changed with ``update_host``); saved when changed."""
         self._ensure_layout()
         with self._transaction(_FLEET_UNIT):
-            fleet, raw = self._read_fleet()
+            fleet, raw = self._read_fleet(self._take_checked())
             yield fleet
             if fleet.hosts:
                 raise RuntimeError("update_fleet() changes no host: use update_host() or update()")
@@ -919,18 +924,13 @@ class StateStore:
         hs.__dict__.update(last_seen=seen.last_seen, sglang=seen.sglang)  # both validated just above
         return hs
 
-    def _read_fleet(self) -> tuple[State, bytes | None]:
-        """The fleet file, parsed. ``check_readable``'s parse is handed to the next read when the file is
-        still the same bytes (and only to that one: nobody else holds that object): the plans are the
-        largest file of a tuned fleet, and ``orch status`` would otherwise parse it twice."""
-        path = self.layout.fleet
-        raw = self._read_optional(path)
+    def _read_fleet(self, checked: _CheckedFleet | None) -> tuple[State, bytes | None]:
+        """The fleet file, parsed, or ``checked``'s parse (``_take_checked``) when the file is still its bytes."""
+        raw = self._read_optional(self.layout.fleet)
         if raw is None:
             return State(), None
-        with self._guard:
-            checked, self._checked_fleet = self._checked_fleet, None
-        if checked is not None and checked[0] == raw:
-            return checked[1], raw
+        if checked is not None and checked.raw == raw:
+            return checked.fleet, raw
         return self._parse_fleet(raw), raw
 
     def _parse_fleet(self, raw: bytes) -> State:
@@ -1509,13 +1509,27 @@ def _fsync_directory(directory: Path) -> None:
 
 
 GC_PAUSE_HOSTS = 64  # below this, a whole-fleet read builds too few objects for the collector to matter
-_FLEET_BYTES_PER_HOST = 4096
-"""The fleet file's bytes per host, at least, once its hosts are tuned (a plan: 4-8 KB): its size in hosts for
-``_gc_paused`` (``check_readable`` parses it alone)."""
+
+
+@dataclasses.dataclass
+class _Pause:
+    """What ``_gc_paused`` did: ``froze``, whether it collected and froze (False: it left the collector alone)."""
+
+    froze: bool = False
+
+
+@dataclasses.dataclass
+class _CheckedFleet:
+    """``check_readable``'s parse of the fleet file (``raw``), for the read right after it, and the freeze count
+    its pause left (None: it froze nothing): that read's pause leaves it frozen (``_gc_paused``'s ``keep``)."""
+
+    raw: bytes
+    fleet: State
+    frozen: int | None
 
 
 @contextlib.contextmanager
-def _gc_paused(hosts: int, unfreeze: bool = True) -> Iterator[None]:
+def _gc_paused(hosts: int, keep: int | None = None) -> Iterator[_Pause]:
     """The cyclic garbage collector paused while a whole-fleet read builds its models, and what they are
     then frozen out of its later collections (``gc.freeze``). The read makes no garbage (every object it
     builds is kept), yet at 1000 hosts its million new objects set off collections that walk them again
@@ -1527,25 +1541,25 @@ def _gc_paused(hosts: int, unfreeze: bool = True) -> Iterator[None]:
     thread at worst collects sooner). Only for a fleet of ``GC_PAUSE_HOSTS`` hosts or more: for a small one
     the full collection would cost more than it saves, in commands that read the state every poll.
 
-    ``unfreeze`` False: the read right after ``check_readable``'s parse of the fleet file (``orch status``),
-    which collected everything moments before and froze what was then, the plans included (nothing was
-    frozen since): its collection takes what is newer and leaves the frozen alone, instead of walking the
-    fleet's plans again (0.07-0.15 CPU-s at 1000 hosts); what the read after it collects, it collects."""
-    if hosts < GC_PAUSE_HOSTS:
-        yield
+    ``keep``: the freeze count a pause left moments before (``check_readable``'s, for the read right after
+    it: ``orch status``). While nothing was frozen since (the count has not grown), what is frozen is what
+    that pause's collection left and froze, the plans included: this collection takes what is newer and
+    leaves the frozen alone, instead of walking the whole heap again (0.15 CPU-s at 1000 hosts); the read
+    after it unfreezes."""
+    pause = _Pause()
+    if hosts < GC_PAUSE_HOSTS or not gc.isenabled():
+        yield pause
         return
-    enabled = gc.isenabled()
-    if enabled:
-        if unfreeze:
-            gc.unfreeze()
-        gc.collect()
+    if keep is None or gc.get_freeze_count() > keep:  # fewer: frozen objects freed since, none added
+        gc.unfreeze()
+    gc.collect()
     gc.disable()
     try:
-        yield
+        yield pause
     finally:
-        if enabled:
-            gc.freeze()
-            gc.enable()
+        gc.freeze()
+        pause.froze = True
+        gc.enable()
 
 
 def _holder_record() -> bytes:

@@ -75,6 +75,14 @@ def fmt_seconds(seconds: float) -> str:
     return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
 
 
+def minutes_seconds(seconds: float) -> str:
+    """A span of time to the second, for a sentence (an ETA, a wait against its timeout): ``5 s``,
+    ``2 min``, ``2 min 5 s``; a zero part is left out, so a round timeout reads ``60 min``.
+    ``fmt_seconds`` is the compact form, for tables."""
+    minutes, rest = divmod(max(0, int(seconds)), 60)
+    return f"{minutes} min {rest} s" if minutes and rest else f"{minutes} min" if minutes else f"{rest} s"
+
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASS|CRED|AUTH|COOKIE|SESSION", re.IGNORECASE)
 

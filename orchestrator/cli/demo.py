@@ -15,7 +15,6 @@ import click
 
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.facts import bench as bench_facts
-from orchestrator.ops.bench import records_of
 from orchestrator.render import out
 from orchestrator.state import State, StateStore
 
@@ -177,7 +176,7 @@ def summary_lines(state: State, hosts: list[str]) -> list[str]:
         "server with MTP (speculative decoding) and verified it, then measured the same workload again:",
     ]
     for name in hosts:
-        records = records_of(name, state.host(name))
+        records = state.host(name).benchmarks
         before = bench_facts.pick_baseline(records, BASELINE)
         after = bench_facts.pick_baseline(records, TUNED)
         lines.append(f"  {name}: {comparison(before, after)}")

@@ -102,7 +102,7 @@ def rolling_serve(
     gating = gate_plan(app, gate, planned, chosen, canary)
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
-        rolling = rollout.Rolling(client, app.peers(fleet), gating)
+        rolling = rollout.RollContext(client, app.peers(fleet), gating)
 
         def roll_one(s: HostSession) -> rollout.HostRoll:
             return rollout.roll_host(s, chosen[s.name], options, rolling)

@@ -101,7 +101,7 @@ def run(
         if rolling:
             client = rollout_client(app, canary)
             gating = gate_plan(app, gate, rollout.waves(selected, max_unavailable, canary), chosen, canary)
-            ctx.rolling = run_op.Rolling(client, max_unavailable, canary, gateway_view.wave_line, gating)
+            ctx.rolling = run_op.RollingRun(client, max_unavailable, canary, gateway_view.wave_line, gating)
             run_view.rolling_note()
         results = run_op.run(ctx, selected, steps)
     run_view.done_lines(results)

@@ -126,7 +126,7 @@ def bench(session: HostSession, spec: BenchSpec, options: BenchOptions, timeout:
     job_id, plan, attached = pending or _start(host, runner, store, _plan(host, runner, server, spec, options))
     ended = _wait(session, job_id, timeout, attached)
     record = _result(session, server, plan, ended)
-    records = store.update_host(host.name, lambda hs: _store_result(host.name, hs, record, ended))
+    records = store.update_host(host.name, lambda hs: _store_result(hs, record, ended))
     baseline = facts.pick_baseline(records, options.baseline)
     missing = options.baseline if options.baseline and baseline is None else None
     label = baseline.label if baseline else None
@@ -139,7 +139,7 @@ def check_baseline(store: StateStore, hosts: list[Host], options: BenchOptions) 
     if options.baseline is None or options.baseline == options.label:
         return
     state = store.load()
-    known = {h.name: [r.label for r in records_of(h.name, state.host(h.name))] for h in hosts}
+    known = {h.name: [r.label for r in state.host(h.name).benchmarks] for h in hosts}
     lacking = [name for name, labels in known.items() if options.baseline not in labels]
     if lacking:
         have = sorted({label for name in lacking for label in known[name]})
@@ -148,11 +148,6 @@ def check_baseline(store: StateStore, hosts: list[Host], options: BenchOptions) 
             f" (labels there: {', '.join(repr(x) for x in have) or 'no runs yet'})",
             hint="pick one of those labels, or run `orch bench --label NAME` first to make the baseline",
         )
-
-
-def records_of(name: str, hs: HostState) -> list[BenchRecord]:
-    """The host's stored benchmark runs, oldest first (validated when the state file was read)."""
-    return list(hs.benchmarks)
 
 
 # -- before the run ------------------------------------------------------------------------------
@@ -395,8 +390,8 @@ def _end_job(hs: HostState, ended: jobs.JobInfo) -> None:
         job.ended_at = ended.ended_at or utc_now()
 
 
-def _store_result(name: str, hs: HostState, record: BenchRecord, ended: jobs.JobInfo) -> list[BenchRecord]:
+def _store_result(hs: HostState, record: BenchRecord, ended: jobs.JobInfo) -> list[BenchRecord]:
     _end_job(hs, ended)
     if not any(stored.job_id == record.job_id for stored in hs.benchmarks):  # attached twice: store once
         hs.benchmarks.append(record)
-    return records_of(name, hs)
+    return hs.benchmarks

@@ -113,7 +113,7 @@ def plan_gate(store: StateStore, hosts: list[Host], chosen: dict[str, Recipe]) -
     baselines, lacking = {}, []
     for host in hosts:
         workload = bench_facts.resolve_params(chosen[host.name].bench, BenchOptions())
-        found = bench_facts.gate_baseline(bench_op.records_of(host.name, state.host(host.name)), workload)
+        found = bench_facts.gate_baseline(state.host(host.name).benchmarks, workload)
         if found is None:
             lacking.append(host.name)
         else:
@@ -145,7 +145,7 @@ def _unproven(last: RolloutRecord | None, gated: Iterable[str]) -> frozenset[str
 
 
 @dataclass(frozen=True)
-class Rolling:
+class RollContext:
     """What rolling a host goes through besides its recipe and serve options: the gateway (``client``),
     the other hosts of its tuning group serve waits for (``peers``), and the promotion gate, if any."""
 
@@ -196,7 +196,7 @@ def exit_code(selected: Sequence[Host], done: Rollout) -> ExitCode:
     return ExitCode.OK
 
 
-def roll_host(session: HostSession, recipe: Recipe, options: ServeOptions, rolling: Rolling) -> HostRoll:
+def roll_host(session: HostSession, recipe: Recipe, options: ServeOptions, rolling: RollContext) -> HostRoll:
     """Steps 1 to 4 of the module docstring on one host (with ``rolling.gate``'s check when it gates the host)."""
     began = time.monotonic()
     url = worker_url_of(session, recipe)
@@ -259,7 +259,7 @@ def rejoin_if_serving(session: HostSession, recipe: Recipe, client: GatewayClien
     return "its server still serves: registered with the gateway again"
 
 
-def _unchanged(session: HostSession, recipe: Recipe, options: ServeOptions, rolling: Rolling, url: str) -> HostRoll:
+def _unchanged(session: HostSession, recipe: Recipe, options: ServeOptions, rolling: RollContext, url: str) -> HostRoll:
     """A host already serving as asked: served (which leaves it alone), registered if it is not."""
     result = serve_op.serve(session, recipe, options, rolling.peers)
     roll = HostRoll("unchanged", result)
@@ -271,7 +271,9 @@ def _unchanged(session: HostSession, recipe: Recipe, options: ServeOptions, roll
     return roll
 
 
-def _prove_resumed(session: HostSession, recipe: Recipe, options: ServeOptions, rolling: Rolling, url: str) -> HostRoll:
+def _prove_resumed(
+    session: HostSession, recipe: Recipe, options: ServeOptions, rolling: RollContext, url: str
+) -> HostRoll:
     """A canary that an interrupted gated rollout left out of the gateway serves as asked, but its gate
     never decided: gated now, it rejoins the gateway only when it passes. Failing, it stays out (the
     server it ran before the interrupted rollout is not known any more) and the rollout halts."""

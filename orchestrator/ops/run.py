@@ -59,7 +59,7 @@ class RunContext:
     lockstep: bool = False
     confirm: Callable[[list[Host]], None] | None = None  # after preflight, before any step: may refuse
     redo: bool = False  # --from/--only: the steps run again (serve relaunches even when serving as asked)
-    rolling: Rolling | None = None  # --rolling: the serve step goes through the gateway rollout
+    rolling: RollingRun | None = None  # --rolling: the serve step goes through the gateway rollout
 
     def recipe(self, host: Host) -> Recipe:
         return self.recipes[host.name]
@@ -70,7 +70,7 @@ class RunContext:
 
 
 @dataclass
-class Rolling:
+class RollingRun:
     """``orch run --rolling``: the ``serve`` step of every host goes through ``ops.rollout``'s waves
     behind ``client``; ``rolls`` collects what the rollout did on each host (its threads write it)."""
 
@@ -273,11 +273,11 @@ def _serve(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> 
     return _served(result)
 
 
-def _roll(ctx: RunContext, rolling: Rolling, session: HostSession, options: ServeOptions) -> str:
+def _roll(ctx: RunContext, rolling: RollingRun, session: HostSession, options: ServeOptions) -> str:
     """The serve step of a rolling run: ``rollout.roll_host`` (out of the gateway, drained, relaunched
     and verified, back in; a server already serving as asked is only registered if it is not, which is
     also how an interrupted step resumes)."""
-    through = rollout.Rolling(rolling.client, ctx.peers, rolling.gate)
+    through = rollout.RollContext(rolling.client, ctx.peers, rolling.gate)
     roll = rollout.roll_host(session, ctx.recipe(session.host), options, through)
     rolling.rolls[session.name] = roll
     assert roll.result is not None
@@ -423,7 +423,9 @@ def run_rolling(ctx: RunContext, hosts: list[Host], steps: Steps) -> dict[str, H
     return done
 
 
-def _rolled_steps(ctx: RunContext, rolling: Rolling, session: HostSession, rolled: list[Step], outcome: HostRun) -> int:
+def _rolled_steps(
+    ctx: RunContext, rolling: RollingRun, session: HostSession, rolled: list[Step], outcome: HostRun
+) -> int:
     """One host's rolled part (``around_serve``): before a step that will stop its server (``tune-fp8``
     with ``stop_server``) the host leaves the gateway and drains; ``serve`` (the last) relaunches and
     registers it again. A step that fails while it is out registers it again if its server still serves.

@@ -55,6 +55,7 @@ from orchestrator.readers import TunedConfigs, host_server
 from orchestrator.recipe import Recipe, ServeOptions, Shape
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, Phase, ServerRecord, StateStore, Verification, find_secret
+from orchestrator.text import minutes_seconds
 from orchestrator.transport.base import Runner, shell_command
 from orchestrator.tuning.commands import wait_for_tuning
 from orchestrator.tuning.member import Peers, record_of
@@ -604,12 +605,7 @@ def starting_line(elapsed: float, timeout: float, log_text: str) -> str:
     last = next((line for line in reversed(log_text.splitlines()) if line.strip()), "(nothing logged yet)")
     last = strip_prefix(last).strip()
     shown = last if len(last) <= 160 else last[:157] + "..."
-    return f"still starting ({_duration(elapsed)} of {_duration(timeout)}): {shown}"
-
-
-def _duration(seconds: float) -> str:
-    minutes, rest = divmod(int(seconds), 60)
-    return f"{minutes} min {rest} s" if minutes and rest else f"{minutes} min" if minutes else f"{rest} s"
+    return f"still starting ({minutes_seconds(elapsed)} of {minutes_seconds(timeout)}): {shown}"
 
 
 def _backoff(first: float, cap: float) -> Iterator[float]:

@@ -10,6 +10,7 @@ from orchestrator.inventory import Host
 from orchestrator.ops.run import HostRun
 from orchestrator.render import err, inert, out
 from orchestrator.session import Sink
+from orchestrator.text import minutes_seconds
 from orchestrator.tuning.group import TuningAwaited
 from orchestrator.tuning.progress import TuneStatus
 from orchestrator.views.tune import awaited_line
@@ -56,13 +57,10 @@ class TuningLines:
             if status.host != self.host or not status.units_total or self._last == status.units_done:
                 return None
             self._last = status.units_done
-        eta = f", ETA {_eta(status.eta_seconds)}" if status.eta_seconds is not None and status.percent < 100 else ""
+        eta = ""
+        if status.eta_seconds is not None and status.percent < 100:
+            eta = f", ETA {minutes_seconds(status.eta_seconds)}"
         return f"{status.units_done}/{status.units_total} units ({status.percent:.0f}%){eta}"
-
-
-def _eta(seconds: float) -> str:
-    minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
 
 
 def plans(results: FleetResult[list[str]]) -> None:

@@ -12,7 +12,7 @@ from orchestrator.errors import RefusedError, StateError, UsageError
 from orchestrator.inventory import Host
 from orchestrator.ops import bench
 from orchestrator.recipe import BenchOptions
-from orchestrator.state import HostState, ServerRecord, StateStore
+from orchestrator.state import ServerRecord, StateStore
 from orchestrator.transport.base import CommandResult
 from orchestrator.views.bench import ProgressLines
 from tests.unit.test_bench_facts import a_record
@@ -57,10 +57,6 @@ def test_a_malformed_stored_result_is_a_state_error(tmp_path: Path) -> None:
     path.write_text(json.dumps({"schema_version": 2, "hosts": {"gpu-1": {"benchmarks": [{"label": "a"}]}}}))
     with pytest.raises(StateError, match=f"state file {path} is corrupt: hosts.gpu-1.benchmarks.0.at: Field required"):
         StateStore(path).load()
-
-
-def test_no_stored_results_is_an_empty_comparison() -> None:
-    assert bench.records_of("gpu-1", HostState()) == []
 
 
 def test_an_unknown_baseline_is_refused_before_anything_runs_naming_the_hosts_without_it(tmp_path: Path) -> None:

@@ -150,6 +150,15 @@ def test_run_prints_tuning_progress_only_when_it_changes_with_an_eta(capsys: pyt
     ]
 
 
+@pytest.mark.parametrize(("eta", "shown"), [(125.0, "2 min 5 s"), (120.0, "2 min"), (5.9, "5 s")])
+def test_run_progress_eta_reads_as_serves_wait_does(eta: float, shown: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """One form of a span in words (``text.minutes_seconds``): whole seconds, a zero part left out."""
+    from orchestrator.views.run import progress_lines
+
+    progress_lines(HOST)(TuneStatus("b1", "running", shapes=[ShapeProgress("N=1,K=2", "", 9, 36)], eta_seconds=eta))
+    assert capsys.readouterr().err.splitlines() == [f"b1: tune-fp8: 9/36 units (25%), ETA {shown}"]
+
+
 def test_a_tuning_the_serve_step_waits_for_is_the_serve_steps_progress(capsys: pytest.CaptureFixture[str]) -> None:
     from orchestrator.tuning.group import TuningAwaited
     from orchestrator.views.run import progress_lines
