@@ -5,13 +5,19 @@ Targets (issue 11 §2, §3): `orch --help` <= 0.25 s; `orch status` on 1 host <=
 process; <= 15 ms of orch CPU per host at 32 hosts; the known_hosts files parsed once per invocation
 (the extra CPU of a 1000-line file is then a constant, not a cost per host).
 
-``import_floor_cpu_s`` is the CPU of importing the libraries orch is built on (click, pydantic and one
-model, paramiko) and nothing else: the part of ``status_1host_cpu_s`` that is not orch's own code.
+``import_floor_cpu_s`` is the CPU of importing the libraries ``orch status`` is built on (click, pydantic
+and one model, paramiko, PyYAML, tenacity) and nothing else: the part of ``status_1host_cpu_s`` that is
+not orch's own code.
+
+``--instructions`` also counts the instructions (millions, valgrind's callgrind: the same count for the
+same run whatever the machine's load) of one 1-host ``orch status`` and of the floor, and splits the
+status into the floor and orch's own share (``status_1host_minstr``, ``import_floor_minstr``,
+``own_share``): the figure to compare on a loaded machine, where CPU seconds vary by tens of percent.
 
 CPU is the orch process alone (user + sys from ``getrusage(RUSAGE_CHILDREN)``), not the simulated hosts
 that share this machine's cores. Every host is a real sshd on a loopback address. Medians.
 
-    python bench/controller.py --hosts 32 --json [--runs 5] [--before /tmp/old-checkout]
+    python bench/controller.py --hosts 32 --json [--runs 5] [--before /tmp/old-checkout] [--instructions]
 
 ``--before`` also measures the orch of another checkout (``git worktree add /tmp/old-checkout <commit>``),
 interleaved with this one run by run so that both see the same machine load; each orch runs outside
@@ -23,7 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -47,13 +55,14 @@ def orch_env(src: Path) -> dict[str, str]:
 
 
 FLOOR = """
-import os, click, pydantic, orchestrator.transport._paramiko
+import os, click, pydantic, yaml, tenacity, orchestrator.transport._paramiko
 pydantic.create_model("One", x=(int, ...))(x=1)  # pydantic imports its schema machinery at the first model
 os._exit(0)
 """
 """What every ``orch status`` imports before any code of orch's own: the libraries it is built on (click;
-pydantic, with what its first model brings in; paramiko as orch imports it), ended as orch ends (no
-interpreter teardown). ``import_floor_cpu_s`` is its CPU: what of ``status_1host_cpu_s`` is not orch's."""
+pydantic, with what its first model brings in; PyYAML for hosts.yaml; tenacity for connect retries;
+paramiko as orch imports it), ended as orch ends (no interpreter teardown). ``import_floor_cpu_s`` is
+its CPU: what of ``status_1host_cpu_s`` is not orch's."""
 
 
 def run_orch(args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
@@ -68,6 +77,28 @@ def run_orch(args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, fl
     if proc.returncode != 0:
         raise SystemExit(f"orch {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
     return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def instructions(args: list[str], env: dict[str, str], cwd: Path) -> float:
+    """Millions of instructions of one ``python -m orchestrator ARGS`` (or ``python -c``) under callgrind,
+    children included (none: orch's SSH is in-process)."""
+    cmd = [sys.executable, *(args if args[:1] == ["-c"] else ["-m", "orchestrator", *args])]
+    vg = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
+    proc = subprocess.run(vg, capture_output=True, text=True, env=env, cwd=cwd)
+    found = re.search(r"Collected : (\d+)", proc.stderr)
+    if proc.returncode != 0 or found is None:
+        raise SystemExit(f"callgrind of {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return int(found.group(1)) / 1e6
+
+
+def instruction_figures(commands: dict[str, list[str]], env: dict[str, str], cwd: Path) -> dict[str, object]:
+    """The 1-host status and the floor in instructions, and the share of the status that is orch's own."""
+    status, floor = instructions(commands["one"], env, cwd), instructions(commands["floor"], env, cwd)
+    return {
+        "status_1host_minstr": round(status),
+        "import_floor_minstr": round(floor),
+        "own_share": round((status - floor) / status, 3),
+    }
 
 
 def imported_from(env: dict[str, str], cwd: Path) -> str:
@@ -106,7 +137,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="runs per figure; medians are reported")
     parser.add_argument("--before", type=Path, help="another checkout to measure too, interleaved run by run")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--instructions", action="store_true", help="also count instructions (valgrind)")
     args = parser.parse_args()
+    if args.instructions and shutil.which("valgrind") is None:
+        parser.error("--instructions needs valgrind (Debian: apt-get install valgrind)")
     sources = {"after": REPO, **({"before": args.before} if args.before else {})}
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp, SimFleet(Path(tmp), n_hosts=args.hosts) as fleet:
         root = Path(tmp)
@@ -137,8 +171,13 @@ def main() -> None:
             for what, cmd in commands.items():
                 for label, env in envs.items():  # interleaved: both see the same machine load
                     samples[label][what].append(run_orch(cmd, env, root))
+        counted = (
+            {label: instruction_figures(commands, env, root) for label, env in envs.items()}
+            if args.instructions
+            else {}
+        )
     for label in envs:
-        result[label] = figures(samples[label], args.hosts)
+        result[label] = {**figures(samples[label], args.hosts), **counted.get(label, {})}
     result["loadavg"] = [round(x, 2) for x in os.getloadavg()]
     if args.json:
         print(json.dumps(result))
