@@ -181,7 +181,7 @@ for id in "$@"; do pid=$(cat "$workdir/jobs/$id/pid" 2>/dev/null); pids="$pids $
 waited=0
 while [ "$waited" -lt "$ms" ]; do
   ended=0
-  for id in "$@"; do [ -e "$workdir/jobs/$id/exit_code" ] && ended=1; done
+  for id in "$@"; do { [ -e "$workdir/jobs/$id/exit_code" ] || [ ! -d "$workdir/jobs/$id" ]; } && ended=1; done
   for pid in $pids; do [ "$pid" = - ] || kill -0 "$pid" 2>/dev/null || ended=1; done
   [ $ended = 1 ] && break
   if [ "$offset" -ge 0 ] && [ "$waited" -ge "$settle" ]; then
@@ -333,8 +333,9 @@ def show_argv(workdir: str, job_ids: Sequence[str]) -> list[str]:
 def wait_argv(
     workdir: str, job_ids: Sequence[str], seconds: float, log_offset: int | None = None, settle: float = 0.0
 ) -> list[str]:
-    """Blocks on the host until one of ``job_ids`` ends, or the first one's log grows past ``log_offset``
-    (counted only after ``settle`` seconds), or ``seconds`` pass; then reads them like ``show_argv``."""
+    """Blocks on the host until one of ``job_ids`` ends (or is not there: no job), or the first one's log
+    grows past ``log_offset`` (counted only after ``settle`` seconds), or ``seconds`` pass; then reads
+    them like ``show_argv``."""
     ms, settle_ms = str(max(0, round(seconds * 1000))), str(max(0, round(settle * 1000)))
     offset = str(log_offset) if log_offset is not None else "-1"
     return ["sh", "-c", _script(_WAIT), "orch-job-wait", workdir, ms, offset, settle_ms, *map(_checked_id, job_ids)]
@@ -500,7 +501,7 @@ def wait(runner: Runner, workdir: str, job_id: str, seconds: float, log_offset: 
 def wait_any(runner: Runner, workdir: str, job_ids: Sequence[str], seconds: float, log_offset: int | None = None,
              settle: float = 0.0) -> list[JobInfo]:  # fmt: skip
     """``wait`` for several jobs of one host: returns when the first of them ends; each job as it is then,
-    in the order of ``job_ids``. UsageError naming a job the host does not have."""
+    in the order of ``job_ids``. UsageError naming a job the host does not have (at once: no wait for it)."""
     result = runner.run(wait_argv(workdir, job_ids, seconds, log_offset, settle), check=True, timeout=seconds + 60)
     return [_one(runner, workdir, job_id, result.stdout) for job_id in job_ids]
 

@@ -551,8 +551,12 @@ def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float) ->
     """Poll ``/health`` until 200; StartupFailed on a crash in the log, the job's exit, or ``timeout``.
 
     Between polls the host waits for the job (``jobs.wait``): an exit at start is seen at once, not at
-    the next poll. A first DeepSeek-V4 launch may take an hour: every ``HEALTH_REPORT_SECONDS`` (the
-    first after ``HEALTH_REPORT_FIRST``) the session says the time waited and the server's last log line."""
+    the next poll. The waits are also how the job is read (its state, by pid, start time and boot; a
+    job the host does not have is a UsageError, at once): before the first one (and after a
+    reconnect) nothing is read but ``/health`` and the log, since that wait returns at once for a job
+    that has ended and the next poll reports it. A first DeepSeek-V4 launch may take an hour: every
+    ``HEALTH_REPORT_SECONDS`` (the first after ``HEALTH_REPORT_FIRST``) the session says the time
+    waited and the server's last log line."""
     host, runner = session.host, session.runner
     reader = session.log(job_id)
     begin = time.monotonic()
@@ -566,8 +570,9 @@ def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float) ->
             if status == 200:
                 return log
             now = time.monotonic()
-            job = job or jobs.find(runner, host.workdir, job_id)
-            _check_alive(session, job, log, reader, timeout if now - begin > timeout else None)
+            reason = startup_problem(job, log, timeout if now - begin > timeout else None)
+            if reason:
+                raise _startup_failed(session, job_id, reason, reader)
             lost = None
             job = jobs.wait(runner, host.workdir, job_id, pause)
         except UnreachableError as exc:
@@ -616,21 +621,23 @@ def _backoff(first: float, cap: float) -> Iterator[float]:
         pause = min(cap, pause * 2)
 
 
-def _check_alive(
-    session: HostSession, job: jobs.JobInfo, log: ServerLog, reader: readers.LogReader, timed_out: float | None
-) -> None:
-    host, job_id = session.host, job.id
-    reason = None
+def startup_problem(job: jobs.JobInfo | None, log: ServerLog, timed_out: float | None) -> str | None:
+    """Why a server not yet healthy has failed to start, if it has: a crash in its log, its job ended
+    (``job`` as the last wait saw it; None before the first), or the health timeout passed (``timed_out``)."""
     if log.failure:
-        reason = f"crashed at start: {log.failure}"
-    elif not job.running:
-        reason = f"exited at start ({job.state}, exit code {job.exit_code})"
-    elif timed_out is not None:
-        reason = f"not healthy after {timed_out:.0f} s (GET /health never answered 200)"
-    if reason:
-        tail = jobs.tail_lines(reader.text, LOG_TAIL_LINES)
-        message = f"{host.name}: the new server (job {job_id}) {reason}\n--- log tail ---\n{tail}"
-        raise StartupFailed(message, job_id, tail)
+        return f"crashed at start: {log.failure}"
+    if job is not None and not job.running:
+        return f"exited at start ({job.state}, exit code {job.exit_code})"
+    if timed_out is not None:
+        return f"not healthy after {timed_out:.0f} s (GET /health never answered 200)"
+    return None
+
+
+def _startup_failed(session: HostSession, job_id: str, reason: str, reader: readers.LogReader) -> StartupFailed:
+    """The failure to raise: the reason and the log's last lines."""
+    tail = jobs.tail_lines(reader.text, LOG_TAIL_LINES)
+    message = f"{session.host.name}: the new server (job {job_id}) {reason}\n--- log tail ---\n{tail}"
+    return StartupFailed(message, job_id, tail)
 
 
 def _mark_failed(host: Host, store: StateStore, reason: str) -> None:

@@ -267,6 +267,15 @@ def test_a_wait_returns_when_a_job_is_lost_or_its_log_grows_and_else_at_the_dead
     os.killpg(talker.pid, signal.SIGKILL)
 
 
+def test_a_wait_for_a_job_the_host_does_not_have_is_no_job_at_once(runner: LocalRunner, workdir: str) -> None:
+    witness = jobs.start(runner, workdir, jobs.JobSpec("t", "t.witness", ["sleep", "30"]))
+    begin = time.monotonic()
+    with pytest.raises(UsageError, match=r"^local: no job 'gone'"):
+        jobs.wait_any(runner, workdir, [witness.job_id, "gone"], seconds=120)
+    assert time.monotonic() - begin < 30  # not its 120 s
+    os.killpg(witness.pid, signal.SIGKILL)
+
+
 def test_a_job_id_that_is_not_one_path_component_is_no_job(runner: LocalRunner, workdir: str) -> None:
     jobs.start(runner, workdir, jobs.JobSpec("t", "t.x", ["true"]))
     for bad in ("../jobs", "a/b", "", ".."):

@@ -1,0 +1,91 @@
+"""``serve``'s wait for ``/health``, against real local jobs: what it reads of the server's job, and when."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from orchestrator import jobs
+from orchestrator.errors import UsageError
+from orchestrator.facts.server_log import ServerLog
+from orchestrator.inventory import Host
+from orchestrator.ops import serve as serve_op
+from orchestrator.session import HostSession
+from orchestrator.transport.base import CommandResult
+from orchestrator.transport.local import LocalRunner
+
+
+class CountingRunner(LocalRunner):
+    """A local runner that keeps the name of each script it runs (``orch-job-wait``, ``orch-job``...)."""
+
+    def __init__(self, host: Host) -> None:
+        super().__init__(host)
+        self.scripts: list[str] = []
+
+    def run(self, argv: Sequence[str], **kwargs: Any) -> CommandResult:
+        self.scripts.append(argv[3] if argv[:2] == ["sh", "-c"] else argv[0])
+        return super().run(argv, **kwargs)
+
+
+@pytest.fixture
+def session(tmp_path: Path) -> HostSession:
+    host = Host(name="local", address="localhost", transport="local", workdir=str(tmp_path / "orch"),
+                python=sys.executable)  # fmt: skip
+    return HostSession(host, CountingRunner(host), cast(Any, None))
+
+
+def closed_port_url() -> str:
+    """A local url nothing listens at: ``/health`` never answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_server_that_exits_before_the_first_wait_is_reported_exited_without_a_job_read_of_its_own(
+    session: HostSession,
+) -> None:
+    spec = jobs.JobSpec("server", "server", ["sh", "-c", "echo booting; exit 3"])
+    started = jobs.start(session.runner, session.host.workdir, spec)
+    time.sleep(0.5)  # ended before the wait begins
+    with pytest.raises(serve_op.StartupFailed) as failed:
+        serve_op.wait_healthy(session, started.job_id, closed_port_url(), timeout=60)
+    assert failed.value.message.splitlines()[0] == (
+        f"local: the new server (job {started.job_id}) exited at start (failed, exit code 3)"
+    )
+    assert failed.value.tail == "booting\n"
+    runner = cast(CountingRunner, session.runner)
+    assert runner.scripts.count("orch-job-wait") == 1 and "orch-job" not in runner.scripts
+
+
+def test_a_server_job_the_host_does_not_have_is_no_job(session: HostSession) -> None:
+    jobs.start(session.runner, session.host.workdir, jobs.JobSpec("t", "t.x", ["true"]))  # the jobs dir exists
+    with pytest.raises(UsageError, match=r"^local: no job 'server-gone'"):
+        serve_op.wait_healthy(session, "server-gone", closed_port_url(), timeout=60)
+
+
+RUNNING = jobs.JobInfo("s", "server", 1, "running", None, None, None, 0, False, "/d")
+LOST = jobs.JobInfo("s", "server", 1, "lost", None, None, None, 0, False, "/d")
+QUIET, CRASHED = ServerLog(), ServerLog(failure="RuntimeError: Not enough GPUs")
+
+
+@pytest.mark.parametrize(
+    ("job", "log", "timed_out", "problem"),
+    [
+        (None, QUIET, None, None),  # no wait has seen the job yet: only the log and the clock say
+        (RUNNING, QUIET, None, None),
+        (None, CRASHED, None, "crashed at start: RuntimeError: Not enough GPUs"),
+        (LOST, CRASHED, 3.0, "crashed at start: RuntimeError: Not enough GPUs"),
+        (LOST, QUIET, 3.0, "exited at start (lost, exit code None)"),
+        (None, QUIET, 3.0, "not healthy after 3 s (GET /health never answered 200)"),
+    ],
+)
+def test_startup_problem(
+    job: jobs.JobInfo | None, log: ServerLog, timed_out: float | None, problem: str | None
+) -> None:
+    assert serve_op.startup_problem(job, log, timed_out) == problem
