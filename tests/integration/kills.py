@@ -342,8 +342,12 @@ def campaign(fleet: Any, root: Path, kills: int, seed: int) -> tuple[Campaign, F
 # -- a kill between a job's start and its record in the state -------------------------------------------
 
 
-def hold_state_lock_from(state: Path, moment: Callable[[dict[str, Any]], bool], timeout: float = 120) -> int:
-    """Take the state file's lock (as another orch would) at the first ``moment(state document)``.
+def hold_state_lock_from(
+    state: Path, moment: Callable[[dict[str, Any]], bool], timeout: float = 120, alive: Callable[[], bool] | None = None
+) -> int:
+    """Take the state file's lock (as another orch would) at the first ``moment(state document)``; an
+    ``AssertionError`` when it has not come after ``timeout`` seconds, or once ``alive()`` says the orch
+    being watched has ended (the moment cannot come then).
 
     orch saves a phase (``tuning``, ``launching``) and then starts the job over SSH, and records the
     job only after the start returns: the lock taken as soon as the phase is saved (polled every 2 ms,
@@ -358,6 +362,8 @@ def hold_state_lock_from(state: Path, moment: Callable[[dict[str, Any]], bool], 
             document = {}
         if document and moment(document):
             break
+        if alive is not None and not alive():
+            raise AssertionError("the moment to take the state lock never came: orch ended before it")
         if time.monotonic() > deadline:
             raise AssertionError("the moment to take the state lock never came")
         time.sleep(0.002)

@@ -46,8 +46,14 @@ def test_run_killed_twenty_times_at_seeded_moments_tunes_serves_and_benchmarks_o
 
 
 def _orch(env: FleetEnv, *args: str) -> subprocess.Popen[bytes]:
+    """orch ``args`` in the background, its output in ``_orch_log(env)`` (what a failure then shows)."""
     argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), *args]
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with _orch_log(env).open("wb") as log:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _orch_log(env: FleetEnv) -> Path:
+    return env.state.parent.parent / "orch-under-test.log"
 
 
 def _phase_is(name: str, phase: str) -> Any:
@@ -69,7 +75,11 @@ def _kill_between_start_and_record(env: FleetEnv, args: list[str], moment: Any, 
     (host,) = env.fleet.hosts  # type: ignore[attr-defined]
     proc = _orch(env, *args)
     try:
-        fd = kills.hold_state_lock_from(env.state, moment)
+        try:
+            fd = kills.hold_state_lock_from(env.state, moment, alive=lambda: proc.poll() is None)
+        except AssertionError as exc:
+            tail = "\n".join(_orch_log(env).read_text(errors="replace").splitlines()[-30:])
+            raise AssertionError(f"{exc} (orch exit code {proc.poll()}); its output ended:\n{tail}") from None
         try:
             job = kills.wait_for(lambda: _started(host, purpose), f"a {purpose} job on the host")[0]
             known = StateStore(env.state).load().hosts[host.name]
