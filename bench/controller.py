@@ -65,12 +65,17 @@ paramiko as orch imports it), ended as orch ends (no interpreter teardown). ``im
 its CPU: what of ``status_1host_cpu_s`` is not orch's."""
 
 
+def python_argv(args: list[str]) -> list[str]:
+    """``python -m orchestrator ARGS``, or ``python -c code`` for ``["-c", code]``."""
+    return [sys.executable, *(args if args[:1] == ["-c"] else ["-m", "orchestrator", *args])]
+
+
 def run_orch(args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
     """Wall seconds and CPU seconds (user + sys) of one ``python -m orchestrator ARGS`` (``["-c", code]``:
     of ``python -c code``)."""
+    cmd = python_argv(args)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    cmd = [sys.executable, *(args if args[:1] == ["-c"] else ["-m", "orchestrator", *args])]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -80,10 +85,9 @@ def run_orch(args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, fl
 
 
 def instructions(args: list[str], env: dict[str, str], cwd: Path) -> float:
-    """Millions of instructions of one ``python -m orchestrator ARGS`` (or ``python -c``) under callgrind,
-    children included (none: orch's SSH is in-process)."""
-    cmd = [sys.executable, *(args if args[:1] == ["-c"] else ["-m", "orchestrator", *args])]
-    vg = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
+    """Millions of instructions of one ``python -m orchestrator ARGS`` (or ``python -c``) under callgrind: that
+    process alone (callgrind follows no child; orch's SSH is in-process, so status starts none to miss)."""
+    vg = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *python_argv(args)]
     proc = subprocess.run(vg, capture_output=True, text=True, env=env, cwd=cwd)
     found = re.search(r"Collected : (\d+)", proc.stderr)
     if proc.returncode != 0 or found is None:

@@ -628,9 +628,9 @@ class StateStore:
         raw = self._read_optional(self.layout.fleet)
         if raw is None:
             return
-        with _gc_paused(len(self._host_files())) as pause:  # a plan per tuned host: sized as the fleet
+        with _gc_paused(len(raw) // _FLEET_BYTES_PER_HOST) as paused:  # the parse builds what the file holds
             fleet = self._parse_fleet(raw)
-        frozen = gc.get_freeze_count() if pause.froze else None  # counted once the pause's own objects are gone
+        frozen = gc.get_freeze_count() if paused else None  # counted once the pause's own objects are gone
         with self._guard:
             self._checked = _CheckedFleet(raw, fleet, frozen)
 
@@ -648,28 +648,24 @@ class StateStore:
     def load_fleet(self) -> State:
         """The fleet-level part of the state (``hosts`` empty): one file read."""
         self._ensure_layout()
-        return self._read_fleet(self._take_checked())[0]
+        return self._read_fleet()[0]
 
     def load_hosts(self, names: Iterable[str]) -> State:
         """The fleet-level state and hosts ``names`` alone (those the state has): what a command about a few
         hosts (a tuning group) reads, at a cost that does not grow with the fleet. No lock, as ``load``."""
         self._ensure_layout()
         hosts = {n: self._read_host(n)[0] for n in dict.fromkeys(names) if self.layout.host(n).exists()}
-        return _joined(self._read_fleet(self._take_checked())[0], hosts)
+        return _joined(self._read_fleet()[0], hosts)
 
     def host_names(self) -> list[str]:
         """The hosts the state has a file for, in natural order (``sim-2`` before ``sim-10``)."""
-        files = self._host_files()
-        return sorted((urllib.parse.unquote(f[: -len(".json")]) for f in files), key=_natural)
-
-    def _host_files(self) -> list[str]:
-        """The names of the host files (``<name>.json``, quoted), in no order."""
         try:
-            return [e.name for e in os.scandir(self.layout.hosts) if e.name.endswith(".json")]
+            entries = [e.name for e in os.scandir(self.layout.hosts) if e.name.endswith(".json")]
         except FileNotFoundError:
             return []
         except OSError as exc:
             raise StateError(f"cannot read state directory {self.layout.hosts}: {exc.strerror}") from exc
+        return sorted((urllib.parse.unquote(e[: -len(".json")]) for e in entries), key=_natural)
 
     # -- transactions
 
@@ -712,7 +708,7 @@ class StateStore:
         may hold when saved (None: any); holding others, or dropping one it read, is a ``RuntimeError``."""
         with _gc_paused(len(names)):
             read = {name: self._read_host(name) for name in names}
-            fleet, fleet_raw = self._read_fleet(self._take_checked())
+            fleet, fleet_raw = self._read_fleet()
             state = _joined(fleet, {name: hs for name, (hs, _) in read.items()})
             raws = {name: raw for name, (_, raw) in read.items()}
             before = self._reparsed(fleet_raw, raws) if self.on_commit else None
@@ -795,7 +791,7 @@ class StateStore:
         a host is changed with ``update_host``); saved when changed."""
         self._ensure_layout()
         with self._transaction(_FLEET_UNIT):
-            fleet, raw = self._read_fleet(self._take_checked())
+            fleet, raw = self._read_fleet()
             yield fleet
             if fleet.hosts:
                 raise RuntimeError("update_fleet() changes no host: use update_host() or update()")
@@ -924,8 +920,10 @@ class StateStore:
         hs.__dict__.update(last_seen=seen.last_seen, sglang=seen.sglang)  # both validated just above
         return hs
 
-    def _read_fleet(self, checked: _CheckedFleet | None) -> tuple[State, bytes | None]:
-        """The fleet file, parsed, or ``checked``'s parse (``_take_checked``) when the file is still its bytes."""
+    def _read_fleet(self, checked: _CheckedFleet | None = None) -> tuple[State, bytes | None]:
+        """The fleet file, parsed, or ``check_readable``'s parse when the file is still its bytes: ``checked``
+        when the caller has taken it already (``load``, for its pause), else taken here (``_take_checked``)."""
+        checked = checked or self._take_checked()
         raw = self._read_optional(self.layout.fleet)
         if raw is None:
             return State(), None
@@ -1509,13 +1507,9 @@ def _fsync_directory(directory: Path) -> None:
 
 
 GC_PAUSE_HOSTS = 64  # below this, a whole-fleet read builds too few objects for the collector to matter
-
-
-@dataclasses.dataclass
-class _Pause:
-    """What ``_gc_paused`` did: ``froze``, whether it collected and froze (False: it left the collector alone)."""
-
-    froze: bool = False
+_FLEET_BYTES_PER_HOST = 4096
+"""The fleet file's bytes per host, at least, once its hosts are tuned (a plan: 4-8 KB): its size in hosts for
+``_gc_paused`` (``check_readable`` parses it alone; a fleet file with no plans pauses nothing)."""
 
 
 @dataclasses.dataclass
@@ -1529,7 +1523,7 @@ class _CheckedFleet:
 
 
 @contextlib.contextmanager
-def _gc_paused(hosts: int, keep: int | None = None) -> Iterator[_Pause]:
+def _gc_paused(hosts: int, keep: int | None = None) -> Iterator[bool]:
     """The cyclic garbage collector paused while a whole-fleet read builds its models, and what they are
     then frozen out of its later collections (``gc.freeze``). The read makes no garbage (every object it
     builds is kept), yet at 1000 hosts its million new objects set off collections that walk them again
@@ -1545,20 +1539,18 @@ def _gc_paused(hosts: int, keep: int | None = None) -> Iterator[_Pause]:
     it: ``orch status``). While nothing was frozen since (the count has not grown), what is frozen is what
     that pause's collection left and froze, the plans included: this collection takes what is newer and
     leaves the frozen alone, instead of walking the whole heap again (0.15 CPU-s at 1000 hosts); the read
-    after it unfreezes."""
-    pause = _Pause()
+    after it unfreezes. Yields whether it paused (and so freezes what is then on leaving)."""
     if hosts < GC_PAUSE_HOSTS or not gc.isenabled():
-        yield pause
+        yield False
         return
     if keep is None or gc.get_freeze_count() > keep:  # fewer: frozen objects freed since, none added
         gc.unfreeze()
     gc.collect()
     gc.disable()
     try:
-        yield pause
+        yield True
     finally:
         gc.freeze()
-        pause.froze = True
         gc.enable()
 
 

@@ -419,6 +419,7 @@ def test_a_read_right_after_the_check_leaves_what_the_check_froze_and_collects_w
     state_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(state_module, "GC_PAUSE_HOSTS", 1)  # as for a large fleet
+    monkeypatch.setattr(state_module, "_FLEET_BYTES_PER_HOST", 1)
     store = StateStore(state_path)
     with store.update_fleet() as fleet:
         fleet.tuning_plans["p1"] = a_plan(tmp_path)
