@@ -21,3 +21,17 @@ ensure_venv() {
   fi
   .venv/bin/python -m pip install -q --disable-pip-version-check -e "$1"
 }
+
+ensure_image_tools() {
+  # Debian packages for the container image test (issue 29): podman with runc (crun fails on these
+  # machines), mmdebstrap to make the image's base from Debian packages (no image registry is reachable).
+  local missing=()
+  command -v podman >/dev/null || missing+=(podman)
+  command -v runc >/dev/null || missing+=(runc)
+  command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "== installing Debian packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}

@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_setup.sh
 ensure_system_packages openssh-server
+ensure_image_tools
 ensure_venv '.[dev]'
 # The real SGLang Model Gateway (smg) for the gateway tests (issue 12): its own virtualenv, so its web
 # stack (fastapi, uvicorn, aiohttp) stays out of orch's; tests/gateway_smg.py finds it there.
