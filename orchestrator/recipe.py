@@ -177,11 +177,17 @@ def find_recipe(name_or_path: str, search_dirs: list[Path]) -> Path:
         for suffix in (".yaml", ".yml"):
             if (d / f"{name_or_path}{suffix}").exists():
                 return d / f"{name_or_path}{suffix}"
-    known = sorted({p.stem for d in [*search_dirs, PACKAGED_PLAYBOOKS] if d.is_dir() for p in d.glob("*.yaml")})
+    known = known_recipes(search_dirs)
     raise ConfigError(
         f"no playbook {name_or_path!r}; known: {', '.join(known) or 'none'}",
         hint="pass --playbook NAME or a path to a YAML file",
     )
+
+
+def known_recipes(search_dirs: list[Path]) -> list[str]:
+    """The playbook names ``find_recipe`` finds: in ``search_dirs`` and the shipped playbooks, sorted."""
+    dirs = [d for d in [*search_dirs, PACKAGED_PLAYBOOKS] if d.is_dir()]
+    return sorted({p.stem for d in dirs for suffix in ("yaml", "yml") for p in d.glob(f"*.{suffix}")})
 
 
 def load_recipe(path: Path) -> Recipe:

@@ -10,6 +10,7 @@ import click
 from pydantic import BaseModel
 
 from orchestrator.app import App
+from orchestrator.cli import complete
 from orchestrator.fleet import FleetResult
 from orchestrator.render import host_errors
 
@@ -32,13 +33,21 @@ def host_options(fn: F) -> F:
         show_default=True,
         help="How many hosts to work on at once.",
     )(fn)
-    fn = click.option("--tag", "tags", multiple=True, metavar="TAG", help="Hosts with this tag (repeatable).")(fn)
+    fn = click.option(
+        "--tag",
+        "tags",
+        multiple=True,
+        metavar="TAG",
+        shell_complete=complete.tags,
+        help="Hosts with this tag (repeatable).",
+    )(fn)
     fn = click.option(
         "--host",
         "-H",
         "hosts",
         multiple=True,
         metavar="NAME_OR_ADDRESS",
+        shell_complete=complete.hosts,
         help="A host by inventory name or address (repeatable). Default: every host.",
     )(fn)
     return fn

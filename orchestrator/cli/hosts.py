@@ -9,13 +9,14 @@ from __future__ import annotations
 import click
 
 from orchestrator.app import App
+from orchestrator.cli import complete
 from orchestrator.cli.common import default, finish, host_options, pass_app
 from orchestrator.errors import ExitCode
 from orchestrator.recipe import PullOptions
 
 
 @click.command()
-@click.argument("detail_hosts", nargs=-1, metavar="[HOST]...")
+@click.argument("detail_hosts", nargs=-1, metavar="[HOST]...", shell_complete=complete.hosts)
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (logs go to stderr).")
 @click.option("--wide", is_flag=True, help="Every detail in the table (cells wrap), not one short line per host.")
@@ -107,7 +108,7 @@ def pull(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int,
 
 
 @click.command()
-@click.argument("host_names", nargs=-1, required=True, metavar="HOST...")
+@click.argument("host_names", nargs=-1, required=True, metavar="HOST...", shell_complete=complete.hosts)
 @click.option(
     "--fingerprint",
     "expected",

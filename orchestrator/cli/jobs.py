@@ -6,6 +6,7 @@ import click
 
 from orchestrator import jobs as jobs_mod
 from orchestrator.app import App
+from orchestrator.cli import complete
 from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.errors import ExitCode
 from orchestrator.ops import logs as logs_op
@@ -41,7 +42,7 @@ def jobs_cmd(
 
 
 @click.command()
-@click.argument("host_name", metavar="HOST")
+@click.argument("host_name", metavar="HOST", shell_complete=complete.hosts)
 @click.argument("job_id", required=False, metavar="[JOB|KIND]")
 @click.option(
     "-f", "--follow", is_flag=True, help="Keep printing as the log grows (Ctrl-C stops following, not the job)."
@@ -74,7 +75,7 @@ def logs(app: App, host_name: str, job_id: str | None, follow: bool, tail: int) 
 
 
 @click.command()
-@click.argument("host_name", metavar="HOST")
+@click.argument("host_name", metavar="HOST", shell_complete=complete.hosts)
 @click.argument("job_id", metavar="JOB")
 @click.option(
     "--timeout",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from orchestrator.app import App, refuse_bad_recipe
+from orchestrator.cli import complete
 from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.gateway import (
@@ -24,7 +25,7 @@ from orchestrator.views import run as run_view
 
 
 @click.command(name="run")
-@click.argument("playbook", required=False, metavar="[PLAYBOOK]")
+@click.argument("playbook", required=False, metavar="[PLAYBOOK]", shell_complete=complete.playbooks)
 @host_options
 @click.option("--lockstep", is_flag=True, help="Every host finishes a step before any starts the next.")
 @click.option("--from", "from_step", metavar="STEP", help="Start at STEP (run it and the later ones again).")

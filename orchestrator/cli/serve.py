@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from orchestrator.app import App
+from orchestrator.cli import complete
 from orchestrator.cli.common import default, finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.gateway import gate_needs_rolling, rolling_default, rolling_options, rolling_serve
@@ -17,7 +18,10 @@ from orchestrator.views import serve as serve_view
 from orchestrator.views.serve import reporter
 
 _playbook = click.option(
-    "--playbook", metavar="NAME_OR_PATH", help="Recipe name under playbooks/ or a YAML path. Default: the host's."
+    "--playbook",
+    metavar="NAME_OR_PATH",
+    shell_complete=complete.playbooks,
+    help="Recipe name under playbooks/ or a YAML path. Default: the host's.",
 )
 _drain = click.option(
     "--drain-timeout",
