@@ -21,6 +21,12 @@ from orchestrator.recipe import PullOptions
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (logs go to stderr).")
 @click.option("--wide", is_flag=True, help="Every detail in the table (cells wrap), not one short line per host.")
 @click.option("--fetch", is_flag=True, help="Fetch upstream on each host first, in the same round trip.")
+@click.option(
+    "--prometheus",
+    metavar="FILE",
+    help="Write the metrics in the Prometheus text format to FILE (replaced atomically; - for stdout), for "
+    "node_exporter's textfile collector, instead of the table.",
+)
 @pass_app
 def status(
     app: App,
@@ -31,6 +37,7 @@ def status(
     as_json: bool,
     wide: bool,
     fetch: bool,
+    prometheus: str | None,
 ) -> int:
     """Show each host: phase, SGLang commit (commits behind, when fetched), GPUs, tuning, server.
 
@@ -46,6 +53,7 @@ def status(
       orch status --fetch
       orch status blackwell-1
       orch status --host blackwell-1 --json
+      orch status --prometheus /var/lib/node_exporter/textfile/orch.prom
     """
     from orchestrator.ops import status as status_op
     from orchestrator.render import print_json
@@ -62,7 +70,12 @@ def status(
     views = [by_name.get(r.host.name) or status_op.unreachable(r, cached.get(r.host.name)) for r in results]
     config, hosts_all = app.inventory.gateway, list(app.inventory.hosts.values())
     gateway = status_op.gateway_column(config, hosts_all, state, views) if config is not None else None
-    if as_json:
+    if prometheus:
+        from orchestrator.utc import utc_now
+        from orchestrator.views.metrics import write_prometheus
+
+        write_prometheus(prometheus, status_document(views, gateway)["hosts"], cached, utc_now())
+    elif as_json:
         print_json(status_document(views, gateway))
     elif detail_hosts:
         status_details(views, gateway)

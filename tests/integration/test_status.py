@@ -170,3 +170,27 @@ def test_thirty_two_hosts_read_at_100_columns(make_fleet: Callable[..., FleetEnv
     assert [r.split()[0] for r in rows] == [f"sim-{i}" for i in range(1, 33)]
     assert all(len(line) <= 100 for line in lines), max(lines, key=len)
     assert all(r.split()[1] == "unreachable" and "up to date" in r for r in rows[4:])  # from the state
+
+
+def test_status_writes_prometheus_metrics_for_the_textfile_collector(make_fleet: Callable[..., FleetEnv]) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    env = make_fleet(1)
+    name = env.fleet.hosts[0].name  # type: ignore[attr-defined]
+    target = env.inventory.parent / "orch.prom"
+    run = env.orch("status", "--prometheus", str(target))
+    assert run.returncode == 0, run.output
+    assert run.stdout == ""  # the metrics go to the file, not the terminal
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(target.read_text())
+        for s in family.samples
+    }
+    assert samples[("orch_host_reachable", (("host", name),))] == 1
+    assert samples[("orch_host_phase", (("host", name), ("phase", "new")))] == 1
+    assert samples[("orch_host_phase", (("host", name), ("phase", "serving")))] == 0
+    assert 0 <= samples[("orch_host_last_seen_age_seconds", (("host", name),))] < 60
+
+    missing = env.orch("status", "--prometheus", str(env.inventory.parent / "no-such-dir" / "orch.prom"))
+    assert missing.returncode == 2
+    assert "cannot write the metrics file" in missing.stderr

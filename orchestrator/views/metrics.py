@@ -1,0 +1,77 @@
+"""``orch status --prometheus``: the campaign state in the Prometheus text format (issue 29).
+
+For node_exporter's textfile collector: a cron job or systemd timer runs ``orch status --prometheus
+FILE`` and node_exporter serves FILE's metrics (docs/metrics.md). Written with ``prometheus-client``:
+a file is replaced atomically (its ``write_to_textfile``), so the collector never reads half of one.
+Every metric has a ``host`` label; values come from what this status read from each host, and the last
+benchmark from the state (a status does not run one).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge, generate_latest, write_to_textfile
+
+from orchestrator.errors import UsageError
+from orchestrator.state import HostState, Phase
+
+
+def registry(hosts: list[dict[str, Any]], records: dict[str, HostState], now: datetime) -> CollectorRegistry:
+    """The metrics of ``hosts`` (``status --json``'s ``hosts`` entries) and their state ``records``."""
+    reg = CollectorRegistry()
+    phase = Gauge(
+        "orch_host_phase", "1 for the host's campaign phase, 0 for the others.", ["host", "phase"], registry=reg
+    )
+    reachable = Gauge("orch_host_reachable", "1 if this status reached the host over SSH.", ["host"], registry=reg)
+    seen = Gauge("orch_host_last_seen_age_seconds", "Seconds since orch last reached the host.", ["host"], registry=reg)
+    healthy = Gauge("orch_server_healthy", "1 if orch's server on the host answers /health.", ["host"], registry=reg)
+    accept = Gauge(
+        "orch_server_accept_length", "The server's average speculative accept length.", ["host"], registry=reg
+    )
+    tuning = Gauge(
+        "orch_tuning_progress_ratio", "Share of the FP8 tuning plan's units done (0 to 1).", ["host"], registry=reg
+    )
+    bench = Gauge(
+        "orch_bench_output_throughput_tokens_per_second",
+        "Output tok/s of the host's last benchmark.",
+        ["host", "label"],
+        registry=reg,
+    )
+    for doc in hosts:
+        name = doc["name"]
+        for p in Phase:
+            phase.labels(name, p.value).set(1 if doc["phase"] == p.value else 0)
+        reachable.labels(name).set(1 if doc["reachable"] else 0)
+        last_seen = doc.get("last_seen")
+        if last_seen:
+            seen.labels(name).set(max(0.0, (now - datetime.fromisoformat(last_seen)).total_seconds()))
+        server = doc.get("server") or {}
+        if server:
+            healthy.labels(name).set(1 if server.get("healthy") else 0)
+        if server.get("accept_length") is not None:
+            accept.labels(name).set(server["accept_length"])
+        plan = doc.get("tuning") or {}
+        if plan.get("percent") is not None:
+            tuning.labels(name).set(plan["percent"] / 100)
+        record = records.get(name)
+        if record is not None and record.benchmarks:
+            last = record.benchmarks[-1]
+            bench.labels(name, last.label).set(last.metrics.output_throughput)
+    return reg
+
+
+def write_prometheus(target: str, hosts: list[dict[str, Any]], records: dict[str, HostState], now: datetime) -> None:
+    """Write to ``target`` (a path, replaced atomically) or to stdout for ``-``."""
+    reg = registry(hosts, records, now)
+    if target == "-":
+        print(generate_latest(reg).decode(), end="")
+        return
+    try:
+        write_to_textfile(target, reg)
+    except OSError as exc:
+        raise UsageError(
+            f"--prometheus {target}: cannot write the metrics file: {exc.strerror or exc}",
+            hint="name a writable file (node_exporter's textfile directory), or - for stdout",
+        ) from None

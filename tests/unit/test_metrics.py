@@ -1,0 +1,70 @@
+"""``orch status --prometheus``: the metrics built from status documents and state records (pure)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from orchestrator.facts.bench import BenchMetrics, BenchParams, BenchRecord
+from orchestrator.state import HostState
+from orchestrator.views.metrics import registry
+
+NOW = datetime(2026, 12, 3, 12, 0, tzinfo=timezone.utc)
+
+
+def samples(hosts: list[dict[str, Any]], records: dict[str, HostState]) -> dict[tuple[str, tuple[Any, ...]], float]:
+    text = generate_latest(registry(hosts, records, NOW)).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def doc(name: str, **fields: Any) -> dict[str, Any]:
+    return {"name": name, "phase": "serving", "reachable": True, "last_seen": NOW.isoformat(), **fields}
+
+
+def bench(label: str, tok_s: float) -> BenchRecord:
+    return BenchRecord(
+        label=label,
+        at=NOW,
+        job_id="bench-1",
+        module="sglang.benchmark.serving",
+        params=BenchParams(input_len=1024, output_len=256, num_prompts=64, max_concurrency=16),
+        metrics=BenchMetrics(output_throughput=tok_s, completed=64),
+    )
+
+
+def test_each_host_has_one_phase_set_and_its_reachability() -> None:
+    got = samples([doc("a"), doc("b", phase="tuning", reachable=False)], {})
+    assert got[("orch_host_phase", (("host", "a"), ("phase", "serving")))] == 1
+    assert sum(v for (n, labels), v in got.items() if n == "orch_host_phase" and ("host", "a") in labels) == 1
+    assert got[("orch_host_phase", (("host", "b"), ("phase", "tuning")))] == 1
+    assert got[("orch_host_reachable", (("host", "a"),))] == 1
+    assert got[("orch_host_reachable", (("host", "b"),))] == 0
+
+
+def test_last_seen_age_counts_from_now() -> None:
+    old = (NOW - timedelta(minutes=5)).isoformat()
+    got = samples([doc("a", reachable=False, last_seen=old), doc("never", last_seen=None)], {})
+    assert got[("orch_host_last_seen_age_seconds", (("host", "a"),))] == 300
+    assert ("orch_host_last_seen_age_seconds", (("host", "never"),)) not in got
+
+
+def test_server_tuning_and_the_last_benchmark() -> None:
+    server = {"healthy": True, "accept_length": 3.1}
+    hosts = [doc("a", server=server, tuning={"percent": 25.0}), doc("b", server={"healthy": False})]
+    record = HostState(benchmarks=[bench("baseline", 2000.0), bench("tuned+mtp", 4100.5)])
+    got = samples(hosts, {"a": record})
+    assert got[("orch_server_healthy", (("host", "a"),))] == 1
+    assert got[("orch_server_healthy", (("host", "b"),))] == 0
+    assert got[("orch_server_accept_length", (("host", "a"),))] == 3.1
+    assert ("orch_server_accept_length", (("host", "b"),)) not in got
+    assert got[("orch_tuning_progress_ratio", (("host", "a"),))] == 0.25
+    key = ("orch_bench_output_throughput_tokens_per_second", (("host", "a"), ("label", "tuned+mtp")))
+    assert got[key] == 4100.5
+    assert not [k for k in got if k[0] == "orch_bench_output_throughput_tokens_per_second" and k[1][0][1] == "b"]
