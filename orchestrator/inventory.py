@@ -288,7 +288,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(
-            f"inventory {path} not found", hint="pass --inventory PATH or set ORCH_INVENTORY (see README: Inventory)"
+            f"inventory {path} not found", hint="pass --inventory PATH or set ORCH_INVENTORY (see docs/inventory.md)"
         ) from None
     raw = load_yaml(path, text)
     if not isinstance(raw, dict):

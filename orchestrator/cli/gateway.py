@@ -75,7 +75,7 @@ def rollout_client(app: App, canary: str | None) -> GatewayClient:
     if gateway is None:
         raise UsageError(
             f"--rolling needs the gateway in front of the fleet: {app.inventory.path} has no 'gateway:'",
-            hint="add gateway: {url: http://HOST:PORT} to the inventory (README: Gateway)",
+            hint="add gateway: {url: http://HOST:PORT} to the inventory (docs/serving.md: the gateway)",
         )
     if canary is not None:
         app.select(tags=(canary,))
@@ -133,7 +133,7 @@ def status(app: App, as_json: bool) -> int:
     if config is None:
         raise UsageError(
             f"{app.inventory.path} has no 'gateway:'",
-            hint="add gateway: {url: http://HOST:PORT} to the inventory (README: Gateway)",
+            hint="add gateway: {url: http://HOST:PORT} to the inventory (docs/serving.md: the gateway)",
         )
     if config.host is not None:
         job = _gateway_job(app)

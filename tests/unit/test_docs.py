@@ -48,3 +48,78 @@ def test_readme_documents_every_exit_code() -> None:
     table = README.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
     documented = {int(m) for m in re.findall(r"^\| (\d+) \|", table, flags=re.MULTILINE)}
     assert documented == {int(code) for code in ExitCode}
+
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+GLOBAL_OPTIONS = {opt for p in cli.params for opt in p.opts + p.secondary_opts} | {"--help", "-h", "--version"}
+
+
+def code_of(text: str) -> list[str]:
+    """The code in a Markdown text: fenced blocks' lines (comments cut) and inline code spans."""
+    blocks = re.findall(r"(?ms)^```[^\n]*\n(.*?)^```", text)
+    prose = re.sub(r"(?ms)^```.*?^```", "", text)
+    lines = [re.split(r"(?:^|\s)#", line, maxsplit=1)[0] for block in blocks for line in block.splitlines()]
+    return lines + re.findall(r"`([^`\n]+)`", prose)
+
+
+def named_invocations(text: str) -> list[list[str]]:
+    """Each ``orch WORDS...`` run in the text's code (at a line's start, after ``&&``, ``;``, ``|`` or
+    ``$(``, or after an environment assignment): the words after ``orch`` up to the next such break."""
+    found = []
+    for code in code_of(text):
+        pattern = r"(?:^|&&|;|\||\$\(|\w=\S+ )\s*(?:\S*/)?orch((?: +[^\s|;&)]+)+)"
+        found += [m.group(1).split() for m in re.finditer(pattern, code.strip())]
+    return found
+
+
+def resolve(words: list[str]) -> tuple[click.Command, set[str]] | None:
+    """The command ``words`` name (after global options) and the options it and its groups accept."""
+    command: click.Command = cli
+    accepted = set(GLOBAL_OPTIONS)
+    for word in words:
+        if word.startswith("-"):
+            continue
+        if not isinstance(command, click.Group):
+            break
+        sub = command.get_command(click.Context(command), word)
+        if sub is None:
+            return None if command is cli else (command, accepted)
+        command = sub
+        accepted |= {opt for p in sub.params for opt in p.opts + p.secondary_opts} | {"--help", "-h"}
+    return command, accepted
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_command_and_option_the_docs_name_exists(doc: Path) -> None:
+    problems = []
+    for words in named_invocations(doc.read_text()):
+        if words[0].startswith(("-", "$", "<", "[", "'", '"')) or not re.fullmatch(r"[a-z][a-z0-9-]*", words[0]):
+            continue  # prose ("orch's"), a placeholder, or a global option first
+        resolved = resolve(words)
+        if resolved is None:
+            problems.append(f"orch {words[0]}: no such command")
+            continue
+        _, accepted = resolved
+        for word in words:
+            option = word.split("=", 1)[0]
+            if re.fullmatch(r"--?[a-zA-Z][\w-]*", option) and option not in accepted:
+                problems.append(f"orch {' '.join(words)}: no option {option}")
+    assert not problems, f"{doc.name}: " + "; ".join(sorted(set(problems)))
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_relative_link_resolves(doc: Path) -> None:
+    links = re.findall(r"\]\(([^)\s]+)\)", doc.read_text())
+    broken = [
+        link
+        for link in links
+        if not link.startswith(("http://", "https://", "#", "mailto:"))
+        and not (doc.parent / link.split("#", 1)[0]).exists()
+    ]
+    assert not broken, f"{doc.name}: broken links {broken}"
+
+
+def test_the_readme_is_a_front_page() -> None:
+    prose = re.sub(r"(?ms)^```.*?^```", "", README)
+    assert len(prose.split()) <= 1500
+    assert "## Quick start" in README and "## A five-minute tour" in README and "## Commands" in README
