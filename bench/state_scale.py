@@ -42,7 +42,8 @@ TEMPLATE_HOST = "sim-1"
 
 def build(path: Path, n_hosts: int) -> None:
     """The fixture's template host and its plan, N times, saved by orch's StateStore at ``path``."""
-    from orchestrator.state import HostState, State, StateStore
+    from orchestrator.state import HostState, State
+    from orchestrator.store import StateStore
     from orchestrator.tuning.record import PlanRecord
 
     demo = json.loads(FIXTURE.read_text())
@@ -68,7 +69,7 @@ def build(path: Path, n_hosts: int) -> None:
 def _load_fixture(document: dict[str, Any]) -> Any:
     """The fixture through orch's own reading of a schema 2 file (its migrations, its models)."""
     with tempfile.TemporaryDirectory(prefix="orch-fixture-") as tmp:
-        from orchestrator.state import StateStore
+        from orchestrator.store import StateStore
 
         path = Path(tmp) / "state.json"
         path.write_text(json.dumps(document))
@@ -82,7 +83,7 @@ def _replace_all(text: str, replacements: dict[str, str]) -> str:
 
 
 def child_txn(path: Path, n_hosts: int, runs: int) -> dict[str, Any]:
-    from orchestrator.state import StateStore
+    from orchestrator.store import StateStore
 
     store = StateStore(path)
     name = f"gpu-{n_hosts // 2:04d}"
@@ -101,7 +102,7 @@ def child_status(path: Path, status_hosts: int) -> dict[str, Any]:
     from orchestrator.facts.git import GitInfo
     from orchestrator.inventory import Host
     from orchestrator.ops import status as status_op
-    from orchestrator.state import StateStore
+    from orchestrator.store import StateStore
 
     try:
         from orchestrator.tuning.progress import status_field
@@ -127,7 +128,7 @@ def child_status(path: Path, status_hosts: int) -> dict[str, Any]:
     cpu0 = time.process_time()
     store = StateStore(path)
     getattr(store, "check_readable", store.load)()  # App.store checks the state before contacting a host
-    state = store.load()
+    state = store.read()
     cached = state.hosts
     cpu_loaded = time.process_time()
     names = list(cached)[:status_hosts]

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from orchestrator.fleet import Fleet
     from orchestrator.inventory import Host, Inventory
     from orchestrator.recipe import Recipe
-    from orchestrator.state import StateStore
+    from orchestrator.store import StateStore
     from orchestrator.tuning.member import Peers
 
 log = logging.getLogger(__name__)
@@ -59,20 +59,21 @@ class App:
 
     @property
     def state_path(self) -> Path:
-        """``--state``, else ``$ORCH_STATE``, else ``.orch/state.json`` beside the inventory."""
+        """``--state``, else ``$ORCH_STATE``, else ``.orch/state.db`` beside the inventory (a path ending
+        ``.json`` names an older orch's state: the database is ``.db`` beside it, ``store.database_path``)."""
         if self.state_option is not None:
             return self.state_option
         if os.environ.get("ORCH_STATE"):
             return Path(os.environ["ORCH_STATE"])
-        return self.inventory_file.resolve().parent / ".orch" / "state.json"
+        return self.inventory_file.resolve().parent / ".orch" / "state.db"
 
     @property
     def store(self) -> StateStore:
-        """The state store, checked once (``check_readable``): a corrupt or unreadable state file is a
-        ``StateError`` (exit 4) at the first use, before any host is contacted when the command
-        uses it first (and on every host otherwise: still exit 4, see ``FleetResult.exit_code``)."""
+        """The state store, opened at the first use (and so checked: a corrupt, newer or unreadable database
+        is a ``StateError``, exit 4, before any host is contacted when the command uses it first; an older
+        orch's state is migrated then)."""
         from orchestrator.notify import Notifier
-        from orchestrator.state import StateStore
+        from orchestrator.store import StateStore
 
         with self._lock:
             if self._store is None:
@@ -82,8 +83,7 @@ class App:
                     lock_timeout=lock_timeout_setting(),
                     on_commit=notifier.on_commit if notifier else None,
                 )
-                store.check_readable()
-                log.info("state file %s", store.path)
+                log.info("state database %s", store.path)
                 self._store = store
             return self._store
 

@@ -25,7 +25,7 @@ from orchestrator.transport.base import ConnectOptions, Runner
 if TYPE_CHECKING:
     from orchestrator.inventory import Host
     from orchestrator.session import HostSession, Sink
-    from orchestrator.state import StateStore
+    from orchestrator.store import StateStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -52,7 +52,8 @@ if TYPE_CHECKING:
     from orchestrator.inventory import Host
     from orchestrator.jobs import JobInfo
     from orchestrator.readers import GpuInfo, HostServer, LogReader, TunedConfigs
-    from orchestrator.state import HostState, StateStore
+    from orchestrator.state import HostState
+    from orchestrator.store import StateStore
     from orchestrator.transport.base import Runner
 
 T = TypeVar("T")
@@ -196,6 +197,5 @@ class HostSession:
 
     def state(self) -> HostState:
         """What the state file says about the host now (a fresh read: another orch may have written)."""
-        from orchestrator.state import HostState
 
-        return self.store.load_host(self.host.name) or HostState()
+        return self.store.read([self.host.name]).host(self.host.name)

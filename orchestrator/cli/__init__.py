@@ -126,8 +126,8 @@ class LazyGroup(click.Group):
 @click.option(
     "--state",
     type=click.Path(path_type=Path),
-    help="State directory (an older orch's state file there is migrated). Default: $ORCH_STATE, else "
-    ".orch/state.json beside the inventory.",
+    help="State database (a path ending .json: an older orch's state, migrated into .db beside it). "
+    "Default: $ORCH_STATE, else .orch/state.db beside the inventory.",
 )
 @click.option(
     "--connect-timeout",

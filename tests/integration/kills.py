@@ -41,7 +41,8 @@ import yaml
 from orchestrator.errors import StateError
 from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.sandbox.processes import host_pids
-from orchestrator.state import HostState, State, StateStore
+from orchestrator.state import HostState, State
+from orchestrator.store import StateStore
 
 # Tuning (2 units per GPU) and the benchmark last a few seconds each: the tuning job and the benchmark run
 # on while orch is dead, so steps shorter than a kill-and-rerun cycle end before the kills aimed at them
@@ -288,7 +289,7 @@ def check(campaign: Campaign, expected_units: set[tuple[int, int, int]]) -> Figu
         fig.stray_processes += stray_processes(host, _running_server(host))
     store = StateStore(campaign.state)
     try:
-        state = store.load()
+        state = store.read()
         fig.state_valid = True
     except StateError as exc:
         fig.state_errors.append(str(exc))
@@ -357,7 +358,7 @@ def hold_state_lock_from(
     deadline = time.monotonic() + timeout
     while True:
         try:
-            document = json.loads(StateStore(state).load().model_dump_json()) if state.exists() else {}
+            document = json.loads(StateStore(state).read().model_dump_json()) if state.exists() else {}
         except (OSError, ValueError, StateError):
             document = {}
         if document and moment(document):

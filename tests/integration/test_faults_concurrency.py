@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from orchestrator.state import HostState, StateStore
+from orchestrator.state import HostState
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
 from tests.unit.test_state import snapshot
 
@@ -47,7 +48,7 @@ def test_status_pull_tune_and_status_at_once_lose_no_update(make_fleet) -> None:
     assert [p.returncode for p in procs] == [0, 0, 0, 0], outputs
 
     store = StateStore(env.state)
-    state = store.load()
+    state = store.read()
     for name in names:
         hs = state.hosts[name]
         assert hs.sglang is not None and hs.sglang.commit == sha, name  # the pull's update
@@ -88,7 +89,7 @@ def test_a_stuck_lock_holder_makes_tune_and_serve_give_up_naming_it_with_nothing
     sim.set_knobs(**FAST)
     served = env.orch("serve", "--no-mtp")
     assert served.returncode == 0, served.output
-    before = StateStore(env.state).load()
+    before = StateStore(env.state).read()
     server_job = before.hosts[sim.name].server.job_id  # type: ignore[union-attr]
     server_pid = int((sim.workdir / "jobs" / server_job / "pid").read_text())
     state_bytes = snapshot(env.state)

@@ -14,9 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv, run_orch
-from tests.unit.test_state import V1_DEMO, document, put_single_file
+from tests.unit.test_state import document, put_single_file
+from tests.unit.test_state_migration import V1_DEMO
 
 FAST = {"startup_seconds": 0.3, "decode_step_seconds": 0.001}
 
@@ -48,7 +49,7 @@ def shape(value: Any) -> Any:
 def test_the_v1_shape_of_a_migrated_real_v1_file_is_that_file(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     path.write_bytes(V1_DEMO.read_bytes())
-    migrated = as_v1(json.loads(StateStore(path).load().model_dump_json()))
+    migrated = as_v1(json.loads(StateStore(path).read().model_dump_json()))
     original = json.loads(V1_DEMO.read_text())
     migrated.pop("tuning_plans")  # the plans, stored once since v2: checked by the tuning modules' own step
     migrated.pop("rollout")  # the last rolling relaunch (issue 12), none in a v1 file
@@ -94,7 +95,7 @@ def test_serve_adopts_the_unverified_server_of_a_v1_file_and_migrates_it(make_fl
     assert adopted.returncode == 0, adopted.output
     assert f"re-attaching to server job {job}" in adopted.stderr + adopted.stdout
     assert json.loads((env.state / "hosts" / "sim-1.json").read_text())["schema_version"] == 3
-    hs = StateStore(env.state).load().hosts["sim-1"]
+    hs = StateStore(env.state).read().hosts["sim-1"]
     assert hs.phase.value == "serving" and hs.server is not None and hs.server.job_id == job
     assert hs.server.verified is not None and hs.server.verified.speculative == "EAGLE steps=3 topk=1 draft=4"
 
