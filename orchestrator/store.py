@@ -156,11 +156,11 @@ class StateStore:
         wanted = set(names)
         with self._transaction() as db:
             state = self._read(db, sorted(wanted), history=True)
-            before, read = self._copy(state), set(state.hosts)
+            before, read, plans = self._copy(state), set(state.hosts), set(state.tuning_plans)
             yield state
             if not read <= set(state.hosts) <= wanted:
                 raise RuntimeError("update_hosts() changes the hosts it was given, never which hosts there are")
-            self._save(db, state, read)
+            self._save(db, state, read, plans)
         self._notify(before, state)
 
     @contextlib.contextmanager
@@ -171,7 +171,7 @@ class StateStore:
             state = self._read(db, None, history=True)
             before, read = self._copy(state), set(state.hosts)
             yield state
-            self._save(db, state, read)
+            self._save(db, state, read, None)
         self._notify(before, state)
 
     def update_seen(self, changes: Mapping[str, Callable[[HostState], T]]) -> dict[str, T]:
@@ -249,7 +249,7 @@ class StateStore:
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 migrated = state_migration.read_legacy(legacy) if legacy.exists() else None
                 if migrated is not None:
-                    self._save(db, migrated, set())
+                    self._save(db, migrated, set(), None)
                 db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -308,7 +308,8 @@ class StateStore:
     # -- documents in and out
 
     def _read(self, db: sqlite3.Connection, names: list[str] | None, history: bool) -> State:
-        """Hosts ``names`` (None: all) whole (``history``) or without their lists, and the fleet's documents."""
+        """Hosts ``names`` (None: all) whole (``history``) or without their lists, and the fleet's documents: every
+        plan, or (``names``) the plans those hosts name."""
         only, args = ("", ()) if names is None else (f" AND host IN ({','.join('?' * len(names))})", tuple(names))
         docs = dict(db.execute(f"SELECT host, doc FROM hosts WHERE 1{only}", args))
         parts: dict[str, dict[str, list[str]]] = {name: {} for name in docs}
@@ -323,8 +324,13 @@ class StateStore:
             for name, doc in db.execute(f"SELECT host, doc FROM {table} WHERE 1{only} ORDER BY host, seq", args):
                 parts.get(name, {}).setdefault(table, []).append(doc)
         hosts = {name: self._host(name, docs[name], parts[name]) for name in sorted(docs, key=_natural)}
-        plans = {id_: _parse(PlanRecord, doc, self.path, f"tuning plan {id_!r}")
-                 for id_, doc in db.execute("SELECT id, doc FROM tuning_plans ORDER BY rowid")}  # fmt: skip
+        named = sorted({hs.tuning.plan_id for hs in hosts.values() if hs.tuning and hs.tuning.plan_id})
+        of_hosts = "" if names is None else f" WHERE id IN ({','.join('?' * len(named))})"
+        query = f"SELECT id, doc FROM tuning_plans{of_hosts} ORDER BY rowid"
+        plans = {
+            i: _parse(PlanRecord, d, self.path, f"tuning plan {i!r}")
+            for i, d in db.execute(query, named if of_hosts else ())
+        }
         row = db.execute("SELECT doc FROM rollout").fetchone()
         rollout = _parse(RolloutRecord, row[0], self.path, "rollout") if row else None
         return State.model_construct(schema_version=SCHEMA_VERSION, hosts=hosts, tuning_plans=plans, rollout=rollout)
@@ -338,16 +344,20 @@ class StateStore:
         text = doc[:-1] + "," + ",".join(e for e in extra if e) + "}"
         return _parse(HostState, text, self.path, f"host {name!r}")
 
-    def _save(self, db: sqlite3.Connection, state: State, read: set[str]) -> None:
+    def _save(self, db: sqlite3.Connection, state: State, read: set[str], plans_read: set[str] | None) -> None:
         """Write what changed of ``state`` (every document validated first), and delete the hosts of ``read``
-        it no longer has."""
+        and the plans of ``plans_read`` (None: every plan) it no longer has."""
         for name, hs in state.hosts.items():
             self._save_host(db, name, hs)
         for name in read - set(state.hosts):
             for table in ("hosts", "seen", "jobs", *_LISTS):
                 db.execute(f"DELETE FROM {table} WHERE host = ?", (name,))
         plans = {id_: plan.model_dump_json(warnings=False) for id_, plan in state.tuning_plans.items()}
-        known = dict(db.execute("SELECT id, doc FROM tuning_plans"))
+        known = (
+            dict(db.execute("SELECT id, doc FROM tuning_plans"))
+            if plans_read is None
+            else _plans(db, plans_read | set(plans))
+        )
         changed = [
             (i, _checked(PlanRecord, d, self.path, what=f"tuning plan {i!r}"))
             for i, d in plans.items()
@@ -399,6 +409,12 @@ class StateStore:
     def _notify(self, before: State | None, after: State) -> None:
         if self.on_commit is not None and before is not None:
             self.on_commit(before, after)
+
+
+def _plans(db: sqlite3.Connection, ids: set[str]) -> dict[str, str]:
+    """The documents of those plans of ``ids`` the database holds."""
+    rows = (db.execute("SELECT id, doc FROM tuning_plans WHERE id = ?", (i,)).fetchone() for i in ids)
+    return dict(row for row in rows if row is not None)
 
 
 def _snapshot(db: sqlite3.Connection, name: str) -> _Snapshot:

@@ -52,7 +52,7 @@ def status(
 
     selected = app.select(hosts + detail_hosts, tags)
     with app.fleet(selected, parallel) as fleet:
-        state = app.store.read()  # once for the fleet: no host reads it again
+        state = app.store.read(history=False)  # once for the fleet: no host reads it again
         cached = state.hosts
         results = fleet.map_sessions(lambda s: status_op.observe(s, cached.get(s.name), fetch, state), app.store)
     observed = [r.value for r in results if r.ok and r.value is not None]

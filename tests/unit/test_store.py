@@ -19,7 +19,7 @@ from orchestrator.errors import ExitCode, StateError
 from orchestrator.state import SCHEMA_VERSION, HostState, Phase, State
 from orchestrator.state_migration import read_legacy
 from orchestrator.store import StateStore
-from orchestrator.tuning.record import PlanRecord
+from orchestrator.tuning.record import PlanRecord, TuningRecord
 from tests.unit.test_state import T0, a_job, populate
 
 REPO_ROOT = Path(orchestrator.__file__).resolve().parents[1]
@@ -118,13 +118,19 @@ def test_hosts_read_in_natural_order_and_odd_names_round_trip(store: StateStore)
     assert list(store.read().hosts) == ["100%", "a/b", "sim-1", "sim-2", "sim-10", "ünï"]
 
 
-def test_a_read_of_some_hosts_has_those_alone_and_the_plans(store: StateStore) -> None:
+def test_a_read_of_some_hosts_has_those_alone_and_the_plans_they_name(store: StateStore) -> None:
     with store.update() as state:
         for name in ("a", "b", "c"):
             state.host(name).set_phase(Phase.PULLED, "pull")
-        state.tuning_plans["p1"] = a_plan("p1")
+        state.tuning_plans.update({"p1": a_plan("p1"), "p2": a_plan("p2")})
+        state.host("a").tuning = TuningRecord(plan_id="p1")
+        state.host("b").tuning = TuningRecord(plan_id="p2")
     read = store.read(["c", "a", "missing"])
     assert list(read.hosts) == ["a", "c"] and list(read.tuning_plans) == ["p1"]
+    with store.update_hosts(["a"]) as state:  # a group's transaction: its plans alone
+        assert list(state.tuning_plans) == ["p1"]
+        state.tuning_plans["p3"] = a_plan("p3")
+    assert list(store.read().tuning_plans) == ["p1", "p2", "p3"]
 
 
 def test_a_read_without_history_leaves_out_phase_changes_benchmarks_and_finished_jobs(store: StateStore) -> None:
