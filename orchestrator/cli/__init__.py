@@ -85,6 +85,9 @@ COMMANDS: dict[str, CommandEntry] = {
     "gateway": CommandEntry(
         "gateway:gateway", "The SGLang Model Gateway in front of the fleet (inventory 'gateway:')."
     ),
+    "state": CommandEntry(
+        "state:state", "Show or export orch's state (the database beside the inventory); no host is contacted."
+    ),
     "demo": CommandEntry(
         "demo:demo", "Bring up simulated GPU hosts on loopback and run orch against them, start to finish."
     ),

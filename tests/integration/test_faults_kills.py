@@ -3,7 +3,6 @@ nothing twice; killed between starting a job and recording it, the re-run adopts
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -36,7 +35,8 @@ def test_run_killed_twenty_times_at_seeded_moments_tunes_serves_and_benchmarks_o
     assert fig.servers_per_host == fig.servers_running_per_host == {"sim-1": 1, "sim-2": 1}
     assert fig.bench_jobs_per_host == fig.bench_ok_per_host == {"sim-1": 1, "sim-2": 1}
     assert fig.stray_processes == [] and fig.orch_left == []
-    assert fig.state_valid and fig.backup_valid
+    assert fig.state_valid and len(fig.integrity_after_kills) == fig.kills
+    assert all(answer.startswith("ok") for answer in fig.integrity_after_kills), fig.integrity_after_kills
     assert fig.phases == {"sim-1": "serving", "sim-2": "serving"} and all(fig.verified.values())
     state = StateStore(runs.state).read()
     for name, hs in state.hosts.items():
@@ -76,7 +76,7 @@ def _kill_between_start_and_record(env: FleetEnv, args: list[str], moment: Any, 
     proc = _orch(env, *args)
     try:
         try:
-            fd = kills.hold_state_lock_from(env.state, moment, alive=lambda: proc.poll() is None)
+            holder = kills.hold_state_lock_from(env.state, moment, alive=lambda: proc.poll() is None)
         except AssertionError as exc:
             tail = "\n".join(_orch_log(env).read_text(errors="replace").splitlines()[-30:])
             raise AssertionError(f"{exc} (orch exit code {proc.poll()}); its output ended:\n{tail}") from None
@@ -87,7 +87,7 @@ def _kill_between_start_and_record(env: FleetEnv, args: list[str], moment: Any, 
         finally:
             proc.kill()
             proc.wait()
-            os.close(fd)
+            holder.close()
     finally:
         if proc.poll() is None:
             proc.kill()

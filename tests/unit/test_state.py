@@ -70,7 +70,7 @@ def put_single_file(path: Path, document: dict[str, Any]) -> None:
     """An older orch's single state file at ``path`` (``.../state.json``): the database beside it, and what
     a migration kept, removed first."""
     for old in [path, *path.parent.glob("state.db*"), *path.parent.glob(f"{path.name}.migrated*")]:
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
+        shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document))
 
