@@ -481,12 +481,15 @@ def _natural(name: str) -> list[Any]:
 
 
 def _private_file(path: Path) -> None:
-    """``path`` created empty and 0600 when missing (its missing directories 0700), never through a symlink."""
-    missing = [p for p in reversed(path.parents) if not p.exists()]
-    for directory in missing:
+    """``path`` created empty and 0600 when missing (its missing directories 0700), never through a symlink.
+    An existing database is never opened here: closing a descriptor of it would drop the POSIX locks every
+    SQLite connection of this process holds on it (SQLite's "How To Corrupt" §2.2)."""
+    for directory in [p for p in reversed(path.parents) if not p.exists()]:
         directory.mkdir(mode=0o700, exist_ok=True)
     try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        pass
     except OSError as exc:
         raise StateError(f"cannot create state database {path}: {exc.strerror}") from exc
 

@@ -12,6 +12,7 @@ from orchestrator import server_job as server
 from orchestrator.errors import GatewayError, OrchError, UsageError
 from orchestrator.facts import git, gpus, probe
 from orchestrator.fleet import HostResult
+from orchestrator.gateway import GatewayClient, check_fleet
 from orchestrator.inventory import Host
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord, State
@@ -216,7 +217,6 @@ def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: lis
     concerns the gateway itself (its URL, whether it answered and why not, the workers that are no
     inventory host). ``hosts`` is the whole inventory, so a host left out of this status is no stranger;
     a gateway that does not answer (or a key not set) is said in the column, never fatal."""
-    from orchestrator.gateway import GatewayClient, check_fleet  # only with a gateway in the inventory
 
     try:
         workers = GatewayClient(gateway).workers()

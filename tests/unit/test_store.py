@@ -376,3 +376,40 @@ def test_a_write_waits_for_the_holder_within_the_timeout(db: Path) -> None:
     store.update_host("h", pull)  # waits for the holder (0.3 s) instead of failing
     holder.communicate(timeout=30)
     assert store.read().hosts["h"].phase == Phase.PULLED
+
+
+TRY_WRITE = """
+import sys
+from pathlib import Path
+from orchestrator.errors import StateError
+from orchestrator.store import StateStore
+
+try:
+    StateStore(Path(sys.argv[1]), lock_timeout=0.5).update_host("h", lambda hs: setattr(hs, "last_error", "other"))
+    print("wrote")
+except StateError:
+    print("busy")
+"""
+
+
+def test_opening_the_store_again_in_a_process_keeps_its_lock(db: Path) -> None:
+    """A second store on the same database in the process holding the write lock (orch's tests and tools
+    open several) must not drop that lock: another orch still waits for it."""
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with StateStore(db).update():
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(30)
+        StateStore(db).read()  # another store, opened while the lock is held
+        other = python_process(TRY_WRITE, str(db))
+        assert other.communicate(timeout=60)[0].strip() == "busy"
+    finally:
+        release.set()
+        holder.join(30)
+    assert StateStore(db).read().hosts == {}  # the other orch wrote nothing
