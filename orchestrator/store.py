@@ -126,11 +126,13 @@ class StateStore:
         plans and rollout, as one consistent snapshot. ``history=False`` leaves out each host's phase
         changes, benchmark runs and finished jobs (what ``orch status`` does not show): never write such a
         read back (the transactions read whole hosts)."""
-        db = self._db()
+        db, wanted = self._db(), None if names is None else list(dict.fromkeys(names))
         with self._errors():
+            if db.in_transaction:  # inside this thread's transaction: what the database holds, as it began
+                return self._read(db, wanted, history)
             db.execute("BEGIN")
             try:
-                return self._read(db, None if names is None else list(dict.fromkeys(names)), history)
+                return self._read(db, wanted, history)
             finally:
                 db.execute("COMMIT")
 

@@ -413,3 +413,11 @@ def test_opening_the_store_again_in_a_process_keeps_its_lock(db: Path) -> None:
         release.set()
         holder.join(30)
     assert StateStore(db).read().hosts == {}  # the other orch wrote nothing
+
+
+def test_a_read_inside_a_transaction_sees_what_was_committed(store: StateStore) -> None:
+    store.update_host("h", pull)
+    with store.update() as state:
+        state.host("h").set_phase(Phase.TUNING, "tune")
+        assert store.read(["h"]).hosts["h"].phase == Phase.PULLED  # a reader beside it sees the last commit
+    assert store.read().hosts["h"].phase == Phase.TUNING
