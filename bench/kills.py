@@ -4,7 +4,8 @@ On two simulated hosts (real sshd on loopback, tiny shapes and batch sizes, fast
 of tests/integration/kills.py starts ``orch run <tiny playbook> --yes``, kills it (SIGKILL) right after
 the k-th line it prints (k from a seeded RNG), runs it again, kill after kill, then once unkilled, and
 counts from the hosts' disks and the state file: (shape, batch size) units tuned and tuned twice,
-server and benchmark jobs per host, stray processes, re-runs that failed between kills. Nothing leaves
+server and benchmark jobs per host, stray processes, re-runs that failed between kills, and the state
+database's ``integrity_check`` after each kill. Nothing leaves
 this machine.
 
     python bench/kills.py --seed 13 --kills 20 --json
@@ -43,6 +44,7 @@ def main() -> None:
         "bench_jobs_per_host": data["bench_jobs_per_host"],
         "stray_processes": len(data["stray_processes"]),
         "failed_reruns": len(data["failed_reruns"]),
+        "integrity_ok_after_kills": sum(i.startswith("ok") for i in data["integrity_after_kills"]),
         "seconds": data["seconds"],
         "kills_by_step": data["kills_by_step"],
     }

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from orchestrator import jobs
 from orchestrator.inventory import Host
-from orchestrator.state import StateStore, utc_now
+from orchestrator.state import utc_now
+from orchestrator.store import StateStore
 from orchestrator.transport.base import CommandResult
 from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.member import Member

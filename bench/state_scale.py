@@ -5,18 +5,18 @@ The state is real: ``tests/data/state-v2-demo.json`` is what `orch demo --keep` 
 2ad0a07) recorded after its campaign (pull, baseline serve and benchmark, `orch run` with FP8 tuning and an
 MTP relaunch, benchmarks): 11 jobs, 8 phase changes, a tuning record with its plan and 3 benchmark runs per
 host. Its host ``sim-1`` (and its plan) is replicated N times under new names through orch's own models
-and written with orch's own ``StateStore``, so the same script measures any orch (before/after a change).
+and written through the public API of orch's own ``StateStore`` (one fleet transaction).
 
 Each measurement runs in a fresh child process (its own peak RSS):
 
 - ``txn_1host_ms``: the median wall time of one ``update_host`` on a host in the middle of the fleet (its
-  fsyncs included), ``txn_1host_cpu_ms`` its CPU time (what a loaded machine inflates less);
+  commit's fsync included), ``txn_1host_cpu_ms`` its CPU time (what a loaded machine inflates less);
 - ``status_state_cpu_s``: the CPU seconds of what `orch status` does with the state, without the SSH
-  round trips: the store's first load, the fleet load, each host's tuning field (``status_field``), the
-  record of every host seen (``record_seen``) and the merge for display (``merge_state``);
+  round trips: the read of every host without its history (what status shows), each host's tuning field
+  (``status_field``), the record of every host seen (``record_seen``) and the merge for display (``merge_state``);
   ``--status-hosts M`` limits it to M hosts (the quadratic orch of 2ad0a07 takes minutes at 1000);
 - ``rss_mb``: the larger peak resident set of the two children;
-- ``status_cpu_parts``: that CPU by step (``load``: both reads; ``tuning_field``; ``record_seen``; ``merge``).
+- ``status_cpu_parts``: that CPU by step (``load``: the read; ``tuning_field``; ``record_seen``; ``merge``).
 
     python bench/state_scale.py --hosts 1000 --json
 """
@@ -24,7 +24,6 @@ Each measurement runs in a fresh child process (its own peak RSS):
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import resource
@@ -42,7 +41,8 @@ TEMPLATE_HOST = "sim-1"
 
 def build(path: Path, n_hosts: int) -> None:
     """The fixture's template host and its plan, N times, saved by orch's StateStore at ``path``."""
-    from orchestrator.state import HostState, State, StateStore
+    from orchestrator.state import HostState, State
+    from orchestrator.store import StateStore
     from orchestrator.tuning.record import PlanRecord
 
     demo = json.loads(FIXTURE.read_text())
@@ -68,11 +68,11 @@ def build(path: Path, n_hosts: int) -> None:
 def _load_fixture(document: dict[str, Any]) -> Any:
     """The fixture through orch's own reading of a schema 2 file (its migrations, its models)."""
     with tempfile.TemporaryDirectory(prefix="orch-fixture-") as tmp:
-        from orchestrator.state import StateStore
+        from orchestrator.store import StateStore
 
         path = Path(tmp) / "state.json"
         path.write_text(json.dumps(document))
-        return StateStore(path).load()
+        return StateStore(path).read()  # the file is migrated into a database beside it
 
 
 def _replace_all(text: str, replacements: dict[str, str]) -> str:
@@ -82,7 +82,7 @@ def _replace_all(text: str, replacements: dict[str, str]) -> str:
 
 
 def child_txn(path: Path, n_hosts: int, runs: int) -> dict[str, Any]:
-    from orchestrator.state import StateStore
+    from orchestrator.store import StateStore
 
     store = StateStore(path)
     name = f"gpu-{n_hosts // 2:04d}"
@@ -101,33 +101,17 @@ def child_status(path: Path, status_hosts: int) -> dict[str, Any]:
     from orchestrator.facts.git import GitInfo
     from orchestrator.inventory import Host
     from orchestrator.ops import status as status_op
-    from orchestrator.state import StateStore
-
-    try:
-        from orchestrator.tuning.progress import status_field
-    except ImportError:  # a checkout from before it moved there
-        from orchestrator.tuning.commands import status_field  # type: ignore[no-redef]
-
-    params = inspect.signature(status_field).parameters
-    passes_state, on_session = "state" in params, "session" in params
-
-    def field_of(host: Host, store: StateStore, hs: Any, *extra: Any) -> Any:
-        """``status_field`` as the checkout measured takes it: a ``HostSession`` (its runner unused: the host
-        is not polled, as ``orch status`` does not poll a finished plan) or, before, host, runner and store."""
-        if on_session:
-            from orchestrator.session import HostSession
-
-            return status_field(HostSession(host, None, store), hs, *extra)  # type: ignore[arg-type]
-        return status_field(host, None, store, hs, *extra)  # type: ignore[arg-type,call-arg]
+    from orchestrator.session import HostSession
+    from orchestrator.store import StateStore
+    from orchestrator.tuning.progress import status_field
 
     warm = StateStore(path)  # the modules status imports when first used: issue 11 §2, not the state
-    name = warm.host_names()[0] if hasattr(warm, "host_names") else next(iter(warm.load().hosts))
+    name = next(iter(warm.read(history=False).hosts))
     host = Host.model_validate({"name": name, "address": "127.0.0.1"})
-    field_of(host, warm, warm.load().hosts[name])
+    status_field(HostSession(host, None, warm), warm.read([name]).hosts[name])  # type: ignore[arg-type]
     cpu0 = time.process_time()
     store = StateStore(path)
-    getattr(store, "check_readable", store.load)()  # App.store checks the state before contacting a host
-    state = store.load()
+    state = store.read(history=False)
     cached = state.hosts
     cpu_loaded = time.process_time()
     names = list(cached)[:status_hosts]
@@ -136,8 +120,7 @@ def child_status(path: Path, status_hosts: int) -> dict[str, Any]:
     tuned = 0
     for name in names:
         hs = cached.get(name)
-        extra = (state,) if passes_state else ()
-        field = field_of(hosts[name], store, hs, *extra)
+        field = status_field(HostSession(hosts[name], None, store), hs, state)  # type: ignore[arg-type]
         tuned += field is not None and field.get("state") == "installed"
         status = status_op.HostStatus(name, "127.0.0.1", reachable=True, phase="new")
         status.extra["tuning"] = field
@@ -145,8 +128,7 @@ def child_status(path: Path, status_hosts: int) -> dict[str, Any]:
         git = GitInfo(hs.sglang.commit, hs.sglang.branch or "main", hs.sglang.subject, None, hs.sglang.behind)
         observed.append(status_op.Observed(status, git, {}))
     cpu_fields = time.process_time()
-    takes_cached = "cached" in inspect.signature(status_op.record_seen).parameters
-    seen = status_op.record_seen(store, hosts, observed, *((cached,) if takes_cached else ()))
+    seen = status_op.record_seen(store, hosts, observed, cached)
     cpu_recorded = time.process_time()
     views = [status_op.merge_state(o, seen[o.status.name]) for o in observed]
     cpu = time.process_time() - cpu0
@@ -175,9 +157,8 @@ def run_child(*args: str) -> dict[str, Any]:
 
 
 def state_bytes(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.name.endswith((".bak", ".lock")))
+    """The database's size with its write-ahead log."""
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
 
 
 def main() -> None:
@@ -197,7 +178,7 @@ def main() -> None:
         print(json.dumps(result))
         return
     with tempfile.TemporaryDirectory(prefix="orch-state-bench-") as tmp:
-        path = Path(tmp) / ".orch" / "state.json"
+        path = Path(tmp) / ".orch" / "state.db"
         t0 = time.perf_counter()
         build(path, args.hosts)
         built_s = time.perf_counter() - t0

@@ -57,7 +57,7 @@ from pathlib import Path
 from orchestrator.fleet import open_runner
 from orchestrator.inventory import load_inventory
 from orchestrator.recipe import DEFAULT_RECIPE, TuneOptions, find_recipe, load_recipe
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from orchestrator.transport.ssh import ConnectOptions
 from orchestrator.tuning.prepare import prepare
 from orchestrator.tuning.start import start_group

@@ -12,13 +12,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigError, UsageError
+from orchestrator.facts.server import check_recipe
+from orchestrator.fleet import Fleet
+from orchestrator.inventory import Host, Inventory, inventory_path, load_inventory
+from orchestrator.notify import Notifier
+from orchestrator.recipe import DEFAULT_RECIPE, Recipe, find_recipe, load_recipe
+from orchestrator.store import StateStore
 from orchestrator.transport.base import ConnectOptions
 
 if TYPE_CHECKING:
-    from orchestrator.fleet import Fleet
-    from orchestrator.inventory import Host, Inventory
-    from orchestrator.recipe import Recipe
-    from orchestrator.state import StateStore
     from orchestrator.tuning.member import Peers
 
 log = logging.getLogger(__name__)
@@ -30,9 +32,8 @@ DEFAULT_LOCK_TIMEOUT = 30.0
 
 @dataclass
 class App:
-    """What a command needs, each part built on first use: the inventory, the state store, the
-    recipes and the fleet import their modules (pydantic models, paramiko) only when asked for, so a
-    command pays for what it uses and ``orch --help`` for none of it."""
+    """What a command needs, each part built on first use: the inventory, the state store, the recipes
+    and the fleet."""
 
     inventory_option: Path | None = None
     state_option: Path | None = None
@@ -45,35 +46,29 @@ class App:
     @property
     def inventory_file(self) -> Path:
         """``--inventory``, else ``$ORCH_INVENTORY``, else ./hosts.yaml (``inventory.inventory_path``)."""
-        from orchestrator.inventory import inventory_path
-
         return inventory_path(self.inventory_option)
 
     @cached_property
     def inventory(self) -> Inventory:
-        from orchestrator.inventory import load_inventory
-
         inventory = load_inventory(self.inventory_file)
         log.info("inventory %s: %d hosts", inventory.path, len(inventory.hosts))
         return inventory
 
     @property
     def state_path(self) -> Path:
-        """``--state``, else ``$ORCH_STATE``, else ``.orch/state.json`` beside the inventory."""
+        """``--state``, else ``$ORCH_STATE``, else ``.orch/state.db`` beside the inventory (a path ending
+        ``.json`` names an older orch's state: the database is ``.db`` beside it, ``store.database_path``)."""
         if self.state_option is not None:
             return self.state_option
         if os.environ.get("ORCH_STATE"):
             return Path(os.environ["ORCH_STATE"])
-        return self.inventory_file.resolve().parent / ".orch" / "state.json"
+        return self.inventory_file.resolve().parent / ".orch" / "state.db"
 
     @property
     def store(self) -> StateStore:
-        """The state store, checked once (``check_readable``): a corrupt or unreadable state file is a
-        ``StateError`` (exit 4) at the first use, before any host is contacted when the command
-        uses it first (and on every host otherwise: still exit 4, see ``FleetResult.exit_code``)."""
-        from orchestrator.notify import Notifier
-        from orchestrator.state import StateStore
-
+        """The state store, opened at the first use (and so checked: a corrupt, newer or unreadable database
+        is a ``StateError``, exit 4, before any host is contacted when the command uses it first; an older
+        orch's state is migrated then)."""
         with self._lock:
             if self._store is None:
                 notifier = Notifier(self.notify_cmd) if self.notify_cmd else None
@@ -82,8 +77,7 @@ class App:
                     lock_timeout=lock_timeout_setting(),
                     on_commit=notifier.on_commit if notifier else None,
                 )
-                store.check_readable()
-                log.info("state file %s", store.path)
+                log.info("state database %s", store.path)
                 self._store = store
             return self._store
 
@@ -98,8 +92,6 @@ class App:
     def _recipe(self, host: Host, playbook: str | None) -> Recipe:
         """The host's recipe: ``playbook`` (name or path), else the host's ``playbook``, else the default.
         Each file is read and validated once per invocation."""
-        from orchestrator.recipe import DEFAULT_RECIPE, find_recipe, load_recipe
-
         name = playbook or host.playbook or DEFAULT_RECIPE
         with self._lock:
             if name not in self._recipes:
@@ -125,8 +117,6 @@ class App:
         return fleet.peers(self.inventory.hosts, lambda: self.store)
 
     def fleet(self, hosts: list[Host], parallel: int = 32) -> Fleet:
-        from orchestrator.fleet import Fleet
-
         log.info("%d hosts (%s), %d at a time", len(hosts), ", ".join(h.name for h in hosts), parallel)
         return Fleet(hosts, self.options, parallel=parallel)
 
@@ -153,8 +143,6 @@ def refuse_bad_recipe(recipe: Recipe, *, mtp: bool) -> None:
     """``ConfigError`` (exit 2) listing what the MTP rules (``facts.server.check_recipe``) find wrong
     with ``recipe``: no host is needed to know, so ``serve``, ``run`` and ``recipe show`` refuse it
     alike, before contacting one."""
-    from orchestrator.facts.server import check_recipe
-
     problems = check_recipe(recipe, mtp=mtp)
     if problems:
         raise ConfigError(

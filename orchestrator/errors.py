@@ -9,7 +9,7 @@ bug and keeps its traceback.
     ├── ConfigError                 exit 2  bad hosts.yaml / playbook (names file:line, host, key): not
     │                                       found, invalid YAML, a key given twice, a bad value, or a
     │                                       recipe the MTP rules refuse (no host needed to know)
-    ├── StateError                  exit 4  state file corrupt, unknown version, or locked too long
+    ├── StateError                  exit 4  state database corrupt, newer, or busy too long
     ├── GatewayError                exit 3  the SGLang Model Gateway unreachable, refusing a request, or
     │                                       answering what orch cannot read (issue 12)
     └── HostError                   exit 3  per-host failure, collected by the fleet fan-out
@@ -40,7 +40,7 @@ class ExitCode(enum.IntEnum):
     INTERNAL = 1  # a bug: the traceback is printed
     USAGE = 2  # bad input: command line, hosts.yaml, playbook
     HOSTS_FAILED = 3  # the command failed on one or more hosts (the others are reported)
-    STATE = 4  # the state file is corrupt, of an unknown version, or locked by another orch
+    STATE = 4  # the state database is corrupt, of a newer orch, or busy with another orch
     VERIFY_FAILED = 5  # the server runs but does not do what was asked (MTP off, accept length low)
     INTERRUPTED = 130  # Ctrl-C
 

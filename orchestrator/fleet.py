@@ -20,26 +20,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from orchestrator.errors import ExitCode, OrchError, RefusedError
+from orchestrator.session import HostSession, Sink, discard
 from orchestrator.transport.base import ConnectOptions, Runner
+from orchestrator.transport.local import LocalRunner
+from orchestrator.transport.ssh import SSHRunner
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Host
-    from orchestrator.session import HostSession, Sink
-    from orchestrator.state import StateStore
+    from orchestrator.store import StateStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 def open_runner(host: Host, options: ConnectOptions) -> Runner:
-    """The runner for a host's transport (the connection opens on first use). The transport's module
-    is imported here, on first use: paramiko and fabric cost a command that contacts no host ~0.2 s."""
+    """The runner for a host's transport (the connection opens on first use)."""
     if host.transport == "local":
-        from orchestrator.transport.local import LocalRunner
-
         return LocalRunner(host)
-    from orchestrator.transport.ssh import SSHRunner
-
     return SSHRunner(host, options)
 
 
@@ -109,8 +106,6 @@ class Fleet:
     def session(self, host: Host, store: StateStore) -> HostSession:
         """The host's session for this invocation: one per host, sharing the host's runner, its events
         going to ``events(host)``."""
-        from orchestrator.session import HostSession, discard
-
         runner = self.runner(host)
         with self._lock:
             if host.name not in self._sessions:

@@ -25,7 +25,8 @@ from orchestrator.facts.gpus import Holder
 from orchestrator.inventory import Host
 from orchestrator.readers import SERVER_PURPOSE, read_gpu_info
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, ServerRecord, StateStore
+from orchestrator.state import HostState, ServerRecord
+from orchestrator.store import StateStore
 from orchestrator.transport.base import Runner
 
 
@@ -174,7 +175,7 @@ def stop_server(session: HostSession, gpus: Sequence[int], drain: float, outage:
         job = next((j for j in reversed(servers) if j.running), None)
         if job is None:
             return "lost" if servers and servers[-1].state == "lost" else None
-        store.check_writable(host.name)  # a stop that could not be recorded must not happen
+        store.check_writable()  # a stop that could not be recorded must not happen
         outcome = stop_job(session, job, gpus, drain, outage)
     finally:
         session.forget("jobs", "gpus", "server_info")  # what another orch or a reboot may have changed too

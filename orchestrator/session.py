@@ -46,13 +46,26 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from orchestrator import jobs
+from orchestrator.jobs import JobInfo, job_dir
+from orchestrator.readers import (
+    GpuInfo,
+    HostServer,
+    LogReader,
+    TunedConfigs,
+    host_server,
+    read_configs,
+    read_git,
+    read_gpu_info,
+    server_info,
+    server_job,
+)
+
 if TYPE_CHECKING:
-    from orchestrator import jobs
     from orchestrator.facts import git
     from orchestrator.inventory import Host
-    from orchestrator.jobs import JobInfo
-    from orchestrator.readers import GpuInfo, HostServer, LogReader, TunedConfigs
-    from orchestrator.state import HostState, StateStore
+    from orchestrator.state import HostState
+    from orchestrator.store import StateStore
     from orchestrator.transport.base import Runner
 
 T = TypeVar("T")
@@ -136,66 +149,45 @@ class HostSession:
 
     def git(self) -> git.GitInfo:
         """The host's SGLang checkout (``readers.read_git``): HEAD, branch, upstream, dirty files."""
-        from orchestrator.readers import read_git
-
         return self.fact("git", lambda: read_git(self.host, self.runner))
 
     def jobs(self) -> list[jobs.JobInfo]:
         """The jobs orch started on the host, as the host sees them now (``jobs.list_jobs``)."""
-        from orchestrator import jobs as jobs_mod
-
-        return self.fact("jobs", lambda: jobs_mod.list_jobs(self.runner, self.host.workdir))
+        return self.fact("jobs", lambda: jobs.list_jobs(self.runner, self.host.workdir))
 
     def running_server(self) -> JobInfo | None:
         """The server job orch launched that still runs on the host, if any (from ``jobs()``)."""
-        from orchestrator.readers import server_job
-
         return server_job(self.jobs())
 
     def gpus(self, indexes: Sequence[int]) -> GpuInfo:
         """GPUs ``indexes``: their name and compute capability, and who holds them, each holder tied to
         its orch job (``readers.read_gpu_info``, the jobs from ``jobs()``)."""
-        from orchestrator.readers import read_gpu_info
-
         key = "gpus:" + ",".join(map(str, indexes))
         return self.fact(key, lambda: read_gpu_info(self.host, self.runner, indexes, self.jobs))
 
     def server_surface(self) -> HostServer:
         """How the host starts SGLang's server and the flags it accepts (``readers.host_server``)."""
-        from orchestrator.readers import host_server
-
         return self.fact("server_surface", lambda: host_server(self.host, self.runner))
 
     def server_info(self, url: str) -> dict[str, Any]:
         """``GET /server_info`` of the server at ``url`` (``readers.server_info``)."""
-        from orchestrator.readers import server_info
-
         return self.fact(f"server_info:{url}", lambda: server_info(self.host, self.runner, url))
 
     def tuned_configs(self, device: str) -> TunedConfigs:
         """The tuned FP8 config files for ``device`` where the host's SGLang reads them (``read_configs``)."""
-        from orchestrator.readers import read_configs
-
         return self.fact(f"tuned_configs:{device}", lambda: read_configs(self.host, self.runner, device))
 
     def log(self, job: str) -> LogReader:
         """The reader of job ``job``'s log: each ``read()`` asks only for the bytes since the last one."""
-        from orchestrator.jobs import job_dir
-        from orchestrator.readers import LogReader
-
         return self.fact(f"log:{job}", lambda: LogReader(self.runner, f"{job_dir(self.host.workdir, job)}/log"))
 
     def job_argv(self, job: str) -> list[bytes]:
         """The NUL-separated words of job ``job``'s argv file (as the host's job directory holds them)."""
-        from orchestrator.jobs import job_dir
-
         path = f"{job_dir(self.host.workdir, job)}/argv"
         return self.fact(f"argv:{job}", lambda: self.runner.read_bytes(path).split(b"\0"))
 
     # --- state ----------------------------------------------------------------------------------------
 
     def state(self) -> HostState:
-        """What the state file says about the host now (a fresh read: another orch may have written)."""
-        from orchestrator.state import HostState
-
-        return self.store.load_host(self.host.name) or HostState()
+        """What the state says about the host now (a fresh read: another orch may have written)."""
+        return self.store.read([self.host.name]).host(self.host.name)

@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -24,96 +23,45 @@ from orchestrator.errors import ExitCode, OrchError
 from orchestrator.render import PipeSafeStdout, inert
 from orchestrator.transport.base import ConnectOptions
 
-
-@dataclass(frozen=True)
-class CommandEntry:
-    """Where a command lives (``module:attribute`` under ``orchestrator.cli``) and its one-line help
-    for ``orch --help`` (the first paragraph of its docstring; a unit test keeps the two equal)."""
-
-    target: str
-    help: str
-
-
-COMMANDS: dict[str, CommandEntry] = {
-    "status": CommandEntry(
-        "hosts:status", "Show each host: phase, SGLang commit (commits behind, when fetched), GPUs, tuning, server."
-    ),
-    "pull": CommandEntry("hosts:pull", "Fast-forward each host's SGLang checkout to its upstream."),
-    "trust": CommandEntry(
-        "hosts:trust",
-        "Record a host's SSH host key as trusted (in the inventory's known_hosts, else ~/.ssh/known_hosts).",
-    ),
-    "jobs": CommandEntry(
-        "jobs:jobs_cmd",
-        "List the detached jobs orch started on each host (tuning, server, benchmarks), one line each: "
-        "the live ones and the last few that ended.",
-    ),
-    "logs": CommandEntry("jobs:logs", "Print a job's log; -f follows it, resuming after dropped connections."),
-    "stop": CommandEntry(
-        "jobs:stop", "Stop a job orch started: SIGTERM to its process group, SIGKILL after --timeout."
-    ),
-    "bench": CommandEntry(
-        "bench:bench",
-        "Benchmark each host's running server (SGLang's serving benchmark, random prompts) and compare runs.",
-    ),
-    "report": CommandEntry(
-        "bench:report",
-        "Write a fleet report from the state file (no SSH): per host the phase history with durations, tuned "
-        "shapes, server configuration, benchmark table and a throughput chart (PNG).",
-    ),
-    "serve": CommandEntry(
-        "serve:serve", "Relaunch SGLang with the recipe (MTP by default) and verify it serves as asked."
-    ),
-    "stop-server": CommandEntry(
-        "serve:stop_server",
-        "Stop the server orch launched on each host (drain, then SIGKILL after the timeout); never another process.",
-    ),
-    "recipe": CommandEntry(
-        "serve:recipe", "Show a recipe's exact server command, or compare it with upstream's registered tests."
-    ),
-    "tune-fp8": CommandEntry(
-        "tune:tune_fp8",
-        "Tune SGLang's block-FP8 GEMM kernels as detached jobs, one per GPU, and install the configs.",
-    ),
-    "wait": CommandEntry(
-        "tune:wait",
-        "Wait for the tuning running on each host with a live progress display, then install its configs.",
-    ),
-    "run": CommandEntry(
-        "run:run", "Run a playbook's steps on each host (pull, tune-fp8, serve, bench); re-run to resume."
-    ),
-    "gateway": CommandEntry(
-        "gateway:gateway", "The SGLang Model Gateway in front of the fleet (inventory 'gateway:')."
-    ),
-    "demo": CommandEntry(
-        "demo:demo", "Bring up simulated GPU hosts on loopback and run orch against them, start to finish."
-    ),
+LAZY_COMMANDS = {
+    "status": "hosts:status",
+    "pull": "hosts:pull",
+    "trust": "hosts:trust",
+    "jobs": "jobs:jobs_cmd",
+    "logs": "jobs:logs",
+    "stop": "jobs:stop",
+    "bench": "bench:bench",
+    "report": "bench:report",
+    "serve": "serve:serve",
+    "stop-server": "serve:stop_server",
+    "recipe": "serve:recipe",
+    "tune-fp8": "tune:tune_fp8",
+    "wait": "tune:wait",
+    "run": "run:run",
+    "gateway": "gateway:gateway",
+    "state": "state:state",
+    "demo": "demo:demo",
 }
+"""Each command's ``module:attribute`` under ``orchestrator.cli``."""
 
 
 class LazyGroup(click.Group):
-    """click's lazy-loading pattern: a command's module (and what it imports: the operations, rich,
-    paramiko) is imported when that command runs, not when orch starts; ``orch --help`` lists the
-    commands from ``COMMANDS`` without importing any of them."""
+    """click's documented lazy-loading pattern ("Lazily Loading Subcommands"): a command's module (and what
+    it imports: the operations, rich, paramiko) is imported when that command is looked up, so a command
+    pays for its own imports only; ``orch --help`` looks every command up and shows each one's own help."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*COMMANDS, *self.commands])
+        return sorted([*LAZY_COMMANDS, *self.commands])
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in self.commands or cmd_name not in COMMANDS:
+        if cmd_name in self.commands or cmd_name not in LAZY_COMMANDS:
             return self.commands.get(cmd_name)
-        module, _, attribute = COMMANDS[cmd_name].target.partition(":")
+        module, _, attribute = LAZY_COMMANDS[cmd_name].partition(":")
         command = getattr(importlib.import_module(f"orchestrator.cli.{module}"), attribute)
         if not isinstance(command, click.Command):
             raise TypeError(f"orchestrator.cli.{module}:{attribute} is not a click command")
         self.add_command(command, cmd_name)
         return command
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
-        rows = [(name, click.Command(name, help=COMMANDS[name].help).get_short_help_str(limit)) for name in COMMANDS]
-        with formatter.section("Commands"):
-            formatter.write_dl(sorted(rows))
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -126,8 +74,8 @@ class LazyGroup(click.Group):
 @click.option(
     "--state",
     type=click.Path(path_type=Path),
-    help="State directory (an older orch's state file there is migrated). Default: $ORCH_STATE, else "
-    ".orch/state.json beside the inventory.",
+    help="State database (a path ending .json: an older orch's state, migrated into .db beside it). "
+    "Default: $ORCH_STATE, else .orch/state.db beside the inventory.",
 )
 @click.option(
     "--connect-timeout",
@@ -211,18 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, lambda signum, frame: _interrupted())
     code = run_command(argv)
     sys.stdout.flush()  # meet a closed pipe here, not at interpreter exit (where it prints a traceback)
-    _exit_now(code)
-
-
-def _exit_now(code: int) -> NoReturn:
-    """End the process without the interpreter's teardown, which frees every module (paramiko,
-    cryptography, pydantic, rich: ~600) and runs a last full garbage collection: ~10% of a short command's
-    CPU (py-spy: no Python frame on the stack, issue 11 §2). Nothing is left to do by then: the command
-    has returned, its hosts' threads have ended (``Fleet.map`` waits for them), its connections are
-    closed, state writes are atomic renames and logs go to stderr, flushed here."""
-    sys.stderr.flush()
-    logging.shutdown()
-    os._exit(code)
+    sys.exit(code)
 
 
 def run_command(argv: list[str] | None) -> int:

@@ -95,8 +95,11 @@ def report(app: App, fmt: report_op.Format, out_dir: Path) -> int:
       orch report
       orch report --format html --out /tmp/report && xdg-open /tmp/report/report.html
     """
-    if not app.state_path.exists():
-        raise UsageError(f"no state file at {app.state_path}", hint="run orch status, pull or serve first")
-    target = report_op.write_report(app.store.load(archived=True), str(app.state_path), out_dir, fmt)
+    from orchestrator.store import database_path, legacy_path
+
+    database = database_path(app.state_path)
+    if not database.exists() and not legacy_path(database).exists():
+        raise UsageError(f"no state at {database}", hint="run orch status, pull or serve first")
+    target = report_op.write_report(app.store.read(), str(database), out_dir, fmt)
     out.print(f"report written to {target}", markup=False)
     return int(ExitCode.OK)

@@ -16,7 +16,8 @@ import click
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.facts import bench as bench_facts
 from orchestrator.render import out
-from orchestrator.state import State, StateStore
+from orchestrator.state import State
+from orchestrator.store import StateStore
 
 if TYPE_CHECKING:  # the sandbox is imported only when the demo runs
     from orchestrator.sandbox import SimFleet
@@ -105,7 +106,7 @@ def demo(n_hosts: int, keep: bool, transport: str, down_dir: Path | None, report
     try:
         with fleet:
             session = _story(fleet, root, transport, report_dir)
-            for line in summary_lines(StateStore(state_path(root)).load(), [h.name for h in fleet.hosts]):
+            for line in summary_lines(StateStore(state_path(root)).read(), [h.name for h in fleet.hosts]):
                 out.print(line, markup=False)
             if keep:
                 mark_kept(root, [h.root for h in fleet.hosts])
@@ -165,8 +166,8 @@ KEPT_MARKER = "orch-demo-kept.json"  # written by --keep; --down removes only a 
 
 
 def state_path(root: Path) -> Path:
-    """Where the demo's orch commands keep their state: ``.orch/state.json`` beside the inventory."""
-    return root / ".orch" / "state.json"
+    """Where the demo's orch commands keep their state: ``.orch/state.db`` beside the inventory."""
+    return root / ".orch" / "state.db"
 
 
 def summary_lines(state: State, hosts: list[str]) -> list[str]:

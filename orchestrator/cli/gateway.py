@@ -142,7 +142,7 @@ def status(app: App, as_json: bool) -> int:
         else:
             gateway_view.job_report(config.host, job)
     workers = GatewayClient(config).workers()
-    result = check_fleet(workers, list(app.inventory.hosts.values()), app.store.load())
+    result = check_fleet(workers, list(app.inventory.hosts.values()), app.store.read())
     if as_json:
         print_json({**gateway_view.document(result), **({"job": job_doc} if config.host is not None else {})})
     else:
@@ -175,7 +175,7 @@ def up(app: App, timeout: float) -> int:
     Example: orch gateway up
     """
     config, host = gateway_op.gateway_host(app.inventory)
-    workers = tuple(gateway_op.serving_urls(app.inventory, app.store.load()).values())
+    workers = tuple(gateway_op.serving_urls(app.inventory, app.store.read()).values())
     with app.fleet([host]) as fleet:
         result = gateway_op.up(fleet.runner(host), host, config, workers, timeout)
     gateway_view.up_report(host.name, config.url, result)

@@ -12,7 +12,13 @@ from orchestrator.app import App
 from orchestrator.cli import complete
 from orchestrator.cli.common import default, finish, host_options, pass_app
 from orchestrator.errors import ExitCode
+from orchestrator.ops import pull as pull_op
+from orchestrator.ops import status as status_op
 from orchestrator.recipe import PullOptions
+from orchestrator.render import out, print_json
+from orchestrator.transport.ssh import trust_host_key
+from orchestrator.views.pull import pull_report
+from orchestrator.views.status import status_details, status_document, status_table
 
 
 @click.command()
@@ -55,13 +61,9 @@ def status(
       orch status --host blackwell-1 --json
       orch status --prometheus /var/lib/node_exporter/textfile/orch.prom
     """
-    from orchestrator.ops import status as status_op
-    from orchestrator.render import print_json
-    from orchestrator.views.status import status_details, status_document, status_table
-
     selected = app.select(hosts + detail_hosts, tags)
     with app.fleet(selected, parallel) as fleet:
-        state = app.store.load()  # once for the fleet: no host reads it again
+        state = app.store.read(history=False)  # once for the fleet: no host reads it again
         cached = state.hosts
         results = fleet.map_sessions(lambda s: status_op.observe(s, cached.get(s.name), fetch, state), app.store)
     observed = [r.value for r in results if r.ok and r.value is not None]
@@ -104,10 +106,6 @@ def pull(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int,
       orch pull --host 10.1.230.171
       orch pull --tag canary --dry-run
     """
-    from orchestrator.ops import pull as pull_op
-    from orchestrator.render import out
-    from orchestrator.views.pull import pull_report
-
     selected = app.select(hosts, tags)
     if dry_run:
         for host in selected:
@@ -138,9 +136,6 @@ def trust(app: App, host_names: tuple[str, ...], expected: str | None) -> int:
     Example:
       orch trust blackwell-1 --fingerprint SHA256:Zk3...
     """
-    from orchestrator.render import out
-    from orchestrator.transport.ssh import trust_host_key
-
     for host in app.select(host_names):
         outcome = trust_host_key(host, app.options.connect_timeout, expected)
         out.print(f"{host.name}: {outcome}", markup=False)

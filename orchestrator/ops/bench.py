@@ -34,7 +34,8 @@ from orchestrator.inventory import Host
 from orchestrator.readers import read_git
 from orchestrator.recipe import BenchOptions, BenchSpec
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, JobRecord, JobState, ServerRecord, StateStore, utc_now
+from orchestrator.state import HostState, JobRecord, JobState, ServerRecord, utc_now
+from orchestrator.store import StateStore
 from orchestrator.transport.base import Runner
 
 PURPOSE = "bench"
@@ -138,7 +139,7 @@ def check_baseline(store: StateStore, hosts: list[Host], options: BenchOptions) 
     label): a ``UsageError`` naming the hosts and the labels they have, before any benchmark runs."""
     if options.baseline is None or options.baseline == options.label:
         return
-    state = store.load()
+    state = store.read()
     known = {h.name: [r.label for r in state.host(h.name).benchmarks] for h in hosts}
     lacking = [name for name, labels in known.items() if options.baseline not in labels]
     if lacking:
@@ -155,7 +156,7 @@ def check_baseline(store: StateStore, hosts: list[Host], options: BenchOptions) 
 
 def running_server(host: Host, runner: Runner, store: StateStore) -> ServerRecord:
     """The server orch launched on the host, checked to be running; else a ``RefusedError`` saying why."""
-    server = (store.load_host(host.name) or HostState()).server
+    server = store.read([host.name]).host(host.name).server
     if server is None:
         raise RefusedError(
             f"{host.name}: no server to benchmark: orch has not launched one on this host",
@@ -246,7 +247,7 @@ def _record_job(host: Host, store: StateStore, job_id: str, pid: int | None, pla
 def _pending(host: Host, runner: Runner, store: StateStore) -> tuple[str, _Plan, bool] | None:
     """The benchmark job the state says is running, when its files are still on the host; a record
     whose job is gone is marked lost."""
-    for job in (store.load_host(host.name) or HostState()).jobs.values():
+    for job in store.read([host.name]).host(host.name).jobs.values():
         if job.kind != "bench" or job.state != "running":
             continue
         if _job_state(runner, host, job.id) == _GONE:
@@ -260,7 +261,7 @@ def _unrecorded(host: Host, runner: Runner, store: StateStore, server: ServerRec
     """The newest benchmark job on the host that the state does not know (orch was killed between
     starting it and recording it), running or ended since the server started, with its plan file:
     recorded now and adopted, so that it is collected instead of a second one started."""
-    hs = store.load_host(host.name) or HostState()
+    hs = store.read([host.name]).host(host.name)
     collected = {record.job_id for record in hs.benchmarks}
     for info in reversed(jobs.list_jobs(runner, host.workdir)):
         if info.purpose != PURPOSE or info.id in hs.jobs or info.id in collected:
@@ -297,7 +298,7 @@ def _mark_lost(hs: HostState, job_id: str) -> None:
 
 def _attached_plan(host: Host, store: StateStore, job_id: str) -> _Plan:
     """The plan of a benchmark job started earlier by orch, from its state record."""
-    job = (store.load_host(host.name) or HostState()).jobs.get(job_id)
+    job = store.read([host.name]).host(host.name).jobs.get(job_id)
     plan = _Plan.from_meta(job.meta, list(job.argv)) if job else None
     if plan is None:
         raise RefusedError(

@@ -84,17 +84,16 @@ def pull(session: HostSession, install: bool = False) -> PullResult:
 
 
 def _fast_forward(session: HostSession, result: PullResult) -> None:
-    """Move the checkout and record where it is in one state transaction: the host's state lock is taken
-    first (this host's alone: pulls on other hosts do not wait), so a lock orch cannot get (another orch
-    holds it too long: ``StateError``, exit 4) means the checkout did not move, and a checkout that moved
-    is always recorded."""
+    """Move the checkout, then record where it is. The state is checked writable first: a state orch
+    cannot write (another orch holds it too long: ``StateError``, exit 4) means the checkout did not
+    move. The fast-forward runs outside the transaction, which would hold every other writer up."""
     host = session.host
-    with session.store.host_update(host.name) as hs:
-        if result.ahead == 0:
-            session.runner.run(git.fast_forward_argv(host.sglang_dir, host.upstream), check=True, timeout=300)
-        after = session.git()
-        result.new = after.commit
-        _record(hs, host, after, result)
+    session.store.check_writable()
+    if result.ahead == 0:
+        session.runner.run(git.fast_forward_argv(host.sglang_dir, host.upstream), check=True, timeout=300)
+    after = session.git()
+    result.new = after.commit
+    session.store.update_host(host.name, lambda hs: _record(hs, host, after, result))
 
 
 def _refuse_unsafe(host: Host, runner: Runner, info: git.GitInfo) -> None:

@@ -40,7 +40,8 @@ from orchestrator.ops import bench as bench_op
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import BenchOptions, Recipe, ServeOptions
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, RolloutRecord, StateStore, utc_now
+from orchestrator.state import HostState, RolloutRecord, utc_now
+from orchestrator.store import StateStore
 from orchestrator.tuning.member import Peers
 
 REGISTER_TIMEOUT = 120.0  # the gateway checks a queued worker every --worker-startup-check-interval s
@@ -109,7 +110,7 @@ def gated(planned: list[list[Host]], canary: str | None) -> list[Host]:
 def plan_gate(store: StateStore, hosts: list[Host], chosen: dict[str, Recipe]) -> Gate:
     """The gate for ``hosts``: each one's baseline, the latest stored run of the workload of its recipe's
     ``bench:`` (``gate_baseline``); a ``UsageError`` naming every host without one, before anything runs."""
-    state = store.load()
+    state = store.read()
     baselines, lacking = {}, []
     for host in hosts:
         workload = bench_facts.resolve_params(chosen[host.name].bench, BenchOptions())
@@ -337,7 +338,7 @@ def register(session: HostSession, client: GatewayClient, url: str) -> None:
 
 
 def known_good(session: HostSession) -> list[str] | None:
-    hs = session.store.load().hosts.get(session.host.name)
+    hs = session.store.read().hosts.get(session.host.name)
     return None if hs is None or hs.server is None else hs.server.known_good_argv
 
 
@@ -419,7 +420,7 @@ def record_outcome(store: StateStore, name: str, outcome: str) -> None:
 def resume_first(store: StateStore, planned: list[list[Host]]) -> list[list[Host]]:
     """An interrupted rollout's hosts left out of the gateway (``removed``) go first, in a wave of their
     own: each is relaunched if it does not serve as asked, and registered again either way."""
-    last = store.load().rollout
+    last = store.read().rollout
     if last is None or last.ended_at is not None:
         return planned
     out = [h for wave in planned for h in wave if last.outcomes.get(h.name) == "removed"]

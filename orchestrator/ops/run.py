@@ -41,7 +41,8 @@ from orchestrator.ops import rollout
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import BenchOptions, PullOptions, Recipe, ServeOptions, Shape, Step, TuneOptions, parse_shapes
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, StateStore, StepProgress
+from orchestrator.state import HostState, StepProgress
+from orchestrator.store import StateStore
 from orchestrator.transport.base import shell_command
 from orchestrator.tuning.commands import tune_fp8
 from orchestrator.tuning.member import Peers, record_of
@@ -142,7 +143,7 @@ def _mark(ctx: RunContext, host: Host, step: str, outcome: str, detail: str = ""
 
 def recorded(store: StateStore, host: Host, playbook: str) -> StepProgress:
     """The host's step record for ``playbook`` as saved (empty when it never ran it)."""
-    hs = store.load_host(host.name)
+    hs = store.read([host.name]).hosts.get(host.name)
     steps = hs.steps if hs is not None else None
     return steps if steps is not None and steps.playbook == playbook else StepProgress(playbook=playbook)
 

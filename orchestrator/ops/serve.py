@@ -54,7 +54,8 @@ from orchestrator.inventory import Host
 from orchestrator.readers import TunedConfigs, host_server
 from orchestrator.recipe import Recipe, ServeOptions, Shape
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, Phase, ServerRecord, StateStore, Verification, find_secret
+from orchestrator.state import HostState, Phase, ServerRecord, Verification, find_secret
+from orchestrator.store import StateStore
 from orchestrator.text import minutes_seconds
 from orchestrator.transport.base import Runner, shell_command
 from orchestrator.tuning.commands import wait_for_tuning
@@ -402,7 +403,7 @@ def interrupted_launch(session: HostSession, ready: Preflight) -> jobs.JobInfo |
     unverified: recorded as ours, never verified, running ``ready.argv`` on the same commit and tuned
     configs; or cut off before it could record it (``launched_unrecorded``). Adopting it (``adopt``)
     finishes that serve; replacing it would stop a good server."""
-    hs = session.store.load_host(session.host.name)
+    hs = session.store.read([session.host.name]).hosts.get(session.host.name)
     record = hs.server if hs is not None else None
     if ready.old is None or hs is None:
         return None
@@ -649,7 +650,7 @@ def _mark_failed(host: Host, store: StateStore, reason: str) -> None:
 def rollback(session: HostSession, recipe: Recipe, options: ServeOptions, failure: StartupFailed) -> None:
     """Relaunch the last known-good argv after a failed start; adds the outcome to ``failure``."""
     host, store = session.host, session.store
-    record = (store.load_host(host.name) or HostState()).server
+    record = store.read([host.name]).host(host.name).server
     good = record.known_good_argv if record else None
     if not good:
         failure.message += "\nrollback: no known-good server command recorded; nothing relaunched"
@@ -801,7 +802,7 @@ def _record_server(session: HostSession, record: ServerRecord) -> None:
 
 
 def _recorded_configs(store: StateStore, host: Host) -> dict[str, float]:
-    hs = store.load_host(host.name)
+    hs = store.read([host.name]).hosts.get(host.name)
     return dict(hs.server.configs) if hs is not None and hs.server is not None else {}
 
 

@@ -12,9 +12,11 @@ from orchestrator import server_job as server
 from orchestrator.errors import GatewayError, OrchError, UsageError
 from orchestrator.facts import git, gpus, probe
 from orchestrator.fleet import HostResult
+from orchestrator.gateway import GatewayClient, check_fleet
 from orchestrator.inventory import Host
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, ServerRecord, State, StateStore
+from orchestrator.state import HostState, ServerRecord, State
+from orchestrator.store import StateStore
 from orchestrator.tuning.member import record_of
 from orchestrator.tuning.progress import status_field
 from orchestrator.tuning.record import TuningRecord
@@ -147,7 +149,7 @@ def record_seen(
     store: StateStore, hosts: dict[str, Host], observed: list[Observed], cached: dict[str, HostState] | None = None
 ) -> dict[str, HostState]:
     """Each host's last_seen and SGLang checkout as read, in one transaction on their seen files alone
-    (``StateStore.update_seen_all``; a host another orch holds does not hold up the others' records);
+    (``StateStore.update_seen``; a host another orch holds does not hold up the others' records);
     each host's state with them: ``cached`` (as ``status`` loaded it) when given, else read again.
 
     A reading older than what another orch recorded meanwhile (a pull that finished while this status
@@ -155,8 +157,8 @@ def record_seen(
     now = datetime.now(timezone.utc)
     found = {}
     changes = {o.status.name: functools.partial(_seen, hosts[o.status.name], o, now) for o in observed}
-    for name, seen in store.update_seen_all(changes).items():
-        base = (cached or {}).get(name) or store.load_host(name) or HostState()
+    for name, seen in store.update_seen(changes).items():
+        base = (cached or {}).get(name) or store.read([name]).host(name)
         found[name] = base.model_copy(update={"last_seen": seen.last_seen, "sglang": seen.sglang})
     return found
 
@@ -215,7 +217,6 @@ def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: lis
     concerns the gateway itself (its URL, whether it answered and why not, the workers that are no
     inventory host). ``hosts`` is the whole inventory, so a host left out of this status is no stranger;
     a gateway that does not answer (or a key not set) is said in the column, never fatal."""
-    from orchestrator.gateway import GatewayClient, check_fleet  # only with a gateway in the inventory
 
     try:
         workers = GatewayClient(gateway).workers()

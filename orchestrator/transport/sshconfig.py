@@ -16,22 +16,18 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import shlex
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import orchestrator.transport._paramiko  # noqa: F401  # isort: skip  # first: paramiko without invoke
 import paramiko
 
 from orchestrator.errors import ConfigError
-from orchestrator.transport._paramiko import enable_match_exec
 
 USER_SSH_CONFIG = "~/.ssh/config"
 ENV_SSH_CONFIG = "ORCH_SSH_CONFIG"
 MAX_INCLUDE_DEPTH = 16  # as OpenSSH's READCONF_MAX_DEPTH
-_MATCH_EXEC = re.compile(r"^\s*match\b.*\bexec\b", re.IGNORECASE | re.MULTILINE)
 REFUSED = {
     "proxycommand": "orch runs no local command to connect; use ProxyJump (or the inventory's proxy_jump)",
     "hostkeyalias": "orch verifies host keys under the host's own name and port",
@@ -65,8 +61,6 @@ class SSHConfigFile:
         self.path = path
         self._lines = _read_lines(path) if path is not None and path.exists() else []
         text = "\n".join(raw for _, raw in self._lines)
-        if _MATCH_EXEC.search(text):
-            enable_match_exec()  # paramiko was imported without invoke, which runs these
         try:
             self._config = paramiko.SSHConfig.from_text(text)
         except paramiko.ssh_exception.ConfigParseError as exc:

@@ -33,7 +33,7 @@ def wait_for_tuning(
     installing twice writes the same files. A ``--fleet`` group needs ``peers`` (else ``RefusedError``
     naming the group). Raises ``UnreachableError`` when a host stays unreachable for minutes.
     """
-    state = session.store.load_hosts([session.name])
+    state = session.store.read([session.name])
     record = record_of(state.hosts.get(session.name))
     plan = plan_of(state, record)
     if plan is None or record.state != "running":
@@ -74,7 +74,7 @@ def wait_tuning(sessions: Sequence[HostSession], peers: Peers, poll: float = 1.0
     """``orch wait``: wait for every running plan of the sessions' hosts (and their groups), install,
     report; each status emitted on its host's session."""
     hosts = [s.host for s in sessions]
-    state = sessions[0].store.load_hosts(h.name for h in hosts) if sessions else State()
+    state = sessions[0].store.read(h.name for h in hosts) if sessions else State()
     cached = records(state, [h.name for h in hosts])
     groups: dict[str, Group] = {}
     for session in sessions:
@@ -95,7 +95,7 @@ def just_installed(sessions: Sequence[HostSession], statuses: dict[str, TuneStat
     host was selected)."""
     if not sessions:
         return statuses
-    state = sessions[0].store.load_hosts(statuses)
+    state = sessions[0].store.read(statuses)
     for name, status in statuses.items():
         record = record_of(state.hosts.get(name))
         plan_id = status.plan.id if status.plan is not None and status.state == "installed" else None

@@ -136,14 +136,14 @@ def step_group(
     the state as saved, for the next step."""
     names = [m.name for m in members]
     store = store_of(members)
-    state = state or store.load_hosts(names)
+    state = state or store.read(names)
     resume_starts(members, state, plan.id)
     polls, state = poll_group(members, plan, state)
     cached = records(state, names)
     current = plan_of(state, cached[names[0]])
     if current is not None and _ended(current, plan.id, cached[names[0]], polls, cached):
         complete_group(members, current, polls)
-        state = store.load_hosts(names)
+        state = store.read(names)
         cached = records(state, names)
     return {n: group_status(n, cached[n], plan_of(state, cached[n]), polls, cached) for n in names}, state
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, State, StateStore
+from orchestrator.state import HostState, State
+from orchestrator.store import StateStore
 from orchestrator.tuning.record import PlanRecord, TuningRecord
 
 Peers = Callable[[str], HostSession]

@@ -217,7 +217,7 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     recorded running whose jobs were lost is failed first (``settle_lost``). ``look``: change nothing
     (``orch run``'s dry run and outage check): such a plan is taken as failed without recording it."""
     host, runner, store = session.host, session.runner, session.store
-    state = store.load_hosts([host.name])
+    state = store.read([host.name])
     record = record_of(state.hosts.get(host.name))
     plan = plan_of(state, record)
     running = plan.id if record.state == "running" and plan is not None else None
@@ -240,7 +240,7 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
         facts.holders = session.gpus(selected_gpus(host, facts)).holders
     # a plan another orch recorded while this one looked; read after the GPUs: plans are recorded before
     # their jobs start, so GPUs busy with that plan's jobs are adopted, never refused as someone else's
-    other = running_plan(store.load_hosts([host.name]), host.name) if needed else None
+    other = running_plan(store.read([host.name]), host.name) if needed else None
     if other is not None and not (look and other.id == running):  # looking: a lost plan is still recorded
         return Prepared(session, attach=other)  # another orch planned while this one looked: adopt its plan
     if needed:
@@ -284,7 +284,7 @@ def settle_lost(
     if look:
         return now.model_copy(update={"state": "failed", "reason": failure(session, current, polls)}), current
     complete_group([session], current, polls)
-    state = store.load_hosts([host.name])
+    state = store.read([host.name])
     now = record_of(state.hosts.get(host.name))
     if now.state == "failed" and now.plan_id == plan.id:
         log.warning("%s: tuning plan %s failed: %s; tuning afresh", host.name, plan.id, now.reason)

@@ -136,7 +136,7 @@ def poll_group(
     from the offset ``state`` holds (the state the caller has at hand, else loaded once): an offset
     older than the file's only re-reads some bytes. Returns the polls and the state as saved."""
     store, names = store_of(members), [m.name for m in members]
-    state = state or store.load_hosts(names)
+    state = state or store.read(names)
     cached = records(state, names)
     current = state.tuning_plans.get(plan.id, plan)  # the job ids as last recorded
     polls = {m.name: poll_host(m, current, cached[m.name]) for m in members}
@@ -300,7 +300,7 @@ def tuning_status(session: HostSession, peers: Peers | None = None, state: State
     state as the caller loaded it (``orch status``, once for the fleet), else it is read here.
     """
     host = session.host
-    state = state or session.store.load_hosts([host.name])
+    state = state or session.store.read([host.name])
     record = record_of(state.hosts.get(host.name))
     plan = plan_of(state, record)
     if plan is None or record.state != "running":

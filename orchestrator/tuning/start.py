@@ -19,7 +19,8 @@ from orchestrator import jobs
 from orchestrator.errors import OrchError, RefusedError, RemoteCommandError, UnreachableError
 from orchestrator.inventory import Host
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, JobRecord, State, StateStore, find_secret
+from orchestrator.state import HostState, JobRecord, State, find_secret
+from orchestrator.store import StateStore
 from orchestrator.tuning.install import record_failure, stop_running
 from orchestrator.tuning.member import edit_record, forget_unused_plans, plan_of, record_of, running_plan, store_of
 from orchestrator.tuning.plan import job_spec, make_plan
@@ -102,7 +103,7 @@ def _abandon(group: Sequence[HostSession], plan: PlanRecord, reason: str) -> Non
     """A plan that could not start completely: stop what did start, record the failure. Jobs of a plan
     that replaced this one in the state are another orch's: never stopped here."""
     try:
-        state = store_of(group).load()
+        state = store_of(group).read()
         current = plan_of(state, record_of(state.hosts.get(group[0].name)))
         if current is not None and current.id != plan.id:
             return

@@ -16,16 +16,17 @@ the end.
 - one server job per host, running; one benchmark job per host, ended with exit code 0 and recorded;
 - no stray process: on each host only sshd and the server job's process group live; no orch is left;
 - every re-run was either killed or exited 0 (a non-zero exit between kills is a finding);
-- the state and each host file's ``.bak`` load with the state's own models; every host ``serving``, verified.
+- the state database passes SQLite's ``integrity_check`` after every kill, and reads with the state's own
+  models at the end; every host ``serving``, verified.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import random
 import re
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -41,7 +42,8 @@ import yaml
 from orchestrator.errors import StateError
 from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.sandbox.processes import host_pids
-from orchestrator.state import HostState, State, StateStore
+from orchestrator.state import State
+from orchestrator.store import StateStore, database_path, integrity
 
 # Tuning (2 units per GPU) and the benchmark last a few seconds each: the tuning job and the benchmark run
 # on while orch is dead, so steps shorter than a kill-and-rerun cycle end before the kills aimed at them
@@ -79,6 +81,7 @@ class Attempt:
     returncode: int | None = None
     last_line: str = ""  # the line after which it was killed (or its last line)
     stderr: str = ""
+    integrity: str = ""  # the database's integrity_check right after the kill
 
 
 @dataclass
@@ -97,7 +100,7 @@ class Figures:
     orch_left: list[int] = field(default_factory=list)
     failed_reruns: list[dict[str, Any]] = field(default_factory=list)
     state_valid: bool = False
-    backup_valid: bool = False
+    integrity_after_kills: list[str] = field(default_factory=list)  # integrity_check's answer after each kill
     state_errors: list[str] = field(default_factory=list)
     phases: dict[str, str] = field(default_factory=dict)
     verified: dict[str, bool] = field(default_factory=dict)
@@ -148,6 +151,9 @@ class Campaign:
         if attempt.killed:
             attempt.last_line += f" (+{pause:.2f} s)"
         attempt.stderr = "".join(lines)
+        if attempt.killed:
+            database = database_path(self.state)
+            attempt.integrity = integrity(database) if database.exists() else "ok (no database yet)"
         self.attempts.append(attempt)
         return attempt
 
@@ -264,6 +270,7 @@ def check(campaign: Campaign, expected_units: set[tuple[int, int, int]]) -> Figu
     """The figures of a finished campaign (see the module docstring for what each means)."""
     fig = Figures(kills=sum(a.killed for a in campaign.attempts), reruns=len(campaign.attempts) - 1)
     fig.kill_moments = [a.last_line for a in campaign.attempts if a.killed]
+    fig.integrity_after_kills = [a.integrity for a in campaign.attempts if a.killed]
     steps = (m.split(": ")[1] if m.count(": ") >= 2 else "(before any step)" for m in fig.kill_moments)
     fig.kills_by_step = dict(Counter(steps))
     fig.failed_reruns = [
@@ -288,20 +295,11 @@ def check(campaign: Campaign, expected_units: set[tuple[int, int, int]]) -> Figu
         fig.stray_processes += stray_processes(host, _running_server(host))
     store = StateStore(campaign.state)
     try:
-        state = store.load()
+        state = store.read()
         fig.state_valid = True
     except StateError as exc:
         fig.state_errors.append(str(exc))
         state = State()
-    backups = sorted((campaign.state / "hosts").glob("*.json.bak"))
-    fig.backup_valid = bool(backups)
-    for backup in backups:  # the same models as the state's files, and the same schema version
-        try:
-            document = json.loads(backup.read_bytes())
-            HostState.model_validate(document["host"])
-            fig.backup_valid &= document["schema_version"] == state.schema_version
-        except (OSError, ValueError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
-            fig.state_errors.append(f"{backup}: {exc}")
     for name, hs in state.hosts.items():
         fig.phases[name] = hs.phase.value
         fig.verified[name] = bool(hs.server is not None and hs.server.verified)
@@ -344,20 +342,20 @@ def campaign(fleet: Any, root: Path, kills: int, seed: int) -> tuple[Campaign, F
 
 def hold_state_lock_from(
     state: Path, moment: Callable[[dict[str, Any]], bool], timeout: float = 120, alive: Callable[[], bool] | None = None
-) -> int:
-    """Take the state file's lock (as another orch would) at the first ``moment(state document)``; an
-    ``AssertionError`` when it has not come after ``timeout`` seconds, or once ``alive()`` says the orch
+) -> sqlite3.Connection:
+    """Take the state database's write lock (as another orch would) at the first ``moment(state document)``;
+    an ``AssertionError`` when it has not come after ``timeout`` seconds, or once ``alive()`` says the orch
     being watched has ended (the moment cannot come then).
 
     orch saves a phase (``tuning``, ``launching``) and then starts the job over SSH, and records the
     job only after the start returns: the lock taken as soon as the phase is saved (polled every 2 ms,
     while orch's next step costs SSH round trips) holds that record back however long the test needs,
-    so the job runs on the host and the state does not know it. Close the descriptor to release."""
-    lock = state.with_name(state.name + ".lock")
+    so the job runs on the host and the state does not know it. Close the connection to release."""
+    database = database_path(state)
     deadline = time.monotonic() + timeout
     while True:
         try:
-            document = json.loads(StateStore(state).load().model_dump_json()) if state.exists() else {}
+            document = json.loads(StateStore(state).read().model_dump_json()) if database.exists() else {}
         except (OSError, ValueError, StateError):
             document = {}
         if document and moment(document):
@@ -367,9 +365,9 @@ def hold_state_lock_from(
         if time.monotonic() > deadline:
             raise AssertionError("the moment to take the state lock never came")
         time.sleep(0.002)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # orch holds it only for the write just seen: granted at once
-    return fd
+    holder = sqlite3.connect(database, timeout=30, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # orch holds it only for the write just seen: granted at once
+    return holder
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout: float = 120) -> Any:

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from orchestrator.inventory import Host, load_inventory
-from orchestrator.state import ServerRecord, StateStore
+from orchestrator.state import ServerRecord
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
 
 SMALL = ("--num-prompts", "6", "--input-len", "32", "--output-len", "64", "--max-concurrency", "3")
@@ -55,7 +56,7 @@ def test_bench_two_labels_compared_stored_reported_and_notified(make_fleet, tmp_
         assert f"{host.name}: benchmark runs" in second.stdout
     assert "baseline" in second.stdout and "%" in second.stdout
 
-    state = StateStore(env.state).load()
+    state = StateStore(env.state).read()
     for host in hosts:
         hs = state.hosts[host.name]
         assert [b.label for b in hs.benchmarks] == ["a", "b"]
@@ -94,7 +95,7 @@ def test_bench_refuses_a_host_without_a_running_server(make_fleet) -> None:  # t
     assert result.returncode == 3
     assert f"{first.name}: no server to benchmark: orch has not launched one on this host" in result.stderr
     assert f"{second.name}: the server orch launched (job server-20260101T000000-dead) is not running" in result.stderr
-    assert all(not hs.benchmarks for hs in StateStore(env.state).load().hosts.values())
+    assert all(not hs.benchmarks for hs in StateStore(env.state).read().hosts.values())
 
 
 def test_bench_of_a_killed_orch_is_collected_not_started_twice(make_fleet) -> None:  # type: ignore[no-untyped-def]
@@ -105,14 +106,14 @@ def test_bench_of_a_killed_orch_is_collected_not_started_twice(make_fleet) -> No
     slow = ("--num-prompts", "12", "--output-len", "256", "--max-concurrency", "2")
     first = subprocess.Popen([*argv, "--label", "first", *slow], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: any(j.kind == "bench" for j in StateStore(env.state).load().host(host.name).jobs.values()))
+        wait_for(lambda: any(j.kind == "bench" for j in StateStore(env.state).read().host(host.name).jobs.values()))
     finally:
         first.kill()  # SIGKILL once the job is recorded: the benchmark itself lives on, detached
         first.wait()
     again = env.orch("bench", "--label", "second", *SMALL)
     assert again.returncode == 0, again.output
     assert f"{host.name}: first: " in again.stdout and "started none" in again.stdout
-    hs = StateStore(env.state).load().hosts[host.name]
+    hs = StateStore(env.state).read().hosts[host.name]
     assert [b.label for b in hs.benchmarks] == ["first"]
     assert [j.state for j in hs.jobs.values() if j.kind == "bench"] == ["succeeded"]
     assert len(list(Path(host.workdir, "jobs").glob("bench-*"))) == 1
@@ -136,7 +137,7 @@ def test_bench_shows_progress_and_settings_refuses_an_unknown_baseline_first_and
     assert first.returncode == 0, first.output
     assert re.search(rf"{host.name}: benchmark job bench-\S+: \d+/12 requests done, \d+ s", first.stderr), first.stderr
     commit = head_commit(host)[:7]
-    backend = StateStore(env.state).load().hosts[host.name].benchmarks[-1].fp8_backend
+    backend = StateStore(env.state).read().hosts[host.name].benchmarks[-1].fp8_backend
     settings = f"12 prompts 32/128 tok ratio 1 conc 2, {backend}, MTP EAGLE, SGLang {commit}"
     assert f"{host.name}:   settings: {settings}" in first.stdout
     bench_jobs = lambda: list(Path(host.workdir, "jobs").glob("bench-*"))  # noqa: E731

@@ -24,7 +24,7 @@ from orchestrator.inventory import load_inventory
 from orchestrator.ops import rollout
 from orchestrator.recipe import PACKAGED_PLAYBOOKS, load_recipe
 from orchestrator.session import HostSession
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from orchestrator.transport.base import ConnectOptions
 from tests.conftest import FleetEnv
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
 from tests.integration.test_jobs import start_job
 
@@ -59,7 +59,7 @@ def test_serve_rides_out_an_ssh_outage_while_waiting_for_health(make_fleet: Any)
     _out, err = serve.communicate(timeout=120)
     assert serve.returncode == 0, before + err
     assert "reconnecting" in err
-    state = StateStore(env.state).load().hosts[sim.name]
+    state = StateStore(env.state).read().hosts[sim.name]
     assert state.phase == "serving" and state.server is not None and state.server.verified
     (job,) = server_jobs(env)
     assert (job["id"], job["state"]) == (state.server.job_id, "running")
@@ -79,7 +79,7 @@ def test_serve_after_one_cut_off_past_the_launch_adopts_the_server_it_started(ma
     assert f"re-attaching to server job {launched['id']}" in again.stderr
     (job,) = server_jobs(env)  # the one it launched, not stopped and replaced
     assert (job["id"], job["state"]) == (launched["id"], "running")
-    state = StateStore(env.state).load().hosts[sim.name]
+    state = StateStore(env.state).read().hosts[sim.name]
     assert state.phase == "serving" and state.server is not None and state.server.verified
     assert state.server.job_id == launched["id"]
 
@@ -178,7 +178,7 @@ def tune_jobs(sim: Any) -> list[Path]:
 
 def assert_tuned_once(env: FleetEnv, sim: Any) -> None:
     """Installed; one job per GPU purpose ever started, none stopped, every unit tuned exactly once."""
-    hs = StateStore(env.state).load().hosts[sim.name]
+    hs = StateStore(env.state).read().hosts[sim.name]
     assert hs.phase == "tuned", hs
     dirs = tune_jobs(sim)
     purposes = [(d / "purpose").read_text().strip() for d in dirs]

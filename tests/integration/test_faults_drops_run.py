@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from tests.integration.test_faults_drops import SLOW_START, cut_in_flight, orch_process, read_line_until
 
 
@@ -33,7 +33,7 @@ def test_run_rides_out_a_drop_in_the_tuning_wait_and_one_in_the_health_wait(make
     out = seen + run.communicate(timeout=300)[0]
     assert run.returncode == 0, out
     assert out.count("reconnecting") >= 2 and "Traceback" not in out, out
-    state = StateStore(env.state).load().hosts[sim.name]
+    state = StateStore(env.state).read().hosts[sim.name]
     assert state.phase == "serving" and state.server is not None and state.server.verified
     started = Counter((d / "purpose").read_text().strip() for d in (Path(sim.workdir) / "jobs").iterdir())
     assert (started["server"], started["bench"]) == (1, 1), started

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.sandbox import sshkeys
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
 from tests.integration.test_faults_drops import TUNE_ARGS, assert_tuned_once, orch_process, read_line_until
 
@@ -65,7 +65,7 @@ def test_a_host_key_changed_mid_tuning_is_refused_once_and_the_other_host_finish
     assert changed.accepted_connections() - connections == 1  # refused once, never tried again
     assert f"{steady.name}: installed 2 tuned configs" in out
     assert_tuned_once(env, steady)
-    assert StateStore(env.state).load().hosts[changed.name].phase == "tuning"  # its jobs run on, unwatched
+    assert StateStore(env.state).read().hosts[changed.name].phase == "tuning"  # its jobs run on, unwatched
 
 
 def test_a_host_key_changed_during_run_fails_that_host_only_and_it_is_never_tried_again(make_fleet: Any) -> None:
@@ -85,4 +85,4 @@ def test_a_host_key_changed_during_run_fails_that_host_only_and_it_is_never_trie
     assert "Traceback" not in out, out
     assert f"known {old}, offered {new}" in out and f"`orch trust {changed.name}`" in out, out
     assert changed.accepted_connections() - connections == 1, out  # refused once, never tried again
-    assert StateStore(env.state).load().hosts[steady.name].phase == "serving", out
+    assert StateStore(env.state).read().hosts[steady.name].phase == "serving", out

@@ -3,7 +3,6 @@ nothing twice; killed between starting a job and recording it, the re-run adopts
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -12,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
 from tests.integration import kills
 
@@ -36,9 +35,10 @@ def test_run_killed_twenty_times_at_seeded_moments_tunes_serves_and_benchmarks_o
     assert fig.servers_per_host == fig.servers_running_per_host == {"sim-1": 1, "sim-2": 1}
     assert fig.bench_jobs_per_host == fig.bench_ok_per_host == {"sim-1": 1, "sim-2": 1}
     assert fig.stray_processes == [] and fig.orch_left == []
-    assert fig.state_valid and fig.backup_valid
+    assert fig.state_valid and len(fig.integrity_after_kills) == fig.kills
+    assert all(answer.startswith("ok") for answer in fig.integrity_after_kills), fig.integrity_after_kills
     assert fig.phases == {"sim-1": "serving", "sim-2": "serving"} and all(fig.verified.values())
-    state = StateStore(runs.state).load()
+    state = StateStore(runs.state).read()
     for name, hs in state.hosts.items():
         assert set(hs.steps.done) == {"pull", "tune-fp8", "serve", "bench"}, name
         (bench,) = kills.job_dirs(env.fleet.host(name), "bench")
@@ -76,18 +76,18 @@ def _kill_between_start_and_record(env: FleetEnv, args: list[str], moment: Any, 
     proc = _orch(env, *args)
     try:
         try:
-            fd = kills.hold_state_lock_from(env.state, moment, alive=lambda: proc.poll() is None)
+            holder = kills.hold_state_lock_from(env.state, moment, alive=lambda: proc.poll() is None)
         except AssertionError as exc:
             tail = "\n".join(_orch_log(env).read_text(errors="replace").splitlines()[-30:])
             raise AssertionError(f"{exc} (orch exit code {proc.poll()}); its output ended:\n{tail}") from None
         try:
             job = kills.wait_for(lambda: _started(host, purpose), f"a {purpose} job on the host")[0]
-            known = StateStore(env.state).load().hosts[host.name]
+            known = StateStore(env.state).read().hosts[host.name]
             assert job.name not in known.jobs and (known.server is None or known.server.job_id != job.name)
         finally:
             proc.kill()
             proc.wait()
-            os.close(fd)
+            holder.close()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -108,7 +108,7 @@ def test_serve_killed_between_starting_its_server_and_recording_it_is_adopted(
     assert again.returncode == 0, again.output
     assert f"re-attaching to server job {job.name}" in again.stderr
     assert kills.job_dirs(host, "server") == [job]  # the one it started, not stopped and replaced
-    hs = StateStore(env.state).load().hosts[host.name]
+    hs = StateStore(env.state).read().hosts[host.name]
     assert hs.phase.value == "serving" and hs.server is not None and hs.server.verified
     assert hs.server.job_id == job.name
 
@@ -128,7 +128,7 @@ def test_tuning_killed_between_starting_a_job_and_recording_it_adopts_the_job_ev
     assert set(tuned) == kills.expected_units(playbook) and set(tuned.values()) == {1}  # each unit once
     purposes = Counter(d.name.split("-")[0] for d in kills.job_dirs(host, "tune"))
     assert len(purposes) == 8 and set(purposes.values()) == {1}  # one job per GPU, none started twice
-    hs = StateStore(env.state).load().hosts[host.name]
+    hs = StateStore(env.state).read().hosts[host.name]
     assert job.name in hs.jobs and hs.jobs[job.name].state == "succeeded"
     assert hs.phase.value == "serving"
 
@@ -146,5 +146,5 @@ def test_run_killed_between_starting_its_benchmark_and_recording_it_collects_tha
     assert again.returncode == 0, again.output
     assert f"{host.name}: bench: done" in again.stderr and "(collected)" in again.stderr
     assert kills.job_dirs(host, "bench") == [job]  # its result collected, no second benchmark
-    hs = StateStore(env.state).load().hosts[host.name]
+    hs = StateStore(env.state).read().hosts[host.name]
     assert [b.job_id for b in hs.benchmarks] == [job.name] and hs.jobs[job.name].state == "succeeded"

@@ -72,7 +72,7 @@ def test_hostile_values_in_every_path_key_env_and_tag_are_used_literally_through
     make_fleet: Callable[..., FleetEnv], tmp_path: Path
 ) -> None:
     from orchestrator.sandbox import hostdisk
-    from orchestrator.state import StateStore
+    from orchestrator.store import StateStore
     from tests.integration.test_faults_secrets import FAST, process_tree, small_playbook
 
     env = make_fleet(1)
@@ -123,7 +123,7 @@ def test_hostile_values_in_every_path_key_env_and_tag_are_used_literally_through
     assert created == [] and not absolute_canary.exists()
     assert not list(Path("/").glob(canary)) and not list(Path("/").glob(f"*/{canary}"))
 
-    hs = StateStore(env.state).load().hosts[sim.name]
+    hs = StateStore(env.state).read().hosts[sim.name]
     assert hs.phase.value == "serving" and hs.server is not None and hs.server.verified
     assert hs.sglang is not None and hs.sglang.subject == "Through hostile paths"  # the odd checkout was pulled
     assert hs.tuning is not None

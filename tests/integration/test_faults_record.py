@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.inventory import Host, load_inventory
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 
 SMALL = ("--num-prompts", "6", "--input-len", "32", "--output-len", "64", "--max-concurrency", "3")
 SLOW = ("--num-prompts", "12", "--input-len", "32", "--output-len", "256", "--max-concurrency", "2")
@@ -58,7 +58,7 @@ def test_bench_killed_before_recording_its_job_is_adopted_not_started_again(make
         )
         try:
             wait_for(lambda: bool(bench_dirs(host)))
-            assert not any(j.kind == "bench" for j in StateStore(env.state).load().host(host.name).jobs.values())
+            assert not any(j.kind == "bench" for j in StateStore(env.state).read().host(host.name).jobs.values())
         finally:
             first.send_signal(signal.SIGKILL)
             first.wait()
@@ -74,13 +74,13 @@ def test_bench_killed_before_recording_its_job_is_adopted_not_started_again(make
         assert f"benchmark job {started.name} (started by an earlier orch)" in again.stderr
     assert f"{host.name}: first: " in again.stdout and "started none" in again.stdout
     assert bench_dirs(host) == [started]  # exactly one benchmark ever started on the host
-    hs = StateStore(env.state).load().hosts[host.name]
+    hs = StateStore(env.state).read().hosts[host.name]
     assert [(b.label, b.job_id) for b in hs.benchmarks] == [("first", started.name)]
     assert [(j.id, j.state) for j in hs.jobs.values() if j.kind == "bench"] == [(started.name, "succeeded")]
 
     third = env.orch("bench", "--label", "third", *SMALL)  # collected: the next run is a new benchmark
     assert third.returncode == 0, third.output
-    assert [b.label for b in StateStore(env.state).load().hosts[host.name].benchmarks] == ["first", "third"]
+    assert [b.label for b in StateStore(env.state).read().hosts[host.name].benchmarks] == ["first", "third"]
     assert len(bench_dirs(host)) == 2
 
 
@@ -100,4 +100,4 @@ def test_pull_that_cannot_take_the_state_lock_moves_nothing(make_fleet) -> None:
     assert head_commit(host) == before  # nothing moved that the state does not know
     assert env.orch("pull").returncode == 0  # the lock released: the same pull goes through
     assert head_commit(host) != before
-    assert StateStore(env.state).load().hosts[host.name].sglang.commit == head_commit(host)  # type: ignore[union-attr]
+    assert StateStore(env.state).read().hosts[host.name].sglang.commit == head_commit(host)  # type: ignore[union-attr]

@@ -17,7 +17,7 @@ import yaml
 from orchestrator import jobs
 from orchestrator.fleet import Fleet
 from orchestrator.inventory import load_inventory
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from orchestrator.transport.ssh import ConnectOptions
 from tests.conftest import FleetEnv, OrchRun, run_orch
 
@@ -190,7 +190,7 @@ def test_a_whole_campaign_keeps_inventory_secrets_out_of_every_command_line_log_
         assert dry.returncode == 0 and status.returncode == 0, dry.output + status.output
         assert sightings.found == [], sightings.found[:3]
 
-        hs = StateStore(state).load().hosts[sim.name]
+        hs = StateStore(state).read().hosts[sim.name]
         assert hs.phase.value == "serving" and hs.benchmarks
         server_pid = int((sim.workdir / "jobs" / hs.server.job_id / "pid").read_text())  # type: ignore[union-attr]
         server_environs = [Path(f"/proc/{pid}/environ").read_bytes() for pid in process_tree(server_pid)]

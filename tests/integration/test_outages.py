@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv, OrchRun
 
 FAST = {"startup_seconds": 0.3, "decode_step_seconds": 0.001, "tune_seconds_per_unit": 0.02}
@@ -38,7 +38,7 @@ def running(env: FleetEnv) -> dict[str, str]:
 
 
 def server_record(env: FleetEnv, name: str = "sim-1") -> Any:
-    return StateStore(env.state).load().hosts[name].server
+    return StateStore(env.state).read().hosts[name].server
 
 
 def status_server(env: FleetEnv, name: str = "sim-1") -> dict[str, Any]:
@@ -47,7 +47,7 @@ def status_server(env: FleetEnv, name: str = "sim-1") -> dict[str, Any]:
 
 
 def commit_of(env: FleetEnv) -> str:
-    return StateStore(env.state).load().hosts["sim-1"].server.commit  # type: ignore[no-any-return]
+    return StateStore(env.state).read().hosts["sim-1"].server.commit  # type: ignore[no-any-return]
 
 
 # --- §1: announced, confirmed, idempotent, shown stopped ---------------------------------------------------
@@ -100,7 +100,7 @@ def test_serve_as_already_served_does_nothing_until_forced_or_the_commit_moves(m
     assert running(env) == {"sim-1": second}  # a dry run changes nothing
     moved = ok(env, "serve")  # the checkout moved: the running server runs old code
     assert "already serving" not in moved.stdout and running(env)["sim-1"] != second
-    assert commit_of(env) == StateStore(env.state).load().hosts["sim-1"].sglang.commit  # type: ignore[union-attr]
+    assert commit_of(env) == StateStore(env.state).read().hosts["sim-1"].sglang.commit  # type: ignore[union-attr]
 
 
 def test_tune_fp8_stop_server_announces_the_stop_and_status_says_who(make_fleet: MakeFleet) -> None:
@@ -127,7 +127,7 @@ def test_run_announces_the_stop_for_tuning_shows_it_in_the_dry_run_and_asks_on_s
     assert refused.returncode == 2, refused.output
     assert "Take serving down on 2 hosts (sim-1, sim-2)" in refused.stderr and "pass --yes" in refused.stderr
     assert running(env) == before
-    assert all(not hs.steps for hs in StateStore(env.state).load().hosts.values())  # no step ran
+    assert all(not hs.steps for hs in StateStore(env.state).read().hosts.values())  # no step ran
     run = ok(env, "run", "--yes")
     for name, job in before.items():
         assert (

@@ -26,7 +26,8 @@ import yaml
 
 from orchestrator.gateway import GatewayClient
 from orchestrator.recipe import PACKAGED_PLAYBOOKS
-from orchestrator.state import Phase, RolloutRecord, StateStore
+from orchestrator.state import Phase, RolloutRecord
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
 from tests.gateway_smg import ClientLoad, RunningGateway, running_smg
 from tests.integration.test_serve import playbook
@@ -116,13 +117,13 @@ def gateway_fleet(shared_fleet: GatewayFleet) -> GatewayFleet:
 
 
 def argv_of(env: FleetEnv, name: str) -> list[str]:
-    record = StateStore(env.state).load().hosts[name].server
+    record = StateStore(env.state).read().hosts[name].server
     assert record is not None
     return record.argv
 
 
 def server_job(env: FleetEnv, name: str) -> str:
-    record = StateStore(env.state).load().hosts[name].server
+    record = StateStore(env.state).read().hosts[name].server
     assert record is not None
     return record.job_id
 
@@ -144,7 +145,7 @@ def test_rolling_serve_behind_the_gateway_fails_no_request(
         argv = argv_of(env, name)
         assert argv[argv.index("--max-running-requests") + 1] == "64"
     assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
-    recorded = StateStore(env.state).load().rollout
+    recorded = StateStore(env.state).read().rollout
     assert recorded is not None and recorded.ended_at is not None and recorded.halted is None
     assert recorded.waves == [["sim-1"], ["sim-2"], ["sim-3"]]
     assert recorded.outcomes == {"sim-1": "relaunched", "sim-2": "relaunched", "sim-3": "relaunched"}
@@ -184,7 +185,7 @@ def test_canary_not_as_asked_halts_rolls_back_and_re_registers(
     for name in ("sim-2", "sim-3"):
         assert (argv_of(env, name), server_job(env, name)) == old[name]
     assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
-    recorded = StateStore(env.state).load().rollout
+    recorded = StateStore(env.state).read().rollout
     assert recorded is not None and recorded.outcomes == {"sim-1": "rolled back"}
     assert recorded.halted == "wave 1 failed on sim-1; not touched: sim-2, sim-3"
 
@@ -256,7 +257,7 @@ def test_gate_bench_passes_a_canary_faster_than_its_baseline_and_records_the_dec
     assert "sim-1: promotion gate: benchmarking the new server on its own port against 'before-slow'" in run.stderr
     assert "sim-1: promotion gate PASSED: canary " in run.stdout and "vs baseline " in run.stdout
     assert "rollout complete: 3 waves" in run.stdout and "promotion gate" not in run.stdout.split("sim-2:", 1)[1]
-    state = StateStore(env.state).load()
+    state = StateStore(env.state).read()
     assert state.rollout is not None and state.rollout.halted is None and list(state.rollout.gates) == ["sim-1"]
     gate = state.rollout.gates["sim-1"]
     assert gate.passed and gate.reasons == [] and gate.baseline_label == "before-slow"
@@ -292,7 +293,7 @@ def test_gate_bench_fails_a_canary_slower_than_its_baseline_rolls_it_back_and_ha
     for name in ("sim-2", "sim-3"):  # never stopped
         assert (argv_of(env, name), server_job(env, name)) == old[name]
     assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
-    state = StateStore(env.state).load()
+    state = StateStore(env.state).read()
     assert state.rollout is not None and state.rollout.outcomes == {"sim-1": "rolled back"}
     gate = state.rollout.gates["sim-1"]
     assert not gate.passed and gate.baseline_label == "before" and gate.canary_tok_s is not None
@@ -313,7 +314,7 @@ def test_gate_bench_without_a_baseline_or_without_rolling_is_refused_before_anyt
     plain = env.orch("serve", "--no-rolling", "--gate", "bench", "--yes")
     assert plain.returncode == 2 and "--gate bench gates a rolling relaunch: it needs --rolling" in plain.stderr
     assert {name: server_job(env, name) for name in jobs} == jobs
-    assert StateStore(env.state).load().rollout is None
+    assert StateStore(env.state).read().rollout is None
 
 
 def test_gate_bench_resumed_gates_the_canary_an_interrupted_rollout_left_out_before_registering_it(
@@ -336,13 +337,13 @@ def test_gate_bench_resumed_gates_the_canary_an_interrupted_rollout_left_out_bef
     assert "sim-1: promotion gate PASSED: canary " in run.stdout
     assert "sim-1: rollout unchanged in " in run.stdout and "(gated on resume; re-registered)" in run.stdout
     assert server_job(env, "sim-1") == job  # not relaunched: gated as it serves
-    gates = StateStore(env.state).load().rollout.gates  # type: ignore[union-attr]
+    gates = StateStore(env.state).read().rollout.gates  # type: ignore[union-attr]
     assert gates["sim-1"].passed and gates["sim-1"].baseline_label == "before-slow"
 
 
 def steps_of(env: FleetEnv, name: str, playbook: str) -> set[str]:
     """The steps of ``playbook``'s campaign the state file records as done on host ``name``."""
-    progress = StateStore(env.state).load().hosts[name].steps
+    progress = StateStore(env.state).read().hosts[name].steps
     return set(progress.done) if progress is not None and progress.playbook == playbook else set()
 
 
@@ -473,7 +474,7 @@ def test_rolling_run_with_gate_bench_promotes_a_canary_faster_than_its_baseline(
         "sim-1: serve: promotion gate: benchmarking the new server on its own port against 'before-slow'" in run.stderr
     )
     assert "; promotion gate passed: " in run.stderr and "baseline " in run.stderr
-    gates = StateStore(env.state).load().rollout.gates  # type: ignore[union-attr]
+    gates = StateStore(env.state).read().rollout.gates  # type: ignore[union-attr]
     assert list(gates) == ["sim-1"] and gates["sim-1"].passed
 
 
@@ -507,7 +508,7 @@ def test_rolling_run_tunes_host_by_host_out_of_the_gateway_and_fails_no_request(
     assert order == sorted(order), sim1  # out of the gateway, then the server stopped and tuned, then back in
     waves = [line for line in run.stderr.splitlines() if line.startswith("wave ")]
     assert waves == ["wave 1/3: sim-1", "wave 2/3: sim-2", "wave 3/3: sim-3"]
-    state = StateStore(env.state).load()
+    state = StateStore(env.state).read()
     for name in ("sim-1", "sim-2", "sim-3"):
         argv = argv_of(env, name)
         assert argv[argv.index("--max-running-requests") + 1] == "64"

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from orchestrator.recipe import PACKAGED_PLAYBOOKS
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv, OrchRun
 
 FAST = {"startup_seconds": 0.3, "decode_step_seconds": 0.001}
@@ -42,7 +42,7 @@ def playbook(tmp_path: Path, name: str, **changes: Any) -> str:
 
 
 def server_state(env: FleetEnv, name: str = "sim-1") -> Any:
-    return StateStore(env.state).load().hosts[name]
+    return StateStore(env.state).read().hosts[name]
 
 
 def server_jobs(env: FleetEnv) -> list[dict[str, Any]]:

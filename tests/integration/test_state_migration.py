@@ -1,5 +1,5 @@
 """Issues 9 and 11: a schema_version 1 state file keeps working. The first command migrates it, once,
-to the state directory (issue 11), the file kept as ``state.json.v1.bak``; commands then work on it.
+into the state database (issue 24), the file kept as ``state.json.migrated``; commands then work on it.
 
 ``tests/data/state-v1-demo.json`` is a real v1 file (``orch demo --keep`` before the typed state). A live
 v1 file for a running simulated server is the live state in the v1 shape (``as_v1``), which the first
@@ -14,9 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv, run_orch
-from tests.unit.test_state import V1_DEMO, document, put_single_file
+from tests.unit.test_state import document, put_single_file
+from tests.unit.test_state_migration import V1_DEMO
 
 FAST = {"startup_seconds": 0.3, "decode_step_seconds": 0.001}
 
@@ -48,7 +49,7 @@ def shape(value: Any) -> Any:
 def test_the_v1_shape_of_a_migrated_real_v1_file_is_that_file(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     path.write_bytes(V1_DEMO.read_bytes())
-    migrated = as_v1(json.loads(StateStore(path).load().model_dump_json()))
+    migrated = as_v1(json.loads(StateStore(path).read().model_dump_json()))
     original = json.loads(V1_DEMO.read_text())
     migrated.pop("tuning_plans")  # the plans, stored once since v2: checked by the tuning modules' own step
     migrated.pop("rollout")  # the last rolling relaunch (issue 12), none in a v1 file
@@ -67,8 +68,8 @@ def test_report_on_a_real_v1_file_shows_everything_and_keeps_the_file_as_backup(
     for expected in ("| baseline |", "| dd7fe09 mtp |", "| tuned+mtp |", "| verified: accept length | 3.1 |",
                      "| verified: FP8 GEMM kernels run | triton |", "| N=1536,K=4096 |"):  # fmt: skip
         assert expected in text, expected
-    assert path.with_name("state.json.v1.bak").read_bytes() == V1_DEMO.read_bytes()
-    assert path.is_dir()
+    assert path.with_name("state.json.migrated").read_bytes() == V1_DEMO.read_bytes()
+    assert path.with_name("state.db").exists() and not path.exists()
 
 
 def test_serve_adopts_the_unverified_server_of_a_v1_file_and_migrates_it(make_fleet: Callable[..., FleetEnv]) -> None:
@@ -84,7 +85,7 @@ def test_serve_adopts_the_unverified_server_of_a_v1_file_and_migrates_it(make_fl
     assert again.returncode == 0, again.output
     assert f"sim-1: already serving as asked (job {job})" in again.stdout
     assert document(env.state) == live
-    assert json.loads(env.state.with_name("state.json.v1.bak").read_text()) == served
+    assert json.loads(env.state.with_name("state.json.migrated").read_text()) == served
 
     cut_off = as_v1(live)  # a v1 serve cut off after the launch, before verifying: `verified` is {}
     cut_off["hosts"]["sim-1"]["server"]["verified"] = {}
@@ -93,8 +94,7 @@ def test_serve_adopts_the_unverified_server_of_a_v1_file_and_migrates_it(make_fl
     adopted = env.orch("serve")
     assert adopted.returncode == 0, adopted.output
     assert f"re-attaching to server job {job}" in adopted.stderr + adopted.stdout
-    assert json.loads((env.state / "hosts" / "sim-1.json").read_text())["schema_version"] == 3
-    hs = StateStore(env.state).load().hosts["sim-1"]
+    hs = StateStore(env.state).read().hosts["sim-1"]
     assert hs.phase.value == "serving" and hs.server is not None and hs.server.job_id == job
     assert hs.server.verified is not None and hs.server.verified.speculative == "EAGLE steps=3 topk=1 draft=4"
 
@@ -103,4 +103,4 @@ def test_serve_adopts_the_unverified_server_of_a_v1_file_and_migrates_it(make_fl
     assert status.returncode == 0, status.output
     (host,) = json.loads(status.stdout)["hosts"]
     assert host["server"]["healthy"] and host["server"]["speculative"] == "EAGLE steps=3 topk=1 draft=4"
-    assert env.state.is_dir() and document(env.state)["hosts"]["sim-1"]["last_seen"]  # status recorded it
+    assert not env.state.exists() and document(env.state)["hosts"]["sim-1"]["last_seen"]  # migrated, recorded

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv, run_orch
 
 FAST = 0.02  # simulated seconds per (shape, batch size) on one GPU

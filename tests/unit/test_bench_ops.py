@@ -12,7 +12,8 @@ from orchestrator.errors import RefusedError, StateError, UsageError
 from orchestrator.inventory import Host
 from orchestrator.ops import bench
 from orchestrator.recipe import BenchOptions
-from orchestrator.state import ServerRecord, StateStore
+from orchestrator.state import ServerRecord
+from orchestrator.store import StateStore
 from orchestrator.transport.base import CommandResult
 from orchestrator.views.bench import ProgressLines
 from tests.unit.test_bench_facts import a_record
@@ -56,7 +57,7 @@ def test_a_malformed_stored_result_is_a_state_error(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     path.write_text(json.dumps({"schema_version": 2, "hosts": {"gpu-1": {"benchmarks": [{"label": "a"}]}}}))
     with pytest.raises(StateError, match=f"state file {path} is corrupt: hosts.gpu-1.benchmarks.0.at: Field required"):
-        StateStore(path).load()
+        StateStore(path).read()
 
 
 def test_an_unknown_baseline_is_refused_before_anything_runs_naming_the_hosts_without_it(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from orchestrator.facts import git
 from orchestrator.inventory import Host
 from orchestrator.readers import read_git
 from orchestrator.session import HostSession
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from tests.fakerunner import FakeRunner, UnscriptedCall
 
 HOST = Host(name="gpu-1", address="127.0.0.2", sglang_dir="/srv/sglang")

@@ -133,7 +133,7 @@ def test_a_model_config_nested_absurdly_deep_is_a_refusal_not_a_recursion_error(
     from orchestrator.errors import RefusedError
     from orchestrator.inventory import Host
     from orchestrator.session import HostSession
-    from orchestrator.state import StateStore
+    from orchestrator.store import StateStore
     from orchestrator.transport.local import LocalRunner
     from orchestrator.tuning.prepare import auto_shapes
 

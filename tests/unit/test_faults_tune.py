@@ -11,7 +11,7 @@ import pytest
 from orchestrator import jobs
 from orchestrator.errors import RefusedError
 from orchestrator.inventory import Host
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from orchestrator.tuning import start
 from orchestrator.tuning.group import start_groups
 from orchestrator.tuning.member import record_of, running_plan
@@ -40,7 +40,7 @@ def test_a_plan_recorded_meanwhile_is_adopted_and_nothing_is_started(tmp_path: P
 
     plan, adopted = start_group([mine])
     assert adopted and plan.id == other.id
-    state = store.load()
+    state = store.read()
     assert running_plan(state, h.name) == other  # the other orch's plan is untouched
     assert not Path(h.workdir).exists()  # no job, no staging dir started beside the other plan's
 
@@ -64,7 +64,7 @@ def test_a_job_of_one_plan_is_never_recorded_into_another(tmp_path: Path) -> Non
     started = jobs.Started("tune.gpu0-x", 42, attached=False)
     with pytest.raises(RefusedError, match=f"no longer holds \\(now plan {other.id}\\)"), store.update() as state:
         record_start(state, a, spec, started)
-    state = store.load()
+    state = store.read()
     assert state.hosts[h.name].jobs == {} and all(x.job_id is None for x in state.tuning_plans[other.id].assignments)
 
 
@@ -81,7 +81,7 @@ def test_a_failed_start_never_stops_the_jobs_of_the_plan_that_replaced_it(
     monkeypatch.setattr(start, "stop_running", lambda *args: stopped.append(args))
     _abandon([mine.session], stale, "could not start every job")
     assert stopped == []
-    record = record_of(store.load().hosts[h.name])
+    record = record_of(store.read().hosts[h.name])
     assert record.plan_id == other.id and record.state == "running"
 
 

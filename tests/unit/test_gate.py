@@ -13,7 +13,8 @@ from orchestrator.facts import bench
 from orchestrator.facts.bench import BenchRecord
 from orchestrator.ops.rollout import gated, plan_gate, waves
 from orchestrator.recipe import BenchSpec, Recipe
-from orchestrator.state import RolloutRecord, StateStore
+from orchestrator.state import RolloutRecord
+from orchestrator.store import StateStore
 from orchestrator.views.gateway import gate_lines
 from tests.unit.test_bench_facts import PARAMS, a_record
 from tests.unit.test_rollout import hosts

@@ -285,7 +285,8 @@ def test_a_job_id_that_is_not_one_path_component_is_no_job(runner: LocalRunner, 
 
 def test_a_tuning_watchers_pause_ends_when_one_of_its_running_jobs_exits(runner: LocalRunner, workdir: str) -> None:
     from orchestrator.session import HostSession
-    from orchestrator.state import StateStore, utc_now
+    from orchestrator.state import utc_now
+    from orchestrator.store import StateStore
     from orchestrator.tuning.group import Group
     from orchestrator.tuning.progress import JobView, TuneStatus
     from orchestrator.tuning.record import HostPaths, PlanRecord

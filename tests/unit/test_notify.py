@@ -14,7 +14,8 @@ import pytest
 
 from orchestrator.errors import UsageError
 from orchestrator.notify import Event, Notifier, events_between
-from orchestrator.state import JobRecord, Phase, State, StateStore
+from orchestrator.state import JobRecord, Phase, State
+from orchestrator.store import StateStore
 
 T0 = datetime(2026, 11, 29, 22, 34, tzinfo=timezone.utc)
 
@@ -91,7 +92,7 @@ def test_failing_notifier_is_reported_and_the_update_still_succeeds(
     store = StateStore(tmp_path / "state.json", on_commit=Notifier(command).on_commit)
     with caplog.at_level(logging.WARNING):
         store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.PULLED, "pulled"))
-    assert store.load().host("gpu-1").phase == Phase.PULLED
+    assert store.read().host("gpu-1").phase == Phase.PULLED
     assert "gpu-1 phase new -> pulled exited 3: slack said no" in caplog.text
 
 

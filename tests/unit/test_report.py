@@ -13,7 +13,8 @@ from markdown_it import MarkdownIt
 
 from orchestrator.facts.bench import BenchMetrics, BenchParams, BenchRecord
 from orchestrator.ops import report
-from orchestrator.state import Phase, PhaseChange, ServerRecord, SGLangInfo, State, StateStore, Verification
+from orchestrator.state import Phase, PhaseChange, ServerRecord, SGLangInfo, State, Verification
+from orchestrator.store import StateStore
 from tests.conftest import OrchRun
 
 T0 = datetime(2026, 11, 29, 20, 0, tzinfo=timezone.utc)
@@ -180,7 +181,7 @@ def test_orch_report_cli_reads_only_the_state_file(tmp_path: Path, orch: Callabl
 def test_orch_report_without_a_state_file_is_a_usage_error(tmp_path: Path, orch: Callable[..., OrchRun]) -> None:
     result = orch("--state", str(tmp_path / "missing.json"), "report", "--out", str(tmp_path / "r"))
     assert result.returncode == 2
-    assert f"no state file at {tmp_path / 'missing.json'}" in result.stderr
+    assert f"no state at {tmp_path / 'missing.db'}" in result.stderr
 
 
 def test_the_chart_shows_every_run_a_repeated_label_with_its_time() -> None:

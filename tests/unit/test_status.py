@@ -39,7 +39,7 @@ def group_plan(names: tuple[str, ...] = ("h1",), batch_sizes: tuple[int, ...] = 
     from orchestrator.facts import tuner as tf
     from orchestrator.recipe import parse_shapes
     from orchestrator.session import HostSession
-    from orchestrator.state import StateStore
+    from orchestrator.store import StateStore
     from orchestrator.transport.local import LocalRunner
 
     prepared = []

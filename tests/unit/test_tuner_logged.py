@@ -10,7 +10,7 @@ from orchestrator.errors import RefusedError
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.session import HostSession
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.logged import logged_shapes
 

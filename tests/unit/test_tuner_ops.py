@@ -19,17 +19,28 @@ from orchestrator.inventory import Host
 from orchestrator.ops.status import HostStatus
 from orchestrator.recipe import DEFAULT_BATCH_SIZES, Recipe, parse_shapes
 from orchestrator.session import HostSession
-from orchestrator.state import State, StateStore
+from orchestrator.state import State
+from orchestrator.store import StateStore
 from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.install import install, merge_group, unsuccessful
 from orchestrator.tuning.member import record_of, running_plan
 from orchestrator.tuning.plan import group_prepared, job_spec, make_plan, selected_gpus
 from orchestrator.tuning.prepare import HostFacts, Prepared, discover_tuner, refuse_busy, resolve_shapes, tp_size
-from orchestrator.tuning.progress import HostPoll, JobView, TuneStatus, eta_seconds, group_status, job_views, summary
-from orchestrator.tuning.record import PlanRecord, TuningRecord, migrate_v1
+from orchestrator.tuning.progress import (
+    HostPoll,
+    JobView,
+    TuneStatus,
+    eta_seconds,
+    group_status,
+    job_views,
+    shape_progress,
+    summary,
+)
+from orchestrator.tuning.record import KeptRecord, PlanRecord, TuningRecord, migrate_v1
 from orchestrator.tuning.start import _start_jobs
 from orchestrator.views import tune as tune_view
 from orchestrator.views.status import _tuning_cell
+from tests.unit.test_store import a_plan
 
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 COMMIT = "c0ffee" * 6 + "beef"
@@ -287,10 +298,10 @@ def test_install_merges_the_partials_and_backs_up_a_replaced_config(tmp_path: Pa
     install(member, plan, merged)
     assert tf.parse_config(target.read_text(), "t") == {m: CONFIG for m in (1, 2, 4, 8)}
     assert target.read_text() == tf.render_config(merged["N=1024,K=4096"])
-    record = record_of(store.load().hosts["h1"])
+    record = record_of(store.read().hosts["h1"])
     backup = record.installed["N=1024,K=4096"].backup
     assert backup is not None and Path(backup).read_text() == "old\n"
-    assert store.load().hosts["h1"].phase.value == "tuned"
+    assert store.read().hosts["h1"].phase.value == "tuned"
 
 
 def test_install_keeps_the_keys_a_tuner_writes_beyond_the_six(tmp_path: Path) -> None:
@@ -489,3 +500,28 @@ def test_whether_a_job_runs_an_assignment_reads_its_argv_once_as_the_sessions_fa
     assert _runs_assignment(s, "tune-1", a)
     info = jobs.JobInfo("tune-1", "tune.gpu0", None, "running", None, None, None, 0, False, str(argv.parent))
     assert s.job_argv(info.id)[-1] == a.staging.encode()  # the same fact as ``HostSession.job_argv``'s
+
+
+def test_shape_progress_sums_each_shapes_units_over_every_assignment_and_kept_units() -> None:
+    """``shape_progress`` (per tuned host in ``orch status``) sums in one pass; the per-shape sum it replaced
+    is the oracle, on the demo campaign's plan with partial logs and units kept from an earlier plan."""
+    plan = a_plan("p1")
+    first, second = plan.assignments[0], plan.assignments[2]
+    n, k = (int(part.split("=")[1]) for part in second.runs[0].key.split(","))
+    kept = KeptRecord(host=second.host, path="/kept.json", N=n, K=k, batch_sizes=[4096], plan_id="p0")
+    plan = plan.model_copy(update={"kept": [kept]})
+    progress = {
+        f"{first.host}/{first.purpose}": tf.LogProgress(done={first.runs[0].key: [1, 2, 2, 4, 9999]}),
+        f"{second.host}/{second.purpose}": tf.LogProgress(done={second.runs[0].key: [64], "N=1,K=1": [1]}),
+    }
+
+    def oracle(key: str) -> int:
+        done = sum(len(k.batch_sizes) for k in plan.kept if k.key == key)
+        for a in plan.assignments:
+            p = progress.get(f"{a.host}/{a.purpose}", tf.LogProgress())
+            done += sum(len(set(p.done.get(key, [])) & set(r.batch_sizes)) for r in a.runs if r.key == key)
+        return done
+
+    rows = shape_progress(plan, progress)
+    assert [(r.key, r.done) for r in rows] == [(s.key, oracle(s.key)) for s in plan.shapes]
+    assert {r.key: r.done for r in rows}[first.runs[0].key] == 3 and {r.key: r.done for r in rows}[kept.key] == 2

@@ -14,7 +14,7 @@ from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.recipe import DEFAULT_BATCH_SIZES, DEFAULT_RECIPE, TuneOptions, find_recipe, load_recipe
 from orchestrator.session import HostSession
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from orchestrator.tuning.prepare import discover, prepare
 from orchestrator.tuning.record import InstalledRecord, TuningRecord
 from tests.fakerunner import FakeRunner

@@ -1,0 +1,71 @@
+"""``orch state``: the state as people read it (no SSH): its documents, and the whole of it as one JSON file."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from orchestrator.app import App
+from orchestrator.cli.common import pass_app
+from orchestrator.errors import UsageError
+from orchestrator.views import state as state_view
+
+
+@click.group()
+def state() -> None:
+    """Show or export orch's state (the database beside the inventory); no host is contacted.
+
+    \b
+    Example:
+      orch state show
+      orch state show blackwell-1 --json
+      orch state export state-backup.json
+    """
+
+
+@state.command()
+@click.argument("host", required=False)
+@click.option("--json", "as_json", is_flag=True, help="The documents as JSON (every host's, or HOST's).")
+@pass_app
+def show(app: App, host: str | None, as_json: bool) -> int:
+    """One line per host (phase, last seen, server, jobs, history), the plans and the last rollout; with
+    HOST, that host's document.
+
+    \b
+    Example:
+      orch state show
+      orch state show blackwell-1
+    """
+    current = app.store.read(None if host is None else [host])
+    if host is not None and host not in current.hosts:
+        raise UsageError(f"the state has no host {host!r}", hint="`orch state show` lists the hosts it has")
+    if host is not None:
+        click.echo(current.hosts[host].model_dump_json(indent=2))
+    elif as_json:
+        click.echo(current.model_dump_json(indent=2))
+    else:
+        state_view.summary(current)
+    return 0
+
+
+@state.command()
+@click.argument("file", type=click.Path(path_type=Path, dir_okay=False), default="-")
+@pass_app
+def export(app: App, file: Path) -> int:
+    """Write the whole state (every host with its history, the plans, the last rollout) as one JSON file
+    (default: stdout), in the shape of ``orchestrator.state.State``.
+
+    \b
+    Example:
+      orch state export state.json
+      orch state export | jq '.hosts | keys'
+    """
+    text = app.store.read().model_dump_json(indent=2) + "\n"
+    if str(file) == "-":
+        sys.stdout.write(text)
+    else:
+        file.write_text(text)
+        click.echo(f"state written to {file}", err=True)
+    return 0

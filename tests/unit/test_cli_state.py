@@ -1,0 +1,52 @@
+"""``orch state show`` and ``orch state export``: the state as people read it, without contacting a host."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from orchestrator.state import State
+from orchestrator.store import StateStore
+from tests.conftest import OrchRun
+from tests.unit.test_state import populate
+
+
+def a_state(tmp_path: Path) -> Path:
+    path = tmp_path / ".orch" / "state.db"
+    with StateStore(path).update() as state:
+        populate(state)
+        state.host("sim-2")
+    return path
+
+
+def test_state_show_prints_one_line_per_host_and_the_plans(tmp_path: Path, orch: Callable[..., OrchRun]) -> None:
+    path = a_state(tmp_path)
+    result = orch("--state", str(path), "state", "show")
+    assert result.returncode == 0, result.output
+    assert result.stdout.splitlines() == [
+        "blackwell-1: pulled, 2025-01-02T03:04:05+00:00, server server-1, jobs 1/1 running, 1 phase changes, "
+        "1 benchmark runs",
+        "sim-2: new, never seen, no server, jobs 0/0 running, 0 phase changes, 0 benchmark runs",
+        "tuning plans: none",
+        "rollout: none",
+    ]
+
+
+def test_state_show_host_prints_its_document(tmp_path: Path, orch: Callable[..., OrchRun]) -> None:
+    path = a_state(tmp_path)
+    result = orch("--state", str(path), "state", "show", "blackwell-1")
+    assert result.returncode == 0, result.output
+    assert json.loads(result.stdout) == json.loads(StateStore(path).read().hosts["blackwell-1"].model_dump_json())
+    missing = orch("--state", str(path), "state", "show", "nowhere")
+    assert missing.returncode == 2
+    assert "orch: error: the state has no host 'nowhere'" in missing.stderr
+
+
+def test_state_export_writes_the_whole_state_as_one_json_file(tmp_path: Path, orch: Callable[..., OrchRun]) -> None:
+    path = a_state(tmp_path)
+    result = orch("--state", str(path), "state", "export", str(tmp_path / "export.json"))
+    assert result.returncode == 0, result.output
+    exported = State.model_validate_json((tmp_path / "export.json").read_text())
+    assert exported == StateStore(path).read()
+    assert json.loads(orch("--state", str(path), "state", "export").stdout) == json.loads(exported.model_dump_json())
