@@ -690,9 +690,10 @@ DeepseekV3ForCausalLM: the list SGLang's tuner itself uses (upstream ``get_weigh
 DeepseekV4ForCausalLM: the attention linears and the shared expert, from
   h = hidden_size, H = num_attention_heads, d = head_dim, q = q_lora_rank,
   o = o_groups * o_lora_rank, S = moe_intermediate_size * n_shared_experts:
-  wq_a (q, h) replicated; wkv (d, h) replicated; wq_b (H*d/tp, q) column-parallel;
-  wo_b (h, o/tp) row-parallel; shared expert gate_up (2*S/tp, h) and down (h, S/tp).
-  (DeepSeek-V4-Flash on 8 GPUs: N=1024,K=4096 N=512,K=4096 N=4096,K=1024 N=4096,K=2048 N=4096,K=256.)
+  wqkv_a (q+d, h) replicated (wq_a and wkv fused, SGLang's default SGLANG_OPT_FUSE_WQA_WKV=1);
+  wq_b (H*d/tp, q) column-parallel; wo_b (h, o/tp) row-parallel; shared expert gate_up (2*S/tp, h) and
+  down (h, S/tp).
+  (DeepSeek-V4-Flash on 8 GPUs: N=1536,K=4096 N=4096,K=1024 N=512,K=4096 N=4096,K=256.)
 """
 
 

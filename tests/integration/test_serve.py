@@ -112,6 +112,8 @@ def test_recipe_show_prints_the_exact_argv_and_discover_compares_upstream(fleet1
     assert "family 'deepseek_v4'" in found.stdout
     assert "test_deepseek_v4_flash_fp4_b200.py" in found.stdout and "test_deepseek_v4_pro_fp4_mtp.py" in found.stdout
     assert "llama" not in found.stdout
+    assert "4-gpu-models/test_dsv4_mtp.py" in found.stdout and "dsv4/test_dsv4_flash_h200.py" in found.stdout
+    assert "deepseek_v4_1" not in found.stdout  # DeepSeek-V4.1: another model ([32, 32] FP8 blocks)
     assert "asserts accept length > 2.8" in found.stdout
     assert "upstream only" in found.stdout and "recipe only" in found.stdout  # aiter / fp8-gemm-backend
     tp_rows = [line for line in found.stdout.splitlines() if line.startswith("│ tp")]
@@ -128,7 +130,6 @@ BAD_MTP = [
     ({"eagle_topk": None}, "needs eagle_topk 1 given explicitly"),
     ({"num_draft_tokens": 6}, "forces draft tokens to num_steps + 1 = 4"),
     ({"num_steps": None}, "all or none"),
-    ({"draft_model_path": "/models/draft"}, "remove draft_model_path"),
 ]
 
 
