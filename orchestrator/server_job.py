@@ -99,6 +99,7 @@ def status_field(
         "speculative": _speculative(info) if info else record.verified.speculative if record.verified else None,
         "accept_length": facts.avg_accept_length(info) if info else None,
         "tuned_shapes_in_use": list(record.verification.tuned_shapes_in_use),
+        "resolved": facts.settings_line(record.verification.resolved, record.verification.asked) or None,
         "uptime_s": int((now - job.started_at).total_seconds()) if running and job and job.started_at else None,
     }
 

@@ -164,7 +164,10 @@ class Verification(_Model):
     ``fp8_backend``: the backend ``/server_info`` reported, ``fp8_runs`` what runs the FP8 GEMMs, in words;
     ``tuned_shapes_in_use``: the tuned shapes its log shows it reads (``N=1024,K=4096``), ``fallback``
     the others with why; ``problems``/``accept_problem``: why it does not serve as asked (none: it does);
-    ``sglang_commit``: the commit it runs. Fields an older orch did not record take their defaults.
+    ``sglang_commit``: the commit it runs; ``resolved``: what the server resolved at launch (its log: MoE
+    runner, attention backend, page size, max running requests; ``/server_info``: the FP8 GEMM backend)
+    beside ``asked``, what the recipe asked of them (``auto`` when nothing). Fields an older orch did not
+    record take their defaults.
     """
 
     healthy_after_s: float | None = None
@@ -179,6 +182,8 @@ class Verification(_Model):
     accept_problem: str | None = None
     warnings: list[str] = Field(default_factory=list)
     sglang_commit: str | None = None
+    resolved: dict[str, str] = Field(default_factory=dict)
+    asked: dict[str, str] = Field(default_factory=dict)
 
 
 class ServerRecord(_Model):

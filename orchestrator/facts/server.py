@@ -27,11 +27,16 @@ SERVER_MODULE = "sglang.launch_server"
 # `sglang serve` picks a backend (LLM or diffusion) from the model unless told; orch names it, so the
 # command it checks with `--help` is the command it launches.
 SERVE_SUBCOMMAND = ("serve", "--model-type", "llm")
-SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO")
+SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO", "FROZEN_KV_MTP")
 DEEPSEEK_V4 = "DeepseekV4ForCausalLM"
 DEEPSEEK_V4_ALGORITHMS = ("EAGLE", "DSPARK")
 DEEPSEEK_NEXTN_ARCHS = ("DeepseekV3ForCausalLM", DEEPSEEK_V4)
 DEEPSEEK_DEFAULT_SPEC = (3, 1, 4)  # what SGLang picks for DeepSeek MTP when no number is given
+# DSPARK drafts a block of gamma tokens in one step: SGLang forces steps 1 and topk 1 and verifies gamma + 1
+# tokens; gamma is the draft checkpoint's, else DEFAULT_DSPARK_GAMMA
+# (srt/speculative/dspark_components/dspark_config.py, reference §6.1).
+DSPARK = "DSPARK"
+DEFAULT_DSPARK_GAMMA = 7
 HOST_SPECIFIC_FLAGS = ("model-path", "model", "port", "host")
 
 
@@ -142,12 +147,33 @@ def mtp_flags(spec: MTPSpec) -> list[str]:
 
 
 def server_gpus(recipe: Recipe, host: Host) -> list[int]:
-    """GPU indexes the server uses: ``base-gpu-id`` .. + tp * dp (capped by the host's GPUs)."""
+    """GPU indexes the server uses: ``base-gpu-id`` .. + tp * dp (capped by the host's GPUs), where dp
+    counts replicas: ``--dp-size N --enable-dp-attention`` is attention-DP inside the tp GPUs (SGLang
+    resolves it to ``attn_dp_size = N``, ``dp_size = 1``; reference §6.1)."""
     args = recipe.server_args
     tp = tp_size(recipe, 1)
-    dp = _int_arg(args, ("dp", "dp-size", "data-parallel-size"), 1)
     base = _int_arg(args, ("base-gpu-id",), 0)
-    return [i for i in range(base, base + tp * dp) if i < host.gpus]
+    return [i for i in range(base, base + tp * dp_replicas(recipe)) if i < host.gpus]
+
+
+def dp_replicas(recipe: Recipe) -> int:
+    """The data-parallel replicas SGLang runs (each on tp GPUs): ``dp-size``, except that the deprecated
+    ``--enable-dp-attention`` without ``--attn-dp-size`` turns it into attention-DP and runs one replica
+    (``parallel_hook.handle_deprecated_dp_attention``)."""
+    args = recipe.server_args
+    dp = _int_arg(args, ("dp", "dp-size", "data-parallel-size"), 1)
+    if args.get("enable-dp-attention") is True and _int_arg(args, ("attn-dp-size",), 1) == 1:
+        return 1
+    return dp
+
+
+def attention_dp(recipe: Recipe) -> int:
+    """The attention-DP width: ``attn-dp-size``, or ``dp-size`` under ``--enable-dp-attention``; 1: none."""
+    args = recipe.server_args
+    explicit = _int_arg(args, ("attn-dp-size",), 1)
+    if explicit == 1 and args.get("enable-dp-attention") is True:
+        return _int_arg(args, ("dp", "dp-size", "data-parallel-size"), 1)
+    return explicit
 
 
 def tp_size(recipe: Recipe, default: int) -> int:
@@ -210,9 +236,9 @@ def check_recipe(recipe: Recipe, *, mtp: bool) -> list[Problem]:
         return [Problem("mtp", "MTP was asked for but the recipe has no `mtp:` block (or serve with --no-mtp)")]
     spec, problems = recipe.mtp, []
     problems += _check_algorithm(spec.algorithm, recipe.architecture, spec.eagle_topk)
-    problems += _check_numbers(spec)
-    problems += _check_draft_model(spec, recipe.architecture)
-    return problems
+    if spec.algorithm.upper() == DSPARK:
+        return problems + _check_dspark(spec, recipe)
+    return problems + _check_numbers(spec)
 
 
 def _check_algorithm(name: str, architecture: str, topk: int | None) -> list[Problem]:
@@ -276,17 +302,22 @@ def _check_numbers(spec: MTPSpec) -> list[Problem]:
     return []
 
 
-def _check_draft_model(spec: MTPSpec, architecture: str) -> list[Problem]:
-    if spec.draft_model_path is None or architecture not in DEEPSEEK_NEXTN_ARCHS:
-        return []
-    return [
-        Problem(
-            "mtp.draft_model_path",
-            "DeepSeek NextN/MTP takes its draft layers from the model itself; "
-            "remove draft_model_path (SGLang ignores it and logs `DeepSeek MTP does not require "
-            "setting speculative_draft_model_path.`)",
-        )
+def _check_dspark(spec: MTPSpec, recipe: Recipe) -> list[Problem]:
+    """DSPARK's own rules (``speculative_hook._handle_dspark``): one step of topk 1 (SGLang overrides other
+    numbers with a warning), gamma + 1 >= 2 draft tokens, and ``--enable-dp-lm-head`` under DP attention.
+    The draft model: the recipe's ``draft_model_path``, else a ``dspark/`` draft bundled in the model
+    directory (SGLang refuses to start with neither)."""
+    problems = [
+        Problem(f"mtp.{key}", f"DSPARK runs {key} 1: SGLang overrides {value} with 1; write 1 or leave it out")
+        for key, value in (("num_steps", spec.num_steps), ("eagle_topk", spec.eagle_topk))
+        if value not in (None, 1)
     ]
+    draft = spec.num_draft_tokens
+    if draft is not None and draft < 2:
+        problems.append(Problem("mtp.num_draft_tokens", f"DSPARK verifies gamma + 1 >= 2 tokens (got {draft})"))
+    if attention_dp(recipe) > 1 and recipe.server_args.get("enable-dp-lm-head") is not True:
+        problems.append(Problem("server_args", "DSPARK with DP attention needs `enable-dp-lm-head: true`"))
+    return problems
 
 
 # --- the host's flag list (`sglang serve --model-type llm --help`) ------------------------------
@@ -532,17 +563,27 @@ def _shown(value: Any) -> str:
 def expected_spec(recipe: Recipe, *, mtp: bool) -> SpecSettings:
     """What ``/server_info`` must say: off without MTP; else the recipe's algorithm as SGLang names it
     (NEXTN → EAGLE), its numbers, SGLang's (3, 1, 4) for DeepSeek when none is given, and draft tokens
-    forced to steps + 1 with topk 1."""
+    forced to steps + 1 with topk 1; DSPARK runs one step of topk 1 and gamma + 1 draft tokens."""
     if not mtp or recipe.mtp is None:
         return SpecSettings(None)
     spec = recipe.mtp
     algorithm = "EAGLE" if spec.algorithm.upper() == "NEXTN" else spec.algorithm.upper()
+    if algorithm == DSPARK:
+        return SpecSettings(DSPARK, 1, 1, _dspark_draft_tokens(recipe))
     steps, topk, draft = spec.num_steps, spec.eagle_topk, spec.num_draft_tokens
     if steps is None and topk is None and draft is None and recipe.architecture in DEEPSEEK_NEXTN_ARCHS:
         steps, topk, draft = DEEPSEEK_DEFAULT_SPEC
     if topk == 1 and steps is not None:
         draft = steps + 1
     return SpecSettings(algorithm, steps, topk, draft)
+
+
+def _dspark_draft_tokens(recipe: Recipe) -> int | None:
+    """DSPARK's draft tokens: as given (SGLang refuses a launch whose draft checkpoint names another
+    gamma); else None, not checked: the draft checkpoint's gamma decides, ``DEFAULT_DSPARK_GAMMA`` when it
+    names none (8 draft tokens)."""
+    assert recipe.mtp is not None
+    return recipe.mtp.num_draft_tokens
 
 
 def check_spec(actual: SpecSettings, expected: SpecSettings) -> list[Problem]:
@@ -606,6 +647,63 @@ def check_backend(info: Mapping[str, Any], wanted: str | None) -> list[Problem]:
         return []
     shown = "reports no FP8 GEMM backend" if got is None else f"runs {got!r}"
     return [Problem(FP8_BACKEND_KEYS[0], f"the server {shown}, expected {wanted!r}")]
+
+
+# --- what SGLang resolves at launch beyond the argv (reference §6.1) ------------------------------------
+
+RESOLVED_SETTINGS = ("moe_runner_backend", "attention_backend", "page_size", "max_running_requests")
+AUTO = "auto"
+_MXFP4_MOE_CAPS = ("9.", "10.", "12.")  # sm90, sm100/103, sm120
+
+
+def asked_settings(recipe: Recipe) -> dict[str, str]:
+    """What the recipe asks of each setting SGLang resolves at launch: its ``server_args`` value, else auto."""
+    return {key: str(recipe.server_args.get(key.replace("_", "-"), AUTO)) for key in RESOLVED_SETTINGS}
+
+
+def expected_settings(recipe: Recipe, compute_cap: str | None) -> dict[str, str]:
+    """What SGLang resolves for a DeepSeek-V4 launch on a CUDA GPU of ``compute_cap`` (the model hook,
+    ``model_overrides/deepseek_v4.py`` and ``deepseek_v4_hook.py``): the ``dsv4`` attention backend with
+    256-token pages, at most 256 running requests, and the ``flashinfer_mxfp4`` MoE runner on sm90/100/120
+    (FP4 experts, as the released checkpoint has, and no MoE all-to-all backend); what the recipe names
+    explicitly wins. Other models: what the recipe asks (auto: SGLang's own choice, not predicted here)."""
+    asked = asked_settings(recipe)
+    if recipe.architecture != DEEPSEEK_V4:
+        return asked
+    predicted = {"attention_backend": "dsv4", "page_size": "256", "max_running_requests": "256"}
+    no_a2a = str(recipe.server_args.get("moe-a2a-backend", "none")) == "none"
+    if no_a2a and (compute_cap or "").startswith(_MXFP4_MOE_CAPS):
+        predicted["moe_runner_backend"] = "flashinfer_mxfp4"
+    return {key: value if value != AUTO else predicted.get(key, AUTO) for key, value in asked.items()}
+
+
+def check_settings(resolved: Mapping[str, str], expected: Mapping[str, str]) -> list[Problem]:
+    """Settings the server says it resolved (its log) other than expected; a setting it did not log, or
+    one expected as auto, is not checked."""
+    return [
+        Problem(key, f"the server resolved {resolved[key]}, expected {want}")
+        for key, want in expected.items()
+        if want != AUTO and key in resolved and resolved[key] != want
+    ]
+
+
+_SETTING_LABELS = {
+    "moe_runner_backend": "MoE runner",
+    "attention_backend": "attention",
+    "page_size": "page size",
+    "max_running_requests": "max running requests",
+    "fp8_gemm_backend": "FP8 GEMM",
+}
+
+
+def settings_line(resolved: Mapping[str, str], asked: Mapping[str, str]) -> str:
+    """``MoE runner flashinfer_mxfp4 (asked auto), attention dsv4 (asked auto), ...``: what the server
+    resolved beside what the recipe asked, in a fixed order; a setting the log did not show is "not logged"."""
+    parts = []
+    for key, label in _SETTING_LABELS.items():
+        if key in resolved or key in asked:
+            parts.append(f"{label} {resolved.get(key, 'not logged')} (asked {asked.get(key, AUTO)})")
+    return ", ".join(parts)
 
 
 def avg_accept_length(info: Mapping[str, Any]) -> float | None:

@@ -22,7 +22,15 @@ _MISSING = re.compile(
     r"Using default W8A8 Block FP8 kernel config\. Performance might be sub-optimal! "
     r"Config file not found at (?P<path>.+?)\s*$"
 )
-_DECODE = re.compile(r"Decode batch, .*?accept len: (?P<len>\d+(?:\.\d+)?)")
+# `Decode batch [N], ...` when SGLANG_LOG_FORWARD_ITERS is set (reference §6.1)
+_DECODE = re.compile(r"Decode batch(?: \[\d+\])?, .*?accept len: (?P<len>\d+(?:\.\d+)?)")
+# What the server resolved at launch (reference §6.1): model hooks' lines, on rank 0 before it is ready
+_RESOLVED = (
+    re.compile(r"Use (?P<moe_runner_backend>\S+) as MoE runner backend for "),
+    re.compile(r"Use (?P<attention_backend>\S+) attention backend for .*setting page_size to (?P<page_size>\d+)"),
+    re.compile(r"Setting max_running_requests to (?P<max_running_requests>\d+) for "),
+    re.compile(r"Max running requests is reset to (?P<max_running_requests>\d+) for speculative"),
+)
 _CONFIG_NAME = re.compile(
     r"N=(?P<n>\d+),K=(?P<k>\d+),device_name=(?P<device>[^,/]+),dtype=(?P<dtype>[^,/]+),"
     r"block_shape=\[(?P<bn>\d+), ?(?P<bk>\d+)\]\.json$"
@@ -52,6 +60,7 @@ class ServerLog:
     configs_used: list[ConfigFile] = field(default_factory=list)
     configs_missing: list[ConfigFile] = field(default_factory=list)
     accept_lengths: list[float] = field(default_factory=list)
+    resolved: dict[str, str] = field(default_factory=dict)  # moe_runner_backend, attention_backend, ...
 
 
 def strip_prefix(line: str) -> str:
@@ -88,6 +97,16 @@ def _read_line(log: ServerLog, line: str) -> None:
         _add_config(log.configs_missing, m["path"])
     elif m := _DECODE.search(line):
         log.accept_lengths.append(float(m["len"]))
+    else:
+        _read_resolved(log, line)
+
+
+def _read_resolved(log: ServerLog, line: str) -> None:
+    """The first value each resolution line gives (a model hook's runs before a later generic default)."""
+    for pattern in _RESOLVED:
+        if m := pattern.search(line):
+            for key, value in m.groupdict().items():
+                log.resolved.setdefault(key, value)
 
 
 def _add_config(into: list[ConfigFile], path: str) -> None:

@@ -67,13 +67,23 @@ def list_tests_argv(sglang_dir: str) -> list[str]:
     return ["find", f"{sglang_dir.rstrip('/')}/{REGISTERED_TESTS}", "-name", "*.py", "-type", "f"]
 
 
+# Other spellings upstream uses for a family in its test paths (``4-gpu-models/test_dsv4_mtp.py``, ``e2e/dsv4/``)
+FAMILY_ALIASES: dict[str, tuple[str, ...]] = {"deepseek_v4": ("dsv4",)}
+
+
 def family_tests(paths: Sequence[str], family: str, named: Sequence[str] = ()) -> list[str]:
-    """Test files of a family (its key in the path, ignoring ``_``, ``-`` and ``.``), plus any the recipe names."""
-    key, chosen = _flat(family), []
-    for path in sorted(paths):
-        if (key and key in _flat(path)) or any(path.endswith(n) for n in named):
-            chosen.append(path)
-    return chosen
+    """Test files of a family (its key or an alias in the path, ignoring ``_``, ``-`` and ``.``), plus any
+    the recipe names. A path where the key goes on with a version number is another model
+    (``deepseek_v4_1``, ``dsv41_``: DeepSeek-V4.1, with [32, 32] FP8 blocks), even when the key also
+    appears on its own (``dsv4/``); a size after it is not a version (``llama31_8b``)."""
+    keys = [k for k in (_flat(family), *map(_flat, FAMILY_ALIASES.get(family, ()))) if k]
+    return [p for p in sorted(paths) if _of_family(p.lower(), keys) or any(p.endswith(n) for n in named)]
+
+
+def _of_family(path: str, keys: Sequence[str]) -> bool:
+    spelled = ["[-_.]?".join(map(re.escape, key)) for key in keys]
+    versioned = any(re.search(f"{key}[-_.]?\\d+(?![a-z0-9])", path) for key in spelled)
+    return not versioned and any(re.search(key, path) for key in spelled)
 
 
 def _flat(text: str) -> str:

@@ -42,6 +42,7 @@ from orchestrator.tuning.record import LogProgress as LogProgress  # the typed p
 TUNER_SCRIPT = "benchmark/kernels/quantization/tuning_block_wise_kernel.py"
 OLD_TUNER_SCRIPT = "benchmark/kernels/quantization/tuning_block_wise_fp8.py"
 REQUIRED_FLAGS = ("--N", "--K", "--batch-sizes", "--save-path", "--out-dtype")
+DEFAULT_BLOCK = (128, 128)  # the tuner's --block-n/--block-k defaults and DeepSeek-V4-Flash's blocks
 CONFIG_MODULES = ("sglang.kernels.ops.gemm.fp8_kernel", "sglang.srt.layers.quantization.fp8_kernel")
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 RUN_MARKER = "::orch-run::"
@@ -179,14 +180,23 @@ def check_flags(script: str, flags: frozenset[str]) -> None:
 
 
 def tuner_argv(
-    python: str, script_path: str, flags: frozenset[str], run: Run, save_path: str, tp_size: int
+    python: str,
+    script_path: str,
+    flags: frozenset[str],
+    run: Run,
+    save_path: str,
+    tp_size: int,
+    block: tuple[int, int] = DEFAULT_BLOCK,
 ) -> list[str]:
     """One tuner invocation: always ``--N --K --batch-sizes --out-dtype bfloat16 --save-path``;
-    ``--tp-size`` only when the tuner has it (it is ignored with ``--N/--K`` anyway)."""
+    ``--tp-size`` only when the tuner has it (it is ignored with ``--N/--K`` anyway); the model's FP8
+    ``block`` as ``--block-n --block-k`` when the tuner has them (it names its file after them)."""
     argv = [python, script_path, "--N", str(run.n), "--K", str(run.k)]
     argv += ["--batch-sizes", *map(str, run.batch_sizes), "--out-dtype", "bfloat16", "--save-path", save_path]
     if "--tp-size" in flags:
         argv += ["--tp-size", str(tp_size)]
+    if {"--block-n", "--block-k"} <= flags:
+        argv += ["--block-n", str(block[0]), "--block-k", str(block[1])]
     return argv
 
 
@@ -544,11 +554,43 @@ def failure_reason(progress: LogProgress, exit_code: int | None) -> str:
 # -- config files -----------------------------------------------------------------------------------
 
 
-def config_file_name(n: int, k: int, device_name: str) -> str:
+def config_file_name(n: int, k: int, device_name: str, block: tuple[int, int] = DEFAULT_BLOCK) -> str:
     """SGLang's exact file name, e.g. ``N=1024,K=4096,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition,
-    dtype=fp8_w8a8,block_shape=[128, 128].json`` (``device_name``: the GPU name, spaces → ``_``)."""
+    dtype=fp8_w8a8,block_shape=[128, 128].json`` (``device_name``: the GPU name, spaces → ``_``; ``block``:
+    the model's ``weight_block_size``)."""
     device = device_file_name(device_name)
-    return f"N={n},K={k},device_name={device},dtype=fp8_w8a8,block_shape=[128, 128].json"
+    return f"N={n},K={k},device_name={device},dtype=fp8_w8a8,block_shape=[{block[0]}, {block[1]}].json"
+
+
+class BlockShapeError(ValueError):
+    """The model's ``quantization_config.weight_block_size`` is not two positive whole numbers."""
+
+
+def block_shape(config: Any) -> tuple[int, int]:
+    """The model's block-FP8 block shape [block_n, block_k]: ``config.json``'s
+    ``quantization_config.weight_block_size`` (DeepSeek-V4-Flash [128, 128], DeepSeek-V4.1 [32, 32]);
+    ``DEFAULT_BLOCK`` for a config without one. ``BlockShapeError`` names the key when it is malformed."""
+    quant = config.get("quantization_config") if isinstance(config, Mapping) else None
+    block = quant.get("weight_block_size") if isinstance(quant, Mapping) else None
+    if block is None:
+        return DEFAULT_BLOCK
+    valid = isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)
+    if not valid:
+        raise BlockShapeError(f"quantization_config.weight_block_size {block!r:.80} is not [block_n, block_k]")
+    return (block[0], block[1])
+
+
+def block_note(block: tuple[int, int]) -> str | None:
+    """What a model's blocks other than [128, 128] mean for its FP8 GEMM backend, None for [128, 128]:
+    SGLang's CUTLASS block-wise GEMM (what ``auto`` runs on sm_120) quantizes activations in groups of
+    128 (``fp8_utils.cutlass_w8a8_block_fp8_linear_with_fallback``), so only the Triton kernel, which
+    takes any block, serves other blocks there; on SM100 ``auto`` picks flashinfer_cutedsl for [32, 32]."""
+    if block == DEFAULT_BLOCK:
+        return None
+    return (
+        f"the model's FP8 blocks are {list(block)}: on sm_120 only the Triton kernel runs them "
+        "(fp8_gemm_backend: triton; CUTLASS's block-wise GEMM works in groups of 128)"
+    )
 
 
 ConfigValue = int | float | bool | str
@@ -690,9 +732,10 @@ DeepseekV3ForCausalLM: the list SGLang's tuner itself uses (upstream ``get_weigh
 DeepseekV4ForCausalLM: the attention linears and the shared expert, from
   h = hidden_size, H = num_attention_heads, d = head_dim, q = q_lora_rank,
   o = o_groups * o_lora_rank, S = moe_intermediate_size * n_shared_experts:
-  wq_a (q, h) replicated; wkv (d, h) replicated; wq_b (H*d/tp, q) column-parallel;
-  wo_b (h, o/tp) row-parallel; shared expert gate_up (2*S/tp, h) and down (h, S/tp).
-  (DeepSeek-V4-Flash on 8 GPUs: N=1024,K=4096 N=512,K=4096 N=4096,K=1024 N=4096,K=2048 N=4096,K=256.)
+  wqkv_a (q+d, h) replicated (wq_a and wkv fused, SGLang's default SGLANG_OPT_FUSE_WQA_WKV=1);
+  wq_b (H*d/tp, q) column-parallel; wo_b (h, o/tp) row-parallel; shared expert gate_up (2*S/tp, h) and
+  down (h, S/tp).
+  (DeepSeek-V4-Flash on 8 GPUs: N=1536,K=4096 N=4096,K=1024 N=512,K=4096 N=4096,K=256.)
 """
 
 

@@ -175,6 +175,8 @@ VERIFIED_LABELS = {  # every field of ``Verification`` but the two shown as tune
     "accept_problem": "accept length problem",
     "warnings": "warnings",
     "sglang_commit": "SGLang commit",
+    "resolved": "resolved at launch",
+    "asked": "asked of those settings",
 }
 
 

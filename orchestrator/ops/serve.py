@@ -93,6 +93,8 @@ class ServeResult:
     accept_problem: str | None = None  # accept length below the minimum, or not measurable
     stopped_job: str | None = None
     commit: str | None = None  # the SGLang commit the server runs (HEAD at launch)
+    resolved: dict[str, str] = field(default_factory=dict)  # what the server resolved at launch (facts.settings_line)
+    asked: dict[str, str] = field(default_factory=dict)  # what the recipe asked of the same settings
     unchanged: bool = False  # already served as asked: nothing was stopped or started
 
     @property
@@ -443,6 +445,7 @@ def recorded_result(record: ServerRecord, recipe: Recipe, options: ServeOptions)
     result = ServeResult(record.argv, record.job_id, record.mtp, 0.0, commit=record.commit, unchanged=True)
     result.spec, result.fp8_backend = v.speculative, v.fp8_backend
     result.fp8_runs, result.accept_length = v.fp8_runs, v.accept_length
+    result.resolved, result.asked = dict(v.resolved), dict(v.asked)
     result.problems = list(v.problems)
     if options.mtp:
         result.min_accept = options.min_accept if options.min_accept is not None else recipe.min_accept_length
@@ -707,11 +710,23 @@ def _verify(
     result.fp8_runs = facts.backend_runs(result.fp8_backend, compute_cap)
     problems = facts.check_spec(actual, facts.expected_spec(recipe, mtp=options.mtp))
     problems += facts.check_backend(info, recipe.fp8_gemm_backend)
-    result.problems = [str(p) for p in problems]
     log = session.log(started.job_id).read()  # the bytes logged since /health answered
+    _read_resolved(result, recipe, started.log, log)
+    problems += facts.check_settings(result.resolved, result.asked)
+    result.problems = [str(p) for p in problems]
     result.shapes = shape_use(log, [(s.n, s.k) for s in recipe.tuning.shapes], recipe.fp8_gemm_backend, compute_cap)
     result.accept_problem = _accept_problem(result)
     return result
+
+
+def _read_resolved(result: ServeResult, recipe: Recipe, at_start: ServerLog, now: ServerLog) -> None:
+    """What the server resolved at launch (its model hooks' log lines, logged before it was ready: the log
+    read at /health first, as the kept tail may have moved past them since) and the FP8 GEMM backend it
+    reports, beside what the recipe asked."""
+    result.resolved = {**now.resolved, **at_start.resolved}
+    if result.fp8_backend is not None:
+        result.resolved["fp8_gemm_backend"] = result.fp8_backend
+    result.asked = {**facts.asked_settings(recipe), "fp8_gemm_backend": recipe.fp8_gemm_backend or facts.AUTO}
 
 
 def probe_accept_length(session: HostSession, url: str) -> float | None:
@@ -821,6 +836,8 @@ def _record_verified(store: StateStore, host: Host, result: ServeResult) -> None
         accept_problem=result.accept_problem,
         warnings=result.warnings,
         sglang_commit=result.commit,
+        resolved=result.resolved,
+        asked=result.asked,
     )
     failures = result.failures
     store.update_host(host.name, lambda hs: hs.server_verified(result.job_id, verified, result.argv, failures))

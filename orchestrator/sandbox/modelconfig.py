@@ -73,9 +73,18 @@ DEEPSEEK_V4_FLASH: dict[str, object] = {
 }
 
 
-def write_model(models_dir: Path) -> Path:
-    """Create ``models_dir/DeepSeek-V4-Flash/config.json``; return the model directory."""
+# A DSpark draft bundled in the checkpoint's `dspark/` folder (SGLang's `_target_checkpoint_dspark_subfolder`
+# defaults `--speculative-draft-model-path` to it); gamma 7, SGLang's default.
+DSPARK_DRAFT: dict[str, object] = {"architectures": ["DSparkDeepseekV4DraftModel"], "block_size": 7}
+
+
+def write_model(models_dir: Path, *, dspark: bool = True) -> Path:
+    """Create ``models_dir/DeepSeek-V4-Flash/config.json`` (and a bundled ``dspark/config.json`` draft
+    unless ``dspark`` is false); return the model directory."""
     model = models_dir / MODEL_NAME
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text(json.dumps(DEEPSEEK_V4_FLASH, indent=2) + "\n")
+    if dspark:
+        (model / "dspark").mkdir(exist_ok=True)
+        (model / "dspark" / "config.json").write_text(json.dumps(DSPARK_DRAFT, indent=2) + "\n")
     return model

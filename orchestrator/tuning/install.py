@@ -101,7 +101,10 @@ def merge_group(members: Sequence[HostSession], plan: PlanRecord) -> dict[str, t
     merged = {}
     for s in plan.shapes:
         parts = [
-            _partial(runners[a.host], a, r, plan.device) for a in plan.assignments for r in a.runs if r.key == s.key
+            _partial(runners[a.host], a, r, plan.device, plan.block_shape)
+            for a in plan.assignments
+            for r in a.runs
+            if r.key == s.key
         ]
         parts += [_kept(runners[k.host], k) for k in plan.kept if k.key == s.key]
         configs = tf.merge_configs(parts)
@@ -112,9 +115,11 @@ def merge_group(members: Sequence[HostSession], plan: PlanRecord) -> dict[str, t
     return merged
 
 
-def _partial(runner: Runner, a: AssignmentRecord, run: RunRecord, device: str) -> tuple[str, tf.Configs]:
+def _partial(
+    runner: Runner, a: AssignmentRecord, run: RunRecord, device: str, block: tuple[int, int]
+) -> tuple[str, tf.Configs]:
     """One job's partial file for one run, which must hold every batch size of the run."""
-    path = f"{a.staging}/{tf.config_file_name(run.n, run.k, device)}"
+    path = f"{a.staging}/{tf.config_file_name(run.n, run.k, device, block)}"
     where = f"{a.host}:{path}"
     return where, tf.finished_run(runner.read_bytes(path), where, run.batch_sizes)
 
@@ -132,7 +137,7 @@ def install(session: HostSession, plan: PlanRecord, merged: dict[str, tf.Configs
     paths = plan.hosts[host.name]
     done: dict[str, InstalledRecord] = {}
     for s in plan.shapes:
-        target = f"{paths.config_dir.rstrip('/')}/{tf.config_file_name(s.n, s.k, plan.device)}"
+        target = f"{paths.config_dir.rstrip('/')}/{tf.config_file_name(s.n, s.k, plan.device, plan.block_shape)}"
         data = tf.render_config(merged[s.key]).encode()
         backup = _backup(runner, target, data, f"{paths.workdir.rstrip('/')}/tune/backups/{plan.id}")
         runner.write_bytes(target, data, mode=0o644)

@@ -73,6 +73,7 @@ def make_plan(members: Sequence[Prepared], now: datetime | None = None) -> PlanR
         tuner_startup_s=lead.costs.startup,
         tuner_unit_s=lead.costs.unit,
         gpus=len(slots),
+        block_shape=lead.block,
     )
 
 
@@ -135,7 +136,9 @@ def job_spec(host: Host, plan: PlanRecord, a: AssignmentRecord, flags: frozenset
     unbuffered (``PYTHONUNBUFFERED=1``), so the log shows progress live."""
     tuner = plan.hosts[host.name].tuner
     runs = [
-        tf.tuner_argv(host.python, tuner, flags, tf.Run(r.n, r.k, tuple(r.batch_sizes)), a.staging, plan.tp_size)
+        tf.tuner_argv(
+            host.python, tuner, flags, tf.Run(r.n, r.k, tuple(r.batch_sizes)), a.staging, plan.tp_size, plan.block_shape
+        )
         for r in a.runs
     ]
     argv = tf.job_argv(host.sglang_dir, runs)

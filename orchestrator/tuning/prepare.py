@@ -206,6 +206,7 @@ class Prepared:
     note: str | None = None  # why there is nothing to tune, when the shapes' source says so
     kept: list[KeptRecord] = field(default_factory=list)  # units an earlier, failed plan finished here
     costs: tf.Costs = field(default_factory=tf.Costs)  # what the schedule counts (the recipe's tuning costs)
+    block: tuple[int, int] = tf.DEFAULT_BLOCK  # the model's FP8 blocks (its config.json)
 
     @property
     def host(self) -> Host:
@@ -225,7 +226,9 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
         record, plan = settle_lost(session, record, plan, look)
     if record.state == "running" and plan is not None:
         return Prepared(session, attach=plan)
-    facts, files = discover(session, [] if options.force else files_to_check(host, record, plan))
+    checked = [] if options.force else files_to_check(host, record, plan)
+    facts, files = discover(session, [*checked, model_config_path(host)])
+    block = model_block(session, files, facts.flags)
     tp = tp_size(recipe, host)
     logged = logged_shapes(session, facts.device) if options.shapes == "logged" else None
     wanted = logged.shapes if logged else resolve_shapes(options.shapes, recipe, session, tp)
@@ -247,7 +250,34 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
         refuse_busy(host, facts, options.allow_busy_gpus)
     note = logged.note if logged else None
     costs = tf.Costs(recipe.tuning.tuner_startup_s, recipe.tuning.tuner_unit_s)
-    return Prepared(session, None, facts, needed, skipped, batch_sizes, tp, note, kept, costs)
+    return Prepared(session, None, facts, needed, skipped, batch_sizes, tp, note, kept, costs, block)
+
+
+def model_config_path(host: Host) -> str:
+    return f"{host.model_path.rstrip('/')}/config.json"
+
+
+def model_block(session: HostSession, files: FileReader, flags: frozenset[str]) -> tuple[int, int]:
+    """The model's FP8 block shape, from its ``config.json`` read in the discovery round trip; the
+    tuner's default [128, 128] when the host has no readable model config (tuning needs no model). A
+    block other than [128, 128] is said with what it means for the backend (``tf.block_note``), and
+    refused when the tuner cannot be told it (no ``--block-n/--block-k``: it would tune [128, 128])."""
+    host = session.host
+    path = model_config_path(host)
+    try:
+        config = json.loads(files.read_bytes(path))
+    except (OSError, ValueError, RecursionError):
+        return tf.DEFAULT_BLOCK
+    try:
+        block = tf.block_shape(config)
+    except tf.BlockShapeError as exc:
+        raise RefusedError(f"{host.name}: {path}: {exc}") from None
+    note = tf.block_note(block)
+    if note and not {"--block-n", "--block-k"} <= flags:
+        raise RefusedError(f"{host.name}: {note}; this tuner has no --block-n/--block-k to tune them")
+    if note:
+        session.say(note)
+    return block
 
 
 def settle_lost(
@@ -392,7 +422,7 @@ def wanted_units(shapes: Iterable[Shape], batch_sizes: Sequence[int]) -> dict[st
 
 
 def _run_result(plan: PlanRecord, a: AssignmentRecord, run: RunRecord, lost: bool) -> KeptRecord:
-    path = f"{a.staging}/{tf.config_file_name(run.n, run.k, plan.device)}"
+    path = f"{a.staging}/{tf.config_file_name(run.n, run.k, plan.device, plan.block_shape)}"
     fields = {"host": a.host, "path": path, "N": run.n, "K": run.k, "batch_sizes": run.batch_sizes}
     return KeptRecord.model_validate({**fields, "plan_id": plan.id, "lost": lost})
 

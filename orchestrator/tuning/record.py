@@ -109,6 +109,9 @@ class PlanRecord(_Record):
     tuner_startup_s: float = 0.0
     tuner_unit_s: float = 1.0
     gpus: int = 0
+    # the model's FP8 blocks (config.json's weight_block_size): the tuner's --block-n/--block-k and its
+    # files' names; a plan recorded before this existed tuned the default [128, 128]
+    block_shape: tuple[int, int] = (128, 128)
 
     def on(self, host: str) -> list[AssignmentRecord]:
         return [a for a in self.assignments if a.host == host]

@@ -50,6 +50,8 @@ def serve_report(host: Host, r: serve_op.ServeResult) -> None:
         accept = "not measured" if r.accept_length is None else f"{r.accept_length:.2f}"
         out.print(f"  accept length: {accept} (minimum {r.min_accept if r.min_accept is not None else '-'})")
     out.print(f"  FP8 GEMM backend: {r.fp8_runs or r.fp8_backend or 'not reported'}", markup=False)
+    if r.resolved or r.asked:
+        out.print(f"  resolved: {facts.settings_line(r.resolved, r.asked)}", markup=False)
     listed = [s for s in r.shapes if s.listed]
     used = [s.key for s in listed if s.in_use]
     if listed:

@@ -194,7 +194,8 @@ def _server_cell(v: HostStatus, now: datetime | None = None) -> str:
     uptime = _uptime(s.get("uptime_s") or 0)
     commits = _commits(s)
     line = f"healthy, {mtp}, {len(s['tuned_shapes_in_use'])} tuned shapes, up {uptime}, job {s['job']}"
-    return f"{line}; {commits}" if commits else line
+    line = f"{line}; {commits}" if commits else line
+    return f"{line}; resolved: {s['resolved']}" if s.get("resolved") else line
 
 
 def _gateway_cell(v: HostStatus) -> str | None:

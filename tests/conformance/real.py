@@ -155,3 +155,181 @@ def orch_flag_sources(real_help: str) -> dict[str, dict[str, tuple[str, ...] | N
     parser = facts.parse_parser(proc.stdout)
     assert parser is not None, f"orch cannot read its parser probe's answer: {proc.stdout[-300:]!r}"
     return {"parser": parser, "help": facts.parse_help(real_help)}
+
+
+# --- the real resolution hooks (what a launch really runs) --------------------------------------------------
+
+DEEPSEEK_V4 = "DeepseekV4ForCausalLM"
+SM120 = {
+    "is_cuda": True,
+    "is_hip": False,
+    "is_npu": False,
+    "is_xpu": False,
+    "is_musa": False,
+    "is_mps": False,
+    "is_sm90": False,
+    "is_sm100": False,
+    "is_sm100_or_sm110": False,
+    "is_sm110": False,
+    "is_sm120": True,
+    "is_blackwell": True,
+    "has_flashinfer": True,
+    "device_sm": 120,
+    "device_capability": (12, 0),
+}
+RESOLVED_FIELDS = (
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "speculative_draft_model_path",
+    "max_running_requests",
+    "attention_backend",
+    "page_size",
+    "moe_runner_backend",
+    "fp8_gemm_runner_backend",
+    "tp_size",
+    "dp_size",
+    "attn_dp_size",
+    "base_gpu_id",
+)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What the real hooks resolved (``fields``), or the error one raised; and what they logged."""
+
+    fields: dict[str, Any]
+    error: str | None
+    log: str
+
+
+def _not_on_cpu(*_: Any, **__: Any) -> Any:
+    raise RuntimeError("needs transformers and the GPU stack, absent from the conformance tier")
+
+
+def _stub_modules(model_config: Any) -> dict[str, ModuleType]:
+    """Modules the hooks import lazily that cannot be imported on this CPU-only tier, each stubbed with
+    exactly what the hooks use, the rest of their code staying real:
+
+    - ``srt.configs`` (its ``__init__`` imports transformers): ``ModelConfig`` is only named by
+      ``model_config_of`` before it hands back the memoized config this test supplies (the real
+      ``ModelConfig`` reads ``config.json`` with transformers);
+    - ``srt.configs.iquest_q1`` and ``srt.utils.hf_transformers_utils`` (transformers): the IQuest check
+      returns at its first line for DeepSeek-V4; ``get_config`` reading a DSpark draft's config fails as
+      when the draft has no readable config, which the real hook catches (gamma then defaults);
+    - ``srt.speculative.dspark_components.dspark_config`` (it imports ``dflash_utils`` → CUDA kernels):
+      its ``DEFAULT_DSPARK_GAMMA`` and ``checkpoint_bundles_dspark_draft`` are the installed file's own,
+      read and compiled from its source.
+    """
+    configs = ModuleType("sglang.srt.configs")
+    configs.__path__ = []
+    model_config_module = ModuleType("sglang.srt.configs.model_config")
+    model_config_module.ModelConfig = type("ModelConfig", (), {"from_server_args": staticmethod(_not_on_cpu)})
+    iquest = ModuleType("sglang.srt.configs.iquest_q1")
+    iquest.IQuestQ1MTPConfig = type("IQuestQ1MTPConfig", (), {})
+    hf_utils = ModuleType("sglang.srt.utils.hf_transformers_utils")
+    hf_utils.get_config = _not_on_cpu
+    dspark = ModuleType("sglang.srt.speculative.dspark_components.dspark_config")
+    dspark_file = "srt/speculative/dspark_components/dspark_config.py"
+    dspark.DEFAULT_DSPARK_GAMMA = module_constant(dspark_file, "DEFAULT_DSPARK_GAMMA")
+    dspark.read_draft_checkpoint_config = _not_on_cpu
+    dspark.__dict__.update(real_functions(dspark_file, "checkpoint_bundles_dspark_draft", "_cfg_get"))
+    return {m.__name__: m for m in (configs, model_config_module, iquest, hf_utils, dspark)}
+
+
+def module_constant(relative: str, name: str) -> Any:
+    """The literal value of a module-level ``NAME = literal`` of the installed package."""
+    found = [
+        ast.literal_eval(node.value)
+        for node in real_source(relative).body
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+    ]
+    assert len(found) == 1, f"{len(found)} assignments to {name} in {relative}"
+    return found[0]
+
+
+def model_config(hf_config: dict[str, Any]) -> Any:
+    """The parts of ``ModelConfig`` the DeepSeek-V4 hooks read, for a ``config.json`` (FP4 experts: the
+    released DeepSeek-V4-Flash checkpoint's MXFP4 routed experts)."""
+    from types import SimpleNamespace
+
+    hf = SimpleNamespace(**hf_config)
+    return SimpleNamespace(hf_config=hf, hf_text_config=hf, is_fp4_experts=True, nvfp4_moe_meta=None)
+
+
+def real_resolution(flags: Sequence[str], hf_config: dict[str, Any], env: dict[str, str] | None = None) -> Resolved:
+    """Run SGLang 0.5.23's own resolution hooks, in the order ``run_resolution_pipeline`` runs them, on the
+    real parse of ``flags``, with the platform an sm_120 CUDA GPU and the model ``hf_config``:
+
+    1. ``handle_deprecated_dp_attention`` (``parallel_hook.py``; compiled from its source: the module
+       imports the model connector, which needs transformers);
+    2. the DeepSeek-V4 model overrides (``model_overrides/deepseek_v4.py``: attention backend, page size,
+       MoE runner) and ``apply_deepseek_v4_defaults`` (``deepseek_v4_hook.py``: max running requests, the
+       raw-string algorithm and topk asserts) — the two steps of ``model_hook`` for this architecture;
+    3. the speculative hook's upper-casing of the algorithm and NEXTN → EAGLE (its alias resolution reads a
+       draft's config with transformers only to detect a Gemma-4 draft, which no argv here names), then
+       ``_handle_dspark`` or ``_handle_eagle_family``, as ``SpeculativeAlgorithm.handle_server_args`` does.
+
+    Every other hook of the pipeline (memory, CUDA graphs, kernels) needs the GPU or the checkpoint and is
+    left out: none of them writes the fields ``RESOLVED_FIELDS`` lists for this model.
+    """
+    import logging
+    import os
+    from unittest import mock
+
+    from sglang.srt.arg_groups import deepseek_v4_hook, speculative_hook
+    from sglang.srt.arg_groups.overrides import (
+        collect_model_override_declarations,
+        declare_resolution,
+        resolution_result,
+        resolving_view,
+        validate_declarations,
+    )
+    from sglang.srt.runtime_context import override_platform
+
+    parsed = real_parse(flags)
+    assert parsed.accepted, f"the real parser refused {flags}: {parsed.stderr[-300:]}"
+    args = parsed.args
+    args._model_config = model_config(hf_config)
+    dp_hook = real_functions(
+        "srt/arg_groups/parallel_hook.py",
+        "handle_deprecated_dp_attention",
+        resolving_view=resolving_view,
+        declare_resolution=declare_resolution,
+    )["handle_deprecated_dp_attention"]
+    log = io.StringIO()
+    handler = logging.StreamHandler(log)
+    root = logging.getLogger("sglang")
+    root.addHandler(handler)
+    old_level = root.level
+    root.setLevel(logging.INFO)
+    error = None
+    try:
+        with (
+            mock.patch.dict(sys.modules, _stub_modules(args._model_config)),
+            mock.patch.dict(os.environ, env or {}),
+            override_platform(**SM120),
+        ):
+            declare_resolution(args, "conformance: an sm_120 CUDA host", device="cuda")
+            dp_hook(args)
+            declarations = collect_model_override_declarations(DEEPSEEK_V4, args, args._model_config.hf_config)
+            validate_declarations(args, declarations)
+            args._resolved_overrides.extend(declarations)
+            deepseek_v4_hook.apply_deepseek_v4_defaults(args, DEEPSEEK_V4)
+            cfg = resolving_view(args)
+            if cfg.speculative_algorithm is not None:
+                upper = cfg.speculative_algorithm.upper()
+                algorithm = "EAGLE" if upper == "NEXTN" else upper
+                declare_resolution(args, "handle_speculative_decoding", speculative_algorithm=algorithm)
+                if algorithm == "DSPARK":
+                    speculative_hook._handle_dspark(args)
+                else:
+                    speculative_hook._handle_eagle_family(args)
+    except (AssertionError, ValueError, RuntimeError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+    fields = {name: resolution_result(args, name) for name in RESOLVED_FIELDS}
+    return Resolved(fields, error, log.getvalue())

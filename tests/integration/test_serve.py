@@ -102,6 +102,30 @@ def test_serve_with_mtp_on_two_hosts_is_verified_then_no_mtp_then_stopped(make_f
     assert server_state(env).phase.value != "serving"
 
 
+def test_the_dspark_playbook_serves_with_dp_attention_on_tp_gpus_and_says_what_the_server_resolved(
+    fleet1: FleetEnv, tmp_path: Path
+) -> None:
+    """Issue 23: DSPARK is verified as SGLang runs it (1 step, topk 1, gamma + 1 = 8 draft tokens, the draft
+    bundled in the model's dspark/); `--dp-size 4 --enable-dp-attention` holds tp (4) GPUs, not 16."""
+    doc = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-flash-dspark.yaml").read_text())
+    doc["server_args"] |= {"tp-size": 4, "dp-size": 4, "enable-dp-attention": True, "enable-dp-lm-head": True}
+    doc["fp8_gemm_backend"] = "auto"
+    path = tmp_path / "dspark.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    run = serve_ok(fleet1, "--playbook", str(path))
+    assert "speculative: DSPARK steps=1 topk=1 draft=8 (as asked)" in run.stdout
+    assert "accept length: 4.60 (minimum 4.0)" in run.stdout
+    assert (
+        "  resolved: MoE runner flashinfer_mxfp4 (asked auto), attention dsv4 (asked auto), page size 256 "
+        "(asked auto), max running requests 256 (asked auto), FP8 GEMM auto (asked auto)"
+    ) in run.stdout
+    hs = server_state(fleet1)
+    assert hs.server.verified.resolved["moe_runner_backend"] == "flashinfer_mxfp4" and not hs.server.verified.problems
+    assert sorted({p["gpu_index"] for p in host0(fleet1).gpu_processes()}) == [0, 1, 2, 3]
+    status = json.loads(fleet1.orch("status", "--json").stdout)["hosts"][0]["server"]
+    assert status["resolved"].startswith("MoE runner flashinfer_mxfp4 (asked auto), attention dsv4 (asked auto)")
+
+
 def test_recipe_show_prints_the_exact_argv_and_discover_compares_upstream(fleet1: FleetEnv) -> None:
     show = fleet1.orch("recipe", "show")
     assert show.returncode == 0, show.output
@@ -112,6 +136,8 @@ def test_recipe_show_prints_the_exact_argv_and_discover_compares_upstream(fleet1
     assert "family 'deepseek_v4'" in found.stdout
     assert "test_deepseek_v4_flash_fp4_b200.py" in found.stdout and "test_deepseek_v4_pro_fp4_mtp.py" in found.stdout
     assert "llama" not in found.stdout
+    assert "4-gpu-models/test_dsv4_mtp.py" in found.stdout and "dsv4/test_dsv4_flash_h200.py" in found.stdout
+    assert "deepseek_v4_1" not in found.stdout  # DeepSeek-V4.1: another model ([32, 32] FP8 blocks)
     assert "asserts accept length > 2.8" in found.stdout
     assert "upstream only" in found.stdout and "recipe only" in found.stdout  # aiter / fp8-gemm-backend
     tp_rows = [line for line in found.stdout.splitlines() if line.startswith("│ tp")]
@@ -128,7 +154,6 @@ BAD_MTP = [
     ({"eagle_topk": None}, "needs eagle_topk 1 given explicitly"),
     ({"num_draft_tokens": 6}, "forces draft tokens to num_steps + 1 = 4"),
     ({"num_steps": None}, "all or none"),
-    ({"draft_model_path": "/models/draft"}, "remove draft_model_path"),
 ]
 
 

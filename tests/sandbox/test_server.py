@@ -224,10 +224,11 @@ def test_deepseek_v4_resolution_sets_256_and_draft_tokens_and_draft_model(host: 
     assert "Max running requests is reset to 48" not in steps_only.stderr
     other = resolved(host, host.model_path, *MTP[:6], "--speculative-num-draft-tokens", "2",
                      "--speculative-draft-model-path", "/elsewhere")  # fmt: skip
-    assert other.stdout.split() == ["EAGLE", "4", "256", "True"]
+    assert other.stdout.split() == ["EAGLE", "4", "256", "False"]  # the explicit draft is kept, with a warning
     assert "DeepSeek MTP does not require setting speculative_draft_model_path." in other.stderr
     dspark = resolved(host, host.model_path, "--speculative-algorithm", "DSPARK", "--max-running-requests", "16")
-    assert dspark.stdout.split() == ["DSPARK", "4", "16", "True"]
+    assert dspark.stdout.split() == ["DSPARK", "8", "16", "False"]  # gamma 7 + 1; the draft: the model's dspark/
+    assert "DSpark gamma is not set; defaulting to 7." in dspark.stderr
 
 
 def test_launch_server_rejects_an_unknown_flag(host: SimHost) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator import readers
 from orchestrator.errors import UnreachableError
+from orchestrator.facts import server as facts
 from orchestrator.facts.server_log import ServerLog
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
@@ -63,6 +64,44 @@ def test_verify_reconnects_after_a_drop_and_verifies(monkeypatch: pytest.MonkeyP
     assert (result.job_id, result.fp8_backend) == ("server-1", "auto")
     assert runner.closed == 1 and not answers
     assert said == ["connection lost while running a command: EOFError; reconnecting (verification goes on)"]
+
+
+def test_verify_reports_what_the_server_resolved_at_launch_beside_what_the_recipe_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The model hook's lines are logged before /health answers: read from the log kept at start."""
+    from orchestrator.facts.server_log import parse_server_log
+
+    monkeypatch.setattr(readers, "server_info", lambda host, runner, url: dict(INFO))
+    recipe = load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").model_copy(update={"fp8_gemm_backend": "auto"})
+    at_start = parse_server_log(
+        "[2026-12-03 09:18:45] Use dsv4 attention backend for DeepseekV4ForCausalLM, setting page_size to 256.\n"
+        "[2026-12-03 09:18:45] Use flashinfer_mxfp4 as MoE runner backend for DeepseekV4ForCausalLM.\n"
+    )
+    started = serve_op.Started("server-1", ["sglang"], at_start, 3.0, "abc")
+    session = HostSession(HOST, DroppingRunner(), cast(Any, None), cast(Any, [].append))
+    result = serve_op.verify(session, recipe, ServeOptions(mtp=False), started, "12.0")
+    assert result.problems == []
+    assert facts.settings_line(result.resolved, result.asked) == (
+        "MoE runner flashinfer_mxfp4 (asked auto), attention dsv4 (asked auto), page size 256 (asked auto), "
+        "max running requests not logged (asked auto), FP8 GEMM auto (asked auto)"
+    )
+
+
+def test_a_setting_the_recipe_names_and_the_server_resolves_otherwise_is_not_as_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from orchestrator.facts.server_log import parse_server_log
+
+    monkeypatch.setattr(readers, "server_info", lambda host, runner, url: dict(INFO))
+    recipe = load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml")
+    args = {**recipe.server_args, "moe-runner-backend": "triton"}
+    recipe = recipe.model_copy(update={"fp8_gemm_backend": "auto", "server_args": args})
+    at_start = parse_server_log("Use flashinfer_mxfp4 as MoE runner backend for DeepseekV4ForCausalLM.\n")
+    started = serve_op.Started("server-1", ["sglang"], at_start, 3.0, "abc")
+    session = HostSession(HOST, DroppingRunner(), cast(Any, None), cast(Any, [].append))
+    result = serve_op.verify(session, recipe, ServeOptions(mtp=False), started, "12.0")
+    assert result.problems == ["moe_runner_backend: the server resolved flashinfer_mxfp4, expected triton"]
 
 
 # -- the tuning waits' one rule for an outage (issue 13 §2) ---------------------------------------------

@@ -129,6 +129,17 @@ def test_status_shows_odd_speculative_settings_as_unknown() -> None:
     assert field["speculative"] == "unknown (/server_info: speculative_num_steps 'x' is not a whole number)"
 
 
+def test_status_carries_what_the_server_resolved_as_verified_beside_what_was_asked() -> None:
+    from orchestrator.state import Verification
+
+    verified = Verification(resolved={"moe_runner_backend": "flashinfer_mxfp4"}, asked={"moe_runner_backend": "auto"})
+    record = ServerRecord(job_id="j", argv=["sglang"], port=30000, mtp=True, verified=verified)
+    field = server_ops.status_field("", "", record, datetime.now(timezone.utc))
+    assert field is not None and field["resolved"] == "MoE runner flashinfer_mxfp4 (asked auto)"
+    bare = server_ops.status_field("", "", record.model_copy(update={"verified": None}), datetime.now(timezone.utc))
+    assert bare is not None and bare["resolved"] is None
+
+
 def test_a_model_config_nested_absurdly_deep_is_a_refusal_not_a_recursion_error(tmp_path: Path) -> None:
     from orchestrator.errors import RefusedError
     from orchestrator.inventory import Host

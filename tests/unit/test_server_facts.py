@@ -27,6 +27,7 @@ def recipe(mtp: dict[str, Any] | None = None, arch: str = V4, **extra: Any) -> R
 
 
 GOOD_MTP = {"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
+DSPARK_MTP = {"algorithm": "DSPARK", "num_steps": 1, "eagle_topk": 1, "num_draft_tokens": 8}
 
 # --- launch argv --------------------------------------------------------------------------------------
 
@@ -94,7 +95,15 @@ def test_server_arg_flags(args: dict[str, Any], flags: list[str]) -> None:
 
 @pytest.mark.parametrize(
     ("args", "gpus"),
-    [({}, [0]), ({"tp": 8}, list(range(8))), ({"tp": 2, "dp": 2}, [0, 1, 2, 3]), ({"tp": 4, "base-gpu-id": 6}, [6, 7])],
+    [
+        ({}, [0]),
+        ({"tp": 8}, list(range(8))),
+        ({"tp": 2, "dp": 2}, [0, 1, 2, 3]),
+        ({"tp": 4, "base-gpu-id": 6}, [6, 7]),
+        # attention-DP (SGLang: attn_dp_size 4, dp_size 1) runs inside the tp GPUs, as upstream's V4 recipes do
+        ({"tp-size": 4, "dp-size": 4, "enable-dp-attention": True}, [0, 1, 2, 3]),
+        ({"tp-size": 2, "dp-size": 2, "attn-dp-size": 2, "enable-dp-attention": True}, [0, 1, 2, 3]),
+    ],
 )
 def test_server_gpus(args: dict[str, Any], gpus: list[int]) -> None:
     assert server.server_gpus(recipe(server_args=args), HOST.model_copy(update={"gpus": 8})) == gpus
@@ -120,7 +129,12 @@ def where(problems: list[Problem]) -> list[str]:
     ("mtp", "arch", "expected", "reason_part"),
     [
         (GOOD_MTP, V4, [], ""),
-        ({**GOOD_MTP, "algorithm": "DSPARK"}, V4, [], ""),
+        (DSPARK_MTP, V4, [], ""),
+        ({"algorithm": "DSPARK", "draft_model_path": "/m/dspark"}, V4, [], ""),
+        ({**GOOD_MTP, "algorithm": "DSPARK"}, V4, ["mtp.num_steps"], "SGLang overrides 3 with 1"),
+        ({**DSPARK_MTP, "eagle_topk": 2}, V4, ["mtp.eagle_topk"], "DSPARK runs eagle_topk 1"),
+        ({**DSPARK_MTP, "num_draft_tokens": 1}, V4, ["mtp.num_draft_tokens"], "gamma + 1 >= 2"),
+        ({"algorithm": "FROZEN_KV_MTP"}, "Gemma4ForCausalLM", [], ""),
         ({"algorithm": "EAGLE", "eagle_topk": 1, "num_steps": 3}, V4, ["mtp"], "all or none"),
         ({**GOOD_MTP, "algorithm": "MTP"}, V4, ["mtp.algorithm"], "not an SGLang algorithm name"),
         ({**GOOD_MTP, "algorithm": "NEXTN"}, V4, ["mtp.algorithm"], "pass `EAGLE`, not `NEXTN`"),
@@ -129,7 +143,7 @@ def where(problems: list[Problem]) -> list[str]:
         ({"algorithm": "EAGLE"}, V4, ["mtp.eagle_topk"], "given explicitly (not given)"),
         ({**GOOD_MTP, "eagle_topk": 2, "num_draft_tokens": 8}, V4, ["mtp.eagle_topk"], "eagle_topk 1"),
         ({**GOOD_MTP, "num_draft_tokens": 6}, V4, ["mtp.num_draft_tokens"], "num_steps + 1 = 4"),
-        ({**GOOD_MTP, "draft_model_path": "/m/draft"}, V4, ["mtp.draft_model_path"], "from the model itself"),
+        ({**GOOD_MTP, "draft_model_path": "/m/draft"}, V4, [], ""),  # kept by SGLang (with a warning)
         ({**GOOD_MTP, "draft_model_path": "/m/draft"}, "LlamaForCausalLM", [], ""),
         ({"algorithm": "NEXTN"}, "DeepseekV3ForCausalLM", [], ""),
         ({"algorithm": "eagle", "eagle_topk": 1, "num_steps": 2, "num_draft_tokens": 3}, V4, [], ""),
@@ -143,7 +157,14 @@ def test_mtp_rules(mtp: dict[str, Any], arch: str, expected: list[str], reason_p
 
 def test_mtp_rules_report_every_problem() -> None:
     problems = server.check_recipe(recipe({"algorithm": "EAGLE", "num_steps": 3, "draft_model_path": "/d"}), mtp=True)
-    assert where(problems) == ["mtp.eagle_topk", "mtp", "mtp.draft_model_path"]
+    assert where(problems) == ["mtp.eagle_topk", "mtp"]
+
+
+def test_dspark_with_dp_attention_needs_the_dp_lm_head() -> None:
+    args = {"tp-size": 4, "dp-size": 4, "enable-dp-attention": True}
+    problems = server.check_recipe(recipe(DSPARK_MTP, server_args=args), mtp=True)
+    assert [str(p) for p in problems] == ["server_args: DSPARK with DP attention needs `enable-dp-lm-head: true`"]
+    assert server.check_recipe(recipe(DSPARK_MTP, server_args={**args, "enable-dp-lm-head": True}), mtp=True) == []
 
 
 def test_mtp_asked_without_an_mtp_block_is_a_problem_and_no_mtp_checks_nothing() -> None:
@@ -318,6 +339,8 @@ def test_spec_settings_of_server_info() -> None:
             {"algorithm": "eagle", "num_steps": 2, "eagle_topk": 1, "num_draft_tokens": 9},
             SpecSettings("EAGLE", 2, 1, 3),
         ),
+        (DSPARK_MTP, SpecSettings("DSPARK", 1, 1, 8)),
+        ({"algorithm": "dspark", "num_steps": 3}, SpecSettings("DSPARK", 1, 1, None)),  # the draft decides gamma
     ],
 )
 def test_expected_spec(mtp: dict[str, Any], expected: SpecSettings) -> None:
@@ -408,3 +431,31 @@ def test_shipped_playbook_shapes_are_the_simulated_models_verified_gemm_shapes_a
 def test_a_launched_server_is_reached_where_its_command_line_binds_it(argv: list[str], address: str) -> None:
     assert server.argv_address(argv) == address
     assert server.url(address, 30000) == f"http://{address}:30000"
+
+
+# --- what SGLang resolves at launch ------------------------------------------------------------------------
+
+
+def test_deepseek_v4_on_sm120_resolves_dsv4_pages_256_requests_and_the_mxfp4_moe_runner() -> None:
+    assert server.asked_settings(recipe(GOOD_MTP)) == dict.fromkeys(server.RESOLVED_SETTINGS, "auto")
+    assert server.expected_settings(recipe(GOOD_MTP), "12.0") == {
+        "moe_runner_backend": "flashinfer_mxfp4",
+        "attention_backend": "dsv4",
+        "page_size": "256",
+        "max_running_requests": "256",
+    }
+
+
+def test_what_the_recipe_names_wins_and_an_a2a_backend_leaves_the_moe_runner_to_sglang() -> None:
+    args = {"tp-size": 8, "max-running-requests": 64, "moe-a2a-backend": "deepep"}
+    expected = server.expected_settings(recipe(GOOD_MTP, server_args=args), "12.0")
+    assert (expected["max_running_requests"], expected["moe_runner_backend"]) == ("64", "auto")
+    assert server.expected_settings(recipe(GOOD_MTP, arch="LlamaForCausalLM"), "12.0")["page_size"] == "auto"
+
+
+def test_check_settings_reports_a_resolved_setting_other_than_expected() -> None:
+    expected = server.expected_settings(recipe(GOOD_MTP), "12.0")
+    resolved = {"moe_runner_backend": "triton", "attention_backend": "dsv4"}
+    assert [str(p) for p in server.check_settings(resolved, expected)] == [
+        "moe_runner_backend: the server resolved triton, expected flashinfer_mxfp4"
+    ]

@@ -56,6 +56,30 @@ def test_ready_log_with_fp8_lookups_and_decode_lines() -> None:
     assert log.accept_lengths == [3.1]
 
 
+RESOLVED_LOG = """[2026-12-03 09:18:45] Setting swa_full_tokens_ratio to 0.1 for DeepseekV4ForCausalLM.
+[2026-12-03 09:18:45] Use dsv4 attention backend for DeepseekV4ForCausalLM, setting page_size to 256.
+[2026-12-03 09:18:45] Use flashinfer_mxfp4 as MoE runner backend for DeepseekV4ForCausalLM.
+[2026-12-03 09:18:45] Setting KV cache dtype to fp8_e4m3 for DeepseekV4ForCausalLM.
+[2026-12-03 09:18:45] Setting max_running_requests to 256 for DeepseekV4ForCausalLM.
+[2026-12-03 09:19:02 TP0] The server is fired up and ready to roll!
+[2026-12-03 09:19:09 TP0] Decode batch [1234], #running-req: 1, #token: 140, token usage: 0.00, accept len: 4.62, accept rate: 0.52, cuda graph: True, gen throughput (token/s): 123.45, #queue-req: 0
+"""  # noqa: E501
+
+
+def test_the_settings_the_server_resolved_are_read_from_its_model_hook_lines() -> None:
+    log = parse_server_log(RESOLVED_LOG)
+    assert log.resolved == {
+        "attention_backend": "dsv4",
+        "page_size": "256",
+        "moe_runner_backend": "flashinfer_mxfp4",
+        "max_running_requests": "256",
+    }
+
+
+def test_a_decode_line_numbered_by_log_forward_iters_still_gives_the_accept_length() -> None:
+    assert parse_server_log(RESOLVED_LOG).accept_lengths == [4.62]
+
+
 def test_initialization_failed_is_the_failure() -> None:
     log = parse_server_log(CRASH_LOG)
     assert not log.ready

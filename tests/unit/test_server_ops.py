@@ -80,6 +80,7 @@ def test_status_field_of_a_healthy_mtp_server() -> None:
         "speculative": "EAGLE steps=3 topk=1 draft=4",
         "accept_length": 3.05,
         "tuned_shapes_in_use": ["N=1024,K=4096"],
+        "resolved": None,  # verified before orch recorded what the server resolved
         "uptime_s": 7200,
     }
 

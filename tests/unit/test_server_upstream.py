@@ -288,6 +288,13 @@ def test_family_tests_match_paths_loosely_and_include_named_tests() -> None:
     assert family_tests(paths, "nothing", named=["e2e/test_other.py"]) == [paths[3]]
 
 
+def test_deepseek_v4_tests_are_found_under_dsv4_names_and_v4_1_tests_are_another_model() -> None:
+    mtp = "/s/test/registered/4-gpu-models/test_dsv4_mtp.py"
+    h200 = "/s/test/registered/e2e/dsv4/test_dsv4_flash_h200.py"
+    v41 = ["/s/test/registered/e2e/models/test_deepseek_v4_1_mxfp8.py", "/s/test/registered/e2e/dsv4/test_dsv41_pd.py"]
+    assert family_tests([mtp, h200, *v41], "deepseek_v4") == [mtp, h200]
+
+
 def test_list_tests_argv() -> None:
     assert list_tests_argv("/root/sg lang/") == ["find", "/root/sg lang/test/registered", "-name", "*.py", "-type", "f"]
 

@@ -206,6 +206,11 @@ def test_server_cells_say_which_commit_runs_and_that_a_restart_is_pending() -> N
     assert views_mod._server_cell(view(), NOW).endswith("; runs 8e6290d")
 
 
+def test_the_wide_server_cell_shows_what_the_server_resolved_beside_what_was_asked() -> None:
+    line = "MoE runner flashinfer_mxfp4 (asked auto), attention dsv4 (asked auto)"
+    assert views_mod._server_cell(view(resolved=line), NOW).endswith(f"; runs 8e6290d; resolved: {line}")
+
+
 def test_a_stopped_server_says_by_whom_and_when() -> None:
     when = (NOW - timedelta(hours=2)).isoformat()
     v = view(job_state="stopped", healthy=False, stopped_by="orch stop-server", stopped_at=when)

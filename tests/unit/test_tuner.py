@@ -73,13 +73,29 @@ def test_tuner_argv_always_passes_shape_batch_sizes_dtype_and_save_path() -> Non
     argv = tf.tuner_argv("/py", "/s/t.py", tf.parse_help_flags(NEW_HELP), run, "/w/stage", 8)
     assert argv == [
         "/py", "/s/t.py", "--N", "1024", "--K", "4096", "--batch-sizes", "1", "2", "4",
-        "--out-dtype", "bfloat16", "--save-path", "/w/stage", "--tp-size", "8",
+        "--out-dtype", "bfloat16", "--save-path", "/w/stage", "--tp-size", "8", "--block-n", "128", "--block-k", "128",
     ]  # fmt: skip
+
+
+def test_the_models_fp8_block_shape_goes_to_the_tuner_and_into_the_config_file_name() -> None:
+    v41 = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [32, 32]}}
+    block = tf.block_shape(v41)
+    assert block == (32, 32)
+    argv = tf.tuner_argv("/py", "/t.py", tf.parse_help_flags(NEW_HELP), tf.Run(1, 2, (8,)), "/s", 8, block)
+    assert argv[-4:] == ["--block-n", "32", "--block-k", "32"]
+    assert tf.config_file_name(1536, 4096, "NVIDIA B200", block).endswith("dtype=fp8_w8a8,block_shape=[32, 32].json")
+    assert tf.block_note(block) == (
+        "the model's FP8 blocks are [32, 32]: on sm_120 only the Triton kernel runs them "
+        "(fp8_gemm_backend: triton; CUTLASS's block-wise GEMM works in groups of 128)"
+    )
+    assert (tf.block_shape({"architectures": []}), tf.block_note(tf.DEFAULT_BLOCK)) == ((128, 128), None)
+    with pytest.raises(tf.BlockShapeError, match=r"weight_block_size \[128\] is not \[block_n, block_k\]"):
+        tf.block_shape({"quantization_config": {"weight_block_size": [128]}})
 
 
 def test_tuner_argv_leaves_out_tp_size_when_the_tuner_lacks_it() -> None:
     argv = tf.tuner_argv("/py", "/t.py", tf.parse_help_flags(NO_TP_HELP), tf.Run(1, 2, (8,)), "/s", 8)
-    assert "--tp-size" not in argv and argv[-2:] == ["--save-path", "/s"]
+    assert "--tp-size" not in argv and argv[-6:-4] == ["--save-path", "/s"]
 
 
 @pytest.mark.parametrize(

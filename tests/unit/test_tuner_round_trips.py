@@ -68,6 +68,31 @@ def installed_store(tmp_path: Path) -> StateStore:
     return store
 
 
+def test_the_plan_tunes_the_models_fp8_blocks_read_with_the_rest_and_says_what_they_mean(tmp_path: Path) -> None:
+    from orchestrator.tuning.plan import job_spec, make_plan
+
+    v41 = json.dumps({"quantization_config": {"quant_method": "fp8", "weight_block_size": [32, 32]}})
+    model = (0, base64.b64encode(v41.encode()).decode())
+    tuner = (0, f"tuner /s/{tf.TUNER_SCRIPT}\n{HELP}  [--block-n BLOCK_N] [--block-k BLOCK_K]\n")
+    runner = FakeRunner("h1").on(("orch-probe",), stdout=framed(answers(file1=model, tuner=tuner)))
+    said: list[str] = []
+    s = HostSession(host(), runner, installed_store(tmp_path), said.append)
+    p = prepare(s, load_recipe(find_recipe(DEFAULT_RECIPE, [])), TuneOptions())
+    assert len(runner.calls) == 1 and p.block == (32, 32)
+    assert said == [tf.block_note((32, 32))]
+    plan = make_plan([p])
+    assert plan.block_shape == (32, 32)
+    argv = job_spec(host(), plan, plan.assignments[0], p.facts.flags if p.facts else frozenset()).argv
+    assert "--block-n 32 --block-k 32" in " ".join(argv)
+    without_flags = FakeRunner("h1").on(("orch-probe",), stdout=framed(answers(file1=model)))
+    with pytest.raises(RefusedError, match=r"this tuner has no --block-n/--block-k to tune them"):
+        prepare(
+            HostSession(host(), without_flags, installed_store(tmp_path)),
+            load_recipe(find_recipe(DEFAULT_RECIPE, [])),
+            TuneOptions(),
+        )
+
+
 def test_prepare_reads_the_tuner_runtime_gpus_checkout_and_installed_configs_in_one_command(tmp_path: Path) -> None:
     runner = FakeRunner("h1").on(("orch-probe",), stdout=framed(answers()))
     recipe = load_recipe(find_recipe(DEFAULT_RECIPE, []))
@@ -75,7 +100,10 @@ def test_prepare_reads_the_tuner_runtime_gpus_checkout_and_installed_configs_in_
     p = prepare(s, recipe, TuneOptions())
     assert len(runner.calls) == 1  # before: --help, the import, nvidia-smi twice, git, one read per installed file
     assert s.git().commit == COMMIT and len(runner.calls) == 1  # the checkout it read is the session's git fact
-    assert list(runner.calls[0].words[-5:-1]) == ["base64", "-w0", "--", INSTALLED]
+    words = list(runner.calls[0].words)
+    assert words[words.index(INSTALLED) - 3 : words.index(INSTALLED)] == ["base64", "-w0", "--"]
+    assert "/models/DeepSeek-V4-Flash/config.json" in words  # the model's FP8 blocks, in the same command
+    assert p.block == (128, 128)  # no readable config.json: the tuner's default
     assert p.skipped == ["N=1536,K=4096"] and [s.key for s in p.shapes] == [
         "N=4096,K=1024",
         "N=512,K=4096",

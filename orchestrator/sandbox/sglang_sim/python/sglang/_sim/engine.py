@@ -6,6 +6,7 @@ tokens with speculative decoding on (one verify step). Every ``decode_log_interv
 """
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -113,6 +114,7 @@ class Engine:
             spec = f"accept len: {self.tokens_per_step:.2f}, accept rate: {rate:.2f}, "
         cuda_graph = not self.args.disable_cuda_graph and batch <= self.args.cuda_graph_max_bs_decode
         tokens = sum(r.prompt_tokens + r.completion_tokens for r in self.running)
-        logger.info(f"Decode batch, #running-req: {batch}, #token: {tokens}, token usage: {tokens / 1048576:.2f}, "
+        iters = f" [{self.steps}]" if os.environ.get("SGLANG_LOG_FORWARD_ITERS", "").lower() in ("1", "true") else ""
+        logger.info(f"Decode batch{iters}, #running-req: {batch}, #token: {tokens}, token usage: {tokens / 1048576:.2f}, "
                     f"{spec}cuda graph: {cuda_graph}, gen throughput (token/s): {self.last_gen_throughput:.2f}, "
                     f"#queue-req: {len(self.waiting)}")

@@ -67,6 +67,11 @@ def gpu_name():
     return str(knob("gpu_name", DEFAULT_GPU_NAME))
 
 
+def compute_cap():
+    """The GPU's compute capability (``nvidia-smi --query-gpu=compute_cap``): sm_120 unless a knob says."""
+    return str(knob("compute_cap", "12.0"))
+
+
 def gpu_count():
     return int(knob("gpus", 8))
 

@@ -82,7 +82,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def server_info(self):
         info = server_info(self.app.server_args)
-        info.update(version=__version__, status=self.app.state, internal_states=[self.app.engine.internal_state()])
+        # the real route's own keys beside build_server_info's (srt/entrypoints/http_server.py `server_info`)
+        info.update(startup_time=self.app.startup_time, internal_states=[self.app.engine.internal_state()],
+                    version=__version__, frontend="python")
         self.send_json(200, info)
 
     def generate(self):

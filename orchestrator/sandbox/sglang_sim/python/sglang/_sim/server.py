@@ -55,6 +55,7 @@ class App:
         self.context_length = server_args.context_length or self.config.get("max_position_embeddings", 4096)
         self.state = "starting"
         self.started = time.time()
+        self.startup_time = None  # the real scheduler's startup phases in seconds (None until ready)
         self.engine = None
         self.stopping = threading.Event()
 
@@ -79,7 +80,11 @@ def claim_gpus(server_args):
 
 
 def fp8_step_factor(server_args, config):
-    """Look up the tuned config of every block-FP8 shape (logging as SGLang does); the step time factor."""
+    """Look up the tuned config of every block-FP8 shape (logging as SGLang does); the step time factor.
+    An explicit ``cutlass`` backend raises at the first GEMM on any GPU but sm_120 (``fp8_utils.py``)."""
+    if server_args.fp8_gemm_runner_backend == "cutlass" and not host.compute_cap().startswith("12."):
+        raise RuntimeError("--fp8-gemm-backend=cutlass is deprecated on this hardware. "
+                           "Please switch to DeepGEMM or FlashInfer TRTLLM on SM90/SM100.")
     factors = []
     mtp = server_args.speculative_algorithm is not None
     for _name, n, k in fp8_gemm_shapes(config, server_args.tp_size, mtp):
@@ -96,7 +101,15 @@ def make_engine(server_args, config):
     step = float(host.knob("decode_step_seconds", 0.005)) * fp8_step_factor(server_args, config)
     if server_args.speculative_algorithm is not None:
         step *= float(host.knob("spec_step_overhead", 1.2))
-    return Engine(server_args, step, float(host.knob("accept_length", 3.1)))
+    return Engine(server_args, step, accept_length(server_args))
+
+
+def accept_length(server_args):
+    """Knob ``accept_length`` (tokens per verify step): by default what upstream's tests see, 3.1 for
+    EAGLE 3/1/4 (> 2.8) and 4.6 for DSPARK's 8-token blocks (> 4.0); never more than the tokens verified."""
+    default = 4.6 if server_args.speculative_algorithm == "DSPARK" else 3.1
+    verified = server_args.speculative_num_draft_tokens or default
+    return min(float(host.knob("accept_length", default)), float(verified))
 
 
 def install_sigterm(app):
@@ -172,6 +185,9 @@ def serve(app):
         return 1
     if fault != "never_healthy":
         app.state = "serving"
+        took = round(time.time() - app.started, 3)
+        app.startup_time = {"load_weight": 0.0, "kv_cache_allocation": 0.0, "cuda_graph": {"decode": took},
+                            "scheduler_e2e": took, "tokenizer_e2e": took}
         logger.info("The server is fired up and ready to roll!")
     app.stopping.wait()
     return shutdown(app)

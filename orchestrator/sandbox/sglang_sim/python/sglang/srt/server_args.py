@@ -8,16 +8,24 @@ an ambiguous prefix or an unknown flag exits 2.
 
 ``prepare_server_args`` only parses, as the real one does (its ``/server_info`` snapshot shows the raw
 values: the algorithm as typed, no max running requests, no draft model). The server resolves the
-arguments when it launches (``ServerArgs.resolve_once``), in the real order (reference §2.2):
+arguments when it launches (``ServerArgs.resolve_once``), in the real order (reference §2.2, §6.1; the
+conformance tier runs the real hooks and this on the same launches and compares them):
 
-1. the model hook, on the raw values: DeepSeek-V4 asserts the algorithm is ``EAGLE`` or ``DSPARK``
-   as typed (``eagle`` fails), for EAGLE that ``--speculative-eagle-topk`` is 1 (missing fails), and
-   sets max running requests to 256 when unset;
-2. the speculative hook: the name is upper-cased and must be a builtin name (``MTP`` is not one),
-   NEXTN becomes EAGLE; EAGLE-family algorithms default max running requests to 48 (so never on
-   DeepSeek-V4: its hook came first); DeepSeek NextN/MTP takes its draft model from the model itself;
+1. the deprecated ``--dp-size N --enable-dp-attention`` becomes attention-DP (``attn_dp_size = N``,
+   ``dp_size = 1``): the server runs on tp GPUs;
+2. the model hook: DeepSeek-V4 takes the ``dsv4`` attention backend with 256-token pages, and the
+   ``flashinfer_mxfp4`` MoE runner when ``--moe-runner-backend auto``, no MoE all-to-all backend and no
+   ``SGLANG_DSV4_FP4_DEQUANT`` (this host is sm_120; FP4 experts), each logged; then it asserts the
+   algorithm is ``EAGLE`` or ``DSPARK`` as typed (``eagle`` fails), for EAGLE that
+   ``--speculative-eagle-topk`` is 1 (missing fails), and sets max running requests to 256 when unset;
+3. the speculative hook: the name is upper-cased and must be a builtin name (``MTP`` is not one), NEXTN
+   becomes EAGLE. DSPARK: steps 1, topk 1 (others overridden with a warning), draft tokens gamma + 1
+   (gamma 7) unless given, the draft from ``--speculative-draft-model-path`` or a ``dspark/`` folder in
+   the model directory (else it refuses), ``--enable-dp-lm-head`` under DP attention. EAGLE family:
+   max running requests 48 when unset (so never on DeepSeek-V4: its hook came first); DeepSeek
+   NextN/MTP takes its draft model from the model itself unless one is given (kept, with a warning);
    no numbers at all: (3, 1, 4); topk 1 forces draft tokens = steps + 1 (given or not);
-3. the remaining defaults (tokenizer, chunked prefill, CUDA graph batch size, ...).
+4. the remaining defaults (tokenizer, chunked prefill, CUDA graph batch size, ...).
 """
 
 import argparse
@@ -33,7 +41,9 @@ logger = logging.getLogger(__name__)
 
 SNAPSHOT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_sim", "snapshot")
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO", "FROZEN_KV_MTP")
-EAGLE_FAMILY = ("EAGLE", "EAGLE3", "STANDALONE", "DSPARK")
+EAGLE_FAMILY = ("EAGLE", "EAGLE3", "STANDALONE")
+DEFAULT_DSPARK_GAMMA = 7
+DSPARK_DRAFT_SUBFOLDER = "dspark"
 DEEPSEEK_V4_ALGORITHMS = ("EAGLE", "DSPARK")
 DEEPSEEK_ARCHS = ("DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM")
 _SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
@@ -114,9 +124,11 @@ class ServerArgs:
         if self.__dict__.get("_resolved"):
             return self
         self._resolved = True
-        arch = architecture(load_config(self.model_path))
+        config = load_config(self.model_path)
+        arch = architecture(config)
+        self._handle_deprecated_dp_attention()
         self._handle_model_specific_adjustments(arch)
-        self._handle_speculative_decoding(arch)
+        self._handle_speculative_decoding(arch, config)
         self.tokenizer_path = self.tokenizer_path or self.model_path
         self.served_model_name = self.served_model_name or self.model_path
         self.mem_fraction_static = self.mem_fraction_static or 0.9
@@ -126,32 +138,84 @@ class ServerArgs:
         self.cuda_graph_max_bs_decode = self.cuda_graph_max_bs_decode or (64 if self.speculative_algorithm else 256)
         return self
 
+    def _handle_deprecated_dp_attention(self):
+        if not self.enable_dp_attention:
+            return
+        if self.attn_dp_size == 1:
+            self.attn_dp_size, self.dp_size = self.dp_size, 1
+        self.enable_dp_attention = False
+
     def _handle_model_specific_adjustments(self, arch):
         if arch != "DeepseekV4ForCausalLM":
             return
+        self.attention_backend, self.page_size = "dsv4", 256
+        logger.info(f"Use dsv4 attention backend for {arch}, setting page_size to 256.")
+        if self.moe_runner_backend == "auto" and self.moe_a2a_backend == "none" and not _env_flag(
+            "SGLANG_DSV4_FP4_DEQUANT"
+        ):  # this host's GPU is sm_120, the checkpoint's experts FP4
+            self.moe_runner_backend = "flashinfer_mxfp4"
+            logger.info(f"Use flashinfer_mxfp4 as MoE runner backend for {arch}.")
         if self.speculative_algorithm is not None:
             assert self.speculative_algorithm in DEEPSEEK_V4_ALGORITHMS
             if self.speculative_algorithm == "EAGLE":
                 assert self.speculative_eagle_topk == 1
         if self.max_running_requests is None:
             self.max_running_requests = 256
+            logger.warning(f"Setting max_running_requests to 256 for {arch}.")
 
-    def _handle_speculative_decoding(self, arch):
+    def _handle_speculative_decoding(self, arch, config):
         if self.speculative_algorithm is None:
             return
         name = self.speculative_algorithm.upper()
         if name not in SPECULATIVE_ALGORITHMS:
             raise ValueError(f"Unknown speculative algorithm name: {name}")
         self.speculative_algorithm = "EAGLE" if name == "NEXTN" else name
-        if self.speculative_algorithm in EAGLE_FAMILY and self.max_running_requests is None:
+        if self.speculative_algorithm == "DSPARK":
+            return self._handle_dspark(config)
+        if self.speculative_algorithm not in EAGLE_FAMILY:
+            return
+        self._reset_max_running_requests()
+        if arch in DEEPSEEK_ARCHS:
+            if self.speculative_draft_model_path is None:
+                self.speculative_draft_model_path = self.model_path
+            else:
+                logger.warning("DeepSeek MTP does not require setting speculative_draft_model_path.")
+        self._resolve_speculative_numbers()
+
+    def _reset_max_running_requests(self):
+        if self.max_running_requests is None:
             self.max_running_requests = 48
             logger.warning("Max running requests is reset to 48 for speculative decoding. You can override "
                            "this by explicitly setting --max-running-requests.")
-        if arch in DEEPSEEK_ARCHS and self.speculative_algorithm in EAGLE_FAMILY:
-            if self.speculative_draft_model_path is not None:
-                logger.warning("DeepSeek MTP does not require setting speculative_draft_model_path.")
-            self.speculative_draft_model_path = self.model_path
-        self._resolve_speculative_numbers()
+
+    def _handle_dspark(self, config):
+        if self.attn_dp_size > 1 and not self.enable_dp_lm_head:
+            raise ValueError("DSpark with dp attention requires --enable-dp-lm-head.")
+        if self.speculative_draft_model_path is None:
+            self.speculative_draft_model_path = self._bundled_dspark_draft(config)
+        for field in ("speculative_num_steps", "speculative_eagle_topk"):
+            value = getattr(self, field)
+            if value is not None and int(value) != 1:
+                logger.warning(f"DSpark only supports {field} == 1; overriding {field}={value} to 1.")
+            setattr(self, field, 1)
+        if self.speculative_num_draft_tokens is None:
+            logger.warning(f"DSpark gamma is not set; defaulting to {DEFAULT_DSPARK_GAMMA}.")
+            self.speculative_num_draft_tokens = DEFAULT_DSPARK_GAMMA + 1
+        if int(self.speculative_num_draft_tokens) < 2:
+            raise ValueError("DSpark speculative_num_draft_tokens must be >= 2 (= gamma + 1), "
+                             f"got {self.speculative_num_draft_tokens}.")
+        self._reset_max_running_requests()
+
+    def _bundled_dspark_draft(self, config):
+        """The model itself (``dspark_*`` keys in its config) or its ``dspark/`` folder; else refused."""
+        if any(config.get(k) is not None for k in ("dspark_block_size", "dspark_markov_rank")):
+            return self.model_path
+        draft_dir = os.path.join(self.model_path, DSPARK_DRAFT_SUBFOLDER)
+        if os.path.isfile(os.path.join(draft_dir, "config.json")):
+            logger.info(f"DSpark draft found in the target checkpoint's {DSPARK_DRAFT_SUBFOLDER}/ subfolder; "
+                        f"defaulting --speculative-draft-model-path to {draft_dir}.")
+            return draft_dir
+        raise ValueError("DSpark dense speculative decoding requires setting --speculative-draft-model-path.")
 
     def _resolve_speculative_numbers(self):
         steps, topk, draft = self.speculative_num_steps, self.speculative_eagle_topk, self.speculative_num_draft_tokens
@@ -166,6 +230,10 @@ class ServerArgs:
             logger.warning("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
                            "speculative_eagle_topk == 1")
             self.speculative_num_draft_tokens = self.speculative_num_steps + 1
+
+
+def _env_flag(name):
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
 
 
 def prepare_server_args(argv: List[str]) -> ServerArgs:
