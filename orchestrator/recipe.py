@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from orchestrator.errors import ConfigError
 from orchestrator.state import find_secret
 from orchestrator.tuning.record import Shape as Shape  # the one shape type, re-exported: the playbook's shapes
-from orchestrator.yamlfile import control_character, load_yaml
+from orchestrator.yamlfile import control_character, load_yaml, read_text
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 DEFAULT_RECIPE = "deepseek-v4-flash"
@@ -29,7 +29,9 @@ _FLAG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, defer_build=True, allow_inf_nan=False
+    )  # allow_inf_nan: a `.nan` min_accept would switch the accept-length check off
 
 
 class MTPSpec(_Strict):
@@ -186,7 +188,7 @@ def find_recipe(name_or_path: str, search_dirs: list[Path]) -> Path:
 
 def load_recipe(path: Path) -> Recipe:
     try:
-        text = path.read_text()
+        text = read_text(path)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read playbook: {exc.strerror or exc}") from None
     raw = load_yaml(path, text)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import os
 import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -23,6 +24,20 @@ from orchestrator.app import App
 from orchestrator.errors import ExitCode, OrchError
 from orchestrator.render import PipeSafeStdout, inert
 from orchestrator.transport.base import ConnectOptions
+
+
+class Finite(click.FloatRange):
+    """A finite float within the bounds: ``nan``, ``inf`` and ``-inf`` are a usage error (exit 2).
+
+    click's ``FloatRange`` takes ``nan`` (a comparison with NaN is false, so it passes every bound):
+    ``--min-accept nan`` switched the accept-length check off, ``--health-timeout nan`` ended in a
+    traceback (issue 27). Every float option of orch uses this type."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if isinstance(number, float) and not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 @dataclass(frozen=True)
@@ -131,7 +146,7 @@ class LazyGroup(click.Group):
 )
 @click.option(
     "--connect-timeout",
-    type=click.FloatRange(0.5, 300),
+    type=Finite(0.5, 300),
     default=10.0,
     show_default=True,
     envvar="ORCH_CONNECT_TIMEOUT",

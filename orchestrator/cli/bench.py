@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from orchestrator.app import App
+from orchestrator.cli import Finite
 from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.ops import bench as bench_op
@@ -27,7 +28,7 @@ from orchestrator.views.bench import ProgressLines, show_comparisons
 @click.option("--num-prompts", type=click.IntRange(1), help="Requests to send (default: the playbook's).")
 @click.option("--max-concurrency", type=click.IntRange(1), help="Requests in flight at most (default: the playbook's).")
 @click.option("--playbook", metavar="NAME_OR_PATH", help="Playbook with the bench settings. Default: the host's.")
-@click.option("--timeout", type=click.FloatRange(1), default=bench_op.DEFAULT_TIMEOUT, show_default=True,
+@click.option("--timeout", type=Finite(1), default=bench_op.DEFAULT_TIMEOUT, show_default=True,
               help="Seconds to wait for the benchmark; it keeps running after that.")  # fmt: skip
 @pass_app
 def bench(
