@@ -21,7 +21,7 @@ import click
 
 from orchestrator import __version__
 from orchestrator.app import App
-from orchestrator.errors import ExitCode, OrchError
+from orchestrator.errors import ExitCode, OrchError, local_disk_error
 from orchestrator.render import PipeSafeStdout, inert
 from orchestrator.transport.base import ConnectOptions
 
@@ -252,6 +252,12 @@ def run_command(argv: list[str] | None) -> int:
     except OrchError as exc:
         click.echo(f"orch: error: {exc}", err=True)
         return exc.exit_code
+    except Exception as exc:  # a full or read-only disk here is the user's to fix; anything else is a bug
+        disk = local_disk_error(exc)
+        if disk is None:
+            raise
+        click.echo(f"orch: error: {disk}", err=True)
+        return disk.exit_code
     return code if isinstance(code, int) else ExitCode.OK
 
 
