@@ -44,7 +44,7 @@ class MTPSpec(_Strict):
 
 class TuningSpec(_Strict):
     shapes: list[Shape] = Field(default_factory=list)
-    batch_sizes: list[int] = Field(default_factory=lambda: list(DEFAULT_BATCH_SIZES))
+    batch_sizes: list[int] = Field(default_factory=lambda: list(DEFAULT_BATCH_SIZES), min_length=1)
     fleet: bool = False  # spread units over every GPU of hosts with the same GPU and SGLang commit
     # What the schedule counts (estimates for one GPU; only their ratio changes the plan): the seconds one
     # tuner call spends before its first unit (imports, CUDA init, its spawned worker's imports), and
@@ -73,7 +73,7 @@ class PullOptions(_Strict):
 
 class TuneOptions(_Strict):
     shapes: str = "default"  # default | auto | "N=1024,K=4096;N=4096,K=2048"
-    batch_sizes: list[int] | None = None
+    batch_sizes: list[int] | None = Field(None, min_length=1)  # an empty list would install empty configs
     fleet: bool | None = None  # None: as the recipe says
     force: bool = False
     allow_busy_gpus: bool = False
@@ -149,8 +149,12 @@ class Recipe(_Strict):
         for name in value:
             if not _FLAG.match(name):
                 raise ValueError(f"{name!r} is not a flag name (write 'mem-fraction-static', without '--')")
-            if name.startswith("speculative-") or name in ("fp8-gemm-backend", "model-path", "port"):
-                raise ValueError(f"{name!r} is set by orch (use the recipe's mtp / fp8_gemm_backend blocks)")
+            own = orch_flag(name)
+            if own:
+                raise ValueError(
+                    f"{name!r} is {own}, which orch sets (from the inventory's model_path and server_port, "
+                    "or the recipe's mtp and fp8_gemm_backend blocks)"
+                )
             secret = find_secret({name: str(value[name])})
             if secret:  # the launch command goes into the state file, the job directory and `ps` on the host
                 raise ValueError(f"{name!r} looks like a secret ({secret!r}): pass it in the host's env instead")
@@ -158,6 +162,28 @@ class Recipe(_Strict):
 
     def step(self, name: str) -> Step | None:
         return next((s for s in self.steps if s.name == name), None)
+
+
+# The server flags orch sets itself, and their SGLang aliases (reference/sglang.md §2.1).
+ORCH_FLAGS = ("model-path", "port", "fp8-gemm-backend", "speculative-")
+FLAG_ALIASES = {"model": "model-path", "speculative-draft-model": "speculative-draft-model-path"}
+
+
+def orch_flag(name: str) -> str | None:
+    """How recipe flag ``name`` names a flag orch sets: ``--port`` itself, ``the alias --model of
+    --model-path``, ``a prefix of --port`` (SGLang's parser takes a unique prefix as the flag), or None.
+
+    >>> orch_flag("model"), orch_flag("por"), orch_flag("tp-size")
+    ('the alias --model of --model-path', 'a prefix of --port', None)
+    """
+    if name in FLAG_ALIASES:
+        return f"the alias --{name} of --{FLAG_ALIASES[name]}"
+    for flag in ORCH_FLAGS:
+        if name == flag or (flag.endswith("-") and name.startswith(flag)):
+            return f"--{name}"
+        if flag.startswith(name):
+            return f"a prefix of --{flag.rstrip('-')}" + ("-*" if flag.endswith("-") else "")
+    return None
 
 
 def parse_shapes(text: str) -> list[Shape]:

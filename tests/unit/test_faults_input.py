@@ -116,3 +116,42 @@ def test_a_playbook_nan_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture
     code, output = orch(capsys, "-i", str(inventory), "recipe", "show", "--playbook", str(playbook))
     assert code == 2, output
     assert f"{playbook}: key 'min_accept_length': Input should be a finite number" in output
+
+
+@pytest.mark.parametrize(
+    ("flag", "said"),
+    [
+        ("model", "'model' is the alias --model of --model-path, which orch sets"),
+        ("model-pa", "'model-pa' is a prefix of --model-path, which orch sets"),
+        ("por", "'por' is a prefix of --port, which orch sets"),
+        ("speculative-draft-model", "'speculative-draft-model' is the alias --speculative-draft-model of"),
+        ("port", "'port' is --port, which orch sets"),
+    ],
+)
+def test_a_playbook_flag_that_names_a_flag_orch_sets_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, said: str
+) -> None:
+    inventory, playbook = tmp_path / "hosts.yaml", tmp_path / "p.yaml"
+    inventory.write_text(GOOD)
+    playbook.write_text(PLAYBOOK.replace("{tp-size: 8}", f"{{tp-size: 8, {flag}: /models/other}}"))
+    code, output = orch(capsys, "-i", str(inventory), "recipe", "show", "--playbook", str(playbook))
+    assert code == 2, output
+    assert f"orch: error: {playbook}: key 'server_args': {said}" in output
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ("tuning: {batch_sizes: []}\n", "tuning.batch_sizes"),
+        ("steps: [{tune-fp8: {batch_sizes: []}}]\n", "steps.0"),
+    ],
+)
+def test_an_empty_batch_sizes_list_is_refused_at_the_playbook(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: str, key: str
+) -> None:
+    inventory, playbook = tmp_path / "hosts.yaml", tmp_path / "p.yaml"
+    inventory.write_text(GOOD)
+    playbook.write_text(PLAYBOOK + extra)
+    code, output = orch(capsys, "-i", str(inventory), "recipe", "show", "--playbook", str(playbook))
+    assert code == 2, output
+    assert f"orch: error: {playbook}: key '{key}" in output and "at least 1 item" in output, output
