@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import itertools
 import logging
 import os
+import posixpath
 import socket
 import threading
 import time
@@ -46,7 +48,7 @@ import orchestrator.transport._paramiko  # noqa: F401  # isort: skip  # first: p
 import paramiko
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential
 
-from orchestrator.errors import ConfigError, HostKeyError, RemoteCommandError, UnreachableError
+from orchestrator.errors import ConfigError, HostError, HostKeyError, RemoteCommandError, UnreachableError
 from orchestrator.inventory import Host, parse_jump
 from orchestrator.transport.base import CommandResult, ConnectOptions, RunnerBase, remote_command
 from orchestrator.transport.sshconfig import SSH_CONFIGS, HostConfig, SSHConfigFile
@@ -716,7 +718,13 @@ class SSHRunner(RunnerBase):
             raise UnreachableError(f"{self.host}: connection lost while reading {path}: {_reason(exc)}") from None
 
     def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        """Write ``path`` whole or not at all: into a temporary file beside it, renamed over it. The
+        temporary file is removed on every failure the connection survives. SFTP's ``SSH_FX_FAILURE``
+        (paramiko: an ``OSError`` without errno, "Failure") on a live connection is the host refusing the
+        write, a full disk or a read-only file system: a ``HostError`` at once, never a lost connection
+        to retry (each retry used to leave another empty temporary file in SGLang's config directory)."""
         tmp = f"{path}.orch-tmp-{uuid.uuid4().hex[:8]}"
+        sftp: paramiko.SFTPClient | None = None
         try:
             sftp = self._sftp_client()
             with sftp.open(tmp, "wb") as fh:
@@ -724,10 +732,23 @@ class SSHRunner(RunnerBase):
                 fh.write(data)
             sftp.posix_rename(tmp, path)
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, ConnectionError):
+            if sftp is None or self._conn is None or not self._conn.is_connected or isinstance(exc, ConnectionError):
+                self._drop()  # the rename is atomic: the file is the old one or the new one, never half
+                raise UnreachableError(f"{self.host}: connection lost while writing {path}: {_reason(exc)}") from None
+            _remove_quietly(sftp, tmp)
+            if isinstance(exc, OSError) and exc.errno is not None:
                 raise  # the file itself: a missing directory, no permission
-            self._drop()  # the rename is atomic: the file is the old one or the new one, never half
-            raise UnreachableError(f"{self.host}: connection lost while writing {path}: {_reason(exc)}") from None
+            raise HostError(
+                f"{self.host}: cannot write {path}: the host's SFTP server answered {_reason(exc)!r}: "
+                "no space left on its disk, or a read-only file system (the connection is fine)",
+                hint=f"free space on {self.host} (`df -h {posixpath.dirname(path) or '/'}`) or make it writable",
+            ) from None
+
+
+def _remove_quietly(sftp: paramiko.SFTPClient, path: str) -> None:
+    """Remove ``path`` if it is there (a failed write's temporary file); any failure is ignored."""
+    with contextlib.suppress(paramiko.SSHException, EOFError, OSError):
+        sftp.remove(path)
 
 
 def fetch_host_key(host: Host, timeout: float) -> tuple[str, paramiko.PKey]:
