@@ -560,6 +560,8 @@ def read_tail(runner: Runner, job: JobInfo, max_bytes: int = 8192) -> str:
 
 
 def tail_lines(text: str, lines: int) -> str:
-    """Last ``lines`` lines of a log, with tqdm's carriage-return redraws collapsed to their last state."""
-    clean = [line.rsplit("\r", 1)[-1] for line in text.replace("\r\n", "\n").split("\n")]
+    """Last ``lines`` lines of a log, with tqdm's carriage-return redraws collapsed to their last state. The
+    newline ending the last line ends it: it does not start an empty line that would count as one."""
+    body = text.replace("\r\n", "\n").removesuffix("\n")
+    clean = [line.rsplit("\r", 1)[-1] for line in body.split("\n")]
     return "\n".join(clean[-lines:]) if lines > 0 else ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import select
 import sys
 import threading
 from collections.abc import Iterable
@@ -69,6 +70,19 @@ class PipeSafeStdout:
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
+        self.broken = False  # a write met the closed pipe
+
+    def reader_gone(self) -> bool:
+        """Whether nobody reads the output any more (``orch logs -f | head -3`` once head has ended): a
+        write met the closed pipe, or the pipe's reading end is closed (poll says so without writing)."""
+        if not self.broken:
+            try:
+                poller = select.poll()
+                poller.register(self.stream.fileno(), 0)  # POLLERR is always reported
+                self.broken = any(events & select.POLLERR for _, events in poller.poll(0))
+            except (OSError, ValueError, AttributeError):  # not a file (a test's capture): still read
+                pass
+        return self.broken
 
     def write(self, text: str) -> int:
         try:
@@ -85,6 +99,7 @@ class PipeSafeStdout:
 
     def _to_devnull(self) -> None:
         """Point the stream's file descriptor at /dev/null: what is still buffered goes there too."""
+        self.broken = True
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, self.stream.fileno())
         os.close(devnull)

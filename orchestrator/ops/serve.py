@@ -41,7 +41,7 @@ from orchestrator import server_job as srv
 from orchestrator.errors import HostError, RefusedError, UnreachableError, VerifyError
 from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import device_file_name
-from orchestrator.facts.server_log import ServerLog, ShapeUse, shape_use, strip_prefix
+from orchestrator.facts.server_log import ServerLog, ShapeUse, explaining_lines, shape_use, strip_prefix
 from orchestrator.facts.server_upstream import (
     REGISTERED_TESTS,
     Discovery,
@@ -635,7 +635,7 @@ def startup_problem(job: jobs.JobInfo | None, log: ServerLog, timed_out: float |
 
 def _startup_failed(session: HostSession, job_id: str, reason: str, reader: readers.LogReader) -> StartupFailed:
     """The failure to raise: the reason and the log's last lines."""
-    tail = jobs.tail_lines(reader.text, LOG_TAIL_LINES)
+    tail = explaining_lines(jobs.tail_lines(reader.text, LOG_TAIL_LINES))
     message = f"{session.host.name}: the new server (job {job_id}) {reason}\n--- log tail ---\n{tail}"
     return StartupFailed(message, job_id, tail)
 

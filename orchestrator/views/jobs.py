@@ -85,6 +85,12 @@ def stopped_line(host: Host, job_id: str, outcome: str) -> None:
     out.print(f"{host.name}: {job_id}: {outcome}", markup=False)
 
 
+def stdout_unread() -> bool:
+    """Whether nobody reads orch's output any more (``PipeSafeStdout.reader_gone``; False for another stdout)."""
+    gone = getattr(sys.stdout, "reader_gone", None)
+    return bool(gone()) if callable(gone) else False
+
+
 def _write(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()

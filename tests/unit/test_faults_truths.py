@@ -1,0 +1,54 @@
+"""Output that was not true (issue 27): each test states what a user sees."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import jobs
+from orchestrator.facts.server_log import explaining_lines
+from orchestrator.inventory import Host
+from orchestrator.transport.local import LocalRunner
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_the_last_n_lines_of_a_log_are_n_lines(n: int) -> None:
+    log = "".join(f"line {i}\n" for i in range(10))
+    assert jobs.tail_lines(log, n).splitlines() == [f"line {i}" for i in range(10 - n, 10)]
+
+
+def test_a_log_without_a_final_newline_keeps_its_last_line() -> None:
+    assert jobs.tail_lines("a\nb\nc", 2) == "b\nc"
+
+
+def test_logs_follow_ends_when_the_reader_of_its_output_is_gone(tmp_path: Path) -> None:
+    """``orch logs HOST JOB -f | head -3``: orch ends once head has (it used to follow for ever)."""
+    host = Host(name="local", address="localhost", transport="local", workdir=str(tmp_path / "w"))
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(f"hosts:\n  local: {{address: localhost, transport: local, workdir: {tmp_path}/w}}\n")
+    runner = LocalRunner(host)
+    spec = jobs.JobSpec("bench", "bench", ["sh", "-c", "i=0; while :; do i=$((i+1)); echo line $i; sleep 0.05; done"])
+    started = jobs.start(runner, host.workdir, spec)
+    try:
+        pipeline = (
+            f"{shlex.quote(sys.executable)} -m orchestrator -i {shlex.quote(str(inventory))} "
+            f"--state {shlex.quote(str(tmp_path / 'st'))} logs local {started.job_id} -f -n 1 | head -3"
+        )
+        done = subprocess.run(["bash", "-o", "pipefail", "-c", pipeline], capture_output=True, text=True, timeout=60)
+        assert len(done.stdout.splitlines()) == 3 and done.stdout.startswith("line "), done
+    finally:
+        jobs.stop(runner, jobs.find(runner, host.workdir, started.job_id), grace_seconds=1)
+
+
+def test_a_failed_start_shows_the_lines_that_explain_not_the_server_args_line() -> None:
+    args = "[2026-12-03 07:00:00] server_args=ServerArgs(" + ", ".join(f"k{i}={i}" for i in range(3000)) + ")"
+    long = "E" * 2000
+    tail = f"{args}\nLoad weight begin.\n{long}\nRuntimeError: CUDA out of memory"
+    shown = explaining_lines(tail).splitlines()
+    assert shown[0] == "Load weight begin."
+    assert shown[1] == "E" * 260 + " [... 1640 characters] " + "E" * 100
+    assert shown[2] == "RuntimeError: CUDA out of memory"
