@@ -208,7 +208,7 @@ def find_recipe(name_or_path: str, search_dirs: list[Path]) -> Path:
     known = sorted({p.stem for d in [*search_dirs, PACKAGED_PLAYBOOKS] if d.is_dir() for p in d.glob("*.yaml")})
     raise ConfigError(
         f"no playbook {name_or_path!r}; known: {', '.join(known) or 'none'}",
-        hint="pass --playbook NAME or a path to a YAML file",
+        hint="give one of the known names, or a path to a YAML file",
     )
 
 

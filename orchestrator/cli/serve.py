@@ -220,7 +220,9 @@ def show(
     problems = 0
     for host, r in app.recipes(selected, playbook).items():
         found = facts.check_recipe(r, mtp=mtp)
-        serve_view.recipe_lines(host, r, facts.launch_argv(r, app.inventory.hosts[host], mtp=mtp), found)
+        preferred, *other = facts.entrypoints(app.inventory.hosts[host])  # serve's choice when the host has it
+        argv = facts.launch_argv(r, app.inventory.hosts[host], mtp=mtp, entrypoint=preferred)
+        serve_view.recipe_lines(host, r, argv, found, other[0] if other else None)
         problems += len(found)
     return int(ExitCode.USAGE if problems else ExitCode.OK)
 

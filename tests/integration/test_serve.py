@@ -105,7 +105,8 @@ def test_serve_with_mtp_on_two_hosts_is_verified_then_no_mtp_then_stopped(make_f
 def test_recipe_show_prints_the_exact_argv_and_discover_compares_upstream(fleet1: FleetEnv) -> None:
     show = fleet1.orch("recipe", "show")
     assert show.returncode == 0, show.output
-    assert "-m sglang.launch_server --model-path" in show.stdout
+    assert "/sglang serve --model-type llm --model-path" in show.stdout  # what serve runs on this host
+    assert "(on an SGLang without `sglang serve`: " in show.stdout
     assert "--speculative-algorithm EAGLE --speculative-num-steps 3" in show.stdout
     found = fleet1.orch("recipe", "discover")
     assert found.returncode == 0, found.output

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import jobs
+from orchestrator.cli import run_command
 from orchestrator.facts.server_log import explaining_lines
 from orchestrator.inventory import Host
 from orchestrator.transport.local import LocalRunner
@@ -52,3 +53,24 @@ def test_a_failed_start_shows_the_lines_that_explain_not_the_server_args_line() 
     assert shown[0] == "Load weight begin."
     assert shown[1] == "E" * 260 + " [... 1640 characters] " + "E" * 100
     assert shown[2] == "RuntimeError: CUDA out of memory"
+
+
+def test_recipe_show_prints_what_serve_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  h1: {address: 10.0.0.1, python: /opt/sg/.venv/bin/python}\n")
+    assert run_command(["-i", str(inventory), "recipe", "show", "--no-mtp"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("  $ /opt/sg/.venv/bin/sglang serve --model-type llm --model-path ")
+    assert lines[2] == (
+        "  (on an SGLang without `sglang serve`: /opt/sg/.venv/bin/python -m sglang.launch_server with the same flags)"
+    )
+
+
+def test_run_of_an_unknown_playbook_hints_nothing_run_does_not_have(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  h1: {address: 10.0.0.1}\n")
+    assert run_command(["-i", str(inventory), "--state", str(tmp_path / "st"), "run", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert "no playbook 'nosuch'; known: deepseek-v4-flash" in err and "--playbook" not in err, err
