@@ -13,7 +13,7 @@ from orchestrator.errors import ExitCode, UsageError
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import report as report_op
 from orchestrator.recipe import BenchOptions
-from orchestrator.render import out
+from orchestrator.render import err, out
 from orchestrator.views.bench import ProgressLines, show_comparisons
 
 
@@ -94,4 +94,6 @@ def report(app: App, fmt: report_op.Format, out_dir: Path) -> int:
         raise UsageError(f"no state file at {app.state_path}", hint="run orch status, pull or serve first")
     target = report_op.write_report(app.store.load(archived=True), str(app.state_path), out_dir, fmt)
     out.print(f"report written to {target}", markup=False)
+    if not report_op.has_matplotlib():
+        err.print(report_op.NO_CHARTS, markup=False)
     return int(ExitCode.OK)

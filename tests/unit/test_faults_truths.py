@@ -74,3 +74,27 @@ def test_run_of_an_unknown_playbook_hints_nothing_run_does_not_have(
     assert run_command(["-i", str(inventory), "--state", str(tmp_path / "st"), "run", "nosuch"]) == 2
     err = capsys.readouterr().err
     assert "no playbook 'nosuch'; known: deepseek-v4-flash" in err and "--playbook" not in err, err
+
+
+def test_the_demo_summary_says_its_throughput_is_simulated() -> None:
+    from orchestrator.cli import demo
+    from orchestrator.state import State
+
+    header = demo.summary_lines(State(), [])
+    assert header[-1].endswith("(simulated GPUs: the throughput below is the simulator's, not a real GPU's):")
+
+
+def test_a_report_without_matplotlib_has_no_charts_and_says_how_to_get_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.ops import report as report_op
+    from tests.unit.test_report import campaign_state
+
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: importing it fails
+    target = report_op.write_report(campaign_state(), "st", tmp_path / "r", "html")
+    assert "Charts left out: matplotlib is not installed (`pip install &#x27;orch[report]&#x27;` adds them)." in (
+        target.read_text()
+    )
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["report.html"]
