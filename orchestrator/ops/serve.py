@@ -374,7 +374,7 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list
         return [f"(re-attaches to server job {unverified.id}, {_ADOPTED}, and verifies it; --force relaunches)"]
     lines = [f"WARNING: {w}" for w in ready.warnings]
     if ready.old is not None:
-        lines.append(f"(stops server job {ready.old.id} {srv.FOR_RELAUNCH.why})")
+        lines.append(f"(stops server job {ready.old.id} {replacing(session, ready, options).why})")
     return [*lines, f"$ {shell_command(ready.argv)}"]
 
 
@@ -463,12 +463,28 @@ def relaunch(session: HostSession, ready: Preflight, options: ServeOptions) -> S
     mark ``failed``, roll back."""
     gpus = facts.server_gpus(ready.recipe, session.host)
     if ready.old is not None:
-        srv.stop_job(session, ready.old, gpus, options.drain_timeout, srv.FOR_RELAUNCH)
+        srv.stop_job(session, ready.old, gpus, options.drain_timeout, replacing(session, ready, options))
     try:
         return launch(session, ready.argv, options, ready.recipe, ready.configs)
     except StartupFailed as failure:
         _failed_start(session, ready, options, failure)
         raise
+
+
+def replacing(session: HostSession, ready: Preflight, options: ServeOptions) -> srv.Outage:
+    """Why the running server is replaced, in words that are true: a new command; the same one as asked
+    (``--force``, ``run --from``); or the same one on a new SGLang commit or new tuned configs."""
+    assert ready.old is not None
+    if not runs_argv(session, ready.old, ready.argv):
+        return srv.FOR_RELAUNCH
+    if options.force:
+        return srv.Outage("to relaunch the same command, as asked", srv.FOR_RELAUNCH.by)
+    record = session.state().server
+    if record is not None and record.commit != ready.commit:
+        return srv.Outage("to relaunch the same command on the new SGLang checkout", srv.FOR_RELAUNCH.by)
+    if record is not None and record.configs != ready.configs:
+        return srv.Outage("to relaunch the same command with the new tuned configs", srv.FOR_RELAUNCH.by)
+    return srv.Outage("to relaunch the same command (it was not serving as asked)", srv.FOR_RELAUNCH.by)
 
 
 def adopt(session: HostSession, ready: Preflight, job: jobs.JobInfo, options: ServeOptions) -> Started:

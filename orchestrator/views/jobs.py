@@ -27,6 +27,8 @@ def state(job: JobInfo) -> str:
     """The job's state; a failed job with its exit code, and whether orch stopped it."""
     if job.state == "failed":
         return f"failed (exit {job.exit_code}{', stopped by orch' if job.stop_requested else ''})"
+    if job.state == "succeeded" and job.stop_requested:  # a drained server exits 0: it did not "succeed"
+        return "stopped by orch"
     return job.state
 
 

@@ -98,3 +98,64 @@ def test_a_report_without_matplotlib_has_no_charts_and_says_how_to_get_them(
         target.read_text()
     )
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["report.html"]
+
+
+def _replacing(tmp_path: Path, *, old_argv: list[str], force: bool = False, commit: str = "c1") -> str:
+    from orchestrator.ops import serve as serve_op
+    from orchestrator.readers import GpuInfo
+    from orchestrator.recipe import Recipe, ServeOptions
+    from orchestrator.session import HostSession
+    from orchestrator.state import ServerRecord, StateStore
+    from tests.fakerunner import FakeRunner
+
+    host = Host(name="b1", address="127.0.0.2", workdir="/w")
+    store = StateStore(tmp_path / "st")
+    record = ServerRecord(job_id="server-1", argv=old_argv, port=30000, mtp=False, commit="c1")
+    store.update_host("b1", lambda hs: setattr(hs, "server", record))
+    runner = FakeRunner("b1", files={"/w/jobs/server-1/argv": "\0".join(["env", *old_argv, ""]).encode()})
+    old = jobs.JobInfo("server-1", "server", 1, "running", None, None, None, 0, False, "/w/jobs/server-1")
+    ready = serve_op.Preflight(["sglang", "--tp-size", "8"], GpuInfo([], [], {}), old, [], Recipe(model="m",
+                               architecture="a"), commit=commit)  # fmt: skip
+    return serve_op.replacing(HostSession(host, runner, store), ready, ServeOptions(force=force)).why
+
+
+@pytest.mark.parametrize(
+    ("old_argv", "force", "commit", "said"),
+    [
+        (["sglang", "--tp-size", "4"], False, "c1", "to relaunch with the new command"),
+        (["sglang", "--tp-size", "8"], True, "c1", "to relaunch the same command, as asked"),
+        (["sglang", "--tp-size", "8"], False, "c2", "to relaunch the same command on the new SGLang checkout"),
+    ],
+)
+def test_a_replaced_server_is_said_replaced_for_the_true_reason(
+    tmp_path: Path, old_argv: list[str], force: bool, commit: str, said: str
+) -> None:
+    assert _replacing(tmp_path, old_argv=old_argv, force=force, commit=commit) == said
+
+
+@pytest.mark.parametrize(
+    ("stopped_by", "said"),
+    [("orch stop-server", "stopped by orch stop-server"), (None, "rebooted?")],
+)
+def test_run_says_why_the_server_of_a_done_serve_step_is_gone(
+    tmp_path: Path, stopped_by: str | None, said: str
+) -> None:
+    from orchestrator.ops import run as run_op
+    from orchestrator.session import HostSession
+    from orchestrator.state import ServerRecord, StateStore
+    from tests.fakerunner import FakeRunner
+
+    store = StateStore(tmp_path / "st")
+    record = ServerRecord(job_id="server-1", argv=["x"], port=30000, mtp=False, stopped_by=stopped_by)
+    store.update_host("b1", lambda hs: setattr(hs, "server", record))
+    session = HostSession(Host(name="b1", address="127.0.0.2", workdir="/w"), FakeRunner("b1"), store)
+    assert run_op._why_no_server(session, run_op.HostRun()) == said
+
+
+def test_orch_jobs_lists_a_server_orch_stopped_as_stopped_not_succeeded() -> None:
+    from orchestrator.views.jobs import state
+
+    drained = jobs.JobInfo("server-1", "server", 1, "succeeded", 0, None, None, 0, True, "/w/jobs/server-1")
+    assert state(drained) == "stopped by orch"
+    finished = jobs.JobInfo("bench-1", "bench", 1, "succeeded", 0, None, None, 0, False, "/w/jobs/bench-1")
+    assert state(finished) == "succeeded"
