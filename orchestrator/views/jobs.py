@@ -39,9 +39,12 @@ def recent(listed: list[JobInfo], keep: int) -> list[JobInfo]:
 
 
 def jobs_document(results: FleetResult[list[JobInfo]]) -> None:
-    """``orch jobs --json``: every job of the selection, by host (a failed host: its error)."""
-    doc: dict[str, Any] = {r.host.name: r.value if r.ok else {"error": str(r.error)} for r in results}
-    print_json(doc)
+    """``orch jobs --json``: ``{"hosts": [{"name", "jobs"}]}`` as ``status --json`` (a failed host: its
+    ``error`` instead of ``jobs``)."""
+    hosts: list[dict[str, Any]] = [
+        {"name": r.host.name, **({"jobs": r.value} if r.ok else {"error": str(r.error)})} for r in results
+    ]
+    print_json({"hosts": hosts})
 
 
 def jobs_table(results: FleetResult[list[JobInfo]], show_all: bool) -> None:

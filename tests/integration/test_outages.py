@@ -33,7 +33,7 @@ def ok(env: FleetEnv, *args: str) -> OrchRun:
 
 def running(env: FleetEnv) -> dict[str, str]:
     """host → id of its running server job."""
-    listed = json.loads(env.orch("jobs", "--json").stdout)
+    listed = {h["name"]: h["jobs"] for h in json.loads(env.orch("jobs", "--json").stdout)["hosts"]}
     return {h: j["id"] for h, js in listed.items() for j in js if j["purpose"] == "server" and j["state"] == "running"}
 
 

@@ -47,7 +47,7 @@ def server_state(env: FleetEnv, name: str = "sim-1") -> Any:
 
 def server_jobs(env: FleetEnv) -> list[dict[str, Any]]:
     run = env.orch("jobs", "--json")
-    return [j for jobs in json.loads(run.stdout).values() for j in jobs if j["purpose"] == "server"]
+    return [j for h in json.loads(run.stdout)["hosts"] for j in h["jobs"] if j["purpose"] == "server"]
 
 
 def running_server_ids(env: FleetEnv) -> list[str]:

@@ -159,3 +159,45 @@ def test_orch_jobs_lists_a_server_orch_stopped_as_stopped_not_succeeded() -> Non
     assert state(drained) == "stopped by orch"
     finished = jobs.JobInfo("bench-1", "bench", 1, "succeeded", 0, None, None, 0, False, "/w/jobs/bench-1")
     assert state(finished) == "succeeded"
+
+
+def test_every_json_document_writes_timestamps_one_way(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    from datetime import datetime, timezone
+
+    from orchestrator.render import print_json
+
+    print_json(
+        {
+            "a": datetime(2026, 12, 3, 7, 13, 36, 759871, tzinfo=timezone.utc),
+            "b": "2026-12-03T07:13:36.759871Z",
+            "c": "2026-12-03 07:10:26+00:00",
+            "d": "not a time",
+        }
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert doc == {
+        "a": "2026-12-03T07:13:36Z",
+        "b": "2026-12-03T07:13:36Z",
+        "c": "2026-12-03T07:10:26Z",
+        "d": "not a time",
+    }
+
+
+def test_jobs_json_has_the_shape_of_status_json(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    from datetime import datetime, timezone
+
+    from orchestrator.errors import UnreachableError
+    from orchestrator.fleet import FleetResult, HostResult
+    from orchestrator.views.jobs import jobs_document
+
+    started = datetime(2026, 12, 3, 7, 10, 26, tzinfo=timezone.utc)
+    job = jobs.JobInfo("bench-1", "bench", 7, "running", None, started, None, 0, False, "/w/jobs/bench-1")
+    a, b = Host(name="a", address="10.0.0.1"), Host(name="b", address="10.0.0.2")
+    jobs_document(FleetResult([HostResult(a, value=[job]), HostResult(b, error=UnreachableError("b: down"))]))
+    doc = json.loads(capsys.readouterr().out)
+    assert [h["name"] for h in doc["hosts"]] == ["a", "b"]
+    assert doc["hosts"][0]["jobs"][0]["id"] == "bench-1"
+    assert doc["hosts"][0]["jobs"][0]["started_at"] == "2026-12-03T07:10:26Z"
+    assert doc["hosts"][1] == {"name": "b", "error": "b: down"}
