@@ -201,3 +201,12 @@ def test_jobs_json_has_the_shape_of_status_json(capsys: pytest.CaptureFixture[st
     assert doc["hosts"][0]["jobs"][0]["id"] == "bench-1"
     assert doc["hosts"][0]["jobs"][0]["started_at"] == "2026-12-03T07:10:26Z"
     assert doc["hosts"][1] == {"name": "b", "error": "b: down"}
+
+
+def test_a_busy_gpu_refusal_groups_the_gpus_of_one_process() -> None:
+    from orchestrator.facts import gpus
+
+    held = [gpus.Holder(g, 4242, "python3") for g in range(8)] + [gpus.Holder(9, 7, "sleep")]
+    assert gpus.busy_message("h1", "GPUs are busy", held, owners=True) == (
+        "h1: GPUs are busy: GPU 0-7: pid 4242 (python3, not started by orch); GPU 9: pid 7 (sleep, not started by orch)"
+    )
