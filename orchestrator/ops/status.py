@@ -118,8 +118,7 @@ def _fetch_error(section: probe.Section | None, host: Host) -> str | None:
     """Why ``git fetch`` failed (its last line), None when it worked."""
     if section is not None and section.ok:
         return None
-    last = (section.output.strip().splitlines()[-1:] if section else []) or ["no answer"]
-    return f"git fetch {host.remote} failed: {last[0]}"
+    return f"git fetch {host.remote} failed: {git.fetch_error_line(section.output if section else '')}"
 
 
 def _parse_git(section: probe.Section | None, status: HostStatus) -> git.GitInfo | None:

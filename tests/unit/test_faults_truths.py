@@ -210,3 +210,88 @@ def test_a_busy_gpu_refusal_groups_the_gpus_of_one_process() -> None:
     assert gpus.busy_message("h1", "GPUs are busy", held, owners=True) == (
         "h1: GPUs are busy: GPU 0-7: pid 4242 (python3, not started by orch); GPU 9: pid 7 (sleep, not started by orch)"
     )
+
+
+def _git(cwd: Path, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "HOME": str(cwd), "PATH": "/usr/bin:/bin"}  # fmt: skip
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=False, capture_output=True, text=True).stdout
+
+
+def _diverged_checkout(tmp_path: Path) -> Path:
+    """A clone whose main has one commit of its own while origin/main has another on the same file."""
+    origin, clone = tmp_path / "origin", tmp_path / "clone"
+    origin.mkdir()
+    _git(origin, "init", "-q", "-b", "main")
+    (origin / "f").write_text("base\n")
+    _git(origin, "add", "f")
+    _git(origin, "commit", "-qm", "base")
+    _git(tmp_path, "clone", "-q", str(origin), str(clone))
+    (origin / "f").write_text("upstream\n")
+    _git(origin, "commit", "-qam", "upstream")
+    (clone / "f").write_text("local\n")
+    _git(clone, "commit", "-qam", "local")
+    _git(clone, "fetch", "-q", "origin")
+    return clone
+
+
+def _lag_of(clone: Path) -> str:
+    from orchestrator.facts import git
+
+    out = subprocess.run(git.info_argv(str(clone), "origin/main"), capture_output=True, text=True, check=True)
+    return git.parse_info(out.stdout).lag
+
+
+def test_status_says_diverged_not_n_behind(tmp_path: Path) -> None:
+    assert _lag_of(_diverged_checkout(tmp_path)) == "diverged (1 local, 1 upstream commits)"
+
+
+def test_status_says_mid_merge(tmp_path: Path) -> None:
+    clone = _diverged_checkout(tmp_path)
+    _git(clone, "merge", "origin/main")  # conflicts: the merge stops half-way
+    assert _lag_of(clone) == "mid-merge"
+
+
+def test_the_status_line_shows_the_lag_in_words() -> None:
+    from datetime import datetime, timezone
+
+    from orchestrator.ops.status import HostStatus
+    from orchestrator.views import status as views
+
+    v = HostStatus("h1", "10.0.0.1", reachable=True, phase="pulled")
+    v.sglang = {"commit": "8e6290d0aa", "behind": 3, "ahead": 2, "in_progress": None, "fetched_at": None}
+    assert views._sglang_short(v, datetime.now(timezone.utc)).startswith("8e6290d diverged (2 local, 3 upstream")
+
+
+@pytest.mark.parametrize(
+    ("output", "line"),
+    [
+        (
+            "ssh: connect to host git.example port 22: Connection refused\r\n"
+            "fatal: Could not read from remote repository.\n\nPlease make sure you have the correct access rights\n"
+            "and the repository exists.\n",
+            "ssh: connect to host git.example port 22: Connection refused",
+        ),
+        (
+            "fatal: unable to access 'https://git.example/sglang/': Could not resolve host: git.example\n",
+            "fatal: unable to access 'https://git.example/sglang/': Could not resolve host: git.example",
+        ),
+        ("fatal: Could not read from remote repository.\n", "fatal: Could not read from remote repository."),
+    ],
+)
+def test_a_failed_fetch_is_told_by_its_useful_line(output: str, line: str) -> None:
+    from orchestrator.facts import git
+
+    assert git.fetch_error_line(output) == line
+
+
+def test_pull_names_the_branch_it_fast_forwards(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.fleet import FleetResult, HostResult
+    from orchestrator.ops.pull import PullResult
+    from orchestrator.views.pull import pull_report
+
+    moved = PullResult("a" * 40, "b" * 40, [("bbbbbbb", "Fix")], branch="main", upstream="origin/main")
+    pull_report(FleetResult([HostResult(Host(name="h1", address="10.0.0.1"), value=moved)]))
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"h1: branch main fast-forwarded to origin/main: {'a' * 10} → {'b' * 10}, 1 new commit:"
+    )
