@@ -295,3 +295,29 @@ def test_pull_names_the_branch_it_fast_forwards(capsys: pytest.CaptureFixture[st
     assert capsys.readouterr().out.splitlines()[0] == (
         f"h1: branch main fast-forwarded to origin/main: {'a' * 10} → {'b' * 10}, 1 new commit:"
     )
+
+
+REPO = Path(__file__).resolve().parents[2]
+PIP_NOISE = """ERROR: pip's dependency resolver does not currently take into account all the packages that are \
+installed. This behaviour is the source of the following dependency conflicts.
+sglang 0.5.23 requires aiohttp, which is not installed.
+sglang 0.5.23 requires sgl-kernel==0.3.21, which is not installed.
+WARNING: something pip says that matters
+"""
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_the_conformance_install_leaves_out_pips_notes_about_sglangs_requirements(tmp_path: Path, code: int) -> None:
+    fake = tmp_path / "python"
+    (tmp_path / "noise").write_text(PIP_NOISE)
+    fake.write_text(f"#!/bin/sh\ncat {tmp_path / 'noise'} >&2\nexit {code}\n")
+    fake.chmod(0o755)
+    done = subprocess.run(
+        ["bash", "-c", f"source scripts/_setup.sh && pip_quietly {shlex.quote(str(fake))} sglang"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == code
+    assert done.stderr == "WARNING: something pip says that matters\n"
