@@ -50,7 +50,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop
 
 from orchestrator.errors import ConfigError, HostError, HostKeyError, RemoteCommandError, UnreachableError
 from orchestrator.inventory import Host, parse_jump
-from orchestrator.transport.base import CommandResult, ConnectOptions, RunnerBase, remote_command
+from orchestrator.transport.base import CommandResult, ConnectOptions, RunnerBase, remote_command, short_command
 from orchestrator.transport.sshconfig import SSH_CONFIGS, HostConfig, SSHConfigFile
 
 log = logging.getLogger(__name__)
@@ -688,7 +688,9 @@ class SSHRunner(RunnerBase):
         try:
             exited, out, err = run_on_channel(conn.transport, command, env_lines + (stdin or ""), timeout)
         except _CommandTimedOut:
-            raise RemoteCommandError(f"{self.host}: `{command}` timed out after {timeout} s", exit_status=-1) from None
+            raise RemoteCommandError(
+                f"{self.host}: `{short_command(argv)}` timed out after {timeout:g} s", exit_status=-1
+            ) from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self._drop()
             raise UnreachableError(f"{self.host}: connection lost while running a command: {_reason(exc)}") from None

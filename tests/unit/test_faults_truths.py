@@ -321,3 +321,36 @@ def test_the_conformance_install_leaves_out_pips_notes_about_sglangs_requirement
     )
     assert done.returncode == code
     assert done.stderr == "WARNING: something pip says that matters\n"
+
+
+def test_status_of_a_host_that_stops_answering_after_login_is_bounded_and_its_note_whole(tmp_path: Path) -> None:
+    from orchestrator.errors import RemoteCommandError, UnreachableError
+    from orchestrator.fleet import HostResult
+    from orchestrator.ops import status as status_op
+    from orchestrator.session import HostSession
+    from orchestrator.state import StateStore
+    from tests.fakerunner import FakeRunner
+
+    waited: list[float | None] = []
+
+    class Partitioned(FakeRunner):
+        def _execute(self, argv, cwd, env, stdin, timeout):  # type: ignore[no-untyped-def]
+            waited.append(timeout)
+            raise RemoteCommandError(f"h2: `{argv[0]}` timed out after {timeout} s", exit_status=-1)
+
+    host = Host(name="h2", address="10.0.0.2")
+    session = HostSession(host, Partitioned("h2"), StateStore(tmp_path / "st"))
+    with pytest.raises(UnreachableError) as raised:
+        status_op.observe(session, None)
+    assert waited == [60]  # not 120
+    note = status_op.unreachable(HostResult(host, error=raised.value), None).error
+    assert note == (
+        "h2: no answer to orch's status probe within 60 s: logged in, but the host stopped answering "
+        "(a network partition, or a host too loaded to run a command)"
+    )
+
+
+def test_a_timed_out_script_is_named_on_one_line() -> None:
+    from orchestrator.transport.base import short_command
+
+    assert "\n" not in short_command(["bash", "-c", "x", "orch-probe", "git", "sh", "-c", 'cd -- "$1"\necho'])
