@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from orchestrator import jobs, readers
 from orchestrator import server_job as srv
-from orchestrator.errors import HostError, RefusedError, UnreachableError, VerifyError
+from orchestrator.errors import HostError, RefusedError, StateError, UnreachableError, VerifyError, local_disk_error
 from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import device_file_name
 from orchestrator.facts.server_log import ServerLog, ShapeUse, explaining_lines, shape_use, strip_prefix
@@ -546,10 +546,17 @@ def launch(
     if job.attached:  # another orch started a server between our check and now: leave it to that one
         raise RefusedError(f"{host.name}: server job {job.job_id} appeared meanwhile (another orch?); not replacing it")
     mtp = "--speculative-algorithm" in argv
-    _record_server(
-        session,
-        ServerRecord(job_id=job.job_id, argv=argv, port=host.server_port, mtp=mtp, commit=commit, configs=configs),
-    )
+    record = ServerRecord(job_id=job.job_id, argv=argv, port=host.server_port, mtp=mtp, commit=commit, configs=configs)
+    try:
+        _record_server(session, record)
+    except Exception as exc:  # this machine's disk filled between the start and its record: say what to run
+        cause = exc if isinstance(exc, StateError) else local_disk_error(exc)
+        if cause is None:
+            raise
+        raise StateError(
+            f"{host.name}: server job {job.job_id} started, but orch could not record it: {cause.message}",
+            hint="free space, then run `orch serve` again: it finds the server it started and finishes the serve",
+        ) from exc
     session.say(f"started server job {job.job_id} on port {host.server_port}; waiting for /health")
     begin = time.monotonic()
     url = facts.base_url(recipe, host)

@@ -114,3 +114,28 @@ def test_a_stop_the_full_disk_kept_from_its_record_is_said_and_recorded_by_the_n
     record = store.load().hosts["b1"]
     assert record.server is not None and record.server.stopped_by == "orch stop-server"
     assert record.phase != Phase.SERVING
+
+
+def test_a_server_started_whose_record_the_full_disk_refused_is_said_with_what_to_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.facts.git import GitInfo
+    from orchestrator.ops import serve as serve_op
+    from orchestrator.recipe import Recipe, ServeOptions
+
+    store = StateStore(tmp_path / "st")
+    runner = FakeRunner("b1").on(("orch-start",), stdout="started server-2 4242\n")
+    session = HostSession(HOST, runner, store)
+    session.know("git", GitInfo("c" * 40, "main", "s", None, 0))
+
+    def full(name: str, fn: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "update_host", full)
+    with pytest.raises(StateError) as raised:
+        serve_op.launch(session, ["sglang", "serve"], ServeOptions(), Recipe(model="m", architecture="a"), {})
+    assert str(raised.value).splitlines() == [
+        "b1: server job server-2 started, but orch could not record it: cannot write orch's state: "
+        "no space left on this machine's disk: No space left on device",
+        "  hint: free space, then run `orch serve` again: it finds the server it started and finishes the serve",
+    ]
