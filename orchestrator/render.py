@@ -137,7 +137,7 @@ def _one_time_format(value: Any) -> Any:
     if isinstance(value, datetime):
         return rfc3339(value)
     if isinstance(value, str):
-        found = _UTC_STAMP.match(value)
+        found = _UTC_STAMP.match(value) if 20 <= len(value) <= 32 and value[4:5] == "-" else None
         return f"{found[1]}T{found[2]}Z" if found else value
     if isinstance(value, dict):
         return {k: _one_time_format(v) for k, v in value.items()}
