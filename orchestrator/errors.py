@@ -9,7 +9,8 @@ bug and keeps its traceback.
     ├── ConfigError                 exit 2  bad hosts.yaml / playbook (names file:line, host, key): not
     │                                       found, invalid YAML, a key given twice, a bad value, or a
     │                                       recipe the MTP rules refuse (no host needed to know)
-    ├── StateError                  exit 4  state database corrupt, newer, or busy too long
+    ├── StateError                  exit 4  state database corrupt, newer, or busy too long;
+    │                                       this machine's disk full or read-only (``local_disk_error``)
     ├── GatewayError                exit 3  the SGLang Model Gateway unreachable, refusing a request, or
     │                                       answering what orch cannot read (issue 12)
     └── HostError                   exit 3  per-host failure, collected by the fleet fan-out
@@ -33,6 +34,8 @@ the output is dropped and the command finishes with its own code.
 from __future__ import annotations
 
 import enum
+import errno
+import os
 
 
 class ExitCode(enum.IntEnum):
@@ -102,3 +105,26 @@ class HostOutputError(HostError):
 
 class VerifyError(HostError):
     exit_code = ExitCode.VERIFY_FAILED
+
+
+# errno values of a write that cannot succeed until the user frees space or remounts the disk.
+_DISK_FULL = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only"}
+
+
+def local_disk_error(exc: BaseException) -> StateError | None:
+    """``exc`` as a StateError (exit 4, one line) when it is a write on this machine that failed because its
+    disk is full, over quota or read-only; else None. The state store writes files (and, soon, SQLite,
+    whose ``database or disk is full`` is the same case); each caller that could meet it would otherwise
+    print a traceback, so the two catch sites (``cli.run_command`` and the fleet's per-host call) ask this.
+    An SFTP write on a host never lands here: paramiko gives its failures no errno."""
+    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+        where = f" (writing {exc.filename})" if exc.filename else ""
+        what = f"{_DISK_FULL[exc.errno]} on this machine's disk{where}: {os.strerror(exc.errno)}"
+    elif type(exc).__name__ == "OperationalError" and "disk is full" in str(exc):  # sqlite3, without importing it
+        what = f"no space left on this machine's disk: {exc}"
+    else:
+        return None
+    return StateError(
+        f"cannot write orch's state: {what}",
+        hint="free space (or make the state directory writable), then run the same command again",
+    )

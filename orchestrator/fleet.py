@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from orchestrator.errors import ExitCode, OrchError, RefusedError
+from orchestrator.errors import ExitCode, OrchError, RefusedError, local_disk_error
 from orchestrator.session import HostSession, Sink, discard
 from orchestrator.transport.base import ConnectOptions, Runner
 from orchestrator.transport.local import LocalRunner
@@ -160,6 +160,9 @@ class Fleet:
             log.debug("%s: %s", host.name, exc)
             return HostResult(host, error=exc)
         except Exception as exc:
+            disk = local_disk_error(exc)
+            if disk is not None:
+                return HostResult(host, error=disk)
             log.error("%s: internal error\n%s", host.name, traceback.format_exc())
             return HostResult(host, error=exc)
 

@@ -10,15 +10,17 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.state import find_secret
 from orchestrator.text import is_env_name, looks_secret
-from orchestrator.yamlfile import control_character, load_yaml
+from orchestrator.yamlfile import control_character, load_yaml, read_text
 
 DEFAULT_INVENTORY = Path("hosts.yaml")
+MAX_NAME_BYTES = 200  # a file name is at most 255 bytes; orch adds suffixes such as ``.json.bak``
 _UPSTREAM = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*/[A-Za-z0-9_.][A-Za-z0-9_./-]*$")
 _USER = re.compile(r"^[a-z_][a-z0-9_.-]*\$?$", re.IGNORECASE)
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")
@@ -279,17 +281,20 @@ def load_inventory(path: Path) -> Inventory:
     if not isinstance(hosts_raw, dict) or not hosts_raw:
         raise ConfigError(f"{path}: 'hosts' must be a mapping of host names to settings, with at least one host")
     hosts = {str(name): _validate_host(path, str(name), spec, defaults) for name, spec in hosts_raw.items()}
+    _refuse_one_box_twice(path, hosts)
     gateway = _validate_gateway(path, raw["gateway"], hosts) if "gateway" in raw else None
     return Inventory(path=path, hosts=hosts, gateway=gateway)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        text = read_text(path)
     except FileNotFoundError:
         raise ConfigError(
             f"inventory {path} not found", hint="pass --inventory PATH or set ORCH_INVENTORY (see docs/inventory.md)"
         ) from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read inventory: {exc.strerror or exc}") from None
     raw = load_yaml(path, text)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping with 'hosts' (and optional 'defaults')")
@@ -319,6 +324,24 @@ def _refuse_control_characters(path: Path, raw: dict[str, Any]) -> None:
             )
 
 
+def _refuse_one_box_twice(path: Path, hosts: dict[str, Host]) -> None:
+    """Two hosts at one address and SSH port are one machine under two names: orch would tune or serve it
+    twice at once on the same GPUs (issue 30). Exit 2 naming both. Hosts reached through different jump
+    hosts may be different machines (one private address behind two bastions), and ``transport: local``
+    hosts have no address to compare: both are left alone."""
+    seen: dict[tuple[str, int, str | None], str] = {}
+    for host in hosts.values():
+        if host.transport == "local":
+            continue
+        first = seen.setdefault((host.address.lower(), host.port, host.proxy_jump), host.name)
+        if first != host.name:
+            raise ConfigError(
+                f"{path}: hosts {first!r} and {host.name!r} are one machine ({host.address}, SSH port {host.port}); "
+                "orch would run two jobs at once on its GPUs",
+                hint="keep one of them (a second name for a host is not needed: select it by name or address)",
+            )
+
+
 def _validate_defaults(path: Path, raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: 'defaults' must be a mapping of host settings")
@@ -332,6 +355,12 @@ def _validate_defaults(path: Path, raw: Any) -> dict[str, Any]:
 def _validate_host(path: Path, name: str, spec: Any, defaults: dict[str, Any]) -> Host:
     if not isinstance(spec, dict):
         raise ConfigError(f"{path}: host {name!r}: settings must be a mapping with at least 'address'")
+    if len(quote(name, safe="-_.")) > MAX_NAME_BYTES:
+        raise ConfigError(
+            f"{path}: host {name[:40]!r}...: the name is too long: orch names files after it, at most "
+            f"{MAX_NAME_BYTES} bytes once percent-encoded (a letter or digit counts 1, a non-ASCII character 6-12)",
+            hint="use a shorter name (the address stays as it is)",
+        )
     try:
         return Host.model_validate({**defaults, **spec, "name": name})
     except ValidationError as exc:
@@ -379,5 +408,6 @@ def _describe(path: Path, where: str, exc: ValidationError, model: type[BaseMode
         else:
             msg = err["msg"].removeprefix("Value error, ")
             got = "" if err["loc"][:1] in (("env",), ("args",)) else f" (got {err.get('input')!r})"  # may hold a secret
+            got = "" if got[1:] in msg else got  # the validator's own message already says it
             lines.append(f"{path}: {where}, key {key!r}: {msg}{got}")
     return "\n".join(lines)

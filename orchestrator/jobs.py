@@ -76,6 +76,17 @@ row() {
   line=$(printf 'job\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s' "${1##*/}" "$(cat "$1/purpose" 2>/dev/null)" "$pid" \
     "$alive" "$code" "$(cat "$1/started_at" 2>/dev/null)" "$(cat "$1/ended_at" 2>/dev/null)" "$size" "$stop")
 }
+# no_links WORKDIR: exit 78 naming the first of orch's own paths in WORKDIR (or WORKDIR itself) that is a
+# symbolic link: orch never follows a link it did not make (it would chmod, fill or truncate the target).
+no_links() {
+  for _p in "$1" "$1/jobs" "$1/purposes" "$1/live" "$1/jobs.lock" "$1/jobs.index"; do
+    if [ -L "$_p" ]; then
+      echo "orch: $_p is a symbolic link; orch does not follow a link it did not make" \
+        "(point workdir at the real directory, or remove the link)" >&2
+      exit 78
+    fi
+  done
+}
 # index_jobs WORKDIR: give a host whose jobs predate the index one (the caller holds jobs.lock):
 # every job directory is live until a listing sees it ended.
 index_jobs() {
@@ -106,9 +117,10 @@ _START = r"""
 set -eu
 workdir=$1; id=$2; purpose=$3; wrapper=$4; nenv=$5; shift 5
 umask 077
+no_links "$workdir"
 mkdir -p "$workdir/jobs" "$workdir/purposes"
 chmod 700 "$workdir" "$workdir/jobs"
-exec 9>"$workdir/jobs.lock"
+exec 9>>"$workdir/jobs.lock"
 flock -w 30 9 || { echo "orch: another orch is starting a job on this host" >&2; exit 75; }
 link="$workdir/purposes/$purpose"
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
@@ -140,9 +152,10 @@ echo "started $id $(cat "$dir/pid" 2>/dev/null || echo 0)"
 _LIST = r"""
 workdir=$1
 umask 077
+no_links "$workdir"
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
 if [ -d "$workdir/jobs" ] && [ ! -e "$workdir/jobs.index" ]; then
-  (exec 9>"$workdir/jobs.lock" && flock -w 30 9 && index_jobs "$workdir") 2>/dev/null
+  (exec 9>>"$workdir/jobs.lock" && flock -w 30 9 && index_jobs "$workdir") 2>/dev/null
 fi
 if [ -d "$workdir/jobs" ] && [ ! -e "$workdir/jobs.index" ]; then  # could not make it: every directory, as before
   for d in "$workdir"/jobs/*/; do [ -d "$d" ] && row "${d%/}" "$boot" && printf '%s\n' "$line"; done
@@ -547,6 +560,8 @@ def read_tail(runner: Runner, job: JobInfo, max_bytes: int = 8192) -> str:
 
 
 def tail_lines(text: str, lines: int) -> str:
-    """Last ``lines`` lines of a log, with tqdm's carriage-return redraws collapsed to their last state."""
-    clean = [line.rsplit("\r", 1)[-1] for line in text.replace("\r\n", "\n").split("\n")]
+    """Last ``lines`` lines of a log, with tqdm's carriage-return redraws collapsed to their last state. The
+    newline ending the last line ends it: it does not start an empty line that would count as one."""
+    body = text.replace("\r\n", "\n").removesuffix("\n")
+    clean = [line.rsplit("\r", 1)[-1] for line in body.split("\n")]
     return "\n".join(clean[-lines:]) if lines > 0 else ""

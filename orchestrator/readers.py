@@ -60,6 +60,8 @@ def sglang_info(host: Host, info: git.GitInfo, read_at: datetime | None = None) 
         upstream=host.upstream,
         behind=info.behind,
         fetched_at=None if age is None else read_at - timedelta(seconds=age),
+        ahead=info.ahead,
+        in_progress=info.in_progress,
     )
 
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from orchestrator.errors import ConfigError
 from orchestrator.state import find_secret
 from orchestrator.tuning.record import Shape as Shape  # the one shape type, re-exported: the playbook's shapes
-from orchestrator.yamlfile import control_character, load_yaml
+from orchestrator.yamlfile import control_character, load_yaml, read_text
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 DEFAULT_RECIPE = "deepseek-v4-flash"
@@ -29,7 +29,9 @@ _FLAG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, defer_build=True, allow_inf_nan=False
+    )  # allow_inf_nan: a `.nan` min_accept would switch the accept-length check off
 
 
 class MTPSpec(_Strict):
@@ -42,7 +44,7 @@ class MTPSpec(_Strict):
 
 class TuningSpec(_Strict):
     shapes: list[Shape] = Field(default_factory=list)
-    batch_sizes: list[int] = Field(default_factory=lambda: list(DEFAULT_BATCH_SIZES))
+    batch_sizes: list[int] = Field(default_factory=lambda: list(DEFAULT_BATCH_SIZES), min_length=1)
     fleet: bool = False  # spread units over every GPU of hosts with the same GPU and SGLang commit
     # What the schedule counts (estimates for one GPU; only their ratio changes the plan): the seconds one
     # tuner call spends before its first unit (imports, CUDA init, its spawned worker's imports), and
@@ -71,7 +73,7 @@ class PullOptions(_Strict):
 
 class TuneOptions(_Strict):
     shapes: str = "default"  # default | auto | "N=1024,K=4096;N=4096,K=2048"
-    batch_sizes: list[int] | None = None
+    batch_sizes: list[int] | None = Field(None, min_length=1)  # an empty list would install empty configs
     fleet: bool | None = None  # None: as the recipe says
     force: bool = False
     allow_busy_gpus: bool = False
@@ -147,8 +149,12 @@ class Recipe(_Strict):
         for name in value:
             if not _FLAG.match(name):
                 raise ValueError(f"{name!r} is not a flag name (write 'mem-fraction-static', without '--')")
-            if name.startswith("speculative-") or name in ("fp8-gemm-backend", "model-path", "port"):
-                raise ValueError(f"{name!r} is set by orch (use the recipe's mtp / fp8_gemm_backend blocks)")
+            own = orch_flag(name)
+            if own:
+                raise ValueError(
+                    f"{name!r} is {own}, which orch sets (from the inventory's model_path and server_port, "
+                    "or the recipe's mtp and fp8_gemm_backend blocks)"
+                )
             secret = find_secret({name: str(value[name])})
             if secret:  # the launch command goes into the state file, the job directory and `ps` on the host
                 raise ValueError(f"{name!r} looks like a secret ({secret!r}): pass it in the host's env instead")
@@ -156,6 +162,28 @@ class Recipe(_Strict):
 
     def step(self, name: str) -> Step | None:
         return next((s for s in self.steps if s.name == name), None)
+
+
+# The server flags orch sets itself, and their SGLang aliases (reference/sglang.md §2.1).
+ORCH_FLAGS = ("model-path", "port", "fp8-gemm-backend", "speculative-")
+FLAG_ALIASES = {"model": "model-path", "speculative-draft-model": "speculative-draft-model-path"}
+
+
+def orch_flag(name: str) -> str | None:
+    """How recipe flag ``name`` names a flag orch sets: ``--port`` itself, ``the alias --model of
+    --model-path``, ``a prefix of --port`` (SGLang's parser takes a unique prefix as the flag), or None.
+
+    >>> orch_flag("model"), orch_flag("por"), orch_flag("tp-size")
+    ('the alias --model of --model-path', 'a prefix of --port', None)
+    """
+    if name in FLAG_ALIASES:
+        return f"the alias --{name} of --{FLAG_ALIASES[name]}"
+    for flag in ORCH_FLAGS:
+        if name == flag or (flag.endswith("-") and name.startswith(flag)):
+            return f"--{name}"
+        if flag.startswith(name):
+            return f"a prefix of --{flag.rstrip('-')}" + ("-*" if flag.endswith("-") else "")
+    return None
 
 
 def parse_shapes(text: str) -> list[Shape]:
@@ -180,7 +208,7 @@ def find_recipe(name_or_path: str, search_dirs: list[Path]) -> Path:
     known = known_recipes(search_dirs)
     raise ConfigError(
         f"no playbook {name_or_path!r}; known: {', '.join(known) or 'none'}",
-        hint="pass --playbook NAME or a path to a YAML file",
+        hint="give one of the known names, or a path to a YAML file",
     )
 
 
@@ -192,7 +220,7 @@ def known_recipes(search_dirs: list[Path]) -> list[str]:
 
 def load_recipe(path: Path) -> Recipe:
     try:
-        text = path.read_text()
+        text = read_text(path)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read playbook: {exc.strerror or exc}") from None
     raw = load_yaml(path, text)

@@ -13,9 +13,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import select
 import sys
 import threading
 from collections.abc import Iterable
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.text import InertLog as InertLog
@@ -69,6 +72,19 @@ class PipeSafeStdout:
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
+        self.broken = False  # a write met the closed pipe
+
+    def reader_gone(self) -> bool:
+        """Whether nobody reads the output any more (``orch logs -f | head -3`` once head has ended): a
+        write met the closed pipe, or the pipe's reading end is closed (poll says so without writing)."""
+        if not self.broken:
+            try:
+                poller = select.poll()
+                poller.register(self.stream.fileno(), 0)  # POLLERR is always reported
+                self.broken = any(events & select.POLLERR for _, events in poller.poll(0))
+            except (OSError, ValueError, AttributeError):  # not a file (a test's capture): still read
+                pass
+        return self.broken
 
     def write(self, text: str) -> int:
         try:
@@ -85,6 +101,7 @@ class PipeSafeStdout:
 
     def _to_devnull(self) -> None:
         """Point the stream's file descriptor at /dev/null: what is still buffered goes there too."""
+        self.broken = True
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, self.stream.fileno())
         os.close(devnull)
@@ -103,8 +120,36 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+# A UTC timestamp as orch's models and records write it: ISO 8601 with ``T`` or a space, any fraction of a
+# second, ``Z`` or ``+00:00``.
+_UTC_STAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2}:\d{2})(?:\.\d+)?(?:Z|[+-]00:?00)$")
+
+
+def rfc3339(value: datetime) -> str:
+    """``2026-12-03T07:13:36Z``: the one timestamp format of every ``--json`` document (RFC 3339, UTC, whole
+    seconds)."""
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _one_time_format(value: Any) -> Any:
+    """``value`` with every UTC timestamp in it (a datetime, or a string in one of the forms orch's
+    models write) as ``rfc3339``: one document, one format, whichever model the value came from."""
+    if isinstance(value, datetime):
+        return rfc3339(value)
+    if isinstance(value, str):
+        found = _UTC_STAMP.match(value) if 20 <= len(value) <= 32 and value[4:5] == "-" else None
+        return f"{found[1]}T{found[2]}Z" if found else value
+    if isinstance(value, dict):
+        return {k: _one_time_format(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_one_time_format(v) for v in value]
+    return value
+
+
 def print_json(document: Any) -> None:
-    sys.stdout.write(json.dumps(to_jsonable(document), indent=2, sort_keys=False, default=str) + "\n")
+    """Every ``--json``: one document on stdout, timestamps as ``rfc3339`` (README "JSON output")."""
+    doc = _one_time_format(to_jsonable(document))
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def host_errors(results: Iterable[HostResult[Any]]) -> None:

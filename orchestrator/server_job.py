@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator import jobs
-from orchestrator.errors import HostOutputError, RefusedError
+from orchestrator.errors import HostOutputError, RefusedError, StateError, local_disk_error
 from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import Holder
@@ -175,13 +175,39 @@ def stop_server(session: HostSession, gpus: Sequence[int], drain: float, outage:
         servers = [j for j in jobs.list_jobs(session.runner, host.workdir) if j.purpose == SERVER_PURPOSE]
         job = next((j for j in reversed(servers) if j.running), None)
         if job is None:
+            _record_unrecorded_stop(session, servers[-1] if servers else None, outage)
             return "lost" if servers and servers[-1].state == "lost" else None
         store.check_writable()  # a stop that could not be recorded must not happen
         outcome = stop_job(session, job, gpus, drain, outage)
     finally:
         session.forget("jobs", "gpus", "server_info")  # what another orch or a reboot may have changed too
-    store.update_host(host.name, lambda hs: record_stopped(hs, job.id, outage.by))
+    _record_stop(session, job.id, outage, outcome)
     return outcome
+
+
+def _record_stop(session: HostSession, job_id: str, outage: Outage, outcome: str) -> None:
+    """Record a stop that happened; when the disk filled between the stop and its record, say so and
+    what to run (``orch stop-server`` again records it without stopping anything)."""
+    try:
+        session.store.update_host(session.name, lambda hs: record_stopped(hs, job_id, outage.by))
+    except Exception as exc:
+        cause = exc if isinstance(exc, StateError) else local_disk_error(exc)
+        if cause is None:
+            raise
+        raise StateError(
+            f"{session.name}: server job {job_id} was {outcome}, but orch could not record it: {cause.message}",
+            hint=f"free space, then run `orch stop-server -H {session.name}`: it records the stop, stopping nothing",
+        ) from exc
+
+
+def _record_unrecorded_stop(session: HostSession, last: jobs.JobInfo | None, outage: Outage) -> None:
+    """The record does not know that ``last`` (the host's last server job, ended after orch asked it to stop)
+    was stopped: a stop whose record failed (a full disk). Record it now, as ``by`` this command."""
+    record = session.state().server
+    if last is None or last.running or record is None or record.job_id != last.id or record.stopped_at:
+        return
+    if last.stop_requested:
+        session.store.update_host(session.name, lambda hs: record_stopped(hs, last.id, outage.by))
 
 
 def record_stopped(hs: HostState, job_id: str | None = None, by: str | None = None) -> None:

@@ -134,6 +134,8 @@ class SGLangInfo(_Model):
     upstream: str | None = None
     behind: int | None = None
     fetched_at: UtcDateTime | None = None
+    ahead: int | None = None  # local commits upstream lacks: with ``behind``, a diverged branch
+    in_progress: str | None = None  # "merge", "rebase", "cherry-pick" stopped half-way in the checkout
 
 
 JobState = Literal["running", "succeeded", "failed", "lost"]

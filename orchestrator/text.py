@@ -95,3 +95,18 @@ def is_env_name(name: str) -> bool:
 def looks_secret(name: str) -> bool:
     """Whether an environment variable's name says its value is a secret (HF_TOKEN, OPENAI_API_KEY, ...)."""
     return bool(_SECRET_NAME.search(name))
+
+
+def fmt_ranges(numbers: list[int]) -> str:
+    """``0-7``, ``0,2,4-6``: a sorted set of numbers with runs collapsed, each value once."""
+    parts: list[str] = []
+    ordered = sorted(set(numbers))
+    start = prev = ordered[0] if ordered else 0
+    for n in [*ordered[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    return ",".join(parts) if ordered else ""

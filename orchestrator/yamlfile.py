@@ -106,6 +106,35 @@ def _check_expansion(root: yaml.Node) -> None:
             stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
 
 
+def read_text(path: Path) -> str:
+    """The UTF-8 text of the YAML file at ``path``; ``ConfigError`` naming the file and its encoding when it
+    is not UTF-8 (UTF-16 as PowerShell writes it, one Latin-1 byte in a comment). ``OSError`` passes through
+    for the caller to word (a missing inventory and a missing playbook have different hints)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(_not_utf8(path, data, exc), hint=_SAVE_AS_UTF8) from None
+
+
+_SAVE_AS_UTF8 = (
+    "save the file as UTF-8 (PowerShell: Set-Content -Encoding utf8; "
+    "elsewhere e.g. `iconv -f latin1 -t utf-8 FILE > FILE.new`)"
+)
+
+
+def _not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError) -> str:
+    """What is wrong, in one line: UTF-16 (by its byte-order mark or its NUL bytes), else the first bad byte."""
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in data[:64]:
+        return f"{path}: not UTF-8 but UTF-16 (as PowerShell writes it); orch reads YAML files as UTF-8"
+    line = data[: exc.start].count(b"\n") + 1
+    byte = data[exc.start]
+    return (
+        f"{path}:{line}: not UTF-8: byte 0x{byte:02x} at offset {exc.start} (Latin-1 or another 8-bit "
+        "encoding?); orch reads YAML files as UTF-8"
+    )
+
+
 def load_yaml(path: Path, text: str) -> Any:
     """The document in ``text`` (read from ``path``); ``ConfigError`` naming the file and line(s)."""
     try:

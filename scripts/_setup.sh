@@ -34,4 +34,17 @@ ensure_image_tools() {
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
+pip_quietly() {
+  # `PYTHON -m pip install -q ARGS...`, without pip's resolver report about a package installed with
+  # --no-deps (the conformance tier installs sglang so: "ERROR: pip's dependency resolver ..." and one
+  # "sglang X requires Y, which is not installed." line per requirement, ~60, on every later install).
+  # Every other line of pip's stderr is kept, and pip's exit code is returned.
+  local python=$1 log rc=0
+  shift
+  log=$(mktemp)
+  "$python" -m pip install -q --disable-pip-version-check "$@" 2>"$log" || rc=$?
+  grep -v -e "^ERROR: pip's dependency resolver does not currently take into account" \
+    -e "^sglang [^ ]* requires .*, which is not installed\.$" "$log" >&2 || true
+  rm -f "$log"
+  return "$rc"
 }

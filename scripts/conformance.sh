@@ -20,7 +20,8 @@ SGLANG_IMPORTS=(numpy==2.4.6 orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 reques
 READY_CHECK="import sglang, sglang.srt.server_args, sglang.srt.utils.common, orchestrator, pytest
 assert sglang.__version__ == '$SGLANG_VERSION', sglang.__version__"
 
-pip() { "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@"; }
+source scripts/_setup.sh
+pip() { pip_quietly "$VENV/bin/python" "$@"; }
 
 if "$VENV/bin/python" -c "$READY_CHECK" 2>/dev/null; then
   echo "== conformance: reusing $VENV (SGLang $SGLANG_VERSION)"
@@ -33,6 +34,8 @@ else
   # without it, the registry's build (CUDA, several GB; it imports and runs on a CPU all the same).
   pip "torch==$TORCH_VERSION"
   pip --no-deps "sglang==$SGLANG_VERSION"
+  echo "== conformance: sglang without its other requirements (CUDA kernels, the serving stack): the tier" \
+    "imports only its argument parser and /server_info builder, so pip's notes about them are left out"
   pip "${SGLANG_IMPORTS[@]}"
   pip -e . pytest
   "$VENV/bin/python" -c "$READY_CHECK"

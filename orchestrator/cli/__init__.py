@@ -9,19 +9,35 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
 from orchestrator import __version__
 from orchestrator.app import App
-from orchestrator.errors import ExitCode, OrchError
+from orchestrator.errors import ExitCode, OrchError, local_disk_error
 from orchestrator.render import PipeSafeStdout, inert
 from orchestrator.transport.base import ConnectOptions
+
+
+class Finite(click.FloatRange):
+    """A finite float within the bounds: ``nan``, ``inf`` and ``-inf`` are a usage error (exit 2).
+
+    click's ``FloatRange`` takes ``nan`` (a comparison with NaN is false, so it passes every bound):
+    ``--min-accept nan`` switched the accept-length check off, ``--health-timeout nan`` ended in a
+    traceback (issue 27). Every float option of orch uses this type."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if isinstance(number, float) and not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
 
 LAZY_COMMANDS = {
     "status": "hosts:status",
@@ -79,7 +95,7 @@ class LazyGroup(click.Group):
 )
 @click.option(
     "--connect-timeout",
-    type=click.FloatRange(0.5, 300),
+    type=Finite(0.5, 300),
     default=10.0,
     show_default=True,
     envvar="ORCH_CONNECT_TIMEOUT",
@@ -174,6 +190,12 @@ def run_command(argv: list[str] | None) -> int:
     except OrchError as exc:
         click.echo(f"orch: error: {exc}", err=True)
         return exc.exit_code
+    except Exception as exc:  # a full or read-only disk here is the user's to fix; anything else is a bug
+        disk = local_disk_error(exc)
+        if disk is None:
+            raise
+        click.echo(f"orch: error: {disk}", err=True)
+        return disk.exit_code
     return code if isinstance(code, int) else ExitCode.OK
 
 

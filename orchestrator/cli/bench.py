@@ -7,13 +7,13 @@ from pathlib import Path
 import click
 
 from orchestrator.app import App
-from orchestrator.cli import complete
+from orchestrator.cli import Finite, complete
 from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import report as report_op
 from orchestrator.recipe import BenchOptions
-from orchestrator.render import out
+from orchestrator.render import err, out
 from orchestrator.views.bench import ProgressLines, show_comparisons
 
 
@@ -33,7 +33,7 @@ from orchestrator.views.bench import ProgressLines, show_comparisons
     shell_complete=complete.playbooks,
     help="Playbook with the bench settings. Default: the host's.",
 )
-@click.option("--timeout", type=click.FloatRange(1), default=bench_op.DEFAULT_TIMEOUT, show_default=True,
+@click.option("--timeout", type=Finite(1), default=bench_op.DEFAULT_TIMEOUT, show_default=True,
               help="Seconds to wait for the benchmark; it keeps running after that.")  # fmt: skip
 @pass_app
 def bench(
@@ -102,4 +102,6 @@ def report(app: App, fmt: report_op.Format, out_dir: Path) -> int:
         raise UsageError(f"no state at {database}", hint="run orch status, pull or serve first")
     target = report_op.write_report(app.store.read(), str(database), out_dir, fmt)
     out.print(f"report written to {target}", markup=False)
+    if not report_op.has_matplotlib():
+        err.print(report_op.NO_CHARTS, markup=False)
     return int(ExitCode.OK)

@@ -174,7 +174,8 @@ def summary_lines(state: State, hosts: list[str]) -> list[str]:
     """Per host, the baseline against tuned+MTP in numbers, after one sentence saying what changed."""
     lines = [
         "\nSummary: orch pulled the new upstream commit, tuned the FP8 GEMM kernels for this GPU, relaunched the",
-        "server with MTP (speculative decoding) and verified it, then measured the same workload again:",
+        "server with MTP (speculative decoding) and verified it, then measured the same workload again "
+        "(simulated GPUs: the throughput below is the simulator's, not a real GPU's):",
     ]
     for name in hosts:
         records = state.host(name).benchmarks

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from orchestrator.app import App
+from orchestrator.cli import Finite
 from orchestrator.cli.common import F, pass_app
 from orchestrator.cli.confirm import confirm_or_refuse, yes_option
 from orchestrator.errors import ExitCode, HostError, UsageError
@@ -163,7 +164,7 @@ def _gateway_job(app: App) -> JobInfo | str | None:
 
 @gateway.command("up")
 @click.option(
-    "--timeout", type=click.FloatRange(min=1), default=gateway_op.UP_TIMEOUT, show_default=True,
+    "--timeout", type=Finite(min=1), default=gateway_op.UP_TIMEOUT, show_default=True,
     help="Seconds to wait for the gateway to answer /health.",
 )  # fmt: skip
 @pass_app

@@ -70,7 +70,9 @@ def logs(app: App, host_name: str, job_id: str | None, follow: bool, tail: int) 
         jobs_view.log_tail(text)
         if follow:
             follower = jobs_view.LogFollower()
-            follower.ended(logs_op.follow(runner, host.workdir, job, offset, follower.write))
+            ended = logs_op.follow(runner, host.workdir, job, offset, follower.write, jobs_view.stdout_unread)
+            if ended is not None:  # None: nobody reads any more (`| head -3` has ended)
+                follower.ended(ended)
     return int(ExitCode.OK)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from orchestrator.app import App
-from orchestrator.cli import complete
+from orchestrator.cli import Finite, complete
 from orchestrator.cli.common import default, finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.gateway import gate_needs_rolling, rolling_default, rolling_options, rolling_serve
@@ -25,7 +25,7 @@ _playbook = click.option(
 )
 _drain = click.option(
     "--drain-timeout",
-    type=click.FloatRange(1),
+    type=Finite(1),
     default=default(ServeOptions, "drain_timeout"),
     show_default=True,
     help="Seconds the old server may drain before SIGKILL.",
@@ -71,10 +71,10 @@ _drain = click.option(
     default=default(ServeOptions, "rollback"),
     help="If the new server fails to start, relaunch the last known-good one.",
 )
-@click.option("--min-accept", type=click.FloatRange(0), help="Minimum accept length (default: the recipe's).")
+@click.option("--min-accept", type=Finite(0), help="Minimum accept length (default: the recipe's).")
 @click.option(
     "--health-timeout",
-    type=click.FloatRange(1),
+    type=Finite(1),
     help="Seconds to wait for /health (default: the recipe's health_timeout; DeepSeek-V4-Flash: 3600).",
 )
 @_drain
@@ -223,7 +223,9 @@ def show(
     problems = 0
     for host, r in app.recipes(selected, playbook).items():
         found = facts.check_recipe(r, mtp=mtp)
-        serve_view.recipe_lines(host, r, facts.launch_argv(r, app.inventory.hosts[host], mtp=mtp), found)
+        preferred, *other = facts.entrypoints(app.inventory.hosts[host])  # serve's choice when the host has it
+        argv = facts.launch_argv(r, app.inventory.hosts[host], mtp=mtp, entrypoint=preferred)
+        serve_view.recipe_lines(host, r, argv, found, other[0] if other else None)
         problems += len(found)
     return int(ExitCode.USAGE if problems else ExitCode.OK)
 

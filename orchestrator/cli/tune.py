@@ -7,6 +7,7 @@ import re
 import click
 
 from orchestrator.app import App
+from orchestrator.cli import Finite
 from orchestrator.cli.common import default, finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.errors import UsageError
@@ -66,7 +67,7 @@ from orchestrator.views.tune import progress_display, tune_report
 )
 @click.option(
     "--poll",
-    type=click.FloatRange(0.1, 60),
+    type=Finite(0.1, 60),
     default=default(TuneOptions, "poll"),
     show_default=True,
     help="Seconds between polls.",
@@ -126,7 +127,7 @@ def tune_fp8(
 
 @click.command(name="wait")
 @host_options
-@click.option("--poll", type=click.FloatRange(0.1, 60), default=2.0, show_default=True, help="Seconds between polls.")
+@click.option("--poll", type=Finite(0.1, 60), default=2.0, show_default=True, help="Seconds between polls.")
 @pass_app
 def wait(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, poll: float) -> int:
     """Wait for the tuning running on each host with a live progress display, then install its configs.

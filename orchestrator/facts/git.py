@@ -14,6 +14,10 @@ echo "branch=$(git symbolic-ref --short -q HEAD || echo HEAD)"
 echo "subject=$(git log -1 --format=%s)"
 echo "upstream_commit=$(git rev-parse -q --verify "$2^{commit}" || echo)"
 echo "behind=$(git rev-list --count "HEAD..$2" 2>/dev/null || echo)"
+echo "ahead=$(git rev-list --count "$2..HEAD" 2>/dev/null || echo)"
+for _op in MERGE_HEAD:merge rebase-merge:rebase rebase-apply:rebase CHERRY_PICK_HEAD:cherry-pick; do
+  [ -e "$(git rev-parse --git-path "${_op%%:*}")" ] && { echo "in_progress=${_op#*:}"; break; }
+done
 reflog_time() { t=$(git log -g -1 --date=unix --format=%gd "$1" -- 2>/dev/null); t=${t##*@?}; echo "${t%?}"; }
 fetched=$(stat -c %Y -- "$(git rev-parse --git-path FETCH_HEAD)" 2>/dev/null)
 [ -n "$fetched" ] || fetched=$(reflog_time "$2")
@@ -36,6 +40,14 @@ class GitInfo:
     upstream_commit: str | None
     behind: int | None
     fetched_age_s: int | None = None  # seconds since upstream was last fetched (None: no fetch recorded)
+    ahead: int | None = None  # local commits upstream does not have: with ``behind``, a diverged branch
+    in_progress: str | None = None  # "merge", "rebase", "cherry-pick": an operation stopped half-way
+
+    @property
+    def lag(self) -> str:
+        """Where the checkout stands against upstream, in words: ``up to date``, ``3 behind``, ``diverged
+        (2 local, 3 upstream commits)``, ``mid-merge``; ``? behind`` when unknown."""
+        return describe_lag(self.behind, self.ahead, self.in_progress)
 
     @property
     def short(self) -> str:
@@ -65,7 +77,40 @@ def parse_info(stdout: str) -> GitInfo:
         upstream_commit=fields.get("upstream_commit") or None,
         behind=int(behind) if behind.isdigit() else None,
         fetched_age_s=_age(fields.get("fetched", ""), fields.get("now", "")),
+        ahead=int(ahead) if (ahead := fields.get("ahead", "")).isdigit() else None,
+        in_progress=fields.get("in_progress") or None,
     )
+
+
+def describe_lag(behind: int | None, ahead: int | None = None, in_progress: str | None = None) -> str:
+    """``GitInfo.lag`` from its parts (the state keeps them as numbers).
+
+    >>> describe_lag(3), describe_lag(3, 2), describe_lag(0, 0, "merge"), describe_lag(None)
+    ('3 behind', 'diverged (2 local, 3 upstream commits)', 'mid-merge', '? behind')
+    """
+    if in_progress:
+        return f"mid-{in_progress}"
+    if behind is None:
+        return "? behind"
+    if ahead:
+        return f"diverged ({ahead} local, {behind} upstream commits)" if behind else f"{ahead} ahead"
+    return "up to date" if behind == 0 else f"{behind} behind"
+
+
+_GENERIC_FETCH_LINES = (
+    "fatal: Could not read from remote repository.",
+    "Please make sure you have",
+    "and the repository",
+)
+
+
+def fetch_error_line(output: str) -> str:
+    """The line of a failed ``git fetch`` that says why: the ssh or HTTP error (``ssh: connect to host ...:
+    Connection refused``, ``fatal: unable to access ...: Could not resolve host``), not git's closing
+    advice ("... and the repository exists."); the last line when none is better."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith(_GENERIC_FETCH_LINES)]
+    return (useful or lines or ["no answer"])[0]
 
 
 def _age(then: str, now: str) -> int | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from orchestrator.errors import HostOutputError, RemoteCommandError
 from orchestrator.facts.probe import TIMED_OUT
+from orchestrator.text import fmt_ranges
 from orchestrator.transport.base import CommandResult, check_result
 
 GPU_FIELDS = ("index", "name", "uuid", "memory.total", "memory.used", "utilization.gpu", "compute_cap")
@@ -157,15 +158,20 @@ def foreign_holders(holders: Sequence[Holder], ours: str | None = None) -> list[
 
 
 def busy_message(host: str, headline: str, holders: Sequence[Holder], *, owners: bool) -> str:
-    """The one shape of a busy-GPU refusal: ``<host>: <headline>: GPU i: pid p (name); ...``. ``owners``:
-    the holders were tied to their orch jobs (``readers.read_gpu_info``), so each also says whose it is
-    (``orch job <id>`` or ``not started by orch``)."""
-    return f"{host}: {headline}: " + "; ".join(_held(h, owners) for h in holders)
+    """The one shape of a busy-GPU refusal: ``<host>: <headline>: GPU 0-7: pid p (name); ...``, the GPUs of
+    one process in one group (as ``orch status`` shows them). ``owners``: the holders were tied to their
+    orch jobs (``readers.read_gpu_info``), so each also says whose it is (``orch job <id>`` or ``not
+    started by orch``)."""
+    groups: dict[tuple[int, str, str | None], list[int]] = {}
+    for h in holders:
+        groups.setdefault((h.pid, h.name, h.job), []).append(h.gpu)
+    return f"{host}: {headline}: " + "; ".join(_held(key, gpus, owners) for key, gpus in groups.items())
 
 
-def _held(h: Holder, owners: bool) -> str:
-    owner = (f", orch job {h.job}" if h.job else ", not started by orch") if owners else ""
-    return f"GPU {h.gpu}: pid {h.pid} ({h.name}{owner})"
+def _held(key: tuple[int, str, str | None], gpus: list[int], owners: bool) -> str:
+    pid, name, job = key
+    owner = (f", orch job {job}" if job else ", not started by orch") if owners else ""
+    return f"GPU {fmt_ranges(gpus)}: pid {pid} ({name}{owner})"
 
 
 def device_file_name(gpu_name: str) -> str:

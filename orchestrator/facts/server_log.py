@@ -63,6 +63,24 @@ class ServerLog:
     resolved: dict[str, str] = field(default_factory=dict)  # moe_runner_backend, attention_backend, ...
 
 
+LONG_LINE = 400  # characters of a log line a failure message shows whole
+
+
+def explaining_lines(tail: str) -> str:
+    """A failed start's log tail as a message shows it: SGLang's ``server_args=ServerArgs(...)`` line (one
+    line of ~20 KB that says how the server was asked to run, which the message already names) is left
+    out, and any other line longer than ``LONG_LINE`` keeps its start and end around ``[... N characters]``."""
+    kept = []
+    for line in tail.splitlines():
+        if "server_args=ServerArgs(" in line:
+            continue
+        if len(line) > LONG_LINE:
+            cut = len(line) - (LONG_LINE - 140) - 100
+            line = f"{line[: LONG_LINE - 140]} [... {cut} characters] {line[-100:]}"
+        kept.append(line)
+    return "\n".join(kept)
+
+
 def strip_prefix(line: str) -> str:
     """A log line without SGLang's ``[date time TP0] `` prefix."""
     return _PREFIX.sub("", line.rstrip("\r\n").rsplit("\r", 1)[-1])

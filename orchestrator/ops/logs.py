@@ -75,7 +75,14 @@ def start_offset(runner: Runner, job: JobInfo, tail: int) -> tuple[str, int]:
     return jobs.tail_lines(data.decode(errors="replace"), tail), size
 
 
-def follow(runner: Runner, workdir: str, job: JobInfo, offset: int, write: Callable[[str], None]) -> JobInfo:
+def follow(
+    runner: Runner,
+    workdir: str,
+    job: JobInfo,
+    offset: int,
+    write: Callable[[str], None],
+    unread: Callable[[], bool] = lambda: False,
+) -> JobInfo | None:
     """Print new log bytes from ``offset`` until the job has ended and the log is drained.
 
     Every byte is printed once: reads resume at the offset after the last byte printed, and bytes are
@@ -83,11 +90,12 @@ def follow(runner: Runner, workdir: str, job: JobInfo, offset: int, write: Calla
     printed whole with the next read, not as two replacement characters. Invalid UTF-8 shows as U+FFFD.
     Between reads the host waits (``jobs.wait``) for the job to end, or for its log to grow once half of
     ``POLL_SECONDS`` has passed, at most ``POLL_SECONDS``: the end is seen at once, and a busy log is read at
-    most twice per poll. A lost connection is said once per outage, and retried for ``RECONNECT_SECONDS``."""
+    most twice per poll. A lost connection is said once per outage, and retried for ``RECONNECT_SECONDS``.
+    Returns None as soon as ``unread()`` says nobody reads the output any more (a closed pipe)."""
     poll = POLL_SECONDS
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     lost_since: float | None = None
-    while True:
+    while not unread():
         try:
             chunk = runner.read_bytes(job.log, offset=offset, length=CHUNK)
             lost_since = None
@@ -108,3 +116,4 @@ def follow(runner: Runner, workdir: str, job: JobInfo, offset: int, write: Calla
                 raise
             runner.close()
             time.sleep(poll)
+    return None

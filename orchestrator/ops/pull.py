@@ -33,6 +33,8 @@ class PullResult:
     commits: list[tuple[str, str]] = field(default_factory=list)  # (short sha, subject), newest first
     ahead: int = 0
     installed: bool = False
+    branch: str = ""  # the local branch that was fast-forwarded (the one checked out)
+    upstream: str = ""
 
     @property
     def changed(self) -> bool:
@@ -70,7 +72,7 @@ def pull(session: HostSession, install: bool = False) -> PullResult:
     session.forget("git")  # from the fetch on, the checkout is no longer what was read
     runner.run(git.fetch_argv(host.sglang_dir, host.remote), check=True, timeout=600)
     ahead = _check_not_diverged(host, runner)
-    result = PullResult(old=before.commit, new=before.commit, ahead=ahead)
+    result = PullResult(before.commit, before.commit, ahead=ahead, branch=before.branch, upstream=host.upstream)
     _fast_forward(session, result)
     if result.changed:
         session.forget(*CHANGED_WITH_THE_CODE)

@@ -76,6 +76,10 @@ class Report:
     generated_at: datetime
     source: str
     hosts: list[HostReport] = field(default_factory=list)
+    charts_left_out: str | None = None  # why there are no charts (matplotlib not installed), said in the report
+
+
+NO_CHARTS = "Charts left out: matplotlib is not installed (`pip install 'orch[report]'` adds them)."
 
 
 # -- building ------------------------------------------------------------------------------------
@@ -260,6 +264,8 @@ def render_markdown(report: Report) -> str:
     if not report.hosts:
         lines.append("No host in the state file yet.")
     lines += _md_table(["host", "phase", "SGLang", "latest benchmark"], [_summary(h) for h in report.hosts])
+    if report.charts_left_out:
+        lines += ["", report.charts_left_out]
     for host in report.hosts:
         lines += _md_host(host, report.generated_at)
     return "\n".join(lines).rstrip() + "\n"
@@ -340,6 +346,8 @@ def render_html(report: Report) -> str:
     if not report.hosts:
         body.append("<p>No host in the state file yet.</p>")
     body.append(_html_table(["host", "phase", "SGLang", "latest benchmark"], [_summary(h) for h in report.hosts]))
+    if report.charts_left_out:
+        body.append(f"<p>{_h(report.charts_left_out)}</p>")
     body += [_html_host(host, report.generated_at) for host in report.hosts]
     head = f'<meta charset="utf-8"><title>orch report</title><style>{_CSS}</style>'
     return f'<!DOCTYPE html>\n<html lang="en"><head>{head}</head><body>\n' + "\n".join(body) + "\n</body></html>\n"
@@ -382,12 +390,14 @@ def _h(text: str) -> str:
 
 
 def write_report(state: State, source: str, out_dir: Path, fmt: Format = "md", now: datetime | None = None) -> Path:
-    """Write ``report.md`` or ``report.html`` and one chart per benchmarked host into ``out_dir``."""
+    """Write ``report.md`` or ``report.html`` and one chart per benchmarked host into ``out_dir``; without
+    matplotlib (the ``report`` extra) the report has no charts and says how to get them."""
     report = build(state, source, now)
+    report.charts_left_out = None if has_matplotlib() else NO_CHARTS
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         for index, host in enumerate(report.hosts):
-            if host.records:
+            if host.records and not report.charts_left_out:
                 host.chart = chart_name(host.name, index)
                 write_chart(out_dir / host.chart, host.name, host.records)
         target = out_dir / f"report.{fmt}"
@@ -395,6 +405,15 @@ def write_report(state: State, source: str, out_dir: Path, fmt: Format = "md", n
     except OSError as exc:
         raise UsageError(f"cannot write the report into {out_dir}: {exc.strerror or exc}") from None
     return target
+
+
+def has_matplotlib() -> bool:
+    """Whether the charts can be drawn (matplotlib comes with ``pip install 'orch[report]'``)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def chart_name(host: str, index: int) -> str:

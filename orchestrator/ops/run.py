@@ -184,8 +184,7 @@ def gone(ctx: RunContext, session: HostSession, step: Step, outcome: HostRun) ->
     """Why a step recorded as done must run again (its result no longer holds on the host), or None."""
     options = step.options
     if isinstance(options, ServeOptions) and session.running_server() is None:
-        cause = "tune-fp8 ran in this run" if "tune-fp8" in outcome.done else "rebooted?"
-        return f"no server of orch's runs now ({cause}): serving again"
+        return f"no server of orch's runs now ({_why_no_server(session, outcome)}): serving again"
     if isinstance(options, TuneOptions):
         missing = missing_configs(session, ctx.recipe(session.host), options)
         if missing:
@@ -193,6 +192,17 @@ def gone(ctx: RunContext, session: HostSession, step: Step, outcome: HostRun) ->
     if isinstance(options, BenchOptions) and "serve" in outcome.done:
         return "serve ran again in this run (the benchmark measured the old server): benchmarking again"
     return None
+
+
+def _why_no_server(session: HostSession, outcome: HostRun) -> str:
+    """Why the server a done serve step started is gone: tuned in this run, stopped by orch (its record
+    says who), else a guess (the host rebooted, or the server was killed)."""
+    if "tune-fp8" in outcome.done:
+        return "tune-fp8 ran in this run"
+    server = session.state().server
+    if server is not None and server.stopped_by:
+        return f"stopped by {server.stopped_by}"
+    return "rebooted?"
 
 
 def missing_configs(session: HostSession, recipe: Recipe, options: TuneOptions) -> list[str]:

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 
 from orchestrator import jobs, readers
 from orchestrator import server_job as srv
-from orchestrator.errors import HostError, RefusedError, UnreachableError, VerifyError
+from orchestrator.errors import HostError, RefusedError, StateError, UnreachableError, VerifyError, local_disk_error
 from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import device_file_name
-from orchestrator.facts.server_log import ServerLog, ShapeUse, shape_use, strip_prefix
+from orchestrator.facts.server_log import ServerLog, ShapeUse, explaining_lines, shape_use, strip_prefix
 from orchestrator.facts.server_upstream import (
     REGISTERED_TESTS,
     Discovery,
@@ -377,7 +377,7 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list
         return [f"(re-attaches to server job {unverified.id}, {_ADOPTED}, and verifies it; --force relaunches)"]
     lines = [f"WARNING: {w}" for w in ready.warnings]
     if ready.old is not None:
-        lines.append(f"(stops server job {ready.old.id} {srv.FOR_RELAUNCH.why})")
+        lines.append(f"(stops server job {ready.old.id} {replacing(session, ready, options).why})")
     return [*lines, f"$ {shell_command(ready.argv)}"]
 
 
@@ -467,12 +467,28 @@ def relaunch(session: HostSession, ready: Preflight, options: ServeOptions) -> S
     mark ``failed``, roll back."""
     gpus = facts.server_gpus(ready.recipe, session.host)
     if ready.old is not None:
-        srv.stop_job(session, ready.old, gpus, options.drain_timeout, srv.FOR_RELAUNCH)
+        srv.stop_job(session, ready.old, gpus, options.drain_timeout, replacing(session, ready, options))
     try:
         return launch(session, ready.argv, options, ready.recipe, ready.configs)
     except StartupFailed as failure:
         _failed_start(session, ready, options, failure)
         raise
+
+
+def replacing(session: HostSession, ready: Preflight, options: ServeOptions) -> srv.Outage:
+    """Why the running server is replaced, in words that are true: a new command; the same one as asked
+    (``--force``, ``run --from``); or the same one on a new SGLang commit or new tuned configs."""
+    assert ready.old is not None
+    if not runs_argv(session, ready.old, ready.argv):
+        return srv.FOR_RELAUNCH
+    if options.force:
+        return srv.Outage("to relaunch the same command, as asked", srv.FOR_RELAUNCH.by)
+    record = session.state().server
+    if record is not None and record.commit != ready.commit:
+        return srv.Outage("to relaunch the same command on the new SGLang checkout", srv.FOR_RELAUNCH.by)
+    if record is not None and record.configs != ready.configs:
+        return srv.Outage("to relaunch the same command with the new tuned configs", srv.FOR_RELAUNCH.by)
+    return srv.Outage("to relaunch the same command (it was not serving as asked)", srv.FOR_RELAUNCH.by)
 
 
 def adopt(session: HostSession, ready: Preflight, job: jobs.JobInfo, options: ServeOptions) -> Started:
@@ -534,10 +550,17 @@ def launch(
     if job.attached:  # another orch started a server between our check and now: leave it to that one
         raise RefusedError(f"{host.name}: server job {job.job_id} appeared meanwhile (another orch?); not replacing it")
     mtp = "--speculative-algorithm" in argv
-    _record_server(
-        session,
-        ServerRecord(job_id=job.job_id, argv=argv, port=host.server_port, mtp=mtp, commit=commit, configs=configs),
-    )
+    record = ServerRecord(job_id=job.job_id, argv=argv, port=host.server_port, mtp=mtp, commit=commit, configs=configs)
+    try:
+        _record_server(session, record)
+    except Exception as exc:  # this machine's disk filled between the start and its record: say what to run
+        cause = exc if isinstance(exc, StateError) else local_disk_error(exc)
+        if cause is None:
+            raise
+        raise StateError(
+            f"{host.name}: server job {job.job_id} started, but orch could not record it: {cause.message}",
+            hint="free space, then run `orch serve` again: it finds the server it started and finishes the serve",
+        ) from exc
     session.say(f"started server job {job.job_id} on port {host.server_port}; waiting for /health")
     begin = time.monotonic()
     url = facts.base_url(recipe, host)
@@ -639,7 +662,7 @@ def startup_problem(job: jobs.JobInfo | None, log: ServerLog, timed_out: float |
 
 def _startup_failed(session: HostSession, job_id: str, reason: str, reader: readers.LogReader) -> StartupFailed:
     """The failure to raise: the reason and the log's last lines."""
-    tail = jobs.tail_lines(reader.text, LOG_TAIL_LINES)
+    tail = explaining_lines(jobs.tail_lines(reader.text, LOG_TAIL_LINES))
     message = f"{session.host.name}: the new server (job {job_id}) {reason}\n--- log tail ---\n{tail}"
     return StartupFailed(message, job_id, tail)
 

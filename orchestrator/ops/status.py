@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import readers
 from orchestrator import server_job as server
-from orchestrator.errors import GatewayError, OrchError, UsageError
+from orchestrator.errors import GatewayError, OrchError, RemoteCommandError, UnreachableError, UsageError
 from orchestrator.facts import git, gpus, probe
 from orchestrator.fleet import HostResult
 from orchestrator.gateway import GatewayClient, check_fleet
@@ -17,6 +17,7 @@ from orchestrator.inventory import Host
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord, State
 from orchestrator.store import StateStore
+from orchestrator.transport.base import CommandResult
 from orchestrator.tuning.member import record_of
 from orchestrator.tuning.progress import status_field
 from orchestrator.tuning.record import TuningRecord
@@ -61,7 +62,11 @@ def gpu_views(gpu_csv: str, apps_csv: str) -> list[GpuView]:
 
 
 FETCH_TIMEOUT = 600  # seconds for ``status --fetch``: a fetch of a large upstream is slow
-PROBE_TIMEOUT = 120
+# Seconds the status probe may take. Its slowest honest run is a host whose driver is wedged and whose
+# server hangs: two nvidia-smi queries bounded at GPU_QUERY_TIMEOUT (20 s) each on the host, and /health
+# and /server_info bounded at 3 s and 10 s, about 50 s. Past this the host is not answering at all (a
+# network partition after login): the host is reported so, instead of waiting two minutes.
+PROBE_TIMEOUT = 60
 
 
 def status_sections(
@@ -97,12 +102,12 @@ def observe(
     ``cached`` is the host's state as loaded once for the whole fleet: it says whether there is a server
     or tuning to ask about; ``state``, the whole state as loaded then, holds the tuning plans (so that no
     host reads the state again). The checkout read becomes the session's ``git()``."""
-    host, runner = session.host, session.runner
+    host = session.host
     started_at = datetime.now(timezone.utc)
     launched = cached.server if cached is not None else None
     argv = probe.probe_argv(status_sections(host, launched, fetch))
     sections = probe.explain_timeouts(
-        probe.parse(runner.run(argv, timeout=FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout),
+        probe.parse(_probe(session, argv, FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout),
         {"gpus": gpus.HANG_MESSAGE, "apps": gpus.HANG_MESSAGE},
     )
     status = HostStatus(host.name, host.address, reachable=True, phase="new")
@@ -116,12 +121,25 @@ def observe(
     return Observed(status, info, sections, started_at)
 
 
+def _probe(session: HostSession, argv: list[str], timeout: float) -> CommandResult:
+    """The status probe's result; no answer within ``timeout`` is ``UnreachableError`` in one line."""
+    try:
+        return session.runner.run(argv, timeout=timeout)
+    except RemoteCommandError as exc:
+        if exc.exit_status != -1:  # -1: timed out (the runner's own timeout)
+            raise
+        raise UnreachableError(
+            f"{session.name}: no answer to orch's status probe within {timeout:g} s: logged in, but the host "
+            "stopped answering (a network partition, or a host too loaded to run a command)",
+            hint=f"check the network path to {session.host.address}; `orch status` again once it answers",
+        ) from None
+
+
 def _fetch_error(section: probe.Section | None, host: Host) -> str | None:
     """Why ``git fetch`` failed (its last line), None when it worked."""
     if section is not None and section.ok:
         return None
-    last = (section.output.strip().splitlines()[-1:] if section else []) or ["no answer"]
-    return f"git fetch {host.remote} failed: {last[0]}"
+    return f"git fetch {host.remote} failed: {git.fetch_error_line(section.output if section else '')}"
 
 
 def _parse_git(section: probe.Section | None, status: HostStatus) -> git.GitInfo | None:

@@ -162,10 +162,19 @@ def short_command(argv: Sequence[str], limit: int = 80) -> str:
     'orch-jobs /w/orch (a sh -c script)'
     >>> short_command(["ls", "x" * 100], limit=10)
     'ls xxxxxxx...'
+    >>> short_command(["bash", "-c", "s", "orch-probe", "git", "sh", "-c", "cd x\\necho y"])
+    "orch-probe git sh -c 'cd x...' (a bash -c script)"
     """
     script = len(argv) > 3 and argv[0] in ("sh", "bash") and argv[1] == "-c"
-    words = [w if len(w) <= limit else w[: limit - 3] + "..." for w in (argv[3:] if script else argv)]
+    words = [_one_line(w, limit) for w in (argv[3:] if script else argv)]
     return shlex.join(words) + (f" (a {argv[0]} -c script)" if script else "")
+
+
+def _one_line(word: str, limit: int) -> str:
+    """``word`` cut at ``limit`` characters or at its first line's end (a script inside a command would
+    otherwise cut the message at its first newline), marked with ``...``."""
+    first = word.split("\n", 1)[0]
+    return word if first == word and len(word) <= limit else first[: limit - 3] + "..."
 
 
 def check_result(host: str, result: CommandResult) -> CommandResult:

@@ -5,12 +5,13 @@ Same interface as the SSH runner; commands run as subprocesses of orch (argv, no
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from orchestrator.errors import RemoteCommandError
+from orchestrator.errors import HostError, RemoteCommandError
 from orchestrator.inventory import Host
 from orchestrator.transport.base import CommandResult, RunnerBase
 
@@ -49,11 +50,17 @@ class LocalRunner(RunnerBase):
     def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
         target = Path(path)
         tmp = target.with_name(f"{target.name}.orch-tmp-{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.chmod(tmp, mode)
+            os.replace(tmp, target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)  # never leave a temporary file in SGLang's config directory
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):  # the host's disk, not orch's state
+                raise HostError(f"{self.host}: cannot write {path}: {exc.strerror}") from None
+            raise
 
     def close(self) -> None:
         pass

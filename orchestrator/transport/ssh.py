@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import itertools
 import logging
 import os
+import posixpath
 import socket
 import threading
 import time
@@ -45,9 +47,9 @@ from pathlib import Path
 import paramiko
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential
 
-from orchestrator.errors import ConfigError, HostKeyError, RemoteCommandError, UnreachableError
+from orchestrator.errors import ConfigError, HostError, HostKeyError, RemoteCommandError, UnreachableError
 from orchestrator.inventory import Host, parse_jump
-from orchestrator.transport.base import CommandResult, ConnectOptions, RunnerBase, remote_command
+from orchestrator.transport.base import CommandResult, ConnectOptions, RunnerBase, remote_command, short_command
 from orchestrator.transport.sshconfig import SSH_CONFIGS, HostConfig, SSHConfigFile
 
 log = logging.getLogger(__name__)
@@ -685,7 +687,9 @@ class SSHRunner(RunnerBase):
         try:
             exited, out, err = run_on_channel(conn.transport, command, env_lines + (stdin or ""), timeout)
         except _CommandTimedOut:
-            raise RemoteCommandError(f"{self.host}: `{command}` timed out after {timeout} s", exit_status=-1) from None
+            raise RemoteCommandError(
+                f"{self.host}: `{short_command(argv)}` timed out after {timeout:g} s", exit_status=-1
+            ) from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self._drop()
             raise UnreachableError(f"{self.host}: connection lost while running a command: {_reason(exc)}") from None
@@ -715,7 +719,13 @@ class SSHRunner(RunnerBase):
             raise UnreachableError(f"{self.host}: connection lost while reading {path}: {_reason(exc)}") from None
 
     def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        """Write ``path`` whole or not at all: into a temporary file beside it, renamed over it. The
+        temporary file is removed on every failure the connection survives. SFTP's ``SSH_FX_FAILURE``
+        (paramiko: an ``OSError`` without errno, "Failure") on a live connection is the host refusing the
+        write, a full disk or a read-only file system: a ``HostError`` at once, never a lost connection
+        to retry (each retry used to leave another empty temporary file in SGLang's config directory)."""
         tmp = f"{path}.orch-tmp-{uuid.uuid4().hex[:8]}"
+        sftp: paramiko.SFTPClient | None = None
         try:
             sftp = self._sftp_client()
             with sftp.open(tmp, "wb") as fh:
@@ -723,10 +733,23 @@ class SSHRunner(RunnerBase):
                 fh.write(data)
             sftp.posix_rename(tmp, path)
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, ConnectionError):
+            if sftp is None or self._conn is None or not self._conn.is_connected or isinstance(exc, ConnectionError):
+                self._drop()  # the rename is atomic: the file is the old one or the new one, never half
+                raise UnreachableError(f"{self.host}: connection lost while writing {path}: {_reason(exc)}") from None
+            _remove_quietly(sftp, tmp)
+            if isinstance(exc, OSError) and exc.errno is not None:
                 raise  # the file itself: a missing directory, no permission
-            self._drop()  # the rename is atomic: the file is the old one or the new one, never half
-            raise UnreachableError(f"{self.host}: connection lost while writing {path}: {_reason(exc)}") from None
+            raise HostError(
+                f"{self.host}: cannot write {path}: the host's SFTP server answered {_reason(exc)!r}: "
+                "no space left on its disk, or a read-only file system (the connection is fine)",
+                hint=f"free space on {self.host} (`df -h {posixpath.dirname(path) or '/'}`) or make it writable",
+            ) from None
+
+
+def _remove_quietly(sftp: paramiko.SFTPClient, path: str) -> None:
+    """Remove ``path`` if it is there (a failed write's temporary file); any failure is ignored."""
+    with contextlib.suppress(paramiko.SSHException, EOFError, OSError):
+        sftp.remove(path)
 
 
 def fetch_host_key(host: Host, timeout: float) -> tuple[str, paramiko.PKey]:

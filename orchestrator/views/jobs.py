@@ -27,6 +27,8 @@ def state(job: JobInfo) -> str:
     """The job's state; a failed job with its exit code, and whether orch stopped it."""
     if job.state == "failed":
         return f"failed (exit {job.exit_code}{', stopped by orch' if job.stop_requested else ''})"
+    if job.state == "succeeded" and job.stop_requested:  # a drained server exits 0: it did not "succeed"
+        return "stopped by orch"
     return job.state
 
 
@@ -37,9 +39,12 @@ def recent(listed: list[JobInfo], keep: int) -> list[JobInfo]:
 
 
 def jobs_document(results: FleetResult[list[JobInfo]]) -> None:
-    """``orch jobs --json``: every job of the selection, by host (a failed host: its error)."""
-    doc: dict[str, Any] = {r.host.name: r.value if r.ok else {"error": str(r.error)} for r in results}
-    print_json(doc)
+    """``orch jobs --json``: ``{"hosts": [{"name", "jobs"}]}`` as ``status --json`` (a failed host: its
+    ``error`` instead of ``jobs``)."""
+    hosts: list[dict[str, Any]] = [
+        {"name": r.host.name, **({"jobs": r.value} if r.ok else {"error": str(r.error)})} for r in results
+    ]
+    print_json({"hosts": hosts})
 
 
 def jobs_table(results: FleetResult[list[JobInfo]], show_all: bool) -> None:
@@ -83,6 +88,12 @@ class LogFollower:
 def stopped_line(host: Host, job_id: str, outcome: str) -> None:
     """``orch stop``: how the job ended."""
     out.print(f"{host.name}: {job_id}: {outcome}", markup=False)
+
+
+def stdout_unread() -> bool:
+    """Whether nobody reads orch's output any more (``PipeSafeStdout.reader_gone``; False for another stdout)."""
+    gone = getattr(sys.stdout, "reader_gone", None)
+    return bool(gone()) if callable(gone) else False
 
 
 def _write(text: str) -> None:

@@ -13,10 +13,12 @@ def pull_report(results: FleetResult[PullResult]) -> None:
         assert p is not None
         if not p.changed:
             note = f" ({p.ahead} local commits ahead of upstream)" if p.ahead else ""
-            out.print(f"{r.host.name}: already up to date at {p.new[:10]}{note}", markup=False)
+            on = f"branch {p.branch} " if p.branch else ""
+            out.print(f"{r.host.name}: {on}already up to date at {p.new[:10]}{note}", markup=False)
             continue
+        branch = f"branch {p.branch} fast-forwarded to {p.upstream}: " if p.branch else ""
         out.print(
-            f"{r.host.name}: {p.old[:10]} → {p.new[:10]}, {len(p.commits)} new "
+            f"{r.host.name}: {branch}{p.old[:10]} → {p.new[:10]}, {len(p.commits)} new "
             f"commit{'s' if len(p.commits) != 1 else ''}:",
             markup=False,
         )

@@ -98,10 +98,15 @@ def stopped_lines(results: FleetResult[str | None]) -> None:
         out.print(f"{r.host.name}: {stopped_line(r.value)}")
 
 
-def recipe_lines(host: str, r: Recipe, argv: list[str], problems: Sequence[facts.Problem]) -> None:
-    """``orch recipe show``: the recipe, its exact server command, and what the MTP rules refuse."""
+def recipe_lines(
+    host: str, r: Recipe, argv: list[str], problems: Sequence[facts.Problem], fallback: list[str] | None = None
+) -> None:
+    """``orch recipe show``: the recipe, the server command serve runs, and what the MTP rules refuse;
+    ``fallback``: the entrypoint serve uses instead on a host whose SGLang has no ``sglang serve``."""
     out.print(f"{host}: {r.path or r.model}", markup=False)
     out.print(f"  $ {shlex.join(argv)}", markup=False)
+    if fallback:
+        out.print(f"  (on an SGLang without `sglang serve`: {shlex.join(fallback)} with the same flags)", markup=False)
     for p in problems:
         err.print(Text(f"  refused: {p}", style="bold red"))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.facts.git import describe_lag
 from orchestrator.ops.status import HostStatus
 from orchestrator.render import fmt_mib, inert, table, to_jsonable
 
@@ -24,6 +25,8 @@ def status_document(views: list[HostStatus], gateway: dict[str, Any] | None = No
                 "commit": sg.get("commit"),
                 "branch": sg.get("branch"),
                 "behind": sg.get("behind"),
+                "ahead": sg.get("ahead"),
+                "in_progress": sg.get("in_progress"),
                 "subject": sg.get("subject"),
                 "upstream": sg.get("upstream"),
                 "fetched_at": sg.get("fetched_at"),
@@ -100,9 +103,14 @@ def _sglang_cell(v: HostStatus, now: datetime | None = None) -> str:
         return "-"
     sg = v.sglang
     behind = sg.get("behind")
-    lag = "" if behind is None else (" (up to date" if behind == 0 else f" ({behind} behind")
+    lag = "" if behind is None and not sg.get("in_progress") else f" ({_lag(sg)}"
     fetched = f", {_fetched(v, now)})" if now is not None and lag else ")" if lag else ""
     return f"{sg.get('branch')} {sg.get('short') or str(sg.get('commit'))[:10]} {sg.get('subject', '')}{lag}{fetched}"
+
+
+def _lag(sg: dict[str, Any]) -> str:
+    """``3 behind``, ``diverged (2 local, 3 upstream commits)``, ``mid-merge`` (``git.describe_lag``)."""
+    return describe_lag(sg.get("behind"), sg.get("ahead"), sg.get("in_progress"))
 
 
 def _holders(v: HostStatus) -> list[str]:
@@ -234,8 +242,7 @@ def _sglang_short(v: HostStatus, now: datetime) -> str:
     if not v.sglang:
         return "-"
     sg = v.sglang
-    behind = sg.get("behind")
-    lag = "? behind" if behind is None else "up to date" if behind == 0 else f"{behind} behind"
+    lag = _lag(sg)
     ago = _ago(sg.get("fetched_at"), now, short=True)
     return f"{str(sg.get('commit'))[:7]} {lag}, {ago or 'never fetched'}"
 

@@ -43,7 +43,7 @@ def read_until(process: subprocess.Popen[str], text: str) -> str:
 
 def server_jobs(env: FleetEnv) -> list[dict[str, Any]]:
     run = env.orch("jobs", "--json")
-    return [j for jobs in json.loads(run.stdout).values() for j in jobs if j["purpose"] == "server"]
+    return [j for h in json.loads(run.stdout)["hosts"] for j in h["jobs"] if j["purpose"] == "server"]
 
 
 def test_serve_rides_out_an_ssh_outage_while_waiting_for_health(make_fleet: Any) -> None:

@@ -113,7 +113,8 @@ def test_stop_never_signals_a_process_that_took_a_dead_jobs_pid(
     assert run.returncode == 0, run.output
     assert f"sim-1: {job.name}: lost" in run.stdout
     assert bystander.poll() is None, "orch stop signalled a process it did not start"
-    listed = {j["id"]: j["state"] for j in json.loads(env.orch("jobs", "--json").stdout)["sim-1"]}
+    (sim1,) = [h for h in json.loads(env.orch("jobs", "--json").stdout)["hosts"] if h["name"] == "sim-1"]
+    listed = {j["id"]: j["state"] for j in sim1["jobs"]}
     assert listed[job.name] == "lost"
 
 

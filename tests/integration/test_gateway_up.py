@@ -52,7 +52,7 @@ def with_gateway(env: FleetEnv, python: str, monkeypatch: pytest.MonkeyPatch, ur
 def gateway_jobs(env: FleetEnv) -> list[dict[str, object]]:
     listed = env.orch("jobs", "--host", "sim-1", "--kind", "gateway", "--all", "--json")
     assert listed.returncode == 0, listed.output
-    return list(json.loads(listed.stdout)["sim-1"])
+    return list(json.loads(listed.stdout)["hosts"][0]["jobs"])
 
 
 def job_dir(env: FleetEnv, job_id: str) -> Path:

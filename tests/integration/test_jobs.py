@@ -45,7 +45,7 @@ def test_a_job_started_over_ssh_outlives_the_session_and_orch(make_fleet) -> Non
     env = make_fleet(1)
     started = start_job(env, "t.long", [*COUNTER, "300"])  # returned and disconnected while it runs
     run = env.orch("jobs", "--json")
-    (job,) = next(iter(__import__("json").loads(run.stdout).values()))
+    ((job,),) = [h["jobs"] for h in __import__("json").loads(run.stdout)["hosts"]]
     assert (job["id"], job["state"]) == (started.job_id, "running")
 
 

@@ -33,7 +33,7 @@ def ok(env: FleetEnv, *args: str) -> OrchRun:
 
 def running(env: FleetEnv) -> dict[str, str]:
     """host → id of its running server job."""
-    listed = json.loads(env.orch("jobs", "--json").stdout)
+    listed = {h["name"]: h["jobs"] for h in json.loads(env.orch("jobs", "--json").stdout)["hosts"]}
     return {h: j["id"] for h, js in listed.items() for j in js if j["purpose"] == "server" and j["state"] == "running"}
 
 
@@ -76,7 +76,9 @@ def test_stopping_servers_on_several_hosts_needs_yes_and_each_stop_is_announced(
     assert refused_serve.returncode == 2 and "Take serving down on 2 hosts" in refused_serve.stderr
     replaced = ok(env, "serve", "--force", "--yes")
     for name, job in running(env).items():
-        assert re.search(rf"{name}: stopping server job server-\S+ to relaunch with the new command", replaced.stderr)
+        assert re.search(
+            rf"{name}: stopping server job server-\S+ to relaunch the same command, as asked", replaced.stderr
+        )
         assert job not in before.values()
 
 
@@ -90,13 +92,13 @@ def test_serve_as_already_served_does_nothing_until_forced_or_the_commit_moves(m
     assert f"sim-1: already serving as asked (job {job}); --force relaunches" in same.stdout
     assert "stopping server job" not in same.stderr and running(env) == {"sim-1": job}
     forced = ok(env, "serve", "--force")
-    assert f"sim-1: stopping server job {job} to relaunch with the new command" in forced.stderr
+    assert f"sim-1: stopping server job {job} to relaunch the same command, as asked" in forced.stderr
     (second,) = running(env).values()
     assert second != job
     env.fleet.add_upstream_commit("A new SGLang commit")  # type: ignore[attr-defined]
     ok(env, "pull")
     dry_moved = ok(env, "serve", "--dry-run")
-    assert f"  (stops server job {second} to relaunch with the new command)" in dry_moved.stdout
+    assert f"  (stops server job {second} to relaunch the same command on the new SGLang checkout)" in dry_moved.stdout
     assert running(env) == {"sim-1": second}  # a dry run changes nothing
     moved = ok(env, "serve")  # the checkout moved: the running server runs old code
     assert "already serving" not in moved.stdout and running(env)["sim-1"] != second

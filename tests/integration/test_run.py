@@ -70,7 +70,7 @@ def test_run_takes_three_hosts_to_serving_with_mtp_verified_and_a_benchmark(make
     served = state(env)["sim-1"]["server"]["job_id"]
     redo = env.orch("run", "deepseek-v4-flash", "--host", "sim-1", "--from", "serve", timeout=600)
     assert redo.returncode == 0, redo.output
-    assert f"sim-1: serve: stopping server job {served} to relaunch with the new command" in redo.stderr
+    assert f"sim-1: serve: stopping server job {served} to relaunch the same command, as asked" in redo.stderr
     assert state(env)["sim-1"]["server"]["job_id"] != served  # --from serve relaunches, though serving as asked
 
 

@@ -47,7 +47,7 @@ def server_state(env: FleetEnv, name: str = "sim-1") -> Any:
 
 def server_jobs(env: FleetEnv) -> list[dict[str, Any]]:
     run = env.orch("jobs", "--json")
-    return [j for jobs in json.loads(run.stdout).values() for j in jobs if j["purpose"] == "server"]
+    return [j for h in json.loads(run.stdout)["hosts"] for j in h["jobs"] if j["purpose"] == "server"]
 
 
 def running_server_ids(env: FleetEnv) -> list[str]:
@@ -129,7 +129,8 @@ def test_the_dspark_playbook_serves_with_dp_attention_on_tp_gpus_and_says_what_t
 def test_recipe_show_prints_the_exact_argv_and_discover_compares_upstream(fleet1: FleetEnv) -> None:
     show = fleet1.orch("recipe", "show")
     assert show.returncode == 0, show.output
-    assert "-m sglang.launch_server --model-path" in show.stdout
+    assert "/sglang serve --model-type llm --model-path" in show.stdout  # what serve runs on this host
+    assert "(on an SGLang without `sglang serve`: " in show.stdout
     assert "--speculative-algorithm EAGLE --speculative-num-steps 3" in show.stdout
     found = fleet1.orch("recipe", "discover")
     assert found.returncode == 0, found.output

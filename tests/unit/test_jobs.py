@@ -168,7 +168,7 @@ def test_parse_list_and_states() -> None:
 
 def test_tail_lines_collapses_tqdm_redraws() -> None:
     text = "a\nGPU 0 - Batch sizes:  10%|#\rGPU 0 - Batch sizes:  50%|#####\nb\n"
-    assert jobs.tail_lines(text, 3) == "GPU 0 - Batch sizes:  50%|#####\nb\n"
+    assert jobs.tail_lines(text, 2) == "GPU 0 - Batch sizes:  50%|#####\nb"
 
 
 def test_bad_purpose_refused() -> None:

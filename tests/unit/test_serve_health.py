@@ -58,7 +58,7 @@ def test_a_server_that_exits_before_the_first_wait_is_reported_exited_without_a_
     assert failed.value.message.splitlines()[0] == (
         f"local: the new server (job {started.job_id}) exited at start (failed, exit code 3)"
     )
-    assert failed.value.tail == "booting\n"
+    assert failed.value.tail == "booting"
     runner = cast(CountingRunner, session.runner)
     assert runner.scripts.count("orch-job-wait") == 1 and "orch-job" not in runner.scripts
 

@@ -1,0 +1,141 @@
+"""This machine's disk full or read-only (issue 27): exit 4 with one line, never a traceback; a stop whose
+record could not be written is said, with the command that records it."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import jobs
+from orchestrator import server_job as srv
+from orchestrator.cli import run_command
+from orchestrator.errors import StateError, local_disk_error
+from orchestrator.inventory import Host
+from orchestrator.session import HostSession
+from orchestrator.state import HostState, Phase, ServerRecord, StateStore
+from tests.fakerunner import FakeRunner
+
+HOST = Host(name="b1", address="127.0.0.2", workdir="/w")
+
+
+def _full(*args: object) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize(
+    ("exc", "said"),
+    [
+        (
+            OSError(errno.ENOSPC, "No space left on device", "/s/hosts/a.json"),
+            "no space left on this machine's disk (writing /s/hosts/a.json): No space left on device",
+        ),
+        (OSError(errno.EROFS, "Read-only file system"), "read-only on this machine's disk: Read-only file system"),
+        (sqlite3.OperationalError("database or disk is full"), "no space left on this machine's disk: database or"),
+    ],
+)
+def test_a_full_or_read_only_disk_is_a_state_error(exc: Exception, said: str) -> None:
+    error = local_disk_error(exc)
+    assert isinstance(error, StateError) and error.exit_code == 4
+    assert f"cannot write orch's state: {said}" in str(error)
+
+
+@pytest.mark.parametrize("exc", [OSError(errno.EACCES, "Permission denied"), ValueError("x"), OSError("no errno")])
+def test_other_errors_are_not_a_full_disk(exc: Exception) -> None:
+    assert local_disk_error(exc) is None
+
+
+def test_status_on_a_full_disk_is_exit_4_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(f"defaults: {{transport: local, workdir: {tmp_path}/w}}\nhosts:\n  a: {{address: 10.0.0.1}}\n")
+    monkeypatch.setattr(os, "pwrite", _full)  # the state lock's holder record: the first write a command makes
+    code = run_command(["-i", str(inventory), "--state", str(tmp_path / "st"), "status"])
+    output = capsys.readouterr().err
+    assert code == 4, output
+    assert "orch: error: cannot write orch's state: no space left on this machine's disk" in output
+    assert "Traceback" not in output and "internal error" not in output
+
+
+def _server_job(stop_requested: bool, state: str) -> jobs.JobInfo:
+    return jobs.JobInfo(
+        "server-1",
+        "server",
+        42,
+        state,
+        None,
+        datetime(2026, 12, 3, tzinfo=timezone.utc),
+        None,
+        0,
+        stop_requested,
+        "/w/jobs/server-1",
+    )
+
+
+def _serving(store: StateStore) -> None:
+    def serving(hs: HostState) -> None:
+        hs.set_phase(Phase.SERVING, "healthy")
+        hs.server = ServerRecord(job_id="server-1", argv=["x"], port=30000, mtp=False, healthy=True)
+
+    store.update_host("b1", serving)
+
+
+def test_a_stop_the_full_disk_kept_from_its_record_is_said_and_recorded_by_the_next_stop_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = StateStore(tmp_path / "st")
+    _serving(store)
+    session = HostSession(HOST, FakeRunner("b1"), store)
+    listed: list[jobs.JobInfo] = [_server_job(False, "running")]
+    monkeypatch.setattr(jobs, "list_jobs", lambda runner, workdir: listed)
+    monkeypatch.setattr(srv, "stop_job", lambda *args: "stopped")
+    real_update = store.update_host
+
+    def full_after_stop(name: str, fn: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "update_host", full_after_stop)
+    with pytest.raises(StateError) as raised:
+        srv.stop_server(session, [0], 10.0)
+    assert str(raised.value).splitlines() == [
+        "b1: server job server-1 was stopped, but orch could not record it: cannot write orch's state: "
+        "no space left on this machine's disk: No space left on device",
+        "  hint: free space, then run `orch stop-server -H b1`: it records the stop, stopping nothing",
+    ]
+    monkeypatch.setattr(store, "update_host", real_update)
+    listed[:] = [_server_job(True, "succeeded")]  # the host: stopped at orch's request
+    assert srv.stop_server(session, [0], 10.0) is None
+    record = store.load().hosts["b1"]
+    assert record.server is not None and record.server.stopped_by == "orch stop-server"
+    assert record.phase != Phase.SERVING
+
+
+def test_a_server_started_whose_record_the_full_disk_refused_is_said_with_what_to_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.facts.git import GitInfo
+    from orchestrator.ops import serve as serve_op
+    from orchestrator.recipe import Recipe, ServeOptions
+
+    store = StateStore(tmp_path / "st")
+    runner = FakeRunner("b1").on(("orch-start",), stdout="started server-2 4242\n")
+    session = HostSession(HOST, runner, store)
+    session.know("git", GitInfo("c" * 40, "main", "s", None, 0))
+
+    def full(name: str, fn: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "update_host", full)
+    with pytest.raises(StateError) as raised:
+        serve_op.launch(session, ["sglang", "serve"], ServeOptions(), Recipe(model="m", architecture="a"), {})
+    assert str(raised.value).splitlines() == [
+        "b1: server job server-2 started, but orch could not record it: cannot write orch's state: "
+        "no space left on this machine's disk: No space left on device",
+        "  hint: free space, then run `orch serve` again: it finds the server it started and finishes the serve",
+    ]

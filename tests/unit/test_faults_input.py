@@ -1,0 +1,157 @@
+"""Broken and hostile input a newcomer still hit (issues 27 and 30): each is one clear line and exit 2,
+never a traceback, and never accepted silently."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import run_command
+
+GOOD = "hosts:\n  h1: {address: 10.0.0.1}\n"
+LOCAL = "defaults: {transport: local, workdir: /nonexistent/orch}\nhosts:\n  a: {address: 127.0.0.1}\n"
+PLAYBOOK = "model: m\narchitecture: DeepseekV3ForCausalLM\nserver_args: {tp-size: 8}\n"
+
+
+def orch(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """Run ``orch ARGS`` in this process: its exit code and everything it printed."""
+    code = run_command(list(args))
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        pytest.param(GOOD.encode("utf-16"), ": not UTF-8 but UTF-16 (as PowerShell writes it)", id="utf-16"),
+        pytest.param(
+            ("# café\n" + GOOD).encode("latin-1"),
+            ":1: not UTF-8: byte 0xe9 at offset 5 (Latin-1 or another 8-bit encoding?)",
+            id="latin-1",
+        ),
+    ],
+)
+def test_an_inventory_not_in_utf8_is_exit_2_naming_the_file_and_encoding(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], data: bytes, said: str
+) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_bytes(data)
+    code, output = orch(capsys, "-i", str(inventory), "--state", str(tmp_path / "st"), "status")
+    assert code == 2, output
+    assert f"orch: error: {inventory}{said}" in output
+    assert "save the file as UTF-8" in output and "Traceback" not in output
+
+
+def test_a_playbook_not_in_utf8_is_exit_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inventory, playbook = tmp_path / "hosts.yaml", tmp_path / "p.yaml"
+    inventory.write_text(GOOD)
+    playbook.write_bytes(PLAYBOOK.encode("utf-16"))
+    code, output = orch(capsys, "-i", str(inventory), "recipe", "show", "--playbook", str(playbook))
+    assert code == 2, output
+    assert f"orch: error: {playbook}: not UTF-8 but UTF-16" in output
+
+
+@pytest.mark.parametrize("name", ["a" * 238, "主机" * 24], ids=["ascii-238", "cjk-48"])
+def test_a_host_name_too_long_for_a_file_name_is_refused_at_the_inventory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(f"hosts:\n  {name}: {{address: 10.0.0.1}}\n", encoding="utf-8")
+    code, output = orch(capsys, "-i", str(inventory), "--state", str(tmp_path / "st"), "status")
+    assert code == 2, output
+    assert f"orch: error: {inventory}: host {name[:40]!r}...: the name is too long" in output
+
+
+def test_one_box_under_two_names_is_exit_2_naming_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(
+        "hosts:\n  gpu-1: {address: 10.0.0.1}\n  other: {address: 10.0.0.2}\n  box: {address: 10.0.0.1}\n"
+    )
+    code, output = orch(capsys, "-i", str(inventory), "--state", str(tmp_path / "st"), "status")
+    assert code == 2, output
+    assert f"orch: error: {inventory}: hosts 'gpu-1' and 'box' are one machine (10.0.0.1, SSH port 22)" in output
+
+
+def test_one_address_on_two_ssh_ports_is_two_boxes(tmp_path: Path) -> None:
+    from orchestrator.inventory import load_inventory
+
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  a: {address: 127.0.0.1, port: 2201}\n  b: {address: 127.0.0.1, port: 2202}\n")
+    assert list(load_inventory(inventory).hosts) == ["a", "b"]
+
+
+def test_an_error_says_what_it_got_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  h1: {address: 10.0.0.1, sglang_dir: ~/sglang}\n")
+    code, output = orch(capsys, "-i", str(inventory), "--state", str(tmp_path / "st"), "status")
+    assert code == 2, output
+    assert output.count("(got '~/sglang')") == 1, output
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "NaN"])
+@pytest.mark.parametrize("flag", ["--health-timeout", "--drain-timeout", "--min-accept"])
+def test_a_number_that_is_not_finite_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(LOCAL)
+    code, output = orch(capsys, "-i", str(inventory), "--state", str(tmp_path / "st"), "serve", flag, value)
+    assert code == 2, output
+    assert f"Invalid value for '{flag}': {value!r} is not a finite number" in output
+    assert "Traceback" not in output
+
+
+def test_a_global_number_option_that_is_not_finite_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, output = orch(capsys, "--connect-timeout", "nan", "status")
+    assert code == 2 and "'nan' is not a finite number" in output, output
+
+
+def test_a_playbook_nan_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inventory, playbook = tmp_path / "hosts.yaml", tmp_path / "p.yaml"
+    inventory.write_text(GOOD)
+    playbook.write_text(PLAYBOOK + "min_accept_length: .nan\n")
+    code, output = orch(capsys, "-i", str(inventory), "recipe", "show", "--playbook", str(playbook))
+    assert code == 2, output
+    assert f"{playbook}: key 'min_accept_length': Input should be a finite number" in output
+
+
+@pytest.mark.parametrize(
+    ("flag", "said"),
+    [
+        ("model", "'model' is the alias --model of --model-path, which orch sets"),
+        ("model-pa", "'model-pa' is a prefix of --model-path, which orch sets"),
+        ("por", "'por' is a prefix of --port, which orch sets"),
+        ("speculative-draft-model", "'speculative-draft-model' is the alias --speculative-draft-model of"),
+        ("port", "'port' is --port, which orch sets"),
+    ],
+)
+def test_a_playbook_flag_that_names_a_flag_orch_sets_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, said: str
+) -> None:
+    inventory, playbook = tmp_path / "hosts.yaml", tmp_path / "p.yaml"
+    inventory.write_text(GOOD)
+    playbook.write_text(PLAYBOOK.replace("{tp-size: 8}", f"{{tp-size: 8, {flag}: /models/other}}"))
+    code, output = orch(capsys, "-i", str(inventory), "recipe", "show", "--playbook", str(playbook))
+    assert code == 2, output
+    assert f"orch: error: {playbook}: key 'server_args': {said}" in output
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ("tuning: {batch_sizes: []}\n", "tuning.batch_sizes"),
+        ("steps: [{tune-fp8: {batch_sizes: []}}]\n", "steps.0"),
+    ],
+)
+def test_an_empty_batch_sizes_list_is_refused_at_the_playbook(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: str, key: str
+) -> None:
+    inventory, playbook = tmp_path / "hosts.yaml", tmp_path / "p.yaml"
+    inventory.write_text(GOOD)
+    playbook.write_text(PLAYBOOK + extra)
+    code, output = orch(capsys, "-i", str(inventory), "recipe", "show", "--playbook", str(playbook))
+    assert code == 2, output
+    assert f"orch: error: {playbook}: key '{key}" in output and "at least 1 item" in output, output
