@@ -82,6 +82,10 @@ COMMANDS: dict[str, CommandEntry] = {
     "run": CommandEntry(
         "run:run", "Run a playbook's steps on each host (pull, tune-fp8, serve, bench); re-run to resume."
     ),
+    "doctor": CommandEntry(
+        "doctor:doctor",
+        "Check each host before it is trusted with a campaign: one line each, ok, warn or fail with the reasons.",
+    ),
     "gateway": CommandEntry(
         "gateway:gateway", "The SGLang Model Gateway in front of the fleet (inventory 'gateway:')."
     ),

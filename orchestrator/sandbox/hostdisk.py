@@ -3,6 +3,7 @@
 ::
 
     <root>/bin/nvidia-smi               simulated nvidia-smi (hosttools/nvidia_smi.py)
+    <root>/bin/dmesg, journalctl, df    simulated kernel log (hosttools/kernel_log.py) and df (hosttools/df.py)
     <root>/etc/                         sshd_config, host key, authorized_keys
     <root>/log/sshd.log                 sshd's log (LogLevel VERBOSE)
     <root>/home/                        HOME of every session on the host
@@ -11,7 +12,7 @@
     <root>/sglang/                      git clone of the simulated upstream SGLang (origin, main)
     <root>/venv/bin/python              a venv whose .pth puts <root>/sglang/python on sys.path
     <root>/venv/bin/sglang              SGLang's console script (``sglang serve ...``), as pip installs it
-    <root>/models/DeepSeek-V4-Flash/    config.json of the model
+    <root>/models/DeepSeek-V4-Flash/    config.json of the model, its shard index and (tiny) shards
     <root>/orch/                        orch's workdir (not created here: orch creates it)
 """
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.sandbox import gitrepo, modelconfig
-from orchestrator.sandbox.hosttools import nvidia_smi
+from orchestrator.sandbox.hosttools import df, kernel_log, nvidia_smi
 
 PTH_NAME = "sglang_sim_editable.pth"
 CONSOLE_SCRIPTS = {"sglang": "sglang.cli.main:main"}
@@ -103,6 +104,8 @@ def prepare(disk: HostDisk, upstream: Path, venv_template: Path, knobs: Mapping[
     for directory in (disk.bin, disk.etc, disk.home, disk.gpus, disk.root / "log"):
         directory.mkdir(parents=True, exist_ok=True)
     install_nvidia_smi(disk.bin / "nvidia-smi")
+    for name, tool in (("dmesg", kernel_log.__file__), ("journalctl", kernel_log.__file__), ("df", df.__file__)):
+        install_tool(Path(tool), disk.bin / name)
     gitrepo.clone(upstream, disk.sglang_dir)
     install_venv(venv_template, disk.venv, disk.sglang_dir / "python")
     modelconfig.write_model(disk.model_path.parent)
@@ -112,7 +115,12 @@ def prepare(disk: HostDisk, upstream: Path, venv_template: Path, knobs: Mapping[
 def install_nvidia_smi(dest: Path) -> None:
     """Copy the simulated nvidia-smi, run by this interpreter (found without PATH). It needs only the
     standard library, so it starts without site-packages (4x faster: status calls it on every host)."""
-    source = Path(nvidia_smi.__file__).read_text()
+    install_tool(Path(nvidia_smi.__file__), dest)
+
+
+def install_tool(module: Path, dest: Path) -> None:
+    """Copy a simulated host tool (a standard-library-only script of ``hosttools``) to ``dest``."""
+    source = module.read_text()
     body = source.split("\n", 1)[1] if source.startswith("#!") else source
     dest.write_text(f"#!{sys.executable} -SI\n{body}")
     dest.chmod(0o755)
