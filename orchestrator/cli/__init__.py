@@ -86,6 +86,13 @@ COMMANDS: dict[str, CommandEntry] = {
         "doctor:doctor",
         "Check each host before it is trusted with a campaign: one line each, ok, warn or fail with the reasons.",
     ),
+    "drain": CommandEntry(
+        "drain:drain",
+        "Take a host out of the gateway and wait for its requests in flight; its server keeps running.",
+    ),
+    "undrain": CommandEntry(
+        "drain:undrain", "Put a drained host back in the gateway, once its server answers /health."
+    ),
     "gateway": CommandEntry(
         "gateway:gateway", "The SGLang Model Gateway in front of the fleet (inventory 'gateway:')."
     ),

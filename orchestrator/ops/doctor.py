@@ -7,10 +7,17 @@ and ``serve --rolling`` call ``check_fleet`` first and leave out the hosts that 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from orchestrator.errors import RefusedError
 from orchestrator.facts import health, probe
 from orchestrator.fleet import FleetResult
 from orchestrator.session import HostSession
+
+if TYPE_CHECKING:
+    from orchestrator.fleet import Fleet
+    from orchestrator.inventory import Host
+    from orchestrator.state import StateStore
 
 PROBE_TIMEOUT = 120  # seconds for the whole round trip; nvidia-smi and the python are bounded on the host
 
@@ -41,3 +48,25 @@ def _unreachable(name: str, error: BaseException | None) -> health.HostHealth:
 def failing(checked: Sequence[health.HostHealth]) -> dict[str, health.HostHealth]:
     """The hosts doctor fails, by name."""
     return {h.name: h for h in checked if h.verdict == "fail"}
+
+
+def require_healthy(session: HostSession) -> health.HostHealth:
+    """``examine``, refusing the host (``RefusedError``, exit 3) when doctor fails it: what ``orch run``
+    and ``serve --rolling`` ask before they touch a host. Warnings pass."""
+    checked = examine(session)
+    if checked.verdict == "fail":
+        raise RefusedError(
+            f"{session.name}: doctor fails this host: " + "; ".join(f.text for f in checked.problems),
+            hint=f"`orch doctor {session.name}` shows every check; fix the host, or leave it out with --host/--tag",
+        )
+    return checked
+
+
+def leave_out_failing(fleet: Fleet, hosts: list[Host], store: StateStore) -> tuple[list[Host], list[health.HostHealth]]:
+    """``hosts`` without those doctor fails, and those it fails (``serve --rolling``: a sick host is not
+    taken into the rollout). A host doctor cannot reach stays in: the rollout meets it and says so."""
+    results = fleet.map_sessions(examine, store, hosts)
+    results.raise_bugs()
+    sick = [r.value for r in results if r.value is not None and r.value.verdict == "fail"]
+    names = {h.name for h in sick}
+    return [h for h in hosts if h.name not in names], sick

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.facts.health import HostHealth
+from orchestrator.fleet import FleetResult
+from orchestrator.ops.drain import Drained
 
 
 def doctor_line(h: HostHealth) -> str:
@@ -39,3 +41,36 @@ def doctor_document(checked: Sequence[HostHealth]) -> list[dict[str, Any]]:
         }
         for h in checked
     ]
+
+
+def skipped_lines(sick: Sequence[HostHealth]) -> None:
+    """``serve --rolling``'s line per host doctor fails, on stderr, before the first wave."""
+    from orchestrator.render import err, inert
+
+    for h in sick:
+        err.print(inert(refusal(h)), markup=False, highlight=False, soft_wrap=True)
+
+
+def drained_line(name: str, drained: Drained) -> str:
+    where = f"out of the gateway ({drained.url})" if drained.was_registered else "was not registered with the gateway"
+    return (
+        f"{name}: drained: {where}, {drained.in_flight} requests were in flight; its server keeps running "
+        f"(`orch undrain {name}` puts it back)"
+    )
+
+
+def drained_lines(results: FleetResult[Drained]) -> None:
+    from orchestrator.render import inert, out
+
+    for r in results:
+        if r.value is not None:
+            out.print(inert(drained_line(r.host.name, r.value)), markup=False, highlight=False, soft_wrap=True)
+
+
+def undrained_lines(results: FleetResult[str]) -> None:
+    from orchestrator.render import inert, out
+
+    for r in results:
+        if r.value is not None:
+            line = f"{r.host.name}: back in the gateway: {r.value} is healthy there and routed to"
+            out.print(inert(line), markup=False, highlight=False, soft_wrap=True)

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from orchestrator.sandbox.modelconfig import SHARDS
+from orchestrator.state import StateStore
 from tests.conftest import FleetEnv, OrchRun
 
 ROOMY = {"disk_free_mib": 500 * 1024}
@@ -192,3 +193,16 @@ def test_an_unreachable_host_fails_and_the_others_are_checked(env: FleetEnv) -> 
         host.start_sshd()
     assert run.returncode == 3, run.output
     assert [lines(run)[0], lines(run)[2]] == GOOD and lines(run)[1].startswith("sim-2: fail: "), run.output
+
+
+def test_run_campaigns_on_the_healthy_hosts_and_names_the_sick_ones_problem(env: FleetEnv, tmp_path: Path) -> None:
+    sick(env).set_knobs(gpu_faults={"pcie_x4": 2})
+    own = FleetEnv(env.fleet, env.inventory, tmp_path / "state" / "state.json")
+    run = own.orch("run", "--only", "pull")
+    assert run.returncode == 3, run.output
+    assert "sim-2: doctor fails this host: GPU 2: PCIe link x4, the GPU's maximum is x16" in run.stderr, run.output
+    assert "sim-2: refused before any step: nothing was started or stopped" in run.stderr, run.output
+    hosts = StateStore(own.state).load().hosts
+    assert [list(hosts[name].steps.done) for name in ("sim-1", "sim-3")] == [["pull"], ["pull"]]  # type: ignore[union-attr]
+    assert hosts["sim-2"].steps is not None and hosts["sim-2"].steps.done == {}  # --only forgot it; nothing ran
+    assert hosts["sim-2"].phase.value == "new"
