@@ -72,11 +72,12 @@ done
 """
 
 _SGLANG_ORIGIN = """
-import importlib.util, os, sys
+import importlib.util, json, os, sys
 spec = importlib.util.find_spec("sglang")
-print(os.path.realpath(spec.origin) if spec and spec.origin else "-")
-print(os.path.realpath(sys.argv[1]))
+print(json.dumps([os.path.realpath(spec.origin) if spec and spec.origin else None, os.path.realpath(sys.argv[1])]))
 """
+"""Prints, as one JSON line (a path may hold any character), where ``sglang`` would be imported from
+(``find_spec``: the package is located, not run) and the checkout's real path."""
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -382,13 +383,13 @@ def check_model(model: ModelFiles | None, model_path: str) -> list[Finding]:
 def check_python(section: Section | None, python: str, sglang_dir: str) -> list[Finding]:
     """Which ``sglang`` ``python`` imports: the one in ``sglang_dir`` is what orch pulls and tunes."""
     lines = section.output.strip().splitlines() if section is not None else []
-    if section is None or not section.ok or len(lines) < 2:
-        last = lines[-1] if lines else "no answer"
-        return [Finding("fail", f"python {python} does not start: {last}")]
-    origin, checkout = lines[-2], lines[-1].rstrip("/")
-    if origin == "-":
+    found = _json(lines[-1]) if section is not None and section.ok and lines else None
+    if not (isinstance(found, list) and len(found) == 2 and isinstance(found[1], str)):
+        return [Finding("fail", f"python {python} does not start: {lines[-1] if lines else 'no answer'}")]
+    origin, checkout = found[0], found[1].rstrip("/")
+    if origin is None:
         return [Finding("fail", f"python {python} cannot import sglang (`orch pull --install`)")]
-    if not origin.startswith(f"{checkout}/"):
+    if not str(origin).startswith(f"{checkout}/"):
         return [Finding("fail", f"python {python} imports sglang from {origin}, not from sglang_dir {sglang_dir}")]
     return []
 

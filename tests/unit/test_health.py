@@ -277,12 +277,18 @@ def test_a_model_directory_that_cannot_be_listed_fails() -> None:
     assert health.check_model(model, "/m") == [Finding("fail", "model directory /m cannot be listed")]
 
 
+def py(origin: str | None, checkout: str) -> str:
+    """What the python section prints: one JSON line."""
+    return json.dumps([origin, checkout])
+
+
 @pytest.mark.parametrize(
     "section, expected",
     [
-        (Section(0, "/root/sglang/python/sglang/__init__.py\n/root/sglang"), []),
+        (Section(0, py("/root/sglang/python/sglang/__init__.py", "/root/sglang")), []),
+        (Section(0, py("/r/sg \\ \n/python/sglang/__init__.py", "/r/sg \\ \n")), []),  # any character in a path
         (
-            Section(0, "/usr/lib/python3/site-packages/sglang/__init__.py\n/root/sglang"),
+            Section(0, py("/usr/lib/python3/site-packages/sglang/__init__.py", "/root/sglang")),
             [
                 Finding(
                     "fail",
@@ -291,7 +297,10 @@ def test_a_model_directory_that_cannot_be_listed_fails() -> None:
                 )
             ],
         ),
-        (Section(0, "-\n/root/sglang"), [Finding("fail", "python /py cannot import sglang (`orch pull --install`)")]),
+        (
+            Section(0, py(None, "/root/sglang")),
+            [Finding("fail", "python /py cannot import sglang (`orch pull --install`)")],
+        ),
         (
             Section(127, "timeout: failed to run command '/py': No such file or directory"),
             [
@@ -302,7 +311,7 @@ def test_a_model_directory_that_cannot_be_listed_fails() -> None:
         ),
         # a checkout whose name is a prefix of another's is not it
         (
-            Section(0, "/root/sglang-old/python/sglang/__init__.py\n/root/sglang"),
+            Section(0, py("/root/sglang-old/python/sglang/__init__.py", "/root/sglang")),
             [
                 Finding(
                     "fail",
