@@ -394,6 +394,118 @@ def check_python(section: Section | None, python: str, sglang_dir: str) -> list[
     return []
 
 
+# --- NCCL (doctor --nccl) -----------------------------------------------------------------------------
+
+NCCL_TIMEOUT = 90  # seconds per all-reduce run on the host: NCCL's first init on 8 GPUs takes 10-30 s
+NCCL_MIB = 64  # the all-reduced buffer per GPU (float32)
+NCCL_ROUNDS = 10
+P2P_GAP = 1.5  # peer-to-peer this many times slower than without it: a warning
+
+_NCCL_ALL_REDUCE = """
+import json, multiprocessing, socket, sys, time
+def rank_main(rank, world, port, mib, rounds, answers):
+    import torch
+    import torch.distributed as dist
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    x = torch.ones(mib * 262144, device="cuda")
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(rounds):
+        dist.all_reduce(x)
+    torch.cuda.synchronize()
+    if rank == 0:
+        answers.put((time.perf_counter() - began) / rounds)
+    dist.destroy_process_group()
+world, mib, rounds = (int(a) for a in sys.argv[1:4])
+try:
+    import torch.multiprocessing as mp
+except ImportError as exc:
+    print(json.dumps({"error": f"cannot import torch ({exc})"}))
+    sys.exit(0)
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+answers = multiprocessing.get_context("fork").SimpleQueue()
+mp.start_processes(rank_main, args=(world, port, mib, rounds, answers), nprocs=world, start_method="fork")
+print(json.dumps({"seconds": answers.get(), "bytes": mib << 20, "world": world}))
+"""
+"""One all-reduce of ``NCCL_MIB`` MiB over every GPU, ``NCCL_ROUNDS`` times, with the host's torch
+(processes forked before CUDA starts, rendezvous on loopback); prints one JSON line: the seconds per
+all-reduce, or why it could not run. A hang is ended by ``timeout`` on the host."""
+
+
+def nccl_sections(python: str, gpus: int, timeout: float = NCCL_TIMEOUT) -> list[tuple[str, list[str]]]:
+    """The all-reduce with peer-to-peer as the host has it, then with ``NCCL_P2P_DISABLE=1``, each ended
+    on the host after ``timeout`` s."""
+    bounded = ["timeout", "-k", "5", f"{timeout:g}"]
+    script = [python, "-c", _NCCL_ALL_REDUCE, str(gpus), str(NCCL_MIB), str(NCCL_ROUNDS)]
+    return [
+        ("nccl_p2p", [*bounded, "env", "-u", "NCCL_P2P_DISABLE", *script]),
+        ("nccl_no_p2p", [*bounded, "env", "NCCL_P2P_DISABLE=1", *script]),
+    ]
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    """One run: ``seconds`` per all-reduce, or ``hung`` (``timeout`` ended it), or ``error``."""
+
+    seconds: float | None = None
+    bus_gbps: float | None = None
+    hung: bool = False
+    error: str | None = None
+
+
+def parse_all_reduce(section: Section | None) -> AllReduce:
+    if section is None:
+        return AllReduce(error="no answer")
+    if section.exit_status in (124, 137):
+        return AllReduce(hung=True)
+    lines = section.output.strip().splitlines()
+    found = _json(lines[-1]) if lines else None
+    if not isinstance(found, dict):
+        return AllReduce(error=lines[-1] if lines else f"exit status {section.exit_status}")
+    if "error" in found:
+        return AllReduce(error=str(found["error"]))
+    seconds, size, world = float(found["seconds"]), int(found["bytes"]), int(found["world"])
+    return AllReduce(seconds, 2 * (world - 1) / world * size / max(seconds, 1e-9) / 1e9)
+
+
+def check_nccl(
+    p2p: AllReduce, no_p2p: AllReduce, env: Mapping[str, str], timeout: float = NCCL_TIMEOUT
+) -> list[Finding]:
+    """A hang or a large gap with peer-to-peer on, reported with the setting that avoids it; ``env``:
+    the host's inventory env (``NCCL_P2P_DISABLE=1`` there already: the server runs without P2P)."""
+    if p2p.error or no_p2p.error:
+        return [Finding("warn", f"NCCL not checked: {p2p.error or no_p2p.error}")]
+    if p2p.hung and no_p2p.hung:
+        return [Finding("fail", f"NCCL all-reduce hangs, with and without NCCL_P2P_DISABLE=1 ({timeout:g} s)")]
+    if no_p2p.hung:
+        return [Finding("fail", f"NCCL all-reduce hangs with NCCL_P2P_DISABLE=1 ({timeout:g} s)")]
+    disabled = env.get("NCCL_P2P_DISABLE") == "1"
+    fix = (
+        "the host's env in hosts.yaml sets NCCL_P2P_DISABLE=1"
+        if disabled
+        else "set NCCL_P2P_DISABLE=1 in the host's env in hosts.yaml"
+    )
+    if p2p.hung:
+        return [
+            Finding(
+                "note" if disabled else "fail", f"NCCL all-reduce hangs with peer-to-peer on ({timeout:g} s; {fix})"
+            )
+        ]
+    assert p2p.seconds is not None and no_p2p.seconds is not None and no_p2p.bus_gbps is not None
+    gap = p2p.seconds / max(no_p2p.seconds, 1e-9)
+    if gap >= P2P_GAP:
+        return [
+            Finding("note" if disabled else "warn", f"NCCL all-reduce {gap:.1f}x slower with peer-to-peer on ({fix})")
+        ]
+    return [
+        Finding("note", f"NCCL all-reduce {p2p.bus_gbps:.1f} GB/s bus bandwidth ({no_p2p.bus_gbps:.1f} without P2P)")
+    ]
+
+
 # --- the fleet ------------------------------------------------------------------------------------------
 
 
@@ -448,9 +560,17 @@ class HostHealth:
 
 
 def assess(
-    name: str, found: Mapping[str, Section], gpus: int, python: str, sglang_dir: str, model_path: str
+    name: str,
+    found: Mapping[str, Section],
+    gpus: int,
+    python: str,
+    sglang_dir: str,
+    model_path: str,
+    env: Mapping[str, str] | None = None,
+    nccl_timeout: float = NCCL_TIMEOUT,
 ) -> HostHealth:
-    """Every check over one round trip's ``found`` sections (``sections``' names)."""
+    """Every check over one round trip's ``found`` sections (``sections``' names, and ``nccl_sections``'
+    when asked); ``env``: the host's inventory env."""
     model = parse_model(found.get("model_files"), found.get("model_index"))
     model_bytes = sum(model.sizes.values()) if model else 0
     health = HostHealth(name)
@@ -460,6 +580,9 @@ def assess(
     health.findings += check_disk(found.get("disk"), model_bytes)
     health.findings += check_model(model, model_path)
     health.findings += check_python(found.get("python"), python, sglang_dir)
+    if "nccl_p2p" in found or "nccl_no_p2p" in found:
+        p2p, no_p2p = parse_all_reduce(found.get("nccl_p2p")), parse_all_reduce(found.get("nccl_no_p2p"))
+        health.findings += check_nccl(p2p, no_p2p, env or {}, nccl_timeout)
     return health
 
 

@@ -22,12 +22,18 @@ if TYPE_CHECKING:
 PROBE_TIMEOUT = 120  # seconds for the whole round trip; nvidia-smi and the python are bounded on the host
 
 
-def examine(session: HostSession) -> health.HostHealth:
-    """One host's findings: every check over one remote command's output."""
+def examine(session: HostSession, nccl: float | None = None) -> health.HostHealth:
+    """One host's findings: every check over one remote command's output. ``nccl``: also a bounded
+    all-reduce over the host's GPUs with and without peer-to-peer, each ended after ``nccl`` s
+    (``facts.health.nccl_sections``)."""
     host = session.host
-    argv = probe.probe_argv(health.sections(host.sglang_dir, host.python, host.model_path, host.workdir))
-    found = probe.parse(session.runner.run(argv, timeout=PROBE_TIMEOUT).stdout)
-    return health.assess(host.name, found, host.gpus, host.python, host.sglang_dir, host.model_path)
+    sections = health.sections(host.sglang_dir, host.python, host.model_path, host.workdir)
+    sections += health.nccl_sections(host.python, host.gpus, nccl) if nccl else []
+    timeout = PROBE_TIMEOUT + (2 * (nccl + 5) if nccl else 0)
+    found = probe.parse(session.runner.run(probe.probe_argv(sections), timeout=timeout).stdout)
+    return health.assess(
+        host.name, found, host.gpus, host.python, host.sglang_dir, host.model_path, host.env, nccl or 0
+    )
 
 
 def gather(results: FleetResult[health.HostHealth]) -> list[health.HostHealth]:

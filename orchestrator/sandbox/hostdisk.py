@@ -10,7 +10,8 @@
     <root>/knobs.json                   speed and fault knobs read by the simulated tools
     <root>/gpus/<pid>.json              GPU users, as nvidia-smi lists them
     <root>/sglang/                      git clone of the simulated upstream SGLang (origin, main)
-    <root>/venv/bin/python              a venv whose .pth puts <root>/sglang/python on sys.path
+    <root>/venv/bin/python              a venv whose .pth puts <root>/sglang/python on sys.path, with a
+                                        simulated torch (hosttools/torch_stub: doctor --nccl's all-reduce)
     <root>/venv/bin/sglang              SGLang's console script (``sglang serve ...``), as pip installs it
     <root>/models/DeepSeek-V4-Flash/    config.json of the model, its shard index and (tiny) shards
     <root>/orch/                        orch's workdir (not created here: orch creates it)
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.sandbox import gitrepo, modelconfig
-from orchestrator.sandbox.hosttools import df, kernel_log, nvidia_smi
+from orchestrator.sandbox.hosttools import df, kernel_log, nvidia_smi, torch_stub
 
 PTH_NAME = "sglang_sim_editable.pth"
 CONSOLE_SCRIPTS = {"sglang": "sglang.cli.main:main"}
@@ -140,6 +141,7 @@ def install_venv(template: Path, dest: Path, source_dir: Path) -> None:
     site = dest / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     site.mkdir(parents=True, exist_ok=True)
     (site / PTH_NAME).write_text(f"{source_dir}\n")
+    shutil.copytree(Path(torch_stub.__file__).parent, site / "torch", ignore=shutil.ignore_patterns("__pycache__"))
     for name, entry in CONSOLE_SCRIPTS.items():
         install_console_script(dest / "bin" / name, dest / "bin" / "python", entry)
 

@@ -206,3 +206,21 @@ def test_run_campaigns_on_the_healthy_hosts_and_names_the_sick_ones_problem(env:
     assert [list(hosts[name].steps.done) for name in ("sim-1", "sim-3")] == [["pull"], ["pull"]]  # type: ignore[union-attr]
     assert hosts["sim-2"].steps is not None and hosts["sim-2"].steps.done == {}  # --only forgot it; nothing ran
     assert hosts["sim-2"].phase.value == "new"
+
+
+FIX = "set NCCL_P2P_DISABLE=1 in the host's env in hosts.yaml"
+
+
+def test_nccl_names_a_hang_with_peer_to_peer_and_the_setting_that_avoids_it(env: FleetEnv) -> None:
+    """The simulator cannot run torch: its hosts' python has a simulated torch whose all-reduce answers
+    a scripted result from the knobs (hosttools/torch_stub), through the very script doctor runs."""
+    sick(env).set_knobs(nccl_p2p_hang=True)
+    env.fleet.hosts[2].set_knobs(nccl_p2p_slowdown=4)  # type: ignore[attr-defined]
+    run = env.orch("doctor", "--nccl", "--nccl-timeout", "2")
+    assert run.returncode == 3, run.output
+    first, second, third = lines(run)
+    assert first.startswith("sim-1: ok (NCCL all-reduce ") and first.endswith(" without P2P))"), run.output
+    assert second == f"sim-2: fail: NCCL all-reduce hangs with peer-to-peer on (2 s; {FIX})", run.output
+    assert third.startswith("sim-3: warn: NCCL all-reduce ") and third.endswith(
+        f"x slower with peer-to-peer on ({FIX})"
+    )

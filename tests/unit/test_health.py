@@ -365,3 +365,77 @@ def test_nvidia_smi_that_hangs_or_fails_fails_the_host() -> None:
     assert health.assess("h", found, 8, "/py", "/s", "/m").findings[0] == Finding(
         "fail", "nvidia-smi -q: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
     )
+
+
+def ran(seconds: float, world: int = 8, size: int = 64 << 20) -> Section:
+    return Section(0, json.dumps({"seconds": seconds, "bytes": size, "world": world}))
+
+
+HUNG = Section(124, "")
+
+
+@pytest.mark.parametrize(
+    "p2p, no_p2p, env, expected",
+    [
+        (
+            ran(0.004),
+            ran(0.0035),
+            {},
+            [Finding("note", "NCCL all-reduce 29.4 GB/s bus bandwidth (33.6 without P2P)")],
+        ),
+        (
+            ran(0.012),
+            ran(0.004),
+            {},
+            [
+                Finding(
+                    "warn",
+                    "NCCL all-reduce 3.0x slower with peer-to-peer on "
+                    "(set NCCL_P2P_DISABLE=1 in the host's env in hosts.yaml)",
+                )
+            ],
+        ),
+        (
+            HUNG,
+            ran(0.004),
+            {},
+            [
+                Finding(
+                    "fail",
+                    "NCCL all-reduce hangs with peer-to-peer on (90 s; set NCCL_P2P_DISABLE=1 in the host's env in "
+                    "hosts.yaml)",
+                )
+            ],
+        ),
+        (  # already set where orch serves: said, not failed
+            HUNG,
+            ran(0.004),
+            {"NCCL_P2P_DISABLE": "1"},
+            [
+                Finding(
+                    "note",
+                    "NCCL all-reduce hangs with peer-to-peer on (90 s; the host's env in hosts.yaml sets "
+                    "NCCL_P2P_DISABLE=1)",
+                )
+            ],
+        ),
+        (HUNG, HUNG, {}, [Finding("fail", "NCCL all-reduce hangs, with and without NCCL_P2P_DISABLE=1 (90 s)")]),
+        (ran(0.004), HUNG, {}, [Finding("fail", "NCCL all-reduce hangs with NCCL_P2P_DISABLE=1 (90 s)")]),
+        (
+            Section(0, json.dumps({"error": "cannot import torch (No module named 'torch')"})),
+            Section(0, json.dumps({"error": "cannot import torch (No module named 'torch')"})),
+            {},
+            [Finding("warn", "NCCL not checked: cannot import torch (No module named 'torch')")],
+        ),
+        (
+            Section(1, "Traceback (most recent call last):\nRuntimeError: NCCL error: unhandled system error"),
+            ran(0.004),
+            {},
+            [Finding("warn", "NCCL not checked: RuntimeError: NCCL error: unhandled system error")],
+        ),
+    ],
+)
+def test_nccl_all_reduce_with_and_without_peer_to_peer(
+    p2p: Section, no_p2p: Section, env: dict[str, str], expected: list[Finding]
+) -> None:
+    assert health.check_nccl(health.parse_all_reduce(p2p), health.parse_all_reduce(no_p2p), env) == expected
