@@ -45,11 +45,13 @@ def drain(app: App, host_names: tuple[str, ...], drain_timeout: float) -> int:
     """
     from orchestrator.ops import drain as drain_op
     from orchestrator.views.doctor import drained_lines
+    from orchestrator.views.serve import reporter
 
     selected = app.select(host_names)
     client = _client(app, "drain")
     chosen = app.recipes(selected)
     with app.fleet(selected) as fleet:
+        fleet.events = reporter  # what it does as it goes, on stderr (a drain past its bound warns)
         results = fleet.map_sessions(lambda s: drain_op.drain(s, chosen[s.name], client, drain_timeout), app.store)
     drained_lines(results)
     return finish(results)
@@ -67,11 +69,13 @@ def undrain(app: App, host_names: tuple[str, ...]) -> int:
     """
     from orchestrator.ops import drain as drain_op
     from orchestrator.views.doctor import undrained_lines
+    from orchestrator.views.serve import reporter
 
     selected = app.select(host_names)
     client = _client(app, "undrain")
     chosen = app.recipes(selected)
     with app.fleet(selected) as fleet:
+        fleet.events = reporter
         results = fleet.map_sessions(lambda s: drain_op.undrain(s, chosen[s.name], client), app.store)
     undrained_lines(results)
     return finish(results)

@@ -95,17 +95,20 @@ def rolling_serve(
     gate: str | None = None,
 ) -> int:
     """Relaunch ``selected`` in waves behind the inventory's gateway (``ops.rollout``), but for the hosts
-    ``orch doctor`` fails (each skipped with a line); exit 0, or the failed host's code (3 did not start
-    or was skipped, 5 not as asked or failed the gate) after the halt. ``gate``
-    ``bench``: the canary hosts (``rollout.gated``) must each have a baseline run, else exit 2 first."""
+    ``orch doctor`` fails and those ``orch drain`` took out (each skipped with a line); exit 0, or the
+    failed host's code (3 did not start or doctor failed it, 5 not as asked or failed the gate) after the
+    halt. ``gate`` ``bench``: the canary hosts (``rollout.gated``) must each have a baseline run, else exit 2 first."""
     from orchestrator.ops import doctor as doctor_op
+    from orchestrator.ops.drain import drained
     from orchestrator.views.doctor import skipped_lines
 
     client = rollout_client(app, canary)
+    out_of_service = drained(app.store, selected)
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter  # before the first session: doctor's sessions are the rollout's
-        healthy, sick = doctor_op.leave_out_failing(fleet, selected, app.store)
-        skipped_lines(sick)
+        candidates = [h for h in selected if h not in out_of_service]
+        healthy, sick = doctor_op.leave_out_failing(fleet, candidates, app.store)
+        skipped_lines(sick, out_of_service)
         planned = rollout.waves(healthy, max_unavailable, canary)
         gating = gate_plan(app, gate, planned, chosen, canary)
         rolling = rollout.RollContext(client, app.peers(fleet), gating)

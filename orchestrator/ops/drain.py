@@ -16,10 +16,11 @@ from orchestrator import readers
 from orchestrator.errors import RefusedError
 from orchestrator.facts import server as facts
 from orchestrator.gateway import GatewayClient
+from orchestrator.inventory import Host
 from orchestrator.ops import rollout
 from orchestrator.recipe import Recipe
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, utc_now
+from orchestrator.state import HostState, StateStore, utc_now
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ def drain(session: HostSession, recipe: Recipe, client: GatewayClient, timeout: 
         client.remove(url)
         client.wait_removed(url, timeout=30)
     in_flight = rollout.drain(session, recipe, timeout) if session.running_server() is not None else 0
+    if in_flight:
+        session.say(f"{in_flight} requests were in flight; drained")
     session.store.update_host(session.name, _mark_drained)
     return Drained(url, in_flight, registered)
 
@@ -68,3 +71,9 @@ def _require_serving(session: HostSession, recipe: Recipe) -> None:
     if status != 200:
         answered = f"answered {status}" if status else "did not answer"
         raise RefusedError(f"{host.name}: its server's /health {answered}: not put back in the gateway", hint=hint)
+
+
+def drained(store: StateStore, hosts: list[Host]) -> list[Host]:
+    """Of ``hosts``, those ``orch drain`` took out of the gateway (``serve --rolling`` leaves them out)."""
+    state = store.load_hosts([h.name for h in hosts])
+    return [h for h in hosts if (hs := state.hosts.get(h.name)) is not None and hs.drained_at is not None]

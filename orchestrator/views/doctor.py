@@ -7,6 +7,7 @@ from typing import Any
 
 from orchestrator.facts.health import HostHealth
 from orchestrator.fleet import FleetResult
+from orchestrator.inventory import Host
 from orchestrator.ops.drain import Drained
 
 
@@ -43,12 +44,15 @@ def doctor_document(checked: Sequence[HostHealth]) -> list[dict[str, Any]]:
     ]
 
 
-def skipped_lines(sick: Sequence[HostHealth]) -> None:
-    """``serve --rolling``'s line per host doctor fails, on stderr, before the first wave."""
+def skipped_lines(sick: Sequence[HostHealth], drained: Sequence[Host] = ()) -> None:
+    """``serve --rolling``'s line per host it leaves out (doctor fails it, or it is drained), on stderr,
+    before the first wave."""
     from orchestrator.render import err, inert
 
-    for h in sick:
-        err.print(inert(refusal(h)), markup=False, highlight=False, soft_wrap=True)
+    lines = [refusal(h) for h in sick]
+    lines += [f"{h.name}: skipped: drained (`orch undrain {h.name}` puts it back)" for h in drained]
+    for line in lines:
+        err.print(inert(line), markup=False, highlight=False, soft_wrap=True)
 
 
 def drained_line(name: str, drained: Drained) -> str:

@@ -122,6 +122,11 @@ def test_drain_takes_the_host_out_of_the_gateway_keeps_it_serving_and_undrain_pu
     assert line.rstrip().endswith("drained") and "serving but not registered" not in status.output, status.output
     assert "drained_at" in status_of(served, "sim-2")
 
+    rolled = served.env.orch("serve", "--rolling", "--yes")  # a rollout does not put a drained host back
+    assert rolled.returncode == 0, rolled.output
+    assert "sim-2: skipped: drained (`orch undrain sim-2` puts it back)" in rolled.stderr, rolled.output
+    assert served.workers() == [served.url("sim-1")]
+
     back = served.env.orch("undrain", "sim-2")
     assert back.returncode == 0, back.output
     assert back.stdout.splitlines() == [
