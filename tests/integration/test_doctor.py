@@ -107,13 +107,18 @@ def test_each_gpu_fault_nvidia_smi_reports_is_named(env: FleetEnv, fault: str, c
             "sim-2: ok (Xid events not checked: neither dmesg nor journalctl -k can be read by this user)",
         ),
         (
+            {"kernel_log_unreadable": "user_journal"},
+            0,
+            "sim-2: ok (Xid events not checked: neither dmesg nor journalctl -k can be read by this user)",
+        ),
+        (
             {"nvidia_smi_fail": True},
             3,
             "sim-2: fail: nvidia-smi -q: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
             "driver. Make sure that the latest NVIDIA driver is installed and running.",
         ),
     ],
-    ids=["gpu-count", "xid-fatal", "xid-other", "kernel-log-unreadable", "driver-gone"],
+    ids=["gpu-count", "xid-fatal", "xid-other", "kernel-log-unreadable", "user-journal-only", "driver-gone"],
 )
 def test_gpu_count_kernel_log_and_driver_faults_are_named(
     env: FleetEnv, knobs: dict[str, object], code: int, line: str
