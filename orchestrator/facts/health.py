@@ -85,7 +85,9 @@ INDEX_NAME = "model.safetensors.index.json"
 
 
 def sections(sglang_dir: str, python: str, model_path: str, workdir: str) -> list[tuple[str, list[str]]]:
-    """What doctor runs on a host, all in one round trip (``probe.probe_argv``); read-only."""
+    """What doctor runs on a host, all in one round trip (``probe.probe_argv``); read-only. The model
+    directory is listed with links followed (a Hugging Face snapshot is links to blobs): only to read
+    sizes, nothing is written through them."""
     bounded = ["timeout", "-k", "5", str(GPU_QUERY_TIMEOUT)]
     return [
         ("nvidia", [*bounded, "nvidia-smi", "-q"]),

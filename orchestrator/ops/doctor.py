@@ -1,7 +1,8 @@
 """``orch doctor``: each host checked in one round trip (``facts.health``), then compared with the others.
 
-A host doctor cannot reach fails like a sick one: a campaign cannot start there either. ``orch run``
-and ``serve --rolling`` call ``check_fleet`` first and leave out the hosts that fail.
+A host doctor cannot reach fails like a sick one: a campaign cannot start there either. ``orch run``'s
+preflight calls ``require_healthy`` on each host and ``serve --rolling`` calls ``leave_out_failing``:
+a host doctor fails runs no step and joins no wave.
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ def examine(session: HostSession, nccl: float | None = None) -> health.HostHealt
     timeout = PROBE_TIMEOUT + (2 * (nccl + 5) if nccl else 0)
     found = probe.parse(session.runner.run(probe.probe_argv(sections), timeout=timeout).stdout)
     return health.assess(
-        host.name, found, host.gpus, host.python, host.sglang_dir, host.model_path, host.env, nccl or 0
+        host.name,
+        found,
+        host.gpus,
+        host.python,
+        host.sglang_dir,
+        host.model_path,
+        host.env,
+        nccl or health.NCCL_TIMEOUT,
     )
 
 
