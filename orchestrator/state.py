@@ -269,6 +269,7 @@ class HostState(_Model):
     last_seen: UtcDateTime | None = None
     last_error: str | None = None
     history: list[PhaseChange] = Field(default_factory=list)
+    drained_at: UtcDateTime | None = None  # `orch drain`: out of the gateway since, its server left running
 
     def set_phase(self, to: Phase, reason: str) -> bool:
         """Move to phase ``to``; record the transition in ``history`` only when the phase changes, so

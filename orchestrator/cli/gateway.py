@@ -95,14 +95,23 @@ def rolling_serve(
     canary: str | None,
     gate: str | None = None,
 ) -> int:
-    """Relaunch ``selected`` in waves behind the inventory's gateway (``ops.rollout``); exit 0, or the
-    failed host's code (3 did not start, 5 not as asked or failed the gate) after the halt. ``gate``
-    ``bench``: the canary hosts (``rollout.gated``) must each have a baseline run, else exit 2 first."""
+    """Relaunch ``selected`` in waves behind the inventory's gateway (``ops.rollout``), but for the hosts
+    ``orch doctor`` fails and those ``orch drain`` took out (each skipped with a line); exit 0, or the
+    failed host's code (3 did not start or doctor failed it, 5 not as asked or failed the gate) after the
+    halt. ``gate`` ``bench``: the canary hosts (``rollout.gated``) must each have a baseline run, else exit 2 first."""
+    from orchestrator.ops import doctor as doctor_op
+    from orchestrator.ops.drain import drained
+    from orchestrator.views.doctor import skipped_lines
+
     client = rollout_client(app, canary)
-    planned = rollout.waves(selected, max_unavailable, canary)
-    gating = gate_plan(app, gate, planned, chosen, canary)
+    out_of_service = drained(app.store, selected)
     with app.fleet(selected, parallel) as fleet:
-        fleet.events = reporter
+        fleet.events = reporter  # before the first session: doctor's sessions are the rollout's
+        candidates = [h for h in selected if h not in out_of_service]
+        healthy, sick = doctor_op.leave_out_failing(fleet, candidates, app.store)
+        skipped_lines(sick, out_of_service)
+        planned = rollout.waves(healthy, max_unavailable, canary)
+        gating = gate_plan(app, gate, planned, chosen, canary)
         rolling = rollout.RollContext(client, app.peers(fleet), gating)
 
         def roll_one(s: HostSession) -> rollout.HostRoll:
@@ -110,7 +119,7 @@ def rolling_serve(
 
         done = rollout.roll_fleet(fleet, planned, roll_one, gateway_view.wave_line, app.store)
     gateway_view.rollout_report(selected, done)
-    return int(rollout.exit_code(selected, done))
+    return int(rollout.exit_code(selected, done) or (ExitCode.HOSTS_FAILED if sick else ExitCode.OK))
 
 
 @click.group("gateway")

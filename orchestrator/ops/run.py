@@ -13,8 +13,9 @@ its shapes are where the host's SGLang reads them, ``bench`` unless ``serve`` ra
 (it measured the old server); ``pull`` always holds (a moved checkout is the next round's business).
 A step whose result is gone runs again, with a line saying why.
 
-Before the first step every host that will serve checks the whole launch command (``preflight``):
-a host whose SGLang would refuse the recipe runs no step at all.
+Before the first step every host passes ``orch doctor``'s checks and every host that will serve checks
+the whole launch command (``preflight``): a sick host, or one whose SGLang would refuse the recipe, runs
+no step at all; the others go on.
 
 By default each host advances on its own (a slow or failed host does not hold the others); with
 ``lockstep`` every host finishes a step before any starts the next, which also lets ``tune-fp8``
@@ -36,6 +37,7 @@ from orchestrator.fleet import Fleet, FleetResult, HostResult
 from orchestrator.gateway import GatewayClient
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
+from orchestrator.ops import doctor as doctor_op
 from orchestrator.ops import pull as pull_op
 from orchestrator.ops import rollout
 from orchestrator.ops import serve as serve_op
@@ -376,11 +378,13 @@ def _playbook_arg(ctx: RunContext, host: Host) -> str:
 
 
 def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[None]:
-    """Before the first step, on each host that will serve: the whole launch command (MTP rules, no
+    """Before the first step, on each host: ``orch doctor``'s checks (a host it fails runs no step; the
+    others go on), then, on each host that will serve, the whole launch command (MTP rules, no
     secret, every flag against the host's own ``--help``), so a recipe ``serve`` would refuse costs no
     tuning and stops no server. A pull may change the host's SGLang: ``serve`` checks again."""
 
     def check(session: HostSession) -> None:  # a serve done before may be redone (its server gone)
+        doctor_op.require_healthy(session)
         serve = next((s for s in steps[session.name] if isinstance(s.options, ServeOptions)), None)
         if serve is not None:
             assert isinstance(serve.options, ServeOptions)

@@ -194,6 +194,8 @@ def _show_state(status: HostStatus, hs: HostState) -> None:
     status.phase = hs.phase.value
     status.sglang = hs.sglang.model_dump(mode="json") if hs.sglang else None
     status.last_seen = hs.last_seen.isoformat() if hs.last_seen else None
+    if hs.drained_at is not None:  # `orch drain`: out of the gateway on purpose, its server left running
+        status.extra["drained_at"] = hs.drained_at.isoformat()
 
 
 def merge_state(obs: Observed, hs: HostState) -> HostStatus:
@@ -246,7 +248,8 @@ def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: lis
     rows = {r.host: r for r in check.workers if r.host is not None}
     for v in views:
         row = rows.get(v.name)
-        flag = row.flag if row else "serving but not registered" if v.name in check.unregistered else None
+        unregistered = v.name in check.unregistered and "drained_at" not in v.extra  # drained: out on purpose
+        flag = row.flag if row else "serving but not registered" if unregistered else None
         v.extra["gateway"] = {
             "reachable": True,
             "registered": row is not None,

@@ -3,15 +3,17 @@
 ::
 
     <root>/bin/nvidia-smi               simulated nvidia-smi (hosttools/nvidia_smi.py)
+    <root>/bin/dmesg, journalctl, df    simulated kernel log (hosttools/kernel_log.py) and df (hosttools/df.py)
     <root>/etc/                         sshd_config, host key, authorized_keys
     <root>/log/sshd.log                 sshd's log (LogLevel VERBOSE)
     <root>/home/                        HOME of every session on the host
     <root>/knobs.json                   speed and fault knobs read by the simulated tools
     <root>/gpus/<pid>.json              GPU users, as nvidia-smi lists them
     <root>/sglang/                      git clone of the simulated upstream SGLang (origin, main)
-    <root>/venv/bin/python              a venv whose .pth puts <root>/sglang/python on sys.path
+    <root>/venv/bin/python              a venv whose .pth puts <root>/sglang/python on sys.path, with a
+                                        simulated torch (hosttools/torch_stub: doctor --nccl's all-reduce)
     <root>/venv/bin/sglang              SGLang's console script (``sglang serve ...``), as pip installs it
-    <root>/models/DeepSeek-V4-Flash/    config.json of the model
+    <root>/models/DeepSeek-V4-Flash/    config.json of the model, its shard index and (tiny) shards
     <root>/orch/                        orch's workdir (not created here: orch creates it)
 """
 
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.sandbox import gitrepo, modelconfig
-from orchestrator.sandbox.hosttools import nvidia_smi
+from orchestrator.sandbox.hosttools import df, kernel_log, nvidia_smi, torch_stub
 
 PTH_NAME = "sglang_sim_editable.pth"
 CONSOLE_SCRIPTS = {"sglang": "sglang.cli.main:main"}
@@ -103,6 +105,8 @@ def prepare(disk: HostDisk, upstream: Path, venv_template: Path, knobs: Mapping[
     for directory in (disk.bin, disk.etc, disk.home, disk.gpus, disk.root / "log"):
         directory.mkdir(parents=True, exist_ok=True)
     install_nvidia_smi(disk.bin / "nvidia-smi")
+    for name, tool in (("dmesg", kernel_log.__file__), ("journalctl", kernel_log.__file__), ("df", df.__file__)):
+        install_tool(Path(tool), disk.bin / name)
     gitrepo.clone(upstream, disk.sglang_dir)
     install_venv(venv_template, disk.venv, disk.sglang_dir / "python")
     modelconfig.write_model(disk.model_path.parent)
@@ -112,7 +116,12 @@ def prepare(disk: HostDisk, upstream: Path, venv_template: Path, knobs: Mapping[
 def install_nvidia_smi(dest: Path) -> None:
     """Copy the simulated nvidia-smi, run by this interpreter (found without PATH). It needs only the
     standard library, so it starts without site-packages (4x faster: status calls it on every host)."""
-    source = Path(nvidia_smi.__file__).read_text()
+    install_tool(Path(nvidia_smi.__file__), dest)
+
+
+def install_tool(module: Path, dest: Path) -> None:
+    """Copy a simulated host tool (a standard-library-only script of ``hosttools``) to ``dest``."""
+    source = module.read_text()
     body = source.split("\n", 1)[1] if source.startswith("#!") else source
     dest.write_text(f"#!{sys.executable} -SI\n{body}")
     dest.chmod(0o755)
@@ -132,6 +141,7 @@ def install_venv(template: Path, dest: Path, source_dir: Path) -> None:
     site = dest / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     site.mkdir(parents=True, exist_ok=True)
     (site / PTH_NAME).write_text(f"{source_dir}\n")
+    shutil.copytree(Path(torch_stub.__file__).parent, site / "torch", ignore=shutil.ignore_patterns("__pycache__"))
     for name, entry in CONSOLE_SCRIPTS.items():
         install_console_script(dest / "bin" / name, dest / "bin" / "python", entry)
 

@@ -77,13 +77,23 @@ DEEPSEEK_V4_FLASH: dict[str, object] = {
 # defaults `--speculative-draft-model-path` to it); gamma 7, SGLang's default.
 DSPARK_DRAFT: dict[str, object] = {"architectures": ["DSparkDeepseekV4DraftModel"], "block_size": 7}
 
+SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+"""The weight shards the model's index names: a few bytes each (``orch doctor`` checks they exist and are
+not empty; nothing loads them)."""
+
 
 def write_model(models_dir: Path, *, dspark: bool = True) -> Path:
-    """Create ``models_dir/DeepSeek-V4-Flash/config.json`` (and a bundled ``dspark/config.json`` draft
-    unless ``dspark`` is false); return the model directory."""
+    """Create ``models_dir/DeepSeek-V4-Flash/``: ``config.json``, the shard index
+    (``model.safetensors.index.json``, as Hugging Face writes it) and its shards, and a bundled
+    ``dspark/config.json`` draft unless ``dspark`` is false; return the directory."""
     model = models_dir / MODEL_NAME
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text(json.dumps(DEEPSEEK_V4_FLASH, indent=2) + "\n")
+    weight_map = {"model.embed_tokens.weight": SHARDS[0], "lm_head.weight": SHARDS[1]}
+    for shard in SHARDS:
+        (model / shard).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    index = {"metadata": {"total_size": 16 * len(SHARDS)}, "weight_map": weight_map}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     if dspark:
         (model / "dspark").mkdir(exist_ok=True)
         (model / "dspark" / "config.json").write_text(json.dumps(DSPARK_DRAFT, indent=2) + "\n")

@@ -207,7 +207,8 @@ def _server_cell(v: HostStatus, now: datetime | None = None) -> str:
 
 
 def _gateway_cell(v: HostStatus) -> str | None:
-    """``registered, healthy``, ``registered, UNHEALTHY``, ``not registered``, ``gateway unreachable``;
+    """``registered, healthy``, ``registered, UNHEALTHY``, ``drained`` (``orch drain``: out on purpose),
+    ``not registered``, ``gateway unreachable``;
     None without a gateway in the inventory (no column)."""
     g = v.extra.get("gateway")
     if g is None:
@@ -215,7 +216,7 @@ def _gateway_cell(v: HostStatus) -> str | None:
     if not g["reachable"]:
         return "gateway unreachable"
     if not g["registered"]:
-        return "not registered"
+        return "drained" if "drained_at" in v.extra else "not registered"
     return "registered, healthy" if g["healthy"] else "registered, UNHEALTHY"
 
 

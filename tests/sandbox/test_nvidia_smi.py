@@ -57,3 +57,14 @@ def test_uuids_are_stable_per_host_and_index(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     assert nvidia_smi.gpu_uuid(a, 0) == nvidia_smi.gpu_uuid(a, 0) != nvidia_smi.gpu_uuid(a, 1)
     assert nvidia_smi.gpu_uuid(a, 0) != nvidia_smi.gpu_uuid(b, 0)
+
+
+def test_query_answers_the_real_layout_with_each_fault_on_its_gpu(root: Path) -> None:
+    from orchestrator.facts import health
+
+    faults = {name: i % 2 for i, name in enumerate(nvidia_smi.FAULTS)}
+    (root / "knobs.json").write_text(json.dumps({"gpus": 2, "gpu_faults": faults, "driver_version": "570.1"}))
+    report = health.parse_query(nvidia_smi.render(root, nvidia_smi.parse_args(["-q"])))
+    assert (report.driver, report.cuda, report.attached, len(report.gpus)) == ("570.1", "13.0", 2, 2)
+    found = [f.text.split(":")[0] for f in health.check_gpus(report, 2)]
+    assert sorted(set(found)) == ["GPU 0", "GPU 1"] and len(found) == len(nvidia_smi.FAULTS) + 1  # blacklist too

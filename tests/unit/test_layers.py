@@ -205,9 +205,10 @@ def test_a_module_sits_in_the_layer_of_its_longest_prefix(module: str, layer: st
     assert (None if index is None else LAYERS[index][0]) == layer
 
 
-COMPOSERS = ("orchestrator.ops.run", "orchestrator.ops.rollout")
-"""The operations made of other operations: ``orch run`` (the playbook: pull, tune, serve, bench) and the
-rolling relaunch (serve and the gate's bench, host by host). No other operation imports one: what
+COMPOSERS = ("orchestrator.ops.run", "orchestrator.ops.rollout", "orchestrator.ops.drain")
+"""The operations made of other operations: ``orch run`` (the playbook: pull, tune, serve, bench), the
+rolling relaunch (serve and the gate's bench, host by host) and ``orch drain``/``undrain`` (the rollout's
+own gateway steps: take out and drain, register). No other operation imports one: what
 several share lives below them (``server_job``, ``readers``, ``session``)."""
 
 

@@ -8,8 +8,11 @@ whose process is gone (or a zombie, or a reused pid) is ignored, as the driver f
 process's memory. The host root is ``$ORCH_SIM_HOST``, else the parent of this file's directory.
 
 Forms answered (``docs/reference/sglang.md`` section 4): ``--query-gpu=FIELDS``,
-``--query-compute-apps=FIELDS``, ``--format=csv[,noheader][,nounits]``, ``-i INDEX``, ``-L`` and a
-plain table. Knob ``nvidia_smi_fail`` makes it fail like a host whose driver is gone (exit 9);
+``--query-compute-apps=FIELDS``, ``--format=csv[,noheader][,nounits]``, ``-i INDEX``, ``-L``, ``-q``
+(the real layout, abridged to the sections ``orch doctor`` reads) and a plain table. Knob ``gpu_faults``
+(fault name -> GPU index) makes ``-q`` report a sick GPU: ``FAULTS`` lists the names; knobs
+``driver_version`` and ``cuda_version`` change the versions it reports.
+Knob ``nvidia_smi_fail`` makes it fail like a host whose driver is gone (exit 9);
 knob ``nvidia_smi_hang`` makes it hang like one whose driver is wedged (it sleeps until killed).
 """
 
@@ -28,6 +31,7 @@ from typing import TypeVar
 DEFAULT_GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 TOTAL_MIB = 97887
 DRIVER_VERSION = "580.95.05"
+CUDA_VERSION = "13.0"
 DRIVER_FAILURE = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
     "Make sure that the latest NVIDIA driver is installed and running."
@@ -226,6 +230,126 @@ def format_table(gpu_list: Sequence[Gpu], apps: Sequence[GpuProcess]) -> str:
     return "\n".join([*lines, bar]) + "\n"
 
 
+# --- nvidia-smi -q ----------------------------------------------------------------------------
+
+FAULTS = (
+    "persistence_off",  # Persistence Mode: Disabled
+    "ecc_uncorrectable",  # ECC Errors / Volatile / DRAM Uncorrectable: 2
+    "retired_pages",  # Retired Pages / Double Bit ECC: 3, Pending Page Blacklist: Yes
+    "row_remap_failure",  # Remapped Rows / Remapping Failure Occurred: Yes
+    "row_remap_pending",  # Remapped Rows / Pending: Yes
+    "hw_slowdown",  # Clocks Event Reasons / HW Slowdown, HW Thermal Slowdown: Active
+    "sw_thermal",  # Clocks Event Reasons / SW Thermal Slowdown: Active
+    "pcie_x4",  # GPU Link Info / Link Width / Current: 4x (Max 16x)
+)
+
+
+def format_query(gpu_list: Sequence[Gpu], knobs: Mapping[str, object]) -> str:
+    """``nvidia-smi -q`` in the real layout (driver 580), with the knobs' faults on their GPUs."""
+    faults = knobs.get("gpu_faults")
+    sick = {str(k): int(str(v)) for k, v in faults.items()} if isinstance(faults, dict) else {}
+    lines = [
+        "",
+        "==============NVSMI LOG==============",
+        "",
+        _kv(0, "Timestamp", time.strftime("%a %b %d %H:%M:%S %Y")),
+        _kv(0, "Driver Version", knobs.get("driver_version", DRIVER_VERSION)),
+        _kv(0, "CUDA Version", knobs.get("cuda_version", CUDA_VERSION)),
+        "",
+        _kv(0, "Attached GPUs", len(gpu_list)),
+    ]
+    for gpu in gpu_list:
+        lines += _gpu_block(gpu, {name for name, index in sick.items() if index == gpu.index})
+    return "\n".join(lines) + "\n\n"
+
+
+def _kv(depth: int, key: str, value: object) -> str:
+    return f"{' ' * 4 * depth}{key}".ljust(42) + f": {value}"
+
+
+def _head(depth: int, name: str) -> str:
+    return f"{' ' * 4 * depth}{name}"
+
+
+def _active(on: bool) -> str:
+    return "Active" if on else "Not Active"
+
+
+def _gpu_block(gpu: Gpu, faults: set[str]) -> list[str]:
+    uncorrectable = 2 if "ecc_uncorrectable" in faults else 0
+    slow, thermal = "hw_slowdown" in faults, "sw_thermal" in faults
+    return [
+        f"GPU {gpu.bus_id}",
+        _kv(1, "Product Name", gpu.name),
+        _kv(1, "Product Architecture", "Blackwell"),
+        _kv(1, "Persistence Mode", "Disabled" if "persistence_off" in faults else "Enabled"),
+        _kv(1, "GPU UUID", gpu.uuid),
+        _kv(1, "Minor Number", gpu.index),
+        _head(1, "PCI"),
+        _kv(2, "Bus Id", gpu.bus_id),
+        _head(2, "GPU Link Info"),
+        _head(3, "PCIe Generation"),
+        _kv(4, "Max", 5),
+        _kv(4, "Current", 1 if gpu.utilization == 0 else 5),
+        _kv(4, "Device Current", 1 if gpu.utilization == 0 else 5),
+        _kv(4, "Device Max", 5),
+        _kv(4, "Host Max", 5),
+        _head(3, "Link Width"),
+        _kv(4, "Max", "16x"),
+        _kv(4, "Current", "4x" if "pcie_x4" in faults else "16x"),
+        _kv(2, "Replays Since Reset", 0),
+        _kv(1, "Performance State", "P8" if gpu.utilization == 0 else "P0"),
+        _head(1, "Clocks Event Reasons"),
+        _kv(2, "Idle", _active(gpu.utilization == 0)),
+        _kv(2, "Applications Clocks Setting", _active(False)),
+        _kv(2, "SW Power Cap", _active(False)),
+        _kv(2, "HW Slowdown", _active(slow)),
+        _kv(3, "HW Thermal Slowdown", _active(slow)),
+        _kv(3, "HW Power Brake Slowdown", _active(False)),
+        _kv(2, "Sync Boost", _active(False)),
+        _kv(2, "SW Thermal Slowdown", _active(thermal)),
+        _kv(2, "Display Clock Setting", _active(False)),
+        _head(1, "FB Memory Usage"),
+        _kv(2, "Total", f"{gpu.memory_total} MiB"),
+        _kv(2, "Used", f"{gpu.memory_used} MiB"),
+        _kv(2, "Free", f"{gpu.memory_total - gpu.memory_used} MiB"),
+        _head(1, "Utilization"),
+        _kv(2, "Gpu", f"{gpu.utilization} %"),
+        _head(1, "ECC Mode"),
+        _kv(2, "Current", "Enabled"),
+        _kv(2, "Pending", "Enabled"),
+        _head(1, "ECC Errors"),
+        _head(2, "Volatile"),
+        _kv(3, "SRAM Correctable", 0),
+        _kv(3, "SRAM Uncorrectable Parity", 0),
+        _kv(3, "SRAM Uncorrectable SEC-DED", 0),
+        _kv(3, "DRAM Correctable", 0),
+        _kv(3, "DRAM Uncorrectable", uncorrectable),
+        _head(2, "Aggregate"),
+        _kv(3, "SRAM Correctable", 0),
+        _kv(3, "SRAM Uncorrectable Parity", 0),
+        _kv(3, "SRAM Uncorrectable SEC-DED", 0),
+        _kv(3, "DRAM Correctable", 0),
+        _kv(3, "DRAM Uncorrectable", uncorrectable),
+        _head(1, "Retired Pages"),
+        _kv(2, "Single Bit ECC", "N/A"),
+        _kv(2, "Double Bit ECC", 3 if "retired_pages" in faults else "N/A"),
+        _kv(2, "Pending Page Blacklist", "Yes" if "retired_pages" in faults else "N/A"),
+        _head(1, "Remapped Rows"),
+        _kv(2, "Correctable Error", 0),
+        _kv(2, "Uncorrectable Error", 0),
+        _kv(2, "Pending", "Yes" if "row_remap_pending" in faults else "No"),
+        _kv(2, "Remapping Failure Occurred", "Yes" if "row_remap_failure" in faults else "No"),
+        _head(2, "Bank Remap Availability Histogram"),
+        _kv(3, "Max", "1536 bank(s)"),
+        _kv(3, "High", "0 bank(s)"),
+        _head(1, "Temperature"),
+        _kv(2, "GPU Current Temp", f"{(95 if thermal else 32 + gpu.utilization // 3)} C"),
+        _kv(1, "Processes", "None"),
+        "",
+    ]
+
+
 # --- command line ---------------------------------------------------------------------------
 
 
@@ -238,6 +362,8 @@ def parse_args(argv: Sequence[str]) -> dict[str, str]:
         name, eq, value = arg.partition("=")
         if name in ("-L", "--list-gpus", "-h", "--help"):
             options[name.lstrip("-")[:1].upper()] = ""
+        elif name in ("-q", "--query"):
+            options["Q"] = ""
         elif name in ("--query-gpu", "--query-compute-apps", "--format", "-i", "--id"):
             if not eq and not args:
                 raise UsageFailure(INVALID_ARGS)
@@ -261,6 +387,8 @@ def render(root: Path, options: dict[str, str]) -> str:
         return format_csv(apps, _fields(options["--query-compute-apps"]), APP_FIELDS, _csv_options(fmt))
     if "L" in options:
         return format_list(gpu_list)
+    if "Q" in options:
+        return format_query(gpu_list, load_knobs(root))
     return format_table(gpu_list, gpu_processes(root))
 
 

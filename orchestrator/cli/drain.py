@@ -1,0 +1,81 @@
+"""``orch drain`` / ``orch undrain``: a host out of the gateway and back, its server left running."""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator.app import App
+from orchestrator.cli.common import default, finish, pass_app
+from orchestrator.errors import UsageError
+from orchestrator.gateway import GatewayClient
+from orchestrator.recipe import ServeOptions
+
+
+def _client(app: App, command: str) -> GatewayClient:
+    """The inventory's gateway, asked once before anything changes (unreachable: exit 3)."""
+    gateway = app.inventory.gateway
+    if gateway is None:
+        raise UsageError(
+            f"{command} takes a host out of the gateway: {app.inventory.path} has no 'gateway:'",
+            hint="add gateway: {url: http://HOST:PORT} to the inventory (README: Gateway)",
+        )
+    client = GatewayClient(gateway)
+    client.workers()
+    return client
+
+
+@click.command()
+@click.argument("host_names", nargs=-1, required=True, metavar="HOST...")
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=default(ServeOptions, "drain_timeout"),
+    show_default=True,
+    help="Seconds to wait for the requests in flight to finish.",
+)
+@pass_app
+def drain(app: App, host_names: tuple[str, ...], drain_timeout: float) -> int:
+    """Take a host out of the gateway and wait for its requests in flight; its server keeps running.
+
+    The host stays out (status shows it drained) until `orch undrain HOST`.
+
+    \b
+    Example:
+      orch drain blackwell-2
+    """
+    from orchestrator.ops import drain as drain_op
+    from orchestrator.views.doctor import drained_lines
+    from orchestrator.views.serve import reporter
+
+    selected = app.select(host_names)
+    client = _client(app, "drain")
+    chosen = app.recipes(selected)
+    with app.fleet(selected) as fleet:
+        fleet.events = reporter  # what it does as it goes, on stderr (a drain past its bound warns)
+        results = fleet.map_sessions(lambda s: drain_op.drain(s, chosen[s.name], client, drain_timeout), app.store)
+    drained_lines(results)
+    return finish(results)
+
+
+@click.command()
+@click.argument("host_names", nargs=-1, required=True, metavar="HOST...")
+@pass_app
+def undrain(app: App, host_names: tuple[str, ...]) -> int:
+    """Put a drained host back in the gateway, once its server answers /health.
+
+    \b
+    Example:
+      orch undrain blackwell-2
+    """
+    from orchestrator.ops import drain as drain_op
+    from orchestrator.views.doctor import undrained_lines
+    from orchestrator.views.serve import reporter
+
+    selected = app.select(host_names)
+    client = _client(app, "undrain")
+    chosen = app.recipes(selected)
+    with app.fleet(selected) as fleet:
+        fleet.events = reporter
+        results = fleet.map_sessions(lambda s: drain_op.undrain(s, chosen[s.name], client), app.store)
+    undrained_lines(results)
+    return finish(results)

@@ -1,0 +1,86 @@
+"""``orch doctor``: each host checked in one round trip (``facts.health``), then compared with the others.
+
+A host doctor cannot reach fails like a sick one: a campaign cannot start there either. ``orch run``'s
+preflight calls ``require_healthy`` on each host and ``serve --rolling`` calls ``leave_out_failing``:
+a host doctor fails runs no step and joins no wave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import RefusedError
+from orchestrator.facts import health, probe
+from orchestrator.fleet import FleetResult
+from orchestrator.session import HostSession
+
+if TYPE_CHECKING:
+    from orchestrator.fleet import Fleet
+    from orchestrator.inventory import Host
+    from orchestrator.state import StateStore
+
+PROBE_TIMEOUT = 120  # seconds for the whole round trip; nvidia-smi and the python are bounded on the host
+
+
+def examine(session: HostSession, nccl: float | None = None) -> health.HostHealth:
+    """One host's findings: every check over one remote command's output. ``nccl``: also a bounded
+    all-reduce over the host's GPUs with and without peer-to-peer, each ended after ``nccl`` s
+    (``facts.health.nccl_sections``)."""
+    host = session.host
+    sections = health.sections(host.sglang_dir, host.python, host.model_path, host.workdir)
+    sections += health.nccl_sections(host.python, host.gpus, nccl) if nccl else []
+    timeout = PROBE_TIMEOUT + (2 * (nccl + 5) if nccl else 0)
+    found = probe.parse(session.runner.run(probe.probe_argv(sections), timeout=timeout).stdout)
+    return health.assess(
+        host.name,
+        found,
+        host.gpus,
+        host.python,
+        host.sglang_dir,
+        host.model_path,
+        host.env,
+        nccl or health.NCCL_TIMEOUT,
+    )
+
+
+def gather(results: FleetResult[health.HostHealth]) -> list[health.HostHealth]:
+    """Every host's findings in inventory order (an unreachable host fails with its error), with the
+    fleet comparison's warnings added to the hosts that differ."""
+    checked = [r.value if r.ok and r.value else _unreachable(r.host.name, r.error) for r in results]
+    compared = health.fleet_findings({h.name: h.versions for h in checked if h.versions})
+    for h in checked:
+        h.findings += compared.get(h.name, [])
+    return checked
+
+
+def _unreachable(name: str, error: BaseException | None) -> health.HostHealth:
+    first = str(error).splitlines()[0] if error is not None else "no answer"
+    return health.HostHealth(name, [health.Finding("fail", first.removeprefix(f"{name}: "))])
+
+
+def failing(checked: Sequence[health.HostHealth]) -> dict[str, health.HostHealth]:
+    """The hosts doctor fails, by name."""
+    return {h.name: h for h in checked if h.verdict == "fail"}
+
+
+def require_healthy(session: HostSession) -> health.HostHealth:
+    """``examine``, refusing the host (``RefusedError``, exit 3) when doctor fails it: what ``orch run``
+    and ``serve --rolling`` ask before they touch a host. Warnings pass."""
+    checked = examine(session)
+    if checked.verdict == "fail":
+        raise RefusedError(
+            f"{session.name}: doctor fails this host: " + "; ".join(f.text for f in checked.problems),
+            hint=f"`orch doctor {session.name}` shows every check; fix the host, or leave it out with --host/--tag",
+        )
+    return checked
+
+
+def leave_out_failing(fleet: Fleet, hosts: list[Host], store: StateStore) -> tuple[list[Host], list[health.HostHealth]]:
+    """``hosts`` without those doctor fails, and those it fails (``serve --rolling``: a sick host is not
+    taken into the rollout). A host doctor cannot reach stays in: the rollout meets it and says so."""
+    results = fleet.map_sessions(examine, store, hosts)
+    results.raise_bugs()
+    sick = [r.value for r in results if r.value is not None and r.value.verdict == "fail"]
+    names = {h.name for h in sick}
+    return [h for h in hosts if h.name not in names], sick

@@ -1,0 +1,79 @@
+"""``orch drain`` / ``orch undrain``: take a host out of the gateway and back, its server left running.
+
+``drain`` is the first half of a rolling relaunch (``ops.rollout``) and nothing else: the gateway stops
+routing to the host (``DELETE /workers``, waited for), then its in-flight requests finish (the server's
+own ``/v1/loads``, bounded by ``timeout``). The server keeps running, for inspection; the host is
+recorded as drained (``HostState.drained_at``), which ``status`` shows. ``undrain`` first checks that
+the host serves (orch's server job runs and answers ``/health`` from the host), then registers it and
+waits until the gateway routes to it, and clears the mark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator import readers
+from orchestrator.errors import RefusedError
+from orchestrator.facts import server as facts
+from orchestrator.gateway import GatewayClient
+from orchestrator.inventory import Host
+from orchestrator.ops import rollout
+from orchestrator.recipe import Recipe
+from orchestrator.session import HostSession
+from orchestrator.state import HostState, StateStore, utc_now
+
+
+@dataclass(frozen=True)
+class Drained:
+    url: str
+    in_flight: int  # requests in flight when the gateway stopped routing to the host
+    was_registered: bool
+
+
+def drain(session: HostSession, recipe: Recipe, client: GatewayClient, timeout: float) -> Drained:
+    """The gateway stops routing to the host and its in-flight requests finish; the server keeps running."""
+    url = rollout.worker_url_of(session, recipe)
+    registered = client.find(url) is not None
+    if registered:
+        session.say(f"taking {url} out of the gateway; its server keeps running")
+        client.remove(url)
+        client.wait_removed(url, timeout=30)
+    in_flight = rollout.drain(session, recipe, timeout) if session.running_server() is not None else 0
+    if in_flight:
+        session.say(f"{in_flight} requests were in flight; drained")
+    session.store.update_host(session.name, _mark_drained)
+    return Drained(url, in_flight, registered)
+
+
+def _mark_drained(hs: HostState) -> None:
+    hs.drained_at = hs.drained_at or utc_now()
+
+
+def undrain(session: HostSession, recipe: Recipe, client: GatewayClient) -> str:
+    """Registers the host again once it serves (refused, changing nothing, when it does not); its URL."""
+    url = rollout.worker_url_of(session, recipe)
+    _require_serving(session, recipe)
+    rollout.register(session, client, url)
+    session.store.update_host(session.name, _mark_undrained)
+    return url
+
+
+def _mark_undrained(hs: HostState) -> None:
+    hs.drained_at = None
+
+
+def _require_serving(session: HostSession, recipe: Recipe) -> None:
+    host = session.host
+    hint = f"start it with `orch serve --host {host.name}` (or see `orch logs {host.name} server`), then undrain"
+    if session.running_server() is None:
+        raise RefusedError(f"{host.name}: no server orch launched runs here: not put back in the gateway", hint=hint)
+    status = readers.health(host, session.runner, facts.base_url(recipe, host))
+    if status != 200:
+        answered = f"answered {status}" if status else "did not answer"
+        raise RefusedError(f"{host.name}: its server's /health {answered}: not put back in the gateway", hint=hint)
+
+
+def drained(store: StateStore, hosts: list[Host]) -> list[Host]:
+    """Of ``hosts``, those ``orch drain`` took out of the gateway (``serve --rolling`` leaves them out)."""
+    state = store.load_hosts([h.name for h in hosts])
+    return [h for h in hosts if (hs := state.hosts.get(h.name)) is not None and hs.drained_at is not None]

@@ -1,0 +1,80 @@
+"""``orch doctor``'s output: one line per host (``ok``, ``warn`` or ``fail`` with the reasons), or JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from orchestrator.facts.health import HostHealth
+from orchestrator.fleet import FleetResult
+from orchestrator.inventory import Host
+from orchestrator.ops.drain import Drained
+
+
+def doctor_line(h: HostHealth) -> str:
+    """``<host>: <verdict>[: reason; reason][ (note; note)]``: the failures and warnings, then the notes
+    (what doctor could not check)."""
+    reasons = [f.text for f in h.findings if f.severity != "note"]
+    notes = [f.text for f in h.findings if f.severity == "note"]
+    line = f"{h.name}: {h.verdict}" + (": " + "; ".join(reasons) if reasons else "")
+    return line + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def refusal(h: HostHealth) -> str:
+    """How ``run`` and ``serve --rolling`` say they leave a host out."""
+    return f"{h.name}: skipped: doctor fails it: " + "; ".join(f.text for f in h.problems)
+
+
+def doctor_lines(checked: Sequence[HostHealth]) -> None:
+    from orchestrator.render import inert, out
+
+    for h in checked:
+        out.print(inert(doctor_line(h)), markup=False, highlight=False, soft_wrap=True)
+
+
+def doctor_document(checked: Sequence[HostHealth]) -> list[dict[str, Any]]:
+    return [
+        {
+            "host": h.name,
+            "verdict": h.verdict,
+            "findings": [{"severity": f.severity, "text": f.text} for f in h.findings],
+            **{k.lower(): v for k, v in h.versions.items()},
+        }
+        for h in checked
+    ]
+
+
+def skipped_lines(sick: Sequence[HostHealth], drained: Sequence[Host] = ()) -> None:
+    """``serve --rolling``'s line per host it leaves out (doctor fails it, or it is drained), on stderr,
+    before the first wave."""
+    from orchestrator.render import err, inert
+
+    lines = [refusal(h) for h in sick]
+    lines += [f"{h.name}: skipped: drained (`orch undrain {h.name}` puts it back)" for h in drained]
+    for line in lines:
+        err.print(inert(line), markup=False, highlight=False, soft_wrap=True)
+
+
+def drained_line(name: str, drained: Drained) -> str:
+    where = f"out of the gateway ({drained.url})" if drained.was_registered else "was not registered with the gateway"
+    return (
+        f"{name}: drained: {where}, {drained.in_flight} requests were in flight; its server keeps running "
+        f"(`orch undrain {name}` puts it back)"
+    )
+
+
+def drained_lines(results: FleetResult[Drained]) -> None:
+    from orchestrator.render import inert, out
+
+    for r in results:
+        if r.value is not None:
+            out.print(inert(drained_line(r.host.name, r.value)), markup=False, highlight=False, soft_wrap=True)
+
+
+def undrained_lines(results: FleetResult[str]) -> None:
+    from orchestrator.render import inert, out
+
+    for r in results:
+        if r.value is not None:
+            line = f"{r.host.name}: back in the gateway: {r.value} is healthy there and routed to"
+            out.print(inert(line), markup=False, highlight=False, soft_wrap=True)

@@ -1,0 +1,151 @@
+"""Issue 28 behind the REAL SGLang Model Gateway: ``orch drain`` / ``undrain`` and ``serve --rolling``
+skipping a host ``orch doctor`` fails.
+
+One 2-host simulated fleet serves behind smg (tests/gateway_smg.py, round robin) for the module. A
+drained host leaves the gateway's workers, keeps its server running and takes no request sent through
+the gateway (its server logs no decode batch while the other's does); undrain puts it back.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator.state import StateStore
+from tests.conftest import FleetEnv
+from tests.gateway_smg import RunningGateway, running_smg
+
+KNOBS = {"startup_seconds": 0.3, "decode_step_seconds": 0.002}
+TOKENS = 200  # per request: some 65 decode steps with MTP, over one decode-batch log interval
+
+
+@dataclass
+class Served:
+    env: FleetEnv
+    smg: RunningGateway
+
+    def host(self, name: str) -> Any:
+        return next(h for h in self.env.fleet.hosts if h.name == name)  # type: ignore[attr-defined]
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.host(name).server_port}"
+
+    def workers(self) -> list[str]:
+        return sorted(w.url for w in self.smg.client().workers())
+
+    def decode_lines(self, name: str) -> int:
+        """The ``Decode batch`` lines the host's server logged so far: it decoded requests."""
+        server = StateStore(self.env.state).load().hosts[name].server
+        assert server is not None
+        log = Path(self.host(name).workdir) / "jobs" / server.job_id / "log"
+        return log.read_text(errors="replace").count("Decode batch")
+
+    def through_gateway(self, count: int) -> None:
+        body = json.dumps({"text": "who answers", "sampling_params": {"max_new_tokens": TOKENS}}).encode()
+        for _ in range(count):
+            request = urllib.request.Request(
+                self.smg.gateway.url + "/generate", data=body, headers={"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=60) as response:
+                assert response.status == 200
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    from orchestrator.sandbox import SimFleet
+
+    root = tmp_path_factory.mktemp("drain")
+    with SimFleet(root / "fleet", n_hosts=2) as fleet:
+        env = FleetEnv(fleet, fleet.write_inventory(root / "hosts.yaml", trust=True), root / "state" / "state.json")
+        for host in fleet.hosts:
+            host.set_knobs(disk_free_mib=500 * 1024, **KNOBS)
+        first = env.orch("serve", "--yes")
+        assert first.returncode == 0, first.output
+        urls = tuple(f"http://127.0.0.1:{h.server_port}" for h in fleet.hosts)
+        with running_smg(root / "smg.log", "--policy", "round_robin", workers=urls) as smg:
+            doc = yaml.safe_load(env.inventory.read_text())
+            doc["gateway"] = {"url": smg.gateway.url}
+            env.inventory.write_text(yaml.safe_dump(doc))
+            for url in urls:
+                smg.client().wait_routing(url, timeout=60)
+            yield Served(env, smg)
+
+
+def status_of(served: Served, name: str) -> dict[str, Any]:
+    run = served.env.orch("status", "--json")
+    assert run.returncode == 0, run.output
+    return next(h for h in json.loads(run.stdout)["hosts"] if h["name"] == name)  # type: ignore[no-any-return]
+
+
+def test_rolling_serve_skips_a_host_doctor_fails_with_a_line_and_leaves_it_as_it_was(served: Served) -> None:
+    sick = served.host("sim-2")
+    job = StateStore(served.env.state).load().hosts["sim-2"].server.job_id  # type: ignore[union-attr]
+    sick.set_knobs(gpu_faults={"pcie_x4": 2})
+    try:
+        run = served.env.orch("serve", "--rolling", "--force", "--yes")
+    finally:
+        sick.set_knobs(gpu_faults=None)
+    assert run.returncode == 3, run.output
+    assert "sim-2: skipped: doctor fails it: GPU 2: PCIe link x4, the GPU's maximum is x16" in run.stderr, run.output
+    assert "sim-2: not touched (still on its old server)" in run.stdout, run.output
+    hosts = StateStore(served.env.state).load().hosts
+    assert hosts["sim-2"].server is not None and hosts["sim-2"].server.job_id == job  # never relaunched
+    assert hosts["sim-1"].server is not None and hosts["sim-1"].server.verified  # the healthy host rolled
+    assert served.workers() == sorted([served.url("sim-1"), served.url("sim-2")])
+
+
+def test_drain_takes_the_host_out_of_the_gateway_keeps_it_serving_and_undrain_puts_it_back(served: Served) -> None:
+    drained = served.env.orch("drain", "sim-2")
+    assert drained.returncode == 0, drained.output
+    assert drained.stdout.splitlines() == [
+        f"sim-2: drained: out of the gateway ({served.url('sim-2')}), 0 requests were in flight; its server keeps "
+        "running (`orch undrain sim-2` puts it back)"
+    ]
+    assert served.workers() == [served.url("sim-1")]
+    with urllib.request.urlopen(served.url("sim-2") + "/health", timeout=10) as response:
+        assert response.status == 200  # its server still runs, for inspection
+
+    before = {name: served.decode_lines(name) for name in ("sim-1", "sim-2")}
+    served.through_gateway(6)
+    assert served.decode_lines("sim-1") > before["sim-1"]  # the requests were decoded...
+    assert served.decode_lines("sim-2") == before["sim-2"]  # ...none of them by the drained host
+
+    status = served.env.orch("status")
+    (line,) = [row for row in status.stdout.splitlines() if row.startswith("sim-2 ")]
+    assert line.rstrip().endswith("drained") and "serving but not registered" not in status.output, status.output
+    assert "drained_at" in status_of(served, "sim-2")
+
+    rolled = served.env.orch("serve", "--rolling", "--yes")  # a rollout does not put a drained host back
+    assert rolled.returncode == 0, rolled.output
+    assert "sim-2: skipped: drained (`orch undrain sim-2` puts it back)" in rolled.stderr, rolled.output
+    assert served.workers() == [served.url("sim-1")]
+
+    back = served.env.orch("undrain", "sim-2")
+    assert back.returncode == 0, back.output
+    assert back.stdout.splitlines() == [
+        f"sim-2: back in the gateway: {served.url('sim-2')} is healthy there and routed to"
+    ]
+    assert served.workers() == sorted([served.url("sim-1"), served.url("sim-2")])
+    assert "drained_at" not in status_of(served, "sim-2")
+
+
+def test_undrain_refuses_a_host_whose_server_is_not_running(served: Served) -> None:
+    assert served.env.orch("drain", "sim-2").returncode == 0
+    stopped = served.env.orch("stop-server", "--host", "sim-2", "--yes")
+    assert stopped.returncode == 0, stopped.output
+    refused = served.env.orch("undrain", "sim-2")
+    assert refused.returncode == 3, refused.output
+    assert "sim-2: no server orch launched runs here: not put back in the gateway" in refused.stderr, refused.output
+    assert served.workers() == [served.url("sim-1")]
+    assert "drained_at" in status_of(served, "sim-2")
+    assert served.env.orch("serve", "--host", "sim-2", "--no-rolling", "--yes").returncode == 0
+    back = served.env.orch("undrain", "sim-2")
+    assert back.returncode == 0, back.output
+    assert served.workers() == sorted([served.url("sim-1"), served.url("sim-2")])
