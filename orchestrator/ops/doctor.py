@@ -18,7 +18,7 @@ from orchestrator.session import HostSession
 if TYPE_CHECKING:
     from orchestrator.fleet import Fleet
     from orchestrator.inventory import Host
-    from orchestrator.state import StateStore
+    from orchestrator.store import StateStore
 
 PROBE_TIMEOUT = 120  # seconds for the whole round trip; nvidia-smi and the python are bounded on the host
 

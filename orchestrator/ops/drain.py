@@ -20,7 +20,8 @@ from orchestrator.inventory import Host
 from orchestrator.ops import rollout
 from orchestrator.recipe import Recipe
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, StateStore, utc_now
+from orchestrator.state import HostState, utc_now
+from orchestrator.store import StateStore
 
 
 @dataclass(frozen=True)
@@ -75,5 +76,5 @@ def _require_serving(session: HostSession, recipe: Recipe) -> None:
 
 def drained(store: StateStore, hosts: list[Host]) -> list[Host]:
     """Of ``hosts``, those ``orch drain`` took out of the gateway (``serve --rolling`` leaves them out)."""
-    state = store.load_hosts([h.name for h in hosts])
+    state = store.read([h.name for h in hosts], history=False)
     return [h for h in hosts if (hs := state.hosts.get(h.name)) is not None and hs.drained_at is not None]
