@@ -143,11 +143,17 @@ def mtp_flags(spec: MTPSpec) -> list[str]:
 
 def server_gpus(recipe: Recipe, host: Host) -> list[int]:
     """GPU indexes the server uses: ``base-gpu-id`` .. + tp * dp (capped by the host's GPUs)."""
+    return [i for i in needed_gpus(recipe) if i < host.gpus]
+
+
+def needed_gpus(recipe: Recipe) -> list[int]:
+    """GPU indexes the recipe's server needs (``base-gpu-id`` .. + tp * dp), whatever the host has: the
+    replacement check compares them with the GPUs nvidia-smi shows."""
     args = recipe.server_args
     tp = tp_size(recipe, 1)
     dp = _int_arg(args, ("dp", "dp-size", "data-parallel-size"), 1)
     base = _int_arg(args, ("base-gpu-id",), 0)
-    return [i for i in range(base, base + tp * dp) if i < host.gpus]
+    return list(range(base, base + tp * dp))
 
 
 def tp_size(recipe: Recipe, default: int) -> int:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from orchestrator import jobs, readers
 from orchestrator import server_job as srv
 from orchestrator.errors import HostError, RefusedError, UnreachableError, VerifyError
+from orchestrator.facts import replacement
 from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import device_file_name
 from orchestrator.facts.server_log import ServerLog, ShapeUse, shape_use, strip_prefix
@@ -280,6 +281,8 @@ def serve(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Pe
     if same is not None:
         return same
     unverified = None if options.force else interrupted_launch(session, ready)
+    if unverified is None:
+        check_replacement(session, ready)
     reason = f"serve: {'MTP' if options.mtp else 'no MTP'}"
     store.update_host(host.name, lambda hs: hs.server_launching(reason))
     try:
@@ -372,6 +375,9 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list
     unverified = None if options.force else interrupted_launch(session, ready)
     if unverified is not None:
         return [f"(re-attaches to server job {unverified.id}, {_ADOPTED}, and verifies it; --force relaunches)"]
+    obstacles = replacement_obstacles(session, ready)
+    if obstacles:
+        return [f"(refuses: the new server cannot start here: {'; '.join(map(str, obstacles))})"]
     lines = [f"WARNING: {w}" for w in ready.warnings]
     if ready.old is not None:
         lines.append(f"(stops server job {ready.old.id} {srv.FOR_RELAUNCH.why})")
@@ -379,6 +385,49 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list
 
 
 _UNTOUCHED = "the running server was left untouched"
+
+
+def check_replacement(session: HostSession, ready: Preflight) -> None:
+    """Before any stop: RefusedError (exit 3, nothing stopped or started) naming everything that would
+    make the new server fail to start here (``replacement_obstacles``), each with its fix, on one line."""
+    obstacles = replacement_obstacles(session, ready)
+    if not obstacles:
+        return
+    outcome = _UNTOUCHED if ready.old is not None else "nothing was started"
+    raise RefusedError(
+        f"{session.host.name}: the new server cannot start here ({outcome}): " + "; ".join(map(str, obstacles))
+    )
+
+
+def replacement_obstacles(session: HostSession, ready: Preflight) -> list[replacement.Obstacle]:
+    """What stands in the way of the new server (``facts.replacement``): the model's files, the GPUs the
+    server needs against those nvidia-smi shows, the port (free, or held by orch's running server), the
+    workdir (writable, with room for a job) and the SGLang the host's python imports. One round trip,
+    asked once per session until a stop or a pull forgets it."""
+    host = session.host
+    found = session.fact("replacement", lambda: read_replacement_facts(session))
+    needs = replacement.Needs(
+        host=host.name,
+        model_path=host.model_path,
+        port=host.server_port,
+        workdir=host.workdir,
+        python=host.python,
+        sglang_dir=host.sglang_dir,
+        gpus=facts.needed_gpus(ready.recipe),
+        shown_gpus=ready.gpus.shown,
+        own_session=ready.old.pid if ready.old is not None else None,
+    )
+    return replacement.unanswered_problems(found) + replacement.problems(found, needs)
+
+
+def read_replacement_facts(session: HostSession) -> replacement.HostFacts:
+    """``facts.replacement``'s probe, run on the host (its sections bound their own time)."""
+    host = session.host
+    argv = replacement.probe_argv(host.model_path, host.server_port, host.workdir, host.python, host.sglang_dir)
+    timeout = replacement.PYTHON_TIMEOUT + 2 * replacement.MODEL_TIMEOUT + 60
+    return replacement.parse(session.runner.run(argv, timeout=timeout).stdout)
+
+
 _ADOPTED = "started with this command by a serve that was cut off before verifying it"
 
 

@@ -8,12 +8,14 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from orchestrator.sandbox import hostdisk, sshkeys
 from orchestrator.sandbox.bastion import GatedSshDaemon, SimBastion
 from orchestrator.sandbox.hostdisk import HostDisk
 from orchestrator.sandbox.hosttools import nvidia_smi
+from orchestrator.sandbox.loopback import wait_listening
 from orchestrator.sandbox.processes import kill_host_processes
 from orchestrator.sandbox.sshd import SshDaemon, sshd_config
 
@@ -142,6 +144,31 @@ class SimHost:
         tmp.write_text(json.dumps(entry))
         tmp.replace(self.disk.gpus / f"{holder.pid}.json")
         return holder
+
+    def hold_port(self, port: int) -> subprocess.Popen[bytes]:
+        """Start a process orch did not start that listens on ``port`` where the server binds by default
+        (127.0.0.1) and answers ``GET /health`` with 200, until killed or teardown: a foreign listener."""
+        www = self.root / "foreign-www"
+        www.mkdir(exist_ok=True)
+        (www / "health").write_text("ok\n")
+        holder = subprocess.Popen(
+            [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(www)],
+            env=self.env(),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._holders.append(holder)
+        wait_listening("127.0.0.1", port)
+        return holder
+
+    def drop_model(self) -> Path:
+        """The model directory disappears (an NFS mount dropped); ``restore_model`` brings it back."""
+        return self.model_path.rename(self.model_path.with_name(self.model_path.name + ".dropped"))
+
+    def restore_model(self) -> None:
+        self.model_path.with_name(self.model_path.name + ".dropped").rename(self.model_path)
 
     def gpu_processes(self) -> list[dict[str, object]]:
         """What ``nvidia-smi --query-compute-apps`` lists: one dict per (process, GPU) with

@@ -3,6 +3,7 @@
 ::
 
     <root>/bin/nvidia-smi               simulated nvidia-smi (hosttools/nvidia_smi.py)
+    <root>/bin/df                       df, or a full disk with knob ``disk_free_kib`` (hosttools/df.py)
     <root>/etc/                         sshd_config, host key, authorized_keys
     <root>/log/sshd.log                 sshd's log (LogLevel VERBOSE)
     <root>/home/                        HOME of every session on the host
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.sandbox import gitrepo, modelconfig
-from orchestrator.sandbox.hosttools import nvidia_smi
+from orchestrator.sandbox.hosttools import df, nvidia_smi
 
 PTH_NAME = "sglang_sim_editable.pth"
 CONSOLE_SCRIPTS = {"sglang": "sglang.cli.main:main"}
@@ -103,6 +104,7 @@ def prepare(disk: HostDisk, upstream: Path, venv_template: Path, knobs: Mapping[
     for directory in (disk.bin, disk.etc, disk.home, disk.gpus, disk.root / "log"):
         directory.mkdir(parents=True, exist_ok=True)
     install_nvidia_smi(disk.bin / "nvidia-smi")
+    install_tool(df.__file__, disk.bin / "df")
     gitrepo.clone(upstream, disk.sglang_dir)
     install_venv(venv_template, disk.venv, disk.sglang_dir / "python")
     modelconfig.write_model(disk.model_path.parent)
@@ -112,7 +114,12 @@ def prepare(disk: HostDisk, upstream: Path, venv_template: Path, knobs: Mapping[
 def install_nvidia_smi(dest: Path) -> None:
     """Copy the simulated nvidia-smi, run by this interpreter (found without PATH). It needs only the
     standard library, so it starts without site-packages (4x faster: status calls it on every host)."""
-    source = Path(nvidia_smi.__file__).read_text()
+    install_tool(nvidia_smi.__file__, dest)
+
+
+def install_tool(module_file: str, dest: Path) -> None:
+    """Copy a ``hosttools`` module to ``dest`` as a program run by this interpreter without site-packages."""
+    source = Path(module_file).read_text()
     body = source.split("\n", 1)[1] if source.startswith("#!") else source
     dest.write_text(f"#!{sys.executable} -SI\n{body}")
     dest.chmod(0o755)

@@ -73,9 +73,17 @@ DEEPSEEK_V4_FLASH: dict[str, object] = {
 }
 
 
+WEIGHTS_INDEX = "model.safetensors.index.json"
+"""The weights' index of a sharded checkpoint (the shards themselves are not simulated)."""
+
+
 def write_model(models_dir: Path) -> Path:
-    """Create ``models_dir/DeepSeek-V4-Flash/config.json``; return the model directory."""
+    """Create ``models_dir/DeepSeek-V4-Flash/`` with its ``config.json`` and the weights' index; return
+    the model directory."""
     model = models_dir / MODEL_NAME
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text(json.dumps(DEEPSEEK_V4_FLASH, indent=2) + "\n")
+    shard = "model-00001-of-00046.safetensors"
+    index = {"metadata": {"total_size": 0}, "weight_map": {"model.embed_tokens.weight": shard}}
+    (model / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
     return model
