@@ -110,7 +110,8 @@ class NotAsAsked(VerifyError):
 
 
 class StartupFailed(HostError):
-    """The new server (job ``job_id``) crashed, exited or never became healthy; ``tail`` ends its log."""
+    """The new server (job ``job_id``) crashed, exited or never became healthy; ``tail`` ends its log.
+    A server whose job could not even be started (a full disk) has ``job_id`` "" and no tail."""
 
     def __init__(self, message: str, job_id: str, tail: str) -> None:
         super().__init__(message)
@@ -556,7 +557,10 @@ def _failed_start(session: HostSession, ready: Preflight, options: ServeOptions,
 
 
 def _stop_failed(session: HostSession, job_id: str, gpus: Sequence[int], options: ServeOptions) -> None:
-    """Stop a server that failed to start (it may hang, holding its GPUs); its log stays on the host."""
+    """Stop a server that failed to start (it may hang, holding its GPUs); its log stays on the host.
+    A start that never made a job (``job_id`` empty) leaves nothing to stop."""
+    if not job_id:
+        return
     job = jobs.find(session.runner, session.host.workdir, job_id)
     if job.running:
         srv.stop_job(session, job, gpus, options.drain_timeout, srv.FAILED_START)
@@ -574,6 +578,8 @@ def launch(
     commit = session.git().commit
     try:
         job = jobs.start(session.runner, host.workdir, spec)
+    except jobs.JobStartError as exc:  # nothing started: a failed start all the same (rolled back when asked)
+        raise StartupFailed(exc.message, "", "") from None
     finally:
         session.forget("jobs", "gpus", "server_info")
     if job.attached:  # another orch started a server between our check and now: leave it to that one

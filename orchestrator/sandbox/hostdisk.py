@@ -4,6 +4,7 @@
 
     <root>/bin/nvidia-smi               simulated nvidia-smi (hosttools/nvidia_smi.py)
     <root>/bin/df                       df, or a full disk with knob ``disk_free_kib`` (hosttools/df.py)
+    <root>/bin/mkdir                    mkdir; a job start fails on a full disk with ``job_start_fails``
     <root>/etc/                         sshd_config, host key, authorized_keys
     <root>/log/sshd.log                 sshd's log (LogLevel VERBOSE)
     <root>/home/                        HOME of every session on the host
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.sandbox import gitrepo, modelconfig
-from orchestrator.sandbox.hosttools import df, nvidia_smi
+from orchestrator.sandbox.hosttools import df, mkdir, nvidia_smi
 
 PTH_NAME = "sglang_sim_editable.pth"
 CONSOLE_SCRIPTS = {"sglang": "sglang.cli.main:main"}
@@ -105,6 +106,7 @@ def prepare(disk: HostDisk, upstream: Path, venv_template: Path, knobs: Mapping[
         directory.mkdir(parents=True, exist_ok=True)
     install_nvidia_smi(disk.bin / "nvidia-smi")
     install_tool(df.__file__, disk.bin / "df")
+    install_tool(mkdir.__file__, disk.bin / "mkdir")
     gitrepo.clone(upstream, disk.sglang_dir)
     install_venv(venv_template, disk.venv, disk.sglang_dir / "python")
     modelconfig.write_model(disk.model_path.parent)

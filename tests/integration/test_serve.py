@@ -353,6 +353,15 @@ def test_a_server_whose_replacement_cannot_start_is_never_stopped(fleet1: FleetE
     refused_without_a_stop(fleet1, f"no space left for a job in {host.workdir}: 1 MiB free (a job needs 100)")
     host.set_knobs(disk_free_kib=None)
 
+    host.set_knobs(job_start_fails=1)  # the disk fills between the check and the start: rolled back
+    good = running_server_ids(fleet1)
+    run = fleet1.orch("serve", "--force", "--rollback")
+    assert run.returncode == 3, run.output
+    assert f"sim-1: no space left on device in {host.workdir}: the server job could not be written" in run.stderr
+    assert "rollback: the known-good server is serving again" in run.stderr and "orch-start" not in run.output
+    assert len(running_server_ids(fleet1)) == 1 and running_server_ids(fleet1) != good
+    assert server_state(fleet1).phase.value == "serving"
+
     stop = fleet1.orch("stop-server", "--yes")
     assert stop.returncode == 0, stop.output
     holder = host.hold_port(host.server_port)  # answers /health with 200
