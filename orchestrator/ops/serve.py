@@ -292,8 +292,8 @@ def serve(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Pe
         else:
             started = relaunch(session, ready, options)
         result = verify(session, ready.recipe, options, started, ready.gpus.compute_cap)
-    except StartupFailed:
-        raise  # already recorded (and rolled back when asked)
+    except (StartupFailed, StoppedMeanwhile):
+        raise  # already recorded (and rolled back when asked); a recorded stop wins
     except HostError as exc:
         _mark_failed(host, store, str(exc).splitlines()[0])
         raise
@@ -625,6 +625,8 @@ def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float) ->
             if status == 200:
                 return log
             now = time.monotonic()
+            if job is not None and not job.running and job.stop_requested:
+                raise stopped_meanwhile(session, job_id)
             reason = startup_problem(job, log, timeout if now - begin > timeout else None)
             if reason:
                 raise _startup_failed(session, job_id, reason, reader)
@@ -638,6 +640,22 @@ def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float) ->
             session.say(starting_line(now - begin, timeout, reader.text))
             next_report = now + HEALTH_REPORT_SECONDS
     raise AssertionError("unreachable")
+
+
+class StoppedMeanwhile(HostError):
+    """The new server was stopped by orch (``orch stop-server``) while serve waited for it: that stop is
+    what was asked last, so serve ends without marking a failure or rolling back (exit 3)."""
+
+
+def stopped_meanwhile(session: HostSession, job_id: str) -> StoppedMeanwhile:
+    """The error for server job ``job_id`` stopped (its stop requested by orch) during the health wait,
+    naming who stopped it when the state records it."""
+    record = session.state().server
+    by = record.stopped_by if record is not None and record.job_id == job_id and record.stopped_by else "orch"
+    return StoppedMeanwhile(
+        f"{session.host.name}: server job {job_id} was stopped by {by} while serve waited for it; "
+        "serve ends here (nothing rolled back)"
+    )
 
 
 def _reconnect(

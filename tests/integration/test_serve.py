@@ -6,6 +6,7 @@ import json
 import re
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -370,3 +371,22 @@ def test_a_server_whose_replacement_cannot_start_is_never_stopped(fleet1: FleetE
     assert f"port {host.server_port} is held by pid {holder.pid} (python" in run.stderr
     assert "nothing was started" in run.stderr and running_server_ids(fleet1) == []
     assert holder.poll() is None  # never killed
+
+
+def test_a_stop_recorded_during_the_health_wait_ends_serve_without_rollback(fleet1: FleetEnv) -> None:
+    serve_ok(fleet1)
+    good = running_server_ids(fleet1)
+    host0(fleet1).set_knobs(startup_seconds=60)  # the new server starts slowly: stop-server comes first
+    with ThreadPoolExecutor(1) as pool:
+        serving = pool.submit(fleet1.orch, "serve", "--force", "--rollback")
+        while not (new := [j for j in running_server_ids(fleet1) if j not in good]):
+            assert not serving.done(), serving.result().output
+            time.sleep(0.2)
+        stop = fleet1.orch("stop-server", "--yes")
+        run = serving.result()
+    assert stop.returncode == 0, stop.output
+    assert run.returncode == 3, run.output
+    assert f"sim-1: server job {new[0]} was stopped by orch" in run.stderr and "serve ends here" in run.stderr
+    assert "rolling back" not in run.output and "rollback" not in run.stderr
+    assert running_server_ids(fleet1) == []  # the stop stands: nothing relaunched
+    assert server_state(fleet1).server.stopped_by == "orch stop-server"
