@@ -94,10 +94,23 @@ def sections(model_path: str, port: int, workdir: str, python: str, sglang_dir: 
     """The probe's sections (``facts.probe.probe_argv`` frames them into one command)."""
     return [
         ("model", ["timeout", "-k", "2", str(MODEL_TIMEOUT), "sh", "-c", _MODEL, "orch-model", model_path]),
-        ("port", ["sh", "-c", _PORT, "orch-port", str(port)]),
+        ("port", listeners_argv(port)),
         ("workdir", ["timeout", "-k", "2", str(MODEL_TIMEOUT), "sh", "-c", _WORKDIR, "orch-workdir", workdir]),
         ("sglang", ["timeout", "-k", "5", str(PYTHON_TIMEOUT), python, "-c", _SGLANG, sglang_dir]),
     ]
+
+
+def listeners_argv(port: int) -> list[str]:
+    """Who listens on ``port`` (the ``port`` section alone: ``parse_listeners`` reads it)."""
+    return ["sh", "-c", _PORT, "orch-port", str(port)]
+
+
+def parse_listeners(output: str) -> tuple[Listener, ...]:
+    """The listeners of ``listeners_argv``'s output (none: the port is free)."""
+    listeners: tuple[Listener, ...] = _port([line.split(" ", 3) for line in output.splitlines() if line.strip()])[
+        "listeners"
+    ]
+    return listeners
 
 
 def probe_argv(model_path: str, port: int, workdir: str, python: str, sglang_dir: str) -> list[str]:

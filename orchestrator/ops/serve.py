@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 
 from orchestrator import jobs, readers
 from orchestrator import server_job as srv
-from orchestrator.errors import HostError, RefusedError, UnreachableError, VerifyError
-from orchestrator.facts import replacement
+from orchestrator.errors import HostError, RefusedError, UnreachableError, UsageError, VerifyError
+from orchestrator.facts import probe, replacement
 from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import device_file_name
 from orchestrator.facts.server_log import ServerLog, ShapeUse, shape_use, strip_prefix
@@ -622,7 +622,7 @@ def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float) ->
         try:
             status = readers.health(host, runner, url)
             log = reader.read()
-            if status == 200:
+            if status == 200 and (job := own_health(session, job_id, job)).running:
                 return log
             now = time.monotonic()
             if job is not None and not job.running and job.stop_requested:
@@ -640,6 +640,24 @@ def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float) ->
             session.say(starting_line(now - begin, timeout, reader.text))
             next_report = now + HEALTH_REPORT_SECONDS
     raise AssertionError("unreachable")
+
+
+def own_health(session: HostSession, job_id: str, job: jobs.JobInfo | None) -> jobs.JobInfo:
+    """Whether a ``/health`` 200 is the new server's own: its job runs and holds the server port. Returns
+    the job as the host shows it now; StartupFailed when another process holds the port (it answered)."""
+    host = session.host
+    sections = [("job", jobs.show_argv(host.workdir, [job_id])), ("port", replacement.listeners_argv(host.server_port))]
+    found = probe.parse(session.runner.run(probe.probe_argv(sections), check=True, timeout=60).stdout)
+    job = next(iter(jobs.parse_list(found["job"].output if "job" in found else "", host.workdir)), job)
+    if job is None:
+        raise UsageError(f"{host.name}: no job {job_id!r} in {host.workdir}/jobs")
+    listeners = replacement.parse_listeners(found["port"].output) if "port" in found else ()
+    foreign = [x for x in listeners if x.session != job.pid]
+    if job.running and foreign:
+        named = ", ".join(f"pid {x.pid} ({x.name})" for x in foreign)
+        reason = f"never got port {host.server_port}: {named} holds it and answered /health"
+        raise _startup_failed(session, job_id, reason, session.log(job_id))
+    return job
 
 
 class StoppedMeanwhile(HostError):
