@@ -96,8 +96,30 @@ def sections(model_path: str, port: int, workdir: str, python: str, sglang_dir: 
         ("model", ["timeout", "-k", "2", str(MODEL_TIMEOUT), "sh", "-c", _MODEL, "orch-model", model_path]),
         ("port", listeners_argv(port)),
         ("workdir", ["timeout", "-k", "2", str(MODEL_TIMEOUT), "sh", "-c", _WORKDIR, "orch-workdir", workdir]),
-        ("sglang", ["timeout", "-k", "5", str(PYTHON_TIMEOUT), python, "-c", _SGLANG, sglang_dir]),
+        ("sglang", sglang_argv(python, sglang_dir)),
     ]
+
+
+def sglang_argv(python: str, sglang_dir: str) -> list[str]:
+    """Where ``python`` imports sglang from, and its version (the ``sglang`` section: ``parse_sglang``)."""
+    return ["timeout", "-k", "5", str(PYTHON_TIMEOUT), python, "-c", _SGLANG, sglang_dir]
+
+
+def parse_sglang(output: str) -> SGLangImport:
+    """``sglang_argv``'s output."""
+    return _sglang([line.split(" ", 1) for line in output.splitlines() if line.strip()])
+
+
+def sglang_field(found: SGLangImport, section_error: str | None = None) -> dict[str, Any]:
+    """What ``orch status`` shows of it (``--json``'s ``sglang_import``): where from, the version, whether
+    it is the checkout (``editable``), or why it could not be read."""
+    return {
+        "from": found.file,
+        "version": found.version,
+        "editable": found.editable if found.file is not None else None,
+        "expected": found.want,
+        "error": section_error or found.error,
+    }
 
 
 def listeners_argv(port: int) -> list[str]:

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -169,6 +170,19 @@ class SimHost:
 
     def restore_model(self) -> None:
         self.model_path.with_name(self.model_path.name + ".dropped").rename(self.model_path)
+
+    def import_sglang_from_copy(self) -> Path:
+        """The host's python imports a copy of the checkout's sglang (as after a plain ``pip install``),
+        not the checkout orch pulls; returns the copy's package directory. ``import_sglang_from_checkout``
+        undoes it."""
+        copy = self.root / "site-copy"
+        if not copy.exists():
+            shutil.copytree(self.sglang_dir / "python" / "sglang", copy / "sglang")
+        hostdisk.point_editable(self.disk.venv, copy)
+        return copy / "sglang"
+
+    def import_sglang_from_checkout(self) -> None:
+        hostdisk.point_editable(self.disk.venv, self.sglang_dir / "python")
 
     def gpu_processes(self) -> list[dict[str, object]]:
         """What ``nvidia-smi --query-compute-apps`` lists: one dict per (process, GPU) with

@@ -138,11 +138,16 @@ def install_venv(template: Path, dest: Path, source_dir: Path) -> None:
     """Copy the venv template to ``dest`` and make ``source_dir`` importable with its console scripts
     in ``dest/bin`` (as ``pip install -e`` does)."""
     shutil.copytree(template, dest, symlinks=True)
-    site = dest / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    site.mkdir(parents=True, exist_ok=True)
-    (site / PTH_NAME).write_text(f"{source_dir}\n")
+    point_editable(dest, source_dir)
     for name, entry in CONSOLE_SCRIPTS.items():
         install_console_script(dest / "bin" / name, dest / "bin" / "python", entry)
+
+
+def point_editable(venv: Path, source_dir: Path) -> None:
+    """Make the venv import its packages from ``source_dir`` (the ``.pth`` an editable install writes)."""
+    site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / PTH_NAME).write_text(f"{source_dir}\n")
 
 
 def console_script_shebang(python: Path) -> str:

@@ -354,6 +354,18 @@ def test_a_server_whose_replacement_cannot_start_is_never_stopped(fleet1: FleetE
     refused_without_a_stop(fleet1, f"no space left for a job in {host.workdir}: 1 MiB free (a job needs 100)")
     host.set_knobs(disk_free_kib=None)
 
+    status = json.loads(fleet1.orch("status", "--json").stdout)["hosts"][0]["sglang_import"]
+    assert status["editable"] is True and status["version"] == "0.5.23"
+    copy = host.import_sglang_from_copy()  # a plain `pip install` of another copy
+    checkout = f"{host.sglang_dir}/python/sglang"
+    refused_without_a_stop(
+        fleet1,
+        f"{host.python} imports sglang from {copy}, not from {checkout} (sglang_dir) "
+        "(`orch pull --install --host sim-1` installs the checkout",
+    )
+    assert f"python imports sglang 0.5.23 from {copy}, NOT the checkout" in fleet1.orch("status", "sim-1").stdout
+    host.import_sglang_from_checkout()
+
     host.set_knobs(job_start_fails=1)  # the disk fills between the check and the start: rolled back
     good = running_server_ids(fleet1)
     run = fleet1.orch("serve", "--force", "--rollback")
