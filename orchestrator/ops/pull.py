@@ -33,6 +33,7 @@ class PullResult:
     commits: list[tuple[str, str]] = field(default_factory=list)  # (short sha, subject), newest first
     ahead: int = 0
     installed: bool = False
+    install_needed: bool = False  # the package's pins changed (python/pyproject.toml) and no install ran
 
     @property
     def changed(self) -> bool:
@@ -76,6 +77,8 @@ def pull(session: HostSession, install: bool = False) -> PullResult:
         session.forget(*CHANGED_WITH_THE_CODE)
         log = runner.run(git.log_argv(host.sglang_dir, before.commit, result.new), check=True)
         result.commits = git.parse_log(log.stdout)
+        pins = runner.run(git.changed_argv(host.sglang_dir, before.commit, result.new, git.PACKAGE_PINS), check=True)
+        result.install_needed = bool(pins.stdout.strip()) and not install
     if install:
         session.forget(*CHANGED_WITH_THE_CODE)
         runner.run(install_argv(host), cwd=host.sglang_dir, check=True, timeout=1800)

@@ -228,7 +228,10 @@ def _pull(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> s
     result = pull_op.pull(session, step.options.install)
     if not result.changed:
         return f"already up to date at {result.new[:10]}"
-    return f"{result.old[:10]} → {result.new[:10]} ({len(result.commits)} new commits)"
+    moved = f"{result.old[:10]} → {result.new[:10]} ({len(result.commits)} new commits)"
+    if result.install_needed:
+        return f"{moved}; python/pyproject.toml changed: an install is needed (`install: true` in the pull step)"
+    return moved + ("; installed" if result.installed else "")
 
 
 def _tune(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> str:
