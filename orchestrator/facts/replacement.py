@@ -292,6 +292,7 @@ class Obstacle:
 
     what: str
     fix: str
+    kind: str = ""  # the section it comes from: model, gpus, port, workdir, sglang
 
     def __str__(self) -> str:
         return f"{self.what} ({self.fix})"
@@ -371,10 +372,12 @@ def _workdir_problems(found: HostFacts, needs: Needs) -> list[Obstacle]:
 def _sglang_problems(found: SGLangImport, needs: Needs) -> list[Obstacle]:
     fix = f"`orch pull --install --host {needs.host}` installs the checkout into {needs.python}"
     if found.error is not None:
-        return [Obstacle(f"{needs.python} cannot import sglang: {found.error}", fix)]
+        return [Obstacle(f"{needs.python} cannot import sglang: {found.error}", fix, "sglang")]
     if found.file is not None and not found.editable:
         want = found.want or f"{needs.sglang_dir}/python/sglang"
-        return [Obstacle(f"{needs.python} imports sglang from {found.file}, not from {want} (sglang_dir)", fix)]
+        return [
+            Obstacle(f"{needs.python} imports sglang from {found.file}, not from {want} (sglang_dir)", fix, "sglang")
+        ]
     return []
 
 
@@ -388,7 +391,8 @@ _UNANSWERED_FIX = {
 
 def unanswered_problems(found: HostFacts) -> list[Obstacle]:
     """Sections the host did not answer: the check could not be made, so nothing may be stopped."""
+    sections = [(why.split(":", 1)[0], why) for why in found.unanswered]
     return [
-        Obstacle(f"could not check {why}", _UNANSWERED_FIX.get(why.split(":", 1)[0], "see `orch status --wide`"))
-        for why in found.unanswered
+        Obstacle(f"could not check {why}", _UNANSWERED_FIX.get(name, "see `orch status --wide`"), name)
+        for name, why in sections
     ]

@@ -377,6 +377,8 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
         if serve is not None:
             assert isinstance(serve.options, ServeOptions)
             serve_op.check_launch(session, ctx.recipe(session.host), serve.options.mtp)
+            installs = any(isinstance(s.options, PullOptions) and s.options.install for s in steps[session.name])
+            session.say(serve_op.check_host_ready(session, ctx.recipe(session.host), installs))
 
     return ctx.fleet.map_sessions(check, ctx.store, hosts)
 

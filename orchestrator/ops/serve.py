@@ -376,7 +376,7 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list
     unverified = None if options.force else interrupted_launch(session, ready)
     if unverified is not None:
         return [f"(re-attaches to server job {unverified.id}, {_ADOPTED}, and verifies it; --force relaunches)"]
-    obstacles = replacement_obstacles(session, ready)
+    obstacles = replacement_obstacles(session, ready.recipe, ready.gpus, ready.old)
     if obstacles:
         return [f"(refuses: the new server cannot start here: {'; '.join(map(str, obstacles))})"]
     lines = [f"WARNING: {w}" for w in ready.warnings]
@@ -391,7 +391,7 @@ _UNTOUCHED = "the running server was left untouched"
 def check_replacement(session: HostSession, ready: Preflight) -> None:
     """Before any stop: RefusedError (exit 3, nothing stopped or started) naming everything that would
     make the new server fail to start here (``replacement_obstacles``), each with its fix, on one line."""
-    obstacles = replacement_obstacles(session, ready)
+    obstacles = replacement_obstacles(session, ready.recipe, ready.gpus, ready.old)
     if not obstacles:
         return
     outcome = _UNTOUCHED if ready.old is not None else "nothing was started"
@@ -400,7 +400,9 @@ def check_replacement(session: HostSession, ready: Preflight) -> None:
     )
 
 
-def replacement_obstacles(session: HostSession, ready: Preflight) -> list[replacement.Obstacle]:
+def replacement_obstacles(
+    session: HostSession, recipe: Recipe, gpus: readers.GpuInfo, old: jobs.JobInfo | None
+) -> list[replacement.Obstacle]:
     """What stands in the way of the new server (``facts.replacement``): the model's files, the GPUs the
     server needs against those nvidia-smi shows, the port (free, or held by orch's running server), the
     workdir (writable, with room for a job) and the SGLang the host's python imports. One round trip,
@@ -414,11 +416,31 @@ def replacement_obstacles(session: HostSession, ready: Preflight) -> list[replac
         workdir=host.workdir,
         python=host.python,
         sglang_dir=host.sglang_dir,
-        gpus=facts.needed_gpus(ready.recipe),
-        shown_gpus=ready.gpus.shown,
-        own_session=ready.old.pid if ready.old is not None else None,
+        gpus=facts.needed_gpus(recipe),
+        shown_gpus=gpus.shown,
+        own_session=old.pid if old is not None else None,
     )
     return replacement.unanswered_problems(found) + replacement.problems(found, needs)
+
+
+def check_host_ready(session: HostSession, recipe: Recipe, installs: bool = False) -> str:
+    """``orch run``'s preflight for a host that will serve: RefusedError (nothing run) naming what would
+    stop its server from starting (``replacement_obstacles``), but for the SGLang import when the run's
+    pull step installs (``installs``: that fixes it). Returns where sglang is imported from, to say."""
+    gpus = session.gpus(facts.server_gpus(recipe, session.host))
+    found = session.fact("replacement", lambda: read_replacement_facts(session))
+    obstacles = replacement_obstacles(session, recipe, gpus, session.running_server())
+    if installs:
+        obstacles = [o for o in obstacles if o.kind != "sglang"]
+    if obstacles:
+        raise RefusedError(
+            f"{session.host.name}: its server could not start here (nothing was run): " + "; ".join(map(str, obstacles))
+        )
+    imported = found.sglang
+    if imported.file is None:
+        return f"{session.host.python} cannot import sglang yet: the pull step installs it"
+    where = "the checkout" if imported.editable else "NOT the checkout: the pull step installs it"
+    return f"sglang {imported.version or '?'} imported from {imported.file} ({where})"
 
 
 def read_replacement_facts(session: HostSession) -> replacement.HostFacts:
