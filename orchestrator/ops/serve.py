@@ -14,11 +14,15 @@ The flow on one host; every check runs before the running server is touched:
    A server already running the same argv, commit and config files, verified as asked, is left alone
    (``already_serving``; ``force`` relaunches).
 3. The GPUs the new server needs: held by anything but orch's old server → refused, pid and name,
-   never killed.
+   never killed. ``check_replacement``: what the new launch needs and the host shows (``facts.replacement``:
+   the model's files, GPUs nvidia-smi lists, the port, workdir space, the sglang ``host.python`` imports),
+   in one round trip; anything missing → refused (exit 3), nothing stopped.
 4. ``relaunch``: phase ``launching``; say so, then stop the old server job (SIGTERM to its process group, wait for
    the drain, SIGKILL after ``drain_timeout``), wait until its GPUs are free, start the new server as a
    detached job (purpose ``server``) and poll ``/health`` from the host until 200, a crash in the log
-   (traceback, ``Initialization failed``), the job's exit, or ``health_timeout``. Failure: the new job
+   (traceback, ``Initialization failed``), the job's exit, or ``health_timeout`` (a 200 counts only while
+   the new job runs and holds the port; a stop orch recorded meanwhile ends serve, nothing rolled back).
+   A job that cannot even be started (a full disk) fails the same way. Failure: the new job
    is stopped, phase ``failed`` with the log tail, and with ``rollback`` the last known-good argv is
    relaunched (phase back to ``serving``; the command still fails).
 5. ``verify``: ``/server_info``'s speculative settings and FP8 backend, which tuned shapes the log says
