@@ -148,10 +148,11 @@ def server_gpus(recipe: Recipe, host: Host) -> list[int]:
 
 def needed_gpus(recipe: Recipe) -> list[int]:
     """GPU indexes the recipe's server needs (``base-gpu-id`` .. + tp * dp), whatever the host has: the
-    replacement check compares them with the GPUs nvidia-smi shows."""
+    replacement check compares them with the GPUs nvidia-smi shows. With ``enable-dp-attention`` the
+    data-parallel ranks are attention-DP inside the tp GPUs (SGLang resolves ``dp_size`` to 1): tp GPUs."""
     args = recipe.server_args
     tp = tp_size(recipe, 1)
-    dp = _int_arg(args, ("dp", "dp-size", "data-parallel-size"), 1)
+    dp = 1 if args.get("enable-dp-attention") is True else _int_arg(args, ("dp", "dp-size", "data-parallel-size"), 1)
     base = _int_arg(args, ("base-gpu-id",), 0)
     return list(range(base, base + tp * dp))
 

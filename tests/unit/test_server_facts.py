@@ -408,3 +408,17 @@ def test_shipped_playbook_shapes_are_the_simulated_models_verified_gemm_shapes_a
 def test_a_launched_server_is_reached_where_its_command_line_binds_it(argv: list[str], address: str) -> None:
     assert server.argv_address(argv) == address
     assert server.url(address, 30000) == f"http://{address}:30000"
+
+
+@pytest.mark.parametrize(
+    ("args", "gpus"),
+    [
+        ({"tp": 8}, list(range(8))),
+        ({"tp": 16}, list(range(16))),  # not capped: the replacement check compares them with nvidia-smi's
+        ({"tp": 4, "dp": 4}, list(range(16))),
+        ({"tp": 4, "dp": 4, "enable-dp-attention": True}, [0, 1, 2, 3]),  # attention-DP inside the tp GPUs
+        ({"tp": 4, "base-gpu-id": 6}, [6, 7, 8, 9]),
+    ],
+)
+def test_needed_gpus(args: dict[str, Any], gpus: list[int]) -> None:
+    assert server.needed_gpus(recipe(server_args=args)) == gpus
