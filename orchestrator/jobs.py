@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from orchestrator.errors import UsageError
+from orchestrator.errors import RemoteCommandError, UsageError
 from orchestrator.text import looks_secret
 from orchestrator.transport.base import Runner
 
@@ -134,12 +134,14 @@ fi
 index_jobs "$workdir"
 dir="$workdir/jobs/$id"
 mkdir -m 700 "$dir"
+trap 'rm -rf -- "$dir" "$workdir/live/$id"' EXIT  # a start that fails half-written (a full disk) leaves nothing
 : > "$workdir/live/$id"
 : > "$dir/env"
 i=0; for a in "$@"; do [ $i -ge 1 ] && [ $i -le "$nenv" ] && printf '%s\n' "$a" >> "$dir/env"; i=$((i + 1)); done
 printf '%s\0' "$@" > "$dir/argv"
 printf '%s\n' "$purpose" > "$dir/purpose"
 date +%s > "$dir/started_at"
+trap - EXIT
 setsid sh -c "$wrapper" orch-job "$dir" "$@" </dev/null >"$dir/log" 2>&1 9>&- &
 i=0; while [ ! -s "$dir/pid" ] && [ $i -lt 200 ]; do sleep 0.02; i=$((i + 1)); done
 ln -sfn "$dir" "$link"
@@ -395,12 +397,36 @@ def stop_argv(job_dir: str, grace_seconds: int) -> list[str]:
 # -- operations over a runner ------------------------------------------------------------------
 
 
+class JobStartError(RemoteCommandError):
+    """A job could not be started: nothing runs and nothing of it is left on the host (a full disk, a
+    workdir orch cannot write, another orch holding the start lock too long)."""
+
+
 def start(runner: Runner, workdir: str, spec: JobSpec, secret_env: Mapping[str, str] | None = None) -> Started:
     """Start ``spec`` detached, or attach to the job already running for its purpose. ``secret_env``
     reaches the job's environment as the host's inventory env does (the runner sends the values on
-    stdin): on no command line, and not in the job's ``env`` file or any other part of its record."""
-    result = runner.run(start_argv(workdir, new_job_id(spec), spec), env=secret_env, check=True, timeout=60)
+    stdin): on no command line, and not in the job's ``env`` file or any other part of its record.
+    JobStartError (one line, never the start script) when the host could not start it."""
+    result = runner.run(start_argv(workdir, new_job_id(spec), spec), env=secret_env, timeout=60)
+    if not result.ok:
+        message = start_failure(runner.host, workdir, spec.purpose, result.stderr or result.stdout)
+        raise JobStartError(message, exit_status=result.exit_status, stderr=result.stderr)
     return parse_start(result.stdout)
+
+
+_NO_SPACE = ("No space left on device", "Disk quota exceeded")
+
+
+def start_failure(host: str, workdir: str, purpose: str, output: str) -> str:
+    """Why a job could not be started, in one line: a full disk said as such (dash's ``printf`` reports
+    a failed write as "I/O error", most often a full disk), else the start's last line of output."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    said = f"{host}: could not start the {purpose} job in {workdir}"
+    if any(mark in line for line in lines for mark in _NO_SPACE):
+        return f"{host}: no space left on device in {workdir}: the {purpose} job could not be written"
+    if any("I/O error" in line for line in lines):
+        return f"{said}: a write failed (I/O error: is the disk full?)"
+    return f"{said}: {lines[-1][:300] if lines else '(no output)'}"
 
 
 # $1 separator, $2 number of directories N, then N directories to make (mode 0700), then start commands

@@ -154,6 +154,7 @@ class GpuInfo:
     device: str | None = None
     compute_cap: str | None = None
     holders: list[Holder] = field(default_factory=list)
+    shown: list[int] | None = None  # every GPU index nvidia-smi lists on the host (None: not read)
 
 
 def read_gpu_info(
@@ -169,7 +170,8 @@ def read_gpu_info(
     owners = _owners(host, runner, sorted({a.pid for _, a in held}), listed)
     holders = [Holder(gpu, a.pid, a.process_name, owners.get(a.pid)) for gpu, a in held]
     first = ours[0] if ours else None
-    return GpuInfo(first.name if first else None, first.compute_cap if first else None, holders)
+    shown = [d.index for d in devices]
+    return GpuInfo(first.name if first else None, first.compute_cap if first else None, holders, shown)
 
 
 def _owners(

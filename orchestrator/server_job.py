@@ -157,7 +157,7 @@ def stop_job(session: HostSession, job: jobs.JobInfo, gpus: Sequence[int], drain
         outcome = jobs.stop(session.runner, job, grace_seconds=math.ceil(drain))
         wait_gpus_released(session.host, session.runner, gpus, job.id, GPU_RELEASE_SECONDS)
     finally:
-        session.forget("jobs", "gpus", "server_info")
+        session.forget("jobs", "gpus", "server_info", "replacement")
     session.say(f"server job {job.id} {outcome}; GPUs free")
     return outcome
 

@@ -17,6 +17,8 @@ fact                read by                                         forgotten by
 ``server_surface``  ``readers.host_server`` (``--help``, parser)    pull (new code, ``--install``)
 ``server_info``     ``GET /server_info`` of a url                   a server started or stopped
 ``tuned_configs``   ``readers.read_configs``                        pull, tuning installed configs
+``replacement``     ``ops.serve.read_replacement_facts`` (model,    a server stopped, pull
+                    port, workdir, the sglang imported)
 ``log:<job>``       the job's ``LogReader`` (reads on from its      never: a job's log only grows
                     offset)
 ``argv:<job>``      the job's argv file                             never: a job's command never changes

@@ -65,7 +65,10 @@ def status(
     with app.fleet(selected, parallel) as fleet:
         state = app.store.read(history=False)  # once for the fleet: no host reads it again
         cached = state.hosts
-        results = fleet.map_sessions(lambda s: status_op.observe(s, cached.get(s.name), fetch, state), app.store)
+        python = wide or as_json or bool(detail_hosts)  # where sglang is imported from: a python start per host
+        results = fleet.map_sessions(
+            lambda s: status_op.observe(s, cached.get(s.name), fetch, state, python), app.store
+        )
     observed = [r.value for r in results if r.ok and r.value is not None]
     seen = status_op.record_seen(app.store, {h.name: h for h in selected}, observed, cached)
     by_name = {o.status.name: status_op.merge_state(o, seen[o.status.name]) for o in observed}

@@ -150,6 +150,16 @@ def log_argv(sglang_dir: str, old: str, new: str) -> list[str]:
     return git(sglang_dir, "log", "--format=%h %s", f"{old}..{new}")
 
 
+PACKAGE_PINS = "python/pyproject.toml"
+"""The SGLang package's dependencies and their pins (``sglang-kernel``, ``flashinfer``...): a pull that
+changes it needs an install (``pip install -e python``) before the server runs the new code."""
+
+
+def changed_argv(sglang_dir: str, old: str, new: str, path: str) -> list[str]:
+    """The names of the files under ``path`` that differ between ``old`` and ``new`` (one per line)."""
+    return git(sglang_dir, "diff", "--name-only", old, new, "--", path)
+
+
 def parse_dirty(stdout: str) -> list[str]:
     """Paths of tracked files with uncommitted changes, from ``git status --porcelain``."""
     return [line[3:] for line in stdout.splitlines() if len(line) > 3]

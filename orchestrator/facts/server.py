@@ -150,10 +150,16 @@ def server_gpus(recipe: Recipe, host: Host) -> list[int]:
     """GPU indexes the server uses: ``base-gpu-id`` .. + tp * dp (capped by the host's GPUs), where dp
     counts replicas: ``--dp-size N --enable-dp-attention`` is attention-DP inside the tp GPUs (SGLang
     resolves it to ``attn_dp_size = N``, ``dp_size = 1``; reference §6.1)."""
+    return [i for i in needed_gpus(recipe) if i < host.gpus]
+
+
+def needed_gpus(recipe: Recipe) -> list[int]:
+    """GPU indexes the recipe's server needs (``base-gpu-id`` .. + tp * replicas), whatever the host has:
+    the replacement check compares them with the GPUs nvidia-smi shows."""
     args = recipe.server_args
     tp = tp_size(recipe, 1)
     base = _int_arg(args, ("base-gpu-id",), 0)
-    return [i for i in range(base, base + tp * dp_replicas(recipe)) if i < host.gpus]
+    return list(range(base, base + tp * dp_replicas(recipe)))
 
 
 def dp_replicas(recipe: Recipe) -> int:

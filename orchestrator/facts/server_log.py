@@ -14,6 +14,7 @@ from orchestrator.facts.server import auto_is_cutlass
 
 READY = "The server is fired up and ready to roll!"
 INIT_FAILED = "Initialization failed."
+_BIND_FAILED = re.compile(r"address already in use", re.IGNORECASE)  # uvicorn's bind error, or an OSError 98
 TRACEBACK = "Traceback (most recent call last):"
 
 _PREFIX = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}[^\]]*\] ")
@@ -109,6 +110,8 @@ def _read_line(log: ServerLog, line: str) -> None:
         log.ready = True
     elif INIT_FAILED in line and log.failure is None:
         log.failure = line[line.index(INIT_FAILED) :].strip()
+    elif _BIND_FAILED.search(line) and log.failure is None:
+        log.failure = f"could not bind its port (another process listens there): {line.strip()}"
     elif m := _FOUND.search(line):
         _add_config(log.configs_used, m["path"])
     elif m := _MISSING.search(line):

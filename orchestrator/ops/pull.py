@@ -23,7 +23,7 @@ from orchestrator.session import HostSession
 from orchestrator.state import HostState
 from orchestrator.transport.base import Runner, shell_command
 
-CHANGED_WITH_THE_CODE = ("server_surface", "tuned_configs")  # read from the host's SGLang
+CHANGED_WITH_THE_CODE = ("server_surface", "tuned_configs", "replacement")  # read from the host's SGLang
 
 
 @dataclass
@@ -35,6 +35,7 @@ class PullResult:
     installed: bool = False
     branch: str = ""  # the local branch that was fast-forwarded (the one checked out)
     upstream: str = ""
+    install_needed: bool = False  # the package's pins changed (python/pyproject.toml) and no install ran
 
     @property
     def changed(self) -> bool:
@@ -78,6 +79,8 @@ def pull(session: HostSession, install: bool = False) -> PullResult:
         session.forget(*CHANGED_WITH_THE_CODE)
         log = runner.run(git.log_argv(host.sglang_dir, before.commit, result.new), check=True)
         result.commits = git.parse_log(log.stdout)
+        pins = runner.run(git.changed_argv(host.sglang_dir, before.commit, result.new, git.PACKAGE_PINS), check=True)
+        result.install_needed = bool(pins.stdout.strip()) and not install
     if install:
         session.forget(*CHANGED_WITH_THE_CODE)
         runner.run(install_argv(host), cwd=host.sglang_dir, check=True, timeout=1800)

@@ -241,7 +241,10 @@ def _pull(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> s
     result = pull_op.pull(session, step.options.install)
     if not result.changed:
         return f"already up to date at {result.new[:10]}"
-    return f"{result.old[:10]} → {result.new[:10]} ({len(result.commits)} new commits)"
+    moved = f"{result.old[:10]} → {result.new[:10]} ({len(result.commits)} new commits)"
+    if result.install_needed:
+        return f"{moved}; python/pyproject.toml changed: an install is needed (`install: true` in the pull step)"
+    return moved + ("; installed" if result.installed else "")
 
 
 def _tune(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> str:
@@ -389,6 +392,8 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
         if serve is not None:
             assert isinstance(serve.options, ServeOptions)
             serve_op.check_launch(session, ctx.recipe(session.host), serve.options.mtp)
+            installs = any(isinstance(s.options, PullOptions) and s.options.install for s in steps[session.name])
+            session.say(serve_op.check_host_ready(session, ctx.recipe(session.host), installs))
 
     return ctx.fleet.map_sessions(check, ctx.store, hosts)
 

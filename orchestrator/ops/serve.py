@@ -14,11 +14,15 @@ The flow on one host; every check runs before the running server is touched:
    A server already running the same argv, commit and config files, verified as asked, is left alone
    (``already_serving``; ``force`` relaunches).
 3. The GPUs the new server needs: held by anything but orch's old server → refused, pid and name,
-   never killed.
+   never killed. ``check_replacement``: what the new launch needs and the host shows (``facts.replacement``:
+   the model's files, GPUs nvidia-smi lists, the port, workdir space, the sglang ``host.python`` imports),
+   in one round trip; anything missing → refused (exit 3), nothing stopped.
 4. ``relaunch``: phase ``launching``; say so, then stop the old server job (SIGTERM to its process group, wait for
    the drain, SIGKILL after ``drain_timeout``), wait until its GPUs are free, start the new server as a
    detached job (purpose ``server``) and poll ``/health`` from the host until 200, a crash in the log
-   (traceback, ``Initialization failed``), the job's exit, or ``health_timeout``. Failure: the new job
+   (traceback, ``Initialization failed``), the job's exit, or ``health_timeout`` (a 200 counts only while
+   the new job runs and holds the port; a stop orch recorded meanwhile ends serve, nothing rolled back).
+   A job that cannot even be started (a full disk) fails the same way. Failure: the new job
    is stopped, phase ``failed`` with the log tail, and with ``rollback`` the last known-good argv is
    relaunched (phase back to ``serving``; the command still fails).
 5. ``verify``: ``/server_info``'s speculative settings and FP8 backend, which tuned shapes the log says
@@ -38,7 +42,16 @@ from dataclasses import dataclass, field
 
 from orchestrator import jobs, readers
 from orchestrator import server_job as srv
-from orchestrator.errors import HostError, RefusedError, StateError, UnreachableError, VerifyError, local_disk_error
+from orchestrator.errors import (
+    HostError,
+    RefusedError,
+    StateError,
+    UnreachableError,
+    UsageError,
+    VerifyError,
+    local_disk_error,
+)
+from orchestrator.facts import probe, replacement
 from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import device_file_name
 from orchestrator.facts.server_log import ServerLog, ShapeUse, explaining_lines, shape_use, strip_prefix
@@ -112,7 +125,8 @@ class NotAsAsked(VerifyError):
 
 
 class StartupFailed(HostError):
-    """The new server (job ``job_id``) crashed, exited or never became healthy; ``tail`` ends its log."""
+    """The new server (job ``job_id``) crashed, exited or never became healthy; ``tail`` ends its log.
+    A server whose job could not even be started (a full disk) has ``job_id`` "" and no tail."""
 
     def __init__(self, message: str, job_id: str, tail: str) -> None:
         super().__init__(message)
@@ -283,6 +297,8 @@ def serve(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Pe
     if same is not None:
         return same
     unverified = None if options.force else interrupted_launch(session, ready)
+    if unverified is None:
+        check_replacement(session, ready)
     reason = f"serve: {'MTP' if options.mtp else 'no MTP'}"
     store.update_host(host.name, lambda hs: hs.server_launching(reason))
     try:
@@ -291,8 +307,8 @@ def serve(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Pe
         else:
             started = relaunch(session, ready, options)
         result = verify(session, ready.recipe, options, started, ready.gpus.compute_cap)
-    except StartupFailed:
-        raise  # already recorded (and rolled back when asked)
+    except (StartupFailed, StoppedMeanwhile):
+        raise  # already recorded (and rolled back when asked); a recorded stop wins
     except HostError as exc:
         _mark_failed(host, store, str(exc).splitlines()[0])
         raise
@@ -375,6 +391,9 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list
     unverified = None if options.force else interrupted_launch(session, ready)
     if unverified is not None:
         return [f"(re-attaches to server job {unverified.id}, {_ADOPTED}, and verifies it; --force relaunches)"]
+    obstacles = replacement_obstacles(session, ready.recipe, ready.gpus, ready.old)
+    if obstacles:
+        return [f"(refuses: the new server cannot start here: {'; '.join(map(str, obstacles))})"]
     lines = [f"WARNING: {w}" for w in ready.warnings]
     if ready.old is not None:
         lines.append(f"(stops server job {ready.old.id} {replacing(session, ready, options).why})")
@@ -382,6 +401,71 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list
 
 
 _UNTOUCHED = "the running server was left untouched"
+
+
+def check_replacement(session: HostSession, ready: Preflight) -> None:
+    """Before any stop: RefusedError (exit 3, nothing stopped or started) naming everything that would
+    make the new server fail to start here (``replacement_obstacles``), each with its fix, on one line."""
+    obstacles = replacement_obstacles(session, ready.recipe, ready.gpus, ready.old)
+    if not obstacles:
+        return
+    outcome = _UNTOUCHED if ready.old is not None else "nothing was started"
+    raise RefusedError(
+        f"{session.host.name}: the new server cannot start here ({outcome}): " + "; ".join(map(str, obstacles))
+    )
+
+
+def replacement_obstacles(
+    session: HostSession, recipe: Recipe, gpus: readers.GpuInfo, old: jobs.JobInfo | None
+) -> list[replacement.Obstacle]:
+    """What stands in the way of the new server (``facts.replacement``): the model's files, the GPUs the
+    server needs against those nvidia-smi shows, the port (free, or held by orch's running server), the
+    workdir (writable, with room for a job) and the SGLang the host's python imports. One round trip,
+    asked once per session until a stop or a pull forgets it."""
+    host = session.host
+    found = session.fact("replacement", lambda: read_replacement_facts(session))
+    needs = replacement.Needs(
+        host=host.name,
+        model_path=host.model_path,
+        port=host.server_port,
+        workdir=host.workdir,
+        python=host.python,
+        sglang_dir=host.sglang_dir,
+        gpus=facts.needed_gpus(recipe),
+        shown_gpus=gpus.shown,
+        own_session=old.pid if old is not None else None,
+    )
+    return replacement.unanswered_problems(found) + replacement.problems(found, needs)
+
+
+def check_host_ready(session: HostSession, recipe: Recipe, installs: bool = False) -> str:
+    """``orch run``'s preflight for a host that will serve: RefusedError (nothing run) naming what would
+    stop its server from starting (``replacement_obstacles``), but for the SGLang import when the run's
+    pull step installs (``installs``: that fixes it). Returns where sglang is imported from, to say."""
+    gpus = session.gpus(facts.server_gpus(recipe, session.host))
+    found = session.fact("replacement", lambda: read_replacement_facts(session))
+    obstacles = replacement_obstacles(session, recipe, gpus, session.running_server())
+    if installs:
+        obstacles = [o for o in obstacles if o.kind != "sglang"]
+    if obstacles:
+        raise RefusedError(
+            f"{session.host.name}: its server could not start here (nothing was run): " + "; ".join(map(str, obstacles))
+        )
+    imported = found.sglang
+    if imported.file is None:
+        return f"{session.host.python} cannot import sglang yet: the pull step installs it"
+    where = "the checkout" if imported.editable else "NOT the checkout: the pull step installs it"
+    return f"sglang {imported.version or '?'} imported from {imported.file} ({where})"
+
+
+def read_replacement_facts(session: HostSession) -> replacement.HostFacts:
+    """``facts.replacement``'s probe, run on the host (its sections bound their own time)."""
+    host = session.host
+    argv = replacement.probe_argv(host.model_path, host.server_port, host.workdir, host.python, host.sglang_dir)
+    timeout = replacement.PYTHON_TIMEOUT + 2 * replacement.MODEL_TIMEOUT + 60
+    return replacement.parse(session.runner.run(argv, timeout=timeout).stdout)
+
+
 _ADOPTED = "started with this command by a serve that was cut off before verifying it"
 
 
@@ -527,7 +611,10 @@ def _failed_start(session: HostSession, ready: Preflight, options: ServeOptions,
 
 
 def _stop_failed(session: HostSession, job_id: str, gpus: Sequence[int], options: ServeOptions) -> None:
-    """Stop a server that failed to start (it may hang, holding its GPUs); its log stays on the host."""
+    """Stop a server that failed to start (it may hang, holding its GPUs); its log stays on the host.
+    A start that never made a job (``job_id`` empty) leaves nothing to stop."""
+    if not job_id:
+        return
     job = jobs.find(session.runner, session.host.workdir, job_id)
     if job.running:
         srv.stop_job(session, job, gpus, options.drain_timeout, srv.FAILED_START)
@@ -545,6 +632,8 @@ def launch(
     commit = session.git().commit
     try:
         job = jobs.start(session.runner, host.workdir, spec)
+    except jobs.JobStartError as exc:  # nothing started: a failed start all the same (rolled back when asked)
+        raise StartupFailed(exc.message, "", "") from None
     finally:
         session.forget("jobs", "gpus", "server_info")
     if job.attached:  # another orch started a server between our check and now: leave it to that one
@@ -594,9 +683,11 @@ def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float) ->
         try:
             status = readers.health(host, runner, url)
             log = reader.read()
-            if status == 200:
+            if status == 200 and (job := own_health(session, job_id, job)).running:
                 return log
             now = time.monotonic()
+            if job is not None and not job.running and job.stop_requested:
+                raise stopped_meanwhile(session, job_id)
             reason = startup_problem(job, log, timeout if now - begin > timeout else None)
             if reason:
                 raise _startup_failed(session, job_id, reason, reader)
@@ -610,6 +701,40 @@ def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float) ->
             session.say(starting_line(now - begin, timeout, reader.text))
             next_report = now + HEALTH_REPORT_SECONDS
     raise AssertionError("unreachable")
+
+
+def own_health(session: HostSession, job_id: str, job: jobs.JobInfo | None) -> jobs.JobInfo:
+    """Whether a ``/health`` 200 is the new server's own: its job runs and holds the server port. Returns
+    the job as the host shows it now; StartupFailed when another process holds the port (it answered)."""
+    host = session.host
+    sections = [("job", jobs.show_argv(host.workdir, [job_id])), ("port", replacement.listeners_argv(host.server_port))]
+    found = probe.parse(session.runner.run(probe.probe_argv(sections), check=True, timeout=60).stdout)
+    job = next(iter(jobs.parse_list(found["job"].output if "job" in found else "", host.workdir)), job)
+    if job is None:
+        raise UsageError(f"{host.name}: no job {job_id!r} in {host.workdir}/jobs")
+    listeners = replacement.parse_listeners(found["port"].output) if "port" in found else ()
+    foreign = [x for x in listeners if x.session != job.pid]
+    if job.running and foreign:
+        named = ", ".join(f"pid {x.pid} ({x.name})" for x in foreign)
+        reason = f"never got port {host.server_port}: {named} holds it and answered /health"
+        raise _startup_failed(session, job_id, reason, session.log(job_id))
+    return job
+
+
+class StoppedMeanwhile(HostError):
+    """The new server was stopped by orch (``orch stop-server``) while serve waited for it: that stop is
+    what was asked last, so serve ends without marking a failure or rolling back (exit 3)."""
+
+
+def stopped_meanwhile(session: HostSession, job_id: str) -> StoppedMeanwhile:
+    """The error for server job ``job_id`` stopped (its stop requested by orch) during the health wait,
+    naming who stopped it when the state records it."""
+    record = session.state().server
+    by = record.stopped_by if record is not None and record.job_id == job_id and record.stopped_by else "orch"
+    return StoppedMeanwhile(
+        f"{session.host.name}: server job {job_id} was stopped by {by} while serve waited for it; "
+        "serve ends here (nothing rolled back)"
+    )
 
 
 def _reconnect(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import readers
 from orchestrator import server_job as server
 from orchestrator.errors import GatewayError, OrchError, RemoteCommandError, UnreachableError, UsageError
-from orchestrator.facts import git, gpus, probe
+from orchestrator.facts import git, gpus, probe, replacement
 from orchestrator.fleet import HostResult
 from orchestrator.gateway import GatewayClient, check_fleet
 from orchestrator.inventory import Host
@@ -70,14 +70,16 @@ PROBE_TIMEOUT = 60
 
 
 def status_sections(
-    host: Host, launched: ServerRecord | None = None, fetch: bool = False
+    host: Host, launched: ServerRecord | None = None, fetch: bool = False, python: bool = False
 ) -> list[tuple[str, list[str]]]:
     """The commands ``status`` runs on a host, all in one round trip: read-only, but for ``fetch``
     (``status --fetch``: fetch upstream first, so the commits behind are counted as of now). The server
-    is asked only where orch launched one (asking costs a python start on the host)."""
+    is asked only where orch launched one, and where ``host.python`` imports sglang from only for
+    ``python`` (``--wide``, ``--json``, ``orch status HOST``): each costs a python start on the host."""
     return [
         *([("fetch", git.fetch_argv(host.sglang_dir, host.remote))] if fetch else []),
         *(server.status_sections(host, launched) if launched else []),  # first: git, read last, is freshest
+        *([("sglang_import", replacement.sglang_argv(host.python, host.sglang_dir))] if python else []),
         ("git", git.info_argv(host.sglang_dir, host.upstream)),
         ("gpus", gpus.query_gpus_argv()),
         ("apps", gpus.query_apps_argv()),
@@ -95,17 +97,19 @@ class Observed:
 
 
 def observe(
-    session: HostSession, cached: HostState | None, fetch: bool = False, state: State | None = None
-) -> Observed:
+    session: HostSession, cached: HostState | None, fetch: bool = False, state: State | None = None,
+    python: bool = False,
+) -> Observed:  # fmt: skip
     """Read one host in a single remote command, plus the tuning progress (from the tuning jobs' logs,
     only while they run). Findings (no checkout, broken driver, a failed ``fetch``) are not errors.
     ``cached`` is the host's state as loaded once for the whole fleet: it says whether there is a server
     or tuning to ask about; ``state``, the whole state as loaded then, holds the tuning plans (so that no
-    host reads the state again). The checkout read becomes the session's ``git()``."""
+    host reads the state again). The checkout read becomes the session's ``git()``. ``python``: where
+    ``host.python`` imports sglang from and its version (``extra["sglang_import"]``)."""
     host = session.host
     started_at = datetime.now(timezone.utc)
     launched = cached.server if cached is not None else None
-    argv = probe.probe_argv(status_sections(host, launched, fetch))
+    argv = probe.probe_argv(status_sections(host, launched, fetch, python))
     sections = probe.explain_timeouts(
         probe.parse(_probe(session, argv, FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout),
         {"gpus": gpus.HANG_MESSAGE, "apps": gpus.HANG_MESSAGE},
@@ -118,6 +122,8 @@ def observe(
         session.know("git", info)
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
     status.extra["tuning"] = status_field(session, cached, state)
+    if python:
+        status.extra["sglang_import"] = _sglang_import(sections.get("sglang_import"), host)
     return Observed(status, info, sections, started_at)
 
 
@@ -133,6 +139,14 @@ def _probe(session: HostSession, argv: list[str], timeout: float) -> CommandResu
             "stopped answering (a network partition, or a host too loaded to run a command)",
             hint=f"check the network path to {session.host.address}; `orch status` again once it answers",
         ) from None
+
+
+def _sglang_import(section: probe.Section | None, host: Host) -> dict[str, Any]:
+    """Where the host's python imports sglang from (``facts.replacement.sglang_field``)."""
+    if section is None or not section.ok:
+        last = (section.output.strip().splitlines()[-1:] if section else []) or ["no answer"]
+        return replacement.sglang_field(replacement.SGLangImport(), f"{host.python}: {last[0]}")
+    return replacement.sglang_field(replacement.parse_sglang(section.output))
 
 
 def _fetch_error(section: probe.Section | None, host: Host) -> str | None:

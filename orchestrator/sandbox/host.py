@@ -6,14 +6,17 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from orchestrator.sandbox import hostdisk, sshkeys
 from orchestrator.sandbox.bastion import GatedSshDaemon, SimBastion
 from orchestrator.sandbox.hostdisk import HostDisk
 from orchestrator.sandbox.hosttools import nvidia_smi
+from orchestrator.sandbox.loopback import wait_listening
 from orchestrator.sandbox.processes import kill_host_processes
 from orchestrator.sandbox.sshd import SshDaemon, sshd_config
 
@@ -142,6 +145,44 @@ class SimHost:
         tmp.write_text(json.dumps(entry))
         tmp.replace(self.disk.gpus / f"{holder.pid}.json")
         return holder
+
+    def hold_port(self, port: int) -> subprocess.Popen[bytes]:
+        """Start a process orch did not start that listens on ``port`` where the server binds by default
+        (127.0.0.1) and answers ``GET /health`` with 200, until killed or teardown: a foreign listener."""
+        www = self.root / "foreign-www"
+        www.mkdir(exist_ok=True)
+        (www / "health").write_text("ok\n")
+        holder = subprocess.Popen(
+            [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(www)],
+            env=self.env(),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._holders.append(holder)
+        wait_listening("127.0.0.1", port)
+        return holder
+
+    def drop_model(self) -> Path:
+        """The model directory disappears (an NFS mount dropped); ``restore_model`` brings it back."""
+        return self.model_path.rename(self.model_path.with_name(self.model_path.name + ".dropped"))
+
+    def restore_model(self) -> None:
+        self.model_path.with_name(self.model_path.name + ".dropped").rename(self.model_path)
+
+    def import_sglang_from_copy(self) -> Path:
+        """The host's python imports a copy of the checkout's sglang (as after a plain ``pip install``),
+        not the checkout orch pulls; returns the copy's package directory. ``import_sglang_from_checkout``
+        undoes it."""
+        copy = self.root / "site-copy"
+        if not copy.exists():
+            shutil.copytree(self.sglang_dir / "python" / "sglang", copy / "sglang")
+        hostdisk.point_editable(self.disk.venv, copy)
+        return copy / "sglang"
+
+    def import_sglang_from_checkout(self) -> None:
+        hostdisk.point_editable(self.disk.venv, self.sglang_dir / "python")
 
     def gpu_processes(self) -> list[dict[str, object]]:
         """What ``nvidia-smi --query-compute-apps`` lists: one dict per (process, GPU) with

@@ -3,7 +3,9 @@
 ::
 
     <root>/bin/nvidia-smi               simulated nvidia-smi (hosttools/nvidia_smi.py)
-    <root>/bin/dmesg, journalctl, df    simulated kernel log (hosttools/kernel_log.py) and df (hosttools/df.py)
+    <root>/bin/dmesg, journalctl         simulated kernel log (hosttools/kernel_log.py)
+    <root>/bin/df                       df; a full disk with knob ``disk_free_kib``/``_mib`` (hosttools/df.py)
+    <root>/bin/mkdir                    mkdir; a job start fails on a full disk with ``job_start_fails``
     <root>/etc/                         sshd_config, host key, authorized_keys
     <root>/log/sshd.log                 sshd's log (LogLevel VERBOSE)
     <root>/home/                        HOME of every session on the host
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.sandbox import gitrepo, modelconfig
-from orchestrator.sandbox.hosttools import df, kernel_log, nvidia_smi, torch_stub
+from orchestrator.sandbox.hosttools import df, kernel_log, mkdir, nvidia_smi, torch_stub
 
 PTH_NAME = "sglang_sim_editable.pth"
 CONSOLE_SCRIPTS = {"sglang": "sglang.cli.main:main"}
@@ -105,8 +107,14 @@ def prepare(disk: HostDisk, upstream: Path, venv_template: Path, knobs: Mapping[
     for directory in (disk.bin, disk.etc, disk.home, disk.gpus, disk.root / "log"):
         directory.mkdir(parents=True, exist_ok=True)
     install_nvidia_smi(disk.bin / "nvidia-smi")
-    for name, tool in (("dmesg", kernel_log.__file__), ("journalctl", kernel_log.__file__), ("df", df.__file__)):
-        install_tool(Path(tool), disk.bin / name)
+    tools = {
+        "dmesg": kernel_log.__file__,
+        "journalctl": kernel_log.__file__,
+        "df": df.__file__,
+        "mkdir": mkdir.__file__,
+    }
+    for name, tool in tools.items():
+        install_tool(str(tool), disk.bin / name)
     gitrepo.clone(upstream, disk.sglang_dir)
     install_venv(venv_template, disk.venv, disk.sglang_dir / "python")
     modelconfig.write_model(disk.model_path.parent)
@@ -116,12 +124,12 @@ def prepare(disk: HostDisk, upstream: Path, venv_template: Path, knobs: Mapping[
 def install_nvidia_smi(dest: Path) -> None:
     """Copy the simulated nvidia-smi, run by this interpreter (found without PATH). It needs only the
     standard library, so it starts without site-packages (4x faster: status calls it on every host)."""
-    install_tool(Path(nvidia_smi.__file__), dest)
+    install_tool(nvidia_smi.__file__, dest)
 
 
-def install_tool(module: Path, dest: Path) -> None:
-    """Copy a simulated host tool (a standard-library-only script of ``hosttools``) to ``dest``."""
-    source = module.read_text()
+def install_tool(module_file: str, dest: Path) -> None:
+    """Copy a ``hosttools`` module to ``dest`` as a program run by this interpreter without site-packages."""
+    source = Path(module_file).read_text()
     body = source.split("\n", 1)[1] if source.startswith("#!") else source
     dest.write_text(f"#!{sys.executable} -SI\n{body}")
     dest.chmod(0o755)
@@ -138,12 +146,18 @@ def install_venv(template: Path, dest: Path, source_dir: Path) -> None:
     """Copy the venv template to ``dest`` and make ``source_dir`` importable with its console scripts
     in ``dest/bin`` (as ``pip install -e`` does)."""
     shutil.copytree(template, dest, symlinks=True)
+    point_editable(dest, source_dir)
     site = dest / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    site.mkdir(parents=True, exist_ok=True)
-    (site / PTH_NAME).write_text(f"{source_dir}\n")
     shutil.copytree(Path(torch_stub.__file__).parent, site / "torch", ignore=shutil.ignore_patterns("__pycache__"))
     for name, entry in CONSOLE_SCRIPTS.items():
         install_console_script(dest / "bin" / name, dest / "bin" / "python", entry)
+
+
+def point_editable(venv: Path, source_dir: Path) -> None:
+    """Make the venv import its packages from ``source_dir`` (the ``.pth`` an editable install writes)."""
+    site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / PTH_NAME).write_text(f"{source_dir}\n")
 
 
 def console_script_shebang(python: Path) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import socket
+import time
 
 PORT_RANGE = (20000, 32767)
 MAX_HOSTS = 250
@@ -45,3 +46,16 @@ def free_port(*addresses: str) -> int:
             _handed_out.add(port)
             return port
     raise OSError(f"no free port in {PORT_RANGE} on {', '.join(addresses)}")
+
+
+def wait_listening(address: str, port: int, timeout: float = 10.0) -> None:
+    """Return once something accepts connections on ``address:port``; OSError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((address, port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

@@ -77,6 +77,9 @@ DEEPSEEK_V4_FLASH: dict[str, object] = {
 # defaults `--speculative-draft-model-path` to it); gamma 7, SGLang's default.
 DSPARK_DRAFT: dict[str, object] = {"architectures": ["DSparkDeepseekV4DraftModel"], "block_size": 7}
 
+WEIGHTS_INDEX = "model.safetensors.index.json"
+"""The weights' index of a sharded checkpoint."""
+
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 """The weight shards the model's index names: a few bytes each (``orch doctor`` checks they exist and are
 not empty; nothing loads them)."""
@@ -93,7 +96,7 @@ def write_model(models_dir: Path, *, dspark: bool = True) -> Path:
     for shard in SHARDS:
         (model / shard).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
     index = {"metadata": {"total_size": 16 * len(SHARDS)}, "weight_map": weight_map}
-    (model / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (model / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
     if dspark:
         (model / "dspark").mkdir(exist_ok=True)
         (model / "dspark" / "config.json").write_text(json.dumps(DSPARK_DRAFT, indent=2) + "\n")

@@ -25,5 +25,11 @@ def pull_report(results: FleetResult[PullResult]) -> None:
         for sha, subject in p.commits:
             out.print(inert(f"    {sha} {subject}"), markup=False)
     for r in results.succeeded:
+        if r.value is not None and r.value.install_needed:
+            out.print(
+                f"{r.host.name}: python/pyproject.toml changed (the package's pins): an install is needed before "
+                f"serving: `orch pull --install --host {r.host.name}`",
+                markup=False,
+            )
         if r.value is not None and r.value.installed:
             out.print(f"{r.host.name}: installed with `pip install -e python` ({r.host.python})", markup=False)

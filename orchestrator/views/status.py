@@ -105,7 +105,22 @@ def _sglang_cell(v: HostStatus, now: datetime | None = None) -> str:
     behind = sg.get("behind")
     lag = "" if behind is None and not sg.get("in_progress") else f" ({_lag(sg)}"
     fetched = f", {_fetched(v, now)})" if now is not None and lag else ")" if lag else ""
-    return f"{sg.get('branch')} {sg.get('short') or str(sg.get('commit'))[:10]} {sg.get('subject', '')}{lag}{fetched}"
+    line = f"{sg.get('branch')} {sg.get('short') or str(sg.get('commit'))[:10]} {sg.get('subject', '')}{lag}{fetched}"
+    imported = _import_cell(v.extra.get("sglang_import"))
+    return f"{line}; {imported}" if imported else line
+
+
+def _import_cell(found: dict[str, Any] | None) -> str | None:
+    """Where the host's python imports sglang from: ``python imports sglang 0.5.23 from the checkout``, or
+    what is wrong."""
+    if not found:
+        return None
+    if found.get("error"):
+        return f"python cannot import sglang: {found['error']} (`orch pull --install`)"
+    version = found.get("version") or "unknown version"
+    if found.get("editable"):
+        return f"python imports sglang {version} from the checkout"
+    return f"python imports sglang {version} from {found.get('from')}, NOT the checkout (`orch pull --install`)"
 
 
 def _lag(sg: dict[str, Any]) -> str:

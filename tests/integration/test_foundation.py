@@ -106,11 +106,18 @@ def test_changed_host_key_is_always_refused(make_fleet, isolated_env: Path) -> N
 
 def test_pull_fast_forwards_and_lists_new_commits(make_fleet) -> None:  # type: ignore[no-untyped-def]
     env = make_fleet(2)
-    for subject in ("Add A", "Add B", "Fix C"):
+    for subject in ("Add A", "Add B"):
         env.fleet.add_upstream_commit(subject)
+    pins = (env.fleet.hosts[0].sglang_dir / "python" / "pyproject.toml").read_text() + "# sglang-kernel bumped\n"
+    env.fleet.add_upstream_commit("Fix C", {"python/pyproject.toml": pins})
     run = env.orch("pull")
     assert run.returncode == 0, run.output
     assert run.stdout.count("3 new commits") == 2
+    for host in env.fleet.hosts:
+        assert (
+            f"{host.name}: python/pyproject.toml changed (the package's pins): an install is needed before serving: "
+            f"`orch pull --install --host {host.name}`"
+        ) in run.stdout
     assert "Fix C" in run.stdout and "Add A" in run.stdout
     code, hosts = status_json(env)
     assert code == 0

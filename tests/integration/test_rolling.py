@@ -515,3 +515,24 @@ def test_rolling_run_tunes_host_by_host_out_of_the_gateway_and_fails_no_request(
         assert steps_of(env, name, new) == {"tune-fp8", "serve"}
         assert state.hosts[name].phase == Phase.SERVING
     assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+
+
+def test_a_host_whose_replacement_cannot_start_stays_in_the_gateway_serving(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    env = gateway_fleet.env
+    sim2 = env.fleet.hosts[1]  # type: ignore[attr-defined]
+    before = argv_of(env, "sim-2"), server_job(env, "sim-2")
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
+    sim2.drop_model()
+    try:
+        run = env.orch("serve", "--playbook", new)
+    finally:
+        sim2.restore_model()
+    assert run.returncode == 3, run.output
+    assert f"model directory {sim2.model_path} is missing (a dropped mount?)" in run.output, run.output
+    assert (argv_of(env, "sim-2"), server_job(env, "sim-2")) == before  # never stopped
+    assert "sim-1: taking" in run.stderr and "sim-2: taking" not in run.output  # never left the gateway
+    assert "rollout halted: wave 2 failed on sim-2; not touched: sim-3" in run.output
+    healthy = {w.url for w in gateway_fleet.client.workers() if w.healthy}
+    assert gateway_fleet.urls()[1] in healthy  # still routed to

@@ -55,6 +55,8 @@ def test_run_takes_three_hosts_to_serving_with_mtp_verified_and_a_benchmark(make
     env.fleet.add_upstream_commit("Faster FP8 path")
     run = env.orch("run", "deepseek-v4-flash", timeout=600)
     assert run.returncode == 0, run.output
+    for host in env.fleet.hosts:  # preflight says which SGLang the host's python imports
+        assert f"{host.name}: sglang 0.5.23 imported from {host.sglang_dir}/python/sglang (the checkout)" in run.output
     for name, hs in state(env).items():
         assert hs["phase"] == "serving", name
         assert set(hs["steps"]["done"]) == {"pull", "tune-fp8", "serve", "bench"}
@@ -173,3 +175,10 @@ def test_run_refuses_a_recipe_serve_would_refuse_before_its_first_step(make_flee
     assert [subprocess.run(["git", "-C", str(h.sglang_dir), "rev-parse", "HEAD"], capture_output=True).stdout
             for h in env.fleet.hosts] == heads  # fmt: skip
     assert all(hs["phase"] == "serving" and not hs.get("steps") for hs in state(env).values())
+    host = env.fleet.hosts[1]
+    host.drop_model()  # its serve could not start: refused before the pull, as serve would refuse it
+    dropped = env.orch("run", "--host", host.name)
+    assert dropped.returncode == 3, dropped.output
+    assert f"{host.name}: refused before any step: nothing was started or stopped" in dropped.stderr
+    assert f"model directory {host.model_path} is missing (a dropped mount?)" in dropped.stderr
+    assert purposes(host) == Counter({"server": servers[host.name]})

@@ -6,6 +6,7 @@ import json
 import re
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -218,10 +219,10 @@ def test_crash_at_start_is_failed_with_the_log_tail(fleet1: FleetEnv) -> None:
 def test_rollback_restores_the_known_good_server_after_a_crash(fleet1: FleetEnv, tmp_path: Path) -> None:
     serve_ok(fleet1)
     good = server_state(fleet1).server.argv
-    too_big = playbook(tmp_path, "tp16", server_args={"tp-size": 16})  # the server dies: not enough GPUs
+    too_big = playbook(tmp_path, "oom", server_args={"mem-fraction-static": 1.2})  # the server dies: CUDA OOM
     run = fleet1.orch("serve", "--playbook", too_big, "--rollback")
     assert run.returncode == 3
-    assert "crashed at start: RuntimeError: Not enough GPUs" in run.stderr
+    assert "crashed at start: torch.OutOfMemoryError: CUDA out of memory" in run.stderr
     assert "rollback: the known-good server is serving again" in run.stderr
     hs = server_state(fleet1)
     assert hs.server.argv == good and hs.server.healthy and hs.phase.value == "serving"
@@ -342,3 +343,90 @@ def test_a_slow_start_shows_the_time_waited_and_the_servers_last_log_line(fleet1
     assert " of 60 min): " in waiting[0]  # the recipe's health_timeout, 3600 s
     shown = waiting[0].split("): ", 1)[1].strip()  # the server's own words, without its time prefix
     assert shown and not shown.startswith("[")
+
+
+# --- never stop a server that cannot be replaced (issue 30 §2) ------------------------------------------------
+
+
+def refused_without_a_stop(env: FleetEnv, line: str, *args: str) -> None:
+    """``serve --force --rollback`` refuses with exit 3 and ``line``; the running server was not touched."""
+    before = running_server_ids(env)
+    run = env.orch("serve", "--force", "--rollback", *args)
+    assert run.returncode == 3, run.output
+    assert line in run.stderr
+    assert "the running server was left untouched" in run.stderr and "stopping server job" not in run.output
+    assert running_server_ids(env) == before
+    assert server_state(env).phase.value == "serving"
+
+
+def test_a_server_whose_replacement_cannot_start_is_never_stopped(fleet1: FleetEnv) -> None:
+    serve_ok(fleet1)
+    host = host0(fleet1)
+    model = str(host.model_path)
+
+    host.drop_model()  # an NFS mount dropped
+    dry = fleet1.orch("serve", "--force", "--dry-run")  # what a rolling relaunch decides by: it does not replace
+    assert f"(refuses: the new server cannot start here: model directory {model} is missing" in dry.stdout
+    refused_without_a_stop(
+        fleet1,
+        f"sim-1: the new server cannot start here (the running server was left untouched): "
+        f"model directory {model} is missing (a dropped mount?)",
+    )
+    host.restore_model()
+
+    host.set_knobs(gpus=7)  # a GPU fell off the bus: tp 8 cannot start
+    refused_without_a_stop(fleet1, "the server needs 8 GPUs (0-7) but nvidia-smi shows 7 (no GPU 7)")
+    host.set_knobs(gpus=None)
+
+    host.set_knobs(disk_free_kib=1024)  # the workdir's disk is full
+    refused_without_a_stop(fleet1, f"no space left for a job in {host.workdir}: 1 MiB free (a job needs 100)")
+    host.set_knobs(disk_free_kib=None)
+
+    status = json.loads(fleet1.orch("status", "--json").stdout)["hosts"][0]["sglang_import"]
+    assert status["editable"] is True and status["version"] == "0.5.23"
+    copy = host.import_sglang_from_copy()  # a plain `pip install` of another copy
+    checkout = f"{host.sglang_dir}/python/sglang"
+    refused_without_a_stop(
+        fleet1,
+        f"{host.python} imports sglang from {copy}, not from {checkout} (sglang_dir) "
+        "(`orch pull --install --host sim-1` installs the checkout",
+    )
+    assert f"python imports sglang 0.5.23 from {copy}, NOT the checkout" in fleet1.orch("status", "sim-1").stdout
+    host.import_sglang_from_checkout()
+
+    host.set_knobs(job_start_fails=1)  # the disk fills between the check and the start: rolled back
+    good = running_server_ids(fleet1)
+    run = fleet1.orch("serve", "--force", "--rollback")
+    assert run.returncode == 3, run.output
+    assert f"sim-1: no space left on device in {host.workdir}: the server job could not be written" in run.stderr
+    assert "rollback: the known-good server is serving again" in run.stderr and "orch-start" not in run.output
+    assert len(running_server_ids(fleet1)) == 1 and running_server_ids(fleet1) != good
+    assert server_state(fleet1).phase.value == "serving"
+
+    stop = fleet1.orch("stop-server", "--yes")
+    assert stop.returncode == 0, stop.output
+    holder = host.hold_port(host.server_port)  # answers /health with 200
+    run = fleet1.orch("serve")
+    assert run.returncode == 3, run.output
+    assert f"port {host.server_port} is held by pid {holder.pid} (python" in run.stderr
+    assert "nothing was started" in run.stderr and running_server_ids(fleet1) == []
+    assert holder.poll() is None  # never killed
+
+
+def test_a_stop_recorded_during_the_health_wait_ends_serve_without_rollback(fleet1: FleetEnv) -> None:
+    serve_ok(fleet1)
+    good = running_server_ids(fleet1)
+    host0(fleet1).set_knobs(startup_seconds=60)  # the new server starts slowly: stop-server comes first
+    with ThreadPoolExecutor(1) as pool:
+        serving = pool.submit(fleet1.orch, "serve", "--force", "--rollback")
+        while not (new := [j for j in running_server_ids(fleet1) if j not in good]):
+            assert not serving.done(), serving.result().output
+            time.sleep(0.2)
+        stop = fleet1.orch("stop-server", "--yes")
+        run = serving.result()
+    assert stop.returncode == 0, stop.output
+    assert run.returncode == 3, run.output
+    assert f"sim-1: server job {new[0]} was stopped by orch" in run.stderr and "serve ends here" in run.stderr
+    assert "rolling back" not in run.output and "rollback" not in run.stderr
+    assert running_server_ids(fleet1) == []  # the stop stands: nothing relaunched
+    assert server_state(fleet1).server.stopped_by == "orch stop-server"

@@ -322,3 +322,31 @@ def test_a_host_where_the_index_cannot_be_made_lists_every_job_directory(runner:
     Path(workdir, "live").write_text("")  # not a directory: the index cannot be made
     assert {j.id: j.state for j in jobs.list_jobs(runner, workdir)} == {done: "succeeded"}
     assert not Path(workdir, "jobs.index").exists()
+
+
+@pytest.mark.parametrize(
+    ("said", "expected"),
+    [
+        ("date: write error: No space left on device", "local: no space left on device in {w}: the t.full job could "
+         "not be written"),
+        ("sh: 1: printf: I/O error", "local: could not start the t.full job in {w}: a write failed (I/O error: is "
+         "the disk full?)"),
+        ("date: cannot stat: Permission denied", "local: could not start the t.full job in {w}: date: cannot stat: "
+         "Permission denied"),
+    ],
+)  # fmt: skip
+def test_a_start_that_cannot_write_its_job_says_why_in_one_line_and_leaves_nothing(
+    tmp_path: Path, workdir: str, said: str, expected: str
+) -> None:
+    """A full disk when the job's files are written: one line (not the start script), and no half-made job."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "date").write_text(f"#!/bin/sh\necho '{said}' >&2\nexit 1\n")
+    (fake / "date").chmod(0o755)
+    full = LocalRunner(
+        Host(name="local", address="localhost", transport="local", env={"PATH": f"{fake}:/usr/bin:/bin"})
+    )
+    with pytest.raises(jobs.JobStartError) as failed:
+        jobs.start(full, workdir, jobs.JobSpec("test", "t.full", ["sleep", "30"]))
+    assert failed.value.message == expected.format(w=workdir)
+    assert list(Path(workdir, "jobs").iterdir()) == [] and list(Path(workdir, "live").iterdir()) == []

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import http.server
+import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,3 +93,56 @@ def test_startup_problem(
     job: jobs.JobInfo | None, log: ServerLog, timed_out: float | None, problem: str | None
 ) -> None:
     assert serve_op.startup_problem(job, log, timed_out) == problem
+
+
+# --- /health is trusted only while orch's job runs and holds the port (issue 30 §1) --------------------------
+
+
+@pytest.fixture
+def health_dir(tmp_path: Path) -> Path:
+    served = tmp_path / "www"
+    served.mkdir()
+    (served / "health").write_text("ok\n")
+    return served
+
+
+def port_session(tmp_path: Path, port: int) -> HostSession:
+    host = Host(name="local", address="localhost", transport="local", workdir=str(tmp_path / "orch"),
+                python=sys.executable, server_port=port)  # fmt: skip
+    return HostSession(host, CountingRunner(host), cast(Any, None))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_foreign_listener_answering_health_is_not_the_new_server(tmp_path: Path, health_dir: Path) -> None:
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(health_dir))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as foreign:
+        threading.Thread(target=foreign.serve_forever, daemon=True).start()
+        port = foreign.server_address[1]
+        session = port_session(tmp_path, port)
+        started = jobs.start(session.runner, session.host.workdir, jobs.JobSpec("server", "server", ["sleep", "30"]))
+        try:
+            with pytest.raises(serve_op.StartupFailed) as failed:
+                serve_op.wait_healthy(session, started.job_id, f"http://127.0.0.1:{port}", timeout=60)
+        finally:
+            jobs.stop(session.runner, jobs.find(session.runner, session.host.workdir, started.job_id), 1)
+            foreign.shutdown()
+    assert failed.value.message.splitlines()[0] == (
+        f"local: the new server (job {started.job_id}) never got port {port}: pid {os.getpid()} "
+        f"({Path(f'/proc/{os.getpid()}/comm').read_text().strip()}) holds it and answered /health"
+    )
+
+
+def test_the_new_servers_own_health_is_trusted(tmp_path: Path, health_dir: Path) -> None:
+    port = free_port()
+    session = port_session(tmp_path, port)
+    serve = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(health_dir)]
+    started = jobs.start(session.runner, session.host.workdir, jobs.JobSpec("server", "server", serve))
+    try:
+        serve_op.wait_healthy(session, started.job_id, f"http://127.0.0.1:{port}", timeout=60)
+    finally:
+        jobs.stop(session.runner, jobs.find(session.runner, session.host.workdir, started.job_id), 1)

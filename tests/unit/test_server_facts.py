@@ -459,3 +459,17 @@ def test_check_settings_reports_a_resolved_setting_other_than_expected() -> None
     assert [str(p) for p in server.check_settings(resolved, expected)] == [
         "moe_runner_backend: the server resolved triton, expected flashinfer_mxfp4"
     ]
+
+
+@pytest.mark.parametrize(
+    ("args", "gpus"),
+    [
+        ({"tp": 8}, list(range(8))),
+        ({"tp": 16}, list(range(16))),  # not capped: the replacement check compares them with nvidia-smi's
+        ({"tp": 4, "dp": 4}, list(range(16))),
+        ({"tp": 4, "dp": 4, "enable-dp-attention": True}, [0, 1, 2, 3]),  # attention-DP inside the tp GPUs
+        ({"tp": 4, "base-gpu-id": 6}, [6, 7, 8, 9]),
+    ],
+)
+def test_needed_gpus(args: dict[str, Any], gpus: list[int]) -> None:
+    assert server.needed_gpus(recipe(server_args=args)) == gpus

@@ -152,3 +152,15 @@ def test_shape_use_reports_every_shape_the_log_shows_not_only_the_recipes() -> N
         ("N=8192,K=1024", False, False),  # looked up, no file, not in the recipe: reported too
     ]
     assert "not in the recipe's tuning.shapes" in report[2].reason and report[2].path == cfg(8192, 1024)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): address already in use",
+        "OSError: [Errno 98] Address already in use",
+    ],
+)
+def test_a_bind_error_is_the_startup_failure_said_as_such(line: str) -> None:
+    log = parse_server_log(f"[2026-01-01 00:00:00] server_args=ServerArgs(port=30000)\n{line}\n")
+    assert log.failure == f"could not bind its port (another process listens there): {line}"

@@ -22,6 +22,8 @@ Knobs (name: default):
     triton_default_slowdown: 1.25    server: step factor for Triton FP8 GEMMs without tuned configs
     tuned_speedup: 0.85              server: step factor for Triton FP8 GEMMs with tuned configs
     log_noise_bytes: 0               tuner and server: log invalid UTF-8 and one line this long first
+    disk_free_kib: null              df: every filesystem shows this many KiB available (a full disk)
+    job_start_fails: 0               mkdir: this many job starts fail with "No space left on device"
 """
 
 import functools

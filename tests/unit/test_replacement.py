@@ -1,0 +1,225 @@
+"""The replacement check (``facts.replacement``): what stops a new server from starting, read in one round
+trip before any stop. Table tests of the parser and of the problems, and the probe run for real on this
+machine (a local shell: its model directory, a listener on a port, the workdir, a Python's sglang)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.facts import replacement as r
+from orchestrator.facts.probe import probe_argv
+
+HOST = "gpu-1"
+
+
+def needs(**changes: object) -> r.Needs:
+    base: dict[str, object] = dict(
+        host=HOST,
+        model_path="/models/M",
+        port=30000,
+        workdir="/root/.orch",
+        python="/venv/bin/python",
+        sglang_dir="/root/sglang",
+        gpus=list(range(8)),
+        shown_gpus=list(range(8)),
+        own_session=None,
+    )
+    return r.Needs(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def answer(**sections: tuple[int, str]) -> str:
+    """A probe answer with the given sections (name -> (exit status, output)); the others healthy."""
+    healthy = {
+        "model": (0, "dir ok\nconfig ok\nweights index"),
+        "port": (0, "free"),
+        "workdir": (0, "checked /root/.orch\nwritable\nfree 5000000"),
+        "sglang": (0, "want /root/sglang/python/sglang\nfile /root/sglang/python/sglang\nversion 0.5.23"),
+    }
+    out = []
+    for name, (status, text) in {**healthy, **sections}.items():
+        out += [f"@@orch-section begin {name}", text, "", f"@@orch-section end {name} {status}"]
+    return "\n".join(out) + "\n"
+
+
+def obstacles(stdout: str, **changes: object) -> list[str]:
+    found = r.parse(stdout)
+    return [str(o) for o in r.unanswered_problems(found) + r.problems(found, needs(**changes))]
+
+
+@pytest.mark.parametrize(
+    ("sections", "changes", "expected"),
+    [
+        ({}, {}, []),
+        (
+            {"model": (0, "dir missing")},
+            {},
+            [
+                "model directory /models/M is missing (a dropped mount?) (mount or copy the model there, or fix "
+                "`model_path` for gpu-1)"
+            ],
+        ),
+        (
+            {"model": (0, "dir ok\nconfig missing\nweights shards 0")},
+            {},
+            [
+                "/models/M/config.json is missing (mount or copy the model there, or fix `model_path` for gpu-1)",
+                "no weights in /models/M (no model.safetensors.index.json, no *.safetensors) (mount or copy the "
+                "model there, or fix `model_path` for gpu-1)",
+            ],
+        ),
+        ({"model": (0, "dir ok\nconfig ok\nweights shards 46")}, {}, []),
+        (
+            {},
+            {"shown_gpus": list(range(7))},
+            [
+                "the server needs 8 GPUs (0-7) but nvidia-smi shows 7 (no GPU 7) (check the host's GPUs with "
+                "nvidia-smi, or lower the recipe's tp/dp)"
+            ],
+        ),
+        ({}, {"shown_gpus": None}, []),  # not read: nothing to compare
+        (
+            {"port": (0, "listener 4242 4242 python3\nlistener 4242 4242 python3")},
+            {"own_session": 999},
+            [
+                "port 30000 is held by pid 4242 (python3), not by orch's server (free the port (orch never kills "
+                "a process it did not start) or change `server_port` for gpu-1)"
+            ],
+        ),
+        ({"port": (0, "listener 5001 999 sglang::scheduler")}, {"own_session": 999}, []),  # orch's server
+        (
+            {"port": (0, "listener - - -")},
+            {},
+            [
+                "port 30000 is held by a process orch cannot see, not by orch's server (free the port (orch never "
+                "kills a process it did not start) or change `server_port` for gpu-1)"
+            ],
+        ),
+        (
+            {"workdir": (0, "checked /root/.orch\nwritable\nfree 2048")},
+            {},
+            [
+                "no space left for a job in /root/.orch: 2 MiB free (a job needs 100) (free space on /root/.orch's "
+                "filesystem, or point `workdir` for gpu-1 elsewhere)"
+            ],
+        ),
+        (
+            {"workdir": (0, "checked /root\nreadonly mktemp: Read-only file system\nfree 9999999")},
+            {},
+            [
+                "workdir /root is not writable: mktemp: Read-only file system (free space on /root's filesystem, "
+                "or point `workdir` for gpu-1 elsewhere)"
+            ],
+        ),
+        (
+            {
+                "sglang": (
+                    0,
+                    "want /root/sglang/python/sglang\nfile /usr/lib/sglang\nversion 0.5.9",
+                )
+            },
+            {},
+            [
+                "/venv/bin/python imports sglang from /usr/lib/sglang, not from "
+                "/root/sglang/python/sglang (sglang_dir) (`orch pull --install --host gpu-1` installs the "
+                "checkout into /venv/bin/python)"
+            ],
+        ),
+        (
+            {"sglang": (0, "want /root/sglang/python/sglang\nerror ModuleNotFoundError: No module named 'sglang'")},
+            {},
+            [
+                "/venv/bin/python cannot import sglang: ModuleNotFoundError: No module named 'sglang' (`orch pull "
+                "--install --host gpu-1` installs the checkout into /venv/bin/python)"
+            ],
+        ),
+        (
+            {"model": (124, "")},
+            {},
+            ["could not check model: timed out (check the model's mount on the host)"],
+        ),
+        (
+            {"sglang": (127, "timeout: failed to run command '/venv/bin/python': No such file or directory")},
+            {},
+            [
+                "could not check sglang: exit 127: timeout: failed to run command '/venv/bin/python': No such file "
+                "or directory (check `python` for the host in the inventory)"
+            ],
+        ),
+    ],
+)
+def test_what_stops_a_new_server_from_starting(
+    sections: dict[str, tuple[int, str]], changes: dict[str, object], expected: list[str]
+) -> None:
+    assert obstacles(answer(**sections), **changes) == expected
+
+
+def test_a_section_cut_short_is_not_a_pass() -> None:
+    cut = answer().split("@@orch-section begin sglang")[0]
+    assert obstacles(cut) == ["could not check sglang: no answer (check `python` for the host in the inventory)"]
+
+
+def test_the_sglang_import_is_read_with_its_version() -> None:
+    found = r.parse(answer())
+    assert found.sglang == r.SGLangImport("/root/sglang/python/sglang", "/root/sglang/python/sglang", "0.5.23", None)
+    assert found.sglang.editable
+
+
+def test_the_probe_is_one_command_of_four_sections() -> None:
+    argv = r.probe_argv("/models/M", 30000, "/root/.orch", "/venv/bin/python", "/root/sglang")
+    assert argv == probe_argv(r.sections("/models/M", 30000, "/root/.orch", "/venv/bin/python", "/root/sglang"))
+    assert [name for name, _ in r.sections("/m", 1, "/w", "/p", "/s")] == ["model", "port", "workdir", "sglang"]
+
+
+# --- the probe run for real on this machine ------------------------------------------------------------------
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[int, int]]:
+    """A socket this test process listens on: (port, this process's pid)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1], os.getpid()
+
+
+def run_probe(model: Path, port: int, workdir: Path, python: str, sglang_dir: Path) -> r.HostFacts:
+    argv = r.probe_argv(str(model), port, str(workdir), python, str(sglang_dir))
+    return r.parse(subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout)
+
+
+def test_the_probe_reads_a_real_host(tmp_path: Path, listener: tuple[int, int]) -> None:
+    port, pid = listener
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model-00001-of-00002.safetensors").write_bytes(b"")
+    sglang_dir = tmp_path / "sglang"
+    (sglang_dir / "python" / "sglang").mkdir(parents=True)
+    (sglang_dir / "python" / "sglang" / "__init__.py").write_text("__version__ = '0.5.23'\n")
+    python = tmp_path / "python"  # imports sglang from the checkout, as an editable install does
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={sglang_dir}/python exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    found = run_probe(model, port, tmp_path / "orch" / "work", str(python), sglang_dir)
+    assert (found.model_dir, found.model_config, found.weights) == (True, True, "shards 1")
+    assert [(x.pid, x.name) for x in found.listeners or ()] == [(pid, Path(sys.executable).name[:15])]
+    assert (found.workdir_checked, found.workdir_writable) == (str(tmp_path), True)
+    assert found.free_kib is not None and found.free_kib > 0
+    assert found.sglang.editable and found.sglang.version == "0.5.23"
+    assert found.unanswered == ()
+
+
+def test_the_probe_reads_a_host_without_model_or_sglang(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        free_port = sock.getsockname()[1]  # bound, not listening: free for the probe
+    found = run_probe(tmp_path / "gone", free_port, tmp_path, sys.executable, tmp_path / "sglang")
+    assert found.model_dir is False and found.listeners == ()
+    assert found.workdir_writable is True
+    assert not found.sglang.editable  # this Python's sglang, if any, is not the checkout's
