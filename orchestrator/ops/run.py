@@ -587,19 +587,21 @@ def _dry_commands(session: HostSession, recipe: Recipe, step: Step) -> list[str]
     if isinstance(options, PullOptions):
         return pull_op.dry_run_lines(host, options.install)
     assert isinstance(options, BenchOptions)
-    module = (
-        bench_facts.parse_module(runner.run(bench_facts.module_argv(host.python)).stdout) or "sglang.benchmark.serving"
-    )
-    params = bench_facts.resolve_params(recipe.bench, options)
+    tool = bench_facts.parse_module(runner.run(bench_facts.module_argv(host.python)).stdout)
+    spec = recipe.bench
+    ids = spec.dataset_name == bench_facts.OFFLINE_DATASET and options.dataset is None
+    dataset = None if ids else bench_facts.dataset_path(host.workdir, spec.dataset_path)
+    params = bench_facts.resolve_params(spec, options, bench_facts.Dataset(spec.dataset_name, dataset))
     return [
         shell_command(
             bench_facts.bench_argv(
                 host.python,
-                module,
+                tool or bench_facts.BenchTool("sglang.benchmark.serving"),
                 server_facts.probe_address(recipe),
                 host.server_port,
                 params,
                 "<job dir>/bench.jsonl",
+                dataset,
             )
         )
     ]
