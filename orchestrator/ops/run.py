@@ -367,13 +367,17 @@ def _playbook_arg(ctx: RunContext, host: Host) -> str:
 def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[None]:
     """Before the first step, on each host that will serve: the whole launch command (MTP rules, no
     secret, every flag against the host's own ``--help``), so a recipe ``serve`` would refuse costs no
-    tuning and stops no server. A pull may change the host's SGLang: ``serve`` checks again."""
+    tuning and stops no server. A pull may change the host's SGLang: ``serve`` checks again. On each host
+    that will benchmark: its dataset file (``bench_op.prepare_dataset``), so a missing one stops nothing."""
 
     def check(session: HostSession) -> None:  # a serve done before may be redone (its server gone)
         serve = next((s for s in steps[session.name] if isinstance(s.options, ServeOptions)), None)
         if serve is not None:
             assert isinstance(serve.options, ServeOptions)
             serve_op.check_launch(session, ctx.recipe(session.host), serve.options.mtp)
+        bench = next((s.options for s in steps[session.name] if isinstance(s.options, BenchOptions)), None)
+        if bench is not None:  # the benchmark's dataset on the host (staged when the step names one): exit 2 first
+            bench_op.prepare_dataset(session, ctx.recipe(session.host).bench, bench)
 
     return ctx.fleet.map_sessions(check, ctx.store, hosts)
 
