@@ -136,8 +136,9 @@ def test_bench_shows_progress_and_settings_refuses_an_unknown_baseline_first_and
     assert first.returncode == 0, first.output
     assert re.search(rf"{host.name}: benchmark job bench-\S+: \d+/12 requests done, \d+ s", first.stderr), first.stderr
     commit = head_commit(host)[:7]
-    backend = StateStore(env.state).load().hosts[host.name].benchmarks[-1].fp8_backend
-    settings = f"12 prompts 32/128 tok ratio 1 conc 2, {backend}, MTP EAGLE, SGLang {commit}"
+    record = StateStore(env.state).load().hosts[host.name].benchmarks[-1]
+    dataset = f"sharegpt.json sha256:{record.params.dataset_sha256[:12]}"  # type: ignore[index]
+    settings = f"12 prompts 32/128 tok ratio 1 conc 2, {dataset}, {record.fp8_backend}, MTP EAGLE, SGLang {commit}"
     assert f"{host.name}:   settings: {settings}" in first.stdout
     bench_jobs = lambda: list(Path(host.workdir, "jobs").glob("bench-*"))  # noqa: E731
     unknown = env.orch("bench", "--label", "b", "--baseline", "nope", *SMALL)
