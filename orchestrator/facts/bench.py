@@ -48,8 +48,6 @@ for name in sys.argv[1:]:
         break
 """
 
-DATASETS_DIR = "datasets"
-"""Where ``orch bench --dataset`` stages a file on a host by default: under orch's workdir."""
 OFFLINE_DATASET = "random-ids"
 """The only benchmark dataset that needs no file: random token ids (accept lengths not representative)."""
 
