@@ -1,11 +1,11 @@
-"""The SGLang Model Gateway (``smg``, package ``sglang-router``) as orch drives it (issue 12).
+"""The SGLang Model Gateway (``smg``: package ``smg``, formerly ``sglang-router``) as orch drives it (issue 12).
 
 orch talks to the gateway's HTTP API from the controller, at the inventory's ``gateway.url``; what the
-API answers was read from the real ``smg`` 0.3.2 (``docs/gateway.md``). ``POST /workers`` queues a
-worker (202): the gateway asks the worker ``/health``, ``/server_info`` and ``/model_info`` and lists it
-only once they answered, healthy. ``DELETE /workers/{id}`` (202) takes it out of routing; requests
-already sent to it finish on their own connection. A worker is known to the gateway by a random id per
-registration, to orch by its URL (``http://ADDRESS:SERVER_PORT``).
+API answers was read from the real ``smg`` 1.13.0 and ``sglang-router`` 0.3.2 (``docs/gateway.md``).
+``POST /workers`` queues a worker (202): the gateway asks the worker ``/health``, ``/server_info`` and
+``/model_info`` and lists it only once they answered, healthy. ``DELETE /workers/{id}`` (202) takes it
+out of routing; requests already sent to it finish on their own connection. A worker is known to the
+gateway by a random id per registration, to orch by its URL (``http://ADDRESS:SERVER_PORT``).
 
 The API key is read from the environment variable the inventory names and sent only as the
 ``Authorization`` header: never on a command line, in a log, an error message or the state file.
@@ -48,19 +48,34 @@ class Worker:
 # ``smg launch`` takes its API key only as ``--api-key KEY``, which would put the secret on a command
 # line (ps, the job record). orch starts the gateway through its own Python entry point instead, with
 # the key read from the environment variable the inventory names (argv[1]); the rest of argv is smg's.
+# The gateway's package: ``smg`` (1.13.0, module ``smg.launch_router``) first, else its predecessor
+# ``sglang-router`` (ended at 0.3.2, module ``sglang_router.launch_router``); both have the same
+# ``parse_router_args`` / ``launch_router``. Chosen in the launcher itself, in the one process that runs
+# the gateway: no extra round trip to probe, and what is chosen is what runs. Only the package itself
+# missing falls through (a broken ``smg`` install shows its own ImportError); neither → one line, exit 1.
+SMG_MODULES = ("smg.launch_router", "sglang_router.launch_router")
 SMG_LAUNCHER = (
-    "import os, sys\n"
-    "from sglang_router.launch_router import launch_router, parse_router_args\n"
-    "args = parse_router_args(sys.argv[2:])\n"
+    "import importlib, os, sys\n"
+    f"for name in {SMG_MODULES!r}:\n"
+    "    try:\n"
+    "        module = importlib.import_module(name)\n"
+    "        break\n"
+    "    except ModuleNotFoundError as exc:\n"
+    "        if exc.name != name.split('.')[0]:\n"
+    "            raise\n"
+    "else:\n"
+    "    sys.exit('orch: ' + sys.executable + ' has neither smg nor sglang-router installed: '\n"
+    "             'pip install smg (the SGLang Model Gateway)')\n"
+    "args = module.parse_router_args(sys.argv[2:])\n"
     "args.api_key = (os.environ.get(sys.argv[1]) or None) if sys.argv[1] else None\n"
-    "launch_router(args)\n"
+    "module.launch_router(args)\n"
 )
 WILDCARDS = ("0.0.0.0", "::", "")
 
 
 def smg_argv(python: str, gateway: Gateway, workers: tuple[str, ...] = (), *extra: str) -> list[str]:
-    """The command that runs the gateway at ``gateway.url`` with ``python`` (the one ``sglang-router``
-    is installed in): smg's own flags, the key's variable name, never the key. smg also serves
+    """The command that runs the gateway at ``gateway.url`` with ``python`` (the one ``smg`` or
+    ``sglang-router`` is installed in): smg's own flags, the key's variable name, never the key. smg also serves
     Prometheus metrics, by default on 0.0.0.0:29000: orch binds them beside the gateway (its address,
     ``gateway.metrics``: the inventory's ``metrics_port``, default the gateway's port + 1), so two
     gateways never collide and nothing listens on an address the inventory did not name."""
@@ -189,6 +204,28 @@ def parse_loads(payload: Any) -> dict[str, int]:
     return loads
 
 
+ALREADY_REGISTERED = ("WORKER_ALREADY_EXISTS", "WORKER_CREATE_IN_PROGRESS")
+"""smg 1.13.0's 409 codes for ``POST /workers`` of a URL it has: listed, or queued by an earlier request."""
+
+
+class WorkerConflict(GatewayError):
+    """The gateway answered 409; ``code`` is its error code (``WORKER_ALREADY_EXISTS``...), "" when none."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def conflict_code(body: str) -> str:
+    """The ``code`` of smg's error body ``{"error": "...", "code": "WORKER_ALREADY_EXISTS"}``; "" otherwise."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return ""
+    code = payload.get("code") if isinstance(payload, dict) else None
+    return code if isinstance(code, str) else ""
+
+
 def api_key(gateway: Gateway, environ: Mapping[str, str]) -> str | None:
     """The key from the variable ``gateway.api_key_env`` names; named but unset → exit 2."""
     if gateway.api_key_env is None:
@@ -234,9 +271,19 @@ class GatewayClient:
     def find(self, url: str) -> Worker | None:
         return next((w for w in self.workers() if w.url == url), None)
 
-    def add(self, url: str) -> str:
-        """Queue ``url`` for registration (the gateway checks it in the background); returns its id."""
-        answer = self._call("POST", "/workers", {"url": url})
+    def add(self, url: str) -> str | None:
+        """Queue ``url`` for registration (the gateway checks it in the background); returns its id.
+
+        A URL the gateway already has is registered, not an error: ``smg`` 1.x answers 409
+        (``ALREADY_REGISTERED`` codes) where ``sglang-router`` 0.3.2 answered 202 with the existing id, so
+        a resumed rollout goes on. Its id is then read from ``GET /workers`` (None: still queued, not listed)."""
+        try:
+            answer = self._call("POST", "/workers", {"url": url})
+        except WorkerConflict as exc:
+            if exc.code not in ALREADY_REGISTERED:
+                raise
+            worker = self.find(url)
+            return worker.id if worker is not None else None
         if not isinstance(answer, dict) or not isinstance(answer.get("worker_id"), str):
             raise GatewayError(f"gateway {self.base}: POST /workers answered without a worker_id")
         return str(answer["worker_id"])
@@ -287,6 +334,9 @@ class GatewayClient:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 text = response.read().decode("utf-8", "replace")
         except urllib.error.HTTPError as exc:
+            if exc.code == 409:
+                code = conflict_code(exc.read().decode("utf-8", "replace"))
+                raise WorkerConflict(f"gateway {self.base}: {method} {path} answered HTTP 409 ({code})", code) from None
             raise GatewayError(_refusal(self.base, method, path, exc.code, self.gateway)) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)

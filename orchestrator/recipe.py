@@ -61,6 +61,11 @@ class BenchSpec(_Strict):
     request_rate: float | None = None
     # SGLang's default 0.0 draws each request's lengths from [1, len]; 1.0 keeps them fixed at len.
     random_range_ratio: float = Field(1.0, ge=0.0, le=1.0)
+    # random: prompts of real text, sampled from dataset_path (a ShareGPT-format JSON on the host; relative:
+    # under orch's workdir; `orch bench --dataset FILE` copies one there). random-ids: random token ids,
+    # no file, but MTP accepts fewer of them than of real text: its accept lengths are not representative.
+    dataset_name: Literal["random", "random-ids"] = "random"
+    dataset_path: str = Field("datasets/sharegpt.json", min_length=1)
 
 
 # -- step options: the same models the single commands build from their flags ------------------
@@ -96,6 +101,7 @@ class ServeOptions(_Strict):
 
 class BenchOptions(_Strict):
     label: str | None = None
+    dataset: str | None = None  # a file on the controller, copied to each host's bench.dataset_path first
     baseline: str | None = None
     input_len: int | None = None
     output_len: int | None = None

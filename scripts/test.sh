@@ -8,13 +8,17 @@ cd "$(dirname "$0")/.."
 ensure_system_packages openssh-server
 ensure_image_tools
 ensure_venv '.[dev]'
-# The real SGLang Model Gateway (smg) for the gateway tests (issue 12): its own virtualenv, so its web
-# stack (fastapi, uvicorn, aiohttp) stays out of orch's; tests/gateway_smg.py finds it there.
-SMG_VERSION=0.3.2
-.venv-smg/bin/smg --version 2>/dev/null | grep -qx "sgl-model-gateway $SMG_VERSION" || {
-  [ -x .venv-smg/bin/python ] || python3 -m venv .venv-smg
-  .venv-smg/bin/python -m pip install -q --disable-pip-version-check "sglang-router==$SMG_VERSION"
+# The real SGLang Model Gateway for the gateway tests (issues 12, 23), both packages, each in its own
+# virtualenv (its web stack stays out of orch's): `smg` (today's) and its predecessor `sglang-router`
+# (ended at 0.3.2). tests/gateway_smg.py finds them there.
+ensure_gateway() {  # VENV PACKAGE VERSION: reused when `pip show` already reports that version
+  "$1/bin/python" -m pip show "$2" 2>/dev/null | grep -qx "Version: $3" || {
+    [ -x "$1/bin/python" ] || python3 -m venv "$1"
+    "$1/bin/python" -m pip install -q --disable-pip-version-check "$2==$3"
+  }
 }
+ensure_gateway .venv-smg113 smg 1.13.0
+ensure_gateway .venv-smg sglang-router 0.3.2
 echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest"; .venv/bin/pytest "$@"

@@ -1,17 +1,17 @@
-"""The real SGLang Model Gateway (``smg`` from ``sglang-router``) on loopback, for the gateway tests (issue 12).
+"""The real SGLang Model Gateway on loopback, for the gateway tests (issues 12, 23).
 
-``scripts/test.sh`` installs it into ``.venv-smg/``; a test that needs it and does not find it fails
-and says how to install it (never skips). It runs through orch's own launcher (``gateway.smg_argv``),
-with the API key in the environment, the Prometheus exporter beside it on loopback, and
-``HF_ENDPOINT`` on a closed loopback port: at registration smg looks up the worker's tokenizer on
-Hugging Face, which must stay off the network here.
+Two packages run it: ``smg`` (1.13.0, today's) and its predecessor ``sglang-router`` (ended at 0.3.2).
+``scripts/test.sh`` installs each into its own virtualenv (``GATEWAYS``); a test that needs one and does
+not find it fails and says how to install it (never skips). It runs through orch's own launcher
+(``gateway.smg_argv``, which imports whichever package the interpreter has), with the API key in the
+environment, the Prometheus exporter beside it on loopback, and ``HF_ENDPOINT`` on a closed loopback
+port: at registration smg looks up the worker's tokenizer on Hugging Face, which must stay off the network here.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -29,24 +29,22 @@ from orchestrator.inventory import Gateway
 from orchestrator.sandbox.loopback import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-SMG_VENV = REPO / ".venv-smg"
+GATEWAYS = {"smg": REPO / ".venv-smg113", "sglang-router": REPO / ".venv-smg"}
+"""Each gateway package's virtualenv (scripts/test.sh: smg==1.13.0, sglang-router==0.3.2)."""
+DEFAULT_GATEWAY = "smg"
 # Short intervals: the gateway checks a queued worker every second and the registered ones every second.
 FAST = ("--worker-startup-check-interval", "1", "--health-check-interval-secs", "1", "--log-level", "info")
 
 
-def smg_python() -> Path:
-    """The interpreter ``sglang-router`` is installed in."""
-    for candidate in (SMG_VENV / "bin" / "python", _python_of(shutil.which("smg"))):
-        if candidate is not None and candidate.exists():
-            return candidate
+def smg_python(kind: str = DEFAULT_GATEWAY) -> Path:
+    """The interpreter the gateway package ``kind`` (a key of ``GATEWAYS``) is installed in."""
+    python = GATEWAYS[kind] / "bin" / "python"
+    if python.exists():
+        return python
     pytest.fail(
-        f"the SGLang Model Gateway is not installed: no {SMG_VENV}/bin/python and no `smg` on PATH; "
-        "run scripts/test.sh (it creates .venv-smg with sglang-router)"
+        f"the SGLang Model Gateway ({kind}) is not installed: no {python}; "
+        "run scripts/test.sh (it creates .venv-smg113 with smg and .venv-smg with sglang-router)"
     )
-
-
-def _python_of(smg: str | None) -> Path | None:
-    return None if smg is None else Path(smg).resolve().parent / "python"
 
 
 @dataclass
@@ -62,14 +60,14 @@ class RunningGateway:
 
 @contextmanager
 def running_smg(
-    log: Path, *extra: str, workers: tuple[str, ...] = (), api_key: str | None = None
+    log: Path, *extra: str, workers: tuple[str, ...] = (), api_key: str | None = None, kind: str = DEFAULT_GATEWAY
 ) -> Iterator[RunningGateway]:
-    """smg on 127.0.0.1 (a free port), stopped (SIGTERM, then SIGKILL) when the block ends."""
+    """The gateway package ``kind`` on 127.0.0.1 (a free port), stopped (SIGTERM, then SIGKILL) when the block ends."""
     port, metrics = free_port("127.0.0.1"), free_port("127.0.0.1")
     key_env = "ORCH_TEST_GATEWAY_KEY" if api_key else None
     gateway = Gateway(url=f"http://127.0.0.1:{port}", api_key_env=key_env, metrics_port=metrics)
     env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", **({"ORCH_TEST_GATEWAY_KEY": api_key} if api_key else {})}
-    argv = smg_argv(str(smg_python()), gateway, workers, *FAST, *extra)
+    argv = smg_argv(str(smg_python(kind)), gateway, workers, *FAST, *extra)
     with log.open("wb") as out:
         process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     running = RunningGateway(gateway, process, log, env)

@@ -33,6 +33,9 @@ from orchestrator.views.bench import ProgressLines, show_comparisons
     shell_complete=complete.playbooks,
     help="Playbook with the bench settings. Default: the host's.",
 )
+@click.option("--dataset", metavar="LOCAL_FILE", type=click.Path(exists=True, dir_okay=False),
+              help="A ShareGPT-format JSON on this machine: copied to each host's bench.dataset_path first "
+              "(checked by sha256, copied only when the host's differs).")  # fmt: skip
 @click.option("--timeout", type=Finite(1), default=bench_op.DEFAULT_TIMEOUT, show_default=True,
               help="Seconds to wait for the benchmark; it keeps running after that.")  # fmt: skip
 @pass_app
@@ -48,18 +51,24 @@ def bench(
     num_prompts: int | None,
     max_concurrency: int | None,
     playbook: str | None,
+    dataset: str | None,
     timeout: float,
 ) -> int:
-    """Benchmark each host's running server (SGLang's serving benchmark, random prompts) and compare runs.
+    """Benchmark each host's running server (SGLang's serving benchmark) and compare runs.
 
-    Each result is stored in the state with its workload and the SGLang commit, MTP settings, tuned shapes
-    and FP8 backend the server runs; the table compares every run on the host with a baseline and marks a
-    run whose workload differs from the baseline's. Progress (requests done) goes to stderr as it runs.
+    Prompts are real text cut to the asked lengths, sampled from a ShareGPT-format JSON on each host
+    (the playbook's bench.dataset_path, default <workdir>/datasets/sharegpt.json; --dataset copies one
+    there): the benchmark never needs the internet. A host without the file is refused (exit 2) before
+    anything runs. bench.dataset_name: random-ids needs no file, but its accept lengths are marked
+    not representative. Each result is stored in the state with its workload and dataset (name and
+    sha256) and the SGLang commit, MTP settings, tuned shapes and FP8 backend the server runs; the
+    table compares every run on the host with a baseline and marks a run whose workload differs from
+    the baseline's. Progress (requests done) goes to stderr as it runs.
     An unknown --baseline label is refused (exit 2) before anything runs.
 
     \b
     Example:
-      orch bench --label before-tuning
+      orch bench --label before-tuning --dataset ShareGPT_V3_unfiltered_cleaned_split.json
       orch bench --host blackwell-1 --label tuned+mtp --baseline before-tuning
     """
     options = BenchOptions(
@@ -69,14 +78,21 @@ def bench(
         output_len=output_len,
         num_prompts=num_prompts,
         max_concurrency=max_concurrency,
+        dataset=dataset,
     )
     selected = app.select(hosts, tags)
     specs = {name: recipe.bench for name, recipe in app.recipes(selected, playbook).items()}
     bench_op.check_baseline(app.store, selected, options)
     show = ProgressLines()
     with app.fleet(selected, parallel) as fleet:
-        fleet.events = lambda host: show
-        results = fleet.map_sessions(lambda s: bench_op.bench(s, specs[s.name], options, timeout), lambda: app.store)
+        fleet.events = show.sink
+        staged = fleet.map_sessions(lambda s: bench_op.prepare_dataset(s, specs[s.name], options), lambda: app.store)
+        if staged.failed:  # every host has its dataset before any benchmark starts
+            return finish(staged)
+        datasets = {r.host.name: r.value for r in staged.succeeded}
+        results = fleet.map_sessions(
+            lambda s: bench_op.bench(s, specs[s.name], options, timeout, datasets[s.name]), lambda: app.store
+        )
     show_comparisons(results)
     return finish(results)
 

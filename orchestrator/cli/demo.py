@@ -102,7 +102,7 @@ def demo(n_hosts: int, keep: bool, transport: str, down_dir: Path | None, report
                 "running the demo on the local transport instead."
             )
     root = Path(tempfile.mkdtemp(prefix="orch-demo-"))
-    fleet = SimFleet(root / "fleet", n_hosts=n_hosts, transport=transport)
+    fleet = SimFleet(root / "fleet", n_hosts=n_hosts, transport=transport, dataset=False)  # the story stages it
     try:
         with fleet:
             session = _story(fleet, root, transport, report_dir)
@@ -122,6 +122,8 @@ def demo(n_hosts: int, keep: bool, transport: str, down_dir: Path | None, report
 
 def _story(fleet: SimFleet, root: Path, transport: str, report_dir: Path) -> _Demo:
     """The commands the demo runs, in order, each shown as a user would type it."""
+    from orchestrator.sandbox.fleet import DEMO_DATASET
+
     inventory = fleet.write_inventory(root / "hosts.yaml")
     _show_layout(fleet, inventory, transport)
     session = _Demo(root, inventory)
@@ -134,7 +136,8 @@ def _story(fleet: SimFleet, root: Path, transport: str, report_dir: Path) -> _De
         host.set_knobs(tune_seconds_per_unit=0.02, startup_seconds=0.5)
     out.print("\n[dim]# a baseline: the server as it was, without MTP and without tuned FP8 configs[/dim]")
     session.orch("serve", "--no-mtp", "--yes")  # --yes: serving goes down on every host, do not ask
-    session.orch("bench", "--label", "baseline")
+    out.print("\n[dim]# the benchmark's text: a small ShareGPT-format file, copied to every host once[/dim]")
+    session.orch("bench", "--label", "baseline", "--dataset", str(DEMO_DATASET))
     out.print("\n[dim]# the whole campaign: pull, FP8 tuning, MTP relaunch with verification, benchmark[/dim]")
     session.orch("run", "deepseek-v4-flash", "--yes")
     session.orch("status")

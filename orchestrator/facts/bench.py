@@ -26,9 +26,14 @@ if TYPE_CHECKING:  # the state imports this module (its benchmarks are BenchReco
 BENCH_MODULES = ("sglang.benchmark.serving", "sglang.bench_serving")
 """Benchmark modules in order of preference: current SGLang first, the deprecation shim second."""
 
-# argv[1:] are module names; prints the first one the interpreter can import, or nothing.
-_FIND_MODULE = r"""
-import importlib.util, sys
+OPTIONAL_FLAGS = ("--apply-chat-template",)
+"""Flags orch passes only when the host's benchmark offers them (read from its ``--help``): prompts
+through the model's chat template, as users send them."""
+
+# argv[1:] are module names; prints the first one the interpreter can import, then the flags of
+# OPTIONAL_FLAGS its --help offers (one a line, "flag: ..."), or nothing.
+_FIND_MODULE = rf"""
+import importlib.util, subprocess, sys
 for name in sys.argv[1:]:
     try:
         found = importlib.util.find_spec(name) is not None
@@ -36,8 +41,15 @@ for name in sys.argv[1:]:
         found = False
     if found:
         print(name)
+        help = subprocess.run([sys.executable, "-m", name, "--help"], capture_output=True, text=True).stdout
+        for flag in {OPTIONAL_FLAGS!r}:
+            if flag in help.split():
+                print("flag: " + flag)
         break
 """
+
+OFFLINE_DATASET = "random-ids"
+"""The only benchmark dataset that needs no file: random token ids (accept lengths not representative)."""
 
 
 class BenchOutputError(Exception):
@@ -49,7 +61,11 @@ class _Model(BaseModel):
 
 
 class BenchParams(_Model):
-    """The workload of one run: random prompts, so no dataset download is needed."""
+    """The workload of one run: prompts of real text (``random``: the dataset file's conversations cut or
+    repeated to the asked lengths) or random token ids (``random-ids``, no file).
+
+    ``dataset`` / ``dataset_sha256``: the file on the host that ran (its name and content hash; None for
+    ``random-ids`` and for runs recorded before orch recorded them)."""
 
     input_len: int
     output_len: int
@@ -58,6 +74,32 @@ class BenchParams(_Model):
     request_rate: float | None = None
     # Lengths are drawn from [len * ratio, len]; None: a run recorded before orch passed it (SGLang's 0.0).
     random_range_ratio: float | None = None
+    dataset_name: str = "random"
+    dataset: str | None = None
+    dataset_sha256: str | None = None
+
+    @property
+    def accept_representative(self) -> bool:
+        """Whether an accept length measured on this workload is what users see: not on random token ids."""
+        return self.dataset_name != OFFLINE_DATASET
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """The benchmark's dataset on one host: ``path`` (absolute) and ``sha256`` of its content; for
+    ``random-ids`` no file (both None)."""
+
+    name: str
+    path: str | None = None
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class BenchTool:
+    """The host's serving benchmark: its module and the ``OPTIONAL_FLAGS`` its ``--help`` offers."""
+
+    module: str
+    flags: frozenset[str] = frozenset()
 
 
 class BenchMetrics(_Model):
@@ -112,6 +154,7 @@ class ComparisonRow:
     change: str
     settings: str = ""
     other_workload: str = ""  # how the workload differs from the baseline's (``input 32≠1024``), or ""
+    accept_representative: bool = True  # False: measured on random token ids, not what users see
 
 
 def module_argv(python: str) -> list[str]:
@@ -119,14 +162,37 @@ def module_argv(python: str) -> list[str]:
     return [python, "-c", _FIND_MODULE, *BENCH_MODULES]
 
 
-def parse_module(stdout: str) -> str | None:
-    """The module ``module_argv`` found, or None when the host's SGLang has no serving benchmark."""
-    name = stdout.strip().splitlines()[-1].strip() if stdout.strip() else ""
-    return name if name in BENCH_MODULES else None
+def parse_module(stdout: str) -> BenchTool | None:
+    """The module ``module_argv`` found and the optional flags it offers, or None when the host's SGLang
+    has no serving benchmark."""
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    modules = [line for line in lines if line in BENCH_MODULES]
+    if not modules:
+        return None
+    flags = {line.removeprefix("flag: ") for line in lines if line.startswith("flag: ")}
+    return BenchTool(modules[-1], frozenset(flags & set(OPTIONAL_FLAGS)))
 
 
-def resolve_params(spec: BenchSpec, options: BenchOptions) -> BenchParams:
-    """The playbook's ``bench`` settings, each overridden by the command's flag when given."""
+def dataset_path(workdir: str, path: str) -> str:
+    """A playbook's ``bench.dataset_path`` on a host: as written when absolute, else under orch's workdir."""
+    return path if path.startswith("/") else f"{workdir.rstrip('/')}/{path}"
+
+
+def sha256_argv(path: str) -> list[str]:
+    """Prints the sha256 of ``path`` on the host (``sha256sum``), nothing and exit 1 when it is no file."""
+    return ["sha256sum", "--", path]
+
+
+def parse_sha256(stdout: str) -> str | None:
+    """The hash in ``sha256sum``'s ``<64 hex>  <path>``, None when absent."""
+    word = stdout.split(maxsplit=1)[0] if stdout.strip() else ""
+    return word.lower() if re.fullmatch(r"[0-9a-fA-F]{64}", word) else None
+
+
+def resolve_params(spec: BenchSpec, options: BenchOptions, dataset: Dataset | None = None) -> BenchParams:
+    """The playbook's ``bench`` settings, each overridden by the command's flag when given, with the
+    dataset that runs (its file's name and hash)."""
+    name = dataset.name if dataset else spec.dataset_name
     return BenchParams(
         input_len=options.input_len or spec.input_len,
         output_len=options.output_len or spec.output_len,
@@ -134,19 +200,37 @@ def resolve_params(spec: BenchSpec, options: BenchOptions) -> BenchParams:
         max_concurrency=options.max_concurrency or spec.max_concurrency,
         request_rate=spec.request_rate,
         random_range_ratio=spec.random_range_ratio,
+        dataset_name=name,
+        dataset=dataset.path.rsplit("/", 1)[-1] if dataset and dataset.path else None,
+        dataset_sha256=dataset.sha256 if dataset else None,
     )
 
 
-def bench_argv(python: str, module: str, address: str, port: int, params: BenchParams, output_file: str) -> list[str]:
-    """The benchmark against the server on ``address:port``, appending its result to ``output_file``."""
-    argv = [python, "-m", module, "--backend", "sglang", "--host", address, "--port", str(port)]
-    argv += ["--dataset-name", "random", "--random-input-len", str(params.input_len)]
+def bench_argv(
+    python: str,
+    tool: BenchTool,
+    address: str,
+    port: int,
+    params: BenchParams,
+    output_file: str,
+    dataset_file: str | None = None,
+) -> list[str]:
+    """The benchmark against the server on ``address:port``, appending its result to ``output_file``.
+    ``dataset_file``: the local ShareGPT-format file ``random`` samples its text from (without one the real
+    benchmark downloads ShareGPT from the Hugging Face hub); prompts through the chat template when the
+    host's benchmark offers ``--apply-chat-template``."""
+    argv = [python, "-m", tool.module, "--backend", "sglang", "--host", address, "--port", str(port)]
+    argv += ["--dataset-name", params.dataset_name]
+    if dataset_file is not None:
+        argv += ["--dataset-path", dataset_file]
+    argv += ["--random-input-len", str(params.input_len)]
     argv += ["--random-output-len", str(params.output_len), "--num-prompts", str(params.num_prompts)]
     argv += ["--max-concurrency", str(params.max_concurrency)]
     if params.random_range_ratio is not None:
         argv += ["--random-range-ratio", str(params.random_range_ratio)]
     if params.request_rate is not None:
         argv += ["--request-rate", str(params.request_rate)]
+    argv += [flag for flag in OPTIONAL_FLAGS if flag in tool.flags]
     return [*argv, "--output-file", output_file]  # its tqdm bar (stderr, in the job log) shows progress
 
 
@@ -240,6 +324,7 @@ def compare(records: list[BenchRecord], baseline: BenchRecord | None) -> list[Co
             change=change_label(r, baseline),
             settings=settings_text(r),
             other_workload=", ".join(workload_differences(r.params, baseline.params)) if baseline else "",
+            accept_representative=r.params.accept_representative,
         )
         for r in records
     ]
@@ -270,13 +355,35 @@ _WORKLOAD = {
 def workload_differences(run: BenchParams, baseline: BenchParams) -> list[str]:
     """How ``run``'s workload differs from ``baseline``'s (``input 32≠1024``): runs compare only on the same
     workload. The server's configuration (backend, MTP, commit) is what a comparison measures, not listed.
-    A range ratio not recorded is SGLang's default 0.0."""
+    A range ratio not recorded is SGLang's default 0.0; a dataset file differs only when both runs
+    recorded its hash (older runs did not)."""
     differs = []
     for name, words in _WORKLOAD.items():
         mine, theirs = _workload_value(run, name), _workload_value(baseline, name)
         if mine != theirs:
             differs.append(f"{words} {_fmt_setting(mine)}≠{_fmt_setting(theirs)}")
+    if run.dataset_name != baseline.dataset_name:
+        differs.append(f"dataset {run.dataset_name}≠{baseline.dataset_name}")
+    elif run.dataset_sha256 and baseline.dataset_sha256 and run.dataset_sha256 != baseline.dataset_sha256:
+        differs.append(f"dataset file {dataset_text(run)}≠{dataset_text(baseline)}")
     return differs
+
+
+def dataset_text(params: BenchParams) -> str:
+    """``sharegpt.json sha256:1a2b3c4d5e6f``, ``random-ids`` or ``random`` (a run before orch recorded its file)."""
+    if params.dataset_sha256 is None:
+        return params.dataset_name
+    return f"{params.dataset or '?'} sha256:{params.dataset_sha256[:12]}"
+
+
+NOT_REPRESENTATIVE = "random ids: not representative"
+
+
+def accept_cell(accept_length: float | None, representative: bool) -> str:
+    """An accept length for tables; measured on random token ids it is marked (MTP accepts fewer of
+    them than of real text, so it is not the accept length users get)."""
+    text = fmt_number(accept_length, 2)
+    return text if representative or accept_length is None else f"{text} ({NOT_REPRESENTATIVE})"
 
 
 def _workload_value(params: BenchParams, name: str) -> float | int | None:
@@ -289,12 +396,14 @@ def _fmt_setting(value: float | int | None) -> str:
 
 
 def settings_text(record: BenchRecord) -> str:
-    """What a run measured, in one cell: ``64 prompts 1024/256 tok ratio 1 conc 16, triton, MTP EAGLE,
+    """What a run measured, in one cell: ``64 prompts 1024/256 tok ratio 1 conc 16, sharegpt.json
+    sha256:1a2b3c4d5e6f, triton, MTP EAGLE,
     SGLang ed88712``."""
     p = record.params
     ratio = "?" if p.random_range_ratio is None else f"{p.random_range_ratio:g}"
     rate = f" rate {p.request_rate:g}/s" if p.request_rate is not None else ""
     workload = f"{p.num_prompts} prompts {p.input_len}/{p.output_len} tok ratio {ratio} conc {p.max_concurrency}{rate}"
+    workload += f", {dataset_text(p)}"
     mtp = {True: f"MTP {record.mtp_settings.get('algorithm', 'on')}", False: "no MTP", None: "MTP ?"}[record.mtp]
     commit = (record.sglang_commit or "unknown")[:7]
     return f"{workload}, {record.fp8_backend or 'backend ?'}, {mtp}, SGLang {commit}"

@@ -10,16 +10,23 @@ was measured: SGLang commit, MTP on/off and its settings, the tuned shapes the s
 GEMM backend, the label and the time.
 
 Refusals (nothing started): orch has launched no server on the host, the server's job is not running,
-or the host's SGLang has no serving benchmark module.
+the host's SGLang has no serving benchmark module, or the dataset file is not on the host (exit 2).
+
+The dataset (reference §3): SGLang's ``random`` samples real text from a ShareGPT-format file, and without
+a local one downloads ShareGPT from the Hugging Face hub, which a host without internet cannot. orch always
+passes a file on the host (``bench.dataset_path``), copied there from the controller by ``--dataset``
+(``stage_dataset``: checked by sha256, copied only when the host's differs), and records its name and hash.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -29,7 +36,7 @@ from orchestrator.errors import OrchError, RefusedError, RemoteCommandError, Usa
 from orchestrator.facts import bench as facts
 from orchestrator.facts import git
 from orchestrator.facts import server as server_facts
-from orchestrator.facts.bench import BenchParams, BenchRecord, ComparisonRow
+from orchestrator.facts.bench import BenchParams, BenchRecord, BenchTool, ComparisonRow, Dataset
 from orchestrator.inventory import Host
 from orchestrator.readers import read_git
 from orchestrator.recipe import BenchOptions, BenchSpec
@@ -109,12 +116,19 @@ class BenchProgress:
     attached: bool = False
 
 
-def bench(session: HostSession, spec: BenchSpec, options: BenchOptions, timeout: float = DEFAULT_TIMEOUT) -> BenchRun:
+def bench(
+    session: HostSession,
+    spec: BenchSpec,
+    options: BenchOptions,
+    timeout: float = DEFAULT_TIMEOUT,
+    dataset: Dataset | None = None,
+) -> BenchRun:
     """Benchmark the host's running server, wait for the result, store it and compare it with earlier runs.
 
     A benchmark orch started earlier and never collected (orch was killed) is waited for or collected
     instead of starting a new one (``BenchRun.attached``): nothing is started twice. About every second
     while it runs the session emits a ``BenchProgress`` (requests done, from its tqdm bar in the job log).
+    ``dataset``: what ``prepare_dataset`` found or staged on the host (None: it is called here).
 
     Raises ``UsageError`` when no stored run on the host has the ``--baseline`` label (before anything
     runs), ``RefusedError`` when there is no running server or benchmark module, ``RemoteCommandError``
@@ -124,7 +138,10 @@ def bench(session: HostSession, spec: BenchSpec, options: BenchOptions, timeout:
     check_baseline(store, [host], options)
     server = running_server(host, runner, store)
     pending = _pending(host, runner, store) or _unrecorded(host, runner, store, server)
-    job_id, plan, attached = pending or _start(host, runner, store, _plan(host, runner, server, spec, options))
+    if pending is None:
+        dataset = dataset or prepare_dataset(session, spec, options)
+        pending = _start(host, runner, store, _plan(host, runner, server, spec, options, dataset))
+    job_id, plan, attached = pending
     ended = _wait(session, job_id, timeout, attached)
     record = _result(session, server, plan, ended)
     records = store.update_host(host.name, lambda hs: _store_result(hs, record, ended))
@@ -178,27 +195,102 @@ def _job_state(runner: Runner, host: Host, job_id: str) -> str:
         return _GONE
 
 
-def find_module(host: Host, runner: Runner) -> str:
-    """The serving benchmark module of the host's SGLang (current one first, then the deprecated shim)."""
+def find_module(host: Host, runner: Runner) -> BenchTool:
+    """The serving benchmark module of the host's SGLang (current one first, then the deprecated shim)
+    and the optional flags its ``--help`` offers (``facts.bench.OPTIONAL_FLAGS``)."""
     result = runner.run(facts.module_argv(host.python), timeout=120)
-    module = facts.parse_module(result.stdout) if result.ok else None
-    if module is None:
+    tool = facts.parse_module(result.stdout) if result.ok else None
+    if tool is None:
         raise RefusedError(
             f"{host.name}: {host.python} can import neither {' nor '.join(facts.BENCH_MODULES)}",
             hint="check `python` in hosts.yaml points at the interpreter that has SGLang installed",
         )
-    return module
+    return tool
 
 
-def _plan(host: Host, runner: Runner, server: ServerRecord, spec: BenchSpec, options: BenchOptions) -> _Plan:
-    module = find_module(host, runner)
-    params = facts.resolve_params(spec, options)
+# -- the dataset ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LocalDataset:
+    """A dataset file on the controller (``orch bench --dataset``), read once: its bytes and sha256."""
+
+    name: str
+    data: bytes
+    sha256: str
+
+
+@functools.lru_cache(maxsize=1)
+def local_dataset(path: str) -> LocalDataset:
+    """The file ``path`` on the controller, read once per orch run (every host gets the same bytes);
+    unreadable → ``UsageError`` (exit 2)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(
+            f"--dataset {path}: cannot read it ({exc.strerror or exc})",
+            hint="name a ShareGPT-format JSON file on this machine",
+        ) from None
+    return LocalDataset(Path(path).name, data, hashlib.sha256(data).hexdigest())
+
+
+def prepare_dataset(session: HostSession, spec: BenchSpec, options: BenchOptions) -> Dataset:
+    """The dataset the benchmark reads on the host: none for ``random-ids``; else the file at the
+    playbook's ``bench.dataset_path``, copied there from the controller first when ``options.dataset``
+    names one. Not on the host → ``UsageError`` (exit 2) naming the file and the command that stages it."""
+    host = session.host
+    path = facts.dataset_path(host.workdir, spec.dataset_path)
+    if options.dataset is not None:
+        return stage_dataset(session, local_dataset(options.dataset), path)
+    if spec.dataset_name == facts.OFFLINE_DATASET:
+        return Dataset(facts.OFFLINE_DATASET)
+    sha256 = remote_sha256(session.runner, path)
+    if sha256 is None:
+        raise UsageError(
+            f"{host.name}: the benchmark's dataset {path} (the playbook's bench.dataset_path) is not on the host",
+            hint=f"copy a ShareGPT-format JSON there from this machine: `orch bench --host {host.name} --dataset "
+            "LOCAL_FILE` (or set bench.dataset_name: random-ids: no file, accept lengths not representative)",
+        )
+    return Dataset("random", path, sha256)
+
+
+def stage_dataset(session: HostSession, local: LocalDataset, path: str) -> Dataset:
+    """Copy ``local`` to ``path`` on the host unless the file there has its sha256 already (copied once),
+    then check the copy's hash."""
+    runner, name = session.runner, session.host.name
+    if remote_sha256(runner, path) == local.sha256:
+        session.say(f"dataset {path} is already {local.name} (sha256 {local.sha256[:12]}): not copied")
+        return Dataset("random", path, local.sha256)
+    runner.run(["mkdir", "-p", "-m", "700", "--", path.rsplit("/", 1)[0]], check=True)
+    runner.write_bytes(path, local.data)
+    copied = remote_sha256(runner, path)
+    if copied != local.sha256:
+        raise RemoteCommandError(
+            f"{name}: the copy of {local.name} at {path} has sha256 {copied} instead of {local.sha256}",
+            exit_status=1,
+            hint="check the host's disk (df) and run the command again",
+        )
+    session.say(f"dataset {local.name} copied to {path} (sha256 {local.sha256[:12]}, {len(local.data):,} bytes)")
+    return Dataset("random", path, local.sha256)
+
+
+def remote_sha256(runner: Runner, path: str) -> str | None:
+    """The sha256 of the file ``path`` on the host, None when there is none (or it cannot be read)."""
+    result = runner.run(facts.sha256_argv(path), timeout=300)
+    return facts.parse_sha256(result.stdout) if result.ok else None
+
+
+def _plan(
+    host: Host, runner: Runner, server: ServerRecord, spec: BenchSpec, options: BenchOptions, dataset: Dataset
+) -> _Plan:
+    tool = find_module(host, runner)
+    params = facts.resolve_params(spec, options, dataset)
     commit = _commit(host, runner, server)
     label = options.label or default_label(server, commit)
     output = f"{host.workdir.rstrip('/')}/bench/{utc_now():%Y%m%dT%H%M%S}-{secrets.token_hex(3)}.jsonl"
     address = server_facts.argv_address(server.argv)
-    argv = facts.bench_argv(host.python, module, address, server.port, params, output)
-    return _Plan(label, module, params, output, argv, commit)
+    argv = facts.bench_argv(host.python, tool, address, server.port, params, output, dataset.path)
+    return _Plan(label, tool.module, params, output, argv, commit)
 
 
 def default_label(server: ServerRecord, commit: str | None) -> str:

@@ -232,7 +232,7 @@ def bench_cells(report: HostReport) -> list[list[str]]:
             row.label,
             fmt_time(row.at),
             facts.fmt_number(row.output_throughput),
-            facts.fmt_number(row.accept_length, 2),
+            facts.accept_cell(row.accept_length, row.accept_representative),
             facts.fmt_number(row.median_ttft_ms),
             facts.fmt_number(row.mean_tpot_ms, 2),
             row.change,

@@ -384,7 +384,8 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
     """Before the first step, on each host: ``orch doctor``'s checks (a host it fails runs no step; the
     others go on), then, on each host that will serve, the whole launch command (MTP rules, no
     secret, every flag against the host's own ``--help``), so a recipe ``serve`` would refuse costs no
-    tuning and stops no server. A pull may change the host's SGLang: ``serve`` checks again."""
+    tuning and stops no server. A pull may change the host's SGLang: ``serve`` checks again. On each host
+    that will benchmark: its dataset file (``bench_op.prepare_dataset``), so a missing one stops nothing."""
 
     def check(session: HostSession) -> None:  # a serve done before may be redone (its server gone)
         doctor_op.require_healthy(session)
@@ -394,6 +395,9 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
             serve_op.check_launch(session, ctx.recipe(session.host), serve.options.mtp)
             installs = any(isinstance(s.options, PullOptions) and s.options.install for s in steps[session.name])
             session.say(serve_op.check_host_ready(session, ctx.recipe(session.host), installs))
+        bench = next((s.options for s in steps[session.name] if isinstance(s.options, BenchOptions)), None)
+        if bench is not None:  # the benchmark's dataset on the host (staged when the step names one): exit 2 first
+            bench_op.prepare_dataset(session, ctx.recipe(session.host).bench, bench)
 
     return ctx.fleet.map_sessions(check, ctx.store, hosts)
 
@@ -607,19 +611,21 @@ def _dry_commands(session: HostSession, recipe: Recipe, step: Step) -> list[str]
     if isinstance(options, PullOptions):
         return pull_op.dry_run_lines(host, options.install)
     assert isinstance(options, BenchOptions)
-    module = (
-        bench_facts.parse_module(runner.run(bench_facts.module_argv(host.python)).stdout) or "sglang.benchmark.serving"
-    )
-    params = bench_facts.resolve_params(recipe.bench, options)
+    tool = bench_facts.parse_module(runner.run(bench_facts.module_argv(host.python)).stdout)
+    spec = recipe.bench
+    ids = spec.dataset_name == bench_facts.OFFLINE_DATASET and options.dataset is None
+    dataset = None if ids else bench_facts.dataset_path(host.workdir, spec.dataset_path)
+    params = bench_facts.resolve_params(spec, options, bench_facts.Dataset(spec.dataset_name, dataset))
     return [
         shell_command(
             bench_facts.bench_argv(
                 host.python,
-                module,
+                tool or bench_facts.BenchTool("sglang.benchmark.serving"),
                 server_facts.probe_address(recipe),
                 host.server_port,
                 params,
                 "<job dir>/bench.jsonl",
+                dataset,
             )
         )
     ]

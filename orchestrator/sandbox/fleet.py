@@ -34,6 +34,21 @@ from orchestrator.sandbox.sshd import sshd_installed
 
 DEFAULT_GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 TRANSPORTS = ("ssh", "local")
+DEMO_DATASET = Path(__file__).resolve().parent / "datasets" / "sharegpt-demo.json"
+"""A small ShareGPT-format dataset of generated conversations: the simulated hosts have no internet, and
+the benchmark's ``random`` dataset samples its text from a local file (reference §3)."""
+
+
+def stage_demo_dataset(workdir: Path) -> Path:
+    """``DEMO_DATASET`` at the playbooks' default ``bench.dataset_path`` under a host's orch ``workdir``
+    (private, as orch makes its directories)."""
+    from orchestrator.recipe import BenchSpec
+
+    target = workdir / BenchSpec().dataset_path
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    workdir.chmod(0o700)
+    shutil.copyfile(DEMO_DATASET, target)
+    return target
 
 
 class SimFleet:
@@ -50,6 +65,7 @@ class SimFleet:
         name_prefix: str = "sim",
         sshd_log_level: str = "VERBOSE",
         bastion: bool = False,
+        dataset: bool = True,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
@@ -59,6 +75,7 @@ class SimFleet:
         self.gpu_name = gpu_name
         self.gpus = gpus
         self.sshd_log_level = sshd_log_level
+        self.dataset = dataset  # each host has DEMO_DATASET at the playbooks' default bench.dataset_path
         self.upstream = self.root / "upstream.git"
         self.client_key = self.root / "client" / "id_ed25519"
         self.known_hosts = self.root / "known_hosts"
@@ -129,6 +146,8 @@ class SimFleet:
 
     def _prepare_host(self, host: SimHost, template: Path, knobs: dict[str, object]) -> None:
         hostdisk.prepare(host.disk, self.upstream, template, knobs)
+        if self.dataset:
+            stage_demo_dataset(host.workdir)
         host.configure_sshd(sshkeys.public_key(self.client_key), self.sshd_log_level)
         if self.transport == "ssh":
             host.start_sshd()

@@ -4,9 +4,11 @@ baseline."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
-from orchestrator.facts.bench import fmt_number, settings_text
+from orchestrator.facts.bench import accept_cell, fmt_number, settings_text
 from orchestrator.fleet import FleetResult
+from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.render import err, out, table
 
@@ -21,8 +23,12 @@ class ProgressLines:
         self._shown: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
 
+    def sink(self, host: Host) -> Callable[[object], None]:
+        """The host's event sink (``Fleet.events``): its lines (the dataset staged) with its name, then progress."""
+        return lambda event: err.print(f"{host.name}: {event}", markup=False) if isinstance(event, str) else self(event)
+
     def __call__(self, event: object) -> None:
-        """The event sink of every host (``Fleet.events``): it shows benchmark progress (bench says no lines)."""
+        """Benchmark progress, as it comes from every host."""
         if not isinstance(event, bench_op.BenchProgress):
             return
         p = event
@@ -62,7 +68,8 @@ def show_comparisons(results: FleetResult[bench_op.BenchRun]) -> None:
         out.print(f"{result.host.name}: {record.label}: {record.metrics.output_throughput:,.1f} tok/s{note}")
         out.print(f"{result.host.name}:   settings: {settings_text(record)}", markup=False)
         rows = [
-            [r.label, r.at.strftime("%m-%d %H:%M"), fmt_number(r.output_throughput), fmt_number(r.accept_length, 2),
+            [r.label, r.at.strftime("%m-%d %H:%M"), fmt_number(r.output_throughput),
+             accept_cell(r.accept_length, r.accept_representative),
              fmt_number(r.median_ttft_ms), fmt_number(r.mean_tpot_ms, 2), r.change]
             for r in run.rows
         ]  # fmt: skip

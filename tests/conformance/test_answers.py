@@ -156,8 +156,26 @@ def test_every_flag_orch_passes_the_benchmark_is_a_real_option_in_full(path: Pat
         max_concurrency=recipe.bench.max_concurrency,
         request_rate=4.0,
         random_range_ratio=recipe.bench.random_range_ratio,
+        dataset_name=recipe.bench.dataset_name,
     )
-    argv = bench_facts.bench_argv("python", bench_facts.BENCH_MODULES[0], "127.0.0.1", 30000, params, "/tmp/o.jsonl")
+    tool = bench_facts.BenchTool(bench_facts.BENCH_MODULES[0], frozenset(bench_facts.OPTIONAL_FLAGS))
+    argv = bench_facts.bench_argv("python", tool, "127.0.0.1", 30000, params, "/tmp/o.jsonl", "/tmp/d.json")
     flags = [a for a in argv if a.startswith("--")]
-    assert "--random-range-ratio" in flags and "--request-rate" in flags
+    assert "--random-range-ratio" in flags and "--request-rate" in flags and "--dataset-path" in flags
     assert sorted(set(flags) - bench_options()) == []
+
+
+def test_the_simulated_benchmark_has_the_real_seed_default_and_chat_template_flag() -> None:
+    """Issue 23 §3: the real parser's ``--seed`` default (42) and ``--apply-chat-template``, which orch passes
+    when the host's ``--help`` offers it, are the simulated benchmark's too."""
+    assert set(bench_facts.OPTIONAL_FLAGS) <= bench_options()
+    cli = function_node(real_source(BENCH), "cli_main")
+    seeds = [
+        kw.value.value
+        for call in ast.walk(cli)
+        if isinstance(call, ast.Call) and any(isinstance(a, ast.Constant) and a.value == "--seed" for a in call.args)
+        for kw in call.keywords
+        if kw.arg == "default" and isinstance(kw.value, ast.Constant)
+    ]
+    sim = Path(__file__).resolve().parents[2] / "orchestrator/sandbox/sglang_sim/python/sglang/benchmark/serving.py"
+    assert seeds == [42] and 'parser.add_argument("--seed", type=int, default=42,' in sim.read_text()

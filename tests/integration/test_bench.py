@@ -137,8 +137,9 @@ def test_bench_shows_progress_and_settings_refuses_an_unknown_baseline_first_and
     assert first.returncode == 0, first.output
     assert re.search(rf"{host.name}: benchmark job bench-\S+: \d+/12 requests done, \d+ s", first.stderr), first.stderr
     commit = head_commit(host)[:7]
-    backend = StateStore(env.state).read().hosts[host.name].benchmarks[-1].fp8_backend
-    settings = f"12 prompts 32/128 tok ratio 1 conc 2, {backend}, MTP EAGLE, SGLang {commit}"
+    record = StateStore(env.state).read().hosts[host.name].benchmarks[-1]
+    dataset = f"sharegpt.json sha256:{record.params.dataset_sha256[:12]}"  # type: ignore[index]
+    settings = f"12 prompts 32/128 tok ratio 1 conc 2, {dataset}, {record.fp8_backend}, MTP EAGLE, SGLang {commit}"
     assert f"{host.name}:   settings: {settings}" in first.stdout
     bench_jobs = lambda: list(Path(host.workdir, "jobs").glob("bench-*"))  # noqa: E731
     unknown = env.orch("bench", "--label", "b", "--baseline", "nope", *SMALL)
@@ -152,3 +153,47 @@ def test_bench_shows_progress_and_settings_refuses_an_unknown_baseline_first_and
     assert "b (" in second.stdout and "other workload than a: prompts 6≠12, output 64≠128, concurrency 3≠2" in (
         second.stdout
     )
+
+
+def test_bench_without_the_dataset_is_exit_2_before_any_run_and_dataset_stages_it_once(  # type: ignore[no-untyped-def]
+    make_fleet, tmp_path: Path
+) -> None:
+    """Issue 23 §3: the benchmark's text comes from a file on each host; a host without it stops the command
+    before any benchmark starts (exit 2, the file and the command that stages it); ``--dataset`` copies one
+    from this machine, only where the host's differs, and the run records which file ran."""
+    import hashlib
+
+    from orchestrator.sandbox.fleet import DEMO_DATASET
+
+    env = make_fleet(2)
+    serve(env)
+    sim1, sim2 = env.fleet.hosts  # type: ignore[attr-defined]
+    on_sim2 = Path(sim2.workdir) / "datasets" / "sharegpt.json"
+    on_sim2.unlink()
+    missing = env.orch("bench", *SMALL)
+    assert missing.returncode == 2, missing.output
+    assert f"sim-2: the benchmark's dataset {on_sim2} (the playbook's bench.dataset_path) is not on the host" in (
+        missing.stderr
+    )
+    assert "orch bench --host sim-2 --dataset LOCAL_FILE" in missing.stderr
+    state = StateStore(env.state).load()
+    assert [j for h in state.hosts.values() for j in h.jobs.values() if j.kind == "bench"] == []  # none started
+
+    local = tmp_path / "chat.json"
+    local.write_bytes(DEMO_DATASET.read_bytes())
+    sha = hashlib.sha256(local.read_bytes()).hexdigest()
+    staged = env.orch("bench", "--dataset", str(local), *SMALL)
+    assert staged.returncode == 0, staged.output
+    assert f"sim-2: dataset chat.json copied to {on_sim2} (sha256 {sha[:12]}, " in staged.stderr
+    assert f"sim-1: dataset {Path(sim1.workdir) / 'datasets' / 'sharegpt.json'} is already chat.json" in staged.stderr
+    assert on_sim2.read_bytes() == local.read_bytes()
+    state = StateStore(env.state).load()
+    for name in ("sim-1", "sim-2"):
+        params = state.hosts[name].benchmarks[-1].params
+        assert (params.dataset_name, params.dataset, params.dataset_sha256) == ("random", "sharegpt.json", sha)
+        job = state.hosts[name].jobs[state.hosts[name].benchmarks[-1].job_id]
+        assert job.argv[job.argv.index("--dataset-path") + 1].endswith("/datasets/sharegpt.json")
+        assert "--apply-chat-template" in job.argv  # the simulated benchmark's --help offers it
+    again = env.orch("bench", "--dataset", str(local), *SMALL)
+    assert again.returncode == 0, again.output
+    assert "copied to" not in again.stderr and f"sim-2: dataset {on_sim2} is already chat.json" in again.stderr

@@ -165,11 +165,11 @@ def test_gateway_up_that_does_not_come_up_shows_its_log_and_exits_3(
     make_fleet: Callable[..., FleetEnv], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     env: FleetEnv = make_fleet(n_hosts=1)
-    with_gateway(env, sys.executable, monkeypatch)  # orch's own interpreter: no sglang-router in it
+    with_gateway(env, sys.executable, monkeypatch)  # orch's own interpreter: neither smg nor sglang-router in it
     run = env.orch("gateway", "up")
     assert run.returncode == 3, run.output
     assert "gateway not up: the gateway job gateway-" in run.stderr and "ended (failed, exit 1)" in run.stderr
-    assert "ModuleNotFoundError: No module named 'sglang_router'" in run.stderr
+    assert f"orch: {sys.executable} has neither smg nor sglang-router installed: pip install smg" in run.stderr
     assert "workers: none yet (no host is serving)" in run.stdout
 
 

@@ -17,7 +17,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.state import Phase, RolloutRecord
 from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
-from tests.gateway_smg import ClientLoad, RunningGateway, running_smg
+from tests.gateway_smg import DEFAULT_GATEWAY, GATEWAYS, ClientLoad, RunningGateway, running_smg
 from tests.integration.test_serve import playbook
 
 KNOBS = {"startup_seconds": 0.75, "decode_step_seconds": 0.002}
@@ -71,33 +72,54 @@ class GatewayFleet:
         return [f"http://127.0.0.1:{h.server_port}" for h in self.env.fleet.hosts]  # type: ignore[attr-defined]
 
 
+@dataclass
+class SharedFleet:
+    """One 3-host fleet for the module and the gateways in front of it, each package's started on first use
+    (``tests.gateway_smg.GATEWAYS``) and stopped with the module."""
+
+    env: FleetEnv
+    root: Path
+    stack: ExitStack
+    gateways: dict[str, RunningGateway] = field(default_factory=dict)
+
+    def gateway(self, kind: str) -> RunningGateway:
+        if kind not in self.gateways:
+            urls = tuple(f"http://127.0.0.1:{h.server_port}" for h in self.env.fleet.hosts)  # type: ignore[attr-defined]
+            started = running_smg(self.root / f"{kind}.log", "--policy", "round_robin", workers=urls, kind=kind)
+            self.gateways[kind] = self.stack.enter_context(started)
+        return self.gateways[kind]
+
+
 @pytest.fixture(scope="module")
-def shared_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayFleet]:
-    """One 3-host fleet (sim-1 tagged canary) behind one smg for the module, the inventory naming it;
-    ``gateway_fleet`` puts it back as it started before each test."""
+def shared_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedFleet]:
+    """One 3-host fleet (sim-1 tagged canary) for the module; ``gateway_fleet`` puts a gateway in front of it
+    and the fleet back as it started before each test."""
     from orchestrator.sandbox import SimFleet
 
     root = tmp_path_factory.mktemp("rolling")
-    with SimFleet(root / "fleet", n_hosts=3) as fleet:
+    with SimFleet(root / "fleet", n_hosts=3) as fleet, ExitStack() as stack:
         env = FleetEnv(fleet, fleet.write_inventory(root / "hosts.yaml", trust=True), root / "state" / "state.json")
         for host in fleet.hosts:
             host.set_knobs(**KNOBS)
         first = env.orch("serve", "--yes")
         assert first.returncode == 0, first.output
-        urls = tuple(f"http://127.0.0.1:{h.server_port}" for h in fleet.hosts)
-        with running_smg(root / "smg.log", "--policy", "round_robin", workers=urls) as smg:
-            doc = yaml.safe_load(env.inventory.read_text())
-            doc["hosts"]["sim-1"]["tags"] = ["canary"]
-            doc["gateway"] = {"url": smg.gateway.url}
-            env.inventory.write_text(yaml.safe_dump(doc))
-            yield GatewayFleet(env, smg)
+        doc = yaml.safe_load(env.inventory.read_text())
+        doc["hosts"]["sim-1"]["tags"] = ["canary"]
+        env.inventory.write_text(yaml.safe_dump(doc))
+        yield SharedFleet(env, root, stack)
 
 
 @pytest.fixture
-def gateway_fleet(shared_fleet: GatewayFleet) -> GatewayFleet:
-    """The shared fleet as it started: every host serving a fresh server of the default recipe with the
-    test knobs, no rollout in the state, every server registered afresh and routed to by the gateway."""
-    env, client = shared_fleet.env, shared_fleet.client
+def gateway_fleet(shared_fleet: SharedFleet, request: pytest.FixtureRequest) -> GatewayFleet:
+    """The shared fleet as it started, behind the gateway package ``request.param`` (default: today's smg;
+    ``parametrize("gateway_fleet", [...], indirect=True)`` picks others), the inventory naming it: every
+    host serving a fresh server of the default recipe with the test knobs, no rollout in the state, every
+    server registered afresh and routed to by the gateway."""
+    env, smg = shared_fleet.env, shared_fleet.gateway(getattr(request, "param", DEFAULT_GATEWAY))
+    doc = yaml.safe_load(env.inventory.read_text())
+    doc["gateway"] = {"url": smg.gateway.url}
+    env.inventory.write_text(yaml.safe_dump(doc))
+    fleet, client = GatewayFleet(env, smg), smg.client()
     for host in env.fleet.hosts:  # type: ignore[attr-defined]
         host.set_knobs(accept_length=None, **KNOBS)
     with StateStore(env.state).update() as state:
@@ -109,11 +131,15 @@ def gateway_fleet(shared_fleet: GatewayFleet) -> GatewayFleet:
         client.remove(url)
     for url in registered:
         client.wait_removed(url, timeout=10)
-    for url in shared_fleet.urls():
+    for url in fleet.urls():
         client.add(url)
-    for url in shared_fleet.urls():
+    for url in fleet.urls():
         client.wait_routing(url, timeout=60)
-    return shared_fleet
+    return fleet
+
+
+BOTH_GATEWAYS = pytest.mark.parametrize("gateway_fleet", list(GATEWAYS), indirect=True)
+"""For the tests that matter on both gateway packages (CI time: the others run on today's smg only)."""
 
 
 def argv_of(env: FleetEnv, name: str) -> list[str]:
@@ -128,6 +154,7 @@ def server_job(env: FleetEnv, name: str) -> str:
     return record.job_id
 
 
+@BOTH_GATEWAYS
 def test_rolling_serve_behind_the_gateway_fails_no_request(
     gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, ClientLoad]]
 ) -> None:
@@ -190,6 +217,7 @@ def test_canary_not_as_asked_halts_rolls_back_and_re_registers(
     assert recorded.halted == "wave 1 failed on sim-1; not touched: sim-2, sim-3"
 
 
+@BOTH_GATEWAYS
 def test_an_interrupted_rollout_resumes_by_registering_the_host_it_left_out_first(
     gateway_fleet: GatewayFleet,
 ) -> None:
@@ -339,6 +367,30 @@ def test_gate_bench_resumed_gates_the_canary_an_interrupted_rollout_left_out_bef
     assert server_job(env, "sim-1") == job  # not relaunched: gated as it serves
     gates = StateStore(env.state).read().rollout.gates  # type: ignore[union-attr]
     assert gates["sim-1"].passed and gates["sim-1"].baseline_label == "before-slow"
+
+
+def test_gate_bench_resumed_on_a_canary_still_registered_takes_the_gateway_s_409_as_registered(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    """A rollout cut off between recording the canary ``removed`` and the gateway's DELETE leaves it
+    registered: resumed, its gate passes and ``POST /workers`` answers smg's 409 ``WORKER_ALREADY_EXISTS``,
+    which is "already registered", not a failure (it halted the rollout with exit 3 before)."""
+    env, client = gateway_fleet.env, gateway_fleet.client
+    slow, new = gate_playbook(tmp_path, "slow", 1), gate_playbook(tmp_path, "new", 64)
+    assert env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", slow).returncode == 0
+    assert env.orch("bench", "--host", "sim-1", "--playbook", slow, "--label", "before-slow").returncode == 0
+    assert env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", new).returncode == 0
+    sim1 = gateway_fleet.urls()[0]
+    client.wait_routing(sim1, timeout=60)
+    registered = client.find(sim1)
+    with StateStore(env.state).update() as state:
+        state.rollout = RolloutRecord(waves=[["sim-1"], ["sim-2"], ["sim-3"]], outcomes={"sim-1": "removed"})
+    run = env.orch("serve", "--rolling", "--canary", "canary", "--gate", "bench", "--playbook", new)
+    assert run.returncode == 0, run.output
+    assert "sim-1: promotion gate PASSED: canary " in run.stdout
+    assert f"sim-1: {sim1} is healthy in the gateway and routed to" in run.stderr
+    assert "rollout complete: 3 waves" in run.stdout
+    assert [w.id for w in client.workers() if w.url == sim1] == [registered.id if registered else None]
 
 
 def steps_of(env: FleetEnv, name: str, playbook: str) -> set[str]:

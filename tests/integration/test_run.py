@@ -182,3 +182,22 @@ def test_run_refuses_a_recipe_serve_would_refuse_before_its_first_step(make_flee
     assert f"{host.name}: refused before any step: nothing was started or stopped" in dropped.stderr
     assert f"model directory {host.model_path} is missing (a dropped mount?)" in dropped.stderr
     assert purposes(host) == Counter({"server": servers[host.name]})
+
+
+def test_run_without_the_benchmark_dataset_is_exit_2_before_its_first_step(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    """Issue 23 §3: a campaign whose bench step would find no dataset on the host is refused before the
+    pull, the tuning and the relaunch it would have cost."""
+    env = make_fleet(1)
+    (host,) = env.fleet.hosts
+    dataset = Path(host.workdir) / "datasets" / "sharegpt.json"
+    dataset.unlink()
+    env.fleet.add_upstream_commit("Would be pulled by the first step")
+    head = subprocess.run(["git", "-C", str(host.sglang_dir), "rev-parse", "HEAD"], capture_output=True).stdout
+    run = env.orch("run")
+    assert run.returncode == 2, run.output
+    assert f"sim-1: the benchmark's dataset {dataset} (the playbook's bench.dataset_path) is not on the host" in (
+        run.stderr
+    )
+    assert "sim-1: refused before any step: nothing was started or stopped" in run.stderr
+    assert not purposes(host)
+    assert subprocess.run(["git", "-C", str(host.sglang_dir), "rev-parse", "HEAD"], capture_output=True).stdout == head

@@ -5,6 +5,8 @@ it only once those answered; it checks ``/health`` of every worker periodically,
 ``power_of_two`` policy it polls each worker's ``/get_load``, a route SGLang 0.5.23 does not have (it serves
 ``/v1/loads``): the poll gets 404, as from the simulated server, and smg reports load -1. The gateway's own wire is in
 docs/gateway.md; the simulated server must answer all of it, which this test shows with the binary.
+It runs ``sglang-router`` 0.3.2: the ``/get_loads`` it checks is 0.3.2's shape (smg 1.13.0 answers
+another, ``{"loads": [...]}``, which orch does not read); registration on 1.13.0 is in test_rolling.py.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def test_smg_registers_the_simulated_servers_polls_their_load_and_routes_to_them
     servers: list[tuple[SimHost, Path, subprocess.Popen[bytes]]], tmp_path: Path
 ) -> None:
     urls = tuple(url(host) for host, _, _ in servers)
-    with running_smg(tmp_path / "smg.log", "--policy", "power_of_two", workers=urls, api_key=KEY) as smg:
+    log = tmp_path / "smg.log"
+    with running_smg(log, "--policy", "power_of_two", workers=urls, api_key=KEY, kind="sglang-router") as smg:
         client = smg.client()
         with pytest.raises(GatewayError, match=r"refused GET /workers with 401 .*orch sent the key in \$ORCH_TEST"):
             GatewayClient(smg.gateway, {"ORCH_TEST_GATEWAY_KEY": "wrong"}).workers()

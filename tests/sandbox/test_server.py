@@ -53,7 +53,8 @@ def bench(fleet: SimFleet, host: SimHost, output: Path, module: str = "sglang.be
         fleet,
         host,
         f"{host.python} -m {module} --backend sglang --host 127.0.0.1 --port {host.server_port} "
-        f"--dataset-name random --random-input-len 32 --random-output-len 48 --num-prompts 8 "
+        f"--dataset-name random --dataset-path {host.workdir}/datasets/sharegpt.json "  # staged by the fleet
+        f"--random-input-len 32 --random-output-len 48 --num-prompts 8 "
         f"--max-concurrency 4 --output-file {output} --disable-tqdm",
     )
 

@@ -34,9 +34,8 @@ def a_record(label: str, tok_s: float, minutes: int = 0, accept: float | None = 
 
 
 def test_bench_argv_targets_the_local_server_with_the_random_dataset_and_a_jsonl_file() -> None:
-    argv = bench.bench_argv(
-        "/venv/bin/python", "sglang.benchmark.serving", "127.0.0.1", 30001, PARAMS, "/w/bench/r 1.jsonl"
-    )
+    tool = bench.BenchTool("sglang.benchmark.serving")
+    argv = bench.bench_argv("/venv/bin/python", tool, "127.0.0.1", 30001, PARAMS, "/w/bench/r 1.jsonl", "/w/d.json")
     assert argv == [
         "/venv/bin/python",
         "-m",
@@ -49,6 +48,8 @@ def test_bench_argv_targets_the_local_server_with_the_random_dataset_and_a_jsonl
         "30001",
         "--dataset-name",
         "random",
+        "--dataset-path",
+        "/w/d.json",
         "--random-input-len",
         "1024",
         "--random-output-len",
@@ -66,8 +67,65 @@ def test_bench_argv_targets_the_local_server_with_the_random_dataset_and_a_jsonl
 
 def test_bench_argv_passes_a_request_rate_only_when_the_playbook_sets_one() -> None:
     params = PARAMS.model_copy(update={"request_rate": 4.0})
-    argv = bench.bench_argv("python", "sglang.bench_serving", "10.0.0.5", 30000, params, "/o.jsonl")
+    argv = bench.bench_argv("python", bench.BenchTool("sglang.bench_serving"), "10.0.0.5", 30000, params, "/o.jsonl")
     assert argv[argv.index("--request-rate") + 1] == "4.0"
+
+
+def test_bench_argv_applies_the_chat_template_only_when_the_host_s_benchmark_offers_it() -> None:
+    offered = bench.BenchTool("sglang.benchmark.serving", frozenset({"--apply-chat-template"}))
+    argv = bench.bench_argv("python", offered, "10.0.0.5", 30000, PARAMS, "/o.jsonl", "/d.json")
+    assert argv[-3:] == ["--apply-chat-template", "--output-file", "/o.jsonl"]
+    plain = bench.bench_argv("python", bench.BenchTool("sglang.bench_serving"), "h", 1, PARAMS, "/o.jsonl", "/d.json")
+    assert "--apply-chat-template" not in plain
+
+
+def test_bench_argv_of_random_ids_names_no_dataset_file() -> None:
+    ids = PARAMS.model_copy(update={"dataset_name": "random-ids"})
+    argv = bench.bench_argv("python", bench.BenchTool("sglang.benchmark.serving"), "h", 1, ids, "/o.jsonl")
+    assert argv[argv.index("--dataset-name") + 1] == "random-ids" and "--dataset-path" not in argv
+
+
+@pytest.mark.parametrize(
+    ("workdir", "path", "expected"),
+    [("/root/.orch", "datasets/sharegpt.json", "/root/.orch/datasets/sharegpt.json"),
+     ("/w/", "d.json", "/w/d.json"), ("/w", "/data/sharegpt.json", "/data/sharegpt.json")],
+)  # fmt: skip
+def test_the_dataset_path_is_under_orch_s_workdir_unless_absolute(workdir: str, path: str, expected: str) -> None:
+    assert bench.dataset_path(workdir, path) == expected
+
+
+SHA = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+
+
+@pytest.mark.parametrize(
+    ("stdout", "sha"), [(f"{SHA}  /w/d.json\n", SHA), (f"{SHA.upper()}  x\n", SHA), ("", None), ("abc  x\n", None)]
+)
+def test_sha256sum_output_is_read(stdout: str, sha: str | None) -> None:
+    assert bench.parse_sha256(stdout) == sha
+
+
+def test_the_run_records_its_dataset_and_a_different_file_is_another_workload() -> None:
+    dataset = bench.Dataset("random", "/w/datasets/sharegpt.json", SHA)
+    params = bench.resolve_params(BenchSpec(), BenchOptions(), dataset)
+    assert (params.dataset_name, params.dataset, params.dataset_sha256) == ("random", "sharegpt.json", SHA)
+    other = params.model_copy(update={"dataset_sha256": "0" * 64})
+    assert bench.workload_differences(other, params) == [
+        f"dataset file sharegpt.json sha256:000000000000≠sharegpt.json sha256:{SHA[:12]}"
+    ]
+    assert bench.workload_differences(PARAMS, params) == []  # a run before orch recorded its file: not told apart
+    ids = bench.resolve_params(BenchSpec(dataset_name="random-ids"), BenchOptions(), bench.Dataset("random-ids"))
+    assert bench.workload_differences(ids, params) == ["dataset random-ids≠random"]
+
+
+def test_accept_lengths_measured_on_random_ids_are_marked_not_representative() -> None:
+    ids = a_record("ids", 100.0, accept=2.1).model_copy(
+        update={"params": PARAMS.model_copy(update={"dataset_name": "random-ids"})}
+    )
+    real = a_record("real", 100.0, accept=3.1)
+    rows = bench.compare([real, ids], real)
+    assert [bench.accept_cell(r.accept_length, r.accept_representative) for r in rows] == [
+        "3.10", "2.10 (random ids: not representative)"
+    ]  # fmt: skip
 
 
 def test_flags_override_the_playbook_bench_settings() -> None:
@@ -85,14 +143,16 @@ def test_a_run_recorded_before_the_range_ratio_was_passed_still_loads() -> None:
 @pytest.mark.parametrize(
     ("stdout", "module"),
     [
-        ("sglang.benchmark.serving\n", "sglang.benchmark.serving"),
-        ("sglang.bench_serving\n", "sglang.bench_serving"),
+        ("sglang.benchmark.serving\n", bench.BenchTool("sglang.benchmark.serving")),
+        ("sglang.bench_serving\n", bench.BenchTool("sglang.bench_serving")),
         ("", None),
-        ("some warning\nsglang.bench_serving\n", "sglang.bench_serving"),
+        ("some warning\nsglang.bench_serving\n", bench.BenchTool("sglang.bench_serving")),
         ("os.path\n", None),
+        ("sglang.benchmark.serving\nflag: --apply-chat-template\nflag: --rm-rf\n",
+         bench.BenchTool("sglang.benchmark.serving", frozenset({"--apply-chat-template"}))),
     ],
-)
-def test_parse_module(stdout: str, module: str | None) -> None:
+)  # fmt: skip
+def test_parse_module(stdout: str, module: bench.BenchTool | None) -> None:
     assert bench.parse_module(stdout) == module
 
 
@@ -103,7 +163,13 @@ def test_module_probe_prefers_the_current_module_and_falls_back_to_the_shim(tmp_
                 "new/sglang/bench_serving.py", "old/sglang/__init__.py", "old/sglang/bench_serving.py"):  # fmt: skip
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("")
-    for tree, expected in (("new", "sglang.benchmark.serving"), ("old", "sglang.bench_serving"), ("none", None)):
+    (tmp_path / "new/sglang/benchmark/serving.py").write_text(
+        "import argparse\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--apply-chat-template', action='store_true')\nparser.parse_args()\n"
+    )  # its --help offers the chat template, the shim's says nothing
+    chat = frozenset({"--apply-chat-template"})
+    for tree, expected in (("new", bench.BenchTool("sglang.benchmark.serving", chat)),
+                           ("old", bench.BenchTool("sglang.bench_serving")), ("none", None)):  # fmt: skip
         env = {"PYTHONPATH": str(tmp_path / tree), "PATH": "/usr/bin:/bin"}
         out = subprocess.run(bench.module_argv(sys.executable), capture_output=True, text=True, env=env, check=True)
         assert bench.parse_module(out.stdout) == expected
@@ -244,11 +310,11 @@ def test_settings_say_the_workload_backend_mtp_and_commit_of_a_run() -> None:
             "sglang_commit": "ed88712abc",
         }
     )
-    expected = "64 prompts 1024/256 tok ratio 1 conc 16, triton, MTP EAGLE, SGLang ed88712"
+    expected = "64 prompts 1024/256 tok ratio 1 conc 16, random, triton, MTP EAGLE, SGLang ed88712"
     assert bench.settings_text(record) == expected
     assert (
         bench.settings_text(a_record("old", 1.0))
-        == "64 prompts 1024/256 tok ratio 1 conc 16, backend ?, MTP ?, SGLang unknown"
+        == "64 prompts 1024/256 tok ratio 1 conc 16, random, backend ?, MTP ?, SGLang unknown"
     )
 
 

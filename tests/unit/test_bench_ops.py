@@ -91,3 +91,19 @@ def test_bench_progress_is_a_line_per_tenth_of_the_requests_or_per_half_minute(
         "gpu-1: benchmark job bench-1: 7/64 requests done, 40 s",
         "gpu-1: benchmark job bench-1: 64/64 requests done, 50 s",
     ]
+
+
+def test_random_ids_needs_no_dataset_file_and_asks_the_host_nothing(tmp_path: Path) -> None:
+    from orchestrator.facts.bench import Dataset
+    from orchestrator.recipe import BenchSpec
+    from orchestrator.session import HostSession
+
+    session = HostSession(HOST, NoRemote(), StateStore(tmp_path / "state.json"))  # type: ignore[arg-type]
+    assert bench.prepare_dataset(session, BenchSpec(dataset_name="random-ids"), BenchOptions()) == Dataset("random-ids")
+
+
+def test_an_unreadable_local_dataset_is_exit_2_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(UsageError) as caught:
+        bench.local_dataset(str(tmp_path / "nope.json"))
+    assert caught.value.message == f"--dataset {tmp_path / 'nope.json'}: cannot read it (No such file or directory)"
+    assert caught.value.exit_code == 2

@@ -2,13 +2,16 @@
 
 Sends ``--num-prompts`` requests to a running server's ``/generate`` (at most ``--max-concurrency`` at a
 time, arriving at ``--request-rate`` per second), prints a summary and appends one JSON line of metrics
-to ``--output-file``. Offline datasets only here: ``random`` (and ``random-ids``); ``sharegpt`` needs a
-download.
+to ``--output-file``. As the real one (0.5.23, ``benchmark/datasets/random.py``): ``random`` samples the
+text of a ShareGPT-format ``--dataset-path`` (the first turn of each conversation, repeated or cut to the
+asked length) and, without a valid local file, downloads ShareGPT from the Hugging Face hub, which fails
+on a host without internet (here: always); ``random-ids`` needs no file. The seed defaults to 42.
 """
 
 import argparse
 import http.client
 import json
+import os
 import random
 import statistics
 import sys
@@ -57,10 +60,11 @@ def build_parser():
     parser.add_argument("--disable-tqdm", action="store_true", help="Specify to disable tqdm progress bar.")
     parser.add_argument("--disable-stream", action="store_true", help="Disable streaming mode.")
     parser.add_argument("--disable-ignore-eos", action="store_true", help="Disable ignoring EOS.")
-    parser.add_argument("--seed", type=int, default=1, help="The random seed.")
+    parser.add_argument("--seed", type=int, default=42, help="The random seed.")
     parser.add_argument("--warmup-requests", type=int, default=1, help="Number of warmup requests to run before the benchmark.")
     parser.add_argument("--extra-request-body", type=str, default=None, help="Append given JSON object to the request payload.")
     parser.add_argument("--tag", type=str, default=None, help="The tag to be dumped to output.")
+    parser.add_argument("--apply-chat-template", action="store_true", help="Apply chat template")
     return parser
 
 
@@ -70,16 +74,62 @@ def base_url_of(args):
     return f"http://{args.host}:{args.port or 30000}"
 
 
+SHAREGPT_REPO_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered"
+SHAREGPT_FILENAME = "ShareGPT_V3_unfiltered_cleaned_split.json"
+
+
+class LocalEntryNotFoundError(OSError):
+    """What ``huggingface_hub.hf_hub_download`` raises without a network and without a cached copy."""
+
+
+LocalEntryNotFoundError.__module__ = "huggingface_hub.errors"
+
+
+def is_file_valid_json(path):
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path) as f:
+            json.load(f)
+        return True
+    except ValueError as e:
+        print(f"{path} exists but json loading fails ({e=}), thus treat as invalid file")
+        return False
+
+
+def hf_hub_download(repo_id, filename, repo_type="dataset"):
+    """The simulated hosts have no internet: the download fails as the real one does offline."""
+    raise LocalEntryNotFoundError(
+        "An error happened while trying to locate the file on the Hub and we cannot find the requested files "
+        "in the local cache. Please check your connection and try again or make sure your Internet connection "
+        "is on."
+    )
+
+
+def random_lengths(rng, full_len, range_ratio, num):
+    return [rng.randint(max(int(full_len * range_ratio), 1), full_len) for _ in range(num)]
+
+
 def sample_random_requests(args):
-    """(prompt, prompt_len, output_len) for the random dataset, reproducible with ``--seed``."""
+    """(prompt, prompt_len, output_len) for ``random`` (the dataset's text) and ``random-ids`` (random
+    words standing for random token ids), reproducible with ``--seed``; a word stands for a token."""
     rng = random.Random(args.seed)
-    low_in = max(int(args.random_input_len * args.random_range_ratio), 1)
-    low_out = max(int(args.random_output_len * args.random_range_ratio), 1)
+    input_lens = random_lengths(rng, args.random_input_len, args.random_range_ratio, args.num_prompts)
+    output_lens = random_lengths(rng, args.random_output_len, args.random_range_ratio, args.num_prompts)
+    if args.dataset_name == "random-ids":
+        return [(" ".join(rng.choice(WORDS) for _ in range(n)), n, m) for n, m in zip(input_lens, output_lens)]
+    dataset_path = args.dataset_path
+    if not is_file_valid_json(dataset_path):
+        dataset_path = hf_hub_download(repo_id=SHAREGPT_REPO_ID, filename=SHAREGPT_FILENAME)
+    with open(dataset_path) as f:
+        dataset = json.load(f)
+    turns = [d.get("conversations", d.get("conversation", [])) for d in dataset]
+    prompts = [t[0]["value"].split() for t in turns if len(t) >= 2 and t[0]["value"].split()]
+    rng.shuffle(prompts)
     requests = []
-    for _ in range(args.num_prompts):
-        prompt_len = rng.randint(low_in, args.random_input_len)
-        output_len = rng.randint(low_out, args.random_output_len)
-        requests.append((" ".join(rng.choice(WORDS) for _ in range(prompt_len)), prompt_len, output_len))
+    for words, n, m in zip(prompts, input_lens, output_lens):
+        repeated = (words * ((n + len(words) - 1) // len(words)))[:n]
+        requests.append((" ".join(repeated), n, m))
     return requests
 
 
@@ -87,9 +137,7 @@ def load_requests(args):
     if args.dataset_name in ("random", "random-ids"):
         return sample_random_requests(args)
     if args.dataset_name == "sharegpt" and not args.dataset_path:
-        raise ConnectionError("Failed to download the ShareGPT dataset from https://huggingface.co/datasets/"
-                              "anon8231489123/ShareGPT_Vicuna_unfiltered: network is unreachable. "
-                              "Use --dataset-name random or pass --dataset-path.")
+        hf_hub_download(repo_id=SHAREGPT_REPO_ID, filename=SHAREGPT_FILENAME)
     raise ValueError(f"Dataset {args.dataset_name} is not supported offline by this build; use random.")
 
 
