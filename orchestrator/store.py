@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from orchestrator import state_migration
 from orchestrator.errors import StateError
 from orchestrator.facts.bench import BenchRecord
 from orchestrator.state import (
@@ -241,8 +242,6 @@ class StateStore:
 
     def _create(self, db: sqlite3.Connection) -> None:
         """The tables, and what an older orch's state beside the database holds, in one transaction."""
-        from orchestrator import state_migration  # only the first use of a database needs it
-
         legacy = legacy_path(self.path)
         try:
             with self._errors():

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from orchestrator.sandbox.modelconfig import SHARDS
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv, OrchRun
 
 ROOMY = {"disk_free_mib": 500 * 1024}
@@ -207,7 +207,7 @@ def test_run_campaigns_on_the_healthy_hosts_and_names_the_sick_ones_problem(env:
     assert run.returncode == 3, run.output
     assert "sim-2: doctor fails this host: GPU 2: PCIe link x4, the GPU's maximum is x16" in run.stderr, run.output
     assert "sim-2: refused before any step: nothing was started or stopped" in run.stderr, run.output
-    hosts = StateStore(own.state).load().hosts
+    hosts = StateStore(own.state).read().hosts
     assert [list(hosts[name].steps.done) for name in ("sim-1", "sim-3")] == [["pull"], ["pull"]]  # type: ignore[union-attr]
     assert hosts["sim-2"].steps is not None and hosts["sim-2"].steps.done == {}  # --only forgot it; nothing ran
     assert hosts["sim-2"].phase.value == "new"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
 from tests.gateway_smg import RunningGateway, running_smg
 
@@ -42,7 +42,7 @@ class Served:
 
     def decode_lines(self, name: str) -> int:
         """The ``Decode batch`` lines the host's server logged so far: it decoded requests."""
-        server = StateStore(self.env.state).load().hosts[name].server
+        server = StateStore(self.env.state).read().hosts[name].server
         assert server is not None
         log = Path(self.host(name).workdir) / "jobs" / server.job_id / "log"
         return log.read_text(errors="replace").count("Decode batch")
@@ -86,7 +86,7 @@ def status_of(served: Served, name: str) -> dict[str, Any]:
 
 def test_rolling_serve_skips_a_host_doctor_fails_with_a_line_and_leaves_it_as_it_was(served: Served) -> None:
     sick = served.host("sim-2")
-    job = StateStore(served.env.state).load().hosts["sim-2"].server.job_id  # type: ignore[union-attr]
+    job = StateStore(served.env.state).read().hosts["sim-2"].server.job_id  # type: ignore[union-attr]
     sick.set_knobs(gpu_faults={"pcie_x4": 2})
     try:
         run = served.env.orch("serve", "--rolling", "--force", "--yes")
@@ -95,7 +95,7 @@ def test_rolling_serve_skips_a_host_doctor_fails_with_a_line_and_leaves_it_as_it
     assert run.returncode == 3, run.output
     assert "sim-2: skipped: doctor fails it: GPU 2: PCIe link x4, the GPU's maximum is x16" in run.stderr, run.output
     assert "sim-2: not touched (still on its old server)" in run.stdout, run.output
-    hosts = StateStore(served.env.state).load().hosts
+    hosts = StateStore(served.env.state).read().hosts
     assert hosts["sim-2"].server is not None and hosts["sim-2"].server.job_id == job  # never relaunched
     assert hosts["sim-1"].server is not None and hosts["sim-1"].server.verified  # the healthy host rolled
     assert served.workers() == sorted([served.url("sim-1"), served.url("sim-2")])

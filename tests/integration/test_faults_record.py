@@ -3,9 +3,8 @@ and a `pull` that cannot take the state lock moves nothing."""
 
 from __future__ import annotations
 
-import fcntl
-import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.inventory import Host, load_inventory
-from orchestrator.store import StateStore
+from orchestrator.store import StateStore, database_path
 
 SMALL = ("--num-prompts", "6", "--input-len", "32", "--output-len", "64", "--max-concurrency", "3")
 SLOW = ("--num-prompts", "12", "--input-len", "32", "--output-len", "256", "--max-concurrency", "2")
@@ -26,11 +25,11 @@ def head_commit(host: Host) -> str:
     return subprocess.run(git, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def hold_state_lock(state: Path) -> int:
-    """Take the state file's lock as another orch would (flock on ``state.json.lock``); close to release."""
-    fd = os.open(state.with_name(state.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return fd
+def hold_state_lock(state: Path) -> sqlite3.Connection:
+    """Take the state database's write lock as another orch would (``BEGIN IMMEDIATE``); close to release."""
+    holder = sqlite3.connect(database_path(state), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    return holder
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60) -> None:
@@ -50,7 +49,7 @@ def test_bench_killed_before_recording_its_job_is_adopted_not_started_again(make
     [host] = load_inventory(env.inventory).hosts.values()
     assert env.orch("serve").returncode == 0
     argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "bench"]
-    fd = hold_state_lock(env.state)  # the job starts, then its record waits for the lock: the window, held open
+    holder = hold_state_lock(env.state)  # the job starts, then its record waits for the lock: the window, held open
     try:
         workload = SMALL if ended else SLOW
         first = subprocess.Popen(
@@ -63,7 +62,7 @@ def test_bench_killed_before_recording_its_job_is_adopted_not_started_again(make
             first.send_signal(signal.SIGKILL)
             first.wait()
     finally:
-        os.close(fd)
+        holder.close()
     [started] = bench_dirs(host)
     if ended:
         wait_for(lambda: (started / "exit_code").exists())  # it finished meanwhile, its result not yet collected
@@ -90,11 +89,11 @@ def test_pull_that_cannot_take_the_state_lock_moves_nothing(make_fleet) -> None:
     assert env.orch("status").returncode == 0  # the state file exists
     env.fleet.add_upstream_commit("Upstream moves while the state is locked")
     before = head_commit(host)
-    fd = hold_state_lock(env.state)
+    holder = hold_state_lock(env.state)
     try:
         result = env.orch("pull")
     finally:
-        os.close(fd)
+        holder.close()
     assert result.returncode == 4, result.output  # README: 4 when the state file is locked for too long
     assert "is locked by another orch" in result.stderr
     assert head_commit(host) == before  # nothing moved that the state does not know

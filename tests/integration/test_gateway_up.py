@@ -78,7 +78,7 @@ def alive(pid: int) -> bool:
 def assert_key_nowhere(env: FleetEnv, job_id: str, *runs: OrchRun) -> None:
     """The key is in no job file, the state file, orch's output or any process's command line."""
     places = {path: path.read_bytes() for path in job_dir(env, job_id).iterdir() if path.is_file()}
-    places.update({path: path.read_bytes() for path in env.state.rglob("*") if path.is_file()})  # the state
+    places.update({path: path.read_bytes() for path in env.state.parent.rglob("*") if path.is_file()})  # the state
     assert any(path.is_relative_to(env.state) for path in places)
     for n, run in enumerate(runs):
         places[Path(f"orch output {n}")] = run.output.encode()

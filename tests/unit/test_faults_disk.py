@@ -18,7 +18,8 @@ from orchestrator.cli import run_command
 from orchestrator.errors import StateError, local_disk_error
 from orchestrator.inventory import Host
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, Phase, ServerRecord, StateStore
+from orchestrator.state import HostState, Phase, ServerRecord
+from orchestrator.store import StateStore
 from tests.fakerunner import FakeRunner
 
 HOST = Host(name="b1", address="127.0.0.2", workdir="/w")
@@ -111,7 +112,7 @@ def test_a_stop_the_full_disk_kept_from_its_record_is_said_and_recorded_by_the_n
     monkeypatch.setattr(store, "update_host", real_update)
     listed[:] = [_server_job(True, "succeeded")]  # the host: stopped at orch's request
     assert srv.stop_server(session, [0], 10.0) is None
-    record = store.load().hosts["b1"]
+    record = store.read().hosts["b1"]
     assert record.server is not None and record.server.stopped_by == "orch stop-server"
     assert record.phase != Phase.SERVING
 

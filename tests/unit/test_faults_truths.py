@@ -105,7 +105,8 @@ def _replacing(tmp_path: Path, *, old_argv: list[str], force: bool = False, comm
     from orchestrator.readers import GpuInfo
     from orchestrator.recipe import Recipe, ServeOptions
     from orchestrator.session import HostSession
-    from orchestrator.state import ServerRecord, StateStore
+    from orchestrator.state import ServerRecord
+    from orchestrator.store import StateStore
     from tests.fakerunner import FakeRunner
 
     host = Host(name="b1", address="127.0.0.2", workdir="/w")
@@ -142,7 +143,8 @@ def test_run_says_why_the_server_of_a_done_serve_step_is_gone(
 ) -> None:
     from orchestrator.ops import run as run_op
     from orchestrator.session import HostSession
-    from orchestrator.state import ServerRecord, StateStore
+    from orchestrator.state import ServerRecord
+    from orchestrator.store import StateStore
     from tests.fakerunner import FakeRunner
 
     store = StateStore(tmp_path / "st")
@@ -328,7 +330,7 @@ def test_status_of_a_host_that_stops_answering_after_login_is_bounded_and_its_no
     from orchestrator.fleet import HostResult
     from orchestrator.ops import status as status_op
     from orchestrator.session import HostSession
-    from orchestrator.state import StateStore
+    from orchestrator.store import StateStore
     from tests.fakerunner import FakeRunner
 
     waited: list[float | None] = []
