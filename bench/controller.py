@@ -55,13 +55,12 @@ def orch_env(src: Path) -> dict[str, str]:
 
 
 FLOOR = """
-import os, click, pydantic, yaml, tenacity, orchestrator.transport._paramiko
+import click, pydantic, yaml, tenacity, paramiko, sqlite3
 pydantic.create_model("One", x=(int, ...))(x=1)  # pydantic imports its schema machinery at the first model
-os._exit(0)
 """
 """What every ``orch status`` imports before any code of orch's own: the libraries it is built on (click;
 pydantic, with what its first model brings in; PyYAML for hosts.yaml; tenacity for connect retries;
-paramiko as orch imports it), ended as orch ends (no interpreter teardown). ``import_floor_cpu_s`` is
+paramiko; sqlite3 for the state), ended by the interpreter's teardown as orch now is. ``import_floor_cpu_s`` is
 its CPU: what of ``status_1host_cpu_s`` is not orch's."""
 
 

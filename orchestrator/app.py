@@ -78,6 +78,7 @@ class App:
                     on_commit=notifier.on_commit if notifier else None,
                 )
                 log.info("state database %s", store.path)
+                store.read([], history=False)  # open and check it now, before any host is contacted
                 self._store = store
             return self._store
 

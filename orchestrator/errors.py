@@ -113,9 +113,9 @@ _DISK_FULL = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded"
 
 def local_disk_error(exc: BaseException) -> StateError | None:
     """``exc`` as a StateError (exit 4, one line) when it is a write on this machine that failed because its
-    disk is full, over quota or read-only; else None. The state store writes files (and, soon, SQLite,
-    whose ``database or disk is full`` is the same case); each caller that could meet it would otherwise
-    print a traceback, so the two catch sites (``cli.run_command`` and the fleet's per-host call) ask this.
+    disk is full, over quota or read-only; else None: an OSError's errno, or SQLite's ``database or disk is
+    full``. The state store asks it for SQLite's errors; the two catch sites (``cli.run_command`` and the
+    fleet's per-host call) ask it for every other write, which would otherwise print a traceback.
     An SFTP write on a host never lands here: paramiko gives its failures no errno."""
     if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
         where = f" (writing {exc.filename})" if exc.filename else ""

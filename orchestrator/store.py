@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from orchestrator import state_migration
-from orchestrator.errors import StateError
+from orchestrator.errors import StateError, local_disk_error
 from orchestrator.facts.bench import BenchRecord
 from orchestrator.state import (
     READ_BACK,
@@ -298,6 +298,9 @@ class StateStore:
                     hint=f"restore a copy of {self.path}, or move it away to start from an empty state "
                     "(orch forgets its jobs, servers and plans); orch never resets it",
                 ) from exc
+            full = local_disk_error(exc)
+            if full is not None:
+                raise full from exc
             raise StateError(f"cannot use state database {self.path}: {exc}") from exc
 
     def _newer(self, version: int) -> StateError:

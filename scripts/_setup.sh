@@ -34,6 +34,8 @@ ensure_image_tools() {
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
+}
+
 pip_quietly() {
   # `PYTHON -m pip install -q ARGS...`, without pip's resolver report about a package installed with
   # --no-deps (the conformance tier installs sglang so: "ERROR: pip's dependency resolver ..." and one

@@ -35,7 +35,7 @@ def test_a_kept_demo_says_how_to_point_orch_at_it_and_tear_it_down(tmp_path: Pat
     root = tmp_path / "orch demo"
     lines = demo.next_steps(root, "sim-1", kept=True)
     export = f"  export ORCH_INVENTORY={shlex.quote(str(root / 'hosts.yaml'))} "
-    export += f"ORCH_STATE={shlex.quote(str(root / '.orch' / 'state.json'))}"
+    export += f"ORCH_STATE={shlex.quote(str(root / '.orch' / 'state.db'))}"
     assert export in lines
     assert f"  orch demo --down {shlex.quote(str(root))}" in lines
     assert any("orch logs sim-1 server -f" in line for line in lines)

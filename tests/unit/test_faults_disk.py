@@ -4,7 +4,6 @@ record could not be written is said, with the command that records it."""
 from __future__ import annotations
 
 import errno
-import os
 import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +26,25 @@ HOST = Host(name="b1", address="127.0.0.2", workdir="/w")
 
 def _full(*args: object) -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
+
+
+_connect = sqlite3.connect
+
+
+class _FullDisk(sqlite3.Connection):
+    """A connection whose every write fails as SQLite's does on a full disk (SQLITE_FULL)."""
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        if not sql.lstrip().upper().startswith(("SELECT", "PRAGMA")):
+            raise sqlite3.OperationalError("database or disk is full")
+        return super().execute(sql, *args)
+
+    def executescript(self, sql: str) -> sqlite3.Cursor:
+        raise sqlite3.OperationalError("database or disk is full")
+
+
+def _full_disk_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+    return _connect(*args, factory=_FullDisk, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +74,7 @@ def test_status_on_a_full_disk_is_exit_4_with_one_line(
 ) -> None:
     inventory = tmp_path / "hosts.yaml"
     inventory.write_text(f"defaults: {{transport: local, workdir: {tmp_path}/w}}\nhosts:\n  a: {{address: 10.0.0.1}}\n")
-    monkeypatch.setattr(os, "pwrite", _full)  # the state lock's holder record: the first write a command makes
+    monkeypatch.setattr(sqlite3, "connect", _full_disk_connect)  # SQLite's own answer when its disk is full
     code = run_command(["-i", str(inventory), "--state", str(tmp_path / "st"), "status"])
     output = capsys.readouterr().err
     assert code == 4, output

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from orchestrator import readers
+from orchestrator import session as session_module
 from orchestrator.errors import UnreachableError
 from orchestrator.facts import server as facts
 from orchestrator.facts.server_log import ServerLog
@@ -53,7 +53,7 @@ def test_verify_reconnects_after_a_drop_and_verifies(monkeypatch: pytest.MonkeyP
             raise answer
         return dict(answer)
 
-    monkeypatch.setattr(readers, "server_info", server_info)
+    monkeypatch.setattr(session_module, "server_info", server_info)
     monkeypatch.setattr(time, "sleep", lambda seconds: None)
     recipe = load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").model_copy(update={"fp8_gemm_backend": "auto"})
     runner = DroppingRunner()
@@ -72,7 +72,7 @@ def test_verify_reports_what_the_server_resolved_at_launch_beside_what_the_recip
     """The model hook's lines are logged before /health answers: read from the log kept at start."""
     from orchestrator.facts.server_log import parse_server_log
 
-    monkeypatch.setattr(readers, "server_info", lambda host, runner, url: dict(INFO))
+    monkeypatch.setattr(session_module, "server_info", lambda host, runner, url: dict(INFO))
     recipe = load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").model_copy(update={"fp8_gemm_backend": "auto"})
     at_start = parse_server_log(
         "[2026-12-03 09:18:45] Use dsv4 attention backend for DeepseekV4ForCausalLM, setting page_size to 256.\n"
@@ -93,7 +93,7 @@ def test_a_setting_the_recipe_names_and_the_server_resolves_otherwise_is_not_as_
 ) -> None:
     from orchestrator.facts.server_log import parse_server_log
 
-    monkeypatch.setattr(readers, "server_info", lambda host, runner, url: dict(INFO))
+    monkeypatch.setattr(session_module, "server_info", lambda host, runner, url: dict(INFO))
     recipe = load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml")
     args = {**recipe.server_args, "moe-runner-backend": "triton"}
     recipe = recipe.model_copy(update={"fp8_gemm_backend": "auto", "server_args": args})
