@@ -65,6 +65,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from orchestrator.errors import StateError
 from orchestrator.facts.bench import BenchRecord, GateRecord
+from orchestrator.facts.profile import ProfileRecord
 from orchestrator.tuning.record import PlanRecord, TuningRecord, migrate_v1
 from orchestrator.utc import UtcDateTime as UtcDateTime  # re-exported: the state's timestamps
 from orchestrator.utc import utc_now as utc_now
@@ -340,6 +341,7 @@ class HostState(_Model):
     server: ServerRecord | None = None
     tuning: TuningRecord | None = None
     benchmarks: list[BenchRecord] = Field(default_factory=list)
+    profiles: list[ProfileRecord] = Field(default_factory=list)  # `orch profile` runs, oldest first
     steps: StepProgress | None = None
     last_seen: UtcDateTime | None = None
     last_error: str | None = None

@@ -79,6 +79,9 @@ COMMANDS: dict[str, CommandEntry] = {
         "tune:wait",
         "Wait for the tuning running on each host with a live progress display, then install its configs.",
     ),
+    "profile": CommandEntry(
+        "profile:profile", "Profile each host's running server under a short load and show where its GPU time goes."
+    ),
     "run": CommandEntry(
         "run:run", "Run a playbook's steps on each host (pull, tune-fp8, serve, bench); re-run to resume."
     ),

@@ -78,6 +78,9 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("orchestrator.state", "orchestrator.facts.bench"): (
         "the state file's BenchRecord model lives beside the parser that builds it; it belongs in the models"
     ),
+    ("orchestrator.state", "orchestrator.facts.profile"): (
+        "the state file's ProfileRecord model lives beside the trace summariser that builds it"
+    ),
 }
 
 
@@ -202,9 +205,10 @@ def test_a_module_sits_in_the_layer_of_its_longest_prefix(module: str, layer: st
     assert (None if index is None else LAYERS[index][0]) == layer
 
 
-COMPOSERS = ("orchestrator.ops.run", "orchestrator.ops.rollout")
-"""The operations made of other operations: ``orch run`` (the playbook: pull, tune, serve, bench) and the
-rolling relaunch (serve and the gate's bench, host by host). No other operation imports one: what
+COMPOSERS = ("orchestrator.ops.run", "orchestrator.ops.rollout", "orchestrator.ops.profile")
+"""The operations made of other operations: ``orch run`` (the playbook: pull, tune, serve, bench), the
+rolling relaunch (serve and the gate's bench, host by host) and ``orch profile`` (the server's profiler
+around a benchmark load: bench's server check, module and label). No other operation imports one: what
 several share lives below them (``server_job``, ``readers``, ``session``)."""
 
 

@@ -53,6 +53,7 @@ class Engine:
         self.interval_start = time.monotonic()
         self.avg_accept_length = None
         self.last_gen_throughput = 0.0
+        self.profiler = None  # the server's Profiler (profiler.py): told of every batch the scheduler runs
 
     def start(self):
         threading.Thread(target=self._loop, name="scheduler", daemon=True).start()
@@ -86,10 +87,18 @@ class Engine:
                 self.changed.notify_all()
 
     def _admit(self):
+        admitted = []
         while self.waiting and len(self.running) < self.max_running:
-            self.running.append(self.waiting.pop(0))
+            admitted.append(self.waiting.pop(0))
+        self.running += admitted
+        if admitted and self.profiler is not None:  # the new requests' prefill is one batch
+            self.profiler.batch("prefill", sum(r.prompt_tokens for r in admitted), 0.0)
 
     def _step(self):
+        if self.profiler is not None and self.running:
+            draft = self.args.speculative_num_draft_tokens if self.spec else 1
+            context = sum(r.prompt_tokens + r.completion_tokens for r in self.running) / len(self.running)
+            self.profiler.batch("decode", len(self.running) * (draft or 1), context / 1000)
         for request in self.running:
             before = request.completion_tokens
             request.advance(self.tokens_per_step)

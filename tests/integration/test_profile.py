@@ -1,0 +1,58 @@
+"""``orch profile`` end to end: the real CLI over real sshd, the simulated SGLang's profiler and traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.inventory import load_inventory
+from orchestrator.state import StateStore
+from tests.conftest import FleetEnv
+
+
+def test_profile_reports_where_the_gpu_time_went_as_the_trace_says_and_stores_it(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env: FleetEnv = make_fleet(1)
+    host = next(iter(load_inventory(env.inventory).hosts.values()))
+    assert env.orch("serve").returncode == 0
+
+    result = env.orch("profile", "--steps", "3", "--label", "before", "--json")
+    assert result.returncode == 0, result.output
+    doc = json.loads(result.stdout)["hosts"][host.name]
+    assert doc["simulated"] is True and doc["ranks"] == 8
+    assert sorted(doc["stages"]) == ["decode", "prefill"]
+    assert sum(doc["categories"].values()) == pytest.approx(1.0)
+    for stage, trace_path in zip(("prefill", "decode"), doc["traces"], strict=True):
+        assert trace_path.startswith(f"{host.workdir}/profiles/")
+        trace = json.loads(gzip.decompress(Path(trace_path).read_bytes()))  # the host's disk is this machine's
+        kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+        total = sum(e["dur"] for e in kernels) / 1e6
+        assert doc["stages"][stage]["gpu_s"] == pytest.approx(total)
+        by_name: dict[str, float] = {}
+        for e in kernels:
+            by_name[e["name"]] = by_name.get(e["name"], 0.0) + e["dur"] / 1e6
+        expected = sorted(by_name.items(), key=lambda kv: (-kv[1], kv[0]))[:15]
+        got = [(k["name"], k["seconds"]) for k in doc["stages"][stage]["top_kernels"]]
+        assert [n for n, _ in got] == [n for n, _ in expected]
+        assert [s for _, s in got] == pytest.approx([s for _, s in expected])
+    assert doc["total_gpu_s"] == pytest.approx(sum(s["gpu_s"] for s in doc["stages"].values()))
+    assert doc["categories"]["attention"] > doc["categories"]["dense GEMM"]  # the sim's cost model (sm_120)
+
+    shown = env.orch("profile", "--steps", "2", "--label", "after")
+    assert shown.returncode == 0, shown.output
+    assert f"{host.name}: profile 'after': " in shown.stdout and "SIMULATED" in shown.stdout
+    assert "GPU time by category (simulated)" in shown.stdout
+    records = StateStore(env.state).load().hosts[host.name].profiles
+    assert [r.label for r in records] == ["before", "after"]
+    assert records[0].total.gpu_s == pytest.approx(doc["total_gpu_s"]) and records[0].steps == 3
+    assert records[0].speculative == "EAGLE steps=3 topk=1 draft=4"
+
+
+def test_profile_refuses_a_host_without_a_server(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env: FleetEnv = make_fleet(1)
+    result = env.orch("profile")
+    assert result.returncode == 3
+    assert "no server to profile: orch has not launched one on this host" in result.stderr
+    assert "orch serve --host" in result.stderr
