@@ -13,7 +13,7 @@ from orchestrator.state import StateStore
 from tests.conftest import FleetEnv
 
 
-def test_profile_reports_where_the_gpu_time_went_as_the_trace_says_and_stores_it(make_fleet) -> None:  # type: ignore[no-untyped-def]
+def test_profile_reports_where_the_gpu_time_went_as_the_trace_says_and_stores_it(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     env: FleetEnv = make_fleet(1)
     host = next(iter(load_inventory(env.inventory).hosts.values()))
     assert env.orch("serve").returncode == 0
@@ -48,6 +48,11 @@ def test_profile_reports_where_the_gpu_time_went_as_the_trace_says_and_stores_it
     assert [r.label for r in records] == ["before", "after"]
     assert records[0].total.gpu_s == pytest.approx(doc["total_gpu_s"]) and records[0].steps == 3
     assert records[0].speculative == "EAGLE steps=3 topk=1 draft=4"
+
+    assert env.orch("report", "--out", str(tmp_path / "report")).returncode == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "### GPU time (orch profile)" in text and "Simulated: the cost model" in text
+    assert "| category | before (" in text and "change (points)" in text
 
 
 def test_profile_refuses_a_host_without_a_server(make_fleet) -> None:  # type: ignore[no-untyped-def]

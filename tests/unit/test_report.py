@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
+from orchestrator.facts import profile as profile_facts
 from orchestrator.facts.bench import BenchMetrics, BenchParams, BenchRecord
+from orchestrator.facts.profile import ProfileRecord
 from orchestrator.ops import report
 from orchestrator.state import Phase, PhaseChange, ServerRecord, SGLangInfo, State, StateStore, Verification
 from tests.conftest import OrchRun
@@ -198,3 +200,33 @@ def test_the_chart_shows_every_run_a_repeated_label_with_its_time() -> None:
 def test_every_verification_field_has_words_in_the_report() -> None:
     shown_as_shapes = {"tuned_shapes_in_use", "fallback"}
     assert set(report.VERIFIED_LABELS) == set(Verification.model_fields) - shown_as_shapes
+
+
+def a_profile(label: str, minutes: float, attention: float, simulated: bool = True) -> ProfileRecord:
+    """A profile whose GPU time is ``attention`` attention, the rest MoE (decode); prefill all MoE."""
+    decode = profile_facts.summarise({"dsv4::sparse_mla_decode_kernel": (attention, 10),
+                                      "flashinfer mxfp4 moe gemm": (1.0 - attention, 10)})  # fmt: skip
+    prefill = profile_facts.summarise({"flashinfer mxfp4 moe gemm": (0.5, 2)})
+    total = profile_facts.summarise({"dsv4::sparse_mla_decode_kernel": (attention, 10),
+                                     "flashinfer mxfp4 moe gemm": (1.5 - attention, 12)})  # fmt: skip
+    stages = {"prefill": prefill, "decode": decode}
+    traces = ["/w/p/x-TP-0-DECODE.trace.json.gz"]
+    return ProfileRecord(label=label, at=at(minutes), traces=traces, ranks=8, steps=5, total=total, stages=stages,
+                         simulated=simulated)  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", ["md", "html"])
+def test_report_shows_two_profiles_side_by_side_with_the_change_and_says_simulated(
+    tmp_path: Path, fmt: report.Format
+) -> None:
+    state = campaign_state()
+    state.hosts["blackwell-1"].profiles = [a_profile("before", 80, 0.6), a_profile("after", 90, 0.3)]
+    text = report.write_report(state, "state.json", tmp_path, fmt, now=at(100)).read_text()
+    assert report.SIMULATED_NOTE.replace("'", "&#x27;" if fmt == "html" else "'") in text
+    row = {"md": "| attention | 40.0% | 20.0% | -20.0 |",
+           "html": "<td>attention</td><td>40.0%</td><td>20.0%</td><td>-20.0</td>"}[fmt]  # fmt: skip
+    assert row in text
+    assert "gpu-time-01-blackwell-1.png" in text
+    assert (tmp_path / "gpu-time-01-blackwell-1.png").read_bytes().startswith(PNG_MAGIC)
+    cells = report.profile_cells(state.hosts["blackwell-1"].profiles)
+    assert [c[0] for c in cells] == ["communication", "moe", "attention", "dense GEMM", "other", "GPU seconds (rank 0)"]
