@@ -61,3 +61,19 @@ def test_profile_refuses_a_host_without_a_server(make_fleet) -> None:  # type: i
     assert result.returncode == 3
     assert "no server to profile: orch has not launched one on this host" in result.stderr
     assert "orch serve --host" in result.stderr
+
+
+def test_serve_a_serving_profile_then_another_verified_as_any_serve(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env: FleetEnv = make_fleet(1)
+    host = next(iter(load_inventory(env.inventory).hosts.values()))
+    high = env.orch("serve", "--profile", "max-throughput")
+    assert high.returncode == 0, high.output
+    server = StateStore(env.state).load().hosts[host.name].server
+    assert server is not None and server.mtp is False
+    assert "--enable-dp-attention" in server.argv and not any(a.startswith("--speculative") for a in server.argv)
+
+    balanced = env.orch("serve", "--profile", "balanced", "--yes")
+    assert balanced.returncode == 0, balanced.output
+    server = StateStore(env.state).load().hosts[host.name].server
+    assert server is not None and server.mtp is True
+    assert server.verification.speculative == "EAGLE steps=1 topk=1 draft=2"
