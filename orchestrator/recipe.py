@@ -153,6 +153,7 @@ class ServingProfile(_Strict):
     concurrency: int | None = Field(None, gt=0)
     server_args: dict[str, str | int | float | bool] = Field(default_factory=dict)
     mtp: MTPSpec | None = None
+    min_accept_length: float | None = None  # when written: replaces the recipe's (fewer draft tokens accept fewer)
 
     @field_validator("server_args")
     @classmethod
@@ -185,7 +186,8 @@ class Recipe(_Strict):
 
     def with_profile(self, name: str) -> Recipe:
         """The recipe served as profile ``name``: its server arguments over the base ones, its MTP block
-        when it writes one (``mtp: null``: none). ``ConfigError`` naming the known profiles otherwise."""
+        when it writes one (``mtp: null``: none), its minimum accept length when it writes one.
+        ``ConfigError`` naming the known profiles otherwise."""
         chosen = self.profiles.get(name)
         if chosen is None:
             known = ", ".join(self.profiles) or "none"
@@ -193,8 +195,13 @@ class Recipe(_Strict):
                 f"{self.path or self.model}: no serving profile {name!r} (profiles: {known})",
                 hint="add it under 'profiles:' in the playbook, or pick one of those",
             )
-        mtp = chosen.mtp if "mtp" in chosen.model_fields_set else self.mtp
-        return self.model_copy(update={"server_args": {**self.server_args, **chosen.server_args}, "mtp": mtp})
+        given = chosen.model_fields_set
+        update = {
+            "server_args": {**self.server_args, **chosen.server_args},
+            "mtp": chosen.mtp if "mtp" in given else self.mtp,
+            "min_accept_length": chosen.min_accept_length if "min_accept_length" in given else self.min_accept_length,
+        }
+        return self.model_copy(update=update)
 
 
 def parse_shapes(text: str) -> list[Shape]:

@@ -82,6 +82,9 @@ COMMANDS: dict[str, CommandEntry] = {
     "profile": CommandEntry(
         "profile:profile", "Profile each host's running server under a short load and show where its GPU time goes."
     ),
+    "sweep": CommandEntry(
+        "sweep:sweep", "Serve each serving profile in turn on a canary host and benchmark it at each concurrency."
+    ),
     "run": CommandEntry(
         "run:run", "Run a playbook's steps on each host (pull, tune-fp8, serve, bench); re-run to resume."
     ),

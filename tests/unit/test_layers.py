@@ -205,10 +205,11 @@ def test_a_module_sits_in_the_layer_of_its_longest_prefix(module: str, layer: st
     assert (None if index is None else LAYERS[index][0]) == layer
 
 
-COMPOSERS = ("orchestrator.ops.run", "orchestrator.ops.rollout", "orchestrator.ops.profile")
+COMPOSERS = ("orchestrator.ops.run", "orchestrator.ops.rollout", "orchestrator.ops.profile", "orchestrator.ops.sweep")
 """The operations made of other operations: ``orch run`` (the playbook: pull, tune, serve, bench), the
-rolling relaunch (serve and the gate's bench, host by host) and ``orch profile`` (the server's profiler
-around a benchmark load: bench's server check, module and label). No other operation imports one: what
+rolling relaunch (serve and the gate's bench, host by host), ``orch profile`` (the server's profiler
+around a benchmark load: bench's server check, module and label) and ``orch sweep`` (serve and bench per
+serving profile and concurrency). No other operation imports one: what
 several share lives below them (``server_job``, ``readers``, ``session``)."""
 
 

@@ -1,7 +1,9 @@
 """The simulated scheduler: decode steps over the running requests, with speculative decoding.
 
-Every step takes ``step_seconds`` and gives each running request one token, or ``accept_length``
-tokens with speculative decoding on (one verify step). Every ``decode_log_interval`` steps it logs a
+Every step takes ``throughput.step_seconds`` (the empty-batch ``step_seconds`` grown with the batch's
+tokens, MTP draft tokens and DP attention: see ``throughput.py``) and gives each running request one
+token, or the accept length (``throughput.accept_length`` of the draft tokens) with speculative decoding
+on (one verify step). Every ``decode_log_interval`` steps it logs a
 ``Decode batch`` line and updates the running average accept length that ``/server_info`` reports.
 """
 
@@ -9,6 +11,8 @@ import logging
 import threading
 import time
 import uuid
+
+from sglang._sim import throughput
 
 logger = logging.getLogger("sglang.srt.managers.scheduler")
 
@@ -45,7 +49,9 @@ class Engine:
         self.args = server_args
         self.spec = server_args.speculative_algorithm is not None
         self.step_seconds = step_seconds
-        self.tokens_per_step = accept_length if self.spec else 1.0
+        self.draft_tokens = (server_args.speculative_num_draft_tokens or 1) if self.spec else 1
+        self.dp_attention = bool(getattr(server_args, "enable_dp_attention", False))
+        self.tokens_per_step = throughput.accept_length(accept_length, self.draft_tokens) if self.spec else 1.0
         self.max_running = server_args.max_running_requests or 128
         self.changed = threading.Condition()
         self.waiting, self.running = [], []
@@ -81,7 +87,8 @@ class Engine:
                     self.changed.wait()
                     self.interval_start = time.monotonic()
                 self._admit()
-            time.sleep(self.step_seconds)
+                batch = len(self.running)
+            time.sleep(throughput.step_seconds(self.step_seconds, batch, self.draft_tokens, self.dp_attention))
             with self.changed:
                 self._step()
                 self.changed.notify_all()
