@@ -37,7 +37,7 @@ class Handler(BaseHTTPRequestHandler):
         routes = {"/health": self.health, "/health_generate": self.health, "/ready": self.health,
                   "/v1/models": self.models, "/model_info": self.model_info, "/get_model_info": self.model_info,
                   "/server_info": self.server_info, "/get_server_info": self.server_info,
-                  "/v1/loads": self.loads}
+                  "/v1/loads": self.loads, "/start_profile": self.start_profile, "/stop_profile": self.stop_profile}
         route = routes.get(self.path.split("?")[0])
         return route() if route else self.send_json(404, {"detail": "Not Found"})
 
