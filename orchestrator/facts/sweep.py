@@ -61,6 +61,25 @@ def run_label(key: str, profile: str, concurrency: int) -> str:
     return f"sweep {key} {profile} c{concurrency}"
 
 
+def parse_label(label: str) -> tuple[str, str, int] | None:
+    """``run_label``'s parts (key, profile, concurrency); None for a label no sweep wrote."""
+    parts = label.split(" ")
+    if len(parts) != 4 or parts[0] != "sweep" or not parts[3].startswith("c") or not parts[3][1:].isdigit():
+        return None
+    return parts[1], parts[2], int(parts[3][1:])
+
+
+def stored_points(records: Iterable[BenchRecord]) -> list[SweepPoint]:
+    """Every sweep run stored among ``records``, the latest of each (profile, concurrency), by concurrency."""
+    latest: dict[tuple[str, int], SweepPoint] = {}
+    for record in records:
+        parsed = parse_label(record.label)
+        if parsed is not None:
+            _, profile, concurrency = parsed
+            latest[(profile, concurrency)] = point(record, profile, concurrency, resumed=False)
+    return sorted(latest.values(), key=lambda p: p.concurrency)
+
+
 def point(record: BenchRecord, profile: str, concurrency: int, resumed: bool) -> SweepPoint:
     m = record.metrics
     return SweepPoint(profile, concurrency, m.output_throughput, m.median_ttft_ms, m.p99_ttft_ms, m.median_itl_ms,

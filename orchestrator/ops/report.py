@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.errors import UsageError
 from orchestrator.facts import bench as facts
+from orchestrator.facts import sweep as sweep_facts
 from orchestrator.facts.bench import BenchRecord, ComparisonRow
 from orchestrator.facts.profile import CATEGORY_NAMES, ProfileRecord
 from orchestrator.state import HostState, Phase, PhaseChange, State, Verification, utc_now
@@ -39,6 +40,8 @@ Format = Literal["md", "html"]
 BENCH_COLUMNS = ["label", "time (UTC)", "output tok/s", "accept length", "median TTFT ms", "mean TPOT ms",
                  "vs first run", "MTP", "FP8 backend", "tuned shapes", "SGLang"]  # fmt: skip
 HISTORY_COLUMNS = ["phase", "entered (UTC)", "lasted", "reason"]
+SWEEP_COLUMNS = ["concurrency", "profile", "output tok/s", "TTFT ms median", "TTFT ms p99", "ITL ms median",
+                 "ITL ms p99", "accept length", "best"]  # fmt: skip
 SIDE_BY_SIDE = 4
 """Profiles of a host shown side by side in the report (the latest ones: before and after a change)."""
 SIMULATED_NOTE = "Simulated: the cost model of orch's simulated SGLang, not a GPU measurement."
@@ -271,6 +274,19 @@ def stage_cells(profile: ProfileRecord) -> tuple[list[str], list[list[str]]]:
     return ["category", *(name for name, _ in stages)], rows if stages else []
 
 
+def sweep_cells(records: Sequence[BenchRecord]) -> list[list[str]]:
+    """The host's ``orch sweep`` runs (the latest of each profile and concurrency), the best of each
+    concurrency marked."""
+    points = sweep_facts.stored_points(records)
+    winners = sweep_facts.best(points)
+    return [
+        [str(p.concurrency), p.profile, facts.fmt_number(p.output_throughput), facts.fmt_number(p.median_ttft_ms),
+         facts.fmt_number(p.p99_ttft_ms), facts.fmt_number(p.median_itl_ms, 2), facts.fmt_number(p.p99_itl_ms, 2),
+         facts.fmt_number(p.accept_length, 2), "best" if winners.get(p.concurrency) == p.profile else ""]
+        for p in points
+    ]  # fmt: skip
+
+
 def kernel_cells(profile: ProfileRecord) -> list[list[str]]:
     return [[k.name, f"{k.seconds:.4f}", f"{100 * k.share:.1f}%"] for k in profile.total.top_kernels]
 
@@ -317,6 +333,9 @@ def _md_host(host: HostReport, now: datetime) -> list[str]:
     if host.chart:
         alt = f"{_md(host.name)}: output throughput per configuration"
         lines += ["", f"![{alt}]({urllib.parse.quote(host.chart)})"]
+    sweep = _md_table(SWEEP_COLUMNS, sweep_cells(host.records))
+    if sweep:
+        lines += ["", "### Serving profiles by concurrency (orch sweep)", "", *sweep]
     return lines + _md_profiles(host)
 
 
@@ -411,6 +430,9 @@ def _html_host(host: HostReport, now: datetime) -> str:
     if host.chart:
         src, alt = _h(urllib.parse.quote(host.chart)), _h(f"{host.name}: output throughput per configuration")
         parts.append(f'<p><img src="{src}" alt="{alt}"></p>')
+    sweep = _html_table(SWEEP_COLUMNS, sweep_cells(host.records))
+    if sweep:
+        parts.append(_html_section("Serving profiles by concurrency (orch sweep)", sweep, ""))
     parts += _html_profiles(host)
     return "<section>" + "\n".join(parts) + "</section>"
 

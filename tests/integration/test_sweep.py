@@ -79,3 +79,8 @@ def test_sweep_survives_a_kill_and_recommends_per_band(make_fleet, tmp_path: Pat
     assert "every concurrency done before, skipped" in again.stderr
     assert "best at concurrency 1" in again.stdout and "Pareto front" in again.stdout
     assert len(sweep_labels(env, host)) == 12
+
+    assert env.orch("report", "--out", str(tmp_path / "report")).returncode == 0
+    section = (tmp_path / "report" / "report.md").read_text().split("(orch sweep)", 1)[1].split("\n###", 1)[0]
+    best = [line for line in section.splitlines() if line.endswith(" | best |") and line[2].isdigit()]
+    assert len(best) == 4 and best[0].startswith("| 1 | low-latency |")

@@ -230,3 +230,23 @@ def test_report_shows_two_profiles_side_by_side_with_the_change_and_says_simulat
     assert (tmp_path / "gpu-time-01-blackwell-1.png").read_bytes().startswith(PNG_MAGIC)
     cells = report.profile_cells(state.hosts["blackwell-1"].profiles)
     assert [c[0] for c in cells] == ["communication", "moe", "attention", "dense GEMM", "other", "GPU seconds (rank 0)"]
+
+
+def test_report_has_the_sweep_runs_with_the_best_per_concurrency(tmp_path: Path) -> None:
+    state = campaign_state()
+    runs = [
+        ("low-latency", 1, 300.0),
+        ("max-throughput", 1, 120.0),
+        ("low-latency", 128, 900.0),
+        ("max-throughput", 128, 2000.0),
+        ("max-throughput", 128, 2100.0),
+    ]  # the last one twice: latest wins
+    for i, (profile, c, tok_s) in enumerate(runs):
+        run = a_run(f"sweep k1 {profile} c{c}", tok_s, 80 + i, None, False)
+        state.hosts["blackwell-1"].benchmarks.append(BenchRecord.model_validate(run))
+    text = report.write_report(state, "state.json", tmp_path, "md", now=at(100)).read_text()
+    section = text.split("### Serving profiles by concurrency (orch sweep)", 1)[1]
+    assert "| 1 | low-latency | 300.0 |" in section and "| 128 | max-throughput | 2,100.0 |" in section
+    rows = [line for line in section.splitlines() if line.startswith("| 1") and "best" in line]
+    assert [r.split(" | ")[1] for r in rows] == ["low-latency", "max-throughput"]
+    assert "2,000.0" not in section

@@ -88,3 +88,12 @@ def test_the_sims_model_dp_attention_pays_off_only_with_many_requests() -> None:
     profiles = {"low": (4, False), "balanced": (2, True), "max": (1, True)}  # draft tokens, DP attention
     best = {c: winner(c, profiles) for c in (1, 8, 128)}
     assert best == {1: "low", 8: "low", 128: "max"}
+
+
+@pytest.mark.parametrize(
+    ("label", "parsed"),
+    [("sweep abcd1234 balanced c32", ("abcd1234", "balanced", 32)), ("sweep k low-latency c1", ("k", "low-latency", 1)),
+     ("tuned+mtp", None), ("sweep k balanced 32", None), ("sweep k a b c3", None), ("sweep k p cx", None)],
+)  # fmt: skip
+def test_parse_label_reads_only_what_run_label_writes(label: str, parsed: tuple[str, str, int] | None) -> None:
+    assert fs.parse_label(label) == parsed
