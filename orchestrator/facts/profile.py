@@ -103,7 +103,8 @@ class StageProfile(_Model):
 class ProfileRecord(_Model):
     """One ``orch profile`` run (an item of ``HostState.profiles``).
 
-    ``stages``: ``prefill`` and ``decode`` when the server profiled by stage, else ``all``; ``total``
+    ``stages``: ``prefill`` and ``decode`` when the server profiled by stage (and ``all``: what
+    ``/stop_profile`` flushed of a stage that never closed by itself), empty without stages; ``total``
     is every stage together. ``traces`` are the remote paths of the rank-0 files summarised,
     ``ranks`` how many trace files of the run the directory held. ``simulated``: the trace says it
     came from orch's simulated SGLang (its numbers are a cost model, not a measurement).
@@ -182,12 +183,14 @@ def trace_files(listing: Mapping[str, int], prefix: str) -> list[TraceFile]:
 
 
 def rank0_traces(files: Iterable[TraceFile], stages: Iterable[str]) -> dict[str, TraceFile] | None:
-    """Rank 0's file of each of ``stages`` (or its single unstaged file); None until all are there."""
-    mine = {f.stage: f for f in files if f.rank0}
-    if "all" in mine:
-        return {"all": mine["all"]}
+    """Rank 0's files by stage, once there is one of each of ``stages`` or an unstaged one (a profile
+    without stages, or what ``/stop_profile`` flushed); None until then."""
     wanted = list(stages)
-    return {s: mine[s] for s in wanted} if all(s in mine for s in wanted) else None
+    mine = {f.stage: f for f in files if f.rank0}
+    if "all" not in mine and not all(s in mine for s in wanted):
+        return None
+    order = [*wanted, *sorted(set(mine) - set(wanted))]  # prefill before decode: the order they ran in
+    return {s: mine[s] for s in order if s in mine}
 
 
 def read_trace(data: bytes) -> dict[str, Any]:

@@ -187,7 +187,7 @@ def _summarise(
         ranks=len({f.rank for f in every}),
         steps=options.steps,
         total=facts.summarise(facts.merge(times.values())),
-        stages={stage: facts.summarise(t) for stage, t in times.items()} if "all" not in times else {},
+        stages={stage: facts.summarise(t) for stage, t in times.items()} if set(times) != {"all"} else {},
         simulated=simulated,
         sglang_commit=commit,
         speculative=verified.speculative,

@@ -75,6 +75,7 @@ def document(results: FleetResult[ProfileRun]) -> dict[str, Any]:
             "trace": record.traces[0] if len(record.traces) == 1 else None,
             "traces": record.traces,
             "directory": result.value.directory,
+            "stopped": result.value.stopped,  # a stage's window never closed: orch asked /stop_profile
             "ranks": record.ranks,
             **{k: v for k, v in stage_document(record.total).items() if k != "gpu_s"},
             "stages": {stage: stage_document(s) for stage, s in record.stages.items()},

@@ -21,7 +21,7 @@ def test_profile_reports_where_the_gpu_time_went_as_the_trace_says_and_stores_it
     result = env.orch("profile", "--steps", "3", "--label", "before", "--json")
     assert result.returncode == 0, result.output
     doc = json.loads(result.stdout)["hosts"][host.name]
-    assert doc["simulated"] is True and doc["ranks"] == 8
+    assert doc["simulated"] is True and doc["ranks"] == 8 and doc["stopped"] is False
     assert sorted(doc["stages"]) == ["decode", "prefill"]
     assert sum(doc["categories"].values()) == pytest.approx(1.0)
     for stage, trace_path in zip(("prefill", "decode"), doc["traces"], strict=True):
@@ -77,3 +77,16 @@ def test_serve_a_serving_profile_then_another_verified_as_any_serve(make_fleet) 
     server = StateStore(env.state).load().hosts[host.name].server
     assert server is not None and server.mtp is True
     assert server.verification.speculative == "EAGLE steps=1 topk=1 draft=2"
+
+
+def test_a_decode_window_longer_than_the_load_is_flushed_by_stop_profile(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env: FleetEnv = make_fleet(1)
+    host = next(iter(load_inventory(env.inventory).hosts.values()))
+    assert env.orch("serve").returncode == 0
+    result = env.orch("profile", "--steps", "200", "--json")  # one wave of 16 x 256 tokens: ~83 decode batches
+    assert result.returncode == 0, result.output
+    doc = json.loads(result.stdout)["hosts"][host.name]
+    assert sorted(doc["stages"]) == ["all", "prefill"]  # the decode window, flushed unstaged by /stop_profile
+    assert doc["traces"][1].endswith("-TP-0.trace.json.gz")
+    assert doc["stages"]["all"]["gpu_s"] > 0 and sum(doc["categories"].values()) == pytest.approx(1.0)
+    assert doc["stopped"] is True

@@ -115,7 +115,10 @@ def test_rank0_traces_waits_for_every_stage_and_ignores_other_runs() -> None:
     assert fp.rank0_traces(files, ["prefill", "decode"]) is None
     listing["orch-a-1.0-TP-0-DECODE.trace.json.gz"] = 7
     found = fp.rank0_traces(fp.trace_files(listing, "orch-a"), ["prefill", "decode"])
-    assert found is not None and sorted(found) == ["decode", "prefill"]
+    assert found is not None and list(found) == ["prefill", "decode"]
+    listing["orch-a-1.0-TP-0.trace.json.gz"] = 9  # what /stop_profile flushes: no stage in the name
+    found = fp.rank0_traces(fp.trace_files(listing, "orch-a"), ["prefill", "decode"])
+    assert found is not None and list(found) == ["prefill", "decode", "all"]
 
 
 def test_read_trace_tells_a_truncated_file_from_a_broken_one() -> None:

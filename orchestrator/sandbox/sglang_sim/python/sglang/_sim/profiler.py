@@ -23,7 +23,9 @@ every trace carries ``"simulated": {...}`` at its top level, and orch labels its
     prefill, t prompt tokens in the batch: the same kernels with n = t / 8 (prefill kernels are
     compute-bound and amortise weight reads), attention uses the prefill kernel at 4 + 0.05 t.
 Each MoE term scales with 8 / tp (a smaller TP holds more experts per GPU). Rank r's durations are
-rank 0's times (1 + 0.01 r), so ranks differ a little, as real ranks do.
+rank 0's times (1 + 0.01 r), so ranks differ a little, as real ranks do. To keep traces small and quick to
+write, a batch has one event per kernel of the layer, lasting as long as that kernel takes over all the
+model's layers (``args.layers`` says how many); a real trace has one event per layer.
 """
 
 import gzip
@@ -146,7 +148,7 @@ class Profiler:
         prefix = f"{request['prefix']}-" if request["prefix"] else ""
         for rank in range(self.tp):
             name = f"{prefix}{request['id']}-TP-{rank}{suffix}.trace.json.gz"
-            with gzip.open(request["dir"] / name, "wt") as f:
+            with gzip.open(request["dir"] / name, "wt", compresslevel=1) as f:
                 json.dump(self.trace(batches, rank), f)
         logger.info(f"Profiling done. Traces are saved to: {request['dir']}")
 
@@ -156,12 +158,12 @@ class Profiler:
         for stage, tokens, context_k in batches:
             events.append({"ph": "X", "cat": "user_annotation", "name": f"forward_{stage}", "pid": os.getpid(),
                            "tid": 1, "ts": ts, "dur": 1.0})
-            for _layer in range(self.layers):
-                for name, us in layer_kernels(stage, tokens, context_k, self.tp, self.fp8_factor):
-                    dur = round(us * scale, 3)
-                    events.append({"ph": "X", "cat": "kernel", "name": name, "pid": rank, "tid": 7, "ts": ts,
-                                   "dur": dur, "args": {"device": rank, "stream": 7, "correlation": len(events)}})
-                    ts += dur + 0.5
+            for name, us in layer_kernels(stage, tokens, context_k, self.tp, self.fp8_factor):
+                dur = round(us * scale * self.layers, 3)
+                events.append({"ph": "X", "cat": "kernel", "name": name, "pid": rank, "tid": 7, "ts": ts, "dur": dur,
+                               "args": {"device": rank, "stream": 7, "correlation": len(events),
+                                        "layers": self.layers}})
+                ts += dur + 0.5
         return {"schemaVersion": 1, "deviceProperties": [{"id": rank, "name": "NVIDIA RTX PRO 6000 Blackwell",
                                                           "computeMajor": 12, "computeMinor": 0}],
                 "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": self.tp},
