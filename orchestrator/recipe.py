@@ -135,6 +135,44 @@ class Step(_Strict):
         return value
 
 
+def _check_flags(value: dict[str, Any]) -> dict[str, Any]:
+    """Server argument names as SGLang writes them, none orch sets itself, no secret among the values."""
+    for name in value:
+        if not _FLAG.match(name):
+            raise ValueError(f"{name!r} is not a flag name (write 'mem-fraction-static', without '--')")
+        own = orch_flag(name)
+        if own:
+            raise ValueError(
+                f"{name!r} is {own}, which orch sets (from the inventory's model_path and server_port, "
+                "or the recipe's mtp and fp8_gemm_backend blocks)"
+            )
+        secret = find_secret({name: str(value[name])})
+        if secret:  # the launch command goes into the state file, the job directory and `ps` on the host
+            raise ValueError(f"{name!r} looks like a secret ({secret!r}): pass it in the host's env instead")
+    return value
+
+
+class ServingProfile(_Strict):
+    """A named way to serve the recipe's model (``profiles:`` in a playbook; ``orch serve --profile``).
+
+    ``server_args`` are laid over the recipe's (``false`` drops a base flag); ``mtp`` replaces the
+    recipe's MTP block when the key is written, and ``mtp: null`` serves without MTP. ``concurrency``:
+    the concurrent requests the profile is meant for (upstream's recipes: low latency up to 32,
+    balanced up to 128), for the reader and for ``orch sweep``'s bands.
+    """
+
+    description: str = ""
+    concurrency: int | None = Field(None, gt=0)
+    server_args: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    mtp: MTPSpec | None = None
+    min_accept_length: float | None = None  # when written: replaces the recipe's (fewer draft tokens accept fewer)
+
+    @field_validator("server_args")
+    @classmethod
+    def _flags(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _check_flags(value)
+
+
 class Recipe(_Strict):
     model: str
     architecture: str
@@ -147,27 +185,35 @@ class Recipe(_Strict):
     tuning: TuningSpec = TuningSpec()
     bench: BenchSpec = BenchSpec()
     steps: list[Step] = Field(default_factory=list)
+    profiles: dict[str, ServingProfile] = Field(default_factory=dict)
     path: Path | None = Field(None, exclude=True)
 
     @field_validator("server_args")
     @classmethod
     def _flags(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for name in value:
-            if not _FLAG.match(name):
-                raise ValueError(f"{name!r} is not a flag name (write 'mem-fraction-static', without '--')")
-            own = orch_flag(name)
-            if own:
-                raise ValueError(
-                    f"{name!r} is {own}, which orch sets (from the inventory's model_path and server_port, "
-                    "or the recipe's mtp and fp8_gemm_backend blocks)"
-                )
-            secret = find_secret({name: str(value[name])})
-            if secret:  # the launch command goes into the state file, the job directory and `ps` on the host
-                raise ValueError(f"{name!r} looks like a secret ({secret!r}): pass it in the host's env instead")
-        return value
+        return _check_flags(value)
 
     def step(self, name: str) -> Step | None:
         return next((s for s in self.steps if s.name == name), None)
+
+    def with_profile(self, name: str) -> Recipe:
+        """The recipe served as profile ``name``: its server arguments over the base ones, its MTP block
+        when it writes one (``mtp: null``: none), its minimum accept length when it writes one.
+        ``ConfigError`` naming the known profiles otherwise."""
+        chosen = self.profiles.get(name)
+        if chosen is None:
+            known = ", ".join(self.profiles) or "none"
+            raise ConfigError(
+                f"{self.path or self.model}: no serving profile {name!r} (profiles: {known})",
+                hint="add it under 'profiles:' in the playbook, or pick one of those",
+            )
+        given = chosen.model_fields_set
+        update = {
+            "server_args": {**self.server_args, **chosen.server_args},
+            "mtp": chosen.mtp if "mtp" in given else self.mtp,
+            "min_accept_length": chosen.min_accept_length if "min_accept_length" in given else self.min_accept_length,
+        }
+        return self.model_copy(update=update)
 
 
 # The server flags orch sets itself, and their SGLang aliases (reference/sglang.md §2.1).

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo
 
 from orchestrator.facts.bench import BenchRecord, GateRecord
+from orchestrator.facts.profile import ProfileRecord
 from orchestrator.tuning.record import PlanRecord, TuningRecord
 from orchestrator.utc import UtcDateTime as UtcDateTime  # re-exported: the state's timestamps
 from orchestrator.utc import utc_now as utc_now
@@ -265,6 +266,7 @@ class HostState(_Model):
     server: ServerRecord | None = None
     tuning: TuningRecord | None = None
     benchmarks: list[BenchRecord] = Field(default_factory=list)
+    profiles: list[ProfileRecord] = Field(default_factory=list)  # `orch profile` runs, oldest first
     steps: StepProgress | None = None
     last_seen: UtcDateTime | None = None
     last_error: str | None = None

@@ -54,6 +54,8 @@ LAZY_COMMANDS = {
     "tune-fp8": "tune:tune_fp8",
     "wait": "tune:wait",
     "run": "run:run",
+    "profile": "profile:profile",
+    "sweep": "sweep:sweep",
     "doctor": "doctor:doctor",
     "drain": "drain:drain",
     "undrain": "drain:undrain",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.app import App
+from orchestrator.app import App, refuse_bad_recipe
 from orchestrator.cli import Finite, complete
 from orchestrator.cli.common import default, finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
@@ -12,7 +12,7 @@ from orchestrator.cli.gateway import gate_needs_rolling, rolling_default, rollin
 from orchestrator.errors import ExitCode
 from orchestrator.facts import server as facts
 from orchestrator.ops import serve as serve_op
-from orchestrator.recipe import ServeOptions
+from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.session import HostSession
 from orchestrator.views import serve as serve_view
 from orchestrator.views.serve import reporter
@@ -35,6 +35,12 @@ _drain = click.option(
 @click.command()
 @host_options
 @_playbook
+@click.option(
+    "--profile",
+    "serving_profile",
+    metavar="NAME",
+    help="Serve the playbook's serving profile NAME (its server_args over the base ones; its mtp block).",
+)
 @click.option(
     "--mtp/--no-mtp",
     default=default(ServeOptions, "mtp"),
@@ -88,6 +94,7 @@ def serve(
     tags: tuple[str, ...],
     parallel: int,
     playbook: str | None,
+    serving_profile: str | None,
     mtp: bool,
     no_wait_tuning: bool,
     use_installed_configs: bool,
@@ -121,7 +128,12 @@ def serve(
       orch serve --dry-run
       orch serve --rolling --canary canary --max-unavailable 2
       orch serve --rolling --canary canary --gate bench
+      orch serve --host blackwell-1 --profile max-throughput
     """
+    selected = app.select(hosts, tags)
+    chosen = app.recipes(selected, playbook, mtp=None if serving_profile else mtp)
+    if serving_profile:
+        chosen, mtp = profiled(chosen, serving_profile, mtp)
     options = ServeOptions(
         mtp=mtp,
         wait_tuning=not no_wait_tuning,
@@ -133,8 +145,6 @@ def serve(
         fp8_gemm_backend=fp8_gemm_backend,
         force=force,
     )
-    selected = app.select(hosts, tags)
-    chosen = app.recipes(selected, playbook, mtp=mtp)
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run)
     gate_needs_rolling(gate, rolling)
     if rolling:
@@ -154,6 +164,16 @@ def serve(
         )
     serve_view.serve_reports(results)
     return finish(results)
+
+
+def profiled(chosen: dict[str, Recipe], name: str, mtp: bool) -> tuple[dict[str, Recipe], bool]:
+    """Each host's recipe served as profile ``name`` (exit 2 when a playbook lacks it), and whether MTP is
+    on: off when ``--no-mtp`` or a profile says ``mtp: null``. Checked by the MTP rules as ``serve`` does."""
+    served = {host: recipe.with_profile(name) for host, recipe in chosen.items()}
+    mtp = mtp and all(r.mtp is not None for r in served.values())
+    for recipe in {id(r): r for r in served.values()}.values():
+        refuse_bad_recipe(recipe, mtp=mtp)
+    return served, mtp
 
 
 @click.command(name="stop-server")

@@ -111,8 +111,11 @@ class BenchMetrics(_Model):
     request_throughput: float | None = None
     mean_ttft_ms: float | None = None
     median_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
     mean_tpot_ms: float | None = None
     mean_itl_ms: float | None = None
+    median_itl_ms: float | None = None
+    p99_itl_ms: float | None = None
     completed: int
     duration: float | None = None
     accept_length: float | None = None

@@ -171,12 +171,13 @@ def check_baseline(store: StateStore, hosts: list[Host], options: BenchOptions) 
 # -- before the run ------------------------------------------------------------------------------
 
 
-def running_server(host: Host, runner: Runner, store: StateStore) -> ServerRecord:
-    """The server orch launched on the host, checked to be running; else a ``RefusedError`` saying why."""
+def running_server(host: Host, runner: Runner, store: StateStore, doing: str = "benchmark") -> ServerRecord:
+    """The server orch launched on the host, checked to be running; else a ``RefusedError`` saying why
+    (``doing``: what the server was wanted for, ``no server to <doing>``)."""
     server = store.read([host.name]).host(host.name).server
     if server is None:
         raise RefusedError(
-            f"{host.name}: no server to benchmark: orch has not launched one on this host",
+            f"{host.name}: no server to {doing}: orch has not launched one on this host",
             hint=f"start it with `orch serve --host {host.name}`",
         )
     state = _job_state(runner, host, server.job_id)

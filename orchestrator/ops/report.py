@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.errors import UsageError
 from orchestrator.facts import bench as facts
+from orchestrator.facts import sweep as sweep_facts
 from orchestrator.facts.bench import BenchRecord, ComparisonRow
+from orchestrator.facts.profile import CATEGORY_NAMES, ProfileRecord
 from orchestrator.state import HostState, Phase, PhaseChange, State, Verification, utc_now
 from orchestrator.text import fmt_seconds, inert
 from orchestrator.tuning.member import record_of
@@ -38,6 +40,11 @@ Format = Literal["md", "html"]
 BENCH_COLUMNS = ["label", "time (UTC)", "output tok/s", "accept length", "median TTFT ms", "mean TPOT ms",
                  "vs first run", "MTP", "FP8 backend", "tuned shapes", "SGLang"]  # fmt: skip
 HISTORY_COLUMNS = ["phase", "entered (UTC)", "lasted", "reason"]
+SWEEP_COLUMNS = ["concurrency", "profile", "output tok/s", "TTFT ms median", "TTFT ms p99", "ITL ms median",
+                 "ITL ms p99", "accept length", "best"]  # fmt: skip
+SIDE_BY_SIDE = 4
+"""Profiles of a host shown side by side in the report (the latest ones: before and after a change)."""
+SIMULATED_NOTE = "Simulated: the cost model of orch's simulated SGLang, not a GPU measurement."
 SHAPE_COLUMNS = ["shape", "installed (UTC)", "for SGLang", "server"]
 
 
@@ -69,6 +76,8 @@ class HostReport:
     records: list[BenchRecord]
     rows: list[ComparisonRow]
     chart: str | None = None  # file name of the PNG beside the report
+    profiles: list[ProfileRecord] = field(default_factory=list)  # the latest SIDE_BY_SIDE `orch profile` runs
+    profile_chart: str | None = None  # file name of the GPU-time PNG (None: no profile, or no matplotlib)
 
 
 @dataclass
@@ -105,6 +114,7 @@ def host_report(name: str, hs: HostState, now: datetime) -> HostReport:
         server_command=shlex.join(hs.server.argv) if hs.server else None,
         records=records,
         rows=facts.compare(records, facts.pick_baseline(records, None)),
+        profiles=list(hs.profiles[-SIDE_BY_SIDE:]),
     )
 
 
@@ -245,6 +255,48 @@ def bench_cells(report: HostReport) -> list[list[str]]:
     ]
 
 
+def profile_columns(profiles: Sequence[ProfileRecord]) -> list[str]:
+    """``category`` then one column per profile (its label and time), then the change of the last two."""
+    names = [f"{p.label} ({fmt_time(p.at)[5:16]})" for p in profiles]
+    return ["category", *names, *(["change (points)"] if len(profiles) > 1 else [])]
+
+
+def profile_cells(profiles: Sequence[ProfileRecord]) -> list[list[str]]:
+    """Per category its share of each profile's GPU time (all stages), the decode and prefill shares of
+    the latest, and the GPU seconds; the last column: the latest minus the one before, in points."""
+    rows = []
+    for name in CATEGORY_NAMES:
+        shares = [p.total.categories.get(name, 0.0) for p in profiles]
+        change = [f"{100 * (shares[-1] - shares[-2]):+.1f}"] if len(shares) > 1 else []
+        rows.append([name, *(f"{100 * x:.1f}%" for x in shares), *change])
+    seconds = [f"{p.total.gpu_s:.4f}" for p in profiles]
+    return [*rows, ["GPU seconds (rank 0)", *seconds, *([""] if len(profiles) > 1 else [])]]
+
+
+def stage_cells(profile: ProfileRecord) -> tuple[list[str], list[list[str]]]:
+    """The latest profile per stage: columns and one row per category (empty without stages)."""
+    stages = list(profile.stages.items())
+    rows = [[c, *(f"{100 * s.categories.get(c, 0.0):.1f}%" for _, s in stages)] for c in CATEGORY_NAMES]
+    return ["category", *(name for name, _ in stages)], rows if stages else []
+
+
+def sweep_cells(records: Sequence[BenchRecord]) -> list[list[str]]:
+    """The host's ``orch sweep`` runs (the latest of each profile and concurrency), the best of each
+    concurrency marked."""
+    points = sweep_facts.stored_points(records)
+    winners = sweep_facts.best(points)
+    return [
+        [str(p.concurrency), p.profile, facts.fmt_number(p.output_throughput), facts.fmt_number(p.median_ttft_ms),
+         facts.fmt_number(p.p99_ttft_ms), facts.fmt_number(p.median_itl_ms, 2), facts.fmt_number(p.p99_itl_ms, 2),
+         facts.fmt_number(p.accept_length, 2), "best" if winners.get(p.concurrency) == p.profile else ""]
+        for p in points
+    ]  # fmt: skip
+
+
+def kernel_cells(profile: ProfileRecord) -> list[list[str]]:
+    return [[k.name, f"{k.seconds:.4f}", f"{100 * k.share:.1f}%"] for k in profile.total.top_kernels]
+
+
 def _mtp_cell(record: BenchRecord) -> str:
     if not record.mtp:
         return "off" if record.mtp is False else "-"
@@ -289,6 +341,27 @@ def _md_host(host: HostReport, now: datetime) -> list[str]:
     if host.chart:
         alt = f"{_md(host.name)}: output throughput per configuration"
         lines += ["", f"![{alt}]({urllib.parse.quote(host.chart)})"]
+    sweep = _md_table(SWEEP_COLUMNS, sweep_cells(host.records))
+    if sweep:
+        lines += ["", "### Serving profiles by concurrency (orch sweep)", "", *sweep]
+    return lines + _md_profiles(host)
+
+
+def _md_profiles(host: HostReport) -> list[str]:
+    if not host.profiles:
+        return []
+    latest = host.profiles[-1]
+    lines = ["", "### GPU time (orch profile)", ""]
+    if any(p.simulated for p in host.profiles):
+        lines += [f"**{SIMULATED_NOTE}**", ""]
+    lines += _md_table(profile_columns(host.profiles), profile_cells(host.profiles))
+    columns, rows = stage_cells(latest)
+    if rows:
+        lines += ["", f"Per stage, {_md(latest.label)}:", "", *_md_table(columns, rows)]
+    lines += ["", f"Top kernels, {_md(latest.label)}:", ""]
+    lines += _md_table(["kernel", "GPU s", "share"], kernel_cells(latest))
+    if host.profile_chart:
+        lines += ["", f"![{_md(host.name)}: GPU time by category]({urllib.parse.quote(host.profile_chart)})"]
     return lines
 
 
@@ -367,7 +440,30 @@ def _html_host(host: HostReport, now: datetime) -> str:
     if host.chart:
         src, alt = _h(urllib.parse.quote(host.chart)), _h(f"{host.name}: output throughput per configuration")
         parts.append(f'<p><img src="{src}" alt="{alt}"></p>')
+    sweep = _html_table(SWEEP_COLUMNS, sweep_cells(host.records))
+    if sweep:
+        parts.append(_html_section("Serving profiles by concurrency (orch sweep)", sweep, ""))
+    parts += _html_profiles(host)
     return "<section>" + "\n".join(parts) + "</section>"
+
+
+def _html_profiles(host: HostReport) -> list[str]:
+    if not host.profiles:
+        return []
+    latest = host.profiles[-1]
+    parts = ["<h3>GPU time (orch profile)</h3>"]
+    if any(p.simulated for p in host.profiles):
+        parts.append(f"<p><b>{_h(SIMULATED_NOTE)}</b></p>")
+    parts.append(_html_table(profile_columns(host.profiles), profile_cells(host.profiles)))
+    columns, rows = stage_cells(latest)
+    if rows:
+        parts.append(f"<p>Per stage, {_h(latest.label)}:</p>" + _html_table(columns, rows))
+    parts.append(f"<p>Top kernels, {_h(latest.label)}:</p>")
+    parts.append(_html_table(["kernel", "GPU s", "share"], kernel_cells(latest)))
+    if host.profile_chart:
+        src, alt = _h(urllib.parse.quote(host.profile_chart)), _h(f"{host.name}: GPU time by category")
+        parts.append(f'<p><img src="{src}" alt="{alt}"></p>')
+    return parts
 
 
 def _html_section(title: str, content: str, empty: str) -> str:
@@ -400,6 +496,9 @@ def write_report(state: State, source: str, out_dir: Path, fmt: Format = "md", n
             if host.records and not report.charts_left_out:
                 host.chart = chart_name(host.name, index)
                 write_chart(out_dir / host.chart, host.name, host.records)
+            if host.profiles and _has_matplotlib():
+                host.profile_chart = chart_name(host.name, index).replace("throughput-", "gpu-time-", 1)
+                profile_figure(host.name, host.profiles).savefig(out_dir / host.profile_chart, format="png")
         target = out_dir / f"report.{fmt}"
         target.write_text(render_markdown(report) if fmt == "md" else render_html(report))
     except OSError as exc:
@@ -451,3 +550,33 @@ def chart_figure(host: str, records: Sequence[BenchRecord]) -> Figure:
 def _bar_text(record: BenchRecord) -> str:
     accept = record.metrics.accept_length
     return f"{record.metrics.output_throughput:,.0f}" + (f"\naccept {accept:.2f}" if accept is not None else "")
+
+
+def _has_matplotlib() -> bool:
+    """Whether the GPU-time chart can be drawn (the report's tables do not need it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def profile_figure(host: str, profiles: Sequence[ProfileRecord]) -> Figure:
+    """One horizontal bar per profile, split into its categories' shares of the GPU time (side by side:
+    before and after a change); "(simulated)" in the title when a profile came from the simulated fleet."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8.0, 1.2 + 0.6 * len(profiles)), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    left = [0.0] * len(profiles)
+    for name in CATEGORY_NAMES:
+        shares = [100 * p.total.categories.get(name, 0.0) for p in profiles]
+        axes.barh(range(len(profiles)), shares, left=left, label=name)
+        left = [a + b for a, b in zip(left, shares, strict=True)]
+    axes.set_yticks(range(len(profiles)), [p.label for p in profiles])
+    axes.set_xlabel("share of GPU time (%), rank 0, all stages")
+    simulated = " (simulated)" if any(p.simulated for p in profiles) else ""
+    axes.set_title(f"{host}: GPU time by category{simulated}", fontsize=10)
+    axes.set_xlim(0, 100)
+    axes.legend(fontsize=7, ncols=len(CATEGORY_NAMES), loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    return figure

@@ -176,7 +176,7 @@ def test_bench_without_the_dataset_is_exit_2_before_any_run_and_dataset_stages_i
         missing.stderr
     )
     assert "orch bench --host sim-2 --dataset LOCAL_FILE" in missing.stderr
-    state = StateStore(env.state).load()
+    state = StateStore(env.state).read()
     assert [j for h in state.hosts.values() for j in h.jobs.values() if j.kind == "bench"] == []  # none started
 
     local = tmp_path / "chat.json"
@@ -187,7 +187,7 @@ def test_bench_without_the_dataset_is_exit_2_before_any_run_and_dataset_stages_i
     assert f"sim-2: dataset chat.json copied to {on_sim2} (sha256 {sha[:12]}, " in staged.stderr
     assert f"sim-1: dataset {Path(sim1.workdir) / 'datasets' / 'sharegpt.json'} is already chat.json" in staged.stderr
     assert on_sim2.read_bytes() == local.read_bytes()
-    state = StateStore(env.state).load()
+    state = StateStore(env.state).read()
     for name in ("sim-1", "sim-2"):
         params = state.hosts[name].benchmarks[-1].params
         assert (params.dataset_name, params.dataset, params.dataset_sha256) == ("random", "sharegpt.json", sha)

@@ -81,6 +81,9 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ),
     ("orchestrator.store", "orchestrator.facts.bench"): "the benchmarks table holds that BenchRecord model",
     ("orchestrator.state_migration", "orchestrator.facts.bench"): "an older state's benchmark runs: BenchRecords",
+    ("orchestrator.state", "orchestrator.facts.profile"): (
+        "the state file's ProfileRecord model lives beside the trace summariser that builds it"
+    ),
 }
 
 
@@ -205,10 +208,18 @@ def test_a_module_sits_in_the_layer_of_its_longest_prefix(module: str, layer: st
     assert (None if index is None else LAYERS[index][0]) == layer
 
 
-COMPOSERS = ("orchestrator.ops.run", "orchestrator.ops.rollout", "orchestrator.ops.drain")
+COMPOSERS = (
+    "orchestrator.ops.run",
+    "orchestrator.ops.rollout",
+    "orchestrator.ops.drain",
+    "orchestrator.ops.profile",
+    "orchestrator.ops.sweep",
+)
 """The operations made of other operations: ``orch run`` (the playbook: pull, tune, serve, bench), the
-rolling relaunch (serve and the gate's bench, host by host) and ``orch drain``/``undrain`` (the rollout's
-own gateway steps: take out and drain, register). No other operation imports one: what
+rolling relaunch (serve and the gate's bench, host by host), ``orch drain``/``undrain`` (the rollout's
+own gateway steps: take out and drain, register), ``orch profile`` (the server's profiler around a
+benchmark load: bench's server check, module and label) and ``orch sweep`` (serve and bench per serving
+profile and concurrency). No other operation imports one: what
 several share lives below them (``server_job``, ``readers``, ``session``)."""
 
 

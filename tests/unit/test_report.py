@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
+from orchestrator.facts import profile as profile_facts
 from orchestrator.facts.bench import BenchMetrics, BenchParams, BenchRecord
+from orchestrator.facts.profile import ProfileRecord
 from orchestrator.ops import report
 from orchestrator.state import Phase, PhaseChange, ServerRecord, SGLangInfo, State, Verification
 from orchestrator.store import StateStore
@@ -199,3 +201,53 @@ def test_the_chart_shows_every_run_a_repeated_label_with_its_time() -> None:
 def test_every_verification_field_has_words_in_the_report() -> None:
     shown_as_shapes = {"tuned_shapes_in_use", "fallback"}
     assert set(report.VERIFIED_LABELS) == set(Verification.model_fields) - shown_as_shapes
+
+
+def a_profile(label: str, minutes: float, attention: float, simulated: bool = True) -> ProfileRecord:
+    """A profile whose GPU time is ``attention`` attention, the rest MoE (decode); prefill all MoE."""
+    decode = profile_facts.summarise({"dsv4::sparse_mla_decode_kernel": (attention, 10),
+                                      "flashinfer mxfp4 moe gemm": (1.0 - attention, 10)})  # fmt: skip
+    prefill = profile_facts.summarise({"flashinfer mxfp4 moe gemm": (0.5, 2)})
+    total = profile_facts.summarise({"dsv4::sparse_mla_decode_kernel": (attention, 10),
+                                     "flashinfer mxfp4 moe gemm": (1.5 - attention, 12)})  # fmt: skip
+    stages = {"prefill": prefill, "decode": decode}
+    traces = ["/w/p/x-TP-0-DECODE.trace.json.gz"]
+    return ProfileRecord(label=label, at=at(minutes), traces=traces, ranks=8, steps=5, total=total, stages=stages,
+                         simulated=simulated)  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", ["md", "html"])
+def test_report_shows_two_profiles_side_by_side_with_the_change_and_says_simulated(
+    tmp_path: Path, fmt: report.Format
+) -> None:
+    state = campaign_state()
+    state.hosts["blackwell-1"].profiles = [a_profile("before", 80, 0.6), a_profile("after", 90, 0.3)]
+    text = report.write_report(state, "state.json", tmp_path, fmt, now=at(100)).read_text()
+    assert report.SIMULATED_NOTE.replace("'", "&#x27;" if fmt == "html" else "'") in text
+    row = {"md": "| attention | 40.0% | 20.0% | -20.0 |",
+           "html": "<td>attention</td><td>40.0%</td><td>20.0%</td><td>-20.0</td>"}[fmt]  # fmt: skip
+    assert row in text
+    assert "gpu-time-01-blackwell-1.png" in text
+    assert (tmp_path / "gpu-time-01-blackwell-1.png").read_bytes().startswith(PNG_MAGIC)
+    cells = report.profile_cells(state.hosts["blackwell-1"].profiles)
+    assert [c[0] for c in cells] == ["communication", "moe", "attention", "dense GEMM", "other", "GPU seconds (rank 0)"]
+
+
+def test_report_has_the_sweep_runs_with_the_best_per_concurrency(tmp_path: Path) -> None:
+    state = campaign_state()
+    runs = [
+        ("low-latency", 1, 300.0),
+        ("max-throughput", 1, 120.0),
+        ("low-latency", 128, 900.0),
+        ("max-throughput", 128, 2000.0),
+        ("max-throughput", 128, 2100.0),
+    ]  # the last one twice: latest wins
+    for i, (profile, c, tok_s) in enumerate(runs):
+        run = a_run(f"sweep k1 {profile} c{c}", tok_s, 80 + i, None, False)
+        state.hosts["blackwell-1"].benchmarks.append(BenchRecord.model_validate(run))
+    text = report.write_report(state, "state.json", tmp_path, "md", now=at(100)).read_text()
+    section = text.split("### Serving profiles by concurrency (orch sweep)", 1)[1]
+    assert "| 1 | low-latency | 300.0 |" in section and "| 128 | max-throughput | 2,100.0 |" in section
+    rows = [line for line in section.splitlines() if line.startswith("| 1") and "best" in line]
+    assert [r.split(" | ")[1] for r in rows] == ["low-latency", "max-throughput"]
+    assert "2,000.0" not in section

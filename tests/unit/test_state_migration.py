@@ -68,7 +68,10 @@ def test_a_v1_file_is_migrated_typed_and_kept(state_path: Path, caplog: pytest.L
         assert (hs.server.verified.resolved, hs.server.verified.asked) == ({}, {})
         assert hs.steps is not None and hs.steps.playbook == old["steps"]["playbook"]
         assert {k: v.isoformat() for k, v in hs.steps.done.items()} == old["steps"]["done"]
-        recorded_since = {"params": {"dataset_name", "dataset", "dataset_sha256"}}  # issue 23: defaults for old runs
+        recorded_since = {  # fields added since (issues 23, 25): their defaults for the old runs
+            "params": {"dataset_name", "dataset", "dataset_sha256"},
+            "metrics": {"p99_ttft_ms", "median_itl_ms", "p99_itl_ms"},
+        }
         assert [b.model_dump(mode="json", exclude=recorded_since) for b in hs.benchmarks] == old["benchmarks"]
         assert [b.label for b in hs.benchmarks] == ["baseline", "dd7fe09 mtp", "tuned+mtp"]
     assert sorted(p.name for p in state_path.parent.iterdir() if "-" not in p.name) == [

@@ -1,7 +1,9 @@
 """The simulated scheduler: decode steps over the running requests, with speculative decoding.
 
-Every step takes ``step_seconds`` and gives each running request one token, or ``accept_length``
-tokens with speculative decoding on (one verify step). Every ``decode_log_interval`` steps it logs a
+Every step takes ``throughput.step_seconds`` (the empty-batch ``step_seconds`` grown with the batch's
+tokens, MTP draft tokens and DP attention: see ``throughput.py``) and gives each running request one
+token, or the accept length (``throughput.accept_length`` of the draft tokens) with speculative decoding
+on (one verify step). Every ``decode_log_interval`` steps it logs a
 ``Decode batch`` line and updates the running average accept length that ``/server_info`` reports.
 """
 
@@ -10,6 +12,8 @@ import os
 import threading
 import time
 import uuid
+
+from sglang._sim import throughput
 
 logger = logging.getLogger("sglang.srt.managers.scheduler")
 
@@ -46,7 +50,9 @@ class Engine:
         self.args = server_args
         self.spec = server_args.speculative_algorithm is not None
         self.step_seconds = step_seconds
-        self.tokens_per_step = accept_length if self.spec else 1.0
+        self.draft_tokens = (server_args.speculative_num_draft_tokens or 1) if self.spec else 1
+        self.dp_attention = bool(getattr(server_args, "enable_dp_attention", False))
+        self.tokens_per_step = throughput.accept_length(accept_length, self.draft_tokens) if self.spec else 1.0
         self.max_running = server_args.max_running_requests or 128
         self.changed = threading.Condition()
         self.waiting, self.running = [], []
@@ -54,6 +60,7 @@ class Engine:
         self.interval_start = time.monotonic()
         self.avg_accept_length = None
         self.last_gen_throughput = 0.0
+        self.profiler = None  # the server's Profiler (profiler.py): told of every batch the scheduler runs
 
     def start(self):
         threading.Thread(target=self._loop, name="scheduler", daemon=True).start()
@@ -81,16 +88,25 @@ class Engine:
                     self.changed.wait()
                     self.interval_start = time.monotonic()
                 self._admit()
-            time.sleep(self.step_seconds)
+                batch = len(self.running)
+            time.sleep(throughput.step_seconds(self.step_seconds, batch, self.draft_tokens, self.dp_attention))
             with self.changed:
                 self._step()
                 self.changed.notify_all()
 
     def _admit(self):
+        admitted = []
         while self.waiting and len(self.running) < self.max_running:
-            self.running.append(self.waiting.pop(0))
+            admitted.append(self.waiting.pop(0))
+        self.running += admitted
+        if admitted and self.profiler is not None:  # the new requests' prefill is one batch
+            self.profiler.batch("prefill", sum(r.prompt_tokens for r in admitted), 0.0)
 
     def _step(self):
+        if self.profiler is not None and self.running:
+            draft = self.args.speculative_num_draft_tokens if self.spec else 1
+            context = sum(r.prompt_tokens + r.completion_tokens for r in self.running) / len(self.running)
+            self.profiler.batch("decode", len(self.running) * (draft or 1), context / 1000)
         for request in self.running:
             before = request.completion_tokens
             request.advance(self.tokens_per_step)

@@ -7,6 +7,7 @@ top level plus ``internal_states``. ``POST /generate`` waits for the scheduler (
 (``{"timestamp", "version", "accelerator", "num_accelerators", "loads": [{"dp_rank", "num_running_reqs",
 "num_waiting_reqs", "num_used_tokens", ...}]}``, sglang/srt/entrypoints/v1_loads.py); there is no
 ``/get_load`` (404, as on the real server; see orch's ``docs/gateway.md`` for what the gateway asks).
+``POST /start_profile`` / ``/stop_profile``: the torch profiler (``profiler.py``), plain-text answers.
 """
 
 import json
@@ -36,14 +37,14 @@ class Handler(BaseHTTPRequestHandler):
         routes = {"/health": self.health, "/health_generate": self.health, "/ready": self.health,
                   "/v1/models": self.models, "/model_info": self.model_info, "/get_model_info": self.model_info,
                   "/server_info": self.server_info, "/get_server_info": self.server_info,
-                  "/v1/loads": self.loads}
+                  "/v1/loads": self.loads, "/start_profile": self.start_profile, "/stop_profile": self.stop_profile}
         route = routes.get(self.path.split("?")[0])
         return route() if route else self.send_json(404, {"detail": "Not Found"})
 
     def do_POST(self):
-        if self.path.split("?")[0] != "/generate":
-            return self.send_json(404, {"detail": "Not Found"})
-        return self.generate()
+        routes = {"/generate": self.generate, "/start_profile": self.start_profile, "/stop_profile": self.stop_profile}
+        route = routes.get(self.path.split("?")[0])
+        return route() if route else self.send_json(404, {"detail": "Not Found"})
 
     def health(self):
         if self.app.state == "serving":
@@ -97,6 +98,30 @@ class Handler(BaseHTTPRequestHandler):
             return self.stream(request)
         self.wait_for(request, lambda: request.finished)
         self.send_json(200, self.output(request))
+
+    def start_profile(self):
+        """``POST /start_profile`` (``ProfileReqInput``): 200 ``Start profiling.``; a refusal is a 500 with
+        the scheduler's message, as the real server raises it."""
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self.app.engine is None:
+            return self.send_json(503, None)
+        ok, message = self.app.engine.profiler.start(body)
+        return self.send_text(200, "Start profiling.\n") if ok else self.send_text(500, message)
+
+    def stop_profile(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.app.engine is None:
+            return self.send_json(503, None)
+        ok, message = self.app.engine.profiler.stop()
+        return self.send_text(200, "Stop profiling. This will take some time.\n") if ok else self.send_text(500, message)
+
+    def send_text(self, code, text):
+        data = text.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def stream(self, request):
         self.send_response(200)

@@ -25,6 +25,7 @@ from sglang._sim.engine import Engine
 from sglang._sim.faults import cuda_oom
 from sglang._sim.http_api import HttpServer
 from sglang._sim.model import architecture, fp8_gemm_shapes, load_config
+from sglang._sim.profiler import Profiler
 from sglang.kernels.ops.gemm import fp8_kernel
 
 logger = logging.getLogger("sglang.srt.entrypoints.http_server")
@@ -98,10 +99,13 @@ def fp8_step_factor(server_args, config):
 
 
 def make_engine(server_args, config):
-    step = float(host.knob("decode_step_seconds", 0.005)) * fp8_step_factor(server_args, config)
+    fp8_factor = fp8_step_factor(server_args, config)
+    step = float(host.knob("decode_step_seconds", 0.005)) * fp8_factor
     if server_args.speculative_algorithm is not None:
         step *= float(host.knob("spec_step_overhead", 1.2))
-    return Engine(server_args, step, accept_length(server_args))
+    engine = Engine(server_args, step, accept_length(server_args))
+    engine.profiler = Profiler(server_args, config, fp8_factor)
+    return engine
 
 
 def accept_length(server_args):

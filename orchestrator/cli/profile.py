@@ -1,0 +1,60 @@
+"""``orch profile``: where each serving host's GPU time goes (SGLang's torch profiler, issue 25)."""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator.app import App
+from orchestrator.cli.common import finish, host_options, pass_app
+from orchestrator.ops import profile as profile_op
+from orchestrator.render import print_json
+from orchestrator.views import profile as view
+
+
+@click.command()
+@host_options
+@click.option("--steps", type=click.IntRange(1, 200), default=profile_op.DEFAULT_STEPS, show_default=True,
+              help="Batches to profile in each stage (prefill, decode).")  # fmt: skip
+@click.option("--label", help="Name of this profile (before/after). Default: '<commit> mtp|no-mtp'.")
+@click.option("--playbook", metavar="NAME_OR_PATH", help="Playbook with the load's lengths. Default: the host's.")
+@click.option("--timeout", type=click.FloatRange(10), default=profile_op.DEFAULT_TIMEOUT, show_default=True,
+              help="Seconds the load and the traces may take on each host.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@pass_app
+def profile(
+    app: App,
+    hosts: tuple[str, ...],
+    tags: tuple[str, ...],
+    parallel: int,
+    steps: int,
+    label: str | None,
+    playbook: str | None,
+    timeout: float,
+    as_json: bool,
+) -> int:
+    """Profile each host's running server under a short load and show where its GPU time goes.
+
+    SGLang's own profiler (POST /start_profile) records STEPS prefill and STEPS decode batches while
+    one wave of the playbook's benchmark prompts runs; orch fetches rank 0's traces (one gzip file per
+    rank and stage, kept under the host's workdir/profiles/) and sums their GPU kernels: total GPU
+    time, the share of attention, MoE, dense GEMM, communication and other (per stage and in all),
+    and the top 15 kernels. Each run is stored; `orch report` shows them side by side. Numbers from
+    the simulated fleet are labelled simulated.
+
+    \b
+    Example:
+      orch profile --host blackwell-1
+      orch profile --steps 10 --label after-tuning --json
+    """
+    selected = app.select(hosts, tags)
+    specs = {name: recipe.bench for name, recipe in app.recipes(selected, playbook).items()}
+    options = profile_op.ProfileOptions(steps=steps, label=label, timeout=timeout)
+    with app.fleet(selected, parallel) as fleet:
+        if not as_json:
+            fleet.events = lambda host: view.say
+        results = fleet.map_sessions(lambda s: profile_op.profile(s, specs[s.name], options), lambda: app.store)
+    if as_json:
+        print_json(view.document(results))
+    else:
+        view.show(results)
+    return finish(results)

@@ -1,0 +1,99 @@
+"""``orch sweep``: serving profiles against concurrency on a canary host (issue 25 §3)."""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator.app import App, refuse_bad_recipe
+from orchestrator.cli.common import finish, host_options, pass_app
+from orchestrator.cli.confirm import yes_option
+from orchestrator.errors import UsageError
+from orchestrator.facts import sweep as facts
+from orchestrator.inventory import Host
+from orchestrator.ops import sweep as sweep_op
+from orchestrator.recipe import Recipe
+from orchestrator.render import err, print_json
+from orchestrator.views import sweep as view
+from orchestrator.views.serve import reporter
+
+
+@click.command()
+@host_options
+@click.option("--profiles", metavar="A,B,...", help="Serving profiles to compare, in order. Default: the playbook's.")
+@click.option("--concurrency", metavar="N,N,...", default="1,8,32,128", show_default=True,
+              help="Concurrent requests of each benchmark run.")  # fmt: skip
+@click.option("--playbook", metavar="NAME_OR_PATH", help="Playbook with the profiles. Default: the host's.")
+@yes_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@pass_app
+def sweep(
+    app: App,
+    hosts: tuple[str, ...],
+    tags: tuple[str, ...],
+    parallel: int,
+    profiles: str | None,
+    concurrency: str,
+    playbook: str | None,
+    yes: bool,
+    as_json: bool,
+) -> int:
+    """Serve each serving profile in turn on a canary host and benchmark it at each concurrency.
+
+    Prints per concurrency the output throughput, TTFT and inter-token latency (median, p99) and accept
+    length of each profile, the best profile per concurrency band and the Pareto front (throughput vs
+    median ITL). Every run is stored as a benchmark; a re-run skips the runs already finished (a killed
+    sweep resumes). Runs on the hosts named (--host/--tag) only; a host that serves now is taken out
+    of service only with --yes. The host ends serving the last profile.
+
+    \b
+    Example:
+      orch sweep --host blackwell-1 --yes
+      orch sweep --host blackwell-1 --profiles low-latency,max-throughput --concurrency 1,64 --json
+    """
+    if not (hosts or tags):
+        raise UsageError("orch sweep runs on a canary, not the fleet: name it", hint="pass --host NAME or --tag TAG")
+    try:
+        levels = facts.parse_concurrency(concurrency)
+    except ValueError as exc:
+        raise UsageError(f"--concurrency: {exc}") from None
+    selected = app.select(hosts, tags)
+    chosen = app.recipes(selected, playbook)
+    names = check_profiles(chosen, profiles)
+    refuse_serving(app, selected, yes)
+    err.print(f"sweep: a canary run on {', '.join(h.name for h in selected)}: each of {', '.join(names)} is "
+              "served there in turn; no other host is touched", markup=False)  # fmt: skip
+    options = sweep_op.SweepOptions(profiles=names, concurrency=levels)
+    with app.fleet(selected, parallel) as fleet:
+        fleet.events = reporter
+        results = fleet.map_sessions(lambda s: sweep_op.sweep(s, chosen[s.name], options, app.peers(fleet)),
+                                     lambda: app.store)  # fmt: skip
+    if as_json:
+        print_json(view.document(results))
+    else:
+        view.show(results)
+    return finish(results)
+
+
+def check_profiles(chosen: dict[str, Recipe], asked: str | None) -> list[str]:
+    """The profiles to sweep (``--profiles``, else every profile of the first recipe), each present in
+    every host's recipe and passing the MTP rules: exit 2 before any host otherwise."""
+    first = next(iter(chosen.values()))
+    names = [n.strip() for n in asked.split(",") if n.strip()] if asked else list(first.profiles)
+    if not names:
+        raise UsageError(f"{first.path or first.model} has no serving profiles", hint="add 'profiles:' to it")
+    for recipe in {id(r): r for r in chosen.values()}.values():
+        for name in names:
+            served = recipe.with_profile(name)
+            refuse_bad_recipe(served, mtp=served.mtp is not None)
+    return names
+
+
+def refuse_serving(app: App, selected: list[Host], yes: bool) -> None:
+    """Without ``--yes``, refuse (exit 2) to sweep a host whose server orch launched and did not stop."""
+    state = app.store.read()
+    serving = [h.name for h in selected if (s := state.host(h.name).server) is not None and s.stopped_at is None]
+    if serving and not yes:
+        raise UsageError(
+            f"{', '.join(serving)}: serving now; a sweep relaunches the server once per profile (out of service)",
+            hint="pass --yes to take it out of service for the sweep, or pick a canary that does not serve",
+        )

@@ -1,0 +1,133 @@
+"""``orch sweep``'s pure parts: which runs a sweep is made of, their labels, the best profile per
+concurrency and the Pareto front (issue 25 §3).
+
+A sweep is every (serving profile, concurrency) pair of one workload. A profile's key hashes what makes
+two of its runs comparable (its server arguments and MTP block, the workload: lengths, range ratio, the
+prompts rule), so a re-run finds its finished runs by their benchmark labels
+(``sweep <key> <profile> c<concurrency>``) in the host's stored benchmarks and skips them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.facts.bench import BenchRecord
+
+DEFAULT_CONCURRENCY = (1, 8, 32, 128)
+PROMPTS_PER_CONCURRENCY = 2
+MIN_PROMPTS = 4
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One finished run: a profile at a concurrency, what the benchmark measured."""
+
+    profile: str
+    concurrency: int
+    output_throughput: float
+    median_ttft_ms: float | None
+    p99_ttft_ms: float | None
+    median_itl_ms: float | None
+    p99_itl_ms: float | None
+    accept_length: float | None
+    resumed: bool = False  # finished by an earlier sweep: not run again
+
+
+def parse_concurrency(text: str) -> list[int]:
+    """``"1,8,32,128"`` → ``[1, 8, 32, 128]`` (sorted, no repeats); ``ValueError`` saying what is wrong."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"{text!r} is not a list of positive whole numbers (e.g. 1,8,32,128)")
+    return sorted({int(p) for p in parts})
+
+
+def num_prompts(concurrency: int) -> int:
+    """Prompts of a run: two waves of the concurrency (at least ``MIN_PROMPTS``), so that every run keeps
+    its server as full as asked for about the same time."""
+    return max(MIN_PROMPTS, PROMPTS_PER_CONCURRENCY * concurrency)
+
+
+def sweep_key(settings: Mapping[str, Any], workload: Mapping[str, Any]) -> str:
+    """8 hex digits naming a profile's runs: its settings and the workload (JSON-able descriptions)."""
+    text = json.dumps({"settings": settings, "workload": workload}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def run_label(key: str, profile: str, concurrency: int) -> str:
+    return f"sweep {key} {profile} c{concurrency}"
+
+
+def parse_label(label: str) -> tuple[str, str, int] | None:
+    """``run_label``'s parts (key, profile, concurrency); None for a label no sweep wrote."""
+    parts = label.split(" ")
+    if len(parts) != 4 or parts[0] != "sweep" or not parts[3].startswith("c") or not parts[3][1:].isdigit():
+        return None
+    return parts[1], parts[2], int(parts[3][1:])
+
+
+def stored_points(records: Iterable[BenchRecord]) -> list[SweepPoint]:
+    """Every sweep run stored among ``records``, the latest of each (profile, concurrency), by concurrency."""
+    latest: dict[tuple[str, int], SweepPoint] = {}
+    for record in records:
+        parsed = parse_label(record.label)
+        if parsed is not None:
+            _, profile, concurrency = parsed
+            latest[(profile, concurrency)] = point(record, profile, concurrency, resumed=False)
+    return sorted(latest.values(), key=lambda p: p.concurrency)
+
+
+def point(record: BenchRecord, profile: str, concurrency: int, resumed: bool) -> SweepPoint:
+    m = record.metrics
+    return SweepPoint(profile, concurrency, m.output_throughput, m.median_ttft_ms, m.p99_ttft_ms, m.median_itl_ms,
+                      m.p99_itl_ms, m.accept_length, resumed)  # fmt: skip
+
+
+def finished(records: Iterable[BenchRecord], key: str, profile: str, concurrency: int) -> BenchRecord | None:
+    """The latest stored run of this sweep's (profile, concurrency), if any."""
+    label = run_label(key, profile, concurrency)
+    return next((r for r in reversed(list(records)) if r.label == label), None)
+
+
+def best(points: Sequence[SweepPoint]) -> dict[int, str]:
+    """Concurrency → the profile with the highest output throughput there (ties: the first listed)."""
+    chosen: dict[int, SweepPoint] = {}
+    for p in points:
+        if p.concurrency not in chosen or p.output_throughput > chosen[p.concurrency].output_throughput:
+            chosen[p.concurrency] = p
+    return {c: chosen[c].profile for c in sorted(chosen)}
+
+
+def pareto(points: Sequence[SweepPoint]) -> list[SweepPoint]:
+    """The runs no other run beats on both output throughput (higher) and median ITL (lower), by
+    throughput; a run without a median ITL is left out (it cannot be compared)."""
+    known = [p for p in points if p.median_itl_ms is not None]
+
+    def beaten(p: SweepPoint) -> bool:
+        return any(_dominates(q, p) for q in known if q is not p)
+
+    return sorted((p for p in known if not beaten(p)), key=lambda p: p.output_throughput)
+
+
+def _dominates(q: SweepPoint, p: SweepPoint) -> bool:
+    assert q.median_itl_ms is not None and p.median_itl_ms is not None
+    no_worse = q.output_throughput >= p.output_throughput and q.median_itl_ms <= p.median_itl_ms
+    better = q.output_throughput > p.output_throughput or q.median_itl_ms < p.median_itl_ms
+    return no_worse and better
+
+
+def bands(concurrencies: Sequence[int], winners: Mapping[int, str]) -> list[tuple[int, int, str]]:
+    """Consecutive concurrencies with the same best profile, as (from, to, profile) bands."""
+    found: list[tuple[int, int, str]] = []
+    for c in sorted(concurrencies):
+        profile = winners.get(c)
+        if profile is None:
+            continue
+        if found and found[-1][2] == profile:
+            found[-1] = (found[-1][0], c, profile)
+        else:
+            found.append((c, c, profile))
+    return found

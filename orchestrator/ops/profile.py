@@ -1,0 +1,217 @@
+"""``orch profile``: where a serving host's GPU time goes, from SGLang's own torch profiler.
+
+On a host whose server orch launched (and that runs): make ``<workdir>/profiles/<run>/`` (orch's), ask the
+server to profile ``steps`` prefill batches and ``steps`` decode batches into it (``POST /start_profile``
+with ``profile_by_stage``, reference §6.3), drive a short load with the playbook's benchmark lengths and
+concurrency, wait for rank 0's trace of each stage, fetch them (at most ``MAX_TRACE_BYTES`` each,
+compressed on the wire as they are on disk), and summarise their GPU kernels (``facts.profile``). The
+result is stored in ``HostState.profiles``.
+
+The load is one wave: as many prompts as the benchmark's concurrency, all sent at once, so the prefills
+come first and the decode batches after. (SGLang stops a by-stage profile on the first decode batch, and a
+prefill arriving later in the decode window can end that window early.) If a stage's trace has not
+appeared when the load has ended and ``SETTLE_S`` more seconds passed, orch asks ``POST /stop_profile``
+(which writes what was recorded, without a stage in the name) and summarises what there is.
+
+Refusals (nothing started): no server launched by orch, or it is not running (as ``orch bench``), or the
+server refuses ``/start_profile`` (a profile already in progress: its message is shown).
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import time
+from dataclasses import dataclass
+
+from orchestrator.errors import RefusedError, RemoteCommandError
+from orchestrator.facts import bench as bench_facts
+from orchestrator.facts import profile as facts
+from orchestrator.facts import server as server_facts
+from orchestrator.facts.bench import BenchParams
+from orchestrator.facts.profile import ProfileRecord, TraceFile
+from orchestrator.inventory import Host
+from orchestrator.ops import bench as bench_op
+from orchestrator.readers import http
+from orchestrator.recipe import BenchSpec
+from orchestrator.session import HostSession
+from orchestrator.state import HostState, ServerRecord, utc_now
+from orchestrator.transport.base import Runner
+
+DEFAULT_STEPS = 5
+DEFAULT_TIMEOUT = 600.0
+SETTLE_S = 20.0
+"""Seconds after the load ends that orch waits for the traces before asking the server to stop."""
+POLL_S = 0.5
+KEEP_PROFILES = 50
+"""Profile runs kept per host in the state (the oldest dropped first)."""
+_STAGES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """What ``orch profile`` was asked: batches per stage, the run's label, seconds the whole run may take."""
+
+    steps: int = DEFAULT_STEPS
+    label: str | None = None
+    timeout: float = DEFAULT_TIMEOUT
+
+
+@dataclass(frozen=True)
+class ProfileRun:
+    """One finished profile: the stored record and the remote directory holding every rank's traces."""
+
+    record: ProfileRecord
+    directory: str
+    stopped: bool = False  # orch had to ask /stop_profile: a stage's window never closed by itself
+
+
+def profile(session: HostSession, spec: BenchSpec, options: ProfileOptions) -> ProfileRun:
+    """Profile the host's running server under a short load and store where its GPU time went.
+
+    Raises ``RefusedError`` (no running server, the server refuses to profile), ``RemoteCommandError``
+    (the load fails, no trace appears in time, a trace is unreadable or too large).
+    """
+    host, runner, store = session.host, session.runner, session.store
+    server = bench_op.running_server(host, runner, store, doing="profile")
+    url = server_facts.url(server_facts.argv_address(server.argv), server.port)
+    run = f"{utc_now():%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+    directory, prefix = f"{host.workdir.rstrip('/')}/profiles/{run}", f"orch-{run}"
+    deadline = time.monotonic() + options.timeout
+    runner.run(["mkdir", "-p", "-m", "700", "--", directory], check=True)
+    _start(host, runner, url, facts.start_body(directory, options.steps, prefix))
+    session.say(f"{host.name}: profiling {options.steps} prefill and {options.steps} decode batches into {directory}")
+    _drive_load(session, server, spec, f"{directory}/load.jsonl", deadline)
+    found, stopped = _wait_for_traces(host, runner, url, directory, prefix, deadline)
+    record = _summarise(session, server, options, (directory, prefix), found)
+    store.update_host(host.name, lambda hs: _store(hs, record))
+    return ProfileRun(record, directory, stopped)
+
+
+def _start(host: Host, runner: Runner, url: str, body: dict[str, object]) -> None:
+    (answer,) = http(host, runner, [server_facts.HttpRequest("POST", f"{url}/start_profile", body, timeout=60)])
+    if answer.status != 200:
+        said = answer.body.strip()[:200] or "no answer"
+        raise RefusedError(
+            f"{host.name}: the server refused to start profiling ({answer.status}: {said})",
+            hint="a profile already in progress ends by itself after its steps, or with POST /stop_profile",
+        )
+
+
+def _load_params(spec: BenchSpec) -> BenchParams:
+    """The playbook's lengths and concurrency, one wave of prompts (see the module docstring)."""
+    return BenchParams(
+        input_len=spec.input_len,
+        output_len=spec.output_len,
+        num_prompts=spec.max_concurrency,
+        max_concurrency=spec.max_concurrency,
+        random_range_ratio=spec.random_range_ratio,
+    )
+
+
+def _drive_load(session: HostSession, server: ServerRecord, spec: BenchSpec, output: str, deadline: float) -> None:
+    host, runner = session.host, session.runner
+    module = bench_op.find_module(host, runner)
+    address = server_facts.argv_address(server.argv)
+    params = _load_params(spec)
+    argv = bench_facts.bench_argv(host.python, module, address, server.port, params, output)
+    seconds = max(1, int(deadline - time.monotonic()))
+    session.say(f"{host.name}: load: {params.num_prompts} prompts of {params.input_len} -> {params.output_len} tokens")
+    result = runner.run(["timeout", str(seconds), *argv, "--disable-tqdm"], timeout=seconds + 30)
+    if not result.ok:
+        tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-3:])
+        raise RemoteCommandError(
+            f"{host.name}: the profiling load failed (exit {result.exit_status}): {tail[:300]}",
+            exit_status=result.exit_status,
+        )
+
+
+def _wait_for_traces(
+    host: Host, runner: Runner, url: str, directory: str, prefix: str, deadline: float
+) -> tuple[dict[str, TraceFile], bool]:
+    """Rank 0's trace of each stage, once all are written; after ``SETTLE_S`` without them, what
+    ``/stop_profile`` flushes. ``RemoteCommandError`` when none appears before ``deadline``."""
+    settle = min(deadline, time.monotonic() + SETTLE_S)
+    found = _poll(host, runner, directory, prefix, settle)
+    if found is not None:
+        return found, False
+    http(host, runner, [server_facts.HttpRequest("POST", f"{url}/stop_profile", {}, timeout=60)])
+    found = _poll(host, runner, directory, prefix, deadline, partial=True)
+    if not found:
+        raise RemoteCommandError(f"{host.name}: no trace of rank 0 appeared in {directory}", exit_status=1)
+    return found, True
+
+
+def _poll(
+    host: Host, runner: Runner, directory: str, prefix: str, until: float, partial: bool = False
+) -> dict[str, TraceFile] | None:
+    while True:
+        files = facts.trace_files(_listing(host, runner, directory), prefix)
+        found = facts.rank0_traces(files, _STAGES)
+        if found is None and partial:
+            found = {f.stage: f for f in files if f.rank0} or None
+        if found is not None or time.monotonic() >= until:
+            return found
+        time.sleep(POLL_S)
+
+
+def _listing(host: Host, runner: Runner, directory: str) -> dict[str, int]:
+    result = runner.run(facts.list_argv(host.python, directory), check=True, timeout=60)
+    try:
+        return facts.parse_list(result.stdout)
+    except facts.ProfileError as exc:
+        raise RemoteCommandError(f"{host.name}: {exc}", exit_status=1) from None
+
+
+def _summarise(
+    session: HostSession,
+    server: ServerRecord,
+    options: ProfileOptions,
+    run: tuple[str, str],
+    found: dict[str, TraceFile],
+) -> ProfileRecord:
+    """The record of the run (``run``: its directory and file-name prefix) from rank 0's ``found`` traces."""
+    directory, prefix = run
+    times, simulated = {}, False
+    for stage, file in found.items():
+        trace = _fetch(session.host, session.runner, f"{directory}/{file.name}")
+        times[stage] = facts.kernel_times(trace)
+        simulated = simulated or facts.is_simulated(trace)
+    every = facts.trace_files(_listing(session.host, session.runner, directory), prefix)
+    verified = server.verification
+    commit = verified.sglang_commit or server.commit
+    return ProfileRecord(
+        label=options.label or bench_op.default_label(server, commit),
+        at=utc_now(),
+        traces=[f"{directory}/{f.name}" for f in found.values()],
+        ranks=len({f.rank for f in every}),
+        steps=options.steps,
+        total=facts.summarise(facts.merge(times.values())),
+        stages={stage: facts.summarise(t) for stage, t in times.items()} if set(times) != {"all"} else {},
+        simulated=simulated,
+        sglang_commit=commit,
+        speculative=verified.speculative,
+    )
+
+
+def _fetch(host: Host, runner: Runner, path: str) -> dict[str, object]:
+    """Rank 0's trace, read whole (``MAX_TRACE_BYTES`` at most); a file still being written is read again."""
+    for _ in range(20):
+        data = runner.read_bytes(path, 0, facts.MAX_TRACE_BYTES + 1)
+        if len(data) > facts.MAX_TRACE_BYTES:
+            raise RemoteCommandError(
+                f"{host.name}: {path} is larger than {facts.MAX_TRACE_BYTES >> 20} MiB; orch reads no more",
+                exit_status=1,
+            )
+        try:
+            return facts.read_trace(data)
+        except facts.TruncatedTraceError:
+            time.sleep(POLL_S)
+        except facts.ProfileError as exc:
+            raise RemoteCommandError(f"{host.name}: {shlex.quote(path)}: {exc}", exit_status=1) from None
+    raise RemoteCommandError(f"{host.name}: {path} was still being written after 10 s", exit_status=1)
+
+
+def _store(hs: HostState, record: ProfileRecord) -> None:
+    hs.profiles.append(record)
+    del hs.profiles[:-KEEP_PROFILES]

@@ -1,0 +1,98 @@
+"""``orch sweep``: serve each serving profile in turn on a canary host and benchmark it at each concurrency.
+
+For every profile (in the order asked): skip it when every concurrency of it is finished (stored by an
+earlier run of the same sweep: ``facts.sweep``'s key and labels); else serve it (``ops.serve``: checked,
+relaunched, verified; a server already serving it is left alone) and run the benchmark at each unfinished
+concurrency (``ops.bench``: a detached job; a benchmark a killed sweep left running is attached to, not
+started again), with the playbook's lengths and ``facts.sweep.num_prompts`` prompts. Every run is stored
+as a benchmark with its sweep label. A profile that fails to serve is reported and the sweep goes on with
+the next one. The host ends serving the last profile served.
+
+Composes two operations (serve, bench), as ``orch run`` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from orchestrator.errors import OrchError
+from orchestrator.facts import sweep as facts
+from orchestrator.facts.bench import BenchRecord
+from orchestrator.facts.sweep import SweepPoint
+from orchestrator.ops import bench as bench_op
+from orchestrator.ops import serve as serve_op
+from orchestrator.recipe import BenchOptions, Recipe, ServeOptions
+from orchestrator.session import HostSession
+from orchestrator.tuning.member import Peers
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """The profiles to serve (in order), the concurrencies to run, seconds a benchmark may take."""
+
+    profiles: list[str]
+    concurrency: list[int]
+    bench_timeout: float = bench_op.DEFAULT_TIMEOUT
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Every run of the sweep on one host (finished now or before), the profiles that failed to serve
+    (profile → why), the best profile per concurrency, the Pareto front (throughput vs median ITL)."""
+
+    points: list[SweepPoint]
+    failed: dict[str, str] = field(default_factory=dict)
+    best: dict[int, str] = field(default_factory=dict)
+    pareto: list[SweepPoint] = field(default_factory=list)
+    bands: list[tuple[int, int, str]] = field(default_factory=list)
+
+
+def run_key(served: Recipe) -> str:
+    """The key of a profile's runs (see ``facts.sweep``): its server arguments, MTP block and FP8 backend,
+    and the workload (lengths, range ratio, the prompts rule). Another concurrency list or another set of
+    profiles reuses the runs already finished."""
+    bench = served.bench
+    settings = {"args": served.server_args, "mtp": served.mtp.model_dump() if served.mtp else None,
+                "fp8": served.fp8_gemm_backend}  # fmt: skip
+    workload = {"input": bench.input_len, "output": bench.output_len, "ratio": bench.random_range_ratio,
+                "prompts": [facts.PROMPTS_PER_CONCURRENCY, facts.MIN_PROMPTS]}  # fmt: skip
+    return facts.sweep_key(settings, workload)
+
+
+def sweep(session: HostSession, recipe: Recipe, options: SweepOptions, peers: Peers | None = None) -> SweepResult:
+    """Run (or finish) the sweep on the session's host; see the module docstring."""
+    points: list[SweepPoint] = []
+    failed: dict[str, str] = {}
+    for name in options.profiles:
+        try:
+            points += _profile_runs(session, recipe.with_profile(name), name, options, peers)
+        except OrchError as exc:
+            failed[name] = exc.message
+            session.say(f"sweep: {name}: {failed[name]}")
+    winners = facts.best(points)
+    return SweepResult(points, failed, winners, facts.pareto(points), facts.bands(options.concurrency, winners))
+
+
+def _profile_runs(
+    session: HostSession, served: Recipe, name: str, options: SweepOptions, peers: Peers | None
+) -> list[SweepPoint]:
+    key = run_key(served)
+    done = {c: facts.finished(_benchmarks(session), key, name, c) for c in options.concurrency}
+    todo = [c for c, record in done.items() if record is None]
+    points = [facts.point(r, name, c, resumed=True) for c, r in done.items() if r is not None]
+    if not todo:
+        session.say(f"sweep: {name}: every concurrency done before, skipped")
+        return points
+    session.say(f"sweep: serving profile {name}")
+    serve_op.serve(session, served, ServeOptions(mtp=served.mtp is not None), peers)
+    for c in todo:
+        label = facts.run_label(key, name, c)
+        session.say(f"sweep: {name} at concurrency {c}")
+        bench_options = BenchOptions(label=label, max_concurrency=c, num_prompts=facts.num_prompts(c))
+        run = bench_op.bench(session, served.bench, bench_options, options.bench_timeout)
+        points.append(facts.point(run.record, name, c, resumed=False))
+    return sorted(points, key=lambda p: p.concurrency)
+
+
+def _benchmarks(session: HostSession) -> list[BenchRecord]:
+    return list((session.store.read([session.host.name]).host(session.host.name)).benchmarks)

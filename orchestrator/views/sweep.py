@@ -1,0 +1,72 @@
+"""What ``orch sweep`` shows: per host a table per concurrency (output tok/s, TTFT and ITL median and
+p99, accept length per profile), the best profile per concurrency band and the Pareto front; or JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.facts.bench import fmt_number
+from orchestrator.facts.sweep import SweepPoint
+from orchestrator.fleet import FleetResult
+from orchestrator.ops.sweep import SweepResult
+from orchestrator.render import err, out, table
+
+COLUMNS = ["concurrency", "profile", "output tok/s", "TTFT ms median", "TTFT ms p99", "ITL ms median", "ITL ms p99",
+           "accept length", ""]  # fmt: skip
+
+
+def rows(result: SweepResult) -> list[list[str]]:
+    """One row per run, by concurrency then profile order; the best of a concurrency marked ``best``,
+    a run on the Pareto front ``pareto``, a run finished by an earlier sweep ``(earlier)``."""
+    front = {(p.profile, p.concurrency) for p in result.pareto}
+    found = []
+    for p in sorted(result.points, key=lambda p: p.concurrency):
+        flags = (("best", result.best.get(p.concurrency) == p.profile),
+                 ("pareto", (p.profile, p.concurrency) in front), ("(earlier)", p.resumed))  # fmt: skip
+        marks = [m for m, on in flags if on]
+        found.append([str(p.concurrency), p.profile, fmt_number(p.output_throughput), fmt_number(p.median_ttft_ms),
+                      fmt_number(p.p99_ttft_ms), fmt_number(p.median_itl_ms, 2), fmt_number(p.p99_itl_ms, 2),
+                      fmt_number(p.accept_length, 2), " ".join(marks)])  # fmt: skip
+    return found
+
+
+def band_lines(result: SweepResult) -> list[str]:
+    """``concurrency 1-8: low-latency`` per band of consecutive concurrencies with the same best profile."""
+    return [f"concurrency {a}{f'-{b}' if b != a else ''}: {profile}" for a, b, profile in result.bands]
+
+
+def show(results: FleetResult[SweepResult]) -> None:
+    for result in results.succeeded:
+        sweep = result.value
+        assert sweep is not None
+        name = result.host.name
+        table(f"{name}: sweep (output tok/s per profile and concurrency)", COLUMNS, rows(sweep))
+        for line in band_lines(sweep):
+            out.print(f"{name}: best at {line}", markup=False)
+        front = ", ".join(f"{p.profile}@{p.concurrency}" for p in sweep.pareto)
+        out.print(f"{name}: Pareto front (throughput vs median ITL): {front or '-'}", markup=False)
+        for profile, why in sweep.failed.items():
+            err.print(f"{name}: profile {profile} was not measured: {why}", markup=False)
+
+
+def point_document(p: SweepPoint) -> dict[str, Any]:
+    return {"profile": p.profile, "concurrency": p.concurrency, "output_throughput": p.output_throughput,
+            "median_ttft_ms": p.median_ttft_ms, "p99_ttft_ms": p.p99_ttft_ms, "median_itl_ms": p.median_itl_ms,
+            "p99_itl_ms": p.p99_itl_ms, "accept_length": p.accept_length, "earlier": p.resumed}  # fmt: skip
+
+
+def document(results: FleetResult[SweepResult]) -> dict[str, Any]:
+    """``--json``: per host every run, ``best`` (concurrency → profile), the Pareto front, failures."""
+    hosts: dict[str, Any] = {}
+    for result in results:
+        if result.value is None:
+            hosts[result.host.name] = {"error": str(result.error)}
+            continue
+        s = result.value
+        hosts[result.host.name] = {
+            "runs": [point_document(p) for p in s.points],
+            "best": {str(c): profile for c, profile in s.best.items()},
+            "pareto": [{"profile": p.profile, "concurrency": p.concurrency} for p in s.pareto],
+            "failed": s.failed,
+        }
+    return {"hosts": hosts}

@@ -1,0 +1,86 @@
+"""``orch sweep`` end to end: three serving profiles at four concurrencies on a simulated canary, killed
+mid-way and run again: nothing measured twice, every run stored, a best profile per band."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from orchestrator.inventory import load_inventory
+from orchestrator.recipe import PACKAGED_PLAYBOOKS
+from orchestrator.store import StateStore
+from tests.conftest import FleetEnv
+
+BENCH = "bench:\n  input_len: 32\n  output_len: 32\n  random_range_ratio: 1.0\n  num_prompts: 4\n  max_concurrency: 2\n"
+LEVELS = "1,8,32,128"
+
+
+def small_playbook(tmp_path: Path) -> Path:
+    """The shipped playbook (its profiles) with short requests."""
+    text = (PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text()
+    start, end = text.index("\nbench:\n"), text.index("\nprofiles:\n")
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text[:start] + "\n" + BENCH + text[end:])
+    return path
+
+
+def sweep_labels(env: FleetEnv, host: str) -> list[str]:
+    return [b.label for b in StateStore(env.state).read().hosts[host].benchmarks if b.label.startswith("sweep ")]
+
+
+def test_sweep_survives_a_kill_and_recommends_per_band(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env: FleetEnv = make_fleet(1)
+    host = next(iter(load_inventory(env.inventory).hosts.values())).name
+    playbook = small_playbook(tmp_path)
+    args = ["sweep", "--host", host, "--playbook", str(playbook), "--concurrency", LEVELS]
+
+    assert env.orch("serve", "--playbook", str(playbook)).returncode == 0
+    refused = env.orch(*args)
+    assert refused.returncode == 2
+    assert f"{host}: serving now; a sweep relaunches the server once per profile" in refused.stderr
+
+    cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), *args, "--yes"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
+    try:
+        while len(sweep_labels(env, host)) < 2 and proc.poll() is None:
+            time.sleep(0.2)  # until two runs are stored: the kill lands in the middle of the sweep
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    before = sweep_labels(env, host)
+    assert 2 <= len(before) < 12, before
+
+    result = env.orch(*args, "--yes", "--json", timeout=600)
+    assert result.returncode == 0, result.output
+    doc = json.loads(result.stdout)["hosts"][host]
+    runs = doc["runs"]
+    assert sorted((r["profile"], r["concurrency"]) for r in runs) == sorted(
+        (p, c) for p in ("low-latency", "balanced", "max-throughput") for c in (1, 8, 32, 128)
+    )
+    assert sum(r["earlier"] for r in runs) >= len(before)  # finished before the kill: not run again
+    labels = sweep_labels(env, host)
+    assert len(labels) == 12 and Counter(labels).most_common(1)[0][1] == 1  # every run stored once
+    jobs = StateStore(env.state).read().hosts[host].jobs.values()
+    assert Counter(j.meta.get("label") for j in jobs if j.kind == "bench").most_common(1)[0][1] == 1
+    for r in runs:
+        assert r["output_throughput"] > 0 and r["median_itl_ms"] is not None and r["p99_ttft_ms"] is not None
+        assert (r["accept_length"] is None) == (r["profile"] == "max-throughput")
+    assert doc["best"]["1"] == "low-latency" and doc["best"]["128"] != "low-latency"  # the sim's model
+    assert doc["pareto"] and doc["failed"] == {}
+
+    again = env.orch(*args, "--yes")
+    assert again.returncode == 0, again.output
+    assert "every concurrency done before, skipped" in again.stderr
+    assert "best at concurrency 1" in again.stdout and "Pareto front" in again.stdout
+    assert len(sweep_labels(env, host)) == 12
+
+    assert env.orch("report", "--out", str(tmp_path / "report")).returncode == 0
+    section = (tmp_path / "report" / "report.md").read_text().split("(orch sweep)", 1)[1].split("\n###", 1)[0]
+    best = [line for line in section.splitlines() if line.endswith(" | best |") and line[2].isdigit()]
+    assert len(best) == 4 and best[0].startswith("| 1 | low-latency |")

@@ -1,0 +1,68 @@
+"""Serving profiles in playbooks (``profiles:``) and ``orch serve --profile`` (issue 25 §3)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.facts import server
+from orchestrator.inventory import Host
+from orchestrator.recipe import PACKAGED_PLAYBOOKS, load_recipe
+from tests.conftest import OrchRun
+
+SHIPPED = PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml"
+HOST = Host(name="h", address="127.0.0.1", model_path="/m", python="/py")
+
+
+def argv_of(profile: str) -> list[str]:
+    served = load_recipe(SHIPPED).with_profile(profile)
+    return server.launch_argv(served, HOST, mtp=served.mtp is not None)
+
+
+def test_shipped_profiles_follow_upstreams_recipes_by_concurrency() -> None:
+    low, balanced, high = argv_of("low-latency"), argv_of("balanced"), argv_of("max-throughput")
+    assert "--enable-dp-attention" not in low and "--disable-flashinfer-autotune" in low
+    assert low[low.index("--speculative-num-draft-tokens") + 1] == "4"
+    assert balanced[balanced.index("--speculative-num-steps") + 1] == "1"
+    assert balanced[balanced.index("--speculative-num-draft-tokens") + 1] == "2"
+    assert balanced[balanced.index("--dp-size") + 1] == "8" and "--enable-dp-attention" in balanced
+    assert "--disable-flashinfer-autotune" not in balanced  # the autotune runs at launch
+    assert not any(a.startswith("--speculative") for a in high) and "--enable-dp-attention" in high
+    for name in ("low-latency", "balanced", "max-throughput"):
+        served = load_recipe(SHIPPED).with_profile(name)
+        assert server.check_recipe(served, mtp=served.mtp is not None) == []
+        assert served.server_args["tp-size"] == 8  # the base arguments stay
+
+
+def test_a_profile_without_an_mtp_key_keeps_the_base_block(tmp_path: Path) -> None:
+    text = SHIPPED.read_text().replace("profiles:\n", "profiles:\n  plain: {server_args: {mem-fraction-static: 0.8}}\n")
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    base = load_recipe(path)
+    plain = base.with_profile("plain")
+    assert plain.mtp == base.mtp and plain.server_args["mem-fraction-static"] == 0.8
+
+
+def test_an_unknown_profile_names_the_known_ones() -> None:
+    known = "profiles: low-latency, balanced, max-throughput"
+    with pytest.raises(ConfigError, match=re.escape(f"no serving profile 'fast' ({known})")):
+        load_recipe(SHIPPED).with_profile("fast")
+
+
+def test_a_profile_may_not_set_what_orch_sets(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(SHIPPED.read_text().replace("profiles:\n", "profiles:\n  bad: {server_args: {port: 1}}\n"))
+    with pytest.raises(ConfigError, match=r"key 'profiles.bad.server_args': 'port' is set by orch"):
+        load_recipe(path)
+
+
+def test_serve_with_an_unknown_profile_is_exit_2_before_any_host(tmp_path: Path, orch: Callable[..., OrchRun]) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  h1: {address: 127.0.0.1}\n")
+    result = orch("-i", str(inventory), "serve", "--profile", "fast", "--dry-run")
+    assert result.returncode == 2
+    assert "no serving profile 'fast'" in result.stderr
