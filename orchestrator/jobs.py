@@ -32,6 +32,8 @@ after checking pid, start time and boot id: orch never kills what it did not sta
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 import secrets
 import shlex
@@ -164,6 +166,27 @@ exit 0
 _SHOW = r"""
 workdir=$1; shift
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
+for id in "$@"; do [ -d "$workdir/jobs/$id" ] && row "$workdir/jobs/$id" "$boot" && printf '%s\n' "$line"; done
+exit 0
+"""
+
+# $1 workdir, $2 purpose, then job ids: the host's clock (`now`), the job that holds the purpose (the link the
+# last start made, whatever any state file records: `held`, its argv and env files in base64, its line), then
+# the line of each other job id given. The link is orch's own and must point into jobs/; else nothing is held.
+_HELD = r"""
+workdir=$1; purpose=$2; shift 2
+boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
+printf 'now\t%s\n' "$(date +%s)"
+link="$workdir/purposes/$purpose"
+d=""
+[ -L "$link" ] && d=$(readlink "$link")
+case $d in "$workdir"/jobs/*) ;; *) d="" ;; esac
+if [ -n "$d" ] && [ -d "$d" ] && [ ! -L "$d" ]; then
+  printf 'held\t%s\n' "${d##*/}"
+  printf 'argv\t%s\n' "$(base64 -w0 < "$d/argv" 2>/dev/null)"
+  printf 'env\t%s\n' "$(base64 -w0 < "$d/env" 2>/dev/null)"
+  row "$d" "$boot"; printf '%s\n' "$line"
+fi
 for id in "$@"; do [ -d "$workdir/jobs/$id" ] && row "$workdir/jobs/$id" "$boot" && printf '%s\n' "$line"; done
 exit 0
 """
@@ -339,6 +362,51 @@ def wait_argv(
     ms, settle_ms = str(max(0, round(seconds * 1000))), str(max(0, round(settle * 1000)))
     offset = str(log_offset) if log_offset is not None else "-1"
     return ["sh", "-c", _script(_WAIT), "orch-job-wait", workdir, ms, offset, settle_ms, *map(_checked_id, job_ids)]
+
+
+def held_argv(workdir: str, purpose: str, job_ids: Sequence[str] = ()) -> list[str]:
+    """Reads the job that holds ``purpose`` on the host (its line, argv and env) and the host's clock, plus
+    the lines of ``job_ids`` (``parse_held`` reads the answer): what the host runs, whatever a state file says."""
+    if not _PURPOSE.match(purpose):
+        raise UsageError(f"job purpose {purpose!r} must match {_PURPOSE.pattern}")
+    return ["sh", "-c", _script(_HELD), "orch-held", workdir, purpose, *map(_checked_id, job_ids)]
+
+
+@dataclass(frozen=True)
+class Held:
+    """``held_argv``'s answer: the host's clock when it answered, the job that holds the purpose (with
+    its command and its own ``env`` pairs, as the job directory has them) and the other jobs asked for."""
+
+    host_now: datetime | None
+    job: JobInfo | None
+    argv: list[str]
+    env: dict[str, str]
+    others: list[JobInfo]
+
+
+def parse_held(stdout: str, workdir: str) -> Held:
+    fields: dict[str, str] = {}
+    for line in stdout.splitlines():
+        key, _, value = line.partition("\t")
+        if key in ("now", "held", "argv", "env"):
+            fields[key] = value
+    listed = parse_list(stdout, workdir)
+    job = next((j for j in listed if j.id == fields.get("held")), None)
+    env_lines = _unbase64(fields.get("env", "")).splitlines()
+    return Held(
+        host_now=_epoch(fields.get("now", "")),
+        job=job,
+        argv=[a for a in _unbase64(fields.get("argv", "")).split("\0")][:-1],
+        env=dict(pair.split("=", 1) for pair in env_lines if "=" in pair),
+        others=[j for j in listed if j is not job],
+    )
+
+
+def _unbase64(text: str) -> str:
+    try:
+        return base64.b64decode(text.strip(), validate=True).decode(errors="replace")
+    except (ValueError, binascii.Error):
+        return ""
 
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,200}$")

@@ -280,11 +280,14 @@ def serve(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Pe
     if same is not None:
         return same
     unverified = None if options.force else interrupted_launch(session, ready)
+    why = _ADOPTED
+    if unverified is None and not options.force and (found := unrecorded_as_asked(session, ready)) is not None:
+        unverified, why = found, _FOUND
     reason = f"serve: {'MTP' if options.mtp else 'no MTP'}"
     store.update_host(host.name, lambda hs: hs.server_launching(reason))
     try:
         if unverified is not None:
-            started = adopt(session, ready, unverified, options)
+            started = adopt(session, ready, unverified, options, why)
         else:
             started = relaunch(session, ready, options)
         result = verify(session, ready.recipe, options, started, ready.gpus.compute_cap)
@@ -372,6 +375,9 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list
     unverified = None if options.force else interrupted_launch(session, ready)
     if unverified is not None:
         return [f"(re-attaches to server job {unverified.id}, {_ADOPTED}, and verifies it; --force relaunches)"]
+    found = None if options.force else unrecorded_as_asked(session, ready)
+    if found is not None:
+        return [f"(re-attaches to server job {found.id}: it {_FOUND}; verifies it; --force relaunches)"]
     lines = [f"WARNING: {w}" for w in ready.warnings]
     if ready.old is not None:
         lines.append(f"(stops server job {ready.old.id} {srv.FOR_RELAUNCH.why})")
@@ -380,6 +386,10 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list
 
 _UNTOUCHED = "the running server was left untouched"
 _ADOPTED = "started with this command by a serve that was cut off before verifying it"
+_FOUND = (
+    "already runs this command, commit and tuned configs, started by a serve this state file does not "
+    "record (another controller, or a lost state directory)"
+)
 
 
 def already_serving(session: HostSession, ready: Preflight, options: ServeOptions) -> ServeResult | None:
@@ -413,6 +423,42 @@ def interrupted_launch(session: HostSession, ready: Preflight) -> jobs.JobInfo |
     if not _same_launch(session, record, ready):
         return None
     return ready.old
+
+
+def unrecorded_as_asked(session: HostSession, ready: Preflight) -> jobs.JobInfo | None:
+    """The host's running server job when this state file does not record it (another controller started
+    it, or the state directory was lost) and, by what the host shows, it already runs what ``ready`` would
+    launch: the same argv (its job directory), the same SGLang commit (its own env) and the tuned configs
+    it loaded (every config file was last written before the job started, both times by the host's clock).
+    Adopting it (verify, record) replaces nothing; relaunching it would cost a model load, and a second
+    controller would then do the same to ours."""
+    job = ready.old
+    record = session.state().server
+    if job is None or (record is not None and record.job_id == job.id):
+        return None
+    if launched_commit(session, job) != ready.commit or not configs_loaded(ready.configs, job):
+        return None
+    return job if runs_argv(session, job, ready.argv) else None
+
+
+def launched_commit(session: HostSession, job: jobs.JobInfo) -> str | None:
+    """The SGLang commit server job ``job`` started on, as its own env file on the host says (None for a
+    job started by an orch that did not write it)."""
+    for line in session.job_env(job.id).splitlines():
+        name, _, value = line.partition("=")
+        if name == srv.LAUNCHED_COMMIT:
+            return value
+    return None
+
+
+def configs_loaded(configs: dict[str, float], job: jobs.JobInfo) -> bool:
+    """Whether a server started as ``job`` read the tuned config files ``configs`` as they are now (path ->
+    mtime): each was last written before the job started. Both times are the host's (a controller clock
+    that differs does not count)."""
+    if job.started_at is None:
+        return False
+    started = job.started_at.timestamp()
+    return all(mtime < started for mtime in configs.values())
 
 
 def _same_launch(session: HostSession, record: ServerRecord, ready: Preflight) -> bool:
@@ -471,10 +517,14 @@ def relaunch(session: HostSession, ready: Preflight, options: ServeOptions) -> S
         raise
 
 
-def adopt(session: HostSession, ready: Preflight, job: jobs.JobInfo, options: ServeOptions) -> Started:
-    """Finish the serve that launched ``job`` (``interrupted_launch``): wait until healthy, nothing
-    stopped or started; a failed start is handled as ``relaunch`` handles its own."""
-    session.say(f"re-attaching to server job {job.id}, {_ADOPTED}; waiting for /health")
+def adopt(
+    session: HostSession, ready: Preflight, job: jobs.JobInfo, options: ServeOptions, why: str = _ADOPTED
+) -> Started:
+    """Finish the serve that launched ``job`` (``interrupted_launch``, or ``unrecorded_as_asked``: ``why``
+    says which): record what the host showed, wait until healthy, nothing stopped or started; a failed
+    start is handled as ``relaunch`` handles its own."""
+    sep = ", " if why == _ADOPTED else ": it "
+    session.say(f"re-attaching to server job {job.id}{sep}{why}; waiting for /health")
     mtp = "--speculative-algorithm" in ready.argv
     _record_server(
         session,
@@ -521,8 +571,9 @@ def launch(
     serve reads it in ``decide`` and nothing since moved the checkout."""
     host = session.host
     gpus = tuple(facts.server_gpus(recipe, host))
-    spec = jobs.JobSpec(kind="server", purpose=readers.SERVER_PURPOSE, argv=argv, gpus=gpus)
     commit = session.git().commit
+    env = {srv.LAUNCHED_COMMIT: commit}  # the host's own record of the code the server runs
+    spec = jobs.JobSpec(kind="server", purpose=readers.SERVER_PURPOSE, argv=argv, env=env, gpus=gpus)
     try:
         job = jobs.start(session.runner, host.workdir, spec)
     finally:
@@ -752,6 +803,15 @@ def _finish(session: HostSession, result: ServeResult) -> ServeResult:
             hint="see `orch logs` for the server job; `--min-accept` overrides the recipe's minimum",
         )
     return result
+
+
+def own_launch(session: HostSession, recipe: Recipe, options: ServeOptions) -> jobs.JobInfo | None:
+    """The running server job a serve cut off before verifying it started (``interrupted_launch``: recorded
+    and never verified, or started but not yet recorded), by what the host runs now; reads only. An
+    interrupted ``orch run --from serve`` adopts it instead of relaunching it once more."""
+    recipe = _forced(recipe, options)
+    ready = decide(session, recipe, options, check_launch(session, recipe, options.mtp))
+    return interrupted_launch(session, ready)
 
 
 def resume(session: HostSession, recipe: Recipe, options: ServeOptions) -> ServeResult | None:

@@ -14,7 +14,7 @@ from orchestrator.facts import git, gpus, probe
 from orchestrator.fleet import HostResult
 from orchestrator.inventory import Host
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, ServerRecord, State, StateStore
+from orchestrator.state import HostState, Phase, ServerRecord, State, StateStore
 from orchestrator.tuning.member import record_of
 from orchestrator.tuning.progress import status_field
 from orchestrator.tuning.record import TuningRecord
@@ -66,11 +66,12 @@ def status_sections(
     host: Host, launched: ServerRecord | None = None, fetch: bool = False
 ) -> list[tuple[str, list[str]]]:
     """The commands ``status`` runs on a host, all in one round trip: read-only, but for ``fetch``
-    (``status --fetch``: fetch upstream first, so the commits behind are counted as of now). The server
-    is asked only where orch launched one (asking costs a python start on the host)."""
+    (``status --fetch``: fetch upstream first, so the commits behind are counted as of now). The host's
+    server job is read whatever this state records; its HTTP is asked where orch launched one (asking costs
+    a python start on the host)."""
     return [
         *([("fetch", git.fetch_argv(host.sglang_dir, host.remote))] if fetch else []),
-        *(server.status_sections(host, launched) if launched else []),  # first: git, read last, is freshest
+        *server.status_sections(host, launched),  # first: git, read last, is freshest
         ("git", git.info_argv(host.sglang_dir, host.upstream)),
         ("gpus", gpus.query_gpus_argv()),
         ("apps", gpus.query_apps_argv()),
@@ -103,6 +104,7 @@ def observe(
         probe.parse(runner.run(argv, timeout=FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout),
         {"gpus": gpus.HANG_MESSAGE, "apps": gpus.HANG_MESSAGE},
     )
+    sections.update(_unrecorded_http(session, sections, launched))
     status = HostStatus(host.name, host.address, reachable=True, phase="new")
     if fetch:
         status.extra["fetch_error"] = _fetch_error(sections.get("fetch"), host)
@@ -112,6 +114,20 @@ def observe(
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
     status.extra["tuning"] = status_field(session, cached, state)
     return Observed(status, info, sections, started_at)
+
+
+def _unrecorded_http(
+    session: HostSession, sections: dict[str, probe.Section], launched: ServerRecord | None
+) -> dict[str, probe.Section]:
+    """``/health`` and ``/server_info`` of a server job the host runs that this state does not record
+    (a second controller started it, or the state directory was lost): one more round trip, only then."""
+    listed = sections.get("server_jobs")
+    seen = server.unrecorded_server(listed.output if listed else None, launched)
+    if seen is None:
+        return {}
+    host = session.host
+    argv = probe.probe_argv([server.http_section(host, seen.argv, server.argv_port(seen.argv, host.server_port))])
+    return probe.parse(session.runner.run(argv, timeout=PROBE_TIMEOUT).stdout)
 
 
 def _fetch_error(section: probe.Section | None, host: Host) -> str | None:
@@ -184,7 +200,9 @@ def merge_state(obs: Observed, hs: HostState) -> HostStatus:
         http.output if http else None, listed.output if listed else None, hs.server, datetime.now(timezone.utc)
     )
     checkout = obs.git.commit if obs.git else hs.sglang.commit if hs.sglang else None
-    if field is not None and hs.server is not None:
+    if field is not None and not field["recorded"] and field["healthy"]:
+        status.phase = Phase.SERVING.value  # the host serves, whatever this state file says
+    if field is not None and field["recorded"] and hs.server is not None:
         for key, value in pending_restart(field, hs.server, checkout, record_of(hs)).items():
             field.setdefault(key, value)
     status.extra["server"] = field
