@@ -246,6 +246,7 @@ def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: lis
     for v in views:
         row = rows.get(v.name)
         flag = row.flag if row else "serving but not registered" if v.name in check.unregistered else None
+        flag = "left out by a serve that was cut off" if v.name in check.left_out else flag
         v.extra["gateway"] = {
             "reachable": True,
             "registered": row is not None,
