@@ -159,6 +159,7 @@ for e in "$workdir"/live/*; do
   [ $final = 1 ] && printf '%s\n' "$line" >> "$workdir/jobs.index" && rm -f "$e"
 done
 cat "$workdir/jobs.index" 2>/dev/null
+printf 'now\t%s\n' "$(date +%s)"
 exit 0
 """
 
@@ -167,6 +168,7 @@ _SHOW = r"""
 workdir=$1; shift
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
 for id in "$@"; do [ -d "$workdir/jobs/$id" ] && row "$workdir/jobs/$id" "$boot" && printf '%s\n' "$line"; done
+printf 'now\t%s\n' "$(date +%s)"
 exit 0
 """
 
@@ -213,6 +215,7 @@ while [ "$waited" -lt "$ms" ]; do
   sleep 0.1; waited=$((waited + 100))
 done
 for id in "$@"; do [ -d "$workdir/jobs/$id" ] && row "$workdir/jobs/$id" "$boot" && printf '%s\n' "$line"; done
+printf 'now\t%s\n' "$(date +%s)"
 exit 0
 """
 
@@ -270,6 +273,20 @@ class JobInfo:
     log_size: int
     stop_requested: bool
     dir: str
+    seen_at: datetime | None = None  # the host's clock when it listed the job (its times are the host's too)
+
+    def age(self, now: datetime) -> float:
+        """Seconds since the job started, counted by the host's clock when the listing had it (``seen_at``;
+        else ``now``): a host clock behind or ahead of the controller's never makes it negative or hours."""
+        if self.started_at is None:
+            return 0.0
+        return max(0.0, ((self.seen_at or now) - self.started_at).total_seconds())
+
+    def ran_for(self, now: datetime) -> float:
+        """Seconds the job ran: to its end when it has ended, else its ``age``."""
+        if self.started_at is not None and self.ended_at is not None:
+            return max(0.0, (self.ended_at - self.started_at).total_seconds())
+        return self.age(now)
 
     @property
     def log(self) -> str:
@@ -423,6 +440,7 @@ def parse_list(stdout: str, workdir: str) -> list[JobInfo]:
     """Jobs from ``list_argv``'s (or ``show_argv``'s, ``wait_argv``'s) output, oldest first; of a job
     listed twice (seen ended by two listings at once), its last line."""
     jobs: dict[str, JobInfo] = {}
+    seen_at = next((_epoch(line[4:]) for line in stdout.splitlines() if line.startswith("now\t")), None)
     for line in stdout.splitlines():
         cells = line.split("\t")
         if len(cells) != 10 or cells[0] != "job":
@@ -439,6 +457,7 @@ def parse_list(stdout: str, workdir: str) -> list[JobInfo]:
             log_size=int(size) if size.isdigit() else 0,
             stop_requested=stop == "1",
             dir=job_dir(workdir, job_id),
+            seen_at=seen_at,
         )
     return sorted(jobs.values(), key=lambda j: (j.started_at or datetime.min.replace(tzinfo=timezone.utc), j.id))
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -321,3 +322,13 @@ def test_a_host_where_the_index_cannot_be_made_lists_every_job_directory(runner:
     Path(workdir, "live").write_text("")  # not a directory: the index cannot be made
     assert {j.id: j.state for j in jobs.list_jobs(runner, workdir)} == {done: "succeeded"}
     assert not Path(workdir, "jobs.index").exists()
+
+
+@pytest.mark.parametrize("skew_minutes", [-10, 0, 10])
+def test_a_jobs_age_is_counted_by_the_hosts_clock_whatever_the_controllers(skew_minutes: int) -> None:
+    host_start = datetime(2026, 12, 3, 9, 0, tzinfo=timezone.utc)
+    line = "\t".join(["job", "bench-1", "bench", "42", "1", "", str(int(host_start.timestamp())), "", "0", "0"])
+    seen = host_start + timedelta(minutes=5)  # the host's clock when it listed the job
+    (job,) = jobs.parse_list(f"{line}\nnow\t{int(seen.timestamp())}\n", "/w")
+    controller_now = seen - timedelta(minutes=skew_minutes)
+    assert (job.seen_at, job.age(controller_now), job.ran_for(controller_now)) == (seen, 300.0, 300.0)
