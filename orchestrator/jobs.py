@@ -64,12 +64,29 @@ job_alive() {
   [ -n "$2" ] && [ -r "/proc/$2/stat" ] && [ "$(starttime "$2")" = "$(cat "$1/starttime" 2>/dev/null)" ] \
     && [ "$(cat "$1/boot_id" 2>/dev/null)" = "$3" ]
 }
+# session_alive SID: a live process (not a zombie) is in session SID. A job's wrapper is its session's
+# leader (setsid), so its command runs in session <wrapper pid>; a pid is not reused while a session of
+# that id has members, so a member is the job's command, outliving its wrapper (the wrapper SIGKILLed).
+session_alive() {
+  cat /proc/[0-9]*/stat 2>/dev/null | awk -v sid="$1" \
+    '{ s = $0; sub(/.*\) /, "", s); split(s, f, " "); if (f[4] == sid && f[1] !~ /^[ZX]/) found = 1 }
+     END { exit !found }'
+}
+# job_runs DIR PID BOOT: job_alive, or its wrapper is gone without an exit code while its command runs on
+# in the job's session, in the boot it recorded (prints 2 then: the row's "alive" value for it). No process
+# may have the wrapper's pid then: a pid with a process is the wrapper (job_alive) or a reuse, never ours.
+job_runs() {
+  job_alive "$1" "$2" "$3" && return 0
+  [ -n "$2" ] && [ ! -e "/proc/$2" ] && [ ! -e "$1/exit_code" ] && [ "$(cat "$1/boot_id" 2>/dev/null)" = "$3" ] \
+    && session_alive "$2" && echo 2
+}
 # row DIR BOOT: sets line to the job's listing line (see parse_list), and final=1 when the line can no longer
 # change: the job has an exit code, or its process is gone without one (lost) and no stop is under
-# way (a stop that SIGKILLs writes the exit code after the process is gone).
+# way (a stop that SIGKILLs writes the exit code after the process is gone). alive is 1 while the
+# wrapper runs, 2 while only its command does (the wrapper killed), 0 otherwise.
 row() {
   pid=$(cat "$1/pid" 2>/dev/null || true)
-  alive=0; job_alive "$1" "$pid" "$2" && alive=1
+  alive=0; orphan=$(job_runs "$1" "$pid" "$2") && alive=${orphan:-1}
   stop=0; [ -e "$1/stop_requested" ] && stop=1
   code=$(cat "$1/exit_code" 2>/dev/null)
   final=0
@@ -118,7 +135,7 @@ if [ -L "$link" ]; then
   old=$(readlink "$link")
   if [ ! -e "$old/exit_code" ] && [ -s "$old/pid" ]; then
     pid=$(cat "$old/pid")
-    if job_alive "$old" "$pid" "$boot"; then echo "attached ${old##*/} $pid"; exit 0; fi
+    if job_runs "$old" "$pid" "$boot" >/dev/null; then echo "attached ${old##*/} $pid"; exit 0; fi
   fi
 fi
 index_jobs "$workdir"
@@ -207,7 +224,9 @@ waited=0
 while [ "$waited" -lt "$ms" ]; do
   ended=0
   for id in "$@"; do { [ -e "$workdir/jobs/$id/exit_code" ] || [ ! -d "$workdir/jobs/$id" ]; } && ended=1; done
-  for pid in $pids; do [ "$pid" = - ] || kill -0 "$pid" 2>/dev/null || ended=1; done
+  for pid in $pids; do
+    [ "$pid" = - ] || kill -0 "$pid" 2>/dev/null || { [ ! -e "/proc/$pid" ] && session_alive "$pid"; } || ended=1
+  done
   [ $ended = 1 ] && break
   if [ "$offset" -ge 0 ] && [ "$waited" -ge "$settle" ]; then
     [ "$(stat -c %s "$first/log" 2>/dev/null || echo 0)" -gt "$offset" ] && break
@@ -225,7 +244,7 @@ dir=$1; grace=$2
 [ -e "$dir/exit_code" ] && { echo "ended"; exit 0; }
 pid=$(cat "$dir/pid" 2>/dev/null || true)
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
-alive() { job_alive "$dir" "$pid" "$boot"; }
+alive() { job_runs "$dir" "$pid" "$boot" >/dev/null; }  # the wrapper, or its command outliving it
 alive || { echo "lost"; exit 0; }
 touch "$dir/stop_requested"
 kill -s TERM -- "-$pid" 2>/dev/null || true
@@ -240,6 +259,7 @@ while alive && [ ! -e "$dir/exit_code" ]; do
   sleep 0.2
 done
 while alive; do sleep 0.1; done
+[ -e "$dir/exit_code" ] || { date +%s > "$dir/ended_at"; echo 143 > "$dir/exit_code"; }  # no wrapper to write it
 echo "stopped"
 """
 
@@ -274,6 +294,7 @@ class JobInfo:
     stop_requested: bool
     dir: str
     seen_at: datetime | None = None  # the host's clock when it listed the job (its times are the host's too)
+    wrapper_gone: bool = False  # running: its command runs on, its wrapper was killed (no exit code will come)
 
     def age(self, now: datetime) -> float:
         """Seconds since the job started, counted by the host's clock when the listing had it (``seen_at``;
@@ -450,7 +471,7 @@ def parse_list(stdout: str, workdir: str) -> list[JobInfo]:
             id=job_id,
             purpose=purpose,
             pid=int(pid) if pid.isdigit() else None,
-            state=job_state(alive == "1", code),
+            state=job_state(alive in ("1", "2"), code),
             exit_code=int(code) if code.strip().lstrip("-").isdigit() else None,
             started_at=_epoch(started),
             ended_at=_epoch(ended),
@@ -458,6 +479,7 @@ def parse_list(stdout: str, workdir: str) -> list[JobInfo]:
             stop_requested=stop == "1",
             dir=job_dir(workdir, job_id),
             seen_at=seen_at,
+            wrapper_gone=alive == "2",
         )
     return sorted(jobs.values(), key=lambda j: (j.started_at or datetime.min.replace(tzinfo=timezone.utc), j.id))
 

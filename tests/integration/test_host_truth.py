@@ -5,8 +5,12 @@ adopts it instead of relaunching it (no ping-pong between two controllers)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from orchestrator.state import StateStore
@@ -70,3 +74,25 @@ def test_an_interrupted_run_only_serve_resumes_by_adopting_its_servers_without_a
     assert {j["id"] for j in server_jobs(env) if j["state"] == "running"} <= started
     for hs in StateStore(env.state).load().hosts.values():
         assert hs.phase == "serving" and hs.server is not None and hs.server.verified
+
+
+def test_a_server_whose_job_wrapper_was_killed_is_described_and_kept_as_it_runs(make_fleet: Any) -> None:
+    env = make_fleet(1)
+    (sim,) = env.fleet.hosts
+    served = env.orch("serve", "--no-mtp")
+    assert served.returncode == 0, served.output
+    (job,) = server_jobs(env)
+    wrapper = int((Path(sim.workdir) / "jobs" / job["id"] / "pid").read_text())
+    os.kill(wrapper, signal.SIGKILL)  # the job's wrapper only: the server runs on, /health answers 200
+    while Path(f"/proc/{wrapper}").exists():
+        time.sleep(0.05)
+
+    status = env.orch("status", "--json")
+    (view,) = json.loads(status.stdout)["hosts"]
+    assert (view["server"]["job_state"], view["server"]["healthy"]) == ("running", True), view["server"]
+    again = env.orch("serve", "--no-mtp")
+    assert again.returncode == 0, again.output
+    assert f"already serving as asked (job {job['id']})" in again.output, again.output
+    stopped = env.orch("stop-server")
+    assert stopped.returncode == 0, stopped.output
+    assert [j["state"] for j in server_jobs(env)] == ["failed"]  # stopped: nothing of it runs on
