@@ -288,16 +288,14 @@ def _tune_outcome(results: FleetResult[TuneStatus], host: Host) -> str:
 
 
 def _serve(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> str:
-    """Serve; a step interrupted in an earlier run re-attaches to the server it launched, ``--from``/
-    ``--only`` relaunch even a server that serves as asked."""
+    """Serve; a step interrupted in an earlier run re-attaches to the server it launched (serve's own
+    ``interrupted_launch``), ``--from``/``--only`` relaunch even a server that serves as asked
+    (``serve_options``)."""
     assert isinstance(step.options, ServeOptions)
     options = serve_options(session, ctx.recipe(session.host), step, ctx.redo)
     if ctx.rolling is not None:
         return _roll(ctx, ctx.rolling, session, options)
-    result = (_resume_serve(ctx, session, options) if resumed and not ctx.redo else None) or serve_op.serve(
-        session, ctx.recipe(session.host), options, ctx.peers
-    )
-    return _served(result)
+    return _served(serve_op.serve(session, ctx.recipe(session.host), options, ctx.peers))
 
 
 def serve_options(session: HostSession, recipe: Recipe, step: Step, redo: bool) -> ServeOptions:
@@ -333,11 +331,6 @@ def _served(result: serve_op.ServeResult) -> str:
         return f"already serving as asked (job {result.job_id})"
     accept = f", accept length {result.accept_length:.2f}" if result.accept_length is not None else ""
     return f"serving job {result.job_id}, speculative {result.spec}{accept}"
-
-
-def _resume_serve(ctx: RunContext, session: HostSession, options: ServeOptions) -> serve_op.ServeResult | None:
-    """After an interrupted run: the server it launched still runs the same command → attach, do not relaunch."""
-    return serve_op.resume(session, ctx.recipe(session.host), options)
 
 
 def was_interrupted(store: StateStore, host: Host, playbook: str, step: str) -> bool:

@@ -814,38 +814,6 @@ def own_launch(session: HostSession, recipe: Recipe, options: ServeOptions) -> j
     return interrupted_launch(session, ready)
 
 
-def resume(session: HostSession, recipe: Recipe, options: ServeOptions) -> ServeResult | None:
-    """Finish the serve of an interrupted ``orch run``: when orch's running server job runs the launch
-    command, adopt it (``reattach``); None when there is none to adopt (the run serves as usual).
-
-    Unlike ``serve``'s ``interrupted_launch`` it needs no record of the launch: the run's own step
-    record says a serve was cut off."""
-    argv = check_launch(session, recipe, options.mtp)
-    job = session.running_server()
-    if job is None or not runs_argv(session, job, argv):
-        return None
-    session.say(f"re-attaching to server job {job.id}, launched by the interrupted run")
-    return reattach(session, recipe, options, job, argv)
-
-
-def reattach(
-    session: HostSession, recipe: Recipe, options: ServeOptions, job: jobs.JobInfo, argv: list[str]
-) -> ServeResult:
-    """Adopt a server job already running ``argv`` (e.g. launched by an interrupted ``orch run``):
-    record it, wait until healthy, verify. Raises like ``serve``'s last steps."""
-    host = session.host
-    commit = session.git().commit
-    device = session.gpus(facts.server_gpus(recipe, host)).device or "unknown GPU"
-    configs = session.tuned_configs(device).files
-    _record_server(
-        session,
-        ServerRecord(job_id=job.id, argv=argv, port=host.server_port, mtp=options.mtp, commit=commit, configs=configs),
-    )
-    log = wait_healthy(session, job.id, facts.base_url(recipe, host), health_timeout(recipe, options))
-    started = Started(job.id, argv, log, 0.0, commit)
-    return _finish(session, verify(session, recipe, options, started))
-
-
 # --- state --------------------------------------------------------------------------------------------------
 
 
