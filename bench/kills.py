@@ -1,7 +1,7 @@
 """Benchmark: `orch run` SIGKILLed at seeded moments, re-run after each kill; what was lost or done twice.
 
 On two simulated hosts (real sshd on loopback, tiny shapes and batch sizes, fast sim knobs) the driver
-of tests/integration/kills.py starts ``orch run <tiny playbook> --yes``, kills it (SIGKILL) right after
+of tests/integration/kills.py starts ``orch run <tiny playbook>`` (no --yes), kills it (SIGKILL) right after
 the k-th line it prints (k from a seeded RNG), runs it again, kill after kill, then once unkilled, and
 counts from the hosts' disks and the state file: (shape, batch size) units tuned and tuned twice,
 server and benchmark jobs per host, stray processes, re-runs that failed between kills, and the state

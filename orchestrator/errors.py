@@ -46,6 +46,7 @@ class ExitCode(enum.IntEnum):
     STATE = 4  # the state database is corrupt, of a newer orch, or busy with another orch
     VERIFY_FAILED = 5  # the server runs but does not do what was asked (MTP off, accept length low)
     INTERRUPTED = 130  # Ctrl-C
+    TERMINATED = 143  # SIGTERM (128 + 15, as a shell reports it)
 
 
 class OrchError(Exception):

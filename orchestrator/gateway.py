@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from orchestrator.errors import GatewayError, UsageError
@@ -124,10 +124,11 @@ class WorkerRow:
 class GatewayCheck:
     workers: list[WorkerRow]
     unregistered: list[str]  # inventory hosts serving but not registered
+    left_out: list[str] = field(default_factory=list)  # not registered, left launching or out by a cut-off serve
 
     @property
     def consistent(self) -> bool:
-        return not self.unregistered and all(row.flag is None for row in self.workers)
+        return not self.unregistered and not self.left_out and all(row.flag is None for row in self.workers)
 
 
 def check_workers(workers: list[Worker], urls: dict[str, str], serving: set[str]) -> GatewayCheck:
@@ -150,6 +151,22 @@ def check_workers(workers: list[Worker], urls: dict[str, str], serving: set[str]
     return GatewayCheck(rows, unregistered)
 
 
+def left_out(hosts: list[Host], state: State, registered: set[str], urls: dict[str, str]) -> list[str]:
+    """Hosts a serve cut off (SIGTERM, SIGKILL, a lost laptop) left out of the gateway: not registered while
+    still ``launching`` (its new server may be healthy by now), or taken out (``removed``) by a rollout that
+    never ended. Not consistent: the same ``orch serve --rolling`` registers them again."""
+    rollout = state.rollout
+    taken_out = set(rollout.outcomes) if rollout is not None and rollout.ended_at is None else set()
+    found = []
+    for host in hosts:
+        record = state.hosts.get(host.name)
+        launching = record is not None and record.phase == Phase.LAUNCHING
+        removed = host.name in taken_out and rollout is not None and rollout.outcomes[host.name] == "removed"
+        if (launching or removed) and urls[host.name] not in registered:
+            found.append(host.name)
+    return found
+
+
 def fleet_urls(hosts: list[Host], state: State) -> tuple[dict[str, str], set[str]]:
     """Each host's worker URL (``host_worker_url`` of its recorded server) and the hosts serving (phase
     ``serving``), as the state file (loaded once) has them."""
@@ -167,7 +184,10 @@ def fleet_urls(hosts: list[Host], state: State) -> tuple[dict[str, str], set[str
 def check_fleet(workers: list[Worker], hosts: list[Host], state: State) -> GatewayCheck:
     """``check_workers`` for ``hosts`` as ``fleet_urls`` has them. ``orch gateway status`` and the gateway
     column of ``orch status`` both judge by it."""
-    return check_workers(workers, *fleet_urls(hosts, state))
+    urls, serving = fleet_urls(hosts, state)
+    check = check_workers(workers, urls, serving)
+    out = left_out([h for h in hosts if h.name not in check.unregistered], state, {w.url for w in workers}, urls)
+    return GatewayCheck(check.workers, check.unregistered, out)
 
 
 def parse_workers(payload: Any) -> list[Worker]:

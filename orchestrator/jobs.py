@@ -32,6 +32,8 @@ after checking pid, start time and boot id: orch never kills what it did not sta
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 import secrets
 import shlex
@@ -62,12 +64,29 @@ job_alive() {
   [ -n "$2" ] && [ -r "/proc/$2/stat" ] && [ "$(starttime "$2")" = "$(cat "$1/starttime" 2>/dev/null)" ] \
     && [ "$(cat "$1/boot_id" 2>/dev/null)" = "$3" ]
 }
+# session_alive SID: a live process (not a zombie) is in session SID. A job's wrapper is its session's
+# leader (setsid), so its command runs in session <wrapper pid>; a pid is not reused while a session of
+# that id has members, so a member is the job's command, outliving its wrapper (the wrapper SIGKILLed).
+session_alive() {
+  cat /proc/[0-9]*/stat 2>/dev/null | awk -v sid="$1" \
+    '{ s = $0; sub(/.*\) /, "", s); split(s, f, " "); if (f[4] == sid && f[1] !~ /^[ZX]/) found = 1 }
+     END { exit !found }'
+}
+# job_runs DIR PID BOOT: job_alive, or its wrapper is gone without an exit code while its command runs on
+# in the job's session, in the boot it recorded (prints 2 then: the row's "alive" value for it). No process
+# may have the wrapper's pid then: a pid with a process is the wrapper (job_alive) or a reuse, never ours.
+job_runs() {
+  job_alive "$1" "$2" "$3" && return 0
+  [ -n "$2" ] && [ ! -e "/proc/$2" ] && [ ! -e "$1/exit_code" ] && [ "$(cat "$1/boot_id" 2>/dev/null)" = "$3" ] \
+    && session_alive "$2" && echo 2
+}
 # row DIR BOOT: sets line to the job's listing line (see parse_list), and final=1 when the line can no longer
 # change: the job has an exit code, or its process is gone without one (lost) and no stop is under
-# way (a stop that SIGKILLs writes the exit code after the process is gone).
+# way (a stop that SIGKILLs writes the exit code after the process is gone). alive is 1 while the
+# wrapper runs, 2 while only its command does (the wrapper killed), 0 otherwise.
 row() {
   pid=$(cat "$1/pid" 2>/dev/null || true)
-  alive=0; job_alive "$1" "$pid" "$2" && alive=1
+  alive=0; orphan=$(job_runs "$1" "$pid" "$2") && alive=${orphan:-1}
   stop=0; [ -e "$1/stop_requested" ] && stop=1
   code=$(cat "$1/exit_code" 2>/dev/null)
   final=0
@@ -128,7 +147,7 @@ if [ -L "$link" ]; then
   old=$(readlink "$link")
   if [ ! -e "$old/exit_code" ] && [ -s "$old/pid" ]; then
     pid=$(cat "$old/pid")
-    if job_alive "$old" "$pid" "$boot"; then echo "attached ${old##*/} $pid"; exit 0; fi
+    if job_runs "$old" "$pid" "$boot" >/dev/null; then echo "attached ${old##*/} $pid"; exit 0; fi
   fi
 fi
 index_jobs "$workdir"
@@ -172,6 +191,7 @@ for e in "$workdir"/live/*; do
   [ $final = 1 ] && printf '%s\n' "$line" >> "$workdir/jobs.index" && rm -f "$e"
 done
 cat "$workdir/jobs.index" 2>/dev/null
+printf 'now\t%s\n' "$(date +%s)"
 exit 0
 """
 
@@ -179,6 +199,28 @@ exit 0
 _SHOW = r"""
 workdir=$1; shift
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
+for id in "$@"; do [ -d "$workdir/jobs/$id" ] && row "$workdir/jobs/$id" "$boot" && printf '%s\n' "$line"; done
+printf 'now\t%s\n' "$(date +%s)"
+exit 0
+"""
+
+# $1 workdir, $2 purpose, then job ids: the host's clock (`now`), the job that holds the purpose (the link the
+# last start made, whatever any state file records: `held`, its argv and env files in base64, its line), then
+# the line of each other job id given. The link is orch's own and must point into jobs/; else nothing is held.
+_HELD = r"""
+workdir=$1; purpose=$2; shift 2
+boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
+printf 'now\t%s\n' "$(date +%s)"
+link="$workdir/purposes/$purpose"
+d=""
+[ -L "$link" ] && d=$(readlink "$link")
+case $d in "$workdir"/jobs/*) ;; *) d="" ;; esac
+if [ -n "$d" ] && [ -d "$d" ] && [ ! -L "$d" ]; then
+  printf 'held\t%s\n' "${d##*/}"
+  printf 'argv\t%s\n' "$(base64 -w0 < "$d/argv" 2>/dev/null)"
+  printf 'env\t%s\n' "$(base64 -w0 < "$d/env" 2>/dev/null)"
+  row "$d" "$boot"; printf '%s\n' "$line"
+fi
 for id in "$@"; do [ -d "$workdir/jobs/$id" ] && row "$workdir/jobs/$id" "$boot" && printf '%s\n' "$line"; done
 exit 0
 """
@@ -197,7 +239,9 @@ waited=0
 while [ "$waited" -lt "$ms" ]; do
   ended=0
   for id in "$@"; do { [ -e "$workdir/jobs/$id/exit_code" ] || [ ! -d "$workdir/jobs/$id" ]; } && ended=1; done
-  for pid in $pids; do [ "$pid" = - ] || kill -0 "$pid" 2>/dev/null || ended=1; done
+  for pid in $pids; do
+    [ "$pid" = - ] || kill -0 "$pid" 2>/dev/null || { [ ! -e "/proc/$pid" ] && session_alive "$pid"; } || ended=1
+  done
   [ $ended = 1 ] && break
   if [ "$offset" -ge 0 ] && [ "$waited" -ge "$settle" ]; then
     [ "$(stat -c %s "$first/log" 2>/dev/null || echo 0)" -gt "$offset" ] && break
@@ -205,6 +249,7 @@ while [ "$waited" -lt "$ms" ]; do
   sleep 0.1; waited=$((waited + 100))
 done
 for id in "$@"; do [ -d "$workdir/jobs/$id" ] && row "$workdir/jobs/$id" "$boot" && printf '%s\n' "$line"; done
+printf 'now\t%s\n' "$(date +%s)"
 exit 0
 """
 
@@ -214,7 +259,7 @@ dir=$1; grace=$2
 [ -e "$dir/exit_code" ] && { echo "ended"; exit 0; }
 pid=$(cat "$dir/pid" 2>/dev/null || true)
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
-alive() { job_alive "$dir" "$pid" "$boot"; }
+alive() { job_runs "$dir" "$pid" "$boot" >/dev/null; }  # the wrapper, or its command outliving it
 alive || { echo "lost"; exit 0; }
 touch "$dir/stop_requested"
 kill -s TERM -- "-$pid" 2>/dev/null || true
@@ -229,6 +274,7 @@ while alive && [ ! -e "$dir/exit_code" ]; do
   sleep 0.2
 done
 while alive; do sleep 0.1; done
+[ -e "$dir/exit_code" ] || { date +%s > "$dir/ended_at"; echo 143 > "$dir/exit_code"; }  # no wrapper to write it
 echo "stopped"
 """
 
@@ -262,6 +308,21 @@ class JobInfo:
     log_size: int
     stop_requested: bool
     dir: str
+    seen_at: datetime | None = None  # the host's clock when it listed the job (its times are the host's too)
+    wrapper_gone: bool = False  # running: its command runs on, its wrapper was killed (no exit code will come)
+
+    def age(self, now: datetime) -> float:
+        """Seconds since the job started, counted by the host's clock when the listing had it (``seen_at``;
+        else ``now``): a host clock behind or ahead of the controller's never makes it negative or hours."""
+        if self.started_at is None:
+            return 0.0
+        return max(0.0, ((self.seen_at or now) - self.started_at).total_seconds())
+
+    def ran_for(self, now: datetime) -> float:
+        """Seconds the job ran: to its end when it has ended, else its ``age``."""
+        if self.started_at is not None and self.ended_at is not None:
+            return max(0.0, (self.ended_at - self.started_at).total_seconds())
+        return self.age(now)
 
     @property
     def log(self) -> str:
@@ -356,6 +417,51 @@ def wait_argv(
     return ["sh", "-c", _script(_WAIT), "orch-job-wait", workdir, ms, offset, settle_ms, *map(_checked_id, job_ids)]
 
 
+def held_argv(workdir: str, purpose: str, job_ids: Sequence[str] = ()) -> list[str]:
+    """Reads the job that holds ``purpose`` on the host (its line, argv and env) and the host's clock, plus
+    the lines of ``job_ids`` (``parse_held`` reads the answer): what the host runs, whatever a state file says."""
+    if not _PURPOSE.match(purpose):
+        raise UsageError(f"job purpose {purpose!r} must match {_PURPOSE.pattern}")
+    return ["sh", "-c", _script(_HELD), "orch-held", workdir, purpose, *map(_checked_id, job_ids)]
+
+
+@dataclass(frozen=True)
+class Held:
+    """``held_argv``'s answer: the host's clock when it answered, the job that holds the purpose (with
+    its command and its own ``env`` pairs, as the job directory has them) and the other jobs asked for."""
+
+    host_now: datetime | None
+    job: JobInfo | None
+    argv: list[str]
+    env: dict[str, str]
+    others: list[JobInfo]
+
+
+def parse_held(stdout: str, workdir: str) -> Held:
+    fields: dict[str, str] = {}
+    for line in stdout.splitlines():
+        key, _, value = line.partition("\t")
+        if key in ("now", "held", "argv", "env"):
+            fields[key] = value
+    listed = parse_list(stdout, workdir)
+    job = next((j for j in listed if j.id == fields.get("held")), None)
+    env_lines = _unbase64(fields.get("env", "")).splitlines()
+    return Held(
+        host_now=_epoch(fields.get("now", "")),
+        job=job,
+        argv=[a for a in _unbase64(fields.get("argv", "")).split("\0")][:-1],
+        env=dict(pair.split("=", 1) for pair in env_lines if "=" in pair),
+        others=[j for j in listed if j is not job],
+    )
+
+
+def _unbase64(text: str) -> str:
+    try:
+        return base64.b64decode(text.strip(), validate=True).decode(errors="replace")
+    except (ValueError, binascii.Error):
+        return ""
+
+
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,200}$")
 
 
@@ -370,6 +476,7 @@ def parse_list(stdout: str, workdir: str) -> list[JobInfo]:
     """Jobs from ``list_argv``'s (or ``show_argv``'s, ``wait_argv``'s) output, oldest first; of a job
     listed twice (seen ended by two listings at once), its last line."""
     jobs: dict[str, JobInfo] = {}
+    seen_at = next((_epoch(line[4:]) for line in stdout.splitlines() if line.startswith("now\t")), None)
     for line in stdout.splitlines():
         cells = line.split("\t")
         if len(cells) != 10 or cells[0] != "job":
@@ -379,13 +486,15 @@ def parse_list(stdout: str, workdir: str) -> list[JobInfo]:
             id=job_id,
             purpose=purpose,
             pid=int(pid) if pid.isdigit() else None,
-            state=job_state(alive == "1", code),
+            state=job_state(alive in ("1", "2"), code),
             exit_code=int(code) if code.strip().lstrip("-").isdigit() else None,
             started_at=_epoch(started),
             ended_at=_epoch(ended),
             log_size=int(size) if size.isdigit() else 0,
             stop_requested=stop == "1",
             dir=job_dir(workdir, job_id),
+            seen_at=seen_at,
+            wrapper_gone=alive == "2",
         )
     return sorted(jobs.values(), key=lambda j: (j.started_at or datetime.min.replace(tzinfo=timezone.utc), j.id))
 

@@ -63,28 +63,63 @@ def wait_gpus_released(host: Host, runner: Runner, indexes: Sequence[int], job_i
 # --- `orch status` -------------------------------------------------------------------------------------
 
 
-def status_sections(host: Host, record: ServerRecord) -> list[tuple[str, list[str]]]:
-    """What ``orch status`` reads about the server orch launched, in its single round trip: ``/health``
-    and ``/server_info`` from the host itself (at the address the server binds), and the server job's own
-    directory (``jobs.show_argv``: not the host's whole job list)."""
-    url = facts.url(facts.argv_address(record.argv), record.port)
+LAUNCHED_COMMIT = "ORCH_SGLANG_COMMIT"  # in a server job's own env: the SGLang commit it started on (host-side)
+
+
+def status_sections(host: Host, record: ServerRecord | None) -> list[tuple[str, list[str]]]:
+    """What ``orch status`` reads about orch's server, in its single round trip: the job that holds the
+    host's server purpose (whatever this state file records: another controller may have started it) with
+    the host's clock, and the recorded job's own directory (``jobs.held_argv``: not the host's whole job
+    list); ``/health`` and ``/server_info`` from the host itself only where a server is recorded (asking
+    costs a python start: ``http_section`` asks about a server found unrecorded)."""
+    listed = ("server_jobs", jobs.held_argv(host.workdir, SERVER_PURPOSE, [record.job_id] if record else []))
+    if record is None:
+        return [listed]
+    return [http_section(host, record.argv, record.port), listed]
+
+
+def http_section(host: Host, argv: Sequence[str], port: int) -> tuple[str, list[str]]:
+    """``/health`` and ``/server_info`` of the server run by ``argv`` on ``port``, asked from the host."""
+    url = facts.url(facts.argv_address(argv), port)
     probes = [facts.HttpRequest("GET", f"{url}/health", timeout=3), facts.HttpRequest("GET", f"{url}/server_info")]
-    return [
-        ("server_http", facts.http_argv(host.python, probes)),
-        ("server_jobs", jobs.show_argv(host.workdir, [record.job_id])),
-    ]
+    return ("server_http", facts.http_argv(host.python, probes))
+
+
+def unrecorded_server(jobs_out: str | None, record: ServerRecord | None) -> jobs.Held | None:
+    """The host's running server job when this state file does not record it (a second controller, a lost
+    state directory): what ``orch status`` shows, and asks ``/health`` of, whatever the record says."""
+    seen = jobs.parse_held(jobs_out or "", "")
+    job = seen.job
+    if job is None or not job.running or (record is not None and record.job_id == job.id):
+        return None
+    return seen
+
+
+def argv_port(argv: Sequence[str], default: int) -> int:
+    """The port a server command listens on: its last ``--port N``, else ``default``."""
+    found = default
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--port" and argv[i + 1].isdigit():
+            found = int(argv[i + 1])
+    return found
 
 
 def status_field(
     http_out: str | None, jobs_out: str | None, record: ServerRecord | None, now: datetime
 ) -> dict[str, Any] | None:
-    """The ``server`` field of ``orch status`` (None when orch never launched one on this host):
-    healthy or not, MTP on/off with the live accept length, the tuned shapes in use (as verified at
-    launch), uptime and the server job; a server orch stopped is ``job_state`` ``stopped`` with who
-    stopped it and when (never the ``succeeded`` of its drained exit)."""
+    """The ``server`` field of ``orch status`` (None when the host runs no server of orch's and this state
+    records none): healthy or not, MTP on/off with the live accept length, the tuned shapes in use (as
+    verified at launch), uptime (by the host's clock when it said it: a host clock behind the controller's
+    never makes it negative) and the server job; a server orch stopped is ``job_state`` ``stopped`` with who
+    stopped it and when (never the ``succeeded`` of its drained exit). A running server job the record does
+    not know is shown as the host runs it, ``recorded`` False."""
+    unrecorded = unrecorded_server(jobs_out, record)
+    if unrecorded is not None:
+        return _unrecorded_field(http_out, unrecorded, now)
     if record is None:
         return None
-    job = next((j for j in jobs.parse_list(jobs_out or "", "") if j.id == record.job_id), None)
+    seen = jobs.parse_held(jobs_out or "", "")
+    job = next((j for j in [seen.job, *seen.others] if j is not None and j.id == record.job_id), None)
     health, info = _answers(http_out)
     running = job is not None and job.running
     stopped = record.stopped_at is not None and not running
@@ -100,8 +135,37 @@ def status_field(
         "accept_length": facts.avg_accept_length(info) if info else None,
         "tuned_shapes_in_use": list(record.verification.tuned_shapes_in_use),
         "resolved": facts.settings_line(record.verification.resolved, record.verification.asked) or None,
-        "uptime_s": int((now - job.started_at).total_seconds()) if running and job and job.started_at else None,
+        "uptime_s": _uptime(job, seen.host_now or now) if running and job else None,
+        "recorded": True,
     }
+
+
+def _unrecorded_field(http_out: str | None, seen: jobs.Held, now: datetime) -> dict[str, Any]:
+    """The ``server`` field of a running server job this state does not record, from the host alone."""
+    assert seen.job is not None
+    health, info = _answers(http_out)
+    return {
+        "job": seen.job.id,
+        "job_state": seen.job.state,
+        "stopped_by": None,
+        "stopped_at": None,
+        "healthy": health == 200,
+        "port": argv_port(seen.argv, 0) or None,
+        "mtp": "--speculative-algorithm" in seen.argv,
+        "speculative": _speculative(info) if info else None,
+        "accept_length": facts.avg_accept_length(info) if info else None,
+        "tuned_shapes_in_use": [],
+        "uptime_s": _uptime(seen.job, seen.host_now or now),
+        "recorded": False,
+        "commit": seen.env.get(LAUNCHED_COMMIT),
+    }
+
+
+def _uptime(job: jobs.JobInfo, host_now: datetime) -> int | None:
+    """Seconds since the job started, both times by the host's clock; never negative."""
+    if job.started_at is None:
+        return None
+    return max(0, int((host_now - job.started_at).total_seconds()))
 
 
 def _speculative(info: dict[str, Any]) -> str:

@@ -188,6 +188,13 @@ class HostSession:
         path = f"{job_dir(self.host.workdir, job)}/argv"
         return self.fact(f"argv:{job}", lambda: self.runner.read_bytes(path).split(b"\0"))
 
+    def job_env(self, job: str) -> str:
+        """Job ``job``'s own ``env`` file (``K=V`` lines, non-secret), as the host's job directory holds it."""
+        from orchestrator.jobs import job_dir
+
+        path = f"{job_dir(self.host.workdir, job)}/env"
+        return self.fact(f"env:{job}", lambda: self.runner.read_bytes(path).decode(errors="replace"))
+
     # --- state ----------------------------------------------------------------------------------------
 
     def state(self) -> HostState:

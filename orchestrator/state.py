@@ -255,7 +255,7 @@ class HostState(_Model):
     to the tuning modules.
 
     The phase machine lives here: each event is a method (``pulled``, ``tuning_started``, ``tuned``,
-    ``tuning_failed``, ``server_launching``, ``server_verified``, ``server_rolled_back``,
+    ``nothing_to_tune``, ``tuning_failed``, ``server_launching``, ``server_verified``, ``server_rolled_back``,
     ``server_stopped``, ``server_failed``) that changes the phase and the fields that go with it, built
     on ``set_phase``; ``tests/unit/test_state_phases.py`` is its table.
     """
@@ -300,6 +300,13 @@ class HostState(_Model):
     def tuned(self, reason: str) -> None:
         """Tuned configs are installed (or none was needed)."""
         self.set_phase(Phase.TUNED, reason)
+        self.last_error = None
+
+    def nothing_to_tune(self, reason: str) -> None:
+        """``tune-fp8`` found every wanted config installed: phase ``tuned``, but a host that got further
+        (launching, serving) keeps its phase (a tuning that did nothing does not send a serving host back)."""
+        if self.phase not in (Phase.LAUNCHING, Phase.SERVING):
+            self.set_phase(Phase.TUNED, reason)
         self.last_error = None
 
     def tuning_failed(self, reason: str) -> None:

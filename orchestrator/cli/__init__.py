@@ -2,7 +2,8 @@
 
 Exit codes (``orchestrator.errors``, which also states the rule): 0 ok; 1 internal error (traceback
 printed); 2 bad input (command line, hosts.yaml, playbook, a recipe the MTP rules refuse); 3 failed on
-one or more hosts; 4 state file problem; 5 verification failed; 130 interrupted.
+one or more hosts; 4 state file problem; 5 verification failed; 130 interrupted (Ctrl-C); 143 terminated
+(SIGTERM).
 """
 
 from __future__ import annotations
@@ -178,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     # inside a __del__ or a library's cleanup, it is only "ignored"), and orch then went on as if nothing
     # had happened. Detached jobs and atomic state writes make stopping at any point safe.
     signal.signal(signal.SIGINT, lambda signum, frame: _interrupted())
+    signal.signal(signal.SIGTERM, lambda signum, frame: _interrupted(ExitCode.TERMINATED))  # says how to resume too
     code = run_command(argv)
     sys.stdout.flush()  # meet a closed pipe here, not at interpreter exit (where it prints a traceback)
     sys.exit(code)
@@ -204,11 +206,12 @@ def run_command(argv: list[str] | None) -> int:
     return code if isinstance(code, int) else ExitCode.OK
 
 
-def _interrupted() -> NoReturn:
-    """Ctrl-C: stop now, without waiting for threads still talking to hosts. Jobs on the hosts are
-    detached and keep running; state writes are atomic renames, so nothing is half-written; running
-    the same command again resumes (as after a SIGKILL)."""
-    click.echo("orch: interrupted; jobs on the hosts keep running; run the same command again to resume", err=True)
+def _interrupted(code: ExitCode = ExitCode.INTERRUPTED) -> NoReturn:
+    """Ctrl-C (or SIGTERM, ``code`` 143): stop now, without waiting for threads still talking to hosts.
+    Jobs on the hosts are detached and keep running; state writes are atomic renames, so nothing is
+    half-written; running the same command again resumes (as after a SIGKILL)."""
+    how = "interrupted" if code == ExitCode.INTERRUPTED else "terminated (SIGTERM)"
+    click.echo(f"orch: {how}; jobs on the hosts keep running; run the same command again to resume", err=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(ExitCode.INTERRUPTED)
+    os._exit(code)

@@ -356,10 +356,12 @@ def _unrecorded(host: Host, runner: Runner, store: StateStore, server: ServerRec
     recorded now and adopted, so that it is collected instead of a second one started."""
     hs = store.read([host.name]).host(host.name)
     collected = {record.job_id for record in hs.benchmarks}
-    for info in reversed(jobs.list_jobs(runner, host.workdir)):
+    listed = jobs.list_jobs(runner, host.workdir)
+    served = next((j.started_at for j in listed if j.id == server.job_id), None)  # host clock, as the bench job's
+    for info in reversed(listed):
         if info.purpose != PURPOSE or info.id in hs.jobs or info.id in collected:
             continue
-        if not info.running and (info.started_at is None or info.started_at < server.started_at):
+        if not info.running and (info.started_at is None or served is None or info.started_at < served):
             continue  # an old run (of another server, or its state forgotten): not this one's
         plan = _host_plan(runner, info)
         if plan is not None:
@@ -421,8 +423,7 @@ def _wait(session: HostSession, job_id: str, timeout: float, attached: bool) -> 
 def _progress(session: HostSession, info: jobs.JobInfo, attached: bool) -> BenchProgress:
     """The running job's progress, read from its log's end."""
     counts = facts.parse_progress(jobs.read_tail(session.runner, info, max_bytes=4096))
-    since = info.started_at or utc_now()
-    elapsed = max(0.0, (utc_now() - since).total_seconds())
+    elapsed = info.age(utc_now())  # by the host's clock
     done, total = counts if counts else (None, None)
     return BenchProgress(session.name, info.id, done, total, elapsed, attached)
 

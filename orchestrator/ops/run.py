@@ -183,28 +183,54 @@ def run_step(ctx: RunContext, session: HostSession, step: Step, outcome: HostRun
 
 
 def gone(ctx: RunContext, session: HostSession, step: Step, outcome: HostRun) -> str | None:
-    """Why a step recorded as done must run again (its result no longer holds on the host), or None."""
+    """Why a step recorded as done must run again (its result no longer holds on the host, or an earlier
+    step of this run undid it), or None."""
     options = step.options
-    if isinstance(options, ServeOptions) and session.running_server() is None:
-        return f"no server of orch's runs now ({_why_no_server(session, outcome)}): serving again"
-    if isinstance(options, TuneOptions):
-        missing = missing_configs(session, ctx.recipe(session.host), options)
-        if missing:
-            return f"no tuned config for {', '.join(missing)} where SGLang reads them: tuning again"
+    if isinstance(options, ServeOptions) and "tune-fp8" in outcome.done and session.running_server() is None:
+        return "no server of orch's runs now (tune-fp8 ran in this run): serving again"
     if isinstance(options, BenchOptions) and "serve" in outcome.done:
         return "serve ran again in this run (the benchmark measured the old server): benchmarking again"
+    return result_gone(session, ctx.recipe(session.host), step)
+
+
+def result_gone(session: HostSession, recipe: Recipe, step: Step) -> str | None:
+    """Why a done step's result no longer holds on the host, as the host shows it now: no server of
+    orch's runs, or it runs another commit than the checkout (``stale_server``); a tuned config missing.
+    The run, its question before stopping servers and ``--dry-run`` ask this one question."""
+    options = step.options
+    if isinstance(options, ServeOptions) and session.running_server() is None:
+        return f"no server of orch's runs now ({_why_no_server(session)}): serving again"
+    if isinstance(options, ServeOptions):
+        return stale_server(session)
+    if isinstance(options, TuneOptions):
+        missing = missing_configs(session, recipe, options)
+        if missing:
+            return f"no tuned config for {', '.join(missing)} where SGLang reads them: tuning again"
     return None
 
 
-def _why_no_server(session: HostSession, outcome: HostRun) -> str:
-    """Why the server a done serve step started is gone: tuned in this run, stopped by orch (its record
-    says who), else a guess (the host rebooted, or the server was killed)."""
-    if "tune-fp8" in outcome.done:
-        return "tune-fp8 ran in this run"
+def _why_no_server(session: HostSession) -> str:
+    """Why the server a done serve step started is gone: stopped by orch (its record says who), else a
+    guess (the host rebooted, or the server was killed)."""
     server = session.state().server
     if server is not None and server.stopped_by:
         return f"stopped by {server.stopped_by}"
     return "rebooted?"
+
+
+def stale_server(session: HostSession) -> str | None:
+    """Why the running server no longer serves what the host has (a restart is pending): it runs another
+    SGLang commit than the checkout (pulled by hand since), as the server job's own env on the host says
+    (else the state's record); None when it runs the checkout, or when that cannot be told."""
+    job = session.running_server()
+    if job is None:
+        return None
+    record = session.state().server
+    runs = serve_op.launched_commit(session, job) or (record.commit if record and record.job_id == job.id else None)
+    checkout = session.git().commit
+    if runs is None or runs == checkout:
+        return None
+    return f"the server runs SGLang {runs[:10]}, the checkout is at {checkout[:10]} (restart pending): serving again"
 
 
 def missing_configs(session: HostSession, recipe: Recipe, options: TuneOptions) -> list[str]:
@@ -277,16 +303,27 @@ def _tune_outcome(results: FleetResult[TuneStatus], host: Host) -> str:
 
 
 def _serve(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> str:
-    """Serve; a step interrupted in an earlier run re-attaches to the server it launched, ``--from``/
-    ``--only`` relaunch even a server that serves as asked."""
+    """Serve; a step interrupted in an earlier run re-attaches to the server it launched (serve's own
+    ``interrupted_launch``), ``--from``/``--only`` relaunch even a server that serves as asked
+    (``serve_options``)."""
     assert isinstance(step.options, ServeOptions)
-    options = step.options.model_copy(update={"force": True}) if ctx.redo else step.options
+    options = serve_options(session, ctx.recipe(session.host), step, ctx.redo)
     if ctx.rolling is not None:
         return _roll(ctx, ctx.rolling, session, options)
-    result = (_resume_serve(ctx, session, options) if resumed and not ctx.redo else None) or serve_op.serve(
-        session, ctx.recipe(session.host), options, ctx.peers
-    )
-    return _served(result)
+    return _served(serve_op.serve(session, ctx.recipe(session.host), options, ctx.peers))
+
+
+def serve_options(session: HostSession, recipe: Recipe, step: Step, redo: bool) -> ServeOptions:
+    """The options the serve step runs with: ``--from``/``--only`` (``redo``) relaunch even a server that
+    serves as asked, except the server this step's own interrupted run started (``serve_op.own_launch``):
+    that one is adopted, never replaced. The one decision the run, its question before stopping servers
+    and ``--dry-run`` share."""
+    assert isinstance(step.options, ServeOptions)
+    if not redo:
+        return step.options
+    resumed = was_interrupted(session.store, session.host, str(recipe.path), step.name)
+    own = serve_op.own_launch(session, recipe, step.options) if resumed else None
+    return step.options.model_copy(update={"force": own is None})
 
 
 def _roll(ctx: RunContext, rolling: RollingRun, session: HostSession, options: ServeOptions) -> str:
@@ -309,11 +346,6 @@ def _served(result: serve_op.ServeResult) -> str:
         return f"already serving as asked (job {result.job_id})"
     accept = f", accept length {result.accept_length:.2f}" if result.accept_length is not None else ""
     return f"serving job {result.job_id}, speculative {result.spec}{accept}"
-
-
-def _resume_serve(ctx: RunContext, session: HostSession, options: ServeOptions) -> serve_op.ServeResult | None:
-    """After an interrupted run: the server it launched still runs the same command → attach, do not relaunch."""
-    return serve_op.resume(session, ctx.recipe(session.host), options)
 
 
 def was_interrupted(store: StateStore, host: Host, playbook: str, step: str) -> bool:
@@ -552,15 +584,17 @@ def stopping_steps(session: HostSession, recipe: Recipe, steps: list[Step], redo
     def runs(step: Step) -> bool:
         if redo or not is_done(session.store, session.host, playbook, step.name):
             return True
-        options = step.options
-        return isinstance(options, TuneOptions) and bool(missing_configs(session, recipe, options))
+        return result_gone(session, recipe, step) is not None
 
-    return [
-        s.name
-        for s in steps
-        if (isinstance(s.options, ServeOptions) or (isinstance(s.options, TuneOptions) and s.options.stop_server))
-        and runs(s)
-    ]
+    def stops(step: Step, first: bool) -> bool:
+        """serve, as the run will decide when it runs first (an adopted or unchanged server is not stopped);
+        after a step that runs (a pull, tuning), serve's decision waits for it: counted as a stop."""
+        if isinstance(step.options, ServeOptions):
+            return not first or serve_op.would_replace(session, recipe, serve_options(session, recipe, step, redo))
+        return isinstance(step.options, TuneOptions) and step.options.stop_server
+
+    running = [s for s in steps if runs(s)]
+    return [s.name for i, s in enumerate(running) if stops(s, i == 0)]
 
 
 # -- dry run -------------------------------------------------------------------------------------
@@ -576,12 +610,13 @@ def dry_run(session: HostSession, recipe: Recipe, steps: list[Step], redo: bool 
     playbook = str(recipe.path)
     moved = False  # an earlier step would pull or tune: serve's decision waits for them
     for step in steps:
-        if not redo and is_done(store, host, playbook, step.name):
+        again = None if redo or not is_done(store, host, playbook, step.name) else result_gone(session, recipe, step)
+        if not redo and is_done(store, host, playbook, step.name) and again is None:
             lines.append(f"step {step.name}: already done, skipped")
             continue
-        lines.append(f"step {step.name}:")
+        lines.append(f"step {step.name}:" + (f" done before, but {again}" if again else ""))
         if isinstance(step.options, ServeOptions) and not moved:
-            options = step.options.model_copy(update={"force": redo})
+            options = serve_options(session, recipe, step, redo)
             lines += [f"  {line}" for line in serve_op.dry_run(session, recipe, options)]
             continue
         commands, stops = _dry_step(session, recipe, step)

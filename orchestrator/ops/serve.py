@@ -297,13 +297,16 @@ def serve(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Pe
     if same is not None:
         return same
     unverified = None if options.force else interrupted_launch(session, ready)
+    why = _ADOPTED
+    if unverified is None and not options.force and (found := unrecorded_as_asked(session, ready)) is not None:
+        unverified, why = found, _FOUND
     if unverified is None:
         check_replacement(session, ready)
     reason = f"serve: {'MTP' if options.mtp else 'no MTP'}"
     store.update_host(host.name, lambda hs: hs.server_launching(reason))
     try:
         if unverified is not None:
-            started = adopt(session, ready, unverified, options)
+            started = adopt(session, ready, unverified, options, why)
         else:
             started = relaunch(session, ready, options)
         result = verify(session, ready.recipe, options, started, ready.gpus.compute_cap)
@@ -391,6 +394,9 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list
     unverified = None if options.force else interrupted_launch(session, ready)
     if unverified is not None:
         return [f"(re-attaches to server job {unverified.id}, {_ADOPTED}, and verifies it; --force relaunches)"]
+    found = None if options.force else unrecorded_as_asked(session, ready)
+    if found is not None:
+        return [f"(re-attaches to server job {found.id}: it {_FOUND}; verifies it; --force relaunches)"]
     obstacles = replacement_obstacles(session, ready.recipe, ready.gpus, ready.old)
     if obstacles:
         return [f"(refuses: the new server cannot start here: {'; '.join(map(str, obstacles))})"]
@@ -467,6 +473,10 @@ def read_replacement_facts(session: HostSession) -> replacement.HostFacts:
 
 
 _ADOPTED = "started with this command by a serve that was cut off before verifying it"
+_FOUND = (
+    "already runs this command, commit and tuned configs, started by a serve this state file does not "
+    "record (another controller, or a lost state directory)"
+)
 
 
 def already_serving(session: HostSession, ready: Preflight, options: ServeOptions) -> ServeResult | None:
@@ -500,6 +510,42 @@ def interrupted_launch(session: HostSession, ready: Preflight) -> jobs.JobInfo |
     if not _same_launch(session, record, ready):
         return None
     return ready.old
+
+
+def unrecorded_as_asked(session: HostSession, ready: Preflight) -> jobs.JobInfo | None:
+    """The host's running server job when this state file does not record it (another controller started
+    it, or the state directory was lost) and, by what the host shows, it already runs what ``ready`` would
+    launch: the same argv (its job directory), the same SGLang commit (its own env) and the tuned configs
+    it loaded (every config file was last written before the job started, both times by the host's clock).
+    Adopting it (verify, record) replaces nothing; relaunching it would cost a model load, and a second
+    controller would then do the same to ours."""
+    job = ready.old
+    record = session.state().server
+    if job is None or (record is not None and record.job_id == job.id):
+        return None
+    if launched_commit(session, job) != ready.commit or not configs_loaded(ready.configs, job):
+        return None
+    return job if runs_argv(session, job, ready.argv) else None
+
+
+def launched_commit(session: HostSession, job: jobs.JobInfo) -> str | None:
+    """The SGLang commit server job ``job`` started on, as its own env file on the host says (None for a
+    job started by an orch that did not write it)."""
+    for line in session.job_env(job.id).splitlines():
+        name, _, value = line.partition("=")
+        if name == srv.LAUNCHED_COMMIT:
+            return value
+    return None
+
+
+def configs_loaded(configs: dict[str, float], job: jobs.JobInfo) -> bool:
+    """Whether a server started as ``job`` read the tuned config files ``configs`` as they are now (path ->
+    mtime): each was last written before the job started. Both times are the host's (a controller clock
+    that differs does not count)."""
+    if job.started_at is None:
+        return False
+    started = job.started_at.timestamp()
+    return all(mtime < started for mtime in configs.values())
 
 
 def _same_launch(session: HostSession, record: ServerRecord, ready: Preflight) -> bool:
@@ -575,10 +621,14 @@ def replacing(session: HostSession, ready: Preflight, options: ServeOptions) -> 
     return srv.Outage("to relaunch the same command (it was not serving as asked)", srv.FOR_RELAUNCH.by)
 
 
-def adopt(session: HostSession, ready: Preflight, job: jobs.JobInfo, options: ServeOptions) -> Started:
-    """Finish the serve that launched ``job`` (``interrupted_launch``): wait until healthy, nothing
-    stopped or started; a failed start is handled as ``relaunch`` handles its own."""
-    session.say(f"re-attaching to server job {job.id}, {_ADOPTED}; waiting for /health")
+def adopt(
+    session: HostSession, ready: Preflight, job: jobs.JobInfo, options: ServeOptions, why: str = _ADOPTED
+) -> Started:
+    """Finish the serve that launched ``job`` (``interrupted_launch``, or ``unrecorded_as_asked``: ``why``
+    says which): record what the host showed, wait until healthy, nothing stopped or started; a failed
+    start is handled as ``relaunch`` handles its own."""
+    sep = ", " if why == _ADOPTED else ": it "
+    session.say(f"re-attaching to server job {job.id}{sep}{why}; waiting for /health")
     mtp = "--speculative-algorithm" in ready.argv
     _record_server(
         session,
@@ -628,8 +678,9 @@ def launch(
     serve reads it in ``decide`` and nothing since moved the checkout."""
     host = session.host
     gpus = tuple(facts.server_gpus(recipe, host))
-    spec = jobs.JobSpec(kind="server", purpose=readers.SERVER_PURPOSE, argv=argv, gpus=gpus)
     commit = session.git().commit
+    env = {srv.LAUNCHED_COMMIT: commit}  # the host's own record of the code the server runs
+    spec = jobs.JobSpec(kind="server", purpose=readers.SERVER_PURPOSE, argv=argv, env=env, gpus=gpus)
     try:
         job = jobs.start(session.runner, host.workdir, spec)
     except jobs.JobStartError as exc:  # nothing started: a failed start all the same (rolled back when asked)
@@ -918,36 +969,13 @@ def _finish(session: HostSession, result: ServeResult) -> ServeResult:
     return result
 
 
-def resume(session: HostSession, recipe: Recipe, options: ServeOptions) -> ServeResult | None:
-    """Finish the serve of an interrupted ``orch run``: when orch's running server job runs the launch
-    command, adopt it (``reattach``); None when there is none to adopt (the run serves as usual).
-
-    Unlike ``serve``'s ``interrupted_launch`` it needs no record of the launch: the run's own step
-    record says a serve was cut off."""
-    argv = check_launch(session, recipe, options.mtp)
-    job = session.running_server()
-    if job is None or not runs_argv(session, job, argv):
-        return None
-    session.say(f"re-attaching to server job {job.id}, launched by the interrupted run")
-    return reattach(session, recipe, options, job, argv)
-
-
-def reattach(
-    session: HostSession, recipe: Recipe, options: ServeOptions, job: jobs.JobInfo, argv: list[str]
-) -> ServeResult:
-    """Adopt a server job already running ``argv`` (e.g. launched by an interrupted ``orch run``):
-    record it, wait until healthy, verify. Raises like ``serve``'s last steps."""
-    host = session.host
-    commit = session.git().commit
-    device = session.gpus(facts.server_gpus(recipe, host)).device or "unknown GPU"
-    configs = session.tuned_configs(device).files
-    _record_server(
-        session,
-        ServerRecord(job_id=job.id, argv=argv, port=host.server_port, mtp=options.mtp, commit=commit, configs=configs),
-    )
-    log = wait_healthy(session, job.id, facts.base_url(recipe, host), health_timeout(recipe, options))
-    started = Started(job.id, argv, log, 0.0, commit)
-    return _finish(session, verify(session, recipe, options, started))
+def own_launch(session: HostSession, recipe: Recipe, options: ServeOptions) -> jobs.JobInfo | None:
+    """The running server job a serve cut off before verifying it started (``interrupted_launch``: recorded
+    and never verified, or started but not yet recorded), by what the host runs now; reads only. An
+    interrupted ``orch run --from serve`` adopts it instead of relaunching it once more."""
+    recipe = _forced(recipe, options)
+    ready = decide(session, recipe, options, check_launch(session, recipe, options.mtp))
+    return interrupted_launch(session, ready)
 
 
 # --- state --------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from orchestrator.fleet import HostResult
 from orchestrator.gateway import GatewayClient, check_fleet
 from orchestrator.inventory import Host
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, ServerRecord, State
+from orchestrator.state import HostState, Phase, ServerRecord, State
 from orchestrator.store import StateStore
 from orchestrator.transport.base import CommandResult
 from orchestrator.tuning.member import record_of
@@ -73,12 +73,13 @@ def status_sections(
     host: Host, launched: ServerRecord | None = None, fetch: bool = False, python: bool = False
 ) -> list[tuple[str, list[str]]]:
     """The commands ``status`` runs on a host, all in one round trip: read-only, but for ``fetch``
-    (``status --fetch``: fetch upstream first, so the commits behind are counted as of now). The server
-    is asked only where orch launched one, and where ``host.python`` imports sglang from only for
-    ``python`` (``--wide``, ``--json``, ``orch status HOST``): each costs a python start on the host."""
+    (``status --fetch``: fetch upstream first, so the commits behind are counted as of now). The host's
+    server job is read whatever this state records; its HTTP is asked where orch launched one (asking costs
+    a python start on the host), and where ``host.python`` imports sglang from only for ``python``
+    (``--wide``, ``--json``, ``orch status HOST``): each costs a python start on the host."""
     return [
         *([("fetch", git.fetch_argv(host.sglang_dir, host.remote))] if fetch else []),
-        *(server.status_sections(host, launched) if launched else []),  # first: git, read last, is freshest
+        *server.status_sections(host, launched),  # first: git, read last, is freshest
         *([("sglang_import", replacement.sglang_argv(host.python, host.sglang_dir))] if python else []),
         ("git", git.info_argv(host.sglang_dir, host.upstream)),
         ("gpus", gpus.query_gpus_argv()),
@@ -114,6 +115,7 @@ def observe(
         probe.parse(_probe(session, argv, FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout),
         {"gpus": gpus.HANG_MESSAGE, "apps": gpus.HANG_MESSAGE},
     )
+    sections.update(_unrecorded_http(session, sections, launched))
     status = HostStatus(host.name, host.address, reachable=True, phase="new")
     if fetch:
         status.extra["fetch_error"] = _fetch_error(sections.get("fetch"), host)
@@ -147,6 +149,20 @@ def _sglang_import(section: probe.Section | None, host: Host) -> dict[str, Any]:
         last = (section.output.strip().splitlines()[-1:] if section else []) or ["no answer"]
         return replacement.sglang_field(replacement.SGLangImport(), f"{host.python}: {last[0]}")
     return replacement.sglang_field(replacement.parse_sglang(section.output))
+
+
+def _unrecorded_http(
+    session: HostSession, sections: dict[str, probe.Section], launched: ServerRecord | None
+) -> dict[str, probe.Section]:
+    """``/health`` and ``/server_info`` of a server job the host runs that this state does not record
+    (a second controller started it, or the state directory was lost): one more round trip, only then."""
+    listed = sections.get("server_jobs")
+    seen = server.unrecorded_server(listed.output if listed else None, launched)
+    if seen is None:
+        return {}
+    host = session.host
+    argv = probe.probe_argv([server.http_section(host, seen.argv, server.argv_port(seen.argv, host.server_port))])
+    return probe.parse(session.runner.run(argv, timeout=PROBE_TIMEOUT).stdout)
 
 
 def _fetch_error(section: probe.Section | None, host: Host) -> str | None:
@@ -220,7 +236,9 @@ def merge_state(obs: Observed, hs: HostState) -> HostStatus:
         http.output if http else None, listed.output if listed else None, hs.server, datetime.now(timezone.utc)
     )
     checkout = obs.git.commit if obs.git else hs.sglang.commit if hs.sglang else None
-    if field is not None and hs.server is not None:
+    if field is not None and not field["recorded"] and field["healthy"]:
+        status.phase = Phase.SERVING.value  # the host serves, whatever this state file says
+    if field is not None and field["recorded"] and hs.server is not None:
         for key, value in pending_restart(field, hs.server, checkout, record_of(hs)).items():
             field.setdefault(key, value)
     status.extra["server"] = field
@@ -264,6 +282,7 @@ def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: lis
         row = rows.get(v.name)
         unregistered = v.name in check.unregistered and "drained_at" not in v.extra  # drained: out on purpose
         flag = row.flag if row else "serving but not registered" if unregistered else None
+        flag = "left out by a serve that was cut off" if v.name in check.left_out else flag
         v.extra["gateway"] = {
             "reachable": True,
             "registered": row is not None,

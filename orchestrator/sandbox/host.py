@@ -119,6 +119,16 @@ class SimHost:
         default. Tools read the knobs when they start."""
         hostdisk.merge_knobs(self.disk.knobs, knobs)
 
+    def set_clock_offset(self, seconds: int) -> None:
+        """Set this host's clock ``seconds`` off the controller's (negative: behind) for ``date +%s``, how
+        orch's job scripts stamp start and end times: a ``date`` first on the host's PATH (installed on
+        first use, so other tests run the real one directly)."""
+        shim = self.disk.bin / "date"
+        (self.disk.etc / "clock_offset").write_text(f"{int(seconds)}\n")
+        if not shim.exists():
+            shim.write_text(_DATE_SHIM)
+            shim.chmod(0o755)
+
     def knobs(self) -> dict[str, object]:
         return hostdisk.read_knobs(self.disk.knobs)
 
@@ -201,3 +211,11 @@ class SimHost:
             holder.kill()
             holder.wait()
         self._holders.clear()
+
+
+_DATE_SHIM = r"""#!/bin/sh
+# The simulated host's clock: `date +%s` is off by etc/clock_offset seconds (SimHost.set_clock_offset).
+off=$(cat "$ORCH_SIM_HOST/etc/clock_offset" 2>/dev/null || echo 0)
+if [ "$#" = 1 ] && [ "$1" = "+%s" ]; then echo $(( $(/bin/date +%s) + off )); exit 0; fi
+exec /bin/date "$@"
+"""

@@ -211,7 +211,7 @@ def eta_seconds(views: Sequence[JobView], infos: dict[str, jobs.JobInfo], now: d
     for v in views:
         info = infos.get(v.job_id or "")
         if info is not None and info.started_at is not None and v.units_done:
-            elapsed += ((info.ended_at or now) - info.started_at).total_seconds()
+            elapsed += info.ran_for(now)  # by the host's clock: a skewed controller clock counts for nothing
             done += v.units_done
     if not done:
         return None

@@ -233,12 +233,12 @@ def record_start(state: State, a: AssignmentRecord, spec: jobs.JobSpec, s: jobs.
 
 def record_nothing_to_do(p: Prepared) -> None:
     """Every wanted shape is already installed for this device and commit (or, ``p.note``, the shapes'
-    source asks for none): phase ``tuned``."""
+    source asks for none): phase ``tuned``, unless the host got further (``HostState.nothing_to_tune``)."""
     reason = p.note or f"tuned configs already installed for {', '.join(p.skipped)}"
 
     def apply(hs: HostState, record: TuningRecord) -> None:
         if record.state != "installed":
             record.state, record.reason = "installed", None
-        hs.tuned(reason)
+        hs.nothing_to_tune(reason)
 
     edit_record(p.session.store, p.host.name, apply)

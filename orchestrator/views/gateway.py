@@ -21,6 +21,7 @@ def document(result: GatewayCheck) -> dict[str, object]:
             {"url": r.url, "healthy": r.healthy, "load": r.load, "host": r.host, "flag": r.flag} for r in result.workers
         ],
         "unregistered": result.unregistered,
+        "left_out": result.left_out,
     }
 
 
@@ -32,6 +33,12 @@ def report(result: GatewayCheck) -> None:
         out.print(f"{r.url}  {r.host or '-'}  {health}  load {load}{flag}", markup=False)
     for name in result.unregistered:
         out.print(f"{name}: serving but not registered with the gateway  FLAG", markup=False)
+    for name in result.left_out:
+        out.print(
+            f"{name}: left out of the gateway by a serve that was cut off (launching or taken out, not registered); "
+            "run the cut-off command again (`orch serve --rolling`, `orch run`) to register it  FLAG",
+            markup=False,
+        )
     out.print("gateway consistent with the inventory" if result.consistent else "gateway: hosts flagged", markup=False)
 
 

@@ -16,11 +16,11 @@ from orchestrator.render import InertLog, err, fmt_seconds, inert_log, out, prin
 RECENT = 5  # ended jobs shown per host by default, besides the live ones
 
 
-def age(when: datetime | None) -> str:
-    """How long ago ``when`` was (``-`` when unknown)."""
-    if when is None:
+def age(job: JobInfo) -> str:
+    """How long ago the job started, by the host's clock (``-`` when unknown)."""
+    if job.started_at is None:
         return "-"
-    return fmt_seconds((datetime.now(timezone.utc) - when).total_seconds())
+    return fmt_seconds(job.age(datetime.now(timezone.utc)))
 
 
 def state(job: JobInfo) -> str:
@@ -54,7 +54,7 @@ def jobs_table(results: FleetResult[list[JobInfo]], show_all: bool) -> None:
         listed = r.value or []
         shown = listed if show_all else recent(listed, RECENT)
         hidden += len(listed) - len(shown)
-        rows += [[r.host.name, j.id, state(j), str(j.pid or "-"), age(j.started_at)] for j in shown]
+        rows += [[r.host.name, j.id, state(j), str(j.pid or "-"), age(j)] for j in shown]
     table(None, ["host", "job", "state", "pid", "age"], rows)
     if hidden:
         out.print(f"({hidden} older ended jobs not shown: --all lists them)", markup=False)
@@ -62,7 +62,7 @@ def jobs_table(results: FleetResult[list[JobInfo]], show_all: bool) -> None:
 
 def log_header(host: Host, job: JobInfo) -> None:
     """On stderr, before a log: which job it is, its state, age and log file."""
-    err.print(f"{host.name}: job {job.id} ({state(job)}, started {age(job.started_at)} ago): {job.log}", markup=False)
+    err.print(f"{host.name}: job {job.id} ({state(job)}, started {age(job)} ago): {job.log}", markup=False)
 
 
 def log_tail(text: str) -> None:

@@ -2,7 +2,8 @@
 and nothing done twice. Used by tests/integration/test_faults_kills.py and bench/kills.py.
 
 On a small simulated fleet (tiny shapes and batch sizes, fast sim knobs: one whole run takes seconds)
-``campaign`` starts ``orch run <playbook> --yes`` and SIGKILLs it at a moment drawn from a seeded RNG: a
+``campaign`` starts ``orch run <playbook>`` (no ``--yes`` and no terminal: a resumed run that asked to take
+serving down would exit 2, a failed re-run; issue 30) and SIGKILLs it at a moment drawn from a seeded RNG: a
 new line of orch's progress (one no earlier run printed: counted in orch's own lines, the moment does not
 depend on the machine's speed, and each run gets a little further than the last) of the step the kill
 aims at (pull, tune-fp8, serve, bench: ``SHARE`` of the kills each, in that order, so that every step is
@@ -122,7 +123,7 @@ class Campaign:
 
     def argv(self) -> list[str]:
         inv, st = str(self.inventory), str(self.state)
-        return [sys.executable, "-m", "orchestrator", "-i", inv, "--state", st, "run", str(self.playbook), "--yes"]
+        return [sys.executable, "-m", "orchestrator", "-i", inv, "--state", st, "run", str(self.playbook)]
 
     def attempt(self, aim: str | None, pause: float = 0.0) -> Attempt:
         """Start `orch run`; SIGKILL it ``pause`` s after its first new line of step ``aim`` or a later

@@ -52,7 +52,11 @@ def test_serve_rides_out_an_ssh_outage_while_waiting_for_health(make_fleet: Any)
     sim.set_knobs(**SLOW_START)
     serve = serve_process(env)
     before = read_until(serve, "waiting for /health")
-    assert sim.drop_connections() >= 1  # the open session is cut ...
+    cutter = DropOnCommand(sim, times=1, match=b"orch-job-wait")  # the open session is cut with the host-side
+    cutter.start()  # wait in flight (a drop between two commands would go unseen) ...
+    cutter.done.wait(60)
+    cutter.done.set()
+    assert cutter.cuts == 1, before
     sim.stop_sshd()  # ... and the host answers nothing for a while
     time.sleep(4)
     sim.start_sshd()

@@ -1,8 +1,8 @@
 """Issue 12 end to end: `orch serve --rolling` behind the REAL SGLang Model Gateway, under client load.
 
 A 3-host simulated fleet serves behind smg (tests/gateway_smg.py) on loopback; a bounded load
-generator (at most MAX_REQUESTS requests, at most LOAD_SECONDS, loopback only) sends requests through
-the gateway while orch relaunches the fleet. Rolling: zero failed requests and every host on the new
+generator (from before orch starts until it ends, at most LOAD_SECONDS, loopback only) sends requests
+through the gateway while orch relaunches the fleet. Rolling: zero failed requests and every host on the new
 configuration. Plain (--no-rolling): the same load sees failures, so the rolling test can fail. Fault:
 the canary's new server is not as asked → halt after the canary, rolled back and re-registered, the
 other hosts never stopped, zero failed requests. Promotion gate (--gate bench): a canary faster than its
@@ -13,9 +13,13 @@ simulated scheduler) is rolled back, re-registered, and the rollout halts with z
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -34,7 +38,6 @@ from tests.gateway_smg import DEFAULT_GATEWAY, GATEWAYS, ClientLoad, RunningGate
 from tests.integration.test_serve import playbook
 
 KNOBS = {"startup_seconds": 0.75, "decode_step_seconds": 0.002}
-MAX_REQUESTS = 30000
 LOAD_SECONDS = 240.0
 CLIENTS = 3
 
@@ -42,7 +45,7 @@ CLIENTS = 3
 @pytest.fixture
 def load_during() -> Callable[[str, Callable[[], Any]], tuple[Any, ClientLoad]]:
     def run(url: str, action: Callable[[], Any]) -> tuple[Any, ClientLoad]:
-        load = ClientLoad(url, MAX_REQUESTS, LOAD_SECONDS)
+        load = ClientLoad(url, LOAD_SECONDS)
         threads = [threading.Thread(target=load.client, args=(i,), daemon=True) for i in range(CLIENTS)]
         for thread in threads:
             thread.start()
@@ -53,7 +56,7 @@ def load_during() -> Callable[[str, Callable[[], Any]], tuple[Any, ClientLoad]]:
             load.stop.set()
             for thread in threads:
                 thread.join(timeout=60)
-        assert not load.ran_out, f"the load stopped at a bound ({load.sent} requests) before orch finished"
+        assert not load.ran_out, f"the load stopped at its time bound ({load.sent} requests) before orch finished"
         return result, load
 
     return run
@@ -238,6 +241,44 @@ def test_an_interrupted_rollout_resumes_by_registering_the_host_it_left_out_firs
     assert "sim-2: rollout unchanged in " in run.stdout and "(re-registered)" in run.stdout
     assert {name: server_job(env, name) for name in jobs} == jobs  # nothing relaunched
     assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+
+
+def test_sigterm_mid_rollout_says_how_to_resume_and_gateway_status_flags_the_host_left_out(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    env.fleet.hosts[0].set_knobs(startup_seconds=4.0)  # type: ignore[attr-defined]
+    old = server_job(env, "sim-1")
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
+    cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state)]
+    serve = subprocess.Popen(
+        [*cmd, "serve", "--rolling", "--playbook", new], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    while server_job(env, "sim-1") == old:  # sim-1 is out of the gateway, its new server starting
+        assert serve.poll() is None, serve.communicate()
+        time.sleep(0.05)
+    serve.send_signal(signal.SIGTERM)
+    _out, err = serve.communicate(timeout=60)
+    assert serve.returncode == 143, err
+    assert "orch: terminated (SIGTERM); jobs on the hosts keep running; run the same command again to resume" in err
+    health = f"{gateway_fleet.urls()[0]}/health"
+    while not _answers_200(health):  # the new server comes up without orch: healthy, not registered
+        time.sleep(0.1)
+    flagged = env.orch("gateway", "status")
+    assert flagged.returncode == 3, flagged.output
+    assert "sim-1: left out of the gateway by a serve that was cut off" in flagged.stdout
+    resumed = env.orch("serve", "--rolling", "--playbook", new)
+    assert resumed.returncode == 0, resumed.output
+    assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+    assert env.orch("gateway", "status").returncode == 0
+
+
+def _answers_200(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 def test_gateway_status_matches_workers_with_the_inventory_and_flags_a_serving_host_not_registered(

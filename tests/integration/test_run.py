@@ -74,6 +74,14 @@ def test_run_takes_three_hosts_to_serving_with_mtp_verified_and_a_benchmark(make
     assert redo.returncode == 0, redo.output
     assert f"sim-1: serve: stopping server job {served} to relaunch the same command, as asked" in redo.stderr
     assert state(env)["sim-1"]["server"]["job_id"] != served  # --from serve relaunches, though serving as asked
+    assert env.orch("pull", "--host", "sim-2").returncode == 0  # by hand: the server runs the old commit
+    stale = f"serve: done before, but the server runs SGLang {state(env)['sim-2']['server']['commit'][:10]}"
+    plan = env.orch("run", "deepseek-v4-flash", "--host", "sim-2", "--dry-run")
+    assert f"step {stale}" in plan.stdout, plan.output
+    resumed = env.orch("run", "deepseek-v4-flash", "--host", "sim-2", timeout=600)
+    assert resumed.returncode == 0, resumed.output
+    assert "nothing new" not in resumed.stdout and f"sim-2: {stale}" in resumed.stderr, resumed.output
+    assert state(env)["sim-2"]["server"]["commit"] == sha  # relaunched on the checkout it was pulled to
 
 
 def test_run_resumes_after_sigkill_during_tuning_with_no_duplicate_job(make_fleet) -> None:  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -350,3 +351,31 @@ def test_a_start_that_cannot_write_its_job_says_why_in_one_line_and_leaves_nothi
         jobs.start(full, workdir, jobs.JobSpec("test", "t.full", ["sleep", "30"]))
     assert failed.value.message == expected.format(w=workdir)
     assert list(Path(workdir, "jobs").iterdir()) == [] and list(Path(workdir, "live").iterdir()) == []
+
+
+@pytest.mark.parametrize("skew_minutes", [-10, 0, 10])
+def test_a_jobs_age_is_counted_by_the_hosts_clock_whatever_the_controllers(skew_minutes: int) -> None:
+    host_start = datetime(2026, 12, 3, 9, 0, tzinfo=timezone.utc)
+    line = "\t".join(["job", "bench-1", "bench", "42", "1", "", str(int(host_start.timestamp())), "", "0", "0"])
+    seen = host_start + timedelta(minutes=5)  # the host's clock when it listed the job
+    (job,) = jobs.parse_list(f"{line}\nnow\t{int(seen.timestamp())}\n", "/w")
+    controller_now = seen - timedelta(minutes=skew_minutes)
+    assert (job.seen_at, job.age(controller_now), job.ran_for(controller_now)) == (seen, 300.0, 300.0)
+
+
+def test_a_job_whose_wrapper_was_killed_runs_on_while_its_command_does_and_is_stopped(
+    runner: LocalRunner, workdir: str
+) -> None:
+    started = jobs.start(runner, workdir, jobs.JobSpec("test", "t.orphan", ["sleep", "30"]))
+    os.kill(started.pid, signal.SIGKILL)  # the wrapper only: its command runs on in the job's session
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{started.pid}").exists():
+        assert time.monotonic() < deadline, "the wrapper never went"
+        time.sleep(0.05)
+    job = jobs.find(runner, workdir, started.job_id)
+    assert (job.state, job.wrapper_gone) == ("running", True)
+    attached = jobs.start(runner, workdir, jobs.JobSpec("test", "t.orphan", ["sleep", "30"]))
+    assert (attached.job_id, attached.attached) == (started.job_id, True)  # not a second command
+    assert jobs.stop(runner, job, 5) == "stopped"
+    after = jobs.find(runner, workdir, started.job_id)
+    assert (after.state, after.exit_code) == ("failed", 143)

@@ -51,6 +51,36 @@ def jobs_line(job_id: str, alive: str, code: str, started: datetime) -> str:
     return "\t".join(["job", job_id, "server", "4242", alive, code, str(int(started.timestamp())), "", "10", "0"])
 
 
+def held_out(job_id: str, argv: Sequence[str], started: datetime, host_now: datetime, env: str = "") -> str:
+    """``jobs.held_argv``'s answer: the host's clock, the job holding the server purpose and its files."""
+    import base64
+
+    encoded = base64.b64encode("".join(f"{a}\0" for a in argv).encode()).decode()
+    return (
+        f"now\t{int(host_now.timestamp())}\nheld\t{job_id}\nargv\t{encoded}\n"
+        f"env\t{base64.b64encode(env.encode()).decode()}\n{jobs_line(job_id, '1', '', started)}\n"
+    )
+
+
+def test_status_field_shows_the_server_the_host_runs_whatever_the_record_says() -> None:
+    argv = ["env", "ORCH_SGLANG_COMMIT=abc", "py", "-m", "sglang.launch_server", "--port", "30001",
+            "--speculative-algorithm", "EAGLE"]  # fmt: skip
+    seen = held_out("server-2", argv, NOW - timedelta(hours=1), NOW, env="ORCH_SGLANG_COMMIT=abc\n")
+    for record in (None, RECORD):  # a fresh state dir; a record of an older job (another controller's since)
+        field = srv.status_field(http_out(200, INFO), seen, record, NOW)
+        assert field is not None
+        assert (field["job"], field["healthy"], field["recorded"], field["port"]) == ("server-2", True, False, 30001)
+        assert (field["mtp"], field["uptime_s"], field["commit"]) == (True, 3600, "abc")
+
+
+@pytest.mark.parametrize("skew", [timedelta(minutes=-10), timedelta(minutes=10)])
+def test_status_uptime_is_counted_by_the_hosts_clock(skew: timedelta) -> None:
+    host_now = NOW + skew  # the host's clock 10 minutes behind, or ahead of, the controller's
+    seen = held_out("server-1", ["py"], host_now - timedelta(minutes=1), host_now)
+    field = srv.status_field(http_out(200, INFO), seen, RECORD, NOW)
+    assert field is not None and field["uptime_s"] == 60
+
+
 def http_out(health: int, info: Mapping[str, object] | None) -> str:
     answers = [{"status": health, "body": ""}, {"status": 200 if info else 0, "body": json.dumps(info) if info else ""}]
     return json.dumps(answers) + "\n"
@@ -82,6 +112,7 @@ def test_status_field_of_a_healthy_mtp_server() -> None:
         "tuned_shapes_in_use": ["N=1024,K=4096"],
         "resolved": None,  # verified before orch recorded what the server resolved
         "uptime_s": 7200,
+        "recorded": True,
     }
 
 

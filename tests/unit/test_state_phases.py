@@ -6,6 +6,7 @@ on ``set_phase``. The rules the table holds, including the transitions that must
 - An event that leaves the phase as it is adds no history entry (re-running a step is not a transition).
 - A pull that moved nothing keeps the phase of a host that got further (tuned, serving...): only a new
   or failed host becomes ``pulled`` without a new commit.
+- A tuning that found nothing to do keeps a launching or serving host's phase (issue 30).
 - Stopping a server rolls back only the phases a server gives (launching, serving, failed), to the
   phase before the last launch; a host tuning or tuned keeps its phase (tuning stops servers it did
   not launch).
@@ -68,6 +69,11 @@ ROWS = [
         "tuning 5 shapes", {"last_error": None}),
     Row("tuning ends", host_in(P.TUNING), lambda h: h.tuned("installed 5"), P.TUNED, "installed 5",
         {"last_error": None}),
+    Row("nothing to tune on a pulled host", host_in(P.PULLED), lambda h: h.nothing_to_tune("already installed"),
+        P.TUNED, "already installed", {"last_error": None}),
+    Row("NOT: a tuning with nothing to do sends a serving host back", host_in(P.SERVING),
+        lambda h: h.nothing_to_tune("already installed"), P.SERVING, None, {"last_error": None}),
+    Row("NOT: ... nor a launching one", host_in(P.LAUNCHING), lambda h: h.nothing_to_tune("x"), P.LAUNCHING, None),
     Row("tuning fails", host_in(P.TUNING), lambda h: h.tuning_failed("unit 3 exited 1"), P.FAILED,
         "tuning failed: unit 3 exited 1", {"last_error": "tuning: unit 3 exited 1"}),
     # serving

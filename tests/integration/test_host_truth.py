@@ -1,0 +1,98 @@
+"""Issue 30 §1: what runs on a host is read from the host, not from the local record. A second controller
+(another state file, or a lost state directory) sees the server orch runs there, and an identical serve
+adopts it instead of relaunching it (no ping-pong between two controllers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.state import StateStore
+from tests.conftest import FleetEnv
+from tests.integration.test_faults_drops import server_jobs
+from tests.integration.test_run import kill_when, purposes
+
+
+def second_controller(env: FleetEnv, name: str = "other") -> FleetEnv:
+    """The same fleet and inventory with a state file of its own (a second laptop, a lost state dir)."""
+    return FleetEnv(env.fleet, env.inventory, env.state.parent.parent / name / "state.json")
+
+
+def test_a_second_controller_sees_and_adopts_the_server_instead_of_relaunching_it(make_fleet: Any) -> None:
+    env = make_fleet(1)
+    (sim,) = env.fleet.hosts
+    first = env.orch("serve")
+    assert first.returncode == 0, first.output
+    (launched,) = server_jobs(env)
+    other = second_controller(env)
+
+    status = other.orch("status", "--json")
+    assert status.returncode == 0, status.output
+    (view,) = json.loads(status.stdout)["hosts"]
+    assert view["phase"] == "serving", view
+    assert (view["server"]["job"], view["server"]["healthy"]) == (launched["id"], True)
+    assert view["server"]["recorded"] is False
+
+    again = other.orch("serve")
+    assert again.returncode == 0, again.output
+    assert f"re-attaching to server job {launched['id']}: it already runs this command" in again.stderr
+    assert "stopping" not in again.output.lower()
+    back = env.orch("serve")  # the first controller: still its server, as asked
+    assert back.returncode == 0, back.output
+    assert "already serving as asked" in back.output, back.output
+    (job,) = server_jobs(env)
+    assert (job["id"], job["state"]) == (launched["id"], "running")
+    for store in (env.state, other.state):
+        hs = StateStore(store).load().hosts[sim.name]
+        assert hs.phase == "serving" and hs.server is not None and hs.server.job_id == launched["id"], store
+
+
+def test_an_interrupted_run_only_serve_resumes_by_adopting_its_servers_without_asking(make_fleet: Any) -> None:
+    env = make_fleet(2)
+    for host in env.fleet.hosts:
+        host.set_knobs(startup_seconds=5, decode_step_seconds=0.001)
+    first = env.orch("serve", "--yes")
+    assert first.returncode == 0, first.output
+    cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "run"]
+    run = subprocess.Popen([*cmd, "--only", "serve", "--yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kill_when(run, lambda: all(purposes(h)["server"] == 2 for h in env.fleet.hosts))  # in the health wait
+    started = {j["id"] for j in server_jobs(env)}
+
+    plan = env.orch("run", "--only", "serve", "--dry-run")
+    assert plan.returncode == 0, plan.output
+    assert "(stops server job" not in plan.stdout and plan.stdout.count("(re-attaches to server job") == 2, plan.stdout
+    again = env.orch("run", "--only", "serve")  # no --yes, no terminal: a question would exit 2
+    assert again.returncode == 0, again.output
+    assert again.stderr.count("re-attaching to server job") == 2, again.output
+    assert all(purposes(h)["server"] == 2 for h in env.fleet.hosts)  # no third server on either host
+    assert {j["id"] for j in server_jobs(env) if j["state"] == "running"} <= started
+    for hs in StateStore(env.state).load().hosts.values():
+        assert hs.phase == "serving" and hs.server is not None and hs.server.verified
+
+
+def test_a_server_whose_job_wrapper_was_killed_is_described_and_kept_as_it_runs(make_fleet: Any) -> None:
+    env = make_fleet(1)
+    (sim,) = env.fleet.hosts
+    served = env.orch("serve", "--no-mtp")
+    assert served.returncode == 0, served.output
+    (job,) = server_jobs(env)
+    wrapper = int((Path(sim.workdir) / "jobs" / job["id"] / "pid").read_text())
+    os.kill(wrapper, signal.SIGKILL)  # the job's wrapper only: the server runs on, /health answers 200
+    while Path(f"/proc/{wrapper}").exists():
+        time.sleep(0.05)
+
+    status = env.orch("status", "--json")
+    (view,) = json.loads(status.stdout)["hosts"]
+    assert (view["server"]["job_state"], view["server"]["healthy"]) == ("running", True), view["server"]
+    again = env.orch("serve", "--no-mtp")
+    assert again.returncode == 0, again.output
+    assert f"already serving as asked (job {job['id']})" in again.output, again.output
+    stopped = env.orch("stop-server")
+    assert stopped.returncode == 0, stopped.output
+    assert [j["state"] for j in server_jobs(env)] == ["failed"]  # stopped: nothing of it runs on
