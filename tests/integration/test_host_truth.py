@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.state import StateStore
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
 from tests.integration.test_faults_drops import server_jobs
 from tests.integration.test_run import kill_when, purposes
@@ -49,7 +49,7 @@ def test_a_second_controller_sees_and_adopts_the_server_instead_of_relaunching_i
     (job,) = server_jobs(env)
     assert (job["id"], job["state"]) == (launched["id"], "running")
     for store in (env.state, other.state):
-        hs = StateStore(store).load().hosts[sim.name]
+        hs = StateStore(store).read().hosts[sim.name]
         assert hs.phase == "serving" and hs.server is not None and hs.server.job_id == launched["id"], store
 
 
@@ -72,7 +72,7 @@ def test_an_interrupted_run_only_serve_resumes_by_adopting_its_servers_without_a
     assert again.stderr.count("re-attaching to server job") == 2, again.output
     assert all(purposes(h)["server"] == 2 for h in env.fleet.hosts)  # no third server on either host
     assert {j["id"] for j in server_jobs(env) if j["state"] == "running"} <= started
-    for hs in StateStore(env.state).load().hosts.values():
+    for hs in StateStore(env.state).read().hosts.values():
         assert hs.phase == "serving" and hs.server is not None and hs.server.verified
 
 
