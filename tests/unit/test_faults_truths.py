@@ -151,7 +151,7 @@ def test_run_says_why_the_server_of_a_done_serve_step_is_gone(
     record = ServerRecord(job_id="server-1", argv=["x"], port=30000, mtp=False, stopped_by=stopped_by)
     store.update_host("b1", lambda hs: setattr(hs, "server", record))
     session = HostSession(Host(name="b1", address="127.0.0.2", workdir="/w"), FakeRunner("b1"), store)
-    assert run_op._why_no_server(session, run_op.HostRun()) == said
+    assert run_op._why_no_server(session) == said
 
 
 def test_orch_jobs_lists_a_server_orch_stopped_as_stopped_not_succeeded() -> None:

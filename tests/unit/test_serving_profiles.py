@@ -56,7 +56,7 @@ def test_an_unknown_profile_names_the_known_ones() -> None:
 def test_a_profile_may_not_set_what_orch_sets(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(SHIPPED.read_text().replace("profiles:\n", "profiles:\n  bad: {server_args: {port: 1}}\n"))
-    with pytest.raises(ConfigError, match=r"key 'profiles.bad.server_args': 'port' is set by orch"):
+    with pytest.raises(ConfigError, match=r"key 'profiles.bad.server_args': 'port' is --port, which orch sets"):
         load_recipe(path)
 
 
