@@ -33,7 +33,7 @@ from orchestrator.facts.profile import ProfileRecord, TraceFile
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.readers import http
-from orchestrator.recipe import BenchSpec
+from orchestrator.recipe import BenchOptions, BenchSpec
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord, utc_now
 from orchestrator.transport.base import Runner
@@ -113,8 +113,9 @@ def _drive_load(session: HostSession, server: ServerRecord, spec: BenchSpec, out
     host, runner = session.host, session.runner
     module = bench_op.find_module(host, runner)
     address = server_facts.argv_address(server.argv)
-    params = _load_params(spec)
-    argv = bench_facts.bench_argv(host.python, module, address, server.port, params, output)
+    dataset = bench_op.prepare_dataset(session, spec, BenchOptions())  # the benchmark's own text, offline
+    params = _load_params(spec).model_copy(update={"dataset_name": dataset.name})
+    argv = bench_facts.bench_argv(host.python, module, address, server.port, params, output, dataset.path)
     seconds = max(1, int(deadline - time.monotonic()))
     session.say(f"{host.name}: load: {params.num_prompts} prompts of {params.input_len} -> {params.output_len} tokens")
     result = runner.run(["timeout", str(seconds), *argv, "--disable-tqdm"], timeout=seconds + 30)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from orchestrator.store import database_path
+
 
 def test_each_v_adds_one_layer_of_logging(make_fleet) -> None:  # type: ignore[no-untyped-def]
     env = make_fleet(n_hosts=1)
@@ -18,7 +20,7 @@ def test_each_v_adds_one_layer_of_logging(make_fleet) -> None:  # type: ignore[n
 
     steps = env.orch("-v", "status")
     assert f"orch: inventory {env.inventory}: 1 hosts\n" in steps.stderr
-    assert f"orch: state file {env.state}\n" in steps.stderr
+    assert f"orch: state database {database_path(env.state)}\n" in steps.stderr
     assert not remote_command.search(steps.stderr) and not library.search(steps.stderr)
 
     commands = env.orch("-vv", "status")

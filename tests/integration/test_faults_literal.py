@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.store import database_path
 from tests.conftest import FleetEnv
 
 SMALL = ("--shapes", "N=1024,K=4096", "--batch-sizes", "1,2")
@@ -33,7 +34,7 @@ def test_newline_in_sglang_dir_is_exit_2_and_nothing_runs(make_fleet: Callable[.
     assert f"{env.inventory}: host '{host.name}', key 'sglang_dir': holds a control character ('\\n'" in run.stderr
     assert "Traceback" not in run.output
     assert not (Path(host.workdir) / "jobs").exists() or not any((Path(host.workdir) / "jobs").iterdir())
-    assert not env.state.exists()
+    assert not database_path(env.state).exists()
 
 
 # --- hostile values through a whole campaign ----------------------------------------------------------
@@ -89,6 +90,10 @@ def test_hostile_values_in_every_path_key_env_and_tag_are_used_literally_through
     model_path.parent.mkdir()
     subprocess.run(["cp", "-a", str(sim.model_path), str(model_path)], check=True)
     workdir = sim.root / f"orch {odd}"
+    (workdir / "datasets").mkdir(parents=True)  # the benchmark's dataset, staged there as SimFleet does
+    subprocess.run(
+        ["cp", "-a", str(Path(sim.workdir) / "datasets" / "sharegpt.json"), str(workdir / "datasets")], check=True
+    )
     odd_env = f"$(touch {absolute_canary}) `touch {canary}`; | & > * ~ 'q' \"d\" \\"
     tag = f"$(touch {absolute_canary});~*"
 
@@ -167,4 +172,4 @@ def test_a_value_orch_cannot_use_literally_stops_orch_run_before_any_connection(
     assert f"{env.inventory}: host '{sim.name}', {where}: {message}" in run.stderr, run.stderr
     assert "Traceback" not in run.output
     assert sim.accepted_connections() == before  # no host was contacted
-    assert not Path(sim.workdir).exists() and not env.state.exists()
+    assert not (Path(sim.workdir) / "jobs").exists() and not database_path(env.state).exists()

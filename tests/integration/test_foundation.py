@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.store import database_path
 from tests.conftest import FleetEnv, run_orch
 from tests.unit.test_state import document
 
@@ -182,7 +183,7 @@ def test_pull_dry_run_prints_commands_and_changes_nothing(make_fleet) -> None:  
     assert run.returncode == 0
     assert f"git -C {host.sglang_dir} merge --ff-only --quiet origin/main" in run.stdout
     assert git(host.sglang_dir, "rev-parse", "HEAD") == before
-    assert not env.state.exists()
+    assert not database_path(env.state).exists()
 
 
 def test_hostile_inventory_paths_are_used_literally(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

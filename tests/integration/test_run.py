@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.recipe import PACKAGED_PLAYBOOKS
+from orchestrator.store import database_path
 from tests.conftest import FleetEnv
 from tests.unit.test_state import document
 
@@ -24,7 +25,7 @@ def fast(env: FleetEnv, **knobs: object) -> None:
 
 
 def state(env: FleetEnv) -> dict:  # type: ignore[type-arg]
-    return document(env.state)["hosts"] if env.state.exists() else {}
+    return document(env.state)["hosts"] if database_path(env.state).exists() else {}
 
 
 def purposes(host: object) -> Counter[str]:

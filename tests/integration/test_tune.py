@@ -342,7 +342,7 @@ def test_stop_server_frees_the_gpus_of_the_server_orch_launched(tune_fleet: Call
     served = env.orch("serve", "--no-mtp")
     assert served.returncode == 0, served.output
     refused = env.orch("tune-fp8", *SMALL)
-    assert refused.returncode == 3 and "GPUs are busy: GPU 0: pid" in refused.stderr
+    assert refused.returncode == 3 and "GPUs are busy: GPU 0-7: pid" in refused.stderr
     run = env.orch("tune-fp8", *SMALL, "--stop-server", "--wait")
     assert run.returncode == 0, run.output
     server = [d for d in job_dirs(host) if (d / "purpose").read_text().strip() == "server"]
