@@ -26,7 +26,7 @@ def test_run_rides_out_a_drop_in_the_tuning_wait_and_one_in_the_health_wait(make
     (sim,) = env.fleet.hosts
     sim.set_knobs(tune_seconds_per_unit=1.0, **SLOW_START)
     run = orch_process(env, "run", "deepseek-v4-flash")
-    seen = read_line_until(run, "tune-fp8: 0/72 units")  # tuning, waited for
+    seen = read_line_until(run, "/72 units")  # tuning, waited for
     outage(sim, run)
     seen += read_line_until(run, "waiting for /health")
     outage(sim, run)

@@ -189,7 +189,7 @@ def test_run_refuses_a_recipe_serve_would_refuse_before_its_first_step(make_flee
     dropped = env.orch("run", "--host", host.name)
     assert dropped.returncode == 3, dropped.output
     assert f"{host.name}: refused before any step: nothing was started or stopped" in dropped.stderr
-    assert f"model directory {host.model_path} is missing (a dropped mount?)" in dropped.stderr
+    assert f"doctor fails this host: model directory {host.model_path} cannot be listed" in dropped.stderr
     assert purposes(host) == Counter({"server": servers[host.name]})
 
 

@@ -158,7 +158,7 @@ def test_thirty_two_hosts_read_at_100_columns(make_fleet: Callable[..., FleetEnv
         inventory = yaml.safe_load(env.inventory.read_text())
         with StateStore(env.state).update() as state:
             for i in range(5, 33):
-                inventory["hosts"][f"sim-{i}"] = {"address": "127.0.0.1", "port": closed.getsockname()[1]}
+                inventory["hosts"][f"sim-{i}"] = {"address": f"127.0.0.{i}", "port": closed.getsockname()[1]}
                 state.hosts[f"sim-{i}"] = state.hosts["sim-1"].model_copy(deep=True)
         env.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
         run = run_orch("-i", str(env.inventory), "--state", str(env.state), "status", env={"COLUMNS": "100"})

@@ -62,7 +62,7 @@ def test_sweep_survives_a_kill_and_recommends_per_band(make_fleet, tmp_path: Pat
     runs = doc["runs"]
     assert sorted((r["profile"], r["concurrency"]) for r in runs) == sorted(
         (p, c) for p in ("low-latency", "balanced", "max-throughput") for c in (1, 8, 32, 128)
-    )
+    ), result.stderr
     assert sum(r["earlier"] for r in runs) >= len(before)  # finished before the kill: not run again
     labels = sweep_labels(env, host)
     assert len(labels) == 12 and Counter(labels).most_common(1)[0][1] == 1  # every run stored once

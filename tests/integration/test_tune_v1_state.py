@@ -53,7 +53,7 @@ def test_a_running_fleet_plan_in_a_v1_state_file_is_attached_to_and_installed(
     assert sorted(tuned_files(sim1)) == sorted(tuned_files(sim2)) == ["N=1024,K=4096", "N=4096,K=2048"]
     assert len(job_dirs(sim1)) == len(job_dirs(sim2)) == 8  # attached: no job started again
     after = document(env.state)
-    assert after["schema_version"] == 3 and list(after["tuning_plans"]) == [plan_id]  # the plan, stored once
+    assert after["schema_version"] == 4 and list(after["tuning_plans"]) == [plan_id]  # the plan, stored once
     jobs = {a["job_id"] for a in after["tuning_plans"][plan_id]["assignments"]}
     assert jobs == {d.name for d in job_dirs(sim1) + job_dirs(sim2)}  # every member's job ids, put together
     for name in (sim1.name, sim2.name):

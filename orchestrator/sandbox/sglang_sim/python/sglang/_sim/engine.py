@@ -51,7 +51,8 @@ class Engine:
         self.spec = server_args.speculative_algorithm is not None
         self.step_seconds = step_seconds
         self.draft_tokens = (server_args.speculative_num_draft_tokens or 1) if self.spec else 1
-        self.dp_attention = bool(getattr(server_args, "enable_dp_attention", False))
+        # attention-DP as SGLang resolves it: `--dp-size N --enable-dp-attention` becomes attn_dp_size N
+        self.dp_attention = getattr(server_args, "attn_dp_size", 1) > 1 or bool(getattr(server_args, "enable_dp_attention", False))
         self.tokens_per_step = throughput.accept_length(accept_length, self.draft_tokens) if self.spec else 1.0
         self.max_running = server_args.max_running_requests or 128
         self.changed = threading.Condition()
