@@ -40,13 +40,17 @@ pip_quietly() {
   # `PYTHON -m pip install -q ARGS...`, without pip's resolver report about a package installed with
   # --no-deps (the conformance tier installs sglang so: "ERROR: pip's dependency resolver ..." and one
   # "sglang X requires Y, which is not installed." line per requirement, ~60, on every later install).
-  # Every other line of pip's stderr is kept, and pip's exit code is returned.
+  # Also left out: "sglang X requires Y, but you have Z which is incompatible" (the CPU torch), and the
+  # notes this machine's pip configuration makes about its local index folders. Every other line of pip's
+  # stderr is kept, and pip's exit code is returned.
   local python=$1 log rc=0
   shift
   log=$(mktemp)
   "$python" -m pip install -q --disable-pip-version-check "$@" 2>"$log" || rc=$?
   grep -v -e "^ERROR: pip's dependency resolver does not currently take into account" \
-    -e "^sglang [^ ]* requires .*, which is not installed\.$" "$log" >&2 || true
+    -e "^sglang [^ ]* requires .*, which is not installed\.$" \
+    -e "^sglang [^ ]* requires .*, but you have .* which is incompatible\.$" \
+    -e "^WARNING: Location 'file:.*' is ignored: it is neither a file nor a directory\.$" "$log" >&2 || true
   rm -f "$log"
   return "$rc"
 }
