@@ -187,8 +187,9 @@ def sha256_argv(path: str) -> list[str]:
 
 
 def parse_sha256(stdout: str) -> str | None:
-    """The hash in ``sha256sum``'s ``<64 hex>  <path>``, None when absent."""
-    word = stdout.split(maxsplit=1)[0] if stdout.strip() else ""
+    """The hash in ``sha256sum``'s ``<64 hex>  <path>``, None when absent. A path with a backslash or a
+    newline in it makes GNU sha256sum escape the name and start the line with ``\\``."""
+    word = stdout.split(maxsplit=1)[0].removeprefix("\\") if stdout.strip() else ""
     return word.lower() if re.fullmatch(r"[0-9a-fA-F]{64}", word) else None
 
 

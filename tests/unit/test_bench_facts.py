@@ -98,7 +98,14 @@ SHA = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 
 
 @pytest.mark.parametrize(
-    ("stdout", "sha"), [(f"{SHA}  /w/d.json\n", SHA), (f"{SHA.upper()}  x\n", SHA), ("", None), ("abc  x\n", None)]
+    ("stdout", "sha"),
+    [
+        (f"{SHA}  /w/d.json\n", SHA),
+        (f"{SHA.upper()}  x\n", SHA),
+        (f"\\{SHA}  /w/a\\\\b/d.json\n", SHA),  # a backslash in the path: GNU sha256sum escapes the line
+        ("", None),
+        ("abc  x\n", None),
+    ],
 )
 def test_sha256sum_output_is_read(stdout: str, sha: str | None) -> None:
     assert bench.parse_sha256(stdout) == sha
