@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.facts.git import describe_lag
 from orchestrator.ops.status import HostStatus
 from orchestrator.render import fmt_mib, inert, table, to_jsonable
+from orchestrator.text import fmt_ranges
 
 if TYPE_CHECKING:  # rich is imported by what prints a table: `orch status --json` needs none of it
     from rich.table import Table
@@ -67,21 +68,6 @@ def _ago(iso: str | None, now: datetime, short: bool = False) -> str | None:
     if age == "just now":
         return age
     return f"{age.replace(' min', 'm').replace(' ', '') if short else age} ago"
-
-
-def fmt_ranges(numbers: list[int]) -> str:
-    """``0-7``, ``0,2,4-6``: a sorted set of numbers with runs collapsed, each value once."""
-    parts: list[str] = []
-    ordered = sorted(set(numbers))
-    start = prev = ordered[0] if ordered else 0
-    for n in [*ordered[1:], None]:
-        if n is not None and n == prev + 1:
-            prev = n
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if n is not None:
-            start = prev = n
-    return ",".join(parts) if ordered else ""
 
 
 def _uptime(seconds: int) -> str:
