@@ -71,7 +71,10 @@ def test_sweep_survives_a_kill_and_recommends_per_band(make_fleet, tmp_path: Pat
     for r in runs:
         assert r["output_throughput"] > 0 and r["median_itl_ms"] is not None and r["p99_ttft_ms"] is not None
         assert (r["accept_length"] is None) == (r["profile"] == "max-throughput")
-    assert doc["best"]["1"] == "low-latency" and doc["best"]["128"] != "low-latency"  # the sim's model
+    # which profile wins is measured in wall time on a shared machine: only its form is checked here (the
+    # sim's model and the choice of the best are table-tested in tests/unit/test_sweep_facts.py)
+    assert set(doc["best"]) == {"1", "8", "32", "128"}
+    assert set(doc["best"].values()) <= {"low-latency", "balanced", "max-throughput"}
     assert doc["pareto"] and doc["failed"] == {}
 
     again = env.orch(*args, "--yes")
