@@ -79,7 +79,8 @@ def status(
         from orchestrator.utc import utc_now
         from orchestrator.views.metrics import write_prometheus
 
-        write_prometheus(prometheus, status_document(views, gateway)["hosts"], cached, utc_now())
+        records = app.store.read([h.name for h in selected]).hosts  # with history: the last benchmark
+        write_prometheus(prometheus, status_document(views, gateway)["hosts"], records, utc_now())
     elif as_json:
         print_json(status_document(views, gateway))
     elif detail_hosts:

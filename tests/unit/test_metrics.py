@@ -68,3 +68,26 @@ def test_server_tuning_and_the_last_benchmark() -> None:
     key = ("orch_bench_output_throughput_tokens_per_second", (("host", "a"), ("label", "tuned+mtp")))
     assert got[key] == 4100.5
     assert not [k for k in got if k[0] == "orch_bench_output_throughput_tokens_per_second" and k[1][0][1] == "b"]
+
+
+def test_status_prometheus_exports_the_last_benchmark_from_the_state(tmp_path: Any) -> None:
+    """status reads hosts without their history; the metrics still need each host's last benchmark."""
+    import socket
+    import subprocess
+    import sys
+
+    from orchestrator.store import StateStore
+
+    with socket.socket() as closed:  # bound, never listening: the host is unreachable at once
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        (tmp_path / "hosts.yaml").write_text(f"hosts:\n  a: {{address: 127.0.0.1, port: {port}}}\n")
+        state = tmp_path / "state.db"
+        StateStore(state).update_host("a", lambda hs: hs.benchmarks.append(bench("tuned+mtp", 4100.5)))
+        run = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "-i", str(tmp_path / "hosts.yaml"), "--state", str(state),
+             "--connect-timeout", "2", "status", "--prometheus", "-"],
+            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    assert run.returncode == 3, run.stderr
+    assert 'orch_bench_output_throughput_tokens_per_second{host="a",label="tuned+mtp"} 4100.5' in run.stdout
