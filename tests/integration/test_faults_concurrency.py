@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from orchestrator.store import StateStore, database_path
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
 from tests.unit.test_state import snapshot
 
@@ -141,4 +141,5 @@ def test_a_stuck_lock_holder_makes_tune_serve_and_run_on_a_fresh_host_start_no_j
             assert run.returncode == 4, (args, run.stdout + run.stderr)
             assert f"(pid {holder.pid}, command `" in run.stderr and "gave up after 1.5s" in run.stderr, run.stderr
             assert job_dirs(sim.workdir) == [], args  # no tuning job, no server, no benchmark
-    assert not database_path(env.state).exists()  # the holder saved nothing, nor did anyone else
+    after = StateStore(env.state).read()  # the holder saved nothing, nor did anyone else
+    assert (after.hosts, after.tuning_plans, after.rollout) == ({}, {}, None)
