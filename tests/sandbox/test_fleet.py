@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 
 import yaml
@@ -186,3 +187,12 @@ def test_local_transport_starts_no_sshd_and_passes_the_host_env(tmp_path) -> Non
         assert entry["env"]["ORCH_SIM_HOST"] == str(host.root)
         run = subprocess.run(["nvidia-smi", "-L"], env=entry["env"], capture_output=True, text=True)
         assert len(run.stdout.splitlines()) == 8
+
+
+def test_parallel_test_workers_hand_out_ports_from_their_own_slices() -> None:
+    from orchestrator.sandbox.loopback import PORTS, port_range
+
+    slices = [port_range({"PYTEST_XDIST_WORKER": f"gw{i}", "PYTEST_XDIST_WORKER_COUNT": "3"}) for i in range(3)]
+    assert slices[0][0] == PORTS[0] and all(a[1] < b[0] for a, b in itertools.pairwise(slices))
+    assert slices[-1][1] <= PORTS[1]
+    assert port_range({}) == port_range({"PYTEST_XDIST_WORKER": "gw5", "PYTEST_XDIST_WORKER_COUNT": "2"}) == PORTS
