@@ -421,6 +421,7 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
 
     def check(session: HostSession) -> None:  # a serve done before may be redone (its server gone)
         doctor_op.require_healthy(session)
+        _refuse_drained(ctx, session, steps[session.name])
         serve = next((s for s in steps[session.name] if isinstance(s.options, ServeOptions)), None)
         if serve is not None:
             assert isinstance(serve.options, ServeOptions)
@@ -432,6 +433,20 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
             bench_op.prepare_dataset(session, ctx.recipe(session.host).bench, bench)
 
     return ctx.fleet.map_sessions(check, ctx.store, hosts)
+
+
+def _refuse_drained(ctx: RunContext, session: HostSession, steps: list[Step]) -> None:
+    """A host ``orch drain`` took out keeps its server for inspection: no step may stop or replace it (nor
+    put it back in the gateway) until ``orch undrain``."""
+    drained_at = session.state().drained_at
+    if drained_at is None:
+        return
+    if stopping := stopping_steps(session, ctx.recipe(session.host), steps, ctx.redo):
+        raise RefusedError(
+            f"{session.name}: drained since {drained_at:%Y-%m-%d %H:%M} UTC, its server kept for inspection: "
+            f"{' and '.join(stopping)} would stop it",
+            hint=f"`orch undrain {session.name}` first, or leave it out (--host)",
+        )
 
 
 def around_serve(steps: list[Step]) -> tuple[list[Step], list[Step], list[Step]]:

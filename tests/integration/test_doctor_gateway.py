@@ -126,6 +126,13 @@ def test_drain_takes_the_host_out_of_the_gateway_keeps_it_serving_and_undrain_pu
     assert rolled.returncode == 0, rolled.output
     assert "sim-2: skipped: drained (`orch undrain sim-2` puts it back)" in rolled.stderr, rolled.output
     assert served.workers() == [served.url("sim-1")]
+    job = StateStore(served.env.state).read().hosts["sim-2"].server.job_id  # type: ignore[union-attr]
+    ran = served.env.orch("run", "--rolling", "--only", "serve", "--yes")  # nor does a campaign
+    assert ran.returncode == 3, ran.output
+    assert "sim-2: drained since " in ran.stderr and "its server kept for inspection: serve would stop it" in ran.stderr
+    assert "`orch undrain sim-2` first, or leave it out (--host)" in ran.stderr, ran.output
+    assert served.workers() == [served.url("sim-1")]
+    assert StateStore(served.env.state).read().hosts["sim-2"].server.job_id == job  # type: ignore[union-attr]
 
     back = served.env.orch("undrain", "sim-2")
     assert back.returncode == 0, back.output
