@@ -92,26 +92,35 @@ def flashinfer_version(session: HostSession) -> str | None:
 
 
 def produced(session: HostSession, served: HostResult[ServeResult], group: at.Group) -> SharedCache | None:
-    """The cache the producer's server names in its log, read with its sha256; None (said on the
-    producer) when it did not serve or named no cache of orch's."""
-    if not served.ok or served.value is None:
+    """The cache the producer's server names in its log, read with its sha256; None when it does not
+    serve or shares nothing (its report says why). A server serving but not as asked (exit 5) still shares."""
+    result = served.value if served.ok else getattr(served.error, "result", None)
+    if not isinstance(result, ServeResult):
         return None
-    result = served.value
+    try:
+        cache, how = read_produced(session, result)
+    except OrchError as exc:
+        cache, how = None, f"its cache could not be read to share: {exc}"
+    if cache is None:
+        result.autotune = f"{how}; {', '.join(group.followers)} tune their own"
+        return None
+    result.autotune = f"{how} ({len(cache.files)} files in {cache.key_dir}); shared with {', '.join(group.followers)}"
+    session.say(f"FlashInfer autotune: {result.autotune}")
+    return cache
+
+
+def read_produced(session: HostSession, result: ServeResult) -> tuple[SharedCache | None, str]:
+    """The cache named in the server's log (None when none of orch's or no rank file) and what the server
+    did: tuned, or reused a cache it already had."""
     log = at.parse_log(log_text(session, result.job_id))
     root = at.cache_dir(session.host.workdir)
     key_dir = at.key_dir(log.cache_file, root) if log.cache_file else None
     if key_dir is None:
-        result.autotune = "no FlashInfer autotune cache in the server's log: nothing to share"
-        return None
-    try:
-        cache = read_cache(session, root, key_dir)
-    except OrchError as exc:
-        result.warnings.append(f"FlashInfer autotune: its cache could not be read to share: {exc}")
-        return None
-    how = "reused its cache" if log.loaded_from else "tuned"
-    result.autotune = f"{how} ({len(cache.files)} files in {key_dir}); shared with {', '.join(group.followers)}"
-    session.say(f"FlashInfer autotune: {result.autotune}")
-    return cache
+        return None, "no FlashInfer autotune cache of orch's in the server's log"
+    cache = read_cache(session, root, key_dir)
+    if not cache.files:
+        return None, f"no cache files in {key_dir}"
+    return cache, "reused its cache" if log.loaded_from else "tuned"
 
 
 def log_text(session: HostSession, job_id: str) -> str:
@@ -136,6 +145,7 @@ def read_cache(session: HostSession, root: str, key_dir: str) -> SharedCache:
 
 def follow(session: HostSession, cache: SharedCache | None, producer: str, serve_one: ServeOne) -> ServeResult:
     """Copy the producer's cache here (checked), serve, and check the server loaded it."""
+    session.forget()  # the producer's launch may have taken long: serve reads this host afresh
     if cache is None:
         session.say(f"FlashInfer autotune: no cache to reuse from {producer}; this server tunes its own")
     placed = cache is not None and place(session, cache)
@@ -158,8 +168,15 @@ def place(session: HostSession, cache: SharedCache) -> bool:
 
 def check_reuse(session: HostSession, result: ServeResult, cache: SharedCache) -> None:
     """The server's log must show FlashInfer loading the copied rank-0 file; else a warning on the result."""
+    if result.unchanged:
+        result.autotune = f"not relaunched; {cache.producer}'s cache is in place for its next launch"
+        return
     expected = f"{at.cache_dir(session.host.workdir)}/{cache.key_dir}/{at_rank0(cache)}"
-    log = at.parse_log(log_text(session, result.job_id))
+    try:
+        log = at.parse_log(log_text(session, result.job_id))
+    except OrchError as exc:
+        result.warnings.append(f"FlashInfer autotune: could not read the server's log to check the reuse: {exc}")
+        return
     if at.reused(log, expected):
         loaded = f"{log.loaded} configs loaded from {cache.key_dir}"
         result.autotune = f"reused the cache {cache.producer} produced ({loaded})"
