@@ -52,6 +52,8 @@ def serve_fleet(
     fleet: Fleet, hosts: list[Host], recipes: dict[str, Recipe], serve_one: ServeOne, store: Callable[[], StateStore]
 ) -> FleetResult[ServeResult]:
     """Serve ``hosts``, producers before their followers (the flow in the module docstring)."""
+    if len(hosts) < 2:  # nothing to share: no fact read for it (importing flashinfer takes seconds)
+        return fleet.map_sessions(serve_one, store, hosts)
     keys = fleet.map_sessions(lambda s: host_key(s, recipes[s.name]), store, hosts)
     shared = [g for g in at.groups({r.host.name: r.value for r in keys if r.ok}) if g.followers]
     if not shared:
