@@ -121,22 +121,17 @@ def groups(keys: Mapping[str, GroupKey | None]) -> list[Group]:
 
 @dataclass(frozen=True)
 class AutotuneLog:
-    """What a server's log says of the autotune: the cache file named (rank 0's) and, on a cache hit,
-    the file FlashInfer loaded and how many configs it held."""
+    """What a server's log says of the autotune: the cache file first named (every TP rank names its own
+    file in one directory) and, on cache hits, each file FlashInfer loaded with its count of configs."""
 
     cache_file: str | None = None
-    loaded_from: str | None = None
-    loaded: int = 0
+    loaded: tuple[tuple[str, int], ...] = ()
 
 
 def parse_log(text: str) -> AutotuneLog:
     running = _RUNNING.search(text)
-    hit = _LOADED.search(text)
-    return AutotuneLog(
-        cache_file=running.group(1) if running else None,
-        loaded_from=hit.group(2) if hit else None,
-        loaded=int(hit.group(1)) if hit else 0,
-    )
+    hits = tuple((m.group(2), int(m.group(1))) for m in _LOADED.finditer(text))
+    return AutotuneLog(cache_file=running.group(1) if running else None, loaded=hits)
 
 
 def key_dir(cache_file: str, root: str) -> str | None:
@@ -176,6 +171,7 @@ def parse_sha256sum(stdout: str) -> dict[str, str]:
     return sums
 
 
-def reused(log: AutotuneLog, expected_file: str) -> bool:
-    """The server loaded the copied cache: FlashInfer's ``Loaded N configs from`` names that very file."""
-    return log.loaded_from == expected_file and log.loaded > 0
+def loaded_from(log: AutotuneLog, directory: str) -> int | None:
+    """How many configs the server loaded from a file of ``directory`` (the first such line); None when
+    its log shows no cache hit there: it tuned, or loaded another cache."""
+    return next((n for path, n in log.loaded if path.rsplit("/", 1)[0] == directory.rstrip("/") and n > 0), None)

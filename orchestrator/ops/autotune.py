@@ -122,7 +122,8 @@ def read_produced(session: HostSession, result: ServeResult) -> tuple[SharedCach
     cache = read_cache(session, root, key_dir)
     if not cache.files:
         return None, f"no cache files in {key_dir}"
-    return cache, "reused its cache" if log.loaded_from else "tuned"
+    reused = at.loaded_from(log, f"{root}/{key_dir}") is not None
+    return cache, "reused its cache" if reused else "tuned"
 
 
 def log_text(session: HostSession, job_id: str) -> str:
@@ -169,28 +170,24 @@ def place(session: HostSession, cache: SharedCache) -> bool:
 
 
 def check_reuse(session: HostSession, result: ServeResult, cache: SharedCache) -> None:
-    """The server's log must show FlashInfer loading the copied rank-0 file; else a warning on the result."""
+    """The server's log must show FlashInfer loading a file of the copied directory; else a warning on the result."""
     if result.unchanged:
         result.autotune = f"not relaunched; {cache.producer}'s cache is in place for its next launch"
         return
-    expected = f"{at.cache_dir(session.host.workdir)}/{cache.key_dir}/{at_rank0(cache)}"
+    directory = f"{at.cache_dir(session.host.workdir)}/{cache.key_dir}"
     try:
         log = at.parse_log(log_text(session, result.job_id))
     except OrchError as exc:
         result.warnings.append(f"FlashInfer autotune: could not read the server's log to check the reuse: {exc}")
         return
-    if at.reused(log, expected):
-        loaded = f"{log.loaded} configs loaded from {cache.key_dir}"
+    count = at.loaded_from(log, directory)
+    if count is not None:
+        loaded = f"{count} configs loaded from {cache.key_dir}"
         result.autotune = f"reused the cache {cache.producer} produced ({loaded})"
         session.say(f"FlashInfer autotune: {result.autotune}")
         return
     result.autotune = f"did not load the cache copied from {cache.producer}"
     result.warnings.append(f"FlashInfer autotune: the server {result.autotune} (its log shows no cache hit)")
-
-
-def at_rank0(cache: SharedCache) -> str:
-    """The file SGLang names in its log line (rank 0's): the first rank file in name order."""
-    return min(cache.files, key=lambda n: (not n.startswith("rank_tp0_"), n))
 
 
 def copy_cache(session: HostSession, root: str, cache: SharedCache) -> int:

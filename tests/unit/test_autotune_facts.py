@@ -62,6 +62,15 @@ def test_a_host_without_a_key_is_in_no_group_and_the_first_host_produces() -> No
     assert at.groups({"x": None}) == []
 
 
+def test_a_hit_by_any_rank_in_the_directory_counts() -> None:
+    rank3 = f"{ROOT}/{KEY_DIR}/rank_tp3_pp0_dp0.json"
+    log = at.parse_log(
+        f"[2026-12-03 12:56:41 TP3] Running FlashInfer autotune with cache: {rank3}\n"
+        f"2026-12-03 12:56:41,002 - INFO - autotuner.py - flashinfer.jit: [Autotuner]: Loaded 26 configs from {rank3}\n"
+    )
+    assert log.cache_file == rank3 and at.loaded_from(log, f"{ROOT}/{KEY_DIR}/") == 26
+
+
 def test_the_log_names_the_cache_and_a_hit_names_the_file_loaded() -> None:
     path = f"{ROOT}/{KEY_DIR}/rank_tp0_pp0_dp0.json"
     tuned = at.parse_log(
@@ -69,14 +78,15 @@ def test_the_log_names_the_cache_and_a_hit_names_the_file_loaded() -> None:
         "2026-12-03 12:56:39,532 - INFO - autotuner.py - flashinfer.jit: [Autotuner]: Autotuning process starts ...\n"
         "[2026-12-03 12:56:40 TP0] FlashInfer autotune completed.\n"
     )
-    assert tuned == at.AutotuneLog(cache_file=path) and not at.reused(tuned, path)
+    directory = f"{ROOT}/{KEY_DIR}"
+    assert tuned == at.AutotuneLog(cache_file=path) and at.loaded_from(tuned, directory) is None
     hit = at.parse_log(
         f"[2026-12-03 12:56:41 TP0] Running FlashInfer autotune with cache: {path}\n"
         "2026-12-03 12:56:41,002 - INFO - autotuner.py:1899 - flashinfer.jit: "
         f"[Autotuner]: Loaded 26 configs from {path}\n"
     )
-    assert hit == at.AutotuneLog(cache_file=path, loaded_from=path, loaded=26) and at.reused(hit, path)
-    assert not at.reused(hit, f"{ROOT}/{KEY_DIR}/rank_tp1_pp0_dp0.json")
+    assert hit == at.AutotuneLog(cache_file=path, loaded=((path, 26),)) and at.loaded_from(hit, directory) == 26
+    assert at.loaded_from(hit, f"{ROOT}/flashinfer/autotune/0.6.14/sm120/0000000000000000") is None
     assert at.parse_log("The server is fired up and ready to roll!\n") == at.AutotuneLog()
 
 
