@@ -157,6 +157,22 @@ def list_argv(directory: str) -> list[str]:
     return ["find", directory, "-maxdepth", "1", "-type", "f", "-printf", "%f\\n"]
 
 
+def path_prefixes(workdir: str, key_dir: str) -> list[str]:
+    """Every directory from orch's cache root down to the key directory: none may be a symbolic link
+    (orch writes there; it never follows a link it did not make)."""
+    path, prefixes = cache_dir(workdir), [cache_dir(workdir)]
+    for part in key_dir.split("/"):
+        path = f"{path}/{part}"
+        prefixes.append(path)
+    return prefixes
+
+
+def symlink_argv(paths: list[str]) -> list[str]:
+    """Prints the first of ``paths`` that is a symbolic link and exits 1; exits 0 when none is."""
+    script = 'for p; do if [ -L "$p" ]; then printf "%s\\n" "$p"; exit 1; fi; done'
+    return ["sh", "-c", script, "orch-no-symlink", *paths]
+
+
 def sha256_argv(directory: str, names: list[str]) -> list[str]:
     return ["sh", "-c", 'cd -- "$1" && shift && sha256sum -- "$@"', "orch-sha256", directory, *names]
 

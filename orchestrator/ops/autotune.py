@@ -25,7 +25,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator.errors import OrchError, RemoteCommandError
+from orchestrator.errors import OrchError, RefusedError, RemoteCommandError
 from orchestrator.facts import autotune as at
 from orchestrator.facts import server as server_facts
 from orchestrator.fleet import Fleet, FleetResult, HostResult
@@ -137,6 +137,7 @@ def read_cache(session: HostSession, root: str, key_dir: str) -> SharedCache:
     """The rank files of ``root/key_dir`` on the producer, each read and checked against its sha256sum."""
     directory = f"{root}/{key_dir}"
     runner = session.runner
+    refuse_links(session, key_dir)
     names = sorted(n for n in runner.run(at.list_argv(directory), check=True).stdout.splitlines() if at.is_rank_file(n))
     sums = at.parse_sha256sum(runner.run(at.sha256_argv(directory, names), check=True).stdout) if names else {}
     files = {n: runner.read_bytes(f"{directory}/{n}") for n in names}
@@ -190,11 +191,19 @@ def check_reuse(session: HostSession, result: ServeResult, cache: SharedCache) -
     result.warnings.append(f"FlashInfer autotune: the server {result.autotune} (its log shows no cache hit)")
 
 
+def refuse_links(session: HostSession, key_dir: str) -> None:
+    """RefusedError when a directory from orch's cache root down to ``key_dir`` is a symbolic link."""
+    linked = session.runner.run(at.symlink_argv(at.path_prefixes(session.host.workdir, key_dir)))
+    if not linked.ok:
+        raise RefusedError(f"{session.name}: {linked.stdout.strip()} is a symbolic link; orch does not follow it")
+
+
 def copy_cache(session: HostSession, root: str, cache: SharedCache) -> int:
     """Write the cache's files under ``root/key_dir`` here and compare the host's sha256sum with the
     producer's; a file that differs is removed (SGLang then tunes rather than load it). Files that match."""
     directory = f"{root}/{cache.key_dir}"
     runner = session.runner
+    refuse_links(session, cache.key_dir)
     runner.run(["mkdir", "-p", "-m", "700", "--", directory], check=True)
     for name, data in cache.files.items():
         runner.write_bytes(f"{directory}/{name}", data, mode=0o644)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from orchestrator.facts import autotune as at
@@ -126,3 +129,16 @@ def test_sha256sum_output_and_the_version_snippet_are_parsed() -> None:
     assert at.parse_version("0.6.14\n") == "0.6.14"
     assert at.parse_version("") is None and at.parse_version("Traceback (most recent call last):\n x") is None
     assert at.version_argv("/venv/bin/python") == ["/venv/bin/python", "-c", at.VERSION_SNIPPET]
+
+
+def test_the_symlink_check_names_the_first_link_and_passes_real_directories(tmp_path: Path) -> None:
+    workdir = tmp_path / "orch"
+    (tmp_path / "elsewhere").mkdir()
+    (workdir / "sglang-cache").mkdir(parents=True)
+    (workdir / "sglang-cache" / "flashinfer").symlink_to(tmp_path / "elsewhere")
+    paths = at.path_prefixes(str(workdir), KEY_DIR)
+    assert paths[0] == f"{workdir}/sglang-cache" and paths[-1] == f"{workdir}/sglang-cache/{KEY_DIR}"
+    linked = subprocess.run(at.symlink_argv(paths), capture_output=True, text=True)
+    assert (linked.returncode, linked.stdout) == (1, f"{workdir}/sglang-cache/flashinfer\n")
+    plain = subprocess.run(at.symlink_argv(paths[:1]), capture_output=True, text=True)
+    assert (plain.returncode, plain.stdout) == (0, "")

@@ -34,7 +34,7 @@ def served(job_id: str = "server-1") -> ServeResult:
 
 
 def test_the_copied_files_are_checked_by_the_hosts_sha256sum(tmp_path: Path) -> None:
-    runner = FakeRunner("b2").on(("mkdir",)).on(("orch-sha256",), stdout=sums())
+    runner = FakeRunner("b2").on(("orch-no-symlink",)).on(("mkdir",)).on(("orch-sha256",), stdout=sums())
     session, said = follower(runner, tmp_path)
     assert op.place(session, CACHE)
     assert {p: d for p, d in runner.files.items()} == {f"{ROOT}/{KEY_DIR}/{n}": d for n, d in FILES.items()}
@@ -43,11 +43,23 @@ def test_the_copied_files_are_checked_by_the_hosts_sha256sum(tmp_path: Path) -> 
 
 
 def test_a_copied_file_that_differs_is_removed_so_the_server_tunes_rather_than_load_it(tmp_path: Path) -> None:
-    runner = FakeRunner("b2").on(("mkdir",)).on(("orch-sha256",), stdout=sums("rank_tp1_pp0_dp0.json")).on(("rm",))
+    runner = FakeRunner("b2").on(("orch-no-symlink",)).on(("mkdir",)).on(("rm",))
+    runner.on(("orch-sha256",), stdout=sums("rank_tp1_pp0_dp0.json"))
     session, said = follower(runner, tmp_path)
     assert not op.place(session, CACHE)
     assert runner.commands()[-1] == f"rm -f -- {ROOT}/{KEY_DIR}/rank_tp1_pp0_dp0.json"
     assert said[0] == "WARNING: FlashInfer autotune: 1 copied files differ from b1's; removed"
+
+
+def test_a_symbolic_link_on_the_way_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    runner = FakeRunner("b2").on(("orch-no-symlink",), stdout=f"{ROOT}/flashinfer\n", exit_status=1)
+    session, said = follower(runner, tmp_path)
+    assert not op.place(session, CACHE) and runner.files == {}
+    assert runner.commands()[0].startswith(f"orch-no-symlink {ROOT} {ROOT}/flashinfer {ROOT}/flashinfer/autotune ")
+    assert said == [
+        "WARNING: FlashInfer autotune: could not copy b1's cache here: "
+        f"b2: {ROOT}/flashinfer is a symbolic link; orch does not follow it"
+    ]
 
 
 def test_reuse_is_read_from_flashinfers_load_line_for_the_copied_file(tmp_path: Path) -> None:
