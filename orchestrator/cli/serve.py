@@ -11,6 +11,7 @@ from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.gateway import gate_needs_rolling, rolling_default, rolling_options, rolling_serve
 from orchestrator.errors import ExitCode
 from orchestrator.facts import server as facts
+from orchestrator.ops import autotune as autotune_op
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.session import HostSession
@@ -158,10 +159,8 @@ def serve(
         # its own session: the question may wait long, serve reads the host afresh after it
         replaces = lambda h, r: serve_op.would_replace(HostSession(h, r, app.store), chosen[h.name], options)  # noqa: E731
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes, replaces)
-        results = fleet.map_sessions(
-            lambda s: serve_op.serve(s, chosen[s.name], options, app.peers(fleet)),
-            lambda: app.store,
-        )
+        serve_one = lambda s: serve_op.serve(s, chosen[s.name], options, app.peers(fleet))  # noqa: E731
+        results = autotune_op.serve_fleet(fleet, selected, chosen, serve_one, lambda: app.store)
     serve_view.serve_reports(results)
     return finish(results)
 

@@ -51,7 +51,7 @@ from orchestrator.errors import (
     VerifyError,
     local_disk_error,
 )
-from orchestrator.facts import probe, replacement
+from orchestrator.facts import autotune, probe, replacement
 from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import device_file_name
 from orchestrator.facts.server_log import ServerLog, ShapeUse, explaining_lines, shape_use, strip_prefix
@@ -109,6 +109,7 @@ class ServeResult:
     resolved: dict[str, str] = field(default_factory=dict)  # what the server resolved at launch (facts.settings_line)
     asked: dict[str, str] = field(default_factory=dict)  # what the recipe asked of the same settings
     unchanged: bool = False  # already served as asked: nothing was stopped or started
+    autotune: str = ""  # FlashInfer autotune cache: produced here and shared, or reused (ops.autotune)
 
     @property
     def failures(self) -> list[str]:
@@ -680,6 +681,7 @@ def launch(
     gpus = tuple(facts.server_gpus(recipe, host))
     commit = session.git().commit
     env = {srv.LAUNCHED_COMMIT: commit}  # the host's own record of the code the server runs
+    env.update(autotune.launch_env(recipe, host.workdir))  # SGLANG_CACHE_DIR: orch's, when the autotune runs
     spec = jobs.JobSpec(kind="server", purpose=readers.SERVER_PURPOSE, argv=argv, env=env, gpus=gpus)
     try:
         job = jobs.start(session.runner, host.workdir, spec)

@@ -14,6 +14,7 @@
     <root>/sglang/                      git clone of the simulated upstream SGLang (origin, main)
     <root>/venv/bin/python              a venv whose .pth puts <root>/sglang/python on sys.path, with a
                                         simulated torch (hosttools/torch_stub: doctor --nccl's all-reduce)
+                                        and flashinfer (hosttools/flashinfer_stub: its __version__)
     <root>/venv/bin/sglang              SGLang's console script (``sglang serve ...``), as pip installs it
     <root>/models/DeepSeek-V4-Flash/    config.json of the model, its shard index and (tiny) shards
     <root>/orch/                        orch's workdir (not created here: orch creates it)
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.sandbox import gitrepo, modelconfig
-from orchestrator.sandbox.hosttools import df, kernel_log, mkdir, nvidia_smi, torch_stub
+from orchestrator.sandbox.hosttools import df, flashinfer_stub, kernel_log, mkdir, nvidia_smi, torch_stub
 
 PTH_NAME = "sglang_sim_editable.pth"
 CONSOLE_SCRIPTS = {"sglang": "sglang.cli.main:main"}
@@ -149,6 +150,8 @@ def install_venv(template: Path, dest: Path, source_dir: Path) -> None:
     point_editable(dest, source_dir)
     site = dest / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     shutil.copytree(Path(torch_stub.__file__).parent, site / "torch", ignore=shutil.ignore_patterns("__pycache__"))
+    stub = Path(flashinfer_stub.__file__).parent
+    shutil.copytree(stub, site / "flashinfer", ignore=shutil.ignore_patterns("__pycache__"))
     for name, entry in CONSOLE_SCRIPTS.items():
         install_console_script(dest / "bin" / name, dest / "bin" / "python", entry)
 

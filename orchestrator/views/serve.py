@@ -52,6 +52,8 @@ def serve_report(host: Host, r: serve_op.ServeResult) -> None:
     out.print(f"  FP8 GEMM backend: {r.fp8_runs or r.fp8_backend or 'not reported'}", markup=False)
     if r.resolved or r.asked:
         out.print(f"  resolved: {facts.settings_line(r.resolved, r.asked)}", markup=False)
+    if r.autotune:
+        out.print(f"  FlashInfer autotune: {r.autotune}", markup=False)
     listed = [s for s in r.shapes if s.listed]
     used = [s.key for s in listed if s.in_use]
     if listed:

@@ -417,3 +417,23 @@ def test_a_knob_set_to_none_returns_to_its_default(fleet: SimFleet) -> None:
     host.set_knobs(accept_length=None, gpus=None)
     assert "accept_length" not in host.knobs() and "gpus" not in host.knobs()
     assert len(ssh(fleet, host, "nvidia-smi -L").stdout.splitlines()) == 8
+
+
+def test_flashinfer_autotune_caches_under_sglangs_default_dir_unless_disabled(host: SimHost, tmp_path: Path) -> None:
+    """Issue 25 §4: the MoE runner DeepSeek-V4 resolves here (flashinfer_mxfp4) runs FlashInfer's autotune at
+    launch; with SGLANG_CACHE_DIR unset its cache is SGLang's default ``~/.cache/sglang``, one file per TP rank."""
+    default = Path(host.env()["HOME"]) / ".cache" / "sglang" / "flashinfer" / "autotune" / "0.6.14" / "sm120"
+    for extra, log in (([], tmp_path / "on.log"), (["--disable-flashinfer-autotune"], tmp_path / "off.log")):
+        server = start_on_host(host, server_argv(host, *extra), log)
+        try:
+            wait_until(lambda: health(host) == 200, what="the server to be healthy")
+        finally:
+            assert stop(server) == 0
+    on = (tmp_path / "on.log").read_text()
+    found = re.search(r"Running FlashInfer autotune with cache: (\S+)", on)
+    assert found is not None and "FlashInfer autotune completed." in on
+    cache = Path(found.group(1))
+    assert cache.name == "rank_tp0_pp0_dp0.json" and cache.parent.parent == default
+    assert re.fullmatch(r"[0-9a-f]{16}", cache.parent.name)  # SGLang's key: 16 hex digits of a sha256
+    assert sorted(p.name for p in cache.parent.iterdir()) == [f"rank_tp{r}_pp0_dp0.json" for r in range(8)]
+    assert "FlashInfer autotune" not in (tmp_path / "off.log").read_text()

@@ -1,8 +1,9 @@
 """The simulated server's life: load, look up FP8 configs, get ready, serve, drain on SIGTERM.
 
 Startup: claim the GPUs (CUDA out of memory when other processes hold too much of one), open the HTTP
-port (503 until ready), log the model load and one FP8 config line per block-FP8 GEMM shape that runs
-on Triton, wait ``startup_seconds``, then ``The server is fired up and ready to roll!``.
+port (503 until ready), log the model load, run FlashInfer's autotune or reuse its cache (``autotune.py``:
+a first launch is ``autotune_seconds`` slower), log one FP8 config line per block-FP8 GEMM shape that
+runs on Triton, wait ``startup_seconds``, then ``The server is fired up and ready to roll!``.
 
 FP8 lookups: a shape runs on Triton (and reads the tuned configs) when ``--fp8-gemm-backend triton``
 or when N or K is not a multiple of 128; with any other backend on this sm_120 host the shape runs on
@@ -20,7 +21,7 @@ import threading
 import time
 import traceback
 
-from sglang._sim import gpus, host
+from sglang._sim import autotune, gpus, host
 from sglang._sim.engine import Engine
 from sglang._sim.faults import cuda_oom
 from sglang._sim.http_api import HttpServer
@@ -156,6 +157,7 @@ def log_load(app, free):
     logger.info(f"Load weight end. type={architecture(config)}, dtype=torch.bfloat16, "
                 f"avail mem={free / 1024 - 38.5:.2f} GB, mem usage=38.50 GB.")
     logger.info(f"KV Cache is allocated. #tokens: 1048576, KV size: {static - 38.5:.2f} GB")
+    autotune.run(args, config, app.stopping)  # the warmup's FlashInfer autotune, before the CUDA graphs
     logger.info(f"Capture cuda graph begin. This can take up to several minutes. "
                 f"avail mem={free / 1024 - static:.2f} GB")
 
