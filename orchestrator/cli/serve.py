@@ -11,6 +11,7 @@ from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.gateway import gate_needs_rolling, rolling_default, rolling_options, rolling_serve
 from orchestrator.errors import ExitCode
 from orchestrator.facts import server as facts
+from orchestrator.ops import group as group_op
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.session import HostSession
@@ -130,10 +131,13 @@ def serve(
       orch serve --rolling --canary canary --gate bench
       orch serve --host blackwell-1 --profile max-throughput
     """
-    selected = app.select(hosts, tags)
+    selected = group_op.with_whole_groups(app.inventory, app.select(hosts, tags))
     chosen = app.recipes(selected, playbook, mtp=None if serving_profile else mtp)
     if serving_profile:
         chosen, mtp = profiled(chosen, serving_profile, mtp)
+    ranks = group_op.ranks(app.inventory, selected, chosen)
+    if not dry_run:
+        group_op.refuse_serving(ranks)
     options = ServeOptions(
         mtp=mtp,
         wait_tuning=not no_wait_tuning,
@@ -152,7 +156,8 @@ def serve(
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
         if dry_run:
-            plans = fleet.map_sessions(lambda s: serve_op.dry_run(s, chosen[s.name], options), lambda: app.store)
+            plan = lambda s: dry_run_lines(s, chosen[s.name], options, ranks.get(s.name))  # noqa: E731
+            plans = fleet.map_sessions(plan, lambda: app.store)
             serve_view.plans(plans)
             return finish(plans)
         # its own session: the question may wait long, serve reads the host afresh after it
@@ -164,6 +169,13 @@ def serve(
         )
     serve_view.serve_reports(results)
     return finish(results)
+
+
+def dry_run_lines(session: HostSession, recipe: Recipe, options: ServeOptions, rank: group_op.Rank | None) -> list[str]:
+    """A host's lines of ``serve --dry-run``: its rank's command when it is in a replica group."""
+    if rank is None:
+        return serve_op.dry_run(session, recipe, options)
+    return group_op.dry_run(session, recipe, options, rank)
 
 
 def profiled(chosen: dict[str, Recipe], name: str, mtp: bool) -> tuple[dict[str, Recipe], bool]:
