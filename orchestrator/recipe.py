@@ -47,7 +47,7 @@ class MultiNodeSpec(_Strict):
     """``multinode:`` in a playbook: the model is served by ``nodes`` hosts at once, one rank each (an
     inventory group, issue 26). orch adds ``--nnodes``, ``--node-rank`` and ``--dist-init-addr
     RANK0:dist_init_port`` to every rank (SGLang's multi-node launch, reference sglang.md §6.4); SGLang
-    also takes ports just above ``dist_init_port`` on rank 0. ``interface_env``: the environment variables
+    also takes the 6 ports above ``dist_init_port`` on rank 0. ``interface_env``: the environment variables
     that get the group's ``network_interface`` in every rank's launch environment (never its argv)."""
 
     nodes: int = Field(ge=2, le=64)

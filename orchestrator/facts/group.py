@@ -19,6 +19,9 @@ from orchestrator.recipe import Recipe
 
 MULTI_NODE_FLAGS = ("--nnodes", "--node-rank", "--dist-init-addr")
 RANK0_ONLY_FLAGS = ("--host", "--port")  # where the server listens for HTTP: rank 0 alone
+# Rank 0 listens on dist_init_port and the 6 ports above it (SGLang 0.5.23 ``PortArgs.init_new``:
+# port_base = dist_init_port + 1, then port_base .. port_base + 5 for its ZMQ sockets).
+RENDEZVOUS_PORTS = 7
 
 
 @dataclass(frozen=True)
@@ -56,8 +59,8 @@ class RankLaunch:
 
 def group_problems(group: ReplicaGroup, recipe: Recipe, hosts: Mapping[str, Host]) -> list[Problem]:
     """Every reason ``recipe`` cannot be served by ``group``: no ``multinode`` block, a group of another
-    size, ranks needing more GPUs than a host has (``tp-size x pp-size`` GPUs over the nodes), or the
-    rendezvous port taken by rank 0's own HTTP port."""
+    size, ranks needing more GPUs than a host has (``tp-size x pp-size`` GPUs over the nodes), or rank 0's HTTP
+    port among the ports the ranks meet on (``RENDEZVOUS_PORTS``)."""
     spec = recipe.multinode
     where = recipe.path or recipe.model
     if spec is None:
@@ -85,11 +88,13 @@ def group_problems(group: ReplicaGroup, recipe: Recipe, hosts: Mapping[str, Host
                 f"most {smallest} GPUs (the group's hosts' gpus)",
             )
         )
-    if spec.dist_init_port == hosts[group.rank0].server_port:
+    taken = range(spec.dist_init_port, spec.dist_init_port + RENDEZVOUS_PORTS)
+    if hosts[group.rank0].server_port in taken:
         problems.append(
             Problem(
                 "multinode.dist_init_port",
-                f"{spec.dist_init_port} is the server_port of {group.rank0} (rank 0): the ranks meet on another port",
+                f"rank 0 ({group.rank0}) serves HTTP on {hosts[group.rank0].server_port}, one of the ports the "
+                f"ranks meet on ({taken.start}-{taken.stop - 1}): pick a dist_init_port away from it",
             )
         )
     return problems

@@ -125,6 +125,18 @@ FOUR = {f"h{i}": Host(name=f"h{i}", address=f"10.0.1.{i}", gpus=4) for i in rang
             HOSTS,
             ["multinode.dist_init_port"],
         ),
+        (
+            PAIR.model_copy(update={"hosts": ["b2", "b1"]}),
+            pro(),
+            {**HOSTS, "b2": HOSTS["b2"].model_copy(update={"server_port": 20006})},
+            ["multinode.dist_init_port"],
+        ),
+        (
+            PAIR.model_copy(update={"hosts": ["b2", "b1"]}),
+            pro(),
+            {**HOSTS, "b2": HOSTS["b2"].model_copy(update={"server_port": 20007})},
+            [],
+        ),
         (PAIR, pro(), HOSTS, []),
     ],
 )
