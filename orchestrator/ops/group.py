@@ -39,7 +39,8 @@ def with_whole_groups(inventory: Inventory, selected: list[Host]) -> list[Host]:
 
 
 def ranks(inventory: Inventory, hosts: list[Host], chosen: Mapping[str, Recipe]) -> dict[str, Rank]:
-    """Each grouped host's rank (hosts outside every group: none). ``ConfigError`` (exit 2) when a group's
+    """Each grouped host's rank, for every host of the groups of ``hosts`` (hosts outside every group:
+    none). ``ConfigError`` (exit 2) when a group's
     recipe does not fit it, its hosts were given different recipes, or a multi-node recipe names a host
     outside every group."""
     found: dict[str, Rank] = {}
@@ -55,14 +56,13 @@ def ranks(inventory: Inventory, hosts: list[Host], chosen: Mapping[str, Recipe])
                 )
             continue
         if host.name not in found:
-            found.update(_group_ranks(inventory, group.name, chosen))
+            found.update(_group_ranks(inventory, group.name, recipe, chosen))
     return found
 
 
-def _group_ranks(inventory: Inventory, name: str, chosen: Mapping[str, Recipe]) -> dict[str, Rank]:
+def _group_ranks(inventory: Inventory, name: str, recipe: Recipe, chosen: Mapping[str, Recipe]) -> dict[str, Rank]:
     group = inventory.groups[name]
-    recipe = chosen[group.rank0]
-    if any(chosen[h] != recipe for h in group.hosts):
+    if any(h in chosen and chosen[h] != recipe for h in group.hosts):
         raise ConfigError(f"group {name!r}: its hosts were given different recipes; a group serves one")
     problems = facts.group_problems(group, recipe, inventory.hosts)
     if problems:

@@ -91,3 +91,12 @@ def test_a_group_given_a_single_host_playbook_is_exit_2(make_fleet: MakeFleet) -
     run = env.orch("serve", "--dry-run", "--host", "sim-2", "--playbook", "deepseek-v4-flash")
     assert run.returncode == ExitCode.USAGE, run.output
     assert "group 'pro-1' cannot serve" in run.stderr and "multinode: " in run.stderr
+
+
+def test_orch_run_refuses_to_serve_on_a_groups_host(make_fleet: MakeFleet) -> None:
+    env = grouped_fleet(make_fleet)
+    run = env.orch("run", "deepseek-v4-flash", "--host", "sim-3", "--only", "serve")
+    assert run.returncode == ExitCode.USAGE, run.output
+    assert "group 'pro-1' cannot serve" in run.stderr
+    jobs = json.loads(env.orch("jobs", "--json").stdout)["hosts"]
+    assert all(host["jobs"] == [] for host in jobs)
