@@ -27,6 +27,11 @@ _ADDRESS = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")
 _REMOTE_PATH_KEYS = ("sglang_dir", "python", "workdir", "model_path")
 _GATEWAY_URL = re.compile(r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}/?$")
 _COMMAND = re.compile(r"^[A-Za-z0-9_.+-]+$")
+# What NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME take: interface names or prefixes, comma-separated, optionally
+# led by ``^`` (exclude) or ``=`` (exact match).
+_INTERFACE = re.compile(r"^[\^=]?[A-Za-z0-9_.:@-]+(,[A-Za-z0-9_.:@-]+)*$")
+# What the hosts of one replica group must agree on: every rank runs the same server arguments.
+GROUP_ALIKE_KEYS = ("gpus", "model_path")
 # The flags ``gateway.smg_argv`` sets from the inventory itself, and the one orch never puts on a command line.
 GATEWAY_OWN_FLAGS = ("--host", "--port", "--prometheus-host", "--prometheus-port", "--worker-urls", "--api-key")
 
@@ -145,6 +150,54 @@ class Host(HostSettings):
         return f"{self.name} ({self.address})"
 
 
+class ReplicaGroup(BaseModel):
+    """``groups:`` in hosts.yaml: hosts that together run one server (issue 26), e.g. DeepSeek-V4-Pro with
+    pipeline parallelism over two 8-GPU hosts.
+
+    ``hosts`` in rank order: the first is rank 0, the only one serving HTTP. ``playbook`` is the recipe the
+    group serves (its hosts' default playbook). ``network_interface`` is the network interface the ranks
+    talk over, given to NCCL and Gloo in the launch environment (the recipe's ``multinode.interface_env``
+    names the variables); without it they pick one themselves. ``rank0_address`` is where the other ranks
+    reach rank 0 (``--dist-init-addr``), by default rank 0's inventory address. A host outside every group
+    is a group of one: it serves alone, as before groups existed.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    hosts: list[str] = Field(min_length=2)
+    playbook: str
+    network_interface: str | None = None
+    rank0_address: str | None = None
+
+    @field_validator("hosts")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        twice = next((h for i, h in enumerate(value) if h in value[:i]), None)
+        if twice is not None:
+            raise ValueError(f"{twice!r} is listed twice; each host runs one rank")
+        return value
+
+    @field_validator("network_interface")
+    @classmethod
+    def _interface(cls, value: str | None) -> str | None:
+        if value is not None and not _INTERFACE.match(value):
+            raise ValueError("must be a network interface name such as ens1f0np0 (or NCCL's list form: ^docker,lo)")
+        return value
+
+    @field_validator("rank0_address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None and (not _ADDRESS.match(value) or value.startswith("-")):
+            raise ValueError(f"{value!r} is not a host name or IP address")
+        return value
+
+    @property
+    def rank0(self) -> str:
+        """The name of the host that runs rank 0 (the first listed), where the server answers HTTP."""
+        return self.hosts[0]
+
+
 class Gateway(BaseModel):
     """``gateway:`` in hosts.yaml: the SGLang Model Gateway (``smg``) in front of the fleet (issue 12).
 
@@ -239,6 +292,11 @@ class Inventory(BaseModel):
     path: Path
     hosts: dict[str, Host]
     gateway: Gateway | None = None
+    groups: dict[str, ReplicaGroup] = Field(default_factory=dict)
+
+    def group_of(self, host: str) -> ReplicaGroup | None:
+        """The replica group host ``host`` (a name) runs a rank of; None: it serves alone."""
+        return next((g for g in self.groups.values() if host in g.hosts), None)
 
     def select(self, names: tuple[str, ...] = (), tags: tuple[str, ...] = ()) -> list[Host]:
         """Hosts named (by name or address) or tagged; neither → every host. Unknown → exit 2."""
@@ -283,7 +341,9 @@ def load_inventory(path: Path) -> Inventory:
     hosts = {str(name): _validate_host(path, str(name), spec, defaults) for name, spec in hosts_raw.items()}
     _refuse_one_box_twice(path, hosts)
     gateway = _validate_gateway(path, raw["gateway"], hosts) if "gateway" in raw else None
-    return Inventory(path=path, hosts=hosts, gateway=gateway)
+    groups = _validate_groups(path, raw.get("groups", {}), hosts)
+    hosts = _with_group_playbooks(path, hosts, hosts_raw, groups)
+    return Inventory(path=path, hosts=hosts, gateway=gateway, groups=groups)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -298,9 +358,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     raw = load_yaml(path, text)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping with 'hosts' (and optional 'defaults')")
-    unknown = sorted(set(raw) - {"defaults", "hosts", "gateway"})
+    unknown = sorted(set(raw) - {"defaults", "hosts", "gateway", "groups"})
     if unknown:
-        raise ConfigError(f"{path}: unknown top-level key {unknown[0]!r}; allowed: defaults, hosts, gateway")
+        raise ConfigError(f"{path}: unknown top-level key {unknown[0]!r}; allowed: defaults, hosts, gateway, groups")
     return raw
 
 
@@ -313,6 +373,12 @@ def _refuse_control_characters(path: Path, raw: dict[str, Any]) -> None:
             if control_character(name):
                 raise ConfigError(f"{path}: host {name!r}: the host name holds a control character")
             sections.append((f"host {name!r}", spec))
+    groups = raw.get("groups")
+    if isinstance(groups, dict):
+        for name, spec in groups.items():
+            if control_character(name):
+                raise ConfigError(f"{path}: group {name!r}: the group name holds a control character")
+            sections.append((f"group {name!r}", spec))
     for where, spec in sections:
         found = control_character(spec)
         if found:
@@ -393,6 +459,86 @@ def _validate_gateway(path: Path, raw: Any, hosts: dict[str, Host]) -> Gateway:
             hint="set gateway.metrics_port to a free port (by default it is the gateway's port + 1)",
         )
     return gateway
+
+
+def _validate_groups(path: Path, raw: Any, hosts: dict[str, Host]) -> dict[str, ReplicaGroup]:
+    """``groups:``: each a valid ``ReplicaGroup`` of known hosts, no host in two groups, no group named as
+    a host, and hosts that agree on what every rank must share (``GROUP_ALIKE_KEYS``)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: 'groups' must be a mapping of group names to {{hosts: [...], playbook: NAME}}")
+    groups: dict[str, ReplicaGroup] = {}
+    member_of: dict[str, str] = {}
+    for name, spec in raw.items():
+        group = _validate_group(path, str(name), spec, hosts)
+        for host in group.hosts:
+            if host in member_of:
+                raise ConfigError(
+                    f"{path}: group {group.name!r}, key 'hosts': {host!r} is already in group {member_of[host]!r}; "
+                    "a host runs one rank of one server",
+                    hint="list each host in one group only",
+                )
+            member_of[host] = group.name
+        groups[group.name] = group
+    return groups
+
+
+def _validate_group(path: Path, name: str, spec: Any, hosts: dict[str, Host]) -> ReplicaGroup:
+    where = f"group {name!r}"
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{path}: {where}: settings must be a mapping with 'hosts' and 'playbook'")
+    if name in hosts:
+        raise ConfigError(
+            f"{path}: {where}: a host has that name too; a group and a host may not share a name",
+            hint="rename the group",
+        )
+    if len(quote(name, safe="-_.")) > MAX_NAME_BYTES:
+        raise ConfigError(f"{path}: group {name[:40]!r}...: the name is too long (at most {MAX_NAME_BYTES} bytes)")
+    try:
+        group = ReplicaGroup.model_validate({**spec, "name": name})
+    except ValidationError as exc:
+        raise ConfigError(_describe(path, where, exc, ReplicaGroup)) from None
+    unknown = next((h for h in group.hosts if h not in hosts), None)
+    if unknown is not None:
+        raise ConfigError(
+            f"{path}: {where}, key 'hosts': {unknown!r} is not a host of the inventory; "
+            f"known hosts: {', '.join(hosts)}",
+            hint="list hosts by their names under 'hosts:'",
+        )
+    _refuse_unlike_hosts(path, group, hosts)
+    return group
+
+
+def _refuse_unlike_hosts(path: Path, group: ReplicaGroup, hosts: dict[str, Host]) -> None:
+    """Every rank runs the same arguments on the same number of GPUs: the group's hosts must agree on
+    ``gpus`` and ``model_path``. (The GPU model is not in the inventory: it is read on the hosts.)"""
+    for key in GROUP_ALIKE_KEYS:
+        values = {h: getattr(hosts[h], key) for h in group.hosts}
+        if len(set(values.values())) > 1:
+            listed = ", ".join(f"{h}: {v}" for h, v in values.items())
+            raise ConfigError(
+                f"{path}: group {group.name!r}, key 'hosts': its hosts differ in {key!r} ({listed}); "
+                "every rank of a group runs the same server arguments",
+                hint=f"give the group's hosts the same {key}",
+            )
+
+
+def _with_group_playbooks(
+    path: Path, hosts: dict[str, Host], hosts_raw: dict[Any, Any], groups: dict[str, ReplicaGroup]
+) -> dict[str, Host]:
+    """The hosts, each group's members with the group's playbook as their default (over ``defaults:``);
+    a member naming another playbook itself is exit 2: the ranks of one server serve one recipe."""
+    merged = dict(hosts)
+    for group in groups.values():
+        for name in group.hosts:
+            own = (hosts_raw.get(name) or {}).get("playbook")
+            if own is not None and own != group.playbook:
+                raise ConfigError(
+                    f"{path}: host {name!r}, key 'playbook': {own!r}, but the host is in group {group.name!r}, "
+                    f"which serves {group.playbook!r}",
+                    hint="leave 'playbook' out of the host (the group's applies) or make them the same",
+                )
+            merged[name] = hosts[name].model_copy(update={"playbook": group.playbook})
+    return merged
 
 
 def _describe(path: Path, where: str, exc: ValidationError, model: type[BaseModel] = Host) -> str:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.errors import ConfigError
 from orchestrator.state import find_secret
+from orchestrator.text import is_env_name, looks_secret
 from orchestrator.tuning.record import Shape as Shape  # the one shape type, re-exported: the playbook's shapes
 from orchestrator.yamlfile import control_character, load_yaml, read_text
 
@@ -40,6 +41,26 @@ class MTPSpec(_Strict):
     eagle_topk: int | None = Field(None, ge=1)
     num_draft_tokens: int | None = Field(None, ge=1)
     draft_model_path: str | None = None
+
+
+class MultiNodeSpec(_Strict):
+    """``multinode:`` in a playbook: the model is served by ``nodes`` hosts at once, one rank each (an
+    inventory group, issue 26). orch adds ``--nnodes``, ``--node-rank`` and ``--dist-init-addr
+    RANK0:dist_init_port`` to every rank (SGLang's multi-node launch, reference sglang.md §6.4); SGLang
+    also takes the 6 ports above ``dist_init_port`` on rank 0. ``interface_env``: the environment variables
+    that get the group's ``network_interface`` in every rank's launch environment (never its argv)."""
+
+    nodes: int = Field(ge=2, le=64)
+    dist_init_port: int = Field(20000, ge=1, le=65535)
+    interface_env: list[str] = Field(default_factory=lambda: ["NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"])
+
+    @field_validator("interface_env")
+    @classmethod
+    def _env_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not is_env_name(name) or looks_secret(name):
+                raise ValueError(f"{name!r} is not the name of an environment variable for a network interface")
+        return value
 
 
 class TuningSpec(_Strict):
@@ -144,7 +165,7 @@ def _check_flags(value: dict[str, Any]) -> dict[str, Any]:
         if own:
             raise ValueError(
                 f"{name!r} is {own}, which orch sets (from the inventory's model_path and server_port, "
-                "or the recipe's mtp and fp8_gemm_backend blocks)"
+                "the recipe's mtp and fp8_gemm_backend blocks, or its multinode block and the group's ranks)"
             )
         secret = find_secret({name: str(value[name])})
         if secret:  # the launch command goes into the state file, the job directory and `ps` on the host
@@ -186,6 +207,7 @@ class Recipe(_Strict):
     bench: BenchSpec = BenchSpec()
     steps: list[Step] = Field(default_factory=list)
     profiles: dict[str, ServingProfile] = Field(default_factory=dict)
+    multinode: MultiNodeSpec | None = None  # None: one host serves the model
     path: Path | None = Field(None, exclude=True)
 
     @field_validator("server_args")
@@ -217,7 +239,7 @@ class Recipe(_Strict):
 
 
 # The server flags orch sets itself, and their SGLang aliases (reference/sglang.md §2.1).
-ORCH_FLAGS = ("model-path", "port", "fp8-gemm-backend", "speculative-")
+ORCH_FLAGS = ("model-path", "port", "fp8-gemm-backend", "speculative-", "nnodes", "node-rank", "dist-init-addr")
 FLAG_ALIASES = {"model": "model-path", "speculative-draft-model": "speculative-draft-model-path"}
 
 

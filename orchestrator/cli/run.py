@@ -16,6 +16,7 @@ from orchestrator.cli.gateway import (
     rollout_client,
 )
 from orchestrator.inventory import Host
+from orchestrator.ops import group as group_op
 from orchestrator.ops import rollout
 from orchestrator.ops import run as run_op
 from orchestrator.recipe import ServeOptions
@@ -76,6 +77,8 @@ def run(
             if isinstance(step.options, ServeOptions):
                 refuse_bad_recipe(chosen[host.name], mtp=step.options.mtp)  # exit 2 before any host, as recipe show
     serves = any(run_op.around_serve(steps[h.name])[1] for h in selected)
+    if serves:  # serving a replica group is not built yet (issue 26): exit 2 before any host
+        group_op.refuse_serving(group_op.ranks(app.inventory, selected, chosen))
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run) and serves
     gate_needs_rolling(gate, rolling)
     with app.fleet(selected, parallel) as fleet:

@@ -12,6 +12,7 @@ from orchestrator.cli.gateway import gate_needs_rolling, rolling_default, rollin
 from orchestrator.errors import ExitCode
 from orchestrator.facts import server as facts
 from orchestrator.ops import autotune as autotune_op
+from orchestrator.ops import group as group_op
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.session import HostSession
@@ -131,10 +132,13 @@ def serve(
       orch serve --rolling --canary canary --gate bench
       orch serve --host blackwell-1 --profile max-throughput
     """
-    selected = app.select(hosts, tags)
+    selected = group_op.with_whole_groups(app.inventory, app.select(hosts, tags))
     chosen = app.recipes(selected, playbook, mtp=None if serving_profile else mtp)
     if serving_profile:
         chosen, mtp = profiled(chosen, serving_profile, mtp)
+    ranks = group_op.ranks(app.inventory, selected, chosen)
+    if not dry_run:
+        group_op.refuse_serving(ranks)
     options = ServeOptions(
         mtp=mtp,
         wait_tuning=not no_wait_tuning,
@@ -153,7 +157,8 @@ def serve(
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
         if dry_run:
-            plans = fleet.map_sessions(lambda s: serve_op.dry_run(s, chosen[s.name], options), lambda: app.store)
+            plan = lambda s: dry_run_lines(s, chosen[s.name], options, ranks.get(s.name))  # noqa: E731
+            plans = fleet.map_sessions(plan, lambda: app.store)
             serve_view.plans(plans)
             return finish(plans)
         # its own session: the question may wait long, serve reads the host afresh after it
@@ -163,6 +168,13 @@ def serve(
         results = autotune_op.serve_fleet(fleet, selected, chosen, serve_one, lambda: app.store)
     serve_view.serve_reports(results)
     return finish(results)
+
+
+def dry_run_lines(session: HostSession, recipe: Recipe, options: ServeOptions, rank: group_op.Rank | None) -> list[str]:
+    """A host's lines of ``serve --dry-run``: its rank's command when it is in a replica group."""
+    if rank is None:
+        return serve_op.dry_run(session, recipe, options)
+    return group_op.dry_run(session, recipe, options, rank)
 
 
 def profiled(chosen: dict[str, Recipe], name: str, mtp: bool) -> tuple[dict[str, Recipe], bool]:

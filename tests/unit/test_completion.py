@@ -58,7 +58,12 @@ def test_host_arguments_and_tags_complete_from_the_default_inventory(inventory: 
 def test_playbook_names_complete(inventory: Path, tmp_path: Path) -> None:
     (tmp_path / "playbooks").mkdir()
     (tmp_path / "playbooks" / "my-model.yaml").write_text("model: x\n")
-    assert complete("orch run ", tmp_path) == ["deepseek-v4-flash", "deepseek-v4-flash-dspark", "my-model"]
+    assert complete("orch run ", tmp_path) == [
+        "deepseek-v4-flash",
+        "deepseek-v4-flash-dspark",
+        "deepseek-v4-pro",
+        "my-model",
+    ]
     assert complete("orch serve --playbook m", tmp_path) == ["my-model"]
 
 

@@ -109,7 +109,10 @@ def test_corrupt_state_file_is_exit_4_in_every_command(fleet_dir: Path, command:
 def test_missing_playbook_is_exit_2_in_every_command(fleet_dir: Path, command: tuple[str, ...]) -> None:
     result = in_dir(fleet_dir, *command)
     assert result.returncode == ExitCode.USAGE, result.output
-    assert "no playbook 'nope'; known: bad-mtp, deepseek-v4-flash, deepseek-v4-flash-dspark" in result.stderr
+    assert (
+        "no playbook 'nope'; known: bad-mtp, deepseek-v4-flash, deepseek-v4-flash-dspark, deepseek-v4-pro"
+        in result.stderr
+    )
 
 
 @pytest.mark.parametrize(

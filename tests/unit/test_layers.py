@@ -215,13 +215,14 @@ COMPOSERS = (
     "orchestrator.ops.profile",
     "orchestrator.ops.sweep",
     "orchestrator.ops.autotune",
+    "orchestrator.ops.group",
 )
 """The operations made of other operations: ``orch run`` (the playbook: pull, tune, serve, bench), the
 rolling relaunch (serve and the gate's bench, host by host), ``orch drain``/``undrain`` (the rollout's
 own gateway steps: take out and drain, register), ``orch profile`` (the server's profiler around a
 benchmark load: bench's server check, module and label) and ``orch sweep`` (serve and bench per serving
 profile and concurrency), ``serve``'s FlashInfer autotune order (producers, then the hosts reusing their
-cache). No other operation imports one: what
+cache), replica groups (serve's launch checks, per rank). No other operation imports one: what
 several share lives below them (``server_job``, ``readers``, ``session``)."""
 
 

@@ -10,6 +10,9 @@ or when N or K is not a multiple of 128; with any other backend on this sm_120 h
 CUTLASS and nothing is logged for it. The decode step time is scaled per shape: 1 on CUTLASS,
 ``tuned_speedup`` on Triton with a tuned config, ``triton_default_slowdown`` on Triton without one.
 
+Multi-node (``--nnodes N``): the nodes meet first (``multinode.py``); rank 0 then starts as above, the
+other ranks load their part and run without HTTP; a node that goes away makes the others exit.
+
 Faults (knob ``server_fail``): ``crash`` (``Initialization failed. warmup error: ...`` + traceback,
 exit 1), ``never_healthy`` (never ready), ``ignore_sigterm`` (SIGTERM does nothing).
 """
@@ -21,7 +24,7 @@ import threading
 import time
 import traceback
 
-from sglang._sim import autotune, gpus, host
+from sglang._sim import autotune, gpus, host, multinode
 from sglang._sim.engine import Engine
 from sglang._sim.faults import cuda_oom
 from sglang._sim.http_api import HttpServer
@@ -60,6 +63,8 @@ class App:
         self.startup_time = None  # the real scheduler's startup phases in seconds (None until ready)
         self.engine = None
         self.stopping = threading.Event()
+        self.group = None  # this node's part of a multi-node launch (``multinode.Group``), else None
+        self.exit_code = 0
 
 
 def gpus_for(tp_size):
@@ -70,9 +75,11 @@ def gpus_for(tp_size):
 
 
 def claim_gpus(server_args):
-    """Register the TP GPUs with the static memory; CUDA OOM when another process holds too much."""
+    """Register this node's GPUs (TP x PP over the nodes) with the static memory; CUDA OOM when another
+    process holds too much."""
     need = int(host.GPU_TOTAL_MIB * server_args.mem_fraction_static)
-    indexes = gpus_for(server_args.tp_size)
+    nodes = int(server_args.nnodes or 1)
+    indexes = gpus_for(server_args.tp_size * int(server_args.pp_size or 1) // nodes)
     free = min(host.GPU_TOTAL_MIB - gpus.used_mib(i) for i in indexes)
     logger.info(f"Load weight begin. avail mem={free / 1024:.2f} GB")
     if free < need:
@@ -169,7 +176,11 @@ def run(server_args):
     install_sigterm(app)
     logger.info(f"server_args={server_args!r}")
     host.write_log_noise(sys.stderr)
+    if multinode.is_multinode(server_args) and not join_group(app):
+        return 1
     free = claim_gpus(server_args)
+    if app.group is not None and app.group.rank > 0:
+        return follow(app, free)
     httpd = HttpServer(app, server_args.host, server_args.port)
     threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
     log_load(app, free)
@@ -181,6 +192,37 @@ def run(server_args):
     logger.info(f"Capture cuda graph end. Time elapsed: {time.monotonic() - started:.2f} s.")
     logger.info(f"Uvicorn running on http://{server_args.host}:{server_args.port} (Press CTRL+C to quit)")
     return serve(app)
+
+
+def join_group(app):
+    """Join the other nodes (``multinode``); False (logged) when the rendezvous fails."""
+    group = multinode.Group(app.server_args, app.stopping)
+    try:
+        group.join()
+    except multinode.RendezvousError as exc:
+        logger.error(str(exc))
+        return False
+    app.group = group
+    group.watch(lambda why, clean: group_lost(app, why, clean))
+    return True
+
+
+def group_lost(app, why, clean):
+    """Another node went away: this one stops too (exit 1, or 0 when rank 0 shut down cleanly)."""
+    (logger.info if clean else logger.error)(f"The multi-node group ended: {why}. Exiting.")
+    app.exit_code = 0 if clean else 1
+    app.state = "exiting"
+    app.stopping.set()
+
+
+def follow(app, free):
+    """A node of rank > 0: load its part of the model and run with rank 0 (no HTTP) until stopped."""
+    log_load(app, free)
+    logger.info(f"Node rank {app.group.rank} is ready; rank 0 serves HTTP.")
+    app.stopping.wait()
+    gpus.release()
+    app.group.close()
+    return app.exit_code
 
 
 def serve(app):
@@ -203,4 +245,6 @@ def shutdown(app):
     app.state = "exiting"
     drain(app)
     gpus.release()
-    return 0
+    if app.group is not None:
+        app.group.close()
+    return app.exit_code

@@ -1,0 +1,161 @@
+"""A replica group's launch: each rank's server command and environment (issue 26). Pure.
+
+SGLang's multi-node launch (reference sglang.md §6.4): every node runs the same command with
+``--nnodes N --node-rank i --dist-init-addr <rank-0 address>:<port>``, and only rank 0 serves HTTP. So each
+rank's argv is the single-host argv orch would build for its host (``server.launch_argv``: the same
+model path, the same recipe arguments, MTP and FP8 backend on every rank), without ``--host``/``--port``
+except on rank 0, plus those three flags. The group's ``network_interface`` goes into every rank's
+environment under the recipe's ``multinode.interface_env`` names, never into the argv.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from orchestrator.facts.server import Problem, launch_argv, module_entrypoint, tp_size, url
+from orchestrator.inventory import Host, ReplicaGroup
+from orchestrator.recipe import Recipe
+
+MULTI_NODE_FLAGS = ("--nnodes", "--node-rank", "--dist-init-addr")
+RANK0_ONLY_FLAGS = ("--host", "--port")  # where the server listens for HTTP: rank 0 alone
+# Rank 0 listens on dist_init_port and the 6 ports above it (SGLang 0.5.23 ``PortArgs.init_new``:
+# port_base = dist_init_port + 1, then port_base .. port_base + 5 for its ZMQ sockets).
+RENDEZVOUS_PORTS = 7
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """What every rank of ``group`` shares: its hosts in rank order, rank 0's rendezvous address
+    (``--dist-init-addr``) and the launch environment."""
+
+    group: str
+    hosts: tuple[str, ...]
+    dist_init_addr: str
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def nodes(self) -> int:
+        return len(self.hosts)
+
+    def rank(self, host: str) -> int:
+        """The rank ``host`` (a name) runs: its place in the group's ``hosts``."""
+        return self.hosts.index(host)
+
+
+@dataclass(frozen=True)
+class RankLaunch:
+    """One rank's launch: the host that runs it, its argv and the environment it adds."""
+
+    rank: int
+    host: str
+    argv: list[str]
+    env: Mapping[str, str]
+
+    @property
+    def serves_http(self) -> bool:
+        return self.rank == 0
+
+
+def group_problems(group: ReplicaGroup, recipe: Recipe, hosts: Mapping[str, Host]) -> list[Problem]:
+    """Every reason ``recipe`` cannot be served by ``group``: no ``multinode`` block, a group of another
+    size, ranks needing more GPUs than a host has (``tp-size x pp-size`` GPUs over the nodes), or rank 0's HTTP
+    port among the ports the ranks meet on (``RENDEZVOUS_PORTS``)."""
+    spec = recipe.multinode
+    where = recipe.path or recipe.model
+    if spec is None:
+        return [
+            Problem(
+                "multinode",
+                f"{where} serves one host (no multinode block); group {group.name!r} has {len(group.hosts)}",
+            )
+        ]
+    problems = []
+    if spec.nodes != len(group.hosts):
+        problems.append(
+            Problem(
+                "multinode.nodes", f"{where} runs on {spec.nodes} hosts, group {group.name!r} has {len(group.hosts)}"
+            )
+        )
+    gpus = tp_size(recipe, 1) * pipeline_stages(recipe)
+    per_rank, rest = divmod(gpus, spec.nodes)
+    smallest = min(hosts[h].gpus for h in group.hosts)
+    if rest or per_rank > smallest:
+        problems.append(
+            Problem(
+                "server_args",
+                f"tp-size x pp-size is {gpus} GPUs: not {spec.nodes} ranks of at "
+                f"most {smallest} GPUs (the group's hosts' gpus)",
+            )
+        )
+    taken = range(spec.dist_init_port, spec.dist_init_port + RENDEZVOUS_PORTS)
+    if hosts[group.rank0].server_port in taken:
+        problems.append(
+            Problem(
+                "multinode.dist_init_port",
+                f"rank 0 ({group.rank0}) serves HTTP on {hosts[group.rank0].server_port}, one of the ports the "
+                f"ranks meet on ({taken.start}-{taken.stop - 1}): pick a dist_init_port away from it",
+            )
+        )
+    return problems
+
+
+def pipeline_stages(recipe: Recipe) -> int:
+    """The recipe's pipeline-parallel size (``pp-size`` or ``pipeline-parallel-size``), else 1."""
+    args = recipe.server_args
+    given = [args[n] for n in ("pp-size", "pipeline-parallel-size") if n in args and not isinstance(args[n], bool)]
+    return int(given[0]) if given else 1
+
+
+def group_plan(group: ReplicaGroup, recipe: Recipe, hosts: Mapping[str, Host]) -> GroupPlan:
+    """The plan of a group ``group_problems`` found nothing wrong with (ValueError otherwise): rank 0 is
+    reached at the group's ``rank0_address``, else rank 0's inventory address."""
+    problems = group_problems(group, recipe, hosts)
+    if problems or recipe.multinode is None:
+        raise ValueError("; ".join(map(str, problems)))
+    address = group.rank0_address or hosts[group.rank0].address
+    dist_init = url(address, recipe.multinode.dist_init_port).removeprefix("http://")
+    iface = group.network_interface
+    env = {name: iface for name in recipe.multinode.interface_env} if iface else {}
+    return GroupPlan(group.name, tuple(group.hosts), dist_init, env)
+
+
+def rank_argv(single: Sequence[str], plan: GroupPlan, rank: int) -> list[str]:
+    """A rank's argv from the single-host argv orch builds for its host: ``--host``/``--port`` kept on
+    rank 0 only, then ``--nnodes``, ``--node-rank`` and ``--dist-init-addr``."""
+    argv = list(single) if rank == 0 else without_flags(single, RANK0_ONLY_FLAGS)
+    return [*argv, "--nnodes", str(plan.nodes), "--node-rank", str(rank), "--dist-init-addr", plan.dist_init_addr]
+
+
+def without_flags(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """``argv`` without each ``FLAG VALUE`` / ``FLAG=VALUE`` of ``flags``."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        elif not any(arg.startswith(f + "=") for f in flags):
+            kept.append(arg)
+    return kept
+
+
+def group_launches(
+    group: ReplicaGroup,
+    recipe: Recipe,
+    hosts: Mapping[str, Host],
+    *,
+    mtp: bool,
+    entrypoints: Mapping[str, Sequence[str]] | None = None,
+) -> list[RankLaunch]:
+    """Every rank's launch, rank 0 first. ``entrypoints``: each host's (its own ``--help`` decides;
+    default ``python -m sglang.launch_server`` with the host's python)."""
+    plan = group_plan(group, recipe, hosts)
+    launches = []
+    for rank, name in enumerate(plan.hosts):
+        host = hosts[name]
+        entry = (entrypoints or {}).get(name) or module_entrypoint(host)
+        single = launch_argv(recipe, host, mtp=mtp, entrypoint=entry)
+        launches.append(RankLaunch(rank, name, rank_argv(single, plan, rank), dict(plan.env)))
+    return launches

@@ -1,0 +1,170 @@
+"""Each rank's launch of a replica group (issue 26): ``facts.group``, table-tested, and the Pro playbook."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.facts import group as g
+from orchestrator.facts import server
+from orchestrator.inventory import Host, ReplicaGroup
+from orchestrator.recipe import PACKAGED_PLAYBOOKS, Recipe, load_recipe
+
+PRO = PACKAGED_PLAYBOOKS / "deepseek-v4-pro.yaml"
+HOSTS = {
+    "b1": Host(name="b1", address="10.0.0.1", model_path="/models/pro", python="/opt/py/bin/python"),
+    "b2": Host(name="b2", address="10.0.0.2", model_path="/models/pro", python="/venv/bin/python", server_port=31000),
+}
+PAIR = ReplicaGroup(name="pro-1", hosts=["b1", "b2"], playbook="deepseek-v4-pro")
+
+
+def pro(**update: Any) -> Recipe:
+    return load_recipe(PRO).model_copy(update=update)
+
+
+def test_the_pro_playbook_is_pp2_tp8_over_two_nodes_with_mtp_3_1_4() -> None:
+    recipe = load_recipe(PRO)
+    assert (recipe.server_args["tp-size"], recipe.server_args["pp-size"]) == (8, 2)
+    assert recipe.multinode is not None
+    assert (recipe.multinode.nodes, recipe.multinode.dist_init_port) == (2, 20000)
+    assert recipe.multinode.interface_env == ["NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"]
+    assert recipe.mtp is not None
+    assert (recipe.mtp.algorithm, recipe.mtp.num_steps, recipe.mtp.eagle_topk, recipe.mtp.num_draft_tokens) == (
+        "EAGLE",
+        3,
+        1,
+        4,
+    )
+    assert server.check_recipe(recipe, mtp=True) == []
+
+
+def test_single_host_playbooks_have_no_multinode_block() -> None:
+    for name in ("deepseek-v4-flash", "deepseek-v4-flash-dspark"):
+        assert load_recipe(PACKAGED_PLAYBOOKS / f"{name}.yaml").multinode is None
+
+
+def test_every_rank_runs_the_same_arguments_and_only_rank0_listens() -> None:
+    recipe = pro(server_args={**pro().server_args, "host": "0.0.0.0"})
+    rank0, rank1 = g.group_launches(PAIR, recipe, HOSTS, mtp=True)
+    tail = ["--nnodes", "2", "--node-rank"]
+    assert rank0.argv[:7] == ["/opt/py/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/pro",
+                              "--port", "30000"]  # fmt: skip
+    assert rank0.argv[-6:] == [*tail, "0", "--dist-init-addr", "10.0.0.1:20000"]
+    assert rank1.argv[-6:] == [*tail, "1", "--dist-init-addr", "10.0.0.1:20000"]
+    assert tuple(rank0.argv[rank0.argv.index("--host") :][:2]) == ("--host", "0.0.0.0")
+    assert "--host" not in rank1.argv and "--port" not in rank1.argv
+    shared0 = g.without_flags(server.split_entrypoint(rank0.argv)[1], ("--host", "--port", "--node-rank"))
+    shared1 = g.without_flags(server.split_entrypoint(rank1.argv)[1], ("--node-rank",))
+    assert shared0 == shared1
+    assert "--speculative-num-draft-tokens" in shared1 and "--pp-size" in shared1
+    assert (rank0.serves_http, rank1.serves_http) == (True, False)
+
+
+@pytest.mark.parametrize(
+    ("group", "dist_init", "env"),
+    [
+        (PAIR, "10.0.0.1:20000", {}),
+        (PAIR.model_copy(update={"hosts": ["b2", "b1"]}), "10.0.0.2:20000", {}),
+        (PAIR.model_copy(update={"rank0_address": "192.168.7.1"}), "192.168.7.1:20000", {}),
+        (PAIR.model_copy(update={"rank0_address": "fd00::1"}), "[fd00::1]:20000", {}),
+        (
+            PAIR.model_copy(update={"network_interface": "ens1f0np0"}),
+            "10.0.0.1:20000",
+            {"NCCL_SOCKET_IFNAME": "ens1f0np0", "GLOO_SOCKET_IFNAME": "ens1f0np0"},
+        ),
+    ],
+)
+def test_rank0_address_and_the_launch_environment(group: ReplicaGroup, dist_init: str, env: dict[str, str]) -> None:
+    launches = g.group_launches(group, pro(), HOSTS, mtp=True)
+    assert [r.host for r in launches] == group.hosts
+    for rank, launch in enumerate(launches):
+        assert launch.argv[-4:] == ["--node-rank", str(rank), "--dist-init-addr", dist_init]
+        assert launch.env == env
+        assert not any("IFNAME" in arg for arg in launch.argv)
+
+
+def test_each_rank_uses_its_own_hosts_entrypoint() -> None:
+    entry = {"b2": ["/venv/bin/sglang", "serve", "--model-type", "llm"]}
+    rank0, rank1 = g.group_launches(PAIR, pro(), HOSTS, mtp=False, entrypoints=entry)
+    assert rank0.argv[:3] == ["/opt/py/bin/python", "-m", "sglang.launch_server"]
+    assert rank1.argv[:5] == ["/venv/bin/sglang", "serve", "--model-type", "llm", "--model-path"]
+    assert "--speculative-algorithm" not in rank1.argv
+
+
+def test_the_rank0_http_port_is_rank0s_own() -> None:
+    flipped = PAIR.model_copy(update={"hosts": ["b2", "b1"]})
+    rank0, _ = g.group_launches(flipped, pro(), HOSTS, mtp=True)
+    assert rank0.argv[rank0.argv.index("--port") + 1] == "31000"
+
+
+FOUR = {f"h{i}": Host(name=f"h{i}", address=f"10.0.1.{i}", gpus=4) for i in range(3)}
+
+
+@pytest.mark.parametrize(
+    ("group", "recipe", "hosts", "expected"),
+    [
+        (PAIR, load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml"), HOSTS, ["multinode"]),
+        (
+            ReplicaGroup(name="t", hosts=["h0", "h1", "h2"], playbook="p"),
+            pro(),
+            FOUR,
+            ["multinode.nodes", "server_args"],
+        ),
+        (ReplicaGroup(name="t", hosts=["h0", "h1"], playbook="p"), pro(), FOUR, ["server_args"]),
+        (PAIR, pro(server_args={**pro().server_args, "pp-size": 3}), HOSTS, ["server_args"]),
+        (
+            PAIR.model_copy(update={"hosts": ["b2", "b1"]}),
+            pro(
+                multinode=pro().multinode.model_copy(  # type: ignore[union-attr]
+                    update={"dist_init_port": 31000}
+                )
+            ),
+            HOSTS,
+            ["multinode.dist_init_port"],
+        ),
+        (
+            PAIR.model_copy(update={"hosts": ["b2", "b1"]}),
+            pro(),
+            {**HOSTS, "b2": HOSTS["b2"].model_copy(update={"server_port": 20006})},
+            ["multinode.dist_init_port"],
+        ),
+        (
+            PAIR.model_copy(update={"hosts": ["b2", "b1"]}),
+            pro(),
+            {**HOSTS, "b2": HOSTS["b2"].model_copy(update={"server_port": 20007})},
+            [],
+        ),
+        (PAIR, pro(), HOSTS, []),
+    ],
+)
+def test_group_problems(group: ReplicaGroup, recipe: Recipe, hosts: dict[str, Host], expected: list[str]) -> None:
+    assert [p.where for p in g.group_problems(group, recipe, hosts)] == expected
+
+
+def test_a_launch_of_a_group_with_problems_is_refused() -> None:
+    with pytest.raises(ValueError, match="serves one host"):
+        g.group_launches(PAIR, load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml"), HOSTS, mtp=True)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("multinode: {nodes: 1}\n", "key 'multinode.nodes'"),
+        ("multinode: {nodes: 2, dist_init_port: 0}\n", "key 'multinode.dist_init_port'"),
+        ("multinode: {nodes: 2, interface_env: ['NCCL IF']}\n", "'NCCL IF' is not the name of an environment"),
+        ("multinode: {nodes: 2, interface_env: [HF_TOKEN]}\n", "'HF_TOKEN' is not the name of an environment"),
+        ("multinode: {nodes: 2, ranks: 2}\n", "key 'multinode.ranks': Extra inputs are not permitted (unknown key)"),
+        ("server_args: {nnodes: 2}\n", "'nnodes' is --nnodes, which orch sets"),
+        ("server_args: {node-rank: 1}\n", "'node-rank' is --node-rank, which orch sets"),
+        ("server_args: {dist-init-addr: 'a:1'}\n", "'dist-init-addr' is --dist-init-addr, which orch sets"),
+    ],
+)
+def test_bad_multinode_playbook_names_the_key(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("model: M\narchitecture: A\n" + text)
+    with pytest.raises(ConfigError) as info:
+        load_recipe(path)
+    assert expected in str(info.value)
