@@ -21,5 +21,7 @@ ensure_gateway .venv-smg113 smg 1.13.0
 ensure_gateway .venv-smg sglang-router 0.3.2
 echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy
-echo "== pytest"; .venv/bin/pytest "$@"
+# Two workers (pytest-xdist), a test file each at a time: the integration tests mostly wait on sshd and
+# simulated servers, so two at once on a 2-core machine take about two thirds of the serial time.
+echo "== pytest"; .venv/bin/pytest -n "${TEST_WORKERS:-2}" --dist loadfile "$@"
 echo "== conformance (real SGLang)"; bash scripts/conformance.sh
