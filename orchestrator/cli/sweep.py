@@ -23,6 +23,11 @@ from orchestrator.views.serve import reporter
 @click.option("--concurrency", metavar="N,N,...", default="1,8,32,128", show_default=True,
               help="Concurrent requests of each benchmark run.")  # fmt: skip
 @click.option("--playbook", metavar="NAME_OR_PATH", help="Playbook with the profiles. Default: the host's.")
+@click.option(
+    "--then-serve",
+    metavar="BEST@C",
+    help="After the sweep, serve the profile that won at concurrency C (one of --concurrency).",
+)
 @yes_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @pass_app
@@ -34,6 +39,7 @@ def sweep(
     profiles: str | None,
     concurrency: str,
     playbook: str | None,
+    then_serve: str | None,
     yes: bool,
     as_json: bool,
 ) -> int:
@@ -43,12 +49,14 @@ def sweep(
     length of each profile, the best profile per concurrency band and the Pareto front (throughput vs
     median ITL). Every run is stored as a benchmark; a re-run skips the runs already finished (a killed
     sweep resumes). Runs on the hosts named (--host/--tag) only; a host that serves now is taken out
-    of service only with --yes. The host ends serving the last profile.
+    of service only with --yes. The host ends serving the last profile, or with --then-serve BEST@C
+    the profile that won at concurrency C on that host, served and verified as orch serve --profile.
 
     \b
     Example:
       orch sweep --host blackwell-1 --yes
       orch sweep --host blackwell-1 --profiles low-latency,max-throughput --concurrency 1,64 --json
+      orch sweep --host blackwell-1 --concurrency 1,32 --then-serve BEST@32 --yes
     """
     if not (hosts or tags):
         raise UsageError("orch sweep runs on a canary, not the fleet: name it", hint="pass --host NAME or --tag TAG")
@@ -56,6 +64,7 @@ def sweep(
         levels = facts.parse_concurrency(concurrency)
     except ValueError as exc:
         raise UsageError(f"--concurrency: {exc}") from None
+    best_at = then_serve_at(then_serve, levels)
     selected = app.select(hosts, tags)
     chosen = app.recipes(selected, playbook)
     names = check_profiles(chosen, profiles)
@@ -67,11 +76,30 @@ def sweep(
         fleet.events = reporter
         results = fleet.map_sessions(lambda s: sweep_op.sweep(s, chosen[s.name], options, app.peers(fleet)),
                                      lambda: app.store)  # fmt: skip
+        if not as_json:
+            view.show(results)
+        served = None
+        if best_at is not None:
+            swept = {r.host.name: r.value for r in results.succeeded if r.value is not None}
+            served = fleet.map_sessions(
+                lambda s: sweep_op.serve_best(s, chosen[s.name], swept[s.name], best_at, app.peers(fleet)),
+                lambda: app.store, [h for h in selected if h.name in swept])  # fmt: skip
     if as_json:
-        print_json(view.document(results))
-    else:
-        view.show(results)
-    return finish(results)
+        print_json(view.document(results, served))
+    elif served is not None:
+        view.served(served)
+    code = finish(results)
+    return (finish(served) if served is not None else 0) or code
+
+
+def then_serve_at(text: str | None, levels: list[int]) -> int | None:
+    """``--then-serve``'s concurrency, checked against the sweep's (exit 2 before any host otherwise)."""
+    if text is None:
+        return None
+    try:
+        return facts.parse_then_serve(text, levels)
+    except ValueError as exc:
+        raise UsageError(f"--then-serve: {exc}") from None
 
 
 def check_profiles(chosen: dict[str, Recipe], asked: str | None) -> list[str]:

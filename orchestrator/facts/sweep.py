@@ -45,6 +45,19 @@ def parse_concurrency(text: str) -> list[int]:
     return sorted({int(p) for p in parts})
 
 
+def parse_then_serve(text: str, concurrencies: Sequence[int]) -> int:
+    """``--then-serve BEST@C`` → C, one of the sweep's ``concurrencies``; ``ValueError`` saying what is
+    wrong (another form, or a C the sweep does not run, so it could name no winner)."""
+    head, at, tail = text.strip().partition("@")
+    if head.strip().upper() != "BEST" or not at or not tail.strip().isdigit():
+        raise ValueError(f"{text!r} is not BEST@C, C a concurrency of the sweep (e.g. BEST@32)")
+    concurrency = int(tail.strip())
+    if concurrency not in concurrencies:
+        listed = ",".join(str(c) for c in concurrencies)
+        raise ValueError(f"concurrency {concurrency} is not one the sweep runs ({listed}): add it to --concurrency")
+    return concurrency
+
+
 def num_prompts(concurrency: int) -> int:
     """Prompts of a run: two waves of the concurrency (at least ``MIN_PROMPTS``), so that every run keeps
     its server as full as asked for about the same time."""

@@ -6,7 +6,8 @@ relaunched, verified; a server already serving it is left alone) and run the ben
 concurrency (``ops.bench``: a detached job; a benchmark a killed sweep left running is attached to, not
 started again), with the playbook's lengths and ``facts.sweep.num_prompts`` prompts. Every run is stored
 as a benchmark with its sweep label. A profile that fails to serve is reported and the sweep goes on with
-the next one. The host ends serving the last profile served.
+the next one. The host ends serving the last profile served, or, with ``serve_best``
+(``--then-serve BEST@C``), the profile that won at concurrency C.
 
 Composes two operations (serve, bench), as ``orch run`` does.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator.errors import OrchError
+from orchestrator.errors import HostError, OrchError
 from orchestrator.facts import sweep as facts
 from orchestrator.facts.bench import BenchRecord
 from orchestrator.facts.sweep import SweepPoint
@@ -71,6 +72,31 @@ def sweep(session: HostSession, recipe: Recipe, options: SweepOptions, peers: Pe
             session.say(f"sweep: {name}: {failed[name]}")
     winners = facts.best(points)
     return SweepResult(points, failed, winners, facts.pareto(points), facts.bands(options.concurrency, winners))
+
+
+@dataclass(frozen=True)
+class BestServed:
+    """``serve_best``'s outcome: the profile that won at the concurrency, and what serving it did."""
+
+    profile: str
+    concurrency: int
+    served: serve_op.ServeResult
+
+
+def serve_best(
+    session: HostSession, recipe: Recipe, result: SweepResult, concurrency: int, peers: Peers | None = None
+) -> BestServed:
+    """Serve the profile ``result.best`` names at ``concurrency`` as ``orch serve --profile NAME`` does
+    (checked, relaunched unless it serves so already, verified). A host where no profile was measured
+    at that concurrency is a host failure, its server left as the sweep left it."""
+    name = result.best.get(concurrency)
+    if name is None:
+        raise HostError(f"no profile was measured at concurrency {concurrency}: nothing to serve",
+                        hint="see the sweep's failures above, fix them and run the sweep again")  # fmt: skip
+    session.say(f"sweep: serving {name}, the best at concurrency {concurrency}")
+    served = recipe.with_profile(name)
+    options = ServeOptions(mtp=served.mtp is not None)
+    return BestServed(name, concurrency, serve_op.serve(session, served, options, peers))
 
 
 def _profile_runs(

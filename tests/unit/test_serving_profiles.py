@@ -66,3 +66,15 @@ def test_serve_with_an_unknown_profile_is_exit_2_before_any_host(tmp_path: Path,
     result = orch("-i", str(inventory), "serve", "--profile", "fast", "--dry-run")
     assert result.returncode == 2
     assert "no serving profile 'fast'" in result.stderr
+
+
+def test_sweep_then_serve_at_a_concurrency_it_does_not_run_is_exit_2_before_any_host(
+    tmp_path: Path, orch: Callable[..., OrchRun]
+) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  h1: {address: 127.0.0.1, port: 1}\n")  # nothing listens: never reached
+    args = ["-i", str(inventory), "--state", str(tmp_path / "state.db"), "sweep", "--host", "h1"]
+    result = orch(*args, "--concurrency", "1,8", "--then-serve", "BEST@32", "--yes")
+    assert result.returncode == 2
+    assert "--then-serve: concurrency 32 is not one the sweep runs (1,8): add it to --concurrency" in result.stderr
+    assert "sweep: a canary run" not in result.stderr and not (tmp_path / "state.db").exists()
