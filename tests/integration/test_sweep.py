@@ -87,3 +87,25 @@ def test_sweep_survives_a_kill_and_recommends_per_band(make_fleet, tmp_path: Pat
     section = (tmp_path / "report" / "report.md").read_text().split("(orch sweep)", 1)[1].split("\n###", 1)[0]
     best = [line for line in section.splitlines() if line.endswith(" | best |") and line[2].isdigit()]
     assert len(best) == 4 and best[0].startswith("| 1 | low-latency |")
+
+
+def test_sweep_then_serve_serves_the_profile_that_won_at_that_concurrency(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env: FleetEnv = make_fleet(1)
+    host = next(iter(load_inventory(env.inventory).hosts.values())).name
+    args = ["sweep", "--host", host, "--playbook", str(small_playbook(tmp_path)),
+            "--profiles", "low-latency,max-throughput", "--concurrency", "1,8", "--then-serve", "BEST@8"]  # fmt: skip
+
+    result = env.orch(*args, "--json", timeout=600)
+    assert result.returncode == 0, result.output
+    doc = json.loads(result.stdout)["hosts"][host]
+    winner = doc["best"]["8"]  # which one wins is wall time on a shared machine: either is checked
+    assert doc["served"]["profile"] == winner and doc["served"]["problems"] == [], doc["served"]
+    assert f"sweep: serving {winner}, the best at concurrency 8" in result.stderr
+    server = StateStore(env.state).read().hosts[host].server
+    assert server is not None and server.stopped_at is None and server.job_id == doc["served"]["job_id"]
+    assert any(a.startswith("--speculative") for a in server.argv) == (winner == "low-latency")
+
+    again = env.orch(*args, "--yes", timeout=600)
+    assert again.returncode == 0, again.output
+    assert f"{host}: {winner} won at concurrency 8: serving it" in again.stdout
+    assert f"{host}: already serving as asked (job {server.job_id})" in again.stdout
