@@ -35,6 +35,7 @@ class SweepPoint:
     p99_itl_ms: float | None
     accept_length: float | None
     resumed: bool = False  # finished by an earlier sweep: not run again
+    simulated: bool = False  # measured on orch's simulated SGLang (``BenchRecord.simulated``): a model
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -96,7 +97,7 @@ def stored_points(records: Iterable[BenchRecord]) -> list[SweepPoint]:
 def point(record: BenchRecord, profile: str, concurrency: int, resumed: bool) -> SweepPoint:
     m = record.metrics
     return SweepPoint(profile, concurrency, m.output_throughput, m.median_ttft_ms, m.p99_ttft_ms, m.median_itl_ms,
-                      m.p99_itl_ms, m.accept_length, resumed)  # fmt: skip
+                      m.p99_itl_ms, m.accept_length, resumed, record.simulated)  # fmt: skip
 
 
 def finished(records: Iterable[BenchRecord], key: str, profile: str, concurrency: int) -> BenchRecord | None:

@@ -293,6 +293,16 @@ def sweep_cells(records: Sequence[BenchRecord]) -> list[list[str]]:
     ]  # fmt: skip
 
 
+def bench_simulated(records: Sequence[BenchRecord]) -> bool:
+    """Whether a benchmark shown came from orch's simulated SGLang (``BenchRecord.simulated``)."""
+    return any(r.simulated for r in records)
+
+
+def sweep_simulated(records: Sequence[BenchRecord]) -> bool:
+    """Whether a sweep run shown came from orch's simulated SGLang (``BenchRecord.simulated``)."""
+    return any(p.simulated for p in sweep_facts.stored_points(records))
+
+
 def kernel_cells(profile: ProfileRecord) -> list[list[str]]:
     return [[k.name, f"{k.seconds:.4f}", f"{100 * k.share:.1f}%"] for k in profile.total.top_kernels]
 
@@ -337,13 +347,15 @@ def _md_host(host: HostReport, now: datetime) -> list[str]:
         lines += ["", "Durations: " + ", ".join(f"{_md(k)} {v}" for k, v in host.durations) + "."]
     shapes = _md_table(SHAPE_COLUMNS, host.tuned_shapes) or ["No tuned shape."]
     lines += ["", "### Tuned shapes", "", *shapes, "", "### Server", "", *_md_server(host)]
-    lines += ["", "### Benchmarks", ""] + (_md_table(BENCH_COLUMNS, bench_cells(host)) or ["No benchmark yet."])
+    lines += ["", "### Benchmarks", ""] + ([f"**{SIMULATED_NOTE}**", ""] if bench_simulated(host.records) else [])
+    lines += _md_table(BENCH_COLUMNS, bench_cells(host)) or ["No benchmark yet."]
     if host.chart:
         alt = f"{_md(host.name)}: output throughput per configuration"
         lines += ["", f"![{alt}]({urllib.parse.quote(host.chart)})"]
     sweep = _md_table(SWEEP_COLUMNS, sweep_cells(host.records))
     if sweep:
-        lines += ["", "### Serving profiles by concurrency (orch sweep)", "", *sweep]
+        note = [f"**{SIMULATED_NOTE}**", ""] if sweep_simulated(host.records) else []
+        lines += ["", "### Serving profiles by concurrency (orch sweep)", "", *note, *sweep]
     return lines + _md_profiles(host)
 
 
@@ -436,13 +448,16 @@ def _html_host(host: HostReport, now: datetime) -> str:
     parts.append(_html_section("Tuned shapes", _html_table(SHAPE_COLUMNS, host.tuned_shapes), "No tuned shape."))
     server = _html_table(["setting", "value"], host.server) + f"<pre>{_h(host.server_command or '')}</pre>"
     parts.append(_html_section("Server", server if host.server_command else "", "No server launched by orch."))
-    parts.append(_html_section("Benchmarks", _html_table(BENCH_COLUMNS, bench_cells(host)), "No benchmark yet."))
+    note = f"<p><b>{_h(SIMULATED_NOTE)}</b></p>" if bench_simulated(host.records) else ""
+    benchmarks = _html_table(BENCH_COLUMNS, bench_cells(host))
+    parts.append(_html_section("Benchmarks", note + benchmarks if benchmarks else "", "No benchmark yet."))
     if host.chart:
         src, alt = _h(urllib.parse.quote(host.chart)), _h(f"{host.name}: output throughput per configuration")
         parts.append(f'<p><img src="{src}" alt="{alt}"></p>')
     sweep = _html_table(SWEEP_COLUMNS, sweep_cells(host.records))
     if sweep:
-        parts.append(_html_section("Serving profiles by concurrency (orch sweep)", sweep, ""))
+        note = f"<p><b>{_h(SIMULATED_NOTE)}</b></p>" if sweep_simulated(host.records) else ""
+        parts.append(_html_section("Serving profiles by concurrency (orch sweep)", note + sweep, ""))
     parts += _html_profiles(host)
     return "<section>" + "\n".join(parts) + "</section>"
 

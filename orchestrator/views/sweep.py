@@ -11,6 +11,7 @@ from orchestrator.fleet import FleetResult, HostResult
 from orchestrator.ops.serve import ServeResult
 from orchestrator.ops.sweep import BestServed, SweepResult
 from orchestrator.render import err, out, table
+from orchestrator.views.profile import SIMULATED
 from orchestrator.views.serve import serve_report
 
 COLUMNS = ["concurrency", "profile", "output tok/s", "TTFT ms median", "TTFT ms p99", "ITL ms median", "ITL ms p99",
@@ -42,7 +43,11 @@ def show(results: FleetResult[SweepResult]) -> None:
         sweep = result.value
         assert sweep is not None
         name = result.host.name
-        table(f"{name}: sweep (output tok/s per profile and concurrency)", COLUMNS, rows(sweep))
+        simulated = any(p.simulated for p in sweep.points)
+        title = f"{name}: sweep (output tok/s per profile and concurrency){' (simulated)' if simulated else ''}"
+        table(title, COLUMNS, rows(sweep))
+        if simulated:
+            out.print(f"{name}: every number above is {SIMULATED}", markup=False)
         for line in band_lines(sweep):
             out.print(f"{name}: best at {line}", markup=False)
         front = ", ".join(f"{p.profile}@{p.concurrency}" for p in sweep.pareto)
@@ -74,7 +79,8 @@ def served_document(r: HostResult[BestServed]) -> dict[str, Any]:
 def point_document(p: SweepPoint) -> dict[str, Any]:
     return {"profile": p.profile, "concurrency": p.concurrency, "output_throughput": p.output_throughput,
             "median_ttft_ms": p.median_ttft_ms, "p99_ttft_ms": p.p99_ttft_ms, "median_itl_ms": p.median_itl_ms,
-            "p99_itl_ms": p.p99_itl_ms, "accept_length": p.accept_length, "earlier": p.resumed}  # fmt: skip
+            "p99_itl_ms": p.p99_itl_ms, "accept_length": p.accept_length, "earlier": p.resumed,
+            "simulated": p.simulated}  # fmt: skip
 
 
 def document(results: FleetResult[SweepResult], served: FleetResult[BestServed] | None = None) -> dict[str, Any]:
@@ -87,6 +93,7 @@ def document(results: FleetResult[SweepResult], served: FleetResult[BestServed] 
             continue
         s = result.value
         hosts[result.host.name] = {
+            "simulated": any(p.simulated for p in s.points),
             "runs": [point_document(p) for p in s.points],
             "best": {str(c): profile for c, profile in s.best.items()},
             "pareto": [{"profile": p.profile, "concurrency": p.concurrency} for p in s.pareto],

@@ -100,6 +100,7 @@ def test_sweep_then_serve_serves_the_profile_that_won_at_that_concurrency(make_f
     doc = json.loads(result.stdout)["hosts"][host]
     winner = doc["best"]["8"]  # which one wins is wall time on a shared machine: either is checked
     assert doc["served"]["profile"] == winner and doc["served"]["problems"] == [], doc["served"]
+    assert doc["simulated"] is True and all(r["simulated"] for r in doc["runs"])  # the sim's benchmark says so
     assert f"sweep: serving {winner}, the best at concurrency 8" in result.stderr
     server = StateStore(env.state).read().hosts[host].server
     assert server is not None and server.stopped_at is None and server.job_id == doc["served"]["job_id"]
@@ -109,3 +110,4 @@ def test_sweep_then_serve_serves_the_profile_that_won_at_that_concurrency(make_f
     assert again.returncode == 0, again.output
     assert f"{host}: {winner} won at concurrency 8: serving it" in again.stdout
     assert f"{host}: already serving as asked (job {server.job_id})" in again.stdout
+    assert f"{host}: every number above is SIMULATED" in again.stdout

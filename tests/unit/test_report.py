@@ -251,3 +251,15 @@ def test_report_has_the_sweep_runs_with_the_best_per_concurrency(tmp_path: Path)
     rows = [line for line in section.splitlines() if line.startswith("| 1") and "best" in line]
     assert [r.split(" | ")[1] for r in rows] == ["low-latency", "max-throughput"]
     assert "2,000.0" not in section
+
+
+@pytest.mark.parametrize("simulated", [True, False])
+def test_report_says_a_sweep_from_the_simulated_fleet_is_simulated(tmp_path: Path, simulated: bool) -> None:
+    state = campaign_state()
+    run = a_run("sweep k1 low-latency c1", 300.0, 80, None, False) | {"simulated": simulated}
+    state.hosts["blackwell-1"].benchmarks.append(BenchRecord.model_validate(run))
+    text = report.write_report(state, "state.json", tmp_path, "md", now=at(100)).read_text()
+    section = text.split("### Serving profiles by concurrency (orch sweep)", 1)[1].split("\n###", 1)[0]
+    assert (f"**{report.SIMULATED_NOTE}**" in section) == simulated
+    benchmarks = text.split("### Benchmarks", 1)[1].split("\n###", 1)[0]
+    assert (f"**{report.SIMULATED_NOTE}**" in benchmarks) == simulated
