@@ -15,10 +15,11 @@ from orchestrator.cli.gateway import (
     rolling_options,
     rollout_client,
 )
+from orchestrator.cli.sweep import check_profiles
 from orchestrator.inventory import Host
 from orchestrator.ops import rollout
 from orchestrator.ops import run as run_op
-from orchestrator.recipe import ServeOptions
+from orchestrator.recipe import ServeOptions, SweepOptions
 from orchestrator.transport.base import Runner
 from orchestrator.views import gateway as gateway_view
 from orchestrator.views import run as run_view
@@ -75,6 +76,8 @@ def run(
         for step in steps[host.name]:
             if isinstance(step.options, ServeOptions):
                 refuse_bad_recipe(chosen[host.name], mtp=step.options.mtp)  # exit 2 before any host, as recipe show
+            if isinstance(step.options, SweepOptions):  # every profile it serves, as orch sweep checks them
+                check_profiles({host.name: chosen[host.name]}, step.options.profiles)
     serves = any(run_op.around_serve(steps[h.name])[1] for h in selected)
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run) and serves
     gate_needs_rolling(gate, rolling)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import click
 
 from orchestrator.app import App, refuse_bad_recipe
@@ -11,7 +13,7 @@ from orchestrator.errors import UsageError
 from orchestrator.facts import sweep as facts
 from orchestrator.inventory import Host
 from orchestrator.ops import sweep as sweep_op
-from orchestrator.recipe import Recipe
+from orchestrator.recipe import Recipe, SweepOptions
 from orchestrator.render import err, print_json
 from orchestrator.views import sweep as view
 from orchestrator.views.serve import reporter
@@ -67,11 +69,11 @@ def sweep(
     best_at = then_serve_at(then_serve, levels)
     selected = app.select(hosts, tags)
     chosen = app.recipes(selected, playbook)
-    names = check_profiles(chosen, profiles)
+    names = check_profiles(chosen, [n.strip() for n in profiles.split(",") if n.strip()] if profiles else None)
     refuse_serving(app, selected, yes)
     err.print(f"sweep: a canary run on {', '.join(h.name for h in selected)}: each of {', '.join(names)} is "
               "served there in turn; no other host is touched", markup=False)  # fmt: skip
-    options = sweep_op.SweepOptions(profiles=names, concurrency=levels)
+    options = SweepOptions(profiles=names, concurrency=levels, then_serve=best_at)
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
         results = fleet.map_sessions(lambda s: sweep_op.sweep(s, chosen[s.name], options, app.peers(fleet)),
@@ -102,11 +104,12 @@ def then_serve_at(text: str | None, levels: list[int]) -> int | None:
         raise UsageError(f"--then-serve: {exc}") from None
 
 
-def check_profiles(chosen: dict[str, Recipe], asked: str | None) -> list[str]:
-    """The profiles to sweep (``--profiles``, else every profile of the first recipe), each present in
-    every host's recipe and passing the MTP rules: exit 2 before any host otherwise."""
+def check_profiles(chosen: Mapping[str, Recipe], asked: list[str] | None) -> list[str]:
+    """The profiles to sweep (``--profiles`` or a sweep step's ``profiles``, else every profile of the
+    first recipe), each present in every host's recipe and passing the MTP rules: exit 2 before any host
+    otherwise. ``orch sweep`` and ``orch run`` (its sweep step) ask this one question."""
     first = next(iter(chosen.values()))
-    names = [n.strip() for n in asked.split(",") if n.strip()] if asked else list(first.profiles)
+    names = list(asked) if asked else list(first.profiles)
     if not names:
         raise UsageError(f"{first.path or first.model} has no serving profiles", hint="add 'profiles:' to it")
     for recipe in {id(r): r for r in chosen.values()}.values():

@@ -33,28 +33,17 @@ from orchestrator.facts.profile import ProfileRecord, TraceFile
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.readers import http
-from orchestrator.recipe import BenchOptions, BenchSpec
+from orchestrator.recipe import BenchOptions, BenchSpec, ProfileOptions
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord, utc_now
 from orchestrator.transport.base import Runner
 
-DEFAULT_STEPS = 5
-DEFAULT_TIMEOUT = 600.0
 SETTLE_S = 20.0
 """Seconds after the load ends that orch waits for the traces before asking the server to stop."""
 POLL_S = 0.5
 KEEP_PROFILES = 50
 """Profile runs kept per host in the state (the oldest dropped first)."""
 _STAGES = ("prefill", "decode")
-
-
-@dataclass(frozen=True)
-class ProfileOptions:
-    """What ``orch profile`` was asked: batches per stage, the run's label, seconds the whole run may take."""
-
-    steps: int = DEFAULT_STEPS
-    label: str | None = None
-    timeout: float = DEFAULT_TIMEOUT
 
 
 @dataclass(frozen=True)

@@ -22,18 +22,9 @@ from orchestrator.facts.bench import BenchRecord
 from orchestrator.facts.sweep import SweepPoint
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import serve as serve_op
-from orchestrator.recipe import BenchOptions, Recipe, ServeOptions
+from orchestrator.recipe import BenchOptions, Recipe, ServeOptions, SweepOptions
 from orchestrator.session import HostSession
 from orchestrator.tuning.member import Peers
-
-
-@dataclass(frozen=True)
-class SweepOptions:
-    """The profiles to serve (in order), the concurrencies to run, seconds a benchmark may take."""
-
-    profiles: list[str]
-    concurrency: list[int]
-    bench_timeout: float = bench_op.DEFAULT_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -60,11 +51,16 @@ def run_key(served: Recipe) -> str:
     return facts.sweep_key(settings, workload)
 
 
+def profile_names(recipe: Recipe, options: SweepOptions) -> list[str]:
+    """The profiles the sweep serves, in order: those asked, else every profile of the recipe."""
+    return list(options.profiles) if options.profiles else list(recipe.profiles)
+
+
 def sweep(session: HostSession, recipe: Recipe, options: SweepOptions, peers: Peers | None = None) -> SweepResult:
     """Run (or finish) the sweep on the session's host; see the module docstring."""
     points: list[SweepPoint] = []
     failed: dict[str, str] = {}
-    for name in options.profiles:
+    for name in profile_names(recipe, options):
         try:
             points += _profile_runs(session, recipe.with_profile(name), name, options, peers)
         except OrchError as exc:

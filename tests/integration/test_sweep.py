@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from orchestrator.facts.sweep import stored_points
 from orchestrator.inventory import load_inventory
 from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.store import StateStore
@@ -31,7 +32,8 @@ def small_playbook(tmp_path: Path) -> Path:
 
 
 def sweep_labels(env: FleetEnv, host: str) -> list[str]:
-    return [b.label for b in StateStore(env.state).read().hosts[host].benchmarks if b.label.startswith("sweep ")]
+    hs = StateStore(env.state).read().hosts.get(host)  # none yet: the run has not reached it
+    return [b.label for b in hs.benchmarks if b.label.startswith("sweep ")] if hs else []
 
 
 def test_sweep_survives_a_kill_and_recommends_per_band(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -111,3 +113,50 @@ def test_sweep_then_serve_serves_the_profile_that_won_at_that_concurrency(make_f
     assert f"{host}: {winner} won at concurrency 8: serving it" in again.stdout
     assert f"{host}: already serving as asked (job {server.job_id})" in again.stdout
     assert f"{host}: every number above is SIMULATED" in again.stdout
+
+
+RUN_STEPS = """steps:
+  - serve
+  - sweep: {profiles: [low-latency, max-throughput], concurrency: [1, 2], then_serve: 2}
+  - profile: {steps: 2, label: chosen}
+"""
+
+
+def test_run_with_a_sweep_step_survives_a_kill_and_ends_serving_the_best(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env: FleetEnv = make_fleet(1)
+    host = next(iter(load_inventory(env.inventory).hosts.values())).name
+    text = small_playbook(tmp_path).read_text()
+    playbook = tmp_path / "campaign.yaml"
+    playbook.write_text(text[: text.index("\nsteps:\n")] + "\n" + RUN_STEPS)
+    args = ["-i", str(env.inventory), "--state", str(env.state), "run", str(playbook)]
+
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ})  # fmt: skip
+    try:
+        while not sweep_labels(env, host) and proc.poll() is None:
+            time.sleep(0.2)  # until the first run is stored: the kill lands in the sweep
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert len(sweep_labels(env, host)) in (1, 2)
+
+    result = env.orch("run", str(playbook), timeout=600)
+    assert result.returncode == 0, result.output
+    assert f"{host}: sweep: resumed" in result.output
+    labels = sweep_labels(env, host)
+    assert len(labels) == 4 and Counter(labels).most_common(1)[0][1] == 1  # no run measured twice
+    hs = StateStore(env.state).read().hosts[host]
+    assert hs.steps is not None and list(hs.steps.done) == ["serve", "sweep", "profile"]
+    winner = next(p.profile for p in stored_points(hs.benchmarks) if p.concurrency == 2 and
+                  p.output_throughput == max(q.output_throughput for q in stored_points(hs.benchmarks)
+                                             if q.concurrency == 2))  # fmt: skip
+    assert f"serving {winner} (best at 2)" in result.output and "[simulated]" in result.output
+    assert hs.server is not None and any(a.startswith("--speculative") for a in hs.server.argv) == (
+        winner == "low-latency"
+    )
+    assert [p.label for p in hs.profiles] == ["chosen"] and hs.profiles[0].simulated
+
+    again = env.orch("run", str(playbook))
+    assert again.returncode == 0, again.output
+    for step in ("serve", "sweep", "profile"):
+        assert f"{host}: {step}: already done, skipped" in again.output
