@@ -46,6 +46,7 @@ SIDE_BY_SIDE = 4
 """Profiles of a host shown side by side in the report (the latest ones: before and after a change)."""
 SIMULATED_NOTE = "Simulated: the cost model of orch's simulated SGLang, not a GPU measurement."
 SHAPE_COLUMNS = ["shape", "installed (UTC)", "for SGLang", "server"]
+STORY_COLUMNS = ["stage", "run", "output tok/s", "vs baseline", "what"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class HostReport:
     chart: str | None = None  # file name of the PNG beside the report
     profiles: list[ProfileRecord] = field(default_factory=list)  # the latest SIDE_BY_SIDE `orch profile` runs
     profile_chart: str | None = None  # file name of the GPU-time PNG (None: no profile, or no matplotlib)
+    story: list[list[str]] = field(default_factory=list)  # the campaign in a few rows (``story_rows``)
 
 
 @dataclass
@@ -115,6 +117,7 @@ def host_report(name: str, hs: HostState, now: datetime) -> HostReport:
         records=records,
         rows=facts.compare(records, facts.pick_baseline(records, None)),
         profiles=list(hs.profiles[-SIDE_BY_SIDE:]),
+        story=story_rows(records, list(hs.profiles)),
     )
 
 
@@ -280,6 +283,49 @@ def stage_cells(profile: ProfileRecord) -> tuple[list[str], list[list[str]]]:
     return ["category", *(name for name, _ in stages)], rows if stages else []
 
 
+def story_rows(records: Sequence[BenchRecord], profiles: Sequence[ProfileRecord]) -> list[list[str]]:
+    """The campaign in a few rows, of what the records hold: the baseline (the first benchmark without
+    MTP or tuned shapes), tuned (the latest with tuned shapes, MTP off), tuned + MTP (the latest with
+    both), the profile the sweep chose per concurrency band, and the GPU time by category of the first
+    and the latest ``orch profile`` (before and after; of the only one when there is one). Sweep runs are
+    not benchmarks of the campaign."""
+    runs = [r for r in records if sweep_facts.parse_label(r.label) is None]
+    baseline = next((r for r in runs if not r.mtp and not r.tuned_shapes), None)
+    tuned = next((r for r in reversed(runs) if r.tuned_shapes and not r.mtp), None)
+    with_mtp = next((r for r in reversed(runs) if r.tuned_shapes and r.mtp), None)
+    rows = [_story_run(stage, r, baseline) for stage, r in
+            (("baseline", baseline), ("tuned", tuned), ("tuned + MTP", with_mtp)) if r is not None]  # fmt: skip
+    points = sweep_facts.stored_points(records)
+    bands = sweep_facts.bands(sorted({p.concurrency for p in points}), sweep_facts.best(points))
+    if bands:
+        chosen = "; ".join(f"concurrency {a}{f'-{b}' if b != a else ''}: {name}" for a, b, name in bands)
+        rows.append(["chosen profile", "orch sweep", "", "", chosen + _sim(any(p.simulated for p in points))])
+    shown = [("GPU time before", profiles[0]), ("GPU time after", profiles[-1])] if len(profiles) > 1 else [
+        ("GPU time", p) for p in profiles]  # fmt: skip
+    return rows + [[stage, p.label, "", "", _shares(p) + _sim(p.simulated)] for stage, p in shown]
+
+
+def _story_run(stage: str, record: BenchRecord, baseline: BenchRecord | None) -> list[str]:
+    tok_s = record.metrics.output_throughput
+    change = (
+        ""
+        if baseline is None or record is baseline
+        else f"{100 * (tok_s / baseline.metrics.output_throughput - 1):+.1f}%"
+    )
+    shapes = f"{len(record.tuned_shapes)} tuned shape(s)" if record.tuned_shapes else "no tuned shape"
+    what = f"MTP {_mtp_cell(record)}, FP8 {record.fp8_backend or '-'}, {shapes}"
+    return [stage, record.label, facts.fmt_number(tok_s), change, what + _sim(record.simulated)]
+
+
+def _shares(profile: ProfileRecord) -> str:
+    ranked = sorted(profile.total.categories.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{name} {100 * share:.1f}%" for name, share in ranked if share > 0)
+
+
+def _sim(simulated: bool) -> str:
+    return " (simulated)" if simulated else ""
+
+
 def sweep_cells(records: Sequence[BenchRecord]) -> list[list[str]]:
     """The host's ``orch sweep`` runs (the latest of each profile and concurrency), the best of each
     concurrency marked."""
@@ -341,6 +387,8 @@ def _summary(host: HostReport) -> list[str]:
 
 def _md_host(host: HostReport, now: datetime) -> list[str]:
     lines = ["", f"## {_md(host.name)}", "", f"Phase **{_md(host.phase)}**, SGLang {_md(host.sglang)}.", ""]
+    if host.story:
+        lines += ["### The campaign", "", *_md_table(STORY_COLUMNS, host.story), ""]
     history = _md_table(HISTORY_COLUMNS, history_cells(host, now)) or ["No transition yet."]
     lines += ["### Phase history", "", *history]
     if host.durations:
@@ -440,6 +488,8 @@ def render_html(report: Report) -> str:
 
 def _html_host(host: HostReport, now: datetime) -> str:
     parts = [f"<h2>{_h(host.name)}</h2><p>Phase <b>{_h(host.phase)}</b>, SGLang {_h(host.sglang)}.</p>"]
+    if host.story:
+        parts.append(_html_section("The campaign", _html_table(STORY_COLUMNS, host.story), ""))
     parts.append(
         _html_section("Phase history", _html_table(HISTORY_COLUMNS, history_cells(host, now)), "No transition yet.")
     )

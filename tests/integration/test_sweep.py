@@ -160,3 +160,8 @@ def test_run_with_a_sweep_step_survives_a_kill_and_ends_serving_the_best(make_fl
     assert again.returncode == 0, again.output
     for step in ("serve", "sweep", "profile"):
         assert f"{host}: {step}: already done, skipped" in again.output
+
+    assert env.orch("report", "--out", str(tmp_path / "report")).returncode == 0
+    story = (tmp_path / "report" / "report.md").read_text().split("### The campaign", 1)[1].split("\n###", 1)[0]
+    assert "| chosen profile | orch sweep |" in story and ("concurrency 1-2: " in story or "concurrency 1: " in story)
+    assert "| GPU time | chosen |" in story and "(simulated)" in story
