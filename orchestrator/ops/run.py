@@ -381,9 +381,10 @@ def _bench(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> 
 
 
 def _profile(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> str:
-    """``orch profile`` of the running server; an interrupted step profiles again (a new run)."""
+    """``orch profile`` of the running server; an interrupted step profiles again (a new run), first ending
+    the profile it left in progress on the server (``profile_op.profile``'s ``resume``)."""
     assert isinstance(step.options, ProfileOptions)
-    record = profile_op.profile(session, ctx.recipe(session.host).bench, step.options).record
+    record = profile_op.profile(session, ctx.recipe(session.host).bench, step.options, resume=resumed).record
     shares = sorted(record.total.categories.items(), key=lambda kv: -kv[1])[:3]
     top = ", ".join(f"{name} {100 * share:.1f}%" for name, share in shares)
     return f"{record.label!r}: {record.total.gpu_s:.4f} GPU s on rank 0 ({top})" + simulated(record.simulated)

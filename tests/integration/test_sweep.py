@@ -9,9 +9,11 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
+from orchestrator.facts import server as server_facts
 from orchestrator.facts.sweep import stored_points
 from orchestrator.inventory import load_inventory
 from orchestrator.recipe import PACKAGED_PLAYBOOKS
@@ -165,3 +167,30 @@ def test_run_with_a_sweep_step_survives_a_kill_and_ends_serving_the_best(make_fl
     story = (tmp_path / "report" / "report.md").read_text().split("### The campaign", 1)[1].split("\n###", 1)[0]
     assert "| chosen profile | orch sweep |" in story and ("concurrency 1-2: " in story or "concurrency 1: " in story)
     assert "| GPU time | chosen |" in story and "(simulated)" in story
+
+
+def test_a_profile_step_interrupted_after_arming_the_profiler_resumes(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env: FleetEnv = make_fleet(1)
+    host = next(iter(load_inventory(env.inventory).hosts.values())).name
+    text = small_playbook(tmp_path).read_text()
+    playbook = tmp_path / "campaign.yaml"
+    playbook.write_text(text[: text.index("\nsteps:\n")] + "\nsteps:\n  - serve\n  - profile: {steps: 2}\n")
+    assert env.orch("run", str(playbook), "--only", "serve").returncode == 0
+    store = StateStore(env.state)
+    server = store.read().hosts[host].server
+    assert server is not None
+    # what a run killed just after asking the server to profile leaves: the profiler armed, the step running
+    leftover = tmp_path / "leftover"
+    body = {"output_dir": str(leftover), "num_steps": 2, "activities": ["CPU", "GPU"], "profile_by_stage": True}
+    url = server_facts.url(server_facts.argv_address(server.argv), server.port)
+    request = urllib.request.Request(f"{url}/start_profile", json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as answer:  # loopback: the simulated host's server
+        assert answer.status == 200
+    store.update_host(host, lambda hs: hs.progress(str(playbook.resolve())).step_started("profile"))
+
+    result = env.orch("run", str(playbook), timeout=600)
+    assert result.returncode == 0, result.output
+    assert f"{host}: profile: resumed" in result.output
+    assert "the interrupted run's profile is still in progress: one wave of load ends it" in result.output
+    assert len(store.read().hosts[host].profiles) == 1 and list(leftover.glob("*.trace.json.gz"))
