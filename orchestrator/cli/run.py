@@ -51,7 +51,7 @@ def run(
     canary: str | None,
     gate: str | None,
 ) -> int:
-    """Run a playbook's steps on each host (pull, tune-fp8, serve, bench); re-run to resume.
+    """Run a playbook's steps on each host (pull, tune-fp8, serve, bench, profile, sweep); re-run to resume.
 
     Finished steps are skipped while their result holds on the host (a server gone after a reboot,
     a tuned config deleted: that step runs again, saying why), running jobs re-attached; nothing is

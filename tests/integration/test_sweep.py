@@ -131,6 +131,11 @@ def test_run_with_a_sweep_step_survives_a_kill_and_ends_serving_the_best(make_fl
     playbook = tmp_path / "campaign.yaml"
     playbook.write_text(text[: text.index("\nsteps:\n")] + "\n" + RUN_STEPS)
     args = ["-i", str(env.inventory), "--state", str(env.state), "run", str(playbook)]
+    plan = env.orch("run", str(playbook), "--dry-run")
+    assert plan.returncode == 0, plan.output
+    assert ("(serve each of low-latency, max-throughput in turn, benchmark each at concurrency 1,2; runs done are "
+            "skipped; then serve the best at 2)") in plan.stdout  # fmt: skip
+    assert "(profile the running server: 2 prefill and 2 decode batches" in plan.stdout
 
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ})  # fmt: skip
