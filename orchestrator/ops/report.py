@@ -80,6 +80,7 @@ class HostReport:
     profiles: list[ProfileRecord] = field(default_factory=list)  # the latest SIDE_BY_SIDE `orch profile` runs
     profile_chart: str | None = None  # file name of the GPU-time PNG (None: no profile, or no matplotlib)
     story: list[list[str]] = field(default_factory=list)  # the campaign in a few rows (``story_rows``)
+    sweep_chart: str | None = None  # file name of the sweep's PNG (None: no sweep run, or no matplotlib)
 
 
 @dataclass
@@ -404,6 +405,11 @@ def _md_host(host: HostReport, now: datetime) -> list[str]:
     if sweep:
         note = [f"**{SIMULATED_NOTE}**", ""] if sweep_simulated(host.records) else []
         lines += ["", "### Serving profiles by concurrency (orch sweep)", "", *note, *sweep]
+        if host.sweep_chart:
+            lines += [
+                "",
+                f"![{_md(host.name)}: serving profiles by concurrency]({urllib.parse.quote(host.sweep_chart)})",
+            ]
     return lines + _md_profiles(host)
 
 
@@ -507,6 +513,9 @@ def _html_host(host: HostReport, now: datetime) -> str:
     sweep = _html_table(SWEEP_COLUMNS, sweep_cells(host.records))
     if sweep:
         note = f"<p><b>{_h(SIMULATED_NOTE)}</b></p>" if sweep_simulated(host.records) else ""
+        if host.sweep_chart:
+            src, alt = _h(urllib.parse.quote(host.sweep_chart)), _h(f"{host.name}: serving profiles by concurrency")
+            sweep += f'<p><img src="{src}" alt="{alt}"></p>'
         parts.append(_html_section("Serving profiles by concurrency (orch sweep)", note + sweep, ""))
     parts += _html_profiles(host)
     return "<section>" + "\n".join(parts) + "</section>"
@@ -558,9 +567,14 @@ def write_report(state: State, source: str, out_dir: Path, fmt: Format = "md", n
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         for index, host in enumerate(report.hosts):
-            if host.records and not report.charts_left_out:
+            runs = campaign_runs(host.records)
+            if runs and not report.charts_left_out:
                 host.chart = chart_name(host.name, index)
-                write_chart(out_dir / host.chart, host.name, host.records)
+                write_chart(out_dir / host.chart, host.name, runs)
+            points = sweep_facts.stored_points(host.records)
+            if points and not report.charts_left_out:
+                host.sweep_chart = chart_name(host.name, index).replace("throughput-", "sweep-", 1)
+                sweep_figure(host.name, points).savefig(out_dir / host.sweep_chart, format="png")
             if host.profiles and _has_matplotlib():
                 host.profile_chart = chart_name(host.name, index).replace("throughput-", "gpu-time-", 1)
                 profile_figure(host.name, host.profiles).savefig(out_dir / host.profile_chart, format="png")
@@ -578,6 +592,36 @@ def has_matplotlib() -> bool:
     except ImportError:
         return False
     return True
+
+
+def campaign_runs(records: Sequence[BenchRecord]) -> list[BenchRecord]:
+    """The benchmarks the throughput chart shows: every run but the sweep's (they have their own chart)."""
+    return [r for r in records if sweep_facts.parse_label(r.label) is None]
+
+
+def sweep_figure(host: str, points: Sequence[sweep_facts.SweepPoint]) -> Figure:
+    """The sweep: output tok/s against concurrency (log scale), one line per profile, the best run of each
+    concurrency ringed; "(simulated)" in the title when the runs came from the simulated fleet."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7.0, 4.0), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    for profile in dict.fromkeys(p.profile for p in points):
+        mine = sorted((p for p in points if p.profile == profile), key=lambda p: p.concurrency)
+        axes.plot([p.concurrency for p in mine], [p.output_throughput for p in mine], marker="o", label=profile)
+    winners = sweep_facts.best(points)
+    best = [p for p in points if winners.get(p.concurrency) == p.profile]
+    axes.scatter([p.concurrency for p in best], [p.output_throughput for p in best], s=160, facecolors="none",
+                 edgecolors="black", label="best")  # fmt: skip
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("concurrent requests")
+    axes.set_ylabel("output throughput (tok/s)")
+    simulated = " (simulated)" if any(p.simulated for p in points) else ""
+    axes.set_title(f"{host}: serving profiles by concurrency (orch sweep){simulated}", fontsize=10)
+    axes.legend(fontsize=8)
+    return figure
 
 
 def chart_name(host: str, index: int) -> str:
@@ -607,7 +651,8 @@ def chart_figure(host: str, records: Sequence[BenchRecord]) -> Figure:
     axes.set_xticks(range(len(records)), labels, rotation=20 if len(records) > 4 else 0)
     axes.bar_label(bars, labels=[_bar_text(r) for r in records], fontsize=8)
     axes.set_ylabel("output throughput (tok/s)")
-    axes.set_title(f"{host}: output throughput per run", fontsize=10)
+    simulated = " (simulated)" if any(r.simulated for r in records) else ""
+    axes.set_title(f"{host}: output throughput per run{simulated}", fontsize=10)
     axes.set_ylim(0, max(values) * 1.2)
     return figure
 

@@ -14,6 +14,7 @@ from markdown_it import MarkdownIt
 from orchestrator.facts import profile as profile_facts
 from orchestrator.facts.bench import BenchMetrics, BenchParams, BenchRecord
 from orchestrator.facts.profile import ProfileRecord
+from orchestrator.facts.sweep import stored_points
 from orchestrator.ops import report
 from orchestrator.state import Phase, PhaseChange, ServerRecord, SGLangInfo, State, Verification
 from orchestrator.store import StateStore
@@ -293,3 +294,21 @@ def test_a_report_without_records_tells_no_campaign_and_one_profile_is_no_before
     assert report.story_rows([], []) == []
     (row,) = report.story_rows([], [a_profile("only", 80, 0.6, simulated=False)])
     assert row == ["GPU time", "only", "", "", "moe 60.0%, attention 40.0%"]
+
+
+@pytest.mark.parametrize("fmt", ["md", "html"])
+def test_report_charts_the_sweep_apart_from_the_campaigns_runs(tmp_path: Path, fmt: report.Format) -> None:
+    state = campaign_state()
+    for i, (profile, c, tok_s) in enumerate([("low-latency", 1, 300.0), ("max-throughput", 8, 900.0)]):
+        run = a_run(f"sweep k1 {profile} c{c}", tok_s, 80 + i, None, False) | {"simulated": True}
+        state.hosts["blackwell-1"].benchmarks.append(BenchRecord.model_validate(run))
+    text = report.write_report(state, "state.json", tmp_path, fmt, now=at(100)).read_text()
+    assert (tmp_path / "sweep-01-blackwell-1.png").read_bytes().startswith(PNG_MAGIC)
+    section = text.split("Serving profiles by concurrency (orch sweep)", 1)[1]
+    assert "sweep-01-blackwell-1.png" in section
+    points = stored_points(state.hosts["blackwell-1"].benchmarks)
+    axes = report.sweep_figure("blackwell-1", points).axes[0]
+    assert axes.get_title() == "blackwell-1: serving profiles by concurrency (orch sweep) (simulated)"
+    assert [line.get_label() for line in axes.get_lines()] == ["low-latency", "max-throughput"]
+    bars = report.chart_figure("blackwell-1", report.campaign_runs(state.hosts["blackwell-1"].benchmarks)).axes[0]
+    assert [t.get_text() for t in bars.get_xticklabels()] == ["baseline", "tuned+mtp"]  # the sweep's runs: apart
