@@ -130,17 +130,52 @@ class BenchOptions(_Strict):
     max_concurrency: int | None = None
 
 
+class ProfileOptions(_Strict):
+    """``orch profile``: batches to profile per stage, the run's label, seconds the load and traces may take."""
+
+    steps: int = Field(5, ge=1, le=200)
+    label: str | None = None
+    timeout: float = Field(600.0, ge=10)
+
+
+class SweepOptions(_Strict):
+    """``orch sweep``: the serving profiles to serve in turn (None: every profile of the playbook), the
+    concurrencies to benchmark each at, and ``then_serve``: the concurrency whose best profile is served
+    after the sweep (``--then-serve BEST@C``; None: the last profile swept keeps serving)."""
+
+    profiles: list[str] | None = Field(None, min_length=1)
+    concurrency: list[int] = Field(default_factory=lambda: [1, 8, 32, 128], min_length=1)
+    then_serve: int | None = None
+    bench_timeout: float = Field(3600.0, gt=0)  # seconds one benchmark run may take
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, value: list[int]) -> list[int]:
+        if any(c <= 0 for c in value):
+            raise ValueError("concurrencies are positive whole numbers (e.g. [1, 8, 32, 128])")
+        return sorted(set(value))
+
+    @model_validator(mode="after")
+    def _served_level(self) -> SweepOptions:
+        if self.then_serve is not None and self.then_serve not in self.concurrency:
+            listed = ", ".join(str(c) for c in self.concurrency)
+            raise ValueError(f"then_serve {self.then_serve} is not one of the sweep's concurrencies ({listed})")
+        return self
+
+
 STEP_OPTIONS: dict[str, type[_Strict]] = {
     "pull": PullOptions,
     "tune-fp8": TuneOptions,
     "serve": ServeOptions,
     "bench": BenchOptions,
+    "profile": ProfileOptions,
+    "sweep": SweepOptions,
 }
 
 
 class Step(_Strict):
-    name: Literal["pull", "tune-fp8", "serve", "bench"]
-    options: PullOptions | TuneOptions | ServeOptions | BenchOptions
+    name: Literal["pull", "tune-fp8", "serve", "bench", "profile", "sweep"]
+    options: PullOptions | TuneOptions | ServeOptions | BenchOptions | ProfileOptions | SweepOptions
 
     @model_validator(mode="before")
     @classmethod

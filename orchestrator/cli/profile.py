@@ -5,19 +5,20 @@ from __future__ import annotations
 import click
 
 from orchestrator.app import App
-from orchestrator.cli.common import finish, host_options, pass_app
+from orchestrator.cli.common import default, finish, host_options, pass_app
 from orchestrator.ops import profile as profile_op
+from orchestrator.recipe import ProfileOptions
 from orchestrator.render import print_json
 from orchestrator.views import profile as view
 
 
 @click.command()
 @host_options
-@click.option("--steps", type=click.IntRange(1, 200), default=profile_op.DEFAULT_STEPS, show_default=True,
+@click.option("--steps", type=click.IntRange(1, 200), default=default(ProfileOptions, "steps"), show_default=True,
               help="Batches to profile in each stage (prefill, decode).")  # fmt: skip
 @click.option("--label", help="Name of this profile (before/after). Default: '<commit> mtp|no-mtp'.")
 @click.option("--playbook", metavar="NAME_OR_PATH", help="Playbook with the load's lengths. Default: the host's.")
-@click.option("--timeout", type=click.FloatRange(10), default=profile_op.DEFAULT_TIMEOUT, show_default=True,
+@click.option("--timeout", type=click.FloatRange(10), default=default(ProfileOptions, "timeout"), show_default=True,
               help="Seconds the load and the traces may take on each host.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @pass_app
@@ -48,7 +49,7 @@ def profile(
     """
     selected = app.select(hosts, tags)
     specs = {name: recipe.bench for name, recipe in app.recipes(selected, playbook).items()}
-    options = profile_op.ProfileOptions(steps=steps, label=label, timeout=timeout)
+    options = ProfileOptions(steps=steps, label=label, timeout=timeout)
     with app.fleet(selected, parallel) as fleet:
         if not as_json:
             fleet.events = lambda host: view.say

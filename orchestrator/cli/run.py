@@ -15,11 +15,12 @@ from orchestrator.cli.gateway import (
     rolling_options,
     rollout_client,
 )
+from orchestrator.cli.sweep import check_profiles
 from orchestrator.inventory import Host
 from orchestrator.ops import group as group_op
 from orchestrator.ops import rollout
 from orchestrator.ops import run as run_op
-from orchestrator.recipe import ServeOptions
+from orchestrator.recipe import ServeOptions, SweepOptions
 from orchestrator.transport.base import Runner
 from orchestrator.views import gateway as gateway_view
 from orchestrator.views import run as run_view
@@ -51,7 +52,7 @@ def run(
     canary: str | None,
     gate: str | None,
 ) -> int:
-    """Run a playbook's steps on each host (pull, tune-fp8, serve, bench); re-run to resume.
+    """Run a playbook's steps on each host (pull, tune-fp8, serve, bench, profile, sweep); re-run to resume.
 
     Finished steps are skipped while their result holds on the host (a server gone after a reboot,
     a tuned config deleted: that step runs again, saying why), running jobs re-attached; nothing is
@@ -76,6 +77,8 @@ def run(
         for step in steps[host.name]:
             if isinstance(step.options, ServeOptions):
                 refuse_bad_recipe(chosen[host.name], mtp=step.options.mtp)  # exit 2 before any host, as recipe show
+            if isinstance(step.options, SweepOptions):  # every profile it serves, as orch sweep checks them
+                check_profiles({host.name: chosen[host.name]}, step.options.profiles)
     serves = any(run_op.around_serve(steps[h.name])[1] for h in selected)
     if serves:  # serving a replica group is not built yet (issue 26): exit 2 before any host
         group_op.refuse_serving(group_op.ranks(app.inventory, selected, chosen))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import click
 
 from orchestrator.app import App, refuse_bad_recipe
@@ -11,7 +13,7 @@ from orchestrator.errors import UsageError
 from orchestrator.facts import sweep as facts
 from orchestrator.inventory import Host
 from orchestrator.ops import sweep as sweep_op
-from orchestrator.recipe import Recipe
+from orchestrator.recipe import Recipe, SweepOptions
 from orchestrator.render import err, print_json
 from orchestrator.views import sweep as view
 from orchestrator.views.serve import reporter
@@ -23,6 +25,11 @@ from orchestrator.views.serve import reporter
 @click.option("--concurrency", metavar="N,N,...", default="1,8,32,128", show_default=True,
               help="Concurrent requests of each benchmark run.")  # fmt: skip
 @click.option("--playbook", metavar="NAME_OR_PATH", help="Playbook with the profiles. Default: the host's.")
+@click.option(
+    "--then-serve",
+    metavar="BEST@C",
+    help="After the sweep, serve the profile that won at concurrency C (one of --concurrency).",
+)
 @yes_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @pass_app
@@ -34,6 +41,7 @@ def sweep(
     profiles: str | None,
     concurrency: str,
     playbook: str | None,
+    then_serve: str | None,
     yes: bool,
     as_json: bool,
 ) -> int:
@@ -43,12 +51,14 @@ def sweep(
     length of each profile, the best profile per concurrency band and the Pareto front (throughput vs
     median ITL). Every run is stored as a benchmark; a re-run skips the runs already finished (a killed
     sweep resumes). Runs on the hosts named (--host/--tag) only; a host that serves now is taken out
-    of service only with --yes. The host ends serving the last profile.
+    of service only with --yes. The host ends serving the last profile, or with --then-serve BEST@C
+    the profile that won at concurrency C on that host, served and verified as orch serve --profile.
 
     \b
     Example:
       orch sweep --host blackwell-1 --yes
       orch sweep --host blackwell-1 --profiles low-latency,max-throughput --concurrency 1,64 --json
+      orch sweep --host blackwell-1 --concurrency 1,32 --then-serve BEST@32 --yes
     """
     if not (hosts or tags):
         raise UsageError("orch sweep runs on a canary, not the fleet: name it", hint="pass --host NAME or --tag TAG")
@@ -56,29 +66,50 @@ def sweep(
         levels = facts.parse_concurrency(concurrency)
     except ValueError as exc:
         raise UsageError(f"--concurrency: {exc}") from None
+    best_at = then_serve_at(then_serve, levels)
     selected = app.select(hosts, tags)
     chosen = app.recipes(selected, playbook)
-    names = check_profiles(chosen, profiles)
+    names = check_profiles(chosen, [n.strip() for n in profiles.split(",") if n.strip()] if profiles else None)
     refuse_serving(app, selected, yes)
     err.print(f"sweep: a canary run on {', '.join(h.name for h in selected)}: each of {', '.join(names)} is "
               "served there in turn; no other host is touched", markup=False)  # fmt: skip
-    options = sweep_op.SweepOptions(profiles=names, concurrency=levels)
+    options = SweepOptions(profiles=names, concurrency=levels, then_serve=best_at)
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
         results = fleet.map_sessions(lambda s: sweep_op.sweep(s, chosen[s.name], options, app.peers(fleet)),
                                      lambda: app.store)  # fmt: skip
+        if not as_json:
+            view.show(results)
+        served = None
+        if best_at is not None:
+            swept = {r.host.name: r.value for r in results.succeeded if r.value is not None}
+            served = fleet.map_sessions(
+                lambda s: sweep_op.serve_best(s, chosen[s.name], swept[s.name], best_at, app.peers(fleet)),
+                lambda: app.store, [h for h in selected if h.name in swept])  # fmt: skip
     if as_json:
-        print_json(view.document(results))
-    else:
-        view.show(results)
-    return finish(results)
+        print_json(view.document(results, served))
+    elif served is not None:
+        view.served(served)
+    code = finish(results)
+    return (finish(served) if served is not None else 0) or code
 
 
-def check_profiles(chosen: dict[str, Recipe], asked: str | None) -> list[str]:
-    """The profiles to sweep (``--profiles``, else every profile of the first recipe), each present in
-    every host's recipe and passing the MTP rules: exit 2 before any host otherwise."""
+def then_serve_at(text: str | None, levels: list[int]) -> int | None:
+    """``--then-serve``'s concurrency, checked against the sweep's (exit 2 before any host otherwise)."""
+    if text is None:
+        return None
+    try:
+        return facts.parse_then_serve(text, levels)
+    except ValueError as exc:
+        raise UsageError(f"--then-serve: {exc}") from None
+
+
+def check_profiles(chosen: Mapping[str, Recipe], asked: list[str] | None) -> list[str]:
+    """The profiles to sweep (``--profiles`` or a sweep step's ``profiles``, else every profile of the
+    first recipe), each present in every host's recipe and passing the MTP rules: exit 2 before any host
+    otherwise. ``orch sweep`` and ``orch run`` (its sweep step) ask this one question."""
     first = next(iter(chosen.values()))
-    names = [n.strip() for n in asked.split(",") if n.strip()] if asked else list(first.profiles)
+    names = list(asked) if asked else list(first.profiles)
     if not names:
         raise UsageError(f"{first.path or first.model} has no serving profiles", hint="add 'profiles:' to it")
     for recipe in {id(r): r for r in chosen.values()}.values():

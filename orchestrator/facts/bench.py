@@ -141,6 +141,7 @@ class BenchRecord(_Model):
     speculative: str | None = None
     tuned_shapes: list[str] = []
     fp8_backend: str | None = None
+    simulated: bool = False  # the result says orch's simulated SGLang wrote it (``is_simulated``): a model
 
 
 @dataclass(frozen=True)
@@ -288,6 +289,17 @@ def parse_jsonl(text: str) -> BenchMetrics:
     if not isinstance(data, dict):
         raise BenchOutputError("the last line of the output file is not a JSON object")
     return _metrics(data)
+
+
+def is_simulated(text: str) -> bool:
+    """Whether the last result of a benchmark JSONL file says orch's simulated SGLang wrote it (its
+    ``"simulated"`` key, which the real benchmark never writes): its numbers are a model, not a GPU's."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    try:
+        data = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        return False
+    return isinstance(data, dict) and bool(data.get("simulated"))
 
 
 def _metrics(data: dict[str, Any]) -> BenchMetrics:

@@ -35,6 +35,7 @@ class SweepPoint:
     p99_itl_ms: float | None
     accept_length: float | None
     resumed: bool = False  # finished by an earlier sweep: not run again
+    simulated: bool = False  # measured on orch's simulated SGLang (``BenchRecord.simulated``): a model
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -43,6 +44,19 @@ def parse_concurrency(text: str) -> list[int]:
     if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
         raise ValueError(f"{text!r} is not a list of positive whole numbers (e.g. 1,8,32,128)")
     return sorted({int(p) for p in parts})
+
+
+def parse_then_serve(text: str, concurrencies: Sequence[int]) -> int:
+    """``--then-serve BEST@C`` → C, one of the sweep's ``concurrencies``; ``ValueError`` saying what is
+    wrong (another form, or a C the sweep does not run, so it could name no winner)."""
+    head, at, tail = text.strip().partition("@")
+    if head.strip().upper() != "BEST" or not at or not tail.strip().isdigit():
+        raise ValueError(f"{text!r} is not BEST@C, C a concurrency of the sweep (e.g. BEST@32)")
+    concurrency = int(tail.strip())
+    if concurrency not in concurrencies:
+        listed = ",".join(str(c) for c in concurrencies)
+        raise ValueError(f"concurrency {concurrency} is not one the sweep runs ({listed}): add it to --concurrency")
+    return concurrency
 
 
 def num_prompts(concurrency: int) -> int:
@@ -83,7 +97,7 @@ def stored_points(records: Iterable[BenchRecord]) -> list[SweepPoint]:
 def point(record: BenchRecord, profile: str, concurrency: int, resumed: bool) -> SweepPoint:
     m = record.metrics
     return SweepPoint(profile, concurrency, m.output_throughput, m.median_ttft_ms, m.p99_ttft_ms, m.median_itl_ms,
-                      m.p99_itl_ms, m.accept_length, resumed)  # fmt: skip
+                      m.p99_itl_ms, m.accept_length, resumed, record.simulated)  # fmt: skip
 
 
 def finished(records: Iterable[BenchRecord], key: str, profile: str, concurrency: int) -> BenchRecord | None:

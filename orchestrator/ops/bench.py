@@ -434,7 +434,7 @@ def _progress(session: HostSession, info: jobs.JobInfo, attached: bool) -> Bench
 def _result(session: HostSession, server: ServerRecord, plan: _Plan, ended: jobs.JobInfo) -> BenchRecord:
     """The stored record of a finished job; a failed job or unusable output is recorded, then raised."""
     try:
-        metrics = _metrics(session.host, session.runner, plan, ended)
+        metrics, simulated = _metrics(session.host, session.runner, plan, ended)
     except OrchError:
         session.store.update_host(session.name, lambda hs: _end_job(hs, ended))
         raise
@@ -451,16 +451,18 @@ def _result(session: HostSession, server: ServerRecord, plan: _Plan, ended: jobs
         speculative=(server.verified.speculative or None) if server.verified else None,
         tuned_shapes=list(server.verification.tuned_shapes_in_use),
         fp8_backend=facts.fp8_backend(server.argv, server.verification.fp8_backend),
+        simulated=simulated,
     )
 
 
-def _metrics(host: Host, runner: Runner, plan: _Plan, ended: jobs.JobInfo) -> facts.BenchMetrics:
+def _metrics(host: Host, runner: Runner, plan: _Plan, ended: jobs.JobInfo) -> tuple[facts.BenchMetrics, bool]:
+    """The run's metrics, and whether the simulated SGLang's benchmark wrote them (``facts.is_simulated``)."""
     if ended.state != "succeeded":
         how = f"exited {ended.exit_code}" if ended.exit_code is not None else "was lost (killed or rebooted)"
         raise _failure(host, runner, ended, f"the benchmark (job {ended.id}) {how}")
     try:
         text = runner.read_bytes(plan.output_file).decode(errors="replace")
-        return facts.parse_jsonl(text)
+        return facts.parse_jsonl(text), facts.is_simulated(text)
     except OSError:
         raise _failure(host, runner, ended, f"the benchmark wrote no output file {plan.output_file}") from None
     except facts.BenchOutputError as exc:

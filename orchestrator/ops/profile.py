@@ -15,6 +15,11 @@ appeared when the load has ended and ``SETTLE_S`` more seconds passed, orch asks
 
 Refusals (nothing started): no server launched by orch, or it is not running (as ``orch bench``), or the
 server refuses ``/start_profile`` (a profile already in progress: its message is shown).
+
+``resume`` (``orch run``'s profile step interrupted after it asked the server to profile): a profile still in
+progress is the one the interrupted run armed. ``/stop_profile`` cannot end a by-stage profile still waiting
+for its first batch (SGLang answers "not in progress"), so one wave of load ends it (its traces go where it
+was asked), and the profile starts again.
 """
 
 from __future__ import annotations
@@ -33,28 +38,17 @@ from orchestrator.facts.profile import ProfileRecord, TraceFile
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.readers import http
-from orchestrator.recipe import BenchOptions, BenchSpec
+from orchestrator.recipe import BenchOptions, BenchSpec, ProfileOptions
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord, utc_now
 from orchestrator.transport.base import Runner
 
-DEFAULT_STEPS = 5
-DEFAULT_TIMEOUT = 600.0
 SETTLE_S = 20.0
 """Seconds after the load ends that orch waits for the traces before asking the server to stop."""
 POLL_S = 0.5
 KEEP_PROFILES = 50
 """Profile runs kept per host in the state (the oldest dropped first)."""
 _STAGES = ("prefill", "decode")
-
-
-@dataclass(frozen=True)
-class ProfileOptions:
-    """What ``orch profile`` was asked: batches per stage, the run's label, seconds the whole run may take."""
-
-    steps: int = DEFAULT_STEPS
-    label: str | None = None
-    timeout: float = DEFAULT_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -66,8 +60,9 @@ class ProfileRun:
     stopped: bool = False  # orch had to ask /stop_profile: a stage's window never closed by itself
 
 
-def profile(session: HostSession, spec: BenchSpec, options: ProfileOptions) -> ProfileRun:
-    """Profile the host's running server under a short load and store where its GPU time went.
+def profile(session: HostSession, spec: BenchSpec, options: ProfileOptions, resume: bool = False) -> ProfileRun:
+    """Profile the host's running server under a short load and store where its GPU time went (``resume``:
+    see the module docstring).
 
     Raises ``RefusedError`` (no running server, the server refuses to profile), ``RemoteCommandError``
     (the load fails, no trace appears in time, a trace is unreadable or too large).
@@ -79,7 +74,12 @@ def profile(session: HostSession, spec: BenchSpec, options: ProfileOptions) -> P
     directory, prefix = f"{host.workdir.rstrip('/')}/profiles/{run}", f"orch-{run}"
     deadline = time.monotonic() + options.timeout
     runner.run(["mkdir", "-p", "-m", "700", "--", directory], check=True)
-    _start(host, runner, url, facts.start_body(directory, options.steps, prefix))
+    body = facts.start_body(directory, options.steps, prefix)
+    if not _start(host, runner, url, body, refuse=not resume):
+        session.say(f"{host.name}: the interrupted run's profile is still in progress: one wave of load ends it")
+        _drive_load(session, server, spec, f"{directory}/leftover.jsonl", deadline)
+        http(host, runner, [server_facts.HttpRequest("POST", f"{url}/stop_profile", {}, timeout=60)])
+        _start(host, runner, url, body)
     session.say(f"{host.name}: profiling {options.steps} prefill and {options.steps} decode batches into {directory}")
     _drive_load(session, server, spec, f"{directory}/load.jsonl", deadline)
     found, stopped = _wait_for_traces(host, runner, url, directory, prefix, deadline)
@@ -88,14 +88,19 @@ def profile(session: HostSession, spec: BenchSpec, options: ProfileOptions) -> P
     return ProfileRun(record, directory, stopped)
 
 
-def _start(host: Host, runner: Runner, url: str, body: dict[str, object]) -> None:
+def _start(host: Host, runner: Runner, url: str, body: dict[str, object], refuse: bool = True) -> bool:
+    """Ask the server to profile; whether it started. Refused: ``RefusedError`` with the server's words
+    (``refuse``), or False when the refusal is a profile already in progress (``refuse=False``)."""
     (answer,) = http(host, runner, [server_facts.HttpRequest("POST", f"{url}/start_profile", body, timeout=60)])
+    if answer.status != 200 and not refuse and "already in progress" in answer.body:
+        return False
     if answer.status != 200:
         said = answer.body.strip()[:200] or "no answer"
         raise RefusedError(
             f"{host.name}: the server refused to start profiling ({answer.status}: {said})",
             hint="a profile already in progress ends by itself after its steps, or with POST /stop_profile",
         )
+    return True
 
 
 def _load_params(spec: BenchSpec) -> BenchParams:

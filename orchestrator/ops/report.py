@@ -46,6 +46,7 @@ SIDE_BY_SIDE = 4
 """Profiles of a host shown side by side in the report (the latest ones: before and after a change)."""
 SIMULATED_NOTE = "Simulated: the cost model of orch's simulated SGLang, not a GPU measurement."
 SHAPE_COLUMNS = ["shape", "installed (UTC)", "for SGLang", "server"]
+STORY_COLUMNS = ["stage", "run", "output tok/s", "vs baseline", "what"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ class HostReport:
     chart: str | None = None  # file name of the PNG beside the report
     profiles: list[ProfileRecord] = field(default_factory=list)  # the latest SIDE_BY_SIDE `orch profile` runs
     profile_chart: str | None = None  # file name of the GPU-time PNG (None: no profile, or no matplotlib)
+    story: list[list[str]] = field(default_factory=list)  # the campaign in a few rows (``story_rows``)
+    sweep_chart: str | None = None  # file name of the sweep's PNG (None: no sweep run, or no matplotlib)
 
 
 @dataclass
@@ -115,6 +118,7 @@ def host_report(name: str, hs: HostState, now: datetime) -> HostReport:
         records=records,
         rows=facts.compare(records, facts.pick_baseline(records, None)),
         profiles=list(hs.profiles[-SIDE_BY_SIDE:]),
+        story=story_rows(records, list(hs.profiles)),
     )
 
 
@@ -280,6 +284,49 @@ def stage_cells(profile: ProfileRecord) -> tuple[list[str], list[list[str]]]:
     return ["category", *(name for name, _ in stages)], rows if stages else []
 
 
+def story_rows(records: Sequence[BenchRecord], profiles: Sequence[ProfileRecord]) -> list[list[str]]:
+    """The campaign in a few rows, of what the records hold: the baseline (the first benchmark without
+    MTP or tuned shapes), tuned (the latest with tuned shapes, MTP off), tuned + MTP (the latest with
+    both), the profile the sweep chose per concurrency band, and the GPU time by category of the first
+    and the latest ``orch profile`` (before and after; of the only one when there is one). Sweep runs are
+    not benchmarks of the campaign."""
+    runs = [r for r in records if sweep_facts.parse_label(r.label) is None]
+    baseline = next((r for r in runs if not r.mtp and not r.tuned_shapes), None)
+    tuned = next((r for r in reversed(runs) if r.tuned_shapes and not r.mtp), None)
+    with_mtp = next((r for r in reversed(runs) if r.tuned_shapes and r.mtp), None)
+    rows = [_story_run(stage, r, baseline) for stage, r in
+            (("baseline", baseline), ("tuned", tuned), ("tuned + MTP", with_mtp)) if r is not None]  # fmt: skip
+    points = sweep_facts.stored_points(records)
+    bands = sweep_facts.bands(sorted({p.concurrency for p in points}), sweep_facts.best(points))
+    if bands:
+        chosen = "; ".join(f"concurrency {a}{f'-{b}' if b != a else ''}: {name}" for a, b, name in bands)
+        rows.append(["chosen profile", "orch sweep", "", "", chosen + _sim(any(p.simulated for p in points))])
+    shown = [("GPU time before", profiles[0]), ("GPU time after", profiles[-1])] if len(profiles) > 1 else [
+        ("GPU time", p) for p in profiles]  # fmt: skip
+    return rows + [[stage, p.label, "", "", _shares(p) + _sim(p.simulated)] for stage, p in shown]
+
+
+def _story_run(stage: str, record: BenchRecord, baseline: BenchRecord | None) -> list[str]:
+    tok_s = record.metrics.output_throughput
+    change = (
+        ""
+        if baseline is None or record is baseline
+        else f"{100 * (tok_s / baseline.metrics.output_throughput - 1):+.1f}%"
+    )
+    shapes = f"{len(record.tuned_shapes)} tuned shape(s)" if record.tuned_shapes else "no tuned shape"
+    what = f"MTP {_mtp_cell(record)}, FP8 {record.fp8_backend or '-'}, {shapes}"
+    return [stage, record.label, facts.fmt_number(tok_s), change, what + _sim(record.simulated)]
+
+
+def _shares(profile: ProfileRecord) -> str:
+    ranked = sorted(profile.total.categories.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{name} {100 * share:.1f}%" for name, share in ranked if share > 0)
+
+
+def _sim(simulated: bool) -> str:
+    return " (simulated)" if simulated else ""
+
+
 def sweep_cells(records: Sequence[BenchRecord]) -> list[list[str]]:
     """The host's ``orch sweep`` runs (the latest of each profile and concurrency), the best of each
     concurrency marked."""
@@ -291,6 +338,16 @@ def sweep_cells(records: Sequence[BenchRecord]) -> list[list[str]]:
          facts.fmt_number(p.accept_length, 2), "best" if winners.get(p.concurrency) == p.profile else ""]
         for p in points
     ]  # fmt: skip
+
+
+def bench_simulated(records: Sequence[BenchRecord]) -> bool:
+    """Whether a benchmark shown came from orch's simulated SGLang (``BenchRecord.simulated``)."""
+    return any(r.simulated for r in records)
+
+
+def sweep_simulated(records: Sequence[BenchRecord]) -> bool:
+    """Whether a sweep run shown came from orch's simulated SGLang (``BenchRecord.simulated``)."""
+    return any(p.simulated for p in sweep_facts.stored_points(records))
 
 
 def kernel_cells(profile: ProfileRecord) -> list[list[str]]:
@@ -331,19 +388,28 @@ def _summary(host: HostReport) -> list[str]:
 
 def _md_host(host: HostReport, now: datetime) -> list[str]:
     lines = ["", f"## {_md(host.name)}", "", f"Phase **{_md(host.phase)}**, SGLang {_md(host.sglang)}.", ""]
+    if host.story:
+        lines += ["### The campaign", "", *_md_table(STORY_COLUMNS, host.story), ""]
     history = _md_table(HISTORY_COLUMNS, history_cells(host, now)) or ["No transition yet."]
     lines += ["### Phase history", "", *history]
     if host.durations:
         lines += ["", "Durations: " + ", ".join(f"{_md(k)} {v}" for k, v in host.durations) + "."]
     shapes = _md_table(SHAPE_COLUMNS, host.tuned_shapes) or ["No tuned shape."]
     lines += ["", "### Tuned shapes", "", *shapes, "", "### Server", "", *_md_server(host)]
-    lines += ["", "### Benchmarks", ""] + (_md_table(BENCH_COLUMNS, bench_cells(host)) or ["No benchmark yet."])
+    lines += ["", "### Benchmarks", ""] + ([f"**{SIMULATED_NOTE}**", ""] if bench_simulated(host.records) else [])
+    lines += _md_table(BENCH_COLUMNS, bench_cells(host)) or ["No benchmark yet."]
     if host.chart:
         alt = f"{_md(host.name)}: output throughput per configuration"
         lines += ["", f"![{alt}]({urllib.parse.quote(host.chart)})"]
     sweep = _md_table(SWEEP_COLUMNS, sweep_cells(host.records))
     if sweep:
-        lines += ["", "### Serving profiles by concurrency (orch sweep)", "", *sweep]
+        note = [f"**{SIMULATED_NOTE}**", ""] if sweep_simulated(host.records) else []
+        lines += ["", "### Serving profiles by concurrency (orch sweep)", "", *note, *sweep]
+        if host.sweep_chart:
+            lines += [
+                "",
+                f"![{_md(host.name)}: serving profiles by concurrency]({urllib.parse.quote(host.sweep_chart)})",
+            ]
     return lines + _md_profiles(host)
 
 
@@ -428,6 +494,8 @@ def render_html(report: Report) -> str:
 
 def _html_host(host: HostReport, now: datetime) -> str:
     parts = [f"<h2>{_h(host.name)}</h2><p>Phase <b>{_h(host.phase)}</b>, SGLang {_h(host.sglang)}.</p>"]
+    if host.story:
+        parts.append(_html_section("The campaign", _html_table(STORY_COLUMNS, host.story), ""))
     parts.append(
         _html_section("Phase history", _html_table(HISTORY_COLUMNS, history_cells(host, now)), "No transition yet.")
     )
@@ -436,13 +504,19 @@ def _html_host(host: HostReport, now: datetime) -> str:
     parts.append(_html_section("Tuned shapes", _html_table(SHAPE_COLUMNS, host.tuned_shapes), "No tuned shape."))
     server = _html_table(["setting", "value"], host.server) + f"<pre>{_h(host.server_command or '')}</pre>"
     parts.append(_html_section("Server", server if host.server_command else "", "No server launched by orch."))
-    parts.append(_html_section("Benchmarks", _html_table(BENCH_COLUMNS, bench_cells(host)), "No benchmark yet."))
+    note = f"<p><b>{_h(SIMULATED_NOTE)}</b></p>" if bench_simulated(host.records) else ""
+    benchmarks = _html_table(BENCH_COLUMNS, bench_cells(host))
+    parts.append(_html_section("Benchmarks", note + benchmarks if benchmarks else "", "No benchmark yet."))
     if host.chart:
         src, alt = _h(urllib.parse.quote(host.chart)), _h(f"{host.name}: output throughput per configuration")
         parts.append(f'<p><img src="{src}" alt="{alt}"></p>')
     sweep = _html_table(SWEEP_COLUMNS, sweep_cells(host.records))
     if sweep:
-        parts.append(_html_section("Serving profiles by concurrency (orch sweep)", sweep, ""))
+        note = f"<p><b>{_h(SIMULATED_NOTE)}</b></p>" if sweep_simulated(host.records) else ""
+        if host.sweep_chart:
+            src, alt = _h(urllib.parse.quote(host.sweep_chart)), _h(f"{host.name}: serving profiles by concurrency")
+            sweep += f'<p><img src="{src}" alt="{alt}"></p>'
+        parts.append(_html_section("Serving profiles by concurrency (orch sweep)", note + sweep, ""))
     parts += _html_profiles(host)
     return "<section>" + "\n".join(parts) + "</section>"
 
@@ -493,9 +567,14 @@ def write_report(state: State, source: str, out_dir: Path, fmt: Format = "md", n
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         for index, host in enumerate(report.hosts):
-            if host.records and not report.charts_left_out:
+            runs = campaign_runs(host.records)
+            if runs and not report.charts_left_out:
                 host.chart = chart_name(host.name, index)
-                write_chart(out_dir / host.chart, host.name, host.records)
+                write_chart(out_dir / host.chart, host.name, runs)
+            points = sweep_facts.stored_points(host.records)
+            if points and not report.charts_left_out:
+                host.sweep_chart = chart_name(host.name, index).replace("throughput-", "sweep-", 1)
+                sweep_figure(host.name, points).savefig(out_dir / host.sweep_chart, format="png")
             if host.profiles and _has_matplotlib():
                 host.profile_chart = chart_name(host.name, index).replace("throughput-", "gpu-time-", 1)
                 profile_figure(host.name, host.profiles).savefig(out_dir / host.profile_chart, format="png")
@@ -513,6 +592,36 @@ def has_matplotlib() -> bool:
     except ImportError:
         return False
     return True
+
+
+def campaign_runs(records: Sequence[BenchRecord]) -> list[BenchRecord]:
+    """The benchmarks the throughput chart shows: every run but the sweep's (they have their own chart)."""
+    return [r for r in records if sweep_facts.parse_label(r.label) is None]
+
+
+def sweep_figure(host: str, points: Sequence[sweep_facts.SweepPoint]) -> Figure:
+    """The sweep: output tok/s against concurrency (log scale), one line per profile, the best run of each
+    concurrency ringed; "(simulated)" in the title when the runs came from the simulated fleet."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7.0, 4.0), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    for profile in dict.fromkeys(p.profile for p in points):
+        mine = sorted((p for p in points if p.profile == profile), key=lambda p: p.concurrency)
+        axes.plot([p.concurrency for p in mine], [p.output_throughput for p in mine], marker="o", label=profile)
+    winners = sweep_facts.best(points)
+    best = [p for p in points if winners.get(p.concurrency) == p.profile]
+    axes.scatter([p.concurrency for p in best], [p.output_throughput for p in best], s=160, facecolors="none",
+                 edgecolors="black", label="best")  # fmt: skip
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("concurrent requests")
+    axes.set_ylabel("output throughput (tok/s)")
+    simulated = " (simulated)" if any(p.simulated for p in points) else ""
+    axes.set_title(f"{host}: serving profiles by concurrency (orch sweep){simulated}", fontsize=10)
+    axes.legend(fontsize=8)
+    return figure
 
 
 def chart_name(host: str, index: int) -> str:
@@ -542,7 +651,8 @@ def chart_figure(host: str, records: Sequence[BenchRecord]) -> Figure:
     axes.set_xticks(range(len(records)), labels, rotation=20 if len(records) > 4 else 0)
     axes.bar_label(bars, labels=[_bar_text(r) for r in records], fontsize=8)
     axes.set_ylabel("output throughput (tok/s)")
-    axes.set_title(f"{host}: output throughput per run", fontsize=10)
+    simulated = " (simulated)" if any(r.simulated for r in records) else ""
+    axes.set_title(f"{host}: output throughput per run{simulated}", fontsize=10)
     axes.set_ylim(0, max(values) * 1.2)
     return figure
 

@@ -1,4 +1,5 @@
-"""``orch run``: walk each host through the playbook's steps (pull, tune-fp8, serve, bench), resumably.
+"""``orch run``: walk each host through the playbook's steps (pull, tune-fp8, serve, bench, profile, sweep),
+resumably.
 
 Each step calls the same operation as its single command, with the same options model. Progress is
 kept per host in ``HostState.steps`` (a ``StepProgress``: the playbook, steps done, running, failed),
@@ -10,7 +11,9 @@ record, the server when it already runs the same command) instead of starting th
 A step recorded as done is skipped only while its result still holds on the host (``gone``): ``serve``
 while a server job of orch's runs (a reboot ends it), ``tune-fp8`` while this GPU's config files for
 its shapes are where the host's SGLang reads them, ``bench`` unless ``serve`` ran again in this run
-(it measured the old server); ``pull`` always holds (a moved checkout is the next round's business).
+(it measured the old server); ``pull``, ``profile`` and ``sweep`` always hold (a moved checkout is the
+next round's business; a profile or a sweep is a record of what was measured). A ``sweep`` step that was
+interrupted, or failed on a profile, runs again and skips the runs it finished (``ops.sweep``).
 A step whose result is gone runs again, with a line saying why.
 
 Before the first step every host passes ``orch doctor``'s checks and every host that will serve checks
@@ -38,10 +41,23 @@ from orchestrator.gateway import GatewayClient
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import doctor as doctor_op
+from orchestrator.ops import profile as profile_op
 from orchestrator.ops import pull as pull_op
 from orchestrator.ops import rollout
 from orchestrator.ops import serve as serve_op
-from orchestrator.recipe import BenchOptions, PullOptions, Recipe, ServeOptions, Shape, Step, TuneOptions, parse_shapes
+from orchestrator.ops import sweep as sweep_op
+from orchestrator.recipe import (
+    BenchOptions,
+    ProfileOptions,
+    PullOptions,
+    Recipe,
+    ServeOptions,
+    Shape,
+    Step,
+    SweepOptions,
+    TuneOptions,
+    parse_shapes,
+)
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, StepProgress
 from orchestrator.store import StateStore
@@ -364,11 +380,49 @@ def _bench(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> 
     )
 
 
+def _profile(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> str:
+    """``orch profile`` of the running server; an interrupted step profiles again (a new run), first ending
+    the profile it left in progress on the server (``profile_op.profile``'s ``resume``)."""
+    assert isinstance(step.options, ProfileOptions)
+    record = profile_op.profile(session, ctx.recipe(session.host).bench, step.options, resume=resumed).record
+    shares = sorted(record.total.categories.items(), key=lambda kv: -kv[1])[:3]
+    top = ", ".join(f"{name} {100 * share:.1f}%" for name, share in shares)
+    return f"{record.label!r}: {record.total.gpu_s:.4f} GPU s on rank 0 ({top})" + simulated(record.simulated)
+
+
+def _sweep(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> str:
+    """``orch sweep`` on this host, then (``then_serve``) the best profile at that concurrency served. A
+    profile that failed to serve fails the step: the re-run serves it again and skips the finished runs."""
+    assert isinstance(step.options, SweepOptions)
+    recipe = ctx.recipe(session.host)
+    try:
+        result = sweep_op.sweep(session, recipe, step.options, ctx.peers)
+        failed = "; ".join(f"{name}: {why}" for name, why in result.failed.items())
+        if failed:
+            raise HostError(f"{session.name}: not every profile was measured ({failed})",
+                            hint="fix it and run again: the runs finished are skipped")  # fmt: skip
+        bands = ", ".join(f"{a}{f'-{b}' if b != a else ''} {name}" for a, b, name in result.bands)
+        detail = f"{len(result.points)} runs ({sum(p.resumed for p in result.points)} earlier); best by concurrency: "
+        detail += bands + simulated(any(p.simulated for p in result.points))
+        if step.options.then_serve is not None:
+            best = sweep_op.serve_best(session, recipe, result, step.options.then_serve, ctx.peers)
+            detail += f"; serving {best.profile} (best at {best.concurrency}): {_served(best.served)}"
+    finally:
+        session.forget("jobs", "server_info")  # servers relaunched, benchmark jobs started
+    return detail
+
+
+def simulated(on: bool) -> str:
+    return " [simulated]" if on else ""
+
+
 STEPS: dict[str, Callable[[RunContext, HostSession, Step, bool], str]] = {
     "pull": _pull,
     "tune-fp8": _tune,
     "serve": _serve,
     "bench": _bench,
+    "profile": _profile,
+    "sweep": _sweep,
 }
 
 
@@ -606,6 +660,8 @@ def stopping_steps(session: HostSession, recipe: Recipe, steps: list[Step], redo
         after a step that runs (a pull, tuning), serve's decision waits for it: counted as a stop."""
         if isinstance(step.options, ServeOptions):
             return not first or serve_op.would_replace(session, recipe, serve_options(session, recipe, step, redo))
+        if isinstance(step.options, SweepOptions):
+            return True  # it relaunches the server once per profile
         return isinstance(step.options, TuneOptions) and step.options.stop_server
 
     running = [s for s in steps if runs(s)]
@@ -652,7 +708,19 @@ def _dry_step(session: HostSession, recipe: Recipe, step: Step) -> tuple[list[st
         return commands, server_host.FOR_RUN_TUNING if needed and options.stop_server else None
     if isinstance(options, ServeOptions):
         return [shell_command(serve_op.check_launch(session, recipe, options.mtp))], server_host.FOR_RELAUNCH
+    if isinstance(options, SweepOptions):
+        return [_dry_sweep(recipe, options)], server_host.FOR_RELAUNCH
+    if isinstance(options, ProfileOptions):
+        return [f"(profile the running server: {options.steps} prefill and {options.steps} decode batches "
+                "under one wave of the benchmark's prompts; rank 0's traces fetched)"], None  # fmt: skip
     return _dry_commands(session, recipe, step), None
+
+
+def _dry_sweep(recipe: Recipe, options: SweepOptions) -> str:
+    levels = ",".join(str(c) for c in options.concurrency)
+    then = f"; then serve the best at {options.then_serve}" if options.then_serve is not None else ""
+    names = ", ".join(sweep_op.profile_names(recipe, options))
+    return f"(serve each of {names} in turn, benchmark each at concurrency {levels}; runs done are skipped{then})"
 
 
 def _dry_commands(session: HostSession, recipe: Recipe, step: Step) -> list[str]:

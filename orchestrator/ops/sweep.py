@@ -6,7 +6,8 @@ relaunched, verified; a server already serving it is left alone) and run the ben
 concurrency (``ops.bench``: a detached job; a benchmark a killed sweep left running is attached to, not
 started again), with the playbook's lengths and ``facts.sweep.num_prompts`` prompts. Every run is stored
 as a benchmark with its sweep label. A profile that fails to serve is reported and the sweep goes on with
-the next one. The host ends serving the last profile served.
+the next one. The host ends serving the last profile served, or, with ``serve_best``
+(``--then-serve BEST@C``), the profile that won at concurrency C.
 
 Composes two operations (serve, bench), as ``orch run`` does.
 """
@@ -15,24 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator.errors import OrchError
+from orchestrator.errors import HostError, OrchError
 from orchestrator.facts import sweep as facts
 from orchestrator.facts.bench import BenchRecord
 from orchestrator.facts.sweep import SweepPoint
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import serve as serve_op
-from orchestrator.recipe import BenchOptions, Recipe, ServeOptions
+from orchestrator.recipe import BenchOptions, Recipe, ServeOptions, SweepOptions
 from orchestrator.session import HostSession
 from orchestrator.tuning.member import Peers
-
-
-@dataclass(frozen=True)
-class SweepOptions:
-    """The profiles to serve (in order), the concurrencies to run, seconds a benchmark may take."""
-
-    profiles: list[str]
-    concurrency: list[int]
-    bench_timeout: float = bench_op.DEFAULT_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -59,11 +51,16 @@ def run_key(served: Recipe) -> str:
     return facts.sweep_key(settings, workload)
 
 
+def profile_names(recipe: Recipe, options: SweepOptions) -> list[str]:
+    """The profiles the sweep serves, in order: those asked, else every profile of the recipe."""
+    return list(options.profiles) if options.profiles else list(recipe.profiles)
+
+
 def sweep(session: HostSession, recipe: Recipe, options: SweepOptions, peers: Peers | None = None) -> SweepResult:
     """Run (or finish) the sweep on the session's host; see the module docstring."""
     points: list[SweepPoint] = []
     failed: dict[str, str] = {}
-    for name in options.profiles:
+    for name in profile_names(recipe, options):
         try:
             points += _profile_runs(session, recipe.with_profile(name), name, options, peers)
         except OrchError as exc:
@@ -71,6 +68,31 @@ def sweep(session: HostSession, recipe: Recipe, options: SweepOptions, peers: Pe
             session.say(f"sweep: {name}: {failed[name]}")
     winners = facts.best(points)
     return SweepResult(points, failed, winners, facts.pareto(points), facts.bands(options.concurrency, winners))
+
+
+@dataclass(frozen=True)
+class BestServed:
+    """``serve_best``'s outcome: the profile that won at the concurrency, and what serving it did."""
+
+    profile: str
+    concurrency: int
+    served: serve_op.ServeResult
+
+
+def serve_best(
+    session: HostSession, recipe: Recipe, result: SweepResult, concurrency: int, peers: Peers | None = None
+) -> BestServed:
+    """Serve the profile ``result.best`` names at ``concurrency`` as ``orch serve --profile NAME`` does
+    (checked, relaunched unless it serves so already, verified). A host where no profile was measured
+    at that concurrency is a host failure, its server left as the sweep left it."""
+    name = result.best.get(concurrency)
+    if name is None:
+        raise HostError(f"no profile was measured at concurrency {concurrency}: nothing to serve",
+                        hint="see the sweep's failures above, fix them and run the sweep again")  # fmt: skip
+    session.say(f"sweep: serving {name}, the best at concurrency {concurrency}")
+    served = recipe.with_profile(name)
+    options = ServeOptions(mtp=served.mtp is not None)
+    return BestServed(name, concurrency, serve_op.serve(session, served, options, peers))
 
 
 def _profile_runs(

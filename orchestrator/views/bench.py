@@ -11,6 +11,7 @@ from orchestrator.fleet import FleetResult
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.render import err, out, table
+from orchestrator.views.profile import SIMULATED
 
 COMPARISON_COLUMNS = ["label", "UTC", "output tok/s", "accept length", "median TTFT ms", "mean TPOT ms"]
 
@@ -65,7 +66,9 @@ def show_comparisons(results: FleetResult[bench_op.BenchRun]) -> None:
         assert run is not None
         note = " (the benchmark an earlier orch started: waited for it, started none)" if run.attached else ""
         record = run.record
-        out.print(f"{result.host.name}: {record.label}: {record.metrics.output_throughput:,.1f} tok/s{note}")
+        sim = f" [{SIMULATED}]" if record.simulated else ""
+        out.print(f"{result.host.name}: {record.label}: {record.metrics.output_throughput:,.1f} tok/s{note}{sim}",
+                  markup=False)  # fmt: skip
         out.print(f"{result.host.name}:   settings: {settings_text(record)}", markup=False)
         rows = [
             [r.label, r.at.strftime("%m-%d %H:%M"), fmt_number(r.output_throughput),

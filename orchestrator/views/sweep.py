@@ -7,9 +7,12 @@ from typing import Any
 
 from orchestrator.facts.bench import fmt_number
 from orchestrator.facts.sweep import SweepPoint
-from orchestrator.fleet import FleetResult
-from orchestrator.ops.sweep import SweepResult
+from orchestrator.fleet import FleetResult, HostResult
+from orchestrator.ops.serve import ServeResult
+from orchestrator.ops.sweep import BestServed, SweepResult
 from orchestrator.render import err, out, table
+from orchestrator.views.profile import SIMULATED
+from orchestrator.views.serve import serve_report
 
 COLUMNS = ["concurrency", "profile", "output tok/s", "TTFT ms median", "TTFT ms p99", "ITL ms median", "ITL ms p99",
            "accept length", ""]  # fmt: skip
@@ -40,7 +43,11 @@ def show(results: FleetResult[SweepResult]) -> None:
         sweep = result.value
         assert sweep is not None
         name = result.host.name
-        table(f"{name}: sweep (output tok/s per profile and concurrency)", COLUMNS, rows(sweep))
+        simulated = any(p.simulated for p in sweep.points)
+        title = f"{name}: sweep (output tok/s per profile and concurrency){' (simulated)' if simulated else ''}"
+        table(title, COLUMNS, rows(sweep))
+        if simulated:
+            out.print(f"{name}: every number above is {SIMULATED}", markup=False)
         for line in band_lines(sweep):
             out.print(f"{name}: best at {line}", markup=False)
         front = ", ".join(f"{p.profile}@{p.concurrency}" for p in sweep.pareto)
@@ -49,14 +56,36 @@ def show(results: FleetResult[SweepResult]) -> None:
             err.print(f"{name}: profile {profile} was not measured: {why}", markup=False)
 
 
+def served(results: FleetResult[BestServed]) -> None:
+    """``--then-serve``: per host the profile chosen and ``orch serve``'s report of serving it (also of a
+    server that runs but not as asked)."""
+    for r in results:
+        if r.value is not None:
+            out.print(f"{r.host.name}: {r.value.profile} won at concurrency {r.value.concurrency}: serving it",
+                      markup=False)  # fmt: skip
+            serve_report(r.host, r.value.served)
+        elif isinstance(result := getattr(r.error, "result", None), ServeResult):
+            serve_report(r.host, result)
+
+
+def served_document(r: HostResult[BestServed]) -> dict[str, Any]:
+    if r.value is None:
+        return {"error": str(r.error)}
+    s = r.value.served
+    return {"profile": r.value.profile, "concurrency": r.value.concurrency, "job_id": s.job_id,
+            "unchanged": s.unchanged, "problems": s.failures}  # fmt: skip
+
+
 def point_document(p: SweepPoint) -> dict[str, Any]:
     return {"profile": p.profile, "concurrency": p.concurrency, "output_throughput": p.output_throughput,
             "median_ttft_ms": p.median_ttft_ms, "p99_ttft_ms": p.p99_ttft_ms, "median_itl_ms": p.median_itl_ms,
-            "p99_itl_ms": p.p99_itl_ms, "accept_length": p.accept_length, "earlier": p.resumed}  # fmt: skip
+            "p99_itl_ms": p.p99_itl_ms, "accept_length": p.accept_length, "earlier": p.resumed,
+            "simulated": p.simulated}  # fmt: skip
 
 
-def document(results: FleetResult[SweepResult]) -> dict[str, Any]:
-    """``--json``: per host every run, ``best`` (concurrency → profile), the Pareto front, failures."""
+def document(results: FleetResult[SweepResult], served: FleetResult[BestServed] | None = None) -> dict[str, Any]:
+    """``--json``: per host every run, ``best`` (concurrency → profile), the Pareto front, failures;
+    with ``--then-serve`` ``served`` (the profile served, its job, or the error)."""
     hosts: dict[str, Any] = {}
     for result in results:
         if result.value is None:
@@ -64,9 +93,12 @@ def document(results: FleetResult[SweepResult]) -> dict[str, Any]:
             continue
         s = result.value
         hosts[result.host.name] = {
+            "simulated": any(p.simulated for p in s.points),
             "runs": [point_document(p) for p in s.points],
             "best": {str(c): profile for c, profile in s.best.items()},
             "pareto": [{"profile": p.profile, "concurrency": p.concurrency} for p in s.pareto],
             "failed": s.failed,
         }
+    for r in served or []:
+        hosts[r.host.name]["served"] = served_document(r)
     return {"hosts": hosts}

@@ -122,6 +122,13 @@ def test_every_metric_orch_keeps_is_a_key_the_real_benchmark_writes() -> None:
     assert all(getattr(metrics, name) is not None for name in bench_facts.BenchMetrics.model_fields)
 
 
+def test_the_real_benchmark_never_says_its_result_is_simulated() -> None:
+    """Only orch's simulated benchmark writes ``"simulated"``: a real result is never labelled simulated."""
+    assert "simulated" not in bench_result_keys()
+    line = dict.fromkeys(bench_result_keys(), 1.5) | {"completed": 64, "server_info": None}
+    assert bench_facts.is_simulated(json.dumps(line) + "\n") is False
+
+
 def test_the_real_benchmark_takes_its_accept_length_where_orch_reads_it() -> None:
     """``accept_length`` in the JSONL is ``/server_info``'s ``internal_states[0].avg_spec_accept_length``."""
     benchmark = function_node(real_source(BENCH), "benchmark")

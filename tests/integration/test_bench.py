@@ -53,6 +53,8 @@ def test_bench_two_labels_compared_stored_reported_and_notified(make_fleet, tmp_
     assert second.returncode == 0, second.output
     for host in hosts:
         assert f"{host.name}: b: " in second.stdout
+        b_line = next(line for line in second.stdout.splitlines() if line.startswith(f"{host.name}: b: "))
+        assert "tok/s [SIMULATED (the cost model of orch's simulated SGLang" in b_line  # the sim's result says so
         assert f"{host.name}: benchmark runs" in second.stdout
     assert "baseline" in second.stdout and "%" in second.stdout
 
@@ -62,6 +64,7 @@ def test_bench_two_labels_compared_stored_reported_and_notified(make_fleet, tmp_
         assert [b.label for b in hs.benchmarks] == ["a", "b"]
         run = hs.benchmarks[-1].model_dump(mode="json")
         assert run["module"] == "sglang.benchmark.serving"
+        assert run["simulated"] is True
         assert run["metrics"]["completed"] == 6 and run["metrics"]["output_throughput"] > 0
         assert run["metrics"]["accept_length"] > 1
         assert run["mtp"] is True and run["mtp_settings"]["algorithm"] == "EAGLE"

@@ -9,9 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
+from orchestrator.facts import server as server_facts
+from orchestrator.facts.sweep import stored_points
 from orchestrator.inventory import load_inventory
 from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.store import StateStore
@@ -31,7 +34,8 @@ def small_playbook(tmp_path: Path) -> Path:
 
 
 def sweep_labels(env: FleetEnv, host: str) -> list[str]:
-    return [b.label for b in StateStore(env.state).read().hosts[host].benchmarks if b.label.startswith("sweep ")]
+    hs = StateStore(env.state).read().hosts.get(host)  # none yet: the run has not reached it
+    return [b.label for b in hs.benchmarks if b.label.startswith("sweep ")] if hs else []
 
 
 def test_sweep_survives_a_kill_and_recommends_per_band(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -87,3 +91,111 @@ def test_sweep_survives_a_kill_and_recommends_per_band(make_fleet, tmp_path: Pat
     section = (tmp_path / "report" / "report.md").read_text().split("(orch sweep)", 1)[1].split("\n###", 1)[0]
     best = [line for line in section.splitlines() if line.endswith(" | best |") and line[2].isdigit()]
     assert len(best) == 4 and best[0].startswith("| 1 | low-latency |")
+
+
+def test_sweep_then_serve_serves_the_profile_that_won_at_that_concurrency(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env: FleetEnv = make_fleet(1)
+    host = next(iter(load_inventory(env.inventory).hosts.values())).name
+    args = ["sweep", "--host", host, "--playbook", str(small_playbook(tmp_path)),
+            "--profiles", "low-latency,max-throughput", "--concurrency", "1,8", "--then-serve", "BEST@8"]  # fmt: skip
+
+    result = env.orch(*args, "--json", timeout=600)
+    assert result.returncode == 0, result.output
+    doc = json.loads(result.stdout)["hosts"][host]
+    winner = doc["best"]["8"]  # which one wins is wall time on a shared machine: either is checked
+    assert doc["served"]["profile"] == winner and doc["served"]["problems"] == [], doc["served"]
+    assert doc["simulated"] is True and all(r["simulated"] for r in doc["runs"])  # the sim's benchmark says so
+    assert f"sweep: serving {winner}, the best at concurrency 8" in result.stderr
+    server = StateStore(env.state).read().hosts[host].server
+    assert server is not None and server.stopped_at is None and server.job_id == doc["served"]["job_id"]
+    assert any(a.startswith("--speculative") for a in server.argv) == (winner == "low-latency")
+
+    again = env.orch(*args, "--yes", timeout=600)
+    assert again.returncode == 0, again.output
+    assert f"{host}: {winner} won at concurrency 8: serving it" in again.stdout
+    assert f"{host}: already serving as asked (job {server.job_id})" in again.stdout
+    assert f"{host}: every number above is SIMULATED" in again.stdout
+
+
+RUN_STEPS = """steps:
+  - serve
+  - sweep: {profiles: [low-latency, max-throughput], concurrency: [1, 2], then_serve: 2}
+  - profile: {steps: 2, label: chosen}
+"""
+
+
+def test_run_with_a_sweep_step_survives_a_kill_and_ends_serving_the_best(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env: FleetEnv = make_fleet(1)
+    host = next(iter(load_inventory(env.inventory).hosts.values())).name
+    text = small_playbook(tmp_path).read_text()
+    playbook = tmp_path / "campaign.yaml"
+    playbook.write_text(text[: text.index("\nsteps:\n")] + "\n" + RUN_STEPS)
+    args = ["-i", str(env.inventory), "--state", str(env.state), "run", str(playbook)]
+    plan = env.orch("run", str(playbook), "--dry-run")
+    assert plan.returncode == 0, plan.output
+    assert ("(serve each of low-latency, max-throughput in turn, benchmark each at concurrency 1,2; runs done are "
+            "skipped; then serve the best at 2)") in plan.stdout  # fmt: skip
+    assert "(profile the running server: 2 prefill and 2 decode batches" in plan.stdout
+
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ})  # fmt: skip
+    try:
+        while not sweep_labels(env, host) and proc.poll() is None:
+            time.sleep(0.2)  # until the first run is stored: the kill lands in the sweep
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert len(sweep_labels(env, host)) in (1, 2)
+
+    result = env.orch("run", str(playbook), timeout=600)
+    assert result.returncode == 0, result.output
+    assert f"{host}: sweep: resumed" in result.output
+    labels = sweep_labels(env, host)
+    assert len(labels) == 4 and Counter(labels).most_common(1)[0][1] == 1  # no run measured twice
+    hs = StateStore(env.state).read().hosts[host]
+    assert hs.steps is not None and list(hs.steps.done) == ["serve", "sweep", "profile"]
+    winner = next(p.profile for p in stored_points(hs.benchmarks) if p.concurrency == 2 and
+                  p.output_throughput == max(q.output_throughput for q in stored_points(hs.benchmarks)
+                                             if q.concurrency == 2))  # fmt: skip
+    assert f"serving {winner} (best at 2)" in result.output and "[simulated]" in result.output
+    assert hs.server is not None and any(a.startswith("--speculative") for a in hs.server.argv) == (
+        winner == "low-latency"
+    )
+    assert [p.label for p in hs.profiles] == ["chosen"] and hs.profiles[0].simulated
+
+    again = env.orch("run", str(playbook))
+    assert again.returncode == 0, again.output
+    for step in ("serve", "sweep", "profile"):
+        assert f"{host}: {step}: already done, skipped" in again.output
+
+    assert env.orch("report", "--out", str(tmp_path / "report")).returncode == 0
+    story = (tmp_path / "report" / "report.md").read_text().split("### The campaign", 1)[1].split("\n###", 1)[0]
+    assert "| chosen profile | orch sweep |" in story and ("concurrency 1-2: " in story or "concurrency 1: " in story)
+    assert "| GPU time | chosen |" in story and "(simulated)" in story
+
+
+def test_a_profile_step_interrupted_after_arming_the_profiler_resumes(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env: FleetEnv = make_fleet(1)
+    host = next(iter(load_inventory(env.inventory).hosts.values())).name
+    text = small_playbook(tmp_path).read_text()
+    playbook = tmp_path / "campaign.yaml"
+    playbook.write_text(text[: text.index("\nsteps:\n")] + "\nsteps:\n  - serve\n  - profile: {steps: 2}\n")
+    assert env.orch("run", str(playbook), "--only", "serve").returncode == 0
+    store = StateStore(env.state)
+    server = store.read().hosts[host].server
+    assert server is not None
+    # what a run killed just after asking the server to profile leaves: the profiler armed, the step running
+    leftover = tmp_path / "leftover"
+    body = {"output_dir": str(leftover), "num_steps": 2, "activities": ["CPU", "GPU"], "profile_by_stage": True}
+    url = server_facts.url(server_facts.argv_address(server.argv), server.port)
+    request = urllib.request.Request(f"{url}/start_profile", json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as answer:  # loopback: the simulated host's server
+        assert answer.status == 200
+    store.update_host(host, lambda hs: hs.progress(str(playbook.resolve())).step_started("profile"))
+
+    result = env.orch("run", str(playbook), timeout=600)
+    assert result.returncode == 0, result.output
+    assert f"{host}: profile: resumed" in result.output
+    assert "the interrupted run's profile is still in progress: one wave of load ends it" in result.output
+    assert len(store.read().hosts[host].profiles) == 1 and list(leftover.glob("*.trace.json.gz"))

@@ -331,3 +331,17 @@ def test_settings_say_the_workload_backend_mtp_and_commit_of_a_run() -> None:
 def test_chart_labels_name_every_run_with_its_time_when_a_label_repeats() -> None:
     records = [a_record("base", 1.0), a_record("tuned", 2.0, minutes=5), a_record("tuned", 3.0, minutes=70)]
     assert bench.chart_labels(records) == ["base", "tuned 22:05", "tuned 23:10"]
+
+
+@pytest.mark.parametrize(
+    ("text", "simulated"),
+    [
+        ((DATA / "sglang-0.5.23-appended.jsonl").read_text(), False),  # the real benchmark never says it
+        ('{"output_throughput": 1.0, "completed": 1, "simulated": {"by": "orch\'s simulated SGLang"}}\n', True),
+        ('{"simulated": {"by": "x"}}\n{"output_throughput": 1.0, "completed": 1}\n', False),  # the last run counts
+        ("", False),
+        ("{not json\n", False),
+    ],
+)
+def test_a_result_says_whether_orchs_simulated_sglang_wrote_it(text: str, simulated: bool) -> None:
+    assert bench.is_simulated(text) is simulated

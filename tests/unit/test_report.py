@@ -14,6 +14,7 @@ from markdown_it import MarkdownIt
 from orchestrator.facts import profile as profile_facts
 from orchestrator.facts.bench import BenchMetrics, BenchParams, BenchRecord
 from orchestrator.facts.profile import ProfileRecord
+from orchestrator.facts.sweep import stored_points
 from orchestrator.ops import report
 from orchestrator.state import Phase, PhaseChange, ServerRecord, SGLangInfo, State, Verification
 from orchestrator.store import StateStore
@@ -251,3 +252,63 @@ def test_report_has_the_sweep_runs_with_the_best_per_concurrency(tmp_path: Path)
     rows = [line for line in section.splitlines() if line.startswith("| 1") and "best" in line]
     assert [r.split(" | ")[1] for r in rows] == ["low-latency", "max-throughput"]
     assert "2,000.0" not in section
+
+
+@pytest.mark.parametrize("simulated", [True, False])
+def test_report_says_a_sweep_from_the_simulated_fleet_is_simulated(tmp_path: Path, simulated: bool) -> None:
+    state = campaign_state()
+    run = a_run("sweep k1 low-latency c1", 300.0, 80, None, False) | {"simulated": simulated}
+    state.hosts["blackwell-1"].benchmarks.append(BenchRecord.model_validate(run))
+    text = report.write_report(state, "state.json", tmp_path, "md", now=at(100)).read_text()
+    section = text.split("### Serving profiles by concurrency (orch sweep)", 1)[1].split("\n###", 1)[0]
+    assert (f"**{report.SIMULATED_NOTE}**" in section) == simulated
+    benchmarks = text.split("### Benchmarks", 1)[1].split("\n###", 1)[0]
+    assert (f"**{report.SIMULATED_NOTE}**" in benchmarks) == simulated
+
+
+def test_report_tells_the_campaign_baseline_tuned_mtp_chosen_profile_and_gpu_time_before_and_after(
+    tmp_path: Path,
+) -> None:
+    state = campaign_state()
+    hs = state.hosts["blackwell-1"]
+    tuned = BenchRecord.model_validate(a_run("tuned", 2000.0, 66, None, False) | {"tuned_shapes": ["N=1024,K=4096"]})
+    hs.benchmarks.insert(1, tuned)
+    sweep = [("low-latency", 1, 300.0), ("max-throughput", 1, 120.0), ("low-latency", 128, 900.0),
+             ("max-throughput", 128, 2100.0)]  # fmt: skip
+    for i, (profile, c, tok_s) in enumerate(sweep):
+        hs.benchmarks.append(BenchRecord.model_validate(a_run(f"sweep k1 {profile} c{c}", tok_s, 80 + i, None, False)))
+    hs.profiles = [a_profile("before", 80, 0.6), a_profile("middle", 85, 0.5), a_profile("after", 90, 0.3)]
+    text = report.write_report(state, "state.json", tmp_path, "md", now=at(100)).read_text()
+    section = text.split("### The campaign", 1)[1].split("\n###", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| stage")]
+    assert [r.split(" | ")[0] for r in rows] == ["| baseline", "| tuned", "| tuned + MTP", "| chosen profile",
+                                                 "| GPU time before", "| GPU time after"]  # fmt: skip
+    assert rows[1].startswith("| tuned | tuned | 2,000.0 | +11.1% | MTP off, FP8 auto, 1 tuned shape(s) |")
+    assert rows[2].startswith("| tuned + MTP | tuned+mtp | 2,900.0 | +61.1% | MTP EAGLE num-steps=3")
+    assert "concurrency 1: low-latency; concurrency 128: max-throughput" in rows[3]
+    assert rows[4].startswith("| GPU time before | before |") and "attention 40.0%" in rows[4]
+    assert rows[5].startswith("| GPU time after | after |") and rows[5].endswith("(simulated) |")
+
+
+def test_a_report_without_records_tells_no_campaign_and_one_profile_is_no_before_and_after() -> None:
+    assert report.story_rows([], []) == []
+    (row,) = report.story_rows([], [a_profile("only", 80, 0.6, simulated=False)])
+    assert row == ["GPU time", "only", "", "", "moe 60.0%, attention 40.0%"]
+
+
+@pytest.mark.parametrize("fmt", ["md", "html"])
+def test_report_charts_the_sweep_apart_from_the_campaigns_runs(tmp_path: Path, fmt: report.Format) -> None:
+    state = campaign_state()
+    for i, (profile, c, tok_s) in enumerate([("low-latency", 1, 300.0), ("max-throughput", 8, 900.0)]):
+        run = a_run(f"sweep k1 {profile} c{c}", tok_s, 80 + i, None, False) | {"simulated": True}
+        state.hosts["blackwell-1"].benchmarks.append(BenchRecord.model_validate(run))
+    text = report.write_report(state, "state.json", tmp_path, fmt, now=at(100)).read_text()
+    assert (tmp_path / "sweep-01-blackwell-1.png").read_bytes().startswith(PNG_MAGIC)
+    section = text.split("Serving profiles by concurrency (orch sweep)", 1)[1]
+    assert "sweep-01-blackwell-1.png" in section
+    points = stored_points(state.hosts["blackwell-1"].benchmarks)
+    axes = report.sweep_figure("blackwell-1", points).axes[0]
+    assert axes.get_title() == "blackwell-1: serving profiles by concurrency (orch sweep) (simulated)"
+    assert [line.get_label() for line in axes.get_lines()] == ["low-latency", "max-throughput"]
+    bars = report.chart_figure("blackwell-1", report.campaign_runs(state.hosts["blackwell-1"].benchmarks)).axes[0]
+    assert [t.get_text() for t in bars.get_xticklabels()] == ["baseline", "tuned+mtp"]  # the sweep's runs: apart

@@ -11,7 +11,7 @@ import pytest
 from orchestrator.errors import ConfigError
 from orchestrator.facts import server
 from orchestrator.inventory import Host
-from orchestrator.recipe import PACKAGED_PLAYBOOKS, load_recipe
+from orchestrator.recipe import PACKAGED_PLAYBOOKS, ProfileOptions, SweepOptions, load_recipe
 from tests.conftest import OrchRun
 
 SHIPPED = PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml"
@@ -66,3 +66,57 @@ def test_serve_with_an_unknown_profile_is_exit_2_before_any_host(tmp_path: Path,
     result = orch("-i", str(inventory), "serve", "--profile", "fast", "--dry-run")
     assert result.returncode == 2
     assert "no serving profile 'fast'" in result.stderr
+
+
+def test_sweep_then_serve_at_a_concurrency_it_does_not_run_is_exit_2_before_any_host(
+    tmp_path: Path, orch: Callable[..., OrchRun]
+) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  h1: {address: 127.0.0.1, port: 1}\n")  # nothing listens: never reached
+    args = ["-i", str(inventory), "--state", str(tmp_path / "state.db"), "sweep", "--host", "h1"]
+    result = orch(*args, "--concurrency", "1,8", "--then-serve", "BEST@32", "--yes")
+    assert result.returncode == 2
+    assert "--then-serve: concurrency 32 is not one the sweep runs (1,8): add it to --concurrency" in result.stderr
+    assert "sweep: a canary run" not in result.stderr and not (tmp_path / "state.db").exists()
+
+
+def with_steps(tmp_path: Path, steps: str) -> Path:
+    text = SHIPPED.read_text()
+    path = tmp_path / "p.yaml"
+    path.write_text(text[: text.index("\nsteps:\n")] + "\nsteps:\n" + steps)
+    return path
+
+
+def test_a_playbook_may_run_profile_and_sweep_steps_with_their_commands_options(tmp_path: Path) -> None:
+    steps = "  - serve\n  - profile: {steps: 3, label: before}\n  - sweep: {concurrency: [8, 1, 8], then_serve: 8}\n"
+    recipe = load_recipe(with_steps(tmp_path, steps))
+    assert [s.name for s in recipe.steps] == ["serve", "profile", "sweep"]
+    assert recipe.steps[1].options == ProfileOptions(steps=3, label="before")
+    assert recipe.steps[2].options == SweepOptions(profiles=None, concurrency=[1, 8], then_serve=8)
+    assert load_recipe(with_steps(tmp_path, "  - sweep\n")).steps[0].options == SweepOptions()
+
+
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [
+        ("sweep: {concurrency: [1, 8], then_serve: 32}", "then_serve 32 is not one of the sweep's concurrencies (1, 8"),
+        ("sweep: {concurrency: [0]}", "concurrencies are positive whole numbers"),
+        ("sweep: {profiles: []}", "profiles"),
+        ("profile: {steps: 0}", "steps"),
+        ("profile: {stage: decode}", "stage"),
+    ],
+)
+def test_bad_profile_and_sweep_steps_are_refused_at_the_playbook(tmp_path: Path, step: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_recipe(with_steps(tmp_path, f"  - {step}\n"))
+
+
+def test_run_with_a_sweep_step_of_an_unknown_profile_is_exit_2_before_any_host(
+    tmp_path: Path, orch: Callable[..., OrchRun]
+) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  h1: {address: 127.0.0.1, port: 1}\n")  # nothing listens: never reached
+    playbook = with_steps(tmp_path, "  - sweep: {profiles: [low-latency, fast]}\n")
+    result = orch("-i", str(inventory), "--state", str(tmp_path / "state.db"), "run", str(playbook))
+    assert result.returncode == 2
+    assert "no serving profile 'fast'" in result.stderr and not (tmp_path / "state.db").exists()

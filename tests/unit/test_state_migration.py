@@ -71,6 +71,7 @@ def test_a_v1_file_is_migrated_typed_and_kept(state_path: Path, caplog: pytest.L
         recorded_since = {  # fields added since (issues 23, 25): their defaults for the old runs
             "params": {"dataset_name", "dataset", "dataset_sha256"},
             "metrics": {"p99_ttft_ms", "median_itl_ms", "p99_itl_ms"},
+            "simulated": True,  # a whole field (issue 25: numbers from the simulated fleet labelled)
         }
         assert [b.model_dump(mode="json", exclude=recorded_since) for b in hs.benchmarks] == old["benchmarks"]
         assert [b.label for b in hs.benchmarks] == ["baseline", "dd7fe09 mtp", "tuned+mtp"]

@@ -47,6 +47,27 @@ def test_bands_join_consecutive_concurrencies_with_the_same_winner() -> None:
         (1, 8, "low"), (32, 32, "mid"), (128, 128, "high")]  # fmt: skip
 
 
+@pytest.mark.parametrize(("text", "expected"), [("BEST@32", 32), ("best@1", 1), (" BEST@ 128 ", 128)])
+def test_parse_then_serve_names_a_concurrency_of_the_sweep(text: str, expected: int) -> None:
+    assert fs.parse_then_serve(text, [1, 8, 32, 128]) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("BEST@64", "concurrency 64 is not one the sweep runs (1,8,32,128): add it to --concurrency"),
+        ("BEST", "'BEST' is not BEST@C, C a concurrency of the sweep (e.g. BEST@32)"),
+        ("low-latency@32", "'low-latency@32' is not BEST@C"),
+        ("BEST@x", "'BEST@x' is not BEST@C"),
+        ("BEST@-1", "'BEST@-1' is not BEST@C"),
+    ],
+)
+def test_parse_then_serve_refuses(text: str, message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        fs.parse_then_serve(text, [1, 8, 32, 128])
+    assert str(caught.value).startswith(message)
+
+
 @pytest.mark.parametrize(("text", "expected"), [("1,8,32,128", [1, 8, 32, 128]), ("32, 1,1", [1, 32])])
 def test_parse_concurrency(text: str, expected: list[int]) -> None:
     assert fs.parse_concurrency(text) == expected

@@ -261,6 +261,8 @@ def calculate_metrics(args, outputs, duration, accept_length):
         "request_throughput": len(ok) / duration, "input_throughput": total_in / duration,
         "output_throughput": total_out / duration, "total_throughput": (total_in + total_out) / duration,
         "concurrency": sum(e2e) / duration, "accept_length": accept_length, "tag": args.tag,
+        # not in the real result: orch labels these numbers simulated (as the simulated profiler's traces)
+        "simulated": {"by": "orch's simulated SGLang", "model": "sglang/_sim/throughput.py"},
     }
     for name, values, stats in (("e2e_latency", e2e, ("mean", "median", "std", 99)),
                                 ("ttft", ttfts, ("mean", "median", "std", 99)),

@@ -1,0 +1,32 @@
+"""What ``orch sweep`` prints: numbers measured on the simulated fleet are labelled simulated, in text and JSON."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.facts.sweep import SweepPoint
+from orchestrator.fleet import FleetResult, HostResult
+from orchestrator.inventory import Host
+from orchestrator.ops.sweep import SweepResult
+from orchestrator.views import sweep as view
+
+HOST = Host(name="h1", address="127.0.0.1")
+
+
+def results(simulated: bool) -> FleetResult[SweepResult]:
+    points = [SweepPoint("low-latency", 1, 100.0, 10.0, 20.0, 5.0, 9.0, 3.1, simulated=simulated)]
+    return FleetResult([HostResult(HOST, value=SweepResult(points, best={1: "low-latency"}))])
+
+
+@pytest.mark.parametrize("simulated", [True, False])
+def test_sweep_json_says_simulated_per_host_and_run(simulated: bool) -> None:
+    doc = view.document(results(simulated))["hosts"]["h1"]
+    assert doc["simulated"] is simulated and doc["runs"][0]["simulated"] is simulated
+
+
+@pytest.mark.parametrize("simulated", [True, False])
+def test_sweep_text_labels_simulated_numbers(simulated: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    view.show(results(simulated))
+    text = capsys.readouterr().out
+    assert ("h1: sweep (output tok/s per profile and concurrency) (simulated)" in text) == simulated
+    assert ("h1: every number above is SIMULATED (the cost model of orch's simulated SGLang" in text) == simulated
