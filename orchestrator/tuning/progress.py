@@ -258,8 +258,8 @@ def _all_progress(
     merged = {}
     for a in plan.assignments:
         live = polls[a.host].progress.get(a.purpose) if a.host in polls else None
-        stored = cached.get(a.host, TuningRecord()).progress.get(a.purpose, LogProgress())
-        merged[f"{a.host}/{a.purpose}"] = live or stored
+        stored = cached[a.host].progress.get(a.purpose) if a.host in cached else None
+        merged[f"{a.host}/{a.purpose}"] = live or stored or LogProgress()  # built only when needed: per job, per host
     return merged
 
 
