@@ -522,10 +522,7 @@ def _command(pid: int) -> str:
 def integrity(path: Path) -> str:
     """``PRAGMA integrity_check``'s first findings on ``path`` (``ok`` when it finds nothing wrong)."""
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
             return "; ".join(row[0] for row in db.execute("PRAGMA integrity_check(3)"))
-        finally:
-            db.close()
     except sqlite3.Error as exc:
         return str(exc)
