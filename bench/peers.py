@@ -7,7 +7,7 @@ queries, in one round trip), run on 1, 8 and 32 simulated hosts by:
 - parallel OpenSSH: one ``ssh`` process per host, all at once, from one bash;
 - Ansible ad-hoc, ``shell`` (pipelining on, interpreter given, no fact gathering) and ``raw``;
 - pyinfra ``exec``;
-- a bare fabric ``ThreadingGroup.run`` (the fabric orch installs).
+- a bare fabric ``ThreadingGroup.run``.
 
 Every tool connects afresh each run (no SSH connection sharing between runs: Ansible's ControlMaster is
 off), verifies host keys against the known_hosts the sandbox wrote (StrictHostKeyChecking=yes or
@@ -18,7 +18,7 @@ with the wall time, the CPU of the tool's processes (user + sys, the simulated h
 load average after each size. The hosts share this machine's cores: absolute times are this machine's,
 the ratios are the figures.
 
-Ansible and pyinfra are installed by this script into ``bench/.venv-peers`` (pinned, from PyPI; made
+Ansible, pyinfra and fabric are installed by this script into ``bench/.venv-peers`` (pinned, from PyPI; made
 once, reused while the pins match). Writes ``peers.md`` and ``peers.png`` to ``--out``.
 
     python bench/peers.py [--hosts 1 8 32 [64]] [--runs 5] [--out docs/bench] [--json]
@@ -49,7 +49,7 @@ from orchestrator.sandbox.host import SimHost
 
 REPO = Path(__file__).resolve().parents[1]
 PEER_VENV = REPO / "bench" / ".venv-peers"
-PEER_PACKAGES = ("ansible-core==2.19.14", "pyinfra==3.10.0")
+PEER_PACKAGES = ("ansible-core==2.19.14", "pyinfra==3.10.0", "fabric==3.2.3")
 TOOLS = ("orch", "openssh", "ansible-shell", "ansible-raw", "pyinfra", "fabric")
 LABELS = {
     "orch": "orch status",
@@ -260,7 +260,7 @@ def make_tools(fleet: SimFleet, sizes: Sequence[int], root: Path, peer_bin: Path
         ),
         "fabric": Tool(
             "fabric",
-            lambda n: [sys.executable, str(root / "fabric_group.py"), str(root / f"fabric-{n}.json")],
+            lambda n: [str(peer_bin / "python"), str(root / "fabric_group.py"), str(root / f"fabric-{n}.json")],
             env,
             answered,
         ),
@@ -301,8 +301,6 @@ def versions(peer_bin: Path) -> dict[str, str]:
         proc = subprocess.run(argv, capture_output=True, text=True)
         return (proc.stdout or proc.stderr).strip().splitlines()[0]
 
-    import fabric
-
     import orchestrator
 
     return {
@@ -310,7 +308,7 @@ def versions(peer_bin: Path) -> dict[str, str]:
         "openssh": first_line(["ssh", "-V"]),
         "ansible": first_line([str(peer_bin / "ansible"), "--version"]),
         "pyinfra": first_line([str(peer_bin / "pyinfra"), "--version"]),
-        "fabric": fabric.__version__,
+        "fabric": first_line([str(peer_bin / "python"), "-c", "import fabric; print(fabric.__version__)"]),
         "python": sys.version.split()[0],
     }
 

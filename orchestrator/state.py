@@ -13,8 +13,6 @@ secrets (``find_secret``), and every write validates what it writes again.
 from __future__ import annotations
 
 import enum
-import json
-import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -22,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from orchestrator.facts.bench import BenchRecord, GateRecord
 from orchestrator.facts.profile import ProfileRecord
+from orchestrator.text import find_secret as find_secret  # re-exported: the rule the state's validators apply
 from orchestrator.tuning.record import PlanRecord, TuningRecord
 from orchestrator.utc import UtcDateTime as UtcDateTime  # re-exported: the state's timestamps
 from orchestrator.utc import utc_now as utc_now
@@ -36,47 +35,11 @@ T = TypeVar("T")
 
 # --- secrets ------------------------------------------------------------------------------------------
 
-_SECRET_PATTERN = re.compile(
-    r"(?P<marker>token=|hf[_-]token|passw(?:or)?d|api[_-]?key|secret|authorization:|-----BEGIN)"
-    r"|(?P<hf_token>\bhf_[A-Za-z0-9]{30,})",
-    re.IGNORECASE,
-)
-"""What looks like a secret: ``TOKEN=``/``HF_TOKEN=`` assignments, ``--hf-token``, ``password``,
-``api_key``/``--api-key``, ``secret``, HTTP ``Authorization:`` headers, PEM blocks (``-----BEGIN``) and
-Hugging Face tokens (``hf_`` + 30 or more characters). Deliberately crude and case-insensitive: a false
-positive is a clear error that is easy to work around (pass the secret through the host's environment),
-a false negative is a secret on disk."""
-
-
-def find_secret(value: Any) -> str | None:
-    """What looks like a secret in ``value`` (a string, or lists/dicts of them, keys included), else None.
-
-    Keys count because ``{"password": "..."}`` holds a secret whatever its value looks like. The marker,
-    not the value, is returned so that error messages never repeat the secret. Lists and dicts are
-    searched as their JSON text, in one pass (JSON's quotes and commas keep two strings from forming a
-    marker together)."""
-    if isinstance(value, BaseModel):
-        value = value.model_dump(mode="json")
-    if isinstance(value, (dict, list, tuple)):
-        try:
-            value = json.dumps(value, default=str)
-        except (TypeError, ValueError):  # keys JSON cannot hold: walk them one by one
-            items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
-            return _first_secret(items)
-    if isinstance(value, str):
-        match = _SECRET_PATTERN.search(value)
-        return None if match is None else match.group("marker") or "a Hugging Face token (hf_...)"
-    return None
-
-
-def _first_secret(values: Iterable[Any]) -> str | None:
-    return next((found for found in map(find_secret, values) if found), None)
-
 
 def _refuse_secrets(value: T, info: ValidationInfo) -> T:
     if isinstance(info.context, dict) and info.context.get(_TRUSTED):
         return value
-    marker = find_secret(value)
+    marker = find_secret(value.model_dump(mode="json") if isinstance(value, BaseModel) else value)
     if marker:
         raise ValueError(
             f"looks like a secret (contains {marker!r}); secrets never go into orch's state: "

@@ -26,7 +26,6 @@ group), ``update`` (anything: the fleet), ``update_seen`` (``orch status``'s rec
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -72,14 +72,23 @@ CREATE TABLE rollout (id INTEGER PRIMARY KEY CHECK (id = 1), doc TEXT NOT NULL);
 """The tables (``user_version`` ``SCHEMA_VERSION``). A host's lists are rows in order (``seq``; jobs by
 insertion); ``jobs.running`` lets a read without history take the running jobs alone."""
 
-_LISTS: dict[str, type[BaseModel]] = {"phase_changes": PhaseChange, "benchmarks": BenchRecord}
-_LIST_FIELDS = {"phase_changes": "history", "benchmarks": "benchmarks"}
+_HOST_TABLES: dict[str, tuple[type[BaseModel], str | None]] = {
+    "hosts": (HostState, None),
+    "seen": (SeenRecord, None),
+    "jobs": (JobRecord, "id"),
+    "phase_changes": (PhaseChange, "seq"),
+    "benchmarks": (BenchRecord, "seq"),
+}
+"""A host's tables: the model of their documents, and the column telling a host's rows apart (None: one row)."""
+_LISTS = {"phase_changes": "history", "benchmarks": "benchmarks"}  # table -> HostState's list
 _OWN_FIELDS = frozenset(("jobs", "history", "benchmarks", "last_seen", "sglang"))
 """``HostState``'s fields kept out of its ``hosts`` row (they have tables of their own)."""
-_NOT_SEEN = SeenRecord().model_dump_json()
-_UPSERT_JOB = """INSERT INTO jobs VALUES (?, ?, ?, ?)
+_UPSERT_JOB = """INSERT INTO jobs VALUES (?1, ?2, json_extract(?3, '$.state') = 'running', ?3)
 ON CONFLICT (host, id) DO UPDATE SET running = excluded.running, doc = excluded.doc"""
 _EMPTY_HOST = {k: v for k, v in HostState().__dict__.items() if k not in ("last_seen", "sglang")}
+
+Rows = dict[Any, str]
+"""Documents by their key among their owner's rows (``""`` for a host's own row and its seen row)."""
 
 
 def database_path(path: Path) -> Path:
@@ -93,14 +102,31 @@ def legacy_path(database: Path) -> Path:
     return database.with_suffix(".json") if database.suffix else database.with_name(database.name + ".json")
 
 
-class _Snapshot:
-    """One host's rows as a transaction read them (their documents' text), to write back only what changed."""
+@dataclass
+class _Read:
+    """The rows a transaction read, as stored: what it writes back is what differs from them."""
 
-    def __init__(self) -> None:
-        self.host: str | None = None
-        self.seen: str | None = None
-        self.jobs: dict[str, str] = {}
-        self.lists: dict[str, list[str]] = {table: [] for table in _LISTS}
+    hosts: dict[str, dict[str, Rows]] = field(default_factory=dict)  # host -> table -> its rows
+    plans: Rows = field(default_factory=dict)
+    rollout: Rows = field(default_factory=dict)
+
+
+class _Plans(Mapping[str, PlanRecord]):
+    """The plans of a read without history: each validated from its text when asked for, and not kept.
+    ``orch status`` looks at each tuned host's plan once; a thousand plans held at once were objects
+    Python's garbage collector walked again and again (a fifth of a status's state side at 1,000 hosts)."""
+
+    def __init__(self, texts: Rows, path: Path) -> None:
+        self._texts, self._path = texts, path
+
+    def __getitem__(self, plan_id: str) -> PlanRecord:
+        return _parse(PlanRecord, self._texts[plan_id], self._path, f"tuning plan {plan_id!r}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._texts)
+
+    def __len__(self) -> int:
+        return len(self._texts)
 
 
 class StateStore:
@@ -125,15 +151,15 @@ class StateStore:
     def read(self, names: Iterable[str] | None = None, *, history: bool = True) -> State:
         """The state: every host (``names`` None) or those of ``names`` the state has, and the fleet's
         plans and rollout, as one consistent snapshot. ``history=False`` leaves out each host's phase
-        changes, benchmark runs and finished jobs (what ``orch status`` does not show): never write such a
-        read back (the transactions read whole hosts)."""
+        changes, benchmark runs and finished jobs (what ``orch status`` does not show), and validates a
+        plan when it is asked for (``_Plans``): never write such a read back (transactions read whole)."""
         db, wanted = self._db(), None if names is None else list(dict.fromkeys(names))
         with self._errors():
             if db.in_transaction:  # inside this thread's transaction: what the database holds, as it began
-                return self._read(db, wanted, history)
+                return self._read(db, wanted, history)[0]
             db.execute("BEGIN")
             try:
-                return self._read(db, wanted, history)
+                return self._read(db, wanted, history)[0]
             finally:
                 db.execute("COMMIT")
 
@@ -143,11 +169,11 @@ class StateStore:
         """Apply ``fn`` to host ``name``'s state (a new one when unknown) in one transaction; what ``fn``
         returns. An exception in ``fn`` saves nothing and propagates."""
         with self._transaction() as db:
-            state = self._read(db, [name], history=True)
+            state, old = self._read(db, [name], history=True)
             before = self._copy(state)
             hs = state.host(name)
             result = fn(hs)
-            self._save_host(db, name, hs)
+            self._save_host(db, name, hs, old.hosts.get(name, {}))
         self._notify(before, State(hosts={name: hs}))
         return result
 
@@ -158,12 +184,12 @@ class StateStore:
         which other hosts there are is a bug (``RuntimeError``)."""
         wanted = set(names)
         with self._transaction() as db:
-            state = self._read(db, sorted(wanted), history=True)
-            before, read, plans = self._copy(state), set(state.hosts), set(state.tuning_plans)
+            state, old = self._read(db, sorted(wanted), history=True)
+            before = self._copy(state)
             yield state
-            if not read <= set(state.hosts) <= wanted:
+            if not old.hosts.keys() <= state.hosts.keys() <= wanted:
                 raise RuntimeError("update_hosts() changes the hosts it was given, never which hosts there are")
-            self._save(db, state, read, plans)
+            self._save(db, state, old)
         self._notify(before, state)
 
     @contextlib.contextmanager
@@ -171,10 +197,10 @@ class StateStore:
         """A transaction over the whole state (any host, the plans, the rollout): a host dropped from
         ``hosts`` is deleted. An exception inside the block saves nothing and propagates."""
         with self._transaction() as db:
-            state = self._read(db, None, history=True)
-            before, read = self._copy(state), set(state.hosts)
+            state, old = self._read(db, None, history=True)
+            before = self._copy(state)
             yield state
-            self._save(db, state, read, None)
+            self._save(db, state, old)
         self._notify(before, state)
 
     def update_seen(self, changes: Mapping[str, Callable[[HostState], T]]) -> dict[str, T]:
@@ -185,17 +211,20 @@ class StateStore:
         results: dict[str, T] = {}
         new_host = HostState().model_dump_json(exclude=set(_OWN_FIELDS))
         with self._transaction() as db:
+            marks = ",".join("?" * len(changes))
+            known = dict(db.execute(f"SELECT host, doc FROM seen WHERE host IN ({marks})", list(changes)))
+            written = []
             for name, fn in changes.items():
-                row = db.execute("SELECT doc FROM seen WHERE host = ?", (name,)).fetchone()
-                seen = _parse(SeenRecord, row[0], self.path, f"seen {name!r}") if row else SeenRecord()
+                seen = _parse(SeenRecord, known[name], self.path, f"seen {name!r}") if name in known else SeenRecord()
                 hs = HostState(last_seen=seen.last_seen, sglang=seen.sglang)
                 results[name] = fn(hs)
                 if {k: v for k, v in hs.__dict__.items() if k not in ("last_seen", "sglang")} != _EMPTY_HOST:
                     raise RuntimeError("update_seen() changes last_seen and sglang alone: use update_host()")
-                doc = _dump(SeenRecord(last_seen=hs.last_seen, sglang=hs.sglang), self.path, f"seen {name!r}")
-                if row is None or doc != row[0]:
-                    db.execute("INSERT OR REPLACE INTO seen VALUES (?, ?)", (name, doc))
-                db.execute("INSERT OR IGNORE INTO hosts VALUES (?, ?)", (name, new_host))
+                doc = SeenRecord(last_seen=hs.last_seen, sglang=hs.sglang).model_dump_json(warnings=False)  # validated
+                if doc != known.get(name):
+                    written.append((name, doc))
+            db.executemany("INSERT OR REPLACE INTO seen VALUES (?, ?)", written)
+            db.executemany("INSERT OR IGNORE INTO hosts VALUES (?, ?)", [(name, new_host) for name in changes])
         return results
 
     def check_writable(self) -> None:
@@ -216,25 +245,31 @@ class StateStore:
                 if not self._ready:
                     self._open()
                     self._ready = True
-            with self._errors():
-                db = sqlite3.connect(self.path, timeout=self.lock_timeout, isolation_level=None)
-                db.execute("PRAGMA journal_mode = WAL")
-            self._local.db = db
+            self._local.db = db = self._connect()
+        return db
+
+    def _connect(self) -> sqlite3.Connection:
+        """A connection in autocommit mode (transactions are begun and ended here), in WAL mode."""
+        with self._errors():
+            db = sqlite3.connect(self.path, timeout=self.lock_timeout, isolation_level=None)
+            db.execute("PRAGMA journal_mode = WAL")
         return db
 
     def _open(self) -> None:
         """Create the database (0600, its directory 0700) when missing, and check or create its schema:
         an older orch's state found beside it is migrated in the transaction that creates the tables."""
         _private_file(self.path)
-        with contextlib.closing(sqlite3.connect(self.path, timeout=self.lock_timeout, isolation_level=None)) as db:
+        with contextlib.closing(self._connect()) as db:
             with self._errors():
-                db.execute("PRAGMA journal_mode = WAL")
                 version = db.execute("PRAGMA user_version").fetchone()[0]
                 if version == 0:
                     db.execute("BEGIN IMMEDIATE")
                     version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
-                raise self._newer(version)
+                raise StateError(
+                    f"state database {self.path} has schema version {version}; this orch reads {SCHEMA_VERSION}",
+                    hint="a newer orch wrote it: use that orch (orch never resets it)",
+                )
             if db.in_transaction and version == 0:
                 self._create(db)
             elif db.in_transaction:
@@ -250,7 +285,7 @@ class StateStore:
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 migrated = state_migration.read_legacy(legacy) if legacy.exists() else None
                 if migrated is not None:
-                    self._save(db, migrated, set(), None)
+                    self._save(db, migrated, _Read())
                 db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -303,108 +338,86 @@ class StateStore:
                 raise full from exc
             raise StateError(f"cannot use state database {self.path}: {exc}") from exc
 
-    def _newer(self, version: int) -> StateError:
-        return StateError(
-            f"state database {self.path} has schema version {version}; this orch reads {SCHEMA_VERSION}",
-            hint="a newer orch wrote it: use that orch (orch never resets it)",
-        )
-
     # -- documents in and out
 
-    def _read(self, db: sqlite3.Connection, names: list[str] | None, history: bool) -> State:
-        """Hosts ``names`` (None: all) whole (``history``) or without their lists, and the fleet's documents: every
-        plan, or (``names``) the plans those hosts name."""
+    def _read(self, db: sqlite3.Connection, names: list[str] | None, history: bool) -> tuple[State, _Read]:
+        """Hosts ``names`` (None: all) whole (``history``) or without their lists, and the fleet's documents
+        (every plan, or the plans those hosts name); and the rows as read."""
         only, args = ("", ()) if names is None else (f" AND host IN ({','.join('?' * len(names))})", tuple(names))
-        docs = dict(db.execute(f"SELECT host, doc FROM hosts WHERE 1{only}", args))
-        parts: dict[str, dict[str, list[str]]] = {name: {} for name in docs}
-        for name, doc in db.execute(f"SELECT host, doc FROM seen WHERE 1{only}", args):
-            parts.get(name, {})["seen"] = [doc]
-        running = "" if history else " AND running"
-        for name, job_id, doc in db.execute(
-            f"SELECT host, id, doc FROM jobs WHERE 1{only}{running} ORDER BY rowid", args
-        ):
-            parts.get(name, {}).setdefault("jobs", []).append(f"{json.dumps(job_id)}:{doc}")
-        for table in _LISTS if history else ():
-            for name, doc in db.execute(f"SELECT host, doc FROM {table} WHERE 1{only} ORDER BY host, seq", args):
-                parts.get(name, {}).setdefault(table, []).append(doc)
-        hosts = {name: self._host(name, docs[name], parts[name]) for name in sorted(docs, key=_natural)}
+        old = _Read()
+        for host, doc in db.execute(f"SELECT host, doc FROM hosts WHERE 1{only}", args):
+            old.hosts[host] = {"hosts": {"": doc}}
+        queries = [("seen", "''", "", "rowid"), ("jobs", "id", "" if history else " AND running", "rowid")]
+        queries += [(table, "seq", "", "seq") for table in _LISTS if history]
+        for table, key, running, order in queries:
+            query = f"SELECT host, {key}, doc FROM {table} WHERE 1{only}{running} ORDER BY {order}"
+            for host, k, doc in db.execute(query, args):
+                if host in old.hosts:
+                    old.hosts[host].setdefault(table, {})[k] = doc
+        hosts = {
+            name: _parse(HostState, _host_text(old.hosts[name]), self.path, f"host {name!r}")
+            for name in sorted(old.hosts, key=_natural)
+        }
         named = sorted({hs.tuning.plan_id for hs in hosts.values() if hs.tuning and hs.tuning.plan_id})
         of_hosts = "" if names is None else f" WHERE id IN ({','.join('?' * len(named))})"
-        query = f"SELECT id, doc FROM tuning_plans{of_hosts} ORDER BY rowid"
-        plans = {
-            i: _parse(PlanRecord, d, self.path, f"tuning plan {i!r}")
-            for i, d in db.execute(query, named if of_hosts else ())
-        }
-        row = db.execute("SELECT doc FROM rollout").fetchone()
-        rollout = _parse(RolloutRecord, row[0], self.path, "rollout") if row else None
-        return State.model_construct(schema_version=SCHEMA_VERSION, hosts=hosts, tuning_plans=plans, rollout=rollout)
-
-    def _host(self, name: str, doc: str, parts: dict[str, list[str]]) -> HostState:
-        """One host's document put together from its rows (one JSON text, validated once)."""
-        extra = [f'"jobs":{{{",".join(parts.get("jobs", []))}}}']
-        extra += [f'"{_LIST_FIELDS[t]}":[{",".join(parts.get(t, []))}]' for t in _LISTS]
-        if "seen" in parts:
-            extra.append(parts["seen"][0][1:-1])
-        text = doc[:-1] + "," + ",".join(e for e in extra if e) + "}"
-        return _parse(HostState, text, self.path, f"host {name!r}")
-
-    def _save(self, db: sqlite3.Connection, state: State, read: set[str], plans_read: set[str] | None) -> None:
-        """Write what changed of ``state`` (every document validated first), and delete the hosts of ``read``
-        and the plans of ``plans_read`` (None: every plan) it no longer has."""
-        for name, hs in state.hosts.items():
-            self._save_host(db, name, hs)
-        for name in read - set(state.hosts):
-            for table in ("hosts", "seen", "jobs", *_LISTS):
-                db.execute(f"DELETE FROM {table} WHERE host = ?", (name,))
-        plans = {id_: plan.model_dump_json(warnings=False) for id_, plan in state.tuning_plans.items()}
-        known = (
-            dict(db.execute("SELECT id, doc FROM tuning_plans"))
-            if plans_read is None
-            else _plans(db, plans_read | set(plans))
+        old.plans = dict(
+            db.execute(f"SELECT id, doc FROM tuning_plans{of_hosts} ORDER BY rowid", named if of_hosts else ())
         )
-        changed = [
-            (i, _checked(PlanRecord, d, self.path, what=f"tuning plan {i!r}"))
-            for i, d in plans.items()
-            if known.get(i) != d
-        ]
-        db.executemany("INSERT OR REPLACE INTO tuning_plans VALUES (?, ?)", changed)
-        db.executemany("DELETE FROM tuning_plans WHERE id = ?", [(i,) for i in known.keys() - plans.keys()])
-        row = db.execute("SELECT doc FROM rollout").fetchone()
-        rollout = state.rollout.model_dump_json(warnings=False) if state.rollout is not None else None
-        if rollout is None and row is not None:
-            db.execute("DELETE FROM rollout WHERE id = 1")
-        elif rollout is not None and (row is None or row[0] != rollout):
-            db.execute(
-                "INSERT OR REPLACE INTO rollout VALUES (1, ?)",
-                (_checked(RolloutRecord, rollout, self.path, what="rollout"),),
-            )
+        old.rollout = dict(db.execute("SELECT id, doc FROM rollout"))
+        plans: Mapping[str, PlanRecord] = _Plans(old.plans, self.path)
+        state = State.model_construct(
+            schema_version=SCHEMA_VERSION,
+            hosts=hosts,
+            tuning_plans=dict(plans) if history else plans,  # type: ignore[arg-type]  # read-only: never saved
+            rollout=_parse(RolloutRecord, old.rollout[1], self.path, "rollout") if old.rollout else None,
+        )
+        return state, old
 
-    def _save_host(self, db: sqlite3.Connection, name: str, hs: HostState) -> None:
-        """Host ``name``'s rows that differ from what the database holds, each validated before it is written:
-        its document, seen record, jobs (upserted, deleted when gone) and lists (appended to, or rewritten
-        when not a continuation)."""
-        old, check = _snapshot(db, name), functools.partial(_checked, path=self.path, host=name)
-        doc = hs.model_dump_json(exclude=set(_OWN_FIELDS), warnings=False)
-        if doc != old.host:
-            db.execute("INSERT OR REPLACE INTO hosts VALUES (?, ?)", (name, check(HostState, doc)))
-        seen = SeenRecord.model_construct(last_seen=hs.last_seen, sglang=hs.sglang).model_dump_json(warnings=False)
-        if seen != (old.seen or _NOT_SEEN):
-            db.execute("INSERT OR REPLACE INTO seen VALUES (?, ?)", (name, check(SeenRecord, seen)))
-        jobs = {id_: job.model_dump_json(warnings=False) for id_, job in hs.jobs.items()}
-        changed = [
-            (name, i, hs.jobs[i].state == "running", check(JobRecord, d))
-            for i, d in jobs.items()
-            if old.jobs.get(i) != d
-        ]
-        db.executemany(_UPSERT_JOB, changed)
-        db.executemany("DELETE FROM jobs WHERE host = ? AND id = ?", [(name, i) for i in old.jobs.keys() - jobs.keys()])
-        for table, model in _LISTS.items():
-            docs = [e.model_dump_json(warnings=False) for e in getattr(hs, _LIST_FIELDS[table])]
-            start = len(old.lists[table]) if docs[: len(old.lists[table])] == old.lists[table] else 0
-            if start == 0 and old.lists[table]:
+    def _save(self, db: sqlite3.Connection, state: State, old: _Read) -> None:
+        """Write what changed of ``state`` since ``old`` was read: each host, the plans and the rollout, and
+        delete what it no longer has of what was read."""
+        for name, hs in state.hosts.items():
+            self._save_host(db, name, hs, old.hosts.get(name, {}))
+        for name in old.hosts.keys() - state.hosts.keys():
+            for table in _HOST_TABLES:
                 db.execute(f"DELETE FROM {table} WHERE host = ?", (name,))
-            rows = [(name, n, check(model, d)) for n, d in enumerate(docs) if n >= start]
-            db.executemany(f"INSERT INTO {table} VALUES (?, ?, ?)", rows)
+        plans = {i: plan.model_dump_json(warnings=False) for i, plan in state.tuning_plans.items()}
+        self._sync(db, "tuning_plans", (), "id", PlanRecord, plans, old.plans, "tuning plan")
+        rollout = {1: state.rollout.model_dump_json(warnings=False)} if state.rollout is not None else {}
+        self._sync(db, "rollout", (), "id", RolloutRecord, rollout, old.rollout, "rollout")
+
+    def _save_host(self, db: sqlite3.Connection, name: str, hs: HostState, old: dict[str, Rows]) -> None:
+        """Host ``name``'s rows that differ from ``old`` (its rows as read): its document, seen record,
+        jobs and lists."""
+        seen = SeenRecord.model_construct(last_seen=hs.last_seen, sglang=hs.sglang)
+        new: dict[str, Rows] = {
+            "hosts": {"": hs.model_dump_json(exclude=set(_OWN_FIELDS), warnings=False)},
+            "seen": {"": seen.model_dump_json(warnings=False)} if hs.last_seen or hs.sglang else {},
+            "jobs": {i: job.model_dump_json(warnings=False) for i, job in hs.jobs.items()},
+        }
+        for table, list_field in _LISTS.items():
+            new[table] = dict(enumerate(e.model_dump_json(warnings=False) for e in getattr(hs, list_field)))
+        for table, (model, key) in _HOST_TABLES.items():
+            what = f"host {name!r} {model.__name__}"
+            self._sync(db, table, (name,), key, model, new[table], old.get(table, {}), what)
+
+    def _sync(
+        self, db: sqlite3.Connection, table: str, owner: tuple[str, ...], key: str | None,
+        model: type[BaseModel], new: Rows, old: Rows, what: str,
+    ) -> None:  # fmt: skip
+        """``owner``'s rows of ``table`` (a host's, or the fleet's: ``()``) made ``new`` from ``old``: the
+        rows gone deleted, the documents that changed validated and written. ``key``: the column telling
+        the owner's rows apart (None: it has one)."""
+        columns = [column for column in ("host" if owner else None, key) if column]
+
+        def row(k: Any) -> tuple[Any, ...]:
+            return (*owner, k) if key else owner
+
+        where = " AND ".join(f"{column} = ?" for column in columns)
+        db.executemany(f"DELETE FROM {table} WHERE {where}", [row(k) for k in old.keys() - new.keys()])
+        changed = [(*row(k), _checked(model, doc, self.path, what)) for k, doc in new.items() if old.get(k) != doc]
+        marks = ", ".join("?" * (len(columns) + 1))
+        db.executemany(_UPSERT_JOB if table == "jobs" else f"INSERT OR REPLACE INTO {table} VALUES ({marks})", changed)
 
     def _copy(self, state: State) -> State | None:
         """``state`` as read, for ``on_commit`` (None: nobody listens)."""
@@ -415,37 +428,21 @@ class StateStore:
             self.on_commit(before, after)
 
 
-def _plans(db: sqlite3.Connection, ids: set[str]) -> dict[str, str]:
-    """The documents of those plans of ``ids`` the database holds."""
-    rows = (db.execute("SELECT id, doc FROM tuning_plans WHERE id = ?", (i,)).fetchone() for i in ids)
-    return dict(row for row in rows if row is not None)
+def _host_text(rows: dict[str, Rows]) -> str:
+    """One host's document put together from its rows (one JSON text, validated once)."""
+    jobs = ",".join(f"{json.dumps(job_id)}:{doc}" for job_id, doc in rows.get("jobs", {}).items())
+    parts = [f'"jobs":{{{jobs}}}']
+    parts += [f'"{list_field}":[{",".join(rows.get(table, {}).values())}]' for table, list_field in _LISTS.items()]
+    seen = rows.get("seen", {}).get("", "{}")[1:-1]
+    return rows["hosts"][""][:-1] + "," + ",".join(part for part in [*parts, seen] if part) + "}"
 
 
-def _snapshot(db: sqlite3.Connection, name: str) -> _Snapshot:
-    """Host ``name``'s rows as the database holds them now (inside the writing transaction)."""
-    old = _Snapshot()
-    row = db.execute("SELECT doc FROM hosts WHERE host = ?", (name,)).fetchone()
-    old.host = row[0] if row else None
-    row = db.execute("SELECT doc FROM seen WHERE host = ?", (name,)).fetchone()
-    old.seen = row[0] if row else None
-    old.jobs = dict(db.execute("SELECT id, doc FROM jobs WHERE host = ?", (name,)))
-    for table in _LISTS:
-        old.lists[table] = [d for (d,) in db.execute(f"SELECT doc FROM {table} WHERE host = ? ORDER BY seq", (name,))]
-    return old
-
-
-def _dump(document: BaseModel, path: Path, what: str) -> str:
-    """``document``'s JSON, validated again (``_checked``)."""
-    return _checked(type(document), document.model_dump_json(warnings=False), path, what=what)
-
-
-def _checked(model: type[BaseModel], text: str, path: Path, host: str = "", what: str = "") -> str:
+def _checked(model: type[BaseModel], text: str, path: Path, what: str) -> str:
     """``text`` once it validates as ``model`` (values mutated in place bypass assignment validation;
     secrets are refused here), else a ``StateError``: nothing of the transaction is written."""
     try:
         model.model_validate_json(text)
     except ValidationError as exc:
-        what = what or f"host {host!r} {model.__name__}"
         raise StateError(
             f"refusing to write {what} to state database {path}: {summarize(exc)}",
             hint="this is a bug in the code that changed the state; nothing was written",
@@ -525,10 +522,7 @@ def _command(pid: int) -> str:
 def integrity(path: Path) -> str:
     """``PRAGMA integrity_check``'s first findings on ``path`` (``ok`` when it finds nothing wrong)."""
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
             return "; ".join(row[0] for row in db.execute("PRAGMA integrity_check(3)"))
-        finally:
-            db.close()
     except sqlite3.Error as exc:
         return str(exc)

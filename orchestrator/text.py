@@ -3,12 +3,16 @@
 own, so rendering (``render``, ``views``) and the written report (``ops.report``) share them; and the
 two rules about environment variable names that the transport (what it sends) and the inventory (what
 it accepts) must agree on: which names are valid (``is_env_name``) and which say their value is a
-secret (``looks_secret``).
+secret (``looks_secret``). What looks like a secret in a value (``find_secret``) is refused by the
+inventory, the recipes, the state's validators and the operations that start jobs.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterable
+from typing import Any
 
 # Characters that drive a terminal rather than print: C0 controls (ESC, BEL, CR, backspace, ...) but
 # newline and tab, DEL, C1 controls (the one-byte CSI 0x9b, OSC 0x9d, ...), and the bidirectional
@@ -95,6 +99,41 @@ def is_env_name(name: str) -> bool:
 def looks_secret(name: str) -> bool:
     """Whether an environment variable's name says its value is a secret (HF_TOKEN, OPENAI_API_KEY, ...)."""
     return bool(_SECRET_NAME.search(name))
+
+
+_SECRET_PATTERN = re.compile(
+    r"(?P<marker>token=|hf[_-]token|passw(?:or)?d|api[_-]?key|secret|authorization:|-----BEGIN)"
+    r"|(?P<hf_token>\bhf_[A-Za-z0-9]{30,})",
+    re.IGNORECASE,
+)
+"""What looks like a secret: ``TOKEN=``/``HF_TOKEN=`` assignments, ``--hf-token``, ``password``,
+``api_key``/``--api-key``, ``secret``, HTTP ``Authorization:`` headers, PEM blocks (``-----BEGIN``) and
+Hugging Face tokens (``hf_`` + 30 or more characters). Deliberately crude and case-insensitive: a false
+positive is a clear error that is easy to work around (pass the secret through the host's environment),
+a false negative is a secret on disk."""
+
+
+def find_secret(value: Any) -> str | None:
+    """What looks like a secret in ``value`` (a string, or lists/dicts of them, keys included), else None.
+
+    Keys count because ``{"password": "..."}`` holds a secret whatever its value looks like. The marker,
+    not the value, is returned so that error messages never repeat the secret. Lists and dicts are
+    searched as their JSON text, in one pass (JSON's quotes and commas keep two strings from forming a
+    marker together)."""
+    if isinstance(value, (dict, list, tuple)):
+        try:
+            value = json.dumps(value, default=str)
+        except (TypeError, ValueError):  # keys JSON cannot hold: walk them one by one
+            items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+            return _first_secret(items)
+    if isinstance(value, str):
+        match = _SECRET_PATTERN.search(value)
+        return None if match is None else match.group("marker") or "a Hugging Face token (hf_...)"
+    return None
+
+
+def _first_secret(values: Iterable[Any]) -> str | None:
+    return next((found for found in map(find_secret, values) if found), None)
 
 
 def fmt_ranges(numbers: list[int]) -> str:

@@ -149,7 +149,7 @@ def cli(
     ctx.obj = App(inventory_option=inventory, state_option=state, options=options, notify_cmd=notify_cmd)
 
 
-LIBRARIES = ("paramiko", "invoke", "fabric")  # their debug output is noise below -vvv
+LIBRARIES = ("paramiko", "invoke")  # their debug output is noise below -vvv (invoke: paramiko runs `Match exec`)
 
 
 class _InertFormatter(logging.Formatter):
@@ -161,7 +161,7 @@ class _InertFormatter(logging.Formatter):
 
 def configure_logging(verbose: int) -> None:
     """Logging on stderr. 0: warnings; -v: orch's own steps (INFO of ``orchestrator.*``); -vv: every
-    remote command too (DEBUG); -vvv: every library's debug output too (paramiko, invoke, ...), each
+    remote command too (DEBUG); -vvv: every library's debug output too (paramiko, ...), each
     line naming its logger. Below -vvv the SSH libraries say nothing: orch reports their failures."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_InertFormatter("orch: %(name)s: %(message)s" if verbose >= 3 else "orch: %(message)s"))

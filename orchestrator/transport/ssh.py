@@ -20,17 +20,25 @@ Where a host is comes from the inventory, then the ssh config file (``resolve_ro
 aliases, ``HostName``, ``User``, ``Port``, ``IdentityFile``, ``ProxyJump``; the inventory wins). A host
 behind a jump host is a connection over a ``direct-tcpip`` channel of the jump host's one connection
 for the invocation (``JumpHost``), shared by every host behind it; the jump host's key is verified,
-recorded and refused exactly as a host's. paramiko's ``SSHClient`` is used bare: fabric's
-``Connection`` read ``~/.ssh/config`` on its own and opened a ProxyJump host with ``AutoAddPolicy``,
-trusting any key it offered.
+recorded and refused exactly as a host's.
+
+What comes from paramiko, and why not fabric: the ssh config's matching (``SSHConfig``), connecting and
+authenticating (``SSHClient.connect``), known_hosts lines and hashed names (``HostKeyEntry``,
+``HostKeys.hash_host``), fingerprints (``PKey.fingerprint``) and the unknown-key hook
+(``MissingHostKeyPolicy``) are the library's. orch's own code stays where the library's is unsafe or
+measurably slower: fabric's ``Connection`` read ``~/.ssh/config`` on its own and opened a ProxyJump host
+with ``AutoAddPolicy``, trusting any key it offered, one jump connection per target (``JumpHost``: one
+per jump host); invoke's runner under ``Connection.run`` wakes every 10 ms per command to poll for its
+end and reads a non-terminal stdin a byte per 10 ms, 29% of orch's CPU at 32 hosts (``run_on_channel``:
+threads blocked on the channel); paramiko's ``HostKeys.load`` raises on marker and bad lines, knows no
+``@revoked`` and is quadratic in the file's length, per connection (``KnownHosts``: ~150 ms at 1000
+lines); its ``SSHConfig`` follows no ``Include`` (``sshconfig``). fabric is not a dependency.
 """
 
 from __future__ import annotations
 
-import base64
 import binascii
 import contextlib
-import hashlib
 import hmac
 import itertools
 import logging
@@ -66,12 +74,6 @@ _RETRYABLE = (
 )
 
 
-def fingerprint(key: paramiko.PKey) -> str:
-    """OpenSSH's SHA256 fingerprint of a host key, as ``ssh-keygen -lf`` prints it."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
 def known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
@@ -95,11 +97,6 @@ def record_host_key(path: Path, name: str, key: paramiko.PKey) -> None:
         fh.write(f"{name} {key.get_name()} {key.get_base64()}\n")
 
 
-def load_known_hosts(host: Host, keys: paramiko.HostKeys) -> dict[bytes, Path]:
-    """Add the keys ``host``'s known_hosts files list to ``keys``; the ``@revoked`` keys, with their file."""
-    return _add_entries(host.name, _parse_known_hosts(known_hosts_files(host)), keys)
-
-
 _Parsed = tuple[list[paramiko.hostkeys.HostKeyEntry], dict[bytes, Path]]
 
 
@@ -110,20 +107,6 @@ def _parse_known_hosts(files: Sequence[Path]) -> _Parsed:
         if path.exists():
             _read_known_hosts(path, entries, revoked)
     return entries, revoked
-
-
-def _add_entries(name_for_log: str, parsed: _Parsed, keys: paramiko.HostKeys) -> dict[bytes, Path]:
-    entries, revoked = parsed
-    seen: set[tuple[str, str]] = set()  # the first line for a name and key type wins, as in paramiko's parser
-    for entry in entries:
-        if entry.key.asbytes() in revoked:
-            log.debug("%s: not trusting %s for %s: it is @revoked", name_for_log, entry.key.get_name(), entry.hostnames)
-            continue
-        for name in entry.hostnames:
-            if (name, entry.key.get_name()) not in seen:
-                seen.add((name, entry.key.get_name()))
-                keys.add(name, entry.key.get_name(), entry.key)
-    return revoked
 
 
 class HostKeyTable:
@@ -252,7 +235,7 @@ class _VerifyHostKey(paramiko.MissingHostKeyPolicy):
         self.role = role  # "jump host " for a jump host's key
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        fp = fingerprint(key)
+        fp = key.fingerprint
         if key.asbytes() in self.revoked:
             raise _revoked(self.host, hostname, key, self.revoked[key.asbytes()])
         if not self.accept_new:
@@ -270,7 +253,7 @@ class _VerifyHostKey(paramiko.MissingHostKeyPolicy):
 
 def _revoked(host: Host, hostname: str, key: paramiko.PKey, path: Path) -> HostKeyError:
     return HostKeyError(
-        f"{host.name}: host key {key.get_name()} {fingerprint(key)} offered by {hostname} is marked @revoked "
+        f"{host.name}: host key {key.get_name()} {key.fingerprint} offered by {hostname} is marked @revoked "
         f"in {path}; refusing to connect",
         hint=f"the host needs a new key; once it has one, verify it and run `orch trust {host.name}`",
     )
@@ -544,7 +527,7 @@ def _changed_key(host: Host, files_of: Host, where: str, exc: paramiko.BadHostKe
     files = ", ".join(str(p) for p in known_hosts_files(files_of))
     return HostKeyError(
         f"{host.name}: HOST KEY CHANGED for {where}: known "
-        f"{fingerprint(exc.expected_key)}, offered {fingerprint(exc.key)}; refusing to connect",
+        f"{exc.expected_key.fingerprint}, offered {exc.key.fingerprint}; refusing to connect",
         hint=f"if the host was reinstalled, verify the new key (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub on "
         f"the host), remove the old line from {files}, then run `orch trust {host.name}`",
     )
@@ -560,11 +543,9 @@ def run_on_channel(
     """Exit status (-1: none came, e.g. killed by a signal or the connection died), stdout and stderr of
     ``command`` on a new session channel; ``stdin`` is sent in one write, then end of input.
 
-    A bare paramiko channel, not fabric's ``Connection.run``: invoke's runner wakes every 10 ms per
-    command to poll for its end and reads a non-terminal stdin a byte per 10 ms (29% of orch's CPU at 32
-    hosts). Here two threads read stdout and stderr, each blocked until data or end of file, and this
-    one waits for the exit status until ``timeout`` (then ``_CommandTimedOut``; closing the channel, as
-    invoke did, ends the readers)."""
+    A bare paramiko channel (not fabric's ``Connection.run``: the module's docstring says why): two
+    threads read stdout and stderr, each blocked until data or end of file, and this one waits for the
+    exit status until ``timeout`` (then ``_CommandTimedOut``; closing the channel ends the readers)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     channel = transport.open_session(timeout=timeout)
     try:
@@ -806,20 +787,19 @@ def trust_host_key(host: Host, timeout: float, expected: str | None = None) -> s
 
 
 def _trust(host: Host, name: str, key: paramiko.PKey, expected: str | None) -> str:
-    fp = fingerprint(key)
+    fp = key.fingerprint
     if expected and expected != fp:
         raise HostKeyError(f"{host.name}: offered key {key.get_name()} {fp} does not match the expected {expected}")
-    known = paramiko.HostKeys()
-    revoked = load_known_hosts(host, known)
-    if key.asbytes() in revoked:
-        raise _revoked(host, name, key, revoked[key.asbytes()])
-    entry = known.lookup(name)
-    if entry is not None and key.get_name() in entry:
-        if entry[key.get_name()] == key:
+    table = KNOWN_HOSTS.table(host)
+    if key.asbytes() in table.revoked:
+        raise _revoked(host, name, key, table.revoked[key.asbytes()])
+    known = table.lookup(name).get(key.get_name())
+    if known is not None:
+        if known == key:
             return f"{key.get_name()} {fp} is already trusted"
         raise HostKeyError(
             f"{host.name}: HOST KEY CHANGED for {name}: offered {fp}; refusing to trust it over the known key",
             hint="if the host was reinstalled, remove its old line from known_hosts first",
         )
-    record_host_key(trust_file(host), name, key)
+    KNOWN_HOSTS.record(host, name, key)
     return f"trusted {key.get_name()} {fp} (recorded in {trust_file(host)})"

@@ -20,7 +20,14 @@ from orchestrator.facts import tuner as tf
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, State
 from orchestrator.tuning.member import Peers, plan_of, record_of, records, store_of
-from orchestrator.tuning.record import AssignmentRecord, InstalledRecord, LogProgress, PlanRecord, TuningRecord
+from orchestrator.tuning.record import (
+    AssignmentRecord,
+    InstalledRecord,
+    LogProgress,
+    PlanRecord,
+    RunRecord,
+    TuningRecord,
+)
 
 TuneState = Literal["none", "running", "ready-to-install", "installed", "failed"]
 _READ_LIMIT = 4 << 20  # bytes of a log read per job per poll; the rest comes with the next poll
@@ -176,7 +183,13 @@ def _job_state(a: AssignmentRecord, info: jobs.JobInfo | None, polled: bool) -> 
 
 
 def _units_done(a: AssignmentRecord, progress: LogProgress) -> int:
-    return sum(len(set(progress.done.get(r.key, [])) & set(r.batch_sizes)) for r in a.runs)
+    return sum(_run_units(r, progress) for r in a.runs)
+
+
+def _run_units(run: RunRecord, progress: LogProgress) -> int:
+    """The batch sizes of ``run`` its job's log says are done."""
+    done = progress.done.get(run.key)
+    return len(set(run.batch_sizes).intersection(done)) if done else 0
 
 
 def shape_progress(
@@ -193,8 +206,7 @@ def shape_progress(
         if p is None:
             continue
         for r in a.runs:
-            units = len(set(p.done.get(r.key, [])) & set(r.batch_sizes))
-            done_by_shape[r.key] = done_by_shape.get(r.key, 0) + units
+            done_by_shape[r.key] = done_by_shape.get(r.key, 0) + _run_units(r, p)
     rows = []
     for s in plan.shapes:
         done = done_by_shape.get(s.key, 0)
@@ -258,8 +270,8 @@ def _all_progress(
     merged = {}
     for a in plan.assignments:
         live = polls[a.host].progress.get(a.purpose) if a.host in polls else None
-        stored = cached.get(a.host, TuningRecord()).progress.get(a.purpose, LogProgress())
-        merged[f"{a.host}/{a.purpose}"] = live or stored
+        stored = cached[a.host].progress.get(a.purpose) if a.host in cached else None
+        merged[f"{a.host}/{a.purpose}"] = live or stored or LogProgress()  # built only when needed: per job, per host
     return merged
 
 

@@ -9,7 +9,7 @@ import paramiko
 import pytest
 
 from orchestrator.inventory import Host
-from orchestrator.transport.ssh import load_known_hosts
+from orchestrator.transport.ssh import HostKeyTable, KnownHosts
 
 
 def line(name: str, key: paramiko.PKey) -> str:
@@ -21,16 +21,15 @@ def keys() -> list[paramiko.PKey]:
     return [paramiko.ECDSAKey.generate() for _ in range(3)]
 
 
-def found(known: paramiko.HostKeys, name: str) -> dict[str, paramiko.PKey] | None:
-    entry = known.lookup(name)
-    return None if entry is None else dict(entry)
+def found(known: HostKeyTable, name: str) -> dict[str, paramiko.PKey]:
+    return known.lookup(name)
 
 
-def load(tmp_path: Path, text: str) -> tuple[paramiko.HostKeys, dict[bytes, Path]]:
+def load(tmp_path: Path, text: str) -> tuple[HostKeyTable, dict[bytes, Path]]:
     path = tmp_path / "known_hosts"
     path.write_text(text)
-    known = paramiko.HostKeys()
-    return known, load_known_hosts(Host(name="h", address="a", known_hosts=str(path)), known)
+    known = KnownHosts().table(Host(name="h", address="a", known_hosts=str(path)))
+    return known, known.revoked
 
 
 def test_marker_hashed_and_junk_lines_are_handled(
@@ -54,7 +53,7 @@ def test_marker_hashed_and_junk_lines_are_handled(
     assert revoked == {}
     assert found(known, "10.0.0.1") == {one.get_name(): one}
     assert found(known, "[10.0.0.2]:2222") == {two.get_name(): two}
-    assert known.lookup("x.corp.example") is None  # a CA line vouches for no plain key
+    assert found(known, "x.corp.example") == {}  # a CA line vouches for no plain key
     assert "skipping a @cert-authority line" in caplog.text
 
 
@@ -63,7 +62,7 @@ def test_revoked_key_is_dropped_everywhere_and_reported(tmp_path: Path, keys: li
     known, revoked = load(tmp_path, "\n".join([line("a", one), line("b,c", two), "@revoked * " + line("", two)[1:]]))
     assert revoked == {two.asbytes(): tmp_path / "known_hosts"}
     assert found(known, "a") == {one.get_name(): one}
-    assert known.lookup("b") is None and known.lookup("c") is None
+    assert found(known, "b") == found(known, "c") == {}
 
 
 def test_first_line_for_a_name_wins(tmp_path: Path, keys: list[paramiko.PKey]) -> None:

@@ -10,10 +10,13 @@ only ``orch demo`` imports the simulated fleet. Where the code breaks a rule, th
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import orchestrator
 
@@ -148,6 +151,16 @@ def violations(graph: dict[str, set[str]]) -> list[tuple[str, str, str]]:
 def test_the_package_holds_its_layers() -> None:
     broken = [v for v in violations(imports_of(SOURCE)) if (v[0], v[1]) not in EXCEPTIONS]
     assert broken == []
+
+
+def test_every_dependency_is_imported_by_the_package() -> None:
+    """A dependency nothing imports is not one (fabric was, unused, issue 24 §6)."""
+    declared = tomllib.loads((SOURCE / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower().replace("_", "-") for spec in declared}
+    imported = {i.split(".")[0] for targets in imports_of(SOURCE).values() for i in targets}
+    providers = packages_distributions()  # import name -> the distributions that install it
+    used = {d.lower().replace("_", "-") for top in imported for d in providers.get(top, ())}
+    assert sorted(names - used) == []
 
 
 def test_every_listed_exception_names_two_modules_of_the_package() -> None:
