@@ -136,7 +136,7 @@ def bench(
     """
     host, runner, store = session.host, session.runner, session.store
     check_baseline(store, [host], options)
-    server = running_server(host, runner, store)
+    server = require_server(host, runner, store)
     pending = _pending(host, runner, store) or _unrecorded(host, runner, store, server)
     if pending is None:
         dataset = dataset or prepare_dataset(session, spec, options)
@@ -171,7 +171,7 @@ def check_baseline(store: StateStore, hosts: list[Host], options: BenchOptions) 
 # -- before the run ------------------------------------------------------------------------------
 
 
-def running_server(host: Host, runner: Runner, store: StateStore, doing: str = "benchmark") -> ServerRecord:
+def require_server(host: Host, runner: Runner, store: StateStore, doing: str = "benchmark") -> ServerRecord:
     """The server orch launched on the host, checked to be running; else a ``RefusedError`` saying why
     (``doing``: what the server was wanted for, ``no server to <doing>``)."""
     server = store.read([host.name]).host(host.name).server

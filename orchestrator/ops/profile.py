@@ -68,7 +68,7 @@ def profile(session: HostSession, spec: BenchSpec, options: ProfileOptions, resu
     (the load fails, no trace appears in time, a trace is unreadable or too large).
     """
     host, runner, store = session.host, session.runner, session.store
-    server = bench_op.running_server(host, runner, store, doing="profile")
+    server = bench_op.require_server(host, runner, store, doing="profile")
     url = server_facts.url(server_facts.argv_address(server.argv), server.port)
     run = f"{utc_now():%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
     directory, prefix = f"{host.workdir.rstrip('/')}/profiles/{run}", f"orch-{run}"

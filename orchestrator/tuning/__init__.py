@@ -20,7 +20,7 @@ which need the same configs and share one plan. The flow:
    the merged configs under SGLang's exact name (backing up a replaced file), phase ``tuned``; or
    record the failure (phase ``failed``, reason and log tail) and stop the group's other jobs.
 
-``watch.py`` is the one watcher (step groups until they end; ``Outage`` rides out an unreachable
+``watch.py`` is the one watcher (step groups until they end; ``ReconnectWindow`` rides out an unreachable
 host); ``commands.py`` holds the entry points: ``tune_fp8`` and ``wait_tuning`` (the commands),
 ``wait_for_tuning`` (one host, for ``orch serve`` and ``orch run``); one host's tuning read without
 waiting, ``tuning_status`` and ``status_field`` (``orch serve``, ``orch status``), is in ``progress.py``.

@@ -229,7 +229,7 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     checked = [] if options.force else files_to_check(host, record, plan)
     facts, files = discover(session, [*checked, model_config_path(host)])
     block = model_block(session, files, facts.flags)
-    tp = tp_size(recipe, host)
+    tp = server_facts.tp_size(recipe, host.gpus)  # the recipe's, else the host's GPU count
     logged = logged_shapes(session, facts.device) if options.shapes == "logged" else None
     wanted = logged.shapes if logged else resolve_shapes(options.shapes, recipe, session, tp)
     batch_sizes = list(options.batch_sizes or recipe.tuning.batch_sizes)
@@ -326,11 +326,6 @@ def failure(session: HostSession, plan: PlanRecord, polls: dict[str, HostPoll]) 
     infos = polls[session.name].infos
     failed = [(a, infos.get(a.job_id or "")) for a in plan.assignments]
     return describe_failure([session], [(a, i) for a, i in failed if i is None or i.state != "succeeded"], polls)[0]
-
-
-def tp_size(recipe: Recipe, host: Host) -> int:
-    """The serving TP size: the recipe's, else the host's GPU count."""
-    return server_facts.tp_size(recipe, host.gpus)
 
 
 def resolve_shapes(spec: str, recipe: Recipe, session: HostSession, tp: int) -> list[Shape]:

@@ -1,7 +1,7 @@
 """The one tuning watcher: step groups until each is installed or failed, riding out outages.
 
 ``watch_groups`` is the loop of ``orch tune-fp8 --wait``, ``orch wait`` and (one group, through
-``wait_group``) ``orch serve``/``orch run`` waiting for a host's tuning. ``Outage`` is its one rule for
+``wait_group``) ``orch serve``/``orch run`` waiting for a host's tuning. ``ReconnectWindow`` is its one rule for
 a host it cannot reach.
 """
 
@@ -37,7 +37,7 @@ def watch_groups(
     groups: Sequence[Group], wait: bool, poll: float = 1.0
 ) -> tuple[dict[str, TuneStatus], dict[str, BaseException]]:
     """Step every group once, or (``wait``) every ``poll`` seconds until each is installed or failed,
-    riding out outages by ``Outage``. Each status a step finds is emitted (``Group.report``): on the
+    riding out outages by ``ReconnectWindow``. Each status a step finds is emitted (``Group.report``): on the
     session of the host it is about, for the command's view to show. A host error of one group (a
     refused host key, a command that failed) fails that group's hosts only; the others go on. Each step
     starts from the state the group's last step saved (one state read per group per poll). Between two
@@ -47,7 +47,7 @@ def watch_groups(
     (the jobs run on; ``orch wait`` re-attaches)."""
     statuses: dict[str, TuneStatus] = {}
     errors: dict[str, BaseException] = {}
-    pending = {g.plan.id: _Watched(g, Outage(g.plan.group)) for g in groups}
+    pending = {g.plan.id: _Watched(g, ReconnectWindow(g.plan.group)) for g in groups}
     paused: dict[str, futures.Future[None]] = {}
     with futures.ThreadPoolExecutor(max_workers=max(1, len(pending)), thread_name_prefix="orch-tune-wait") as pool:
         while pending:
@@ -76,7 +76,7 @@ class _Watched:
     """A group being watched: its outage, and the state as its last step saved it."""
 
     group: Group
-    outage: Outage
+    outage: ReconnectWindow
     state: State | None = None
 
     def step(self, statuses: dict[str, TuneStatus], errors: dict[str, BaseException]) -> bool:
@@ -132,7 +132,7 @@ def _wait_host(member: HostSession, job_ids: list[str], poll: float) -> None:
 _OUTAGE_HINT = "the tuning jobs run on without orch: `orch wait` attaches again once the host answers"
 
 
-class Outage:
+class ReconnectWindow:
     """The one rule of the tuning watcher (``watch_groups``) for a host it cannot reach:
     the jobs run on without orch, so the wait goes on reconnecting (each SSH runner reconnects on its
     next call) for up to ``RECONNECT_SECONDS`` in a row, saying ``reconnecting`` once per outage, then

@@ -42,7 +42,7 @@ class NoRemote:
 def test_bench_refuses_a_host_where_orch_launched_no_server(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "state.json")
     with pytest.raises(RefusedError, match="gpu-1: no server to benchmark") as caught:
-        bench.running_server(HOST, NoRemote(), store)
+        bench.require_server(HOST, NoRemote(), store)
     assert caught.value.hint == "start it with `orch serve --host gpu-1`"
 
 

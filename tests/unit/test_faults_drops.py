@@ -118,11 +118,11 @@ class Clock:
 def test_an_outage_says_reconnecting_once_and_gives_up_after_the_documented_time_naming_the_host(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from orchestrator.tuning.watch import Outage
+    from orchestrator.tuning.watch import ReconnectWindow
 
     clock = Clock()
     monkeypatch.setattr(time, "monotonic", clock)
-    outage = Outage(["b1"])
+    outage = ReconnectWindow(["b1"])
     lost = UnreachableError("b1: connection lost while running a command (its result is unknown)")
     for _ in range(5):
         outage.lost(lost)
@@ -139,11 +139,11 @@ def test_an_outage_says_reconnecting_once_and_gives_up_after_the_documented_time
 def test_a_new_outage_after_a_good_step_is_said_again_and_timed_from_its_start(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from orchestrator.tuning.watch import Outage
+    from orchestrator.tuning.watch import ReconnectWindow
 
     clock = Clock()
     monkeypatch.setattr(time, "monotonic", clock)
-    outage = Outage(["b1"])
+    outage = ReconnectWindow(["b1"])
     lost = UnreachableError("b1: cannot connect to 127.0.0.2:22: connection refused")
     outage.lost(lost)
     clock.now += 290

@@ -291,7 +291,7 @@ def test_a_tuning_watchers_pause_ends_when_one_of_its_running_jobs_exits(runner:
     from orchestrator.tuning.group import Group
     from orchestrator.tuning.progress import JobView, TuneStatus
     from orchestrator.tuning.record import HostPaths, PlanRecord
-    from orchestrator.tuning.watch import Outage, _Watched
+    from orchestrator.tuning.watch import ReconnectWindow, _Watched
 
     host = Host(name="local", address="localhost", transport="local", workdir=workdir)
     paths = {"local": HostPaths(tuner="t.py", config_dir="/c", workdir=workdir)}
@@ -301,7 +301,7 @@ def test_a_tuning_watchers_pause_ends_when_one_of_its_running_jobs_exits(runner:
     short = jobs.start(runner, workdir, jobs.JobSpec("t", "tune.gpu0", ["sh", "-c", "sleep 0.5"]))
     views = [JobView("local", 0, "tune.gpu0", short.job_id, "running", 0, 1)]
     member = HostSession(host, runner, StateStore(Path(workdir) / "state.json"))
-    watched = _Watched(Group([member], plan, attached=False), Outage(["local"]))
+    watched = _Watched(Group([member], plan, attached=False), ReconnectWindow(["local"]))
     watched.pause({"local": TuneStatus("local", "running", jobs=views)}, poll=120)
     assert jobs.find(runner, workdir, short.job_id).state == "succeeded"
     assert jobs.find(runner, workdir, witness.job_id).running  # the pause ended long before its 120 s

@@ -14,6 +14,7 @@ from orchestrator import jobs
 from orchestrator.cli import tune as tune_cli
 from orchestrator.errors import ConfigError, RefusedError, UsageError
 from orchestrator.facts import gpus as smi
+from orchestrator.facts import server as server_facts
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.ops.status import HostStatus
@@ -25,7 +26,7 @@ from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.install import install, merge_group, unsuccessful
 from orchestrator.tuning.member import record_of, running_plan
 from orchestrator.tuning.plan import group_prepared, job_spec, make_plan, selected_gpus
-from orchestrator.tuning.prepare import HostFacts, Prepared, discover_tuner, refuse_busy, resolve_shapes, tp_size
+from orchestrator.tuning.prepare import HostFacts, Prepared, discover_tuner, refuse_busy, resolve_shapes
 from orchestrator.tuning.progress import (
     HostPoll,
     JobView,
@@ -129,8 +130,8 @@ def test_fleet_groups_hosts_by_gpu_name_and_commit() -> None:
 
 def test_tp_size_comes_from_the_recipe_else_the_host() -> None:
     recipe = Recipe(model="m", architecture="A", server_args={"tp": 4})
-    assert tp_size(recipe, host()) == 4
-    assert tp_size(Recipe(model="m", architecture="A"), host(gpus=2)) == 2
+    assert server_facts.tp_size(recipe, host().gpus) == 4
+    assert server_facts.tp_size(Recipe(model="m", architecture="A"), host(gpus=2).gpus) == 2
 
 
 def test_default_shapes_need_a_recipe_that_lists_them() -> None:
