@@ -15,8 +15,7 @@ from urllib.parse import quote
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.errors import ConfigError, UsageError
-from orchestrator.state import find_secret
-from orchestrator.text import is_env_name, looks_secret
+from orchestrator.text import find_secret, is_env_name, looks_secret
 from orchestrator.yamlfile import control_character, load_yaml, read_text
 
 DEFAULT_INVENTORY = Path("hosts.yaml")

@@ -15,8 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.errors import ConfigError
-from orchestrator.state import find_secret
-from orchestrator.text import is_env_name, looks_secret
+from orchestrator.text import find_secret, is_env_name, looks_secret
 from orchestrator.tuning.record import Shape as Shape  # the one shape type, re-exported: the playbook's shapes
 from orchestrator.yamlfile import control_character, load_yaml, read_text
 

@@ -20,7 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from orchestrator.facts.bench import BenchRecord, GateRecord
 from orchestrator.facts.profile import ProfileRecord
-from orchestrator.text import find_secret as find_secret  # re-exported: the rule the state's validators apply
+from orchestrator.text import find_secret
 from orchestrator.tuning.record import PlanRecord, TuningRecord
 from orchestrator.utc import UtcDateTime as UtcDateTime  # re-exported: the state's timestamps
 from orchestrator.utc import utc_now as utc_now

@@ -67,9 +67,9 @@ from orchestrator.inventory import Host
 from orchestrator.readers import TunedConfigs, host_server
 from orchestrator.recipe import Recipe, ServeOptions, Shape
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, Phase, ServerRecord, Verification, find_secret
+from orchestrator.state import HostState, Phase, ServerRecord, Verification
 from orchestrator.store import StateStore
-from orchestrator.text import minutes_seconds
+from orchestrator.text import find_secret, minutes_seconds
 from orchestrator.transport.base import Runner, shell_command
 from orchestrator.tuning.commands import wait_for_tuning
 from orchestrator.tuning.member import Peers, record_of

@@ -12,22 +12,14 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from orchestrator import jobs
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.recipe import Shape
 from orchestrator.state import utc_now
+from orchestrator.tuning.prepare import Prepared, selected_gpus
 from orchestrator.tuning.record import AssignmentRecord, HostPaths, KeptRecord, PlanRecord, RunRecord
-
-if TYPE_CHECKING:
-    from orchestrator.tuning.prepare import HostFacts, Prepared
-
-
-def selected_gpus(host: Host, facts: HostFacts) -> list[int]:
-    """The GPU indexes orch tunes on: the first ``gpus`` (inventory) of those nvidia-smi lists."""
-    return [g.index for g in facts.gpus][: host.gpus]
 
 
 def group_key(p: Prepared) -> tuple[str, str]:

@@ -31,7 +31,6 @@ from orchestrator.transport.base import CommandResult, Runner, check_result
 from orchestrator.tuning.install import complete_group, describe_failure
 from orchestrator.tuning.logged import logged_shapes
 from orchestrator.tuning.member import plan_of, record_of, records, running_plan
-from orchestrator.tuning.plan import selected_gpus
 from orchestrator.tuning.progress import HostPoll, job_views, poll_group, poll_host
 from orchestrator.tuning.record import (
     AssignmentRecord,
@@ -190,6 +189,11 @@ def holders_of(host: Host, devs: CommandResult, apps: CommandResult) -> tuple[li
     devices = smi.parse_gpus(smi.answer(host.name, devs))
     held = smi.holders(devices, smi.parse_apps(smi.answer(host.name, apps)))
     return devices, [smi.Holder(gpu, a.pid, a.process_name) for gpu, a in held]
+
+
+def selected_gpus(host: Host, facts: HostFacts) -> list[int]:
+    """The GPU indexes orch tunes on: the first ``gpus`` (inventory) of those nvidia-smi lists."""
+    return [g.index for g in facts.gpus][: host.gpus]
 
 
 @dataclass

@@ -19,8 +19,9 @@ from orchestrator import jobs
 from orchestrator.errors import OrchError, RefusedError, RemoteCommandError, UnreachableError
 from orchestrator.inventory import Host
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, JobRecord, State, find_secret
+from orchestrator.state import HostState, JobRecord, State
 from orchestrator.store import StateStore
+from orchestrator.text import find_secret
 from orchestrator.tuning.install import record_failure, stop_running
 from orchestrator.tuning.member import edit_record, forget_unused_plans, plan_of, record_of, running_plan, store_of
 from orchestrator.tuning.plan import job_spec, make_plan

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.state import JobRecord, Phase, ServerRecord, SGLangInfo, State, find_secret
+from orchestrator.state import JobRecord, Phase, ServerRecord, SGLangInfo, State
 from orchestrator.store import StateStore
+from orchestrator.text import find_secret
 from tests.unit.test_bench_facts import a_record
 
 T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)

@@ -25,8 +25,8 @@ from orchestrator.store import StateStore
 from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.install import install, merge_group, unsuccessful
 from orchestrator.tuning.member import record_of, running_plan
-from orchestrator.tuning.plan import group_prepared, job_spec, make_plan, selected_gpus
-from orchestrator.tuning.prepare import HostFacts, Prepared, discover_tuner, refuse_busy, resolve_shapes
+from orchestrator.tuning.plan import group_prepared, job_spec, make_plan
+from orchestrator.tuning.prepare import HostFacts, Prepared, discover_tuner, refuse_busy, resolve_shapes, selected_gpus
 from orchestrator.tuning.progress import (
     HostPoll,
     JobView,
