@@ -215,7 +215,13 @@ class StateStore:
           ``inventory`` no longer has (a renamed host, or a record kept aside earlier): the record follows
           its machine, so a renamed host keeps its server, tuning and history.
 
-        What it did (``Claim``), for the caller to say."""
+        What it did (``Claim``), for the caller to say. A record that already says ``now`` is read, not
+        written: no write lock per host and command."""
+        db = self._db()
+        with self._errors():
+            seen = db.execute("SELECT doc FROM seen WHERE host = ?", (name,)).fetchone()
+        if seen is not None and _parse(SeenRecord, seen[0], self.path, f"seen {name!r}").machine == now:
+            return Claim()
         with self._transaction() as db:
             recorded = self._seen(db, name).machine
             exists = db.execute("SELECT 1 FROM hosts WHERE host = ?", (name,)).fetchone() is not None
