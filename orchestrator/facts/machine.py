@@ -47,8 +47,9 @@ def mismatch_line(name: str, recorded: Machine, now: Machine, kept_as: str) -> s
     return (
         f"{name}: the state's record is of {recorded.describe()}, but {name} is now {now.describe()}: "
         f"its record is not applied here ({name} is treated as a new host; nothing was stopped) and is kept "
-        f"as {kept_as!r} (`orch state show {kept_as}`); if the inventory points {name} at the wrong machine, "
-        "fix it and the record follows its machine back; two inventories sharing one state need a --state each"
+        f"as {kept_as!r} (`orch state show {kept_as}`; `orch state forget {kept_as}` drops it); if the inventory "
+        f"points {name} at the wrong machine, fix it and the record follows its machine back; two inventories "
+        "sharing one state need a --state each"
     )
 
 

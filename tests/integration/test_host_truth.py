@@ -126,7 +126,8 @@ def test_a_name_pointed_at_another_machine_is_a_new_host_and_the_old_record_is_k
         f"orch: {first.name}: the state's record is of machine {first.machine_id[:8]} at "
         f"{first.address}:{first.ssh_port}, but {first.name} is now machine {second.machine_id[:8]} at "
         f"{second.address}:{second.ssh_port}: its record is not applied here ({first.name} is treated as a new "
-        f"host; nothing was stopped) and is kept as '{kept}' (`orch state show {kept}`)"
+        f"host; nothing was stopped) and is kept as '{kept}' (`orch state show {kept}`; `orch state forget {kept}` "
+        "drops it)"
     ) in again.stderr
     assert again.stderr.count("record is not applied here") == 1, again.stderr
     assert "already serving" not in again.output and "stopping" not in again.output.lower(), again.output

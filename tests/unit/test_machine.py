@@ -74,8 +74,9 @@ def test_the_mismatch_line_names_the_host_both_machines_and_the_fix() -> None:
     assert line == (
         "gpu-1: the state's record is of machine aaaaaaaa at 10.0.0.1:22, but gpu-1 is now machine bbbbbbbb at "
         "10.0.0.2:22: its record is not applied here (gpu-1 is treated as a new host; nothing was stopped) and is "
-        "kept as 'gpu-1@a' (`orch state show gpu-1@a`); if the inventory points gpu-1 at the wrong machine, fix it "
-        "and the record follows its machine back; two inventories sharing one state need a --state each"
+        "kept as 'gpu-1@a' (`orch state show gpu-1@a`; `orch state forget gpu-1@a` drops it); if the inventory "
+        "points gpu-1 at the wrong machine, fix it and the record follows its machine back; two inventories "
+        "sharing one state need a --state each"
     )
 
 
