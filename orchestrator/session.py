@@ -19,7 +19,7 @@ fact                read by                                         forgotten by
 ``tuned_configs``   ``readers.read_configs``                        pull, tuning installed configs
 ``replacement``     ``ops.serve.read_replacement_facts`` (model,    a server stopped, pull
                     port, workdir, the sglang imported)
-``machine``         ``readers.read_machine`` (address, machine-id)    never: a host is one machine per invocation
+``machine``         ``readers.read_machine`` (address, machine-id)  never: one machine per invocation
 ``log:<job>``       the job's ``LogReader`` (reads on from its      never: a job's log only grows
                     offset)
 ``argv:<job>``      the job's argv file                             never: a job's command never changes
