@@ -168,3 +168,29 @@ def test_a_renamed_host_keeps_its_record_and_its_server_is_not_relaunched(make_f
     assert again.returncode == 0, again.output
     assert f"already serving as asked (job {launched['id']})" in again.output, again.output
     assert set(StateStore(env.state).read().hosts) == {"blackwell-1"}
+
+
+def test_two_inventories_sharing_one_state_never_apply_each_others_record_of_one_name(make_fleet: Any) -> None:
+    env = make_fleet(2)
+    first, second = env.fleet.hosts
+    staging = FleetEnv(env.fleet, env.inventory.with_name("staging.yaml"), env.state)
+    staging.inventory.write_text(env.inventory.read_text())
+    repoint(env, {"gpu-1": first.name})  # prod's gpu-1
+    repoint(staging, {"gpu-1": second.name})  # staging's gpu-1, another box, the same state
+    prod_serve = env.orch("serve", "--no-mtp")
+    assert prod_serve.returncode == 0, prod_serve.output
+    (launched,) = server_jobs(env)
+
+    status = staging.orch("status", "--json")
+    assert status.returncode == 0 and "record is not applied here" in status.stderr, status.output
+    (view,) = json.loads(status.stdout)["hosts"]
+    assert (view["phase"], view["server"]) == ("new", None), view  # not prod's serving
+    staging_serve = staging.orch("serve", "--no-mtp")
+    assert staging_serve.returncode == 0 and "already serving" not in staging_serve.output, staging_serve.output
+
+    again = env.orch("serve", "--no-mtp")  # prod's identical serve: its own record, back from where it was kept
+    assert again.returncode == 0, again.output
+    assert "orch: gpu-1: the state's record of 'gpu-1@" in again.stderr, again.stderr
+    assert f"already serving as asked (job {launched['id']})" in again.output, again.output
+    (job,) = server_jobs(env)
+    assert (job["id"], job["state"]) == (launched["id"], "running")
