@@ -119,7 +119,7 @@ class App:
 
     def fleet(self, hosts: list[Host], parallel: int = 32) -> Fleet:
         log.info("%d hosts (%s), %d at a time", len(hosts), ", ".join(h.name for h in hosts), parallel)
-        return Fleet(hosts, self.options, parallel=parallel)
+        return Fleet(hosts, self.options, parallel=parallel, inventory=frozenset(self.inventory.hosts))
 
 
 def lock_timeout_setting() -> float:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -88,8 +88,14 @@ class FleetResult(list[HostResult[T]]):
 
 
 class Fleet:
-    def __init__(self, hosts: list[Host], options: ConnectOptions, parallel: int = 32) -> None:
+    def __init__(
+        self, hosts: list[Host], options: ConnectOptions, parallel: int = 32, inventory: Collection[str] | None = None
+    ) -> None:
+        """``inventory``: every inventory host's name; given (the app's fleets), each session ties the
+        state's record of its host to the machine it is (``HostSession.claim_machine``) before an operation
+        of ``map_sessions`` runs on it."""
         self.hosts = hosts
+        self.inventory = inventory
         self.options = options
         self.parallel = max(1, parallel)
         self._runners: dict[str, Runner] = {}
@@ -110,7 +116,7 @@ class Fleet:
         with self._lock:
             if host.name not in self._sessions:
                 sink = self.events(host) if self.events is not None else discard
-                self._sessions[host.name] = HostSession(host, runner, store, sink)
+                self._sessions[host.name] = HostSession(host, runner, store, sink, self.inventory)
             return self._sessions[host.name]
 
     def peers(
@@ -133,11 +139,22 @@ class Fleet:
         fn: Callable[[HostSession], T],
         store: StateStore | Callable[[], StateStore],
         hosts: list[Host] | None = None,
+        *,
+        claim: bool = True,
     ) -> FleetResult[T]:
-        """``fn(session)`` on every host (``map`` with each host's ``HostSession``). ``store`` may be
-        given as a function (``lambda: app.store``): it is then asked on each host's thread, so a state
-        file that cannot be read fails every host, as a value, like any other per-host error."""
-        return self.map(lambda host, _runner: fn(self.session(host, store() if callable(store) else store)), hosts)
+        """``fn(session)`` on every host (``map`` with each host's ``HostSession``), once the state's record
+        of the host is tied to the machine it is (``HostSession.claim_machine``; ``claim=False``: ``fn``
+        does it, ``orch status`` from its own probe). ``store`` may be given as a function (``lambda:
+        app.store``): it is then asked on each host's thread, so a state file that cannot be read fails
+        every host, as a value, like any other per-host error."""
+
+        def one(host: Host, _runner: Runner) -> T:
+            session = self.session(host, store() if callable(store) else store)
+            if claim:
+                session.claim_machine()
+            return fn(session)
+
+        return self.map(one, hosts)
 
     def map(self, fn: Callable[[Host, Runner], T], hosts: list[Host] | None = None) -> FleetResult[T]:
         """``fn(host, runner)`` on every host, ``parallel`` at a time; results in inventory order."""

@@ -2,8 +2,8 @@
 
 Each reader runs argv builders from ``facts/`` through the host's runner and parses the answer with
 ``facts/``'s pure parsers: the SGLang checkout (``read_git``; ``sglang_info`` is what the state records
-of it), HTTP from the host itself (``http``, ``health``, ``server_info``: the server's port never has to
-be exposed), orch's server job
+of it), the machine it is (``read_machine``: ``facts.machine``), HTTP from the host itself (``http``,
+``health``, ``server_info``: the server's port never has to be exposed), orch's server job
 (``running_server``) and its log (``LogReader``, reading on from a byte offset), the GPUs and who holds
 them (``read_gpu_info``), how the host starts SGLang's server and the flags it accepts (``host_server``),
 and the tuned FP8 config files where the host's SGLang reads them (``read_configs``). Operations ask the
@@ -26,11 +26,27 @@ from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts import tuner as tf
 from orchestrator.facts.gpus import Holder, device_file_name
+from orchestrator.facts.machine import address_of, machine_argv, parse_machine_id
 from orchestrator.facts.server_log import ServerLog, parse_server_log
 from orchestrator.inventory import Host
 from orchestrator.recipe import Shape
-from orchestrator.state import SGLangInfo
+from orchestrator.state import Machine, SGLangInfo
 from orchestrator.transport.base import Runner
+
+# --- the machine ------------------------------------------------------------------------------------
+
+
+def host_machine(host: Host, machine_id: str | None) -> Machine:
+    """The machine ``host`` reaches now: the inventory's ``address:port`` and ``machine_id`` as read."""
+    return Machine(address=address_of(host.address, host.port, host.transport), machine_id=machine_id)
+
+
+def read_machine(host: Host, runner: Runner) -> Machine:
+    """The machine the host is now (``facts.machine``): one round trip; no machine-id (none on the host,
+    or unreadable) leaves the address alone to tell."""
+    result = runner.run(machine_argv(), timeout=30)
+    return host_machine(host, parse_machine_id(result.stdout) if result.exit_status == 0 else None)
+
 
 # --- the SGLang checkout -----------------------------------------------------------------------------
 

@@ -19,10 +19,16 @@ fact                read by                                         forgotten by
 ``tuned_configs``   ``readers.read_configs``                        pull, tuning installed configs
 ``replacement``     ``ops.serve.read_replacement_facts`` (model,    a server stopped, pull
                     port, workdir, the sglang imported)
+``machine``         ``readers.read_machine`` (address, machine-id)  never: one machine per invocation
 ``log:<job>``       the job's ``LogReader`` (reads on from its      never: a job's log only grows
                     offset)
 ``argv:<job>``      the job's argv file                             never: a job's command never changes
 ==================  ==============================================  ==========================================
+
+Before an operation reads the host's record to decide anything, ``claim_machine`` ties that record to the
+machine the host is now (``StateStore.claim_machine``): a record of another machine is never applied to
+this one (issue 30 §1). ``Fleet.map_sessions`` does it for every operation of a fleet the app built
+(``status`` from its own probe); it is said on stderr when a record was kept aside or followed its machine.
 
 A fact's name may carry a key after a colon (``gpus:0,1``, ``server_info:http://...``);
 ``forget("gpus")`` drops every key of it. Every read goes through the session's runner
@@ -43,12 +49,14 @@ wait (a question to the operator) uses a fresh session.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator import jobs
+from orchestrator.facts.machine import claim_lines
 from orchestrator.jobs import JobInfo, job_dir
 from orchestrator.readers import (
     GpuInfo,
@@ -59,6 +67,7 @@ from orchestrator.readers import (
     read_configs,
     read_git,
     read_gpu_info,
+    read_machine,
     server_info,
     server_job,
 )
@@ -66,11 +75,12 @@ from orchestrator.readers import (
 if TYPE_CHECKING:
     from orchestrator.facts import git
     from orchestrator.inventory import Host
-    from orchestrator.state import HostState
+    from orchestrator.state import Claim, HostState, Machine
     from orchestrator.store import StateStore
     from orchestrator.transport.base import Runner
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 Sink = Callable[[object], None]
 """Where a session's events go: a line (``str``) or a typed event (``BenchProgress``...), as they happen."""
@@ -83,11 +93,17 @@ def discard(event: object) -> None:
 class HostSession:
     """A host, its runner and state store, and the facts read from it in this invocation."""
 
-    def __init__(self, host: Host, runner: Runner, store: StateStore, events: Sink = discard) -> None:
+    def __init__(
+        self, host: Host, runner: Runner, store: StateStore, events: Sink = discard,
+        inventory: Collection[str] | None = None,
+    ) -> None:  # fmt: skip
+        """``inventory``: every inventory host's name (a record under another name follows its machine
+        here: ``claim_machine``); None: this session ties no record to its machine."""
         self.host = host
         self.runner = runner
         self.store = store
         self.events = events
+        self.inventory = inventory
         self._facts: dict[str, Any] = {}
         self._lock = threading.Lock()
 
@@ -195,7 +211,31 @@ class HostSession:
         path = f"{job_dir(self.host.workdir, job)}/env"
         return self.fact(f"env:{job}", lambda: self.runner.read_bytes(path).decode(errors="replace"))
 
+    def machine(self) -> Machine:
+        """The machine the host is now: the address orch reaches it at and its machine-id (``read_machine``)."""
+        return self.fact("machine", lambda: read_machine(self.host, self.runner))
+
     # --- state ----------------------------------------------------------------------------------------
+
+    def claim_machine(self, seen: Machine | None = None) -> Claim | None:
+        """Tie the state's record of this host to the machine it is now (``StateStore.claim_machine``),
+        once per invocation and before the record decides anything: a record of another machine is kept
+        aside, never applied here (the host is new: nothing of it is stopped, its pull and tuning are not
+        skipped); a renamed host's record follows its machine. Each such change is said on stderr (a
+        warning: the command goes on, its exit code is its own). ``seen``: the machine as a probe already
+        read it (``orch status``), else read now. None for a session without ``inventory``."""
+        if self.inventory is None:
+            return None
+        inventory = self.inventory
+
+        def claim() -> Claim:
+            now = self.know("machine", seen) if seen is not None else self.machine()
+            done = self.store.claim_machine(self.name, now, inventory)
+            for line in claim_lines(done, self.name, now):
+                log.warning("%s", line)
+            return done
+
+        return self.fact("machine_claim", claim)
 
     def state(self) -> HostState:
         """What the state says about the host now (a fresh read: another orch may have written)."""

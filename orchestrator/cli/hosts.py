@@ -67,8 +67,8 @@ def status(
         cached = state.hosts
         python = wide or as_json or bool(detail_hosts)  # where sglang is imported from: a python start per host
         results = fleet.map_sessions(
-            lambda s: status_op.observe(s, cached.get(s.name), fetch, state, python), app.store
-        )
+            lambda s: status_op.observe(s, cached.get(s.name), fetch, state, python), app.store, claim=False
+        )  # observe ties each record to its machine from its own probe
     observed = [r.value for r in results if r.ok and r.value is not None]
     seen = status_op.record_seen(app.store, {h.name: h for h in selected}, observed, cached)
     by_name = {o.status.name: status_op.merge_state(o, seen[o.status.name]) for o in observed}

@@ -95,7 +95,9 @@ def run(
             return finish(plans)
 
         def stops(host: Host, runner: Runner) -> bool:
-            found = run_op.stopping_steps(fleet.session(host, app.store), chosen[host.name], steps[host.name], redo)
+            session = fleet.session(host, app.store)
+            session.claim_machine()  # another machine's record never asks to take serving down
+            found = run_op.stopping_steps(session, chosen[host.name], steps[host.name], redo)
             rolled = {s.name for s in run_op.around_serve(steps[host.name])[1]} if rolling else set()
             return bool(set(found) - rolled)  # what rolls goes host by host through the gateway: no outage
 

@@ -11,11 +11,13 @@ from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.gateway import gate_needs_rolling, rolling_default, rolling_options, rolling_serve
 from orchestrator.errors import ExitCode
 from orchestrator.facts import server as facts
+from orchestrator.inventory import Host
 from orchestrator.ops import autotune as autotune_op
 from orchestrator.ops import group as group_op
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.session import HostSession
+from orchestrator.transport.base import Runner
 from orchestrator.views import serve as serve_view
 from orchestrator.views.serve import reporter
 
@@ -161,8 +163,13 @@ def serve(
             plans = fleet.map_sessions(plan, lambda: app.store)
             serve_view.plans(plans)
             return finish(plans)
+
         # its own session: the question may wait long, serve reads the host afresh after it
-        replaces = lambda h, r: serve_op.would_replace(HostSession(h, r, app.store), chosen[h.name], options)  # noqa: E731
+        def replaces(h: Host, r: Runner) -> bool:
+            session = HostSession(h, r, app.store, inventory=fleet.inventory)
+            session.claim_machine()  # another machine's record never asks to take serving down
+            return serve_op.would_replace(session, chosen[h.name], options)
+
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes, replaces)
         serve_one = lambda s: serve_op.serve(s, chosen[s.name], options, app.peers(fleet))  # noqa: E731
         results = autotune_op.serve_fleet(fleet, selected, chosen, serve_one, lambda: app.store)

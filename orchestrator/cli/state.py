@@ -1,4 +1,5 @@
-"""``orch state``: the state as people read it (no SSH): its documents, and the whole of it as one JSON file."""
+"""``orch state``: the state as people read it (no SSH): its documents, the whole of it as one JSON file, and
+``forget`` of a record no longer needed."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def state() -> None:
       orch state show
       orch state show blackwell-1 --json
       orch state export state-backup.json
+      orch state forget gpu-1@3f2a9c1e
     """
 
 
@@ -47,6 +49,31 @@ def show(app: App, host: str | None, as_json: bool) -> int:
         click.echo(current.model_dump_json(indent=2))
     else:
         state_view.summary(current)
+    return 0
+
+
+@state.command()
+@click.argument("name")
+@pass_app
+def forget(app: App, name: str) -> int:
+    """Delete the record NAME from the state (its jobs, history and benchmarks with it); no host is contacted
+    and nothing on a host is stopped. For a record kept aside as NAME@ID once its inventory name pointed at
+    another machine (docs/state.md), when it is no longer needed.
+
+    \b
+    Example:
+      orch state forget gpu-1@3f2a9c1e
+    """
+    with app.store.update() as current:
+        record = current.hosts.pop(name, None)
+        if record is None:
+            raise UsageError(f"the state has no host {name!r}", hint="`orch state show` lists the hosts it has")
+    running = sum(job.state == "running" for job in record.jobs.values())
+    click.echo(
+        f"forgot {name} ({record.phase.value}, {len(record.jobs)} jobs"
+        + (f", {running} still running on the host, now unknown to this state" if running else "")
+        + ")"
+    )
     return 0
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import readers
 from orchestrator import server_job as server
 from orchestrator.errors import GatewayError, OrchError, RemoteCommandError, UnreachableError, UsageError
-from orchestrator.facts import git, gpus, probe, replacement
+from orchestrator.facts import git, gpus, machine, probe, replacement
 from orchestrator.fleet import HostResult
 from orchestrator.gateway import GatewayClient, check_fleet
 from orchestrator.inventory import Host
@@ -79,6 +79,7 @@ def status_sections(
     (``--wide``, ``--json``, ``orch status HOST``): each costs a python start on the host."""
     return [
         *([("fetch", git.fetch_argv(host.sglang_dir, host.remote))] if fetch else []),
+        ("machine", machine.machine_argv()),  # which machine this is: is the record this machine's?
         *server.status_sections(host, launched),  # first: git, read last, is freshest
         *([("sglang_import", replacement.sglang_argv(host.python, host.sglang_dir))] if python else []),
         ("git", git.info_argv(host.sglang_dir, host.upstream)),
@@ -95,6 +96,7 @@ class Observed:
     git: git.GitInfo | None
     sections: dict[str, probe.Section]
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    record: HostState | None = None  # the host's record read again: another machine's was kept aside
 
 
 def observe(
@@ -115,6 +117,9 @@ def observe(
         probe.parse(_probe(session, argv, FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout),
         {"gpus": gpus.HANG_MESSAGE, "apps": gpus.HANG_MESSAGE},
     )
+    record = _claim_machine(session, sections)
+    if record is not None:
+        cached, launched = record, record.server
     sections.update(_unrecorded_http(session, sections, launched))
     status = HostStatus(host.name, host.address, reachable=True, phase="new")
     if fetch:
@@ -123,10 +128,27 @@ def observe(
     if info is not None:
         session.know("git", info)
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
-    status.extra["tuning"] = status_field(session, cached, state)
+    status.extra["tuning"] = status_field(session, cached, state if record is None else None)
     if python:
         status.extra["sglang_import"] = _sglang_import(sections.get("sglang_import"), host)
-    return Observed(status, info, sections, started_at)
+    return Observed(status, info, sections, started_at, record)
+
+
+def _claim_machine(session: HostSession, sections: dict[str, probe.Section]) -> HostState | None:
+    """Tie the host's record to the machine the probe found (``HostSession.claim_machine``). When that
+    changed the record (another machine's kept aside, a renamed host's followed its machine), the record
+    read again, with the HTTP of the server it records asked (the probe asked the old record's): else None."""
+    found = sections.get("machine")
+    machine_id = machine.parse_machine_id(found.output) if found is not None and found.ok else None
+    claim = session.claim_machine(readers.host_machine(session.host, machine_id))
+    if claim is None or (claim.kept_as is None and claim.followed_from is None):
+        return None
+    record = session.store.read([session.name], history=False).host(session.name)
+    sections.pop("server_http", None)
+    if record.server is not None:
+        argv = probe.probe_argv([server.http_section(session.host, record.server.argv, record.server.port)])
+        sections.update(probe.parse(session.runner.run(argv, timeout=PROBE_TIMEOUT).stdout))
+    return record
 
 
 def _probe(session: HostSession, argv: list[str], timeout: float) -> CommandResult:
@@ -206,7 +228,8 @@ def record_seen(
     found = {}
     changes = {o.status.name: functools.partial(_seen, hosts[o.status.name], o, now) for o in observed}
     for name, seen in store.update_seen(changes).items():
-        base = (cached or {}).get(name) or store.read([name]).host(name)
+        record = next((o.record for o in observed if o.status.name == name and o.record is not None), None)
+        base = record or (cached or {}).get(name) or store.read([name]).host(name)
         found[name] = base.model_copy(update={"last_seen": seen.last_seen, "sglang": seen.sglang})
     return found
 

@@ -114,6 +114,11 @@ class SimHost:
         """The environment of every command on this host (what the local transport must pass)."""
         return self.disk.session_env()
 
+    @property
+    def machine_id(self) -> str:
+        """This host's machine-id (``etc/machine-id``: what ``systemd-id128 machine-id`` prints on it)."""
+        return (self.disk.etc / "machine-id").read_text().strip()
+
     def set_knobs(self, **knobs: object) -> None:
         """Merge knobs (listed in the simulated SGLang's ``_sim/host.py``); a None value restores the
         default. Tools read the knobs when they start."""

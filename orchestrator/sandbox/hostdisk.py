@@ -6,7 +6,8 @@
     <root>/bin/dmesg, journalctl         simulated kernel log (hosttools/kernel_log.py)
     <root>/bin/df                       df; a full disk with knob ``disk_free_kib``/``_mib`` (hosttools/df.py)
     <root>/bin/mkdir                    mkdir; a job start fails on a full disk with ``job_start_fails``
-    <root>/etc/                         sshd_config, host key, authorized_keys
+    <root>/bin/systemd-id128            prints <root>/etc/machine-id (``machine-id``): each host a machine of its own
+    <root>/etc/                         sshd_config, host key, authorized_keys, machine-id
     <root>/log/sshd.log                 sshd's log (LogLevel VERBOSE)
     <root>/home/                        HOME of every session on the host
     <root>/knobs.json                   speed and fault knobs read by the simulated tools
@@ -26,6 +27,7 @@ import json
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,10 +118,29 @@ def prepare(disk: HostDisk, upstream: Path, venv_template: Path, knobs: Mapping[
     }
     for name, tool in tools.items():
         install_tool(str(tool), disk.bin / name)
+    install_machine_id(disk)
     gitrepo.clone(upstream, disk.sglang_dir)
     install_venv(venv_template, disk.venv, disk.sglang_dir / "python")
     modelconfig.write_model(disk.model_path.parent)
     merge_knobs(disk.knobs, knobs)
+
+
+def install_machine_id(disk: HostDisk) -> None:
+    """The host's own ``etc/machine-id`` (random, as systemd makes it on first boot) and the
+    ``systemd-id128`` that prints it: orch reads a host's machine-id with ``systemd-id128 machine-id``
+    (``facts.machine``), and the sim's hosts share the controller's ``/etc``."""
+    (disk.etc / "machine-id").write_text(uuid.uuid4().hex + "\n")
+    (disk.bin / "systemd-id128").write_text(_SYSTEMD_ID128)
+    (disk.bin / "systemd-id128").chmod(0o755)
+
+
+_SYSTEMD_ID128 = """#!/bin/sh
+# The simulated host's systemd-id128 (install_machine_id): `machine-id` prints this host's etc/machine-id.
+root=${ORCH_SIM_HOST:-$(dirname "$0")/..}
+[ "$1" = machine-id ] && exec cat "$root/etc/machine-id"
+echo "systemd-id128: only 'machine-id' is simulated" >&2
+exit 1
+"""
 
 
 def install_nvidia_smi(dest: Path) -> None:

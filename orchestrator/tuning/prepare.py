@@ -220,7 +220,10 @@ class Prepared:
 def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bool = False) -> Prepared:
     """Attach to a running plan, or discover, resolve shapes, skip installed ones and check GPUs. A plan
     recorded running whose jobs were lost is failed first (``settle_lost``). ``look``: change nothing
-    (``orch run``'s dry run and outage check): such a plan is taken as failed without recording it."""
+    (``orch run``'s dry run and outage check): such a plan is taken as failed without recording it. The
+    host's record is first tied to the machine it is (``HostSession.claim_machine``): another machine's
+    tuning is never taken as this one's."""
+    session.claim_machine()
     host, runner, store = session.host, session.runner, session.store
     state = store.read([host.name])
     record = record_of(state.hosts.get(host.name))

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
 from tests.integration.test_faults_drops import server_jobs
@@ -96,3 +98,99 @@ def test_a_server_whose_job_wrapper_was_killed_is_described_and_kept_as_it_runs(
     stopped = env.orch("stop-server")
     assert stopped.returncode == 0, stopped.output
     assert [j["state"] for j in server_jobs(env)] == ["failed"]  # stopped: nothing of it runs on
+
+
+def repoint(env: FleetEnv, names: dict[str, str]) -> None:
+    """Rewrite the inventory: each host ``name`` of ``names`` reaches the simulated machine named by its value
+    (its address, port and paths), and only those hosts are listed."""
+    document = yaml.safe_load(env.inventory.read_text())
+    machines = document["hosts"]
+    document["hosts"] = {name: machines[machine] for name, machine in names.items()}
+    env.inventory.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+def test_a_name_pointed_at_another_machine_is_a_new_host_and_the_old_record_is_kept_aside(make_fleet: Any) -> None:
+    env = make_fleet(2)
+    first, second = env.fleet.hosts
+    served = env.orch("serve", "--host", first.name, "--no-mtp")
+    assert served.returncode == 0, served.output
+    (launched,) = server_jobs(env)
+    original = env.inventory.with_name("original.yaml")
+    original.write_text(env.inventory.read_text())
+    repoint(env, {first.name: second.name})  # the name now reaches a replacement box that runs nothing
+
+    again = env.orch("serve", "--no-mtp")
+    assert again.returncode == 0, again.output  # a warning: the command goes on with the host as new
+    kept = f"{first.name}@{first.machine_id[:8]}"
+    assert (
+        f"orch: {first.name}: the state's record is of machine {first.machine_id[:8]} at "
+        f"{first.address}:{first.ssh_port}, but {first.name} is now machine {second.machine_id[:8]} at "
+        f"{second.address}:{second.ssh_port}: its record is not applied here ({first.name} is treated as a new "
+        f"host; nothing was stopped) and is kept as '{kept}' (`orch state show {kept}`; `orch state forget {kept}` "
+        "drops it)"
+    ) in again.stderr
+    assert again.stderr.count("record is not applied here") == 1, again.stderr
+    assert "already serving" not in again.output and "stopping" not in again.output.lower(), again.output
+    (started,) = server_jobs(env)  # a server of its own on the replacement
+    assert started["id"] != launched["id"] and started["state"] == "running"
+
+    status = env.orch("status", "--json")
+    assert status.returncode == 0 and "orch: " not in status.stderr, status.output  # said once: the record is its own
+    (view,) = json.loads(status.stdout)["hosts"]
+    assert (view["phase"], view["server"]["job"], view["server"]["recorded"]) == ("serving", started["id"], True)
+    state = StateStore(env.state).read()
+    fresh, old = state.hosts[first.name], state.hosts[kept]
+    assert fresh.machine is not None and fresh.machine.machine_id == second.machine_id
+    assert old.phase == "serving" and old.server is not None and old.server.job_id == launched["id"]
+    other = FleetEnv(env.fleet, original, env.state.parent.parent / "other" / "state.json")
+    assert {(j["id"], j["state"]) for j in server_jobs(other)} == {
+        (launched["id"], "running"),
+        (started["id"], "running"),
+    }
+
+
+def test_a_renamed_host_keeps_its_record_and_its_server_is_not_relaunched(make_fleet: Any) -> None:
+    env = make_fleet(1)
+    (sim,) = env.fleet.hosts
+    served = env.orch("serve", "--no-mtp")
+    assert served.returncode == 0, served.output
+    (launched,) = server_jobs(env)
+    repoint(env, {"blackwell-1": sim.name})  # the same box, renamed in the inventory
+
+    status = env.orch("status", "--json")
+    assert status.returncode == 0, status.output
+    assert f"orch: blackwell-1: the state's record of '{sim.name}' follows its machine" in status.stderr
+    (view,) = json.loads(status.stdout)["hosts"]
+    assert view["phase"] == "serving", view
+    server = view["server"]
+    assert (server["job"], server["recorded"], server["healthy"]) == (launched["id"], True, True)
+    again = env.orch("serve", "--no-mtp")
+    assert again.returncode == 0, again.output
+    assert f"already serving as asked (job {launched['id']})" in again.output, again.output
+    assert set(StateStore(env.state).read().hosts) == {"blackwell-1"}
+
+
+def test_two_inventories_sharing_one_state_never_apply_each_others_record_of_one_name(make_fleet: Any) -> None:
+    env = make_fleet(2)
+    first, second = env.fleet.hosts
+    staging = FleetEnv(env.fleet, env.inventory.with_name("staging.yaml"), env.state)
+    staging.inventory.write_text(env.inventory.read_text())
+    repoint(env, {"gpu-1": first.name})  # prod's gpu-1
+    repoint(staging, {"gpu-1": second.name})  # staging's gpu-1, another box, the same state
+    prod_serve = env.orch("serve", "--no-mtp")
+    assert prod_serve.returncode == 0, prod_serve.output
+    (launched,) = server_jobs(env)
+
+    status = staging.orch("status", "--json")
+    assert status.returncode == 0 and "record is not applied here" in status.stderr, status.output
+    (view,) = json.loads(status.stdout)["hosts"]
+    assert (view["phase"], view["server"]) == ("new", None), view  # not prod's serving
+    staging_serve = staging.orch("serve", "--no-mtp")
+    assert staging_serve.returncode == 0 and "already serving" not in staging_serve.output, staging_serve.output
+
+    again = env.orch("serve", "--no-mtp")  # prod's identical serve: its own record, back from where it was kept
+    assert again.returncode == 0, again.output
+    assert "orch: gpu-1: the state's record of 'gpu-1@" in again.stderr, again.stderr
+    assert f"already serving as asked (job {launched['id']})" in again.output, again.output
+    (job,) = server_jobs(env)
+    assert (job["id"], job["state"]) == (launched["id"], "running")

@@ -50,3 +50,18 @@ def test_state_export_writes_the_whole_state_as_one_json_file(tmp_path: Path, or
     exported = State.model_validate_json((tmp_path / "export.json").read_text())
     assert exported == StateStore(path).read()
     assert json.loads(orch("--state", str(path), "state", "export").stdout) == json.loads(exported.model_dump_json())
+
+
+def test_state_forget_deletes_one_record_and_refuses_an_unknown_name(
+    tmp_path: Path, orch: Callable[..., OrchRun]
+) -> None:
+    path = a_state(tmp_path)
+    result = orch("--state", str(path), "state", "forget", "blackwell-1")
+    assert result.returncode == 0, result.output
+    assert (
+        result.stdout == "forgot blackwell-1 (pulled, 1 jobs, 1 still running on the host, now unknown to this state)\n"
+    )
+    assert set(StateStore(path).read().hosts) == {"sim-2"}
+    missing = orch("--state", str(path), "state", "forget", "blackwell-1")
+    assert missing.returncode == 2
+    assert "orch: error: the state has no host 'blackwell-1'" in missing.stderr

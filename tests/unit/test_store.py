@@ -102,7 +102,7 @@ def test_each_concern_is_a_table_of_documents(store: StateStore, db: Path) -> No
 def test_timestamps_are_written_as_iso_utc(store: StateStore, db: Path) -> None:
     paris = timezone(timedelta(hours=1))
     store.update_host("h", lambda hs: setattr(hs, "last_seen", datetime(2025, 1, 2, 4, 4, 5, tzinfo=paris)))
-    assert rows(db, "SELECT doc FROM seen") == [('{"last_seen":"2025-01-02T03:04:05Z","sglang":null}',)]
+    assert rows(db, "SELECT doc FROM seen") == [('{"last_seen":"2025-01-02T03:04:05Z","sglang":null,"machine":null}',)]
     assert store.read().hosts["h"].last_seen == T0
 
 
@@ -242,7 +242,7 @@ def test_status_records_what_it_saw_and_nothing_else(store: StateStore) -> None:
     read = store.read()
     assert (read.hosts["a"].phase, read.hosts["a"].last_error, read.hosts["a"].last_seen) == (Phase.PULLED, "kept", T0)
     assert read.hosts["new"].last_seen == T0
-    with pytest.raises(RuntimeError, match="last_seen and sglang alone"):
+    with pytest.raises(RuntimeError, match="last_seen, sglang and machine alone"):
         store.update_seen({"a": lambda hs: setattr(hs, "last_error", "no")})
     assert store.read().hosts["a"].last_error == "kept"
 
