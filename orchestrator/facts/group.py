@@ -227,11 +227,59 @@ def failed_rank(starts: Sequence[RankStart]) -> RankStart | None:
 _NEVER = datetime.max.replace(tzinfo=timezone.utc)
 
 
-def group_line(group: str, hosts: Sequence[str], down: Mapping[str, str], serving: bool) -> str:
-    """``orch status``'s line of a group: its ranks (rank 0 first, marked), serving or not, each dead rank
-    named with why (``down``: host → why)."""
-    ranks = ", ".join(f"{h} (rank 0)" if i == 0 else h for i, h in enumerate(hosts))
-    if down:
-        dead = "; ".join(f"rank {hosts.index(h)} on {h} {why}" for h, why in down.items())
-        return f"group {group}: DOWN ({dead}); ranks {ranks}"
-    return f"group {group}: {'serving' if serving else 'not serving'}; ranks {ranks}"
+@dataclass(frozen=True)
+class GroupStatus:
+    """A group as ``orch status`` shows it: its hosts in rank order, whether it serves, and each rank that
+    is down with why (host → why)."""
+
+    name: str
+    hosts: tuple[str, ...]
+    serving: bool
+    down: Mapping[str, str]
+
+    def line(self) -> str:
+        """``group pro-1: serving; ranks sim-2 (rank 0), sim-3`` or ``group pro-1: DOWN (rank 1 on sim-3
+        failed, exit code 137); ranks ...``."""
+        ranks = ", ".join(f"{h} (rank 0)" if i == 0 else h for i, h in enumerate(self.hosts))
+        if self.down:
+            dead = "; ".join(f"rank {self.hosts.index(h)} on {h} {why}" for h, why in self.down.items())
+            return f"group {self.name}: DOWN ({dead}); ranks {ranks}"
+        return f"group {self.name}: {'serving' if self.serving else 'not serving'}; ranks {ranks}"
+
+    def document(self) -> dict[str, Any]:
+        """The ``groups`` entry of ``orch status --json``."""
+        return {
+            "name": self.name,
+            "hosts": list(self.hosts),
+            "rank0": self.hosts[0],
+            "serving": self.serving,
+            "down": dict(self.down),
+        }
+
+
+def group_status(name: str, hosts: Sequence[str], servers: Mapping[str, Mapping[str, Any] | None]) -> GroupStatus:
+    """A group's status from each rank's ``server`` field of ``orch status`` (``server_job.status_field``;
+    a host missing from ``servers`` was not reached). Serving: every rank's server job runs as a rank of
+    this group and rank 0 answers ``/health``. Nothing runs and nothing was started as this group, or every
+    rank was stopped by orch: not serving, nothing down. Otherwise each rank not running is down."""
+    ranks = {h: servers.get(h) for h in hosts}
+    ours = {h: s for h, s in ranks.items() if s is not None and s.get("group") == name}
+    if not ours or all(s.get("job_state") == "stopped" for s in ours.values()):
+        return GroupStatus(name, tuple(hosts), False, {})
+    down = {h: _rank_down(h in servers, ours.get(h)) for h in hosts}
+    dead = {h: why for h, why in down.items() if why}
+    rank0 = ours.get(hosts[0])
+    serving = not dead and rank0 is not None and bool(rank0.get("healthy"))
+    return GroupStatus(name, tuple(hosts), serving, dead)
+
+
+def _rank_down(reached: bool, server: Mapping[str, Any] | None) -> str | None:
+    """Why a rank is down (None: its server job runs)."""
+    if not reached:
+        return "unreachable"
+    if server is None:
+        return "has no server of this group"
+    state = server.get("job_state")
+    if state == "running":
+        return None
+    return f"{state} (job {server.get('job')})"

@@ -1,7 +1,7 @@
 """Replica groups (issue 26): the dry run shows every rank's command, checked against each host's own
 SGLang; `orch serve` serves a group as one server (every rank a detached job, rank 0's /health, rank 0
 verified) beside a host alone; a rank that fails to start fails the group, its ranks stopped;
-`orch stop-server` stops every rank.
+`orch stop-server` stops every rank; `orch status` shows the group as one line (down, naming a dead rank).
 
 The real `orch` CLI over real sshd against the simulated fleet: ONE fleet for the module (sim-1 alone
 serving deepseek-v4-flash; sim-2, rank 0, and sim-3 in group pro-1 serving deepseek-v4-pro). Each test
@@ -10,6 +10,9 @@ states what it needs of the fleet; the serve tests relaunch (``--force``) to sta
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -180,3 +183,51 @@ def test_stop_server_on_one_rank_stops_every_rank_as_one_outage(env: FleetEnv, s
     for name in ("sim-2", "sim-3"):
         record = state.hosts[name].server
         assert record is not None and record.stopped_by == "orch stop-server"
+
+
+def test_status_shows_a_serving_group_as_one_line_and_in_json(env: FleetEnv, sims: object) -> None:
+    served = env.orch("serve", "--host", "sim-2")
+    assert served.returncode == 0, served.output
+    run = env.orch("status")
+    assert run.returncode == 0, run.output
+    assert "group pro-1: serving; ranks sim-2 (rank 0), sim-3" in run.stdout.splitlines()
+    document = json.loads(env.orch("status", "--json").stdout)
+    assert document["groups"] == [
+        {"name": "pro-1", "hosts": ["sim-2", "sim-3"], "rank0": "sim-2", "serving": True, "down": {}}
+    ]
+    rank1 = next(h for h in document["hosts"] if h["name"] == "sim-3")["server"]
+    assert (rank1["group"], rank1["rank"], rank1["healthy"]) == ("pro-1", 1, True)
+
+
+def kill_job(env: FleetEnv, host: str, job_id: str) -> None:
+    """SIGKILL a server job's whole process group (its wrapper's pid is the pgid), as an OOM kill or a
+    crash of the node would end it, and wait until it no longer runs."""
+    pid = int(job_file(env, host, job_id, "pid"))
+    os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while alive(pid):
+        assert time.monotonic() < deadline, "the rank's processes survived SIGKILL"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie nobody here reaps does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return not stat.split(") ")[-1].startswith("Z")
+
+
+def test_a_rank_killed_while_serving_shows_the_group_down_naming_it(env: FleetEnv, sims: object) -> None:
+    served = env.orch("serve", "--host", "sim-2")
+    assert served.returncode == 0, served.output
+    record = StateStore(env.state).read().hosts["sim-3"].server
+    assert record is not None
+    kill_job(env, "sim-3", record.job_id)
+    run = env.orch("status")
+    line = next(line for line in run.stdout.splitlines() if line.startswith("group pro-1: "))
+    assert line.startswith("group pro-1: DOWN (") and f"rank 1 on sim-3 lost (job {record.job_id})" in line
+    document = json.loads(env.orch("status", "--json").stdout)
+    (group,) = document["groups"]
+    assert group["serving"] is False and group["down"]["sim-3"] == f"lost (job {record.job_id})"

@@ -225,3 +225,42 @@ T1 = datetime(2026, 12, 3, 12, 0, 1, tzinfo=timezone.utc)
 def test_the_rank_blamed_for_a_failed_start(starts: list[g.RankStart], blamed: str | None) -> None:
     found = g.failed_rank(starts)
     assert (found.host if found else None) == blamed
+
+
+def rs(state: str = "running", healthy: bool = True, group: str | None = "pro-1", job: str = "j") -> dict[str, Any]:
+    """A rank's ``server`` field of ``orch status`` (the keys ``group_status`` reads)."""
+    return {"job": job, "job_state": state, "healthy": healthy, "group": group}
+
+
+@pytest.mark.parametrize(
+    ("servers", "expected"),
+    [
+        ({"b1": rs(), "b2": rs()}, "group pro-1: serving; ranks b1 (rank 0), b2"),
+        ({"b1": None, "b2": None}, "group pro-1: not serving; ranks b1 (rank 0), b2"),
+        ({"b1": rs(group=None), "b2": None}, "group pro-1: not serving; ranks b1 (rank 0), b2"),
+        ({"b1": rs("stopped"), "b2": rs("stopped")}, "group pro-1: not serving; ranks b1 (rank 0), b2"),
+        ({"b1": rs(healthy=False), "b2": rs()}, "group pro-1: not serving; ranks b1 (rank 0), b2"),
+        ({"b1": rs(), "b2": rs("lost", False, job="j2")},
+         "group pro-1: DOWN (rank 1 on b2 lost (job j2)); ranks b1 (rank 0), b2"),
+        ({"b1": rs("failed", False), "b2": rs("lost", False, job="j2")},
+         "group pro-1: DOWN (rank 0 on b1 failed (job j); rank 1 on b2 lost (job j2)); ranks b1 (rank 0), b2"),
+        ({"b1": rs()}, "group pro-1: DOWN (rank 1 on b2 unreachable); ranks b1 (rank 0), b2"),
+        ({"b1": rs(), "b2": rs(group=None)},
+         "group pro-1: DOWN (rank 1 on b2 has no server of this group); ranks b1 (rank 0), b2"),
+    ],
+    ids=["serving", "never-served", "not-a-group-server", "stopped", "starting", "rank-1-lost", "both-dead",
+         "unreachable", "other-server"],
+)  # fmt: skip
+def test_a_groups_status_line(servers: dict[str, Any], expected: str) -> None:
+    assert g.group_status("pro-1", ["b1", "b2"], servers).line() == expected
+
+
+def test_a_groups_json_entry_names_rank0_and_the_dead_ranks() -> None:
+    found = g.group_status("pro-1", ["b1", "b2"], {"b1": rs(), "b2": rs("failed", False, job="j2")})
+    assert found.document() == {
+        "name": "pro-1",
+        "hosts": ["b1", "b2"],
+        "rank0": "b1",
+        "serving": False,
+        "down": {"b2": "failed (job j2)"},
+    }
