@@ -40,6 +40,8 @@ def serve_report(host: Host, r: serve_op.ServeResult) -> None:
     """What was launched and what verification found, for one host."""
     if r.unchanged:
         out.print(f"{host.name}: already serving as asked (job {r.job_id}); --force relaunches", markup=False)
+        if r.group:
+            out.print(f"  group ranks: {r.group}", markup=False)
         return
     replaced = f"; replaced {r.stopped_job}" if r.stopped_job else ""
     healthy = f"healthy after {r.healthy_after:.0f} s{replaced}"

@@ -150,19 +150,32 @@ def test_the_fleet_serves_the_group_with_pp_2_tp_8_and_mtp_beside_a_single_host(
     assert [len(servers[n]) for n in ("sim-1", "sim-2", "sim-3")] == [1, 1, 1]
 
 
+def test_serving_a_group_that_serves_as_asked_leaves_it_alone(env: FleetEnv, sims: object) -> None:
+    served = env.orch("serve", "--host", "sim-2")
+    assert served.returncode == 0, served.output
+    before = running_servers(env)
+    again = env.orch("serve", "--host", "sim-3")
+    assert again.returncode == 0, again.output
+    (job,) = before["sim-2"]
+    assert f"sim-2: already serving as asked (job {job}); --force relaunches" in again.stdout.splitlines()
+    assert "stopping" not in again.stderr
+    assert running_servers(env) == before
+
+
 def test_a_rank_that_fails_to_start_fails_the_group_and_its_ranks_are_stopped(env: FleetEnv, sims: dict) -> None:
     sims["sim-3"].set_knobs(server_fail="crash")
-    run = env.orch("serve", "--host", "sim-2", "--force")
+    alone = running_servers(env)["sim-1"]
+    run = env.orch("serve", "--host", "sim-2", "--force", "--rollback")
     assert run.returncode == ExitCode.HOSTS_FAILED, run.output
+    assert "rollback: not built for a replica group yet (issue 26); nothing relaunched" in run.stderr
     first = next(line for line in run.stderr.splitlines() if "group pro-1 failed to start" in line)
     assert "group pro-1 failed to start; its ranks were stopped: sim-3: the new server (job " in first
     assert "(rank 1) crashed at start: Initialization failed. warmup error" in first
     assert "--- log tail ---" in run.stderr
     servers = running_servers(env)
-    assert servers["sim-2"] == [] and servers["sim-3"] == []
+    assert servers["sim-2"] == [] and servers["sim-3"] == [] and servers["sim-1"] == alone  # sim-1 untouched
     state = StateStore(env.state).read()
     assert state.hosts["sim-2"].phase == Phase.FAILED and state.hosts["sim-3"].phase == Phase.FAILED
-    assert state.hosts["sim-1"].phase == Phase.SERVING  # the host alone was not touched
 
 
 def test_stop_server_on_one_rank_stops_every_rank_as_one_outage(env: FleetEnv, sims: object) -> None:
