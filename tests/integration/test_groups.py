@@ -150,6 +150,23 @@ def test_the_fleet_serves_the_group_with_pp_2_tp_8_and_mtp_beside_a_single_host(
     assert [len(servers[n]) for n in ("sim-1", "sim-2", "sim-3")] == [1, 1, 1]
 
 
+def test_while_rank_0_starts_each_rank_says_its_last_log_line(env: FleetEnv, sims: dict) -> None:
+    sims["sim-2"].set_knobs(startup_seconds=10)  # well past the first report (5 s), polls being slow here
+    run = env.orch("serve", "--host", "sim-2", "--force")
+    assert run.returncode == 0, run.output
+    lines = run.stderr.splitlines()
+    assert any(line.startswith("sim-2: still starting (") for line in lines), run.output
+    assert any(line.startswith("sim-3: still starting (") and "Node rank 1 is ready" in line for line in lines)
+
+
+def test_a_rolling_relaunch_of_a_group_is_refused_before_anything_changes(env: FleetEnv) -> None:
+    before = running_servers(env)
+    run = env.orch("serve", "--rolling", "--host", "sim-3")
+    assert run.returncode == ExitCode.USAGE, run.output
+    assert "a rolling relaunch of a replica group is not built yet (issue 26): group pro-1" in run.stderr
+    assert running_servers(env) == before
+
+
 def test_serving_a_group_that_serves_as_asked_leaves_it_alone(env: FleetEnv, sims: object) -> None:
     served = env.orch("serve", "--host", "sim-2")
     assert served.returncode == 0, served.output
