@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from orchestrator.errors import ExitCode
+from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.state import Phase
 from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
@@ -124,6 +125,17 @@ def test_orch_run_refuses_to_serve_on_a_groups_host(env: FleetEnv) -> None:
     run = env.orch("run", "deepseek-v4-flash", "--host", "sim-3", "--only", "serve")
     assert run.returncode == ExitCode.USAGE, run.output
     assert "group 'pro-1' cannot serve" in run.stderr
+    assert running_servers(env) == before
+
+
+def test_orch_run_refuses_a_groups_serve_step_before_anything_changes(env: FleetEnv, tmp_path: Path) -> None:
+    playbook = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-pro.yaml").read_text())
+    playbook["steps"] = ["serve"]
+    (tmp_path / "pro.yaml").write_text(yaml.safe_dump(playbook))
+    before = running_servers(env)
+    run = env.orch("run", str(tmp_path / "pro.yaml"), "--host", "sim-3")
+    assert run.returncode == ExitCode.USAGE, run.output
+    assert "orch run's serve step of a replica group is not built yet (issue 26): group pro-1" in run.stderr
     assert running_servers(env) == before
 
 
