@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from orchestrator import jobs, readers
 from orchestrator import server_job as srv
-from orchestrator.errors import ConfigError, HostError, RefusedError, UsageError
+from orchestrator.errors import ConfigError, HostError, OrchError, RefusedError, UsageError
 from orchestrator.facts import group as facts
 from orchestrator.facts import server as server_facts
 from orchestrator.facts.server_log import ServerLog
@@ -153,14 +153,17 @@ def serve(
     Raises RefusedError (nothing touched), GroupFailed (the ranks stopped, every host ``failed``) or
     VerifyError (serving, not as asked)."""
     plan = rank.plan
-    sessions = [session if name == session.name else peers(name) for name in plan.hosts]
-    ranks = [prepare(s, recipe, options, plan, i) for i, s in enumerate(sessions)]
-    refuse_disagreeing(plan, ranks)
-    same = None if options.force else already_serving(plan, ranks, options)
-    if same is not None:
-        return same
-    for r in ranks:
-        serve_op.check_replacement(r.session, r.ready)
+    try:
+        ranks = checked_ranks(session, recipe, options, plan, peers)
+        same = None if options.force else already_serving(plan, ranks, options)
+        if same is not None:
+            return same
+        for r in ranks:
+            serve_op.check_replacement(r.session, r.ready)
+    except OrchError as exc:  # one host of the group unreachable or refused: the group is not touched
+        if not exc.message.startswith(f"group {plan.group}"):
+            exc.message = f"group {plan.group} (not touched): {exc.message}"
+        raise
     for r in ranks:
         r.session.store.update_host(r.name, lambda hs: hs.server_launching(f"serve: group {plan.group}"))
     job_ids: dict[str, str] = {}
@@ -180,6 +183,17 @@ def serve(
     first = ranks[0].ready
     started = serve_op.Started(job_ids[plan.hosts[0]], first.argv, log, seconds, first.commit)
     return verify(plan, ranks, job_ids, options, started)
+
+
+def checked_ranks(
+    session: HostSession, recipe: Recipe, options: ServeOptions, plan: facts.GroupPlan, peers: Peers
+) -> list[RankReady]:
+    """Every rank's preflight (``prepare``; rank 0's ``session``, the others' from ``peers``), the ranks
+    agreeing on their arguments; RefusedError or UnreachableError otherwise, nothing touched."""
+    sessions = [session if name == session.name else peers(name) for name in plan.hosts]
+    ranks = [prepare(s, recipe, options, plan, i) for i, s in enumerate(sessions)]
+    refuse_disagreeing(plan, ranks)
+    return ranks
 
 
 def prepare(session: HostSession, recipe: Recipe, options: ServeOptions, plan: facts.GroupPlan, rank: int) -> RankReady:

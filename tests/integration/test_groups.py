@@ -207,6 +207,23 @@ def test_a_rank_that_fails_to_start_fails_the_group_and_its_ranks_are_stopped(en
     assert state.hosts["sim-2"].phase == Phase.FAILED and state.hosts["sim-3"].phase == Phase.FAILED
 
 
+def test_a_group_with_a_host_unreachable_is_not_touched_while_the_others_go_on(env: FleetEnv, sims: dict) -> None:
+    served = env.orch("serve", "--host", "sim-2")
+    assert served.returncode == 0, served.output
+    before = running_servers(env)
+    sims["sim-3"].stop_sshd()
+    try:
+        run = env.orch("--connect-timeout", "2", "serve", "--host", "sim-1", "--host", "sim-2")
+    finally:
+        sims["sim-3"].start_sshd()
+    assert run.returncode == ExitCode.HOSTS_FAILED, run.output
+    assert run.stdout.startswith("sim-1: "), run.output  # the host alone served (or was already serving)
+    assert "sim-2: " not in run.stdout
+    assert "✗ sim-2: group pro-1 (not touched): sim-3: cannot connect to " in run.stderr, run.stderr
+    after = running_servers(env)
+    assert (after["sim-2"], after["sim-3"]) == (before["sim-2"], before["sim-3"])
+
+
 def test_stop_server_on_one_rank_stops_every_rank_as_one_outage(env: FleetEnv, sims: object) -> None:
     served = env.orch("serve", "--host", "sim-2")
     assert served.returncode == 0, served.output
