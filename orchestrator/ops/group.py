@@ -158,7 +158,8 @@ def serve(
         same = None if options.force else already_serving(plan, ranks, options)
         if same is not None:
             return same
-        for r in ranks:
+        adopted = None if options.force else interrupted_launch(plan, ranks)
+        for r in ranks if adopted is None else ():
             serve_op.check_replacement(r.session, r.ready)
     except OrchError as exc:  # one host of the group unreachable or refused: the group is not touched
         if not exc.message.startswith(f"group {plan.group}"):
@@ -166,11 +167,13 @@ def serve(
         raise
     for r in ranks:
         r.session.store.update_host(r.name, lambda hs: hs.server_launching(f"serve: group {plan.group}"))
-    job_ids: dict[str, str] = {}
+    job_ids: dict[str, str] = dict(adopted or {})
     try:
-        stop_old(plan, ranks, options)
         began = time.monotonic()
-        start_ranks(plan, ranks, job_ids)
+        if adopted is None:
+            stop_old(plan, ranks, options)
+            began = time.monotonic()
+            start_ranks(plan, ranks, job_ids)
         log = wait_group_healthy(plan, ranks, job_ids, options)
         seconds = time.monotonic() - began
     except serve_op.StartupFailed as failure:
@@ -182,7 +185,7 @@ def serve(
         raise
     first = ranks[0].ready
     started = serve_op.Started(job_ids[plan.hosts[0]], first.argv, log, seconds, first.commit)
-    return verify(plan, ranks, job_ids, options, started)
+    return verify(plan, ranks, job_ids, options, started, replaced=adopted is None)
 
 
 def checked_ranks(
@@ -240,6 +243,28 @@ def already_serving(
     if result is not None:
         result.group = ranks_line({r.name: r.ready.old.id for r in ranks if r.ready.old is not None}, ranks)
     return result
+
+
+def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dict[str, str] | None:
+    """The ranks a serve cut off after launching them left unverified (orch killed, the connection lost),
+    host → job id, when every rank's host runs its rank's command of this group as recorded (the same
+    commit and tuned configs) and none was verified yet: waiting for them finishes that serve (no rank is
+    started twice). None otherwise: the ranks that run are stopped and every rank launched afresh."""
+    found = {}
+    for r in ranks:
+        record = r.session.state().server
+        old = r.ready.old
+        if old is None or record is None or record.job_id != old.id or record.verified is not None:
+            return None
+        if (record.group, record.rank) != (plan.group, r.rank) or not serve_op._same_launch(r.session, record, r.ready):
+            return None
+        found[r.name] = old.id
+    jobs_said = ", ".join(f"{name} job {job}" for name, job in found.items())
+    ranks[0].session.say(
+        f"re-attaching to group {plan.group}'s ranks ({jobs_said}), started by a serve that was cut off "
+        "before verifying them"
+    )
+    return found
 
 
 def ranks_line(job_ids: Mapping[str, str], ranks: Sequence[RankReady]) -> str:
@@ -356,6 +381,7 @@ def verify(
     job_ids: dict[str, str],
     options: ServeOptions,
     started: serve_op.Started,
+    replaced: bool = True,
 ) -> serve_op.ServeResult:
     """Rank 0 verified as one host is, plus the group's parallelism in its ``/server_info``; every host
     records the verification (its own rank's command and job). VerifyError when not as asked."""
@@ -368,7 +394,7 @@ def verify(
         raise
     result.problems += [str(p) for p in facts.check_group_info(info, first.ready.recipe, plan.nodes)]
     result.warnings[:0] = [f"{r.name}: {w}" if r.rank else w for r in ranks for w in r.ready.warnings]
-    result.stopped_job = first.ready.old.id if first.ready.old else None
+    result.stopped_job = first.ready.old.id if first.ready.old and replaced else None
     result.group = ranks_line(job_ids, ranks)
     for r in ranks[1:]:
         own = replace(result, argv=r.ready.argv, job_id=job_ids[r.name])

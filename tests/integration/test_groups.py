@@ -24,6 +24,7 @@ from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.state import Phase
 from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
+from tests.integration.test_faults_drops import orch_process, read_line_until
 
 KNOBS = {"startup_seconds": 0.3, "decode_step_seconds": 0.002}
 
@@ -189,6 +190,24 @@ def test_serving_a_group_that_serves_as_asked_leaves_it_alone(env: FleetEnv, sim
     assert f"sim-2: already serving as asked (job {job}); --force relaunches" in again.stdout.splitlines()
     assert "stopping" not in again.stderr
     assert running_servers(env) == before
+
+
+def test_serve_after_one_cut_off_past_the_launch_adopts_the_ranks_it_started(env: FleetEnv, sims: dict) -> None:
+    sims["sim-2"].set_knobs(startup_seconds=8)
+    serve = orch_process(env, "serve", "--host", "sim-2", "--force")
+    read_line_until(serve, "waiting for rank 0's /health")
+    serve.send_signal(signal.SIGKILL)  # orch dies: the ranks start on
+    serve.communicate(timeout=30)
+    launched = running_servers(env)
+    again = env.orch("serve", "--host", "sim-3")
+    assert again.returncode == 0, again.output
+    assert "sim-2: re-attaching to group pro-1's ranks (sim-2 job " in again.stderr
+    assert "stopping" not in again.stderr and "started rank" not in again.stderr  # no rank twice
+    assert running_servers(env) == launched
+    state = StateStore(env.state).read()
+    for name in ("sim-2", "sim-3"):
+        record = state.hosts[name].server
+        assert record is not None and record.verified is not None and [record.job_id] == launched[name]
 
 
 def test_a_rank_that_fails_to_start_fails_the_group_and_its_ranks_are_stopped(env: FleetEnv, sims: dict) -> None:
