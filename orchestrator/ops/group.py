@@ -9,7 +9,10 @@ contacted. ``serve --dry-run`` shows each rank's command, checked against that h
 1. Every rank's preflight as on one host (``ops.serve.preflight``: the recipe, the tuning gate, the FP8
    backend from the host's tuned configs, GPUs held by others), its rank's command checked against its
    host's ``--help``; the ranks must launch the same arguments (``facts.group.differing_ranks``), and each
-   host must be able to start its rank (``ops.serve.check_replacement``). Nothing is touched before.
+   host must be able to start its rank (``ops.serve.check_replacement``). Nothing is touched before: a host
+   of the group unreachable or refusing leaves the group as it was (``group NAME (not touched): ...``). A
+   group serving as asked is left alone (``already_serving``); ranks a cut-off serve launched and never
+   verified are waited for, not relaunched (``interrupted_launch``).
 2. Every running server on the group's hosts is stopped (said first, rank 0 first), then every rank is
    started as a detached server job, rank 0 first (the others join its rendezvous), the interface names
    in the job's environment; each host records its rank's server (``ServerRecord.group``/``rank``).
