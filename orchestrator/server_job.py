@@ -73,7 +73,7 @@ def status_sections(host: Host, record: ServerRecord | None) -> list[tuple[str, 
     list); ``/health`` and ``/server_info`` from the host itself only where a server is recorded (asking
     costs a python start: ``http_section`` asks about a server found unrecorded)."""
     listed = ("server_jobs", jobs.held_argv(host.workdir, SERVER_PURPOSE, [record.job_id] if record else []))
-    if record is None:
+    if record is None or record.rank:  # a replica group's rank > 0 serves no HTTP
         return [listed]
     return [http_section(host, record.argv, record.port), listed]
 
@@ -112,7 +112,8 @@ def status_field(
     verified at launch), uptime (by the host's clock when it said it: a host clock behind the controller's
     never makes it negative) and the server job; a server orch stopped is ``job_state`` ``stopped`` with who
     stopped it and when (never the ``succeeded`` of its drained exit). A running server job the record does
-    not know is shown as the host runs it, ``recorded`` False."""
+    not know is shown as the host runs it, ``recorded`` False. A replica group's rank (``group``, ``rank``)
+    other than rank 0 is healthy while its job runs: only rank 0 answers HTTP."""
     unrecorded = unrecorded_server(jobs_out, record)
     if unrecorded is not None:
         return _unrecorded_field(http_out, unrecorded, now)
@@ -123,12 +124,13 @@ def status_field(
     health, info = _answers(http_out)
     running = job is not None and job.running
     stopped = record.stopped_at is not None and not running
+    no_http = bool(record.rank)  # a replica group's rank > 0: healthy while it runs (rank 0 answers /health)
     return {
         "job": record.job_id,
         "job_state": "stopped" if stopped else job.state if job else "unknown",
         "stopped_by": record.stopped_by if stopped else None,
         "stopped_at": record.stopped_at.isoformat() if stopped and record.stopped_at else None,
-        "healthy": running and health == 200,
+        "healthy": running and (health == 200 or no_http),
         "port": record.port,
         "mtp": record.mtp,
         "speculative": _speculative(info) if info else record.verified.speculative if record.verified else None,
@@ -137,6 +139,7 @@ def status_field(
         "resolved": facts.settings_line(record.verification.resolved, record.verification.asked) or None,
         "uptime_s": _uptime(job, seen.host_now or now) if running and job else None,
         "recorded": True,
+        **({"group": record.group, "rank": record.rank} if record.group is not None else {}),
     }
 
 

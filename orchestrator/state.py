@@ -226,6 +226,8 @@ class ServerRecord(_Model):
     configs: dict[str, float] = Field(default_factory=dict)  # tuned config files it could read: name -> mtime
     stopped_at: UtcDateTime | None = None  # set when orch stopped it on purpose
     stopped_by: str | None = None  # "orch stop-server", "tune-fp8 --stop-server", "orch serve (replaced)", ...
+    group: str | None = None  # the replica group this server is a rank of (issue 26), None on a host alone
+    rank: int | None = None  # its node rank in that group (0 serves HTTP)
 
     @property
     def verification(self) -> Verification:

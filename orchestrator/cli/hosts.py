@@ -75,6 +75,7 @@ def status(
     views = [by_name.get(r.host.name) or status_op.unreachable(r, cached.get(r.host.name)) for r in results]
     config, hosts_all = app.inventory.gateway, list(app.inventory.hosts.values())
     gateway = status_op.gateway_column(config, hosts_all, state, views) if config is not None else None
+    groups = status_op.group_statuses(app.inventory, views)
     if prometheus:
         from orchestrator.utc import utc_now
         from orchestrator.views.metrics import write_prometheus
@@ -82,11 +83,11 @@ def status(
         records = app.store.read([h.name for h in selected]).hosts  # with history: the last benchmark
         write_prometheus(prometheus, status_document(views, gateway)["hosts"], records, utc_now())
     elif as_json:
-        print_json(status_document(views, gateway))
+        print_json(status_document(views, gateway, groups))
     elif detail_hosts:
         status_details(views, gateway)
     else:
-        status_table(views, wide=wide, gateway=gateway)
+        status_table(views, wide=wide, gateway=gateway, groups=groups)
     return finish(results, show_errors=False)  # the table shows each failed host
 
 

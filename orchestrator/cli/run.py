@@ -80,8 +80,9 @@ def run(
             if isinstance(step.options, SweepOptions):  # every profile it serves, as orch sweep checks them
                 check_profiles({host.name: chosen[host.name]}, step.options.profiles)
     serves = any(run_op.around_serve(steps[h.name])[1] for h in selected)
-    if serves:  # serving a replica group is not built yet (issue 26): exit 2 before any host
-        group_op.refuse_serving(group_op.ranks(app.inventory, selected, chosen))
+    if serves:  # orch run over a replica group is not built yet (issue 26): exit 2 before any host
+        hint = "`orch serve` serves a group; select the hosts outside groups with --host"
+        group_op.refuse_not_built(group_op.ranks(app.inventory, selected, chosen), "orch run's serve step", hint)
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run) and serves
     gate_needs_rolling(gate, rolling)
     with app.fleet(selected, parallel) as fleet:

@@ -18,6 +18,7 @@ from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.session import HostSession
 from orchestrator.transport.base import Runner
+from orchestrator.tuning.member import Peers
 from orchestrator.views import serve as serve_view
 from orchestrator.views.serve import reporter
 
@@ -139,8 +140,6 @@ def serve(
     if serving_profile:
         chosen, mtp = profiled(chosen, serving_profile, mtp)
     ranks = group_op.ranks(app.inventory, selected, chosen)
-    if not dry_run:
-        group_op.refuse_serving(ranks)
     options = ServeOptions(
         mtp=mtp,
         wait_tuning=not no_wait_tuning,
@@ -155,6 +154,8 @@ def serve(
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run)
     gate_needs_rolling(gate, rolling)
     if rolling:
+        hint = "serve the group with --no-rolling, or select the hosts outside groups with --host"
+        group_op.refuse_not_built(ranks, "a rolling relaunch", hint)
         return rolling_serve(app, selected, chosen, options, parallel, max_unavailable, canary, gate)
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
@@ -165,16 +166,26 @@ def serve(
             return finish(plans)
 
         # its own session: the question may wait long, serve reads the host afresh after it
-        def replaces(h: Host, r: Runner) -> bool:
+        def replaces(h: Host, r: Runner) -> bool:  # a group's running rank is always replaced
             session = HostSession(h, r, app.store, inventory=fleet.inventory)
             session.claim_machine()  # another machine's record never asks to take serving down
-            return serve_op.would_replace(session, chosen[h.name], options)
+            return h.name in ranks or serve_op.would_replace(session, chosen[h.name], options)
 
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes, replaces)
-        serve_one = lambda s: serve_op.serve(s, chosen[s.name], options, app.peers(fleet))  # noqa: E731
-        results = autotune_op.serve_fleet(fleet, selected, chosen, serve_one, lambda: app.store)
+        serve_one = lambda s: serve_host(s, chosen[s.name], options, ranks.get(s.name), app.peers(fleet))  # noqa: E731
+        served = [h for h in selected if h.name not in ranks or ranks[h.name].rank == 0]  # rank 0 serves its group
+        results = autotune_op.serve_fleet(fleet, served, chosen, serve_one, lambda: app.store)
     serve_view.serve_reports(results)
     return finish(results)
+
+
+def serve_host(
+    session: HostSession, recipe: Recipe, options: ServeOptions, rank: group_op.Rank | None, peers: Peers
+) -> serve_op.ServeResult:
+    """Serve one host, or (on rank 0 of a replica group) its whole group."""
+    if rank is None:
+        return serve_op.serve(session, recipe, options, peers)
+    return group_op.serve(session, recipe, options, rank, peers)
 
 
 def dry_run_lines(session: HostSession, recipe: Recipe, options: ServeOptions, rank: group_op.Rank | None) -> list[str]:
@@ -218,14 +229,16 @@ def stop_server(
       orch stop-server --host blackwell-1
       orch stop-server --yes
     """
-    selected = app.select(hosts, tags)
+    selected = group_op.with_whole_groups(app.inventory, app.select(hosts, tags))
     chosen = app.recipes(selected, playbook)
+    groups = {h.name: g for h in selected if (g := app.inventory.group_of(h.name)) is not None}
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes)
-        results = fleet.map_sessions(
-            lambda s: serve_op.stop_server(s, chosen[s.name], drain_timeout), lambda: app.store
-        )
+        peers = app.peers(fleet)
+        stop_one = lambda s: group_op.stop_host(s, chosen[s.name], drain_timeout, groups.get(s.name), peers)  # noqa: E731
+        stopping = [h for h in selected if h.name not in groups or groups[h.name].rank0 == h.name]
+        results = group_op.per_host(fleet.map_sessions(stop_one, lambda: app.store, stopping), app.inventory)
     serve_view.stopped_lines(results)
     return finish(results)
 

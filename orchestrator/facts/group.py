@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
 
-from orchestrator.facts.server import Problem, launch_argv, module_entrypoint, tp_size, url
+from orchestrator.facts.server import Problem, launch_argv, module_entrypoint, split_entrypoint, tp_size, url
 from orchestrator.inventory import Host, ReplicaGroup
 from orchestrator.recipe import Recipe
 
@@ -159,3 +161,125 @@ def group_launches(
         single = launch_argv(recipe, host, mtp=mtp, entrypoint=entry)
         launches.append(RankLaunch(rank, name, rank_argv(single, plan, rank), dict(plan.env)))
     return launches
+
+
+# --- serving a group: pure decisions (ops.group runs them) -----------------------------------------------
+
+RANK_FLAGS = (*RANK0_ONLY_FLAGS, "--node-rank")  # what may differ between the ranks' commands
+
+
+def shared_part(argv: Sequence[str]) -> list[str]:
+    """What every rank's command must share: its arguments (not the entrypoint: each host's own python)
+    without ``RANK_FLAGS``."""
+    return without_flags(split_entrypoint(argv)[1], RANK_FLAGS)
+
+
+def differing_ranks(argvs: Mapping[str, Sequence[str]]) -> list[Problem]:
+    """Each rank (host → its argv, rank 0 first) whose arguments differ from rank 0's beyond its rank: the
+    real launcher's ranks would not agree (each host decided its own FP8 backend from its own tuned
+    configs, say). Names the first differing argument."""
+    hosts = list(argvs)
+    ours = shared_part(argvs[hosts[0]])
+    problems = []
+    for host in hosts[1:]:
+        theirs = shared_part(argvs[host])
+        if theirs != ours:
+            pairs = enumerate(zip(theirs, ours, strict=False))
+            at = next((i for i, (a, b) in pairs if a != b), min(len(theirs), len(ours)))
+            shown = " ".join(theirs[at : at + 2]) or "(nothing)"
+            rank0 = " ".join(ours[at : at + 2]) or "(nothing)"
+            problems.append(Problem("server_args", f"{host} would launch {shown!r} where rank 0 launches {rank0!r}"))
+    return problems
+
+
+def check_group_info(info: Mapping[str, Any], recipe: Recipe, nodes: int) -> list[Problem]:
+    """What rank 0's ``/server_info`` says of the group's parallelism against the recipe: ``tp_size``,
+    ``pp_size`` and ``nnodes``."""
+    expected = {"tp_size": tp_size(recipe, 1), "pp_size": pipeline_stages(recipe), "nnodes": nodes}
+    problems = []
+    for key, want in expected.items():
+        got = info.get(key)
+        if got != want:
+            problems.append(Problem(key, f"the server runs {key} {got!r}, expected {want}"))
+    return problems
+
+
+@dataclass(frozen=True)
+class RankStart:
+    """How one rank's start looks during the wait for rank 0's ``/health``: why it failed (None: it
+    starts on), whether its own log shows a crash, and when its job ended (None: it runs)."""
+
+    host: str
+    rank: int
+    problem: str | None
+    crashed: bool = False
+    ended_at: datetime | None = None
+
+
+def failed_rank(starts: Sequence[RankStart]) -> RankStart | None:
+    """The rank to blame for a group that failed to start, if one did (a rank that dies makes the others
+    exit): the one whose job ended first; within the same second (the jobs' clock), one whose own log shows
+    the crash; then the lowest rank. A rank still running with a crash logged comes after every ended one."""
+    failed = [s for s in starts if s.problem is not None]
+    return min(failed, key=lambda s: (s.ended_at is None, s.ended_at or _NEVER, not s.crashed, s.rank), default=None)
+
+
+_NEVER = datetime.max.replace(tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """A group as ``orch status`` shows it: its hosts in rank order, whether it serves, and each rank that
+    is down with why (host → why)."""
+
+    name: str
+    hosts: tuple[str, ...]
+    serving: bool
+    down: Mapping[str, str]
+
+    def line(self) -> str:
+        """``group pro-1: serving; ranks sim-2 (rank 0), sim-3`` or ``group pro-1: DOWN (rank 1 on sim-3
+        failed, exit code 137); ranks ...``."""
+        ranks = ", ".join(f"{h} (rank 0)" if i == 0 else h for i, h in enumerate(self.hosts))
+        if self.down:
+            dead = "; ".join(f"rank {self.hosts.index(h)} on {h} {why}" for h, why in self.down.items())
+            return f"group {self.name}: DOWN ({dead}); ranks {ranks}"
+        return f"group {self.name}: {'serving' if self.serving else 'not serving'}; ranks {ranks}"
+
+    def document(self) -> dict[str, Any]:
+        """The ``groups`` entry of ``orch status --json``."""
+        return {
+            "name": self.name,
+            "hosts": list(self.hosts),
+            "rank0": self.hosts[0],
+            "serving": self.serving,
+            "down": dict(self.down),
+        }
+
+
+def group_status(name: str, hosts: Sequence[str], servers: Mapping[str, Mapping[str, Any] | None]) -> GroupStatus:
+    """A group's status from each rank's ``server`` field of ``orch status`` (``server_job.status_field``;
+    a host missing from ``servers`` was not reached). Serving: every rank's server job runs as a rank of
+    this group and rank 0 answers ``/health``. Nothing runs and nothing was started as this group, or every
+    rank was stopped by orch: not serving, nothing down. Otherwise each rank not running is down."""
+    ranks = {h: servers.get(h) for h in hosts}
+    ours = {h: s for h, s in ranks.items() if s is not None and s.get("group") == name}
+    if not ours or all(s.get("job_state") == "stopped" for s in ours.values()):
+        return GroupStatus(name, tuple(hosts), False, {})
+    down = {h: _rank_down(h in servers, ours.get(h)) for h in hosts}
+    dead = {h: why for h, why in down.items() if why}
+    rank0 = ours.get(hosts[0])
+    serving = not dead and rank0 is not None and bool(rank0.get("healthy"))
+    return GroupStatus(name, tuple(hosts), serving, dead)
+
+
+def _rank_down(reached: bool, server: Mapping[str, Any] | None) -> str | None:
+    """Why a rank is down (None: its server job runs)."""
+    if not reached:
+        return "unreachable"
+    if server is None:
+        return "has no server of this group"
+    state = server.get("job_state")
+    if state == "running":
+        return None
+    return f"{state} (job {server.get('job')})"

@@ -2,23 +2,50 @@
 
 A group is one server: selecting any of its hosts selects all of them. Its recipe must fit it
 (``facts.group.group_problems``) and a multi-node recipe needs a group: both are exit 2 before any host is
-contacted. Serving a group (launching, waiting, stopping its ranks) is not built yet: ``serve`` refuses it
-with exit 2 and ``serve --dry-run`` shows each rank's command, checked against that host's own SGLang.
+contacted. ``serve --dry-run`` shows each rank's command, checked against that host's own SGLang.
+
+``serve`` on a group (``serve``, run on rank 0's session, the other ranks' sessions from the fleet):
+
+1. Every rank's preflight as on one host (``ops.serve.preflight``: the recipe, the tuning gate, the FP8
+   backend from the host's tuned configs, GPUs held by others), its rank's command checked against its
+   host's ``--help``; the ranks must launch the same arguments (``facts.group.differing_ranks``), and each
+   host must be able to start its rank (``ops.serve.check_replacement``). Nothing is touched before: a host
+   of the group unreachable or refusing leaves the group as it was (``group NAME (not touched): ...``). A
+   group serving as asked is left alone (``already_serving``); ranks a cut-off serve launched and never
+   verified are waited for, not relaunched (``interrupted_launch``).
+2. Every running server on the group's hosts is stopped (said first, rank 0 first), then every rank is
+   started as a detached server job, rank 0 first (the others join its rendezvous), the interface names
+   in the job's environment; each host records its rank's server (``ServerRecord.group``/``rank``).
+3. Rank 0's ``/health`` is polled (each rank's last log line said while it starts); a rank whose job ends,
+   or whose log shows a crash, fails the group (``facts.group.failed_rank`` names the one to blame, with
+   its log tail) and every rank still running is stopped; every host is marked ``failed``.
+4. Rank 0 is verified as one host is (``ops.serve.verify``), and its ``/server_info`` must report the
+   recipe's ``tp_size``, ``pp_size`` and the group's ``nnodes`` (``facts.group.check_group_info``); each
+   host records the verification.
+
+``stop_group`` stops every rank (announced once, as one outage) and waits for each host's GPUs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
-from orchestrator.errors import ConfigError, RefusedError, UsageError
+from orchestrator import jobs, readers
+from orchestrator import server_job as srv
+from orchestrator.errors import ConfigError, HostError, OrchError, RefusedError, UsageError
 from orchestrator.facts import group as facts
 from orchestrator.facts import server as server_facts
-from orchestrator.inventory import Host, Inventory
+from orchestrator.facts.server_log import ServerLog
+from orchestrator.fleet import FleetResult, HostResult
+from orchestrator.inventory import Host, Inventory, ReplicaGroup
+from orchestrator.ops import serve as serve_op
 from orchestrator.ops.serve import _forced, check_launch
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.session import HostSession
 from orchestrator.transport.base import shell_command
+from orchestrator.tuning.member import Peers
 
 
 @dataclass(frozen=True)
@@ -74,14 +101,13 @@ def _group_ranks(inventory: Inventory, name: str, recipe: Recipe, chosen: Mappin
     return {host: Rank(plan, plan.rank(host)) for host in group.hosts}
 
 
-def refuse_serving(found: Mapping[str, Rank]) -> None:
-    """Serving a group is not built yet (issue 26): exit 2 naming the groups, before any host is touched."""
+def refuse_not_built(found: Mapping[str, Rank], what: str, hint: str) -> None:
+    """What is not built yet for groups (issue 26: ``what``, e.g. a rolling relaunch): exit 2 naming the
+    groups, before any host is touched."""
     if found:
         names = ", ".join(sorted({r.plan.group for r in found.values()}))
-        raise UsageError(
-            f"serving a replica group is not built yet (issue 26): group {names}; nothing was changed",
-            hint="`orch serve --dry-run` shows each rank's command; select the hosts outside groups with --host",
-        )
+        message = f"{what} of a replica group is not built yet (issue 26): group {names}; nothing was changed"
+        raise UsageError(message, hint=hint)
 
 
 def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank) -> list[str]:
@@ -97,7 +123,342 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions, rank: R
         )
     role = "serves HTTP" if rank.rank == 0 else f"rank 0 is {plan.hosts[0]}"
     return [
-        f"(group {plan.group}: rank {rank.rank} of {plan.nodes}, {role}; the ranks meet at {plan.dist_init_addr}; "
-        "serving a group is not built yet, issue 26)",
+        f"(group {plan.group}: rank {rank.rank} of {plan.nodes}, {role}; the ranks meet at {plan.dist_init_addr})",
         f"$ {shell_command(argv, env=plan.env or None)}",
     ]
+
+
+# --- serve on a group ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class RankReady:
+    """One rank, checked and ready to launch: its host's session and preflight (``ready.argv`` is the
+    rank's command)."""
+
+    session: HostSession
+    rank: int
+    ready: serve_op.Preflight
+
+    @property
+    def name(self) -> str:
+        return self.session.name
+
+
+class GroupFailed(serve_op.StartupFailed):
+    """A rank of the group failed to start: the group's ranks were stopped and every host marked failed."""
+
+
+def serve(
+    session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank, peers: Peers
+) -> serve_op.ServeResult:
+    """``orch serve`` of ``rank``'s group, run on rank 0's ``session`` (the flow in the module docstring).
+    Raises RefusedError (nothing touched), GroupFailed (the ranks stopped, every host ``failed``) or
+    VerifyError (serving, not as asked)."""
+    plan = rank.plan
+    try:
+        ranks = checked_ranks(session, recipe, options, plan, peers)
+        same = None if options.force else already_serving(plan, ranks, options)
+        if same is not None:
+            return same
+        adopted = None if options.force else interrupted_launch(plan, ranks)
+        for r in ranks if adopted is None else ():
+            serve_op.check_replacement(r.session, r.ready)
+    except OrchError as exc:  # one host of the group unreachable or refused: the group is not touched
+        if not exc.message.startswith(f"group {plan.group}"):
+            exc.message = f"group {plan.group} (not touched): {exc.message}"
+        raise
+    for r in ranks:
+        r.session.store.update_host(r.name, lambda hs: hs.server_launching(f"serve: group {plan.group}"))
+    job_ids: dict[str, str] = dict(adopted or {})
+    try:
+        began = time.monotonic()
+        if adopted is None:
+            stop_old(plan, ranks, options)
+            began = time.monotonic()
+            start_ranks(plan, ranks, job_ids)
+        log = wait_group_healthy(plan, ranks, job_ids, options)
+        seconds = time.monotonic() - began
+    except serve_op.StartupFailed as failure:
+        raise failed_group(plan, ranks, job_ids, options, failure) from None
+    except serve_op.StoppedMeanwhile:
+        raise  # a stop orch recorded meanwhile (stop-server) is what was asked last: nothing marked failed
+    except HostError as exc:
+        mark_failed(ranks, str(exc).splitlines()[0])
+        raise
+    first = ranks[0].ready
+    started = serve_op.Started(job_ids[plan.hosts[0]], first.argv, log, seconds, first.commit)
+    return verify(plan, ranks, job_ids, options, started, replaced=adopted is None)
+
+
+def checked_ranks(
+    session: HostSession, recipe: Recipe, options: ServeOptions, plan: facts.GroupPlan, peers: Peers
+) -> list[RankReady]:
+    """Every rank's preflight (``prepare``; rank 0's ``session``, the others' from ``peers``), the ranks
+    agreeing on their arguments; RefusedError or UnreachableError otherwise, nothing touched."""
+    sessions = [session if name == session.name else peers(name) for name in plan.hosts]
+    ranks = [prepare(s, recipe, options, plan, i) for i, s in enumerate(sessions)]
+    refuse_disagreeing(plan, ranks)
+    return ranks
+
+
+def prepare(session: HostSession, recipe: Recipe, options: ServeOptions, plan: facts.GroupPlan, rank: int) -> RankReady:
+    """One rank's preflight as on one host, its command made its rank's and checked against its host's
+    own SGLang (RefusedError otherwise, nothing touched)."""
+    ready = serve_op.preflight(session, recipe, options)
+    ready.argv = facts.rank_argv(ready.argv, plan, rank)
+    flags = session.server_surface().flags
+    problems = server_facts.check_flags(server_facts.split_entrypoint(ready.argv)[1], flags)
+    if problems:
+        raise RefusedError(
+            f"{session.name}: its SGLang refuses the multi-node flags (nothing was touched): "
+            + "; ".join(map(str, problems))
+        )
+    return RankReady(session, rank, ready)
+
+
+def refuse_disagreeing(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> None:
+    """RefusedError (nothing touched) when the ranks would launch different arguments: the real launcher's
+    ranks would never agree."""
+    problems = facts.differing_ranks({r.name: r.ready.argv for r in ranks})
+    if problems:
+        raise RefusedError(
+            f"group {plan.group}: its ranks would launch different arguments (nothing was touched): "
+            + "; ".join(map(str, problems)),
+            hint="tune every host of the group alike, or force one with --fp8-gemm-backend",
+        )
+
+
+def already_serving(
+    plan: facts.GroupPlan, ranks: Sequence[RankReady], options: ServeOptions
+) -> serve_op.ServeResult | None:
+    """The group as recorded, when every rank's host runs its rank's command of this group (the same
+    SGLang commit and tuned configs), verified, and rank 0 answers ``/health`` and was verified as asked
+    (``ops.serve.already_serving``); None when the group must be relaunched."""
+    for r in ranks:
+        record = r.session.state().server
+        old = r.ready.old
+        if old is None or record is None or record.job_id != old.id or record.group != plan.group:
+            return None
+        if record.verified is None or not serve_op._same_launch(r.session, record, r.ready):
+            return None
+    result = serve_op.already_serving(ranks[0].session, ranks[0].ready, options)
+    if result is not None:
+        result.group = ranks_line({r.name: r.ready.old.id for r in ranks if r.ready.old is not None}, ranks)
+    return result
+
+
+def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dict[str, str] | None:
+    """The ranks a serve cut off after launching them left unverified (orch killed, the connection lost),
+    host → job id, when every rank's host runs its rank's command of this group as recorded (the same
+    commit and tuned configs) and none was verified yet: waiting for them finishes that serve (no rank is
+    started twice). None otherwise: the ranks that run are stopped and every rank launched afresh."""
+    found = {}
+    for r in ranks:
+        record = r.session.state().server
+        old = r.ready.old
+        if old is None or record is None or record.job_id != old.id or record.verified is not None:
+            return None
+        if (record.group, record.rank) != (plan.group, r.rank) or not serve_op._same_launch(r.session, record, r.ready):
+            return None
+        found[r.name] = old.id
+    jobs_said = ", ".join(f"{name} job {job}" for name, job in found.items())
+    ranks[0].session.say(
+        f"re-attaching to group {plan.group}'s ranks ({jobs_said}), started by a serve that was cut off "
+        "before verifying them"
+    )
+    return found
+
+
+def ranks_line(job_ids: Mapping[str, str], ranks: Sequence[RankReady]) -> str:
+    """``sim-2 (rank 0, job J0), sim-3 (rank 1, job J1)``: the group's ranks in a serve report."""
+    return ", ".join(f"{r.name} (rank {r.rank}, job {job_ids[r.name]})" for r in ranks)
+
+
+def _outage(plan: facts.GroupPlan, why: str, by: str) -> srv.Outage:
+    return srv.Outage(f"{why} (group {plan.group}: {', '.join(plan.hosts)}, one outage)", by)
+
+
+def stop_old(plan: facts.GroupPlan, ranks: Sequence[RankReady], options: ServeOptions) -> None:
+    """Stop the server running on each host of the group (said first, rank 0's host first)."""
+    outage = _outage(plan, "to relaunch the group with the new command", srv.FOR_RELAUNCH.by)
+    for r in ranks:
+        if r.ready.old is not None:
+            gpus = server_facts.server_gpus(r.ready.recipe, r.session.host)
+            srv.stop_job(r.session, r.ready.old, gpus, options.drain_timeout, outage)
+
+
+def start_ranks(plan: facts.GroupPlan, ranks: Sequence[RankReady], job_ids: dict[str, str]) -> None:
+    """Start every rank as its host's server job, rank 0 first (the others join its rendezvous), the
+    interface names in the job's environment; ``job_ids`` gets each one started (host → job id)."""
+    for r in ranks:
+        extra = {"group": plan.group, "rank": r.rank}
+        ready = r.ready
+        job_ids[r.name] = serve_op.start_server(r.session, ready.argv, ready.recipe, ready.configs, plan.env, extra)
+        where = f"port {r.session.host.server_port}" if r.rank == 0 else f"rank 0 at {plan.dist_init_addr}"
+        r.session.say(f"started rank {r.rank} of group {plan.group} (server job {job_ids[r.name]}, {where})")
+
+
+def wait_group_healthy(
+    plan: facts.GroupPlan, ranks: Sequence[RankReady], job_ids: dict[str, str], options: ServeOptions
+) -> ServerLog:
+    """Poll rank 0's ``/health`` until 200 (rank 0 answers once every rank joined); StartupFailed for the
+    rank ``facts.group.failed_rank`` blames (a job ended, a crash logged, the health timeout). Each rank's
+    last log line is said every ``HEALTH_REPORT_SECONDS`` (the first after ``HEALTH_REPORT_FIRST``)."""
+    first = ranks[0]
+    recipe = first.ready.recipe
+    url = server_facts.base_url(recipe, first.session.host)
+    timeout = serve_op.health_timeout(recipe, options)
+    first.session.say(f"waiting for rank 0's /health (group {plan.group}, {plan.nodes} ranks)")
+    begin = time.monotonic()
+    next_report = begin + serve_op.HEALTH_REPORT_FIRST
+    seen: dict[str, jobs.JobInfo | None] = {r.name: None for r in ranks}
+    for pause in serve_op._backoff(serve_op.HEALTH_POLL_FIRST, serve_op.HEALTH_POLL_SECONDS):
+        status = readers.health(first.session.host, first.session.runner, url)
+        log = first.session.log(job_ids[first.name]).read()
+        if status == 200 and serve_op.own_health(first.session, job_ids[first.name], seen[first.name]).running:
+            return log
+        now = time.monotonic()
+        check_ranks(ranks, job_ids, seen, timeout if now - begin > timeout else None)
+        for r in ranks:
+            wait = pause if r.rank == 0 else 0
+            seen[r.name] = jobs.wait(r.session.runner, r.session.host.workdir, job_ids[r.name], wait)
+        if now >= next_report:
+            for r in ranks:
+                r.session.say(serve_op.starting_line(now - begin, timeout, r.session.log(job_ids[r.name]).text))
+            next_report = now + serve_op.HEALTH_REPORT_SECONDS
+    raise AssertionError("unreachable")
+
+
+def check_ranks(
+    ranks: Sequence[RankReady], job_ids: dict[str, str], seen: dict[str, jobs.JobInfo | None], timed_out: float | None
+) -> None:
+    """StartupFailed for the rank to blame when any rank failed to start (its log tail); StoppedMeanwhile
+    when orch stopped a rank meanwhile (``orch stop-server``)."""
+    starts = []
+    for r in ranks:
+        job, log = seen[r.name], r.session.log(job_ids[r.name]).read()
+        if job is not None and not job.running and job.stop_requested:
+            raise serve_op.stopped_meanwhile(r.session, job_ids[r.name])
+        problem = serve_op.startup_problem(job, log, timed_out if r.rank == 0 else None)
+        ended = job.ended_at if job is not None and not job.running else None
+        starts.append(facts.RankStart(r.name, r.rank, problem, log.failure is not None, ended))
+    blamed = facts.failed_rank(starts)
+    if blamed is not None and blamed.problem is not None:
+        r = next(x for x in ranks if x.name == blamed.host)
+        reader = r.session.log(job_ids[r.name])
+        raise serve_op._startup_failed(r.session, job_ids[r.name], f"(rank {r.rank}) {blamed.problem}", reader)
+
+
+def failed_group(
+    plan: facts.GroupPlan,
+    ranks: Sequence[RankReady],
+    job_ids: dict[str, str],
+    options: ServeOptions,
+    failure: serve_op.StartupFailed,
+) -> GroupFailed:
+    """A rank failed to start: every rank still running is stopped, every host marked ``failed``; the
+    error names the group and the rank, with its log tail."""
+    for r in ranks:
+        if job_ids.get(r.name):
+            gpus = server_facts.server_gpus(r.ready.recipe, r.session.host)
+            serve_op._stop_failed(r.session, job_ids[r.name], gpus, options)
+    reason = f"group {plan.group} failed to start: {failure.message.splitlines()[0]}"
+    mark_failed(ranks, reason)
+    rest = failure.message.partition("\n")[2]
+    if options.rollback:
+        rest += "\nrollback: not built for a replica group yet (issue 26); nothing relaunched"
+    message = f"group {plan.group} failed to start; its ranks were stopped: {failure.message.splitlines()[0]}"
+    return GroupFailed(message + (f"\n{rest}" if rest else ""), failure.job_id, failure.tail)
+
+
+def mark_failed(ranks: Sequence[RankReady], reason: str) -> None:
+    """Phase ``failed`` with ``reason`` on every host of the group."""
+    for r in ranks:
+        serve_op._mark_failed(r.session.host, r.session.store, reason)
+
+
+def verify(
+    plan: facts.GroupPlan,
+    ranks: Sequence[RankReady],
+    job_ids: dict[str, str],
+    options: ServeOptions,
+    started: serve_op.Started,
+    replaced: bool = True,
+) -> serve_op.ServeResult:
+    """Rank 0 verified as one host is, plus the group's parallelism in its ``/server_info``; every host
+    records the verification (its own rank's command and job). VerifyError when not as asked."""
+    first = ranks[0]
+    try:
+        result = serve_op.verify(first.session, first.ready.recipe, options, started, first.ready.gpus.compute_cap)
+        info = first.session.server_info(server_facts.base_url(first.ready.recipe, first.session.host))
+    except HostError as exc:
+        mark_failed(ranks, str(exc).splitlines()[0])
+        raise
+    result.problems += [str(p) for p in facts.check_group_info(info, first.ready.recipe, plan.nodes)]
+    result.warnings[:0] = [f"{r.name}: {w}" if r.rank else w for r in ranks for w in r.ready.warnings]
+    result.stopped_job = first.ready.old.id if first.ready.old and replaced else None
+    result.group = ranks_line(job_ids, ranks)
+    for r in ranks[1:]:
+        own = replace(result, argv=r.ready.argv, job_id=job_ids[r.name])
+        serve_op._record_verified(r.session.store, r.session.host, own)
+    return serve_op._finish(first.session, result)
+
+
+# --- stop-server on a group -----------------------------------------------------------------------------------
+
+
+def stop_group(
+    session: HostSession, recipe: Recipe, drain_timeout: float, group: ReplicaGroup, peers: Peers
+) -> dict[str, str | None]:
+    """``orch stop-server`` of ``group``, run on rank 0's session: the running server job of every rank is
+    found first (a rank's job ends by itself once rank 0 goes), then each is stopped, rank 0 first,
+    announced as one outage, and its GPUs waited for; each host records its stop. Returns each host's
+    outcome (None: no server of orch's ran there; ``ended with its group``: a rank that exited by itself
+    once rank 0 went, as the simulator's ranks do; a real rank may hang and is then stopped)."""
+    sessions = [session if name == session.name else peers(name) for name in group.hosts]
+    running = {s.name: s.running_server() for s in sessions}
+    ranks = ", ".join(group.hosts)
+    outage = srv.Outage(f"as asked (stop-server of group {group.name}: {ranks}, one outage)", srv.AS_ASKED.by)
+    if any(running.values()):
+        session.say(f"stopping group {group.name}: every rank ({ranks}), as one outage")
+    outcomes: dict[str, str | None] = {}
+    for rank, s in enumerate(sessions):
+        outcome = stop_rank(s, recipe, running[s.name], drain_timeout, outage)
+        outcomes[s.name] = "ended with its group" if rank and outcome == "ended" else outcome
+    return outcomes
+
+
+def stop_rank(
+    session: HostSession, recipe: Recipe, job: jobs.JobInfo | None, drain_timeout: float, outage: srv.Outage
+) -> str | None:
+    """Stop one rank's server job ``job`` (found before any rank was stopped), wait for its GPUs and record
+    the stop; with no job, ``srv.stop_server``'s own look (None, or ``lost``)."""
+    gpus = server_facts.server_gpus(recipe, session.host)
+    if job is None:
+        return srv.stop_server(session, gpus, drain_timeout, outage)
+    session.store.check_writable()
+    outcome = srv.stop_job(session, job, gpus, drain_timeout, outage)
+    session.store.update_host(session.name, lambda hs: srv.record_stopped(hs, job.id, outage.by))
+    return outcome
+
+
+def stop_host(
+    session: HostSession, recipe: Recipe, drain_timeout: float, group: ReplicaGroup | None, peers: Peers
+) -> dict[str, str | None]:
+    """``orch stop-server`` on one host (outside every group), or on rank 0 of ``group``: each host's outcome."""
+    if group is None:
+        return {session.name: serve_op.stop_server(session, recipe, drain_timeout)}
+    return stop_group(session, recipe, drain_timeout, group, peers)
+
+
+def per_host(results: FleetResult[dict[str, str | None]], inventory: Inventory) -> FleetResult[str | None]:
+    """Each host's own outcome from results keyed by the host that stopped it (a group's rank 0, which
+    alone carries a group's error)."""
+    found: FleetResult[str | None] = FleetResult()
+    for r in results:
+        if r.ok and r.value is not None:
+            found += [HostResult(inventory.hosts[name], value=outcome) for name, outcome in r.value.items()]
+        else:
+            found.append(HostResult(r.host, error=r.error))
+    return found

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator import jobs, readers
 from orchestrator import server_job as srv
@@ -110,6 +111,7 @@ class ServeResult:
     asked: dict[str, str] = field(default_factory=dict)  # what the recipe asked of the same settings
     unchanged: bool = False  # already served as asked: nothing was stopped or started
     autotune: str = ""  # FlashInfer autotune cache: produced here and shared, or reused (ops.autotune)
+    group: str = ""  # a replica group's ranks (host, rank, job), when the server is a group's (ops.group)
 
     @property
     def failures(self) -> list[str]:
@@ -678,11 +680,35 @@ def launch(
     starts with), and wait until ``/health`` answers 200. The commit is the session's ``git()``:
     serve reads it in ``decide`` and nothing since moved the checkout."""
     host = session.host
+    commit = session.git().commit
+    job_id = start_server(session, argv, recipe, configs)
+    session.say(f"started server job {job_id} on port {host.server_port}; waiting for /health")
+    begin = time.monotonic()
+    url = facts.base_url(recipe, host)
+    log = wait_healthy(session, job_id, url, health_timeout(recipe, options))
+    session.say(f"healthy after {time.monotonic() - begin:.0f} s")
+    return Started(job_id, argv, log, time.monotonic() - begin, commit)
+
+
+def start_server(
+    session: HostSession,
+    argv: list[str],
+    recipe: Recipe,
+    configs: dict[str, float],
+    env: Mapping[str, str] | None = None,
+    record: Mapping[str, Any] | None = None,
+) -> str:
+    """Start ``argv`` as the host's server job (``env`` added to its launch environment: a replica group's
+    interface names, never in the argv) and record it (``record``: more ServerRecord fields, a group's
+    name and rank); returns its job id. StartupFailed when no job could be started; RefusedError when
+    another orch's server job appeared meanwhile."""
+    host = session.host
     gpus = tuple(facts.server_gpus(recipe, host))
     commit = session.git().commit
-    env = {srv.LAUNCHED_COMMIT: commit}  # the host's own record of the code the server runs
-    env.update(autotune.launch_env(recipe, host.workdir))  # SGLANG_CACHE_DIR: orch's, when the autotune runs
-    spec = jobs.JobSpec(kind="server", purpose=readers.SERVER_PURPOSE, argv=argv, env=env, gpus=gpus)
+    launch_env = {srv.LAUNCHED_COMMIT: commit}  # the host's own record of the code the server runs
+    launch_env.update(autotune.launch_env(recipe, host.workdir))  # SGLANG_CACHE_DIR: orch's, when the autotune runs
+    launch_env.update(env or {})
+    spec = jobs.JobSpec(kind="server", purpose=readers.SERVER_PURPOSE, argv=argv, env=launch_env, gpus=gpus)
     try:
         job = jobs.start(session.runner, host.workdir, spec)
     except jobs.JobStartError as exc:  # nothing started: a failed start all the same (rolled back when asked)
@@ -692,9 +718,9 @@ def launch(
     if job.attached:  # another orch started a server between our check and now: leave it to that one
         raise RefusedError(f"{host.name}: server job {job.job_id} appeared meanwhile (another orch?); not replacing it")
     mtp = "--speculative-algorithm" in argv
-    record = ServerRecord(job_id=job.job_id, argv=argv, port=host.server_port, mtp=mtp, commit=commit, configs=configs)
+    fields = dict(job_id=job.job_id, argv=argv, port=host.server_port, mtp=mtp, commit=commit, configs=configs)
     try:
-        _record_server(session, record)
+        _record_server(session, ServerRecord(**fields, **(record or {})))
     except Exception as exc:  # this machine's disk filled between the start and its record: say what to run
         cause = exc if isinstance(exc, StateError) else local_disk_error(exc)
         if cause is None:
@@ -703,12 +729,7 @@ def launch(
             f"{host.name}: server job {job.job_id} started, but orch could not record it: {cause.message}",
             hint="free space, then run `orch serve` again: it finds the server it started and finishes the serve",
         ) from exc
-    session.say(f"started server job {job.job_id} on port {host.server_port}; waiting for /health")
-    begin = time.monotonic()
-    url = facts.base_url(recipe, host)
-    log = wait_healthy(session, job.job_id, url, health_timeout(recipe, options))
-    session.say(f"healthy after {time.monotonic() - begin:.0f} s")
-    return Started(job.job_id, argv, log, time.monotonic() - begin, commit)
+    return job.job_id
 
 
 def health_timeout(recipe: Recipe, options: ServeOptions) -> float:

@@ -11,9 +11,10 @@ from orchestrator import readers
 from orchestrator import server_job as server
 from orchestrator.errors import GatewayError, OrchError, RemoteCommandError, UnreachableError, UsageError
 from orchestrator.facts import git, gpus, machine, probe, replacement
+from orchestrator.facts.group import GroupStatus, group_status
 from orchestrator.fleet import HostResult
 from orchestrator.gateway import GatewayClient, check_fleet
-from orchestrator.inventory import Host
+from orchestrator.inventory import Host, Inventory
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, Phase, ServerRecord, State
 from orchestrator.store import StateStore
@@ -327,3 +328,16 @@ def unreachable(result: HostResult[Any], cached: HostState | None) -> HostStatus
     if cached is not None:
         _show_state(status, cached)
     return status
+
+
+def group_statuses(inventory: Inventory, views: list[HostStatus]) -> list[GroupStatus]:
+    """Each replica group with a host among ``views``: serving, not, or down naming its dead ranks
+    (``facts.group.group_status``; a host not shown or not reached counts as unreachable)."""
+    shown = {v.name: v for v in views}
+    found = []
+    for group in inventory.groups.values():
+        if not any(h in shown for h in group.hosts):
+            continue
+        reached = {h: shown[h].extra.get("server") for h in group.hosts if h in shown and shown[h].reachable}
+        found.append(group_status(group.name, group.hosts, reached))
+    return found

@@ -40,10 +40,14 @@ def serve_report(host: Host, r: serve_op.ServeResult) -> None:
     """What was launched and what verification found, for one host."""
     if r.unchanged:
         out.print(f"{host.name}: already serving as asked (job {r.job_id}); --force relaunches", markup=False)
+        if r.group:
+            out.print(f"  group ranks: {r.group}", markup=False)
         return
     replaced = f"; replaced {r.stopped_job}" if r.stopped_job else ""
     healthy = f"healthy after {r.healthy_after:.0f} s{replaced}"
     out.print(f"{host.name}: serving job {r.job_id} on port {host.server_port} ({healthy})", markup=False)
+    if r.group:
+        out.print(f"  group ranks: {r.group}", markup=False)
     out.print(f"  started with: {facts.entrypoint_name(r.argv)}", markup=False)
     out.print(f"  speculative: {r.spec}" + ("" if r.problems else " (as asked)"), markup=False)
     if r.mtp:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.facts.git import describe_lag
+from orchestrator.facts.group import GroupStatus
 from orchestrator.ops.status import HostStatus
 from orchestrator.render import fmt_mib, inert, table, to_jsonable
 from orchestrator.text import fmt_ranges
@@ -14,8 +16,11 @@ if TYPE_CHECKING:  # rich is imported by what prints a table: `orch status --jso
     from rich.table import Table
 
 
-def status_document(views: list[HostStatus], gateway: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``--json`` document: ``hosts`` (each with its ``gateway`` entry when the inventory has one) and,
+def status_document(
+    views: list[HostStatus], gateway: dict[str, Any] | None = None, groups: Sequence[GroupStatus] = ()
+) -> dict[str, Any]:
+    """The ``--json`` document: ``hosts`` (each with its ``gateway`` entry when the inventory has one),
+    ``groups`` (each replica group shown: name, hosts in rank order, rank0, serving, down: host → why) and,
     with a gateway, ``gateway`` (url, reachable, error, not_in_inventory)."""
     hosts = []
     for v in views:
@@ -37,7 +42,8 @@ def status_document(views: list[HostStatus], gateway: dict[str, Any] | None = No
         )
         doc.update(doc.pop("extra"))
         hosts.append(doc)
-    return {"hosts": hosts, **({"gateway": gateway} if gateway is not None else {})}
+    found = {"hosts": hosts, "groups": [g.document() for g in groups]}
+    return {**found, **({"gateway": gateway} if gateway is not None else {})}
 
 
 # -- small formats ---------------------------------------------------------------------------------------
@@ -353,10 +359,15 @@ def compact_table(views: list[HostStatus], now: datetime) -> Table:
 
 
 def status_table(
-    views: list[HostStatus], wide: bool = False, now: datetime | None = None, gateway: dict[str, Any] | None = None
+    views: list[HostStatus],
+    wide: bool = False,
+    now: datetime | None = None,
+    gateway: dict[str, Any] | None = None,
+    groups: Sequence[GroupStatus] = (),
 ) -> None:
-    """Print the status table (``wide``: every detail, cells wrapped) and the notes under it (``gateway``:
-    what ``ops.status.gateway_column`` found, None without a gateway in the inventory)."""
+    """Print the status table (``wide``: every detail, cells wrapped), one line per replica group
+    (``groups``), and the notes under it (``gateway``: what ``ops.status.gateway_column`` found, None
+    without a gateway in the inventory)."""
     from orchestrator.render import out
 
     now = now or datetime.now(timezone.utc)
@@ -366,6 +377,8 @@ def status_table(
         table(None, _columns(columns, views), rows)
     else:
         out.print(compact_table(views, now))
+    for line in [g.line() for g in groups]:
+        out.print(inert(line), markup=False, soft_wrap=False)
     for note in [*status_notes(views), *gateway_notes(views, gateway), *stale_fetch_note(views, now)]:
         out.print(inert(note), markup=False, soft_wrap=False)  # wrapped at the terminal's width, as the table
 

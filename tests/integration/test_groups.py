@@ -1,33 +1,62 @@
-"""Replica groups in `orch serve` (issue 26, the foundation): the dry run shows every rank's command, checked
-against each host's own SGLang; serving a group is refused (not built yet) before anything changes.
+"""Replica groups (issue 26): the dry run shows every rank's command, checked against each host's own
+SGLang; `orch serve` serves a group as one server (every rank a detached job, rank 0's /health, rank 0
+verified) beside a host alone; a rank that fails to start fails the group, its ranks stopped;
+`orch stop-server` stops every rank; `orch status` shows the group as one line (down, naming a dead rank).
 
-The real `orch` CLI over real sshd against the simulated fleet."""
+The real `orch` CLI over real sshd against the simulated fleet: ONE fleet for the module (sim-1 alone
+serving deepseek-v4-flash; sim-2, rank 0, and sim-3 in group pro-1 serving deepseek-v4-pro). Each test
+states what it needs of the fleet; the serve tests relaunch (``--force``) to start from a known state."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 import yaml
 
 from orchestrator.errors import ExitCode
+from orchestrator.recipe import PACKAGED_PLAYBOOKS
+from orchestrator.state import Phase
+from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
+from tests.integration.test_faults_drops import orch_process, read_line_until
 
-MakeFleet = Callable[..., FleetEnv]
+KNOBS = {"startup_seconds": 0.3, "decode_step_seconds": 0.002}
 
 
-def grouped_fleet(make_fleet: MakeFleet) -> FleetEnv:
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetEnv]:
     """sim-1 alone; sim-2 (rank 0) and sim-3 in group pro-1 serving deepseek-v4-pro over interface lo, their
     model at one path (each simulated host has its own copy under its own directory)."""
-    env = make_fleet(3)
-    document = yaml.safe_load(env.inventory.read_text())
-    hosts = document["hosts"]  # on two real boxes the model sits at one path; here at rank 0's
-    hosts["sim-3"]["model_path"] = hosts["sim-2"]["model_path"]
-    document["groups"] = {
-        "pro-1": {"hosts": ["sim-2", "sim-3"], "playbook": "deepseek-v4-pro", "network_interface": "lo"}
-    }
-    env.inventory.write_text(yaml.safe_dump(document, sort_keys=False))
-    return env
+    from orchestrator.sandbox import SimFleet
+
+    root = tmp_path_factory.mktemp("groups")
+    with SimFleet(root / "fleet", n_hosts=3) as fleet:
+        inventory = fleet.write_inventory(root / "hosts.yaml", trust=True)
+        document = yaml.safe_load(inventory.read_text())
+        hosts = document["hosts"]  # on two real boxes the model sits at one path; here at rank 0's
+        hosts["sim-3"]["model_path"] = hosts["sim-2"]["model_path"]
+        document["groups"] = {
+            "pro-1": {"hosts": ["sim-2", "sim-3"], "playbook": "deepseek-v4-pro", "network_interface": "lo"}
+        }
+        inventory.write_text(yaml.safe_dump(document, sort_keys=False))
+        for host in fleet.hosts:
+            host.set_knobs(**KNOBS)
+        yield FleetEnv(fleet, inventory, root / "state" / "state.json")
+
+
+@pytest.fixture
+def sims(env: FleetEnv) -> Iterator[dict[str, object]]:
+    """The fleet's simulated hosts by name; every knob a test set is put back after it."""
+    hosts = {h.name: h for h in env.fleet.hosts}  # type: ignore[attr-defined]
+    yield hosts
+    for host in hosts.values():
+        host.set_knobs(server_fail=None, **KNOBS)  # type: ignore[attr-defined]
 
 
 def host_lines(output: str) -> dict[str, list[str]]:
@@ -41,16 +70,27 @@ def host_lines(output: str) -> dict[str, list[str]]:
     return found
 
 
-def test_dry_run_of_one_rank_shows_every_rank_of_its_group(make_fleet: MakeFleet) -> None:
-    env = grouped_fleet(make_fleet)
+def running_servers(env: FleetEnv) -> dict[str, list[str]]:
+    """Each host's running server jobs (their ids) as `orch jobs --json` lists them."""
+    listed = json.loads(env.orch("jobs", "--json").stdout)["hosts"]
+    running = lambda job: job["purpose"] == "server" and job["state"] == "running"  # noqa: E731
+    return {h["name"]: [j["id"] for j in h["jobs"] if running(j)] for h in listed}
+
+
+def job_file(env: FleetEnv, host: str, job_id: str, name: str) -> bytes:
+    workdir = yaml.safe_load(env.inventory.read_text())["hosts"][host]["workdir"]
+    return Path(workdir, "jobs", job_id, name).read_bytes()
+
+
+def test_dry_run_of_one_rank_shows_every_rank_of_its_group(env: FleetEnv) -> None:
     run = env.orch("serve", "--dry-run", "--host", "sim-3")
     assert run.returncode == 0, run.output
     plan = host_lines(run.stdout)
     assert list(plan) == ["sim-2", "sim-3"]
     address = yaml.safe_load(env.inventory.read_text())["hosts"]["sim-2"]["address"]
     rank0, rank1 = plan["sim-2"], plan["sim-3"]
-    assert rank0[0].startswith(f"(group pro-1: rank 0 of 2, serves HTTP; the ranks meet at {address}:20000;")
-    assert rank1[0].startswith("(group pro-1: rank 1 of 2, rank 0 is sim-2;")
+    assert rank0[0] == f"(group pro-1: rank 0 of 2, serves HTTP; the ranks meet at {address}:20000)"
+    assert rank1[0] == f"(group pro-1: rank 1 of 2, rank 0 is sim-2; the ranks meet at {address}:20000)"
     tail = f"--nnodes 2 --node-rank {{}} --dist-init-addr {address}:20000"
     for rank, lines in enumerate((rank0, rank1)):
         command = lines[1]
@@ -60,8 +100,7 @@ def test_dry_run_of_one_rank_shows_every_rank_of_its_group(make_fleet: MakeFleet
     assert " --port " in rank0[1] and " --port " not in rank1[1]
 
 
-def test_dry_run_of_the_fleet_shows_a_single_host_beside_the_group(make_fleet: MakeFleet) -> None:
-    env = grouped_fleet(make_fleet)
+def test_dry_run_of_the_fleet_shows_a_single_host_beside_the_group(env: FleetEnv) -> None:
     run = env.orch("serve", "--dry-run")
     assert run.returncode == 0, run.output
     plan = host_lines(run.stdout)
@@ -70,33 +109,203 @@ def test_dry_run_of_the_fleet_shows_a_single_host_beside_the_group(make_fleet: M
     assert "--pp-size" not in plan["sim-1"][-1]
 
 
-def test_serving_a_group_is_refused_before_anything_changes(make_fleet: MakeFleet) -> None:
-    env = grouped_fleet(make_fleet)
-    run = env.orch("serve", "--host", "sim-3")
-    assert run.returncode == ExitCode.USAGE, run.output
-    assert "serving a replica group is not built yet (issue 26): group pro-1; nothing was changed" in run.stderr
-    jobs = json.loads(env.orch("jobs", "--json").stdout)["hosts"]
-    assert all(host["jobs"] == [] for host in jobs)
-
-
-def test_a_multi_node_playbook_on_a_host_outside_every_group_is_exit_2(make_fleet: MakeFleet) -> None:
-    env = grouped_fleet(make_fleet)
+def test_a_multi_node_playbook_on_a_host_outside_every_group_is_exit_2(env: FleetEnv) -> None:
     run = env.orch("serve", "--dry-run", "--host", "sim-1", "--playbook", "deepseek-v4-pro")
     assert run.returncode == ExitCode.USAGE, run.output
     assert "sim-1: " in run.stderr and "runs on 2 hosts at once, and sim-1 is in no group of" in run.stderr
 
 
-def test_a_group_given_a_single_host_playbook_is_exit_2(make_fleet: MakeFleet) -> None:
-    env = grouped_fleet(make_fleet)
+def test_a_group_given_a_single_host_playbook_is_exit_2(env: FleetEnv) -> None:
     run = env.orch("serve", "--dry-run", "--host", "sim-2", "--playbook", "deepseek-v4-flash")
     assert run.returncode == ExitCode.USAGE, run.output
     assert "group 'pro-1' cannot serve" in run.stderr and "multinode: " in run.stderr
 
 
-def test_orch_run_refuses_to_serve_on_a_groups_host(make_fleet: MakeFleet) -> None:
-    env = grouped_fleet(make_fleet)
+def test_orch_run_refuses_to_serve_on_a_groups_host(env: FleetEnv) -> None:
+    before = running_servers(env)
     run = env.orch("run", "deepseek-v4-flash", "--host", "sim-3", "--only", "serve")
     assert run.returncode == ExitCode.USAGE, run.output
     assert "group 'pro-1' cannot serve" in run.stderr
-    jobs = json.loads(env.orch("jobs", "--json").stdout)["hosts"]
-    assert all(host["jobs"] == [] for host in jobs)
+    assert running_servers(env) == before
+
+
+def test_orch_run_refuses_a_groups_serve_step_before_anything_changes(env: FleetEnv, tmp_path: Path) -> None:
+    playbook = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-pro.yaml").read_text())
+    playbook["steps"] = ["serve"]
+    (tmp_path / "pro.yaml").write_text(yaml.safe_dump(playbook))
+    before = running_servers(env)
+    run = env.orch("run", str(tmp_path / "pro.yaml"), "--host", "sim-3")
+    assert run.returncode == ExitCode.USAGE, run.output
+    assert "orch run's serve step of a replica group is not built yet (issue 26): group pro-1" in run.stderr
+    assert running_servers(env) == before
+
+
+def test_the_fleet_serves_the_group_with_pp_2_tp_8_and_mtp_beside_a_single_host(env: FleetEnv, sims: object) -> None:
+    run = env.orch("serve", "--yes", "--force")
+    assert run.returncode == 0, run.output
+    assert "sim-1: serving job " in run.stdout and "sim-3: serving job" not in run.stdout
+    report = run.stdout[run.stdout.index("sim-2: serving job") :]
+    assert "  speculative: EAGLE steps=3 topk=1 draft=4 (as asked)" in report.splitlines()
+    state = StateStore(env.state).read()
+    rank0, rank1, alone = (state.hosts[n] for n in ("sim-2", "sim-3", "sim-1"))
+    assert [hs.phase for hs in (rank0, rank1, alone)] == [Phase.SERVING] * 3
+    assert rank0.server and rank1.server and alone.server
+    assert (rank0.server.group, rank0.server.rank, rank1.server.group, rank1.server.rank) == ("pro-1", 0, "pro-1", 1)
+    ranks = f"sim-2 (rank 0, job {rank0.server.job_id}), sim-3 (rank 1, job {rank1.server.job_id})"
+    assert f"  group ranks: {ranks}" in report.splitlines()
+    assert alone.server.group is None and "--nnodes" not in alone.server.argv
+    assert rank1.server.argv[-6:] == ["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", rank1.server.argv[-1]]
+    assert "--pp-size" in rank1.server.argv and "--port" not in rank1.server.argv
+    env_file = job_file(env, "sim-3", rank1.server.job_id, "env").decode()
+    assert "NCCL_SOCKET_IFNAME=lo" in env_file.splitlines() and "GLOO_SOCKET_IFNAME=lo" in env_file.splitlines()
+    assert not any("SOCKET_IFNAME" in a for a in rank1.server.argv)
+    servers = running_servers(env)
+    assert [len(servers[n]) for n in ("sim-1", "sim-2", "sim-3")] == [1, 1, 1]
+
+
+def test_while_rank_0_starts_each_rank_says_its_last_log_line(env: FleetEnv, sims: dict) -> None:
+    sims["sim-2"].set_knobs(startup_seconds=10)  # well past the first report (5 s), polls being slow here
+    run = env.orch("serve", "--host", "sim-2", "--force")
+    assert run.returncode == 0, run.output
+    lines = run.stderr.splitlines()
+    assert any(line.startswith("sim-2: still starting (") for line in lines), run.output
+    assert any(line.startswith("sim-3: still starting (") and "Node rank 1 is ready" in line for line in lines)
+
+
+def test_a_rolling_relaunch_of_a_group_is_refused_before_anything_changes(env: FleetEnv) -> None:
+    before = running_servers(env)
+    run = env.orch("serve", "--rolling", "--host", "sim-3")
+    assert run.returncode == ExitCode.USAGE, run.output
+    assert "a rolling relaunch of a replica group is not built yet (issue 26): group pro-1" in run.stderr
+    assert running_servers(env) == before
+
+
+def test_serving_a_group_that_serves_as_asked_leaves_it_alone(env: FleetEnv, sims: object) -> None:
+    served = env.orch("serve", "--host", "sim-2")
+    assert served.returncode == 0, served.output
+    before = running_servers(env)
+    again = env.orch("serve", "--host", "sim-3")
+    assert again.returncode == 0, again.output
+    (job,) = before["sim-2"]
+    assert f"sim-2: already serving as asked (job {job}); --force relaunches" in again.stdout.splitlines()
+    assert "stopping" not in again.stderr
+    assert running_servers(env) == before
+
+
+def test_serve_after_one_cut_off_past_the_launch_adopts_the_ranks_it_started(env: FleetEnv, sims: dict) -> None:
+    sims["sim-2"].set_knobs(startup_seconds=8)
+    serve = orch_process(env, "serve", "--host", "sim-2", "--force")
+    read_line_until(serve, "waiting for rank 0's /health")
+    serve.send_signal(signal.SIGKILL)  # orch dies: the ranks start on
+    serve.communicate(timeout=30)
+    launched = running_servers(env)
+    again = env.orch("serve", "--host", "sim-3")
+    assert again.returncode == 0, again.output
+    assert "sim-2: re-attaching to group pro-1's ranks (sim-2 job " in again.stderr
+    assert "stopping" not in again.stderr and "started rank" not in again.stderr  # no rank twice
+    assert running_servers(env) == launched
+    state = StateStore(env.state).read()
+    for name in ("sim-2", "sim-3"):
+        record = state.hosts[name].server
+        assert record is not None and record.verified is not None and [record.job_id] == launched[name]
+
+
+def test_a_rank_that_fails_to_start_fails_the_group_and_its_ranks_are_stopped(env: FleetEnv, sims: dict) -> None:
+    sims["sim-3"].set_knobs(server_fail="crash")
+    alone = running_servers(env)["sim-1"]
+    run = env.orch("serve", "--host", "sim-2", "--force", "--rollback")
+    assert run.returncode == ExitCode.HOSTS_FAILED, run.output
+    assert "rollback: not built for a replica group yet (issue 26); nothing relaunched" in run.stderr
+    first = next(line for line in run.stderr.splitlines() if "group pro-1 failed to start" in line)
+    assert "group pro-1 failed to start; its ranks were stopped: sim-3: the new server (job " in first
+    assert "(rank 1) crashed at start: Initialization failed. warmup error" in first
+    assert "--- log tail ---" in run.stderr
+    servers = running_servers(env)
+    assert servers["sim-2"] == [] and servers["sim-3"] == [] and servers["sim-1"] == alone  # sim-1 untouched
+    state = StateStore(env.state).read()
+    assert state.hosts["sim-2"].phase == Phase.FAILED and state.hosts["sim-3"].phase == Phase.FAILED
+
+
+def test_a_group_with_a_host_unreachable_is_not_touched_while_the_others_go_on(env: FleetEnv, sims: dict) -> None:
+    served = env.orch("serve", "--host", "sim-2")
+    assert served.returncode == 0, served.output
+    before = running_servers(env)
+    sims["sim-3"].stop_sshd()
+    try:
+        run = env.orch("--connect-timeout", "2", "serve", "--host", "sim-1", "--host", "sim-2")
+    finally:
+        sims["sim-3"].start_sshd()
+    assert run.returncode == ExitCode.HOSTS_FAILED, run.output
+    assert run.stdout.startswith("sim-1: "), run.output  # the host alone served (or was already serving)
+    assert "sim-2: " not in run.stdout
+    assert "✗ sim-2: group pro-1 (not touched): sim-3: cannot connect to " in run.stderr, run.stderr
+    after = running_servers(env)
+    assert (after["sim-2"], after["sim-3"]) == (before["sim-2"], before["sim-3"])
+
+
+def test_stop_server_on_one_rank_stops_every_rank_as_one_outage(env: FleetEnv, sims: object) -> None:
+    served = env.orch("serve", "--host", "sim-2")
+    assert served.returncode == 0, served.output
+    alone = running_servers(env)["sim-1"]
+    run = env.orch("stop-server", "--host", "sim-3")
+    assert run.returncode == 0, run.output
+    stopped = run.stdout.splitlines()
+    assert stopped[0] == "sim-2: server stopped"
+    assert stopped[1] in ("sim-3: server stopped", "sim-3: server ended with its group")  # it may exit by itself
+    assert len(stopped) == 2
+    announced = [line for line in run.stderr.splitlines() if "as one outage" in line]
+    assert announced == ["sim-2: stopping group pro-1: every rank (sim-2, sim-3), as one outage"]
+    servers = running_servers(env)
+    assert servers["sim-2"] == [] and servers["sim-3"] == [] and servers["sim-1"] == alone
+    state = StateStore(env.state).read()
+    for name in ("sim-2", "sim-3"):
+        record = state.hosts[name].server
+        assert record is not None and record.stopped_by == "orch stop-server"
+
+
+def test_status_shows_a_serving_group_as_one_line_and_in_json(env: FleetEnv, sims: object) -> None:
+    served = env.orch("serve", "--host", "sim-2")
+    assert served.returncode == 0, served.output
+    run = env.orch("status")
+    assert run.returncode == 0, run.output
+    assert "group pro-1: serving; ranks sim-2 (rank 0), sim-3" in run.stdout.splitlines()
+    document = json.loads(env.orch("status", "--json").stdout)
+    assert document["groups"] == [
+        {"name": "pro-1", "hosts": ["sim-2", "sim-3"], "rank0": "sim-2", "serving": True, "down": {}}
+    ]
+    rank1 = next(h for h in document["hosts"] if h["name"] == "sim-3")["server"]
+    assert (rank1["group"], rank1["rank"], rank1["healthy"]) == ("pro-1", 1, True)
+
+
+def kill_job(env: FleetEnv, host: str, job_id: str) -> None:
+    """SIGKILL a server job's whole process group (its wrapper's pid is the pgid), as an OOM kill or a
+    crash of the node would end it, and wait until it no longer runs."""
+    pid = int(job_file(env, host, job_id, "pid"))
+    os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while alive(pid):
+        assert time.monotonic() < deadline, "the rank's processes survived SIGKILL"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie nobody here reaps does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return not stat.split(") ")[-1].startswith("Z")
+
+
+def test_a_rank_killed_while_serving_shows_the_group_down_naming_it(env: FleetEnv, sims: object) -> None:
+    served = env.orch("serve", "--host", "sim-2")
+    assert served.returncode == 0, served.output
+    record = StateStore(env.state).read().hosts["sim-3"].server
+    assert record is not None
+    kill_job(env, "sim-3", record.job_id)
+    run = env.orch("status")
+    line = next(line for line in run.stdout.splitlines() if line.startswith("group pro-1: "))
+    assert line.startswith("group pro-1: DOWN (") and f"rank 1 on sim-3 lost (job {record.job_id})" in line
+    document = json.loads(env.orch("status", "--json").stdout)
+    (group,) = document["groups"]
+    assert group["serving"] is False and group["down"]["sim-3"] == f"lost (job {record.job_id})"

@@ -105,6 +105,22 @@ def test_a_rank_that_dies_makes_the_others_exit(
     assert expected in logs[other].read_text()
 
 
+def test_a_rank_failing_its_warmup_exits_1_and_rank_0_follows(
+    pair: tuple[SimHost, SimHost], started: Started, tmp_path: Path
+) -> None:
+    rank0, rank1 = pair
+    rank1.set_knobs(server_fail="crash")
+    try:
+        port = free_port(rank0.address)
+        logs = [tmp_path / "rank0.log", tmp_path / "rank1.log"]
+        servers = [launch(started, h, rank_argv(rank0, h, r, port), logs[r]) for r, h in enumerate(pair)]
+        assert (servers[1].wait(timeout=30), servers[0].wait(timeout=30)) == (1, 1)
+    finally:
+        rank1.set_knobs(server_fail=None)
+    assert "Initialization failed. warmup error" in logs[1].read_text()
+    assert "node rank 1 left the group (connection lost). Exiting." in logs[0].read_text()
+
+
 def test_a_rank_with_other_arguments_is_refused_at_rendezvous(
     pair: tuple[SimHost, SimHost], started: Started, tmp_path: Path
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +169,98 @@ def test_bad_multinode_playbook_names_the_key(tmp_path: Path, text: str, expecte
     with pytest.raises(ConfigError) as info:
         load_recipe(path)
     assert expected in str(info.value)
+
+
+# --- serving a group: the pure decisions ---------------------------------------------------------------------
+
+ENTRY = ["/opt/py/bin/python", "-m", "sglang.launch_server"]
+RANK0 = [*ENTRY, "--model-path", "/m", "--fp8-gemm-backend", "triton", "--port", "30000", "--node-rank", "0"]
+
+
+@pytest.mark.parametrize(
+    ("rank1", "expected"),
+    [
+        (["/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "/m", "--fp8-gemm-backend", "triton",
+          "--node-rank", "1"], []),
+        ([*ENTRY, "--model-path", "/m", "--fp8-gemm-backend", "auto", "--node-rank", "1"],
+         ["server_args: b2 would launch 'auto' where rank 0 launches 'triton'"]),
+        ([*ENTRY, "--model-path", "/m", "--node-rank", "1"],
+         ["server_args: b2 would launch '(nothing)' where rank 0 launches '--fp8-gemm-backend triton'"]),
+    ],
+)  # fmt: skip
+def test_ranks_must_launch_the_same_arguments_but_for_their_rank(rank1: list[str], expected: list[str]) -> None:
+    assert [str(p) for p in g.differing_ranks({"b1": RANK0, "b2": rank1})] == expected
+
+
+@pytest.mark.parametrize(
+    ("info", "expected"),
+    [
+        ({"tp_size": 8, "pp_size": 2, "nnodes": 2}, []),
+        ({"tp_size": 16, "pp_size": 1, "nnodes": 2},
+         ["tp_size: the server runs tp_size 16, expected 8", "pp_size: the server runs pp_size 1, expected 2"]),
+        ({"tp_size": 8, "pp_size": 2}, ["nnodes: the server runs nnodes None, expected 2"]),
+    ],
+)  # fmt: skip
+def test_rank0s_server_info_must_report_the_groups_parallelism(info: dict[str, Any], expected: list[str]) -> None:
+    assert [str(p) for p in g.check_group_info(info, pro(), 2)] == expected
+
+
+T0 = datetime(2026, 12, 3, 12, 0, 0, tzinfo=timezone.utc)
+T1 = datetime(2026, 12, 3, 12, 0, 1, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize(
+    ("starts", "blamed"),
+    [
+        ([g.RankStart("b1", 0, None), g.RankStart("b2", 1, None)], None),
+        ([g.RankStart("b1", 0, "exited", False, T1), g.RankStart("b2", 1, "exited", False, T0)], "b2"),
+        ([g.RankStart("b1", 0, "exited", False, T0), g.RankStart("b2", 1, "crashed", True, T0)], "b2"),
+        ([g.RankStart("b1", 0, "exited", False, T0), g.RankStart("b2", 1, "exited", False, T0)], "b1"),
+        ([g.RankStart("b1", 0, "crashed", True), g.RankStart("b2", 1, "exited", False, T1)], "b2"),
+        ([g.RankStart("b1", 0, "timed out"), g.RankStart("b2", 1, None)], "b1"),
+    ],
+    ids=["starting", "ended-first", "same-second-crash-logged", "same-second-lowest-rank", "ended-before-running",
+         "timeout"],
+)  # fmt: skip
+def test_the_rank_blamed_for_a_failed_start(starts: list[g.RankStart], blamed: str | None) -> None:
+    found = g.failed_rank(starts)
+    assert (found.host if found else None) == blamed
+
+
+def rs(state: str = "running", healthy: bool = True, group: str | None = "pro-1", job: str = "j") -> dict[str, Any]:
+    """A rank's ``server`` field of ``orch status`` (the keys ``group_status`` reads)."""
+    return {"job": job, "job_state": state, "healthy": healthy, "group": group}
+
+
+@pytest.mark.parametrize(
+    ("servers", "expected"),
+    [
+        ({"b1": rs(), "b2": rs()}, "group pro-1: serving; ranks b1 (rank 0), b2"),
+        ({"b1": None, "b2": None}, "group pro-1: not serving; ranks b1 (rank 0), b2"),
+        ({"b1": rs(group=None), "b2": None}, "group pro-1: not serving; ranks b1 (rank 0), b2"),
+        ({"b1": rs("stopped"), "b2": rs("stopped")}, "group pro-1: not serving; ranks b1 (rank 0), b2"),
+        ({"b1": rs(healthy=False), "b2": rs()}, "group pro-1: not serving; ranks b1 (rank 0), b2"),
+        ({"b1": rs(), "b2": rs("lost", False, job="j2")},
+         "group pro-1: DOWN (rank 1 on b2 lost (job j2)); ranks b1 (rank 0), b2"),
+        ({"b1": rs("failed", False), "b2": rs("lost", False, job="j2")},
+         "group pro-1: DOWN (rank 0 on b1 failed (job j); rank 1 on b2 lost (job j2)); ranks b1 (rank 0), b2"),
+        ({"b1": rs()}, "group pro-1: DOWN (rank 1 on b2 unreachable); ranks b1 (rank 0), b2"),
+        ({"b1": rs(), "b2": rs(group=None)},
+         "group pro-1: DOWN (rank 1 on b2 has no server of this group); ranks b1 (rank 0), b2"),
+    ],
+    ids=["serving", "never-served", "not-a-group-server", "stopped", "starting", "rank-1-lost", "both-dead",
+         "unreachable", "other-server"],
+)  # fmt: skip
+def test_a_groups_status_line(servers: dict[str, Any], expected: str) -> None:
+    assert g.group_status("pro-1", ["b1", "b2"], servers).line() == expected
+
+
+def test_a_groups_json_entry_names_rank0_and_the_dead_ranks() -> None:
+    found = g.group_status("pro-1", ["b1", "b2"], {"b1": rs(), "b2": rs("failed", False, job="j2")})
+    assert found.document() == {
+        "name": "pro-1",
+        "hosts": ["b1", "b2"],
+        "rank0": "b1",
+        "serving": False,
+        "down": {"b2": "failed (job j2)"},
+    }

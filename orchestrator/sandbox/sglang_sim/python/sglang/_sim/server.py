@@ -14,7 +14,7 @@ Multi-node (``--nnodes N``): the nodes meet first (``multinode.py``); rank 0 the
 other ranks load their part and run without HTTP; a node that goes away makes the others exit.
 
 Faults (knob ``server_fail``): ``crash`` (``Initialization failed. warmup error: ...`` + traceback,
-exit 1), ``never_healthy`` (never ready), ``ignore_sigterm`` (SIGTERM does nothing).
+exit 1; on a multi-node rank > 0 too, after the rendezvous), ``never_healthy`` (never ready), ``ignore_sigterm`` (SIGTERM does nothing).
 """
 
 import logging
@@ -218,6 +218,11 @@ def group_lost(app, why, clean):
 def follow(app, free):
     """A node of rank > 0: load its part of the model and run with rank 0 (no HTTP) until stopped."""
     log_load(app, free)
+    if host.knob("server_fail", None) == "crash":  # a rank > 0 failing its warmup: the others see it leave
+        logger.error(f"Initialization failed. warmup error: {warmup_failure()}")
+        gpus.release()
+        app.group.close()
+        return 1
     logger.info(f"Node rank {app.group.rank} is ready; rank 0 serves HTTP.")
     app.stopping.wait()
     gpus.release()
