@@ -56,6 +56,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator import jobs
+from orchestrator.errors import UnreachableError
 from orchestrator.facts.machine import claim_lines
 from orchestrator.jobs import JobInfo, job_dir
 from orchestrator.readers import (
@@ -223,13 +224,18 @@ class HostSession:
         aside, never applied here (the host is new: nothing of it is stopped, its pull and tuning are not
         skipped); a renamed host's record follows its machine. Each such change is said on stderr (a
         warning: the command goes on, its exit code is its own). ``seen``: the machine as a probe already
-        read it (``orch status``), else read now. None for a session without ``inventory``."""
+        read it (``orch status``), else read now. None for a session without ``inventory``, and while the
+        host does not answer (its record is tied at a later call that reaches it: the operation's own reads
+        fail on the outage, or ride it out as the tuning watcher does)."""
         if self.inventory is None:
             return None
         inventory = self.inventory
+        try:
+            now = self.know("machine", seen) if seen is not None else self.machine()
+        except UnreachableError:
+            return None
 
         def claim() -> Claim:
-            now = self.know("machine", seen) if seen is not None else self.machine()
             done = self.store.claim_machine(self.name, now, inventory)
             for line in claim_lines(done, self.name, now):
                 log.warning("%s", line)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.errors import UnreachableError
 from orchestrator.facts.machine import claim_lines, machine_argv, mismatch_line, parse_machine_id
 from orchestrator.inventory import Host
 from orchestrator.session import HostSession
@@ -203,3 +204,28 @@ def test_a_session_reads_the_machine_once_and_says_a_mismatch_on_stderr(
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["gpu-1"]
     assert "is treated as a new host; nothing was stopped" in caplog.records[0].getMessage()
     assert session.state().phase == Phase.NEW and session.state().server is None
+
+
+class DownFirst(FakeRunner):
+    """A host that does not answer the first command (sshd down), then does."""
+
+    def _execute(self, argv, cwd, env, stdin, timeout):  # type: ignore[no-untyped-def]
+        if not self.calls:
+            self.calls.append(None)  # type: ignore[arg-type]
+            raise UnreachableError(f"{self.host}: cannot connect: connection refused")
+        return super()._execute(argv, cwd, env, stdin, timeout)
+
+
+def test_a_host_that_does_not_answer_is_claimed_at_the_next_call_that_reaches_it(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    host = Host(name="gpu-1", address="10.0.0.1", workdir="/w")
+    serving(store, "gpu-1", Machine(address=f"{host.address}:{host.port}", machine_id=A))
+    session = HostSession(
+        host, DownFirst("gpu-1").on(("orch-machine-id",), stdout=f"{B}\n"), store, inventory={"gpu-1"}
+    )
+
+    assert session.claim_machine() is None  # no answer: nothing decided (the operation meets the outage itself)
+    assert session.state().server is not None
+    claim = session.claim_machine()  # it answers: another machine, its record kept aside
+    assert claim is not None and claim.kept_as == f"gpu-1@{A[:8]}"
+    assert session.state().server is None
