@@ -129,15 +129,20 @@ def test_orch_run_refuses_to_serve_on_a_groups_host(env: FleetEnv) -> None:
     assert running_servers(env) == before
 
 
+def refused_unchanged(env: FleetEnv, args: tuple[str, ...], what: str) -> None:
+    """``orch ARGS`` on group pro-1 is exit 2, saying ``what`` is not built for a group, and no server changed."""
+    before = running_servers(env)
+    run = env.orch(*args)
+    assert run.returncode == ExitCode.USAGE, run.output
+    assert f"{what} of a replica group is not built yet (issue 26): group pro-1" in run.stderr
+    assert running_servers(env) == before
+
+
 def test_orch_run_refuses_a_groups_serve_step_before_anything_changes(env: FleetEnv, tmp_path: Path) -> None:
     playbook = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-pro.yaml").read_text())
     playbook["steps"] = ["serve"]
     (tmp_path / "pro.yaml").write_text(yaml.safe_dump(playbook))
-    before = running_servers(env)
-    run = env.orch("run", str(tmp_path / "pro.yaml"), "--host", "sim-3")
-    assert run.returncode == ExitCode.USAGE, run.output
-    assert "orch run's serve step of a replica group is not built yet (issue 26): group pro-1" in run.stderr
-    assert running_servers(env) == before
+    refused_unchanged(env, ("run", str(tmp_path / "pro.yaml"), "--host", "sim-3"), "orch run's serve step")
 
 
 def test_the_fleet_serves_the_group_with_pp_2_tp_8_and_mtp_beside_a_single_host(env: FleetEnv, sims: object) -> None:
@@ -173,11 +178,7 @@ def test_while_rank_0_starts_each_rank_says_its_last_log_line(env: FleetEnv, sim
 
 
 def test_a_rolling_relaunch_of_a_group_is_refused_before_anything_changes(env: FleetEnv) -> None:
-    before = running_servers(env)
-    run = env.orch("serve", "--rolling", "--host", "sim-3")
-    assert run.returncode == ExitCode.USAGE, run.output
-    assert "a rolling relaunch of a replica group is not built yet (issue 26): group pro-1" in run.stderr
-    assert running_servers(env) == before
+    refused_unchanged(env, ("serve", "--rolling", "--host", "sim-3"), "a rolling relaunch")
 
 
 def test_serving_a_group_that_serves_as_asked_leaves_it_alone(env: FleetEnv, sims: object) -> None:
