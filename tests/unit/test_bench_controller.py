@@ -1,6 +1,6 @@
 """``bench/controller.py`` measures this checkout's ``orch --help`` and ``orch status`` on a small simulated
-fleet, and with ``--instructions`` splits a 1-host status into the libraries' floor and orch's own share:
-run on every CI run, so the bench's commands (which change with orch's command line) keep working."""
+fleet: run on every CI run, so the bench's commands (which change with orch's command line) keep working.
+(``--instructions``, valgrind's instruction count, is left to the bench's own runs: it costs CI ~100 s.)"""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import orchestrator
 REPO = Path(orchestrator.__file__).resolve().parents[1]
 
 
-def test_the_controller_bench_splits_a_status_into_the_floor_and_orchs_share() -> None:
-    args = ["--hosts", "2", "--runs", "1", "--json", "--instructions"]
+def test_the_controller_bench_measures_help_and_a_status() -> None:
+    args = ["--hosts", "2", "--runs", "1", "--json"]
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "controller.py"), *args],
         capture_output=True, text=True, timeout=600, cwd=REPO,
@@ -28,5 +28,4 @@ def test_the_controller_bench_splits_a_status_into_the_floor_and_orchs_share() -
     after = figures["after"]
     assert {"help_wall_s", "status_1host_cpu_s", "import_floor_cpu_s", "cpu_ms_per_host"} <= after.keys()
     # the status does everything the floor does (import the same libraries) and then orch's own work
-    assert after["status_1host_minstr"] > after["import_floor_minstr"] > 0
-    assert 0 < after["own_share"] < 1
+    assert after["status_1host_cpu_s"] > after["import_floor_cpu_s"] > 0
