@@ -144,7 +144,7 @@ def profiled(chosen: dict[str, Recipe], name: str, mtp: bool) -> tuple[dict[str,
 @options_from(ServeOptions, only=("drain_timeout",))
 @yes_option
 @pass_app
-def stop_server(
+def stop_server_command(
     app: App,
     hosts: tuple[str, ...],
     tags: tuple[str, ...],
