@@ -4,7 +4,7 @@ Each reader runs argv builders from ``facts/`` through the host's runner and par
 ``facts/``'s pure parsers: the SGLang checkout (``read_git``; ``sglang_info`` is what the state records
 of it), the machine it is (``read_machine``: ``facts.machine``), HTTP from the host itself (``http``,
 ``health``, ``server_info``: the server's port never has to be exposed), orch's server job
-(``running_server``) and its log (``LogReader``, reading on from a byte offset), the GPUs and who holds
+(``read_running_server``) and its log (``LogReader``, reading on from a byte offset), the GPUs and who holds
 them (``read_gpu_info``), how the host starts SGLang's server and the flags it accepts (``host_server``),
 and the tuned FP8 config files where the host's SGLang reads them (``read_configs``). Operations ask the
 session (``session.git()``, ``.gpus()``...), which calls these at most once per invocation.
@@ -133,7 +133,7 @@ def server_job(found: Sequence[jobs.JobInfo]) -> jobs.JobInfo | None:
     return running[-1] if running else None
 
 
-def running_server(runner: Runner, host: Host) -> jobs.JobInfo | None:
+def read_running_server(runner: Runner, host: Host) -> jobs.JobInfo | None:
     """The server job orch launched that still runs on the host, if any."""
     return server_job(jobs.list_jobs(runner, host.workdir))
 

@@ -89,52 +89,83 @@ class BenchSpec(_Strict):
 
 
 # -- step options: the same models the single commands build from their flags ------------------
-# Each default is written here only: the commands' flags read theirs from these models (``cli.common.default``).
+# Each field is written here only: its flag (`--batch-sizes`), default, bounds and help (`description`)
+# come from it (``cli.common.options_from``), so a command and an ``orch run`` step never disagree.
 
 
 class PullOptions(_Strict):
-    install: bool = False
+    install: bool = Field(False, description="Then run `pip install -e python` with the host's python.")
 
 
 class TuneOptions(_Strict):
-    shapes: str = "default"  # default | auto | "N=1024,K=4096;N=4096,K=2048"
-    batch_sizes: list[int] | None = Field(None, min_length=1)  # an empty list would install empty configs
-    fleet: bool | None = None  # None: as the recipe says
-    force: bool = False
-    allow_busy_gpus: bool = False
-    stop_server: bool = False
-    wait: bool = False  # `orch run` always waits (its next step needs the configs installed)
-    poll: float = Field(1.0, ge=0.1, le=60)  # seconds between two polls of a tuning waited for
+    shapes: str = Field(  # default | auto | logged | "N=1024,K=4096;N=4096,K=2048"
+        "default",
+        description="default: the recipe's shapes; auto: from the model's config.json (rules for "
+        "DeepseekV3ForCausalLM and DeepseekV4ForCausalLM: orchestrator/facts/tuner.py SHAPE_RULES); logged: exactly "
+        "the shapes the host's last --fp8-gemm-backend triton server logged as 'Config file not found' for its GPU; "
+        "or 'N=1024,K=4096;N=4096,K=2048'.",
+    )
+    batch_sizes: list[int] | None = Field(  # an empty list would install empty configs
+        None, min_length=1, description="Batch sizes to tune (default: the recipe's, 18 sizes 1..4096)."
+    )
+    fleet: bool | None = Field(  # None: as the recipe says
+        None, description="Spread the work over every GPU of hosts with the same GPU and SGLang commit."
+    )
+    force: bool = Field(False, description="Tune again shapes already installed for this device and commit.")
+    allow_busy_gpus: bool = Field(False, description="Start even when other processes hold the GPUs.")
+    stop_server: bool = Field(False, description="First stop the server orch launched on the host.")
+    wait: bool = Field(  # `orch run` always waits (its next step needs the configs installed)
+        False, description="Show live progress until the jobs end, then install the configs."
+    )
+    poll: float = Field(1.0, ge=0.1, le=60, description="Seconds between polls.")
 
 
 class ServeOptions(_Strict):
-    mtp: bool = True
-    wait_tuning: bool = True
-    rollback: bool = False
-    min_accept: float | None = None
-    health_timeout: float | None = Field(None, gt=0)  # None: the recipe's health_timeout
-    drain_timeout: float = Field(120, gt=0)  # `--drain-timeout` shows it as 120
-    fp8_gemm_backend: str | None = None  # None: the recipe's (auto when no tuned config is installed)
-    use_installed_configs: bool = False  # serve with what is installed, even after a failed tuning
-    force: bool = False  # relaunch even when the server already runs as asked
+    mtp: bool = Field(True, description="Serve with the recipe's MTP speculative flags.")
+    wait_tuning: bool = Field(True, description="Wait for running FP8 tuning jobs first.")
+    rollback: bool = Field(False, description="If the new server fails to start, relaunch the last known-good one.")
+    min_accept: float | None = Field(None, ge=0, description="Minimum accept length (default: the recipe's).")
+    health_timeout: float | None = Field(  # None: the recipe's health_timeout
+        None,
+        ge=1,
+        description="Seconds to wait for /health (default: the recipe's health_timeout; DeepSeek-V4-Flash: 3600).",
+    )
+    drain_timeout: float = Field(120, ge=1, description="Seconds the old server may drain before SIGKILL.")
+    fp8_gemm_backend: str | None = Field(  # None: the recipe's (auto when no tuned config is installed)
+        None,
+        description="Launch with this FP8 GEMM backend (e.g. triton, auto). Default: the recipe's, or auto when no "
+        "tuned config is installed for the GPU.",
+    )
+    use_installed_configs: bool = Field(
+        False, description="Serve with the tuned FP8 configs installed now, even after a failed tuning."
+    )
+    force: bool = Field(False, description="Relaunch even when the server already runs as asked.")
 
 
 class BenchOptions(_Strict):
-    label: str | None = None
-    dataset: str | None = None  # a file on the controller, copied to each host's bench.dataset_path first
-    baseline: str | None = None
-    input_len: int | None = None
-    output_len: int | None = None
-    num_prompts: int | None = None
-    max_concurrency: int | None = None
+    label: str | None = Field(
+        None, description="Name of this configuration in the comparison. Default: '<commit> mtp|no-mtp'."
+    )
+    dataset: str | None = Field(  # a file on the controller, copied to each host's bench.dataset_path first
+        None,
+        description="A ShareGPT-format JSON on this machine: copied to each host's bench.dataset_path first "
+        "(checked by sha256, copied only when the host's differs).",
+    )
+    baseline: str | None = Field(
+        None, description="Compare with the latest run with this label. Default: the first run."
+    )
+    input_len: int | None = Field(None, ge=1, description="Random prompt length in tokens (default: the playbook's).")
+    output_len: int | None = Field(None, ge=1, description="Output tokens per request (default: the playbook's).")
+    num_prompts: int | None = Field(None, ge=1, description="Requests to send (default: the playbook's).")
+    max_concurrency: int | None = Field(None, ge=1, description="Requests in flight at most (default: the playbook's).")
 
 
 class ProfileOptions(_Strict):
     """``orch profile``: batches to profile per stage, the run's label, seconds the load and traces may take."""
 
-    steps: int = Field(5, ge=1, le=200)
-    label: str | None = None
-    timeout: float = Field(600.0, ge=10)
+    steps: int = Field(5, ge=1, le=200, description="Batches to profile in each stage (prefill, decode).")
+    label: str | None = Field(None, description="Name of this profile (before/after). Default: '<commit> mtp|no-mtp'.")
+    timeout: float = Field(600.0, ge=10, description="Seconds the load and the traces may take on each host.")
 
 
 class SweepOptions(_Strict):
@@ -142,10 +173,16 @@ class SweepOptions(_Strict):
     concurrencies to benchmark each at, and ``then_serve``: the concurrency whose best profile is served
     after the sweep (``--then-serve BEST@C``; None: the last profile swept keeps serving)."""
 
-    profiles: list[str] | None = Field(None, min_length=1)
-    concurrency: list[int] = Field(default_factory=lambda: [1, 8, 32, 128], min_length=1)
-    then_serve: int | None = None
-    bench_timeout: float = Field(3600.0, gt=0)  # seconds one benchmark run may take
+    profiles: list[str] | None = Field(
+        None, min_length=1, description="Serving profiles to compare, in order. Default: the playbook's."
+    )
+    concurrency: list[int] = Field(
+        default_factory=lambda: [1, 8, 32, 128], min_length=1, description="Concurrent requests of each benchmark run."
+    )
+    then_serve: int | None = Field(
+        None, description="After the sweep, serve the profile that won at concurrency C (one of --concurrency)."
+    )
+    bench_timeout: float = Field(3600.0, gt=0, description="Seconds one benchmark run may take.")
 
     @field_validator("concurrency")
     @classmethod

@@ -229,7 +229,9 @@ def stop_job(session: HostSession, job: jobs.JobInfo, gpus: Sequence[int], drain
     return outcome
 
 
-def stop_server(session: HostSession, gpus: Sequence[int], drain: float, outage: Outage = AS_ASKED) -> str | None:
+def stop_running_server(
+    session: HostSession, gpus: Sequence[int], drain: float, outage: Outage = AS_ASKED
+) -> str | None:
     """Stop the server orch launched (announced through the session's events; drain, SIGKILL after
     ``drain``) and wait for its GPUs.
 

@@ -50,7 +50,7 @@ LAZY_COMMANDS = {
     "bench": "bench:bench",
     "report": "bench:report",
     "serve": "serve:serve",
-    "stop-server": "serve:stop_server",
+    "stop-server": "serve:stop_server_command",
     "recipe": "serve:recipe",
     "tune-fp8": "tune:tune_fp8",
     "wait": "tune:wait",

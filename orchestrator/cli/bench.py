@@ -8,7 +8,7 @@ import click
 
 from orchestrator.app import App
 from orchestrator.cli import Finite, complete
-from orchestrator.cli.common import finish, host_options, pass_app
+from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import report as report_op
@@ -19,23 +19,17 @@ from orchestrator.views.bench import ProgressLines, show_comparisons
 
 @click.command()
 @host_options
-@click.option("--label", help="Name of this configuration in the comparison. Default: '<commit> mtp|no-mtp'.")
-@click.option(
-    "--baseline", metavar="LABEL", help="Compare with the latest run with this label. Default: the first run."
+@options_from(
+    BenchOptions,
+    metavars={"baseline": "LABEL", "dataset": "LOCAL_FILE"},
+    kinds={"dataset": click.Path(exists=True, dir_okay=False)},
 )
-@click.option("--input-len", type=click.IntRange(1), help="Random prompt length in tokens (default: the playbook's).")
-@click.option("--output-len", type=click.IntRange(1), help="Output tokens per request (default: the playbook's).")
-@click.option("--num-prompts", type=click.IntRange(1), help="Requests to send (default: the playbook's).")
-@click.option("--max-concurrency", type=click.IntRange(1), help="Requests in flight at most (default: the playbook's).")
 @click.option(
     "--playbook",
     metavar="NAME_OR_PATH",
     shell_complete=complete.playbooks,
     help="Playbook with the bench settings. Default: the host's.",
 )
-@click.option("--dataset", metavar="LOCAL_FILE", type=click.Path(exists=True, dir_okay=False),
-              help="A ShareGPT-format JSON on this machine: copied to each host's bench.dataset_path first "
-              "(checked by sha256, copied only when the host's differs).")  # fmt: skip
 @click.option("--timeout", type=Finite(1), default=bench_op.DEFAULT_TIMEOUT, show_default=True,
               help="Seconds to wait for the benchmark; it keeps running after that.")  # fmt: skip
 @pass_app
@@ -44,14 +38,8 @@ def bench(
     hosts: tuple[str, ...],
     tags: tuple[str, ...],
     parallel: int,
-    label: str | None,
-    baseline: str | None,
-    input_len: int | None,
-    output_len: int | None,
-    num_prompts: int | None,
-    max_concurrency: int | None,
+    options: BenchOptions,
     playbook: str | None,
-    dataset: str | None,
     timeout: float,
 ) -> int:
     """Benchmark each host's running server (SGLang's serving benchmark) and compare runs.
@@ -71,15 +59,6 @@ def bench(
       orch bench --label before-tuning --dataset ShareGPT_V3_unfiltered_cleaned_split.json
       orch bench --host blackwell-1 --label tuned+mtp --baseline before-tuning
     """
-    options = BenchOptions(
-        label=label,
-        baseline=baseline,
-        input_len=input_len,
-        output_len=output_len,
-        num_prompts=num_prompts,
-        max_concurrency=max_concurrency,
-        dataset=dataset,
-    )
     selected = app.select(hosts, tags)
     specs = {name: recipe.bench for name, recipe in app.recipes(selected, playbook).items()}
     bench_op.check_baseline(app.store, selected, options)

@@ -54,7 +54,9 @@ def serving_hosts(fleet: Fleet, hosts: Sequence[Host], would_stop: WouldStop | N
     given); a host that cannot be reached or fails the check is left out (the command reports it)."""
 
     def running(host: Host, runner: Runner) -> bool:
-        return readers.running_server(runner, host) is not None and (would_stop is None or would_stop(host, runner))
+        return readers.read_running_server(runner, host) is not None and (
+            would_stop is None or would_stop(host, runner)
+        )
 
     return [r.host.name for r in fleet.map(running, list(hosts)).succeeded if r.value]
 

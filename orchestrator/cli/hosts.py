@@ -10,7 +10,7 @@ import click
 
 from orchestrator.app import App
 from orchestrator.cli import complete
-from orchestrator.cli.common import default, finish, host_options, pass_app
+from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.errors import ExitCode
 from orchestrator.ops import pull as pull_op
 from orchestrator.ops import status as status_op
@@ -94,14 +94,11 @@ def status(
 @click.command()
 @host_options
 @click.option("--dry-run", is_flag=True, help="Print the exact remote commands; change nothing.")
-@click.option(
-    "--install",
-    is_flag=True,
-    default=default(PullOptions, "install"),
-    help="Then run `pip install -e python` with the host's python.",
-)
+@options_from(PullOptions)
 @pass_app
-def pull(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, dry_run: bool, install: bool) -> int:
+def pull(
+    app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, dry_run: bool, options: PullOptions
+) -> int:
     """Fast-forward each host's SGLang checkout to its upstream.
 
     Refuses, changing nothing, when tracked files have uncommitted changes or the branch diverged.
@@ -111,7 +108,7 @@ def pull(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int,
       orch pull --host 10.1.230.171
       orch pull --tag canary --dry-run
     """
-    selected = app.select(hosts, tags)
+    selected, install = app.select(hosts, tags), options.install
     if dry_run:
         for host in selected:
             for line in pull_op.dry_run_lines(host, install):

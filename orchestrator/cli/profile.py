@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from orchestrator.app import App
-from orchestrator.cli.common import default, finish, host_options, pass_app
+from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.ops import profile as profile_op
 from orchestrator.recipe import ProfileOptions
 from orchestrator.render import print_json
@@ -14,12 +14,8 @@ from orchestrator.views import profile as view
 
 @click.command()
 @host_options
-@click.option("--steps", type=click.IntRange(1, 200), default=default(ProfileOptions, "steps"), show_default=True,
-              help="Batches to profile in each stage (prefill, decode).")  # fmt: skip
-@click.option("--label", help="Name of this profile (before/after). Default: '<commit> mtp|no-mtp'.")
+@options_from(ProfileOptions)
 @click.option("--playbook", metavar="NAME_OR_PATH", help="Playbook with the load's lengths. Default: the host's.")
-@click.option("--timeout", type=click.FloatRange(10), default=default(ProfileOptions, "timeout"), show_default=True,
-              help="Seconds the load and the traces may take on each host.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @pass_app
 def profile(
@@ -27,10 +23,8 @@ def profile(
     hosts: tuple[str, ...],
     tags: tuple[str, ...],
     parallel: int,
-    steps: int,
-    label: str | None,
+    options: ProfileOptions,
     playbook: str | None,
-    timeout: float,
     as_json: bool,
 ) -> int:
     """Profile each host's running server under a short load and show where its GPU time goes.
@@ -49,7 +43,6 @@ def profile(
     """
     selected = app.select(hosts, tags)
     specs = {name: recipe.bench for name, recipe in app.recipes(selected, playbook).items()}
-    options = ProfileOptions(steps=steps, label=label, timeout=timeout)
     with app.fleet(selected, parallel) as fleet:
         if not as_json:
             fleet.events = lambda host: view.say

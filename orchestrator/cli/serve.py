@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from orchestrator.app import App, refuse_bad_recipe
-from orchestrator.cli import Finite, complete
-from orchestrator.cli.common import default, finish, host_options, pass_app
+from orchestrator.cli import complete
+from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.gateway import gate_needs_rolling, rolling_default, rolling_options, rolling_serve
 from orchestrator.errors import ExitCode
@@ -28,13 +28,6 @@ _playbook = click.option(
     shell_complete=complete.playbooks,
     help="Recipe name under playbooks/ or a YAML path. Default: the host's.",
 )
-_drain = click.option(
-    "--drain-timeout",
-    type=Finite(1),
-    default=default(ServeOptions, "drain_timeout"),
-    show_default=True,
-    help="Seconds the old server may drain before SIGKILL.",
-)
 
 
 @click.command()
@@ -46,49 +39,7 @@ _drain = click.option(
     metavar="NAME",
     help="Serve the playbook's serving profile NAME (its server_args over the base ones; its mtp block).",
 )
-@click.option(
-    "--mtp/--no-mtp",
-    default=default(ServeOptions, "mtp"),
-    show_default=True,
-    help="Serve with the recipe's MTP speculative flags.",
-)
-@click.option(
-    "--no-wait-tuning",
-    is_flag=True,
-    default=not default(ServeOptions, "wait_tuning"),
-    help="Do not wait for running FP8 tuning jobs.",
-)
-@click.option(
-    "--use-installed-configs",
-    is_flag=True,
-    default=default(ServeOptions, "use_installed_configs"),
-    help="Serve with the tuned FP8 configs installed now, even after a failed tuning.",
-)
-@click.option(
-    "--fp8-gemm-backend",
-    metavar="NAME",
-    help="Launch with this FP8 GEMM backend (e.g. triton, auto). Default: the recipe's, or auto when no "
-    "tuned config is installed for the GPU.",
-)
-@click.option(
-    "--force",
-    is_flag=True,
-    default=default(ServeOptions, "force"),
-    help="Relaunch even when the server already runs as asked.",
-)
-@click.option(
-    "--rollback",
-    is_flag=True,
-    default=default(ServeOptions, "rollback"),
-    help="If the new server fails to start, relaunch the last known-good one.",
-)
-@click.option("--min-accept", type=Finite(0), help="Minimum accept length (default: the recipe's).")
-@click.option(
-    "--health-timeout",
-    type=Finite(1),
-    help="Seconds to wait for /health (default: the recipe's health_timeout; DeepSeek-V4-Flash: 3600).",
-)
-@_drain
+@options_from(ServeOptions, metavars={"fp8_gemm_backend": "NAME"})
 @yes_option
 @click.option("--dry-run", is_flag=True, help="Print what would be stopped and launched per host; change nothing.")
 @rolling_options
@@ -100,15 +51,7 @@ def serve(
     parallel: int,
     playbook: str | None,
     serving_profile: str | None,
-    mtp: bool,
-    no_wait_tuning: bool,
-    use_installed_configs: bool,
-    fp8_gemm_backend: str | None,
-    force: bool,
-    rollback: bool,
-    min_accept: float | None,
-    health_timeout: float | None,
-    drain_timeout: float,
+    options: ServeOptions,
     yes: bool,
     dry_run: bool,
     rolling: bool | None,
@@ -136,21 +79,11 @@ def serve(
       orch serve --host blackwell-1 --profile max-throughput
     """
     selected = group_op.with_whole_groups(app.inventory, app.select(hosts, tags))
-    chosen = app.recipes(selected, playbook, mtp=None if serving_profile else mtp)
+    chosen = app.recipes(selected, playbook, mtp=None if serving_profile else options.mtp)
     if serving_profile:
-        chosen, mtp = profiled(chosen, serving_profile, mtp)
+        chosen, mtp = profiled(chosen, serving_profile, options.mtp)
+        options = options.model_copy(update={"mtp": mtp})
     ranks = group_op.ranks(app.inventory, selected, chosen)
-    options = ServeOptions(
-        mtp=mtp,
-        wait_tuning=not no_wait_tuning,
-        rollback=rollback,
-        min_accept=min_accept,
-        health_timeout=health_timeout,
-        drain_timeout=drain_timeout,
-        use_installed_configs=use_installed_configs,
-        fp8_gemm_backend=fp8_gemm_backend,
-        force=force,
-    )
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run)
     gate_needs_rolling(gate, rolling)
     if rolling:
@@ -208,16 +141,16 @@ def profiled(chosen: dict[str, Recipe], name: str, mtp: bool) -> tuple[dict[str,
 @click.command(name="stop-server")
 @host_options
 @_playbook
-@_drain
+@options_from(ServeOptions, only=("drain_timeout",))
 @yes_option
 @pass_app
-def stop_server(
+def stop_server_command(
     app: App,
     hosts: tuple[str, ...],
     tags: tuple[str, ...],
     parallel: int,
     playbook: str | None,
-    drain_timeout: float,
+    options: ServeOptions,
     yes: bool,
 ) -> int:
     """Stop the server orch launched on each host (drain, then SIGKILL after the timeout); never another process.
@@ -236,7 +169,7 @@ def stop_server(
         fleet.events = reporter
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes)
         peers = app.peers(fleet)
-        stop_one = lambda s: group_op.stop_host(s, chosen[s.name], drain_timeout, groups.get(s.name), peers)  # noqa: E731
+        stop_one = lambda s: group_op.stop_host(s, chosen[s.name], options.drain_timeout, groups.get(s.name), peers)  # noqa: E731
         stopping = [h for h in selected if h.name not in groups or groups[h.name].rank0 == h.name]
         results = group_op.per_host(fleet.map_sessions(stop_one, lambda: app.store, stopping), app.inventory)
     serve_view.stopped_lines(results)
@@ -257,12 +190,10 @@ def recipe() -> None:
 @recipe.command()
 @host_options
 @_playbook
-@click.option(
-    "--mtp/--no-mtp", default=default(ServeOptions, "mtp"), show_default=True, help="With the recipe's MTP flags."
-)
+@options_from(ServeOptions, only=("mtp",))
 @pass_app
 def show(
-    app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, playbook: str | None, mtp: bool
+    app: App, hosts: tuple[str, ...], tags: tuple[str, ...], parallel: int, playbook: str | None, options: ServeOptions
 ) -> int:
     """Print the exact server command per host, and what the MTP rules find wrong (no host is contacted).
 
@@ -271,7 +202,7 @@ def show(
       orch recipe show --host blackwell-1 --no-mtp
     """
     selected = app.select(hosts, tags)
-    problems = 0
+    mtp, problems = options.mtp, 0
     for host, r in app.recipes(selected, playbook).items():
         found = facts.check_recipe(r, mtp=mtp)
         preferred, *other = facts.entrypoints(app.inventory.hosts[host])  # serve's choice when the host has it

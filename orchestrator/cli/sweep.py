@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import click
 
 from orchestrator.app import App, refuse_bad_recipe
-from orchestrator.cli.common import finish, host_options, pass_app
+from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.cli.confirm import yes_option
 from orchestrator.errors import UsageError
 from orchestrator.facts import sweep as facts
@@ -21,15 +21,16 @@ from orchestrator.views.serve import reporter
 
 @click.command()
 @host_options
-@click.option("--profiles", metavar="A,B,...", help="Serving profiles to compare, in order. Default: the playbook's.")
-@click.option("--concurrency", metavar="N,N,...", default="1,8,32,128", show_default=True,
-              help="Concurrent requests of each benchmark run.")  # fmt: skip
-@click.option("--playbook", metavar="NAME_OR_PATH", help="Playbook with the profiles. Default: the host's.")
-@click.option(
-    "--then-serve",
-    metavar="BEST@C",
-    help="After the sweep, serve the profile that won at concurrency C (one of --concurrency).",
+@options_from(
+    SweepOptions,
+    metavars={"profiles": "A,B,...", "concurrency": "N,N,...", "then_serve": "BEST@C"},
+    parse={
+        "profiles": lambda text, _: [name.strip() for name in text.split(",") if name.strip()] or None,
+        "concurrency": lambda text, _: facts.parse_concurrency(text),
+        "then_serve": lambda text, given: facts.parse_then_serve(text, given["concurrency"]),
+    },
 )
+@click.option("--playbook", metavar="NAME_OR_PATH", help="Playbook with the profiles. Default: the host's.")
 @yes_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @pass_app
@@ -38,10 +39,8 @@ def sweep(
     hosts: tuple[str, ...],
     tags: tuple[str, ...],
     parallel: int,
-    profiles: str | None,
-    concurrency: str,
+    options: SweepOptions,
     playbook: str | None,
-    then_serve: str | None,
     yes: bool,
     as_json: bool,
 ) -> int:
@@ -62,18 +61,13 @@ def sweep(
     """
     if not (hosts or tags):
         raise UsageError("orch sweep runs on a canary, not the fleet: name it", hint="pass --host NAME or --tag TAG")
-    try:
-        levels = facts.parse_concurrency(concurrency)
-    except ValueError as exc:
-        raise UsageError(f"--concurrency: {exc}") from None
-    best_at = then_serve_at(then_serve, levels)
     selected = app.select(hosts, tags)
     chosen = app.recipes(selected, playbook)
-    names = check_profiles(chosen, [n.strip() for n in profiles.split(",") if n.strip()] if profiles else None)
+    names = check_profiles(chosen, options.profiles)
     refuse_serving(app, selected, yes)
     err.print(f"sweep: a canary run on {', '.join(h.name for h in selected)}: each of {', '.join(names)} is "
               "served there in turn; no other host is touched", markup=False)  # fmt: skip
-    options = SweepOptions(profiles=names, concurrency=levels, then_serve=best_at)
+    options, best_at = options.model_copy(update={"profiles": names}), options.then_serve
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
         results = fleet.map_sessions(lambda s: sweep_op.sweep(s, chosen[s.name], options, app.peers(fleet)),
@@ -92,16 +86,6 @@ def sweep(
         view.served(served)
     code = finish(results)
     return (finish(served) if served is not None else 0) or code
-
-
-def then_serve_at(text: str | None, levels: list[int]) -> int | None:
-    """``--then-serve``'s concurrency, checked against the sweep's (exit 2 before any host otherwise)."""
-    if text is None:
-        return None
-    try:
-        return facts.parse_then_serve(text, levels)
-    except ValueError as exc:
-        raise UsageError(f"--then-serve: {exc}") from None
 
 
 def check_profiles(chosen: Mapping[str, Recipe], asked: list[str] | None) -> list[str]:

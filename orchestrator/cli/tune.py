@@ -8,7 +8,7 @@ import click
 
 from orchestrator.app import App
 from orchestrator.cli import Finite
-from orchestrator.cli.common import default, finish, host_options, pass_app
+from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.errors import UsageError
 from orchestrator.fleet import FleetResult
@@ -25,52 +25,10 @@ from orchestrator.views.tune import progress_display, tune_report
 @click.option(
     "--playbook", metavar="NAME", help="Model recipe under playbooks/. Default: the host's, else deepseek-v4-flash."
 )
-@click.option(
-    "--shapes",
-    default=default(TuneOptions, "shapes"),
-    show_default=True,
-    metavar="default|auto|logged|LIST",
-    help="default: the recipe's shapes; auto: from the model's config.json (rules for DeepseekV3ForCausalLM and "
-    "DeepseekV4ForCausalLM: orchestrator/facts/tuner.py SHAPE_RULES); logged: exactly the shapes the host's "
-    "last --fp8-gemm-backend triton server logged as 'Config file not found' for its GPU; "
-    "or 'N=1024,K=4096;N=4096,K=2048'.",
-)
-@click.option("--batch-sizes", metavar="M,M,...", help="Batch sizes to tune (default: the recipe's, 18 sizes 1..4096).")
-@click.option(
-    "--fleet/--no-fleet",
-    default=default(TuneOptions, "fleet"),
-    help="Spread the work over every GPU of hosts with the same GPU and SGLang commit.",
-)
-@click.option(
-    "--force",
-    is_flag=True,
-    default=default(TuneOptions, "force"),
-    help="Tune again shapes already installed for this device and commit.",
-)
-@click.option(
-    "--allow-busy-gpus",
-    is_flag=True,
-    default=default(TuneOptions, "allow_busy_gpus"),
-    help="Start even when other processes hold the GPUs.",
-)
-@click.option(
-    "--stop-server",
-    is_flag=True,
-    default=default(TuneOptions, "stop_server"),
-    help="First stop the server orch launched on the host.",
-)
-@click.option(
-    "--wait",
-    is_flag=True,
-    default=default(TuneOptions, "wait"),
-    help="Show live progress until the jobs end, then install the configs.",
-)
-@click.option(
-    "--poll",
-    type=Finite(0.1, 60),
-    default=default(TuneOptions, "poll"),
-    show_default=True,
-    help="Seconds between polls.",
+@options_from(
+    TuneOptions,
+    metavars={"shapes": "default|auto|logged|LIST", "batch_sizes": "M,M,..."},
+    parse={"shapes": lambda text, _: check_shapes(text), "batch_sizes": lambda text, _: parse_batch_sizes(text)},
 )
 @yes_option
 @pass_app
@@ -80,14 +38,7 @@ def tune_fp8(
     tags: tuple[str, ...],
     parallel: int,
     playbook: str | None,
-    shapes: str,
-    batch_sizes: str | None,
-    fleet: bool | None,
-    force: bool,
-    allow_busy_gpus: bool,
-    stop_server: bool,
-    wait: bool,
-    poll: float,
+    options: TuneOptions,
     yes: bool,
 ) -> int:
     """Tune SGLang's block-FP8 GEMM kernels as detached jobs, one per GPU, and install the configs.
@@ -104,25 +55,15 @@ def tune_fp8(
       orch tune-fp8 --fleet --shapes auto
       orch tune-fp8 --shapes logged --stop-server --wait
     """
-    options = TuneOptions(
-        shapes=check_shapes(shapes),
-        batch_sizes=parse_batch_sizes(batch_sizes),
-        fleet=fleet,
-        force=force,
-        allow_busy_gpus=allow_busy_gpus,
-        stop_server=stop_server,
-        wait=wait,
-        poll=poll,
-    )
     selected = app.select(hosts, tags)
     chosen = app.recipes(selected, playbook)  # every one read now: a bad playbook is exit 2 before any host
-    with app.fleet(selected, parallel) as fl, progress_display(wait) as on_progress:
+    with app.fleet(selected, parallel) as fl, progress_display(options.wait) as on_progress:
         fl.events = tune_view.events(on_progress)
-        if stop_server:
+        if options.stop_server:
             ask_before_stopping(fl, selected, bool(hosts or tags), yes)
         sessions = [fl.session(h, app.store) for h in selected]
         results = tune_fp8_op(fl, sessions, lambda h: chosen[h.name], options, app.peers(fl))
-    return report(results, wait)
+    return report(results, options.wait)
 
 
 @click.command(name="wait")

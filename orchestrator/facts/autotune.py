@@ -84,7 +84,7 @@ def group_key(recipe: Recipe, model_path: str, gpu: str, compute_cap: str, commi
         commit=commit,
         flashinfer=flashinfer,
         model_path=model_path,
-        tp=server_facts.tp_size(recipe, 1),
+        tp=server_facts.recipe_tp_size(recipe, 1),
         pp=_int(args, ("pp-size", "pipeline-parallel-size"), 1),
         attn_dp=server_facts.attention_dp(recipe),
         ep=_int(args, ("ep-size", "expert-parallel-size", "ep"), 1),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from orchestrator.facts.server import Problem, launch_argv, module_entrypoint, split_entrypoint, tp_size, url
+from orchestrator.facts.server import Problem, launch_argv, module_entrypoint, recipe_tp_size, split_entrypoint, url
 from orchestrator.inventory import Host, ReplicaGroup
 from orchestrator.recipe import Recipe
 
@@ -79,7 +79,7 @@ def group_problems(group: ReplicaGroup, recipe: Recipe, hosts: Mapping[str, Host
                 "multinode.nodes", f"{where} runs on {spec.nodes} hosts, group {group.name!r} has {len(group.hosts)}"
             )
         )
-    gpus = tp_size(recipe, 1) * pipeline_stages(recipe)
+    gpus = recipe_tp_size(recipe, 1) * pipeline_stages(recipe)
     per_rank, rest = divmod(gpus, spec.nodes)
     smallest = min(hosts[h].gpus for h in group.hosts)
     if rest or per_rank > smallest:
@@ -195,7 +195,7 @@ def differing_ranks(argvs: Mapping[str, Sequence[str]]) -> list[Problem]:
 def check_group_info(info: Mapping[str, Any], recipe: Recipe, nodes: int) -> list[Problem]:
     """What rank 0's ``/server_info`` says of the group's parallelism against the recipe: ``tp_size``,
     ``pp_size`` and ``nnodes``."""
-    expected = {"tp_size": tp_size(recipe, 1), "pp_size": pipeline_stages(recipe), "nnodes": nodes}
+    expected = {"tp_size": recipe_tp_size(recipe, 1), "pp_size": pipeline_stages(recipe), "nnodes": nodes}
     problems = []
     for key, want in expected.items():
         got = info.get(key)

@@ -157,7 +157,7 @@ def needed_gpus(recipe: Recipe) -> list[int]:
     """GPU indexes the recipe's server needs (``base-gpu-id`` .. + tp * replicas), whatever the host has:
     the replacement check compares them with the GPUs nvidia-smi shows."""
     args = recipe.server_args
-    tp = tp_size(recipe, 1)
+    tp = recipe_tp_size(recipe, 1)
     base = _int_arg(args, ("base-gpu-id",), 0)
     return list(range(base, base + tp * dp_replicas(recipe)))
 
@@ -182,7 +182,7 @@ def attention_dp(recipe: Recipe) -> int:
     return explicit
 
 
-def tp_size(recipe: Recipe, default: int) -> int:
+def recipe_tp_size(recipe: Recipe, default: int) -> int:
     """The recipe's tensor-parallel size (``tp``, ``tp-size`` or ``tensor-parallel-size``), else ``default``."""
     return _int_arg(recipe.server_args, ("tp", "tp-size", "tensor-parallel-size"), default)
 

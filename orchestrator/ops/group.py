@@ -187,7 +187,7 @@ def serve(
         mark_failed(ranks, str(exc).splitlines()[0])
         raise
     first = ranks[0].ready
-    started = serve_op.Started(job_ids[plan.hosts[0]], first.argv, log, seconds, first.commit)
+    started = serve_op.LaunchedServer(job_ids[plan.hosts[0]], first.argv, log, seconds, first.commit)
     return verify(plan, ranks, job_ids, options, started, replaced=adopted is None)
 
 
@@ -383,7 +383,7 @@ def verify(
     ranks: Sequence[RankReady],
     job_ids: dict[str, str],
     options: ServeOptions,
-    started: serve_op.Started,
+    started: serve_op.LaunchedServer,
     replaced: bool = True,
 ) -> serve_op.ServeResult:
     """Rank 0 verified as one host is, plus the group's parallelism in its ``/server_info``; every host
@@ -433,10 +433,10 @@ def stop_rank(
     session: HostSession, recipe: Recipe, job: jobs.JobInfo | None, drain_timeout: float, outage: srv.Outage
 ) -> str | None:
     """Stop one rank's server job ``job`` (found before any rank was stopped), wait for its GPUs and record
-    the stop; with no job, ``srv.stop_server``'s own look (None, or ``lost``)."""
+    the stop; with no job, ``srv.stop_running_server``'s own look (None, or ``lost``)."""
     gpus = server_facts.server_gpus(recipe, session.host)
     if job is None:
-        return srv.stop_server(session, gpus, drain_timeout, outage)
+        return srv.stop_running_server(session, gpus, drain_timeout, outage)
     session.store.check_writable()
     outcome = srv.stop_job(session, job, gpus, drain_timeout, outage)
     session.store.update_host(session.name, lambda hs: srv.record_stopped(hs, job.id, outage.by))

@@ -296,7 +296,7 @@ def _tune(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> s
     recipe = ctx.recipe(host)
     if options.stop_server and tuning_needed(session, recipe, options):
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
-        server_host.stop_server(session, gpus, drain, server_host.FOR_RUN_TUNING)
+        server_host.stop_running_server(session, gpus, drain, server_host.FOR_RUN_TUNING)
 
     try:
         results = tune_fp8(ctx.fleet, [session], lambda _: recipe, options, ctx.peers)  # progress: TuneStatus events

@@ -587,7 +587,10 @@ def recorded_result(record: ServerRecord, recipe: Recipe, options: ServeOptions)
 
 
 @dataclass
-class Started:
+class LaunchedServer:
+    """A server ``serve`` launched and saw healthy: its job, command, log so far, seconds to healthy, and
+    commit (``jobs.Started`` is any detached job started)."""
+
     job_id: str
     argv: list[str]
     log: ServerLog
@@ -595,7 +598,7 @@ class Started:
     commit: str | None = None  # the SGLang checkout's HEAD when the server started: the code it runs
 
 
-def relaunch(session: HostSession, ready: Preflight, options: ServeOptions) -> Started:
+def relaunch(session: HostSession, ready: Preflight, options: ServeOptions) -> LaunchedServer:
     """Stop the old server (said first), start the new one, wait until healthy; on failure stop it,
     mark ``failed``, roll back."""
     gpus = facts.server_gpus(ready.recipe, session.host)
@@ -626,7 +629,7 @@ def replacing(session: HostSession, ready: Preflight, options: ServeOptions) -> 
 
 def adopt(
     session: HostSession, ready: Preflight, job: jobs.JobInfo, options: ServeOptions, why: str = _ADOPTED
-) -> Started:
+) -> LaunchedServer:
     """Finish the serve that launched ``job`` (``interrupted_launch``, or ``unrecorded_as_asked``: ``why``
     says which): record what the host showed, wait until healthy, nothing stopped or started; a failed
     start is handled as ``relaunch`` handles its own."""
@@ -652,7 +655,7 @@ def adopt(
         _failed_start(session, ready, options, failure)
         raise
     session.say(f"healthy after {time.monotonic() - begin:.0f} s more")
-    return Started(job.id, ready.argv, log, time.monotonic() - begin, ready.commit)
+    return LaunchedServer(job.id, ready.argv, log, time.monotonic() - begin, ready.commit)
 
 
 def _failed_start(session: HostSession, ready: Preflight, options: ServeOptions, failure: StartupFailed) -> None:
@@ -675,7 +678,7 @@ def _stop_failed(session: HostSession, job_id: str, gpus: Sequence[int], options
 
 def launch(
     session: HostSession, argv: list[str], options: ServeOptions, recipe: Recipe, configs: dict[str, float]
-) -> Started:
+) -> LaunchedServer:
     """Start ``argv`` as the server job, record it (with the commit and the tuned ``configs`` files it
     starts with), and wait until ``/health`` answers 200. The commit is the session's ``git()``:
     serve reads it in ``decide`` and nothing since moved the checkout."""
@@ -687,7 +690,7 @@ def launch(
     url = facts.base_url(recipe, host)
     log = wait_healthy(session, job_id, url, health_timeout(recipe, options))
     session.say(f"healthy after {time.monotonic() - begin:.0f} s")
-    return Started(job_id, argv, log, time.monotonic() - begin, commit)
+    return LaunchedServer(job_id, argv, log, time.monotonic() - begin, commit)
 
 
 def start_server(
@@ -897,7 +900,7 @@ def rollback(session: HostSession, recipe: Recipe, options: ServeOptions, failur
 
 
 def verify(
-    session: HostSession, recipe: Recipe, options: ServeOptions, started: Started, compute_cap: str | None = None
+    session: HostSession, recipe: Recipe, options: ServeOptions, started: LaunchedServer, compute_cap: str | None = None
 ) -> ServeResult:
     """Check ``/server_info``, the FP8 config lines and the probed accept length.
 
@@ -915,7 +918,7 @@ def verify(
 
 
 def _verify(
-    session: HostSession, recipe: Recipe, options: ServeOptions, started: Started, compute_cap: str | None
+    session: HostSession, recipe: Recipe, options: ServeOptions, started: LaunchedServer, compute_cap: str | None
 ) -> ServeResult:
     host = session.host
     if compute_cap is None:
@@ -1046,9 +1049,9 @@ def _record_verified(store: StateStore, host: Host, result: ServeResult) -> None
 
 
 def stop_server(session: HostSession, recipe: Recipe, drain_timeout: float) -> str | None:
-    """``orch stop-server``: stop the server orch launched, freeing the recipe's GPUs (``srv.stop_server``);
+    """``orch stop-server``: stop the server orch launched, freeing the recipe's GPUs (``srv.stop_running_server``);
     ``lost`` when none runs and the last server job was lost (host rebooted or killed): nothing signalled."""
-    return srv.stop_server(session, facts.server_gpus(recipe, session.host), drain_timeout, srv.AS_ASKED)
+    return srv.stop_running_server(session, facts.server_gpus(recipe, session.host), drain_timeout, srv.AS_ASKED)
 
 
 # --- recipe discover --------------------------------------------------------------------------------------

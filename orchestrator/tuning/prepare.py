@@ -236,7 +236,7 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     checked = [] if options.force else files_to_check(host, record, plan)
     facts, files = discover(session, [*checked, model_config_path(host)])
     block = model_block(session, files, facts.flags)
-    tp = server_facts.tp_size(recipe, host.gpus)  # the recipe's, else the host's GPU count
+    tp = server_facts.recipe_tp_size(recipe, host.gpus)  # the recipe's, else the host's GPU count
     logged = logged_shapes(session, facts.device) if options.shapes == "logged" else None
     wanted = logged.shapes if logged else resolve_shapes(options.shapes, recipe, session, tp)
     batch_sizes = list(options.batch_sizes or recipe.tuning.batch_sizes)
@@ -245,7 +245,7 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     kept = [] if options.force else kept_results(files, record, plan, facts, wanted_units(needed, batch_sizes))
     if needed and options.stop_server:
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
-        srv.stop_server(srv.warning_session(host, runner, store), gpus, drain, srv.FOR_TUNE_FP8)
+        srv.stop_running_server(srv.warning_session(host, runner, store), gpus, drain, srv.FOR_TUNE_FP8)
         session.forget("jobs", "gpus", "server_info")  # the server job ended, its GPUs released
         facts.holders = session.gpus(selected_gpus(host, facts)).holders
     # a plan another orch recorded while this one looked; read after the GPUs: plans are recorded before

@@ -83,7 +83,7 @@ def test_the_real_parser_reads_every_rank_as_orch_meant(
         assert (args.nnodes, args.node_rank) == (recipe.multinode.nodes, launch.rank)
         rendezvous = NetworkAddress.parse(args.dist_init_addr)
         assert (rendezvous.host, rendezvous.port) == (address, recipe.multinode.dist_init_port)
-        assert (args.tp_size, args.pp_size) == (facts.tp_size(recipe, 1), group_facts.pipeline_stages(recipe))
+        assert (args.tp_size, args.pp_size) == (facts.recipe_tp_size(recipe, 1), group_facts.pipeline_stages(recipe))
         if launch.serves_http:
             assert args.port == Host(name="x", address="x").server_port
         parses.append({k: v for k, v in vars(args).items() if k not in RANK_FIELDS})
@@ -107,6 +107,6 @@ def test_the_real_resolution_hooks_accept_every_rank(
         for key in ("num_steps", "eagle_topk", "num_draft_tokens"):
             if getattr(spec, key) is not None:
                 assert got[f"speculative_{key}"] == getattr(spec, key), f"rank {launch.rank}: speculative_{key}"
-        assert got["tp_size"] == facts.tp_size(recipe, 1)
+        assert got["tp_size"] == facts.recipe_tp_size(recipe, 1)
         resolved_settings = {key: str(got[key]) for key in facts.RESOLVED_SETTINGS}
         assert resolved_settings == facts.expected_settings(recipe, SM120), f"rank {launch.rank}"

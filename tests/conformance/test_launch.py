@@ -111,7 +111,7 @@ def test_the_real_server_info_holds_what_orch_assumes_about_the_launch(
     recipe = variant(path, backend)
     argv, info = launch(recipe, host, mtp)
     gpus = facts.server_gpus(recipe, host)
-    assert info["tp_size"] == facts.tp_size(recipe, 1)
+    assert info["tp_size"] == facts.recipe_tp_size(recipe, 1)
     assert len(gpus) == int(str(info["tp_size"])) * int(str(info["dp_size"]))
     assert gpus[0] == info["base_gpu_id"]
     assert (info["model_path"], info["port"]) == (host.model_path, host.server_port)

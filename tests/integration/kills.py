@@ -256,13 +256,13 @@ def wait_quiet(campaign: Campaign, timeout: float = 30) -> None:
     children and commands in flight when orch was killed (they end when their session closes)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        servers = {h.name: _running_server(h) for h in campaign.fleet.hosts}
+        servers = {h.name: _running_server_dir(h) for h in campaign.fleet.hosts}
         if not any(stray_processes(h, servers[h.name]) for h in campaign.fleet.hosts):
             return
         time.sleep(0.2)
 
 
-def _running_server(host: Any) -> Path | None:
+def _running_server_dir(host: Any) -> Path | None:
     running = [d for d in job_dirs(host, "server") if not (d / "exit_code").exists()]
     return running[-1] if running else None
 
@@ -293,7 +293,7 @@ def check(campaign: Campaign, expected_units: set[tuple[int, int, int]]) -> Figu
         benches = job_dirs(host, "bench")
         fig.bench_jobs_per_host[host.name] = len(benches)
         fig.bench_ok_per_host[host.name] = sum(_exit_code(d) == 0 for d in benches)
-        fig.stray_processes += stray_processes(host, _running_server(host))
+        fig.stray_processes += stray_processes(host, _running_server_dir(host))
     store = StateStore(campaign.state)
     try:
         state = store.read()

@@ -1,6 +1,6 @@
-"""The controller: every command listed with its own help, one default per flag, every byte flushed with the
-exit code kept, known_hosts parsed once (every SSH connection parsed the files again: ~150 ms per
-connection at 1000 lines)."""
+"""The controller: every command listed with its own help, every byte flushed with the exit code kept,
+known_hosts parsed once (every SSH connection parsed the files again: ~150 ms per connection at 1000 lines).
+Each flag's default: tests/unit/test_cli_common.py."""
 
 from __future__ import annotations
 
@@ -12,11 +12,9 @@ from pathlib import Path
 import click
 import paramiko
 import pytest
-from pydantic import BaseModel
 
 from orchestrator.cli import LAZY_COMMANDS, cli
 from orchestrator.inventory import Host
-from orchestrator.recipe import PullOptions, ServeOptions, TuneOptions
 from orchestrator.transport import ssh
 
 
@@ -28,36 +26,6 @@ def test_help_lists_every_command_with_its_own_first_line() -> None:
     for name, line in listed.items():
         command = cli.get_command(click.Context(cli), name)
         assert command is not None and " ".join((command.help or "").split()[:3]) in line, name
-
-
-FLAG_DEFAULTS = [  # (command, click parameter, options model, field, how the flag reads the field)
-    ("serve", "mtp", ServeOptions, "mtp", "same"),
-    ("serve", "no_wait_tuning", ServeOptions, "wait_tuning", "negated"),
-    ("serve", "use_installed_configs", ServeOptions, "use_installed_configs", "same"),
-    ("serve", "force", ServeOptions, "force", "same"),
-    ("serve", "rollback", ServeOptions, "rollback", "same"),
-    ("serve", "drain_timeout", ServeOptions, "drain_timeout", "same"),
-    ("stop-server", "drain_timeout", ServeOptions, "drain_timeout", "same"),
-    ("tune-fp8", "shapes", TuneOptions, "shapes", "same"),
-    ("tune-fp8", "fleet", TuneOptions, "fleet", "same"),
-    ("tune-fp8", "force", TuneOptions, "force", "same"),
-    ("tune-fp8", "allow_busy_gpus", TuneOptions, "allow_busy_gpus", "same"),
-    ("tune-fp8", "stop_server", TuneOptions, "stop_server", "same"),
-    ("tune-fp8", "wait", TuneOptions, "wait", "same"),
-    ("tune-fp8", "poll", TuneOptions, "poll", "same"),
-    ("pull", "install", PullOptions, "install", "same"),
-]
-
-
-@pytest.mark.parametrize(("name", "param", "model", "field", "how"), FLAG_DEFAULTS, ids=lambda v: str(v))
-def test_a_flag_and_its_options_model_have_one_default(
-    name: str, param: str, model: type[BaseModel], field: str, how: str
-) -> None:
-    command = cli.get_command(click.Context(cli), name)
-    assert command is not None
-    (option,) = [p for p in command.params if p.name == param]
-    expected = model.model_fields[field].get_default(call_default_factory=True)
-    assert option.default == (not expected if how == "negated" else expected)
 
 
 def test_an_unknown_command_is_still_a_usage_error() -> None:

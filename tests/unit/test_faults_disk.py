@@ -121,7 +121,7 @@ def test_a_stop_the_full_disk_kept_from_its_record_is_said_and_recorded_by_the_n
 
     monkeypatch.setattr(store, "update_host", full_after_stop)
     with pytest.raises(StateError) as raised:
-        srv.stop_server(session, [0], 10.0)
+        srv.stop_running_server(session, [0], 10.0)
     assert str(raised.value).splitlines() == [
         "b1: server job server-1 was stopped, but orch could not record it: cannot write orch's state: "
         "no space left on this machine's disk: No space left on device",
@@ -129,7 +129,7 @@ def test_a_stop_the_full_disk_kept_from_its_record_is_said_and_recorded_by_the_n
     ]
     monkeypatch.setattr(store, "update_host", real_update)
     listed[:] = [_server_job(True, "succeeded")]  # the host: stopped at orch's request
-    assert srv.stop_server(session, [0], 10.0) is None
+    assert srv.stop_running_server(session, [0], 10.0) is None
     record = store.read().hosts["b1"]
     assert record.server is not None and record.server.stopped_by == "orch stop-server"
     assert record.phase != Phase.SERVING

@@ -58,7 +58,7 @@ def test_verify_reconnects_after_a_drop_and_verifies(monkeypatch: pytest.MonkeyP
     recipe = load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").model_copy(update={"fp8_gemm_backend": "auto"})
     runner = DroppingRunner()
     said: list[str] = []
-    started = serve_op.Started("server-1", ["sglang"], ServerLog(), 3.0, "abc")
+    started = serve_op.LaunchedServer("server-1", ["sglang"], ServerLog(), 3.0, "abc")
     session = HostSession(HOST, runner, cast(Any, None), cast(Any, said.append))
     result = serve_op.verify(session, recipe, ServeOptions(mtp=False), started, "12.0")
     assert (result.job_id, result.fp8_backend) == ("server-1", "auto")
@@ -78,7 +78,7 @@ def test_verify_reports_what_the_server_resolved_at_launch_beside_what_the_recip
         "[2026-12-03 09:18:45] Use dsv4 attention backend for DeepseekV4ForCausalLM, setting page_size to 256.\n"
         "[2026-12-03 09:18:45] Use flashinfer_mxfp4 as MoE runner backend for DeepseekV4ForCausalLM.\n"
     )
-    started = serve_op.Started("server-1", ["sglang"], at_start, 3.0, "abc")
+    started = serve_op.LaunchedServer("server-1", ["sglang"], at_start, 3.0, "abc")
     session = HostSession(HOST, DroppingRunner(), cast(Any, None), cast(Any, [].append))
     result = serve_op.verify(session, recipe, ServeOptions(mtp=False), started, "12.0")
     assert result.problems == []
@@ -98,7 +98,7 @@ def test_a_setting_the_recipe_names_and_the_server_resolves_otherwise_is_not_as_
     args = {**recipe.server_args, "moe-runner-backend": "triton"}
     recipe = recipe.model_copy(update={"fp8_gemm_backend": "auto", "server_args": args})
     at_start = parse_server_log("Use flashinfer_mxfp4 as MoE runner backend for DeepseekV4ForCausalLM.\n")
-    started = serve_op.Started("server-1", ["sglang"], at_start, 3.0, "abc")
+    started = serve_op.LaunchedServer("server-1", ["sglang"], at_start, 3.0, "abc")
     session = HostSession(HOST, DroppingRunner(), cast(Any, None), cast(Any, [].append))
     result = serve_op.verify(session, recipe, ServeOptions(mtp=False), started, "12.0")
     assert result.problems == ["moe_runner_backend: the server resolved flashinfer_mxfp4, expected triton"]

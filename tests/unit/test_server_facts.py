@@ -416,7 +416,7 @@ def test_shipped_playbook_shapes_are_the_simulated_models_verified_gemm_shapes_a
     assert with_mtp - runs == {(4096, 4096)}
     assert len(shipped.tuning.shapes) == 4 and all(s.source for s in shipped.tuning.shapes)
     assert {(1536, 4096), (4096, 1024)} <= runs
-    assert server.tp_size(shipped, 1) == 8  # the shapes are TP 8's
+    assert server.recipe_tp_size(shipped, 1) == 8  # the shapes are TP 8's
 
 
 @pytest.mark.parametrize(

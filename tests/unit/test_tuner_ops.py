@@ -130,8 +130,8 @@ def test_fleet_groups_hosts_by_gpu_name_and_commit() -> None:
 
 def test_tp_size_comes_from_the_recipe_else_the_host() -> None:
     recipe = Recipe(model="m", architecture="A", server_args={"tp": 4})
-    assert server_facts.tp_size(recipe, host().gpus) == 4
-    assert server_facts.tp_size(Recipe(model="m", architecture="A"), host(gpus=2).gpus) == 2
+    assert server_facts.recipe_tp_size(recipe, host().gpus) == 4
+    assert server_facts.recipe_tp_size(Recipe(model="m", architecture="A"), host(gpus=2).gpus) == 2
 
 
 def test_default_shapes_need_a_recipe_that_lists_them() -> None:
