@@ -35,7 +35,11 @@ def rolling_options(command: F) -> F:
     )(command)
     command = click.option("--canary", metavar="TAG", help="With --rolling: the hosts with this tag go first.")(command)
     command = click.option(
-        "--max-unavailable", type=click.IntRange(1), default=1, show_default=True, help="Hosts per wave."
+        "--max-unavailable",
+        type=click.IntRange(1),
+        default=1,
+        show_default=True,
+        help="Servers per wave (a replica group counts once).",
     )(command)
     return click.option(
         "--rolling/--no-rolling",
