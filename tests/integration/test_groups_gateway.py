@@ -1,6 +1,6 @@
 """Replica groups behind the REAL SGLang Model Gateway (issue 26 §3): `orch serve --rolling` moves a group as
 one server and only its rank 0 is ever a worker of the gateway; a group whose new server fails is rolled back
-on every rank and its rank 0 registered again.
+on every rank and its rank 0 registered again; a group with a host doctor fails is left out whole.
 
 The real `orch` CLI over real sshd against the simulated fleet, smg on loopback (tests/gateway_smg.py): ONE
 fleet for the module (sim-1 alone serving deepseek-v4-flash; sim-2, rank 0, and sim-3 in group pro-1 serving
@@ -82,7 +82,7 @@ def fleet(group_fleet: GroupFleet) -> Iterator[GroupFleet]:
     """The module's fleet, every knob a test set put back after it."""
     yield group_fleet
     for host in group_fleet.sims.values():
-        host.set_knobs(server_fail=None, accept_length=None, **KNOBS)
+        host.set_knobs(server_fail=None, accept_length=None, gpu_faults={}, **KNOBS)
 
 
 @dataclass
@@ -197,4 +197,17 @@ def test_a_group_whose_new_server_is_not_as_asked_is_stopped_and_rolled_back_on_
     for name in ("sim-2", "sim-3"):  # the new command did not stay known-good
         record = state.hosts[name].server
         assert record is not None and record.known_good_argv == before[name][0]
+    assert fleet.routed() == {fleet.url("sim-1"), fleet.url("sim-2")}
+
+
+def test_a_group_with_a_host_doctor_fails_is_left_out_whole_and_stays_in_the_gateway(fleet: GroupFleet) -> None:
+    env = fleet.env
+    before = servers(env)
+    fleet.sims["sim-3"].set_knobs(gpu_faults={"pcie_x4": 2})  # rank 1's host: doctor fails it
+    run = env.orch("serve", "--rolling", "--force", "--host", "sim-2")
+    assert run.returncode == ExitCode.HOSTS_FAILED, run.output
+    assert "sim-3: skipped: doctor fails it: GPU 2: PCIe link x4" in run.stderr
+    assert "sim-2: skipped: its group pro-1 is one server and sim-3 is left out" in run.stderr
+    assert "sim-2: taking" not in run.stderr and "wave " not in run.stderr
+    assert servers(env) == before  # no rank stopped
     assert fleet.routed() == {fleet.url("sim-1"), fleet.url("sim-2")}
