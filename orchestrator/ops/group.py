@@ -24,6 +24,11 @@ contacted. ``serve --dry-run`` shows each rank's command, checked against that h
    host records the verification.
 
 ``stop_group`` stops every rank (announced once, as one outage) and waits for each host's GPUs.
+
+``--rollback`` (``roll_back``): a group that failed to start gets its last known-good server back on every
+rank, each host's known-good command, only when they are this group's rank layout. A rolling relaunch
+(``ops.rollout``) also rolls back a group serving but not as asked (``roll_back_running``: checked first,
+then the new ranks stopped), and asks ``would_replace`` before it takes rank 0 out of the gateway.
 """
 
 from __future__ import annotations
@@ -273,11 +278,12 @@ def already_serving(
     return result
 
 
-def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dict[str, str] | None:
+def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady], say: bool = True) -> dict[str, str] | None:
     """The ranks a serve cut off after launching them left unverified (orch killed, the connection lost),
     host → job id, when every rank's host runs its rank's command of this group as recorded (the same
     commit and tuned configs) and none was verified yet: waiting for them finishes that serve (no rank is
-    started twice). None otherwise: the ranks that run are stopped and every rank launched afresh."""
+    started twice), said unless ``say`` is off. None otherwise: the ranks that run are stopped and every
+    rank launched afresh."""
     found = {}
     for r in ranks:
         record = r.session.state().server
@@ -288,10 +294,11 @@ def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dic
             return None
         found[r.name] = old.id
     jobs_said = ", ".join(f"{name} job {job}" for name, job in found.items())
-    ranks[0].session.say(
-        f"re-attaching to group {plan.group}'s ranks ({jobs_said}), started by a serve that was cut off "
-        "before verifying them"
-    )
+    if say:
+        ranks[0].session.say(
+            f"re-attaching to group {plan.group}'s ranks ({jobs_said}), started by a serve that was cut off "
+            "before verifying them"
+        )
     return found
 
 
@@ -572,12 +579,22 @@ def _restore_known_good(hs: HostState, argv: list[str] | None) -> None:
         hs.server.known_good_argv = argv
 
 
-def serves_as_asked(session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank, peers: Peers) -> bool:
-    """Whether ``serve`` would leave the group alone (every rank serving as asked): every rank's
-    preflight, reading only. Ranks a cut-off serve started count as not (the rollout takes rank 0 out
-    of the gateway first; ``serve`` then waits for them). A host unreachable or refusing raises as
-    ``serve`` does (the group not touched)."""
-    if options.force:
-        return False
-    ranks = checked_ranks(session, recipe, options, rank.plan, peers)
-    return already_serving(rank.plan, ranks, options) is not None
+def would_replace(session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank, peers: Peers) -> bool:
+    """Whether ``serve`` would stop the group's running server (not when every rank serves as asked),
+    reading only: every rank's preflight, and, when it would, that every host can start its rank
+    (``ops.serve.check_replacement``), so a rolling relaunch refuses before it takes rank 0 out of the
+    gateway. Ranks a cut-off serve started count as replaced (``serve`` then waits for them). A host
+    unreachable or refusing raises as ``serve`` does: ``group NAME (not touched): ...``."""
+    plan = rank.plan
+    try:
+        ranks = checked_ranks(session, recipe, options, plan, peers)
+        if not options.force and already_serving(plan, ranks, options) is not None:
+            return False
+        if options.force or interrupted_launch(plan, ranks, say=False) is None:
+            for r in ranks:
+                serve_op.check_replacement(r.session, r.ready)
+    except OrchError as exc:
+        if not exc.message.startswith(f"group {plan.group}"):
+            exc.message = f"group {plan.group} (not touched): {exc.message}"
+        raise
+    return True

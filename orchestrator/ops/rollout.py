@@ -1,7 +1,9 @@
 """``orch serve --rolling``: relaunch a fleet behind the SGLang Model Gateway in waves, serving throughout.
 
-Hosts go in waves of ``max_unavailable`` (canary-tagged hosts first, each wave waiting for the one
-before). For each host of a wave:
+Servers go in waves of ``max_unavailable`` (canary-tagged ones first, each wave waiting for the one
+before). A server is a host alone, or a replica group (issue 26), rolled on its rank 0: rank 0 alone is
+in the gateway, and the group is served by ``ops.group.serve`` (every rank relaunched and verified, rolled
+back on every rank when it fails); the rollout's record keys it by rank 0's host name. For each server:
 
 1. ``remove``: the gateway stops routing to it (``DELETE /workers/{id}``, waited for);
 2. ``drain``: its in-flight requests finish, bounded by ``drain_timeout`` (the server's ``/v1/loads``,
@@ -276,7 +278,7 @@ def _would_replace(
     if rank is None:
         return serve_op.would_replace(session, recipe, options)
     assert rolling.peers is not None
-    return not group_op.serves_as_asked(session, recipe, options, rank, rolling.peers)
+    return group_op.would_replace(session, recipe, options, rank, rolling.peers)
 
 
 def _serve(
