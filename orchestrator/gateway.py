@@ -29,7 +29,7 @@ from orchestrator.errors import GatewayError, UsageError
 from orchestrator.facts import server as server_facts
 from orchestrator.inventory import Gateway, Host
 from orchestrator.recipe import Recipe
-from orchestrator.state import Phase, State
+from orchestrator.state import Phase, ServerRecord, State
 
 T = TypeVar("T")
 
@@ -162,23 +162,30 @@ def left_out(hosts: list[Host], state: State, registered: set[str], urls: dict[s
         record = state.hosts.get(host.name)
         launching = record is not None and record.phase == Phase.LAUNCHING
         removed = host.name in taken_out and rollout is not None and rollout.outcomes[host.name] == "removed"
-        if (launching or removed) and urls[host.name] not in registered:
+        rank = record is not None and _serves_no_http(record.server)
+        if (launching or removed) and not rank and urls[host.name] not in registered:
             found.append(host.name)
     return found
 
 
 def fleet_urls(hosts: list[Host], state: State) -> tuple[dict[str, str], set[str]]:
-    """Each host's worker URL (``host_worker_url`` of its recorded server) and the hosts serving (phase
-    ``serving``), as the state file (loaded once) has them."""
+    """Each host's worker URL (``host_worker_url`` of its recorded server) and the hosts serving HTTP (phase
+    ``serving``, not a replica group's rank other than 0: only rank 0 is registered), as the state file
+    (loaded once) has them."""
     urls: dict[str, str] = {}
     serving: set[str] = set()
     for host in hosts:
         record = state.hosts.get(host.name)
         server = record.server if record is not None else None
         urls[host.name] = host_worker_url(host, server.argv if server is not None else None)
-        if record is not None and record.phase == Phase.SERVING:
+        if record is not None and record.phase == Phase.SERVING and not _serves_no_http(server):
             serving.add(host.name)
     return urls, serving
+
+
+def _serves_no_http(server: ServerRecord | None) -> bool:
+    """A replica group's rank other than 0 (issue 26): it serves no HTTP and is never in the gateway."""
+    return server is not None and bool(server.rank)
 
 
 def check_fleet(workers: list[Worker], hosts: list[Host], state: State) -> GatewayCheck:

@@ -8,6 +8,7 @@ from orchestrator.app import App
 from orchestrator.cli.common import default, finish, pass_app
 from orchestrator.errors import UsageError
 from orchestrator.gateway import GatewayClient
+from orchestrator.ops import group as group_op
 from orchestrator.recipe import ServeOptions
 
 
@@ -37,7 +38,8 @@ def _client(app: App, command: str) -> GatewayClient:
 def drain(app: App, host_names: tuple[str, ...], drain_timeout: float) -> int:
     """Take a host out of the gateway and wait for its requests in flight; its server keeps running.
 
-    The host stays out (status shows it drained) until `orch undrain HOST`.
+    A host of a replica group takes its group's rank 0 out (the only one in the gateway). The host stays
+    out (status shows it drained) until `orch undrain HOST`.
 
     \b
     Example:
@@ -47,7 +49,7 @@ def drain(app: App, host_names: tuple[str, ...], drain_timeout: float) -> int:
     from orchestrator.views.doctor import drained_lines
     from orchestrator.views.serve import reporter
 
-    selected = app.select(host_names)
+    selected = group_op.rank0s(app.inventory, app.select(host_names))  # a group: its rank 0 is in the gateway
     client = _client(app, "drain")
     chosen = app.recipes(selected)
     with app.fleet(selected) as fleet:
@@ -71,7 +73,7 @@ def undrain(app: App, host_names: tuple[str, ...]) -> int:
     from orchestrator.views.doctor import undrained_lines
     from orchestrator.views.serve import reporter
 
-    selected = app.select(host_names)
+    selected = group_op.rank0s(app.inventory, app.select(host_names))
     client = _client(app, "undrain")
     chosen = app.recipes(selected)
     with app.fleet(selected) as fleet:

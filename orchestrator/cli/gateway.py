@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import click
 
 from orchestrator.app import App
@@ -13,6 +15,7 @@ from orchestrator.gateway import GatewayClient, check_fleet
 from orchestrator.inventory import Host
 from orchestrator.jobs import JobInfo
 from orchestrator.ops import gateway as gateway_op
+from orchestrator.ops import group as group_op
 from orchestrator.ops import rollout
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.render import err, inert, print_json
@@ -32,7 +35,11 @@ def rolling_options(command: F) -> F:
     )(command)
     command = click.option("--canary", metavar="TAG", help="With --rolling: the hosts with this tag go first.")(command)
     command = click.option(
-        "--max-unavailable", type=click.IntRange(1), default=1, show_default=True, help="Hosts per wave."
+        "--max-unavailable",
+        type=click.IntRange(1),
+        default=1,
+        show_default=True,
+        help="Servers per wave (a replica group counts once).",
     )(command)
     return click.option(
         "--rolling/--no-rolling",
@@ -94,11 +101,14 @@ def rolling_serve(
     max_unavailable: int,
     canary: str | None,
     gate: str | None = None,
+    ranks: Mapping[str, group_op.Rank] | None = None,
 ) -> int:
     """Relaunch ``selected`` in waves behind the inventory's gateway (``ops.rollout``), but for the hosts
-    ``orch doctor`` fails and those ``orch drain`` took out (each skipped with a line); exit 0, or the
-    failed host's code (3 did not start or doctor failed it, 5 not as asked or failed the gate) after the
-    halt. ``gate`` ``bench``: the canary hosts (``rollout.gated``) must each have a baseline run, else exit 2 first."""
+    ``orch doctor`` fails and those ``orch drain`` took out (each skipped with a line, and with them the
+    rest of their replica group); exit 0, or the failed host's code (3 did not start or doctor failed it,
+    5 not as asked or failed the gate) after the halt. A replica group (``ranks``: each grouped host's) is
+    one server of the waves, rolled on its rank 0. ``gate`` ``bench``: the canary hosts (``rollout.gated``)
+    must each have a baseline run, else exit 2 first."""
     from orchestrator.ops import doctor as doctor_op
     from orchestrator.ops.drain import drained
     from orchestrator.views.doctor import skipped_lines
@@ -110,15 +120,20 @@ def rolling_serve(
         candidates = [h for h in selected if h not in out_of_service]
         healthy, sick = doctor_op.leave_out_failing(fleet, candidates, app.store)
         skipped_lines(sick, out_of_service)
-        planned = rollout.waves(healthy, max_unavailable, canary)
+        groups = [g.hosts for g in app.inventory.groups.values()]
+        broken = rollout.incomplete_groups(healthy, groups)
+        gateway_view.group_skipped_lines(broken, app.inventory)
+        planned = rollout.waves(healthy, max_unavailable, canary, groups)
         gating = gate_plan(app, gate, planned, chosen, canary)
         rolling = rollout.RollContext(client, app.peers(fleet), gating)
+        ranks = ranks or {}
 
         def roll_one(s: HostSession) -> rollout.HostRoll:
-            return rollout.roll_host(s, chosen[s.name], options, rolling)
+            return rollout.roll_host(s, chosen[s.name], options, rolling, ranks.get(s.name))
 
-        done = rollout.roll_fleet(fleet, planned, roll_one, gateway_view.wave_line, app.store)
-    gateway_view.rollout_report(selected, done)
+        label = gateway_view.server_label(app.inventory)
+        done = rollout.roll_fleet(fleet, planned, roll_one, gateway_view.wave_line, app.store, label)
+    gateway_view.rollout_report(selected, done, app.inventory)
     return int(rollout.exit_code(selected, done) or (ExitCode.HOSTS_FAILED if sick else ExitCode.OK))
 
 

@@ -87,9 +87,10 @@ def serve(
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run)
     gate_needs_rolling(gate, rolling)
     if rolling:
-        hint = "serve the group with --no-rolling, or select the hosts outside groups with --host"
-        group_op.refuse_not_built(ranks, "a rolling relaunch", hint)
-        return rolling_serve(app, selected, chosen, options, parallel, max_unavailable, canary, gate)
+        if gate is not None:
+            hint = "roll the group without --gate, or select the hosts outside groups with --host"
+            group_op.refuse_not_built(ranks, "--gate bench", hint)
+        return rolling_serve(app, selected, chosen, options, parallel, max_unavailable, canary, gate, ranks)
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
         if dry_run:

@@ -283,3 +283,28 @@ def _rank_down(reached: bool, server: Mapping[str, Any] | None) -> str | None:
     if state == "running":
         return None
     return f"{state} (job {server.get('job')})"
+
+
+def rollback_problem(plan: GroupPlan, good: Mapping[str, Sequence[str] | None]) -> str | None:
+    """Why the group's last known-good server cannot be put back (None: it can). ``good`` is each host's
+    last known-good command: every host of the group needs one, each its own rank of this group's layout
+    (``--nnodes``, its ``--node-rank``, rank 0's ``--dist-init-addr``) and the ranks agreeing on the rest,
+    as a launch does; a host's known-good server from before it joined the group is none of these."""
+    for rank, host in enumerate(plan.hosts):
+        argv = good.get(host)
+        if not argv:
+            return f"{host} has no known-good server command recorded"
+        layout = [_value(argv, "--nnodes"), _value(argv, "--node-rank"), _value(argv, "--dist-init-addr")]
+        if layout != [str(plan.nodes), str(rank), plan.dist_init_addr]:
+            return f"{host}'s known-good server is not its rank {rank} of group {plan.group} ({plan.nodes} hosts)"
+    problems = differing_ranks({host: good[host] or [] for host in plan.hosts})
+    return f"the ranks' known-good commands differ: {problems[0].reason}" if problems else None
+
+
+def _value(argv: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``argv`` (``FLAG VALUE``, the last one), None without it."""
+    found = None
+    for i, arg in enumerate(argv[:-1]):
+        if arg == flag:
+            found = argv[i + 1]
+    return found

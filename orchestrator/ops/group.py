@@ -24,6 +24,11 @@ contacted. ``serve --dry-run`` shows each rank's command, checked against that h
    host records the verification.
 
 ``stop_group`` stops every rank (announced once, as one outage) and waits for each host's GPUs.
+
+``--rollback`` (``roll_back``): a group that failed to start gets its last known-good server back on every
+rank, each host's known-good command, only when they are this group's rank layout. A rolling relaunch
+(``ops.rollout``) also rolls back a group serving but not as asked (``roll_back_running``: checked first,
+then the new ranks stopped), and asks ``would_replace`` before it takes rank 0 out of the gateway.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 from orchestrator import jobs, readers
 from orchestrator import server_job as srv
@@ -44,6 +50,8 @@ from orchestrator.ops import serve as serve_op
 from orchestrator.ops.serve import _forced, check_launch
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.session import HostSession
+from orchestrator.state import HostState
+from orchestrator.store import StateStore
 from orchestrator.transport.base import shell_command
 from orchestrator.tuning.member import Peers
 
@@ -62,6 +70,14 @@ def with_whole_groups(inventory: Inventory, selected: list[Host]) -> list[Host]:
     for host in selected:
         group = inventory.group_of(host.name)
         names.update(group.hosts if group else ())
+    return [h for h in inventory.hosts.values() if h.name in names]
+
+
+def rank0s(inventory: Inventory, selected: list[Host]) -> list[Host]:
+    """``selected`` with each host of a replica group standing for its group's rank 0, the one host of a
+    group the gateway knows (``orch drain``/``undrain`` of any rank take rank 0 out and back), in
+    inventory order, once."""
+    names = {g.hosts[0] if (g := inventory.group_of(h.name)) else h.name for h in selected}
     return [h for h in inventory.hosts.values() if h.name in names]
 
 
@@ -149,6 +165,17 @@ class GroupFailed(serve_op.StartupFailed):
     """A rank of the group failed to start: the group's ranks were stopped and every host marked failed."""
 
 
+class GroupNotAsAsked(serve_op.NotAsAsked):
+    """The group serves, but not as asked (exit 5): ``ranks`` and their ``job_ids`` are what runs, for a
+    rolling relaunch to roll it back (``roll_back_running``)."""
+
+    def __init__(
+        self, exc: serve_op.NotAsAsked, plan: facts.GroupPlan, ranks: Sequence[RankReady], job_ids: Mapping[str, str]
+    ) -> None:
+        super().__init__(exc.message, exc.result, exc.hint)
+        self.plan, self.ranks, self.job_ids = plan, list(ranks), dict(job_ids)
+
+
 def serve(
     session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank, peers: Peers
 ) -> serve_op.ServeResult:
@@ -188,7 +215,10 @@ def serve(
         raise
     first = ranks[0].ready
     started = serve_op.LaunchedServer(job_ids[plan.hosts[0]], first.argv, log, seconds, first.commit)
-    return verify(plan, ranks, job_ids, options, started, replaced=adopted is None)
+    try:
+        return verify(plan, ranks, job_ids, options, started, replaced=adopted is None)
+    except serve_op.NotAsAsked as exc:
+        raise GroupNotAsAsked(exc, plan, ranks, job_ids) from None
 
 
 def checked_ranks(
@@ -248,11 +278,12 @@ def already_serving(
     return result
 
 
-def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dict[str, str] | None:
+def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady], say: bool = True) -> dict[str, str] | None:
     """The ranks a serve cut off after launching them left unverified (orch killed, the connection lost),
     host → job id, when every rank's host runs its rank's command of this group as recorded (the same
     commit and tuned configs) and none was verified yet: waiting for them finishes that serve (no rank is
-    started twice). None otherwise: the ranks that run are stopped and every rank launched afresh."""
+    started twice), said unless ``say`` is off. None otherwise: the ranks that run are stopped and every
+    rank launched afresh."""
     found = {}
     for r in ranks:
         record = r.session.state().server
@@ -263,10 +294,11 @@ def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dic
             return None
         found[r.name] = old.id
     jobs_said = ", ".join(f"{name} job {job}" for name, job in found.items())
-    ranks[0].session.say(
-        f"re-attaching to group {plan.group}'s ranks ({jobs_said}), started by a serve that was cut off "
-        "before verifying them"
-    )
+    if say:
+        ranks[0].session.say(
+            f"re-attaching to group {plan.group}'s ranks ({jobs_said}), started by a serve that was cut off "
+            "before verifying them"
+        )
     return found
 
 
@@ -367,7 +399,7 @@ def failed_group(
     mark_failed(ranks, reason)
     rest = failure.message.partition("\n")[2]
     if options.rollback:
-        rest += "\nrollback: not built for a replica group yet (issue 26); nothing relaunched"
+        rest += "\n" + roll_back(plan, ranks, options, known_good(ranks[0].session.store, plan.hosts))
     message = f"group {plan.group} failed to start; its ranks were stopped: {failure.message.splitlines()[0]}"
     return GroupFailed(message + (f"\n{rest}" if rest else ""), failure.job_id, failure.tail)
 
@@ -462,3 +494,107 @@ def per_host(results: FleetResult[dict[str, str | None]], inventory: Inventory) 
         else:
             found.append(HostResult(r.host, error=r.error))
     return found
+
+
+# --- --rollback of a group --------------------------------------------------------------------------------
+
+
+def known_good(store: StateStore, hosts: Sequence[str]) -> dict[str, list[str] | None]:
+    """Each host's last known-good server command as recorded now (what ``--rollback`` relaunches)."""
+    state = store.read(list(hosts))
+    return {h: (hs.server.known_good_argv if (hs := state.hosts.get(h)) and hs.server else None) for h in hosts}
+
+
+def roll_back(
+    plan: facts.GroupPlan, ranks: Sequence[RankReady], options: ServeOptions, good: Mapping[str, list[str] | None]
+) -> str:
+    """Put the group's last known-good server back on every rank, the group's ranks stopped (a failed
+    start, or ``roll_back_running``): each host's known-good command (``good``; the same rank layout,
+    ``facts.group.rollback_problem``, else nothing is started), rank 0 first, then rank 0's ``/health``
+    and its ``/server_info`` reporting the group's ``nnodes``; each host records the rollback. Returns
+    the ``rollback:`` line for the error (``serving again`` when it worked: a rollout re-registers rank 0)."""
+    problem = facts.rollback_problem(plan, good)
+    if problem is not None:
+        return f"rollback: {problem}; nothing relaunched"
+    first = ranks[0].session
+    first.say(f"rolling group {plan.group} back to its last known-good server on every rank")
+    job_ids: dict[str, str] = {}
+    try:
+        for r in ranks:
+            configs = serve_op._recorded_configs(r.session.store, r.session.host)
+            extra = {"group": plan.group, "rank": r.rank}
+            job_ids[r.name] = serve_op.start_server(
+                r.session, good[r.name] or [], r.ready.recipe, configs, plan.env, extra
+            )
+        wait_group_healthy(plan, ranks, job_ids, options)
+    except serve_op.StartupFailed as again:
+        stop_started(ranks, job_ids, options)
+        return f"rollback failed too: {again.message.splitlines()[0]}"
+    for r in ranks:
+        r.session.store.update_host(r.name, partial(HostState.server_rolled_back, job_id=job_ids[r.name]))
+    checked = rank0_layout(plan, ranks[0])
+    return f"rollback: the known-good server is serving again on every rank ({ranks_line(job_ids, ranks)}){checked}"
+
+
+def rank0_layout(plan: facts.GroupPlan, first: RankReady) -> str:
+    """Rank 0's ``/server_info`` checked for the group's ``nnodes`` after a rollback: "" when it reports
+    them, else a warning to append (the rollback stands: the server answers ``/health``)."""
+    try:
+        nnodes = first.session.server_info(server_facts.base_url(first.ready.recipe, first.session.host)).get("nnodes")
+    except HostError as exc:
+        return f"; WARNING: rank 0's /server_info could not be read: {exc.message.splitlines()[0]}"
+    return "" if nnodes == plan.nodes else f"; WARNING: rank 0 reports nnodes {nnodes!r}, not {plan.nodes}"
+
+
+def stop_started(ranks: Sequence[RankReady], job_ids: Mapping[str, str], options: ServeOptions) -> None:
+    """Stop each rank's job in ``job_ids`` that still runs (a start that failed)."""
+    for r in ranks:
+        if job_ids.get(r.name):
+            gpus = server_facts.server_gpus(r.ready.recipe, r.session.host)
+            serve_op._stop_failed(r.session, job_ids[r.name], gpus, options)
+
+
+def roll_back_running(exc: GroupNotAsAsked, options: ServeOptions, good: Mapping[str, list[str] | None]) -> None:
+    """A group whose new server serves but not as asked: its last known-good server (``good``, each
+    host's as recorded before the relaunch: verification just made the new command known-good) is
+    checked first (``facts.group.rollback_problem``; else the new server is left running, said in the
+    message); then every rank is stopped, said first, and ``roll_back`` puts it back. ``exc.message``
+    gets the outcome."""
+    plan, ranks = exc.plan, exc.ranks
+    problem = facts.rollback_problem(plan, good)
+    if problem is not None:
+        exc.message += f"\nrollback: {problem}; the new server was left running"
+        return
+    ranks[0].session.say(f"stopping group {plan.group}'s new server to roll back: it is not serving as asked")
+    outage = _outage(plan, "to roll back to the known-good server", srv.FOR_RELAUNCH.by)
+    running = {r.name: r.session.running_server() for r in ranks}  # a rank > 0 ends once rank 0 is gone
+    for r in ranks:
+        stop_rank(r.session, r.ready.recipe, running[r.name], options.drain_timeout, outage)
+        r.session.store.update_host(r.name, partial(_restore_known_good, argv=good[r.name]))
+    exc.message += "\n" + roll_back(plan, ranks, options, good)
+
+
+def _restore_known_good(hs: HostState, argv: list[str] | None) -> None:
+    if hs.server is not None and argv:
+        hs.server.known_good_argv = argv
+
+
+def would_replace(session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank, peers: Peers) -> bool:
+    """Whether ``serve`` would stop the group's running server (not when every rank serves as asked),
+    reading only: every rank's preflight, and, when it would, that every host can start its rank
+    (``ops.serve.check_replacement``), so a rolling relaunch refuses before it takes rank 0 out of the
+    gateway. Ranks a cut-off serve started count as replaced (``serve`` then waits for them). A host
+    unreachable or refusing raises as ``serve`` does: ``group NAME (not touched): ...``."""
+    plan = rank.plan
+    try:
+        ranks = checked_ranks(session, recipe, options, plan, peers)
+        if not options.force and already_serving(plan, ranks, options) is not None:
+            return False
+        if options.force or interrupted_launch(plan, ranks, say=False) is None:
+            for r in ranks:
+                serve_op.check_replacement(r.session, r.ready)
+    except OrchError as exc:
+        if not exc.message.startswith(f"group {plan.group}"):
+            exc.message = f"group {plan.group} (not touched): {exc.message}"
+        raise
+    return True

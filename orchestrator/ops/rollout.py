@@ -1,7 +1,9 @@
 """``orch serve --rolling``: relaunch a fleet behind the SGLang Model Gateway in waves, serving throughout.
 
-Hosts go in waves of ``max_unavailable`` (canary-tagged hosts first, each wave waiting for the one
-before). For each host of a wave:
+Servers go in waves of ``max_unavailable`` (canary-tagged ones first, each wave waiting for the one
+before). A server is a host alone, or a replica group (issue 26), rolled on its rank 0: rank 0 alone is
+in the gateway, and the group is served by ``ops.group.serve`` (every rank relaunched and verified, rolled
+back on every rank when it fails); the rollout's record keys it by rank 0's host name. For each server:
 
 1. ``remove``: the gateway stops routing to it (``DELETE /workers/{id}``, waited for);
 2. ``drain``: its in-flight requests finish, bounded by ``drain_timeout`` (the server's ``/v1/loads``,
@@ -25,7 +27,7 @@ are never touched. A host already serving as asked is not relaunched, only regis
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import readers
@@ -37,6 +39,7 @@ from orchestrator.fleet import Fleet
 from orchestrator.gateway import GatewayClient, host_worker_url
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
+from orchestrator.ops import group as group_op
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import BenchOptions, Recipe, ServeOptions
 from orchestrator.session import HostSession
@@ -48,12 +51,42 @@ REGISTER_TIMEOUT = 120.0  # the gateway checks a queued worker every --worker-st
 DRAIN_POLL = 0.2
 
 
-def waves(hosts: Sequence[Host], max_unavailable: int, canary: str | None) -> list[list[Host]]:
-    """The hosts in waves of at most ``max_unavailable``: canary-tagged hosts first (their own waves)."""
-    first = [h for h in hosts if canary is not None and canary in h.tags]
-    rest = [h for h in hosts if h not in first]
+def waves(
+    hosts: Sequence[Host], max_unavailable: int, canary: str | None, groups: Sequence[Sequence[str]] = ()
+) -> list[list[Host]]:
+    """The servers of ``hosts`` in waves of at most ``max_unavailable`` servers, canary servers first (their
+    own waves). A host alone is one server; a replica group (``groups``: each one's hosts, rank 0 first) is
+    one server, in the waves as its rank 0 (which serves it, and alone is in the gateway), a canary when
+    any of its hosts has the tag. A group with a host missing from ``hosts`` is left out whole
+    (``incomplete_groups`` says which)."""
+    members = {name: group for group in groups for name in group}
+    by_name = {h.name: h for h in hosts}
+    servers = [h for h in hosts if h.name not in members or _whole_from_rank0(members[h.name], h.name, by_name)]
+
+    def tagged(host: Host) -> bool:
+        names = members.get(host.name, [host.name])
+        return canary is not None and any(canary in by_name[n].tags for n in names)
+
+    first = [h for h in servers if tagged(h)]
+    rest = [h for h in servers if h not in first]
     chunks = [group[i : i + max_unavailable] for group in (first, rest) for i in range(0, len(group), max_unavailable)]
     return [c for c in chunks if c]
+
+
+def _whole_from_rank0(group: Sequence[str], name: str, present: Mapping[str, Host]) -> bool:
+    return name == group[0] and all(n in present for n in group)
+
+
+def incomplete_groups(hosts: Sequence[Host], groups: Sequence[Sequence[str]]) -> dict[str, list[str]]:
+    """The hosts of ``hosts`` whose group has a host missing from ``hosts`` (left out by doctor, or
+    drained), each with its group's missing hosts: ``waves`` leaves such a group out whole."""
+    present = {h.name for h in hosts}
+    found = {}
+    for group in groups:
+        missing = [n for n in group if n not in present]
+        if missing:
+            found.update({n: missing for n in group if n in present})
+    return found
 
 
 @dataclass
@@ -197,15 +230,19 @@ def exit_code(selected: Sequence[Host], done: Rollout) -> ExitCode:
     return ExitCode.OK
 
 
-def roll_host(session: HostSession, recipe: Recipe, options: ServeOptions, rolling: RollContext) -> HostRoll:
-    """Steps 1 to 4 of the module docstring on one host (with ``rolling.gate``'s check when it gates the host)."""
+def roll_host(
+    session: HostSession, recipe: Recipe, options: ServeOptions, rolling: RollContext, rank: group_op.Rank | None = None
+) -> HostRoll:
+    """Steps 1 to 4 of the module docstring on one host (with ``rolling.gate``'s check when it gates the
+    host), or, on rank 0 of a replica group (``rank``), on its whole group: rank 0 alone is in the gateway,
+    and ``ops.group.serve`` relaunches and verifies every rank (rolled back on every rank when it fails)."""
     began = time.monotonic()
     url = worker_url_of(session, recipe)
     gate, name = rolling.gate, session.host.name
-    if not serve_op.would_replace(session, recipe, options):
+    if not _would_replace(session, recipe, options, rolling, rank):
         if gate is not None and name in gate.unproven:
             return _prove_resumed(session, recipe, options, rolling, url)
-        roll = _unchanged(session, recipe, options, rolling, url)
+        roll = _unchanged(session, recipe, options, rolling, url, rank)
         roll.seconds = time.monotonic() - began
         if gate is not None and name in gate.baselines:
             roll.notes.append("gate not run: already serving as asked, nothing to promote")
@@ -213,11 +250,16 @@ def roll_host(session: HostSession, recipe: Recipe, options: ServeOptions, rolli
     drained = leave_gateway(session, recipe, rolling.client, options.drain_timeout, "replaced")
     rolled = options.model_copy(update={"rollback": True})
     before = known_good(session)
+    group_before = group_op.known_good(session.store, rank.plan.hosts) if rank is not None else {}
     try:
-        result = serve_op.serve(session, recipe, rolled, rolling.peers)
+        result = _serve(session, recipe, rolled, rolling, rank)
         decision = None
         if gate is not None and name in gate.baselines:
             decision = check_gate(session, recipe, gate, result)
+    except group_op.GroupNotAsAsked as exc:
+        group_op.roll_back_running(exc, rolled, group_before)
+        roll = HostRoll("rolled back", exc.result, drained=drained)
+        raise _halt(session, rolling.client, worker_url_of(session, recipe), exc, roll).took(began) from None
     except serve_op.NotAsAsked as exc:
         _roll_back_running(session, recipe, rolled, exc, before)
         roll = HostRoll("rolled back", exc.result, drained=drained, gate=getattr(exc, "gate", None))
@@ -227,6 +269,26 @@ def roll_host(session: HostSession, recipe: Recipe, options: ServeOptions, rolli
         raise _halt(session, rolling.client, worker_url_of(session, recipe), exc, roll).took(began) from None
     register(session, rolling.client, worker_url_of(session, recipe))  # the new server's address: its --host may differ
     return HostRoll("relaunched", result, time.monotonic() - began, drained, gate=decision)
+
+
+def _would_replace(
+    session: HostSession, recipe: Recipe, options: ServeOptions, rolling: RollContext, rank: group_op.Rank | None
+) -> bool:
+    """Whether serving the host (or its group, on rank 0) would stop the server it runs."""
+    if rank is None:
+        return serve_op.would_replace(session, recipe, options)
+    assert rolling.peers is not None
+    return group_op.would_replace(session, recipe, options, rank, rolling.peers)
+
+
+def _serve(
+    session: HostSession, recipe: Recipe, options: ServeOptions, rolling: RollContext, rank: group_op.Rank | None
+) -> serve_op.ServeResult:
+    """``orch serve`` of the host, or of its group on rank 0, exactly as without a gateway."""
+    if rank is None:
+        return serve_op.serve(session, recipe, options, rolling.peers)
+    assert rolling.peers is not None
+    return group_op.serve(session, recipe, options, rank, rolling.peers)
 
 
 def registered(session: HostSession, recipe: Recipe, client: GatewayClient) -> bool:
@@ -260,9 +322,16 @@ def rejoin_if_serving(session: HostSession, recipe: Recipe, client: GatewayClien
     return "its server still serves: registered with the gateway again"
 
 
-def _unchanged(session: HostSession, recipe: Recipe, options: ServeOptions, rolling: RollContext, url: str) -> HostRoll:
-    """A host already serving as asked: served (which leaves it alone), registered if it is not."""
-    result = serve_op.serve(session, recipe, options, rolling.peers)
+def _unchanged(
+    session: HostSession,
+    recipe: Recipe,
+    options: ServeOptions,
+    rolling: RollContext,
+    url: str,
+    rank: group_op.Rank | None = None,
+) -> HostRoll:
+    """A host (or group) already serving as asked: served (which leaves it alone), registered if it is not."""
+    result = _serve(session, recipe, options, rolling, rank)
     roll = HostRoll("unchanged", result)
     worker = rolling.client.find(url)
     if worker is None:
@@ -399,16 +468,22 @@ def roll_fleet(
     roll_one: Callable[[HostSession], HostRoll],
     report: Callable[[str], None],
     store: StateStore,
+    label: Callable[[Host], str] | None = None,
 ) -> Rollout:
     """``run_waves`` with each wave's hosts rolled by ``roll_one`` on the fleet's threads (a bug in one
-    is re-raised with its traceback): what ``orch serve --rolling`` and ``orch run --rolling`` share."""
+    is re-raised with its traceback): what ``orch serve --rolling`` and ``orch run --rolling`` share.
+    ``label`` names a server in the wave lines (a replica group's rank 0: its group)."""
 
     def roll_wave(wave: list[Host]) -> list[tuple[Host, HostRoll | None, BaseException | None]]:
         results = fleet.map_sessions(roll_one, store, wave)
         results.raise_bugs()
         return [(r.host, r.value, r.error) for r in results]
 
-    return run_waves(planned, roll_wave, report, store)
+    return run_waves(planned, roll_wave, report, store, label)
+
+
+def _name(host: Host) -> str:
+    return host.name
 
 
 def record_outcome(store: StateStore, name: str, outcome: str) -> None:
@@ -429,7 +504,11 @@ def resume_first(store: StateStore, planned: list[list[Host]]) -> list[list[Host
 
 
 def run_waves(
-    planned: list[list[Host]], roll_wave: RollOne, report: Callable[[str], None], store: StateStore
+    planned: list[list[Host]],
+    roll_wave: RollOne,
+    report: Callable[[str], None],
+    store: StateStore,
+    label: Callable[[Host], str] | None = None,
 ) -> Rollout:
     """Roll each wave with ``roll_wave`` (the fleet fan-out), stopping after the first wave with a failure;
     the state file holds the rollout as it goes (``State.rollout``)."""
@@ -439,7 +518,7 @@ def run_waves(
     with store.update() as state:
         state.rollout = RolloutRecord(waves=rollout.waves)
     for number, wave in enumerate(planned, 1):
-        report(f"wave {number}/{len(planned)}: {', '.join(h.name for h in wave)}")
+        report(f"wave {number}/{len(planned)}: {', '.join(map(label or _name, wave))}")
         failed = []
         for host, roll, error in roll_wave(wave):
             if roll is not None:

@@ -4,9 +4,11 @@ gateway job orch runs (``orch gateway up``), and the promotion gate's decision o
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from orchestrator.facts.bench import GateRecord, fmt_number
 from orchestrator.gateway import GatewayCheck
-from orchestrator.inventory import Host
+from orchestrator.inventory import Host, Inventory
 from orchestrator.jobs import JobInfo
 from orchestrator.ops.gateway import GatewayUp
 from orchestrator.ops.rollout import HostRoll, Rollout
@@ -121,10 +123,37 @@ def wave_line(line: str) -> None:
     err.print(inert(line), style="bold")
 
 
-def rollout_report(selected: list[Host], done: Rollout) -> None:
-    """One line per host (its serve report first), then the halt's reason or the rollout's time."""
+def server_label(inventory: Inventory) -> Callable[[Host], str]:
+    """How a wave line names a server: a host alone by its name, a replica group's rank 0 as its group
+    (``group pro-1 (blackwell-1, blackwell-2)``)."""
+
+    def label(host: Host) -> str:
+        group = inventory.group_of(host.name)
+        return f"group {group.name} ({', '.join(group.hosts)})" if group is not None else host.name
+
+    return label
+
+
+def group_skipped_lines(incomplete: Mapping[str, list[str]], inventory: Inventory) -> None:
+    """``serve --rolling``'s line per host of a replica group it leaves out because another host of the
+    group is left out (``rollout.incomplete_groups``), on stderr, before the first wave."""
+    for name, missing in incomplete.items():
+        group = inventory.group_of(name)
+        what = f"its group {group.name if group else '?'} is one server"
+        line = f"{name}: skipped: {what} and {', '.join(missing)} is left out"
+        err.print(inert(line), markup=False, highlight=False, soft_wrap=True)
+
+
+def rollout_report(selected: list[Host], done: Rollout, inventory: Inventory | None = None) -> None:
+    """One line per host (its serve report first; a replica group's report is its rank 0's, its other
+    ranks say so), then the halt's reason or the rollout's time."""
     for host in selected:
         roll = done.hosts.get(host.name)
+        group = inventory.group_of(host.name) if inventory is not None else None
+        if group is not None and group.hosts[0] != host.name and group.hosts[0] in done.hosts:
+            rank = group.hosts.index(host.name)
+            out.print(f"{host.name}: rank {rank} of group {group.name}: see {group.hosts[0]}", markup=False)
+            continue
         if roll is None:
             out.print(f"{host.name}: not touched (still on its old server)", markup=False)
             continue

@@ -30,3 +30,21 @@ def test_flags_unregistered_serving_host_non_serving_worker_and_stranger() -> No
         ("c", "registered but not serving"),
         (None, "not an inventory host"),
     ]
+
+
+def test_only_rank_0_of_a_replica_group_belongs_in_the_gateway() -> None:
+    from orchestrator.gateway import check_fleet
+    from orchestrator.inventory import Host
+    from orchestrator.state import HostState, Phase, ServerRecord, State
+
+    hosts = [Host(name=n, address=f"127.0.0.{i}", server_port=30000 + i) for i, n in enumerate(("r0", "r1"), 1)]
+
+    def rank(number: int) -> HostState:
+        server = ServerRecord(job_id=f"j{number}", argv=["--host", "0.0.0.0"], port=1, mtp=True, rank=number)
+        return HostState(phase=Phase.SERVING, server=server.model_copy(update={"group": "g"}))
+
+    state = State(hosts={"r0": rank(0), "r1": rank(1)})
+    rank0, rank1 = "http://127.0.0.1:30001", "http://127.0.0.2:30002"
+    assert check_fleet([_worker(rank0)], hosts, state).consistent  # rank 1 serves no HTTP: not missing
+    flagged = check_fleet([_worker(rank0), _worker(rank1)], hosts, state)
+    assert [(r.host, r.flag) for r in flagged.workers] == [("r0", None), ("r1", "registered but not serving")]

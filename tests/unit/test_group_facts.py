@@ -264,3 +264,31 @@ def test_a_groups_json_entry_names_rank0_and_the_dead_ranks() -> None:
         "serving": False,
         "down": {"b2": "failed (job j2)"},
     }
+
+
+NOT_RANK = "'s known-good server is not its rank"
+PLAN = g.GroupPlan("pro-1", ("b1", "b2"), "10.0.0.1:20000")
+SHARED = ["python", "-m", "sglang.launch_server", "--model-path", "/models/pro", "--pp-size", "2"]
+
+
+def rank(number: int, *extra: str, nodes: str = "2", addr: str = "10.0.0.1:20000") -> list[str]:
+    return [*SHARED, *extra, "--nnodes", nodes, "--node-rank", str(number), "--dist-init-addr", addr]
+
+
+@pytest.mark.parametrize(
+    ("good", "problem"),
+    [
+        ({"b1": rank(0, "--port", "30000"), "b2": rank(1)}, None),
+        ({"b1": rank(0), "b2": None}, "b2 has no known-good server command recorded"),
+        ({"b1": SHARED, "b2": rank(1)}, f"b1{NOT_RANK} 0 of group pro-1 (2 hosts)"),
+        ({"b1": rank(0), "b2": rank(0)}, f"b2{NOT_RANK} 1 of group pro-1 (2 hosts)"),
+        ({"b1": rank(0, nodes="3"), "b2": rank(1)}, f"b1{NOT_RANK} 0 of group pro-1 (2 hosts)"),
+        ({"b1": rank(0), "b2": rank(1, addr="10.0.0.9:20000")}, f"b2{NOT_RANK} 1 of group pro-1 (2 hosts)"),
+        ({"b1": rank(0), "b2": rank(1, "--tp-size", "4")}, "the ranks' known-good commands differ: b2 would launch"
+         " '--tp-size 4' where rank 0 launches '--nnodes 2'"),
+    ],
+)  # fmt: skip
+def test_a_groups_known_good_server_goes_back_only_as_each_hosts_own_rank_of_its_layout(
+    good: dict[str, list[str] | None], problem: str | None
+) -> None:
+    assert g.rollback_problem(PLAN, good) == problem

@@ -121,3 +121,12 @@ def test_a_member_naming_another_playbook_is_refused(tmp_path: Path) -> None:
 def test_unknown_top_level_key_lists_groups_among_the_allowed(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="allowed: defaults, hosts, gateway, groups"):
         load_inventory(write(tmp_path, HOSTS + "group: {}\n"))
+
+
+def test_drain_of_any_host_of_a_group_stands_for_its_rank_0_the_one_in_the_gateway(tmp_path: Path) -> None:
+    from orchestrator.ops.group import rank0s
+
+    inv = load_inventory(write(tmp_path, HOSTS + "groups:\n  pro-1: {hosts: [b3, b2], playbook: deepseek-v4-pro}\n"))
+    pick = lambda *names: [h.name for h in rank0s(inv, inv.select(names))]  # noqa: E731
+    assert pick("b2") == ["b3"] and pick("b3", "b2") == ["b3"]
+    assert pick("b1", "b2", "b4") == ["b1", "b3", "b4"]

@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Host
-from orchestrator.ops.rollout import HostRoll, Rollout, _in_flight, exit_code, waves
+from orchestrator.ops.rollout import HostRoll, Rollout, _in_flight, exit_code, incomplete_groups, waves
 from orchestrator.ops.serve import ServeResult
 from orchestrator.views.gateway import roll_line
 
@@ -34,6 +34,29 @@ def test_waves_put_the_canary_first_and_hold_at_most_n_hosts(
     specs: tuple[str, ...], n: int, canary: str | None, expected: list[list[str]]
 ) -> None:
     assert [[h.name for h in wave] for wave in waves(hosts(*specs), n, canary)] == expected
+
+
+@pytest.mark.parametrize(
+    ("specs", "n", "canary", "expected"),
+    [  # group g = [b, c] (b is rank 0): one server of the waves, standing as b
+        (("a", "b", "c", "d"), 1, None, [["a"], ["b"], ["d"]]),
+        (("a", "b", "c", "d"), 2, None, [["a", "b"], ["d"]]),
+        (("a", "b", "c:canary", "d"), 1, "canary", [["b"], ["a"], ["d"]]),  # a rank > 0 tagged: the group
+        (("a:canary", "b", "c", "d:canary"), 2, "canary", [["a", "d"], ["b"]]),
+        (("a", "b", "d"), 1, None, [["a"], ["d"]]),  # c left out (doctor, drained): the group goes whole or not
+        (("a", "c", "d"), 3, None, [["a", "d"]]),
+    ],
+)
+def test_waves_count_a_replica_group_as_one_server_standing_as_its_rank_0(
+    specs: tuple[str, ...], n: int, canary: str | None, expected: list[list[str]]
+) -> None:
+    planned = waves(hosts(*specs), n, canary, [["b", "c"]])
+    assert [[h.name for h in wave] for wave in planned] == expected
+
+
+def test_the_hosts_of_a_group_with_a_host_left_out_are_named_with_what_is_missing() -> None:
+    assert incomplete_groups(hosts("a", "c", "d"), [["b", "c"], ["d", "e", "f"]]) == {"c": ["b"], "d": ["e", "f"]}
+    assert incomplete_groups(hosts("a", "b", "c"), [["b", "c"]]) == {}
 
 
 def test_in_flight_counts_running_and_waiting_requests_of_every_dp_rank() -> None:
