@@ -18,10 +18,14 @@ contacted. ``serve --dry-run`` shows each rank's command, checked against that h
    in the job's environment; each host records its rank's server (``ServerRecord.group``/``rank``).
 3. Rank 0's ``/health`` is polled (each rank's last log line said while it starts); a rank whose job ends,
    or whose log shows a crash, fails the group (``facts.group.failed_rank`` names the one to blame, with
-   its log tail) and every rank still running is stopped; every host is marked ``failed``.
+   its log tail) and every rank still running is stopped; every host is marked ``failed``. A member's
+   connection lost meanwhile is ridden out (``Reconnects``, one host's rule per member); a member still
+   unreachable past the window fails the group.
 4. Rank 0 is verified as one host is (``ops.serve.verify``), and its ``/server_info`` must report the
-   recipe's ``tp_size``, ``pp_size`` and the group's ``nnodes`` (``facts.group.check_group_info``); each
-   host records the verification.
+   recipe's ``tp_size``, ``pp_size`` and the group's ``nnodes`` (``facts.group.check_group_info``). Each
+   rank runs its own layers, so each rank's own log is read for its FP8 config lines: its tuned shapes in
+   use (``shape_use``, recorded on its host) and whether it reads what its host and the other ranks have
+   tuned (``facts.rank_configs``); each host records the verification.
 
 ``stop_group`` stops every rank (announced once, as one outage) and waits for each host's GPUs.
 """
