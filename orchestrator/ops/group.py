@@ -328,6 +328,7 @@ def wait_group_healthy(
     seen: dict[str, jobs.JobInfo | None] = {r.name: None for r in ranks}
     logs = {r.name: ServerLog() for r in ranks}
     for pause in serve_op._backoff(serve_op.HEALTH_POLL_FIRST, serve_op.HEALTH_POLL_SECONDS):
+        links.next_poll()
         status = links.read(first.session, partial(readers.health, first.session.host, first.session.runner, url), None)
         for r in ranks:
             logs[r.name] = links.read(r.session, r.session.log(job_ids[r.name]).read, logs[r.name])
@@ -368,18 +369,27 @@ class Reconnects:
     """The members of a group whose connection was lost while orch waits for them, each ridden out as one
     host's serve rides out its own (``ops.serve._reconnect``: said once, the connection closed so the next
     read reconnects, re-raised once lost for ``RECONNECT_SECONDS`` or past ``deadline``, which fails the
-    group). Only reads go through it: a read repeated after a drop changes nothing."""
+    group). Only reads go through it: a read repeated after a drop changes nothing. A host that failed a
+    read is not asked again until the next poll (``next_poll``): a host that does not answer costs one
+    connection attempt per poll, not one per read."""
 
     def __init__(self, deadline: float, going_on: str = "the group starts on; waiting for rank 0's /health goes on"):
         self.deadline = deadline
         self.going_on = going_on
         self.lost: dict[str, float] = {}  # host -> when its connection was first lost, while it stays lost
+        self.failed_now: set[str] = set()  # hosts that failed a read in this poll
+
+    def next_poll(self) -> None:
+        self.failed_now.clear()
 
     def read(self, session: HostSession, step: Callable[[], T], otherwise: T) -> T:
         """``step()`` on ``session``'s host; ``otherwise`` while its connection is lost."""
+        if session.name in self.failed_now:
+            return otherwise
         try:
             value = step()
         except UnreachableError as exc:
+            self.failed_now.add(session.name)
             self.lost[session.name] = serve_op._reconnect(
                 session, exc, self.lost.get(session.name), self.deadline, self.going_on
             )
@@ -481,6 +491,7 @@ def rank_logs(ranks: Sequence[RankReady], job_ids: Mapping[str, str]) -> dict[st
     links = Reconnects(math.inf, "verification goes on")
     logs: dict[str, ServerLog] = {}
     while len(logs) < len(ranks):
+        links.next_poll()
         for r in (x for x in ranks if x.name not in logs):
             log = links.read(r.session, r.session.log(job_ids[r.name]).read, None)
             if log is not None:
