@@ -686,6 +686,14 @@ def uses_triton(server_argv: Sequence[str]) -> bool:
     return flag_value(list(server_argv), "--fp8-gemm-backend") == "triton"
 
 
+def server_job_label(job_id: str, server_argv: Sequence[str]) -> str:
+    """How ``--shapes logged`` names the server whose log it read: ``server job J``, or ``rank 1's server
+    job J`` for a rank of a multi-node launch (``--node-rank``: each host of a group tunes the shapes its
+    own rank looked up)."""
+    rank = flag_value(list(server_argv), "--node-rank")
+    return f"rank {rank}'s server job {job_id}" if rank is not None else f"server job {job_id}"
+
+
 @dataclass(frozen=True)
 class LoggedShapes:
     """What one server's log says about the tuned configs of one GPU: ``missing`` (``Config file not

@@ -18,10 +18,14 @@ contacted. ``serve --dry-run`` shows each rank's command, checked against that h
    in the job's environment; each host records its rank's server (``ServerRecord.group``/``rank``).
 3. Rank 0's ``/health`` is polled (each rank's last log line said while it starts); a rank whose job ends,
    or whose log shows a crash, fails the group (``facts.group.failed_rank`` names the one to blame, with
-   its log tail) and every rank still running is stopped; every host is marked ``failed``.
+   its log tail) and every rank still running is stopped; every host is marked ``failed``. A member's
+   connection lost meanwhile is ridden out (``Reconnects``, one host's rule per member); a member still
+   unreachable past the window fails the group.
 4. Rank 0 is verified as one host is (``ops.serve.verify``), and its ``/server_info`` must report the
-   recipe's ``tp_size``, ``pp_size`` and the group's ``nnodes`` (``facts.group.check_group_info``); each
-   host records the verification.
+   recipe's ``tp_size``, ``pp_size`` and the group's ``nnodes`` (``facts.group.check_group_info``). Each
+   rank runs its own layers, so each rank's own log is read for its FP8 config lines: its tuned shapes in
+   use (``shape_use``, recorded on its host) and whether it reads what its host and the other ranks have
+   tuned (``facts.rank_configs``); each host records the verification.
 
 ``stop_group`` stops every rank (announced once, as one outage) and waits for each host's GPUs.
 
@@ -33,17 +37,20 @@ then the new ranks stopped), and asks ``would_replace`` before it takes rank 0 o
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import TypeVar
 
 from orchestrator import jobs, readers
 from orchestrator import server_job as srv
-from orchestrator.errors import ConfigError, HostError, OrchError, RefusedError, UsageError
+from orchestrator.errors import ConfigError, HostError, OrchError, RefusedError, UnreachableError, UsageError
 from orchestrator.facts import group as facts
 from orchestrator.facts import server as server_facts
-from orchestrator.facts.server_log import ServerLog
+from orchestrator.facts.rank_configs import RankLog, rank_config_problems
+from orchestrator.facts.server_log import ServerLog, ShapeUse, shape_use
 from orchestrator.fleet import FleetResult, HostResult
 from orchestrator.inventory import Host, Inventory, ReplicaGroup
 from orchestrator.ops import serve as serve_op
@@ -54,6 +61,8 @@ from orchestrator.state import HostState
 from orchestrator.store import StateStore
 from orchestrator.transport.base import shell_command
 from orchestrator.tuning.member import Peers
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -336,25 +345,29 @@ def wait_group_healthy(
 ) -> ServerLog:
     """Poll rank 0's ``/health`` until 200 (rank 0 answers once every rank joined); StartupFailed for the
     rank ``facts.group.failed_rank`` blames (a job ended, a crash logged, the health timeout). Each rank's
-    last log line is said every ``HEALTH_REPORT_SECONDS`` (the first after ``HEALTH_REPORT_FIRST``)."""
+    last log line is said every ``HEALTH_REPORT_SECONDS`` (the first after ``HEALTH_REPORT_FIRST``). A
+    member's connection lost meanwhile is ridden out as one host's wait rides out its own (``Reconnects``):
+    the ranks start on without orch."""
     first = ranks[0]
     recipe = first.ready.recipe
     url = server_facts.base_url(recipe, first.session.host)
     timeout = serve_op.health_timeout(recipe, options)
     first.session.say(f"waiting for rank 0's /health (group {plan.group}, {plan.nodes} ranks)")
     begin = time.monotonic()
+    links = Reconnects(begin + timeout)
     next_report = begin + serve_op.HEALTH_REPORT_FIRST
     seen: dict[str, jobs.JobInfo | None] = {r.name: None for r in ranks}
+    logs = {r.name: ServerLog() for r in ranks}
     for pause in serve_op._backoff(serve_op.HEALTH_POLL_FIRST, serve_op.HEALTH_POLL_SECONDS):
-        status = readers.health(first.session.host, first.session.runner, url)
-        log = first.session.log(job_ids[first.name]).read()
-        if status == 200 and serve_op.own_health(first.session, job_ids[first.name], seen[first.name]).running:
-            return log
-        now = time.monotonic()
-        check_ranks(ranks, job_ids, seen, timeout if now - begin > timeout else None)
+        links.next_poll()
+        status = links.read(first.session, partial(readers.health, first.session.host, first.session.runner, url), None)
         for r in ranks:
-            wait = pause if r.rank == 0 else 0
-            seen[r.name] = jobs.wait(r.session.runner, r.session.host.workdir, job_ids[r.name], wait)
+            logs[r.name] = links.read(r.session, r.session.log(job_ids[r.name]).read, logs[r.name])
+        if status == 200 and links.read(first.session, partial(own_job_healthy, first, job_ids, seen), False):
+            return logs[first.name]
+        now = time.monotonic()
+        check_ranks(ranks, job_ids, seen, logs, timeout if now - begin > timeout else None)
+        seen = wait_jobs(ranks, job_ids, links, pause)
         if now >= next_report:
             for r in ranks:
                 r.session.say(serve_op.starting_line(now - begin, timeout, r.session.log(job_ids[r.name]).text))
@@ -362,14 +375,73 @@ def wait_group_healthy(
     raise AssertionError("unreachable")
 
 
+def wait_jobs(
+    ranks: Sequence[RankReady], job_ids: Mapping[str, str], links: Reconnects, pause: float
+) -> dict[str, jobs.JobInfo | None]:
+    """Each rank's job as its host shows it (None while its host is unreachable), rank 0's waited for up to
+    ``pause`` (an exit at start is seen at once); ``pause`` is slept instead when rank 0 is unreachable."""
+    seen: dict[str, jobs.JobInfo | None] = {}
+    for r in ranks:
+        wait = pause if r.rank == 0 else 0
+        seen[r.name] = links.read(
+            r.session, partial(jobs.wait, r.session.runner, r.session.host.workdir, job_ids[r.name], wait), None
+        )
+    if ranks[0].name in links.lost:
+        time.sleep(pause)
+    return seen
+
+
+def own_job_healthy(first: RankReady, job_ids: Mapping[str, str], seen: Mapping[str, jobs.JobInfo | None]) -> bool:
+    """Whether rank 0's ``/health`` 200 is its own job's (``ops.serve.own_health``)."""
+    return serve_op.own_health(first.session, job_ids[first.name], seen[first.name]).running
+
+
+class Reconnects:
+    """The members of a group whose connection was lost while orch waits for them, each ridden out as one
+    host's serve rides out its own (``ops.serve._reconnect``: said once, the connection closed so the next
+    read reconnects, re-raised once lost for ``RECONNECT_SECONDS`` or past ``deadline``, which fails the
+    group). Only reads go through it: a read repeated after a drop changes nothing. A host that failed a
+    read is not asked again until the next poll (``next_poll``): a host that does not answer costs one
+    connection attempt per poll, not one per read."""
+
+    def __init__(self, deadline: float, going_on: str = "the group starts on; waiting for rank 0's /health goes on"):
+        self.deadline = deadline
+        self.going_on = going_on
+        self.lost: dict[str, float] = {}  # host -> when its connection was first lost, while it stays lost
+        self.failed_now: set[str] = set()  # hosts that failed a read in this poll
+
+    def next_poll(self) -> None:
+        self.failed_now.clear()
+
+    def read(self, session: HostSession, step: Callable[[], T], otherwise: T) -> T:
+        """``step()`` on ``session``'s host; ``otherwise`` while its connection is lost."""
+        if session.name in self.failed_now:
+            return otherwise
+        try:
+            value = step()
+        except UnreachableError as exc:
+            self.failed_now.add(session.name)
+            self.lost[session.name] = serve_op._reconnect(
+                session, exc, self.lost.get(session.name), self.deadline, self.going_on
+            )
+            return otherwise
+        self.lost.pop(session.name, None)
+        return value
+
+
 def check_ranks(
-    ranks: Sequence[RankReady], job_ids: dict[str, str], seen: dict[str, jobs.JobInfo | None], timed_out: float | None
+    ranks: Sequence[RankReady],
+    job_ids: dict[str, str],
+    seen: dict[str, jobs.JobInfo | None],
+    logs: Mapping[str, ServerLog],
+    timed_out: float | None,
 ) -> None:
     """StartupFailed for the rank to blame when any rank failed to start (its log tail); StoppedMeanwhile
-    when orch stopped a rank meanwhile (``orch stop-server``)."""
+    when orch stopped a rank meanwhile (``orch stop-server``). ``seen``/``logs``: each rank's job and log as
+    last read (a job unknown while its host is unreachable is None)."""
     starts = []
     for r in ranks:
-        job, log = seen[r.name], r.session.log(job_ids[r.name]).read()
+        job, log = seen[r.name], logs[r.name]
         if job is not None and not job.running and job.stop_requested:
             raise serve_op.stopped_meanwhile(r.session, job_ids[r.name])
         problem = serve_op.startup_problem(job, log, timed_out if r.rank == 0 else None)
@@ -418,23 +490,56 @@ def verify(
     started: serve_op.LaunchedServer,
     replaced: bool = True,
 ) -> serve_op.ServeResult:
-    """Rank 0 verified as one host is, plus the group's parallelism in its ``/server_info``; every host
-    records the verification (its own rank's command and job). VerifyError when not as asked."""
+    """Rank 0 verified as one host is, plus the group's parallelism in its ``/server_info`` and every rank's
+    own log for the FP8 config lines (``rank_configs``); every host records the verification (its own
+    rank's command, job and tuned shapes in use). VerifyError when not as asked."""
     first = ranks[0]
     try:
         result = serve_op.verify(first.session, first.ready.recipe, options, started, first.ready.gpus.compute_cap)
         info = first.session.server_info(server_facts.base_url(first.ready.recipe, first.session.host))
+        logs = rank_logs(ranks, job_ids)
     except HostError as exc:
         mark_failed(ranks, str(exc).splitlines()[0])
         raise
     result.problems += [str(p) for p in facts.check_group_info(info, first.ready.recipe, plan.nodes)]
+    result.rank_shapes = rank_configs(ranks, logs)
+    result.problems += rank_config_problems(
+        [RankLog(r.name, r.rank, logs[r.name], frozenset(r.ready.configs)) for r in ranks],
+        first.ready.recipe.fp8_gemm_backend,
+    )
     result.warnings[:0] = [f"{r.name}: {w}" if r.rank else w for r in ranks for w in r.ready.warnings]
     result.stopped_job = first.ready.old.id if first.ready.old and replaced else None
     result.group = ranks_line(job_ids, ranks)
     for r in ranks[1:]:
-        own = replace(result, argv=r.ready.argv, job_id=job_ids[r.name])
+        own = replace(result, argv=r.ready.argv, job_id=job_ids[r.name], shapes=result.rank_shapes[r.name])
         serve_op._record_verified(r.session.store, r.session.host, own)
     return serve_op._finish(first.session, result)
+
+
+def rank_logs(ranks: Sequence[RankReady], job_ids: Mapping[str, str]) -> dict[str, ServerLog]:
+    """Each rank's server log as its host has it now (host -> log), a connection lost meanwhile ridden out
+    as ``ops.serve.verify`` rides out rank 0's (no deadline but ``RECONNECT_SECONDS``)."""
+    links = Reconnects(math.inf, "verification goes on")
+    logs: dict[str, ServerLog] = {}
+    while len(logs) < len(ranks):
+        links.next_poll()
+        for r in (x for x in ranks if x.name not in logs):
+            log = links.read(r.session, r.session.log(job_ids[r.name]).read, None)
+            if log is not None:
+                logs[r.name] = log
+        if len(logs) < len(ranks):
+            time.sleep(serve_op.HEALTH_POLL_SECONDS)
+    return logs
+
+
+def rank_configs(ranks: Sequence[RankReady], logs: Mapping[str, ServerLog]) -> dict[str, list[ShapeUse]]:
+    """Each rank's tuned FP8 shapes in use or fallen back (``shape_use`` of its own log), host -> shapes,
+    in rank order."""
+    found = {}
+    for r in ranks:
+        keys = [(s.n, s.k) for s in r.ready.recipe.tuning.shapes]
+        found[r.name] = shape_use(logs[r.name], keys, r.ready.recipe.fp8_gemm_backend, r.ready.gpus.compute_cap)
+    return found
 
 
 # --- stop-server on a group -----------------------------------------------------------------------------------

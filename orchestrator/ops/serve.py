@@ -112,6 +112,7 @@ class ServeResult:
     unchanged: bool = False  # already served as asked: nothing was stopped or started
     autotune: str = ""  # FlashInfer autotune cache: produced here and shared, or reused (ops.autotune)
     group: str = ""  # a replica group's ranks (host, rank, job), when the server is a group's (ops.group)
+    rank_shapes: dict[str, list[ShapeUse]] = field(default_factory=dict)  # a group's: host -> its rank's own log's
 
     @property
     def failures(self) -> list[str]:

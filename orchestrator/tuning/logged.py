@@ -1,5 +1,9 @@
 """``--shapes logged``: tune exactly the shapes the host's last Triton server found no config for.
 
+On a host of a replica group that server is the host's own rank (its server job on this host, its log
+this host's): each rank runs its own layers on its host's GPUs and logs the lookups of those layers, so
+each host tunes the shapes its own rank looked up, never rank 0's.
+
 A ``--fp8-gemm-backend triton`` server logs ``Config file not found at <path>`` once per rank for each
 block-FP8 GEMM shape it looks up and has no tuned file for (reference §1.2): the server itself is the
 authority on which shapes the model runs at this TP size, with no model knowledge in orch. The server
@@ -45,11 +49,12 @@ def logged_shapes(session: HostSession, device: str) -> Logged:
             hint=f"serve once with Triton (`orch serve --host {host.name} --fp8-gemm-backend triton`: untuned, "
             f"serve would pick auto), or use {SHAPE_CHOICES}",
         )
-    found = tf.logged_shapes(read_log_head(host, runner, job), device, f"logged missing by server job {job.id}")
+    label = tf.server_job_label(job.id, job_argv(session, job))
+    found = tf.logged_shapes(read_log_head(host, runner, job), device, f"logged missing by {label}")
     if found.missing:
         return Logged(found.missing)
     if found.found:
-        note = f"server job {job.id} read a tuned config for every shape it looked up ({', '.join(found.found)})"
+        note = f"{label} read a tuned config for every shape it looked up ({', '.join(found.found)})"
         return Logged([], f"nothing to tune: {note}")
     raise RefusedError(no_lookup_message(host, job, device, found.other), hint=f"serve again, or use {SHAPE_CHOICES}")
 

@@ -71,8 +71,20 @@ def serve_report(host: Host, r: serve_op.ServeResult) -> None:
     if untuned:
         shapes = ";".join(s.key for s in untuned)
         out.print(f"  tune them: orch tune-fp8 --host {host.name} --shapes '{shapes}'", markup=False)
+    for rank, (name, rank_shapes) in enumerate(r.rank_shapes.items()):
+        out.print(f"  FP8 configs, rank {rank} on {name}: {rank_configs_line(rank_shapes)}", markup=False)
     for problem in r.failures:
         err.print(Text(f"  WARNING: {inert(problem)}", style="bold red"))
+
+
+def rank_configs_line(shapes: Sequence[ShapeUse]) -> str:
+    """What one rank's own log says of its tuned FP8 configs: ``in use N=..,K=.., ...; on Triton's defaults:
+    N=..,K=..`` (each part left out when empty)."""
+    used = [s.key for s in shapes if s.in_use]
+    defaults = [s.key for s in shapes if not s.in_use and s.path]
+    parts = [f"in use {', '.join(used)}"] if used else []
+    parts += [f"on Triton's defaults (no tuned file): {', '.join(defaults)}"] if defaults else []
+    return "; ".join(parts) or "no FP8 config lookup logged"
 
 
 def _fallbacks(shapes: list[ShapeUse]) -> dict[str, list[str]]:

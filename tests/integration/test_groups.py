@@ -308,3 +308,99 @@ def test_a_rank_killed_while_serving_shows_the_group_down_naming_it(env: FleetEn
     document = json.loads(env.orch("status", "--json").stdout)
     (group,) = document["groups"]
     assert group["serving"] is False and group["down"]["sim-3"] == f"lost (job {record.job_id})"
+
+
+# --- h26v: every rank's log ---
+
+
+def rank_configs(run_output: str, rank: int, host: str) -> str:
+    """What ``orch serve`` says of one rank's FP8 configs, from that rank's own log."""
+    prefix = f"  FP8 configs, rank {rank} on {host}: "
+    found = [line[len(prefix) :] for line in run_output.splitlines() if line.startswith(prefix)]
+    assert len(found) == 1, run_output
+    return found[0]
+
+
+def configs_dir(sim: object) -> Path:
+    return Path(sim.sglang_dir) / "python" / "sglang" / "kernels" / "ops" / "gemm" / "configs"  # type: ignore[attr-defined]
+
+
+def tuned_keys(sim: object) -> list[str]:
+    """The shapes (``N=..,K=..``) a simulated host has a tuned config file for (the package ships some)."""
+    return sorted(p.name.split(",device_name=")[0] for p in configs_dir(sim).glob("N=*.json"))
+
+
+def test_each_host_of_a_group_tunes_what_its_own_rank_logged_and_each_ranks_configs_are_reported(
+    env: FleetEnv, sims: dict
+) -> None:
+    first = env.orch("serve", "--host", "sim-2", "--force")  # untuned: every rank logs its lookups, none found
+    assert first.returncode == 0, first.output
+    looked_up = rank_configs(first.stdout, 0, "sim-2")
+    assert looked_up.startswith("on Triton's defaults (no tuned file): N=")
+    assert rank_configs(first.stdout, 1, "sim-3") == looked_up  # rank 1's own log: the same layers' shapes
+    keys = sorted(looked_up.split(": ", 1)[1].split(", "))
+    rank1_job = StateStore(env.state).read().hosts["sim-3"].server.job_id  # type: ignore[union-attr]
+    stopped = env.orch("stop-server", "--host", "sim-2")
+    assert stopped.returncode == 0, stopped.output
+    tuned = env.orch(
+        "tune-fp8", "--host", "sim-2", "--host", "sim-3", "--shapes", "logged", "--batch-sizes", "1,2", "--wait"
+    )
+    assert tuned.returncode == 0, tuned.output
+    assert f"sim-3:   shape {keys[0]}  logged missing by rank 1's server job {rank1_job}" in tuned.stdout.splitlines()
+    for name in ("sim-2", "sim-3"):  # each host tuned the shapes its own rank logged
+        assert set(keys) <= set(tuned_keys(sims[name])), tuned.output
+    served = env.orch("serve", "--host", "sim-3", "--force")
+    assert served.returncode == 0, served.output
+    for rank, host in enumerate(("sim-2", "sim-3")):
+        assert sorted(rank_configs(served.stdout, rank, host).removeprefix("in use ").split(", ")) == keys
+    document = json.loads(env.orch("status", "--json").stdout)
+    rank1 = next(h for h in document["hosts"] if h["name"] == "sim-3")["server"]
+    assert sorted(rank1["tuned_shapes_in_use"]) == keys
+
+
+def test_a_rank_whose_host_lacks_a_config_rank_0_reads_fails_verification_naming_it(env: FleetEnv, sims: dict) -> None:
+    """Needs the configs the test above tuned on both hosts of the group."""
+    record = StateStore(env.state).read().hosts["sim-2"].server
+    assert record is not None and record.verified is not None
+    key = record.verified.tuned_shapes_in_use[0]  # a config rank 0 reads
+    (gone,) = configs_dir(sims["sim-3"]).glob(f"{key},device_name=*.json")
+    kept = gone.read_bytes()
+    gone.unlink()
+    try:
+        run = env.orch("serve", "--host", "sim-2", "--force")
+    finally:
+        gone.write_bytes(kept)
+    assert run.returncode == ExitCode.VERIFY_FAILED, run.output
+    problem = f"rank 1 on sim-3: no tuned FP8 config for {key} (rank 0 reads one): its layers run Triton's default"
+    assert problem in run.stderr and "`orch tune-fp8 --host sim-3 --shapes logged` tunes them" in run.stderr
+    assert f"on Triton's defaults (no tuned file): {key}" in rank_configs(run.stdout, 1, "sim-3")
+    state = StateStore(env.state).read()
+    for name in ("sim-2", "sim-3"):  # serving, not as asked: recorded on the rank's host (and the group's)
+        hs = state.hosts[name]
+        assert hs.phase == Phase.SERVING and hs.server is not None and hs.server.verified is not None
+        assert any(p.startswith(f"rank 1 on sim-3: no tuned FP8 config for {key}") for p in hs.server.verified.problems)
+
+
+def test_the_groups_health_wait_rides_out_an_ssh_drop_to_rank_1s_host(env: FleetEnv, sims: dict) -> None:
+    from tests.integration.test_faults_drops import DropOnCommand
+
+    sims["sim-2"].set_knobs(startup_seconds=8)  # rank 0 starts slowly: the drop lands during the wait
+    serve = orch_process(env, "serve", "--host", "sim-2", "--force")
+    before = read_line_until(serve, "waiting for rank 0's /health")
+    cutter = DropOnCommand(sims["sim-3"], times=1)  # cut with a command in flight ...
+    cutter.start()
+    cutter.done.wait(60)
+    cutter.done.set()
+    assert cutter.cuts == 1, before
+    sims["sim-3"].stop_sshd()  # ... and rank 1's host answers nothing for a while
+    time.sleep(4)
+    sims["sim-3"].start_sshd()
+    output, _ = serve.communicate(timeout=180)
+    assert serve.returncode == 0, before + output
+    assert "reconnecting (the group starts on; waiting for rank 0's /health goes on)" in output
+    assert any(line.startswith("sim-3: ") and "reconnecting" in line for line in output.splitlines())
+    state = StateStore(env.state).read()
+    for name in ("sim-2", "sim-3"):
+        hs = state.hosts[name]
+        assert hs.phase == Phase.SERVING and hs.server is not None and hs.server.verified is not None
+        assert [hs.server.job_id] == running_servers(env)[name]

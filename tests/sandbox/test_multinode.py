@@ -1,9 +1,13 @@
 """The simulated server's multi-node launch, like the real launcher's (issue 26): the ranks meet over TCP at
 ``--dist-init-addr`` on the hosts' loopback addresses, rank 0 answers HTTP only once all ranks joined, a
-rank that dies makes the others exit, and a rank with a different argument set is refused at rendezvous."""
+rank that dies makes the others exit, and a rank with a different argument set is refused at rendezvous.
+Each rank looks up its own host's tuned FP8 configs for its layers and logs it (prefixed by its pipeline
+stage) before rank 0 answers /health."""
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import socket
 import subprocess
@@ -14,7 +18,7 @@ import pytest
 
 from orchestrator.sandbox import SimFleet, SimHost
 from tests.sandbox.conftest import http_get, start_on_host, wait_until
-from tests.sandbox.test_server import MTP
+from tests.sandbox.test_server import CONFIGS, MTP, config_name
 
 Started = list[subprocess.Popen[bytes]]
 
@@ -161,3 +165,36 @@ def test_the_ranks_orch_builds_for_a_group_serve_together(
         started.append(start_on_host(host, launch_.argv, log, env=dict(launch_.env)))
     wait_until(lambda: health(pair[0]) == 200, timeout=30, what="rank 0 to serve")
     assert "Node rank 1 joined the rendezvous (2/2)." in logs[0].read_text()
+
+
+def config_lines(log: Path) -> dict[str, str]:
+    """``N=..,K=..`` → ``used`` or ``missing``, as the log's FP8 config lines say, each checked to carry the
+    log prefix of a pipeline stage."""
+    found = {}
+    for line in log.read_text().splitlines():
+        m = re.search(r"(Using configuration from|Config file not found at) \S*/(N=\d+,K=\d+),", line)
+        if m:
+            assert re.match(r"^\[[\d-]+ [\d:]+ PP\d TP0\] ", line), line
+            found[m[2]] = "used" if m[1] == "Using configuration from" else "missing"
+    return found
+
+
+def test_each_rank_logs_its_own_hosts_fp8_configs_before_rank_0_is_healthy(
+    pair: tuple[SimHost, SimHost], started: Started, tmp_path: Path
+) -> None:
+    rank0, rank1 = pair
+    tuned = rank1.sglang_dir / CONFIGS / config_name(1536, 4096)  # on rank 1's host only
+    tuned.write_text(json.dumps({"1": {"BLOCK_SIZE_M": 16}}) + "\n")
+    try:
+        port = free_port(rank0.address)
+        logs = [tmp_path / "rank0.log", tmp_path / "rank1.log"]
+        for r, h in enumerate(pair):
+            launch(started, h, rank_argv(rank0, h, r, port, "--fp8-gemm-backend", "triton"), logs[r])
+        wait_until(lambda: health(rank0) == 200, timeout=30, what="rank 0 to serve")
+        lines0, lines1 = config_lines(logs[0]), config_lines(logs[1])  # read once healthy: already there
+    finally:
+        tuned.unlink()
+    assert list(lines0) == list(lines1) and len(lines0) == 6  # the same layers' shapes (with MTP)
+    assert lines0["N=1536,K=4096"] == "missing" and lines1["N=1536,K=4096"] == "used"
+    assert " PP1 TP0] Using configuration from " in logs[1].read_text()
+    assert " PP0 TP0] The server is fired up and ready to roll!" in logs[0].read_text()

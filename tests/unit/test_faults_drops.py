@@ -194,3 +194,57 @@ def test_logs_tail_of_a_huge_last_line_shows_its_end(log: bytes, shown: str) -> 
     job = JobInfo("j", "t", 1, "running", None, None, None, len(log), False, "/w/jobs/j")
     text, offset = start_offset(LogFile(log), job, tail=10)  # type: ignore[arg-type]
     assert (text.rstrip("\n"), offset) == (shown.rstrip("\n"), len(log))
+
+
+# -- a replica group's wait: each member's outage ridden out on its own (issue 26 §3) -------------------
+
+
+def test_a_group_members_outage_is_ridden_out_alone_and_fails_the_wait_past_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from orchestrator.ops.group import Reconnects
+
+    clock = Clock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    said: list[str] = []
+    rank0 = HostSession(HOST, DroppingRunner(), cast(Any, None), cast(Any, said.append))
+    rank1_runner = DroppingRunner()
+    rank1 = HostSession(Host(name="b2", address="127.0.0.3", workdir="/w"), rank1_runner, cast(Any, None), said.append)
+    links = Reconnects(clock.now + 3600)
+    lost = UnreachableError("b2: connection lost while running a command (its result is unknown)")
+
+    def dropped() -> str:
+        raise lost
+
+    for _ in range(6):  # 5 minutes of outage on rank 1's host; rank 0's reads go on
+        links.next_poll()
+        assert links.read(rank1, dropped, "unknown") == "unknown"
+        assert links.read(rank1, lambda: "job", "unknown") == "unknown"  # not asked again in the same poll
+        assert links.read(rank0, lambda: "log", "unknown") == "log"
+        clock.now += 60
+    assert said == [
+        "connection lost while running a command (its result is unknown); reconnecting (the group starts on; "
+        "waiting for rank 0's /health goes on)"
+    ]
+    assert rank1_runner.closed == 6 and list(links.lost) == ["b2"]
+    links.next_poll()
+    with pytest.raises(UnreachableError) as gave_up:
+        links.read(rank1, dropped, "unknown")
+    assert gave_up.value is lost  # the group fails on it as before (exit 3, the host named)
+
+
+def test_a_member_back_within_the_window_starts_a_new_outage_next_time() -> None:
+    from orchestrator.ops.group import Reconnects
+
+    said: list[str] = []
+    member = HostSession(HOST, DroppingRunner(), cast(Any, None), cast(Any, said.append))
+    links = Reconnects(time.monotonic() + 3600)
+
+    def dropped() -> str:
+        raise UnreachableError("b1: cannot connect to 127.0.0.2:22: connection refused")
+
+    links.read(member, dropped, "")
+    links.next_poll()
+    assert links.read(member, lambda: "back", "") == "back" and links.lost == {}
+    links.read(member, dropped, "")
+    assert len(said) == 2 and all("reconnecting" in line for line in said)

@@ -100,3 +100,24 @@ def test_a_log_that_names_no_shape_of_this_gpu_is_refused(host: Host, log: str |
     with pytest.raises(RefusedError, match=r"^h1: --shapes logged: the log of server job server-a ") as caught:
         logged_shapes(session(host), DEVICE)
     assert error in str(caught.value)
+
+
+RANK1 = [*TRITON, "--pp-size", "2", "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.2:20000"]
+
+
+def test_a_groups_host_tunes_what_its_own_rank_looked_up(host: Host) -> None:
+    """On a host of a replica group the last Triton server is the host's own rank (its job, its log)."""
+    job(host, "server-r1", 100, RANK1, missing(4096, 1024) + used(1536, 4096))
+    logged = logged_shapes(session(host), DEVICE)
+    assert [(s.key, s.source) for s in logged.shapes] == [
+        ("N=4096,K=1024", "logged missing by rank 1's server job server-r1")
+    ]
+
+
+def test_a_rank_that_read_every_config_says_so_naming_its_rank(host: Host) -> None:
+    job(host, "server-r1", 100, RANK1, used(1536, 4096))
+    logged = logged_shapes(session(host), DEVICE)
+    assert logged.note == (
+        "nothing to tune: rank 1's server job server-r1 read a tuned config for every shape it looked up "
+        "(N=1536,K=4096)"
+    )

@@ -7,13 +7,13 @@ recommended entrypoint and runs the same ``run_server``.
 import sys
 import warnings
 
-from sglang._sim.server import configure_logging, run
+from sglang._sim.server import configure_logging, log_prefix, run
 from sglang.srt.server_args import prepare_server_args
 
 
 def run_server(server_args):
     """Serve with ``server_args`` (parsed, raw: resolved at launch) until SIGTERM; the exit status."""
-    configure_logging(server_args.log_level)
+    configure_logging(server_args.log_level, log_prefix(server_args))
     return run(server_args)
 
 

@@ -7,6 +7,8 @@ refuses a rank whose arguments differ from its own (apart from the rank and wher
 already joined, or a different ``--nnodes``: that rank exits 1 and rank 0 keeps waiting. Once all ranks
 joined, every rank goes on starting; rank 0 opens its HTTP port only then.
 
+Each other rank tells rank 0 once it has loaded its part of the model (``loaded_part``); rank 0 is ready only
+after all did (``wait_loaded``), as a real group's first forward pass runs through every pipeline stage.
 The connections stay open while the server runs: a rank that dies (its socket closed by the kernel)
 makes the others exit 1, as a real group's collectives fail when one node goes away. A rank 0 stopping on
 SIGTERM tells the others, which exit 0. Knob ``rendezvous_timeout`` (seconds, default 600): how long a rank
@@ -80,6 +82,8 @@ class Group:
         self.stopping = stopping
         self.peers = {}  # rank → socket
         self.lost = None  # why the group broke, once it did
+        self.loaded = set()  # rank 0: the other ranks that loaded their part
+        self._loaded = threading.Condition()
         self.deadline = time.monotonic() + float(host.knob("rendezvous_timeout", 600))
 
     def join(self):
@@ -175,15 +179,39 @@ class Group:
             threading.Thread(target=self._watch_one, args=(rank, conn, on_lost), daemon=True).start()
 
     def _watch_one(self, rank, conn, on_lost):
-        try:
-            message = _receive(conn)
-        except (OSError, ValueError):
-            message = None
+        message = self._next(conn)
+        while message is not None and message.get("loaded"):
+            with self._loaded:
+                self.loaded.add(rank)
+                self._loaded.notify_all()
+            message = self._next(conn)
         if self.lost is not None or self.stopping.is_set():
             return
         clean = bool(message and message.get("shutdown"))
         self.lost = f"node rank {rank} {'shut down' if clean else 'left the group (connection lost)'}"
         on_lost(self.lost, clean)
+
+    @staticmethod
+    def _next(conn):
+        try:
+            return _receive(conn)
+        except (OSError, ValueError):
+            return None
+
+    def loaded_part(self):
+        """A rank > 0: tell rank 0 this rank loaded its part of the model."""
+        try:
+            _send(self.peers[0], {"loaded": True})
+        except OSError:
+            pass  # rank 0 is gone: the watch says so
+
+    def wait_loaded(self):
+        """Rank 0: block until every other rank loaded its part; False when stopped (or the group broke)
+        meanwhile."""
+        with self._loaded:
+            while len(self.loaded) < self.nnodes - 1 and not self.stopping.is_set():
+                self._loaded.wait(0.1)
+        return not self.stopping.is_set()
 
     def close(self):
         """Leave the group: rank 0 tells the others it shuts down; every connection is closed."""

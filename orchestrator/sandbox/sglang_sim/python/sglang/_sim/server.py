@@ -11,7 +11,14 @@ CUTLASS and nothing is logged for it. The decode step time is scaled per shape: 
 ``tuned_speedup`` on Triton with a tuned config, ``triton_default_slowdown`` on Triton without one.
 
 Multi-node (``--nnodes N``): the nodes meet first (``multinode.py``); rank 0 then starts as above, the
-other ranks load their part and run without HTTP; a node that goes away makes the others exit.
+other ranks load their part and run without HTTP; a node that goes away makes the others exit. Each rank
+runs its own layers (with ``--pp-size``, its pipeline stage) and, as the real kernels do, looks up the tuned
+FP8 config of every block-FP8 shape they run and logs it on the stage's TP rank 0 (reference §1.2:
+``log_info_on_rank0`` is per TP group, so each stage's log has the lines). Every stage's layers have the
+same shapes at the same TP size, so each rank looks up the same ones (the NextN layer's too: which stage
+loads it is not simulated). Rank 0 is ready only once every other rank loaded its part (a real group's
+first forward pass runs through every stage), so each rank's config lines are logged before ``/health``
+answers 200. With ``--pp-size`` the log prefix names the stage (``[... PP1 TP0]``), as the real scheduler's.
 
 Faults (knob ``server_fail``): ``crash`` (``Initialization failed. warmup error: ...`` + traceback,
 exit 1; on a multi-node rank > 0 too, after the rendezvous), ``never_healthy`` (never ready), ``ignore_sigterm`` (SIGTERM does nothing).
@@ -37,11 +44,12 @@ logger = logging.getLogger("sglang.srt.entrypoints.http_server")
 SERVER_PROCESS_NAME = "sglang::scheduler"
 
 
-def configure_logging(level="info"):
+def configure_logging(level="info", prefix=" TP0"):
     """SGLang's log format: ``[%Y-%m-%d %H:%M:%S TP0] message`` on stderr (as ``logging.basicConfig``);
-    uvicorn's for HTTP access lines, on stdout (uvicorn's default)."""
+    uvicorn's for HTTP access lines, on stdout (uvicorn's default). ``prefix``: the scheduler's
+    (``log_prefix``)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("[%(asctime)s TP0] %(message)s", datefmt="%Y-%m-%d %H:%M:%S"))
+    handler.setFormatter(logging.Formatter(f"[%(asctime)s{prefix}] %(message)s", datefmt="%Y-%m-%d %H:%M:%S"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -49,6 +57,15 @@ def configure_logging(level="info"):
     access.setFormatter(logging.Formatter("[%(asctime)s] INFO:     %(message)s", datefmt="%Y-%m-%d %H:%M:%S"))
     access_log = logging.getLogger("uvicorn.access")
     access_log.handlers[:], access_log.propagate = [access], False
+
+
+def log_prefix(server_args):
+    """The scheduler's log prefix for its TP rank 0: `` PP1 TP0`` on the second pipeline stage (the real
+    one adds `` PP{pp_rank}`` when ``pp_size > 1``), `` TP0`` otherwise; the stages split over the nodes."""
+    pp_size, nodes = int(server_args.pp_size or 1), int(server_args.nnodes or 1)
+    if pp_size <= 1:
+        return " TP0"
+    return f" PP{int(server_args.node_rank or 0) * pp_size // nodes} TP0"
 
 
 class App:
@@ -189,6 +206,8 @@ def run(server_args):
     started = time.monotonic()
     if app.stopping.wait(float(host.knob("startup_seconds", 0.5))):
         return shutdown(app)
+    if app.group is not None and not app.group.wait_loaded():
+        return shutdown(app)
     logger.info(f"Capture cuda graph end. Time elapsed: {time.monotonic() - started:.2f} s.")
     logger.info(f"Uvicorn running on http://{server_args.host}:{server_args.port} (Press CTRL+C to quit)")
     return serve(app)
@@ -216,13 +235,16 @@ def group_lost(app, why, clean):
 
 
 def follow(app, free):
-    """A node of rank > 0: load its part of the model and run with rank 0 (no HTTP) until stopped."""
+    """A node of rank > 0: load its part of the model (its layers look up their tuned FP8 configs), tell
+    rank 0, and run with rank 0 (no HTTP) until stopped."""
     log_load(app, free)
     if host.knob("server_fail", None) == "crash":  # a rank > 0 failing its warmup: the others see it leave
         logger.error(f"Initialization failed. warmup error: {warmup_failure()}")
         gpus.release()
         app.group.close()
         return 1
+    fp8_step_factor(app.server_args, app.config)
+    app.group.loaded_part()
     logger.info(f"Node rank {app.group.rank} is ready; rank 0 serves HTTP.")
     app.stopping.wait()
     gpus.release()
