@@ -26,7 +26,7 @@ fact                read by                                         forgotten by
 ==================  ==============================================  ==========================================
 
 Before an operation reads the host's record to decide anything, ``claim_machine`` ties that record to the
-machine the host is now (``StateStore.claim_machine``): a record of another machine is never applied to
+machine the host is now (``identity.claim_machine``): a record of another machine is never applied to
 this one (issue 30 §1). ``Fleet.map_sessions`` does it for every operation of a fleet the app built
 (``status`` from its own probe); it is said on stderr when a record was kept aside or followed its machine.
 
@@ -57,7 +57,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator import jobs
 from orchestrator.errors import UnreachableError
-from orchestrator.facts.machine import claim_lines
+from orchestrator.facts.machine import Claim, Machine, claim_lines
+from orchestrator.identity import claim_machine
 from orchestrator.jobs import JobInfo, job_dir
 from orchestrator.readers import (
     GpuInfo,
@@ -76,7 +77,7 @@ from orchestrator.readers import (
 if TYPE_CHECKING:
     from orchestrator.facts import git
     from orchestrator.inventory import Host
-    from orchestrator.state import Claim, HostState, Machine
+    from orchestrator.state import HostState
     from orchestrator.store import StateStore
     from orchestrator.transport.base import Runner
 
@@ -219,7 +220,7 @@ class HostSession:
     # --- state ----------------------------------------------------------------------------------------
 
     def claim_machine(self, seen: Machine | None = None) -> Claim | None:
-        """Tie the state's record of this host to the machine it is now (``StateStore.claim_machine``),
+        """Tie the state's record of this host to the machine it is now (``identity.claim_machine``),
         once per invocation and before the record decides anything: a record of another machine is kept
         aside, never applied here (the host is new: nothing of it is stopped, its pull and tuning are not
         skipped); a renamed host's record follows its machine. Each such change is said on stderr (a
@@ -236,7 +237,7 @@ class HostSession:
             return None
 
         def claim() -> Claim:
-            done = self.store.claim_machine(self.name, now, inventory)
+            done = claim_machine(self.store, self.name, now, inventory)
             for line in claim_lines(done, self.name, now):
                 log.warning("%s", line)
             return done

@@ -20,7 +20,7 @@ from orchestrator.facts import tuner as tf
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, State
 from orchestrator.tuning.member import Peers, plan_of, record_of, records, store_of
-from orchestrator.tuning.record import (
+from orchestrator.tuning_record import (
     AssignmentRecord,
     InstalledRecord,
     LogProgress,

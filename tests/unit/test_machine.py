@@ -4,20 +4,32 @@ one a host name reaches now, and what the store does with a record of another ma
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from orchestrator.errors import UnreachableError
-from orchestrator.facts.machine import claim_lines, machine_argv, mismatch_line, parse_machine_id
+from orchestrator.facts.machine import (
+    Machine,
+    claim_lines,
+    machine_argv,
+    merged,
+    mismatch_line,
+    parse_machine_id,
+    retired_name,
+    same_machine,
+)
+from orchestrator.identity import claim_machine
 from orchestrator.inventory import Host
 from orchestrator.session import HostSession
-from orchestrator.state import Machine, Phase, ServerRecord, merged, retired_name, same_machine
+from orchestrator.state import Phase, ServerRecord
 from orchestrator.store import StateStore
 from tests.fakerunner import FakeRunner
 
 A, B = "a" * 32, "b" * 32
 AT_1, AT_2 = "10.0.0.1:22", "10.0.0.2:22"
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 @pytest.mark.parametrize(
@@ -103,7 +115,7 @@ def test_a_record_of_another_machine_is_kept_aside_and_the_name_starts_new(tmp_p
     serving(store, "gpu-1", Machine(address=AT_1, machine_id=A))
     now = Machine(address=AT_2, machine_id=B)
 
-    claim = store.claim_machine("gpu-1", now, {"gpu-1"})
+    claim = claim_machine(store, "gpu-1", now, {"gpu-1"})
 
     assert (claim.kept_as, claim.followed_from, claim.recorded) == (
         "gpu-1@aaaaaaaa",
@@ -122,11 +134,11 @@ def test_a_record_of_the_same_machine_or_without_one_is_kept_and_its_machine_rec
     serving(store, "gpu-1", None)  # an older orch's record
     now = Machine(address=AT_1, machine_id=A)
 
-    assert claim_lines(store.claim_machine("gpu-1", now, {"gpu-1"}), "gpu-1", now) == []
+    assert claim_lines(claim_machine(store, "gpu-1", now, {"gpu-1"}), "gpu-1", now) == []
     hs = store.read().hosts["gpu-1"]
     assert (hs.phase, hs.machine) == (Phase.SERVING, now)
     moved = Machine(address=AT_2, machine_id=A)
-    assert claim_lines(store.claim_machine("gpu-1", moved, {"gpu-1"}), "gpu-1", moved) == []
+    assert claim_lines(claim_machine(store, "gpu-1", moved, {"gpu-1"}), "gpu-1", moved) == []
     assert store.read().hosts["gpu-1"].machine == moved
     assert set(store.read().hosts) == {"gpu-1"}
 
@@ -136,7 +148,7 @@ def test_a_renamed_host_takes_its_machines_record_when_the_old_name_left_the_inv
     serving(store, "gpu-1", Machine(address=AT_1, machine_id=A))
     now = Machine(address=AT_1, machine_id=A)
 
-    claim = store.claim_machine("blackwell-1", now, {"blackwell-1"})
+    claim = claim_machine(store, "blackwell-1", now, {"blackwell-1"})
 
     assert claim_lines(claim, "blackwell-1", now) == [
         "blackwell-1: the state's record of 'gpu-1' follows its machine (machine aaaaaaaa at 10.0.0.1:22) to this name"
@@ -151,7 +163,7 @@ def test_a_record_of_the_same_machine_under_a_name_still_in_the_inventory_stays_
     store = StateStore(tmp_path / "state.db")
     serving(store, "gpu-1", Machine(address=AT_1, machine_id=A))
 
-    claim = store.claim_machine("gpu-9", Machine(address=AT_2, machine_id=A), {"gpu-1", "gpu-9"})
+    claim = claim_machine(store, "gpu-9", Machine(address=AT_2, machine_id=A), {"gpu-1", "gpu-9"})
 
     assert claim.followed_from is None
     state = store.read()
@@ -162,9 +174,9 @@ def test_a_name_pointed_back_at_its_machine_takes_its_kept_record_back(tmp_path:
     store = StateStore(tmp_path / "state.db")
     old, new = Machine(address=AT_1, machine_id=A), Machine(address=AT_2, machine_id=B)
     serving(store, "gpu-1", old)
-    store.claim_machine("gpu-1", new, {"gpu-1"})  # pointed at another box by mistake
+    claim_machine(store, "gpu-1", new, {"gpu-1"})  # pointed at another box by mistake
 
-    claim = store.claim_machine("gpu-1", old, {"gpu-1"})  # and back
+    claim = claim_machine(store, "gpu-1", old, {"gpu-1"})  # and back
 
     assert (claim.kept_as, claim.followed_from) == ("gpu-1@bbbbbbbb", "gpu-1@aaaaaaaa")
     state = store.read()
@@ -175,15 +187,10 @@ def test_a_name_pointed_back_at_its_machine_takes_its_kept_record_back(tmp_path:
 def test_status_keeps_the_machine_it_does_not_write(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "state.db")
     now = Machine(address=AT_1, machine_id=A)
-    store.claim_machine("gpu-1", now, {"gpu-1"})
+    claim_machine(store, "gpu-1", now, {"gpu-1"})
 
-    def seen(hs: object) -> None:
-        from orchestrator.state import HostState, utc_now
-
-        assert isinstance(hs, HostState)
-        hs.last_seen = utc_now()
-
-    store.update_seen({"gpu-1": seen})
+    with store.update_hosts(["gpu-1"], seen=True) as state:
+        state.hosts["gpu-1"].last_seen = T0
     assert store.read().hosts["gpu-1"].machine == now
 
 
