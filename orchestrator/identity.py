@@ -5,6 +5,7 @@ decisions; this module applies them).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection
 
 from orchestrator.facts.machine import Claim, Machine, merged, retired_name, same_machine
@@ -34,6 +35,7 @@ def claim_machine(store: StateStore, name: str, now: Machine, inventory: Collect
             if same_machine(recorded, now):  # still (another orch may have written meanwhile)
                 state.hosts[name].machine = merged(recorded, now)
                 return Claim()
+    _machines.pop(store, None)  # names move: the next claim reads them again
     with store.update() as state:
         return _claim(state, name, now, inventory)
 
@@ -56,9 +58,20 @@ def _claim(state: State, name: str, now: Machine, inventory: Collection[str]) ->
     return claim
 
 
+_machines: weakref.WeakKeyDictionary[StateStore, dict[str, str]] = weakref.WeakKeyDictionary()
+"""Each store's machine-ids by host name, read once per process (not once per new host: a first contact
+with a thousand hosts would read the state a thousand times); only ever a reason to look inside a fleet
+transaction, which decides again."""
+
+
 def _stray(store: StateStore, now: Machine, inventory: Collection[str]) -> bool:
-    """Whether a record of machine ``now`` is kept under a name the inventory no longer has (to follow it)."""
-    return bool(now.machine_id) and _record_of(store.read(history=False), now.machine_id or "", inventory) is not None
+    """Whether a record of machine ``now`` may be kept under a name the inventory no longer has."""
+    if not now.machine_id:
+        return False
+    if store not in _machines:
+        hosts = store.read(history=False).hosts.items()
+        _machines[store] = {n: hs.machine.machine_id for n, hs in hosts if hs.machine and hs.machine.machine_id}
+    return any(n not in inventory and machine_id == now.machine_id for n, machine_id in _machines[store].items())
 
 
 def _record_of(state: State, machine_id: str, inventory: Collection[str]) -> str | None:

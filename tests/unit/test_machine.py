@@ -236,3 +236,16 @@ def test_a_host_that_does_not_answer_is_claimed_at_the_next_call_that_reaches_it
     claim = session.claim_machine()  # it answers: another machine, its record kept aside
     assert claim is not None and claim.kept_as == f"gpu-1@{A[:8]}"
     assert session.state().server is None
+
+
+def test_a_record_kept_aside_by_this_process_follows_its_machine_to_a_new_name(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    serving(store, "gpu-1", Machine(address=AT_1, machine_id=A))
+    inventory = {"gpu-1", "gpu-2", "gpu-3"}
+    claim_machine(store, "gpu-2", Machine(address="10.0.0.3:22", machine_id="c" * 32), inventory)  # a new host
+    claim_machine(store, "gpu-1", Machine(address=AT_1, machine_id=B), inventory)  # A's record kept aside
+
+    claim = claim_machine(store, "gpu-3", Machine(address=AT_2, machine_id=A), inventory)  # A, renamed gpu-3
+
+    assert claim.followed_from == "gpu-1@aaaaaaaa"
+    assert store.read().hosts["gpu-3"].phase == Phase.SERVING
