@@ -84,6 +84,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+_FOR_GOOD = ("machine", "machine_claim")
+"""The facts that hold for the whole invocation: the machine a host is, and the claim of its record."""
+
 Sink = Callable[[object], None]
 """Where a session's events go: a line (``str``) or a typed event (``BenchProgress``...), as they happen."""
 
@@ -159,13 +162,19 @@ class HostSession:
 
     def forget(self, *names: str) -> None:
         """Drop the cached facts ``names``, each with all its keys (``gpus`` drops ``gpus:0,1``); all of
-        them when none is given: something changed them."""
+        them when none is given (something changed them) but the machine, which holds for the invocation."""
         with self._lock:
-            if not names:
-                self._facts.clear()
             for cached in list(self._facts):
-                if cached in names or cached.split(":", 1)[0] in names:
+                if cached in names or cached.split(":", 1)[0] in names or (not names and cached not in _FOR_GOOD):
                     del self._facts[cached]
+
+    def fresh(self) -> HostSession:
+        """A session of this host over the same connection, with nothing read yet but the machine (and its
+        claim: ``claim_machine``), its events dropped: for a question that may wait long."""
+        other = HostSession(self.host, self.runner, self.store, inventory=self.inventory)
+        with self._lock:
+            other._facts = {name: value for name, value in self._facts.items() if name in _FOR_GOOD}
+        return other
 
     def git(self) -> git.GitInfo:
         """The host's SGLang checkout (``readers.read_git``): HEAD, branch, upstream, dirty files."""

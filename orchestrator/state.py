@@ -1,13 +1,6 @@
-"""orch's state: what orch knows about each host, kept between invocations, as pydantic models.
-
-``State`` is the whole state: each host's ``HostState``, the fleet's tuning plans and its last rolling
-serve. ``orchestrator.store.StateStore`` keeps it in one SQLite database, a table per concern, every row
-one of these documents, validated on write and on read. Inside, everything is typed: a host's phase
-changes only through its event methods (``HostState``), serve's verification is a ``Verification``,
-``orch run``'s progress a ``StepProgress``, benchmark runs ``facts.bench.BenchRecord``s.
-
-No secret enters the state: job and server records refuse argv items and metadata that look like
-secrets (``find_secret``), and every write validates what it writes again.
+"""orch's state as pydantic models: each host's ``HostState`` (its phase machine: the event methods), the fleet's
+tuning plans and last rolling serve. ``orchestrator.store`` keeps them (docs/state.md). No secret enters the
+state: job and server records refuse values that look like one (``find_secret``), on every write.
 """
 
 from __future__ import annotations

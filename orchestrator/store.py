@@ -1,27 +1,12 @@
-"""orch's state store: one SQLite database of the pydantic documents of ``orchestrator.state``.
+"""orch's state store: one SQLite database of ``orchestrator.state``'s pydantic documents, a table per concern
+(``SCHEMA``; docs/state.md), each row validated on write and on read. Nothing outside this module touches SQL.
 
-The database (``.orch/state.db`` beside the inventory; ``--state``/``$ORCH_STATE`` name it) holds one table
-per concern, each row a document validated on write and on read (``SCHEMA`` below):
-
-- ``hosts``: a host's ``HostState`` without its growing lists and what ``seen`` holds;
-- ``seen``: when the host was last seen and its checkout (what every ``orch status`` writes);
-- ``jobs``, ``phase_changes``, ``benchmarks``: a host's jobs, phase history and benchmark runs, a row each;
-- ``tuning_plans``: the fleet's tuning plans by id; ``rollout``: the last rolling serve.
-
-The store is the standard library's ``sqlite3`` and nothing more: WAL (readers never wait), every write a
-``BEGIN IMMEDIATE`` transaction (one writer at a time; a writer waits ``lock_timeout`` seconds, SQLite's
-``busy_timeout``, then fails naming the orch that holds it when the system says), ``PRAGMA user_version``
-the schema version. A crash leaves the last committed transaction: SQLite's journal is the crash safety.
-The file and its directory are private (0600/0700). An older orch's state (``state.json``: a directory
-or a single file) is migrated once into the database, in the transaction that creates it, and kept
-renamed beside it (``orchestrator.state_migration``). A corrupt database, or one a newer orch wrote, is
-a ``StateError`` (exit 4) naming the file; it is never reset.
-
-Nothing outside this module touches SQL. Its public methods: ``read`` (some or all hosts, with or without
-their history), ``update_host`` (one host), ``update_hosts`` (a group of hosts and the plans: a tuning
-group), ``update`` (anything: the fleet), ``update_seen`` (``orch status``'s record of what it saw),
-``claim_machine`` (tie a host's record to the machine it reaches: ``facts.machine``) and
-``check_writable`` (could a change be recorded now?).
+Its public methods: ``read`` (some or all hosts, with or without their history), ``update_host`` (one host),
+``update_hosts`` (a group of hosts and the plans; ``seen=True``: their seen rows alone, what status writes),
+``update`` (the fleet) and ``check_writable``. Every write is a ``BEGIN IMMEDIATE`` transaction in WAL mode
+(one writer at a time, waiting ``lock_timeout``); a database busy past it, corrupt, or of a newer schema is a
+``StateError`` (exit 4) naming the file, never reset. An older orch's state is migrated once
+(``state_migration``) in the transaction that creates the database.
 """
 
 from __future__ import annotations

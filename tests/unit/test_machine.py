@@ -249,3 +249,17 @@ def test_a_record_kept_aside_by_this_process_follows_its_machine_to_a_new_name(t
 
     assert claim.followed_from == "gpu-1@aaaaaaaa"
     assert store.read().hosts["gpu-3"].phase == Phase.SERVING
+
+
+def test_the_machine_is_read_once_per_invocation_whatever_is_forgotten_or_asked_first(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    host = Host(name="gpu-1", address="10.0.0.1", workdir="/w")
+    runner = FakeRunner("gpu-1").on(("orch-machine-id",), stdout=f"{A}\n")
+    session = HostSession(host, runner, store, inventory={"gpu-1"})
+    session.claim_machine()
+
+    session.forget()  # a long wait: everything is read afresh, but the machine holds for the invocation
+    session.claim_machine()
+    session.fresh().claim_machine()  # a question's session of its own
+
+    assert runner.commands() == ["orch-machine-id"]
