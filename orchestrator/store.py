@@ -156,14 +156,8 @@ class StateStore:
     def update_host(self, name: str, fn: Callable[[HostState], T]) -> T:
         """Apply ``fn`` to host ``name``'s state (a new one when unknown) in one transaction; what ``fn``
         returns. An exception in ``fn`` saves nothing and propagates."""
-        with self._transaction() as db:
-            state, old = self._read(db, [name], history=True)
-            before = self._copy(state)
-            hs = state.host(name)
-            result = fn(hs)
-            self._save_host(db, name, hs, old.hosts.get(name, {}))
-        self._notify(before, State(hosts={name: hs}))
-        return result
+        with self.update_hosts([name]) as state:
+            return fn(state.host(name))
 
     @contextlib.contextmanager
     def update_hosts(self, names: Iterable[str], *, seen: bool = False) -> Iterator[State]:
@@ -175,25 +169,23 @@ class StateStore:
         if seen:
             with self._update_seen(list(dict.fromkeys(names))) as state:
                 yield state
-            return
-        wanted = set(names)
-        with self._transaction() as db:
-            state, old = self._read(db, sorted(wanted), history=True)
-            before = self._copy(state)
-            yield state
-            if not old.hosts.keys() <= state.hosts.keys() <= wanted:
-                raise RuntimeError("update_hosts() changes the hosts it was given, never which hosts there are")
-            self._save(db, state, old)
-        self._notify(before, state)
+        else:
+            with self._update(set(names)) as state:
+                yield state
 
-    @contextlib.contextmanager
-    def update(self) -> Iterator[State]:
+    def update(self) -> contextlib.AbstractContextManager[State]:
         """A transaction over the whole state (any host, the plans, the rollout): a host dropped from
         ``hosts`` is deleted. An exception inside the block saves nothing and propagates."""
+        return self._update(None)
+
+    @contextlib.contextmanager
+    def _update(self, wanted: set[str] | None) -> Iterator[State]:
         with self._transaction() as db:
-            state, old = self._read(db, None, history=True)
+            state, old = self._read(db, None if wanted is None else sorted(wanted), history=True)
             before = self._copy(state)
             yield state
+            if wanted is not None and not old.hosts.keys() <= state.hosts.keys() <= wanted:
+                raise RuntimeError("update_hosts() changes the hosts it was given, never which hosts there are")
             self._save(db, state, old)
         self._notify(before, state)
 
