@@ -13,7 +13,9 @@ from orchestrator.state import State
 from orchestrator.store import StateStore
 
 
-def claim_machine(store: StateStore, name: str, now: Machine, inventory: Collection[str]) -> Claim:
+def claim_machine(
+    store: StateStore, name: str, now: Machine, inventory: Collection[str], recorded: Machine | None = None
+) -> Claim:
     """Tie host ``name``'s record to the machine seen ``now``:
 
     - a record of this machine, or with none (an older orch's), is kept and ``now`` recorded in it;
@@ -23,9 +25,12 @@ def claim_machine(store: StateStore, name: str, now: Machine, inventory: Collect
       ``inventory`` no longer has (a renamed host, or a record kept aside earlier): the record follows
       its machine, so a renamed host keeps its server, tuning and history.
 
-    What it did (``Claim``), for the caller to say. A record that already says ``now`` is read, not
-    written: no write lock per host and command; filling in or creating one writes its ``seen`` row
+    What it did (``Claim``), for the caller to say. A record that already says ``now`` (``recorded``: as the
+    caller read it for the fleet, ``orch status``; else read here) is not written: no write lock per host
+    and command; filling in or creating one writes its ``seen`` row
     alone; keeping a record aside or following one is a fleet transaction (rare: each decides again inside)."""
+    if recorded is not None and recorded == now:
+        return Claim()
     snapshot = store.read([name], history=False).hosts.get(name)
     if snapshot is not None and snapshot.machine == now:
         return Claim()

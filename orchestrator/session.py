@@ -228,15 +228,16 @@ class HostSession:
 
     # --- state ----------------------------------------------------------------------------------------
 
-    def claim_machine(self, seen: Machine | None = None) -> Claim | None:
+    def claim_machine(self, seen: Machine | None = None, recorded: Machine | None = None) -> Claim | None:
         """Tie the state's record of this host to the machine it is now (``identity.claim_machine``),
         once per invocation and before the record decides anything: a record of another machine is kept
         aside, never applied here (the host is new: nothing of it is stopped, its pull and tuning are not
         skipped); a renamed host's record follows its machine. Each such change is said on stderr (a
         warning: the command goes on, its exit code is its own). ``seen``: the machine as a probe already
-        read it (``orch status``), else read now. None for a session without ``inventory``, and while the
-        host does not answer (its record is tied at a later call that reaches it: the operation's own reads
-        fail on the outage, or ride it out as the tuning watcher does)."""
+        read it (``orch status``), else read now; ``recorded``: the record's machine as the caller read it.
+        None for a session without ``inventory``, and while the host does not answer (its record is tied at
+        a later call that reaches it: the operation's own reads fail on the outage, or ride it out as the
+        tuning watcher does)."""
         if self.inventory is None:
             return None
         inventory = self.inventory
@@ -246,7 +247,7 @@ class HostSession:
             return None
 
         def claim() -> Claim:
-            done = claim_machine(self.store, self.name, now, inventory)
+            done = claim_machine(self.store, self.name, now, inventory, recorded)
             for line in claim_lines(done, self.name, now):
                 log.warning("%s", line)
             return done

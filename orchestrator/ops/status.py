@@ -117,7 +117,7 @@ def observe(
         probe.parse(_probe(session, argv, FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout),
         {"gpus": gpus.HANG_MESSAGE, "apps": gpus.HANG_MESSAGE},
     )
-    record = _claim_machine(session, sections)
+    record = _claim_machine(session, sections, cached)
     if record is not None:
         cached, launched = record, record.server
     sections.update(_unrecorded_http(session, sections, launched))
@@ -134,13 +134,16 @@ def observe(
     return Observed(status, info, sections, started_at, record)
 
 
-def _claim_machine(session: HostSession, sections: dict[str, probe.Section]) -> HostState | None:
+def _claim_machine(
+    session: HostSession, sections: dict[str, probe.Section], cached: HostState | None
+) -> HostState | None:
     """Tie the host's record to the machine the probe found (``HostSession.claim_machine``). When that
     changed the record (another machine's kept aside, a renamed host's followed its machine), the record
     read again, with the HTTP of the server it records asked (the probe asked the old record's): else None."""
     found = sections.get("machine")
     machine_id = machine.parse_machine_id(found.output) if found is not None and found.ok else None
-    claim = session.claim_machine(readers.host_machine(session.host, machine_id))
+    recorded = cached.machine if cached is not None else None
+    claim = session.claim_machine(readers.host_machine(session.host, machine_id), recorded)
     if claim is None or (claim.kept_as is None and claim.followed_from is None):
         return None
     record = session.store.read([session.name], history=False).host(session.name)
