@@ -29,7 +29,7 @@ from orchestrator.transport.base import CommandResult
 from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.member import Member
 from orchestrator.tuning.progress import poll_group
-from orchestrator.tuning.record import AssignmentRecord, HostPaths, PlanRecord, TuningRecord
+from orchestrator.tuning_record import AssignmentRecord, HostPaths, PlanRecord, TuningRecord
 
 # $1 bytes of log to write first; then a completion line every 50 ms until killed.
 _WRITER = r"""

@@ -56,7 +56,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 POLL_SECONDS = 0.2
 STORE_READS = ("read",)  # StateStore methods: a read of the state
-STORE_TRANSACTIONS = ("update", "update_hosts", "update_host", "update_seen")
+STORE_TRANSACTIONS = ("update", "update_hosts", "update_host")
 WHOLE_STORE = ("load", "update")  # what reads every host's file, whatever the command is about
 POLL_NAMES = ("step_group", "step", "poll_once", "poll")  # the group's one step per poll cycle, in order
 POLL_NAMES_ENV = "MIDDLE_POLL_NAMES"  # more names, tried first (``--poll-name``; the traced orch inherits it)

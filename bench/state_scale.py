@@ -43,7 +43,7 @@ def build(path: Path, n_hosts: int) -> None:
     """The fixture's template host and its plan, N times, saved by orch's StateStore at ``path``."""
     from orchestrator.state import HostState, State
     from orchestrator.store import StateStore
-    from orchestrator.tuning.record import PlanRecord
+    from orchestrator.tuning_record import PlanRecord
 
     demo = json.loads(FIXTURE.read_text())
     migrated = _load_fixture(demo)

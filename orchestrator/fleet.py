@@ -119,6 +119,14 @@ class Fleet:
                 self._sessions[host.name] = HostSession(host, runner, store, sink, self.inventory)
             return self._sessions[host.name]
 
+    def question_session(self, host: Host, store: StateStore) -> HostSession:
+        """A session of its own for a question asked before the operation (it may wait long: the operation's
+        session reads the host afresh after it), its events dropped; the host's record is tied to its
+        machine once for both (``HostSession.claim_machine``: one machine-id read per host and command)."""
+        session = self.session(host, store)
+        session.claim_machine()
+        return session.fresh()
+
     def peers(
         self, inventory: Mapping[str, Host], store: StateStore | Callable[[], StateStore]
     ) -> Callable[[str], HostSession]:

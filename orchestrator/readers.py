@@ -26,11 +26,11 @@ from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts import tuner as tf
 from orchestrator.facts.gpus import Holder, device_file_name
-from orchestrator.facts.machine import address_of, machine_argv, parse_machine_id
+from orchestrator.facts.machine import Machine, address_of, machine_argv, parse_machine_id
 from orchestrator.facts.server_log import ServerLog, parse_server_log
 from orchestrator.inventory import Host
 from orchestrator.recipe import Shape
-from orchestrator.state import Machine, SGLangInfo
+from orchestrator.state import SGLangInfo
 from orchestrator.transport.base import Runner
 
 # --- the machine ------------------------------------------------------------------------------------

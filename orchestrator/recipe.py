@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.errors import ConfigError
 from orchestrator.text import find_secret, is_env_name, looks_secret
-from orchestrator.tuning.record import Shape as Shape  # the one shape type, re-exported: the playbook's shapes
+from orchestrator.tuning_record import Shape as Shape  # the one shape type, re-exported: the playbook's shapes
 from orchestrator.yamlfile import control_character, load_yaml, read_text
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)

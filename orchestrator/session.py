@@ -26,7 +26,7 @@ fact                read by                                         forgotten by
 ==================  ==============================================  ==========================================
 
 Before an operation reads the host's record to decide anything, ``claim_machine`` ties that record to the
-machine the host is now (``StateStore.claim_machine``): a record of another machine is never applied to
+machine the host is now (``identity.claim_machine``): a record of another machine is never applied to
 this one (issue 30 §1). ``Fleet.map_sessions`` does it for every operation of a fleet the app built
 (``status`` from its own probe); it is said on stderr when a record was kept aside or followed its machine.
 
@@ -57,7 +57,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator import jobs
 from orchestrator.errors import UnreachableError
-from orchestrator.facts.machine import claim_lines
+from orchestrator.facts.machine import Claim, Machine, claim_lines
+from orchestrator.identity import claim_machine
 from orchestrator.jobs import JobInfo, job_dir
 from orchestrator.readers import (
     GpuInfo,
@@ -76,12 +77,15 @@ from orchestrator.readers import (
 if TYPE_CHECKING:
     from orchestrator.facts import git
     from orchestrator.inventory import Host
-    from orchestrator.state import Claim, HostState, Machine
+    from orchestrator.state import HostState
     from orchestrator.store import StateStore
     from orchestrator.transport.base import Runner
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+_FOR_GOOD = ("machine", "machine_claim")
+"""The facts that hold for the whole invocation: the machine a host is, and the claim of its record."""
 
 Sink = Callable[[object], None]
 """Where a session's events go: a line (``str``) or a typed event (``BenchProgress``...), as they happen."""
@@ -158,13 +162,19 @@ class HostSession:
 
     def forget(self, *names: str) -> None:
         """Drop the cached facts ``names``, each with all its keys (``gpus`` drops ``gpus:0,1``); all of
-        them when none is given: something changed them."""
+        them when none is given (something changed them) but the machine, which holds for the invocation."""
         with self._lock:
-            if not names:
-                self._facts.clear()
             for cached in list(self._facts):
-                if cached in names or cached.split(":", 1)[0] in names:
+                if cached in names or cached.split(":", 1)[0] in names or (not names and cached not in _FOR_GOOD):
                     del self._facts[cached]
+
+    def fresh(self) -> HostSession:
+        """A session of this host over the same connection, with nothing read yet but the machine (and its
+        claim: ``claim_machine``), its events dropped: for a question that may wait long."""
+        other = HostSession(self.host, self.runner, self.store, inventory=self.inventory)
+        with self._lock:
+            other._facts = {name: value for name, value in self._facts.items() if name in _FOR_GOOD}
+        return other
 
     def git(self) -> git.GitInfo:
         """The host's SGLang checkout (``readers.read_git``): HEAD, branch, upstream, dirty files."""
@@ -218,15 +228,16 @@ class HostSession:
 
     # --- state ----------------------------------------------------------------------------------------
 
-    def claim_machine(self, seen: Machine | None = None) -> Claim | None:
-        """Tie the state's record of this host to the machine it is now (``StateStore.claim_machine``),
+    def claim_machine(self, seen: Machine | None = None, recorded: Machine | None = None) -> Claim | None:
+        """Tie the state's record of this host to the machine it is now (``identity.claim_machine``),
         once per invocation and before the record decides anything: a record of another machine is kept
         aside, never applied here (the host is new: nothing of it is stopped, its pull and tuning are not
         skipped); a renamed host's record follows its machine. Each such change is said on stderr (a
         warning: the command goes on, its exit code is its own). ``seen``: the machine as a probe already
-        read it (``orch status``), else read now. None for a session without ``inventory``, and while the
-        host does not answer (its record is tied at a later call that reaches it: the operation's own reads
-        fail on the outage, or ride it out as the tuning watcher does)."""
+        read it (``orch status``), else read now; ``recorded``: the record's machine as the caller read it.
+        None for a session without ``inventory``, and while the host does not answer (its record is tied at
+        a later call that reaches it: the operation's own reads fail on the outage, or ride it out as the
+        tuning watcher does)."""
         if self.inventory is None:
             return None
         inventory = self.inventory
@@ -236,7 +247,7 @@ class HostSession:
             return None
 
         def claim() -> Claim:
-            done = self.store.claim_machine(self.name, now, inventory)
+            done = claim_machine(self.store, self.name, now, inventory, recorded)
             for line in claim_lines(done, self.name, now):
                 log.warning("%s", line)
             return done

@@ -1,28 +1,21 @@
-"""orch's state: what orch knows about each host, kept between invocations, as pydantic models.
-
-``State`` is the whole state: each host's ``HostState``, the fleet's tuning plans and its last rolling
-serve. ``orchestrator.store.StateStore`` keeps it in one SQLite database, a table per concern, every row
-one of these documents, validated on write and on read. Inside, everything is typed: a host's phase
-changes only through its event methods (``HostState``), serve's verification is a ``Verification``,
-``orch run``'s progress a ``StepProgress``, benchmark runs ``facts.bench.BenchRecord``s.
-
-No secret enters the state: job and server records refuse argv items and metadata that look like
-secrets (``find_secret``), and every write validates what it writes again.
+"""orch's state as pydantic models: each host's ``HostState`` (its phase machine: the event methods), the fleet's
+tuning plans and last rolling serve. ``orchestrator.store`` keeps them (docs/state.md). No secret enters the
+state: job and server records refuse values that look like one (``find_secret``), on every write.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Container, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo
 
 from orchestrator.facts.bench import BenchRecord, GateRecord
+from orchestrator.facts.machine import Machine
 from orchestrator.facts.profile import ProfileRecord
 from orchestrator.text import find_secret
-from orchestrator.tuning.record import PlanRecord, TuningRecord
+from orchestrator.tuning_record import PlanRecord, TuningRecord
 from orchestrator.utc import UtcDateTime as UtcDateTime  # re-exported: the state's timestamps
 from orchestrator.utc import utc_now as utc_now
 
@@ -65,63 +58,6 @@ class _Model(BaseModel):
     errors never echo the offending value (it may be a secret)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, hide_input_in_errors=True)
-
-
-class Machine(_Model):
-    """The machine a host's record was made on (issue 30 §1; read by ``facts.machine``): ``address``
-    (``host:port`` as the inventory reaches it, ``local`` for ``transport: local``) and its ``machine_id``
-    (None: the host has none, or it could not be read)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
-
-    address: str
-    machine_id: str | None = None
-
-    def describe(self) -> str:
-        """``machine 3f2a9c1e at 10.0.0.5:22`` (the id's first 8 characters: enough to tell two apart)."""
-        which = f"machine {self.machine_id[:8]}" if self.machine_id else "the machine"
-        return f"{which} at {self.address}"
-
-
-def same_machine(recorded: Machine | None, now: Machine) -> bool:
-    """Whether a record made on ``recorded`` applies to the machine seen ``now``. A record without one
-    (an older orch wrote it) applies: its identity is filled in, never a false alarm. Two machine-ids
-    decide alone (a box moved to a new address is the same box); without both, the address decides."""
-    if recorded is None:
-        return True
-    if recorded.machine_id and now.machine_id:
-        return recorded.machine_id == now.machine_id
-    return recorded.address == now.address
-
-
-def merged(recorded: Machine | None, now: Machine) -> Machine:
-    """The identity to record after a contact that found the same machine: ``now``, keeping the recorded
-    machine-id when this contact could not read one."""
-    if recorded is not None and now.machine_id is None and recorded.machine_id:
-        return now.model_copy(update={"machine_id": recorded.machine_id})
-    return now
-
-
-def retired_name(name: str, recorded: Machine, taken: Container[str]) -> str:
-    """The name a record of another machine is kept under once ``name`` points elsewhere:
-    ``gpu-1@3f2a9c1e`` (its machine-id's start, else its address), ``.2``... when taken."""
-    base = f"{name}@{recorded.machine_id[:8] if recorded.machine_id else recorded.address}"
-    candidate, n = base, 1
-    while candidate in taken:
-        n += 1
-        candidate = f"{base}.{n}"
-    return candidate
-
-
-@dataclass
-class Claim:
-    """What tying a host's record to the machine seen now did (``StateStore.claim_machine``): the record
-    of another machine kept aside as ``kept_as`` (``recorded`` its machine), and the record that followed
-    its machine from ``followed_from`` (a renamed host). Neither: the record was this machine's already."""
-
-    recorded: Machine | None = None
-    kept_as: str | None = None
-    followed_from: str | None = None
 
 
 class Phase(str, enum.Enum):

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from orchestrator.errors import StateError
 from orchestrator.facts.bench import BenchRecord
 from orchestrator.state import SCHEMA_VERSION, HostState, JobRecord, PhaseChange, State, summarize
-from orchestrator.tuning.record import migrate_v1
+from orchestrator.tuning_record import migrate_v1
 
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
 """One step of a migration: the raw JSON document in, the document in the next shape out (pure)."""

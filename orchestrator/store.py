@@ -1,27 +1,12 @@
-"""orch's state store: one SQLite database of the pydantic documents of ``orchestrator.state``.
+"""orch's state store: one SQLite database of ``orchestrator.state``'s pydantic documents, a table per concern
+(``SCHEMA``; docs/state.md), each row validated on write and on read. Nothing outside this module touches SQL.
 
-The database (``.orch/state.db`` beside the inventory; ``--state``/``$ORCH_STATE`` name it) holds one table
-per concern, each row a document validated on write and on read (``SCHEMA`` below):
-
-- ``hosts``: a host's ``HostState`` without its growing lists and what ``seen`` holds;
-- ``seen``: when the host was last seen and its checkout (what every ``orch status`` writes);
-- ``jobs``, ``phase_changes``, ``benchmarks``: a host's jobs, phase history and benchmark runs, a row each;
-- ``tuning_plans``: the fleet's tuning plans by id; ``rollout``: the last rolling serve.
-
-The store is the standard library's ``sqlite3`` and nothing more: WAL (readers never wait), every write a
-``BEGIN IMMEDIATE`` transaction (one writer at a time; a writer waits ``lock_timeout`` seconds, SQLite's
-``busy_timeout``, then fails naming the orch that holds it when the system says), ``PRAGMA user_version``
-the schema version. A crash leaves the last committed transaction: SQLite's journal is the crash safety.
-The file and its directory are private (0600/0700). An older orch's state (``state.json``: a directory
-or a single file) is migrated once into the database, in the transaction that creates it, and kept
-renamed beside it (``orchestrator.state_migration``). A corrupt database, or one a newer orch wrote, is
-a ``StateError`` (exit 4) naming the file; it is never reset.
-
-Nothing outside this module touches SQL. Its public methods: ``read`` (some or all hosts, with or without
-their history), ``update_host`` (one host), ``update_hosts`` (a group of hosts and the plans: a tuning
-group), ``update`` (anything: the fleet), ``update_seen`` (``orch status``'s record of what it saw),
-``claim_machine`` (tie a host's record to the machine it reaches: ``facts.machine``) and
-``check_writable`` (could a change be recorded now?).
+Its public methods: ``read`` (some or all hosts, with or without their history), ``update_host`` (one host),
+``update_hosts`` (a group of hosts and the plans; ``seen=True``: their seen rows alone, what status writes),
+``update`` (the fleet) and ``check_writable``. Every write is a ``BEGIN IMMEDIATE`` transaction in WAL mode
+(one writer at a time, waiting ``lock_timeout``); a database busy past it, corrupt, or of a newer schema is a
+``StateError`` (exit 4) naming the file, never reset. An older orch's state is migrated once
+(``state_migration``) in the transaction that creates the database.
 """
 
 from __future__ import annotations
@@ -33,7 +18,7 @@ import os
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,20 +31,15 @@ from orchestrator.facts.bench import BenchRecord
 from orchestrator.state import (
     READ_BACK,
     SCHEMA_VERSION,
-    Claim,
     HostState,
     JobRecord,
-    Machine,
     PhaseChange,
     RolloutRecord,
     SeenRecord,
     State,
-    merged,
-    retired_name,
-    same_machine,
     summarize,
 )
-from orchestrator.tuning.record import PlanRecord
+from orchestrator.tuning_record import PlanRecord
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -176,97 +156,59 @@ class StateStore:
     def update_host(self, name: str, fn: Callable[[HostState], T]) -> T:
         """Apply ``fn`` to host ``name``'s state (a new one when unknown) in one transaction; what ``fn``
         returns. An exception in ``fn`` saves nothing and propagates."""
-        with self._transaction() as db:
-            state, old = self._read(db, [name], history=True)
-            before = self._copy(state)
-            hs = state.host(name)
-            result = fn(hs)
-            self._save_host(db, name, hs, old.hosts.get(name, {}))
-        self._notify(before, State(hosts={name: hs}))
-        return result
+        with self.update_hosts([name]) as state:
+            return fn(state.host(name))
 
     @contextlib.contextmanager
-    def update_hosts(self, names: Iterable[str]) -> Iterator[State]:
+    def update_hosts(self, names: Iterable[str], *, seen: bool = False) -> Iterator[State]:
         """A transaction over hosts ``names`` and the fleet-level documents (a tuning group): the state
         yielded has those of ``names`` the store has (``state.host(name)`` adds another of them); changing
-        which other hosts there are is a bug (``RuntimeError``)."""
-        wanted = set(names)
+        which other hosts there are is a bug (``RuntimeError``). ``seen``: over their ``seen`` rows alone
+        (what every ``orch status`` writes): each of ``names`` is yielded (a new one is created) holding its
+        ``last_seen``, ``sglang`` and ``machine``, and changing anything else is a bug."""
+        if seen:
+            with self._update_seen(list(dict.fromkeys(names))) as state:
+                yield state
+        else:
+            with self._update(set(names)) as state:
+                yield state
+
+    def update(self) -> contextlib.AbstractContextManager[State]:
+        """A transaction over the whole state (any host, the plans, the rollout): a host dropped from
+        ``hosts`` is deleted. An exception inside the block saves nothing and propagates."""
+        return self._update(None)
+
+    @contextlib.contextmanager
+    def _update(self, wanted: set[str] | None) -> Iterator[State]:
         with self._transaction() as db:
-            state, old = self._read(db, sorted(wanted), history=True)
+            state, old = self._read(db, None if wanted is None else sorted(wanted), history=True)
             before = self._copy(state)
             yield state
-            if not old.hosts.keys() <= state.hosts.keys() <= wanted:
+            if wanted is not None and not old.hosts.keys() <= state.hosts.keys() <= wanted:
                 raise RuntimeError("update_hosts() changes the hosts it was given, never which hosts there are")
             self._save(db, state, old)
         self._notify(before, state)
 
     @contextlib.contextmanager
-    def update(self) -> Iterator[State]:
-        """A transaction over the whole state (any host, the plans, the rollout): a host dropped from
-        ``hosts`` is deleted. An exception inside the block saves nothing and propagates."""
+    def _update_seen(self, names: list[str]) -> Iterator[State]:
         with self._transaction() as db:
-            state, old = self._read(db, None, history=True)
-            before = self._copy(state)
-            yield state
-            self._save(db, state, old)
-        self._notify(before, state)
-
-    def update_seen(self, changes: Mapping[str, Callable[[HostState], T]]) -> dict[str, T]:
-        """``orch status``'s record: for each host of ``changes`` (name -> its ``fn``), ``fn`` gets a
-        ``HostState`` holding its ``last_seen``, ``sglang`` and ``machine`` alone and may change those only
-        (anything else is a bug: ``RuntimeError``); one transaction on the ``seen`` table (and the
-        ``hosts`` row of a host new to the state). What each ``fn`` returned, by host."""
-        results: dict[str, T] = {}
-        with self._transaction() as db:
-            marks = ",".join("?" * len(changes))
-            known = dict(db.execute(f"SELECT host, doc FROM seen WHERE host IN ({marks})", list(changes)))
-            written = []
-            for name, fn in changes.items():
+            marks = ",".join("?" * len(names))
+            known = dict(db.execute(f"SELECT host, doc FROM seen WHERE host IN ({marks})", names))
+            state = State.model_construct(hosts={}, tuning_plans={}, rollout=None)
+            for name in names:
                 seen = _parse(SeenRecord, known[name], self.path, f"seen {name!r}") if name in known else SeenRecord()
-                hs = HostState(**{k: getattr(seen, k) for k in _SEEN_FIELDS})
-                results[name] = fn(hs)
+                state.hosts[name] = HostState(**{k: getattr(seen, k) for k in _SEEN_FIELDS})
+            yield state
+            written = []
+            for name in names:
+                hs = state.hosts[name]
                 if {k: v for k, v in hs.__dict__.items() if k not in _SEEN_FIELDS} != _EMPTY_HOST:
-                    raise RuntimeError("update_seen() changes last_seen, sglang and machine alone: use update_host()")
+                    raise RuntimeError("update_hosts(seen=True) changes last_seen, sglang and machine alone")
                 doc = SeenRecord(**{k: getattr(hs, k) for k in _SEEN_FIELDS}).model_dump_json(warnings=False)
                 if doc != known.get(name):
                     written.append((name, doc))
             db.executemany("INSERT OR REPLACE INTO seen VALUES (?, ?)", written)
-            db.executemany("INSERT OR IGNORE INTO hosts VALUES (?, ?)", [(name, _NEW_HOST) for name in changes])
-        return results
-
-    def claim_machine(self, name: str, now: Machine, inventory: Collection[str]) -> Claim:
-        """Tie host ``name``'s record to the machine seen ``now`` (issue 30 §1), in one transaction:
-
-        - a record of this machine, or with none (an older orch's), is kept and ``now`` recorded in it;
-        - a record of another machine (``facts.machine.same_machine``) is never applied here: it is kept
-          whole under ``retired_name`` (``gpu-1@3f2a9c1e``) and ``name`` starts afresh, as a new host;
-        - a name without a record (then) takes the record of the same machine-id kept under a name the
-          ``inventory`` no longer has (a renamed host, or a record kept aside earlier): the record follows
-          its machine, so a renamed host keeps its server, tuning and history.
-
-        What it did (``Claim``), for the caller to say. A record that already says ``now`` is read, not
-        written: no write lock per host and command."""
-        db = self._db()
-        with self._errors():
-            seen = db.execute("SELECT doc FROM seen WHERE host = ?", (name,)).fetchone()
-        if seen is not None and _parse(SeenRecord, seen[0], self.path, f"seen {name!r}").machine == now:
-            return Claim()
-        with self._transaction() as db:
-            recorded = self._seen(db, name).machine
-            exists = db.execute("SELECT 1 FROM hosts WHERE host = ?", (name,)).fetchone() is not None
-            if exists and same_machine(recorded, now):
-                self._set_machine(db, name, merged(recorded, now))
-                return Claim()
-            claim = Claim(recorded=recorded)
-            if exists and recorded is not None:
-                taken = {host for (host,) in db.execute("SELECT host FROM hosts")} | set(inventory)
-                claim.kept_as = retired_name(name, recorded, taken)
-                self._rename(db, name, claim.kept_as)
-            claim.followed_from = self._record_of(db, now.machine_id, inventory) if now.machine_id else None
-            if claim.followed_from is not None:
-                self._rename(db, claim.followed_from, name)
-            self._set_machine(db, name, now)
-        return claim
+            db.executemany("INSERT OR IGNORE INTO hosts VALUES (?, ?)", [(name, _NEW_HOST) for name in names])
 
     def check_writable(self) -> None:
         """Take the write lock and let go at once, saving nothing: an operation about to change a host in a
@@ -274,30 +216,6 @@ class StateStore:
         holding the state too long fails it (``StateError``, exit 4) before anything changed."""
         with self._transaction():
             pass
-
-    def _seen(self, db: sqlite3.Connection, name: str) -> SeenRecord:
-        row = db.execute("SELECT doc FROM seen WHERE host = ?", (name,)).fetchone()
-        return _parse(SeenRecord, row[0], self.path, f"seen {name!r}") if row else SeenRecord()
-
-    def _set_machine(self, db: sqlite3.Connection, name: str, machine: Machine) -> None:
-        """Host ``name``'s seen record with ``machine`` (its ``hosts`` row created when new)."""
-        seen = self._seen(db, name)
-        if seen.machine != machine:
-            doc = seen.model_copy(update={"machine": machine}).model_dump_json(warnings=False)
-            doc = _checked(SeenRecord, doc, self.path, f"seen {name!r}")
-            db.execute("INSERT OR REPLACE INTO seen VALUES (?, ?)", (name, doc))
-        db.execute("INSERT OR IGNORE INTO hosts VALUES (?, ?)", (name, _NEW_HOST))
-
-    def _rename(self, db: sqlite3.Connection, old: str, new: str) -> None:
-        """Every row of host ``old`` becomes host ``new``'s (``new`` has none)."""
-        for table in ("hosts", "seen", "jobs", *_LISTS):
-            db.execute(f"UPDATE {table} SET host = ? WHERE host = ?", (new, old))
-
-    def _record_of(self, db: sqlite3.Connection, machine_id: str, inventory: Collection[str]) -> str | None:
-        """The first host (natural order) not in ``inventory`` whose record is of machine ``machine_id``."""
-        query = "SELECT host FROM seen WHERE json_extract(doc, '$.machine.machine_id') = ?"
-        names = sorted((h for (h,) in db.execute(query, (machine_id,)) if h not in inventory), key=_natural)
-        return names[0] if names else None
 
     # -- the connection
 

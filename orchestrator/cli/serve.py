@@ -99,11 +99,11 @@ def serve(
             serve_view.plans(plans)
             return finish(plans)
 
-        # its own session: the question may wait long, serve reads the host afresh after it
+        # its own session (the question may wait long); another machine's record never asks to take serving down
         def replaces(h: Host, r: Runner) -> bool:  # a group's running rank is always replaced
-            session = HostSession(h, r, app.store, inventory=fleet.inventory)
-            session.claim_machine()  # another machine's record never asks to take serving down
-            return h.name in ranks or serve_op.would_replace(session, chosen[h.name], options)
+            return h.name in ranks or serve_op.would_replace(
+                fleet.question_session(h, app.store), chosen[h.name], options
+            )
 
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes, replaces)
         serve_one = lambda s: serve_host(s, chosen[s.name], options, ranks.get(s.name), app.peers(fleet))  # noqa: E731

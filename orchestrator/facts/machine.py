@@ -10,18 +10,78 @@ read with the probe orch runs anyway (``status``) or one ``cat`` otherwise. ``sy
 first: the same file on a systemd host, and a tool the simulated fleet can stand in for per host (as it
 does for ``nvidia-smi`` and ``df``).
 
-This module is pure: the command, its parser, and the lines orch says; the model (``state.Machine``) and the
-decisions the store takes with it (``state.same_machine``, ``merged``, ``retired_name``) are the state's.
+This module is pure: the model (``Machine``, a field of ``state.HostState``), the command and its parser, the
+decisions taken with it (``same_machine``, ``merged``, ``retired_name``) and the lines orch says;
+``orchestrator.identity`` applies them to the state.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Container
+from dataclasses import dataclass
 
-from orchestrator.state import Claim, Machine
+from pydantic import BaseModel, ConfigDict
 
 _SCRIPT = "systemd-id128 machine-id 2>/dev/null || cat /etc/machine-id"
 _ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+class Machine(BaseModel):
+    """The machine a host's record was made on (issue 30 §1): ``address``
+    (``host:port`` as the inventory reaches it, ``local`` for ``transport: local``) and its ``machine_id``
+    (None: the host has none, or it could not be read)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    address: str
+    machine_id: str | None = None
+
+    def describe(self) -> str:
+        """``machine 3f2a9c1e at 10.0.0.5:22`` (the id's first 8 characters: enough to tell two apart)."""
+        which = f"machine {self.machine_id[:8]}" if self.machine_id else "the machine"
+        return f"{which} at {self.address}"
+
+
+def same_machine(recorded: Machine | None, now: Machine) -> bool:
+    """Whether a record made on ``recorded`` applies to the machine seen ``now``. A record without one
+    (an older orch wrote it) applies: its identity is filled in, never a false alarm. Two machine-ids
+    decide alone (a box moved to a new address is the same box); without both, the address decides."""
+    if recorded is None:
+        return True
+    if recorded.machine_id and now.machine_id:
+        return recorded.machine_id == now.machine_id
+    return recorded.address == now.address
+
+
+def merged(recorded: Machine | None, now: Machine) -> Machine:
+    """The identity to record after a contact that found the same machine: ``now``, keeping the recorded
+    machine-id when this contact could not read one."""
+    if recorded is not None and now.machine_id is None and recorded.machine_id:
+        return now.model_copy(update={"machine_id": recorded.machine_id})
+    return now
+
+
+def retired_name(name: str, recorded: Machine, taken: Container[str]) -> str:
+    """The name a record of another machine is kept under once ``name`` points elsewhere:
+    ``gpu-1@3f2a9c1e`` (its machine-id's start, else its address), ``.2``... when taken."""
+    base = f"{name}@{recorded.machine_id[:8] if recorded.machine_id else recorded.address}"
+    candidate, n = base, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{base}.{n}"
+    return candidate
+
+
+@dataclass
+class Claim:
+    """What tying a host's record to the machine seen now did (``identity.claim_machine``): the record
+    of another machine kept aside as ``kept_as`` (``recorded`` its machine), and the record that followed
+    its machine from ``followed_from`` (a renamed host). Neither: the record was this machine's already."""
+
+    recorded: Machine | None = None
+    kept_as: str | None = None
+    followed_from: str | None = None
 
 
 def machine_argv() -> list[str]:
@@ -59,7 +119,7 @@ def followed_line(name: str, old_name: str, now: Machine) -> str:
 
 
 def claim_lines(claim: Claim, name: str, now: Machine) -> list[str]:
-    """What to say about tying ``name``'s record to ``now`` (``StateStore.claim_machine``): nothing when the
+    """What to say about tying ``name``'s record to ``now`` (``identity.claim_machine``): nothing when the
     record was this machine's."""
     said = []
     if claim.kept_as is not None and claim.recorded is not None:

@@ -13,7 +13,7 @@ lists this module builds and hands what hosts print back to its parsers.
   against. A GPU's calls run one after another, pinned with ``CUDA_VISIBLE_DEVICES`` and unbuffered
   (``PYTHONUNBUFFERED=1``: ``job_env``), so progress reaches the log as it happens.
 - **Progress**: ``feed`` reads a job's log incrementally from a byte offset into its ``LogProgress``
-  (a model of ``tuning/record.py``: the state file keeps it).
+  (a model of ``tuning_record.py``: the state file keeps it).
 - **Logged shapes**: ``logged_shapes`` reads a ``--fp8-gemm-backend triton`` server's log for the
   config files it looked up and did not find on this GPU (reference §1.2): the shapes to tune.
 - **Configs**: ``config_file_name`` is SGLang's exact name; ``parse_config``, ``merge_configs`` and
@@ -37,7 +37,7 @@ from orchestrator.facts.bench import flag_value
 from orchestrator.facts.gpus import device_file_name
 from orchestrator.facts.server_log import ConfigFile, parse_server_log
 from orchestrator.recipe import Shape
-from orchestrator.tuning.record import LogProgress as LogProgress  # the typed progress a log is fed into
+from orchestrator.tuning_record import LogProgress as LogProgress  # the typed progress a log is fed into
 
 TUNER_SCRIPT = "benchmark/kernels/quantization/tuning_block_wise_kernel.py"
 OLD_TUNER_SCRIPT = "benchmark/kernels/quantization/tuning_block_wise_fp8.py"

@@ -31,7 +31,7 @@ from orchestrator.facts.profile import CATEGORY_NAMES, ProfileRecord
 from orchestrator.state import HostState, Phase, PhaseChange, State, Verification, utc_now
 from orchestrator.text import fmt_seconds, inert
 from orchestrator.tuning.member import record_of
-from orchestrator.tuning.record import InstalledRecord
+from orchestrator.tuning_record import InstalledRecord
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

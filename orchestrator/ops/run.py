@@ -492,7 +492,7 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
 def _refuse_drained(ctx: RunContext, session: HostSession, steps: list[Step]) -> None:
     """A host ``orch drain`` took out keeps its server for inspection: no step may stop or replace it (nor
     put it back in the gateway) until ``orch undrain``."""
-    drained_at = session.state().drained_at
+    drained_at = session.store.read([session.name], history=False).host(session.name).drained_at
     if drained_at is None:
         return
     if stopping := stopping_steps(session, ctx.recipe(session.host), steps, ctx.redo):

@@ -75,7 +75,7 @@ from orchestrator.transport.base import Runner, shell_command
 from orchestrator.tuning.commands import wait_for_tuning
 from orchestrator.tuning.member import Peers, record_of
 from orchestrator.tuning.progress import tuning_status
-from orchestrator.tuning.record import TuningRecord
+from orchestrator.tuning_record import TuningRecord
 
 HEALTH_POLL_FIRST = 0.2  # a fast start is seen at once; a 20-minute one is polled every HEALTH_POLL_SECONDS
 HEALTH_POLL_SECONDS = 2.0

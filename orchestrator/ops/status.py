@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -21,7 +20,7 @@ from orchestrator.store import StateStore
 from orchestrator.transport.base import CommandResult
 from orchestrator.tuning.member import record_of
 from orchestrator.tuning.progress import status_field
-from orchestrator.tuning.record import TuningRecord
+from orchestrator.tuning_record import TuningRecord
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Gateway
@@ -118,7 +117,7 @@ def observe(
         probe.parse(_probe(session, argv, FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout),
         {"gpus": gpus.HANG_MESSAGE, "apps": gpus.HANG_MESSAGE},
     )
-    record = _claim_machine(session, sections)
+    record = _claim_machine(session, sections, cached)
     if record is not None:
         cached, launched = record, record.server
     sections.update(_unrecorded_http(session, sections, launched))
@@ -135,13 +134,16 @@ def observe(
     return Observed(status, info, sections, started_at, record)
 
 
-def _claim_machine(session: HostSession, sections: dict[str, probe.Section]) -> HostState | None:
+def _claim_machine(
+    session: HostSession, sections: dict[str, probe.Section], cached: HostState | None
+) -> HostState | None:
     """Tie the host's record to the machine the probe found (``HostSession.claim_machine``). When that
     changed the record (another machine's kept aside, a renamed host's followed its machine), the record
     read again, with the HTTP of the server it records asked (the probe asked the old record's): else None."""
     found = sections.get("machine")
     machine_id = machine.parse_machine_id(found.output) if found is not None and found.ok else None
-    claim = session.claim_machine(readers.host_machine(session.host, machine_id))
+    recorded = cached.machine if cached is not None else None
+    claim = session.claim_machine(readers.host_machine(session.host, machine_id), recorded)
     if claim is None or (claim.kept_as is None and claim.followed_from is None):
         return None
     record = session.store.read([session.name], history=False).host(session.name)
@@ -220,27 +222,28 @@ def record_seen(
     store: StateStore, hosts: dict[str, Host], observed: list[Observed], cached: dict[str, HostState] | None = None
 ) -> dict[str, HostState]:
     """Each host's last_seen and SGLang checkout as read, in one transaction on their seen files alone
-    (``StateStore.update_seen``; a host another orch holds does not hold up the others' records);
+    (``StateStore.update_hosts(seen=True)``: a host another orch holds does not hold up the others' records);
     each host's state with them: ``cached`` (as ``status`` loaded it) when given, else read again.
 
     A reading older than what another orch recorded meanwhile (a pull that finished while this status
     was reading) does not overwrite it: ``last_seen`` orders the observations."""
     now = datetime.now(timezone.utc)
     found = {}
-    changes = {o.status.name: functools.partial(_seen, hosts[o.status.name], o, now) for o in observed}
-    for name, seen in store.update_seen(changes).items():
-        record = next((o.record for o in observed if o.status.name == name and o.record is not None), None)
-        base = record or (cached or {}).get(name) or store.read([name]).host(name)
+    with store.update_hosts([o.status.name for o in observed], seen=True) as state:
+        for o in observed:
+            _seen(hosts[o.status.name], o, now, state.hosts[o.status.name])
+    records = {o.status.name: o.record for o in observed if o.record is not None}
+    for name, seen in state.hosts.items():
+        base = records.get(name) or (cached or {}).get(name) or store.read([name]).host(name)
         found[name] = base.model_copy(update={"last_seen": seen.last_seen, "sglang": seen.sglang})
     return found
 
 
-def _seen(host: Host, obs: Observed, now: datetime, hs: HostState) -> HostState:
+def _seen(host: Host, obs: Observed, now: datetime, hs: HostState) -> None:
     newer_known = hs.last_seen is not None and hs.last_seen > obs.started_at
     hs.last_seen = max(now, hs.last_seen) if hs.last_seen else now
     if obs.git is not None and not newer_known:
         hs.sglang = readers.sglang_info(host, obs.git, obs.started_at)
-    return hs
 
 
 def _show_state(status: HostStatus, hs: HostState) -> None:

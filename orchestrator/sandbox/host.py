@@ -119,6 +119,11 @@ class SimHost:
         """This host's machine-id (``etc/machine-id``: what ``systemd-id128 machine-id`` prints on it)."""
         return (self.disk.etc / "machine-id").read_text().strip()
 
+    def machine_id_reads(self) -> int:
+        """How many times orch read this host's machine-id so far (``systemd-id128 machine-id``)."""
+        reads = self.disk.root / "log" / "machine-id.reads"
+        return len(reads.read_text().splitlines()) if reads.exists() else 0
+
     def set_knobs(self, **knobs: object) -> None:
         """Merge knobs (listed in the simulated SGLang's ``_sim/host.py``); a None value restores the
         default. Tools read the knobs when they start."""

@@ -8,7 +8,7 @@
     <root>/bin/mkdir                    mkdir; a job start fails on a full disk with ``job_start_fails``
     <root>/bin/systemd-id128            prints <root>/etc/machine-id (``machine-id``): each host a machine of its own
     <root>/etc/                         sshd_config, host key, authorized_keys, machine-id
-    <root>/log/sshd.log                 sshd's log (LogLevel VERBOSE)
+    <root>/log/sshd.log                 sshd's log (LogLevel VERBOSE); machine-id.reads: a line per read
     <root>/home/                        HOME of every session on the host
     <root>/knobs.json                   speed and fault knobs read by the simulated tools
     <root>/gpus/<pid>.json              GPU users, as nvidia-smi lists them
@@ -137,7 +137,7 @@ def install_machine_id(disk: HostDisk) -> None:
 _SYSTEMD_ID128 = """#!/bin/sh
 # The simulated host's systemd-id128 (install_machine_id): `machine-id` prints this host's etc/machine-id.
 root=${ORCH_SIM_HOST:-$(dirname "$0")/..}
-[ "$1" = machine-id ] && exec cat "$root/etc/machine-id"
+[ "$1" = machine-id ] && echo read >>"$root/log/machine-id.reads" && exec cat "$root/etc/machine-id"
 echo "systemd-id128: only 'machine-id' is simulated" >&2
 exit 1
 """

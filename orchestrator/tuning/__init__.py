@@ -29,14 +29,15 @@ emitted on the session of the host it is about (``Group.report``), a group's pla
 before any waiting, and a tuning ``orch serve`` waits for as ``TuningAwaited`` on the waiting session;
 the command's view renders them (``views/tune.py``, ``views/serve.py``, ``views/run.py``).
 
-In the state (``record.py``, pure pydantic): ``HostState.tuning`` is a typed ``TuningRecord`` (the id
-of the host's last plan, its state ``running``/``installed``/``failed``, per-job log progress, the
-installed configs), or None for a host never tuned; ``State.tuning_plans`` holds each plan once, by id,
-with every job id of its group. Every operation takes the host's ``HostSession`` (a group is a list of
-sessions; ``Fleet.peers`` resolves the other members of a ``--fleet`` group, with the inventory check)
-and reads through the session's cached facts: a poll lists the jobs afresh (``forget("jobs")``), a job
-start or stop forgets ``jobs`` and ``gpus``, an install forgets ``tuned_configs``, and discovery's one
-round trip leaves the checkout it read as the session's ``git``. ``member.py`` holds ``Peers``, the
-readers (``record_of``, ``plan_of``, ``running_plan``) and ``edit_record``, the record's one write path.
+In the state (``orchestrator/tuning_record.py``: pure pydantic, beside the state that holds it, below this
+package): ``HostState.tuning`` is a typed ``TuningRecord`` (the id of the host's last plan, its state
+``running``/``installed``/``failed``, per-job log progress, the installed configs), or None for a host never
+tuned; ``State.tuning_plans`` holds each plan once, by id, with every job id of its group. Every operation takes
+the host's ``HostSession`` (a group is a list of sessions; ``Fleet.peers`` resolves the other members of a
+``--fleet`` group, with the inventory check) and reads through the session's cached facts: a poll lists the jobs
+afresh (``forget("jobs")``), a job start or stop forgets ``jobs`` and ``gpus``, an install forgets
+``tuned_configs``, and discovery's one round trip leaves the checkout it read as the session's ``git``.
+``member.py`` holds ``Peers``, the readers (``record_of``, ``plan_of``, ``running_plan``) and ``edit_record``,
+the record's one write path.
 There is no facade: import a name from the module that defines it.
 """

@@ -18,8 +18,8 @@ from orchestrator.tuning.group import Group, group_members, start_groups
 from orchestrator.tuning.member import Peers, plan_of, record_of, records, running_plan
 from orchestrator.tuning.prepare import prepare
 from orchestrator.tuning.progress import TuneStatus, group_status
-from orchestrator.tuning.record import TuningRecord
 from orchestrator.tuning.watch import wait_group, watch_groups
+from orchestrator.tuning_record import TuningRecord
 
 
 def wait_for_tuning(

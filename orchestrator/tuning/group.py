@@ -19,8 +19,8 @@ from orchestrator.tuning.member import Peers, plan_of, records, store_of
 from orchestrator.tuning.plan import group_prepared
 from orchestrator.tuning.prepare import Prepared
 from orchestrator.tuning.progress import HostPoll, TuneStatus, group_status, job_views, poll_group
-from orchestrator.tuning.record import PlanRecord, TuningRecord
 from orchestrator.tuning.start import record_nothing_to_do, resume_starts, start_group
+from orchestrator.tuning_record import PlanRecord, TuningRecord
 
 
 @dataclass

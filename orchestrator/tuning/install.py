@@ -18,7 +18,7 @@ from orchestrator.state import HostState, utc_now
 from orchestrator.transport.base import Runner
 from orchestrator.tuning.member import edit_record
 from orchestrator.tuning.progress import HostPoll
-from orchestrator.tuning.record import (
+from orchestrator.tuning_record import (
     AssignmentRecord,
     InstalledRecord,
     KeptRecord,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, State
 from orchestrator.store import StateStore
-from orchestrator.tuning.record import PlanRecord, TuningRecord
+from orchestrator.tuning_record import PlanRecord, TuningRecord
 
 Peers = Callable[[str], HostSession]
 """Resolves another host of a ``--fleet`` group by inventory name to its session (``Fleet.peers``)."""

@@ -19,7 +19,7 @@ from orchestrator.inventory import Host
 from orchestrator.recipe import Shape
 from orchestrator.state import utc_now
 from orchestrator.tuning.prepare import Prepared, selected_gpus
-from orchestrator.tuning.record import AssignmentRecord, HostPaths, KeptRecord, PlanRecord, RunRecord
+from orchestrator.tuning_record import AssignmentRecord, HostPaths, KeptRecord, PlanRecord, RunRecord
 
 
 def group_key(p: Prepared) -> tuple[str, str]:

@@ -32,7 +32,7 @@ from orchestrator.tuning.install import complete_group, describe_failure
 from orchestrator.tuning.logged import logged_shapes
 from orchestrator.tuning.member import plan_of, record_of, records, running_plan
 from orchestrator.tuning.progress import HostPoll, job_views, poll_group, poll_host
-from orchestrator.tuning.record import (
+from orchestrator.tuning_record import (
     AssignmentRecord,
     InstalledRecord,
     KeptRecord,

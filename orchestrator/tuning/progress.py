@@ -20,7 +20,7 @@ from orchestrator.facts import tuner as tf
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, State
 from orchestrator.tuning.member import Peers, plan_of, record_of, records, store_of
-from orchestrator.tuning.record import (
+from orchestrator.tuning_record import (
     AssignmentRecord,
     InstalledRecord,
     LogProgress,
@@ -247,7 +247,8 @@ def group_status(
         status.state = "installed" if record.installed else "none"
         return status
     progress = _all_progress(plan, polls, cached)
-    views = job_views(plan, polls, cached, progress)
+    finished = record.state in ("installed", "failed") and not polls  # its jobs ended: none to show (``orch status``)
+    views = [] if finished else job_views(plan, polls, cached, progress)
     status.jobs = views
     status.shapes = shape_progress(plan, progress, record.installed)
     infos = {i: info for poll in polls.values() for i, info in poll.infos.items()}

@@ -27,7 +27,7 @@ from orchestrator.tuning.member import edit_record, forget_unused_plans, plan_of
 from orchestrator.tuning.plan import job_spec, make_plan
 from orchestrator.tuning.prepare import Prepared
 from orchestrator.tuning.progress import poll_group
-from orchestrator.tuning.record import AssignmentRecord, PlanRecord, TuningRecord
+from orchestrator.tuning_record import AssignmentRecord, PlanRecord, TuningRecord
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from orchestrator.session import Sink
 from orchestrator.tuning.group import TuningPlanned
 from orchestrator.tuning.plan import estimate
 from orchestrator.tuning.progress import TuneStatus
-from orchestrator.tuning.record import PlanRecord
+from orchestrator.tuning_record import PlanRecord
 
 
 def events(on_progress: Callable[[TuneStatus], None]) -> Callable[[Host], Sink]:

@@ -69,13 +69,19 @@ def test_an_interrupted_run_only_serve_resumes_by_adopting_its_servers_without_a
     plan = env.orch("run", "--only", "serve", "--dry-run")
     assert plan.returncode == 0, plan.output
     assert "(stops server job" not in plan.stdout and plan.stdout.count("(re-attaches to server job") == 2, plan.stdout
+    reads = {h.name: h.machine_id_reads() for h in env.fleet.hosts}
     again = env.orch("run", "--only", "serve")  # no --yes, no terminal: a question would exit 2
     assert again.returncode == 0, again.output
+    assert {h.name: h.machine_id_reads() - reads[h.name] for h in env.fleet.hosts} == dict.fromkeys(reads, 1)
     assert again.stderr.count("re-attaching to server job") == 2, again.output
     assert all(purposes(h)["server"] == 2 for h in env.fleet.hosts)  # no third server on either host
     assert {j["id"] for j in server_jobs(env) if j["state"] == "running"} <= started
     for hs in StateStore(env.state).read().hosts.values():
         assert hs.phase == "serving" and hs.server is not None and hs.server.verified
+    reads = {h.name: h.machine_id_reads() for h in env.fleet.hosts}
+    served = env.orch("serve")  # asks each host whether it would be replaced first (nothing would: no question)
+    assert served.returncode == 0 and served.stdout.count("already serving as asked") == 2, served.output
+    assert {h.name: h.machine_id_reads() - reads[h.name] for h in env.fleet.hosts} == dict.fromkeys(reads, 1)
 
 
 def test_a_server_whose_job_wrapper_was_killed_is_described_and_kept_as_it_runs(make_fleet: Any) -> None:

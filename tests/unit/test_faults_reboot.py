@@ -21,7 +21,7 @@ from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.install import install, merge_group
 from orchestrator.tuning.plan import make_plan
 from orchestrator.tuning.prepare import Prepared, kept_results, wanted_units
-from orchestrator.tuning.record import KeptRecord, PlanRecord, TuningRecord
+from orchestrator.tuning_record import KeptRecord, PlanRecord, TuningRecord
 from orchestrator.views import tune as tune_view
 from tests.unit.test_tuner_ops import CONFIG, DEVICE, T0, facts, host, prepared
 

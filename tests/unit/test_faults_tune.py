@@ -16,8 +16,8 @@ from orchestrator.tuning import start
 from orchestrator.tuning.group import start_groups
 from orchestrator.tuning.member import record_of, running_plan
 from orchestrator.tuning.plan import job_spec, make_plan
-from orchestrator.tuning.record import PlanRecord
 from orchestrator.tuning.start import _abandon, record_plan, record_start, start_group
+from orchestrator.tuning_record import PlanRecord
 from tests.conftest import run_orch
 from tests.unit.test_tuner_ops import T0, prepared
 

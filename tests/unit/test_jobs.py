@@ -290,8 +290,8 @@ def test_a_tuning_watchers_pause_ends_when_one_of_its_running_jobs_exits(runner:
     from orchestrator.store import StateStore
     from orchestrator.tuning.group import Group
     from orchestrator.tuning.progress import JobView, TuneStatus
-    from orchestrator.tuning.record import HostPaths, PlanRecord
     from orchestrator.tuning.watch import ReconnectWindow, _Watched
+    from orchestrator.tuning_record import HostPaths, PlanRecord
 
     host = Host(name="local", address="localhost", transport="local", workdir=workdir)
     paths = {"local": HostPaths(tuner="t.py", config_dir="/c", workdir=workdir)}

@@ -1,5 +1,5 @@
 """A record belongs to a machine (issue 30 §1): the comparison of the machine a record was made on with the
-one a host name reaches now, and what the store does with a record of another machine or of a renamed host."""
+one a host name reaches now (``facts.machine``), and a session's reading of it (once per invocation)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,21 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import UnreachableError
-from orchestrator.facts.machine import claim_lines, machine_argv, mismatch_line, parse_machine_id
+from orchestrator.facts.machine import (
+    Machine,
+    machine_argv,
+    merged,
+    mismatch_line,
+    parse_machine_id,
+    retired_name,
+    same_machine,
+)
 from orchestrator.inventory import Host
 from orchestrator.session import HostSession
-from orchestrator.state import Machine, Phase, ServerRecord, merged, retired_name, same_machine
+from orchestrator.state import Phase
 from orchestrator.store import StateStore
 from tests.fakerunner import FakeRunner
+from tests.unit.test_identity import serving
 
 A, B = "a" * 32, "b" * 32
 AT_1, AT_2 = "10.0.0.1:22", "10.0.0.2:22"
@@ -84,109 +93,6 @@ def test_the_mismatch_line_names_the_host_both_machines_and_the_fix() -> None:
 # --- the store ---------------------------------------------------------------------------------------
 
 
-def serving(store: StateStore, name: str, machine: Machine | None) -> None:
-    """Host ``name`` serving (server job ``srv-1``), its record made on ``machine``."""
-
-    def apply(hs: object) -> None:
-        from orchestrator.state import HostState
-
-        assert isinstance(hs, HostState)
-        hs.server = ServerRecord(job_id="srv-1", argv=["sglang", "serve"], port=30000, mtp=False)
-        hs.set_phase(Phase.SERVING, "test")
-        hs.machine = machine
-
-    store.update_host(name, apply)
-
-
-def test_a_record_of_another_machine_is_kept_aside_and_the_name_starts_new(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "state.db")
-    serving(store, "gpu-1", Machine(address=AT_1, machine_id=A))
-    now = Machine(address=AT_2, machine_id=B)
-
-    claim = store.claim_machine("gpu-1", now, {"gpu-1"})
-
-    assert (claim.kept_as, claim.followed_from, claim.recorded) == (
-        "gpu-1@aaaaaaaa",
-        None,
-        Machine(address=AT_1, machine_id=A),
-    )
-    state = store.read()
-    fresh, kept = state.hosts["gpu-1"], state.hosts["gpu-1@aaaaaaaa"]
-    assert (fresh.phase, fresh.server, fresh.machine) == (Phase.NEW, None, now)
-    assert kept.phase == Phase.SERVING and kept.server is not None and kept.server.job_id == "srv-1"
-    assert [c.to_phase for c in kept.history] == [Phase.SERVING]  # kept whole, its history with it
-
-
-def test_a_record_of_the_same_machine_or_without_one_is_kept_and_its_machine_recorded(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "state.db")
-    serving(store, "gpu-1", None)  # an older orch's record
-    now = Machine(address=AT_1, machine_id=A)
-
-    assert claim_lines(store.claim_machine("gpu-1", now, {"gpu-1"}), "gpu-1", now) == []
-    hs = store.read().hosts["gpu-1"]
-    assert (hs.phase, hs.machine) == (Phase.SERVING, now)
-    moved = Machine(address=AT_2, machine_id=A)
-    assert claim_lines(store.claim_machine("gpu-1", moved, {"gpu-1"}), "gpu-1", moved) == []
-    assert store.read().hosts["gpu-1"].machine == moved
-    assert set(store.read().hosts) == {"gpu-1"}
-
-
-def test_a_renamed_host_takes_its_machines_record_when_the_old_name_left_the_inventory(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "state.db")
-    serving(store, "gpu-1", Machine(address=AT_1, machine_id=A))
-    now = Machine(address=AT_1, machine_id=A)
-
-    claim = store.claim_machine("blackwell-1", now, {"blackwell-1"})
-
-    assert claim_lines(claim, "blackwell-1", now) == [
-        "blackwell-1: the state's record of 'gpu-1' follows its machine (machine aaaaaaaa at 10.0.0.1:22) to this name"
-    ]
-    state = store.read()
-    assert set(state.hosts) == {"blackwell-1"}
-    hs = state.hosts["blackwell-1"]
-    assert hs.phase == Phase.SERVING and hs.server is not None and hs.machine == now
-
-
-def test_a_record_of_the_same_machine_under_a_name_still_in_the_inventory_stays_there(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "state.db")
-    serving(store, "gpu-1", Machine(address=AT_1, machine_id=A))
-
-    claim = store.claim_machine("gpu-9", Machine(address=AT_2, machine_id=A), {"gpu-1", "gpu-9"})
-
-    assert claim.followed_from is None
-    state = store.read()
-    assert state.hosts["gpu-1"].phase == Phase.SERVING and state.hosts["gpu-9"].phase == Phase.NEW
-
-
-def test_a_name_pointed_back_at_its_machine_takes_its_kept_record_back(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "state.db")
-    old, new = Machine(address=AT_1, machine_id=A), Machine(address=AT_2, machine_id=B)
-    serving(store, "gpu-1", old)
-    store.claim_machine("gpu-1", new, {"gpu-1"})  # pointed at another box by mistake
-
-    claim = store.claim_machine("gpu-1", old, {"gpu-1"})  # and back
-
-    assert (claim.kept_as, claim.followed_from) == ("gpu-1@bbbbbbbb", "gpu-1@aaaaaaaa")
-    state = store.read()
-    assert state.hosts["gpu-1"].phase == Phase.SERVING and state.hosts["gpu-1"].machine == old
-    assert set(state.hosts) == {"gpu-1", "gpu-1@bbbbbbbb"}
-
-
-def test_status_keeps_the_machine_it_does_not_write(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "state.db")
-    now = Machine(address=AT_1, machine_id=A)
-    store.claim_machine("gpu-1", now, {"gpu-1"})
-
-    def seen(hs: object) -> None:
-        from orchestrator.state import HostState, utc_now
-
-        assert isinstance(hs, HostState)
-        hs.last_seen = utc_now()
-
-    store.update_seen({"gpu-1": seen})
-    assert store.read().hosts["gpu-1"].machine == now
-
-
 def test_a_session_reads_the_machine_once_and_says_a_mismatch_on_stderr(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -229,3 +135,17 @@ def test_a_host_that_does_not_answer_is_claimed_at_the_next_call_that_reaches_it
     claim = session.claim_machine()  # it answers: another machine, its record kept aside
     assert claim is not None and claim.kept_as == f"gpu-1@{A[:8]}"
     assert session.state().server is None
+
+
+def test_the_machine_is_read_once_per_invocation_whatever_is_forgotten_or_asked_first(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    host = Host(name="gpu-1", address="10.0.0.1", workdir="/w")
+    runner = FakeRunner("gpu-1").on(("orch-machine-id",), stdout=f"{A}\n")
+    session = HostSession(host, runner, store, inventory={"gpu-1"})
+    session.claim_machine()
+
+    session.forget()  # a long wait: everything is read afresh, but the machine holds for the invocation
+    session.claim_machine()
+    session.fresh().claim_machine()  # a question's session of its own
+
+    assert runner.commands() == ["orch-machine-id"]

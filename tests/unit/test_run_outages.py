@@ -15,7 +15,7 @@ from orchestrator.ops import serve as serve_op
 from orchestrator.readers import TunedConfigs, parse_listing
 from orchestrator.recipe import Recipe, ServeOptions, Shape, TuningSpec
 from orchestrator.tuning.progress import ShapeProgress, TuneStatus
-from orchestrator.tuning.record import InstalledRecord, TuningRecord
+from orchestrator.tuning_record import InstalledRecord, TuningRecord
 
 HOST = Host(name="b1", address="127.0.0.2", workdir="/w")
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"

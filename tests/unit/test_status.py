@@ -25,7 +25,7 @@ from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.plan import make_plan
 from orchestrator.tuning.prepare import HostFacts, Prepared
 from orchestrator.tuning.progress import group_status, status_field, summary
-from orchestrator.tuning.record import InstalledRecord, PlanRecord, TuningRecord
+from orchestrator.tuning_record import InstalledRecord, PlanRecord, TuningRecord
 from orchestrator.views import status as views_mod
 
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"

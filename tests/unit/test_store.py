@@ -19,7 +19,7 @@ from orchestrator.errors import ExitCode, StateError
 from orchestrator.state import SCHEMA_VERSION, HostState, Phase, State
 from orchestrator.state_migration import read_legacy
 from orchestrator.store import StateStore
-from orchestrator.tuning.record import PlanRecord, TuningRecord
+from orchestrator.tuning_record import PlanRecord, TuningRecord
 from tests.unit.test_state import T0, a_job, populate
 
 REPO_ROOT = Path(orchestrator.__file__).resolve().parents[1]
@@ -237,13 +237,21 @@ def test_on_commit_sees_the_state_before_and_after(tmp_path: Path) -> None:
 
 def test_status_records_what_it_saw_and_nothing_else(store: StateStore) -> None:
     store.update_host("a", lambda hs: (pull(hs), setattr(hs, "last_error", "kept")))
-    assert store.update_seen({"a": lambda hs: hs.last_seen, "new": lambda hs: "new"}) == {"a": None, "new": "new"}
-    store.update_seen({name: lambda hs: setattr(hs, "last_seen", T0) for name in ("a", "new")})
+    with store.update_hosts(["a", "new"], seen=True) as state:
+        assert [(name, hs.last_seen, hs.last_error) for name, hs in state.hosts.items()] == [
+            ("a", None, None),
+            ("new", None, None),
+        ]
+        for hs in state.hosts.values():
+            hs.last_seen = T0
     read = store.read()
     assert (read.hosts["a"].phase, read.hosts["a"].last_error, read.hosts["a"].last_seen) == (Phase.PULLED, "kept", T0)
     assert read.hosts["new"].last_seen == T0
-    with pytest.raises(RuntimeError, match="last_seen, sglang and machine alone"):
-        store.update_seen({"a": lambda hs: setattr(hs, "last_error", "no")})
+    with (
+        pytest.raises(RuntimeError, match="last_seen, sglang and machine alone"),
+        store.update_hosts(["a"], seen=True) as state,
+    ):
+        state.hosts["a"].last_error = "no"
     assert store.read().hosts["a"].last_error == "kept"
 
 

@@ -37,8 +37,8 @@ from orchestrator.tuning.progress import (
     shape_progress,
     summary,
 )
-from orchestrator.tuning.record import KeptRecord, PlanRecord, TuningRecord, migrate_v1
 from orchestrator.tuning.start import _start_jobs
+from orchestrator.tuning_record import KeptRecord, PlanRecord, TuningRecord, migrate_v1
 from orchestrator.views import tune as tune_view
 from orchestrator.views.status import _tuning_cell
 from tests.unit.test_store import a_plan

@@ -16,7 +16,7 @@ from orchestrator.recipe import DEFAULT_BATCH_SIZES, DEFAULT_RECIPE, TuneOptions
 from orchestrator.session import HostSession
 from orchestrator.store import StateStore
 from orchestrator.tuning.prepare import discover, prepare
-from orchestrator.tuning.record import InstalledRecord, TuningRecord
+from orchestrator.tuning_record import InstalledRecord, TuningRecord
 from tests.fakerunner import FakeRunner
 from tests.unit.test_tuner_ops import COMMIT, CONFIG, DEVICE
 
