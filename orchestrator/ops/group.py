@@ -44,6 +44,7 @@ from orchestrator.ops import serve as serve_op
 from orchestrator.ops.serve import _forced, check_launch
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.session import HostSession
+from orchestrator.state import HostState, Phase, ServerRecord
 from orchestrator.transport.base import shell_command
 from orchestrator.tuning.member import Peers
 
@@ -162,8 +163,9 @@ def serve(
         if same is not None:
             return same
         adopted = None if options.force else interrupted_launch(plan, ranks)
-        for r in ranks if adopted is None else ():
-            serve_op.check_replacement(r.session, r.ready)
+        for r in ranks:
+            if adopted is None or r.name not in adopted:
+                serve_op.check_replacement(r.session, r.ready)
     except OrchError as exc:  # one host of the group unreachable or refused: the group is not touched
         if not exc.message.startswith(f"group {plan.group}"):
             exc.message = f"group {plan.group} (not touched): {exc.message}"
@@ -177,6 +179,8 @@ def serve(
             stop_old(plan, ranks, options)
             began = time.monotonic()
             start_ranks(plan, ranks, job_ids)
+        else:  # the ranks a cut-off serve did not start yet join the others' rendezvous
+            start_ranks(plan, [r for r in ranks if r.name not in adopted], job_ids)
         log = wait_group_healthy(plan, ranks, job_ids, options)
         seconds = time.monotonic() - began
     except serve_op.StartupFailed as failure:
@@ -249,25 +253,66 @@ def already_serving(
 
 
 def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dict[str, str] | None:
-    """The ranks a serve cut off after launching them left unverified (orch killed, the connection lost),
-    host → job id, when every rank's host runs its rank's command of this group as recorded (the same
-    commit and tuned configs) and none was verified yet: waiting for them finishes that serve (no rank is
-    started twice). None otherwise: the ranks that run are stopped and every rank launched afresh."""
-    found = {}
+    """The ranks a serve cut off after launching some or all of them left unverified (orch killed, the
+    connection lost), host → job id: each rank's host runs its rank's command of this group, never verified
+    (``launched_rank``), or runs nothing and that serve never started its rank (``not_launched``: the cut
+    came first; the caller starts it, joining the others' rendezvous). Waiting for them finishes that serve:
+    no rank is started twice. None when no rank runs so, or a host runs something else: the ranks that run
+    are stopped and every rank launched afresh. A rank started but not yet recorded is recorded now."""
+    found: dict[str, str] = {}
     for r in ranks:
-        record = r.session.state().server
-        old = r.ready.old
-        if old is None or record is None or record.job_id != old.id or record.verified is not None:
+        hs = r.session.store.read([r.name]).hosts.get(r.name)
+        job = launched_rank(plan, r, hs)
+        if job is not None:
+            found[r.name] = job
+        elif not not_launched(plan, r, hs):
             return None
-        if (record.group, record.rank) != (plan.group, r.rank) or not serve_op._same_launch(r.session, record, r.ready):
-            return None
-        found[r.name] = old.id
+    if not found:
+        return None
     jobs_said = ", ".join(f"{name} job {job}" for name, job in found.items())
     ranks[0].session.say(
         f"re-attaching to group {plan.group}'s ranks ({jobs_said}), started by a serve that was cut off "
         "before verifying them"
     )
+    for r in ranks:
+        record = r.session.store.read([r.name]).hosts[r.name].server
+        if r.name in found and (record is None or record.job_id != found[r.name]):
+            record_rank(plan, r, found[r.name])
     return found
+
+
+def launched_rank(plan: facts.GroupPlan, r: RankReady, hs: HostState | None) -> str | None:
+    """The job id of the server ``r``'s host runs when a serve of this group launched it and was cut off
+    before verifying it: recorded as this rank, never verified, the same command, commit and tuned configs;
+    or started just before the cut and not recorded yet (``serve_op.launched_unrecorded``). None otherwise."""
+    old, record = r.ready.old, hs.server if hs is not None else None
+    if old is None or hs is None:
+        return None
+    if record is None or record.job_id != old.id:
+        return old.id if serve_op.launched_unrecorded(hs, r.session, old, r.ready.argv) else None
+    if record.verified is not None or (record.group, record.rank) != (plan.group, r.rank):
+        return None
+    return old.id if serve_op._same_launch(r.session, record, r.ready) else None
+
+
+def not_launched(plan: facts.GroupPlan, r: RankReady, hs: HostState | None) -> bool:
+    """Whether a serve of the group cut off before starting ``r``'s rank: its host runs no server, is still
+    ``launching`` (saved on every host before any rank starts) and records no unverified rank of this group
+    (one recorded and no longer running ended: the group is relaunched, not patched)."""
+    if r.ready.old is not None or hs is None or hs.phase != Phase.LAUNCHING:
+        return False
+    record = hs.server
+    return record is None or record.group != plan.group or record.verified is not None
+
+
+def record_rank(plan: facts.GroupPlan, r: RankReady, job_id: str) -> None:
+    """Record ``job_id`` as ``r``'s host's server, this group's rank (a job started before the cut-off serve
+    could record it)."""
+    ready, host = r.ready, r.session.host
+    mtp = "--speculative-algorithm" in ready.argv
+    fields = dict(job_id=job_id, argv=ready.argv, port=host.server_port, mtp=mtp, commit=ready.commit)
+    record = ServerRecord(**fields, configs=ready.configs, group=plan.group, rank=r.rank)
+    serve_op._record_server(r.session, record)
 
 
 def ranks_line(job_ids: Mapping[str, str], ranks: Sequence[RankReady]) -> str:

@@ -25,6 +25,7 @@ from orchestrator.state import Phase
 from orchestrator.store import StateStore
 from orchestrator.tuning.member import record_of
 from tests.conftest import FleetEnv
+from tests.integration import kills
 from tests.integration.test_faults_drops import orch_process, read_line_until
 
 KNOBS = {"startup_seconds": 0.3, "decode_step_seconds": 0.002}
@@ -220,6 +221,32 @@ def test_serve_after_one_cut_off_past_the_launch_adopts_the_ranks_it_started(env
     for name in ("sim-2", "sim-3"):
         record = state.hosts[name].server
         assert record is not None and record.verified is not None and [record.job_id] == launched[name]
+
+
+def test_serve_cut_off_between_starting_rank_0_and_rank_1_starts_only_rank_1_again(env: FleetEnv, sims: dict) -> None:
+    stopped = env.orch("stop-server", "--host", "sim-2")  # nothing to stop first: rank 0 is the first job started
+    assert stopped.returncode == 0, stopped.output
+    before = {d.name for d in kills.job_dirs(sims["sim-2"], "server")}
+    serve = orch_process(env, "serve", "--host", "sim-2")
+    launching = lambda doc: all(doc["hosts"][n]["phase"] == "launching" for n in ("sim-2", "sim-3"))  # noqa: E731
+    holder = kills.hold_state_lock_from(env.state, launching, alive=lambda: serve.poll() is None)
+    try:  # rank 0's job starts; its record waits for the lock
+        new = lambda: [d for d in kills.job_dirs(sims["sim-2"], "server") if d.name not in before]  # noqa: E731
+        (rank0,) = kills.wait_for(new, "rank 0's server job")
+    finally:
+        serve.kill()
+        serve.communicate(timeout=30)
+        holder.close()
+    unrecorded = StateStore(env.state).read().hosts["sim-2"].server
+    assert unrecorded is None or unrecorded.job_id != rank0.name  # killed before its record
+    again = env.orch("serve", "--host", "sim-3")
+    assert again.returncode == 0, again.output
+    assert f"sim-2: re-attaching to group pro-1's ranks (sim-2 job {rank0.name}), started by a serve" in again.stderr
+    assert "started rank 1 of group pro-1" in again.stderr and "started rank 0" not in again.stderr
+    assert running_servers(env)["sim-2"] == [rank0.name]  # rank 0 started once
+    state = StateStore(env.state).read()
+    assert [state.hosts[n].phase for n in ("sim-2", "sim-3")] == [Phase.SERVING, Phase.SERVING]
+    assert state.hosts["sim-2"].server.job_id == rank0.name  # type: ignore[union-attr]
 
 
 def test_a_rank_that_fails_to_start_fails_the_group_and_its_ranks_are_stopped(env: FleetEnv, sims: dict) -> None:
