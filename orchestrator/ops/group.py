@@ -254,20 +254,23 @@ def already_serving(
 
 def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dict[str, str] | None:
     """The ranks a serve cut off after launching some or all of them left unverified (orch killed, the
-    connection lost), host → job id: each rank's host runs its rank's command of this group, never verified
-    (``launched_rank``), or runs nothing and that serve never started its rank (``not_launched``: the cut
-    came first; the caller starts it, joining the others' rendezvous). Waiting for them finishes that serve:
-    no rank is started twice. None when no rank runs so, or a host runs something else: the ranks that run
-    are stopped and every rank launched afresh. A rank started but not yet recorded is recorded now."""
+    connection lost), host → job id: each rank's host runs its rank's command of this group (``launched_rank``;
+    one may have been verified already, the cut coming between two hosts' records), or runs nothing and that
+    serve never started its rank (``not_launched``: the cut came first; the caller starts it, joining the
+    others' rendezvous). Waiting for them finishes that serve: no rank is started twice. None when no rank
+    runs unverified so, or a host runs something else: the ranks that run are stopped and every rank
+    launched afresh. A rank started but not yet recorded is recorded now."""
     found: dict[str, str] = {}
+    unverified = False
     for r in ranks:
         hs = r.session.store.read([r.name]).hosts.get(r.name)
-        job = launched_rank(plan, r, hs)
-        if job is not None:
-            found[r.name] = job
+        launched = launched_rank(plan, r, hs)
+        if launched is not None:
+            found[r.name] = launched[0]
+            unverified = unverified or not launched[1]
         elif not not_launched(plan, r, hs):
             return None
-    if not found:
+    if not unverified:
         return None
     jobs_said = ", ".join(f"{name} job {job}" for name, job in found.items())
     ranks[0].session.say(
@@ -281,18 +284,18 @@ def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dic
     return found
 
 
-def launched_rank(plan: facts.GroupPlan, r: RankReady, hs: HostState | None) -> str | None:
-    """The job id of the server ``r``'s host runs when a serve of this group launched it and was cut off
-    before verifying it: recorded as this rank, never verified, the same command, commit and tuned configs;
-    or started just before the cut and not recorded yet (``serve_op.launched_unrecorded``). None otherwise."""
+def launched_rank(plan: facts.GroupPlan, r: RankReady, hs: HostState | None) -> tuple[str, bool] | None:
+    """The job id of the server ``r``'s host runs when a serve of this group launched it, and whether it was
+    verified: recorded as this rank with the same command, commit and tuned configs; or started just before
+    a cut and not recorded yet (``serve_op.launched_unrecorded``: not verified). None otherwise."""
     old, record = r.ready.old, hs.server if hs is not None else None
     if old is None or hs is None:
         return None
     if record is None or record.job_id != old.id:
-        return old.id if serve_op.launched_unrecorded(hs, r.session, old, r.ready.argv) else None
-    if record.verified is not None or (record.group, record.rank) != (plan.group, r.rank):
+        return (old.id, False) if serve_op.launched_unrecorded(hs, r.session, old, r.ready.argv) else None
+    if (record.group, record.rank) != (plan.group, r.rank) or not serve_op._same_launch(r.session, record, r.ready):
         return None
-    return old.id if serve_op._same_launch(r.session, record, r.ready) else None
+    return old.id, record.verified is not None
 
 
 def not_launched(plan: facts.GroupPlan, r: RankReady, hs: HostState | None) -> bool:
