@@ -99,7 +99,8 @@ def run(
         def stops(host: Host, runner: Runner) -> bool:
             session = fleet.session(host, app.store)
             session.claim_machine()  # another machine's record never asks to take serving down
-            found = run_op.stopping_steps(session, chosen[host.name], steps[host.name], redo)
+            group = (ranks[host.name], app.peers(fleet)) if host.name in ranks else None
+            found = run_op.stopping_steps(session, chosen[host.name], steps[host.name], redo, group)
             rolled = {s.name for s in run_op.around_serve(steps[host.name])[1]} if rolling else set()
             return bool(set(found) - rolled)  # what rolls goes host by host through the gateway: no outage
 

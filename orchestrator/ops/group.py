@@ -253,24 +253,10 @@ def already_serving(
 
 
 def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dict[str, str] | None:
-    """The ranks a serve cut off after launching some or all of them left unverified (orch killed, the
-    connection lost), host → job id: each rank's host runs its rank's command of this group (``launched_rank``;
-    one may have been verified already, the cut coming between two hosts' records), or runs nothing and that
-    serve never started its rank (``not_launched``: the cut came first; the caller starts it, joining the
-    others' rendezvous). Waiting for them finishes that serve: no rank is started twice. None when no rank
-    runs unverified so, or a host runs something else: the ranks that run are stopped and every rank
-    launched afresh. A rank started but not yet recorded is recorded now."""
-    found: dict[str, str] = {}
-    unverified = False
-    for r in ranks:
-        hs = r.session.store.read([r.name]).hosts.get(r.name)
-        launched = launched_rank(plan, r, hs)
-        if launched is not None:
-            found[r.name] = launched[0]
-            unverified = unverified or not launched[1]
-        elif not not_launched(plan, r, hs):
-            return None
-    if not unverified:
+    """``adoptable``'s ranks, said, a rank started but not yet recorded recorded now (host → job id); None
+    when there are none."""
+    found = adoptable(plan, ranks)
+    if found is None:
         return None
     jobs_said = ", ".join(f"{name} job {job}" for name, job in found.items())
     ranks[0].session.say(
@@ -282,6 +268,43 @@ def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dic
         if r.name in found and (record is None or record.job_id != found[r.name]):
             record_rank(plan, r, found[r.name])
     return found
+
+
+def adoptable(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dict[str, str] | None:
+    """The ranks a serve cut off after launching some or all of them left unverified (orch killed, the
+    connection lost), host → job id: each rank's host runs its rank's command of this group (``launched_rank``;
+    one may have been verified already, the cut coming between two hosts' records), or runs nothing and that
+    serve never started its rank (``not_launched``: the cut came first; the caller starts it, joining the
+    others' rendezvous). Waiting for them finishes that serve: no rank is started twice. None when no rank
+    runs unverified so, or a host runs something else: the ranks that run are stopped and every rank
+    launched afresh. Reads only."""
+    found: dict[str, str] = {}
+    unverified = False
+    for r in ranks:
+        hs = r.session.store.read([r.name]).hosts.get(r.name)
+        launched = launched_rank(plan, r, hs)
+        if launched is not None:
+            found[r.name] = launched[0]
+            unverified = unverified or not launched[1]
+        elif not not_launched(plan, r, hs):
+            return None
+    return found if unverified else None
+
+
+def would_replace(session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank, peers: Peers) -> bool:
+    """Whether serving ``rank``'s group (``session``: one of its hosts) would stop a running rank: not when
+    the group serves as asked or a cut-off launch of it would be re-attached to. Reads only, waits for
+    nothing (``orch run``'s question before any step: it asks only when a step would stop a server)."""
+    if options.force:
+        return True
+    plan, forced = rank.plan, _forced(recipe, options)
+    ranks = []
+    for i, name in enumerate(plan.hosts):
+        s = session if name == session.name else peers(name)
+        ready = serve_op.decide(s, forced, options, check_launch(s, forced, options.mtp))
+        ready.argv = facts.rank_argv(ready.argv, plan, i)
+        ranks.append(RankReady(s, i, ready))
+    return already_serving(plan, ranks, options) is None and adoptable(plan, ranks) is None
 
 
 def launched_rank(plan: facts.GroupPlan, r: RankReady, hs: HostState | None) -> tuple[str, bool] | None:

@@ -138,6 +138,9 @@ class RolloutStopped(HostError):
 Steps = Mapping[str, list[Step]]
 """The steps each host runs, by host name (``select_steps`` of its own recipe)."""
 
+GroupLook = tuple[group_op.Rank, Peers]
+"""A grouped host's rank and the resolver of its group's other hosts (``stopping_steps``)."""
+
 PER_SERVER = frozenset({"serve", "bench", "profile", "sweep"})
 """The steps about the server: a replica group runs them once, on rank 0 (``pull`` and ``tune-fp8`` are per host)."""
 
@@ -584,7 +587,9 @@ def _refuse_drained(ctx: RunContext, session: HostSession, steps: list[Step]) ->
     drained_at = session.state().drained_at
     if drained_at is None:
         return
-    if stopping := stopping_steps(session, ctx.recipe(session.host), steps, ctx.redo):
+    rank = ctx.ranks.get(session.name)
+    group = (rank, ctx.peers) if rank is not None else None
+    if stopping := stopping_steps(session, ctx.recipe(session.host), steps, ctx.redo, group):
         raise RefusedError(
             f"{session.name}: drained since {drained_at:%Y-%m-%d %H:%M} UTC, its server kept for inspection: "
             f"{' and '.join(stopping)} would stop it",
@@ -789,9 +794,13 @@ def tuning_needed(session: HostSession, recipe: Recipe, options: TuneOptions) ->
     return prepared.attach is None and bool(prepared.shapes)
 
 
-def stopping_steps(session: HostSession, recipe: Recipe, steps: list[Step], redo: bool) -> list[str]:
+def stopping_steps(
+    session: HostSession, recipe: Recipe, steps: list[Step], redo: bool, group: GroupLook | None = None
+) -> list[str]:
     """The steps that will run and may stop a running server: ``serve``, and ``tune-fp8`` with
-    ``stop_server``, when not done (or ``redo``), or done but redone because a tuned config is gone."""
+    ``stop_server``, when not done (or ``redo``), or done but redone because a tuned config is gone.
+    ``group``: the host's rank and the peers' sessions, when it is in a replica group (whose serve is
+    decided for the whole group)."""
     playbook = str(recipe.path)
 
     def runs(step: Step) -> bool:
@@ -802,6 +811,9 @@ def stopping_steps(session: HostSession, recipe: Recipe, steps: list[Step], redo
     def stops(step: Step, first: bool) -> bool:
         """serve, as the run will decide when it runs first (an adopted or unchanged server is not stopped);
         after a step that runs (a pull, tuning), serve's decision waits for it: counted as a stop."""
+        if isinstance(step.options, ServeOptions) and group is not None:
+            options = serve_options(session, recipe, step, redo, group[0])
+            return not first or group_op.would_replace(session, recipe, options, *group)
         if isinstance(step.options, ServeOptions):
             return not first or serve_op.would_replace(session, recipe, serve_options(session, recipe, step, redo))
         if isinstance(step.options, SweepOptions):

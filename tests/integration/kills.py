@@ -239,13 +239,19 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def stray_processes(host: Any, server_dir: Path | None) -> list[str]:
-    """The host's live processes other than sshd and the running server job's process group."""
-    keep = int((server_dir / "pid").read_text()) if server_dir is not None and (server_dir / "pid").exists() else None
+def server_groups(hosts: Any) -> set[int]:
+    """The process groups of the hosts' running server jobs (a job's wrapper pid is its group's id)."""
+    dirs = [_running_server(h) for h in hosts]
+    return {int((d / "pid").read_text()) for d in dirs if d is not None and (d / "pid").exists()}
+
+
+def stray_processes(host: Any, keep: set[int]) -> list[str]:
+    """The host's live processes other than sshd and the running server jobs' process groups ``keep`` (every
+    host's: a group's rank 1 names rank 0's model path, which counts it as rank 0's host's process too)."""
     stray = []
     for pid in host_pids([host.root]):
         cmd = _cmdline(pid)
-        if not _alive(pid) or cmd.startswith(("/usr/sbin/sshd", "sshd")) or (keep and _pgid(pid) == keep):
+        if not _alive(pid) or cmd.startswith(("/usr/sbin/sshd", "sshd")) or _pgid(pid) in keep:
             continue
         stray.append(f"{host.name}: pid {pid}: {cmd[:160]}")
     return stray
@@ -263,8 +269,8 @@ def wait_quiet(campaign: Campaign, timeout: float = 30) -> None:
     children and commands in flight when orch was killed (they end when their session closes)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        servers = {h.name: _running_server(h) for h in campaign.fleet.hosts}
-        if not any(stray_processes(h, servers[h.name]) for h in campaign.fleet.hosts):
+        keep = server_groups(campaign.fleet.hosts)
+        if not any(stray_processes(h, keep) for h in campaign.fleet.hosts):
             return
         time.sleep(0.2)
 
@@ -300,7 +306,7 @@ def check(campaign: Campaign, expected_units: set[tuple[int, int, int]]) -> Figu
         benches = job_dirs(host, "bench")
         fig.bench_jobs_per_host[host.name] = len(benches)
         fig.bench_ok_per_host[host.name] = sum(_exit_code(d) == 0 for d in benches)
-        fig.stray_processes += stray_processes(host, _running_server(host))
+        fig.stray_processes += stray_processes(host, server_groups(campaign.fleet.hosts))
     store = StateStore(campaign.state)
     try:
         state = store.read()
