@@ -394,12 +394,13 @@ def test_orch_run_killed_while_the_group_starts_resumes_without_starting_a_rank_
     killed.send_signal(signal.SIGKILL)  # orch dies mid-launch: the ranks start on
     killed.communicate(timeout=30)
     launched = running_servers(env)
-    again = env.orch("run", "--host", "sim-2", "--yes", timeout=600)
+    again = env.orch("run", timeout=600)  # the whole fleet, no --yes, no terminal: a question would be exit 2
     assert again.returncode == 0, again.output
     assert "sim-2: serve: resumed" in again.stderr.splitlines()
     assert "sim-2: serve: re-attaching to group pro-1's ranks (sim-2 job " in again.stderr
     assert "started rank" not in again.stderr and "stopping" not in again.stderr  # no rank twice
-    assert again.stdout.splitlines() == [
+    assert again.stdout.splitlines()[0].startswith("sim-1: done nothing new")
+    assert again.stdout.splitlines()[1:] == [
         "sim-2: done serve, bench (already done: pull, tune-fp8)",
         "sim-3: done nothing new (already done: pull, tune-fp8)",
     ]
