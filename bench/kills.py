@@ -1,11 +1,12 @@
 """Benchmark: `orch run` SIGKILLed at seeded moments, re-run after each kill; what was lost or done twice.
 
-On two simulated hosts (real sshd on loopback, tiny shapes and batch sizes, fast sim knobs) the driver
-of tests/integration/kills.py starts ``orch run <tiny playbook>`` (no --yes), kills it (SIGKILL) right after
+On three simulated hosts (real sshd on loopback, tiny shapes and batch sizes, fast sim knobs): sim-1 alone
+serving DeepSeek-V4-Flash, sim-2 and sim-3 a replica group serving DeepSeek-V4-Pro (``--no-group``: two hosts
+alone), the driver of tests/integration/kills.py starts ``orch run`` (no --yes), kills it (SIGKILL) right after
 the k-th line it prints (k from a seeded RNG), runs it again, kill after kill, then once unkilled, and
 counts from the hosts' disks and the state file: (shape, batch size) units tuned and tuned twice,
-server and benchmark jobs per host, stray processes, re-runs that failed between kills, and the state
-database's ``integrity_check`` after each kill. Nothing leaves
+server (a group's: per rank, none started twice) and benchmark jobs per host, stray processes, re-runs
+that failed between kills, and the state database's ``integrity_check`` after each kill. Nothing leaves
 this machine.
 
     python bench/kills.py --seed 13 --kills 20 --json
@@ -30,9 +31,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=13, help="seed of the kill moments")
     parser.add_argument("--kills", type=int, default=20, help="killed runs before the last, unkilled one")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the figures")
+    parser.add_argument("--no-group", action="store_true", help="two hosts alone, no replica group")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="orch-kills-") as tmp, SimFleet(Path(tmp) / "fleet", 2) as fleet:
-        _runs, figures = campaign(fleet, Path(tmp), args.kills, args.seed)
+    hosts = 2 if args.no_group else 3
+    with tempfile.TemporaryDirectory(prefix="orch-kills-") as tmp, SimFleet(Path(tmp) / "fleet", hosts) as fleet:
+        _runs, figures = campaign(fleet, Path(tmp), args.kills, args.seed, group=not args.no_group)
     data = figures.as_json()
     summary = {
         "kills": data["kills"],

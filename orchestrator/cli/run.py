@@ -20,7 +20,7 @@ from orchestrator.inventory import Host
 from orchestrator.ops import group as group_op
 from orchestrator.ops import rollout
 from orchestrator.ops import run as run_op
-from orchestrator.recipe import ServeOptions, SweepOptions
+from orchestrator.recipe import Recipe, ServeOptions, Step, SweepOptions
 from orchestrator.transport.base import Runner
 from orchestrator.views import gateway as gateway_view
 from orchestrator.views import run as run_view
@@ -70,7 +70,7 @@ def run(
       orch run --dry-run
       orch run deepseek-v4-flash --rolling --canary canary
     """
-    selected = app.select(hosts, tags)
+    selected = group_op.with_whole_groups(app.inventory, app.select(hosts, tags))  # a group is one server
     chosen = app.recipes(selected, playbook)  # each host's own (its `playbook:`), unless PLAYBOOK is given
     steps = {h.name: run_op.select_steps(chosen[h.name], from_step, only) for h in selected}
     for host in selected:
@@ -80,17 +80,18 @@ def run(
             if isinstance(step.options, SweepOptions):  # every profile it serves, as orch sweep checks them
                 check_profiles({host.name: chosen[host.name]}, step.options.profiles)
     serves = any(run_op.around_serve(steps[h.name])[1] for h in selected)
-    if serves:  # orch run over a replica group is not built yet (issue 26): exit 2 before any host
-        hint = "`orch serve` serves a group; select the hosts outside groups with --host"
-        group_op.refuse_not_built(group_op.ranks(app.inventory, selected, chosen), "orch run's serve step", hint)
+    ranks = group_ranks(app, selected, chosen, steps)
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run) and serves
     gate_needs_rolling(gate, rolling)
+    if rolling:  # the rollout moves one host at a time: not built for groups yet (issue 26), exit 2 first
+        hint = "run the group with --no-rolling, or select the hosts outside groups with --host"
+        group_op.refuse_not_built(ranks, "orch run --rolling", hint)
     with app.fleet(selected, parallel) as fleet:
         fleet.events = run_view.progress_lines
         redo = bool(from_step or only)
         if dry_run:
             plans = fleet.map_sessions(
-                lambda s: run_op.dry_run(s, chosen[s.name], steps[s.name], redo), lambda: app.store
+                lambda s: run_op.dry_run(s, chosen[s.name], steps[s.name], redo, ranks.get(s.name)), lambda: app.store
             )
             run_view.plans(plans)
             return finish(plans)
@@ -98,7 +99,8 @@ def run(
         def stops(host: Host, runner: Runner) -> bool:
             session = fleet.session(host, app.store)
             session.claim_machine()  # another machine's record never asks to take serving down
-            found = run_op.stopping_steps(session, chosen[host.name], steps[host.name], redo)
+            group = (ranks[host.name], app.peers(fleet)) if host.name in ranks else None
+            found = run_op.stopping_steps(session, chosen[host.name], steps[host.name], redo, group)
             rolled = {s.name for s in run_op.around_serve(steps[host.name])[1]} if rolling else set()
             return bool(set(found) - rolled)  # what rolls goes host by host through the gateway: no outage
 
@@ -107,7 +109,7 @@ def run(
 
         if redo:
             run_op.forget_done(app.store, selected, chosen, steps)
-        ctx = run_op.RunContext(fleet, app.store, chosen, app.peers(fleet), lockstep, confirm, redo)
+        ctx = run_op.RunContext(fleet, app.store, chosen, app.peers(fleet), lockstep, confirm, redo, ranks=ranks)
         if rolling:
             client = rollout_client(app, canary)
             gating = gate_plan(app, gate, rollout.waves(selected, max_unavailable, canary), chosen, canary)
@@ -116,3 +118,17 @@ def run(
         results = run_op.run(ctx, selected, steps)
     run_view.done_lines(results)
     return finish(results)
+
+
+def group_ranks(
+    app: App, selected: list[Host], chosen: dict[str, Recipe], steps: dict[str, list[Step]]
+) -> dict[str, group_op.Rank]:
+    """Each grouped host's rank when the run has a per-server step (a group's recipe must fit it, a
+    multi-node recipe needs a group: exit 2 before any host); none when every step is per host (each
+    host of a group pulls and tunes on its own). A group's sweep is not built yet: exit 2."""
+    if not any(s.name in run_op.PER_SERVER for h in selected for s in steps[h.name]):
+        return {}
+    ranks = group_op.ranks(app.inventory, selected, chosen)
+    sweeping = {n: r for n, r in ranks.items() if any(isinstance(s.options, SweepOptions) for s in steps[n])}
+    group_op.refuse_not_built(sweeping, "orch run's sweep step", "serve each profile with `orch serve --profile`")
+    return ranks

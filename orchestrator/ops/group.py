@@ -32,7 +32,7 @@ contacted. ``serve --dry-run`` shows each rank's command, checked against that h
 ``--rollback`` (``roll_back``): a group that failed to start gets its last known-good server back on every
 rank, each host's known-good command, only when they are this group's rank layout. A rolling relaunch
 (``ops.rollout``) also rolls back a group serving but not as asked (``roll_back_running``: checked first,
-then the new ranks stopped), and asks ``would_replace`` before it takes rank 0 out of the gateway.
+then the new ranks stopped), and asks ``replace_checked`` before it takes rank 0 out of the gateway.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from orchestrator.ops import serve as serve_op
 from orchestrator.ops.serve import _forced, check_launch
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.session import HostSession
-from orchestrator.state import HostState
+from orchestrator.state import HostState, Phase, ServerRecord
 from orchestrator.store import StateStore
 from orchestrator.transport.base import shell_command
 from orchestrator.tuning.member import Peers
@@ -198,8 +198,9 @@ def serve(
         if same is not None:
             return same
         adopted = None if options.force else interrupted_launch(plan, ranks)
-        for r in ranks if adopted is None else ():
-            serve_op.check_replacement(r.session, r.ready)
+        for r in ranks:
+            if adopted is None or r.name not in adopted:
+                serve_op.check_replacement(r.session, r.ready)
     except OrchError as exc:  # one host of the group unreachable or refused: the group is not touched
         if not exc.message.startswith(f"group {plan.group}"):
             exc.message = f"group {plan.group} (not touched): {exc.message}"
@@ -213,6 +214,8 @@ def serve(
             stop_old(plan, ranks, options)
             began = time.monotonic()
             start_ranks(plan, ranks, job_ids)
+        else:  # the ranks a cut-off serve did not start yet join the others' rendezvous
+            start_ranks(plan, [r for r in ranks if r.name not in adopted], job_ids)
         log = wait_group_healthy(plan, ranks, job_ids, options)
         seconds = time.monotonic() - began
     except serve_op.StartupFailed as failure:
@@ -287,28 +290,93 @@ def already_serving(
     return result
 
 
-def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady], say: bool = True) -> dict[str, str] | None:
-    """The ranks a serve cut off after launching them left unverified (orch killed, the connection lost),
-    host → job id, when every rank's host runs its rank's command of this group as recorded (the same
-    commit and tuned configs) and none was verified yet: waiting for them finishes that serve (no rank is
-    started twice), said unless ``say`` is off. None otherwise: the ranks that run are stopped and every
-    rank launched afresh."""
-    found = {}
-    for r in ranks:
-        record = r.session.state().server
-        old = r.ready.old
-        if old is None or record is None or record.job_id != old.id or record.verified is not None:
-            return None
-        if (record.group, record.rank) != (plan.group, r.rank) or not serve_op._same_launch(r.session, record, r.ready):
-            return None
-        found[r.name] = old.id
+def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dict[str, str] | None:
+    """``adoptable``'s ranks, said, a rank started but not yet recorded recorded now (host → job id); None
+    when there are none."""
+    found = adoptable(plan, ranks)
+    if found is None:
+        return None
     jobs_said = ", ".join(f"{name} job {job}" for name, job in found.items())
-    if say:
-        ranks[0].session.say(
-            f"re-attaching to group {plan.group}'s ranks ({jobs_said}), started by a serve that was cut off "
-            "before verifying them"
-        )
+    ranks[0].session.say(
+        f"re-attaching to group {plan.group}'s ranks ({jobs_said}), started by a serve that was cut off "
+        "before verifying them"
+    )
+    for r in ranks:
+        record = r.session.store.read([r.name]).hosts[r.name].server
+        if r.name in found and (record is None or record.job_id != found[r.name]):
+            record_rank(plan, r, found[r.name])
     return found
+
+
+def adoptable(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dict[str, str] | None:
+    """The ranks a serve cut off after launching some or all of them left unverified (orch killed, the
+    connection lost), host → job id: each rank's host runs its rank's command of this group (``launched_rank``;
+    one may have been verified already, the cut coming between two hosts' records), or runs nothing and that
+    serve never started its rank (``not_launched``: the cut came first; the caller starts it, joining the
+    others' rendezvous). Waiting for them finishes that serve: no rank is started twice. None when no rank
+    runs unverified so, or a host runs something else: the ranks that run are stopped and every rank
+    launched afresh. Reads only."""
+    found: dict[str, str] = {}
+    unverified = False
+    for r in ranks:
+        hs = r.session.store.read([r.name]).hosts.get(r.name)
+        launched = launched_rank(plan, r, hs)
+        if launched is not None:
+            found[r.name] = launched[0]
+            unverified = unverified or not launched[1]
+        elif not not_launched(plan, r, hs):
+            return None
+    return found if unverified else None
+
+
+def would_replace(session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank, peers: Peers) -> bool:
+    """Whether serving ``rank``'s group (``session``: one of its hosts) would stop a running rank: not when
+    the group serves as asked or a cut-off launch of it would be re-attached to. Reads only, waits for
+    nothing (``orch run``'s question before any step: it asks only when a step would stop a server)."""
+    if options.force:
+        return True
+    plan, forced = rank.plan, _forced(recipe, options)
+    ranks = []
+    for i, name in enumerate(plan.hosts):
+        s = session if name == session.name else peers(name)
+        ready = serve_op.decide(s, forced, options, check_launch(s, forced, options.mtp))
+        ready.argv = facts.rank_argv(ready.argv, plan, i)
+        ranks.append(RankReady(s, i, ready))
+    return already_serving(plan, ranks, options) is None and adoptable(plan, ranks) is None
+
+
+def launched_rank(plan: facts.GroupPlan, r: RankReady, hs: HostState | None) -> tuple[str, bool] | None:
+    """The job id of the server ``r``'s host runs when a serve of this group launched it, and whether it was
+    verified: recorded as this rank with the same command, commit and tuned configs; or started just before
+    a cut and not recorded yet (``serve_op.launched_unrecorded``: not verified). None otherwise."""
+    old, record = r.ready.old, hs.server if hs is not None else None
+    if old is None or hs is None:
+        return None
+    if record is None or record.job_id != old.id:
+        return (old.id, False) if serve_op.launched_unrecorded(hs, r.session, old, r.ready.argv) else None
+    if (record.group, record.rank) != (plan.group, r.rank) or not serve_op._same_launch(r.session, record, r.ready):
+        return None
+    return old.id, record.verified is not None
+
+
+def not_launched(plan: facts.GroupPlan, r: RankReady, hs: HostState | None) -> bool:
+    """Whether a serve of the group cut off before starting ``r``'s rank: its host runs no server, is still
+    ``launching`` (saved on every host before any rank starts) and records no unverified rank of this group
+    (one recorded and no longer running ended: the group is relaunched, not patched)."""
+    if r.ready.old is not None or hs is None or hs.phase != Phase.LAUNCHING:
+        return False
+    record = hs.server
+    return record is None or record.group != plan.group or record.verified is not None
+
+
+def record_rank(plan: facts.GroupPlan, r: RankReady, job_id: str) -> None:
+    """Record ``job_id`` as ``r``'s host's server, this group's rank (a job started before the cut-off serve
+    could record it)."""
+    ready, host = r.ready, r.session.host
+    mtp = "--speculative-algorithm" in ready.argv
+    fields = dict(job_id=job_id, argv=ready.argv, port=host.server_port, mtp=mtp, commit=ready.commit)
+    record = ServerRecord(**fields, configs=ready.configs, group=plan.group, rank=r.rank)
+    serve_op._record_server(r.session, record)
 
 
 def ranks_line(job_ids: Mapping[str, str], ranks: Sequence[RankReady]) -> str:
@@ -684,7 +752,7 @@ def _restore_known_good(hs: HostState, argv: list[str] | None) -> None:
         hs.server.known_good_argv = argv
 
 
-def would_replace(session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank, peers: Peers) -> bool:
+def replace_checked(session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank, peers: Peers) -> bool:
     """Whether ``serve`` would stop the group's running server (not when every rank serves as asked),
     reading only: every rank's preflight, and, when it would, that every host can start its rank
     (``ops.serve.check_replacement``), so a rolling relaunch refuses before it takes rank 0 out of the
@@ -695,7 +763,7 @@ def would_replace(session: HostSession, recipe: Recipe, options: ServeOptions, r
         ranks = checked_ranks(session, recipe, options, plan, peers)
         if not options.force and already_serving(plan, ranks, options) is not None:
             return False
-        if options.force or interrupted_launch(plan, ranks, say=False) is None:
+        if options.force or adoptable(plan, ranks) is None:
             for r in ranks:
                 serve_op.check_replacement(r.session, r.ready)
     except OrchError as exc:

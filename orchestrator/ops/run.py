@@ -23,10 +23,19 @@ no step at all; the others go on.
 By default each host advances on its own (a slow or failed host does not hold the others); with
 ``lockstep`` every host finishes a step before any starts the next, which also lets ``tune-fp8``
 spread its units over the whole fleet (``fleet: true``).
+
+A replica group (``RunContext.ranks``) is one server: its per-host steps (``pull``, ``tune-fp8``) run on
+every host of the group, each host on its own GPUs; its per-server steps (``PER_SERVER``: ``serve``,
+``bench``, ``profile``) run once, on rank 0's session, ``serve`` through ``ops.group.serve``, and only
+once every host of the group finished the per-host steps before it. A per-server step is recorded on
+every host of the group in one write (each host's ``StepProgress`` tells the whole campaign), a
+per-host step on its own host. A host of the group that fails (or is refused by the preflight) stops
+the whole group there; other hosts and groups go on.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -41,6 +50,7 @@ from orchestrator.gateway import GatewayClient
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import doctor as doctor_op
+from orchestrator.ops import group as group_op
 from orchestrator.ops import profile as profile_op
 from orchestrator.ops import pull as pull_op
 from orchestrator.ops import rollout
@@ -79,9 +89,24 @@ class RunContext:
     confirm: Callable[[list[Host]], None] | None = None  # after preflight, before any step: may refuse
     redo: bool = False  # --from/--only: the steps run again (serve relaunches even when serving as asked)
     rolling: RollingRun | None = None  # --rolling: the serve step goes through the gateway rollout
+    ranks: Mapping[str, group_op.Rank] = field(default_factory=dict)  # each grouped host's rank (group_op.ranks)
 
     def recipe(self, host: Host) -> Recipe:
         return self.recipes[host.name]
+
+    def group(self, host: Host) -> list[str]:
+        """The hosts of ``host``'s replica group in rank order; ``[host]`` for a host outside every group."""
+        rank = self.ranks.get(host.name)
+        return list(rank.plan.hosts) if rank is not None else [host.name]
+
+    def leads(self, host: Host) -> bool:
+        """Whether ``host`` runs its server's per-server steps: a host alone, or rank 0 of its group."""
+        rank = self.ranks.get(host.name)
+        return rank is None or rank.rank == 0
+
+    def recorded_on(self, host: Host, step: str) -> list[str]:
+        """The hosts whose step record ``step`` on ``host`` writes: a group's every host for a per-server step."""
+        return self.group(host) if step in PER_SERVER else [host.name]
 
     def playbook(self, host: Host) -> str:
         """The host's campaign's name in the state file (its recipe's path)."""
@@ -112,6 +137,16 @@ class RolloutStopped(HostError):
 
 Steps = Mapping[str, list[Step]]
 """The steps each host runs, by host name (``select_steps`` of its own recipe)."""
+
+GroupLook = tuple[group_op.Rank, Peers]
+"""A grouped host's rank and the resolver of its group's other hosts (``stopping_steps``)."""
+
+PER_SERVER = frozenset({"serve", "bench", "profile", "sweep"})
+"""The steps about the server: a replica group runs them once, on rank 0 (``pull`` and ``tune-fp8`` are per host)."""
+
+
+class GroupStopped(HostError):
+    """A host of a replica group failed (or was refused): the group's server steps do not run."""
 
 
 @dataclass
@@ -156,7 +191,13 @@ def _mark(ctx: RunContext, host: Host, step: str, outcome: str, detail: str = ""
         else:
             progress.step_failed(step, detail)
 
-    ctx.store.update_host(host.name, update)
+    names = ctx.recorded_on(host, step)  # a group's server step: every host of the group, in one write
+    if len(names) == 1:
+        ctx.store.update_host(host.name, update)
+        return
+    with ctx.store.update_hosts(names) as state:
+        for name in names:
+            update(state.host(name))
 
 
 def recorded(store: StateStore, host: Host, playbook: str) -> StepProgress:
@@ -202,11 +243,25 @@ def gone(ctx: RunContext, session: HostSession, step: Step, outcome: HostRun) ->
     """Why a step recorded as done must run again (its result no longer holds on the host, or an earlier
     step of this run undid it), or None."""
     options = step.options
+    if isinstance(options, ServeOptions) and session.name in ctx.ranks:
+        return group_gone(ctx, session, step)
     if isinstance(options, ServeOptions) and "tune-fp8" in outcome.done and session.running_server() is None:
         return "no server of orch's runs now (tune-fp8 ran in this run): serving again"
     if isinstance(options, BenchOptions) and "serve" in outcome.done:
         return "serve ran again in this run (the benchmark measured the old server): benchmarking again"
     return result_gone(session, ctx.recipe(session.host), step)
+
+
+def group_gone(ctx: RunContext, session: HostSession, step: Step) -> str | None:
+    """Why a replica group's done ``serve`` must run again: a host of the group (rank 0's ``session``, the
+    others from ``ctx.peers``) no longer runs a server job of orch's on its checkout (``result_gone``)."""
+    recipe = ctx.recipe(session.host)
+    for rank, name in enumerate(ctx.group(session.host)):
+        member = session if name == session.name else ctx.peers(name)
+        why = result_gone(member, recipe, step)
+        if why is not None:
+            return f"group {ctx.ranks[session.name].plan.group}: rank {rank} on {name}: {why}"
+    return None
 
 
 def result_gone(session: HostSession, recipe: Recipe, step: Step) -> str | None:
@@ -319,25 +374,35 @@ def _tune_outcome(results: FleetResult[TuneStatus], host: Host) -> str:
 
 
 def _serve(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> str:
-    """Serve; a step interrupted in an earlier run re-attaches to the server it launched (serve's own
-    ``interrupted_launch``), ``--from``/``--only`` relaunch even a server that serves as asked
-    (``serve_options``)."""
+    """Serve (rank 0 of a replica group: the group, ``ops.group.serve``); a step interrupted in an earlier
+    run re-attaches to the server it launched (serve's own ``interrupted_launch``), ``--from``/``--only``
+    relaunch even a server that serves as asked (``serve_options``; a group's step only when it did not
+    run before: ``resumed`` re-attaches to the ranks it started)."""
     assert isinstance(step.options, ServeOptions)
+    rank = ctx.ranks.get(session.name)
+    if rank is not None:  # rank 0 of a replica group: the whole group, as `orch serve` serves it
+        options = step.options.model_copy(update={"force": ctx.redo and not resumed})  # resumed: re-attach
+        return _served(group_op.serve(session, ctx.recipe(session.host), options, rank, ctx.peers))
     options = serve_options(session, ctx.recipe(session.host), step, ctx.redo)
     if ctx.rolling is not None:
         return _roll(ctx, ctx.rolling, session, options)
     return _served(serve_op.serve(session, ctx.recipe(session.host), options, ctx.peers))
 
 
-def serve_options(session: HostSession, recipe: Recipe, step: Step, redo: bool) -> ServeOptions:
+def serve_options(
+    session: HostSession, recipe: Recipe, step: Step, redo: bool, rank: group_op.Rank | None = None
+) -> ServeOptions:
     """The options the serve step runs with: ``--from``/``--only`` (``redo``) relaunch even a server that
     serves as asked, except the server this step's own interrupted run started (``serve_op.own_launch``):
     that one is adopted, never replaced. The one decision the run, its question before stopping servers
-    and ``--dry-run`` share."""
+    and ``--dry-run`` share. A replica group's (``rank``) interrupted step is not forced: ``ops.group.serve``
+    re-attaches to the ranks it launched."""
     assert isinstance(step.options, ServeOptions)
     if not redo:
         return step.options
     resumed = was_interrupted(session.store, session.host, str(recipe.path), step.name)
+    if rank is not None:
+        return step.options.model_copy(update={"force": not resumed})
     own = serve_op.own_launch(session, recipe, step.options) if resumed else None
     return step.options.model_copy(update={"force": own is None})
 
@@ -358,10 +423,11 @@ def _roll(ctx: RunContext, rolling: RollingRun, session: HostSession, options: S
 
 
 def _served(result: serve_op.ServeResult) -> str:
+    ranks = f"; group ranks: {result.group}" if result.group else ""
     if result.unchanged:
-        return f"already serving as asked (job {result.job_id})"
+        return f"already serving as asked (job {result.job_id}){ranks}"
     accept = f", accept length {result.accept_length:.2f}" if result.accept_length is not None else ""
-    return f"serving job {result.job_id}, speculative {result.spec}{accept}"
+    return f"serving job {result.job_id}, speculative {result.spec}{accept}{ranks}"
 
 
 def was_interrupted(store: StateStore, host: Host, playbook: str, step: str) -> bool:
@@ -431,6 +497,7 @@ def run(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[HostRun
     several hosts), then the steps (``lockstep`` or each host on its own) on the hosts that passed
     preflight; results in the order of ``hosts``."""
     refused = {r.host.name: r.error for r in preflight(ctx, hosts, steps).failed}
+    refused.update(refused_groups(ctx, hosts, refused))
     for host in hosts:
         if host.name in refused:
             ctx.fleet.session(host, ctx.store).say("refused before any step: nothing was started or stopped")
@@ -444,6 +511,21 @@ def run(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[HostRun
     if finished:  # a host that cannot fetch says nothing
         ctx.fleet.map_sessions(lambda s: _next_round(ctx, s), ctx.store, finished)
     return FleetResult([done[h.name] if h.name in done else HostResult(h, error=refused[h.name]) for h in hosts])
+
+
+def refused_groups(
+    ctx: RunContext, hosts: list[Host], refused: Mapping[str, BaseException | None]
+) -> dict[str, GroupStopped]:
+    """The other hosts of a replica group one of whose hosts the preflight refused: the group runs no step."""
+    found = {}
+    for host in hosts:
+        failed = [n for n in ctx.group(host) if n in refused and n != host.name]
+        if host.name not in refused and failed:
+            group = ctx.ranks[host.name].plan.group
+            found[host.name] = GroupStopped(
+                f"{host.name}: group {group} runs no step: {', '.join(failed)} was refused before any step"
+            )
+    return found
 
 
 def _next_round(ctx: RunContext, session: HostSession) -> None:
@@ -479,14 +561,24 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
         serve = next((s for s in steps[session.name] if isinstance(s.options, ServeOptions)), None)
         if serve is not None:
             assert isinstance(serve.options, ServeOptions)
-            serve_op.check_launch(session, ctx.recipe(session.host), serve.options.mtp)
+            check_launch(ctx, session, serve.options)
             installs = any(isinstance(s.options, PullOptions) and s.options.install for s in steps[session.name])
             session.say(serve_op.check_host_ready(session, ctx.recipe(session.host), installs))
         bench = next((s.options for s in steps[session.name] if isinstance(s.options, BenchOptions)), None)
-        if bench is not None:  # the benchmark's dataset on the host (staged when the step names one): exit 2 first
+        if bench is not None and ctx.leads(session.host):  # its dataset on the host (staged when named): exit 2 first
             bench_op.prepare_dataset(session, ctx.recipe(session.host).bench, bench)
 
     return ctx.fleet.map_sessions(check, ctx.store, hosts)
+
+
+def check_launch(ctx: RunContext, session: HostSession, options: ServeOptions) -> None:
+    """The launch command the serve step would run on the host (its rank's, in a replica group: the
+    multi-node flags too), checked against its own SGLang; RefusedError otherwise."""
+    rank = ctx.ranks.get(session.name)
+    if rank is None:
+        serve_op.check_launch(session, ctx.recipe(session.host), options.mtp)
+    else:
+        group_op.dry_run(session, ctx.recipe(session.host), options, rank)
 
 
 def _refuse_drained(ctx: RunContext, session: HostSession, steps: list[Step]) -> None:
@@ -495,7 +587,9 @@ def _refuse_drained(ctx: RunContext, session: HostSession, steps: list[Step]) ->
     drained_at = session.store.read([session.name], history=False).host(session.name).drained_at
     if drained_at is None:
         return
-    if stopping := stopping_steps(session, ctx.recipe(session.host), steps, ctx.redo):
+    rank = ctx.ranks.get(session.name)
+    group = (rank, ctx.peers) if rank is not None else None
+    if stopping := stopping_steps(session, ctx.recipe(session.host), steps, ctx.redo, group):
         raise RefusedError(
             f"{session.name}: drained since {drained_at:%Y-%m-%d %H:%M} UTC, its server kept for inspection: "
             f"{' and '.join(stopping)} would stop it",
@@ -603,16 +697,60 @@ def _halted_hosts(
 def run_independent(
     ctx: RunContext, hosts: list[Host], steps: Steps, outcomes: dict[str, HostRun] | None = None
 ) -> FleetResult[HostRun]:
-    """Each host walks all its steps on its own thread; a failure stops only that host. ``outcomes``:
-    what each host did earlier in this run, added to."""
+    """Each host walks all its steps on its own thread, a replica group on its rank 0's (``walk_group``);
+    a failure stops only that host (or group). ``outcomes``: what each host did earlier in this run, added to."""
+    outcomes = outcomes if outcomes is not None else {h.name: HostRun() for h in hosts}
+    by_name = {h.name: h for h in hosts}
+    found: dict[str, HostResult[HostRun]] = {}
 
     def walk(session: HostSession) -> HostRun:
-        outcome = outcomes[session.name] if outcomes is not None else HostRun()
+        if session.name in ctx.ranks:
+            members = [by_name[n] for n in ctx.group(session.host)]
+            return walk_group(ctx, session, members, steps, outcomes, found)
         for step in steps[session.name]:
-            run_step(ctx, session, step, outcome)
-        return outcome
+            run_step(ctx, session, step, outcomes[session.name])
+        return outcomes[session.name]
 
-    return ctx.fleet.map_sessions(walk, ctx.store, hosts)
+    found.update({r.host.name: r for r in ctx.fleet.map_sessions(walk, ctx.store, [h for h in hosts if ctx.leads(h)])})
+    return FleetResult([found[h.name] for h in hosts])
+
+
+def walk_group(
+    ctx: RunContext,
+    first: HostSession,
+    members: list[Host],
+    steps: Steps,
+    outcomes: dict[str, HostRun],
+    found: dict[str, HostResult[HostRun]],
+) -> HostRun:
+    """A replica group's steps, on rank 0's thread (``first``): each run of per-host steps on every host of
+    the group at once (each host on its own), each per-server step once on rank 0, after every host finished
+    the per-host steps before it. The other hosts' results go to ``found``; a host that fails stops the
+    group there (``GroupStopped`` on rank 0 unless rank 0 itself failed). Returns rank 0's outcome."""
+    group = ctx.ranks[first.name].plan.group
+    for member in members[1:]:  # what it did, unless a batch of per-host steps failed it
+        found[member.name] = HostResult(member, value=outcomes[member.name])
+    for server, part in itertools.groupby(steps[first.name], key=lambda s: s.name in PER_SERVER):
+        batch = list(part)
+        if server:
+            for step in batch:
+                run_step(ctx, first, step, outcomes[first.name])
+            continue
+
+        def walk(session: HostSession, batch: list[Step] = batch) -> HostRun:
+            for step in batch:
+                run_step(ctx, session, step, outcomes[session.name])
+            return outcomes[session.name]
+
+        results = {r.host.name: r for r in ctx.fleet.map_sessions(walk, ctx.store, members)}
+        found.update({n: r for n, r in results.items() if n != first.name})
+        own = results[first.name].error
+        if own is not None:
+            raise own
+        failed = [n for n, r in results.items() if r.error is not None]
+        if failed:
+            raise GroupStopped(f"{first.name}: group {group} stopped: {', '.join(failed)} failed (see above)")
+    return outcomes[first.name]
 
 
 def run_lockstep(
@@ -622,14 +760,25 @@ def run_lockstep(
     different playbooks walk their own steps); failed hosts drop out. ``outcomes`` as ``run_independent``."""
     outcomes = outcomes if outcomes is not None else {h.name: HostRun() for h in hosts}
     errors: dict[str, BaseException] = {}
+    stopped: set[str] = set()  # hosts of a replica group another host of which failed: they walk no further
     for n in range(max((len(steps[h.name]) for h in hosts), default=0)):
-        remaining = [h for h in hosts if h.name not in errors and n < len(steps[h.name])]
+        remaining = [h for h in hosts if h.name not in errors and h.name not in stopped and n < len(steps[h.name])]
+        remaining = [h for h in remaining if ctx.leads(h) or steps[h.name][n].name not in PER_SERVER]
 
         def one(session: HostSession, n: int = n) -> None:
             run_step(ctx, session, steps[session.name][n], outcomes[session.name])
 
         results = ctx.fleet.map_sessions(one, ctx.store, remaining)
         errors.update({r.host.name: r.error for r in results if r.error is not None})
+        for host in hosts:  # a group one of whose hosts failed stops there (its rank 0 says why)
+            failed = [m for m in ctx.group(host) if m in errors and m != host.name]
+            if failed and host.name not in errors and host.name not in stopped:
+                if ctx.leads(host):
+                    group = ctx.ranks[host.name].plan.group
+                    message = f"{host.name}: group {group} stopped: {', '.join(failed)} failed (see above)"
+                    errors[host.name] = GroupStopped(message)
+                else:
+                    stopped.add(host.name)
     return FleetResult(
         [HostResult(h, error=errors[h.name]) if h.name in errors else HostResult(h, outcomes[h.name]) for h in hosts]
     )
@@ -645,9 +794,13 @@ def tuning_needed(session: HostSession, recipe: Recipe, options: TuneOptions) ->
     return prepared.attach is None and bool(prepared.shapes)
 
 
-def stopping_steps(session: HostSession, recipe: Recipe, steps: list[Step], redo: bool) -> list[str]:
+def stopping_steps(
+    session: HostSession, recipe: Recipe, steps: list[Step], redo: bool, group: GroupLook | None = None
+) -> list[str]:
     """The steps that will run and may stop a running server: ``serve``, and ``tune-fp8`` with
-    ``stop_server``, when not done (or ``redo``), or done but redone because a tuned config is gone."""
+    ``stop_server``, when not done (or ``redo``), or done but redone because a tuned config is gone.
+    ``group``: the host's rank and the peers' sessions, when it is in a replica group (whose serve is
+    decided for the whole group)."""
     playbook = str(recipe.path)
 
     def runs(step: Step) -> bool:
@@ -658,6 +811,9 @@ def stopping_steps(session: HostSession, recipe: Recipe, steps: list[Step], redo
     def stops(step: Step, first: bool) -> bool:
         """serve, as the run will decide when it runs first (an adopted or unchanged server is not stopped);
         after a step that runs (a pull, tuning), serve's decision waits for it: counted as a stop."""
+        if isinstance(step.options, ServeOptions) and group is not None:
+            options = serve_options(session, recipe, step, redo, group[0])
+            return not first or group_op.would_replace(session, recipe, options, *group)
         if isinstance(step.options, ServeOptions):
             return not first or serve_op.would_replace(session, recipe, serve_options(session, recipe, step, redo))
         if isinstance(step.options, SweepOptions):
@@ -671,10 +827,13 @@ def stopping_steps(session: HostSession, recipe: Recipe, steps: list[Step], redo
 # -- dry run -------------------------------------------------------------------------------------
 
 
-def dry_run(session: HostSession, recipe: Recipe, steps: list[Step], redo: bool = False) -> list[str]:
+def dry_run(
+    session: HostSession, recipe: Recipe, steps: list[Step], redo: bool = False, rank: group_op.Rank | None = None
+) -> list[str]:
     """The plan: per step that would run, the exact remote commands and the server stops it makes;
-    steps already done are listed as skipped (``redo``: ``--from``/``--only`` run them again). Reads
-    the host, changes nothing."""
+    steps already done are listed as skipped (``redo``: ``--from``/``--only`` run them again). A host of
+    a replica group (``rank``) shows its rank's launch command; the group's other per-server steps are
+    rank 0's. Reads the host, changes nothing."""
     host, store = session.host, session.store
     lines: list[str] = []
     server = session.running_server()
@@ -686,6 +845,9 @@ def dry_run(session: HostSession, recipe: Recipe, steps: list[Step], redo: bool 
             lines.append(f"step {step.name}: already done, skipped")
             continue
         lines.append(f"step {step.name}:" + (f" done before, but {again}" if again else ""))
+        if rank is not None and step.name in PER_SERVER:
+            lines += _dry_group_step(session, recipe, step, redo, rank)
+            continue
         if isinstance(step.options, ServeOptions) and not moved:
             options = serve_options(session, recipe, step, redo)
             lines += [f"  {line}" for line in serve_op.dry_run(session, recipe, options)]
@@ -697,6 +859,19 @@ def dry_run(session: HostSession, recipe: Recipe, steps: list[Step], redo: bool 
             server = None
         lines += [f"  {c}" if c.startswith("(") else f"  $ {c}" for c in commands]
     return lines
+
+
+def _dry_group_step(session: HostSession, recipe: Recipe, step: Step, redo: bool, rank: group_op.Rank) -> list[str]:
+    """A per-server step of a replica group's host: serve launches its rank's command; the others run on rank 0."""
+    plan = rank.plan
+    if isinstance(step.options, ServeOptions):
+        options = serve_options(session, recipe, step, redo, rank)
+        said = f"(group {plan.group} relaunched unless it serves as asked: each host's server stopped first)"
+        return [f"  {line}" for line in [said, *group_op.dry_run(session, recipe, options, rank)]]
+    if rank.rank:
+        return [f"  (once for group {plan.group}, on rank 0: {plan.hosts[0]})"]
+    commands, _stops = _dry_step(session, recipe, step)
+    return [f"  {c}" if c.startswith("(") else f"  $ {c}" for c in commands]
 
 
 def _dry_step(session: HostSession, recipe: Recipe, step: Step) -> tuple[list[str], server_host.Outage | None]:

@@ -1,8 +1,10 @@
 """Kill `orch run` again and again (issue 13, "Faults survived" item 1), then check that nothing was lost
 and nothing done twice. Used by tests/integration/test_faults_kills.py and bench/kills.py.
 
-On a small simulated fleet (tiny shapes and batch sizes, fast sim knobs: one whole run takes seconds)
-``campaign`` starts ``orch run <playbook>`` (no ``--yes`` and no terminal: a resumed run that asked to take
+On a small simulated fleet (tiny shapes and batch sizes, fast sim knobs: one whole run takes seconds; with
+``group``, sim-1 alone serving DeepSeek-V4-Flash and sim-2, sim-3 a replica group serving DeepSeek-V4-Pro,
+each with its own tiny playbook from the inventory) ``campaign`` starts ``orch run [<playbook>]`` (no
+``--yes`` and no terminal: a resumed run that asked to take
 serving down would exit 2, a failed re-run; issue 30) and SIGKILLs it at a moment drawn from a seeded RNG: a
 new line of orch's progress (one no earlier run printed: counted in orch's own lines, the moment does not
 depend on the machine's speed, and each run gets a little further than the last) of the step the kill
@@ -14,7 +16,8 @@ the end.
 
 - every (shape, batch size) unit tuned exactly once per host ("Completed tuning for batch_size=M" lines
   over every tuning job's log, attributed to the shape the log says it tunes);
-- one server job per host, running; one benchmark job per host, ended with exit code 0 and recorded;
+- one server job per host, running (a group's: one per rank, no rank started twice); one benchmark job per
+  server (a group's on rank 0), ended with exit code 0 and recorded;
 - no stray process: on each host only sshd and the server job's process group live; no orch is left;
 - every re-run was either killed or exited 0 (a non-zero exit between kills is a finding);
 - the state database passes SQLite's ``integrity_check`` after every kill, and reads with the state's own
@@ -61,10 +64,13 @@ _EVENT = re.compile(
 )
 
 
-def tiny_playbook(path: Path) -> Path:
-    """The shipped DeepSeek-V4-Flash playbook with two shapes, eight batch sizes and a tiny benchmark."""
-    doc = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text())
-    doc["tuning"] = {"shapes": doc["tuning"]["shapes"][:2], "batch_sizes": BATCH_SIZES}
+def tiny_playbook(path: Path, model: str = "deepseek-v4-flash") -> Path:
+    """A shipped playbook (``model``) with DeepSeek-V4-Flash's first two shapes, eight batch sizes and a tiny
+    benchmark; its steps tune those shapes (``default``), stopping the server first."""
+    doc = yaml.safe_load((PACKAGED_PLAYBOOKS / f"{model}.yaml").read_text())
+    flash = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text())
+    doc["tuning"] = {"shapes": flash["tuning"]["shapes"][:2], "batch_sizes": BATCH_SIZES}
+    doc["steps"] = flash["steps"]
     doc["bench"] = BENCH
     doc["health_timeout"] = 120
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -116,14 +122,15 @@ class Figures:
 class Campaign:
     """``orch run`` on one fleet (a ``SimFleet``), killed at seeded moments."""
 
-    def __init__(self, fleet: Any, inventory: Path, state: Path, playbook: Path) -> None:
+    def __init__(self, fleet: Any, inventory: Path, state: Path, playbook: Path | None) -> None:
         self.fleet, self.inventory, self.state, self.playbook = fleet, inventory, state, playbook
         self.attempts: list[Attempt] = []
         self.seen: set[str] = set()  # every line any run printed so far: a line seen before is no progress
 
     def argv(self) -> list[str]:
         inv, st = str(self.inventory), str(self.state)
-        return [sys.executable, "-m", "orchestrator", "-i", inv, "--state", st, "run", str(self.playbook)]
+        playbook = [str(self.playbook)] if self.playbook is not None else []  # None: each host's own
+        return [sys.executable, "-m", "orchestrator", "-i", inv, "--state", st, "run", *playbook]
 
     def attempt(self, aim: str | None, pause: float = 0.0) -> Attempt:
         """Start `orch run`; SIGKILL it ``pause`` s after its first new line of step ``aim`` or a later
@@ -232,13 +239,19 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def stray_processes(host: Any, server_dir: Path | None) -> list[str]:
-    """The host's live processes other than sshd and the running server job's process group."""
-    keep = int((server_dir / "pid").read_text()) if server_dir is not None and (server_dir / "pid").exists() else None
+def server_groups(hosts: Any) -> set[int]:
+    """The process groups of the hosts' running server jobs (a job's wrapper pid is its group's id)."""
+    dirs = [_running_server_dir(h) for h in hosts]
+    return {int((d / "pid").read_text()) for d in dirs if d is not None and (d / "pid").exists()}
+
+
+def stray_processes(host: Any, keep: set[int]) -> list[str]:
+    """The host's live processes other than sshd and the running server jobs' process groups ``keep`` (every
+    host's: a group's rank 1 names rank 0's model path, which counts it as rank 0's host's process too)."""
     stray = []
     for pid in host_pids([host.root]):
         cmd = _cmdline(pid)
-        if not _alive(pid) or cmd.startswith(("/usr/sbin/sshd", "sshd")) or (keep and _pgid(pid) == keep):
+        if not _alive(pid) or cmd.startswith(("/usr/sbin/sshd", "sshd")) or _pgid(pid) in keep:
             continue
         stray.append(f"{host.name}: pid {pid}: {cmd[:160]}")
     return stray
@@ -256,8 +269,8 @@ def wait_quiet(campaign: Campaign, timeout: float = 30) -> None:
     children and commands in flight when orch was killed (they end when their session closes)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        servers = {h.name: _running_server_dir(h) for h in campaign.fleet.hosts}
-        if not any(stray_processes(h, servers[h.name]) for h in campaign.fleet.hosts):
+        keep = server_groups(campaign.fleet.hosts)
+        if not any(stray_processes(h, keep) for h in campaign.fleet.hosts):
             return
         time.sleep(0.2)
 
@@ -293,7 +306,7 @@ def check(campaign: Campaign, expected_units: set[tuple[int, int, int]]) -> Figu
         benches = job_dirs(host, "bench")
         fig.bench_jobs_per_host[host.name] = len(benches)
         fig.bench_ok_per_host[host.name] = sum(_exit_code(d) == 0 for d in benches)
-        fig.stray_processes += stray_processes(host, _running_server_dir(host))
+        fig.stray_processes += stray_processes(host, server_groups(campaign.fleet.hosts))
     store = StateStore(campaign.state)
     try:
         state = store.read()
@@ -327,11 +340,27 @@ def prepare(fleet: Any, root: Path) -> tuple[Path, Path, Path]:
     return inventory, root / "state" / "state.json", tiny_playbook(root / "tiny.yaml")
 
 
-def campaign(fleet: Any, root: Path, kills: int, seed: int) -> tuple[Campaign, Figures]:
-    """The whole driver: prepare, kill ``kills`` times, finish, check."""
-    t0 = time.monotonic()
+def prepare_group(fleet: Any, root: Path) -> tuple[Path, Path, Path]:
+    """``prepare`` for three hosts: sim-1 alone with the tiny playbook, sim-2 (rank 0) and sim-3 replica group
+    pro-1 with a tiny DeepSeek-V4-Pro one (over interface lo; the model at rank 0's path, as on two real boxes
+    at one path), each host's playbook in the inventory. Returns the tiny (Flash) playbook: both tune its units."""
     inventory, state, playbook = prepare(fleet, root)
-    c = Campaign(fleet, inventory, state, playbook)
+    pro = tiny_playbook(root / "tiny-pro.yaml", "deepseek-v4-pro")
+    document = yaml.safe_load(inventory.read_text())
+    hosts = document["hosts"]
+    hosts["sim-1"]["playbook"] = str(playbook)
+    hosts["sim-3"]["model_path"] = hosts["sim-2"]["model_path"]
+    document["groups"] = {"pro-1": {"hosts": ["sim-2", "sim-3"], "playbook": str(pro), "network_interface": "lo"}}
+    inventory.write_text(yaml.safe_dump(document, sort_keys=False))
+    return inventory, state, playbook
+
+
+def campaign(fleet: Any, root: Path, kills: int, seed: int, group: bool = False) -> tuple[Campaign, Figures]:
+    """The whole driver: prepare (``group``: ``prepare_group``, each host's own playbook), kill ``kills``
+    times, finish, check."""
+    t0 = time.monotonic()
+    inventory, state, playbook = (prepare_group if group else prepare)(fleet, root)
+    c = Campaign(fleet, inventory, state, None if group else playbook)
     c.run(kills, seed)
     figures = check(c, expected_units(playbook))
     figures.seconds = round(time.monotonic() - t0, 1)

@@ -22,27 +22,29 @@ SEED, KILLS = 13, 20
 MARGIN = 3
 
 
-@pytest.mark.slow  # 21 runs of orch: 125-135 s measured on this 2-core machine shared with other tests
-def test_run_killed_twenty_times_at_seeded_moments_tunes_serves_and_benchmarks_once(
+@pytest.mark.slow  # 21 runs of orch on 3 hosts: about 150-200 s on this 2-core machine shared with other tests
+def test_run_killed_twenty_times_at_seeded_moments_tunes_serves_and_benchmarks_once_beside_a_group(
     make_fleet: Any, tmp_path: Path
 ) -> None:
-    env = make_fleet(2)
-    runs, fig = kills.campaign(env.fleet, tmp_path, KILLS + MARGIN, SEED)
+    env = make_fleet(3)  # sim-1 alone; sim-2 (rank 0) and sim-3: replica group pro-1, one server
+    runs, fig = kills.campaign(env.fleet, tmp_path, KILLS + MARGIN, SEED, group=True)
     assert fig.kills >= KILLS, [a.last_line for a in runs.attempts]
     assert fig.failed_reruns == []  # every run between the kills was killed or exited 0
     assert runs.attempts[-1].returncode == 0 and not runs.attempts[-1].killed
     assert (fig.units_tuned, fig.units_missing, fig.units_duplicated) == (fig.units_expected, 0, 0)
-    assert fig.servers_per_host == fig.servers_running_per_host == {"sim-1": 1, "sim-2": 1}
-    assert fig.bench_jobs_per_host == fig.bench_ok_per_host == {"sim-1": 1, "sim-2": 1}
+    one_each = {"sim-1": 1, "sim-2": 1, "sim-3": 1}  # the group's: one job per rank, no rank started twice
+    assert fig.servers_per_host == fig.servers_running_per_host == one_each
+    assert fig.bench_jobs_per_host == fig.bench_ok_per_host == {"sim-1": 1, "sim-2": 1, "sim-3": 0}  # rank 0's
     assert fig.stray_processes == [] and fig.orch_left == []
     assert fig.state_valid and len(fig.integrity_after_kills) == fig.kills
     assert all(answer.startswith("ok") for answer in fig.integrity_after_kills), fig.integrity_after_kills
-    assert fig.phases == {"sim-1": "serving", "sim-2": "serving"} and all(fig.verified.values())
+    assert fig.phases == dict.fromkeys(one_each, "serving") and all(fig.verified.values())
     state = StateStore(runs.state).read()
-    for name, hs in state.hosts.items():
+    assert (state.hosts["sim-2"].server.group, state.hosts["sim-3"].server.rank) == ("pro-1", 1)  # type: ignore[union-attr]
+    for name, hs in state.hosts.items():  # a group's server steps are recorded on each of its hosts
         assert set(hs.steps.done) == {"pull", "tune-fp8", "serve", "bench"}, name
-        (bench,) = kills.job_dirs(env.fleet.host(name), "bench")
-        assert [b.job_id for b in hs.benchmarks] == [bench.name]  # the one benchmark, recorded once
+        benches = kills.job_dirs(env.fleet.host(name), "bench")
+        assert [b.job_id for b in hs.benchmarks] == [b.name for b in benches]  # the one benchmark, recorded once
 
 
 def _orch(env: FleetEnv, *args: str) -> subprocess.Popen[bytes]:

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,10 +21,11 @@ import pytest
 import yaml
 
 from orchestrator.errors import ExitCode
-from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.state import Phase
 from orchestrator.store import StateStore
+from orchestrator.tuning.member import record_of
 from tests.conftest import FleetEnv
+from tests.integration import kills
 from tests.integration.test_faults_drops import orch_process, read_line_until
 
 KNOBS = {"startup_seconds": 0.3, "decode_step_seconds": 0.002}
@@ -138,11 +140,21 @@ def refused_unchanged(env: FleetEnv, args: tuple[str, ...], what: str) -> None:
     assert running_servers(env) == before
 
 
-def test_orch_run_refuses_a_groups_serve_step_before_anything_changes(env: FleetEnv, tmp_path: Path) -> None:
-    playbook = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-pro.yaml").read_text())
-    playbook["steps"] = ["serve"]
-    (tmp_path / "pro.yaml").write_text(yaml.safe_dump(playbook))
-    refused_unchanged(env, ("run", str(tmp_path / "pro.yaml"), "--host", "sim-3"), "orch run's serve step")
+def test_orch_run_dry_run_shows_each_ranks_command_and_the_groups_server_steps_on_rank_0(env: FleetEnv) -> None:
+    run = env.orch("run", "--dry-run", "--host", "sim-3")
+    assert run.returncode == 0, run.output
+    plan = host_lines("\n".join(f"  {line}" if line.startswith("step ") else line for line in run.stdout.splitlines()))
+    assert list(plan) == ["sim-2", "sim-3"]  # a group is one server: one of its hosts selects both
+    for rank, name in enumerate(("sim-2", "sim-3")):
+        served = plan[name][plan[name].index("step serve:") + 1 :]
+        assert served[1].startswith(f"(group pro-1: rank {rank} of 2, ")
+        assert served[2].startswith("$ env NCCL_SOCKET_IFNAME=lo ") and f"--node-rank {rank} " in served[2]
+    assert plan["sim-3"][-2:] == ["step bench:", "(once for group pro-1, on rank 0: sim-2)"]
+    assert plan["sim-2"][-1].startswith("$ ") and "bench" in plan["sim-2"][-1]
+
+
+def test_a_rolling_orch_run_of_a_group_is_refused_before_anything_changes(env: FleetEnv) -> None:
+    refused_unchanged(env, ("run", "--rolling", "--host", "sim-3", "--yes"), "orch run --rolling")
 
 
 def test_the_fleet_serves_the_group_with_pp_2_tp_8_and_mtp_beside_a_single_host(env: FleetEnv, sims: object) -> None:
@@ -205,6 +217,32 @@ def test_serve_after_one_cut_off_past_the_launch_adopts_the_ranks_it_started(env
     for name in ("sim-2", "sim-3"):
         record = state.hosts[name].server
         assert record is not None and record.verified is not None and [record.job_id] == launched[name]
+
+
+def test_serve_cut_off_between_starting_rank_0_and_rank_1_starts_only_rank_1_again(env: FleetEnv, sims: dict) -> None:
+    stopped = env.orch("stop-server", "--host", "sim-2")  # nothing to stop first: rank 0 is the first job started
+    assert stopped.returncode == 0, stopped.output
+    before = {d.name for d in kills.job_dirs(sims["sim-2"], "server")}
+    serve = orch_process(env, "serve", "--host", "sim-2")
+    launching = lambda doc: all(doc["hosts"][n]["phase"] == "launching" for n in ("sim-2", "sim-3"))  # noqa: E731
+    holder = kills.hold_state_lock_from(env.state, launching, alive=lambda: serve.poll() is None)
+    try:  # rank 0's job starts; its record waits for the lock
+        new = lambda: [d for d in kills.job_dirs(sims["sim-2"], "server") if d.name not in before]  # noqa: E731
+        (rank0,) = kills.wait_for(new, "rank 0's server job")
+    finally:
+        serve.kill()
+        serve.communicate(timeout=30)
+        holder.close()
+    unrecorded = StateStore(env.state).read().hosts["sim-2"].server
+    assert unrecorded is None or unrecorded.job_id != rank0.name  # killed before its record
+    again = env.orch("serve", "--host", "sim-3")
+    assert again.returncode == 0, again.output
+    assert f"sim-2: re-attaching to group pro-1's ranks (sim-2 job {rank0.name}), started by a serve" in again.stderr
+    assert "started rank 1 of group pro-1" in again.stderr and "started rank 0" not in again.stderr
+    assert running_servers(env)["sim-2"] == [rank0.name]  # rank 0 started once
+    state = StateStore(env.state).read()
+    assert [state.hosts[n].phase for n in ("sim-2", "sim-3")] == [Phase.SERVING, Phase.SERVING]
+    assert state.hosts["sim-2"].server.job_id == rank0.name  # type: ignore[union-attr]
 
 
 def test_a_rank_that_fails_to_start_fails_the_group_and_its_ranks_are_stopped(env: FleetEnv, sims: dict) -> None:
@@ -404,3 +442,63 @@ def test_the_groups_health_wait_rides_out_an_ssh_drop_to_rank_1s_host(env: Fleet
         hs = state.hosts[name]
         assert hs.phase == Phase.SERVING and hs.server is not None and hs.server.verified is not None
         assert [hs.server.job_id] == running_servers(env)[name]
+
+
+# --- orch run on the group ---
+
+
+def server_info(sim: object) -> dict[str, object]:
+    """Rank 0's ``/server_info`` as a client on the host reads it (SGLang listens on 127.0.0.1 by default)."""
+    port = sim.server_port  # type: ignore[attr-defined]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=30) as response:
+        return json.loads(response.read())  # type: ignore[no-any-return]
+
+
+def test_orch_run_tunes_each_host_of_the_group_then_serves_and_benchmarks_it_once(env: FleetEnv, sims: dict) -> None:
+    benches = {n: len(hs.benchmarks) for n, hs in StateStore(env.state).read().hosts.items()}
+    run = env.orch("run", "--yes", timeout=600)  # each host's playbook: sim-1 deepseek-v4-flash, pro-1 deepseek-v4-pro
+    assert run.returncode == 0, run.output
+    done = run.stdout.splitlines()
+    assert done[0].startswith("sim-1: done ")
+    assert done[1:] == ["sim-2: done pull, tune-fp8, serve, bench", "sim-3: done pull, tune-fp8"]
+    lines = run.stderr.splitlines()
+    tuned = max(lines.index(f"{n}: tune-fp8: done — 4 shape(s) installed") for n in ("sim-2", "sim-3"))
+    assert tuned < lines.index("sim-2: serve: started")  # the group is served once both hosts tuned
+    assert not any(line.startswith("sim-3: serve: ") or line.startswith("sim-3: bench: ") for line in lines)
+    state = StateStore(env.state).read()
+    rank0, rank1 = state.hosts["sim-2"], state.hosts["sim-3"]
+    assert rank0.server and rank1.server
+    ranks = f"sim-2 (rank 0, job {rank0.server.job_id}), sim-3 (rank 1, job {rank1.server.job_id})"
+    served = next(line for line in lines if line.startswith("sim-2: serve: done — serving job "))
+    assert served.endswith(f"; group ranks: {ranks}")
+    servers = running_servers(env)
+    assert (servers["sim-2"], servers["sim-3"]) == ([rank0.server.job_id], [rank1.server.job_id])
+    info = server_info(sims["sim-2"])
+    assert (info["pp_size"], info["tp_size"], info["nnodes"]) == (2, 8, 2)
+    installed = [set(record_of(hs).installed) for hs in (rank0, rank1)]
+    assert installed[0] == installed[1] and len(installed[0]) == 4  # each host tuned its own GPUs
+    assert len(rank0.benchmarks) == benches.get("sim-2", 0) + 1 and len(rank1.benchmarks) == benches.get("sim-3", 0)
+    for hs in (rank0, rank1):  # the group's server steps recorded on each of its hosts
+        assert hs.steps is not None and set(hs.steps.done) == {"pull", "tune-fp8", "serve", "bench"}
+
+
+def test_orch_run_killed_while_the_group_starts_resumes_without_starting_a_rank_twice(
+    env: FleetEnv, sims: dict
+) -> None:
+    sims["sim-2"].set_knobs(startup_seconds=8)
+    killed = orch_process(env, "run", "--host", "sim-3", "--from", "serve", "--yes")
+    read_line_until(killed, "waiting for rank 0's /health")
+    killed.send_signal(signal.SIGKILL)  # orch dies mid-launch: the ranks start on
+    killed.communicate(timeout=30)
+    launched = running_servers(env)
+    again = env.orch("run", timeout=600)  # the whole fleet, no --yes, no terminal: a question would be exit 2
+    assert again.returncode == 0, again.output
+    assert "sim-2: serve: resumed" in again.stderr.splitlines()
+    assert "sim-2: serve: re-attaching to group pro-1's ranks (sim-2 job " in again.stderr
+    assert "started rank" not in again.stderr and "stopping" not in again.stderr  # no rank twice
+    assert again.stdout.splitlines()[0].startswith("sim-1: done nothing new")
+    assert again.stdout.splitlines()[1:] == [
+        "sim-2: done serve, bench (already done: pull, tune-fp8)",
+        "sim-3: done nothing new (already done: pull, tune-fp8)",
+    ]
+    assert running_servers(env) == launched

@@ -1,0 +1,112 @@
+"""`orch run` over a replica group (issue 26 §4), the walk alone: which host runs which step, in which order,
+and how a failure of one host of a group stops the group but not a host alone. The steps themselves are
+replaced by a recorder (``run_step``); the integration tests (tests/integration/test_groups.py) run them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import HostError
+from orchestrator.facts.group import GroupPlan
+from orchestrator.fleet import FleetResult, HostResult
+from orchestrator.inventory import Host
+from orchestrator.ops import group as group_op
+from orchestrator.ops import run as run_op
+from orchestrator.recipe import Step
+from orchestrator.store import StateStore
+
+HOSTS = [Host(name=n, address=f"10.0.0.{i}") for i, n in enumerate(["alone", "b1", "b2"], start=1)]
+PLAN = GroupPlan(group="pro-1", hosts=("b1", "b2"), dist_init_addr="10.0.0.2:20000")
+RANKS = {"b1": group_op.Rank(PLAN, 0), "b2": group_op.Rank(PLAN, 1)}
+STEPS = [Step.model_validate(s) for s in ("pull", "tune-fp8", "serve", "bench")]
+
+
+@dataclass
+class FakeSession:
+    host: Host
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+
+class FakeFleet:
+    """``map_sessions`` on threads, as the real fleet runs it, each host's result or error kept."""
+
+    def map_sessions(self, fn: Callable[[Any], Any], store: object, hosts: list[Host]) -> FleetResult[Any]:
+        results: dict[str, HostResult[Any]] = {}
+
+        def one(host: Host) -> None:
+            try:
+                results[host.name] = HostResult(host, value=fn(FakeSession(host)))
+            except HostError as exc:
+                results[host.name] = HostResult(host, error=exc)
+
+        threads = [threading.Thread(target=one, args=(h,)) for h in hosts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return FleetResult([results[h.name] for h in hosts])
+
+
+@pytest.fixture
+def walked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[tuple[run_op.RunContext, list[str], set]]:
+    """A run context over HOSTS (b1, b2: group pro-1); ``run_step`` records ``host:step`` in order and fails
+    the ``host:step`` pairs put in the yielded set."""
+    calls: list[str] = []
+    failing: set[str] = set()
+    lock = threading.Lock()
+
+    def run_step(ctx: object, session: FakeSession, step: Step, outcome: run_op.HostRun) -> None:
+        with lock:
+            calls.append(f"{session.name}:{step.name}")
+        if f"{session.name}:{step.name}" in failing:
+            raise HostError(f"{session.name}: {step.name} failed")
+        outcome.done.append(step.name)
+
+    monkeypatch.setattr(run_op, "run_step", run_step)
+    ctx = run_op.RunContext(FakeFleet(), StateStore(tmp_path / "s"), {}, lambda n: None, ranks=RANKS)  # type: ignore[arg-type]
+    yield ctx, calls, failing
+
+
+def steps() -> dict[str, list[Step]]:
+    return {h.name: list(STEPS) for h in HOSTS}
+
+
+@pytest.mark.parametrize("walk", [run_op.run_independent, run_op.run_lockstep], ids=["independent", "lockstep"])
+def test_a_group_tunes_on_every_host_then_serves_and_benchmarks_once_from_rank_0(walked: Any, walk: Any) -> None:
+    ctx, calls, _ = walked
+    results = walk(ctx, HOSTS, steps())
+    assert [r.value.done for r in results] == [
+        ["pull", "tune-fp8", "serve", "bench"],
+        ["pull", "tune-fp8", "serve", "bench"],
+        ["pull", "tune-fp8"],
+    ]
+    group = [c for c in calls if not c.startswith("alone:")]
+    assert sorted(group[:4]) == ["b1:pull", "b1:tune-fp8", "b2:pull", "b2:tune-fp8"]  # every host tuned first
+    assert group[4:] == ["b1:serve", "b1:bench"]  # then the server's steps, once, on rank 0
+
+
+@pytest.mark.parametrize("walk", [run_op.run_independent, run_op.run_lockstep], ids=["independent", "lockstep"])
+def test_a_host_of_a_group_that_fails_stops_the_group_not_the_host_alone(walked: Any, walk: Any) -> None:
+    ctx, calls, failing = walked
+    failing.add("b2:tune-fp8")
+    results = {r.host.name: r for r in walk(ctx, HOSTS, steps())}
+    assert results["alone"].value.done == ["pull", "tune-fp8", "serve", "bench"]
+    assert str(results["b2"].error) == "b2: tune-fp8 failed"
+    assert str(results["b1"].error) == "b1: group pro-1 stopped: b2 failed (see above)"
+    assert not any(c.startswith(("b1:serve", "b2:serve", "b1:bench")) for c in calls)
+
+
+def test_the_preflight_refusing_one_host_of_a_group_refuses_the_others() -> None:
+    ctx = run_op.RunContext(None, None, {}, lambda n: None, ranks=RANKS)  # type: ignore[arg-type]
+    refused = run_op.refused_groups(ctx, HOSTS, {"b2": HostError("b2: doctor failed")})
+    assert list(refused) == ["b1"]
+    assert str(refused["b1"]) == "b1: group pro-1 runs no step: b2 was refused before any step"
