@@ -476,7 +476,8 @@ def test_orch_run_tunes_each_host_of_the_group_then_serves_and_benchmarks_it_onc
     info = server_info(sims["sim-2"])
     assert (info["pp_size"], info["tp_size"], info["nnodes"]) == (2, 8, 2)
     installed = [set(record_of(hs).installed) for hs in (rank0, rank1)]
-    assert installed[0] == installed[1] and len(installed[0]) == 4  # each host tuned its own GPUs
+    # each host tuned its own GPUs: the 4 shapes of the model at TP 8, beside what `--shapes logged` tuned above
+    assert installed[0] == installed[1] and len(installed[0]) >= 4
     assert len(rank0.benchmarks) == benches.get("sim-2", 0) + 1 and len(rank1.benchmarks) == benches.get("sim-3", 0)
     for hs in (rank0, rank1):  # the group's server steps recorded on each of its hosts
         assert hs.steps is not None and set(hs.steps.done) == {"pull", "tune-fp8", "serve", "bench"}
