@@ -54,7 +54,7 @@ from orchestrator.facts.server_log import ServerLog, ShapeUse, shape_use
 from orchestrator.fleet import FleetResult, HostResult
 from orchestrator.inventory import Host, Inventory, ReplicaGroup
 from orchestrator.ops import serve as serve_op
-from orchestrator.ops.serve import _forced, check_launch
+from orchestrator.ops.serve import check_launch, forced_recipe
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, Phase, ServerRecord
@@ -139,7 +139,7 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions, rank: R
     """One rank's part of ``serve --dry-run``: where it stands in its group and its command with its
     launch environment, the flags checked against this host's own SGLang (RefusedError otherwise)."""
     plan = rank.plan
-    single = check_launch(session, _forced(recipe, options), options.mtp)
+    single = check_launch(session, forced_recipe(recipe, options), options.mtp)
     argv = facts.rank_argv(single, plan, rank.rank)
     problems = server_facts.check_flags(server_facts.split_entrypoint(argv)[1], session.server_surface().flags)
     if problems:
@@ -282,7 +282,7 @@ def already_serving(
         old = r.ready.old
         if old is None or record is None or record.job_id != old.id or record.group != plan.group:
             return None
-        if record.verified is None or not serve_op._same_launch(r.session, record, r.ready):
+        if record.verified is None or not serve_op.same_launch(r.session, record, r.ready):
             return None
     result = serve_op.already_serving(ranks[0].session, ranks[0].ready, options)
     if result is not None:
@@ -335,7 +335,7 @@ def would_replace(session: HostSession, recipe: Recipe, options: ServeOptions, r
     nothing (``orch run``'s question before any step: it asks only when a step would stop a server)."""
     if options.force:
         return True
-    plan, forced = rank.plan, _forced(recipe, options)
+    plan, forced = rank.plan, forced_recipe(recipe, options)
     ranks = []
     for i, name in enumerate(plan.hosts):
         s = session if name == session.name else peers(name)
@@ -354,7 +354,7 @@ def launched_rank(plan: facts.GroupPlan, r: RankReady, hs: HostState | None) -> 
         return None
     if record is None or record.job_id != old.id:
         return (old.id, False) if serve_op.launched_unrecorded(hs, r.session, old, r.ready.argv) else None
-    if (record.group, record.rank) != (plan.group, r.rank) or not serve_op._same_launch(r.session, record, r.ready):
+    if (record.group, record.rank) != (plan.group, r.rank) or not serve_op.same_launch(r.session, record, r.ready):
         return None
     return old.id, record.verified is not None
 
@@ -376,7 +376,7 @@ def record_rank(plan: facts.GroupPlan, r: RankReady, job_id: str) -> None:
     mtp = "--speculative-algorithm" in ready.argv
     fields = dict(job_id=job_id, argv=ready.argv, port=host.server_port, mtp=mtp, commit=ready.commit)
     record = ServerRecord(**fields, configs=ready.configs, group=plan.group, rank=r.rank)
-    serve_op._record_server(r.session, record)
+    serve_op.record_server(r.session, record)
 
 
 def ranks_line(job_ids: Mapping[str, str], ranks: Sequence[RankReady]) -> str:
@@ -426,7 +426,7 @@ def wait_group_healthy(
     next_report = begin + serve_op.HEALTH_REPORT_FIRST
     seen: dict[str, jobs.JobInfo | None] = {r.name: None for r in ranks}
     logs = {r.name: ServerLog() for r in ranks}
-    for pause in serve_op._backoff(serve_op.HEALTH_POLL_FIRST, serve_op.HEALTH_POLL_SECONDS):
+    for pause in serve_op.backoff(serve_op.HEALTH_POLL_FIRST, serve_op.HEALTH_POLL_SECONDS):
         links.next_poll()
         status = links.read(first.session, partial(readers.health, first.session.host, first.session.runner, url), None)
         for r in ranks:
@@ -466,7 +466,7 @@ def own_job_healthy(first: RankReady, job_ids: Mapping[str, str], seen: Mapping[
 
 class Reconnects:
     """The members of a group whose connection was lost while orch waits for them, each ridden out as one
-    host's serve rides out its own (``ops.serve._reconnect``: said once, the connection closed so the next
+    host's serve rides out its own (``ops.serve.reconnect``: said once, the connection closed so the next
     read reconnects, re-raised once lost for ``RECONNECT_SECONDS`` or past ``deadline``, which fails the
     group). Only reads go through it: a read repeated after a drop changes nothing. A host that failed a
     read is not asked again until the next poll (``next_poll``): a host that does not answer costs one
@@ -489,7 +489,7 @@ class Reconnects:
             value = step()
         except UnreachableError as exc:
             self.failed_now.add(session.name)
-            self.lost[session.name] = serve_op._reconnect(
+            self.lost[session.name] = serve_op.reconnect(
                 session, exc, self.lost.get(session.name), self.deadline, self.going_on
             )
             return otherwise
@@ -519,7 +519,7 @@ def check_ranks(
     if blamed is not None and blamed.problem is not None:
         r = next(x for x in ranks if x.name == blamed.host)
         reader = r.session.log(job_ids[r.name])
-        raise serve_op._startup_failed(r.session, job_ids[r.name], f"(rank {r.rank}) {blamed.problem}", reader)
+        raise serve_op.startup_failed(r.session, job_ids[r.name], f"(rank {r.rank}) {blamed.problem}", reader)
 
 
 def failed_group(
@@ -534,7 +534,7 @@ def failed_group(
     for r in ranks:
         if job_ids.get(r.name):
             gpus = server_facts.server_gpus(r.ready.recipe, r.session.host)
-            serve_op._stop_failed(r.session, job_ids[r.name], gpus, options)
+            serve_op.stop_failed(r.session, job_ids[r.name], gpus, options)
     reason = f"group {plan.group} failed to start: {failure.message.splitlines()[0]}"
     mark_failed(ranks, reason)
     rest = failure.message.partition("\n")[2]
@@ -547,7 +547,7 @@ def failed_group(
 def mark_failed(ranks: Sequence[RankReady], reason: str) -> None:
     """Phase ``failed`` with ``reason`` on every host of the group."""
     for r in ranks:
-        serve_op._mark_failed(r.session.host, r.session.store, reason)
+        serve_op.mark_host_failed(r.session.host, r.session.store, reason)
 
 
 def verify(
@@ -580,8 +580,8 @@ def verify(
     result.group = ranks_line(job_ids, ranks)
     for r in ranks[1:]:
         own = replace(result, argv=r.ready.argv, job_id=job_ids[r.name], shapes=result.rank_shapes[r.name])
-        serve_op._record_verified(r.session.store, r.session.host, own)
-    return serve_op._finish(first.session, result)
+        serve_op.record_verified(r.session.store, r.session.host, own)
+    return serve_op.finish_verified(first.session, result)
 
 
 def rank_logs(ranks: Sequence[RankReady], job_ids: Mapping[str, str]) -> dict[str, ServerLog]:
@@ -694,7 +694,7 @@ def roll_back(
     job_ids: dict[str, str] = {}
     try:
         for r in ranks:
-            configs = serve_op._recorded_configs(r.session.store, r.session.host)
+            configs = serve_op.recorded_configs(r.session.store, r.session.host)
             extra = {"group": plan.group, "rank": r.rank}
             job_ids[r.name] = serve_op.start_server(
                 r.session, good[r.name] or [], r.ready.recipe, configs, plan.env, extra
@@ -724,7 +724,7 @@ def stop_started(ranks: Sequence[RankReady], job_ids: Mapping[str, str], options
     for r in ranks:
         if job_ids.get(r.name):
             gpus = server_facts.server_gpus(r.ready.recipe, r.session.host)
-            serve_op._stop_failed(r.session, job_ids[r.name], gpus, options)
+            serve_op.stop_failed(r.session, job_ids[r.name], gpus, options)
 
 
 def roll_back_running(exc: GroupNotAsAsked, options: ServeOptions, good: Mapping[str, list[str] | None]) -> None:

@@ -317,11 +317,11 @@ def serve(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Pe
     except (StartupFailed, StoppedMeanwhile):
         raise  # already recorded (and rolled back when asked); a recorded stop wins
     except HostError as exc:
-        _mark_failed(host, store, str(exc).splitlines()[0])
+        mark_host_failed(host, store, str(exc).splitlines()[0])
         raise
     result.warnings[:0] = ready.warnings
     result.stopped_job = ready.old.id if ready.old and unverified is None else None
-    return _finish(session, result)
+    return finish_verified(session, result)
 
 
 @dataclass
@@ -341,7 +341,7 @@ class Preflight:
 def preflight(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Peers | None = None) -> Preflight:
     """Recipe and flags, the tuning gate, the tuned configs on disk (which FP8 backend to launch), and
     the new server's GPUs (only orch's old server may hold them); RefusedError leaves everything as it was."""
-    recipe = _forced(recipe, options)
+    recipe = forced_recipe(recipe, options)
     argv = check_launch(session, recipe, options.mtp)
     warnings = tuning_gate(session, recipe, options, peers)
     ready = decide(session, recipe, options, argv)
@@ -352,7 +352,7 @@ def preflight(session: HostSession, recipe: Recipe, options: ServeOptions, peers
     return ready
 
 
-def _forced(recipe: Recipe, options: ServeOptions) -> Recipe:
+def forced_recipe(recipe: Recipe, options: ServeOptions) -> Recipe:
     """The recipe with ``--fp8-gemm-backend`` applied."""
     if options.fp8_gemm_backend is None:
         return recipe
@@ -381,7 +381,7 @@ def would_replace(session: HostSession, recipe: Recipe, options: ServeOptions) -
 
 def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list[str]:
     """What ``serve`` would do now, without waiting for tuning or touching anything: the lines to print."""
-    recipe = _forced(recipe, options)
+    recipe = forced_recipe(recipe, options)
     argv = check_launch(session, recipe, options.mtp)
     status = tuning_status(session)
     if status.state in ("running", "ready-to-install") and options.wait_tuning:
@@ -490,7 +490,7 @@ def already_serving(session: HostSession, ready: Preflight, options: ServeOption
     record = session.state().server
     if ready.old is None or record is None or record.job_id != ready.old.id or record.verified is None:
         return None
-    if not _same_launch(session, record, ready):
+    if not same_launch(session, record, ready):
         return None
     if readers.health(session.host, session.runner, facts.base_url(ready.recipe, session.host)) != 200:
         return None
@@ -511,7 +511,7 @@ def interrupted_launch(session: HostSession, ready: Preflight) -> jobs.JobInfo |
         return ready.old if launched_unrecorded(hs, session, ready.old, ready.argv) else None
     if record.verified is not None:
         return None
-    if not _same_launch(session, record, ready):
+    if not same_launch(session, record, ready):
         return None
     return ready.old
 
@@ -552,7 +552,7 @@ def configs_loaded(configs: dict[str, float], job: jobs.JobInfo) -> bool:
     return all(mtime < started for mtime in configs.values())
 
 
-def _same_launch(session: HostSession, record: ServerRecord, ready: Preflight) -> bool:
+def same_launch(session: HostSession, record: ServerRecord, ready: Preflight) -> bool:
     """Whether the recorded server runs what ``ready`` would launch: commit, tuned configs and argv."""
     assert ready.old is not None
     same = (record.commit, record.configs) == (ready.commit, ready.configs)
@@ -637,7 +637,7 @@ def adopt(
     sep = ", " if why == _ADOPTED else ": it "
     session.say(f"re-attaching to server job {job.id}{sep}{why}; waiting for /health")
     mtp = "--speculative-algorithm" in ready.argv
-    _record_server(
+    record_server(
         session,
         ServerRecord(
             job_id=job.id,
@@ -661,13 +661,13 @@ def adopt(
 
 def _failed_start(session: HostSession, ready: Preflight, options: ServeOptions, failure: StartupFailed) -> None:
     """The new server failed to start: stop it, mark ``failed``, roll back when asked."""
-    _stop_failed(session, failure.job_id, facts.server_gpus(ready.recipe, session.host), options)
-    _mark_failed(session.host, session.store, failure.message.splitlines()[0])
+    stop_failed(session, failure.job_id, facts.server_gpus(ready.recipe, session.host), options)
+    mark_host_failed(session.host, session.store, failure.message.splitlines()[0])
     if options.rollback:
         rollback(session, ready.recipe, options, failure)
 
 
-def _stop_failed(session: HostSession, job_id: str, gpus: Sequence[int], options: ServeOptions) -> None:
+def stop_failed(session: HostSession, job_id: str, gpus: Sequence[int], options: ServeOptions) -> None:
     """Stop a server that failed to start (it may hang, holding its GPUs); its log stays on the host.
     A start that never made a job (``job_id`` empty) leaves nothing to stop."""
     if not job_id:
@@ -724,7 +724,7 @@ def start_server(
     mtp = "--speculative-algorithm" in argv
     fields = dict(job_id=job.job_id, argv=argv, port=host.server_port, mtp=mtp, commit=commit, configs=configs)
     try:
-        _record_server(session, ServerRecord(**fields, **(record or {})))
+        record_server(session, ServerRecord(**fields, **(record or {})))
     except Exception as exc:  # this machine's disk filled between the start and its record: say what to run
         cause = exc if isinstance(exc, StateError) else local_disk_error(exc)
         if cause is None:
@@ -757,7 +757,7 @@ def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float) ->
     next_report = begin + HEALTH_REPORT_FIRST
     lost: float | None = None  # when the connection was lost, while it stays lost
     job: jobs.JobInfo | None = None  # as the last wait saw it
-    for pause in _backoff(HEALTH_POLL_FIRST, HEALTH_POLL_SECONDS):
+    for pause in backoff(HEALTH_POLL_FIRST, HEALTH_POLL_SECONDS):
         try:
             status = readers.health(host, runner, url)
             log = reader.read()
@@ -768,11 +768,11 @@ def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float) ->
                 raise stopped_meanwhile(session, job_id)
             reason = startup_problem(job, log, timeout if now - begin > timeout else None)
             if reason:
-                raise _startup_failed(session, job_id, reason, reader)
+                raise startup_failed(session, job_id, reason, reader)
             lost = None
             job = jobs.wait(runner, host.workdir, job_id, pause)
         except UnreachableError as exc:
-            lost = _reconnect(session, exc, lost, begin + timeout)
+            lost = reconnect(session, exc, lost, begin + timeout)
             now, job = time.monotonic(), None
             time.sleep(pause)
         if now >= next_report:
@@ -795,7 +795,7 @@ def own_health(session: HostSession, job_id: str, job: jobs.JobInfo | None) -> j
     if job.running and foreign:
         named = ", ".join(f"pid {x.pid} ({x.name})" for x in foreign)
         reason = f"never got port {host.server_port}: {named} holds it and answered /health"
-        raise _startup_failed(session, job_id, reason, session.log(job_id))
+        raise startup_failed(session, job_id, reason, session.log(job_id))
     return job
 
 
@@ -815,7 +815,7 @@ def stopped_meanwhile(session: HostSession, job_id: str) -> StoppedMeanwhile:
     )
 
 
-def _reconnect(
+def reconnect(
     session: HostSession,
     exc: UnreachableError,
     lost: float | None,
@@ -843,7 +843,7 @@ def starting_line(elapsed: float, timeout: float, log_text: str) -> str:
     return f"still starting ({minutes_seconds(elapsed)} of {minutes_seconds(timeout)}): {shown}"
 
 
-def _backoff(first: float, cap: float) -> Iterator[float]:
+def backoff(first: float, cap: float) -> Iterator[float]:
     """Pauses between polls: ``first``, doubling up to ``cap``, then ``cap`` forever."""
     pause = first
     while True:
@@ -863,14 +863,14 @@ def startup_problem(job: jobs.JobInfo | None, log: ServerLog, timed_out: float |
     return None
 
 
-def _startup_failed(session: HostSession, job_id: str, reason: str, reader: readers.LogReader) -> StartupFailed:
+def startup_failed(session: HostSession, job_id: str, reason: str, reader: readers.LogReader) -> StartupFailed:
     """The failure to raise: the reason and the log's last lines."""
     tail = explaining_lines(jobs.tail_lines(reader.text, LOG_TAIL_LINES))
     message = f"{session.host.name}: the new server (job {job_id}) {reason}\n--- log tail ---\n{tail}"
     return StartupFailed(message, job_id, tail)
 
 
-def _mark_failed(host: Host, store: StateStore, reason: str) -> None:
+def mark_host_failed(host: Host, store: StateStore, reason: str) -> None:
     """Phase ``failed`` with the reason; the server record (if any) is marked unhealthy."""
 
     store.update_host(host.name, lambda hs: hs.server_failed(reason))
@@ -887,10 +887,10 @@ def rollback(session: HostSession, recipe: Recipe, options: ServeOptions, failur
     session.say("rolling back to the last known-good server command")
     gpus = facts.server_gpus(recipe, host)
     try:
-        configs = _recorded_configs(store, host)
+        configs = recorded_configs(store, host)
         started = launch(session, good, options, recipe, configs)
     except StartupFailed as again:
-        _stop_failed(session, again.job_id, gpus, options)
+        stop_failed(session, again.job_id, gpus, options)
         failure.message += f"\nrollback failed too: {again.message.splitlines()[0]}"
         return
     store.update_host(host.name, lambda hs: hs.server_rolled_back(started.job_id))
@@ -914,7 +914,7 @@ def verify(
         try:
             return _verify(session, recipe, options, started, compute_cap)
         except UnreachableError as exc:
-            lost = _reconnect(session, exc, lost, math.inf, "verification goes on")
+            lost = reconnect(session, exc, lost, math.inf, "verification goes on")
             time.sleep(HEALTH_POLL_SECONDS)
 
 
@@ -983,10 +983,10 @@ def _accept_problem(result: ServeResult) -> str | None:
     return None
 
 
-def _finish(session: HostSession, result: ServeResult) -> ServeResult:
+def finish_verified(session: HostSession, result: ServeResult) -> ServeResult:
     """Record the verification; VerifyError when the server does not do what was asked."""
     failed = result.failures
-    _record_verified(session.store, session.host, result)
+    record_verified(session.store, session.host, result)
     if failed:
         raise NotAsAsked(
             f"{session.host.name}: the server is serving but NOT as asked: " + "; ".join(failed),
@@ -1000,7 +1000,7 @@ def own_launch(session: HostSession, recipe: Recipe, options: ServeOptions) -> j
     """The running server job a serve cut off before verifying it started (``interrupted_launch``: recorded
     and never verified, or started but not yet recorded), by what the host runs now; reads only. An
     interrupted ``orch run --from serve`` adopts it instead of relaunching it once more."""
-    recipe = _forced(recipe, options)
+    recipe = forced_recipe(recipe, options)
     ready = decide(session, recipe, options, check_launch(session, recipe, options.mtp))
     return interrupted_launch(session, ready)
 
@@ -1008,7 +1008,7 @@ def own_launch(session: HostSession, recipe: Recipe, options: ServeOptions) -> j
 # --- state --------------------------------------------------------------------------------------------------
 
 
-def _record_server(session: HostSession, record: ServerRecord) -> None:
+def record_server(session: HostSession, record: ServerRecord) -> None:
     """``record`` (a server just launched or adopted: its job, command, MTP, commit and tuned config files)
     as the host's server record; the last known-good argv is carried over until this one proves good."""
 
@@ -1019,12 +1019,12 @@ def _record_server(session: HostSession, record: ServerRecord) -> None:
     session.store.update_host(session.name, apply)
 
 
-def _recorded_configs(store: StateStore, host: Host) -> dict[str, float]:
+def recorded_configs(store: StateStore, host: Host) -> dict[str, float]:
     hs = store.read([host.name]).hosts.get(host.name)
     return dict(hs.server.configs) if hs is not None and hs.server is not None else {}
 
 
-def _record_verified(store: StateStore, host: Host, result: ServeResult) -> None:
+def record_verified(store: StateStore, host: Host, result: ServeResult) -> None:
     """Phase ``serving`` with what verification found; a command without problems becomes known-good."""
     verified = Verification(
         healthy_after_s=round(result.healthy_after, 1),

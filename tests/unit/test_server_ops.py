@@ -183,7 +183,7 @@ def test_log_reader_reads_only_new_bytes_and_tolerates_a_missing_log() -> None:
 
 
 def test_health_polls_back_off_to_the_cap() -> None:
-    assert list(islice(serve_op._backoff(0.2, 2.0), 6)) == [0.2, 0.4, 0.8, 1.6, 2.0, 2.0]
+    assert list(islice(serve_op.backoff(0.2, 2.0), 6)) == [0.2, 0.4, 0.8, 1.6, 2.0, 2.0]
 
 
 def test_stopping_the_server_returns_the_phase_from_before_the_launch() -> None:
