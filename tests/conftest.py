@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -36,17 +37,24 @@ class OrchRun:
 
 
 def run_orch(*args: str, cwd: Path | None = None, timeout: float = 180, env: dict[str, str] | None = None) -> OrchRun:
-    """Run the real `orch` CLI in a subprocess, as a user would."""
-    proc = subprocess.run(
+    """Run the real `orch` CLI in a subprocess, as a user would. Past ``timeout`` it gets SIGABRT, and the
+    test fails with what it printed and where each of its threads stood (Python's faulthandler)."""
+    with subprocess.Popen(
         [sys.executable, "-m", "orchestrator", *args],
         cwd=cwd,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
+        env={**os.environ, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1", **(env or {})},
         stdin=subprocess.DEVNULL,
-    )
-    return OrchRun(proc.returncode, proc.stdout, proc.stderr)
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            stdout, stderr = proc.communicate()
+            raise AssertionError(f"orch {' '.join(args)} still ran after {timeout:g} s:\n{stdout}{stderr}") from None
+    return OrchRun(proc.returncode, stdout, stderr)
 
 
 @pytest.fixture

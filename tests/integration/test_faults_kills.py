@@ -18,8 +18,10 @@ from tests.integration import kills
 SEED, KILLS = 13, 20
 # Moments aimed at the campaign's last step may come after orch has already finished (it printed its last
 # line and exited within the seeded pause): that kill does not happen and the campaign ends. Aiming a few
-# more than KILLS keeps the count of kills that did happen at KILLS or more, however fast the machine.
-MARGIN = 3
+# more than KILLS keeps the count of kills that did happen at KILLS or more, however fast the machine. With the
+# replica group a loaded machine ended one campaign at 19 of 23 aimed (a re-attached group's serve is short):
+# 8 more, the extra ones aimed at tune-fp8, the longest step.
+MARGIN = 8
 
 
 @pytest.mark.slow  # 21 runs of orch on 3 hosts: about 150-200 s on this 2-core machine shared with other tests

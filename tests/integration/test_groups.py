@@ -492,7 +492,7 @@ def test_orch_run_killed_while_the_group_starts_resumes_without_starting_a_rank_
     killed.send_signal(signal.SIGKILL)  # orch dies mid-launch: the ranks start on
     killed.communicate(timeout=30)
     launched = running_servers(env)
-    again = env.orch("run", timeout=600)  # the whole fleet, no --yes, no terminal: a question would be exit 2
+    again = env.orch("run", timeout=300)  # the whole fleet, no --yes, no terminal: a question would be exit 2
     assert again.returncode == 0, again.output
     assert "sim-2: serve: resumed" in again.stderr.splitlines()
     assert "sim-2: serve: re-attaching to group pro-1's ranks (sim-2 job " in again.stderr
