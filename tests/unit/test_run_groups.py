@@ -113,7 +113,7 @@ def test_the_preflight_refusing_one_host_of_a_group_refuses_the_others() -> None
 
 
 @pytest.fixture
-def rolling(walked: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[run_op.RunContext, list[str], set, list[str]]:
+def rolling(walked: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[run_op.RunContext, list[str], set[str], list[str]]:
     """``walked`` with ``--rolling`` (no gateway: no step stops a server, so nothing leaves it); the rollout's
     own lines in the last list."""
     ctx, calls, failing = walked
@@ -128,7 +128,7 @@ def test_a_rolling_run_rolls_a_group_as_one_server_every_host_tuning_in_its_wave
     ctx, calls, _, lines = rolling
     rolled = [s for s in STEPS if s.name != "tune-fp8"] + [Step.model_validate({"tune-fp8": {"stop_server": True}})]
     order = [rolled[0], rolled[3], rolled[1], rolled[2]]  # pull, tune-fp8 (stops the server), serve, bench
-    done = run_op.run_rolling(ctx, HOSTS, {h.name: list(order) for h in HOSTS})
+    done: dict[str, Any] = run_op.run_rolling(ctx, HOSTS, {h.name: list(order) for h in HOSTS})
     assert [line for line in lines if line.startswith("wave ")] == ["wave 1/2: alone", "wave 2/2: b1"]
     assert [done[n].value.done for n in ("alone", "b1", "b2")] == [
         ["pull", "tune-fp8", "serve", "bench"],
@@ -145,7 +145,7 @@ def test_a_host_of_a_group_failing_in_its_wave_halts_the_rollout_and_stops_the_g
     ctx, calls, failing, lines = rolling
     failing.add("b2:tune-fp8")
     tune = Step.model_validate({"tune-fp8": {"stop_server": True}})
-    done = run_op.run_rolling(ctx, HOSTS, {h.name: [STEPS[0], tune, STEPS[2], STEPS[3]] for h in HOSTS})
+    done: dict[str, Any] = run_op.run_rolling(ctx, HOSTS, {h.name: [STEPS[0], tune, STEPS[2], STEPS[3]] for h in HOSTS})
     assert lines == ["wave 1/2: alone", "wave 2/2: b1"]
     assert str(done["b2"].error) == "b2: tune-fp8 failed"
     assert str(done["b1"].error) == "b1: group pro-1 stopped: b2 failed (see above)"
@@ -163,7 +163,7 @@ def test_a_group_with_a_host_failing_before_the_rollout_is_not_rolled_and_says_w
 
     ctx.fleet = Speaking()
     failing.add("b1:pull")
-    done = run_op.run_rolling(ctx, HOSTS, {h.name: [STEPS[0], STEPS[2], STEPS[3]] for h in HOSTS})
+    done: dict[str, Any] = run_op.run_rolling(ctx, HOSTS, {h.name: [STEPS[0], STEPS[2], STEPS[3]] for h in HOSTS})
     assert lines == ["wave 1/1: alone"]
     assert said == ["b2: not rolled: its group pro-1 is one server and b1 is not ready (see above)"]
     assert str(done["b1"].error) == "b1: pull failed"
