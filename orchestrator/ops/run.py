@@ -706,12 +706,21 @@ def _rolled_group(
         walk_group(ctx, first, members, {m.name: before for m in members}, outcomes, found)
     except HostError as exc:
         if out:
-            with first.prefixed("rollout: "):
-                rejoined = rollout.rejoin_if_serving(first, recipe, client)
-            exc.message += f"\n{first.name} was taken out of the gateway: " + rejoined
+            exc.message += f"\n{first.name} was taken out of the gateway: " + _group_rejoin(ctx, first, members, client)
         raise
     run_step(ctx, first, serve, outcomes[first.name])
     return drained
+
+
+def _group_rejoin(ctx: RunContext, first: HostSession, members: list[Host], client: GatewayClient) -> str:
+    """After a step failed while rank 0 was out of the gateway: rank 0 registered again when every rank's
+    server still runs (a stopped rank ends the group's server), else left out; says which."""
+    for rank, member in enumerate(members[1:], start=1):
+        server = ctx.peers(member.name).state().server
+        if server is None or not server.healthy:
+            return f"rank {rank} on {member.name} is stopped: it stays out until its serve step runs again"
+    with first.prefixed("rollout: "):
+        return rollout.rejoin_if_serving(first, ctx.recipe(first.host), client)
 
 
 def _rolled_steps(

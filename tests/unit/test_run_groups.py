@@ -4,6 +4,7 @@ replaced by a recorder (``run_step``); the integration tests (tests/integration/
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ class FakeSession:
     @property
     def name(self) -> str:
         return self.host.name
+
+    def prefixed(self, prefix: str) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
 
 
 class FakeFleet:
@@ -168,3 +172,22 @@ def test_a_group_with_a_host_failing_before_the_rollout_is_not_rolled_and_says_w
     assert said == ["b2: not rolled: its group pro-1 is one server and b1 is not ready (see above)"]
     assert str(done["b1"].error) == "b1: pull failed"
     assert not any(c.startswith(("b1:serve", "b1:bench", "b2:serve")) for c in calls)
+
+
+def test_a_group_host_failing_while_rank_0_is_out_leaves_it_out_when_a_rank_is_stopped(
+    rolling: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx, calls, failing, _ = rolling
+    monkeypatch.setattr(run_op, "stopping_steps", lambda *a, **k: ["tune-fp8"])
+    monkeypatch.setattr(run_op.rollout, "registered", lambda *a: True)
+    monkeypatch.setattr(run_op.rollout, "leave_gateway", lambda *a: 0)
+    stopped = type("Server", (), {"healthy": False})()
+    ctx.peers = lambda name: type("Peer", (), {"state": lambda _: type("HS", (), {"server": stopped})()})()
+    failing.add("b2:tune-fp8")
+    tune = Step.model_validate({"tune-fp8": {"stop_server": True}})
+    done: dict[str, Any] = run_op.run_rolling(ctx, HOSTS, {h.name: [tune, STEPS[2]] for h in HOSTS})
+    assert str(done["b1"].error).splitlines() == [
+        "b1: group pro-1 stopped: b2 failed (see above)",
+        "b1 was taken out of the gateway: rank 1 on b2 is stopped: it stays out until its serve step runs again",
+    ]
+    assert "b1:serve" not in calls
