@@ -60,8 +60,8 @@ def run(
     Every server stop is announced first; stopping servers on several hosts without --host/--tag
     asks first (--yes to skip). With --rolling (the default for the whole fleet when the inventory
     has a gateway:) the steps from a tune-fp8 that stops the server through serve go host by host
-    through the gateway, as `orch serve --rolling` does (no outage, so no question); the steps after
-    serve run once the rollout is over.
+    through the gateway, as `orch serve --rolling` does (no outage, so no question; a replica group
+    moves as one server); the steps after serve run once the rollout is over.
 
     \b
     Example:
@@ -83,9 +83,9 @@ def run(
     ranks = group_ranks(app, selected, chosen, steps)
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run) and serves
     gate_needs_rolling(gate, rolling)
-    if rolling:  # the rollout moves one host at a time: not built for groups yet (issue 26), exit 2 first
-        hint = "run the group with --no-rolling, or select the hosts outside groups with --host"
-        group_op.refuse_not_built(ranks, "orch run --rolling", hint)
+    if rolling and gate is not None:  # a group's promotion gate is not built yet (issue 26): exit 2 first
+        hint = "roll the group without --gate, or select the hosts outside groups with --host"
+        group_op.refuse_not_built(ranks, "--gate bench", hint)
     with app.fleet(selected, parallel) as fleet:
         fleet.events = run_view.progress_lines
         redo = bool(from_step or only)
@@ -112,8 +112,10 @@ def run(
         ctx = run_op.RunContext(fleet, app.store, chosen, app.peers(fleet), lockstep, confirm, redo, ranks=ranks)
         if rolling:
             client = rollout_client(app, canary)
-            gating = gate_plan(app, gate, rollout.waves(selected, max_unavailable, canary), chosen, canary)
-            ctx.rolling = run_op.RollingRun(client, max_unavailable, canary, gateway_view.wave_line, gating)
+            planned = rollout.waves(selected, max_unavailable, canary, run_op.rolled_groups(ctx))
+            gating = gate_plan(app, gate, planned, chosen, canary)
+            label = gateway_view.server_label(app.inventory)
+            ctx.rolling = run_op.RollingRun(client, max_unavailable, canary, gateway_view.wave_line, gating, label)
             run_view.rolling_note()
         results = run_op.run(ctx, selected, steps)
     run_view.done_lines(results)

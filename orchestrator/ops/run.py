@@ -30,7 +30,8 @@ every host of the group, each host on its own GPUs; its per-server steps (``PER_
 once every host of the group finished the per-host steps before it. A per-server step is recorded on
 every host of the group in one write (each host's ``StepProgress`` tells the whole campaign), a
 per-host step on its own host. A host of the group that fails (or is refused by the preflight) stops
-the whole group there; other hosts and groups go on.
+the whole group there; other hosts and groups go on. With ``--rolling`` a group is one server of the
+rollout's waves, rolled on its rank 0 (``run_rolling``).
 """
 
 from __future__ import annotations
@@ -115,14 +116,16 @@ class RunContext:
 
 @dataclass
 class RollingRun:
-    """``orch run --rolling``: the ``serve`` step of every host goes through ``ops.rollout``'s waves
-    behind ``client``; ``rolls`` collects what the rollout did on each host (its threads write it)."""
+    """``orch run --rolling``: the ``serve`` step of every host (a replica group's on its rank 0) goes
+    through ``ops.rollout``'s waves behind ``client``; ``rolls`` collects what the rollout did on each host
+    (its threads write it)."""
 
     client: GatewayClient
     max_unavailable: int
     canary: str | None
     report: Callable[[str], None]  # the rollout's own lines (the waves)
     gate: rollout.Gate | None = None  # --gate bench: the canary's promotion gate
+    label: Callable[[Host], str] | None = None  # how a wave line names a server (a group's rank 0: its group)
     rolls: dict[str, rollout.HostRoll] = field(default_factory=dict)
 
 
@@ -382,10 +385,12 @@ def _serve(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> 
     rank = ctx.ranks.get(session.name)
     if rank is not None:  # rank 0 of a replica group: the whole group, as `orch serve` serves it
         options = step.options.model_copy(update={"force": ctx.redo and not resumed})  # resumed: re-attach
-        return _served(group_op.serve(session, ctx.recipe(session.host), options, rank, ctx.peers))
-    options = serve_options(session, ctx.recipe(session.host), step, ctx.redo)
+    else:
+        options = serve_options(session, ctx.recipe(session.host), step, ctx.redo)
     if ctx.rolling is not None:
-        return _roll(ctx, ctx.rolling, session, options)
+        return _roll(ctx, ctx.rolling, session, options, rank)
+    if rank is not None:
+        return _served(group_op.serve(session, ctx.recipe(session.host), options, rank, ctx.peers))
     return _served(serve_op.serve(session, ctx.recipe(session.host), options, ctx.peers))
 
 
@@ -407,12 +412,14 @@ def serve_options(
     return step.options.model_copy(update={"force": own is None})
 
 
-def _roll(ctx: RunContext, rolling: RollingRun, session: HostSession, options: ServeOptions) -> str:
+def _roll(
+    ctx: RunContext, rolling: RollingRun, session: HostSession, options: ServeOptions, rank: group_op.Rank | None
+) -> str:
     """The serve step of a rolling run: ``rollout.roll_host`` (out of the gateway, drained, relaunched
     and verified, back in; a server already serving as asked is only registered if it is not, which is
-    also how an interrupted step resumes)."""
+    also how an interrupted step resumes); on rank 0 of a replica group (``rank``), of the whole group."""
     through = rollout.RollContext(rolling.client, ctx.peers, rolling.gate)
-    roll = rollout.roll_host(session, ctx.recipe(session.host), options, through)
+    roll = rollout.roll_host(session, ctx.recipe(session.host), options, through, rank)
     rolling.rolls[session.name] = roll
     assert roll.result is not None
     gate, passed = roll.gate, ""
@@ -614,19 +621,30 @@ def run_rolling(ctx: RunContext, hosts: list[Host], steps: Steps) -> dict[str, H
     """``--rolling``: the steps before ``serve`` as without it (each host on its own, or ``lockstep``);
     then ``serve`` through the rollout's waves, on the hosts whose earlier steps succeeded; then the
     steps after it, once the whole rollout is over (a benchmark measures a fleet that no longer changes).
-    A halted rollout stops the campaign of the hosts it never reached: they keep their old servers."""
+    A halted rollout stops the campaign of the hosts it never reached: they keep their old servers.
+    A replica group is one server of the waves, rolled on its rank 0 (``_rolled_group``); a group one of
+    whose hosts is not ready (its earlier steps failed) is left out whole, with a line saying so."""
     assert ctx.rolling is not None
     walk = run_lockstep if ctx.lockstep else run_independent
     split = {h.name: around_serve(steps[h.name]) for h in hosts}
     outcomes = {h.name: HostRun() for h in hosts}
     done = {r.host.name: r for r in walk(ctx, hosts, {n: p[0] for n, p in split.items()}, outcomes)}
     ready = [h for h in hosts if done[h.name].ok and split[h.name][1]]
+    groups = rolled_groups(ctx)
+    _say_left_out(ctx, ready, groups)
+    by_name = {h.name: h for h in ready}
     failures: dict[str, BaseException] = {}
+    found: dict[str, HostResult[HostRun]] = {}  # the other hosts of a group, as its rank 0's roll left them
 
     def roll_one(session: HostSession) -> rollout.HostRoll:
         assert ctx.rolling is not None
+        rolled = split[session.name][1]
         try:
-            drained = _rolled_steps(ctx, ctx.rolling, session, split[session.name][1], outcomes[session.name])
+            if session.name in ctx.ranks:
+                members = [by_name[n] for n in ctx.group(session.host)]
+                drained = _rolled_group(ctx, ctx.rolling, session, members, rolled, outcomes, found)
+            else:
+                drained = _rolled_steps(ctx, ctx.rolling, session, rolled, outcomes[session.name])
         except Exception as exc:
             failures[session.name] = exc
             raise
@@ -634,12 +652,75 @@ def run_rolling(ctx: RunContext, hosts: list[Host], steps: Steps) -> dict[str, H
         roll.drained = max(roll.drained, drained)
         return roll
 
-    planned = rollout.waves(ready, ctx.rolling.max_unavailable, ctx.rolling.canary)
-    rolled = rollout.roll_fleet(ctx.fleet, planned, roll_one, ctx.rolling.report, ctx.store)
-    done.update(_halted_hosts(ready, rolled, failures))
-    served = [h for h in ready if done[h.name].ok]
+    planned = rollout.waves(ready, ctx.rolling.max_unavailable, ctx.rolling.canary, groups)
+    rolled = rollout.roll_fleet(ctx.fleet, planned, roll_one, ctx.rolling.report, ctx.store, ctx.rolling.label)
+    servers = [by_name[h.name] for wave in planned for h in wave]
+    done.update(_halted_hosts(ctx, servers, by_name, rolled, failures, found))
+    served = [h for h in ready if all(n in done and done[n].ok for n in ctx.group(h))]
     done.update({r.host.name: r for r in walk(ctx, served, {h.name: split[h.name][2] for h in served}, outcomes)})
     return done
+
+
+def rolled_groups(ctx: RunContext) -> list[list[str]]:
+    """The replica groups of the run, each one's hosts in rank order (``rollout.waves``' ``groups``)."""
+    found = {r.plan.group: list(r.plan.hosts) for r in ctx.ranks.values()}
+    return list(found.values())
+
+
+def _say_left_out(ctx: RunContext, ready: list[Host], groups: list[list[str]]) -> None:
+    """A line on each ready host of a group another host of which is not ready: the group is not rolled."""
+    for name, missing in rollout.incomplete_groups(ready, groups).items():
+        host = next(h for h in ready if h.name == name)
+        group = ctx.ranks[name].plan.group
+        ctx.fleet.session(host, ctx.store).say(
+            f"not rolled: its group {group} is one server and {', '.join(missing)} is not ready (see above)"
+        )
+
+
+def _rolled_group(
+    ctx: RunContext,
+    rolling: RollingRun,
+    first: HostSession,
+    members: list[Host],
+    rolled: list[Step],
+    outcomes: dict[str, HostRun],
+    found: dict[str, HostResult[HostRun]],
+) -> int:
+    """A replica group's rolled part, on rank 0 (``first``): before a step that will stop a server of the
+    group (``tune-fp8`` with ``stop_server`` on any host of it) rank 0 leaves the gateway and drains; the
+    steps before ``serve`` run as ``walk_group`` runs them (per-host ones on every host of the group);
+    ``serve`` (the last) relaunches the whole group through the rollout and registers rank 0 again. A
+    step that fails while rank 0 is out registers it again if its server still serves. Returns the
+    requests drained."""
+    recipe, client = ctx.recipe(first.host), rolling.client
+    before, serve = rolled[:-1], rolled[-1]
+    drained, out = 0, False
+    stops = any(
+        stopping_steps(first if m.name == first.name else ctx.peers(m.name), recipe, before, ctx.redo) for m in members
+    )
+    if stops and rollout.registered(first, recipe, client):
+        with first.prefixed("rollout: "):
+            drained = rollout.leave_gateway(first, recipe, client, ServeOptions().drain_timeout, "stopped for tuning")
+        out = True
+    try:
+        walk_group(ctx, first, members, {m.name: before for m in members}, outcomes, found)
+    except HostError as exc:
+        if out:
+            exc.message += f"\n{first.name} was taken out of the gateway: " + _group_rejoin(ctx, first, members, client)
+        raise
+    run_step(ctx, first, serve, outcomes[first.name])
+    return drained
+
+
+def _group_rejoin(ctx: RunContext, first: HostSession, members: list[Host], client: GatewayClient) -> str:
+    """After a step failed while rank 0 was out of the gateway: rank 0 registered again when every rank's
+    server still runs (a stopped rank ends the group's server), else left out; says which."""
+    for rank, member in enumerate(members[1:], start=1):
+        server = ctx.peers(member.name).state().server
+        if server is None or not server.healthy:
+            return f"rank {rank} on {member.name} is stopped: it stays out until its serve step runs again"
+    with first.prefixed("rollout: "):
+        return rollout.rejoin_if_serving(first, ctx.recipe(first.host), client)
 
 
 def _rolled_steps(
@@ -675,22 +756,32 @@ def _rolled_steps(
 
 
 def _halted_hosts(
-    ready: list[Host], rolled: rollout.Rollout, failures: dict[str, BaseException]
+    ctx: RunContext,
+    servers: list[Host],
+    ready: Mapping[str, Host],
+    rolled: rollout.Rollout,
+    failures: dict[str, BaseException],
+    found: Mapping[str, HostResult[HostRun]],
 ) -> dict[str, HostResult[HostRun]]:
-    """The failed host (its error, with the rollout's exit code) and the hosts the halt left untouched."""
-    failed = [rolled.hosts[h.name] for h in ready if h.name in failures]
+    """The failed server (its error, with the rollout's exit code) and the servers the halt left untouched;
+    the other hosts of a group (``servers`` holds its rank 0) as its rank 0's roll left them (``found``),
+    or untouched with it. ``ready``: the hosts the waves were planned from, by name."""
+    failed = [rolled.hosts[h.name] for h in servers if h.name in failures]
     code = rollout.failure_code(failed[0]) if failed else ExitCode.HOSTS_FAILED
     results: dict[str, HostResult[HostRun]] = {}
-    for host in ready:
-        error = failures.get(host.name)
-        if isinstance(error, rollout.RolloutHalted):
-            results[host.name] = HostResult(host, error=RolloutStopped(error.message, code, error.hint))
-        elif error is not None:
-            results[host.name] = HostResult(host, error=error)
-        elif host.name not in rolled.hosts:
-            message = f"{host.name}: not served, the rollout halted ({rolled.halted}): still on its old server"
-            hint = "fix the failed host, then run the same command again: the steps done are skipped"
-            results[host.name] = HostResult(host, error=RolloutStopped(message, code, hint))
+    for server in servers:
+        for host in [ready[n] for n in ctx.group(server)]:
+            error = failures.get(host.name)
+            if host.name in found:
+                results[host.name] = found[host.name]
+            elif isinstance(error, rollout.RolloutHalted):
+                results[host.name] = HostResult(host, error=RolloutStopped(error.message, code, error.hint))
+            elif error is not None:
+                results[host.name] = HostResult(host, error=error)
+            elif server.name not in rolled.hosts:
+                message = f"{host.name}: not served, the rollout halted ({rolled.halted}): still on its old server"
+                hint = "fix the failed host, then run the same command again: the steps done are skipped"
+                results[host.name] = HostResult(host, error=RolloutStopped(message, code, hint))
     return results
 
 

@@ -153,8 +153,8 @@ def test_orch_run_dry_run_shows_each_ranks_command_and_the_groups_server_steps_o
     assert plan["sim-2"][-1].startswith("$ ") and "bench" in plan["sim-2"][-1]
 
 
-def test_a_rolling_orch_run_of_a_group_is_refused_before_anything_changes(env: FleetEnv) -> None:
-    refused_unchanged(env, ("run", "--rolling", "--host", "sim-3", "--yes"), "orch run --rolling")
+def test_a_gated_rolling_orch_run_of_a_group_is_refused_before_anything_changes(env: FleetEnv) -> None:
+    refused_unchanged(env, ("run", "--rolling", "--gate", "bench", "--host", "sim-3", "--yes"), "--gate bench")
 
 
 def test_the_fleet_serves_the_group_with_pp_2_tp_8_and_mtp_beside_a_single_host(env: FleetEnv, sims: object) -> None:

@@ -211,3 +211,32 @@ def test_a_group_with_a_host_doctor_fails_is_left_out_whole_and_stays_in_the_gat
     assert "sim-2: taking" not in run.stderr and "wave " not in run.stderr
     assert servers(env) == before  # no rank stopped
     assert fleet.routed() == {fleet.url("sim-1"), fleet.url("sim-2")}
+
+
+def test_a_rolling_run_walks_each_playbook_and_rolls_the_group_as_one_server_with_only_rank_0_in_the_gateway(
+    fleet: GroupFleet,
+) -> None:
+    env = fleet.env
+    before = servers(env)
+    run, seen = watching(fleet, "run")  # the whole fleet with a gateway: --rolling by default
+    assert run.returncode == 0, run.output
+    assert "the inventory has a gateway: rolling relaunch" in run.stderr
+    waves = [line for line in run.stderr.splitlines() if line.startswith("wave ")]
+    assert waves == ["wave 1/2: sim-1", "wave 2/2: group pro-1 (sim-2, sim-3)"]
+    out = f"sim-2: rollout: taking {fleet.url('sim-2')} out of the gateway before its server is stopped for tuning"
+    assert out in run.stderr
+    lines = run.stderr.splitlines()
+    left = next(i for i, line in enumerate(lines) if line.startswith(out))
+    tuned = [next(i for i, line in enumerate(lines) if line.startswith(f"{n}: tune-fp8: done")) for n in NAMES[1:]]
+    assert all(left < i for i in tuned)  # every host of the group tunes after rank 0 left the gateway
+    assert "sim-3: rollout: taking" not in run.stderr and "registering " + fleet.url("sim-3") not in run.stderr
+    assert "sim-2: bench: done" in run.stderr and "sim-3: bench:" not in run.stderr  # once, on rank 0
+    after = servers(env)
+    assert all(after[n][1] != before[n][1] for n in NAMES)  # every rank relaunched after its tuning
+    assert seen <= {fleet.url("sim-1"), fleet.url("sim-2")} and fleet.url("sim-2") in seen
+    assert fleet.routed() == {fleet.url("sim-1"), fleet.url("sim-2")}
+    state = StateStore(env.state).read()
+    for name in NAMES:
+        progress = state.hosts[name].steps
+        assert progress is not None and set(progress.done) == {"pull", "tune-fp8", "serve", "bench"}, name
+    assert state.rollout is not None and state.rollout.waves == [["sim-1"], ["sim-2"]]

@@ -4,6 +4,7 @@ replaced by a recorder (``run_step``); the integration tests (tests/integration/
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ class FakeSession:
     @property
     def name(self) -> str:
         return self.host.name
+
+    def prefixed(self, prefix: str) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
 
 
 class FakeFleet:
@@ -110,3 +114,80 @@ def test_the_preflight_refusing_one_host_of_a_group_refuses_the_others() -> None
     refused = run_op.refused_groups(ctx, HOSTS, {"b2": HostError("b2: doctor failed")})
     assert list(refused) == ["b1"]
     assert str(refused["b1"]) == "b1: group pro-1 runs no step: b2 was refused before any step"
+
+
+@pytest.fixture
+def rolling(walked: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[run_op.RunContext, list[str], set[str], list[str]]:
+    """``walked`` with ``--rolling`` (no gateway: no step stops a server, so nothing leaves it); the rollout's
+    own lines in the last list."""
+    ctx, calls, failing = walked
+    monkeypatch.setattr(run_op, "stopping_steps", lambda *a, **k: [])
+    lines: list[str] = []
+    ctx.recipes = {h.name: None for h in HOSTS}  # read by nothing the recorder leaves
+    ctx.rolling = run_op.RollingRun(None, 1, None, lines.append)  # type: ignore[arg-type]
+    return ctx, calls, failing, lines
+
+
+def test_a_rolling_run_rolls_a_group_as_one_server_every_host_tuning_in_its_wave(rolling: Any) -> None:
+    ctx, calls, _, lines = rolling
+    rolled = [s for s in STEPS if s.name != "tune-fp8"] + [Step.model_validate({"tune-fp8": {"stop_server": True}})]
+    order = [rolled[0], rolled[3], rolled[1], rolled[2]]  # pull, tune-fp8 (stops the server), serve, bench
+    done: dict[str, Any] = run_op.run_rolling(ctx, HOSTS, {h.name: list(order) for h in HOSTS})
+    assert [line for line in lines if line.startswith("wave ")] == ["wave 1/2: alone", "wave 2/2: b1"]
+    assert [done[n].value.done for n in ("alone", "b1", "b2")] == [
+        ["pull", "tune-fp8", "serve", "bench"],
+        ["pull", "tune-fp8", "serve", "bench"],
+        ["pull", "tune-fp8"],
+    ]
+    group = [c for c in calls if not c.startswith("alone:")]
+    assert sorted(group[:2]) == ["b1:pull", "b2:pull"]
+    assert sorted(group[2:4]) == ["b1:tune-fp8", "b2:tune-fp8"]  # in the group's wave, on every host
+    assert group[4:] == ["b1:serve", "b1:bench"]  # once, on rank 0
+
+
+def test_a_host_of_a_group_failing_in_its_wave_halts_the_rollout_and_stops_the_group(rolling: Any) -> None:
+    ctx, calls, failing, lines = rolling
+    failing.add("b2:tune-fp8")
+    tune = Step.model_validate({"tune-fp8": {"stop_server": True}})
+    done: dict[str, Any] = run_op.run_rolling(ctx, HOSTS, {h.name: [STEPS[0], tune, STEPS[2], STEPS[3]] for h in HOSTS})
+    assert lines == ["wave 1/2: alone", "wave 2/2: b1"]
+    assert str(done["b2"].error) == "b2: tune-fp8 failed"
+    assert str(done["b1"].error) == "b1: group pro-1 stopped: b2 failed (see above)"
+    assert done["alone"].value.done == ["pull", "tune-fp8", "serve", "bench"]
+    assert not any(c.startswith(("b1:serve", "b1:bench")) for c in calls)
+
+
+def test_a_group_with_a_host_failing_before_the_rollout_is_not_rolled_and_says_why(rolling: Any) -> None:
+    ctx, calls, failing, lines = rolling
+    said: list[str] = []
+
+    class Speaking(FakeFleet):
+        def session(self, host: Host, store: object) -> Any:
+            return type("S", (), {"say": lambda _, line: said.append(f"{host.name}: {line}")})()
+
+    ctx.fleet = Speaking()
+    failing.add("b1:pull")
+    done: dict[str, Any] = run_op.run_rolling(ctx, HOSTS, {h.name: [STEPS[0], STEPS[2], STEPS[3]] for h in HOSTS})
+    assert lines == ["wave 1/1: alone"]
+    assert said == ["b2: not rolled: its group pro-1 is one server and b1 is not ready (see above)"]
+    assert str(done["b1"].error) == "b1: pull failed"
+    assert not any(c.startswith(("b1:serve", "b1:bench", "b2:serve")) for c in calls)
+
+
+def test_a_group_host_failing_while_rank_0_is_out_leaves_it_out_when_a_rank_is_stopped(
+    rolling: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx, calls, failing, _ = rolling
+    monkeypatch.setattr(run_op, "stopping_steps", lambda *a, **k: ["tune-fp8"])
+    monkeypatch.setattr(run_op.rollout, "registered", lambda *a: True)
+    monkeypatch.setattr(run_op.rollout, "leave_gateway", lambda *a: 0)
+    stopped = type("Server", (), {"healthy": False})()
+    ctx.peers = lambda name: type("Peer", (), {"state": lambda _: type("HS", (), {"server": stopped})()})()
+    failing.add("b2:tune-fp8")
+    tune = Step.model_validate({"tune-fp8": {"stop_server": True}})
+    done: dict[str, Any] = run_op.run_rolling(ctx, HOSTS, {h.name: [tune, STEPS[2]] for h in HOSTS})
+    assert str(done["b1"].error).splitlines() == [
+        "b1: group pro-1 stopped: b2 failed (see above)",
+        "b1 was taken out of the gateway: rank 1 on b2 is stopped: it stays out until its serve step runs again",
+    ]
+    assert "b1:serve" not in calls
