@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -247,11 +247,21 @@ def stop_running_server(
             _record_unrecorded_stop(session, servers[-1] if servers else None, outage)
             return "lost" if servers and servers[-1].state == "lost" else None
         store.check_writable()  # a stop that could not be recorded must not happen
-        outcome = stop_job(session, job, gpus, drain, outage)
+        outcome = stop_job(session, job, gpus, drain, of_rank(store, host, job.id, outage))
     finally:
         session.forget("jobs", "gpus", "server_info")  # what another orch or a reboot may have changed too
     _record_stop(session, job.id, outage, outcome)
     return outcome
+
+
+def of_rank(store: StateStore, host: Host, job_id: str, outage: Outage) -> Outage:
+    """``outage`` said of a replica group's rank when ``job_id`` is one (stopped for tuning, a rank ends its
+    whole group's server: said so first); a group's own stop (``ops.group``) announces the group itself."""
+    hs = store.read([host.name], history=False).hosts.get(host.name)
+    server = hs.server if hs is not None else None
+    if outage not in (FOR_TUNE_FP8, FOR_RUN_TUNING) or server is None or server.job_id != job_id or not server.group:
+        return outage
+    return replace(outage, why=f"{outage.why} (rank {server.rank} of group {server.group}: the group stops serving)")
 
 
 def _record_stop(session: HostSession, job_id: str, outage: Outage, outcome: str) -> None:

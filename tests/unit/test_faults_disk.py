@@ -158,3 +158,26 @@ def test_a_server_started_whose_record_the_full_disk_refused_is_said_with_what_t
         "no space left on this machine's disk: No space left on device",
         "  hint: free space, then run `orch serve` again: it finds the server it started and finishes the serve",
     ]
+
+
+def test_a_rank_stopped_for_tuning_is_announced_as_its_groups_outage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = StateStore(tmp_path / "st")
+    _serving(store)
+
+    def rank_1(hs: HostState) -> None:
+        assert hs.server is not None
+        hs.server.group, hs.server.rank = "pro-1", 1
+
+    store.update_host("b1", rank_1)
+    session = HostSession(HOST, FakeRunner("b1"), store)
+    monkeypatch.setattr(jobs, "list_jobs", lambda runner, workdir: [_server_job(False, "running")])
+    said: list[str] = []
+    monkeypatch.setattr(srv, "stop_job", lambda session, job, gpus, drain, outage: said.append(outage.why) or "stopped")
+    srv.stop_running_server(session, [0], 10.0, srv.FOR_TUNE_FP8)
+    srv.stop_running_server(session, [0], 10.0, srv.AS_ASKED)  # orch stop-server on a group says the group itself
+    assert said == [
+        "for tune-fp8 --stop-server; serve again to resume (rank 1 of group pro-1: the group stops serving)",
+        "as asked (stop-server)",
+    ]
