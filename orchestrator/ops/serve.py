@@ -415,7 +415,10 @@ _UNTOUCHED = "the running server was left untouched"
 
 def check_replacement(session: HostSession, ready: Preflight) -> None:
     """Before any stop: RefusedError (exit 3, nothing stopped or started) naming everything that would
-    make the new server fail to start here (``replacement_obstacles``), each with its fix, on one line."""
+    make the new server fail to start here (``replacement_obstacles``), each with its fix, on one line.
+    The host is read now, never from what an earlier step cached: a server may have ended since on its own
+    (a group's rank 0 ends when another rank is stopped for tuning), and its old listener is not in the way."""
+    session.forget("replacement")
     obstacles = replacement_obstacles(session, ready.recipe, ready.gpus, ready.old)
     if not obstacles:
         return

@@ -483,6 +483,28 @@ def test_orch_run_tunes_each_host_of_the_group_then_serves_and_benchmarks_it_onc
         assert hs.steps is not None and set(hs.steps.done) == {"pull", "tune-fp8", "serve", "bench"}
 
 
+def test_orch_run_serves_the_group_again_when_rank_0_ended_with_rank_1_stopped_for_tuning(
+    env: FleetEnv, sims: dict
+) -> None:
+    """Needs the group served and tuned by the test above. Only sim-3 lacks a config: its tune-fp8 stops rank 1
+    and rank 0 ends with it, sim-2 stopping nothing; the serve step reads sim-2 again rather than trusting
+    what orch run's preflight saw there (rank 0 listening on the port, since gone)."""
+    rank0_job = StateStore(env.state).read().hosts["sim-2"].server.job_id  # type: ignore[union-attr]
+    rank1 = StateStore(env.state).read().hosts["sim-3"].server
+    assert rank1 is not None and rank1.verified is not None
+    key = rank1.verified.tuned_shapes_in_use[0]  # a config rank 1 reads: the playbook's `auto` shapes hold it
+    for gone in configs_dir(sims["sim-3"]).glob(f"{key},device_name=*.json"):
+        gone.unlink()
+    run = env.orch("run", "--host", "sim-3", "--from", "tune-fp8", "--yes", timeout=600)
+    assert run.returncode == 0, run.output
+    assert "(rank 1 of group pro-1: the group stops serving)" in run.stderr
+    assert not any(line.startswith("sim-2: tune-fp8: stopping") for line in run.stderr.splitlines())
+    servers = running_servers(env)
+    state = StateStore(env.state).read()
+    assert servers["sim-2"] == [state.hosts["sim-2"].server.job_id] != [rank0_job]  # type: ignore[union-attr]
+    assert servers["sim-3"] == [state.hosts["sim-3"].server.job_id]  # type: ignore[union-attr]
+
+
 def test_orch_run_killed_while_the_group_starts_resumes_without_starting_a_rank_twice(
     env: FleetEnv, sims: dict
 ) -> None:
