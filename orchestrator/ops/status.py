@@ -310,12 +310,15 @@ def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: lis
         unregistered = v.name in check.unregistered and "drained_at" not in v.extra  # drained: out on purpose
         flag = row.flag if row else "serving but not registered" if unregistered else None
         flag = "left out by a serve that was cut off" if v.name in check.left_out else flag
+        record = state.hosts.get(v.name)
+        server = record.server if record is not None else None
         v.extra["gateway"] = {
             "reachable": True,
             "registered": row is not None,
             "healthy": row.healthy if row else None,
             "load": row.load if row else None,
             "flag": flag,
+            "rank": f"rank {server.rank} of {server.group}" if server is not None and server.rank else None,
         }
     strangers = [r.url for r in check.workers if r.host is None]
     return {"url": gateway.url, "reachable": True, "error": None, "not_in_inventory": strangers}

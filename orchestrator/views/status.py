@@ -217,13 +217,15 @@ def _server_cell(v: HostStatus, now: datetime | None = None) -> str:
 
 def _gateway_cell(v: HostStatus) -> str | None:
     """``registered, healthy``, ``registered, UNHEALTHY``, ``drained`` (``orch drain``: out on purpose),
-    ``not registered``, ``gateway unreachable``;
-    None without a gateway in the inventory (no column)."""
+    ``not registered``, ``rank 1 of pro-1: via rank 0`` (a replica group's other rank: never a worker),
+    ``gateway unreachable``; None without a gateway in the inventory (no column)."""
     g = v.extra.get("gateway")
     if g is None:
         return None
     if not g["reachable"]:
         return "gateway unreachable"
+    if not g["registered"] and g.get("rank"):
+        return f"{g['rank']}: via rank 0"
     if not g["registered"]:
         return "drained" if "drained_at" in v.extra else "not registered"
     return "registered, healthy" if g["healthy"] else "registered, UNHEALTHY"

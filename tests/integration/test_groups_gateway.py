@@ -9,6 +9,7 @@ its shipped playbooks with rank 0 and sim-1 registered."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -153,6 +154,9 @@ def test_a_rolling_relaunch_moves_the_group_as_one_server_and_only_rank_0_is_eve
     assert recorded.outcomes == {"sim-1": "relaunched", "sim-2": "relaunched"}
     status = env.orch("gateway", "status")  # rank 1 serves no HTTP: not "serving but not registered"
     assert status.returncode == 0, status.output
+    hosts = {h["name"]: h for h in json.loads(env.orch("status", "--json").stdout)["hosts"]}
+    assert hosts["sim-3"]["gateway"]["rank"] == "rank 1 of pro-1"  # shown as `rank 1 of pro-1: via rank 0`
+    assert hosts["sim-3"]["gateway"]["flag"] is None and hosts["sim-2"]["gateway"]["registered"]
 
 
 def test_a_group_whose_new_server_fails_is_rolled_back_on_every_rank_and_rank_0_registered_again(
