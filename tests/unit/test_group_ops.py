@@ -53,36 +53,31 @@ def ask(checked: bool, force: bool = False) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("serving", "adoptable", "force", "replaces", "asked"),
+    ("checked", "serving", "adoptable", "force", "replaces", "asked"),
     [
-        (False, False, False, True, ["looked"]),
-        (True, False, False, False, ["looked"]),
-        (False, True, False, False, ["looked"]),  # serve re-attaches to the cut-off launch: nothing stops
-        (True, False, True, True, []),  # --force: nothing read
+        # orch run's question reads only
+        (False, False, False, False, True, ["looked"]),
+        (False, True, False, False, False, ["looked"]),
+        (False, False, True, False, False, ["looked"]),  # serve re-attaches to the cut-off launch: nothing stops
+        (False, True, False, True, True, []),  # --force: nothing read
+        # the rolling relaunch's question checks every rank it would replace
+        (True, False, False, False, True, ["checked", "check b1", "check b2"]),
+        (True, True, False, False, False, ["checked"]),
+        (True, False, True, False, True, ["checked"]),  # counted as replaced: serve waits for the cut-off ranks
+        (True, True, True, True, True, ["checked", "check b1", "check b2"]),
     ],
 )
-def test_orch_runs_question_reads_only(
-    monkeypatch: pytest.MonkeyPatch, serving: bool, adoptable: bool, force: bool, replaces: bool, asked: list[str]
+def test_would_replace_asks_what_its_asker_needs(
+    monkeypatch: pytest.MonkeyPatch,
+    checked: bool,
+    serving: bool,
+    adoptable: bool,
+    force: bool,
+    replaces: bool,
+    asked: list[str],
 ) -> None:
     ranks = Ranks(monkeypatch, serving, adoptable)
-    assert ask(checked=False, force=force) is replaces
-    assert ranks.asked == asked
-
-
-@pytest.mark.parametrize(
-    ("serving", "adoptable", "force", "replaces", "asked"),
-    [
-        (False, False, False, True, ["checked", "check b1", "check b2"]),
-        (True, False, False, False, ["checked"]),
-        (False, True, False, True, ["checked"]),  # counted as replaced: serve waits for the cut-off ranks
-        (True, True, True, True, ["checked", "check b1", "check b2"]),
-    ],
-)
-def test_the_rolling_relaunchs_question_checks_every_rank_it_would_replace(
-    monkeypatch: pytest.MonkeyPatch, serving: bool, adoptable: bool, force: bool, replaces: bool, asked: list[str]
-) -> None:
-    ranks = Ranks(monkeypatch, serving, adoptable)
-    assert ask(checked=True, force=force) is replaces
+    assert ask(checked, force) is replaces
     assert ranks.asked == asked
 
 
