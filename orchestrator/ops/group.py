@@ -352,7 +352,7 @@ def adoptable(
     serve never started its rank (``not_launched``: the cut came first; the caller starts it, joining the
     others' rendezvous). Waiting for them finishes that serve: no rank is started twice. None when no rank
     runs unverified so, or a host runs something else: the ranks that run are stopped and every rank
-    launched afresh. ``states``: each rank's host's state as recorded (``recorded``)."""
+    launched afresh. Reads only (``states``: each rank's host's state as recorded, ``recorded``)."""
     found: dict[str, str] = {}
     unverified = False
     for r in ranks:
@@ -783,12 +783,12 @@ def would_replace(
       launch as ``looked_ranks`` sees it now, tuning not waited for), so it asks the user only when a step
       would stop a server; a cut-off launch of the group that ``serve`` would re-attach to (``adoptable``)
       stops nothing. With ``--force``, True before anything is read.
-    - a rolling relaunch, before it takes rank 0 out of the gateway (``checked``): every rank's preflight as
-      ``serve`` runs it (``checked_ranks``: it waits for tuning and refuses as ``serve`` does) and, when the
-      group would be replaced, that every host can start its rank (``ops.serve.check_replacement``), so the
-      relaunch refuses while rank 0 still serves. Ranks a cut-off serve started count as replaced (``serve``
-      then waits for them). A host unreachable or refusing raises as ``serve`` does:
-      ``group NAME (not touched): ...``.
+    - a rolling relaunch, before it takes rank 0 out of the gateway (``checked``), changing nothing: every
+      rank's preflight as ``serve`` runs it (``checked_ranks``: it waits for tuning and refuses as ``serve``
+      does) and, when the group would be replaced, that every host can start its rank
+      (``ops.serve.check_replacement``), so the relaunch refuses while rank 0 still serves. Ranks a cut-off
+      serve started count as replaced (``serve`` then waits for them). A host unreachable or refusing raises
+      as ``serve`` does: ``group NAME (not touched): ...``.
     """
     plan = rank.plan
     if options.force and not checked:
