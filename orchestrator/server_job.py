@@ -230,14 +230,20 @@ def stop_job(session: HostSession, job: jobs.JobInfo, gpus: Sequence[int], drain
 
 
 def stop_running_server(
-    session: HostSession, gpus: Sequence[int], drain: float, outage: Outage = AS_ASKED
+    session: HostSession,
+    gpus: Sequence[int],
+    drain: float,
+    outage: Outage = AS_ASKED,
+    server: ServerRecord | None = None,
 ) -> str | None:
     """Stop the server orch launched (announced through the session's events; drain, SIGKILL after
     ``drain``) and wait for its GPUs.
 
     Returns how it ended (``stopped``/``killed``); when no server of orch's was running, ``lost`` if
     the last server job was lost (host rebooted or killed: nothing signalled), else None. The record
-    says who stopped it and when; the phase goes back to what it was before the launch.
+    says who stopped it and when; the phase goes back to what it was before the launch. ``server``: the
+    host's server record as the caller read it (a stop for tuning: whether the job is a replica group's
+    rank, said in the announcement, ``of_rank``); the stop reads no state for it.
     """
     host, store = session.host, session.store
     try:
@@ -247,18 +253,17 @@ def stop_running_server(
             _record_unrecorded_stop(session, servers[-1] if servers else None, outage)
             return "lost" if servers and servers[-1].state == "lost" else None
         store.check_writable()  # a stop that could not be recorded must not happen
-        outcome = stop_job(session, job, gpus, drain, of_rank(store, host, job.id, outage))
+        outcome = stop_job(session, job, gpus, drain, of_rank(server, job.id, outage))
     finally:
         session.forget("jobs", "gpus", "server_info")  # what another orch or a reboot may have changed too
     _record_stop(session, job.id, outage, outcome)
     return outcome
 
 
-def of_rank(store: StateStore, host: Host, job_id: str, outage: Outage) -> Outage:
-    """``outage`` said of a replica group's rank when ``job_id`` is one (stopped for tuning, a rank ends its
-    whole group's server: said so first); a group's own stop (``ops.group``) announces the group itself."""
-    hs = store.read([host.name], history=False).hosts.get(host.name)
-    server = hs.server if hs is not None else None
+def of_rank(server: ServerRecord | None, job_id: str, outage: Outage) -> Outage:
+    """``outage`` said of a replica group's rank when ``server`` (the host's record) says job ``job_id`` is
+    one (stopped for tuning, a rank ends its whole group's server: said so first); a group's own stop
+    (``ops.group``) announces the group itself."""
     if outage not in (FOR_TUNE_FP8, FOR_RUN_TUNING) or server is None or server.job_id != job_id or not server.group:
         return outage
     return replace(outage, why=f"{outage.why} (rank {server.rank} of group {server.group}: the group stops serving)")

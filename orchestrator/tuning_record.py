@@ -38,7 +38,9 @@ class Shape(BaseModel):
         return f"N={self.n},K={self.k}"
 
 
-class RunRecord(_Record):
+class _ShapeUnits(_Record):
+    """Units of one shape (``N``/``K``, as ``Shape`` writes them): its batch sizes."""
+
     n: int = Field(alias="N")
     k: int = Field(alias="K")
     batch_sizes: list[int]
@@ -46,6 +48,10 @@ class RunRecord(_Record):
     @property
     def key(self) -> str:
         return f"N={self.n},K={self.k}"
+
+
+class RunRecord(_ShapeUnits):
+    """One tuner run of an assignment: a shape and the batch sizes it tunes."""
 
 
 class AssignmentRecord(_Record):
@@ -72,7 +78,7 @@ class HostPaths(_Record):
     workdir: str
 
 
-class KeptRecord(_Record):
+class KeptRecord(_ShapeUnits):
     """Units an earlier, failed plan finished: one tuner run's result file on ``host``, validated when
     the new plan was made (right shape and device, every batch size of its run, the six keys) and again
     before it is installed. The new plan tunes only the units no kept file covers; ``batch_sizes`` are
@@ -80,15 +86,8 @@ class KeptRecord(_Record):
 
     host: str
     path: str
-    n: int = Field(alias="N")
-    k: int = Field(alias="K")
-    batch_sizes: list[int]
     plan_id: str
     lost: bool = False
-
-    @property
-    def key(self) -> str:
-        return f"N={self.n},K={self.k}"
 
 
 class PlanRecord(_Record):

@@ -32,14 +32,15 @@ contacted. ``serve --dry-run`` shows each rank's command, checked against that h
 ``--rollback`` (``roll_back``): a group that failed to start gets its last known-good server back on every
 rank, each host's known-good command, only when they are this group's rank layout. A rolling relaunch
 (``ops.rollout``) also rolls back a group serving but not as asked (``roll_back_running``: checked first,
-then the new ranks stopped), and asks ``replace_checked`` before it takes rank 0 out of the gateway.
+then the new ranks stopped), and asks ``would_replace`` (checked) before it takes rank 0 out of the gateway.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TypeVar
@@ -192,7 +193,7 @@ def serve(
     Raises RefusedError (nothing touched), GroupFailed (the ranks stopped, every host ``failed``) or
     VerifyError (serving, not as asked)."""
     plan = rank.plan
-    try:
+    with not_touched(plan):
         ranks = checked_ranks(session, recipe, options, plan, peers)
         same = None if options.force else already_serving(plan, ranks, options)
         if same is not None:
@@ -201,10 +202,6 @@ def serve(
         for r in ranks:
             if adopted is None or r.name not in adopted:
                 serve_op.check_replacement(r.session, r.ready)
-    except OrchError as exc:  # one host of the group unreachable or refused: the group is not touched
-        if not exc.message.startswith(f"group {plan.group}"):
-            exc.message = f"group {plan.group} (not touched): {exc.message}"
-        raise
     for r in ranks:
         r.session.store.update_host(r.name, lambda hs: hs.server_launching(f"serve: group {plan.group}"))
     job_ids: dict[str, str] = dict(adopted or {})
@@ -233,14 +230,45 @@ def serve(
         raise GroupNotAsAsked(exc, plan, ranks, job_ids) from None
 
 
+@contextmanager
+def not_touched(plan: facts.GroupPlan) -> Iterator[None]:
+    """An OrchError raised inside (one host of the group unreachable or refusing, before anything was
+    touched) says so of the group: ``group NAME (not touched): ...``."""
+    try:
+        yield
+    except OrchError as exc:
+        if not exc.message.startswith(f"group {plan.group}"):
+            exc.message = f"group {plan.group} (not touched): {exc.message}"
+        raise
+
+
+def group_sessions(session: HostSession, hosts: Sequence[str], peers: Peers) -> list[HostSession]:
+    """The sessions of ``hosts`` in their order: ``session`` for its own host, ``peers``' for the others."""
+    return [session if name == session.name else peers(name) for name in hosts]
+
+
 def checked_ranks(
     session: HostSession, recipe: Recipe, options: ServeOptions, plan: facts.GroupPlan, peers: Peers
 ) -> list[RankReady]:
     """Every rank's preflight (``prepare``; rank 0's ``session``, the others' from ``peers``), the ranks
     agreeing on their arguments; RefusedError or UnreachableError otherwise, nothing touched."""
-    sessions = [session if name == session.name else peers(name) for name in plan.hosts]
+    sessions = group_sessions(session, plan.hosts, peers)
     ranks = [prepare(s, recipe, options, plan, i) for i, s in enumerate(sessions)]
     refuse_disagreeing(plan, ranks)
+    return ranks
+
+
+def looked_ranks(
+    session: HostSession, recipe: Recipe, options: ServeOptions, plan: facts.GroupPlan, peers: Peers
+) -> list[RankReady]:
+    """Every rank's launch as ``ops.serve.decide`` sees it now, its command made its rank's: reads only,
+    waits for nothing (no tuning gate, nothing said, the rank's flags not checked)."""
+    forced = forced_recipe(recipe, options)
+    ranks = []
+    for i, s in enumerate(group_sessions(session, plan.hosts, peers)):
+        ready = serve_op.decide(s, forced, options, check_launch(s, forced, options.mtp))
+        ready.argv = facts.rank_argv(ready.argv, plan, i)
+        ranks.append(RankReady(s, i, ready))
     return ranks
 
 
@@ -293,7 +321,8 @@ def already_serving(
 def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dict[str, str] | None:
     """``adoptable``'s ranks, said, a rank started but not yet recorded recorded now (host → job id); None
     when there are none."""
-    found = adoptable(plan, ranks)
+    states = recorded(ranks)
+    found = adoptable(plan, ranks, states)
     if found is None:
         return None
     jobs_said = ", ".join(f"{name} job {job}" for name, job in found.items())
@@ -302,24 +331,32 @@ def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dic
         "before verifying them"
     )
     for r in ranks:
-        record = r.session.store.read([r.name]).hosts[r.name].server
+        hs = states.get(r.name)
+        record = hs.server if hs is not None else None
         if r.name in found and (record is None or record.job_id != found[r.name]):
             record_rank(plan, r, found[r.name])
     return found
 
 
-def adoptable(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dict[str, str] | None:
+def recorded(ranks: Sequence[RankReady]) -> dict[str, HostState]:
+    """Each rank's host's state as recorded now (host -> state; a host never recorded is absent), in one read."""
+    return dict(ranks[0].session.store.read([r.name for r in ranks]).hosts)
+
+
+def adoptable(
+    plan: facts.GroupPlan, ranks: Sequence[RankReady], states: Mapping[str, HostState]
+) -> dict[str, str] | None:
     """The ranks a serve cut off after launching some or all of them left unverified (orch killed, the
     connection lost), host → job id: each rank's host runs its rank's command of this group (``launched_rank``;
     one may have been verified already, the cut coming between two hosts' records), or runs nothing and that
     serve never started its rank (``not_launched``: the cut came first; the caller starts it, joining the
     others' rendezvous). Waiting for them finishes that serve: no rank is started twice. None when no rank
     runs unverified so, or a host runs something else: the ranks that run are stopped and every rank
-    launched afresh. Reads only."""
+    launched afresh. Reads only (``states``: each rank's host's state as recorded, ``recorded``)."""
     found: dict[str, str] = {}
     unverified = False
     for r in ranks:
-        hs = r.session.store.read([r.name]).hosts.get(r.name)
+        hs = states.get(r.name)
         launched = launched_rank(plan, r, hs)
         if launched is not None:
             found[r.name] = launched[0]
@@ -327,22 +364,6 @@ def adoptable(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dict[str, st
         elif not not_launched(plan, r, hs):
             return None
     return found if unverified else None
-
-
-def would_replace(session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank, peers: Peers) -> bool:
-    """Whether serving ``rank``'s group (``session``: one of its hosts) would stop a running rank: not when
-    the group serves as asked or a cut-off launch of it would be re-attached to. Reads only, waits for
-    nothing (``orch run``'s question before any step: it asks only when a step would stop a server)."""
-    if options.force:
-        return True
-    plan, forced = rank.plan, forced_recipe(recipe, options)
-    ranks = []
-    for i, name in enumerate(plan.hosts):
-        s = session if name == session.name else peers(name)
-        ready = serve_op.decide(s, forced, options, check_launch(s, forced, options.mtp))
-        ready.argv = facts.rank_argv(ready.argv, plan, i)
-        ranks.append(RankReady(s, i, ready))
-    return already_serving(plan, ranks, options) is None and adoptable(plan, ranks) is None
 
 
 def launched_rank(plan: facts.GroupPlan, r: RankReady, hs: HostState | None) -> tuple[str, bool] | None:
@@ -621,7 +642,7 @@ def stop_group(
     announced as one outage, and its GPUs waited for; each host records its stop. Returns each host's
     outcome (None: no server of orch's ran there; ``ended with its group``: a rank that exited by itself
     once rank 0 went, as the simulator's ranks do; a real rank may hang and is then stopped)."""
-    sessions = [session if name == session.name else peers(name) for name in group.hosts]
+    sessions = group_sessions(session, group.hosts, peers)
     running = {s.name: s.running_server() for s in sessions}
     ranks = ", ".join(group.hosts)
     outage = srv.Outage(f"as asked (stop-server of group {group.name}: {ranks}, one outage)", srv.AS_ASKED.by)
@@ -752,22 +773,31 @@ def _restore_known_good(hs: HostState, argv: list[str] | None) -> None:
         hs.server.known_good_argv = argv
 
 
-def replace_checked(session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank, peers: Peers) -> bool:
-    """Whether ``serve`` would stop the group's running server (not when every rank serves as asked),
-    reading only: every rank's preflight, and, when it would, that every host can start its rank
-    (``ops.serve.check_replacement``), so a rolling relaunch refuses before it takes rank 0 out of the
-    gateway. Ranks a cut-off serve started count as replaced (``serve`` then waits for them). A host
-    unreachable or refusing raises as ``serve`` does: ``group NAME (not touched): ...``."""
+def would_replace(
+    session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank, peers: Peers, checked: bool = False
+) -> bool:
+    """Whether serving ``rank``'s group (``session``: one of its hosts) would stop its running server: not
+    when every rank serves as asked (``already_serving``; ``--force`` always replaces). Asked two ways:
+
+    - ``orch run``, before any step (``checked`` False): reads only and waits for nothing (each rank's
+      launch as ``looked_ranks`` sees it now, tuning not waited for), so it asks the user only when a step
+      would stop a server; a cut-off launch of the group that ``serve`` would re-attach to (``adoptable``)
+      stops nothing. With ``--force``, True before anything is read.
+    - a rolling relaunch, before it takes rank 0 out of the gateway (``checked``), changing nothing: every
+      rank's preflight as ``serve`` runs it (``checked_ranks``: it waits for tuning and refuses as ``serve``
+      does) and, when the group would be replaced, that every host can start its rank
+      (``ops.serve.check_replacement``), so the relaunch refuses while rank 0 still serves. Ranks a cut-off
+      serve started count as replaced (``serve`` then waits for them). A host unreachable or refusing raises
+      as ``serve`` does: ``group NAME (not touched): ...``.
+    """
     plan = rank.plan
-    try:
-        ranks = checked_ranks(session, recipe, options, plan, peers)
-        if not options.force and already_serving(plan, ranks, options) is not None:
-            return False
-        if options.force or adoptable(plan, ranks) is None:
+    if options.force and not checked:
+        return True
+    with not_touched(plan) if checked else nullcontext():
+        ranks = (checked_ranks if checked else looked_ranks)(session, recipe, options, plan, peers)
+        as_asked = not options.force and already_serving(plan, ranks, options) is not None
+        adopted = None if options.force or as_asked else adoptable(plan, ranks, recorded(ranks))
+        if checked and not as_asked and adopted is None:
             for r in ranks:
                 serve_op.check_replacement(r.session, r.ready)
-    except OrchError as exc:
-        if not exc.message.startswith(f"group {plan.group}"):
-            exc.message = f"group {plan.group} (not touched): {exc.message}"
-        raise
-    return True
+    return not as_asked and (checked or adopted is None)

@@ -278,7 +278,7 @@ def _would_replace(
     if rank is None:
         return serve_op.would_replace(session, recipe, options)
     assert rolling.peers is not None
-    return group_op.replace_checked(session, recipe, options, rank, rolling.peers)
+    return group_op.would_replace(session, recipe, options, rank, rolling.peers, checked=True)
 
 
 def _serve(

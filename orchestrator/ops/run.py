@@ -76,7 +76,7 @@ from orchestrator.transport.base import shell_command
 from orchestrator.tuning.commands import tune_fp8
 from orchestrator.tuning.member import Peers, record_of
 from orchestrator.tuning.plan import job_spec, make_plan
-from orchestrator.tuning.prepare import prepare
+from orchestrator.tuning.prepare import Prepared, prepare
 from orchestrator.tuning.progress import TuneStatus
 
 
@@ -352,9 +352,10 @@ def _tune(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> s
     host = session.host
     options = step.options.model_copy(update={"wait": True, "fleet": False if not ctx.lockstep else step.options.fleet})
     recipe = ctx.recipe(host)
-    if options.stop_server and tuning_needed(session, recipe, options):
+    needed = tuning_needed(session, recipe, options) if options.stop_server else None
+    if needed is not None:
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
-        server_host.stop_running_server(session, gpus, drain, server_host.FOR_RUN_TUNING)
+        server_host.stop_running_server(session, gpus, drain, server_host.FOR_RUN_TUNING, needed.server)
 
     try:
         results = tune_fp8(ctx.fleet, [session], lambda _: recipe, options, ctx.peers)  # progress: TuneStatus events
@@ -878,11 +879,12 @@ def run_lockstep(
 # -- outages: which steps would stop the running server ---------------------------------------------------
 
 
-def tuning_needed(session: HostSession, recipe: Recipe, options: TuneOptions) -> bool:
-    """Whether ``tune-fp8`` would start tuning jobs (and so need the server's GPUs); reads, changes nothing."""
+def tuning_needed(session: HostSession, recipe: Recipe, options: TuneOptions) -> Prepared | None:
+    """What ``tune-fp8`` would tune when it would start tuning jobs (and so need the server's GPUs), else
+    None; reads, changes nothing."""
     look = options.model_copy(update={"stop_server": False, "allow_busy_gpus": True})
     prepared = prepare(session, recipe, look, look=True)
-    return prepared.attach is None and bool(prepared.shapes)
+    return prepared if prepared.attach is None and prepared.shapes else None
 
 
 def stopping_steps(

@@ -27,6 +27,7 @@ from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.recipe import Recipe, ServeOptions, Shape, TuneOptions, parse_shapes
 from orchestrator.session import HostSession
+from orchestrator.state import ServerRecord
 from orchestrator.transport.base import CommandResult, Runner, check_result
 from orchestrator.tuning.install import complete_group, describe_failure
 from orchestrator.tuning.logged import logged_shapes
@@ -211,6 +212,7 @@ class Prepared:
     kept: list[KeptRecord] = field(default_factory=list)  # units an earlier, failed plan finished here
     costs: tf.Costs = field(default_factory=tf.Costs)  # what the schedule counts (the recipe's tuning costs)
     block: tuple[int, int] = tf.DEFAULT_BLOCK  # the model's FP8 blocks (its config.json)
+    server: ServerRecord | None = None  # the host's server as recorded when prepare read the state
 
     @property
     def host(self) -> Host:
@@ -229,10 +231,11 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     record = record_of(state.hosts.get(host.name))
     plan = plan_of(state, record)
     running = plan.id if record.state == "running" and plan is not None else None
+    server = hs.server if (hs := state.hosts.get(host.name)) is not None else None
     if running is not None and plan is not None:
         record, plan = settle_lost(session, record, plan, look)
     if record.state == "running" and plan is not None:
-        return Prepared(session, attach=plan)
+        return Prepared(session, attach=plan, server=server)
     checked = [] if options.force else files_to_check(host, record, plan)
     facts, files = discover(session, [*checked, model_config_path(host)])
     block = model_block(session, files, facts.flags)
@@ -245,19 +248,19 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     kept = [] if options.force else kept_results(files, record, plan, facts, wanted_units(needed, batch_sizes))
     if needed and options.stop_server:
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
-        srv.stop_running_server(srv.warning_session(host, runner, store), gpus, drain, srv.FOR_TUNE_FP8)
+        srv.stop_running_server(srv.warning_session(host, runner, store), gpus, drain, srv.FOR_TUNE_FP8, server)
         session.forget("jobs", "gpus", "server_info")  # the server job ended, its GPUs released
         facts.holders = session.gpus(selected_gpus(host, facts)).holders
     # a plan another orch recorded while this one looked; read after the GPUs: plans are recorded before
     # their jobs start, so GPUs busy with that plan's jobs are adopted, never refused as someone else's
     other = running_plan(store.read([host.name]), host.name) if needed else None
     if other is not None and not (look and other.id == running):  # looking: a lost plan is still recorded
-        return Prepared(session, attach=other)  # another orch planned while this one looked: adopt its plan
+        return Prepared(session, attach=other, server=server)  # another orch planned meanwhile: adopt its plan
     if needed:
         refuse_busy(host, facts, options.allow_busy_gpus)
     note = logged.note if logged else None
     costs = tf.Costs(recipe.tuning.tuner_startup_s, recipe.tuning.tuner_unit_s)
-    return Prepared(session, None, facts, needed, skipped, batch_sizes, tp, note, kept, costs, block)
+    return Prepared(session, None, facts, needed, skipped, batch_sizes, tp, note, kept, costs, block, server)
 
 
 def model_config_path(host: Host) -> str:

@@ -160,7 +160,7 @@ def test_a_server_started_whose_record_the_full_disk_refused_is_said_with_what_t
     ]
 
 
-def test_a_rank_stopped_for_tuning_is_announced_as_its_groups_outage(
+def test_a_rank_stopped_for_tuning_is_announced_as_its_groups_outage_without_reading_the_state_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = StateStore(tmp_path / "st")
@@ -171,13 +171,18 @@ def test_a_rank_stopped_for_tuning_is_announced_as_its_groups_outage(
         hs.server.group, hs.server.rank = "pro-1", 1
 
     store.update_host("b1", rank_1)
+    record = store.read(["b1"]).hosts["b1"].server  # as the stopping caller (tune-fp8's prepare) read it
     session = HostSession(HOST, FakeRunner("b1"), store)
     monkeypatch.setattr(jobs, "list_jobs", lambda runner, workdir: [_server_job(False, "running")])
     said: list[str] = []
     monkeypatch.setattr(srv, "stop_job", lambda session, job, gpus, drain, outage: said.append(outage.why) or "stopped")
-    srv.stop_running_server(session, [0], 10.0, srv.FOR_TUNE_FP8)
+    reads: list[object] = []
+    real_read = store.read
+    monkeypatch.setattr(store, "read", lambda *a, **k: reads.append(a) or real_read(*a, **k))
+    srv.stop_running_server(session, [0], 10.0, srv.FOR_TUNE_FP8, record)
     srv.stop_running_server(session, [0], 10.0, srv.AS_ASKED)  # orch stop-server on a group says the group itself
     assert said == [
         "for tune-fp8 --stop-server; serve again to resume (rank 1 of group pro-1: the group stops serving)",
         "as asked (stop-server)",
     ]
+    assert reads == []  # a stop of a running server costs no read of the state

@@ -191,3 +191,32 @@ def test_a_group_host_failing_while_rank_0_is_out_leaves_it_out_when_a_rank_is_s
         "b1 was taken out of the gateway: rank 1 on b2 is stopped: it stays out until its serve step runs again",
     ]
     assert "b1:serve" not in calls
+
+
+def test_the_tune_step_stopping_a_groups_rank_announces_the_groups_outage_from_the_record_it_looked_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator import jobs
+    from orchestrator import server_job as srv
+    from orchestrator.recipe import Recipe, Shape
+    from orchestrator.session import HostSession
+    from orchestrator.state import ServerRecord
+    from orchestrator.tuning.prepare import Prepared
+    from tests.fakerunner import FakeRunner
+
+    b2 = HOSTS[2]
+    record = ServerRecord(job_id="server-1", argv=["x"], port=30000, mtp=False, group="pro-1", rank=1)
+    store = StateStore(tmp_path / "st")
+    shapes = [Shape.model_validate({"N": 512, "K": 4096})]
+    monkeypatch.setattr(run_op, "prepare", lambda s, r, o, look: Prepared(s, shapes=shapes, server=record))
+    running = jobs.JobInfo("server-1", "server", 42, "running", None, None, None, 0, False, "/w/jobs/server-1")
+    monkeypatch.setattr(jobs, "list_jobs", lambda runner, workdir: [running])
+    said: list[str] = []
+    monkeypatch.setattr(srv, "stop_job", lambda session, job, gpus, drain, outage: said.append(outage.why) or "stopped")
+    failed = FleetResult([HostResult(b2, error=HostError("b2: tuning failed"))])
+    monkeypatch.setattr(run_op, "tune_fp8", lambda *args: failed)
+    ctx = run_op.RunContext(None, store, {"b2": Recipe(model="m", architecture="a")}, lambda name: None)  # type: ignore[arg-type]
+    tune = Step.model_validate({"tune-fp8": {"stop_server": True}})
+    with pytest.raises(HostError, match="b2: tuning failed"):
+        run_op._tune(ctx, HostSession(b2, FakeRunner("b2"), store), tune, False)
+    assert said == ["for tuning; serving resumes at the serve step (rank 1 of group pro-1: the group stops serving)"]

@@ -144,3 +144,28 @@ def test_a_probe_cut_short_names_the_section_it_lacks() -> None:
     cut = {k: v for k, v in answers().items() if k in ("tuner", "runtime")}
     with pytest.raises(RemoteCommandError, match="h1: the discovery command ended before `gpus` answered"):
         discover(session(FakeRunner("h1").on(("orch-probe",), stdout=framed(cut))))
+
+
+def test_tune_fp8_stop_server_announces_a_groups_rank_from_the_record_prepare_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator import jobs
+    from orchestrator import server_job as srv
+    from orchestrator.state import ServerRecord
+
+    store = installed_store(tmp_path)
+    with store.update() as state:
+        state.host("h1").server = ServerRecord(
+            job_id="server-1", argv=["x"], port=30000, mtp=False, group="pro-1", rank=1
+        )
+    running = jobs.JobInfo("server-1", "server", 42, "running", None, None, None, 0, False, "/w/jobs/server-1")
+    monkeypatch.setattr(jobs, "list_jobs", lambda runner, workdir: [running])
+    said: list[str] = []
+    monkeypatch.setattr(srv, "stop_job", lambda session, job, gpus, drain, outage: said.append(outage.why) or "stopped")
+    gpus = "\n".join(f"{i}, {DEVICE}, GPU-{i}, 97887, 0, 0, 12.0" for i in range(8))
+    runner = FakeRunner("h1").on(("orch-probe",), stdout=framed(answers()))
+    runner.on(("timeout", "*", "*", "*", "nvidia-smi", "--query-gpu=*"), stdout=gpus).on(("timeout",), stdout="")
+    prepare(session(runner, store), load_recipe(find_recipe(DEFAULT_RECIPE, [])), TuneOptions(stop_server=True))
+    assert said == [
+        "for tune-fp8 --stop-server; serve again to resume (rank 1 of group pro-1: the group stops serving)"
+    ]
