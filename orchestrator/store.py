@@ -146,10 +146,8 @@ class StateStore:
             if db.in_transaction:  # inside this thread's transaction: what the database holds, as it began
                 return self._read(db, wanted, history)[0]
             db.execute("BEGIN")
-            try:
+            with db:  # the connection's context manager: COMMIT, or ROLLBACK when the block raises
                 return self._read(db, wanted, history)[0]
-            finally:
-                db.execute("COMMIT")
 
     # -- transactions
 
@@ -182,12 +180,13 @@ class StateStore:
     def _update(self, wanted: set[str] | None) -> Iterator[State]:
         with self._transaction() as db:
             state, old = self._read(db, None if wanted is None else sorted(wanted), history=True)
-            before = self._copy(state)
+            before = state.model_copy(deep=True) if self.on_commit is not None else None
             yield state
             if wanted is not None and not old.hosts.keys() <= state.hosts.keys() <= wanted:
                 raise RuntimeError("update_hosts() changes the hosts it was given, never which hosts there are")
             self._save(db, state, old)
-        self._notify(before, state)
+        if self.on_commit is not None and before is not None:
+            self.on_commit(before, state)
 
     @contextlib.contextmanager
     def _update_seen(self, names: list[str]) -> Iterator[State]:
@@ -261,18 +260,13 @@ class StateStore:
     def _create(self, db: sqlite3.Connection) -> None:
         """The tables, and what an older orch's state beside the database holds, in one transaction."""
         legacy = legacy_path(self.path)
-        try:
-            with self._errors():
-                for table in filter(str.strip, SCHEMA.split(";")):
-                    db.execute(table)
-                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                migrated = state_migration.read_legacy(legacy) if legacy.exists() else None
-                if migrated is not None:
-                    self._save(db, migrated, _Read())
-                db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+        with self._errors(), db:
+            for table in filter(str.strip, SCHEMA.split(";")):
+                db.execute(table)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            migrated = state_migration.read_legacy(legacy) if legacy.exists() else None
+            if migrated is not None:
+                self._save(db, migrated, _Read())
         if migrated is not None:
             kept = state_migration.keep(legacy)
             log.warning("state %s migrated into the database %s; the old state is kept as %s", legacy, self.path, kept)
@@ -286,15 +280,8 @@ class StateStore:
             raise RuntimeError("StateStore transactions are not reentrant: finish the outer transaction first")
         with self._errors():
             db.execute("BEGIN IMMEDIATE")
-        try:
-            with self._errors():
+            with db:
                 yield db
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("ROLLBACK")
-            raise
-        with self._errors():
-            db.execute("COMMIT")
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
@@ -401,14 +388,6 @@ class StateStore:
         changed = [(*row(k), _checked(model, doc, self.path, what)) for k, doc in new.items() if old.get(k) != doc]
         marks = ", ".join("?" * (len(columns) + 1))
         db.executemany(_UPSERT_JOB if table == "jobs" else f"INSERT OR REPLACE INTO {table} VALUES ({marks})", changed)
-
-    def _copy(self, state: State) -> State | None:
-        """``state`` as read, for ``on_commit`` (None: nobody listens)."""
-        return state.model_copy(deep=True) if self.on_commit is not None else None
-
-    def _notify(self, before: State | None, after: State) -> None:
-        if self.on_commit is not None and before is not None:
-            self.on_commit(before, after)
 
 
 def _host_text(rows: dict[str, Rows]) -> str:
