@@ -358,16 +358,6 @@ class State(_Model):
         return self.hosts.setdefault(name, HostState())
 
 
-class SeenRecord(_Model):
-    """When a host was last seen, its checkout as then read and the machine it was (``facts.machine``):
-    what every ``orch status`` writes, a table of its own (``HostState``'s ``last_seen``, ``sglang`` and
-    ``machine``)."""
-
-    last_seen: UtcDateTime | None = None
-    sglang: SGLangInfo | None = None
-    machine: Machine | None = None
-
-
 def summarize(exc: ValidationError, limit: int = 3) -> str:
     """The first few validation errors as ``location: message`` (never the values: they may be secret)."""
     parts = [f"{'.'.join(map(str, err['loc'])) or '(top)'}: {err['msg']}" for err in exc.errors()[:limit]]

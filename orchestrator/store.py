@@ -35,7 +35,6 @@ from orchestrator.state import (
     JobRecord,
     PhaseChange,
     RolloutRecord,
-    SeenRecord,
     State,
     summarize,
 )
@@ -60,14 +59,15 @@ insertion); ``jobs.running`` lets a read without history take the running jobs a
 
 _HOST_TABLES: dict[str, tuple[type[BaseModel], str | None]] = {
     "hosts": (HostState, None),
-    "seen": (SeenRecord, None),
+    "seen": (HostState, None),
     "jobs": (JobRecord, "id"),
     "phase_changes": (PhaseChange, "seq"),
     "benchmarks": (BenchRecord, "seq"),
 }
 """A host's tables: the model of their documents, and the column telling a host's rows apart (None: one row)."""
 _LISTS = {"phase_changes": "history", "benchmarks": "benchmarks"}  # table -> HostState's list
-_SEEN_FIELDS = ("last_seen", "sglang", "machine")
+_SEEN_FIELDS = {"last_seen", "sglang", "machine"}
+"""A host's ``seen`` row: a ``HostState`` of these fields alone (what every ``orch status`` writes)."""
 _OWN_FIELDS = frozenset(("jobs", "history", "benchmarks", *_SEEN_FIELDS))
 """``HostState``'s fields kept out of its ``hosts`` row (they have tables of their own)."""
 _UPSERT_JOB = """INSERT INTO jobs VALUES (?1, ?2, json_extract(?3, '$.state') = 'running', ?3)
@@ -195,17 +195,16 @@ class StateStore:
             known = dict(db.execute(f"SELECT host, doc FROM seen WHERE host IN ({marks})", names))
             state = State.model_construct(hosts={}, tuning_plans={}, rollout=None)
             for name in names:
-                seen = _parse(SeenRecord, known[name], self.path, f"seen {name!r}") if name in known else SeenRecord()
-                state.hosts[name] = HostState(**{k: getattr(seen, k) for k in _SEEN_FIELDS})
+                state.hosts[name] = _parse(HostState, known.get(name, "{}"), self.path, f"seen {name!r}")
             yield state
             written = []
             for name in names:
                 hs = state.hosts[name]
                 if {k: v for k, v in hs.__dict__.items() if k not in _SEEN_FIELDS} != _EMPTY_HOST:
                     raise RuntimeError("update_hosts(seen=True) changes last_seen, sglang and machine alone")
-                doc = SeenRecord(**{k: getattr(hs, k) for k in _SEEN_FIELDS}).model_dump_json(warnings=False)
+                doc = hs.model_dump_json(include=_SEEN_FIELDS, warnings=False)
                 if doc != known.get(name):
-                    written.append((name, doc))
+                    written.append((name, _checked(HostState, doc, self.path, f"seen {name!r}")))
             db.executemany("INSERT OR REPLACE INTO seen VALUES (?, ?)", written)
             db.executemany("INSERT OR IGNORE INTO hosts VALUES (?, ?)", [(name, _NEW_HOST) for name in names])
 
@@ -359,10 +358,10 @@ class StateStore:
     def _save_host(self, db: sqlite3.Connection, name: str, hs: HostState, old: dict[str, Rows]) -> None:
         """Host ``name``'s rows that differ from ``old`` (its rows as read): its document, seen record,
         jobs and lists."""
-        seen = SeenRecord.model_construct(**{k: getattr(hs, k) for k in _SEEN_FIELDS})
+        seen = hs.model_dump_json(include=_SEEN_FIELDS, warnings=False)
         new: dict[str, Rows] = {
             "hosts": {"": hs.model_dump_json(exclude=set(_OWN_FIELDS), warnings=False)},
-            "seen": {"": seen.model_dump_json(warnings=False)} if any(getattr(hs, k) for k in _SEEN_FIELDS) else {},
+            "seen": {"": seen} if any(getattr(hs, k) for k in _SEEN_FIELDS) else {},
             "jobs": {i: job.model_dump_json(warnings=False) for i, job in hs.jobs.items()},
         }
         for table, list_field in _LISTS.items():
