@@ -1,12 +1,9 @@
 """orch's state store: one SQLite database of ``orchestrator.state``'s pydantic documents, a table per concern
 (``SCHEMA``; docs/state.md), each row validated on write and on read. Nothing outside this module touches SQL.
 
-Its public methods: ``read`` (some or all hosts, with or without their history), ``update_host`` (one host),
-``update_hosts`` (a group of hosts and the plans; ``seen=True``: their seen rows alone, what status writes),
-``update`` (the fleet) and ``check_writable``. Every write is a ``BEGIN IMMEDIATE`` transaction in WAL mode
-(one writer at a time, waiting ``lock_timeout``); a database busy past it, corrupt, or of a newer schema is a
-``StateError`` (exit 4) naming the file, never reset. An older orch's state is migrated once
-(``state_migration``) in the transaction that creates the database.
+Every write is a ``BEGIN IMMEDIATE`` transaction in WAL mode (one writer at a time, waiting ``lock_timeout``); a
+database busy past it, corrupt, or of a newer schema is a ``StateError`` (exit 4) naming the file, never reset.
+An older orch's state is migrated once (``state_migration``) in the transaction that creates the database.
 """
 
 from __future__ import annotations
@@ -218,8 +215,7 @@ class StateStore:
     # -- the connection
 
     def _db(self) -> sqlite3.Connection:
-        """This thread's connection (autocommit: every transaction is begun and ended here); the first one
-        opens the database (``_open``)."""
+        """This thread's connection (``_connect``); the first one opens the database (``_open``)."""
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
             with self._opening:
@@ -333,14 +329,9 @@ class StateStore:
             db.execute(f"SELECT id, doc FROM tuning_plans{of_hosts} ORDER BY rowid", named if of_hosts else ())
         )
         old.rollout = dict(db.execute("SELECT id, doc FROM rollout"))
-        plans: Mapping[str, PlanRecord] = _Plans(old.plans, self.path)
-        state = State.model_construct(
-            schema_version=SCHEMA_VERSION,
-            hosts=hosts,
-            tuning_plans=dict(plans) if history else plans,  # type: ignore[arg-type]  # read-only: never saved
-            rollout=_parse(RolloutRecord, old.rollout[1], self.path, "rollout") if old.rollout else None,
-        )
-        return state, old
+        plans: Any = _Plans(old.plans, self.path)  # a read without history: a read-only mapping, never saved
+        rollout = _parse(RolloutRecord, old.rollout[1], self.path, "rollout") if old.rollout else None
+        return State.model_construct(hosts=hosts, tuning_plans=dict(plans) if history else plans, rollout=rollout), old
 
     def _save(self, db: sqlite3.Connection, state: State, old: _Read) -> None:
         """Write what changed of ``state`` since ``old`` was read: each host, the plans and the rollout, and
