@@ -236,32 +236,29 @@ class StateStore:
         """Create the database (0600, its directory 0700) when missing, and check or create its schema:
         an older orch's state found beside it is migrated in the transaction that creates the tables."""
         _private_file(self.path)
-        with contextlib.closing(self._connect()) as db:
-            with self._errors():
-                version = db.execute("PRAGMA user_version").fetchone()[0]
-                if version == 0:
-                    db.execute("BEGIN IMMEDIATE")
-                    version = db.execute("PRAGMA user_version").fetchone()[0]
+        with contextlib.closing(self._connect()) as db, self._errors():
+            if db.execute("PRAGMA user_version").fetchone()[0] == 0:  # new: created once, under the write lock
+                db.execute("BEGIN IMMEDIATE")
+                self._create(db)
+            version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StateError(
                     f"state database {self.path} has schema version {version}; this orch reads {SCHEMA_VERSION}",
                     hint="a newer orch wrote it: use that orch (orch never resets it)",
                 )
-            if db.in_transaction and version == 0:
-                self._create(db)
-            elif db.in_transaction:
-                db.execute("COMMIT")
 
     def _create(self, db: sqlite3.Connection) -> None:
-        """The tables, and what an older orch's state beside the database holds, in one transaction."""
-        legacy = legacy_path(self.path)
-        with self._errors(), db:
-            for table in filter(str.strip, SCHEMA.split(";")):
-                db.execute(table)
-            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            migrated = state_migration.read_legacy(legacy) if legacy.exists() else None
-            if migrated is not None:
-                self._save(db, migrated, _Read())
+        """In the transaction begun, unless another orch created them meanwhile: the tables, and what an older
+        orch's state beside the database holds (kept, renamed, once the transaction is committed)."""
+        legacy, migrated = legacy_path(self.path), None
+        with db:
+            if db.execute("PRAGMA user_version").fetchone()[0] == 0:
+                for table in filter(str.strip, SCHEMA.split(";")):
+                    db.execute(table)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                migrated = state_migration.read_legacy(legacy) if legacy.exists() else None
+                if migrated is not None:
+                    self._save(db, migrated, _Read())
         if migrated is not None:
             kept = state_migration.keep(legacy)
             log.warning("state %s migrated into the database %s; the old state is kept as %s", legacy, self.path, kept)
