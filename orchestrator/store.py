@@ -65,11 +65,11 @@ _HOST_TABLES: dict[str, tuple[type[BaseModel], str | None]] = {
 _LISTS = {"phase_changes": "history", "benchmarks": "benchmarks"}  # table -> HostState's list
 _SEEN_FIELDS = {"last_seen", "sglang", "machine"}
 """A host's ``seen`` row: a ``HostState`` of these fields alone (what every ``orch status`` writes)."""
-_OWN_FIELDS = frozenset(("jobs", "history", "benchmarks", *_SEEN_FIELDS))
+_OWN_FIELDS = {"jobs", "history", "benchmarks", *_SEEN_FIELDS}
 """``HostState``'s fields kept out of its ``hosts`` row (they have tables of their own)."""
 _UPSERT_JOB = """INSERT INTO jobs VALUES (?1, ?2, json_extract(?3, '$.state') = 'running', ?3)
 ON CONFLICT (host, id) DO UPDATE SET running = excluded.running, doc = excluded.doc"""
-_NEW_HOST = HostState().model_dump_json(exclude=set(_OWN_FIELDS))
+_NEW_HOST = HostState().model_dump_json(exclude=_OWN_FIELDS)
 _EMPTY_HOST = {k: v for k, v in HostState().__dict__.items() if k not in _SEEN_FIELDS}
 
 Rows = dict[Any, str]
@@ -348,7 +348,7 @@ class StateStore:
         jobs and lists."""
         seen = hs.model_dump_json(include=_SEEN_FIELDS, warnings=False)
         new: dict[str, Rows] = {
-            "hosts": {"": hs.model_dump_json(exclude=set(_OWN_FIELDS), warnings=False)},
+            "hosts": {"": hs.model_dump_json(exclude=_OWN_FIELDS, warnings=False)},
             "seen": {"": seen} if any(getattr(hs, k) for k in _SEEN_FIELDS) else {},
             "jobs": {i: job.model_dump_json(warnings=False) for i, job in hs.jobs.items()},
         }
