@@ -154,19 +154,13 @@ class StateStore:
         with self.update_hosts([name]) as state:
             return fn(state.host(name))
 
-    @contextlib.contextmanager
-    def update_hosts(self, names: Iterable[str], *, seen: bool = False) -> Iterator[State]:
+    def update_hosts(self, names: Iterable[str], *, seen: bool = False) -> contextlib.AbstractContextManager[State]:
         """A transaction over hosts ``names`` and the fleet-level documents (a tuning group): the state
         yielded has those of ``names`` the store has (``state.host(name)`` adds another of them); changing
         which other hosts there are is a bug (``RuntimeError``). ``seen``: over their ``seen`` rows alone
         (what every ``orch status`` writes): each of ``names`` is yielded (a new one is created) holding its
         ``last_seen``, ``sglang`` and ``machine``, and changing anything else is a bug."""
-        if seen:
-            with self._update_seen(list(dict.fromkeys(names))) as state:
-                yield state
-        else:
-            with self._update(set(names)) as state:
-                yield state
+        return self._update_seen(list(dict.fromkeys(names))) if seen else self._update(set(names))
 
     def update(self) -> contextlib.AbstractContextManager[State]:
         """A transaction over the whole state (any host, the plans, the rollout): a host dropped from
