@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 
 def _refuse_secrets(value: T, info: ValidationInfo) -> T:
-    if isinstance(info.context, dict) and info.context.get(_TRUSTED):
+    if info.context is READ_BACK:
         return value
     marker = find_secret(value.model_dump(mode="json") if isinstance(value, BaseModel) else value)
     if marker:
@@ -42,10 +42,9 @@ def _refuse_secrets(value: T, info: ValidationInfo) -> T:
     return value
 
 
-_TRUSTED = "orch wrote it"
-"""Validation context key of a document orch reads back: it was checked for secrets when written (every
-write validates what it writes), so reading it does not search every job's argv and metadata again."""
-READ_BACK = {_TRUSTED: True}
+READ_BACK = {"orch wrote it": True}
+"""Validation context of a document orch reads back: it was checked for secrets when written (every write
+validates what it writes), so reading it does not search every job's argv and metadata again."""
 
 NoSecrets = AfterValidator(_refuse_secrets)
 
@@ -211,12 +210,8 @@ _LAUNCHED_FROM = (Phase.SERVING, Phase.LAUNCHING, Phase.FAILED)
 
 class HostState(_Model):
     """Everything orch remembers about one host. ``tuning`` (plan, progress, installed shapes) belongs
-    to the tuning modules.
-
-    The phase machine lives here: each event is a method (``pulled``, ``tuning_started``, ``tuned``,
-    ``nothing_to_tune``, ``tuning_failed``, ``server_launching``, ``server_verified``, ``server_rolled_back``,
-    ``server_stopped``, ``server_failed``) that changes the phase and the fields that go with it, built
-    on ``set_phase``; ``tests/unit/test_state_phases.py`` is its table.
+    to the tuning modules. The phase machine lives here: each event is a method (below) that changes the
+    phase, through ``set_phase``, and the fields that go with it; ``tests/unit/test_state_phases.py`` is its table.
     """
 
     phase: Phase = Phase.NEW
@@ -334,8 +329,7 @@ class RolloutRecord(_Model):
     """The last ``orch serve --rolling`` (issue 12): its waves as planned, each host's outcome as it
     happened (``removed`` while out of the gateway; then relaunched, unchanged, rolled back or failed),
     and why it halted. ``ended_at`` None: interrupted; the same command resumes it. ``gates``: the
-    promotion gate's decision per canary host (``--gate bench``; a field added with a default, so files
-    written before it read as they are: no schema_version change)."""
+    promotion gate's decision per canary host (``--gate bench``)."""
 
     started_at: UtcDateTime = Field(default_factory=utc_now)
     ended_at: UtcDateTime | None = None
@@ -356,16 +350,6 @@ class State(_Model):
     def host(self, name: str) -> HostState:
         """The state of host ``name``, created (phase ``new``) on first use."""
         return self.hosts.setdefault(name, HostState())
-
-
-class SeenRecord(_Model):
-    """When a host was last seen, its checkout as then read and the machine it was (``facts.machine``):
-    what every ``orch status`` writes, a table of its own (``HostState``'s ``last_seen``, ``sglang`` and
-    ``machine``)."""
-
-    last_seen: UtcDateTime | None = None
-    sglang: SGLangInfo | None = None
-    machine: Machine | None = None
 
 
 def summarize(exc: ValidationError, limit: int = 3) -> str:

@@ -1,12 +1,9 @@
 """orch's state store: one SQLite database of ``orchestrator.state``'s pydantic documents, a table per concern
 (``SCHEMA``; docs/state.md), each row validated on write and on read. Nothing outside this module touches SQL.
 
-Its public methods: ``read`` (some or all hosts, with or without their history), ``update_host`` (one host),
-``update_hosts`` (a group of hosts and the plans; ``seen=True``: their seen rows alone, what status writes),
-``update`` (the fleet) and ``check_writable``. Every write is a ``BEGIN IMMEDIATE`` transaction in WAL mode
-(one writer at a time, waiting ``lock_timeout``); a database busy past it, corrupt, or of a newer schema is a
-``StateError`` (exit 4) naming the file, never reset. An older orch's state is migrated once
-(``state_migration``) in the transaction that creates the database.
+Every write is a ``BEGIN IMMEDIATE`` transaction in WAL mode (one writer at a time, waiting ``lock_timeout``); a
+database busy past it, corrupt, or of a newer schema is a ``StateError`` (exit 4) naming the file, never reset.
+An older orch's state is migrated once (``state_migration``) in the transaction that creates the database.
 """
 
 from __future__ import annotations
@@ -35,7 +32,6 @@ from orchestrator.state import (
     JobRecord,
     PhaseChange,
     RolloutRecord,
-    SeenRecord,
     State,
     summarize,
 )
@@ -60,19 +56,20 @@ insertion); ``jobs.running`` lets a read without history take the running jobs a
 
 _HOST_TABLES: dict[str, tuple[type[BaseModel], str | None]] = {
     "hosts": (HostState, None),
-    "seen": (SeenRecord, None),
+    "seen": (HostState, None),
     "jobs": (JobRecord, "id"),
     "phase_changes": (PhaseChange, "seq"),
     "benchmarks": (BenchRecord, "seq"),
 }
 """A host's tables: the model of their documents, and the column telling a host's rows apart (None: one row)."""
 _LISTS = {"phase_changes": "history", "benchmarks": "benchmarks"}  # table -> HostState's list
-_SEEN_FIELDS = ("last_seen", "sglang", "machine")
-_OWN_FIELDS = frozenset(("jobs", "history", "benchmarks", *_SEEN_FIELDS))
+_SEEN_FIELDS = {"last_seen", "sglang", "machine"}
+"""A host's ``seen`` row: a ``HostState`` of these fields alone (what every ``orch status`` writes)."""
+_OWN_FIELDS = {"jobs", "history", "benchmarks", *_SEEN_FIELDS}
 """``HostState``'s fields kept out of its ``hosts`` row (they have tables of their own)."""
 _UPSERT_JOB = """INSERT INTO jobs VALUES (?1, ?2, json_extract(?3, '$.state') = 'running', ?3)
 ON CONFLICT (host, id) DO UPDATE SET running = excluded.running, doc = excluded.doc"""
-_NEW_HOST = HostState().model_dump_json(exclude=set(_OWN_FIELDS))
+_NEW_HOST = HostState().model_dump_json(exclude=_OWN_FIELDS)
 _EMPTY_HOST = {k: v for k, v in HostState().__dict__.items() if k not in _SEEN_FIELDS}
 
 Rows = dict[Any, str]
@@ -146,10 +143,8 @@ class StateStore:
             if db.in_transaction:  # inside this thread's transaction: what the database holds, as it began
                 return self._read(db, wanted, history)[0]
             db.execute("BEGIN")
-            try:
+            with db:  # the connection's context manager: COMMIT, or ROLLBACK when the block raises
                 return self._read(db, wanted, history)[0]
-            finally:
-                db.execute("COMMIT")
 
     # -- transactions
 
@@ -159,19 +154,13 @@ class StateStore:
         with self.update_hosts([name]) as state:
             return fn(state.host(name))
 
-    @contextlib.contextmanager
-    def update_hosts(self, names: Iterable[str], *, seen: bool = False) -> Iterator[State]:
+    def update_hosts(self, names: Iterable[str], *, seen: bool = False) -> contextlib.AbstractContextManager[State]:
         """A transaction over hosts ``names`` and the fleet-level documents (a tuning group): the state
         yielded has those of ``names`` the store has (``state.host(name)`` adds another of them); changing
         which other hosts there are is a bug (``RuntimeError``). ``seen``: over their ``seen`` rows alone
         (what every ``orch status`` writes): each of ``names`` is yielded (a new one is created) holding its
         ``last_seen``, ``sglang`` and ``machine``, and changing anything else is a bug."""
-        if seen:
-            with self._update_seen(list(dict.fromkeys(names))) as state:
-                yield state
-        else:
-            with self._update(set(names)) as state:
-                yield state
+        return self._update_seen(list(dict.fromkeys(names))) if seen else self._update(set(names))
 
     def update(self) -> contextlib.AbstractContextManager[State]:
         """A transaction over the whole state (any host, the plans, the rollout): a host dropped from
@@ -182,12 +171,13 @@ class StateStore:
     def _update(self, wanted: set[str] | None) -> Iterator[State]:
         with self._transaction() as db:
             state, old = self._read(db, None if wanted is None else sorted(wanted), history=True)
-            before = self._copy(state)
+            before = state.model_copy(deep=True) if self.on_commit is not None else None
             yield state
             if wanted is not None and not old.hosts.keys() <= state.hosts.keys() <= wanted:
                 raise RuntimeError("update_hosts() changes the hosts it was given, never which hosts there are")
             self._save(db, state, old)
-        self._notify(before, state)
+        if self.on_commit is not None and before is not None:
+            self.on_commit(before, state)
 
     @contextlib.contextmanager
     def _update_seen(self, names: list[str]) -> Iterator[State]:
@@ -196,17 +186,16 @@ class StateStore:
             known = dict(db.execute(f"SELECT host, doc FROM seen WHERE host IN ({marks})", names))
             state = State.model_construct(hosts={}, tuning_plans={}, rollout=None)
             for name in names:
-                seen = _parse(SeenRecord, known[name], self.path, f"seen {name!r}") if name in known else SeenRecord()
-                state.hosts[name] = HostState(**{k: getattr(seen, k) for k in _SEEN_FIELDS})
+                state.hosts[name] = _parse(HostState, known.get(name, "{}"), self.path, f"seen {name!r}")
             yield state
             written = []
             for name in names:
                 hs = state.hosts[name]
                 if {k: v for k, v in hs.__dict__.items() if k not in _SEEN_FIELDS} != _EMPTY_HOST:
                     raise RuntimeError("update_hosts(seen=True) changes last_seen, sglang and machine alone")
-                doc = SeenRecord(**{k: getattr(hs, k) for k in _SEEN_FIELDS}).model_dump_json(warnings=False)
+                doc = hs.model_dump_json(include=_SEEN_FIELDS, warnings=False)
                 if doc != known.get(name):
-                    written.append((name, doc))
+                    written.append((name, _checked(HostState, doc, self.path, f"seen {name!r}")))
             db.executemany("INSERT OR REPLACE INTO seen VALUES (?, ?)", written)
             db.executemany("INSERT OR IGNORE INTO hosts VALUES (?, ?)", [(name, _NEW_HOST) for name in names])
 
@@ -220,8 +209,7 @@ class StateStore:
     # -- the connection
 
     def _db(self) -> sqlite3.Connection:
-        """This thread's connection (autocommit: every transaction is begun and ended here); the first one
-        opens the database (``_open``)."""
+        """This thread's connection (``_connect``); the first one opens the database (``_open``)."""
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
             with self._opening:
@@ -242,37 +230,29 @@ class StateStore:
         """Create the database (0600, its directory 0700) when missing, and check or create its schema:
         an older orch's state found beside it is migrated in the transaction that creates the tables."""
         _private_file(self.path)
-        with contextlib.closing(self._connect()) as db:
-            with self._errors():
-                version = db.execute("PRAGMA user_version").fetchone()[0]
-                if version == 0:
-                    db.execute("BEGIN IMMEDIATE")
-                    version = db.execute("PRAGMA user_version").fetchone()[0]
+        with contextlib.closing(self._connect()) as db, self._errors():
+            if db.execute("PRAGMA user_version").fetchone()[0] == 0:  # new: created once, under the write lock
+                db.execute("BEGIN IMMEDIATE")
+                self._create(db)
+            version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StateError(
                     f"state database {self.path} has schema version {version}; this orch reads {SCHEMA_VERSION}",
                     hint="a newer orch wrote it: use that orch (orch never resets it)",
                 )
-            if db.in_transaction and version == 0:
-                self._create(db)
-            elif db.in_transaction:
-                db.execute("COMMIT")
 
     def _create(self, db: sqlite3.Connection) -> None:
-        """The tables, and what an older orch's state beside the database holds, in one transaction."""
-        legacy = legacy_path(self.path)
-        try:
-            with self._errors():
+        """In the transaction begun, unless another orch created them meanwhile: the tables, and what an older
+        orch's state beside the database holds (kept, renamed, once the transaction is committed)."""
+        legacy, migrated = legacy_path(self.path), None
+        with db:
+            if db.execute("PRAGMA user_version").fetchone()[0] == 0:
                 for table in filter(str.strip, SCHEMA.split(";")):
                     db.execute(table)
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 migrated = state_migration.read_legacy(legacy) if legacy.exists() else None
                 if migrated is not None:
                     self._save(db, migrated, _Read())
-                db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         if migrated is not None:
             kept = state_migration.keep(legacy)
             log.warning("state %s migrated into the database %s; the old state is kept as %s", legacy, self.path, kept)
@@ -286,15 +266,8 @@ class StateStore:
             raise RuntimeError("StateStore transactions are not reentrant: finish the outer transaction first")
         with self._errors():
             db.execute("BEGIN IMMEDIATE")
-        try:
-            with self._errors():
+            with db:
                 yield db
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("ROLLBACK")
-            raise
-        with self._errors():
-            db.execute("COMMIT")
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
@@ -347,14 +320,9 @@ class StateStore:
             db.execute(f"SELECT id, doc FROM tuning_plans{of_hosts} ORDER BY rowid", named if of_hosts else ())
         )
         old.rollout = dict(db.execute("SELECT id, doc FROM rollout"))
-        plans: Mapping[str, PlanRecord] = _Plans(old.plans, self.path)
-        state = State.model_construct(
-            schema_version=SCHEMA_VERSION,
-            hosts=hosts,
-            tuning_plans=dict(plans) if history else plans,  # type: ignore[arg-type]  # read-only: never saved
-            rollout=_parse(RolloutRecord, old.rollout[1], self.path, "rollout") if old.rollout else None,
-        )
-        return state, old
+        plans: Any = _Plans(old.plans, self.path)  # a read without history: a read-only mapping, never saved
+        rollout = _parse(RolloutRecord, old.rollout[1], self.path, "rollout") if old.rollout else None
+        return State.model_construct(hosts=hosts, tuning_plans=dict(plans) if history else plans, rollout=rollout), old
 
     def _save(self, db: sqlite3.Connection, state: State, old: _Read) -> None:
         """Write what changed of ``state`` since ``old`` was read: each host, the plans and the rollout, and
@@ -372,10 +340,10 @@ class StateStore:
     def _save_host(self, db: sqlite3.Connection, name: str, hs: HostState, old: dict[str, Rows]) -> None:
         """Host ``name``'s rows that differ from ``old`` (its rows as read): its document, seen record,
         jobs and lists."""
-        seen = SeenRecord.model_construct(**{k: getattr(hs, k) for k in _SEEN_FIELDS})
+        seen = hs.model_dump_json(include=_SEEN_FIELDS, warnings=False)
         new: dict[str, Rows] = {
-            "hosts": {"": hs.model_dump_json(exclude=set(_OWN_FIELDS), warnings=False)},
-            "seen": {"": seen.model_dump_json(warnings=False)} if any(getattr(hs, k) for k in _SEEN_FIELDS) else {},
+            "hosts": {"": hs.model_dump_json(exclude=_OWN_FIELDS, warnings=False)},
+            "seen": {"": seen} if any(getattr(hs, k) for k in _SEEN_FIELDS) else {},
             "jobs": {i: job.model_dump_json(warnings=False) for i, job in hs.jobs.items()},
         }
         for table, list_field in _LISTS.items():
@@ -401,14 +369,6 @@ class StateStore:
         changed = [(*row(k), _checked(model, doc, self.path, what)) for k, doc in new.items() if old.get(k) != doc]
         marks = ", ".join("?" * (len(columns) + 1))
         db.executemany(_UPSERT_JOB if table == "jobs" else f"INSERT OR REPLACE INTO {table} VALUES ({marks})", changed)
-
-    def _copy(self, state: State) -> State | None:
-        """``state`` as read, for ``on_commit`` (None: nobody listens)."""
-        return state.model_copy(deep=True) if self.on_commit is not None else None
-
-    def _notify(self, before: State | None, after: State) -> None:
-        if self.on_commit is not None and before is not None:
-            self.on_commit(before, after)
 
 
 def _host_text(rows: dict[str, Rows]) -> str:

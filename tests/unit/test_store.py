@@ -102,7 +102,7 @@ def test_each_concern_is_a_table_of_documents(store: StateStore, db: Path) -> No
 def test_timestamps_are_written_as_iso_utc(store: StateStore, db: Path) -> None:
     paris = timezone(timedelta(hours=1))
     store.update_host("h", lambda hs: setattr(hs, "last_seen", datetime(2025, 1, 2, 4, 4, 5, tzinfo=paris)))
-    assert rows(db, "SELECT doc FROM seen") == [('{"last_seen":"2025-01-02T03:04:05Z","sglang":null,"machine":null}',)]
+    assert rows(db, "SELECT doc FROM seen") == [('{"sglang":null,"last_seen":"2025-01-02T03:04:05Z","machine":null}',)]
     assert store.read().hosts["h"].last_seen == T0
 
 
