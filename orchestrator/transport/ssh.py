@@ -583,7 +583,12 @@ class _Reader(threading.Thread):
 
 
 class SSHRunner(RunnerBase):
-    """A ``Runner`` over one SSH connection (opened on first use)."""
+    """A ``Runner`` over one SSH connection (opened on first use), shared by the threads of the invocation
+    (a replica group's rank 0 reads its other hosts while their own threads read them: ``orch run``'s
+    question before serving). Commands run side by side, each on a channel of its own; connecting is one
+    thread at a time (one connection, not one per thread); file transfers are one at a time, because
+    paramiko's ``SFTPClient`` is not thread-safe: two threads waiting on it at once can each take the
+    other's reply, and the one whose reply was taken waits for ever (an ``orch run`` hung so)."""
 
     def __init__(self, host: Host, options: ConnectOptions) -> None:
         self.host = host.name
@@ -594,11 +599,17 @@ class SSHRunner(RunnerBase):
         self._sftp: paramiko.SFTPClient | None = None
         self._refused: HostKeyError | None = None  # a host key refused in this invocation
         self._route: Route | None = None  # resolved on first connect (the ssh config is read then)
+        self._connecting = threading.RLock()  # held to connect or close (taken after _transferring, if both)
+        self._transferring = threading.Lock()  # held for each SFTP transfer, start to end
 
     # -- connection -----------------------------------------------------------------------------
     def connect(self) -> _Connection:
         """The open connection, or a new one. A host key refused once is refused for the rest of the
         invocation without connecting again: a changed key is not a transient drop to retry."""
+        with self._connecting:
+            return self._connect()
+
+    def _connect(self) -> _Connection:
         if self._conn is not None and self._conn.is_connected:
             return self._conn
         if self._refused is not None:
@@ -644,19 +655,21 @@ class SSHRunner(RunnerBase):
         return _changed_key(self._spec, self._spec, str(target), exc)
 
     def close(self) -> None:
-        if self._sftp is not None:
-            self._sftp.close()
-            self._sftp = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        with self._connecting:
+            if self._sftp is not None:
+                self._sftp.close()
+                self._sftp = None
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def _drop(self) -> None:
         """Forget a broken connection; the next call reconnects."""
-        try:
-            self.close()
-        except Exception:  # closing a dead transport may raise anything; it is gone either way
-            self._conn, self._sftp = None, None
+        with self._connecting:
+            try:
+                self.close()
+            except Exception:  # closing a dead transport may raise anything; it is gone either way
+                self._conn, self._sftp = None, None
 
     # -- commands -------------------------------------------------------------------------------
     def _execute(
@@ -683,11 +696,16 @@ class SSHRunner(RunnerBase):
 
     # -- files ----------------------------------------------------------------------------------
     def _sftp_client(self) -> paramiko.SFTPClient:
+        """The connection's SFTP session (opened on first use); the caller holds ``_transferring``."""
         if self._sftp is None:
             self._sftp = self.connect().client.open_sftp()
         return self._sftp
 
     def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        with self._transferring:
+            return self._read_bytes(path, offset, length)
+
+    def _read_bytes(self, path: str, offset: int, length: int | None) -> bytes:
         try:
             with self._sftp_client().open(path, "rb") as fh:
                 fh.seek(offset)
@@ -705,6 +723,10 @@ class SSHRunner(RunnerBase):
         (paramiko: an ``OSError`` without errno, "Failure") on a live connection is the host refusing the
         write, a full disk or a read-only file system: a ``HostError`` at once, never a lost connection
         to retry (each retry used to leave another empty temporary file in SGLang's config directory)."""
+        with self._transferring:
+            self._write_bytes(path, data, mode)
+
+    def _write_bytes(self, path: str, data: bytes, mode: int) -> None:
         tmp = f"{path}.orch-tmp-{uuid.uuid4().hex[:8]}"
         sftp: paramiko.SFTPClient | None = None
         try:

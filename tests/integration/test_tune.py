@@ -235,7 +235,9 @@ def test_a_failing_tuner_fails_the_host_with_the_log_tail_and_installs_nothing(
 
 
 def test_jobs_killed_as_by_a_reboot_are_lost(tune_fleet: Callable[..., FleetEnv]) -> None:
-    env = tune_fleet(1, seconds_per_unit=1.0)
+    # Jobs that run for the whole test: at 1 s a unit, a GPU's job (4 units, or fewer) could end before the
+    # kill on a loaded machine, and killpg of an ended job raised ProcessLookupError.
+    env = tune_fleet(1, seconds_per_unit=600.0)
     host = env.fleet.hosts[0]  # type: ignore[attr-defined]
     assert env.orch("tune-fp8", *SMALL).returncode == 0
     for job in job_dirs(host):
