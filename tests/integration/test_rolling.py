@@ -312,10 +312,19 @@ def gate_playbook(tmp_path: Path, name: str, max_running: int) -> str:
     return playbook(tmp_path, name, server_args={"max-running-requests": max_running}, bench=GATE_BENCH)
 
 
+def gate_steps(env: FleetEnv) -> None:
+    """sim-1's servers launched from now on take 10 ms per simulated decode step (the fleet's 2 ms step is
+    close to the Python overhead of a step on a loaded 2-core machine, which made one max-running-requests
+    worth about as much as 64): a gate compares two runs' tok/s, so their gap must be the model's, about 3x
+    at GATE_BENCH's concurrency 4. ``gateway_fleet`` puts the knob back before the next test."""
+    env.fleet.hosts[0].set_knobs(decode_step_seconds=0.01)  # type: ignore[attr-defined]
+
+
 def test_gate_bench_passes_a_canary_faster_than_its_baseline_and_records_the_decision(
     gateway_fleet: GatewayFleet, tmp_path: Path
 ) -> None:
     env = gateway_fleet.env
+    gate_steps(env)
     slow, new = gate_playbook(tmp_path, "slow", 1), gate_playbook(tmp_path, "new", 64)
     before = env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", slow)  # the baseline's config
     assert before.returncode == 0, before.output
@@ -343,6 +352,7 @@ def test_gate_bench_fails_a_canary_slower_than_its_baseline_rolls_it_back_and_ha
     gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, ClientLoad]]
 ) -> None:
     env = gateway_fleet.env
+    gate_steps(env)
     new = gate_playbook(tmp_path, "new", 1)  # slower than what sim-1 serves now
     baseline = env.orch("bench", "--host", "sim-1", "--playbook", new, "--label", "before")
     assert baseline.returncode == 0, baseline.output
@@ -390,6 +400,7 @@ def test_gate_bench_resumed_gates_the_canary_an_interrupted_rollout_left_out_bef
     gateway_fleet: GatewayFleet, tmp_path: Path
 ) -> None:
     env, client = gateway_fleet.env, gateway_fleet.client
+    gate_steps(env)
     slow, new = gate_playbook(tmp_path, "slow", 1), gate_playbook(tmp_path, "new", 64)
     assert env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", slow).returncode == 0
     assert env.orch("bench", "--host", "sim-1", "--playbook", slow, "--label", "before-slow").returncode == 0
@@ -417,6 +428,7 @@ def test_gate_bench_resumed_on_a_canary_still_registered_takes_the_gateway_s_409
     registered: resumed, its gate passes and ``POST /workers`` answers smg's 409 ``WORKER_ALREADY_EXISTS``,
     which is "already registered", not a failure (it halted the rollout with exit 3 before)."""
     env, client = gateway_fleet.env, gateway_fleet.client
+    gate_steps(env)
     slow, new = gate_playbook(tmp_path, "slow", 1), gate_playbook(tmp_path, "new", 64)
     assert env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", slow).returncode == 0
     assert env.orch("bench", "--host", "sim-1", "--playbook", slow, "--label", "before-slow").returncode == 0
@@ -493,7 +505,7 @@ def test_status_has_a_gateway_column_from_one_workers_call_and_says_when_the_gat
     doc = json.loads(env.orch("status", "--json").stdout)
     assert doc["gateway"] == {"url": gateway_fleet.smg.gateway.url, "reachable": True, "error": None,
                               "not_in_inventory": []}  # fmt: skip
-    healthy = {"reachable": True, "registered": True, "healthy": True, "load": 0, "flag": None}
+    healthy = {"reachable": True, "registered": True, "healthy": True, "load": 0, "flag": None, "rank": None}
     assert [(h["name"], h["gateway"]) for h in doc["hosts"]] == [(f"sim-{i}", healthy) for i in (1, 2, 3)]
     sim3 = gateway_fleet.urls()[2]
     client.remove(sim3)
@@ -554,6 +566,7 @@ def test_rolling_run_with_gate_bench_promotes_a_canary_faster_than_its_baseline(
     gateway_fleet: GatewayFleet, tmp_path: Path
 ) -> None:
     env = gateway_fleet.env
+    gate_steps(env)
     slow = gate_playbook(tmp_path, "slow", 1)
     assert env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", slow).returncode == 0
     assert env.orch("bench", "--host", "sim-1", "--playbook", slow, "--label", "before-slow").returncode == 0
