@@ -15,6 +15,7 @@ import pytest
 
 from orchestrator.inventory import Host, load_inventory
 from orchestrator.store import StateStore, database_path
+from tests.conftest import run_orch
 
 SMALL = ("--num-prompts", "6", "--input-len", "32", "--output-len", "64", "--max-concurrency", "3")
 SLOW = ("--num-prompts", "12", "--input-len", "32", "--output-len", "256", "--max-concurrency", "2")
@@ -91,7 +92,8 @@ def test_pull_that_cannot_take_the_state_lock_moves_nothing(make_fleet) -> None:
     before = head_commit(host)
     holder = hold_state_lock(env.state)
     try:
-        result = env.orch("pull")
+        locked = ("-i", str(env.inventory), "--state", str(env.state), "pull")
+        result = run_orch(*locked, env={"ORCH_LOCK_TIMEOUT": "2"})  # gives up after 2 s, not the default 30
     finally:
         holder.close()
     assert result.returncode == 4, result.output  # README: 4 when the state file is locked for too long

@@ -58,9 +58,11 @@ def test_a_second_controller_sees_and_adopts_the_server_instead_of_relaunching_i
 def test_an_interrupted_run_only_serve_resumes_by_adopting_its_servers_without_asking(make_fleet: Any) -> None:
     env = make_fleet(2)
     for host in env.fleet.hosts:
-        host.set_knobs(startup_seconds=5, decode_step_seconds=0.001)
+        host.set_knobs(startup_seconds=0.3, decode_step_seconds=0.001)
     first = env.orch("serve", "--yes")
     assert first.returncode == 0, first.output
+    for host in env.fleet.hosts:
+        host.set_knobs(startup_seconds=5)  # the next servers start slowly: run is killed in their health wait
     cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "run"]
     run = subprocess.Popen([*cmd, "--only", "serve", "--yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     kill_when(run, lambda: all(purposes(h)["server"] == 2 for h in env.fleet.hosts))  # in the health wait

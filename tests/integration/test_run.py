@@ -16,7 +16,7 @@ from orchestrator.store import database_path
 from tests.conftest import FleetEnv
 from tests.unit.test_state import document
 
-FAST = {"tune_seconds_per_unit": 0.02, "startup_seconds": 0.3}
+FAST = {"tune_seconds_per_unit": 0.02, "startup_seconds": 0.3, "decode_step_seconds": 0.001}  # as test_serve's
 
 
 def fast(env: FleetEnv, **knobs: object) -> None:
