@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import locale
 import os
 import signal
 import subprocess
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests import forkserver
 
 
 @pytest.fixture(autouse=True)
@@ -36,16 +39,27 @@ class OrchRun:
         return self.stdout + self.stderr
 
 
-def run_orch(*args: str, cwd: Path | None = None, timeout: float = 180, env: dict[str, str] | None = None) -> OrchRun:
-    """Run the real `orch` CLI in a subprocess, as a user would. Past ``timeout`` it gets SIGABRT, and the
-    test fails with what it printed and where each of its threads stood (Python's faulthandler)."""
+def run_orch(
+    *args: str, cwd: Path | None = None, timeout: float = 180, env: dict[str, str] | None = None, fresh: bool = False
+) -> OrchRun:
+    """Run the real `orch` CLI in a process of its own, as a user would: forked from a server that imported orch
+    once (``tests/forkserver.py``), or, with ``fresh`` (or where that cannot stand for a fresh interpreter), as
+    ``python -m orchestrator``. Past ``timeout`` it gets SIGABRT, and the test fails with what it printed and
+    where each of its threads stood (Python's faulthandler)."""
+    full_env = {**os.environ, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1", **(env or {})}
+    if not fresh and not forkserver.SERVER.needs_fresh(full_env):
+        code, out, err = forkserver.SERVER.run(list(args), str(cwd or os.getcwd()), full_env, timeout)
+        stdout, stderr = _text(out), _text(err)
+        if code is None:
+            raise AssertionError(f"orch {' '.join(args)} still ran after {timeout:g} s:\n{stdout}{stderr}")
+        return OrchRun(code, stdout, stderr)
     with subprocess.Popen(
         [sys.executable, "-m", "orchestrator", *args],
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1", **(env or {})},
+        env=full_env,
         stdin=subprocess.DEVNULL,
     ) as proc:
         try:
@@ -55,6 +69,11 @@ def run_orch(*args: str, cwd: Path | None = None, timeout: float = 180, env: dic
             stdout, stderr = proc.communicate()
             raise AssertionError(f"orch {' '.join(args)} still ran after {timeout:g} s:\n{stdout}{stderr}") from None
     return OrchRun(proc.returncode, stdout, stderr)
+
+
+def _text(data: bytes) -> str:
+    """What ``subprocess``'s text mode makes of output: decoded as the locale says, newlines translated."""
+    return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
 
 
 @pytest.fixture
