@@ -136,6 +136,9 @@ def serve(path: str) -> None:
     for target in orchestrator.cli.LAZY_COMMANDS.values():
         importlib.import_module(f"orchestrator.cli.{target.partition(':')[0]}")
     importlib.import_module("orchestrator.sandbox")
+    if {"out", "err"} & vars(importlib.import_module("orchestrator.render")).keys():
+        # A console made before the fork would keep the server's width and terminal, not the run's.
+        raise RuntimeError("importing orch made a rich console: make it on first print (render.out)")
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".new")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from orchestrator import render
 from orchestrator.app import App
 from orchestrator.cli import Finite, complete
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
@@ -13,7 +14,6 @@ from orchestrator.errors import ExitCode, UsageError
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import report as report_op
 from orchestrator.recipe import BenchOptions
-from orchestrator.render import err, out
 from orchestrator.views.bench import ProgressLines, show_comparisons
 
 
@@ -96,7 +96,7 @@ def report(app: App, fmt: report_op.Format, out_dir: Path) -> int:
     if not database.exists() and not legacy_path(database).exists():
         raise UsageError(f"no state at {database}", hint="run orch status, pull or serve first")
     target = report_op.write_report(app.store.read(), str(database), out_dir, fmt)
-    out.print(f"report written to {target}", markup=False)
+    render.out.print(f"report written to {target}", markup=False)
     if not report_op.has_matplotlib():
-        err.print(report_op.NO_CHARTS, markup=False)
+        render.err.print(report_op.NO_CHARTS, markup=False)
     return int(ExitCode.OK)

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import click
 
+from orchestrator import render
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.facts import bench as bench_facts
-from orchestrator.render import out
 from orchestrator.state import State
 from orchestrator.store import StateStore
 
@@ -36,10 +36,10 @@ class _Demo:
     def orch(self, *args: str) -> int:
         """Run one real orch command in a subprocess, showing it as the user would type it."""
         shown = shlex.join(["orch", "-i", str(self.inventory), *args])
-        out.print(f"\n[bold]$ {shown}[/bold]")
+        render.out.print(f"\n[bold]$ {shown}[/bold]")
         proc = subprocess.run([sys.executable, "-m", "orchestrator", "-i", str(self.inventory), *args], check=False)
         if proc.returncode != 0:
-            out.print(f"[yellow](exit code {proc.returncode})[/yellow]")
+            render.out.print(f"[yellow](exit code {proc.returncode})[/yellow]")
             self.failed += 1
         return proc.returncode
 
@@ -97,7 +97,7 @@ def demo(n_hosts: int, keep: bool, transport: str, down_dir: Path | None, report
     if transport == "auto":
         transport = "ssh" if _sshd_available() else "local"
         if transport == "local":
-            out.print(
+            render.out.print(
                 "sshd is not installed (Debian: apt-get install openssh-server); "
                 "running the demo on the local transport instead."
             )
@@ -107,16 +107,16 @@ def demo(n_hosts: int, keep: bool, transport: str, down_dir: Path | None, report
         with fleet:
             session = _story(fleet, root, transport, report_dir)
             for line in summary_lines(StateStore(state_path(root)).read(), [h.name for h in fleet.hosts]):
-                out.print(line, markup=False)
+                render.out.print(line, markup=False)
             if keep:
                 mark_kept(root, [h.root for h in fleet.hosts])
                 fleet.detach()
             for line in next_steps(root, fleet.hosts[0].name, keep):
-                out.print(line, markup=False)
+                render.out.print(line, markup=False)
     finally:  # also on Ctrl-C: the fleet's sshd and processes are stopped by the `with` above
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
-            out.print(f"\nTorn down: every simulated sshd stopped, {root} removed.")
+            render.out.print(f"\nTorn down: every simulated sshd stopped, {root} removed.")
     return int(ExitCode.HOSTS_FAILED if session.failed else ExitCode.OK)
 
 
@@ -129,16 +129,16 @@ def _story(fleet: SimFleet, root: Path, transport: str, report_dir: Path) -> _De
     session = _Demo(root, inventory)
     session.orch("status")
     sha = fleet.add_upstream_commit("Demo: a new upstream commit to pull")
-    out.print(f"\n[dim]# upstream gained commit {sha[:10]}[/dim]")
+    render.out.print(f"\n[dim]# upstream gained commit {sha[:10]}[/dim]")
     session.orch("pull")
     session.orch("status")
     for host in fleet.hosts:  # minutes of GPU work, simulated in seconds
         host.set_knobs(tune_seconds_per_unit=0.02, startup_seconds=0.5)
-    out.print("\n[dim]# a baseline: the server as it was, without MTP and without tuned FP8 configs[/dim]")
+    render.out.print("\n[dim]# a baseline: the server as it was, without MTP and without tuned FP8 configs[/dim]")
     session.orch("serve", "--no-mtp", "--yes")  # --yes: serving goes down on every host, do not ask
-    out.print("\n[dim]# the benchmark's text: a small ShareGPT-format file, copied to every host once[/dim]")
+    render.out.print("\n[dim]# the benchmark's text: a small ShareGPT-format file, copied to every host once[/dim]")
     session.orch("bench", "--label", "baseline", "--dataset", str(DEMO_DATASET))
-    out.print("\n[dim]# the whole campaign: pull, FP8 tuning, MTP relaunch with verification, benchmark[/dim]")
+    render.out.print("\n[dim]# the whole campaign: pull, FP8 tuning, MTP relaunch with verification, benchmark[/dim]")
     session.orch("run", "deepseek-v4-flash", "--yes")
     session.orch("status")
     session.orch("bench", "--label", "tuned+mtp", "--baseline", "baseline")
@@ -149,14 +149,14 @@ def _story(fleet: SimFleet, root: Path, transport: str, report_dir: Path) -> _De
 
 def _show_report(directory: Path) -> None:
     files = sorted(p.name for p in directory.glob("*")) if directory.is_dir() else []
-    out.print(f"\nReport in {directory}: {', '.join(files) or 'nothing written'}", markup=False)
+    render.out.print(f"\nReport in {directory}: {', '.join(files) or 'nothing written'}", markup=False)
 
 
 def _show_layout(fleet: SimFleet, inventory: Path, transport: str) -> None:
-    out.print(f"[bold]Simulated fleet[/bold] ({transport} transport), inventory: {inventory}")
+    render.out.print(f"[bold]Simulated fleet[/bold] ({transport} transport), inventory: {inventory}")
     for host in fleet.hosts:
         where = f"sshd {host.address}:{host.ssh_port}" if transport == "ssh" else "local"
-        out.print(
+        render.out.print(
             f"  {host.name}: {where}; disk {host.root} (sglang {host.sglang_dir}, orch files {host.workdir})",
             markup=False,
         )
@@ -245,5 +245,5 @@ def tear_down(root: Path) -> int:
     host_roots = [Path(h) for h in json.loads(marker.read_text())["host_roots"]]
     kill_host_processes(host_roots)
     shutil.rmtree(root)
-    out.print(f"Torn down: every process of the simulated hosts stopped, {root} removed.", markup=False)
+    render.out.print(f"Torn down: every process of the simulated hosts stopped, {root} removed.", markup=False)
     return int(ExitCode.OK)

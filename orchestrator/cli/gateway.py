@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import click
 
+from orchestrator import render
 from orchestrator.app import App
 from orchestrator.cli import Finite
 from orchestrator.cli.common import F, pass_app
@@ -18,7 +19,7 @@ from orchestrator.ops import gateway as gateway_op
 from orchestrator.ops import group as group_op
 from orchestrator.ops import rollout
 from orchestrator.recipe import Recipe, ServeOptions
-from orchestrator.render import err, inert, print_json
+from orchestrator.render import inert, print_json
 from orchestrator.session import HostSession
 from orchestrator.views import gateway as gateway_view
 from orchestrator.views.serve import reporter
@@ -53,7 +54,9 @@ def rolling_default(app: App, rolling: bool | None, chosen: bool, dry_run: bool)
     """``--rolling/--no-rolling`` of ``serve`` and ``run``: unset, it is on for the whole fleet (no
     ``--host``/``--tag``) when the inventory has a gateway, and says so; never for a dry run."""
     if rolling is None and not dry_run and not chosen and app.inventory.gateway is not None:
-        err.print(f"the inventory has a gateway: rolling relaunch ({inert(app.inventory.gateway.url)})", style="bold")
+        render.err.print(
+            f"the inventory has a gateway: rolling relaunch ({inert(app.inventory.gateway.url)})", style="bold"
+        )
         return True
     return bool(rolling) and not dry_run
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from orchestrator import render
 from orchestrator.app import App
 from orchestrator.cli import complete
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
@@ -15,7 +16,7 @@ from orchestrator.errors import ExitCode
 from orchestrator.ops import pull as pull_op
 from orchestrator.ops import status as status_op
 from orchestrator.recipe import PullOptions
-from orchestrator.render import out, print_json
+from orchestrator.render import print_json
 from orchestrator.transport.ssh import trust_host_key
 from orchestrator.views.pull import pull_report
 from orchestrator.views.status import status_details, status_document, status_table
@@ -112,7 +113,7 @@ def pull(
     if dry_run:
         for host in selected:
             for line in pull_op.dry_run_lines(host, install):
-                out.print(f"{host.name}: $ {line}", markup=False)
+                render.out.print(f"{host.name}: $ {line}", markup=False)
         return int(ExitCode.OK)
     with app.fleet(selected, parallel) as fleet:
         results = fleet.map_sessions(lambda s: pull_op.pull(s, install), lambda: app.store)
@@ -140,5 +141,5 @@ def trust(app: App, host_names: tuple[str, ...], expected: str | None) -> int:
     """
     for host in app.select(host_names):
         outcome = trust_host_key(host, app.options.connect_timeout, expected)
-        out.print(f"{host.name}: {outcome}", markup=False)
+        render.out.print(f"{host.name}: {outcome}", markup=False)
     return int(ExitCode.OK)

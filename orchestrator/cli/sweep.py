@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import click
 
+from orchestrator import render
 from orchestrator.app import App, refuse_bad_recipe
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.cli.confirm import yes_option
@@ -14,7 +15,7 @@ from orchestrator.facts import sweep as facts
 from orchestrator.inventory import Host
 from orchestrator.ops import sweep as sweep_op
 from orchestrator.recipe import Recipe, SweepOptions
-from orchestrator.render import err, print_json
+from orchestrator.render import print_json
 from orchestrator.views import sweep as view
 from orchestrator.views.serve import reporter
 
@@ -65,7 +66,7 @@ def sweep(
     chosen = app.recipes(selected, playbook)
     names = check_profiles(chosen, options.profiles)
     refuse_serving(app, selected, yes)
-    err.print(f"sweep: a canary run on {', '.join(h.name for h in selected)}: each of {', '.join(names)} is "
+    render.err.print(f"sweep: a canary run on {', '.join(h.name for h in selected)}: each of {', '.join(names)} is "
               "served there in turn; no other host is touched", markup=False)  # fmt: skip
     options, best_at = options.model_copy(update={"profiles": names}), options.then_serve
     with app.fleet(selected, parallel) as fleet:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from orchestrator import render
 from orchestrator.facts.bench import accept_cell, fmt_number, settings_text
 from orchestrator.fleet import FleetResult
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
-from orchestrator.render import err, out, table
+from orchestrator.render import table
 from orchestrator.views.profile import SIMULATED
 
 COMPARISON_COLUMNS = ["label", "UTC", "output tok/s", "accept length", "median TTFT ms", "mean TPOT ms"]
@@ -26,7 +27,9 @@ class ProgressLines:
 
     def sink(self, host: Host) -> Callable[[object], None]:
         """The host's event sink (``Fleet.events``): its lines (the dataset staged) with its name, then progress."""
-        return lambda event: err.print(f"{host.name}: {event}", markup=False) if isinstance(event, str) else self(event)
+        return lambda event: (
+            render.err.print(f"{host.name}: {event}", markup=False) if isinstance(event, str) else self(event)
+        )
 
     def __call__(self, event: object) -> None:
         """Benchmark progress, as it comes from every host."""
@@ -39,7 +42,7 @@ class ProgressLines:
             if last is not None and last[0] == step and p.elapsed - last[1] < 30:
                 return
             self._shown[p.host] = (step, p.elapsed)
-        err.print(progress_line(p), markup=False)
+        render.err.print(progress_line(p), markup=False)
 
 
 def progress_line(p: bench_op.BenchProgress) -> str:
@@ -67,9 +70,9 @@ def show_comparisons(results: FleetResult[bench_op.BenchRun]) -> None:
         note = " (the benchmark an earlier orch started: waited for it, started none)" if run.attached else ""
         record = run.record
         sim = f" [{SIMULATED}]" if record.simulated else ""
-        out.print(f"{result.host.name}: {record.label}: {record.metrics.output_throughput:,.1f} tok/s{note}{sim}",
-                  markup=False)  # fmt: skip
-        out.print(f"{result.host.name}:   settings: {settings_text(record)}", markup=False)
+        throughput = f"{record.metrics.output_throughput:,.1f} tok/s"
+        render.out.print(f"{result.host.name}: {record.label}: {throughput}{note}{sim}", markup=False)
+        render.out.print(f"{result.host.name}:   settings: {settings_text(record)}", markup=False)
         rows = [
             [r.label, r.at.strftime("%m-%d %H:%M"), fmt_number(r.output_throughput),
              accept_cell(r.accept_length, r.accept_representative),
@@ -78,6 +81,8 @@ def show_comparisons(results: FleetResult[bench_op.BenchRun]) -> None:
         ]  # fmt: skip
         table(f"{result.host.name}: benchmark runs", [*COMPARISON_COLUMNS, f"vs {run.baseline or 'baseline'}"], rows)
         for line in settings_lines(run):
-            out.print(f"  {line}", markup=False)
+            render.out.print(f"  {line}", markup=False)
         if run.baseline_missing:
-            err.print(f"{result.host.name}: no run labelled {run.baseline_missing!r}; no change shown", markup=False)
+            render.err.print(
+                f"{result.host.name}: no run labelled {run.baseline_missing!r}; no change shown", markup=False
+            )

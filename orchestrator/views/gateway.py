@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from orchestrator import render
 from orchestrator.facts.bench import GateRecord, fmt_number
 from orchestrator.gateway import GatewayCheck
 from orchestrator.inventory import Host, Inventory
 from orchestrator.jobs import JobInfo
 from orchestrator.ops.gateway import GatewayUp
 from orchestrator.ops.rollout import HostRoll, Rollout
-from orchestrator.render import err, inert, inert_log, out
+from orchestrator.render import inert, inert_log
 from orchestrator.views.serve import serve_report
 
 
@@ -32,16 +33,18 @@ def report(result: GatewayCheck) -> None:
         load = "unknown" if r.load is None else str(r.load)
         health = "healthy" if r.healthy else "unhealthy"
         flag = f"  FLAG: {r.flag}" if r.flag else ""
-        out.print(f"{r.url}  {r.host or '-'}  {health}  load {load}{flag}", markup=False)
+        render.out.print(f"{r.url}  {r.host or '-'}  {health}  load {load}{flag}", markup=False)
     for name in result.unregistered:
-        out.print(f"{name}: serving but not registered with the gateway  FLAG", markup=False)
+        render.out.print(f"{name}: serving but not registered with the gateway  FLAG", markup=False)
     for name in result.left_out:
-        out.print(
+        render.out.print(
             f"{name}: left out of the gateway by a serve that was cut off (launching or taken out, not registered); "
             "run the cut-off command again (`orch serve --rolling`, `orch run`) to register it  FLAG",
             markup=False,
         )
-    out.print("gateway consistent with the inventory" if result.consistent else "gateway: hosts flagged", markup=False)
+    render.out.print(
+        "gateway consistent with the inventory" if result.consistent else "gateway: hosts flagged", markup=False
+    )
 
 
 def gate_lines(host: str, gate: GateRecord) -> list[str]:
@@ -83,10 +86,10 @@ def job_document(job: JobInfo | str | None) -> dict[str, object] | None:
 def job_report(host: str, job: JobInfo | str | None) -> None:
     """One line: the gateway job orch runs on ``host``; a string is why it is unknown."""
     if isinstance(job, str):
-        out.print(inert(f"gateway job on {host}: unknown ({job})"), markup=False)
+        render.out.print(inert(f"gateway job on {host}: unknown ({job})"), markup=False)
         return
     again = "; `orch gateway up` starts a new one" if job is not None and not job.running else ""
-    out.print(f"gateway job on {host}: {job_state(job)}{again}", markup=False)
+    render.out.print(f"gateway job on {host}: {job_state(job)}{again}", markup=False)
 
 
 def up_report(host: str, url: str, result: GatewayUp) -> None:
@@ -94,21 +97,23 @@ def up_report(host: str, url: str, result: GatewayUp) -> None:
     if result.previous is not None:
         job, log = result.previous
         shown = "; the end of its log:" if log else ""
-        err.print(inert(f"{host}: the last gateway job {job_state(job)}{shown}"), style="bold")
+        render.err.print(inert(f"{host}: the last gateway job {job_state(job)}{shown}"), style="bold")
         if log:
-            err.print(inert_log(log), markup=False, highlight=False)
+            render.err.print(inert_log(log), markup=False, highlight=False)
     started = result.job
     if result.attached:
-        out.print(f"{host}: the gateway job {started.job_id} (pid {started.pid}) is already running; "
+        render.out.print(f"{host}: the gateway job {started.job_id} (pid {started.pid}) is already running; "
                   "nothing started", markup=False)  # fmt: skip
         return
     workers = ", ".join(result.workers) or "none yet (no host is serving)"
-    out.print(f"{host}: started the gateway job {started.job_id} (pid {started.pid}); workers: {workers}", markup=False)
+    render.out.print(
+        f"{host}: started the gateway job {started.job_id} (pid {started.pid}); workers: {workers}", markup=False
+    )
     if result.alive:
-        out.print(f"gateway up: {url} answers /health", markup=False)
+        render.out.print(f"gateway up: {url} answers /health", markup=False)
         return
-    err.print(inert(f"gateway not up: {result.failed}; the end of its log:"), style="bold red")
-    err.print(inert_log(result.log), markup=False, highlight=False)
+    render.err.print(inert(f"gateway not up: {result.failed}; the end of its log:"), style="bold red")
+    render.err.print(inert_log(result.log), markup=False, highlight=False)
 
 
 def roll_line(roll: HostRoll) -> str:
@@ -120,7 +125,7 @@ def roll_line(roll: HostRoll) -> str:
 
 def wave_line(line: str) -> None:
     """A rollout's own lines (the waves), on stderr."""
-    err.print(inert(line), style="bold")
+    render.err.print(inert(line), style="bold")
 
 
 def server_label(inventory: Inventory) -> Callable[[Host], str]:
@@ -141,7 +146,7 @@ def group_skipped_lines(incomplete: Mapping[str, list[str]], inventory: Inventor
         group = inventory.group_of(name)
         what = f"its group {group.name if group else '?'} is one server"
         line = f"{name}: skipped: {what} and {', '.join(missing)} is left out"
-        err.print(inert(line), markup=False, highlight=False, soft_wrap=True)
+        render.err.print(inert(line), markup=False, highlight=False, soft_wrap=True)
 
 
 def rollout_report(selected: list[Host], done: Rollout, inventory: Inventory | None = None) -> None:
@@ -152,32 +157,32 @@ def rollout_report(selected: list[Host], done: Rollout, inventory: Inventory | N
         group = inventory.group_of(host.name) if inventory is not None else None
         if group is not None and group.hosts[0] != host.name and group.hosts[0] in done.hosts:
             rank = group.hosts.index(host.name)
-            out.print(f"{host.name}: rank {rank} of group {group.name}: see {group.hosts[0]}", markup=False)
+            render.out.print(f"{host.name}: rank {rank} of group {group.name}: see {group.hosts[0]}", markup=False)
             continue
         if roll is None:
-            out.print(f"{host.name}: not touched (still on its old server)", markup=False)
+            render.out.print(f"{host.name}: not touched (still on its old server)", markup=False)
             continue
         if roll.result is not None:
             serve_report(host, roll.result)
         for line in gate_lines(host.name, roll.gate) if roll.gate is not None else []:
-            out.print(line, markup=False)
-        out.print(f"{host.name}: {roll_line(roll)}", markup=False)
+            render.out.print(line, markup=False)
+        render.out.print(f"{host.name}: {roll_line(roll)}", markup=False)
     if done.halted:
-        err.print(inert(f"rollout halted: {done.halted}"), style="bold red")
+        render.err.print(inert(f"rollout halted: {done.halted}"), style="bold red")
     else:
-        out.print(f"rollout complete: {len(done.waves)} waves in {done.seconds:.1f} s", markup=False)
+        render.out.print(f"rollout complete: {len(done.waves)} waves in {done.seconds:.1f} s", markup=False)
 
 
 def down_announced(host: Host, job: JobInfo | None, url: str) -> JobInfo | None:
     """``orch gateway down``, before it stops anything: that nothing runs, or what stopping it means."""
     if job is None:
-        out.print(f"{host.name}: no gateway job of orch's is running; nothing to stop", markup=False)
+        render.out.print(f"{host.name}: no gateway job of orch's is running; nothing to stop", markup=False)
         return None
-    err.print(inert(f"{host.name}: stopping the gateway job {job.id} (pid {job.pid}): every request through "
+    render.err.print(inert(f"{host.name}: stopping the gateway job {job.id} (pid {job.pid}): every request through "
                     f"{url} fails from now on, for the whole fleet"), style="bold")  # fmt: skip
     return job
 
 
 def down_line(host: Host, job: JobInfo, outcome: str) -> None:
     """How the gateway job ended."""
-    out.print(f"{host.name}: gateway job {job.id} {outcome}", markup=False)
+    render.out.print(f"{host.name}: gateway job {job.id} {outcome}", markup=False)

@@ -8,10 +8,11 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
+from orchestrator import render
 from orchestrator.fleet import FleetResult
 from orchestrator.inventory import Host
 from orchestrator.jobs import JobInfo
-from orchestrator.render import InertLog, err, fmt_seconds, inert_log, out, print_json, table
+from orchestrator.render import InertLog, fmt_seconds, inert_log, print_json, table
 
 RECENT = 5  # ended jobs shown per host by default, besides the live ones
 
@@ -57,12 +58,12 @@ def jobs_table(results: FleetResult[list[JobInfo]], show_all: bool) -> None:
         rows += [[r.host.name, j.id, state(j), str(j.pid or "-"), age(j)] for j in shown]
     table(None, ["host", "job", "state", "pid", "age"], rows)
     if hidden:
-        out.print(f"({hidden} older ended jobs not shown: --all lists them)", markup=False)
+        render.out.print(f"({hidden} older ended jobs not shown: --all lists them)", markup=False)
 
 
 def log_header(host: Host, job: JobInfo) -> None:
     """On stderr, before a log: which job it is, its state, age and log file."""
-    err.print(f"{host.name}: job {job.id} ({state(job)}, started {age(job)} ago): {job.log}", markup=False)
+    render.err.print(f"{host.name}: job {job.id} ({state(job)}, started {age(job)} ago): {job.log}", markup=False)
 
 
 def log_tail(text: str) -> None:
@@ -82,12 +83,12 @@ class LogFollower:
 
     def ended(self, job: JobInfo) -> None:
         _write(self._shown.end())
-        out.print(f"-- {job.id}: {state(job)}", markup=False)
+        render.out.print(f"-- {job.id}: {state(job)}", markup=False)
 
 
 def stopped_line(host: Host, job_id: str, outcome: str) -> None:
     """``orch stop``: how the job ended."""
-    out.print(f"{host.name}: {job_id}: {outcome}", markup=False)
+    render.out.print(f"{host.name}: {job_id}: {outcome}", markup=False)
 
 
 def stdout_unread() -> bool:

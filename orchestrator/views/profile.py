@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator import render
 from orchestrator.facts.profile import CATEGORY_NAMES, ProfileRecord, StageProfile, category
 from orchestrator.fleet import FleetResult
 from orchestrator.ops.profile import ProfileRun
-from orchestrator.render import err, out, table
+from orchestrator.render import table
 
 SIMULATED = "SIMULATED (the cost model of orch's simulated SGLang, not a GPU measurement)"
 
@@ -40,11 +41,13 @@ def show(results: FleetResult[ProfileRun]) -> None:
         assert run is not None
         record, name = run.record, result.host.name
         sim = f" [{SIMULATED}]" if record.simulated else ""
-        out.print(f"{name}: profile {record.label!r}: {record.total.gpu_s:.4f} GPU s on rank 0 "
+        render.out.print(f"{name}: profile {record.label!r}: {record.total.gpu_s:.4f} GPU s on rank 0 "
                   f"({record.total.kernels} kernels, {record.ranks} rank traces){sim}", markup=False)  # fmt: skip
-        out.print(f"{name}:   traces: {run.directory}", markup=False)
+        render.out.print(f"{name}:   traces: {run.directory}", markup=False)
         if run.stopped:
-            out.print(f"{name}:   a stage's window did not close by itself: orch asked /stop_profile", markup=False)
+            render.out.print(
+                f"{name}:   a stage's window did not close by itself: orch asked /stop_profile", markup=False
+            )
         title = f"{name}: GPU time by category{' (simulated)' if record.simulated else ''}"
         table(title, ["category", *(s for s, _ in stage_columns(record))], category_rows(record))
         table(f"{name}: top {len(record.total.top_kernels)} kernels (all stages)",
@@ -86,4 +89,4 @@ def document(results: FleetResult[ProfileRun]) -> dict[str, Any]:
 def say(event: object) -> None:
     """Each host's event sink: the lines the operation says, on stderr."""
     if isinstance(event, str):
-        err.print(event, markup=False)
+        render.err.print(event, markup=False)

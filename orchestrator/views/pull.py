@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from orchestrator import render
 from orchestrator.fleet import FleetResult
 from orchestrator.ops.pull import PullResult
-from orchestrator.render import inert, out
+from orchestrator.render import inert
 
 
 def pull_report(results: FleetResult[PullResult]) -> None:
@@ -14,22 +15,22 @@ def pull_report(results: FleetResult[PullResult]) -> None:
         if not p.changed:
             note = f" ({p.ahead} local commits ahead of upstream)" if p.ahead else ""
             on = f"branch {p.branch} " if p.branch else ""
-            out.print(f"{r.host.name}: {on}already up to date at {p.new[:10]}{note}", markup=False)
+            render.out.print(f"{r.host.name}: {on}already up to date at {p.new[:10]}{note}", markup=False)
             continue
         branch = f"branch {p.branch} fast-forwarded to {p.upstream}: " if p.branch else ""
-        out.print(
+        render.out.print(
             f"{r.host.name}: {branch}{p.old[:10]} → {p.new[:10]}, {len(p.commits)} new "
             f"commit{'s' if len(p.commits) != 1 else ''}:",
             markup=False,
         )
         for sha, subject in p.commits:
-            out.print(inert(f"    {sha} {subject}"), markup=False)
+            render.out.print(inert(f"    {sha} {subject}"), markup=False)
     for r in results.succeeded:
         if r.value is not None and r.value.install_needed:
-            out.print(
+            render.out.print(
                 f"{r.host.name}: python/pyproject.toml changed (the package's pins): an install is needed before "
                 f"serving: `orch pull --install --host {r.host.name}`",
                 markup=False,
             )
         if r.value is not None and r.value.installed:
-            out.print(f"{r.host.name}: installed with `pip install -e python` ({r.host.python})", markup=False)
+            render.out.print(f"{r.host.name}: installed with `pip install -e python` ({r.host.python})", markup=False)

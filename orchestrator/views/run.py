@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import threading
 
+from orchestrator import render
 from orchestrator.fleet import FleetResult
 from orchestrator.inventory import Host
 from orchestrator.ops.run import HostRun
-from orchestrator.render import err, inert, out
+from orchestrator.render import inert
 from orchestrator.session import Sink
 from orchestrator.text import minutes_seconds
 from orchestrator.tuning.group import TuningAwaited
@@ -35,7 +36,7 @@ def progress_lines(host: Host) -> Sink:
         elif isinstance(event, TuningAwaited):
             event = f"serve: {awaited_line(event.status)}"
         if isinstance(event, str):
-            err.print(f"{host.name}: {inert(event)}", markup=False, highlight=False)
+            render.err.print(f"{host.name}: {inert(event)}", markup=False, highlight=False)
 
     return say
 
@@ -66,12 +67,12 @@ class TuningLines:
 def plans(results: FleetResult[list[str]]) -> None:
     """``--dry-run``: per host, the plan and the exact remote commands (``ops.run.dry_run``'s lines)."""
     for p in results.succeeded:
-        out.print(f"{p.host.name}:\n" + "\n".join(p.value or []), markup=False)
+        render.out.print(f"{p.host.name}:\n" + "\n".join(p.value or []), markup=False)
 
 
 def rolling_note() -> None:
     """Said before a rolling run: its rolled steps ask no question."""
-    err.print(ROLLING_NOTE)
+    render.err.print(ROLLING_NOTE)
 
 
 def done_lines(results: FleetResult[HostRun]) -> None:
@@ -79,4 +80,4 @@ def done_lines(results: FleetResult[HostRun]) -> None:
     for r in results.succeeded:
         assert r.value is not None
         skipped = f" (already done: {', '.join(r.value.skipped)})" if r.value.skipped else ""
-        out.print(f"{r.host.name}: done {', '.join(r.value.done) or 'nothing new'}{skipped}", markup=False)
+        render.out.print(f"{r.host.name}: done {', '.join(r.value.done) or 'nothing new'}{skipped}", markup=False)

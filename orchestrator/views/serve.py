@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from rich.text import Text
 
+from orchestrator import render
 from orchestrator.facts import server as facts
 from orchestrator.facts.server_log import ShapeUse
 from orchestrator.facts.server_upstream import Discovery, diff_flags
@@ -15,7 +16,7 @@ from orchestrator.fleet import FleetResult
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe
-from orchestrator.render import err, inert, out, table
+from orchestrator.render import inert, table
 from orchestrator.session import Sink
 from orchestrator.tuning.group import TuningAwaited
 from orchestrator.views.tune import awaited_line
@@ -31,7 +32,7 @@ def reporter(host: Host) -> Sink:
         if not isinstance(message, str):
             return
         style = "bold red" if message.startswith("WARNING") else "bold" if message.startswith("stopping ") else "dim"
-        err.print(Text(f"{host.name}: {inert(message)}", style=style), highlight=False)
+        render.err.print(Text(f"{host.name}: {inert(message)}", style=style), highlight=False)
 
     return report
 
@@ -39,42 +40,44 @@ def reporter(host: Host) -> Sink:
 def serve_report(host: Host, r: serve_op.ServeResult) -> None:
     """What was launched and what verification found, for one host."""
     if r.unchanged:
-        out.print(f"{host.name}: already serving as asked (job {r.job_id}); --force relaunches", markup=False)
+        render.out.print(f"{host.name}: already serving as asked (job {r.job_id}); --force relaunches", markup=False)
         if r.group:
-            out.print(f"  group ranks: {r.group}", markup=False)
+            render.out.print(f"  group ranks: {r.group}", markup=False)
         return
     replaced = f"; replaced {r.stopped_job}" if r.stopped_job else ""
     healthy = f"healthy after {r.healthy_after:.0f} s{replaced}"
-    out.print(f"{host.name}: serving job {r.job_id} on port {host.server_port} ({healthy})", markup=False)
+    render.out.print(f"{host.name}: serving job {r.job_id} on port {host.server_port} ({healthy})", markup=False)
     if r.group:
-        out.print(f"  group ranks: {r.group}", markup=False)
-    out.print(f"  started with: {facts.entrypoint_name(r.argv)}", markup=False)
-    out.print(f"  speculative: {r.spec}" + ("" if r.problems else " (as asked)"), markup=False)
+        render.out.print(f"  group ranks: {r.group}", markup=False)
+    render.out.print(f"  started with: {facts.entrypoint_name(r.argv)}", markup=False)
+    render.out.print(f"  speculative: {r.spec}" + ("" if r.problems else " (as asked)"), markup=False)
     if r.mtp:
         accept = "not measured" if r.accept_length is None else f"{r.accept_length:.2f}"
-        out.print(f"  accept length: {accept} (minimum {r.min_accept if r.min_accept is not None else '-'})")
-    out.print(f"  FP8 GEMM backend: {r.fp8_runs or r.fp8_backend or 'not reported'}", markup=False)
+        render.out.print(f"  accept length: {accept} (minimum {r.min_accept if r.min_accept is not None else '-'})")
+    render.out.print(f"  FP8 GEMM backend: {r.fp8_runs or r.fp8_backend or 'not reported'}", markup=False)
     if r.resolved or r.asked:
-        out.print(f"  resolved: {facts.settings_line(r.resolved, r.asked)}", markup=False)
+        render.out.print(f"  resolved: {facts.settings_line(r.resolved, r.asked)}", markup=False)
     if r.autotune:
-        out.print(f"  FlashInfer autotune: {r.autotune}", markup=False)
+        render.out.print(f"  FlashInfer autotune: {r.autotune}", markup=False)
     listed = [s for s in r.shapes if s.listed]
     used = [s.key for s in listed if s.in_use]
     if listed:
-        out.print(f"  tuned FP8 configs in use: {len(used)}/{len(listed)}" + (f" ({', '.join(used)})" if used else ""))
+        render.out.print(
+            f"  tuned FP8 configs in use: {len(used)}/{len(listed)}" + (f" ({', '.join(used)})" if used else "")
+        )
     also = [s.key for s in r.shapes if s.in_use and not s.listed]
     if also:
-        out.print(f"  also in use (not in the recipe's shapes): {', '.join(also)}", markup=False)
+        render.out.print(f"  also in use (not in the recipe's shapes): {', '.join(also)}", markup=False)
     for reason, keys in _fallbacks(r.shapes).items():
-        out.print(f"  fell back to defaults: {', '.join(keys)}: {reason}", markup=False)
+        render.out.print(f"  fell back to defaults: {', '.join(keys)}: {reason}", markup=False)
     untuned = [s for s in r.shapes if not s.in_use and s.path]
     if untuned:
         shapes = ";".join(s.key for s in untuned)
-        out.print(f"  tune them: orch tune-fp8 --host {host.name} --shapes '{shapes}'", markup=False)
+        render.out.print(f"  tune them: orch tune-fp8 --host {host.name} --shapes '{shapes}'", markup=False)
     for rank, (name, rank_shapes) in enumerate(r.rank_shapes.items()):
-        out.print(f"  FP8 configs, rank {rank} on {name}: {rank_configs_line(rank_shapes)}", markup=False)
+        render.out.print(f"  FP8 configs, rank {rank} on {name}: {rank_configs_line(rank_shapes)}", markup=False)
     for problem in r.failures:
-        err.print(Text(f"  WARNING: {inert(problem)}", style="bold red"))
+        render.err.print(Text(f"  WARNING: {inert(problem)}", style="bold red"))
 
 
 def rank_configs_line(shapes: Sequence[ShapeUse]) -> str:
@@ -99,7 +102,7 @@ def _fallbacks(shapes: list[ShapeUse]) -> dict[str, list[str]]:
 def plans(results: FleetResult[list[str]]) -> None:
     """``orch serve --dry-run``: per host, what serve would do now (``ops.serve.dry_run``'s lines)."""
     for p in results.succeeded:
-        out.print(f"{p.host.name}:\n" + "\n".join(f"  {line}" for line in p.value or []), markup=False)
+        render.out.print(f"{p.host.name}:\n" + "\n".join(f"  {line}" for line in p.value or []), markup=False)
 
 
 def serve_reports(results: FleetResult[serve_op.ServeResult]) -> None:
@@ -113,7 +116,7 @@ def serve_reports(results: FleetResult[serve_op.ServeResult]) -> None:
 def stopped_lines(results: FleetResult[str | None]) -> None:
     """``orch stop-server``: per host that answered, how its server ended (``stopped_line``)."""
     for r in results.succeeded:
-        out.print(f"{r.host.name}: {stopped_line(r.value)}")
+        render.out.print(f"{r.host.name}: {stopped_line(r.value)}")
 
 
 def recipe_lines(
@@ -121,12 +124,14 @@ def recipe_lines(
 ) -> None:
     """``orch recipe show``: the recipe, the server command serve runs, and what the MTP rules refuse;
     ``fallback``: the entrypoint serve uses instead on a host whose SGLang has no ``sglang serve``."""
-    out.print(f"{host}: {r.path or r.model}", markup=False)
-    out.print(f"  $ {shlex.join(argv)}", markup=False)
+    render.out.print(f"{host}: {r.path or r.model}", markup=False)
+    render.out.print(f"  $ {shlex.join(argv)}", markup=False)
     if fallback:
-        out.print(f"  (on an SGLang without `sglang serve`: {shlex.join(fallback)} with the same flags)", markup=False)
+        render.out.print(
+            f"  (on an SGLang without `sglang serve`: {shlex.join(fallback)} with the same flags)", markup=False
+        )
     for p in problems:
-        err.print(Text(f"  refused: {p}", style="bold red"))
+        render.err.print(Text(f"  refused: {p}", style="bold red"))
 
 
 def stopped_line(outcome: str | None) -> str:
@@ -148,14 +153,14 @@ def discoveries(results: FleetResult[Discovery], chosen: Mapping[str, Recipe]) -
 def discovery_report(host: Host, r: Recipe, found: Discovery) -> None:
     """Per upstream test: its scope, the accept length it asserts, and a flag-by-flag comparison."""
     ours = facts.split_entrypoint(facts.launch_argv(r, host, mtp=True))[1]
-    out.print(f"{host.name}: {len(found.tests)} upstream launch argument lists for family {found.family!r}")
+    render.out.print(f"{host.name}: {len(found.tests)} upstream launch argument lists for family {found.family!r}")
     for t in found.tests:
         accept = f", asserts accept length > {t.min_accept_length}" if t.min_accept_length is not None else ""
         diffs = diff_flags(ours, t.args, lambda name: facts.canonical_flag(name, found.known_flags))
         rows = [[d.flag, _cell(d.recipe), _cell(d.upstream), d.kind] for d in diffs]
         table(f"{t.path} ({t.scope}{accept})", ["flag", "recipe", "upstream", "difference"], rows)
     for path in found.unreadable:
-        err.print(f"  {host.name}: not valid Python, skipped: {path}", markup=False)
+        render.err.print(f"  {host.name}: not valid Python, skipped: {path}", markup=False)
 
 
 def _cell(value: str | None) -> str:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator import render
 from orchestrator.facts.bench import fmt_number
 from orchestrator.facts.sweep import SweepPoint
 from orchestrator.fleet import FleetResult, HostResult
 from orchestrator.ops.serve import ServeResult
 from orchestrator.ops.sweep import BestServed, SweepResult
-from orchestrator.render import err, out, table
+from orchestrator.render import table
 from orchestrator.views.profile import SIMULATED
 from orchestrator.views.serve import serve_report
 
@@ -47,13 +48,13 @@ def show(results: FleetResult[SweepResult]) -> None:
         title = f"{name}: sweep (output tok/s per profile and concurrency){' (simulated)' if simulated else ''}"
         table(title, COLUMNS, rows(sweep))
         if simulated:
-            out.print(f"{name}: every number above is {SIMULATED}", markup=False)
+            render.out.print(f"{name}: every number above is {SIMULATED}", markup=False)
         for line in band_lines(sweep):
-            out.print(f"{name}: best at {line}", markup=False)
+            render.out.print(f"{name}: best at {line}", markup=False)
         front = ", ".join(f"{p.profile}@{p.concurrency}" for p in sweep.pareto)
-        out.print(f"{name}: Pareto front (throughput vs median ITL): {front or '-'}", markup=False)
+        render.out.print(f"{name}: Pareto front (throughput vs median ITL): {front or '-'}", markup=False)
         for profile, why in sweep.failed.items():
-            err.print(f"{name}: profile {profile} was not measured: {why}", markup=False)
+            render.err.print(f"{name}: profile {profile} was not measured: {why}", markup=False)
 
 
 def served(results: FleetResult[BestServed]) -> None:
@@ -61,7 +62,7 @@ def served(results: FleetResult[BestServed]) -> None:
     server that runs but not as asked)."""
     for r in results:
         if r.value is not None:
-            out.print(f"{r.host.name}: {r.value.profile} won at concurrency {r.value.concurrency}: serving it",
+            render.out.print(f"{r.host.name}: {r.value.profile} won at concurrency {r.value.concurrency}: serving it",
                       markup=False)  # fmt: skip
             serve_report(r.host, r.value.served)
         elif isinstance(result := getattr(r.error, "result", None), ServeResult):

@@ -11,9 +11,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator import render
 from orchestrator.fleet import FleetResult
 from orchestrator.inventory import Host
-from orchestrator.render import err, fmt_seconds, inert, out
+from orchestrator.render import fmt_seconds, inert
 from orchestrator.session import Sink
 from orchestrator.tuning.group import TuningPlanned
 from orchestrator.tuning.plan import estimate
@@ -39,10 +40,10 @@ def print_plan(planned: TuningPlanned) -> None:
     """What a group will do: shapes, GPUs, the schedule's length, every GPU's runs."""
     names = ", ".join(planned.hosts)
     if planned.attached:
-        out.print(f"{names}: attached to the running tuning (plan {planned.plan.id})", markup=False)
+        render.out.print(f"{names}: attached to the running tuning (plan {planned.plan.id})", markup=False)
         return
     for line in plan_lines(planned.plan):
-        out.print(f"{names}: {line}", markup=False)
+        render.out.print(f"{names}: {line}", markup=False)
 
 
 def plan_lines(plan: PlanRecord) -> list[str]:
@@ -121,7 +122,11 @@ def progress_display(live: bool) -> Iterator[Callable[[TuneStatus], None]]:
     statuses: dict[str, TuneStatus] = {}
     shown: dict[str, tuple[str, int]] = {}
     lock = threading.Lock()
-    display = Live(progress_table(statuses), console=out, auto_refresh=False) if live and out.is_terminal else None
+    display = (
+        Live(progress_table(statuses), console=render.out, auto_refresh=False)
+        if live and render.out.is_terminal
+        else None
+    )
 
     def update(status: TuneStatus) -> None:
         with lock:
@@ -130,13 +135,13 @@ def progress_display(live: bool) -> Iterator[Callable[[TuneStatus], None]]:
                 display.update(progress_table(statuses), refresh=True)
             elif live and not status.finished and shown.get(status.host) != (status.state, int(status.percent // 10)):
                 shown[status.host] = (status.state, int(status.percent // 10))
-                out.print(status_line(status), markup=False)
+                render.out.print(status_line(status), markup=False)
 
     with display or contextlib.nullcontext():
         try:
             yield update
         except KeyboardInterrupt:
-            err.print("orch: stopped watching; the tuning jobs keep running (`orch wait` re-attaches)")
+            render.err.print("orch: stopped watching; the tuning jobs keep running (`orch wait` re-attaches)")
             raise
 
 
@@ -147,16 +152,16 @@ def tune_report(results: FleetResult[TuneStatus], wait: bool = True) -> bool:
     for r in results.succeeded:
         if r.value is None:
             continue
-        out.print(status_line(r.value), markup=False)
+        render.out.print(status_line(r.value), markup=False)
         for key, path in sorted(r.value.installed.items()):
-            out.print(f"    {key}: {path}", markup=False)
+            render.out.print(f"    {key}: {path}", markup=False)
         if r.value.state == "failed":
             failed = True
             if r.value.log_tail:
-                err.print(f"{r.host.name}: log tail:\n{r.value.log_tail}", markup=False)
+                render.err.print(f"{r.host.name}: log tail:\n{r.value.log_tail}", markup=False)
     if not wait:
         for line in watch_hint([r.value for r in results.succeeded if r.value is not None]):
-            out.print(line, markup=False)
+            render.out.print(line, markup=False)
     return failed
 
 
