@@ -24,6 +24,7 @@ import importlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -81,7 +82,13 @@ class Server:
                 if self._proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the orch fork server did not start: see {directory}/server.log")
                 time.sleep(0.02)
-            atexit.register(self._proc.kill)
+            atexit.register(self._stop, self._proc, directory)
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen[bytes], directory: str) -> None:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(directory, ignore_errors=True)
 
     def run(self, args: list[str], cwd: str, env: dict[str, str], timeout: float) -> tuple[int | None, bytes, bytes]:
         """Run orch with ``args``: (its exit status, stdout, stderr); None as the status when it still ran after
