@@ -49,9 +49,9 @@ def run_orch(
     full_env = {**os.environ, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1", **(env or {})}
     if not fresh and not forkserver.SERVER.needs_fresh(full_env):
         code, out, err = forkserver.SERVER.run(list(args), str(cwd or os.getcwd()), full_env, timeout)
-        stdout, stderr = _text(out), _text(err)
+        stdout, stderr = decoded(out), decoded(err)
         if code is None:
-            raise AssertionError(f"orch {' '.join(args)} still ran after {timeout:g} s:\n{stdout}{stderr}")
+            raise _still_running(args, timeout, stdout + stderr)
         return OrchRun(code, stdout, stderr)
     with subprocess.Popen(
         [sys.executable, "-m", "orchestrator", *args],
@@ -67,11 +67,15 @@ def run_orch(
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGABRT)
             stdout, stderr = proc.communicate()
-            raise AssertionError(f"orch {' '.join(args)} still ran after {timeout:g} s:\n{stdout}{stderr}") from None
+            raise _still_running(args, timeout, stdout + stderr) from None
     return OrchRun(proc.returncode, stdout, stderr)
 
 
-def _text(data: bytes) -> str:
+def _still_running(args: tuple[str, ...], timeout: float, printed: str) -> AssertionError:
+    return AssertionError(f"orch {' '.join(args)} still ran after {timeout:g} s:\n{printed}")
+
+
+def decoded(data: bytes) -> str:
     """What ``subprocess``'s text mode makes of output: decoded as the locale says, newlines translated."""
     return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
 
