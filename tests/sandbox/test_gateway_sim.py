@@ -6,7 +6,7 @@ it only once those answered; it checks ``/health`` of every worker periodically,
 ``/v1/loads``): the poll gets 404, as from the simulated server, and smg reports load -1. The gateway's own wire is in
 docs/gateway.md; the simulated server must answer all of it, which this test shows with the binary.
 It runs ``sglang-router`` 0.3.2: the ``/get_loads`` it checks is 0.3.2's shape (smg 1.13.0 answers
-another, ``{"loads": [...]}``, which orch does not read); registration on 1.13.0 is in test_rolling.py.
+another, ``{"loads": [...]}``, which orch does not read); registration on 1.13.0 is in tests/integration/rolling/.
 """
 
 from __future__ import annotations

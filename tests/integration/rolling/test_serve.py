@@ -1,0 +1,188 @@
+"""Issue 12 end to end: `orch serve --rolling` behind the real gateway, under client load (``fleet.py``).
+Rolling: zero failed requests and every host on the new configuration. Plain (--no-rolling): the same load
+sees failures, so the rolling test can fail. Fault: the canary's new server is not as asked → halt after the
+canary, rolled back and re-registered, the other hosts never stopped, zero failed requests. Interrupted
+rollouts resume by registering the host they left out."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from orchestrator.state import RolloutRecord
+from orchestrator.store import StateStore
+from tests.gateway_smg import ClientLoad
+from tests.integration.rolling.fleet import BOTH_GATEWAYS, GatewayFleet, argv_of, server_job
+from tests.integration.test_serve import playbook
+
+
+@BOTH_GATEWAYS
+def test_rolling_serve_behind_the_gateway_fails_no_request(
+    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, ClientLoad]]
+) -> None:
+    env = gateway_fleet.env
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
+    run, load = load_during(gateway_fleet.smg.gateway.url, lambda: env.orch("serve", "--playbook", new))
+    assert run.returncode == 0, run.output
+    assert "the inventory has a gateway: rolling relaunch" in run.stderr
+    assert [line for line in run.stderr.splitlines() if line.startswith("wave ")] == [
+        "wave 1/3: sim-1", "wave 2/3: sim-2", "wave 3/3: sim-3"
+    ]  # fmt: skip
+    assert run.stdout.count("rollout relaunched in ") == 3 and "rollout complete: 3 waves" in run.stdout
+    assert load.sent > 0 and load.failed == []
+    for name in ("sim-1", "sim-2", "sim-3"):
+        argv = argv_of(env, name)
+        assert argv[argv.index("--max-running-requests") + 1] == "64"
+    assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+    recorded = StateStore(env.state).read().rollout
+    assert recorded is not None and recorded.ended_at is not None and recorded.halted is None
+    assert recorded.waves == [["sim-1"], ["sim-2"], ["sim-3"]]
+    assert recorded.outcomes == {"sim-1": "relaunched", "sim-2": "relaunched", "sim-3": "relaunched"}
+
+
+def test_plain_serve_of_the_same_fleet_fails_requests(
+    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, ClientLoad]]
+) -> None:
+    env = gateway_fleet.env
+    for host in env.fleet.hosts:  # type: ignore[attr-defined]
+        host.set_knobs(startup_seconds=3.0)  # the three model loads overlap: smg cannot retry elsewhere
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
+    run, load = load_during(
+        gateway_fleet.smg.gateway.url, lambda: env.orch("serve", "--no-rolling", "--yes", "--playbook", new)
+    )
+    assert run.returncode == 0, run.output
+    assert "rolling" not in run.stderr
+    assert load.failed, f"{load.sent} requests sent during a plain relaunch of every host, none failed"
+
+
+def test_canary_not_as_asked_halts_rolls_back_and_re_registers(
+    gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, ClientLoad]]
+) -> None:
+    env = gateway_fleet.env
+    old = {name: (argv_of(env, name), server_job(env, name)) for name in ("sim-1", "sim-2", "sim-3")}
+    env.fleet.hosts[0].set_knobs(accept_length=2.0)  # type: ignore[attr-defined]
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
+    run, load = load_during(
+        gateway_fleet.smg.gateway.url, lambda: env.orch("serve", "--rolling", "--canary", "canary", "--playbook", new)
+    )
+    assert run.returncode == 5, run.output
+    assert "rollout halted: wave 1 failed on sim-1; not touched: sim-2, sim-3" in run.stderr
+    assert "rollback: the known-good server is serving again" in run.stdout
+    assert "sim-2: not touched (still on its old server)" in run.stdout
+    assert load.sent > 0 and load.failed == []
+    assert argv_of(env, "sim-1") == old["sim-1"][0]
+    for name in ("sim-2", "sim-3"):
+        assert (argv_of(env, name), server_job(env, name)) == old[name]
+    assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+    recorded = StateStore(env.state).read().rollout
+    assert recorded is not None and recorded.outcomes == {"sim-1": "rolled back"}
+    assert recorded.halted == "wave 1 failed on sim-1; not touched: sim-2, sim-3"
+
+
+@BOTH_GATEWAYS
+def test_an_interrupted_rollout_resumes_by_registering_the_host_it_left_out_first(
+    gateway_fleet: GatewayFleet,
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    sim2 = gateway_fleet.urls()[1]
+    client.remove(sim2)  # as a rollout cut off after taking sim-2 out of the gateway leaves it
+    client.wait_removed(sim2, timeout=10)
+    with StateStore(env.state).update() as state:
+        state.rollout = RolloutRecord(
+            waves=[["sim-1"], ["sim-2"], ["sim-3"]], outcomes={"sim-1": "relaunched", "sim-2": "removed"}
+        )
+    jobs = {name: server_job(env, name) for name in ("sim-1", "sim-2", "sim-3")}
+    run = env.orch("serve", "--rolling")
+    assert run.returncode == 0, run.output
+    waves = [line for line in run.stderr.splitlines() if line.startswith("wave ")]
+    assert waves == ["wave 1/3: sim-2", "wave 2/3: sim-1", "wave 3/3: sim-3"]
+    assert f"sim-2: serving as asked but not registered: registering {sim2}" in run.stderr
+    assert "sim-2: rollout unchanged in " in run.stdout and "(re-registered)" in run.stdout
+    assert {name: server_job(env, name) for name in jobs} == jobs  # nothing relaunched
+    assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+
+
+def test_sigterm_mid_rollout_says_how_to_resume_and_gateway_status_flags_the_host_left_out(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    env.fleet.hosts[0].set_knobs(startup_seconds=4.0)  # type: ignore[attr-defined]
+    old = server_job(env, "sim-1")
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
+    cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state)]
+    serve = subprocess.Popen(
+        [*cmd, "serve", "--rolling", "--playbook", new], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    while server_job(env, "sim-1") == old:  # sim-1 is out of the gateway, its new server starting
+        assert serve.poll() is None, serve.communicate()
+        time.sleep(0.05)
+    serve.send_signal(signal.SIGTERM)
+    _out, err = serve.communicate(timeout=60)
+    assert serve.returncode == 143, err
+    assert "orch: terminated (SIGTERM); jobs on the hosts keep running; run the same command again to resume" in err
+    health = f"{gateway_fleet.urls()[0]}/health"
+    while not _answers_200(health):  # the new server comes up without orch: healthy, not registered
+        time.sleep(0.1)
+    flagged = env.orch("gateway", "status")
+    assert flagged.returncode == 3, flagged.output
+    assert "sim-1: left out of the gateway by a serve that was cut off" in flagged.stdout
+    resumed = env.orch("serve", "--rolling", "--playbook", new)
+    assert resumed.returncode == 0, resumed.output
+    assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+    assert env.orch("gateway", "status").returncode == 0
+
+
+def _answers_200(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def test_gateway_status_matches_workers_with_the_inventory_and_flags_a_serving_host_not_registered(
+    gateway_fleet: GatewayFleet,
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    consistent = env.orch("gateway", "status", "--json")
+    assert consistent.returncode == 0, consistent.output
+    doc = json.loads(consistent.stdout)
+    assert doc["consistent"] and doc["unregistered"] == []
+    assert sorted((w["host"], w["url"], w["flag"]) for w in doc["workers"]) == [
+        (f"sim-{i + 1}", url, None) for i, url in enumerate(gateway_fleet.urls())
+    ]
+    sim3 = gateway_fleet.urls()[2]
+    client.remove(sim3)  # serving, but the gateway no longer sends it requests
+    client.wait_removed(sim3, timeout=10)
+    flagged = env.orch("gateway", "status")
+    assert flagged.returncode == 3, flagged.output
+    assert "sim-3: serving but not registered with the gateway" in flagged.stdout
+    assert "gateway: hosts flagged" in flagged.stdout
+
+
+def test_a_host_whose_replacement_cannot_start_stays_in_the_gateway_serving(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    env = gateway_fleet.env
+    sim2 = env.fleet.hosts[1]  # type: ignore[attr-defined]
+    before = argv_of(env, "sim-2"), server_job(env, "sim-2")
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
+    sim2.drop_model()
+    try:
+        run = env.orch("serve", "--playbook", new)
+    finally:
+        sim2.restore_model()
+    assert run.returncode == 3, run.output
+    # doctor's check (run before the rollout) finds it first; serve's own replacement check is test_serve's
+    assert f"sim-2: skipped: doctor fails it: model directory {sim2.model_path} cannot be listed" in run.output
+    assert (argv_of(env, "sim-2"), server_job(env, "sim-2")) == before  # never stopped
+    assert "sim-1: taking" in run.stderr and "sim-2: taking" not in run.output  # never left the gateway
+    healthy = {w.url for w in gateway_fleet.client.workers() if w.healthy}
+    assert gateway_fleet.urls()[1] in healthy  # still routed to
