@@ -15,6 +15,7 @@ import os
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,10 +221,22 @@ class StateStore:
         return db
 
     def _connect(self) -> sqlite3.Connection:
-        """A connection in autocommit mode (transactions are begun and ended here), in WAL mode."""
+        """A connection in autocommit mode (transactions are begun and ended here), in WAL mode: the first
+        connection to a new database switches it (the mode is kept in the file). SQLite does not wait
+        (``busy_timeout``) for the lock that switch takes: a connection finding the database busy meanwhile
+        (another orch using it for the first time) tries again, within ``lock_timeout``."""
         with self._errors():
             db = sqlite3.connect(self.path, timeout=self.lock_timeout, isolation_level=None)
-            db.execute("PRAGMA journal_mode = WAL")
+            deadline = time.monotonic() + self.lock_timeout
+            while True:
+                try:
+                    db.execute("PRAGMA journal_mode = WAL")
+                    break
+                except sqlite3.OperationalError as exc:
+                    if _kind(exc) != "busy" or time.monotonic() > deadline:
+                        db.close()
+                        raise
+                    time.sleep(0.01)
         return db
 
     def _open(self) -> None:

@@ -3,6 +3,7 @@ secret-free, a clear exit 4 for a busy, corrupt or newer database. Concurrency t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import subprocess
@@ -402,6 +403,21 @@ def test_a_write_waits_for_the_holder_within_the_timeout(db: Path) -> None:
     store.update_host("h", pull)  # waits for the holder (0.3 s) instead of failing
     holder.communicate(timeout=30)
     assert store.read().hosts["h"].phase == Phase.PULLED
+
+
+def test_the_first_use_of_a_new_database_waits_for_another_orch_using_it_at_once(db: Path) -> None:
+    """Two orchs starting on a new state at once: the store switches the new database to WAL mode while another
+    connection holds its write lock. SQLite does not wait for the lock that switch takes (it failed at once,
+    "database is locked", seen when four processes first used one new database); the store tries again."""
+    db.parent.mkdir()
+    other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)  # still in rollback mode
+    other.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.3, other.rollback).start()
+    StateStore(db).update_host("h", pull)  # waits the 0.3 s instead of failing
+    other.close()
+    assert StateStore(db).read().hosts["h"].phase == Phase.PULLED
+    with contextlib.closing(sqlite3.connect(db)) as check:
+        assert check.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 TRY_WRITE = """
