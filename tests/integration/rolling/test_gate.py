@@ -111,15 +111,22 @@ def test_gate_bench_without_a_baseline_or_without_rolling_is_refused_before_anyt
     assert StateStore(env.state).read().rollout is None
 
 
-def test_gate_bench_resumed_gates_the_canary_an_interrupted_rollout_left_out_before_registering_it(
-    gateway_fleet: GatewayFleet, tmp_path: Path
-) -> None:
-    env, client = gateway_fleet.env, gateway_fleet.client
+def canary_relaunched_after_a_slow_baseline(env: FleetEnv, tmp_path: Path) -> str:
+    """sim-1 benchmarked as ``before-slow`` on a slow configuration (max-running-requests 1), then serving a
+    faster one: what a gated rollout leaves when cut off after relaunching its canary. The new playbook."""
     gate_steps(env)
     slow, new = gate_playbook(tmp_path, "slow", 1), gate_playbook(tmp_path, "new", 64)
     assert env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", slow).returncode == 0
     assert env.orch("bench", "--host", "sim-1", "--playbook", slow, "--label", "before-slow").returncode == 0
     assert env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", new).returncode == 0
+    return new
+
+
+def test_gate_bench_resumed_gates_the_canary_an_interrupted_rollout_left_out_before_registering_it(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    new = canary_relaunched_after_a_slow_baseline(env, tmp_path)
     sim1 = gateway_fleet.urls()[0]
     client.remove(sim1)  # as a gated rollout cut off after sim-1's relaunch, before its gate decided, leaves it
     client.wait_removed(sim1, timeout=10)
@@ -143,11 +150,7 @@ def test_gate_bench_resumed_on_a_canary_still_registered_takes_the_gateway_s_409
     registered: resumed, its gate passes and ``POST /workers`` answers smg's 409 ``WORKER_ALREADY_EXISTS``,
     which is "already registered", not a failure (it halted the rollout with exit 3 before)."""
     env, client = gateway_fleet.env, gateway_fleet.client
-    gate_steps(env)
-    slow, new = gate_playbook(tmp_path, "slow", 1), gate_playbook(tmp_path, "new", 64)
-    assert env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", slow).returncode == 0
-    assert env.orch("bench", "--host", "sim-1", "--playbook", slow, "--label", "before-slow").returncode == 0
-    assert env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", new).returncode == 0
+    new = canary_relaunched_after_a_slow_baseline(env, tmp_path)
     sim1 = gateway_fleet.urls()[0]
     client.wait_routing(sim1, timeout=60)
     registered = client.find(sim1)
