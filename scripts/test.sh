@@ -21,9 +21,10 @@ ensure_gateway .venv-smg113 smg 1.13.0
 ensure_gateway .venv-smg sglang-router 0.3.2
 echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy
-# Four workers (pytest-xdist), a test file each at a time: the integration tests mostly wait on sshd and
-# simulated servers, so four at once keep a 2-core machine busy (1,929 tests in 17:10 in a clean clone; three
-# took 18:29 and 19:54, two 24:10). Each worker runs `orch` by forking a process that imported it once
-# (tests/forkserver.py; ORCH_TEST_FRESH=1 starts a fresh interpreter for every run instead).
-echo "== pytest"; .venv/bin/pytest -n "${TEST_WORKERS:-4}" --dist loadfile "$@"
+# Three workers (pytest-xdist), a test file each at a time: the integration tests mostly wait on sshd and
+# simulated servers, so three at once keep a 2-core machine busy (1,929 tests in 18:29-19:54 in clean clones;
+# two took 24:10). Four measured 17:10-19:42 but a load-timing test failed once there; six were no faster.
+# Each worker runs `orch` by forking a process that imported it once (tests/forkserver.py;
+# ORCH_TEST_FRESH=1 starts a fresh interpreter for every run instead).
+echo "== pytest"; .venv/bin/pytest -n "${TEST_WORKERS:-3}" --dist loadfile "$@"
 echo "== conformance (real SGLang)"; bash scripts/conformance.sh
