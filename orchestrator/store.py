@@ -15,13 +15,13 @@ import os
 import re
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from orchestrator import state_migration
 from orchestrator.errors import StateError, local_disk_error
@@ -227,16 +227,16 @@ class StateStore:
         (another orch using it for the first time) tries again, within ``lock_timeout``."""
         with self._errors():
             db = sqlite3.connect(self.path, timeout=self.lock_timeout, isolation_level=None)
-            deadline = time.monotonic() + self.lock_timeout
-            while True:
-                try:
-                    db.execute("PRAGMA journal_mode = WAL")
-                    break
-                except sqlite3.OperationalError as exc:
-                    if _kind(exc) != "busy" or time.monotonic() > deadline:
-                        db.close()
-                        raise
-                    time.sleep(0.01)
+            busy = retry_if_exception(lambda exc: isinstance(exc, sqlite3.OperationalError) and _kind(exc) == "busy")
+            try:
+                for attempt in Retrying(
+                    retry=busy, stop=stop_after_delay(self.lock_timeout), wait=wait_fixed(0.01), reraise=True
+                ):
+                    with attempt:
+                        db.execute("PRAGMA journal_mode = WAL")
+            except sqlite3.Error:
+                db.close()
+                raise
         return db
 
     def _open(self) -> None:
