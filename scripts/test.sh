@@ -22,8 +22,8 @@ ensure_gateway .venv-smg sglang-router 0.3.2
 echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy
 # Three workers (pytest-xdist), a test file each at a time: the integration tests mostly wait on sshd and
-# simulated servers, so three at once keep a 2-core machine busy (1,929 tests in 18:29-19:54 in clean clones;
-# two took 24:10). Four measured 17:10-19:42 but a load-timing test failed once there; six were no faster.
+# simulated servers, so three at once keep a 2-core machine busy (1,930 tests in 17:13 in a clean clone,
+# the rolling tests split; two took 24:10). Four were no faster (17:10-19:42, a load-timing test failed once).
 # Each worker runs `orch` by forking a process that imported it once (tests/forkserver.py;
 # ORCH_TEST_FRESH=1 starts a fresh interpreter for every run instead).
 echo "== pytest"; .venv/bin/pytest -n "${TEST_WORKERS:-3}" --dist loadfile "$@"
