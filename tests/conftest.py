@@ -46,7 +46,7 @@ def run_orch(
     once (``tests/forkserver.py``), or, with ``fresh`` (or where that cannot stand for a fresh interpreter), as
     ``python -m orchestrator``. Past ``timeout`` it gets SIGABRT, and the test fails with what it printed and
     where each of its threads stood (Python's faulthandler)."""
-    full_env = {**os.environ, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1", **(env or {})}
+    full_env = orch_env(env)
     if not fresh and not forkserver.SERVER.needs_fresh(full_env):
         code, out, err = forkserver.SERVER.run(list(args), str(cwd or os.getcwd()), full_env, timeout)
         stdout, stderr = decoded(out), decoded(err)
@@ -69,6 +69,11 @@ def run_orch(
             stdout, stderr = proc.communicate()
             raise _still_running(args, timeout, stdout + stderr) from None
     return OrchRun(proc.returncode, stdout, stderr)
+
+
+def orch_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every test's orch gets: this process's, 200 columns, faulthandler on, then ``env``."""
+    return {**os.environ, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1", **(env or {})}
 
 
 def _still_running(args: tuple[str, ...], timeout: float, printed: str) -> AssertionError:

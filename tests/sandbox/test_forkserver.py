@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import decoded, run_orch
+from tests.conftest import decoded, orch_env, run_orch
 from tests.forkserver import SERVER
 
 HOSTS = "hosts:\n  quiet:\n    address: 127.0.0.1\n    port: {port}\n"
@@ -24,7 +24,7 @@ def test_a_forked_orch_prints_and_exits_as_a_fresh_one(tmp_path: Path, args: tup
     fork server is asked directly, so that this compares a forked orch even under ``ORCH_TEST_FRESH=1``."""
     env = {"ORCH_INVENTORY": "from-env.yaml"}
     fresh = run_orch(*args, cwd=tmp_path, env=env, fresh=True)
-    code, out, err = SERVER.run(list(args), str(tmp_path), {**os.environ, "COLUMNS": "200", **env}, timeout=60)
+    code, out, err = SERVER.run(list(args), str(tmp_path), orch_env(env), timeout=60)
     assert (code, decoded(out), decoded(err)) == (fresh.returncode, fresh.stdout, fresh.stderr)
     assert fresh.output
 
