@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import shutil
@@ -207,7 +206,7 @@ class SimHost:
     def gpu_processes(self) -> list[dict[str, object]]:
         """What ``nvidia-smi --query-compute-apps`` lists: one dict per (process, GPU) with
         ``pid, process_name, gpu_index, gpu_uuid, gpu_name, used_memory`` (MiB)."""
-        return [dataclasses.asdict(p) for p in nvidia_smi.gpu_processes(self.root)]
+        return [{name: getattr(p, name) for name in p.__slots__} for p in nvidia_smi.gpu_processes(self.root)]
 
     def teardown(self) -> None:
         """Stop sshd and end every process of this host (sessions, jobs, servers, GPU holders)."""

@@ -2,10 +2,10 @@
 
 ::
 
-    <root>/bin/nvidia-smi               simulated nvidia-smi (hosttools/nvidia_smi.py)
+    <root>/bin/nvidia-smi               simulated nvidia-smi (<root>/lib/nvidia_smi.py: hosttools/nvidia_smi.py)
     <root>/bin/dmesg, journalctl         simulated kernel log (hosttools/kernel_log.py)
-    <root>/bin/df                       df; a full disk with knob ``disk_free_kib``/``_mib`` (hosttools/df.py)
-    <root>/bin/mkdir                    mkdir; a job start fails on a full disk with ``job_start_fails``
+    <root>/bin/df                       df; a full disk with knob ``disk_free_kib``/``_mib`` (bin/.df.py)
+    <root>/bin/mkdir                    mkdir; a job start fails on a full disk with ``job_start_fails`` (bin/.mkdir.py)
     <root>/bin/systemd-id128            prints <root>/etc/machine-id (``machine-id``): each host a machine of its own
     <root>/etc/                         sshd_config, host key, authorized_keys, machine-id
     <root>/log/sshd.log                 sshd's log (LogLevel VERBOSE); machine-id.reads: a line per read
@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,15 +109,7 @@ def prepare(disk: HostDisk, upstream: Path, venv_template: Path, knobs: Mapping[
     """Create the host's disk: tools, checkout, interpreter, model, knobs."""
     for directory in (disk.bin, disk.etc, disk.home, disk.gpus, disk.root / "log"):
         directory.mkdir(parents=True, exist_ok=True)
-    install_nvidia_smi(disk.bin / "nvidia-smi")
-    tools = {
-        "dmesg": kernel_log.__file__,
-        "journalctl": kernel_log.__file__,
-        "df": df.__file__,
-        "mkdir": mkdir.__file__,
-    }
-    for name, tool in tools.items():
-        install_tool(str(tool), disk.bin / name)
+    install_tools(disk.bin)
     install_machine_id(disk)
     gitrepo.clone(upstream, disk.sglang_dir)
     install_venv(venv_template, disk.venv, disk.sglang_dir / "python")
@@ -143,18 +135,48 @@ exit 1
 """
 
 
+def install_tools(bin_dir: Path) -> None:
+    """The simulated host's programs (``hosttools``) into its ``bin_dir``."""
+    install_nvidia_smi(bin_dir / "nvidia-smi")
+    install_tool(kernel_log.__file__, bin_dir / "dmesg")
+    install_tool(kernel_log.__file__, bin_dir / "journalctl")
+    install_tool(df.__file__, bin_dir / "df", real=df.REAL, knobs=df.KNOBS)
+    install_tool(mkdir.__file__, bin_dir / "mkdir", real=mkdir.REAL, knobs=mkdir.KNOBS)
+
+
 def install_nvidia_smi(dest: Path) -> None:
-    """Copy the simulated nvidia-smi, run by this interpreter (found without PATH). It needs only the
-    standard library, so it starts without site-packages (4x faster: status calls it on every host)."""
-    install_tool(nvidia_smi.__file__, dest)
-
-
-def install_tool(module_file: str, dest: Path) -> None:
-    """Copy a ``hosttools`` module to ``dest`` as a program run by this interpreter without site-packages."""
-    source = Path(module_file).read_text()
-    body = source.split("\n", 1)[1] if source.startswith("#!") else source
-    dest.write_text(f"#!{sys.executable} -SI\n{body}")
+    """The simulated nvidia-smi, run by this interpreter (found without PATH) without site-packages (it needs
+    only the standard library): ``dest`` imports the module copied to ``<root>/lib``, so that it is compiled
+    once per host, not on every call (status and every wait call it on every host)."""
+    lib = dest.parent.parent / "lib"
+    lib.mkdir(exist_ok=True)
+    shutil.copyfile(nvidia_smi.__file__, lib / "nvidia_smi.py")
+    stub = f"import sys\nsys.path.insert(0, {str(lib)!r})\nfrom nvidia_smi import main\nsys.exit(main(sys.argv[1:]))\n"
+    dest.write_text(f"#!{sys.executable} -SI\n{stub}")
     dest.chmod(0o755)
+
+
+def install_tool(module_file: str, dest: Path, *, real: str | None = None, knobs: Sequence[str] = ()) -> None:
+    """Copy a ``hosttools`` module to ``dest`` as a program run by this interpreter without site-packages.
+    ``real``: the module is the real program ``real`` but for ``knobs``; ``dest`` is then a shell script
+    that runs ``real`` itself while the host's ``knobs.json`` names none of them (a Python start-up saved
+    on each of the many calls of an ordinary run) and the module, installed beside it, when it names one."""
+    source = Path(module_file).read_text()
+    body = f"#!{sys.executable} -SI\n" + (source.split("\n", 1)[1] if source.startswith("#!") else source)
+    program = dest if real is None else dest.with_name(f".{dest.name}.py")
+    program.write_text(body)
+    program.chmod(0o755)
+    if real is not None:
+        names = "|".join(knobs)
+        dest.write_text(_KNOB_GATE.format(real=real, knobs=names, program=program.name))
+        dest.chmod(0o755)
+
+
+_KNOB_GATE = """#!/bin/sh
+# The simulated host's {real}: the real one unless the host's knobs.json names {knobs}; then {program}.
+grep -qsE '"({knobs})"' "${{ORCH_SIM_HOST:-${{0%/*}}/..}}/knobs.json" || exec {real} "$@"
+exec "${{0%/*}}/{program}" "$@"
+"""
 
 
 def make_venv_template(path: Path) -> Path:

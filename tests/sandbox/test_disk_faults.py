@@ -8,8 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from orchestrator.sandbox.hostdisk import install_tool
-from orchestrator.sandbox.hosttools import df, mkdir
+from orchestrator.sandbox.hostdisk import install_tools
 
 
 def run(root: Path, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -19,8 +18,7 @@ def run(root: Path, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def host(tmp_path: Path, **knobs: object) -> Path:
     (tmp_path / "bin").mkdir()
-    install_tool(df.__file__, tmp_path / "bin" / "df")
-    install_tool(mkdir.__file__, tmp_path / "bin" / "mkdir")
+    install_tools(tmp_path / "bin")
     (tmp_path / "knobs.json").write_text(json.dumps(knobs))
     return tmp_path
 

@@ -14,19 +14,27 @@ Forms answered (``docs/reference/sglang.md`` section 4): ``--query-gpu=FIELDS``,
 ``driver_version`` and ``cuda_version`` change the versions it reports.
 Knob ``nvidia_smi_fail`` makes it fail like a host whose driver is gone (exit 9);
 knob ``nvidia_smi_hang`` makes it hang like one whose driver is wedged (it sleeps until killed).
+
+orch calls it on every host many times a test (``orch status``, health and tuning waits), so it imports
+only what it needs at run time: no ``dataclasses``, ``pathlib``, ``typing`` or ``hashlib`` (over half of its
+start-up was their import); ``hostdisk.install_nvidia_smi`` runs it as an imported module, compiled once per host.
 """
 
 from __future__ import annotations
 
-import hashlib
+import binascii
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TypeVar
+
+TYPE_CHECKING = False  # typing's flag, without importing typing at run time
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import TypeVar
+
+    Root = str | os.PathLike[str]
+    Row = TypeVar("Row")
 
 DEFAULT_GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 TOTAL_MIB = 97887
@@ -39,67 +47,72 @@ DRIVER_FAILURE = (
 INVALID_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
 
 
-@dataclass(frozen=True)
 class Gpu:
-    index: int
-    name: str
-    uuid: str
-    memory_total: int
-    memory_used: int
-    utilization: int
+    __slots__ = ("index", "memory_total", "memory_used", "name", "utilization", "uuid")
+
+    def __init__(self, index: int, name: str, uuid: str, memory_total: int, memory_used: int, utilization: int):
+        self.index, self.name, self.uuid = index, name, uuid
+        self.memory_total, self.memory_used, self.utilization = memory_total, memory_used, utilization
 
     @property
     def bus_id(self) -> str:
         return f"00000000:{0x18 + 0x10 * self.index:02X}:00.0"
 
 
-@dataclass(frozen=True)
 class GpuProcess:
     """One line of ``--query-compute-apps``: a process on one GPU."""
 
-    pid: int
-    process_name: str
-    gpu_index: int
-    gpu_uuid: str
-    gpu_name: str
-    used_memory: int
+    __slots__ = ("gpu_index", "gpu_name", "gpu_uuid", "pid", "process_name", "used_memory")
+
+    def __init__(self, pid: int, process_name: str, gpu_index: int, gpu_uuid: str, gpu_name: str, used_memory: int):
+        self.pid, self.process_name, self.used_memory = pid, process_name, used_memory
+        self.gpu_index, self.gpu_uuid, self.gpu_name = gpu_index, gpu_uuid, gpu_name
 
 
-def host_root() -> Path:
-    env = os.environ.get("ORCH_SIM_HOST")
-    return Path(env) if env else Path(__file__).resolve().parent.parent
+def host_root() -> str:
+    return os.environ.get("ORCH_SIM_HOST") or os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
-def load_knobs(root: Path) -> dict[str, object]:
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as file:
+        return file.read()
+
+
+def load_knobs(root: Root) -> dict[str, object]:
     try:
-        data = json.loads((root / "knobs.json").read_text())
+        data = json.loads(_read(os.path.join(root, "knobs.json")))
     except FileNotFoundError:
         return {}
     return data if isinstance(data, dict) else {}
 
 
-def gpu_uuid(root: Path, index: int) -> str:
-    """A UUID stable for a host (its root path) and GPU index."""
-    digest = hashlib.sha1(f"{root}:{index}".encode()).hexdigest()
+def gpu_uuid(root: Root, index: int) -> str:
+    """A UUID stable for a host (its root path) and GPU index (CRC-32s: ``hashlib`` loads OpenSSL, a fifth
+    of this program's start-up)."""
+    digest = "".join(f"{binascii.crc32(f'{part}:{root}:{index}'.encode()):08x}" for part in range(4))
     return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
 def process_start_time(pid: int) -> int | None:
     """Start time (clock ticks since boot) of a live, non-zombie process; None when it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = _read(f"/proc/{pid}/stat")
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     fields = stat[stat.rindex(")") + 2 :].split()
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
-def live_registrations(root: Path) -> list[dict[str, object]]:
+def live_registrations(root: Root) -> list[dict[str, object]]:
     """Registrations whose process still runs (and is the same process: start time matches)."""
-    entries = []
-    for path in sorted((root / "gpus").glob("*.json")):
+    entries, directory = [], os.path.join(root, "gpus")
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+    except FileNotFoundError:
+        names = []
+    for name in names:
         try:
-            entry = json.loads(path.read_text())
+            entry = json.loads(_read(os.path.join(directory, name)))
         except (OSError, ValueError):
             continue
         started = process_start_time(int(entry["pid"]))
@@ -108,7 +121,7 @@ def live_registrations(root: Path) -> list[dict[str, object]]:
     return entries
 
 
-def gpu_processes(root: Path) -> list[GpuProcess]:
+def gpu_processes(root: Root) -> list[GpuProcess]:
     """What ``--query-compute-apps`` lists: one row per (process, GPU) in use."""
     by_index = {gpu.index: gpu for gpu in _bare_gpus(root)}
     return [row for entry in live_registrations(root) for row in _process_rows(entry, by_index)]
@@ -120,7 +133,7 @@ def _process_rows(entry: dict[str, object], by_index: dict[int, Gpu]) -> list[Gp
     return [GpuProcess(pid, name, gpu.index, gpu.uuid, gpu.name, memory) for gpu in gpus_used]
 
 
-def gpus(root: Path) -> list[Gpu]:
+def gpus(root: Root) -> list[Gpu]:
     """Every GPU of the host with its memory use and utilization from the live registrations."""
     result = []
     entries = live_registrations(root)
@@ -132,7 +145,7 @@ def gpus(root: Path) -> list[Gpu]:
     return result
 
 
-def _bare_gpus(root: Path) -> list[Gpu]:
+def _bare_gpus(root: Root) -> list[Gpu]:
     knobs = load_knobs(root)
     count = int(str(knobs.get("gpus", 8)))
     name = str(knobs.get("gpu_name", DEFAULT_GPU_NAME))
@@ -144,8 +157,6 @@ def _ints(value: object) -> list[int]:
 
 
 # --- formatting -------------------------------------------------------------------------------
-
-Row = TypeVar("Row")
 
 GPU_FIELDS: dict[str, tuple[str, str, Callable[[Gpu], object]]] = {
     "index": ("index", "", lambda g: g.index),
@@ -373,7 +384,7 @@ def parse_args(argv: Sequence[str]) -> dict[str, str]:
     return options
 
 
-def render(root: Path, options: dict[str, str]) -> str:
+def render(root: Root, options: dict[str, str]) -> str:
     """The text nvidia-smi prints for parsed ``options``."""
     gpu_list = gpus(root)
     selected = options.get("-i", options.get("--id"))
