@@ -57,7 +57,7 @@ class App:
     @property
     def state_path(self) -> Path:
         """``--state``, else ``$ORCH_STATE``, else ``.orch/state.db`` beside the inventory (a path ending
-        ``.json`` names an older orch's state: the database is ``.db`` beside it, ``store.database_path``)."""
+        ``.json`` names an older orch's state: the database is ``.db`` beside it, ``state_migration.database_path``)."""
         if self.state_option is not None:
             return self.state_option
         if os.environ.get("ORCH_STATE"):

@@ -35,6 +35,17 @@ LAST_JSON_VERSION = 3
 _HINT = "fix or move the old state away (orch then starts from an empty state), and run orch again"
 
 
+def database_path(path: Path) -> Path:
+    """The database for ``--state``/``$ORCH_STATE`` ``path``: a path ending ``.json`` names an older orch's
+    state (the default was ``.orch/state.json``); the database is then ``state.db`` beside it."""
+    return path.with_suffix(".db") if path.suffix == ".json" else path
+
+
+def legacy_path(database: Path) -> Path:
+    """Where an older orch kept the state this database replaces (migrated once when found)."""
+    return database.with_suffix(".json") if database.suffix else database.with_name(database.name + ".json")
+
+
 def read_legacy(path: Path) -> State:
     """The state an older orch kept at ``path`` (a single file or a state directory), validated."""
     return _read_directory(path) if path.is_dir() else _read_file(path)

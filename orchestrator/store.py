@@ -77,17 +77,6 @@ Rows = dict[Any, str]
 """Documents by their key among their owner's rows (``""`` for a host's own row and its seen row)."""
 
 
-def database_path(path: Path) -> Path:
-    """The database for ``--state``/``$ORCH_STATE`` ``path``: a path ending ``.json`` names an older orch's
-    state (the default was ``.orch/state.json``); the database is then ``state.db`` beside it."""
-    return path.with_suffix(".db") if path.suffix == ".json" else path
-
-
-def legacy_path(database: Path) -> Path:
-    """Where an older orch kept the state this database replaces (migrated once when found)."""
-    return database.with_suffix(".json") if database.suffix else database.with_name(database.name + ".json")
-
-
 @dataclass
 class _Read:
     """The rows a transaction read, as stored: what it writes back is what differs from them."""
@@ -125,7 +114,7 @@ class StateStore:
     ) -> None:
         """``on_commit(before, after)`` runs after every committed transaction, outside it, with the state as
         read and as saved (a one-host transaction: that host alone; ``notify.Notifier.on_commit``)."""
-        self.path = database_path(Path(path))
+        self.path = state_migration.database_path(Path(path))
         self.lock_timeout = lock_timeout
         self.on_commit = on_commit
         self._local = threading.local()
@@ -257,7 +246,7 @@ class StateStore:
     def _create(self, db: sqlite3.Connection) -> None:
         """In the transaction begun, unless another orch created them meanwhile: the tables, and what an older
         orch's state beside the database holds (kept, renamed, once the transaction is committed)."""
-        legacy, migrated = legacy_path(self.path), None
+        legacy, migrated = state_migration.legacy_path(self.path), None
         with db:
             if db.execute("PRAGMA user_version").fetchone()[0] == 0:
                 for table in filter(str.strip, SCHEMA.split(";")):

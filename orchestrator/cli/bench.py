@@ -90,7 +90,7 @@ def report(app: App, fmt: report_op.Format, out_dir: Path) -> int:
       orch report
       orch report --format html --out /tmp/report && xdg-open /tmp/report/report.html
     """
-    from orchestrator.store import database_path, legacy_path
+    from orchestrator.state_migration import database_path, legacy_path
 
     database = database_path(app.state_path)
     if not database.exists() and not legacy_path(database).exists():

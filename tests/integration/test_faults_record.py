@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.inventory import Host, load_inventory
-from orchestrator.store import StateStore, database_path
+from orchestrator.state_migration import database_path
+from orchestrator.store import StateStore
 from tests.conftest import run_orch
 
 SMALL = ("--num-prompts", "6", "--input-len", "32", "--output-len", "64", "--max-concurrency", "3")
