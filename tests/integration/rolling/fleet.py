@@ -31,22 +31,28 @@ class GatewayFleet:
         return self.smg.client()
 
     def urls(self) -> list[str]:
-        return [f"http://127.0.0.1:{h.server_port}" for h in self.env.fleet.hosts]  # type: ignore[attr-defined]
+        return server_urls(self.env)
+
+
+def server_urls(env: FleetEnv) -> list[str]:
+    return [f"http://127.0.0.1:{h.server_port}" for h in env.fleet.hosts]  # type: ignore[attr-defined]
 
 
 @dataclass
 class SharedFleet:
     """One 3-host fleet for the module and the gateways in front of it, each package's started on first use
-    (``tests.gateway_smg.GATEWAYS``) and stopped with the module."""
+    (``tests.gateway_smg.GATEWAYS``) and stopped with the module. ``fresh``: its servers are still those the
+    module's first serve launched, with the test knobs, and no test has run on them yet."""
 
     env: FleetEnv
     root: Path
     stack: ExitStack
     gateways: dict[str, RunningGateway] = field(default_factory=dict)
+    fresh: bool = True
 
     def gateway(self, kind: str) -> RunningGateway:
         if kind not in self.gateways:
-            urls = tuple(f"http://127.0.0.1:{h.server_port}" for h in self.env.fleet.hosts)  # type: ignore[attr-defined]
+            urls = tuple(server_urls(self.env))
             started = running_smg(self.root / f"{kind}.log", "--policy", "round_robin", workers=urls, kind=kind)
             self.gateways[kind] = self.stack.enter_context(started)
         return self.gateways[kind]
