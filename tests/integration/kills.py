@@ -47,7 +47,8 @@ from orchestrator.errors import StateError
 from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.sandbox.processes import host_pids
 from orchestrator.state import State
-from orchestrator.store import StateStore, database_path, integrity
+from orchestrator.state_migration import database_path
+from orchestrator.store import StateStore, integrity
 
 # Tuning (2 units per GPU) and the benchmark last a few seconds each: the tuning job and the benchmark run
 # on while orch is dead, so steps shorter than a kill-and-rerun cycle end before the kills aimed at them

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from orchestrator.store import database_path
+from orchestrator.state_migration import database_path
 
 
 def test_each_v_adds_one_layer_of_logging(make_fleet) -> None:  # type: ignore[no-untyped-def]

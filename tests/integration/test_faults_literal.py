@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.store import database_path
+from orchestrator.state_migration import database_path
 from tests.conftest import FleetEnv
 
 SMALL = ("--shapes", "N=1024,K=4096", "--batch-sizes", "1,2")

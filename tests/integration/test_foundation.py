@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.store import database_path
+from orchestrator.state_migration import database_path
 from tests.conftest import FleetEnv, run_orch
 from tests.unit.test_state import document
 

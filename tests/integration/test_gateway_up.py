@@ -23,7 +23,7 @@ import yaml
 from orchestrator.gateway import GatewayClient
 from orchestrator.inventory import Gateway, load_inventory
 from orchestrator.sandbox.loopback import free_port
-from orchestrator.store import database_path
+from orchestrator.state_migration import database_path
 from tests.conftest import FleetEnv, OrchRun
 from tests.gateway_smg import FAST, running_smg, smg_python
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.recipe import PACKAGED_PLAYBOOKS
-from orchestrator.store import database_path
+from orchestrator.state_migration import database_path
 from tests.conftest import FleetEnv
 from tests.unit.test_state import document
 
