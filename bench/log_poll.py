@@ -23,11 +23,11 @@ from pathlib import Path
 
 from orchestrator import jobs
 from orchestrator.inventory import Host
+from orchestrator.session import HostSession
 from orchestrator.state import utc_now
 from orchestrator.store import StateStore
 from orchestrator.transport.base import CommandResult
 from orchestrator.transport.local import LocalRunner
-from orchestrator.tuning.member import Member
 from orchestrator.tuning.progress import poll_group
 from orchestrator.tuning_record import AssignmentRecord, HostPaths, PlanRecord, TuningRecord
 
@@ -125,13 +125,13 @@ def _poll(runner: CountingRunner, host: Host, job_id: str, size: int, polls: int
     with store.update() as state:  # the plan, stored once, and the host running it
         state.tuning_plans[plan.id] = plan
         state.host("h").tuning = TuningRecord(plan_id=plan.id, state="running")
-    member = Member(host, runner)  # type: ignore[arg-type]
+    member = HostSession(host, runner, store)  # type: ignore[arg-type]
     while jobs.find(runner.inner, host.workdir, job_id).log_size < size:
         time.sleep(0.05)
     catch_up, catch_up_read = 0, 0
     while True:  # catch up with what the job wrote before the first poll
         before = runner.read
-        poll_group([member], store, plan)
+        poll_group([member], plan)
         catch_up, catch_up_read = catch_up + 1, catch_up_read + runner.read - before
         if runner.read - before < 4 << 20:
             break
@@ -139,7 +139,7 @@ def _poll(runner: CountingRunner, host: Host, job_id: str, size: int, polls: int
     for _ in range(polls):
         time.sleep(0.5)
         read0, out0 = runner.read, runner.output
-        poll_group([member], store, plan)
+        poll_group([member], plan)
         steady_read.append(runner.read - read0)
         steady_output.append(runner.output - out0)
     return Result(size, catch_up, catch_up_read, steady_read, steady_output)
