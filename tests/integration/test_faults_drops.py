@@ -226,10 +226,15 @@ def test_logs_follow_prints_every_byte_once_across_repeated_drops(make_fleet: An
     started = start_job(env, "t.halves", [*HALVES, str(gate), "30"])
     cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "logs", sim.name, started.job_id, "-f"]
     follower = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert follower.stderr is not None
+    assert follower.stdout is not None and follower.stderr is not None
     assert started.job_id.encode() in follower.stderr.readline()  # following, from byte 0
     gate.touch()
-    cuts = sum(cut_in_flight(sim, follower) for _ in range(3))  # listings cut as they run ...
+    log_file, shown, cuts = Path(sim.workdir) / "jobs" / started.job_id / "log", bytearray(), 0
+    for _ in range(3):  # listings cut as they run, each a drop of its own: ...
+        cuts += cut_in_flight(sim, follower)
+        written = log_file.stat().st_size
+        while len(shown) <= written and (more := os.read(follower.stdout.fileno(), 1 << 16)):
+            shown += more  # ... the follower printed a byte written after the cut: it read again since
     sim.drop_connections()  # ... and an outage with the daemon down
     sim.stop_sshd()
     time.sleep(2)
@@ -237,6 +242,6 @@ def test_logs_follow_prints_every_byte_once_across_repeated_drops(make_fleet: An
     out, err = follower.communicate(timeout=120)
     assert follower.returncode == 0, err
     assert cuts == 3 and err.count(b"reconnecting, resuming at byte") >= 2, err
-    log = (Path(sim.workdir) / "jobs" / started.job_id / "log").read_bytes()
+    log = log_file.read_bytes()
     assert log.count(b"\n") == 30
-    assert out == log + f"-- {started.job_id}: succeeded\n".encode()  # every byte once, none lost
+    assert bytes(shown) + out == log + f"-- {started.job_id}: succeeded\n".encode()  # every byte once, none lost
