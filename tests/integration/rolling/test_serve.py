@@ -133,7 +133,8 @@ def test_sigterm_mid_rollout_says_how_to_resume_and_gateway_status_flags_the_hos
     while not _answers_200(health):  # the new server comes up without orch: healthy, not registered
         time.sleep(0.1)
     flagged = env.orch("gateway", "status")
-    assert flagged.returncode == 3, flagged.output
+    seen = f"{flagged.output}\n-- the cut-off serve's stderr:\n{err}\n-- workers: {client.workers()}"
+    assert flagged.returncode == 3, seen  # failed once (and in stop 36): sim-1 listed healthy; cause unknown
     assert "sim-1: left out of the gateway by a serve that was cut off" in flagged.stdout
     resumed = env.orch("serve", "--rolling", "--playbook", new)
     assert resumed.returncode == 0, resumed.output
