@@ -2,10 +2,11 @@
 
 ::
 
-    <root>/bin/nvidia-smi               simulated nvidia-smi (<root>/lib/nvidia_smi.py: hosttools/nvidia_smi.py)
+    <root>/bin/nvidia-smi               simulated nvidia-smi (hosttools/nvidia_smi.py)
     <root>/bin/dmesg, journalctl         simulated kernel log (hosttools/kernel_log.py)
-    <root>/bin/df                       df; a full disk with knob ``disk_free_kib``/``_mib`` (bin/.df.py)
-    <root>/bin/mkdir                    mkdir; a job start fails on a full disk with ``job_start_fails`` (bin/.mkdir.py)
+    <root>/bin/df                       df; a full disk with knob ``disk_free_kib``/``_mib`` (hosttools/df.py)
+    <root>/bin/mkdir                    mkdir; a job start fails on a full disk with ``job_start_fails``
+    <root>/lib/                         the hosttools modules the programs in bin import (``install_tool``)
     <root>/bin/systemd-id128            prints <root>/etc/machine-id (``machine-id``): each host a machine of its own
     <root>/etc/                         sshd_config, host key, authorized_keys, machine-id
     <root>/log/sshd.log                 sshd's log (LogLevel VERBOSE); machine-id.reads: a line per read
@@ -24,6 +25,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,6 +33,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from orchestrator.sandbox import gitrepo, modelconfig
 from orchestrator.sandbox.hosttools import df, flashinfer_stub, kernel_log, mkdir, nvidia_smi, torch_stub
@@ -137,45 +140,42 @@ exit 1
 
 def install_tools(bin_dir: Path) -> None:
     """The simulated host's programs (``hosttools``) into its ``bin_dir``."""
-    install_nvidia_smi(bin_dir / "nvidia-smi")
-    install_tool(kernel_log.__file__, bin_dir / "dmesg")
-    install_tool(kernel_log.__file__, bin_dir / "journalctl")
-    install_tool(df.__file__, bin_dir / "df", real=df.REAL, knobs=df.KNOBS)
-    install_tool(mkdir.__file__, bin_dir / "mkdir", real=mkdir.REAL, knobs=mkdir.KNOBS)
+    install_tool(nvidia_smi, bin_dir / "nvidia-smi")
+    install_tool(kernel_log, bin_dir / "dmesg")
+    install_tool(kernel_log, bin_dir / "journalctl")
+    install_tool(df, bin_dir / "df", real=df.REAL, knobs=df.KNOBS)
+    install_tool(mkdir, bin_dir / "mkdir", real=mkdir.REAL, knobs=mkdir.KNOBS)
 
 
-def install_nvidia_smi(dest: Path) -> None:
-    """The simulated nvidia-smi, run by this interpreter (found without PATH) without site-packages (it needs
-    only the standard library): ``dest`` imports the module copied to ``<root>/lib``, so that it is compiled
-    once per host, not on every call (status and every wait call it on every host)."""
+def install_tool(module: ModuleType, dest: Path, *, real: str | None = None, knobs: Sequence[str] = ()) -> None:
+    """``module`` as the host's program ``dest``: copied to ``<root>/lib`` and run from there by this interpreter
+    without site-packages (it needs only the standard library), imported, so that it is compiled once per host,
+    not on every call (orch calls these on every host many times a test). ``real``: the module is the real
+    program ``real`` but for ``knobs``; ``dest`` is then a shell script that runs ``real`` itself while the
+    host's ``knobs.json`` names none of them (no Python start-up at all) and the module when it names one."""
     lib = dest.parent.parent / "lib"
     lib.mkdir(exist_ok=True)
-    shutil.copyfile(nvidia_smi.__file__, lib / "nvidia_smi.py")
-    stub = f"import sys\nsys.path.insert(0, {str(lib)!r})\nfrom nvidia_smi import main\nsys.exit(main(sys.argv[1:]))\n"
-    dest.write_text(f"#!{sys.executable} -SI\n{stub}")
-    dest.chmod(0o755)
-
-
-def install_tool(module_file: str, dest: Path, *, real: str | None = None, knobs: Sequence[str] = ()) -> None:
-    """Copy a ``hosttools`` module to ``dest`` as a program run by this interpreter without site-packages.
-    ``real``: the module is the real program ``real`` but for ``knobs``; ``dest`` is then a shell script
-    that runs ``real`` itself while the host's ``knobs.json`` names none of them (a Python start-up saved
-    on each of the many calls of an ordinary run) and the module, installed beside it, when it names one."""
-    source = Path(module_file).read_text()
-    body = f"#!{sys.executable} -SI\n" + (source.split("\n", 1)[1] if source.startswith("#!") else source)
-    program = dest if real is None else dest.with_name(f".{dest.name}.py")
-    program.write_text(body)
+    name = module.__name__.rpartition(".")[2]
+    shutil.copyfile(str(module.__file__), lib / f"{name}.py")
+    program = dest if real is None else lib / dest.name
+    program.write_text(_IMPORTER.format(python=sys.executable, lib=str(lib), module=name))
     program.chmod(0o755)
     if real is not None:
-        names = "|".join(knobs)
-        dest.write_text(_KNOB_GATE.format(real=real, knobs=names, program=program.name))
+        dest.write_text(_KNOB_GATE.format(real=real, knobs="|".join(knobs), program=shlex.quote(str(program))))
         dest.chmod(0o755)
 
 
+_IMPORTER = """#!{python} -SI
+import sys
+sys.path.insert(0, {lib!r})
+from {module} import main
+sys.exit(main(sys.argv[1:]))
+"""
+
 _KNOB_GATE = """#!/bin/sh
-# The simulated host's {real}: the real one unless the host's knobs.json names {knobs}; then {program}.
+# The simulated host's {real}: the real one unless the host's knobs.json names {knobs}; then the simulator.
 grep -qsE '"({knobs})"' "${{ORCH_SIM_HOST:-${{0%/*}}/..}}/knobs.json" || exec {real} "$@"
-exec "${{0%/*}}/{program}" "$@"
+exec {program} "$@"
 """
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 REFUSALS = {
@@ -45,7 +46,9 @@ def lines(events: object) -> list[str]:
     return out
 
 
-def main(program: str) -> int:
+def main(argv: Sequence[str]) -> int:
+    """As ``dmesg`` or ``journalctl``: the name it runs as (``sys.argv[0]``) says which; ``argv`` is ignored."""
+    program = os.path.basename(sys.argv[0])
     settings = knobs()
     closed = settings.get("kernel_log_unreadable")
     if closed == "user_journal" and program == "journalctl":
@@ -58,4 +61,4 @@ def main(program: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[0]).name))
+    sys.exit(main(sys.argv[1:]))

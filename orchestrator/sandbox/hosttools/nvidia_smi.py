@@ -17,7 +17,7 @@ knob ``nvidia_smi_hang`` makes it hang like one whose driver is wedged (it sleep
 
 orch calls it on every host many times a test (``orch status``, health and tuning waits), so it imports
 only what it needs at run time: no ``dataclasses``, ``pathlib``, ``typing`` or ``hashlib`` (over half of its
-start-up was their import); ``hostdisk.install_nvidia_smi`` runs it as an imported module, compiled once per host.
+start-up was their import); ``hostdisk.install_tool`` runs it as an imported module, compiled once per host.
 """
 
 from __future__ import annotations
