@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout = PipeSafeStdout(sys.stdout)
     # Ctrl-C ends orch from the handler itself: a KeyboardInterrupt can be swallowed on its way up (raised
     # inside a __del__ or a library's cleanup, it is only "ignored"), and orch then went on as if nothing
-    # had happened. Detached jobs and atomic state writes make stopping at any point safe.
+    # had happened. Detached jobs and state transactions make stopping at any point safe.
     signal.signal(signal.SIGINT, lambda signum, frame: _interrupted())
     signal.signal(signal.SIGTERM, lambda signum, frame: _interrupted(ExitCode.TERMINATED))  # says how to resume too
     code = run_command(argv)
@@ -208,8 +208,8 @@ def run_command(argv: list[str] | None) -> int:
 
 def _interrupted(code: ExitCode = ExitCode.INTERRUPTED) -> NoReturn:
     """Ctrl-C (or SIGTERM, ``code`` 143): stop now, without waiting for threads still talking to hosts.
-    Jobs on the hosts are detached and keep running; state writes are atomic renames, so nothing is
-    half-written; running the same command again resumes (as after a SIGKILL)."""
+    Jobs on the hosts are detached and keep running; every state write is one SQLite
+    transaction, so nothing is half-written; running the same command again resumes (as after a SIGKILL)."""
     how = "interrupted" if code == ExitCode.INTERRUPTED else "terminated (SIGTERM)"
     click.echo(f"orch: {how}; jobs on the hosts keep running; run the same command again to resume", err=True)
     sys.stdout.flush()
