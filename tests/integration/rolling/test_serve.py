@@ -7,6 +7,7 @@ rollouts resume by registering the host they left out."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -117,6 +118,7 @@ def test_sigterm_mid_rollout_says_how_to_resume_and_gateway_status_flags_the_hos
     env, client = gateway_fleet.env, gateway_fleet.client
     env.fleet.hosts[0].set_knobs(startup_seconds=4.0)  # type: ignore[attr-defined]
     old = server_job(env, "sim-1")
+    log_from = gateway_fleet.smg.log.stat().st_size
     new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
     cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state)]
     serve = subprocess.Popen(
@@ -125,6 +127,7 @@ def test_sigterm_mid_rollout_says_how_to_resume_and_gateway_status_flags_the_hos
     while server_job(env, "sim-1") == old:  # sim-1 is out of the gateway, its new server starting
         assert serve.poll() is None, serve.communicate()
         time.sleep(0.05)
+    listed_at_term = [w.url for w in client.workers()]
     serve.send_signal(signal.SIGTERM)
     _out, err = serve.communicate(timeout=60)
     assert serve.returncode == 143, err
@@ -133,13 +136,31 @@ def test_sigterm_mid_rollout_says_how_to_resume_and_gateway_status_flags_the_hos
     while not _answers_200(health):  # the new server comes up without orch: healthy, not registered
         time.sleep(0.1)
     flagged = env.orch("gateway", "status")
-    seen = f"{flagged.output}\n-- the cut-off serve's stderr:\n{err}\n-- workers: {client.workers()}"
+    seen = "\n".join(
+        [
+            flagged.output,
+            f"-- the cut-off serve's stderr:\n{err}",
+            f"-- workers: {client.workers()}; listed at SIGTERM: {listed_at_term}",
+            f"-- the inventory's gateway: {env.inventory.read_text().partition('gateway:')[2][:80]!r}; "
+            f"the test's: {gateway_fleet.smg.gateway.url}",
+            f"-- the gateway's log since the test began:\n{_worker_events(gateway_fleet.smg.log, log_from)}",
+        ]
+    )
     assert flagged.returncode == 3, seen  # failed once (and in stop 36): sim-1 listed healthy; cause unknown
     assert "sim-1: left out of the gateway by a serve that was cut off" in flagged.stdout
     resumed = env.orch("serve", "--rolling", "--playbook", new)
     assert resumed.returncode == 0, resumed.output
     assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
     assert env.orch("gateway", "status").returncode == 0
+
+
+def _worker_events(log: Path, start: int) -> str:
+    """The gateway log's lines about adding, draining and removing workers from byte ``start`` on."""
+    with log.open("rb") as f:
+        f.seek(start)
+        lines = re.sub(r"\x1b\[[0-9;]*m", "", f.read().decode(errors="replace")).splitlines()  # no colours
+    marks = ("method=POST", "method=DELETE", "Draining", "Removed", "Activated", "ERROR", "WARN")
+    return "\n".join(line[:200] for line in lines if any(mark in line for mark in marks))[-6000:]
 
 
 def _answers_200(url: str) -> bool:
