@@ -15,7 +15,7 @@ import os
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -86,6 +86,24 @@ class _Read:
     rollout: Rows = field(default_factory=dict)
 
 
+class _Plans(Mapping[str, PlanRecord]):
+    """The plans of a read without history: each validated from its text when asked for, and not kept.
+    ``orch status`` looks at each tuned host's plan once; a thousand plans held at once were objects
+    Python's garbage collector walked again and again (a fifth of a status's state side at 1,000 hosts)."""
+
+    def __init__(self, texts: Rows, path: Path) -> None:
+        self._texts, self._path = texts, path
+
+    def __getitem__(self, plan_id: str) -> PlanRecord:
+        return _parse(PlanRecord, self._texts[plan_id], self._path, f"tuning plan {plan_id!r}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._texts)
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+
 class StateStore:
     """orch's state in one SQLite database (this module's docstring), shared safely by several orch
     processes and threads (a connection per thread). Its first use opens the database and checks it: the
@@ -108,8 +126,8 @@ class StateStore:
     def read(self, names: Iterable[str] | None = None, *, history: bool = True) -> State:
         """The state: every host (``names`` None) or those of ``names`` the state has, and the fleet's
         plans and rollout, as one consistent snapshot. ``history=False`` leaves out each host's phase
-        changes, benchmark runs and finished jobs (what ``orch status`` does not show): never write such a
-        read back (transactions read whole)."""
+        changes, benchmark runs and finished jobs (what ``orch status`` does not show), and validates a
+        plan when it is asked for (``_Plans``): never write such a read back (transactions read whole)."""
         db, wanted = self._db(), None if names is None else list(dict.fromkeys(names))
         with self._errors():
             if db.in_transaction:  # inside this thread's transaction: what the database holds, as it began
@@ -167,8 +185,7 @@ class StateStore:
                     raise RuntimeError("update_hosts(seen=True) changes last_seen, sglang and machine alone")
                 doc = hs.model_dump_json(include=_SEEN_FIELDS, warnings=False)
                 if doc != known.get(name):
-                    _parse(HostState, doc, self.path, f"seen {name!r}", writing=True)
-                    written.append((name, doc))
+                    written.append((name, _checked(HostState, doc, self.path, f"seen {name!r}")))
             db.executemany("INSERT OR REPLACE INTO seen VALUES (?, ?)", written)
             db.executemany("INSERT OR IGNORE INTO hosts VALUES (?, ?)", [(name, _NEW_HOST) for name in names])
 
@@ -213,27 +230,31 @@ class StateStore:
 
     def _open(self) -> None:
         """Create the database (0600, its directory 0700) when missing, and check or create its schema:
-        created once, under the write lock (another orch may be creating it too), in the transaction that
-        migrates an older orch's state found beside it (kept, renamed, once that transaction committed)."""
+        an older orch's state found beside it is migrated in the transaction that creates the tables."""
         _private_file(self.path)
-        legacy, migrated = state_migration.legacy_path(self.path), None
         with contextlib.closing(self._connect()) as db, self._errors():
-            if db.execute("PRAGMA user_version").fetchone()[0] == 0:
+            if db.execute("PRAGMA user_version").fetchone()[0] == 0:  # new: created once, under the write lock
                 db.execute("BEGIN IMMEDIATE")
-                with db:
-                    if db.execute("PRAGMA user_version").fetchone()[0] == 0:  # nobody created it meanwhile
-                        for table in filter(str.strip, SCHEMA.split(";")):
-                            db.execute(table)
-                        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                        migrated = state_migration.read_legacy(legacy) if legacy.exists() else None
-                        if migrated is not None:
-                            self._save(db, migrated, _Read())
+                self._create(db)
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StateError(
                     f"state database {self.path} has schema version {version}; this orch reads {SCHEMA_VERSION}",
                     hint="a newer orch wrote it: use that orch (orch never resets it)",
                 )
+
+    def _create(self, db: sqlite3.Connection) -> None:
+        """In the transaction begun, unless another orch created them meanwhile: the tables, and what an older
+        orch's state beside the database holds (kept, renamed, once the transaction is committed)."""
+        legacy, migrated = state_migration.legacy_path(self.path), None
+        with db:
+            if db.execute("PRAGMA user_version").fetchone()[0] == 0:
+                for table in filter(str.strip, SCHEMA.split(";")):
+                    db.execute(table)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                migrated = state_migration.read_legacy(legacy) if legacy.exists() else None
+                if migrated is not None:
+                    self._save(db, migrated, _Read())
         if migrated is not None:
             kept = state_migration.keep(legacy)
             log.warning("state %s migrated into the database %s; the old state is kept as %s", legacy, self.path, kept)
@@ -301,9 +322,9 @@ class StateStore:
             db.execute(f"SELECT id, doc FROM tuning_plans{of_hosts} ORDER BY rowid", named if of_hosts else ())
         )
         old.rollout = dict(db.execute("SELECT id, doc FROM rollout"))
-        plans = {i: _parse(PlanRecord, doc, self.path, f"tuning plan {i!r}") for i, doc in old.plans.items()}
+        plans: Any = _Plans(old.plans, self.path)  # a read without history: a read-only mapping, never saved
         rollout = _parse(RolloutRecord, old.rollout[1], self.path, "rollout") if old.rollout else None
-        return State.model_construct(hosts=hosts, tuning_plans=plans, rollout=rollout), old
+        return State.model_construct(hosts=hosts, tuning_plans=dict(plans) if history else plans, rollout=rollout), old
 
     def _save(self, db: sqlite3.Connection, state: State, old: _Read) -> None:
         """Write what changed of ``state`` since ``old`` was read: each host, the plans and the rollout, and
@@ -347,9 +368,7 @@ class StateStore:
 
         where = " AND ".join(f"{column} = ?" for column in columns)
         db.executemany(f"DELETE FROM {table} WHERE {where}", [row(k) for k in old.keys() - new.keys()])
-        changed = [(*row(k), doc) for k, doc in new.items() if old.get(k) != doc]
-        for *_, doc in changed:
-            _parse(model, doc, self.path, what, writing=True)
+        changed = [(*row(k), _checked(model, doc, self.path, what)) for k, doc in new.items() if old.get(k) != doc]
         marks = ", ".join("?" * (len(columns) + 1))
         db.executemany(_UPSERT_JOB if table == "jobs" else f"INSERT OR REPLACE INTO {table} VALUES ({marks})", changed)
 
@@ -363,18 +382,24 @@ def _host_text(rows: dict[str, Rows]) -> str:
     return rows["hosts"][""][:-1] + "," + ",".join(part for part in [*parts, seen] if part) + "}"
 
 
-def _parse(model: type[M], text: str, path: Path, what: str, *, writing: bool = False) -> M:
-    """``text`` validated as ``model``: as orch writes it (``writing``: secrets are refused here, and values
-    mutated in place, which bypass assignment validation, are checked), or as orch wrote it (checked for
-    secrets then). Else a ``StateError`` naming what is wrong (a write refused saves nothing of its transaction)."""
+def _checked(model: type[BaseModel], text: str, path: Path, what: str) -> str:
+    """``text`` once it validates as ``model`` (values mutated in place bypass assignment validation;
+    secrets are refused here), else a ``StateError``: nothing of the transaction is written."""
     try:
-        return model.model_validate_json(text, context=None if writing else READ_BACK)
+        model.model_validate_json(text)
     except ValidationError as exc:
-        if writing:
-            raise StateError(
-                f"refusing to write {what} to state database {path}: {summarize(exc)}",
-                hint="this is a bug in the code that changed the state; nothing was written",
-            ) from exc
+        raise StateError(
+            f"refusing to write {what} to state database {path}: {summarize(exc)}",
+            hint="this is a bug in the code that changed the state; nothing was written",
+        ) from exc
+    return text
+
+
+def _parse(model: type[M], text: str, path: Path, what: str) -> M:
+    """A document as orch wrote it (checked for secrets then), or a ``StateError`` naming what is wrong."""
+    try:
+        return model.model_validate_json(text, context=READ_BACK)
+    except ValidationError as exc:
         raise StateError(
             f"state database {path} is corrupt: {what}: {summarize(exc)}",
             hint=f"restore a copy of {path}, or export what reads (`orch state export`) and move it away",

@@ -4,6 +4,7 @@ rows it renders (one line per host at 100 columns)."""
 from __future__ import annotations
 
 import io
+import sqlite3
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from orchestrator.store import StateStore
 from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.plan import make_plan
 from orchestrator.tuning.prepare import HostFacts, Prepared
-from orchestrator.tuning.progress import group_status, summary
+from orchestrator.tuning.progress import group_status, status_field, summary
 from orchestrator.tuning_record import InstalledRecord, PlanRecord, TuningRecord
 from orchestrator.views import status as views_mod
 
@@ -85,6 +86,27 @@ def test_installed_fleet_tuning_is_complete_though_the_peers_progress_is_not_at_
     plan = group_plan(("h1", "h2"))
     field = summary(group_status("h1", installed(plan), plan, {}, {}))
     assert (field["units_done"], field["units_total"]) == (6, 6)
+
+
+def test_a_plan_that_does_not_validate_makes_its_hosts_tuning_unknown_not_the_fleets_status(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    with store.update() as state:
+        for name in ("h1", "h2"):
+            plan = group_plan((name,)).model_copy(update={"id": f"plan-{name}"})
+            state.tuning_plans[plan.id] = plan
+            state.host(name).tuning = TuningRecord(plan_id=plan.id, state="installed")
+    with sqlite3.connect(store.path) as db:
+        db.execute("""UPDATE tuning_plans SET doc = '{"id": "plan-h2"}' WHERE id = 'plan-h2'""")
+    read = store.read(history=False)  # what `orch status` reads
+    hosts = {name: Host(name=name, address="127.0.0.1") for name in read.hosts}
+    fields = {
+        name: status_field(HostSession(hosts[name], LocalRunner(hosts[name]), store), hs, read)
+        for name, hs in read.hosts.items()
+    }
+    assert fields["h1"] is not None and fields["h1"]["state"] == "installed"
+    assert fields["h2"] is not None and fields["h2"]["state"] == "unknown"
+    corrupt = f"state database {store.path} is corrupt: tuning plan 'plan-h2': created_at: Field required"
+    assert fields["h2"]["error"].startswith(corrupt)
 
 
 def test_installed_tuning_says_for_which_device_and_commit() -> None:
