@@ -100,6 +100,17 @@ def _started(host: Any, purpose: str) -> list[Path]:
     return [d for d in kills.job_dirs(host, purpose) if (d / "pid").exists()]
 
 
+def _unended_jobs(host: Any) -> str:
+    """The host's jobs without an exit code, each with its log's last line (what it was doing)."""
+    jobs = Path(host.workdir, "jobs")
+    lines = []
+    for d in sorted(jobs.iterdir()) if jobs.exists() else []:
+        if not (d / "exit_code").exists():
+            log = (d / "log").read_text(errors="replace").strip().splitlines() if (d / "log").exists() else []
+            lines.append(f"{d.name}: {log[-1][-200:] if log else '(no log)'}")
+    return "\n".join(lines) or "(none)"
+
+
 def _kill_between_start_and_record(env: FleetEnv, args: list[str], moment: Any, purpose: str) -> Path:
     """Run orch ``args``; at ``moment(state document)`` hold the state lock, wait for the first job of
     ``purpose`` to run on the host, check the state does not know it, SIGKILL orch, release."""
@@ -110,7 +121,10 @@ def _kill_between_start_and_record(env: FleetEnv, args: list[str], moment: Any, 
             holder = kills.hold_state_lock_from(env.state, moment, alive=lambda: proc.poll() is None)
         except AssertionError as exc:
             tail = "\n".join(_orch_log(env).read_text(errors="replace").splitlines()[-30:])
-            raise AssertionError(f"{exc} (orch exit code {proc.poll()}); its output ended:\n{tail}") from None
+            unended = _unended_jobs(host)
+            raise AssertionError(
+                f"{exc} (orch exit code {proc.poll()}); its output ended:\n{tail}\n-- jobs not ended:\n{unended}"
+            ) from None
         try:
             job = kills.wait_for(lambda: _started(host, purpose), f"a {purpose} job on the host")[0]
             known = StateStore(env.state).read().hosts[host.name]
