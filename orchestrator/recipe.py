@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.errors import ConfigError
 from orchestrator.text import find_secret, is_env_name, looks_secret
+from orchestrator.tuning_record import STUCK_AFTER_S
 from orchestrator.tuning_record import Shape as Shape  # the one shape type, re-exported: the playbook's shapes
 from orchestrator.yamlfile import control_character, load_yaml, read_text
 
@@ -71,6 +72,9 @@ class TuningSpec(_Strict):
     # the seconds one (shape, batch size) unit takes. A GPU's job runs each of its shapes in one call.
     tuner_startup_s: float = Field(20.0, ge=0)
     tuner_unit_s: float = Field(60.0, gt=0)
+    # How long a tuning job may go silent once its log shows every unit of it done before orch calls it stuck
+    # (a tuner hung in its pool's teardown: reference §1.1) and stops it; its finished results are installed.
+    stuck_after_s: float = Field(STUCK_AFTER_S, gt=0)
 
 
 class BenchSpec(_Strict):

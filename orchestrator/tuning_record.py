@@ -14,6 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+STUCK_AFTER_S = 300.0
+"""The recipe's default ``tuning.stuck_after_s``: how long a tuning job may stay silent, every unit of it done,
+before orch calls it stuck in its teardown and stops it (``tuning.progress.stuck_jobs``)."""
+
 
 class _Record(BaseModel):
     """Strict like the rest of the state (``state._Model``): an unknown key is a corrupt file, not ignored.
@@ -111,6 +115,8 @@ class PlanRecord(_Record):
     # the model's FP8 blocks (config.json's weight_block_size): the tuner's --block-n/--block-k and its
     # files' names; a plan recorded before this existed tuned the default [128, 128]
     block_shape: tuple[int, int] = (128, 128)
+    # the recipe's tuning.stuck_after_s when the plan was made (a plan recorded before it existed: the default)
+    stuck_after_s: float = STUCK_AFTER_S
 
     def on(self, host: str) -> list[AssignmentRecord]:
         return [a for a in self.assignments if a.host == host]
@@ -147,7 +153,8 @@ class LogProgress(BaseModel):
     """What one tuning job's log said so far (``facts.tuner.feed`` reads it on from ``offset``), kept in
     the record so another orch (``status``, ``wait``) resumes there. Lines end at ``\\n`` or ``\\r``; an
     unterminated last line waits in ``carry``. ``done``: shape key -> batch sizes completed; ``written``:
-    the last 50 config paths the log announced. Unknown keys are ignored, as the dict it replaces was
+    the last 50 config paths the log announced; ``grew_at``: when the log last grew, by the host's clock
+    (what tells a tuner stuck after its last unit). Unknown keys are ignored, as the dict it replaces was
     read (the state file holds these keys in this order, as before)."""
 
     model_config = ConfigDict(extra="ignore", hide_input_in_errors=True)
@@ -161,6 +168,7 @@ class LogProgress(BaseModel):
     traceback: bool = False
     error: str | None = None
     oom: bool = False
+    grew_at: datetime | None = None  # the host's clock when a poll last found the log grown (or first saw it)
 
 
 class TuningRecord(_Record):

@@ -492,6 +492,7 @@ def job_env(gpu: int) -> dict[str, str]:
 
 _SHAPE_LINE = re.compile(r"\[GPU (\d+)\] Tune for weight shape of `N: (\d+), K: (\d+)`")
 _COMPLETED = re.compile(r"Completed tuning for batch_size=(\d+)")
+_RUN_START = re.compile(r"orch: tuner run \d+/\d+: ")  # what _JOB_SCRIPT prints before each run
 _WRITING = re.compile(r"Writing best config to (.+?)\.\.\.\s*$")
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))(?::\s*(.*))?$")
 _CARRY_LIMIT = 65536
@@ -505,7 +506,8 @@ def feed(progress: LogProgress, data: bytes) -> None:
     Lines end at ``\\n`` or ``\\r`` (tqdm redraws); an unterminated last line is kept in ``carry``
     and parsed once it is complete. A "Completed tuning for batch_size=M" line counts for the shape
     the same log announced last ("[GPU i] Tune for weight shape of ..."): exact for orch's
-    one-GPU runs, a best effort for a multi-GPU run whose lines interleave.
+    one-GPU runs, a best effort for a multi-GPU run whose lines interleave. ``shape`` is the shape of the
+    run in progress: none from the job's line starting a run until that run announces its shape.
     """
     progress.offset += len(data)
     text = progress.carry + data.decode("utf-8", errors="replace")
@@ -518,6 +520,8 @@ def feed(progress: LogProgress, data: bytes) -> None:
 
 
 def _line(p: LogProgress, line: str) -> None:
+    if _RUN_START.match(line):  # the job's next tuner run: no shape until it announces one
+        p.shape = None
     if m := _SHAPE_LINE.search(line):
         p.shape = f"N={m[2]},K={m[3]}"
     for m in _COMPLETED.finditer(line):

@@ -17,8 +17,8 @@ Knobs (``SimHost.set_knobs``; defaults and meaning in ``sglang_sim/python/sglang
 ``hosttools.nvidia_smi.FAULTS``), ``driver_version``, ``cuda_version``, ``xid_events`` ([code, GPU index] each),
 ``kernel_log_unreadable``, ``disk_free_mib`` (``hosttools.kernel_log``, ``hosttools.df``), ``nccl_seconds``,
 ``nccl_p2p_slowdown``, ``nccl_p2p_hang`` (``hosttools.torch_stub``: a simulated torch for ``doctor --nccl``);
-tuner: ``tune_seconds_per_unit``, ``tuner_startup_seconds``,
-``tuner_fail`` (crash | oom | no_gpu), ``tuner_fail_after``; server: ``startup_seconds``, ``server_fail`` (crash |
+tuner: ``tune_seconds_per_unit``, ``tuner_startup_seconds``, ``tuner_fail`` (crash | oom | no_gpu |
+hang_at_exit), ``tuner_fail_after``; server: ``startup_seconds``, ``server_fail`` (crash |
 never_healthy | ignore_sigterm), ``drain_seconds``, ``drain_log_seconds``, ``accept_length``,
 ``decode_step_seconds``, ``spec_step_overhead``, ``triton_default_slowdown``, ``tuned_speedup``.
 """

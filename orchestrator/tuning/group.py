@@ -3,14 +3,17 @@ and installs.
 
 ``start_groups`` starts new plans (grouped by GPU name and SGLang commit with ``--fleet``) and gathers
 the running plans hosts attach to; ``step_group`` polls a group once (one state read, at most one
-write) and completes it when every job has ended (``install.complete_group``).
+write) and completes it when every job has ended (``install.complete_group``), stopping a job that would
+never end: one stuck after a finished tuner run.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from orchestrator import jobs
 from orchestrator.errors import OrchError, RefusedError
 from orchestrator.session import HostSession
 from orchestrator.state import State
@@ -18,9 +21,19 @@ from orchestrator.tuning.install import complete_group
 from orchestrator.tuning.member import Peers, plan_of, records, store_of
 from orchestrator.tuning.plan import group_prepared
 from orchestrator.tuning.prepare import Prepared
-from orchestrator.tuning.progress import HostPoll, TuneStatus, group_status, job_views, poll_group
+from orchestrator.tuning.progress import (
+    HostPoll,
+    TuneStatus,
+    group_status,
+    job_views,
+    poll_group,
+    stuck_jobs,
+    units_done,
+)
 from orchestrator.tuning.start import record_nothing_to_do, resume_starts, start_group
 from orchestrator.tuning_record import PlanRecord, TuningRecord
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -128,12 +141,13 @@ def _attached_groups(prepared: Sequence[Prepared], peers: Peers) -> list[Group]:
 def step_group(
     members: Sequence[HostSession], plan: PlanRecord, state: State | None = None
 ) -> tuple[dict[str, TuneStatus], State]:
-    """Poll once; when every job has ended and the group is still ``running``, complete it.
+    """Poll once; when every job has ended and the group is still ``running``, complete it. A job stuck
+    after a finished tuner run is stopped first (``_stop_stuck``), and the group polled again.
 
     ``state``: the state as the caller last saw it (the offsets to read the logs from, the jobs already
     started), else loaded. A step reads the state file once and writes it at most once (the poll's one
-    transaction), unless it starts missing jobs or completes the group. Returns each member's status and
-    the state as saved, for the next step."""
+    transaction), unless it starts missing jobs, stops a stuck one or completes the group. Returns each
+    member's status and the state as saved, for the next step."""
     names = [m.name for m in members]
     store = store_of(members)
     state = state or store.read(names)
@@ -141,11 +155,39 @@ def step_group(
     polls, state = poll_group(members, plan, state)
     cached = records(state, names)
     current = plan_of(state, cached[names[0]])
+    running = current is not None and current.id == plan.id and cached[names[0]].state == "running"
+    if running and current is not None and _stop_stuck(members, current, polls):
+        polls, state = poll_group(members, plan, state)  # the stopped jobs' ends, seen in this step
+        cached = records(state, names)
     if current is not None and _ended(current, plan.id, cached[names[0]], polls, cached):
         complete_group(members, current, polls)
         state = store.read(names)
         cached = records(state, names)
     return {n: group_status(n, cached[n], plan_of(state, cached[n]), polls, cached) for n in names}, state
+
+
+def _stop_stuck(members: Sequence[HostSession], plan: PlanRecord, polls: dict[str, HostPoll]) -> bool:
+    """Stop, saying so, each of the plan's jobs stuck after a finished tuner run (``stuck_jobs``): orch's own
+    jobs. One stuck after its last run counts as succeeded once stopped (``job_state``): its results are
+    validated and installed with the others. One stuck before its last fails the plan, whose finished runs the
+    next ``orch tune-fp8`` keeps. Whether any was stopped."""
+    stuck = stuck_jobs(plan, polls)
+    for a, silent in stuck:
+        member = next(m for m in members if m.name == a.host)
+        done = units_done(a, polls[a.host].progress[a.purpose])
+        then = (
+            "its results are installed with the others"
+            if done >= a.units
+            else f"{done} of its {a.units} units are done: the plan fails, and `orch tune-fp8` again keeps them"
+        )
+        log.warning(
+            "%s: tuning job %s finished a tuner run that has not exited, silent for %.0f s (the recipe's "
+            "tuning.stuck_after_s is %g s): stopping it; %s",
+            a.host, a.job_id, silent, plan.stuck_after_s, then,
+        )  # fmt: skip
+        jobs.stop(member.runner, polls[a.host].infos[a.job_id or ""], grace_seconds=10)
+        member.forget("jobs", "gpus")
+    return bool(stuck)
 
 
 def _ended(

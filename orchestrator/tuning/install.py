@@ -17,7 +17,7 @@ from orchestrator.session import HostSession
 from orchestrator.state import HostState, utc_now
 from orchestrator.transport.base import Runner
 from orchestrator.tuning.member import edit_record
-from orchestrator.tuning.progress import HostPoll
+from orchestrator.tuning.progress import HostPoll, job_state, units_done
 from orchestrator.tuning_record import (
     AssignmentRecord,
     InstalledRecord,
@@ -47,11 +47,15 @@ def complete_group(members: Sequence[HostSession], plan: PlanRecord, polls: dict
 
 
 def unsuccessful(plan: PlanRecord, polls: dict[str, HostPoll]) -> list[tuple[AssignmentRecord, jobs.JobInfo | None]]:
-    """The plan's jobs that did not succeed, those that ended badly (or are gone) first, in the plan's
+    """The plan's jobs that did not succeed (``job_state``), those that ended badly (or are gone) first, in the plan's
     order, then those still running: a group completes as soon as one job fails, and the reason must
     name that job, not one the failure stops (it was called ``failed: no exit code``)."""
-    found = [(a, polls[a.host].infos.get(a.job_id or "")) for a in plan.assignments]
-    failed = [(a, info) for a, info in found if info is None or info.state != "succeeded"]
+    found = [(a, polls[a.host].infos.get(a.job_id or ""), polls[a.host].progress) for a in plan.assignments]
+    failed = [
+        (a, info)
+        for a, info, progress in found
+        if info is None or job_state(a, info, progress.get(a.purpose, LogProgress())) != "succeeded"
+    ]
     return sorted(failed, key=lambda f: f[1] is not None and f[1].state == "running")
 
 
@@ -71,6 +75,9 @@ def describe_failure(
     runner = next(m.runner for m in members if m.name == a.host)
     tail = jobs.tail_lines(jobs.read_tail(runner, info), _TAIL_LINES)
     more = f" (and {len(failed) - 1} more jobs)" if len(failed) > 1 else ""
+    if info.stop_requested and info.state != "running":
+        done = f"{units_done(a, progress)} of its {a.units} units done"
+        return f"{where} was stopped before it finished ({done}; `orch tune-fp8` again keeps them){more}", tail
     return f"{where} failed: {tf.failure_reason(progress, info.exit_code)}{more}", tail
 
 

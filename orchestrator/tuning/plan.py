@@ -66,6 +66,7 @@ def make_plan(members: Sequence[Prepared], now: datetime | None = None) -> PlanR
         tuner_unit_s=lead.costs.unit,
         gpus=len(slots),
         block_shape=lead.block,
+        stuck_after_s=lead.stuck_after_s,
     )
 
 

@@ -34,6 +34,7 @@ from orchestrator.tuning.logged import logged_shapes
 from orchestrator.tuning.member import plan_of, record_of, records, running_plan
 from orchestrator.tuning.progress import HostPoll, job_views, poll_group, poll_host
 from orchestrator.tuning_record import (
+    STUCK_AFTER_S,
     AssignmentRecord,
     InstalledRecord,
     KeptRecord,
@@ -213,6 +214,7 @@ class Prepared:
     costs: tf.Costs = field(default_factory=tf.Costs)  # what the schedule counts (the recipe's tuning costs)
     block: tuple[int, int] = tf.DEFAULT_BLOCK  # the model's FP8 blocks (its config.json)
     server: ServerRecord | None = None  # the host's server as recorded when prepare read the state
+    stuck_after_s: float = STUCK_AFTER_S  # the recipe's tuning.stuck_after_s
 
     @property
     def host(self) -> Host:
@@ -260,7 +262,10 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
         refuse_busy(host, facts, options.allow_busy_gpus)
     note = logged.note if logged else None
     costs = tf.Costs(recipe.tuning.tuner_startup_s, recipe.tuning.tuner_unit_s)
-    return Prepared(session, None, facts, needed, skipped, batch_sizes, tp, note, kept, costs, block, server)
+    return Prepared(
+        session, None, facts, needed, skipped, batch_sizes, tp, note, kept, costs, block, server,
+        recipe.tuning.stuck_after_s,
+    )  # fmt: skip
 
 
 def model_config_path(host: Host) -> str:

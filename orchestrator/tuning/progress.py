@@ -71,6 +71,7 @@ class TuneStatus:
     skipped: list[str] = field(default_factory=list)
     attached: bool = False
     note: str | None = None  # e.g. why there was nothing to tune
+    stuck: dict[str, float] = field(default_factory=dict)  # job id -> seconds silent after a finished run
 
     @property
     def units_done(self) -> int:
@@ -110,6 +111,9 @@ def poll_host(session: HostSession, plan: PlanRecord, record: TuningRecord) -> H
         info = infos.get(a.job_id or "")
         if info is not None and info.log_size > p.offset:
             tf.feed(p, runner.read_bytes(info.log, p.offset, min(info.log_size - p.offset, _READ_LIMIT)))
+            p.grew_at = info.seen_at
+        if info is not None and p.grew_at is None:  # a log never seen grow: silent since now
+            p.grew_at = info.seen_at
         progress[a.purpose] = p
     return HostPoll(infos, progress)
 
@@ -170,19 +174,44 @@ def job_views(
             progress = poll.progress.get(a.purpose) if poll else None
         if progress is None:
             progress = cached.get(a.host, TuningRecord()).progress.get(a.purpose, LogProgress())
-        state = _job_state(a, info, polled=poll is not None)
-        views.append(JobView(a.host, a.gpu, a.purpose, a.job_id, state, _units_done(a, progress), a.units))
+        state = job_state(a, info, progress, polled=poll is not None)
+        views.append(JobView(a.host, a.gpu, a.purpose, a.job_id, state, units_done(a, progress), a.units))
     return views
 
 
-def _job_state(a: AssignmentRecord, info: jobs.JobInfo | None, polled: bool) -> str:
-    """``missing``: the plan names a job the host does not have; ``running`` also while it starts."""
-    if info is not None:
-        return info.state
-    return "missing" if polled and a.job_id else "running"
+def job_state(a: AssignmentRecord, info: jobs.JobInfo | None, progress: LogProgress, polled: bool = True) -> str:
+    """The state of ``a``'s job: the host's (``info``), except that a job stopped on request after its log
+    showed every unit of it done succeeded (a tuner stuck after its last run, stopped by ``step_group`` or
+    by ``orch stop``: its results are as whole as an exit 0's, and validated the same way before they are
+    installed). ``missing``: the plan names a job the host does not have; ``running`` also while it starts."""
+    if info is None:
+        return "missing" if polled and a.job_id else "running"
+    if info.state in ("failed", "lost") and info.stop_requested and 0 < a.units <= units_done(a, progress):
+        return "succeeded"
+    return info.state
 
 
-def _units_done(a: AssignmentRecord, progress: LogProgress) -> int:
+def stuck_jobs(plan: PlanRecord, polls: dict[str, HostPoll]) -> list[tuple[AssignmentRecord, float]]:
+    """The plan's running jobs, on the hosts polled, stuck in a tuner run that finished: the run of the shape
+    the log announced last has every batch size done, and the log has not grown for the plan's
+    ``stuck_after_s`` (by the host's clock). Each with how long it has been silent. A finished run's tuner
+    only has to exit (the job then starts its next run, printing a line); one hung in its pool's teardown
+    (CPython's, reference §1.1) never would."""
+    stuck = []
+    for a in plan.assignments:
+        poll = polls.get(a.host)
+        info = poll.infos.get(a.job_id or "") if poll is not None else None
+        progress = poll.progress.get(a.purpose) if poll is not None else None
+        if info is None or progress is None or info.state != "running" or info.seen_at is None:
+            continue
+        ran = [r for r in a.runs if r.key == progress.shape and _run_units(r, progress) == len(r.batch_sizes)]
+        silent = (info.seen_at - (progress.grew_at or info.seen_at)).total_seconds()
+        if ran and silent >= plan.stuck_after_s:
+            stuck.append((a, silent))
+    return stuck
+
+
+def units_done(a: AssignmentRecord, progress: LogProgress) -> int:
     return sum(_run_units(r, progress) for r in a.runs)
 
 
@@ -254,6 +283,7 @@ def group_status(
     infos = {i: info for poll in polls.values() for i, info in poll.infos.items()}
     status.eta_seconds = eta_seconds(views, infos, datetime.now(timezone.utc))
     status.state, status.reason, status.log_tail = _derive_state(record, views)
+    status.stuck = {a.job_id or a.purpose: silent for a, silent in stuck_jobs(plan, polls)}
     return status
 
 
@@ -299,6 +329,7 @@ def summary(status: TuneStatus) -> dict[str, Any]:
         "reason": status.reason,
         "installed": sorted(status.installed),
         "installed_for": status.installed_for,
+        "stuck": {job_id: round(silent) for job_id, silent in status.stuck.items()},
     }
 
 

@@ -161,16 +161,25 @@ def _made_for(t: dict[str, Any], checkout: str | None) -> str:
 
 def _tuning_cell(v: HostStatus) -> str:
     """``orch tune-fp8`` progress: ``running 45% (41/90), ETA 62s``, ``installed 5 shapes for 8e6290d on
-    NVIDIA ...``, ``failed: why``."""
+    NVIDIA ...``, ``failed: why``; a job stuck after its last unit is named (``orch wait`` stops it)."""
     t = v.extra.get("tuning")
     if not t:
         return "-"
     if t["state"] in ("running", "ready-to-install"):
         eta = f", ETA {t['eta_seconds']}s" if t.get("eta_seconds") is not None else ""
-        return f"{t['state']} {t['percent']:.0f}% ({t['units_done']}/{t['units_total']}){eta}"
+        return f"{t['state']} {t['percent']:.0f}% ({t['units_done']}/{t['units_total']}){eta}{_stuck(t)}"
     if t["state"] == "installed":
         return f"installed {len(t['installed'])} shapes{_made_for(t, (v.sglang or {}).get('commit'))}"
     return f"{t['state']}: {t.get('reason') or t.get('error') or ''}".rstrip(": ")
+
+
+def _stuck(t: dict[str, Any]) -> str:
+    """``, STUCK after its last unit: tune.gpu1-... silent 6m00s (...)``: the jobs stuck after their last unit."""
+    stuck = t.get("stuck") or {}
+    if not stuck:
+        return ""
+    jobs = ", ".join(f"{job_id} silent {_uptime(int(silent))}" for job_id, silent in stuck.items())
+    return f", STUCK after its last unit: {jobs} (`orch wait` stops it and installs)"
 
 
 def _stopped(s: dict[str, Any], now: datetime | None) -> str:
@@ -279,7 +288,8 @@ def _tuning_short(v: HostStatus) -> str:
         return "-"
     if t["state"] in ("running", "ready-to-install"):
         eta = f" ETA {_uptime(int(t['eta_seconds']))}" if t.get("eta_seconds") else ""
-        return f"{t['state']} {t['percent']:.0f}% ({t['units_done']}/{t['units_total']}){eta}"
+        stuck = " STUCK" if t.get("stuck") else ""
+        return f"{t['state']} {t['percent']:.0f}% ({t['units_done']}/{t['units_total']}){eta}{stuck}"
     if t["state"] == "installed":
         return f"installed {len(t['installed'])}"
     return str(t["state"])

@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from orchestrator.facts import tuner as tf
-from orchestrator.recipe import DEFAULT_BATCH_SIZES
+from orchestrator.recipe import DEFAULT_BATCH_SIZES, PACKAGED_PLAYBOOKS
 from tests.conftest import FleetEnv
+from tests.integration.test_groups import alive
 from tests.unit.test_state import document
 
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
@@ -232,6 +233,67 @@ def test_a_failing_tuner_fails_the_host_with_the_log_tail_and_installs_nothing(
     hs = host_state(env, host.name)
     assert hs["phase"] == "failed" and hs["tuning"]["state"] == "failed"
     assert expected.removeprefix("failed: ") in hs["last_error"]
+
+
+def stuck_after(env: FleetEnv, seconds: float) -> None:
+    """Every host's playbook: the shipped one, with ``tuning.stuck_after_s`` = ``seconds``."""
+    document = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text())
+    document["tuning"]["stuck_after_s"] = seconds
+    path = env.inventory.parent / "stuck-after.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    inventory = yaml.safe_load(env.inventory.read_text())
+    inventory["defaults"]["playbook"] = str(path)
+    env.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+
+
+def test_tuners_that_never_exit_after_their_last_run_show_stuck_then_wait_stops_them_and_installs(
+    tune_fleet: Callable[..., FleetEnv],
+) -> None:
+    """A tuner whose parent never returns from its pool's teardown (CPython's; seen once in CI) would keep
+    every wait on it waiting for ever, at 100%. Silent past the recipe's ``tuning.stuck_after_s`` once its
+    run finished, `status` says so; `orch wait` stops it (orch's own job) and installs its results."""
+    env = tune_fleet(1, tuner_fail="hang_at_exit")
+    two_gpus(env)  # a shape per GPU: each job's one tuner run hangs after its last unit
+    stuck_after(env, 3)
+    host = env.fleet.hosts[0]  # type: ignore[attr-defined]
+    assert env.orch("tune-fp8", *SMALL).returncode == 0
+    field = wait_for(lambda: (f := tuning_field(env)["sim-1"]) and len(f["stuck"]) == 2 and f, 60, "two stuck jobs")
+    assert field["state"] == "running" and field["units_done"] == field["units_total"] == 16
+    pids = [int((d / "pid").read_text()) for d in job_dirs(host)]
+    assert len(pids) == 2 and all(alive(pid) for pid in pids)  # they would never end
+    detail = env.orch("status", "sim-1")
+    assert "running 100% (16/16)" in detail.stdout and "STUCK after its last unit" in detail.stdout, detail.output
+    run = env.orch("wait")
+    assert run.returncode == 0, run.output
+    assert run.stderr.count("finished a tuner run that has not exited") == 2, run.stderr
+    assert "stopping it; its results are installed with the others" in run.stderr
+    assert "sim-1: installed 2 tuned configs" in run.stdout
+    installed = tuned_files(host)
+    assert sorted(installed) == ["N=1024,K=4096", "N=4096,K=2048"]
+    assert all(sorted(c) == [1, 2, 4, 8, 16, 32, 64, 128] for c in installed.values())
+    hs = host_state(env, "sim-1")
+    assert hs["phase"] == "tuned" and hs["tuning"]["state"] == "installed"
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_a_tuner_stuck_before_its_jobs_last_run_fails_the_plan_and_the_next_tuning_keeps_what_it_finished(
+    tune_fleet: Callable[..., FleetEnv],
+) -> None:
+    env = tune_fleet(1, tuner_fail="hang_at_exit")
+    one_gpu(env)  # one job, two tuner runs: the first hangs after its units
+    stuck_after(env, 3)
+    host = env.fleet.hosts[0]  # type: ignore[attr-defined]
+    run = env.orch("tune-fp8", *SMALL, "--wait")
+    assert run.returncode == 3, run.output
+    assert "8 of its 16 units are done: the plan fails, and `orch tune-fp8` again keeps them" in run.stderr
+    assert "was stopped before it finished (8 of its 16 units done; `orch tune-fp8` again keeps them)" in run.stdout
+    assert tuned_files(host) == {} and host_state(env, "sim-1")["phase"] == "failed"
+    host.set_knobs(tuner_fail=None)
+    again = env.orch("tune-fp8", *SMALL, "--wait")
+    assert again.returncode == 0, again.output
+    kept = stored_plan(env, "sim-1")["kept"]
+    assert [len(k["batch_sizes"]) for k in kept] == [8]  # the first run's shape, not tuned again
+    assert sorted(tuned_files(host)) == ["N=1024,K=4096", "N=4096,K=2048"]
 
 
 def test_jobs_killed_as_by_a_reboot_are_lost(tune_fleet: Callable[..., FleetEnv]) -> None:

@@ -313,6 +313,17 @@ def test_progress_counts_completions_for_the_last_announced_shape_and_never_twic
     assert progress.done == {"N=1,K=2": [8], "N=3,K=4": [16]}
 
 
+def test_a_jobs_next_tuner_run_has_no_shape_until_it_announces_one() -> None:
+    """What tells a tuner run that finished (``stuck_jobs``) from the next run starting: the job's own line."""
+    progress = tf.LogProgress()
+    tf.feed(progress, b"[GPU 0] Tune for weight shape of `N: 1, K: 2`\nx] Completed tuning for batch_size=8\n")
+    assert progress.shape == "N=1,K=2"
+    tf.feed(progress, b"orch: tuner run 2/2: python t.py --N 3 --K 4\n")
+    assert progress.shape is None and progress.done == {"N=1,K=2": [8]}
+    tf.feed(progress, b"[GPU 0] Tune for weight shape of `N: 3, K: 4`\norch: tuner run 2/2 exited 1\n")
+    assert progress.shape == "N=3,K=4"  # the job's line of a run's end is not a start
+
+
 def test_progress_survives_a_json_round_trip_mid_line() -> None:
     data = LOG.encode()
     first = feed_in_pieces(data[:300], [])
@@ -323,12 +334,15 @@ def test_progress_survives_a_json_round_trip_mid_line() -> None:
 
 def test_progress_is_stored_with_the_keys_and_order_of_the_dict_it_replaces() -> None:
     """State files hold each job's progress as the old ``to_json`` dict wrote it: the model reads such a
-    document (unknown keys ignored, as ``from_json`` did) and writes it back byte for byte."""
+    document (unknown keys ignored, as ``from_json`` did) and writes it back with the same keys in the same
+    order, and ``grew_at`` (added later: unknown, until a poll sees the log) after them."""
     stored = (
         '{"offset":300,"carry":"x] Compl","shape":"N=1,K=2","done":{"N=1,K=2":[1,2]},"written":["/a.json"],'
-        '"runs_completed":1,"traceback":false,"error":null,"oom":false}'
+        '"runs_completed":1,"traceback":false,"error":null,"oom":false'
     )
-    assert tf.LogProgress.model_validate_json(stored).model_dump_json() == stored
+    assert tf.LogProgress.model_validate_json(stored + "}").model_dump_json() == stored + ',"grew_at":null}'
+    now = stored + ',"grew_at":"2026-12-04T21:00:00Z"}'
+    assert tf.LogProgress.model_validate_json(now).model_dump_json() == now
     assert tf.LogProgress.model_validate({"offset": 5, "older_key": 1}) == tf.LogProgress(offset=5)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import sys
 from datetime import datetime, timedelta, timezone
@@ -33,8 +34,10 @@ from orchestrator.tuning.progress import (
     TuneStatus,
     eta_seconds,
     group_status,
+    job_state,
     job_views,
     shape_progress,
+    stuck_jobs,
     summary,
 )
 from orchestrator.tuning.start import _start_jobs
@@ -255,6 +258,53 @@ def test_a_v1_state_stores_a_fleet_plan_once_with_each_job_id_from_the_host_that
     assert running_plan(state, "a") == state.tuning_plans[plan.id] and running_plan(state, "b") is None
 
 
+def silent_job(
+    plan: PlanRecord, done: list[int], silent: float, shape: str | None = "N=1024,K=4096", state: str = "running"
+) -> dict[str, HostPoll]:
+    """``plan``'s GPU 0 job (its one run: N=1024,K=4096 at batch sizes 1 and 2) with ``done`` of them in its
+    log, the log's last growth ``silent`` seconds before the host listed the job."""
+    info = dataclasses.replace(job("j0", state), seen_at=T0 + timedelta(seconds=silent))
+    progress = tf.LogProgress(offset=10, shape=shape, done={"N=1024,K=4096": done}, grew_at=T0)
+    return {"h1": HostPoll({"j0": info, "j1": job("j1", "running")}, {"tune.gpu0": progress})}
+
+
+@pytest.mark.parametrize(
+    ("done", "silent", "shape", "stuck"),
+    [
+        ([1, 2], 300.0, "N=1024,K=4096", True),  # its run finished 5 min ago and it has not exited
+        ([1, 2], 299.0, "N=1024,K=4096", False),  # not silent long enough
+        ([1], 3600.0, "N=1024,K=4096", False),  # a unit still tuning: slow, not stuck
+        ([1, 2], 3600.0, None, False),  # the job's next run is starting (imports, CUDA init)
+    ],
+)
+def test_a_job_silent_past_stuck_after_s_once_its_tuner_run_finished_is_stuck(
+    done: list[int], silent: float, shape: str | None, stuck: bool
+) -> None:
+    plan = two_gpu_plan()
+    assert plan.stuck_after_s == 300.0  # the recipe's default, recorded in the plan
+    found = stuck_jobs(plan, silent_job(plan, done, silent, shape))
+    assert [(a.job_id, s) for a, s in found] == ([("j0", silent)] if stuck else [])
+    record = TuningRecord(plan_id=plan.id, state="running")
+    status = group_status("h1", record, plan, silent_job(plan, done, silent, shape), {"h1": record})
+    assert summary(status)["stuck"] == ({"j0": round(silent)} if stuck else {})
+    view = HostStatus("h1", "a", True, "tuning", extra={"tuning": summary(status)})
+    assert ("STUCK after its last unit: j0 silent 5m00s" in _tuning_cell(view)) is (stuck and silent == 300.0)
+
+
+def test_a_job_stopped_after_every_unit_of_it_succeeded_and_one_stopped_before_did_not() -> None:
+    """A tuner stuck after its last run, stopped (by ``step_group`` or ``orch stop``), leaves whole results:
+    the job counts as succeeded, and the group installs them; stopped before, or failing on its own, it failed."""
+    plan = two_gpu_plan()
+    a = plan.assignments[0]
+    stopped = dataclasses.replace(job("j0", "failed"), exit_code=143, stop_requested=True)
+    all_done = tf.LogProgress(done={"N=1024,K=4096": [1, 2]})
+    assert job_state(a, stopped, all_done) == "succeeded"
+    assert job_state(a, stopped, tf.LogProgress(done={"N=1024,K=4096": [1]})) == "failed"
+    assert job_state(a, job("j0", "failed"), all_done) == "failed"  # not stopped: it failed by itself
+    polls = {"h1": HostPoll({"j0": stopped, "j1": job("j1", "succeeded")}, {"tune.gpu0": all_done})}
+    assert unsuccessful(plan, polls) == []
+
+
 def test_summary_and_status_cells() -> None:
     plan = two_gpu_plan()
     record = TuningRecord(plan_id=plan.id, state="running")
@@ -399,9 +449,9 @@ def test_tune_fp8s_view_prints_an_announced_plan_and_feeds_statuses_to_the_displ
 def test_plan_lines_estimate_the_plan_with_the_recipes_start_up_and_unit_costs() -> None:
     four = "N=1536,K=4096;N=4096,K=1024;N=512,K=4096;N=4096,K=256"  # the playbook's: 72 units, 9 per GPU
     p = prepared(host(gpus=8), shapes=four, batch_sizes=DEFAULT_BATCH_SIZES)
-    p.costs = tf.Costs(20.0, 60.0)
+    p.costs, p.stuck_after_s = tf.Costs(20.0, 60.0), 90.0
     plan = make_plan([p], now=T0)
-    assert (plan.tuner_startup_s, plan.tuner_unit_s, plan.gpus) == (20.0, 60.0, 8)
+    assert (plan.tuner_startup_s, plan.tuner_unit_s, plan.gpus, plan.stuck_after_s) == (20.0, 60.0, 8, 90.0)
     assert tune_view.estimate_line(plan) == (
         "  estimate: 9m20s (lower bound 9m20s): at most 1 tuner call per GPU, 20 s start-up each, 60 s per unit"
     )

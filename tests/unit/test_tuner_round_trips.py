@@ -112,6 +112,7 @@ def test_prepare_reads_the_tuner_runtime_gpus_checkout_and_installed_configs_in_
     assert p.facts is not None and (p.facts.device, p.facts.commit, p.facts.triton) == (DEVICE, COMMIT, "3.4.0")
     assert p.facts.tuner == f"/s/{tf.TUNER_SCRIPT}" and "--batch-sizes" in p.facts.flags
     assert p.costs == tf.Costs(recipe.tuning.tuner_startup_s, recipe.tuning.tuner_unit_s)
+    assert p.stuck_after_s == recipe.tuning.stuck_after_s == 300.0
 
 
 def test_an_installed_config_that_cannot_be_read_is_tuned_again(tmp_path: Path) -> None:

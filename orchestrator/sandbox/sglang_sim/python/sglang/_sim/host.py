@@ -10,7 +10,7 @@ Knobs (name: default):
     nvidia_smi_fail: false           nvidia-smi exits 9 (driver gone)
     tune_seconds_per_unit: 0.05      tuner time per (shape, batch size) on one GPU
     tuner_startup_seconds: 0         tuner time per invocation before its first unit (imports, CUDA init)
-    tuner_fail: null                 "crash" (AssertionError), "oom" (CUDA OOM), "no_gpu"
+    tuner_fail: null                 "crash" (AssertionError), "oom" (CUDA OOM), "no_gpu", "hang_at_exit" (never exits)
     tuner_fail_after: 0              units a worker completes before the fault
     startup_seconds: 0.5             server time from start to ready
     autotune_seconds: 0.5            server: FlashInfer autotune at launch when its cache is missing (_sim/autotune.py)

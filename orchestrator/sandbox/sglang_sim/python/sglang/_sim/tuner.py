@@ -17,7 +17,8 @@ Instead of benchmarking 1280 Triton configs, each (shape, batch size) unit sleep
 ``tuner_startup_seconds`` (a real run's imports and CUDA init, paid once per invocation).
 
 Faults (knobs): ``tuner_fail`` = ``crash`` (``assert best_config is not None`` fails),
-``oom`` (``torch.OutOfMemoryError``), ``no_gpu``; ``tuner_fail_after`` = units a worker finishes first.
+``oom`` (``torch.OutOfMemoryError``), ``no_gpu``, ``hang_at_exit`` (every result written, the parent never
+returns from the pool's teardown); ``tuner_fail_after`` = units a worker finishes first.
 """
 
 import json
@@ -166,7 +167,16 @@ def main(args, legacy=False):
              for gpu_id, share in enumerate(distribute_batch_sizes(batch_sizes, num_gpus, not legacy))]
     with ctx.Pool(num_gpus, initializer=_init_worker, initargs=(ctx.Lock(),)) as pool:
         pool.map(tune_on_gpu, tasks)
+        if host.knob("tuner_fail", None) == "hang_at_exit":
+            _hang_in_teardown()
     print("Multi-GPU tuning completed")
+
+
+def _hang_in_teardown():
+    """Never return, silent, every result written: the parent stuck in the pool's teardown, as CPython's
+    ``Pool.terminate()`` can be (python/cpython#78178; seen once in orch's CI). SIGTERM still ends it."""
+    while True:
+        time.sleep(3600)
 
 
 def _plan(args, legacy):
