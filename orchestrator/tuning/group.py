@@ -175,11 +175,9 @@ def _stop_stuck(members: Sequence[HostSession], plan: PlanRecord, polls: dict[st
     for a, silent in stuck:
         member = next(m for m in members if m.name == a.host)
         done = units_done(a, polls[a.host].progress[a.purpose])
-        then = (
-            "its results are installed with the others"
-            if done >= a.units
-            else f"{done} of its {a.units} units are done: the plan fails, and `orch tune-fp8` again keeps them"
-        )
+        fails = f"{done} of its {a.units} units are done: the plan fails; "
+        fails += "`orch tune-fp8` again keeps the runs it finished"
+        then = "its results are installed with the others" if done >= a.units else fails
         log.warning(
             "%s: tuning job %s finished a tuner run that has not exited, silent for %.0f s (the recipe's "
             "tuning.stuck_after_s is %g s): stopping it; %s",

@@ -77,7 +77,8 @@ def describe_failure(
     more = f" (and {len(failed) - 1} more jobs)" if len(failed) > 1 else ""
     if info.stop_requested and info.state != "running":
         done = f"{units_done(a, progress)} of its {a.units} units done"
-        return f"{where} was stopped before it finished ({done}; `orch tune-fp8` again keeps them){more}", tail
+        again = "`orch tune-fp8` again keeps the runs it finished"
+        return f"{where} was stopped before it finished ({done}; {again}){more}", tail
     return f"{where} failed: {tf.failure_reason(progress, info.exit_code)}{more}", tail
 
 

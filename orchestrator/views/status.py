@@ -161,7 +161,7 @@ def _made_for(t: dict[str, Any], checkout: str | None) -> str:
 
 def _tuning_cell(v: HostStatus) -> str:
     """``orch tune-fp8`` progress: ``running 45% (41/90), ETA 62s``, ``installed 5 shapes for 8e6290d on
-    NVIDIA ...``, ``failed: why``; a job stuck after its last unit is named (``orch wait`` stops it)."""
+    NVIDIA ...``, ``failed: why``; a job stuck after a finished tuner run is named (``orch wait`` stops it)."""
     t = v.extra.get("tuning")
     if not t:
         return "-"
@@ -174,12 +174,12 @@ def _tuning_cell(v: HostStatus) -> str:
 
 
 def _stuck(t: dict[str, Any]) -> str:
-    """``, STUCK after its last unit: tune.gpu1-... silent 6m00s (...)``: the jobs stuck after their last unit."""
+    """``, STUCK after a finished tuner run: tune.gpu1-... silent 6m00s (...)``: the jobs ``stuck_jobs`` found."""
     stuck = t.get("stuck") or {}
     if not stuck:
         return ""
     jobs = ", ".join(f"{job_id} silent {_uptime(int(silent))}" for job_id, silent in stuck.items())
-    return f", STUCK after its last unit: {jobs} (`orch wait` stops it and installs)"
+    return f", STUCK after a finished tuner run: {jobs} (`orch wait` stops it)"
 
 
 def _stopped(s: dict[str, Any], now: datetime | None) -> str:
