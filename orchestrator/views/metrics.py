@@ -33,6 +33,12 @@ def registry(hosts: list[dict[str, Any]], records: dict[str, HostState], now: da
     tuning = Gauge(
         "orch_tuning_progress_ratio", "Share of the FP8 tuning plan's units done (0 to 1).", ["host"], registry=reg
     )
+    stuck = Gauge(
+        "orch_tuning_stuck_jobs",
+        "Tuning jobs stuck after a finished tuner run (silent past tuning.stuck_after_s; orch wait stops them).",
+        ["host"],
+        registry=reg,
+    )
     bench = Gauge(
         "orch_bench_output_throughput_tokens_per_second",
         "Output tok/s of the host's last benchmark.",
@@ -55,6 +61,7 @@ def registry(hosts: list[dict[str, Any]], records: dict[str, HostState], now: da
         plan = doc.get("tuning") or {}
         if plan.get("percent") is not None:
             tuning.labels(name).set(plan["percent"] / 100)
+            stuck.labels(name).set(len(plan.get("stuck") or {}))
         record = records.get(name)
         if record is not None and record.benchmarks:
             last = record.benchmarks[-1]

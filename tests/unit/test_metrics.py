@@ -57,14 +57,17 @@ def test_last_seen_age_counts_from_now() -> None:
 
 def test_server_tuning_and_the_last_benchmark() -> None:
     server = {"healthy": True, "accept_length": 3.1}
-    hosts = [doc("a", server=server, tuning={"percent": 25.0}), doc("b", server={"healthy": False})]
+    tuning = {"percent": 100.0, "stuck": {"tune.gpu1-20261203T115000-ab12": 310}}
+    hosts = [doc("a", server=server, tuning=tuning), doc("b", server={"healthy": False})]
     record = HostState(benchmarks=[bench("baseline", 2000.0), bench("tuned+mtp", 4100.5)])
     got = samples(hosts, {"a": record})
     assert got[("orch_server_healthy", (("host", "a"),))] == 1
     assert got[("orch_server_healthy", (("host", "b"),))] == 0
     assert got[("orch_server_accept_length", (("host", "a"),))] == 3.1
     assert ("orch_server_accept_length", (("host", "b"),)) not in got
-    assert got[("orch_tuning_progress_ratio", (("host", "a"),))] == 0.25
+    assert got[("orch_tuning_progress_ratio", (("host", "a"),))] == 1.0
+    assert got[("orch_tuning_stuck_jobs", (("host", "a"),))] == 1  # what an alert on a tuning nobody waits for reads
+    assert ("orch_tuning_stuck_jobs", (("host", "b"),)) not in got
     key = ("orch_bench_output_throughput_tokens_per_second", (("host", "a"), ("label", "tuned+mtp")))
     assert got[key] == 4100.5
     assert not [k for k in got if k[0] == "orch_bench_output_throughput_tokens_per_second" and k[1][0][1] == "b"]
