@@ -72,8 +72,8 @@ class TuningSpec(_Strict):
     # the seconds one (shape, batch size) unit takes. A GPU's job runs each of its shapes in one call.
     tuner_startup_s: float = Field(20.0, ge=0)
     tuner_unit_s: float = Field(60.0, gt=0)
-    # How long a tuning job may go silent once its log shows every unit of it done before orch calls it stuck
-    # (a tuner hung in its pool's teardown: reference §1.1) and stops it; its finished results are installed.
+    # How long a tuning job may go silent once the tuner run it is in has every batch size done before orch calls
+    # it stuck (a tuner hung in its pool's teardown: reference §1.1) and stops it; its finished runs are kept.
     stuck_after_s: float = Field(STUCK_AFTER_S, gt=0)
 
 

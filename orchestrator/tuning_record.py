@@ -15,8 +15,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 STUCK_AFTER_S = 300.0
-"""The recipe's default ``tuning.stuck_after_s``: how long a tuning job may stay silent, every unit of it done,
-before orch calls it stuck in its teardown and stops it (``tuning.progress.stuck_jobs``)."""
+"""The recipe's default ``tuning.stuck_after_s``: how long a tuning job may stay silent once the tuner run it is
+in has every batch size done, before orch calls it stuck (its tuner hung on the way out) and stops it
+(``tuning.progress.stuck_jobs``)."""
 
 
 class _Record(BaseModel):
@@ -154,7 +155,7 @@ class LogProgress(BaseModel):
     the record so another orch (``status``, ``wait``) resumes there. Lines end at ``\\n`` or ``\\r``; an
     unterminated last line waits in ``carry``. ``done``: shape key -> batch sizes completed; ``written``:
     the last 50 config paths the log announced; ``grew_at``: when the log last grew, by the host's clock
-    (what tells a tuner stuck after its last unit). Unknown keys are ignored, as the dict it replaces was
+    (what tells a tuner stuck after a finished run). Unknown keys are ignored, as the dict it replaces was
     read (the state file holds these keys in this order, as before)."""
 
     model_config = ConfigDict(extra="ignore", hide_input_in_errors=True)

@@ -155,8 +155,8 @@ def step_group(
     polls, state = poll_group(members, plan, state)
     cached = records(state, names)
     current = plan_of(state, cached[names[0]])
-    running = current is not None and current.id == plan.id and cached[names[0]].state == "running"
-    if running and current is not None and _stop_stuck(members, current, polls):
+    running = current if current is not None and current.id == plan.id and cached[names[0]].state == "running" else None
+    if running is not None and _stop_stuck(members, running, polls):  # the plan as recorded: all its job ids
         polls, state = poll_group(members, plan, state)  # the stopped jobs' ends, seen in this step
         cached = records(state, names)
     if current is not None and _ended(current, plan.id, cached[names[0]], polls, cached):
