@@ -336,8 +336,8 @@ def _columns(base: list[str], views: list[HostStatus]) -> list[str]:
 def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]:
     """Lines under the table for what needs the operator: unreachable hosts with the fix (an unknown host
     key: `orch trust HOST`), a checkout that cannot be read, a failed ``--fetch``; with ``short_cells``
-    (under the default table) also what its cells only hint at: a pending restart, why tuning failed,
-    why the GPUs could not be read."""
+    (under the default table) also what its cells only hint at: a pending restart, why tuning failed or which
+    job is stuck, why the GPUs could not be read."""
     notes = []
     for v in views:
         problems = [v.error.removeprefix(f"{v.name}: ")] if v.error else []
@@ -348,7 +348,7 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
         server, tuning = v.extra.get("server") or {}, v.extra.get("tuning") or {}
         if short_cells and server.get("restart_pending"):
             problems.append(f"server {_commits(server)}")
-        if short_cells and tuning.get("state") in ("failed", "unknown"):
+        if short_cells and (tuning.get("state") in ("failed", "unknown") or tuning.get("stuck")):
             problems.append(f"tuning {_tuning_cell(v)}")
         if short_cells and v.gpu_error:
             problems.append(f"gpus: {v.gpu_error}")

@@ -299,6 +299,18 @@ def test_why_tuning_failed_is_a_note_under_the_table() -> None:
     assert views_mod.status_notes([v], short_cells=False) == []  # orch status HOST has it on its tuning line
 
 
+def test_a_stuck_tuning_job_is_a_note_under_the_table() -> None:
+    v = view()
+    tuning = {"state": "running", "percent": 100.0, "units_done": 16, "units_total": 16, "stuck": {"j1": 310}}
+    v.extra["tuning"] = tuning
+    assert views_mod.status_row(v, NOW)[4] == "running 100% (16/16) STUCK"
+    assert views_mod.status_notes([v]) == [
+        "blackwell-12: tuning running 100% (16/16), STUCK after a finished tuner run: j1 silent 5m10s "
+        "(`orch wait` stops it)"
+    ]
+    assert views_mod.status_notes([v], short_cells=False) == []
+
+
 def test_why_the_gpus_could_not_be_read_is_a_note_under_the_table() -> None:
     v = view()
     v.gpus, v.gpu_error = [], "nvidia-smi: NVIDIA-SMI has failed because it couldn't communicate with the driver"
