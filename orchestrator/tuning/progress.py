@@ -193,7 +193,8 @@ def job_state(a: AssignmentRecord, info: jobs.JobInfo | None, progress: LogProgr
 
 def stuck_jobs(plan: PlanRecord, polls: dict[str, HostPoll]) -> list[tuple[AssignmentRecord, float]]:
     """The plan's running jobs, on the hosts polled, stuck in a tuner run that finished: the run of the shape
-    the log announced last has every batch size done, and the log has not grown for the plan's
+    the log announced last has every batch size done and its result file announced ("Writing best config to
+    ..."), and the log has not grown for the plan's
     ``stuck_after_s`` (by the host's clock). Each with how long it has been silent. A finished run's tuner
     only has to exit (the job then starts its next run, printing a line); one hung in its pool's teardown
     (CPython's, reference §1.1) never would."""
@@ -204,11 +205,17 @@ def stuck_jobs(plan: PlanRecord, polls: dict[str, HostPoll]) -> list[tuple[Assig
         progress = poll.progress.get(a.purpose) if poll is not None else None
         if info is None or progress is None or info.state != "running" or info.seen_at is None:
             continue
-        ran = [r for r in a.runs if r.key == progress.shape and _run_units(r, progress) == len(r.batch_sizes)]
+        ran = [r for r in a.runs if r.key == progress.shape and _run_finished(r, progress)]
         silent = (info.seen_at - (progress.grew_at or info.seen_at)).total_seconds()
         if ran and silent >= plan.stuck_after_s:
             stuck.append((a, silent))
     return stuck
+
+
+def _run_finished(run: RunRecord, progress: LogProgress) -> bool:
+    """Every batch size of ``run`` done, and the log announced writing its file (the tuner's last step of a run)."""
+    written = any(path.rpartition("/")[2].startswith(f"{run.key},") for path in progress.written)
+    return written and _run_units(run, progress) == len(run.batch_sizes)
 
 
 def units_done(a: AssignmentRecord, progress: LogProgress) -> int:

@@ -286,13 +286,13 @@ def test_a_tuner_stuck_before_its_jobs_last_run_fails_the_plan_and_the_next_tuni
     host = env.fleet.hosts[0]  # type: ignore[attr-defined]
     run = env.orch("tune-fp8", *SMALL, "--wait")
     assert run.returncode == 3, run.output
-    assert "8 of its 16 units are done: the plan fails; `orch tune-fp8` again keeps the runs it finished" in run.stderr
-    again = "`orch tune-fp8` again keeps the runs it finished"
-    assert f"was stopped before it finished (8 of its 16 units done; {again})" in run.stdout
+    keeps = "`orch tune-fp8` again keeps the runs it finished"
+    assert f"8 of its 16 units are done: the plan fails; {keeps}" in run.stderr
+    assert f"was stopped before it finished (8 of its 16 units done; {keeps})" in run.stdout
     assert tuned_files(host) == {} and host_state(env, "sim-1")["phase"] == "failed"
     host.set_knobs(tuner_fail=None)
-    again = env.orch("tune-fp8", *SMALL, "--wait")
-    assert again.returncode == 0, again.output
+    rerun = env.orch("tune-fp8", *SMALL, "--wait")
+    assert rerun.returncode == 0, rerun.output
     kept = stored_plan(env, "sim-1")["kept"]
     assert [len(k["batch_sizes"]) for k in kept] == [8]  # the first run's shape, not tuned again
     assert sorted(tuned_files(host)) == ["N=1024,K=4096", "N=4096,K=2048"]

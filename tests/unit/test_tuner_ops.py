@@ -258,34 +258,39 @@ def test_a_v1_state_stores_a_fleet_plan_once_with_each_job_id_from_the_host_that
     assert running_plan(state, "a") == state.tuning_plans[plan.id] and running_plan(state, "b") is None
 
 
+RESULT = f"/w/tune/p/gpu0/{tf.config_file_name(1024, 4096, DEVICE)}"
+
+
 def silent_job(
-    plan: PlanRecord, done: list[int], silent: float, shape: str | None = "N=1024,K=4096", state: str = "running"
+    plan: PlanRecord, done: list[int], silent: float, shape: str | None, written: list[str]
 ) -> dict[str, HostPoll]:
-    """``plan``'s GPU 0 job (its one run: N=1024,K=4096 at batch sizes 1 and 2) with ``done`` of them in its
-    log, the log's last growth ``silent`` seconds before the host listed the job."""
-    info = dataclasses.replace(job("j0", state), seen_at=T0 + timedelta(seconds=silent))
-    progress = tf.LogProgress(offset=10, shape=shape, done={"N=1024,K=4096": done}, grew_at=T0)
+    """``plan``'s GPU 0 job (its one run: N=1024,K=4096 at batch sizes 1 and 2) with ``done`` of them and the
+    result files ``written`` in its log, the log's last growth ``silent`` seconds before the host listed the job."""
+    info = dataclasses.replace(job("j0", "running"), seen_at=T0 + timedelta(seconds=silent))
+    progress = tf.LogProgress(offset=10, shape=shape, done={"N=1024,K=4096": done}, written=written, grew_at=T0)
     return {"h1": HostPoll({"j0": info, "j1": job("j1", "running")}, {"tune.gpu0": progress})}
 
 
 @pytest.mark.parametrize(
-    ("done", "silent", "shape", "stuck"),
+    ("done", "silent", "shape", "written", "stuck"),
     [
-        ([1, 2], 300.0, "N=1024,K=4096", True),  # its run finished 5 min ago and it has not exited
-        ([1, 2], 299.0, "N=1024,K=4096", False),  # not silent long enough
-        ([1], 3600.0, "N=1024,K=4096", False),  # a unit still tuning: slow, not stuck
-        ([1, 2], 3600.0, None, False),  # the job's next run is starting (imports, CUDA init)
+        ([1, 2], 300.0, "N=1024,K=4096", [RESULT], True),  # its run finished 5 min ago and it has not exited
+        ([1, 2], 299.0, "N=1024,K=4096", [RESULT], False),  # not silent long enough
+        ([1], 3600.0, "N=1024,K=4096", [RESULT], False),  # a unit still tuning: slow, not stuck
+        ([1, 2], 3600.0, "N=1024,K=4096", [], False),  # its result not written yet
+        ([1, 2], 3600.0, None, [RESULT], False),  # the job's next run is starting (imports, CUDA init)
     ],
 )
 def test_a_job_silent_past_stuck_after_s_once_its_tuner_run_finished_is_stuck(
-    done: list[int], silent: float, shape: str | None, stuck: bool
+    done: list[int], silent: float, shape: str | None, written: list[str], stuck: bool
 ) -> None:
     plan = two_gpu_plan()
     assert plan.stuck_after_s == 300.0  # the recipe's default, recorded in the plan
-    found = stuck_jobs(plan, silent_job(plan, done, silent, shape))
+    polls = silent_job(plan, done, silent, shape, written)
+    found = stuck_jobs(plan, polls)
     assert [(a.job_id, s) for a, s in found] == ([("j0", silent)] if stuck else [])
     record = TuningRecord(plan_id=plan.id, state="running")
-    status = group_status("h1", record, plan, silent_job(plan, done, silent, shape), {"h1": record})
+    status = group_status("h1", record, plan, polls, {"h1": record})
     assert summary(status)["stuck"] == ({"j0": round(silent)} if stuck else {})
     view = HostStatus("h1", "a", True, "tuning", extra={"tuning": summary(status)})
     assert ("STUCK after a finished tuner run: j0 silent 5m00s" in _tuning_cell(view)) is (stuck and silent == 300.0)
