@@ -179,7 +179,7 @@ def _stuck(t: dict[str, Any]) -> str:
     if not stuck:
         return ""
     jobs = ", ".join(f"{job_id} silent {_uptime(int(silent))}" for job_id, silent in stuck.items())
-    return f", STUCK after a finished tuner run: {jobs} (`orch wait` stops it)"
+    return f", STUCK after a finished tuner run: {jobs} (`orch wait` stops {'it' if len(stuck) == 1 else 'them'})"
 
 
 def _stopped(s: dict[str, Any], now: datetime | None) -> str:
