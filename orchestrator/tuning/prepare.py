@@ -263,8 +263,8 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     note = logged.note if logged else None
     costs = tf.Costs(recipe.tuning.tuner_startup_s, recipe.tuning.tuner_unit_s)
     return Prepared(
-        session, None, facts, needed, skipped, batch_sizes, tp, note, kept, costs, block, server,
-        recipe.tuning.stuck_after_s,
+        session, facts=facts, shapes=needed, skipped=skipped, batch_sizes=batch_sizes, tp_size=tp, note=note,
+        kept=kept, costs=costs, block=block, server=server, stuck_after_s=recipe.tuning.stuck_after_s,
     )  # fmt: skip
 
 
