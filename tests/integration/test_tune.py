@@ -19,6 +19,7 @@ import yaml
 from orchestrator.facts import tuner as tf
 from orchestrator.recipe import DEFAULT_BATCH_SIZES, PACKAGED_PLAYBOOKS
 from tests.conftest import FleetEnv
+from tests.integration.test_bastion import set_defaults
 from tests.integration.test_groups import alive
 from tests.unit.test_state import document
 
@@ -142,9 +143,7 @@ def test_progress_is_visible_in_status_while_the_jobs_run(tune_fleet: Callable[.
 
 def one_gpu(env: FleetEnv, gpus: int = 1) -> None:
     """Let orch use only the first GPU (``gpus``) of each host (the inventory's ``gpus``)."""
-    document = yaml.safe_load(env.inventory.read_text())
-    document["defaults"]["gpus"] = gpus
-    env.inventory.write_text(yaml.safe_dump(document, sort_keys=False))
+    set_defaults(env, gpus=gpus)
 
 
 def two_gpus(env: FleetEnv) -> None:
@@ -241,9 +240,7 @@ def stuck_after(env: FleetEnv, seconds: float) -> None:
     document["tuning"]["stuck_after_s"] = seconds
     path = env.inventory.parent / "stuck-after.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
-    inventory = yaml.safe_load(env.inventory.read_text())
-    inventory["defaults"]["playbook"] = str(path)
-    env.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    set_defaults(env, playbook=str(path))
 
 
 def test_tuners_that_never_exit_after_their_last_run_show_stuck_then_wait_stops_them_and_installs(
