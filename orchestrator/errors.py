@@ -36,6 +36,7 @@ from __future__ import annotations
 import enum
 import errno
 import os
+from pathlib import Path
 
 
 class ExitCode(enum.IntEnum):
@@ -110,22 +111,45 @@ class VerifyError(HostError):
 
 # errno values of a write that cannot succeed until the user frees space or remounts the disk.
 _DISK_FULL = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only"}
+_SQLITE_CANNOT = {10, 14}  # SQLite's IOERR and CANTOPEN (``sqlite_errorcode``, Python 3.11+)
 
 
-def local_disk_error(exc: BaseException) -> StateError | None:
-    """``exc`` as a StateError (exit 4, one line) when it is a write on this machine that failed because its
-    disk is full, over quota or read-only; else None: an OSError's errno, or SQLite's ``database or disk is
-    full``. The state store asks it for SQLite's errors; the two catch sites (``cli.run_command`` and the
-    fleet's per-host call) ask it for every other write, which would otherwise print a traceback.
+def local_disk_error(
+    exc: BaseException, database: Path | None = None, writing: str = "orch's state"
+) -> StateError | None:
+    """``exc`` as a StateError (exit 4, one line, saying it was ``writing``) when it is a write on this machine
+    that failed because its disk is full, over quota or read-only; else None: an OSError's errno, SQLite's
+    ``database or disk is full``, or SQLite's I/O error or "unable to open" where ``database`` lies on a disk that
+    is read-only or has less than 1 MiB free (SQLite reports a WAL index it cannot create or grow there so, not
+    as full or read-only). The state store asks it for SQLite's errors; the two catch sites (``cli.run_command``
+    and the fleet's per-host call) ask it for every other write, which would otherwise print a traceback.
     An SFTP write on a host never lands here: paramiko gives its failures no errno."""
     if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
         where = f" (writing {exc.filename})" if exc.filename else ""
         what = f"{_DISK_FULL[exc.errno]} on this machine's disk{where}: {os.strerror(exc.errno)}"
     elif type(exc).__name__ == "OperationalError" and "disk is full" in str(exc):  # sqlite3, without importing it
         what = f"no space left on this machine's disk: {exc}"
+    elif database is not None and (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in _SQLITE_CANNOT:
+        disk = _disk_state(database.parent)
+        if disk is None:
+            return None
+        what = f"{disk} on this machine's disk (where {database} is): {exc}"
     else:
         return None
     return StateError(
-        f"cannot write orch's state: {what}",
+        f"cannot write {writing}: {what}",
         hint="free space (or make the state directory writable), then run the same command again",
     )
+
+
+def _disk_state(directory: Path) -> str | None:
+    """``read-only`` or ``no space left`` (under 1 MiB an unprivileged write may use) when ``directory``'s
+    filesystem is so, else None (also when it cannot be told)."""
+    try:
+        fs = os.statvfs(directory)
+    except OSError:
+        return None
+    if fs.f_flag & os.ST_RDONLY:
+        return "read-only"
+    free = fs.f_bavail * fs.f_frsize
+    return f"no space left ({free} bytes free)" if free < 1 << 20 else None

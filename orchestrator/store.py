@@ -291,7 +291,7 @@ class StateStore:
                     hint=f"restore a copy of {self.path}, or move it away to start from an empty state "
                     "(orch forgets its jobs, servers and plans); orch never resets it",
                 ) from exc
-            full = local_disk_error(exc)
+            full = local_disk_error(exc, self.path)
             if full is not None:
                 raise full from exc
             raise StateError(f"cannot use state database {self.path}: {exc}") from exc
@@ -435,7 +435,9 @@ def _private_file(path: Path) -> None:
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     except FileExistsError:
-        pass
+        if path.is_dir():
+            hint = "--state or ORCH_STATE names the database file itself, e.g. .orch/state.db"
+            raise StateError(f"state database {path} is a directory", hint=hint) from None
     except OSError as exc:
         raise StateError(f"cannot create state database {path}: {exc.strerror}") from exc
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import click
 
 from orchestrator.app import App
 from orchestrator.cli.common import pass_app
-from orchestrator.errors import UsageError
+from orchestrator.errors import UsageError, local_disk_error
 from orchestrator.views import state as state_view
 
 
@@ -82,7 +84,8 @@ def forget(app: App, name: str) -> int:
 @pass_app
 def export(app: App, file: Path) -> int:
     """Write the whole state (every host with its history, the plans, the last rollout) as one JSON file
-    (default: stdout), in the shape of ``orchestrator.state.State``.
+    (default: stdout), in the shape of ``orchestrator.state.State``. FILE is replaced whole, mode 0600 like
+    the database it copies.
 
     \b
     Example:
@@ -93,6 +96,24 @@ def export(app: App, file: Path) -> int:
     if str(file) == "-":
         sys.stdout.write(text)
     else:
-        file.write_text(text)
+        _replace(file, text)
         click.echo(f"state written to {file}", err=True)
     return 0
+
+
+def _replace(file: Path, text: str) -> None:
+    """``file`` replaced by ``text`` through a new file beside it, renamed over it: a write refused or cut
+    off leaves the old file as it was. A full disk is exit 4; any other refusal names the file (exit 2)."""
+    temp = file.with_name(f".{file.name}.orch-{os.getpid()}")
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with open(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temp, file)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise local_disk_error(exc, writing=f"the state export {file}") or UsageError(
+            f"cannot write the state export {file}: {exc.strerror or exc}",
+            hint="name a file in a directory you can write, or - for stdout",
+        ) from None

@@ -65,3 +65,20 @@ def test_state_forget_deletes_one_record_and_refuses_an_unknown_name(
     missing = orch("--state", str(path), "state", "forget", "blackwell-1")
     assert missing.returncode == 2
     assert "orch: error: the state has no host 'blackwell-1'" in missing.stderr
+
+
+def test_state_export_replaces_the_file_whole_private_and_says_where_it_cannot_write(
+    tmp_path: Path, orch: Callable[..., OrchRun]
+) -> None:
+    path = a_state(tmp_path)
+    target = tmp_path / "export.json"
+    target.write_text("an older export\n")
+    target.chmod(0o644)
+    assert orch("--state", str(path), "state", "export", str(target)).returncode == 0
+    assert State.model_validate_json(target.read_text()) == StateStore(path).read()
+    assert target.stat().st_mode & 0o777 == 0o600  # the state's documents, as private as the database
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".orch", "export.json"]  # no file of its own left
+    nowhere = orch("--state", str(path), "state", "export", str(tmp_path / "missing" / "export.json"))
+    assert nowhere.returncode == 2
+    assert f"orch: error: cannot write the state export {tmp_path}/missing/export.json: No such file" in nowhere.stderr
+    assert "Traceback" not in nowhere.output

@@ -4,6 +4,7 @@ record could not be written is said, with the command that records it."""
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
@@ -67,6 +68,34 @@ def test_a_full_or_read_only_disk_is_a_state_error(exc: Exception, said: str) ->
 @pytest.mark.parametrize("exc", [OSError(errno.EACCES, "Permission denied"), ValueError("x"), OSError("no errno")])
 def test_other_errors_are_not_a_full_disk(exc: Exception) -> None:
     assert local_disk_error(exc) is None
+
+
+@pytest.mark.parametrize(
+    ("flag", "free", "said"),
+    [
+        (os.ST_RDONLY, 1 << 30, "read-only on this machine's disk (where {db} is): unable to open database file"),
+        (0, 8192, "no space left (8192 bytes free) on this machine's disk (where {db} is): unable to open database"),
+        (0, 1 << 30, None),  # a disk with room: SQLite's own error stands (``StateStore`` says it)
+    ],
+)
+def test_sqlite_that_cannot_open_its_wal_index_on_a_full_or_read_only_disk_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: int, free: int, said: str | None
+) -> None:
+    exc = sqlite3.OperationalError("unable to open database file")  # as SQLite says it when no -shm can be made
+    exc.sqlite_errorcode = 14  # type: ignore[attr-defined]  # SQLITE_CANTOPEN
+    fs = os.statvfs_result((4096, 4096, 1000, 0, free // 4096, 100, 0, 0, flag, 255))
+    monkeypatch.setattr(os, "statvfs", lambda path: fs)
+    error = local_disk_error(exc, tmp_path / "state.db")
+    if said is None:
+        assert error is None
+    else:
+        assert isinstance(error, StateError) and error.exit_code == 4
+        assert f"cannot write orch's state: {said.format(db=tmp_path / 'state.db')}" in str(error)
+
+
+def test_a_state_path_that_is_a_directory_is_exit_4_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(StateError, match=f"state database {tmp_path} is a directory"):
+        StateStore(tmp_path).read()
 
 
 def test_status_on_a_full_disk_is_exit_4_with_one_line(
