@@ -10,7 +10,7 @@ from orchestrator import render
 from orchestrator.app import App, refuse_bad_recipe
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.cli.confirm import yes_option
-from orchestrator.errors import UsageError
+from orchestrator.errors import ExitCode, UsageError
 from orchestrator.facts import sweep as facts
 from orchestrator.inventory import Host
 from orchestrator.ops import sweep as sweep_op
@@ -53,6 +53,8 @@ def sweep(
     sweep resumes). Runs on the hosts named (--host/--tag) only; a host that serves now is taken out
     of service only with --yes. The host ends serving the last profile, or with --then-serve BEST@C
     the profile that won at concurrency C on that host, served and verified as orch serve --profile.
+    A profile that was not measured (it failed to serve, the host was lost) is said with why, and the
+    sweep exits 3; --then-serve then serves nothing on that host.
 
     \b
     Example:
@@ -75,9 +77,13 @@ def sweep(
                                      lambda: app.store)  # fmt: skip
         if not as_json:
             view.show(results)
+        incomplete = sorted(r.host.name for r in results.succeeded if r.value is not None and r.value.failed)
         served = None
         if best_at is not None:
-            swept = {r.host.name: r.value for r in results.succeeded if r.value is not None}
+            swept = {r.host.name: r.value for r in results.succeeded if r.value is not None and not r.value.failed}
+            for name in incomplete:
+                render.err.print(f"{name}: not every profile was measured: --then-serve serves nothing there (the same "
+                                 "command measures the rest, skipping the runs finished)", markup=False)  # fmt: skip
             served = fleet.map_sessions(
                 lambda s: sweep_op.serve_best(s, chosen[s.name], swept[s.name], best_at, app.peers(fleet)),
                 lambda: app.store, [h for h in selected if h.name in swept])  # fmt: skip
@@ -85,7 +91,7 @@ def sweep(
         print_json(view.document(results, served))
     elif served is not None:
         view.served(served)
-    code = finish(results)
+    code = finish(results) or (ExitCode.HOSTS_FAILED if incomplete else 0)  # a sweep missing a profile failed
     return (finish(served) if served is not None else 0) or code
 
 

@@ -46,13 +46,14 @@ def show(results: FleetResult[SweepResult]) -> None:
         name = result.host.name
         simulated = any(p.simulated for p in sweep.points)
         title = f"{name}: sweep (output tok/s per profile and concurrency){' (simulated)' if simulated else ''}"
-        table(title, COLUMNS, rows(sweep))
-        if simulated:
-            render.out.print(f"{name}: every number above is {SIMULATED}", markup=False)
-        for line in band_lines(sweep):
-            render.out.print(f"{name}: best at {line}", markup=False)
-        front = ", ".join(f"{p.profile}@{p.concurrency}" for p in sweep.pareto)
-        render.out.print(f"{name}: Pareto front (throughput vs median ITL): {front or '-'}", markup=False)
+        if sweep.points:  # none when no profile could be served: the lines below say why
+            table(title, COLUMNS, rows(sweep))
+            if simulated:
+                render.out.print(f"{name}: every number above is {SIMULATED}", markup=False)
+            for line in band_lines(sweep):
+                render.out.print(f"{name}: best at {line}", markup=False)
+            front = ", ".join(f"{p.profile}@{p.concurrency}" for p in sweep.pareto)
+            render.out.print(f"{name}: Pareto front (throughput vs median ITL): {front or '-'}", markup=False)
         for profile, why in sweep.failed.items():
             render.err.print(f"{name}: profile {profile} was not measured: {why}", markup=False)
 

@@ -80,6 +80,21 @@ def test_sweep_then_serve_at_a_concurrency_it_does_not_run_is_exit_2_before_any_
     assert "sweep: a canary run" not in result.stderr and not (tmp_path / "state.db").exists()
 
 
+def test_a_sweep_that_measured_no_profile_on_a_host_is_exit_3_and_then_serves_nothing_there(
+    tmp_path: Path, orch: Callable[..., OrchRun]
+) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  h1: {address: 127.0.0.1, port: 1}\n")  # nothing listens: every profile fails
+    args = ["-i", str(inventory), "--state", str(tmp_path / "state.db"), "--connect-timeout", "1", "sweep"]
+    result = orch(*args, "--host", "h1", "--profiles", "low-latency,balanced", "--concurrency", "1",
+                  "--then-serve", "BEST@1", "--yes")  # fmt: skip
+    assert result.returncode == 3, result.output
+    for profile in ("low-latency", "balanced"):
+        assert f"h1: profile {profile} was not measured: h1: cannot connect to 127.0.0.1:1" in result.stderr
+    assert "h1: not every profile was measured: --then-serve serves nothing there" in result.stderr
+    assert "won at concurrency" not in result.output and "Pareto front" not in result.output
+
+
 def with_steps(tmp_path: Path, steps: str) -> Path:
     text = SHIPPED.read_text()
     path = tmp_path / "p.yaml"
