@@ -231,11 +231,22 @@ class Step(_Strict):
         return value
 
 
+SIZE_FLAGS = frozenset({
+    "tp", "tp-size", "tensor-parallel-size", "dp", "dp-size", "data-parallel-size", "attn-dp-size",
+    "pp-size", "pipeline-parallel-size", "ep", "ep-size", "expert-parallel-size", "base-gpu-id",
+})  # fmt: skip
+"""The server flags orch reads as whole numbers: the GPUs a server spans and how they are split."""
+
+
 def _check_flags(value: dict[str, Any]) -> dict[str, Any]:
-    """Server argument names as SGLang writes them, none orch sets itself, no secret among the values."""
+    """Server argument names as SGLang writes them, none orch sets itself, no secret among the values, a
+    whole number for each of ``SIZE_FLAGS`` (or ``false``: a profile dropping the base recipe's)."""
     for name in value:
         if not _FLAG.match(name):
             raise ValueError(f"{name!r} is not a flag name (write 'mem-fraction-static', without '--')")
+        size = value[name]
+        if name in SIZE_FLAGS and size is not False and not (isinstance(size, int) or str(size).isdigit()):
+            raise ValueError(f"{name!r} is {size!r}: write a whole number (orch counts the server's GPUs from it)")
         own = orch_flag(name)
         if own:
             raise ValueError(

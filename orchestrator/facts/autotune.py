@@ -85,20 +85,12 @@ def group_key(recipe: Recipe, model_path: str, gpu: str, compute_cap: str, commi
         flashinfer=flashinfer,
         model_path=model_path,
         tp=server_facts.recipe_tp_size(recipe, 1),
-        pp=_int(args, ("pp-size", "pipeline-parallel-size"), 1),
+        pp=server_facts.int_arg(args, ("pp-size", "pipeline-parallel-size"), 1),
         attn_dp=server_facts.attention_dp(recipe),
-        ep=_int(args, ("ep-size", "expert-parallel-size", "ep"), 1),
+        ep=server_facts.int_arg(args, ("ep-size", "expert-parallel-size", "ep"), 1),
         moe_runner_backend=str(args.get("moe-runner-backend", "auto")),
         skip_ops=" ".join(sorted(str(args.get("flashinfer-autotune-skip-ops", "")).split())),
     )
-
-
-def _int(args: Mapping[str, object], names: tuple[str, ...], default: int) -> int:
-    for name in names:
-        value = args.get(name)
-        if value is not None and not isinstance(value, bool):
-            return int(str(value))
-    return default
 
 
 @dataclass(frozen=True)

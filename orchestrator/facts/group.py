@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from orchestrator.facts.server import Problem, launch_argv, module_entrypoint, recipe_tp_size, split_entrypoint, url
+from orchestrator.facts.server import (
+    Problem,
+    int_arg,
+    launch_argv,
+    module_entrypoint,
+    recipe_tp_size,
+    split_entrypoint,
+    url,
+)
 from orchestrator.inventory import Host, ReplicaGroup
 from orchestrator.recipe import Recipe
 
@@ -104,9 +112,7 @@ def group_problems(group: ReplicaGroup, recipe: Recipe, hosts: Mapping[str, Host
 
 def pipeline_stages(recipe: Recipe) -> int:
     """The recipe's pipeline-parallel size (``pp-size`` or ``pipeline-parallel-size``), else 1."""
-    args = recipe.server_args
-    given = [args[n] for n in ("pp-size", "pipeline-parallel-size") if n in args and not isinstance(args[n], bool)]
-    return int(given[0]) if given else 1
+    return int_arg(recipe.server_args, ("pp-size", "pipeline-parallel-size"), 1)
 
 
 def group_plan(group: ReplicaGroup, recipe: Recipe, hosts: Mapping[str, Host]) -> GroupPlan:

@@ -158,7 +158,7 @@ def needed_gpus(recipe: Recipe) -> list[int]:
     the replacement check compares them with the GPUs nvidia-smi shows."""
     args = recipe.server_args
     tp = recipe_tp_size(recipe, 1)
-    base = _int_arg(args, ("base-gpu-id",), 0)
+    base = int_arg(args, ("base-gpu-id",), 0)
     return list(range(base, base + tp * dp_replicas(recipe)))
 
 
@@ -167,8 +167,8 @@ def dp_replicas(recipe: Recipe) -> int:
     ``--enable-dp-attention`` without ``--attn-dp-size`` turns it into attention-DP and runs one replica
     (``parallel_hook.handle_deprecated_dp_attention``)."""
     args = recipe.server_args
-    dp = _int_arg(args, ("dp", "dp-size", "data-parallel-size"), 1)
-    if args.get("enable-dp-attention") is True and _int_arg(args, ("attn-dp-size",), 1) == 1:
+    dp = int_arg(args, ("dp", "dp-size", "data-parallel-size"), 1)
+    if args.get("enable-dp-attention") is True and int_arg(args, ("attn-dp-size",), 1) == 1:
         return 1
     return dp
 
@@ -176,18 +176,20 @@ def dp_replicas(recipe: Recipe) -> int:
 def attention_dp(recipe: Recipe) -> int:
     """The attention-DP width: ``attn-dp-size``, or ``dp-size`` under ``--enable-dp-attention``; 1: none."""
     args = recipe.server_args
-    explicit = _int_arg(args, ("attn-dp-size",), 1)
+    explicit = int_arg(args, ("attn-dp-size",), 1)
     if explicit == 1 and args.get("enable-dp-attention") is True:
-        return _int_arg(args, ("dp", "dp-size", "data-parallel-size"), 1)
+        return int_arg(args, ("dp", "dp-size", "data-parallel-size"), 1)
     return explicit
 
 
 def recipe_tp_size(recipe: Recipe, default: int) -> int:
     """The recipe's tensor-parallel size (``tp``, ``tp-size`` or ``tensor-parallel-size``), else ``default``."""
-    return _int_arg(recipe.server_args, ("tp", "tp-size", "tensor-parallel-size"), default)
+    return int_arg(recipe.server_args, ("tp", "tp-size", "tensor-parallel-size"), default)
 
 
-def _int_arg(args: Mapping[str, Any], names: Sequence[str], default: int) -> int:
+def int_arg(args: Mapping[str, Any], names: Sequence[str], default: int) -> int:
+    """The first of flags ``names`` the server arguments give (a whole number: ``recipe.SIZE_FLAGS``), else
+    ``default``; ``false`` (a profile dropping the flag) counts as not given."""
     for name in names:
         if name in args and not isinstance(args[name], bool):
             return int(args[name])

@@ -140,6 +140,25 @@ def test_a_playbook_flag_that_names_a_flag_orch_sets_is_refused(
 
 
 @pytest.mark.parametrize(
+    ("args", "key", "said"),
+    [
+        ("{tp-size: eight}", "server_args", "'tp-size' is 'eight': write a whole number"),
+        ("{tp-size: 2.5}", "server_args", "'tp-size' is 2.5: write a whole number"),
+        ("{tp-size: 8}\nprofiles: {wide: {server_args: {dp-size: all}}}", "profiles.wide.server_args", "'dp-size' is"),
+    ],
+)
+def test_a_playbook_size_flag_that_is_not_a_whole_number_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: str, key: str, said: str
+) -> None:
+    inventory, playbook = tmp_path / "hosts.yaml", tmp_path / "p.yaml"
+    inventory.write_text(GOOD)
+    playbook.write_text(PLAYBOOK.replace("{tp-size: 8}", args))
+    code, output = orch(capsys, "-i", str(inventory), "serve", "--dry-run", "--playbook", str(playbook))
+    assert code == 2, output
+    assert f"orch: error: {playbook}: key '{key}': {said}" in output and "Traceback" not in output
+
+
+@pytest.mark.parametrize(
     ("extra", "key"),
     [
         ("tuning: {batch_sizes: []}\n", "tuning.batch_sizes"),
