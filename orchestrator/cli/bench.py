@@ -52,7 +52,8 @@ def bench(
     sha256) and the SGLang commit, MTP settings, tuned shapes and FP8 backend the server runs; the
     table compares every run on the host with a baseline and marks a run whose workload differs from
     the baseline's. Progress (requests done) goes to stderr as it runs.
-    An unknown --baseline label is refused (exit 2) before anything runs.
+    An unknown --baseline label, or a --dataset that is not a ShareGPT-format JSON, is refused (exit 2)
+    before anything runs.
 
     \b
     Example:
@@ -62,6 +63,8 @@ def bench(
     selected = app.select(hosts, tags)
     specs = {name: recipe.bench for name, recipe in app.recipes(selected, playbook).items()}
     bench_op.check_baseline(app.store, selected, options)
+    if options.dataset is not None:
+        bench_op.local_dataset(options.dataset)  # read and checked once, before any host
     show = ProgressLines()
     with app.fleet(selected, parallel) as fleet:
         fleet.events = show.sink

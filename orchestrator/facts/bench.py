@@ -182,6 +182,30 @@ def dataset_path(workdir: str, path: str) -> str:
     return path if path.startswith("/") else f"{workdir.rstrip('/')}/{path}"
 
 
+def sharegpt_problem(data: bytes) -> str | None:
+    """What makes ``data`` no ShareGPT-format JSON file, None when its first conversation reads: a UTF-8
+    JSON list (its ends checked, a file cut short is not), whose first item is an object with a
+    ``conversations`` (or ``conversation``) list of turns holding a text ``value``, as SGLang's ``random``
+    dataset reads them (``benchmark/datasets/random.py``). Only the first item is parsed: the real file
+    (ShareGPT V3) is 650 MB, and a host gets it only if this passes."""
+    try:
+        text = data.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 (byte {data[exc.start]:#04x} at offset {exc.start})"
+    if not text.startswith("["):
+        return "empty" if not text else 'not a JSON list (a ShareGPT file is [{"conversations": [...]}, ...])'
+    if not text.endswith("]"):
+        return "cut short: it does not end with ']'"
+    try:
+        first, _ = json.JSONDecoder().raw_decode(text[1:].lstrip())
+    except json.JSONDecodeError as exc:
+        return "an empty list" if text[1:].strip() == "]" else f"its first item is not JSON ({exc.msg})"
+    turns = first.get("conversations", first.get("conversation")) if isinstance(first, dict) else None
+    if not isinstance(turns, list) or not all(isinstance(t, dict) and isinstance(t.get("value"), str) for t in turns):
+        return 'its first item has no "conversations" list of turns with a text "value"'
+    return None
+
+
 def sha256_argv(path: str) -> list[str]:
     """Prints the sha256 of ``path`` on the host (``sha256sum``), nothing and exit 1 when it is no file."""
     return ["sha256sum", "--", path]

@@ -224,7 +224,7 @@ class LocalDataset:
 @functools.lru_cache(maxsize=1)
 def local_dataset(path: str) -> LocalDataset:
     """The file ``path`` on the controller, read once per orch run (every host gets the same bytes);
-    unreadable → ``UsageError`` (exit 2)."""
+    unreadable or not a ShareGPT-format file (``facts.sharegpt_problem``) → ``UsageError`` (exit 2)."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -232,6 +232,12 @@ def local_dataset(path: str) -> LocalDataset:
             f"--dataset {path}: cannot read it ({exc.strerror or exc})",
             hint="name a ShareGPT-format JSON file on this machine",
         ) from None
+    problem = facts.sharegpt_problem(data)
+    if problem is not None:
+        raise UsageError(
+            f"--dataset {path}: not a ShareGPT-format JSON file: {problem}",
+            hint="name a ShareGPT-format JSON (e.g. ShareGPT_V3_unfiltered_cleaned_split.json); no host was changed",
+        )
     return LocalDataset(Path(path).name, data, hashlib.sha256(data).hexdigest())
 
 

@@ -345,3 +345,28 @@ def test_chart_labels_name_every_run_with_its_time_when_a_label_repeats() -> Non
 )
 def test_a_result_says_whether_orchs_simulated_sglang_wrote_it(text: str, simulated: bool) -> None:
     assert bench.is_simulated(text) is simulated
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"", "empty"),
+        (b"\xff\xfe[", "not UTF-8 (byte 0xff at offset 0)"),
+        (b'{"conversations": []}', "not a JSON list"),
+        (b'[{"conversations": [{"from": "human", "value": "hi"}]}, {"conv', "cut short: it does not end with ']'"),
+        (b"[ ]", "an empty list"),
+        (b"[{oops}]", "its first item is not JSON (Expecting property name enclosed in double quotes)"),
+        (b'[{"id": 1}]', 'its first item has no "conversations" list of turns with a text "value"'),
+        (b'[{"conversations": [{"from": "human", "value": 3}]}]', "its first item has no"),
+        (b'[{"conversation": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}]', None),
+    ],
+)
+def test_a_dataset_that_is_not_sharegpt_is_told_by_its_first_item_and_ends(data: bytes, problem: str | None) -> None:
+    found = bench.sharegpt_problem(data)
+    assert found == problem if problem is None else (found or "").startswith(problem), found
+
+
+def test_the_simulated_fleets_dataset_is_sharegpt() -> None:
+    from orchestrator.sandbox.fleet import DEMO_DATASET
+
+    assert bench.sharegpt_problem(DEMO_DATASET.read_bytes()) is None

@@ -107,3 +107,13 @@ def test_an_unreadable_local_dataset_is_exit_2_naming_it(tmp_path: Path) -> None
         bench.local_dataset(str(tmp_path / "nope.json"))
     assert caught.value.message == f"--dataset {tmp_path / 'nope.json'}: cannot read it (No such file or directory)"
     assert caught.value.exit_code == 2
+
+
+def test_a_local_dataset_that_is_not_sharegpt_is_exit_2_before_any_host(tmp_path: Path) -> None:
+    path = tmp_path / "cut.json"
+    path.write_text('[{"conversations": [{"from": "human", "value": "hi"}]}, {"conv')
+    with pytest.raises(UsageError) as caught:
+        bench.local_dataset(str(path))
+    assert caught.value.exit_code == 2
+    said = "not a ShareGPT-format JSON file: cut short: it does not end with ']'"
+    assert caught.value.message == f"--dataset {path}: {said}"

@@ -174,3 +174,16 @@ def test_an_empty_batch_sizes_list_is_refused_at_the_playbook(
     code, output = orch(capsys, "-i", str(inventory), "recipe", "show", "--playbook", str(playbook))
     assert code == 2, output
     assert f"orch: error: {playbook}: key '{key}" in output and "at least 1 item" in output, output
+
+
+def test_a_bench_dataset_that_is_not_sharegpt_is_exit_2_before_any_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inventory, dataset = tmp_path / "hosts.yaml", tmp_path / "data.json"
+    inventory.write_text("hosts:\n  h1: {address: 127.0.0.1, port: 1}\n")  # nothing listens: never reached
+    dataset.write_bytes(b"\x00\x01 not json")
+    state = tmp_path / "state.db"
+    code, output = orch(capsys, "-i", str(inventory), "--state", str(state), "bench", "--dataset", str(dataset))
+    assert code == 2, output
+    assert f"orch: error: --dataset {dataset}: not a ShareGPT-format JSON file: not a JSON list" in output
+    assert "h1" not in output  # no host was tried
