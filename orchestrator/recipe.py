@@ -146,6 +146,14 @@ class ServeOptions(_Strict):
     force: bool = Field(False, description="Relaunch even when the server already runs as asked.")
 
 
+def _label(value: str | None) -> str | None:
+    """A run's label: one line of at most 100 printable characters (it heads tables, report rows and
+    metric labels)."""
+    if value is not None and (not value.strip() or len(value) > 100 or any(c < " " or c == "\x7f" for c in value)):
+        raise ValueError(f"{value[:100]!r} is no label: write one line of 1 to 100 printable characters")
+    return value
+
+
 class BenchOptions(_Strict):
     label: str | None = Field(
         None, description="Name of this configuration in the comparison. Default: '<commit> mtp|no-mtp'."
@@ -163,6 +171,8 @@ class BenchOptions(_Strict):
     num_prompts: int | None = Field(None, ge=1, description="Requests to send (default: the playbook's).")
     max_concurrency: int | None = Field(None, ge=1, description="Requests in flight at most (default: the playbook's).")
 
+    _labels = field_validator("label", "baseline")(_label)
+
 
 class ProfileOptions(_Strict):
     """``orch profile``: batches to profile per stage, the run's label, seconds the load and traces may take."""
@@ -170,6 +180,8 @@ class ProfileOptions(_Strict):
     steps: int = Field(5, ge=1, le=200, description="Batches to profile in each stage (prefill, decode).")
     label: str | None = Field(None, description="Name of this profile (before/after). Default: '<commit> mtp|no-mtp'.")
     timeout: float = Field(600.0, ge=10, description="Seconds the load and the traces may take on each host.")
+
+    _label = field_validator("label")(_label)
 
 
 class SweepOptions(_Strict):

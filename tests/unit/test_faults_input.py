@@ -187,3 +187,21 @@ def test_a_bench_dataset_that_is_not_sharegpt_is_exit_2_before_any_host(
     assert code == 2, output
     assert f"orch: error: --dataset {dataset}: not a ShareGPT-format JSON file: not a JSON list" in output
     assert "h1" not in output  # no host was tried
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "shown"),
+    [
+        (["bench", "--label", "tuned\nmtp"], "--label", "'tuned\\nmtp'"),
+        (["bench", "--baseline", "  "], "--baseline", "'  '"),
+        (["profile", "--label", "x" * 101], "--label", "'" + "x" * 100 + "'"),
+    ],
+)
+def test_a_label_that_is_not_one_printable_line_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], flag: str, shown: str
+) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  h1: {address: 127.0.0.1, port: 1}\n")  # nothing listens: never reached
+    code, output = orch(capsys, "-i", str(inventory), "--state", str(tmp_path / "state.db"), *args)
+    assert code == 2, output
+    assert f"orch: error: {flag}: {shown} is no label: write one line of 1 to 100 printable characters" in output
