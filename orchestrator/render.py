@@ -2,10 +2,10 @@
 
 Host-supplied text is shown inert and times short by ``orchestrator.text`` (re-exported here).
 
-Errors and logs go to stderr, so ``--json`` output can always be piped. When the reader of stdout
-goes away (``orch status | head -1``), the rest of the output is dropped quietly (``PipeSafeStdout``)
-and the command finishes its work: a closed pipe never aborts a fleet operation half-way, and the
-exit code stays the command's own.
+Errors and logs go to stderr, so ``--json`` output can always be piped. When the reader of stdout or
+stderr goes away (``orch status | head -1``, ``orch serve 2>&1 | head``), the rest of that output is
+dropped quietly (``PipeSafeStdout``) and the command finishes its work: a closed pipe never aborts a
+fleet operation half-way, and the exit code stays the command's own.
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def _console(name: str) -> Console:
 
 
 class PipeSafeStdout:
-    """``sys.stdout`` until a write meets a closed pipe; from then on every write goes to /dev/null
-    (no ``BrokenPipeError`` traceback, none at interpreter exit either). Installed by ``cli.main``."""
+    """``sys.stdout`` (or ``sys.stderr``) until a write meets a closed pipe; from then on every write goes to
+    /dev/null (no ``BrokenPipeError`` traceback, none at interpreter exit either). Installed by ``cli.main``."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream

@@ -175,6 +175,7 @@ def configure_logging(verbose: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run a command and turn its outcome into the documented exit code."""
     sys.stdout = PipeSafeStdout(sys.stdout)
+    sys.stderr = PipeSafeStdout(sys.stderr)  # `orch serve 2>&1 | head`: the serve goes on when head has ended
     # Ctrl-C ends orch from the handler itself: a KeyboardInterrupt can be swallowed on its way up (raised
     # inside a __del__ or a library's cleanup, it is only "ignored"), and orch then went on as if nothing
     # had happened. Detached jobs and state transactions make stopping at any point safe.
@@ -182,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: _interrupted(ExitCode.TERMINATED))  # says how to resume too
     code = run_command(argv)
     sys.stdout.flush()  # meet a closed pipe here, not at interpreter exit (where it prints a traceback)
+    sys.stderr.flush()
     sys.exit(code)
 
 

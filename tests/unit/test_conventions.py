@@ -158,6 +158,20 @@ def test_closed_stdout_is_quiet_and_keeps_the_commands_exit_code(fleet_dir: Path
     assert "Error" not in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_closed_stdout_and_stderr_keep_the_commands_exit_code(tmp_path: Path) -> None:
+    """`orch sweep ... 2>&1 | head -1`: stderr's reader left too (its progress lines meet the closed pipe);
+    orch finishes and exits as it would (3: the host is unreachable), not 1 (a BrokenPipeError on stderr
+    was a bug's exit)."""
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  h1: {address: 127.0.0.1, port: 1}\n")  # nothing listens
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    argv = [sys.executable, "-m", "orchestrator", "-i", "hosts.yaml", "--connect-timeout", "1", "sweep", "--host", "h1"]
+    argv += ["--profiles", "low-latency", "--concurrency", "1", "--yes"]
+    proc = subprocess.run(argv, cwd=tmp_path, stdout=write_end, stderr=write_end, timeout=60)
+    os.close(write_end)
+    assert proc.returncode == ExitCode.HOSTS_FAILED
+
+
 def test_hosts_failing_with_the_same_words_share_one_block(fleet_dir: Path) -> None:
     (fleet_dir / ".orch").mkdir()
     (fleet_dir / ".orch" / "state.json").write_text("{not json")
