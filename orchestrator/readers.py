@@ -240,6 +240,13 @@ def host_server(host: Host, runner: Runner) -> HostServer:
     )
 
 
+def parser_refusal(host: Host, runner: Runner, flags: Sequence[str]) -> str | None:
+    """What the host's SGLang server parser says of a launch's ``flags`` (``facts.parse_check_argv``):
+    argparse's message when it refuses them, else None (also when it cannot be asked)."""
+    result = runner.run(facts.parse_check_argv(host.python, flags), timeout=120)
+    return facts.parse_refusal(result.stdout) if result.ok else None
+
+
 def _indent(text: str) -> str:
     return "\n".join(f"      {line}" for line in text.splitlines())
 

@@ -15,6 +15,8 @@ fact                read by                                         forgotten by
 ``gpus``            ``readers.read_gpu_info`` (holders' jobs      a job started or stopped
                     from ``jobs``)
 ``server_surface``  ``readers.host_server`` (``--help``, parser)    pull (new code, ``--install``)
+``parses:<flags>``  ``readers.parser_refusal`` (the parser's        pull (new code, ``--install``)
+                    verdict on a launch's flags)
 ``server_info``     ``GET /server_info`` of a url                   a server started or stopped
 ``tuned_configs``   ``readers.read_configs``                        pull, tuning installed configs
 ``replacement``     ``ops.serve.read_replacement_facts`` (model,    a server stopped, pull
@@ -49,6 +51,7 @@ wait (a question to the operator) uses a fresh session.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -66,6 +69,7 @@ from orchestrator.readers import (
     LogReader,
     TunedConfigs,
     host_server,
+    parser_refusal,
     read_configs,
     read_git,
     read_gpu_info,
@@ -197,6 +201,12 @@ class HostSession:
     def server_surface(self) -> HostServer:
         """How the host starts SGLang's server and the flags it accepts (``readers.host_server``)."""
         return self.fact("server_surface", lambda: host_server(self.host, self.runner))
+
+    def parser_refusal(self, flags: Sequence[str]) -> str | None:
+        """What the host's server parser says of a launch's ``flags`` (``readers.parser_refusal``): its
+        message when it refuses them, else None; asked once per set of flags."""
+        key = hashlib.sha256("\0".join(flags).encode()).hexdigest()[:16]
+        return self.fact(f"parses:{key}", lambda: parser_refusal(self.host, self.runner, flags))
 
     def server_info(self, url: str) -> dict[str, Any]:
         """``GET /server_info`` of the server at ``url`` (``readers.server_info``)."""

@@ -364,6 +364,45 @@ def parse_parser(stdout: str) -> dict[str, tuple[str, ...] | None] | None:
     return {str(o): None if c is None else tuple(map(str, c)) for o, c in options.items()}
 
 
+# Parses argv[1] (a JSON list: a launch command's server flags) with the server's parser, built as above;
+# prints {"refused": argparse's message, or null when it parses}.
+_PARSE_SNIPPET = r"""
+import argparse, json, sys
+from sglang.srt.server_args import ServerArgs
+class Refused(Exception):
+    pass
+def refuse(message):
+    raise Refused(message)
+parser = argparse.ArgumentParser(prog="sglang serve")
+ServerArgs.add_cli_args(parser)
+parser.error = refuse
+try:
+    parser.parse_args(json.loads(sys.argv[1]))
+except Refused as exc:
+    print(json.dumps({"refused": str(exc)}))
+else:
+    print(json.dumps({"refused": None}))
+"""
+
+
+def parse_check_argv(python: str, flags: Sequence[str]) -> list[str]:
+    """Have the host's server parser parse ``flags`` as a launch would first (``parse_refusal`` reads it):
+    argparse converts each value to its flag's type (``--mem-fraction-static lots`` exits 2), which the
+    option list (``parser_argv``) cannot tell."""
+    return [python, "-c", _PARSE_SNIPPET, json.dumps(list(flags))]
+
+
+def parse_refusal(stdout: str) -> str | None:
+    """``parse_check_argv``'s answer: argparse's message when the parser refuses the flags; None when it
+    parses them, or when the answer is not one (an SGLang that drifted: the launch itself then tells)."""
+    try:
+        answer = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else None
+    except json.JSONDecodeError:
+        return None
+    refused = answer.get("refused") if isinstance(answer, dict) else None
+    return str(refused) if refused else None
+
+
 _OPTION_INDENT = 6  # argparse indents options by 2 (4 in nested groups), their help by 24
 _FLAG_IN_HELP = re.compile(r"^(--[A-Za-z0-9][A-Za-z0-9_-]*)(?:[ =](\{[^}]*\}))?")
 

@@ -23,7 +23,7 @@ from orchestrator.session import HostSession
 from orchestrator.state import HostState
 from orchestrator.transport.base import Runner, shell_command
 
-CHANGED_WITH_THE_CODE = ("server_surface", "tuned_configs", "replacement")  # read from the host's SGLang
+CHANGED_WITH_THE_CODE = ("server_surface", "parses", "tuned_configs", "replacement")  # read from the host's SGLang
 
 
 @dataclass

@@ -140,8 +140,9 @@ class StartupFailed(HostError):
 
 def check_launch(session: HostSession, recipe: Recipe, mtp: bool) -> list[str]:
     """The launch argv once it passes the MTP rules, holds no secret (it goes into the state file and
-    the job directory), and the host's SGLang knows every flag; else RefusedError listing every problem.
-    The host's server surface is read once per session (``orch run`` checks in preflight and again in serve)."""
+    the job directory), the host's SGLang knows every flag and its parser parses the whole command (each
+    value of its flag's type); else RefusedError listing every problem. The host's server surface and its
+    parser's verdict are read once per session (``orch run`` checks in preflight and again in serve)."""
     host, server = session.host, session.server_surface()
     argv = facts.launch_argv(recipe, host, mtp=mtp, entrypoint=server.entrypoint)
     problems = facts.check_recipe(recipe, mtp=mtp)
@@ -149,6 +150,9 @@ def check_launch(session: HostSession, recipe: Recipe, mtp: bool) -> list[str]:
     if secret:
         problems.append(facts.Problem("server_args", f"looks like a secret ({secret!r}): pass it in the host's env"))
     problems += facts.check_flags(facts.split_entrypoint(argv)[1], server.flags)
+    refused = None if problems else session.parser_refusal(facts.split_entrypoint(argv)[1])
+    if refused:  # every flag known: the parser still converts each value (`--mem-fraction-static lots`)
+        problems.append(facts.Problem("server_args", f"the host's SGLang parser refuses the command: {refused}"))
     if problems:
         where = recipe.path or recipe.model
         raise RefusedError(

@@ -13,7 +13,11 @@ fallback (``facts.parse_help``) on every case but options registered with ``help
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +148,48 @@ def test_the_real_help_lists_every_flag_orch_reads_from_it(real_help: str) -> No
         "triton",
         "aiter",
     )
+
+
+VALUE_CASES = [
+    ("float", ["--mem-fraction-static", "0.8"], ACCEPT),
+    ("bad-float", ["--mem-fraction-static", "lots"], REFUSE),
+    ("bad-int", ["--tp-size", "eight"], REFUSE),
+    ("bad-int-equals", ["--cuda-graph-max-bs-decode=many"], REFUSE),
+]
+
+
+def orch_parse_check(flags: list[str]) -> str | None:
+    """What orch's parse check (``facts.parse_check_argv``, the code it runs on the host) answers for
+    ``flags``, run here against the real package in this process (importing it per case takes seconds)."""
+    argv = facts.parse_check_argv(sys.executable, flags)
+    assert argv[1] == "-c"
+    out = io.StringIO()
+    saved = sys.argv
+    sys.argv = ["-c", *argv[3:]]
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(argv[2], "<orch parse check>", "exec"), {"__name__": "__main__"})
+    finally:
+        sys.argv = saved
+    return facts.parse_refusal(out.getvalue())
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"), [pytest.param(f, e, id=n) for n, f, e in CASES + VALUE_CASES if not n.startswith(HIDDEN)]
+)
+def test_orchs_parse_check_refuses_what_the_real_parser_does_values_included(
+    flags: list[str], expected: str, model_dir: Path
+) -> None:
+    command = ["--model-path", str(model_dir), *flags]
+    real = real_parse(command)
+    assert (ACCEPT if real.accepted else REFUSE) == expected, real.stderr[-500:]
+    refused = orch_parse_check(command)
+    assert (REFUSE if refused else ACCEPT) == expected, refused
+    if refused:
+        assert refused in real.stderr  # argparse's own words, as the launch would print them
+
+
+def test_orchs_parse_check_runs_as_a_command_against_the_real_package(model_dir: Path) -> None:
+    argv = facts.parse_check_argv(sys.executable, ["--model-path", str(model_dir), "--mem-fraction-static", "lots"])
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert facts.parse_refusal(proc.stdout) == "argument --mem-fraction-static: invalid float value: 'lots'"

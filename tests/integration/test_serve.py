@@ -185,6 +185,11 @@ def test_flag_unknown_to_the_hosts_sglang_is_refused(fleet1: FleetEnv, tmp_path:
         "--cuda-graph-max-bs: ambiguous: SGLang refuses an abbreviation that could match "
         "--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill (exit 2)"
     ) in ambiguous.stderr
+    typed = fleet1.orch("serve", "--playbook", playbook(tmp_path, "typed", server_args={"mem-fraction-static": "lots"}))
+    assert typed.returncode == 3, typed.output  # every flag known; SGLang's parser would exit 2 at the launch
+    refusal = "argument --mem-fraction-static: invalid float value: 'lots'"
+    assert f"the host's SGLang parser refuses the command: {refusal}" in typed.stderr
+    assert "the running server was left untouched" in typed.stderr and "stopping server job" not in typed.output
     secret = fleet1.orch("serve", "--playbook", playbook(tmp_path, "secret", server_args={"api-key": "sk-123"}))
     assert secret.returncode == 2 and "looks like a secret ('api-key')" in secret.stderr  # refused at load: bad input
     assert "sk-123" not in secret.output

@@ -237,6 +237,32 @@ def test_parser_snippet_lists_hidden_options_that_help_does_not(tmp_path: Path) 
     assert server.parse_parser('{"--port": null}') is None  # not a server parser
 
 
+def test_parse_check_reports_a_value_the_parser_cannot_convert(tmp_path: Path) -> None:
+    """The parse check runs a stand-in `sglang.srt.server_args` (the real one: tests/conformance)."""
+    package = tmp_path / "sglang" / "srt"
+    package.mkdir(parents=True)
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "server_args.py").write_text(
+        "class ServerArgs:\n"
+        "    @staticmethod\n"
+        "    def add_cli_args(p):\n"
+        "        p.add_argument('--model-path')\n"
+        "        p.add_argument('--tp-size', type=int)\n"
+    )
+
+    def verdict(*flags: str) -> str | None:
+        argv = server.parse_check_argv(sys.executable, ["--model-path", "/m", *flags])
+        done = subprocess.run(argv, capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)}, check=True)
+        return server.parse_refusal(done.stdout)
+
+    assert verdict("--tp-size", "8") is None
+    assert verdict("--tp-size", "eight") == "argument --tp-size: invalid int value: 'eight'"
+    assert verdict("--tp-size", "8; rm -rf /") == "argument --tp-size: invalid int value: '8; rm -rf /'"  # literal
+    assert server.parse_refusal("Traceback ...\nImportError: x") is None  # cannot tell: the launch tells
+    assert server.parse_refusal('{"refused": null}') is None
+
+
 def test_canonical_flag_reads_a_unique_prefix_as_argparse_does() -> None:
     known = ["--tp-size", "--tensor-parallel-size", "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill"]
     assert server.canonical_flag("tp", known) == "tp-size"
