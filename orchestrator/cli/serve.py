@@ -41,7 +41,9 @@ _playbook = click.option(
 )
 @options_from(ServeOptions, metavars={"fp8_gemm_backend": "NAME"})
 @yes_option
-@click.option("--dry-run", is_flag=True, help="Print what would be stopped and launched per host; change nothing.")
+@click.option("--dry-run", is_flag=True,
+              help="Print what would be stopped and launched per host; change nothing. Exit 3 where serve would "
+              "refuse.")  # fmt: skip
 @rolling_options
 @pass_app
 def serve(
@@ -97,7 +99,8 @@ def serve(
             plan = lambda s: dry_run_lines(s, chosen[s.name], options, ranks.get(s.name))  # noqa: E731
             plans = fleet.map_sessions(plan, lambda: app.store)
             serve_view.plans(plans)
-            return finish(plans)
+            refuses = any(r.value and r.value[0].startswith("(refuses") for r in plans.succeeded)
+            return finish(plans) or (ExitCode.HOSTS_FAILED if refuses else 0)  # exits as serve would
 
         # its own session (the question may wait long); another machine's record never asks to take serving down
         def replaces(h: Host, r: Runner) -> bool:  # a group's running rank is always replaced

@@ -371,6 +371,7 @@ def test_a_server_whose_replacement_cannot_start_is_never_stopped(fleet1: FleetE
 
     host.drop_model()  # an NFS mount dropped
     dry = fleet1.orch("serve", "--force", "--dry-run")  # what a rolling relaunch decides by: it does not replace
+    assert dry.returncode == 3, dry.output  # as serve itself would exit
     assert f"(refuses: the new server cannot start here: model directory {model} is missing" in dry.stdout
     refused_without_a_stop(
         fleet1,
