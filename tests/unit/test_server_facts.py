@@ -210,25 +210,33 @@ def test_parse_help_reads_the_option_column_with_choices() -> None:
     assert "--not-a-flag" not in flags and "--weights-dir" not in flags
 
 
-def test_parser_snippet_lists_hidden_options_that_help_does_not(tmp_path: Path) -> None:
-    """The snippet runs against a stand-in `sglang.srt.server_args` (the real one: tests/conformance)."""
+STAND_IN_PARSER = (
+    "import argparse\n"
+    "class ServerArgs:\n"
+    "    @staticmethod\n"
+    "    def add_cli_args(p):\n"
+    "        p.add_argument('--model-path', '--model')\n"
+    "        p.add_argument('--fp8-gemm-backend', choices=['auto', 'triton'])\n"
+    "        p.add_argument('--tp-size', type=int)\n"
+    "        p.add_argument('--tp-hidden', help=argparse.SUPPRESS)\n"
+)
+
+
+def run_against_a_stand_in(tmp_path: Path, argv: list[str]) -> str:
+    """``argv``'s stdout run with a stand-in `sglang.srt.server_args` first on the path (the real one:
+    tests/conformance)."""
     package = tmp_path / "sglang" / "srt"
-    package.mkdir(parents=True)
+    package.mkdir(parents=True, exist_ok=True)
     (tmp_path / "sglang" / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
-    (package / "server_args.py").write_text(
-        "import argparse\n"
-        "class ServerArgs:\n"
-        "    @staticmethod\n"
-        "    def add_cli_args(p):\n"
-        "        p.add_argument('--model-path', '--model')\n"
-        "        p.add_argument('--fp8-gemm-backend', choices=['auto', 'triton'])\n"
-        "        p.add_argument('--tp-size', type=int)\n"
-        "        p.add_argument('--tp-hidden', help=argparse.SUPPRESS)\n"
-    )
-    argv = server.parser_argv(sys.executable)
+    (package / "server_args.py").write_text(STAND_IN_PARSER)
     done = subprocess.run(argv, capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)}, check=True)
-    known = server.parse_parser(done.stdout)
+    return done.stdout
+
+
+def test_parser_snippet_lists_hidden_options_that_help_does_not(tmp_path: Path) -> None:
+    stdout = run_against_a_stand_in(tmp_path, server.parser_argv(sys.executable))
+    known = server.parse_parser(stdout)
     assert known is not None
     assert known["--fp8-gemm-backend"] == ("auto", "triton") and known["--model"] is None
     assert "--tp-hidden" in known  # argparse counts it: `--tp` is ambiguous there, though --help shows one
@@ -238,23 +246,9 @@ def test_parser_snippet_lists_hidden_options_that_help_does_not(tmp_path: Path) 
 
 
 def test_parse_check_reports_a_value_the_parser_cannot_convert(tmp_path: Path) -> None:
-    """The parse check runs a stand-in `sglang.srt.server_args` (the real one: tests/conformance)."""
-    package = tmp_path / "sglang" / "srt"
-    package.mkdir(parents=True)
-    (tmp_path / "sglang" / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("")
-    (package / "server_args.py").write_text(
-        "class ServerArgs:\n"
-        "    @staticmethod\n"
-        "    def add_cli_args(p):\n"
-        "        p.add_argument('--model-path')\n"
-        "        p.add_argument('--tp-size', type=int)\n"
-    )
-
     def verdict(*flags: str) -> str | None:
         argv = server.parse_check_argv(sys.executable, ["--model-path", "/m", *flags])
-        done = subprocess.run(argv, capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)}, check=True)
-        return server.parse_refusal(done.stdout)
+        return server.parse_refusal(run_against_a_stand_in(tmp_path, argv))
 
     assert verdict("--tp-size", "8") is None
     assert verdict("--tp-size", "eight") == "argument --tp-size: invalid int value: 'eight'"
