@@ -285,6 +285,13 @@ class StateStore:
                     f"gave up after {self.lock_timeout:g}s",
                     hint="wait for that command to finish, or stop it if it is stuck (ORCH_LOCK_TIMEOUT sets the wait)",
                 ) from exc
+            if kind == "corrupt" and not _sqlite_header(self.path):
+                raise StateError(
+                    f"{self.path} does not start as an SQLite database: not orch's state, or its first bytes are "
+                    "damaged (nothing in it was changed)",
+                    hint="--state or ORCH_STATE names orch's state database, e.g. .orch/state.db; if this is it, "
+                    "restore a copy",
+                ) from exc
             if kind == "corrupt":
                 raise StateError(
                     f"state database {self.path} is corrupt: {exc} (integrity_check: {integrity(self.path)})",
@@ -419,6 +426,15 @@ def _kind(exc: sqlite3.Error) -> str:
     if "locked" in text or "busy" in text:
         return "busy"
     return "corrupt" if "malformed" in text or "not a database" in text else "other"
+
+
+def _sqlite_header(path: Path) -> bool:
+    """Whether ``path`` starts as every SQLite database does (or cannot be read: then say it is corrupt)."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(16) == b"SQLite format 3\0"
+    except OSError:
+        return True
 
 
 def _natural(name: str) -> list[Any]:

@@ -273,14 +273,31 @@ def test_a_secret_added_by_mutation_is_refused_and_nothing_is_written(store: Sta
 # --- a corrupt or newer database ------------------------------------------------------------------------
 
 
-def test_a_corrupt_database_is_an_error_naming_it_and_is_never_reset(db: Path) -> None:
-    db.parent.mkdir()
-    db.write_bytes(b"garbage, not a database" * 100)
+def test_a_corrupt_database_is_an_error_naming_it_and_is_never_reset(store: StateStore, db: Path) -> None:
+    for name in ("a", "b", "c"):
+        store.update_host(name, pull)
+    with contextlib.closing(sqlite3.connect(db)) as connection:
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # every page in the file itself, none in the WAL
+    store = StateStore(db)  # a new process's: the pages are read afresh
+    data = bytearray(db.read_bytes())
+    assert len(data) > 4096 * 3
+    data[4096:] = b"\xff" * (len(data) - 4096)  # every page after the header's
+    db.write_bytes(bytes(data))
     with pytest.raises(StateError, match=f"state database {db} is corrupt: .*integrity_check") as error:
-        StateStore(db).read()
+        store.read()
     assert error.value.exit_code == ExitCode.STATE
     assert "never resets" in str(error.value.hint)
-    assert db.read_bytes() == b"garbage, not a database" * 100
+    assert db.read_bytes() == bytes(data)
+
+
+def test_a_file_that_is_no_sqlite_database_is_said_so_and_left_unchanged(db: Path) -> None:
+    db.parent.mkdir()
+    db.write_bytes(b"hosts:\n  a: {address: 10.0.0.1}\n" * 100)  # --state given the inventory by mistake
+    with pytest.raises(StateError, match=f"{db} does not start as an SQLite database: not orch's state") as error:
+        StateStore(db).read()
+    assert error.value.exit_code == ExitCode.STATE
+    assert "--state or ORCH_STATE names orch's state database" in str(error.value.hint)
+    assert db.read_bytes() == b"hosts:\n  a: {address: 10.0.0.1}\n" * 100
 
 
 def test_a_database_of_a_newer_orch_is_an_error_left_unchanged(store: StateStore, db: Path) -> None:
