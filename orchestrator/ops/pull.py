@@ -119,8 +119,16 @@ def _refuse_unsafe(host: Host, runner: Runner, info: git.GitInfo) -> None:
 def _check_not_diverged(host: Host, runner: Runner) -> int:
     """Local commits not in upstream (0 when HEAD can be fast-forwarded); refuse a divergence."""
     d = host.sglang_dir
-    if runner.run(git.is_ancestor_argv(d, "HEAD", host.upstream)).ok:
+    behind_only = runner.run(git.is_ancestor_argv(d, "HEAD", host.upstream))
+    if behind_only.ok:
         return 0
+    if behind_only.exit_status != 1:  # 1: not an ancestor; anything else: git could not read the upstream
+        raise RefusedError(
+            f"{host.name}: upstream {host.upstream} is not a commit in {d} after fetching {host.remote} "
+            f"({git.fetch_error_line(behind_only.stderr)}); nothing changed",
+            hint=f"check `upstream` for {host.name} in the inventory: remote/branch, e.g. origin/main "
+            f"(`git -C {d} branch -r` lists the remote's branches)",
+        )
     ahead = int(runner.run(git.count_argv(d, f"{host.upstream}..HEAD"), check=True).stdout.strip() or 0)
     if runner.run(git.is_ancestor_argv(d, host.upstream, "HEAD")).ok:
         return ahead  # only local commits: nothing to pull

@@ -12,6 +12,7 @@ import yaml
 
 from orchestrator.state_migration import database_path
 from tests.conftest import FleetEnv, run_orch
+from tests.integration.test_bastion import set_defaults
 from tests.unit.test_state import document
 
 
@@ -171,6 +172,14 @@ def test_pull_refuses_diverged_branch(make_fleet) -> None:  # type: ignore[no-un
     run = env.orch("pull")
     assert run.returncode == 3
     assert "diverged from origin/main (1 local, 1 upstream commits)" in run.stderr
+    assert git(host.sglang_dir, "rev-parse", "HEAD") == before
+    set_defaults(env, upstream="origin/mian")  # a typo in the inventory
+    typo = env.orch("pull")
+    assert typo.returncode == 3, typo.output
+    assert f"{host.name}: upstream origin/mian is not a commit in {host.sglang_dir} after fetching origin" in (
+        typo.stderr
+    )
+    assert "check `upstream`" in typo.stderr and "Traceback" not in typo.output
     assert git(host.sglang_dir, "rev-parse", "HEAD") == before
 
 
