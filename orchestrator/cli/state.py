@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import click
 from orchestrator.app import App
 from orchestrator.cli.common import pass_app
 from orchestrator.errors import UsageError, local_disk_error
+from orchestrator.localfile import replace_file
 from orchestrator.views import state as state_view
 
 
@@ -102,17 +101,11 @@ def export(app: App, file: Path) -> int:
 
 
 def _replace(file: Path, text: str) -> None:
-    """``file`` replaced by ``text`` through a new file beside it, renamed over it: a write refused or cut
-    off leaves the old file as it was. A full disk is exit 4; any other refusal names the file (exit 2)."""
-    temp = file.with_name(f".{file.name}.orch-{os.getpid()}")
+    """``file`` replaced whole by ``text`` (``render.replace_file``), mode 0600. A full disk is exit 4; any
+    other refusal names the file (exit 2)."""
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with open(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(temp, file)
+        replace_file(file, text.encode(), mode=0o600)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            temp.unlink()
         raise local_disk_error(exc, writing=f"the state export {file}") or UsageError(
             f"cannot write the state export {file}: {exc.strerror or exc}",
             hint="name a file in a directory you can write, or - for stdout",

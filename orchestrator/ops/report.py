@@ -14,6 +14,7 @@ those into text (pure); ``write_report`` writes the files.
 from __future__ import annotations
 
 import html
+import io
 import re
 import shlex
 import urllib.parse
@@ -28,6 +29,7 @@ from orchestrator.facts import bench as facts
 from orchestrator.facts import sweep as sweep_facts
 from orchestrator.facts.bench import BenchRecord, ComparisonRow
 from orchestrator.facts.profile import CATEGORY_NAMES, ProfileRecord
+from orchestrator.localfile import replace_file
 from orchestrator.state import HostState, Phase, PhaseChange, State, Verification, utc_now
 from orchestrator.text import fmt_seconds, inert
 from orchestrator.tuning.member import record_of
@@ -574,12 +576,12 @@ def write_report(state: State, source: str, out_dir: Path, fmt: Format = "md", n
             points = sweep_facts.stored_points(host.records)
             if points and not report.charts_left_out:
                 host.sweep_chart = chart_name(host.name, index).replace("throughput-", "sweep-", 1)
-                sweep_figure(host.name, points).savefig(out_dir / host.sweep_chart, format="png")
+                write_png(out_dir / host.sweep_chart, sweep_figure(host.name, points))
             if host.profiles and _has_matplotlib():
                 host.profile_chart = chart_name(host.name, index).replace("throughput-", "gpu-time-", 1)
-                profile_figure(host.name, host.profiles).savefig(out_dir / host.profile_chart, format="png")
+                write_png(out_dir / host.profile_chart, profile_figure(host.name, host.profiles))
         target = out_dir / f"report.{fmt}"
-        target.write_text(render_markdown(report) if fmt == "md" else render_html(report))
+        replace_file(target, (render_markdown(report) if fmt == "md" else render_html(report)).encode())
     except OSError as exc:
         raise UsageError(f"cannot write the report into {out_dir}: {exc.strerror or exc}") from None
     return target
@@ -631,7 +633,14 @@ def chart_name(host: str, index: int) -> str:
 
 def write_chart(path: Path, host: str, records: Sequence[BenchRecord]) -> None:
     """The chart of ``chart_figure`` as a PNG (Agg backend, no display needed)."""
-    chart_figure(host, records).savefig(path, format="png")
+    write_png(path, chart_figure(host, records))
+
+
+def write_png(path: Path, figure: Figure) -> None:
+    """``figure`` as the PNG file ``path``, replaced whole (``render.replace_file``: never through a link)."""
+    png = io.BytesIO()
+    figure.savefig(png, format="png")
+    replace_file(path, png.getvalue())
 
 
 def chart_figure(host: str, records: Sequence[BenchRecord]) -> Figure:

@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # The validated models of the files orch reads and writes (the tuning record is one: the state
     # file holds it), the error tree, pure text helpers.
     ("models", ("orchestrator.inventory", "orchestrator.recipe", "orchestrator.state", "orchestrator.store",
-                "orchestrator.state_migration", "orchestrator.yamlfile",
+                "orchestrator.state_migration", "orchestrator.yamlfile", "orchestrator.localfile",
                 "orchestrator.tuning_record", "orchestrator.text", "orchestrator.errors", "orchestrator")),
 )  # fmt: skip
 

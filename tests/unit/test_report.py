@@ -110,6 +110,19 @@ def test_report_files_with_a_valid_png_chart(tmp_path: Path, fmt: report.Format)
         assert expected in text
 
 
+def test_links_planted_where_the_report_goes_are_replaced_never_followed(tmp_path: Path) -> None:
+    out, victim = tmp_path / "out", tmp_path / "bashrc"
+    out.mkdir()
+    victim.write_text("mine")
+    for name in ("report.md", "throughput-01-blackwell-1.png"):
+        (out / name).symlink_to(victim)
+    report.write_report(campaign_state(), "state.json", out, "md", now=at(100))
+    assert victim.read_text() == "mine"
+    assert (
+        not (out / "report.md").is_symlink() and (out / "throughput-01-blackwell-1.png").read_bytes()[:8] == PNG_MAGIC
+    )
+
+
 def test_markdown_reads_well_on_github(tmp_path: Path) -> None:
     text = report.write_report(campaign_state(), "state.json", tmp_path, "md", now=at(100)).read_text()
     assert "![blackwell-1: output throughput per configuration](throughput-01-blackwell-1.png)" in text

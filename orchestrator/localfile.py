@@ -1,0 +1,22 @@
+"""Files orch writes on this machine (a report, a state export): replaced whole, never through a link."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+
+def replace_file(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """``path`` replaced by ``data`` through a new file beside it, renamed over it: a write refused or cut
+    off leaves the old file as it was, and a symbolic link at ``path`` is replaced, never followed (orch did
+    not make it). ``OSError`` when it cannot be written (nothing is left behind)."""
+    temp = path.with_name(f".{path.name}.orch-{os.getpid()}")
+    try:
+        with open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode), "wb") as out:
+            out.write(data)
+        os.replace(temp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise
