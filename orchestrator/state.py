@@ -143,6 +143,7 @@ class Verification(_Model):
     sglang_commit: str | None = None
     resolved: dict[str, str] = Field(default_factory=dict)
     asked: dict[str, str] = Field(default_factory=dict)
+    simulated: bool = False  # orch's simulated SGLang served: the accept length is its model's, not a GPU's
 
 
 class ServerRecord(_Model):

@@ -753,6 +753,12 @@ def settings_line(resolved: Mapping[str, str], asked: Mapping[str, str]) -> str:
     return ", ".join(parts)
 
 
+def is_simulated(info: Mapping[str, Any]) -> bool:
+    """Whether ``/server_info`` says orch's simulated SGLang answers (its ``"simulated"`` key, which the real
+    server never writes): the accept length it reports, and the load of its GPUs, are a model's."""
+    return isinstance(info, Mapping) and bool(info.get("simulated"))
+
+
 def avg_accept_length(info: Mapping[str, Any]) -> float | None:
     """``internal_states[0].avg_spec_accept_length`` (absent until the first decode log interval)."""
     states = info.get("internal_states") if isinstance(info, Mapping) else None

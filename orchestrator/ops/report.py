@@ -186,6 +186,7 @@ def server_settings(hs: HostState) -> list[tuple[str, str]]:
 
 VERIFIED_LABELS = {  # every field of ``Verification`` but the two shown as tuned shapes
     "healthy_after_s": "healthy after (s)",
+    "simulated": "simulated (numbers from the model of the simulated SGLang, not a GPU)",
     "speculative": "speculative (as running)",
     "fp8_backend": "FP8 backend (reported)",
     "fp8_runs": "FP8 GEMM kernels run",

@@ -113,6 +113,7 @@ class ServeResult:
     autotune: str = ""  # FlashInfer autotune cache: produced here and shared, or reused (ops.autotune)
     group: str = ""  # a replica group's ranks (host, rank, job), when the server is a group's (ops.group)
     rank_shapes: dict[str, list[ShapeUse]] = field(default_factory=dict)  # a group's: host -> its rank's own log's
+    simulated: bool = False  # orch's simulated SGLang serves (its /server_info says so): its numbers are a model's
 
     @property
     def failures(self) -> list[str]:
@@ -937,6 +938,7 @@ def _verify(
         result.accept_length = probe_accept_length(session, url)
         result.min_accept = options.min_accept if options.min_accept is not None else recipe.min_accept_length
     info = session.server_info(url)  # the probe's own /server_info when it had one: asked once
+    result.simulated = facts.is_simulated(info)
     actual = facts.spec_settings(info)
     result.spec = str(actual)
     result.fp8_backend = facts.fp8_backend(info)
@@ -1048,6 +1050,7 @@ def record_verified(store: StateStore, host: Host, result: ServeResult) -> None:
         sglang_commit=result.commit,
         resolved=result.resolved,
         asked=result.asked,
+        simulated=result.simulated,
     )
     failures = result.failures
     store.update_host(host.name, lambda hs: hs.server_verified(result.job_id, verified, result.argv, failures))

@@ -19,6 +19,7 @@ from orchestrator.recipe import Recipe
 from orchestrator.render import inert, table
 from orchestrator.session import Sink
 from orchestrator.tuning.group import TuningAwaited
+from orchestrator.views.profile import SIMULATED
 from orchestrator.views.tune import awaited_line
 
 
@@ -53,7 +54,9 @@ def serve_report(host: Host, r: serve_op.ServeResult) -> None:
     render.out.print(f"  speculative: {r.spec}" + ("" if r.problems else " (as asked)"), markup=False)
     if r.mtp:
         accept = "not measured" if r.accept_length is None else f"{r.accept_length:.2f}"
-        render.out.print(f"  accept length: {accept} (minimum {r.min_accept if r.min_accept is not None else '-'})")
+        simulated = f" [{SIMULATED}]" if r.simulated and r.accept_length is not None else ""
+        minimum = r.min_accept if r.min_accept is not None else "-"
+        render.out.print(f"  accept length: {accept} (minimum {minimum}){simulated}", markup=False)
     render.out.print(f"  FP8 GEMM backend: {r.fp8_runs or r.fp8_backend or 'not reported'}", markup=False)
     if r.resolved or r.asked:
         render.out.print(f"  resolved: {facts.settings_line(r.resolved, r.asked)}", markup=False)

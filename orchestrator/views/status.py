@@ -213,7 +213,8 @@ def _server_cell(v: HostStatus, now: datetime | None = None) -> str:
         return f"{_stopped(s, now)}, job {s['job']}"
     if not s["healthy"]:
         return f"NOT healthy (job {s['job']}: {s['job_state']})"
-    accept = f" (accept {s['accept_length']:.2f})" if s.get("accept_length") is not None else ""
+    simulated = ", simulated" if s.get("simulated") else ""
+    accept = f" (accept {s['accept_length']:.2f}{simulated})" if s.get("accept_length") is not None else ""
     mtp = f"MTP on{accept}" if s["mtp"] else "MTP off"
     uptime = _uptime(s.get("uptime_s") or 0)
     commits = _commits(s)
@@ -391,8 +392,23 @@ def status_table(
         out.print(compact_table(views, now))
     for line in [g.line() for g in groups]:
         out.print(inert(line), markup=False, soft_wrap=False)
-    for note in [*status_notes(views), *gateway_notes(views, gateway), *stale_fetch_note(views, now)]:
+    notes = [
+        *status_notes(views),
+        *gateway_notes(views, gateway),
+        *stale_fetch_note(views, now),
+        *simulated_note(views),
+    ]
+    for note in notes:
         out.print(inert(note), markup=False, soft_wrap=False)  # wrapped at the terminal's width, as the table
+
+
+def simulated_note(views: list[HostStatus]) -> list[str]:
+    """One line naming the hosts whose server is orch's simulated SGLang: their accept lengths and GPU load
+    are the simulator's numbers, not a GPU's (the table's cells are too narrow to say it on each)."""
+    names = [v.name for v in views if (v.extra.get("server") or {}).get("simulated")]
+    if not names:
+        return []
+    return [f"simulated (orch's simulated SGLang: accept length and GPU load are its model's): {', '.join(names)}"]
 
 
 STALE_FETCH = timedelta(days=1)

@@ -72,7 +72,7 @@ def test_serve_with_mtp_on_two_hosts_is_verified_then_no_mtp_then_stopped(make_f
     for name in ("sim-1", "sim-2"):
         assert f"{name}: serving job server-" in run.stdout
     assert run.stdout.count("speculative: EAGLE steps=3 topk=1 draft=4 (as asked)") == 2
-    assert run.stdout.count("accept length: 3.10 (minimum 2.8)") == 2
+    assert run.stdout.count("accept length: 3.10 (minimum 2.8) [SIMULATED (the cost model of orch's simulated") == 2
     assert "no tuned FP8 configs for NVIDIA RTX PRO 6000 Blackwell Server Edition at SGLang " in run.stderr
     assert "serving with fp8-gemm-backend auto (CUTLASS on sm_120) instead of the recipe's triton" in run.stderr
     hs = server_state(env)
@@ -80,14 +80,16 @@ def test_serve_with_mtp_on_two_hosts_is_verified_then_no_mtp_then_stopped(make_f
     assert hs.server.known_good_argv == hs.server.argv
     assert "--speculative-eagle-topk" in hs.server.argv and "--fp8-gemm-backend" in hs.server.argv
     assert hs.server.verified.speculative == "EAGLE steps=3 topk=1 draft=4"
-    assert hs.server.verified.accept_length == pytest.approx(3.1)
+    assert hs.server.verified.accept_length == pytest.approx(3.1) and hs.server.verified.simulated
     status = env.orch("status", "--json")
     servers = {h["name"]: h["server"] for h in json.loads(status.stdout)["hosts"]}
     for server in servers.values():
         assert server["healthy"] and server["mtp"] and server["job_state"] == "running"
         assert server["speculative"] == "EAGLE steps=3 topk=1 draft=4" and server["accept_length"] == pytest.approx(3.1)
-        assert server["uptime_s"] is not None and server["tuned_shapes_in_use"] == []
-    assert "healthy, MTP" in env.orch("status").stdout  # (the table wraps long cells)
+        assert server["uptime_s"] is not None and server["tuned_shapes_in_use"] == [] and server["simulated"]
+    table = env.orch("status").stdout
+    assert "healthy, MTP" in table  # (the table wraps long cells)
+    assert "simulated (orch's simulated SGLang: accept length and GPU load are its model's): sim-1, sim-2" in table
 
     plain = serve_ok(env, "--host", "sim-1", "--no-mtp")
     assert "speculative: off (as asked)" in plain.stdout and "accept length" not in plain.stdout

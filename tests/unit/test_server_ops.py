@@ -97,6 +97,14 @@ INFO = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculati
         "speculative_num_draft_tokens": 4, "internal_states": [{"avg_spec_accept_length": 3.05}]}  # fmt: skip
 
 
+def test_status_field_says_a_server_is_simulated_when_its_server_info_does() -> None:
+    running = jobs_line("server-1", "1", "", NOW - timedelta(hours=2))
+    simulated = {**INFO, "simulated": {"by": "orch's simulated SGLang"}}
+    assert srv.status_field(http_out(200, simulated), running, RECORD, NOW)["simulated"] is True  # type: ignore[index]
+    recorded = RECORD.model_copy(update={"verified": RECORD.verification.model_copy(update={"simulated": True})})
+    assert srv.status_field(http_out(0, None), running, recorded, NOW)["simulated"] is True  # type: ignore[index]
+
+
 def test_status_field_of_a_healthy_mtp_server() -> None:
     field = srv.status_field(http_out(200, INFO), jobs_line("server-1", "1", "", NOW - timedelta(hours=2)), RECORD, NOW)
     assert field == {
@@ -109,6 +117,7 @@ def test_status_field_of_a_healthy_mtp_server() -> None:
         "mtp": True,
         "speculative": "EAGLE steps=3 topk=1 draft=4",
         "accept_length": 3.05,
+        "simulated": False,  # /server_info has no "simulated" key: a real server
         "tuned_shapes_in_use": ["N=1024,K=4096"],
         "resolved": None,  # verified before orch recorded what the server resolved
         "uptime_s": 7200,

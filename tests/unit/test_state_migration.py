@@ -63,9 +63,9 @@ def test_a_v1_file_is_migrated_typed_and_kept(state_path: Path, caplog: pytest.L
     for name, hs in state.hosts.items():
         old = raw["hosts"][name]
         assert hs.server is not None and hs.server.verified is not None
-        since_v1 = {"resolved", "asked"}  # fields added since v1: their defaults
+        since_v1 = {"resolved", "asked", "simulated"}  # fields added since v1: their defaults
         assert hs.server.verified.model_dump(exclude=since_v1) == old["server"]["verified"]  # every key typed
-        assert (hs.server.verified.resolved, hs.server.verified.asked) == ({}, {})
+        assert (hs.server.verified.resolved, hs.server.verified.asked, hs.server.verified.simulated) == ({}, {}, False)
         assert hs.steps is not None and hs.steps.playbook == old["steps"]["playbook"]
         assert {k: v.isoformat() for k, v in hs.steps.done.items()} == old["steps"]["done"]
         recorded_since = {  # fields added since (issues 23, 25): their defaults for the old runs

@@ -227,6 +227,16 @@ def test_server_cells_say_which_commit_runs_and_that_a_restart_is_pending() -> N
     assert views_mod._server_cell(view(), NOW).endswith("; runs 8e6290d")
 
 
+def test_a_simulated_servers_numbers_are_labelled_simulated() -> None:
+    assert "MTP on (accept 3.10, simulated)" in views_mod._server_cell(view(simulated=True), NOW)
+    assert "(accept 3.10)" in views_mod._server_cell(view(), NOW)
+    views = [view("sim-1", simulated=True), view("real-1"), view("sim-2", simulated=True)]
+    assert views_mod.simulated_note(views) == [
+        "simulated (orch's simulated SGLang: accept length and GPU load are its model's): sim-1, sim-2"
+    ]
+    assert views_mod.simulated_note([view("real-1")]) == []
+
+
 def test_the_wide_server_cell_shows_what_the_server_resolved_beside_what_was_asked() -> None:
     line = "MoE runner flashinfer_mxfp4 (asked auto), attention dsv4 (asked auto)"
     assert views_mod._server_cell(view(resolved=line), NOW).endswith(f"; runs 8e6290d; resolved: {line}")

@@ -86,6 +86,9 @@ class Handler(BaseHTTPRequestHandler):
         # the real route's own keys beside build_server_info's (srt/entrypoints/http_server.py `server_info`)
         info.update(startup_time=self.app.startup_time, internal_states=[self.app.engine.internal_state()],
                     version=__version__, frontend="python")
+        # a key the real server never writes: orch labels what this server measures simulated (as the
+        # benchmark's and the profiler's "simulated")
+        info["simulated"] = {"by": "orch's simulated SGLang", "model": "sglang/_sim/engine.py"}
         self.send_json(200, info)
 
     def generate(self):
