@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -52,14 +53,36 @@ def test_plain_serve_of_the_same_fleet_fails_requests(
     gateway_fleet: GatewayFleet, tmp_path: Path, load_during: Callable[..., tuple[Any, ClientLoad]]
 ) -> None:
     env = gateway_fleet.env
+    # Every new server stays loading until all three old ones are stopped and replaced, then 3 s more: an outage
+    # for certain. A fixed startup time was not (a loaded machine spread the three stops: none of 36,070
+    # requests failed at 3 s, none of 37,756 at 8 s, none of 37,458 at 20 s).
+    hold = tmp_path / "hold"
+    hold.touch()
     for host in env.fleet.hosts:  # type: ignore[attr-defined]
-        # the three model loads overlap, so smg cannot retry elsewhere: on a loaded machine the three stops can be
-        # seconds apart (a CI run saw none of 36,070 requests fail at 3 s, and none of 37,756 at 8 s)
-        host.set_knobs(startup_seconds=20.0)
+        host.set_knobs(startup_hold_file=str(hold))
+    names = [h.name for h in env.fleet.hosts]  # type: ignore[attr-defined]
+    old = {name: server_job(env, name) for name in names}
     new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
-    run, load = load_during(
-        gateway_fleet.smg.gateway.url, lambda: env.orch("serve", "--no-rolling", "--yes", "--playbook", new)
-    )
+
+    def serve_all_at_once() -> Any:
+        done: list[Any] = []
+        serving = threading.Thread(
+            target=lambda: done.append(env.orch("serve", "--no-rolling", "--yes", "--playbook", new))
+        )
+        serving.start()
+        deadline = time.monotonic() + 300
+        while any(server_job(env, name) == old[name] for name in names):
+            assert serving.is_alive() and time.monotonic() < deadline, done
+            time.sleep(0.1)
+        time.sleep(3)  # every old server stopped, every new one still loading
+        hold.unlink()
+        serving.join(timeout=300)
+        return done[0]
+
+    try:
+        run, load = load_during(gateway_fleet.smg.gateway.url, serve_all_at_once)
+    finally:
+        hold.unlink(missing_ok=True)  # the fleet is shared: the next test's servers are never held
     assert run.returncode == 0, run.output
     assert "rolling" not in run.stderr
     assert load.failed, f"{load.sent} requests sent during a plain relaunch of every host, none failed"

@@ -13,6 +13,7 @@ Knobs (name: default):
     tuner_fail: null                 "crash" (AssertionError), "oom" (CUDA OOM), "no_gpu", "hang_at_exit" (never exits)
     tuner_fail_after: 0              units a worker completes before the fault
     startup_seconds: 0.5             server time from start to ready
+    startup_hold_file: null          server: after startup_seconds, still loading while this file exists
     autotune_seconds: 0.5            server: FlashInfer autotune at launch when its cache is missing (_sim/autotune.py)
     flashinfer_version: "0.6.14"     flashinfer.__version__ of the host's venv (hosttools/flashinfer_stub)
     server_fail: null                "crash", "never_healthy", "ignore_sigterm"

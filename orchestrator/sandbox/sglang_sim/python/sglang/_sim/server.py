@@ -25,6 +25,7 @@ exit 1; on a multi-node rank > 0 too, after the rendezvous), ``never_healthy`` (
 """
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -206,6 +207,10 @@ def run(server_args):
     started = time.monotonic()
     if app.stopping.wait(float(host.knob("startup_seconds", 0.5))):
         return shutdown(app)
+    hold = host.knob("startup_hold_file", None)
+    while hold and os.path.exists(hold):  # a test holds its new servers loading until it lets them go
+        if app.stopping.wait(0.1):
+            return shutdown(app)
     if app.group is not None and not app.group.wait_loaded():
         return shutdown(app)
     logger.info(f"Capture cuda graph end. Time elapsed: {time.monotonic() - started:.2f} s.")
