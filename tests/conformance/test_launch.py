@@ -25,6 +25,7 @@ from orchestrator.facts import server as facts
 from orchestrator.inventory import Host
 from orchestrator.recipe import PACKAGED_PLAYBOOKS, Recipe, load_recipe
 from tests.conformance.real import real_parse, real_parser, server_flags
+from tests.conformance.test_flags import orch_parse_check
 
 PLAYBOOKS = sorted(PACKAGED_PLAYBOOKS.glob("*.yaml"))
 FP8_BACKENDS = ("recipe", None, "auto", "cutlass", "triton")  # "recipe": the playbook's own choice
@@ -83,6 +84,7 @@ def test_orchs_preflight_accepts_the_launch_against_the_real_parser(
     for source, known in flag_sources.items():
         problems = facts.check_recipe(recipe, mtp=mtp) + facts.check_flags(flags, known)
         assert problems == [], f"orch's preflight ({source}) refuses: " + "; ".join(map(str, problems))
+    assert orch_parse_check(flags) is None, "orch's parse check refuses a launch the real parser takes"
 
 
 @pytest.mark.parametrize("via", ["serve", "module"])
