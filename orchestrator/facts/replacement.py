@@ -5,8 +5,8 @@ mount, a missing GPU, a full disk, a foreign listener on the port, a Python that
 the new server crashes, and a rollback crashes the same way). So before any stop, one round trip
 (``facts.probe``: several read-only commands in one) reads what the launch needs and the host can show:
 
-- ``model``: the model directory, its ``config.json`` and its weights (``model.safetensors.index.json``,
-  or ``*.safetensors`` shards);
+- ``model``: the model directory, its ``config.json`` (and the ``architectures`` it names) and its weights
+  (``model.safetensors.index.json``, or ``*.safetensors`` shards);
 - ``port``: who listens on the server port (``/proc/net/tcp{,6}``, each listener's pid, session and name);
 - ``workdir``: orch's workdir (or the directory it will be made in) writable, and its free space (``df``);
 - ``sglang``: where ``host.python`` imports ``sglang`` from (an editable install of ``sglang_dir``) and
@@ -19,6 +19,7 @@ session runs it (``ops.serve.check_replacement``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,9 @@ _MODEL = r"""
 m=$1
 [ -d "$m" ] || { echo "dir missing"; exit 0; }
 echo "dir ok"
-[ -r "$m/config.json" ] && echo "config ok" || echo "config missing"
+if [ -r "$m/config.json" ]; then echo "config ok"
+  echo "archs $(head -c 65536 "$m/config.json" | tr -d '\n' | grep -o '"architectures" *: *\[[^]]*')"
+else echo "config missing"; fi
 if [ -r "$m/model.safetensors.index.json" ]; then echo "weights index"
 else n=0; for f in "$m"/*.safetensors; do [ -e "$f" ] && n=$((n + 1)); done; echo "weights shards $n"; fi
 """
@@ -171,6 +174,7 @@ class HostFacts:
 
     model_dir: bool | None = None
     model_config: bool | None = None
+    model_architectures: tuple[str, ...] | None = None  # config.json's "architectures" (None: not read)
     weights: str | None = None  # "index", "shards N"
     listeners: tuple[Listener, ...] | None = None
     workdir_checked: str | None = None
@@ -217,9 +221,12 @@ def _model(rows: list[list[str]] | None) -> dict[str, Any]:
     directory = _values(rows, "dir")
     config = _values(rows, "config")
     weights = _values(rows, "weights")
+    archs = _values(rows, "archs")
+    names = re.findall(r'"([A-Za-z0-9_.]+)"', " ".join(archs or []).partition(":")[2])
     return {
         "model_dir": directory == ["ok"],
         "model_config": config == ["ok"] if config is not None else None,
+        "model_architectures": tuple(names) or None,
         "weights": None if not weights or weights == ["shards", "0"] else " ".join(weights),
     }
 
@@ -283,6 +290,7 @@ class Needs:
     gpus: Sequence[int]
     shown_gpus: Sequence[int] | None  # None: nvidia-smi was not read
     own_session: int | None = None
+    architecture: str | None = None  # the recipe's, which config.json's architectures must name
     min_free_mib: int = MIN_FREE_MIB
 
 
@@ -318,6 +326,12 @@ def _model_problems(found: HostFacts, needs: Needs) -> list[Obstacle]:
         out.append(Obstacle(f"{where}/config.json is missing", fix))
     if found.model_dir and found.weights is None:
         out.append(Obstacle(f"no weights in {where} (no model.safetensors.index.json, no *.safetensors)", fix))
+    archs = found.model_architectures
+    if archs and needs.architecture and needs.architecture not in archs:
+        out.append(Obstacle(
+            f"the model in {where} is {', '.join(archs)} (its config.json), not the recipe's {needs.architecture}",
+            f"fix `model_path` for {needs.host}, or serve that model with a playbook for it",
+        ))  # fmt: skip
     return out
 
 

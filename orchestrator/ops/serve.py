@@ -449,6 +449,7 @@ def replacement_obstacles(
         workdir=host.workdir,
         python=host.python,
         sglang_dir=host.sglang_dir,
+        architecture=recipe.architecture,
         gpus=facts.needed_gpus(recipe),
         shown_gpus=gpus.shown,
         own_session=old.pid if old is not None else None,

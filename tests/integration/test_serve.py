@@ -382,6 +382,14 @@ def test_a_server_whose_replacement_cannot_start_is_never_stopped(fleet1: FleetE
     )
     host.restore_model()
 
+    config = host.model_path / "config.json"  # model_path names another model
+    kept = config.read_text()
+    config.write_text(json.dumps({**json.loads(kept), "architectures": ["Qwen3MoeForCausalLM"]}, indent=2))
+    refused_without_a_stop(
+        fleet1, f"the model in {model} is Qwen3MoeForCausalLM (its config.json), not the recipe's DeepseekV4ForCausalLM"
+    )
+    config.write_text(kept)
+
     host.set_knobs(gpus=7)  # a GPU fell off the bus: tp 8 cannot start
     refused_without_a_stop(fleet1, "the server needs 8 GPUs (0-7) but nvidia-smi shows 7 (no GPU 7)")
     host.set_knobs(gpus=None)

@@ -76,6 +76,20 @@ def obstacles(stdout: str, **changes: object) -> list[str]:
         ),
         ({"model": (0, "dir ok\nconfig ok\nweights shards 46")}, {}, []),
         (
+            {"model": (0, 'dir ok\nconfig ok\narchs "architectures": ["Qwen3MoeForCausalLM"\nweights index')},
+            {"architecture": "DeepseekV4ForCausalLM"},
+            [
+                "the model in /models/M is Qwen3MoeForCausalLM (its config.json), not the recipe's "
+                "DeepseekV4ForCausalLM (fix `model_path` for gpu-1, or serve that model with a playbook for it)"
+            ],
+        ),
+        (
+            {"model": (0, 'dir ok\nconfig ok\narchs "architectures":["A", "DeepseekV4ForCausalLM"\nweights index')},
+            {"architecture": "DeepseekV4ForCausalLM"},
+            [],
+        ),
+        ({"model": (0, "dir ok\nconfig ok\narchs \nweights index")}, {"architecture": "DeepseekV4ForCausalLM"}, []),
+        (
             {},
             {"shown_gpus": list(range(7))},
             [
@@ -198,7 +212,7 @@ def test_the_probe_reads_a_real_host(tmp_path: Path, listener: tuple[int, int]) 
     port, pid = listener
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text("{}")
+    (model / "config.json").write_text('{\n  "architectures": [\n    "DeepseekV4ForCausalLM"\n  ],\n  "x": [1]\n}')
     (model / "model-00001-of-00002.safetensors").write_bytes(b"")
     sglang_dir = tmp_path / "sglang"
     (sglang_dir / "python" / "sglang").mkdir(parents=True)
@@ -208,6 +222,7 @@ def test_the_probe_reads_a_real_host(tmp_path: Path, listener: tuple[int, int]) 
     python.chmod(0o755)
     found = run_probe(model, port, tmp_path / "orch" / "work", str(python), sglang_dir)
     assert (found.model_dir, found.model_config, found.weights) == (True, True, "shards 1")
+    assert found.model_architectures == ("DeepseekV4ForCausalLM",)
     comm = Path(f"/proc/{pid}/comm").read_text().strip()  # 'python' or 'pytest', as this process was started
     assert [(x.pid, x.name) for x in found.listeners or ()] == [(pid, comm)]
     assert (found.workdir_checked, found.workdir_writable) == (str(tmp_path), True)
