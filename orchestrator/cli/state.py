@@ -101,7 +101,7 @@ def export(app: App, file: Path) -> int:
 
 
 def _replace(file: Path, text: str) -> None:
-    """``file`` replaced whole by ``text`` (``render.replace_file``), mode 0600. A full disk is exit 4; any
+    """``file`` replaced whole by ``text`` (``localfile.replace_file``), mode 0600. A full disk is exit 4; any
     other refusal names the file (exit 2)."""
     try:
         replace_file(file, text.encode(), mode=0o600)
