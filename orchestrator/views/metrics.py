@@ -30,6 +30,12 @@ def registry(hosts: list[dict[str, Any]], records: dict[str, HostState], now: da
     accept = Gauge(
         "orch_server_accept_length", "The server's average speculative accept length.", ["host"], registry=reg
     )
+    simulated = Gauge(
+        "orch_server_simulated",
+        "1 if the host's server is orch's simulated SGLang: its accept length and benchmarks are a model's.",
+        ["host"],
+        registry=reg,
+    )
     tuning = Gauge(
         "orch_tuning_progress_ratio", "Share of the FP8 tuning plan's units done (0 to 1).", ["host"], registry=reg
     )
@@ -56,6 +62,7 @@ def registry(hosts: list[dict[str, Any]], records: dict[str, HostState], now: da
         server = doc.get("server") or {}
         if server:
             healthy.labels(name).set(1 if server.get("healthy") else 0)
+            simulated.labels(name).set(1 if server.get("simulated") else 0)
         if server.get("accept_length") is not None:
             accept.labels(name).set(server["accept_length"])
         plan = doc.get("tuning") or {}

@@ -56,15 +56,18 @@ def test_last_seen_age_counts_from_now() -> None:
 
 
 def test_server_tuning_and_the_last_benchmark() -> None:
-    server = {"healthy": True, "accept_length": 3.1}
+    server = {"healthy": True, "accept_length": 3.1, "simulated": True}
     tuning = {"percent": 100.0, "stuck": {"tune.gpu1-20261203T115000-ab12": 310}}
-    hosts = [doc("a", server=server, tuning=tuning), doc("b", server={"healthy": False})]
+    hosts = [doc("a", server=server, tuning=tuning), doc("b", server={"healthy": False}), doc("c")]
     record = HostState(benchmarks=[bench("baseline", 2000.0), bench("tuned+mtp", 4100.5)])
     got = samples(hosts, {"a": record})
     assert got[("orch_server_healthy", (("host", "a"),))] == 1
     assert got[("orch_server_healthy", (("host", "b"),))] == 0
     assert got[("orch_server_accept_length", (("host", "a"),))] == 3.1
     assert ("orch_server_accept_length", (("host", "b"),)) not in got
+    assert got[("orch_server_simulated", (("host", "a"),))] == 1  # the demo's numbers say what they are
+    assert got[("orch_server_simulated", (("host", "b"),))] == 0
+    assert ("orch_server_simulated", (("host", "c"),)) not in got  # no server: nothing to say
     assert got[("orch_tuning_progress_ratio", (("host", "a"),))] == 1.0
     assert got[("orch_tuning_stuck_jobs", (("host", "a"),))] == 1  # what an alert on a tuning nobody waits for reads
     assert ("orch_tuning_stuck_jobs", (("host", "b"),)) not in got
