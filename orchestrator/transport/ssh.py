@@ -289,18 +289,25 @@ def resolve_route(host: Host) -> Route:
     """``host``'s route: the inventory's keys, then what the ssh config file (``sshconfig``) says for
     the inventory's ``address`` (an alias there), then orch's defaults. A key the inventory sets (for the
     host or in ``defaults``) wins over the ssh config; ``proxy_jump: none`` turns off a ProxyJump the
-    ssh config gives. A bad value in the ssh config is a ``ConfigError`` naming its file and line."""
+    ssh config gives. A bad value in the ssh config is a ``ConfigError`` naming its file and line, and so is
+    an ``identity_file`` the inventory names that is not on this machine."""
     config = SSH_CONFIGS.file(host.ssh_config)
     found = config.lookup(host.address)
-    target = _endpoint(host, found)
     spec: str | None
     if host.proxy_jump is not None:
         spec, where = host.proxy_jump, "the inventory's proxy_jump"
     else:
         spec, where = found.proxy_jump, found.where
-    if spec is None or spec == "none":
-        return Route(target)
-    return Route(target, _jump_endpoint(host, spec, where, config))
+    jump = None if spec is None or spec == "none" else _jump_endpoint(host, spec, where, config)
+    route = Route(_endpoint(host, found), jump)
+    own_key = os.path.expanduser(host.identity_file) if host.identity_file else None
+    used = [*route.target.identity_files, *(jump.identity_files if jump else ())]
+    if own_key in used and not os.path.exists(own_key):
+        raise ConfigError(
+            f"{host.name}: identity_file {own_key} is not on this machine",
+            hint=f"fix identity_file for {host.name} in the inventory, or remove it (ssh-agent, ~/.ssh/config)",
+        )
+    return route
 
 
 def _endpoint(host: Host, found: HostConfig) -> Endpoint:

@@ -37,9 +37,16 @@ _NAMES = {"proxycommand": "ProxyCommand", "hostkeyalias": "HostKeyAlias"}
 
 def config_path(setting: str | None) -> Path | None:
     """The ssh config file to read: ``setting`` (the inventory's ``ssh_config``), else
-    ``$ORCH_SSH_CONFIG``, else ``~/.ssh/config``; ``none`` → no file."""
+    ``$ORCH_SSH_CONFIG``, else ``~/.ssh/config``; ``none`` → no file. A file named by the first two must
+    exist (``ConfigError``); ``~/.ssh/config`` may be missing."""
     chosen = setting or os.environ.get(ENV_SSH_CONFIG) or USER_SSH_CONFIG
-    return None if chosen == "none" else Path(os.path.expanduser(chosen))
+    if chosen == "none":
+        return None
+    path = Path(os.path.expanduser(chosen))
+    if chosen != USER_SSH_CONFIG and not path.exists():  # named on purpose: a typo must not go unnoticed
+        named = "the inventory's ssh_config" if setting else f"${ENV_SSH_CONFIG}"
+        raise ConfigError(f"{named} {path} does not exist", hint="fix the path, or write ssh_config: none")
+    return path
 
 
 @dataclass(frozen=True)

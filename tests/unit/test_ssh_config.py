@@ -52,7 +52,9 @@ def test_an_alias_takes_hostname_port_user_identity_and_proxy_jump_from_the_ssh_
     assert route(tmp_path, "gpu-1") == Route(
         Endpoint("10.0.0.1", 2201, "ops", (key,)), Endpoint("bastion.example", 22, "jumper")
     )  # the jump host's own block has no IdentityFile (as for `ssh -J`): agent and default keys
-    assert route(tmp_path, "gpu-1", identity_file="/k").jump == Endpoint("bastion.example", 22, "jumper", ("/k",))
+    own = tmp_path / "k"
+    own.write_text("a key\n")
+    assert route(tmp_path, "gpu-1", identity_file=own).jump == Endpoint("bastion.example", 22, "jumper", (str(own),))
 
 
 @pytest.mark.parametrize(
@@ -75,15 +77,31 @@ def test_the_inventory_wins_over_the_ssh_config(
 def test_a_host_the_ssh_config_does_not_name_keeps_the_inventory_and_orch_defaults(tmp_path: Path) -> None:
     assert route(tmp_path, "10.1.2.3") == Route(Endpoint("10.1.2.3", 22, "root"))
     assert route(tmp_path, "gpu-9") == Route(Endpoint("gpu-9", 22, "root"))  # negated in the pattern
-    assert route(tmp_path, "direct", identity_file="/k") == Route(Endpoint("10.0.0.7", 22, "root", ("/k",)))
+    key = tmp_path / "k"
+    key.write_text("a key\n")
+    assert route(tmp_path, "direct", identity_file=key) == Route(Endpoint("10.0.0.7", 22, "root", (str(key),)))
 
 
-def test_which_ssh_config_file_is_read(monkeypatch: pytest.MonkeyPatch, isolated_env: Path) -> None:
-    assert config_path(None) == isolated_env / ".ssh" / "config"
-    monkeypatch.setenv("ORCH_SSH_CONFIG", "/etc/orch/ssh_config")
-    assert config_path(None) == Path("/etc/orch/ssh_config")
-    assert config_path("/srv/ssh_config") == Path("/srv/ssh_config")  # the inventory's ssh_config wins
+def test_an_identity_file_the_inventory_names_must_be_on_this_machine(tmp_path: Path) -> None:
+    for alias in ("direct", "gpu-1"):  # the target's key; the jump host's (gpu-1's own comes from the ssh config)
+        with pytest.raises(ConfigError, match=f"h: identity_file {tmp_path}/gone is not on this machine"):
+            route(tmp_path, alias, identity_file=tmp_path / "gone")
+
+
+def test_which_ssh_config_file_is_read(monkeypatch: pytest.MonkeyPatch, isolated_env: Path, tmp_path: Path) -> None:
+    assert config_path(None) == isolated_env / ".ssh" / "config"  # may be missing: no config then
+    fleet, own = tmp_path / "fleet_ssh_config", tmp_path / "own_ssh_config"
+    fleet.write_text("")
+    own.write_text("")
+    monkeypatch.setenv("ORCH_SSH_CONFIG", str(fleet))
+    assert config_path(None) == fleet
+    assert config_path(str(own)) == own  # the inventory's ssh_config wins
     assert config_path("none") is None
+    with pytest.raises(ConfigError, match=f"the inventory's ssh_config {tmp_path}/typo does not exist"):
+        config_path(str(tmp_path / "typo"))  # named on purpose: a missing file is a mistake
+    monkeypatch.setenv("ORCH_SSH_CONFIG", str(tmp_path / "gone"))
+    with pytest.raises(ConfigError, match=f"[$]ORCH_SSH_CONFIG {tmp_path}/gone does not exist"):
+        config_path(None)
 
 
 @pytest.mark.parametrize(
