@@ -154,7 +154,10 @@ def load_yaml(path: Path, text: str) -> Any:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         what = " ".join(str(p) for p in (exc.context, exc.problem) if p)
-        raise ConfigError(f"{where}: not valid YAML: {what}") from None
+        line = "".join(text.splitlines()[mark.line : mark.line + 1]) if mark else ""  # none past the end
+        tab = mark is not None and "\t" in line[: mark.column + 1]
+        hint = "YAML indents with spaces, never tabs: replace the tab on that line" if tab else None
+        raise ConfigError(f"{where}: not valid YAML: {what}", hint=hint) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
 

@@ -111,3 +111,18 @@ def test_budget_is_exact(tmp_path: Path) -> None:
     assert len(load_yaml(tmp_path / "a.yaml", f"- &s x\n- [{aliases}]\n")[1]) == MAX_VALUES - 3
     with pytest.raises(ConfigError, match="expands through aliases"):  # one more value
         load_yaml(tmp_path / "b.yaml", f"- &s x\n- [{aliases}, *s]\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "said", "hint"),
+    [
+        ("hosts:\n\ta: {address: 10.0.0.1}\n", "x.yaml:2: not valid YAML:", "YAML indents with spaces, never tabs"),
+        ("hosts:\n  a: {address: 10.0.0.1\n", "x.yaml:3: not valid YAML: while parsing a flow mapping", None),
+    ],
+    ids=["tab-indented", "cut-off-at-the-end"],
+)
+def test_a_yaml_syntax_error_names_its_line_and_a_tab_says_so(text: str, said: str, hint: str | None) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_yaml(Path("x.yaml"), text)
+    assert str(error.value).startswith(said), str(error.value)
+    assert error.value.hint == hint or (hint is not None and hint in str(error.value.hint))
