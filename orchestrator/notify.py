@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from orchestrator.errors import UsageError
 from orchestrator.state import HostState, JobRecord, State
+from orchestrator.text import find_secret
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +96,16 @@ class Notifier:
     def __init__(self, command: str, timeout: float = DEFAULT_TIMEOUT) -> None:
         try:
             self.argv = shlex.split(command)
-        except ValueError as exc:
-            raise UsageError(f"--notify-cmd {command!r}: {exc}") from None
+        except ValueError as exc:  # the command is not echoed: it may hold what the check below refuses
+            raise UsageError(f"--notify-cmd: cannot split it as a shell would: {exc}") from None
         if not self.argv:
             raise UsageError("--notify-cmd is empty")
+        secret = find_secret(self.argv)
+        if secret:  # on the notifier's command line, `ps` shows it to every user of this machine
+            raise UsageError(
+                f"--notify-cmd looks like it holds a secret ({secret!r}); secrets never go on a command line",
+                hint="let the command read it from its environment (the notifier inherits orch's)",
+            )
         self.timeout = timeout
 
     def on_commit(self, before: State, after: State) -> None:

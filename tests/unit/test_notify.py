@@ -121,3 +121,20 @@ def test_missing_notifier_command_is_reported_not_raised(caplog: pytest.LogCaptu
 def test_unusable_notify_command_is_a_usage_error(command: str) -> None:
     with pytest.raises(UsageError, match="--notify-cmd"):
         Notifier(command)
+
+
+@pytest.mark.parametrize(
+    ("command", "marker"),
+    [
+        ("curl -H 'Authorization: Bearer sk-0123456789abcdef0123' https://hooks.example", "Authorization:"),
+        ("notify.sh --token=0123456789abcdef", "token="),
+    ],
+)
+def test_a_notify_command_holding_a_secret_is_refused_without_echoing_it(command: str, marker: str) -> None:
+    with pytest.raises(UsageError) as error:
+        Notifier(command)
+    assert f"--notify-cmd looks like it holds a secret ({marker!r})" in str(error.value)
+    assert "0123456789abcdef" not in str(error.value)
+    with pytest.raises(UsageError) as unbalanced:
+        Notifier(command + " 'cut")
+    assert "0123456789abcdef" not in str(unbalanced.value)
