@@ -150,8 +150,9 @@ def check_launch(session: HostSession, recipe: Recipe, mtp: bool) -> list[str]:
     secret = find_secret(argv)
     if secret:
         problems.append(facts.Problem("server_args", f"looks like a secret ({secret!r}): pass it in the host's env"))
-    problems += facts.check_flags(facts.split_entrypoint(argv)[1], server.flags)
-    refused = None if problems else session.parser_refusal(facts.split_entrypoint(argv)[1])
+    flags = facts.split_entrypoint(argv)[1]
+    problems += facts.check_flags(flags, server.flags)
+    refused = None if problems else session.parser_refusal(flags)
     if refused:  # every flag known: the parser still converts each value (`--mem-fraction-static lots`)
         problems.append(facts.Problem("server_args", f"the host's SGLang parser refuses the command: {refused}"))
     if problems:
