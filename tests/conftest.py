@@ -10,8 +10,10 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from tests import forkserver
 
@@ -102,6 +104,30 @@ class FleetEnv:
         return run_orch("-i", str(self.inventory), "--state", str(self.state), *args, timeout=timeout)
 
 
+TEST_STUCK_AFTER_S = 30.0
+"""``tuning.stuck_after_s`` of the playbooks beside a test fleet's inventory (``write_fleet_inventory``)."""
+
+
+def write_fleet_inventory(fleet: Any, path: Path, **kwargs: Any) -> Path:
+    """``fleet.write_inventory(path, **kwargs)``, and beside it (``playbooks/``, where orch looks before its shipped
+    playbooks) each shipped playbook as it ships but for ``tuning.stuck_after_s`` = ``TEST_STUCK_AFTER_S``.
+
+    The simulated tuner ends its process pool as upstream's does (``with Pool``: ``terminate()``), and CPython's
+    pool teardown, rarely, never returns (seen in CI: one tuning job of ~300 per run, stops 39 and 41). orch stops
+    such a job once silent for ``stuck_after_s`` after its last unit: shipped 300 s, longer than a test waits for
+    a command (180 s). At 30 s orch's own recovery ends it inside the test."""
+    from orchestrator.recipe import PACKAGED_PLAYBOOKS
+
+    playbooks = path.parent / "playbooks"
+    playbooks.mkdir(parents=True, exist_ok=True)
+    for shipped in sorted(PACKAGED_PLAYBOOKS.glob("*.yaml")):
+        document = yaml.safe_load(shipped.read_text())
+        document.setdefault("tuning", {})["stuck_after_s"] = TEST_STUCK_AFTER_S
+        (playbooks / shipped.name).write_text(yaml.safe_dump(document, sort_keys=False))
+    written: Path = fleet.write_inventory(path, **kwargs)
+    return written
+
+
 @pytest.fixture
 def make_fleet(tmp_path: Path) -> Iterator[Callable[..., FleetEnv]]:
     """``make_fleet(n_hosts=3, **inventory_defaults)`` → a started SimFleet over real sshd, torn down after."""
@@ -114,7 +140,7 @@ def make_fleet(tmp_path: Path) -> Iterator[Callable[..., FleetEnv]]:
         fleet = SimFleet(root, n_hosts=n_hosts)
         fleet.__enter__()
         started.append(fleet)
-        inventory = fleet.write_inventory(root / "hosts.yaml", trust=trust, **defaults)
+        inventory = write_fleet_inventory(fleet, root / "hosts.yaml", trust=trust, **defaults)
         return FleetEnv(fleet, inventory, root / "state" / "state.json")
 
     yield make

@@ -67,10 +67,11 @@ _EVENT = re.compile(
 
 def tiny_playbook(path: Path, model: str = "deepseek-v4-flash") -> Path:
     """A shipped playbook (``model``) with DeepSeek-V4-Flash's first two shapes, eight batch sizes and a tiny
-    benchmark; its steps tune those shapes (``default``), stopping the server first."""
+    benchmark; its steps tune those shapes (``default``), stopping the server first. A tuner hung in its pool's
+    teardown is stopped after 30 s silent, not the shipped 300 (``tests.conftest.write_fleet_inventory``)."""
     doc = yaml.safe_load((PACKAGED_PLAYBOOKS / f"{model}.yaml").read_text())
     flash = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text())
-    doc["tuning"] = {"shapes": flash["tuning"]["shapes"][:2], "batch_sizes": BATCH_SIZES}
+    doc["tuning"] = {"shapes": flash["tuning"]["shapes"][:2], "batch_sizes": BATCH_SIZES, "stuck_after_s": 30}
     doc["steps"] = flash["steps"]
     doc["bench"] = BENCH
     doc["health_timeout"] = 120

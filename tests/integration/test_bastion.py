@@ -16,7 +16,7 @@ import yaml
 
 from orchestrator.errors import UnreachableError
 from orchestrator.sandbox import SimFleet, sshkeys
-from tests.conftest import FleetEnv
+from tests.conftest import FleetEnv, write_fleet_inventory
 
 ME = getpass.getuser()
 
@@ -29,7 +29,7 @@ def bastion_fleet(tmp_path: Path) -> Iterator[Callable[[int], FleetEnv]]:
     def make(n_hosts: int) -> FleetEnv:
         fleet = SimFleet(tmp_path / "fleet", n_hosts=n_hosts, bastion=True).start()
         started.append(fleet)
-        inventory = fleet.write_inventory(tmp_path / "hosts.yaml", ssh_config="none")
+        inventory = write_fleet_inventory(fleet, tmp_path / "hosts.yaml", ssh_config="none")
         return FleetEnv(fleet, inventory, tmp_path / "state" / "state.json")
 
     yield make

@@ -19,7 +19,7 @@ import yaml
 
 from orchestrator.sandbox.modelconfig import SHARDS
 from orchestrator.store import StateStore
-from tests.conftest import FleetEnv, OrchRun
+from tests.conftest import FleetEnv, OrchRun, write_fleet_inventory
 
 ROOMY = {"disk_free_mib": 500 * 1024}
 GOOD = ["sim-1: ok", "sim-3: ok"]
@@ -33,7 +33,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetEnv]:
     with SimFleet(root / "fleet", n_hosts=3) as fleet:
         for host in fleet.hosts:
             host.set_knobs(**ROOMY)
-        yield FleetEnv(fleet, fleet.write_inventory(root / "hosts.yaml", trust=True), root / "state" / "state.json")
+        yield FleetEnv(fleet, write_fleet_inventory(fleet, root / "hosts.yaml"), root / "state" / "state.json")
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from orchestrator.store import StateStore
-from tests.conftest import FleetEnv
+from tests.conftest import FleetEnv, write_fleet_inventory
 from tests.gateway_smg import RunningGateway, running_smg
 
 KNOBS = {"startup_seconds": 0.3, "decode_step_seconds": 0.002}
@@ -63,7 +63,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
     root = tmp_path_factory.mktemp("drain")
     with SimFleet(root / "fleet", n_hosts=2) as fleet:
-        env = FleetEnv(fleet, fleet.write_inventory(root / "hosts.yaml", trust=True), root / "state" / "state.json")
+        env = FleetEnv(fleet, write_fleet_inventory(fleet, root / "hosts.yaml"), root / "state" / "state.json")
         for host in fleet.hosts:
             host.set_knobs(disk_free_mib=500 * 1024, **KNOBS)
         first = env.orch("serve", "--yes")

@@ -19,7 +19,7 @@ from orchestrator.fleet import Fleet
 from orchestrator.inventory import load_inventory
 from orchestrator.store import StateStore
 from orchestrator.transport.ssh import ConnectOptions
-from tests.conftest import FleetEnv, OrchRun, run_orch
+from tests.conftest import FleetEnv, OrchRun, run_orch, write_fleet_inventory
 
 TOKEN = "hf_SeCrEtToKeN0123456789abcdef"
 API_KEY = "sk-OpEnAiKeY9876543210"
@@ -166,7 +166,7 @@ def test_a_whole_campaign_keeps_inventory_secrets_out_of_every_command_line_log_
         (sim,) = fleet.hosts
         sim.set_knobs(**FAST)
         secrets_env = {"HF_TOKEN": TOKEN, "OPENAI_API_KEY": API_KEY, "DB_PASSWORD": PASSWORD}
-        inventory = fleet.write_inventory(tmp_path / "hosts.yaml", env=secrets_env)
+        inventory = write_fleet_inventory(fleet, tmp_path / "hosts.yaml", env=secrets_env)
         state = tmp_path / "state" / "state.json"
         playbook = small_playbook(tmp_path / "playbooks")
         fleet.add_upstream_commit("A commit to pull")

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.state_migration import database_path
-from tests.conftest import FleetEnv, run_orch
+from tests.conftest import FleetEnv, run_orch, write_fleet_inventory
 from tests.integration.test_bastion import set_defaults
 from tests.unit.test_state import document
 
@@ -268,7 +268,7 @@ def test_local_transport_runs_the_same_commands(tmp_path: Path) -> None:
     from orchestrator.sandbox import SimFleet
 
     with SimFleet(tmp_path / "fleet", n_hosts=1, transport="local") as fleet:
-        inventory = fleet.write_inventory(tmp_path / "hosts.yaml")
+        inventory = write_fleet_inventory(fleet, tmp_path / "hosts.yaml")
         run = run_orch("-i", str(inventory), "status", "--json")
         assert run.returncode == 0, run.output
         (host,) = json.loads(run.stdout)["hosts"]

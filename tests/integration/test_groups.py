@@ -24,7 +24,7 @@ from orchestrator.errors import ExitCode
 from orchestrator.state import Phase
 from orchestrator.store import StateStore
 from orchestrator.tuning.member import record_of
-from tests.conftest import FleetEnv
+from tests.conftest import FleetEnv, write_fleet_inventory
 from tests.integration import kills
 from tests.integration.test_faults_drops import orch_process, read_line_until
 
@@ -39,7 +39,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetEnv]:
 
     root = tmp_path_factory.mktemp("groups")
     with SimFleet(root / "fleet", n_hosts=3) as fleet:
-        inventory = fleet.write_inventory(root / "hosts.yaml", trust=True)
+        inventory = write_fleet_inventory(fleet, root / "hosts.yaml")
         document = yaml.safe_load(inventory.read_text())
         hosts = document["hosts"]  # on two real boxes the model sits at one path; here at rank 0's
         hosts["sim-3"]["model_path"] = hosts["sim-2"]["model_path"]

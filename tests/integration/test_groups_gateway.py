@@ -24,7 +24,7 @@ from orchestrator.gateway import GatewayClient
 from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.state import Phase
 from orchestrator.store import StateStore
-from tests.conftest import FleetEnv
+from tests.conftest import FleetEnv, write_fleet_inventory
 from tests.gateway_smg import RunningGateway, running_smg
 
 KNOBS = {"startup_seconds": 0.3, "decode_step_seconds": 0.002}
@@ -56,7 +56,7 @@ def group_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GroupFleet
 
     root = tmp_path_factory.mktemp("groups-gateway")
     with SimFleet(root / "fleet", n_hosts=3) as fleet:
-        inventory = fleet.write_inventory(root / "hosts.yaml", trust=True)
+        inventory = write_fleet_inventory(fleet, root / "hosts.yaml")
         document = yaml.safe_load(inventory.read_text())
         document["hosts"]["sim-3"]["model_path"] = document["hosts"]["sim-2"]["model_path"]
         document["groups"] = {

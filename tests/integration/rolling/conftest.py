@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from orchestrator.store import StateStore
-from tests.conftest import FleetEnv
+from tests.conftest import FleetEnv, write_fleet_inventory
 from tests.gateway_smg import DEFAULT_GATEWAY, ClientLoad
 from tests.integration.rolling.fleet import CLIENTS, KNOBS, LOAD_SECONDS, GatewayFleet, SharedFleet
 
@@ -46,7 +46,7 @@ def shared_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedFle
 
     root = tmp_path_factory.mktemp("rolling")
     with SimFleet(root / "fleet", n_hosts=3) as fleet, ExitStack() as stack:
-        env = FleetEnv(fleet, fleet.write_inventory(root / "hosts.yaml", trust=True), root / "state" / "state.json")
+        env = FleetEnv(fleet, write_fleet_inventory(fleet, root / "hosts.yaml"), root / "state" / "state.json")
         for host in fleet.hosts:
             host.set_knobs(**KNOBS)
         first = env.orch("serve", "--yes")
