@@ -72,6 +72,7 @@ class TuneStatus:
     attached: bool = False
     note: str | None = None  # e.g. why there was nothing to tune
     stuck: dict[str, float] = field(default_factory=dict)  # job id -> seconds silent after a finished run
+    silent: dict[str, float] = field(default_factory=dict)  # job id -> seconds silent inside a run (``silent_jobs``)
 
     @property
     def units_done(self) -> int:
@@ -198,18 +199,38 @@ def stuck_jobs(plan: PlanRecord, polls: dict[str, HostPoll]) -> list[tuple[Assig
     ``stuck_after_s`` (by the host's clock). Each with how long it has been silent. A finished run's tuner
     only has to exit (the job then starts its next run, printing a line); one hung in its pool's teardown
     (CPython's, reference §1.1) never would."""
-    stuck = []
+    return [(a, silent) for a, silent, finished in _silences(plan, polls) if finished and silent >= plan.stuck_after_s]
+
+
+def silent_jobs(plan: PlanRecord, polls: dict[str, HostPoll]) -> list[tuple[AssignmentRecord, float]]:
+    """The plan's running jobs, on the hosts polled, whose log has not grown for ``silent_after(plan)`` while
+    their tuner run is not finished (before its first line, or inside a unit): a tuner that may be hung (a
+    CUDA initialisation that never returned, a GPU that stopped answering). Each with how long it has been
+    silent. Unlike a stuck job it is only said, never stopped: it may just be slow, and its unit would be lost."""
+    limit = silent_after(plan)
+    return [(a, silent) for a, silent, finished in _silences(plan, polls) if not finished and silent >= limit]
+
+
+def silent_after(plan: PlanRecord) -> float:
+    """How long a tuning job's log may stay silent inside a run before orch says so: the plan's
+    ``stuck_after_s`` beyond the schedule's own estimate of a tuner call's start-up and one unit. A working
+    tuner's log grows more often: its progress bars (stderr, unbuffered) and each batch size it finishes."""
+    return plan.stuck_after_s + plan.tuner_startup_s + plan.tuner_unit_s
+
+
+def _silences(plan: PlanRecord, polls: dict[str, HostPoll]) -> list[tuple[AssignmentRecord, float, bool]]:
+    """Each running job of the plan on the hosts polled: how long its log has been silent (by the host's clock),
+    and whether the tuner run it is in has finished (``_run_finished``)."""
+    found = []
     for a in plan.assignments:
         poll = polls.get(a.host)
         info = poll.infos.get(a.job_id or "") if poll is not None else None
         progress = poll.progress.get(a.purpose) if poll is not None else None
         if info is None or progress is None or info.state != "running" or info.seen_at is None:
             continue
-        ran = [r for r in a.runs if r.key == progress.shape and _run_finished(r, progress)]
-        silent = (info.seen_at - (progress.grew_at or info.seen_at)).total_seconds()
-        if ran and silent >= plan.stuck_after_s:
-            stuck.append((a, silent))
-    return stuck
+        finished = any(r.key == progress.shape and _run_finished(r, progress) for r in a.runs)
+        found.append((a, (info.seen_at - (progress.grew_at or info.seen_at)).total_seconds(), finished))
+    return found
 
 
 def _run_finished(run: RunRecord, progress: LogProgress) -> bool:
@@ -291,6 +312,8 @@ def group_status(
     status.eta_seconds = eta_seconds(views, infos, datetime.now(timezone.utc))
     status.state, status.reason, status.log_tail = _derive_state(record, views)
     status.stuck = {a.job_id or a.purpose: silent for a, silent in stuck_jobs(plan, polls)}
+    own = {host: polls[host]} if host in polls else {}
+    status.silent = {a.job_id or a.purpose: silent for a, silent in silent_jobs(plan, own)}
     return status
 
 
@@ -337,6 +360,7 @@ def summary(status: TuneStatus) -> dict[str, Any]:
         "installed": sorted(status.installed),
         "installed_for": status.installed_for,
         "stuck": {job_id: round(silent) for job_id, silent in status.stuck.items()},
+        "silent": {job_id: round(silent) for job_id, silent in status.silent.items()},
     }
 
 

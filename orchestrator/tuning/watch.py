@@ -11,14 +11,14 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator import jobs
 from orchestrator.errors import HostError, UnreachableError, UsageError
 from orchestrator.session import HostSession
 from orchestrator.state import State
 from orchestrator.tuning.group import Group, step_group
-from orchestrator.tuning.progress import TuneStatus
+from orchestrator.tuning.progress import TuneStatus, silent_after
 
 RECONNECT_SECONDS = 300.0  # how long a tuning wait reconnects to a host it cannot reach before giving up
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ class _Watched:
     group: Group
     outage: ReconnectWindow
     state: State | None = None
+    said: set[tuple[str, str]] = field(default_factory=set)  # (host, job id) said to be silent, still silent
 
     def step(self, statuses: dict[str, TuneStatus], errors: dict[str, BaseException]) -> bool:
         """One step of the group; True when it needs no more watching."""
@@ -99,7 +100,25 @@ class _Watched:
             status.attached = group.attached
             statuses[name] = status
             group.report(status)
+            self.say_silent(status)
         return all(s.finished for s in step.values())
+
+    def say_silent(self, status: TuneStatus) -> None:
+        """Say each job of the status's host that ``silent_jobs`` found, once while it stays silent: it may be
+        hung, or only slow; the operator decides (orch never stops it, as it stops a stuck one)."""
+        host = status.host
+        self.said -= {(h, job_id) for h, job_id in self.said if h == host and job_id not in status.silent}
+        for job_id, seconds in status.silent.items():
+            if (host, job_id) not in self.said:
+                self.said.add((host, job_id))
+                log.warning(
+                    "%s: tuning job %s has printed nothing for %.0f s inside a tuner run (the recipe allows %g s: "
+                    "tuning.stuck_after_s beyond its estimate of a start-up and a unit): it may be hung (a CUDA "
+                    "initialisation that never returned, a GPU that stopped answering), or only slow; orch does "
+                    "not stop it. `orch logs %s %s` shows its log; `orch stop %s %s` ends it, and the next "
+                    "`orch tune-fp8` keeps the runs it finished",
+                    host, job_id, seconds, silent_after(self.group.plan), host, job_id, host, job_id,
+                )  # fmt: skip
 
     def pause(self, statuses: dict[str, TuneStatus], poll: float) -> None:
         """``poll`` seconds, or less when one of the group's running jobs ends: each member's host

@@ -45,6 +45,12 @@ def registry(hosts: list[dict[str, Any]], records: dict[str, HostState], now: da
         ["host"],
         registry=reg,
     )
+    silent = Gauge(
+        "orch_tuning_silent_jobs",
+        "Tuning jobs silent inside a tuner run past the recipe's estimate: maybe hung (orch never stops them).",
+        ["host"],
+        registry=reg,
+    )
     bench = Gauge(
         "orch_bench_output_throughput_tokens_per_second",
         "Output tok/s of the host's last benchmark.",
@@ -69,6 +75,7 @@ def registry(hosts: list[dict[str, Any]], records: dict[str, HostState], now: da
         if plan.get("percent") is not None:
             tuning.labels(name).set(plan["percent"] / 100)
             stuck.labels(name).set(len(plan.get("stuck") or {}))
+            silent.labels(name).set(len(plan.get("silent") or {}))
         record = records.get(name)
         if record is not None and record.benchmarks:
             last = record.benchmarks[-1]

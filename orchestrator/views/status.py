@@ -161,13 +161,15 @@ def _made_for(t: dict[str, Any], checkout: str | None) -> str:
 
 def _tuning_cell(v: HostStatus) -> str:
     """``orch tune-fp8`` progress: ``running 45% (41/90), ETA 62s``, ``installed 5 shapes for 8e6290d on
-    NVIDIA ...``, ``failed: why``; a job stuck after a finished tuner run is named (``orch wait`` stops it)."""
+    NVIDIA ...``, ``failed: why``; a job stuck after a finished tuner run is named (``orch wait`` stops it), and
+    one silent inside a run (``silent_jobs``: it may be hung; only the operator stops it)."""
     t = v.extra.get("tuning")
     if not t:
         return "-"
     if t["state"] in ("running", "ready-to-install"):
         eta = f", ETA {t['eta_seconds']}s" if t.get("eta_seconds") is not None else ""
-        return f"{t['state']} {t['percent']:.0f}% ({t['units_done']}/{t['units_total']}){eta}{_stuck(t)}"
+        done = f"{t['percent']:.0f}% ({t['units_done']}/{t['units_total']})"
+        return f"{t['state']} {done}{eta}{_stuck(t)}{_silent(v.name, t)}"
     if t["state"] == "installed":
         return f"installed {len(t['installed'])} shapes{_made_for(t, (v.sglang or {}).get('commit'))}"
     return f"{t['state']}: {t.get('reason') or t.get('error') or ''}".rstrip(": ")
@@ -180,6 +182,19 @@ def _stuck(t: dict[str, Any]) -> str:
         return ""
     jobs = ", ".join(f"{job_id} silent {_uptime(int(silent))}" for job_id, silent in stuck.items())
     return f", STUCK after a finished tuner run: {jobs} (`orch wait` stops {'it' if len(stuck) == 1 else 'them'})"
+
+
+def _silent(host: str, t: dict[str, Any]) -> str:
+    """``, SILENT inside a tuner run: tune.gpu3-... no output for 9m20s (...)``: the jobs ``silent_jobs`` found."""
+    silent = t.get("silent") or {}
+    if not silent:
+        return ""
+    jobs = ", ".join(f"{job_id} no output for {_uptime(int(seconds))}" for job_id, seconds in silent.items())
+    first = next(iter(silent))
+    return (
+        f", SILENT inside a tuner run: {jobs} (hung? `orch logs {host} {first}` shows its log; "
+        f"`orch stop {host} {first}` ends it, orch does not)"
+    )
 
 
 def _stopped(s: dict[str, Any], now: datetime | None) -> str:
@@ -289,7 +304,7 @@ def _tuning_short(v: HostStatus) -> str:
         return "-"
     if t["state"] in ("running", "ready-to-install"):
         eta = f" ETA {_uptime(int(t['eta_seconds']))}" if t.get("eta_seconds") else ""
-        stuck = " STUCK" if t.get("stuck") else ""
+        stuck = " STUCK" if t.get("stuck") else " SILENT" if t.get("silent") else ""
         return f"{t['state']} {t['percent']:.0f}% ({t['units_done']}/{t['units_total']}){eta}{stuck}"
     if t["state"] == "installed":
         return f"installed {len(t['installed'])}"
@@ -338,7 +353,7 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
     """Lines under the table for what needs the operator: unreachable hosts with the fix (an unknown host
     key: `orch trust HOST`), a checkout that cannot be read, a failed ``--fetch``; with ``short_cells``
     (under the default table) also what its cells only hint at: a pending restart, why tuning failed or which
-    job is stuck, why the GPUs could not be read."""
+    job is stuck or silent, why the GPUs could not be read."""
     notes = []
     for v in views:
         problems = [v.error.removeprefix(f"{v.name}: ")] if v.error else []
@@ -349,7 +364,8 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
         server, tuning = v.extra.get("server") or {}, v.extra.get("tuning") or {}
         if short_cells and server.get("restart_pending"):
             problems.append(f"server {_commits(server)}")
-        if short_cells and (tuning.get("state") in ("failed", "unknown") or tuning.get("stuck")):
+        needs_you = tuning.get("state") in ("failed", "unknown") or tuning.get("stuck") or tuning.get("silent")
+        if short_cells and needs_you:
             problems.append(f"tuning {_tuning_cell(v)}")
         if short_cells and v.gpu_error:
             problems.append(f"gpus: {v.gpu_error}")

@@ -234,10 +234,10 @@ def test_a_failing_tuner_fails_the_host_with_the_log_tail_and_installs_nothing(
     assert expected.removeprefix("failed: ") in hs["last_error"]
 
 
-def stuck_after(env: FleetEnv, seconds: float) -> None:
-    """Every host's playbook: the shipped one, with ``tuning.stuck_after_s`` = ``seconds``."""
+def stuck_after(env: FleetEnv, seconds: float, **tuning: float) -> None:
+    """Every host's playbook: the shipped one, with ``tuning.stuck_after_s`` = ``seconds`` (and ``tuning``)."""
     document = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text())
-    document["tuning"]["stuck_after_s"] = seconds
+    document["tuning"].update(stuck_after_s=seconds, **tuning)
     path = env.inventory.parent / "stuck-after.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     set_defaults(env, playbook=str(path))
@@ -293,6 +293,33 @@ def test_a_tuner_stuck_before_its_jobs_last_run_fails_the_plan_and_the_next_tuni
     kept = stored_plan(env, "sim-1")["kept"]
     assert [len(k["batch_sizes"]) for k in kept] == [8]  # the first run's shape, not tuned again
     assert sorted(tuned_files(host)) == ["N=1024,K=4096", "N=4096,K=2048"]
+
+
+def test_a_tuner_silent_in_its_start_up_is_said_by_status_and_the_wait_and_left_to_finish(
+    tune_fleet: Callable[..., FleetEnv],
+) -> None:
+    """A tuner that prints nothing for longer than the recipe's estimate of a start-up and a unit, and
+    ``tuning.stuck_after_s`` beyond (a CUDA initialisation that never returned, a wedged GPU), had every wait on
+    it show 0% for ever, unexplained. `status` names it with the commands that show and stop it, the wait says
+    it, and neither stops it: it may be slow, as this one is (its start-up takes 30 s)."""
+    env = tune_fleet(1, tuner_startup_seconds=30)
+    one_gpu(env)
+    stuck_after(env, 5, tuner_startup_s=3, tuner_unit_s=2)  # silent for 10 s inside a run: said
+    assert env.orch("tune-fp8", "--shapes", "N=1024,K=4096", "--batch-sizes", "1,2").returncode == 0
+    field = wait_for(lambda: (f := tuning_field(env)["sim-1"]) and f["silent"] and f, 40, "a silent tuning job")
+    (job_id,) = field["silent"]
+    assert field["state"] == "running" and field["units_done"] == 0 and field["stuck"] == {}
+    status = env.orch("status")
+    said = " ".join(status.stdout.split())  # the note under the table, wrapped at the terminal's width
+    assert "running 0% (0/2)" in said and " SILENT" in said, status.output
+    assert "sim-1: tuning running 0% (0/2)" in said and f"SILENT inside a tuner run: {job_id} no output for" in said
+    assert f"`orch logs sim-1 {job_id}` shows its log; `orch stop sim-1 {job_id}` ends it, orch does not" in said
+    run = env.orch("wait")
+    assert run.returncode == 0, run.output
+    assert f"sim-1: tuning job {job_id} has printed nothing for" in run.stderr, run.stderr
+    assert "orch does not stop it" in run.stderr
+    assert "sim-1: installed 1 tuned config" in run.stdout
+    assert sorted(tuned_files(env.fleet.hosts[0])) == ["N=1024,K=4096"]  # type: ignore[attr-defined]
 
 
 def test_jobs_killed_as_by_a_reboot_are_lost(tune_fleet: Callable[..., FleetEnv]) -> None:

@@ -57,7 +57,7 @@ def test_last_seen_age_counts_from_now() -> None:
 
 def test_server_tuning_and_the_last_benchmark() -> None:
     server = {"healthy": True, "accept_length": 3.1, "simulated": True}
-    tuning = {"percent": 100.0, "stuck": {"tune.gpu1-20261203T115000-ab12": 310}}
+    tuning = {"percent": 100.0, "stuck": {"tune.gpu1-20261203T115000-ab12": 310}, "silent": {"j2": 400, "j3": 900}}
     hosts = [doc("a", server=server, tuning=tuning), doc("b", server={"healthy": False}), doc("c")]
     record = HostState(benchmarks=[bench("baseline", 2000.0), bench("tuned+mtp", 4100.5)])
     got = samples(hosts, {"a": record})
@@ -71,6 +71,7 @@ def test_server_tuning_and_the_last_benchmark() -> None:
     assert got[("orch_tuning_progress_ratio", (("host", "a"),))] == 1.0
     assert got[("orch_tuning_stuck_jobs", (("host", "a"),))] == 1  # what an alert on a tuning nobody waits for reads
     assert ("orch_tuning_stuck_jobs", (("host", "b"),)) not in got
+    assert got[("orch_tuning_silent_jobs", (("host", "a"),))] == 2  # jobs that may be hung: an alert reads it
     key = ("orch_bench_output_throughput_tokens_per_second", (("host", "a"), ("label", "tuned+mtp")))
     assert got[key] == 4100.5
     assert not [k for k in got if k[0] == "orch_bench_output_throughput_tokens_per_second" and k[1][0][1] == "b"]

@@ -37,13 +37,15 @@ from orchestrator.tuning.progress import (
     job_state,
     job_views,
     shape_progress,
+    silent_after,
+    silent_jobs,
     stuck_jobs,
     summary,
 )
 from orchestrator.tuning.start import _start_jobs
 from orchestrator.tuning_record import KeptRecord, PlanRecord, TuningRecord, migrate_v1
 from orchestrator.views import tune as tune_view
-from orchestrator.views.status import _tuning_cell
+from orchestrator.views.status import _tuning_cell, status_notes
 from tests.unit.test_store import a_plan
 
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
@@ -272,28 +274,38 @@ def silent_job(
 
 
 @pytest.mark.parametrize(
-    ("done", "silent", "shape", "written", "stuck"),
+    ("done", "silent", "shape", "written", "stuck", "said"),
     [
-        ([1, 2], 300.0, "N=1024,K=4096", [RESULT], True),  # its run finished 5 min ago and it has not exited
-        ([1, 2], 299.0, "N=1024,K=4096", [RESULT], False),  # not silent long enough
-        ([1], 3600.0, "N=1024,K=4096", [RESULT], False),  # a unit still tuning: slow, not stuck
-        ([1, 2], 3600.0, "N=1024,K=4096", [], False),  # its result not written yet
-        ([1, 2], 3600.0, None, [RESULT], False),  # the job's next run is starting (imports, CUDA init)
+        ([1, 2], 300.0, "N=1024,K=4096", [RESULT], True, False),  # its run finished 5 min ago and it has not exited
+        ([1, 2], 299.0, "N=1024,K=4096", [RESULT], False, False),  # not silent long enough
+        ([1], 379.0, "N=1024,K=4096", [RESULT], False, False),  # a unit still tuning: slow, not stuck
+        ([1], 380.0, "N=1024,K=4096", [RESULT], False, True),  # ... past 300 s beyond a start-up and a unit: said
+        ([1, 2], 3600.0, "N=1024,K=4096", [], False, True),  # its result not written for an hour
+        ([1, 2], 3600.0, None, [RESULT], False, True),  # the job's next run silent in its start-up for an hour
+        ([], 380.0, None, [], False, True),  # nothing since it started: a CUDA initialisation that never returned
     ],
 )
-def test_a_job_silent_past_stuck_after_s_once_its_tuner_run_finished_is_stuck(
-    done: list[int], silent: float, shape: str | None, written: list[str], stuck: bool
+def test_a_silent_job_is_stuck_after_a_finished_tuner_run_and_said_silent_inside_one(
+    done: list[int], silent: float, shape: str | None, written: list[str], stuck: bool, said: bool
 ) -> None:
+    """Stuck (stopped by the wait) only once its run finished; silent past ``silent_after`` inside a run: said,
+    in ``orch status`` with the commands that look and stop, never stopped by orch."""
     plan = two_gpu_plan()
     assert plan.stuck_after_s == 300.0  # the recipe's default, recorded in the plan
+    plan.tuner_startup_s, plan.tuner_unit_s = 20.0, 60.0  # the recipe's default estimates
+    assert silent_after(plan) == 380.0
     polls = silent_job(plan, done, silent, shape, written)
-    found = stuck_jobs(plan, polls)
-    assert [(a.job_id, s) for a, s in found] == ([("j0", silent)] if stuck else [])
+    assert [(a.job_id, s) for a, s in stuck_jobs(plan, polls)] == ([("j0", silent)] if stuck else [])
+    assert [(a.job_id, s) for a, s in silent_jobs(plan, polls)] == ([("j0", silent)] if said else [])
     record = TuningRecord(plan_id=plan.id, state="running")
     status = group_status("h1", record, plan, polls, {"h1": record})
     assert summary(status)["stuck"] == ({"j0": round(silent)} if stuck else {})
+    assert summary(status)["silent"] == ({"j0": round(silent)} if said else {})
     view = HostStatus("h1", "a", True, "tuning", extra={"tuning": summary(status)})
     assert ("STUCK after a finished tuner run: j0 silent 5m00s" in _tuning_cell(view)) is stuck
+    assert ("SILENT inside a tuner run: j0 no output for" in _tuning_cell(view)) is said
+    assert ("`orch stop h1 j0` ends it, orch does not" in _tuning_cell(view)) is said
+    assert (status_notes([view]) != []) is (stuck or said)  # under the table: what needs the operator
 
 
 def test_a_job_stopped_after_every_unit_of_it_succeeded_and_one_stopped_before_did_not() -> None:
