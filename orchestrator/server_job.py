@@ -262,6 +262,20 @@ def stop_running_server(
     return outcome
 
 
+def refuse_bare_stop(host: Host, job: jobs.JobInfo) -> None:
+    """``orch stop HOST JOB`` takes no server down: a running server job of orch's is stopped by ``orch
+    stop-server`` (said first, drained, its GPUs waited for, the stop recorded; a replica group's ranks
+    together). A bare signal stopped serving unannounced and left the host recorded as serving. RefusedError
+    (exit 3), nothing signalled."""
+    if job.purpose == SERVER_PURPOSE and job.running:
+        raise RefusedError(
+            f"{host.name}: job {job.id} is orch's server there, running: `orch stop` does not take a server down; "
+            "nothing was stopped",
+            hint=f"orch stop-server --host {host.name} stops it: it says so first, drains it, waits for its GPUs "
+            "and records the stop (a replica group's ranks together)",
+        )
+
+
 def of_rank(server: ServerRecord | None, job_id: str, outage: Outage) -> Outage:
     """``outage`` said of a replica group's rank when ``server`` (the host's record) says job ``job_id`` is
     one (stopped for tuning, a rank ends its whole group's server: said so first); a group's own stop

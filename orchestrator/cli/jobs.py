@@ -10,6 +10,7 @@ from orchestrator.cli import complete
 from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.errors import ExitCode
 from orchestrator.ops import logs as logs_op
+from orchestrator.server_job import refuse_bare_stop
 from orchestrator.views import jobs as jobs_view
 from orchestrator.views.jobs import RECENT
 
@@ -91,6 +92,7 @@ def stop(app: App, host_name: str, job_id: str, timeout: int) -> int:
     """Stop a job orch started: SIGTERM to its process group, SIGKILL after --timeout.
 
     orch only signals processes it started (checked by pid, start time and boot); nothing by name.
+    A running server is refused (exit 3): `orch stop-server` stops it, saying so first and recording it.
 
     \b
     Example:
@@ -99,6 +101,8 @@ def stop(app: App, host_name: str, job_id: str, timeout: int) -> int:
     (host,) = app.select((host_name,))
     with app.fleet([host]) as fleet:
         runner = fleet.runner(host)
-        outcome = jobs_mod.stop(runner, jobs_mod.find(runner, host.workdir, job_id), timeout)
+        job = jobs_mod.find(runner, host.workdir, job_id)
+        refuse_bare_stop(host, job)
+        outcome = jobs_mod.stop(runner, job, timeout)
     jobs_view.stopped_line(host, job_id, outcome)
     return int(ExitCode.OK)

@@ -255,6 +255,9 @@ def _show_state(status: HostStatus, hs: HostState) -> None:
         status.extra["drained_at"] = hs.drained_at.isoformat()
 
 
+_ENDED = ("succeeded", "failed", "lost")  # a server job the host says has ended (orch's stop is "stopped")
+
+
 def merge_state(obs: Observed, hs: HostState) -> HostStatus:
     status = obs.status
     _show_state(status, hs)
@@ -265,6 +268,9 @@ def merge_state(obs: Observed, hs: HostState) -> HostStatus:
     checkout = obs.git.commit if obs.git else hs.sglang.commit if hs.sglang else None
     if field is not None and not field["recorded"] and field["healthy"]:
         status.phase = Phase.SERVING.value  # the host serves, whatever this state file says
+    if field is not None and field["recorded"] and hs.phase == Phase.SERVING and field["job_state"] in _ENDED:
+        status.phase = Phase.FAILED.value  # the host serves nothing: its server ended without orch stopping it
+        field["ended_while_serving"] = True
     if field is not None and field["recorded"] and hs.server is not None:
         for key, value in pending_restart(field, hs.server, checkout, record_of(hs)).items():
             field.setdefault(key, value)

@@ -367,6 +367,12 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
         needs_you = tuning.get("state") in ("failed", "unknown") or tuning.get("stuck") or tuning.get("silent")
         if short_cells and needs_you:
             problems.append(f"tuning {_tuning_cell(v)}")
+        if server.get("ended_while_serving"):
+            job = server["job"]
+            problems.append(
+                f"server job {job} ended ({server['job_state']}) while recorded serving, not stopped by orch: nothing "
+                f"serves; `orch logs {v.name} {job}` shows why, `orch serve --host {v.name}` serves again"
+            )
         if short_cells and v.gpu_error:
             problems.append(f"gpus: {v.gpu_error}")
         notes += [f"{v.name}: {p}" for p in problems]

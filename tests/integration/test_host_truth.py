@@ -108,6 +108,36 @@ def test_a_server_whose_job_wrapper_was_killed_is_described_and_kept_as_it_runs(
     assert [j["state"] for j in server_jobs(env)] == ["failed"]  # stopped: nothing of it runs on
 
 
+def test_orch_stop_takes_no_server_down_and_a_server_that_ended_unasked_is_not_shown_serving(make_fleet: Any) -> None:
+    """`orch stop HOST JOB` of the server used to signal it at once, unannounced, and leave the record serving;
+    `status` then said `serving` of a host that served nothing (its server cell alone said NOT healthy)."""
+    env = make_fleet(1)
+    (sim,) = env.fleet.hosts
+    served = env.orch("serve", "--no-mtp")
+    assert served.returncode == 0, served.output
+    (job,) = server_jobs(env)
+    refused = env.orch("stop", sim.name, job["id"])
+    assert refused.returncode == 3, refused.output
+    assert f"job {job['id']} is orch's server there, running: `orch stop` does not take a server down" in refused.stderr
+    assert f"orch stop-server --host {sim.name} stops it" in refused.stderr
+    assert [j["state"] for j in server_jobs(env)] == ["running"]
+
+    wrapper = int((Path(sim.workdir) / "jobs" / job["id"] / "pid").read_text())
+    os.killpg(wrapper, signal.SIGKILL)  # the server dies (an OOM kill, a crash): nobody asked
+    while Path(f"/proc/{wrapper}").exists():
+        time.sleep(0.05)
+    status = env.orch("status", "--json")
+    (view,) = json.loads(status.stdout)["hosts"]
+    assert view["phase"] == "failed" and view["server"]["ended_while_serving"] is True, view
+    assert StateStore(env.state).read().hosts[sim.name].phase == "serving"  # status changes no record
+    table = " ".join(env.orch("status").stdout.split())
+    assert f"{sim.name} failed" in table
+    assert f"server job {job['id']} ended (lost) while recorded serving, not stopped by orch: nothing serves" in table
+    again = env.orch("serve", "--no-mtp")
+    assert again.returncode == 0, again.output
+    assert env.orch("status", "--json").stdout.count('"phase": "serving"') == 1
+
+
 def repoint(env: FleetEnv, names: dict[str, str]) -> None:
     """Rewrite the inventory: each host ``name`` of ``names`` reaches the simulated machine named by its value
     (its address, port and paths), and only those hosts are listed."""
