@@ -258,8 +258,9 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     other = running_plan(store.read([host.name]), host.name) if needed else None
     if other is not None and not (look and other.id == running):  # looking: a lost plan is still recorded
         return Prepared(session, attach=other, server=server)  # another orch planned meanwhile: adopt its plan
-    if needed:
-        refuse_busy(host, facts, options.allow_busy_gpus)
+    if needed and not options.allow_busy_gpus:
+        running_server = session.running_server()  # named in the refusal's hint: --stop-server stops it
+        refuse_busy(host, facts, False, running_server.id if running_server else None)
     note = logged.note if logged else None
     costs = tf.Costs(recipe.tuning.tuner_startup_s, recipe.tuning.tuner_unit_s)
     return Prepared(
@@ -445,13 +446,18 @@ def _finished(runner: FileReader, kept: KeptRecord) -> bool:
     return True
 
 
-def refuse_busy(host: Host, facts: HostFacts, allow: bool) -> None:
+def refuse_busy(host: Host, facts: HostFacts, allow: bool, server: str | None = None) -> None:
     """Refuse GPUs held by other processes (``smi.foreign_holders``: every holder of a GPU to tune on),
-    naming each pid and process (``smi.busy_message``), unless ``allow``."""
+    naming each pid and process (``smi.busy_message``), unless ``allow``. ``server``: the job id of orch's
+    server running on the host (None: none runs), which the hint names: ``--stop-server`` stops it."""
     selected = selected_gpus(host, facts)
     held = sorted((h for h in facts.holders if h.gpu in selected), key=lambda h: selected.index(h.gpu))
     if smi.foreign_holders(held) and not allow:
-        raise RefusedError(
-            smi.busy_message(host.name, "GPUs are busy", held, owners=False),
-            hint="stop those processes, pass --stop-server if it is orch's server, or --allow-busy-gpus",
-        )
+        if server is not None:
+            hint = (
+                f"orch's server (job {server}) runs on {host.name}: --stop-server stops it for the tuning, saying "
+                "so (`orch serve` serves again after); stop any other process, or pass --allow-busy-gpus"
+            )
+        else:
+            hint = "no server of orch's runs there: stop those processes, or pass --allow-busy-gpus"
+        raise RefusedError(smi.busy_message(host.name, "GPUs are busy", held, owners=False), hint=hint)

@@ -433,6 +433,8 @@ def test_stop_server_frees_the_gpus_of_the_server_orch_launched(tune_fleet: Call
     assert served.returncode == 0, served.output
     refused = env.orch("tune-fp8", *SMALL)
     assert refused.returncode == 3 and "GPUs are busy: GPU 0-7: pid" in refused.stderr
+    (job,) = [d.name for d in job_dirs(host) if (d / "purpose").read_text().strip() == "server"]
+    assert f"hint: orch's server (job {job}) runs on sim-1: --stop-server stops it for the tuning" in refused.stderr
     run = env.orch("tune-fp8", *SMALL, "--stop-server", "--wait")
     assert run.returncode == 0, run.output
     server = [d for d in job_dirs(host) if (d / "purpose").read_text().strip() == "server"]

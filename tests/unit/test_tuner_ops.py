@@ -148,8 +148,11 @@ def test_busy_gpus_are_refused_naming_pid_and_process() -> None:
     h = host(gpus=4)
     f = facts(h)
     f.holders = [smi.Holder(6, 1, "x"), smi.Holder(2, 4242, "python3")]  # GPU 6 is not one of the host's 4
-    with pytest.raises(RefusedError, match=r"^h1: GPUs are busy: GPU 2: pid 4242 \(python3\)\n  hint: "):
+    busy = r"^h1: GPUs are busy: GPU 2: pid 4242 \(python3\)\n  hint: no server of orch's runs there"
+    with pytest.raises(RefusedError, match=busy):
         refuse_busy(h, f, allow=False)
+    with pytest.raises(RefusedError, match=r"hint: orch's server \(job server-1\) runs on h1: --stop-server stops it"):
+        refuse_busy(h, f, allow=False, server="server-1")
     refuse_busy(h, f, allow=True)
 
 
