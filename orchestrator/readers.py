@@ -85,6 +85,7 @@ def sglang_info(host: Host, info: git.GitInfo, read_at: datetime | None = None) 
 
 
 SERVER_PURPOSE = "server"
+BENCH_PURPOSE = "bench"  # ``orch bench``'s jobs: each measures the host's server
 _LOG_CHUNK = 1 << 20
 _LOG_KEEP = 8 << 20  # startup log kept in memory at most (the FP8 lines come early)
 

@@ -23,7 +23,7 @@ from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import Holder
 from orchestrator.inventory import Host
-from orchestrator.readers import SERVER_PURPOSE, read_gpu_info
+from orchestrator.readers import BENCH_PURPOSE, SERVER_PURPOSE, read_gpu_info
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord
 from orchestrator.store import StateStore
@@ -220,7 +220,13 @@ FAILED_START = Outage("that failed to start", "orch serve (failed start)")
 
 def stop_job(session: HostSession, job: jobs.JobInfo, gpus: Sequence[int], drain: float, outage: Outage) -> str:
     """Say so, stop a server job (drain, then SIGKILL after ``drain`` seconds) and wait until its GPUs
-    are free; the session forgets what the stop changed (its jobs, GPUs, the server)."""
+    are free; the session forgets what the stop changed (its jobs, GPUs, the server). A benchmark of orch's
+    running on the host measures this server: it is stopped first, saying so (its numbers would mix the server
+    with its stop, and be stored as one server's; stopped, it is not stored)."""
+    session.forget("jobs")  # a benchmark may have started since the session listed the jobs
+    for bench in [j for j in session.jobs() if j.purpose == BENCH_PURPOSE and j.running]:
+        session.say(f"stopping benchmark job {bench.id} first: it measures server job {job.id}, which stops now")
+        jobs.stop(session.runner, bench, grace_seconds=5)
     session.say(f"stopping server job {job.id} {outage.why} (draining up to {drain:.0f} s)")
     try:
         outcome = jobs.stop(session.runner, job, grace_seconds=math.ceil(drain))

@@ -38,14 +38,14 @@ from orchestrator.facts import git
 from orchestrator.facts import server as server_facts
 from orchestrator.facts.bench import BenchParams, BenchRecord, BenchTool, ComparisonRow, Dataset
 from orchestrator.inventory import Host
-from orchestrator.readers import read_git
+from orchestrator.readers import BENCH_PURPOSE, read_git
 from orchestrator.recipe import BenchOptions, BenchSpec
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, JobRecord, JobState, ServerRecord, utc_now
 from orchestrator.store import StateStore
 from orchestrator.transport.base import Runner
 
-PURPOSE = "bench"
+PURPOSE = BENCH_PURPOSE
 DEFAULT_TIMEOUT = 3600.0
 _LOG_LINES = 15
 _GONE = "its job files are gone"
@@ -465,6 +465,8 @@ def _metrics(host: Host, runner: Runner, plan: _Plan, ended: jobs.JobInfo) -> tu
     """The run's metrics, and whether the simulated SGLang's benchmark wrote them (``facts.is_simulated``)."""
     if ended.state != "succeeded":
         how = f"exited {ended.exit_code}" if ended.exit_code is not None else "was lost (killed or rebooted)"
+        if ended.stop_requested:  # ``orch stop``, or orch stopping the server it measured: not a measurement
+            how = "was stopped before it finished (`orch stop`, or orch stopping the server it measured)"
         raise _failure(host, runner, ended, f"the benchmark (job {ended.id}) {how}")
     try:
         text = runner.read_bytes(plan.output_file).decode(errors="replace")

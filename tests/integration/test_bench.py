@@ -122,6 +122,33 @@ def test_bench_of_a_killed_orch_is_collected_not_started_twice(make_fleet) -> No
     assert len(list(Path(host.workdir, "jobs").glob("bench-*"))) == 1
 
 
+def test_a_server_stopped_under_a_benchmark_stops_the_benchmark_first_and_its_result_is_not_stored(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    """`serve --force` while `orch bench` measured the server: the server was drained and replaced under the
+    benchmark, whose numbers (both servers, and the stop) were stored as the old server's settings."""
+    env = make_fleet(1)
+    [host] = load_inventory(env.inventory).hosts.values()
+    serve(env)
+    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "bench"]
+    slow = ("--num-prompts", "400", "--output-len", "256", "--max-concurrency", "2")  # minutes: cut well before
+    bench = subprocess.Popen(
+        [*argv, "--label", "cut", *slow], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(lambda: any(j.kind == "bench" for j in StateStore(env.state).read().host(host.name).jobs.values()))
+        replaced = env.orch("serve", "--force")
+        out, err = bench.communicate(timeout=120)
+    finally:
+        bench.kill()
+    assert replaced.returncode == 0, replaced.output
+    hs = StateStore(env.state).read().hosts[host.name]
+    (job,) = [j for j in hs.jobs.values() if j.kind == "bench"]
+    first = f"stopping benchmark job {job.id} first: it measures server job"
+    assert first in replaced.stderr and replaced.stderr.index(first) < replaced.stderr.index("stopping server job")
+    assert bench.returncode == 3, out + err
+    assert f"the benchmark (job {job.id}) was stopped before it finished" in err
+    assert hs.benchmarks == [] and job.state == "failed"  # nothing stored as a measurement
+
+
 def wait_for(condition, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not condition():
