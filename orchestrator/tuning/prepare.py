@@ -258,7 +258,7 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     other = running_plan(store.read([host.name]), host.name) if needed else None
     if other is not None and not (look and other.id == running):  # looking: a lost plan is still recorded
         return Prepared(session, attach=other, server=server)  # another orch planned meanwhile: adopt its plan
-    if needed and not options.allow_busy_gpus:
+    if needed and not options.allow_busy_gpus and smi.foreign_holders(held_gpus(host, facts)):
         running_server = session.running_server()  # named in the refusal's hint: --stop-server stops it
         refuse_busy(host, facts, False, running_server.id if running_server else None)
     note = logged.note if logged else None
@@ -446,12 +446,17 @@ def _finished(runner: FileReader, kept: KeptRecord) -> bool:
     return True
 
 
+def held_gpus(host: Host, facts: HostFacts) -> list[smi.Holder]:
+    """The holders of the GPUs to tune on, in the order of those GPUs."""
+    selected = selected_gpus(host, facts)
+    return sorted((h for h in facts.holders if h.gpu in selected), key=lambda h: selected.index(h.gpu))
+
+
 def refuse_busy(host: Host, facts: HostFacts, allow: bool, server: str | None = None) -> None:
     """Refuse GPUs held by other processes (``smi.foreign_holders``: every holder of a GPU to tune on),
     naming each pid and process (``smi.busy_message``), unless ``allow``. ``server``: the job id of orch's
     server running on the host (None: none runs), which the hint names: ``--stop-server`` stops it."""
-    selected = selected_gpus(host, facts)
-    held = sorted((h for h in facts.holders if h.gpu in selected), key=lambda h: selected.index(h.gpu))
+    held = held_gpus(host, facts)
     if smi.foreign_holders(held) and not allow:
         if server is not None:
             hint = (
