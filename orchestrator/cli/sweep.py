@@ -76,7 +76,7 @@ def sweep(
         results = fleet.map_sessions(lambda s: sweep_op.sweep(s, chosen[s.name], options, app.peers(fleet)),
                                      lambda: app.store)  # fmt: skip
         if not as_json:
-            view.show(results)
+            view.show(results, then_serve=best_at is not None)
         incomplete = sorted(r.host.name for r in results.succeeded if r.value is not None and r.value.failed)
         served = None
         if best_at is not None:

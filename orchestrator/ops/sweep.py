@@ -30,13 +30,15 @@ from orchestrator.tuning.member import Peers
 @dataclass(frozen=True)
 class SweepResult:
     """Every run of the sweep on one host (finished now or before), the profiles that failed to serve
-    (profile → why), the best profile per concurrency, the Pareto front (throughput vs median ITL)."""
+    (profile → why), the best profile per concurrency, the Pareto front (throughput vs median ITL), and the
+    profile this sweep left the host serving (None: it served none, every run was finished before)."""
 
     points: list[SweepPoint]
     failed: dict[str, str] = field(default_factory=dict)
     best: dict[int, str] = field(default_factory=dict)
     pareto: list[SweepPoint] = field(default_factory=list)
     bands: list[tuple[int, int, str]] = field(default_factory=list)
+    left_serving: str | None = None
 
 
 def run_key(served: Recipe) -> str:
@@ -60,14 +62,17 @@ def sweep(session: HostSession, recipe: Recipe, options: SweepOptions, peers: Pe
     """Run (or finish) the sweep on the session's host; see the module docstring."""
     points: list[SweepPoint] = []
     failed: dict[str, str] = {}
+    left = None
     for name in profile_names(recipe, options):
         try:
-            points += _profile_runs(session, recipe.with_profile(name), name, options, peers)
+            runs, served = _profile_runs(session, recipe.with_profile(name), name, options, peers)
+            points, left = points + runs, name if served else left
         except OrchError as exc:
-            failed[name] = exc.message
+            failed[name], left = exc.message, None  # a failed serve may leave no server, or the one before it
             session.say(f"sweep: {name}: {failed[name]}")
     winners = facts.best(points)
-    return SweepResult(points, failed, winners, facts.pareto(points), facts.bands(options.concurrency, winners))
+    bands = facts.bands(options.concurrency, winners)
+    return SweepResult(points, failed, winners, facts.pareto(points), bands, left)
 
 
 @dataclass(frozen=True)
@@ -97,14 +102,15 @@ def serve_best(
 
 def _profile_runs(
     session: HostSession, served: Recipe, name: str, options: SweepOptions, peers: Peers | None
-) -> list[SweepPoint]:
+) -> tuple[list[SweepPoint], bool]:
+    """The profile's runs (measured now, or finished before), and whether it was served for them."""
     key = run_key(served)
     done = {c: facts.finished(_benchmarks(session), key, name, c) for c in options.concurrency}
     todo = [c for c, record in done.items() if record is None]
     points = [facts.point(r, name, c, resumed=True) for c, r in done.items() if r is not None]
     if not todo:
         session.say(f"sweep: {name}: every concurrency done before, skipped")
-        return points
+        return points, False
     session.say(f"sweep: serving profile {name}")
     serve_op.serve(session, served, ServeOptions(mtp=served.mtp is not None), peers)
     for c in todo:
@@ -113,7 +119,7 @@ def _profile_runs(
         bench_options = BenchOptions(label=label, max_concurrency=c, num_prompts=facts.num_prompts(c))
         run = bench_op.bench(session, served.bench, bench_options, options.bench_timeout)
         points.append(facts.point(run.record, name, c, resumed=False))
-    return sorted(points, key=lambda p: p.concurrency)
+    return sorted(points, key=lambda p: p.concurrency), True
 
 
 def _benchmarks(session: HostSession) -> list[BenchRecord]:

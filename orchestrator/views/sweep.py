@@ -39,7 +39,9 @@ def band_lines(result: SweepResult) -> list[str]:
     return [f"concurrency {a}{f'-{b}' if b != a else ''}: {profile}" for a, b, profile in result.bands]
 
 
-def show(results: FleetResult[SweepResult]) -> None:
+def show(results: FleetResult[SweepResult], then_serve: bool = False) -> None:
+    """Per host the sweep's table, its bands and Pareto front, the profiles not measured, and (without
+    ``--then-serve``, which says what it serves) the profile the sweep left it serving."""
     for result in results.succeeded:
         sweep = result.value
         assert sweep is not None
@@ -56,6 +58,12 @@ def show(results: FleetResult[SweepResult]) -> None:
             render.out.print(f"{name}: Pareto front (throughput vs median ITL): {front or '-'}", markup=False)
         for profile, why in sweep.failed.items():
             render.err.print(f"{name}: profile {profile} was not measured: {why}", markup=False)
+        if sweep.left_serving is not None and not then_serve:
+            render.err.print(
+                f"{name}: left serving profile {sweep.left_serving}, the last one swept: `orch serve --host {name}` "
+                "serves the playbook's own recipe again; `--then-serve BEST@C` serves the best",
+                markup=False,
+            )
 
 
 def served(results: FleetResult[BestServed]) -> None:
@@ -100,6 +108,7 @@ def document(results: FleetResult[SweepResult], served: FleetResult[BestServed] 
             "best": {str(c): profile for c, profile in s.best.items()},
             "pareto": [{"profile": p.profile, "concurrency": p.concurrency} for p in s.pareto],
             "failed": s.failed,
+            "left_serving": s.left_serving,
         }
     for r in served or []:
         hosts[r.host.name]["served"] = served_document(r)

@@ -80,10 +80,12 @@ def test_sweep_survives_a_kill_and_recommends_per_band(make_fleet, tmp_path: Pat
     assert set(doc["best"]) == {"1", "8", "32", "128"}
     assert set(doc["best"].values()) <= {"low-latency", "balanced", "max-throughput"}
     assert doc["pareto"] and doc["failed"] == {}
+    assert doc["left_serving"] == "max-throughput"  # the last profile, not all of whose runs were done before
 
     again = env.orch(*args, "--yes")
     assert again.returncode == 0, again.output
     assert "every concurrency done before, skipped" in again.stderr
+    assert "left serving" not in again.stderr  # it served nothing: the host serves what it served before
     assert "best at concurrency 1" in again.stdout and "Pareto front" in again.stdout
     assert len(sweep_labels(env, host)) == 12
 
