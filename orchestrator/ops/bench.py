@@ -470,11 +470,20 @@ def _metrics(host: Host, runner: Runner, plan: _Plan, ended: jobs.JobInfo) -> tu
         raise _failure(host, runner, ended, f"the benchmark (job {ended.id}) {how}")
     try:
         text = runner.read_bytes(plan.output_file).decode(errors="replace")
-        return facts.parse_jsonl(text), facts.is_simulated(text)
+        metrics = facts.parse_jsonl(text)
     except OSError:
         raise _failure(host, runner, ended, f"the benchmark wrote no output file {plan.output_file}") from None
     except facts.BenchOutputError as exc:
         raise _failure(host, runner, ended, f"{plan.output_file}: {exc}") from None
+    failed = plan.params.num_prompts - metrics.completed  # the benchmark counts a failed request and goes on
+    if failed > 0:
+        raise _failure(host, runner, ended, (
+            f"the benchmark (job {ended.id}) completed {metrics.completed} of the {plan.params.num_prompts} "
+            f"requests asked: {failed} failed (the server's log says why: `orch logs {host.name} server`) or were "
+            "never sent (a dataset with fewer conversations than the prompts asked), so its numbers are not the "
+            f"server's throughput at these settings and are not stored (the result stays in {plan.output_file})"
+        ))  # fmt: skip
+    return metrics, facts.is_simulated(text)
 
 
 def _failure(host: Host, runner: Runner, ended: jobs.JobInfo, what: str) -> RemoteCommandError:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -147,6 +149,31 @@ def test_a_server_stopped_under_a_benchmark_stops_the_benchmark_first_and_its_re
     assert bench.returncode == 3, out + err
     assert f"the benchmark (job {job.id}) was stopped before it finished" in err
     assert hs.benchmarks == [] and job.state == "failed"  # nothing stored as a measurement
+
+
+def test_a_benchmark_whose_server_died_under_it_is_not_stored(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    """SGLang's benchmark counts a failed request and goes on: a server that crashed mid-run left a result of
+    the requests done before, stored as the server's throughput (a regression that was not one)."""
+    env = make_fleet(1)
+    [host] = load_inventory(env.inventory).hosts.values()
+    serve(env)
+    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "bench"]
+    slow = ("--num-prompts", "400", "--output-len", "256", "--max-concurrency", "2")  # minutes, were it whole
+    bench = subprocess.Popen([*argv, "--label", "crashed", *slow], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)  # fmt: skip
+    try:
+        wait_for(lambda: any(j.kind == "bench" for j in StateStore(env.state).read().host(host.name).jobs.values()))
+        (job,) = [j for j in StateStore(env.state).read().hosts[host.name].jobs.values() if j.kind == "bench"]
+        wait_for(lambda: "| 2/400" in Path(job.log).read_text())  # past its warmup: two requests done
+        server = StateStore(env.state).read().hosts[host.name].server
+        assert server is not None
+        os.killpg(int(Path(host.workdir, "jobs", server.job_id, "pid").read_text()), signal.SIGKILL)  # it crashes
+        out, err = bench.communicate(timeout=120)
+    finally:
+        bench.kill()
+    assert bench.returncode == 3, out + err
+    assert re.search(r"completed \d+ of the 400 requests asked: \d+ failed \(the server's log says why", err), err
+    assert StateStore(env.state).read().hosts[host.name].benchmarks == []
 
 
 def wait_for(condition, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]

@@ -186,6 +186,7 @@ def _prompt_tokens(body):
 
 class HttpServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 2048  # the real server's listen backlog (uvicorn's): 128 clients at once are not reset
 
     def __init__(self, app, host, port):
         self.app = app
