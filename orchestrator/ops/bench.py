@@ -143,6 +143,8 @@ def bench(
         pending = _start(host, runner, store, _plan(host, runner, server, spec, options, dataset))
     job_id, plan, attached = pending
     ended = _wait(session, job_id, timeout, attached)
+    if attached:
+        _refuse_another_server(session, server, ended)
     record = _result(session, server, plan, ended)
     records = store.update_host(host.name, lambda hs: _store_result(hs, record, ended))
     baseline = facts.pick_baseline(records, options.baseline)
@@ -187,6 +189,25 @@ def require_server(host: Host, runner: Runner, store: StateStore, doing: str = "
             hint=f"relaunch it with `orch serve --host {host.name}`",
         )
     return server
+
+
+def _refuse_another_server(session: HostSession, server: ServerRecord, ended: jobs.JobInfo) -> None:
+    """A benchmark collected after orch was killed measured an earlier server when the server orch records now
+    started after it (by the host's clock): its numbers are not stored under this server's settings (MTP, FP8
+    backend, tuned shapes). ``RefusedError`` (exit 3), the job recorded as ended."""
+    host, runner = session.host, session.runner
+    try:
+        started = jobs.find(runner, host.workdir, server.job_id).started_at
+    except UsageError:
+        return  # its job files are gone: ``require_server`` said it runs; nothing to compare
+    if started is None or ended.started_at is None or started <= ended.started_at:
+        return
+    session.store.update_host(host.name, lambda hs: _end_job(hs, ended))
+    raise RefusedError(
+        f"{host.name}: benchmark job {ended.id} measured an earlier server: the server orch records now (job "
+        f"{server.job_id}) started after it, so its numbers are not stored as this server's",
+        hint=f"`orch bench --host {host.name}` again measures the server that runs now",
+    )
 
 
 def _job_state(runner: Runner, host: Host, job_id: str) -> str:

@@ -176,6 +176,33 @@ def test_a_benchmark_whose_server_died_under_it_is_not_stored(make_fleet) -> Non
     assert StateStore(env.state).read().hosts[host.name].benchmarks == []
 
 
+def test_a_benchmark_collected_after_its_server_was_replaced_is_not_stored_as_the_new_ones(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    """orch killed under `orch bench`; the benchmark ends; `serve --no-mtp --force` replaces the server; the next
+    `orch bench` collected the old run and stored it with the new server's settings (MTP off)."""
+    env = make_fleet(1)
+    [host] = load_inventory(env.inventory).hosts.values()
+    serve(env)
+    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "bench"]
+    first = subprocess.Popen([*argv, "--label", "first", *SMALL], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(j.kind == "bench" for j in StateStore(env.state).read().host(host.name).jobs.values()))
+    finally:
+        first.kill()  # SIGKILL once the job is recorded: the benchmark itself lives on, detached
+        first.wait()
+    (job,) = [j for j in StateStore(env.state).read().hosts[host.name].jobs.values() if j.kind == "bench"]
+    wait_for(lambda: Path(host.workdir, "jobs", job.id, "exit_code").exists(), 60)  # it ended before the relaunch
+    time.sleep(1.1)  # the next server starts a second later by the host's clock (job times are whole seconds)
+    assert env.orch("serve", "--no-mtp", "--force").returncode == 0
+    collected = env.orch("bench", "--label", "second", *SMALL)
+    assert collected.returncode == 3, collected.output
+    assert f"benchmark job {job.id} measured an earlier server: the server orch records now" in collected.stderr
+    assert StateStore(env.state).read().hosts[host.name].benchmarks == []
+    again = env.orch("bench", "--label", "third", *SMALL)
+    assert again.returncode == 0, again.output
+    (stored,) = StateStore(env.state).read().hosts[host.name].benchmarks
+    assert (stored.label, stored.mtp) == ("third", False)
+
+
 def wait_for(condition, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not condition():
