@@ -107,14 +107,9 @@ def test_bench_of_a_killed_orch_is_collected_not_started_twice(make_fleet) -> No
     env = make_fleet(1)
     [host] = load_inventory(env.inventory).hosts.values()
     serve(env)
-    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "bench"]
-    slow = ("--num-prompts", "12", "--output-len", "256", "--max-concurrency", "2")
-    first = subprocess.Popen([*argv, "--label", "first", *slow], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: any(j.kind == "bench" for j in StateStore(env.state).read().host(host.name).jobs.values()))
-    finally:
-        first.kill()  # SIGKILL once the job is recorded: the benchmark itself lives on, detached
-        first.wait()
+    bench_killed_once_recorded(
+        env, host, "first", "--num-prompts", "12", "--output-len", "256", "--max-concurrency", "2"
+    )
     again = env.orch("bench", "--label", "second", *SMALL)
     assert again.returncode == 0, again.output
     assert f"{host.name}: first: " in again.stdout and "started none" in again.stdout
@@ -182,13 +177,7 @@ def test_a_benchmark_collected_after_its_server_was_replaced_is_not_stored_as_th
     env = make_fleet(1)
     [host] = load_inventory(env.inventory).hosts.values()
     serve(env)
-    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "bench"]
-    first = subprocess.Popen([*argv, "--label", "first", *SMALL], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: any(j.kind == "bench" for j in StateStore(env.state).read().host(host.name).jobs.values()))
-    finally:
-        first.kill()  # SIGKILL once the job is recorded: the benchmark itself lives on, detached
-        first.wait()
+    bench_killed_once_recorded(env, host, "first", *SMALL)
     (job,) = [j for j in StateStore(env.state).read().hosts[host.name].jobs.values() if j.kind == "bench"]
     wait_for(lambda: Path(host.workdir, "jobs", job.id, "exit_code").exists(), 60)  # it ended before the relaunch
     time.sleep(1.1)  # the next server starts a second later by the host's clock (job times are whole seconds)
@@ -201,6 +190,17 @@ def test_a_benchmark_collected_after_its_server_was_replaced_is_not_stored_as_th
     assert again.returncode == 0, again.output
     (stored,) = StateStore(env.state).read().hosts[host.name].benchmarks
     assert (stored.label, stored.mtp) == ("third", False)
+
+
+def bench_killed_once_recorded(env: FleetEnv, host: Host, label: str, *args: str) -> None:
+    """`orch bench --label LABEL ARGS` SIGKILLed once its job is recorded: the benchmark itself lives on, detached."""
+    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "bench"]
+    first = subprocess.Popen([*argv, "--label", label, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(j.kind == "bench" for j in StateStore(env.state).read().host(host.name).jobs.values()))
+    finally:
+        first.kill()
+        first.wait()
 
 
 def wait_for(condition, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
