@@ -218,13 +218,19 @@ AS_ASKED = Outage("as asked (stop-server)", "orch stop-server")
 FAILED_START = Outage("that failed to start", "orch serve (failed start)")
 
 
-def stop_job(session: HostSession, job: jobs.JobInfo, gpus: Sequence[int], drain: float, outage: Outage) -> str:
+def stop_job(
+    session: HostSession, job: jobs.JobInfo, gpus: Sequence[int], drain: float, outage: Outage,
+    listed: Sequence[jobs.JobInfo] | None = None,
+) -> str:  # fmt: skip
     """Say so, stop a server job (drain, then SIGKILL after ``drain`` seconds) and wait until its GPUs
     are free; the session forgets what the stop changed (its jobs, GPUs, the server). A benchmark of orch's
     running on the host measures this server: it is stopped first, saying so (its numbers would mix the server
-    with its stop, and be stored as one server's; stopped, it is not stored)."""
-    session.forget("jobs")  # a benchmark may have started since the session listed the jobs
-    for bench in [j for j in session.jobs() if j.purpose == BENCH_PURPOSE and j.running]:
+    with its stop, and be stored as one server's; stopped, it is not stored). ``listed``: the host's jobs as
+    the caller has just listed them (None: listed here, since a benchmark may have started meanwhile)."""
+    if listed is None:
+        session.forget("jobs")
+        listed = session.jobs()
+    for bench in [j for j in listed if j.purpose == BENCH_PURPOSE and j.running]:
         session.say(f"stopping benchmark job {bench.id} first: it measures server job {job.id}, which stops now")
         jobs.stop(session.runner, bench, grace_seconds=5)
     session.say(f"stopping server job {job.id} {outage.why} (draining up to {drain:.0f} s)")
@@ -255,13 +261,14 @@ def stop_running_server(
     """
     host, store = session.host, session.store
     try:
-        servers = [j for j in jobs.list_jobs(session.runner, host.workdir) if j.purpose == SERVER_PURPOSE]
+        listed = jobs.list_jobs(session.runner, host.workdir)
+        servers = [j for j in listed if j.purpose == SERVER_PURPOSE]
         job = next((j for j in reversed(servers) if j.running), None)
         if job is None:
             _record_unrecorded_stop(session, servers[-1] if servers else None, outage)
             return "lost" if servers and servers[-1].state == "lost" else None
         store.check_writable()  # a stop that could not be recorded must not happen
-        outcome = stop_job(session, job, gpus, drain, of_rank(server, job.id, outage))
+        outcome = stop_job(session, job, gpus, drain, of_rank(server, job.id, outage), listed)
     finally:
         session.forget("jobs", "gpus", "server_info")  # what another orch or a reboot may have changed too
     _record_stop(session, job.id, outage, outcome)

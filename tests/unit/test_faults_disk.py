@@ -204,7 +204,7 @@ def test_a_rank_stopped_for_tuning_is_announced_as_its_groups_outage_without_rea
     session = HostSession(HOST, FakeRunner("b1"), store)
     monkeypatch.setattr(jobs, "list_jobs", lambda runner, workdir: [_server_job(False, "running")])
     said: list[str] = []
-    monkeypatch.setattr(srv, "stop_job", lambda session, job, gpus, drain, outage: said.append(outage.why) or "stopped")
+    monkeypatch.setattr(srv, "stop_job", lambda _s, _j, _g, _d, outage, *_: said.append(outage.why) or "stopped")
     reads: list[object] = []
     real_read = store.read
     monkeypatch.setattr(store, "read", lambda *a, **k: reads.append(a) or real_read(*a, **k))

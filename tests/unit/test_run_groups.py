@@ -212,7 +212,7 @@ def test_the_tune_step_stopping_a_groups_rank_announces_the_groups_outage_from_t
     running = jobs.JobInfo("server-1", "server", 42, "running", None, None, None, 0, False, "/w/jobs/server-1")
     monkeypatch.setattr(jobs, "list_jobs", lambda runner, workdir: [running])
     said: list[str] = []
-    monkeypatch.setattr(srv, "stop_job", lambda session, job, gpus, drain, outage: said.append(outage.why) or "stopped")
+    monkeypatch.setattr(srv, "stop_job", lambda _s, _j, _g, _d, outage, *_: said.append(outage.why) or "stopped")
     failed = FleetResult([HostResult(b2, error=HostError("b2: tuning failed"))])
     monkeypatch.setattr(run_op, "tune_fp8", lambda *args: failed)
     ctx = run_op.RunContext(None, store, {"b2": Recipe(model="m", architecture="a")}, lambda name: None)  # type: ignore[arg-type]

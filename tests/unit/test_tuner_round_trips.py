@@ -162,7 +162,7 @@ def test_tune_fp8_stop_server_announces_a_groups_rank_from_the_record_prepare_re
     running = jobs.JobInfo("server-1", "server", 42, "running", None, None, None, 0, False, "/w/jobs/server-1")
     monkeypatch.setattr(jobs, "list_jobs", lambda runner, workdir: [running])
     said: list[str] = []
-    monkeypatch.setattr(srv, "stop_job", lambda session, job, gpus, drain, outage: said.append(outage.why) or "stopped")
+    monkeypatch.setattr(srv, "stop_job", lambda _s, _j, _g, _d, outage, *_: said.append(outage.why) or "stopped")
     gpus = "\n".join(f"{i}, {DEVICE}, GPU-{i}, 97887, 0, 0, 12.0" for i in range(8))
     runner = FakeRunner("h1").on(("orch-probe",), stdout=framed(answers()))
     runner.on(("timeout", "*", "*", "*", "nvidia-smi", "--query-gpu=*"), stdout=gpus).on(("timeout",), stdout="")
