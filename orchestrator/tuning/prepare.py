@@ -14,10 +14,11 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from orchestrator import jobs
 from orchestrator import server_job as srv
 from orchestrator.errors import ConfigError, RefusedError, RemoteCommandError, UnreachableError
 from orchestrator.facts import git, probe
@@ -258,9 +259,8 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     other = running_plan(store.read([host.name]), host.name) if needed else None
     if other is not None and not (look and other.id == running):  # looking: a lost plan is still recorded
         return Prepared(session, attach=other, server=server)  # another orch planned meanwhile: adopt its plan
-    if needed and not options.allow_busy_gpus and smi.foreign_holders(held_gpus(host, facts)):
-        running_server = session.running_server()  # named in the refusal's hint: --stop-server stops it
-        refuse_busy(host, facts, False, running_server.id if running_server else None)
+    if needed:
+        refuse_busy(host, facts, options.allow_busy_gpus, lambda: _job_id(session.running_server()))
     note = logged.note if logged else None
     costs = tf.Costs(recipe.tuning.tuner_startup_s, recipe.tuning.tuner_unit_s)
     return Prepared(
@@ -446,21 +446,22 @@ def _finished(runner: FileReader, kept: KeptRecord) -> bool:
     return True
 
 
-def held_gpus(host: Host, facts: HostFacts) -> list[smi.Holder]:
-    """The holders of the GPUs to tune on, in the order of those GPUs."""
-    selected = selected_gpus(host, facts)
-    return sorted((h for h in facts.holders if h.gpu in selected), key=lambda h: selected.index(h.gpu))
+def _job_id(job: jobs.JobInfo | None) -> str | None:
+    return job.id if job is not None else None
 
 
-def refuse_busy(host: Host, facts: HostFacts, allow: bool, server: str | None = None) -> None:
+def refuse_busy(host: Host, facts: HostFacts, allow: bool, server: Callable[[], str | None] = lambda: None) -> None:
     """Refuse GPUs held by other processes (``smi.foreign_holders``: every holder of a GPU to tune on),
-    naming each pid and process (``smi.busy_message``), unless ``allow``. ``server``: the job id of orch's
-    server running on the host (None: none runs), which the hint names: ``--stop-server`` stops it."""
-    held = held_gpus(host, facts)
+    naming each pid and process (``smi.busy_message``), unless ``allow``. ``server()``: the job id of orch's
+    server running on the host (None: none runs), which the hint names (``--stop-server`` stops it); asked
+    only when refusing (it may cost a round trip)."""
+    selected = selected_gpus(host, facts)
+    held = sorted((h for h in facts.holders if h.gpu in selected), key=lambda h: selected.index(h.gpu))
     if smi.foreign_holders(held) and not allow:
-        if server is not None:
+        running = server()
+        if running is not None:
             hint = (
-                f"orch's server (job {server}) runs on {host.name}: --stop-server stops it for the tuning, saying "
+                f"orch's server (job {running}) runs on {host.name}: --stop-server stops it for the tuning, saying "
                 "so (`orch serve` serves again after); stop any other process, or pass --allow-busy-gpus"
             )
         else:

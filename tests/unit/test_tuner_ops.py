@@ -152,7 +152,7 @@ def test_busy_gpus_are_refused_naming_pid_and_process() -> None:
     with pytest.raises(RefusedError, match=busy):
         refuse_busy(h, f, allow=False)
     with pytest.raises(RefusedError, match=r"hint: orch's server \(job server-1\) runs on h1: --stop-server stops it"):
-        refuse_busy(h, f, allow=False, server="server-1")
+        refuse_busy(h, f, allow=False, server=lambda: "server-1")
     refuse_busy(h, f, allow=True)
 
 
