@@ -10,7 +10,6 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -19,7 +18,9 @@ from orchestrator.text import find_secret, is_env_name, looks_secret
 from orchestrator.yamlfile import control_character, load_yaml, read_text
 
 DEFAULT_INVENTORY = Path("hosts.yaml")
-MAX_NAME_BYTES = 200  # a file name is at most 255 bytes; orch adds suffixes such as ``.json.bak``
+MAX_NAME_BYTES = 200
+"""The longest host or group name, in UTF-8 bytes: a name labels every table row, log line and metric, and
+one longer than this is a mistake (a pasted key, a path), not a name."""
 _UPSTREAM = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*/[A-Za-z0-9_.][A-Za-z0-9_./-]*$")
 _USER = re.compile(r"^[a-z_][a-z0-9_.-]*\$?$", re.IGNORECASE)
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")
@@ -420,10 +421,10 @@ def _validate_defaults(path: Path, raw: Any) -> dict[str, Any]:
 def _validate_host(path: Path, name: str, spec: Any, defaults: dict[str, Any]) -> Host:
     if not isinstance(spec, dict):
         raise ConfigError(f"{path}: host {name!r}: settings must be a mapping with at least 'address'")
-    if len(quote(name, safe="-_.")) > MAX_NAME_BYTES:
+    if len(name.encode()) > MAX_NAME_BYTES:
         raise ConfigError(
-            f"{path}: host {name[:40]!r}...: the name is too long: orch names files after it, at most "
-            f"{MAX_NAME_BYTES} bytes once percent-encoded (a letter or digit counts 1, a non-ASCII character 6-12)",
+            f"{path}: host {name[:40]!r}...: the name is too long: at most {MAX_NAME_BYTES} bytes in UTF-8 "
+            "(a letter or digit counts 1, a non-ASCII character 2-4); it labels every table, log line and metric",
             hint="use a shorter name (the address stays as it is)",
         )
     try:
@@ -490,7 +491,7 @@ def _validate_group(path: Path, name: str, spec: Any, hosts: dict[str, Host]) ->
             f"{path}: {where}: a host has that name too; a group and a host may not share a name",
             hint="rename the group",
         )
-    if len(quote(name, safe="-_.")) > MAX_NAME_BYTES:
+    if len(name.encode()) > MAX_NAME_BYTES:
         raise ConfigError(f"{path}: group {name[:40]!r}...: the name is too long (at most {MAX_NAME_BYTES} bytes)")
     try:
         group = ReplicaGroup.model_validate({**spec, "name": name})

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import run_command
+from orchestrator.inventory import load_inventory
 
 GOOD = "hosts:\n  h1: {address: 10.0.0.1}\n"
 LOCAL = "defaults: {transport: local, workdir: /nonexistent/orch}\nhosts:\n  a: {address: 127.0.0.1}\n"
@@ -52,8 +53,8 @@ def test_a_playbook_not_in_utf8_is_exit_2_naming_the_file(tmp_path: Path, capsys
     assert f"orch: error: {playbook}: not UTF-8 but UTF-16" in output
 
 
-@pytest.mark.parametrize("name", ["a" * 238, "主机" * 24], ids=["ascii-238", "cjk-48"])
-def test_a_host_name_too_long_for_a_file_name_is_refused_at_the_inventory(
+@pytest.mark.parametrize("name", ["a" * 201, "主机" * 34], ids=["ascii-201", "cjk-68"])
+def test_a_host_name_too_long_is_refused_at_the_inventory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
     inventory = tmp_path / "hosts.yaml"
@@ -61,6 +62,13 @@ def test_a_host_name_too_long_for_a_file_name_is_refused_at_the_inventory(
     code, output = orch(capsys, "-i", str(inventory), "--state", str(tmp_path / "st"), "status")
     assert code == 2, output
     assert f"orch: error: {inventory}: host {name[:40]!r}...: the name is too long" in output
+
+
+def test_a_host_name_of_200_bytes_is_a_name(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    names = ["a" * 200, "主机" * 33]  # 200 and 198 bytes in UTF-8
+    inventory.write_text("hosts:\n" + "".join(f"  {n}: {{address: 10.0.0.{i}}}\n" for i, n in enumerate(names, 1)))
+    assert list(load_inventory(inventory).hosts) == names
 
 
 def test_one_box_under_two_names_is_exit_2_naming_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
