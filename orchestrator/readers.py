@@ -86,6 +86,7 @@ def sglang_info(host: Host, info: git.GitInfo, read_at: datetime | None = None) 
 
 SERVER_PURPOSE = "server"
 BENCH_PURPOSE = "bench"  # ``orch bench``'s jobs: each measures the host's server
+PROFILE_PURPOSE = "profile"  # ``orch profile``'s load: one wave of prompts while the server profiles
 _LOG_CHUNK = 1 << 20
 _LOG_KEEP = 8 << 20  # startup log kept in memory at most (the FP8 lines come early)
 

@@ -38,7 +38,7 @@ from orchestrator.facts import git
 from orchestrator.facts import server as server_facts
 from orchestrator.facts.bench import BenchParams, BenchRecord, BenchTool, ComparisonRow, Dataset
 from orchestrator.inventory import Host
-from orchestrator.readers import BENCH_PURPOSE, read_git
+from orchestrator.readers import BENCH_PURPOSE, PROFILE_PURPOSE, read_git
 from orchestrator.recipe import BenchOptions, BenchSpec
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, JobRecord, JobState, ServerRecord, utc_now
@@ -137,10 +137,14 @@ def bench(
     host, runner, store = session.host, session.runner, session.store
     check_baseline(store, [host], options)
     server = require_server(host, runner, store)
-    pending = _pending(host, runner, store) or _unrecorded(host, runner, store, server)
+    pending = _pending(host, runner, store)
     if pending is None:
-        dataset = dataset or prepare_dataset(session, spec, options)
-        pending = _start(host, runner, store, _plan(host, runner, server, spec, options, dataset))
+        listed = jobs.list_jobs(runner, host.workdir)
+        pending = _unrecorded(host, runner, store, server, listed)
+        if pending is None:
+            _refuse_profiling(host, listed)
+            dataset = dataset or prepare_dataset(session, spec, options)
+            pending = _start(host, runner, store, _plan(host, runner, server, spec, options, dataset))
     job_id, plan, attached = pending
     ended = _wait(session, job_id, timeout, attached)
     if attached:
@@ -377,13 +381,14 @@ def _pending(host: Host, runner: Runner, store: StateStore) -> tuple[str, _Plan,
     return None
 
 
-def _unrecorded(host: Host, runner: Runner, store: StateStore, server: ServerRecord) -> tuple[str, _Plan, bool] | None:
-    """The newest benchmark job on the host that the state does not know (orch was killed between
-    starting it and recording it), running or ended since the server started, with its plan file:
-    recorded now and adopted, so that it is collected instead of a second one started."""
+def _unrecorded(
+    host: Host, runner: Runner, store: StateStore, server: ServerRecord, listed: list[jobs.JobInfo]
+) -> tuple[str, _Plan, bool] | None:
+    """The newest benchmark job on the host (``listed``: its jobs) that the state does not know (orch was
+    killed between starting it and recording it), running or ended since the server started, with its plan
+    file: recorded now and adopted, so that it is collected instead of a second one started."""
     hs = store.read([host.name]).host(host.name)
     collected = {record.job_id for record in hs.benchmarks}
-    listed = jobs.list_jobs(runner, host.workdir)
     served = next((j.started_at for j in listed if j.id == server.job_id), None)  # host clock, as the bench job's
     for info in reversed(listed):
         if info.purpose != PURPOSE or info.id in hs.jobs or info.id in collected:
@@ -395,6 +400,19 @@ def _unrecorded(host: Host, runner: Runner, store: StateStore, server: ServerRec
             _record_job(host, store, info.id, info.pid, plan)
             return info.id, plan, True
     return None
+
+
+def _refuse_profiling(host: Host, listed: list[jobs.JobInfo]) -> None:
+    """A new benchmark does not start while ``orch profile``'s load runs on the host (``listed``: its jobs):
+    the two loads and the profiler would be measured as one (``RefusedError``, nothing started)."""
+    load = next((j for j in listed if j.purpose == PROFILE_PURPOSE and j.running), None)
+    if load is not None:
+        raise RefusedError(
+            f"{host.name}: orch profile's load (job {load.id}) runs on this server: a benchmark now would measure "
+            "both loads and the profiler's cost as this server's throughput",
+            hint=f"benchmark once it has ended (a profile takes about a minute; `orch jobs --host {host.name}`); "
+            "nothing was started",
+        )
 
 
 def _host_plan(runner: Runner, info: jobs.JobInfo) -> _Plan | None:

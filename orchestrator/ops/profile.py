@@ -13,13 +13,19 @@ prefill arriving later in the decode window can end that window early.) If a sta
 appeared when the load has ended and ``SETTLE_S`` more seconds passed, orch asks ``POST /stop_profile``
 (which writes what was recorded, without a stage in the name) and summarises what there is.
 
-Refusals (nothing started): no server launched by orch, or it is not running (as ``orch bench``), or the
-server refuses ``/start_profile`` (a profile already in progress: its message is shown).
+The load is a detached job of orch's (``PROFILE_PURPOSE``, bounded by the run's timeout), so that another orch
+sees it on the host: ``orch bench`` does not start while it runs (``ops.bench``), and a profile does not start
+while orch's benchmark measures the server. Each would add its load to the other's measurement (and the
+profiler slows the server), and both would be stored as if measured alone.
 
-``resume`` (``orch run``'s profile step interrupted after it asked the server to profile): a profile still in
-progress is the one the interrupted run armed. ``/stop_profile`` cannot end a by-stage profile still waiting
-for its first batch (SGLang answers "not in progress"), so one wave of load ends it (its traces go where it
-was asked), and the profile starts again.
+Refusals (nothing started): no server launched by orch, or it is not running (as ``orch bench``); orch's
+benchmark, or an earlier profile's load, runs on the host; the server refuses ``/start_profile`` (a profile
+already in progress: its message is shown).
+
+``resume`` (``orch run``'s profile step interrupted after it asked the server to profile): the interrupted run's
+load, if it still runs, is waited for; a profile still in progress is the one the interrupted run armed.
+``/stop_profile`` cannot end a by-stage profile still waiting for its first batch (SGLang answers "not in
+progress"), so one wave of load ends it (its traces go where it was asked), and the profile starts again.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import shlex
 import time
 from dataclasses import dataclass
 
+from orchestrator import jobs
 from orchestrator.errors import RefusedError, RemoteCommandError
 from orchestrator.facts import bench as bench_facts
 from orchestrator.facts import profile as facts
@@ -37,7 +44,7 @@ from orchestrator.facts.bench import BenchParams
 from orchestrator.facts.profile import ProfileRecord, TraceFile
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
-from orchestrator.readers import http
+from orchestrator.readers import BENCH_PURPOSE, PROFILE_PURPOSE, http
 from orchestrator.recipe import BenchOptions, BenchSpec, ProfileOptions
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord, utc_now
@@ -73,6 +80,10 @@ def profile(session: HostSession, spec: BenchSpec, options: ProfileOptions, resu
     run = f"{utc_now():%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
     directory, prefix = f"{host.workdir.rstrip('/')}/profiles/{run}", f"orch-{run}"
     deadline = time.monotonic() + options.timeout
+    load = _refuse_measuring(host, jobs.list_jobs(runner, host.workdir), resume)
+    if load is not None:
+        session.say(f"{host.name}: waiting for the interrupted run's load (job {load.id}) to end")
+        _wait_load(session, load.id, deadline)
     runner.run(["mkdir", "-p", "-m", "700", "--", directory], check=True)
     body = facts.start_body(directory, options.steps, prefix)
     if not _start(host, runner, url, body, refuse=not resume):
@@ -103,6 +114,26 @@ def _start(host: Host, runner: Runner, url: str, body: dict[str, object], refuse
     return True
 
 
+def _refuse_measuring(host: Host, listed: list[jobs.JobInfo], resume: bool) -> jobs.JobInfo | None:
+    """Refuse (``RefusedError``) when orch's benchmark runs on the host, or an earlier profile's load does
+    (unless ``resume``: then that load, to be waited for)."""
+    bench = next((j for j in listed if j.purpose == BENCH_PURPOSE and j.running), None)
+    if bench is not None:
+        raise RefusedError(
+            f"{host.name}: orch's benchmark (job {bench.id}) is measuring this server: a profile now would add "
+            "its load and the profiler's cost to that measurement, and the benchmark's load to the profile",
+            hint=f"profile once it has ended (`orch jobs --host {host.name}`); nothing was started",
+        )
+    load = next((j for j in listed if j.purpose == PROFILE_PURPOSE and j.running), None)
+    if load is not None and not resume:
+        raise RefusedError(
+            f"{host.name}: an earlier orch profile's load (job {load.id}) still runs on this server",
+            hint=f"it ends by itself within that profile's --timeout (`orch jobs --host {host.name}`), or "
+            f"`orch stop {host.name} {load.id}`; then profile again",
+        )
+    return load
+
+
 def _load_params(spec: BenchSpec) -> BenchParams:
     """The playbook's lengths and concurrency, one wave of prompts (see the module docstring)."""
     return BenchParams(
@@ -123,13 +154,25 @@ def _drive_load(session: HostSession, server: ServerRecord, spec: BenchSpec, out
     argv = bench_facts.bench_argv(host.python, module, address, server.port, params, output, dataset.path)
     seconds = max(1, int(deadline - time.monotonic()))
     session.say(f"{host.name}: load: {params.num_prompts} prompts of {params.input_len} -> {params.output_len} tokens")
-    result = runner.run(["timeout", str(seconds), *argv, "--disable-tqdm"], timeout=seconds + 30)
-    if not result.ok:
-        tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-3:])
+    job = jobs.JobSpec(kind="profile", purpose=PROFILE_PURPOSE, argv=["timeout", str(seconds), *argv, "--disable-tqdm"])
+    ended = _wait_load(session, jobs.start(runner, host.workdir, job).job_id, deadline)
+    if ended.state != "succeeded":
+        tail = " | ".join(jobs.read_tail(runner, ended, max_bytes=2048).strip().splitlines()[-3:])
         raise RemoteCommandError(
-            f"{host.name}: the profiling load failed (exit {result.exit_status}): {tail[:300]}",
-            exit_status=result.exit_status,
+            f"{host.name}: the profiling load (job {ended.id}) {ended.state} (exit {ended.exit_code}): {tail[:300]}",
+            exit_status=ended.exit_code or 1,
         )
+
+
+def _wait_load(session: HostSession, job_id: str, deadline: float) -> jobs.JobInfo:
+    """Load job ``job_id`` once it has ended (its ``timeout`` ends it by ``deadline``; 30 s more are allowed)."""
+    host, runner = session.host, session.runner
+    info = jobs.find(runner, host.workdir, job_id)
+    while info.running and time.monotonic() < deadline + 30:
+        info = jobs.wait(runner, host.workdir, job_id, 1.0)
+    if info.running:
+        raise RemoteCommandError(f"{host.name}: the profiling load (job {job_id}) outlived its timeout", exit_status=1)
+    return info
 
 
 def _wait_for_traces(

@@ -119,6 +119,35 @@ def test_bench_of_a_killed_orch_is_collected_not_started_twice(make_fleet) -> No
     assert len(list(Path(host.workdir, "jobs").glob("bench-*"))) == 1
 
 
+def test_a_profile_and_a_benchmark_never_measure_the_server_at_once(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    """`orch profile` while `orch bench` measured the server (or the other way round): each load, and the profiler's
+    cost, went into the other's numbers, and both were stored as if measured alone."""
+    env = make_fleet(1)
+    [host] = load_inventory(env.inventory).hosts.values()
+    env.fleet.hosts[0].set_knobs(decode_step_seconds=0.05)  # slow decode steps: each load runs for seconds
+    serve(env)
+    bench_killed_once_recorded(env, host, "first", "--num-prompts", "8", "--output-len", "64", "--max-concurrency", "2")
+    refused = env.orch("profile")
+    assert refused.returncode == 3, refused.output
+    assert re.search(rf"{host.name}: orch's benchmark \(job bench-\S+\) is measuring this server", refused.stderr)
+    assert "nothing was started" in refused.stderr and not list(Path(host.workdir, "profiles").glob("*"))
+    assert env.orch("bench").returncode == 0  # collects "first", measured alone
+
+    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "profile"]
+    profile = subprocess.Popen([*argv, "--steps", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: any(Path(host.workdir, "jobs").glob("profile-*")))
+        busy = env.orch("bench", "--label", "beside-a-profile")
+        out, _ = profile.communicate(timeout=120)
+    finally:
+        profile.kill()
+    assert busy.returncode == 3, busy.output
+    assert re.search(rf"{host.name}: orch profile's load \(job profile-\S+\) runs on this server", busy.stderr)
+    assert profile.returncode == 0, out
+    hs = StateStore(env.state).read().hosts[host.name]
+    assert [b.label for b in hs.benchmarks] == ["first"] and len(hs.profiles) == 1
+
+
 def test_a_server_stopped_under_a_benchmark_stops_the_benchmark_first_and_its_result_is_not_stored(make_fleet) -> None:  # type: ignore[no-untyped-def]
     """`serve --force` while `orch bench` measured the server: the server was drained and replaced under the
     benchmark, whose numbers (both servers, and the stop) were stored as the old server's settings."""

@@ -9,9 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 from orchestrator.facts import server as server_facts
 from orchestrator.facts.sweep import stored_points
@@ -176,7 +179,7 @@ def test_run_with_a_sweep_step_survives_a_kill_and_ends_serving_the_best(make_fl
     assert "| GPU time | chosen |" in story and "(simulated)" in story
 
 
-def test_a_profile_step_interrupted_after_arming_the_profiler_resumes(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_profile_step_interrupted_in_its_load_resumes(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     env: FleetEnv = make_fleet(1)
     host = next(iter(load_inventory(env.inventory).hosts.values())).name
     text = small_playbook(tmp_path).read_text()
@@ -186,14 +189,23 @@ def test_a_profile_step_interrupted_after_arming_the_profiler_resumes(make_fleet
     store = StateStore(env.state)
     server = store.read().hosts[host].server
     assert server is not None
-    # what a run killed just after asking the server to profile leaves: the profiler armed, the step running
+    # what a run killed in its load leaves: the profiler recording a decode window that no batch will close
     leftover = tmp_path / "leftover"
-    body = {"output_dir": str(leftover), "num_steps": 2, "activities": ["CPU", "GPU"], "profile_by_stage": True}
+    body = {"output_dir": str(leftover), "num_steps": 200, "activities": ["CPU", "GPU"], "profile_by_stage": True}
     url = server_facts.url(server_facts.argv_address(server.argv), server.port)
-    request = urllib.request.Request(f"{url}/start_profile", json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
-    with urllib.request.urlopen(request, timeout=30) as answer:  # loopback: the simulated host's server
-        assert answer.status == 200
+    few = {"text": "the load cut off", "sampling_params": {"max_new_tokens": 8}}
+
+    def post(path: str, doc: dict[str, object]) -> None:
+        request = urllib.request.Request(f"{url}/{path}", json.dumps(doc).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        urllib.request.urlopen(request, timeout=30).close()  # loopback: the simulated host's server
+
+    post("start_profile", body)
+    post("generate", few)  # its prefill recorded and flushed at its first decode batch; the decode window stays open
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        post("start_profile", body)
+    refused.value.close()
+    assert refused.value.code == 500 and list(leftover.glob("*-EXTEND.trace.json.gz"))  # in progress
     store.update_host(host, lambda hs: hs.progress(str(playbook.resolve())).step_started("profile"))
 
     result = env.orch("run", str(playbook), timeout=600)

@@ -60,3 +60,23 @@ def test_a_second_start_is_refused_and_stop_writes_an_unstaged_trace(tmp_path: P
     (trace,) = tmp_path.iterdir()
     assert trace.name.endswith("-TP-0.trace.json.gz") and not trace.name.startswith("-")
     assert p.stop()[0] is False
+
+
+def test_a_by_stage_profile_waiting_for_its_first_batch_is_replaced_and_one_recording_is_refused(
+    tmp_path: Path,
+) -> None:  # upstream's profile_in_progress: true only while a stage is being recorded
+    p = profiler(tp=1)
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert p.start({"output_dir": str(first), "num_steps": 2, "profile_by_stage": True}) == (True, "Succeeded")
+    assert p.stop() == (False, "Profiling is not in progress. Call /start_profile first.")
+    assert p.start({"output_dir": str(second), "num_steps": 2, "profile_by_stage": True}) == (True, "Succeeded")
+    p.batch("prefill", 64, 0.0)
+    assert p.start({"output_dir": str(first)}) == (False, "Profiling is already in progress. Call /stop_profile first.")
+    for _ in range(3):
+        p.batch("decode", 4, 0.1)  # the first flushes the prefill; the third is past num_steps: stopped before it
+    assert not first.exists()
+    stages = sorted(f.name.rsplit("-", 1)[1] for f in second.iterdir())
+    assert stages == ["DECODE.trace.json.gz", "EXTEND.trace.json.gz"]
+    assert forwards(next(second.glob("*-DECODE.trace.json.gz"))) == ["forward_decode"] * 2
+    p.batch("prefill", 64, 0.0)  # past both windows: nothing more is recorded, and a new profile may start
+    assert p.start({"output_dir": str(first), "num_steps": 1}) == (True, "Succeeded")

@@ -2,7 +2,9 @@
 
 As SGLang 0.5.23's ``SchedulerProfilerManager`` (``managers/scheduler_components/profiler_manager.py``):
 with ``profile_by_stage`` it profiles ``num_steps`` prefill batches (stopped early, "flushed", by the first
-decode batch), then ``num_steps`` decode batches; without it, the next ``num_steps`` batches. Each stop
+decode batch), then ``num_steps`` decode batches; without it, the next ``num_steps`` batches. A profile is "in
+progress" (a second ``/start_profile`` refused, ``/stop_profile`` accepted) only while a stage is being
+recorded: one waiting for its first batch is replaced by the next start. Each stop
 writes ``[<prefix>-]<profile_id>-TP-<r>[-<STAGE>].trace.json.gz`` for every TP rank into ``output_dir``
 (``$SGLANG_TORCH_PROFILER_DIR``, else ``/tmp``), gzip written in place as torch does, and logs
 ``Profiling starts for EXTEND. Traces will be saved to: ...`` / ``Stop profiling-EXTEND...`` /
@@ -81,9 +83,11 @@ class Profiler:
         self.counts = {}
 
     def start(self, body):
-        """``POST /start_profile``: (ok, message) as SGLang's ``ProfileReqOutput``."""
+        """``POST /start_profile``: (ok, message) as SGLang's ``ProfileReqOutput``. Refused only while a stage is
+        being recorded (SGLang's ``profile_in_progress``): a by-stage profile still waiting for its first batch
+        is replaced, as upstream's ``_init_profile`` replaces it."""
         with self.lock:
-            if self.request is not None:
+            if self.recording is not None:
                 return False, "Profiling is already in progress. Call /stop_profile first."
             output_dir = body.get("output_dir") or os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
             self.request = {"dir": Path(output_dir).expanduser(), "steps": body.get("num_steps"),
@@ -95,43 +99,47 @@ class Profiler:
             return True, "Succeeded"
 
     def stop(self):
-        """``POST /stop_profile``: write what is being recorded (no stage in the file name)."""
+        """``POST /stop_profile``: write what is being recorded (no stage in the file name). A by-stage profile
+        keeps its counts, as upstream's: a stage whose first batch has not come yet is still recorded then."""
         with self.lock:
             if self.recording is None:
                 return False, "Profiling is not in progress. Call /start_profile first."
             self._end(stage_name=None)
-            self.request = None
             return True, "Succeeded."
 
     def batch(self, stage, tokens, context_k):
-        """One scheduler batch of ``stage`` ("prefill" or "decode") with ``tokens`` tokens."""
+        """One scheduler batch of ``stage`` ("prefill" or "decode") with ``tokens`` tokens: first upstream's
+        ``_profile_batch_predicate`` (start or stop a recording), then the batch, recorded if one is on."""
         with self.lock:
             if self.request is None:
                 return
             if self.request["by_stage"]:
-                self._by_stage(stage, tokens, context_k)
-            else:
-                self._record(stage, tokens, context_k, "all")
-
-    def _by_stage(self, stage, tokens, context_k):
-        if self.counts[stage] == 0:
+                self._by_stage(stage)
+            elif self.recording == "all" and self.request["steps"] and self.counts["all"] >= self.request["steps"]:
+                self._end(None)
             if self.recording is not None:
-                self._end(STAGE_NAMES[self.recording])  # the first decode batch flushes the prefill trace
-            self._begin(stage)
-        self.counts[stage] += 1
-        if self.recording == stage and self.request["steps"] and self.counts[stage] > self.request["steps"]:
-            self._end(STAGE_NAMES[stage])  # as SGLang: checked before the batch runs, so num_steps batches
-            if stage == "decode":
-                self.request = None
-        elif self.recording == stage:
-            self.batches.append((stage, tokens, context_k))
+                self.batches.append((stage, tokens, context_k))
+                self.counts["all"] += 1
 
-    def _record(self, stage, tokens, context_k, name):
-        self.batches.append((stage, tokens, context_k))
-        self.counts[name] += 1
-        if self.request["steps"] and self.counts[name] >= self.request["steps"]:
-            self._end(None)
-            self.request = None
+    def _by_stage(self, stage):
+        """Upstream's by-stage predicate, line for line: a stage's first batch starts its recording (the first
+        decode batch flushes a prefill recording first); a stage past ``num_steps`` batches stops whatever is
+        being recorded, under that stage's name."""
+        steps = self.request["steps"]
+        if stage == "prefill":
+            if self.counts["prefill"] == 0:
+                self._begin("prefill")  # upstream starts a new torch profiler: what was being recorded is dropped
+            self.counts["prefill"] += 1
+            if self.counts["prefill"] > steps and self.recording is not None:
+                self._end(STAGE_NAMES["prefill"])
+        else:
+            if self.counts["decode"] == 0:
+                if self.recording is not None:
+                    self._end(STAGE_NAMES["prefill"])  # "force trace flush"
+                self._begin("decode")
+            self.counts["decode"] += 1
+            if self.counts["decode"] > steps and self.recording is not None:
+                self._end(STAGE_NAMES["decode"])
 
     def _begin(self, stage):
         suffix = f" for {STAGE_NAMES[stage]}" if stage in STAGE_NAMES else ""
