@@ -10,6 +10,7 @@ import click
 
 from orchestrator.app import App
 from orchestrator.cli.common import pass_app
+from orchestrator.cli.confirm import confirm_or_refuse
 from orchestrator.errors import UsageError, local_disk_error
 from orchestrator.localfile import replace_file
 from orchestrator.views import state as state_view
@@ -55,20 +56,34 @@ def show(app: App, host: str | None, as_json: bool) -> int:
 
 @state.command()
 @click.argument("name")
+@click.option(
+    "--yes",
+    "-y",
+    is_flag=True,
+    help="Do not ask before forgetting measurements or a server (needed without a terminal).",
+)
 @pass_app
-def forget(app: App, name: str) -> int:
+def forget(app: App, name: str, yes: bool) -> int:
     """Delete the record NAME from the state (its jobs, history and benchmarks with it); no host is contacted
     and nothing on a host is stopped. For a record kept aside as NAME@ID once its inventory name pointed at
-    another machine (docs/state.md), when it is no longer needed.
+    another machine (docs/state.md), when it is no longer needed. A record holding what no host can give
+    back (benchmark runs, profiles, a tuning record, a server or jobs orch launched) is forgotten only when
+    confirmed: on a terminal, or with --yes.
 
     \b
     Example:
       orch state forget gpu-1@3f2a9c1e
     """
+    record = app.store.read([name]).hosts.get(name)
+    if record is None:
+        raise UsageError(f"the state has no host {name!r}", hint="`orch state show` lists the hosts it has")
+    lost = state_view.forgotten(record)
+    if lost and not yes:
+        confirm_or_refuse(f"Forget {name}: {lost}?", "or keep a copy first with `orch state export FILE`")
     with app.store.update() as current:
         record = current.hosts.pop(name, None)
         if record is None:
-            raise UsageError(f"the state has no host {name!r}", hint="`orch state show` lists the hosts it has")
+            raise UsageError(f"the state has no host {name!r} (another orch forgot it meanwhile)")
     running = sum(job.state == "running" for job in record.jobs.values())
     click.echo(
         f"forgot {name} ({record.phase.value}, {len(record.jobs)} jobs"

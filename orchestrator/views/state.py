@@ -1,10 +1,10 @@
-"""``orch state show``: the state's documents in one line per host."""
+"""``orch state show``: the state's documents in one line per host; what ``orch state forget`` would lose."""
 
 from __future__ import annotations
 
 import click
 
-from orchestrator.state import State
+from orchestrator.state import HostState, State
 
 
 def summary(state: State) -> None:
@@ -22,3 +22,18 @@ def summary(state: State) -> None:
     rollout = state.rollout
     click.echo("rollout: none" if rollout is None else f"rollout: started {rollout.started_at.isoformat()}"
                + (f", ended {rollout.ended_at.isoformat()}" if rollout.ended_at else ", not ended"))  # fmt: skip
+
+
+def forgotten(hs: HostState) -> str:
+    """What forgetting ``hs`` loses that no host gives back, in words ("" when nothing): its measurements, its
+    tuning record, the record of a server not stopped, and the jobs it records running (left running)."""
+    running = sum(job.state == "running" for job in hs.jobs.values())
+    server = hs.server if hs.server is not None and hs.server.stopped_at is None else None
+    parts = [
+        f"{len(hs.benchmarks)} benchmark runs" if hs.benchmarks else "",
+        f"{len(hs.profiles)} profiles" if hs.profiles else "",
+        "its tuning record" if hs.tuning is not None else "",
+        f"the record of its server (job {server.job_id}, its known-good command)" if server else "",
+        f"{running} jobs it records running on the host (left running)" if running else "",
+    ]
+    return ", ".join(part for part in parts if part)

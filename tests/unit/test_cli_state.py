@@ -52,16 +52,26 @@ def test_state_export_writes_the_whole_state_as_one_json_file(tmp_path: Path, or
     assert json.loads(orch("--state", str(path), "state", "export").stdout) == json.loads(exported.model_dump_json())
 
 
-def test_state_forget_deletes_one_record_and_refuses_an_unknown_name(
+def test_state_forget_asks_before_losing_measurements_deletes_one_record_and_refuses_an_unknown_name(
     tmp_path: Path, orch: Callable[..., OrchRun]
 ) -> None:
     path = a_state(tmp_path)
-    result = orch("--state", str(path), "state", "forget", "blackwell-1")
+    asked = orch("--state", str(path), "state", "forget", "blackwell-1")  # no terminal: refused, nothing lost
+    assert asked.returncode == 2, asked.output
+    assert (
+        "orch: error: Forget blackwell-1: 1 benchmark runs, its tuning record, the record of its server (job server-1, "
+        "its known-good command), 1 jobs it records running on the host (left running): refused without confirmation"
+        in asked.stderr
+    )
+    assert "--yes" in asked.stderr and "orch state export FILE" in asked.stderr
+    assert set(StateStore(path).read().hosts) == {"blackwell-1", "sim-2"}
+    result = orch("--state", str(path), "state", "forget", "blackwell-1", "--yes")
     assert result.returncode == 0, result.output
     assert (
         result.stdout == "forgot blackwell-1 (pulled, 1 jobs, 1 still running on the host, now unknown to this state)\n"
     )
     assert set(StateStore(path).read().hosts) == {"sim-2"}
+    assert orch("--state", str(path), "state", "forget", "sim-2").returncode == 0  # nothing to lose: not asked
     missing = orch("--state", str(path), "state", "forget", "blackwell-1")
     assert missing.returncode == 2
     assert "orch: error: the state has no host 'blackwell-1'" in missing.stderr
