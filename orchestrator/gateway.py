@@ -70,6 +70,10 @@ SMG_LAUNCHER = (
     "args.api_key = (os.environ.get(sys.argv[1]) or None) if sys.argv[1] else None\n"
     "module.launch_router(args)\n"
 )
+NO_GATEWAY_HINT = (
+    'add gateway: {url: http://HOST:PORT} to the inventory (docs/serving.md, "Behind the SGLang Model Gateway")'
+)
+"""What a command that needs the inventory's ``gateway:`` says when there is none."""
 WILDCARDS = ("0.0.0.0", "::", "")
 
 

@@ -7,7 +7,7 @@ import click
 from orchestrator.app import App
 from orchestrator.cli.common import default, finish, pass_app
 from orchestrator.errors import UsageError
-from orchestrator.gateway import GatewayClient
+from orchestrator.gateway import NO_GATEWAY_HINT, GatewayClient
 from orchestrator.ops import group as group_op
 from orchestrator.recipe import ServeOptions
 
@@ -18,7 +18,7 @@ def _client(app: App, command: str) -> GatewayClient:
     if gateway is None:
         raise UsageError(
             f"{command} takes a host out of the gateway: {app.inventory.path} has no 'gateway:'",
-            hint="add gateway: {url: http://HOST:PORT} to the inventory (README: Gateway)",
+            hint=NO_GATEWAY_HINT,
         )
     client = GatewayClient(gateway)
     client.workers()

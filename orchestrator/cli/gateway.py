@@ -12,7 +12,7 @@ from orchestrator.cli import Finite
 from orchestrator.cli.common import F, pass_app
 from orchestrator.cli.confirm import confirm_or_refuse, yes_option
 from orchestrator.errors import ExitCode, HostError, UsageError
-from orchestrator.gateway import GatewayClient, check_fleet
+from orchestrator.gateway import NO_GATEWAY_HINT, GatewayClient, check_fleet
 from orchestrator.inventory import Host
 from orchestrator.jobs import JobInfo
 from orchestrator.ops import gateway as gateway_op
@@ -86,7 +86,7 @@ def rollout_client(app: App, canary: str | None) -> GatewayClient:
     if gateway is None:
         raise UsageError(
             f"--rolling needs the gateway in front of the fleet: {app.inventory.path} has no 'gateway:'",
-            hint="add gateway: {url: http://HOST:PORT} to the inventory (docs/serving.md: the gateway)",
+            hint=NO_GATEWAY_HINT,
         )
     if canary is not None:
         app.select(tags=(canary,))
@@ -161,7 +161,7 @@ def status(app: App, as_json: bool) -> int:
     if config is None:
         raise UsageError(
             f"{app.inventory.path} has no 'gateway:'",
-            hint="add gateway: {url: http://HOST:PORT} to the inventory (docs/serving.md: the gateway)",
+            hint=NO_GATEWAY_HINT,
         )
     if config.host is not None:
         job = _gateway_job(app)

@@ -39,7 +39,7 @@ def gateway_host(inventory: Inventory) -> tuple[Gateway, Host]:
         raise UsageError(
             f"{inventory.path} has {what}: orch does not know where to run the gateway",
             hint="add gateway: {url: http://ADDRESS:PORT, host: HOST, python: /path/to/python-with-sglang-router}"
-            " (docs/serving.md: the gateway)",
+            ' (docs/serving.md, "Behind the SGLang Model Gateway")',
         )
     return gateway, inventory.hosts[gateway.host]  # the loader checked that the host exists
 
