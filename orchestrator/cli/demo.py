@@ -206,10 +206,13 @@ def comparison(before: bench_facts.BenchRecord | None, after: bench_facts.BenchR
 
 def next_steps(root: Path, host: str, kept: bool) -> list[str]:
     """What to try next; with the fleet kept, the line that points orch at it and how to tear it down."""
+    commented = [
+        ("orch status", "every host: phase, commit, server, tuning"),
+        ("orch jobs", "the live jobs and the last few that ended"),
+        (f"orch logs {host} server -f", "the server's log (Ctrl-C stops following)"),
+    ]
     tries = [
-        "  orch status                      # every host: phase, commit, server, tuning",
-        "  orch jobs                        # the live jobs and the last few that ended",
-        f"  orch logs {host} server -f       # the server's log (Ctrl-C stops following)",
+        *(f"  {command:<32} # {comment}" for command, comment in commented),
         f"  orch bench --label again --baseline {TUNED}",
         "  orch report --format html --out /tmp/orch-report",
     ]
