@@ -47,6 +47,8 @@ from orchestrator.transport.base import Runner
 
 PURPOSE = BENCH_PURPOSE
 DEFAULT_TIMEOUT = 3600.0
+MAX_OTHERS = 3
+"""Other orchs' benchmark runs a benchmark collects, one after another, before giving up on starting its own."""
 _LOG_LINES = 15
 _GONE = "its job files are gone"
 _ENDED_STATES: dict[str, JobState] = {"succeeded": "succeeded", "failed": "failed"}
@@ -126,9 +128,12 @@ def bench(
     """Benchmark the host's running server, wait for the result, store it and compare it with earlier runs.
 
     A benchmark orch started earlier and never collected (orch was killed) is waited for or collected
-    instead of starting a new one (``BenchRun.attached``): nothing is started twice. About every second
-    while it runs the session emits a ``BenchProgress`` (requests done, from its tqdm bar in the job log).
-    ``dataset``: what ``prepare_dataset`` found or staged on the host (None: it is called here).
+    instead of starting a new one (``BenchRun.attached``): nothing is started twice. A run found so whose
+    label is not the one this run would have (another orch's ``orch bench``, a sweep's or a gate's run on the
+    same server) is collected and stored under its own label, said, and then the run asked for starts: a
+    sweep or a promotion gate never takes another's numbers for its own (at most ``MAX_OTHERS`` such runs).
+    About every second while it runs the session emits a ``BenchProgress`` (requests done, from its tqdm bar
+    in the job log). ``dataset``: what ``prepare_dataset`` found or staged on the host (None: called here).
 
     Raises ``UsageError`` when no stored run on the host has the ``--baseline`` label (before anything
     runs), ``RefusedError`` when there is no running server or benchmark module, ``RemoteCommandError``
@@ -137,24 +142,44 @@ def bench(
     host, runner, store = session.host, session.runner, session.store
     check_baseline(store, [host], options)
     server = require_server(host, runner, store)
-    pending = _pending(host, runner, store)
-    if pending is None:
-        listed = jobs.list_jobs(runner, host.workdir)
-        pending = _unrecorded(host, runner, store, server, listed)
-        if pending is None:
-            _refuse_profiling(host, listed)
-            dataset = dataset or prepare_dataset(session, spec, options)
-            pending = _start(host, runner, store, _plan(host, runner, server, spec, options, dataset))
-    job_id, plan, attached = pending
-    ended = _wait(session, job_id, timeout, attached)
-    if attached:
-        _refuse_another_server(session, server, ended)
-    record = _result(session, server, plan, ended)
-    records = store.update_host(host.name, lambda hs: _store_result(hs, record, ended))
+    deadline = time.monotonic() + timeout
+    for _ in range(MAX_OTHERS + 1):
+        job_id, plan, attached = _pending(host, runner, store) or _new(session, spec, options, server, dataset)
+        ended = _wait(session, job_id, deadline - time.monotonic(), attached)
+        if attached:
+            _refuse_another_server(session, server, ended)
+        record = _result(session, server, plan, ended)
+        records = store.update_host(host.name, functools.partial(_store_result, record=record, ended=ended))
+        if not attached or plan.label == (options.label or default_label(server, _commit(host, runner, server))):
+            break
+        session.say(
+            f"{host.name}: benchmark job {job_id} was another run ({plan.label!r}): stored under its own label; "
+            "now the run asked for"
+        )
+    else:
+        raise RefusedError(
+            f"{host.name}: {MAX_OTHERS + 1} other benchmark runs one after another; the run asked for did not start",
+            hint=f"another orch keeps benchmarking this host (`orch jobs --host {host.name}`): benchmark once it stops",
+        )
     baseline = facts.pick_baseline(records, options.baseline)
     missing = options.baseline if options.baseline and baseline is None else None
     label = baseline.label if baseline else None
     return BenchRun(record, facts.compare(records, baseline), label, missing, attached)
+
+
+def _new(
+    session: HostSession, spec: BenchSpec, options: BenchOptions, server: ServerRecord, dataset: Dataset | None
+) -> tuple[str, _Plan, bool]:
+    """A benchmark job started on the host, or one found there that the state does not know (``_unrecorded``),
+    unless ``orch profile``'s load runs there (``_refuse_profiling``)."""
+    host, runner, store = session.host, session.runner, session.store
+    listed = jobs.list_jobs(runner, host.workdir)
+    found = _unrecorded(host, runner, store, server, listed)
+    if found is not None:
+        return found
+    _refuse_profiling(host, listed)
+    dataset = dataset or prepare_dataset(session, spec, options)
+    return _start(host, runner, store, _plan(host, runner, server, spec, options, dataset))
 
 
 def check_baseline(store: StateStore, hosts: list[Host], options: BenchOptions) -> None:
@@ -543,7 +568,7 @@ def _end_job(hs: HostState, ended: jobs.JobInfo) -> None:
         job.ended_at = ended.ended_at or utc_now()
 
 
-def _store_result(hs: HostState, record: BenchRecord, ended: jobs.JobInfo) -> list[BenchRecord]:
+def _store_result(hs: HostState, *, record: BenchRecord, ended: jobs.JobInfo) -> list[BenchRecord]:
     _end_job(hs, ended)
     if not any(stored.job_id == record.job_id for stored in hs.benchmarks):  # attached twice: store once
         hs.benchmarks.append(record)

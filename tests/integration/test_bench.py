@@ -103,20 +103,28 @@ def test_bench_refuses_a_host_without_a_running_server(make_fleet) -> None:  # t
     assert all(not hs.benchmarks for hs in StateStore(env.state).read().hosts.values())
 
 
-def test_bench_of_a_killed_orch_is_collected_not_started_twice(make_fleet) -> None:  # type: ignore[no-untyped-def]
+def test_bench_of_a_killed_orch_is_collected_not_started_twice_and_never_taken_for_another_run(make_fleet) -> None:  # type: ignore[no-untyped-def]
     env = make_fleet(1)
     [host] = load_inventory(env.inventory).hosts.values()
     serve(env)
-    bench_killed_once_recorded(
-        env, host, "first", "--num-prompts", "12", "--output-len", "256", "--max-concurrency", "2"
-    )
-    again = env.orch("bench", "--label", "second", *SMALL)
+    slow = ("--num-prompts", "12", "--output-len", "256", "--max-concurrency", "2")
+    bench_killed_once_recorded(env, host, "first", *slow)
+    again = env.orch("bench", "--label", "first", *slow)  # the same command again
     assert again.returncode == 0, again.output
     assert f"{host.name}: first: " in again.stdout and "started none" in again.stdout
     hs = StateStore(env.state).read().hosts[host.name]
     assert [b.label for b in hs.benchmarks] == ["first"]
     assert [j.state for j in hs.jobs.values() if j.kind == "bench"] == ["succeeded"]
     assert len(list(Path(host.workdir, "jobs").glob("bench-*"))) == 1
+
+    # another run (another orch's bench, a sweep's) is collected under its own label, then the run asked for
+    bench_killed_once_recorded(env, host, "theirs", *slow)
+    mine = env.orch("bench", "--label", "mine", *SMALL)
+    assert mine.returncode == 0, mine.output
+    assert re.search(rf"{host.name}: benchmark job bench-\S+ was another run \('theirs'\)", mine.output), mine.output
+    hs = StateStore(env.state).read().hosts[host.name]
+    assert [(b.label, b.params.num_prompts) for b in hs.benchmarks] == [("first", 12), ("theirs", 12), ("mine", 6)]
+    assert len(list(Path(host.workdir, "jobs").glob("bench-*"))) == 3
 
 
 def test_a_profile_and_a_benchmark_never_measure_the_server_at_once(make_fleet) -> None:  # type: ignore[no-untyped-def]
@@ -126,12 +134,13 @@ def test_a_profile_and_a_benchmark_never_measure_the_server_at_once(make_fleet) 
     [host] = load_inventory(env.inventory).hosts.values()
     env.fleet.hosts[0].set_knobs(decode_step_seconds=0.05)  # slow decode steps: each load runs for seconds
     serve(env)
-    bench_killed_once_recorded(env, host, "first", "--num-prompts", "8", "--output-len", "64", "--max-concurrency", "2")
+    few = ("--num-prompts", "8", "--output-len", "64", "--max-concurrency", "2")
+    bench_killed_once_recorded(env, host, "first", *few)
     refused = env.orch("profile")
     assert refused.returncode == 3, refused.output
     assert re.search(rf"{host.name}: orch's benchmark \(job bench-\S+\) is measuring this server", refused.stderr)
     assert "nothing was started" in refused.stderr and not list(Path(host.workdir, "profiles").glob("*"))
-    assert env.orch("bench").returncode == 0  # collects "first", measured alone
+    assert env.orch("bench", "--label", "first", *few).returncode == 0  # collects "first", measured alone
 
     argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "profile"]
     profile = subprocess.Popen([*argv, "--steps", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -226,7 +235,12 @@ def bench_killed_once_recorded(env: FleetEnv, host: Host, label: str, *args: str
     argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "bench"]
     first = subprocess.Popen([*argv, "--label", label, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: any(j.kind == "bench" for j in StateStore(env.state).read().host(host.name).jobs.values()))
+        wait_for(
+            lambda: any(
+                j.kind == "bench" and j.state == "running" and j.meta.get("label") == label
+                for j in StateStore(env.state).read().host(host.name).jobs.values()
+            )
+        )
     finally:
         first.kill()
         first.wait()
