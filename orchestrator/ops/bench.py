@@ -153,7 +153,7 @@ def bench(
         if not attached or plan.label == (options.label or default_label(server, _commit(host, runner, server))):
             break
         session.say(
-            f"{host.name}: benchmark job {job_id} was another run ({plan.label!r}): stored under its own label; "
+            f"benchmark job {job_id} was another run ({plan.label!r}): stored under its own label; "
             "now the run asked for"
         )
     else:
