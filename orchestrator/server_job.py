@@ -30,16 +30,31 @@ from orchestrator.store import StateStore
 from orchestrator.transport.base import Runner
 
 
+class ServedMeanwhile(RefusedError):
+    """Another orch's new server holds the GPUs (it relaunched the server meanwhile): that server serves, so the
+    command refused is not a failure of the host (``orch serve`` records none)."""
+
+
 def refuse_held_gpus(host: Host, holders: Sequence[Holder], ours: str | None, outcome: str) -> None:
     """Refuse when a GPU is held by anything but job ``ours`` (the server about to be replaced);
     ``outcome`` says what became of the running server. The policy and the message's shape are
     ``facts.gpus``' (``foreign_holders``, ``busy_message``), as for ``tune-fp8``.
 
-    Never kills: a process orch did not start is named by pid and name; another orch job is named too.
+    Never kills: a process orch did not start is named by pid and name; another orch job is named too. When
+    the GPUs are held by another server job of orch's alone (another orch relaunched the server meanwhile),
+    it says so: that server serves now.
     """
     others = gpu_facts.foreign_holders(holders, ours)
     if not others:
         return
+    jobs_held = {h.job for h in others}
+    if len(jobs_held) == 1 and all(h.job and h.job.startswith(f"{SERVER_PURPOSE}-") for h in others):
+        raise ServedMeanwhile(
+            f"{host.name}: another orch started server job {others[0].job} meanwhile: it holds the GPUs and serves "
+            f"now; {outcome}",
+            hint=f"`orch status {host.name}` shows what it serves; `orch serve --host {host.name}` again replaces it "
+            "(said first)",
+        )
     raise RefusedError(
         f"{gpu_facts.busy_message(host.name, 'GPU held by another process', others, owners=True)}; {outcome}",
         hint="free the GPU (orch never kills a process it did not start), then serve again",

@@ -320,8 +320,8 @@ def serve(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Pe
         else:
             started = relaunch(session, ready, options)
         result = verify(session, ready.recipe, options, started, ready.gpus.compute_cap)
-    except (StartupFailed, StoppedMeanwhile):
-        raise  # already recorded (and rolled back when asked); a recorded stop wins
+    except (StartupFailed, StoppedMeanwhile, srv.ServedMeanwhile):
+        raise  # already recorded (and rolled back when asked); a recorded stop, or another orch's server, wins
     except HostError as exc:
         mark_host_failed(host, store, str(exc).splitlines()[0])
         raise

@@ -47,6 +47,17 @@ def test_refuse_held_gpus_names_foreign_processes_and_other_jobs_but_allows_ours
     assert "the running server was left untouched" in message and "never kills" in message
 
 
+def test_refuse_held_gpus_says_another_orch_relaunched_when_its_new_server_holds_them() -> None:
+    replacement = [Holder(g, 900, "sglang::scheduler", "server-20261205T065924-c621") for g in range(8)]
+    with pytest.raises(srv.ServedMeanwhile) as refused:  # a RefusedError (exit 3) that serve records no failure for
+        srv.refuse_held_gpus(HOST, replacement, "server-1", "the old server was stopped; nothing was started")
+    assert str(refused.value).splitlines() == [
+        "b1: another orch started server job server-20261205T065924-c621 meanwhile: it holds the GPUs and serves "
+        "now; the old server was stopped; nothing was started",
+        "  hint: `orch status b1` shows what it serves; `orch serve --host b1` again replaces it (said first)",
+    ]
+
+
 def jobs_line(job_id: str, alive: str, code: str, started: datetime) -> str:
     return "\t".join(["job", job_id, "server", "4242", alive, code, str(int(started.timestamp())), "", "10", "0"])
 
