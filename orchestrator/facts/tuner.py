@@ -41,6 +41,7 @@ from orchestrator.tuning_record import LogProgress as LogProgress  # the typed p
 
 TUNER_SCRIPT = "benchmark/kernels/quantization/tuning_block_wise_kernel.py"
 OLD_TUNER_SCRIPT = "benchmark/kernels/quantization/tuning_block_wise_fp8.py"
+JOB_PURPOSE_PREFIX = "tune."  # a tuning job's purpose: ``tune.gpu<N>``, one per GPU of a plan
 REQUIRED_FLAGS = ("--N", "--K", "--batch-sizes", "--save-path", "--out-dtype")
 DEFAULT_BLOCK = (128, 128)  # the tuner's --block-n/--block-k defaults and DeepSeek-V4-Flash's blocks
 CONFIG_MODULES = ("sglang.kernels.ops.gemm.fp8_kernel", "sglang.srt.layers.quantization.fp8_kernel")

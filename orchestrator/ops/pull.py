@@ -1,13 +1,13 @@
 """``orch pull``: fast-forward the host's SGLang checkout to its upstream, or refuse and change nothing.
 
 Refusals (exit 3 for that host, the checkout untouched): tracked files with uncommitted changes, a
-detached HEAD, or a branch that has diverged from upstream. A checkout already at (or ahead of)
-upstream is success. The fast-forward runs under the state lock and is recorded in that transaction:
-when the lock cannot be had (exit 4) the checkout has not moved. Phase becomes ``pulled`` when the
-commit changed, or when the host was new or failed; a serving host whose checkout did not move keeps
-its phase. The session forgets what a pull changes: the checkout (``git``: a fetch alone changes
-the commits behind), and when the commit moved or ``--install`` ran, the SGLang code the server's
-flags and the tuned-config directory are read from.
+detached HEAD, a branch that has diverged from upstream, or a move under orch's running tuning jobs. A
+checkout already at (or ahead of) upstream is success. The fast-forward runs under the state lock and is
+recorded in that transaction: when the lock cannot be had (exit 4) the checkout has not moved. Phase
+becomes ``pulled`` when the commit changed, or when the host was new or failed; a serving host whose
+checkout did not move keeps its phase. The session forgets what a pull changes: the checkout (``git``: a
+fetch alone changes the commits behind), and when the commit moved or ``--install`` ran, the SGLang code
+the server's flags and the tuned-config directory are read from.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from orchestrator import readers
 from orchestrator.errors import RefusedError
 from orchestrator.facts import git
+from orchestrator.facts import tuner as tuner_facts
 from orchestrator.inventory import Host
 from orchestrator.session import HostSession
 from orchestrator.state import HostState
@@ -73,6 +74,8 @@ def pull(session: HostSession, install: bool = False) -> PullResult:
     session.forget("git")  # from the fetch on, the checkout is no longer what was read
     runner.run(git.fetch_argv(host.sglang_dir, host.remote), check=True, timeout=600)
     ahead = _check_not_diverged(host, runner)
+    if ahead == 0:
+        _refuse_under_tuning(session, before)
     result = PullResult(before.commit, before.commit, ahead=ahead, branch=before.branch, upstream=host.upstream)
     _fast_forward(session, result)
     if result.changed:
@@ -113,6 +116,25 @@ def _refuse_unsafe(host: Host, runner: Runner, info: git.GitInfo) -> None:
         raise RefusedError(
             f"{host.name}: {host.sglang_dir} is on a detached HEAD ({info.short}); nothing changed",
             hint=f"check out the branch that follows {host.upstream} (git checkout {host.branch}), then pull again",
+        )
+
+
+def _refuse_under_tuning(session: HostSession, before: git.GitInfo) -> None:
+    """Refuse to move a checkout that orch's tuning jobs run on: each tuner call (one per shape) imports SGLang
+    from it anew, so later calls would tune another commit's kernels, and every config be recorded as tuned for
+    ``before``. A checkout already at upstream moves nothing and is not refused."""
+    host, runner = session.host, session.runner
+    tuning = [job for job in session.jobs() if job.running and job.purpose.startswith(tuner_facts.JOB_PURPOSE_PREFIX)]
+    if not tuning:
+        return
+    behind = int(runner.run(git.count_argv(host.sglang_dir, f"HEAD..{host.upstream}"), check=True).stdout.strip() or 0)
+    if behind:
+        raise RefusedError(
+            f"{host.name}: {len(tuning)} tuning jobs of orch's run on {host.sglang_dir} ({tuning[0].id} ...): moving "
+            f"it {behind} commits now would run their later tuner calls on other code, their configs recorded as "
+            f"tuned for {before.short}; nothing changed",
+            hint=f"pull once they have ended (`orch wait --host {host.name}` follows them and installs their "
+            f"configs), or stop them (`orch stop {host.name} JOB`)",
         )
 
 

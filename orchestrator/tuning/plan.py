@@ -120,7 +120,7 @@ def _assignment(a: tf.Assignment, plan_id: str, members: Sequence[Prepared]) -> 
     runs = [RunRecord.model_validate({"N": r.n, "K": r.k, "batch_sizes": list(r.batch_sizes)}) for r in a.runs]
     staging = f"{workdir.rstrip('/')}/tune/{plan_id}/gpu{a.slot.gpu}"
     return AssignmentRecord(
-        host=a.slot.host, gpu=a.slot.gpu, purpose=f"tune.gpu{a.slot.gpu}", staging=staging, runs=runs
+        host=a.slot.host, gpu=a.slot.gpu, purpose=f"{tf.JOB_PURPOSE_PREFIX}gpu{a.slot.gpu}", staging=staging, runs=runs
     )
 
 

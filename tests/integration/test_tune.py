@@ -124,7 +124,9 @@ def test_tune_fp8_fleet_spreads_units_over_both_hosts_and_installs_the_merged_re
     assert all(sorted(c) == list(DEFAULT_BATCH_SIZES) for c in tuned_files(sim2).values())
 
 
-def test_progress_is_visible_in_status_while_the_jobs_run(tune_fleet: Callable[..., FleetEnv]) -> None:
+def test_progress_is_visible_in_status_while_the_jobs_run_and_pull_does_not_move_the_code_under_them(
+    tune_fleet: Callable[..., FleetEnv],
+) -> None:
     env = tune_fleet(1, seconds_per_unit=3.0)
     two_gpus(env)  # 8 units a job: a host's jobs start together, and progress stays partial for 21 s
     start = env.orch("tune-fp8", *SMALL)
@@ -136,9 +138,19 @@ def test_progress_is_visible_in_status_while_the_jobs_run(tune_fleet: Callable[.
     table = env.orch("status")
     row = next(line for line in table.stdout.splitlines() if host.name in line)
     assert re.search(r"(running|ready-to-install) \d+% \(\d+/16\)", row), row  # the host's own row
+    checkout = ["git", "-C", str(host.sglang_dir), "rev-parse", "HEAD"]
+    tuned_on = subprocess.run(checkout, capture_output=True, text=True, check=True).stdout.strip()
+    moved = env.fleet.add_upstream_commit("Upstream moves while the tuning runs")  # type: ignore[attr-defined]
+    refused = env.orch("pull")  # each tuner call imports the checkout anew: later ones would tune other code
+    assert refused.returncode == 3, refused.output
+    assert f"{host.name}: 2 tuning jobs of orch's run on " in refused.stderr, refused.stderr
+    assert f"their configs recorded as tuned for {tuned_on[:10]}; nothing changed" in refused.stderr
+    assert subprocess.run(checkout, capture_output=True, text=True, check=True).stdout.strip() == tuned_on
     done = env.orch("wait")
     assert done.returncode == 0 and f"{host.name}: installed 2 tuned configs" in done.stdout
     assert tuning_field(env)[host.name]["state"] == "installed"
+    assert env.orch("pull").returncode == 0  # once they have ended
+    assert subprocess.run(checkout, capture_output=True, text=True, check=True).stdout.strip() == moved
 
 
 def one_gpu(env: FleetEnv, gpus: int = 1) -> None:
