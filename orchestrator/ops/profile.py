@@ -23,9 +23,10 @@ benchmark, or an earlier profile's load, runs on the host; the server refuses ``
 already in progress: its message is shown).
 
 ``resume`` (``orch run``'s profile step interrupted after it asked the server to profile): the interrupted run's
-load, if it still runs, is waited for; a profile still in progress is the one the interrupted run armed.
-``/stop_profile`` cannot end a by-stage profile still waiting for its first batch (SGLang answers "not in
-progress"), so one wave of load ends it (its traces go where it was asked), and the profile starts again.
+load, if it still runs, is waited for. A profile it left recording (its load cut off; SGLang refuses a new
+start while a stage is recorded) is ended by one wave of load and ``/stop_profile`` (its traces go where it
+was asked), and the profile starts again; one left waiting for its first batch is replaced by the new start,
+as SGLang replaces it.
 """
 
 from __future__ import annotations
