@@ -667,6 +667,12 @@ def _no_job(runner: Runner, workdir: str, job_id: str) -> UsageError:
     )
 
 
+def running(found: Sequence[JobInfo], purpose_prefix: str) -> list[JobInfo]:
+    """Of the host's jobs ``found`` (in their order), those still running whose purpose starts with
+    ``purpose_prefix`` (``server``, ``bench``, ``tune.``)."""
+    return [j for j in found if j.running and j.purpose.startswith(purpose_prefix)]
+
+
 def latest(jobs: list[JobInfo], purpose_prefix: str = "") -> JobInfo | None:
     matching = [j for j in jobs if j.purpose.startswith(purpose_prefix)]
     return matching[-1] if matching else None

@@ -131,7 +131,7 @@ def server_info(host: Host, runner: Runner, url: str) -> dict[str, Any]:
 
 def server_job(found: Sequence[jobs.JobInfo]) -> jobs.JobInfo | None:
     """Of the host's jobs ``found``, the server job orch launched that still runs, if any."""
-    running = [j for j in found if j.purpose == SERVER_PURPOSE and j.running]
+    running = jobs.running(found, SERVER_PURPOSE)
     return running[-1] if running else None
 
 

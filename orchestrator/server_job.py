@@ -245,7 +245,7 @@ def stop_job(
     if listed is None:
         session.forget("jobs")
         listed = session.jobs()
-    for bench in [j for j in listed if j.purpose == BENCH_PURPOSE and j.running]:
+    for bench in jobs.running(listed, BENCH_PURPOSE):
         session.say(f"stopping benchmark job {bench.id} first: it measures server job {job.id}, which stops now")
         jobs.stop(session.runner, bench, grace_seconds=5)
     session.say(f"stopping server job {job.id} {outage.why} (draining up to {drain:.0f} s)")

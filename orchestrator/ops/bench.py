@@ -430,10 +430,10 @@ def _unrecorded(
 def _refuse_profiling(host: Host, listed: list[jobs.JobInfo]) -> None:
     """A new benchmark does not start while ``orch profile``'s load runs on the host (``listed``: its jobs):
     the two loads and the profiler would be measured as one (``RefusedError``, nothing started)."""
-    load = next((j for j in listed if j.purpose == PROFILE_PURPOSE and j.running), None)
-    if load is not None:
+    loads = jobs.running(listed, PROFILE_PURPOSE)
+    if loads:
         raise RefusedError(
-            f"{host.name}: orch profile's load (job {load.id}) runs on this server: a benchmark now would measure "
+            f"{host.name}: orch profile's load (job {loads[0].id}) runs on this server: a benchmark now would measure "
             "both loads and the profiler's cost as this server's throughput",
             hint=f"benchmark once it has ended (a profile takes about a minute; `orch jobs --host {host.name}`); "
             "nothing was started",

@@ -118,14 +118,14 @@ def _start(host: Host, runner: Runner, url: str, body: dict[str, object], refuse
 def _refuse_measuring(host: Host, listed: list[jobs.JobInfo], resume: bool) -> jobs.JobInfo | None:
     """Refuse (``RefusedError``) when orch's benchmark runs on the host, or an earlier profile's load does
     (unless ``resume``: then that load, to be waited for)."""
-    bench = next((j for j in listed if j.purpose == BENCH_PURPOSE and j.running), None)
-    if bench is not None:
+    benches = jobs.running(listed, BENCH_PURPOSE)
+    if benches:
         raise RefusedError(
-            f"{host.name}: orch's benchmark (job {bench.id}) is measuring this server: a profile now would add "
+            f"{host.name}: orch's benchmark (job {benches[0].id}) is measuring this server: a profile now would add "
             "its load and the profiler's cost to that measurement, and the benchmark's load to the profile",
             hint=f"profile once it has ended (`orch jobs --host {host.name}`); nothing was started",
         )
-    load = next((j for j in listed if j.purpose == PROFILE_PURPOSE and j.running), None)
+    load = next(iter(jobs.running(listed, PROFILE_PURPOSE)), None)
     if load is not None and not resume:
         raise RefusedError(
             f"{host.name}: an earlier orch profile's load (job {load.id}) still runs on this server",

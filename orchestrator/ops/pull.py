@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from orchestrator import readers
+from orchestrator import jobs, readers
 from orchestrator.errors import RefusedError
 from orchestrator.facts import git
 from orchestrator.facts import tuner as tuner_facts
@@ -124,7 +124,7 @@ def _refuse_under_tuning(session: HostSession, before: git.GitInfo) -> None:
     from it anew, so later calls would tune another commit's kernels, and every config be recorded as tuned for
     ``before``. A checkout already at upstream moves nothing and is not refused."""
     host, runner = session.host, session.runner
-    tuning = [job for job in session.jobs() if job.running and job.purpose.startswith(tuner_facts.JOB_PURPOSE_PREFIX)]
+    tuning = jobs.running(session.jobs(), tuner_facts.JOB_PURPOSE_PREFIX)
     if not tuning:
         return
     behind = int(runner.run(git.count_argv(host.sglang_dir, f"HEAD..{host.upstream}"), check=True).stdout.strip() or 0)
