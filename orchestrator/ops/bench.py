@@ -141,13 +141,13 @@ def bench(
     """
     host, runner, store = session.host, session.runner, session.store
     check_baseline(store, [host], options)
-    server = require_server(host, runner, store)
+    server, served = _running_server(host, runner, store, "benchmark")
     deadline = time.monotonic() + timeout
     for _ in range(MAX_OTHERS + 1):
         job_id, plan, attached = _pending(host, runner, store) or _new(session, spec, options, server, dataset)
         ended = _wait(session, job_id, deadline - time.monotonic(), attached)
         if attached:
-            _refuse_another_server(session, server, ended)
+            _refuse_another_server(session, server, served, ended)
         record = _result(session, server, plan, ended)
         records = store.update_host(host.name, functools.partial(_store_result, record=record, ended=ended))
         if not attached or plan.label == (options.label or default_label(server, _commit(host, runner, server))):
@@ -205,30 +205,38 @@ def check_baseline(store: StateStore, hosts: list[Host], options: BenchOptions) 
 def require_server(host: Host, runner: Runner, store: StateStore, doing: str = "benchmark") -> ServerRecord:
     """The server orch launched on the host, checked to be running; else a ``RefusedError`` saying why
     (``doing``: what the server was wanted for, ``no server to <doing>``)."""
+    return _running_server(host, runner, store, doing)[0]
+
+
+def _running_server(host: Host, runner: Runner, store: StateStore, doing: str) -> tuple[ServerRecord, jobs.JobInfo]:
+    """``require_server``'s record, and its job as the host showed it (when it started, by the host's clock)."""
     server = store.read([host.name]).host(host.name).server
     if server is None:
         raise RefusedError(
             f"{host.name}: no server to {doing}: orch has not launched one on this host",
             hint=f"start it with `orch serve --host {host.name}`",
         )
-    state = _job_state(runner, host, server.job_id)
-    if state != "running":
+    try:
+        job: jobs.JobInfo | None = jobs.find(runner, host.workdir, server.job_id)
+    except UsageError:
+        job = None
+    state = job.state if job is not None else _GONE
+    if job is None or state != "running":
         raise RefusedError(
             f"{host.name}: the server orch launched (job {server.job_id}) is not running ({state})",
             hint=f"relaunch it with `orch serve --host {host.name}`",
         )
-    return server
+    return server, job
 
 
-def _refuse_another_server(session: HostSession, server: ServerRecord, ended: jobs.JobInfo) -> None:
+def _refuse_another_server(
+    session: HostSession, server: ServerRecord, served: jobs.JobInfo, ended: jobs.JobInfo
+) -> None:
     """A benchmark collected after orch was killed measured an earlier server when the server orch records now
-    started after it (by the host's clock): its numbers are not stored under this server's settings (MTP, FP8
-    backend, tuned shapes). ``RefusedError`` (exit 3), the job recorded as ended."""
-    host, runner = session.host, session.runner
-    try:
-        started = jobs.find(runner, host.workdir, server.job_id).started_at
-    except UsageError:
-        return  # its job files are gone: ``require_server`` said it runs; nothing to compare
+    (its job ``served``) started after it (by the host's clock): its numbers are not stored under this server's
+    settings (MTP, FP8 backend, tuned shapes). ``RefusedError`` (exit 3), the job recorded as ended."""
+    host = session.host
+    started = served.started_at
     if started is None or ended.started_at is None or started <= ended.started_at:
         return
     session.store.update_host(host.name, lambda hs: _end_job(hs, ended))
