@@ -2,7 +2,7 @@
 
 Exit codes (``orchestrator.errors``, which also states the rule): 0 ok; 1 internal error (traceback
 printed); 2 bad input (command line, hosts.yaml, playbook, a recipe the MTP rules refuse); 3 failed on
-one or more hosts; 4 state file problem; 5 verification failed; 130 interrupted (Ctrl-C); 143 terminated
+one or more hosts; 4 state database problem; 5 verification failed; 130 interrupted (Ctrl-C); 143 terminated
 (SIGTERM).
 """
 

@@ -85,7 +85,7 @@ def bench(
               show_default=True, help="Directory for the report and its charts (created).")  # fmt: skip
 @pass_app
 def report(app: App, fmt: report_op.Format, out_dir: Path) -> int:
-    """Write a fleet report from the state file (no SSH): per host the phase history with durations,
+    """Write a fleet report from the state database (no SSH): per host the phase history with durations,
     tuned shapes, server configuration, benchmark table and a throughput chart (PNG).
 
     \b

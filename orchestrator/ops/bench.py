@@ -475,7 +475,7 @@ def _attached_plan(host: Host, store: StateStore, job_id: str) -> _Plan:
     plan = _Plan.from_meta(job.meta, list(job.argv)) if job else None
     if plan is None:
         raise RefusedError(
-            f"{host.name}: a benchmark this state file does not know is running (job {job_id})",
+            f"{host.name}: a benchmark this state does not record is running (job {job_id})",
             hint=f"wait for it to end, or stop it with `orch stop {host.name} {job_id}`",
         )
     return plan

@@ -1,4 +1,4 @@
-"""``orch report``: a per-fleet report in Markdown or HTML, from the state file alone (no SSH).
+"""``orch report``: a per-fleet report in Markdown or HTML, from the state database alone (no SSH).
 
 Per host: the phase history with how long each phase lasted (so how long tuning and the relaunch
 took), the tuned shapes (installed by ``orch tune-fp8``, and whether the server reads them), the
@@ -100,14 +100,14 @@ NO_CHARTS = "Charts left out: matplotlib is not installed (`pip install 'orch[re
 
 
 def build(state: State, source: str, now: datetime | None = None) -> Report:
-    """The report of every host in ``state`` (``source`` names the state file in the text)."""
+    """The report of every host in ``state`` (``source`` names the state database in the text)."""
     when = now or utc_now()
     return Report(when, source, [host_report(name, hs, when) for name, hs in state.hosts.items()])
 
 
 def host_report(name: str, hs: HostState, now: datetime) -> HostReport:
     spans = phase_spans(hs.history)
-    records = list(hs.benchmarks)  # oldest first, validated when the state file was read
+    records = list(hs.benchmarks)  # oldest first, validated when the state was read
     return HostReport(
         name=name,
         phase=hs.phase.value,
@@ -374,7 +374,7 @@ def render_markdown(report: Report) -> str:
     source = _md_code(report.source)
     lines = ["# orch report", "", f"Generated {fmt_time(report.generated_at)} UTC from {source}.", ""]
     if not report.hosts:
-        lines.append("No host in the state file yet.")
+        lines.append("No host in the state yet.")
     lines += _md_table(["host", "phase", "SGLang", "latest benchmark"], [_summary(h) for h in report.hosts])
     if report.charts_left_out:
         lines += ["", report.charts_left_out]
@@ -486,7 +486,7 @@ def render_html(report: Report) -> str:
     generated = f"Generated {fmt_time(report.generated_at)} UTC from <code>{_h(report.source)}</code>."
     body = [f"<h1>orch report</h1><p>{generated}</p>"]
     if not report.hosts:
-        body.append("<p>No host in the state file yet.</p>")
+        body.append("<p>No host in the state yet.</p>")
     body.append(_html_table(["host", "phase", "SGLang", "latest benchmark"], [_summary(h) for h in report.hosts]))
     if report.charts_left_out:
         body.append(f"<p>{_h(report.charts_left_out)}</p>")

@@ -488,7 +488,7 @@ def read_replacement_facts(session: HostSession) -> replacement.HostFacts:
 
 _ADOPTED = "started with this command by a serve that was cut off before verifying it"
 _FOUND = (
-    "already runs this command, commit and tuned configs, started by a serve this state file does not "
+    "already runs this command, commit and tuned configs, started by a serve this state does not "
     "record (another controller, or a lost state directory)"
 )
 

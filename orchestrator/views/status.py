@@ -235,7 +235,7 @@ def _server_cell(v: HostStatus, now: datetime | None = None) -> str:
     commits = _commits(s)
     line = f"healthy, {mtp}, {len(s['tuned_shapes_in_use'])} tuned shapes, up {uptime}, job {s['job']}"
     if s.get("recorded") is False:
-        line += " (not in this state file: started by another controller or state directory)"
+        line += " (not recorded in this state database: started by another controller or state directory)"
     line = f"{line}; {commits}" if commits else line
     return f"{line}; resolved: {s['resolved']}" if s.get("resolved") else line
 
@@ -326,7 +326,7 @@ def _server_short(v: HostStatus, now: datetime) -> str:
     accept = f" {s['accept_length']:.2f}" if s.get("accept_length") is not None else " on"
     up = s.get("uptime_s") or 0
     uptime = f"{up // 3600}h" if up >= 3600 else f"{up // 60}m"
-    unrecorded = " (not in this state file)" if s.get("recorded") is False else ""
+    unrecorded = " (not recorded in this state database)" if s.get("recorded") is False else ""
     return f"healthy, MTP{accept if s['mtp'] else ' off'}, up {uptime}{unrecorded}"
 
 
