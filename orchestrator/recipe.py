@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.errors import ConfigError
 from orchestrator.text import find_secret, is_env_name, looks_secret
@@ -21,6 +21,28 @@ from orchestrator.tuning_record import Shape as Shape  # the one shape type, re-
 from orchestrator.yamlfile import control_character, load_yaml, read_text
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+MAX_BATCH_SIZE = 65536
+"""The largest batch size (the GEMM's M, in tokens) orch tunes. SGLang reads the tuned config whose M is nearest
+a batch's, and its batches are far smaller (prefills run in chunks of ``--chunked-prefill-size`` tokens, a few
+thousand by default): a larger M's config would never be read, and tuning it keeps a GPU busy for nothing (a
+typo's extra zeros, most often)."""
+
+
+def check_batch_size(m: int) -> int:
+    """``m`` when it is a batch size orch tunes, else a ``ValueError`` saying why."""
+    if m < 1:
+        raise ValueError(f"{m} is not a batch size: a batch holds 1 token or more")
+    if m > MAX_BATCH_SIZE:
+        raise ValueError(
+            f"{m} is larger than {MAX_BATCH_SIZE}, the largest batch size orch tunes: SGLang's batches are far "
+            "smaller (prefill chunks of --chunked-prefill-size tokens), so it would never read that config"
+        )
+    return m
+
+
+BatchSizes = Annotated[list[Annotated[int, AfterValidator(check_batch_size)]], AfterValidator(lambda m: sorted(set(m)))]
+"""Batch sizes to tune, in order and each once (what ``--batch-sizes 8,1,8`` makes too: a size given twice is
+tuned once)."""
 DEFAULT_RECIPE = "deepseek-v4-flash"
 DEFAULT_HEALTH_TIMEOUT = 1200.0
 # The shipped playbooks: package data in an installed wheel; in a checkout the symlink
@@ -65,7 +87,7 @@ class MultiNodeSpec(_Strict):
 
 class TuningSpec(_Strict):
     shapes: list[Shape] = Field(default_factory=list)
-    batch_sizes: list[int] = Field(default_factory=lambda: list(DEFAULT_BATCH_SIZES), min_length=1)
+    batch_sizes: BatchSizes = Field(default_factory=lambda: list(DEFAULT_BATCH_SIZES), min_length=1)
     fleet: bool = False  # spread units over every GPU of hosts with the same GPU and SGLang commit
     # What the schedule counts (estimates for one GPU; only their ratio changes the plan): the seconds one
     # tuner call spends before its first unit (imports, CUDA init, its spawned worker's imports), and
@@ -109,8 +131,8 @@ class TuneOptions(_Strict):
         "the shapes the host's last --fp8-gemm-backend triton server logged as 'Config file not found' for its GPU; "
         "or 'N=1024,K=4096;N=4096,K=2048'.",
     )
-    batch_sizes: list[int] | None = Field(  # an empty list would install empty configs
-        None, min_length=1, description="Batch sizes to tune (default: the recipe's, 18 sizes 1..4096)."
+    batch_sizes: BatchSizes | None = Field(  # an empty list would install empty configs
+        None, min_length=1, description="Batch sizes to tune, 1..65536 (default: the recipe's, 18 sizes 1..4096)."
     )
     fleet: bool | None = Field(  # None: as the recipe says
         None, description="Spread the work over every GPU of hosts with the same GPU and SGLang commit."

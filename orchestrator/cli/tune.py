@@ -12,7 +12,7 @@ from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.errors import UsageError
 from orchestrator.fleet import FleetResult
-from orchestrator.recipe import TuneOptions, parse_shapes
+from orchestrator.recipe import TuneOptions, check_batch_size, parse_shapes
 from orchestrator.tuning.commands import tune_fp8 as tune_fp8_op
 from orchestrator.tuning.commands import wait_tuning as wait_tuning_op
 from orchestrator.tuning.progress import TuneStatus
@@ -103,7 +103,10 @@ def parse_batch_sizes(text: str | None) -> list[int] | None:
     bad = [p for p in parts if not p.isdigit() or int(p) == 0]
     if bad or not parts:
         raise UsageError(f"--batch-sizes: {bad[0] if bad else text!r} is not a positive integer (e.g. 1,2,4,8)")
-    return sorted({int(p) for p in parts})
+    try:
+        return sorted({check_batch_size(int(p)) for p in parts})
+    except ValueError as exc:
+        raise UsageError(f"--batch-sizes: {exc}") from None
 
 
 def report(results: FleetResult[TuneStatus], wait: bool = True) -> int:

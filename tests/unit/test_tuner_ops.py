@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -19,7 +20,7 @@ from orchestrator.facts import server as server_facts
 from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.ops.status import HostStatus
-from orchestrator.recipe import DEFAULT_BATCH_SIZES, Recipe, parse_shapes
+from orchestrator.recipe import DEFAULT_BATCH_SIZES, MAX_BATCH_SIZE, Recipe, load_recipe, parse_shapes
 from orchestrator.session import HostSession
 from orchestrator.state import State
 from orchestrator.store import StateStore
@@ -411,6 +412,32 @@ def test_parse_batch_sizes(text: str | None, expected: list[int] | None) -> None
 def test_parse_batch_sizes_names_the_bad_part(text: str, bad: str) -> None:
     with pytest.raises(UsageError, match=f"--batch-sizes: {bad} is not a positive integer"):
         tune_cli.parse_batch_sizes(text)
+
+
+def test_a_batch_size_sglang_would_never_read_is_refused_with_why() -> None:
+    assert tune_cli.parse_batch_sizes(f"1,{MAX_BATCH_SIZE}") == [1, MAX_BATCH_SIZE]
+    with pytest.raises(UsageError, match=f"--batch-sizes: 40960000 is larger than {MAX_BATCH_SIZE}, .*never read"):
+        tune_cli.parse_batch_sizes("1,40960000")
+
+
+@pytest.mark.parametrize(
+    ("sizes", "expected"),
+    [([8, 1, 8], "[1, 8]"), ([0], "0 is not a batch size"), ([-3], "-3 is not a batch size"),
+     ([4, 10**20], f"is larger than {MAX_BATCH_SIZE}"), ([], "at least 1 item")],
+)  # fmt: skip
+def test_a_playbooks_batch_sizes_are_checked_as_the_flags_are(tmp_path: Path, sizes: list[int], expected: str) -> None:
+    """The recipe's ``tuning.batch_sizes`` and a ``tune-fp8`` step's ``batch_sizes`` (once it accepted 0 and -3,
+    which the tuner ran)."""
+    path = tmp_path / "p.yaml"
+    for text in (f"tuning: {{batch_sizes: {sizes}}}\n", f"steps: [{{tune-fp8: {{batch_sizes: {sizes}}}}}]\n"):
+        path.write_text("model: M\narchitecture: A\n" + text)
+        if expected.startswith("["):
+            recipe = load_recipe(path)
+            step = recipe.steps[0].options if recipe.steps else None
+            assert str(step.batch_sizes if step else recipe.tuning.batch_sizes) == expected
+        else:
+            with pytest.raises(ConfigError, match="key '.*batch_sizes.*" + re.escape(expected)):
+                load_recipe(path)
 
 
 def test_check_shapes_accepts_keywords_and_lists_and_names_a_bad_part() -> None:
