@@ -103,6 +103,11 @@ class FleetEnv:
     def orch(self, *args: str, timeout: float = 180) -> OrchRun:
         return run_orch("-i", str(self.inventory), "--state", str(self.state), *args, timeout=timeout)
 
+    def argv(self) -> list[str]:
+        """The command line of an orch on this fleet, for a test that runs it as a process of its own (to
+        signal or kill it): a fresh ``python -m orchestrator``, never forked from the test's server."""
+        return [sys.executable, "-m", "orchestrator", "-i", str(self.inventory), "--state", str(self.state)]
+
 
 TEST_STUCK_AFTER_S = 30.0
 """``tuning.stuck_after_s`` of the playbooks beside a test fleet's inventory (``write_fleet_inventory``)."""

@@ -142,7 +142,7 @@ def test_a_profile_and_a_benchmark_never_measure_the_server_at_once(make_fleet) 
     assert "nothing was started" in refused.stderr and not list(Path(host.workdir, "profiles").glob("*"))
     assert env.orch("bench", "--label", "first", *few).returncode == 0  # collects "first", measured alone
 
-    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "profile"]
+    argv = [*env.argv(), "profile"]
     profile = subprocess.Popen([*argv, "--steps", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: any(Path(host.workdir, "jobs").glob("profile-*")))
@@ -163,7 +163,7 @@ def test_a_server_stopped_under_a_benchmark_stops_the_benchmark_first_and_its_re
     env = make_fleet(1)
     [host] = load_inventory(env.inventory).hosts.values()
     serve(env)
-    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "bench"]
+    argv = [*env.argv(), "bench"]
     slow = ("--num-prompts", "400", "--output-len", "256", "--max-concurrency", "2")  # minutes: cut well before
     bench = subprocess.Popen(
         [*argv, "--label", "cut", *slow], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -190,7 +190,7 @@ def test_a_benchmark_whose_server_died_under_it_is_not_stored(make_fleet) -> Non
     env = make_fleet(1)
     [host] = load_inventory(env.inventory).hosts.values()
     serve(env)
-    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "bench"]
+    argv = [*env.argv(), "bench"]
     slow = ("--num-prompts", "400", "--output-len", "256", "--max-concurrency", "2")  # minutes, were it whole
     bench = subprocess.Popen([*argv, "--label", "crashed", *slow], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)  # fmt: skip
@@ -232,7 +232,7 @@ def test_a_benchmark_collected_after_its_server_was_replaced_is_not_stored_as_th
 
 def bench_killed_once_recorded(env: FleetEnv, host: Host, label: str, *args: str) -> None:
     """`orch bench --label LABEL ARGS` SIGKILLed once its job is recorded: the benchmark itself lives on, detached."""
-    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "bench"]
+    argv = [*env.argv(), "bench"]
     first = subprocess.Popen([*argv, "--label", label, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(

@@ -23,7 +23,7 @@ FAST = {"tune_seconds_per_unit": 0.05, "startup_seconds": 0.3}
 
 
 def orch_argv(env: FleetEnv, *args: str) -> list[str]:
-    return [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), *args]
+    return [*env.argv(), *args]
 
 
 def job_dirs(workdir: Path, prefix: str = "") -> list[Path]:

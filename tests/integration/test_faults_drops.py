@@ -23,7 +23,7 @@ SLOW_START = {"startup_seconds": 6, "decode_step_seconds": 0.001}
 
 
 def serve_process(env: FleetEnv) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "serve"]
+    cmd = [*env.argv(), "serve"]
     process_env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=process_env
@@ -157,7 +157,7 @@ def session_commands(sim: Any) -> list[int]:
 
 
 def orch_process(env: FleetEnv, *args: str) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), *args]
+    cmd = [*env.argv(), *args]
     process_env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=process_env

@@ -28,7 +28,7 @@ MEASURE = (
 
 def orch_rss(env: FleetEnv, *args: str) -> tuple[int, str, int]:
     """Exit code, output and peak RSS in bytes of one orch command."""
-    cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), *args]
+    cmd = [*env.argv(), *args]
     run = subprocess.run(
         [sys.executable, "-c", MEASURE, *cmd],
         stdout=subprocess.PIPE,

@@ -4,7 +4,6 @@ nothing twice; killed between starting a job and recording it, the re-run adopts
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -78,7 +77,7 @@ def test_run_killed_at_seeded_moments_beside_a_group_tunes_serves_and_benchmarks
 
 def _orch(env: FleetEnv, *args: str) -> subprocess.Popen[bytes]:
     """orch ``args`` in the background, its output in ``_orch_log(env)`` (what a failure then shows)."""
-    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), *args]
+    argv = [*env.argv(), *args]
     with _orch_log(env).open("wb") as log:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 

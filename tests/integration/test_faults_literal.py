@@ -7,7 +7,6 @@ path cut at the newline, not the one written in hosts.yaml.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -46,7 +45,7 @@ def hostile(canary: str) -> str:
 
 
 def orch_base(env: FleetEnv) -> list[str]:
-    return [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state)]
+    return env.argv()
 
 
 def argv_of(pid: int) -> list[bytes]:

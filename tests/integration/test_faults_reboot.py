@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -303,7 +302,7 @@ def test_two_tuning_reruns_at_once_straight_after_a_reboot_start_one_new_plan(
     first = job_dirs(host)
 
     host.set_knobs(tune_seconds_per_unit=0.02)
-    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state)]
+    argv = env.argv()
     both = [
         subprocess.Popen(
             [*argv, "tune-fp8", *SMALL, "--wait"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +49,7 @@ def test_bench_killed_before_recording_its_job_is_adopted_not_started_again(make
     env = make_fleet(1)
     [host] = load_inventory(env.inventory).hosts.values()
     assert env.orch("serve").returncode == 0
-    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "bench"]
+    argv = [*env.argv(), "bench"]
     holder = hold_state_lock(env.state)  # the job starts, then its record waits for the lock: the window, held open
     try:
         workload = SMALL if ended else SLOW

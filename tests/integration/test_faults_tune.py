@@ -4,7 +4,6 @@ plan, every (shape, batch size) unit tuned once, neither stopping the other's jo
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ def test_two_tune_fp8_at_once_share_one_plan(make_fleet: Callable[..., FleetEnv]
     for sim in env.fleet.hosts:  # type: ignore[attr-defined]
         sim.set_knobs(tune_seconds_per_unit=0.1)
     [host] = load_inventory(env.inventory).hosts.values()
-    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state)]
+    argv = env.argv()
     both = [
         subprocess.Popen(
             [*argv, "tune-fp8", *ARGS, "--wait"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

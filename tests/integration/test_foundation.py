@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -226,7 +225,7 @@ def test_concurrent_orch_runs_lose_no_state_update(make_fleet) -> None:  # type:
     env = make_fleet(2)
     a, b = (h.name for h in env.fleet.hosts)
     env.fleet.add_upstream_commit("Both")
-    base = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state)]
+    base = env.argv()
     commands = [["pull", "--host", a], ["pull", "--host", b], *[["status", "--host", n] for n in (a, b, a, b)]]
     procs = [subprocess.Popen([*base, *c], stdout=subprocess.PIPE, stderr=subprocess.PIPE) for c in commands]
     assert [p.wait(timeout=120) for p in procs] == [0] * 6

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -63,7 +62,7 @@ def test_an_interrupted_run_only_serve_resumes_by_adopting_its_servers_without_a
     assert first.returncode == 0, first.output
     for host in env.fleet.hosts:
         host.set_knobs(startup_seconds=5)  # the next servers start slowly: run is killed in their health wait
-    cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), "run"]
+    cmd = [*env.argv(), "run"]
     run = subprocess.Popen([*cmd, "--only", "serve", "--yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     kill_when(run, lambda: all(purposes(h)["server"] == 2 for h in env.fleet.hosts))  # in the health wait
     started = {j["id"] for j in server_jobs(env)}

@@ -52,7 +52,7 @@ def test_sweep_survives_a_kill_and_recommends_per_band(make_fleet, tmp_path: Pat
     assert refused.returncode == 2
     assert f"{host}: serving now; a sweep relaunches the server once per profile" in refused.stderr
 
-    cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state), *args, "--yes"]
+    cmd = [*env.argv(), *args, "--yes"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
     try:
         while len(sweep_labels(env, host)) < 2 and proc.poll() is None:

@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -209,7 +208,7 @@ def test_orch_killed_during_wait_then_rerun_attaches_without_duplicate_jobs(
 ) -> None:
     env = tune_fleet(1, seconds_per_unit=0.3)
     host = env.fleet.hosts[0]  # type: ignore[attr-defined]
-    argv = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state)]
+    argv = env.argv()
     first = subprocess.Popen(
         [*argv, "tune-fp8", *SMALL, "--wait"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )

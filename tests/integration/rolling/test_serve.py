@@ -10,7 +10,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -143,7 +142,7 @@ def test_sigterm_mid_rollout_says_how_to_resume_and_gateway_status_flags_the_hos
     old = server_job(env, "sim-1")
     log_from = gateway_fleet.smg.log.stat().st_size
     new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
-    cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "--state", str(env.state)]
+    cmd = env.argv()
     serve = subprocess.Popen(
         [*cmd, "serve", "--rolling", "--playbook", new], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
