@@ -96,10 +96,11 @@ def serve(
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
         if dry_run:
-            plan = lambda s: dry_run_lines(s, chosen[s.name], options, ranks.get(s.name))  # noqa: E731
+            peers = app.peers(fleet)
+            plan = lambda s: dry_run_lines(s, chosen[s.name], options, ranks.get(s.name), peers)  # noqa: E731
             plans = fleet.map_sessions(plan, lambda: app.store)
             serve_view.plans(plans)
-            refuses = any(r.value and r.value[0].startswith("(refuses") for r in plans.succeeded)
+            refuses = any(line.startswith("(refuses") for r in plans.succeeded for line in r.value or [])
             return finish(plans) or (ExitCode.HOSTS_FAILED if refuses else 0)  # exits as serve would
 
         # its own session (the question may wait long); another machine's record never asks to take serving down
@@ -125,11 +126,13 @@ def serve_host(
     return group_op.serve(session, recipe, options, rank, peers)
 
 
-def dry_run_lines(session: HostSession, recipe: Recipe, options: ServeOptions, rank: group_op.Rank | None) -> list[str]:
-    """A host's lines of ``serve --dry-run``: its rank's command when it is in a replica group."""
+def dry_run_lines(
+    session: HostSession, recipe: Recipe, options: ServeOptions, rank: group_op.Rank | None, peers: Peers
+) -> list[str]:
+    """A host's lines of ``serve --dry-run``: its rank's, what serving its group would do, in a replica group."""
     if rank is None:
         return serve_op.dry_run(session, recipe, options)
-    return group_op.dry_run(session, recipe, options, rank)
+    return group_op.dry_run(session, recipe, options, rank, peers)
 
 
 def profiled(chosen: dict[str, Recipe], name: str, mtp: bool) -> tuple[dict[str, Recipe], bool]:

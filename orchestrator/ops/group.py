@@ -2,7 +2,8 @@
 
 A group is one server: selecting any of its hosts selects all of them. Its recipe must fit it
 (``facts.group.group_problems``) and a multi-node recipe needs a group: both are exit 2 before any host is
-contacted. ``serve --dry-run`` shows each rank's command, checked against that host's own SGLang.
+contacted. ``serve --dry-run`` shows each rank's command, checked against that host's own SGLang, and what
+``serve`` would do with the group (``dry_run``: the server it would stop on each host, said as serve says it).
 
 ``serve`` on a group (``serve``, run on rank 0's session, the other ranks' sessions from the fleet):
 
@@ -62,6 +63,7 @@ from orchestrator.state import HostState, Phase, ServerRecord
 from orchestrator.store import StateStore
 from orchestrator.transport.base import shell_command
 from orchestrator.tuning.member import Peers
+from orchestrator.tuning.progress import tuning_status
 
 T = TypeVar("T")
 
@@ -136,9 +138,9 @@ def refuse_not_built(found: Mapping[str, Rank], what: str, hint: str) -> None:
         raise UsageError(message, hint=hint)
 
 
-def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank) -> list[str]:
-    """One rank's part of ``serve --dry-run``: where it stands in its group and its command with its
-    launch environment, the flags checked against this host's own SGLang (RefusedError otherwise)."""
+def rank_command(session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank) -> list[str]:
+    """Where ``rank`` stands in its group and its command with its launch environment, the flags checked
+    against this host's own SGLang (RefusedError otherwise): the lines ``orch run --dry-run`` shows."""
     plan = rank.plan
     single = check_launch(session, forced_recipe(recipe, options), options.mtp)
     argv = facts.rank_argv(single, plan, rank.rank)
@@ -152,6 +154,58 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions, rank: R
         f"(group {plan.group}: rank {rank.rank} of {plan.nodes}, {role}; the ranks meet at {plan.dist_init_addr})",
         f"$ {shell_command(argv, env=plan.env or None)}",
     ]
+
+
+def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank, peers: Peers) -> list[str]:
+    """``rank``'s lines of ``serve --dry-run``: its place and command (``rank_command``), then what ``serve``
+    would do with the group now, read from every rank's host as ``serve`` reads them, touching nothing:
+    wait for a rank's tuning, leave a group serving as asked alone, re-attach to a cut-off serve's ranks,
+    refuse (a rank that cannot start here, ranks that would launch different arguments), or stop this
+    host's running server (one outage with the group's others) and start the rank."""
+    plan = rank.plan
+    place, command = rank_command(session, recipe, options, rank)
+    sessions = group_sessions(session, plan.hosts, peers)
+    if options.wait_tuning:
+        tuning = [(s.name, tuning_status(s)) for s in sessions]
+        waits = [f"{name} {st.state} at {st.percent:.0f}%" for name, st in tuning if st.state in _TUNING_WAITED]
+        if waits:
+            return [place, f"(waits for tuning ({', '.join(waits)}), then decides)", command]
+        failed = [f"{name}: {st.reason}" for name, st in tuning if st.state == "failed"]
+        if failed and not options.use_installed_configs:
+            return [place, f"(refuses: FP8 tuning failed ({'; '.join(failed)}); --use-installed-configs serves anyway)"]
+    ranks = looked_ranks(session, recipe, options, plan, peers)
+    try:
+        refuse_disagreeing(plan, ranks)
+    except RefusedError as exc:
+        return [place, f"(refuses: {exc.message.split(': ', 1)[1]})", command]
+    mine = ranks[rank.rank]
+    if not options.force and already_serving(plan, ranks, options) is not None:
+        job = mine.ready.old.id if mine.ready.old is not None else "?"
+        return [place, f"(already serving as asked (job {job}): nothing to do; --force relaunches)", command]
+    adopted = None if options.force else adoptable(plan, ranks, recorded(ranks))
+    if adopted is not None:
+        cut = "a serve of the group cut off before verifying it"
+        if mine.name in adopted:
+            what = f"re-attaches to server job {adopted[mine.name]}, started by {cut}"
+        else:
+            what = f"starts this rank, joining the ranks started by {cut}"
+        return [place, f"({what}; verifies the group; --force relaunches)", command]
+    blocked = {r.name: serve_op.replacement_obstacles(r.session, r.ready.recipe, r.ready.gpus, r.ready.old)
+               for r in ranks}  # fmt: skip
+    if blocked[mine.name]:
+        return [place, f"(refuses: the new rank cannot start here: {'; '.join(map(str, blocked[mine.name]))})", command]
+    others = [name for name, obstacles in blocked.items() if obstacles]
+    if others:
+        return [place, f"(refuses: {', '.join(others)} cannot start its rank: the group is not touched)", command]
+    lines = [place, *(f"WARNING: {w}" for w in mine.ready.warnings)]
+    if mine.ready.old is not None:
+        outage = _outage(plan, "to relaunch the group with the new command", srv.FOR_RELAUNCH.by)
+        lines.append(f"(stops server job {mine.ready.old.id} {outage.why})")
+    return [*lines, command]
+
+
+_TUNING_WAITED = ("running", "ready-to-install")
+"""The tuning states a serve waits out before it decides (``ops.serve.preflight``'s tuning gate)."""
 
 
 # --- serve on a group ----------------------------------------------------------------------------------------

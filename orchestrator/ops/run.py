@@ -588,7 +588,7 @@ def check_launch(ctx: RunContext, session: HostSession, options: ServeOptions) -
     if rank is None:
         serve_op.check_launch(session, ctx.recipe(session.host), options.mtp)
     else:
-        group_op.dry_run(session, ctx.recipe(session.host), options, rank)
+        group_op.rank_command(session, ctx.recipe(session.host), options, rank)
 
 
 def _refuse_drained(ctx: RunContext, session: HostSession, steps: list[Step]) -> None:
@@ -962,7 +962,7 @@ def _dry_group_step(session: HostSession, recipe: Recipe, step: Step, redo: bool
     if isinstance(step.options, ServeOptions):
         options = serve_options(session, recipe, step, redo, rank)
         said = f"(group {plan.group} relaunched unless it serves as asked: each host's server stopped first)"
-        return [f"  {line}" for line in [said, *group_op.dry_run(session, recipe, options, rank)]]
+        return [f"  {line}" for line in [said, *group_op.rank_command(session, recipe, options, rank)]]
     if rank.rank:
         return [f"  (once for group {plan.group}, on rank 0: {plan.hosts[0]})"]
     commands, _stops = _dry_step(session, recipe, step)

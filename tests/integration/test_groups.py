@@ -95,11 +95,11 @@ def test_dry_run_of_one_rank_shows_every_rank_of_its_group(env: FleetEnv) -> Non
     assert rank1[0] == f"(group pro-1: rank 1 of 2, rank 0 is sim-2; the ranks meet at {address}:20000)"
     tail = f"--nnodes 2 --node-rank {{}} --dist-init-addr {address}:20000"
     for rank, lines in enumerate((rank0, rank1)):
-        command = lines[1]
+        command = lines[-1]
         assert command.startswith("$ env NCCL_SOCKET_IFNAME=lo GLOO_SOCKET_IFNAME=lo ")
         assert command.endswith(tail.format(rank))
         assert "--pp-size 2" in command and "--tp-size 8" in command and "--speculative-num-steps 3" in command
-    assert " --port " in rank0[1] and " --port " not in rank1[1]
+    assert " --port " in rank0[-1] and " --port " not in rank1[-1]
 
 
 def test_dry_run_of_the_fleet_shows_a_single_host_beside_the_group(env: FleetEnv) -> None:
@@ -198,6 +198,14 @@ def test_serving_a_group_that_serves_as_asked_leaves_it_alone(env: FleetEnv, sim
     (job,) = before["sim-2"]
     assert f"sim-2: already serving as asked (job {job}); --force relaunches" in again.stdout.splitlines()
     assert "stopping" not in again.stderr
+    # the dry run says what serve does with the group: nothing now, and with --force each rank's stop, as
+    # serve says it (it once showed the commands alone, as if no server ran on the group's hosts)
+    for flags, said in (((), "(already serving as asked (job {}): nothing to do; --force relaunches)"),
+                        (("--force",), "(stops server job {} to relaunch the group with the new command (group "
+                                       "pro-1: sim-2, sim-3, one outage))")):  # fmt: skip
+        plan = host_lines(env.orch("serve", "--dry-run", "--host", "sim-3", *flags).stdout)
+        assert {name: lines[1] for name, lines in plan.items()} == {n: said.format(before[n][0]) for n in plan}
+    assert running_servers(env) == before
     assert running_servers(env) == before
 
 
