@@ -74,7 +74,12 @@ def serve_report(host: Host, r: serve_op.ServeResult) -> None:
     for reason, keys in _fallbacks(r.shapes).items():
         render.out.print(f"  fell back to defaults: {', '.join(keys)}: {reason}", markup=False)
     untuned = [s for s in r.shapes if not s.in_use and s.path]
-    if untuned:
+    behind = [name for name, shapes in r.rank_shapes.items() if any(not s.in_use and s.path for s in shapes)]
+    if behind:  # a replica group: each rank looks up its own layers' shapes, on its own host
+        hosts = " ".join(f"--host {name}" for name in behind)
+        line = f"  tune them: orch tune-fp8 {hosts} --shapes logged (each host what its rank logged)"
+        render.out.print(line, markup=False)
+    elif untuned:
         shapes = ";".join(s.key for s in untuned)
         render.out.print(f"  tune them: orch tune-fp8 --host {host.name} --shapes '{shapes}'", markup=False)
     for rank, (name, rank_shapes) in enumerate(r.rank_shapes.items()):

@@ -385,6 +385,8 @@ def test_each_host_of_a_group_tunes_what_its_own_rank_logged_and_each_ranks_conf
     assert looked_up.startswith("on Triton's defaults (no tuned file): N=")
     assert rank_configs(first.stdout, 1, "sim-3") == looked_up  # rank 1's own log: the same layers' shapes
     keys = sorted(looked_up.split(": ", 1)[1].split(", "))
+    hint = "  tune them: orch tune-fp8 --host sim-2 --host sim-3 --shapes logged (each host what its rank logged)"
+    assert hint in first.stdout.splitlines()  # what follows (it named rank 0's host alone, with rank 0's shapes)
     rank1_job = StateStore(env.state).read().hosts["sim-3"].server.job_id  # type: ignore[union-attr]
     stopped = env.orch("stop-server", "--host", "sim-2")
     assert stopped.returncode == 0, stopped.output
