@@ -11,7 +11,9 @@ from orchestrator.app import App
 from orchestrator.cli import Finite, complete
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.errors import ExitCode, UsageError
+from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
+from orchestrator.ops import group as group_op
 from orchestrator.ops import report as report_op
 from orchestrator.recipe import BenchOptions
 from orchestrator.views.bench import ProgressLines, show_comparisons
@@ -53,14 +55,14 @@ def bench(
     table compares every run on the host with a baseline and marks a run whose workload differs from
     the baseline's. Progress (requests done) goes to stderr as it runs.
     An unknown --baseline label, or a --dataset that is not a ShareGPT-format JSON, is refused (exit 2)
-    before anything runs.
+    before anything runs. A host of a replica group stands for its group: it is benchmarked on rank 0.
 
     \b
     Example:
       orch bench --label before-tuning --dataset ShareGPT_V3_unfiltered_cleaned_split.json
       orch bench --host blackwell-1 --label tuned+mtp --baseline before-tuning
     """
-    selected = app.select(hosts, tags)
+    selected = measured_hosts(app, hosts, tags, "benchmarked")
     specs = {name: recipe.bench for name, recipe in app.recipes(selected, playbook).items()}
     bench_op.check_baseline(app.store, selected, options)
     if options.dataset is not None:
@@ -103,3 +105,14 @@ def report(app: App, fmt: report_op.Format, out_dir: Path) -> int:
     if not report_op.has_matplotlib():
         render.err.print(report_op.NO_CHARTS, markup=False)
     return int(ExitCode.OK)
+
+
+def measured_hosts(app: App, hosts: tuple[str, ...], tags: tuple[str, ...], measured: str) -> list[Host]:
+    """The hosts a benchmark or a profile measures: those selected, a replica group's other ranks standing
+    for its rank 0 (the one serving HTTP), said when they were named (``measured``: what is done there)."""
+    selected = app.select(hosts, tags)
+    if hosts or tags:
+        for name, group in group_op.stand_ins(app.inventory, selected).items():
+            said = f"{name}: its replica group {group.name} serves on rank 0: {measured} on {group.hosts[0]}"
+            render.err.print(said, markup=False)
+    return group_op.rank0s(app.inventory, selected)

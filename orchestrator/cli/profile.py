@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from orchestrator.app import App
+from orchestrator.cli.bench import measured_hosts
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.ops import profile as profile_op
 from orchestrator.recipe import ProfileOptions
@@ -34,14 +35,15 @@ def profile(
     rank and stage, kept under the host's workdir/profiles/) and sums their GPU kernels: total GPU
     time, the share of attention, MoE, dense GEMM, communication and other (per stage and in all),
     and the top 15 kernels. Each run is stored; `orch report` shows them side by side. Numbers from
-    the simulated fleet are labelled simulated.
+    the simulated fleet are labelled simulated. A host of a replica group stands for its group: rank 0
+    is profiled.
 
     \b
     Example:
       orch profile --host blackwell-1
       orch profile --steps 10 --label after-tuning --json
     """
-    selected = app.select(hosts, tags)
+    selected = measured_hosts(app, hosts, tags, "profiled")
     specs = {name: recipe.bench for name, recipe in app.recipes(selected, playbook).items()}
     with app.fleet(selected, parallel) as fleet:
         if not as_json:

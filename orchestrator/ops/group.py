@@ -93,6 +93,13 @@ def rank0s(inventory: Inventory, selected: list[Host]) -> list[Host]:
     return [h for h in inventory.hosts.values() if h.name in names]
 
 
+def stand_ins(inventory: Inventory, selected: list[Host]) -> dict[str, ReplicaGroup]:
+    """The hosts of ``selected`` that serve no HTTP (a rank other than 0 of a replica group), each with its
+    group, whose rank 0 serves for it (``rank0s``): what a benchmark or a profile measures in its place."""
+    found = {h.name: inventory.group_of(h.name) for h in selected}
+    return {name: group for name, group in found.items() if group is not None and group.hosts[0] != name}
+
+
 def ranks(inventory: Inventory, hosts: list[Host], chosen: Mapping[str, Recipe]) -> dict[str, Rank]:
     """Each grouped host's rank, for every host of the groups of ``hosts`` (hosts outside every group:
     none). ``ConfigError`` (exit 2) when a group's

@@ -209,6 +209,27 @@ def test_serving_a_group_that_serves_as_asked_leaves_it_alone(env: FleetEnv, sim
     assert running_servers(env) == before
 
 
+def test_bench_and_profile_of_a_rank_measure_the_group_on_rank_0(env: FleetEnv, sims: object) -> None:
+    """Rank 1 serves no HTTP: its benchmark ran against its own port, where nothing listens (exit 3, a
+    traceback from SGLang's benchmark), and its profile failed with a hint about a profile in progress."""
+    assert env.orch("serve", "--yes").returncode == 0  # sim-1 alone and the group, as the module left them
+    said = "sim-3: its replica group pro-1 serves on rank 0: {} on sim-2"
+    bench = env.orch("bench", "--host", "sim-3", "--label", "group", "--num-prompts", "4")
+    assert bench.returncode == 0, bench.output
+    assert said.format("benchmarked") in bench.stderr.splitlines()
+    profile = env.orch("profile", "--host", "sim-3", "--steps", "1", "--label", "group")
+    assert profile.returncode == 0, profile.output
+    assert said.format("profiled") in profile.stderr.splitlines()
+    state = StateStore(env.state).read()
+    assert [r.label for r in state.hosts["sim-2"].benchmarks][-1:] == ["group"]
+    assert [p.label for p in state.hosts["sim-2"].profiles][-1:] == ["group"]
+    assert not any(r.label == "group" for r in state.hosts["sim-3"].benchmarks)
+    fleet = env.orch("bench", "--label", "fleet", "--num-prompts", "4")  # every host: the group once, on rank 0
+    assert fleet.returncode == 0, fleet.output
+    assert "serves on rank 0" not in fleet.stderr  # nobody named sim-3: nothing to explain
+    assert {line.split(":")[0] for line in fleet.stdout.splitlines() if ": fleet: " in line} == {"sim-1", "sim-2"}
+
+
 def test_serve_after_one_cut_off_past_the_launch_adopts_the_ranks_it_started(env: FleetEnv, sims: dict) -> None:
     sims["sim-2"].set_knobs(startup_seconds=8)
     serve = orch_process(env, "serve", "--host", "sim-2", "--force")
