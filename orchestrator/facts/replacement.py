@@ -10,7 +10,9 @@ the new server crashes, and a rollback crashes the same way). So before any stop
 - ``port``: who listens on the server port (``/proc/net/tcp{,6}``, each listener's pid, session and name);
 - ``workdir``: orch's workdir (or the directory it will be made in) writable, and its free space (``df``);
 - ``sglang``: where ``host.python`` imports ``sglang`` from (an editable install of ``sglang_dir``) and
-  its version.
+  its version;
+- ``net``: the host's network interfaces (``/sys/class/net``), which a replica group's rank names to NCCL
+  and Gloo (checked only then).
 
 The GPUs come from the nvidia-smi query serve already makes (``Needs.shown_gpus``). ``parse`` reads the
 answer into ``HostFacts``; ``problems`` says what stands in the way, each with its fix. Pure: the
@@ -20,7 +22,7 @@ session runs it (``ops.serve.check_replacement``).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +102,7 @@ def sections(model_path: str, port: int, workdir: str, python: str, sglang_dir: 
         ("port", listeners_argv(port)),
         ("workdir", ["timeout", "-k", "2", str(MODEL_TIMEOUT), "sh", "-c", _WORKDIR, "orch-workdir", workdir]),
         ("sglang", sglang_argv(python, sglang_dir)),
+        ("net", ["ls", "-1", "/sys/class/net"]),
     ]
 
 
@@ -182,6 +185,7 @@ class HostFacts:
     workdir_error: str = ""
     free_kib: int | None = None
     sglang: SGLangImport = field(default_factory=SGLangImport)
+    interfaces: tuple[str, ...] | None = None  # the network interfaces (None: not listed; checked for groups only)
     unanswered: tuple[str, ...] = ()  # sections that failed or timed out, with why
 
 
@@ -202,8 +206,11 @@ def parse(stdout: str) -> HostFacts:
             unanswered.append(f"{name}: exit {section.exit_status}: {_last(section.output)}")
             continue
         lines[name] = [line.split(" ", 3) for line in section.output.splitlines() if line.strip()]
+    net = found.get("net")
+    interfaces = tuple(line.strip() for line in net.output.splitlines() if line.strip()) if net and net.ok else None
     return HostFacts(**_model(lines.get("model")), **_port(lines.get("port")), **_workdir(lines.get("workdir")),
-                     sglang=_sglang(lines.get("sglang")), unanswered=tuple(unanswered))  # fmt: skip
+                     sglang=_sglang(lines.get("sglang")), interfaces=interfaces or None,
+                     unanswered=tuple(unanswered))  # fmt: skip
 
 
 def _last(text: str) -> str:
@@ -292,6 +299,7 @@ class Needs:
     own_session: int | None = None
     architecture: str | None = None  # the recipe's, which config.json's architectures must name
     min_free_mib: int = MIN_FREE_MIB
+    interface_env: Mapping[str, str] = field(default_factory=dict)  # a group's rank: NCCL_SOCKET_IFNAME=...
 
 
 @dataclass(frozen=True)
@@ -314,6 +322,7 @@ def problems(found: HostFacts, needs: Needs) -> list[Obstacle]:
         *_port_problems(found, needs),
         *_workdir_problems(found, needs),
         *_sglang_problems(found.sglang, needs),
+        *_interface_problems(found, needs),
     ]
 
 
@@ -393,6 +402,34 @@ def _sglang_problems(found: SGLangImport, needs: Needs) -> list[Obstacle]:
             Obstacle(f"{needs.python} imports sglang from {found.file}, not from {want} (sglang_dir)", fix, "sglang")
         ]
     return []
+
+
+def _interface_problems(found: HostFacts, needs: Needs) -> list[Obstacle]:
+    """A replica group's rank meets the others over the interface its launch environment names
+    (``Needs.interface_env``): NCCL takes name prefixes (``ens1f0``), ``=name`` for one exact name and
+    ``^a,b`` to exclude; Gloo takes exact names. A name the host lacks fails the rank as it starts."""
+    if not needs.interface_env:
+        return []
+    fix = f"set the `network_interface` of {needs.host}'s group in hosts.yaml to one of its interfaces"
+    if found.interfaces is None:
+        return [Obstacle("could not list the host's network interfaces (/sys/class/net)", fix, "net")]
+    have, missing, variables = found.interfaces, [], []
+    for variable, value in needs.interface_env.items():
+        names = value.removeprefix("=").split(",")
+        if variable.startswith("GLOO"):  # Gloo: exact names, each one a device
+            lacking = [name for name in value.split(",") if name not in have]
+        elif value.startswith("^"):  # NCCL: every interface but these
+            lacking = []
+        elif value.startswith("="):  # NCCL: exact names, any of them
+            lacking = [] if any(name in have for name in names) else names
+        else:  # NCCL: name prefixes, any of them
+            lacking = [] if any(i.startswith(name) for name in names for i in have) else names
+        missing += [name for name in lacking if name not in missing]
+        variables += [variable] if lacking else []
+    if not missing:
+        return []
+    what = f"no network interface {', '.join(missing)} for {', '.join(variables)} (the host has {', '.join(have)})"
+    return [Obstacle(f"{what}: the rank would fail to start", fix, "net")]
 
 
 _UNANSWERED_FIX = {

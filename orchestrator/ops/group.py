@@ -197,8 +197,8 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions, rank: R
         else:
             what = f"starts this rank, joining the ranks started by {cut}"
         return [place, f"({what}; verifies the group; --force relaunches)", command]
-    blocked = {r.name: serve_op.replacement_obstacles(r.session, r.ready.recipe, r.ready.gpus, r.ready.old)
-               for r in ranks}  # fmt: skip
+    blocked = {r.name: serve_op.replacement_obstacles(r.session, r.ready.recipe, r.ready.gpus, r.ready.old,
+                                                      r.ready.env) for r in ranks}  # fmt: skip
     if blocked[mine.name]:
         return [place, f"(refuses: the new rank cannot start here: {'; '.join(map(str, blocked[mine.name]))})", command]
     others = [name for name, obstacles in blocked.items() if obstacles]
@@ -328,7 +328,7 @@ def looked_ranks(
     ranks = []
     for i, s in enumerate(group_sessions(session, plan.hosts, peers)):
         ready = serve_op.decide(s, forced, options, check_launch(s, forced, options.mtp))
-        ready.argv = facts.rank_argv(ready.argv, plan, i)
+        ready.argv, ready.env = facts.rank_argv(ready.argv, plan, i), dict(plan.env)
         ranks.append(RankReady(s, i, ready))
     return ranks
 
@@ -337,7 +337,7 @@ def prepare(session: HostSession, recipe: Recipe, options: ServeOptions, plan: f
     """One rank's preflight as on one host, its command made its rank's and checked against its host's
     own SGLang (RefusedError otherwise, nothing touched)."""
     ready = serve_op.preflight(session, recipe, options)
-    ready.argv = facts.rank_argv(ready.argv, plan, rank)
+    ready.argv, ready.env = facts.rank_argv(ready.argv, plan, rank), dict(plan.env)
     flags = session.server_surface().flags
     problems = server_facts.check_flags(server_facts.split_entrypoint(ready.argv)[1], flags)
     if problems:

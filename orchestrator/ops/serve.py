@@ -342,6 +342,7 @@ class Preflight:
     recipe: Recipe
     commit: str = ""
     configs: dict[str, float] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # a replica group's rank: its interface variables
 
 
 def preflight(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Peers | None = None) -> Preflight:
@@ -425,7 +426,7 @@ def check_replacement(session: HostSession, ready: Preflight) -> None:
     The host is read now, never from what an earlier step cached: a server may have ended since on its own
     (a group's rank 0 ends when another rank is stopped for tuning), and its old listener is not in the way."""
     session.forget("replacement")
-    obstacles = replacement_obstacles(session, ready.recipe, ready.gpus, ready.old)
+    obstacles = replacement_obstacles(session, ready.recipe, ready.gpus, ready.old, ready.env)
     if not obstacles:
         return
     outcome = _UNTOUCHED if ready.old is not None else "nothing was started"
@@ -435,12 +436,17 @@ def check_replacement(session: HostSession, ready: Preflight) -> None:
 
 
 def replacement_obstacles(
-    session: HostSession, recipe: Recipe, gpus: readers.GpuInfo, old: jobs.JobInfo | None
+    session: HostSession,
+    recipe: Recipe,
+    gpus: readers.GpuInfo,
+    old: jobs.JobInfo | None,
+    env: Mapping[str, str] | None = None,
 ) -> list[replacement.Obstacle]:
     """What stands in the way of the new server (``facts.replacement``): the model's files, the GPUs the
     server needs against those nvidia-smi shows, the port (free, or held by orch's running server), the
-    workdir (writable, with room for a job) and the SGLang the host's python imports. One round trip,
-    asked once per session until a stop or a pull forgets it."""
+    workdir (writable, with room for a job), the SGLang the host's python imports and, for a replica
+    group's rank, the network interfaces its launch environment (``env``) names. One round trip, asked
+    once per session until a stop or a pull forgets it."""
     host = session.host
     found = session.fact("replacement", lambda: read_replacement_facts(session))
     needs = replacement.Needs(
@@ -454,6 +460,7 @@ def replacement_obstacles(
         gpus=facts.needed_gpus(recipe),
         shown_gpus=gpus.shown,
         own_session=old.pid if old is not None else None,
+        interface_env=dict(env or {}),
     )
     return replacement.unanswered_problems(found) + replacement.problems(found, needs)
 

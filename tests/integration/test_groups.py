@@ -230,6 +230,30 @@ def test_bench_and_profile_of_a_rank_measure_the_group_on_rank_0(env: FleetEnv, 
     assert {line.split(":")[0] for line in fleet.stdout.splitlines() if ": fleet: " in line} == {"sim-1", "sim-2"}
 
 
+def test_a_network_interface_a_host_lacks_is_refused_before_any_server_stops(env: FleetEnv, sims: object) -> None:
+    """A typo in the group's ``network_interface``: every rank's server was stopped, then the new ranks failed
+    at NCCL's start (on real GPUs; the simulated server does not read the variables)."""
+    assert env.orch("serve", "--yes").returncode == 0
+    before = running_servers(env)
+    document = yaml.safe_load(env.inventory.read_text())
+    document["groups"]["pro-1"]["network_interface"] = "eth9"
+    typo = env.inventory.with_name("typo.yaml")
+    typo.write_text(yaml.safe_dump(document, sort_keys=False))
+    other = FleetEnv(env.fleet, typo, env.state)
+    missing = "no network interface eth9 for NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME (the host has "
+    dry = other.orch("serve", "--dry-run", "--host", "sim-3", "--force")
+    assert dry.returncode == ExitCode.HOSTS_FAILED, dry.output
+    assert all(lines[1].startswith(f"(refuses: the new rank cannot start here: {missing}") for lines in
+               host_lines(dry.stdout).values())  # fmt: skip
+    run = other.orch("serve", "--host", "sim-2", "--force")
+    assert run.returncode == ExitCode.HOSTS_FAILED, run.output
+    assert (
+        "group pro-1 (not touched): sim-2: the new server cannot start here (the running server was left " in run.stderr
+    )
+    assert missing in run.stderr and "stopping" not in run.output
+    assert running_servers(env) == before
+
+
 def test_serve_after_one_cut_off_past_the_launch_adopts_the_ranks_it_started(env: FleetEnv, sims: dict) -> None:
     sims["sim-2"].set_knobs(startup_seconds=8)
     serve = orch_process(env, "serve", "--host", "sim-2", "--force")

@@ -185,10 +185,47 @@ def test_the_sglang_import_is_read_with_its_version() -> None:
     assert found.sglang.editable
 
 
-def test_the_probe_is_one_command_of_four_sections() -> None:
+def test_the_probe_is_one_command_of_five_sections() -> None:
     argv = r.probe_argv("/models/M", 30000, "/root/.orch", "/venv/bin/python", "/root/sglang")
     assert argv == probe_argv(r.sections("/models/M", 30000, "/root/.orch", "/venv/bin/python", "/root/sglang"))
-    assert [name for name, _ in r.sections("/m", 1, "/w", "/p", "/s")] == ["model", "port", "workdir", "sglang"]
+    sections = [name for name, _ in r.sections("/m", 1, "/w", "/p", "/s")]
+    assert sections == ["model", "port", "workdir", "sglang", "net"]
+
+
+NET = {"net": (0, "eth0\nens1f0np0\nlo")}
+NO_IFACE = "no network interface {} for {} (the host has eth0, ens1f0np0, lo): the rank would fail to start (set "
+FIX = "the `network_interface` of gpu-1's group in hosts.yaml to one of its interfaces)"
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, []),  # a host alone: its interfaces are not its launch's business
+        ({"NCCL_SOCKET_IFNAME": "ens1f0np0", "GLOO_SOCKET_IFNAME": "ens1f0np0"}, []),
+        ({"NCCL_SOCKET_IFNAME": "ens1f0"}, []),  # NCCL: a prefix
+        ({"NCCL_SOCKET_IFNAME": "eth9,ens"}, []),  # NCCL: any of them
+        ({"NCCL_SOCKET_IFNAME": "^docker,lo"}, []),  # NCCL: all but these
+        ({"NCCL_SOCKET_IFNAME": "=ens1f0"}, [NO_IFACE.format("ens1f0", "NCCL_SOCKET_IFNAME") + FIX]),
+        ({"GLOO_SOCKET_IFNAME": "ens1f0"}, [NO_IFACE.format("ens1f0", "GLOO_SOCKET_IFNAME") + FIX]),  # Gloo: exact
+        ({"GLOO_SOCKET_IFNAME": "^docker,lo"}, [NO_IFACE.format("^docker", "GLOO_SOCKET_IFNAME") + FIX]),
+        (
+            {"NCCL_SOCKET_IFNAME": "eth9", "GLOO_SOCKET_IFNAME": "eth9"},  # a typo: said once, for both
+            [NO_IFACE.format("eth9", "NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME") + FIX],
+        ),
+    ],
+)
+def test_a_groups_rank_needs_the_network_interface_its_launch_names(env: dict[str, str], expected: list[str]) -> None:
+    """A typo in a group's ``network_interface`` once stopped every rank's server, and the new ranks then
+    failed at NCCL's or Gloo's start."""
+    assert obstacles(answer(**NET), interface_env=env) == expected
+
+
+def test_interfaces_not_listed_stop_only_a_groups_rank() -> None:
+    failed = answer(net=(2, "ls: cannot access '/sys/class/net': No such file or directory"))
+    assert obstacles(failed) == []
+    assert obstacles(failed, interface_env={"NCCL_SOCKET_IFNAME": "lo"}) == [
+        "could not list the host's network interfaces (/sys/class/net) (set " + FIX
+    ]
 
 
 # --- the probe run for real on this machine ------------------------------------------------------------------
@@ -228,6 +265,7 @@ def test_the_probe_reads_a_real_host(tmp_path: Path, listener: tuple[int, int]) 
     assert (found.workdir_checked, found.workdir_writable) == (str(tmp_path), True)
     assert found.free_kib is not None and found.free_kib > 0
     assert found.sglang.editable and found.sglang.version == "0.5.23"
+    assert found.interfaces is not None and "lo" in found.interfaces
     assert found.unanswered == ()
 
 
