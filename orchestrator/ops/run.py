@@ -573,7 +573,9 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
             assert isinstance(serve.options, ServeOptions)
             check_launch(ctx, session, serve.options)
             installs = any(isinstance(s.options, PullOptions) and s.options.install for s in steps[session.name])
-            session.say(serve_op.check_host_ready(session, ctx.recipe(session.host), installs))
+            rank = ctx.ranks.get(session.name)  # a group's rank: the network interface it names too
+            env = rank.plan.env if rank is not None else None
+            session.say(serve_op.check_host_ready(session, ctx.recipe(session.host), installs, env))
         bench = next((s.options for s in steps[session.name] if isinstance(s.options, BenchOptions)), None)
         if bench is not None and ctx.leads(session.host):  # its dataset on the host (staged when named): exit 2 first
             bench_op.prepare_dataset(session, ctx.recipe(session.host).bench, bench)

@@ -465,13 +465,16 @@ def replacement_obstacles(
     return replacement.unanswered_problems(found) + replacement.problems(found, needs)
 
 
-def check_host_ready(session: HostSession, recipe: Recipe, installs: bool = False) -> str:
+def check_host_ready(
+    session: HostSession, recipe: Recipe, installs: bool = False, env: Mapping[str, str] | None = None
+) -> str:
     """``orch run``'s preflight for a host that will serve: RefusedError (nothing run) naming what would
-    stop its server from starting (``replacement_obstacles``), but for the SGLang import when the run's
-    pull step installs (``installs``: that fixes it). Returns where sglang is imported from, to say."""
+    stop its server from starting (``replacement_obstacles``; ``env``: a group's rank's interface variables),
+    but for the SGLang import when the run's pull step installs (``installs``: that fixes it). Returns where
+    sglang is imported from, to say."""
     gpus = session.gpus(facts.server_gpus(recipe, session.host))
     found = session.fact("replacement", lambda: read_replacement_facts(session))
-    obstacles = replacement_obstacles(session, recipe, gpus, session.running_server())
+    obstacles = replacement_obstacles(session, recipe, gpus, session.running_server(), env)
     if installs:
         obstacles = [o for o in obstacles if o.kind != "sglang"]
     if obstacles:

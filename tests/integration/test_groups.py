@@ -251,6 +251,10 @@ def test_a_network_interface_a_host_lacks_is_refused_before_any_server_stops(env
         "group pro-1 (not touched): sim-2: the new server cannot start here (the running server was left " in run.stderr
     )
     assert missing in run.stderr and "stopping" not in run.output
+    campaign = other.orch("run", "--host", "sim-3", "--yes")  # its preflight, before a tuning step stops a rank
+    assert campaign.returncode == ExitCode.HOSTS_FAILED, campaign.output
+    assert "sim-3: refused before any step: nothing was started or stopped" in campaign.output
+    assert f"sim-3: its server could not start here (nothing was run): {missing}" in campaign.stderr
     assert running_servers(env) == before
 
 
