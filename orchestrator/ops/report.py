@@ -170,7 +170,13 @@ def server_settings(hs: HostState) -> list[tuple[str, str]]:
     server = hs.server
     if server is None:
         return []
-    rows = [("port", str(server.port)), ("MTP", "on" if server.mtp else "off")]
+    if server.group is None:
+        rows = [("port", str(server.port))]
+    elif server.rank == 0:
+        rows = [("replica group", f"{server.group}, rank 0 (serves HTTP for the group)"), ("port", str(server.port))]
+    else:  # no HTTP: its group answers on rank 0's host
+        rows = [("replica group", f"{server.group}, rank {server.rank} (rank 0 serves HTTP for the group)")]
+    rows.append(("MTP", "on" if server.mtp else "off"))
     speculative = facts.speculative_settings(server.argv)
     if server.mtp and speculative:
         rows.append(("speculative", ", ".join(f"{k} {v}" for k, v in speculative.items())))

@@ -217,6 +217,22 @@ def test_every_verification_field_has_words_in_the_report() -> None:
     assert set(report.VERIFIED_LABELS) == set(Verification.model_fields) - shown_as_shapes
 
 
+@pytest.mark.parametrize(
+    ("group", "rank", "rows"),
+    [
+        (None, None, [("port", "30000")]),
+        ("pro-1", 0, [("replica group", "pro-1, rank 0 (serves HTTP for the group)"), ("port", "30000")]),
+        ("pro-1", 1, [("replica group", "pro-1, rank 1 (rank 0 serves HTTP for the group)")]),  # no port of its own
+    ],
+)
+def test_the_server_settings_say_a_replica_groups_rank(group: str | None, rank: int | None, rows: list) -> None:  # type: ignore[type-arg]
+    hs = campaign_state().host("blackwell-1")
+    assert hs.server is not None
+    hs.server.group, hs.server.rank = group, rank
+    settings = report.server_settings(hs)
+    assert settings[: len(rows)] == rows and settings[len(rows)] == ("MTP", "on")
+
+
 def a_profile(label: str, minutes: float, attention: float, simulated: bool = True) -> ProfileRecord:
     """A profile whose GPU time is ``attention`` attention, the rest MoE (decode); prefill all MoE."""
     decode = profile_facts.summarise({"dsv4::sparse_mla_decode_kernel": (attention, 10),
