@@ -65,6 +65,7 @@ def sweep(
     if not (hosts or tags):
         raise UsageError("orch sweep runs on a canary, not the fleet: name it", hint="pass --host NAME or --tag TAG")
     selected = app.select(hosts, tags)
+    refuse_groups(app, selected)
     chosen = app.recipes(selected, playbook)
     names = check_profiles(chosen, options.profiles)
     refuse_serving(app, selected, yes)
@@ -108,6 +109,18 @@ def check_profiles(chosen: Mapping[str, Recipe], asked: list[str] | None) -> lis
             served = recipe.with_profile(name)
             refuse_bad_recipe(served, mtp=served.mtp is not None)
     return names
+
+
+def refuse_groups(app: App, selected: list[Host]) -> None:
+    """A sweep serves each profile on its canary alone: on a host of a replica group that would stop the
+    group's rank there, and so the whole group. Exit 2, nothing touched (as ``orch run``'s sweep step)."""
+    groups = sorted({g.name for h in selected if (g := app.inventory.group_of(h.name)) is not None})
+    if groups:
+        raise UsageError(
+            f"a sweep of a replica group is not built yet (issue 26): group {', '.join(groups)}; nothing was changed "
+            "(a sweep serves each profile on one host alone: it would take the whole group out of service)",
+            hint="sweep a canary outside every group, or serve each profile on the group with `orch serve --profile`",
+        )
 
 
 def refuse_serving(app: App, selected: list[Host], yes: bool) -> None:

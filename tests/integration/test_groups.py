@@ -157,6 +157,11 @@ def test_a_gated_rolling_orch_run_of_a_group_is_refused_before_anything_changes(
     refused_unchanged(env, ("run", "--rolling", "--gate", "bench", "--host", "sim-3", "--yes"), "--gate bench")
 
 
+def test_a_sweep_on_a_host_of_a_group_is_refused_before_anything_changes(env: FleetEnv) -> None:
+    """It served each profile on rank 1's host alone, the group's other ranks left without it."""
+    refused_unchanged(env, ("sweep", "--host", "sim-3", "--playbook", "deepseek-v4-flash", "--yes"), "a sweep")
+
+
 def test_the_fleet_serves_the_group_with_pp_2_tp_8_and_mtp_beside_a_single_host(env: FleetEnv, sims: object) -> None:
     run = env.orch("serve", "--yes", "--force")
     assert run.returncode == 0, run.output
