@@ -278,8 +278,8 @@ def serve(
         seconds = time.monotonic() - began
     except serve_op.StartupFailed as failure:
         raise failed_group(plan, ranks, job_ids, options, failure) from None
-    except serve_op.StoppedMeanwhile:
-        raise  # a stop orch recorded meanwhile (stop-server) is what was asked last: nothing marked failed
+    except (serve_op.StoppedMeanwhile, srv.ServedMeanwhile):
+        raise  # a stop orch recorded meanwhile (stop-server), or another orch's group serving: nothing marked failed
     except HostError as exc:
         mark_failed(ranks, str(exc).splitlines()[0])
         raise

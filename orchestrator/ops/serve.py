@@ -724,8 +724,8 @@ def start_server(
 ) -> str:
     """Start ``argv`` as the host's server job (``env`` added to its launch environment: a replica group's
     interface names, never in the argv) and record it (``record``: more ServerRecord fields, a group's
-    name and rank); returns its job id. StartupFailed when no job could be started; RefusedError when
-    another orch's server job appeared meanwhile."""
+    name and rank); returns its job id. StartupFailed when no job could be started; ``ServedMeanwhile``
+    when another orch's server job appeared meanwhile (not a failure of the host: it serves)."""
     host = session.host
     gpus = tuple(facts.server_gpus(recipe, host))
     commit = session.git().commit
@@ -740,7 +740,11 @@ def start_server(
     finally:
         session.forget("jobs", "gpus", "server_info")
     if job.attached:  # another orch started a server between our check and now: leave it to that one
-        raise RefusedError(f"{host.name}: server job {job.job_id} appeared meanwhile (another orch?); not replacing it")
+        raise srv.ServedMeanwhile(
+            f"{host.name}: another orch started server job {job.job_id} meanwhile: it serves now; not replacing it",
+            hint=f"`orch status {host.name}` shows what it serves; `orch serve --host {host.name}` again replaces it "
+            "(said first)",
+        )
     mtp = "--speculative-algorithm" in argv
     fields = dict(job_id=job.job_id, argv=argv, port=host.server_port, mtp=mtp, commit=commit, configs=configs)
     try:
