@@ -112,9 +112,15 @@ def unrecorded_server(jobs_out: str | None, record: ServerRecord | None) -> jobs
 
 def argv_port(argv: Sequence[str], default: int) -> int:
     """The port a server command listens on: its last ``--port N``, else ``default``."""
-    found = default
+    found = argv_int(argv, "--port")
+    return found if found is not None else default
+
+
+def argv_int(argv: Sequence[str], flag: str) -> int | None:
+    """The number a server command gives ``flag`` (its last ``FLAG N``), None without one."""
+    found = None
     for i, arg in enumerate(argv[:-1]):
-        if arg == "--port" and argv[i + 1].isdigit():
+        if arg == flag and argv[i + 1].isdigit():
             found = int(argv[i + 1])
     return found
 
@@ -160,15 +166,18 @@ def status_field(
 
 
 def _unrecorded_field(http_out: str | None, seen: jobs.Held, now: datetime) -> dict[str, Any]:
-    """The ``server`` field of a running server job this state does not record, from the host alone."""
+    """The ``server`` field of a running server job this state does not record, from the host alone: a rank of
+    a replica group (``--node-rank``, ``--nnodes``; which group is the inventory's to say) other than rank 0
+    is healthy while its job runs, as a recorded one."""
     assert seen.job is not None
     health, info = _answers(http_out)
+    rank, nodes = argv_int(seen.argv, "--node-rank"), argv_int(seen.argv, "--nnodes")
     return {
         "job": seen.job.id,
         "job_state": seen.job.state,
         "stopped_by": None,
         "stopped_at": None,
-        "healthy": health == 200,
+        "healthy": health == 200 or bool(rank and seen.job.running),
         "port": argv_port(seen.argv, 0) or None,
         "mtp": "--speculative-algorithm" in seen.argv,
         "speculative": _speculative(info) if info else None,
@@ -178,6 +187,7 @@ def _unrecorded_field(http_out: str | None, seen: jobs.Held, now: datetime) -> d
         "uptime_s": _uptime(seen.job, seen.host_now or now),
         "recorded": False,
         "commit": seen.env.get(LAUNCHED_COMMIT),
+        **({"rank": rank, "nnodes": nodes} if rank is not None and nodes else {}),
     }
 
 

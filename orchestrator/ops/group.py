@@ -191,11 +191,11 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions, rank: R
         return [place, f"(already serving as asked (job {job}): nothing to do; --force relaunches)", command]
     adopted = None if options.force else adoptable(plan, ranks, recorded(ranks))
     if adopted is not None:
-        cut = "a serve of the group cut off before verifying it"
+        why = adopted_why(adopted, recorded(ranks))
         if mine.name in adopted:
-            what = f"re-attaches to server job {adopted[mine.name]}, started by {cut}"
+            what = f"re-attaches to server job {adopted[mine.name]}: the group's ranks were {why}"
         else:
-            what = f"starts this rank, joining the ranks started by {cut}"
+            what = f"starts this rank, joining the group's ranks {why}"
         return [place, f"({what}; verifies the group; --force relaunches)", command]
     blocked = {r.name: serve_op.replacement_obstacles(r.session, r.ready.recipe, r.ready.gpus, r.ready.old,
                                                       r.ready.env) for r in ranks}  # fmt: skip
@@ -387,16 +387,30 @@ def interrupted_launch(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> dic
     if found is None:
         return None
     jobs_said = ", ".join(f"{name} job {job}" for name, job in found.items())
-    ranks[0].session.say(
-        f"re-attaching to group {plan.group}'s ranks ({jobs_said}), started by a serve that was cut off "
-        "before verifying them"
-    )
+    ranks[0].session.say(f"re-attaching to group {plan.group}'s ranks ({jobs_said}), {adopted_why(found, states)}")
     for r in ranks:
         hs = states.get(r.name)
         record = hs.server if hs is not None else None
         if r.name in found and (record is None or record.job_id != found[r.name]):
             record_rank(plan, r, found[r.name])
     return found
+
+
+def adopted_why(found: Mapping[str, str], states: Mapping[str, HostState]) -> str:
+    """Why ``adoptable``'s ranks (host → job id) are re-attached to: a serve of this state was cut off after
+    starting them (a host still ``launching``, or recording one of them), or a serve this state does not
+    record started them (another controller, a lost state directory)."""
+    cut = any(
+        (hs := states.get(name)) is not None
+        and (hs.phase == Phase.LAUNCHING or (hs.server is not None and hs.server.job_id == job))
+        for name, job in found.items()
+    )
+    if cut:
+        return "started by a serve that was cut off before verifying them"
+    return (
+        "started by a serve this state does not record (another controller, or a lost state directory): they "
+        "already run this group's commands, commit and tuned configs"
+    )
 
 
 def recorded(ranks: Sequence[RankReady]) -> dict[str, HostState]:
@@ -407,13 +421,15 @@ def recorded(ranks: Sequence[RankReady]) -> dict[str, HostState]:
 def adoptable(
     plan: facts.GroupPlan, ranks: Sequence[RankReady], states: Mapping[str, HostState]
 ) -> dict[str, str] | None:
-    """The ranks a serve cut off after launching some or all of them left unverified (orch killed, the
-    connection lost), host → job id: each rank's host runs its rank's command of this group (``launched_rank``;
-    one may have been verified already, the cut coming between two hosts' records), or runs nothing and that
-    serve never started its rank (``not_launched``: the cut came first; the caller starts it, joining the
-    others' rendezvous). Waiting for them finishes that serve: no rank is started twice. None when no rank
-    runs unverified so, or a host runs something else: the ranks that run are stopped and every rank
-    launched afresh. Reads only (``states``: each rank's host's state as recorded, ``recorded``)."""
+    """The ranks a serve left unverified, host → job id: one cut off after launching some or all of them (orch
+    killed, the connection lost), or one this state does not record (another controller, a lost state
+    directory). Each rank's host runs its rank's command of this group (``launched_rank``; one may have been
+    verified already, the cut coming between two hosts' records), or runs nothing and that serve never
+    started its rank (``not_launched``: the cut came first; the caller starts it, joining the others'
+    rendezvous). Waiting for them finishes that serve: no rank is started twice, a serving group is not
+    relaunched. None when no rank runs unverified so, or a host runs something else: the ranks that run are
+    stopped and every rank launched afresh. Reads only (``states``: each rank's host's state as recorded,
+    ``recorded``)."""
     found: dict[str, str] = {}
     unverified = False
     for r in ranks:
@@ -432,13 +448,23 @@ def launched_rank(plan: facts.GroupPlan, r: RankReady, hs: HostState | None) -> 
     verified: recorded as this rank with the same command, commit and tuned configs; or started just before
     a cut and not recorded yet (``serve_op.launched_unrecorded``: not verified). None otherwise."""
     old, record = r.ready.old, hs.server if hs is not None else None
-    if old is None or hs is None:
+    if old is None:
         return None
-    if record is None or record.job_id != old.id:
-        return (old.id, False) if serve_op.launched_unrecorded(hs, r.session, old, r.ready.argv) else None
+    if hs is None or record is None or record.job_id != old.id:
+        cut = hs is not None and serve_op.launched_unrecorded(hs, r.session, old, r.ready.argv)
+        return (old.id, False) if cut or unrecorded_rank(plan, r) else None
     if (record.group, record.rank) != (plan.group, r.rank) or not serve_op.same_launch(r.session, record, r.ready):
         return None
     return old.id, record.verified is not None
+
+
+def unrecorded_rank(plan: facts.GroupPlan, r: RankReady) -> bool:
+    """Whether ``r``'s host runs, unrecorded here, exactly its rank's server of this group: the command,
+    commit and tuned configs (``ops.serve.unrecorded_as_asked``) and the group's interface variables."""
+    if r.ready.old is None or serve_op.unrecorded_as_asked(r.session, r.ready) is None:
+        return False
+    env = dict(line.partition("=")[::2] for line in r.session.job_env(r.ready.old.id).splitlines())
+    return all(env.get(name) == value for name, value in plan.env.items())
 
 
 def not_launched(plan: facts.GroupPlan, r: RankReady, hs: HostState | None) -> bool:

@@ -344,12 +344,22 @@ def unreachable(result: HostResult[Any], cached: HostState | None) -> HostStatus
 
 def group_statuses(inventory: Inventory, views: list[HostStatus]) -> list[GroupStatus]:
     """Each replica group with a host among ``views``: serving, not, or down naming its dead ranks
-    (``facts.group.group_status``; a host not shown or not reached counts as unreachable)."""
+    (``facts.group.group_status``; a host not shown or not reached counts as unreachable). A server job this
+    state does not record counts as the group's rank when the host runs it as that rank of that many nodes
+    (a second controller's group, or one of a lost state directory, serves all the same)."""
     shown = {v.name: v for v in views}
     found = []
     for group in inventory.groups.values():
         if not any(h in shown for h in group.hosts):
             continue
         reached = {h: shown[h].extra.get("server") for h in group.hosts if h in shown and shown[h].reachable}
+        for rank, name in enumerate(group.hosts):
+            field = reached.get(name)
+            if (
+                field
+                and field.get("group") is None
+                and (field.get("rank"), field.get("nnodes")) == (rank, len(group.hosts))
+            ):
+                reached[name] = {**field, "group": group.name}
         found.append(group_status(group.name, group.hosts, reached))
     return found

@@ -286,6 +286,29 @@ def test_two_serves_of_the_group_at_once_leave_one_server_per_rank_and_record_no
     assert [len(running_servers(env)[n]) for n in ("sim-2", "sim-3")] == [1, 1]
 
 
+def test_a_second_controller_sees_the_group_serving_and_its_serve_re_attaches_instead_of_relaunching(
+    env: FleetEnv, sims: object
+) -> None:
+    """Another state database (a second laptop, a lost state directory): its status called the group not
+    serving and rank 1 NOT healthy, and an identical serve stopped every rank and relaunched the group."""
+    assert env.orch("serve", "--host", "sim-2").returncode == 0
+    before = running_servers(env)
+    other = FleetEnv(env.fleet, env.inventory, env.state.parent.parent / "second" / "state.json")
+    status = json.loads(other.orch("status", "--json").stdout)
+    assert status["groups"][0]["serving"] is True, status["groups"]
+    rank1 = next(h for h in status["hosts"] if h["name"] == "sim-3")["server"]
+    assert (rank1["recorded"], rank1["healthy"], rank1["rank"]) == (False, True, 1)
+    dry = host_lines(other.orch("serve", "--dry-run", "--host", "sim-3").stdout)
+    assert all(lines[1].startswith("(re-attaches to server job ") for lines in dry.values()), dry
+    served = other.orch("serve", "--host", "sim-3")
+    assert served.returncode == 0, served.output
+    assert "started by a serve this state does not record (another controller, or a lost state " in served.stderr
+    assert "stopping" not in served.stderr and running_servers(env) == before
+    again = env.orch("serve", "--host", "sim-2")  # the first controller: serving as asked, as it was
+    assert again.returncode == 0 and "already serving as asked" in again.stdout, again.output
+    assert running_servers(env) == before
+
+
 def test_serve_after_one_cut_off_past_the_launch_adopts_the_ranks_it_started(env: FleetEnv, sims: dict) -> None:
     sims["sim-2"].set_knobs(startup_seconds=8)
     serve = orch_process(env, "serve", "--host", "sim-2", "--force")

@@ -84,6 +84,17 @@ def test_status_field_shows_the_server_the_host_runs_whatever_the_record_says() 
         assert (field["mtp"], field["uptime_s"], field["commit"]) == (True, 3600, "abc")
 
 
+@pytest.mark.parametrize(("rank", "healthy"), [(0, False), (1, True)])
+def test_an_unrecorded_rank_of_a_group_is_shown_as_the_host_runs_it(rank: int, healthy: bool) -> None:
+    """A second controller's (or a lost state directory's) replica group: rank 1 answers no HTTP and is
+    healthy while its job runs, as a recorded rank 1 is (it showed NOT healthy, its group not serving)."""
+    argv = ["py", "-m", "sglang.launch_server", "--pp-size", "2", "--nnodes", "2", "--node-rank", str(rank),
+            "--dist-init-addr", "10.0.0.1:20000"]  # fmt: skip
+    field = srv.status_field(http_out(0, None), held_out("server-9", argv, NOW, NOW), None, NOW)
+    assert field is not None and (field["recorded"], field["rank"], field["nnodes"]) == (False, rank, 2)
+    assert field["healthy"] is healthy  # rank 0 is healthy when it answers /health, and here it does not
+
+
 @pytest.mark.parametrize("skew", [timedelta(minutes=-10), timedelta(minutes=10)])
 def test_status_uptime_is_counted_by_the_hosts_clock(skew: timedelta) -> None:
     host_now = NOW + skew  # the host's clock 10 minutes behind, or ahead of, the controller's
