@@ -349,8 +349,17 @@ def prepare(session: HostSession, recipe: Recipe, options: ServeOptions, plan: f
 
 
 def refuse_disagreeing(plan: facts.GroupPlan, ranks: Sequence[RankReady]) -> None:
-    """RefusedError (nothing touched) when the ranks would launch different arguments: the real launcher's
-    ranks would never agree."""
+    """RefusedError (nothing touched) when the ranks would launch different arguments (the real launcher's
+    ranks would never agree), or different SGLang code: each rank runs its own host's checkout, and ranks of
+    two commits exchange tensors each expects of its own code (one host pulled alone)."""
+    commits = {r.name: r.ready.commit for r in ranks}
+    if len(set(commits.values())) > 1:
+        said = ", ".join(f"{name} {commit[:10]}" for name, commit in commits.items())
+        hosts = " ".join(f"--host {name}" for name in commits)
+        raise RefusedError(
+            f"group {plan.group}: its hosts' SGLang checkouts are at different commits ({said}; nothing was touched)",
+            hint=f"bring every host of the group to one commit (`orch pull {hosts}`), then serve it",
+        )
     problems = facts.differing_ranks({r.name: r.ready.argv for r in ranks})
     if problems:
         raise RefusedError(

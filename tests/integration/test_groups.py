@@ -635,3 +635,21 @@ def test_orch_run_killed_while_the_group_starts_resumes_without_starting_a_rank_
         "sim-3: done nothing new (already done: pull, tune-fp8)",
     ]
     assert running_servers(env) == launched
+
+
+def test_a_group_whose_hosts_are_at_different_commits_is_refused_and_keeps_serving(env: FleetEnv) -> None:
+    """One host of the group pulled alone: the serve stopped every rank and started ranks of two commits.
+    Last in the module: it moves the group's checkouts to a new upstream commit."""
+    assert env.orch("serve", "--host", "sim-2").returncode == 0
+    before = running_servers(env)
+    env.fleet.add_upstream_commit("Only sim-3 pulls this")  # type: ignore[attr-defined]
+    assert env.orch("pull", "--host", "sim-3").returncode == 0
+    run = env.orch("serve", "--host", "sim-2")
+    assert run.returncode == ExitCode.HOSTS_FAILED, run.output
+    assert "group pro-1: its hosts' SGLang checkouts are at different commits (sim-2 " in run.stderr
+    assert "hint: bring every host of the group to one commit (`orch pull --host sim-2 --host sim-3`)" in run.stderr
+    assert "stopping" not in run.output and running_servers(env) == before
+    assert env.orch("pull", "--host", "sim-2").returncode == 0
+    served = env.orch("serve", "--host", "sim-2")  # one commit again: the group is relaunched on it
+    assert served.returncode == 0, served.output
+    assert "stopping server job" in served.stderr
