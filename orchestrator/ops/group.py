@@ -189,9 +189,10 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions, rank: R
     if not options.force and already_serving(plan, ranks, options) is not None:
         job = mine.ready.old.id if mine.ready.old is not None else "?"
         return [place, f"(already serving as asked (job {job}): nothing to do; --force relaunches)", command]
-    adopted = None if options.force else adoptable(plan, ranks, recorded(ranks))
+    states = recorded(ranks)
+    adopted = None if options.force else adoptable(plan, ranks, states)
     if adopted is not None:
-        why = adopted_why(adopted, recorded(ranks))
+        why = adopted_why(adopted, states)
         if mine.name in adopted:
             what = f"re-attaches to server job {adopted[mine.name]}: the group's ranks were {why}"
         else:
