@@ -172,15 +172,25 @@ def left_out(hosts: list[Host], state: State, registered: set[str], urls: dict[s
     return found
 
 
-def fleet_urls(hosts: list[Host], state: State) -> tuple[dict[str, str], set[str]]:
-    """Each host's worker URL (``host_worker_url`` of its recorded server) and the hosts serving HTTP (phase
-    ``serving``, not a replica group's rank other than 0: only rank 0 is registered), as the state file
-    (loaded once) has them."""
+def fleet_urls(
+    hosts: list[Host], state: State, running: Mapping[str, Sequence[str] | None] | None = None
+) -> tuple[dict[str, str], set[str]]:
+    """Each host's worker URL (``host_worker_url`` of its server) and the hosts serving HTTP (not a replica
+    group's rank other than 0: only rank 0 is registered). ``running`` is what the hosts showed (host → the
+    command of the server job orch runs there, None: none runs): for a host read, it is the truth (a server
+    another controller, or a lost state directory, started serves all the same); a host not read is judged
+    by the state (loaded once): phase ``serving``."""
     urls: dict[str, str] = {}
     serving: set[str] = set()
     for host in hosts:
         record = state.hosts.get(host.name)
         server = record.server if record is not None else None
+        if running is not None and host.name in running:
+            argv = running[host.name]
+            urls[host.name] = host_worker_url(host, argv or (server.argv if server is not None else None))
+            if argv is not None and not server_facts.flag_int(argv, "--node-rank"):
+                serving.add(host.name)
+            continue
         urls[host.name] = host_worker_url(host, server.argv if server is not None else None)
         if record is not None and record.phase == Phase.SERVING and not _serves_no_http(server):
             serving.add(host.name)
@@ -192,13 +202,15 @@ def _serves_no_http(server: ServerRecord | None) -> bool:
     return server is not None and bool(server.rank)
 
 
-def check_fleet(workers: list[Worker], hosts: list[Host], state: State) -> GatewayCheck:
-    """``check_workers`` for ``hosts`` as ``fleet_urls`` has them. ``orch gateway status`` and the gateway
-    column of ``orch status`` both judge by it."""
-    urls, serving = fleet_urls(hosts, state)
+def check_fleet(
+    workers: list[Worker], hosts: list[Host], state: State, running: Mapping[str, Sequence[str] | None] | None = None
+) -> GatewayCheck:
+    """``check_workers`` for ``hosts`` as ``fleet_urls`` has them (``running``: what the hosts showed). ``orch
+    gateway status`` and the gateway column of ``orch status`` both judge by it."""
+    urls, serving = fleet_urls(hosts, state, running)
     check = check_workers(workers, urls, serving)
-    out = left_out([h for h in hosts if h.name not in check.unregistered], state, {w.url for w in workers}, urls)
-    return GatewayCheck(check.workers, check.unregistered, out)
+    out = left_out(hosts, state, {w.url for w in workers}, urls)  # says more than "serving but not registered"
+    return GatewayCheck(check.workers, [name for name in check.unregistered if name not in out], out)
 
 
 def parse_workers(payload: Any) -> list[Worker]:

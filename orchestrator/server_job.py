@@ -112,17 +112,8 @@ def unrecorded_server(jobs_out: str | None, record: ServerRecord | None) -> jobs
 
 def argv_port(argv: Sequence[str], default: int) -> int:
     """The port a server command listens on: its last ``--port N``, else ``default``."""
-    found = argv_int(argv, "--port")
+    found = facts.flag_int(argv, "--port")
     return found if found is not None else default
-
-
-def argv_int(argv: Sequence[str], flag: str) -> int | None:
-    """The number a server command gives ``flag`` (its last ``FLAG N``), None without one."""
-    found = None
-    for i, arg in enumerate(argv[:-1]):
-        if arg == flag and argv[i + 1].isdigit():
-            found = int(argv[i + 1])
-    return found
 
 
 def status_field(
@@ -171,7 +162,7 @@ def _unrecorded_field(http_out: str | None, seen: jobs.Held, now: datetime) -> d
     is healthy while its job runs, as a recorded one."""
     assert seen.job is not None
     health, info = _answers(http_out)
-    rank, nodes = argv_int(seen.argv, "--node-rank"), argv_int(seen.argv, "--nnodes")
+    rank, nodes = facts.flag_int(seen.argv, "--node-rank"), facts.flag_int(seen.argv, "--nnodes")
     return {
         "job": seen.job.id,
         "job_state": seen.job.state,

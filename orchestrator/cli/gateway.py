@@ -12,6 +12,7 @@ from orchestrator.cli import Finite
 from orchestrator.cli.common import F, pass_app
 from orchestrator.cli.confirm import confirm_or_refuse, yes_option
 from orchestrator.errors import ExitCode, HostError, UsageError
+from orchestrator.fleet import Fleet
 from orchestrator.gateway import NO_GATEWAY_HINT, GatewayClient, check_fleet
 from orchestrator.inventory import Host
 from orchestrator.jobs import JobInfo
@@ -170,12 +171,27 @@ def status(app: App, as_json: bool) -> int:
         else:
             gateway_view.job_report(config.host, job)
     workers = GatewayClient(config).workers()
-    result = check_fleet(workers, list(app.inventory.hosts.values()), app.store.read())
+    hosts = list(app.inventory.hosts.values())
+    with app.fleet(hosts) as fleet:
+        running = running_servers(app, fleet)
+    result = check_fleet(workers, hosts, app.store.read(), running)
     if as_json:
         print_json({**gateway_view.document(result), **({"job": job_doc} if config.host is not None else {})})
     else:
         gateway_view.report(result)
     return int(ExitCode.OK if result.consistent else ExitCode.HOSTS_FAILED)
+
+
+def running_servers(app: App, fleet: Fleet) -> dict[str, list[str] | None]:
+    """What each host runs as its server, read from the host (``gateway_op.running_server_argv``): the truth
+    of which hosts serve, whatever this state records (another controller's servers serve all the same). A
+    host that cannot be read is said and left out: the state's record judges it."""
+    found = fleet.map_sessions(gateway_op.running_server_argv, lambda: app.store)
+    found.raise_bugs()
+    for result in found.failed:
+        why = str(result.error).splitlines()[0]
+        render.err.print(f"{result.host.name}: not read ({why}): judged by the state's record", markup=False)
+    return {result.host.name: result.value for result in found.succeeded}
 
 
 def _gateway_job(app: App) -> JobInfo | str | None:
@@ -203,8 +219,9 @@ def up(app: App, timeout: float) -> int:
     Example: orch gateway up
     """
     config, host = gateway_op.gateway_host(app.inventory)
-    workers = tuple(gateway_op.serving_urls(app.inventory, app.store.read()).values())
-    with app.fleet([host]) as fleet:
+    with app.fleet(list(app.inventory.hosts.values())) as fleet:
+        running = running_servers(app, fleet)
+        workers = tuple(gateway_op.serving_urls(app.inventory, app.store.read(), running).values())
         result = gateway_op.up(fleet.runner(host), host, config, workers, timeout)
     gateway_view.up_report(host.name, config.url, result)
     return int(ExitCode.OK if result.alive else ExitCode.HOSTS_FAILED)

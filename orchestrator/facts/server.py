@@ -201,6 +201,15 @@ def probe_address(recipe: Recipe) -> str:
     return _reachable(str(recipe.server_args.get("host", "127.0.0.1")))
 
 
+def flag_int(argv: Sequence[str], flag: str) -> int | None:
+    """The number a server command gives ``flag`` (its last ``FLAG N``), None without one."""
+    found = None
+    for i, arg in enumerate(argv[:-1]):
+        if arg == flag and argv[i + 1].isdigit():
+            found = int(argv[i + 1])
+    return found
+
+
 def argv_address(argv: Sequence[str]) -> str:
     """``probe_address`` for a server already launched, from its command line (``--host``)."""
     return _reachable(bind_address(argv) or "127.0.0.1")

@@ -3,7 +3,8 @@
 On the inventory's ``gateway.host``, smg runs through ``gateway.smg_argv`` (``gateway.python -c
 SMG_LAUNCHER``) as the job of purpose ``gateway``: one per host (``jobs.start`` attaches to a live one
 under the host's lock), signalled only by its recorded pid (``jobs.stop``). It starts with the inventory
-hosts that serve (state phase SERVING) as its ``--worker-urls``.
+hosts that serve as its ``--worker-urls``: as each host shows (the server job orch runs there), the state's
+record only for a host that cannot be read.
 
 The API key: the controller has it already (``GatewayClient`` reads it from the variable
 ``gateway.api_key_env`` names, to talk to the gateway), so it travels from there, in the variable of the
@@ -16,12 +17,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator import jobs
 from orchestrator.errors import GatewayError, UsageError
 from orchestrator.gateway import GatewayClient, api_key, fleet_urls, smg_argv
 from orchestrator.inventory import Gateway, Host, Inventory
+from orchestrator.session import HostSession
 from orchestrator.state import State
 from orchestrator.transport.base import Runner
 
@@ -44,11 +47,21 @@ def gateway_host(inventory: Inventory) -> tuple[Gateway, Host]:
     return gateway, inventory.hosts[gateway.host]  # the loader checked that the host exists
 
 
-def serving_urls(inventory: Inventory, state: State) -> dict[str, str]:
-    """Host name → the URL the gateway reaches its server at (``gateway.fleet_urls``), for every host
-    whose state is SERVING."""
-    urls, serving = fleet_urls(list(inventory.hosts.values()), state)
+def serving_urls(
+    inventory: Inventory, state: State, running: Mapping[str, Sequence[str] | None] | None = None
+) -> dict[str, str]:
+    """Host name → the URL the gateway reaches its server at (``gateway.fleet_urls``), for every host that
+    serves: as it showed (``running``, ``running_server_argv``), else as the state records it."""
+    urls, serving = fleet_urls(list(inventory.hosts.values()), state, running)
     return {name: url for name, url in urls.items() if name in serving}
+
+
+def running_server_argv(session: HostSession) -> list[str] | None:
+    """The command of the server job orch runs on the host (None: none runs), as its job directory holds it."""
+    job = session.running_server()
+    if job is None:
+        return None
+    return [word.decode(errors="replace") for word in session.job_argv(job.id) if word]
 
 
 def gateway_job(runner: Runner, host: Host) -> jobs.JobInfo | None:

@@ -105,7 +105,10 @@ def test_gateway_up_runs_smg_in_front_of_the_serving_hosts_and_down_stops_it(
     gateway = with_gateway(env, str(smg_python()), monkeypatch)
     sim1 = f"http://127.0.0.1:{env.fleet.hosts[0].server_port}"  # type: ignore[attr-defined]
 
-    first = env.orch("gateway", "up")
+    # brought up by another controller (a state of its own, as after a lost state directory): it still finds
+    # sim-1 serving on the host (it started smg with no worker: "none yet (no host is serving)")
+    other = FleetEnv(env.fleet, env.inventory, env.state.parent.parent / "second" / "state.json")
+    first = other.orch("gateway", "up")
     assert first.returncode == 0, first.output
     assert "sim-1: started the gateway job gateway-" in first.stdout
     assert f"workers: {sim1}\n" in first.stdout and f"gateway up: {gateway.url} answers /health" in first.stdout
@@ -124,6 +127,7 @@ def test_gateway_up_runs_smg_in_front_of_the_serving_hosts_and_down_stops_it(
 
     status = env.orch("gateway", "status", "--json")
     assert status.returncode == 0, status.output
+    assert other.orch("gateway", "status").returncode == 0  # consistent there too: sim-1 serves, as its host shows
     assert json.loads(status.stdout)["job"]["id"] == job["id"]
     assert_key_nowhere(env, str(job["id"]), first, again, status)
 
