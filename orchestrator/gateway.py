@@ -103,6 +103,19 @@ def worker_url(host: Host, bind: str | None = None) -> str:
     return f"http://{address}:{host.server_port}"
 
 
+@dataclass(frozen=True)
+class Served:
+    """A server a host showed running (not as a record says): the address its ``--host`` binds (None:
+    SGLang's default) and its node rank in a replica group (0: it serves HTTP)."""
+
+    bind: str | None
+    rank: int = 0
+
+    @classmethod
+    def of(cls, argv: Sequence[str]) -> Served:
+        return cls(server_facts.bind_address(argv), server_facts.flag_int(argv, "--node-rank") or 0)
+
+
 def host_worker_url(host: Host, argv: Sequence[str] | None, recipe: Recipe | None = None) -> str:
     """orch's one rule for the URL a host is registered at: the bind address of the server it runs,
     read from the recorded launch command ``argv`` (``--host``; none: SGLang's 127.0.0.1), or, with no
@@ -173,25 +186,25 @@ def left_out(hosts: list[Host], state: State, registered: set[str], urls: dict[s
 
 
 def fleet_urls(
-    hosts: list[Host], state: State, running: Mapping[str, Sequence[str] | None] | None = None
+    hosts: list[Host], state: State, running: Mapping[str, Served | None] | None = None
 ) -> tuple[dict[str, str], set[str]]:
-    """Each host's worker URL (``host_worker_url`` of its server) and the hosts serving HTTP (not a replica
-    group's rank other than 0: only rank 0 is registered). ``running`` is what the hosts showed (host → the
-    command of the server job orch runs there, None: none runs): for a host read, it is the truth (a server
-    another controller, or a lost state directory, started serves all the same); a host not read is judged
-    by the state (loaded once): phase ``serving``."""
+    """Each host's worker URL (``worker_url`` of its server) and the hosts serving HTTP (not a replica group's
+    rank other than 0: only rank 0 is registered). ``running`` is what the hosts showed (host → the server
+    job orch runs there, None: none runs): for a host read, it is the truth (a server another controller, or
+    a lost state directory, started serves all the same); a host not read is judged by the state (loaded
+    once): phase ``serving``."""
     urls: dict[str, str] = {}
     serving: set[str] = set()
     for host in hosts:
         record = state.hosts.get(host.name)
         server = record.server if record is not None else None
-        if running is not None and host.name in running:
-            argv = running[host.name]
-            urls[host.name] = host_worker_url(host, argv or (server.argv if server is not None else None))
-            if argv is not None and not server_facts.flag_int(argv, "--node-rank"):
-                serving.add(host.name)
-            continue
         urls[host.name] = host_worker_url(host, server.argv if server is not None else None)
+        if running is not None and host.name in running:
+            served = running[host.name]
+            if served is not None:
+                urls[host.name] = worker_url(host, served.bind)
+                serving.update([host.name] if not served.rank else [])
+            continue
         if record is not None and record.phase == Phase.SERVING and not _serves_no_http(server):
             serving.add(host.name)
     return urls, serving
@@ -203,7 +216,7 @@ def _serves_no_http(server: ServerRecord | None) -> bool:
 
 
 def check_fleet(
-    workers: list[Worker], hosts: list[Host], state: State, running: Mapping[str, Sequence[str] | None] | None = None
+    workers: list[Worker], hosts: list[Host], state: State, running: Mapping[str, Served | None] | None = None
 ) -> GatewayCheck:
     """``check_workers`` for ``hosts`` as ``fleet_urls`` has them (``running``: what the hosts showed). ``orch
     gateway status`` and the gateway column of ``orch status`` both judge by it."""

@@ -178,6 +178,7 @@ def _unrecorded_field(http_out: str | None, seen: jobs.Held, now: datetime) -> d
         "uptime_s": _uptime(seen.job, seen.host_now or now),
         "recorded": False,
         "commit": seen.env.get(LAUNCHED_COMMIT),
+        "bind": facts.bind_address(seen.argv),
         **({"rank": rank, "nnodes": nodes} if rank is not None and nodes else {}),
     }
 

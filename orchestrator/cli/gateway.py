@@ -13,7 +13,7 @@ from orchestrator.cli.common import F, pass_app
 from orchestrator.cli.confirm import confirm_or_refuse, yes_option
 from orchestrator.errors import ExitCode, HostError, UsageError
 from orchestrator.fleet import Fleet
-from orchestrator.gateway import NO_GATEWAY_HINT, GatewayClient, check_fleet
+from orchestrator.gateway import NO_GATEWAY_HINT, GatewayClient, Served, check_fleet
 from orchestrator.inventory import Host
 from orchestrator.jobs import JobInfo
 from orchestrator.ops import gateway as gateway_op
@@ -182,11 +182,11 @@ def status(app: App, as_json: bool) -> int:
     return int(ExitCode.OK if result.consistent else ExitCode.HOSTS_FAILED)
 
 
-def running_servers(app: App, fleet: Fleet) -> dict[str, list[str] | None]:
-    """What each host runs as its server, read from the host (``gateway_op.running_server_argv``): the truth
+def running_servers(app: App, fleet: Fleet) -> dict[str, Served | None]:
+    """What each host runs as its server, read from the host (``gateway_op.served``): the truth
     of which hosts serve, whatever this state records (another controller's servers serve all the same). A
     host that cannot be read is said and left out: the state's record judges it."""
-    found = fleet.map_sessions(gateway_op.running_server_argv, lambda: app.store)
+    found = fleet.map_sessions(gateway_op.served, lambda: app.store)
     found.raise_bugs()
     for result in found.failed:
         why = str(result.error).splitlines()[0]

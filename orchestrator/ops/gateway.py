@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator import jobs
 from orchestrator.errors import GatewayError, UsageError
-from orchestrator.gateway import GatewayClient, api_key, fleet_urls, smg_argv
+from orchestrator.gateway import GatewayClient, Served, api_key, fleet_urls, smg_argv
 from orchestrator.inventory import Gateway, Host, Inventory
 from orchestrator.session import HostSession
 from orchestrator.state import State
@@ -48,20 +48,20 @@ def gateway_host(inventory: Inventory) -> tuple[Gateway, Host]:
 
 
 def serving_urls(
-    inventory: Inventory, state: State, running: Mapping[str, Sequence[str] | None] | None = None
+    inventory: Inventory, state: State, running: Mapping[str, Served | None] | None = None
 ) -> dict[str, str]:
     """Host name → the URL the gateway reaches its server at (``gateway.fleet_urls``), for every host that
-    serves: as it showed (``running``, ``running_server_argv``), else as the state records it."""
+    serves: as it showed (``running``, ``served``), else as the state records it."""
     urls, serving = fleet_urls(list(inventory.hosts.values()), state, running)
     return {name: url for name, url in urls.items() if name in serving}
 
 
-def running_server_argv(session: HostSession) -> list[str] | None:
-    """The command of the server job orch runs on the host (None: none runs), as its job directory holds it."""
+def served(session: HostSession) -> Served | None:
+    """The server job orch runs on the host (None: none runs), as its job directory's command shows it."""
     job = session.running_server()
     if job is None:
         return None
-    return [word.decode(errors="replace") for word in session.job_argv(job.id) if word]
+    return Served.of([word.decode(errors="replace") for word in session.job_argv(job.id) if word])
 
 
 def gateway_job(runner: Runner, host: Host) -> jobs.JobInfo | None:

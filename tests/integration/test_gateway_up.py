@@ -128,6 +128,8 @@ def test_gateway_up_runs_smg_in_front_of_the_serving_hosts_and_down_stops_it(
     status = env.orch("gateway", "status", "--json")
     assert status.returncode == 0, status.output
     assert other.orch("gateway", "status").returncode == 0  # consistent there too: sim-1 serves, as its host shows
+    seen = {h["name"]: h["gateway"] for h in json.loads(other.orch("status", "--json").stdout)["hosts"]}
+    assert (seen["sim-1"]["registered"], seen["sim-1"]["flag"], seen["sim-2"]["flag"]) == (True, None, None)
     assert json.loads(status.stdout)["job"]["id"] == job["id"]
     assert_key_nowhere(env, str(job["id"]), first, again, status)
 
