@@ -133,9 +133,15 @@ def fetch_argv(sglang_dir: str, remote: str) -> list[str]:
     return git(sglang_dir, "fetch", "--quiet", "--", remote)
 
 
-def is_ancestor_argv(sglang_dir: str, older: str, newer: str) -> list[str]:
-    """Exits 0 when ``older`` is an ancestor of ``newer``, 1 when not."""
-    return git(sglang_dir, "merge-base", "--is-ancestor", older, newer)
+def behind_ahead_argv(sglang_dir: str, upstream: str) -> list[str]:
+    """``BEHIND<TAB>AHEAD``: the commits ``upstream`` has that HEAD lacks, and the local ones it lacks
+    (``parse_behind_ahead``); fails when ``upstream`` is no commit in the checkout."""
+    return git(sglang_dir, "rev-list", "--left-right", "--count", f"{upstream}...HEAD")
+
+
+def parse_behind_ahead(stdout: str) -> tuple[int, int]:
+    behind, ahead = stdout.split()
+    return int(behind), int(ahead)
 
 
 def count_argv(sglang_dir: str, range_: str) -> list[str]:

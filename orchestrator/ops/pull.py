@@ -50,7 +50,7 @@ def plan(host: Host, install: bool) -> list[list[str]]:
         git.info_argv(d, host.upstream),
         git.dirty_argv(d),
         git.fetch_argv(d, host.remote),
-        git.is_ancestor_argv(d, "HEAD", host.upstream),
+        git.behind_ahead_argv(d, host.upstream),
         git.fast_forward_argv(d, host.upstream),
         git.log_argv(d, "OLD", "NEW"),
     ]
@@ -73,9 +73,9 @@ def pull(session: HostSession, install: bool = False) -> PullResult:
     _refuse_unsafe(host, runner, before)
     session.forget("git")  # from the fetch on, the checkout is no longer what was read
     runner.run(git.fetch_argv(host.sglang_dir, host.remote), check=True, timeout=600)
-    ahead = _check_not_diverged(host, runner)
-    if ahead == 0:
-        _refuse_under_tuning(session, before)
+    behind, ahead = _check_not_diverged(host, runner)
+    if behind:  # the checkout would move (diverged was refused)
+        _refuse_under_tuning(session, before, behind)
     result = PullResult(before.commit, before.commit, ahead=ahead, branch=before.branch, upstream=host.upstream)
     _fast_forward(session, result)
     if result.changed:
@@ -119,16 +119,13 @@ def _refuse_unsafe(host: Host, runner: Runner, info: git.GitInfo) -> None:
         )
 
 
-def _refuse_under_tuning(session: HostSession, before: git.GitInfo) -> None:
-    """Refuse to move a checkout that orch's tuning jobs run on: each tuner call (one per shape) imports SGLang
-    from it anew, so later calls would tune another commit's kernels, and every config be recorded as tuned for
-    ``before``. A checkout already at upstream moves nothing and is not refused."""
-    host, runner = session.host, session.runner
+def _refuse_under_tuning(session: HostSession, before: git.GitInfo, behind: int) -> None:
+    """Refuse to move a checkout (``behind`` commits) that orch's tuning jobs run on: each tuner call (one per
+    shape) imports SGLang from it anew, so later calls would tune another commit's kernels, and every config be
+    recorded as tuned for ``before``. Asked only of a checkout that would move."""
+    host = session.host
     tuning = jobs.running(session.jobs(), tuner_facts.JOB_PURPOSE_PREFIX)
-    if not tuning:
-        return
-    behind = int(runner.run(git.count_argv(host.sglang_dir, f"HEAD..{host.upstream}"), check=True).stdout.strip() or 0)
-    if behind:
+    if tuning:
         raise RefusedError(
             f"{host.name}: {len(tuning)} tuning jobs of orch's run on {host.sglang_dir} ({tuning[0].id} ...): moving "
             f"it {behind} commits now would run their later tuner calls on other code, their configs recorded as "
@@ -138,28 +135,26 @@ def _refuse_under_tuning(session: HostSession, before: git.GitInfo) -> None:
         )
 
 
-def _check_not_diverged(host: Host, runner: Runner) -> int:
-    """Local commits not in upstream (0 when HEAD can be fast-forwarded); refuse a divergence."""
+def _check_not_diverged(host: Host, runner: Runner) -> tuple[int, int]:
+    """The commits upstream has that HEAD lacks and the local ones upstream lacks (behind, ahead), in one
+    command; refuse a divergence (both), or an upstream that is no commit in the checkout."""
     d = host.sglang_dir
-    behind_only = runner.run(git.is_ancestor_argv(d, "HEAD", host.upstream))
-    if behind_only.ok:
-        return 0
-    if behind_only.exit_status != 1:  # 1: not an ancestor; anything else: git could not read the upstream
+    counted = runner.run(git.behind_ahead_argv(d, host.upstream))
+    if not counted.ok:  # git could not read the upstream
         raise RefusedError(
             f"{host.name}: upstream {host.upstream} is not a commit in {d} after fetching {host.remote} "
-            f"({git.fetch_error_line(behind_only.stderr)}); nothing changed",
+            f"({git.fetch_error_line(counted.stderr)}); nothing changed",
             hint=f"check `upstream` for {host.name} in the inventory: remote/branch, e.g. origin/main "
             f"(`git -C {d} branch -r` lists the remote's branches)",
         )
-    ahead = int(runner.run(git.count_argv(d, f"{host.upstream}..HEAD"), check=True).stdout.strip() or 0)
-    if runner.run(git.is_ancestor_argv(d, host.upstream, "HEAD")).ok:
-        return ahead  # only local commits: nothing to pull
-    behind = runner.run(git.count_argv(d, f"HEAD..{host.upstream}"), check=True).stdout.strip()
-    raise RefusedError(
-        f"{host.name}: branch has diverged from {host.upstream} ({ahead} local, {behind} upstream commits); "
-        "nothing changed",
-        hint="rebase or reset the checkout on the host by hand, then pull again",
-    )
+    behind, ahead = git.parse_behind_ahead(counted.stdout)
+    if behind and ahead:
+        raise RefusedError(
+            f"{host.name}: branch has diverged from {host.upstream} ({ahead} local, {behind} upstream commits); "
+            "nothing changed",
+            hint="rebase or reset the checkout on the host by hand, then pull again",
+        )
+    return behind, ahead
 
 
 def _record(hs: HostState, host: Host, info: git.GitInfo, result: PullResult) -> None:
