@@ -203,7 +203,8 @@ def fleet_urls(
             served = running[host.name]
             if served is not None:
                 urls[host.name] = worker_url(host, served.bind)
-                serving.update([host.name] if not served.rank else [])
+            if served is not None and not served.rank:
+                serving.add(host.name)
             continue
         if record is not None and record.phase == Phase.SERVING and not _serves_no_http(server):
             serving.add(host.name)

@@ -173,7 +173,7 @@ def status(app: App, as_json: bool) -> int:
     workers = GatewayClient(config).workers()
     hosts = list(app.inventory.hosts.values())
     with app.fleet(hosts) as fleet:
-        running = running_servers(app, fleet)
+        running = served_by(app, fleet)
     result = check_fleet(workers, hosts, app.store.read(), running)
     if as_json:
         print_json({**gateway_view.document(result), **({"job": job_doc} if config.host is not None else {})})
@@ -182,7 +182,7 @@ def status(app: App, as_json: bool) -> int:
     return int(ExitCode.OK if result.consistent else ExitCode.HOSTS_FAILED)
 
 
-def running_servers(app: App, fleet: Fleet) -> dict[str, Served | None]:
+def served_by(app: App, fleet: Fleet) -> dict[str, Served | None]:
     """What each host runs as its server, read from the host (``gateway_op.served``): the truth
     of which hosts serve, whatever this state records (another controller's servers serve all the same). A
     host that cannot be read is said and left out: the state's record judges it."""
@@ -220,7 +220,7 @@ def up(app: App, timeout: float) -> int:
     """
     config, host = gateway_op.gateway_host(app.inventory)
     with app.fleet(list(app.inventory.hosts.values())) as fleet:
-        running = running_servers(app, fleet)
+        running = served_by(app, fleet)
         workers = tuple(gateway_op.serving_urls(app.inventory, app.store.read(), running).values())
         result = gateway_op.up(fleet.runner(host), host, config, workers, timeout)
     gateway_view.up_report(host.name, config.url, result)

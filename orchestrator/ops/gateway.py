@@ -24,6 +24,7 @@ from orchestrator import jobs
 from orchestrator.errors import GatewayError, UsageError
 from orchestrator.gateway import GatewayClient, Served, api_key, fleet_urls, smg_argv
 from orchestrator.inventory import Gateway, Host, Inventory
+from orchestrator.readers import SERVER_PURPOSE
 from orchestrator.session import HostSession
 from orchestrator.state import State
 from orchestrator.transport.base import Runner
@@ -57,11 +58,11 @@ def serving_urls(
 
 
 def served(session: HostSession) -> Served | None:
-    """The server job orch runs on the host (None: none runs), as its job directory's command shows it."""
-    job = session.running_server()
-    if job is None:
-        return None
-    return Served.of([word.decode(errors="replace") for word in session.job_argv(job.id) if word])
+    """The server job orch runs on the host (None: none runs), as its job directory's command shows it: the
+    job holding the server purpose and its argv in one round trip (``jobs.held_argv``, as ``orch status``)."""
+    workdir = session.host.workdir
+    held = jobs.parse_held(session.runner.run(jobs.held_argv(workdir, SERVER_PURPOSE), check=True).stdout, workdir)
+    return Served.of(held.argv) if held.job is not None and held.job.running else None
 
 
 def gateway_job(runner: Runner, host: Host) -> jobs.JobInfo | None:

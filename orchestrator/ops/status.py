@@ -309,7 +309,7 @@ def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: lis
         for v in views:
             v.extra["gateway"] = {"reachable": False}
         return {"url": gateway.url, "reachable": False, "error": exc.message, "not_in_inventory": []}
-    check = check_fleet(workers, hosts, state, served(views, state))
+    check = check_fleet(workers, hosts, state, served_in(views, state))
     rows = {r.host: r for r in check.workers if r.host is not None}
     for v in views:
         row = rows.get(v.name)
@@ -330,23 +330,23 @@ def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: lis
     return {"url": gateway.url, "reachable": True, "error": None, "not_in_inventory": strangers}
 
 
-def served(views: list[HostStatus], state: State) -> dict[str, Served | None]:
+def served_in(views: list[HostStatus], state: State) -> dict[str, Served | None]:
     """What each host read showed as its server (``gateway.fleet_urls``' ``running``): the server column's
     running job, as recorded or, unrecorded, as the host runs it; a host not read is left out."""
     found: dict[str, Served | None] = {}
     for v in views:
-        field = v.extra.get("server")
         if not v.reachable:
             continue
+        field = v.extra.get("server")
         if field is None or field.get("job_state") != "running":
             found[v.name] = None
             continue
         record = state.hosts.get(v.name)
         server = record.server if record is not None else None
-        recorded = field.get("recorded") and server is not None
-        found[v.name] = (
-            Served.of(server.argv) if recorded and server else Served(field.get("bind"), field.get("rank") or 0)
-        )
+        if field.get("recorded") and server is not None:
+            found[v.name] = Served.of(server.argv)
+        else:  # as the host runs it
+            found[v.name] = Served(field.get("bind"), field.get("rank") or 0)
     return found
 
 
