@@ -445,14 +445,18 @@ def parse_held(stdout: str, workdir: str) -> Held:
             fields[key] = value
     listed = parse_list(stdout, workdir)
     job = next((j for j in listed if j.id == fields.get("held")), None)
-    env_lines = _unbase64(fields.get("env", "")).splitlines()
     return Held(
         host_now=_epoch(fields.get("now", "")),
         job=job,
         argv=[a for a in _unbase64(fields.get("argv", "")).split("\0")][:-1],
-        env=dict(pair.split("=", 1) for pair in env_lines if "=" in pair),
+        env=env_pairs(_unbase64(fields.get("env", ""))),
         others=[j for j in listed if j is not job],
     )
+
+
+def env_pairs(text: str) -> dict[str, str]:
+    """A job's own ``env`` file (``K=V`` lines) as a mapping."""
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
 def _unbase64(text: str) -> str:

@@ -225,12 +225,10 @@ class HostSession:
         path = f"{job_dir(self.host.workdir, job)}/argv"
         return self.fact(f"argv:{job}", lambda: self.runner.read_bytes(path).split(b"\0"))
 
-    def job_env(self, job: str) -> str:
-        """Job ``job``'s own ``env`` file (``K=V`` lines, non-secret), as the host's job directory holds it."""
-        from orchestrator.jobs import job_dir
-
+    def job_env(self, job: str) -> dict[str, str]:
+        """Job ``job``'s own environment (its ``env`` file, non-secret), as the host's job directory holds it."""
         path = f"{job_dir(self.host.workdir, job)}/env"
-        return self.fact(f"env:{job}", lambda: self.runner.read_bytes(path).decode(errors="replace"))
+        return self.fact(f"env:{job}", lambda: jobs.env_pairs(self.runner.read_bytes(path).decode(errors="replace")))
 
     def machine(self) -> Machine:
         """The machine the host is now: the address orch reaches it at and its machine-id (``read_machine``)."""

@@ -473,7 +473,7 @@ def unrecorded_rank(plan: facts.GroupPlan, r: RankReady) -> bool:
     commit and tuned configs (``ops.serve.unrecorded_as_asked``) and the group's interface variables."""
     if r.ready.old is None or serve_op.unrecorded_as_asked(r.session, r.ready) is None:
         return False
-    env = dict(line.partition("=")[::2] for line in r.session.job_env(r.ready.old.id).splitlines())
+    env = r.session.job_env(r.ready.old.id)
     return all(env.get(name) == value for name, value in plan.env.items())
 
 

@@ -555,11 +555,7 @@ def unrecorded_as_asked(session: HostSession, ready: Preflight) -> jobs.JobInfo 
 def launched_commit(session: HostSession, job: jobs.JobInfo) -> str | None:
     """The SGLang commit server job ``job`` started on, as its own env file on the host says (None for a
     job started by an orch that did not write it)."""
-    for line in session.job_env(job.id).splitlines():
-        name, _, value = line.partition("=")
-        if name == srv.LAUNCHED_COMMIT:
-            return value
-    return None
+    return session.job_env(job.id).get(srv.LAUNCHED_COMMIT)
 
 
 def configs_loaded(configs: dict[str, float], job: jobs.JobInfo) -> bool:
