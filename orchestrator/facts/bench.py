@@ -142,6 +142,8 @@ class BenchRecord(_Model):
     tuned_shapes: list[str] = []
     fp8_backend: str | None = None
     simulated: bool = False  # the result says orch's simulated SGLang wrote it (``is_simulated``): a model
+    model: str | None = None  # the server's --model-path (None: a run recorded before orch recorded it)
+    nodes: int | None = None  # the machines serving it: 1 alone, a replica group's --nnodes (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ class ComparisonRow:
     mean_tpot_ms: float | None
     change: str
     settings: str = ""
-    other_workload: str = ""  # how the workload differs from the baseline's (``input 32≠1024``), or ""
+    differs: str = ""  # how the served model or the workload differs from the baseline's (``input 32≠1024``), or ""
     accept_representative: bool = True  # False: measured on random token ids, not what users see
 
 
@@ -363,7 +365,7 @@ def compare(records: list[BenchRecord], baseline: BenchRecord | None) -> list[Co
             mean_tpot_ms=r.metrics.mean_tpot_ms,
             change=change_label(r, baseline),
             settings=settings_text(r),
-            other_workload=", ".join(workload_differences(r.params, baseline.params)) if baseline else "",
+            differs=", ".join(differences(r, baseline)) if baseline else "",
             accept_representative=r.params.accept_representative,
         )
         for r in records
@@ -372,14 +374,45 @@ def compare(records: list[BenchRecord], baseline: BenchRecord | None) -> list[Co
 
 def change_label(record: BenchRecord, baseline: BenchRecord | None) -> str:
     """``baseline``, ``+12.3%`` / ``-4.0%`` of output tok/s, or ``n/a`` without a usable baseline; a run
-    whose workload differs from the baseline's is marked (``+12.3% (other workload)``): not comparable."""
+    not comparable with the baseline is marked: another model or node count served (``(other server)``),
+    another workload (``(other workload)``), or both."""
     if baseline is None or baseline.metrics.output_throughput <= 0:
         return "n/a"
     if record is baseline:
         return "baseline"
     ratio = record.metrics.output_throughput / baseline.metrics.output_throughput - 1
-    differs = workload_differences(record.params, baseline.params)
-    return f"{ratio * 100:+.1f}%" + (" (other workload)" if differs else "")
+    marks = [
+        words
+        for words, differs in (
+            ("other server", server_differences(record, baseline)),
+            ("other workload", workload_differences(record.params, baseline.params)),
+        )
+        if differs
+    ]
+    return f"{ratio * 100:+.1f}%" + (f" ({', '.join(marks)})" if marks else "")
+
+
+def differences(run: BenchRecord, baseline: BenchRecord) -> list[str]:
+    """Why ``run`` does not compare with ``baseline`` (empty: it does): ``server_differences``, then
+    ``workload_differences``."""
+    return [*server_differences(run, baseline), *workload_differences(run.params, baseline.params)]
+
+
+def server_differences(run: BenchRecord, baseline: BenchRecord) -> list[str]:
+    """What the two runs measured that is not a serving setting: another model (``model DeepSeek-V4-Pro≠
+    DeepSeek-V4-Flash``, its path's last part) or another number of machines serving it (``nodes 2≠1``).
+    Told apart only when both runs recorded it (older runs did not)."""
+    differs = []
+    if run.model and baseline.model and run.model != baseline.model:
+        mine, theirs = _model_name(run.model), _model_name(baseline.model)
+        differs.append(f"model {mine}≠{theirs}" if mine != theirs else f"model {run.model}≠{baseline.model}")
+    if run.nodes and baseline.nodes and run.nodes != baseline.nodes:
+        differs.append(f"nodes {run.nodes}≠{baseline.nodes}")
+    return differs
+
+
+def _model_name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1] or path
 
 
 _WORKLOAD = {
@@ -394,7 +427,7 @@ _WORKLOAD = {
 
 def workload_differences(run: BenchParams, baseline: BenchParams) -> list[str]:
     """How ``run``'s workload differs from ``baseline``'s (``input 32≠1024``): runs compare only on the same
-    workload. The server's configuration (backend, MTP, commit) is what a comparison measures, not listed.
+    workload. The server's settings (backend, MTP, commit) are what a comparison measures, not listed.
     A range ratio not recorded is SGLang's default 0.0; a dataset file differs only when both runs
     recorded its hash (older runs did not)."""
     differs = []
@@ -438,7 +471,7 @@ def _fmt_setting(value: float | int | None) -> str:
 def settings_text(record: BenchRecord) -> str:
     """What a run measured, in one cell: ``64 prompts 1024/256 tok ratio 1 conc 16, sharegpt.json
     sha256:1a2b3c4d5e6f, triton, MTP EAGLE,
-    SGLang ed88712``."""
+    SGLang ed88712`` (``, 2 nodes`` after it for a replica group)."""
     p = record.params
     ratio = "?" if p.random_range_ratio is None else f"{p.random_range_ratio:g}"
     rate = f" rate {p.request_rate:g}/s" if p.request_rate is not None else ""
@@ -446,7 +479,8 @@ def settings_text(record: BenchRecord) -> str:
     workload += f", {dataset_text(p)}"
     mtp = {True: f"MTP {record.mtp_settings.get('algorithm', 'on')}", False: "no MTP", None: "MTP ?"}[record.mtp]
     commit = (record.sglang_commit or "unknown")[:7]
-    return f"{workload}, {record.fp8_backend or 'backend ?'}, {mtp}, SGLang {commit}"
+    nodes = f", {record.nodes} nodes" if record.nodes and record.nodes > 1 else ""
+    return f"{workload}, {record.fp8_backend or 'backend ?'}, {mtp}, SGLang {commit}{nodes}"
 
 
 def chart_labels(records: list[BenchRecord]) -> list[str]:

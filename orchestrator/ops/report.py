@@ -298,9 +298,12 @@ def story_rows(records: Sequence[BenchRecord], profiles: Sequence[ProfileRecord]
     MTP or tuned shapes), tuned (the latest with tuned shapes, MTP off), tuned + MTP (the latest with
     both), the profile the sweep chose per concurrency band, and the GPU time by category of the first
     and the latest ``orch profile`` (before and after; of the only one when there is one). Sweep runs are
-    not benchmarks of the campaign."""
+    not benchmarks of the campaign; its runs are of the model and node count the latest run served, and
+    tuned and tuned + MTP of the baseline's workload (a quick run with fewer prompts is no stage)."""
     runs = [r for r in records if sweep_facts.parse_label(r.label) is None]
+    runs = [r for r in runs if not facts.server_differences(r, runs[-1])]
     baseline = next((r for r in runs if not r.mtp and not r.tuned_shapes), None)
+    runs = [r for r in runs if baseline is None or not facts.differences(r, baseline)]
     tuned = next((r for r in reversed(runs) if r.tuned_shapes and not r.mtp), None)
     with_mtp = next((r for r in reversed(runs) if r.tuned_shapes and r.mtp), None)
     rows = [_story_run(stage, r, baseline) for stage, r in

@@ -53,17 +53,17 @@ def progress_line(p: bench_op.BenchProgress) -> str:
 
 
 def settings_lines(run: bench_op.BenchRun) -> list[str]:
-    """Below the table, each run's settings and how its workload differs from the baseline's."""
+    """Below the table, each run's settings and how its model or workload differs from the baseline's."""
     lines = []
     for r in run.rows:
-        differs = f"; other workload than {run.baseline}: {r.other_workload}" if r.other_workload else ""
+        differs = f"; not comparable with {run.baseline}: {r.differs}" if r.differs else ""
         lines.append(f"{r.label} ({r.at:%H:%M}): {r.settings}{differs}")
     return lines
 
 
 def show_comparisons(results: FleetResult[bench_op.BenchRun]) -> None:
     """Per host: what was just measured and with which settings, then every run on the host against the
-    baseline (a run with another workload than the baseline's is marked)."""
+    baseline (a run of another model, node count or workload than the baseline's is marked)."""
     for result in results.succeeded:
         run = result.value
         assert run is not None

@@ -277,7 +277,7 @@ def test_bench_shows_progress_and_settings_refuses_an_unknown_baseline_first_and
     assert second.returncode == 0, second.output
     row = next(line for line in second.stdout.splitlines() if line.startswith("│ b "))
     assert "(other workload)" in row, second.stdout
-    assert "b (" in second.stdout and "other workload than a: prompts 6≠12, output 64≠128, concurrency 3≠2" in (
+    assert "b (" in second.stdout and "not comparable with a: prompts 6≠12, output 64≠128, concurrency 3≠2" in (
         second.stdout
     )
 

@@ -228,6 +228,9 @@ def test_bench_and_profile_of_a_rank_measure_the_group_on_rank_0(env: FleetEnv, 
     assert said.format("profiled") in profile.stderr.splitlines()
     state = StateStore(env.state).read()
     assert [r.label for r in state.hosts["sim-2"].benchmarks][-1:] == ["group"]
+    assert state.hosts["sim-2"].benchmarks[-1].nodes == 2  # told apart from sim-2's runs alone in a comparison
+    settings = [line for line in bench.stdout.splitlines() if line.startswith("sim-2:   settings: ")]
+    assert len(settings) == 1 and settings[0].endswith(", 2 nodes"), bench.stdout
     assert [p.label for p in state.hosts["sim-2"].profiles][-1:] == ["group"]
     assert not any(r.label == "group" for r in state.hosts["sim-3"].benchmarks)
     fleet = env.orch("bench", "--label", "fleet", "--num-prompts", "4")  # every host: the group once, on rank 0

@@ -308,7 +308,22 @@ def test_a_run_with_another_workload_than_the_baseline_is_marked_with_how_it_dif
     assert bench.change_label(other, base) == "+50.0% (other workload)"
     assert bench.workload_differences(other.params, base.params) == ["input 32≠1024", "range ratio 0≠1"]
     rows = bench.compare([base, same, other], base)
-    assert [r.other_workload for r in rows] == ["", "", "input 32≠1024, range ratio 0≠1"]
+    assert [r.differs for r in rows] == ["", "", "input 32≠1024, range ratio 0≠1"]
+
+
+def test_a_run_of_another_model_or_node_count_is_marked_other_server_and_unrecorded_ones_are_not_told_apart() -> None:
+    base = a_record("flash", 100.0).model_copy(update={"model": "/models/DeepSeek-V4-Flash", "nodes": 1})
+    pro = a_record("pro", 80.0, minutes=1).model_copy(update={"model": "/models/DeepSeek-V4-Pro/", "nodes": 2})
+    assert bench.change_label(pro, base) == "-20.0% (other server)"
+    assert bench.differences(pro, base) == ["model DeepSeek-V4-Pro≠DeepSeek-V4-Flash", "nodes 2≠1"]
+    elsewhere = base.model_copy(update={"model": "/data/DeepSeek-V4-Flash"})  # same last part: the paths are told
+    assert bench.server_differences(elsewhere, base) == ["model /data/DeepSeek-V4-Flash≠/models/DeepSeek-V4-Flash"]
+    quick = pro.model_copy(update={"params": PARAMS.model_copy(update={"num_prompts": 8})})
+    assert bench.change_label(quick, base) == "-20.0% (other server, other workload)"
+    older = a_record("older", 90.0, minutes=2)  # recorded before orch recorded the model and nodes
+    assert bench.differences(older, pro) == [] and bench.change_label(older, pro) == "+12.5%"
+    assert bench.settings_text(pro).endswith(", SGLang unknown, 2 nodes")
+    assert bench.settings_text(base).endswith(", SGLang unknown")
 
 
 def test_settings_say_the_workload_backend_mtp_and_commit_of_a_run() -> None:

@@ -319,6 +319,27 @@ def test_report_tells_the_campaign_baseline_tuned_mtp_chosen_profile_and_gpu_tim
     assert rows[5].startswith("| GPU time after | after |") and rows[5].endswith("(simulated) |")
 
 
+def test_the_campaign_is_of_the_model_served_last_and_a_quick_run_on_another_workload_is_no_stage() -> None:
+    def run(label: str, tok_s: float, minutes: float, mtp: bool, model: str, **update: object) -> BenchRecord:
+        record = BenchRecord.model_validate(a_run(label, tok_s, minutes, None, mtp) | {"model": model})
+        return record.model_copy(update=update)
+
+    flash, pro = "/models/DeepSeek-V4-Flash", "/models/DeepSeek-V4-Pro"
+    quick = BenchParams(input_len=1024, output_len=256, num_prompts=8, max_concurrency=2)
+    records = [
+        run("flash baseline", 2000.0, 0, False, flash),
+        run("flash mtp", 3000.0, 10, True, flash),
+        run("pro baseline", 1000.0, 20, False, pro, nodes=2),
+        run("pro mtp", 1500.0, 30, True, pro, nodes=2),
+        run("quick", 400.0, 40, True, pro, nodes=2, params=quick),
+    ]
+    rows = report.story_rows(records, [])
+    assert [row[:4] for row in rows] == [
+        ["baseline", "pro baseline", "1,000.0", ""],
+        ["tuned + MTP", "pro mtp", "1,500.0", "+50.0%"],
+    ]
+
+
 def test_a_report_without_records_tells_no_campaign_and_one_profile_is_no_before_and_after() -> None:
     assert report.story_rows([], []) == []
     (row,) = report.story_rows([], [a_profile("only", 80, 0.6, simulated=False)])
