@@ -368,10 +368,11 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
         if short_cells and needs_you:
             problems.append(f"tuning {_tuning_cell(v)}")
         if server.get("ended_while_serving"):
-            job = server["job"]
+            job, group = server["job"], server.get("group")
+            again = f"serves its group {group} again (every rank: one command)" if group else "serves again"
             problems.append(
                 f"server job {job} ended ({server['job_state']}) while recorded serving, not stopped by orch: nothing "
-                f"serves; `orch logs {v.name} {job}` shows why, `orch serve --host {v.name}` serves again"
+                f"serves; `orch logs {v.name} {job}` shows why, `orch serve --host {v.name}` {again}"
             )
         if short_cells and v.gpu_error:
             problems.append(f"gpus: {v.gpu_error}")

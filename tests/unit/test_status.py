@@ -271,6 +271,21 @@ def test_restart_is_pending_when_the_checkout_moved_or_configs_came_after_launch
     assert status_op.pending_restart(running, legacy, other, TuningRecord())["commit"] == other
 
 
+def test_a_server_that_ended_while_serving_is_said_with_the_command_that_serves_again_its_group_too() -> None:
+    v = view()
+    v.extra["server"] = {"job": "server-1", "job_state": "failed", "ended_while_serving": True}
+    said = "blackwell-12: server job server-1 ended (failed) while recorded serving, not stopped by orch: nothing "
+    said += "serves; "
+    assert views_mod.status_notes([v]) == [
+        said + "`orch logs blackwell-12 server-1` shows why, `orch serve --host blackwell-12` serves again"
+    ]
+    v.extra["server"] |= {"group": "pro-1", "rank": 1}  # a rank: any of the group's hosts serves all its ranks
+    assert views_mod.status_notes([v]) == [
+        said + "`orch logs blackwell-12 server-1` shows why, `orch serve --host blackwell-12` serves its group "
+        "pro-1 again (every rank: one command)"
+    ]
+
+
 def test_an_unknown_host_key_shows_the_orch_trust_hint() -> None:
     h = Host.model_validate({"name": "h1", "address": "127.0.0.1"})
     error = HostKeyError(
