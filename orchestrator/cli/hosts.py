@@ -18,7 +18,7 @@ from orchestrator.ops import status as status_op
 from orchestrator.recipe import PullOptions
 from orchestrator.render import print_json
 from orchestrator.transport.ssh import trust_host_key
-from orchestrator.views.pull import pull_report
+from orchestrator.views.pull import pull_report, split_groups_report
 from orchestrator.views.status import status_details, status_document, status_table
 
 
@@ -117,7 +117,9 @@ def pull(
         return int(ExitCode.OK)
     with app.fleet(selected, parallel) as fleet:
         results = fleet.map_sessions(lambda s: pull_op.pull(s, install), lambda: app.store)
+        split = pull_op.split_groups(fleet, app.inventory, results)
     pull_report(results)
+    split_groups_report(split)
     return finish(results)
 
 

@@ -7,7 +7,8 @@ recorded in that transaction: when the lock cannot be had (exit 4) the checkout 
 becomes ``pulled`` when the commit changed, or when the host was new or failed; a serving host whose
 checkout did not move keeps its phase. The session forgets what a pull changes: the checkout (``git``: a
 fetch alone changes the commits behind), and when the commit moved or ``--install`` ran, the SGLang code
-the server's flags and the tuned-config directory are read from.
+the server's flags and the tuned-config directory are read from. A pull that moves some hosts of a replica
+group reads the others' commits after it (``split_groups``): a group left at two commits is said.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from orchestrator import jobs, readers
 from orchestrator.errors import RefusedError
 from orchestrator.facts import git
 from orchestrator.facts import tuner as tuner_facts
-from orchestrator.inventory import Host
+from orchestrator.fleet import Fleet, FleetResult
+from orchestrator.inventory import Host, Inventory
 from orchestrator.session import HostSession
 from orchestrator.state import HostState
 from orchestrator.transport.base import Runner, shell_command
@@ -41,6 +43,33 @@ class PullResult:
     @property
     def changed(self) -> bool:
         return self.old != self.new
+
+
+@dataclass(frozen=True)
+class SplitGroup:
+    """A replica group a pull left at two commits: ``pulled`` (host -> its new commit) moved, ``others``
+    (host -> its commit as read after the pull, None when it could not be read) were not pulled."""
+
+    name: str
+    pulled: dict[str, str]
+    others: dict[str, str | None]
+
+
+def split_groups(fleet: Fleet, inventory: Inventory, results: FleetResult[PullResult]) -> list[SplitGroup]:
+    """The replica groups this pull left at different commits: a host of the group moved, and the group's
+    hosts not pulled (their checkouts read now, in one round trip each) are not all at its new commit."""
+    moved = {r.host.name: r.value.new for r in results.succeeded if r.value is not None and r.value.changed}
+    touched = [g for g in inventory.groups.values() if any(name in moved for name in g.hosts)]
+    others = [inventory.hosts[name] for g in touched for name in g.hosts if name not in moved]
+    read = fleet.map(lambda host, runner: readers.read_git(host, runner).commit, others) if others else []
+    commits = {r.host.name: r.value for r in read}
+    split = []
+    for g in touched:
+        pulled = {name: moved[name] for name in g.hosts if name in moved}
+        behind = {name: commits[name] for name in g.hosts if name not in moved}
+        if behind and len({*pulled.values(), *behind.values()}) > 1:
+            split.append(SplitGroup(g.name, pulled, behind))
+    return split
 
 
 def plan(host: Host, install: bool) -> list[list[str]]:

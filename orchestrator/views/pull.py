@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from orchestrator import render
 from orchestrator.fleet import FleetResult
-from orchestrator.ops.pull import PullResult
+from orchestrator.ops.pull import PullResult, SplitGroup
 from orchestrator.render import inert
 
 
@@ -34,3 +34,20 @@ def pull_report(results: FleetResult[PullResult]) -> None:
             )
         if r.value is not None and r.value.installed:
             render.out.print(f"{r.host.name}: installed with `pip install -e python` ({r.host.python})", markup=False)
+
+
+def split_groups_report(groups: list[SplitGroup]) -> None:
+    """On stderr, each replica group the pull left at two commits, and the pull that joins them: the group
+    keeps serving, but ``orch serve`` refuses it until its ranks run one commit."""
+    for g in groups:
+        pulled = ", ".join(f"{name} {commit[:10]}" for name, commit in g.pulled.items())
+        others = ", ".join(
+            f"{name} {commit[:10] if commit else '(could not be read)'}" for name, commit in g.others.items()
+        )
+        hosts = " ".join(f"--host {name}" for name in g.others)
+        render.err.print(
+            f"group {g.name}: its hosts are now at different commits (pulled: {pulled}; not pulled: {others}); it "
+            f"keeps serving what it runs, but `orch serve` refuses the group until every rank is at one commit: "
+            f"`orch pull {hosts}`",
+            markup=False,
+        )

@@ -646,13 +646,18 @@ def test_a_group_whose_hosts_are_at_different_commits_is_refused_and_keeps_servi
     assert env.orch("serve", "--host", "sim-2").returncode == 0
     before = running_servers(env)
     env.fleet.add_upstream_commit("Only sim-3 pulls this")  # type: ignore[attr-defined]
-    assert env.orch("pull", "--host", "sim-3").returncode == 0
+    alone = env.orch("pull", "--host", "sim-3")  # said at once, with the pull that joins them
+    assert alone.returncode == 0, alone.output
+    (said,) = [line for line in alone.stderr.splitlines() if line.startswith("group pro-1: ")]
+    assert said.startswith("group pro-1: its hosts are now at different commits (pulled: sim-3 "), said
+    assert "; not pulled: sim-2 " in said and said.endswith("every rank is at one commit: `orch pull --host sim-2`")
     run = env.orch("serve", "--host", "sim-2")
     assert run.returncode == ExitCode.HOSTS_FAILED, run.output
     assert "group pro-1: its hosts' SGLang checkouts are at different commits (sim-2 " in run.stderr
     assert "hint: bring every host of the group to one commit (`orch pull --host sim-2 --host sim-3`)" in run.stderr
     assert "stopping" not in run.output and running_servers(env) == before
-    assert env.orch("pull", "--host", "sim-2").returncode == 0
+    joined = env.orch("pull", "--host", "sim-2")
+    assert joined.returncode == 0 and "group pro-1" not in joined.stderr, joined.output
     served = env.orch("serve", "--host", "sim-2")  # one commit again: the group is relaunched on it
     assert served.returncode == 0, served.output
     assert "stopping server job" in served.stderr
