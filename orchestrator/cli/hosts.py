@@ -75,8 +75,8 @@ def status(
     by_name = {o.status.name: status_op.merge_state(o, seen[o.status.name]) for o in observed}
     views = [by_name.get(r.host.name) or status_op.unreachable(r, cached.get(r.host.name)) for r in results]
     config, hosts_all = app.inventory.gateway, list(app.inventory.hosts.values())
-    gateway = status_op.gateway_column(config, hosts_all, state, views) if config is not None else None
     groups = status_op.group_statuses(app.inventory, views)
+    gateway = status_op.gateway_column(config, hosts_all, state, views, groups) if config is not None else None
     if prometheus:
         from orchestrator.utc import utc_now
         from orchestrator.views.metrics import write_prometheus

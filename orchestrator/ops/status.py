@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -296,9 +297,12 @@ def pending_restart(
     }
 
 
-def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: list[HostStatus]) -> dict[str, Any]:
+def gateway_column(
+    gateway: Gateway, hosts: list[Host], state: State, views: list[HostStatus], groups: Sequence[GroupStatus] = ()
+) -> dict[str, Any]:
     """The gateway column, from ONE ``GET /workers``: each view's ``extra["gateway"]`` (registered,
-    healthy, load, flag: ``gateway.check_fleet``'s judgement, as ``orch gateway status``) and what
+    healthy, load, flag: ``gateway.check_fleet``'s judgement, as ``orch gateway status``; ``rank``: a
+    replica group's rank other than 0, as recorded or as its host runs it, named by ``groups``) and what
     concerns the gateway itself (its URL, whether it answered and why not, the workers that are no
     inventory host). ``hosts`` is the whole inventory, so a host left out of this status is no stranger;
     a gateway that does not answer (or a key not set) is said in the column, never fatal."""
@@ -309,8 +313,10 @@ def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: lis
         for v in views:
             v.extra["gateway"] = {"reachable": False}
         return {"url": gateway.url, "reachable": False, "error": exc.message, "not_in_inventory": []}
-    check = check_fleet(workers, hosts, state, served_in(views, state))
+    running = served_in(views, state)
+    check = check_fleet(workers, hosts, state, running)
     rows = {r.host: r for r in check.workers if r.host is not None}
+    group_of = {name: g.name for g in groups for name in g.hosts}
     for v in views:
         row = rows.get(v.name)
         unregistered = v.name in check.unregistered and "drained_at" not in v.extra  # drained: out on purpose
@@ -318,13 +324,17 @@ def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: lis
         flag = "left out by a serve that was cut off" if v.name in check.left_out else flag
         record = state.hosts.get(v.name)
         server = record.server if record is not None else None
+        served = running.get(v.name)
+        rank = f"rank {server.rank} of {server.group}" if server is not None and server.rank else None
+        if served is not None and served.rank and v.name in group_of:  # as the host runs it
+            rank = f"rank {served.rank} of {group_of[v.name]}"
         v.extra["gateway"] = {
             "reachable": True,
             "registered": row is not None,
             "healthy": row.healthy if row else None,
             "load": row.load if row else None,
             "flag": flag,
-            "rank": f"rank {server.rank} of {server.group}" if server is not None and server.rank else None,
+            "rank": rank,
         }
     strangers = [r.url for r in check.workers if r.host is None]
     return {"url": gateway.url, "reachable": True, "error": None, "not_in_inventory": strangers}

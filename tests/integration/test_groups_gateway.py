@@ -157,6 +157,10 @@ def test_a_rolling_relaunch_moves_the_group_as_one_server_and_only_rank_0_is_eve
     hosts = {h["name"]: h for h in json.loads(env.orch("status", "--json").stdout)["hosts"]}
     assert hosts["sim-3"]["gateway"]["rank"] == "rank 1 of pro-1"  # shown as `rank 1 of pro-1: via rank 0`
     assert hosts["sim-3"]["gateway"]["flag"] is None and hosts["sim-2"]["gateway"]["registered"]
+    second = env.orch("--state", str(env.state.with_name("second-controller.db")), "status")  # records nothing
+    assert second.returncode == 0, second.output
+    (rank_1,) = [line.split() for line in second.stdout.splitlines() if line.startswith("sim-3 ")]
+    assert " ".join(rank_1).endswith("rank 1 of pro-1: via rank 0"), second.stdout  # as sim-3 runs it
 
 
 def test_a_group_whose_new_server_fails_is_rolled_back_on_every_rank_and_rank_0_registered_again(
