@@ -10,6 +10,7 @@ from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.gateway import gate_needs_rolling, rolling_default, rolling_options, rolling_serve
 from orchestrator.errors import ExitCode
+from orchestrator.facts import group as group_facts
 from orchestrator.facts import server as facts
 from orchestrator.inventory import Host
 from orchestrator.ops import autotune as autotune_op
@@ -204,17 +205,24 @@ def show(
 ) -> int:
     """Print the exact server command per host, and what the MTP rules find wrong (no host is contacted).
 
+    A host of a replica group shows its rank's command, with the group's launch environment.
+
     \b
     Example:
       orch recipe show --host blackwell-1 --no-mtp
     """
     selected = app.select(hosts, tags)
     mtp, problems = options.mtp, 0
-    for host, r in app.recipes(selected, playbook).items():
+    chosen = app.recipes(selected, playbook)
+    ranks = group_op.ranks(app.inventory, selected, chosen)  # a replica group's host: its rank's command
+    for host, r in chosen.items():
         found = facts.check_recipe(r, mtp=mtp)
         preferred, *other = facts.entrypoints(app.inventory.hosts[host])  # serve's choice when the host has it
         argv = facts.launch_argv(r, app.inventory.hosts[host], mtp=mtp, entrypoint=preferred)
-        serve_view.recipe_lines(host, r, argv, found, other[0] if other else None)
+        rank = ranks.get(host)
+        if rank is not None:
+            argv = group_facts.rank_argv(argv, rank.plan, rank.rank)
+        serve_view.recipe_lines(host, r, argv, found, other[0] if other else None, rank.plan if rank else None)
         problems += len(found)
     return int(ExitCode.USAGE if problems else ExitCode.OK)
 

@@ -52,6 +52,11 @@ class GroupPlan:
         """The rank ``host`` (a name) runs: its place in the group's ``hosts``."""
         return self.hosts.index(host)
 
+    def place(self, rank: int) -> str:
+        """``(group pro-1: rank 1 of 2, rank 0 is sim-2; the ranks meet at 10.0.0.2:20000)``."""
+        role = "serves HTTP" if rank == 0 else f"rank 0 is {self.hosts[0]}"
+        return f"(group {self.group}: rank {rank} of {self.nodes}, {role}; the ranks meet at {self.dist_init_addr})"
+
 
 @dataclass(frozen=True)
 class RankLaunch:

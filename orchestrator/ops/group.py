@@ -156,11 +156,7 @@ def rank_command(session: HostSession, recipe: Recipe, options: ServeOptions, ra
         raise RefusedError(
             f"{session.host.name}: its SGLang refuses the multi-node flags: " + "; ".join(map(str, problems))
         )
-    role = "serves HTTP" if rank.rank == 0 else f"rank 0 is {plan.hosts[0]}"
-    return [
-        f"(group {plan.group}: rank {rank.rank} of {plan.nodes}, {role}; the ranks meet at {plan.dist_init_addr})",
-        f"$ {shell_command(argv, env=plan.env or None)}",
-    ]
+    return [plan.place(rank.rank), f"$ {shell_command(argv, env=plan.env or None)}"]
 
 
 def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions, rank: Rank, peers: Peers) -> list[str]:

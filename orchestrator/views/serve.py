@@ -10,6 +10,7 @@ from rich.text import Text
 
 from orchestrator import render
 from orchestrator.facts import server as facts
+from orchestrator.facts.group import GroupPlan
 from orchestrator.facts.server_log import ShapeUse
 from orchestrator.facts.server_upstream import Discovery, diff_flags
 from orchestrator.fleet import FleetResult
@@ -128,12 +129,21 @@ def stopped_lines(results: FleetResult[str | None]) -> None:
 
 
 def recipe_lines(
-    host: str, r: Recipe, argv: list[str], problems: Sequence[facts.Problem], fallback: list[str] | None = None
+    host: str,
+    r: Recipe,
+    argv: list[str],
+    problems: Sequence[facts.Problem],
+    fallback: list[str] | None = None,
+    group: GroupPlan | None = None,
 ) -> None:
-    """``orch recipe show``: the recipe, the server command serve runs, and what the MTP rules refuse;
+    """``orch recipe show``: the recipe, the server command serve runs (a replica group's host: its place in
+    ``group`` and its rank's command in the group's launch environment), and what the MTP rules refuse;
     ``fallback``: the entrypoint serve uses instead on a host whose SGLang has no ``sglang serve``."""
     render.out.print(f"{host}: {r.path or r.model}", markup=False)
-    render.out.print(f"  $ {shlex.join(argv)}", markup=False)
+    env = [f"{name}={value}" for name, value in group.env.items()] if group is not None else []
+    if group is not None:
+        render.out.print(f"  {group.place(group.rank(host))}", markup=False)
+    render.out.print(f"  $ {shlex.join(['env', *env, *argv] if env else argv)}", markup=False)
     if fallback:
         render.out.print(
             f"  (on an SGLang without `sglang serve`: {shlex.join(fallback)} with the same flags)", markup=False

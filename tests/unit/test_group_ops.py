@@ -4,11 +4,14 @@ relaunch's checked one), the rank reads replaced by fakes; the integration tests
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orchestrator.errors import RefusedError
+from orchestrator.cli import run_command
+from orchestrator.errors import ExitCode, RefusedError
 from orchestrator.facts.group import GroupPlan
 from orchestrator.ops import group as group_op
 from orchestrator.recipe import Recipe, ServeOptions
@@ -90,3 +93,33 @@ def test_a_rank_that_cannot_start_refuses_the_rolling_relaunch_naming_the_group_
     assert str(refused.value) == (
         "group pro-1 (not touched): b2: the new server cannot start here (the running server was left untouched)"
     )
+
+
+def test_recipe_show_of_a_group_host_is_its_ranks_command_and_a_multi_node_recipe_alone_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`orch recipe show` printed the single-host command for each rank (rank 1 with a --port it never gets,
+    no --nnodes, no interface variables), and for a 2-node recipe on a host alone a command serve refuses."""
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(
+        "hosts:\n  b1: {address: 10.0.0.1}\n  b2: {address: 10.0.0.2}\n  alone: {address: 10.0.0.3}\n"
+        "groups:\n  pro-1: {hosts: [b1, b2], playbook: deepseek-v4-pro, network_interface: ens1f0np0}\n"
+    )
+    assert run_command(["-i", str(inventory), "recipe", "show", "--host", "b2"]) == 0
+    b2, place, command, *_ = capsys.readouterr().out.splitlines()
+    assert b2.startswith("b2: ") and b2.endswith("deepseek-v4-pro.yaml")
+    assert place == "  (group pro-1: rank 1 of 2, rank 0 is b1; the ranks meet at 10.0.0.1:20000)"
+    argv = shlex.split(command.removeprefix("  $ "))
+    assert argv[:3] == ["env", "NCCL_SOCKET_IFNAME=ens1f0np0", "GLOO_SOCKET_IFNAME=ens1f0np0"]
+    assert "--port" not in argv and argv[-6:] == [
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--dist-init-addr",
+        "10.0.0.1:20000",
+    ]
+    code = run_command(["-i", str(inventory), "recipe", "show", "--host", "alone", "--playbook", "deepseek-v4-pro"])
+    said = capsys.readouterr()
+    assert code == ExitCode.USAGE and said.out == ""
+    assert "alone: " in said.err and "runs on 2 hosts at once, and alone is in no group of " in said.err
