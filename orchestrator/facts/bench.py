@@ -159,7 +159,7 @@ class ComparisonRow:
     mean_tpot_ms: float | None
     change: str
     settings: str = ""
-    differs: str = ""  # how the served model or the workload differs from the baseline's (``input 32≠1024``), or ""
+    differs: str = ""  # how the server (model, nodes) or the workload differs from the baseline's, or ""
     accept_representative: bool = True  # False: measured on random token ids, not what users see
 
 

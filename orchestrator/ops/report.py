@@ -301,7 +301,8 @@ def story_rows(records: Sequence[BenchRecord], profiles: Sequence[ProfileRecord]
     not benchmarks of the campaign; its runs are of the model and node count the latest run served, and
     tuned and tuned + MTP of the baseline's workload (a quick run with fewer prompts is no stage)."""
     runs = [r for r in records if sweep_facts.parse_label(r.label) is None]
-    runs = [r for r in runs if not facts.server_differences(r, runs[-1])]
+    latest = runs[-1] if runs else None
+    runs = [r for r in runs if latest is None or not facts.server_differences(r, latest)]
     baseline = next((r for r in runs if not r.mtp and not r.tuned_shapes), None)
     runs = [r for r in runs if baseline is None or not facts.differences(r, baseline)]
     tuned = next((r for r in reversed(runs) if r.tuned_shapes and not r.mtp), None)
