@@ -203,7 +203,7 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions, rank: R
         return [place, f"(refuses: {', '.join(others)} cannot start its rank: the group is not touched)", command]
     lines = [place, *(f"WARNING: {w}" for w in mine.ready.warnings)]
     if mine.ready.old is not None:
-        outage = _outage(plan, "to relaunch the group with the new command", srv.FOR_RELAUNCH.by)
+        outage = _outage(plan, serve_op.replacing(mine.session, mine.ready, options))
         lines.append(f"(stops server job {mine.ready.old.id} {outage.why})")
     return [*lines, command]
 
@@ -498,16 +498,18 @@ def ranks_line(job_ids: Mapping[str, str], ranks: Sequence[RankReady]) -> str:
     return ", ".join(f"{r.name} (rank {r.rank}, job {job_ids[r.name]})" for r in ranks)
 
 
-def _outage(plan: facts.GroupPlan, why: str, by: str) -> srv.Outage:
-    return srv.Outage(f"{why} (group {plan.group}: {', '.join(plan.hosts)}, one outage)", by)
+def _outage(plan: facts.GroupPlan, outage: srv.Outage) -> srv.Outage:
+    """``outage`` of one rank's host, said as the group's: ``... (group pro-1: sim-2, sim-3, one outage)``."""
+    return srv.Outage(f"{outage.why} (group {plan.group}: {', '.join(plan.hosts)}, one outage)", outage.by)
 
 
 def stop_old(plan: facts.GroupPlan, ranks: Sequence[RankReady], options: ServeOptions) -> None:
-    """Stop the server running on each host of the group (said first, rank 0's host first)."""
-    outage = _outage(plan, "to relaunch the group with the new command", srv.FOR_RELAUNCH.by)
+    """Stop the server running on each host of the group (said first, rank 0's host first), each with why
+    (``ops.serve.replacing``: a new command, or the same one on a new commit or new tuned configs)."""
     for r in ranks:
         if r.ready.old is not None:
             gpus = server_facts.server_gpus(r.ready.recipe, r.session.host)
+            outage = _outage(plan, serve_op.replacing(r.session, r.ready, options))
             srv.stop_job(r.session, r.ready.old, gpus, options.drain_timeout, outage)
 
 
@@ -853,7 +855,7 @@ def roll_back_running(exc: GroupNotAsAsked, options: ServeOptions, good: Mapping
         exc.message += f"\nrollback: {problem}; the new server was left running"
         return
     ranks[0].session.say(f"stopping group {plan.group}'s new server to roll back: it is not serving as asked")
-    outage = _outage(plan, "to roll back to the known-good server", srv.FOR_RELAUNCH.by)
+    outage = _outage(plan, srv.Outage("to roll back to the known-good server", srv.FOR_RELAUNCH.by))
     running = {r.name: r.session.running_server() for r in ranks}  # a rank > 0 ends once rank 0 is gone
     for r in ranks:
         stop_rank(r.session, r.ready.recipe, running[r.name], options.drain_timeout, outage)

@@ -207,7 +207,7 @@ def test_serving_a_group_that_serves_as_asked_leaves_it_alone(env: FleetEnv, sim
     # the dry run says what serve does with the group: nothing now, and with --force each rank's stop, as
     # serve says it (it once showed the commands alone, as if no server ran on the group's hosts)
     for flags, said in (((), "(already serving as asked (job {}): nothing to do; --force relaunches)"),
-                        (("--force",), "(stops server job {} to relaunch the group with the new command (group "
+                        (("--force",), "(stops server job {} to relaunch the same command, as asked (group "
                                        "pro-1: sim-2, sim-3, one outage))")):  # fmt: skip
         plan = host_lines(env.orch("serve", "--dry-run", "--host", "sim-3", *flags).stdout)
         assert {name: lines[1] for name, lines in plan.items()} == {n: said.format(before[n][0]) for n in plan}
@@ -660,4 +660,6 @@ def test_a_group_whose_hosts_are_at_different_commits_is_refused_and_keeps_servi
     assert joined.returncode == 0 and "group pro-1" not in joined.stderr, joined.output
     served = env.orch("serve", "--host", "sim-2")  # one commit again: the group is relaunched on it
     assert served.returncode == 0, served.output
-    assert "stopping server job" in served.stderr
+    assert "to relaunch the same command on the new SGLang checkout (group pro-1: sim-2, sim-3, one outage)" in (
+        served.stderr
+    ), served.stderr
