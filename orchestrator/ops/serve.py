@@ -66,7 +66,7 @@ from orchestrator.facts.server_upstream import (
 )
 from orchestrator.inventory import Host
 from orchestrator.readers import TunedConfigs, host_server
-from orchestrator.recipe import Recipe, ServeOptions, Shape
+from orchestrator.recipe import Recipe, ServeOptions, Shape, parse_shapes
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, Phase, ServerRecord, Verification
 from orchestrator.store import StateStore
@@ -230,17 +230,20 @@ def config_gate(host: Host, recipe: Recipe, options: ServeOptions, tuned: Tuned)
     files the server would read (``tuned.configs``).
 
     A recipe that wants Triton with no tuned file for any of its shapes launches ``auto`` instead
-    (CUTLASS on sm_120: faster than Triton's untuned defaults), unless ``--fp8-gemm-backend`` forces one."""
+    (CUTLASS on sm_120: faster than Triton's untuned defaults), unless ``--fp8-gemm-backend`` forces one.
+    A recipe that lists no shapes (the model's, found at tuning: ``--shapes auto``/``logged``) is told
+    only of the shapes orch installed that were tuned for another commit or GPU."""
     configs, record, commit, compute_cap = tuned.configs, tuned.record, tuned.commit, tuned.compute_cap
     forced = options.fp8_gemm_backend is not None
-    if recipe.fp8_gemm_backend != "triton" or not recipe.tuning.shapes:
+    listed = recipe.tuning.shapes
+    if recipe.fp8_gemm_backend != "triton" or (not listed and not record.installed):
         return recipe, []
     if configs.config_dir is None:
         return recipe, [f"cannot tell which tuned FP8 configs are installed ({host.python} cannot import fp8_kernel)"]
-    shapes = recipe.tuning.shapes
-    missing = [s.key for s in shapes if not configs.has(s)]
+    shapes = listed or parse_shapes(";".join(record.installed))
+    missing = [s.key for s in shapes if not configs.has(s)] if listed else []
     where = f"{configs.device} at SGLang {commit[:10]}"
-    if len(missing) == len(shapes) and not forced:
+    if listed and len(missing) == len(shapes) and not forced:
         runs = "CUTLASS on sm_120" if (compute_cap or "").startswith("12.") else "SGLang's choice for this GPU"
         return recipe.model_copy(update={"fp8_gemm_backend": "auto"}), [
             f"no tuned FP8 configs for {where}: serving with fp8-gemm-backend auto ({runs}) instead of the "
@@ -257,9 +260,12 @@ def config_gate(host: Host, recipe: Recipe, options: ServeOptions, tuned: Tuned)
     elsewhere = tuned_elsewhere(shapes, record, configs, commit)
     if elsewhere:
         shown = "; ".join(f"{k} ({why})" for k, why in elsewhere.items())
+        which = "" if listed else f" --shapes '{';'.join(elsewhere)}'"
+        configs_ = "tuned FP8 configs the server will use" if listed else (
+            "tuned FP8 configs orch installed here (the server reads those of its model's shapes)")  # fmt: skip
         warnings.append(
-            f"tuned FP8 configs the server will use were not tuned by orch for SGLang {commit[:10]}: {shown}; "
-            f"`orch tune-fp8 --host {host.name} --force` tunes them for this commit"
+            f"{configs_} were not tuned by orch for SGLang {commit[:10]}: {shown}; "
+            f"`orch tune-fp8 --host {host.name}{which} --force` tunes them for this commit"
         )
     return recipe, warnings
 

@@ -663,3 +663,9 @@ def test_a_group_whose_hosts_are_at_different_commits_is_refused_and_keeps_servi
     assert "to relaunch the same command on the new SGLang checkout (group pro-1: sim-2, sim-3, one outage)" in (
         served.stderr
     ), served.stderr
+    state = StateStore(env.state).read()
+    for name in ("sim-2", "sim-3"):  # configs orch tuned for the old commit (the module's campaign) are named
+        tuning = state.hosts[name].tuning
+        stale = tuning is not None and bool(tuning.installed)  # every one of them was tuned before the pull
+        said = f"{name}: WARNING: tuned FP8 configs orch installed here (the server reads those of its model's "
+        assert (said in served.output) is stale, served.output

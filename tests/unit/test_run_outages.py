@@ -82,6 +82,28 @@ def test_files_the_server_will_read_from_another_commit_or_not_from_orch_are_nam
     assert gate(files(*SHAPES), TuningRecord(installed=fresh)) == ("triton", [])
 
 
+def test_a_recipe_of_the_models_shapes_is_told_of_installed_configs_tuned_for_another_commit() -> None:
+    """A recipe listing no shapes (DeepSeek-V4-Pro's: the model's, found at tuning) was told nothing after a
+    pull: its ranks relaunched on the new commit reading configs tuned for the old one, without a word."""
+    unlisted = RECIPE.model_copy(update={"tuning": TuningSpec(shapes=[])})
+
+    def unlisted_gate(configs: dict[str, float], record: TuningRecord) -> tuple[str | None, list[str]]:
+        tuned = serve_op.Tuned(TunedConfigs(DEVICE, "/cfg", configs), record, COMMIT, "12.0")
+        recipe, warnings = serve_op.config_gate(HOST, unlisted, ServeOptions(), tuned)
+        return recipe.fp8_gemm_backend, warnings
+
+    assert unlisted_gate({}, TuningRecord()) == ("triton", [])  # nothing tuned: nothing known, Triton as asked
+    old = installed("ed88712" + "0" * 33, *SHAPES)
+    assert unlisted_gate(files(*SHAPES), old) == ("triton", [
+        "tuned FP8 configs orch installed here (the server reads those of its model's shapes) were not tuned by "
+        "orch for SGLang a525317000: N=1536,K=4096 (tuned at SGLang ed88712000); N=512,K=4096 (tuned at SGLang "
+        "ed88712000); `orch tune-fp8 --host b1 --shapes 'N=1536,K=4096;N=512,K=4096' --force` tunes them for "
+        "this commit"
+    ])  # fmt: skip
+    assert unlisted_gate(files(*SHAPES), installed(COMMIT, *SHAPES)) == ("triton", [])
+    assert unlisted_gate({}, old) == ("triton", [])  # their files are gone: the server reads none of them
+
+
 def test_a_recipe_without_triton_is_left_as_it_is() -> None:
     recipe, warnings = serve_op.config_gate(
         HOST, RECIPE.model_copy(update={"fp8_gemm_backend": None}), ServeOptions(),
