@@ -224,20 +224,30 @@ def _server_cell(v: HostStatus, now: datetime | None = None) -> str:
     s = v.extra.get("server")
     if not s:
         return "-"
+    rank = _rank_words(s)
     if s.get("job_state") == "stopped":
-        return f"{_stopped(s, now)}, job {s['job']}"
+        return f"{_stopped(s, now)}, job {s['job']}{rank}"
     if not s["healthy"]:
-        return f"NOT healthy (job {s['job']}: {s['job_state']})"
+        return f"NOT healthy (job {s['job']}: {s['job_state']}){rank}"
     simulated = ", simulated" if s.get("simulated") else ""
     accept = f" (accept {s['accept_length']:.2f}{simulated})" if s.get("accept_length") is not None else ""
     mtp = f"MTP on{accept}" if s["mtp"] else "MTP off"
     uptime = _uptime(s.get("uptime_s") or 0)
     commits = _commits(s)
-    line = f"healthy, {mtp}, {len(s['tuned_shapes_in_use'])} tuned shapes, up {uptime}, job {s['job']}"
+    line = f"healthy, {mtp}, {len(s['tuned_shapes_in_use'])} tuned shapes, up {uptime}, job {s['job']}{rank}"
     if s.get("recorded") is False:
         line += " (not recorded in this state database: started by another controller or state directory)"
     line = f"{line}; {commits}" if commits else line
     return f"{line}; resolved: {s['resolved']}" if s.get("resolved") else line
+
+
+def _rank_words(s: dict[str, Any]) -> str:
+    """``, rank 1 of group pro-1`` (``, rank 0 of group pro-1, serving its HTTP``) for a replica group's rank as
+    recorded, ``, rank 1 of 2 nodes`` as the host runs one this state does not record; else ``""``."""
+    if s.get("rank") is None:
+        return ""
+    of = f"group {s['group']}" if s.get("group") else f"{s.get('nnodes', '?')} nodes"
+    return f", rank {s['rank']} of {of}" + (", serving its HTTP" if s["rank"] == 0 else "")
 
 
 def _gateway_cell(v: HostStatus) -> str | None:

@@ -219,6 +219,19 @@ def test_sglang_info_dates_the_fetch_from_the_age_the_host_measured() -> None:
     assert readers.sglang_info(h, git.GitInfo(COMMIT, "main", "s", None, None), NOW).fetched_at is None
 
 
+def test_a_replica_groups_rank_says_which_rank_of_which_group_it_runs() -> None:
+    """`orch status sim-3` said `healthy, MTP on, ...` of a group's rank 1 as of a host serving alone."""
+    job = "job server-20261201T105115-529f"
+    assert f"{job}, rank 1 of group pro-1; runs" in views_mod._server_cell(view(group="pro-1", rank=1), NOW)
+    rank0 = views_mod._server_cell(view(group="pro-1", rank=0), NOW)
+    assert f"{job}, rank 0 of group pro-1, serving its HTTP; runs" in rank0
+    unrecorded = views_mod._server_cell(view(rank=1, nnodes=2, recorded=False), NOW)  # the host's job says so
+    assert f"{job}, rank 1 of 2 nodes (not recorded in this state database" in unrecorded
+    failed = view(group="pro-1", rank=1, healthy=False, job_state="failed")
+    assert views_mod._server_cell(failed, NOW) == f"NOT healthy ({job}: failed), rank 1 of group pro-1"
+    assert ", rank " not in views_mod._server_cell(view(), NOW)  # a host alone
+
+
 def test_server_cells_say_which_commit_runs_and_that_a_restart_is_pending() -> None:
     v = view(checkout="a525317" + "0" * 33, restart_pending=True)
     assert views_mod._server_short(v, NOW) == "healthy, restart pending"
