@@ -43,7 +43,8 @@ def doctor(
     GPUs (count, persistence mode, uncorrectable ECC errors, retired pages and row remapping, clock
     slowdowns, the PCIe link), Xid events in the kernel log, free disk where orch writes, the model's
     files, and which sglang the host's Python imports; driver, CUDA and GPU model are compared across
-    the hosts checked together (an outlier warns). Exit 3 when a host fails. --nccl also runs a bounded
+    the hosts checked together (an outlier warns); a replica group's host, the network interface its group
+    names (hosts.yaml `network_interface`). Exit 3 when a host fails. --nccl also runs a bounded
     all-reduce over each host's GPUs with and without NCCL_P2P_DISABLE=1.
 
     \b
@@ -53,12 +54,18 @@ def doctor(
       orch doctor --nccl
     """
     from orchestrator.ops import doctor as doctor_op
+    from orchestrator.ops import group as group_op
     from orchestrator.render import print_json
     from orchestrator.views.doctor import doctor_document, doctor_lines
 
     selected = app.select(hosts + host_names, tags)
+    grouped = [h for h in selected if app.inventory.group_of(h.name) is not None]
+    ranks = group_op.ranks(app.inventory, grouped, app.recipes(grouped, None)) if grouped else {}
+    interfaces = {name: dict(rank.plan.env) for name, rank in ranks.items() if rank.plan.env}
     with app.fleet(selected, parallel) as fleet:
-        results = fleet.map_sessions(lambda s: doctor_op.examine(s, nccl_timeout if nccl else None), lambda: app.store)
+        results = fleet.map_sessions(
+            lambda s: doctor_op.examine(s, nccl_timeout if nccl else None, interfaces.get(s.name)), lambda: app.store
+        )
     results.raise_bugs()
     checked = doctor_op.gather(results)
     if as_json:

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from orchestrator.facts import replacement
 from orchestrator.facts.gpus import GPU_QUERY_TIMEOUT
 from orchestrator.facts.probe import Section
 
@@ -97,6 +98,21 @@ def sections(sglang_dir: str, python: str, model_path: str, workdir: str) -> lis
         ("model_index", ["cat", f"{model_path.rstrip('/')}/{INDEX_NAME}"]),
         ("python", [*bounded, python, "-c", _SGLANG_ORIGIN, sglang_dir]),
     ]
+
+
+NET_SECTION = ("net", ["ls", "-1", "/sys/class/net"])
+"""The host's network interfaces: asked of a replica group's rank, which names one to NCCL and Gloo."""
+
+
+def check_interfaces(section: Section | None, name: str, interface_env: Mapping[str, str]) -> list[Finding]:
+    """A rank whose group names a network interface the host lacks fails: its server would fail to start
+    (``serve`` refuses it, nothing stopped); the check ``serve`` makes, said before any campaign."""
+    fix = replacement.interface_fix(name)
+    if section is None or not section.ok:
+        return [Finding("fail", f"could not list the host's network interfaces (/sys/class/net): {fix}")]
+    have = [line.strip() for line in section.output.splitlines() if line.strip()]
+    what = replacement.missing_interface(have, interface_env)
+    return [Finding("fail", f"{what}: its replica group's rank would fail to start; {fix}")] if what else []
 
 
 # --- nvidia-smi -q ----------------------------------------------------------------------------------
@@ -572,9 +588,11 @@ def assess(
     model_path: str,
     env: Mapping[str, str] | None = None,
     nccl_timeout: float = NCCL_TIMEOUT,
+    interface_env: Mapping[str, str] | None = None,
 ) -> HostHealth:
-    """Every check over one round trip's ``found`` sections (``sections``' names, and ``nccl_sections``'
-    when asked); ``env``: the host's inventory env."""
+    """Every check over one round trip's ``found`` sections (``sections``' names, ``nccl_sections``' when
+    asked, and ``NET_SECTION`` for a replica group's rank); ``env``: the host's inventory env;
+    ``interface_env``: the variables naming the network interface its group's ranks meet over."""
     model = parse_model(found.get("model_files"), found.get("model_index"))
     model_bytes = sum(model.sizes.values()) if model else 0
     health = HostHealth(name)
@@ -584,6 +602,8 @@ def assess(
     health.findings += check_disk(found.get("disk"), model_bytes)
     health.findings += check_model(model, model_path)
     health.findings += check_python(found.get("python"), python, sglang_dir)
+    if interface_env:
+        health.findings += check_interfaces(found.get("net"), name, interface_env)
     if "nccl_p2p" in found or "nccl_no_p2p" in found:
         p2p, no_p2p = parse_all_reduce(found.get("nccl_p2p")), parse_all_reduce(found.get("nccl_no_p2p"))
         health.findings += check_nccl(p2p, no_p2p, env or {}, nccl_timeout)

@@ -410,11 +410,24 @@ def _interface_problems(found: HostFacts, needs: Needs) -> list[Obstacle]:
     ``^a,b`` to exclude; Gloo takes exact names. A name the host lacks fails the rank as it starts."""
     if not needs.interface_env:
         return []
-    fix = f"set the `network_interface` of {needs.host}'s group in hosts.yaml to one of its interfaces"
+    fix = interface_fix(needs.host)
     if found.interfaces is None:
         return [Obstacle("could not list the host's network interfaces (/sys/class/net)", fix, "net")]
-    have, missing, variables = found.interfaces, [], []
-    for variable, value in needs.interface_env.items():
+    what = missing_interface(found.interfaces, needs.interface_env)
+    return [Obstacle(f"{what}: the rank would fail to start", fix, "net")] if what else []
+
+
+def interface_fix(host: str) -> str:
+    return f"set the `network_interface` of {host}'s group in hosts.yaml to one of its interfaces"
+
+
+def missing_interface(have: Sequence[str], interface_env: Mapping[str, str]) -> str | None:
+    """``no network interface eth9 for NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME (the host has eth0, lo)`` when
+    the host's interfaces ``have`` lack what ``interface_env`` names, else None. NCCL takes name prefixes
+    (``ens1f0``), ``=name`` for exact names and ``^a,b`` to exclude; Gloo takes exact names."""
+    missing: list[str] = []
+    variables: list[str] = []
+    for variable, value in interface_env.items():
         names = value.removeprefix("=").split(",")
         if variable.startswith("GLOO"):  # Gloo: exact names, each one a device
             lacking = [name for name in value.split(",") if name not in have]
@@ -427,9 +440,8 @@ def _interface_problems(found: HostFacts, needs: Needs) -> list[Obstacle]:
         missing += [name for name in lacking if name not in missing]
         variables += [variable] if lacking else []
     if not missing:
-        return []
-    what = f"no network interface {', '.join(missing)} for {', '.join(variables)} (the host has {', '.join(have)})"
-    return [Obstacle(f"{what}: the rank would fail to start", fix, "net")]
+        return None
+    return f"no network interface {', '.join(missing)} for {', '.join(variables)} (the host has {', '.join(have)})"
 
 
 _UNANSWERED_FIX = {

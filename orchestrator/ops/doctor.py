@@ -7,7 +7,7 @@ a host doctor fails runs no step and joins no wave.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import RefusedError
@@ -23,13 +23,17 @@ if TYPE_CHECKING:
 PROBE_TIMEOUT = 120  # seconds for the whole round trip; nvidia-smi and the python are bounded on the host
 
 
-def examine(session: HostSession, nccl: float | None = None) -> health.HostHealth:
+def examine(
+    session: HostSession, nccl: float | None = None, interface_env: Mapping[str, str] | None = None
+) -> health.HostHealth:
     """One host's findings: every check over one remote command's output. ``nccl``: also a bounded
     all-reduce over the host's GPUs with and without peer-to-peer, each ended after ``nccl`` s
-    (``facts.health.nccl_sections``)."""
+    (``facts.health.nccl_sections``). ``interface_env``: a replica group's rank, the variables naming the
+    network interface its ranks meet over (``GroupPlan.env``): the host must have it."""
     host = session.host
     sections = health.sections(host.sglang_dir, host.python, host.model_path, host.workdir)
     sections += health.nccl_sections(host.python, host.gpus, nccl) if nccl else []
+    sections += [health.NET_SECTION] if interface_env else []
     timeout = PROBE_TIMEOUT + (2 * (nccl + 5) if nccl else 0)
     found = probe.parse(session.runner.run(probe.probe_argv(sections), timeout=timeout).stdout)
     return health.assess(
@@ -41,6 +45,7 @@ def examine(session: HostSession, nccl: float | None = None) -> health.HostHealt
         host.model_path,
         host.env,
         nccl or health.NCCL_TIMEOUT,
+        interface_env,
     )
 
 

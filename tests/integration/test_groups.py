@@ -264,6 +264,9 @@ def test_a_network_interface_a_host_lacks_is_refused_before_any_server_stops(env
     assert campaign.returncode == ExitCode.HOSTS_FAILED, campaign.output
     assert "sim-3: refused before any step: nothing was started or stopped" in campaign.output
     assert f"sim-3: its server could not start here (nothing was run): {missing}" in campaign.stderr
+    doctor = other.orch("doctor", "sim-1", "sim-3")  # said before any campaign too; a host alone names none
+    assert doctor.returncode == ExitCode.HOSTS_FAILED, doctor.output
+    assert doctor.stdout.splitlines()[0] == "sim-1: ok" and f"sim-3: fail: {missing}" in doctor.stdout
     assert running_servers(env) == before
 
 

@@ -439,3 +439,22 @@ def test_nccl_all_reduce_with_and_without_peer_to_peer(
     p2p: Section, no_p2p: Section, env: dict[str, str], expected: list[Finding]
 ) -> None:
     assert health.check_nccl(health.parse_all_reduce(p2p), health.parse_all_reduce(no_p2p), env) == expected
+
+
+def test_a_replica_groups_host_lacking_its_network_interface_fails() -> None:
+    """A typo in a group's ``network_interface`` was found by ``serve`` alone, never by ``orch doctor``."""
+    env = {"NCCL_SOCKET_IFNAME": "eth9", "GLOO_SOCKET_IFNAME": "eth9"}
+    listing = Section(0, "eth0\nlo\n")
+    assert health.check_interfaces(listing, "b2", env) == [
+        Finding(
+            "fail",
+            "no network interface eth9 for NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME (the host has eth0, lo): its "
+            "replica group's rank would fail to start; set the `network_interface` of b2's group in hosts.yaml "
+            "to one of its interfaces",
+        )
+    ]
+    assert health.check_interfaces(listing, "b2", {"NCCL_SOCKET_IFNAME": "eth", "GLOO_SOCKET_IFNAME": "eth0"}) == []
+    unlisted = health.check_interfaces(Section(2, "ls: cannot access"), "b2", env)
+    assert [f.severity for f in unlisted] == ["fail"] and "could not list" in unlisted[0].text
+    assert health.assess("b2", {"net": listing}, 8, "python", "/s", "/m", interface_env=env).verdict == "fail"
+    assert not any("network interface" in f.text for f in health.assess("b1", {}, 8, "python", "/s", "/m").findings)
