@@ -75,6 +75,7 @@ def status(
     by_name = {o.status.name: status_op.merge_state(o, seen[o.status.name]) for o in observed}
     views = [by_name.get(r.host.name) or status_op.unreachable(r, cached.get(r.host.name)) for r in results]
     config, hosts_all = app.inventory.gateway, list(app.inventory.hosts.values())
+    status_op.name_unrecorded_ranks(app.inventory, views)
     groups = status_op.group_statuses(app.inventory, views)
     gateway = status_op.gateway_column(config, hosts_all, state, views, groups) if config is not None else None
     if prometheus:

@@ -372,24 +372,32 @@ def unreachable(result: HostResult[Any], cached: HostState | None) -> HostStatus
     return status
 
 
+def name_unrecorded_ranks(inventory: Inventory, views: list[HostStatus]) -> None:
+    """Give the ``server`` field of each running server job this state does not record the name of its
+    replica group, when its host runs it as its rank of that many nodes (``--node-rank``/``--nnodes``; which
+    group is the inventory's to say): a second controller's group, or one of a lost state directory, serves
+    all the same, and ``status`` shows it as the group's (its rank, its group's line, its notes)."""
+    shown = {v.name: v for v in views}
+    for group in inventory.groups.values():
+        for rank, name in enumerate(group.hosts):
+            field = shown[name].extra.get("server") if name in shown and shown[name].reachable else None
+            if (
+                field
+                and field.get("group") is None
+                and (field.get("rank"), field.get("nnodes")) == (rank, len(group.hosts))
+            ):
+                field["group"] = group.name
+
+
 def group_statuses(inventory: Inventory, views: list[HostStatus]) -> list[GroupStatus]:
     """Each replica group with a host among ``views``: serving, not, or down naming its dead ranks
-    (``facts.group.group_status``; a host not shown or not reached counts as unreachable). A server job this
-    state does not record counts as the group's rank when the host runs it as that rank of that many nodes
-    (a second controller's group, or one of a lost state directory, serves all the same)."""
+    (``facts.group.group_status``; a host not shown or not reached counts as unreachable; an unrecorded
+    rank counts once ``name_unrecorded_ranks`` named its group)."""
     shown = {v.name: v for v in views}
     found = []
     for group in inventory.groups.values():
         if not any(h in shown for h in group.hosts):
             continue
         reached = {h: shown[h].extra.get("server") for h in group.hosts if h in shown and shown[h].reachable}
-        for rank, name in enumerate(group.hosts):
-            field = reached.get(name)
-            if (
-                field
-                and field.get("group") is None
-                and (field.get("rank"), field.get("nnodes")) == (rank, len(group.hosts))
-            ):
-                reached[name] = {**field, "group": group.name}
         found.append(group_status(group.name, group.hosts, reached))
     return found

@@ -242,8 +242,9 @@ def _server_cell(v: HostStatus, now: datetime | None = None) -> str:
 
 
 def _rank_words(s: dict[str, Any]) -> str:
-    """``, rank 1 of group pro-1`` (``, rank 0 of group pro-1, serving its HTTP``) for a replica group's rank as
-    recorded, ``, rank 1 of 2 nodes`` as the host runs one this state does not record; else ``""``."""
+    """``, rank 1 of group pro-1`` (``, rank 0 of group pro-1, serving its HTTP``) for a replica group's rank
+    (one this state does not record named by ``ops.status.name_unrecorded_ranks``), ``, rank 1 of 2 nodes``
+    for one no group of the inventory claims; else ``""``."""
     if s.get("rank") is None:
         return ""
     of = f"group {s['group']}" if s.get("group") else f"{s.get('nnodes', '?')} nodes"

@@ -303,7 +303,9 @@ def test_a_second_controller_sees_the_group_serving_and_its_serve_re_attaches_in
     status = json.loads(other.orch("status", "--json").stdout)
     assert status["groups"][0]["serving"] is True, status["groups"]
     rank1 = next(h for h in status["hosts"] if h["name"] == "sim-3")["server"]
-    assert (rank1["recorded"], rank1["healthy"], rank1["rank"]) == (False, True, 1)
+    assert (rank1["recorded"], rank1["healthy"], rank1["rank"], rank1["group"]) == (False, True, 1, "pro-1")
+    detail = other.orch("status", "sim-3").stdout  # which rank of which group, as the host runs it
+    assert ", rank 1 of group pro-1 (not recorded in this state database" in " ".join(detail.split()), detail
     dry = host_lines(other.orch("serve", "--dry-run", "--host", "sim-3").stdout)
     assert all(lines[1].startswith("(re-attaches to server job ") for lines in dry.values()), dry
     served = other.orch("serve", "--host", "sim-3")
