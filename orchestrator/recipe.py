@@ -186,7 +186,8 @@ class BenchOptions(_Strict):
         "(checked by sha256, copied only when the host's differs).",
     )
     baseline: str | None = Field(
-        None, description="Compare with the latest run with this label. Default: the first run."
+        None,
+        description="Compare with the latest run with this label. Default: the first run of the same model and nodes.",
     )
     input_len: int | None = Field(None, ge=1, description="Random prompt length in tokens (default: the playbook's).")
     output_len: int | None = Field(None, ge=1, description="Output tokens per request (default: the playbook's).")

@@ -346,10 +346,11 @@ def _finite(value: Any) -> Any:
 
 
 def pick_baseline(records: list[BenchRecord], label: str | None) -> BenchRecord | None:
-    """The baseline run: the latest run labelled ``label``, or the first run when no label is given.
-    None when there is no such run."""
+    """The baseline run: the latest run labelled ``label``, or when no label is given the first run of the
+    server the latest run measured (its model and node count: ``server_differences``; a host that served
+    another model before compares with its first run of this one). None when there is no such run."""
     if label is None:
-        return records[0] if records else None
+        return next((r for r in records if not server_differences(r, records[-1])), None)
     return next((r for r in reversed(records) if r.label == label), None)
 
 

@@ -2,10 +2,10 @@
 
 Per host: the phase history with how long each phase lasted (so how long tuning and the relaunch
 took), the tuned shapes (installed by ``orch tune-fp8``, and whether the server reads them), the
-server's configuration, the benchmark table (changes relative to the host's first run) and a PNG chart
-of output throughput per configuration (the latest run of each benchmark label). The Markdown reads
-well on GitHub (the charts are relative links beside it); the HTML is one self-contained page apart
-from the PNGs, every value escaped.
+server's configuration, the benchmark table (changes relative to the host's first run of the server it
+ran last) and a PNG chart of output throughput per configuration (the latest run of each benchmark
+label). The Markdown reads well on GitHub (the charts are relative links beside it); the HTML is one
+self-contained page apart from the PNGs, every value escaped.
 
 ``build`` turns the state into ``HostReport`` values (pure); ``render_markdown``/``render_html`` turn
 those into text (pure); ``write_report`` writes the files.
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 Format = Literal["md", "html"]
 BENCH_COLUMNS = ["label", "time (UTC)", "output tok/s", "accept length", "median TTFT ms", "mean TPOT ms",
-                 "vs first run", "MTP", "FP8 backend", "tuned shapes", "SGLang"]  # fmt: skip
+                 "vs baseline", "MTP", "FP8 backend", "tuned shapes", "SGLang"]  # fmt: skip
 HISTORY_COLUMNS = ["phase", "entered (UTC)", "lasted", "reason"]
 SWEEP_COLUMNS = ["concurrency", "profile", "output tok/s", "TTFT ms median", "TTFT ms p99", "ITL ms median",
                  "ITL ms p99", "accept length", "best"]  # fmt: skip

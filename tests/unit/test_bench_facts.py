@@ -264,6 +264,18 @@ def test_comparison_is_relative_to_the_first_run_by_default() -> None:
     assert rows[1].accept_length == 2.9
 
 
+def test_the_default_baseline_is_the_first_run_of_the_model_and_nodes_the_latest_run_measured() -> None:
+    """A host that served DeepSeek-V4-Flash alone, then rank 0 of a DeepSeek-V4-Pro group: every new run was
+    compared with the Flash run (marked other server), never with the group's first run."""
+    flash = {"model": "/m/DeepSeek-V4-Flash", "nodes": 1}
+    pro = {"model": "/m/DeepSeek-V4-Pro", "nodes": 2}
+    records = [a_record(label, tok_s, minutes).model_copy(update=server) for label, tok_s, minutes, server in (
+        ("flash", 1000.0, 0, flash), ("pro", 600.0, 5, pro), ("pro tuned", 750.0, 9, pro))]  # fmt: skip
+    assert bench.pick_baseline(records, None) is records[1]
+    assert [r.change for r in bench.compare(records, records[1])] == ["+66.7% (other server)", "baseline", "+25.0%"]
+    assert bench.pick_baseline(records[:1], None) is records[0] and bench.pick_baseline([], None) is None
+
+
 def test_baseline_label_picks_its_latest_run() -> None:
     records = [a_record("a", 1000.0), a_record("b", 1250.0, 5), a_record("b", 800.0, 9)]
     baseline = bench.pick_baseline(records, "b")
