@@ -375,6 +375,7 @@ def _port_problems(found: HostFacts, needs: Needs) -> list[Obstacle]:
         Obstacle(
             f"port {needs.port} is held by {named}, not by orch's server",
             f"free the port (orch never kills a process it did not start) or change `server_port` for {needs.host}",
+            "port",
         )
     ]
 

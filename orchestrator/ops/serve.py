@@ -435,6 +435,16 @@ def check_replacement(session: HostSession, ready: Preflight) -> None:
     obstacles = replacement_obstacles(session, ready.recipe, ready.gpus, ready.old, ready.env)
     if not obstacles:
         return
+    if any(o.kind == "port" for o in obstacles):  # held by a server another orch started since ``ready`` was read?
+        session.forget("jobs")
+        now = session.running_server()
+        if now is not None and (ready.old is None or now.id != ready.old.id):
+            raise srv.ServedMeanwhile(
+                f"{session.host.name}: another orch started server job {now.id} meanwhile: it holds the port and "
+                "serves (or is starting); nothing was stopped or started here",
+                hint=f"`orch status {session.host.name}` shows what it serves; `orch serve --host "
+                f"{session.host.name}` again replaces it (said first)",
+            )
     outcome = _UNTOUCHED if ready.old is not None else "nothing was started"
     raise RefusedError(
         f"{session.host.name}: the new server cannot start here ({outcome}): " + "; ".join(map(str, obstacles))

@@ -274,7 +274,8 @@ def test_two_serves_of_the_group_at_once_leave_one_server_per_rank_and_record_no
     env: FleetEnv, sims: object
 ) -> None:
     """Two controllers relaunch the group at once: the one whose rank 0 start finds the other's job says so
-    (it recorded the group ``failed``, a phase change ``--notify-cmd`` pages on, while the other's served)."""
+    (it recorded the group ``failed``, a phase change ``--notify-cmd`` pages on, while the other's served), as
+    does the one whose check finds the port held by the other's new server (it told the operator to free it)."""
     assert env.orch("serve", "--host", "sim-2").returncode == 0
     before = {n: len(StateStore(env.state).read().hosts[n].history) for n in ("sim-2", "sim-3")}
     first = subprocess.Popen([*env.argv(), "serve", "--host", "sim-2", "--force"], stdout=subprocess.PIPE,

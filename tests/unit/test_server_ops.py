@@ -246,3 +246,45 @@ def test_starting_line_shows_time_waited_and_the_last_log_line_without_its_prefi
     assert serve_op.starting_line(125, 3600, log) == "still starting (2 min 5 s of 60 min): Capture cuda graph begin."
     assert serve_op.starting_line(5.4, 20, "") == "still starting (5 s of 20 s): (nothing logged yet)"
     assert serve_op.starting_line(60, 60, "x" * 200).endswith("x" * 157 + "...")
+
+
+def test_a_port_held_by_a_server_another_orch_just_started_is_said_as_such_not_as_a_stranger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two serves at once: the second's check found the port held by the first's new server and told the
+    operator to free the port, `not by orch's server` (it is orch's: started after the check read the jobs)."""
+    from orchestrator import jobs
+    from orchestrator.facts.replacement import Obstacle
+    from orchestrator.readers import GpuInfo
+    from orchestrator.recipe import Recipe
+
+    def job(job_id: str) -> jobs.JobInfo:
+        return jobs.JobInfo(job_id, readers.SERVER_PURPOSE, 4242, "running", None, NOW, None, 10, False, "/w")
+
+    class Session:
+        """The host as read before (``server-old`` runs) and, once ``jobs`` is forgotten, as it is now."""
+
+        host = HOST
+        running = job("server-new")
+
+        def __init__(self) -> None:
+            self.forgotten: list[str] = []
+
+        def forget(self, *names: str) -> None:
+            self.forgotten += names
+
+        def running_server(self) -> jobs.JobInfo | None:
+            return self.running if "jobs" in self.forgotten else job("server-old")
+
+    port = Obstacle("port 30000 is held by pid 9 (sglang), not by orch's server", "free the port", "port")
+    monkeypatch.setattr(serve_op, "replacement_obstacles", lambda *args: [port])
+    ready = serve_op.Preflight([], GpuInfo(), job("server-old"), [], Recipe(model="m", architecture="A"))
+    with pytest.raises(srv.ServedMeanwhile) as refused:
+        serve_op.check_replacement(Session(), ready)  # type: ignore[arg-type]
+    assert str(refused.value).startswith("b1: another orch started server job server-new meanwhile: it holds the port")
+    Session.running = job("server-old")  # the port held by a stranger: said as before, with its fix
+    with pytest.raises(RefusedError) as stranger:
+        serve_op.check_replacement(Session(), ready)  # type: ignore[arg-type]
+    assert not isinstance(stranger.value, srv.ServedMeanwhile) and "not by orch's server (free the port)" in str(
+        stranger.value
+    )
