@@ -31,8 +31,17 @@ from orchestrator.transport.base import Runner
 
 
 class ServedMeanwhile(RefusedError):
-    """Another orch's new server holds the GPUs (it relaunched the server meanwhile): that server serves, so the
-    command refused is not a failure of the host (``orch serve`` records none)."""
+    """Another orch's new server holds the GPUs or the port, or its job (it relaunched the server meanwhile):
+    that server serves, so the command refused is not a failure of the host (``orch serve`` records none)."""
+
+    @classmethod
+    def of(cls, host: str, job: str, what: str) -> ServedMeanwhile:
+        """``HOST: another orch started server job JOB meanwhile: WHAT``, with the commands that look and replace."""
+        return cls(
+            f"{host}: another orch started server job {job} meanwhile: {what}",
+            hint=f"`orch status {host}` shows what it serves; `orch serve --host {host}` again replaces it "
+            "(said first)",
+        )
 
 
 def refuse_held_gpus(host: Host, holders: Sequence[Holder], ours: str | None, outcome: str) -> None:
@@ -49,12 +58,7 @@ def refuse_held_gpus(host: Host, holders: Sequence[Holder], ours: str | None, ou
         return
     jobs_held = {h.job for h in others}
     if len(jobs_held) == 1 and all(h.job and h.job.startswith(f"{SERVER_PURPOSE}-") for h in others):
-        raise ServedMeanwhile(
-            f"{host.name}: another orch started server job {others[0].job} meanwhile: it holds the GPUs and serves "
-            f"now; {outcome}",
-            hint=f"`orch status {host.name}` shows what it serves; `orch serve --host {host.name}` again replaces it "
-            "(said first)",
-        )
+        raise ServedMeanwhile.of(host.name, str(others[0].job), f"it holds the GPUs and serves now; {outcome}")
     raise RefusedError(
         f"{gpu_facts.busy_message(host.name, 'GPU held by another process', others, owners=True)}; {outcome}",
         hint="free the GPU (orch never kills a process it did not start), then serve again",

@@ -439,12 +439,8 @@ def check_replacement(session: HostSession, ready: Preflight) -> None:
         session.forget("jobs")
         now = session.running_server()
         if now is not None and (ready.old is None or now.id != ready.old.id):
-            raise srv.ServedMeanwhile(
-                f"{session.host.name}: another orch started server job {now.id} meanwhile: it holds the port and "
-                "serves (or is starting); nothing was stopped or started here",
-                hint=f"`orch status {session.host.name}` shows what it serves; `orch serve --host "
-                f"{session.host.name}` again replaces it (said first)",
-            )
+            what = "it holds the port and serves (or is starting); nothing was stopped or started here"
+            raise srv.ServedMeanwhile.of(session.host.name, now.id, what)
     outcome = _UNTOUCHED if ready.old is not None else "nothing was started"
     raise RefusedError(
         f"{session.host.name}: the new server cannot start here ({outcome}): " + "; ".join(map(str, obstacles))
@@ -752,11 +748,7 @@ def start_server(
     finally:
         session.forget("jobs", "gpus", "server_info")
     if job.attached:  # another orch started a server between our check and now: leave it to that one
-        raise srv.ServedMeanwhile(
-            f"{host.name}: another orch started server job {job.job_id} meanwhile: it serves now; not replacing it",
-            hint=f"`orch status {host.name}` shows what it serves; `orch serve --host {host.name}` again replaces it "
-            "(said first)",
-        )
+        raise srv.ServedMeanwhile.of(host.name, job.job_id, "it serves now; not replacing it")
     mtp = "--speculative-algorithm" in argv
     fields = dict(job_id=job.job_id, argv=argv, port=host.server_port, mtp=mtp, commit=commit, configs=configs)
     try:
