@@ -77,7 +77,7 @@ def status(
     config, hosts_all = app.inventory.gateway, list(app.inventory.hosts.values())
     status_op.name_unrecorded_ranks(app.inventory, views)
     groups = status_op.group_statuses(app.inventory, views)
-    gateway = status_op.gateway_column(config, hosts_all, state, views, groups) if config is not None else None
+    gateway = status_op.gateway_column(config, hosts_all, state, views) if config is not None else None
     if prometheus:
         from orchestrator.utc import utc_now
         from orchestrator.views.metrics import write_prometheus

@@ -531,7 +531,7 @@ def _result(session: HostSession, server: ServerRecord, plan: _Plan, ended: jobs
         fp8_backend=facts.fp8_backend(server.argv, server.verification.fp8_backend),
         simulated=simulated,
         model=facts.flag_value(server.argv, "--model-path"),
-        nodes=int(nodes) if (nodes := facts.flag_value(server.argv, "--nnodes") or "1").isdigit() else None,
+        nodes=server_facts.flag_int(server.argv, "--nnodes") or 1,
     )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -297,12 +296,11 @@ def pending_restart(
     }
 
 
-def gateway_column(
-    gateway: Gateway, hosts: list[Host], state: State, views: list[HostStatus], groups: Sequence[GroupStatus] = ()
-) -> dict[str, Any]:
+def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: list[HostStatus]) -> dict[str, Any]:
     """The gateway column, from ONE ``GET /workers``: each view's ``extra["gateway"]`` (registered,
     healthy, load, flag: ``gateway.check_fleet``'s judgement, as ``orch gateway status``; ``rank``: a
-    replica group's rank other than 0, as recorded or as its host runs it, named by ``groups``) and what
+    replica group's rank other than 0, as the server column read it (``name_unrecorded_ranks`` named an
+    unrecorded one's group first), else as recorded) and what
     concerns the gateway itself (its URL, whether it answered and why not, the workers that are no
     inventory host). ``hosts`` is the whole inventory, so a host left out of this status is no stranger;
     a gateway that does not answer (or a key not set) is said in the column, never fatal."""
@@ -316,7 +314,6 @@ def gateway_column(
     running = served_in(views, state)
     check = check_fleet(workers, hosts, state, running)
     rows = {r.host: r for r in check.workers if r.host is not None}
-    group_of = {name: g.name for g in groups for name in g.hosts}
     for v in views:
         row = rows.get(v.name)
         unregistered = v.name in check.unregistered and "drained_at" not in v.extra  # drained: out on purpose
@@ -324,10 +321,9 @@ def gateway_column(
         flag = "left out by a serve that was cut off" if v.name in check.left_out else flag
         record = state.hosts.get(v.name)
         server = record.server if record is not None else None
-        served = running.get(v.name)
+        field = v.extra.get("server") or {}
         rank = f"rank {server.rank} of {server.group}" if server is not None and server.rank else None
-        if served is not None and served.rank and v.name in group_of:  # as the host runs it
-            rank = f"rank {served.rank} of {group_of[v.name]}"
+        rank = f"rank {field['rank']} of {field['group']}" if field.get("rank") and field.get("group") else rank
         v.extra["gateway"] = {
             "reachable": True,
             "registered": row is not None,
