@@ -144,10 +144,6 @@ def parse_behind_ahead(stdout: str) -> tuple[int, int]:
     return int(behind), int(ahead)
 
 
-def count_argv(sglang_dir: str, range_: str) -> list[str]:
-    return git(sglang_dir, "rev-list", "--count", range_)
-
-
 def fast_forward_argv(sglang_dir: str, upstream: str) -> list[str]:
     return git(sglang_dir, "merge", "--ff-only", "--quiet", upstream)
 
