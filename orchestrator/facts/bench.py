@@ -405,14 +405,15 @@ def server_differences(run: BenchRecord, baseline: BenchRecord) -> list[str]:
     Told apart only when both runs recorded it (older runs did not)."""
     differs = []
     if run.model and baseline.model and run.model != baseline.model:
-        mine, theirs = _model_name(run.model), _model_name(baseline.model)
+        mine, theirs = model_name(run.model), model_name(baseline.model)
         differs.append(f"model {mine}≠{theirs}" if mine != theirs else f"model {run.model}≠{baseline.model}")
     if run.nodes and baseline.nodes and run.nodes != baseline.nodes:
         differs.append(f"nodes {run.nodes}≠{baseline.nodes}")
     return differs
 
 
-def _model_name(path: str) -> str:
+def model_name(path: str) -> str:
+    """A model's name as people say it: its path's last part (``DeepSeek-V4-Pro``)."""
     return path.rstrip("/").rsplit("/", 1)[-1] or path
 
 
@@ -522,11 +523,18 @@ class GateRecord(_Model):
     reasons: list[str] = []
 
 
-def gate_baseline(records: list[BenchRecord], workload: BenchParams) -> BenchRecord | None:
-    """The baseline of a promotion gate: the latest stored run with the same ``workload`` that is not a
-    gate's own run (a rejected configuration's run would lower the bar). None: there is none."""
-    same = [r for r in records if not r.label.startswith(GATE_LABEL_PREFIX)]
-    return next((r for r in reversed(same) if not workload_differences(r.params, workload)), None)
+def gate_baseline(records: list[BenchRecord], workload: BenchParams, model: str, nodes: int) -> BenchRecord | None:
+    """The baseline of a promotion gate: the latest stored run with the same ``workload`` of a server of
+    ``model`` on ``nodes`` machines (what the rollout serves: another model's throughput says nothing of
+    it; a run recorded before orch recorded them may be either) that is not a gate's own run (a rejected
+    configuration's run would lower the bar). None: there is none."""
+
+    def comparable(r: BenchRecord) -> bool:
+        if r.label.startswith(GATE_LABEL_PREFIX) or workload_differences(r.params, workload):
+            return False
+        return r.model in (None, model) and r.nodes in (None, nodes)
+
+    return next((r for r in reversed(records) if comparable(r)), None)
 
 
 def gate_decision(baseline: BenchRecord, run: BenchRecord | None, min_accept: float | None) -> GateRecord:

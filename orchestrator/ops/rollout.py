@@ -142,23 +142,31 @@ def gated(planned: list[list[Host]], canary: str | None) -> list[Host]:
 
 def plan_gate(store: StateStore, hosts: list[Host], chosen: dict[str, Recipe]) -> Gate:
     """The gate for ``hosts``: each one's baseline, the latest stored run of the workload of its recipe's
-    ``bench:`` (``gate_baseline``); a ``UsageError`` naming every host without one, before anything runs."""
+    ``bench:`` on a server of the model and node count the rollout serves there (``gate_baseline``); a
+    ``UsageError`` naming every host without one, before anything runs."""
     state = store.read()
-    baselines, lacking = {}, []
+    baselines: dict[str, BenchRecord] = {}
+    lacking: dict[str, list[str]] = {}  # what the rollout serves (model, nodes) -> the hosts without a baseline
     for host in hosts:
-        workload = bench_facts.resolve_params(chosen[host.name].bench, BenchOptions())
-        found = bench_facts.gate_baseline(state.host(host.name).benchmarks, workload)
+        recipe = chosen[host.name]
+        workload = bench_facts.resolve_params(recipe.bench, BenchOptions())
+        nodes = recipe.multinode.nodes if recipe.multinode is not None else 1
+        found = bench_facts.gate_baseline(state.host(host.name).benchmarks, workload, host.model_path, nodes)
         if found is None:
-            lacking.append(host.name)
+            serves = f"{bench_facts.model_name(host.model_path)}, {nodes} node{'s' * (nodes > 1)}"
+            lacking.setdefault(serves, []).append(host.name)
         else:
             baselines[host.name] = found
     if lacking:
-        first = lacking[0]
+        first = next(iter(lacking.values()))[0]
+        where = "; ".join(f"{', '.join(names)} ({serves})" for serves, names in lacking.items())
         raise UsageError(
-            f"--gate bench: no baseline benchmark on {', '.join(lacking)} for the playbook's bench workload"
-            " (a stored run of the same prompts, lengths and concurrency, not a gate's own run)",
+            f"--gate bench: no baseline benchmark on {where} for the playbook's bench workload"
+            " (a stored run of the same prompts, lengths and concurrency on a server of the model and node count"
+            " the rollout serves, not a gate's own run)",
             hint=f"benchmark the server it runs now first: `orch bench --host {first} --playbook PLAYBOOK` "
-            "(the playbook of this serve, for its bench: settings)",
+            "(the playbook of this serve, for its bench: settings); a rollout to another model or node count "
+            "has no baseline to gate it: roll it without --gate",
         )
     label = f"{bench_facts.GATE_LABEL_PREFIX}{utc_now():%Y%m%dT%H%M%S}"
     return Gate(baselines, label, unproven=_unproven(state.rollout, baselines))

@@ -36,12 +36,16 @@ def with_params(record: BenchRecord, **changes: object) -> BenchRecord:
         ([a_record("a", 100.0, 0), a_record("gate-20261202T014000", 50.0, 5)], "a"),  # never a gate's own run
         ([with_params(a_record("b", 1.0), params=OTHER)], None),
         ([a_record("gate-x", 50.0)], None),
+        ([a_record("flash", 100.0, 0), with_params(a_record("pro", 50.0, 5), model="/m/Pro")], "flash"),  # its model
+        ([with_params(a_record("pro", 50.0), model="/m/Pro")], None),
+        ([a_record("one", 100.0, 0), with_params(a_record("two", 150.0, 5), nodes=2)], "one"),  # its node count
+        ([with_params(a_record("recorded", 100.0), model="/m/Flash", nodes=1)], "recorded"),
     ],
 )
-def test_gate_baseline_is_the_latest_run_of_the_same_workload_that_is_no_gate_run(
+def test_gate_baseline_is_the_latest_run_of_the_same_workload_and_server_that_is_no_gate_run(
     records: list[BenchRecord], expected: str | None
 ) -> None:
-    found = bench.gate_baseline(records, PARAMS)
+    found = bench.gate_baseline(records, PARAMS, "/m/Flash", 1)
     assert (found.label if found else None) == expected
 
 
@@ -111,10 +115,19 @@ def test_plan_gate_picks_each_baseline_before_anything_runs_and_names_every_host
     assert gate.baselines["a"].label == "new" and gate.label.startswith("gate-") and gate.unproven == frozenset()
     with pytest.raises(UsageError) as refused:
         plan_gate(store, [a, b, c], {"a": recipe(), "b": recipe(), "c": recipe()})
-    assert "--gate bench: no baseline benchmark on b, c for the playbook's bench workload" in refused.value.message
+    refusal = refused.value.message
+    assert "--gate bench: no baseline benchmark on b, c (DeepSeek-V4-Flash, 1 node) for the playbook's bench" in refusal
     assert "orch bench --host b --playbook PLAYBOOK" in (refused.value.hint or "")
     with pytest.raises(UsageError):  # another workload than the stored runs'
         plan_gate(store, [a], {"a": recipe(num_prompts=8)})
+    flash = with_params(a_record("flash", 100.0), model="/models/DeepSeek-V4-Flash", nodes=1)
+    store.update_host("d", lambda hs: hs.benchmarks.append(flash))
+    (d,) = hosts("d")
+    assert plan_gate(store, [d], {"d": recipe()}).baselines["d"].label == "flash"
+    with pytest.raises(UsageError) as other_model:  # a rollout to another model: its old runs are no baseline
+        plan_gate(store, [d.model_copy(update={"model_path": "/models/DeepSeek-V4-Pro"})], {"d": recipe()})
+    assert "no baseline benchmark on d (DeepSeek-V4-Pro, 1 node)" in other_model.value.message
+    assert "roll it without --gate" in (other_model.value.hint or "")
 
 
 def test_plan_gate_gates_again_a_canary_the_last_rollout_left_out_of_the_gateway_unproven(tmp_path: Path) -> None:

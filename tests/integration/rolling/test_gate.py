@@ -103,7 +103,7 @@ def test_gate_bench_without_a_baseline_or_without_rolling_is_refused_before_anyt
     unmeasured = playbook(tmp_path, "unmeasured", bench={**GATE_BENCH, "num_prompts": 7})  # no run of it stored
     run = env.orch("serve", "--rolling", "--canary", "canary", "--gate", "bench", "--playbook", unmeasured)
     assert run.returncode == 2, run.output
-    assert "--gate bench: no baseline benchmark on sim-1 for the playbook's bench workload" in run.stderr
+    assert "--gate bench: no baseline benchmark on sim-1 (DeepSeek-V4-Flash, 1 node) for the playbook's" in run.stderr
     assert "orch bench --host sim-1 --playbook PLAYBOOK" in run.stderr
     plain = env.orch("serve", "--no-rolling", "--gate", "bench", "--yes")
     assert plain.returncode == 2 and "--gate bench gates a rolling relaunch: it needs --rolling" in plain.stderr
