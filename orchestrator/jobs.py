@@ -26,8 +26,9 @@ A small wrapper shell writes the pid and start time, waits for the command and w
 also when it fails. State: ``running`` (pid alive, not a zombie, with the same start time and boot), ``succeeded``
 / ``failed`` (exit code), ``lost`` (process gone and no exit code: rebooted, SIGKILLed).
 Starting a job for a purpose whose job still runs attaches to it instead (under a host-side flock,
-so two orch processes cannot both start one). ``stop`` only ever signals the job's own process group,
-after checking pid, start time and boot id: orch never kills what it did not start.
+so two orch processes cannot both start one); a job whose spec ``excludes`` purposes is not started while
+a job of one of them runs (checked under the same lock: ``JobBusyError``). ``stop`` only ever signals the
+job's own process group, after checking pid, start time and boot id: orch never kills what it did not start.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from orchestrator.errors import RemoteCommandError, UsageError
+from orchestrator.errors import RefusedError, RemoteCommandError, UsageError
 from orchestrator.text import looks_secret
 from orchestrator.transport.base import Runner
 
@@ -130,11 +131,11 @@ date +%s > "$dir/ended_at"
 echo "$rc" > "$dir/exit_code.tmp" && mv "$dir/exit_code.tmp" "$dir/exit_code"
 """
 
-# $1 workdir, $2 job id, $3 purpose, $4 wrapper, $5 number of env pairs N, then the command, which
-# is `env K=V ... argv` with N pairs.
+# $1 workdir, $2 job id, $3 purpose, $4 the purposes it excludes (space-separated), $5 wrapper, $6 number of
+# env pairs N, then the command, which is `env K=V ... argv` with N pairs.
 _START = r"""
 set -eu
-workdir=$1; id=$2; purpose=$3; wrapper=$4; nenv=$5; shift 5
+workdir=$1; id=$2; purpose=$3; excludes=$4; wrapper=$5; nenv=$6; shift 6
 umask 077
 no_links "$workdir"
 mkdir -p "$workdir/jobs" "$workdir/purposes"
@@ -150,6 +151,14 @@ if [ -L "$link" ]; then
     if job_runs "$old" "$pid" "$boot" >/dev/null; then echo "attached ${old##*/} $pid"; exit 0; fi
   fi
 fi
+for other in $excludes; do
+  [ -L "$workdir/purposes/$other" ] || continue
+  old=$(readlink "$workdir/purposes/$other")
+  if [ ! -e "$old/exit_code" ] && [ -s "$old/pid" ]; then
+    pid=$(cat "$old/pid")
+    if job_runs "$old" "$pid" "$boot" >/dev/null; then echo "busy ${old##*/} $pid"; exit 0; fi
+  fi
+done
 index_jobs "$workdir"
 dir="$workdir/jobs/$id"
 mkdir -m 700 "$dir"
@@ -281,17 +290,20 @@ echo "stopped"
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What to run: ``purpose`` is the dedup key (e.g. ``tune.gpu3``, ``server``)."""
+    """What to run: ``purpose`` is the dedup key (e.g. ``tune.gpu3``, ``server``); ``excludes``: the
+    purposes whose running job this one never runs beside (its start is refused: ``JobBusyError``)."""
 
     kind: str
     purpose: str
     argv: Sequence[str]
     env: Mapping[str, str] = field(default_factory=dict)
     gpus: tuple[int, ...] = ()
+    excludes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not _PURPOSE.match(self.purpose):
-            raise UsageError(f"job purpose {self.purpose!r} must match {_PURPOSE.pattern}")
+        for purpose in (self.purpose, *self.excludes):
+            if not _PURPOSE.match(purpose):
+                raise UsageError(f"job purpose {purpose!r} must match {_PURPOSE.pattern}")
         if not self.argv:
             raise UsageError("a job needs a command")
 
@@ -372,6 +384,7 @@ def start_argv(workdir: str, job_id: str, spec: JobSpec) -> list[str]:
         workdir,
         job_id,
         spec.purpose,
+        " ".join(spec.excludes),
         _script(_WRAPPER),
         str(len(pairs)),
         "env",
@@ -380,10 +393,20 @@ def start_argv(workdir: str, job_id: str, spec: JobSpec) -> list[str]:
     ]
 
 
-def parse_start(stdout: str) -> Started:
+@dataclass(frozen=True)
+class Busy:
+    """A start refused: job ``job_id`` of a purpose the spec excludes (``JobSpec.excludes``) runs."""
+
+    job_id: str
+    pid: int
+
+
+def parse_start(stdout: str) -> Started | Busy:
     words = stdout.split()
-    if len(words) != 3 or words[0] not in ("started", "attached"):
+    if len(words) != 3 or words[0] not in ("started", "attached", "busy"):
         raise ValueError(f"unexpected answer when starting a job: {stdout.strip()!r}")
+    if words[0] == "busy":
+        return Busy(job_id=words[1], pid=int(words[2]))
     return Started(job_id=words[1], pid=int(words[2]), attached=words[0] == "attached")
 
 
@@ -515,16 +538,32 @@ class JobStartError(RemoteCommandError):
     workdir orch cannot write, another orch holding the start lock too long)."""
 
 
+class JobBusyError(RefusedError):
+    """A job was not started (nothing of it is on the host): job ``job_id`` of a purpose its spec excludes
+    runs there. The caller says what that job is to its operator."""
+
+    def __init__(self, host: str, spec: JobSpec, busy: Busy) -> None:
+        super().__init__(
+            f"{host}: job {busy.job_id} runs, and a {spec.purpose} job never runs beside it: nothing was started",
+            hint=f"start it once that job has ended (`orch jobs --host {host}`)",
+        )
+        self.job_id = busy.job_id
+
+
 def start(runner: Runner, workdir: str, spec: JobSpec, secret_env: Mapping[str, str] | None = None) -> Started:
     """Start ``spec`` detached, or attach to the job already running for its purpose. ``secret_env``
     reaches the job's environment as the host's inventory env does (the runner sends the values on
     stdin): on no command line, and not in the job's ``env`` file or any other part of its record.
-    JobStartError (one line, never the start script) when the host could not start it."""
+    JobStartError (one line, never the start script) when the host could not start it; JobBusyError when
+    a job of a purpose it excludes runs there."""
     result = runner.run(start_argv(workdir, new_job_id(spec), spec), env=secret_env, timeout=60)
     if not result.ok:
         message = start_failure(runner.host, workdir, spec.purpose, result.stderr or result.stdout)
         raise JobStartError(message, exit_status=result.exit_status, stderr=result.stderr)
-    return parse_start(result.stdout)
+    started = parse_start(result.stdout)
+    if isinstance(started, Busy):
+        raise JobBusyError(runner.host, spec, started)
+    return started
 
 
 _NO_SPACE = ("No space left on device", "Disk quota exceeded")
@@ -594,9 +633,14 @@ def parse_start_many(stdout: str, specs: Sequence[JobSpec]) -> list[StartResult]
             results.append(StartResult(spec, None, f"exited {rc}: {out.strip()[:300]}"))
             continue
         try:
-            results.append(StartResult(spec, parse_start(out)))
+            started = parse_start(out)
         except ValueError as exc:
             results.append(StartResult(spec, None, str(exc)))
+            continue
+        if isinstance(started, Busy):
+            results.append(StartResult(spec, None, f"job {started.job_id} of a purpose it excludes runs"))
+        else:
+            results.append(StartResult(spec, started))
     return results
 
 

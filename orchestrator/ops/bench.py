@@ -381,7 +381,12 @@ def _start(host: Host, runner: Runner, store: StateStore, plan: _Plan) -> tuple[
     """Start the benchmark job, or attach to the one already running (then its own plan applies)."""
     runner.run(["mkdir", "-p", "-m", "700", "--", plan.output_file.rsplit("/", 1)[0]], check=True)
     runner.write_bytes(plan.plan_file, json.dumps({**plan.meta(), "argv": plan.argv}).encode())
-    started = jobs.start(runner, host.workdir, jobs.JobSpec(kind="bench", purpose=PURPOSE, argv=plan.argv))
+    spec = jobs.JobSpec(kind="bench", purpose=PURPOSE, argv=plan.argv, excludes=(PROFILE_PURPOSE,))
+    try:
+        started = jobs.start(runner, host.workdir, spec)
+    except jobs.JobBusyError as busy:  # orch profile's load started since the check (``_refuse_profiling``)
+        runner.run(["rm", "-f", "--", plan.plan_file])
+        raise _profiling(host, busy.job_id) from None
     if started.attached:
         return started.job_id, _attached_plan(host, store, started.job_id), True
     _record_job(host, store, started.job_id, started.pid, plan)
@@ -440,12 +445,16 @@ def _refuse_profiling(host: Host, listed: list[jobs.JobInfo]) -> None:
     the two loads and the profiler would be measured as one (``RefusedError``, nothing started)."""
     loads = jobs.running(listed, PROFILE_PURPOSE)
     if loads:
-        raise RefusedError(
-            f"{host.name}: orch profile's load (job {loads[0].id}) runs on this server: a benchmark now would measure "
-            "both loads and the profiler's cost as this server's throughput",
-            hint=f"benchmark once it has ended (a profile takes about a minute; `orch jobs --host {host.name}`); "
-            "nothing was started",
-        )
+        raise _profiling(host, loads[0].id)
+
+
+def _profiling(host: Host, job_id: str) -> RefusedError:
+    return RefusedError(
+        f"{host.name}: orch profile's load (job {job_id}) runs on this server: a benchmark now would measure "
+        "both loads and the profiler's cost as this server's throughput",
+        hint=f"benchmark once it has ended (a profile takes about a minute; `orch jobs --host {host.name}`); "
+        "nothing was started",
+    )
 
 
 def _host_plan(runner: Runner, info: jobs.JobInfo) -> _Plan | None:

@@ -16,7 +16,10 @@ appeared when the load has ended and ``SETTLE_S`` more seconds passed, orch asks
 The load is a detached job of orch's (``PROFILE_PURPOSE``, bounded by the run's timeout), so that another orch
 sees it on the host: ``orch bench`` does not start while it runs (``ops.bench``), and a profile does not start
 while orch's benchmark measures the server. Each would add its load to the other's measurement (and the
-profiler slows the server), and both would be stored as if measured alone.
+profiler slows the server), and both would be stored as if measured alone. Each checks the other's jobs
+first, and again as its job starts (``JobSpec.excludes``, under the host's job-start lock): a bench and a
+profile started at once both pass the first check, never the second. A profile refused there has asked the
+server to profile already: it asks ``/stop_profile`` before it says so.
 
 Refusals (nothing started): no server launched by orch, or it is not running (as ``orch bench``); orch's
 benchmark, or an earlier profile's load, runs on the host; the server refuses ``/start_profile`` (a profile
@@ -87,13 +90,20 @@ def profile(session: HostSession, spec: BenchSpec, options: ProfileOptions, resu
         _wait_load(session, load.id, deadline)
     runner.run(["mkdir", "-p", "-m", "700", "--", directory], check=True)
     body = facts.start_body(directory, options.steps, prefix)
-    if not _start(host, runner, url, body, refuse=not resume):
-        session.say(f"{host.name}: the interrupted run's profile is still in progress: one wave of load ends it")
-        _drive_load(session, server, spec, f"{directory}/leftover.jsonl", deadline)
-        http(host, runner, [server_facts.HttpRequest("POST", f"{url}/stop_profile", {}, timeout=60)])
-        _start(host, runner, url, body)
-    session.say(f"{host.name}: profiling {options.steps} prefill and {options.steps} decode batches into {directory}")
-    _drive_load(session, server, spec, f"{directory}/load.jsonl", deadline)
+    stop = [server_facts.HttpRequest("POST", f"{url}/stop_profile", {}, timeout=60)]
+    try:
+        if not _start(host, runner, url, body, refuse=not resume):
+            session.say(f"{host.name}: the interrupted run's profile is still in progress: one wave of load ends it")
+            _drive_load(session, server, spec, f"{directory}/leftover.jsonl", deadline)
+            http(host, runner, stop)
+            _start(host, runner, url, body)
+        session.say(
+            f"{host.name}: profiling {options.steps} prefill and {options.steps} decode batches into {directory}"
+        )
+        _drive_load(session, server, spec, f"{directory}/load.jsonl", deadline)
+    except jobs.JobBusyError as busy:  # orch's benchmark started meanwhile: it measures alone
+        http(host, runner, stop)
+        raise _benchmarking(host, busy.job_id, "its profile was stopped before its load started") from None
     found, stopped = _wait_for_traces(host, runner, url, directory, prefix, deadline)
     record = _summarise(session, server, options, (directory, prefix), found)
     store.update_host(host.name, lambda hs: _store(hs, record))
@@ -120,11 +130,7 @@ def _refuse_measuring(host: Host, listed: list[jobs.JobInfo], resume: bool) -> j
     (unless ``resume``: then that load, to be waited for)."""
     benches = jobs.running(listed, BENCH_PURPOSE)
     if benches:
-        raise RefusedError(
-            f"{host.name}: orch's benchmark (job {benches[0].id}) is measuring this server: a profile now would add "
-            "its load and the profiler's cost to that measurement, and the benchmark's load to the profile",
-            hint=f"profile once it has ended (`orch jobs --host {host.name}`); nothing was started",
-        )
+        raise _benchmarking(host, benches[0].id, "nothing was started")
     load = next(iter(jobs.running(listed, PROFILE_PURPOSE)), None)
     if load is not None and not resume:
         raise RefusedError(
@@ -133,6 +139,16 @@ def _refuse_measuring(host: Host, listed: list[jobs.JobInfo], resume: bool) -> j
             f"`orch stop {host.name} {load.id}`; then profile again",
         )
     return load
+
+
+def _benchmarking(host: Host, job_id: str, done: str) -> RefusedError:
+    """The refusal of a profile while orch's benchmark (job ``job_id``) measures the server; ``done``: what
+    the profile did (nothing, or stopped what it had begun)."""
+    return RefusedError(
+        f"{host.name}: orch's benchmark (job {job_id}) is measuring this server: a profile now would add "
+        "its load and the profiler's cost to that measurement, and the benchmark's load to the profile",
+        hint=f"profile once it has ended (`orch jobs --host {host.name}`); {done}",
+    )
 
 
 def _load_params(spec: BenchSpec) -> BenchParams:
@@ -155,7 +171,8 @@ def _drive_load(session: HostSession, server: ServerRecord, spec: BenchSpec, out
     argv = bench_facts.bench_argv(host.python, module, address, server.port, params, output, dataset.path)
     seconds = max(1, int(deadline - time.monotonic()))
     session.say(f"{host.name}: load: {params.num_prompts} prompts of {params.input_len} -> {params.output_len} tokens")
-    job = jobs.JobSpec(kind="profile", purpose=PROFILE_PURPOSE, argv=["timeout", str(seconds), *argv, "--disable-tqdm"])
+    command = ["timeout", str(seconds), *argv, "--disable-tqdm"]
+    job = jobs.JobSpec(kind="profile", purpose=PROFILE_PURPOSE, argv=command, excludes=(BENCH_PURPOSE,))
     ended = _wait_load(session, jobs.start(runner, host.workdir, job).job_id, deadline)
     if ended.state != "succeeded":
         tail = " | ".join(jobs.read_tail(runner, ended, max_bytes=2048).strip().splitlines()[-3:])

@@ -156,6 +156,26 @@ def test_a_profile_and_a_benchmark_never_measure_the_server_at_once(make_fleet) 
     hs = StateStore(env.state).read().hosts[host.name]
     assert [b.label for b in hs.benchmarks] == ["first"] and len(hs.profiles) == 1
 
+    # both started at once: each passed its check before the other's job started (both measured, and stored)
+    launched = [[*env.argv(), "bench", "--label", "at-once", *few], [*env.argv(), "profile", "--steps", "2"]]
+    both = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for a in launched]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in both]
+        codes = [p.returncode for p in both]
+    finally:
+        for p in both:
+            p.kill()
+    assert sorted(codes) in ([0, 0], [0, 3]), outs
+    if codes == [0, 0]:  # one after the other: their loads never ran at once
+        ran = {}
+        for kind in ("bench", "profile"):
+            last = sorted(Path(host.workdir, "jobs").glob(f"{kind}-*"))[-1]
+            ran[kind] = (int((last / "started_at").read_text()), int((last / "ended_at").read_text()))
+        assert ran["bench"][1] <= ran["profile"][0] or ran["profile"][1] <= ran["bench"][0], (ran, outs)
+    else:
+        said = outs[codes.index(3)]
+        assert "orch profile's load (job profile-" in said or "orch's benchmark (job bench-" in said, said
+
 
 def test_a_server_stopped_under_a_benchmark_stops_the_benchmark_first_and_its_result_is_not_stored(make_fleet) -> None:  # type: ignore[no-untyped-def]
     """`serve --force` while `orch bench` measured the server: the server was drained and replaced under the

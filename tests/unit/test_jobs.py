@@ -58,6 +58,23 @@ def test_same_purpose_attaches_instead_of_starting_twice(runner: LocalRunner, wo
     assert jobs.stop(runner, jobs.find(runner, workdir, first.job_id), 5) == "stopped"
 
 
+def test_a_job_is_not_started_while_a_job_of_a_purpose_it_excludes_runs(runner: LocalRunner, workdir: str) -> None:
+    """``orch bench`` and ``orch profile``'s load exclude each other: checked under the start lock, so that two
+    orchs started at once cannot both pass a check made before it."""
+    other = jobs.start(runner, workdir, jobs.JobSpec("test", "t.profile", ["sleep", "30"]))
+    spec = jobs.JobSpec("test", "t.bench", ["true"], excludes=("t.profile", "t.none"))
+    with pytest.raises(jobs.JobBusyError) as busy:
+        jobs.start(runner, workdir, spec)
+    assert busy.value.job_id == other.job_id and "nothing was started" in busy.value.message
+    assert [j.purpose for j in jobs.list_jobs(runner, workdir)] == ["t.profile"]  # nothing of it on the host
+    (refused,) = jobs.start_many(runner, workdir, [spec])
+    assert refused.started is None and refused.error == f"job {other.job_id} of a purpose it excludes runs"
+    jobs.stop(runner, jobs.find(runner, workdir, other.job_id), 5)
+    assert wait_state(runner, workdir, jobs.start(runner, workdir, spec).job_id, "succeeded")  # ended: it starts
+    with pytest.raises(UsageError, match="job purpose 'a b' must match"):
+        jobs.JobSpec("test", "t.bench", ["true"], excludes=("a b",))
+
+
 def test_start_returns_while_the_job_runs(runner: LocalRunner, workdir: str) -> None:
     t0 = time.monotonic()
     started = jobs.start(runner, workdir, jobs.JobSpec("test", "t.slow", ["sleep", "30"]))
