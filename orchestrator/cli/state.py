@@ -98,7 +98,7 @@ def forget(app: App, name: str, yes: bool) -> int:
 @pass_app
 def export(app: App, file: Path) -> int:
     """Write the whole state (every host with its history, the plans, the last rollout) as one JSON file
-    (default: stdout), in the shape of ``orchestrator.state.State``. FILE is replaced whole, mode 0600 like
+    (default: stdout), in the shape of the State model (docs/state.md). FILE is replaced whole, mode 0600 like
     the database it copies.
 
     \b
