@@ -150,6 +150,16 @@ class InstalledRecord(_Record):
     backup: str | None = None
 
 
+class InstallMark(_Record):
+    """The host's own account of a config orch installed there (``tuning.install.MARKS``): written beside
+    the state's record, read back when the state does not record it (another controller, a lost state
+    directory), and trusted while the config holds the bytes orch wrote (``sha256``)."""
+
+    key: str  # the shape's key, as ``TuningRecord.installed`` keys it
+    sha256: str
+    installed: InstalledRecord
+
+
 class LogProgress(BaseModel):
     """What one tuning job's log said so far (``facts.tuner.feed`` reads it on from ``offset``), kept in
     the record so another orch (``status``, ``wait``) resumes there. Lines end at ``\\n`` or ``\\r``; an

@@ -3,12 +3,15 @@
 All or nothing: every partial file of every job is read and validated (``facts.tuner``), merged per
 shape with the results the plan kept from an earlier, failed one (``PlanRecord.kept``, validated again)
 (never one over another) and checked complete before the first file is installed. A replaced config
-is backed up under ``workdir/tune/backups/<plan>/``. A failure names the first failed job (host, GPU,
+is backed up under ``workdir/tune/backups/<plan>/``, and each installed config is marked on the host
+(``MARKS``, ``InstallMark``), so that another state (a second controller, a lost state directory) knows it
+as orch's and does not tune it again. A failure names the first failed job (host, GPU,
 exit code, OOM or exception, or lost), keeps its log tail, and stops the group's other jobs.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 from orchestrator import jobs
@@ -21,6 +24,7 @@ from orchestrator.tuning.progress import HostPoll, job_state, units_done
 from orchestrator.tuning_record import (
     AssignmentRecord,
     InstalledRecord,
+    InstallMark,
     KeptRecord,
     LogProgress,
     PlanRecord,
@@ -29,6 +33,8 @@ from orchestrator.tuning_record import (
 )
 
 _TAIL_LINES = 25
+MARKS = "tune/installed"
+"""Under a host's workdir: one ``InstallMark`` per config orch installed there, named as the config is."""
 
 
 def complete_group(members: Sequence[HostSession], plan: PlanRecord, polls: dict[str, HostPoll]) -> None:
@@ -139,13 +145,16 @@ def _kept(runner: Runner, kept: KeptRecord) -> tuple[str, tf.Configs]:
 
 
 def install(session: HostSession, plan: PlanRecord, merged: dict[str, tf.Configs]) -> None:
-    """Write every merged config into the member's runtime config dir; back up a replaced file (the
-    session's ``tuned_configs`` fact is forgotten: the files changed)."""
+    """Write every merged config into the member's runtime config dir, and its mark (``MARKS``); back up a
+    replaced file (the session's ``tuned_configs`` fact is forgotten: the files changed)."""
     host, runner = session.host, session.runner
     paths = plan.hosts[host.name]
+    marks = f"{paths.workdir.rstrip('/')}/{MARKS}"
+    runner.run(["mkdir", "-p", "-m", "700", "--", marks], check=True)
     done: dict[str, InstalledRecord] = {}
     for s in plan.shapes:
-        target = f"{paths.config_dir.rstrip('/')}/{tf.config_file_name(s.n, s.k, plan.device, plan.block_shape)}"
+        name = tf.config_file_name(s.n, s.k, plan.device, plan.block_shape)
+        target = f"{paths.config_dir.rstrip('/')}/{name}"
         data = tf.render_config(merged[s.key]).encode()
         backup = _backup(runner, target, data, f"{paths.workdir.rstrip('/')}/tune/backups/{plan.id}")
         runner.write_bytes(target, data, mode=0o644)
@@ -160,6 +169,8 @@ def install(session: HostSession, plan: PlanRecord, merged: dict[str, tf.Configs
             installed_at=utc_now(),
             backup=backup,
         )
+        mark = InstallMark(key=s.key, sha256=hashlib.sha256(data).hexdigest(), installed=done[s.key])
+        runner.write_bytes(f"{marks}/{name}", mark.model_dump_json().encode())
     edit_record(session.store, host.name, lambda hs, r: _record_installed(hs, r, plan, done))
 
 

@@ -6,12 +6,15 @@ nvidia-smi, Triton's version if it imports, the SGLang commit from git. A host a
 is attached to instead (``Prepared.attach``), unless none of that plan's jobs runs any more and some
 were lost (a reboot killed them): then it is failed first, as ``orch wait`` would (``settle_lost``).
 After a plan that failed (its jobs lost to a reboot, say), the result files its finished runs wrote
-are validated and kept (``kept_results``): the next plan tunes only the rest.
+are validated and kept (``kept_results``): the next plan tunes only the rest. What is installed is read
+from the host too: a config orch marked there (``install.MARKS``) that this state does not record (another
+controller installed it, or the state directory was lost) is adopted, not tuned again (``adopt_marks``).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,14 +33,15 @@ from orchestrator.recipe import Recipe, ServeOptions, Shape, TuneOptions, parse_
 from orchestrator.session import HostSession
 from orchestrator.state import ServerRecord
 from orchestrator.transport.base import CommandResult, Runner, check_result
-from orchestrator.tuning.install import complete_group, describe_failure
+from orchestrator.tuning.install import MARKS, complete_group, describe_failure
 from orchestrator.tuning.logged import logged_shapes
-from orchestrator.tuning.member import plan_of, record_of, records, running_plan
+from orchestrator.tuning.member import edit_record, plan_of, record_of, records, running_plan
 from orchestrator.tuning.progress import HostPoll, job_views, poll_group, poll_host
 from orchestrator.tuning_record import (
     STUCK_AFTER_S,
     AssignmentRecord,
     InstalledRecord,
+    InstallMark,
     KeptRecord,
     PlanRecord,
     RunRecord,
@@ -60,6 +64,7 @@ class HostFacts:
     commit: str
     gpus: list[smi.Gpu]
     holders: list[smi.Holder] = field(default_factory=list)  # every GPU's, from discovery (no job ties)
+    marks: list[InstallMark] = field(default_factory=list)  # the configs orch marked installed on the host
 
 
 DISCOVER_TIMEOUT = 300 + 300 + 2 * smi.CLIENT_TIMEOUT + 60  # the --help, the import, nvidia-smi twice, git
@@ -114,8 +119,9 @@ def discover(session: HostSession, paths: Sequence[str] = ()) -> tuple[HostFacts
     checkout = session.know("git", git.parse_info(check_result(host.name, answer("git")).stdout))
     config_dir = runtime.config_dir or ""
     facts = HostFacts(
-        host, script, flags, config_dir, runtime.triton, devices[0].name, checkout.commit, devices, holders
-    )
+        host, script, flags, config_dir, runtime.triton, devices[0].name, checkout.commit, devices, holders,
+        _marks(host, sections.get("marks")),
+    )  # fmt: skip
     return facts, ReadAhead(runner, {path: _file(sections.get(f"file{i}")) for i, path in enumerate(paths)})
 
 
@@ -128,8 +134,60 @@ def discover_sections(host: Host, paths: Sequence[str] = ()) -> list[tuple[str, 
         ("gpus", smi.query_gpus_argv()),
         ("apps", smi.query_apps_argv()),
         ("git", git.info_argv(host.sglang_dir, host.upstream)),
+        ("marks", ["sh", "-c", _READ_MARKS, "orch-marks", f"{host.workdir.rstrip('/')}/{MARKS}"]),
     ]
     return sections + [(f"file{i}", ["base64", "-w0", "--", path]) for i, path in enumerate(paths)]
+
+
+_READ_MARKS = r"""
+[ -d "$1" ] && [ ! -L "$1" ] || exit 0
+for f in "$1"/*.json; do
+  if [ -f "$f" ] && [ ! -L "$f" ]; then base64 -w0 -- "$f"; echo; fi
+done
+exit 0
+"""
+"""Each mark orch wrote under ``$1`` (never through a symlink), base64-encoded, one per line."""
+
+
+def _marks(host: Host, section: probe.Section | None) -> list[InstallMark]:
+    """The marks ``_READ_MARKS`` printed; one that does not read as a mark is left out (said with -v)."""
+    marks = []
+    for line in (section.output if section is not None and section.ok else "").split():
+        try:
+            marks.append(InstallMark.model_validate_json(base64.b64decode(line, validate=True)))
+        except ValueError as exc:  # binascii.Error and pydantic's ValidationError are ValueErrors
+            log.info("%s: an unreadable mark in %s/%s: %s", host.name, host.workdir, MARKS, str(exc).splitlines()[0])
+    return marks
+
+
+def adopt_marks(
+    session: HostSession, record: TuningRecord, facts: HostFacts, files: FileReader, look: bool
+) -> TuningRecord:
+    """``record`` with the configs orch marked installed on the host for this device and commit that it does
+    not record (or records an older install of), each trusted only while its file holds the bytes orch
+    wrote; said and recorded unless ``look``. The state is a record, not the authority: a config another
+    controller installed, or one a lost state directory forgot, is not tuned again (its server stopped)."""
+    found: dict[str, InstalledRecord] = {}
+    for mark in facts.marks:
+        done, have = mark.installed, record.installed.get(mark.key)
+        if (done.device, done.commit) != (facts.device, facts.commit):
+            continue
+        if have is not None and have.installed_at >= done.installed_at:
+            continue
+        try:
+            data = files.read_bytes(done.path)
+        except OSError:
+            continue
+        if hashlib.sha256(data).hexdigest() == mark.sha256:
+            found[mark.key] = done
+    if found and not look:
+        plans = ", ".join(sorted({done.plan_id or "?" for done in found.values()}))
+        session.say(
+            f"tuned configs orch installed on this host that this state did not record: {', '.join(found)} "
+            f"(plan {plans}; marked in {session.host.workdir.rstrip('/')}/{MARKS}): recorded, not tuned again"
+        )
+        edit_record(session.store, session.host.name, lambda _hs, r: r.installed.update(found))
+    return record.model_copy(update={"installed": {**record.installed, **found}}) if found else record
 
 
 def _file(section: probe.Section | None) -> bytes | None:
@@ -246,6 +304,8 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     logged = logged_shapes(session, facts.device) if options.shapes == "logged" else None
     wanted = logged.shapes if logged else resolve_shapes(options.shapes, recipe, session, tp)
     batch_sizes = list(options.batch_sizes or recipe.tuning.batch_sizes)
+    if not options.force:
+        record = adopt_marks(session, record, facts, files, look)
     skipped = [] if options.force else installed_shapes(files, record, facts, wanted, batch_sizes)
     needed = [s for s in wanted if s.key not in skipped]
     kept = [] if options.force else kept_results(files, record, plan, facts, wanted_units(needed, batch_sizes))

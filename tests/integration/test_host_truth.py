@@ -28,6 +28,8 @@ def second_controller(env: FleetEnv, name: str = "other") -> FleetEnv:
 def test_a_second_controller_sees_and_adopts_the_server_instead_of_relaunching_it(make_fleet: Any) -> None:
     env = make_fleet(1)
     (sim,) = env.fleet.hosts
+    tuned = env.orch("tune-fp8", "--wait")
+    assert tuned.returncode == 0, tuned.output
     first = env.orch("serve")
     assert first.returncode == 0, first.output
     (launched,) = server_jobs(env)
@@ -52,6 +54,19 @@ def test_a_second_controller_sees_and_adopts_the_server_instead_of_relaunching_i
     for store in (env.state, other.state):
         hs = StateStore(store).read().hosts[sim.name]
         assert hs.phase == "serving" and hs.server is not None and hs.server.job_id == launched["id"], store
+
+    # its tuning: the configs the first controller installed are on the host, marked as orch's; the second
+    # stopped the server to tune them again (a lost state directory did the same)
+    tunings = purposes(sim)["tune"]
+    plan = other.orch("run", "--only", "tune-fp8", "--dry-run")
+    assert plan.returncode == 0 and "(stops server job" not in plan.stdout, plan.output
+    assert "(nothing to tune: " in plan.stdout, plan.output
+    retune = other.orch("run", "--only", "tune-fp8")
+    assert retune.returncode == 0, retune.output
+    assert "tuned configs orch installed on this host that this state did not record: " in retune.output
+    assert purposes(sim)["tune"] == tunings and [j["id"] for j in server_jobs(env)] == [launched["id"]]
+    tuning = StateStore(other.state).read().hosts[sim.name].tuning
+    assert tuning is not None and len(tuning.installed) == 4
 
 
 def test_an_interrupted_run_only_serve_resumes_by_adopting_its_servers_without_asking(make_fleet: Any) -> None:

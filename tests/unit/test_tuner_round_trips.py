@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,7 +17,7 @@ from orchestrator.recipe import DEFAULT_BATCH_SIZES, DEFAULT_RECIPE, TuneOptions
 from orchestrator.session import HostSession
 from orchestrator.store import StateStore
 from orchestrator.tuning.prepare import discover, prepare
-from orchestrator.tuning_record import InstalledRecord, TuningRecord
+from orchestrator.tuning_record import InstalledRecord, InstallMark, TuningRecord
 from tests.fakerunner import FakeRunner
 from tests.unit.test_tuner_ops import COMMIT, CONFIG, DEVICE
 
@@ -120,6 +121,47 @@ def test_an_installed_config_that_cannot_be_read_is_tuned_again(tmp_path: Path) 
     runner = FakeRunner("h1").on(("orch-probe",), stdout=framed(gone))
     p = prepare(session(runner, installed_store(tmp_path)), load_recipe(find_recipe(DEFAULT_RECIPE, [])), TuneOptions())
     assert p.skipped == [] and len(p.shapes) == 4 and len(runner.calls) == 1
+
+
+def marked(data: bytes, commit: str = COMMIT) -> tuple[int, str]:
+    """The probe's ``marks`` section holding orch's mark of ``INSTALLED`` (written with ``data``) and a stray line."""
+    done = InstalledRecord(
+        path=INSTALLED,
+        device=DEVICE,
+        commit=commit,
+        batch_sizes=list(DEFAULT_BATCH_SIZES),
+        plan_id="p-1",
+        installed_at=datetime(2026, 12, 1, tzinfo=timezone.utc),
+    )
+    mark = InstallMark(key="N=1536,K=4096", sha256=hashlib.sha256(data).hexdigest(), installed=done)
+    return 0, f"{base64.b64encode(mark.model_dump_json().encode()).decode()}\nbm90IGEgbWFyaw==\n"
+
+
+def test_a_config_orch_marked_on_the_host_is_not_tuned_again_by_a_state_that_does_not_record_it(
+    tmp_path: Path,
+) -> None:
+    """A second controller, or a lost state directory: the host says what orch installed there."""
+    config = json.dumps({str(m): CONFIG for m in DEFAULT_BATCH_SIZES}).encode()
+    recipe, no_model = load_recipe(find_recipe(DEFAULT_RECIPE, [])), (1, "base64: config.json: No such file")
+
+    def prepared(marks: tuple[int, str], on_host: bytes, look: bool = False) -> tuple[list[str], list[str], StateStore]:
+        runner = FakeRunner("h1").on(("orch-probe",), stdout=framed(answers(file0=no_model, marks=marks)))
+        runner.files[INSTALLED] = on_host
+        store, said = StateStore(tmp_path / f"{len(list(tmp_path.iterdir()))}.db"), []
+        p = prepare(HostSession(host(), runner, store, said.append), recipe, TuneOptions(), look=look)
+        return p.skipped, said, store
+
+    skipped, said, store = prepared(marked(config), config)
+    assert skipped == ["N=1536,K=4096"]
+    assert said == [
+        "tuned configs orch installed on this host that this state did not record: N=1536,K=4096 (plan p-1; "
+        "marked in /w/tune/installed): recorded, not tuned again"
+    ]
+    tuning = store.read().hosts["h1"].tuning
+    assert tuning is not None and tuning.installed["N=1536,K=4096"].plan_id == "p-1"
+    assert prepared(marked(config), config, look=True)[:2] == (["N=1536,K=4096"], [])  # a dry run records nothing
+    assert prepared(marked(config), b'{"1": {}}')[:2] == ([], [])  # changed since orch wrote it: tuned again
+    assert prepared(marked(config, commit="0" * 40), config)[:2] == ([], [])  # tuned for another commit
 
 
 def test_a_failing_tuner_help_in_the_probe_is_refused_with_its_stderr() -> None:
