@@ -38,7 +38,7 @@ from orchestrator.facts import git
 from orchestrator.facts import server as server_facts
 from orchestrator.facts.bench import BenchParams, BenchRecord, BenchTool, ComparisonRow, Dataset
 from orchestrator.inventory import Host
-from orchestrator.readers import BENCH_PURPOSE, PROFILE_PURPOSE, read_git
+from orchestrator.readers import BENCH_PURPOSE, PROFILE_PURPOSE, read_git, read_running_server
 from orchestrator.recipe import BenchOptions, BenchSpec
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, JobRecord, JobState, ServerRecord, utc_now
@@ -211,22 +211,33 @@ def require_server(host: Host, runner: Runner, store: StateStore, doing: str = "
 def _running_server(host: Host, runner: Runner, store: StateStore, doing: str) -> tuple[ServerRecord, jobs.JobInfo]:
     """``require_server``'s record, and its job as the host showed it (when it started, by the host's clock)."""
     server = store.read([host.name]).host(host.name).server
+    job: jobs.JobInfo | None = None
+    if server is not None:
+        try:
+            job = jobs.find(runner, host.workdir, server.job_id)
+        except UsageError:
+            job = None
+    if server is not None and job is not None and job.running:
+        return server, job
+    other = read_running_server(runner, host)
+    if other is not None:  # the host serves, from a serve this state does not record
+        raise RefusedError(
+            f"{host.name}: no server to {doing} that this state records: the host runs server job {other.id}, "
+            "started by a serve this state does not record (another controller, or a lost state directory); "
+            "its settings (MTP, FP8 backend, tuned shapes) are known only once a serve verifies it",
+            hint=f"`orch serve --host {host.name}` adopts it when it runs what the recipe asks (`--dry-run` "
+            f"shows whether it would adopt or relaunch), then {doing} again; nothing was started",
+        )
     if server is None:
         raise RefusedError(
             f"{host.name}: no server to {doing}: orch has not launched one on this host",
             hint=f"start it with `orch serve --host {host.name}`",
         )
-    try:
-        job: jobs.JobInfo | None = jobs.find(runner, host.workdir, server.job_id)
-    except UsageError:
-        job = None
     state = job.state if job is not None else _GONE
-    if job is None or state != "running":
-        raise RefusedError(
-            f"{host.name}: the server orch launched (job {server.job_id}) is not running ({state})",
-            hint=f"relaunch it with `orch serve --host {host.name}`",
-        )
-    return server, job
+    raise RefusedError(
+        f"{host.name}: the server orch launched (job {server.job_id}) is not running ({state})",
+        hint=f"relaunch it with `orch serve --host {host.name}`",
+    )
 
 
 def _refuse_another_server(

@@ -1,4 +1,4 @@
-"""ops.bench without a host: refusals that need no remote command, labels and stored records."""
+"""ops.bench without a host: refusals (the host's jobs read by a local runner), labels and stored records."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import jobs
 from orchestrator.errors import RefusedError, StateError, UsageError
 from orchestrator.inventory import Host
 from orchestrator.ops import bench
@@ -15,6 +16,7 @@ from orchestrator.recipe import BenchOptions
 from orchestrator.state import ServerRecord
 from orchestrator.store import StateStore
 from orchestrator.transport.base import CommandResult
+from orchestrator.transport.local import LocalRunner
 from orchestrator.views.bench import ProgressLines
 from tests.unit.test_bench_facts import a_record
 
@@ -39,11 +41,27 @@ class NoRemote:
         pass
 
 
-def test_bench_refuses_a_host_where_orch_launched_no_server(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "state.json")
-    with pytest.raises(RefusedError, match="gpu-1: no server to benchmark") as caught:
-        bench.require_server(HOST, NoRemote(), store)
+def test_bench_refuses_a_host_where_orch_launched_no_server_and_names_one_this_state_does_not_record(
+    tmp_path: Path,
+) -> None:
+    store, host = StateStore(tmp_path / "state.db"), HOST.model_copy(update={"workdir": str(tmp_path / "work")})
+    runner = LocalRunner(host.model_copy(update={"transport": "local"}))
+    with pytest.raises(RefusedError, match="gpu-1: no server to benchmark: orch has not launched one") as caught:
+        bench.require_server(host, runner, store)
     assert caught.value.hint == "start it with `orch serve --host gpu-1`"
+    # a lost state directory, or another controller's serve: the host runs orch's server job all the same
+    served = jobs.start(runner, host.workdir, jobs.JobSpec("server", "server", ["sleep", "30"]))
+    try:
+        with pytest.raises(RefusedError) as unrecorded:
+            bench.require_server(host, runner, store, doing="profile")
+    finally:
+        jobs.stop(runner, jobs.find(runner, host.workdir, served.job_id), 5)
+    assert unrecorded.value.message.startswith(
+        f"gpu-1: no server to profile that this state records: the host runs server job {served.job_id}, started by "
+        "a serve this state does not record (another controller, or a lost state directory)"
+    )
+    assert "`orch serve --host gpu-1` adopts it" in (unrecorded.value.hint or "")
+    assert "then profile again; nothing was started" in (unrecorded.value.hint or "")
 
 
 def test_default_label_names_commit_and_mtp() -> None:
