@@ -120,6 +120,10 @@ def argv_port(argv: Sequence[str], default: int) -> int:
     return found if found is not None else default
 
 
+STOPPED_ELSEWHERE = "an orch this state does not record"
+"""Who stopped a recorded server whose job directory says orch stopped it, when this state did not."""
+
+
 def status_field(
     http_out: str | None, jobs_out: str | None, record: ServerRecord | None, now: datetime
 ) -> dict[str, Any] | None:
@@ -127,9 +131,10 @@ def status_field(
     records none): healthy or not, MTP on/off with the live accept length, the tuned shapes in use (as
     verified at launch), uptime (by the host's clock when it said it: a host clock behind the controller's
     never makes it negative) and the server job; a server orch stopped is ``job_state`` ``stopped`` with who
-    stopped it and when (never the ``succeeded`` of its drained exit). A running server job the record does
-    not know is shown as the host runs it, ``recorded`` False. A replica group's rank (``group``, ``rank``)
-    other than rank 0 is healthy while its job runs: only rank 0 answers HTTP."""
+    stopped it and when (never the ``succeeded`` of its drained exit), also when an orch this state does not
+    record stopped it (its job directory says orch asked it to stop: ``STOPPED_ELSEWHERE``). A running server
+    job the record does not know is shown as the host runs it, ``recorded`` False. A replica group's rank
+    (``group``, ``rank``) other than rank 0 is healthy while its job runs: only rank 0 answers HTTP."""
     unrecorded = unrecorded_server(jobs_out, record)
     if unrecorded is not None:
         return _unrecorded_field(http_out, unrecorded, now)
@@ -139,13 +144,15 @@ def status_field(
     job = next((j for j in [seen.job, *seen.others] if j is not None and j.id == record.job_id), None)
     health, info = _answers(http_out)
     running = job is not None and job.running
-    stopped = record.stopped_at is not None and not running
+    by_another = record.stopped_at is None and job is not None and job.stop_requested  # its job dir says so
+    stopped = (record.stopped_at is not None or by_another) and not running
+    ended_at = record.stopped_at or (job.ended_at if job is not None else None)
     no_http = bool(record.rank)  # a replica group's rank > 0: healthy while it runs (rank 0 answers /health)
     return {
         "job": record.job_id,
         "job_state": "stopped" if stopped else job.state if job else "unknown",
-        "stopped_by": record.stopped_by if stopped else None,
-        "stopped_at": record.stopped_at.isoformat() if stopped and record.stopped_at else None,
+        "stopped_by": (STOPPED_ELSEWHERE if by_another else record.stopped_by) if stopped else None,
+        "stopped_at": ended_at.isoformat() if stopped and ended_at else None,
         "healthy": running and (health == 200 or no_http),
         "port": record.port,
         "mtp": record.mtp,

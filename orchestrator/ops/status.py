@@ -268,6 +268,8 @@ def merge_state(obs: Observed, hs: HostState) -> HostStatus:
     checkout = obs.git.commit if obs.git else hs.sglang.commit if hs.sglang else None
     if field is not None and not field["recorded"] and field["healthy"]:
         status.phase = Phase.SERVING.value  # the host serves, whatever this state file says
+    if field is not None and field["recorded"] and hs.phase == Phase.SERVING and field["job_state"] == "stopped":
+        status.phase = hs.phase_before_launch().value  # another orch stopped it: the phase its stop leaves
     if field is not None and field["recorded"] and hs.phase == Phase.SERVING and field["job_state"] in _ENDED:
         status.phase = Phase.FAILED.value  # the host serves nothing: its server ended without orch stopping it
         field["ended_while_serving"] = True

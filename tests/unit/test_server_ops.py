@@ -119,6 +119,22 @@ INFO = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculati
         "speculative_num_draft_tokens": 4, "internal_states": [{"avg_spec_accept_length": 3.05}]}  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("stop", "state", "by"), [("1", "stopped", "an orch this state does not record"), ("0", "succeeded", None)]
+)
+def test_a_recorded_server_another_orch_stopped_is_shown_stopped_by_it_not_ended_unasked(
+    stop: str, state: str, by: str | None
+) -> None:
+    """A second controller's `orch stop-server`: the host's job directory says orch asked it to stop; this state
+    did not record the stop (it showed `ended (succeeded) while recorded serving, not stopped by orch`)."""
+    ended = NOW - timedelta(minutes=5)
+    line = "\t".join(["job", "server-1", "server", "4242", "0", "0", str(int((NOW - timedelta(hours=1)).timestamp())),
+                      str(int(ended.timestamp())), "10", stop])  # fmt: skip
+    field = srv.status_field(http_out(0, None), line, RECORD, NOW)
+    assert field is not None and (field["job_state"], field["stopped_by"]) == (state, by)
+    assert field["stopped_at"] == (ended.isoformat() if by else None)
+
+
 def test_status_field_says_a_server_is_simulated_when_its_server_info_does() -> None:
     running = jobs_line("server-1", "1", "", NOW - timedelta(hours=2))
     simulated = {**INFO, "simulated": {"by": "orch's simulated SGLang"}}
