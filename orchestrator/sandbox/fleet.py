@@ -35,9 +35,10 @@ from orchestrator.sandbox.sshd import sshd_installed
 DEFAULT_GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 TRANSPORTS = ("ssh", "local")
 DEMO_DATASET = Path(__file__).resolve().parent / "datasets" / "sharegpt-demo.json"
-"""A small ShareGPT-format dataset of generated conversations: the simulated hosts have no internet, and
-the benchmark's ``random`` dataset samples its text from a local file (reference §3). 1,024 conversations:
-the benchmark sends at most one request per conversation, and a sweep at concurrency 128 asks for 256."""
+"""A small ShareGPT-format dataset of generated conversations (``demo_dataset`` writes it): the simulated hosts
+have no internet, and the benchmark's ``random`` dataset samples its text from a local file (reference §3).
+1,024 conversations: the benchmark sends at most one request per conversation, and a sweep at concurrency
+128 asks for 256."""
 
 
 def stage_demo_dataset(workdir: Path) -> Path:

@@ -393,7 +393,9 @@ def test_a_dataset_that_is_not_sharegpt_is_told_by_its_first_item_and_ends(data:
     assert found == problem if problem is None else (found or "").startswith(problem), found
 
 
-def test_the_simulated_fleets_dataset_is_sharegpt() -> None:
+def test_the_simulated_fleets_dataset_is_sharegpt_and_exactly_what_its_generator_writes() -> None:
+    from orchestrator.sandbox import demo_dataset
     from orchestrator.sandbox.fleet import DEMO_DATASET
 
     assert bench.sharegpt_problem(DEMO_DATASET.read_bytes()) is None
+    assert DEMO_DATASET.read_text(encoding="utf-8") == demo_dataset.render()  # else: python -m ...demo_dataset
