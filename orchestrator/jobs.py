@@ -234,6 +234,20 @@ for id in "$@"; do [ -d "$workdir/jobs/$id" ] && row "$workdir/jobs/$id" "$boot"
 exit 0
 """
 
+# $1 workdir, $2 a purpose prefix: the listing line of the job each purpose link starting with it names (links
+# into jobs/ only, never through a symlinked job directory).
+_HOLDERS = r"""
+workdir=$1; prefix=$2
+boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
+for link in "$workdir"/purposes/"$prefix"*; do
+  [ -L "$link" ] || continue
+  d=$(readlink "$link")
+  case $d in "$workdir"/jobs/*) ;; *) continue ;; esac
+  if [ -d "$d" ] && [ ! -L "$d" ]; then row "$d" "$boot"; printf '%s\n' "$line"; fi
+done
+exit 0
+"""
+
 # $1 workdir, $2 milliseconds at most, $3 log offset (-1: none), $4 milliseconds before a grown log
 # counts, then job ids. Returns (printing each job's line, like _SHOW) when one of the jobs has ended
 # (its exit code written, or its process gone), when the first job's log has grown past the offset,
@@ -446,6 +460,14 @@ def held_argv(workdir: str, purpose: str, job_ids: Sequence[str] = ()) -> list[s
     if not _PURPOSE.match(purpose):
         raise UsageError(f"job purpose {purpose!r} must match {_PURPOSE.pattern}")
     return ["sh", "-c", _script(_HELD), "orch-held", workdir, purpose, *map(_checked_id, job_ids)]
+
+
+def holders_argv(workdir: str, purpose_prefix: str) -> list[str]:
+    """Reads the job holding each purpose that starts with ``purpose_prefix`` (``parse_list`` reads the
+    answer): one cheap look at, say, the tuning jobs a host runs, whatever a state file says."""
+    if not _PURPOSE.match(purpose_prefix):
+        raise UsageError(f"job purpose {purpose_prefix!r} must match {_PURPOSE.pattern}")
+    return ["sh", "-c", _script(_HOLDERS), "orch-holders", workdir, purpose_prefix]
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import readers
+from orchestrator import jobs, readers
 from orchestrator import server_job as server
 from orchestrator.errors import GatewayError, OrchError, RemoteCommandError, UnreachableError, UsageError
 from orchestrator.facts import git, gpus, machine, probe, replacement
+from orchestrator.facts import tuner as tf
 from orchestrator.facts.group import GroupStatus, group_status
 from orchestrator.fleet import HostResult
 from orchestrator.gateway import GatewayClient, Served, check_fleet
@@ -85,7 +86,23 @@ def status_sections(
         ("git", git.info_argv(host.sglang_dir, host.upstream)),
         ("gpus", gpus.query_gpus_argv()),
         ("apps", gpus.query_apps_argv()),
+        ("tuning_jobs", jobs.holders_argv(host.workdir, tf.JOB_PURPOSE_PREFIX)),
     ]
+
+
+def unrecorded_tuning(
+    field: dict[str, Any] | None, listed: probe.Section | None, workdir: str
+) -> dict[str, Any] | None:
+    """The ``tuning`` field: ``field`` (this state's record), or, when that shows no tuning running and the host
+    runs orch's tuning jobs all the same (``listed``: the jobs holding the ``tune.`` purposes; another controller
+    started them, or the state directory was lost), ``running`` with those jobs, ``recorded`` False."""
+    if field is not None and field.get("state") in ("running", "ready-to-install"):
+        return field
+    found = jobs.parse_list(listed.output, workdir) if listed is not None and listed.ok else []
+    running = [j.id for j in found if j.running]
+    if not running:
+        return field
+    return {**(field or {}), "state": "running", "recorded": False, "jobs": running}
 
 
 @dataclass
@@ -128,7 +145,8 @@ def observe(
     if info is not None:
         session.know("git", info)
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
-    status.extra["tuning"] = status_field(session, cached, state if record is None else None)
+    recorded = status_field(session, cached, state if record is None else None)
+    status.extra["tuning"] = unrecorded_tuning(recorded, sections.get("tuning_jobs"), host.workdir)
     if python:
         status.extra["sglang_import"] = _sglang_import(sections.get("sglang_import"), host)
     return Observed(status, info, sections, started_at, record)
@@ -273,6 +291,8 @@ def merge_state(obs: Observed, hs: HostState) -> HostStatus:
     if field is not None and field["recorded"] and hs.phase == Phase.SERVING and field["job_state"] in _ENDED:
         status.phase = Phase.FAILED.value  # the host serves nothing: its server ended without orch stopping it
         field["ended_while_serving"] = True
+    if (status.extra.get("tuning") or {}).get("recorded") is False and status.phase != Phase.SERVING.value:
+        status.phase = Phase.TUNING.value  # the host tunes, whatever this state file says
     if field is not None and field["recorded"] and hs.server is not None:
         for key, value in pending_restart(field, hs.server, checkout, record_of(hs)).items():
             field.setdefault(key, value)

@@ -166,6 +166,12 @@ def _tuning_cell(v: HostStatus) -> str:
     t = v.extra.get("tuning")
     if not t:
         return "-"
+    if t.get("recorded") is False:
+        n = len(t["jobs"])
+        return (
+            f"running: {n} orch tuning job{'s' * (n > 1)} this state does not record (another controller, or a "
+            f"lost state directory; `orch jobs --host {v.name}` lists them)"
+        )
     if t["state"] in ("running", "ready-to-install"):
         eta = f", ETA {t['eta_seconds']}s" if t.get("eta_seconds") is not None else ""
         done = f"{t['percent']:.0f}% ({t['units_done']}/{t['units_total']})"
@@ -313,6 +319,8 @@ def _tuning_short(v: HostStatus) -> str:
     t = v.extra.get("tuning")
     if not t:
         return "-"
+    if t.get("recorded") is False:
+        return "running (not recorded)"
     if t["state"] in ("running", "ready-to-install"):
         eta = f" ETA {_uptime(int(t['eta_seconds']))}" if t.get("eta_seconds") else ""
         stuck = " STUCK" if t.get("stuck") else " SILENT" if t.get("silent") else ""

@@ -28,12 +28,20 @@ def second_controller(env: FleetEnv, name: str = "other") -> FleetEnv:
 def test_a_second_controller_sees_and_adopts_the_server_instead_of_relaunching_it(make_fleet: Any) -> None:
     env = make_fleet(1)
     (sim,) = env.fleet.hosts
-    tuned = env.orch("tune-fp8", "--wait")
+    other = second_controller(env)
+    sim.set_knobs(tune_seconds_per_unit=1.0)  # 72 units on 8 GPUs: about 9 s, seen running from the other state
+    started = env.orch("tune-fp8")
+    assert started.returncode == 0, started.output
+    seen = other.orch("status", "--json")
+    (tuning,) = json.loads(seen.stdout)["hosts"]
+    assert (tuning["phase"], tuning["tuning"]["state"], tuning["tuning"]["recorded"]) == ("tuning", "running", False)
+    assert len(tuning["tuning"]["jobs"]) == 8, tuning  # it showed `tuning -`, phase new
+    sim.set_knobs(tune_seconds_per_unit=None)
+    tuned = env.orch("wait")
     assert tuned.returncode == 0, tuned.output
     first = env.orch("serve")
     assert first.returncode == 0, first.output
     (launched,) = server_jobs(env)
-    other = second_controller(env)
 
     status = other.orch("status", "--json")
     assert status.returncode == 0, status.output

@@ -262,6 +262,35 @@ def test_a_stopped_server_says_by_whom_and_when() -> None:
     assert views_mod._server_cell(v, NOW) == "stopped (by orch stop-server, 2 h ago), job server-20261201T105115-529f"
 
 
+def test_tuning_jobs_the_state_does_not_record_are_shown_running_as_the_host_runs_them(tmp_path: Path) -> None:
+    """A second controller, or a lost state directory: the host runs orch's tuning jobs, this state knows none
+    (status showed `tuning -`, phase `new`, while 8 tuning jobs ran)."""
+    from orchestrator import jobs
+    from orchestrator.facts.probe import Section
+
+    runner, workdir = LocalRunner(Host(name="l", address="localhost", transport="local")), str(tmp_path / "w")
+    tuning = jobs.start(runner, workdir, jobs.JobSpec("tune", "tune.gpu0", ["sleep", "30"]))
+    jobs.start(runner, workdir, jobs.JobSpec("tune", "tune.gpu1", ["true"]))  # ended: not running
+    jobs.start(runner, workdir, jobs.JobSpec("server", "server", ["true"]))  # not a tuning job
+    try:
+        listed = Section(0, runner.run(jobs.holders_argv(workdir, "tune.")).stdout)
+    finally:
+        jobs.stop(runner, jobs.find(runner, workdir, tuning.job_id), 5)
+    installed = {"state": "installed", "installed": ["a"]}
+    field = status_op.unrecorded_tuning(installed, listed, workdir)
+    assert field == {**installed, "state": "running", "recorded": False, "jobs": [tuning.job_id]}
+    running = {"state": "running", "percent": 10.0}  # this state's own running plan: as it records it
+    assert status_op.unrecorded_tuning(running, listed, workdir) is running
+    assert status_op.unrecorded_tuning(None, Section(0, ""), workdir) is None
+    v = view("sim-2")
+    v.extra["tuning"] = field
+    assert views_mod._tuning_short(v) == "running (not recorded)"
+    assert views_mod._tuning_cell(v) == (
+        "running: 1 orch tuning job this state does not record (another controller, or a lost state directory; "
+        "`orch jobs --host sim-2` lists them)"
+    )
+
+
 def record(started: datetime = T0, commit: str | None = COMMIT) -> ServerRecord:
     return ServerRecord(job_id="s1", argv=["python"], port=30000, mtp=True, started_at=started, commit=commit)
 
