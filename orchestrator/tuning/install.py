@@ -12,14 +12,16 @@ exit code, OOM or exception, or lost), keeps its log tail, and stops the group's
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 
 from orchestrator import jobs
+from orchestrator.errors import OrchError
 from orchestrator.facts import tuner as tf
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, utc_now
 from orchestrator.transport.base import Runner
-from orchestrator.tuning.member import edit_record
+from orchestrator.tuning.member import ENDED_FILE, edit_record, plan_dir
 from orchestrator.tuning.progress import HostPoll, job_state, units_done
 from orchestrator.tuning_record import (
     AssignmentRecord,
@@ -32,6 +34,7 @@ from orchestrator.tuning_record import (
     TuningRecord,
 )
 
+log = logging.getLogger(__name__)
 _TAIL_LINES = 25
 MARKS = "tune/installed"
 """Under a host's workdir: one ``InstallMark`` per config orch installed there, named as the config is."""
@@ -107,6 +110,16 @@ def record_failure(members: Sequence[HostSession], plan: PlanRecord, reason: str
 
     for m in members:
         edit_record(m.store, m.name, apply)
+        mark_ended(m, plan)
+
+
+def mark_ended(session: HostSession, plan: PlanRecord) -> None:
+    """Say on the host that ``plan`` ended (``ENDED_FILE``): no other state adopts it. A host that cannot be
+    written now keeps the plan open: a state that adopts it later finds its jobs ended and ends it again."""
+    try:
+        session.runner.write_bytes(f"{plan_dir(session.host.workdir, plan.id)}/{ENDED_FILE}", b"")
+    except (OrchError, OSError) as exc:
+        log.info("%s: could not mark tuning plan %s ended: %s", session.name, plan.id, exc)
 
 
 def merge_group(members: Sequence[HostSession], plan: PlanRecord) -> dict[str, tf.Configs]:
@@ -172,6 +185,7 @@ def install(session: HostSession, plan: PlanRecord, merged: dict[str, tf.Configs
         mark = InstallMark(key=s.key, sha256=hashlib.sha256(data).hexdigest(), installed=done[s.key])
         runner.write_bytes(f"{marks}/{name}", mark.model_dump_json().encode())
     edit_record(session.store, host.name, lambda hs, r: _record_installed(hs, r, plan, done))
+    mark_ended(session, plan)
 
 
 def _backup(runner: Runner, target: str, data: bytes, backup_dir: str) -> str | None:

@@ -64,3 +64,27 @@ def forget_unused_plans(state: State) -> None:
     used = {hs.tuning.plan_id for hs in state.hosts.values() if hs.tuning is not None}
     for plan_id in [p for p in state.tuning_plans if p not in used]:
         del state.tuning_plans[plan_id]
+
+
+def record_plan(state: State, names: Sequence[str], plan: PlanRecord, reason: str) -> None:
+    """Store ``plan`` once and make it each named host's running plan (phase ``tuning``); forget the
+    plans no host names any more."""
+    state.tuning_plans[plan.id] = plan.model_copy(deep=True)
+    for name in names:
+        hs = state.host(name)
+        hs.tuning = record_of(hs)
+        hs.tuning.plan_id, hs.tuning.state, hs.tuning.reason, hs.tuning.log_tail = plan.id, "running", None, None
+        hs.tuning.progress = {}
+        hs.tuning_started(reason)
+    forget_unused_plans(state)
+
+
+PLAN_FILE, ENDED_FILE = "plan.json", "ended"
+"""In a plan's directory on each member host (``plan_dir``): the plan as it started its jobs there, and, once
+it is installed or has failed, an empty file saying so. A state that does not record a plan whose file is
+there and has not ended (a second controller, a lost state directory) adopts it (``prepare.adopt_host_plan``)."""
+
+
+def plan_dir(workdir: str, plan_id: str) -> str:
+    """Plan ``plan_id``'s directory on a host: its ``PLAN_FILE`` and each GPU's staging directory."""
+    return f"{workdir.rstrip('/')}/tune/{plan_id}"

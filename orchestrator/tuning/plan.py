@@ -18,6 +18,7 @@ from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.recipe import Shape
 from orchestrator.state import utc_now
+from orchestrator.tuning.member import plan_dir
 from orchestrator.tuning.prepare import Prepared, selected_gpus
 from orchestrator.tuning_record import AssignmentRecord, HostPaths, KeptRecord, PlanRecord, RunRecord
 
@@ -118,7 +119,7 @@ def _paths(p: Prepared) -> HostPaths:
 def _assignment(a: tf.Assignment, plan_id: str, members: Sequence[Prepared]) -> AssignmentRecord:
     workdir = next(p.host.workdir for p in members if p.host.name == a.slot.host)
     runs = [RunRecord.model_validate({"N": r.n, "K": r.k, "batch_sizes": list(r.batch_sizes)}) for r in a.runs]
-    staging = f"{workdir.rstrip('/')}/tune/{plan_id}/gpu{a.slot.gpu}"
+    staging = f"{plan_dir(workdir, plan_id)}/gpu{a.slot.gpu}"
     return AssignmentRecord(
         host=a.slot.host, gpu=a.slot.gpu, purpose=f"{tf.JOB_PURPOSE_PREFIX}gpu{a.slot.gpu}", staging=staging, runs=runs
     )

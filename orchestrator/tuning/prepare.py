@@ -35,7 +35,16 @@ from orchestrator.state import ServerRecord
 from orchestrator.transport.base import CommandResult, Runner, check_result
 from orchestrator.tuning.install import MARKS, complete_group, describe_failure
 from orchestrator.tuning.logged import logged_shapes
-from orchestrator.tuning.member import edit_record, plan_of, record_of, records, running_plan
+from orchestrator.tuning.member import (
+    ENDED_FILE,
+    PLAN_FILE,
+    edit_record,
+    plan_of,
+    record_of,
+    record_plan,
+    records,
+    running_plan,
+)
 from orchestrator.tuning.progress import HostPoll, job_views, poll_group, poll_host
 from orchestrator.tuning_record import (
     STUCK_AFTER_S,
@@ -65,6 +74,7 @@ class HostFacts:
     gpus: list[smi.Gpu]
     holders: list[smi.Holder] = field(default_factory=list)  # every GPU's, from discovery (no job ties)
     marks: list[InstallMark] = field(default_factory=list)  # the configs orch marked installed on the host
+    open_plans: list[PlanRecord] = field(default_factory=list)  # plans orch started there that have not ended
 
 
 DISCOVER_TIMEOUT = 300 + 300 + 2 * smi.CLIENT_TIMEOUT + 60  # the --help, the import, nvidia-smi twice, git
@@ -120,7 +130,7 @@ def discover(session: HostSession, paths: Sequence[str] = ()) -> tuple[HostFacts
     config_dir = runtime.config_dir or ""
     facts = HostFacts(
         host, script, flags, config_dir, runtime.triton, devices[0].name, checkout.commit, devices, holders,
-        _marks(host, sections.get("marks")),
+        _marks(host, sections.get("marks")), _open_plans(host, sections.get("open_plans")),
     )  # fmt: skip
     return facts, ReadAhead(runner, {path: _file(sections.get(f"file{i}")) for i, path in enumerate(paths)})
 
@@ -135,6 +145,7 @@ def discover_sections(host: Host, paths: Sequence[str] = ()) -> list[tuple[str, 
         ("apps", smi.query_apps_argv()),
         ("git", git.info_argv(host.sglang_dir, host.upstream)),
         ("marks", ["sh", "-c", _READ_MARKS, "orch-marks", f"{host.workdir.rstrip('/')}/{MARKS}"]),
+        ("open_plans", ["sh", "-c", _READ_OPEN_PLANS, "orch-plans", f"{host.workdir.rstrip('/')}/tune"]),
     ]
     return sections + [(f"file{i}", ["base64", "-w0", "--", path]) for i, path in enumerate(paths)]
 
@@ -147,6 +158,69 @@ done
 exit 0
 """
 """Each mark orch wrote under ``$1`` (never through a symlink), base64-encoded, one per line."""
+
+
+_READ_OPEN_PLANS = rf"""
+for f in "$1"/*/{PLAN_FILE}; do
+  d=${{f%/*}}
+  if [ -f "$f" ] && [ ! -L "$f" ] && [ ! -L "$d" ] && [ ! -e "$d/{ENDED_FILE}" ]; then base64 -w0 -- "$f"; echo; fi
+done
+exit 0
+"""
+"""Each plan file under ``$1`` whose plan has not ended (never through a symlink), base64-encoded, one per line."""
+
+
+def _open_plans(host: Host, section: probe.Section | None) -> list[PlanRecord]:
+    """The plans ``_READ_OPEN_PLANS`` printed; one that does not read as a plan is left out (said with -v)."""
+    plans = []
+    for line in (section.output if section is not None and section.ok else "").split():
+        try:
+            plans.append(PlanRecord.model_validate_json(base64.b64decode(line, validate=True)))
+        except ValueError as exc:
+            log.info(
+                "%s: an unreadable tuning plan file in %s/tune: %s", host.name, host.workdir, str(exc).splitlines()[0]
+            )
+    return plans
+
+
+def adopt_host_plan(
+    session: HostSession, record: TuningRecord, plans: Sequence[PlanRecord], look: bool
+) -> PlanRecord | None:
+    """The newest plan orch started on this host that has not ended (``plans``, read from the host) and that
+    this state does not know, when one of its jobs ran here: recorded as the running plan of its group's hosts
+    (their jobs are then found by purpose and staging directory, never started again: ``start.resume_starts``)
+    and said, unless ``look``. Another controller started it, or the state directory was lost: waiting for it
+    installs its configs; a new plan would tune them again once its GPUs are free."""
+    host = session.host
+    for plan in sorted(plans, key=lambda p: p.created_at, reverse=True):
+        if host.name not in plan.hosts or plan.id == record.plan_id or not _ran_here(session, plan):
+            continue
+        if look:
+            return plan
+        with session.store.update() as state:
+            if plan.id in state.tuning_plans:
+                return None  # this state knows it (recorded since, by another orch of this state)
+            reason = f"adopted tuning plan {plan.id}, found running on the host (this state did not record it)"
+            record_plan(state, plan.group, plan, reason)
+        session.say(
+            f"tuning plan {plan.id} runs on this host and this state did not record it (another controller, or a "
+            "lost state directory): adopted; its jobs are waited for, not started again"
+        )
+        return plan
+    return None
+
+
+def _ran_here(session: HostSession, plan: PlanRecord) -> bool:
+    """Whether a job of ``plan`` was started on this host: one of its purposes' jobs writes its staging directory."""
+    mine = {a.purpose: a.staging.encode() for a in plan.on(session.host.name)}
+    for info in session.jobs():
+        if info.purpose in mine and info.state != "lost":
+            try:
+                if mine[info.purpose] in session.job_argv(info.id):
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def _marks(host: Host, section: probe.Section | None) -> list[InstallMark]:
@@ -299,6 +373,9 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
         return Prepared(session, attach=plan, server=server)
     checked = [] if options.force else files_to_check(host, record, plan)
     facts, files = discover(session, [*checked, model_config_path(host)])
+    adopted = adopt_host_plan(session, record, facts.open_plans, look) if record.state != "running" else None
+    if adopted is not None:
+        return Prepared(session, attach=adopted, server=server)
     block = model_block(session, files, facts.flags)
     tp = server_facts.recipe_tp_size(recipe, host.gpus)  # the recipe's, else the host's GPU count
     logged = logged_shapes(session, facts.device) if options.shapes == "logged" else None

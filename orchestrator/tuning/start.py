@@ -23,7 +23,16 @@ from orchestrator.state import HostState, JobRecord, State
 from orchestrator.store import StateStore
 from orchestrator.text import find_secret
 from orchestrator.tuning.install import record_failure, stop_running
-from orchestrator.tuning.member import edit_record, forget_unused_plans, plan_of, record_of, running_plan, store_of
+from orchestrator.tuning.member import (
+    PLAN_FILE,
+    edit_record,
+    plan_dir,
+    plan_of,
+    record_of,
+    record_plan,
+    running_plan,
+    store_of,
+)
 from orchestrator.tuning.plan import job_spec, make_plan
 from orchestrator.tuning.prepare import Prepared
 from orchestrator.tuning.progress import poll_group
@@ -87,19 +96,6 @@ def _claim(members: Sequence[Prepared], plan: PlanRecord) -> PlanRecord | None:
     return None
 
 
-def record_plan(state: State, names: Sequence[str], plan: PlanRecord, reason: str) -> None:
-    """Store ``plan`` once and make it each named host's running plan (phase ``tuning``); forget the
-    plans no host names any more."""
-    state.tuning_plans[plan.id] = plan.model_copy(deep=True)
-    for name in names:
-        hs = state.host(name)
-        hs.tuning = record_of(hs)
-        hs.tuning.plan_id, hs.tuning.state, hs.tuning.reason, hs.tuning.log_tail = plan.id, "running", None, None
-        hs.tuning.progress = {}
-        hs.tuning_started(reason)
-    forget_unused_plans(state)
-
-
 def _abandon(group: Sequence[HostSession], plan: PlanRecord, reason: str) -> None:
     """A plan that could not start completely: stop what did start, record the failure. Jobs of a plan
     that replaced this one in the state are another orch's: never stopped here."""
@@ -129,6 +125,7 @@ def _start_jobs(session: HostSession, plan: PlanRecord, todo: Sequence[Assignmen
         _check_recordable(host, spec)
     session.forget("jobs", "gpus")  # jobs start (or a start is cut off): the listing is stale either way
     results = jobs.start_many(runner, host.workdir, specs, [a.staging for a in todo])
+    runner.write_bytes(f"{plan_dir(host.workdir, plan.id)}/{PLAN_FILE}", plan.model_dump_json().encode())
     ours: list[tuple[AssignmentRecord, jobs.JobSpec, jobs.Started]] = []
     problem: OrchError | None = None
     for a, result in zip(todo, results, strict=True):

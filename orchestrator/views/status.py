@@ -170,7 +170,7 @@ def _tuning_cell(v: HostStatus) -> str:
         n = len(t["jobs"])
         return (
             f"running: {n} orch tuning job{'s' * (n > 1)} this state does not record (another controller, or a "
-            f"lost state directory; `orch jobs --host {v.name}` lists them)"
+            f"lost state directory; `orch tune-fp8 --host {v.name} --wait` adopts their plan and installs it)"
         )
     if t["state"] in ("running", "ready-to-install"):
         eta = f", ETA {t['eta_seconds']}s" if t.get("eta_seconds") is not None else ""

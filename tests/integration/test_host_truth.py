@@ -36,8 +36,15 @@ def test_a_second_controller_sees_and_adopts_the_server_instead_of_relaunching_i
     (tuning,) = json.loads(seen.stdout)["hosts"]
     assert (tuning["phase"], tuning["tuning"]["state"], tuning["tuning"]["recorded"]) == ("tuning", "running", False)
     assert len(tuning["tuning"]["jobs"]) == 8, tuning  # it showed `tuning -`, phase new
+    adopted = other.orch("tune-fp8", "--wait")  # it planned again: its results were never installed by anyone
+    assert adopted.returncode == 0, adopted.output
+    started_plan = StateStore(env.state).read().hosts[sim.name].tuning
+    assert (
+        started_plan is not None and f"attached to the running tuning (plan {started_plan.plan_id})" in adopted.output
+    )
+    assert purposes(sim)["tune"] == 8 and "installed 4 tuned configs" in adopted.output  # waited for, not redone
     sim.set_knobs(tune_seconds_per_unit=None)
-    tuned = env.orch("wait")
+    tuned = env.orch("wait")  # the first controller's own record of it: ended, installed (the same configs)
     assert tuned.returncode == 0, tuned.output
     first = env.orch("serve")
     assert first.returncode == 0, first.output
@@ -63,17 +70,18 @@ def test_a_second_controller_sees_and_adopts_the_server_instead_of_relaunching_i
         hs = StateStore(store).read().hosts[sim.name]
         assert hs.phase == "serving" and hs.server is not None and hs.server.job_id == launched["id"], store
 
-    # its tuning: the configs the first controller installed are on the host, marked as orch's; the second
-    # stopped the server to tune them again (a lost state directory did the same)
+    # a third state: the configs orch installed are on the host, marked as orch's; it stopped the server to
+    # tune them again (a lost state directory did the same)
+    third = second_controller(env, "third")
     tunings = purposes(sim)["tune"]
-    plan = other.orch("run", "--only", "tune-fp8", "--dry-run")
+    plan = third.orch("run", "--only", "tune-fp8", "--dry-run")
     assert plan.returncode == 0 and "(stops server job" not in plan.stdout, plan.output
     assert "(nothing to tune: " in plan.stdout, plan.output
-    retune = other.orch("run", "--only", "tune-fp8")
+    retune = third.orch("run", "--only", "tune-fp8")
     assert retune.returncode == 0, retune.output
     assert "tuned configs orch installed on this host that this state did not record: " in retune.output
     assert purposes(sim)["tune"] == tunings and [j["id"] for j in server_jobs(env)] == [launched["id"]]
-    tuning = StateStore(other.state).read().hosts[sim.name].tuning
+    tuning = StateStore(third.state).read().hosts[sim.name].tuning
     assert tuning is not None and len(tuning.installed) == 4
 
 

@@ -14,9 +14,9 @@ from orchestrator.inventory import Host
 from orchestrator.store import StateStore
 from orchestrator.tuning import start
 from orchestrator.tuning.group import start_groups
-from orchestrator.tuning.member import record_of, running_plan
+from orchestrator.tuning.member import record_of, record_plan, running_plan
 from orchestrator.tuning.plan import job_spec, make_plan
-from orchestrator.tuning.start import _abandon, record_plan, record_start, start_group
+from orchestrator.tuning.start import _abandon, record_start, start_group
 from orchestrator.tuning_record import PlanRecord
 from tests.conftest import run_orch
 from tests.unit.test_tuner_ops import T0, prepared

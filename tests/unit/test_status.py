@@ -287,7 +287,7 @@ def test_tuning_jobs_the_state_does_not_record_are_shown_running_as_the_host_run
     assert views_mod._tuning_short(v) == "running (not recorded)"
     assert views_mod._tuning_cell(v) == (
         "running: 1 orch tuning job this state does not record (another controller, or a lost state directory; "
-        "`orch jobs --host sim-2` lists them)"
+        "`orch tune-fp8 --host sim-2 --wait` adopts their plan and installs it)"
     )
 
 

@@ -164,6 +164,29 @@ def test_a_config_orch_marked_on_the_host_is_not_tuned_again_by_a_state_that_doe
     assert prepared(marked(config, commit="0" * 40), config)[:2] == ([], [])  # tuned for another commit
 
 
+def test_the_plans_orch_started_on_a_host_and_that_have_not_ended_are_read_from_it(tmp_path: Path) -> None:
+    """What another state adopts (a second controller, a lost state directory): a plan file without its
+    ``ended`` mark, never one reached through a symlink."""
+    import subprocess
+
+    from orchestrator.facts.probe import Section
+    from orchestrator.tuning.member import ENDED_FILE, PLAN_FILE
+    from orchestrator.tuning.prepare import _READ_OPEN_PLANS, _open_plans
+    from tests.unit.test_store import a_plan
+
+    tune = tmp_path / "w" / "tune"
+    for plan_id in ("open", "ended", "elsewhere"):
+        (tune / plan_id).mkdir(parents=True)
+        (tune / plan_id / PLAN_FILE).write_text(a_plan(plan_id).model_dump_json())
+    (tune / "ended" / ENDED_FILE).write_text("")
+    (tune / "linked").symlink_to(tune / "elsewhere")
+    (tune / "junk").mkdir()
+    (tune / "junk" / PLAN_FILE).write_text("{not a plan")
+    out = subprocess.run(["sh", "-c", _READ_OPEN_PLANS, "orch-plans", str(tune)], capture_output=True, text=True)
+    plans = _open_plans(host(), Section(out.returncode, out.stdout))
+    assert sorted(p.id for p in plans) == ["elsewhere", "open"]  # not "ended", not through "linked", no junk
+
+
 def test_a_failing_tuner_help_in_the_probe_is_refused_with_its_stderr() -> None:
     failing = answers(tuner=(1, f"tuner /s/{tf.TUNER_SCRIPT}\n\n{tf.STDERR_MARK}\nloading\nImportError: moved"))
     with pytest.raises(RefusedError) as caught:
