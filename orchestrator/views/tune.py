@@ -24,16 +24,22 @@ from orchestrator.tuning_record import PlanRecord
 
 def events(on_progress: Callable[[TuneStatus], None]) -> Callable[[Host], Sink]:
     """Each host's event sink (``Fleet.events``) for ``orch tune-fp8`` and ``orch wait``: a group's plan
-    is printed as it is announced, each status goes to ``on_progress`` (``progress_display``); lines the
-    operations say (a server stopped, say) are not shown."""
+    is printed as it is announced, each status goes to ``on_progress`` (``progress_display``); a line the
+    operations say (a plan adopted from the host, configs found installed there, the model's FP8 blocks) goes
+    to stderr, prefixed by the host."""
 
-    def sink(event: object) -> None:
-        if isinstance(event, TuningPlanned):
-            print_plan(event)
-        elif isinstance(event, TuneStatus):
-            on_progress(event)
+    def sink(host: Host) -> Sink:
+        def report(event: object) -> None:
+            if isinstance(event, TuningPlanned):
+                print_plan(event)
+            elif isinstance(event, TuneStatus):
+                on_progress(event)
+            elif isinstance(event, str):
+                render.err.print(f"{host.name}: {inert(event)}", markup=False, highlight=False)
 
-    return lambda _host: sink
+        return report
+
+    return sink
 
 
 def print_plan(planned: TuningPlanned) -> None:

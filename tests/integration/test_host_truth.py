@@ -38,10 +38,9 @@ def test_a_second_controller_sees_and_adopts_the_server_instead_of_relaunching_i
     assert len(tuning["tuning"]["jobs"]) == 8, tuning  # it showed `tuning -`, phase new
     adopted = other.orch("tune-fp8", "--wait")  # it planned again: its results were never installed by anyone
     assert adopted.returncode == 0, adopted.output
-    started_plan = StateStore(env.state).read().hosts[sim.name].tuning
-    assert (
-        started_plan is not None and f"attached to the running tuning (plan {started_plan.plan_id})" in adopted.output
-    )
+    theirs = StateStore(env.state).read().hosts[sim.name].tuning
+    assert theirs is not None and f"attached to the running tuning (plan {theirs.plan_id})" in adopted.stdout
+    assert f"sim-1: tuning plan {theirs.plan_id} runs on this host and this state did not record it" in adopted.stderr
     assert purposes(sim)["tune"] == 8 and "installed 4 tuned configs" in adopted.output  # waited for, not redone
     sim.set_knobs(tune_seconds_per_unit=None)
     tuned = env.orch("wait")  # the first controller's own record of it: ended, installed (the same configs)
