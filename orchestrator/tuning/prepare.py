@@ -19,7 +19,9 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+from pydantic import BaseModel
 
 from orchestrator import jobs
 from orchestrator import server_job as srv
@@ -58,6 +60,7 @@ from orchestrator.tuning_record import (
 )
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass
@@ -130,7 +133,8 @@ def discover(session: HostSession, paths: Sequence[str] = ()) -> tuple[HostFacts
     config_dir = runtime.config_dir or ""
     facts = HostFacts(
         host, script, flags, config_dir, runtime.triton, devices[0].name, checkout.commit, devices, holders,
-        _marks(host, sections.get("marks")), _open_plans(host, sections.get("open_plans")),
+        _documents(InstallMark, host, sections.get("marks"), "install mark"),
+        _documents(PlanRecord, host, sections.get("open_plans"), "tuning plan file"),
     )  # fmt: skip
     return facts, ReadAhead(runner, {path: _file(sections.get(f"file{i}")) for i, path in enumerate(paths)})
 
@@ -144,43 +148,40 @@ def discover_sections(host: Host, paths: Sequence[str] = ()) -> list[tuple[str, 
         ("gpus", smi.query_gpus_argv()),
         ("apps", smi.query_apps_argv()),
         ("git", git.info_argv(host.sglang_dir, host.upstream)),
-        ("marks", ["sh", "-c", _READ_MARKS, "orch-marks", f"{host.workdir.rstrip('/')}/{MARKS}"]),
-        ("open_plans", ["sh", "-c", _READ_OPEN_PLANS, "orch-plans", f"{host.workdir.rstrip('/')}/tune"]),
+        ("marks", _read_docs_argv(f"{host.workdir.rstrip('/')}/{MARKS}", "*.json")),
+        ("open_plans", _read_docs_argv(f"{host.workdir.rstrip('/')}/tune", f"*/{PLAN_FILE}", unless=ENDED_FILE)),
     ]
     return sections + [(f"file{i}", ["base64", "-w0", "--", path]) for i, path in enumerate(paths)]
 
 
-_READ_MARKS = r"""
+_READ_DOCS = r"""
 [ -d "$1" ] && [ ! -L "$1" ] || exit 0
-for f in "$1"/*.json; do
-  if [ -f "$f" ] && [ ! -L "$f" ]; then base64 -w0 -- "$f"; echo; fi
+for f in "$1"/$2; do
+  d=${f%/*}
+  [ -f "$f" ] && [ ! -L "$f" ] && [ ! -L "$d" ] || continue
+  [ -n "$3" ] && [ -e "$d/$3" ] && continue
+  base64 -w0 -- "$f"; echo
 done
 exit 0
 """
-"""Each mark orch wrote under ``$1`` (never through a symlink), base64-encoded, one per line."""
 
 
-_READ_OPEN_PLANS = rf"""
-for f in "$1"/*/{PLAN_FILE}; do
-  d=${{f%/*}}
-  if [ -f "$f" ] && [ ! -L "$f" ] && [ ! -L "$d" ] && [ ! -e "$d/{ENDED_FILE}" ]; then base64 -w0 -- "$f"; echo; fi
-done
-exit 0
-"""
-"""Each plan file under ``$1`` whose plan has not ended (never through a symlink), base64-encoded, one per line."""
+def _read_docs_argv(directory: str, pattern: str, unless: str = "") -> list[str]:
+    """Each file under ``directory`` that ``pattern`` names (a glob of orch's own names), base64-encoded, one per
+    line, never through a symlink; with ``unless``, not one whose directory holds a file of that name."""
+    return ["sh", "-c", _READ_DOCS, "orch-docs", directory, pattern, unless]
 
 
-def _open_plans(host: Host, section: probe.Section | None) -> list[PlanRecord]:
-    """The plans ``_READ_OPEN_PLANS`` printed; one that does not read as a plan is left out (said with -v)."""
-    plans = []
+def _documents(model: type[M], host: Host, section: probe.Section | None, what: str) -> list[M]:
+    """The documents ``_read_docs_argv`` printed, as ``model``; one that does not read as one is left out (said
+    with -v)."""
+    found = []
     for line in (section.output if section is not None and section.ok else "").split():
         try:
-            plans.append(PlanRecord.model_validate_json(base64.b64decode(line, validate=True)))
-        except ValueError as exc:
-            log.info(
-                "%s: an unreadable tuning plan file in %s/tune: %s", host.name, host.workdir, str(exc).splitlines()[0]
-            )
-    return plans
+            found.append(model.model_validate_json(base64.b64decode(line, validate=True)))
+        except ValueError as exc:  # binascii.Error and pydantic's ValidationError are ValueErrors
+            log.info("%s: an unreadable %s in %s: %s", host.name, what, host.workdir, str(exc).splitlines()[0])
+    return found
 
 
 def adopt_host_plan(
@@ -221,17 +222,6 @@ def _ran_here(session: HostSession, plan: PlanRecord) -> bool:
             except OSError:
                 continue
     return False
-
-
-def _marks(host: Host, section: probe.Section | None) -> list[InstallMark]:
-    """The marks ``_READ_MARKS`` printed; one that does not read as a mark is left out (said with -v)."""
-    marks = []
-    for line in (section.output if section is not None and section.ok else "").split():
-        try:
-            marks.append(InstallMark.model_validate_json(base64.b64decode(line, validate=True)))
-        except ValueError as exc:  # binascii.Error and pydantic's ValidationError are ValueErrors
-            log.info("%s: an unreadable mark in %s/%s: %s", host.name, host.workdir, MARKS, str(exc).splitlines()[0])
-    return marks
 
 
 def adopt_marks(

@@ -171,7 +171,8 @@ def test_the_plans_orch_started_on_a_host_and_that_have_not_ended_are_read_from_
 
     from orchestrator.facts.probe import Section
     from orchestrator.tuning.member import ENDED_FILE, PLAN_FILE
-    from orchestrator.tuning.prepare import _READ_OPEN_PLANS, _open_plans
+    from orchestrator.tuning.prepare import _documents, _read_docs_argv
+    from orchestrator.tuning_record import PlanRecord
     from tests.unit.test_store import a_plan
 
     tune = tmp_path / "w" / "tune"
@@ -182,8 +183,9 @@ def test_the_plans_orch_started_on_a_host_and_that_have_not_ended_are_read_from_
     (tune / "linked").symlink_to(tune / "elsewhere")
     (tune / "junk").mkdir()
     (tune / "junk" / PLAN_FILE).write_text("{not a plan")
-    out = subprocess.run(["sh", "-c", _READ_OPEN_PLANS, "orch-plans", str(tune)], capture_output=True, text=True)
-    plans = _open_plans(host(), Section(out.returncode, out.stdout))
+    argv = _read_docs_argv(str(tune), f"*/{PLAN_FILE}", unless=ENDED_FILE)
+    out = subprocess.run(argv, capture_output=True, text=True)
+    plans = _documents(PlanRecord, host(), Section(out.returncode, out.stdout), "tuning plan file")
     assert sorted(p.id for p in plans) == ["elsewhere", "open"]  # not "ended", not through "linked", no junk
 
 
