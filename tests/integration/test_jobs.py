@@ -49,14 +49,19 @@ def test_a_job_started_over_ssh_outlives_the_session_and_orch(make_fleet) -> Non
     assert (job["id"], job["state"]) == (started.job_id, "running")
 
 
-def test_logs_follow_resumes_at_its_offset_after_the_connection_drops(make_fleet) -> None:  # type: ignore[no-untyped-def]
+def test_logs_follow_resumes_at_its_offset_after_the_connection_drops(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     env = make_fleet(1)
     (sim,) = env.fleet.hosts
-    started = start_job(env, "t.count", [*COUNTER, "100"])
+    # "line 1", then the other 99 once the test has cut the connection: the job still writes when the follower
+    # is cut off, however late a loaded machine started the follower (the 100 lines took 10 s before).
+    go = tmp_path / "go"
+    gated = f'echo "line 1"; while [ ! -e "$2" ]; do sleep 0.05; done; {COUNTER[2].replace("i=1;", "i=2;")}'
+    started = start_job(env, "t.count", ["sh", "-c", gated, "count", "100", str(go)])
     cmd = [sys.executable, "-m", "orchestrator", "-i", str(env.inventory), "logs", sim.name, started.job_id, "-f"]
     follower = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
     first = first_line(follower)  # following: its connection is up (however loaded the machine is)
     assert sim.drop_connections() >= 1
+    go.touch()
     rest_bytes, err_bytes = follower.communicate(timeout=60)
     rest, err = rest_bytes.decode(), err_bytes.decode()
     assert follower.returncode == 0, err
