@@ -945,9 +945,12 @@ def dry_run(
         if rank is not None and step.name in PER_SERVER:
             lines += _dry_group_step(session, recipe, step, redo, rank)
             continue
-        if isinstance(step.options, ServeOptions) and not moved:
+        if isinstance(step.options, ServeOptions) and (not moved or server is not None):
             options = serve_options(session, recipe, step, redo)
-            lines += [f"  {line}" for line in serve_op.dry_run(session, recipe, options)]
+            if moved:  # the server runs on until serve: what serve does depends on what the steps above change
+                lines.append(f"  ({AFTER_MOVES}; on the host as it is now:)")
+            indent = "    " if moved else "  "
+            lines += [f"{indent}{line}" for line in serve_op.dry_run(session, recipe, options)]
             continue
         commands, stops = _dry_step(session, recipe, step)
         moved = moved or isinstance(step.options, PullOptions) or not commands[0].startswith("(")
@@ -956,6 +959,12 @@ def dry_run(
             server = None
         lines += [f"  {c}" if c.startswith("(") else f"  $ {c}" for c in commands]
     return lines
+
+
+AFTER_MOVES = (
+    "decided once the steps above have run: a pull that moves the checkout, or configs a tuning installs, "
+    "relaunch the server"
+)
 
 
 def _dry_group_step(session: HostSession, recipe: Recipe, step: Step, redo: bool, rank: group_op.Rank) -> list[str]:

@@ -76,6 +76,10 @@ def test_a_second_controller_sees_and_adopts_the_server_instead_of_relaunching_i
     plan = third.orch("run", "--only", "tune-fp8", "--dry-run")
     assert plan.returncode == 0 and "(stops server job" not in plan.stdout, plan.output
     assert "(nothing to tune: " in plan.stdout, plan.output
+    whole = third.orch("run", "--dry-run")  # its pull is not done in this state: serve decides after it
+    assert whole.returncode == 0 and "(stops server job" not in whole.stdout, whole.output
+    adopts = f"on the host as it is now:)\n    (re-attaches to server job {launched['id']}: "
+    assert adopts in whole.stdout, whole.stdout
     retune = third.orch("run", "--only", "tune-fp8")
     assert retune.returncode == 0, retune.output
     assert "tuned configs orch installed on this host that this state did not record: " in retune.output
