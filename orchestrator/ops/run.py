@@ -75,7 +75,7 @@ from orchestrator.store import StateStore
 from orchestrator.transport.base import shell_command
 from orchestrator.tuning.commands import tune_fp8
 from orchestrator.tuning.member import Peers, record_of
-from orchestrator.tuning.plan import job_spec, make_plan
+from orchestrator.tuning.plan import job_spec, make_plan, shown_job
 from orchestrator.tuning.prepare import Prepared, prepare
 from orchestrator.tuning.progress import TuneStatus
 
@@ -1041,4 +1041,4 @@ def _dry_tune(session: HostSession, recipe: Recipe, options: TuneOptions) -> lis
     plan = make_plan([prepared])
     assert prepared.facts is not None
     specs = [job_spec(host, plan, a, prepared.facts.flags) for a in plan.on(host.name)]
-    return [shell_command(s.argv, env=dict(s.env)) for s in specs]
+    return [shown_job(s.argv, dict(s.env), wrapper=i == 0) for i, s in enumerate(specs)]

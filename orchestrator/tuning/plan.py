@@ -10,7 +10,7 @@ records the plan and runs the jobs.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from orchestrator import jobs
@@ -18,6 +18,7 @@ from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.recipe import Shape
 from orchestrator.state import utc_now
+from orchestrator.transport.base import shell_command
 from orchestrator.tuning.member import plan_dir
 from orchestrator.tuning.prepare import Prepared, selected_gpus
 from orchestrator.tuning_record import AssignmentRecord, HostPaths, KeptRecord, PlanRecord, RunRecord
@@ -137,3 +138,19 @@ def job_spec(host: Host, plan: PlanRecord, a: AssignmentRecord, flags: frozenset
     ]
     argv = tf.job_argv(host.sglang_dir, runs)
     return jobs.JobSpec("tune", a.purpose, argv, tf.job_env(a.gpu), (a.gpu,))
+
+
+WRAPPER_SHOWN = "<the tuner wrapper above>"
+
+
+def shown_job(argv: Sequence[str], env: Mapping[str, str], wrapper: bool = True) -> str:
+    """A job's command (``job_spec``) as a dry run prints it: each run on a line of its own
+    (shell continuation lines), and the wrapper script in full only when ``wrapper`` (else ``WRAPPER_SHOWN``:
+    every GPU's job runs the same one)."""
+    argv = [*argv[:2], argv[2] if wrapper else WRAPPER_SHOWN, *argv[3:]]
+    runs: list[list[str]] = [[]]
+    for arg in argv:
+        if arg == tf.RUN_MARKER:
+            runs.append([])
+        runs[-1].append(arg)
+    return " \\\n      ".join([shell_command(runs[0], env=env), *(shell_command(run) for run in runs[1:])])

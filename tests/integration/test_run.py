@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 import subprocess
 import time
@@ -12,6 +13,7 @@ import yaml
 
 from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.state_migration import database_path
+from orchestrator.tuning.plan import WRAPPER_SHOWN
 from tests.conftest import FleetEnv
 from tests.unit.test_state import document
 
@@ -133,6 +135,8 @@ def test_run_dry_run_prints_commands_and_changes_nothing(make_fleet) -> None:  #
     assert run.returncode == 0, run.output
     assert "step tune-fp8:" in run.stdout and "tuning_block_wise_kernel.py" in run.stdout
     assert "CUDA_VISIBLE_DEVICES=7" in run.stdout
+    assert run.stdout.count('echo "orch: all $total tuner runs finished"') == 1  # the wrapper once, not 8 times
+    assert run.stdout.count(f"bash -c {shlex.quote(WRAPPER_SHOWN)} orch-tune ") == 7, run.stdout
     assert "--speculative-algorithm EAGLE" in run.stdout
     after = subprocess.run(["git", "-C", str(host.sglang_dir), "rev-parse", "HEAD"], capture_output=True, text=True)
     assert after.stdout == head.stdout

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import json
 import re
+import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -27,7 +28,7 @@ from orchestrator.store import StateStore
 from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.install import install, merge_group, unsuccessful
 from orchestrator.tuning.member import record_of, running_plan
-from orchestrator.tuning.plan import group_prepared, job_spec, make_plan
+from orchestrator.tuning.plan import WRAPPER_SHOWN, group_prepared, job_spec, make_plan, shown_job
 from orchestrator.tuning.prepare import HostFacts, Prepared, discover_tuner, refuse_busy, resolve_shapes, selected_gpus
 from orchestrator.tuning.progress import (
     HostPoll,
@@ -623,3 +624,14 @@ def test_shape_progress_sums_each_shapes_units_over_every_assignment_and_kept_un
     rows = shape_progress(plan, progress)
     assert [(r.key, r.done) for r in rows] == [(s.key, oracle(s.key)) for s in plan.shapes]
     assert {r.key: r.done for r in rows}[first.runs[0].key] == 3 and {r.key: r.done for r in rows}[kept.key] == 2
+
+
+def test_a_shown_job_runs_as_the_job_and_names_the_wrapper_once(tmp_path: Path) -> None:
+    argv = tf.job_argv(str(tmp_path), [["echo", "one", "a b"], ["echo", "it's"]])
+    shown = shown_job(argv, {"CUDA_VISIBLE_DEVICES": "3"})
+    assert shown.count("\n      ::orch-run:: echo ") == 2  # a run a line
+    out = subprocess.run(["bash", "-c", shown], capture_output=True, text=True)  # what a dry run prints runs
+    assert out.stdout == subprocess.run(argv, capture_output=True, text=True).stdout
+    assert out.stdout.splitlines()[-1] == "orch: all 2 tuner runs finished"
+    again = shown_job(argv, {"CUDA_VISIBLE_DEVICES": "4"}, wrapper=False)
+    assert "tuner runs finished" not in again and f"bash -c '{WRAPPER_SHOWN}' orch-tune " in again
