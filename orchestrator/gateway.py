@@ -21,8 +21,9 @@ import os
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from orchestrator.errors import GatewayError, UsageError
@@ -142,6 +143,7 @@ class GatewayCheck:
     workers: list[WorkerRow]
     unregistered: list[str]  # inventory hosts serving but not registered
     left_out: list[str] = field(default_factory=list)  # not registered, left launching or out by a cut-off serve
+    drained: list[str] = field(default_factory=list)  # out on purpose (``orch drain``): not flagged unless registered
 
     @property
     def consistent(self) -> bool:
@@ -216,15 +218,42 @@ def _serves_no_http(server: ServerRecord | None) -> bool:
     return server is not None and bool(server.rank)
 
 
+DRAIN_MARK = "drained"
+"""``<workdir>/drained``, written by ``orch drain`` and removed by ``orch undrain`` (``ops.drain``): the host
+is drained since the file's mtime, whichever orch drained it (its text: the URL taken out)."""
+
+
+def drain_mark_path(workdir: str) -> str:
+    return f"{workdir.rstrip('/')}/{DRAIN_MARK}"
+
+
+def drain_mark_argv(workdir: str) -> list[str]:
+    """Print the drain mark's mtime (epoch seconds), nothing when there is none (a link is not followed)."""
+    return ["sh", "-c", '[ -L "$1" ] || [ ! -e "$1" ] || stat -c %Y -- "$1"', "orch-drained", drain_mark_path(workdir)]
+
+
+def parse_drain_mark(stdout: str) -> datetime | None:
+    """When the host was drained, as ``drain_mark_argv`` printed it (None: not drained)."""
+    text = stdout.strip()
+    return datetime.fromtimestamp(int(text), timezone.utc) if text.isdigit() else None
+
+
+DRAINED_BUT_REGISTERED = "drained, but registered (`orch undrain` if it should serve; `orch drain` takes it out)"
+
+
 def check_fleet(
-    workers: list[Worker], hosts: list[Host], state: State, running: Mapping[str, Served | None] | None = None
-) -> GatewayCheck:
+    workers: list[Worker], hosts: list[Host], state: State, running: Mapping[str, Served | None] | None = None,
+    drained: Collection[str] = (),
+) -> GatewayCheck:  # fmt: skip
     """``check_workers`` for ``hosts`` as ``fleet_urls`` has them (``running``: what the hosts showed). ``orch
-    gateway status`` and the gateway column of ``orch status`` both judge by it."""
+    gateway status`` and the gateway column of ``orch status`` both judge by it. ``drained``: the hosts ``orch
+    drain`` took out, whose absence is on purpose and whose presence is flagged."""
     urls, serving = fleet_urls(hosts, state, running)
     check = check_workers(workers, urls, serving)
     out = left_out(hosts, state, {w.url for w in workers}, urls)  # says more than "serving but not registered"
-    return GatewayCheck(check.workers, [name for name in check.unregistered if name not in out], out)
+    rows = [replace(r, flag=r.flag or DRAINED_BUT_REGISTERED) if r.host in drained else r for r in check.workers]
+    unregistered = [name for name in check.unregistered if name not in out and name not in drained]
+    return GatewayCheck(rows, unregistered, out, [h.name for h in hosts if h.name in drained])
 
 
 def parse_workers(payload: Any) -> list[Worker]:

@@ -118,9 +118,9 @@ def rolling_serve(
     from orchestrator.views.doctor import skipped_lines
 
     client = rollout_client(app, canary)
-    out_of_service = drained(app.store, selected)
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter  # before the first session: doctor's sessions are the rollout's
+        out_of_service = drained(fleet, app.store, selected)
         candidates = [h for h in selected if h not in out_of_service]
         healthy, sick = doctor_op.leave_out_failing(fleet, candidates, app.store)
         skipped_lines(sick, out_of_service)
@@ -170,11 +170,14 @@ def status(app: App, as_json: bool) -> int:
             job_doc = gateway_view.job_document(job)
         else:
             gateway_view.job_report(config.host, job)
+    from orchestrator.ops.drain import drained
+
     workers = GatewayClient(config).workers()
     hosts = list(app.inventory.hosts.values())
     with app.fleet(hosts) as fleet:
         running = served_by(app, fleet)
-    result = check_fleet(workers, hosts, app.store.read(), running)
+        out = [h.name for h in drained(fleet, app.store, hosts)]
+    result = check_fleet(workers, hosts, app.store.read(), running, out)
     if as_json:
         print_json({**gateway_view.document(result), **({"job": job_doc} if config.host is not None else {})})
     else:
@@ -218,10 +221,16 @@ def up(app: App, timeout: float) -> int:
 
     Example: orch gateway up
     """
+    from orchestrator.ops.drain import drained
+
     config, host = gateway_op.gateway_host(app.inventory)
-    with app.fleet(list(app.inventory.hosts.values())) as fleet:
+    hosts = list(app.inventory.hosts.values())
+    with app.fleet(hosts) as fleet:
         running = served_by(app, fleet)
-        workers = tuple(gateway_op.serving_urls(app.inventory, app.store.read(), running).values())
+        urls = gateway_op.serving_urls(app.inventory, app.store.read(), running)
+        out = [h.name for h in drained(fleet, app.store, hosts) if h.name in urls]
+        gateway_view.drained_left_out(out)
+        workers = tuple(url for name, url in urls.items() if name not in out)
         result = gateway_op.up(fleet.runner(host), host, config, workers, timeout)
     gateway_view.up_report(host.name, config.url, result)
     return int(ExitCode.OK if result.alive else ExitCode.HOSTS_FAILED)

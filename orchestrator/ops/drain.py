@@ -3,19 +3,24 @@
 ``drain`` is the first half of a rolling relaunch (``ops.rollout``) and nothing else: the gateway stops
 routing to the host (``DELETE /workers``, waited for), then its in-flight requests finish (the server's
 own ``/v1/loads``, bounded by ``timeout``). The server keeps running, for inspection; the host is
-recorded as drained (``HostState.drained_at``), which ``status`` shows. ``undrain`` first checks that
-the host serves (orch's server job runs and answers ``/health`` from the host), then registers it and
-waits until the gateway routes to it, and clears the mark.
+marked drained on the host itself (``gateway.DRAIN_MARK``: what every orch reads, another controller's
+or one whose state was lost) and in the state (``HostState.drained_at``). A host is drained while either says so
+(``drained_since``): ``status`` shows it, ``gateway up`` and ``serve --rolling`` leave it out, ``run``
+refuses to replace its server. ``undrain`` first checks that the host serves (orch's server job runs and
+answers ``/health`` from the host), then registers it, waits until the gateway routes to it, and clears both.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from orchestrator import readers
 from orchestrator.errors import RefusedError
 from orchestrator.facts import server as facts
-from orchestrator.gateway import GatewayClient
+from orchestrator.fleet import Fleet
+from orchestrator.gateway import GatewayClient, drain_mark_argv, drain_mark_path, parse_drain_mark
 from orchestrator.inventory import Host
 from orchestrator.ops import rollout
 from orchestrator.recipe import Recipe
@@ -42,6 +47,7 @@ def drain(session: HostSession, recipe: Recipe, client: GatewayClient, timeout: 
     in_flight = rollout.drain(session, recipe, timeout) if session.running_server() is not None else 0
     if in_flight:
         session.say(f"{in_flight} requests were in flight; drained")
+    session.runner.run(_mark_argv(session.host.workdir, url), check=True)
     session.store.update_host(session.name, _mark_drained)
     return Drained(url, in_flight, registered)
 
@@ -55,6 +61,7 @@ def undrain(session: HostSession, recipe: Recipe, client: GatewayClient) -> str:
     url = rollout.worker_url_of(session, recipe)
     _require_serving(session, recipe)
     rollout.register(session, client, url)
+    session.runner.run(["rm", "-f", "--", drain_mark_path(session.host.workdir)], check=True)
     session.store.update_host(session.name, _mark_undrained)
     return url
 
@@ -74,7 +81,25 @@ def _require_serving(session: HostSession, recipe: Recipe) -> None:
         raise RefusedError(f"{host.name}: its server's /health {answered}: not put back in the gateway", hint=hint)
 
 
-def drained(store: StateStore, hosts: list[Host]) -> list[Host]:
-    """Of ``hosts``, those ``orch drain`` took out of the gateway (``serve --rolling`` leaves them out)."""
+def _mark_argv(workdir: str, url: str) -> list[str]:
+    """Write the drain mark unless there is one (a second drain keeps the first's time); never through a link."""
+    script = '[ -L "$1" ] && { echo "orch: $1 is a symbolic link; orch does not follow it" >&2; exit 78; }; '
+    script += '[ -e "$1" ] || { umask 077; printf "%s\\n" "$2" > "$1"; }'
+    return ["sh", "-c", script, "orch-drain", drain_mark_path(workdir), url]
+
+
+def drained_since(session: HostSession) -> datetime | None:
+    """When the host was drained, as its mark says, else as this state records (a host drained by an orch
+    before the mark); None: not drained."""
+    found = parse_drain_mark(session.runner.run(drain_mark_argv(session.host.workdir), check=True).stdout)
+    return found or session.store.read([session.name], history=False).host(session.name).drained_at
+
+
+def drained(fleet: Fleet, store: StateStore, hosts: Sequence[Host]) -> list[Host]:
+    """Of ``hosts``, those ``orch drain`` took out of the gateway (``drained_since``; a host that cannot be read
+    is judged by the state's record): ``gateway up`` and ``serve --rolling`` leave them out."""
+    found = fleet.map_sessions(drained_since, lambda: store, list(hosts))
+    found.raise_bugs()
     state = store.read([h.name for h in hosts], history=False)
-    return [h for h in hosts if (hs := state.hosts.get(h.name)) is not None and hs.drained_at is not None]
+    recorded = {h.name for h in hosts if (hs := state.hosts.get(h.name)) is not None and hs.drained_at is not None}
+    return [r.host for r in found if r.value is not None or (r.error is not None and r.host.name in recorded)]

@@ -51,6 +51,7 @@ from orchestrator.gateway import GatewayClient
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import doctor as doctor_op
+from orchestrator.ops import drain as drain_op
 from orchestrator.ops import group as group_op
 from orchestrator.ops import profile as profile_op
 from orchestrator.ops import pull as pull_op
@@ -596,7 +597,7 @@ def check_launch(ctx: RunContext, session: HostSession, options: ServeOptions) -
 def _refuse_drained(ctx: RunContext, session: HostSession, steps: list[Step]) -> None:
     """A host ``orch drain`` took out keeps its server for inspection: no step may stop or replace it (nor
     put it back in the gateway) until ``orch undrain``."""
-    drained_at = session.store.read([session.name], history=False).host(session.name).drained_at
+    drained_at = drain_op.drained_since(session)
     if drained_at is None:
         return
     rank = ctx.ranks.get(session.name)

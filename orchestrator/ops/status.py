@@ -13,7 +13,7 @@ from orchestrator.facts import git, gpus, machine, probe, replacement
 from orchestrator.facts import tuner as tf
 from orchestrator.facts.group import GroupStatus, group_status
 from orchestrator.fleet import HostResult
-from orchestrator.gateway import GatewayClient, Served, check_fleet
+from orchestrator.gateway import GatewayClient, Served, check_fleet, drain_mark_argv, parse_drain_mark
 from orchestrator.inventory import Host, Inventory
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, Phase, ServerRecord, State
@@ -87,6 +87,7 @@ def status_sections(
         ("gpus", gpus.query_gpus_argv()),
         ("apps", gpus.query_apps_argv()),
         ("tuning_jobs", jobs.holders_argv(host.workdir, tf.JOB_PURPOSE_PREFIX)),
+        ("drained", drain_mark_argv(host.workdir)),
     ]
 
 
@@ -279,6 +280,10 @@ _ENDED = ("succeeded", "failed", "lost")  # a server job the host says has ended
 def merge_state(obs: Observed, hs: HostState) -> HostStatus:
     status = obs.status
     _show_state(status, hs)
+    mark = obs.sections.get("drained")
+    since = parse_drain_mark(mark.output) if mark is not None and mark.ok else None
+    if since is not None:  # drained by any orch (the host's mark), whatever this state records
+        status.extra["drained_at"] = since.isoformat()
     http, listed = obs.sections.get("server_http"), obs.sections.get("server_jobs")
     field = server.status_field(
         http.output if http else None, listed.output if listed else None, hs.server, datetime.now(timezone.utc)
@@ -334,12 +339,11 @@ def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: lis
             v.extra["gateway"] = {"reachable": False}
         return {"url": gateway.url, "reachable": False, "error": exc.message, "not_in_inventory": []}
     running = served_in(views, state)
-    check = check_fleet(workers, hosts, state, running)
+    check = check_fleet(workers, hosts, state, running, [v.name for v in views if "drained_at" in v.extra])
     rows = {r.host: r for r in check.workers if r.host is not None}
     for v in views:
         row = rows.get(v.name)
-        unregistered = v.name in check.unregistered and "drained_at" not in v.extra  # drained: out on purpose
-        flag = row.flag if row else "serving but not registered" if unregistered else None
+        flag = row.flag if row else "serving but not registered" if v.name in check.unregistered else None
         flag = "left out by a serve that was cut off" if v.name in check.left_out else flag
         record = state.hosts.get(v.name)
         server = record.server if record is not None else None

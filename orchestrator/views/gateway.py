@@ -25,6 +25,7 @@ def document(result: GatewayCheck) -> dict[str, object]:
         ],
         "unregistered": result.unregistered,
         "left_out": result.left_out,
+        "drained": result.drained,
     }
 
 
@@ -36,6 +37,10 @@ def report(result: GatewayCheck) -> None:
         render.out.print(f"{r.url}  {r.host or '-'}  {health}  load {load}{flag}", markup=False)
     for name in result.unregistered:
         render.out.print(f"{name}: serving but not registered with the gateway  FLAG", markup=False)
+    for name in result.drained:
+        render.out.print(
+            f"{name}: drained, out of the gateway on purpose (`orch undrain {name}` puts it back)", markup=False
+        )
     for name in result.left_out:
         render.out.print(
             f"{name}: left out of the gateway by a serve that was cut off (launching or taken out, not registered); "
@@ -45,6 +50,13 @@ def report(result: GatewayCheck) -> None:
     render.out.print(
         "gateway consistent with the inventory" if result.consistent else "gateway: hosts flagged", markup=False
     )
+
+
+def drained_left_out(names: list[str]) -> None:
+    """``gateway up``'s line per serving host it does not register: ``orch drain`` took it out."""
+    for name in names:
+        line = f"{name}: drained: not registered (`orch undrain {name}` puts it back)"
+        render.err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def gate_lines(host: str, gate: GateRecord) -> list[str]:

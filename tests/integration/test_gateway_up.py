@@ -165,6 +165,19 @@ def test_gateway_up_runs_smg_in_front_of_the_serving_hosts_and_down_stops_it(
     assert "smg::" in died.stderr  # smg's own log lines
     assert [j["state"] for j in gateway_jobs(env)] == ["succeeded", "failed", "running"]
     assert client.wait_routing(sim1, timeout=60).healthy
+
+    # drained by the other controller: the host's mark says so to this one, whose state does not record it
+    assert other.orch("drain", "sim-1").returncode == 0
+    (seen,) = [h for h in json.loads(env.orch("status", "--json").stdout)["hosts"] if h["name"] == "sim-1"]
+    assert "drained_at" in seen and seen["gateway"]["flag"] is None, seen  # it said "serving but not registered"
+    assert env.orch("gateway", "down", "--yes").returncode == 0
+    restarted = env.orch("gateway", "up")  # it registered every serving host, the drained one too
+    assert restarted.returncode == 0, restarted.output
+    assert "sim-1: drained: not registered (`orch undrain sim-1` puts it back)" in restarted.stderr
+    assert client.workers() == [] and env.orch("gateway", "status").returncode == 0
+    assert env.orch("undrain", "sim-1").returncode == 0  # this controller puts it back: the mark goes
+    assert [w.url for w in client.workers()] == [sim1]
+    assert not (Path(load_inventory(env.inventory).hosts["sim-1"].workdir) / "drained").exists()
     assert env.orch("gateway", "down", "--yes").returncode == 0
 
 

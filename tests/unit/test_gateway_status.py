@@ -48,3 +48,20 @@ def test_only_rank_0_of_a_replica_group_belongs_in_the_gateway() -> None:
     assert check_fleet([_worker(rank0)], hosts, state).consistent  # rank 1 serves no HTTP: not missing
     flagged = check_fleet([_worker(rank0), _worker(rank1)], hosts, state)
     assert [(r.host, r.flag) for r in flagged.workers] == [("r0", None), ("r1", "registered but not serving")]
+
+
+def test_a_drained_host_is_out_on_purpose_and_flagged_only_when_registered() -> None:
+    from orchestrator.gateway import DRAINED_BUT_REGISTERED, check_fleet, parse_drain_mark
+    from orchestrator.inventory import Host
+    from orchestrator.state import HostState, Phase, ServerRecord, State
+
+    hosts = [Host(name=n, address=f"127.0.0.{i}", server_port=30000 + i) for i, n in enumerate(("a", "b"), 1)]
+    server = ServerRecord(job_id="j", argv=["--host", "0.0.0.0"], port=1, mtp=True)
+    state = State(hosts={n: HostState(phase=Phase.SERVING, server=server) for n in ("a", "b")})
+    a, b = "http://127.0.0.1:30001", "http://127.0.0.2:30002"
+    out = check_fleet([_worker(a)], hosts, state, drained=["b"])
+    assert out.consistent and (out.unregistered, out.drained) == ([], ["b"])
+    assert not check_fleet([_worker(a)], hosts, state).consistent  # b serves, is not registered, is not drained
+    back = check_fleet([_worker(a), _worker(b)], hosts, state, drained=["b"])
+    assert [(r.host, r.flag) for r in back.workers] == [("a", None), ("b", DRAINED_BUT_REGISTERED)]
+    assert parse_drain_mark("1796481746\n") is not None and parse_drain_mark("") is None
