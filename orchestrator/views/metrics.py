@@ -57,8 +57,32 @@ def registry(hosts: list[dict[str, Any]], records: dict[str, HostState], now: da
         ["host", "label"],
         registry=reg,
     )
+    drained = Gauge(
+        "orch_host_drained",
+        "1 while `orch drain` keeps the host out of the gateway (its server kept for inspection), else 0.",
+        ["host"],
+        registry=reg,
+    )
+    registered = Gauge(
+        "orch_gateway_registered",
+        "1 if the gateway lists the host's server as a worker, 0 if not (absent: no gateway, or it did not answer).",
+        ["host"],
+        registry=reg,
+    )
+    flagged = Gauge(
+        "orch_gateway_flagged",
+        "1 if the host is out of step with the gateway (serving but not registered, registered but not serving, "
+        "drained but registered, left out by a serve cut off), else 0.",
+        ["host"],
+        registry=reg,
+    )
     for doc in hosts:
         name = doc["name"]
+        drained.labels(name).set(1 if doc.get("drained_at") else 0)
+        gateway = doc.get("gateway") or {}
+        if gateway.get("reachable"):
+            registered.labels(name).set(1 if gateway.get("registered") else 0)
+            flagged.labels(name).set(1 if gateway.get("flag") else 0)
         for p in Phase:
             phase.labels(name, p.value).set(1 if doc["phase"] == p.value else 0)
         reachable.labels(name).set(1 if doc["reachable"] else 0)

@@ -77,6 +77,22 @@ def test_server_tuning_and_the_last_benchmark() -> None:
     assert not [k for k in got if k[0] == "orch_bench_output_throughput_tokens_per_second" and k[1][0][1] == "b"]
 
 
+def test_the_gateway_registration_its_flag_and_a_drain() -> None:
+    up = {"reachable": True, "registered": True, "flag": None}
+    hosts = [
+        doc("in", gateway=up),
+        doc("lost", gateway={**up, "registered": False, "flag": "serving but not registered"}),
+        doc("out", gateway={**up, "registered": False}, drained_at=NOW.isoformat()),
+        doc("blind", gateway={"reachable": False}),
+    ]
+    got = samples(hosts, {})
+    assert {h: got.get(("orch_gateway_registered", (("host", h),))) for h in ("in", "lost", "out", "blind")} == {
+        "in": 1, "lost": 0, "out": 0, "blind": None}  # fmt: skip
+    assert {h: got.get(("orch_gateway_flagged", (("host", h),))) for h in ("in", "lost", "out", "blind")} == {
+        "in": 0, "lost": 1, "out": 0, "blind": None}  # fmt: skip
+    assert [got[("orch_host_drained", (("host", h),))] for h in ("in", "out")] == [0, 1]
+
+
 def test_status_prometheus_exports_the_last_benchmark_from_the_state(tmp_path: Any) -> None:
     """status reads hosts without their history; the metrics still need each host's last benchmark."""
     import socket
