@@ -632,12 +632,50 @@ def relaunch(session: HostSession, ready: Preflight, options: ServeOptions) -> L
     mark ``failed``, roll back."""
     gpus = facts.server_gpus(ready.recipe, session.host)
     if ready.old is not None:
+        if options.rollback:
+            keep_serving_as_known_good(session, ready.old)
         srv.stop_job(session, ready.old, gpus, options.drain_timeout, replacing(session, ready, options))
     try:
         return launch(session, ready.argv, options, ready.recipe, ready.configs)
     except StartupFailed as failure:
         _failed_start(session, ready, options, failure)
         raise
+
+
+def keep_serving_as_known_good(session: HostSession, old: jobs.JobInfo) -> None:
+    """Before ``--rollback`` stops server job ``old`` that this state does not record (another controller's
+    launch, a lost state directory): when it answers ``/health`` now, its command, as its job directory holds
+    it, becomes the known-good one to roll back to (said). A server this state records keeps its record's:
+    its verification decided whether it serves as asked."""
+    record = session.state().server
+    if record is not None and record.job_id == old.id:
+        return
+    argv = running_argv(session, old)
+    url = facts.url(facts.argv_address(argv), session.host.server_port) if argv else None
+    if argv is None or url is None or readers.health(session.host, session.runner, url) != 200:
+        return
+    session.say(
+        f"server job {old.id}, which this state does not record, answers /health: its command is kept as the "
+        "known-good one for --rollback"
+    )
+    mtp = "--speculative-algorithm" in argv
+    known = ServerRecord(job_id=old.id, argv=argv, port=session.host.server_port, mtp=mtp, known_good_argv=argv)
+
+    def apply(hs: HostState) -> None:
+        hs.server = known
+
+    session.store.update_host(session.name, apply)
+
+
+def running_argv(session: HostSession, job: jobs.JobInfo) -> list[str] | None:
+    """The command server job ``job`` runs, as its job directory holds it (its argv file: ``env``, the job's
+    own variables, then the command; ``jobs.start``), None when it is not of that form."""
+    words = [w.decode(errors="replace") for w in session.job_argv(job.id)]
+    words = words[:-1] if words and words[-1] == "" else words
+    pairs = len(session.job_env(job.id))
+    if not words or words[0] != "env" or len(words) <= 1 + pairs:
+        return None
+    return words[1 + pairs :]
 
 
 def replacing(session: HostSession, ready: Preflight, options: ServeOptions) -> srv.Outage:

@@ -237,6 +237,22 @@ def test_rollback_restores_the_known_good_server_after_a_crash(fleet1: FleetEnv,
     assert len(running_server_ids(fleet1)) == 1
 
 
+def test_rollback_from_a_state_that_never_recorded_the_server_brings_back_the_one_the_host_ran(
+    fleet1: FleetEnv, tmp_path: Path
+) -> None:
+    serve_ok(fleet1)
+    good = server_state(fleet1).server.argv
+    other = FleetEnv(fleet1.fleet, fleet1.inventory, fleet1.state.parent.parent / "second" / "state.json")
+    too_big = playbook(tmp_path, "oom", server_args={"mem-fraction-static": 1.2})  # the server dies: CUDA OOM
+    run = other.orch("serve", "--playbook", too_big, "--rollback")  # it said "no known-good server command"
+    assert run.returncode == 3, run.output
+    assert "which this state does not record, answers /health: its command is kept as the known-good" in run.stderr
+    assert "rollback: the known-good server is serving again" in run.stderr, run.output
+    hs = server_state(other)
+    assert hs.server.argv == good and hs.server.healthy and hs.phase.value == "serving"
+    assert len(running_server_ids(fleet1)) == 1
+
+
 def test_a_server_that_never_becomes_healthy_times_out(fleet1: FleetEnv) -> None:
     host0(fleet1).set_knobs(server_fail="never_healthy")
     run = fleet1.orch("serve", "--health-timeout", "3", "--drain-timeout", "5")
