@@ -642,20 +642,25 @@ def relaunch(session: HostSession, ready: Preflight, options: ServeOptions) -> L
         raise
 
 
-def keep_serving_as_known_good(session: HostSession, old: jobs.JobInfo) -> None:
+def keep_serving_as_known_good(session: HostSession, old: jobs.JobInfo, serves: str | None = None) -> None:
     """Before ``--rollback`` stops server job ``old`` that this state does not record (another controller's
-    launch, a lost state directory): when it answers ``/health`` now, its command, as its job directory holds
+    launch, a lost state directory): when it answers ``/health`` now (``serves``: why it serves, when its
+    own ``/health`` is not the one to ask: a replica group's rank), its command, as its job directory holds
     it, becomes the known-good one to roll back to (said). A server this state records keeps its record's:
     its verification decided whether it serves as asked."""
     record = session.state().server
     if record is not None and record.job_id == old.id:
         return
     argv = running_argv(session, old)
-    url = facts.url(facts.argv_address(argv), session.host.server_port) if argv else None
-    if argv is None or url is None or readers.health(session.host, session.runner, url) != 200:
+    if argv is None:
+        return
+    if serves is None:
+        url = facts.url(facts.argv_address(argv), session.host.server_port)
+        serves = "answers /health" if readers.health(session.host, session.runner, url) == 200 else None
+    if serves is None:
         return
     session.say(
-        f"server job {old.id}, which this state does not record, answers /health: its command is kept as the "
+        f"server job {old.id}, which this state does not record, {serves}: its command is kept as the "
         "known-good one for --rollback"
     )
     mtp = "--speculative-algorithm" in argv

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from orchestrator.errors import ExitCode
+from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.state import Phase
 from orchestrator.store import StateStore
 from orchestrator.tuning.member import record_of
@@ -378,6 +379,27 @@ def test_a_rank_that_fails_to_start_fails_the_group_and_its_ranks_are_stopped(en
     assert servers["sim-2"] == [] and servers["sim-3"] == [] and servers["sim-1"] == alone  # sim-1 untouched
     state = StateStore(env.state).read()
     assert state.hosts["sim-2"].phase == Phase.FAILED and state.hosts["sim-3"].phase == Phase.FAILED
+
+
+def test_a_rollback_from_a_state_that_never_recorded_the_group_brings_back_its_ranks(
+    env: FleetEnv, sims: dict, tmp_path: Path
+) -> None:
+    served = env.orch("serve", "--host", "sim-2")
+    assert served.returncode == 0, served.output
+    before = running_servers(env)
+    other = FleetEnv(env.fleet, env.inventory, env.state.parent.parent / "rollback" / "state.json")
+    doc = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-pro.yaml").read_text())
+    doc["server_args"]["mem-fraction-static"] = 1.5  # more memory than a GPU has: the new group dies at start
+    (tmp_path / "oom.yaml").write_text(yaml.safe_dump(doc))
+    run = other.orch("serve", "--host", "sim-2", "--force", "--rollback", "--playbook", str(tmp_path / "oom.yaml"))
+    assert run.returncode == ExitCode.HOSTS_FAILED, run.output  # it said "no known-good command" on each rank
+    assert f"sim-3: server job {before['sim-3'][0]}, which this state does not record, serves (its group's rank 0" in (
+        run.stderr
+    )
+    assert "rollback: the known-good server is serving again on every rank (sim-2 (rank 0, job " in run.output
+    state = StateStore(other.state).read()
+    assert [state.hosts[n].phase for n in ("sim-2", "sim-3")] == [Phase.SERVING, Phase.SERVING]
+    assert all(len(running_servers(env)[n]) == 1 for n in ("sim-2", "sim-3"))
 
 
 def test_a_group_with_a_host_unreachable_is_not_touched_while_the_others_go_on(env: FleetEnv, sims: dict) -> None:
