@@ -107,6 +107,14 @@ no_links() {
     fi
   done
 }
+# job_of LINK WORKDIR: print the job directory purpose link LINK names, when it is one of WORKDIR/jobs/ and no
+# link itself (orch never follows a link elsewhere); fail otherwise.
+job_of() {
+  [ -L "$1" ] || return 1
+  _j=$(readlink "$1")
+  case $_j in "$2"/jobs/*) ;; *) return 1 ;; esac
+  [ -d "$_j" ] && [ ! -L "$_j" ] && printf '%s\n' "$_j"
+}
 # index_jobs WORKDIR: give a host whose jobs predate the index one (the caller holds jobs.lock):
 # every job directory is live until a listing sees it ended.
 index_jobs() {
@@ -220,11 +228,7 @@ _HELD = r"""
 workdir=$1; purpose=$2; shift 2
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
 printf 'now\t%s\n' "$(date +%s)"
-link="$workdir/purposes/$purpose"
-d=""
-[ -L "$link" ] && d=$(readlink "$link")
-case $d in "$workdir"/jobs/*) ;; *) d="" ;; esac
-if [ -n "$d" ] && [ -d "$d" ] && [ ! -L "$d" ]; then
+if d=$(job_of "$workdir/purposes/$purpose" "$workdir"); then
   printf 'held\t%s\n' "${d##*/}"
   printf 'argv\t%s\n' "$(base64 -w0 < "$d/argv" 2>/dev/null)"
   printf 'env\t%s\n' "$(base64 -w0 < "$d/env" 2>/dev/null)"
@@ -240,10 +244,7 @@ _HOLDERS = r"""
 workdir=$1; prefix=$2
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
 for link in "$workdir"/purposes/"$prefix"*; do
-  [ -L "$link" ] || continue
-  d=$(readlink "$link")
-  case $d in "$workdir"/jobs/*) ;; *) continue ;; esac
-  if [ -d "$d" ] && [ ! -L "$d" ]; then row "$d" "$boot"; printf '%s\n' "$line"; fi
+  if d=$(job_of "$link" "$workdir"); then row "$d" "$boot"; printf '%s\n' "$line"; fi
 done
 exit 0
 """
