@@ -37,8 +37,10 @@ class Drained:
 
 
 def drain(session: HostSession, recipe: Recipe, client: GatewayClient, timeout: float) -> Drained:
-    """The gateway stops routing to the host and its in-flight requests finish; the server keeps running."""
+    """The gateway stops routing to the host and its in-flight requests finish; the server keeps running. The
+    host is marked drained first: a mark that cannot be written (a link in its place) changes nothing."""
     url = rollout.worker_url_of(session, recipe)
+    session.runner.run(_mark_argv(session.host.workdir, url), check=True)
     registered = client.find(url) is not None
     if registered:
         session.say(f"taking {url} out of the gateway; its server keeps running")
@@ -47,7 +49,6 @@ def drain(session: HostSession, recipe: Recipe, client: GatewayClient, timeout: 
     in_flight = rollout.drain(session, recipe, timeout) if session.running_server() is not None else 0
     if in_flight:
         session.say(f"{in_flight} requests were in flight; drained")
-    session.runner.run(_mark_argv(session.host.workdir, url), check=True)
     session.store.update_host(session.name, _mark_drained)
     return Drained(url, in_flight, registered)
 
@@ -83,7 +84,8 @@ def _require_serving(session: HostSession, recipe: Recipe) -> None:
 
 def _mark_argv(workdir: str, url: str) -> list[str]:
     """Write the drain mark unless there is one (a second drain keeps the first's time); never through a link."""
-    script = '[ -L "$1" ] && { echo "orch: $1 is a symbolic link; orch does not follow it" >&2; exit 78; }; '
+    link = "orch: $1 is a symbolic link; orch does not follow it (remove it: orch writes its drain mark there)"
+    script = f'[ -L "$1" ] && {{ echo "{link}" >&2; exit 78; }}; '
     script += '[ -e "$1" ] || { umask 077; printf "%s\\n" "$2" > "$1"; }'
     return ["sh", "-c", script, "orch-drain", drain_mark_path(workdir), url]
 
