@@ -285,7 +285,7 @@ pid=$(cat "$dir/pid" 2>/dev/null || true)
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
 alive() { job_runs "$dir" "$pid" "$boot" >/dev/null; }  # the wrapper, or its command outliving it
 alive || { echo "lost"; exit 0; }
-touch "$dir/stop_requested"
+[ -L "$dir/stop_requested" ] || touch "$dir/stop_requested"  # never through a link orch did not make
 kill -s TERM -- "-$pid" 2>/dev/null || true
 end=$(( $(date +%s) + grace ))
 while alive && [ ! -e "$dir/exit_code" ]; do

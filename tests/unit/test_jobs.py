@@ -103,6 +103,17 @@ def test_stop_escalates_to_sigkill_for_a_job_ignoring_sigterm(runner: LocalRunne
     assert (job.state, job.exit_code, job.stop_requested) == ("failed", 137, True)
 
 
+def test_stop_never_writes_through_a_link_in_the_jobs_directory(
+    runner: LocalRunner, workdir: str, tmp_path: Path
+) -> None:
+    started = jobs.start(runner, workdir, jobs.JobSpec("test", "t.link", ["sleep", "30"]))
+    job = jobs.find(runner, workdir, started.job_id)
+    target = tmp_path / "not-orchs"
+    Path(job.dir, "stop_requested").symlink_to(target)  # planted: `touch` would create the target
+    assert jobs.stop(runner, job, 5) in ("stopped", "killed")
+    assert not target.exists() and jobs.find(runner, workdir, started.job_id).state != "running"
+
+
 def test_stop_never_signals_a_reused_pid(runner: LocalRunner, workdir: str) -> None:
     started = jobs.start(runner, workdir, jobs.JobSpec("test", "t.reuse", ["sleep", "30"]))
     job = jobs.find(runner, workdir, started.job_id)
