@@ -196,13 +196,15 @@ if [ -d "$workdir/jobs" ] && [ ! -e "$workdir/jobs.index" ]; then
   (exec 9>>"$workdir/jobs.lock" && flock -w 30 9 && index_jobs "$workdir") 2>/dev/null
 fi
 if [ -d "$workdir/jobs" ] && [ ! -e "$workdir/jobs.index" ]; then  # could not make it: every directory, as before
-  for d in "$workdir"/jobs/*/; do [ -d "$d" ] && row "${d%/}" "$boot" && printf '%s\n' "$line"; done
+  for d in "$workdir"/jobs/*/; do
+    [ -d "$d" ] && [ ! -L "${d%/}" ] && row "${d%/}" "$boot" && printf '%s\n' "$line"
+  done
   exit 0
 fi
 for e in "$workdir"/live/*; do
   [ -e "$e" ] || continue
   d="$workdir/jobs/${e##*/}"
-  [ -d "$d" ] || { rm -f "$e"; continue; }
+  { [ -d "$d" ] && [ ! -L "$d" ]; } || { rm -f "$e"; continue; }  # never a job directory that is a link
   row "$d" "$boot"
   printf '%s\n' "$line"
   [ $final = 1 ] && printf '%s\n' "$line" >> "$workdir/jobs.index" && rm -f "$e"

@@ -273,6 +273,18 @@ def test_jobs_started_before_the_index_are_all_listed_once_it_is_made(runner: Lo
     os.killpg(running.pid, signal.SIGKILL)
 
 
+def test_a_job_directory_that_is_a_link_is_never_listed(runner: LocalRunner, workdir: str, tmp_path: Path) -> None:
+    real = jobs.start(runner, workdir, jobs.JobSpec("t", "t.real", ["true"])).job_id
+    wait_ended(runner, workdir, [real])
+    fake = tmp_path / "elsewhere"
+    shutil.copytree(Path(workdir, "jobs", real), fake)  # a job's files, outside orch's jobs/
+    Path(workdir, "jobs", "t-fake").symlink_to(fake)
+    Path(workdir, "live", "t-fake").touch()  # even named live
+    assert [j.id for j in jobs.list_jobs(runner, workdir)] == [real]
+    Path(workdir, "jobs.index").unlink()  # the listing of a host without the index: every directory
+    assert [j.id for j in jobs.list_jobs(runner, workdir)] == [real]
+
+
 def test_a_wait_returns_when_the_job_exits_not_at_its_deadline(runner: LocalRunner, workdir: str) -> None:
     witness = jobs.start(runner, workdir, jobs.JobSpec("t", "t.witness", ["sleep", "40"]))
     short = jobs.start(runner, workdir, jobs.JobSpec("t", "t.short", ["sh", "-c", "sleep 0.5; exit 4"]))
