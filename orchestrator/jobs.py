@@ -6,7 +6,8 @@ Layout on the host, all under ``workdir`` (mode 0700)::
                  purpose     the dedup key                     log         stdout+stderr
                  pid         the wrapper's pid (= its pgid)    starttime   /proc/<pid>/stat field 22
                  boot_id     the kernel boot it started in     exit_code   written when the command ends
-                 started_at  ended_at (epoch seconds)          stop_requested  when orch stop asked
+                 started_at  ended_at (epoch seconds; the start's  stop_requested  when orch stop asked
+                             with its nanoseconds)
     purposes/<purpose>        symlink to the job that holds that purpose
     live/<job-id>             an empty file per job not yet seen ended (the index of live jobs)
     jobs.index                one listing line per ended job, appended when a listing first sees it ended
@@ -176,7 +177,7 @@ trap 'rm -rf -- "$dir" "$workdir/live/$id"' EXIT  # a start that fails half-writ
 i=0; for a in "$@"; do [ $i -ge 1 ] && [ $i -le "$nenv" ] && printf '%s\n' "$a" >> "$dir/env"; i=$((i + 1)); done
 printf '%s\0' "$@" > "$dir/argv"
 printf '%s\n' "$purpose" > "$dir/purpose"
-date +%s > "$dir/started_at"
+date +%s.%N > "$dir/started_at"  # to the nanosecond: a config written in the same second is told before or after
 trap - EXIT
 setsid sh -c "$wrapper" orch-job "$dir" "$@" </dev/null >"$dir/log" 2>&1 9>&- &
 i=0; while [ ! -s "$dir/pid" ] && [ $i -lt 200 ]; do sleep 0.02; i=$((i + 1)); done
@@ -431,8 +432,12 @@ def list_argv(workdir: str) -> list[str]:
     return ["sh", "-c", _script(_LIST), "orch-jobs", workdir]
 
 
+_EPOCH = re.compile(r"\s*(\d+(?:\.\d+)?)")  # seconds, with a fraction where the host's date prints one (%N)
+
+
 def _epoch(value: str) -> datetime | None:
-    return datetime.fromtimestamp(int(value), timezone.utc) if value.strip().isdigit() else None
+    found = _EPOCH.match(value)
+    return datetime.fromtimestamp(float(found.group(1)), timezone.utc) if found else None
 
 
 def job_state(alive: bool, exit_code: str) -> str:

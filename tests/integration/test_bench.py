@@ -170,7 +170,7 @@ def test_a_profile_and_a_benchmark_never_measure_the_server_at_once(make_fleet) 
         ran = {}
         for kind in ("bench", "profile"):
             last = sorted(Path(host.workdir, "jobs").glob(f"{kind}-*"))[-1]
-            ran[kind] = (int((last / "started_at").read_text()), int((last / "ended_at").read_text()))
+            ran[kind] = (float((last / "started_at").read_text()), float((last / "ended_at").read_text()))
         assert ran["bench"][1] <= ran["profile"][0] or ran["profile"][1] <= ran["bench"][0], (ran, outs)
     else:
         said = outs[codes.index(3)]

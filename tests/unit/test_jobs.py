@@ -195,6 +195,21 @@ def test_parse_list_and_states() -> None:
     assert jobs.job_state(False, "-9") == "failed"
 
 
+def test_a_start_to_the_nanosecond_tells_a_config_written_in_the_same_second_before_or_after() -> None:
+    from orchestrator.ops.serve import configs_loaded
+
+    def started(at: str) -> jobs.JobInfo:
+        (job,) = jobs.parse_list(f"job\tserver-1\tserver\t123\t1\t\t{at}\t\t10\t0\n", "/w")
+        return job
+
+    job = started("1700000000.500000000")
+    assert job.started_at is not None and job.started_at.timestamp() == 1700000000.5
+    assert configs_loaded({"N=1,K=2": 1700000000.25}, job)  # written, then the server started: it read it
+    assert not configs_loaded({"N=1,K=2": 1700000000.75}, job)  # written after it started
+    assert started("1700000000").started_at is not None  # an older orch's start, in whole seconds
+    assert started("1700000000.%N").started_at is not None  # a date that does not know %N: the seconds
+
+
 def test_tail_lines_collapses_tqdm_redraws() -> None:
     text = "a\nGPU 0 - Batch sizes:  10%|#\rGPU 0 - Batch sizes:  50%|#####\nb\n"
     assert jobs.tail_lines(text, 2) == "GPU 0 - Batch sizes:  50%|#####\nb"
