@@ -9,7 +9,7 @@ has a server of orch's running that the command would stop, orch asks on a termi
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import click
 
@@ -27,12 +27,21 @@ yes_option = click.option(
 )
 
 
-def confirm_outage(down: Sequence[str], chosen: bool, yes: bool) -> None:
-    """Go on, or UsageError: ``down`` names the hosts whose running server would be stopped; ``chosen``
-    is true when hosts were picked with ``--host``/``--tag`` (then nothing is asked)."""
+def confirm_outage(down: Sequence[str], chosen: bool, yes: bool, maybe: Collection[str] = ()) -> None:
+    """Go on, or UsageError: ``down`` names the hosts whose running server would be stopped (``maybe``: those
+    whose stop depends on what earlier steps change, ``orch run``'s serve after a pull); ``chosen`` is true
+    when hosts were picked with ``--host``/``--tag`` (then nothing is asked)."""
     if chosen or yes or len(down) < 2:
         return
-    confirm_or_refuse(f"Take serving down on {len(down)} hosts ({', '.join(down)})?", "or pick hosts with --host/--tag")
+    sure, depends = [h for h in down if h not in maybe], [h for h in down if h in maybe]
+    hosts = ", ".join(sure)
+    if depends:
+        them = "it" if len(depends) == 1 else "them"
+        hosts += ("; " if sure else "") + (
+            f"{', '.join(depends)} only if the steps before their serve or tuning change {them}: as they are now"
+            f" none is stopped, see `orch run --dry-run`"
+        )
+    confirm_or_refuse(f"Take serving down on {len(down)} hosts ({hosts})?", "or pick hosts with --host/--tag")
 
 
 def confirm_or_refuse(question: str, alternative: str = "") -> None:
@@ -67,8 +76,11 @@ def ask_before_stopping(
     chosen: bool,
     yes: bool,
     would_stop: WouldStop | None = None,
+    maybe: Collection[str] = (),
 ) -> None:
-    """``confirm_outage`` for the hosts that serve now (looked up only when the answer could matter)."""
+    """``confirm_outage`` for the hosts that serve now (looked up only when the answer could matter); ``maybe``
+    is read once ``would_stop`` has been asked of every host (it may fill it)."""
     if chosen or yes or len(hosts) < 2:
         return
-    confirm_outage(serving_hosts(fleet, hosts, would_stop), chosen, yes)
+    down = serving_hosts(fleet, hosts, would_stop)
+    confirm_outage(down, chosen, yes, maybe)

@@ -96,16 +96,23 @@ def run(
             run_view.plans(plans)
             return finish(plans)
 
+        maybe: set[str] = set()  # hosts whose serve stops the server only if a pull or tuning before it changes it
+
         def stops(host: Host, runner: Runner) -> bool:
             session = fleet.session(host, app.store)
             session.claim_machine()  # another machine's record never asks to take serving down
             group = (ranks[host.name], app.peers(fleet)) if host.name in ranks else None
             found = run_op.stopping_steps(session, chosen[host.name], steps[host.name], redo, group)
             rolled = {s.name for s in run_op.around_serve(steps[host.name])[1]} if rolling else set()
-            return bool(set(found) - rolled)  # what rolls goes host by host through the gateway: no outage
+            outage = set(found) - rolled  # what rolls goes host by host through the gateway: no outage
+            if outage and outage <= run_op.stops_decided_later(
+                session, chosen[host.name], steps[host.name], redo, group
+            ):
+                maybe.add(host.name)
+            return bool(outage)
 
         def confirm(passed: list[Host]) -> None:
-            ask_before_stopping(fleet, passed, bool(hosts or tags), yes, stops)
+            ask_before_stopping(fleet, passed, bool(hosts or tags), yes, stops, maybe)
 
         if redo:
             run_op.forget_done(app.store, selected, chosen, steps)

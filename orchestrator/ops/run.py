@@ -907,8 +907,9 @@ def stopping_steps(
         return result_gone(session, recipe, step) is not None
 
     def stops(step: Step, first: bool) -> bool:
-        """serve, as the run will decide when it runs first (an adopted or unchanged server is not stopped);
-        after a step that runs (a pull, tuning), serve's decision waits for it: counted as a stop."""
+        """serve and tune-fp8, as the run will decide when they run first (an adopted or unchanged server is not
+        stopped, nor is it when nothing is to be tuned); after a step that runs (a pull, tuning), their
+        decision waits for it: counted as a stop (``stops_decided_later`` tells which would not, as it is now)."""
         if isinstance(step.options, ServeOptions) and group is not None:
             options = serve_options(session, recipe, step, redo, group[0])
             return not first or group_op.would_replace(session, recipe, options, *group)
@@ -916,10 +917,37 @@ def stopping_steps(
             return not first or serve_op.would_replace(session, recipe, serve_options(session, recipe, step, redo))
         if isinstance(step.options, SweepOptions):
             return True  # it relaunches the server once per profile
-        return isinstance(step.options, TuneOptions) and step.options.stop_server
+        if isinstance(step.options, TuneOptions) and step.options.stop_server:
+            return not first or tuning_needed(session, recipe, step.options) is not None
+        return False
 
     running = [s for s in steps if runs(s)]
     return [s.name for i, s in enumerate(running) if stops(s, i == 0)]
+
+
+def stops_decided_later(
+    session: HostSession, recipe: Recipe, steps: list[Step], redo: bool, group: GroupLook | None = None
+) -> set[str]:
+    """The steps that may stop the server but, decided on the host as it is now, would not: serve leaving the
+    running server alone (or re-attaching to it), tune-fp8 with nothing to tune. ``stopping_steps`` counts
+    them when a pull or tuning runs before them: they stop the server only if that changes the host."""
+    later: set[str] = set()
+    for step in steps:
+        if isinstance(step.options, ServeOptions):
+            if group is not None:
+                options = serve_options(session, recipe, step, redo, group[0])
+                replaces = group_op.would_replace(session, recipe, options, *group)
+            else:
+                replaces = serve_op.would_replace(session, recipe, serve_options(session, recipe, step, redo))
+            if not replaces:
+                later.add(step.name)
+        elif (
+            isinstance(step.options, TuneOptions)
+            and step.options.stop_server
+            and tuning_needed(session, recipe, step.options) is None
+        ):
+            later.add(step.name)
+    return later
 
 
 # -- dry run -------------------------------------------------------------------------------------

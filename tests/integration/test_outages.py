@@ -140,6 +140,18 @@ def test_run_announces_the_stop_for_tuning_shows_it_in_the_dry_run_and_asks_on_s
     assert dry_again.stdout.count("already done, skipped") == 8  # four steps on two hosts: nothing would run
     assert "$ " not in dry_again.stdout
 
+    # another state (a lost state directory): every step runs again, and its stops depend on the pull
+    other = FleetEnv(env.fleet, env.inventory, env.state.parent.parent / "lost" / "state.json")
+    served = running(env)
+    asked = other.orch("run")  # it asked to take serving down on both, as if for sure
+    assert asked.returncode == 2, asked.output
+    assert "Take serving down on 2 hosts (sim-1, sim-2 only if the steps before their serve or tuning change " in (
+        asked.stderr
+    )
+    again = other.orch("run", "--yes")
+    assert again.returncode == 0, again.output
+    assert "stopping server job" not in again.stderr and running(env) == served  # re-attached, nothing stopped
+
 
 # --- §3: one source of truth, no silent untuned Triton, a way forward after a failed tuning ---------------
 

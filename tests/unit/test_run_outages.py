@@ -136,6 +136,16 @@ def test_outage_on_several_hosts_is_refused_without_a_terminal_unless_yes(monkey
     assert refused.value.hint is not None and "pass --yes" in refused.value.hint
 
 
+def test_the_question_says_which_hosts_stop_only_if_earlier_steps_change_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    with pytest.raises(UsageError) as refused:
+        confirm_outage(["a", "b", "c"], chosen=False, yes=False, maybe={"b", "c"})
+    assert refused.value.message.startswith(
+        "Take serving down on 3 hosts (a; b, c only if the steps before their serve or tuning change them: as they "
+        "are now none is stopped, see `orch run --dry-run`): refused without confirmation"
+    )
+
+
 def test_outage_question_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     class Tty(io.StringIO):
         def isatty(self) -> bool:
