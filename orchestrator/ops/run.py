@@ -895,8 +895,8 @@ def tuning_needed(session: HostSession, recipe: Recipe, options: TuneOptions) ->
 def stopping_steps(
     session: HostSession, recipe: Recipe, steps: list[Step], redo: bool, group: GroupLook | None = None
 ) -> list[str]:
-    """The steps that will run and may stop a running server: ``serve``, and ``tune-fp8`` with
-    ``stop_server``, when not done (or ``redo``), or done but redone because a tuned config is gone.
+    """The steps that will run and may stop a running server (``may_stop``), when not done (or ``redo``), or
+    done but redone because a tuned config is gone.
     ``group``: the host's rank and the peers' sessions, when it is in a replica group (whose serve is
     decided for the whole group)."""
     playbook = str(recipe.path)
@@ -907,47 +907,43 @@ def stopping_steps(
         return result_gone(session, recipe, step) is not None
 
     def stops(step: Step, first: bool) -> bool:
-        """serve and tune-fp8, as the run will decide when they run first (an adopted or unchanged server is not
-        stopped, nor is it when nothing is to be tuned); after a step that runs (a pull, tuning), their
-        decision waits for it: counted as a stop (``stops_decided_later`` tells which would not, as it is now)."""
-        if isinstance(step.options, ServeOptions) and group is not None:
-            options = serve_options(session, recipe, step, redo, group[0])
-            return not first or group_op.would_replace(session, recipe, options, *group)
-        if isinstance(step.options, ServeOptions):
-            return not first or serve_op.would_replace(session, recipe, serve_options(session, recipe, step, redo))
-        if isinstance(step.options, SweepOptions):
-            return True  # it relaunches the server once per profile
-        if isinstance(step.options, TuneOptions) and step.options.stop_server:
-            return not first or tuning_needed(session, recipe, step.options) is not None
-        return False
+        """As the run will decide when the step runs first (``stops_now``); after a step that runs (a pull,
+        tuning), its decision waits for it: counted as a stop (``stops_decided_later`` tells which would not)."""
+        return may_stop(step) and (not first or stops_now(session, recipe, step, redo, group))
 
     running = [s for s in steps if runs(s)]
     return [s.name for i, s in enumerate(running) if stops(s, i == 0)]
 
 
+def may_stop(step: Step) -> bool:
+    """Whether ``step`` may stop the running server: serve, sweep, tune-fp8 with ``stop_server``."""
+    options = step.options
+    return isinstance(options, (ServeOptions, SweepOptions)) or (
+        isinstance(options, TuneOptions) and options.stop_server
+    )
+
+
+def stops_now(session: HostSession, recipe: Recipe, step: Step, redo: bool, group: GroupLook | None = None) -> bool:
+    """Whether ``step`` (``may_stop``), decided on the host as it is now, stops the server: serve when it would
+    replace it (not when it leaves it alone or re-attaches to it; a replica group's for the whole group), sweep
+    always (it relaunches it once per profile), tune-fp8 when there is something to tune."""
+    if isinstance(step.options, ServeOptions) and group is not None:
+        options = serve_options(session, recipe, step, redo, group[0])
+        return group_op.would_replace(session, recipe, options, *group)
+    if isinstance(step.options, ServeOptions):
+        return serve_op.would_replace(session, recipe, serve_options(session, recipe, step, redo))
+    if isinstance(step.options, TuneOptions):
+        return tuning_needed(session, recipe, step.options) is not None
+    return True
+
+
 def stops_decided_later(
     session: HostSession, recipe: Recipe, steps: list[Step], redo: bool, group: GroupLook | None = None
 ) -> set[str]:
-    """The steps that may stop the server but, decided on the host as it is now, would not: serve leaving the
-    running server alone (or re-attaching to it), tune-fp8 with nothing to tune. ``stopping_steps`` counts
-    them when a pull or tuning runs before them: they stop the server only if that changes the host."""
-    later: set[str] = set()
-    for step in steps:
-        if isinstance(step.options, ServeOptions):
-            if group is not None:
-                options = serve_options(session, recipe, step, redo, group[0])
-                replaces = group_op.would_replace(session, recipe, options, *group)
-            else:
-                replaces = serve_op.would_replace(session, recipe, serve_options(session, recipe, step, redo))
-            if not replaces:
-                later.add(step.name)
-        elif (
-            isinstance(step.options, TuneOptions)
-            and step.options.stop_server
-            and tuning_needed(session, recipe, step.options) is None
-        ):
-            later.add(step.name)
-    return later
+    """The steps that may stop the server but, decided on the host as it is now, would not (``stops_now``).
+    ``stopping_steps`` counts them when a pull or tuning runs before them: they stop the server only if that
+    changes the host."""
+    return {s.name for s in steps if may_stop(s) and not stops_now(session, recipe, s, redo, group)}
 
 
 # -- dry run -------------------------------------------------------------------------------------
