@@ -30,7 +30,7 @@ from orchestrator.errors import GatewayError, UsageError
 from orchestrator.facts import server as server_facts
 from orchestrator.inventory import Gateway, Host
 from orchestrator.recipe import Recipe
-from orchestrator.state import Phase, ServerRecord, State
+from orchestrator.state import HostState, Phase, ServerRecord, State
 
 T = TypeVar("T")
 
@@ -236,6 +236,19 @@ def parse_drain_mark(stdout: str) -> datetime | None:
     """When the host was drained, as ``drain_mark_argv`` printed it (None: not drained)."""
     text = stdout.strip()
     return datetime.fromtimestamp(int(text), timezone.utc) if text.isdigit() else None
+
+
+def drained_at(mark: datetime | None, record: HostState | None) -> datetime | None:
+    """When the host was drained: as its mark says (``mark``: read from the host by whatever round trip the
+    command makes there anyway), else as this state records (a host drained by an orch before the mark, or
+    one that could not be read); None: not drained."""
+    return mark or (record.drained_at if record is not None else None)
+
+
+def drained(hosts: Sequence[Host], state: State, marks: Mapping[str, datetime | None]) -> list[Host]:
+    """Of ``hosts``, those ``orch drain`` took out of the gateway (``drained_at``; ``marks``: each read host's
+    mark, by name): ``gateway up`` and ``serve --rolling`` leave them out."""
+    return [h for h in hosts if drained_at(marks.get(h.name), state.hosts.get(h.name)) is not None]
 
 
 DRAINED_BUT_REGISTERED = "drained, but registered (`orch undrain` if it should serve; `orch drain` takes it out)"

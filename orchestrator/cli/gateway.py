@@ -13,7 +13,7 @@ from orchestrator.cli.common import F, pass_app
 from orchestrator.cli.confirm import confirm_or_refuse, yes_option
 from orchestrator.errors import ExitCode, HostError, UsageError
 from orchestrator.fleet import Fleet
-from orchestrator.gateway import NO_GATEWAY_HINT, GatewayClient, Served, check_fleet
+from orchestrator.gateway import NO_GATEWAY_HINT, GatewayClient, check_fleet, drained
 from orchestrator.inventory import Host
 from orchestrator.jobs import JobInfo
 from orchestrator.ops import gateway as gateway_op
@@ -114,16 +114,14 @@ def rolling_serve(
     one server of the waves, rolled on its rank 0. ``gate`` ``bench``: the canary hosts (``rollout.gated``)
     must each have a baseline run, else exit 2 first."""
     from orchestrator.ops import doctor as doctor_op
-    from orchestrator.ops.drain import drained
     from orchestrator.views.doctor import skipped_lines
 
     client = rollout_client(app, canary)
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter  # before the first session: doctor's sessions are the rollout's
-        out_of_service = drained(fleet, app.store, selected)
-        candidates = [h for h in selected if h not in out_of_service]
-        healthy, sick = doctor_op.leave_out_failing(fleet, candidates, app.store)
-        skipped_lines(sick, out_of_service)
+        left = doctor_op.leave_out_failing(fleet, selected, app.store)
+        healthy, sick = left.healthy, left.sick
+        skipped_lines(sick, left.drained)
         groups = [g.hosts for g in app.inventory.groups.values()]
         broken = rollout.incomplete_groups(healthy, groups)
         gateway_view.group_skipped_lines(broken, app.inventory)
@@ -170,14 +168,13 @@ def status(app: App, as_json: bool) -> int:
             job_doc = gateway_view.job_document(job)
         else:
             gateway_view.job_report(config.host, job)
-    from orchestrator.ops.drain import drained
-
     workers = GatewayClient(config).workers()
     hosts = list(app.inventory.hosts.values())
     with app.fleet(hosts) as fleet:
-        running = served_by(app, fleet)
-        out = [h.name for h in drained(fleet, app.store, hosts)]
-    result = check_fleet(workers, hosts, app.store.read(), running, out)
+        shown = on_hosts(app, fleet)
+    state = app.store.read()
+    out = [h.name for h in drained(hosts, state, {name: s.drain_mark for name, s in shown.items()})]
+    result = check_fleet(workers, hosts, state, {name: s.served for name, s in shown.items()}, out)
     if as_json:
         print_json({**gateway_view.document(result), **({"job": job_doc} if config.host is not None else {})})
     else:
@@ -185,16 +182,16 @@ def status(app: App, as_json: bool) -> int:
     return int(ExitCode.OK if result.consistent else ExitCode.HOSTS_FAILED)
 
 
-def served_by(app: App, fleet: Fleet) -> dict[str, Served | None]:
-    """What each host runs as its server, read from the host (``gateway_op.served``): the truth
-    of which hosts serve, whatever this state records (another controller's servers serve all the same). A
-    host that cannot be read is said and left out: the state's record judges it."""
-    found = fleet.map_sessions(gateway_op.served, lambda: app.store)
+def on_hosts(app: App, fleet: Fleet) -> dict[str, gateway_op.OnHost]:
+    """What each host runs as its server and whether it is drained, read from the host (``gateway_op.on_host``):
+    the truth of which hosts serve, whatever this state records (another controller's servers serve all the
+    same). A host that cannot be read is said and left out: the state's record judges it."""
+    found = fleet.map_sessions(gateway_op.on_host, lambda: app.store)
     found.raise_bugs()
     for result in found.failed:
         why = str(result.error).splitlines()[0]
         render.err.print(f"{result.host.name}: not read ({why}): judged by the state's record", markup=False)
-    return {result.host.name: result.value for result in found.succeeded}
+    return {result.host.name: result.value for result in found.succeeded if result.value is not None}
 
 
 def _gateway_job(app: App) -> JobInfo | str | None:
@@ -221,15 +218,16 @@ def up(app: App, timeout: float) -> int:
 
     Example: orch gateway up
     """
-    from orchestrator.ops.drain import drained
+    from orchestrator.views.doctor import drained_left_out
 
     config, host = gateway_op.gateway_host(app.inventory)
     hosts = list(app.inventory.hosts.values())
     with app.fleet(hosts) as fleet:
-        running = served_by(app, fleet)
-        urls = gateway_op.serving_urls(app.inventory, app.store.read(), running)
-        out = [h.name for h in drained(fleet, app.store, hosts) if h.name in urls]
-        gateway_view.drained_left_out(out)
+        shown, state = on_hosts(app, fleet), app.store.read()
+        urls = gateway_op.serving_urls(app.inventory, state, {n: s.served for n, s in shown.items()})
+        marks = {name: s.drain_mark for name, s in shown.items()}
+        out = [h.name for h in drained(hosts, state, marks) if h.name in urls]
+        drained_left_out(out, "drained: not registered")
         workers = tuple(url for name, url in urls.items() if name not in out)
         result = gateway_op.up(fleet.runner(host), host, config, workers, timeout)
     gateway_view.up_report(host.name, config.url, result)

@@ -20,6 +20,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Literal
 
 from orchestrator.facts import replacement
@@ -568,6 +569,7 @@ class HostHealth:
     name: str
     findings: list[Finding] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
+    drain_mark: datetime | None = None  # when ``orch drain`` took the host out, as its mark says (``ops.doctor``)
 
     @property
     def verdict(self) -> str:

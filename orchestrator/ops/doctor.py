@@ -8,11 +8,13 @@ a host doctor fails runs no step and joins no wave.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import RefusedError
 from orchestrator.facts import health, probe
 from orchestrator.fleet import FleetResult
+from orchestrator.gateway import drain_mark_argv, drained, parse_drain_mark
 from orchestrator.session import HostSession
 
 if TYPE_CHECKING:
@@ -34,9 +36,10 @@ def examine(
     sections = health.sections(host.sglang_dir, host.python, host.model_path, host.workdir)
     sections += health.nccl_sections(host.python, host.gpus, nccl) if nccl else []
     sections += [health.NET_SECTION] if interface_env else []
+    sections += [("drained", drain_mark_argv(host.workdir))]
     timeout = PROBE_TIMEOUT + (2 * (nccl + 5) if nccl else 0)
     found = probe.parse(session.runner.run(probe.probe_argv(sections), timeout=timeout).stdout)
-    return health.assess(
+    checked = health.assess(
         host.name,
         found,
         host.gpus,
@@ -47,6 +50,14 @@ def examine(
         nccl or health.NCCL_TIMEOUT,
         interface_env,
     )
+    mark = found.get("drained")
+    checked.drain_mark = parse_drain_mark(mark.output) if mark is not None and mark.ok else None
+    if checked.drain_mark is not None:
+        undrain = f"`orch undrain {host.name}` puts it back"
+        checked.findings.append(
+            health.Finding("note", f"drained since {checked.drain_mark:%Y-%m-%d %H:%M} UTC: {undrain}")
+        )
+    return checked
 
 
 def gather(results: FleetResult[health.HostHealth]) -> list[health.HostHealth]:
@@ -81,11 +92,23 @@ def require_healthy(session: HostSession) -> health.HostHealth:
     return checked
 
 
-def leave_out_failing(fleet: Fleet, hosts: list[Host], store: StateStore) -> tuple[list[Host], list[health.HostHealth]]:
-    """``hosts`` without those doctor fails, and those it fails (``serve --rolling``: a sick host is not
-    taken into the rollout). A host doctor cannot reach stays in: the rollout meets it and says so."""
+def leave_out_failing(fleet: Fleet, hosts: list[Host], store: StateStore) -> LeftOut:
+    """``hosts`` without those doctor fails and those drained (``serve --rolling``: neither is taken into the
+    rollout; a drained host keeps its server for inspection, sick or not). A host doctor cannot reach stays
+    in, unless this state records it drained: the rollout meets it and says so."""
     results = fleet.map_sessions(examine, store, hosts)
     results.raise_bugs()
-    sick = [r.value for r in results if r.value is not None and r.value.verdict == "fail"]
+    marks = {r.host.name: r.value.drain_mark for r in results if r.value is not None}
+    out = drained(hosts, store.read([h.name for h in hosts], history=False), marks)
+    sick = [r.value for r in results if r.value is not None and r.value.verdict == "fail" and r.host not in out]
     names = {h.name for h in sick}
-    return [h for h in hosts if h.name not in names], sick
+    return LeftOut([h for h in hosts if h.name not in names and h not in out], sick, out)
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """``leave_out_failing``'s answer: the hosts to roll, those doctor fails, and those drained."""
+
+    healthy: list[Host]
+    sick: list[health.HostHealth]
+    drained: list[Host]

@@ -4,29 +4,25 @@
 routing to the host (``DELETE /workers``, waited for), then its in-flight requests finish (the server's
 own ``/v1/loads``, bounded by ``timeout``). The server keeps running, for inspection; the host is
 marked drained on the host itself (``gateway.DRAIN_MARK``: what every orch reads, another controller's
-or one whose state was lost) and in the state (``HostState.drained_at``). A host is drained while either says so
-(``drained_since``): ``status`` shows it, ``gateway up`` and ``serve --rolling`` leave it out, ``run``
-refuses to replace its server. ``undrain`` first checks that the host serves (orch's server job runs and
+or one whose state was lost) and in the state (``HostState.drained_at``). A host is drained while either
+says so (``gateway.drained_at``; each command reads the mark in the round trip it makes to the host anyway):
+``status`` and ``doctor`` show it, ``gateway up`` and ``serve --rolling`` leave it out, ``run`` refuses
+to replace its server. ``undrain`` first checks that the host serves (orch's server job runs and
 answers ``/health`` from the host), then registers it, waits until the gateway routes to it, and clears both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
 from orchestrator import readers
 from orchestrator.errors import RefusedError
 from orchestrator.facts import server as facts
-from orchestrator.fleet import Fleet
-from orchestrator.gateway import GatewayClient, drain_mark_argv, drain_mark_path, parse_drain_mark
-from orchestrator.inventory import Host
+from orchestrator.gateway import GatewayClient, drain_mark_path
 from orchestrator.ops import rollout
 from orchestrator.recipe import Recipe
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, utc_now
-from orchestrator.store import StateStore
 
 
 @dataclass(frozen=True)
@@ -88,20 +84,3 @@ def _mark_argv(workdir: str, url: str) -> list[str]:
     script = f'[ -L "$1" ] && {{ echo "{link}" >&2; exit 78; }}; '
     script += '[ -e "$1" ] || { umask 077; printf "%s\\n" "$2" > "$1"; }'
     return ["sh", "-c", script, "orch-drain", drain_mark_path(workdir), url]
-
-
-def drained_since(session: HostSession) -> datetime | None:
-    """When the host was drained, as its mark says, else as this state records (a host drained by an orch
-    before the mark); None: not drained."""
-    found = parse_drain_mark(session.runner.run(drain_mark_argv(session.host.workdir), check=True).stdout)
-    return found or session.store.read([session.name], history=False).host(session.name).drained_at
-
-
-def drained(fleet: Fleet, store: StateStore, hosts: Sequence[Host]) -> list[Host]:
-    """Of ``hosts``, those ``orch drain`` took out of the gateway (``drained_since``; a host that cannot be read
-    is judged by the state's record): ``gateway up`` and ``serve --rolling`` leave them out."""
-    found = fleet.map_sessions(drained_since, lambda: store, list(hosts))
-    found.raise_bugs()
-    state = store.read([h.name for h in hosts], history=False)
-    recorded = {h.name for h in hosts if (hs := state.hosts.get(h.name)) is not None and hs.drained_at is not None}
-    return [r.host for r in found if r.value is not None or (r.error is not None and r.host.name in recorded)]

@@ -19,10 +19,20 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
 from orchestrator import jobs
-from orchestrator.errors import GatewayError, UsageError
-from orchestrator.gateway import GatewayClient, Served, api_key, fleet_urls, smg_argv
+from orchestrator.errors import GatewayError, RemoteCommandError, UsageError
+from orchestrator.facts import probe
+from orchestrator.gateway import (
+    GatewayClient,
+    Served,
+    api_key,
+    drain_mark_argv,
+    fleet_urls,
+    parse_drain_mark,
+    smg_argv,
+)
 from orchestrator.inventory import Gateway, Host, Inventory
 from orchestrator.readers import SERVER_PURPOSE
 from orchestrator.session import HostSession
@@ -57,12 +67,29 @@ def serving_urls(
     return {name: url for name, url in urls.items() if name in serving}
 
 
-def served(session: HostSession) -> Served | None:
-    """The server job orch runs on the host (None: none runs), as its job directory's command shows it: the
-    job holding the server purpose and its argv in one round trip (``jobs.held_argv``, as ``orch status``)."""
+@dataclass(frozen=True)
+class OnHost:
+    """What a host shows, whatever a state records: the server job orch runs there (None: none runs), as its
+    job directory's command shows it, and its drain mark (``drain_mark``: when ``orch drain`` took it out)."""
+
+    served: Served | None
+    drain_mark: datetime | None
+
+
+def on_host(session: HostSession) -> OnHost:
+    """The host's server job (the job holding the server purpose, and its argv: ``jobs.held_argv``, as
+    ``orch status``) and its drain mark, in one round trip."""
     workdir = session.host.workdir
-    held = jobs.parse_held(session.runner.run(jobs.held_argv(workdir, SERVER_PURPOSE), check=True).stdout, workdir)
-    return Served.of(held.argv) if held.job is not None and held.job.running else None
+    sections = [("held", jobs.held_argv(workdir, SERVER_PURPOSE)), ("drained", drain_mark_argv(workdir))]
+    found = probe.parse(session.runner.run(probe.probe_argv(sections), check=True).stdout)
+    held, mark = found.get("held"), found.get("drained")
+    if held is None or not held.ok:
+        why = (held.output.strip().splitlines() or ["?"])[-1] if held is not None else "no answer"
+        status = held.exit_status if held is not None else -1
+        raise RemoteCommandError(f"{session.name}: reading its server job failed: {why}", exit_status=status)
+    job = jobs.parse_held(held.output, workdir)
+    served = Served.of(job.argv) if job.job is not None and job.job.running else None
+    return OnHost(served, parse_drain_mark(mark.output) if mark is not None and mark.ok else None)
 
 
 def gateway_job(runner: Runner, host: Host) -> jobs.JobInfo | None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from orchestrator import server_job as server_host
 from orchestrator.errors import ExitCode, HostError, RefusedError, UsageError
@@ -47,11 +48,10 @@ from orchestrator.facts import git
 from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as server_facts
 from orchestrator.fleet import Fleet, FleetResult, HostResult
-from orchestrator.gateway import GatewayClient
+from orchestrator.gateway import GatewayClient, drained_at
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import doctor as doctor_op
-from orchestrator.ops import drain as drain_op
 from orchestrator.ops import group as group_op
 from orchestrator.ops import profile as profile_op
 from orchestrator.ops import pull as pull_op
@@ -567,8 +567,8 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
     that will benchmark: its dataset file (``bench_op.prepare_dataset``), so a missing one stops nothing."""
 
     def check(session: HostSession) -> None:  # a serve done before may be redone (its server gone)
-        doctor_op.require_healthy(session)
-        _refuse_drained(ctx, session, steps[session.name])
+        checked = doctor_op.require_healthy(session)
+        _refuse_drained(ctx, session, steps[session.name], checked.drain_mark)
         serve = next((s for s in steps[session.name] if isinstance(s.options, ServeOptions)), None)
         if serve is not None:
             assert isinstance(serve.options, ServeOptions)
@@ -594,17 +594,19 @@ def check_launch(ctx: RunContext, session: HostSession, options: ServeOptions) -
         group_op.rank_command(session, ctx.recipe(session.host), options, rank)
 
 
-def _refuse_drained(ctx: RunContext, session: HostSession, steps: list[Step]) -> None:
-    """A host ``orch drain`` took out keeps its server for inspection: no step may stop or replace it (nor
-    put it back in the gateway) until ``orch undrain``."""
-    drained_at = drain_op.drained_since(session)
-    if drained_at is None:
+def _refuse_drained(ctx: RunContext, session: HostSession, steps: list[Step], mark: datetime | None) -> None:
+    """A host ``orch drain`` took out (``mark``: its drain mark, as doctor's round trip read it; else this
+    state's record) keeps its server for inspection: no step may stop or replace it (nor put it back in the
+    gateway) until ``orch undrain``."""
+    record = session.store.read([session.name], history=False).hosts.get(session.name)
+    since = drained_at(mark, record)
+    if since is None:
         return
     rank = ctx.ranks.get(session.name)
     group = (rank, ctx.peers) if rank is not None else None
     if stopping := stopping_steps(session, ctx.recipe(session.host), steps, ctx.redo, group):
         raise RefusedError(
-            f"{session.name}: drained since {drained_at:%Y-%m-%d %H:%M} UTC, its server kept for inspection: "
+            f"{session.name}: drained since {since:%Y-%m-%d %H:%M} UTC, its server kept for inspection: "
             f"{' and '.join(stopping)} would stop it",
             hint=f"`orch undrain {session.name}` first, or leave it out (--host)",
         )

@@ -49,10 +49,20 @@ def skipped_lines(sick: Sequence[HostHealth], drained: Sequence[Host] = ()) -> N
     before the first wave."""
     from orchestrator.render import err, inert
 
-    lines = [refusal(h) for h in sick]
-    lines += [f"{h.name}: skipped: drained (`orch undrain {h.name}` puts it back)" for h in drained]
-    for line in lines:
+    for line in map(refusal, sick):
         err.print(inert(line), markup=False, highlight=False, soft_wrap=True)
+    drained_left_out([h.name for h in drained], "skipped: drained")
+
+
+def drained_left_out(names: Sequence[str], what: str) -> None:
+    """The line on stderr per drained host a command leaves out (``gateway up``: ``drained: not registered``;
+    ``serve --rolling``: ``skipped: drained``), saying how to put it back."""
+    from orchestrator.render import err, inert
+
+    for name in names:
+        err.print(
+            inert(f"{name}: {what} (`orch undrain {name}` puts it back)"), markup=False, highlight=False, soft_wrap=True
+        )
 
 
 def drained_line(name: str, drained: Drained) -> str:

@@ -52,13 +52,6 @@ def report(result: GatewayCheck) -> None:
     )
 
 
-def drained_left_out(names: list[str]) -> None:
-    """``gateway up``'s line per serving host it does not register: ``orch drain`` took it out."""
-    for name in names:
-        line = f"{name}: drained: not registered (`orch undrain {name}` puts it back)"
-        render.err.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
 def gate_lines(host: str, gate: GateRecord) -> list[str]:
     """The decision and both numbers: ``sim-1: promotion gate PASSED: canary 1,234.5 tok/s vs baseline
     1,000.0 tok/s ('before', 2026-12-02 01:40 UTC); accept length 3.10 (minimum 2.80)``, then each reason."""

@@ -121,6 +121,8 @@ def test_drain_takes_the_host_out_of_the_gateway_keeps_it_serving_and_undrain_pu
     (line,) = [row for row in status.stdout.splitlines() if row.startswith("sim-2 ")]
     assert line.rstrip().endswith("drained") and "serving but not registered" not in status.output, status.output
     assert "drained_at" in status_of(served, "sim-2")
+    doctor = served.env.orch("doctor", "sim-2")  # says so too: read in its one round trip
+    assert "drained since " in doctor.stdout and "`orch undrain sim-2` puts it back)" in doctor.stdout, doctor.output
 
     rolled = served.env.orch("serve", "--rolling", "--yes")  # a rollout does not put a drained host back
     assert rolled.returncode == 0, rolled.output

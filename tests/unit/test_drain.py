@@ -1,12 +1,20 @@
-"""``orch drain``'s mark on the host (``ops.drain``, ``gateway.DRAIN_MARK``), written and read by the real shell."""
+"""``orch drain``'s mark on the host (``ops.drain``, ``gateway.DRAIN_MARK``), written and read by the real shell,
+and read with the server job in the one round trip the gateway commands make (``ops.gateway.on_host``)."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
-from orchestrator.gateway import drain_mark_argv, parse_drain_mark
+from orchestrator import jobs
+from orchestrator.gateway import Served, drain_mark_argv, parse_drain_mark
+from orchestrator.inventory import Host
+from orchestrator.ops import gateway as gateway_op
 from orchestrator.ops.drain import _mark_argv
+from orchestrator.readers import SERVER_PURPOSE
+from orchestrator.session import HostSession
+from orchestrator.store import StateStore
+from orchestrator.transport.local import LocalRunner
 
 
 def test_the_mark_is_written_once_and_read_back_as_when_the_host_was_drained(tmp_path: Path) -> None:
@@ -31,3 +39,32 @@ def test_a_link_in_the_marks_place_is_never_followed(tmp_path: Path) -> None:
     assert not target.exists()
     target.write_text("1")  # a link to a file: still no drain mark
     assert subprocess.run(drain_mark_argv(str(tmp_path)), capture_output=True, text=True).stdout == ""
+
+
+class CountingRunner(LocalRunner):
+    """A local runner that counts the commands it runs (each is one round trip over SSH)."""
+
+    commands = 0
+
+    def run(self, argv, **kwargs):  # type: ignore[no-untyped-def, override]
+        self.commands += 1
+        return super().run(argv, **kwargs)
+
+
+def test_gateway_commands_read_the_server_job_and_the_drain_mark_in_one_round_trip(tmp_path: Path) -> None:
+    host = Host(name="local", address="localhost", transport="local", workdir=str(tmp_path / "work"))
+    runner = CountingRunner(host)
+    session = HostSession(host, runner, StateStore(tmp_path / "state.db"))
+    assert (gateway_op.on_host(session), runner.commands) == (gateway_op.OnHost(None, None), 1)
+    argv = ["sh", "-c", "sleep 60", "--host", "127.0.0.1", "--node-rank", "0"]  # sh takes --host as its $0
+    job = jobs.start(runner, host.workdir, jobs.JobSpec("server", SERVER_PURPOSE, argv))
+    try:
+        assert subprocess.run(_mark_argv(host.workdir, "http://127.0.0.1:30000")).returncode == 0
+        runner.commands = 0
+        shown = gateway_op.on_host(session)
+        assert runner.commands == 1 and shown.served == Served(bind="127.0.0.1", rank=0)
+        mtime = (tmp_path / "work" / "drained").stat().st_mtime
+        assert shown.drain_mark is not None and int(shown.drain_mark.timestamp()) == int(mtime)
+    finally:
+        jobs.stop(runner, jobs.find(runner, host.workdir, job.job_id), grace_seconds=1)
+    assert gateway_op.on_host(session).served is None  # ended: no server, the mark still read
