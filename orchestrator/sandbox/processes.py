@@ -2,7 +2,10 @@
 
 A process belongs to a host when its environment holds ``ORCH_SIM_HOST=<host root>`` (the host's sshd,
 its per-connection children and every session process inherit it; the local transport passes it) or
-its command line names a file under the host root. This process and its ancestors are never touched.
+its command line names a file under the host root, or it runs in a session whose leader is such a process
+(every job orch starts leads a session of its own: a process that rewrote its environment and command line,
+as ``smg`` does when it renames itself ``smg::router``, is still found; a session led by anything else, a
+terminal's, is never taken whole). This process, its ancestors and their sessions are never touched.
 """
 
 from __future__ import annotations
@@ -23,12 +26,23 @@ def _read(path: str) -> bytes:
         return b""
 
 
+def _stat(pid: int) -> list[bytes]:
+    """``/proc/PID/stat``'s fields after the command name: state, ppid, pgrp, session, ... (none: gone)."""
+    stat = _read(f"/proc/{pid}/stat")
+    return stat[stat.rindex(b")") + 2 :].split() if stat else []
+
+
+def _session(pid: int) -> int:
+    fields = _stat(pid)
+    return int(fields[3]) if fields else 0
+
+
 def _ancestors() -> set[int]:
     pids, pid = set(), os.getpid()
     while pid > 1:
         pids.add(pid)
-        stat = _read(f"/proc/{pid}/stat")
-        pid = int(stat[stat.rindex(b")") + 2 :].split()[1]) if stat else 0
+        fields = _stat(pid)
+        pid = int(fields[1]) if fields else 0
     return pids
 
 
@@ -39,10 +53,12 @@ def belongs_to(pid: int, roots: Iterable[Path]) -> bool:
 
 
 def host_pids(roots: Iterable[Path]) -> list[int]:
-    """Live processes of the hosts rooted at ``roots``."""
+    """Live processes of the hosts rooted at ``roots``, and the other processes of the sessions they lead."""
     roots, mine = list(roots), _ancestors()
-    pids = (int(entry) for entry in os.listdir("/proc") if entry.isdigit())
-    return [pid for pid in pids if pid not in mine and belongs_to(pid, roots)]
+    pids = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    found = {pid for pid in pids if pid not in mine and belongs_to(pid, roots)}
+    led = {pid for pid in found if _session(pid) == pid} - {_session(pid) for pid in mine}
+    return [pid for pid in pids if pid not in mine and (pid in found or _session(pid) in led)]
 
 
 def kill_host_processes(roots: Iterable[Path], rounds: int = 5) -> None:
