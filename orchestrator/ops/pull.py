@@ -88,8 +88,15 @@ def plan(host: Host, install: bool) -> list[list[str]]:
     return steps
 
 
+READ_SHOWN = "<orch's read of the checkout: commit, branch, subject, upstream, behind and ahead, when fetched>"
+"""How ``--dry-run`` shows the read-only script that reads the checkout (``git.info_argv``: 19 lines of shell)."""
+
+
 def dry_run_lines(host: Host, install: bool) -> list[str]:
-    return [shell_command(argv, env=host.env or None) for argv in plan(host, install)]
+    """The pull's commands, one line each: the checkout read (read-only) by what it reads, not its script."""
+    steps = plan(host, install)
+    steps[0] = [READ_SHOWN if arg == steps[0][2] else arg for arg in steps[0]]
+    return [shell_command(argv, env=host.env or None) for argv in steps]
 
 
 def install_argv(host: Host) -> list[str]:
