@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.text import find_secret, is_env_name, looks_secret
-from orchestrator.yamlfile import control_character, load_yaml, read_text
+from orchestrator.yamlfile import YamlModel, control_character, load_yaml, read_text
 
 DEFAULT_INVENTORY = Path("hosts.yaml")
 MAX_NAME_BYTES = 200
@@ -36,7 +36,7 @@ GROUP_ALIKE_KEYS = ("gpus", "model_path")
 GATEWAY_OWN_FLAGS = ("--host", "--port", "--prometheus-host", "--prometheus-port", "--worker-urls", "--api-key")
 
 
-class HostSettings(BaseModel):
+class HostSettings(YamlModel):
     """Every key a host may set, all with defaults; ``defaults:`` in hosts.yaml sets them for all hosts."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -150,7 +150,7 @@ class Host(HostSettings):
         return f"{self.name} ({self.address})"
 
 
-class ReplicaGroup(BaseModel):
+class ReplicaGroup(YamlModel):
     """``groups:`` in hosts.yaml: hosts that together run one server (issue 26), e.g. DeepSeek-V4-Pro with
     pipeline parallelism over two 8-GPU hosts.
 
@@ -198,7 +198,7 @@ class ReplicaGroup(BaseModel):
         return self.hosts[0]
 
 
-class Gateway(BaseModel):
+class Gateway(YamlModel):
     """``gateway:`` in hosts.yaml: the SGLang Model Gateway (``smg``) in front of the fleet (issue 12).
 
     ``api_key_env`` names the environment variable holding the gateway's API key: the key itself is
@@ -418,7 +418,19 @@ def _validate_defaults(path: Path, raw: Any) -> dict[str, Any]:
     return raw
 
 
+def _check_name(path: Path, kind: str, name: str) -> None:
+    """A host or group name is one word on the command line (``--host NAME``), in every table row and log
+    line: not empty, without whitespace or ``/``, not starting with ``-`` (an option)."""
+    if not name or name.startswith("-") or "/" in name or any(c.isspace() for c in name):
+        raise ConfigError(
+            f"{path}: {kind} {name!r}: not a usable name: it must be one word (no spaces or '/', not empty, "
+            "not starting with '-'): it is typed on the command line and labels every table, log line and metric",
+            hint=f"rename the {kind} (e.g. blackwell-1; the address stays as it is)",
+        )
+
+
 def _validate_host(path: Path, name: str, spec: Any, defaults: dict[str, Any]) -> Host:
+    _check_name(path, "host", name)
     if not isinstance(spec, dict):
         raise ConfigError(f"{path}: host {name!r}: settings must be a mapping with at least 'address'")
     if len(name.encode()) > MAX_NAME_BYTES:
@@ -484,6 +496,7 @@ def _validate_groups(path: Path, raw: Any, hosts: dict[str, Host]) -> dict[str, 
 
 def _validate_group(path: Path, name: str, spec: Any, hosts: dict[str, Host]) -> ReplicaGroup:
     where = f"group {name!r}"
+    _check_name(path, "group", name)
     if not isinstance(spec, dict):
         raise ConfigError(f"{path}: {where}: settings must be a mapping with 'hosts' and 'playbook'")
     if name in hosts:

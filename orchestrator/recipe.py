@@ -12,13 +12,13 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.errors import ConfigError
 from orchestrator.text import find_secret, is_env_name, looks_secret
 from orchestrator.tuning_record import STUCK_AFTER_S
 from orchestrator.tuning_record import Shape as Shape  # the one shape type, re-exported: the playbook's shapes
-from orchestrator.yamlfile import control_character, load_yaml, read_text
+from orchestrator.yamlfile import YamlModel, control_character, load_yaml, read_text
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 MAX_BATCH_SIZE = 65536
@@ -51,7 +51,7 @@ PACKAGED_PLAYBOOKS = (Path(__file__).resolve().parent / "playbooks").resolve()
 _FLAG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
-class _Strict(BaseModel):
+class _Strict(YamlModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, populate_by_name=True, defer_build=True, allow_inf_nan=False
     )  # allow_inf_nan: a `.nan` min_accept would switch the accept-length check off

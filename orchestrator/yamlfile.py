@@ -14,6 +14,9 @@ once, so a refusal takes milliseconds. Ordinary ``<<: *defaults`` merges count t
 ``control_character`` finds a control character (newline, CR, NUL, escape, ...) in the keys and values
 of a loaded document: orch passes paths and environment values to hosts literally, and there such a
 character cuts or changes them, so the inventory and playbook loaders refuse it.
+
+``YamlModel`` is the base of the models those files are validated into: YAML reads ``true``, ``yes``, ``on``
+as booleans, and pydantic would take one as 1 where a number is asked (``server_port: true`` served on port 1).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import UnionType
+from typing import TYPE_CHECKING, Any, Union, get_args, get_origin
 
 import yaml
+from pydantic import BaseModel, ValidationInfo, field_validator
 
 from orchestrator.errors import ConfigError
 
@@ -184,3 +189,19 @@ def control_character(document: Any) -> tuple[str, str] | None:
         elif isinstance(value, list):
             stack.extend((f"{where}[{n}]", v) for n, v in reversed(list(enumerate(value))))
     return None
+
+
+class YamlModel(BaseModel):
+    """A model of what a user writes in YAML: a boolean where a number is asked is an error, not 1 or 0."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name is not None:
+            annotation = cls.model_fields[info.field_name].annotation
+            kinds = set(get_args(annotation)) if get_origin(annotation) in (Union, UnionType) else {annotation}
+            if kinds & {int, float} and bool not in kinds:
+                raise ValueError(
+                    "must be a number, not a boolean (YAML reads true, yes, on, false, no, off as booleans)"
+                )
+        return value

@@ -28,6 +28,15 @@ def test_playbook_duplicate_key_names_both_lines(tmp_path: Path) -> None:
     assert info.value.exit_code == ExitCode.USAGE
 
 
+def test_a_boolean_where_a_playbook_asks_a_number_is_refused_not_read_as_one(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("model: m\narchitecture: a\nbench:\n  num_prompts: yes\nserver_args:\n  enable-x: true\n")
+    with pytest.raises(ConfigError, match=r"key 'bench\.num_prompts': must be a number, not a boolean"):
+        load_recipe(path)
+    path.write_text("model: m\narchitecture: a\nserver_args:\n  enable-x: true\n")  # a flag's value may be one
+    assert load_recipe(path).server_args == {"enable-x": True}
+
+
 def test_playbook_syntax_error_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text("model: m\narchitecture: [a\n")

@@ -44,6 +44,12 @@ def test_repository_example_loads_with_defaults_inherited() -> None:
         ("hosts:\n  a: [1]\n", "host 'a': settings must be a mapping"),
         ("hosts:\n  a:\n    address: h\n  : bad\n", "hosts.yaml"),
         ("hosts: {a: {address: h}\n", "not valid YAML"),
+        # YAML's booleans where a number is asked: pydantic took true as 1 (a server moved to port 1)
+        ("hosts:\n  a:\n    address: h\n    server_port: true\n", "host 'a', key 'server_port': must be a number"),
+        ("defaults:\n  gpus: yes\nhosts:\n  a:\n    address: h\n", "defaults, key 'gpus': must be a number"),
+        ("hosts:\n  '':\n    address: h\n", "host '': not a usable name"),
+        ("hosts:\n  sim 2/x:\n    address: h\n", "host 'sim 2/x': not a usable name"),
+        ("hosts:\n  -x:\n    address: h\n", "host '-x': not a usable name"),
     ],
 )
 def test_bad_inventory_names_file_host_and_key(tmp_path: Path, text: str, expected: str) -> None:
