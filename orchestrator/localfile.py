@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 from pathlib import Path
 
 
 def replace_file(path: Path, data: bytes, mode: int = 0o644) -> None:
     """``path`` replaced by ``data`` through a new file beside it, renamed over it: a write refused or cut
     off leaves the old file as it was, and a symbolic link at ``path`` is replaced, never followed (orch did
-    not make it). ``OSError`` when it cannot be written (nothing is left behind)."""
+    not make it). Anything else already there that is not a regular file (a device such as ``/dev/null``, a
+    pipe, a directory) is left alone. ``OSError`` when it cannot be written (nothing is left behind)."""
+    if not path.name or path.name in (".", ".."):
+        raise OSError(errno.EINVAL, "not a file name")
+    with contextlib.suppress(FileNotFoundError):
+        found = os.lstat(path).st_mode
+        if not stat.S_ISREG(found) and not stat.S_ISLNK(found):
+            raise OSError(errno.EEXIST, "it exists and is not a regular file (a device, a pipe or a directory)")
     temp = path.with_name(f".{path.name}.orch-{os.getpid()}")
     try:
         with open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode), "wb") as out:

@@ -94,9 +94,9 @@ def forget(app: App, name: str, yes: bool) -> int:
 
 
 @state.command()
-@click.argument("file", type=click.Path(path_type=Path, dir_okay=False), default="-")
+@click.argument("file", type=click.Path(dir_okay=False), default="-")
 @pass_app
-def export(app: App, file: Path) -> int:
+def export(app: App, file: str) -> int:
     """Write the whole state (every host with its history, the plans, the last rollout) as one JSON file
     (default: stdout), in the shape of the State model (docs/state.md). FILE is replaced whole, mode 0600 like
     the database it copies.
@@ -106,11 +106,15 @@ def export(app: App, file: Path) -> int:
       orch state export state.json
       orch state export | jq '.hosts | keys'
     """
+    if not file or file.endswith("/"):
+        raise UsageError(
+            f"state export: {file!r} is not a file name", hint="name a file, e.g. state.json, or - for stdout"
+        )
     text = app.store.read().model_dump_json(indent=2) + "\n"
-    if str(file) == "-":
+    if file == "-":
         sys.stdout.write(text)
     else:
-        _replace(file, text)
+        _replace(Path(file), text)
         click.echo(f"state written to {file}", err=True)
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -92,3 +93,9 @@ def test_state_export_replaces_the_file_whole_private_and_says_where_it_cannot_w
     assert nowhere.returncode == 2
     assert f"orch: error: cannot write the state export {tmp_path}/missing/export.json: No such file" in nowhere.stderr
     assert "Traceback" not in nowhere.output
+    os.mkfifo(tmp_path / "pipe")  # a device, a pipe: left alone (as root, /dev/null became a 0600 file)
+    for name, said in (("", "'' is not a file name"), (f"{tmp_path}/new/", "is not a file name"),
+                       (f"{tmp_path}/pipe", "it exists and is not a regular file")):  # fmt: skip
+        refused = orch("--state", str(path), "state", "export", name)
+        assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.output, refused.output
+    assert (tmp_path / "pipe").is_fifo() and not (tmp_path / "new").exists()

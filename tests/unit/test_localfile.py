@@ -43,3 +43,14 @@ def test_a_write_that_fails_leaves_the_old_file_and_nothing_else(
         replace_file(path, b"new")
     assert path.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export.json"]
+
+
+def test_what_is_not_a_regular_file_is_left_alone(tmp_path: Path) -> None:
+    pipe = tmp_path / "null"
+    os.mkfifo(pipe)  # as /dev/null would be: `orch state export /dev/null` as root replaced the device
+    (tmp_path / "dir").mkdir()
+    for path in (pipe, tmp_path / "dir", tmp_path / "."):
+        with pytest.raises(OSError, match=r"not a regular file|not a file name"):
+            replace_file(path, b"new")
+    assert pipe.is_fifo() and (tmp_path / "dir").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "null"]
