@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator import jobs
-from orchestrator.errors import OrchError, RefusedError, RemoteCommandError, UsageError
+from orchestrator.errors import OrchError, RefusedError, RemoteCommandError, StateError, UsageError
 from orchestrator.facts import bench as facts
 from orchestrator.facts import git
 from orchestrator.facts import server as server_facts
@@ -400,7 +400,14 @@ def _start(host: Host, runner: Runner, store: StateStore, plan: _Plan) -> tuple[
         raise _profiling(host, busy.job_id) from None
     if started.attached:
         return started.job_id, _attached_plan(host, store, started.job_id), True
-    _record_job(host, store, started.job_id, started.pid, plan)
+    try:
+        _record_job(host, store, started.job_id, started.pid, plan)
+    except StateError as exc:  # the job runs on: the next `orch bench` there adopts it (``_unrecorded``)
+        raise StateError(
+            f"{exc.message}; benchmark job {started.job_id} started on {host.name} and runs on: the next "
+            "`orch bench` there collects it (under its own label)",
+            hint=exc.hint,
+        ) from exc
     return started.job_id, plan, False
 
 

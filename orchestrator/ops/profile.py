@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 
 from orchestrator import jobs
-from orchestrator.errors import RefusedError, RemoteCommandError
+from orchestrator.errors import RefusedError, RemoteCommandError, StateError
 from orchestrator.facts import bench as bench_facts
 from orchestrator.facts import profile as facts
 from orchestrator.facts import server as server_facts
@@ -80,6 +80,7 @@ def profile(session: HostSession, spec: BenchSpec, options: ProfileOptions, resu
     """
     host, runner, store = session.host, session.runner, session.store
     server = bench_op.require_server(host, runner, store, doing="profile")
+    store.check_writable()  # a state another orch holds fails the profile now, not after its load and traces
     url = server_facts.url(server_facts.argv_address(server.argv), server.port)
     run = f"{utc_now():%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
     directory, prefix = f"{host.workdir.rstrip('/')}/profiles/{run}", f"orch-{run}"
@@ -106,7 +107,11 @@ def profile(session: HostSession, spec: BenchSpec, options: ProfileOptions, resu
         raise _benchmarking(host, busy.job_id, "its profile was stopped before its load started") from None
     found, stopped = _wait_for_traces(host, runner, url, directory, prefix, deadline)
     record = _summarise(session, server, options, (directory, prefix), found)
-    store.update_host(host.name, lambda hs: _store(hs, record))
+    try:
+        store.update_host(host.name, lambda hs: _store(hs, record))
+    except StateError as exc:
+        raise StateError(f"{exc.message}; the profile is not stored: its traces stay in {directory} on {host.name}",
+                         hint=exc.hint) from exc  # fmt: skip
     return ProfileRun(record, directory, stopped)
 
 

@@ -102,3 +102,26 @@ def test_pull_that_cannot_take_the_state_lock_moves_nothing(make_fleet) -> None:
     assert env.orch("pull").returncode == 0  # the lock released: the same pull goes through
     assert head_commit(host) != before
     assert StateStore(env.state).read().hosts[host.name].sglang.commit == head_commit(host)  # type: ignore[union-attr]
+
+
+def test_bench_and_profile_under_a_held_state_say_what_they_left_on_the_host(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    """A benchmark started before its record waited past the lock: exit 4, and the error says the job runs on (it
+    said only that the state was locked); a profile checks the lock before it starts anything."""
+    env = make_fleet(1)
+    [host] = load_inventory(env.inventory).hosts.values()
+    assert env.orch("serve").returncode == 0
+    locked = ("-i", str(env.inventory), "--state", str(env.state))
+    holder = hold_state_lock(env.state)
+    try:
+        bench = run_orch(*locked, "bench", "--label", "held", *SMALL, env={"ORCH_LOCK_TIMEOUT": "2"})
+        profiled = run_orch(*locked, "profile", env={"ORCH_LOCK_TIMEOUT": "2"})
+    finally:
+        holder.close()
+    [started] = bench_dirs(host)
+    assert bench.returncode == 4 and "is locked by another orch" in bench.stderr, bench.output
+    assert f"benchmark job {started.name} started on {host.name} and runs on" in " ".join(bench.stderr.split())
+    assert profiled.returncode == 4 and "is locked by another orch" in profiled.stderr, profiled.output
+    assert not list(Path(host.workdir, "jobs").glob("profile-*")) and not Path(host.workdir, "profiles").exists()
+    again = env.orch("bench", "--label", "held", *SMALL)  # collected, not started again
+    assert again.returncode == 0 and "started none" in again.stdout, again.output
+    assert bench_dirs(host) == [started]
