@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NoReturn
 
 import click
 
@@ -53,13 +54,23 @@ def rolling_options(command: F) -> F:
 
 def rolling_default(app: App, rolling: bool | None, chosen: bool, dry_run: bool) -> bool:
     """``--rolling/--no-rolling`` of ``serve`` and ``run``: unset, it is on for the whole fleet (no
-    ``--host``/``--tag``) when the inventory has a gateway, and says so; never for a dry run."""
-    if rolling is None and not dry_run and not chosen and app.inventory.gateway is not None:
-        render.err.print(
-            f"the inventory has a gateway: rolling relaunch ({inert(app.inventory.gateway.url)})", style="bold"
-        )
+    ``--host``/``--tag``) when the inventory has a gateway, and says so (a dry run does not: it plans each
+    host's relaunch, never rolls). ``--rolling`` without a ``gateway:`` is exit 2, a dry run's too."""
+    if rolling and app.inventory.gateway is None:
+        _no_gateway(app)
+    if rolling is None and not chosen and app.inventory.gateway is not None:
+        if not dry_run:
+            url = inert(app.inventory.gateway.url)
+            render.err.print(f"the inventory has a gateway: rolling relaunch ({url})", style="bold")
         return True
-    return bool(rolling) and not dry_run
+    return bool(rolling)
+
+
+def _no_gateway(app: App) -> NoReturn:
+    raise UsageError(
+        f"--rolling needs the gateway in front of the fleet: {app.inventory.path} has no 'gateway:'",
+        hint=NO_GATEWAY_HINT,
+    )
 
 
 def gate_needs_rolling(gate: str | None, rolling: bool) -> None:
@@ -85,10 +96,7 @@ def rollout_client(app: App, canary: str | None) -> GatewayClient:
     ``--canary`` tag is exit 2, an unreachable or refusing gateway exit 3."""
     gateway = app.inventory.gateway
     if gateway is None:
-        raise UsageError(
-            f"--rolling needs the gateway in front of the fleet: {app.inventory.path} has no 'gateway:'",
-            hint=NO_GATEWAY_HINT,
-        )
+        _no_gateway(app)
     if canary is not None:
         app.select(tags=(canary,))
     client = GatewayClient(gateway)

@@ -89,10 +89,10 @@ def serve(
     ranks = group_op.ranks(app.inventory, selected, chosen)
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run)
     gate_needs_rolling(gate, rolling)
-    if rolling:
-        if gate is not None:
-            hint = "roll the group without --gate, or select the hosts outside groups with --host"
-            group_op.refuse_not_built(ranks, "--gate bench", hint)
+    if rolling and gate is not None:  # a group's promotion gate is not built yet (issue 26): exit 2, a dry run too
+        hint = "roll the group without --gate, or select the hosts outside groups with --host"
+        group_op.refuse_not_built(ranks, "--gate bench", hint)
+    if rolling and not dry_run:  # a dry run plans each host's relaunch
         return rolling_serve(app, selected, chosen, options, parallel, max_unavailable, canary, gate, ranks)
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter

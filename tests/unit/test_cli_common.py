@@ -135,3 +135,15 @@ def test_a_float_flag_refuses_nan_before_any_host(tmp_path: Path, orch: Callable
     result = orch("-i", str(tmp_path / "absent.yaml"), "profile", "--timeout", "nan")
     assert result.returncode == 2
     assert "Invalid value for '--timeout': 'nan' is not a finite number" in result.stderr
+
+
+@pytest.mark.parametrize("command", [["serve", "--rolling", "--force"], ["run", "--rolling", "--from", "serve"]])
+def test_a_rolling_dry_run_without_a_gateway_is_refused_as_the_command_would_be(
+    tmp_path: Path, orch: Callable[..., OrchRun], command: list[str]
+) -> None:
+    inventory = tmp_path / "hosts.yaml"  # its host is never contacted: the refusal comes first
+    inventory.write_text("hosts:\n  sim-1: {address: 127.0.0.1, port: 9}\n")
+    for dry in ([], ["--dry-run"]):
+        result = orch("-i", str(inventory), "--state", str(tmp_path / "s.db"), *command, *dry, "--yes")
+        assert result.returncode == 2, result.output  # the dry run exited 0, showing a plain relaunch
+        assert f"--rolling needs the gateway in front of the fleet: {inventory} has no 'gateway:'" in result.stderr
