@@ -129,12 +129,13 @@ def status_field(
 ) -> dict[str, Any] | None:
     """The ``server`` field of ``orch status`` (None when the host runs no server of orch's and this state
     records none): healthy or not, MTP on/off with the live accept length, the tuned shapes in use (as
-    verified at launch), uptime (by the host's clock when it said it: a host clock behind the controller's
-    never makes it negative) and the server job; a server orch stopped is ``job_state`` ``stopped`` with who
-    stopped it and when (never the ``succeeded`` of its drained exit), also when an orch this state does not
-    record stopped it (its job directory says orch asked it to stop: ``STOPPED_ELSEWHERE``). A running server
-    job the record does not know is shown as the host runs it, ``recorded`` False. A replica group's rank
-    (``group``, ``rank``) other than rank 0 is healthy while its job runs: only rank 0 answers HTTP."""
+    verified at launch; ``verified`` False: not known, this state never verified it), uptime (by the host's
+    clock when it said it: a host clock behind the controller's never makes it negative) and the server job; a
+    server orch stopped is ``job_state`` ``stopped`` with who stopped it and when (never the ``succeeded`` of
+    its drained exit), also when an orch this state does not record stopped it (its job directory says orch
+    asked it to stop: ``STOPPED_ELSEWHERE``). A running server job the record does not know is shown as the
+    host runs it, ``recorded`` False. A replica group's rank (``group``, ``rank``) other than rank 0 is healthy
+    while its job runs: only rank 0 answers HTTP."""
     unrecorded = unrecorded_server(jobs_out, record)
     if unrecorded is not None:
         return _unrecorded_field(http_out, unrecorded, now)
@@ -160,6 +161,7 @@ def status_field(
         "accept_length": facts.avg_accept_length(info) if info else None,
         "simulated": facts.is_simulated(info) if info else record.verification.simulated,
         "tuned_shapes_in_use": list(record.verification.tuned_shapes_in_use),
+        "verified": record.verified is not None,  # False: the shapes in use are not known (none is not 0)
         "resolved": facts.settings_line(record.verification.resolved, record.verification.asked) or None,
         "uptime_s": _uptime(job, seen.host_now or now) if running and job else None,
         "recorded": True,
@@ -186,6 +188,7 @@ def _unrecorded_field(http_out: str | None, seen: jobs.Held, now: datetime) -> d
         "accept_length": facts.avg_accept_length(info) if info else None,
         "simulated": facts.is_simulated(info) if info else False,
         "tuned_shapes_in_use": [],
+        "verified": False,
         "uptime_s": _uptime(seen.job, seen.host_now or now),
         "recorded": False,
         "commit": seen.env.get(LAUNCHED_COMMIT),

@@ -148,14 +148,21 @@ def step_durations(spans: Sequence[PhaseSpan], now: datetime) -> list[tuple[str,
 
 def tuned_shapes(hs: HostState) -> list[list[str]]:
     """One row per shape tuned (installed by ``orch tune-fp8``) or looked up by the server: when it was
-    installed, for which SGLang commit, and whether the server reads it (its verification said so)."""
+    installed, for which SGLang commit, and whether the server reads it (its verification said so; a server
+    stopped or not healthy since is named so: ``read by the server stopped 2026-12-05 20:37``)."""
     installed = _installed(hs)
-    verified = hs.server.verification if hs.server else Verification()
+    server = hs.server
+    verified = server.verification if server else Verification()
     in_use, fallback = set(verified.tuned_shapes_in_use), verified.fallback
+    used = "in use"
+    if server is not None and server.stopped_at is not None:
+        used = f"read by the server stopped {fmt_time(server.stopped_at)}"
+    elif server is not None and server.healthy is False:
+        used = "read by the server, not healthy since"
     rows = []
     for key in dict.fromkeys([*installed, *verified.tuned_shapes_in_use, *fallback]):
         done = installed.get(key)
-        use = "in use" if key in in_use else (f"not used: {fallback[key]}" if key in fallback else "-")
+        use = used if key in in_use else (f"not used: {fallback[key]}" if key in fallback else "-")
         rows.append([key, fmt_time(done.installed_at) if done else "-", done.commit[:10] if done else "-", use])
     return rows
 
@@ -182,6 +189,10 @@ def server_settings(hs: HostState) -> list[tuple[str, str]]:
         rows.append(("speculative", ", ".join(f"{k} {v}" for k, v in speculative.items())))
     rows.append(("FP8 GEMM backend", facts.fp8_backend(server.argv, server.verification.fp8_backend)))
     rows.append(("started (UTC)", fmt_time(server.started_at)))
+    if server.stopped_at is not None:
+        rows.append(
+            ("stopped (UTC)", fmt_time(server.stopped_at) + (f" by {server.stopped_by}" if server.stopped_by else ""))
+        )
     rows.append(("healthy", {None: "unknown", True: "yes", False: "no"}[server.healthy]))
     if server.verified is not None:
         shown = {"tuned_shapes_in_use", "fallback"}  # in the tuned shapes section

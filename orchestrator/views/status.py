@@ -240,7 +240,8 @@ def _server_cell(v: HostStatus, now: datetime | None = None) -> str:
     mtp = f"MTP on{accept}" if s["mtp"] else "MTP off"
     uptime = _uptime(s.get("uptime_s") or 0)
     commits = _commits(s)
-    line = f"healthy, {mtp}, {len(s['tuned_shapes_in_use'])} tuned shapes, up {uptime}, job {s['job']}{rank}"
+    shapes = f"{len(s['tuned_shapes_in_use'])} tuned shapes" if s.get("verified", True) else "tuned shapes not verified"
+    line = f"healthy, {mtp}, {shapes}, up {uptime}, job {s['job']}{rank}"
     if s.get("recorded") is False:
         line += " (not recorded in this state database: started by another controller or state directory)"
     line = f"{line}; {commits}" if commits else line

@@ -233,6 +233,16 @@ def test_the_server_settings_say_a_replica_groups_rank(group: str | None, rank: 
     assert settings[: len(rows)] == rows and settings[len(rows)] == ("MTP", "on")
 
 
+def test_a_stopped_server_is_said_stopped_and_its_shapes_not_in_use() -> None:
+    hs = campaign_state().host("blackwell-1")
+    assert hs.server is not None and report.tuned_shapes(hs)[0][3] == "in use"
+    hs.server.stopped_at, hs.server.stopped_by, hs.server.healthy = at(30), "tune-fp8 --stop-server", False
+    assert report.tuned_shapes(hs)[0][3] == f"read by the server stopped {at(30):%Y-%m-%d %H:%M:%S}"
+    assert ("stopped (UTC)", f"{at(30):%Y-%m-%d %H:%M:%S} by tune-fp8 --stop-server") in report.server_settings(hs)
+    hs.server.stopped_at = None  # not healthy, not stopped by orch
+    assert report.tuned_shapes(hs)[0][3] == "read by the server, not healthy since"
+
+
 def a_profile(label: str, minutes: float, attention: float, simulated: bool = True) -> ProfileRecord:
     """A profile whose GPU time is ``attention`` attention, the rest MoE (decode); prefill all MoE."""
     decode = profile_facts.summarise({"dsv4::sparse_mla_decode_kernel": (attention, 10),

@@ -157,6 +157,7 @@ def test_status_field_of_a_healthy_mtp_server() -> None:
         "accept_length": 3.05,
         "simulated": False,  # /server_info has no "simulated" key: a real server
         "tuned_shapes_in_use": ["N=1024,K=4096"],
+        "verified": True,
         "resolved": None,  # verified before orch recorded what the server resolved
         "uptime_s": 7200,
         "recorded": True,
@@ -174,6 +175,10 @@ def test_status_field_of_a_dead_server_and_of_no_server() -> None:
     )
     assert field["speculative"] == "EAGLE steps=3 topk=1 draft=4"  # as verified at launch
     assert srv.status_field("garbage", "", RECORD, NOW)["job_state"] == "unknown"  # type: ignore[index]
+    launching = RECORD.model_copy(update={"verified": None})  # a serve cut off before its verification
+    assert (
+        srv.status_field(http_out(200, INFO), jobs_line("server-1", "1", "", NOW), launching, NOW)["verified"] is False
+    )  # type: ignore[index]
     assert srv.status_field(http_out(200, INFO), "", None, NOW) is None
 
 

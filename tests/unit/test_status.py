@@ -232,6 +232,13 @@ def test_a_replica_groups_rank_says_which_rank_of_which_group_it_runs() -> None:
     assert ", rank " not in views_mod._server_cell(view(), NOW)  # a host alone
 
 
+def test_a_server_never_verified_has_its_tuned_shapes_unknown_not_zero() -> None:
+    """A serve cut off before its verification, or another controller's server: it said `0 tuned shapes`
+    while the server's log showed it reading 4."""
+    assert "tuned shapes not verified, up " in views_mod._server_cell(view(recorded=False, verified=False), NOW)
+    assert " tuned shapes, up " in views_mod._server_cell(view(), NOW)
+
+
 def test_server_cells_say_which_commit_runs_and_that_a_restart_is_pending() -> None:
     v = view(checkout="a525317" + "0" * 33, restart_pending=True)
     assert views_mod._server_short(v, NOW) == "healthy, restart pending"
