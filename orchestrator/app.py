@@ -82,6 +82,21 @@ class App:
                 self._store = store
             return self._store
 
+    def existing_store(self) -> StateStore:
+        """The store of a command that only reads the state (``report``, ``state show``/``export``/``forget``):
+        one that does not exist (a mistyped ``--state``) is exit 2 naming where it was looked for, not created
+        empty (an empty state reads like a fleet orch never touched)."""
+        from orchestrator.state_migration import database_path, legacy_path
+
+        database = database_path(self.state_path)
+        if not database.exists() and not legacy_path(database).exists():
+            raise UsageError(
+                f"no state at {database}",
+                hint="--state or ORCH_STATE names it (default: .orch/state.db beside the inventory); "
+                "orch status, pull or serve create it",
+            )
+        return self.store
+
     def select(self, names: tuple[str, ...] = (), tags: tuple[str, ...] = ()) -> list[Host]:
         return self.inventory.select(names, tags)
 

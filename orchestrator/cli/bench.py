@@ -10,7 +10,7 @@ from orchestrator import render
 from orchestrator.app import App
 from orchestrator.cli import Finite, complete
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
-from orchestrator.errors import ExitCode, UsageError
+from orchestrator.errors import ExitCode
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import group as group_op
@@ -95,12 +95,8 @@ def report(app: App, fmt: report_op.Format, out_dir: Path) -> int:
       orch report
       orch report --format html --out /tmp/report && xdg-open /tmp/report/report.html
     """
-    from orchestrator.state_migration import database_path, legacy_path
-
-    database = database_path(app.state_path)
-    if not database.exists() and not legacy_path(database).exists():
-        raise UsageError(f"no state at {database}", hint="run orch status, pull or serve first")
-    target = report_op.write_report(app.store.read(), str(database), out_dir, fmt)
+    store = app.existing_store()
+    target = report_op.write_report(store.read(), str(store.path), out_dir, fmt)
     render.out.print(f"report written to {target}", markup=False)
     if not report_op.has_matplotlib():
         render.err.print(report_op.NO_CHARTS, markup=False)

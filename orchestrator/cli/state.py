@@ -42,7 +42,7 @@ def show(app: App, host: str | None, as_json: bool) -> int:
       orch state show
       orch state show blackwell-1
     """
-    current = app.store.read(None if host is None else [host])
+    current = app.existing_store().read(None if host is None else [host])
     if host is not None and host not in current.hosts:
         raise UsageError(f"the state has no host {host!r}", hint="`orch state show` lists the hosts it has")
     if host is not None:
@@ -74,7 +74,7 @@ def forget(app: App, name: str, yes: bool) -> int:
     Example:
       orch state forget gpu-1@3f2a9c1e
     """
-    record = app.store.read([name]).hosts.get(name)
+    record = app.existing_store().read([name]).hosts.get(name)
     if record is None:
         raise UsageError(f"the state has no host {name!r}", hint="`orch state show` lists the hosts it has")
     lost = state_view.forgotten(record)
@@ -110,7 +110,7 @@ def export(app: App, file: str) -> int:
         raise UsageError(
             f"state export: {file!r} is not a file name", hint="name a file, e.g. state.json, or - for stdout"
         )
-    text = app.store.read().model_dump_json(indent=2) + "\n"
+    text = app.existing_store().read().model_dump_json(indent=2) + "\n"
     if file == "-":
         sys.stdout.write(text)
     else:

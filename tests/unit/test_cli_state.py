@@ -7,6 +7,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from orchestrator.state import State
 from orchestrator.store import StateStore
 from tests.conftest import OrchRun
@@ -99,3 +101,16 @@ def test_state_export_replaces_the_file_whole_private_and_says_where_it_cannot_w
         refused = orch("--state", str(path), "state", "export", name)
         assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.output, refused.output
     assert (tmp_path / "pipe").is_fifo() and not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(
+    "command", [["state", "show"], ["state", "export"], ["state", "forget", "x", "--yes"], ["report"]]
+)
+def test_a_state_that_does_not_exist_is_named_not_created_empty(
+    tmp_path: Path, orch: Callable[..., OrchRun], command: list[str]
+) -> None:
+    """A mistyped --state: `state show` printed an empty state (and created the directories and the database)."""
+    missing = tmp_path / "nonexistent" / "x.db"
+    result = orch("--state", str(missing), *command)
+    assert result.returncode == 2 and f"no state at {missing}" in result.stderr, result.output
+    assert not (tmp_path / "nonexistent").exists()
