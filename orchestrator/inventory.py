@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.text import find_secret, is_env_name, looks_secret
-from orchestrator.yamlfile import YamlModel, control_character, load_yaml, read_text
+from orchestrator.yamlfile import YamlModel, control_character, did_you_mean, load_yaml, read_text
 
 DEFAULT_INVENTORY = Path("hosts.yaml")
 MAX_NAME_BYTES = 200
@@ -561,7 +561,9 @@ def _describe(path: Path, where: str, exc: ValidationError, model: type[BaseMode
         key = ".".join(str(p) for p in err["loc"]) or "?"
         if err["type"] == "extra_forbidden":
             allowed = ", ".join(k for k in model.model_fields if k != "name")
-            lines.append(f"{path}: {where}: unknown key {key!r} (allowed: {allowed})")
+            close = did_you_mean(str(err["loc"][-1]), model, err["loc"][:-1])
+            typo = f" (did you mean {close!r}?)" if close else ""
+            lines.append(f"{path}: {where}: unknown key {key!r}{typo} (allowed: {allowed})")
         elif err["type"] == "missing":
             lines.append(f"{path}: {where}: missing required key {key!r}")
         else:

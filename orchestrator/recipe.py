@@ -18,7 +18,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.text import find_secret, is_env_name, looks_secret
 from orchestrator.tuning_record import STUCK_AFTER_S
 from orchestrator.tuning_record import Shape as Shape  # the one shape type, re-exported: the playbook's shapes
-from orchestrator.yamlfile import YamlModel, control_character, load_yaml, read_text
+from orchestrator.yamlfile import YamlModel, control_character, did_you_mean, load_yaml, read_text
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 MAX_BATCH_SIZE = 65536
@@ -438,5 +438,8 @@ def _describe(path: Path, exc: ValidationError) -> list[str]:
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
-        lines.append(f"{path}: key {key!r}: {msg}" + (" (unknown key)" if err["type"] == "extra_forbidden" else ""))
+        if err["type"] == "extra_forbidden":
+            close = did_you_mean(str(err["loc"][-1]), Recipe, err["loc"][:-1])
+            msg += " (unknown key" + (f": did you mean {close!r}?)" if close else ")")
+        lines.append(f"{path}: key {key!r}: {msg}")
     return lines

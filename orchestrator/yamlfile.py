@@ -21,6 +21,7 @@ as booleans, and pydantic would take one as 1 where a number is asked (``server_
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -205,3 +206,22 @@ class YamlModel(BaseModel):
                     "must be a number, not a boolean (YAML reads true, yes, on, false, no, off as booleans)"
                 )
         return value
+
+
+def did_you_mean(key: str, model: type[BaseModel] | None, loc: tuple[Any, ...] = ()) -> str | None:
+    """The field of ``model`` an unknown ``key`` is a typo of (``server_prot``: ``server_port``), ``model``
+    reached by the path ``loc`` of field names through nested models (list indexes and mapping keys are
+    passed over); None when nothing is close or the path leaves the models."""
+    for part in loc:
+        if model is None:
+            return None
+        field = model.model_fields.get(str(part))
+        if field is None:
+            continue  # a list index or a mapping key: the same model's items
+        kinds = [field.annotation, *get_args(field.annotation)]
+        kinds += [arg for kind in kinds for arg in get_args(kind)]
+        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+    if model is None:
+        return None
+    close = difflib.get_close_matches(key, [k for k in model.model_fields if k not in ("name", "path")], n=1)
+    return close[0] if close else None

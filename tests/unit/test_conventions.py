@@ -37,6 +37,25 @@ def test_a_boolean_where_a_playbook_asks_a_number_is_refused_not_read_as_one(tmp
     assert load_recipe(path).server_args == {"enable-x": True}
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "bench:\n  num_promts: 8\n",
+            "key 'bench.num_promts': Extra inputs are not permitted (unknown key: did you mean 'num_prompts'?)",
+        ),
+        ("min_accept_lenght: 2\n", "(unknown key: did you mean 'min_accept_length'?)"),
+        ("zzzz: 1\n", "key 'zzzz': Extra inputs are not permitted (unknown key)"),
+    ],
+)
+def test_a_playbook_key_typo_is_named_with_the_key_it_is_close_to(tmp_path: Path, text: str, said: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("model: m\narchitecture: a\n" + text)
+    with pytest.raises(ConfigError) as info:
+        load_recipe(path)
+    assert said in str(info.value)
+
+
 def test_playbook_syntax_error_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text("model: m\narchitecture: [a\n")

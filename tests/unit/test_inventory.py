@@ -29,7 +29,11 @@ def test_repository_example_loads_with_defaults_inherited() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("hosts:\n  a:\n    address: h\n    colour: red\n", "host 'a': unknown key 'colour'"),
+        ("hosts:\n  a:\n    address: h\n    colour: red\n", "host 'a': unknown key 'colour' (allowed: user, port"),
+        (
+            "hosts:\n  a:\n    address: h\n    server_prot: 1\n",
+            "unknown key 'server_prot' (did you mean 'server_port'?)",
+        ),
         ("hosts:\n  a:\n    address: h\n    port: twenty\n", "host 'a', key 'port'"),
         ("hosts:\n  a:\n    port: 22\n", "host 'a': missing required key 'address'"),
         ("hosts:\n  a:\n    address: h\n    port: 70000\n", "host 'a', key 'port'"),

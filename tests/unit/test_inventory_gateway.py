@@ -38,7 +38,10 @@ def test_gateway_loads_url_key_variable_and_host(tmp_path: Path) -> None:
         ("gateway:\n  url: h:30080\n", "gateway, key 'url': must be http://HOST:PORT"),
         ("gateway:\n  url: http://user:pw@h:30080\n", "gateway, key 'url': must be http://HOST:PORT"),
         ("gateway:\n  url: http://h:30080/v1\n", "gateway, key 'url': must be http://HOST:PORT"),
-        ("gateway:\n  url: http://h:1\n  api_key: s3cret\n", "gateway: unknown key 'api_key' (allowed: url,"),
+        (
+            "gateway:\n  url: http://h:1\n  api_key: s3cret\n",
+            "gateway: unknown key 'api_key' (did you mean 'api_key_env'?) (allowed",
+        ),
         ("gateway:\n  url: http://h:1\n  api_key_env: 'MY-KEY'\n", "gateway, key 'api_key_env': 'MY-KEY' is not"),
         ("gateway:\n  url: http://h:1\n  host: b\n", "gateway, key 'host': 'b' is not a host of the inventory"),
         ('gateway:\n  url: "http://h:1\\n"\n', "gateway, key 'url': holds"),
