@@ -73,12 +73,19 @@ def _no_gateway(app: App) -> NoReturn:
     )
 
 
-def gate_needs_rolling(gate: str | None, rolling: bool) -> None:
-    """``--gate`` gates a rolling relaunch: without ``--rolling`` it is exit 2, before anything changes."""
+def gate_needs_rolling(gate: str | None, rolling: bool, canary: str | None = None) -> None:
+    """``--gate`` gates a rolling relaunch and ``--canary`` orders its waves: without ``--rolling`` either is
+    exit 2, before anything changes (it would be ignored)."""
     if gate is not None and not rolling:
         raise UsageError(
             f"--gate {gate} gates a rolling relaunch: it needs --rolling (and the inventory's gateway:)",
             hint="add --rolling, or leave --gate out",
+        )
+    if canary is not None and not rolling:
+        raise UsageError(
+            f"--canary {canary} picks a rolling relaunch's first wave: there is none (it needs --rolling, the "
+            "inventory's gateway:, and a serve step to roll)",
+            hint="add --rolling, or leave --canary out (--tag selects hosts)",
         )
 
 

@@ -82,7 +82,7 @@ def run(
     serves = any(run_op.around_serve(steps[h.name])[1] for h in selected)
     ranks = group_ranks(app, selected, chosen, steps)
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run) and serves
-    gate_needs_rolling(gate, rolling)
+    gate_needs_rolling(gate, rolling, canary)
     if rolling and gate is not None:  # a group's promotion gate is not built yet (issue 26): exit 2 first
         hint = "roll the group without --gate, or select the hosts outside groups with --host"
         group_op.refuse_not_built(ranks, "--gate bench", hint)

@@ -40,8 +40,8 @@ class SweepPoint:
 
 def parse_concurrency(text: str) -> list[int]:
     """``"1,8,32,128"`` → ``[1, 8, 32, 128]`` (sorted, no repeats); ``ValueError`` saying what is wrong."""
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and int(p) > 0 for p in parts):  # an empty item too: `1,,8` is a typo
         raise ValueError(f"{text!r} is not a list of positive whole numbers (e.g. 1,8,32,128)")
     return sorted({int(p) for p in parts})
 

@@ -166,6 +166,9 @@ def select_steps(recipe: Recipe, from_step: str | None, only: str | None) -> lis
     names = [s.name for s in recipe.steps]
     if not names:
         raise UsageError(f"playbook {recipe.path}: no 'steps' to run", hint="add e.g. steps: [pull, tune-fp8, serve]")
+    if from_step is not None and only is not None:
+        hint = "--from STEP runs STEP and the later steps again; --only STEP runs STEP alone"
+        raise UsageError(f"--from {from_step} and --only {only}: give one of them", hint=hint)
     for wanted in (from_step, only):
         if wanted is not None and wanted not in names:
             raise UsageError(f"no step {wanted!r} in playbook {recipe.path}; its steps: {', '.join(names)}")

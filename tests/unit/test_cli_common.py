@@ -147,3 +147,21 @@ def test_a_rolling_dry_run_without_a_gateway_is_refused_as_the_command_would_be(
         result = orch("-i", str(inventory), "--state", str(tmp_path / "s.db"), *command, *dry, "--yes")
         assert result.returncode == 2, result.output  # the dry run exited 0, showing a plain relaunch
         assert f"--rolling needs the gateway in front of the fleet: {inventory} has no 'gateway:'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (["run", "--canary", "canary"], "--canary canary picks a rolling relaunch's first wave: there is none"),
+        (["serve", "--no-rolling", "--canary", "canary"], "--canary canary picks a rolling relaunch's first wave"),
+        (["run", "--from", "serve", "--only", "bench"], "--from serve and --only bench: give one of them"),
+    ],
+)
+def test_options_a_run_would_ignore_are_refused_before_any_host(
+    tmp_path: Path, orch: Callable[..., OrchRun], command: list[str], said: str
+) -> None:
+    inventory = tmp_path / "hosts.yaml"  # its host is never contacted: the refusal comes first
+    inventory.write_text("hosts:\n  sim-1: {address: 127.0.0.1, port: 9, tags: [canary]}\n")
+    for dry in ([], ["--dry-run"]):
+        result = orch("-i", str(inventory), "--state", str(tmp_path / "s.db"), *command, *dry, "--yes")
+        assert result.returncode == 2 and said in result.stderr, result.output

@@ -73,7 +73,7 @@ def test_parse_concurrency(text: str, expected: list[int]) -> None:
     assert fs.parse_concurrency(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "0", "a,b", "-1", "1.5"])
+@pytest.mark.parametrize("text", ["", "0", "a,b", "-1", "1.5", "1,,8", "1,8,"])
 def test_parse_concurrency_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="not a list of positive whole numbers"):
         fs.parse_concurrency(text)
