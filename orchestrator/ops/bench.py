@@ -234,6 +234,10 @@ def _running_server(host: Host, runner: Runner, store: StateStore, doing: str) -
             hint=f"start it with `orch serve --host {host.name}`",
         )
     state = job.state if job is not None else _GONE
+    if server.stopped_at is not None:  # orch stopped it on purpose: its drained exit says "succeeded"
+        state = f"stopped {server.stopped_at:%Y-%m-%d %H:%M} UTC" + (
+            f" by {server.stopped_by}" if server.stopped_by else ""
+        )
     raise RefusedError(
         f"{host.name}: the server orch launched (job {server.job_id}) is not running ({state})",
         hint=f"relaunch it with `orch serve --host {host.name}`",

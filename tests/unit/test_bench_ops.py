@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -62,6 +63,27 @@ def test_bench_refuses_a_host_where_orch_launched_no_server_and_names_one_this_s
     )
     assert "`orch serve --host gpu-1` adopts it" in (unrecorded.value.hint or "")
     assert "then profile again; nothing was started" in (unrecorded.value.hint or "")
+
+
+def test_a_server_orch_stopped_is_said_stopped_by_whom_not_succeeded(tmp_path: Path) -> None:
+    store, host = StateStore(tmp_path / "state.db"), HOST.model_copy(update={"workdir": str(tmp_path / "work")})
+    runner = LocalRunner(host.model_copy(update={"transport": "local"}))
+    ended = jobs.start(runner, host.workdir, jobs.JobSpec("server", "server", ["true"]))  # its drained exit: 0
+    for _ in range(200):  # `true` ends at once
+        if not jobs.find(runner, host.workdir, ended.job_id).running:
+            break
+        time.sleep(0.05)
+    stopped = ServerRecord(
+        job_id=ended.job_id, argv=["python"], port=30000, mtp=True, stopped_by="tune-fp8 --stop-server"
+    )
+    stopped.stopped_at = stopped.started_at
+    store.update_host(host.name, lambda hs: setattr(hs, "server", stopped))
+    with pytest.raises(RefusedError) as caught:
+        bench.require_server(host, runner, store)
+    assert caught.value.message == (
+        f"gpu-1: the server orch launched (job {ended.job_id}) is not running "
+        f"(stopped {stopped.started_at:%Y-%m-%d %H:%M} UTC by tune-fp8 --stop-server)"
+    )  # it said "(succeeded)"
 
 
 def test_default_label_names_commit_and_mtp() -> None:
