@@ -38,7 +38,7 @@ def jobs_cmd(
     if as_json:
         jobs_view.jobs_document(results)
     else:
-        jobs_view.jobs_table(results, show_all)
+        jobs_view.jobs_table(results, show_all, kind)
     return finish(results)
 
 

@@ -15,6 +15,7 @@ from orchestrator.jobs import JobInfo
 from orchestrator.render import InertLog, fmt_seconds, inert_log, print_json, table
 
 RECENT = 5  # ended jobs shown per host by default, besides the live ones
+KINDS = ("server", "tune", "bench", "profile", "gateway")  # the kinds of job orch starts (purposes: tune.gpu3, ...)
 
 
 def age(job: JobInfo) -> str:
@@ -48,8 +49,9 @@ def jobs_document(results: FleetResult[list[JobInfo]]) -> None:
     print_json({"hosts": hosts})
 
 
-def jobs_table(results: FleetResult[list[JobInfo]], show_all: bool) -> None:
-    """One line per job (all of them with ``show_all``, else ``recent``), and how many were left out."""
+def jobs_table(results: FleetResult[list[JobInfo]], show_all: bool, kind: str | None = None) -> None:
+    """One line per job (all of them with ``show_all``, else ``recent``), and how many were left out; ``kind``
+    (``--kind``) matching no job of a host read is said (a typo listed nothing, silently)."""
     rows, hidden = [], 0
     for r in results.succeeded:
         listed = r.value or []
@@ -57,6 +59,8 @@ def jobs_table(results: FleetResult[list[JobInfo]], show_all: bool) -> None:
         hidden += len(listed) - len(shown)
         rows += [[r.host.name, j.id, state(j), str(j.pid or "-"), age(j)] for j in shown]
     table(None, ["host", "job", "state", "pid", "age"], rows)
+    if kind is not None and results.succeeded and not any(r.value for r in results.succeeded):
+        render.err.print(f"no job of kind or purpose {kind!r} (orch's kinds: {', '.join(KINDS)})", markup=False)
     if hidden:
         render.out.print(f"({hidden} older ended jobs not shown: --all lists them)", markup=False)
 
