@@ -191,7 +191,9 @@ def adopt_host_plan(
     this state does not know, when one of its jobs ran here: recorded as the running plan of its group's hosts
     (their jobs are then found by purpose and staging directory, never started again: ``start.resume_starts``)
     and said, unless ``look``. Another controller started it, or the state directory was lost: waiting for it
-    installs its configs; a new plan would tune them again once its GPUs are free."""
+    installs its configs; a new plan would tune them again once its GPUs are free. A host of the group whose
+    own prepare comes after (``--fleet``: in parallel) finds the plan recorded for it and attaches to it too,
+    never adopting marks or planning again beside it."""
     host = session.host
     for plan in sorted(plans, key=lambda p: p.created_at, reverse=True):
         if host.name not in plan.hosts or plan.id == record.plan_id or not _ran_here(session, plan):
@@ -199,8 +201,9 @@ def adopt_host_plan(
         if look:
             return plan
         with session.store.update() as state:
-            if plan.id in state.tuning_plans:
-                return None  # this state knows it (recorded since, by another orch of this state)
+            if plan.id in state.tuning_plans:  # recorded since: by this run for another host of its group, or by
+                mine = record_of(state.hosts.get(host.name))  # another orch of this state; attached to while running
+                return plan if (mine.plan_id, mine.state) == (plan.id, "running") else None
             reason = f"adopted tuning plan {plan.id}, found running on the host (this state did not record it)"
             record_plan(state, plan.group, plan, reason)
         session.say(

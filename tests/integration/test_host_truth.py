@@ -265,3 +265,31 @@ def test_two_inventories_sharing_one_state_never_apply_each_others_record_of_one
     assert f"already serving as asked (job {launched['id']})" in again.output, again.output
     (job,) = server_jobs(env)
     assert (job["id"], job["state"]) == (launched["id"], "running")
+
+
+def test_a_second_controller_adopts_a_fleet_plan_for_every_host_of_its_group_and_waits_it_out(
+    make_fleet: Any,
+) -> None:
+    """`tune-fp8 --fleet --wait` from another state adopted the running fleet plan on the host prepared first,
+    while another host of the group, prepared beside it, went on as if it had none: its wait then showed the
+    plan's progress stuck (33%, no job running) for ever, and a serve waited behind it."""
+    env = make_fleet(2)
+    other = second_controller(env)
+    first = env.orch("tune-fp8", "--fleet", "--wait")  # installed: the marks a prepare without the plan adopts
+    assert first.returncode == 0, first.output
+    for sim in env.fleet.hosts:
+        sim.set_knobs(tune_seconds_per_unit=1.0)
+    started = env.orch("tune-fp8", "--fleet", "--force")
+    assert started.returncode == 0, started.output
+    plan = StateStore(env.state).read().hosts["sim-1"].tuning.plan_id  # type: ignore[union-attr]
+    adopted = other.orch("tune-fp8", "--fleet", "--wait", timeout=120)
+    assert adopted.returncode == 0, adopted.output
+    assert "runs on this host and this state did not record it" in adopted.stderr
+    for sim in env.fleet.hosts:
+        sim.set_knobs(tune_seconds_per_unit=None)
+        assert purposes(sim)["tune"] == 16  # the second plan's waited for, not started again
+    mine = StateStore(other.state).read()
+    assert {n: (hs.tuning.plan_id, hs.tuning.state) for n, hs in mine.hosts.items()} == {  # type: ignore[union-attr]
+        "sim-1": (plan, "installed"),
+        "sim-2": (plan, "installed"),
+    }
