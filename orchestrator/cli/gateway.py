@@ -262,11 +262,12 @@ def down(app: App, yes: bool) -> int:
     config, host = gateway_op.gateway_host(app.inventory)
     with app.fleet([host]) as fleet:
         runner = fleet.runner(host)
-        job = gateway_view.down_announced(host, gateway_op.running_job(runner, host), config.url)
+        running = gateway_op.running_job(runner, host)
+        if running is not None and not yes:  # asked first: the announcement below is of what happens now
+            confirm_or_refuse(f"Stop the gateway at {config.url} (the whole fleet's traffic)?")
+        job = gateway_view.down_announced(host, running, config.url)
         if job is None:
             return int(ExitCode.OK)
-        if not yes:
-            confirm_or_refuse(f"Stop the gateway at {config.url} (the whole fleet's traffic)?")
         outcome = gateway_op.down(runner, job)
     gateway_view.down_line(host, job, outcome)
     return int(ExitCode.OK)

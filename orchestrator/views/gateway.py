@@ -175,7 +175,8 @@ def rollout_report(selected: list[Host], done: Rollout, inventory: Inventory | N
     if done.halted:
         render.err.print(inert(f"rollout halted: {done.halted}"), style="bold red")
     else:
-        render.out.print(f"rollout complete: {len(done.waves)} waves in {done.seconds:.1f} s", markup=False)
+        waves = f"{len(done.waves)} wave{'s' if len(done.waves) != 1 else ''}"
+        render.out.print(f"rollout complete: {waves} in {done.seconds:.1f} s", markup=False)
 
 
 def down_announced(host: Host, job: JobInfo | None, url: str) -> JobInfo | None:

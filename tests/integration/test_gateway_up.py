@@ -135,11 +135,13 @@ def test_gateway_up_runs_smg_in_front_of_the_serving_hosts_and_down_stops_it(
 
     refused = env.orch("gateway", "down")
     assert refused.returncode == 2, refused.output
-    assert f"every request through {gateway.url} fails from now on, for the whole fleet" in refused.stderr
+    assert f"Stop the gateway at {gateway.url} (the whole fleet's traffic): refused without" in refused.stderr
+    assert "fails from now on" not in refused.stderr  # it said it was stopping it, then did not
     assert "refused without confirmation" in refused.stderr and alive(int(str(job["pid"])))
 
     down = env.orch("gateway", "down", "--yes")
     assert down.returncode == 0, down.output
+    assert f"every request through {gateway.url} fails from now on, for the whole fleet" in down.stderr
     assert f"sim-1: gateway job {job['id']} stopped" in down.stdout
     assert not alive(int(str(job["pid"]))) and not client.alive()
     (ended,) = gateway_jobs(env)
