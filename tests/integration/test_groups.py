@@ -156,7 +156,12 @@ def test_orch_run_dry_run_shows_each_ranks_command_and_the_groups_server_steps_o
 
 
 def test_a_gated_rolling_orch_run_of_a_group_is_refused_before_anything_changes(env: FleetEnv) -> None:
-    refused_unchanged(env, ("run", "--rolling", "--gate", "bench", "--host", "sim-3", "--yes"), "--gate bench")
+    inventory = yaml.safe_load(env.inventory.read_text())  # a gateway in front (never reached: refused first)
+    inventory["gateway"] = {"url": "http://127.0.0.1:9"}
+    fronted = env.inventory.with_name("hosts-gateway.yaml")
+    fronted.write_text(yaml.safe_dump(inventory))
+    behind = FleetEnv(env.fleet, fronted, env.state)
+    refused_unchanged(behind, ("run", "--rolling", "--gate", "bench", "--host", "sim-3", "--yes"), "--gate bench")
 
 
 def test_a_sweep_on_a_host_of_a_group_is_refused_before_anything_changes(env: FleetEnv) -> None:
