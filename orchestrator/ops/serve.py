@@ -35,6 +35,7 @@ serve, and forgotten where serve changes them (a server stopped or started).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -68,7 +69,7 @@ from orchestrator.inventory import Host
 from orchestrator.readers import TunedConfigs, host_server
 from orchestrator.recipe import Recipe, ServeOptions, Shape, parse_shapes
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, Phase, ServerRecord, Verification
+from orchestrator.state import HostState, Phase, ServerRecord, Verification, utc_now
 from orchestrator.store import StateStore
 from orchestrator.text import find_secret, minutes_seconds
 from orchestrator.transport.base import Runner, shell_command
@@ -739,13 +740,21 @@ def _failed_start(session: HostSession, ready: Preflight, options: ServeOptions,
 
 
 def stop_failed(session: HostSession, job_id: str, gpus: Sequence[int], options: ServeOptions) -> None:
-    """Stop a server that failed to start (it may hang, holding its GPUs); its log stays on the host.
-    A start that never made a job (``job_id`` empty) leaves nothing to stop."""
+    """Stop a server that failed to start (it may hang, holding its GPUs); its log stays on the host, and its
+    record says who stopped it (else ``orch status`` took the stop for another orch's). A start that never
+    made a job (``job_id`` empty) leaves nothing to stop."""
     if not job_id:
         return
     job = jobs.find(session.runner, session.host.workdir, job_id)
     if job.running:
         srv.stop_job(session, job, gpus, options.drain_timeout, srv.FAILED_START)
+        session.store.update_host(session.name, functools.partial(_stopped_at_start, job_id=job_id))
+
+
+def _stopped_at_start(hs: HostState, job_id: str) -> None:
+    """The record of server job ``job_id`` stopped after its failed start; the phase is the caller's (``failed``)."""
+    if hs.server is not None and hs.server.job_id == job_id:
+        hs.server.healthy, hs.server.stopped_at, hs.server.stopped_by = False, utc_now(), srv.FAILED_START.by
 
 
 def launch(

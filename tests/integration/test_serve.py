@@ -261,6 +261,8 @@ def test_a_server_that_never_becomes_healthy_times_out(fleet1: FleetEnv) -> None
     assert server_state(fleet1).phase.value == "failed"
     assert running_server_ids(fleet1) == []  # the hung server was stopped: its GPUs are free
     assert host0(fleet1).gpu_processes() == []
+    (shown,) = json.loads(fleet1.orch("status", "--json").stdout)["hosts"]  # by this state's own serve
+    assert (shown["server"]["job_state"], shown["server"]["stopped_by"]) == ("stopped", "orch serve (failed start)")
 
 
 def test_the_old_server_slow_to_drain_is_waited_for(fleet1: FleetEnv) -> None:
