@@ -17,6 +17,7 @@ from orchestrator.fleet import Fleet
 from orchestrator.inventory import Host, Inventory, inventory_path, load_inventory
 from orchestrator.notify import Notifier
 from orchestrator.recipe import DEFAULT_RECIPE, Recipe, find_recipe, load_recipe
+from orchestrator.state_migration import database_path, legacy_path
 from orchestrator.store import StateStore
 from orchestrator.transport.base import ConnectOptions
 
@@ -86,8 +87,6 @@ class App:
         """The store of a command that only reads the state (``report``, ``state show``/``export``/``forget``):
         one that does not exist (a mistyped ``--state``) is exit 2 naming where it was looked for, not created
         empty (an empty state reads like a fleet orch never touched)."""
-        from orchestrator.state_migration import database_path, legacy_path
-
         database = database_path(self.state_path)
         if not database.exists() and not legacy_path(database).exists():
             raise UsageError(

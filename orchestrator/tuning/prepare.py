@@ -201,8 +201,8 @@ def adopt_host_plan(
         if look:
             return plan
         with session.store.update() as state:
-            if plan.id in state.tuning_plans:  # recorded since: by this run for another host of its group, or by
-                mine = record_of(state.hosts.get(host.name))  # another orch of this state; attached to while running
+            if plan.id in state.tuning_plans:  # recorded since (this run, for another host of the group; or another
+                mine = record_of(state.hosts.get(host.name))  # orch of this state): attached to while it runs here
                 return plan if (mine.plan_id, mine.state) == (plan.id, "running") else None
             reason = f"adopted tuning plan {plan.id}, found running on the host (this state did not record it)"
             record_plan(state, plan.group, plan, reason)
