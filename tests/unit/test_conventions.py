@@ -49,11 +49,16 @@ def test_a_boolean_where_a_playbook_asks_a_number_is_refused_not_read_as_one(tmp
     ],
 )
 def test_a_playbook_key_typo_is_named_with_the_key_it_is_close_to(tmp_path: Path, text: str, said: str) -> None:
+    assert said in playbook_error(tmp_path, text)
+
+
+def playbook_error(tmp_path: Path, text: str) -> str:
+    """The error of loading a playbook of a model, an architecture and ``text``: it must be refused."""
     path = tmp_path / "p.yaml"
-    path.write_text("model: m\narchitecture: a\n" + text)
+    path.write_text("model: M\narchitecture: A\n" + text)
     with pytest.raises(ConfigError) as info:
         load_recipe(path)
-    assert said in str(info.value)
+    return str(info.value)
 
 
 def test_playbook_syntax_error_names_file_and_line(tmp_path: Path) -> None:

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import ConfigError
 from orchestrator.facts import group as g
 from orchestrator.facts import server
 from orchestrator.inventory import Host, ReplicaGroup
 from orchestrator.recipe import PACKAGED_PLAYBOOKS, Recipe, load_recipe
+from tests.unit.test_conventions import playbook_error
 
 PRO = PACKAGED_PLAYBOOKS / "deepseek-v4-pro.yaml"
 HOSTS = {
@@ -164,11 +164,7 @@ def test_a_launch_of_a_group_with_problems_is_refused() -> None:
     ],
 )
 def test_bad_multinode_playbook_names_the_key(tmp_path: Path, text: str, expected: str) -> None:
-    path = tmp_path / "p.yaml"
-    path.write_text("model: M\narchitecture: A\n" + text)
-    with pytest.raises(ConfigError) as info:
-        load_recipe(path)
-    assert expected in str(info.value)
+    assert expected in playbook_error(tmp_path, text)
 
 
 # --- serving a group: the pure decisions ---------------------------------------------------------------------
