@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import readers
+from orchestrator import server_job as srv
 from orchestrator.errors import ExitCode, GatewayError, HostError, OrchError, UsageError
 from orchestrator.facts import bench as bench_facts
 from orchestrator.facts import server as facts
@@ -426,8 +427,8 @@ def _roll_back_running(
     ran before the rollout relaunched. Serve counts a low accept length as serving (the argv becomes known-good), so the
     rollout puts back the known-good command it found before the relaunch."""
     why = "it failed the promotion gate" if isinstance(exc, GateFailed) else "it is not serving as asked"
-    session.say(f"stopping the new server to roll back: {why}")
-    stopped = serve_op.stop_server(session, recipe, options.drain_timeout)
+    outage = srv.Outage(f"to roll back to the known-good server: {why}", srv.FOR_RELAUNCH.by)
+    stopped = serve_op.stop_server(session, recipe, options.drain_timeout, outage)
 
     def restore(hs: HostState) -> None:
         if hs.server is not None and before:

@@ -1131,10 +1131,13 @@ def record_verified(store: StateStore, host: Host, result: ServeResult) -> None:
 # --- stop-server ------------------------------------------------------------------------------------------
 
 
-def stop_server(session: HostSession, recipe: Recipe, drain_timeout: float) -> str | None:
-    """``orch stop-server``: stop the server orch launched, freeing the recipe's GPUs (``srv.stop_running_server``);
-    ``lost`` when none runs and the last server job was lost (host rebooted or killed): nothing signalled."""
-    return srv.stop_running_server(session, facts.server_gpus(recipe, session.host), drain_timeout, srv.AS_ASKED)
+def stop_server(
+    session: HostSession, recipe: Recipe, drain_timeout: float, outage: srv.Outage = srv.AS_ASKED
+) -> str | None:
+    """``orch stop-server`` (or ``outage``: why else it stops): stop the server orch launched, freeing the
+    recipe's GPUs (``srv.stop_running_server``); ``lost`` when none runs and the last server job was lost (host
+    rebooted or killed): nothing signalled."""
+    return srv.stop_running_server(session, facts.server_gpus(recipe, session.host), drain_timeout, outage)
 
 
 # --- recipe discover --------------------------------------------------------------------------------------

@@ -79,7 +79,8 @@ def test_gate_bench_fails_a_canary_slower_than_its_baseline_rolls_it_back_and_ha
     assert run.returncode == 5, run.output
     assert "sim-1: promotion gate FAILED: canary " in run.stdout
     assert "is below the baseline's" in run.stdout and "('before')" in run.stdout
-    assert "stopping the new server to roll back: it failed the promotion gate" in run.stderr
+    assert "to roll back to the known-good server: it failed the promotion gate (draining" in run.stderr
+    assert "as asked (stop-server)" not in run.stderr  # nobody asked: it said so of the rollback's stop
     assert "rollback: the known-good server is serving again" in run.stdout
     assert "rollout halted: wave 1 failed on sim-1; not touched: sim-2, sim-3" in run.stderr
     assert load.sent > 0 and load.failed == []
