@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from orchestrator.errors import GatewayError, UsageError
 from orchestrator.facts import server as server_facts
+from orchestrator.facts.probe import Section
 from orchestrator.inventory import Gateway, Host
 from orchestrator.recipe import Recipe
 from orchestrator.state import HostState, Phase, ServerRecord, State
@@ -236,6 +237,21 @@ def parse_drain_mark(stdout: str) -> datetime | None:
     """When the host was drained, as ``drain_mark_argv`` printed it (None: not drained)."""
     text = stdout.strip()
     return datetime.fromtimestamp(int(text), timezone.utc) if text.isdigit() else None
+
+
+DRAIN_SECTION = "drained"
+
+
+def drain_mark_section(workdir: str) -> tuple[str, list[str]]:
+    """The drain mark's read as a section of a probe (``facts.probe``): every command that reads a host reads
+    it in the round trip it makes anyway (``status``, ``doctor``, ``ops.gateway.on_host``)."""
+    return DRAIN_SECTION, drain_mark_argv(workdir)
+
+
+def drain_mark_in(sections: Mapping[str, Section]) -> datetime | None:
+    """The drain mark a probe with ``drain_mark_section`` read (None: not drained, or not read)."""
+    found = sections.get(DRAIN_SECTION)
+    return parse_drain_mark(found.output) if found is not None and found.ok else None
 
 
 def drained_at(mark: datetime | None, record: HostState | None) -> datetime | None:

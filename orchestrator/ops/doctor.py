@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from orchestrator.errors import RefusedError
 from orchestrator.facts import health, probe
 from orchestrator.fleet import FleetResult
-from orchestrator.gateway import drain_mark_argv, drained, parse_drain_mark
+from orchestrator.gateway import drain_mark_in, drain_mark_section, drained
 from orchestrator.session import HostSession
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def examine(
     sections = health.sections(host.sglang_dir, host.python, host.model_path, host.workdir)
     sections += health.nccl_sections(host.python, host.gpus, nccl) if nccl else []
     sections += [health.NET_SECTION] if interface_env else []
-    sections += [("drained", drain_mark_argv(host.workdir))]
+    sections += [drain_mark_section(host.workdir)]
     timeout = PROBE_TIMEOUT + (2 * (nccl + 5) if nccl else 0)
     found = probe.parse(session.runner.run(probe.probe_argv(sections), timeout=timeout).stdout)
     checked = health.assess(
@@ -50,8 +50,7 @@ def examine(
         nccl or health.NCCL_TIMEOUT,
         interface_env,
     )
-    mark = found.get("drained")
-    checked.drain_mark = parse_drain_mark(mark.output) if mark is not None and mark.ok else None
+    checked.drain_mark = drain_mark_in(found)
     if checked.drain_mark is not None:
         undrain = f"`orch undrain {host.name}` puts it back"
         checked.findings.append(

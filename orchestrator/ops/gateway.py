@@ -28,9 +28,9 @@ from orchestrator.gateway import (
     GatewayClient,
     Served,
     api_key,
-    drain_mark_argv,
+    drain_mark_in,
+    drain_mark_section,
     fleet_urls,
-    parse_drain_mark,
     smg_argv,
 )
 from orchestrator.inventory import Gateway, Host, Inventory
@@ -80,16 +80,16 @@ def on_host(session: HostSession) -> OnHost:
     """The host's server job (the job holding the server purpose, and its argv: ``jobs.held_argv``, as
     ``orch status``) and its drain mark, in one round trip."""
     workdir = session.host.workdir
-    sections = [("held", jobs.held_argv(workdir, SERVER_PURPOSE)), ("drained", drain_mark_argv(workdir))]
+    sections = [("held", jobs.held_argv(workdir, SERVER_PURPOSE)), drain_mark_section(workdir)]
     found = probe.parse(session.runner.run(probe.probe_argv(sections), check=True).stdout)
-    held, mark = found.get("held"), found.get("drained")
+    held = found.get("held")
     if held is None or not held.ok:
         why = (held.output.strip().splitlines() or ["?"])[-1] if held is not None else "no answer"
         status = held.exit_status if held is not None else -1
         raise RemoteCommandError(f"{session.name}: reading its server job failed: {why}", exit_status=status)
     job = jobs.parse_held(held.output, workdir)
     served = Served.of(job.argv) if job.job is not None and job.job.running else None
-    return OnHost(served, parse_drain_mark(mark.output) if mark is not None and mark.ok else None)
+    return OnHost(served, drain_mark_in(found))
 
 
 def gateway_job(runner: Runner, host: Host) -> jobs.JobInfo | None:

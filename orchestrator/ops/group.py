@@ -503,20 +503,25 @@ def _outage(plan: facts.GroupPlan, outage: srv.Outage) -> srv.Outage:
     return srv.Outage(f"{outage.why} (group {plan.group}: {', '.join(plan.hosts)}, one outage)", outage.by)
 
 
+def _serving(ranks: Sequence[RankReady]) -> bool:
+    """Whether the group's running server serves: its rank 0 (``ranks[0]``) answers ``/health``."""
+    first = ranks[0] if ranks and ranks[0].rank == 0 else None
+    if first is None or first.ready.old is None:
+        return False
+    argv = serve_op.running_argv(first.session, first.ready.old)
+    return argv is not None and serve_op.answers_health(first.session, argv)
+
+
 def stop_old(plan: facts.GroupPlan, ranks: Sequence[RankReady], options: ServeOptions) -> None:
     """Stop the server running on each host of the group (said first, rank 0's host first), each with why
     (``ops.serve.replacing``: a new command, or the same one on a new commit or new tuned configs).
     ``--rollback``: the ranks this state does not record are kept as the known-good ones first, when the
     group serves (its rank 0 answers ``/health``; ``ops.serve.keep_serving_as_known_good``)."""
-    first = ranks[0] if ranks and ranks[0].rank == 0 else None
-    if options.rollback and first is not None and first.ready.old is not None:
-        argv = serve_op.running_argv(first.session, first.ready.old)
-        url = server_facts.url(server_facts.argv_address(argv), first.session.host.server_port) if argv else ""
-        if url and readers.health(first.session.host, first.session.runner, url) == 200:
-            for r in ranks:
-                if r.ready.old is not None:
-                    serves = "answers /health" if r.rank == 0 else "serves (its group's rank 0 answers /health)"
-                    serve_op.keep_serving_as_known_good(r.session, r.ready.old, serves)
+    if options.rollback and _serving(ranks):
+        for r in ranks:
+            if r.ready.old is not None:
+                serves = "answers /health" if r.rank == 0 else "serves (its group's rank 0 answers /health)"
+                serve_op.keep_serving_as_known_good(r.session, r.ready.old, serves)
     for r in ranks:
         if r.ready.old is not None:
             gpus = server_facts.server_gpus(r.ready.recipe, r.session.host)

@@ -656,8 +656,7 @@ def keep_serving_as_known_good(session: HostSession, old: jobs.JobInfo, serves: 
     if argv is None:
         return
     if serves is None:
-        url = facts.url(facts.argv_address(argv), session.host.server_port)
-        serves = "answers /health" if readers.health(session.host, session.runner, url) == 200 else None
+        serves = "answers /health" if answers_health(session, argv) else None
     if serves is None:
         return
     session.say(
@@ -671,6 +670,12 @@ def keep_serving_as_known_good(session: HostSession, old: jobs.JobInfo, serves: 
         hs.server = known
 
     session.store.update_host(session.name, apply)
+
+
+def answers_health(session: HostSession, argv: Sequence[str]) -> bool:
+    """Whether the server ``argv`` runs on the host's server port answers ``/health`` now (asked from the host)."""
+    url = facts.url(facts.argv_address(argv), session.host.server_port)
+    return readers.health(session.host, session.runner, url) == 200
 
 
 def running_argv(session: HostSession, job: jobs.JobInfo) -> list[str] | None:

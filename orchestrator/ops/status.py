@@ -13,7 +13,7 @@ from orchestrator.facts import git, gpus, machine, probe, replacement
 from orchestrator.facts import tuner as tf
 from orchestrator.facts.group import GroupStatus, group_status
 from orchestrator.fleet import HostResult
-from orchestrator.gateway import GatewayClient, Served, check_fleet, drain_mark_argv, parse_drain_mark
+from orchestrator.gateway import GatewayClient, Served, check_fleet, drain_mark_in, drain_mark_section
 from orchestrator.inventory import Host, Inventory
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, Phase, ServerRecord, State
@@ -87,7 +87,7 @@ def status_sections(
         ("gpus", gpus.query_gpus_argv()),
         ("apps", gpus.query_apps_argv()),
         ("tuning_jobs", jobs.holders_argv(host.workdir, tf.JOB_PURPOSE_PREFIX)),
-        ("drained", drain_mark_argv(host.workdir)),
+        drain_mark_section(host.workdir),
     ]
 
 
@@ -280,8 +280,7 @@ _ENDED = ("succeeded", "failed", "lost")  # a server job the host says has ended
 def merge_state(obs: Observed, hs: HostState) -> HostStatus:
     status = obs.status
     _show_state(status, hs)
-    mark = obs.sections.get("drained")
-    since = parse_drain_mark(mark.output) if mark is not None and mark.ok else None
+    since = drain_mark_in(obs.sections)
     if since is not None:  # drained by any orch (the host's mark), whatever this state records
         status.extra["drained_at"] = since.isoformat()
     http, listed = obs.sections.get("server_http"), obs.sections.get("server_jobs")
