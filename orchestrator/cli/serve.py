@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 from orchestrator.app import App, refuse_bad_recipe
 from orchestrator.cli import complete
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.gateway import gate_needs_rolling, rolling_default, rolling_options, rolling_serve
-from orchestrator.errors import ExitCode
+from orchestrator.errors import ExitCode, UsageError
 from orchestrator.facts import group as group_facts
 from orchestrator.facts import server as facts
 from orchestrator.inventory import Host
@@ -84,7 +85,8 @@ def serve(
     selected = group_op.with_whole_groups(app.inventory, app.select(hosts, tags))
     chosen = app.recipes(selected, playbook, mtp=None if serving_profile else options.mtp)
     if serving_profile:
-        chosen, mtp = profiled(chosen, serving_profile, options.mtp)
+        asked = click.get_current_context().get_parameter_source("mtp") is ParameterSource.COMMANDLINE
+        chosen, mtp = profiled(chosen, serving_profile, options.mtp, mtp_asked=asked and options.mtp)
         options = options.model_copy(update={"mtp": mtp})
     ranks = group_op.ranks(app.inventory, selected, chosen)
     rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run)
@@ -136,10 +138,19 @@ def dry_run_lines(
     return group_op.dry_run(session, recipe, options, rank, peers)
 
 
-def profiled(chosen: dict[str, Recipe], name: str, mtp: bool) -> tuple[dict[str, Recipe], bool]:
+def profiled(
+    chosen: dict[str, Recipe], name: str, mtp: bool, mtp_asked: bool = False
+) -> tuple[dict[str, Recipe], bool]:
     """Each host's recipe served as profile ``name`` (exit 2 when a playbook lacks it), and whether MTP is
-    on: off when ``--no-mtp`` or a profile says ``mtp: null``. Checked by the MTP rules as ``serve`` does."""
+    on: off when ``--no-mtp`` or a profile says ``mtp: null``. ``mtp_asked``: ``--mtp`` was typed, and a
+    profile without MTP is exit 2 rather than served without it. Checked by the MTP rules as ``serve`` does."""
     served = {host: recipe.with_profile(name) for host, recipe in chosen.items()}
+    without = sorted({str(r.path or r.model) for r in served.values() if r.mtp is None})
+    if mtp_asked and without:
+        raise UsageError(
+            f"--mtp: serving profile {name!r} serves without MTP (mtp: null in {', '.join(without)})",
+            hint=f"drop --mtp to serve {name!r} as written, or pick a profile with an mtp block",
+        )
     mtp = mtp and all(r.mtp is not None for r in served.values())
     for recipe in {id(r): r for r in served.values()}.values():
         refuse_bad_recipe(recipe, mtp=mtp)

@@ -68,6 +68,18 @@ def test_serve_with_an_unknown_profile_is_exit_2_before_any_host(tmp_path: Path,
     assert "no serving profile 'fast'" in result.stderr
 
 
+def test_serve_mtp_with_a_profile_without_mtp_is_exit_2_before_any_host(
+    tmp_path: Path, orch: Callable[..., OrchRun]
+) -> None:
+    """``--mtp`` typed with a profile that says ``mtp: null`` was served without MTP, "as asked"."""
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  h1: {address: 127.0.0.1}\n")
+    result = orch("-i", str(inventory), "serve", "--profile", "max-throughput", "--mtp", "--dry-run")
+    assert result.returncode == 2, result.stderr
+    assert "--mtp: serving profile 'max-throughput' serves without MTP (mtp: null in " in result.stderr
+    assert "drop --mtp" in result.stderr
+
+
 def test_sweep_then_serve_at_a_concurrency_it_does_not_run_is_exit_2_before_any_host(
     tmp_path: Path, orch: Callable[..., OrchRun]
 ) -> None:
