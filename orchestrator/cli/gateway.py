@@ -54,8 +54,9 @@ def rolling_options(command: F) -> F:
 
 def rolling_default(app: App, rolling: bool | None, chosen: bool, dry_run: bool) -> bool:
     """``--rolling/--no-rolling`` of ``serve`` and ``run``: unset, it is on for the whole fleet (no
-    ``--host``/``--tag``) when the inventory has a gateway, and says so (a dry run does not: it plans each
-    host's relaunch, never rolls). ``--rolling`` without a ``gateway:`` is exit 2, a dry run's too."""
+    ``--host``/``--tag``) when the inventory has a gateway, and says so (a dry run does not: ``serve``'s
+    prints the waves, ``run``'s each host's steps). ``--rolling`` without a ``gateway:`` is exit 2, a dry
+    run's too."""
     if rolling and app.inventory.gateway is None:
         _no_gateway(app)
     if rolling is None and not chosen and app.inventory.gateway is not None:
@@ -128,19 +129,10 @@ def rolling_serve(
     5 not as asked or failed the gate) after the halt. A replica group (``ranks``: each grouped host's) is
     one server of the waves, rolled on its rank 0. ``gate`` ``bench``: the canary hosts (``rollout.gated``)
     must each have a baseline run, else exit 2 first."""
-    from orchestrator.ops import doctor as doctor_op
-    from orchestrator.views.doctor import skipped_lines
-
     client = rollout_client(app, canary)
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter  # before the first session: doctor's sessions are the rollout's
-        left = doctor_op.leave_out_failing(fleet, selected, app.store)
-        healthy, sick = left.healthy, left.sick
-        skipped_lines(sick, left.drained)
-        groups = [g.hosts for g in app.inventory.groups.values()]
-        broken = rollout.incomplete_groups(healthy, groups)
-        gateway_view.group_skipped_lines(broken, app.inventory)
-        planned = rollout.waves(healthy, max_unavailable, canary, groups)
+        planned, sick = plan_waves(app, fleet, selected, max_unavailable, canary)
         gating = gate_plan(app, gate, planned, chosen, canary)
         rolling = rollout.RollContext(client, app.peers(fleet), gating)
         ranks = ranks or {}
@@ -152,6 +144,45 @@ def rolling_serve(
         done = rollout.roll_fleet(fleet, planned, roll_one, gateway_view.wave_line, app.store, label)
     gateway_view.rollout_report(selected, done, app.inventory)
     return int(rollout.exit_code(selected, done) or (ExitCode.HOSTS_FAILED if sick else ExitCode.OK))
+
+
+def plan_waves(
+    app: App, fleet: Fleet, selected: list[Host], max_unavailable: int, canary: str | None
+) -> tuple[list[list[Host]], bool]:
+    """A rolling relaunch's waves over ``selected`` but for the hosts ``orch doctor`` fails, those drained and
+    the rest of their replica groups, each left out with a line on stderr; and whether doctor failed any."""
+    from orchestrator.ops import doctor as doctor_op
+    from orchestrator.views.doctor import skipped_lines
+
+    left = doctor_op.leave_out_failing(fleet, selected, app.store)
+    skipped_lines(left.sick, left.drained)
+    groups = [g.hosts for g in app.inventory.groups.values()]
+    gateway_view.group_skipped_lines(rollout.incomplete_groups(left.healthy, groups), app.inventory)
+    return rollout.waves(left.healthy, max_unavailable, canary, groups), bool(left.sick)
+
+
+def rolling_dry_run(
+    app: App, fleet: Fleet, selected: list[Host], max_unavailable: int, canary: str | None, gate: str | None,
+    chosen: dict[str, Recipe],
+) -> tuple[list[Host], bool]:  # fmt: skip
+    """``serve --rolling --dry-run``: the checks the rollout makes before anything changes (the gateway, the
+    canary tag, the gate's baselines), its waves on stderr as it would run them (an interrupted rollout's
+    host left out of the gateway first), and the hosts whose relaunch to plan (a wave's replica group whole);
+    whether doctor failed any host (the rollout would exit 3)."""
+    client = rollout_client(app, canary)
+    planned, sick = plan_waves(app, fleet, selected, max_unavailable, canary)
+    gate_plan(app, gate, planned, chosen, canary)
+    planned = rollout.resume_first(app.store, planned)
+    label = gateway_view.server_label(app.inventory)
+    gateway_view.wave_line(
+        f"rolling relaunch behind the gateway ({client.base}), in waves: a server the plan below relaunches "
+        "leaves the gateway first and rejoins it once verified; the others keep serving"
+    )
+    for number, wave in enumerate(planned, 1):
+        gateway_view.wave_line(f"wave {number}/{len(planned)}: {', '.join(map(label, wave))}")
+    rolled = {h.name for wave in planned for h in wave}
+    rolled |= {n for g in app.inventory.groups.values() if g.hosts[0] in rolled for n in g.hosts}
+    return [h for h in selected if h.name in rolled], sick
 
 
 @click.group("gateway")

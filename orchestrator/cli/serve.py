@@ -9,7 +9,13 @@ from orchestrator.app import App, refuse_bad_recipe
 from orchestrator.cli import complete
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
-from orchestrator.cli.gateway import gate_needs_rolling, rolling_default, rolling_options, rolling_serve
+from orchestrator.cli.gateway import (
+    gate_needs_rolling,
+    rolling_default,
+    rolling_dry_run,
+    rolling_options,
+    rolling_serve,
+)
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.facts import group as group_facts
 from orchestrator.facts import server as facts
@@ -98,13 +104,18 @@ def serve(
         return rolling_serve(app, selected, chosen, options, parallel, max_unavailable, canary, gate, ranks)
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
-        if dry_run:
+        if dry_run:  # a rolling one plans its waves' hosts alone, as the rollout would relaunch them
+            planning, sick = (
+                rolling_dry_run(app, fleet, selected, max_unavailable, canary, gate, chosen)
+                if rolling
+                else (selected, False)
+            )
             peers = app.peers(fleet)
             plan = lambda s: dry_run_lines(s, chosen[s.name], options, ranks.get(s.name), peers)  # noqa: E731
-            plans = fleet.map_sessions(plan, lambda: app.store)
+            plans = fleet.map_sessions(plan, lambda: app.store, planning)
             serve_view.plans(plans)
             refuses = any(line.startswith("(refuses") for r in plans.succeeded for line in r.value or [])
-            return finish(plans) or (ExitCode.HOSTS_FAILED if refuses else 0)  # exits as serve would
+            return finish(plans) or (ExitCode.HOSTS_FAILED if refuses or sick else 0)  # exits as serve would
 
         # its own session (the question may wait long); another machine's record never asks to take serving down
         def replaces(h: Host, r: Runner) -> bool:  # a group's running rank is always replaced

@@ -222,9 +222,16 @@ def test_a_host_whose_replacement_cannot_start_stays_in_the_gateway_serving(
     new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
     sim2.drop_model()
     try:
+        dry = env.orch("serve", "--playbook", new, "--dry-run")  # the rollout's plan: its waves, sim-2 left out
         run = env.orch("serve", "--playbook", new)
     finally:
         sim2.restore_model()
+    assert dry.returncode == 3, dry.output  # as the rollout exits
+    assert f"sim-2: skipped: doctor fails it: model directory {sim2.model_path}" in dry.stderr
+    assert [line for line in dry.stderr.splitlines() if line.startswith("wave ")] == [
+        "wave 1/2: sim-1", "wave 2/2: sim-3"
+    ]  # fmt: skip
+    assert "sim-1:\n" in dry.stdout and "sim-3:\n" in dry.stdout and "sim-2:\n" not in dry.stdout
     assert run.returncode == 3, run.output
     # doctor's check (run before the rollout) finds it first; serve's own replacement check is test_serve's
     assert f"sim-2: skipped: doctor fails it: model directory {sim2.model_path} cannot be listed" in run.output
