@@ -178,10 +178,11 @@ def _one_line(word: str, limit: int) -> str:
 
 
 def check_result(host: str, result: CommandResult) -> CommandResult:
-    """Raise ``RemoteCommandError`` naming the host and command when ``result`` failed."""
+    """Raise ``RemoteCommandError`` naming the host and command when ``result`` failed, with the last lines
+    of its stderr, or of its stdout when stderr is empty (nvidia-smi prints its failures there)."""
     if result.ok:
         return result
-    tail = "\n".join(result.stderr.strip().splitlines()[-5:])
+    tail = "\n".join((result.stderr.strip() or result.stdout.strip()).splitlines()[-5:])
     raise RemoteCommandError(
         f"{host}: `{short_command(result.argv)}` exited {result.exit_status}" + (f": {tail}" if tail else ""),
         exit_status=result.exit_status,

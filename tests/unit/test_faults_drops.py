@@ -165,6 +165,18 @@ def test_a_failed_command_names_a_shell_script_by_its_name_not_its_text() -> Non
     assert failed.value.message == "b1: `orch-jobs /w/orch (a sh -c script)` exited 75: orch: busy"
 
 
+def test_a_failed_command_that_says_why_on_stdout_alone_is_named_with_it() -> None:
+    """nvidia-smi prints its failure on stdout: the error showed only ``exited 9``."""
+    from orchestrator.errors import RemoteCommandError
+    from orchestrator.transport.base import check_result
+
+    why = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+    result = CommandResult(("nvidia-smi", "-L"), 9, f"{why}\n", "")
+    with pytest.raises(RemoteCommandError) as failed:
+        check_result("b1", result)
+    assert failed.value.message == f"b1: `nvidia-smi -L` exited 9: {why}"
+
+
 class LogFile:
     """A runner holding one job log."""
 
