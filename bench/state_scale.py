@@ -13,7 +13,8 @@ Each measurement runs in a fresh child process (its own peak RSS):
   commit's fsync included), ``txn_1host_cpu_ms`` its CPU time (what a loaded machine inflates less);
 - ``status_state_cpu_s``: the CPU seconds of what `orch status` does with the state, without the SSH
   round trips: the read of every host without its history (what status shows), each host's tuning field
-  (``status_field``), the record of every host seen (``record_seen``) and the merge for display (``merge_state``);
+  (``status_field``, ``fleet_tuning``), the record of every host seen (``record_seen``) and the merge for
+  display (``merge_state``);
   ``--status-hosts M`` limits it to M hosts (the quadratic orch of 2ad0a07 takes minutes at 1000);
 - ``rss_mb``: the larger peak resident set of the two children;
 - ``status_cpu_parts``: that CPU by step (``load``: the read; ``tuning_field``; ``record_seen``; ``merge``).
@@ -120,13 +121,14 @@ def child_status(path: Path, status_hosts: int) -> dict[str, Any]:
     tuned = 0
     for name in names:
         hs = cached.get(name)
-        field = status_field(HostSession(hosts[name], None, store), hs, state)  # type: ignore[arg-type]
+        field, poll = status_field(HostSession(hosts[name], None, store), hs, state)  # type: ignore[arg-type]
         tuned += field is not None and field.get("state") == "installed"
         status = status_op.HostStatus(name, "127.0.0.1", reachable=True, phase="new")
         status.extra["tuning"] = field
         assert hs is not None and hs.sglang is not None
         git = GitInfo(hs.sglang.commit, hs.sglang.branch or "main", hs.sglang.subject, None, hs.sglang.behind)
-        observed.append(status_op.Observed(status, git, {}))
+        observed.append(status_op.Observed(status, git, {}, tuning_poll=poll))
+    status_op.fleet_tuning(observed, state, hosts)
     cpu_fields = time.process_time()
     seen = status_op.record_seen(store, hosts, observed, cached)
     cpu_recorded = time.process_time()

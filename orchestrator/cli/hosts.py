@@ -71,6 +71,7 @@ def status(
             lambda s: status_op.observe(s, cached.get(s.name), fetch, state, python), app.store, claim=False
         )  # observe ties each record to its machine from its own probe
     observed = [r.value for r in results if r.ok and r.value is not None]
+    status_op.fleet_tuning(observed, state, {h.name: h for h in selected})
     seen = status_op.record_seen(app.store, {h.name: h for h in selected}, observed, cached)
     by_name = {o.status.name: status_op.merge_state(o, seen[o.status.name]) for o in observed}
     views = [by_name.get(r.host.name) or status_op.unreachable(r, cached.get(r.host.name)) for r in results]

@@ -20,7 +20,7 @@ from orchestrator.state import HostState, Phase, ServerRecord, State
 from orchestrator.store import StateStore
 from orchestrator.transport.base import CommandResult
 from orchestrator.tuning.member import record_of
-from orchestrator.tuning.progress import status_field
+from orchestrator.tuning.progress import HostPoll, fleet_fields, status_field
 from orchestrator.tuning_record import TuningRecord
 
 if TYPE_CHECKING:
@@ -115,6 +115,7 @@ class Observed:
     sections: dict[str, probe.Section]
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     record: HostState | None = None  # the host's record read again: another machine's was kept aside
+    tuning_poll: HostPoll | None = None  # its own tuning jobs as read (``fleet_tuning``)
 
 
 def observe(
@@ -146,11 +147,21 @@ def observe(
     if info is not None:
         session.know("git", info)
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
-    recorded = status_field(session, cached, state if record is None else None)
+    recorded, poll = status_field(session, cached, state if record is None else None)
     status.extra["tuning"] = unrecorded_tuning(recorded, sections.get("tuning_jobs"), host.workdir)
     if python:
         status.extra["sglang_import"] = _sglang_import(sections.get("sglang_import"), host)
-    return Observed(status, info, sections, started_at, record)
+    return Observed(status, info, sections, started_at, record, poll)
+
+
+def fleet_tuning(observed: list[Observed], state: State, hosts: dict[str, Host]) -> None:
+    """The ``tuning`` field of each host observed whose ``--fleet`` plan's other members were observed too,
+    from every member's poll (``progress.fleet_fields``)."""
+    by_name = {o.status.name: o for o in observed}
+    polls = {name: o.tuning_poll for name, o in by_name.items() if o.tuning_poll is not None}
+    for name, whole in fleet_fields(polls, state).items():
+        listed = by_name[name].sections.get("tuning_jobs")
+        by_name[name].status.extra["tuning"] = unrecorded_tuning(whole, listed, hosts[name].workdir)
 
 
 def _claim_machine(

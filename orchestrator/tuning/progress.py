@@ -115,6 +115,8 @@ def poll_host(session: HostSession, plan: PlanRecord, record: TuningRecord) -> H
             p.grew_at = info.seen_at
         if info is not None and p.grew_at is None:  # a log never seen grow: silent since now
             p.grew_at = info.seen_at
+        if info is not None and info.state != "running":
+            p.ended = job_state(a, info, p)  # type: ignore[assignment]
         progress[a.purpose] = p
     return HostPoll(infos, progress)
 
@@ -128,6 +130,8 @@ def _store_poll(hs: HostState, plan_id: str, poll: HostPoll) -> None:
         stored = record.progress.get(purpose)
         if stored is None or p.offset >= stored.offset:
             record.progress[purpose] = p.model_copy(deep=True)
+        elif p.ended is not None:  # another orch read further, before the job ended
+            stored.ended = p.ended
     for info in poll.infos.values():
         if info.id in hs.jobs and hs.jobs[info.id].kind == "tune":
             record_job_end(hs, info)
@@ -184,9 +188,10 @@ def job_state(a: AssignmentRecord, info: jobs.JobInfo | None, progress: LogProgr
     """The state of ``a``'s job: the host's (``info``), except that a job stopped on request after its log
     showed every unit of it done succeeded (a tuner stuck after its last run, stopped by ``step_group`` or
     by ``orch stop``: its results are as whole as an exit 0's, and validated the same way before they are
-    installed). ``missing``: the plan names a job the host does not have; ``running`` also while it starts."""
-    if info is None:
-        return "missing" if polled and a.job_id else "running"
+    installed). ``missing``: the plan names a job the host does not have; ``running`` also while it starts.
+    A member not polled (``orch status`` polls each host's own jobs alone) is as its last poll found it."""
+    if info is None:  # not polled: how the job ended as this state last recorded it
+        return "missing" if polled and a.job_id else progress.ended or "running"
     if info.state in ("failed", "lost") and info.stop_requested and 0 < a.units <= units_done(a, progress):
         return "succeeded"
     return info.state
@@ -374,26 +379,53 @@ def tuning_status(session: HostSession, peers: Peers | None = None, state: State
     group, other members are read through ``peers`` when given, else from the cached state. ``state``: the
     state as the caller loaded it (``orch status``, once for the fleet), else it is read here.
     """
+    return _polled_status(session, peers, state)[0]
+
+
+def _polled_status(
+    session: HostSession, peers: Peers | None, state: State | None
+) -> tuple[TuneStatus, HostPoll | None]:
+    """``tuning_status``, and the poll of the session's host (None: it runs no plan)."""
     host = session.host
     state = state or session.store.read([host.name])
     record = record_of(state.hosts.get(host.name))
     plan = plan_of(state, record)
     if plan is None or record.state != "running":
-        return group_status(host.name, record, plan, {}, {})
+        return group_status(host.name, record, plan, {}, {}), None
     members = [session] + ([peers(n) for n in plan.group if n != host.name] if peers else [])
-    polls, state = poll_group(members, plan, state)
-    cached = records(state, plan.group)
-    return group_status(host.name, cached[host.name], plan_of(state, cached[host.name]), polls, cached)
+    polls, saved = poll_group(members, plan, state)
+    cached = {**records(state, plan.group), **records(saved, polls)}  # the members not polled: as ``state`` has them
+    status = group_status(host.name, cached[host.name], plan_of(saved, cached[host.name]), polls, cached)
+    return status, polls[host.name]
 
 
-def status_field(session: HostSession, cached: HostState | None, state: State | None = None) -> dict[str, Any] | None:
+def status_field(
+    session: HostSession, cached: HostState | None, state: State | None = None
+) -> tuple[dict[str, Any] | None, HostPoll | None]:
     """The compact ``tuning`` field of ``orch status`` (None when the host was never tuned, decided from
     ``cached``, the host's state as ``status`` loaded it once for the fleet, with the plans in ``state``:
-    read once for the fleet, not once per tuned host, which made ``status`` quadratic)."""
+    read once for the fleet, not once per tuned host, which made ``status`` quadratic); and the poll of the
+    host's own tuning jobs, for ``fleet_fields``."""
     record = record_of(cached)
     if record.plan_id is None and not record.installed:
-        return None
+        return None, None
     try:
-        return summary(tuning_status(session, state=state))
+        status, poll = _polled_status(session, None, state)
+        return summary(status), poll
     except OrchError as exc:
-        return {"state": "unknown", "error": str(exc).splitlines()[0]}
+        return {"state": "unknown", "error": str(exc).splitlines()[0]}, None
+
+
+def fleet_fields(polls: dict[str, HostPoll], state: State) -> dict[str, dict[str, Any]]:
+    """``orch status``'s ``tuning`` field of each host of ``polls`` (each status polls its own host's jobs)
+    whose running plan spans other hosts polled too: from all their polls, where each host's own field saw
+    the other members as ``state`` last recorded them (after an interrupted ``--fleet`` tuning whose jobs had
+    all ended, every host showed ``running``)."""
+    fields = {}
+    for name in polls:
+        record = record_of(state.hosts.get(name))
+        plan = plan_of(state, record)
+        group = {n: polls[n] for n in plan.group if n in polls} if plan is not None else {}
+        if plan is not None and len(group) > 1:
+            fields[name] = summary(group_status(name, record, plan, group, records(state, plan.group)))
+    return fields

@@ -114,10 +114,17 @@ def test_tune_fp8_fleet_spreads_units_over_both_hosts_and_installs_the_merged_re
     tune_fleet: Callable[..., FleetEnv],
 ) -> None:
     env = tune_fleet(2)
-    run = env.orch("tune-fp8", "--fleet", "--wait")
+    run = env.orch("tune-fp8", "--fleet")  # no --wait: the jobs run on after orch returns
     assert run.returncode == 0, run.output
     assert "72 units on 16 GPUs" in run.stdout and "schedule: 5 units per GPU at most" in run.stdout
     sim1, sim2 = env.fleet.hosts  # type: ignore[attr-defined]
+    wait_for(lambda: all((job / "exit_code").exists() for h in (sim1, sim2) for job in job_dirs(h)), 120, "the jobs")
+    fields = tuning_field(env)  # each host's status polls its own jobs; the field is the whole plan's
+    for name in ("sim-1", "sim-2"):  # each showed `running 50%` until `orch wait`: the other host's jobs unpolled
+        assert (fields[name]["state"], fields[name]["percent"]) == ("ready-to-install", 100), fields[name]
+    done = env.orch("wait")
+    assert done.returncode == 0, done.output
+    assert "sim-1: installed 4 tuned configs" in done.stdout and "sim-2: installed 4 tuned configs" in done.stdout
     assert len(job_dirs(sim1)) == 8 and len(job_dirs(sim2)) == 8
     assert tuned_files(sim1) == tuned_files(sim2)
     assert all(sorted(c) == list(DEFAULT_BATCH_SIZES) for c in tuned_files(sim2).values())

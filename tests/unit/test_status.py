@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from orchestrator import readers
+from orchestrator import jobs, readers
 from orchestrator.errors import HostKeyError
 from orchestrator.facts import git
 from orchestrator.fleet import HostResult
@@ -19,13 +19,13 @@ from orchestrator.inventory import Host
 from orchestrator.ops import status as status_op
 from orchestrator.ops.status import GpuView, HostStatus
 from orchestrator.session import HostSession
-from orchestrator.state import ServerRecord, Verification
+from orchestrator.state import HostState, ServerRecord, State, Verification
 from orchestrator.store import StateStore
 from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.plan import make_plan
 from orchestrator.tuning.prepare import HostFacts, Prepared
-from orchestrator.tuning.progress import group_status, status_field, summary
-from orchestrator.tuning_record import InstalledRecord, PlanRecord, TuningRecord
+from orchestrator.tuning.progress import HostPoll, fleet_fields, group_status, status_field, summary
+from orchestrator.tuning_record import InstalledRecord, LogProgress, PlanRecord, TuningRecord
 from orchestrator.views import status as views_mod
 
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
@@ -88,6 +88,46 @@ def test_installed_fleet_tuning_is_complete_though_the_peers_progress_is_not_at_
     assert (field["units_done"], field["units_total"]) == (6, 6)
 
 
+def ended_poll(plan: PlanRecord, name: str) -> HostPoll:
+    """What a poll of ``name`` finds once its jobs of ``plan`` ended after every unit: each succeeded."""
+    infos = {
+        a.job_id: jobs.JobInfo(a.job_id, a.purpose, 1, "succeeded", 0, T0, T0, 0, False, f"/w/{a.job_id}")
+        for a in plan.on(name)
+        if a.job_id
+    }
+    done = {a.purpose: LogProgress(offset=99, done={r.key: r.batch_sizes for r in a.runs}) for a in plan.on(name)}
+    return HostPoll(infos, done)
+
+
+def test_a_fleet_plan_whose_jobs_all_ended_is_ready_to_install_on_every_host_in_one_status() -> None:
+    """Each host's status polls its own jobs: after an interrupted ``--fleet`` tuning whose jobs had all ended,
+    each showed ``running 50%`` (the other host's jobs as the state last had them) until ``orch wait``."""
+    plan = group_plan(("h1", "h2"))
+    running = TuningRecord(plan_id=plan.id, state="running")
+    state = State(hosts={n: HostState(tuning=running) for n in ("h1", "h2")}, tuning_plans={plan.id: plan})
+    polls = {name: ended_poll(plan, name) for name in ("h1", "h2")}
+    alone = summary(group_status("h1", running, plan, {"h1": polls["h1"]}, {"h1": running}))
+    assert (alone["state"], alone["percent"]) == ("running", 50.0)  # what one host's poll shows
+    fields = fleet_fields(polls, state)
+    assert {n: (f["state"], f["percent"]) for n, f in fields.items()} == {
+        "h1": ("ready-to-install", 100.0),
+        "h2": ("ready-to-install", 100.0),
+    }
+    assert fleet_fields({"h1": polls["h1"]}, state) == {}  # the other member not observed: the host's own field
+
+
+def test_a_member_not_polled_is_as_its_last_poll_recorded_how_its_jobs_ended() -> None:
+    plan = group_plan(("h1", "h2"))
+    running = TuningRecord(plan_id=plan.id, state="running")
+    recorded = {k: p.model_copy(update={"ended": "succeeded"}) for k, p in ended_poll(plan, "h2").progress.items()}
+    h2 = TuningRecord(plan_id=plan.id, state="running", progress=recorded)
+    field = summary(group_status("h1", running, plan, {"h1": ended_poll(plan, "h1")}, {"h2": h2}))
+    assert (field["state"], field["percent"]) == ("ready-to-install", 100.0)
+    unknown = h2.model_copy(update={"progress": {k: p.model_copy(update={"ended": None}) for k, p in recorded.items()}})
+    field = summary(group_status("h1", running, plan, {"h1": ended_poll(plan, "h1")}, {"h2": unknown}))
+    assert field["state"] == "running"  # its jobs as far as this state knows
+
+
 def test_a_plan_that_does_not_validate_makes_its_hosts_tuning_unknown_not_the_fleets_status(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "state.db")
     with store.update() as state:
@@ -100,7 +140,7 @@ def test_a_plan_that_does_not_validate_makes_its_hosts_tuning_unknown_not_the_fl
     read = store.read(history=False)  # what `orch status` reads
     hosts = {name: Host(name=name, address="127.0.0.1") for name in read.hosts}
     fields = {
-        name: status_field(HostSession(hosts[name], LocalRunner(hosts[name]), store), hs, read)
+        name: status_field(HostSession(hosts[name], LocalRunner(hosts[name]), store), hs, read)[0]
         for name, hs in read.hosts.items()
     }
     assert fields["h1"] is not None and fields["h1"]["state"] == "installed"

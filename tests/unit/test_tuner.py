@@ -335,13 +335,15 @@ def test_progress_survives_a_json_round_trip_mid_line() -> None:
 def test_progress_is_stored_with_the_keys_and_order_of_the_dict_it_replaces() -> None:
     """State files hold each job's progress as the old ``to_json`` dict wrote it: the model reads such a
     document (unknown keys ignored, as ``from_json`` did) and writes it back with the same keys in the same
-    order, and ``grew_at`` (added later: unknown, until a poll sees the log) after them."""
+    order, and ``grew_at`` and ``ended`` (added later: unknown, until a poll sees the log and the job's end)
+    after them."""
     stored = (
         '{"offset":300,"carry":"x] Compl","shape":"N=1,K=2","done":{"N=1,K=2":[1,2]},"written":["/a.json"],'
         '"runs_completed":1,"traceback":false,"error":null,"oom":false'
     )
-    assert tf.LogProgress.model_validate_json(stored + "}").model_dump_json() == stored + ',"grew_at":null}'
-    now = stored + ',"grew_at":"2026-12-04T21:00:00Z"}'
+    unknown = stored + ',"grew_at":null,"ended":null}'
+    assert tf.LogProgress.model_validate_json(stored + "}").model_dump_json() == unknown
+    now = stored + ',"grew_at":"2026-12-04T21:00:00Z","ended":"succeeded"}'
     assert tf.LogProgress.model_validate_json(now).model_dump_json() == now
     assert tf.LogProgress.model_validate({"offset": 5, "older_key": 1}) == tf.LogProgress(offset=5)
 
