@@ -370,7 +370,7 @@ def _port_problems(found: HostFacts, needs: Needs) -> list[Obstacle]:
     foreign = [x for x in found.listeners or () if needs.own_session is None or x.session != needs.own_session]
     if not foreign:
         return []
-    named = ", ".join(f"pid {x.pid} ({x.name})" if x.pid is not None else "a process orch cannot see" for x in foreign)
+    named = held_by(foreign)
     return [
         Obstacle(
             f"port {needs.port} is held by {named}, not by orch's server",
@@ -378,6 +378,11 @@ def _port_problems(found: HostFacts, needs: Needs) -> list[Obstacle]:
             "port",
         )
     ]
+
+
+def held_by(listeners: Sequence[Listener]) -> str:
+    """The processes of ``listeners`` in words: ``pid 4242 (python3), a process orch cannot see``."""
+    return ", ".join(f"pid {x.pid} ({x.name})" if x.pid is not None else "a process orch cannot see" for x in listeners)
 
 
 def _workdir_problems(found: HostFacts, needs: Needs) -> list[Obstacle]:

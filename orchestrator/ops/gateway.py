@@ -23,7 +23,7 @@ from datetime import datetime
 
 from orchestrator import jobs
 from orchestrator.errors import GatewayError, RemoteCommandError, UsageError
-from orchestrator.facts import probe
+from orchestrator.facts import probe, replacement
 from orchestrator.gateway import (
     GatewayClient,
     Served,
@@ -136,6 +136,7 @@ def up(runner: Runner, host: Host, gateway: Gateway, workers: tuple[str, ...], t
             "another gateway (not orch's) holds the address; nothing started",
             hint="stop that gateway, or point gateway.url at it and leave `orch gateway up` out",
         )
+    _refuse_held_ports(runner, host, gateway)
     previous = (current, died_log(runner, current)) if current is not None else None
     spec = jobs.JobSpec("gateway", GATEWAY_PURPOSE, smg_argv(gateway.python, gateway, workers, *gateway.args),
                         env=gateway.env)  # fmt: skip
@@ -147,6 +148,24 @@ def up(runner: Runner, host: Host, gateway: Gateway, workers: tuple[str, ...], t
         return GatewayUp(started, False, workers, previous)
     job = jobs.find(runner, host.workdir, started.job_id)
     return GatewayUp(started, False, workers, previous, alive=False, failed=failed, log=log_end(runner, job))
+
+
+def _refuse_held_ports(runner: Runner, host: Host, gateway: Gateway) -> None:
+    """``GatewayError`` when a process already listens on the port smg would serve on, or on its metrics port:
+    smg could not listen there; one round trip."""
+    ports = {"gateway": gateway.port, "metrics": gateway.metrics}
+    argv = probe.probe_argv([(what, replacement.listeners_argv(port)) for what, port in ports.items()])
+    found = probe.parse(runner.run(argv).stdout)
+    for what, port in ports.items():
+        section = found.get(what)
+        held = replacement.parse_listeners(section.output) if section is not None and section.ok else ()
+        if held:
+            setting = "gateway.url's port" if what == "gateway" else "gateway.metrics_port"
+            raise GatewayError(
+                f"{host.name}: port {port} (the gateway's{' metrics' if what == 'metrics' else ''}) is held by "
+                f"{replacement.held_by(held)}, not by a gateway of orch's; nothing started",
+                hint=f"free the port (orch never kills a process it did not start), or change {setting}",
+            )
 
 
 def _key_env(gateway: Gateway) -> dict[str, str]:

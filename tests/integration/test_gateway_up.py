@@ -8,10 +8,12 @@ and check that smg holds it (401 without it).
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -205,6 +207,25 @@ def test_gateway_up_starts_nothing_when_another_gateway_holds_the_url(
         assert run.returncode == 3, run.output
         assert f"{other.gateway.url} already answers /health, but no gateway job of orch's runs on sim-1" in run.stderr
         assert gateway_jobs(env) == [] and other.process.poll() is None
+
+
+def test_gateway_up_starts_nothing_on_a_port_another_process_holds(
+    make_fleet: Callable[..., FleetEnv], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A web service (not a gateway: its /health is 404) on the gateway's port: smg was started onto it."""
+    env: FleetEnv = make_fleet(n_hosts=1)
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        gateway = with_gateway(env, str(smg_python()), monkeypatch, url=f"http://127.0.0.1:{other.server_port}")
+        run = env.orch("gateway", "up")
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert run.returncode == 3, run.output
+    assert f"sim-1: port {gateway.port} (the gateway's) is held by pid {os.getpid()} (" in run.stderr
+    assert "not by a gateway of orch's; nothing started" in run.stderr and "or change gateway.url's port" in run.stderr
+    assert gateway_jobs(env) == []
 
 
 def test_gateway_up_without_gateway_host_is_exit_2_with_a_hint(tmp_path: Path, orch: Callable[..., OrchRun]) -> None:
