@@ -35,14 +35,18 @@ def state() -> None:
 @pass_app
 def show(app: App, host: str | None, as_json: bool) -> int:
     """One line per host (phase, last seen, server, jobs, history), the plans and the last rollout; with
-    HOST, that host's document.
+    HOST (a name, or an inventory host's address), that host's document.
 
     \b
     Example:
       orch state show
       orch state show blackwell-1
+      orch state show 10.1.230.171
     """
     current = app.existing_store().read(None if host is None else [host])
+    named = _named_at(app, host) if host is not None and host not in current.hosts else None
+    if named is not None:  # HOST is the address of the inventory's host `named`
+        host, current = named, app.store.read([named])
     if host is not None and host not in current.hosts:
         raise UsageError(f"the state has no host {host!r}", hint="`orch state show` lists the hosts it has")
     if host is not None:
@@ -52,6 +56,15 @@ def show(app: App, host: str | None, as_json: bool) -> int:
     else:
         state_view.summary(current)
     return 0
+
+
+def _named_at(app: App, address: str) -> str | None:
+    """The name of the inventory's host at ``address`` (``state show`` takes an address as ``--host`` does),
+    when the inventory is there and has one."""
+    if not app.inventory_file.exists():
+        return None
+    named = [h.name for h in app.inventory.hosts.values() if h.address == address]
+    return named[0] if len(named) == 1 else None
 
 
 @state.command()

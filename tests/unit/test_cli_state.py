@@ -44,6 +44,11 @@ def test_state_show_host_prints_its_document(tmp_path: Path, orch: Callable[...,
     missing = orch("--state", str(path), "state", "show", "nowhere")
     assert missing.returncode == 2
     assert "orch: error: the state has no host 'nowhere'" in missing.stderr
+    inventory = tmp_path / "hosts.yaml"  # by its address, as every --host takes it
+    inventory.write_text("hosts:\n  blackwell-1: {address: 127.0.0.9}\n")
+    by_address = orch("-i", str(inventory), "--state", str(path), "state", "show", "127.0.0.9")
+    assert by_address.returncode == 0, by_address.output
+    assert json.loads(by_address.stdout) == json.loads(result.stdout)
 
 
 def test_state_export_writes_the_whole_state_as_one_json_file(tmp_path: Path, orch: Callable[..., OrchRun]) -> None:
