@@ -234,7 +234,7 @@ def _server_cell(v: HostStatus, now: datetime | None = None) -> str:
     if s.get("job_state") == "stopped":
         return f"{_stopped(s, now)}, job {s['job']}{rank}"
     if not s["healthy"]:
-        return f"NOT healthy (job {s['job']}: {s['job_state']}){rank}"
+        return f"NOT healthy (job {s['job']}: {_ended(s['job_state'])}){rank}"
     simulated = ", simulated" if s.get("simulated") else ""
     accept = f" (accept {s['accept_length']:.2f}{simulated})" if s.get("accept_length") is not None else ""
     mtp = f"MTP on{accept}" if s["mtp"] else "MTP off"
@@ -331,6 +331,11 @@ def _tuning_short(v: HostStatus) -> str:
     return str(t["state"])
 
 
+def _ended(job_state: str) -> str:
+    """A server job's state in words: one that ``succeeded`` ended with exit 0, unasked (a server does not end)."""
+    return "ended, exit 0" if job_state == "succeeded" else job_state
+
+
 def _server_short(v: HostStatus, now: datetime) -> str:
     """``healthy, MTP 3.10, up 2h``, ``healthy, restart pending``, ``stopped (by ..., 2 h ago)``,
     ``NOT healthy (failed)``."""
@@ -340,7 +345,7 @@ def _server_short(v: HostStatus, now: datetime) -> str:
     if s.get("job_state") == "stopped":
         return _stopped(s, now)
     if not s["healthy"]:
-        return f"NOT healthy ({s['job_state']})"
+        return f"NOT healthy ({_ended(s['job_state'])})"
     if s.get("restart_pending"):
         return "healthy, restart pending"
     accept = f" {s['accept_length']:.2f}" if s.get("accept_length") is not None else " on"
