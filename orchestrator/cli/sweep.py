@@ -12,10 +12,12 @@ from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.cli.confirm import yes_option
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.facts import sweep as facts
+from orchestrator.fleet import Fleet
 from orchestrator.inventory import Host
 from orchestrator.ops import sweep as sweep_op
 from orchestrator.recipe import Recipe, SweepOptions
 from orchestrator.render import print_json
+from orchestrator.store import StateStore
 from orchestrator.views import sweep as view
 from orchestrator.views.serve import reporter
 
@@ -68,12 +70,13 @@ def sweep(
     refuse_groups(app, selected)
     chosen = app.recipes(selected, playbook)
     names = check_profiles(chosen, options.profiles)
-    refuse_serving(app, selected, yes)
-    render.err.print(f"sweep: a canary run on {', '.join(h.name for h in selected)}: each of {', '.join(names)} is "
-              "served there in turn; no other host is touched", markup=False)  # fmt: skip
     options, best_at = options.model_copy(update={"profiles": names}), options.then_serve
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
+        if not yes:
+            refuse_serving(fleet, selected, app.store)
+        render.err.print(f"sweep: a canary run on {', '.join(h.name for h in selected)}: each of {', '.join(names)} "
+                         "is served there in turn; no other host is touched", markup=False)  # fmt: skip
         results = fleet.map_sessions(lambda s: sweep_op.sweep(s, chosen[s.name], options, app.peers(fleet)),
                                      lambda: app.store)  # fmt: skip
         if not as_json:
@@ -123,11 +126,15 @@ def refuse_groups(app: App, selected: list[Host]) -> None:
         )
 
 
-def refuse_serving(app: App, selected: list[Host], yes: bool) -> None:
-    """Without ``--yes``, refuse (exit 2) to sweep a host whose server orch launched and did not stop."""
-    state = app.store.read()
-    serving = [h.name for h in selected if (s := state.host(h.name).server) is not None and s.stopped_at is None]
-    if serving and not yes:
+def refuse_serving(fleet: Fleet, selected: list[Host], store: StateStore) -> None:
+    """Refuse (exit 2, nothing changed) to sweep a host that serves now, as the host shows it: orch's server job
+    runs there, whether this state records it or not (another controller's, a lost state directory's); a host
+    that cannot be read serves when this state records a server it did not stop."""
+    found = fleet.map_sessions(lambda s: s.running_server() is not None, store, selected)
+    state = store.read([h.name for h in selected], history=False)
+    recorded = {name for name, hs in state.hosts.items() if hs.server is not None and hs.server.stopped_at is None}
+    serving = [r.host.name for r in found if (r.value if r.ok else r.host.name in recorded)]
+    if serving:
         raise UsageError(
             f"{', '.join(serving)}: serving now; a sweep relaunches the server once per profile (out of service)",
             hint="pass --yes to take it out of service for the sweep, or pick a canary that does not serve",

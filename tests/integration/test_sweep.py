@@ -51,6 +51,9 @@ def test_sweep_survives_a_kill_and_recommends_per_band(make_fleet, tmp_path: Pat
     refused = env.orch(*args)
     assert refused.returncode == 2
     assert f"{host}: serving now; a sweep relaunches the server once per profile" in refused.stderr
+    other = env.orch("--state", str(tmp_path / "other.db"), *args)  # a state that does not record the server
+    assert other.returncode == 2, other.output  # it relaunched the server: the host runs it, whatever a state says
+    assert f"{host}: serving now; a sweep relaunches the server once per profile" in other.stderr
 
     cmd = [*env.argv(), *args, "--yes"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
