@@ -99,11 +99,15 @@ class TuningSpec(_Strict):
     stuck_after_s: float = Field(STUCK_AFTER_S, gt=0)
 
 
+MAX_PROMPTS, MAX_IN_FLIGHT = 1_000_000, 100_000
+"""Bounds of a benchmark's requests and of those in flight (a typo of a few digits, not a load ever run)."""
+
+
 class BenchSpec(_Strict):
     input_len: int = Field(1024, gt=0)
     output_len: int = Field(256, gt=0)
-    num_prompts: int = Field(64, gt=0)
-    max_concurrency: int = Field(16, gt=0)
+    num_prompts: int = Field(64, gt=0, le=MAX_PROMPTS)
+    max_concurrency: int = Field(16, gt=0, le=MAX_IN_FLIGHT)
     request_rate: float | None = None
     # SGLang's default 0.0 draws each request's lengths from [1, len]; 1.0 keeps them fixed at len.
     random_range_ratio: float = Field(1.0, ge=0.0, le=1.0)
@@ -191,8 +195,12 @@ class BenchOptions(_Strict):
     )
     input_len: int | None = Field(None, ge=1, description="Random prompt length in tokens (default: the playbook's).")
     output_len: int | None = Field(None, ge=1, description="Output tokens per request (default: the playbook's).")
-    num_prompts: int | None = Field(None, ge=1, description="Requests to send (default: the playbook's).")
-    max_concurrency: int | None = Field(None, ge=1, description="Requests in flight at most (default: the playbook's).")
+    num_prompts: int | None = Field(
+        None, ge=1, le=MAX_PROMPTS, description="Requests to send (default: the playbook's)."
+    )
+    max_concurrency: int | None = Field(
+        None, ge=1, le=MAX_IN_FLIGHT, description="Requests in flight at most (default: the playbook's)."
+    )
 
     _labels = field_validator("label", "baseline")(_label)
 
@@ -226,8 +234,8 @@ class SweepOptions(_Strict):
     @field_validator("concurrency")
     @classmethod
     def _levels(cls, value: list[int]) -> list[int]:
-        if any(c <= 0 for c in value):
-            raise ValueError("concurrencies are positive whole numbers (e.g. [1, 8, 32, 128])")
+        if any(c <= 0 or c > MAX_IN_FLIGHT for c in value):
+            raise ValueError(f"concurrencies are whole numbers from 1 to {MAX_IN_FLIGHT:,} (e.g. [1, 8, 32, 128])")
         return sorted(set(value))
 
     @model_validator(mode="after")
@@ -294,6 +302,10 @@ def _check_flags(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
+PROFILE_NAME = re.compile(r"[^\s,]{1,40}")
+"""A serving profile's name: one word (a sweep's run label is split on spaces), no comma (``--profiles A,B``)."""
+
+
 class ServingProfile(_Strict):
     """A named way to serve the recipe's model (``profiles:`` in a playbook; ``orch serve --profile``).
 
@@ -335,6 +347,17 @@ class Recipe(_Strict):
     @classmethod
     def _flags(cls, value: dict[str, Any]) -> dict[str, Any]:
         return _check_flags(value)
+
+    @field_validator("profiles")
+    @classmethod
+    def _profile_names(cls, value: dict[str, ServingProfile]) -> dict[str, ServingProfile]:
+        for name in value:
+            if not PROFILE_NAME.fullmatch(name):
+                raise ValueError(
+                    f"profile name {name[:60]!r}: one word of 1 to 40 characters, no comma (it names the profile in "
+                    "--profile, --profiles lists and the sweep's benchmark labels)"
+                )
+        return value
 
     def step(self, name: str) -> Step | None:
         return next((s for s in self.steps if s.name == name), None)

@@ -89,8 +89,8 @@ def serve(
       orch serve --host blackwell-1 --profile max-throughput
     """
     selected = group_op.with_whole_groups(app.inventory, app.select(hosts, tags))
-    chosen = app.recipes(selected, playbook, mtp=None if serving_profile else options.mtp)
-    if serving_profile:
+    chosen = app.recipes(selected, playbook, mtp=None if serving_profile is not None else options.mtp)
+    if serving_profile is not None:  # `--profile ''` too: no such profile, exit 2
         asked = click.get_current_context().get_parameter_source("mtp") is ParameterSource.COMMANDLINE
         chosen, mtp = profiled(chosen, serving_profile, options.mtp, mtp_asked=asked and options.mtp)
         options = options.model_copy(update={"mtp": mtp})

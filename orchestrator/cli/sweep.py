@@ -28,7 +28,7 @@ from orchestrator.views.serve import reporter
     SweepOptions,
     metavars={"profiles": "A,B,...", "concurrency": "N,N,...", "then_serve": "BEST@C"},
     parse={
-        "profiles": lambda text, _: [name.strip() for name in text.split(",") if name.strip()] or None,
+        "profiles": lambda text, _: facts.parse_profiles(text),
         "concurrency": lambda text, _: facts.parse_concurrency(text),
         "then_serve": lambda text, given: facts.parse_then_serve(text, given["concurrency"]),
     },

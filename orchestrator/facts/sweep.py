@@ -41,7 +41,7 @@ class SweepPoint:
 def parse_concurrency(text: str) -> list[int]:
     """``"1,8,32,128"`` → ``[1, 8, 32, 128]`` (sorted, no repeats); ``ValueError`` saying what is wrong."""
     parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() and int(p) > 0 for p in parts):  # an empty item too: `1,,8` is a typo
+    if not all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):  # `1,,8` (a typo), non-ASCII digits too
         raise ValueError(f"{text!r} is not a list of positive whole numbers (e.g. 1,8,32,128)")
     return sorted({int(p) for p in parts})
 
@@ -50,7 +50,7 @@ def parse_then_serve(text: str, concurrencies: Sequence[int]) -> int:
     """``--then-serve BEST@C`` → C, one of the sweep's ``concurrencies``; ``ValueError`` saying what is
     wrong (another form, or a C the sweep does not run, so it could name no winner)."""
     head, at, tail = text.strip().partition("@")
-    if head.strip().upper() != "BEST" or not at or not tail.strip().isdigit():
+    if head.strip().upper() != "BEST" or not at or not (tail.strip().isascii() and tail.strip().isdigit()):
         raise ValueError(f"{text!r} is not BEST@C, C a concurrency of the sweep (e.g. BEST@32)")
     concurrency = int(tail.strip())
     if concurrency not in concurrencies:
@@ -69,6 +69,15 @@ def sweep_key(settings: Mapping[str, Any], workload: Mapping[str, Any]) -> str:
     """8 hex digits naming a profile's runs: its settings and the workload (JSON-able descriptions)."""
     text = json.dumps({"settings": settings, "workload": workload}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def parse_profiles(text: str) -> list[str]:
+    """``--profiles low-latency,balanced`` → the names, each once, in order; none is a ``ValueError`` (leaving
+    the flag out sweeps every profile)."""
+    names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    if not names:
+        raise ValueError(f"{text!r} names no profile: leave --profiles out to sweep every profile of the playbook")
+    return names
 
 
 def run_label(key: str, profile: str, concurrency: int) -> str:

@@ -60,12 +60,24 @@ def test_a_profile_may_not_set_what_orch_sets(tmp_path: Path) -> None:
         load_recipe(path)
 
 
+@pytest.mark.parametrize("name", ["low lat", "a,b", "x" * 41])
+def test_a_profile_name_is_one_word_of_at_most_40_characters(tmp_path: Path, name: str) -> None:
+    """A space hid the profile from the report (its sweep labels are split on spaces); 110 characters made a
+    sweep label too long after the canary had been relaunched."""
+    path = tmp_path / "p.yaml"
+    path.write_text(SHIPPED.read_text().replace("profiles:\n", f"profiles:\n  '{name}': {{}}\n"))
+    with pytest.raises(ConfigError, match=r"key 'profiles': .*one word of 1 to 40 characters, no comma"):
+        load_recipe(path)
+
+
 def test_serve_with_an_unknown_profile_is_exit_2_before_any_host(tmp_path: Path, orch: Callable[..., OrchRun]) -> None:
     inventory = tmp_path / "hosts.yaml"
     inventory.write_text("hosts:\n  h1: {address: 127.0.0.1}\n")
     result = orch("-i", str(inventory), "serve", "--profile", "fast", "--dry-run")
     assert result.returncode == 2
     assert "no serving profile 'fast'" in result.stderr
+    empty = orch("-i", str(inventory), "serve", "--profile", "", "--dry-run")  # it served the base recipe
+    assert empty.returncode == 2 and "no serving profile ''" in empty.stderr
 
 
 def test_serve_mtp_with_a_profile_without_mtp_is_exit_2_before_any_host(
@@ -127,7 +139,8 @@ def test_a_playbook_may_run_profile_and_sweep_steps_with_their_commands_options(
     ("step", "message"),
     [
         ("sweep: {concurrency: [1, 8], then_serve: 32}", "then_serve 32 is not one of the sweep's concurrencies (1, 8"),
-        ("sweep: {concurrency: [0]}", "concurrencies are positive whole numbers"),
+        ("sweep: {concurrency: [0]}", "concurrencies are whole numbers from 1 to 100,000"),
+        ("sweep: {concurrency: [1, 1000000]}", "concurrencies are whole numbers from 1 to 100,000"),
         ("sweep: {profiles: []}", "profiles"),
         ("profile: {steps: 0}", "steps"),
         ("profile: {stage: decode}", "stage"),

@@ -73,10 +73,18 @@ def test_parse_concurrency(text: str, expected: list[int]) -> None:
     assert fs.parse_concurrency(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "0", "a,b", "-1", "1.5", "1,,8", "1,8,"])
+@pytest.mark.parametrize("text", ["", "0", "a,b", "-1", "1.5", "1,,8", "1,8,", "²,8", "١,8"])
 def test_parse_concurrency_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="not a list of positive whole numbers"):
         fs.parse_concurrency(text)
+
+
+def test_parse_profiles_keeps_each_name_once_and_refuses_none() -> None:
+    """``--profiles ''`` or ``,,`` swept every profile of the playbook; ``a,a`` ran ``a`` twice."""
+    assert fs.parse_profiles(" low-latency,balanced,low-latency ") == ["low-latency", "balanced"]
+    for text in ("", ",,", " "):
+        with pytest.raises(ValueError, match="names no profile: leave --profiles out to sweep every profile"):
+            fs.parse_profiles(text)
 
 
 def test_labels_and_prompts() -> None:
