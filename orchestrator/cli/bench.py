@@ -10,7 +10,8 @@ from orchestrator import render
 from orchestrator.app import App
 from orchestrator.cli import Finite, complete
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
-from orchestrator.errors import ExitCode
+from orchestrator.errors import ExitCode, UsageError
+from orchestrator.facts import sweep as sweep_facts
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import group as group_op
@@ -62,6 +63,12 @@ def bench(
       orch bench --label before-tuning --dataset ShareGPT_V3_unfiltered_cleaned_split.json
       orch bench --host blackwell-1 --label tuned+mtp --baseline before-tuning
     """
+    if options.label is not None and sweep_facts.parse_label(options.label) is not None:
+        raise UsageError(
+            f"--label {options.label!r} is a label orch sweep writes (sweep KEY PROFILE cN): a sweep would take "
+            "this run for one of its own",
+            hint="pick another label",
+        )
     selected = measured_hosts(app, hosts, tags, "benchmarked")
     specs = {name: recipe.bench for name, recipe in app.recipes(selected, playbook).items()}
     bench_op.check_baseline(app.store, selected, options)

@@ -97,7 +97,7 @@ def stored_points(records: Iterable[BenchRecord]) -> list[SweepPoint]:
     latest: dict[tuple[str, int], SweepPoint] = {}
     for record in records:
         parsed = parse_label(record.label)
-        if parsed is not None:
+        if parsed is not None and record.params.max_concurrency == parsed[2]:  # a run as a sweep measures it
             _, profile, concurrency = parsed
             latest[(profile, concurrency)] = point(record, profile, concurrency, resumed=False)
     return sorted(latest.values(), key=lambda p: p.concurrency)
@@ -110,9 +110,11 @@ def point(record: BenchRecord, profile: str, concurrency: int, resumed: bool) ->
 
 
 def finished(records: Iterable[BenchRecord], key: str, profile: str, concurrency: int) -> BenchRecord | None:
-    """The latest stored run of this sweep's (profile, concurrency), if any."""
+    """The latest stored run of this sweep's (profile, concurrency), if any: measured at that concurrency (a
+    run whose label was written by hand, at another, is no such run)."""
     label = run_label(key, profile, concurrency)
-    return next((r for r in reversed(list(records)) if r.label == label), None)
+    runs = (r for r in reversed(list(records)) if r.label == label and r.params.max_concurrency == concurrency)
+    return next(runs, None)
 
 
 def best(points: Sequence[SweepPoint]) -> dict[int, str]:

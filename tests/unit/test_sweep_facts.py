@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import orchestrator.sandbox
 from orchestrator.facts import sweep as fs
+from orchestrator.facts.bench import BenchRecord
 from orchestrator.facts.sweep import SweepPoint
+from tests.conftest import OrchRun
+from tests.unit.test_bench_facts import a_record
 
 SIM = Path(orchestrator.sandbox.__file__).parent / "sglang_sim/python/sglang/_sim/throughput.py"
 _spec = importlib.util.spec_from_file_location("sim_throughput", SIM)
@@ -85,6 +89,28 @@ def test_parse_profiles_keeps_each_name_once_and_refuses_none() -> None:
     for text in ("", ",,", " "):
         with pytest.raises(ValueError, match="names no profile: leave --profiles out to sweep every profile"):
             fs.parse_profiles(text)
+
+
+def run_at(label: str, tok_s: float, concurrency: int) -> BenchRecord:
+    record = a_record(label, tok_s)
+    return record.model_copy(update={"params": record.params.model_copy(update={"max_concurrency": concurrency})})
+
+
+def test_a_run_labelled_as_a_sweeps_but_measured_at_another_concurrency_is_not_one_of_its_runs() -> None:
+    """`orch bench --label "sweep KEY low-latency c16" --max-concurrency 1` was skipped as the sweep's c16 run."""
+    label = fs.run_label("abcd1234", "low-latency", 16)
+    spoof, real = run_at(label, 205.5, 1), run_at(label, 900.0, 16)
+    assert fs.finished([spoof], "abcd1234", "low-latency", 16) is None and fs.stored_points([spoof]) == []
+    assert fs.finished([spoof, real], "abcd1234", "low-latency", 16) is real
+    assert [p.output_throughput for p in fs.stored_points([real, spoof])] == [900.0]
+
+
+def test_bench_refuses_a_label_a_sweep_writes(tmp_path: Path, orch: Callable[..., OrchRun]) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  h1: {address: 127.0.0.1}\n")
+    result = orch("-i", str(inventory), "bench", "--label", "sweep abcd1234 low-latency c16")
+    assert result.returncode == 2, result.output
+    assert "is a label orch sweep writes (sweep KEY PROFILE cN)" in result.stderr
 
 
 def test_labels_and_prompts() -> None:
