@@ -14,7 +14,7 @@ from markdown_it import MarkdownIt
 from orchestrator.facts import profile as profile_facts
 from orchestrator.facts.bench import BenchMetrics, BenchParams, BenchRecord
 from orchestrator.facts.profile import ProfileRecord
-from orchestrator.facts.sweep import stored_points
+from orchestrator.facts.sweep import parse_label, stored_points
 from orchestrator.ops import report
 from orchestrator.state import Phase, PhaseChange, ServerRecord, SGLangInfo, State, Verification
 from orchestrator.store import StateStore
@@ -32,12 +32,14 @@ def at(minutes: float) -> datetime:
 
 
 def a_run(label: str, tok_s: float, minutes: float, accept: float | None, mtp: bool) -> dict[str, object]:
+    """A stored run; one labelled as a sweep's measured at its concurrency (as a sweep runs it)."""
+    swept = parse_label(label)
     record = BenchRecord(
         label=label,
         at=at(minutes),
         job_id=f"bench-{minutes}",
         module="sglang.benchmark.serving",
-        params=BenchParams(input_len=1024, output_len=256, num_prompts=64, max_concurrency=16),
+        params=BenchParams(input_len=1024, output_len=256, num_prompts=64, max_concurrency=swept[2] if swept else 16),
         metrics=BenchMetrics(output_throughput=tok_s, completed=64, accept_length=accept, median_ttft_ms=412.9),
         sglang_commit="0123456789abcdef",
         mtp=mtp,
