@@ -208,12 +208,26 @@ def run_command(argv: list[str] | None) -> int:
     return code if isinstance(code, int) else ExitCode.OK
 
 
+_READS_ONLY = "it changes nothing on the hosts"
+AFTER_INTERRUPT = {
+    **dict.fromkeys(["status", "jobs", "logs", "doctor", "report", "state show", "state export"], _READS_ONLY),
+    **dict.fromkeys(["recipe show", "recipe discover", "gateway status"], _READS_ONLY),
+    "profile": "the profile's load job runs on until it ends and the traces of this run are not stored: "
+    "`orch profile` again once it has ended (`orch jobs`) profiles anew",
+}
+"""What an interrupted command says beside "interrupted", when not that running it again resumes (a command
+that only reads; ``profile``, which starts anew)."""
+
+
 def _interrupted(code: ExitCode = ExitCode.INTERRUPTED) -> NoReturn:
     """Ctrl-C (or SIGTERM, ``code`` 143): stop now, without waiting for threads still talking to hosts.
     Jobs on the hosts are detached and keep running; every state write is one SQLite
     transaction, so nothing is half-written; running the same command again resumes (as after a SIGKILL)."""
     how = "interrupted" if code == ExitCode.INTERRUPTED else "terminated (SIGTERM)"
-    click.echo(f"orch: {how}; jobs on the hosts keep running; run the same command again to resume", err=True)
+    context = click.get_current_context(silent=True)  # the command running in this (the main) thread
+    command = context.command_path.partition(" ")[2] if context is not None else ""
+    then = AFTER_INTERRUPT.get(command, "jobs on the hosts keep running; run the same command again to resume")
+    click.echo(f"orch: {how}; {then}", err=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -99,7 +99,7 @@ def test_ctrl_c_stops_following_never_the_job(make_fleet) -> None:  # type: igno
     follower.send_signal(signal.SIGINT)
     out, err = follower.communicate(timeout=30)
     assert follower.returncode == 130, err
-    assert "line 1" in first + out and "interrupted" in err
+    assert "line 1" in first + out and "orch: interrupted; it changes nothing on the hosts" in err  # not "resume"
     assert f"{started.job_id}" in env.orch("jobs").stdout
     assert "running" in env.orch("jobs").stdout
 
