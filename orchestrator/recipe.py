@@ -342,6 +342,7 @@ class Recipe(_Strict):
     profiles: dict[str, ServingProfile] = Field(default_factory=dict)
     multinode: MultiNodeSpec | None = None  # None: one host serves the model
     path: Path | None = Field(None, exclude=True)
+    profile: str | None = Field(None, exclude=True)  # the serving profile this recipe is served as (``with_profile``)
 
     @field_validator("server_args")
     @classmethod
@@ -378,6 +379,7 @@ class Recipe(_Strict):
             "server_args": {**self.server_args, **chosen.server_args},
             "mtp": chosen.mtp if "mtp" in given else self.mtp,
             "min_accept_length": chosen.min_accept_length if "min_accept_length" in given else self.min_accept_length,
+            "profile": name,
         }
         return self.model_copy(update=update)
 

@@ -83,6 +83,7 @@ def wait_gpus_released(host: Host, runner: Runner, indexes: Sequence[int], job_i
 
 
 LAUNCHED_COMMIT = "ORCH_SGLANG_COMMIT"  # in a server job's own env: the SGLang commit it started on (host-side)
+SERVING_PROFILE = "ORCH_SERVING_PROFILE"  # in a server job's own env: the playbook's serving profile it serves as
 
 
 def status_sections(host: Host, record: ServerRecord | None) -> list[tuple[str, list[str]]]:
@@ -164,6 +165,7 @@ def status_field(
         "verified": record.verified is not None,  # False: the shapes in use are not known (none is not 0)
         "resolved": facts.settings_line(record.verification.resolved, record.verification.asked) or None,
         "uptime_s": _uptime(job, seen.host_now or now) if running and job else None,
+        "profile": seen.env.get(SERVING_PROFILE) if running and seen.job is job else None,
         "recorded": True,
         **({"group": record.group, "rank": record.rank} if record.group is not None else {}),
     }
@@ -192,6 +194,7 @@ def _unrecorded_field(http_out: str | None, seen: jobs.Held, now: datetime) -> d
         "uptime_s": _uptime(seen.job, seen.host_now or now),
         "recorded": False,
         "commit": seen.env.get(LAUNCHED_COMMIT),
+        "profile": seen.env.get(SERVING_PROFILE),
         "bind": facts.bind_address(seen.argv),
         **({"rank": rank, "nnodes": nodes} if rank is not None and nodes else {}),
     }

@@ -771,7 +771,8 @@ def launch(
     host = session.host
     commit = session.git().commit
     job_id = start_server(session, argv, recipe, configs)
-    session.say(f"started server job {job_id} on port {host.server_port}; waiting for /health")
+    profile = f" as serving profile {recipe.profile}" if recipe.profile is not None else ""
+    session.say(f"started server job {job_id} on port {host.server_port}{profile}; waiting for /health")
     begin = time.monotonic()
     url = facts.base_url(recipe, host)
     log = wait_healthy(session, job_id, url, health_timeout(recipe, options))
@@ -795,6 +796,8 @@ def start_server(
     gpus = tuple(facts.server_gpus(recipe, host))
     commit = session.git().commit
     launch_env = {srv.LAUNCHED_COMMIT: commit}  # the host's own record of the code the server runs
+    if recipe.profile is not None:  # and of the serving profile it serves as (``orch status`` shows it)
+        launch_env[srv.SERVING_PROFILE] = recipe.profile
     launch_env.update(autotune.launch_env(recipe, host.workdir))  # SGLANG_CACHE_DIR: orch's, when the autotune runs
     launch_env.update(env or {})
     spec = jobs.JobSpec(kind="server", purpose=readers.SERVER_PURPOSE, argv=argv, env=launch_env, gpus=gpus)

@@ -225,8 +225,9 @@ def _commits(s: dict[str, Any]) -> str:
 
 
 def _server_cell(v: HostStatus, now: datetime | None = None) -> str:
-    """``healthy, MTP on (accept 3.10), 5 tuned shapes, up 2h03m, job server-...; runs 8e6290d``, or
-    why it is down, or ``stopped (by orch stop-server, 2 h ago)``."""
+    """``healthy, MTP on (accept 3.10), 5 tuned shapes, up 2h03m, job server-...; runs 8e6290d`` (``healthy,
+    profile balanced, ...`` served as a playbook's serving profile), or why it is down, or ``stopped (by orch
+    stop-server, 2 h ago)``."""
     s = v.extra.get("server")
     if not s:
         return "-"
@@ -241,7 +242,8 @@ def _server_cell(v: HostStatus, now: datetime | None = None) -> str:
     uptime = _uptime(s.get("uptime_s") or 0)
     commits = _commits(s)
     shapes = f"{len(s['tuned_shapes_in_use'])} tuned shapes" if s.get("verified", True) else "tuned shapes not verified"
-    line = f"healthy, {mtp}, {shapes}, up {uptime}, job {s['job']}{rank}"
+    profile = f"profile {s['profile']}, " if s.get("profile") else ""
+    line = f"healthy, {profile}{mtp}, {shapes}, up {uptime}, job {s['job']}{rank}"
     if s.get("recorded") is False:
         line += " (not recorded in this state database: started by another controller or state directory)"
     line = f"{line}; {commits}" if commits else line

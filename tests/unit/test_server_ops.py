@@ -84,6 +84,18 @@ def test_status_field_shows_the_server_the_host_runs_whatever_the_record_says() 
         assert (field["mtp"], field["uptime_s"], field["commit"]) == (True, 3600, "abc")
 
 
+def test_status_field_names_the_serving_profile_the_hosts_server_job_was_launched_as() -> None:
+    """Nothing showed which serving profile a host ran (`serve --profile`, a sweep's last profile)."""
+    env = "ORCH_SGLANG_COMMIT=abc\nORCH_SERVING_PROFILE=balanced\n"
+    recorded = held_out(RECORD.job_id, ["py"], NOW - timedelta(hours=1), NOW, env=env)
+    unrecorded = held_out("server-2", ["py"], NOW - timedelta(hours=1), NOW, env=env)
+    for seen in (recorded, unrecorded):
+        field = srv.status_field(http_out(200, INFO), seen, RECORD, NOW)
+        assert field is not None and field["profile"] == "balanced"
+    plain = held_out(RECORD.job_id, ["py"], NOW, NOW, env="ORCH_SGLANG_COMMIT=abc\n")
+    assert srv.status_field(http_out(200, INFO), plain, RECORD, NOW)["profile"] is None  # type: ignore[index]
+
+
 @pytest.mark.parametrize(("rank", "healthy"), [(0, False), (1, True)])
 def test_an_unrecorded_rank_of_a_group_is_shown_as_the_host_runs_it(rank: int, healthy: bool) -> None:
     """A second controller's (or a lost state directory's) replica group: rank 1 answers no HTTP and is
@@ -160,6 +172,7 @@ def test_status_field_of_a_healthy_mtp_server() -> None:
         "verified": True,
         "resolved": None,  # verified before orch recorded what the server resolved
         "uptime_s": 7200,
+        "profile": None,  # the base recipe (no job env read here)
         "recorded": True,
     }
 

@@ -269,6 +269,8 @@ def test_a_replica_groups_rank_says_which_rank_of_which_group_it_runs() -> None:
     assert f"{job}, rank 1 of 2 nodes (not recorded in this state database" in unrecorded
     failed = view(group="pro-1", rank=1, healthy=False, job_state="failed")
     assert views_mod._server_cell(failed, NOW) == f"NOT healthy ({job}: failed), rank 1 of group pro-1"
+    profiled = views_mod._server_cell(view(profile="balanced"), NOW)
+    assert profiled.startswith("healthy, profile balanced, MTP on (accept 3.10), ")
     ended = view(group="pro-1", rank=1, healthy=False, job_state="succeeded")  # it said `(…: succeeded)`
     assert views_mod._server_cell(ended, NOW) == f"NOT healthy ({job}: ended, exit 0), rank 1 of group pro-1"
     assert ", rank " not in views_mod._server_cell(view(), NOW)  # a host alone
