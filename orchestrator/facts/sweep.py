@@ -93,14 +93,26 @@ def parse_label(label: str) -> tuple[str, str, int] | None:
 
 
 def stored_points(records: Iterable[BenchRecord]) -> list[SweepPoint]:
-    """Every sweep run stored among ``records``, the latest of each (profile, concurrency), by concurrency."""
+    """The sweep runs stored among ``records``, the latest of each (profile, concurrency), by concurrency: of each
+    profile, the runs of its latest key (``sweep_key``: a profile whose arguments or workload changed since
+    measured something else), each measured at its concurrency."""
+    runs = [(parsed, r) for r in records if (parsed := parse_label(r.label)) and r.params.max_concurrency == parsed[2]]
+    latest_key = {profile: key for (key, profile, _), _ in runs}
     latest: dict[tuple[str, int], SweepPoint] = {}
-    for record in records:
-        parsed = parse_label(record.label)
-        if parsed is not None and record.params.max_concurrency == parsed[2]:  # a run as a sweep measures it
-            _, profile, concurrency = parsed
+    for (key, profile, concurrency), record in runs:
+        if key == latest_key[profile]:
             latest[(profile, concurrency)] = point(record, profile, concurrency, resumed=False)
     return sorted(latest.values(), key=lambda p: p.concurrency)
+
+
+def compared(points: Sequence[SweepPoint]) -> list[SweepPoint]:
+    """``points`` at the concurrencies where every profile among them was measured: where a best compares them
+    all (a later sweep of fewer profiles at another concurrency leaves its runs alone there)."""
+    profiles = {p.profile for p in points}
+    measured: dict[int, set[str]] = {}
+    for p in points:
+        measured.setdefault(p.concurrency, set()).add(p.profile)
+    return [p for p in points if measured[p.concurrency] == profiles]
 
 
 def point(record: BenchRecord, profile: str, concurrency: int, resumed: bool) -> SweepPoint:

@@ -320,7 +320,7 @@ def story_rows(records: Sequence[BenchRecord], profiles: Sequence[ProfileRecord]
     with_mtp = next((r for r in reversed(runs) if r.tuned_shapes and r.mtp), None)
     rows = [_story_run(stage, r, baseline) for stage, r in
             (("baseline", baseline), ("tuned", tuned), ("tuned + MTP", with_mtp)) if r is not None]  # fmt: skip
-    points = sweep_facts.stored_points(records)
+    points = sweep_facts.compared(sweep_facts.stored_points(records))
     bands = sweep_facts.bands(sorted({p.concurrency for p in points}), sweep_facts.best(points))
     if bands:
         chosen = "; ".join(f"concurrency {a}{f'-{b}' if b != a else ''}: {name}" for a, b, name in bands)
@@ -352,10 +352,10 @@ def _sim(simulated: bool) -> str:
 
 
 def sweep_cells(records: Sequence[BenchRecord]) -> list[list[str]]:
-    """The host's ``orch sweep`` runs (the latest of each profile and concurrency), the best of each
-    concurrency marked."""
+    """The host's latest ``orch sweep``'s runs (the latest of each profile and concurrency), the best of each
+    concurrency where every profile was measured marked."""
     points = sweep_facts.stored_points(records)
-    winners = sweep_facts.best(points)
+    winners = sweep_facts.best(sweep_facts.compared(points))
     return [
         [str(p.concurrency), p.profile, facts.fmt_number(p.output_throughput), facts.fmt_number(p.median_ttft_ms),
          facts.fmt_number(p.p99_ttft_ms), facts.fmt_number(p.median_itl_ms, 2), facts.fmt_number(p.p99_itl_ms, 2),
@@ -635,7 +635,7 @@ def sweep_figure(host: str, points: Sequence[sweep_facts.SweepPoint]) -> Figure:
     for profile in dict.fromkeys(p.profile for p in points):
         mine = sorted((p for p in points if p.profile == profile), key=lambda p: p.concurrency)
         axes.plot([p.concurrency for p in mine], [p.output_throughput for p in mine], marker="o", label=profile)
-    winners = sweep_facts.best(points)
+    winners = sweep_facts.best(sweep_facts.compared(points))
     best = [p for p in points if winners.get(p.concurrency) == p.profile]
     axes.scatter([p.concurrency for p in best], [p.output_throughput for p in best], s=160, facecolors="none",
                  edgecolors="black", label="best")  # fmt: skip

@@ -314,10 +314,19 @@ def test_report_tells_the_campaign_baseline_tuned_mtp_chosen_profile_and_gpu_tim
     hs = state.hosts["blackwell-1"]
     tuned = BenchRecord.model_validate(a_run("tuned", 2000.0, 66, None, False) | {"tuned_shapes": ["N=1024,K=4096"]})
     hs.benchmarks.insert(1, tuned)
-    sweep = [("low-latency", 1, 300.0), ("max-throughput", 1, 120.0), ("low-latency", 128, 900.0),
-             ("max-throughput", 128, 2100.0)]  # fmt: skip
-    for i, (profile, c, tok_s) in enumerate(sweep):
-        hs.benchmarks.append(BenchRecord.model_validate(a_run(f"sweep k1 {profile} c{c}", tok_s, 80 + i, None, False)))
+    sweep = [
+        ("k0", "low-latency", 64, 50.0),
+        ("k0", "max-throughput", 64, 40.0),  # an earlier sweep, other workload
+        ("k1", "low-latency", 1, 300.0),
+        ("k1", "max-throughput", 1, 120.0),
+        ("k1", "low-latency", 128, 900.0),
+        ("k1", "max-throughput", 128, 2100.0),
+        ("k1", "max-throughput", 7, 999.0),
+    ]  # 7: nothing to compare
+    for i, (key, profile, c, tok_s) in enumerate(sweep):
+        hs.benchmarks.append(
+            BenchRecord.model_validate(a_run(f"sweep {key} {profile} c{c}", tok_s, 80 + i, None, False))
+        )
     hs.profiles = [a_profile("before", 80, 0.6), a_profile("middle", 85, 0.5), a_profile("after", 90, 0.3)]
     text = report.write_report(state, "state.json", tmp_path, "md", now=at(100)).read_text()
     section = text.split("### The campaign", 1)[1].split("\n###", 1)[0]
@@ -326,7 +335,7 @@ def test_report_tells_the_campaign_baseline_tuned_mtp_chosen_profile_and_gpu_tim
                                                  "| GPU time before", "| GPU time after"]  # fmt: skip
     assert rows[1].startswith("| tuned | tuned | 2,000.0 | +11.1% | MTP off, FP8 auto, 1 tuned shape(s) |")
     assert rows[2].startswith("| tuned + MTP | tuned+mtp | 2,900.0 | +61.1% | MTP EAGLE num-steps=3")
-    assert "concurrency 1: low-latency; concurrency 128: max-throughput" in rows[3]
+    assert "| concurrency 1: low-latency; concurrency 128: max-throughput |" in rows[3]  # neither 7 nor 64
     assert rows[4].startswith("| GPU time before | before |") and "attention 40.0%" in rows[4]
     assert rows[5].startswith("| GPU time after | after |") and rows[5].endswith("(simulated) |")
 
