@@ -380,7 +380,7 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
     """Lines under the table for what needs the operator: unreachable hosts with the fix (an unknown host
     key: `orch trust HOST`), a checkout that cannot be read, a failed ``--fetch``; with ``short_cells``
     (under the default table) also what its cells only hint at: a pending restart, why tuning failed or which
-    job is stuck or silent, why the GPUs could not be read."""
+    job is stuck or silent, why the GPUs could not be read; a relaunch cut off with nothing serving."""
     notes = []
     for v in views:
         problems = [v.error.removeprefix(f"{v.name}: ")] if v.error else []
@@ -400,6 +400,11 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
             problems.append(
                 f"server job {job} ended ({server['job_state']}) while recorded serving, not stopped by orch: nothing "
                 f"serves; `orch logs {v.name} {job}` shows why, `orch serve --host {v.name}` {again}"
+            )
+        if v.phase == "launching" and server.get("job_state") != "running" and v.reachable:
+            problems.append(
+                "phase launching, but no server of orch's runs: a serve (or sweep) was cut off between stopping the "
+                f"old server and starting the new one; `orch serve --host {v.name}` (or the same command) serves again"
             )
         if short_cells and v.gpu_error:
             problems.append(f"gpus: {v.gpu_error}")

@@ -364,6 +364,21 @@ def test_restart_is_pending_when_the_checkout_moved_or_configs_came_after_launch
     assert status_op.pending_restart(running, legacy, other, TuningRecord())["commit"] == other
 
 
+def test_a_relaunch_cut_off_with_nothing_serving_is_said_with_the_command_that_serves_again() -> None:
+    """A sweep killed between its stop and its start left `launching`, `stopped (by an orch this state does not
+    record ...)` and no word of what to do."""
+    v = view()
+    v.phase = "launching"
+    v.extra["server"] = {"job": "server-1", "job_state": "stopped", "healthy": False, "stopped_by": "an orch ..."}
+    assert views_mod.status_notes([v]) == [
+        "blackwell-12: phase launching, but no server of orch's runs: a serve (or sweep) was cut off between "
+        "stopping the old server and starting the new one; `orch serve --host blackwell-12` (or the same command) "
+        "serves again"
+    ]
+    v.extra["server"] = {"job": "server-2", "job_state": "running", "healthy": False}  # starting: nothing to say
+    assert views_mod.status_notes([v]) == []
+
+
 def test_a_server_that_ended_while_serving_is_said_with_the_command_that_serves_again_its_group_too() -> None:
     v = view()
     v.extra["server"] = {"job": "server-1", "job_state": "failed", "ended_while_serving": True}
