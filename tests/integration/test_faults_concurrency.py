@@ -43,7 +43,12 @@ def test_status_pull_tune_and_status_at_once_lose_no_update(make_fleet) -> None:
         for c in commands
     ]
     outputs = [p.communicate(timeout=300)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0, 0], outputs
+    pulled = procs[1].returncode
+    if pulled == 3:  # the tuning's jobs started first on a host: pull refuses to move the code under them (9f70f4e)
+        assert "tuning jobs of orch's run on" in outputs[1] and "nothing changed" in outputs[1], outputs[1]
+        again = env.orch("pull")  # once they have ended (tune-fp8 --wait returned)
+        assert again.returncode == 0, again.output
+    assert [p.returncode for p in procs] == [0, pulled, 0, 0] and pulled in (0, 3), "\n---\n".join(outputs)
 
     store = StateStore(env.state)
     state = store.read()
