@@ -158,8 +158,9 @@ def _kept(runner: Runner, kept: KeptRecord) -> tuple[str, tf.Configs]:
 
 
 def install(session: HostSession, plan: PlanRecord, merged: dict[str, tf.Configs]) -> None:
-    """Write every merged config into the member's runtime config dir, and its mark (``MARKS``); back up a
-    replaced file (the session's ``tuned_configs`` fact is forgotten: the files changed)."""
+    """Write every merged config into the member's runtime config dir (``_replace``: a file holding it already is
+    left as it is), and its mark (``MARKS``); back up a replaced file (the session's ``tuned_configs`` fact is
+    forgotten: the files changed)."""
     host, runner = session.host, session.runner
     paths = plan.hosts[host.name]
     marks = f"{paths.workdir.rstrip('/')}/{MARKS}"
@@ -169,8 +170,7 @@ def install(session: HostSession, plan: PlanRecord, merged: dict[str, tf.Configs
         name = tf.config_file_name(s.n, s.k, plan.device, plan.block_shape)
         target = f"{paths.config_dir.rstrip('/')}/{name}"
         data = tf.render_config(merged[s.key]).encode()
-        backup = _backup(runner, target, data, f"{paths.workdir.rstrip('/')}/tune/backups/{plan.id}")
-        runner.write_bytes(target, data, mode=0o644)
+        backup = _replace(runner, target, data, f"{paths.workdir.rstrip('/')}/tune/backups/{plan.id}")
         session.forget("tuned_configs")
         done[s.key] = InstalledRecord(
             path=target,
@@ -188,17 +188,23 @@ def install(session: HostSession, plan: PlanRecord, merged: dict[str, tf.Configs
     mark_ended(session, plan)
 
 
-def _backup(runner: Runner, target: str, data: bytes, backup_dir: str) -> str | None:
-    """Copy an existing, different ``target`` to ``backup_dir``; its path, or None when nothing to keep."""
+def _replace(runner: Runner, target: str, data: bytes, backup_dir: str) -> str | None:
+    """Write ``data`` to ``target``, a different file there copied to ``backup_dir`` first (its path returned,
+    else None). A ``target`` holding ``data`` already (another controller installed the same plan) is not
+    written again: its mtime, which a server's record of the configs it reads compares, stays, and a server
+    serving them is not called stale (``restart pending``) for it."""
     try:
-        old = runner.read_bytes(target)
+        old: bytes | None = runner.read_bytes(target)
     except FileNotFoundError:
-        return None
+        old = None
     if old == data:
         return None
-    runner.run(["mkdir", "-p", "-m", "700", "--", backup_dir], check=True)
-    backup = f"{backup_dir}/{target.rsplit('/', 1)[-1]}"
-    runner.write_bytes(backup, old, mode=0o644)
+    backup = None
+    if old is not None:
+        runner.run(["mkdir", "-p", "-m", "700", "--", backup_dir], check=True)
+        backup = f"{backup_dir}/{target.rsplit('/', 1)[-1]}"
+        runner.write_bytes(backup, old, mode=0o644)
+    runner.write_bytes(target, data, mode=0o644)
     return backup
 
 

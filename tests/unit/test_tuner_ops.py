@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -375,6 +376,10 @@ def test_install_merges_the_partials_and_backs_up_a_replaced_config(tmp_path: Pa
     backup = record.installed["N=1024,K=4096"].backup
     assert backup is not None and Path(backup).read_text() == "old\n"
     assert store.read().hosts["h1"].phase.value == "tuned"
+    os.utime(target, (1_000_000, 1_000_000))
+    install(member, plan, merged)  # the same plan again (a second controller's `orch wait`): nothing rewritten
+    assert target.stat().st_mtime == 1_000_000  # a server reading it is not "restart pending" for it
+    assert record_of(store.read().hosts["h1"]).installed["N=1024,K=4096"].backup is None
 
 
 def test_install_keeps_the_keys_a_tuner_writes_beyond_the_six(tmp_path: Path) -> None:
