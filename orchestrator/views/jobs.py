@@ -58,8 +58,10 @@ def jobs_table(results: FleetResult[list[JobInfo]], show_all: bool, kind: str | 
         shown = listed if show_all else recent(listed, RECENT)
         hidden += len(listed) - len(shown)
         rows += [[r.host.name, j.id, state(j), str(j.pid or "-"), age(j)] for j in shown]
-    table(None, ["host", "job", "state", "pid", "age"], rows)
-    if kind is not None and results.succeeded and not any(r.value for r in results.succeeded):
+    nothing = kind is not None and results.succeeded and not any(r.value for r in results.succeeded)
+    if not nothing:  # a --kind that matched nothing: said alone, without an empty table
+        table(None, ["host", "job", "state", "pid", "age"], rows)
+    if nothing:
         render.err.print(f"no job of kind or purpose {kind!r} (orch's kinds: {', '.join(KINDS)})", markup=False)
     if hidden:
         render.out.print(f"({hidden} older ended jobs not shown: --all lists them)", markup=False)

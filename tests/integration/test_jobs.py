@@ -127,6 +127,7 @@ def test_jobs_shows_live_and_recent_one_line_each_and_logs_takes_a_kind(make_fle
     assert "no job of kind" not in only.stderr
     typo = env.orch("jobs", "--kind", "sever")  # listed nothing, silently
     assert typo.returncode == 0 and "no job of kind or purpose 'sever' (orch's kinds: server, tune," in typo.stderr
+    assert typo.stdout == ""  # not an empty table beside it
     shown = env.orch("logs", sim.name, "server")
     assert shown.returncode == 0, shown.output
     assert f"{sim.name}: job {server} (running, started" in shown.stderr
