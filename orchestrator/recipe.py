@@ -182,7 +182,8 @@ def _label(value: str | None) -> str | None:
 
 class BenchOptions(_Strict):
     label: str | None = Field(
-        None, description="Name of this configuration in the comparison. Default: '<commit> mtp|no-mtp'."
+        None,
+        description="Name of this configuration in the comparison. Default: '<commit> [<serving profile>] mtp|no-mtp'.",
     )
     dataset: str | None = Field(  # a file on the controller, copied to each host's bench.dataset_path first
         None,
@@ -209,7 +210,9 @@ class ProfileOptions(_Strict):
     """``orch profile``: batches to profile per stage, the run's label, seconds the load and traces may take."""
 
     steps: int = Field(5, ge=1, le=200, description="Batches to profile in each stage (prefill, decode).")
-    label: str | None = Field(None, description="Name of this profile (before/after). Default: '<commit> mtp|no-mtp'.")
+    label: str | None = Field(
+        None, description="Name of this profile (before/after). Default: '<commit> [<serving profile>] mtp|no-mtp'."
+    )
     timeout: float = Field(600.0, ge=10, description="Seconds the load and the traces may take on each host.")
 
     _label = field_validator("label")(_label)

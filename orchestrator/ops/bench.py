@@ -40,6 +40,7 @@ from orchestrator.facts.bench import BenchParams, BenchRecord, BenchTool, Compar
 from orchestrator.inventory import Host
 from orchestrator.readers import BENCH_PURPOSE, PROFILE_PURPOSE, read_git, read_running_server
 from orchestrator.recipe import BenchOptions, BenchSpec
+from orchestrator.server_job import SERVING_PROFILE
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, JobRecord, JobState, ServerRecord, utc_now
 from orchestrator.store import StateStore
@@ -150,7 +151,7 @@ def bench(
             _refuse_another_server(session, server, served, ended)
         record = _result(session, server, plan, ended)
         records = store.update_host(host.name, functools.partial(_store_result, record=record, ended=ended))
-        if not attached or plan.label == (options.label or default_label(server, _commit(host, runner, server))):
+        if not attached or plan.label == (options.label or served_label(session, server)):
             break
         session.say(
             f"benchmark job {job_id} was another run ({plan.label!r}): stored under its own label; "
@@ -179,7 +180,7 @@ def _new(
         return found
     _refuse_profiling(host, listed)
     dataset = dataset or prepare_dataset(session, spec, options)
-    return _start(host, runner, store, _plan(host, runner, server, spec, options, dataset))
+    return _start(host, runner, store, _plan(session, server, spec, options, dataset))
 
 
 def check_baseline(store: StateStore, hosts: list[Host], options: BenchOptions) -> None:
@@ -361,21 +362,37 @@ def remote_sha256(runner: Runner, path: str) -> str | None:
 
 
 def _plan(
-    host: Host, runner: Runner, server: ServerRecord, spec: BenchSpec, options: BenchOptions, dataset: Dataset
+    session: HostSession, server: ServerRecord, spec: BenchSpec, options: BenchOptions, dataset: Dataset
 ) -> _Plan:
+    host, runner = session.host, session.runner
     tool = find_module(host, runner)
     params = facts.resolve_params(spec, options, dataset)
     commit = _commit(host, runner, server)
-    label = options.label or default_label(server, commit)
+    label = options.label or served_label(session, server)
     output = f"{host.workdir.rstrip('/')}/bench/{utc_now():%Y%m%dT%H%M%S}-{secrets.token_hex(3)}.jsonl"
     address = server_facts.argv_address(server.argv)
     argv = facts.bench_argv(host.python, tool, address, server.port, params, output, dataset.path)
     return _Plan(label, tool.module, params, output, argv, commit)
 
 
-def default_label(server: ServerRecord, commit: str | None) -> str:
-    """``<short commit> mtp`` or ``<short commit> no-mtp``: the configuration a run measured."""
-    return f"{(commit or 'unknown')[:7]} {'mtp' if server.mtp else 'no-mtp'}"
+def default_label(server: ServerRecord, commit: str | None, profile: str | None = None) -> str:
+    """``<short commit> mtp`` or ``<short commit> no-mtp`` (``<short commit> balanced no-mtp`` of a server
+    launched as a serving profile): the configuration a run measured."""
+    return " ".join(x for x in ((commit or "unknown")[:7], profile, "mtp" if server.mtp else "no-mtp") if x)
+
+
+def served_label(session: HostSession, server: ServerRecord) -> str:
+    """``default_label`` of the server the host runs: its commit, its serving profile (``served_profile``)."""
+    return default_label(server, _commit(session.host, session.runner, server), served_profile(session, server))
+
+
+def served_profile(session: HostSession, server: ServerRecord) -> str | None:
+    """The serving profile server job ``server`` was launched as, from its own environment on the host (None:
+    the base recipe, or a job directory that cannot be read)."""
+    try:
+        return session.job_env(server.job_id).get(SERVING_PROFILE)
+    except OrchError:
+        return None
 
 
 def _commit(host: Host, runner: Runner, server: ServerRecord) -> str | None:

@@ -253,7 +253,7 @@ def _summarise(
     verified = server.verification
     commit = verified.sglang_commit or server.commit
     return ProfileRecord(
-        label=options.label or bench_op.default_label(server, commit),
+        label=options.label or bench_op.default_label(server, commit, bench_op.served_profile(session, server)),
         at=utc_now(),
         traces=[f"{directory}/{f.name}" for f in found.values()],
         ranks=len({f.rank for f in every}),

@@ -90,6 +90,11 @@ def test_default_label_names_commit_and_mtp() -> None:
     server = ServerRecord(job_id="s", argv=["python"], port=30000, mtp=True)
     assert bench.default_label(server, "0123456789abcdef") == "0123456 mtp"
     assert bench.default_label(server.model_copy(update={"mtp": False}), None) == "unknown no-mtp"
+    # a server launched as a serving profile: the profile too (a run on the canary serving `balanced` was
+    # labelled as the plain recipe's, and the report set the two side by side as before and after)
+    assert bench.default_label(server.model_copy(update={"mtp": False}), "0123456789", "balanced") == (
+        "0123456 balanced no-mtp"
+    )
 
 
 def test_a_malformed_stored_result_is_a_state_error(tmp_path: Path) -> None:
