@@ -48,7 +48,7 @@ class ProgressLines:
 def progress_line(p: bench_op.BenchProgress) -> str:
     """``gpu-1: benchmark job bench-...: 37/64 requests done, 12 s``."""
     counts = f"{p.done}/{p.total} requests done" if p.done is not None else "running"
-    attached = " (started by another orch)" if p.attached else ""
+    attached = " (started earlier, by this or another orch: waited for)" if p.attached else ""
     return f"{p.host}: benchmark job {p.job_id}{attached}: {counts}, {p.elapsed:.0f} s"
 
 

@@ -53,8 +53,8 @@ def registry(hosts: list[dict[str, Any]], records: dict[str, HostState], now: da
     )
     bench = Gauge(
         "orch_bench_output_throughput_tokens_per_second",
-        "Output tok/s of the host's last benchmark.",
-        ["host", "label"],
+        "Output tok/s of the host's last benchmark (simulated: measured on orch's simulated SGLang, a model's).",
+        ["host", "label", "simulated"],
         registry=reg,
     )
     drained = Gauge(
@@ -103,7 +103,7 @@ def registry(hosts: list[dict[str, Any]], records: dict[str, HostState], now: da
         record = records.get(name)
         if record is not None and record.benchmarks:
             last = record.benchmarks[-1]
-            bench.labels(name, last.label).set(last.metrics.output_throughput)
+            bench.labels(name, last.label, "true" if last.simulated else "false").set(last.metrics.output_throughput)
     return reg
 
 

@@ -103,7 +103,7 @@ def document(results: FleetResult[SweepResult], served: FleetResult[BestServed] 
             continue
         s = result.value
         hosts[result.host.name] = {
-            "simulated": any(p.simulated for p in s.points),
+            "simulated": any(p.simulated for p in s.points) if s.points else None,  # None: nothing measured
             "runs": [point_document(p) for p in s.points],
             "best": {str(c): profile for c, profile in s.best.items()},
             "pareto": [{"profile": p.profile, "concurrency": p.concurrency} for p in s.pareto],

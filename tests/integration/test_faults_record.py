@@ -71,7 +71,7 @@ def test_bench_killed_before_recording_its_job_is_adopted_not_started_again(make
     again = env.orch("bench", "--label", "first", *workload)  # the same command again
     assert again.returncode == 0, again.output
     if not ended:  # waited for while it ran (progress is shown only then)
-        assert f"benchmark job {started.name} (started by another orch)" in again.stderr
+        assert f"benchmark job {started.name} (started earlier, by this or another orch: waited for)" in again.stderr
     assert f"{host.name}: first: " in again.stdout and "started none" in again.stdout
     assert bench_dirs(host) == [started]  # exactly one benchmark ever started on the host
     hs = StateStore(env.state).read().hosts[host.name]

@@ -59,7 +59,8 @@ def test_server_tuning_and_the_last_benchmark() -> None:
     server = {"healthy": True, "accept_length": 3.1, "simulated": True}
     tuning = {"percent": 100.0, "stuck": {"tune.gpu1-20261203T115000-ab12": 310}, "silent": {"j2": 400, "j3": 900}}
     hosts = [doc("a", server=server, tuning=tuning), doc("b", server={"healthy": False}), doc("c")]
-    record = HostState(benchmarks=[bench("baseline", 2000.0), bench("tuned+mtp", 4100.5)])
+    simulated = bench("tuned+mtp", 4100.5).model_copy(update={"simulated": True})
+    record = HostState(benchmarks=[bench("baseline", 2000.0), simulated])
     got = samples(hosts, {"a": record})
     assert got[("orch_server_healthy", (("host", "a"),))] == 1
     assert got[("orch_server_healthy", (("host", "b"),))] == 0
@@ -72,8 +73,11 @@ def test_server_tuning_and_the_last_benchmark() -> None:
     assert got[("orch_tuning_stuck_jobs", (("host", "a"),))] == 1  # what an alert on a tuning nobody waits for reads
     assert ("orch_tuning_stuck_jobs", (("host", "b"),)) not in got
     assert got[("orch_tuning_silent_jobs", (("host", "a"),))] == 2  # jobs that may be hung: an alert reads it
-    key = ("orch_bench_output_throughput_tokens_per_second", (("host", "a"), ("label", "tuned+mtp")))
-    assert got[key] == 4100.5
+    key = (
+        "orch_bench_output_throughput_tokens_per_second",
+        (("host", "a"), ("label", "tuned+mtp"), ("simulated", "true")),
+    )
+    assert got[key] == 4100.5  # a run on the simulated fleet says so (it had no such label)
     assert not [k for k in got if k[0] == "orch_bench_output_throughput_tokens_per_second" and k[1][0][1] == "b"]
 
 
@@ -113,4 +117,7 @@ def test_status_prometheus_exports_the_last_benchmark_from_the_state(tmp_path: A
             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
         )  # fmt: skip
     assert run.returncode == 3, run.stderr
-    assert 'orch_bench_output_throughput_tokens_per_second{host="a",label="tuned+mtp"} 4100.5' in run.stdout
+    assert (
+        'orch_bench_output_throughput_tokens_per_second{host="a",label="tuned+mtp",simulated="false"} 4100.5'
+        in run.stdout
+    )

@@ -22,6 +22,8 @@ def results(simulated: bool) -> FleetResult[SweepResult]:
 def test_sweep_json_says_simulated_per_host_and_run(simulated: bool) -> None:
     doc = view.document(results(simulated))["hosts"]["h1"]
     assert doc["simulated"] is simulated and doc["runs"][0]["simulated"] is simulated
+    unmeasured = FleetResult([HostResult(HOST, value=SweepResult([], best={}, failed={"low-latency": "x"}))])
+    assert view.document(unmeasured)["hosts"]["h1"]["simulated"] is None  # it said false: nothing was measured
 
 
 @pytest.mark.parametrize("simulated", [True, False])
