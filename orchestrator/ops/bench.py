@@ -368,7 +368,7 @@ def _plan(
     tool = find_module(host, runner)
     params = facts.resolve_params(spec, options, dataset)
     commit = _commit(host, runner, server)
-    label = options.label or served_label(session, server)
+    label = options.label or default_label(server, commit, served_profile(session, server))
     output = f"{host.workdir.rstrip('/')}/bench/{utc_now():%Y%m%dT%H%M%S}-{secrets.token_hex(3)}.jsonl"
     address = server_facts.argv_address(server.argv)
     argv = facts.bench_argv(host.python, tool, address, server.port, params, output, dataset.path)

@@ -403,8 +403,9 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
             )
         if v.phase == "launching" and server.get("job_state") != "running" and v.reachable:
             problems.append(
-                "phase launching, but no server of orch's runs: a serve (or sweep) was cut off between stopping the "
-                f"old server and starting the new one; `orch serve --host {v.name}` (or the same command) serves again"
+                "phase launching, but no server of orch's runs: a serve (or sweep) is between stopping the old server "
+                "and starting the new one, or was cut off there; when no such command runs, `orch serve --host "
+                f"{v.name}` (or the same command) serves again"
             )
         if short_cells and v.gpu_error:
             problems.append(f"gpus: {v.gpu_error}")

@@ -371,9 +371,9 @@ def test_a_relaunch_cut_off_with_nothing_serving_is_said_with_the_command_that_s
     v.phase = "launching"
     v.extra["server"] = {"job": "server-1", "job_state": "stopped", "healthy": False, "stopped_by": "an orch ..."}
     assert views_mod.status_notes([v]) == [
-        "blackwell-12: phase launching, but no server of orch's runs: a serve (or sweep) was cut off between "
-        "stopping the old server and starting the new one; `orch serve --host blackwell-12` (or the same command) "
-        "serves again"
+        "blackwell-12: phase launching, but no server of orch's runs: a serve (or sweep) is between stopping the "
+        "old server and starting the new one, or was cut off there; when no such command runs, `orch serve --host "
+        "blackwell-12` (or the same command) serves again"
     ]
     v.extra["server"] = {"job": "server-2", "job_state": "running", "healthy": False}  # starting: nothing to say
     assert views_mod.status_notes([v]) == []
