@@ -8,6 +8,7 @@ single commands (``TuneOptions`` for ``orch tune-fp8``, ...): one code path per 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -345,6 +346,7 @@ class Recipe(_Strict):
     profiles: dict[str, ServingProfile] = Field(default_factory=dict)
     multinode: MultiNodeSpec | None = None  # None: one host serves the model
     path: Path | None = Field(None, exclude=True)
+    digest: str | None = Field(None, exclude=True)  # sha256 of the playbook's text (``load_recipe``), 12 digits
     profile: str | None = Field(None, exclude=True)  # the serving profile this recipe is served as (``with_profile``)
 
     @field_validator("server_args")
@@ -362,6 +364,14 @@ class Recipe(_Strict):
                     "--profile, --profiles lists and the sweep's benchmark labels)"
                 )
         return value
+
+    @property
+    def campaign(self) -> str:
+        """What ``orch run`` records its steps under (``StepProgress.playbook``): the playbook's absolute path and
+        the hash of its text. The same file named another way is the same campaign; another file at that path,
+        or this one edited, is another, whose steps run again (a run of it said `already done` of the last's)."""
+        where = str(self.path.resolve()) if self.path is not None else self.model
+        return f"{where} (sha256 {self.digest})" if self.digest else where
 
     def step(self, name: str) -> Step | None:
         return next((s for s in self.steps if s.name == name), None)
@@ -456,7 +466,8 @@ def load_recipe(path: Path) -> Recipe:
             hint="remove the character (a double-quoted YAML string turns \\n, \\r, \\0 into one)",
         )
     try:
-        return Recipe.model_validate({**raw, "path": path})
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        return Recipe.model_validate({**raw, "path": path, "digest": digest})
     except ValidationError as exc:
         raise ConfigError("\n".join(_describe(path, exc))) from None
 

@@ -113,9 +113,9 @@ def run(
 
         def confirm(passed: list[Host]) -> None:
             ask_before_stopping(fleet, passed, bool(hosts or tags), yes, stops, maybe)
+            if redo:  # once answered: a refusal forgets no done step (it said "nothing was changed")
+                run_op.forget_done(app.store, passed, chosen, steps)
 
-        if redo:
-            run_op.forget_done(app.store, selected, chosen, steps)
         ctx = run_op.RunContext(fleet, app.store, chosen, app.peers(fleet), lockstep, confirm, redo, ranks=ranks)
         if rolling:
             client = rollout_client(app, canary)

@@ -37,6 +37,7 @@ rollout's waves, rolled on its rank 0 (``run_rolling``).
 from __future__ import annotations
 
 import itertools
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -111,8 +112,8 @@ class RunContext:
         return self.group(host) if step in PER_SERVER else [host.name]
 
     def playbook(self, host: Host) -> str:
-        """The host's campaign's name in the state file (its recipe's path)."""
-        return str(self.recipe(host).path)
+        """The host's campaign's name in the state file (``Recipe.campaign``: its playbook's path and hash)."""
+        return self.recipe(host).campaign
 
 
 @dataclass
@@ -183,7 +184,7 @@ def forget_done(store: StateStore, hosts: list[Host], recipes: Mapping[str, Reci
     with store.update() as state:
         for host in hosts:
             names = {s.name for s in steps[host.name]}
-            state.host(host.name).progress(str(recipes[host.name].path)).forget(names)
+            state.host(host.name).progress(recipes[host.name].campaign).forget(names)
 
 
 def _mark(ctx: RunContext, host: Host, step: str, outcome: str, detail: str = "") -> None:
@@ -410,7 +411,7 @@ def serve_options(
     assert isinstance(step.options, ServeOptions)
     if not redo:
         return step.options
-    resumed = was_interrupted(session.store, session.host, str(recipe.path), step.name)
+    resumed = was_interrupted(session.store, session.host, recipe.campaign, step.name)
     if rank is not None:
         return step.options.model_copy(update={"force": not resumed})
     own = serve_op.own_launch(session, recipe, step.options) if resumed else None
@@ -558,8 +559,12 @@ def _next_round(ctx: RunContext, session: HostSession) -> None:
 
 
 def _playbook_arg(ctx: RunContext, host: Host) -> str:
+    """The playbook as ``orch run`` takes it: its name when it lies in a ``playbooks/`` directory (where a name
+    finds it), else its path (a name would find no playbook)."""
     recipe = ctx.recipe(host)
-    return recipe.path.stem if recipe.path is not None else ctx.playbook(host)
+    if recipe.path is None:
+        return recipe.model
+    return recipe.path.stem if recipe.path.parent.name == "playbooks" else shlex.quote(str(recipe.path))
 
 
 def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[None]:
@@ -904,7 +909,7 @@ def stopping_steps(
     done but redone because a tuned config is gone.
     ``group``: the host's rank and the peers' sessions, when it is in a replica group (whose serve is
     decided for the whole group)."""
-    playbook = str(recipe.path)
+    playbook = recipe.campaign
 
     def runs(step: Step) -> bool:
         if redo or not is_done(session.store, session.host, playbook, step.name):
@@ -964,7 +969,7 @@ def dry_run(
     host, store = session.host, session.store
     lines: list[str] = []
     server = session.running_server()
-    playbook = str(recipe.path)
+    playbook = recipe.campaign
     moved = False  # an earlier step would pull or tune: serve's decision waits for them
     for step in steps:
         again = None if redo or not is_done(store, host, playbook, step.name) else result_gone(session, recipe, step)

@@ -71,6 +71,14 @@ def test_run_takes_three_hosts_to_serving_with_mtp_verified_and_a_benchmark(make
         assert f"{name}: campaign done at " in again.stderr
     assert again.stderr.count("upstream has 1 new commit since: `orch run deepseek-v4-flash --from pull`") == 3
     assert all(hs["sglang"]["commit"] != sha for hs in state(env).values())  # fetched, not pulled
+    refused = env.orch("run", "deepseek-v4-flash", "--from", "serve")  # 3 servers down: asks; no terminal to ask
+    assert refused.returncode == 2 and "nothing was changed" in refused.output, refused.output
+    assert all(set(hs["steps"]["done"]) == {"pull", "tune-fp8", "serve", "bench"} for hs in state(env).values())
+    by_name = env.orch("run", "deepseek-v4-flash", "--host", "sim-3", "--dry-run")
+    named = env.inventory.parent / "playbooks" / "deepseek-v4-flash.yaml"  # what the name finds (conftest's copy)
+    by_path = env.orch("run", str(named), "--host", "sim-3", "--dry-run")
+    assert "step bench: already done, skipped" in by_name.stdout, by_name.output
+    assert by_path.stdout == by_name.stdout  # one campaign however the playbook is named (it was all to run again)
     served = state(env)["sim-1"]["server"]["job_id"]
     redo = env.orch("run", "deepseek-v4-flash", "--host", "sim-1", "--from", "serve", timeout=600)
     assert redo.returncode == 0, redo.output

@@ -1,0 +1,54 @@
+"""``Recipe.campaign``: what ``orch run`` records its done steps under, so that a re-run resumes its own campaign
+and no other."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestrator.recipe import PACKAGED_PLAYBOOKS, load_recipe
+
+SHIPPED = (PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text()
+
+
+def test_one_file_named_two_ways_is_one_campaign_and_another_file_or_an_edit_is_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`orch run pb/camp.yaml` from another directory said `done nothing new (already done: pull, tune-fp8,
+    serve)` of a different file, which was never served; the same file by its absolute path ran everything again."""
+    (tmp_path / "pb").mkdir()
+    (tmp_path / "pb" / "camp.yaml").write_text(SHIPPED)
+    monkeypatch.chdir(tmp_path)
+    relative = load_recipe(Path("pb/camp.yaml")).campaign
+    assert load_recipe(tmp_path / "pb" / "camp.yaml").campaign == relative
+    monkeypatch.chdir(tmp_path / "pb")
+    assert load_recipe(Path("camp.yaml")).campaign == relative
+
+    other = tmp_path / "other" / "pb"
+    other.mkdir(parents=True)
+    (other / "camp.yaml").write_text(SHIPPED)
+    monkeypatch.chdir(tmp_path / "other")
+    assert load_recipe(Path("pb/camp.yaml")).campaign != relative  # the same relative path, another file
+
+    (tmp_path / "pb" / "camp.yaml").write_text(SHIPPED.replace("mem-fraction-static: 0.85", "mem-fraction-static: 0.8"))
+    assert load_recipe(tmp_path / "pb" / "camp.yaml").campaign != relative  # edited: its steps run again
+    assert os.path.isabs(relative.split(" (sha256 ")[0])
+
+
+def test_the_next_round_hint_names_a_playbook_as_orch_run_finds_it(tmp_path: Path) -> None:
+    """`orch run pb/camp.yaml` ended with `orch run camp --from pull`, which finds no playbook `camp`."""
+    from types import SimpleNamespace
+
+    from orchestrator.inventory import Host
+    from orchestrator.ops.run import _playbook_arg
+
+    (tmp_path / "pb").mkdir()
+    (tmp_path / "playbooks").mkdir()
+    for where in ("pb", "playbooks"):
+        (tmp_path / where / "camp.yaml").write_text(SHIPPED)
+    host = Host(name="h", address="127.0.0.1")
+    for where, said in (("pb", str(tmp_path / "pb" / "camp.yaml")), ("playbooks", "camp")):
+        recipe = load_recipe(tmp_path / where / "camp.yaml")
+        assert _playbook_arg(SimpleNamespace(recipe=lambda h, r=recipe: r), host) == said  # type: ignore[arg-type]
