@@ -19,7 +19,7 @@ import pytest
 from orchestrator.facts import server as server_facts
 from orchestrator.facts.sweep import stored_points
 from orchestrator.inventory import load_inventory
-from orchestrator.recipe import PACKAGED_PLAYBOOKS
+from orchestrator.recipe import PACKAGED_PLAYBOOKS, load_recipe
 from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
 
@@ -211,7 +211,7 @@ def test_a_profile_step_interrupted_in_its_load_resumes(make_fleet, tmp_path: Pa
         post("start_profile", body)
     refused.value.close()
     assert refused.value.code == 500 and list(leftover.glob("*-EXTEND.trace.json.gz"))  # in progress
-    store.update_host(host, lambda hs: hs.progress(str(playbook.resolve())).step_started("profile"))
+    store.update_host(host, lambda hs: hs.progress(load_recipe(playbook).campaign).step_started("profile"))
 
     result = env.orch("run", str(playbook), timeout=600)
     assert result.returncode == 0, result.output

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.recipe import PACKAGED_PLAYBOOKS
+from orchestrator.recipe import PACKAGED_PLAYBOOKS, load_recipe
 from orchestrator.state import Phase, RolloutRecord
 from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
@@ -21,9 +21,10 @@ from tests.integration.test_serve import playbook
 
 
 def steps_of(env: FleetEnv, name: str, playbook: str) -> set[str]:
-    """The steps of ``playbook``'s campaign the state file records as done on host ``name``."""
+    """The steps of ``playbook``'s campaign (``Recipe.campaign``) the state file records as done on host ``name``."""
     progress = StateStore(env.state).read().hosts[name].steps
-    return set(progress.done) if progress is not None and progress.playbook == playbook else set()
+    campaign = load_recipe(Path(playbook)).campaign
+    return set(progress.done) if progress is not None and progress.playbook == campaign else set()
 
 
 def test_rolling_run_walks_the_campaign_through_the_gateway_fails_no_request_and_resumes(
@@ -124,7 +125,7 @@ def test_an_interrupted_rolling_run_re_registers_the_host_it_left_out_first_and_
     client.wait_removed(sim2, timeout=10)
     with StateStore(env.state).update() as state:
         state.rollout = RolloutRecord(waves=[["sim-1"], ["sim-2"], ["sim-3"]], outcomes={"sim-2": "removed"})
-        state.host("sim-2").progress(same).step_started("serve")
+        state.host("sim-2").progress(load_recipe(Path(same)).campaign).step_started("serve")
     jobs = {name: server_job(env, name) for name in ("sim-1", "sim-2", "sim-3")}
     run = env.orch("run", same)
     assert run.returncode == 0, run.output
