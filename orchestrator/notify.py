@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -100,7 +101,7 @@ class Notifier:
             raise UsageError(f"--notify-cmd: cannot split it as a shell would: {exc}") from None
         if not self.argv:
             raise UsageError("--notify-cmd is empty")
-        secret = find_secret(self.argv)
+        secret = find_secret(self.argv) or _webhook_secret(self.argv)
         if secret:  # on the notifier's command line, `ps` shows it to every user of this machine
             raise UsageError(
                 f"--notify-cmd looks like it holds a secret ({secret!r}); secrets never go on a command line",
@@ -125,8 +126,34 @@ class Notifier:
             log.warning("%s timed out after %gs (killed)", what, self.timeout)
         elif code != 0:
             tail = " ".join(stderr.strip().splitlines()[-3:])
+            if find_secret(tail) or _webhook_secret([tail]):  # a client that echoes its URL or headers
+                tail = "(its stderr looks like it holds a secret: not shown)"
             log.warning("%s exited %d%s", what, code, f": {tail}" if tail else "")
         return code == 0
+
+
+_WEBHOOK_SECRETS = (
+    (re.compile(r"://[^/\s:@]+:[^/\s@]*@"), "a password in a URL (user:password@)"),
+    (re.compile(r"hooks\.slack\.com/services/|discord(?:app)?\.com/api/webhooks/", re.I), "a webhook URL"),
+    (re.compile(r"\bbearer\b", re.I), "a bearer token"),
+    (re.compile(r"(?:token|key|auth)[\w-]*:", re.I), "a credential header"),
+)
+
+
+def _webhook_secret(argv: list[str]) -> str | None:
+    """What else a notifier's command line may hold that ``find_secret`` does not look for: a webhook's
+    secret URL, credentials in a URL, an HTTP credential header, curl's ``-u USER:PASSWORD`` (named,
+    never repeated)."""
+    for i, arg in enumerate(argv):
+        user = argv[i + 1] if arg in ("-u", "--user") and i + 1 < len(argv) else None
+        if arg.startswith("--user="):
+            user = arg.removeprefix("--user=")
+        if user is not None and ":" in user:
+            return "a USER:PASSWORD for -u/--user"
+        found = next((what for pattern, what in _WEBHOOK_SECRETS if pattern.search(arg)), None)
+        if found:
+            return found
+    return None
 
 
 def _run(argv: list[str], payload: str, timeout: float) -> tuple[int | None, str]:

@@ -128,6 +128,13 @@ def test_unusable_notify_command_is_a_usage_error(command: str) -> None:
     [
         ("curl -H 'Authorization: Bearer sk-0123456789abcdef0123' https://hooks.example", "Authorization:"),
         ("notify.sh --token=0123456789abcdef", "token="),
+        ("curl -d @- https://hooks.slack.com/services/T0/B0/0123456789abcdef", "a webhook URL"),
+        ("curl -u ops:0123456789abcdef https://alerts.example", "a USER:PASSWORD for -u/--user"),
+        ("curl --user=ops:0123456789abcdef https://alerts.example", "a USER:PASSWORD for -u/--user"),
+        ("curl https://ops:0123456789abcdef@alerts.example/hook", "a password in a URL (user:password@)"),
+        ("curl -H 'X-Auth-Token: 0123456789abcdef' https://alerts.example", "a credential header"),
+        ("curl -H 'X-Refresh-Key: 0123456789abcdef' https://alerts.example", "a credential header"),
+        ("curl --oauth2-bearer 0123456789abcdef https://alerts.example", "a bearer token"),
     ],
 )
 def test_a_notify_command_holding_a_secret_is_refused_without_echoing_it(command: str, marker: str) -> None:
@@ -138,3 +145,22 @@ def test_a_notify_command_holding_a_secret_is_refused_without_echoing_it(command
     with pytest.raises(UsageError) as unbalanced:
         Notifier(command + " 'cut")
     assert "0123456789abcdef" not in str(unbalanced.value)
+
+
+@pytest.mark.parametrize(
+    "command", ["python3 -u hook.py", "curl -H 'Content-Type: application/json' -d @- https://alerts.example/orch"]
+)
+def test_a_notify_command_without_a_secret_is_accepted(command: str) -> None:
+    assert Notifier(command).argv[0] in ("python3", "curl")
+
+
+def test_a_failed_notifier_stderr_that_holds_a_secret_is_not_repeated(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hook = tmp_path / "hook"
+    hook.write_text("#!/bin/sh\necho 'POST https://ops:0123456789abcdef@alerts.example failed' >&2\nexit 7\n")
+    hook.chmod(0o755)
+    with caplog.at_level(logging.WARNING):
+        assert Notifier(str(hook)).send(Event("phase", "h", "new", "pulled", "r", T0)) is False
+    assert "exited 7: (its stderr looks like it holds a secret: not shown)" in caplog.text
+    assert "0123456789abcdef" not in caplog.text
