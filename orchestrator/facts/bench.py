@@ -161,6 +161,7 @@ class ComparisonRow:
     settings: str = ""
     differs: str = ""  # how the server (model, nodes) or the workload differs from the baseline's, or ""
     accept_representative: bool = True  # False: measured on random token ids, not what users see
+    simulated: bool = False  # measured on orch's simulated SGLang (``BenchRecord.simulated``)
 
 
 def module_argv(python: str) -> list[str]:
@@ -368,6 +369,7 @@ def compare(records: list[BenchRecord], baseline: BenchRecord | None) -> list[Co
             settings=settings_text(r),
             differs=", ".join(differences(r, baseline)) if baseline else "",
             accept_representative=r.params.accept_representative,
+            simulated=r.simulated,
         )
         for r in records
     ]

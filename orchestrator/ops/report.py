@@ -406,7 +406,7 @@ def render_markdown(report: Report) -> str:
 
 def _summary(host: HostReport) -> list[str]:
     last = host.rows[-1] if host.rows else None
-    latest = f"{last.label}: {facts.fmt_number(last.output_throughput)} tok/s" if last else "-"
+    latest = f"{last.label}: {facts.fmt_number(last.output_throughput)} tok/s{_sim(last.simulated)}" if last else "-"
     return [host.name, host.phase, host.sglang, latest]
 
 

@@ -305,6 +305,8 @@ def test_report_says_a_sweep_from_the_simulated_fleet_is_simulated(tmp_path: Pat
     assert (f"**{report.SIMULATED_NOTE}**" in section) == simulated
     benchmarks = text.split("### Benchmarks", 1)[1].split("\n###", 1)[0]
     assert (f"**{report.SIMULATED_NOTE}**" in benchmarks) == simulated
+    summary = next(line for line in text.splitlines() if line.startswith("| blackwell-1 |"))
+    assert summary.endswith("| sweep k1 low-latency c1: 300.0 tok/s (simulated) |") == simulated, summary
 
 
 def test_report_tells_the_campaign_baseline_tuned_mtp_chosen_profile_and_gpu_time_before_and_after(
