@@ -12,7 +12,7 @@ from orchestrator import render
 from orchestrator.app import App
 from orchestrator.cli import complete
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
-from orchestrator.errors import ExitCode
+from orchestrator.errors import ExitCode, UsageError
 from orchestrator.ops import pull as pull_op
 from orchestrator.ops import status as status_op
 from orchestrator.recipe import PullOptions
@@ -62,6 +62,11 @@ def status(
       orch status --host blackwell-1 --json
       orch status --prometheus /var/lib/node_exporter/textfile/orch.prom
     """
+    if prometheus == "":
+        raise UsageError("status --prometheus needs a FILE, not an empty string", hint="- writes to stdout")
+    if prometheus is not None and (as_json or wide or detail_hosts):
+        raise UsageError("status --prometheus writes the metrics instead of the table: not with --json, --wide or HOST",
+                         hint="run status twice for both")  # fmt: skip
     selected = app.select(hosts + detail_hosts, tags)
     with app.fleet(selected, parallel) as fleet:
         state = app.store.read(history=False)  # once for the fleet: no host reads it again
@@ -79,7 +84,7 @@ def status(
     status_op.name_unrecorded_ranks(app.inventory, views)
     groups = status_op.group_statuses(app.inventory, views)
     gateway = status_op.gateway_column(config, hosts_all, state, views) if config is not None else None
-    if prometheus:
+    if prometheus is not None:
         from orchestrator.utc import utc_now
         from orchestrator.views.metrics import write_prometheus
 
@@ -91,7 +96,8 @@ def status(
         status_details(views, gateway)
     else:
         status_table(views, wide=wide, gateway=gateway, groups=groups)
-    return finish(results, show_errors=False)  # the table shows each failed host
+    # The table shows each failed host; the metrics show none, so their failures go to stderr (a cron job's mail).
+    return finish(results, show_errors=bool(prometheus))
 
 
 @click.command()

@@ -121,3 +121,10 @@ def test_status_prometheus_exports_the_last_benchmark_from_the_state(tmp_path: A
         'orch_bench_output_throughput_tokens_per_second{host="a",label="tuned+mtp",simulated="false"} 4100.5'
         in run.stdout
     )
+    assert "a: cannot connect to 127.0.0.1" in run.stderr, run.stderr  # no table: stderr says it, not silence
+    for args, says in [(["--prometheus", ""], "needs a FILE"), (["--prometheus", "-", "--json"], "not with --json")]:
+        refused = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "-i", str(tmp_path / "hosts.yaml"), "--state", str(state),
+             "status", *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert refused.returncode == 2 and says in refused.stderr and not refused.stdout, refused.stderr
