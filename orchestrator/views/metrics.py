@@ -1,20 +1,26 @@
 """``orch status --prometheus``: the campaign state in the Prometheus text format (issue 29).
 
 For node_exporter's textfile collector: a cron job or systemd timer runs ``orch status --prometheus
-FILE`` and node_exporter serves FILE's metrics (docs/metrics.md). Written with ``prometheus-client``:
-a file is replaced atomically (its ``write_to_textfile``), so the collector never reads half of one.
+FILE`` and node_exporter serves FILE's metrics (docs/metrics.md). Made with ``prometheus-client``; the
+file is replaced atomically (``localfile.replace_file``: the collector never reads half of one, a link there
+is replaced, not followed, a pipe or device left alone) and keeps the mode it had (0644 when new).
 Every metric has a ``host`` label; values come from what this status read from each host, and the last
 benchmark from the state (a status does not run one).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, generate_latest, write_to_textfile
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from orchestrator.errors import UsageError
+from orchestrator.localfile import replace_file
 from orchestrator.state import HostState, Phase
 
 
@@ -113,8 +119,12 @@ def write_prometheus(target: str, hosts: list[dict[str, Any]], records: dict[str
     if target == "-":
         print(generate_latest(reg).decode(), end="")
         return
+    mode = 0o644  # node_exporter, another user, reads it
+    with contextlib.suppress(OSError):
+        found = os.lstat(target)
+        mode = stat.S_IMODE(found.st_mode) if stat.S_ISREG(found.st_mode) else mode
     try:
-        write_to_textfile(target, reg)
+        replace_file(Path(target), generate_latest(reg), mode)
     except OSError as exc:
         raise UsageError(
             f"--prometheus {target}: cannot write the metrics file: {exc.strerror or exc}",

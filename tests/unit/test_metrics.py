@@ -128,3 +128,33 @@ def test_status_prometheus_exports_the_last_benchmark_from_the_state(tmp_path: A
              "status", *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
         )  # fmt: skip
         assert refused.returncode == 2 and says in refused.stderr and not refused.stdout, refused.stderr
+
+
+def test_the_metrics_file_keeps_its_mode_replaces_a_link_and_leaves_a_pipe_alone(tmp_path: Any) -> None:
+    import os
+    import stat
+
+    import pytest
+
+    from orchestrator.errors import UsageError
+    from orchestrator.views.metrics import write_prometheus
+
+    hosts = [doc("a")]
+    kept = tmp_path / "kept.prom"
+    kept.write_text("old\n")
+    kept.chmod(0o600)  # its owner chose who reads it: a rewrite keeps that
+    write_prometheus(str(kept), hosts, {}, NOW)
+    assert "orch_host_reachable" in kept.read_text() and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("not orch's\n")
+    link = tmp_path / "link.prom"
+    link.symlink_to(elsewhere)  # orch did not make it: replaced, never followed
+    write_prometheus(str(link), hosts, {}, NOW)
+    assert not link.is_symlink() and "orch_host_reachable" in link.read_text()
+    assert elsewhere.read_text() == "not orch's\n"
+    pipe = tmp_path / "pipe.prom"
+    os.mkfifo(pipe)
+    with pytest.raises(UsageError, match="it exists and is not a regular file"):
+        write_prometheus(str(pipe), hosts, {}, NOW)
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == [
+        "elsewhere", "kept.prom", "link.prom", "pipe.prom"]  # fmt: skip
