@@ -135,10 +135,13 @@ class HostSession:
 
     @contextmanager
     def prefixed(self, text: str) -> Iterator[None]:
-        """Meanwhile, each line said starts with ``text`` (typed events pass as they are). A session is
-        one host's, worked on by one thread at a time: swapping its sink is safe."""
+        """Meanwhile, each line said starts with ``text`` (typed events pass as they are; a line that starts
+        with it already, an operation naming itself, is not prefixed twice). A session is one host's, worked
+        on by one thread at a time: swapping its sink is safe."""
         outer = self.events
-        self.events = lambda event: outer(text + event if isinstance(event, str) else event)
+        self.events = lambda event: outer(
+            text + event if isinstance(event, str) and not event.startswith(text) else event
+        )
         try:
             yield
         finally:

@@ -41,11 +41,12 @@ def test_lines_and_typed_events_reach_the_one_sink_in_order_and_a_prefix_applies
     session.say("started")
     with session.prefixed("serve: "):
         session.say("healthy")
+        session.say("serve: named by itself")
         session.emit(progress)
         with session.prefixed("again: "):
             session.say("nested")
     session.say("done")
-    assert heard == ["started", "serve: healthy", progress, "serve: again: nested", "done"]
+    assert heard == ["started", "serve: healthy", "serve: named by itself", progress, "serve: again: nested", "done"]
 
 
 def test_a_prefix_ends_even_when_the_step_raises() -> None:
