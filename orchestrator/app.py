@@ -40,7 +40,7 @@ class App:
     state_option: Path | None = None
     options: ConnectOptions = field(default_factory=ConnectOptions)
     _recipes: dict[str, Recipe] = field(default_factory=dict, repr=False)
-    notify_cmd: str | None = None  # run on every phase change and job end (see ``orchestrator.notify``)
+    notifier: Notifier | None = None  # run on every phase change and job end (see ``orchestrator.notify``)
     _store: StateStore | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -72,11 +72,10 @@ class App:
         orch's state is migrated then)."""
         with self._lock:
             if self._store is None:
-                notifier = Notifier(self.notify_cmd) if self.notify_cmd else None
                 store = StateStore(
                     self.state_path,
                     lock_timeout=lock_timeout_setting(),
-                    on_commit=notifier.on_commit if notifier else None,
+                    on_commit=self.notifier.on_commit if self.notifier else None,
                 )
                 log.info("state database %s", store.path)
                 store.read([], history=False)  # open and check it now, before any host is contacted

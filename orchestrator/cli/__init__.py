@@ -22,6 +22,7 @@ import click
 from orchestrator import __version__
 from orchestrator.app import App
 from orchestrator.errors import ExitCode, OrchError, local_disk_error
+from orchestrator.notify import Notifier
 from orchestrator.render import PipeSafeStdout, inert
 from orchestrator.transport.base import ConnectOptions
 
@@ -146,7 +147,8 @@ def cli(
     """
     configure_logging(verbose)
     options = ConnectOptions(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)
-    ctx.obj = App(inventory_option=inventory, state_option=state, options=options, notify_cmd=notify_cmd)
+    notifier = Notifier(notify_cmd) if notify_cmd is not None else None  # checked before any command runs
+    ctx.obj = App(inventory_option=inventory, state_option=state, options=options, notifier=notifier)
 
 
 LIBRARIES = ("paramiko", "invoke")  # their debug output is noise below -vvv (invoke: paramiko runs `Match exec`)

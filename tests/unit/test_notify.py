@@ -164,3 +164,17 @@ def test_a_failed_notifier_stderr_that_holds_a_secret_is_not_repeated(
         assert Notifier(str(hook)).send(Event("phase", "h", "new", "pulled", "r", T0)) is False
     assert "exited 7: (its stderr looks like it holds a secret: not shown)" in caplog.text
     assert "0123456789abcdef" not in caplog.text
+
+
+def test_the_notify_command_is_checked_before_any_command_even_one_that_never_opens_the_state(tmp_path: Path) -> None:
+    import subprocess
+
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  a: {address: 127.0.0.1, port: 1}\n")
+    for command, says in [("curl -u ops:0123456789abcdef https://x", "holds a secret"), ("", "--notify-cmd is empty")]:
+        run = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "-i", str(tmp_path / "hosts.yaml"), "--state",
+             str(tmp_path / "state.db"), "--notify-cmd", command, "serve", "--dry-run"],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert run.returncode == 2 and says in run.stderr and not run.stdout, run.stderr
+        assert "0123456789abcdef" not in run.stderr and not (tmp_path / "state.db").exists()
