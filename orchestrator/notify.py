@@ -4,7 +4,7 @@
 (``shlex.split``) but never run by one. Each event is one JSON object on the command's stdin::
 
     {"kind": "phase", "host": "blackwell-1", "from": "tuning", "to": "tuned",
-     "reason": "all 2 shapes tuned", "time": "2026-11-29T22:34:00+00:00"}
+     "reason": "all 2 shapes tuned", "time": "2026-11-29T22:34:00Z"}
     {"kind": "job", "host": "blackwell-1", "from": "running", "to": "succeeded",
      "reason": "bench job bench-2026... exited 0", "time": "...", "job": {"id": ..., "kind": "bench", ...}}
 
@@ -31,6 +31,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from orchestrator.errors import UsageError
+from orchestrator.render import rfc3339
 from orchestrator.state import HostState, JobRecord, State
 from orchestrator.text import find_secret
 
@@ -52,9 +53,10 @@ class Event:
     job: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        """The event as the notifier reads it on stdin (``from``, not ``from_``; time in ISO 8601)."""
+        """The event as the notifier reads it on stdin (``from``, not ``from_``; time as every JSON document of
+        orch's writes it, ``render.rfc3339``)."""
         doc: dict[str, Any] = {"kind": self.kind, "host": self.host, "from": self.from_, "to": self.to}
-        doc.update(reason=self.reason, time=self.time.isoformat())
+        doc.update(reason=self.reason, time=rfc3339(self.time))
         if self.job:
             doc["job"] = self.job
         return json.dumps(doc)
