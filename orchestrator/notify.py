@@ -31,9 +31,9 @@ from datetime import datetime
 from typing import Any, Literal
 
 from orchestrator.errors import UsageError
-from orchestrator.render import rfc3339
 from orchestrator.state import HostState, JobRecord, State
 from orchestrator.text import find_secret
+from orchestrator.utc import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class Event:
 
     def to_json(self) -> str:
         """The event as the notifier reads it on stdin (``from``, not ``from_``; time as every JSON document of
-        orch's writes it, ``render.rfc3339``)."""
+        orch's writes it, ``utc.rfc3339``)."""
         doc: dict[str, Any] = {"kind": self.kind, "host": self.host, "from": self.from_, "to": self.to}
         doc.update(reason=self.reason, time=rfc3339(self.time))
         if self.job:

@@ -18,7 +18,7 @@ import select
 import sys
 import threading
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.text import InertLog as InertLog
@@ -26,6 +26,7 @@ from orchestrator.text import fmt_mib as fmt_mib
 from orchestrator.text import fmt_seconds as fmt_seconds
 from orchestrator.text import inert as inert
 from orchestrator.text import inert_log as inert_log
+from orchestrator.utc import rfc3339
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -123,12 +124,6 @@ def to_jsonable(value: Any) -> Any:
 # A UTC timestamp as orch's models and records write it: ISO 8601 with ``T`` or a space, any fraction of a
 # second, ``Z`` or ``+00:00``.
 _UTC_STAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2}:\d{2})(?:\.\d+)?(?:Z|[+-]00:?00)$")
-
-
-def rfc3339(value: datetime) -> str:
-    """``2026-12-03T07:13:36Z``: the one timestamp format of every ``--json`` document (RFC 3339, UTC, whole
-    seconds)."""
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _one_time_format(value: Any) -> Any:

@@ -17,6 +17,12 @@ def utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def rfc3339(value: datetime) -> str:
+    """``2026-12-03T07:13:36Z``: the one timestamp format of every ``--json`` document and notification event
+    (RFC 3339, UTC, whole seconds)."""
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _to_utc(value: Any, handler: ValidatorFunctionWrapHandler) -> datetime:
     """``value`` as a UTC datetime. The fast path is what orch itself writes (ISO 8601 ending in ``Z``,
     or a datetime already in UTC): ``datetime.fromisoformat`` gives ``timezone.utc`` for those, so
