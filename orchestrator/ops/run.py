@@ -346,7 +346,8 @@ def _pull(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> s
     result = pull_op.pull(session, step.options.install)
     if not result.changed:
         return f"already up to date at {result.new[:10]}"
-    moved = f"{result.old[:10]} → {result.new[:10]} ({len(result.commits)} new commits)"
+    n = len(result.commits)
+    moved = f"{result.old[:10]} → {result.new[:10]} ({n} new commit{'s' if n != 1 else ''})"
     if result.install_needed:
         return f"{moved}; python/pyproject.toml changed: an install is needed (`install: true` in the pull step)"
     return moved + ("; installed" if result.installed else "")
@@ -454,9 +455,9 @@ def _bench(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> 
     finally:
         session.forget("jobs")  # a benchmark job started
     record = run.record
-    return f"{record.label}: {record.metrics.output_throughput:.1f} output tok/s" + (
-        " (collected)" if run.attached else ""
-    )
+    collected = " (collected)" if run.attached else ""
+    tok_s = record.metrics.output_throughput
+    return f"{record.label}: {tok_s:.1f} output tok/s{collected}" + simulated(record.simulated)
 
 
 def _profile(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> str:
