@@ -12,10 +12,12 @@ from orchestrator.cli.gateway import (
     gate_needs_rolling,
     gate_plan,
     rolling_default,
+    rolling_dry_run,
     rolling_options,
     rollout_client,
 )
 from orchestrator.cli.sweep import check_profiles
+from orchestrator.errors import ExitCode
 from orchestrator.inventory import Host
 from orchestrator.ops import group as group_op
 from orchestrator.ops import rollout
@@ -89,12 +91,19 @@ def run(
     with app.fleet(selected, parallel) as fleet:
         fleet.events = run_view.progress_lines
         redo = bool(from_step or only)
-        if dry_run:
+        if dry_run:  # a rolling one says its checks and waves first, and plans the hosts the rollout would take
+            planning, sick = (
+                rolling_dry_run(app, fleet, selected, max_unavailable, canary, gate, chosen)
+                if rolling
+                else (selected, False)
+            )
             plans = fleet.map_sessions(
-                lambda s: run_op.dry_run(s, chosen[s.name], steps[s.name], redo, ranks.get(s.name)), lambda: app.store
+                lambda s: run_op.dry_run(s, chosen[s.name], steps[s.name], redo, ranks.get(s.name)),
+                lambda: app.store,
+                planning,
             )
             run_view.plans(plans)
-            return finish(plans)
+            return finish(plans) or (ExitCode.HOSTS_FAILED if sick else 0)  # exits as the run would
 
         maybe: set[str] = set()  # hosts whose serve stops the server only if a pull or tuning before it changes it
 

@@ -32,6 +32,12 @@ def test_rolling_run_walks_the_campaign_through_the_gateway_fails_no_request_and
 ) -> None:
     env = gateway_fleet.env
     new = playbook(tmp_path, "new", server_args={"max-running-requests": 64}, steps=["pull", "serve", "bench"])
+    dry = env.orch("run", new, "--dry-run")  # the rollout's checks and waves, as the run below takes them
+    assert dry.returncode == 0, dry.output
+    assert [line for line in dry.stderr.splitlines() if line.startswith("wave ")] == [
+        "wave 1/3: sim-1", "wave 2/3: sim-2", "wave 3/3: sim-3"
+    ]  # fmt: skip
+    assert all(f"{name}:\nstep pull:" in dry.stdout for name in ("sim-1", "sim-2", "sim-3")), dry.stdout
     run, load = load_during(gateway_fleet.smg.gateway.url, lambda: env.orch("run", new))
     assert run.returncode == 0, run.output
     assert "the inventory has a gateway: rolling relaunch" in run.stderr
