@@ -32,16 +32,18 @@ def doctor_lines(checked: Sequence[HostHealth]) -> None:
         out.print(inert(doctor_line(h)), markup=False, highlight=False, soft_wrap=True)
 
 
-def doctor_document(checked: Sequence[HostHealth]) -> list[dict[str, Any]]:
-    return [
+def doctor_document(checked: Sequence[HostHealth]) -> dict[str, list[dict[str, Any]]]:
+    """``doctor --json``: the shape of every ``--json`` of orch's over hosts, ``{"hosts": [{"name": ...}]}``."""
+    hosts = [
         {
-            "host": h.name,
+            "name": h.name,
             "verdict": h.verdict,
             "findings": [{"severity": f.severity, "text": f.text} for f in h.findings],
             **{k.lower(): v for k, v in h.versions.items()},
         }
         for h in checked
     ]
+    return {"hosts": hosts}
 
 
 def skipped_lines(sick: Sequence[HostHealth], drained: Sequence[Host] = ()) -> None:
