@@ -354,6 +354,18 @@ class Recipe(_Strict):
     def _flags(cls, value: dict[str, Any]) -> dict[str, Any]:
         return _check_flags(value)
 
+    @field_validator("steps")
+    @classmethod
+    def _steps_once(cls, value: list[Step]) -> list[Step]:
+        names = [step.name for step in value]
+        twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+        if twice is not None:
+            raise ValueError(
+                f"step {twice!r} is listed twice: a campaign runs each step once (orch run records a done step by "
+                "its name, so the second would be skipped as done); write it once, or make a second playbook"
+            )
+        return value
+
     @field_validator("profiles")
     @classmethod
     def _profile_names(cls, value: dict[str, ServingProfile]) -> dict[str, ServingProfile]:
@@ -469,16 +481,28 @@ def load_recipe(path: Path) -> Recipe:
         digest = hashlib.sha256(text.encode()).hexdigest()[:12]
         return Recipe.model_validate({**raw, "path": path, "digest": digest})
     except ValidationError as exc:
-        raise ConfigError("\n".join(_describe(path, exc))) from None
+        raise ConfigError("\n".join(_describe(path, exc, raw))) from None
 
 
-def _describe(path: Path, exc: ValidationError) -> list[str]:
+def _describe(path: Path, exc: ValidationError, raw: dict[str, Any]) -> list[str]:
     lines = []
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"])
+        loc = err["loc"]
+        key = ".".join(str(p) for p in loc)
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            close = did_you_mean(str(err["loc"][-1]), Recipe, err["loc"][:-1])
+            step = _step_options(raw, loc)  # a step's options: its model is chosen by the step's name
+            close = did_you_mean(str(loc[-1]), step, ()) if step else did_you_mean(str(loc[-1]), Recipe, loc[:-1])
             msg += " (unknown key" + (f": did you mean {close!r}?)" if close else ")")
         lines.append(f"{path}: key {key!r}: {msg}")
     return lines
+
+
+def _step_options(raw: dict[str, Any], loc: tuple[Any, ...]) -> type[_Strict] | None:
+    """The options model of the step an error's ``loc`` (``steps.0.concurency``) is in, else None."""
+    steps = raw.get("steps")
+    if len(loc) != 3 or loc[0] != "steps" or not isinstance(loc[1], int) or not isinstance(steps, list):
+        return None
+    step = steps[loc[1]] if loc[1] < len(steps) else None
+    name = next(iter(step), None) if isinstance(step, dict) and len(step) == 1 else step
+    return STEP_OPTIONS.get(name) if isinstance(name, str) else None

@@ -46,10 +46,20 @@ def test_a_boolean_where_a_playbook_asks_a_number_is_refused_not_read_as_one(tmp
         ),
         ("min_accept_lenght: 2\n", "(unknown key: did you mean 'min_accept_length'?)"),
         ("zzzz: 1\n", "key 'zzzz': Extra inputs are not permitted (unknown key)"),
+        (
+            "steps:\n  - pull\n  - sweep: {concurency: [1]}\n",
+            "key 'steps.1.concurency': Extra inputs are not permitted (unknown key: did you mean 'concurrency'?)",
+        ),
     ],
 )
 def test_a_playbook_key_typo_is_named_with_the_key_it_is_close_to(tmp_path: Path, text: str, said: str) -> None:
     assert said in playbook_error(tmp_path, text)
+
+
+def test_a_step_listed_twice_is_refused(tmp_path: Path) -> None:  # the second would be skipped as done
+    assert "key 'steps': step 'bench' is listed twice" in playbook_error(
+        tmp_path, "steps: [pull, bench, serve, bench]\n"
+    )
 
 
 def playbook_error(tmp_path: Path, text: str) -> str:
