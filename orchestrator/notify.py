@@ -138,7 +138,7 @@ _WEBHOOK_SECRETS = (
     (re.compile(r"://[^/\s:@]+:[^/\s@]*@"), "a password in a URL (user:password@)"),
     (re.compile(r"hooks\.slack\.com/services/|discord(?:app)?\.com/api/webhooks/", re.I), "a webhook URL"),
     (re.compile(r"\bbearer\b", re.I), "a bearer token"),
-    (re.compile(r"(?:token|key|auth)[\w-]*:", re.I), "a credential header"),
+    (re.compile(r"[\w-]*(?:token|key|auth)\s*:", re.I), "a credential header"),  # X-Auth-Token:, not KeyError:
 )
 
 

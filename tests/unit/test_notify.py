@@ -165,6 +165,11 @@ def test_a_failed_notifier_stderr_that_holds_a_secret_is_not_repeated(
         assert Notifier(str(hook)).send(Event("phase", "h", "new", "pulled", "r", T0)) is False
     assert "exited 7: (its stderr looks like it holds a secret: not shown)" in caplog.text
     assert "0123456789abcdef" not in caplog.text
+    caplog.clear()
+    hook.write_text("#!/bin/sh\necho \"KeyError: 'host'\" >&2\nexit 1\n")  # a notifier's own bug is shown
+    with caplog.at_level(logging.WARNING):
+        assert Notifier(str(hook)).send(Event("phase", "h", "new", "pulled", "r", T0)) is False
+    assert "exited 1: KeyError: 'host'" in caplog.text
 
 
 def test_the_notify_command_is_checked_before_any_command_even_one_that_never_opens_the_state(tmp_path: Path) -> None:
