@@ -7,7 +7,7 @@ Layout on the host, all under ``workdir`` (mode 0700)::
                  pid         the wrapper's pid (= its pgid)    starttime   /proc/<pid>/stat field 22
                  boot_id     the kernel boot it started in     exit_code   written when the command ends
                  started_at  ended_at (epoch seconds; the start's  stop_requested  when orch stop asked
-                             with its nanoseconds)
+                             with its nanoseconds)                         (one line: who asked, or empty)
     purposes/<purpose>        symlink to the job that holds that purpose
     live/<job-id>             an empty file per job not yet seen ended (the index of live jobs)
     jobs.index                one listing line per ended job, appended when a listing first sees it ended
@@ -89,13 +89,17 @@ job_runs() {
 row() {
   pid=$(cat "$1/pid" 2>/dev/null || true)
   alive=0; orphan=$(job_runs "$1" "$pid" "$2") && alive=${orphan:-1}
-  stop=0; [ -e "$1/stop_requested" ] && stop=1
+  stop=0; by=""
+  if [ -e "$1/stop_requested" ]; then
+    stop=1; [ -L "$1/stop_requested" ] || by=$(head -n 1 "$1/stop_requested" 2>/dev/null | tr -d '\t\r' | cut -c1-100)
+  fi
   code=$(cat "$1/exit_code" 2>/dev/null)
   final=0
   if [ -n "$code" ] || { [ -n "$pid" ] && [ $alive = 0 ] && [ $stop = 0 ]; }; then final=1; fi
   size=$(stat -c %s "$1/log" 2>/dev/null || echo 0)
-  line=$(printf 'job\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s' "${1##*/}" "$(cat "$1/purpose" 2>/dev/null)" "$pid" \
-    "$alive" "$code" "$(cat "$1/started_at" 2>/dev/null)" "$(cat "$1/ended_at" 2>/dev/null)" "$size" "$stop")
+  line=$(printf 'job\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s' "${1##*/}" "$(cat "$1/purpose" 2>/dev/null)" \
+    "$pid" "$alive" "$code" "$(cat "$1/started_at" 2>/dev/null)" "$(cat "$1/ended_at" 2>/dev/null)" "$size" "$stop" \
+    "$by")
 }
 # no_links WORKDIR: exit 78 naming the first of orch's own paths in WORKDIR (or WORKDIR itself) that is a
 # symbolic link: orch never follows a link it did not make (it would chmod, fill or truncate the target).
@@ -280,15 +284,15 @@ printf 'now\t%s\n' "$(date +%s)"
 exit 0
 """
 
-# $1 job dir, $2 seconds to wait after SIGTERM before SIGKILL.
+# $1 job dir, $2 seconds to wait after SIGTERM before SIGKILL, $3 who asks (one line, kept in stop_requested).
 _STOP = r"""
-dir=$1; grace=$2
+dir=$1; grace=$2; by=${3:-}
 [ -e "$dir/exit_code" ] && { echo "ended"; exit 0; }
 pid=$(cat "$dir/pid" 2>/dev/null || true)
 boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)
 alive() { job_runs "$dir" "$pid" "$boot" >/dev/null; }  # the wrapper, or its command outliving it
 alive || { echo "lost"; exit 0; }
-[ -L "$dir/stop_requested" ] || touch "$dir/stop_requested"  # never through a link orch did not make
+[ -L "$dir/stop_requested" ] || printf '%s\n' "$by" > "$dir/stop_requested"  # never through a link orch did not make
 kill -s TERM -- "-$pid" 2>/dev/null || true
 end=$(( $(date +%s) + grace ))
 while alive && [ ! -e "$dir/exit_code" ]; do
@@ -340,6 +344,7 @@ class JobInfo:
     dir: str
     seen_at: datetime | None = None  # the host's clock when it listed the job (its times are the host's too)
     wrapper_gone: bool = False  # running: its command runs on, its wrapper was killed (no exit code will come)
+    stopped_by: str = ""  # who asked the stop, as its job directory says (``stop``'s ``by``); "" when not said
 
     def age(self, now: datetime) -> float:
         """Seconds since the job started, counted by the host's clock when the listing had it (``seen_at``;
@@ -536,9 +541,11 @@ def parse_list(stdout: str, workdir: str) -> list[JobInfo]:
     seen_at = next((_epoch(line[4:]) for line in stdout.splitlines() if line.startswith("now\t")), None)
     for line in stdout.splitlines():
         cells = line.split("\t")
-        if len(cells) != 10 or cells[0] != "job":
+        if len(cells) == 10:  # a line an older orch wrote to the index: nobody named as the stop's
+            cells.append("")
+        if len(cells) != 11 or cells[0] != "job":
             continue
-        _, job_id, purpose, pid, alive, code, started, ended, size, stop = cells
+        _, job_id, purpose, pid, alive, code, started, ended, size, stop, by = cells
         jobs[job_id] = JobInfo(
             id=job_id,
             purpose=purpose,
@@ -549,6 +556,7 @@ def parse_list(stdout: str, workdir: str) -> list[JobInfo]:
             ended_at=_epoch(ended),
             log_size=int(size) if size.isdigit() else 0,
             stop_requested=stop == "1",
+            stopped_by=by.strip() if stop == "1" else "",
             dir=job_dir(workdir, job_id),
             seen_at=seen_at,
             wrapper_gone=alive == "2",
@@ -556,8 +564,13 @@ def parse_list(stdout: str, workdir: str) -> list[JobInfo]:
     return sorted(jobs.values(), key=lambda j: (j.started_at or datetime.min.replace(tzinfo=timezone.utc), j.id))
 
 
-def stop_argv(job_dir: str, grace_seconds: int) -> list[str]:
-    return ["sh", "-c", _script(_STOP), "orch-stop", job_dir, str(grace_seconds)]
+def stop_argv(job_dir: str, grace_seconds: int, by: str = "") -> list[str]:
+    return ["sh", "-c", _script(_STOP), "orch-stop", job_dir, str(grace_seconds), _one_line(by)]
+
+
+def _one_line(text: str) -> str:
+    """``text`` as one line of at most 100 characters, without tabs (a cell of the job listing)."""
+    return " ".join(text.split())[:100]
 
 
 # -- operations over a runner ------------------------------------------------------------------
@@ -756,12 +769,13 @@ def latest(jobs: list[JobInfo], purpose_prefix: str = "") -> JobInfo | None:
     return matching[-1] if matching else None
 
 
-def stop(runner: Runner, job: JobInfo, grace_seconds: int = 30) -> str:
+def stop(runner: Runner, job: JobInfo, grace_seconds: int = 30, by: str = "") -> str:
     """SIGTERM the job's process group, SIGKILL after ``grace_seconds``: 'stopped', 'killed', 'ended', or
     'lost' (no exit code and its process is gone: nothing is signalled). The job's process is its
     recorded pid only while that pid has the recorded start time in the recorded boot: after a reboot
-    a pid (and start time, counted from boot) can belong to anyone."""
-    result = runner.run(stop_argv(job.dir, grace_seconds), check=True, timeout=grace_seconds + 60)
+    a pid (and start time, counted from boot) can belong to anyone. ``by``: who asks, kept in the job's
+    directory before any signal (``JobInfo.stopped_by``): a stop whose record was cut off is still named."""
+    result = runner.run(stop_argv(job.dir, grace_seconds, by), check=True, timeout=grace_seconds + 60)
     return result.stdout.strip()
 
 

@@ -122,7 +122,8 @@ def argv_port(argv: Sequence[str], default: int) -> int:
 
 
 STOPPED_ELSEWHERE = "an orch this state does not record"
-"""Who stopped a recorded server whose job directory says orch stopped it, when this state did not."""
+"""Who stopped a recorded server whose job directory says orch stopped it, when this state did not and the
+directory does not name who (an older orch's stop)."""
 
 
 def status_field(
@@ -133,10 +134,11 @@ def status_field(
     verified at launch; ``verified`` False: not known, this state never verified it), uptime (by the host's
     clock when it said it: a host clock behind the controller's never makes it negative) and the server job; a
     server orch stopped is ``job_state`` ``stopped`` with who stopped it and when (never the ``succeeded`` of
-    its drained exit), also when an orch this state does not record stopped it (its job directory says orch
-    asked it to stop: ``STOPPED_ELSEWHERE``). A running server job the record does not know is shown as the
-    host runs it, ``recorded`` False. A replica group's rank (``group``, ``rank``) other than rank 0 is healthy
-    while its job runs: only rank 0 answers HTTP."""
+    its drained exit), also when this state does not record the stop (another orch's, or one whose record was
+    cut off): its job directory says who asked it (``JobInfo.stopped_by``; ``STOPPED_ELSEWHERE`` when it does
+    not). A running server job the record does not know is shown as the host runs it, ``recorded`` False. A
+    replica group's rank (``group``, ``rank``) other than rank 0 is healthy while its job runs: only rank 0
+    answers HTTP."""
     unrecorded = unrecorded_server(jobs_out, record)
     if unrecorded is not None:
         return _unrecorded_field(http_out, unrecorded, now)
@@ -153,7 +155,9 @@ def status_field(
     return {
         "job": record.job_id,
         "job_state": "stopped" if stopped else job.state if job else "unknown",
-        "stopped_by": (STOPPED_ELSEWHERE if by_another else record.stopped_by) if stopped else None,
+        "stopped_by": ((job.stopped_by or STOPPED_ELSEWHERE) if by_another and job else record.stopped_by)
+        if stopped
+        else None,
         "stopped_at": ended_at.isoformat() if stopped and ended_at else None,
         "healthy": running and (health == 200 or no_http),
         "port": record.port,
@@ -266,10 +270,10 @@ def stop_job(
         listed = session.jobs()
     for bench in jobs.running(listed, BENCH_PURPOSE):
         session.say(f"stopping benchmark job {bench.id} first: it measures server job {job.id}, which stops now")
-        jobs.stop(session.runner, bench, grace_seconds=5)
+        jobs.stop(session.runner, bench, grace_seconds=5, by=f"{outage.by}: its server stopped")
     session.say(f"stopping server job {job.id} {outage.why} (draining up to {drain:.0f} s)")
     try:
-        outcome = jobs.stop(session.runner, job, grace_seconds=math.ceil(drain))
+        outcome = jobs.stop(session.runner, job, grace_seconds=math.ceil(drain), by=outage.by)
         wait_gpus_released(session.host, session.runner, gpus, job.id, GPU_RELEASE_SECONDS)
     finally:
         session.forget("jobs", "gpus", "server_info", "replacement")

@@ -103,6 +103,6 @@ def stop(app: App, host_name: str, job_id: str, timeout: int) -> int:
         runner = fleet.runner(host)
         job = jobs_mod.find(runner, host.workdir, job_id)
         refuse_bare_stop(host, job)
-        outcome = jobs_mod.stop(runner, job, timeout)
+        outcome = jobs_mod.stop(runner, job, timeout, by="orch stop")
     jobs_view.stopped_line(host, job_id, outcome)
     return int(ExitCode.OK)

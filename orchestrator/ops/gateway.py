@@ -197,4 +197,4 @@ def running_job(runner: Runner, host: Host) -> jobs.JobInfo | None:
 def down(runner: Runner, job: jobs.JobInfo) -> str:
     """Stop the gateway job ``job`` (its process group, by its recorded pid and start time: SIGTERM, SIGKILL
     after ``STOP_GRACE`` s): 'stopped', 'killed', 'ended' or 'lost' (``jobs.stop``)."""
-    return jobs.stop(runner, job, grace_seconds=STOP_GRACE)
+    return jobs.stop(runner, job, grace_seconds=STOP_GRACE, by="orch gateway down")

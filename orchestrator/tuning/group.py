@@ -183,7 +183,7 @@ def _stop_stuck(members: Sequence[HostSession], plan: PlanRecord, polls: dict[st
             "tuning.stuck_after_s is %g s): stopping it; %s",
             a.host, a.job_id, silent, plan.stuck_after_s, then,
         )  # fmt: skip
-        jobs.stop(member.runner, polls[a.host].infos[a.job_id or ""], grace_seconds=10)
+        jobs.stop(member.runner, polls[a.host].infos[a.job_id or ""], grace_seconds=10, by="orch (stuck after its run)")
         member.forget("jobs", "gpus")
     return bool(stuck)
 

@@ -97,7 +97,7 @@ def stop_running(members: Sequence[HostSession], plan: PlanRecord, polls: dict[s
         for a in plan.on(m.name):
             info = polls[m.name].infos.get(a.job_id or "")
             if info is not None and info.running:
-                jobs.stop(m.runner, info, grace_seconds=10)
+                jobs.stop(m.runner, info, grace_seconds=10, by="orch (a failed part of its tuning plan)")
                 m.forget("jobs", "gpus")
 
 

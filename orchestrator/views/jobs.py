@@ -27,10 +27,11 @@ def age(job: JobInfo) -> str:
 
 def state(job: JobInfo) -> str:
     """The job's state; a failed job with its exit code, and whether orch stopped it."""
+    by = f"stopped by {job.stopped_by or 'orch'}"  # who asked, as the job's directory says
     if job.state == "failed":
-        return f"failed (exit {job.exit_code}{', stopped by orch' if job.stop_requested else ''})"
+        return f"failed (exit {job.exit_code}{', ' + by if job.stop_requested else ''})"
     if job.state == "succeeded" and job.stop_requested:  # a drained server exits 0: it did not "succeed"
-        return "stopped by orch"
+        return by
     return job.state
 
 

@@ -81,7 +81,7 @@ def test_stop_ends_the_job_and_leaves_other_processes_alone(make_fleet, tmp_path
         assert run.returncode == 0, run.output
         assert f"{started.job_id}: stopped" in run.stdout
         listed = env.orch("jobs")
-        assert "failed (exit 143, stopped by orch)" in listed.stdout
+        assert "failed (exit 143, stopped by orch stop)" in listed.stdout  # who asked, from the job directory
         assert bystander.poll() is None
     finally:
         bystander.kill()

@@ -98,9 +98,13 @@ def test_stop_escalates_to_sigkill_for_a_job_ignoring_sigterm(runner: LocalRunne
     deadline = time.monotonic() + 10
     while b"up" not in runner.read_bytes(f"{workdir}/jobs/{started.job_id}/log") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert jobs.stop(runner, jobs.find(runner, workdir, started.job_id), 1) == "killed"
+    assert jobs.stop(runner, jobs.find(runner, workdir, started.job_id), 1, by="orch serve\t(replaced)\n") == "killed"
     job = jobs.find(runner, workdir, started.job_id)
     assert (job.state, job.exit_code, job.stop_requested) == ("failed", 137, True)
+    assert job.stopped_by == "orch serve (replaced)"  # who asked, kept on the host: one line, no tab
+    for _ in range(2):  # the listing that first sees it ended writes its line to jobs.index; the next reads that
+        (listed,) = [j for j in jobs.list_jobs(runner, workdir) if j.id == started.job_id]
+        assert listed.stopped_by == "orch serve (replaced)"
 
 
 def test_stop_never_writes_through_a_link_in_the_jobs_directory(
@@ -110,8 +114,10 @@ def test_stop_never_writes_through_a_link_in_the_jobs_directory(
     job = jobs.find(runner, workdir, started.job_id)
     target = tmp_path / "not-orchs"
     Path(job.dir, "stop_requested").symlink_to(target)  # planted: `touch` would create the target
-    assert jobs.stop(runner, job, 5) in ("stopped", "killed")
+    assert jobs.stop(runner, job, 5, by="orch stop") in ("stopped", "killed")
     assert not target.exists() and jobs.find(runner, workdir, started.job_id).state != "running"
+    target.write_text("not orch's words\n")  # now the link leads somewhere: it is never read through
+    assert jobs.find(runner, workdir, started.job_id).stopped_by == ""
 
 
 def test_stop_never_signals_a_reused_pid(runner: LocalRunner, workdir: str) -> None:

@@ -132,16 +132,23 @@ INFO = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculati
 
 
 @pytest.mark.parametrize(
-    ("stop", "state", "by"), [("1", "stopped", "an orch this state does not record"), ("0", "succeeded", None)]
+    ("stop", "asked", "state", "by"),
+    [
+        ("1", None, "stopped", "an orch this state does not record"),  # an older orch's line: nobody named
+        ("1", "", "stopped", "an orch this state does not record"),
+        ("1", "orch serve (replaced)", "stopped", "orch serve (replaced)"),  # its record cut off, or another orch's
+        ("0", "", "succeeded", None),
+    ],
 )
 def test_a_recorded_server_another_orch_stopped_is_shown_stopped_by_it_not_ended_unasked(
-    stop: str, state: str, by: str | None
+    stop: str, asked: str | None, state: str, by: str | None
 ) -> None:
-    """A second controller's `orch stop-server`: the host's job directory says orch asked it to stop; this state
-    did not record the stop (it showed `ended (succeeded) while recorded serving, not stopped by orch`)."""
+    """A second controller's `orch stop-server`, or this state's stop cut off before its record: the host's job
+    directory says orch asked it to stop, and who (it showed `ended (succeeded) while recorded serving, not
+    stopped by orch`, then `stopped by an orch this state does not record` for a stop of this state's)."""
     ended = NOW - timedelta(minutes=5)
     line = "\t".join(["job", "server-1", "server", "4242", "0", "0", str(int((NOW - timedelta(hours=1)).timestamp())),
-                      str(int(ended.timestamp())), "10", stop])  # fmt: skip
+                      str(int(ended.timestamp())), "10", stop, *([] if asked is None else [asked])])  # fmt: skip
     field = srv.status_field(http_out(0, None), line, RECORD, NOW)
     assert field is not None and (field["job_state"], field["stopped_by"]) == (state, by)
     assert field["stopped_at"] == (ended.isoformat() if by else None)
