@@ -135,11 +135,18 @@ class Notifier:
 
 
 _WEBHOOK_SECRETS = (
-    (re.compile(r"://[^/\s:@]+:[^/\s@]*@"), "a password in a URL (user:password@)"),
-    (re.compile(r"hooks\.slack\.com/services/|discord(?:app)?\.com/api/webhooks/", re.I), "a webhook URL"),
+    (re.compile(r"://[^/\s@]*:[^/\s@]*@"), "a password in a URL (user:password@)"),
+    (
+        re.compile(r"hooks\.[\w.-]+/|webhook|discord(?:app)?\.\w+/api/|api\.telegram\.org/bot", re.I),
+        "a webhook URL (its path is its secret)",
+    ),
     (re.compile(r"\bbearer\b", re.I), "a bearer token"),
-    (re.compile(r"[\w-]*(?:token|key|auth)\s*:", re.I), "a credential header"),  # X-Auth-Token:, not KeyError:
+    (  # X-Auth-Token:, PRIVATE-TOKEN:, Cookie:, "routing_key": ... (not sortkey:, monkey: or KeyError:)
+        re.compile(r"(?<![a-z0-9])(?:[a-z0-9]+[-_])*(?:token|key|auth|cookie)[\"']?\s*:", re.I),
+        "a credential header or key",
+    ),
 )
+_USER_OPTIONS = ("-u", "--user", "-U", "--proxy-user")  # curl's USER:PASSWORD options
 
 
 def _webhook_secret(argv: list[str]) -> str | None:
@@ -147,9 +154,10 @@ def _webhook_secret(argv: list[str]) -> str | None:
     secret URL, credentials in a URL, an HTTP credential header, curl's ``-u USER:PASSWORD`` (named,
     never repeated)."""
     for i, arg in enumerate(argv):
-        user = argv[i + 1] if arg in ("-u", "--user") and i + 1 < len(argv) else None
-        if arg.startswith("--user="):
-            user = arg.removeprefix("--user=")
+        user = argv[i + 1] if arg in _USER_OPTIONS and i + 1 < len(argv) else None
+        for option in _USER_OPTIONS:  # -uUSER:PASSWORD, --user=USER:PASSWORD
+            joined = option + ("=" if option.startswith("--") else "")
+            user = arg.removeprefix(joined) if arg.startswith(joined) and arg != option else user
         if user is not None and ":" in user:
             return "a USER:PASSWORD for -u/--user"
         found = next((what for pattern, what in _WEBHOOK_SECRETS if pattern.search(arg)), None)

@@ -129,12 +129,26 @@ def test_unusable_notify_command_is_a_usage_error(command: str) -> None:
     [
         ("curl -H 'Authorization: Bearer sk-0123456789abcdef0123' https://hooks.example", "Authorization:"),
         ("notify.sh --token=0123456789abcdef", "token="),
-        ("curl -d @- https://hooks.slack.com/services/T0/B0/0123456789abcdef", "a webhook URL"),
+        (
+            "curl -d @- https://hooks.slack.com/services/T0/B0/0123456789abcdef",
+            "a webhook URL (its path is its secret)",
+        ),
+        ("curl https://hooks.slack.com//workflows/T0/0123456789abcdef", "a webhook URL (its path is its secret)"),
+        ("curl https://acme.webhook.office.com/webhookb2/0123456789abcdef", "a webhook URL (its path is its secret)"),
+        ("curl https://hooks.zapier.com/hooks/catch/1/0123456789abcdef/", "a webhook URL (its path is its secret)"),
+        ("curl https://api.telegram.org/bot1:0123456789abcdef/sendMessage", "a webhook URL (its path is its secret)"),
+        ("curl https://discord.gg/api/webhooks/1/0123456789abcdef", "a webhook URL (its path is its secret)"),
+        ("curl -uops:0123456789abcdef https://alerts.example", "a USER:PASSWORD for -u/--user"),
+        ("curl -U proxy:0123456789abcdef https://alerts.example", "a USER:PASSWORD for -u/--user"),
+        ("curl --proxy-user proxy:0123456789abcdef https://alerts.example", "a USER:PASSWORD for -u/--user"),
+        ("curl http://:0123456789abcdef@alerts.example/", "a password in a URL (user:password@)"),
+        ("curl -H 'Cookie: session=0123456789abcdef' https://alerts.example", "a credential header or key"),
+        ('curl -d \'{"routing_key": "0123456789abcdef"}\' https://alerts.example', "a credential header or key"),
         ("curl -u ops:0123456789abcdef https://alerts.example", "a USER:PASSWORD for -u/--user"),
         ("curl --user=ops:0123456789abcdef https://alerts.example", "a USER:PASSWORD for -u/--user"),
         ("curl https://ops:0123456789abcdef@alerts.example/hook", "a password in a URL (user:password@)"),
-        ("curl -H 'X-Auth-Token: 0123456789abcdef' https://alerts.example", "a credential header"),
-        ("curl -H 'X-Refresh-Key: 0123456789abcdef' https://alerts.example", "a credential header"),
+        ("curl -H 'X-Auth-Token: 0123456789abcdef' https://alerts.example", "a credential header or key"),
+        ("curl -H 'X-Refresh-Key: 0123456789abcdef' https://alerts.example", "a credential header or key"),
         ("curl --oauth2-bearer 0123456789abcdef https://alerts.example", "a bearer token"),
     ],
 )
@@ -149,10 +163,16 @@ def test_a_notify_command_holding_a_secret_is_refused_without_echoing_it(command
 
 
 @pytest.mark.parametrize(
-    "command", ["python3 -u hook.py", "curl -H 'Content-Type: application/json' -d @- https://alerts.example/orch"]
+    "command",
+    [
+        "python3 -u hook.py",
+        "curl -H 'Content-Type: application/json' -d @- https://alerts.example/orch",
+        "sh -c 'jq -c \"{sortkey: .time, monkey: .to}\" >> events.log'",
+        "curl http://127.0.0.1:9/orch",
+    ],
 )
 def test_a_notify_command_without_a_secret_is_accepted(command: str) -> None:
-    assert Notifier(command).argv[0] in ("python3", "curl")
+    assert Notifier(command).argv[0] in ("python3", "curl", "sh")
 
 
 def test_a_failed_notifier_stderr_that_holds_a_secret_is_not_repeated(
