@@ -9,6 +9,7 @@ single commands (``TuneOptions`` for ``orch tune-fp8``, ...): one code path per 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -346,7 +347,7 @@ class Recipe(_Strict):
     profiles: dict[str, ServingProfile] = Field(default_factory=dict)
     multinode: MultiNodeSpec | None = None  # None: one host serves the model
     path: Path | None = Field(None, exclude=True)
-    digest: str | None = Field(None, exclude=True)  # sha256 of the playbook's text (``load_recipe``), 12 digits
+    digest: str | None = Field(None, exclude=True)  # sha256 of what the playbook says (``load_recipe``), 12 digits
     profile: str | None = Field(None, exclude=True)  # the serving profile this recipe is served as (``with_profile``)
 
     @field_validator("server_args")
@@ -380,8 +381,9 @@ class Recipe(_Strict):
     @property
     def campaign(self) -> str:
         """What ``orch run`` records its steps under (``StepProgress.playbook``): the playbook's absolute path and
-        the hash of its text. The same file named another way is the same campaign; another file at that path,
-        or this one edited, is another, whose steps run again (a run of it said `already done` of the last's)."""
+        the hash of what it says (its YAML as read: a comment, the layout or the order of keys do not count).
+        The same file named another way is the same campaign; another file at that path, or this one asking
+        something else, is another, whose steps run again (a run of it said `already done` of the last's)."""
         where = str(self.path.resolve()) if self.path is not None else self.model
         return f"{where} (sha256 {self.digest})" if self.digest else where
 
@@ -478,7 +480,8 @@ def load_recipe(path: Path) -> Recipe:
             hint="remove the character (a double-quoted YAML string turns \\n, \\r, \\0 into one)",
         )
     try:
-        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        said = json.dumps(raw, sort_keys=True, default=str)  # what it asks, not how it is written
+        digest = hashlib.sha256(said.encode()).hexdigest()[:12]
         return Recipe.model_validate({**raw, "path": path, "digest": digest})
     except ValidationError as exc:
         raise ConfigError("\n".join(_describe(path, exc, raw))) from None

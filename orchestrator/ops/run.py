@@ -518,6 +518,7 @@ def run(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[HostRun
         if host.name in refused:
             ctx.fleet.session(host, ctx.store).say("refused before any step: nothing was started or stopped")
     passed = [h for h in hosts if h.name not in refused]
+    _say_changed_playbook(ctx, passed)
     if ctx.confirm is not None:
         ctx.confirm(passed)
     walk = run_lockstep if ctx.lockstep else run_independent
@@ -527,6 +528,23 @@ def run(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[HostRun
     if finished:  # a host that cannot fetch says nothing
         ctx.fleet.map_sessions(lambda s: _next_round(ctx, s), ctx.store, finished)
     return FleetResult([done[h.name] if h.name in done else HostResult(h, error=refused[h.name]) for h in hosts])
+
+
+def _say_changed_playbook(ctx: RunContext, hosts: list[Host]) -> None:
+    """A line per host whose steps were recorded under this playbook's path when it asked something else: its
+    steps run again as a new campaign (``Recipe.campaign``), said before any question or step."""
+    records = ctx.store.read([h.name for h in hosts], history=False).hosts
+    for host in hosts:
+        steps = records[host.name].steps if host.name in records else None
+        path, _, now = ctx.playbook(host).partition(" (sha256 ")
+        was, _, before = steps.playbook.partition(" (sha256 ") if steps is not None else ("", "", "")
+        if was != path or before == now:
+            continue
+        change = f"sha256 {before[:-1]} -> {now[:-1]}" if before else "recorded by an older orch"
+        ctx.fleet.session(host, ctx.store).say(
+            f"{path} asks something else than when its steps were recorded here ({change}): a new campaign, "
+            "its steps run again"
+        )
 
 
 def refused_groups(

@@ -52,3 +52,31 @@ def test_the_next_round_hint_names_a_playbook_as_orch_run_finds_it(tmp_path: Pat
     for where, said in (("pb", str(tmp_path / "pb" / "camp.yaml")), ("playbooks", "camp")):
         recipe = load_recipe(tmp_path / where / "camp.yaml")
         assert _playbook_arg(SimpleNamespace(recipe=lambda h, r=recipe: r), host) == said  # type: ignore[arg-type]
+
+
+def test_a_comment_is_the_same_campaign_and_a_changed_value_is_said_before_its_steps_run_again(tmp_path: Path) -> None:
+    """A comment added to a playbook ran every step of its campaign again, saying nothing of why."""
+    from types import SimpleNamespace
+
+    from orchestrator.inventory import Host
+    from orchestrator.ops.run import _say_changed_playbook
+    from orchestrator.store import StateStore
+
+    path = tmp_path / "camp.yaml"
+    path.write_text(SHIPPED)
+    first = load_recipe(path)
+    path.write_text("# tuned on 2026-12-06\n" + SHIPPED.replace("model:", "model:  ", 1))  # a comment, the layout
+    assert load_recipe(path).campaign == first.campaign
+    store = StateStore(tmp_path / "state.db")
+    store.update_host("h", lambda hs: hs.progress(first.campaign).step_done("pull"))
+    path.write_text(SHIPPED.replace("mem-fraction-static: 0.85", "mem-fraction-static: 0.8"))
+    changed = load_recipe(path)
+    heard: list[str] = []
+    fleet = SimpleNamespace(session=lambda h, s: SimpleNamespace(say=heard.append))
+    for recipe in (first, changed):
+        ctx = SimpleNamespace(store=store, playbook=lambda h, r=recipe: r.campaign, fleet=fleet)
+        _say_changed_playbook(ctx, [Host(name="h", address="127.0.0.1")])  # type: ignore[arg-type]
+    assert heard == [
+        f"{path} asks something else than when its steps were recorded here (sha256 {first.digest} -> "
+        f"{changed.digest}): a new campaign, its steps run again"
+    ]
