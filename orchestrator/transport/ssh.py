@@ -501,7 +501,7 @@ class JumpHost:
                 hint="check the jump host's User and IdentityFile in the ssh config (or proxy_jump's USER@)",
             ) from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise UnreachableError(f"{host.name}: cannot connect to {where}: {_reason(exc)}") from None
+            raise UnreachableError(f"{host.name}: cannot connect to {where}: {_reason(exc, connecting=True)}") from None
 
 
 def _for_host(host: Host, exc: HostKeyError | UnreachableError) -> HostKeyError | UnreachableError:
@@ -641,7 +641,9 @@ class SSHRunner(RunnerBase):
             ) from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
             via = f" via jump host {route.jump}" if route.jump else ""
-            raise UnreachableError(f"{self.host}: cannot connect to {route.target}{via}: {_reason(exc)}") from None
+            raise UnreachableError(
+                f"{self.host}: cannot connect to {route.target}{via}: {_reason(exc, connecting=True)}"
+            ) from None
         return self._conn
 
     def _open(self, route: Route, deadline: float) -> _Connection:
@@ -778,26 +780,28 @@ def _offered_key(host: Host, endpoint: Endpoint, timeout: float, jump: Endpoint 
             else socket.create_connection((endpoint.address, endpoint.port), timeout=timeout)
         )
     except (OSError, paramiko.SSHException) as exc:
-        raise UnreachableError(f"{host.name}: cannot connect to {endpoint}: {_reason(exc)}") from None
+        raise UnreachableError(f"{host.name}: cannot connect to {endpoint}: {_reason(exc, connecting=True)}") from None
     transport = paramiko.Transport(sock)
     try:
         transport.start_client(timeout=timeout)
         return transport.get_remote_server_key()
     except (paramiko.SSHException, EOFError) as exc:
-        raise UnreachableError(f"{host.name}: SSH handshake failed: {_reason(exc)}") from None
+        raise UnreachableError(f"{host.name}: SSH handshake failed: {_reason(exc, connecting=True)}") from None
     finally:
         transport.close()
         if via is not None:
             via.release()
 
 
-def _reason(exc: BaseException) -> str:
+def _reason(exc: BaseException, connecting: bool = False) -> str:
     if isinstance(exc, paramiko.ChannelException):
         return f"the jump host could not connect to it ({exc.text})"
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         return "connection refused (is sshd running? is the port right?)"
     if isinstance(exc, socket.timeout | TimeoutError):
         return "timed out"
+    if connecting and (str(exc) == "No existing session" or "SSH protocol banner" in str(exc)):  # no greeting
+        return "the port accepted the connection but no SSH greeting came in time (sshd hung or overloaded?)"
     return str(exc) or type(exc).__name__
 
 

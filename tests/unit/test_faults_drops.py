@@ -260,3 +260,23 @@ def test_a_member_back_within_the_window_starts_a_new_outage_next_time() -> None
     assert links.read(member, lambda: "back", "") == "back" and links.lost == {}
     links.read(member, dropped, "")
     assert len(said) == 2 and all("reconnecting" in line for line in said)
+
+
+def test_a_host_whose_port_accepts_but_never_greets_is_named_as_hung_not_by_the_ssh_library(tmp_path: Any) -> None:
+    """An sshd stopped by SIGSTOP (or overloaded): the kernel accepts the connection, no SSH greeting comes.
+    The error said paramiko's `No existing session`."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as silent:  # listens (the kernel completes the handshake), never writes a byte
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        (tmp_path / "hosts.yaml").write_text(f"hosts:\n  a: {{address: 127.0.0.1, port: {silent.getsockname()[1]}}}\n")
+        run = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "-i", str(tmp_path / "hosts.yaml"), "--state",
+             str(tmp_path / "state.db"), "--connect-timeout", "1", "status", "--json"],
+            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    assert run.returncode == 3, run.stderr
+    assert "no SSH greeting came in time (sshd hung or overloaded?)" in run.stdout, run.stdout
