@@ -8,6 +8,7 @@ single commands (``TuneOptions`` for ``orch tune-fp8``, ...): one code path per 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
@@ -274,7 +275,9 @@ class Step(_Strict):
         if isinstance(value, dict) and len(value) == 1 and "name" not in value:
             ((name, opts),) = value.items()
             if name not in STEP_OPTIONS:
-                raise ValueError(f"unknown step {name!r}; steps are: {', '.join(STEP_OPTIONS)}")
+                close = difflib.get_close_matches(str(name), STEP_OPTIONS, n=1)
+                typo = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"unknown step {name!r}{typo}; steps are: {', '.join(STEP_OPTIONS)}")
             return {"name": name, "options": STEP_OPTIONS[name].model_validate(opts or {})}
         return value
 

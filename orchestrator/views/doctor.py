@@ -39,6 +39,7 @@ def doctor_document(checked: Sequence[HostHealth]) -> dict[str, list[dict[str, A
             "name": h.name,
             "verdict": h.verdict,
             "findings": [{"severity": f.severity, "text": f.text} for f in h.findings],
+            **{k: None for k in ("driver", "cuda", "gpu")},  # null when not read (an unreachable host)
             **{k.lower(): v for k, v in h.versions.items()},
         }
         for h in checked

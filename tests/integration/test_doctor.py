@@ -194,10 +194,15 @@ def test_an_unreachable_host_fails_and_the_others_are_checked(env: FleetEnv) -> 
     host.stop_sshd()
     try:
         run = env.orch("--connect-timeout", "2", "doctor")
+        doc = json.loads(env.orch("--connect-timeout", "2", "doctor", "sim-2", "--json").stdout)
     finally:
         host.start_sshd()
     assert run.returncode == 3, run.output
     assert [lines(run)[0], lines(run)[2]] == GOOD and lines(run)[1].startswith("sim-2: fail: "), run.output
+    (unreachable,) = doc["hosts"]  # every key there, null where not read
+    assert (unreachable["verdict"], unreachable["driver"], unreachable["cuda"], unreachable["gpu"]) == ("fail",) + (
+        None,
+    ) * 3
 
 
 def test_run_campaigns_on_the_healthy_hosts_and_names_the_sick_ones_problem(env: FleetEnv, tmp_path: Path) -> None:

@@ -56,6 +56,12 @@ def test_a_playbook_key_typo_is_named_with_the_key_it_is_close_to(tmp_path: Path
     assert said in playbook_error(tmp_path, text)
 
 
+def test_an_unknown_step_is_named_with_the_step_it_is_close_to(tmp_path: Path) -> None:
+    assert "key 'steps.1': unknown step 'bnech' (did you mean 'bench'?); steps are: " in playbook_error(
+        tmp_path, "steps: [pull, bnech]\n"
+    )
+
+
 def test_a_step_listed_twice_is_refused(tmp_path: Path) -> None:  # the second would be skipped as done
     assert "key 'steps': step 'bench' is listed twice" in playbook_error(
         tmp_path, "steps: [pull, bench, serve, bench]\n"
