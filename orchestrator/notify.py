@@ -137,7 +137,7 @@ class Notifier:
 _WEBHOOK_SECRETS = (
     (re.compile(r"://[^/\s@]*:[^/\s@]*@"), "a password in a URL (user:password@)"),
     (
-        re.compile(r"hooks\.[\w.-]+/|webhook|discord(?:app)?\.\w+/api/|api\.telegram\.org/bot", re.I),
+        re.compile(r"://hooks\.|://\S*webhook|discord(?:app)?\.\w+/api/|telegram\.org/bot", re.I),  # URLs only
         "a webhook URL (its path is its secret)",
     ),
     (re.compile(r"\bbearer\b", re.I), "a bearer token"),

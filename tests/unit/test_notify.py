@@ -169,10 +169,12 @@ def test_a_notify_command_holding_a_secret_is_refused_without_echoing_it(command
         "curl -H 'Content-Type: application/json' -d @- https://alerts.example/orch",
         "sh -c 'jq -c \"{sortkey: .time, monkey: .to}\" >> events.log'",
         "curl http://127.0.0.1:9/orch",
+        "python3 /opt/orch/webhook_relay.py",  # a script named for what it does: no URL, no secret
+        "/etc/orch/hooks.d/notify",
     ],
 )
 def test_a_notify_command_without_a_secret_is_accepted(command: str) -> None:
-    assert Notifier(command).argv[0] in ("python3", "curl", "sh")
+    assert Notifier(command).argv == shlex.split(command)
 
 
 def test_a_failed_notifier_stderr_that_holds_a_secret_is_not_repeated(
