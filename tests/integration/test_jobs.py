@@ -67,7 +67,9 @@ def test_logs_follow_resumes_at_its_offset_after_the_connection_drops(make_fleet
     assert follower.returncode == 0, err
     lines = [line for line in (first + rest).splitlines() if line.startswith("line ")]
     assert lines == [f"line {i}" for i in range(1, 101)]  # nothing lost, nothing twice
-    assert "reconnecting, resuming at byte" in err
+    # Said only when the cut meets a command in flight: one that falls between two commands is seen by paramiko
+    # first and the next command reconnects unsaid (the clean-clone CI met it once). test_faults_drops's follower,
+    # cut three times, asserts the line.
     assert f"-- {started.job_id}: succeeded" in rest
 
 
