@@ -162,12 +162,12 @@ class InstallMark(_Record):
 
 class LogProgress(BaseModel):
     """What one tuning job's log said so far (``facts.tuner.feed`` reads it on from ``offset``), kept in
-        the record so another orch (``status``, ``wait``) resumes there. Lines end at ``\\n`` or ``\\r``; an
-        unterminated last line waits in ``carry``. ``done``: shape key -> batch sizes completed; ``written``:
-        the last 50 config paths the log announced; ``grew_at``: when the log last grew, by the host's clock
-        (what tells a tuner stuck after a finished run); ``ended``: how its job ended, what another orch's status
+    the record so another orch (``status``, ``wait``) resumes there. Lines end at ``\\n`` or ``\\r``; an
+    unterminated last line waits in ``carry``. ``done``: shape key -> batch sizes completed; ``written``:
+    the last 50 config paths the log announced; ``grew_at``: when the log last grew, by the host's clock
+    (what tells a tuner stuck after a finished run); ``ended``: how its job ended, what another orch's status
     shows of a group member it does not poll. Unknown keys are ignored, as the dict it replaces was
-        read (the state file holds these keys in this order, as before)."""
+    read (the state file holds these keys in this order, as before)."""
 
     model_config = ConfigDict(extra="ignore", hide_input_in_errors=True)
 
