@@ -11,9 +11,13 @@
 Events come from the state file itself: ``StateStore(on_commit=notifier.on_commit)`` hands every
 committed transaction's before/after states to ``events_between``, which finds new ``history`` entries
 (phase changes) and job records that left ``running``. So every operation that records what it did in
-the state notifies, without knowing about notifications. The notifier runs after the state lock is
-released. A notifier that fails, cannot be started or outlives its timeout (its process group is then
-killed) is reported on stderr; it never stops or fails the command.
+the state notifies, without knowing about notifications.
+
+Events are delivered in order by one background thread, one notifier process at a time: a slow or hung
+notifier never delays the command (a relaunch between stopping a server and starting its replacement). A
+notifier that fails, cannot be started or outlives its timeout (its process group is then killed) is
+reported on stderr; it never stops or fails the command. When the command ends orch waits for the events
+still queued, at most the timeout; any left are reported as not delivered (an interrupted orch drops them).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import re
 import shlex
 import signal
 import subprocess
+import threading
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -94,7 +100,8 @@ def _job_event(name: str, job: JobRecord) -> Event:
 
 
 class Notifier:
-    """Runs the notify command once per event; failures are logged as warnings, never raised."""
+    """Runs the notify command once per event, in the background (``on_commit``), until ``close``; failures
+    are logged as warnings, never raised."""
 
     def __init__(self, command: str, timeout: float = DEFAULT_TIMEOUT) -> None:
         try:
@@ -110,19 +117,56 @@ class Notifier:
                 hint="let the command read it from its environment (the notifier inherits orch's)",
             )
         self.timeout = timeout
+        self._queue: deque[Event] = deque()  # the events not yet delivered, the one being delivered first
+        self._changed = threading.Condition()  # guards the queue, the notifier process and ``_closed``
+        self._worker: threading.Thread | None = None
+        self._proc: subprocess.Popen[str] | None = None  # the notifier running now
+        self._closed = False
 
     def on_commit(self, before: State, after: State) -> None:
-        """``StateStore``'s hook: notify every event the committed transaction made."""
-        for event in events_between(before, after):
+        """``StateStore``'s hook: queue every event the committed transaction made, for the delivery thread."""
+        events = events_between(before, after)
+        with self._changed:
+            self._queue.extend(events)
+            if events and self._worker is None:
+                self._worker = threading.Thread(target=self._deliver, name="orch-notify", daemon=True)
+                self._worker.start()
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """The command ended: wait for the events queued to be delivered, at most ``timeout`` seconds; the
+        notifier still running then is killed, and the events left are reported."""
+        with self._changed:
+            self._changed.wait_for(lambda: not self._queue, timeout=self.timeout)
+            left, self._closed = len(self._queue), True
+            if self._proc is not None:
+                _kill_group(self._proc)
+        if left:
+            log.warning(
+                "notify: `%s` did not take the last %d event%s within %gs; not delivered",
+                shlex.join(self.argv), left, "" if left == 1 else "s", self.timeout,
+            )  # fmt: skip
+
+    def _deliver(self) -> None:
+        """The delivery thread: each event in turn, taken off the queue once its notifier has ended."""
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._queue))
+                event = self._queue[0]
             self.send(event)
+            with self._changed:
+                self._queue.popleft()
+                self._changed.notify_all()
 
     def send(self, event: Event) -> bool:
         """Deliver one event; False (after a warning on stderr) when the notifier failed."""
         what = f"notify: `{shlex.join(self.argv)}` for {event.host} {event.kind} {event.from_} -> {event.to}"
         try:
-            code, stderr = _run(self.argv, event.to_json() + "\n", self.timeout)
+            code, stderr = self._run(event.to_json() + "\n")
         except OSError as exc:
             log.warning("%s could not start: %s", what, exc.strerror or exc)
+            return False
+        if self._closed and code != 0:  # ``close`` gave up on it, and said so
             return False
         if code is None:
             log.warning("%s timed out after %gs (killed)", what, self.timeout)
@@ -132,6 +176,33 @@ class Notifier:
                 tail = "(its stderr looks like it holds a secret: not shown)"
             log.warning("%s exited %d%s", what, code, f": {tail}" if tail else "")
         return code == 0
+
+    def _run(self, payload: str) -> tuple[int | None, str]:
+        """Run the notifier in its own session with ``payload`` on stdin: (exit code or None on timeout,
+        stderr). On timeout, or when ``close`` gives up on it, its whole process group is killed, so a
+        notifier's children cannot linger."""
+        with self._changed:
+            if self._closed:
+                return None, ""
+            self._proc = subprocess.Popen(
+                self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                start_new_session=True,
+            )  # fmt: skip
+        with self._proc as proc:
+            try:
+                _, stderr = proc.communicate(payload, timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                return None, ""
+            finally:
+                with self._changed:
+                    self._proc = None
+            return proc.returncode, stderr
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 _WEBHOOK_SECRETS = (
@@ -164,25 +235,3 @@ def _webhook_secret(argv: list[str]) -> str | None:
         if found:
             return found
     return None
-
-
-def _run(argv: list[str], payload: str, timeout: float) -> tuple[int | None, str]:
-    """Run ``argv`` in its own session with ``payload`` on stdin: (exit code or None on timeout, stderr).
-
-    On timeout the whole process group is killed, so a notifier's children cannot linger.
-    """
-    with subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    ) as proc:
-        try:
-            _, stderr = proc.communicate(payload, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            return None, ""
-        return proc.returncode, stderr

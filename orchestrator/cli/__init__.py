@@ -148,6 +148,8 @@ def cli(
     configure_logging(verbose)
     options = ConnectOptions(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)
     notifier = Notifier(notify_cmd) if notify_cmd is not None else None  # checked before any command runs
+    if notifier is not None:
+        ctx.call_on_close(notifier.close)  # the events still queued, delivered before orch exits
     ctx.obj = App(inventory_option=inventory, state_option=state, options=options, notifier=notifier)
 
 

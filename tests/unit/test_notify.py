@@ -74,10 +74,12 @@ def test_event_json_has_the_documented_keys() -> None:
 
 def test_store_delivers_each_phase_change_as_json_on_stdin(tmp_path: Path) -> None:
     out = tmp_path / "events.jsonl"
-    store = StateStore(tmp_path / "state.json", on_commit=Notifier(recorder(out)).on_commit)
+    notifier = Notifier(recorder(out))
+    store = StateStore(tmp_path / "state.json", on_commit=notifier.on_commit)
     store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.PULLED, "pulled"))
     store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.PULLED, "again: no change, no event"))
     store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.TUNING, "tuning 2 shapes"))
+    notifier.close()  # the command's end: what is queued is delivered
     events = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(e["host"], e["from"], e["to"], e["reason"]) for e in events] == [
         ("gpu-1", "new", "pulled", "pulled"),
@@ -90,9 +92,11 @@ def test_failing_notifier_is_reported_and_the_update_still_succeeds(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     command = shlex.join([sys.executable, "-c", "import sys; print('slack said no', file=sys.stderr); sys.exit(3)"])
-    store = StateStore(tmp_path / "state.json", on_commit=Notifier(command).on_commit)
+    notifier = Notifier(command)
+    store = StateStore(tmp_path / "state.json", on_commit=notifier.on_commit)
     with caplog.at_level(logging.WARNING):
         store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.PULLED, "pulled"))
+        notifier.close()
     assert store.read().host("gpu-1").phase == Phase.PULLED
     assert "gpu-1 phase new -> pulled exited 3: slack said no" in caplog.text
 
@@ -110,6 +114,38 @@ def test_hanging_notifier_is_killed_after_its_timeout_and_reported(
     assert "timed out after 0.3s (killed)" in caplog.text
     time.sleep(1.5)
     assert not marker.exists()  # the whole process group was killed, the notifier's child too
+
+
+def test_a_notifier_still_running_does_not_hold_up_the_command_and_is_waited_for_at_its_end(tmp_path: Path) -> None:
+    """A transaction commits and returns while its notifier is still running (a relaunch is not held up
+    between stopping a server and starting the next); ``close`` waits for what is queued."""
+    release, done, out = tmp_path / "release", tmp_path / "done", tmp_path / "events.jsonl"
+    script = f"cat >> {out}; until [ -e {release} ]; do sleep 0.05; done; echo >> {done}"
+    notifier = Notifier(shlex.join(["sh", "-c", script]), timeout=5)
+    store = StateStore(tmp_path / "state.db", on_commit=notifier.on_commit)
+    store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.PULLED, "pulled"))
+    store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.TUNING, "tuning"))
+    assert not done.exists()  # both transactions returned; the first notifier waits for the release
+    release.touch()
+    notifier.close()
+    assert done.read_text() == "\n\n"  # each event in its turn, neither killed
+    assert [json.loads(line)["to"] for line in out.read_text().splitlines()] == ["pulled", "tuning"]
+
+
+def test_at_the_end_a_hung_notifier_is_given_its_timeout_then_killed_and_the_events_left_are_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    marker = tmp_path / "child-survived"
+    notifier = Notifier(shlex.join(["sh", "-c", f"(sleep 2 && touch {marker}) & sleep 30"]), timeout=1)
+    store = StateStore(tmp_path / "state.db", on_commit=notifier.on_commit)
+    with caplog.at_level(logging.WARNING):
+        store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.PULLED, "pulled"))
+        store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.TUNING, "tuning"))
+        notifier.close()
+        time.sleep(2.5)
+    assert re.search(r"did not take the last [12] events? within 1s; not delivered", caplog.text), caplog.text
+    assert caplog.text.count("timed out") <= 1  # nothing more is tried once the command has given up
+    assert not marker.exists()  # the notifier running when it gave up was killed, its children too
 
 
 def test_missing_notifier_command_is_reported_not_raised(caplog: pytest.LogCaptureFixture) -> None:
