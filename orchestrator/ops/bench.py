@@ -480,8 +480,9 @@ def _unrecorded(
 
 
 def _refuse_profiling(host: Host, listed: list[jobs.JobInfo]) -> None:
-    """A new benchmark does not start while ``orch profile``'s load runs on the host (``listed``: its jobs):
-    the two loads and the profiler would be measured as one (``RefusedError``, nothing started)."""
+    """A new benchmark does not start while ``orch profile``'s job runs on the host (``listed``: its jobs; it
+    runs until the profiler's window is closed): the two loads and the profiler would be measured as one
+    (``RefusedError``, nothing started)."""
     loads = jobs.running(listed, PROFILE_PURPOSE)
     if loads:
         raise _profiling(host, loads[0].id)
@@ -489,8 +490,8 @@ def _refuse_profiling(host: Host, listed: list[jobs.JobInfo]) -> None:
 
 def _profiling(host: Host, job_id: str) -> RefusedError:
     return RefusedError(
-        f"{host.name}: orch profile's load (job {job_id}) runs on this server: a benchmark now would measure "
-        "both loads and the profiler's cost as this server's throughput",
+        f"{host.name}: orch profile (job {job_id}) is profiling this server: a benchmark now would measure "
+        "the profile's load and the profiler's cost as this server's throughput",
         hint=f"benchmark once it has ended (a profile takes about a minute; `orch jobs --host {host.name}`); "
         "nothing was started",
     )

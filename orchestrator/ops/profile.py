@@ -15,7 +15,9 @@ appeared when the load has ended and ``SETTLE_S`` more seconds passed, orch asks
 
 The load is a detached job of orch's (``PROFILE_PURPOSE``, bounded by the run's timeout), so that another orch
 sees it on the host: ``orch bench`` does not start while it runs (``ops.bench``), and a profile does not start
-while orch's benchmark measures the server. Each would add its load to the other's measurement (and the
+while orch's benchmark measures the server. The job runs on after its load has ended (``_HOLD``) until orch
+has closed the profiler's window (every trace written, or ``/stop_profile`` asked), so a benchmark never runs
+under a profiler still recording. Each would add its load to the other's measurement (and the
 profiler slows the server), and both would be stored as if measured alone. Each checks the other's jobs
 first, and again as its job starts (``JobSpec.excludes``, under the host's job-start lock): a bench and a
 profile started at once both pass the first check, never the second. A profile refused there has asked the
@@ -34,13 +36,14 @@ as SGLang replaces it.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import shlex
 import time
 from dataclasses import dataclass
 
 from orchestrator import jobs
-from orchestrator.errors import RefusedError, RemoteCommandError, StateError
+from orchestrator.errors import OrchError, RefusedError, RemoteCommandError, StateError
 from orchestrator.facts import bench as bench_facts
 from orchestrator.facts import profile as facts
 from orchestrator.facts import server as server_facts
@@ -54,6 +57,15 @@ from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord, utc_now
 from orchestrator.transport.base import Runner
 
+PROFILE_DIR = "ORCH_PROFILE_DIR"
+"""The load job's environment variable naming its run's directory, where ``_HOLD`` keeps its marks."""
+_HOLD = (
+    '"$@"; code=$?; echo "$code" > "$ORCH_PROFILE_DIR/load-ended"; '
+    'until [ -e "$ORCH_PROFILE_DIR/window-closed" ]; do sleep 0.5; done; exit "$code"'
+)
+"""The load job's command around the benchmark client: when the load has ended it says so (its exit code in
+``load-ended``), and the job runs on, holding the host from ``orch bench``, until orch closes the profiler's
+window (``window-closed``, ``_close_window``) or the job's timeout ends it."""
 SETTLE_S = 20.0
 """Seconds after the load ends that orch waits for the traces before asking the server to stop."""
 POLL_S = 0.5
@@ -88,24 +100,32 @@ def profile(session: HostSession, spec: BenchSpec, options: ProfileOptions, resu
     load = _refuse_measuring(host, jobs.list_jobs(runner, host.workdir), resume)
     if load is not None:
         session.say(f"{host.name}: waiting for the interrupted run's load (job {load.id}) to end")
+        with contextlib.suppress(OrchError):  # its profile is ended by this run: its load need not hold on
+            _close_window(session, session.job_env(load.id).get(PROFILE_DIR, ""))
         _wait_load(session, load.id, deadline)
     runner.run(["mkdir", "-p", "-m", "700", "--", directory], check=True)
     body = facts.start_body(directory, options.steps, prefix)
     stop = [server_facts.HttpRequest("POST", f"{url}/stop_profile", {}, timeout=60)]
+    held: str | None = None  # the load job holding the host until the profiler's window is closed
     try:
         if not _start(host, runner, url, body, refuse=not resume):
             session.say(f"{host.name}: the interrupted run's profile is still in progress: one wave of load ends it")
-            _drive_load(session, server, spec, f"{directory}/leftover.jsonl", deadline)
+            leftover = _drive_load(session, server, spec, directory, "leftover", deadline)
             http(host, runner, stop)
+            _release(session, directory, leftover, deadline)  # ended: the next load is a job of its own
+            runner.run(["rm", "-f", "--", f"{directory}/window-closed", f"{directory}/load-ended"], check=True)
             _start(host, runner, url, body)
         session.say(
             f"{host.name}: profiling {options.steps} prefill and {options.steps} decode batches into {directory}"
         )
-        _drive_load(session, server, spec, f"{directory}/load.jsonl", deadline)
+        held = _drive_load(session, server, spec, directory, "load", deadline)
+        found, stopped = _wait_for_traces(host, runner, url, directory, prefix, deadline)
     except jobs.JobBusyError as busy:  # orch's benchmark started meanwhile: it measures alone
         http(host, runner, stop)
         raise _benchmarking(host, busy.job_id, "its profile was stopped before its load started") from None
-    found, stopped = _wait_for_traces(host, runner, url, directory, prefix, deadline)
+    finally:
+        with contextlib.suppress(OrchError):  # else the load job holds the host until its timeout
+            _release(session, directory, held, deadline)
     record = _summarise(session, server, options, (directory, prefix), found)
     try:
         store.update_host(host.name, lambda hs: _store(hs, record))
@@ -167,24 +187,73 @@ def _load_params(spec: BenchSpec) -> BenchParams:
     )
 
 
-def _drive_load(session: HostSession, server: ServerRecord, spec: BenchSpec, output: str, deadline: float) -> None:
+def _drive_load(
+    session: HostSession, server: ServerRecord, spec: BenchSpec, directory: str, name: str, deadline: float
+) -> str:
+    """Run one wave of load (its output ``<directory>/<name>.jsonl``) as the profile's job; its job id once the
+    load has ended well (the job runs on until ``_close_window``), else ``RemoteCommandError``."""
     host, runner = session.host, session.runner
     module = bench_op.find_module(host, runner)
     address = server_facts.argv_address(server.argv)
     dataset = bench_op.prepare_dataset(session, spec, BenchOptions())  # the benchmark's own text, offline
     params = _load_params(spec).model_copy(update={"dataset_name": dataset.name})
+    output = f"{directory}/{name}.jsonl"
     argv = bench_facts.bench_argv(host.python, module, address, server.port, params, output, dataset.path)
     seconds = max(1, int(deadline - time.monotonic()))
     session.say(f"{host.name}: load: {params.num_prompts} prompts of {params.input_len} -> {params.output_len} tokens")
-    command = ["timeout", str(seconds), *argv, "--disable-tqdm"]
-    job = jobs.JobSpec(kind="profile", purpose=PROFILE_PURPOSE, argv=command, excludes=(BENCH_PURPOSE,))
-    ended = _wait_load(session, jobs.start(runner, host.workdir, job).job_id, deadline)
-    if ended.state != "succeeded":
+    command = ["timeout", str(seconds), "sh", "-c", _HOLD, "orch-profile-load", *argv, "--disable-tqdm"]
+    job = jobs.JobSpec(
+        kind="profile", purpose=PROFILE_PURPOSE, argv=command, excludes=(BENCH_PURPOSE,), env={PROFILE_DIR: directory}
+    )
+    job_id = jobs.start(runner, host.workdir, job).job_id
+    code = _wait_loaded(session, job_id, directory, deadline)
+    if code != 0:
+        ended = jobs.find(runner, host.workdir, job_id)
         tail = " | ".join(jobs.read_tail(runner, ended, max_bytes=2048).strip().splitlines()[-3:])
         raise RemoteCommandError(
-            f"{host.name}: the profiling load (job {ended.id}) {ended.state} (exit {ended.exit_code}): {tail[:300]}",
-            exit_status=ended.exit_code or 1,
+            f"{host.name}: the profiling load (job {job_id}) failed (exit {code}): {tail[:300]}",
+            exit_status=code or 1,
         )
+    return job_id
+
+
+def _wait_loaded(session: HostSession, job_id: str, directory: str, deadline: float) -> int | None:
+    """The exit code of load job ``job_id``'s benchmark client once it has ended (``_HOLD``'s ``load-ended``);
+    the job's own when it ended without saying (killed, timed out; None: lost). ``RemoteCommandError`` when
+    it outlives its timeout."""
+    host, runner = session.host, session.runner
+    while (code := _load_ended(runner, directory)) is None:
+        info = jobs.wait(runner, host.workdir, job_id, 1.0)
+        if not info.running:  # it may have said, then ended
+            code = _load_ended(runner, directory)
+            return code if code is not None else info.exit_code
+        if time.monotonic() >= deadline + 30:
+            raise _outlived(host, job_id)
+    return code
+
+
+def _load_ended(runner: Runner, directory: str) -> int | None:
+    said = runner.run(["cat", "--", f"{directory}/load-ended"], timeout=60)
+    return int(said.stdout) if said.ok and said.stdout.strip().lstrip("-").isdigit() else None
+
+
+def _outlived(host: Host, job_id: str) -> RemoteCommandError:
+    return RemoteCommandError(f"{host.name}: the profiling load (job {job_id}) outlived its timeout", exit_status=1)
+
+
+def _close_window(session: HostSession, directory: str) -> None:
+    """Let the load job of the profile in ``directory`` (one of orch's own run directories) end: its
+    profiler's window is closed."""
+    if directory.startswith(f"{session.host.workdir.rstrip('/')}/profiles/") and "/../" not in directory:
+        session.runner.run(["sh", "-c", 'test -d "$1" && touch -- "$1/window-closed"', "sh", directory], timeout=60)
+
+
+def _release(session: HostSession, directory: str, job_id: str | None, deadline: float) -> None:
+    """Close the window of the profile in ``directory`` and wait for its load job ``job_id`` (when it got one)
+    to end: a benchmark right after the profile is not refused."""
+    _close_window(session, directory)
+    if job_id is not None:
+        _wait_load(session, job_id, deadline)
 
 
 def _wait_load(session: HostSession, job_id: str, deadline: float) -> jobs.JobInfo:
@@ -194,7 +263,7 @@ def _wait_load(session: HostSession, job_id: str, deadline: float) -> jobs.JobIn
     while info.running and time.monotonic() < deadline + 30:
         info = jobs.wait(runner, host.workdir, job_id, 1.0)
     if info.running:
-        raise RemoteCommandError(f"{host.name}: the profiling load (job {job_id}) outlived its timeout", exit_status=1)
+        raise _outlived(host, job_id)
     return info
 
 

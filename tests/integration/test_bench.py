@@ -151,7 +151,7 @@ def test_a_profile_and_a_benchmark_never_measure_the_server_at_once(make_fleet) 
     finally:
         profile.kill()
     assert busy.returncode == 3, busy.output
-    assert re.search(rf"{host.name}: orch profile's load \(job profile-\S+\) runs on this server", busy.stderr)
+    assert re.search(rf"{host.name}: orch profile \(job profile-\S+\) is profiling this server", busy.stderr)
     assert profile.returncode == 0, out
     hs = StateStore(env.state).read().hosts[host.name]
     assert [b.label for b in hs.benchmarks] == ["first"] and len(hs.profiles) == 1
@@ -174,7 +174,7 @@ def test_a_profile_and_a_benchmark_never_measure_the_server_at_once(make_fleet) 
         assert ran["bench"][1] <= ran["profile"][0] or ran["profile"][1] <= ran["bench"][0], (ran, outs)
     else:
         said = outs[codes.index(3)]
-        assert "orch profile's load (job profile-" in said or "orch's benchmark (job bench-" in said, said
+        assert "orch profile (job profile-" in said or "orch's benchmark (job bench-" in said, said
 
 
 def test_a_server_stopped_under_a_benchmark_stops_the_benchmark_first_and_its_result_is_not_stored(make_fleet) -> None:  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from orchestrator.inventory import load_inventory
 from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
+from tests.integration.kills import wait_for
 
 
 def test_profile_reports_where_the_gpu_time_went_as_the_trace_says_and_stores_it(make_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -79,13 +81,28 @@ def test_serve_a_serving_profile_then_another_verified_as_any_serve(make_fleet) 
     assert server.verification.speculative == "EAGLE steps=1 topk=1 draft=2"
 
 
-def test_a_decode_window_longer_than_the_load_is_flushed_by_stop_profile(make_fleet) -> None:  # type: ignore[no-untyped-def]
+def test_a_decode_window_outliving_the_load_is_flushed_by_stop_profile_and_no_benchmark_runs_in_it(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    """The profiler's window outlives the load (it is closed by /stop_profile ``SETTLE_S`` later): a benchmark
+    started then ran under the profiler, and both were stored as measured alone."""
     env: FleetEnv = make_fleet(1)
     host = next(iter(load_inventory(env.inventory).hosts.values()))
     assert env.orch("serve").returncode == 0
-    result = env.orch("profile", "--steps", "200", "--json")  # one wave of 16 x 256 tokens: ~83 decode batches
-    assert result.returncode == 0, result.output
-    doc = json.loads(result.stdout)["hosts"][host.name]
+    argv = [*env.argv(), "profile", "--steps", "200", "--json"]  # one wave of 16 x 256 tokens: ~83 decode batches
+    profile = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: list(Path(host.workdir, "profiles").glob("*/load-ended")), "the profile's load to end")
+        under = env.orch("bench", "--label", "under-the-profiler", "--num-prompts", "2")
+        out, err = profile.communicate(timeout=120)
+    finally:
+        profile.kill()
+    assert under.returncode == 3, under.output
+    assert f"{host.name}: orch profile (job profile-" in under.stderr and "is profiling this server" in under.stderr
+    assert profile.returncode == 0, err
+    hs = StateStore(env.state).read().hosts[host.name]
+    assert not hs.benchmarks and len(hs.profiles) == 1
+    [job] = Path(host.workdir, "jobs").glob("profile-*")
+    assert (job / "exit_code").read_text().strip() == "0"  # the load's exit code, once the window was closed
+    doc = json.loads(out)["hosts"][host.name]
     assert sorted(doc["stages"]) == ["all", "prefill"]  # the decode window, flushed unstaged by /stop_profile
     assert doc["traces"][1].endswith("-TP-0.trace.json.gz")
     assert doc["stages"]["all"]["gpu_s"] > 0 and sum(doc["categories"].values()) == pytest.approx(1.0)
