@@ -133,6 +133,7 @@ def bench(
     label is not the one this run would have (another orch's ``orch bench``, a sweep's or a gate's run on the
     same server) is collected and stored under its own label, said, and then the run asked for starts: a
     sweep or a promotion gate never takes another's numbers for its own (at most ``MAX_OTHERS`` such runs).
+    One that measured an earlier server (``_measured_earlier``) is recorded as ended, not stored, and said.
     About every second while it runs the session emits a ``BenchProgress`` (requests done, from its tqdm bar
     in the job log). ``dataset``: what ``prepare_dataset`` found or staged on the host (None: called here).
 
@@ -147,8 +148,13 @@ def bench(
     for _ in range(MAX_OTHERS + 1):
         job_id, plan, attached = _pending(host, runner, store) or _new(session, spec, options, server, dataset)
         ended = _wait(session, job_id, deadline - time.monotonic(), attached)
-        if attached:
-            _refuse_another_server(session, server, served, ended)
+        if attached and _measured_earlier(served, ended):
+            store.update_host(host.name, functools.partial(_end_job, ended=ended))
+            session.say(
+                f"benchmark job {job_id} ({plan.label!r}) measured an earlier server: the server orch records now "
+                f"(job {server.job_id}) started after it, so its numbers are not stored; now the run asked for"
+            )
+            continue
         record = _result(session, server, plan, ended)
         records = store.update_host(host.name, functools.partial(_store_result, record=record, ended=ended))
         if not attached or plan.label == (options.label or served_label(session, server)):
@@ -245,22 +251,12 @@ def _running_server(host: Host, runner: Runner, store: StateStore, doing: str) -
     )
 
 
-def _refuse_another_server(
-    session: HostSession, server: ServerRecord, served: jobs.JobInfo, ended: jobs.JobInfo
-) -> None:
-    """A benchmark collected after orch was killed measured an earlier server when the server orch records now
-    (its job ``served``) started after it (by the host's clock): its numbers are not stored under this server's
-    settings (MTP, FP8 backend, tuned shapes). ``RefusedError`` (exit 3), the job recorded as ended."""
-    host = session.host
+def _measured_earlier(served: jobs.JobInfo, ended: jobs.JobInfo) -> bool:
+    """Whether a benchmark collected after orch was killed (job ``ended``) measured an earlier server: the
+    server orch records now (its job ``served``) started after it, by the host's clock. Its numbers are not
+    stored, under this server's settings (MTP, FP8 backend, tuned shapes) or any other's."""
     started = served.started_at
-    if started is None or ended.started_at is None or started <= ended.started_at:
-        return
-    session.store.update_host(host.name, lambda hs: _end_job(hs, ended))
-    raise RefusedError(
-        f"{host.name}: benchmark job {ended.id} measured an earlier server: the server orch records now (job "
-        f"{server.job_id}) started after it, so its numbers are not stored as this server's",
-        hint=f"`orch bench --host {host.name}` again measures the server that runs now",
-    )
+    return started is not None and ended.started_at is not None and started > ended.started_at
 
 
 def _job_state(runner: Runner, host: Host, job_id: str) -> str:
