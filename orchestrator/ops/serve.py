@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +75,7 @@ from orchestrator.text import find_secret, minutes_seconds
 from orchestrator.transport.base import Runner, shell_command
 from orchestrator.tuning.commands import wait_for_tuning
 from orchestrator.tuning.member import Peers, record_of
+from orchestrator.tuning.prepare import adopt_marks, read_marks
 from orchestrator.tuning.progress import tuning_status
 from orchestrator.tuning_record import TuningRecord
 
@@ -224,6 +225,7 @@ class Tuned:
     record: TuningRecord
     commit: str
     compute_cap: str | None
+    marked: Callable[[TuningRecord], TuningRecord] | None = None  # the record with orch's marks on the host
 
 
 def config_gate(host: Host, recipe: Recipe, options: ServeOptions, tuned: Tuned) -> tuple[Recipe, list[str]]:
@@ -259,6 +261,8 @@ def config_gate(host: Host, recipe: Recipe, options: ServeOptions, tuned: Tuned)
             f"`orch tune-fp8 --host {host.name}` tunes them"
         )
     elsewhere = tuned_elsewhere(shapes, record, configs, commit)
+    if elsewhere and tuned.marked is not None:  # the host may say they are orch's (another state installed them)
+        elsewhere = tuned_elsewhere(shapes, tuned.marked(record), configs, commit)
     if elsewhere:
         shown = "; ".join(f"{k} ({why})" for k, why in elsewhere.items())
         which = "" if listed else f" --shapes '{';'.join(elsewhere)}'"
@@ -378,9 +382,15 @@ def decide(session: HostSession, recipe: Recipe, options: ServeOptions, argv: li
     host = session.host
     gpus = session.gpus(facts.server_gpus(recipe, host))
     commit = session.git().commit
-    configs = session.tuned_configs(gpus.device or "unknown GPU")
+    device = gpus.device or "unknown GPU"
+    configs = session.tuned_configs(device)
     record = record_of(session.state())
-    launched, warnings = config_gate(host, recipe, options, Tuned(configs, record, commit, gpus.compute_cap))
+
+    def marked(record: TuningRecord) -> TuningRecord:  # read only when the record leaves a config unexplained
+        return adopt_marks(session, record, (read_marks(session), device, commit), session.runner, look=True)
+
+    tuned = Tuned(configs, record, commit, gpus.compute_cap, marked)
+    launched, warnings = config_gate(host, recipe, options, tuned)
     old = session.running_server()
     argv = _with_backend(argv, launched.fp8_gemm_backend)
     return Preflight(argv, gpus, old, warnings, launched, commit, configs.files)

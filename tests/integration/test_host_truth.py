@@ -87,6 +87,14 @@ def test_a_second_controller_sees_and_adopts_the_server_instead_of_relaunching_i
     tuning = StateStore(third.state).read().hosts[sim.name].tuning
     assert tuning is not None and len(tuning.installed) == 4
 
+    # a fourth state serves: the configs the server reads are orch's, as their marks on the host say (it told
+    # the operator they were not, and to retune them with --force, which stops the server)
+    fourth = second_controller(env, "fourth")
+    adopted = fourth.orch("serve")
+    assert adopted.returncode == 0 and "re-attaching to server job" in adopted.output, adopted.output
+    assert "were not tuned by orch" not in adopted.output, adopted.output
+    assert f"tune-fp8 --host {sim.name} --force" not in adopted.output, adopted.output
+
 
 def test_an_interrupted_run_only_serve_resumes_by_adopting_its_servers_without_asking(make_fleet: Any) -> None:
     env = make_fleet(2)
