@@ -407,6 +407,13 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
                 "and starting the new one, or was cut off there; when no such command runs, `orch serve --host "
                 f"{v.name}` (or the same command) serves again"
             )
+        elif v.phase == "launching" and v.reachable and server.get("healthy"):  # starting: nothing to say
+            profile = f" --profile {server['profile']}" if server.get("profile") else ""
+            problems.append(
+                f"phase launching while server job {server['job']} is healthy: a serve (or sweep) is verifying it, "
+                f"or was cut off before; when no such command runs, `orch serve --host {v.name}{profile}` (or the "
+                "same command) re-attaches to it and verifies it"
+            )
         if short_cells and v.gpu_error:
             problems.append(f"gpus: {v.gpu_error}")
         notes += [f"{v.name}: {p}" for p in problems]

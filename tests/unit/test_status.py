@@ -377,6 +377,12 @@ def test_a_relaunch_cut_off_with_nothing_serving_is_said_with_the_command_that_s
     ]
     v.extra["server"] = {"job": "server-2", "job_state": "running", "healthy": False}  # starting: nothing to say
     assert views_mod.status_notes([v]) == []
+    v.extra["server"] = {"job": "server-2", "job_state": "running", "healthy": True, "profile": "low-latency"}
+    assert views_mod.status_notes([v]) == [  # a sweep cut off while it waited for /health: launching, for good
+        "blackwell-12: phase launching while server job server-2 is healthy: a serve (or sweep) is verifying it, or "
+        "was cut off before; when no such command runs, `orch serve --host blackwell-12 --profile low-latency` (or "
+        "the same command) re-attaches to it and verifies it"
+    ]
 
 
 def test_a_server_that_ended_while_serving_is_said_with_the_command_that_serves_again_its_group_too() -> None:
