@@ -3,7 +3,8 @@
 Two layouts came before the database, both at ``.orch/state.json`` (or the ``--state`` path):
 
 - a single JSON file, ``{"schema_version": 1..3, "hosts": {...}, "tuning_plans": {...}, "rollout": ...}``
-  (``_MIGRATIONS`` turns version 1 into 2; 2 and 3 have the same document);
+  (``_MIGRATIONS`` turns version 1 into 2; 2 and 3 have the same document); of version 4, what ``orch state
+  export`` writes (the ``State`` document): an export named by ``--state`` is restored so, into a database;
 - a directory (schema 3): ``hosts/<name>.json`` (``{"schema_version", "name", "host"}``), ``seen/<name>.json``
   (``{"schema_version", "name", "last_seen", "sglang"}``), ``fleet.json`` (the plans and the rollout)
   and ``history/<name>.jsonl`` (older phase changes, jobs and benchmark runs rotated out of a host's file,
@@ -104,9 +105,10 @@ def migrate(document: dict[str, Any]) -> dict[str, Any]:
 def _read_file(path: Path) -> State:
     data = _json(path, path.read_bytes() if path.is_file() else b"")
     version = data.get("schema_version") if isinstance(data, dict) else None
-    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= LAST_JSON_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
         raise StateError(
-            f"state file {path} has schema_version {version!r}; this orch migrates 1 to {LAST_JSON_VERSION}",
+            f"state file {path} has schema_version {version!r}; this orch reads 1 to {SCHEMA_VERSION} "
+            f"({SCHEMA_VERSION}: `orch state export`'s)",
             hint=f"if a newer orch wrote it, use that orch; otherwise {_HINT}",
         )
     return _validated(State, migrate(data), path)

@@ -15,7 +15,7 @@ import pytest
 import orchestrator
 from orchestrator.errors import StateError
 from orchestrator.recipe import Shape
-from orchestrator.state import SCHEMA_VERSION, State, Verification
+from orchestrator.state import SCHEMA_VERSION, Phase, State, Verification
 from orchestrator.state_migration import _MIGRATIONS, LAST_JSON_VERSION
 from orchestrator.store import StateStore
 
@@ -91,7 +91,21 @@ def test_a_plans_shapes_are_the_recipes_shape_type(state_path: Path) -> None:
     assert plan.model_dump(mode="json")["shapes"] == json.loads(V2_DEMO.read_text())["tuning_plans"][PLAN]["shapes"]
 
 
-@pytest.mark.parametrize("version", [LAST_JSON_VERSION + 1, 0, None])
+def test_a_state_export_named_as_the_state_is_restored_into_a_database_beside_it(tmp_path: Path) -> None:
+    """`orch state export` as a backup: `--state backup.json` read it as an older orch's state, schema 4 refused
+    with `if a newer orch wrote it, use that orch`."""
+    original = StateStore(tmp_path / "state.db")
+    original.update_host("gpu-1", lambda hs: hs.set_phase(Phase.PULLED, "pulled"))
+    exported = original.read()
+    backup = tmp_path / "backup.json"
+    backup.write_text(exported.model_dump_json(indent=2))
+    restored = StateStore(backup)  # a path ending .json: the database is backup.db beside it
+    assert restored.path == tmp_path / "backup.db"
+    assert restored.read() == exported
+    assert (tmp_path / "backup.json.migrated").exists() and not backup.exists()
+
+
+@pytest.mark.parametrize("version", [SCHEMA_VERSION + 1, 0, None])
 def test_a_file_of_an_unknown_schema_version_is_an_error_left_unchanged(state_path: Path, version: int | None) -> None:
     state_path.parent.mkdir()
     document = {"hosts": {}} if version is None else {"schema_version": version, "hosts": {}}
