@@ -212,18 +212,20 @@ _WEBHOOK_SECRETS = (
         "a webhook URL (its path is its secret)",
     ),
     (re.compile(r"\bbearer\b", re.I), "a bearer token"),
+    (re.compile(r"://\S*[?&](?:key|sig|signature|code|apikey)=", re.I), "a key in a URL's query"),
     (  # X-Auth-Token:, PRIVATE-TOKEN:, Cookie:, "routing_key": ... (not sortkey:, monkey: or KeyError:)
         re.compile(r"(?<![a-z0-9])(?:[a-z0-9]+[-_])*(?:token|key|auth|cookie)[\"']?\s*:", re.I),
         "a credential header or key",
     ),
 )
 _USER_OPTIONS = ("-u", "--user", "-U", "--proxy-user")  # curl's USER:PASSWORD options
+_TOKEN_OPTION = re.compile(r"--?[\w-]*(?:token|secret)", re.I)  # --token VALUE, --bot-token VALUE
 
 
 def _webhook_secret(argv: list[str]) -> str | None:
     """What else a notifier's command line may hold that ``find_secret`` does not look for: a webhook's
-    secret URL, credentials in a URL, an HTTP credential header, curl's ``-u USER:PASSWORD`` (named,
-    never repeated)."""
+    secret URL, credentials or a key in a URL, an HTTP credential header, curl's ``-u USER:PASSWORD``, a
+    ``--token VALUE`` (named, never repeated)."""
     for i, arg in enumerate(argv):
         user = argv[i + 1] if arg in _USER_OPTIONS and i + 1 < len(argv) else None
         for option in _USER_OPTIONS:  # -uUSER:PASSWORD, --user=USER:PASSWORD
@@ -231,6 +233,8 @@ def _webhook_secret(argv: list[str]) -> str | None:
             user = arg.removeprefix(joined) if arg.startswith(joined) and arg != option else user
         if user is not None and ":" in user:
             return "a USER:PASSWORD for -u/--user"
+        if _TOKEN_OPTION.fullmatch(arg) and i + 1 < len(argv):
+            return "a token as an option's value (--token VALUE)"
         found = next((what for pattern, what in _WEBHOOK_SECRETS if pattern.search(arg)), None)
         if found:
             return found

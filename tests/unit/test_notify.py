@@ -186,6 +186,10 @@ def test_unusable_notify_command_is_a_usage_error(command: str) -> None:
         ("curl -H 'X-Auth-Token: 0123456789abcdef' https://alerts.example", "a credential header or key"),
         ("curl -H 'X-Refresh-Key: 0123456789abcdef' https://alerts.example", "a credential header or key"),
         ("curl --oauth2-bearer 0123456789abcdef https://alerts.example", "a bearer token"),
+        ("python3 /opt/x.py --token 0123456789abcdef", "a token as an option's value (--token VALUE)"),
+        ("post.sh --bot-token 0123456789abcdef", "a token as an option's value (--token VALUE)"),
+        ("post https://example.com/hook?key=0123456789abcdef", "a key in a URL's query"),
+        ("curl https://fn.example.net/api/orch?code=0123456789abcdef", "a key in a URL's query"),
     ],
 )
 def test_a_notify_command_holding_a_secret_is_refused_without_echoing_it(command: str, marker: str) -> None:
@@ -207,6 +211,8 @@ def test_a_notify_command_holding_a_secret_is_refused_without_echoing_it(command
         "curl http://127.0.0.1:9/orch",
         "python3 /opt/orch/webhook_relay.py",  # a script named for what it does: no URL, no secret
         "/etc/orch/hooks.d/notify",
+        "curl https://alerts.example/orch?team=gpu&keyword=fleet",
+        "notify.py --tokens-file-mode 0600",
     ],
 )
 def test_a_notify_command_without_a_secret_is_accepted(command: str) -> None:
