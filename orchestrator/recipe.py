@@ -102,13 +102,14 @@ class TuningSpec(_Strict):
     stuck_after_s: float = Field(STUCK_AFTER_S, gt=0)
 
 
-MAX_PROMPTS, MAX_IN_FLIGHT = 1_000_000, 100_000
-"""Bounds of a benchmark's requests and of those in flight (a typo of a few digits, not a load ever run)."""
+MAX_PROMPTS, MAX_IN_FLIGHT, MAX_TOKENS = 1_000_000, 100_000, 10_000_000
+"""Bounds of a benchmark's requests, of those in flight and of a request's input or output tokens (a typo of a
+few digits, not a load ever run: SGLang's benchmark died of a MemoryError making a prompt of 10^12 tokens)."""
 
 
 class BenchSpec(_Strict):
-    input_len: int = Field(1024, gt=0)
-    output_len: int = Field(256, gt=0)
+    input_len: int = Field(1024, gt=0, le=MAX_TOKENS)
+    output_len: int = Field(256, gt=0, le=MAX_TOKENS)
     num_prompts: int = Field(64, gt=0, le=MAX_PROMPTS)
     max_concurrency: int = Field(16, gt=0, le=MAX_IN_FLIGHT)
     request_rate: float | None = None
@@ -197,8 +198,12 @@ class BenchOptions(_Strict):
         None,
         description="Compare with the latest run with this label. Default: the first run of the same model and nodes.",
     )
-    input_len: int | None = Field(None, ge=1, description="Random prompt length in tokens (default: the playbook's).")
-    output_len: int | None = Field(None, ge=1, description="Output tokens per request (default: the playbook's).")
+    input_len: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Random prompt length in tokens (default: the playbook's)."
+    )
+    output_len: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Output tokens per request (default: the playbook's)."
+    )
     num_prompts: int | None = Field(
         None, ge=1, le=MAX_PROMPTS, description="Requests to send (default: the playbook's)."
     )

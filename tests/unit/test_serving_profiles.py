@@ -104,6 +104,19 @@ def test_sweep_then_serve_at_a_concurrency_it_does_not_run_is_exit_2_before_any_
     assert "sweep: a canary run" not in result.stderr and not (tmp_path / "state.db").exists()
 
 
+def test_a_benchmark_of_a_prompt_longer_than_any_model_reads_is_exit_2_before_any_host(
+    tmp_path: Path, orch: Callable[..., OrchRun]
+) -> None:
+    """`bench --input-len 999999999999` ran on the host, whose benchmark died of a MemoryError."""
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  h1: {address: 127.0.0.1, port: 1}\n")  # nothing listens: never reached
+    for flag in ("--input-len", "--output-len"):
+        result = orch("-i", str(inventory), "--state", str(tmp_path / "state.db"), "bench", flag, "999999999999")
+        assert result.returncode == 2, result.stderr
+        assert flag in result.stderr and "10000000" in result.stderr.replace(",", ""), result.stderr
+        assert not (tmp_path / "state.db").exists()
+
+
 def test_a_sweep_that_measured_no_profile_on_a_host_is_exit_3_and_then_serves_nothing_there(
     tmp_path: Path, orch: Callable[..., OrchRun]
 ) -> None:
