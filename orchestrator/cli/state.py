@@ -89,7 +89,9 @@ def forget(app: App, name: str, yes: bool) -> int:
     """
     record = app.existing_store().read([name]).hosts.get(name)
     if record is None:
-        raise UsageError(f"the state has no host {name!r}", hint="`orch state show` lists the hosts it has")
+        named = _named_at(app, name)  # forgotten by its record's name only: an address may point elsewhere later
+        hint = f"{name} is {named}'s address: `orch state forget {named}`" if named else ""
+        raise UsageError(f"the state has no host {name!r}", hint=hint or "`orch state show` lists the hosts it has")
     lost = state_view.forgotten(record)
     if lost and not yes:
         confirm_or_refuse(f"Forget {name}: {lost}?", "or keep a copy first with `orch state export FILE`")

@@ -73,6 +73,11 @@ def test_state_forget_asks_before_losing_measurements_deletes_one_record_and_ref
     )
     assert "--yes" in asked.stderr and "orch state export FILE" in asked.stderr
     assert set(StateStore(path).read().hosts) == {"blackwell-1", "sim-2"}
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  sim-2: {address: 127.0.0.9}\n")
+    by_address = orch("-i", str(inventory), "--state", str(path), "state", "forget", "127.0.0.9")
+    assert by_address.returncode == 2 and "the state has no host '127.0.0.9'" in by_address.stderr
+    assert "127.0.0.9 is sim-2's address: `orch state forget sim-2`" in by_address.stderr
     result = orch("--state", str(path), "state", "forget", "blackwell-1", "--yes")
     assert result.returncode == 0, result.output
     assert (
