@@ -323,7 +323,8 @@ def serve(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Pe
         unverified, why = found, _FOUND
     if unverified is None:
         check_replacement(session, ready)
-    reason = f"serve: {'MTP' if options.mtp else 'no MTP'}"
+    profile = f"profile {recipe.profile}, " if recipe.profile else ""
+    reason = f"serve: {profile}{'MTP' if options.mtp else 'no MTP'}"
     store.update_host(host.name, lambda hs: hs.server_launching(reason))
     try:
         if unverified is not None:

@@ -117,6 +117,8 @@ def test_sweep_then_serve_serves_the_profile_that_won_at_that_concurrency(make_f
     server = StateStore(env.state).read().hosts[host].server
     assert server is not None and server.stopped_at is None and server.job_id == doc["served"]["job_id"]
     assert any(a.startswith("--speculative") for a in server.argv) == (winner == "low-latency")
+    launches = [c.reason for c in StateStore(env.state).read().hosts[host].history if c.to_phase == "launching"]
+    assert f"serve: profile {winner}, " in launches[-1], launches  # which profile each launch served
     status = json.loads(env.orch("status", "--json").stdout)["hosts"][0]["server"]
     assert status["profile"] == winner  # read from the server job's own environment on the host
 
