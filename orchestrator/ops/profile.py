@@ -60,12 +60,19 @@ from orchestrator.transport.base import Runner
 PROFILE_DIR = "ORCH_PROFILE_DIR"
 """The load job's environment variable naming its run's directory, where ``_HOLD`` keeps its marks."""
 _HOLD = (
+    "halves=$1 python=$2 c=$3 script=$4 stop=$5; shift 5; "
     '"$@"; code=$?; echo "$code" > "$ORCH_PROFILE_DIR/load-ended"; '
-    'until [ -e "$ORCH_PROFILE_DIR/window-closed" ]; do sleep 0.5; done; exit "$code"'
+    'waited=0; until [ -e "$ORCH_PROFILE_DIR/window-closed" ]; do '
+    'if [ "$waited" -ge "$halves" ]; then "$python" "$c" "$script" "$stop" >/dev/null 2>&1; break; fi; '
+    'sleep 0.5; waited=$((waited + 1)); done; exit "$code"'
 )
 """The load job's command around the benchmark client: when the load has ended it says so (its exit code in
 ``load-ended``), and the job runs on, holding the host from ``orch bench``, until orch closes the profiler's
-window (``window-closed``, ``_close_window``) or the job's timeout ends it."""
+window (``window-closed``, ``_close_window``). An orch that never does (Ctrl-C, a lost connection) leaves the
+job to close it: after ``HOLD_S`` it asks the server ``POST /stop_profile`` itself and ends."""
+HOLD_S = 60.0
+"""Seconds the load job waits, after its load, for orch to close the profiler's window (orch asks
+``/stop_profile`` itself ``SETTLE_S`` after the load; then the traces are written)."""
 SETTLE_S = 20.0
 """Seconds after the load ends that orch waits for the traces before asking the server to stop."""
 POLL_S = 0.5
@@ -160,7 +167,7 @@ def _refuse_measuring(host: Host, listed: list[jobs.JobInfo], resume: bool) -> j
     if load is not None and not resume:
         raise RefusedError(
             f"{host.name}: an earlier orch profile's load (job {load.id}) still runs on this server",
-            hint=f"it ends by itself within that profile's --timeout (`orch jobs --host {host.name}`), or "
+            hint=f"it ends by itself about a minute after its load (`orch jobs --host {host.name}`), or "
             f"`orch stop {host.name} {load.id}`; then profile again",
         )
     return load
@@ -201,7 +208,10 @@ def _drive_load(
     argv = bench_facts.bench_argv(host.python, module, address, server.port, params, output, dataset.path)
     seconds = max(1, int(deadline - time.monotonic()))
     session.say(f"{host.name}: load: {params.num_prompts} prompts of {params.input_len} -> {params.output_len} tokens")
-    command = ["timeout", str(seconds), "sh", "-c", _HOLD, "orch-profile-load", *argv, "--disable-tqdm"]
+    url = server_facts.url(address, server.port)
+    stop = server_facts.http_argv(host.python, [server_facts.HttpRequest("POST", f"{url}/stop_profile", {}, 60)])
+    halves = str(int(HOLD_S * 2))  # the hold's loop counts half seconds
+    command = ["timeout", str(seconds), "sh", "-c", _HOLD, "orch-profile-load", halves, *stop, *argv, "--disable-tqdm"]
     job = jobs.JobSpec(
         kind="profile", purpose=PROFILE_PURPOSE, argv=command, excludes=(BENCH_PURPOSE,), env={PROFILE_DIR: directory}
     )

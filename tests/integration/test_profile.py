@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from orchestrator.inventory import load_inventory
+from orchestrator.ops.profile import HOLD_S
 from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
 from tests.integration.kills import wait_for
@@ -107,3 +109,20 @@ def test_a_decode_window_outliving_the_load_is_flushed_by_stop_profile_and_no_be
     assert doc["traces"][1].endswith("-TP-0.trace.json.gz")
     assert doc["stages"]["all"]["gpu_s"] > 0 and sum(doc["categories"].values()) == pytest.approx(1.0)
     assert doc["stopped"] is True
+
+    # Ctrl-C once the load has ended, the window open: the job asks /stop_profile itself and ends (it held the
+    # host until its --timeout, then left the profiler recording under the next benchmark)
+    cut = subprocess.Popen([*env.argv(), "profile", "--steps", "200"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: len(list(Path(host.workdir, "profiles").glob("*/load-ended"))) == 2, "the next load to end")
+        cut.send_signal(signal.SIGINT)
+        cut.communicate(timeout=60)
+    finally:
+        cut.kill()
+    assert cut.returncode == 130
+    held = env.orch("bench", "--label", "held", "--num-prompts", "2")
+    assert held.returncode == 3 and "is profiling this server" in held.stderr, held.output
+    jobs = Path(host.workdir, "jobs")
+    wait_for(lambda: all((j / "exit_code").exists() for j in jobs.glob("profile-*")), "its job to end", HOLD_S + 30)
+    again = env.orch("profile", "--steps", "2")  # the server's profile was stopped: a new one starts
+    assert again.returncode == 0, again.output
