@@ -122,6 +122,7 @@ class Notifier:
         self._worker: threading.Thread | None = None
         self._proc: subprocess.Popen[str] | None = None  # the notifier running now
         self._closed = False
+        self._closing = False  # ``close`` waits for the queue: the command itself has ended
 
     def on_commit(self, before: State, after: State) -> None:
         """``StateStore``'s hook: queue every event the committed transaction made, for the delivery thread."""
@@ -136,16 +137,30 @@ class Notifier:
     def close(self) -> None:
         """The command ended: wait for the events queued to be delivered, at most ``timeout`` seconds; the
         notifier still running then is killed, and the events left are reported."""
+        quick = min(1.0, self.timeout)
         with self._changed:
-            self._changed.wait_for(lambda: not self._queue, timeout=self.timeout)
-            left, self._closed = len(self._queue), True
-            if self._proc is not None:
-                _kill_group(self._proc)
+            self._closing = True
+            if not self._changed.wait_for(lambda: not self._queue, timeout=quick):  # said when it takes long
+                log.warning(
+                    "notify: waiting for `%s` to take %d more event(s), %gs at most (Ctrl-C drops them)",
+                    shlex.join(self.argv), len(self._queue), self.timeout,
+                )  # fmt: skip
+                self._changed.wait_for(lambda: not self._queue, timeout=self.timeout - quick)
+        left, _ = self.abandon()
         if left:
             log.warning(
                 "notify: `%s` did not take the last %d event%s within %gs; not delivered",
                 shlex.join(self.argv), left, "" if left == 1 else "s", self.timeout,
             )  # fmt: skip
+
+    def abandon(self) -> tuple[int, bool]:
+        """Deliver nothing more (Ctrl-C, or ``close`` gave up): the notifier running is killed with its
+        children. The events not delivered, and whether the command had ended (``close`` was waiting)."""
+        with self._changed:
+            self._closed = True
+            if self._proc is not None:
+                _kill_group(self._proc)
+            return len(self._queue), self._closing
 
     def _deliver(self) -> None:
         """The delivery thread: each event in turn, taken off the queue once its notifier has ended."""

@@ -231,6 +231,13 @@ def _interrupted(code: ExitCode = ExitCode.INTERRUPTED) -> NoReturn:
     context = click.get_current_context(silent=True)  # the command running in this (the main) thread
     command = context.command_path.partition(" ")[2] if context is not None else ""
     then = AFTER_INTERRUPT.get(command, "jobs on the hosts keep running; run the same command again to resume")
+    app = context.find_object(App) if context is not None else None
+    left, ended = app.notifier.abandon() if app is not None and app.notifier is not None else (0, False)
+    if ended:  # the command had ended (its context too): only its notifications were being delivered
+        ran = context.invoked_subcommand if context is not None else None
+        how, then = f"{how} while delivering notifications", f"the command itself had ended ({ran or 'orch'})"
+    if left:
+        then += f"; {left} --notify-cmd event(s) not delivered"
     click.echo(f"orch: {how}; {then}", err=True)
     sys.stdout.flush()
     sys.stderr.flush()

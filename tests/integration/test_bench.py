@@ -90,6 +90,32 @@ def test_bench_two_labels_compared_stored_reported_and_notified(make_fleet, tmp_
     assert all(f"## {h.name}" in text for h in hosts)
     assert len(list(out.glob("*.png"))) == 2
 
+    # Ctrl-C while orch waits at the end for a hung notifier: it said the command had failed (exit 130, "run the
+    # same command again to resume") and left the notifier running
+    pids, err = tmp_path / "notifier-pids", tmp_path / "serve.err"
+    hung = shlex.join(["sh", "-c", f"echo $$ >> {pids}; cat >/dev/null; exec sleep 60"])
+    with err.open("w") as stderr:
+        stop = subprocess.Popen([*env.argv(), "--notify-cmd", hung, "serve", "--yes"], stderr=stderr)  # relaunches
+        try:
+            wait_for(lambda: "notify: waiting for" in err.read_text(), 120)
+            stop.send_signal(signal.SIGINT)
+            stop.wait(timeout=30)
+        finally:
+            stop.kill()
+    said = err.read_text()
+    assert stop.returncode == 130, said
+    assert "interrupted while delivering notifications; the command itself had ended (serve)" in said
+    assert "--notify-cmd event(s) not delivered" in said
+    for pid in map(int, pids.read_text().split()):
+        wait_for(lambda pid=pid: not alive(pid), 10)  # killed with orch, its process group too
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
 
 def test_bench_refuses_a_host_without_a_running_server(make_fleet) -> None:  # type: ignore[no-untyped-def]
     env = make_fleet(2)

@@ -148,6 +148,27 @@ def test_at_the_end_a_hung_notifier_is_given_its_timeout_then_killed_and_the_eve
     assert not marker.exists()  # the notifier running when it gave up was killed, its children too
 
 
+def test_abandoned_the_notifier_running_is_killed_and_what_is_left_is_counted(tmp_path: Path) -> None:
+    """Ctrl-C: orch exits at once; the notifier (its own session: the terminal's SIGINT never reaches it) was
+    left running."""
+    pid_file = tmp_path / "pid"
+    notifier = Notifier(shlex.join(["sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"]), timeout=30)
+    store = StateStore(tmp_path / "state.db", on_commit=notifier.on_commit)
+    store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.PULLED, "pulled"))
+    store.update_host("gpu-1", lambda hs: hs.set_phase(Phase.TUNING, "tuning"))
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        time.sleep(0.02)
+    pid = int(pid_file.read_text())
+    assert notifier.abandon() == (2, False)  # neither delivered; the command had not ended
+    for _ in range(500):
+        stat = Path(f"/proc/{pid}/stat")
+        if not stat.exists() or stat.read_text().rpartition(") ")[2].split()[0] == "Z":
+            break
+        time.sleep(0.02)
+    else:
+        raise AssertionError(f"notifier {pid} still runs")
+
+
 def test_missing_notifier_command_is_reported_not_raised(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
         assert Notifier("/nonexistent/notify --x").send(Event("phase", "h", "new", "pulled", "r", T0)) is False
