@@ -36,22 +36,28 @@ def test_a_fact_is_read_once_until_forgotten() -> None:
 
 def test_lines_and_typed_events_reach_the_one_sink_in_order_and_a_prefix_applies_to_lines_only() -> None:
     heard: list[object] = []
-    session = HostSession(cast(Any, None), cast(Any, None), cast(Any, None), heard.append)
+    host = Host.model_validate({"name": "h1", "address": "127.0.0.1"})
+    session = HostSession(host, cast(Any, None), cast(Any, None), heard.append)
     progress = object()
     session.say("started")
     with session.prefixed("serve: "):
         session.say("healthy")
         session.say("serve: named by itself")
+        session.say("h1: load: 16 prompts")  # an operation naming its host: `h1: serve: h1: load` in orch run
         session.emit(progress)
         with session.prefixed("again: "):
             session.say("nested")
     session.say("done")
-    assert heard == ["started", "serve: healthy", "serve: named by itself", progress, "serve: again: nested", "done"]
+    assert heard == [
+        "started", "serve: healthy", "serve: named by itself", "serve: load: 16 prompts", progress,
+        "serve: again: nested", "done",
+    ]  # fmt: skip
 
 
 def test_a_prefix_ends_even_when_the_step_raises() -> None:
     heard: list[object] = []
-    session = HostSession(cast(Any, None), cast(Any, None), cast(Any, None), heard.append)
+    host = Host.model_validate({"name": "h1", "address": "127.0.0.1"})
+    session = HostSession(host, cast(Any, None), cast(Any, None), heard.append)
     with pytest.raises(RuntimeError), session.prefixed("tune-fp8: "):
         raise RuntimeError("step failed")
     session.say("after")
