@@ -15,13 +15,14 @@ appeared when the load has ended and ``SETTLE_S`` more seconds passed, orch asks
 
 The load is a detached job of orch's (``PROFILE_PURPOSE``, bounded by the run's timeout), so that another orch
 sees it on the host: ``orch bench`` does not start while it runs (``ops.bench``), and a profile does not start
-while orch's benchmark measures the server. The job runs on after its load has ended (``_HOLD``) until orch
-has closed the profiler's window (every trace written, or ``/stop_profile`` asked), so a benchmark never runs
-under a profiler still recording. Each would add its load to the other's measurement (and the
+while orch's benchmark measures the server. Each would add its load to the other's measurement (and the
 profiler slows the server), and both would be stored as if measured alone. Each checks the other's jobs
 first, and again as its job starts (``JobSpec.excludes``, under the host's job-start lock): a bench and a
 profile started at once both pass the first check, never the second. A profile refused there has asked the
-server to profile already: it asks ``/stop_profile`` before it says so.
+server to profile already: it asks ``/stop_profile`` before it says so. The job runs on after its load has
+ended (``_HOLD``) until orch has closed the profiler's window (every trace written, or ``/stop_profile``
+asked), so a benchmark never runs under a profiler still recording; an orch cut off before leaves the job to
+ask ``/stop_profile`` itself (``HOLD_S``).
 
 Refusals (nothing started): no server launched by orch, or it is not running (as ``orch bench``); orch's
 benchmark, or an earlier profile's load, runs on the host; the server refuses ``/start_profile`` (a profile
@@ -229,8 +230,8 @@ def _drive_load(
 
 def _wait_loaded(session: HostSession, job_id: str, directory: str, deadline: float) -> int | None:
     """The exit code of load job ``job_id``'s benchmark client once it has ended (``_HOLD``'s ``load-ended``);
-    the job's own when it ended without saying (killed, timed out; None: lost). ``RemoteCommandError`` when
-    it outlives its timeout."""
+    the job's own when it ended without saying (killed, timed out; None: lost, said as ``exit None``).
+    ``RemoteCommandError`` when it outlives its timeout."""
     host, runner = session.host, session.runner
     while (code := _load_ended(runner, directory)) is None:
         info = jobs.wait(runner, host.workdir, job_id, 1.0)
