@@ -388,7 +388,8 @@ def decide(session: HostSession, recipe: Recipe, options: ServeOptions, argv: li
     record = record_of(session.state())
 
     def marked(record: TuningRecord) -> TuningRecord:  # read only when the record leaves a config unexplained
-        return adopt_marks(session, record, (read_marks(session), device, commit), session.runner, look=True)
+        marks = read_marks(session)
+        return adopt_marks(session, record, marks, device=device, commit=commit, files=session.runner, look=True)
 
     tuned = Tuned(configs, record, commit, gpus.compute_cap, marked)
     launched, warnings = config_gate(host, recipe, options, tuned)

@@ -235,18 +235,14 @@ def read_marks(session: HostSession) -> list[InstallMark]:
 
 
 def adopt_marks(
-    session: HostSession,
-    record: TuningRecord,
-    found_on_host: tuple[list[InstallMark], str, str],
-    files: FileReader,
-    look: bool,
-) -> TuningRecord:
-    """``record`` with the configs orch marked installed on the host (``found_on_host``: the marks, the device
-    and the commit of the checkout) for this device and commit that it does not record (or records an older
-    install of), each trusted only while its file holds the bytes orch wrote; said and recorded unless
-    ``look``. The state is a record, not the authority: a config another controller installed, or one a lost
-    state directory forgot, is not tuned again (its server stopped), nor called another's by ``orch serve``."""
-    marks, device, commit = found_on_host
+    session: HostSession, record: TuningRecord, marks: Sequence[InstallMark], *, device: str, commit: str,
+    files: FileReader, look: bool,
+) -> TuningRecord:  # fmt: skip
+    """``record`` with the configs orch marked installed on the host (``marks``) for ``device`` and the checkout's
+    ``commit`` that it does not record (or records an older install of), each trusted only while its file holds
+    the bytes orch wrote; said and recorded unless ``look``. The state is a record, not the authority: a config
+    another controller installed, or one a lost state directory forgot, is not tuned again (its server
+    stopped), nor called another's by ``orch serve``."""
     found: dict[str, InstalledRecord] = {}
     for mark in marks:
         done, have = mark.installed, record.installed.get(mark.key)
@@ -388,7 +384,9 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     wanted = logged.shapes if logged else resolve_shapes(options.shapes, recipe, session, tp)
     batch_sizes = list(options.batch_sizes or recipe.tuning.batch_sizes)
     if not options.force:
-        record = adopt_marks(session, record, (facts.marks, facts.device, facts.commit), files, look)
+        record = adopt_marks(
+            session, record, facts.marks, device=facts.device, commit=facts.commit, files=files, look=look
+        )
     skipped = [] if options.force else installed_shapes(files, record, facts, wanted, batch_sizes)
     needed = [s for s in wanted if s.key not in skipped]
     kept = [] if options.force else kept_results(files, record, plan, facts, wanted_units(needed, batch_sizes))
