@@ -136,18 +136,12 @@ class HostSession:
     @contextmanager
     def prefixed(self, text: str) -> Iterator[None]:
         """Meanwhile, each line said starts with ``text`` (typed events pass as they are; a line that starts
-        with it already, an operation naming itself, is not prefixed twice; one that names the host first has
-        it taken off: whoever shows the prefixed lines names the host). A session is one host's, worked on by
-        one thread at a time: swapping its sink is safe."""
-        outer, own = self.events, f"{self.host.name}: "
-
-        def prefixed(event: object) -> None:
-            if isinstance(event, str):
-                event = event.removeprefix(own)
-                event = event if event.startswith(text) else text + event
-            outer(event)
-
-        self.events = prefixed
+        with it already, an operation naming itself, is not prefixed twice). A session is one host's, worked
+        on by one thread at a time: swapping its sink is safe."""
+        outer = self.events
+        self.events = lambda event: outer(
+            text + event if isinstance(event, str) and not event.startswith(text) else event
+        )
         try:
             yield
         finally:

@@ -47,7 +47,7 @@ def profile(
     specs = {name: recipe.bench for name, recipe in app.recipes(selected, playbook).items()}
     with app.fleet(selected, parallel) as fleet:
         if not as_json:
-            fleet.events = lambda host: view.say
+            fleet.events = view.sink
         results = fleet.map_sessions(lambda s: profile_op.profile(s, specs[s.name], options), lambda: app.store)
     if as_json:
         print_json(view.document(results))

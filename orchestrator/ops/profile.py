@@ -107,7 +107,7 @@ def profile(session: HostSession, spec: BenchSpec, options: ProfileOptions, resu
     deadline = time.monotonic() + options.timeout
     load = _refuse_measuring(host, jobs.list_jobs(runner, host.workdir), resume)
     if load is not None:
-        session.say(f"{host.name}: waiting for the interrupted run's load (job {load.id}) to end")
+        session.say(f"waiting for the interrupted run's load (job {load.id}) to end")
         with contextlib.suppress(OrchError):  # its profile is ended by this run: its load need not hold on
             _close_window(session, session.job_env(load.id).get(PROFILE_DIR, ""))
         _wait_load(session, load.id, deadline)
@@ -117,15 +117,13 @@ def profile(session: HostSession, spec: BenchSpec, options: ProfileOptions, resu
     held: str | None = None  # the load job holding the host until the profiler's window is closed
     try:
         if not _start(host, runner, url, body, refuse=not resume):
-            session.say(f"{host.name}: the interrupted run's profile is still in progress: one wave of load ends it")
+            session.say("the interrupted run's profile is still in progress: one wave of load ends it")
             leftover = _drive_load(session, server, spec, directory, "leftover", deadline)
             http(host, runner, stop)
             _release(session, directory, leftover, deadline)  # ended: the next load is a job of its own
             runner.run(["rm", "-f", "--", f"{directory}/window-closed", f"{directory}/load-ended"], check=True)
             _start(host, runner, url, body)
-        session.say(
-            f"{host.name}: profiling {options.steps} prefill and {options.steps} decode batches into {directory}"
-        )
+        session.say(f"profiling {options.steps} prefill and {options.steps} decode batches into {directory}")
         held = _drive_load(session, server, spec, directory, "load", deadline)
         found, stopped = _wait_for_traces(host, runner, url, directory, prefix, deadline)
     except jobs.JobBusyError as busy:  # orch's benchmark started meanwhile: it measures alone
@@ -208,7 +206,7 @@ def _drive_load(
     output = f"{directory}/{name}.jsonl"
     argv = bench_facts.bench_argv(host.python, module, address, server.port, params, output, dataset.path)
     seconds = max(1, int(deadline - time.monotonic()))
-    session.say(f"{host.name}: load: {params.num_prompts} prompts of {params.input_len} -> {params.output_len} tokens")
+    session.say(f"load: {params.num_prompts} prompts of {params.input_len} -> {params.output_len} tokens")
     url = server_facts.url(address, server.port)
     stop = server_facts.http_argv(host.python, [server_facts.HttpRequest("POST", f"{url}/stop_profile", {}, 60)])
     halves = str(int(HOLD_S * 2))  # the hold's loop counts half seconds

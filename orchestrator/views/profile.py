@@ -3,11 +3,13 @@ or one JSON document. Numbers from orch's simulated SGLang are labelled simulate
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from orchestrator import render
 from orchestrator.facts.profile import CATEGORY_NAMES, ProfileRecord, StageProfile, category
 from orchestrator.fleet import FleetResult
+from orchestrator.inventory import Host
 from orchestrator.ops.profile import ProfileRun
 from orchestrator.render import table
 
@@ -86,7 +88,11 @@ def document(results: FleetResult[ProfileRun]) -> dict[str, Any]:
     return {"hosts": hosts}
 
 
-def say(event: object) -> None:
-    """Each host's event sink: the lines the operation says, on stderr."""
-    if isinstance(event, str):
-        render.err.print(event, markup=False)
+def sink(host: Host) -> Callable[[object], None]:
+    """Host ``host``'s event sink: the lines the operation says, on stderr, each naming the host."""
+
+    def say(event: object) -> None:
+        if isinstance(event, str):
+            render.err.print(f"{host.name}: {event}", markup=False)
+
+    return say

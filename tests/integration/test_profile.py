@@ -116,10 +116,11 @@ def test_a_decode_window_outliving_the_load_is_flushed_by_stop_profile_and_no_be
     try:
         wait_for(lambda: len(list(Path(host.workdir, "profiles").glob("*/load-ended"))) == 2, "the next load to end")
         cut.send_signal(signal.SIGINT)
-        cut.communicate(timeout=60)
+        said = cut.communicate(timeout=60)[1].decode()
     finally:
         cut.kill()
     assert cut.returncode == 130
+    assert f"{host.name}: load: " in said and f"{host.name}: {host.name}:" not in said  # the host named once
     held = env.orch("bench", "--label", "held", "--num-prompts", "2")
     assert held.returncode == 3 and "is profiling this server" in held.stderr, held.output
     jobs = Path(host.workdir, "jobs")

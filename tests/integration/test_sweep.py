@@ -218,5 +218,5 @@ def test_a_profile_step_interrupted_in_its_load_resumes(make_fleet, tmp_path: Pa
     result = env.orch("run", str(playbook), timeout=600)
     assert result.returncode == 0, result.output
     assert f"{host}: profile: resumed" in result.output
-    assert "the interrupted run's profile is still in progress: one wave of load ends it" in result.output
+    assert f"{host}: profile: the interrupted run's profile is still in progress: one wave of load" in result.output
     assert len(store.read().hosts[host].profiles) == 1 and list(leftover.glob("*.trace.json.gz"))
