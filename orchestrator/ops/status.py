@@ -20,8 +20,9 @@ from orchestrator.state import HostState, Phase, ServerRecord, State
 from orchestrator.store import StateStore
 from orchestrator.transport.base import CommandResult
 from orchestrator.tuning.member import record_of
-from orchestrator.tuning.progress import HostPoll, fleet_fields, status_field
-from orchestrator.tuning_record import TuningRecord
+from orchestrator.tuning.prepare import marks_argv, marks_in
+from orchestrator.tuning.progress import HostPoll, fleet_fields, installed_for, status_field
+from orchestrator.tuning_record import InstallMark, TuningRecord
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Gateway
@@ -71,13 +72,14 @@ PROBE_TIMEOUT = 60
 
 
 def status_sections(
-    host: Host, launched: ServerRecord | None = None, fetch: bool = False, python: bool = False
+    host: Host, launched: ServerRecord | None = None, fetch: bool = False, python: bool = False, marks: bool = False
 ) -> list[tuple[str, list[str]]]:
     """The commands ``status`` runs on a host, all in one round trip: read-only, but for ``fetch``
     (``status --fetch``: fetch upstream first, so the commits behind are counted as of now). The host's
     server job is read whatever this state records; its HTTP is asked where orch launched one (asking costs
     a python start on the host), and where ``host.python`` imports sglang from only for ``python``
-    (``--wide``, ``--json``, ``orch status HOST``): each costs a python start on the host."""
+    (``--wide``, ``--json``, ``orch status HOST``): each costs a python start on the host. ``marks``: orch's
+    install marks too (where this state records no tuning: ``unrecorded_marks``)."""
     return [
         *([("fetch", git.fetch_argv(host.sglang_dir, host.remote))] if fetch else []),
         ("machine", machine.machine_argv()),  # which machine this is: is the record this machine's?
@@ -88,6 +90,7 @@ def status_sections(
         ("apps", gpus.query_apps_argv()),
         ("tuning_jobs", jobs.holders_argv(host.workdir, tf.JOB_PURPOSE_PREFIX)),
         drain_mark_section(host.workdir),
+        *([("marks", marks_argv(host))] if marks else []),
     ]
 
 
@@ -104,6 +107,21 @@ def unrecorded_tuning(
     if not running:
         return field
     return {**(field or {}), "state": "running", "recorded": False, "jobs": running}
+
+
+def unrecorded_marks(marks: list[InstallMark]) -> dict[str, Any] | None:
+    """The ``tuning`` field of a host whose tuning this state does not record (another controller tuned it, or
+    the state directory was lost) but where orch marked configs installed: ``installed``, ``recorded`` False,
+    with what each mark says it was made for. A look: ``tune-fp8`` checks each config's bytes and records it."""
+    by_key = {mark.key: mark.installed for mark in marks}
+    if not by_key:
+        return None
+    return {
+        "state": "installed",
+        "recorded": False,
+        "installed": sorted(by_key),
+        "installed_for": installed_for(by_key),
+    }
 
 
 @dataclass
@@ -131,7 +149,8 @@ def observe(
     host = session.host
     started_at = datetime.now(timezone.utc)
     launched = cached.server if cached is not None else None
-    argv = probe.probe_argv(status_sections(host, launched, fetch, python))
+    unrecorded = not record_of(cached).installed and record_of(cached).plan_id is None
+    argv = probe.probe_argv(status_sections(host, launched, fetch, python, marks=unrecorded))
     sections = probe.explain_timeouts(
         probe.parse(_probe(session, argv, FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout),
         {"gpus": gpus.HANG_MESSAGE, "apps": gpus.HANG_MESSAGE},
@@ -148,7 +167,8 @@ def observe(
         session.know("git", info)
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
     recorded, poll = status_field(session, cached, state if record is None else None)
-    status.extra["tuning"] = unrecorded_tuning(recorded, sections.get("tuning_jobs"), host.workdir)
+    tuning = unrecorded_tuning(recorded, sections.get("tuning_jobs"), host.workdir)
+    status.extra["tuning"] = tuning if tuning is not None else unrecorded_marks(marks_in(host, sections.get("marks")))
     if python:
         status.extra["sglang_import"] = _sglang_import(sections.get("sglang_import"), host)
     return Observed(status, info, sections, started_at, record, poll)

@@ -133,7 +133,7 @@ def discover(session: HostSession, paths: Sequence[str] = ()) -> tuple[HostFacts
     config_dir = runtime.config_dir or ""
     facts = HostFacts(
         host, script, flags, config_dir, runtime.triton, devices[0].name, checkout.commit, devices, holders,
-        _documents(InstallMark, host, sections.get("marks"), "install mark"),
+        marks_in(host, sections.get("marks")),
         _documents(PlanRecord, host, sections.get("open_plans"), "tuning plan file"),
     )  # fmt: skip
     return facts, ReadAhead(runner, {path: _file(sections.get(f"file{i}")) for i, path in enumerate(paths)})
@@ -148,7 +148,7 @@ def discover_sections(host: Host, paths: Sequence[str] = ()) -> list[tuple[str, 
         ("gpus", smi.query_gpus_argv()),
         ("apps", smi.query_apps_argv()),
         ("git", git.info_argv(host.sglang_dir, host.upstream)),
-        ("marks", _read_docs_argv(f"{host.workdir.rstrip('/')}/{MARKS}", "*.json")),
+        ("marks", marks_argv(host)),
         ("open_plans", _read_docs_argv(f"{host.workdir.rstrip('/')}/tune", f"*/{PLAN_FILE}", unless=ENDED_FILE)),
     ]
     return sections + [(f"file{i}", ["base64", "-w0", "--", path]) for i, path in enumerate(paths)]
@@ -227,11 +227,20 @@ def _ran_here(session: HostSession, plan: PlanRecord) -> bool:
     return False
 
 
+def marks_argv(host: Host) -> list[str]:
+    """The command printing the install marks orch left on ``host`` (``MARKS``), one base64 document a line."""
+    return _read_docs_argv(f"{host.workdir.rstrip('/')}/{MARKS}", "*.json")
+
+
+def marks_in(host: Host, section: probe.Section | None) -> list[InstallMark]:
+    """The install marks ``marks_argv`` printed (its section of a probe); one that does not read is left out."""
+    return _documents(InstallMark, host, section, "install mark")
+
+
 def read_marks(session: HostSession) -> list[InstallMark]:
     """The configs orch marked installed on the host (as ``discover`` reads them, in a command of their own)."""
-    host = session.host
-    result = session.runner.run(_read_docs_argv(f"{host.workdir.rstrip('/')}/{MARKS}", "*.json"), timeout=60)
-    return _documents(InstallMark, host, probe.Section(result.exit_status, result.stdout), "install mark")
+    result = session.runner.run(marks_argv(session.host), timeout=60)
+    return marks_in(session.host, probe.Section(result.exit_status, result.stdout))
 
 
 def adopt_marks(

@@ -9,7 +9,7 @@ it: here, not in ``commands.py``, so that ``status`` does not import the planner
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -304,7 +304,9 @@ def group_status(
     record and ``plan`` the plan it names; ``record`` wins over the host's entry in ``cached`` (the
     group's records, for the other members' progress; it may lack the host)."""
     cached = {**cached, host: record}
-    status = TuneStatus(host, plan=plan, installed=record.installed_paths(), installed_for=installed_for(record))
+    status = TuneStatus(
+        host, plan=plan, installed=record.installed_paths(), installed_for=installed_for(record.installed)
+    )
     if plan is None:
         status.state = "installed" if record.installed else "none"
         return status
@@ -322,11 +324,11 @@ def group_status(
     return status
 
 
-def installed_for(record: TuningRecord) -> dict[str, dict[str, Any]]:
+def installed_for(installed: Mapping[str, InstalledRecord]) -> dict[str, dict[str, Any]]:
     """For each installed shape, the device and SGLang commit it was tuned for, and when it was installed."""
     return {
         key: {"device": r.device, "commit": r.commit, "installed_at": r.installed_at.isoformat()}
-        for key, r in sorted(record.installed.items())
+        for key, r in sorted(installed.items())
     }
 
 

@@ -166,6 +166,11 @@ def _tuning_cell(v: HostStatus) -> str:
     t = v.extra.get("tuning")
     if not t:
         return "-"
+    if t.get("recorded") is False and t["state"] == "installed":
+        return (
+            f"installed {len(t['installed'])} shapes{_made_for(t, (v.sglang or {}).get('commit'))}, marked by orch on "
+            f"the host but not recorded in this state (`orch tune-fp8 --host {v.name}` checks and records them)"
+        )
     if t.get("recorded") is False:
         n = len(t["jobs"])
         return (
@@ -323,7 +328,9 @@ def _tuning_short(v: HostStatus) -> str:
     if not t:
         return "-"
     if t.get("recorded") is False:
-        return "running (not recorded)"
+        return (
+            f"installed {len(t['installed'])} (not recorded)" if t["state"] == "installed" else "running (not recorded)"
+        )
     if t["state"] in ("running", "ready-to-install"):
         eta = f" ETA {_uptime(int(t['eta_seconds']))}" if t.get("eta_seconds") else ""
         stuck = " STUCK" if t.get("stuck") else " SILENT" if t.get("silent") else ""

@@ -90,6 +90,14 @@ def test_a_second_controller_sees_and_adopts_the_server_instead_of_relaunching_i
     # a fourth state serves: the configs the server reads are orch's, as their marks on the host say (it told
     # the operator they were not, and to retune them with --force, which stops the server)
     fourth = second_controller(env, "fourth")
+    looked = fourth.orch("status", "--json")  # it showed `tuning -` until tune-fp8 recorded the marks
+    (view,) = json.loads(looked.stdout)["hosts"]
+    assert (view["tuning"]["state"], view["tuning"]["recorded"], len(view["tuning"]["installed"])) == (
+        "installed",
+        False,
+        4,
+    ), view
+    assert "installed 4 (not recorded)" in fourth.orch("status").stdout
     adopted = fourth.orch("serve")
     assert adopted.returncode == 0 and "re-attaching to server job" in adopted.output, adopted.output
     assert "were not tuned by orch" not in adopted.output, adopted.output
