@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NoReturn
 
 import click
@@ -20,6 +20,7 @@ from orchestrator.jobs import JobInfo
 from orchestrator.ops import gateway as gateway_op
 from orchestrator.ops import group as group_op
 from orchestrator.ops import rollout
+from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.render import inert, print_json
 from orchestrator.session import HostSession
@@ -122,20 +123,29 @@ def rolling_serve(
     canary: str | None,
     gate: str | None = None,
     ranks: Mapping[str, group_op.Rank] | None = None,
+    yes: bool = False,
 ) -> int:
     """Relaunch ``selected`` in waves behind the inventory's gateway (``ops.rollout``), but for the hosts
     ``orch doctor`` fails and those ``orch drain`` took out (each skipped with a line, and with them the
     rest of their replica group); exit 0, or the failed host's code (3 did not start or doctor failed it,
     5 not as asked or failed the gate) after the halt. A replica group (``ranks``: each grouped host's) is
     one server of the waves, rolled on its rank 0. ``gate`` ``bench``: the canary hosts (``rollout.gated``)
-    must each have a baseline run, else exit 2 first."""
+    must each have a baseline run, else exit 2 first. A wave that would take every server out of the gateway
+    is asked first (``ask_before_emptying``; ``yes`` skips the question)."""
     client = rollout_client(app, canary)
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter  # before the first session: doctor's sessions are the rollout's
         planned, sick = plan_waves(app, fleet, selected, max_unavailable, canary)
         gating = gate_plan(app, gate, planned, chosen, canary)
-        rolling = rollout.RollContext(client, app.peers(fleet), gating)
         ranks = ranks or {}
+
+        def replaced(h: Host) -> str | None:  # a group's running rank is always replaced
+            session = fleet.question_session(h, app.store)
+            replaces = h.name in ranks or serve_op.would_replace(session, chosen[h.name], options)
+            return rollout.worker_url_of(session, chosen[h.name]) if replaces else None
+
+        ask_before_emptying(fleet, planned, client, yes, replaced)
+        rolling = rollout.RollContext(client, app.peers(fleet), gating)
 
         def roll_one(s: HostSession) -> rollout.HostRoll:
             return rollout.roll_host(s, chosen[s.name], options, rolling, ranks.get(s.name))
@@ -144,6 +154,30 @@ def rolling_serve(
         done = rollout.roll_fleet(fleet, planned, roll_one, gateway_view.wave_line, app.store, label)
     gateway_view.rollout_report(selected, done, app.inventory)
     return int(rollout.exit_code(selected, done) or (ExitCode.HOSTS_FAILED if sick else ExitCode.OK))
+
+
+Replaced = Callable[[Host], str | None]
+"""A host's worker URL when the rollout would replace its server (None: it keeps serving)."""
+
+
+def ask_before_emptying(
+    fleet: Fleet, planned: list[list[Host]], client: GatewayClient, yes: bool, replaced: Replaced
+) -> None:
+    """A rollout takes a wave's servers out of the gateway together: a wave holding every worker the gateway
+    routes to (healthy) is a fleet outage (``--max-unavailable`` as large as the fleet), asked as
+    ``serve --no-rolling`` asks (``confirm_or_refuse``: exit 2 without a terminal, unless ``--yes``), before
+    anything changes. ``--host``/``--tag`` do not skip it: a rolling relaunch promises to keep serving."""
+    routed = set() if yes else {w.url for w in client.workers() if w.healthy}
+    for number, wave in enumerate(planned, 1):
+        if len(wave) < 2 or not routed:  # one server out at a time is what a rollout is
+            continue
+        out = {r.host.name: r.value for r in fleet.map(lambda h, _runner: replaced(h), wave).succeeded if r.value}
+        if routed <= set(out.values()):
+            confirm_or_refuse(
+                f"Take every server the gateway routes to out at once, in wave {number} ({', '.join(out)}): "
+                "a fleet outage until they serve again?",
+                "or lower --max-unavailable so that each wave leaves some serving",
+            )
 
 
 def plan_waves(

@@ -9,6 +9,7 @@ from orchestrator.cli import complete
 from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.gateway import (
+    ask_before_emptying,
     gate_needs_rolling,
     gate_plan,
     rolling_default,
@@ -120,8 +121,18 @@ def run(
                 maybe.add(host.name)
             return bool(outage)
 
+        def replaced(host: Host) -> str | None:  # its rolled serve step may stop the server: its gateway worker
+            session = fleet.question_session(host, app.store)
+            group = (ranks[host.name], app.peers(fleet)) if host.name in ranks else None
+            found = run_op.stopping_steps(session, chosen[host.name], steps[host.name], redo, group)
+            rolled = {s.name for s in run_op.around_serve(steps[host.name])[1]}
+            return rollout.worker_url_of(session, chosen[host.name]) if rolled & set(found) else None
+
         def confirm(passed: list[Host]) -> None:
             ask_before_stopping(fleet, passed, bool(hosts or tags), yes, stops, maybe)
+            if ctx.rolling is not None:
+                waves = rollout.waves(passed, max_unavailable, canary, run_op.rolled_groups(ctx))
+                ask_before_emptying(fleet, waves, ctx.rolling.client, yes, replaced)
             if redo:  # once answered: a refusal forgets no done step (it said "nothing was changed")
                 run_op.forget_done(app.store, passed, chosen, steps)
 

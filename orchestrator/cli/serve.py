@@ -101,7 +101,7 @@ def serve(
         hint = "roll the group without --gate, or select the hosts outside groups with --host"
         group_op.refuse_not_built(ranks, "--gate bench", hint)
     if rolling and not dry_run:  # a dry run plans each host's relaunch
-        return rolling_serve(app, selected, chosen, options, parallel, max_unavailable, canary, gate, ranks)
+        return rolling_serve(app, selected, chosen, options, parallel, max_unavailable, canary, gate, ranks, yes)
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
         if dry_run:  # a rolling one plans its waves' hosts alone, as the rollout would relaunch them

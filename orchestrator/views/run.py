@@ -18,7 +18,7 @@ from orchestrator.views.tune import awaited_line
 
 ROLLING_NOTE = (
     "the serve step (and a tune-fp8 before it that stops the server) goes host by host through the"
-    " gateway: not a fleet outage (no question asked for it)"
+    " gateway: not a fleet outage (no question asked for it, unless a wave would take every server out)"
 )
 
 

@@ -79,6 +79,19 @@ def test_rolling_run_halted_by_the_canary_stops_the_campaign_of_the_untouched_ho
     assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
 
 
+def test_a_rolling_run_whose_wave_holds_every_server_of_the_gateway_asks_first(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    env = gateway_fleet.env
+    jobs = {name: server_job(env, name) for name in ("sim-1", "sim-2", "sim-3")}
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64}, steps=["serve"])
+    run = env.orch("run", new, "--max-unavailable", "3")  # stdin is not a terminal
+    assert run.returncode == 2, run.output  # it relaunched all three out of the gateway at once, asking nothing
+    assert "in wave 1 (sim-1, sim-2, sim-3): a fleet outage until they serve again: refused" in run.stderr
+    assert {name: server_job(env, name) for name in jobs} == jobs
+    assert all(steps_of(env, name, new) == set() for name in jobs)
+
+
 def test_status_has_a_gateway_column_from_one_workers_call_and_says_when_the_gateway_does_not_answer(
     gateway_fleet: GatewayFleet, tmp_path: Path
 ) -> None:

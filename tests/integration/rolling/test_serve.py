@@ -111,6 +111,23 @@ def test_canary_not_as_asked_halts_rolls_back_and_re_registers(
     assert recorded.halted == "wave 1 failed on sim-1; not touched: sim-2, sim-3"
 
 
+def test_a_wave_holding_every_server_of_the_gateway_is_asked_as_an_outage(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    env = gateway_fleet.env
+    jobs = {name: server_job(env, name) for name in ("sim-1", "sim-2", "sim-3")}
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
+    run = env.orch("serve", "--max-unavailable", "3", "--playbook", new)  # stdin is not a terminal
+    assert run.returncode == 2, run.output  # it took all three out of the gateway at once, asking nothing
+    assert (
+        "Take every server the gateway routes to out at once, in wave 1 (sim-1, sim-2, sim-3): a fleet outage until "
+        "they serve again: refused without confirmation"
+    ) in run.stderr, run.stderr
+    assert "pass --yes to confirm, or lower --max-unavailable" in run.stderr
+    assert {name: server_job(env, name) for name in jobs} == jobs
+    assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+
+
 @BOTH_GATEWAYS
 def test_an_interrupted_rollout_resumes_by_registering_the_host_it_left_out_first(
     gateway_fleet: GatewayFleet,
