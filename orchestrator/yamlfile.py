@@ -15,6 +15,11 @@ once, so a refusal takes milliseconds. Ordinary ``<<: *defaults`` merges count t
 of a loaded document: orch passes paths and environment values to hosts literally, and there such a
 character cuts or changes them, so the inventory and playbook loaders refuse it.
 
+``read_text`` reads only a regular file (a symlink to one is fine) of at most ``MAX_FILE_BYTES``: an
+inventory linked to /dev/zero or /dev/urandom used to be read until the OOM killer came (24 GB), and a
+FIFO blocked for ever. It looks before it opens, opens without blocking, and reads at most one byte past
+the bound, so a file that grows while read (or a size that lies) still cannot fill the memory.
+
 ``YamlModel`` is the base of the models those files are validated into: YAML reads ``true``, ``yes``, ``on``
 as booleans, and pydantic would take one as 1 where a number is asked (``server_port: true`` served on port 1).
 """
@@ -22,7 +27,9 @@ as booleans, and pydantic would take one as 1 where a number is asked (``server_
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from types import UnionType
@@ -39,6 +46,7 @@ if TYPE_CHECKING:
 else:
     _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+MAX_FILE_BYTES = 16 << 20  # a hosts.yaml of 1,000 hosts is about 100 KiB
 MAX_VALUES = 200_000  # scalars, lists and mappings in the document, every alias expanded
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 (tab, newline, CR, NUL, ESC, ...), DEL and C1
 
@@ -115,12 +123,66 @@ def _check_expansion(root: yaml.Node) -> None:
 def read_text(path: Path) -> str:
     """The UTF-8 text of the YAML file at ``path``; ``ConfigError`` naming the file and its encoding when it
     is not UTF-8 (UTF-16 as PowerShell writes it, one Latin-1 byte in a comment). ``OSError`` passes through
-    for the caller to word (a missing inventory and a missing playbook have different hints)."""
-    data = path.read_bytes()
+    for the caller to word (a missing inventory and a missing playbook have different hints). A path that
+    is not a regular file (a directory, a device, a FIFO) or is larger than ``MAX_FILE_BYTES`` is a
+    ``ConfigError`` naming the file and what it is, before a byte is read."""
+    data = _read_bounded(path)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(_not_utf8(path, data, exc), hint=_SAVE_AS_UTF8) from None
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The bytes of the regular file at ``path``, at most ``MAX_FILE_BYTES`` of them, never blocking."""
+    _refuse_unless_small_file(path, os.stat(path))  # follows links: a link to a regular file is fine
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # swapped for a FIFO since: no block
+    with os.fdopen(fd, "rb") as file:
+        _refuse_unless_small_file(path, os.fstat(file.fileno()))  # what was opened, not what was looked at
+        data = file.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:  # it grew while read
+        _refuse_too_big(path, len(data))
+    return data
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _refuse_unless_small_file(path: Path, info: os.stat_result) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        kind = next((name for test, name in _KINDS if test(info.st_mode)), "not a regular file")
+        raise ConfigError(
+            f"{_named(path)}: is {kind}, not a YAML file", hint="give the path of a YAML file (or a link to one)"
+        )
+    if info.st_size > MAX_FILE_BYTES:
+        _refuse_too_big(path, info.st_size)
+
+
+def _refuse_too_big(path: Path, size: int) -> None:
+    raise ConfigError(
+        f"{_named(path)}: is {_size(size)}; orch's YAML files are at most {_size(MAX_FILE_BYTES)}",
+        hint="give the path of the inventory or playbook itself (a hosts.yaml of 1,000 hosts is about 100 KiB)",
+    )
+
+
+def _named(path: Path) -> str:
+    """``path``, and what it links to when it is a symbolic link (``hosts.yaml (a link to /dev/zero)``)."""
+    return f"{path} (a link to {os.path.realpath(path)})" if path.is_symlink() else str(path)
+
+
+def _size(size: int) -> str:
+    """``size`` bytes in the largest binary unit that keeps it at least 1: ``16 MiB``, ``20.0 GiB``."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift:
+            value = size / (1 << shift)
+            return f"{value:.0f} {unit}" if value.is_integer() else f"{value:.1f} {unit}"
+    return f"{size} bytes"
 
 
 _SAVE_AS_UTF8 = (

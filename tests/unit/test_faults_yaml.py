@@ -11,13 +11,14 @@ import os
 import resource
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from orchestrator.errors import ConfigError
 from orchestrator.inventory import load_inventory
-from orchestrator.yamlfile import MAX_VALUES, load_yaml
+from orchestrator.yamlfile import MAX_FILE_BYTES, MAX_VALUES, load_yaml, read_text
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,7 @@ BOMB_INVENTORY = "hosts:\n  h1:\n    address: 127.0.0.1\n    tags:\n" + laughs("
 BOMB_PLAYBOOK = "model: m\narchitecture: a\nserver_args:\n  x:\n" + laughs("    ")
 
 
-def orch_limited(*args: str) -> subprocess.CompletedProcess[str]:
+def orch_limited(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """`orch` with at most 1 GiB of address space (a bomb that is expanded fails fast, not the machine)."""
 
     def limit() -> None:
@@ -44,7 +45,7 @@ def orch_limited(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "orchestrator", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         env={**os.environ, "COLUMNS": "200"},
         stdin=subprocess.DEVNULL,
         preexec_fn=limit,
@@ -126,3 +127,57 @@ def test_a_yaml_syntax_error_names_its_line_and_a_tab_says_so(text: str, said: s
         load_yaml(Path("x.yaml"), text)
     assert str(error.value).startswith(said), str(error.value)
     assert error.value.hint == hint or (hint is not None and hint in str(error.value.hint))
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda p: p.symlink_to("/dev/zero"), " (a link to /dev/zero): is a character device, not a YAML file"),
+        (lambda p: p.symlink_to("/dev/urandom"), " (a link to /dev/urandom): is a character device, not a YAML file"),
+        (lambda p: os.mkfifo(p), ": is a FIFO (named pipe), not a YAML file"),
+        (lambda p: p.write_bytes(b"") or os.truncate(p, 20 << 30), ": is 20 GiB; orch's YAML files are at most 16 MiB"),
+    ],
+    ids=["link-to-dev-zero", "link-to-dev-urandom", "fifo", "sparse-20-GiB"],
+)
+def test_an_inventory_that_is_no_small_regular_file_is_exit_2_at_once(
+    tmp_path: Path, make: Callable[[Path], object], said: str
+) -> None:
+    # /dev/zero was read until the OOM killer came (24 GB), a FIFO blocked for ever; the 1 GiB limit and
+    # the timeout make either fail the test instead of the machine
+    inventory = tmp_path / "hosts.yaml"
+    make(inventory)
+    res = orch_limited("-i", str(inventory), "--state", str(tmp_path / "state.json"), "status", timeout=30)
+    assert res.returncode == 2, res.stderr
+    assert f"{inventory}{said}" in res.stderr
+    assert "Traceback" not in res.stderr and "MemoryError" not in res.stderr
+
+
+def test_a_playbook_linked_to_a_device_is_exit_2_naming_it(tmp_path: Path) -> None:
+    playbook = tmp_path / "p.yaml"
+    playbook.symlink_to("/dev/zero")
+    res = orch_limited("-i", str(REPO / "hosts.yaml"), "recipe", "show", "--playbook", str(playbook), timeout=30)
+    assert res.returncode == 2, res.stderr
+    assert f"{playbook} (a link to /dev/zero): is a character device, not a YAML file" in res.stderr
+
+
+def test_a_file_past_the_size_bound_is_refused_and_one_at_it_is_read(tmp_path: Path) -> None:
+    at_bound, past = tmp_path / "at.yaml", tmp_path / "past.yaml"
+    at_bound.write_bytes(b"# " + b"x" * (MAX_FILE_BYTES - 3) + b"\n")
+    past.write_bytes(b"# " + b"x" * (MAX_FILE_BYTES - 2) + b"\n")
+    assert len(read_text(at_bound)) == MAX_FILE_BYTES
+    with pytest.raises(ConfigError, match=r"past\.yaml: is 16\.0 MiB; orch's YAML files are at most 16 MiB"):
+        read_text(past)
+
+
+def test_a_directory_is_refused_in_the_same_words(tmp_path: Path) -> None:
+    # `-i DIR` is refused by click already; $ORCH_INVENTORY and a playbook path reach read_text
+    with pytest.raises(ConfigError, match=f"^{tmp_path}: is a directory, not a YAML file\n"):
+        read_text(tmp_path)
+
+
+def test_a_link_to_a_regular_file_reads_it_and_a_missing_file_is_still_an_os_error(tmp_path: Path) -> None:
+    (tmp_path / "real.yaml").write_text("hosts:\n  h1: {address: 10.0.0.1}\n")
+    (tmp_path / "hosts.yaml").symlink_to(tmp_path / "real.yaml")
+    assert load_inventory(tmp_path / "hosts.yaml").hosts["h1"].address == "10.0.0.1"
+    with pytest.raises(FileNotFoundError):
+        read_text(tmp_path / "missing.yaml")
