@@ -223,8 +223,14 @@ class Gateway(YamlModel):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
+        """``http://HOST:PORT``, a trailing ``/`` taken off (``http://H:P/`` is the same URL; orch appends its
+        paths to it, and reads the port from its end); a port outside 1-65535 refused here, not at first use."""
         if not _GATEWAY_URL.match(value):
             raise ValueError("must be http://HOST:PORT (no path, no user or password), e.g. http://10.1.2.3:30080")
+        value = value.removesuffix("/")
+        port = int(value.rsplit(":", 1)[1])
+        if not 1 <= port <= 65535:
+            raise ValueError(f"port {port} is not a TCP port (1-65535), e.g. http://10.1.2.3:30080")
         return value
 
     @field_validator("api_key_env")
@@ -460,6 +466,12 @@ def _validate_gateway(path: Path, raw: Any, hosts: dict[str, Host]) -> Gateway:
             f"{path}: gateway, key 'host': {gateway.host!r} is not a host of the inventory; "
             f"known hosts: {', '.join(hosts)}",
             hint="name the inventory host that runs smg, or leave 'host' out if the gateway runs elsewhere",
+        )
+    if gateway.metrics > 65535:
+        raise ConfigError(
+            f"{path}: gateway, key 'url': smg's metrics port would be {gateway.metrics} (the gateway's port + 1), "
+            "not a TCP port",
+            hint="set gateway.metrics_port to a free port, or give the gateway a lower port",
         )
     taken = {gateway.port: "the gateway's own port"}
     if gateway.host is not None:

@@ -30,6 +30,15 @@ def test_gateway_loads_url_key_variable_and_host(tmp_path: Path) -> None:
     assert (gateway.bind_address, gateway.port) == ("127.0.0.2", 30080)
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.2:30080/", "http://[::1]:30080/"])
+def test_a_trailing_slash_in_the_gateway_url_is_the_same_url(tmp_path: Path, url: str) -> None:
+    # `url: http://127.0.0.1:30080/` crashed every command with a ValueError on '30080/'
+    gateway = load_inventory(write(tmp_path, HOSTS + f"gateway:\n  url: {url}\n")).gateway
+    assert gateway is not None
+    assert (gateway.url, gateway.port, gateway.metrics) == (url.removesuffix("/"), 30080, 30081)
+    assert gateway.bind_address == url.split("//")[1].rsplit(":", 1)[0].strip("[]")
+
+
 @pytest.mark.parametrize(
     ("gateway", "expected"),
     [
@@ -38,6 +47,10 @@ def test_gateway_loads_url_key_variable_and_host(tmp_path: Path) -> None:
         ("gateway:\n  url: h:30080\n", "gateway, key 'url': must be http://HOST:PORT"),
         ("gateway:\n  url: http://user:pw@h:30080\n", "gateway, key 'url': must be http://HOST:PORT"),
         ("gateway:\n  url: http://h:30080/v1\n", "gateway, key 'url': must be http://HOST:PORT"),
+        ("gateway:\n  url: http://h:0\n", "gateway, key 'url': port 0 is not a TCP port (1-65535)"),
+        ("gateway:\n  url: http://h:65536/\n", "gateway, key 'url': port 65536 is not a TCP port (1-65535)"),
+        ("gateway:\n  url: http://h:99999\n", "gateway, key 'url': port 99999 is not a TCP port (1-65535)"),
+        ("gateway:\n  url: http://h:65535\n", "gateway, key 'url': smg's metrics port would be 65536"),
         (
             "gateway:\n  url: http://h:1\n  api_key: s3cret\n",
             "gateway: unknown key 'api_key' (did you mean 'api_key_env'?) (allowed",
