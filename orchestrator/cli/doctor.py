@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from orchestrator.app import App
+from orchestrator.cli import Finite
 from orchestrator.cli.common import host_options, pass_app
 from orchestrator.errors import ExitCode
 from orchestrator.facts.health import NCCL_TIMEOUT
@@ -22,7 +23,7 @@ from orchestrator.facts.health import NCCL_TIMEOUT
 )
 @click.option(
     "--nccl-timeout",
-    type=click.FloatRange(1, 3600),
+    type=Finite(1, 3600),
     default=NCCL_TIMEOUT,
     show_default=True,
     help="Seconds each --nccl all-reduce run may take before it counts as hung and is killed.",

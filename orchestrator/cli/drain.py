@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from orchestrator.app import App
+from orchestrator.cli import Finite
 from orchestrator.cli.common import default, finish, pass_app
 from orchestrator.errors import UsageError
 from orchestrator.gateway import NO_GATEWAY_HINT, GatewayClient
@@ -29,7 +30,7 @@ def _client(app: App, command: str) -> GatewayClient:
 @click.argument("host_names", nargs=-1, required=True, metavar="HOST...")
 @click.option(
     "--drain-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     default=default(ServeOptions, "drain_timeout"),
     show_default=True,
     help="Seconds to wait for the requests in flight to finish.",

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import click
 import pytest
 
-from orchestrator.cli import run_command
+from orchestrator.cli import Finite, run_command
 from orchestrator.inventory import load_inventory
+from tests.unit.test_docs import all_commands
 
 GOOD = "hosts:\n  h1: {address: 10.0.0.1}\n"
 LOCAL = "defaults: {transport: local, workdir: /nonexistent/orch}\nhosts:\n  a: {address: 127.0.0.1}\n"
@@ -108,6 +110,32 @@ def test_a_number_that_is_not_finite_is_a_usage_error(
     assert code == 2, output
     assert f"Invalid value for '{flag}': {value!r} is not a finite number" in output
     assert "Traceback" not in output
+
+
+@pytest.mark.parametrize(
+    ("args", "value"),
+    [
+        (("drain", "a", "--drain-timeout"), "nan"),
+        (("drain", "a", "--drain-timeout"), "inf"),
+        (("doctor", "--nccl-timeout"), "nan"),  # inf is past its upper bound already
+    ],
+    ids=["drain-nan", "drain-inf", "doctor-nan"],
+)
+def test_drain_and_doctor_refuse_a_number_that_is_not_finite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], value: str
+) -> None:
+    # `orch drain --drain-timeout nan` was accepted (a plain click.FloatRange lets NaN pass every bound)
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(LOCAL)
+    code, output = orch(capsys, "-i", str(inventory), "--state", str(tmp_path / "st"), *args, value)
+    assert code == 2, output
+    assert f"Invalid value for '{args[-1]}': {value!r} is not a finite number" in output
+
+
+@pytest.mark.parametrize(("name", "command"), all_commands(), ids=[name for name, _ in all_commands()])
+def test_every_float_option_refuses_a_number_that_is_not_finite(name: str, command: click.Command) -> None:
+    floats = [p for p in command.params if isinstance(p.type, click.FloatRange | type(click.FLOAT))]
+    assert [p.name for p in floats if not isinstance(p.type, Finite)] == [], f"orch {name}: use cli.Finite"
 
 
 def test_a_global_number_option_that_is_not_finite_is_a_usage_error(
