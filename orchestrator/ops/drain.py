@@ -30,23 +30,32 @@ class Drained:
     url: str
     in_flight: int  # requests in flight when the gateway stopped routing to the host
     was_registered: bool
+    server_runs: bool  # a server orch launched runs on the host (after `orch stop-server`: none)
 
 
 def drain(session: HostSession, recipe: Recipe, client: GatewayClient, timeout: float) -> Drained:
     """The gateway stops routing to the host and its in-flight requests finish; the server keeps running. The
-    host is marked drained first: a mark that cannot be written (a link in its place) changes nothing."""
+    host is marked drained first: a mark that cannot be written (a link in its place) changes nothing. With no
+    server of orch's on the host (``orch stop-server`` ran) there is nothing to wait for, and it is said so.
+    Requests still in flight after ``timeout`` are left to the server, which keeps running them."""
     url = rollout.worker_url_of(session, recipe)
     session.runner.run(_mark_argv(session.host.workdir, url), check=True)
     registered = client.find(url) is not None
+    server_runs = session.running_server() is not None
     if registered:
-        session.say(f"taking {url} out of the gateway; its server keeps running")
+        keeps = "its server keeps running" if server_runs else "no server orch launched runs here"
+        session.say(f"taking {url} out of the gateway; {keeps}")
         client.remove(url)
         client.wait_removed(url, timeout=30)
-    in_flight = rollout.drain(session, recipe, timeout) if session.running_server() is not None else 0
+    in_flight = rollout.drain(session, recipe, timeout, _ANYWAY) if server_runs else 0
     if in_flight:
         session.say(f"{in_flight} requests were in flight; drained")
     session.store.update_host(session.name, _mark_drained)
-    return Drained(url, in_flight, registered)
+    return Drained(url, in_flight, registered, server_runs)
+
+
+# what `orch drain` does when its timeout passes with requests in flight: nothing is stopped or relaunched
+_ANYWAY = "marking the host drained anyway: it stays out of the gateway, its server keeps running them"
 
 
 def _mark_drained(hs: HostState) -> None:

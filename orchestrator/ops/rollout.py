@@ -314,7 +314,7 @@ def leave_gateway(session: HostSession, recipe: Recipe, client: GatewayClient, d
     record_outcome(session.store, session.host.name, "removed")
     client.remove(url)
     client.wait_removed(url, timeout=30)
-    return drain(session, recipe, drain_timeout)
+    return drain(session, recipe, drain_timeout, f"its server is {why} anyway")
 
 
 def rejoin_if_serving(session: HostSession, recipe: Recipe, client: GatewayClient) -> str:
@@ -378,9 +378,11 @@ def worker_url_of(session: HostSession, recipe: Recipe) -> str:
     return host_worker_url(session.host, server.argv if server is not None else None, recipe)
 
 
-def drain(session: HostSession, recipe: Recipe, timeout: float) -> int:
+def drain(session: HostSession, recipe: Recipe, timeout: float, anyway: str) -> int:
     """Wait (at most ``timeout`` s) until the server has no request running or queued; returns how many
-    were in flight at first. A server that does not answer ``/v1/loads`` is left to serve's SIGTERM drain."""
+    were in flight at first. A server that does not answer ``/v1/loads`` is left to serve's SIGTERM drain.
+    Past ``timeout`` with requests still in flight, a warning says so and what the caller does next all
+    the same (``anyway``: ``its server is replaced anyway``; ``orch drain`` relaunches nothing)."""
     url = facts.base_url(recipe, session.host) + "/v1/loads?include=core"
     deadline = time.monotonic() + timeout
     first: int | None = None
@@ -393,7 +395,7 @@ def drain(session: HostSession, recipe: Recipe, timeout: float) -> int:
         if count == 0:
             return first
         if time.monotonic() >= deadline:
-            session.say(f"WARNING: {count} requests still in flight after {timeout:g} s; relaunching anyway")
+            session.say(f"WARNING: {count} requests still in flight after {timeout:g} s; {anyway}")
             return first
         time.sleep(DRAIN_POLL)
 

@@ -69,7 +69,13 @@ def drained_left_out(names: Sequence[str], what: str) -> None:
 
 
 def drained_line(name: str, drained: Drained) -> str:
+    """What ``orch drain`` did to one host; with no server of orch's there, that (undrain needs one serving)."""
     where = f"out of the gateway ({drained.url})" if drained.was_registered else "was not registered with the gateway"
+    if not drained.server_runs:
+        return (
+            f"{name}: drained: {where}; no server orch launched runs here "
+            f"(`orch serve --host {name}`, then `orch undrain {name}` puts it back)"
+        )
     return (
         f"{name}: drained: {where}, {drained.in_flight} requests were in flight; its server keeps running "
         f"(`orch undrain {name}` puts it back)"

@@ -95,7 +95,7 @@ def drain(session: HostSession, timeout: float) -> tuple[int, list[str]]:
     recipe = load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml")
     reported: list[str] = []
     session.events = cast(Any, reported.append)  # what the drain says goes to the session's sink
-    return rollout.drain(session, recipe, timeout), reported
+    return rollout.drain(session, recipe, timeout, "its server is replaced anyway"), reported
 
 
 def test_drain_returns_only_after_the_requests_in_flight_finished(serving: tuple[HostSession, str]) -> None:
@@ -119,7 +119,7 @@ def test_drain_past_its_bound_warns_and_returns_while_requests_still_run(serving
     drained, reported = drain(session, timeout=1)
     assert drained == IN_FLIGHT
     assert in_flight(url) == IN_FLIGHT  # returned with them still running
-    assert reported == [f"WARNING: {IN_FLIGHT} requests still in flight after 1 s; relaunching anyway"]
+    assert reported == [f"WARNING: {IN_FLIGHT} requests still in flight after 1 s; its server is replaced anyway"]
     slow.join()
     assert slow.completions() == [1000] * IN_FLIGHT
 

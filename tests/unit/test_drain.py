@@ -3,18 +3,25 @@ and read with the server job in the one round trip the gateway commands make (``
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
+from typing import Any, cast
 
 from orchestrator import jobs
 from orchestrator.gateway import Served, drain_mark_argv, parse_drain_mark
 from orchestrator.inventory import Host
+from orchestrator.ops import drain as drain_op
 from orchestrator.ops import gateway as gateway_op
+from orchestrator.ops import rollout
 from orchestrator.ops.drain import _mark_argv
 from orchestrator.readers import SERVER_PURPOSE
+from orchestrator.recipe import PACKAGED_PLAYBOOKS, load_recipe
 from orchestrator.session import HostSession
 from orchestrator.store import StateStore
 from orchestrator.transport.local import LocalRunner
+from orchestrator.views.doctor import drained_line
+from tests.fakerunner import FakeRunner
 
 
 def test_the_mark_is_written_once_and_read_back_as_when_the_host_was_drained(tmp_path: Path) -> None:
@@ -68,3 +75,67 @@ def test_gateway_commands_read_the_server_job_and_the_drain_mark_in_one_round_tr
     finally:
         jobs.stop(runner, jobs.find(runner, host.workdir, job.job_id), grace_seconds=1)
     assert gateway_op.on_host(session).served is None  # ended: no server, the mark still read
+
+
+class FakeGateway:
+    """The gateway client ``ops.drain`` uses: one worker URL registered until removed."""
+
+    def __init__(self, url: str) -> None:
+        self.urls = {url}
+
+    def find(self, url: str) -> object | None:
+        return url if url in self.urls else None
+
+    def remove(self, url: str) -> None:
+        self.urls.discard(url)
+
+    def wait_removed(self, url: str, timeout: float) -> None:
+        assert url not in self.urls
+
+
+def drain_session(tmp_path: Path, server: jobs.JobInfo | None) -> tuple[HostSession, list[str], str]:
+    """A session on a fake host whose server (``server``) has 3 requests in flight; what it says; its URL."""
+    host = Host(name="gpu-1", address="10.0.0.1", workdir="/w")
+    loads = json.dumps({"loads": [{"num_running_reqs": 2, "num_waiting_reqs": 1}]})
+    runner = (
+        FakeRunner("gpu-1")
+        .on(("orch-drain",))
+        .on(("*python", "-c"), stdout=json.dumps([{"status": 200, "body": loads}]))
+    )
+    said: list[str] = []
+    session = HostSession(host, runner, StateStore(tmp_path / "state.db"), events=cast(Any, said.append))
+    session.running_server = lambda: server  # type: ignore[method-assign]
+    return session, said, rollout.worker_url_of(session, RECIPE)
+
+
+SERVER = jobs.JobInfo("server-1", SERVER_PURPOSE, 1, "running", None, None, None, 0, False, "/w/jobs/server-1")
+RECIPE = load_recipe(PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml")
+
+
+def test_drain_past_its_timeout_says_the_host_is_marked_drained_not_relaunched(tmp_path: Path) -> None:
+    # `orch drain` said "relaunching anyway", the rolling serve's words, though it relaunches nothing
+    session, said, url = drain_session(tmp_path, SERVER)
+    drained = drain_op.drain(session, RECIPE, cast(Any, FakeGateway(url)), timeout=0)
+    assert said[1] == (
+        "WARNING: 3 requests still in flight after 0 s; marking the host drained anyway: it stays out of the "
+        "gateway, its server keeps running them"
+    )
+    assert drained == drain_op.Drained(url, 3, was_registered=True, server_runs=True)
+    assert drained_line("gpu-1", drained).endswith("its server keeps running (`orch undrain gpu-1` puts it back)")
+
+
+def test_drain_of_a_host_whose_server_was_stopped_says_none_runs(tmp_path: Path) -> None:
+    # after `orch stop-server`, `orch drain` said "its server keeps running"
+    session, said, url = drain_session(tmp_path, None)
+    drained = drain_op.drain(session, RECIPE, cast(Any, FakeGateway(url)), timeout=0)
+    assert said == [f"taking {url} out of the gateway; no server orch launched runs here"]
+    assert drained_line("gpu-1", drained) == (
+        f"gpu-1: drained: out of the gateway ({url}); no server orch launched runs here "
+        "(`orch serve --host gpu-1`, then `orch undrain gpu-1` puts it back)"
+    )
+
+
+def test_the_rolling_serve_says_its_server_is_replaced_anyway(tmp_path: Path) -> None:
+    session, said, _ = drain_session(tmp_path, SERVER)
+    assert rollout.drain(session, RECIPE, 0, "its server is replaced anyway") == 3
+    assert said == ["WARNING: 3 requests still in flight after 0 s; its server is replaced anyway"]
