@@ -415,12 +415,20 @@ def _refuse_one_box_twice(path: Path, hosts: dict[str, Host]) -> None:
 
 
 def _validate_defaults(path: Path, raw: Any) -> dict[str, Any]:
+    """``defaults:``: host settings (``HostSettings``), which every host inherits. A key only a host has
+    (``address``) is refused as such; an unknown key is named with the keys ``defaults:`` takes."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: 'defaults' must be a mapping of host settings")
+    per_host = next((k for k in raw if k in Host.model_fields and k not in HostSettings.model_fields), None)
+    if per_host is not None:
+        raise ConfigError(
+            f"{path}: defaults: key {per_host!r} is set per host, not under defaults (each host has its own)",
+            hint=f"move it under each host in 'hosts:', e.g. hosts: {{gpu-1: {{{per_host}: ...}}}}",
+        )
     try:
         HostSettings.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_describe(path, "defaults", exc)) from None
+        raise ConfigError(_describe(path, "defaults", exc, HostSettings)) from None
     return raw
 
 

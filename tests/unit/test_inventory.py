@@ -65,6 +65,28 @@ def test_bad_inventory_names_file_host_and_key(tmp_path: Path, text: str, expect
     assert info.value.exit_code == ExitCode.USAGE
 
 
+def test_address_under_defaults_is_refused_as_per_host_and_never_offered_back(tmp_path: Path) -> None:
+    # it said "unknown key 'address' (did you mean 'address'?) (allowed: ..., address)"
+    path = write(tmp_path, "defaults:\n  address: 10.0.0.1\nhosts:\n  a:\n    port: 22\n")
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    assert (
+        info.value.message
+        == f"{path}: defaults: key 'address' is set per host, not under defaults (each host has its own)"
+    )
+    assert info.value.hint is not None and "move it under each host in 'hosts:'" in info.value.hint
+    assert info.value.exit_code == ExitCode.USAGE
+
+
+def test_an_unknown_default_is_offered_only_keys_defaults_take(tmp_path: Path) -> None:
+    path = write(tmp_path, "defaults:\n  adress: 10.0.0.1\nhosts:\n  a:\n    address: h\n")
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    said = str(info.value)
+    assert "defaults: unknown key 'adress' (allowed: user, port," in said
+    assert "did you mean" not in said and "address" not in said.split("allowed:")[1]
+
+
 def test_missing_inventory_says_how_to_point_at_one(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found") as info:
         load_inventory(tmp_path / "nope.yaml")
