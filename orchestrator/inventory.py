@@ -141,13 +141,32 @@ class Host(HostSettings):
     @field_validator("address")
     @classmethod
     def _address(cls, value: str) -> str:
+        """A host name, an IPv4 or an IPv6 address (``::1``, which has colons of its own); ``HOST:PORT`` or
+        ``[V6]:PORT`` is refused here, where the key is named, not at the first connection to ``HOST:PORT:22``."""
         if not value or not _ADDRESS.match(value) or value.startswith("-"):
             raise ValueError(f"{value!r} is not a host name or IP address")
+        host, port = _host_and_port(value)
+        if port is not None:
+            raise ValueError(
+                f"has a port in it; the SSH port is the host's own key 'port': write address: {host}, port: {port}"
+            )
         return value
 
     @property
     def label(self) -> str:
         return f"{self.name} ({self.address})"
+
+
+def _host_and_port(address: str) -> tuple[str, str | None]:
+    """``address`` split into its host and the port written into it, if any: ``10.0.0.1:2222`` and
+    ``[::1]:2222`` have one; ``::1`` (two colons or more: an IPv6 address) and ``gpu-1`` have none."""
+    if address.startswith("[") and "]:" in address:
+        host, _, port = address[1:].partition("]:")
+        return host, port
+    if address.count(":") == 1:
+        host, _, port = address.partition(":")
+        return host, port
+    return address, None
 
 
 class ReplicaGroup(YamlModel):

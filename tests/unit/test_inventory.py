@@ -87,6 +87,31 @@ def test_an_unknown_default_is_offered_only_keys_defaults_take(tmp_path: Path) -
     assert "did you mean" not in said and "address" not in said.split("allowed:")[1]
 
 
+@pytest.mark.parametrize(
+    ("address", "host", "port"),
+    [("127.0.0.1:23029", "127.0.0.1", "23029"), ("[::1]:2222", "::1", "2222"), ("gpu-1:22", "gpu-1", "22")],
+)
+def test_an_address_with_a_port_in_it_is_refused_at_load_naming_the_port_key(
+    tmp_path: Path, address: str, host: str, port: str
+) -> None:
+    # it loaded, and every command failed later, exit 3: "cannot connect to 127.0.0.1:23029:23029"
+    path = write(tmp_path, f"hosts:\n  a:\n    address: '{address}'\n")
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    assert str(info.value) == (
+        f"{path}: host 'a', key 'address': has a port in it; the SSH port is the host's own key 'port': write "
+        f"address: {host}, port: {port} (got {address!r})"
+    )
+    assert info.value.exit_code == ExitCode.USAGE
+
+
+@pytest.mark.parametrize("address", ["::1", "fe80::1", "2001:db8::2", "10.0.0.1", "gpu-1.lab"])
+def test_ipv6_addresses_and_names_still_load(tmp_path: Path, address: str) -> None:
+    path = write(tmp_path, f"hosts:\n  a:\n    address: '{address}'\n    port: 2222\n")
+    host = load_inventory(path).hosts["a"]
+    assert (host.address, host.port) == (address, 2222)
+
+
 def test_missing_inventory_says_how_to_point_at_one(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found") as info:
         load_inventory(tmp_path / "nope.yaml")
