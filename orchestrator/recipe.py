@@ -332,7 +332,8 @@ class ServingProfile(_Strict):
     concurrency: int | None = Field(None, gt=0)
     server_args: dict[str, str | int | float | bool] = Field(default_factory=dict)
     mtp: MTPSpec | None = None
-    min_accept_length: float | None = None  # when written: replaces the recipe's (fewer draft tokens accept fewer)
+    # when written: replaces the recipe's (fewer draft tokens accept fewer); bounded as `serve --min-accept` is
+    min_accept_length: float | None = Field(None, ge=0)
 
     @field_validator("server_args")
     @classmethod
@@ -347,7 +348,7 @@ class Recipe(_Strict):
     server_args: dict[str, str | int | float | bool] = Field(default_factory=dict)
     mtp: MTPSpec | None = None
     fp8_gemm_backend: str | None = None  # "triton" to read tuned configs on sm_120
-    min_accept_length: float | None = None
+    min_accept_length: float | None = Field(None, ge=0)  # as `serve --min-accept`: an accept length is never < 0
     health_timeout: float = Field(DEFAULT_HEALTH_TIMEOUT, gt=0)  # seconds serve waits for /health
     tuning: TuningSpec = TuningSpec()
     bench: BenchSpec = BenchSpec()
