@@ -153,6 +153,15 @@ class TuneOptions(_Strict):
     )
     poll: float = Field(1.0, ge=0.1, le=60, description="Seconds between polls.")
 
+    @field_validator("shapes")
+    @classmethod
+    def _shape_list(cls, value: str) -> str:
+        """A list that parses, checked when a playbook is read: its error names the playbook's step and key,
+        not ``--shapes``, which the user did not type (the command line's is ``cli.tune.check_shapes``)."""
+        if value not in ("default", "auto", "logged"):
+            _shapes(value)
+        return value
+
 
 class ServeOptions(_Strict):
     mtp: bool = Field(True, description="Serve with the recipe's MTP speculative flags.")
@@ -443,12 +452,22 @@ def orch_flag(name: str) -> str | None:
 
 
 def parse_shapes(text: str) -> list[Shape]:
-    """``"N=1024,K=4096;N=4096,K=2048"`` → shapes; a malformed part raises ``ConfigError`` naming it."""
+    """``"N=1024,K=4096;N=4096,K=2048"`` (``--shapes``) → shapes; a malformed part raises ``ConfigError``
+    naming the flag and the part. A playbook step's ``shapes`` is checked when the playbook is read
+    (``TuneOptions``), so an error from here is the command line's."""
+    try:
+        return _shapes(text)
+    except ValueError as exc:
+        raise ConfigError(f"--shapes: {exc}") from None
+
+
+def _shapes(text: str) -> list[Shape]:
+    """``parse_shapes`` without the flag: a ``ValueError`` naming the malformed part."""
     shapes = []
     for part in [p.strip() for p in text.split(";")]:
         m = re.fullmatch(r"N\s*=\s*(\d+)\s*,\s*K\s*=\s*(\d+)", part, flags=re.IGNORECASE)
         if not m or int(m[1]) == 0 or int(m[2]) == 0:
-            raise ConfigError(f"--shapes: {part!r} is not of the form N=1024,K=4096 (shapes separated by ';')")
+            raise ValueError(f"{part!r} is not of the form N=1024,K=4096 (shapes separated by ';')")
         shapes.append(Shape.model_validate({"N": int(m[1]), "K": int(m[2]), "source": "command line"}))
     return shapes
 

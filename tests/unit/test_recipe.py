@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError, ExitCode
-from orchestrator.recipe import load_recipe
+from orchestrator.recipe import load_recipe, parse_shapes
 
 
 def playbook_error(tmp_path: Path, text: str) -> ConfigError:
@@ -30,3 +30,14 @@ def test_a_negative_min_accept_length_is_refused_as_serve_min_accept_is(tmp_path
     error = playbook_error(tmp_path, text)
     assert f"{tmp_path / 'p.yaml'}: key {key!r}: Input should be greater than or equal to 0" in str(error)
     assert error.exit_code == ExitCode.USAGE
+
+
+def test_a_bad_shapes_list_in_a_playbook_step_names_the_playbook_step_and_key_not_the_flag(tmp_path: Path) -> None:
+    error = playbook_error(tmp_path, "steps:\n  - pull\n  - tune-fp8: {shapes: bogus}\n")
+    assert str(error) == (
+        f"{tmp_path / 'p.yaml'}: key 'steps.1.shapes': 'bogus' is not of the form N=1024,K=4096 "
+        "(shapes separated by ';')"
+    )
+    assert error.exit_code == ExitCode.USAGE
+    with pytest.raises(ConfigError, match=r"^--shapes: 'bogus' is not of the form N=1024,K=4096"):
+        parse_shapes("bogus")  # the command line's: the flag the user typed
