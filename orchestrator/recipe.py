@@ -286,6 +286,13 @@ class Step(_Strict):
         """``pull`` or ``{serve: {mtp: true}}`` in YAML → ``Step(name, options)``."""
         if isinstance(value, str):
             value = {value: {}}
+        if isinstance(value, dict) and len(value) != 1 and not {"name", "options"} & set(value):
+            # else pydantic names the fields the YAML form maps to ("steps.3.name: Field required")
+            names = ", ".join(str(k) for k in value)
+            raise ValueError(
+                "a step is one mapping of one step name to its options; "
+                + (f"this one has {len(value)} ({names})" if value else "this one is empty")
+            )
         if isinstance(value, dict) and len(value) == 1 and "name" not in value:
             ((name, opts),) = value.items()
             if name not in STEP_OPTIONS:
@@ -515,10 +522,21 @@ def load_recipe(path: Path) -> Recipe:
         raise ConfigError("\n".join(_describe(path, exc, raw))) from None
 
 
+SCALAR_TYPES = {"str": "a string", "int": "a number", "float": "a number", "bool": "a boolean"}
+"""The branches of a server argument's union (``str | int | float | bool``), as pydantic names them in an
+error's ``loc`` (``server_args.tp-size.str``), and how the user would say each."""
+
+
 def _describe(path: Path, exc: ValidationError, raw: dict[str, Any]) -> list[str]:
-    lines = []
+    """One line per error, as the user wrote the file: a key path of the YAML's keys (never a union branch
+    pydantic tried: a server argument that is none of its types is one line, not one per type)."""
+    lines: list[str] = []
     for err in exc.errors():
         loc = err["loc"]
+        if len(loc) > 1 and loc[-1] in SCALAR_TYPES and _is_scalar_union(loc[:-1]):
+            line = f"{path}: key {'.'.join(str(p) for p in loc[:-1])!r}: must be a string, number or boolean"
+            lines += [line] if line not in lines else []
+            continue
         key = ".".join(str(p) for p in loc)
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
@@ -527,6 +545,12 @@ def _describe(path: Path, exc: ValidationError, raw: dict[str, Any]) -> list[str
             msg += " (unknown key" + (f": did you mean {close!r}?)" if close else ")")
         lines.append(f"{path}: key {key!r}: {msg}")
     return lines
+
+
+def _is_scalar_union(loc: tuple[Any, ...]) -> bool:
+    """Whether ``loc`` is a server argument's (``server_args.X``, ``profiles.P.server_args.X``): a value of the
+    union of ``SCALAR_TYPES``."""
+    return len(loc) >= 2 and loc[-2] == "server_args"
 
 
 def _step_options(raw: dict[str, Any], loc: tuple[Any, ...]) -> type[_Strict] | None:

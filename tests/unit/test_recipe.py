@@ -41,3 +41,23 @@ def test_a_bad_shapes_list_in_a_playbook_step_names_the_playbook_step_and_key_no
     assert error.exit_code == ExitCode.USAGE
     with pytest.raises(ConfigError, match=r"^--shapes: 'bogus' is not of the form N=1024,K=4096"):
         parse_shapes("bogus")  # the command line's: the flag the user typed
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("server_args:\n  tp-size: {a: 1}\n", "key 'server_args.tp-size': must be a string, number or boolean"),
+        (
+            "profiles:\n  low:\n    server_args: {str: [1]}\n",
+            "key 'profiles.low.server_args.str': must be a string, number or boolean",
+        ),
+        (
+            "steps:\n  - pull\n  - serve\n  - tune-fp8\n  - {bench: {}, pull: {}}\n",
+            "key 'steps.3': a step is one mapping of one step name to its options; this one has 2 (bench, pull)",
+        ),
+        ("steps:\n  - {}\n", "key 'steps.0': a step is one mapping of one step name to its options; this one is empty"),
+    ],
+)
+def test_a_playbook_error_is_one_line_in_the_files_own_keys(tmp_path: Path, text: str, said: str) -> None:
+    """Not one line per branch of a union pydantic tried, nor the fields a step's YAML form maps to."""
+    assert str(playbook_error(tmp_path, text)) == f"{tmp_path / 'p.yaml'}: {said}"
