@@ -480,14 +480,24 @@ def _shapes(text: str) -> list[Shape]:
 
 
 def find_recipe(name_or_path: str, search_dirs: list[Path]) -> Path:
+    """The playbook file ``name_or_path`` names: a path to an existing file that ends in ``.yaml``/``.yml`` or
+    has a ``/`` (``./pb``: a path, whatever its name ends in), else ``NAME.yaml``/``NAME.yml`` in
+    ``search_dirs`` then the shipped playbooks. ``ConfigError`` naming the known playbooks otherwise (and, for
+    a bare name that is a file here, how to give it as a path)."""
     candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+    if (candidate.suffix in (".yaml", ".yml") and candidate.exists()) or ("/" in name_or_path and candidate.is_file()):
         return candidate
     for d in [*search_dirs, PACKAGED_PLAYBOOKS]:
         for suffix in (".yaml", ".yml"):
             if (d / f"{name_or_path}{suffix}").exists():
                 return d / f"{name_or_path}{suffix}"
     known = known_recipes(search_dirs)
+    if candidate.is_file():  # a bare name is a playbook's name: a file of that name is read as ./NAME only
+        raise ConfigError(
+            f"no playbook {name_or_path!r}; known: {', '.join(known) or 'none'} (a file {name_or_path!r} is here, "
+            "but a name without '/' or .yaml is looked up among the playbooks)",
+            hint=f"give the file as a path: ./{name_or_path}",
+        )
     raise ConfigError(
         f"no playbook {name_or_path!r}; known: {', '.join(known) or 'none'}",
         hint="give one of the known names, or a path to a YAML file",

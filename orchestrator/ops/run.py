@@ -578,12 +578,13 @@ def _next_round(ctx: RunContext, session: HostSession) -> None:
 
 
 def _playbook_arg(ctx: RunContext, host: Host) -> str:
-    """The playbook as ``orch run`` takes it: its name when it lies in a ``playbooks/`` directory (where a name
-    finds it), else its path (a name would find no playbook)."""
+    """The playbook as ``orch run`` takes it: its name when it is a ``.yaml``/``.yml`` in a ``playbooks/``
+    directory (where a name finds it), else its path (a name would find no playbook)."""
     recipe = ctx.recipe(host)
     if recipe.path is None:
         return recipe.model
-    return recipe.path.stem if recipe.path.parent.name == "playbooks" else shlex.quote(str(recipe.path))
+    named = recipe.path.parent.name == "playbooks" and recipe.path.suffix in (".yaml", ".yml")
+    return recipe.path.stem if named else shlex.quote(str(recipe.path))
 
 
 def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[None]:

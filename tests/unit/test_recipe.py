@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError, ExitCode
-from orchestrator.recipe import load_recipe, parse_shapes
+from orchestrator.recipe import PACKAGED_PLAYBOOKS, find_recipe, load_recipe, parse_shapes
 
 
 def playbook_error(tmp_path: Path, text: str) -> ConfigError:
@@ -61,3 +61,20 @@ def test_a_bad_shapes_list_in_a_playbook_step_names_the_playbook_step_and_key_no
 def test_a_playbook_error_is_one_line_in_the_files_own_keys(tmp_path: Path, text: str, said: str) -> None:
     """Not one line per branch of a union pydantic tried, nor the fields a step's YAML form maps to."""
     assert str(playbook_error(tmp_path, text)) == f"{tmp_path / 'p.yaml'}: {said}"
+
+
+def test_a_playbook_path_with_a_slash_is_read_whatever_its_name_ends_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`orch run ./pb2_noext` said `no playbook './pb2_noext'` of a file that is there."""
+    (tmp_path / "pb2_noext").write_text((PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    assert find_recipe("./pb2_noext", []) == Path("./pb2_noext")
+    assert load_recipe(find_recipe(str(tmp_path / "pb2_noext"), [])).model == "DeepSeek-V4-Flash"
+    with pytest.raises(ConfigError) as info:  # a bare name is a playbook's name: the file is said, not read
+        find_recipe("pb2_noext", [])
+    assert "no playbook 'pb2_noext'; known: " in str(info.value)
+    assert "(a file 'pb2_noext' is here, but a name without '/' or .yaml is looked up among the playbooks)" in str(
+        info.value
+    )
+    assert info.value.hint == "give the file as a path: ./pb2_noext"

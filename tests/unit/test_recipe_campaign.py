@@ -52,6 +52,10 @@ def test_the_next_round_hint_names_a_playbook_as_orch_run_finds_it(tmp_path: Pat
     for where, said in (("pb", str(tmp_path / "pb" / "camp.yaml")), ("playbooks", "camp")):
         recipe = load_recipe(tmp_path / where / "camp.yaml")
         assert _playbook_arg(SimpleNamespace(recipe=lambda h, r=recipe: r), host) == said  # type: ignore[arg-type]
+    (tmp_path / "playbooks" / "camp2").write_text(SHIPPED)  # read as a path (./playbooks/camp2): its name finds none
+    recipe = load_recipe(tmp_path / "playbooks" / "camp2")
+    said = str(tmp_path / "playbooks" / "camp2")
+    assert _playbook_arg(SimpleNamespace(recipe=lambda h, r=recipe: r), host) == said  # type: ignore[arg-type]
 
 
 def test_a_comment_is_the_same_campaign_and_a_changed_value_is_said_before_its_steps_run_again(tmp_path: Path) -> None:
