@@ -109,9 +109,26 @@ class App:
         name = playbook or host.playbook or DEFAULT_RECIPE
         with self._lock:
             if name not in self._recipes:
-                self._recipes[name] = load_recipe(find_recipe(name, self.playbook_dirs))
+                self._recipes[name] = load_recipe(self._find_recipe(host, name, from_inventory=not playbook))
                 log.info("playbook %s: %s", name, self._recipes[name].path)
             return self._recipes[name]
+
+    def _find_recipe(self, host: Host, name: str, *, from_inventory: bool) -> Path:
+        """``find_recipe``; a name from the inventory that finds none is an error naming the inventory, the host
+        (or its group) and the key, where the user wrote it. Checked here, at use, not when the inventory loads:
+        a name is looked up beside the inventory and in the current directory, so a command that reads no
+        playbook (``status``, ``jobs``) would be refused in one directory and not in another."""
+        try:
+            return find_recipe(name, self.playbook_dirs)
+        except ConfigError as exc:
+            if not from_inventory or name != host.playbook:
+                raise
+            group = self.inventory.group_of(host.name)
+            where = f"group {group.name!r}" if group is not None else f"host {host.name!r}"
+            raise ConfigError(
+                f"{self.inventory_file}: {where}, key 'playbook': {exc.message}",
+                hint=f"{exc.hint or 'name a playbook there'}; or give --playbook NAME_OR_PATH to this command",
+            ) from None
 
     def recipes(self, hosts: list[Host], playbook: str | None = None, *, mtp: bool | None = None) -> dict[str, Recipe]:
         """The one recipe lookup of every command: each host's own recipe, by host name (``--playbook``

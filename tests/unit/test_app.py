@@ -1,0 +1,45 @@
+"""``orchestrator.app``: the one recipe lookup of every command names where a bad playbook name was written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.app import App
+from orchestrator.errors import ConfigError, ExitCode
+
+HOSTS = (
+    "hosts:\n  sim-1: {address: 127.0.0.1, playbook: nosuch}\n  sim-2: {address: 127.0.0.2}\n  sim-3: {address: h3}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("groups", "where"),
+    [("", "host 'sim-1'"), ("groups:\n  g: {hosts: [sim-2, sim-3], playbook: nosuch}\n", "group 'g'")],
+)
+def test_a_playbook_name_in_the_inventory_that_finds_none_names_the_file_host_and_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, groups: str, where: str
+) -> None:
+    """`orch recipe show --host sim-1` said only `no playbook 'nosuch'; known: ...`."""
+    (tmp_path / "hosts.yaml").write_text(HOSTS + groups)
+    monkeypatch.chdir(tmp_path)
+    app = App(inventory_option=tmp_path / "hosts.yaml")
+    host = app.inventory.hosts["sim-3" if groups else "sim-1"]
+    with pytest.raises(ConfigError) as info:
+        app.recipes([host])
+    assert str(info.value).startswith(
+        f"{tmp_path / 'hosts.yaml'}: {where}, key 'playbook': no playbook 'nosuch'; known: deepseek-v4-flash, "
+    )
+    assert info.value.hint == (
+        "give one of the known names, or a path to a YAML file; or give --playbook NAME_OR_PATH to this command"
+    )
+    assert info.value.exit_code == ExitCode.USAGE
+
+
+def test_a_playbook_name_given_on_the_command_line_is_said_as_typed(tmp_path: Path) -> None:
+    (tmp_path / "hosts.yaml").write_text(HOSTS)
+    app = App(inventory_option=tmp_path / "hosts.yaml")
+    with pytest.raises(ConfigError, match=r"^no playbook 'nope'; known: "):
+        app.recipes([app.inventory.hosts["sim-2"]], "nope")
+    assert app.recipes([app.inventory.hosts["sim-1"]], "deepseek-v4-flash")["sim-1"].model == "DeepSeek-V4-Flash"
