@@ -421,6 +421,8 @@ NCCL_TIMEOUT = 90  # seconds per all-reduce run on the host: NCCL's first init o
 NCCL_MIB = 64  # the all-reduced buffer per GPU (float32)
 NCCL_ROUNDS = 10
 P2P_GAP = 1.5  # peer-to-peer this many times slower than without it: a warning
+SIMULATED_MARK = " [simulated]"
+"""After a number measured on orch's simulated torch (a sandbox host): the label ``orch run`` gives its steps'."""
 
 _NCCL_ALL_REDUCE = """
 import json, multiprocessing, socket, sys, time
@@ -450,11 +452,14 @@ with socket.socket() as s:
     port = s.getsockname()[1]
 answers = multiprocessing.get_context("fork").SimpleQueue()
 mp.start_processes(rank_main, args=(world, port, mib, rounds, answers), nprocs=world, start_method="fork")
-print(json.dumps({"seconds": answers.get(), "bytes": mib << 20, "world": world}))
+simulated = bool(getattr(sys.modules["torch"], "SIMULATED", False))
+print(json.dumps({"seconds": answers.get(), "bytes": mib << 20, "world": world, "simulated": simulated}))
 """
 """One all-reduce of ``NCCL_MIB`` MiB over every GPU, ``NCCL_ROUNDS`` times, with the host's torch
 (processes forked before CUDA starts, rendezvous on loopback); prints one JSON line: the seconds per
-all-reduce, or why it could not run. A hang is ended by ``timeout`` on the host."""
+all-reduce, or why it could not run. A hang is ended by ``timeout`` on the host. ``simulated``: the torch that
+ran it is orch's simulated one (``sandbox.hosttools.torch_stub``, whose ``SIMULATED`` the real torch lacks):
+its seconds are the sandbox's knobs, not a GPU's."""
 
 
 def nccl_sections(python: str, gpus: int, timeout: float = NCCL_TIMEOUT) -> list[tuple[str, list[str]]]:
@@ -470,12 +475,14 @@ def nccl_sections(python: str, gpus: int, timeout: float = NCCL_TIMEOUT) -> list
 
 @dataclass(frozen=True)
 class AllReduce:
-    """One run: ``seconds`` per all-reduce, or ``hung`` (``timeout`` ended it), or ``error``."""
+    """One run: ``seconds`` per all-reduce, or ``hung`` (``timeout`` ended it), or ``error``; ``simulated``: run
+    by orch's simulated torch (a sandbox host), so its seconds are a model, not a measurement."""
 
     seconds: float | None = None
     bus_gbps: float | None = None
     hung: bool = False
     error: str | None = None
+    simulated: bool = False
 
 
 def parse_all_reduce(section: Section | None) -> AllReduce:
@@ -490,7 +497,8 @@ def parse_all_reduce(section: Section | None) -> AllReduce:
     if "error" in found:
         return AllReduce(error=str(found["error"]))
     seconds, size, world = float(found["seconds"]), int(found["bytes"]), int(found["world"])
-    return AllReduce(seconds, 2 * (world - 1) / world * size / max(seconds, 1e-9) / 1e9)
+    bus_gbps = 2 * (world - 1) / world * size / max(seconds, 1e-9) / 1e9
+    return AllReduce(seconds, bus_gbps, simulated=found.get("simulated") is True)
 
 
 def check_nccl(
@@ -518,13 +526,15 @@ def check_nccl(
         ]
     assert p2p.seconds is not None and no_p2p.seconds is not None and no_p2p.bus_gbps is not None
     gap = p2p.seconds / max(no_p2p.seconds, 1e-9)
+    sim = SIMULATED_MARK if p2p.simulated or no_p2p.simulated else ""  # as run, bench and status label theirs
     if gap >= P2P_GAP:
         return [
-            Finding("note" if disabled else "warn", f"NCCL all-reduce {gap:.1f}x slower with peer-to-peer on ({fix})")
+            Finding(
+                "note" if disabled else "warn", f"NCCL all-reduce {gap:.1f}x slower with peer-to-peer on ({fix}){sim}"
+            )
         ]
-    return [
-        Finding("note", f"NCCL all-reduce {p2p.bus_gbps:.1f} GB/s bus bandwidth ({no_p2p.bus_gbps:.1f} without P2P)")
-    ]
+    bandwidth = f"NCCL all-reduce {p2p.bus_gbps:.1f} GB/s bus bandwidth ({no_p2p.bus_gbps:.1f} without P2P){sim}"
+    return [Finding("note", bandwidth)]
 
 
 # --- the fleet ------------------------------------------------------------------------------------------
@@ -570,6 +580,8 @@ class HostHealth:
     findings: list[Finding] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
     drain_mark: datetime | None = None  # when ``orch drain`` took the host out, as its mark says (``ops.doctor``)
+    # whether what doctor measured (the NCCL all-reduce) ran on orch's simulated torch; None: nothing measured
+    simulated: bool | None = None
 
     @property
     def verdict(self) -> str:
@@ -609,6 +621,7 @@ def assess(
     if "nccl_p2p" in found or "nccl_no_p2p" in found:
         p2p, no_p2p = parse_all_reduce(found.get("nccl_p2p")), parse_all_reduce(found.get("nccl_no_p2p"))
         health.findings += check_nccl(p2p, no_p2p, env or {}, nccl_timeout)
+        health.simulated = (p2p.simulated or no_p2p.simulated) if p2p.seconds or no_p2p.seconds else None
     return health
 
 

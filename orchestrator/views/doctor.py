@@ -41,6 +41,7 @@ def doctor_document(checked: Sequence[HostHealth]) -> dict[str, list[dict[str, A
             "findings": [{"severity": f.severity, "text": f.text} for f in h.findings],
             **{k: None for k in ("driver", "cuda", "gpu")},  # null when not read (an unreachable host)
             **{k.lower(): v for k, v in h.versions.items()},
+            "simulated": h.simulated,  # true: measured on orch's simulated torch; null: nothing measured
         }
         for h in checked
     ]

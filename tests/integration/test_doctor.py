@@ -185,6 +185,7 @@ def test_json_gives_each_finding_and_the_versions(env: FleetEnv) -> None:
             "driver": "580.95.05",
             "cuda": "13.0",
             "gpu": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+            "simulated": None,  # nothing measured without --nccl
         }
     ]
 
@@ -229,8 +230,10 @@ def test_nccl_names_a_hang_with_peer_to_peer_and_the_setting_that_avoids_it(env:
     run = env.orch("doctor", "--nccl", "--nccl-timeout", "2")
     assert run.returncode == 3, run.output
     first, second, third = lines(run)
-    assert first.startswith("sim-1: ok (NCCL all-reduce ") and first.endswith(" without P2P))"), run.output
+    assert first.startswith("sim-1: ok (NCCL all-reduce ") and first.endswith(" without P2P) [simulated])"), run.output
     assert second == f"sim-2: fail: NCCL all-reduce hangs with peer-to-peer on (2 s; {FIX})", run.output
     assert third.startswith("sim-3: warn: NCCL all-reduce ") and third.endswith(
-        f"x slower with peer-to-peer on ({FIX})"
+        f"x slower with peer-to-peer on ({FIX}) [simulated]"
     )
+    documents = json.loads(env.orch("doctor", "--nccl", "--nccl-timeout", "2", "--json").stdout)["hosts"]
+    assert [h["simulated"] for h in documents] == [True, True, True]  # sim-2's P2P hung; without it, measured

@@ -4,6 +4,11 @@ the kernel log, ``df -P``, the model directory, the Python's ``sglang``), one ta
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -458,3 +463,33 @@ def test_a_replica_groups_host_lacking_its_network_interface_fails() -> None:
     assert [f.severity for f in unlisted] == ["fail"] and "could not list" in unlisted[0].text
     assert health.assess("b2", {"net": listing}, 8, "python", "/s", "/m", interface_env=env).verdict == "fail"
     assert not any("network interface" in f.text for f in health.assess("b1", {}, 8, "python", "/s", "/m").findings)
+
+
+def test_an_all_reduce_run_by_the_simulated_torch_is_labelled_simulated_in_text_and_json(tmp_path: Path) -> None:
+    """`sim-1: ok (NCCL all-reduce 5.5 GB/s bus bandwidth (5.8 without P2P))` never said the host was simulated.
+    The very script doctor runs, with the sandbox's torch: its answer says so; a real torch's says nothing."""
+    from orchestrator.sandbox.hosttools import torch_stub
+    from orchestrator.views.doctor import doctor_document, doctor_line
+
+    shutil.copytree(Path(torch_stub.__file__).parent, tmp_path / "torch")
+    script = health.nccl_sections(sys.executable, 2)[0][1][-5:]  # -c SCRIPT gpus mib rounds
+    environment = {k: v for k, v in os.environ.items() if k != "ORCH_SIM_HOST"} | {"PYTHONPATH": str(tmp_path)}
+    answer = subprocess.run([sys.executable, *script], capture_output=True, text=True, env=environment, timeout=60)
+    assert json.loads(answer.stdout.splitlines()[-1])["simulated"] is True, answer.stderr
+    simulated = Section(0, answer.stdout)
+    checked = health.assess("sim-1", {"nccl_p2p": simulated, "nccl_no_p2p": simulated}, 2, "/py", "/s", "/m")
+    (note,) = [f for f in checked.findings if f.text.startswith("NCCL")]
+    assert note.text.startswith("NCCL all-reduce ") and note.text.endswith(" without P2P) [simulated]")
+    assert doctor_line(checked).endswith(" without P2P) [simulated])")
+    assert doctor_document([checked])["hosts"][0]["simulated"] is True
+    real = health.assess("b1", {"nccl_p2p": ran(0.004), "nccl_no_p2p": ran(0.0035)}, 8, "/py", "/s", "/m")
+    assert Finding("note", "NCCL all-reduce 29.4 GB/s bus bandwidth (33.6 without P2P)") in real.findings
+    assert doctor_document([real])["hosts"][0]["simulated"] is False
+    unmeasured = health.assess("b1", {}, 8, "/py", "/s", "/m")  # no --nccl: nothing measured, nothing said
+    assert doctor_document([unmeasured])["hosts"][0]["simulated"] is None
+    slow = Section(0, json.dumps({"seconds": 0.012, "bytes": 64 << 20, "world": 8, "simulated": True}))
+    fast = Section(0, json.dumps({"seconds": 0.004, "bytes": 64 << 20, "world": 8, "simulated": True}))
+    (warning,) = health.check_nccl(health.parse_all_reduce(slow), health.parse_all_reduce(fast), {})
+    assert warning.text.endswith(
+        "with peer-to-peer on (set NCCL_P2P_DISABLE=1 in the host's env in hosts.yaml) [simulated]"
+    )

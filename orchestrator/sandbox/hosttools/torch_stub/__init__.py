@@ -25,6 +25,10 @@ def knob(name: str, default: object) -> object:
     return default if value is None else value
 
 
+SIMULATED = True
+"""What the real torch never has: ``orch doctor --nccl``'s all-reduce reports its timings as simulated."""
+
+
 class Tensor:
     def __init__(self, numel: int) -> None:
         self.numel = numel
