@@ -161,8 +161,10 @@ def test_abandoned_the_notifier_running_is_killed_and_what_is_left_is_counted(tm
     pid = int(pid_file.read_text())
     assert notifier.abandon() == (2, False)  # neither delivered; the command had not ended
     for _ in range(500):
-        stat = Path(f"/proc/{pid}/stat")
-        if not stat.exists() or stat.read_text().rpartition(") ")[2].split()[0] == "Z":
+        try:  # reaped between a look and a read: gone
+            if Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2].split()[0] == "Z":
+                break
+        except (FileNotFoundError, ProcessLookupError):  # ESRCH from the read of a /proc file gone under it
             break
         time.sleep(0.02)
     else:
