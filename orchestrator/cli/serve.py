@@ -19,9 +19,11 @@ from orchestrator.cli.gateway import (
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.facts import group as group_facts
 from orchestrator.facts import server as facts
+from orchestrator.gateway import GatewayClient
 from orchestrator.inventory import Host
 from orchestrator.ops import autotune as autotune_op
 from orchestrator.ops import group as group_op
+from orchestrator.ops import rollout
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.session import HostSession
@@ -185,7 +187,9 @@ def stop_server_command(
 ) -> int:
     """Stop the server orch launched on each host (drain, then SIGKILL after the timeout); never another process.
 
-    Stopping servers on several hosts without --host/--tag asks first (--yes to skip).
+    Stopping servers on several hosts without --host/--tag asks first (--yes to skip). With a gateway in the
+    inventory, a host it routes to leaves it first (its requests in flight drained); it stays out until
+    `orch serve --rolling` or `orch gateway up` registers it again.
 
     \b
     Example:
@@ -199,7 +203,13 @@ def stop_server_command(
         fleet.events = reporter
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes)
         peers = app.peers(fleet)
-        stop_one = lambda s: group_op.stop_host(s, chosen[s.name], options.drain_timeout, groups.get(s.name), peers)  # noqa: E731
+        client = GatewayClient(app.inventory.gateway) if app.inventory.gateway is not None else None
+
+        def stop_one(s: HostSession) -> dict[str, str | None]:
+            if client is not None:  # a group's rank 0 alone is in the gateway
+                rollout.leave_before_stop(s, chosen[s.name], client, options.drain_timeout)
+            return group_op.stop_host(s, chosen[s.name], options.drain_timeout, groups.get(s.name), peers)
+
         stopping = [h for h in selected if h.name not in groups or groups[h.name].rank0 == h.name]
         results = group_op.per_host(fleet.map_sessions(stop_one, lambda: app.store, stopping), app.inventory)
     serve_view.stopped_lines(results)

@@ -309,12 +309,30 @@ def leave_gateway(session: HostSession, recipe: Recipe, client: GatewayClient, d
     """Steps 1 and 2: the gateway stops routing to the host (recorded ``removed`` first, so an
     interruption is resumed by registering it again), then its in-flight requests drain; returns how many
     were in flight. Before its server is ``why`` (replaced, stopped for tuning)."""
-    url = worker_url_of(session, recipe)
-    session.say(f"taking {url} out of the gateway before its server is {why}")
     record_outcome(session.store, session.host.name, "removed")
+    return _take_out(session, recipe, client, worker_url_of(session, recipe), drain_timeout, why)
+
+
+def _take_out(
+    session: HostSession, recipe: Recipe, client: GatewayClient, url: str, drain_timeout: float, why: str
+) -> int:
+    session.say(f"taking {url} out of the gateway before its server is {why}")
     client.remove(url)
     client.wait_removed(url, timeout=30)
     return drain(session, recipe, drain_timeout, f"its server is {why} anyway")
+
+
+def leave_before_stop(session: HostSession, recipe: Recipe, client: GatewayClient, drain_timeout: float) -> None:
+    """``orch stop-server`` with a gateway: a host the gateway routes to leaves it and drains first (steps 1 and
+    2, no rollout recorded), so that no request is sent to a server being stopped; it stays out (``serve
+    --rolling`` or ``gateway up`` registers it again once it serves). A gateway that does not answer is said,
+    and the stop goes on: it was asked for, and a gateway that cannot be reached routes nothing through orch."""
+    url = worker_url_of(session, recipe)
+    try:
+        if client.find(url) is not None:
+            _take_out(session, recipe, client, url, drain_timeout, "stopped")
+    except GatewayError as exc:
+        session.say(f"WARNING: could not take {url} out of the gateway first: {exc.message}; stopping it anyway")
 
 
 def rejoin_if_serving(session: HostSession, recipe: Recipe, client: GatewayClient) -> str:

@@ -128,6 +128,20 @@ def test_a_wave_holding_every_server_of_the_gateway_is_asked_as_an_outage(
     assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
 
 
+def test_stop_server_takes_a_registered_host_out_of_the_gateway_before_stopping_it(
+    gateway_fleet: GatewayFleet, load_during: Callable[..., tuple[Any, ClientLoad]]
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    sim3 = gateway_fleet.urls()[2]
+    run, load = load_during(gateway_fleet.smg.gateway.url, lambda: env.orch("stop-server", "--host", "sim-3"))
+    assert run.returncode == 0, run.output
+    assert f"sim-3: taking {sim3} out of the gateway before its server is stopped" in run.output, run.output
+    assert sorted(w.url for w in client.workers()) == sorted(gateway_fleet.urls()[:2])  # it stayed registered
+    assert load.sent > 0 and load.failed == []
+    status = env.orch("gateway", "status")
+    assert status.returncode == 0, status.output  # not `registered but not serving`
+
+
 @BOTH_GATEWAYS
 def test_an_interrupted_rollout_resumes_by_registering_the_host_it_left_out_first(
     gateway_fleet: GatewayFleet,
