@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -29,3 +31,23 @@ def replace_file(path: Path, data: bytes, mode: int = 0o644) -> None:
         with contextlib.suppress(OSError):
             temp.unlink()
         raise
+
+
+@contextlib.contextmanager
+def held(path: Path, who: str) -> Iterator[str | None]:
+    """An exclusive lock on ``path`` (``flock``, created 0600 when missing, never through a link) for the
+    block; yields None, or, when another process holds it, what that holder wrote in it (``who``: pid,
+    command, since when) without taking it: the caller refuses. The kernel lets go when the holder ends,
+    however it ends (a SIGKILL leaves no stale lock)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another orch"
+            return
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, who.encode(), 0)
+        yield None
+    finally:
+        os.close(fd)

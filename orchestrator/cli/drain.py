@@ -10,6 +10,7 @@ from orchestrator.cli.common import default, finish, pass_app
 from orchestrator.errors import UsageError
 from orchestrator.gateway import NO_GATEWAY_HINT, GatewayClient
 from orchestrator.ops import group as group_op
+from orchestrator.ops import rollout
 from orchestrator.recipe import ServeOptions
 
 
@@ -53,7 +54,7 @@ def drain(app: App, host_names: tuple[str, ...], drain_timeout: float) -> int:
     selected = group_op.rank0s(app.inventory, app.select(host_names))  # a group: its rank 0 is in the gateway
     client = _client(app, "drain")
     chosen = app.recipes(selected)
-    with app.fleet(selected) as fleet:
+    with rollout.one_at_a_time(app.store), app.fleet(selected) as fleet:  # never beside a rollout: it re-registers
         fleet.events = reporter  # what it does as it goes, on stderr (a drain past its bound warns)
         results = fleet.map_sessions(lambda s: drain_op.drain(s, chosen[s.name], client, drain_timeout), app.store)
     drained_lines(results)
@@ -77,7 +78,7 @@ def undrain(app: App, host_names: tuple[str, ...]) -> int:
     selected = group_op.rank0s(app.inventory, app.select(host_names))
     client = _client(app, "undrain")
     chosen = app.recipes(selected)
-    with app.fleet(selected) as fleet:
+    with rollout.one_at_a_time(app.store), app.fleet(selected) as fleet:
         fleet.events = reporter
         results = fleet.map_sessions(lambda s: drain_op.undrain(s, chosen[s.name], client), app.store)
     undrained_lines(results)

@@ -26,19 +26,25 @@ are never touched. A host already serving as asked is not relaunched, only regis
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shlex
+import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from orchestrator import readers
 from orchestrator import server_job as srv
-from orchestrator.errors import ExitCode, GatewayError, HostError, OrchError, UsageError
+from orchestrator.errors import ExitCode, GatewayError, HostError, OrchError, StateError, UsageError, local_disk_error
 from orchestrator.facts import bench as bench_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts.bench import BenchRecord, GateRecord
 from orchestrator.fleet import Fleet
 from orchestrator.gateway import GatewayClient, host_worker_url
 from orchestrator.inventory import Host
+from orchestrator.localfile import held
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import group as group_op
 from orchestrator.ops import serve as serve_op
@@ -47,6 +53,7 @@ from orchestrator.session import HostSession
 from orchestrator.state import HostState, RolloutRecord, utc_now
 from orchestrator.store import StateStore
 from orchestrator.tuning.member import Peers
+from orchestrator.utc import rfc3339
 
 REGISTER_TIMEOUT = 120.0  # the gateway checks a queued worker every --worker-startup-check-interval s
 DRAIN_POLL = 0.2
@@ -508,7 +515,30 @@ def roll_fleet(
         results.raise_bugs()
         return [(r.host, r.value, r.error) for r in results]
 
-    return run_waves(planned, roll_wave, report, store, label)
+    with one_at_a_time(store):
+        return run_waves(planned, roll_wave, report, store, label)
+
+
+@contextlib.contextmanager
+def one_at_a_time(store: StateStore) -> Iterator[None]:
+    """One rolling relaunch, drain or undrain at a time per state database (a lock beside it, held for the
+    block): each takes servers out of the gateway and puts them back, and two at once undid each other (a
+    second rollout stopped the server the first had just started; a drain was registered again by the
+    rollout under way), or took more servers out than ``--max-unavailable``. Another orch's is refused,
+    ``GatewayError`` (exit 3) naming it, before this one changes anything."""
+    path = Path(f"{store.path}.gateway-lock")
+    who = f"pid {os.getpid()}, `{shlex.join(['orch', *sys.argv[1:]])}`, since {rfc3339(utc_now())}"
+    with contextlib.ExitStack() as stack:
+        try:
+            holder = stack.enter_context(held(path, who))
+        except OSError as exc:
+            raise local_disk_error(exc, path) or StateError(f"cannot lock {path}: {exc.strerror or exc}") from exc
+        if holder is not None:
+            raise GatewayError(
+                f"another orch is taking servers out of the gateway and back ({holder}); nothing was changed",
+                hint="wait for it to end, or stop it (Ctrl-C: the same command resumes it later)",
+            )
+        yield
 
 
 def _name(host: Host) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.localfile import replace_file
+from orchestrator.localfile import held, replace_file
 
 
 def test_a_file_is_replaced_whole_with_its_mode(tmp_path: Path) -> None:
@@ -54,3 +54,24 @@ def test_what_is_not_a_regular_file_is_left_alone(tmp_path: Path) -> None:
             replace_file(path, b"new")
     assert pipe.is_fifo() and (tmp_path / "dir").is_dir()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "null"]
+
+
+def test_a_held_lock_is_refused_naming_its_holder_and_free_once_let_go(tmp_path: Path) -> None:
+    path = tmp_path / "state.db.gateway-lock"
+    with held(path, "pid 1, `orch serve --rolling`") as first:
+        assert first is None and path.stat().st_mode & 0o777 == 0o600
+        with held(path, "pid 2, `orch drain sim-3`") as second:
+            assert second == "pid 1, `orch serve --rolling`"  # not taken: the first still holds it
+        assert path.read_text() == "pid 1, `orch serve --rolling`"
+    with held(path, "pid 3, `orch undrain sim-3`") as third:
+        assert third is None and path.read_text() == "pid 3, `orch undrain sim-3`"
+
+
+def test_a_lock_path_that_is_a_link_is_never_followed(tmp_path: Path) -> None:
+    victim = tmp_path / "bashrc"
+    victim.write_text("mine")
+    path = tmp_path / "state.db.gateway-lock"
+    path.symlink_to(victim)
+    with pytest.raises(OSError) as raised, held(path, "pid 1"):
+        pass
+    assert raised.value.errno == errno.ELOOP and victim.read_text() == "mine"

@@ -142,6 +142,38 @@ def test_stop_server_takes_a_registered_host_out_of_the_gateway_before_stopping_
     assert status.returncode == 0, status.output  # not `registered but not serving`
 
 
+def test_a_drain_or_a_second_rollout_beside_a_rollout_is_refused_before_it_changes_anything(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    env = gateway_fleet.env
+    hold = tmp_path / "hold"
+    hold.touch()
+    env.fleet.hosts[0].set_knobs(startup_hold_file=str(hold))  # type: ignore[attr-defined]
+    old = {name: server_job(env, name) for name in ("sim-1", "sim-2", "sim-3")}
+    new = playbook(tmp_path, "new", server_args={"max-running-requests": 64})
+    done: list[Any] = []
+    rolling = threading.Thread(target=lambda: done.append(env.orch("serve", "--playbook", new)))
+    rolling.start()
+    try:
+        deadline = time.monotonic() + 120
+        while server_job(env, "sim-1") == old["sim-1"]:  # wave 1 under way: sim-1 out of the gateway, loading
+            assert rolling.is_alive() and time.monotonic() < deadline, done
+            time.sleep(0.1)
+        drained = env.orch("drain", "sim-3")  # the rollout registered it again after it, later
+        second = env.orch("serve", "--rolling", "--host", "sim-3", "--playbook", new)  # two out at once
+    finally:
+        hold.unlink()
+        rolling.join(timeout=300)
+    for refused in (drained, second):
+        assert refused.returncode == 3, refused.output
+        assert "another orch is taking servers out of the gateway and back (pid " in refused.stderr, refused.stderr
+        assert " serve --playbook " in refused.stderr and "nothing was changed" in refused.stderr
+    assert done and done[0].returncode == 0, done
+    assert server_job(env, "sim-3") != old["sim-3"]  # the first rollout's, once
+    assert StateStore(env.state).read().hosts["sim-3"].drained_at is None
+    assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+
+
 @BOTH_GATEWAYS
 def test_an_interrupted_rollout_resumes_by_registering_the_host_it_left_out_first(
     gateway_fleet: GatewayFleet,
