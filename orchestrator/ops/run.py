@@ -39,7 +39,7 @@ from __future__ import annotations
 import itertools
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from orchestrator import server_job as server_host
@@ -991,6 +991,7 @@ def dry_run(
     server = session.running_server()
     playbook = recipe.campaign
     moved = False  # an earlier step would pull or tune: serve's decision waits for them
+    pulled = False  # an earlier pull step runs: tune-fp8's plan is for the commit it moves to (``_dry_tune``)
     for step in steps:
         again = None if redo or not is_done(store, host, playbook, step.name) else result_gone(session, recipe, step)
         if not redo and is_done(store, host, playbook, step.name) and again is None:
@@ -1007,12 +1008,18 @@ def dry_run(
             indent = "    " if moved else "  "
             lines += [f"{indent}{line}" for line in serve_op.dry_run(session, recipe, options)]
             continue
-        commands, stops = _dry_step(session, recipe, step)
+        commands, stops = _dry_step(session, recipe, step, pulled)
         moved = moved or isinstance(step.options, PullOptions) or not commands[0].startswith("(")
+        indent = "  "
+        if isinstance(step.options, TuneOptions) and pulled and pulled_to(session) is None:  # where the pull goes
+            stop = f", stopping server job {server.id}" if server and may_stop(step) and stops is None else ""
+            lines.append(f"  ({AFTER_PULL.format(stop=stop)}; on the host as it is now:)")
+            indent = "    "
         if stops is not None and server is not None:
-            lines.append(f"  (stops server job {server.id} {stops.why})")
+            lines.append(f"{indent}(stops server job {server.id} {stops.why})")
             server = None
-        lines += [f"  {c}" if c.startswith("(") else f"  $ {c}" for c in commands]
+        pulled = pulled or isinstance(step.options, PullOptions)
+        lines += [f"{indent}{c}" if c.startswith("(") else f"{indent}$ {c}" for c in commands]
     return lines
 
 
@@ -1020,6 +1027,17 @@ AFTER_MOVES = (
     "decided once the steps above have run: a pull that moves the checkout, or configs a tuning installs, "
     "relaunch the server"
 )
+AFTER_PULL = (
+    "decided once the pull has run (it fetches first): tuned configs are kept per device and commit, so a pull "
+    "that moves the checkout tunes every shape again for its new commit{stop}"
+)
+
+
+def pulled_to(session: HostSession) -> str | None:
+    """The commit a pull would move the checkout to, as far as the host knows without fetching: its upstream
+    as last fetched, when the checkout is behind it (and not diverged: that pull is refused); else None."""
+    info = session.git()
+    return info.upstream_commit if info.behind and not info.ahead else None
 
 
 def _dry_group_step(session: HostSession, recipe: Recipe, step: Step, redo: bool, rank: group_op.Rank) -> list[str]:
@@ -1035,12 +1053,15 @@ def _dry_group_step(session: HostSession, recipe: Recipe, step: Step, redo: bool
     return [f"  {c}" if c.startswith("(") else f"  $ {c}" for c in commands]
 
 
-def _dry_step(session: HostSession, recipe: Recipe, step: Step) -> tuple[list[str], server_host.Outage | None]:
-    """The step's remote commands, and why it would stop the running server (None: it would not)."""
+def _dry_step(
+    session: HostSession, recipe: Recipe, step: Step, pulled: bool = False
+) -> tuple[list[str], server_host.Outage | None]:
+    """The step's remote commands, and why it would stop the running server (None: it would not); ``pulled``:
+    a pull step runs before it."""
     options = step.options
     if isinstance(options, TuneOptions):
-        commands = _dry_tune(session, recipe, options)
-        needed = not commands[0].startswith("(")
+        commands = _dry_tune(session, recipe, options, pulled_to(session) if pulled else None)
+        needed = any(not c.startswith("(") for c in commands)
         return commands, server_host.FOR_RUN_TUNING if needed and options.stop_server else None
     if isinstance(options, ServeOptions):
         return [shell_command(serve_op.check_launch(session, recipe, options.mtp))], server_host.FOR_RELAUNCH
@@ -1085,15 +1106,25 @@ def _dry_commands(session: HostSession, recipe: Recipe, step: Step) -> list[str]
     ]
 
 
-def _dry_tune(session: HostSession, recipe: Recipe, options: TuneOptions) -> list[str]:
+def _dry_tune(session: HostSession, recipe: Recipe, options: TuneOptions, moves_to: str | None = None) -> list[str]:
+    """The tuning jobs' commands; ``moves_to``: a pull before the step moves the checkout to that commit, so
+    the shapes installed for the commit it leaves (configs are kept per device and commit) are tuned too."""
     host = session.host
     look = options.model_copy(update={"stop_server": False, "allow_busy_gpus": True})
     prepared = prepare(session, recipe, look, look=True)
     if prepared.attach is not None:
         return [f"(attach to the running tuning plan {prepared.attach.id})"]
+    moved: list[str] = []
+    if moves_to is not None and (facts := prepared.facts) is not None and moves_to != facts.commit:
+        again = parse_shapes(";".join(prepared.skipped)) if prepared.skipped else []
+        prepared = replace(prepared, shapes=[*prepared.shapes, *again], skipped=[], kept=[])
+        moved = [
+            f"(the pull moves the checkout {facts.commit[:10]} → {moves_to[:10]} (upstream as last "
+            "fetched): tuned configs are kept per device and commit, so every shape is tuned for the new commit)"
+        ]
     if not prepared.shapes:
-        return [f"(nothing to tune: {', '.join(prepared.skipped)} already installed)"]
+        return [*moved, f"(nothing to tune: {', '.join(prepared.skipped)} already installed)"]
     plan = make_plan([prepared])
     assert prepared.facts is not None
     specs = [job_spec(host, plan, a, prepared.facts.flags) for a in plan.on(host.name)]
-    return [shown_job(s.argv, dict(s.env), wrapper=i == 0) for i, s in enumerate(specs)]
+    return [*moved, *(shown_job(s.argv, dict(s.env), wrapper=i == 0) for i, s in enumerate(specs))]

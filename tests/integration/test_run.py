@@ -154,6 +154,38 @@ def test_run_dry_run_prints_commands_and_changes_nothing(make_fleet) -> None:  #
     assert all(not hs.get("steps") for hs in state(env).values())
 
 
+def test_run_dry_run_plans_the_tuning_for_the_commit_the_pull_moves_to(make_fleet) -> None:  # type: ignore[no-untyped-def]
+    env = make_fleet(1)
+    fast(env)
+    (host,) = env.fleet.hosts
+    assert env.orch("run", timeout=600).returncode == 0  # tuned for the checkout's commit, serving
+    job = state(env)[host.name]["server"]["job_id"]
+    env.fleet.add_upstream_commit("New FP8 kernels")
+    unknown = env.orch("run", "--from", "pull", "--dry-run")  # not fetched: where the pull goes is unknown
+    assert unknown.returncode == 0, unknown.output
+    assert (
+        "  (decided once the pull has run (it fetches first): tuned configs are kept per device and commit, so a "
+        f"pull that moves the checkout tunes every shape again for its new commit, stopping server job {job}; "
+        "on the host as it is now:)\n    (nothing to tune: "
+    ) in unknown.stdout, unknown.stdout
+    assert env.orch("status", "--fetch").returncode == 0  # upstream fetched: the pull's target is known
+    old = state(env)[host.name]["sglang"]["commit"]
+    new = subprocess.run(["git", "-C", str(host.sglang_dir), "rev-parse", "@{u}"], capture_output=True, text=True)
+    known = env.orch("run", "--from", "pull", "--dry-run")
+    assert known.returncode == 0, known.output
+    tune = known.stdout.split("step tune-fp8:")[1].split("step serve:")[0]
+    assert "nothing to tune" not in tune, known.stdout  # the dry run said so, then the run retuned every shape
+    assert f"  (stops server job {job} for tuning; serving resumes at the serve step)" in tune
+    assert f"  (the pull moves the checkout {old[:10]} → {new.stdout.strip()[:10]} (upstream as last fetched)" in tune
+    assert tune.count(f"bash -c {shlex.quote(WRAPPER_SHOWN)} orch-tune ") == 7, tune  # eight GPUs' jobs, as a tuning
+    run = env.orch("run", "--from", "pull", timeout=600)
+    assert run.returncode == 0, run.output
+    assert f"{host.name}: tune-fp8: stopping server job {job} for tuning; serving resumes at the serve step" in (
+        run.stderr
+    )
+    assert re.search(rf"^{host.name}: tune-fp8: done — 4 shape\(s\) installed$", run.stderr, re.M), run.stderr
+
+
 def test_ctrl_c_stops_orch_at_once_and_the_same_command_resumes(make_fleet) -> None:  # type: ignore[no-untyped-def]
     env = make_fleet(1)
     # 9 units per GPU at 1 s: a window of seconds for the SIGINT below while orch waits on its tuners. This loop
