@@ -12,7 +12,7 @@ from orchestrator.app import App
 from orchestrator.cli import Finite
 from orchestrator.cli.common import F, pass_app
 from orchestrator.cli.confirm import confirm_or_refuse, yes_option
-from orchestrator.errors import ExitCode, HostError, UsageError
+from orchestrator.errors import ExitCode, GatewayError, HostError, UsageError
 from orchestrator.fleet import Fleet
 from orchestrator.gateway import NO_GATEWAY_HINT, GatewayClient, check_fleet, drained
 from orchestrator.inventory import Host
@@ -242,13 +242,19 @@ def status(app: App, as_json: bool) -> int:
             f"{app.inventory.path} has no 'gateway:'",
             hint=NO_GATEWAY_HINT,
         )
+    stale = None
     if config.host is not None:
-        job = _gateway_job(app)
+        job, stale = _gateway_job(app)
         if as_json:
-            job_doc = gateway_view.job_document(job)
+            job_doc = gateway_view.job_document(job, stale)
         else:
-            gateway_view.job_report(config.host, job)
-    workers = GatewayClient(config).workers()
+            gateway_view.job_report(config.host, job, stale)
+    try:
+        workers = GatewayClient(config).workers()
+    except GatewayError as exc:
+        if stale is None:
+            raise
+        raise gateway_view.stale_unreachable(exc, stale) from None
     hosts = list(app.inventory.hosts.values())
     with app.fleet(hosts) as fleet:
         shown = on_hosts(app, fleet)
@@ -274,15 +280,16 @@ def on_hosts(app: App, fleet: Fleet) -> dict[str, gateway_op.OnHost]:
     return {result.host.name: result.value for result in found.succeeded if result.value is not None}
 
 
-def _gateway_job(app: App) -> JobInfo | str | None:
+def _gateway_job(app: App) -> tuple[JobInfo | str | None, gateway_op.Stale | None]:
     """The gateway job on gateway.host, or why it cannot be known (the host unreachable: the gateway's
-    own answer is still worth showing)."""
-    _, host = gateway_op.gateway_host(app.inventory)
+    own answer is still worth showing); and whether it runs another configuration than the inventory's."""
+    config, host = gateway_op.gateway_host(app.inventory)
     with app.fleet([host]) as fleet:
         try:
-            return gateway_op.gateway_job(fleet.runner(host), host)
+            job = gateway_op.gateway_job(fleet.runner(host), host)
+            return job, gateway_op.stale(fleet.runner(host), host, config) if job is not None and job.running else None
         except HostError as exc:
-            return exc.message
+            return exc.message, None
 
 
 @gateway.command("up")
@@ -290,11 +297,15 @@ def _gateway_job(app: App) -> JobInfo | str | None:
     "--timeout", type=Finite(min=1), default=gateway_op.UP_TIMEOUT, show_default=True,
     help="Seconds to wait for the gateway to answer /health.",
 )  # fmt: skip
+@yes_option
 @pass_app
-def up(app: App, timeout: float) -> int:
+def up(app: App, timeout: float, yes: bool) -> int:
     """Start the gateway (smg) on the inventory's gateway.host as a detached orch job, in front of the hosts
-    that serve, and wait until it answers /health at gateway.url. Already running: nothing is started.
-    Exit 0 when up, 3 when it did not come up (the end of its log is shown), 2 without gateway.host.
+    that serve, and wait until it answers /health at gateway.url. Already running as the inventory says:
+    nothing is started. Running with another gateway: configuration (url's port, args, python): it says what
+    differs and replaces it, every request through the gateway failing meanwhile, so it asks first (--yes
+    without a terminal). Exit 0 when up, 3 when it did not come up (the end of its log is shown), 2 without
+    gateway.host or when a replacement is not confirmed.
 
     Example: orch gateway up
     """
@@ -309,7 +320,18 @@ def up(app: App, timeout: float) -> int:
         out = [h.name for h in drained(hosts, state, marks) if h.name in urls]
         drained_left_out(out, "drained: not registered")
         workers = tuple(url for name, url in urls.items() if name not in out)
-        result = gateway_op.up(fleet.runner(host), host, config, workers, timeout)
+        runner = fleet.runner(host)
+        stale = gateway_op.stale(runner, host, config)
+        if stale is not None:  # asked first: a replacement is an outage for the whole fleet
+            gateway_view.stale_lines(host.name, stale)
+            if not yes:
+                confirm_or_refuse(
+                    f"Replace the gateway job {stale.job.id} with one as the inventory says (every request "
+                    "through the gateway fails until it answers)?",
+                    "or put the inventory's gateway: back as it runs",
+                )
+            gateway_view.replacing_line(host.name, stale, config.url)
+        result = gateway_op.up(runner, host, config, workers, timeout, replace=stale)
     gateway_view.up_report(host.name, config.url, result)
     return int(ExitCode.OK if result.alive else ExitCode.HOSTS_FAILED)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -98,6 +98,67 @@ def gateway_job(runner: Runner, host: Host) -> jobs.JobInfo | None:
     return listed[-1] if listed else None
 
 
+@dataclass(frozen=True)
+class Stale:
+    """orch's gateway job running a command other than the one ``up`` would launch now (the inventory's
+    ``gateway:`` changed since): the job, the command it runs and what differs (``launch_changes``)."""
+
+    job: jobs.JobInfo
+    argv: tuple[str, ...]
+    changes: tuple[str, ...]
+
+
+def stale(runner: Runner, host: Host, gateway: Gateway) -> Stale | None:
+    """The running gateway job on ``host`` when its command (its job directory's argv, after the ``env K=V``
+    its own env pairs make) or its env pairs are not those ``gateway`` launches now; None when none runs, or it
+    runs as ``gateway`` says. One round trip."""
+    held = jobs.parse_held(runner.run(jobs.held_argv(host.workdir, GATEWAY_PURPOSE), check=True).stdout, host.workdir)
+    argv = held.argv[1 + len(held.env) :] if held.argv[:1] == ["env"] else held.argv
+    if held.job is None or not held.job.running or len(argv) < 4:
+        return None
+    changes = launch_changes(argv, smg_argv(gateway.python, gateway, (), *gateway.args))
+    changes += tuple(
+        f"env {name} {held.env.get(name, 'not given')}, now {gateway.env.get(name, 'not given')}"
+        for name in dict.fromkeys([*held.env, *gateway.env])
+        if held.env.get(name) != gateway.env.get(name)
+    )
+    return Stale(held.job, tuple(argv), changes) if changes else None
+
+
+def launch_changes(running: Sequence[str], wanted: Sequence[str]) -> tuple[str, ...]:
+    """What differs between two ``smg_argv`` commands, one phrase each (``--port 30080, now 30090``): the
+    python, the key's variable name (never the key: it is on no command line) and smg's flags, but for
+    ``--worker-urls`` (the hosts that served when it started: workers come and go with the servers)."""
+    changes = [
+        f"{what} {old or 'none'}, now {new or 'none'}"
+        for what, old, new in (("python", running[0], wanted[0]), ("the key's variable", running[3], wanted[3]))
+        if old != new
+    ]
+    was, now = _flags(running[4:]), _flags(wanted[4:])
+    for flag in dict.fromkeys([*was, *now]):
+        if was.get(flag) != now.get(flag):
+            changes.append(f"{flag} {_shown(was.get(flag))}, now {_shown(now.get(flag))}")
+    return tuple(changes)
+
+
+def _flags(argv: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """smg's flags and their values (``--x=y`` as ``--x y``), but for ``--worker-urls``."""
+    flags: dict[str, tuple[str, ...]] = {}
+    flag = ""
+    for arg in argv:
+        if arg.startswith("--"):
+            flag, eq, value = arg.partition("=")
+            flags[flag] = flags.get(flag, ()) + ((value,) if eq else ())
+        else:
+            flags[flag] = (*flags.get(flag, ()), arg)
+    flags.pop("--worker-urls", None)
+    return flags
+
+
+def _shown(values: tuple[str, ...] | None) -> str:
+    return "not given" if values is None else " ".join(values) or "given"
+
+
 def log_end(runner: Runner, job: jobs.JobInfo) -> str:
     return jobs.tail_lines(jobs.read_tail(runner, job), LOG_TAIL)
 
@@ -123,11 +184,19 @@ class GatewayUp:
     log: str = ""
 
 
-def up(runner: Runner, host: Host, gateway: Gateway, workers: tuple[str, ...], timeout: float) -> GatewayUp:
+def up(
+    runner: Runner, host: Host, gateway: Gateway, workers: tuple[str, ...], timeout: float, replace: Stale | None = None
+) -> GatewayUp:
     """Start smg on ``host`` unless orch's gateway job already runs there, then wait (``timeout`` s at
-    most) until it answers ``/health`` at ``gateway.url`` from the controller."""
+    most) until it answers ``/health`` at ``gateway.url`` from the controller. ``replace``: the running job
+    runs another configuration (``stale``) and the operator said yes: it is stopped first, once the new
+    command's address and ports are checked free (but for those the old job holds)."""
     client = GatewayClient(gateway)  # the key's variable unset → exit 2 before anything starts
     current = gateway_job(runner, host)
+    if current is not None and current.running and replace is not None and current.id == replace.job.id:
+        _refuse_taken_elsewhere(runner, host, gateway, client, replace)
+        jobs.stop(runner, current, grace_seconds=STOP_GRACE, by="orch gateway up")
+        current = gateway_job(runner, host)
     if current is not None and current.running:
         return GatewayUp(jobs.Started(current.id, current.pid or 0, True), True, workers)
     if client.alive():  # our job would die on the taken port while the other one answered for it
@@ -150,12 +219,32 @@ def up(runner: Runner, host: Host, gateway: Gateway, workers: tuple[str, ...], t
     return GatewayUp(started, False, workers, previous, alive=False, failed=failed, log=log_end(runner, job))
 
 
-def _refuse_held_ports(runner: Runner, host: Host, gateway: Gateway) -> None:
-    """``GatewayError`` when a process already listens on the port smg would serve on, or on its metrics port:
-    smg could not listen there; one round trip."""
-    ports = {"gateway": gateway.port, "metrics": gateway.metrics}
+def _refuse_taken_elsewhere(
+    runner: Runner, host: Host, gateway: Gateway, client: GatewayClient, replace: Stale
+) -> None:
+    """Before stopping the stale gateway job: ``GatewayError`` (it keeps running) when the new url already
+    answers though the old job listens on another port, or another process holds a new port."""
+    old = _flags(replace.argv[4:])
+    held = {int(v) for flag in ("--port", "--prometheus-port") for v in old.get(flag, ()) if v.isdigit()}
+    if gateway.port not in held and client.alive():
+        raise GatewayError(
+            f"{gateway.url} already answers /health, but the gateway job {replace.job.id} of orch's on {host.name} "
+            "listens elsewhere: another gateway (not orch's) holds the address; nothing stopped or started",
+            hint="stop that gateway, or point gateway.url at it and leave `orch gateway up` out",
+        )
+    _refuse_held_ports(runner, host, gateway, skip=held)
+
+
+def _refuse_held_ports(runner: Runner, host: Host, gateway: Gateway, skip: Collection[int] = ()) -> None:
+    """``GatewayError`` when a process already listens on the port smg would serve on, or on its metrics port
+    (but ``skip``, the ports a gateway job orch is replacing holds): smg could not listen there; one round
+    trip."""
+    ports = {w: p for w, p in {"gateway": gateway.port, "metrics": gateway.metrics}.items() if p not in skip}
+    if not ports:
+        return
     argv = probe.probe_argv([(what, replacement.listeners_argv(port)) for what, port in ports.items()])
     found = probe.parse(runner.run(argv).stdout)
+    changed = "stopped or started" if skip else "started"
     for what, port in ports.items():
         section = found.get(what)
         held = replacement.parse_listeners(section.output) if section is not None and section.ok else ()
@@ -163,7 +252,7 @@ def _refuse_held_ports(runner: Runner, host: Host, gateway: Gateway) -> None:
             setting = "gateway.url's port" if what == "gateway" else "gateway.metrics_port"
             raise GatewayError(
                 f"{host.name}: port {port} (the gateway's{' metrics' if what == 'metrics' else ''}) is held by "
-                f"{replacement.held_by(held)}, not by a gateway of orch's; nothing started",
+                f"{replacement.held_by(held)}, not by a gateway of orch's; nothing {changed}",
                 hint=f"free the port (orch never kills a process it did not start), or change {setting}",
             )
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from orchestrator import render
+from orchestrator.errors import GatewayError
 from orchestrator.facts.bench import GateRecord, fmt_number
 from orchestrator.gateway import GatewayCheck
 from orchestrator.inventory import Host, Inventory
 from orchestrator.jobs import JobInfo
-from orchestrator.ops.gateway import GatewayUp
+from orchestrator.ops.gateway import GatewayUp, Stale
 from orchestrator.ops.rollout import HostRoll, Rollout
 from orchestrator.render import inert, inert_log
 from orchestrator.views.serve import serve_report
@@ -79,22 +80,53 @@ def job_state(job: JobInfo | None) -> str:
     return f"ended ({job.state}{code}{stopped}; job {job.id})"
 
 
-def job_document(job: JobInfo | str | None) -> dict[str, object] | None:
-    """The gateway job for ``--json``; a string is why it is unknown."""
+def job_document(job: JobInfo | str | None, stale: Stale | None = None) -> dict[str, object] | None:
+    """The gateway job for ``--json``; a string is why it is unknown. ``changes``: what differs from the
+    inventory's gateway (``stale``), empty when it runs as the inventory says (or does not run)."""
     if job is None:
         return None
     if isinstance(job, str):
         return {"error": job}
-    return {"id": job.id, "state": job.state, "pid": job.pid, "exit_code": job.exit_code, "running": job.running}
+    changes = list(stale.changes) if stale is not None else []
+    return {"id": job.id, "state": job.state, "pid": job.pid, "exit_code": job.exit_code, "running": job.running,
+            "changes": changes}  # fmt: skip
 
 
-def job_report(host: str, job: JobInfo | str | None) -> None:
+def job_report(host: str, job: JobInfo | str | None, stale: Stale | None = None) -> None:
     """One line: the gateway job orch runs on ``host``; a string is why it is unknown."""
     if isinstance(job, str):
         render.out.print(inert(f"gateway job on {host}: unknown ({job})"), markup=False)
         return
     again = "; `orch gateway up` starts a new one" if job is not None and not job.running else ""
-    render.out.print(f"gateway job on {host}: {job_state(job)}{again}", markup=False)
+    if stale is not None:
+        again = f", with another configuration than the inventory's gateway: {'; '.join(stale.changes)} ({REPLACE})"
+    render.out.print(inert(f"gateway job on {host}: {job_state(job)}{again}"), markup=False)
+
+
+REPLACE = "`orch gateway up` says so and replaces it, asking first; --yes without a terminal"
+
+
+def stale_unreachable(exc: GatewayError, stale: Stale) -> GatewayError:
+    """``gateway status``'s gateway unreachable while orch's gateway job runs with another configuration:
+    not smg missing (``gateway up`` would start nothing new without replacing it)."""
+    return GatewayError(
+        exc.message,
+        hint=f"orch's gateway job {stale.job.id} runs, but with another configuration than the inventory's "
+        f"gateway: {'; '.join(stale.changes)}: {REPLACE}",
+    )
+
+
+def stale_lines(host: str, stale: Stale) -> None:
+    """The running gateway job was started with another configuration than the inventory's: what differs."""
+    changes = "; ".join(stale.changes)
+    render.err.print(inert(f"{host}: the gateway job {stale.job.id} (pid {stale.job.pid}) runs with another "
+                           f"configuration than the inventory's gateway: {changes}"), style="bold")  # fmt: skip
+
+
+def replacing_line(host: str, stale: Stale, url: str) -> None:
+    """``gateway up``, before it replaces a stale gateway job: what stopping it means."""
+    render.err.print(inert(f"{host}: replacing the gateway job {stale.job.id}: every request through {url} "
+                           "fails until the new one answers"), style="bold")  # fmt: skip
 
 
 def up_report(host: str, url: str, result: GatewayUp) -> None:

@@ -236,3 +236,60 @@ def test_gateway_up_without_gateway_host_is_exit_2_with_a_hint(tmp_path: Path, o
         assert run.returncode == 2, run.output
         assert f"{inventory} has a 'gateway:' without 'host:'" in run.stderr
         assert "hint: add gateway: {url: http://ADDRESS:PORT, host: HOST" in run.stderr
+
+
+def test_gateway_up_after_the_inventory_changed_says_what_differs_and_replaces_it_only_when_confirmed(
+    make_fleet: Callable[..., FleetEnv], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inventory's gateway: changed (its url's port, its args) while orch's gateway job runs: `up` said
+    "already running; nothing started" (exit 0) and `status` "unreachable: `orch gateway up` starts it"."""
+    env: FleetEnv = make_fleet(n_hosts=1)
+    old = with_gateway(env, str(smg_python()), monkeypatch)
+    first = env.orch("gateway", "up")
+    assert first.returncode == 0, first.output
+    (job,) = gateway_jobs(env)
+
+    doc = yaml.safe_load(env.inventory.read_text())
+    new_port = free_port("127.0.0.1")
+    doc["gateway"]["url"] = f"http://127.0.0.1:{new_port}"
+    doc["gateway"]["args"] = ["--policy", "cache_aware", *FAST]
+    env.inventory.write_text(yaml.safe_dump(doc))
+    new = load_inventory(env.inventory).gateway
+    assert new is not None
+    differs = (
+        f"--port {old.port}, now {new_port}; --prometheus-port {old.metrics}, now {new.metrics}; "
+        "--policy round_robin, now cache_aware"
+    )
+
+    refused = env.orch("gateway", "up")
+    assert refused.returncode == 2, refused.output
+    assert "is already running; nothing started" not in refused.stdout
+    assert (
+        f"sim-1: the gateway job {job['id']} (pid {job['pid']}) runs with another configuration than the "
+        f"inventory's gateway: {differs}\n" in refused.stderr
+    )
+    assert "refused without confirmation" in refused.stderr and "hint: pass --yes to confirm" in refused.stderr
+    assert [j["state"] for j in gateway_jobs(env)] == ["running"] and GatewayClient(old, {KEY_ENV: KEY}).alive()
+
+    status = env.orch("gateway", "status")
+    assert status.returncode == 3, status.output
+    assert f"gateway job on sim-1: running (job {job['id']}, pid {job['pid']}), with another configuration" in (
+        status.stdout
+    )
+    assert "`orch gateway up` starts it" not in status.stderr
+    assert f"hint: orch's gateway job {job['id']} runs, but with another configuration than the inventory's " in (
+        status.stderr
+    )
+
+    replaced = env.orch("gateway", "up", "--yes")
+    assert replaced.returncode == 0, replaced.output
+    assert f"every request through {new.url} fails until the new one answers" in replaced.stderr
+    assert f"sim-1: the last gateway job ended (succeeded, exit 0, stopped by orch; job {job['id']})" in replaced.stderr
+    assert f"gateway up: {new.url} answers /health" in replaced.stdout
+    assert [j["state"] for j in gateway_jobs(env)][-1] == "running" and not alive(int(str(job["pid"])))
+    assert not GatewayClient(old, {KEY_ENV: KEY}).alive()
+    again = env.orch("gateway", "up")  # as the inventory says now: nothing to replace
+    assert again.returncode == 0 and "is already running; nothing started" in again.stdout, again.output
+    assert env.orch("gateway", "status").returncode == 0
+    assert_key_nowhere(env, str(gateway_jobs(env)[-1]["id"]), refused, status, replaced)
+    assert env.orch("gateway", "down", "--yes").returncode == 0

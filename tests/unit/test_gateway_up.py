@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import ExitCode, UsageError
+from orchestrator.errors import ExitCode, GatewayError, UsageError
+from orchestrator.gateway import smg_argv
 from orchestrator.inventory import Gateway, Host, Inventory
 from orchestrator.jobs import JobInfo
-from orchestrator.ops.gateway import gateway_host, serving_urls
+from orchestrator.ops.gateway import Stale, gateway_host, launch_changes, serving_urls, stale
 from orchestrator.state import HostState, Phase, ServerRecord, State
-from orchestrator.views.gateway import job_document, job_state
+from orchestrator.views.gateway import job_document, job_state, stale_unreachable
+from tests.fakerunner import FakeRunner
+from tests.unit.test_server_ops import NOW, held_out
 
 HOSTS = {n: Host(name=n, address=f"10.0.0.{i}") for i, n in enumerate(("a", "b", "c", "d"), start=1)}
 
@@ -76,5 +79,63 @@ def test_gateway_job_document() -> None:
     assert job_document(None) is None
     assert job_document("sim-1 unreachable") == {"error": "sim-1 unreachable"}
     assert job_document(job("running")) == {
-        "id": "gateway-1", "state": "running", "pid": 42, "exit_code": None, "running": True
+        "id": "gateway-1", "state": "running", "pid": 42, "exit_code": None, "running": True, "changes": []
     }  # fmt: skip
+    stale = Stale(job("running"), (), ("--port 30080, now 30090",))
+    assert job_document(job("running"), stale)["changes"] == ["--port 30080, now 30090"]  # type: ignore[index]
+
+
+GATEWAY = Gateway(url="http://127.0.0.1:30080", host="a", api_key_env="KEY", python="/v/bin/python",
+                  args=["--policy", "round_robin"])  # fmt: skip
+
+
+def launched(workers: tuple[str, ...] = (), **changed: object) -> list[str]:
+    gateway = GATEWAY.model_copy(update=changed)
+    return smg_argv(gateway.python, gateway, workers, *gateway.args)
+
+
+@pytest.mark.parametrize(
+    ("now", "expected"),
+    [
+        (launched(("http://10.0.0.9:30000",)), ()),  # the workers it started with come and go: not a change
+        (launched(url="http://127.0.0.1:30090"), ("--port 30080, now 30090", "--prometheus-port 30081, now 30091")),
+        (launched(args=["--policy", "cache_aware"]), ("--policy round_robin, now cache_aware",)),
+        (launched(args=["--policy=round_robin", "--log-json"]), ("--log-json not given, now given",)),
+        (launched(args=[]), ("--policy round_robin, now not given",)),
+        (launched(python="/w/bin/python"), ("python /v/bin/python, now /w/bin/python",)),
+        (launched(api_key_env=None), ("the key's variable KEY, now none",)),
+    ],
+)
+def test_launch_changes_names_what_differs_from_the_running_gateway(now: list[str], expected: tuple[str, ...]) -> None:
+    assert launch_changes(launched(("http://10.0.0.1:30000",)), now) == expected
+
+
+def test_status_unreachable_hint_says_the_running_gateway_has_another_configuration() -> None:
+    error = stale_unreachable(
+        GatewayError("gateway http://h:30090 unreachable"), Stale(job("running"), (), ("--port 30080, now 30090",))
+    )
+    assert error.message == "gateway http://h:30090 unreachable" and error.exit_code == ExitCode.HOSTS_FAILED
+    assert error.hint is not None and "`orch gateway up` starts it" not in error.hint
+    assert error.hint.startswith(
+        "orch's gateway job gateway-1 runs, but with another configuration than the inventory's gateway: "
+        "--port 30080, now 30090: `orch gateway up` says so and replaces it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"HF_ENDPOINT": "http://127.0.0.1:9"}, None),
+        ({"HF_ENDPOINT": "http://127.0.0.1:8"}, ("env HF_ENDPOINT http://127.0.0.1:9, now http://127.0.0.1:8",)),
+        ({}, ("env HF_ENDPOINT http://127.0.0.1:9, now not given",)),
+    ],
+)
+def test_stale_reads_the_running_gateway_jobs_command_after_its_env_pairs(
+    env: dict[str, str], expected: tuple[str, ...] | None
+) -> None:
+    """The job directory's argv is `env K=V... COMMAND`: the pairs are the job's env, compared as such."""
+    running = ["env", "HF_ENDPOINT=http://127.0.0.1:9", *launched(("http://10.0.0.1:30000",))]
+    answer = held_out("gateway-1", running, NOW, NOW, env="HF_ENDPOINT=http://127.0.0.1:9\n")
+    runner = FakeRunner("a").on(("orch-held", "/w", "gateway"), stdout=answer)
+    found = stale(runner, HOSTS["a"].model_copy(update={"workdir": "/w"}), GATEWAY.model_copy(update={"env": env}))
+    assert (found.changes if found is not None else None) == expected
