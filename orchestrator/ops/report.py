@@ -13,10 +13,13 @@ those into text (pure); ``write_report`` writes the files.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import io
+import os
 import re
 import shlex
+import stat
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -585,7 +588,8 @@ def _h(text: str) -> str:
 
 def write_report(state: State, source: str, out_dir: Path, fmt: Format = "md", now: datetime | None = None) -> Path:
     """Write ``report.md`` or ``report.html`` and one chart per benchmarked host into ``out_dir``; without
-    matplotlib (the ``report`` extra) the report has no charts and says how to get them."""
+    matplotlib (the ``report`` extra) the report has no charts and says how to get them. Charts an earlier
+    report left in ``out_dir`` that this one does not write are removed (``remove_old_charts``)."""
     report = build(state, source, now)
     report.charts_left_out = None if has_matplotlib() else NO_CHARTS
     try:
@@ -604,6 +608,7 @@ def write_report(state: State, source: str, out_dir: Path, fmt: Format = "md", n
                 write_png(out_dir / host.profile_chart, profile_figure(host.name, host.profiles))
         target = out_dir / f"report.{fmt}"
         replace_file(target, (render_markdown(report) if fmt == "md" else render_html(report)).encode())
+        remove_old_charts(out_dir, {c for h in report.hosts for c in (h.chart, h.sweep_chart, h.profile_chart) if c})
     except OSError as exc:
         raise UsageError(f"cannot write the report into {out_dir}: {exc.strerror or exc}") from None
     return target
@@ -646,6 +651,22 @@ def sweep_figure(host: str, points: Sequence[sweep_facts.SweepPoint]) -> Figure:
     axes.set_title(f"{host}: serving profiles by concurrency (orch sweep){simulated}", fontsize=10)
     axes.legend(fontsize=8)
     return figure
+
+
+CHART_FILE = re.compile(r"(throughput|sweep|gpu-time)-[0-9]{2,}-[A-Za-z0-9_.-]{1,60}\.png")
+"""The names ``chart_name`` gives a report's charts (and their ``sweep-``/``gpu-time-`` siblings)."""
+
+
+def remove_old_charts(out_dir: Path, written: set[str]) -> None:
+    """Remove the charts an earlier report wrote into ``out_dir`` that this one did not write (a host that has
+    no sweep or profile any more, a host gone): left there, they would read as this report's. Only regular
+    files named as ``chart_name`` names them go; anything else in the directory, and a symbolic link of such a
+    name (orch makes none), is left alone."""
+    for path in out_dir.iterdir():
+        if CHART_FILE.fullmatch(path.name) and path.name not in written:
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    path.unlink()
 
 
 def chart_name(host: str, index: int) -> str:

@@ -385,3 +385,24 @@ def test_report_charts_the_sweep_apart_from_the_campaigns_runs(tmp_path: Path, f
     assert [line.get_label() for line in axes.get_lines()] == ["low-latency", "max-throughput"]
     bars = report.chart_figure("blackwell-1", report.campaign_runs(state.hosts["blackwell-1"].benchmarks)).axes[0]
     assert [t.get_text() for t in bars.get_xticklabels()] == ["baseline", "tuned+mtp"]  # the sweep's runs: apart
+
+
+def test_a_rerun_removes_the_charts_it_no_longer_writes_and_nothing_else(tmp_path: Path) -> None:
+    out, victim = tmp_path / "out", tmp_path / "mine.png"
+    state = campaign_state()
+    hs = state.hosts["blackwell-1"]
+    hs.benchmarks.append(BenchRecord.model_validate(a_run("sweep k1 low-latency c1", 300.0, 80, None, False)))
+    hs.profiles = [a_profile("after", 90, 0.4)]
+    report.write_report(state, "state.json", out, "md", now=at(100))
+    assert {p.name for p in out.glob("*.png")} == {
+        "throughput-01-blackwell-1.png", "sweep-01-blackwell-1.png", "gpu-time-01-blackwell-1.png"}  # fmt: skip
+    victim.write_text("mine")
+    (out / "sweep-02-blackwell-2.png").symlink_to(victim)  # a link of a chart's name: not orch's, left alone
+    for kept in ("notes.png", "throughput-01-blackwell-1.png.bak", "plot-01-x.png"):
+        (out / kept).write_text("the user's")
+    hs.benchmarks, hs.profiles = hs.benchmarks[:-1], []  # the new state: no sweep, no profile
+    text = report.write_report(state, "state.json", out, "md", now=at(100)).read_text()
+    assert sorted(p.name for p in out.iterdir()) == [
+        "notes.png", "plot-01-x.png", "report.md", "sweep-02-blackwell-2.png", "throughput-01-blackwell-1.png",
+        "throughput-01-blackwell-1.png.bak"]  # fmt: skip
+    assert victim.read_text() == "mine" and "sweep-01" not in text and "gpu-time-01" not in text
