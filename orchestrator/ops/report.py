@@ -1,11 +1,11 @@
 """``orch report``: a per-fleet report in Markdown or HTML, from the state database alone (no SSH).
 
-Per host: the phase history with how long each phase lasted (so how long tuning and the relaunch
-took), the tuned shapes (installed by ``orch tune-fp8``, and whether the server reads them), the
-server's configuration, the benchmark table (changes relative to the host's first run of the server it
-ran last) and a PNG chart of output throughput per configuration (the latest run of each benchmark
-label). The Markdown reads well on GitHub (the charts are relative links beside it); the HTML is one
-self-contained page apart from the PNGs, every value escaped.
+Per host: the phase history with how long each phase lasted (and how long the latest round's tuning,
+relaunch and pull to serving took), the tuned shapes (installed by ``orch tune-fp8``, and whether the
+server reads them), the server's configuration, the benchmark table (changes relative to the host's first
+run of the server it ran last) and a PNG chart of output throughput per configuration (the latest run of
+each benchmark label). The Markdown reads well on GitHub (the charts are relative links beside it); the
+HTML is one self-contained page apart from the PNGs, every value escaped.
 
 ``build`` turns the state into ``HostReport`` values (pure); ``render_markdown``/``render_html`` turn
 those into text (pure); ``write_report`` writes the files.
@@ -86,6 +86,7 @@ class HostReport:
     profile_chart: str | None = None  # file name of the GPU-time PNG (None: no profile, or no matplotlib)
     story: list[list[str]] = field(default_factory=list)  # the campaign in a few rows (``story_rows``)
     sweep_chart: str | None = None  # file name of the sweep's PNG (None: no sweep run, or no matplotlib)
+    round_pulled_at: datetime | None = None  # the latest round's pull, the durations' start (None: never pulled)
 
 
 @dataclass
@@ -117,6 +118,7 @@ def host_report(name: str, hs: HostState, now: datetime) -> HostReport:
         sglang=_sglang(hs),
         spans=spans,
         durations=step_durations(spans, now),
+        round_pulled_at=round_pulled_at(spans),
         tuned_shapes=tuned_shapes(hs),
         server=server_settings(hs),
         server_command=shlex.join(hs.server.argv) if hs.server else None,
@@ -133,20 +135,45 @@ def phase_spans(history: Sequence[PhaseChange]) -> list[PhaseSpan]:
     return [PhaseSpan(c.to_phase, c.at, end, c.reason) for c, end in zip(history, [*ends, None], strict=False)]
 
 
+def latest_round(spans: Sequence[PhaseSpan]) -> list[PhaseSpan]:
+    """The spans of the host's latest round of the campaign: from its last pull (from the first span when it
+    was never pulled) to the first ``serving`` after it, included (to the end while it does not serve yet).
+    Earlier rounds, the serving between rounds and a later relaunch (a sweep's) are the phase history's."""
+    pulls = [i for i, s in enumerate(spans) if s.phase == Phase.PULLED]
+    start = pulls[-1] if pulls else 0
+    served = next((i for i in range(start, len(spans)) if spans[i].phase == Phase.SERVING), len(spans) - 1)
+    return list(spans[start : served + 1])
+
+
+def round_pulled_at(spans: Sequence[PhaseSpan]) -> datetime | None:
+    """When the latest round's pull was (None: the host was never pulled)."""
+    mine = latest_round(spans)
+    return mine[0].start if mine and mine[0].phase == Phase.PULLED else None
+
+
 def step_durations(spans: Sequence[PhaseSpan], now: datetime) -> list[tuple[str, str]]:
-    """How long the campaign's long steps took: tuning (time in ``tuning``), the relaunch (time in
-    ``launching``), and from the first pull to serving. Repeated phases add up; an unfinished one says so."""
+    """How long the latest round's (``latest_round``) long steps took: tuning (time in ``tuning``), the
+    relaunch (time in ``launching``), and from its pull to serving. A phase repeated within the round adds
+    up; an unfinished one says so. Rounds before it are not added: the report said "pull to serving 7m04s"
+    from a host's first pull, three rounds and the serving between them, of a round that took 38 s."""
+    mine = latest_round(spans)
     found = []
     for title, phase in (("tuning", Phase.TUNING), ("relaunch", Phase.LAUNCHING)):
-        mine = [s for s in spans if s.phase == phase]
-        if mine:
-            running = " (still running)" if mine[-1].end is None else ""
-            found.append((title, fmt_duration(sum((s.duration(now) for s in mine), timedelta())) + running))
-    pulled = next((s.start for s in spans if s.phase == Phase.PULLED), None)
-    serving = next((s.start for s in reversed(spans) if s.phase == Phase.SERVING), None)
-    if pulled and serving and serving > pulled:
-        found.append(("pull to serving", fmt_duration(serving - pulled)))
+        steps = [s for s in mine if s.phase == phase]
+        if steps:
+            running = " (still running)" if steps[-1].end is None else ""
+            found.append((title, fmt_duration(sum((s.duration(now) for s in steps), timedelta())) + running))
+    pulled = round_pulled_at(spans)
+    if pulled is not None and mine[-1].phase == Phase.SERVING:
+        found.append(("pull to serving", fmt_duration(mine[-1].start - pulled)))
     return found
+
+
+def durations_title(host: HostReport) -> str:
+    """What the durations are of: the latest round, from its pull (all of the history without a pull)."""
+    if host.round_pulled_at is None:
+        return "Durations"
+    return f"Durations of the latest round (from the pull at {fmt_time(host.round_pulled_at)} UTC)"
 
 
 def tuned_shapes(hs: HostState) -> list[list[str]]:
@@ -420,7 +447,7 @@ def _md_host(host: HostReport, now: datetime) -> list[str]:
     history = _md_table(HISTORY_COLUMNS, history_cells(host, now)) or ["No transition yet."]
     lines += ["### Phase history", "", *history]
     if host.durations:
-        lines += ["", "Durations: " + ", ".join(f"{_md(k)} {v}" for k, v in host.durations) + "."]
+        lines += ["", f"{durations_title(host)}: " + ", ".join(f"{_md(k)} {v}" for k, v in host.durations) + "."]
     shapes = _md_table(SHAPE_COLUMNS, host.tuned_shapes) or ["No tuned shape."]
     lines += ["", "### Tuned shapes", "", *shapes, "", "### Server", "", *_md_server(host)]
     lines += ["", "### Benchmarks", ""] + ([f"**{SIMULATED_NOTE}**", ""] if bench_simulated(host.records) else [])
@@ -527,7 +554,8 @@ def _html_host(host: HostReport, now: datetime) -> str:
         _html_section("Phase history", _html_table(HISTORY_COLUMNS, history_cells(host, now)), "No transition yet.")
     )
     if host.durations:
-        parts.append("<p>Durations: " + ", ".join(f"{_h(k)} {_h(v)}" for k, v in host.durations) + ".</p>")
+        durations = ", ".join(f"{_h(k)} {_h(v)}" for k, v in host.durations)
+        parts.append(f"<p>{_h(durations_title(host))}: {durations}.</p>")
     parts.append(_html_section("Tuned shapes", _html_table(SHAPE_COLUMNS, host.tuned_shapes), "No tuned shape."))
     server = _html_table(["setting", "value"], host.server) + f"<pre>{_h(host.server_command or '')}</pre>"
     parts.append(_html_section("Server", server if host.server_command else "", "No server launched by orch."))

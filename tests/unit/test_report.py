@@ -85,6 +85,30 @@ def test_phase_spans_and_step_durations() -> None:
     ]
 
 
+def test_step_durations_are_the_latest_rounds_not_the_whole_history(tmp_path: Path) -> None:
+    """A second round (pull, tuning, relaunch, serving) after an hour of serving, then a sweep's relaunch."""
+    state = campaign_state()
+    hs = state.hosts["blackwell-1"]
+    steps = [(200, Phase.SERVING, Phase.PULLED, "def -> 123"), (201, Phase.PULLED, Phase.TUNING, "1 shape"),
+             (203, Phase.TUNING, Phase.TUNED, "tuned"), (204, Phase.TUNED, Phase.LAUNCHING, "relaunch"),
+             (205, Phase.LAUNCHING, Phase.SERVING, "healthy"), (210, Phase.SERVING, Phase.LAUNCHING, "sweep"),
+             (211, Phase.LAUNCHING, Phase.SERVING, "healthy")]  # fmt: skip
+    hs.history += [PhaseChange(at=at(m), from_phase=a, to_phase=b, reason=r) for m, a, b, r in steps]
+    spans = report.phase_spans(hs.history)
+    assert report.step_durations(spans, at(300)) == [
+        ("tuning", "2m00s"),
+        ("relaunch", "1m00s"),
+        ("pull to serving", "5m00s"),
+    ]
+    text = report.write_report(state, "state.json", tmp_path, "md", now=at(300)).read_text()
+    expected = "Durations of the latest round (from the pull at 2026-11-29 23:20:00 UTC): tuning 2m00s, relaunch"
+    assert expected in text
+    hs.history.append(PhaseChange(at=at(400), from_phase=Phase.SERVING, to_phase=Phase.PULLED, reason="123 -> 456"))
+    hs.history.append(PhaseChange(at=at(401), from_phase=Phase.PULLED, to_phase=Phase.TUNING, reason="1 shape"))
+    spans = report.phase_spans(hs.history)  # a third round, tuning: no serving of it yet
+    assert report.step_durations(spans, at(403)) == [("tuning", "2m00s (still running)")]
+
+
 def test_unfinished_tuning_says_so() -> None:
     history = [PhaseChange(at=at(0), from_phase=Phase.PULLED, to_phase=Phase.TUNING, reason="r")]
     assert report.step_durations(report.phase_spans(history), at(3.5)) == [("tuning", "3m30s (still running)")]
@@ -101,7 +125,8 @@ def test_report_files_with_a_valid_png_chart(tmp_path: Path, fmt: report.Format)
     text = target.read_text()
     assert chart.name in text
     for expected in (
-        "Durations: tuning 1h02m, relaunch 4m00s, pull to serving 1h08m.",
+        "Durations of the latest round (from the pull at 2026-11-29 20:00:00 UTC): tuning 1h02m, relaunch 4m00s, "
+        "pull to serving 1h08m.",
         "N=1024,K=4096",
         "not used: no tuned config",
         "EAGLE steps=3 topk=1 draft=4",
