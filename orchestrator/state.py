@@ -164,6 +164,7 @@ class ServerRecord(_Model):
     stopped_by: str | None = None  # "orch stop-server", "tune-fp8 --stop-server", "orch serve (replaced)", ...
     group: str | None = None  # the replica group this server is a rank of (issue 26), None on a host alone
     rank: int | None = None  # its node rank in that group (0 serves HTTP)
+    profile: str | None = None  # the playbook's serving profile it was launched as (None: none named, or not known)
 
     @property
     def verification(self) -> Verification:

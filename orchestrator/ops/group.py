@@ -489,7 +489,7 @@ def record_rank(plan: facts.GroupPlan, r: RankReady, job_id: str) -> None:
     ready, host = r.ready, r.session.host
     mtp = "--speculative-algorithm" in ready.argv
     fields = dict(job_id=job_id, argv=ready.argv, port=host.server_port, mtp=mtp, commit=ready.commit)
-    record = ServerRecord(**fields, configs=ready.configs, group=plan.group, rank=r.rank)
+    record = ServerRecord(**fields, configs=ready.configs, group=plan.group, rank=r.rank, profile=ready.recipe.profile)
     serve_op.record_server(r.session, record)
 
 

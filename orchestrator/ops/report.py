@@ -213,6 +213,8 @@ def server_settings(hs: HostState) -> list[tuple[str, str]]:
         rows = [("replica group", f"{server.group}, rank 0 (serves HTTP for the group)"), ("port", str(server.port))]
     else:  # no HTTP: its group answers on rank 0's host
         rows = [("replica group", f"{server.group}, rank {server.rank} (rank 0 serves HTTP for the group)")]
+    if server.profile is not None:
+        rows.append(("serving profile", server.profile))
     rows.append(("MTP", "on" if server.mtp else "off"))
     speculative = facts.speculative_settings(server.argv)
     if server.mtp and speculative:

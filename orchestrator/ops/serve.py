@@ -735,6 +735,7 @@ def adopt(
             mtp=mtp,
             commit=ready.commit,
             configs=ready.configs,
+            profile=ready.recipe.profile,
         ),
     )
     begin = time.monotonic()
@@ -823,6 +824,7 @@ def start_server(
         raise srv.ServedMeanwhile.of(host.name, job.job_id, "it serves now; not replacing it")
     mtp = "--speculative-algorithm" in argv
     fields = dict(job_id=job.job_id, argv=argv, port=host.server_port, mtp=mtp, commit=commit, configs=configs)
+    fields["profile"] = recipe.profile
     try:
         record_server(session, ServerRecord(**fields, **(record or {})))
     except Exception as exc:  # this machine's disk filled between the start and its record: say what to run

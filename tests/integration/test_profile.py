@@ -73,14 +73,17 @@ def test_serve_a_serving_profile_then_another_verified_as_any_serve(make_fleet) 
     high = env.orch("serve", "--profile", "max-throughput")
     assert high.returncode == 0, high.output
     server = StateStore(env.state).read().hosts[host.name].server
-    assert server is not None and server.mtp is False
+    assert server is not None and server.mtp is False and server.profile == "max-throughput"
     assert "--enable-dp-attention" in server.argv and not any(a.startswith("--speculative") for a in server.argv)
 
     balanced = env.orch("serve", "--profile", "balanced", "--yes")
     assert balanced.returncode == 0, balanced.output
     server = StateStore(env.state).read().hosts[host.name].server
-    assert server is not None and server.mtp is True
+    assert server is not None and server.mtp is True and server.profile == "balanced"
     assert server.verification.speculative == "EAGLE steps=1 topk=1 draft=2"
+    reported = env.orch("report", "--out", str(env.state.parent / "report"))
+    assert reported.returncode == 0, reported.output
+    assert "| serving profile | balanced |" in (env.state.parent / "report" / "report.md").read_text()
 
 
 def test_a_decode_window_outliving_the_load_is_flushed_by_stop_profile_and_no_benchmark_runs_in_it(make_fleet) -> None:  # type: ignore[no-untyped-def]

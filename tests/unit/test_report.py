@@ -260,6 +260,20 @@ def test_the_server_settings_say_a_replica_groups_rank(group: str | None, rank: 
     assert settings[: len(rows)] == rows and settings[len(rows)] == ("MTP", "on")
 
 
+def test_the_server_settings_name_the_serving_profile_it_was_launched_as(tmp_path: Path) -> None:
+    state = campaign_state()
+    server = state.hosts["blackwell-1"].server
+    assert server is not None
+    assert "serving profile" not in dict(report.server_settings(state.hosts["blackwell-1"]))  # none named
+    server.profile = "low-latency"
+    assert report.server_settings(state.hosts["blackwell-1"])[1:3] == [
+        ("serving profile", "low-latency"),
+        ("MTP", "on"),
+    ]
+    text = report.write_report(state, "state.json", tmp_path, "md", now=at(100)).read_text()
+    assert "| serving profile | low-latency |" in text
+
+
 def test_a_stopped_server_is_said_stopped_and_its_shapes_not_in_use() -> None:
     hs = campaign_state().host("blackwell-1")
     assert hs.server is not None and report.tuned_shapes(hs)[0][3] == "in use"
