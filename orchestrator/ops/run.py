@@ -441,6 +441,7 @@ def _served(result: serve_op.ServeResult) -> str:
     if result.unchanged:
         return f"already serving as asked (job {result.job_id}){ranks}"
     accept = f", accept length {result.accept_length:.2f}" if result.accept_length is not None else ""
+    accept += simulated(result.simulated) if accept else ""  # the simulated SGLang's model's, as bench's numbers
     return f"serving job {result.job_id}, speculative {result.spec}{accept}{ranks}"
 
 

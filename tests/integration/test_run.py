@@ -66,6 +66,7 @@ def test_run_takes_three_hosts_to_serving_with_mtp_verified_and_a_benchmark(make
         assert hs["server"]["mtp"] is True and hs["server"]["verified"]
         assert len(hs["benchmarks"]) == 1 and hs["benchmarks"][0]["metrics"]["output_throughput"] > 0
         assert re.search(rf"^{name}: bench: done — .* output tok/s \[simulated\]", run.stderr, re.M), run.stderr
+        assert re.search(rf"^{name}: serve: done — .*, accept length \d\.\d\d \[simulated\]$", run.stderr, re.M)
     sha = env.fleet.add_upstream_commit("Next round")
     again = env.orch("run", "deepseek-v4-flash")
     assert again.returncode == 0 and again.stdout.count("already done: pull, tune-fp8, serve, bench") == 3
