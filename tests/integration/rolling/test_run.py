@@ -4,7 +4,10 @@ and fails no request (``fleet.py``), halts with the canary, resumes, and `orch s
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -104,7 +107,11 @@ def test_status_has_a_gateway_column_from_one_workers_call_and_says_when_the_gat
     sim3 = gateway_fleet.urls()[2]
     client.remove(sim3)
     client.wait_removed(sim3, timeout=10)
-    assert env.orch("stop-server", "--host", "sim-2").returncode == 0  # still registered, no longer serving
+    sim2 = env.fleet.hosts[1]  # type: ignore[attr-defined]
+    wrapper = int((Path(sim2.workdir) / "jobs" / server_job(env, "sim-2") / "pid").read_text())
+    os.killpg(wrapper, signal.SIGKILL)  # a crash: still registered, no longer serving (stop-server takes it out)
+    while Path(f"/proc/{wrapper}").exists():
+        time.sleep(0.05)
     table = env.orch("status")
     assert table.returncode == 0, table.output  # the gateway's findings change no exit code
     rows = {line.split()[0]: line for line in table.stdout.splitlines() if line.startswith("sim-")}
