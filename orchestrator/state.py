@@ -165,6 +165,7 @@ class ServerRecord(_Model):
     group: str | None = None  # the replica group this server is a rank of (issue 26), None on a host alone
     rank: int | None = None  # its node rank in that group (0 serves HTTP)
     profile: str | None = None  # the playbook's serving profile it was launched as (None: none named, or not known)
+    known_good_profile: str | None = None  # the serving profile ``known_good_argv`` served as (what a rollback is)
 
     @property
     def verification(self) -> Verification:
@@ -280,7 +281,8 @@ class HostState(_Model):
         phase ``serving``; the last error says why it does not serve as asked (``failures``), or is cleared."""
         if self.server is not None and self.server.job_id == job_id:
             self.server.healthy, self.server.verified = True, verified
-            self.server.known_good_argv = argv if not verified.problems else self.server.known_good_argv
+            if not verified.problems:
+                self.server.known_good_argv, self.server.known_good_profile = argv, self.server.profile
         self.set_phase(Phase.SERVING, f"server job {job_id} healthy")
         self.last_error = "; ".join(failures) if failures else None
 

@@ -442,13 +442,20 @@ def register(session: HostSession, client: GatewayClient, url: str) -> None:
     session.say(f"{url} is healthy in the gateway and routed to")
 
 
-def known_good(session: HostSession) -> list[str] | None:
+def known_good(session: HostSession) -> tuple[list[str] | None, str | None]:
+    """The host's last known-good server command and the serving profile it served as (what a rollback is)."""
     hs = session.store.read().hosts.get(session.host.name)
-    return None if hs is None or hs.server is None else hs.server.known_good_argv
+    return (
+        (None, None) if hs is None or hs.server is None else (hs.server.known_good_argv, hs.server.known_good_profile)
+    )
 
 
 def _roll_back_running(
-    session: HostSession, recipe: Recipe, options: ServeOptions, exc: serve_op.NotAsAsked, before: list[str] | None
+    session: HostSession,
+    recipe: Recipe,
+    options: ServeOptions,
+    exc: serve_op.NotAsAsked,
+    before: tuple[list[str] | None, str | None],
 ) -> None:
     """A new server that runs but not as asked (or fails the gate) is stopped and the server the host
     ran before the rollout relaunched. Serve counts a low accept length as serving (the argv becomes known-good), so the
@@ -458,8 +465,8 @@ def _roll_back_running(
     stopped = serve_op.stop_server(session, recipe, options.drain_timeout, outage)
 
     def restore(hs: HostState) -> None:
-        if hs.server is not None and before:
-            hs.server.known_good_argv = before
+        if hs.server is not None and before[0]:
+            hs.server.known_good_argv, hs.server.known_good_profile = before
 
     session.store.update_host(session.host.name, restore)
     failure = serve_op.StartupFailed(exc.message, stopped or "", "")

@@ -990,7 +990,8 @@ def rollback(session: HostSession, recipe: Recipe, options: ServeOptions, failur
     gpus = facts.server_gpus(recipe, host)
     try:
         configs = recorded_configs(store, host)
-        started = launch(session, good, options, recipe, configs)
+        served_as = recipe.model_copy(update={"profile": record.known_good_profile if record else None})
+        started = launch(session, good, options, served_as, configs)  # as the profile it served, not the new one
     except StartupFailed as again:
         stop_failed(session, again.job_id, gpus, options)
         failure.message += f"\nrollback failed too: {again.message.splitlines()[0]}"
@@ -1116,8 +1117,8 @@ def record_server(session: HostSession, record: ServerRecord) -> None:
     as the host's server record; the last known-good argv is carried over until this one proves good."""
 
     def apply(hs: HostState) -> None:
-        good = hs.server.known_good_argv if hs.server else None
-        hs.server = record.model_copy(update={"known_good_argv": good})
+        good = (hs.server.known_good_argv, hs.server.known_good_profile) if hs.server else (None, None)
+        hs.server = record.model_copy(update={"known_good_argv": good[0], "known_good_profile": good[1]})
 
     session.store.update_host(session.name, apply)
 

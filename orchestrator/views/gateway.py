@@ -200,7 +200,7 @@ def rollout_report(selected: list[Host], done: Rollout, inventory: Inventory | N
             render.out.print(f"{host.name}: not touched (still on its old server)", markup=False)
             continue
         if roll.result is not None:
-            serve_report(host, roll.result)
+            serve_report(host, roll.result, rolled_back=roll.outcome == "rolled back")
         for line in gate_lines(host.name, roll.gate) if roll.gate is not None else []:
             render.out.print(line, markup=False)
         render.out.print(f"{host.name}: {roll_line(roll)}", markup=False)

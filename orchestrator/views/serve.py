@@ -39,8 +39,9 @@ def reporter(host: Host) -> Sink:
     return report
 
 
-def serve_report(host: Host, r: serve_op.ServeResult) -> None:
-    """What was launched and what verification found, for one host."""
+def serve_report(host: Host, r: serve_op.ServeResult, rolled_back: bool = False) -> None:
+    """What was launched and what verification found, for one host; ``rolled_back``: that server was stopped
+    since and the known-good one relaunched (a rollout's rejected canary): its headline says so."""
     if r.unchanged:
         render.out.print(f"{host.name}: already serving as asked (job {r.job_id}); --force relaunches", markup=False)
         if r.group:
@@ -48,7 +49,11 @@ def serve_report(host: Host, r: serve_op.ServeResult) -> None:
         return
     replaced = f"; replaced {r.stopped_job}" if r.stopped_job else ""
     healthy = f"healthy after {r.healthy_after:.0f} s{replaced}"
-    render.out.print(f"{host.name}: serving job {r.job_id} on port {host.server_port} ({healthy})", markup=False)
+    if rolled_back:
+        headline = f"{host.name}: rejected server job {r.job_id} ({healthy}; stopped for the rollback), what it ran:"
+    else:
+        headline = f"{host.name}: serving job {r.job_id} on port {host.server_port} ({healthy})"
+    render.out.print(headline, markup=False)
     if r.group:
         render.out.print(f"  group ranks: {r.group}", markup=False)
     render.out.print(f"  started with: {facts.entrypoint_name(r.argv)}", markup=False)

@@ -74,10 +74,14 @@ def test_gate_bench_fails_a_canary_slower_than_its_baseline_rolls_it_back_and_ha
     old = {name: (argv_of(env, name), server_job(env, name)) for name in ("sim-1", "sim-2", "sim-3")}
     run, load = load_during(
         gateway_fleet.smg.gateway.url,
-        lambda: env.orch("serve", "--rolling", "--canary", "canary", "--gate", "bench", "--playbook", new),
+        lambda: env.orch(
+            "serve", "--rolling", "--canary", "canary", "--gate", "bench", "--playbook", new, "--profile", "low-latency"
+        ),
     )
     assert run.returncode == 5, run.output
     assert "sim-1: promotion gate FAILED: canary " in run.stdout
+    assert "sim-1: rejected server job " in run.stdout and "; stopped for the rollback), what it ran:" in run.stdout
+    assert run.stderr.count("as serving profile low-latency") == 1  # the canary's; the rollback's is the old one
     assert "is below the baseline's" in run.stdout and "('before')" in run.stdout
     assert "to roll back to the known-good server: it failed the promotion gate (draining" in run.stderr
     assert "as asked (stop-server)" not in run.stderr  # nobody asked: it said so of the rollback's stop
@@ -94,6 +98,8 @@ def test_gate_bench_fails_a_canary_slower_than_its_baseline_rolls_it_back_and_ha
     assert not gate.passed and gate.baseline_label == "before" and gate.canary_tok_s is not None
     assert gate.reasons[0].startswith(f"output {gate.canary_tok_s:,.1f} tok/s is below the baseline's")
     assert state.hosts["sim-1"].benchmarks[-1].label == gate.canary_label
+    server = state.hosts["sim-1"].server  # the known-good server's profile (none), not the rejected one's
+    assert server is not None and server.profile is None and server.known_good_profile is None
 
 
 def test_gate_bench_without_a_baseline_or_without_rolling_is_refused_before_anything_changes(
