@@ -7,11 +7,14 @@ import click
 from orchestrator.app import App
 from orchestrator.cli import Finite
 from orchestrator.cli.common import default, finish, pass_app
+from orchestrator.cli.confirm import confirm_or_refuse, yes_option
 from orchestrator.errors import UsageError
 from orchestrator.gateway import NO_GATEWAY_HINT, GatewayClient
+from orchestrator.inventory import Host
 from orchestrator.ops import group as group_op
 from orchestrator.ops import rollout
 from orchestrator.recipe import ServeOptions
+from orchestrator.transport.base import Runner
 
 
 def _client(app: App, command: str) -> GatewayClient:
@@ -36,12 +39,14 @@ def _client(app: App, command: str) -> GatewayClient:
     show_default=True,
     help="Seconds to wait for the requests in flight to finish.",
 )
+@yes_option
 @pass_app
-def drain(app: App, host_names: tuple[str, ...], drain_timeout: float) -> int:
+def drain(app: App, host_names: tuple[str, ...], drain_timeout: float, yes: bool) -> int:
     """Take a host out of the gateway and wait for its requests in flight; its server keeps running.
 
     A host of a replica group takes its group's rank 0 out (the only one in the gateway). The host stays
-    out (status shows it drained) until `orch undrain HOST`.
+    out (status shows it drained) until `orch undrain HOST`. Draining every server the gateway routes to
+    asks first (--yes to skip): every request through the gateway would fail.
 
     \b
     Example:
@@ -56,9 +61,28 @@ def drain(app: App, host_names: tuple[str, ...], drain_timeout: float) -> int:
     chosen = app.recipes(selected)
     with rollout.one_at_a_time(app.store), app.fleet(selected) as fleet:  # never beside a rollout: it re-registers
         fleet.events = reporter  # what it does as it goes, on stderr (a drain past its bound warns)
+        if not yes:
+
+            def url(host: Host, _runner: Runner) -> str:
+                return rollout.worker_url_of(fleet.question_session(host, app.store), chosen[host.name])
+
+            emptying(client, [(r.host.name, r.value) for r in fleet.map(url).succeeded])
         results = fleet.map_sessions(lambda s: drain_op.drain(s, chosen[s.name], client, drain_timeout), app.store)
     drained_lines(results)
     return finish(results)
+
+
+def emptying(client: GatewayClient, drained: list[tuple[str, str | None]]) -> None:
+    """Asked (``confirm_or_refuse``) when the hosts ``drained`` (name, worker URL) are every worker the gateway
+    routes to: a drain of them all is a fleet outage for the gateway's clients, as ``gateway down`` is."""
+    routed = {w.url for w in client.workers() if w.healthy}
+    if routed and routed <= {url for _, url in drained}:
+        names = ", ".join(name for name, _ in drained)
+        confirm_or_refuse(
+            f"Drain every server the gateway routes to ({names}): every request through it fails until one is "
+            "undrained?",
+            "or drain fewer hosts",
+        )
 
 
 @click.command()

@@ -158,3 +158,18 @@ def test_undrain_refuses_a_host_whose_server_is_not_running(served: Served) -> N
     back = served.env.orch("undrain", "sim-2")
     assert back.returncode == 0, back.output
     assert served.workers() == sorted([served.url("sim-1"), served.url("sim-2")])
+
+
+def test_draining_the_last_server_the_gateway_routes_to_is_asked_first(served: Served) -> None:
+    assert served.env.orch("drain", "sim-2").returncode == 0
+    refused = served.env.orch("drain", "sim-1")  # stdin is not a terminal
+    assert refused.returncode == 2, refused.output  # it emptied the gateway, exit 0, every request then failed
+    assert "Drain every server the gateway routes to (sim-1): every request through it fails until one is " in (
+        refused.stderr
+    )
+    assert "refused without confirmation" in refused.stderr and "pass --yes to confirm" in refused.stderr
+    assert served.workers() == [served.url("sim-1")]
+    assert "drained_at" not in status_of(served, "sim-1")
+    back = served.env.orch("undrain", "sim-2")
+    assert back.returncode == 0, back.output
+    assert served.workers() == sorted([served.url("sim-1"), served.url("sim-2")])
