@@ -264,6 +264,8 @@ def roll_host(
             roll.notes.append("gate not run: already serving as asked, nothing to promote")
         return roll
     drained = leave_gateway(session, recipe, rolling.client, options.drain_timeout, "replaced")
+    if rank is not None:
+        drained += _ranks_out(session, recipe, rank, rolling, options.drain_timeout)
     rolled = options.model_copy(update={"rollback": True})
     before = known_good(session)
     group_before = group_op.known_good(session.store, rank.plan.hosts) if rank is not None else {}
@@ -285,6 +287,23 @@ def roll_host(
         raise _halt(session, rolling.client, worker_url_of(session, recipe), exc, roll).took(began) from None
     register(session, rolling.client, worker_url_of(session, recipe))  # the new server's address: its --host may differ
     return HostRoll("relaunched", result, time.monotonic() - began, drained, gate=decision)
+
+
+def _ranks_out(
+    session: HostSession, recipe: Recipe, rank: group_op.Rank, rolling: RollContext, drain_timeout: float
+) -> int:
+    """The group's other ranks, each taken out of the gateway and drained when the gateway still lists it: a
+    host that served alone before the inventory grouped it is no worker any more (rank 0 alone serves the
+    group), and the group's serve stops its server. How many requests they had in flight."""
+    assert rolling.peers is not None
+    drained = 0
+    for name in rank.plan.hosts[1:]:
+        peer = rolling.peers(name)
+        url = worker_url_of(peer, recipe)
+        if rolling.client.find(url) is not None:
+            why = f"replaced by a rank of group {rank.plan.group} (rank 0 alone is its worker)"
+            drained += _take_out(peer, recipe, rolling.client, url, drain_timeout, why)
+    return drained
 
 
 def _would_replace(

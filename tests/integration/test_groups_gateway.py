@@ -248,3 +248,25 @@ def test_a_rolling_run_walks_each_playbook_and_rolls_the_group_as_one_server_wit
         progress = state.hosts[name].steps
         assert progress is not None and set(progress.done) == {"pull", "tune-fp8", "serve", "bench"}, name
     assert state.rollout is not None and state.rollout.waves == [["sim-1"], ["sim-2"]]
+
+
+def test_a_host_the_inventory_groups_leaves_the_gateway_as_its_group_is_rolled(fleet: GroupFleet) -> None:
+    env = fleet.env
+    grouped = env.inventory.read_text()
+    alone = yaml.safe_load(grouped)
+    del alone["groups"]  # as before the inventory grouped them: sim-3 served alone, a worker of the gateway
+    env.inventory.write_text(yaml.safe_dump(alone, sort_keys=False))
+    try:
+        served = env.orch("serve", "--host", "sim-3", "--no-rolling", "--playbook", "deepseek-v4-flash", "--yes")
+        assert served.returncode == 0, served.output
+        fleet.client.add(fleet.url("sim-3"))
+        fleet.client.wait_routing(fleet.url("sim-3"), timeout=60)
+    finally:
+        env.inventory.write_text(grouped)
+    run = env.orch("serve", "--rolling", "--host", "sim-2")  # the group, rolled on its rank 0
+    assert run.returncode == 0, run.output
+    out = f"sim-3: taking {fleet.url('sim-3')} out of the gateway before its server is replaced by a rank of group "
+    assert out in run.stderr, run.stderr  # it stayed a worker, its server stopped: `registered but not serving`
+    assert {w.url for w in fleet.client.workers()} == {fleet.url("sim-1"), fleet.url("sim-2")}
+    status = env.orch("gateway", "status")
+    assert status.returncode == 0, status.output
