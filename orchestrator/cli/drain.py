@@ -7,7 +7,8 @@ import click
 from orchestrator.app import App
 from orchestrator.cli import Finite
 from orchestrator.cli.common import default, finish, pass_app
-from orchestrator.cli.confirm import confirm_or_refuse, yes_option
+from orchestrator.cli.confirm import yes_option
+from orchestrator.cli.gateway import emptying
 from orchestrator.errors import UsageError
 from orchestrator.gateway import NO_GATEWAY_HINT, GatewayClient
 from orchestrator.inventory import Host
@@ -66,23 +67,10 @@ def drain(app: App, host_names: tuple[str, ...], drain_timeout: float, yes: bool
             def url(host: Host, _runner: Runner) -> str:
                 return rollout.worker_url_of(fleet.question_session(host, app.store), chosen[host.name])
 
-            emptying(client, [(r.host.name, r.value) for r in fleet.map(url).succeeded])
+            emptying(client, [(r.host.name, r.value) for r in fleet.map(url).succeeded], "Drain")
         results = fleet.map_sessions(lambda s: drain_op.drain(s, chosen[s.name], client, drain_timeout), app.store)
     drained_lines(results)
     return finish(results)
-
-
-def emptying(client: GatewayClient, drained: list[tuple[str, str | None]]) -> None:
-    """Asked (``confirm_or_refuse``) when the hosts ``drained`` (name, worker URL) are every worker the gateway
-    routes to: a drain of them all is a fleet outage for the gateway's clients, as ``gateway down`` is."""
-    routed = {w.url for w in client.workers() if w.healthy}
-    if routed and routed <= {url for _, url in drained}:
-        names = ", ".join(name for name, _ in drained)
-        confirm_or_refuse(
-            f"Drain every server the gateway routes to ({names}): every request through it fails until one is "
-            "undrained?",
-            "or drain fewer hosts",
-        )
 
 
 @click.command()

@@ -133,7 +133,7 @@ def rolling_serve(
     must each have a baseline run, else exit 2 first. A wave that would take every server out of the gateway
     is asked first (``ask_before_emptying``; ``yes`` skips the question)."""
     client = rollout_client(app, canary)
-    with app.fleet(selected, parallel) as fleet:
+    with rollout.one_at_a_time(app.store), app.fleet(selected, parallel) as fleet:
         fleet.events = reporter  # before the first session: doctor's sessions are the rollout's
         planned, sick = plan_waves(app, fleet, selected, max_unavailable, canary)
         gating = gate_plan(app, gate, planned, chosen, canary)
@@ -178,6 +178,19 @@ def ask_before_emptying(
                 "a fleet outage until they serve again?",
                 "or lower --max-unavailable so that each wave leaves some serving",
             )
+
+
+def emptying(client: GatewayClient, out: list[tuple[str, str | None]], verb: str) -> None:
+    """Asked (``confirm_or_refuse``) when the hosts ``out`` (name, worker URL) are every worker the gateway
+    routes to: taking them all out (``verb``: ``Drain``, ``Stop the servers of``) is a fleet outage for the
+    gateway's clients, as ``gateway down`` is."""
+    routed = {w.url for w in client.workers() if w.healthy}
+    if routed and routed <= {url for _, url in out}:
+        names = ", ".join(name for name, _ in out)
+        confirm_or_refuse(
+            f"{verb} every server the gateway routes to ({names}): every request through it fails until one is back?",
+            f"or {verb.lower()} fewer hosts",
+        )
 
 
 def plan_waves(

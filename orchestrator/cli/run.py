@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from orchestrator.app import App, refuse_bad_recipe
@@ -144,7 +146,8 @@ def run(
             label = gateway_view.server_label(app.inventory)
             ctx.rolling = run_op.RollingRun(client, max_unavailable, canary, gateway_view.wave_line, gating, label)
             run_view.rolling_note()
-        results = run_op.run(ctx, selected, steps)
+        with rollout.one_at_a_time(app.store) if rolling else contextlib.nullcontext():  # before the first pull
+            results = run_op.run(ctx, selected, steps)
     run_view.done_lines(results)
     return finish(results)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 from click.core import ParameterSource
 
@@ -10,13 +12,14 @@ from orchestrator.cli import complete
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.gateway import (
+    emptying,
     gate_needs_rolling,
     rolling_default,
     rolling_dry_run,
     rolling_options,
     rolling_serve,
 )
-from orchestrator.errors import ExitCode, UsageError
+from orchestrator.errors import ExitCode, GatewayError, UsageError
 from orchestrator.facts import group as group_facts
 from orchestrator.facts import server as facts
 from orchestrator.gateway import GatewayClient
@@ -189,7 +192,8 @@ def stop_server_command(
 
     Stopping servers on several hosts without --host/--tag asks first (--yes to skip). With a gateway in the
     inventory, a host it routes to leaves it first (its requests in flight drained); it stays out until
-    `orch serve --rolling` or `orch gateway up` registers it again.
+    `orch serve --rolling --host HOST` serves and registers it again. Stopping every server the gateway
+    routes to asks first (--yes to skip).
 
     \b
     Example:
@@ -201,16 +205,23 @@ def stop_server_command(
     groups = {h.name: g for h in selected if (g := app.inventory.group_of(h.name)) is not None}
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
+        client = GatewayClient(app.inventory.gateway) if app.inventory.gateway is not None else None
+        stopping = [h for h in selected if h.name not in groups or groups[h.name].rank0 == h.name]
+        if client is not None and not yes:  # the last servers the gateway routes to: asked, as a drain of them is
+
+            def url(host: Host, _runner: Runner) -> str:
+                return rollout.worker_url_of(fleet.question_session(host, app.store), chosen[host.name])
+
+            with contextlib.suppress(GatewayError):  # a gateway that does not answer is said by each stop
+                emptying(client, [(r.host.name, r.value) for r in fleet.map(url, stopping).succeeded], "Stop")
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes)
         peers = app.peers(fleet)
-        client = GatewayClient(app.inventory.gateway) if app.inventory.gateway is not None else None
 
         def stop_one(s: HostSession) -> dict[str, str | None]:
             if client is not None:  # a group's rank 0 alone is in the gateway
                 rollout.leave_before_stop(s, chosen[s.name], client, options.drain_timeout)
             return group_op.stop_host(s, chosen[s.name], options.drain_timeout, groups.get(s.name), peers)
 
-        stopping = [h for h in selected if h.name not in groups or groups[h.name].rank0 == h.name]
         results = group_op.per_host(fleet.map_sessions(stop_one, lambda: app.store, stopping), app.inventory)
     serve_view.stopped_lines(results)
     return finish(results)

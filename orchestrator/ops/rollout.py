@@ -350,13 +350,14 @@ def _take_out(
 
 def leave_before_stop(session: HostSession, recipe: Recipe, client: GatewayClient, drain_timeout: float) -> None:
     """``orch stop-server`` with a gateway: a host the gateway routes to leaves it and drains first (steps 1 and
-    2, no rollout recorded), so that no request is sent to a server being stopped; it stays out (``serve
-    --rolling`` or ``gateway up`` registers it again once it serves). A gateway that does not answer is said,
-    and the stop goes on: it was asked for, and a gateway that cannot be reached routes nothing through orch."""
+    2, no rollout recorded), so that no request is sent to a server being stopped; it stays out, said
+    (``serve --rolling --host H`` serves and registers it again). A gateway that does not answer is said, and
+    the stop goes on: it was asked for, and a gateway that cannot be reached routes nothing through orch."""
     url = worker_url_of(session, recipe)
     try:
         if client.find(url) is not None:
             _take_out(session, recipe, client, url, drain_timeout, "stopped")
+            session.say(f"it stays out of the gateway: `orch serve --rolling --host {session.name}` registers it again")
     except GatewayError as exc:
         session.say(f"WARNING: could not take {url} out of the gateway first: {exc.message}; stopping it anyway")
 
@@ -551,8 +552,12 @@ def one_at_a_time(store: StateStore) -> Iterator[None]:
     block): each takes servers out of the gateway and puts them back, and two at once undid each other (a
     second rollout stopped the server the first had just started; a drain was registered again by the
     rollout under way), or took more servers out than ``--max-unavailable``. Another orch's is refused,
-    ``GatewayError`` (exit 3) naming it, before this one changes anything."""
+    ``GatewayError`` (exit 3) naming it, before this one changes anything: a command takes it at its start
+    (``orch run --rolling`` before its pulls), and again around its rollout, which this process then holds."""
     path = Path(f"{store.path}.gateway-lock")
+    if path in _HOLDING:
+        yield
+        return
     who = f"pid {os.getpid()}, `{shlex.join(['orch', *sys.argv[1:]])}`, since {rfc3339(utc_now())}"
     with contextlib.ExitStack() as stack:
         try:
@@ -564,7 +569,14 @@ def one_at_a_time(store: StateStore) -> Iterator[None]:
                 f"another orch is taking servers out of the gateway and back ({holder}); nothing was changed",
                 hint="wait for it to end, or stop it (Ctrl-C: the same command resumes it later)",
             )
-        yield
+        _HOLDING.add(path)
+        try:
+            yield
+        finally:
+            _HOLDING.discard(path)
+
+
+_HOLDING: set[Path] = set()  # the locks ``one_at_a_time`` holds in this process (taken once, however nested)
 
 
 def _name(host: Host) -> str:

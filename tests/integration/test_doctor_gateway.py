@@ -160,7 +160,7 @@ def test_undrain_refuses_a_host_whose_server_is_not_running(served: Served) -> N
     assert served.workers() == sorted([served.url("sim-1"), served.url("sim-2")])
 
 
-def test_draining_the_last_server_the_gateway_routes_to_is_asked_first(served: Served) -> None:
+def test_draining_or_stopping_the_last_server_the_gateway_routes_to_is_asked_first(served: Served) -> None:
     assert served.env.orch("drain", "sim-2").returncode == 0
     refused = served.env.orch("drain", "sim-1")  # stdin is not a terminal
     assert refused.returncode == 2, refused.output  # it emptied the gateway, exit 0, every request then failed
@@ -170,6 +170,10 @@ def test_draining_the_last_server_the_gateway_routes_to_is_asked_first(served: S
     assert "refused without confirmation" in refused.stderr and "pass --yes to confirm" in refused.stderr
     assert served.workers() == [served.url("sim-1")]
     assert "drained_at" not in status_of(served, "sim-1")
+    stopped = served.env.orch("stop-server", "--host", "sim-1")  # it stopped the gateway's last server, exit 0
+    assert stopped.returncode == 2, stopped.output
+    assert "Stop every server the gateway routes to (sim-1): every request through it fails" in stopped.stderr
+    assert served.workers() == [served.url("sim-1")]
     back = served.env.orch("undrain", "sim-2")
     assert back.returncode == 0, back.output
     assert served.workers() == sorted([served.url("sim-1"), served.url("sim-2")])

@@ -161,13 +161,15 @@ def test_a_drain_or_a_second_rollout_beside_a_rollout_is_refused_before_it_chang
             time.sleep(0.1)
         drained = env.orch("drain", "sim-3")  # the rollout registered it again after it, later
         second = env.orch("serve", "--rolling", "--host", "sim-3", "--playbook", new)  # two out at once
+        ran = env.orch("run", new, "--rolling", "--host", "sim-3")  # it pulled, then was refused
     finally:
         hold.unlink()
         rolling.join(timeout=300)
-    for refused in (drained, second):
+    assert "pull:" not in ran.output, ran.output
+    for refused in (drained, second, ran):
         assert refused.returncode == 3, refused.output
         assert "another orch is taking servers out of the gateway and back (pid " in refused.stderr, refused.stderr
-        assert " serve --playbook " in refused.stderr and "nothing was changed" in refused.stderr
+        assert " serve --playbook " in refused.stderr and "nothing was changed" in refused.stderr, refused.stderr
     assert done and done[0].returncode == 0, done
     assert server_job(env, "sim-3") != old["sim-3"]  # the first rollout's, once
     assert StateStore(env.state).read().hosts["sim-3"].drained_at is None
