@@ -139,10 +139,15 @@ def latest_round(spans: Sequence[PhaseSpan]) -> list[PhaseSpan]:
     """The spans of the host's latest round of the campaign: from its last pull (from the first span when it
     was never pulled) to the first ``serving`` after it, included (to the end while it does not serve yet).
     Earlier rounds, the serving between rounds and a later relaunch (a sweep's) are the phase history's."""
-    pulls = [i for i, s in enumerate(spans) if s.phase == Phase.PULLED]
+    pulls = [i for i, s in enumerate(spans) if s.phase == Phase.PULLED and not s.reason.startswith(_STOPPED)]
     start = pulls[-1] if pulls else 0
     served = next((i for i in range(start, len(spans)) if spans[i].phase == Phase.SERVING), len(spans) - 1)
     return list(spans[start : served + 1])
+
+
+_STOPPED = "server stopped"
+"""The reason of a ``pulled`` span a stopped server went back to (``HostState.server_stopped``), not a pull: a
+tune-fp8 step stopping the server for tuning is within its round."""
 
 
 def round_pulled_at(spans: Sequence[PhaseSpan]) -> datetime | None:

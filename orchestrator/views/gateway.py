@@ -125,8 +125,8 @@ def stale_lines(host: str, stale: Stale) -> None:
 
 def replacing_line(host: str, stale: Stale, url: str) -> None:
     """``gateway up``, before it replaces a stale gateway job: what stopping it means."""
-    render.err.print(inert(f"{host}: replacing the gateway job {stale.job.id}: every request through {url} "
-                           "fails until the new one answers"), style="bold")  # fmt: skip
+    render.err.print(inert(f"{host}: replacing the gateway job {stale.job.id}: every request through the gateway "
+                           f"fails until the new one answers at {url}"), style="bold")  # fmt: skip
 
 
 def up_report(host: str, url: str, result: GatewayUp) -> None:

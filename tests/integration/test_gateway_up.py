@@ -171,7 +171,7 @@ def test_gateway_up_runs_smg_in_front_of_the_serving_hosts_and_down_stops_it(
     assert client.wait_routing(sim1, timeout=60).healthy
 
     # drained by the other controller: the host's mark says so to this one, whose state does not record it
-    assert other.orch("drain", "sim-1").returncode == 0
+    assert other.orch("drain", "sim-1", "--yes").returncode == 0  # its only server: asked otherwise
     (seen,) = [h for h in json.loads(env.orch("status", "--json").stdout)["hosts"] if h["name"] == "sim-1"]
     assert "drained_at" in seen and seen["gateway"]["flag"] is None, seen  # it said "serving but not registered"
     assert env.orch("gateway", "down", "--yes").returncode == 0
@@ -283,7 +283,7 @@ def test_gateway_up_after_the_inventory_changed_says_what_differs_and_replaces_i
 
     replaced = env.orch("gateway", "up", "--yes")
     assert replaced.returncode == 0, replaced.output
-    assert f"every request through {new.url} fails until the new one answers" in replaced.stderr
+    assert f"every request through the gateway fails until the new one answers at {new.url}" in replaced.stderr
     assert f"sim-1: the last gateway job ended (succeeded, exit 0, stopped by orch; job {job['id']})" in replaced.stderr
     assert f"gateway up: {new.url} answers /health" in replaced.stdout
     assert [j["state"] for j in gateway_jobs(env)][-1] == "running" and not alive(int(str(job["pid"])))

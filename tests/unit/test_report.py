@@ -109,6 +109,20 @@ def test_step_durations_are_the_latest_rounds_not_the_whole_history(tmp_path: Pa
     assert report.step_durations(spans, at(403)) == [("tuning", "2m00s (still running)")]
 
 
+def test_a_server_stopped_for_tuning_is_not_a_pull_that_starts_a_round() -> None:
+    """A pull, then a tune-fp8 step that stops the server (the host goes back to ``pulled``: reason ``server
+    stopped by ...``): the round is from the pull, not from the stop."""
+    steps = [(0, Phase.SERVING, Phase.PULLED, "abc -> def"), (1, Phase.PULLED, Phase.TUNED, "nothing to tune"),
+             (2, Phase.TUNED, Phase.LAUNCHING, "relaunch"), (3, Phase.LAUNCHING, Phase.SERVING, "healthy"),
+             (10, Phase.SERVING, Phase.PULLED, "server stopped by orch run (tune-fp8 step)"),
+             (11, Phase.PULLED, Phase.TUNING, "4 shapes"), (13, Phase.TUNING, Phase.TUNED, "tuned"),
+             (14, Phase.TUNED, Phase.LAUNCHING, "relaunch"),
+             (15, Phase.LAUNCHING, Phase.SERVING, "healthy")]  # fmt: skip
+    spans = report.phase_spans([PhaseChange(at=at(m), from_phase=a, to_phase=b, reason=r) for m, a, b, r in steps])
+    assert report.round_pulled_at(spans) == at(0)  # it said the stop at 10 was the round's pull
+    assert report.step_durations(spans, at(20)) == [("relaunch", "1m00s"), ("pull to serving", "3m00s")]
+
+
 def test_unfinished_tuning_says_so() -> None:
     history = [PhaseChange(at=at(0), from_phase=Phase.PULLED, to_phase=Phase.TUNING, reason="r")]
     assert report.step_durations(report.phase_spans(history), at(3.5)) == [("tuning", "3m30s (still running)")]
