@@ -21,6 +21,7 @@ from orchestrator.views.serve import serve_report
 def document(result: GatewayCheck) -> dict[str, object]:
     return {
         "consistent": result.consistent,
+        "routed": sum(1 for r in result.workers if r.healthy),  # 0: every request through the gateway fails
         "workers": [
             {"url": r.url, "healthy": r.healthy, "load": r.load, "host": r.host, "flag": r.flag} for r in result.workers
         ],
@@ -48,9 +49,11 @@ def report(result: GatewayCheck) -> None:
             "run the cut-off command again (`orch serve --rolling`, `orch run`) to register it  FLAG",
             markup=False,
         )
-    render.out.print(
-        "gateway consistent with the inventory" if result.consistent else "gateway: hosts flagged", markup=False
-    )
+    verdict = "gateway consistent with the inventory" if result.consistent else "gateway: hosts flagged"
+    if not any(r.healthy for r in result.workers):  # consistent or not, it routes nothing
+        verdict += "; it routes to no server: every request through it fails (`orch serve --rolling` serves and "
+        verdict += "registers hosts, `orch undrain` puts drained ones back)"
+    render.out.print(verdict, markup=False)
 
 
 def gate_lines(host: str, gate: GateRecord) -> list[str]:

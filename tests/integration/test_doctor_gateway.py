@@ -174,6 +174,13 @@ def test_draining_or_stopping_the_last_server_the_gateway_routes_to_is_asked_fir
     assert stopped.returncode == 2, stopped.output
     assert "Stop every server the gateway routes to (sim-1): every request through it fails" in stopped.stderr
     assert served.workers() == [served.url("sim-1")]
+    served.smg.client().remove(served.url("sim-1"))  # as a drain --yes of it leaves the gateway
+    served.smg.client().wait_removed(served.url("sim-1"), timeout=10)
+    empty = served.env.orch("gateway", "status")
+    assert "it routes to no server: every request through it fails" in empty.stdout, empty.output  # "consistent"
+    assert json.loads(served.env.orch("gateway", "status", "--json").stdout)["routed"] == 0
+    served.smg.client().add(served.url("sim-1"))
+    served.smg.client().wait_routing(served.url("sim-1"), timeout=60)
     back = served.env.orch("undrain", "sim-2")
     assert back.returncode == 0, back.output
     assert served.workers() == sorted([served.url("sim-1"), served.url("sim-2")])
