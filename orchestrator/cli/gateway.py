@@ -139,12 +139,7 @@ def rolling_serve(
         gating = gate_plan(app, gate, planned, chosen, canary)
         ranks = ranks or {}
 
-        def replaced(h: Host) -> str | None:  # a group's running rank is always replaced
-            session = fleet.question_session(h, app.store)
-            replaces = h.name in ranks or serve_op.would_replace(session, chosen[h.name], options)
-            return rollout.worker_url_of(session, chosen[h.name]) if replaces else None
-
-        ask_before_emptying(fleet, planned, client, yes, replaced)
+        ask_before_emptying(fleet, planned, client, yes, serve_replaced(app, fleet, chosen, options, ranks))
         rolling = rollout.RollContext(client, app.peers(fleet), gating)
 
         def roll_one(s: HostSession) -> rollout.HostRoll:
@@ -167,17 +162,41 @@ def ask_before_emptying(
     routes to (healthy) is a fleet outage (``--max-unavailable`` as large as the fleet), asked as
     ``serve --no-rolling`` asks (``confirm_or_refuse``: exit 2 without a terminal, unless ``--yes``), before
     anything changes. ``--host``/``--tag`` do not skip it: a rolling relaunch promises to keep serving."""
-    routed = set() if yes else {w.url for w in client.workers() if w.healthy}
+    found = None if yes else emptying_wave(fleet, planned, client, replaced)
+    if found is not None:
+        number, names = found
+        confirm_or_refuse(
+            f"Take every server the gateway routes to out at once, in wave {number} ({', '.join(names)}): "
+            "a fleet outage until they serve again?",
+            "or lower --max-unavailable so that each wave leaves some serving",
+        )
+
+
+def emptying_wave(
+    fleet: Fleet, planned: list[list[Host]], client: GatewayClient, replaced: Replaced
+) -> tuple[int, list[str]] | None:
+    """The first wave (its number, and the hosts it would take out) holding every worker the gateway routes to."""
+    routed = {w.url for w in client.workers() if w.healthy}
     for number, wave in enumerate(planned, 1):
         if len(wave) < 2 or not routed:  # one server out at a time is what a rollout is
             continue
         out = {r.host.name: r.value for r in fleet.map(lambda h, _runner: replaced(h), wave).succeeded if r.value}
         if routed <= set(out.values()):
-            confirm_or_refuse(
-                f"Take every server the gateway routes to out at once, in wave {number} ({', '.join(out)}): "
-                "a fleet outage until they serve again?",
-                "or lower --max-unavailable so that each wave leaves some serving",
-            )
+            return number, list(out)
+    return None
+
+
+def serve_replaced(
+    app: App, fleet: Fleet, chosen: Mapping[str, Recipe], options: ServeOptions, ranks: Mapping[str, group_op.Rank]
+) -> Replaced:
+    """``Replaced`` for ``orch serve``: a host whose serve would stop its server (a group's running rank always)."""
+
+    def replaced(h: Host) -> str | None:
+        session = fleet.question_session(h, app.store)
+        replaces = h.name in ranks or serve_op.would_replace(session, chosen[h.name], options)
+        return rollout.worker_url_of(session, chosen[h.name]) if replaces else None
+
+    return replaced
 
 
 def emptying(client: GatewayClient, out: list[tuple[str, str | None]], verb: str) -> None:
@@ -210,7 +229,7 @@ def plan_waves(
 
 def rolling_dry_run(
     app: App, fleet: Fleet, selected: list[Host], max_unavailable: int, canary: str | None, gate: str | None,
-    chosen: dict[str, Recipe],
+    chosen: dict[str, Recipe], replaced: Replaced | None = None,
 ) -> tuple[list[Host], bool]:  # fmt: skip
     """``serve --rolling --dry-run``: the checks the rollout makes before anything changes (the gateway, the
     canary tag, the gate's baselines), its waves on stderr as it would run them (an interrupted rollout's
@@ -227,6 +246,12 @@ def rolling_dry_run(
     )
     for number, wave in enumerate(planned, 1):
         gateway_view.wave_line(f"wave {number}/{len(planned)}: {', '.join(map(label, wave))}")
+    found = emptying_wave(fleet, planned, client, replaced) if replaced is not None else None
+    if found is not None:
+        gateway_view.wave_line(
+            f"wave {found[0]} takes every server the gateway routes to out at once ({', '.join(found[1])}): the "
+            "rollout asks first (--yes), a fleet outage until they serve again"
+        )
     rolled = {h.name for wave in planned for h in wave}
     rolled |= {n for g in app.inventory.groups.values() if g.hosts[0] in rolled for n in g.hosts}
     return [h for h in selected if h.name in rolled], sick

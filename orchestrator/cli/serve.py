@@ -18,6 +18,7 @@ from orchestrator.cli.gateway import (
     rolling_dry_run,
     rolling_options,
     rolling_serve,
+    serve_replaced,
 )
 from orchestrator.errors import ExitCode, GatewayError, UsageError
 from orchestrator.facts import group as group_facts
@@ -110,8 +111,9 @@ def serve(
     with app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
         if dry_run:  # a rolling one plans its waves' hosts alone, as the rollout would relaunch them
+            replaced = serve_replaced(app, fleet, chosen, options, ranks)
             planning, sick = (
-                rolling_dry_run(app, fleet, selected, max_unavailable, canary, gate, chosen)
+                rolling_dry_run(app, fleet, selected, max_unavailable, canary, gate, chosen, replaced)
                 if rolling
                 else (selected, False)
             )

@@ -124,6 +124,12 @@ def test_a_wave_holding_every_server_of_the_gateway_is_asked_as_an_outage(
         "they serve again: refused without confirmation"
     ) in run.stderr, run.stderr
     assert "pass --yes to confirm, or lower --max-unavailable" in run.stderr
+    dry = env.orch(
+        "serve", "--max-unavailable", "3", "--playbook", new, "--dry-run"
+    )  # it said "the others keep serving"
+    assert dry.returncode == 0, dry.output
+    asks = "wave 1 takes every server the gateway routes to out at once (sim-1, sim-2, sim-3): the rollout asks first"
+    assert asks in dry.stderr, dry.stderr
     assert {name: server_job(env, name) for name in jobs} == jobs
     assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
 
