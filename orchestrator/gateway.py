@@ -150,6 +150,11 @@ class GatewayCheck:
     def consistent(self) -> bool:
         return not self.unregistered and not self.left_out and all(row.flag is None for row in self.workers)
 
+    @property
+    def routed(self) -> int:
+        """The healthy workers: 0, every request through the gateway fails."""
+        return sum(1 for row in self.workers if row.healthy)
+
 
 def check_workers(workers: list[Worker], urls: dict[str, str], serving: set[str]) -> GatewayCheck:
     """Match the gateway's ``workers`` with the inventory: ``urls`` maps each host to the URL orch

@@ -207,6 +207,7 @@ class StepProgress(_Model):
             self.done.pop(step, None)
 
 
+SERVER_STOPPED = "server stopped"  # the reason ``server_stopped`` gives its phase change (``ops.report`` reads it)
 _LAUNCHED_FROM = (Phase.SERVING, Phase.LAUNCHING, Phase.FAILED)
 """The phases a server (launching, serving or failed at start) leaves when it is stopped."""
 
@@ -307,7 +308,7 @@ class HostState(_Model):
             if by is not None and self.server.job_id == job_id:
                 self.server.stopped_at, self.server.stopped_by = utc_now(), by
         if self.phase in _LAUNCHED_FROM:
-            self.set_phase(self.phase_before_launch(), "server stopped" + (f" by {by}" if by else ""))
+            self.set_phase(self.phase_before_launch(), SERVER_STOPPED + (f" by {by}" if by else ""))
 
     def failed(self, reason: str, error: str | None = None) -> None:
         """Phase ``failed`` (its history reason cut to 300 characters); the last error is ``error``, else

@@ -11,11 +11,9 @@ from orchestrator.cli.confirm import yes_option
 from orchestrator.cli.gateway import emptying
 from orchestrator.errors import UsageError
 from orchestrator.gateway import NO_GATEWAY_HINT, GatewayClient
-from orchestrator.inventory import Host
 from orchestrator.ops import group as group_op
 from orchestrator.ops import rollout
 from orchestrator.recipe import ServeOptions
-from orchestrator.transport.base import Runner
 
 
 def _client(app: App, command: str) -> GatewayClient:
@@ -63,11 +61,7 @@ def drain(app: App, host_names: tuple[str, ...], drain_timeout: float, yes: bool
     with rollout.one_at_a_time(app.store), app.fleet(selected) as fleet:  # never beside a rollout: it re-registers
         fleet.events = reporter  # what it does as it goes, on stderr (a drain past its bound warns)
         if not yes:
-
-            def url(host: Host, _runner: Runner) -> str:
-                return rollout.worker_url_of(fleet.question_session(host, app.store), chosen[host.name])
-
-            emptying(client, [(r.host.name, r.value) for r in fleet.map(url).succeeded], "Drain")
+            emptying(app, fleet, client, selected, chosen, "Drain")
         results = fleet.map_sessions(lambda s: drain_op.drain(s, chosen[s.name], client, drain_timeout), app.store)
     drained_lines(results)
     return finish(results)

@@ -24,6 +24,7 @@ from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.render import inert, print_json
 from orchestrator.session import HostSession
+from orchestrator.transport.base import Runner
 from orchestrator.views import gateway as gateway_view
 from orchestrator.views.serve import reporter
 
@@ -199,15 +200,21 @@ def serve_replaced(
     return replaced
 
 
-def emptying(client: GatewayClient, out: list[tuple[str, str | None]], verb: str) -> None:
-    """Asked (``confirm_or_refuse``) when the hosts ``out`` (name, worker URL) are every worker the gateway
-    routes to: taking them all out (``verb``: ``Drain``, ``Stop the servers of``) is a fleet outage for the
-    gateway's clients, as ``gateway down`` is."""
+def emptying(
+    app: App, fleet: Fleet, client: GatewayClient, hosts: list[Host], chosen: Mapping[str, Recipe], verb: str
+) -> None:
+    """Asked (``confirm_or_refuse``) when ``hosts`` are every worker the gateway routes to: taking them all out
+    (``verb``: ``Drain``, ``Stop``) is a fleet outage for the gateway's clients, as ``gateway down`` is."""
+
+    def url(host: Host, _runner: Runner) -> str:
+        return rollout.worker_url_of(fleet.question_session(host, app.store), chosen[host.name])
+
     routed = {w.url for w in client.workers() if w.healthy}
-    if routed and routed <= {url for _, url in out}:
-        names = ", ".join(name for name, _ in out)
+    out = {r.host.name: r.value for r in fleet.map(url, hosts).succeeded} if routed else {}
+    if routed and routed <= set(out.values()):
         confirm_or_refuse(
-            f"{verb} every server the gateway routes to ({names}): every request through it fails until one is back?",
+            f"{verb} every server the gateway routes to ({', '.join(out)}): every request through it fails until "
+            "one is back?",
             f"or {verb.lower()} fewer hosts",
         )
 

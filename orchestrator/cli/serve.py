@@ -210,12 +210,8 @@ def stop_server_command(
         client = GatewayClient(app.inventory.gateway) if app.inventory.gateway is not None else None
         stopping = [h for h in selected if h.name not in groups or groups[h.name].rank0 == h.name]
         if client is not None and not yes:  # the last servers the gateway routes to: asked, as a drain of them is
-
-            def url(host: Host, _runner: Runner) -> str:
-                return rollout.worker_url_of(fleet.question_session(host, app.store), chosen[host.name])
-
             with contextlib.suppress(GatewayError):  # a gateway that does not answer is said by each stop
-                emptying(client, [(r.host.name, r.value) for r in fleet.map(url, stopping).succeeded], "Stop")
+                emptying(app, fleet, client, stopping, chosen, "Stop")
         ask_before_stopping(fleet, selected, bool(hosts or tags), yes)
         peers = app.peers(fleet)
 

@@ -33,7 +33,7 @@ from orchestrator.facts import sweep as sweep_facts
 from orchestrator.facts.bench import BenchRecord, ComparisonRow
 from orchestrator.facts.profile import CATEGORY_NAMES, ProfileRecord
 from orchestrator.localfile import replace_file
-from orchestrator.state import HostState, Phase, PhaseChange, State, Verification, utc_now
+from orchestrator.state import SERVER_STOPPED, HostState, Phase, PhaseChange, State, Verification, utc_now
 from orchestrator.text import fmt_seconds, inert
 from orchestrator.tuning.member import record_of
 from orchestrator.tuning_record import InstalledRecord
@@ -139,15 +139,10 @@ def latest_round(spans: Sequence[PhaseSpan]) -> list[PhaseSpan]:
     """The spans of the host's latest round of the campaign: from its last pull (from the first span when it
     was never pulled) to the first ``serving`` after it, included (to the end while it does not serve yet).
     Earlier rounds, the serving between rounds and a later relaunch (a sweep's) are the phase history's."""
-    pulls = [i for i, s in enumerate(spans) if s.phase == Phase.PULLED and not s.reason.startswith(_STOPPED)]
+    pulls = [i for i, s in enumerate(spans) if s.phase == Phase.PULLED and not s.reason.startswith(SERVER_STOPPED)]
     start = pulls[-1] if pulls else 0
     served = next((i for i in range(start, len(spans)) if spans[i].phase == Phase.SERVING), len(spans) - 1)
     return list(spans[start : served + 1])
-
-
-_STOPPED = "server stopped"
-"""The reason of a ``pulled`` span a stopped server went back to (``HostState.server_stopped``), not a pull: a
-tune-fp8 step stopping the server for tuning is within its round."""
 
 
 def round_pulled_at(spans: Sequence[PhaseSpan]) -> datetime | None:
@@ -168,9 +163,8 @@ def step_durations(spans: Sequence[PhaseSpan], now: datetime) -> list[tuple[str,
         if steps:
             running = " (still running)" if steps[-1].end is None else ""
             found.append((title, fmt_duration(sum((s.duration(now) for s in steps), timedelta())) + running))
-    pulled = round_pulled_at(spans)
-    if pulled is not None and mine[-1].phase == Phase.SERVING:
-        found.append(("pull to serving", fmt_duration(mine[-1].start - pulled)))
+    if mine and mine[0].phase == Phase.PULLED and mine[-1].phase == Phase.SERVING:
+        found.append(("pull to serving", fmt_duration(mine[-1].start - mine[0].start)))
     return found
 
 

@@ -149,7 +149,8 @@ def observe(
     host = session.host
     started_at = datetime.now(timezone.utc)
     launched = cached.server if cached is not None else None
-    unrecorded = not record_of(cached).installed and record_of(cached).plan_id is None
+    record_now = record_of(cached)
+    unrecorded = not record_now.installed and record_now.plan_id is None
     argv = probe.probe_argv(status_sections(host, launched, fetch, python, marks=unrecorded))
     sections = probe.explain_timeouts(
         probe.parse(_probe(session, argv, FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout),

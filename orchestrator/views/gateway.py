@@ -21,7 +21,7 @@ from orchestrator.views.serve import serve_report
 def document(result: GatewayCheck) -> dict[str, object]:
     return {
         "consistent": result.consistent,
-        "routed": sum(1 for r in result.workers if r.healthy),  # 0: every request through the gateway fails
+        "routed": result.routed,
         "workers": [
             {"url": r.url, "healthy": r.healthy, "load": r.load, "host": r.host, "flag": r.flag} for r in result.workers
         ],
@@ -50,7 +50,7 @@ def report(result: GatewayCheck) -> None:
             markup=False,
         )
     verdict = "gateway consistent with the inventory" if result.consistent else "gateway: hosts flagged"
-    if not any(r.healthy for r in result.workers):  # consistent or not, it routes nothing
+    if not result.routed:  # consistent or not, it routes nothing
         verdict += "; it routes to no server: every request through it fails (`orch serve --rolling` serves and "
         verdict += "registers hosts, `orch undrain` puts drained ones back)"
     render.out.print(verdict, markup=False)
