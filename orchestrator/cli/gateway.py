@@ -50,21 +50,23 @@ def rolling_options(command: F) -> F:
         "--rolling/--no-rolling",
         default=None,
         help="Relaunch in waves behind the inventory's gateway, serving throughout (default with a gateway: "
-        "on for the whole fleet).",
+        "on, for --host/--tag too).",
     )(command)
 
 
-def rolling_default(app: App, rolling: bool | None, chosen: bool, dry_run: bool) -> bool:
-    """``--rolling/--no-rolling`` of ``serve`` and ``run``: unset, it is on for the whole fleet (no
-    ``--host``/``--tag``) when the inventory has a gateway, and says so (a dry run does not: ``serve``'s
-    prints the waves, ``run``'s each host's steps). ``--rolling`` without a ``gateway:`` is exit 2, a dry
-    run's too."""
+def rolling_default(app: App, rolling: bool | None, dry_run: bool) -> bool:
+    """``--rolling/--no-rolling`` of ``serve`` and ``run``: unset, it is on when the inventory has a gateway,
+    for the whole fleet and for ``--host``/``--tag`` alike (a plain serve of one host stopped a server the
+    gateway still routed requests to), and says so (a dry run does not: ``serve``'s prints the waves,
+    ``run``'s each host's steps). ``--rolling`` without a ``gateway:`` is exit 2, a dry run's too."""
     if rolling and app.inventory.gateway is None:
         _no_gateway(app)
-    if rolling is None and not chosen and app.inventory.gateway is not None:
+    if rolling is None and app.inventory.gateway is not None:
         if not dry_run:
             url = inert(app.inventory.gateway.url)
-            render.err.print(f"the inventory has a gateway: rolling relaunch ({url})", style="bold")
+            render.err.print(
+                f"the inventory has a gateway: rolling relaunch ({url}; --no-rolling for a plain one)", style="bold"
+            )
         return True
     return bool(rolling)
 

@@ -63,8 +63,8 @@ def run(
     a tuned config deleted: that step runs again, saying why), running jobs re-attached; nothing is
     started twice, even after orch was killed. Progress goes to stderr, one line per host and event.
     Every server stop is announced first; stopping servers on several hosts without --host/--tag
-    asks first (--yes to skip). With --rolling (the default for the whole fleet when the inventory
-    has a gateway:) the steps from a tune-fp8 that stops the server through serve go host by host
+    asks first (--yes to skip). With --rolling (the default when the inventory has a gateway:,
+    --host/--tag too) the steps from a tune-fp8 that stops the server through serve go host by host
     through the gateway, as `orch serve --rolling` does (no outage, so no question; a replica group
     moves as one server); the steps after serve run once the rollout is over.
 
@@ -86,7 +86,7 @@ def run(
                 check_profiles({host.name: chosen[host.name]}, step.options.profiles)
     serves = any(run_op.around_serve(steps[h.name])[1] for h in selected)
     ranks = group_ranks(app, selected, chosen, steps)
-    rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run) and serves
+    rolling = rolling_default(app, rolling, dry_run) and serves
     gate_needs_rolling(gate, rolling, canary)
     if rolling and gate is not None:  # a group's promotion gate is not built yet (issue 26): exit 2 first
         hint = "roll the group without --gate, or select the hosts outside groups with --host"

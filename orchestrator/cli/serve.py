@@ -101,7 +101,7 @@ def serve(
         chosen, mtp = profiled(chosen, serving_profile, options.mtp, mtp_asked=asked and options.mtp)
         options = options.model_copy(update={"mtp": mtp})
     ranks = group_op.ranks(app.inventory, selected, chosen)
-    rolling = rolling_default(app, rolling, bool(hosts or tags), dry_run)
+    rolling = rolling_default(app, rolling, dry_run)
     gate_needs_rolling(gate, rolling, canary)
     if rolling and gate is not None:  # a group's promotion gate is not built yet (issue 26): exit 2, a dry run too
         hint = "roll the group without --gate, or select the hosts outside groups with --host"

@@ -55,18 +55,26 @@ def skipped_lines(sick: Sequence[HostHealth], drained: Sequence[Host] = ()) -> N
 
     for line in map(refusal, sick):
         err.print(inert(line), markup=False, highlight=False, soft_wrap=True)
-    drained_left_out([h.name for h in drained], "skipped: drained")
+    drained_left_out([h.name for h in drained], "skipped: drained", plain=True)
 
 
-def drained_left_out(names: Sequence[str], what: str) -> None:
+def drained_left_out(names: Sequence[str], what: str, plain: bool = False) -> None:
     """The line on stderr per drained host a command leaves out (``gateway up``: ``drained: not registered``;
-    ``serve --rolling``: ``skipped: drained``), saying how to put it back."""
+    ``serve --rolling``: ``skipped: drained``), saying how to put it back (``plain``: and how to relaunch it
+    without the gateway, as a drained host is relaunched for inspection)."""
     from orchestrator.render import err, inert
 
     for name in names:
         err.print(
-            inert(f"{name}: {what} (`orch undrain {name}` puts it back)"), markup=False, highlight=False, soft_wrap=True
+            inert(f"{name}: {what} (`orch undrain {name}` puts it back{_plain(name) if plain else ''})"),
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
         )
+
+
+def _plain(name: str) -> str:
+    return f"; `orch serve --no-rolling --host {name}` relaunches it, left out of the gateway"
 
 
 def drained_line(name: str, drained: Drained) -> str:

@@ -148,6 +148,21 @@ def test_stop_server_takes_a_registered_host_out_of_the_gateway_before_stopping_
     assert status.returncode == 0, status.output  # not `registered but not serving`
 
 
+def test_serve_of_one_host_behind_the_gateway_takes_it_out_first_and_registers_it_again(
+    gateway_fleet: GatewayFleet, load_during: Callable[..., tuple[Any, ClientLoad]]
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    sim2 = gateway_fleet.urls()[1]
+    old = server_job(env, "sim-2")
+    run, load = load_during(gateway_fleet.smg.gateway.url, lambda: env.orch("serve", "--host", "sim-2", "--force"))
+    assert run.returncode == 0, run.output
+    assert load.sent > 0 and load.failed == []  # it stopped a server the gateway routed to, without taking it out
+    assert "the inventory has a gateway: rolling relaunch" in run.stderr
+    assert f"taking {sim2} out of the gateway before its server is replaced" in run.stderr, run.stderr
+    assert server_job(env, "sim-2") != old
+    assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())  # registered again
+
+
 def test_a_drain_or_a_second_rollout_beside_a_rollout_is_refused_before_it_changes_anything(
     gateway_fleet: GatewayFleet, tmp_path: Path
 ) -> None:
