@@ -327,13 +327,27 @@ def merge_state(obs: Observed, hs: HostState) -> HostStatus:
     if field is not None and field["recorded"] and hs.phase == Phase.SERVING and field["job_state"] in _ENDED:
         status.phase = Phase.FAILED.value  # the host serves nothing: its server ended without orch stopping it
         field["ended_while_serving"] = True
-    if (status.extra.get("tuning") or {}).get("recorded") is False and status.phase != Phase.SERVING.value:
-        status.phase = Phase.TUNING.value  # the host tunes, whatever this state file says
+    status.phase = _unrecorded_tuning_phase(status.phase, status.extra.get("tuning") or {}, checkout)
     if field is not None and field["recorded"] and hs.server is not None:
         for key, value in pending_restart(field, hs.server, checkout, record_of(hs)).items():
             field.setdefault(key, value)
     status.extra["server"] = field
     return status
+
+
+def _unrecorded_tuning_phase(phase: str, tuning: dict[str, Any], checkout: str | None) -> str:
+    """``phase``, or what the host shows of orch's tuning that this state does not record: ``tuning`` while its
+    tuning jobs run (unless it serves); ``tuned`` for a host not yet tuned here (``new``, ``pulled``) where orch
+    marked configs installed for the checkout's commit. Marks alone are no tuning running: it showed ``tuning``."""
+    if tuning.get("recorded") is not False:
+        return phase
+    if tuning.get("state") == "running":
+        return phase if phase == Phase.SERVING.value else Phase.TUNING.value
+    marked_for = {mark["commit"] for mark in (tuning.get("installed_for") or {}).values()}
+    return Phase.TUNED.value if phase in _BEFORE_TUNED and checkout in marked_for else phase
+
+
+_BEFORE_TUNED = (Phase.NEW.value, Phase.PULLED.value)
 
 
 def pending_restart(

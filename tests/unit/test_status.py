@@ -19,7 +19,7 @@ from orchestrator.inventory import Host
 from orchestrator.ops import status as status_op
 from orchestrator.ops.status import GpuView, HostStatus
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, ServerRecord, State, Verification
+from orchestrator.state import HostState, Phase, ServerRecord, State, Verification
 from orchestrator.store import StateStore
 from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.plan import make_plan
@@ -340,6 +340,29 @@ def test_tuning_jobs_the_state_does_not_record_are_shown_running_as_the_host_run
         "running: 1 orch tuning job this state does not record (another controller, or a lost state directory; "
         "`orch tune-fp8 --host sim-2 --wait` adopts their plan and installs it)"
     )
+
+
+@pytest.mark.parametrize(
+    ("recorded", "mark_commit", "phase"),
+    [
+        (HostState(), COMMIT, "tuned"),  # `orch state forget`: the host's own marks say it is tuned
+        (HostState(phase=Phase.PULLED), COMMIT, "tuned"),
+        (HostState(), "0" * 40, "new"),  # marks of another checkout: not tuned for this one
+        (HostState(phase=Phase.FAILED), COMMIT, "failed"),
+    ],
+)
+def test_configs_orch_marked_installed_that_the_state_does_not_record_are_no_tuning_running(
+    recorded: HostState, mark_commit: str, phase: str
+) -> None:
+    """A host forgotten (or tuned by another controller) whose configs orch marked installed, with no tuning
+    job running: its phase was shown `tuning`."""
+    from orchestrator.tuning_record import InstallMark
+
+    done = InstalledRecord(path="/c/a.json", device=DEVICE, commit=mark_commit, batch_sizes=[1], installed_at=T0)
+    info = git.GitInfo(COMMIT, "main", "s", COMMIT, 0)
+    obs = status_op.Observed(HostStatus("sim-2", "127.0.0.1", reachable=True, phase="new"), info, {})
+    obs.status.extra["tuning"] = status_op.unrecorded_marks([InstallMark(key="N=1,K=1", sha256="x", installed=done)])
+    assert status_op.merge_state(obs, recorded).phase == phase
 
 
 def record(started: datetime = T0, commit: str | None = COMMIT) -> ServerRecord:
