@@ -10,13 +10,15 @@ Two layouts came before the database, both at ``.orch/state.json`` (or the ``--s
   and ``history/<name>.jsonl`` (older phase changes, jobs and benchmark runs rotated out of a host's file,
   one ``{"kind", "entry"}`` per line), put back before the host's own entries.
 
-Either is read whole and validated (a corrupt one is a ``StateError`` naming the file: nothing is migrated),
-and kept afterwards, renamed ``<path>.migrated`` (``keep``): never deleted.
+Either is read whole and validated before the database is created (a corrupt one is a ``StateError`` naming the
+file: nothing is migrated, no database created), and kept afterwards, renamed ``<path>.migrated`` (``keep``): never
+deleted.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,6 +29,8 @@ from orchestrator.errors import StateError
 from orchestrator.facts.bench import BenchRecord
 from orchestrator.state import SCHEMA_VERSION, HostState, JobRecord, PhaseChange, State, summarize
 from orchestrator.tuning_record import migrate_v1
+
+log = logging.getLogger(__name__)
 
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
 """One step of a migration: the raw JSON document in, the document in the next shape out (pure)."""
@@ -47,18 +51,26 @@ def legacy_path(database: Path) -> Path:
     return database.with_suffix(".json") if database.suffix else database.with_name(database.name + ".json")
 
 
+def legacy_state(database: Path) -> State | None:
+    """The state an older orch kept beside ``database`` (``legacy_path``), validated; None when there is none."""
+    legacy = legacy_path(database)
+    return read_legacy(legacy) if legacy.exists() else None
+
+
 def read_legacy(path: Path) -> State:
     """The state an older orch kept at ``path`` (a single file or a state directory), validated."""
     return _read_directory(path) if path.is_dir() else _read_file(path)
 
 
-def keep(path: Path) -> Path:
-    """``path`` renamed ``<path>.migrated`` (``.migrated.1``... when taken): where the migrated state stays."""
+def keep(path: Path, database: Path) -> Path:
+    """``path``, migrated into ``database``, renamed ``<path>.migrated`` (``.migrated.1``... when taken), and
+    said where: the migrated state stays there."""
     target, n = path.with_name(path.name + ".migrated"), 0
     while target.exists():
         n += 1
         target = path.with_name(f"{path.name}.migrated.{n}")
     path.rename(target)
+    log.warning("state %s migrated into the database %s; the old state is kept as %s", path, database, target)
     return target
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import re
 import sqlite3
@@ -40,7 +39,6 @@ from orchestrator.tuning_record import PlanRecord
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
-log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE hosts (host TEXT PRIMARY KEY, doc TEXT NOT NULL);
@@ -230,12 +228,14 @@ class StateStore:
 
     def _open(self) -> None:
         """Create the database (0600, its directory 0700) when missing, and check or create its schema:
-        an older orch's state found beside it is migrated in the transaction that creates the tables."""
+        an older orch's state found beside it is migrated in the transaction that creates the tables. That
+        state is read first: one refused creates no database (it would read as an empty state once moved away)."""
+        legacy = None if self.path.exists() else state_migration.legacy_state(self.path)
         _private_file(self.path)
         with contextlib.closing(self._connect()) as db, self._errors():
             if db.execute("PRAGMA user_version").fetchone()[0] == 0:  # new: created once, under the write lock
                 db.execute("BEGIN IMMEDIATE")
-                self._create(db)
+                self._create(db, legacy)
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StateError(
@@ -243,21 +243,19 @@ class StateStore:
                     hint="a newer orch wrote it: use that orch (orch never resets it)",
                 )
 
-    def _create(self, db: sqlite3.Connection) -> None:
+    def _create(self, db: sqlite3.Connection, legacy: State | None) -> None:
         """In the transaction begun, unless another orch created them meanwhile: the tables, and what an older
-        orch's state beside the database holds (kept, renamed, once the transaction is committed)."""
-        legacy, migrated = state_migration.legacy_path(self.path), None
+        orch's state beside the database holds (``legacy`` when read already; kept, renamed, once committed)."""
         with db:
-            if db.execute("PRAGMA user_version").fetchone()[0] == 0:
+            if created := db.execute("PRAGMA user_version").fetchone()[0] == 0:
                 for table in filter(str.strip, SCHEMA.split(";")):
                     db.execute(table)
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                migrated = state_migration.read_legacy(legacy) if legacy.exists() else None
-                if migrated is not None:
-                    self._save(db, migrated, _Read())
-        if migrated is not None:
-            kept = state_migration.keep(legacy)
-            log.warning("state %s migrated into the database %s; the old state is kept as %s", legacy, self.path, kept)
+                legacy = legacy if legacy is not None else state_migration.legacy_state(self.path)
+                if legacy is not None:
+                    self._save(db, legacy, _Read())
+        if created and legacy is not None:
+            state_migration.keep(state_migration.legacy_path(self.path), self.path)
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from orchestrator.recipe import Shape
 from orchestrator.state import SCHEMA_VERSION, Phase, State, Verification
 from orchestrator.state_migration import _MIGRATIONS, LAST_JSON_VERSION
 from orchestrator.store import StateStore
+from tests.conftest import OrchRun
 
 REPO_ROOT = Path(orchestrator.__file__).resolve().parents[1]
 V3_DIR = REPO_ROOT / "tests" / "data" / "state-v3-dir.tar.gz"
@@ -179,6 +181,36 @@ def test_a_v1_file_that_does_not_migrate_is_a_clear_error_left_unchanged(
         StateStore(state_path).update_host("h", lambda hs: None)  # every try: nothing half-migrated
     assert state_path.read_bytes() == before
     assert not state_path.with_name("state.json.migrated").exists()
+
+
+@pytest.mark.parametrize("layout", ["file", "directory"])
+def test_a_refused_migration_leaves_no_database_and_is_refused_again_alike(
+    tmp_path: Path, layout: str, orch: Callable[..., OrchRun]
+) -> None:
+    """It left an empty ``state.db``: once the old state was moved away, ``state show`` read that as the state
+    (no hosts, exit 0) instead of saying there is none."""
+    if layout == "file":
+        (tmp_path / ".orch").mkdir()
+        legacy = tmp_path / ".orch" / "state.json"
+        server = {"job_id": "s", "argv": [], "port": 1, "mtp": False, "verified": {"warnings": ["HF_TOKEN=x"]}}
+        legacy.write_text(json.dumps({"schema_version": 1, "hosts": {"h": {"server": server}}}))
+    else:
+        with tarfile.open(V3_DIR) as archive:
+            archive.extractall(tmp_path / ".orch", filter="data")
+        legacy = tmp_path / ".orch" / "state.json"
+        (legacy / "hosts" / "sim-2.json").write_text("garbage")
+    database, before = tmp_path / ".orch" / "state.db", sorted(p.read_bytes() for p in _files(legacy))
+    refused = [orch("--state", str(database), "state", "show") for _ in range(2)]
+    assert [r.returncode for r in refused] == [4, 4], refused[0].output
+    assert refused[0].stderr == refused[1].stderr and f"orch: error: state file {legacy}" in refused[0].stderr
+    assert not database.exists() and sorted(p.read_bytes() for p in _files(legacy)) == before
+    legacy.rename(tmp_path / "moved-away")
+    nothing = orch("--state", str(database), "state", "show")
+    assert (nothing.returncode, nothing.stderr.splitlines()[0]) == (2, f"orch: error: no state at {database}")
+
+
+def _files(path: Path) -> list[Path]:
+    return [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
 
 
 def test_a_v1_verification_holding_a_secret_is_refused(state_path: Path) -> None:
