@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import html
 import io
+import json
 import os
 import re
 import shlex
@@ -618,7 +619,7 @@ def _h(text: str) -> str:
 def write_report(state: State, source: str, out_dir: Path, fmt: Format = "md", now: datetime | None = None) -> Path:
     """Write ``report.md`` or ``report.html`` and one chart per benchmarked host into ``out_dir``; without
     matplotlib (the ``report`` extra) the report has no charts and says how to get them. Charts an earlier
-    report left in ``out_dir`` that this one does not write are removed (``remove_old_charts``)."""
+    report wrote into ``out_dir`` that this one does not write are removed (``remove_old_charts``)."""
     report = build(state, source, now)
     report.charts_left_out = None if has_matplotlib() else NO_CHARTS
     try:
@@ -637,7 +638,9 @@ def write_report(state: State, source: str, out_dir: Path, fmt: Format = "md", n
                 write_png(out_dir / host.profile_chart, profile_figure(host.name, host.profiles))
         target = out_dir / f"report.{fmt}"
         replace_file(target, (render_markdown(report) if fmt == "md" else render_html(report)).encode())
-        remove_old_charts(out_dir, {c for h in report.hosts for c in (h.chart, h.sweep_chart, h.profile_chart) if c})
+        written = {c for h in report.hosts for c in (h.chart, h.sweep_chart, h.profile_chart) if c}
+        remove_old_charts(out_dir, written)
+        replace_file(out_dir / CHARTS_WRITTEN, json.dumps({"charts": sorted(written)}, indent=1).encode())
     except OSError as exc:
         raise UsageError(f"cannot write the report into {out_dir}: {exc.strerror or exc}") from None
     return target
@@ -685,17 +688,34 @@ def sweep_figure(host: str, points: Sequence[sweep_facts.SweepPoint]) -> Figure:
 CHART_FILE = re.compile(r"(throughput|sweep|gpu-time)-[0-9]{2,}-[A-Za-z0-9_.-]{1,60}\.png")
 """The names ``chart_name`` gives a report's charts (and their ``sweep-``/``gpu-time-`` siblings)."""
 
+CHARTS_WRITTEN = ".orch-report.json"
+"""The list ``write_report`` keeps in its ``--out`` directory of the charts it wrote there (``{"charts": [...]}``):
+the only files a later report removes."""
+
 
 def remove_old_charts(out_dir: Path, written: set[str]) -> None:
-    """Remove the charts an earlier report wrote into ``out_dir`` that this one did not write (a host that has
-    no sweep or profile any more, a host gone): left there, they would read as this report's. Only regular
-    files named as ``chart_name`` names them go; anything else in the directory, and a symbolic link of such a
-    name (orch makes none), is left alone."""
-    for path in out_dir.iterdir():
-        if CHART_FILE.fullmatch(path.name) and path.name not in written:
-            with contextlib.suppress(FileNotFoundError):
-                if stat.S_ISREG(os.lstat(path).st_mode):
-                    path.unlink()
+    """Remove the charts the earlier report listed in ``out_dir``'s ``CHARTS_WRITTEN`` that this one did not
+    write (a host that has no sweep or profile any more, a host gone): left there, they would read as this
+    report's. A file orch did not list there stays, whatever its name (a user's ``sweep-01-gpu-1.png``); so
+    does a symbolic link (orch makes none), and everything in a directory with no list (or an unreadable one)."""
+    for name in charts_written(out_dir) - written:
+        path = out_dir / name
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                path.unlink()
+
+
+def charts_written(out_dir: Path) -> set[str]:
+    """The chart names ``CHARTS_WRITTEN`` in ``out_dir`` lists; only names a chart can have (no path, no
+    other file), none when the list is missing, not a regular file, or not the JSON orch writes."""
+    path = out_dir / CHARTS_WRITTEN
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return set()
+        listed = json.loads(path.read_bytes()).get("charts")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {n for n in listed if isinstance(n, str) and CHART_FILE.fullmatch(n)} if isinstance(listed, list) else set()
 
 
 def chart_name(host: str, index: int) -> str:

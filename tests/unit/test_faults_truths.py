@@ -97,7 +97,7 @@ def test_a_report_without_matplotlib_has_no_charts_and_says_how_to_get_them(
     assert "Charts left out: matplotlib is not installed (`pip install &#x27;orch[report]&#x27;` adds them)." in (
         target.read_text()
     )
-    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["report.html"]
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [".orch-report.json", "report.html"]  # no chart
 
 
 def _replacing(tmp_path: Path, *, old_argv: list[str], force: bool = False, commit: str = "c1") -> str:

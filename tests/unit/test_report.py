@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 import re
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -456,6 +457,47 @@ def test_a_rerun_removes_the_charts_it_no_longer_writes_and_nothing_else(tmp_pat
     hs.benchmarks, hs.profiles = hs.benchmarks[:-1], []  # the new state: no sweep, no profile
     text = report.write_report(state, "state.json", out, "md", now=at(100)).read_text()
     assert sorted(p.name for p in out.iterdir()) == [
-        "notes.png", "plot-01-x.png", "report.md", "sweep-02-blackwell-2.png", "throughput-01-blackwell-1.png",
-        "throughput-01-blackwell-1.png.bak"]  # fmt: skip
+        ".orch-report.json", "notes.png", "plot-01-x.png", "report.md", "sweep-02-blackwell-2.png",
+        "throughput-01-blackwell-1.png", "throughput-01-blackwell-1.png.bak"]  # fmt: skip
     assert victim.read_text() == "mine" and "sweep-01" not in text and "gpu-time-01" not in text
+
+
+def test_a_rerun_leaves_a_users_file_named_as_a_chart_that_orch_never_wrote(tmp_path: Path) -> None:
+    # they went with the charts orch no longer wrote: any regular file named as a chart was taken for orch's
+    out = tmp_path / "out"
+    out.mkdir()
+    for users in ("sweep-01-blackwell-1.png", "gpu-time-02-blackwell-2.png"):
+        (out / users).write_text("the user's")
+    state = campaign_state()
+    state.hosts["blackwell-1"].profiles = [a_profile("after", 90, 0.4)]
+    report.write_report(state, "state.json", out, "md", now=at(100))
+    state.hosts["blackwell-1"].profiles = []  # the new state: no profile
+    report.write_report(state, "state.json", out, "md", now=at(100))
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "gpu-time-02-blackwell-2.png", "sweep-01-blackwell-1.png", "throughput-01-blackwell-1.png"]  # fmt: skip
+    assert (out / "sweep-01-blackwell-1.png").read_text() == "the user's"
+    assert json.loads((out / ".orch-report.json").read_text()) == {"charts": ["throughput-01-blackwell-1.png"]}
+
+
+@pytest.mark.parametrize(
+    "listed",
+    [
+        '{"charts": ["../outside.png", "notes.txt", "report.md", "sweep-01-link.png"]}',
+        "not json",
+        "[1]",
+        '{"charts": 1}',
+    ],
+)
+def test_a_rerun_removes_only_chart_files_the_list_names(tmp_path: Path, listed: str) -> None:
+    out, outside = tmp_path / "out", tmp_path / "outside.png"
+    out.mkdir()
+    for users in ("notes.txt", "sweep-02-blackwell-2.png", "gpu-time-01-blackwell-1.png"):
+        (out / users).write_text("the user's")
+    outside.write_text("the user's")
+    (out / "sweep-01-link.png").symlink_to(outside)
+    (out / ".orch-report.json").write_text(listed)  # edited by hand, or not orch's
+    report.write_report(campaign_state(), "state.json", out, "md", now=at(100))
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".orch-report.json", "gpu-time-01-blackwell-1.png", "notes.txt", "report.md", "sweep-01-link.png",
+        "sweep-02-blackwell-2.png", "throughput-01-blackwell-1.png"]  # fmt: skip
+    assert outside.read_text() == "the user's"
