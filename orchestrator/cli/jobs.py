@@ -8,7 +8,7 @@ from orchestrator import jobs as jobs_mod
 from orchestrator.app import App
 from orchestrator.cli import complete
 from orchestrator.cli.common import finish, host_options, pass_app
-from orchestrator.errors import ExitCode
+from orchestrator.errors import ExitCode, UsageError
 from orchestrator.ops import logs as logs_op
 from orchestrator.server_job import refuse_bare_stop
 from orchestrator.views import jobs as jobs_view
@@ -33,6 +33,7 @@ def jobs_cmd(
       orch jobs --host blackwell-1
       orch jobs --kind tune --all
     """
+    refuse_unknown_kind(kind)
     with app.fleet(app.select(hosts, tags), parallel) as fleet:
         results = fleet.map(lambda h, r: logs_op.of_kind(jobs_mod.list_jobs(r, h.workdir), kind))
     if as_json:
@@ -40,6 +41,16 @@ def jobs_cmd(
     else:
         jobs_view.jobs_table(results, show_all, kind)
     return finish(results)
+
+
+def refuse_unknown_kind(kind: str | None) -> None:
+    """``--kind`` is one of orch's kinds or a purpose of one (``tune.gpu3``), before any host is read: a typo
+    listed no job, exit 0, as if there were none."""
+    if kind is not None and logs_op.job_kind(kind) not in jobs_view.KINDS:
+        raise UsageError(
+            f"--kind: {kind!r} is not a kind of job orch starts (orch's kinds: {', '.join(jobs_view.KINDS)})",
+            hint="give one of them, or a purpose of one such as tune.gpu3 (`orch jobs --all` lists the jobs)",
+        )
 
 
 @click.command()

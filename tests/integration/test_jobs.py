@@ -127,9 +127,13 @@ def test_jobs_shows_live_and_recent_one_line_each_and_logs_takes_a_kind(make_fle
     only = env.orch("jobs", "--kind", "server")
     assert server in only.stdout and not any(j in only.stdout for j in ended)
     assert "no job of kind" not in only.stderr
-    typo = env.orch("jobs", "--kind", "sever")  # listed nothing, silently
-    assert typo.returncode == 0 and "no job of kind or purpose 'sever' (orch's kinds: server, tune," in typo.stderr
-    assert typo.stdout == ""  # not an empty table beside it
+    typo = env.orch("jobs", "--kind", "sever")  # listed nothing, exit 0
+    assert typo.returncode == 2, typo.output
+    assert "--kind: 'sever' is not a kind of job orch starts (orch's kinds: server," in typo.stderr
+    assert typo.stdout == ""
+    none = env.orch("jobs", "--kind", "profile")  # one of orch's kinds, no job of it here
+    assert none.returncode == 0 and "no job of kind or purpose 'profile'" in none.stderr
+    assert none.stdout == ""  # not an empty table beside it
     shown = env.orch("logs", sim.name, "server")
     assert shown.returncode == 0, shown.output
     assert f"{sim.name}: job {server} (running, started" in shown.stderr
