@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.text import find_secret, is_env_name, looks_secret
@@ -206,9 +206,22 @@ class ReplicaGroup(YamlModel):
 
     @field_validator("rank0_address")
     @classmethod
-    def _address(cls, value: str | None) -> str | None:
-        if value is not None and (not _ADDRESS.match(value) or value.startswith("-")):
+    def _address(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """A host name, an IPv4 or an IPv6 address, as a host's ``address``; ``HOST:PORT`` is refused here: the
+        ranks meet on the playbook's ``multinode.dist_init_port``, and orch launched them at
+        ``--dist-init-addr [HOST:PORT]:20000``."""
+        if value is None:
+            return value
+        if not _ADDRESS.match(value) or value.startswith("-"):
             raise ValueError(f"{value!r} is not a host name or IP address")
+        host, port = _host_and_port(value)
+        if port is not None:
+            playbook = info.data.get("playbook")
+            raise ValueError(
+                f"has a port in it; the port the ranks meet on is the playbook's multinode.dist_init_port: write "
+                f"rank0_address: {host}, and dist_init_port: {port} under multinode: in "
+                + (f"playbook {playbook!r}" if playbook else "the group's playbook")
+            )
         return value
 
     @property

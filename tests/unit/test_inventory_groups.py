@@ -107,6 +107,35 @@ def test_a_groups_hosts_must_agree_on_what_every_rank_shares(tmp_path: Path, hos
     assert info.value.exit_code == ExitCode.USAGE
 
 
+@pytest.mark.parametrize(
+    ("address", "host", "port"),
+    [
+        ("10.1.230.171:29500", "10.1.230.171", "29500"),
+        ("[fe80::1]:29500", "fe80::1", "29500"),
+        ("gpu-1:22", "gpu-1", "22"),
+    ],
+)
+def test_a_rank0_address_with_a_port_in_it_is_refused_at_load_naming_the_dist_init_port(
+    tmp_path: Path, address: str, host: str, port: str
+) -> None:
+    # it loaded, and the ranks were launched with --dist-init-addr [10.1.230.171:29500]:20000
+    path = write(tmp_path, HOSTS + GROUP + f"    hosts: [b1, b2]\n    playbook: pro\n    rank0_address: '{address}'\n")
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    assert str(info.value) == (
+        f"{path}: group 'pro-1', key 'rank0_address': has a port in it; the port the ranks meet on is the playbook's "
+        f"multinode.dist_init_port: write rank0_address: {host}, and dist_init_port: {port} under multinode: in "
+        f"playbook 'pro' (got {address!r})"
+    )
+    assert info.value.exit_code == ExitCode.USAGE
+
+
+@pytest.mark.parametrize("address", ["fe80::1", "2001:db8::2", "10.1.230.171", "gpu-1.lab"])
+def test_a_rank0_address_may_be_an_ipv6_address_or_a_name(tmp_path: Path, address: str) -> None:
+    path = write(tmp_path, HOSTS + GROUP + f"    hosts: [b1, b2]\n    playbook: pro\n    rank0_address: '{address}'\n")
+    assert load_inventory(path).groups["pro-1"].rank0_address == address
+
+
 def test_a_member_naming_another_playbook_is_refused(tmp_path: Path) -> None:
     text = "hosts:\n  b1: {address: h1, playbook: deepseek-v4-flash}\n  b2: {address: h2}\n"
     path = write(tmp_path, text + "groups:\n  pro-1: {hosts: [b1, b2], playbook: deepseek-v4-pro}\n")
