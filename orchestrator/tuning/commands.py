@@ -16,7 +16,7 @@ from orchestrator.session import HostSession
 from orchestrator.state import State
 from orchestrator.tuning.group import Group, group_members, start_groups
 from orchestrator.tuning.member import Peers, plan_of, record_of, records, running_plan
-from orchestrator.tuning.prepare import prepare
+from orchestrator.tuning.prepare import BeforeStop, prepare
 from orchestrator.tuning.progress import TuneStatus, group_status
 from orchestrator.tuning.watch import wait_group, watch_groups
 from orchestrator.tuning_record import TuningRecord
@@ -48,15 +48,18 @@ def tune_fp8(
     recipe_for: Callable[[Host], Recipe],
     options: TuneOptions,
     peers: Peers,
+    before_stop: BeforeStop | None = None,
 ) -> FleetResult[TuneStatus]:
     """``orch tune-fp8`` (and the ``tune-fp8`` step of ``orch run``): prepare every session's host (in
     parallel, over ``fleet``), start new plans (each group's ``TuningPlanned`` emitted before any
     waiting), attach to running ones, then step them once or (``options.wait``, every ``options.poll``
     seconds) until each is installed or failed, each status emitted on its host's session. One value or
-    error per host."""
+    error per host. ``before_stop``: run on a host before ``--stop-server`` stops its server."""
     by_name = {s.name: s for s in sessions}
     hosts = [s.host for s in sessions]
-    prepared = fleet.map(lambda h, _runner: prepare(by_name[h.name], recipe_for(h), options), hosts)
+    prepared = fleet.map(
+        lambda h, _runner: prepare(by_name[h.name], recipe_for(h), options, before_stop=before_stop), hosts
+    )
     ready = [r.value for r in prepared if r.ok and r.value is not None]
     use_fleet = options.fleet if options.fleet is not None else any(recipe_for(p.host).tuning.fleet for p in ready)
     groups, errors = start_groups(ready, use_fleet, peers)

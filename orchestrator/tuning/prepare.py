@@ -365,7 +365,18 @@ class Prepared:
         return self.session.host
 
 
-def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bool = False) -> Prepared:
+BeforeStop = Callable[[HostSession, Recipe], None]
+"""What ``--stop-server`` does on a host before its server is stopped for tuning (``orch tune-fp8`` with a
+gateway: the host leaves it and drains, ``ops.rollout.leave_before_stop``)."""
+
+
+def prepare(
+    session: HostSession,
+    recipe: Recipe,
+    options: TuneOptions,
+    look: bool = False,
+    before_stop: BeforeStop | None = None,
+) -> Prepared:
     """Attach to a running plan, or discover, resolve shapes, skip installed ones and check GPUs. A plan
     recorded running whose jobs were lost is failed first (``settle_lost``). ``look``: change nothing
     (``orch run``'s dry run and outage check): such a plan is taken as failed without recording it. The
@@ -400,6 +411,8 @@ def prepare(session: HostSession, recipe: Recipe, options: TuneOptions, look: bo
     needed = [s for s in wanted if s.key not in skipped]
     kept = [] if options.force else kept_results(files, record, plan, facts, wanted_units(needed, batch_sizes))
     if needed and options.stop_server:
+        if before_stop is not None:
+            before_stop(session, recipe)
         gpus, drain = server_facts.server_gpus(recipe, host), ServeOptions().drain_timeout
         srv.stop_running_server(srv.warning_session(host, runner, store), gpus, drain, srv.FOR_TUNE_FP8, server)
         session.forget("jobs", "gpus", "server_info")  # the server job ended, its GPUs released

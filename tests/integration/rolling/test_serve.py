@@ -325,3 +325,27 @@ def test_a_host_whose_replacement_cannot_start_stays_in_the_gateway_serving(
     assert "sim-1: taking" in run.stderr and "sim-2: taking" not in run.output  # never left the gateway
     healthy = {w.url for w in gateway_fleet.client.workers() if w.healthy}
     assert gateway_fleet.urls()[1] in healthy  # still routed to
+
+
+def test_tune_fp8_stop_server_takes_a_registered_host_out_of_the_gateway_first(
+    gateway_fleet: GatewayFleet, load_during: Callable[..., tuple[Any, ClientLoad]]
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client  # last in the module: it leaves sim-3 tuned
+    sim3 = gateway_fleet.urls()[2]
+    tune = (
+        "tune-fp8",
+        "--host",
+        "sim-3",
+        "--shapes",
+        "N=1024,K=4096",
+        "--batch-sizes",
+        "1,2",
+        "--stop-server",
+        "--wait",
+    )
+    run, load = load_during(gateway_fleet.smg.gateway.url, lambda: env.orch(*tune))
+    assert run.returncode == 0, run.output
+    assert load.sent > 0 and load.failed == []
+    assert f"sim-3: taking {sim3} out of the gateway before its server is stopped" in run.stderr, run.stderr
+    assert "`orch serve --rolling --host sim-3` registers it again" in run.stderr
+    assert sorted(w.url for w in client.workers()) == sorted(gateway_fleet.urls()[:2])
