@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import jobs, readers
 from orchestrator import server_job as server
-from orchestrator.errors import GatewayError, OrchError, RemoteCommandError, UnreachableError, UsageError
+from orchestrator.errors import GatewayError, OrchError, RemoteCommandError, StateError, UnreachableError, UsageError
 from orchestrator.facts import git, gpus, machine, probe, replacement
 from orchestrator.facts import tuner as tf
 from orchestrator.facts.group import GroupStatus, group_status
@@ -307,6 +309,8 @@ def _show_state(status: HostStatus, hs: HostState) -> None:
 
 
 _ENDED = ("succeeded", "failed", "lost")  # a server job the host says has ended (orch's stop is "stopped")
+_CRASHED = "ended without orch stopping it"  # the reason ``record_crashes`` gives the failure it records
+log = logging.getLogger(__name__)
 
 
 def merge_state(obs: Observed, hs: HostState) -> HostStatus:
@@ -324,7 +328,8 @@ def merge_state(obs: Observed, hs: HostState) -> HostStatus:
         status.phase = Phase.SERVING.value  # the host serves, whatever this state file says
     if field is not None and field["recorded"] and hs.phase == Phase.SERVING and field["job_state"] == "stopped":
         status.phase = hs.phase_before_launch().value  # another orch stopped it: the phase its stop leaves
-    if field is not None and field["recorded"] and hs.phase == Phase.SERVING and field["job_state"] in _ENDED:
+    crashed = hs.phase == Phase.SERVING or (hs.phase == Phase.FAILED and _CRASHED in (hs.last_error or ""))
+    if field is not None and field["recorded"] and crashed and field["job_state"] in _ENDED:
         status.phase = Phase.FAILED.value  # the host serves nothing: its server ended without orch stopping it
         field["ended_while_serving"] = True
     status.phase = _unrecorded_tuning_phase(status.phase, status.extra.get("tuning") or {}, checkout)
@@ -333,6 +338,29 @@ def merge_state(obs: Observed, hs: HostState) -> HostStatus:
             field.setdefault(key, value)
     status.extra["server"] = field
     return status
+
+
+def record_crashes(store: StateStore, views: list[HostStatus]) -> None:
+    """A server this state records serving that the host shows ended unasked (a crash, an OOM kill, a reboot:
+    ``ended_while_serving``) is recorded failed, once: the phase change that ``--notify-cmd`` hears of (nothing
+    recorded a crash; a later serve recorded a relaunch). Checked again in the transaction
+    (the same job, still serving, no stop recorded: a stop recorded meanwhile wins). A state another orch holds
+    past the lock timeout is said, and status goes on."""
+    for view in views:
+        field = view.extra.get("server") or {}
+        if field.get("ended_while_serving"):
+            crashed = functools.partial(_crashed, job_id=str(field["job"]), how=str(field["job_state"]))
+            try:
+                store.update_host(view.name, crashed)
+            except StateError as exc:
+                log.warning("%s: could not record that its server ended: %s", view.name, exc.message)
+
+
+def _crashed(hs: HostState, job_id: str, how: str) -> None:
+    server = hs.server
+    if hs.phase != Phase.SERVING or server is None or server.job_id != job_id or server.stopped_at is not None:
+        return
+    hs.server_failed(f"server job {job_id} {_CRASHED} ({how})")
 
 
 def _unrecorded_tuning_phase(phase: str, tuning: dict[str, Any], checkout: str | None) -> str:

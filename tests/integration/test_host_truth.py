@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import yaml
 
 from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
+from tests.integration.test_bench import RECORDER
 from tests.integration.test_faults_drops import server_jobs
 from tests.integration.test_run import kill_when, purposes
 
@@ -175,13 +178,20 @@ def test_orch_stop_takes_no_server_down_and_a_server_that_ended_unasked_is_not_s
     os.killpg(wrapper, signal.SIGKILL)  # the server dies (an OOM kill, a crash): nobody asked
     while Path(f"/proc/{wrapper}").exists():
         time.sleep(0.05)
-    status = env.orch("status", "--json")
+    events = env.state.parent / "events.jsonl"
+    notify = shlex.join([sys.executable, "-c", RECORDER, str(events)])
+    status = env.orch("--notify-cmd", notify, "status", "--json")
     (view,) = json.loads(status.stdout)["hosts"]
     assert view["phase"] == "failed" and view["server"]["ended_while_serving"] is True, view
-    assert StateStore(env.state).read().hosts[sim.name].phase == "serving"  # status changes no record
-    table = " ".join(env.orch("status").stdout.split())
+    # recorded once (it stayed `serving`, and no --notify-cmd heard of the crash)
+    assert StateStore(env.state).read().hosts[sim.name].phase == "failed"
+    said = [json.loads(line) for line in events.read_text().splitlines()]
+    assert [(e["kind"], e["host"], e["from"], e["to"]) for e in said] == [("phase", sim.name, "serving", "failed")]
+    assert f"server job {job['id']} ended without orch stopping it (lost)" in said[0]["reason"]
+    table = " ".join(env.orch("--notify-cmd", notify, "status").stdout.split())
     assert f"{sim.name} failed" in table
     assert f"server job {job['id']} ended (lost) while recorded serving, not stopped by orch: nothing serves" in table
+    assert len(events.read_text().splitlines()) == 1  # not again
     again = env.orch("serve", "--no-mtp")
     assert again.returncode == 0, again.output
     assert env.orch("status", "--json").stdout.count('"phase": "serving"') == 1

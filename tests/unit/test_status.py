@@ -546,3 +546,31 @@ def test_gateway_notes_flag_hosts_out_of_step_strangers_and_an_unreachable_gatew
     down = {"url": "http://g:1", "reachable": False, "error": "gateway http://g:1 unreachable (GET /workers): refused"}
     assert views_mod.gateway_notes([v], down) == [down["error"]]
     assert views_mod.gateway_notes([v], None) == []
+
+
+def test_a_server_found_ended_unasked_is_recorded_failed_once_unless_a_stop_or_another_launch_was_recorded(
+    tmp_path: Path,
+) -> None:
+    store = StateStore(tmp_path / "state.db")
+    for name, job in [("crashed", "s1"), ("stopped", "s2"), ("relaunched", "s4")]:
+        store.update_host(name, lambda hs, job=job: _serving(hs, job))
+    store.update_host("stopped", lambda hs: hs.server_stopped("s2", by="orch stop-server"))  # recorded meanwhile
+    ended = {"job_state": "lost", "ended_while_serving": True}
+    views = [
+        HostStatus(name, "127.0.0.1", reachable=True, phase="failed", extra={"server": {**ended, "job": job}})
+        for name, job in [("crashed", "s1"), ("stopped", "s2"), ("relaunched", "s3")]  # s3: the record has s4
+    ]
+    status_op.record_crashes(store, views)
+    status_op.record_crashes(store, views)
+    hosts = store.read().hosts
+    assert hosts["crashed"].phase == Phase.FAILED
+    assert [c.reason for c in hosts["crashed"].history[-1:]] == ["server job s1 ended without orch stopping it (lost)"]
+    assert len([c for c in hosts["crashed"].history if c.to_phase == Phase.FAILED]) == 1
+    assert hosts["stopped"].phase == Phase.TUNED and hosts["relaunched"].phase == Phase.SERVING
+
+
+def _serving(hs: HostState, job: str) -> None:
+    hs.tuned("tuned")
+    hs.server_launching("serve")
+    hs.server = ServerRecord(job_id=job, argv=["sglang"], port=30000, mtp=True)
+    hs.server_verified(job, Verification(), ["sglang"], [])
