@@ -150,8 +150,9 @@ def _bare(annotation: Any) -> Any:
     return annotation
 
 
-def host_options(fn: F) -> F:
-    """``--host`` (repeatable, name or address), ``--tag`` (repeatable), ``--parallel``."""
+def host_options(fn: F, *, unselected: str = "Default: every host.") -> F:
+    """``--host`` (repeatable, name or address), ``--tag`` (repeatable), ``--parallel``; ``unselected``: what
+    the command does with neither, as ``--host``'s help says it."""
     fn = click.option(
         "--parallel",
         type=click.IntRange(1, 1024),
@@ -174,9 +175,14 @@ def host_options(fn: F) -> F:
         multiple=True,
         metavar="NAME_OR_ADDRESS",
         shell_complete=complete.hosts,
-        help="A host by inventory name or address (repeatable). Default: every host.",
+        help=f"A host by inventory name or address (repeatable). {unselected}",
     )(fn)
     return fn
+
+
+def canary_host_options(fn: F) -> F:
+    """``host_options`` of a command that runs on the hosts named only (``orch sweep``): no default."""
+    return host_options(fn, unselected="Required (or --tag): a canary, never every host by default.")
 
 
 def finish(results: FleetResult[Any], *, also_failed: bool = False, show_errors: bool = True) -> int:

@@ -8,7 +8,7 @@ import click
 
 from orchestrator import render
 from orchestrator.app import App, refuse_bad_recipe
-from orchestrator.cli.common import finish, host_options, options_from, pass_app
+from orchestrator.cli.common import canary_host_options, finish, options_from, pass_app
 from orchestrator.cli.confirm import yes_option
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.facts import sweep as facts
@@ -23,7 +23,7 @@ from orchestrator.views.serve import reporter
 
 
 @click.command()
-@host_options
+@canary_host_options
 @options_from(
     SweepOptions,
     metavars={"profiles": "A,B,...", "concurrency": "N,N,...", "then_serve": "BEST@C"},

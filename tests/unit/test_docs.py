@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from orchestrator.cli import cli
-from orchestrator.errors import ExitCode
+from orchestrator.errors import ExitCode, UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
@@ -123,3 +123,12 @@ def test_the_readme_is_a_front_page() -> None:
     prose = re.sub(r"(?ms)^```.*?^```", "", README)
     assert len(prose.split()) <= 1500
     assert "## Quick start" in README and "## A five-minute tour" in README and "## Commands" in README
+
+
+def test_sweep_help_says_a_host_is_required_as_the_sweep_refuses_to_run_without_one() -> None:
+    help_text = " ".join(CliRunner().invoke(cli, ["sweep", "--help"]).output.split())
+    assert "Default: every host" not in help_text
+    assert "(repeatable). Required (or --tag): a canary, never every host by default." in help_text
+    refused = CliRunner().invoke(cli, ["--inventory", "/nonexistent/hosts.yaml", "sweep"])
+    assert isinstance(refused.exception, UsageError)
+    assert refused.exception.message == "orch sweep runs on a canary, not the fleet: name it"
