@@ -52,9 +52,9 @@ def bench(
     there): the benchmark never needs the internet. A host without the file is refused (exit 2) before
     anything runs. bench.dataset_name: random-ids needs no file, but its accept lengths are marked
     not representative. Each result is stored in the state with its workload and dataset (name and
-    sha256) and the SGLang commit, MTP settings, tuned shapes and FP8 backend the server runs; the
-    table compares every run on the host with a baseline and marks a run whose workload differs from
-    the baseline's. Progress (requests done) goes to stderr as it runs.
+    sha256) and the SGLang commit, serving profile, MTP settings, tuned shapes and FP8 backend the
+    server runs; the table compares every run on the host with a baseline and marks a run whose
+    server, serving profile or workload differs from the baseline's. Progress (requests done) goes to stderr as it runs.
     An unknown --baseline label, or a --dataset that is not a ShareGPT-format JSON, is refused (exit 2)
     before anything runs. A host of a replica group stands for its group: it is benchmarked on rank 0.
 

@@ -144,6 +144,7 @@ class BenchRecord(_Model):
     simulated: bool = False  # the result says orch's simulated SGLang wrote it (``is_simulated``): a model
     model: str | None = None  # the server's --model-path (None: a run recorded before orch recorded it)
     nodes: int | None = None  # the machines serving it: 1 alone, a replica group's --nnodes (None: not recorded)
+    profile: str | None = None  # the serving profile it was launched as (None: the base recipe, or not recorded)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ class ComparisonRow:
     mean_tpot_ms: float | None
     change: str
     settings: str = ""
-    differs: str = ""  # how the server (model, nodes) or the workload differs from the baseline's, or ""
+    differs: str = ""  # how the server (model, nodes, serving profile) or the workload differs from the baseline's
     accept_representative: bool = True  # False: measured on random token ids, not what users see
     simulated: bool = False  # measured on orch's simulated SGLang (``BenchRecord.simulated``)
 
@@ -378,7 +379,7 @@ def compare(records: list[BenchRecord], baseline: BenchRecord | None) -> list[Co
 def change_label(record: BenchRecord, baseline: BenchRecord | None) -> str:
     """``baseline``, ``+12.3%`` / ``-4.0%`` of output tok/s, or ``n/a`` without a usable baseline; a run
     not comparable with the baseline is marked: another model or node count served (``(other server)``),
-    another workload (``(other workload)``), or both."""
+    another serving profile (``(other profile)``), another workload (``(other workload)``), or several."""
     if baseline is None or baseline.metrics.output_throughput <= 0:
         return "n/a"
     if record is baseline:
@@ -388,6 +389,7 @@ def change_label(record: BenchRecord, baseline: BenchRecord | None) -> str:
         words
         for words, differs in (
             ("other server", server_differences(record, baseline)),
+            ("other profile", profile_differences(record, baseline)),
             ("other workload", workload_differences(record.params, baseline.params)),
         )
         if differs
@@ -396,9 +398,10 @@ def change_label(record: BenchRecord, baseline: BenchRecord | None) -> str:
 
 
 def differences(run: BenchRecord, baseline: BenchRecord) -> list[str]:
-    """Why ``run`` does not compare with ``baseline`` (empty: it does): ``server_differences``, then
-    ``workload_differences``."""
-    return [*server_differences(run, baseline), *workload_differences(run.params, baseline.params)]
+    """Why ``run`` does not compare with ``baseline`` (empty: it does): ``server_differences``,
+    ``profile_differences``, then ``workload_differences``."""
+    found = [*server_differences(run, baseline), *profile_differences(run, baseline)]
+    return found + workload_differences(run.params, baseline.params)
 
 
 def server_differences(run: BenchRecord, baseline: BenchRecord) -> list[str]:
@@ -412,6 +415,15 @@ def server_differences(run: BenchRecord, baseline: BenchRecord) -> list[str]:
     if run.nodes and baseline.nodes and run.nodes != baseline.nodes:
         differs.append(f"nodes {run.nodes}≠{baseline.nodes}")
     return differs
+
+
+def profile_differences(run: BenchRecord, baseline: BenchRecord) -> list[str]:
+    """Another serving profile than the baseline's (``profile balanced≠none``): another set of server
+    arguments and MTP settings under the same model. ``none``: the base recipe, or a run recorded before
+    orch recorded the profile (counted as the base recipe: the two cannot be told apart)."""
+    if run.profile == baseline.profile:
+        return []
+    return [f"profile {run.profile or 'none'}≠{baseline.profile or 'none'}"]
 
 
 def model_name(path: str) -> str:
@@ -475,7 +487,8 @@ def _fmt_setting(value: float | int | None) -> str:
 def settings_text(record: BenchRecord) -> str:
     """What a run measured, in one cell: ``64 prompts 1024/256 tok ratio 1 conc 16, sharegpt.json
     sha256:1a2b3c4d5e6f, triton, MTP EAGLE,
-    SGLang ed88712`` (``, 2 nodes`` after it for a replica group)."""
+    SGLang ed88712`` (``profile balanced, `` before the backend for a server launched as a serving profile,
+    ``, 2 nodes`` after it for a replica group)."""
     p = record.params
     ratio = "?" if p.random_range_ratio is None else f"{p.random_range_ratio:g}"
     rate = f" rate {p.request_rate:g}/s" if p.request_rate is not None else ""
@@ -484,7 +497,8 @@ def settings_text(record: BenchRecord) -> str:
     mtp = {True: f"MTP {record.mtp_settings.get('algorithm', 'on')}", False: "no MTP", None: "MTP ?"}[record.mtp]
     commit = (record.sglang_commit or "unknown")[:7]
     nodes = f", {record.nodes} nodes" if record.nodes and record.nodes > 1 else ""
-    return f"{workload}, {record.fp8_backend or 'backend ?'}, {mtp}, SGLang {commit}{nodes}"
+    profile = f"profile {record.profile}, " if record.profile else ""
+    return f"{workload}, {profile}{record.fp8_backend or 'backend ?'}, {mtp}, SGLang {commit}{nodes}"
 
 
 def chart_labels(records: list[BenchRecord]) -> list[str]:
@@ -529,7 +543,8 @@ def gate_baseline(records: list[BenchRecord], workload: BenchParams, model: str,
     """The baseline of a promotion gate: the latest stored run with the same ``workload`` of a server of
     ``model`` on ``nodes`` machines (what the rollout serves: another model's throughput says nothing of
     it; a run recorded before orch recorded them may be either) that is not a gate's own run (a rejected
-    configuration's run would lower the bar). None: there is none."""
+    configuration's run would lower the bar). Its serving profile may be any: a gate measures the new
+    configuration (another profile, often) against the one served before, on purpose. None: there is none."""
 
     def comparable(r: BenchRecord) -> bool:
         if r.label.startswith(GATE_LABEL_PREFIX) or workload_differences(r.params, workload):

@@ -6,8 +6,9 @@ workload were recorded with the job in the state) instead of starting a second o
 written beside the output file before the job starts, so a job whose orch was killed before recording
 it is adopted too, running or ended but not yet collected. The result is the last line of the job's
 own JSONL output file (reference §3), stored in ``HostState.benchmarks`` as a ``BenchRecord`` with what
-was measured: SGLang commit, MTP on/off and its settings, the tuned shapes the server reads, the FP8
-GEMM backend, the label and the time.
+was measured: SGLang commit, the serving profile the server job was launched as (its environment on the
+host), MTP on/off and its settings, the tuned shapes the server reads, the FP8 GEMM backend, the label and
+the time.
 
 Refusals (nothing started): orch has launched no server on the host, the server's job is not running,
 the host's SGLang has no serving benchmark module, or the dataset file is not on the host (exit 2).
@@ -384,11 +385,11 @@ def served_label(session: HostSession, server: ServerRecord) -> str:
 
 def served_profile(session: HostSession, server: ServerRecord) -> str | None:
     """The serving profile server job ``server`` was launched as, from its own environment on the host (None:
-    the base recipe, or a job directory that cannot be read)."""
+    the base recipe); the server record's when the job directory cannot be read."""
     try:
         return session.job_env(server.job_id).get(SERVING_PROFILE)
     except OrchError:
-        return None
+        return server.profile
 
 
 def _commit(host: Host, runner: Runner, server: ServerRecord) -> str | None:
@@ -577,6 +578,7 @@ def _result(session: HostSession, server: ServerRecord, plan: _Plan, ended: jobs
         simulated=simulated,
         model=facts.flag_value(server.argv, "--model-path"),
         nodes=server_facts.flag_int(server.argv, "--nnodes") or 1,
+        profile=served_profile(session, server),
     )
 
 

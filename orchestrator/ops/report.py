@@ -342,7 +342,8 @@ def story_rows(records: Sequence[BenchRecord], profiles: Sequence[ProfileRecord]
     both), the profile the sweep chose per concurrency band, and the GPU time by category of the first
     and the latest ``orch profile`` (before and after; of the only one when there is one). Sweep runs are
     not benchmarks of the campaign; its runs are of the model and node count the latest run served, and
-    tuned and tuned + MTP of the baseline's workload (a quick run with fewer prompts is no stage)."""
+    tuned and tuned + MTP of the baseline's serving profile and workload (``facts.differences``: an ad-hoc
+    run of another profile, or a quick run with fewer prompts, is no stage); a stage's profile is named."""
     runs = [r for r in records if sweep_facts.parse_label(r.label) is None]
     latest = runs[-1] if runs else None
     runs = [r for r in runs if latest is None or not facts.server_differences(r, latest)]
@@ -370,7 +371,8 @@ def _story_run(stage: str, record: BenchRecord, baseline: BenchRecord | None) ->
         else f"{100 * (tok_s / baseline.metrics.output_throughput - 1):+.1f}%"
     )
     shapes = f"{len(record.tuned_shapes)} tuned shape(s)" if record.tuned_shapes else "no tuned shape"
-    what = f"MTP {_mtp_cell(record)}, FP8 {record.fp8_backend or '-'}, {shapes}"
+    profile = f"profile {record.profile}, " if record.profile else ""
+    what = f"{profile}MTP {_mtp_cell(record)}, FP8 {record.fp8_backend or '-'}, {shapes}"
     return [stage, record.label, facts.fmt_number(tok_s), change, what + _sim(record.simulated)]
 
 

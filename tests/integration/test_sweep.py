@@ -76,6 +76,8 @@ def test_sweep_survives_a_kill_and_recommends_per_band(make_fleet, tmp_path: Pat
     assert sum(r["earlier"] for r in runs) >= len(before)  # finished before the kill: not run again
     labels = sweep_labels(env, host)
     assert len(labels) == 12 and Counter(labels).most_common(1)[0][1] == 1  # every run stored once
+    stored = [b for b in StateStore(env.state).read().hosts[host].benchmarks if b.label.startswith("sweep ")]
+    assert all(b.profile == b.label.split()[2] for b in stored)  # the profile its server job was launched as
     jobs = StateStore(env.state).read().hosts[host].jobs.values()
     assert Counter(j.meta.get("label") for j in jobs if j.kind == "bench").most_common(1)[0][1] == 1
     for r in runs:

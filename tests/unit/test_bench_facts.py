@@ -338,6 +338,30 @@ def test_a_run_of_another_model_or_node_count_is_marked_other_server_and_unrecor
     assert bench.settings_text(base).endswith(", SGLang unknown")
 
 
+def test_a_run_on_another_serving_profile_is_marked_other_profile_and_its_settings_name_the_profile() -> None:
+    # the operator's case: `--baseline tuned+mtp` (the base recipe) against a run of the server relaunched as
+    # `balanced`: both settings lines read "triton, MTP EAGLE, SGLang ..." and the -42.9% was not marked
+    tuned = a_record("tuned+mtp", 2900.0).model_copy(
+        update={"mtp": True, "mtp_settings": {"algorithm": "EAGLE"}, "fp8_backend": "triton"}
+    )
+    balanced = tuned.model_copy(update={"label": "again", "profile": "balanced"})
+    balanced = balanced.model_copy(update={"metrics": tuned.metrics.model_copy(update={"output_throughput": 1450.0})})
+    assert bench.change_label(balanced, tuned) == "-50.0% (other profile)"
+    assert bench.differences(balanced, tuned) == ["profile balanced≠none"]
+    assert bench.differences(tuned, balanced.model_copy(update={"profile": "low-latency"})) == [
+        "profile none≠low-latency"
+    ]
+    assert bench.change_label(balanced.model_copy(update={"label": "twice"}), balanced) == "+0.0%"
+    assert bench.settings_text(balanced).endswith(", random, profile balanced, triton, MTP EAGLE, SGLang unknown")
+    assert [r.differs for r in bench.compare([tuned, balanced], tuned)] == ["", "profile balanced≠none"]
+
+
+def test_a_gate_baseline_may_be_of_another_serving_profile_than_the_canary_serves() -> None:
+    # a gate compares the new configuration (often a profile) with the one served before, on purpose
+    before = a_record("before", 100.0).model_copy(update={"model": "/m/Flash", "nodes": 1, "profile": "balanced"})
+    assert bench.gate_baseline([before], PARAMS, "/m/Flash", 1) is before
+
+
 def test_settings_say_the_workload_backend_mtp_and_commit_of_a_run() -> None:
     record = a_record("tuned", 100.0).model_copy(
         update={

@@ -417,6 +417,26 @@ def test_the_campaign_is_of_the_model_served_last_and_a_quick_run_on_another_wor
     ]
 
 
+def test_the_campaign_stages_are_of_the_baselines_serving_profile_and_name_the_profile_they_ran() -> None:
+    # the operator's case: an ad-hoc run of the server relaunched as `balanced` after the campaign was
+    # presented as its tuned + MTP result (1,662 tok/s, -23.0%), the campaign's own run left out
+    def run(label: str, tok_s: float, minutes: float, mtp: bool, profile: str | None) -> BenchRecord:
+        return BenchRecord.model_validate(a_run(label, tok_s, minutes, None, mtp) | {"profile": profile})
+
+    records = [
+        run("baseline", 2000.0, 0, False, None),
+        run("tuned+mtp", 2900.0, 10, True, None),
+        run("abe1490 balanced mtp", 1650.0, 20, True, "balanced"),
+    ]
+    assert [row[:4] for row in report.story_rows(records, [])] == [
+        ["baseline", "baseline", "2,000.0", ""],
+        ["tuned + MTP", "tuned+mtp", "2,900.0", "+45.0%"],
+    ]
+    on_a_profile = [r.model_copy(update={"profile": "low-latency"}) for r in records[:2]]
+    (_, with_mtp) = report.story_rows(on_a_profile, [])
+    assert with_mtp[4].startswith("profile low-latency, MTP EAGLE num-steps=3, FP8 triton")
+
+
 def test_a_report_without_records_tells_no_campaign_and_one_profile_is_no_before_and_after() -> None:
     assert report.story_rows([], []) == []
     (row,) = report.story_rows([], [a_profile("only", 80, 0.6, simulated=False)])
