@@ -88,6 +88,7 @@ class HostReport:
     story: list[list[str]] = field(default_factory=list)  # the campaign in a few rows (``story_rows``)
     sweep_chart: str | None = None  # file name of the sweep's PNG (None: no sweep run, or no matplotlib)
     round_pulled_at: datetime | None = None  # the latest round's pull, the durations' start (None: never pulled)
+    serving_profile: str | None = None  # the serving profile its server was launched as (None: the base recipe)
 
 
 @dataclass
@@ -127,6 +128,7 @@ def host_report(name: str, hs: HostState, now: datetime) -> HostReport:
         rows=facts.compare(records, facts.pick_baseline(records, None)),
         profiles=list(hs.profiles[-SIDE_BY_SIDE:]),
         story=story_rows(records, list(hs.profiles)),
+        serving_profile=hs.server.profile if hs.server else None,
     )
 
 
@@ -439,9 +441,30 @@ def render_markdown(report: Report) -> str:
 
 
 def _summary(host: HostReport) -> list[str]:
-    last = host.rows[-1] if host.rows else None
-    latest = f"{last.label}: {facts.fmt_number(last.output_throughput)} tok/s{_sim(last.simulated)}" if last else "-"
-    return [host.name, host.phase, host.sglang, latest]
+    return [host.name, host.phase, host.sglang, summary_benchmark(host)]
+
+
+def summary_benchmark(host: HostReport) -> str:
+    """The summary's benchmark of a host: its latest run of the serving profile its server was launched as,
+    else (none, or no server) its latest run, naming the profile that one is of (``run_profile``) when it is
+    not what the server serves. A sweep's losing profile at another concurrency was shown as the throughput
+    of a host serving ``low-latency``."""
+    served = [r for r in host.records if run_profile(r) == host.serving_profile] if host.server else []
+    run = served[-1] if served else host.records[-1] if host.records else None
+    if run is None:
+        return "-"
+    text = f"{run.label}: {facts.fmt_number(run.metrics.output_throughput)} tok/s{_sim(run.simulated)}"
+    if served or not host.server:
+        return text
+    serves = f"profile {host.serving_profile}" if host.serving_profile else "the base recipe"
+    return f"{text}; of profile {run_profile(run) or 'none'}, not {serves} served now (no run of it)"
+
+
+def run_profile(record: BenchRecord) -> str | None:
+    """The serving profile a run measured: as recorded, else the one a sweep's run label names (the sweep
+    served it; a run recorded before orch recorded the profile)."""
+    swept = sweep_facts.parse_label(record.label)
+    return record.profile or (swept[1] if swept else None)
 
 
 def _md_host(host: HostReport, now: datetime) -> list[str]:

@@ -353,7 +353,10 @@ def test_report_has_the_sweep_runs_with_the_best_per_concurrency(tmp_path: Path)
 def test_report_says_a_sweep_from_the_simulated_fleet_is_simulated(tmp_path: Path, simulated: bool) -> None:
     state = campaign_state()
     run = a_run("sweep k1 low-latency c1", 300.0, 80, None, False) | {"simulated": simulated}
-    state.hosts["blackwell-1"].benchmarks.append(BenchRecord.model_validate(run))
+    hs = state.hosts["blackwell-1"]
+    hs.benchmarks.append(BenchRecord.model_validate(run))
+    assert hs.server is not None
+    hs.server.profile = "low-latency"  # the summary shows the latest run of the profile served
     text = report.write_report(state, "state.json", tmp_path, "md", now=at(100)).read_text()
     section = text.split("### Serving profiles by concurrency (orch sweep)", 1)[1].split("\n###", 1)[0]
     assert (f"**{report.SIMULATED_NOTE}**" in section) == simulated
@@ -435,6 +438,33 @@ def test_the_campaign_stages_are_of_the_baselines_serving_profile_and_name_the_p
     on_a_profile = [r.model_copy(update={"profile": "low-latency"}) for r in records[:2]]
     (_, with_mtp) = report.story_rows(on_a_profile, [])
     assert with_mtp[4].startswith("profile low-latency, MTP EAGLE num-steps=3, FP8 triton")
+
+
+def test_the_summary_shows_the_latest_run_of_the_profile_the_host_serves_or_names_the_profile_of_its_number() -> None:
+    # the operator's case: a sweep's losing profile at another concurrency, its last run, was the summary's
+    # throughput of a host the sweep left serving low-latency
+    state = campaign_state()
+    hs = state.hosts["blackwell-1"]
+    for i, (profile, c, tok_s) in enumerate([("low-latency", 1, 440.0), ("max-throughput", 1, 181.0),
+                                             ("low-latency", 32, 2400.0), ("max-throughput", 32, 3025.3)]):  # fmt: skip
+        hs.benchmarks.append(
+            BenchRecord.model_validate(a_run(f"sweep 3896d617 {profile} c{c}", tok_s, 80 + i, None, False))
+        )
+    assert hs.server is not None
+    hs.server.profile = "low-latency"
+    text = report.render_markdown(report.build(state, "state.json", now=at(100)))
+    assert (
+        "| blackwell-1 | serving | main 0123456789 Faster FP8 | sweep 3896d617 low-latency c32: 2,400.0 tok/s |" in text
+    )
+    hs.server.profile = "balanced"  # no run of it: the number says which profile it is of
+    (host, _) = report.build(state, "state.json", now=at(100)).hosts
+    assert report.summary_benchmark(host) == (
+        "sweep 3896d617 max-throughput c32: 3,025.3 tok/s; of profile max-throughput, not profile balanced "
+        "served now (no run of it)"
+    )
+    hs.server.profile = None  # the base recipe: its own latest run, not the sweep's
+    (host, _) = report.build(state, "state.json", now=at(100)).hosts
+    assert report.summary_benchmark(host) == "tuned+mtp: 2,900.0 tok/s"
 
 
 def test_a_report_without_records_tells_no_campaign_and_one_profile_is_no_before_and_after() -> None:
