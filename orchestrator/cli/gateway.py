@@ -238,12 +238,13 @@ def plan_waves(
 
 def rolling_dry_run(
     app: App, fleet: Fleet, selected: list[Host], max_unavailable: int, canary: str | None, gate: str | None,
-    chosen: dict[str, Recipe], replaced: Replaced | None = None,
+    chosen: dict[str, Recipe], replaced: Replaced,
 ) -> tuple[list[Host], bool]:  # fmt: skip
     """``serve --rolling --dry-run``: the checks the rollout makes before anything changes (the gateway, the
     canary tag, the gate's baselines), its waves on stderr as it would run them (an interrupted rollout's
     host left out of the gateway first), and the hosts whose relaunch to plan (a wave's replica group whole);
-    whether doctor failed any host (the rollout would exit 3)."""
+    whether doctor failed any host (the rollout would exit 3). A wave ``replaced`` (``serve_replaced``,
+    ``run_replaced``) says would take every server the gateway routes to out is said: the rollout asks first."""
     client = rollout_client(app, canary)
     planned, sick = plan_waves(app, fleet, selected, max_unavailable, canary)
     gate_plan(app, gate, planned, chosen, canary)
@@ -255,7 +256,7 @@ def rolling_dry_run(
     )
     for number, wave in enumerate(planned, 1):
         gateway_view.wave_line(f"wave {number}/{len(planned)}: {', '.join(map(label, wave))}")
-    found = emptying_wave(fleet, planned, client, replaced) if replaced is not None else None
+    found = emptying_wave(fleet, planned, client, replaced)
     if found is not None:
         gateway_view.wave_line(
             f"wave {found[0]} takes every server the gateway routes to out at once ({', '.join(found[1])}): the "

@@ -11,6 +11,7 @@ from orchestrator.cli import complete
 from orchestrator.cli.common import finish, host_options, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.gateway import (
+    Replaced,
     ask_before_emptying,
     gate_needs_rolling,
     gate_plan,
@@ -21,6 +22,7 @@ from orchestrator.cli.gateway import (
 )
 from orchestrator.cli.sweep import check_profiles
 from orchestrator.errors import ExitCode
+from orchestrator.fleet import Fleet
 from orchestrator.inventory import Host
 from orchestrator.ops import group as group_op
 from orchestrator.ops import rollout
@@ -94,9 +96,10 @@ def run(
     with app.fleet(selected, parallel) as fleet:
         fleet.events = run_view.progress_lines
         redo = bool(from_step or only)
+        replaced = run_replaced(app, fleet, chosen, steps, redo, ranks)
         if dry_run:  # a rolling one says its checks and waves first, and plans the hosts the rollout would take
             planning, sick = (
-                rolling_dry_run(app, fleet, selected, max_unavailable, canary, gate, chosen)
+                rolling_dry_run(app, fleet, selected, max_unavailable, canary, gate, chosen, replaced)
                 if rolling
                 else (selected, False)
             )
@@ -123,13 +126,6 @@ def run(
                 maybe.add(host.name)
             return bool(outage)
 
-        def replaced(host: Host) -> str | None:  # its rolled serve step may stop the server: its gateway worker
-            session = fleet.question_session(host, app.store)
-            group = (ranks[host.name], app.peers(fleet)) if host.name in ranks else None
-            found = run_op.stopping_steps(session, chosen[host.name], steps[host.name], redo, group)
-            rolled = {s.name for s in run_op.around_serve(steps[host.name])[1]}
-            return rollout.worker_url_of(session, chosen[host.name]) if rolled & set(found) else None
-
         def confirm(passed: list[Host]) -> None:
             ask_before_stopping(fleet, passed, bool(hosts or tags), yes, stops, maybe)
             if ctx.rolling is not None:
@@ -150,6 +146,23 @@ def run(
             results = run_op.run(ctx, selected, steps)
     run_view.done_lines(results)
     return finish(results)
+
+
+def run_replaced(
+    app: App, fleet: Fleet, chosen: dict[str, Recipe], steps: dict[str, list[Step]], redo: bool,
+    ranks: dict[str, group_op.Rank],
+) -> Replaced:  # fmt: skip
+    """``Replaced`` for ``orch run``: a host whose rolled steps (a tune-fp8 that stops the server through
+    serve) may stop its server; the question the run asks and its dry run's line both read it."""
+
+    def replaced(host: Host) -> str | None:
+        session = fleet.question_session(host, app.store)
+        group = (ranks[host.name], app.peers(fleet)) if host.name in ranks else None
+        found = run_op.stopping_steps(session, chosen[host.name], steps[host.name], redo, group)
+        rolled = {s.name for s in run_op.around_serve(steps[host.name])[1]}
+        return rollout.worker_url_of(session, chosen[host.name]) if rolled & set(found) else None
+
+    return replaced
 
 
 def group_ranks(

@@ -91,6 +91,10 @@ def test_a_rolling_run_whose_wave_holds_every_server_of_the_gateway_asks_first(
     run = env.orch("run", new, "--max-unavailable", "3")  # stdin is not a terminal
     assert run.returncode == 2, run.output  # it relaunched all three out of the gateway at once, asking nothing
     assert "in wave 1 (sim-1, sim-2, sim-3): a fleet outage until they serve again: refused" in run.stderr
+    dry = env.orch("run", new, "--max-unavailable", "3", "--dry-run")  # it said nothing of the question
+    assert dry.returncode == 0, dry.output
+    asks = "wave 1 takes every server the gateway routes to out at once (sim-1, sim-2, sim-3): the rollout asks first"
+    assert asks in dry.stderr, dry.stderr
     assert {name: server_job(env, name) for name in jobs} == jobs
     assert all(steps_of(env, name, new) == set() for name in jobs)
 
