@@ -38,13 +38,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Worker:
-    """One worker as the gateway lists it: ``load`` is the gateway's own count of requests in flight."""
+    """One worker as the gateway lists it: ``load`` is the gateway's own count of requests in flight;
+    ``draining``: being removed (smg 1.x's ``status: draining``, unhealthy meanwhile: it sends it no new request)."""
 
     id: str
     url: str
     healthy: bool
     load: int
     model: str
+    draining: bool = False
 
 
 # ``smg launch`` takes its API key only as ``--api-key KEY``, which would put the secret on a command
@@ -137,6 +139,7 @@ class WorkerRow:
     load: int | None  # None: smg does not know (it answers -1)
     host: str | None
     flag: str | None
+    draining: bool = False  # being removed: unhealthy on purpose, routed no new request
 
 
 @dataclass(frozen=True)
@@ -156,10 +159,15 @@ class GatewayCheck:
         return sum(1 for row in self.workers if row.healthy)
 
 
+UNHEALTHY = "unhealthy in the gateway while its host serves: routed no request (its health check fails)"
+
+
 def check_workers(workers: list[Worker], urls: dict[str, str], serving: set[str]) -> GatewayCheck:
     """Match the gateway's ``workers`` with the inventory: ``urls`` maps each host to the URL orch
     registers it at (``gateway.worker_url``), ``serving`` names the hosts whose server is serving.
-    Flagged: a worker that is no inventory host or whose host is not serving, a serving host not registered."""
+    Flagged: a worker that is no inventory host or whose host is not serving, one the gateway holds unhealthy
+    while its host serves (it routes nothing to it; a worker being removed, ``draining``, is not), a serving
+    host not registered."""
     by_url = {url: name for name, url in urls.items()}
     rows = []
     for worker in workers:
@@ -169,8 +177,10 @@ def check_workers(workers: list[Worker], urls: dict[str, str], serving: set[str]
             flag = "not an inventory host"
         elif host not in serving:
             flag = "registered but not serving"
+        elif not worker.healthy and not worker.draining:
+            flag = UNHEALTHY
         load = None if worker.load < 0 else worker.load
-        rows.append(WorkerRow(worker.url, worker.healthy, load, host, flag))
+        rows.append(WorkerRow(worker.url, worker.healthy, load, host, flag, worker.draining))
     registered = {worker.url for worker in workers}
     unregistered = [name for name in urls if name in serving and urls[name] not in registered]
     return GatewayCheck(rows, unregistered)
@@ -307,6 +317,7 @@ def _worker(item: Any) -> Worker:
         healthy=item.get("is_healthy") is True,
         load=load if isinstance(load, int) else 0,
         model=str(item.get("model_id") or ""),
+        draining=item.get("status") == "draining",
     )
 
 

@@ -427,6 +427,7 @@ def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: lis
             "reachable": True,
             "registered": row is not None,
             "healthy": row.healthy if row else None,
+            "draining": row.draining if row else None,
             "load": row.load if row else None,
             "flag": flag,
             "rank": rank,

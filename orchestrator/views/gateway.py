@@ -23,7 +23,8 @@ def document(result: GatewayCheck) -> dict[str, object]:
         "consistent": result.consistent,
         "routed": result.routed,
         "workers": [
-            {"url": r.url, "healthy": r.healthy, "load": r.load, "host": r.host, "flag": r.flag} for r in result.workers
+            {"url": r.url, "healthy": r.healthy, "draining": r.draining, "load": r.load, "host": r.host, "flag": r.flag}
+            for r in result.workers
         ],
         "unregistered": result.unregistered,
         "left_out": result.left_out,
@@ -34,7 +35,9 @@ def document(result: GatewayCheck) -> dict[str, object]:
 def report(result: GatewayCheck) -> None:
     for r in result.workers:
         load = "unknown" if r.load is None else str(r.load)
-        health = "healthy" if r.healthy else "unhealthy"
+        health = (
+            "draining (being removed: sent no new request)" if r.draining else "healthy" if r.healthy else "unhealthy"
+        )
         flag = f"  FLAG: {r.flag}" if r.flag else ""
         render.out.print(f"{r.url}  {r.host or '-'}  {health}  load {load}{flag}", markup=False)
     for name in result.unregistered:
@@ -50,6 +53,9 @@ def report(result: GatewayCheck) -> None:
             markup=False,
         )
     verdict = "gateway consistent with the inventory" if result.consistent else "gateway: hosts flagged"
+    draining = [r.host or r.url for r in result.workers if r.draining]
+    if draining:  # unhealthy on purpose, for now: not "consistent" alone
+        verdict += f"; draining, being removed: {', '.join(draining)}"
     if not result.routed:  # consistent or not, it routes nothing
         verdict += "; it routes to no server: every request through it fails (`orch serve --rolling` serves and "
         verdict += "registers hosts, `orch undrain` puts drained ones back)"

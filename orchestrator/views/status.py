@@ -266,7 +266,8 @@ def _rank_words(s: dict[str, Any]) -> str:
 
 
 def _gateway_cell(v: HostStatus) -> str | None:
-    """``registered, healthy``, ``registered, UNHEALTHY``, ``drained`` (``orch drain``: out on purpose),
+    """``registered, healthy``, ``registered, UNHEALTHY``, ``registered, draining`` (being removed),
+    ``drained`` (``orch drain``: out on purpose),
     ``not registered``, ``rank 1 of pro-1: via rank 0`` (a replica group's other rank: never a worker),
     ``gateway unreachable``; None without a gateway in the inventory (no column)."""
     g = v.extra.get("gateway")
@@ -278,6 +279,8 @@ def _gateway_cell(v: HostStatus) -> str | None:
         return f"{g['rank']}: via rank 0"
     if not g["registered"]:
         return "drained" if "drained_at" in v.extra else "not registered"
+    if g.get("draining"):
+        return "registered, draining"
     return "registered, healthy" if g["healthy"] else "registered, UNHEALTHY"
 
 

@@ -42,6 +42,8 @@ def test_workers_are_read_with_health_and_load() -> None:
         Worker("4c11997e-069a-48cd-b0ae-24f94bb0b37a", "http://127.0.0.1:18102", False, 0, "sim/model"),
     ]
     assert parse_workers({"workers": [], "total": 0}) == []
+    draining = {"id": "w", "url": "http://h:1", "is_healthy": False, "status": "draining", "load": 12}
+    assert parse_workers({"workers": [draining]})[0].draining  # smg 1.13 while it removes it
 
 
 @pytest.mark.parametrize("payload", [[], {"total": 0}, {"workers": [{"url": "http://h:1"}]}, {"workers": [3]}])

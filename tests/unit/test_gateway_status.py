@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from orchestrator.gateway import Worker, check_workers
-from orchestrator.views.gateway import document
+import pytest
+
+from orchestrator.gateway import Worker, check_workers, parse_workers
+from orchestrator.views.gateway import document, report
 
 
 def _worker(url: str, load: int = 0, healthy: bool = True) -> Worker:
     return Worker(id=url, url=url, healthy=healthy, load=load, model="m")
+
+
+def _listed(url: str, load: int, healthy: bool, status: str) -> Worker:
+    """A worker as smg 1.13's ``GET /workers`` lists it (``status``: ``ready``, ``draining`` once removed)."""
+    return parse_workers({"workers": [{"id": url, "url": url, "is_healthy": healthy, "status": status, "load": load}]})[
+        0
+    ]
 
 
 URLS = {"a": "http://127.0.0.1:30001", "b": "http://127.0.0.2:30002", "c": "http://127.0.0.3:30003"}
@@ -29,6 +38,26 @@ def test_flags_unregistered_serving_host_non_serving_worker_and_stranger() -> No
         ("a", None),
         ("c", "registered but not serving"),
         (None, "not an inventory host"),
+    ]
+
+
+def test_a_worker_being_drained_is_shown_draining_and_an_unhealthy_one_of_a_serving_host_is_flagged(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    workers = [_listed(URLS["a"], 12, False, "draining"), _listed(URLS["b"], 1, True, "ready")]
+    draining = check_workers(workers, URLS, {"a", "b"})  # smg 1.13 after DELETE /workers/ID, requests in flight
+    report(draining)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{URLS['a']}  a  draining (being removed: sent no new request)  load 12"  # it said unhealthy
+    assert lines[-1] == "gateway consistent with the inventory; draining, being removed: a"  # it said consistent
+    assert draining.consistent and [r.flag for r in draining.workers] == [None, None]
+    assert [w["draining"] for w in document(draining)["workers"]] == [True, False]  # type: ignore[index]
+    unhealthy = check_workers([_listed(URLS["a"], 0, False, "ready"), _worker(URLS["b"])], URLS, {"a", "b"})
+    report(unhealthy)
+    assert capsys.readouterr().out.splitlines()[-1] == "gateway: hosts flagged"  # it said consistent
+    assert [(r.host, r.flag) for r in unhealthy.workers] == [
+        ("a", "unhealthy in the gateway while its host serves: routed no request (its health check fails)"),
+        ("b", None),
     ]
 
 

@@ -106,7 +106,15 @@ def test_status_has_a_gateway_column_from_one_workers_call_and_says_when_the_gat
     doc = json.loads(env.orch("status", "--json").stdout)
     assert doc["gateway"] == {"url": gateway_fleet.smg.gateway.url, "reachable": True, "error": None,
                               "not_in_inventory": []}  # fmt: skip
-    healthy = {"reachable": True, "registered": True, "healthy": True, "load": 0, "flag": None, "rank": None}
+    healthy = {
+        "reachable": True,
+        "registered": True,
+        "healthy": True,
+        "draining": False,
+        "load": 0,
+        "flag": None,
+        "rank": None,
+    }
     assert [(h["name"], h["gateway"]) for h in doc["hosts"]] == [(f"sim-{i}", healthy) for i in (1, 2, 3)]
     sim3 = gateway_fleet.urls()[2]
     client.remove(sim3)
