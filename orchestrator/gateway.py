@@ -146,12 +146,14 @@ class WorkerRow:
 class GatewayCheck:
     workers: list[WorkerRow]
     unregistered: list[str]  # inventory hosts serving but not registered
-    left_out: list[str] = field(default_factory=list)  # not registered, left launching or out by a cut-off serve
+    left_out: list[str] = field(default_factory=list)  # not registered, left launching or out by a serve
     drained: list[str] = field(default_factory=list)  # out on purpose (``orch drain``): not flagged unless registered
+    rolling: str | None = None  # the live orch ``left_out`` is out for (pid, command, since); None: a cut-off serve's
 
     @property
     def consistent(self) -> bool:
-        return not self.unregistered and not self.left_out and all(row.flag is None for row in self.workers)
+        out = bool(self.left_out) and self.rolling is None  # a live rollout's are out on purpose
+        return not self.unregistered and not out and all(row.flag is None for row in self.workers)
 
     @property
     def routed(self) -> int:
@@ -287,17 +289,20 @@ DRAINED_BUT_REGISTERED = "drained, but registered (`orch undrain` if it should s
 
 def check_fleet(
     workers: list[Worker], hosts: list[Host], state: State, running: Mapping[str, Served | None] | None = None,
-    drained: Collection[str] = (),
+    drained: Collection[str] = (), rolling: str | None = None,
 ) -> GatewayCheck:  # fmt: skip
     """``check_workers`` for ``hosts`` as ``fleet_urls`` has them (``running``: what the hosts showed). ``orch
     gateway status`` and the gateway column of ``orch status`` both judge by it. ``drained``: the hosts ``orch
-    drain`` took out, whose absence is on purpose and whose presence is flagged."""
+    drain`` took out, whose absence is on purpose and whose presence is flagged. ``rolling``: the live orch
+    holding the rollout lock (``ops.rollout.in_progress``): the hosts left out are its, out on purpose, not
+    a cut-off serve's."""
     urls, serving = fleet_urls(hosts, state, running)
     check = check_workers(workers, urls, serving)
     out = left_out(hosts, state, {w.url for w in workers}, urls)  # says more than "serving but not registered"
     rows = [replace(r, flag=r.flag or DRAINED_BUT_REGISTERED) if r.host in drained else r for r in check.workers]
     unregistered = [name for name in check.unregistered if name not in out and name not in drained]
-    return GatewayCheck(rows, unregistered, out, [h.name for h in hosts if h.name in drained])
+    drained_out = [h.name for h in hosts if h.name in drained]
+    return GatewayCheck(rows, unregistered, out, drained_out, rolling=rolling if out else None)
 
 
 def parse_workers(payload: Any) -> list[Worker]:

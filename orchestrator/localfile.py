@@ -33,6 +33,34 @@ def replace_file(path: Path, data: bytes, mode: int = 0o644) -> None:
         raise
 
 
+def holder(path: Path, locks: str | None = None) -> str | None:
+    """What the process holding ``held``'s lock on ``path`` wrote in it (pid, command, since when), None when
+    none holds it. Read from ``/proc/locks`` (``locks``: its text, read when None), as ``store.holder`` reads
+    the database's, never by taking the lock, even for an instant: a command starting then would be refused
+    as if another held it. None too where the system does not say (no ``/proc/locks``: not Linux)."""
+    try:
+        inode = os.stat(path, follow_symlinks=False).st_ino
+        locks = Path("/proc/locks").read_text() if locks is None else locks
+    except OSError:
+        return None
+    for line in locks.splitlines():
+        fields = line.split()  # 1: FLOCK  ADVISORY  WRITE 24176 fe:00:2392097 0 EOF (a waiter's has "->")
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[3] == "WRITE" and fields[5].endswith(f":{inode}"):
+            return _text(path) or f"pid {fields[4]}"
+    return None
+
+
+def _text(path: Path) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        return os.pread(fd, 4096, 0).decode(errors="replace").strip()
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def held(path: Path, who: str) -> Iterator[str | None]:
     """An exclusive lock on ``path`` (``flock``, created 0600 when missing, never through a link) for the

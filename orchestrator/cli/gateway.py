@@ -308,7 +308,8 @@ def status(app: App, as_json: bool) -> int:
         shown = on_hosts(app, fleet)
     state = app.store.read()
     out = [h.name for h in drained(hosts, state, {name: s.drain_mark for name, s in shown.items()})]
-    result = check_fleet(workers, hosts, state, {name: s.served for name, s in shown.items()}, out)
+    served = {name: s.served for name, s in shown.items()}
+    result = check_fleet(workers, hosts, state, served, out, rollout.in_progress(app.store))
     if as_json:
         print_json({**gateway_view.document(result), **({"job": job_doc} if config.host is not None else {})})
     else:

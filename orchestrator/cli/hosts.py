@@ -14,6 +14,7 @@ from orchestrator.cli import complete
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.ops import pull as pull_op
+from orchestrator.ops import rollout
 from orchestrator.ops import status as status_op
 from orchestrator.recipe import PullOptions
 from orchestrator.render import print_json
@@ -84,7 +85,8 @@ def status(
     config, hosts_all = app.inventory.gateway, list(app.inventory.hosts.values())
     status_op.name_unrecorded_ranks(app.inventory, views)
     groups = status_op.group_statuses(app.inventory, views)
-    gateway = status_op.gateway_column(config, hosts_all, state, views) if config is not None else None
+    rolling = rollout.in_progress(app.store)  # a host a live rollout took out is not a cut-off serve's
+    gateway = status_op.gateway_column(config, hosts_all, state, views, rolling) if config is not None else None
     if prometheus is not None:
         from orchestrator.utc import utc_now
         from orchestrator.views.metrics import write_prometheus

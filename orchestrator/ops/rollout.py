@@ -44,7 +44,7 @@ from orchestrator.facts.bench import BenchRecord, GateRecord
 from orchestrator.fleet import Fleet
 from orchestrator.gateway import GatewayClient, host_worker_url
 from orchestrator.inventory import Host
-from orchestrator.localfile import held
+from orchestrator.localfile import held, holder
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import group as group_op
 from orchestrator.ops import serve as serve_op
@@ -554,7 +554,7 @@ def one_at_a_time(store: StateStore) -> Iterator[None]:
     rollout under way), or took more servers out than ``--max-unavailable``. Another orch's is refused,
     ``GatewayError`` (exit 3) naming it, before this one changes anything: a command takes it at its start
     (``orch run --rolling`` before its pulls), and again around its rollout, which this process then holds."""
-    path = Path(f"{store.path}.gateway-lock")
+    path = lock_path(store)
     if path in _HOLDING:
         yield
         return
@@ -577,6 +577,19 @@ def one_at_a_time(store: StateStore) -> Iterator[None]:
 
 
 _HOLDING: set[Path] = set()  # the locks ``one_at_a_time`` holds in this process (taken once, however nested)
+
+
+def lock_path(store: StateStore) -> Path:
+    """``one_at_a_time``'s lock, beside the state database (``state.db.gateway-lock``)."""
+    return Path(f"{store.path}.gateway-lock")
+
+
+def in_progress(store: StateStore) -> str | None:
+    """The live orch taking servers out of the gateway and back (a rolling relaunch; a drain or undrain), as
+    it wrote itself in ``one_at_a_time``'s lock (pid, command, since when), read without taking the lock
+    (``localfile.holder``); None when none runs (a host out of the gateway is then a cut-off one's)."""
+    path = lock_path(store)
+    return None if path in _HOLDING else holder(path)
 
 
 def _name(host: Host) -> str:

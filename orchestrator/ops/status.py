@@ -396,13 +396,17 @@ def pending_restart(
     }
 
 
-def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: list[HostStatus]) -> dict[str, Any]:
+def gateway_column(
+    gateway: Gateway, hosts: list[Host], state: State, views: list[HostStatus], rolling: str | None = None
+) -> dict[str, Any]:
     """The gateway column, from ONE ``GET /workers``: each view's ``extra["gateway"]`` (registered,
     healthy, load, flag: ``gateway.check_fleet``'s judgement, as ``orch gateway status``; ``rank``: a
     replica group's rank other than 0, as the server column read it (``name_unrecorded_ranks`` named an
     unrecorded one's group first), else as recorded) and what
     concerns the gateway itself (its URL, whether it answered and why not, the workers that are no
-    inventory host). ``hosts`` is the whole inventory, so a host left out of this status is no stranger;
+    inventory host). ``rolling``: the live orch holding the rollout lock (``ops.rollout.in_progress``), whose
+    hosts out of the gateway are out on purpose (``out_for``). ``hosts`` is the whole inventory, so a host left
+    out of this status is no stranger;
     a gateway that does not answer (or a key not set) is said in the column, never fatal."""
 
     try:
@@ -412,12 +416,13 @@ def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: lis
             v.extra["gateway"] = {"reachable": False}
         return {"url": gateway.url, "reachable": False, "error": exc.message, "not_in_inventory": []}
     running = served_in(views, state)
-    check = check_fleet(workers, hosts, state, running, [v.name for v in views if "drained_at" in v.extra])
+    check = check_fleet(workers, hosts, state, running, [v.name for v in views if "drained_at" in v.extra], rolling)
     rows = {r.host: r for r in check.workers if r.host is not None}
     for v in views:
         row = rows.get(v.name)
         flag = row.flag if row else "serving but not registered" if v.name in check.unregistered else None
-        flag = "left out by a serve that was cut off" if v.name in check.left_out else flag
+        out = v.name in check.left_out
+        flag = "left out by a serve that was cut off" if out and check.rolling is None else flag
         record = state.hosts.get(v.name)
         server = record.server if record is not None else None
         field = v.extra.get("server") or {}
@@ -430,6 +435,7 @@ def gateway_column(gateway: Gateway, hosts: list[Host], state: State, views: lis
             "draining": row.draining if row else None,
             "load": row.load if row else None,
             "flag": flag,
+            "out_for": check.rolling if out else None,
             "rank": rank,
         }
     strangers = [r.url for r in check.workers if r.host is None]

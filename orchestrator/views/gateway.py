@@ -28,6 +28,7 @@ def document(result: GatewayCheck) -> dict[str, object]:
         ],
         "unregistered": result.unregistered,
         "left_out": result.left_out,
+        "rolling": result.rolling,
         "drained": result.drained,
     }
 
@@ -47,6 +48,10 @@ def report(result: GatewayCheck) -> None:
             f"{name}: drained, out of the gateway on purpose (`orch undrain {name}` puts it back)", markup=False
         )
     for name in result.left_out:
+        if result.rolling is not None:
+            out = out_for_rollout(result.rolling)
+            render.out.print(f"{name}: {out}; it registers it again once it serves", markup=False)
+            continue
         render.out.print(
             f"{name}: left out of the gateway by a serve that was cut off (launching or taken out, not registered); "
             "run the cut-off command again (`orch serve --rolling`, `orch run`) to register it  FLAG",
@@ -60,6 +65,11 @@ def report(result: GatewayCheck) -> None:
         verdict += "; it routes to no server: every request through it fails (`orch serve --rolling` serves and "
         verdict += "registers hosts, `orch undrain` puts drained ones back)"
     render.out.print(verdict, markup=False)
+
+
+def out_for_rollout(holder: str) -> str:
+    """A host a live rollout took out of the gateway, with the orch that runs it (``ops.rollout.in_progress``)."""
+    return f"out of the gateway for a rolling relaunch in progress ({holder})"
 
 
 def gate_lines(host: str, gate: GateRecord) -> list[str]:

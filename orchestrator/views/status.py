@@ -11,6 +11,7 @@ from orchestrator.facts.group import GroupStatus
 from orchestrator.ops.status import HostStatus
 from orchestrator.render import fmt_mib, inert, table, to_jsonable
 from orchestrator.text import fmt_ranges
+from orchestrator.views.gateway import out_for_rollout
 
 if TYPE_CHECKING:  # rich is imported by what prints a table: `orch status --json` needs none of it
     from rich.table import Table
@@ -267,8 +268,8 @@ def _rank_words(s: dict[str, Any]) -> str:
 
 def _gateway_cell(v: HostStatus) -> str | None:
     """``registered, healthy``, ``registered, UNHEALTHY``, ``registered, draining`` (being removed),
-    ``drained`` (``orch drain``: out on purpose),
-    ``not registered``, ``rank 1 of pro-1: via rank 0`` (a replica group's other rank: never a worker),
+    ``drained`` (``orch drain``: out on purpose), ``not registered``, ``out: rolling relaunch`` (a live rollout
+    took it out), ``rank 1 of pro-1: via rank 0`` (a replica group's other rank: never a worker),
     ``gateway unreachable``; None without a gateway in the inventory (no column)."""
     g = v.extra.get("gateway")
     if g is None:
@@ -278,7 +279,9 @@ def _gateway_cell(v: HostStatus) -> str | None:
     if not g["registered"] and g.get("rank"):
         return f"{g['rank']}: via rank 0"
     if not g["registered"]:
-        return "drained" if "drained_at" in v.extra else "not registered"
+        return (
+            "drained" if "drained_at" in v.extra else "out: rolling relaunch" if g.get("out_for") else "not registered"
+        )
     if g.get("draining"):
         return "registered, draining"
     return "registered, healthy" if g["healthy"] else "registered, UNHEALTHY"
@@ -286,13 +289,21 @@ def _gateway_cell(v: HostStatus) -> str | None:
 
 def gateway_notes(views: list[HostStatus], gateway: dict[str, Any] | None) -> list[str]:
     """The lines about the gateway under the table: hosts out of step with it (serving but not registered,
-    registered but not serving), workers that are no inventory host, why it did not answer."""
+    registered but not serving), hosts a live rollout took out, workers that are no inventory host, why it did
+    not answer."""
     if gateway is None:
         return []
     if not gateway["reachable"]:
         return [str(gateway["error"])]  # it names the gateway
     flagged = [f"{v.name}: gateway: {g['flag']}" for v in views if (g := v.extra.get("gateway")) and g.get("flag")]
-    return flagged + [f"gateway: {url} is registered but no inventory host" for url in gateway["not_in_inventory"]]
+    out = [
+        f"{v.name}: gateway: {out_for_rollout(g['out_for'])}"
+        for v in views
+        if (g := v.extra.get("gateway")) and g.get("out_for")
+    ]
+    return (
+        flagged + out + [f"gateway: {url} is registered but no inventory host" for url in gateway["not_in_inventory"]]
+    )
 
 
 # -- the default table: one short line per host ------------------------------------------------------------

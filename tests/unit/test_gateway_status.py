@@ -94,3 +94,31 @@ def test_a_drained_host_is_out_on_purpose_and_flagged_only_when_registered() -> 
     back = check_fleet([_worker(a), _worker(b)], hosts, state, drained=["b"])
     assert [(r.host, r.flag) for r in back.workers] == [("a", None), ("b", DRAINED_BUT_REGISTERED)]
     assert parse_drain_mark("1796481746\n") is not None and parse_drain_mark("") is None
+
+
+def test_a_host_a_live_rollout_took_out_is_out_for_it_and_one_a_cut_off_rollout_left_out_is_flagged(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from orchestrator.gateway import check_fleet
+    from orchestrator.inventory import Host
+    from orchestrator.state import HostState, Phase, RolloutRecord, ServerRecord, State
+
+    hosts = [Host(name=n, address=f"127.0.0.{i}", server_port=30000 + i) for i, n in enumerate(("a", "b"), 1)]
+    server = ServerRecord(job_id="j", argv=["--host", "0.0.0.0"], port=1, mtp=True)
+    state = State(
+        hosts={
+            "a": HostState(phase=Phase.LAUNCHING, server=server),
+            "b": HostState(phase=Phase.SERVING, server=server),
+        },
+        rollout=RolloutRecord(waves=[["a"], ["b"]], outcomes={"a": "removed"}),
+    )
+    workers = [_worker("http://127.0.0.2:30002")]
+    holder = "pid 42, `orch serve --rolling`, since 2026-12-06T09:40:12Z"
+    live = check_fleet(workers, hosts, state, rolling=holder)
+    assert live.consistent and live.left_out == ["a"] and document(live)["rolling"] == holder
+    report(live)
+    assert (
+        f"a: out of the gateway for a rolling relaunch in progress ({holder}); it registers" in capsys.readouterr().out
+    )
+    cut_off = check_fleet(workers, hosts, state)
+    assert not cut_off.consistent and cut_off.left_out == ["a"] and cut_off.rolling is None

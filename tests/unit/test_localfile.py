@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.localfile import held, replace_file
+from orchestrator.localfile import held, holder, replace_file
 
 
 def test_a_file_is_replaced_whole_with_its_mode(tmp_path: Path) -> None:
@@ -75,3 +75,15 @@ def test_a_lock_path_that_is_a_link_is_never_followed(tmp_path: Path) -> None:
     with pytest.raises(OSError) as raised, held(path, "pid 1"):
         pass
     assert raised.value.errno == errno.ELOOP and victim.read_text() == "mine"
+
+
+def test_the_holder_of_a_lock_is_read_from_proc_locks_without_taking_it(tmp_path: Path) -> None:
+    path = tmp_path / "state.db.gateway-lock"
+    assert holder(path) is None  # no lock file: nobody holds it, and none is made
+    with held(path, "pid 1, `orch serve --rolling`"):
+        assert holder(path) == "pid 1, `orch serve --rolling`"
+    assert holder(path) is None and path.read_text() == "pid 1, `orch serve --rolling`"  # a stale text is no holder
+    inode = path.stat().st_ino
+    locks = f"1: FLOCK  ADVISORY  WRITE 4242 fe:00:{inode} 0 EOF\n1: -> FLOCK  ADVISORY  WRITE 77 fe:00:{inode} 0 EOF"
+    assert holder(path, locks) == "pid 1, `orch serve --rolling`"
+    assert holder(path, f"2: POSIX  ADVISORY  WRITE 4242 fe:00:{inode} 0 EOF\n") is None  # not held's kind of lock

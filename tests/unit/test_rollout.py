@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from orchestrator.errors import ExitCode
@@ -93,3 +95,17 @@ def test_the_exit_code_is_the_first_selected_host_the_rollout_rolled_back_or_fai
     done.hosts["c"] = HostRoll("failed")  # did not start
     assert exit_code([a, b, c], done) == ExitCode.VERIFY_FAILED
     assert exit_code([a, c, b], done) == ExitCode.HOSTS_FAILED  # the first in the selection's order decides
+
+
+def test_a_rollout_in_progress_is_another_orch_holding_the_gateway_lock_never_this_one(tmp_path: Path) -> None:
+    from orchestrator.localfile import held
+    from orchestrator.ops.rollout import in_progress, lock_path, one_at_a_time
+    from orchestrator.store import StateStore
+
+    store = StateStore(tmp_path / "state.db")
+    assert in_progress(store) is None
+    with held(lock_path(store), "pid 42, `orch serve --rolling`, since 2026-12-06T09:40:12Z"):  # another orch's
+        assert in_progress(store) == "pid 42, `orch serve --rolling`, since 2026-12-06T09:40:12Z"
+    with one_at_a_time(store):  # this process's own rollout is no other's in progress
+        assert in_progress(store) is None
+    assert in_progress(store) is None  # its text stays in the file: no holder

@@ -523,6 +523,8 @@ def test_hosts_fetched_over_a_day_ago_are_named_once_with_the_way_to_fetch() -> 
      ({"reachable": True, "registered": False, "healthy": None, "load": None, "flag": None}, "not registered"),
      ({"reachable": True, "registered": False, "healthy": None, "load": None, "flag": None,
        "rank": "rank 1 of pro-1"}, "rank 1 of pro-1: via rank 0"),
+     ({"reachable": True, "registered": False, "healthy": None, "load": None, "flag": None,
+       "out_for": "pid 42, `orch serve --rolling`"}, "out: rolling relaunch"),
      ({"reachable": True, "registered": True, "healthy": True, "load": 0, "flag": None}, "registered, healthy"),
      ({"reachable": True, "registered": True, "healthy": False, "load": 0, "flag": None}, "registered, UNHEALTHY")],
 )  # fmt: skip

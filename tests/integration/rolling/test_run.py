@@ -113,6 +113,7 @@ def test_status_has_a_gateway_column_from_one_workers_call_and_says_when_the_gat
         "draining": False,
         "load": 0,
         "flag": None,
+        "out_for": None,
         "rank": None,
     }
     assert [(h["name"], h["gateway"]) for h in doc["hosts"]] == [(f"sim-{i}", healthy) for i in (1, 2, 3)]

@@ -180,6 +180,7 @@ def test_a_drain_or_a_second_rollout_beside_a_rollout_is_refused_before_it_chang
         while server_job(env, "sim-1") == old["sim-1"]:  # wave 1 under way: sim-1 out of the gateway, loading
             assert rolling.is_alive() and time.monotonic() < deadline, done
             time.sleep(0.1)
+        status, gateway = env.orch("status"), env.orch("gateway", "status")  # both said "a serve that was cut off"
         drained = env.orch("drain", "sim-3")  # the rollout registered it again after it, later
         second = env.orch("serve", "--rolling", "--host", "sim-3", "--playbook", new)  # two out at once
         ran = env.orch("run", new, "--rolling", "--host", "sim-3")  # it pulled, then was refused
@@ -187,6 +188,10 @@ def test_a_drain_or_a_second_rollout_beside_a_rollout_is_refused_before_it_chang
         hold.unlink()
         rolling.join(timeout=300)
     assert "pull:" not in ran.output, ran.output
+    live = "out of the gateway for a rolling relaunch in progress (pid "
+    assert f"sim-1: gateway: {live}" in status.stdout and "cut off" not in status.stdout, status.output
+    assert gateway.returncode == 0 and f"sim-1: {live}" in gateway.stdout, gateway.output  # out on purpose: no flag
+    assert " serve --playbook " in gateway.stdout, gateway.output
     for refused in (drained, second, ran):
         assert refused.returncode == 3, refused.output
         assert "another orch is taking servers out of the gateway and back (pid " in refused.stderr, refused.stderr
