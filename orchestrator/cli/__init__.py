@@ -223,10 +223,27 @@ AFTER_INTERRUPT = {
 that only reads; ``profile``, which starts anew)."""
 
 
+def _left_out_of_gateway() -> list[str]:
+    """The hosts a rollout of this orch's leaves out of the gateway as it is interrupted, each with its server's
+    state, and the command that resumes (``views.gateway.interrupted_lines``). Nothing when no rollout ran here
+    (its module is not even loaded: importing it from the handler could wait on a thread's import), or when the
+    state cannot be read then: the exit goes on."""
+    rolling = sys.modules.get("orchestrator.ops.rollout")
+    if rolling is None:
+        return []
+    from orchestrator.views.gateway import interrupted_lines  # loaded with the rollout by serve and run
+
+    try:
+        return interrupted_lines(rolling.left_out_now(), rolling.this_command())
+    except (OrchError, OSError):
+        return []
+
+
 def _interrupted(code: ExitCode = ExitCode.INTERRUPTED) -> NoReturn:
     """Ctrl-C (or SIGTERM, ``code`` 143): stop now, without waiting for threads still talking to hosts.
     Jobs on the hosts are detached and keep running; every state write is one SQLite
-    transaction, so nothing is half-written; running the same command again resumes (as after a SIGKILL)."""
+    transaction, so nothing is half-written; running the same command again resumes (as after a SIGKILL). A
+    rollout's hosts out of the gateway are named, with the state of their servers (``_left_out_of_gateway``)."""
     how = "interrupted" if code == ExitCode.INTERRUPTED else "terminated (SIGTERM)"
     context = click.get_current_context(silent=True)  # the command running in this (the main) thread
     command = context.command_path.partition(" ")[2] if context is not None else ""
@@ -239,6 +256,8 @@ def _interrupted(code: ExitCode = ExitCode.INTERRUPTED) -> NoReturn:
     if left:
         then += f"; {left} --notify-cmd event(s) not delivered"
     click.echo(f"orch: {how}; {then}", err=True)
+    for line in _left_out_of_gateway():
+        click.echo(f"orch: {line}", err=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

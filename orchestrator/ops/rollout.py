@@ -50,7 +50,7 @@ from orchestrator.ops import group as group_op
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import BenchOptions, Recipe, ServeOptions
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, RolloutRecord, utc_now
+from orchestrator.state import HostState, Phase, RolloutRecord, utc_now
 from orchestrator.store import StateStore
 from orchestrator.tuning.member import Peers
 from orchestrator.utc import rfc3339
@@ -542,8 +542,40 @@ def roll_fleet(
         results.raise_bugs()
         return [(r.host, r.value, r.error) for r in results]
 
-    with one_at_a_time(store):
+    with one_at_a_time(store), _running(store):
         return run_waves(planned, roll_wave, report, store, label)
+
+
+@contextlib.contextmanager
+def _running(store: StateStore) -> Iterator[None]:
+    _RUNNING.add(store.path)
+    try:
+        yield
+    finally:
+        _RUNNING.discard(store.path)
+
+
+_RUNNING: set[Path] = set()  # the state databases whose rollout this process runs (``roll_fleet``)
+
+
+def left_out_now() -> list[tuple[str, Phase]]:
+    """The hosts the rollout this process runs has taken out of the gateway and not put back yet (``removed``
+    in its record), each with its phase as recorded: what an orch interrupted mid-rollout names as it exits.
+    Read through a connection of its own: it is called from the signal handler, beside the rollout's threads."""
+    found = []
+    for path in sorted(_RUNNING):
+        state = StateStore(path).read(history=False)
+        if state.rollout is None or state.rollout.ended_at is not None:
+            continue
+        for name in (n for n, outcome in state.rollout.outcomes.items() if outcome == "removed"):
+            record = state.hosts.get(name)
+            found.append((name, record.phase if record is not None else Phase.NEW))
+    return found
+
+
+def this_command() -> str:
+    """The command this orch runs, as typed (``orch serve --rolling ...``): the one that resumes it."""
+    return shlex.join(["orch", *sys.argv[1:]])
 
 
 @contextlib.contextmanager
@@ -558,7 +590,7 @@ def one_at_a_time(store: StateStore) -> Iterator[None]:
     if path in _HOLDING:
         yield
         return
-    who = f"pid {os.getpid()}, `{shlex.join(['orch', *sys.argv[1:]])}`, since {rfc3339(utc_now())}"
+    who = f"pid {os.getpid()}, `{this_command()}`, since {rfc3339(utc_now())}"
     with contextlib.ExitStack() as stack:
         try:
             holder = stack.enter_context(held(path, who))

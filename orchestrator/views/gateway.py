@@ -15,6 +15,7 @@ from orchestrator.jobs import JobInfo
 from orchestrator.ops.gateway import GatewayUp, Stale
 from orchestrator.ops.rollout import HostRoll, Rollout
 from orchestrator.render import inert, inert_log
+from orchestrator.state import Phase
 from orchestrator.views.serve import serve_report
 
 
@@ -65,6 +66,28 @@ def report(result: GatewayCheck) -> None:
         verdict += "; it routes to no server: every request through it fails (`orch serve --rolling` serves and "
         verdict += "registers hosts, `orch undrain` puts drained ones back)"
     render.out.print(verdict, markup=False)
+
+
+SERVER_NOW = {
+    Phase.LAUNCHING: "its server being relaunched (the old one stopped or stopping, the new one starting or not "
+    "verified yet)",
+    Phase.SERVING: "its server serving, not routed to",
+    Phase.TUNING: "its server stopped for tuning",
+    Phase.FAILED: "its server failed",
+}
+"""A host out of the gateway, by its phase: the state of its server (else stopped, phase named)."""
+
+
+def interrupted_lines(out: list[tuple[str, Phase]], command: str) -> list[str]:
+    """What an orch interrupted mid-rollout left (``ops.rollout.left_out_now``): each host out of the gateway
+    with its server's state, then the command that resumes (it serves them first and registers them again)."""
+    if not out:
+        return []
+    lines = [
+        f"{name}: left out of the gateway, {SERVER_NOW.get(p, f'its server stopped ({p.value})')}" for name, p in out
+    ]
+    names, them = ", ".join(name for name, _ in out), "them" if len(out) > 1 else "it"
+    return [*lines, f"`{command}` resumes the rollout: it serves {names} first and registers {them} with the gateway"]
 
 
 def out_for_rollout(holder: str) -> str:

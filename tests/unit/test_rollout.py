@@ -109,3 +109,32 @@ def test_a_rollout_in_progress_is_another_orch_holding_the_gateway_lock_never_th
     with one_at_a_time(store):  # this process's own rollout is no other's in progress
         assert in_progress(store) is None
     assert in_progress(store) is None  # its text stays in the file: no holder
+
+
+def test_an_interrupted_rollout_names_each_host_it_left_out_of_the_gateway_with_its_server_and_the_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM or Ctrl-C mid-rollout said only "run the same command again"; `orch status` then showed the host
+    it left out `launching`, named nowhere."""
+    from orchestrator.cli import _left_out_of_gateway
+    from orchestrator.ops.rollout import _running
+    from orchestrator.state import HostState, Phase, RolloutRecord
+    from orchestrator.store import StateStore
+
+    store = StateStore(tmp_path / "state.db")
+    with store.update() as state:
+        state.hosts.update({n: HostState(phase=p) for n, p in [("a", Phase.SERVING), ("b", Phase.LAUNCHING)]})
+        state.hosts["c"] = HostState(phase=Phase.TUNED)  # a run's tune-fp8 step stopped it
+        state.rollout = RolloutRecord(
+            waves=[["a"], ["b", "c"]], outcomes={"a": "relaunched", "b": "removed", "c": "removed"}
+        )
+    monkeypatch.setattr("sys.argv", ["/venv/bin/orch", "serve", "--rolling", "--playbook", "new.yaml"])
+    assert _left_out_of_gateway() == []  # no rollout runs in this process: another orch's record is not its
+    with _running(store):
+        assert _left_out_of_gateway() == [
+            "b: left out of the gateway, its server being relaunched (the old one stopped or stopping, the new one "
+            "starting or not verified yet)",
+            "c: left out of the gateway, its server stopped (tuned)",
+            "`orch serve --rolling --playbook new.yaml` resumes the rollout: it serves b, c first and registers them "
+            "with the gateway",
+        ]

@@ -245,6 +245,8 @@ def test_sigterm_mid_rollout_says_how_to_resume_and_gateway_status_flags_the_hos
     _out, err = serve.communicate(timeout=60)
     assert serve.returncode == 143, err
     assert "orch: terminated (SIGTERM); jobs on the hosts keep running; run the same command again to resume" in err
+    assert "orch: sim-1: left out of the gateway, its server being relaunched (the old one stopped" in err, err
+    assert f"serve --rolling --playbook {new}` resumes the rollout: it serves sim-1 first and registers it" in err, err
     health = f"{gateway_fleet.urls()[0]}/health"
     while not _answers_200(health):  # the new server comes up without orch: healthy, not registered
         time.sleep(0.1)
