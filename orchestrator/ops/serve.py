@@ -432,7 +432,7 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list
         return [f"(refuses: the new server cannot start here: {'; '.join(map(str, obstacles))})"]
     lines = [f"WARNING: {w}" for w in ready.warnings]
     if ready.old is not None:
-        lines.append(f"(stops server job {ready.old.id} {replacing(session, ready, options).why})")
+        lines.append(f"(stops server job {ready.old.id} {replacing_alone(session, ready, options).why})")
     return [*lines, f"$ {shell_command(ready.argv)}"]
 
 
@@ -647,7 +647,7 @@ def relaunch(session: HostSession, ready: Preflight, options: ServeOptions) -> L
     if ready.old is not None:
         if options.rollback:
             keep_serving_as_known_good(session, ready.old)
-        srv.stop_job(session, ready.old, gpus, options.drain_timeout, replacing(session, ready, options))
+        srv.stop_job(session, ready.old, gpus, options.drain_timeout, replacing_alone(session, ready, options))
     try:
         return launch(session, ready.argv, options, ready.recipe, ready.configs)
     except StartupFailed as failure:
@@ -715,6 +715,20 @@ def replacing(session: HostSession, ready: Preflight, options: ServeOptions) -> 
     if record is not None and record.configs != ready.configs:
         return srv.Outage("to relaunch the same command with the new tuned configs", srv.FOR_RELAUNCH.by)
     return srv.Outage("to relaunch the same command (it was not serving as asked)", srv.FOR_RELAUNCH.by)
+
+
+def replacing_alone(session: HostSession, ready: Preflight, options: ServeOptions) -> srv.Outage:
+    """``replacing``, for a host served alone: a running job that is a rank of a multi-node server
+    (``--nnodes``, the inventory no longer grouping the host) says that its other ranks stop serving with it
+    (a serve of one host took a replica group down unsaid)."""
+    outage = replacing(session, ready, options)
+    assert ready.old is not None
+    argv = [a.decode(errors="replace") for a in session.job_argv(ready.old.id)]
+    nodes, rank = facts.flag_int(argv, "--nnodes"), facts.flag_int(argv, "--node-rank") or 0
+    if nodes is None or nodes < 2:
+        return outage
+    why = f"{outage.why} (rank {rank} of a {nodes}-node server: its other ranks stop serving with it)"
+    return srv.Outage(why, outage.by)
 
 
 def adopt(

@@ -259,6 +259,7 @@ def test_a_host_the_inventory_groups_leaves_the_gateway_as_its_group_is_rolled(f
     try:
         served = env.orch("serve", "--host", "sim-3", "--no-rolling", "--playbook", "deepseek-v4-flash", "--yes")
         assert served.returncode == 0, served.output
+        assert "(rank 1 of a 2-node server: its other ranks stop serving with it)" in served.stderr, served.stderr
         fleet.client.add(fleet.url("sim-3"))
         fleet.client.wait_routing(fleet.url("sim-3"), timeout=60)
     finally:
