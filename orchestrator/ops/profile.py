@@ -1,11 +1,11 @@
 """``orch profile``: where a serving host's GPU time goes, from SGLang's own torch profiler.
 
-On a host whose server orch launched (and that runs): make ``<workdir>/profiles/<run>/`` (orch's), ask the
-server to profile ``steps`` prefill batches and ``steps`` decode batches into it (``POST /start_profile``
-with ``profile_by_stage``, reference §6.3), drive a short load with the playbook's benchmark lengths and
-concurrency, wait for rank 0's trace of each stage, fetch them (at most ``MAX_TRACE_BYTES`` each,
-compressed on the wire as they are on disk), and summarise their GPU kernels (``facts.profile``). The
-result is stored in ``HostState.profiles``.
+On a host whose server orch launched (and that runs): make ``<workdir>/profiles/<run>/`` (orch's), start the
+profile's job, which asks the server to profile ``steps`` prefill batches and ``steps`` decode batches into
+it (``POST /start_profile`` with ``profile_by_stage``, reference §6.3) and drives a short load with the
+playbook's benchmark lengths and concurrency; wait for rank 0's trace of each stage, fetch them (at most
+``MAX_TRACE_BYTES`` each, compressed on the wire as they are on disk), and summarise their GPU kernels
+(``facts.profile``). The result is stored in ``HostState.profiles``.
 
 The load is one wave: as many prompts as the benchmark's concurrency, all sent at once, so the prefills
 come first and the decode batches after. (SGLang stops a by-stage profile on the first decode batch, and a
@@ -13,16 +13,18 @@ prefill arriving later in the decode window can end that window early.) If a sta
 appeared when the load has ended and ``SETTLE_S`` more seconds passed, orch asks ``POST /stop_profile``
 (which writes what was recorded, without a stage in the name) and summarises what there is.
 
-The load is a detached job of orch's (``PROFILE_PURPOSE``, bounded by the run's timeout), so that another orch
-sees it on the host: ``orch bench`` does not start while it runs (``ops.bench``), and a profile does not start
-while orch's benchmark measures the server. Each would add its load to the other's measurement (and the
+The profile is a detached job of orch's (``PROFILE_PURPOSE``, bounded by the run's timeout), so that another
+orch sees it on the host: ``orch bench`` does not start while it runs (``ops.bench``), and a profile does not
+start while orch's benchmark measures the server. Each would add its load to the other's measurement (and the
 profiler slows the server), and both would be stored as if measured alone. Each checks the other's jobs
 first, and again as its job starts (``JobSpec.excludes``, under the host's job-start lock): a bench and a
-profile started at once both pass the first check, never the second. A profile refused there has asked the
-server to profile already: it asks ``/stop_profile`` before it says so. The job runs on after its load has
-ended (``_HOLD``) until orch has closed the profiler's window (every trace written, or ``/stop_profile``
-asked), so a benchmark never runs under a profiler still recording; an orch cut off before leaves the job to
-ask ``/stop_profile`` itself (``HOLD_S``).
+profile started at once both pass the first check, never the second. The job itself asks
+``/start_profile``, so the server never profiles without a job of orch's owning that profile (an orch killed
+between asking and starting the job left the profiler on, with nothing holding the host from the next
+benchmark). The job runs on after its load has ended until orch has closed the profiler's window (every trace
+written, or ``/stop_profile`` asked), so a benchmark never runs under a profiler still recording; an orch cut
+off before leaves the job to ask ``/stop_profile`` itself (``HOLD_S``), as a job stopped (``orch stop``) or
+timed out does (``_JOB``).
 
 Refusals (nothing started): no server launched by orch, or it is not running (as ``orch bench``); orch's
 benchmark, or an earlier profile's load, runs on the host; the server refuses ``/start_profile`` (a profile
@@ -59,18 +61,33 @@ from orchestrator.state import HostState, ServerRecord, utc_now
 from orchestrator.transport.base import Runner
 
 PROFILE_DIR = "ORCH_PROFILE_DIR"
-"""The load job's environment variable naming its run's directory, where ``_HOLD`` keeps its marks."""
-_HOLD = (
-    "halves=$1 python=$2 c=$3 script=$4 stop=$5; shift 5; "
-    '"$@"; code=$?; echo "$code" > "$ORCH_PROFILE_DIR/load-ended"; '
-    'waited=0; until [ -e "$ORCH_PROFILE_DIR/window-closed" ]; do '
-    'if [ "$waited" -ge "$halves" ]; then "$python" "$c" "$script" "$stop" >/dev/null 2>&1; break; fi; '
+"""The load job's environment variable naming its run's directory, where ``_JOB`` keeps its marks."""
+_JOB = (
+    "halves=$1 python=$2 c=$3 script=$4 stop=$5 start=$6 ok=$7; shift 7; d=$ORCH_PROFILE_DIR; load=; "
+    'ask_stop() { echo "orch-profile-load: $1: asking POST /stop_profile" >&2; '
+    '"$python" "$c" "$script" "$stop" >/dev/null 2>&1; }; '
+    """trap '[ -z "$load" ] || kill "$load" 2>/dev/null; """
+    """ask_stop "signalled (orch stop, or its timeout)"; exit 143' TERM INT HUP; """
+    'if [ -n "$start" ]; then "$python" "$c" "$script" "$start" > "$d/started.part" 2>&1; '
+    'mv -f -- "$d/started.part" "$d/started"; "$python" "$c" "$ok" "$d/started" || exit 3; fi; '
+    '"$@" & load=$!; wait "$load"; code=$?; load=; echo "$code" > "$d/load-ended"; '
+    'waited=0; until [ -e "$d/window-closed" ]; do '
+    'if [ "$waited" -ge "$halves" ]; then ask_stop "orch did not close the window"; break; fi; '
     'sleep 0.5; waited=$((waited + 1)); done; exit "$code"'
 )
-"""The load job's command around the benchmark client: when the load has ended it says so (its exit code in
-``load-ended``), and the job runs on, holding the host from ``orch bench``, until orch closes the profiler's
-window (``window-closed``, ``_close_window``). An orch that never does (Ctrl-C, a lost connection) leaves the
-job to close it: after ``HOLD_S`` it asks the server ``POST /stop_profile`` itself and ends."""
+"""The load job's command: it asks the server ``POST /start_profile`` itself (its answer in ``started``; a
+refusal ends the job, exit 3), so that the server never profiles without a job of orch's that owns the
+profile and holds the host from ``orch bench``. Then the benchmark client; when the load has ended it says
+so (its exit code in ``load-ended``), and the job runs on until orch closes the profiler's window
+(``window-closed``, ``_close_window``). An orch that never does (Ctrl-C, SIGKILL, a lost connection) leaves
+the job to close it: after ``HOLD_S`` it asks ``POST /stop_profile`` itself and ends. A job stopped or timed
+out (SIGTERM: ``timeout --foreground`` keeps the job's process group, which ``orch stop`` signals) ends its
+load and asks it too. Without ``start`` (an interrupted run's leftover profile) it only drives the load."""
+_ACCEPTED = (
+    "import json, sys; answers = json.loads(open(sys.argv[1]).read().splitlines()[-1]); "
+    "sys.exit(answers[0]['status'] != 200)"
+)
+"""Exits 0 when the ``http_argv`` answer in the file ``argv[1]`` is a 200 (the server profiles)."""
 HOLD_S = 60.0
 """Seconds the load job waits, after its load, for orch to close the profiler's window (orch asks
 ``/stop_profile`` itself ``SETTLE_S`` after the load; then the traces are written)."""
@@ -113,24 +130,18 @@ def profile(session: HostSession, spec: BenchSpec, options: ProfileOptions, resu
         _wait_load(session, load.id, deadline)
     runner.run(["mkdir", "-p", "-m", "700", "--", directory], check=True)
     body = facts.start_body(directory, options.steps, prefix)
-    stop = [server_facts.HttpRequest("POST", f"{url}/stop_profile", {}, timeout=60)]
-    held: str | None = None  # the load job holding the host until the profiler's window is closed
+    held: str | None = None  # the load job owning the profile: it holds the host until the window is closed
     try:
-        if not _start(host, runner, url, body, refuse=not resume):
-            session.say("the interrupted run's profile is still in progress: one wave of load ends it")
-            leftover = _drive_load(session, server, spec, directory, "leftover", deadline)
-            http(host, runner, stop)
-            _release(session, directory, leftover, deadline)  # ended: the next load is a job of its own
-            runner.run(["rm", "-f", "--", f"{directory}/window-closed", f"{directory}/load-ended"], check=True)
-            _start(host, runner, url, body)
+        held = _start_load(session, server, spec, (directory, "load"), body, deadline)
+        if not _accepted(host, _wait_started(session, held, directory, deadline), refuse=not resume):
+            held = _end_leftover(session, server, spec, (directory, body), deadline)
         session.say(f"profiling {options.steps} prefill and {options.steps} decode batches into {directory}")
-        held = _drive_load(session, server, spec, directory, "load", deadline)
+        _loaded(session, held, directory, deadline)
         found, stopped = _wait_for_traces(host, runner, url, directory, prefix, deadline)
     except jobs.JobBusyError as busy:  # orch's benchmark started meanwhile: it measures alone
-        http(host, runner, stop)
-        raise _benchmarking(host, busy.job_id, "its profile was stopped before its load started") from None
+        raise _benchmarking(host, busy.job_id, "nothing was started") from None
     finally:
-        with contextlib.suppress(OrchError):  # else the load job holds the host until its timeout
+        with contextlib.suppress(OrchError):  # else the load job holds the host until HOLD_S after its load
             _release(session, directory, held, deadline)
     record = _summarise(session, server, options, (directory, prefix), found)
     try:
@@ -141,10 +152,10 @@ def profile(session: HostSession, spec: BenchSpec, options: ProfileOptions, resu
     return ProfileRun(record, directory, stopped)
 
 
-def _start(host: Host, runner: Runner, url: str, body: dict[str, object], refuse: bool = True) -> bool:
-    """Ask the server to profile; whether it started. Refused: ``RefusedError`` with the server's words
-    (``refuse``), or False when the refusal is a profile already in progress (``refuse=False``)."""
-    (answer,) = http(host, runner, [server_facts.HttpRequest("POST", f"{url}/start_profile", body, timeout=60)])
+def _accepted(host: Host, answer: server_facts.HttpAnswer, refuse: bool = True) -> bool:
+    """Whether the server started profiling (``answer`` to ``POST /start_profile``). Refused: ``RefusedError``
+    with the server's words (``refuse``), or False when the refusal is a profile already in progress
+    (``refuse=False``)."""
     if answer.status != 200 and not refuse and "already in progress" in answer.body:
         return False
     if answer.status != 200:
@@ -154,6 +165,27 @@ def _start(host: Host, runner: Runner, url: str, body: dict[str, object], refuse
             hint="a profile already in progress ends by itself after its steps, or with POST /stop_profile",
         )
     return True
+
+
+def _end_leftover(
+    session: HostSession, server: ServerRecord, spec: BenchSpec, run: tuple[str, dict[str, object]], deadline: float
+) -> str:
+    """End the profile an interrupted run left recording (one wave of load, as a job asking nothing, then
+    ``/stop_profile``) and start this run's (``run``: its directory and ``/start_profile`` body) again; the job
+    id of its load."""
+    host, runner = session.host, session.runner
+    directory, body = run
+    session.say("the interrupted run's profile is still in progress: one wave of load ends it")
+    leftover = _start_load(session, server, spec, (directory, "leftover"), None, deadline)
+    _loaded(session, leftover, directory, deadline)
+    url = server_facts.url(server_facts.argv_address(server.argv), server.port)
+    http(host, runner, [server_facts.HttpRequest("POST", f"{url}/stop_profile", {}, timeout=60)])
+    _release(session, directory, leftover, deadline)  # ended: the next load is a job of its own
+    marks = [f"{directory}/{mark}" for mark in ("window-closed", "load-ended", "started")]
+    runner.run(["rm", "-f", "--", *marks], check=True)
+    held = _start_load(session, server, spec, (directory, "load"), body, deadline)
+    _accepted(host, _wait_started(session, held, directory, deadline))
+    return held
 
 
 def _refuse_measuring(host: Host, listed: list[jobs.JobInfo], resume: bool) -> jobs.JobInfo | None:
@@ -193,12 +225,18 @@ def _load_params(spec: BenchSpec) -> BenchParams:
     )
 
 
-def _drive_load(
-    session: HostSession, server: ServerRecord, spec: BenchSpec, directory: str, name: str, deadline: float
+def _start_load(
+    session: HostSession,
+    server: ServerRecord,
+    spec: BenchSpec,
+    load: tuple[str, str],
+    body: dict[str, object] | None,
+    deadline: float,
 ) -> str:
-    """Run one wave of load (its output ``<directory>/<name>.jsonl``) as the profile's job; its job id once the
-    load has ended well (the job runs on until ``_close_window``), else ``RemoteCommandError``."""
+    """Start the profile's job (``_JOB``): it asks the server to profile (``body``; None: it does not), then
+    runs one wave of load (``load``: its directory and name, output ``<directory>/<name>.jsonl``); its id."""
     host, runner = session.host, session.runner
+    directory, name = load
     module = bench_op.find_module(host, runner)
     address = server_facts.argv_address(server.argv)
     dataset = bench_op.prepare_dataset(session, spec, BenchOptions())  # the benchmark's own text, offline
@@ -208,13 +246,49 @@ def _drive_load(
     seconds = max(1, int(deadline - time.monotonic()))
     session.say(f"load: {params.num_prompts} prompts of {params.input_len} -> {params.output_len} tokens")
     url = server_facts.url(address, server.port)
-    stop = server_facts.http_argv(host.python, [server_facts.HttpRequest("POST", f"{url}/stop_profile", {}, 60)])
+    python, c, script, stop = server_facts.http_argv(host.python, [_request(url, "stop_profile", {})])
+    start = server_facts.http_argv(host.python, [_request(url, "start_profile", body)])[-1] if body else ""
     halves = str(int(HOLD_S * 2))  # the hold's loop counts half seconds
-    command = ["timeout", str(seconds), "sh", "-c", _HOLD, "orch-profile-load", halves, *stop, *argv, "--disable-tqdm"]
+    bounded = ["timeout", "--foreground", "-k", "30", str(seconds)]  # in the job's process group: stopped with it
+    command = [*bounded, "sh", "-c", _JOB, "orch-profile-load", halves, python, c, script, stop, start, _ACCEPTED,
+               *argv, "--disable-tqdm"]  # fmt: skip
     job = jobs.JobSpec(
         kind="profile", purpose=PROFILE_PURPOSE, argv=command, excludes=(BENCH_PURPOSE,), env={PROFILE_DIR: directory}
     )
-    job_id = jobs.start(runner, host.workdir, job).job_id
+    return jobs.start(runner, host.workdir, job).job_id
+
+
+def _request(url: str, path: str, body: dict[str, object]) -> server_facts.HttpRequest:
+    return server_facts.HttpRequest("POST", f"{url}/{path}", body, timeout=60)
+
+
+def _wait_started(session: HostSession, job_id: str, directory: str, deadline: float) -> server_facts.HttpAnswer:
+    """The server's answer to job ``job_id``'s ``POST /start_profile``; ``RemoteCommandError`` when the job
+    ended without one, or it is not an answer."""
+    host, runner = session.host, session.runner
+    while (said := _mark(runner, directory, "started")) is None:
+        info = jobs.wait(runner, host.workdir, job_id, 1.0)
+        if not info.running:  # it may have written it, then ended
+            said = _mark(runner, directory, "started")
+            if said is None:
+                raise RemoteCommandError(
+                    f"{host.name}: the profile's job {job_id} ended (exit {info.exit_code}) before the server "
+                    f"answered /start_profile (`orch logs {host.name} {job_id}`)",
+                    exit_status=1,
+                )
+            break
+        if time.monotonic() >= deadline + 30:
+            raise _outlived(host, job_id)
+    try:
+        return server_facts.parse_http(said)[0]
+    except (ValueError, IndexError) as exc:
+        raise RemoteCommandError(f"{host.name}: {exc}", exit_status=1) from None
+
+
+def _loaded(session: HostSession, job_id: str, directory: str, deadline: float) -> None:
+    """Once load job ``job_id``'s load has ended well (the job runs on until ``_close_window``); else
+    ``RemoteCommandError``."""
+    host, runner = session.host, session.runner
     code = _wait_loaded(session, job_id, directory, deadline)
     if code != 0:
         ended = jobs.find(runner, host.workdir, job_id)
@@ -223,11 +297,10 @@ def _drive_load(
             f"{host.name}: the profiling load (job {job_id}) failed (exit {code}): {tail[:300]}",
             exit_status=code or 1,
         )
-    return job_id
 
 
 def _wait_loaded(session: HostSession, job_id: str, directory: str, deadline: float) -> int | None:
-    """The exit code of load job ``job_id``'s benchmark client once it has ended (``_HOLD``'s ``load-ended``);
+    """The exit code of load job ``job_id``'s benchmark client once it has ended (``_JOB``'s ``load-ended``);
     the job's own when it ended without saying (killed, timed out; None: lost, said as ``exit None``).
     ``RemoteCommandError`` when it outlives its timeout."""
     host, runner = session.host, session.runner
@@ -241,9 +314,15 @@ def _wait_loaded(session: HostSession, job_id: str, directory: str, deadline: fl
     return code
 
 
+def _mark(runner: Runner, directory: str, name: str) -> str | None:
+    """What the load job wrote in ``<directory>/<name>``; None before it has."""
+    said = runner.run(["cat", "--", f"{directory}/{name}"], timeout=60)
+    return said.stdout if said.ok else None
+
+
 def _load_ended(runner: Runner, directory: str) -> int | None:
-    said = runner.run(["cat", "--", f"{directory}/load-ended"], timeout=60)
-    return int(said.stdout) if said.ok and said.stdout.strip().lstrip("-").isdigit() else None
+    said = _mark(runner, directory, "load-ended") or ""
+    return int(said) if said.strip().lstrip("-").isdigit() else None
 
 
 def _outlived(host: Host, job_id: str) -> RemoteCommandError:

@@ -130,3 +130,25 @@ def test_a_decode_window_outliving_the_load_is_flushed_by_stop_profile_and_no_be
     wait_for(lambda: all((j / "exit_code").exists() for j in jobs.glob("profile-*")), "its job to end", HOLD_S + 30)
     again = env.orch("profile", "--steps", "2")  # the server's profile was stopped: a new one starts
     assert again.returncode == 0, again.output
+
+    # SIGKILLed once the server profiles: the job that asked /start_profile owns the profile and holds the host
+    # (orch asked it before starting the job: killed between, nothing held the host from the next benchmark, and
+    # nothing ever stopped the profiler); stopped, the job asks /stop_profile
+    killed = subprocess.Popen([*env.argv(), "profile", "--steps", "200"], stderr=subprocess.PIPE, text=True)
+    said_by = killed.stderr
+    try:
+        assert said_by is not None
+        wait_for(lambda: "profiling 200 prefill" in said_by.readline(), "the server to profile")
+        killed.send_signal(signal.SIGKILL)
+    finally:
+        killed.kill()
+        killed.communicate(timeout=60)
+    held = env.orch("bench", "--label", "after-a-kill", "--num-prompts", "2")
+    assert held.returncode == 3 and "is profiling this server" in held.stderr, held.output
+    [owner] = [j for j in jobs.glob("profile-*") if not (j / "exit_code").exists()]
+    stopped = env.orch("stop", host.name, owner.name)
+    assert stopped.returncode == 0, stopped.output
+    assert "signalled (orch stop, or its timeout): asking POST /stop_profile" in (owner / "log").read_text()
+    after = env.orch("profile", "--steps", "2")  # the server's profile was stopped: a new one starts
+    assert after.returncode == 0, after.output
+    assert not StateStore(env.state).read().hosts[host.name].benchmarks
