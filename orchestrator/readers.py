@@ -135,6 +135,13 @@ def server_job(found: Sequence[jobs.JobInfo]) -> jobs.JobInfo | None:
     return running[-1] if running else None
 
 
+def profile_job(found: Sequence[jobs.JobInfo]) -> jobs.JobInfo | None:
+    """Of the host's jobs ``found``, ``orch profile``'s job that still runs (its load, or holding the host until
+    the profiler's window is closed: ``ops.profile``), if any."""
+    running = jobs.running(found, PROFILE_PURPOSE)
+    return running[0] if running else None
+
+
 def read_running_server(runner: Runner, host: Host) -> jobs.JobInfo | None:
     """The server job orch launched that still runs on the host, if any."""
     return server_job(jobs.list_jobs(runner, host.workdir))

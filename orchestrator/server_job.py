@@ -23,7 +23,7 @@ from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import Holder
 from orchestrator.inventory import Host
-from orchestrator.readers import BENCH_PURPOSE, SERVER_PURPOSE, read_gpu_info
+from orchestrator.readers import BENCH_PURPOSE, SERVER_PURPOSE, profile_job, read_gpu_info
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord
 from orchestrator.store import StateStore
@@ -262,8 +262,9 @@ def stop_job(
 ) -> str:  # fmt: skip
     """Say so, stop a server job (drain, then SIGKILL after ``drain`` seconds) and wait until its GPUs
     are free; the session forgets what the stop changed (its jobs, GPUs, the server). A benchmark of orch's
-    running on the host measures this server: it is stopped first, saying so (its numbers would mix the server
-    with its stop, and be stored as one server's; stopped, it is not stored). ``listed``: the host's jobs as
+    running on the host measures this server, and ``orch profile``'s job profiles it: each is stopped first,
+    saying so (its numbers would mix the server with its stop, and be stored as one server's; stopped, it is not
+    stored; the profile's job asks ``/stop_profile`` as it ends). ``listed``: the host's jobs as
     the caller has just listed them (None: listed here, since a benchmark may have started meanwhile)."""
     if listed is None:
         session.forget("jobs")
@@ -271,6 +272,10 @@ def stop_job(
     for bench in jobs.running(listed, BENCH_PURPOSE):
         session.say(f"stopping benchmark job {bench.id} first: it measures server job {job.id}, which stops now")
         jobs.stop(session.runner, bench, grace_seconds=5, by=f"{outage.by}: its server stopped")
+    if (profile := profile_job(listed)) is not None:
+        session.say(f"stopping profile job {profile.id} first: it profiles server job {job.id}, which stops now "
+                    "(the job asks /stop_profile; a profile whose load it cuts off is not stored)")  # fmt: skip
+        jobs.stop(session.runner, profile, grace_seconds=10, by=f"{outage.by}: its server stopped")
     session.say(f"stopping server job {job.id} {outage.why} (draining up to {drain:.0f} s)")
     try:
         outcome = jobs.stop(session.runner, job, grace_seconds=math.ceil(drain), by=outage.by)

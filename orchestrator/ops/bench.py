@@ -39,7 +39,7 @@ from orchestrator.facts import git
 from orchestrator.facts import server as server_facts
 from orchestrator.facts.bench import BenchParams, BenchRecord, BenchTool, ComparisonRow, Dataset
 from orchestrator.inventory import Host
-from orchestrator.readers import BENCH_PURPOSE, PROFILE_PURPOSE, read_git, read_running_server
+from orchestrator.readers import BENCH_PURPOSE, PROFILE_PURPOSE, profile_job, read_git, read_running_server
 from orchestrator.recipe import BenchOptions, BenchSpec
 from orchestrator.server_job import SERVING_PROFILE
 from orchestrator.session import HostSession
@@ -480,9 +480,9 @@ def _refuse_profiling(host: Host, listed: list[jobs.JobInfo]) -> None:
     """A new benchmark does not start while ``orch profile``'s job runs on the host (``listed``: its jobs; it
     runs until the profiler's window is closed): the two loads and the profiler would be measured as one
     (``RefusedError``, nothing started)."""
-    loads = jobs.running(listed, PROFILE_PURPOSE)
-    if loads:
-        raise _profiling(host, loads[0].id)
+    load = profile_job(listed)
+    if load is not None:
+        raise _profiling(host, load.id)
 
 
 def _profiling(host: Host, job_id: str) -> RefusedError:

@@ -292,6 +292,9 @@ def _loaded(session: HostSession, job_id: str, directory: str, deadline: float) 
     code = _wait_loaded(session, job_id, directory, deadline)
     if code != 0:
         ended = jobs.find(runner, host.workdir, job_id)
+        if ended.stopped_by:
+            stopped = f"was stopped by {ended.stopped_by}; the profile is not stored"
+            raise RemoteCommandError(f"{host.name}: the profiling load (job {job_id}) {stopped}", exit_status=code or 1)
         tail = " | ".join(jobs.read_tail(runner, ended, max_bytes=2048).strip().splitlines()[-3:])
         raise RemoteCommandError(
             f"{host.name}: the profiling load (job {job_id}) failed (exit {code}): {tail[:300]}",

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator.errors import HostError, OrchError
+from orchestrator import readers
+from orchestrator.errors import HostError, HostKeyError, OrchError, RefusedError, UnreachableError
 from orchestrator.facts import sweep as facts
 from orchestrator.facts.bench import BenchRecord
 from orchestrator.facts.sweep import SweepPoint
@@ -59,7 +60,9 @@ def profile_names(recipe: Recipe, options: SweepOptions) -> list[str]:
 
 
 def sweep(session: HostSession, recipe: Recipe, options: SweepOptions, peers: Peers | None = None) -> SweepResult:
-    """Run (or finish) the sweep on the session's host; see the module docstring."""
+    """Run (or finish) the sweep on the session's host; see the module docstring. ``RefusedError`` (nothing
+    stopped or started) while ``orch profile``'s job profiles its server."""
+    _refuse_profiling(session)
     points: list[SweepPoint] = []
     failed: dict[str, str] = {}
     left = None
@@ -73,6 +76,24 @@ def sweep(session: HostSession, recipe: Recipe, options: SweepOptions, peers: Pe
     winners = facts.best(points)
     bands = facts.bands(options.concurrency, winners)
     return SweepResult(points, failed, winners, facts.pareto(points), bands, left)
+
+
+def _refuse_profiling(session: HostSession) -> None:
+    """Before any serve: a sweep of a host whose server ``orch profile``'s job profiles would stop that server,
+    relaunch it and then have every benchmark refused (``ops.bench``): an outage that measures nothing. A host
+    that cannot be read now is left to each profile's serve, which says why (the sweep's report per profile)."""
+    session.forget("jobs")  # the host now, not what an earlier step of ``orch run`` read
+    try:
+        job = readers.profile_job(session.jobs())
+    except (UnreachableError, HostKeyError):
+        return
+    if job is not None:
+        name = session.host.name
+        raise RefusedError(
+            f"{name}: orch profile (job {job.id}) is profiling this server: a sweep would relaunch it under the "
+            "profile and could not benchmark it; nothing was stopped or started",
+            hint=f"sweep once the profile has ended (about a minute; `orch jobs --host {name}`)",
+        )
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from orchestrator.inventory import load_inventory
 from orchestrator.recipe import PACKAGED_PLAYBOOKS, load_recipe
 from orchestrator.store import StateStore
 from tests.conftest import FleetEnv
+from tests.integration.kills import wait_for
 
 BENCH = "bench:\n  input_len: 32\n  output_len: 32\n  random_range_ratio: 1.0\n  num_prompts: 4\n  max_concurrency: 2\n"
 LEVELS = "1,8,32,128"
@@ -129,6 +130,30 @@ def test_sweep_then_serve_serves_the_profile_that_won_at_that_concurrency(make_f
     assert f"{host}: {winner} won at concurrency 8: serving it" in again.stdout
     assert f"{host}: already serving as asked (job {server.job_id})" in again.stdout
     assert f"{host}: every number above is SIMULATED" in again.stdout
+
+    # orch profile's job profiles the server: a sweep is refused before anything is stopped (it stopped the server,
+    # relaunched it as another profile, then its benchmark refused to measure it); a serve stops that job first
+    other = "max-throughput" if winner == "low-latency" else "low-latency"
+    profiling = subprocess.Popen([*env.argv(), "profile", "--host", host, "--steps", "200"], stderr=subprocess.PIPE,
+                                 text=True)  # fmt: skip
+    said_by = profiling.stderr
+    try:
+        assert said_by is not None
+        wait_for(lambda: "profiling 200 prefill" in said_by.readline(), "the server to profile")
+        refused = env.orch(*args[:5], "--profiles", other, "--concurrency", "2", "--yes", timeout=600)
+        assert refused.returncode == 3, refused.output
+        assert f"{host}: orch profile (job profile-" in refused.stderr, refused.output
+        assert "is profiling this server: a sweep would relaunch it" in refused.stderr
+        assert "nothing was stopped or started" in refused.stderr
+        now = StateStore(env.state).read().hosts[host].server
+        assert now is not None and now.job_id == server.job_id and now.stopped_at is None  # untouched
+        served = env.orch("serve", "--host", host, "--profile", other, "--yes", timeout=600)
+        assert served.returncode == 0, served.output
+        assert f"{host}: stopping profile job profile-" in served.output
+        assert f"first: it profiles server job {server.job_id}, which stops now" in served.output
+    finally:
+        profiling.kill()
+        profiling.communicate(timeout=60)
 
 
 RUN_STEPS = """steps:
