@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import NoReturn
 
@@ -69,6 +70,15 @@ def rolling_default(app: App, rolling: bool | None, dry_run: bool) -> bool:
             )
         return True
     return bool(rolling)
+
+
+def beside_gateway(app: App, dry_run: bool = False) -> contextlib.AbstractContextManager[None]:
+    """With a gateway, a plain serve (``--no-rolling``), ``stop-server`` and ``tune-fp8 --stop-server`` hold the
+    rollout's lock (``rollout.one_at_a_time``): beside a rolling relaunch, one stopped a second server while the
+    rollout had one out, and a stop-server was undone by the rollout's next wave. Refused, exit 3, nothing done."""
+    if app.inventory.gateway is None or dry_run:
+        return contextlib.nullcontext()
+    return rollout.one_at_a_time(app.store)
 
 
 def _no_gateway(app: App) -> NoReturn:

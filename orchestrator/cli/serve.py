@@ -12,6 +12,7 @@ from orchestrator.cli import complete
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
 from orchestrator.cli.gateway import (
+    beside_gateway,
     emptying,
     gate_needs_rolling,
     rolling_default,
@@ -108,7 +109,7 @@ def serve(
         group_op.refuse_not_built(ranks, "--gate bench", hint)
     if rolling and not dry_run:  # a dry run plans each host's relaunch
         return rolling_serve(app, selected, chosen, options, parallel, max_unavailable, canary, gate, ranks, yes)
-    with app.fleet(selected, parallel) as fleet:
+    with beside_gateway(app, dry_run), app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
         if dry_run:  # a rolling one plans its waves' hosts alone, as the rollout would relaunch them
             replaced = serve_replaced(app, fleet, chosen, options, ranks)
@@ -205,7 +206,7 @@ def stop_server_command(
     selected = group_op.with_whole_groups(app.inventory, app.select(hosts, tags))
     chosen = app.recipes(selected, playbook)
     groups = {h.name: g for h in selected if (g := app.inventory.group_of(h.name)) is not None}
-    with app.fleet(selected, parallel) as fleet:
+    with beside_gateway(app), app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
         client = GatewayClient(app.inventory.gateway) if app.inventory.gateway is not None else None
         stopping = [h for h in selected if h.name not in groups or groups[h.name].rank0 == h.name]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import click
@@ -10,6 +11,7 @@ from orchestrator.app import App
 from orchestrator.cli import Finite
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
+from orchestrator.cli.gateway import beside_gateway
 from orchestrator.errors import UsageError
 from orchestrator.fleet import FleetResult
 from orchestrator.gateway import GatewayClient
@@ -60,7 +62,8 @@ def tune_fp8(
     """
     selected = app.select(hosts, tags)
     chosen = app.recipes(selected, playbook)  # every one read now: a bad playbook is exit 2 before any host
-    with app.fleet(selected, parallel) as fl, progress_display(options.wait) as on_progress:
+    stopping = beside_gateway(app) if options.stop_server else contextlib.nullcontext()
+    with stopping, app.fleet(selected, parallel) as fl, progress_display(options.wait) as on_progress:
         fl.events = tune_view.events(on_progress)
         if options.stop_server:
             ask_before_stopping(fl, selected, bool(hosts or tags), yes)

@@ -78,7 +78,10 @@ def _mark_undrained(hs: HostState) -> None:
 
 def _require_serving(session: HostSession, recipe: Recipe) -> None:
     host = session.host
-    hint = f"start it with `orch serve --host {host.name}` (or see `orch logs {host.name} server`), then undrain"
+    hint = (  # a rolling serve leaves a drained host out: it said `serve --host`, which skipped it
+        f"start it with `orch serve --no-rolling --host {host.name}` (or see `orch logs {host.name} server`), "
+        "then undrain"
+    )
     if session.running_server() is None:
         raise RefusedError(f"{host.name}: no server orch launched runs here: not put back in the gateway", hint=hint)
     status = readers.health(host, session.runner, facts.base_url(recipe, host))

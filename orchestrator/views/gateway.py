@@ -239,7 +239,9 @@ def rollout_report(selected: list[Host], done: Rollout, inventory: Inventory | N
             render.out.print(f"{host.name}: rank {rank} of group {group.name}: see {group.hosts[0]}", markup=False)
             continue
         if roll is None:
-            render.out.print(f"{host.name}: not touched (still on its old server)", markup=False)
+            planned = any(host.name in wave for wave in done.waves)  # else left out (drained, doctor fails it)
+            why = "still on its old server" if planned else "left out of the rollout, as said above"
+            render.out.print(f"{host.name}: not touched ({why})", markup=False)
             continue
         if roll.result is not None:
             serve_report(host, roll.result, rolled_back=roll.outcome == "rolled back")

@@ -418,9 +418,10 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
         if server.get("ended_while_serving"):
             job, group = server["job"], server.get("group")
             again = f"serves its group {group} again (every rank: one command)" if group else "serves again"
+            plain = "--no-rolling " if "drained_at" in v.extra else ""  # a rolling serve leaves a drained host out
             problems.append(
                 f"server job {job} ended ({server['job_state']}) while recorded serving, not stopped by orch: nothing "
-                f"serves; `orch logs {v.name} {job}` shows why, `orch serve --host {v.name}` {again}"
+                f"serves; `orch logs {v.name} {job}` shows why, `orch serve {plain}--host {v.name}` {again}"
             )
         if v.phase == "launching" and server.get("job_state") != "running" and v.reachable:
             problems.append(

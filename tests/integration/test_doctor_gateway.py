@@ -94,7 +94,7 @@ def test_rolling_serve_skips_a_host_doctor_fails_with_a_line_and_leaves_it_as_it
         sick.set_knobs(gpu_faults=None)
     assert run.returncode == 3, run.output
     assert "sim-2: skipped: doctor fails it: GPU 2: PCIe link x4, the GPU's maximum is x16" in run.stderr, run.output
-    assert "sim-2: not touched (still on its old server)" in run.stdout, run.output
+    assert "sim-2: not touched (left out of the rollout, as said above)" in run.stdout, run.output
     hosts = StateStore(served.env.state).read().hosts
     assert hosts["sim-2"].server is not None and hosts["sim-2"].server.job_id == job  # never relaunched
     assert hosts["sim-1"].server is not None and hosts["sim-1"].server.verified  # the healthy host rolled
@@ -153,6 +153,7 @@ def test_undrain_refuses_a_host_whose_server_is_not_running(served: Served) -> N
     refused = served.env.orch("undrain", "sim-2")
     assert refused.returncode == 3, refused.output
     assert "sim-2: no server orch launched runs here: not put back in the gateway" in refused.stderr, refused.output
+    assert "start it with `orch serve --no-rolling --host sim-2`" in refused.stderr  # `serve --host` skips it: drained
     assert served.workers() == [served.url("sim-1")]
     assert "drained_at" in status_of(served, "sim-2")
     assert served.env.orch("serve", "--host", "sim-2", "--no-rolling", "--yes").returncode == 0

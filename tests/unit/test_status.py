@@ -421,6 +421,11 @@ def test_a_server_that_ended_while_serving_is_said_with_the_command_that_serves_
         said + "`orch logs blackwell-12 server-1` shows why, `orch serve --host blackwell-12` serves its group "
         "pro-1 again (every rank: one command)"
     ]
+    v.extra["server"] = {"job": "server-1", "job_state": "failed", "ended_while_serving": True}
+    v.extra["drained_at"] = "2026-12-06T10:00:00Z"  # a rolling serve leaves it out: the plain one serves it
+    assert views_mod.status_notes([v]) == [
+        said + "`orch logs blackwell-12 server-1` shows why, `orch serve --no-rolling --host blackwell-12` serves again"
+    ]
 
 
 def test_an_unknown_host_key_shows_the_orch_trust_hint() -> None:

@@ -184,6 +184,8 @@ def test_a_drain_or_a_second_rollout_beside_a_rollout_is_refused_before_it_chang
         drained = env.orch("drain", "sim-3")  # the rollout registered it again after it, later
         second = env.orch("serve", "--rolling", "--host", "sim-3", "--playbook", new)  # two out at once
         ran = env.orch("run", new, "--rolling", "--host", "sim-3")  # it pulled, then was refused
+        plain = env.orch("serve", "--no-rolling", "--host", "sim-3", "--force", "--yes")  # a second server out
+        stopped = env.orch("stop-server", "--host", "sim-3", "--yes")  # undone by the rollout's wave 3
     finally:
         hold.unlink()
         rolling.join(timeout=300)
@@ -192,7 +194,7 @@ def test_a_drain_or_a_second_rollout_beside_a_rollout_is_refused_before_it_chang
     assert f"sim-1: gateway: {live}" in status.stdout and "cut off" not in status.stdout, status.output
     assert gateway.returncode == 0 and f"sim-1: {live}" in gateway.stdout, gateway.output  # out on purpose: no flag
     assert " serve --playbook " in gateway.stdout, gateway.output
-    for refused in (drained, second, ran):
+    for refused in (drained, second, ran, plain, stopped):
         assert refused.returncode == 3, refused.output
         assert "another orch is taking servers out of the gateway and back (pid " in refused.stderr, refused.stderr
         assert " serve --playbook " in refused.stderr and "nothing was changed" in refused.stderr, refused.stderr
