@@ -33,32 +33,41 @@ def replace_file(path: Path, data: bytes, mode: int = 0o644) -> None:
         raise
 
 
-def holder(path: Path, locks: str | None = None) -> str | None:
-    """What the process holding ``held``'s lock on ``path`` wrote in it (pid, command, since when), None when
-    none holds it. Read from ``/proc/locks`` (``locks``: its text, read when None), as ``store.holder`` reads
-    the database's, never by taking the lock, even for an instant: a command starting then would be refused
-    as if another held it. None too where the system does not say (no ``/proc/locks``: not Linux)."""
+def locks_on(path: Path, locks: str | None = None) -> list[list[str]]:
+    """The locks the kernel lists on file ``path`` (not through a link), each as the fields of its
+    ``/proc/locks`` line (``locks``: that file's text, read when None): ``1: FLOCK ADVISORY WRITE 24176
+    fe:00:2392097 0 EOF``, a waiter's with ``->`` after its number. None is held, or the system does not say
+    (no ``/proc/locks``: not Linux): an empty list."""
     try:
         inode = os.stat(path, follow_symlinks=False).st_ino
         locks = Path("/proc/locks").read_text() if locks is None else locks
     except OSError:
-        return None
-    for line in locks.splitlines():
-        fields = line.split()  # 1: FLOCK  ADVISORY  WRITE 24176 fe:00:2392097 0 EOF (a waiter's has "->")
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[3] == "WRITE" and fields[5].endswith(f":{inode}"):
-            return _text(path) or f"pid {fields[4]}"
+        return []
+    return [
+        fields for line in locks.splitlines() if len(fields := line.split()) >= 6 and fields[5].endswith(f":{inode}")
+    ]
+
+
+def holder(path: Path, locks: str | None = None) -> str | None:
+    """What the process holding ``held``'s lock on ``path`` wrote in it (pid, command, since when), None when
+    none holds it (``locks_on``), read without taking the lock, even for an instant: a command starting then
+    would be refused as if another held it."""
+    for fields in locks_on(path, locks):
+        if fields[1] == "FLOCK" and fields[3] == "WRITE":
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                return f"pid {fields[4]}"
+            try:
+                return _written(fd) or f"pid {fields[4]}"
+            finally:
+                os.close(fd)
     return None
 
 
-def _text(path: Path) -> str:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return ""
-    try:
-        return os.pread(fd, 4096, 0).decode(errors="replace").strip()
-    finally:
-        os.close(fd)
+def _written(fd: int) -> str:
+    """What a holder of ``held``'s lock wrote in the file ``fd`` is open on."""
+    return os.pread(fd, 4096, 0).decode(errors="replace").strip()
 
 
 @contextlib.contextmanager
@@ -72,7 +81,7 @@ def held(path: Path, who: str) -> Iterator[str | None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            yield os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another orch"
+            yield _written(fd) or "another orch"
             return
         os.ftruncate(fd, 0)
         os.pwrite(fd, who.encode(), 0)

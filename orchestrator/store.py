@@ -25,6 +25,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 from orchestrator import state_migration
 from orchestrator.errors import StateError, local_disk_error
 from orchestrator.facts.bench import BenchRecord
+from orchestrator.localfile import locks_on
 from orchestrator.state import (
     READ_BACK,
     SCHEMA_VERSION,
@@ -459,14 +460,8 @@ def _private_file(path: Path) -> None:
 def holder(path: Path) -> str:
     """Who holds the database's write lock: the process whose POSIX lock on the WAL index (``-shm``) covers
     SQLite's write-lock byte (offset 120), as ``/proc/locks`` tells (Linux), with its command line."""
-    try:
-        inode = os.stat(f"{path}-shm").st_ino
-        locks = Path("/proc/locks").read_text()
-    except OSError:
-        return "the system does not say which"
-    for line in locks.splitlines():
-        fields = line.split()
-        if len(fields) >= 8 and fields[5].endswith(f":{inode}") and fields[6] == "120" and fields[4].isdigit():
+    for fields in locks_on(Path(f"{path}-shm")):
+        if len(fields) >= 8 and fields[6] == "120" and fields[4].isdigit():
             return f"pid {fields[4]}, command `{_command(int(fields[4]))}`"
     return "the system does not say which"
 
