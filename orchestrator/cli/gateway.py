@@ -25,7 +25,6 @@ from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.render import inert, print_json
 from orchestrator.session import HostSession
-from orchestrator.transport.base import Runner
 from orchestrator.views import gateway as gateway_view
 from orchestrator.views.serve import reporter
 
@@ -191,12 +190,21 @@ def emptying_wave(
     """The first wave (its number, and the hosts it would take out) holding every worker the gateway routes to."""
     routed = {w.url for w in client.workers() if w.healthy}
     for number, wave in enumerate(planned, 1):
-        if len(wave) < 2 or not routed:  # one server out at a time is what a rollout is
+        if len(wave) < 2:  # one server out at a time is what a rollout is
             continue
-        out = {r.host.name: r.value for r in fleet.map(lambda h, _runner: replaced(h), wave).succeeded if r.value}
-        if routed <= set(out.values()):
-            return number, list(out)
+        out = _takes_all(fleet, wave, routed, replaced)
+        if out:
+            return number, out
     return None
+
+
+def _takes_all(fleet: Fleet, hosts: list[Host], routed: set[str], url_of: Replaced) -> list[str]:
+    """``hosts`` (those ``url_of`` names a worker URL for) when their URLs are every worker the gateway routes to
+    (``routed``), else none: taking them out is a fleet outage for the gateway's clients."""
+    if not routed:
+        return []
+    out = {r.host.name: r.value for r in fleet.map(lambda h, _runner: url_of(h), hosts).succeeded if r.value}
+    return list(out) if routed <= set(out.values()) else []
 
 
 def serve_replaced(
@@ -218,12 +226,11 @@ def emptying(
     """Asked (``confirm_or_refuse``) when ``hosts`` are every worker the gateway routes to: taking them all out
     (``verb``: ``Drain``, ``Stop``) is a fleet outage for the gateway's clients, as ``gateway down`` is."""
 
-    def url(host: Host, _runner: Runner) -> str:
+    def url(host: Host) -> str:
         return rollout.worker_url_of(fleet.question_session(host, app.store), chosen[host.name])
 
-    routed = {w.url for w in client.workers() if w.healthy}
-    out = {r.host.name: r.value for r in fleet.map(url, hosts).succeeded} if routed else {}
-    if routed and routed <= set(out.values()):
+    out = _takes_all(fleet, hosts, {w.url for w in client.workers() if w.healthy}, url)
+    if out:
         confirm_or_refuse(
             f"{verb} every server the gateway routes to ({', '.join(out)}): every request through it fails until "
             "one is back?",
