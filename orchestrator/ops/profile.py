@@ -43,7 +43,9 @@ import contextlib
 import secrets
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from orchestrator import jobs
 from orchestrator.errors import OrchError, RefusedError, RemoteCommandError, StateError
@@ -59,6 +61,8 @@ from orchestrator.recipe import BenchOptions, BenchSpec, ProfileOptions
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord, utc_now
 from orchestrator.transport.base import Runner
+
+T = TypeVar("T")
 
 PROFILE_DIR = "ORCH_PROFILE_DIR"
 """The load job's environment variable naming its run's directory, where ``_JOB`` keeps its marks."""
@@ -265,20 +269,14 @@ def _request(url: str, path: str, body: dict[str, object]) -> server_facts.HttpR
 def _wait_started(session: HostSession, job_id: str, directory: str, deadline: float) -> server_facts.HttpAnswer:
     """The server's answer to job ``job_id``'s ``POST /start_profile``; ``RemoteCommandError`` when the job
     ended without one, or it is not an answer."""
-    host, runner = session.host, session.runner
-    while (said := _mark(runner, directory, "started")) is None:
-        info = jobs.wait(runner, host.workdir, job_id, 1.0)
-        if not info.running:  # it may have written it, then ended
-            said = _mark(runner, directory, "started")
-            if said is None:
-                raise RemoteCommandError(
-                    f"{host.name}: the profile's job {job_id} ended (exit {info.exit_code}) before the server "
-                    f"answered /start_profile (`orch logs {host.name} {job_id}`)",
-                    exit_status=1,
-                )
-            break
-        if time.monotonic() >= deadline + 30:
-            raise _outlived(host, job_id)
+    host = session.host
+    said, code = _wait_mark(session, job_id, (directory, "started"), lambda text: text, deadline)
+    if said is None:
+        raise RemoteCommandError(
+            f"{host.name}: the profile's job {job_id} ended (exit {code}) before the server answered "
+            f"/start_profile (`orch logs {host.name} {job_id}`)",
+            exit_status=1,
+        )
     try:
         return server_facts.parse_http(said)[0]
     except (ValueError, IndexError) as exc:
@@ -306,26 +304,34 @@ def _wait_loaded(session: HostSession, job_id: str, directory: str, deadline: fl
     """The exit code of load job ``job_id``'s benchmark client once it has ended (``_JOB``'s ``load-ended``);
     the job's own when it ended without saying (killed, timed out; None: lost, said as ``exit None``).
     ``RemoteCommandError`` when it outlives its timeout."""
+    said, code = _wait_mark(session, job_id, (directory, "load-ended"), _exit_code, deadline)
+    return said if said is not None else code
+
+
+def _wait_mark(
+    session: HostSession, job_id: str, mark: tuple[str, str], read: Callable[[str], T | None], deadline: float
+) -> tuple[T | None, int | None]:
+    """What load job ``job_id`` wrote in its ``mark`` (directory, name), as ``read`` takes it (None: not yet);
+    ``(None, its exit code)`` when the job ended without writing it. ``RemoteCommandError`` when it outlives
+    its timeout."""
     host, runner = session.host, session.runner
-    while (code := _load_ended(runner, directory)) is None:
+    while (said := _mark(runner, mark, read)) is None:
         info = jobs.wait(runner, host.workdir, job_id, 1.0)
-        if not info.running:  # it may have said, then ended
-            code = _load_ended(runner, directory)
-            return code if code is not None else info.exit_code
+        if not info.running:  # it may have written it, then ended
+            return _mark(runner, mark, read), info.exit_code
         if time.monotonic() >= deadline + 30:
             raise _outlived(host, job_id)
-    return code
+    return said, None
 
 
-def _mark(runner: Runner, directory: str, name: str) -> str | None:
-    """What the load job wrote in ``<directory>/<name>``; None before it has."""
-    said = runner.run(["cat", "--", f"{directory}/{name}"], timeout=60)
-    return said.stdout if said.ok else None
+def _mark(runner: Runner, mark: tuple[str, str], read: Callable[[str], T | None]) -> T | None:
+    """What the load job wrote in ``<directory>/<name>`` (``mark``), as ``read`` takes it; None before it has."""
+    said = runner.run(["cat", "--", "/".join(mark)], timeout=60)
+    return read(said.stdout) if said.ok else None
 
 
-def _load_ended(runner: Runner, directory: str) -> int | None:
-    said = _mark(runner, directory, "load-ended") or ""
-    return int(said) if said.strip().lstrip("-").isdigit() else None
+def _exit_code(text: str) -> int | None:
+    return int(text) if text.strip().lstrip("-").isdigit() else None
 
 
 def _outlived(host: Host, job_id: str) -> RemoteCommandError:
