@@ -226,8 +226,8 @@ that only reads; ``profile``, which starts anew)."""
 def _left_out_of_gateway() -> list[str]:
     """The hosts a rollout of this orch's leaves out of the gateway as it is interrupted, each with its server's
     state, and the command that resumes (``views.gateway.interrupted_lines``). Nothing when no rollout ran here
-    (its module is not even loaded: importing it from the handler could wait on a thread's import), or when the
-    state cannot be read then: the exit goes on."""
+    (its module is not imported from the handler, which could wait on a thread's import: a command that never
+    loaded it ran none), or when the state cannot be read then: the exit goes on."""
     rolling = sys.modules.get("orchestrator.ops.rollout")
     if rolling is None:
         return []

@@ -85,8 +85,9 @@ def status(
     config, hosts_all = app.inventory.gateway, list(app.inventory.hosts.values())
     status_op.name_unrecorded_ranks(app.inventory, views)
     groups = status_op.group_statuses(app.inventory, views)
-    rolling = rollout.in_progress(app.store)  # a host a live rollout took out is not a cut-off serve's
-    gateway = status_op.gateway_column(config, hosts_all, state, views, rolling) if config is not None else None
+    gateway = None
+    if config is not None:  # a host a live rollout took out is not a cut-off serve's
+        gateway = status_op.gateway_column(config, hosts_all, state, views, rollout.in_progress(app.store))
     if prometheus is not None:
         from orchestrator.utc import utc_now
         from orchestrator.views.metrics import write_prometheus

@@ -156,7 +156,7 @@ def test_serve_of_one_host_behind_the_gateway_takes_it_out_first_and_registers_i
     old = server_job(env, "sim-2")
     run, load = load_during(gateway_fleet.smg.gateway.url, lambda: env.orch("serve", "--host", "sim-2", "--force"))
     assert run.returncode == 0, run.output
-    assert load.sent > 0 and load.failed == []  # it stopped a server the gateway routed to, without taking it out
+    assert load.sent > 0 and load.failed == []  # a guard: without the take-out it saw none either
     assert "the inventory has a gateway: rolling relaunch" in run.stderr
     assert f"taking {sim2} out of the gateway before its server is replaced" in run.stderr, run.stderr
     assert server_job(env, "sim-2") != old
@@ -354,7 +354,7 @@ def test_tune_fp8_stop_server_takes_a_registered_host_out_of_the_gateway_first(
     )
     run, load = load_during(gateway_fleet.smg.gateway.url, lambda: env.orch(*tune))
     assert run.returncode == 0, run.output
-    assert load.sent > 0 and load.failed == []
+    assert load.sent > 0 and load.failed == []  # a guard: without the take-out it saw none either
     assert f"sim-3: taking {sim3} out of the gateway before its server is stopped" in run.stderr, run.stderr
     assert "`orch serve --rolling --host sim-3` registers it again" in run.stderr
     assert sorted(w.url for w in client.workers()) == sorted(gateway_fleet.urls()[:2])
