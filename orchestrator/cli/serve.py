@@ -119,7 +119,14 @@ def serve(
                 else (selected, False)
             )
             peers = app.peers(fleet)
-            plan = lambda s: dry_run_lines(s, chosen[s.name], options, ranks.get(s.name), peers)  # noqa: E731
+
+            def plan(s: HostSession) -> list[str]:  # a resumed forced rollout leaves what it relaunched
+                asked = rollout.not_again(s.store, s.name, options) if rolling else options
+                lines = dry_run_lines(s, chosen[s.name], asked, ranks.get(s.name), peers)
+                if asked is not options and lines[0].startswith("(already serving"):
+                    return [f"({rollout.RELAUNCHED_BEFORE})"]
+                return lines
+
             plans = fleet.map_sessions(plan, lambda: app.store, planning)
             serve_view.plans(plans)
             refuses = any(line.startswith("(refuses") for r in plans.succeeded for line in r.value or [])

@@ -255,10 +255,13 @@ def roll_host(
     began = time.monotonic()
     url = worker_url_of(session, recipe)
     gate, name = rolling.gate, session.host.name
-    if not _would_replace(session, recipe, options, rolling, rank):
+    resumed = not_again(session.store, name, options)
+    if not _would_replace(session, recipe, resumed, rolling, rank):
         if gate is not None and name in gate.unproven:
             return _prove_resumed(session, recipe, options, rolling, url)
-        roll = _unchanged(session, recipe, options, rolling, url, rank)
+        roll = _unchanged(session, recipe, resumed, rolling, url, rank)
+        if resumed is not options:  # kept "relaunched": interrupted again, a resume still leaves it
+            roll.outcome, roll.notes = "relaunched", [RELAUNCHED_BEFORE, *roll.notes]
         roll.seconds = time.monotonic() - began
         if gate is not None and name in gate.baselines:
             roll.notes.append("gate not run: already serving as asked, nothing to promote")
@@ -634,6 +637,21 @@ def record_outcome(store: StateStore, name: str, outcome: str) -> None:
             state.rollout.outcomes[name] = outcome
 
 
+RELAUNCHED_BEFORE = "relaunched before the interruption, serves as asked: not relaunched again"
+
+
+def not_again(store: StateStore, name: str, options: ServeOptions) -> ServeOptions:
+    """``options`` for host ``name`` in a rolling relaunch, without ``--force`` when the interrupted rollout
+    this one resumes relaunched it already (``run_waves`` keeps those outcomes): resuming a forced rollout
+    does not relaunch its finished hosts again; one that does not serve as asked is relaunched anyway."""
+    if not options.force:
+        return options
+    last = store.read([name], history=False).rollout
+    if last is None or last.ended_at is not None or last.outcomes.get(name) != "relaunched":
+        return options
+    return options.model_copy(update={"force": False})
+
+
 def resume_first(store: StateStore, planned: list[list[Host]]) -> list[list[Host]]:
     """An interrupted rollout's hosts left out of the gateway (``removed``) go first, in a wave of their
     own: each is relaunched if it does not serve as asked, and registered again either way."""
@@ -657,8 +675,10 @@ def run_waves(
     began = time.monotonic()
     planned = resume_first(store, planned)
     rollout = Rollout([[h.name for h in wave] for wave in planned])
-    with store.update() as state:
-        state.rollout = RolloutRecord(waves=rollout.waves)
+    with store.update() as state:  # resuming an interrupted one: what it relaunched stays relaunched (``not_again``)
+        last = state.rollout if state.rollout is not None and state.rollout.ended_at is None else None
+        done = {n: o for n, o in last.outcomes.items() if o == "relaunched"} if last is not None else {}
+        state.rollout = RolloutRecord(waves=rollout.waves, outcomes=done)
     for number, wave in enumerate(planned, 1):
         report(f"wave {number}/{len(planned)}: {', '.join(map(label or _name, wave))}")
         failed = []

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from orchestrator.ops import rollout
 from orchestrator.state import RolloutRecord
 from orchestrator.store import StateStore
 from tests.gateway_smg import ClientLoad
@@ -224,6 +225,32 @@ def test_an_interrupted_rollout_resumes_by_registering_the_host_it_left_out_firs
     assert f"sim-2: serving as asked but not registered: registering {sim2}" in run.stderr
     assert "sim-2: rollout unchanged in " in run.stdout and "(re-registered)" in run.stdout
     assert {name: server_job(env, name) for name in jobs} == jobs  # nothing relaunched
+    assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+
+
+def test_resuming_a_forced_rollout_does_not_relaunch_the_hosts_it_relaunched(gateway_fleet: GatewayFleet) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    sim2 = gateway_fleet.urls()[1]
+    client.remove(sim2)  # a `serve --rolling --force` cut off after relaunching sim-1 and taking sim-2 out
+    client.wait_removed(sim2, timeout=10)
+    with StateStore(env.state).update() as state:
+        state.rollout = RolloutRecord(
+            waves=[["sim-1"], ["sim-2"], ["sim-3"]], outcomes={"sim-1": "relaunched", "sim-2": "removed"}
+        )
+    jobs = {name: server_job(env, name) for name in ("sim-1", "sim-2", "sim-3")}
+    planned = env.orch("serve", "--rolling", "--force", "--dry-run")
+    assert planned.returncode == 0, planned.output
+    assert f"sim-1:\n  ({rollout.RELAUNCHED_BEFORE})" in planned.stdout, planned.stdout
+    run = env.orch("serve", "--rolling", "--force")
+    assert run.returncode == 0, run.output
+    assert server_job(env, "sim-1") == jobs["sim-1"]  # relaunched before the interruption: not again
+    assert server_job(env, "sim-2") != jobs["sim-2"] and server_job(env, "sim-3") != jobs["sim-3"]
+    assert "sim-1: rollout relaunched in " in run.stdout and rollout.RELAUNCHED_BEFORE in run.stdout, run.stdout
+    recorded = StateStore(env.state).read().rollout
+    assert recorded is not None and recorded.ended_at is not None
+    assert recorded.outcomes == {"sim-1": "relaunched", "sim-2": "relaunched", "sim-3": "relaunched"}
+    again = env.orch("serve", "--rolling", "--force", "--host", "sim-1")  # a rollout that ended: forced again
+    assert again.returncode == 0 and server_job(env, "sim-1") != jobs["sim-1"], again.output
     assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
 
 
