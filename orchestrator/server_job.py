@@ -286,6 +286,17 @@ def stop_job(
     return outcome
 
 
+def stop_lines(session: HostSession, job: jobs.JobInfo, why: str) -> list[str]:
+    """A dry run's lines for ``stop_job`` of server job ``job`` (stopped ``why``): the benchmark and profile
+    jobs it stops first, as it says them, then the server."""
+    listed = session.jobs()
+    benches = jobs.running(listed, BENCH_PURPOSE)
+    lines = [f"(stops benchmark job {bench.id} first: it measures that server)" for bench in benches]
+    if (profile := profile_job(listed)) is not None:
+        lines.append(f"(stops profile job {profile.id} first: it profiles that server)")
+    return [*lines, f"(stops server job {job.id} {why})"]
+
+
 def stop_running_server(
     session: HostSession,
     gpus: Sequence[int],

@@ -204,7 +204,7 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions, rank: R
     lines = [place, *(f"WARNING: {w}" for w in mine.ready.warnings)]
     if mine.ready.old is not None:
         outage = _outage(plan, serve_op.replacing(mine.session, mine.ready, options))
-        lines.append(f"(stops server job {mine.ready.old.id} {outage.why})")
+        lines += srv.stop_lines(mine.session, mine.ready.old, outage.why)
     return [*lines, command]
 
 

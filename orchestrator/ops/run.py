@@ -1017,7 +1017,7 @@ def dry_run(
             lines.append(f"  ({AFTER_PULL.format(stop=stop)}; on the host as it is now:)")
             indent = "    "
         if stops is not None and server is not None:
-            lines.append(f"{indent}(stops server job {server.id} {stops.why})")
+            lines += [f"{indent}{line}" for line in server_host.stop_lines(session, server, stops.why)]
             server = None
         pulled = pulled or isinstance(step.options, PullOptions)
         lines += [f"{indent}{c}" if c.startswith("(") else f"{indent}$ {c}" for c in commands]

@@ -432,7 +432,7 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list
         return [f"(refuses: the new server cannot start here: {'; '.join(map(str, obstacles))})"]
     lines = [f"WARNING: {w}" for w in ready.warnings]
     if ready.old is not None:
-        lines.append(f"(stops server job {ready.old.id} {replacing_alone(session, ready, options).why})")
+        lines += srv.stop_lines(session, ready.old, replacing_alone(session, ready, options).why)
     return [*lines, f"$ {shell_command(ready.argv)}"]
 
 

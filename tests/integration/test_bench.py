@@ -216,6 +216,7 @@ def test_a_server_stopped_under_a_benchmark_stops_the_benchmark_first_and_its_re
     )
     try:
         wait_for(lambda: any(j.kind == "bench" for j in StateStore(env.state).read().host(host.name).jobs.values()))
+        planned = env.orch("serve", "--force", "--dry-run")  # says what the serve stops, the benchmark first
         replaced = env.orch("serve", "--force")
         out, err = bench.communicate(timeout=120)
     finally:
@@ -225,6 +226,8 @@ def test_a_server_stopped_under_a_benchmark_stops_the_benchmark_first_and_its_re
     (job,) = [j for j in hs.jobs.values() if j.kind == "bench"]
     first = f"stopping benchmark job {job.id} first: it measures server job"
     assert first in replaced.stderr and replaced.stderr.index(first) < replaced.stderr.index("stopping server job")
+    said = f"(stops benchmark job {job.id} first: it measures that server)\n  (stops server job"
+    assert planned.returncode == 0 and said in planned.stdout, planned.output
     assert bench.returncode == 3, out + err
     assert f"the benchmark (job {job.id}) was stopped before it finished" in err
     assert hs.benchmarks == [] and job.state == "failed"  # nothing stored as a measurement

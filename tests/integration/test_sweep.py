@@ -147,6 +147,8 @@ def test_sweep_then_serve_serves_the_profile_that_won_at_that_concurrency(make_f
         assert "nothing was stopped or started" in refused.stderr
         now = StateStore(env.state).read().hosts[host].server
         assert now is not None and now.job_id == server.job_id and now.stopped_at is None  # untouched
+        planned = env.orch("serve", "--host", host, "--profile", other, "--dry-run")
+        assert "(stops profile job profile-" in planned.stdout and "first: it profiles that server)" in planned.stdout
         served = env.orch("serve", "--host", host, "--profile", other, "--yes", timeout=600)
         assert served.returncode == 0, served.output
         assert f"{host}: stopping profile job profile-" in served.output
