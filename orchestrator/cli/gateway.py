@@ -151,7 +151,8 @@ def rolling_serve(
         gating = gate_plan(app, gate, planned, chosen, canary)
         ranks = ranks or {}
 
-        ask_before_emptying(fleet, planned, client, yes, serve_replaced(app, fleet, chosen, options, ranks))
+        replaced = serve_replaced(app, fleet, chosen, options, ranks)
+        ask_before_emptying(fleet, rollout.resume_first(app.store, planned), client, yes, replaced)
         rolling = rollout.RollContext(client, app.peers(fleet), gating)
 
         def roll_one(s: HostSession) -> rollout.HostRoll:
@@ -171,31 +172,32 @@ def ask_before_emptying(
     fleet: Fleet, planned: list[list[Host]], client: GatewayClient, yes: bool, replaced: Replaced
 ) -> None:
     """A rollout takes a wave's servers out of the gateway together: a wave holding every worker the gateway
-    routes to (healthy) is a fleet outage (``--max-unavailable`` as large as the fleet), asked as
+    routes to (healthy) is a fleet outage (``--max-unavailable`` as large as the fleet; the others drained), asked as
     ``serve --no-rolling`` asks (``confirm_or_refuse``: exit 2 without a terminal, unless ``--yes``), before
     anything changes. ``--host``/``--tag`` do not skip it: a rolling relaunch promises to keep serving."""
     found = None if yes else emptying_wave(fleet, planned, client, replaced)
     if found is not None:
         number, names = found
+        fix = "or lower --max-unavailable so that each wave leaves some serving"
+        if len(names) == 1:  # the others drained or out of the gateway: no wave size keeps one serving
+            fix = "or bring another server into the gateway first (`orch undrain HOST`, `orch gateway status`)"
         confirm_or_refuse(
             f"Take every server the gateway routes to out at once, in wave {number} ({', '.join(names)}): "
             "a fleet outage until they serve again?",
-            "or lower --max-unavailable so that each wave leaves some serving",
+            fix,
         )
 
 
 def emptying_wave(
     fleet: Fleet, planned: list[list[Host]], client: GatewayClient, replaced: Replaced
 ) -> tuple[int, list[str]] | None:
-    """The first wave (its number, and the hosts it would take out) holding every worker the gateway routes to."""
+    """The first wave (``planned`` in the order the rollout runs it: ``rollout.resume_first``) when it would take
+    out every worker the gateway routes to (a wave of one too: the others drained or out of the gateway), with
+    the hosts it takes out. Only the first: a later wave begins once the hosts before it serve and the gateway
+    routes to them (or the rollout has halted), and they are in no other wave."""
     routed = {w.url for w in client.workers() if w.healthy}
-    for number, wave in enumerate(planned, 1):
-        if len(wave) < 2:  # one server out at a time is what a rollout is
-            continue
-        out = _takes_all(fleet, wave, routed, replaced)
-        if out:
-            return number, out
-    return None
+    out = _takes_all(fleet, planned[0], routed, replaced) if planned else []
+    return (1, out) if out else None
 
 
 def _takes_all(fleet: Fleet, hosts: list[Host], routed: set[str], url_of: Replaced) -> list[str]:
@@ -214,7 +216,8 @@ def serve_replaced(
 
     def replaced(h: Host) -> str | None:
         session = fleet.question_session(h, app.store)
-        replaces = h.name in ranks or serve_op.would_replace(session, chosen[h.name], options)
+        asked = rollout.not_again(app.store, h.name, options)  # a resumed rollout's own
+        replaces = h.name in ranks or serve_op.would_replace(session, chosen[h.name], asked)
         return rollout.worker_url_of(session, chosen[h.name]) if replaces else None
 
     return replaced

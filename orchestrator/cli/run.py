@@ -129,7 +129,9 @@ def run(
         def confirm(passed: list[Host]) -> None:
             ask_before_stopping(fleet, passed, bool(hosts or tags), yes, stops, maybe)
             if ctx.rolling is not None:
-                waves = rollout.waves(passed, max_unavailable, canary, run_op.rolled_groups(ctx))
+                waves = rollout.resume_first(
+                    app.store, rollout.waves(passed, max_unavailable, canary, run_op.rolled_groups(ctx))
+                )
                 ask_before_emptying(fleet, waves, ctx.rolling.client, yes, replaced)
             if redo:  # once answered: a refusal forgets no done step (it said "nothing was changed")
                 run_op.forget_done(app.store, passed, chosen, steps)

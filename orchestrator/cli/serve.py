@@ -123,8 +123,8 @@ def serve(
             def plan(s: HostSession) -> list[str]:  # a resumed forced rollout leaves what it relaunched
                 asked = rollout.not_again(s.store, s.name, options) if rolling else options
                 lines = dry_run_lines(s, chosen[s.name], asked, ranks.get(s.name), peers)
-                if asked is not options and lines[0].startswith("(already serving"):
-                    return [f"({rollout.RELAUNCHED_BEFORE})"]
+                if asked is not options:  # "--force relaunches" it does not, this time
+                    lines = [line.replace("; --force relaunches)", f"; {rollout.RELAUNCHED_BEFORE})") for line in lines]
                 return lines
 
             plans = fleet.map_sessions(plan, lambda: app.store, planning)

@@ -637,19 +637,24 @@ def record_outcome(store: StateStore, name: str, outcome: str) -> None:
             state.rollout.outcomes[name] = outcome
 
 
-RELAUNCHED_BEFORE = "relaunched before the interruption, serves as asked: not relaunched again"
+RELAUNCHED_BEFORE = "relaunched before the interruption: not relaunched again"
 
 
 def not_again(store: StateStore, name: str, options: ServeOptions) -> ServeOptions:
     """``options`` for host ``name`` in a rolling relaunch, without ``--force`` when the interrupted rollout
-    this one resumes relaunched it already (``run_waves`` keeps those outcomes): resuming a forced rollout
-    does not relaunch its finished hosts again; one that does not serve as asked is relaunched anyway."""
+    this one resumes (``run_waves`` keeps its start and outcomes) relaunched it already, or had launched its
+    new server when it was cut off: resuming a forced rollout does not relaunch those again (it re-attaches to
+    a server not verified yet); one that does not serve as asked is relaunched anyway."""
     if not options.force:
         return options
-    last = store.read([name], history=False).rollout
-    if last is None or last.ended_at is not None or last.outcomes.get(name) != "relaunched":
+    state = store.read([name], history=False)
+    last, hs = state.rollout, state.hosts.get(name)
+    if last is None or last.ended_at is not None:
         return options
-    return options.model_copy(update={"force": False})
+    launched = hs is not None and hs.server is not None and hs.server.started_at >= last.started_at
+    if last.outcomes.get(name) == "relaunched" or (last.outcomes.get(name) == "removed" and launched):
+        return options.model_copy(update={"force": False})
+    return options
 
 
 def resume_first(store: StateStore, planned: list[list[Host]]) -> list[list[Host]]:
@@ -675,10 +680,12 @@ def run_waves(
     began = time.monotonic()
     planned = resume_first(store, planned)
     rollout = Rollout([[h.name for h in wave] for wave in planned])
-    with store.update() as state:  # resuming an interrupted one: what it relaunched stays relaunched (``not_again``)
+    with store.update() as state:  # resuming an interrupted one goes on with it: its start, what it did (``not_again``)
         last = state.rollout if state.rollout is not None and state.rollout.ended_at is None else None
-        done = {n: o for n, o in last.outcomes.items() if o == "relaunched"} if last is not None else {}
-        state.rollout = RolloutRecord(waves=rollout.waves, outcomes=done)
+        state.rollout = RolloutRecord(waves=rollout.waves)
+        if last is not None:
+            state.rollout.started_at = last.started_at
+            state.rollout.outcomes = {n: o for n, o in last.outcomes.items() if o in ("relaunched", "removed")}
     for number, wave in enumerate(planned, 1):
         report(f"wave {number}/{len(planned)}: {', '.join(map(label or _name, wave))}")
         failed = []

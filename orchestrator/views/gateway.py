@@ -13,7 +13,7 @@ from orchestrator.gateway import GatewayCheck
 from orchestrator.inventory import Host, Inventory
 from orchestrator.jobs import JobInfo
 from orchestrator.ops.gateway import GatewayUp, Stale
-from orchestrator.ops.rollout import HostRoll, Rollout
+from orchestrator.ops.rollout import RELAUNCHED_BEFORE, HostRoll, Rollout
 from orchestrator.render import inert, inert_log
 from orchestrator.state import Phase
 from orchestrator.views.serve import serve_report
@@ -243,7 +243,7 @@ def rollout_report(selected: list[Host], done: Rollout, inventory: Inventory | N
             why = "still on its old server" if planned else "left out of the rollout, as said above"
             render.out.print(f"{host.name}: not touched ({why})", markup=False)
             continue
-        if roll.result is not None:
+        if roll.result is not None and not (roll.result.unchanged and RELAUNCHED_BEFORE in roll.notes):
             serve_report(host, roll.result, rolled_back=roll.outcome == "rolled back")
         for line in gate_lines(host.name, roll.gate) if roll.gate is not None else []:
             render.out.print(line, markup=False)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.ops import rollout
-from orchestrator.state import RolloutRecord
+from orchestrator.state import RolloutRecord, utc_now
 from orchestrator.store import StateStore
 from tests.gateway_smg import ClientLoad
 from tests.integration.rolling.fleet import BOTH_GATEWAYS, GatewayFleet, argv_of, server_job
@@ -134,6 +134,19 @@ def test_a_wave_holding_every_server_of_the_gateway_is_asked_as_an_outage(
     assert {name: server_job(env, name) for name in jobs} == jobs
     assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
 
+    # sim-1 and sim-2 drained: a rolling serve of sim-3 alone, one server per wave, takes the gateway's last one out
+    for name in ("sim-1", "sim-2"):
+        assert env.orch("drain", name).returncode == 0
+    try:
+        last = env.orch("serve", "--force", "--host", "sim-3")
+        assert last.returncode == 2, last.output  # it relaunched sim-3 with exit 0: every request failed meanwhile
+        assert "in wave 1 (sim-3): a fleet outage until they serve again: refused" in last.stderr, last.stderr
+        assert "or bring another server into the gateway first (`orch undrain HOST`" in last.stderr
+        assert server_job(env, "sim-3") == jobs["sim-3"]
+    finally:
+        assert env.orch("undrain", "sim-1", "sim-2").returncode == 0
+    assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+
 
 def test_stop_server_takes_a_registered_host_out_of_the_gateway_before_stopping_it(
     gateway_fleet: GatewayFleet, load_during: Callable[..., tuple[Any, ClientLoad]]
@@ -230,24 +243,30 @@ def test_an_interrupted_rollout_resumes_by_registering_the_host_it_left_out_firs
 
 def test_resuming_a_forced_rollout_does_not_relaunch_the_hosts_it_relaunched(gateway_fleet: GatewayFleet) -> None:
     env, client = gateway_fleet.env, gateway_fleet.client
-    sim2 = gateway_fleet.urls()[1]
-    client.remove(sim2)  # a `serve --rolling --force` cut off after relaunching sim-1 and taking sim-2 out
-    client.wait_removed(sim2, timeout=10)
+    began = utc_now()  # a `serve --rolling --force` cut off after relaunching sim-1, launching sim-2's new server
+    assert env.orch("serve", "--rolling", "--force", "--host", "sim-2").returncode == 0  # (that launch)
+    for url in gateway_fleet.urls()[1:]:  # and taking sim-2, then sim-3, out of the gateway
+        client.remove(url)
+        client.wait_removed(url, timeout=10)
     with StateStore(env.state).update() as state:
         state.rollout = RolloutRecord(
-            waves=[["sim-1"], ["sim-2"], ["sim-3"]], outcomes={"sim-1": "relaunched", "sim-2": "removed"}
+            started_at=began,
+            waves=[["sim-1"], ["sim-2"], ["sim-3"]],
+            outcomes={"sim-1": "relaunched", "sim-2": "removed", "sim-3": "removed"},
         )
     jobs = {name: server_job(env, name) for name in ("sim-1", "sim-2", "sim-3")}
     planned = env.orch("serve", "--rolling", "--force", "--dry-run")
     assert planned.returncode == 0, planned.output
-    assert f"sim-1:\n  ({rollout.RELAUNCHED_BEFORE})" in planned.stdout, planned.stdout
+    said = f"(already serving as asked (job {jobs['sim-1']}): nothing to do; {rollout.RELAUNCHED_BEFORE})"
+    assert f"sim-1:\n  {said}" in planned.stdout, planned.stdout
     run = env.orch("serve", "--rolling", "--force")
     assert run.returncode == 0, run.output
-    assert server_job(env, "sim-1") == jobs["sim-1"]  # relaunched before the interruption: not again
-    assert server_job(env, "sim-2") != jobs["sim-2"] and server_job(env, "sim-3") != jobs["sim-3"]
-    assert "sim-1: rollout relaunched in " in run.stdout and rollout.RELAUNCHED_BEFORE in run.stdout, run.stdout
+    assert server_job(env, "sim-1") == jobs["sim-1"] and server_job(env, "sim-2") == jobs["sim-2"]  # not again
+    assert server_job(env, "sim-3") != jobs["sim-3"]  # its old server: the rollout had not relaunched it
+    assert run.stdout.count("rollout relaunched in ") == 3 and run.stdout.count(rollout.RELAUNCHED_BEFORE) == 2
+    assert "--force relaunches" not in run.stdout, run.stdout
     recorded = StateStore(env.state).read().rollout
-    assert recorded is not None and recorded.ended_at is not None
+    assert recorded is not None and recorded.ended_at is not None and recorded.started_at == began
     assert recorded.outcomes == {"sim-1": "relaunched", "sim-2": "relaunched", "sim-3": "relaunched"}
     again = env.orch("serve", "--rolling", "--force", "--host", "sim-1")  # a rollout that ended: forced again
     assert again.returncode == 0 and server_job(env, "sim-1") != jobs["sim-1"], again.output
