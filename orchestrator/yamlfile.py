@@ -4,6 +4,12 @@ YAML loaders keep the last of two equal keys silently, so a host named twice in 
 lose its first entry without a word. ``load_yaml`` refuses any mapping with a duplicate key, naming
 the file and both lines; a syntax error names the file and the line. Both are ``ConfigError`` (exit 2).
 
+Every key of orch's files is a name (a host, a group, a setting, a variable, a server flag), but YAML reads
+``null``, ``~``, ``no``, ``off``, ``yes``, numbers and dates as such: ``hosts: {null: ...}`` made a host
+``None`` that ``orch status null`` could not find, ``no:`` and ``off:`` were one key ``False`` "given twice",
+and ``0x1f:`` a host ``31``. ``load_yaml`` refuses a key YAML reads as anything but a string, naming the
+file, the line, what was written and what YAML read (exit 2): quoted, it is the name written.
+
 Aliases (``*name``) share one parsed node, so a few lines can describe billions of values (the
 "billion laughs"): nothing breaks until the validation walks them, minutes and gigabytes later. Before
 constructing anything, ``load_yaml`` counts the values the document holds with every alias expanded
@@ -26,6 +32,7 @@ as booleans, and pydantic would take one as 1 where a number is asked (``server_
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import os
 import re
@@ -57,6 +64,12 @@ class DuplicateKey(yaml.YAMLError):
         self.key, self.first, self.second = key, first, second
 
 
+class NotAName(yaml.YAMLError):
+    def __init__(self, key: object, node: yaml.ScalarNode) -> None:
+        super().__init__(f"key {node.value!r}")
+        self.key, self.written, self.mark = key, node.value, node.start_mark
+
+
 class AliasBomb(yaml.YAMLError):
     def __init__(self, problem: str, mark: yaml.Mark) -> None:
         super().__init__(problem)
@@ -64,7 +77,8 @@ class AliasBomb(yaml.YAMLError):
 
 
 class StrictLoader(_Base):
-    """A safe loader that refuses a mapping giving the same key twice, or aliases expanding too far."""
+    """A safe loader that refuses a key that is not a string, a mapping giving the same key twice, or aliases
+    expanding too far."""
 
     def get_single_data(self) -> Any:
         node = self.get_single_node()
@@ -79,6 +93,8 @@ class StrictLoader(_Base):
             if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *defaults``: later keys override it
                 continue
             key = self.construct_object(key_node, deep=True)
+            if isinstance(key_node, yaml.ScalarNode) and not isinstance(key, str):
+                raise NotAName(key, key_node)
             try:
                 first = seen.setdefault(key, key_node.start_mark)
             except TypeError:  # an unhashable key: the base constructor explains it
@@ -213,6 +229,11 @@ def load_yaml(path: Path, text: str) -> Any:
             "YAML would keep only the last silently",
             hint="remove or rename one of them",
         ) from None
+    except NotAName as exc:
+        raise ConfigError(
+            f"{path}:{exc.mark.line + 1}: {exc}: YAML reads it as {_yaml_reading(exc.key)}, not as a name",
+            hint=f"quote it to mean the name: '{exc.written}':" if exc.written else "write the name before the ':'",
+        ) from None
     except AliasBomb as exc:
         raise ConfigError(
             f"{path}:{exc.mark.line + 1}: refused: {exc}; orch does not expand YAML like this (a YAML bomb?)",
@@ -228,6 +249,19 @@ def load_yaml(path: Path, text: str) -> Any:
         raise ConfigError(f"{where}: not valid YAML: {what}", hint=hint) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
+def _yaml_reading(value: object) -> str:
+    """What YAML made of a scalar, in YAML's words: ``null``, ``the boolean false``, ``the number 31``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if isinstance(value, datetime.date):  # a datetime is a date too
+        return f"the date {value.isoformat()}"
+    return f"a value of type {type(value).__name__}"
 
 
 def control_character(document: Any) -> tuple[str, str] | None:

@@ -160,6 +160,40 @@ def test_duplicate_key_anywhere_is_refused(tmp_path: Path, text: str, line: int,
         load_inventory(path)
 
 
+@pytest.mark.parametrize(
+    ("text", "line", "said"),
+    [
+        # a host `None` that `orch status null` could not find
+        ("hosts:\n  null:\n    address: h\n", 2, "key 'null': YAML reads it as null"),
+        ("hosts:\n  ~: {address: h}\n", 2, "key '~': YAML reads it as null"),
+        # `key False given twice (first at line 2)`, a key nobody wrote
+        ("hosts:\n  no: {address: h1}\n  off: {address: h2}\n", 2, "key 'no': YAML reads it as the boolean false"),
+        # a host `31`, `1.5` or `1`: what YAML made of the name, not the name
+        ("hosts:\n  0x1F: {address: h}\n", 2, "key '0x1F': YAML reads it as the number 31"),
+        ("hosts:\n  1: {address: h}\n", 2, "key '1': YAML reads it as the number 1"),
+        ("hosts:\n  2024-01-01: {address: h}\n", 2, "key '2024-01-01': YAML reads it as the date 2024-01-01"),
+        ("hosts:\n  a: {address: h}\ngroups:\n  yes: {hosts: [a], playbook: p}\n", 4, "key 'yes': YAML reads"),
+        ("hosts:\n  a:\n    address: h\n    env: {on: '1'}\n", 4, "key 'on': YAML reads it as the boolean true"),
+    ],
+)
+def test_a_name_yaml_reads_as_null_boolean_or_number_is_refused_naming_the_line(
+    tmp_path: Path, text: str, line: int, said: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    assert info.value.message.startswith(f"{path}:{line}: {said}")
+    assert info.value.message.endswith(", not as a name")
+    written = said.split("'")[1]
+    assert info.value.hint == f"quote it to mean the name: '{written}':"
+    assert info.value.exit_code == ExitCode.USAGE
+
+
+def test_a_quoted_name_is_the_name_written(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  'no': {address: h1}\n  '1': {address: h2}\n  'null': {address: h3}\n")
+    assert list(load_inventory(path).hosts) == ["no", "1", "null"]
+
+
 def test_merge_key_overrides_are_not_duplicates(tmp_path: Path) -> None:
     path = write(tmp_path, "hosts:\n  a: &a {address: h, port: 22}\n  b:\n    <<: *a\n    port: 2222\n")
     assert load_inventory(path).hosts["b"].port == 2222
