@@ -37,9 +37,12 @@ GATEWAY_OWN_FLAGS = ("--host", "--port", "--prometheus-host", "--prometheus-port
 
 
 class HostSettings(YamlModel):
-    """Every key a host may set, all with defaults; ``defaults:`` in hosts.yaml sets them for all hosts."""
+    """Every key a host may set, all with defaults; ``defaults:`` in hosts.yaml sets them for all hosts.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Strict types (as ``ReplicaGroup`` and ``Gateway``): YAML gives a number as a number, so ``port: 22.0`` or
+    ``port: "22"`` is refused as the wrong type, as ``gpus: 8.5`` was, not read silently as 22."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     user: str = "root"
     port: int = Field(22, ge=1, le=65535)
@@ -181,7 +184,7 @@ class ReplicaGroup(YamlModel):
     is a group of one: it serves alone, as before groups existed.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str
     hosts: list[str] = Field(min_length=2)
@@ -242,7 +245,7 @@ class Gateway(YamlModel):
     the gateway's port + 1).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     url: str
     api_key_env: str | None = None

@@ -65,6 +65,42 @@ def test_bad_inventory_names_file_host_and_key(tmp_path: Path, text: str, expect
     assert info.value.exit_code == ExitCode.USAGE
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        # read silently as port 22 (and gpus 8), where gpus: 8.5 was refused
+        (
+            "hosts:\n  a:\n    address: h\n    port: 22.0\n",
+            "host 'a', key 'port': Input should be a valid integer (got 22.0)",
+        ),
+        (
+            "hosts:\n  a:\n    address: h\n    port: '22'\n",
+            "host 'a', key 'port': Input should be a valid integer (got '22')",
+        ),
+        (
+            "defaults:\n  gpus: 8.0\nhosts:\n  a: {address: h}\n",
+            "defaults, key 'gpus': Input should be a valid integer (got 8.0)",
+        ),
+        (
+            "hosts:\n  a:\n    address: h\n    gpus: 8.5\n",
+            "host 'a', key 'gpus': Input should be a valid integer (got 8.5)",
+        ),
+        (
+            "gateway: {url: 'http://h:30080', metrics_port: 30081.0}\nhosts:\n  a: {address: h}\n",
+            "gateway, key 'metrics_port': Input should be a valid integer (got 30081.0)",
+        ),
+    ],
+)
+def test_a_decimal_or_quoted_number_where_a_whole_number_is_asked_is_refused(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    assert info.value.message == f"{path}: {said}"
+    assert info.value.exit_code == ExitCode.USAGE
+
+
 def test_address_under_defaults_is_refused_as_per_host_and_never_offered_back(tmp_path: Path) -> None:
     # it said "unknown key 'address' (did you mean 'address'?) (allowed: ..., address)"
     path = write(tmp_path, "defaults:\n  address: 10.0.0.1\nhosts:\n  a:\n    port: 22\n")
