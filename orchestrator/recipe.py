@@ -480,12 +480,13 @@ def _shapes(text: str) -> list[Shape]:
 
 
 def find_recipe(name_or_path: str, search_dirs: list[Path]) -> Path:
-    """The playbook file ``name_or_path`` names: a path to an existing file that ends in ``.yaml``/``.yml`` or
-    has a ``/`` (``./pb``: a path, whatever its name ends in), else ``NAME.yaml``/``NAME.yml`` in
-    ``search_dirs`` then the shipped playbooks. ``ConfigError`` naming the known playbooks otherwise (and, for
-    a bare name that is a file here, how to give it as a path)."""
+    """The playbook file ``name_or_path`` names: an existing path that ends in ``.yaml``/``.yml`` or has a
+    ``/`` (``./pb``: a path, whatever its name ends in), else ``NAME.yaml``/``NAME.yml`` in ``search_dirs``
+    then the shipped playbooks. ``ConfigError`` naming the known playbooks otherwise (and, for a bare name
+    that is a file here, how to give it as a path). An existing path is returned whatever it is: a directory
+    is refused by ``load_recipe`` as one (``read_text``), not said to be no playbook."""
     candidate = Path(name_or_path)
-    if (candidate.suffix in (".yaml", ".yml") and candidate.exists()) or ("/" in name_or_path and candidate.is_file()):
+    if (candidate.suffix in (".yaml", ".yml") or "/" in name_or_path) and candidate.exists():
         return candidate
     for d in [*search_dirs, PACKAGED_PLAYBOOKS]:
         for suffix in (".yaml", ".yml"):

@@ -78,3 +78,14 @@ def test_a_playbook_path_with_a_slash_is_read_whatever_its_name_ends_in(
         info.value
     )
     assert info.value.hint == "give the file as a path: ./pb2_noext"
+
+
+def test_a_playbook_path_that_is_a_directory_is_said_to_be_one(tmp_path: Path) -> None:
+    """`--playbook /some/existing/directory` said `no playbook '/some/existing/directory'; known: ...`."""
+    (tmp_path / "pb").mkdir()
+    for given in (str(tmp_path / "pb"), str(tmp_path / "pb") + "/"):
+        with pytest.raises(ConfigError) as info:
+            load_recipe(find_recipe(given, []))
+        assert info.value.message == f"{tmp_path / 'pb'}: is a directory, not a YAML file"
+        assert info.value.hint == "give the path of a YAML file (or a link to one)"
+        assert info.value.exit_code == ExitCode.USAGE
