@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.facts.server import check_recipe
-from orchestrator.fleet import Fleet
+from orchestrator.fleet import Fleet, check_routes
 from orchestrator.inventory import Host, Inventory, inventory_path, load_inventory
 from orchestrator.notify import Notifier
 from orchestrator.recipe import DEFAULT_RECIPE, Recipe, find_recipe, load_recipe
@@ -148,6 +148,9 @@ class App:
         return fleet.peers(self.inventory.hosts, lambda: self.store)
 
     def fleet(self, hosts: list[Host], parallel: int = 32) -> Fleet:
+        """The fleet of ``hosts``, once each SSH host's route is known (``check_routes``: a missing
+        identity_file or a bad ssh config line is exit 2 before any host is contacted or shown)."""
+        check_routes(hosts)
         log.info("%d hosts (%s), %d at a time", len(hosts), ", ".join(h.name for h in hosts), parallel)
         return Fleet(hosts, self.options, parallel=parallel, inventory=frozenset(self.inventory.hosts))
 

@@ -19,11 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from orchestrator.errors import ExitCode, OrchError, RefusedError, local_disk_error
+from orchestrator.errors import ConfigError, ExitCode, OrchError, RefusedError, local_disk_error
 from orchestrator.session import HostSession, Sink, discard
 from orchestrator.transport.base import ConnectOptions, Runner
 from orchestrator.transport.local import LocalRunner
-from orchestrator.transport.ssh import SSHRunner
+from orchestrator.transport.ssh import SSHRunner, resolve_route
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Host
@@ -38,6 +38,22 @@ def open_runner(host: Host, options: ConnectOptions) -> Runner:
     if host.transport == "local":
         return LocalRunner(host)
     return SSHRunner(host, options)
+
+
+def check_routes(hosts: list[Host]) -> None:
+    """Where each SSH host is (``resolve_route``: the ssh config, the inventory's ``identity_file``), worked
+    out on this machine before any host is contacted: a ``ConfigError`` there is bad input for the whole
+    command (exit 2, nothing shown or recorded), not an ``unreachable`` host in a table of results. The
+    message starts with the host's name, as ``render.host_errors`` would have said it."""
+    for host in hosts:
+        if host.transport == "local":
+            continue
+        try:
+            resolve_route(host)
+        except ConfigError as exc:
+            if exc.message.startswith(f"{host.name}:"):
+                raise
+            raise ConfigError(f"{host.name}: {exc.message}", hint=exc.hint) from None
 
 
 @dataclass

@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator.app import App
 from orchestrator.errors import ConfigError, ExitCode
+from tests.conftest import run_orch
 
 HOSTS = (
     "hosts:\n  sim-1: {address: 127.0.0.1, playbook: nosuch}\n  sim-2: {address: 127.0.0.2}\n  sim-3: {address: h3}\n"
@@ -43,3 +44,23 @@ def test_a_playbook_name_given_on_the_command_line_is_said_as_typed(tmp_path: Pa
     with pytest.raises(ConfigError, match=r"^no playbook 'nope'; known: "):
         app.recipes([app.inventory.hosts["sim-2"]], "nope")
     assert app.recipes([app.inventory.hosts["sim-1"]], "deepseek-v4-flash")["sim-1"].model == "DeepSeek-V4-Flash"
+
+
+def test_an_identity_file_not_on_this_machine_is_exit_2_before_any_host_is_shown_or_recorded(tmp_path: Path) -> None:
+    """`orch status` printed a table with every host `unreachable` (none was contacted), then the error."""
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(
+        f"hosts:\n  a: {{address: 127.0.0.1, port: 1, identity_file: {tmp_path / 'gone'}}}\n"
+        "  b: {address: 127.0.0.1, port: 2}\n"
+    )
+
+    for command in (["status"], ["status", "--json"], ["jobs"]):
+        result = run_orch("-i", str(inventory), *command)
+
+        assert result.returncode == 2, result.output
+        assert result.stdout == ""
+        assert result.stderr == (
+            f"orch: error: a: identity_file {tmp_path / 'gone'} is not on this machine\n"
+            "  hint: fix identity_file for a in the inventory, or remove it (ssh-agent, ~/.ssh/config)\n"
+        )
+        assert not (tmp_path / ".orch").exists()  # no state database: nothing recorded of any host
