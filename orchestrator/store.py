@@ -445,9 +445,9 @@ def _private_file(path: Path) -> None:
     """``path`` created empty and 0600 when missing (its missing directories 0700), never through a symlink.
     An existing database is never opened here: closing a descriptor of it would drop the POSIX locks every
     SQLite connection of this process holds on it (SQLite's "How To Corrupt" §2.2)."""
-    for directory in [p for p in reversed(path.parents) if not p.exists()]:
-        directory.mkdir(mode=0o700, exist_ok=True)
     try:
+        for directory in [p for p in reversed(path.parents) if not p.exists()]:
+            directory.mkdir(mode=0o700, exist_ok=True)
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     except FileExistsError:
         if path.is_dir():

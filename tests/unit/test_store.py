@@ -77,6 +77,14 @@ def test_a_new_database_is_empty_private_and_at_the_schema_version(store: StateS
     assert rows(db, "PRAGMA journal_mode") == [("wal",)]
 
 
+def test_a_database_whose_directory_cannot_be_made_is_a_state_error(tmp_path: Path) -> None:
+    (tmp_path / "o.txt").write_text("a file, not a directory")
+    path = tmp_path / "o.txt" / "sub" / "state.db"  # its directory would be made inside a file
+    with pytest.raises(StateError, match=f"cannot create state database {path}: Not a directory") as caught:
+        StateStore(path).read()
+    assert caught.value.exit_code == ExitCode.STATE
+
+
 def test_a_state_json_path_names_the_database_beside_it(tmp_path: Path) -> None:
     assert StateStore(tmp_path / "state.json").path == tmp_path / "state.db"
 
