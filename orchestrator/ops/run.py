@@ -592,7 +592,8 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
     """Before the first step, on each host: ``orch doctor``'s checks (a host it fails runs no step; the
     others go on), then, on each host that will serve, the whole launch command (MTP rules, no
     secret, every flag against the host's own ``--help``), so a recipe ``serve`` would refuse costs no
-    tuning and stops no server. A pull may change the host's SGLang: ``serve`` checks again. On each host
+    tuning and stops no server; so is each profile of a ``sweep`` step (``sweep_op.check_launches``). A pull
+    may change the host's SGLang: ``serve`` (and the sweep) checks again. On each host
     that will benchmark: its dataset file (``bench_op.prepare_dataset``), so a missing one stops nothing."""
 
     def check(session: HostSession) -> None:  # a serve done before may be redone (its server gone)
@@ -606,6 +607,9 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
             rank = ctx.ranks.get(session.name)  # a group's rank: the network interface it names too
             env = rank.plan.env if rank is not None else None
             session.say(serve_op.check_host_ready(session, ctx.recipe(session.host), installs, env))
+        sweep = next((s.options for s in steps[session.name] if isinstance(s.options, SweepOptions)), None)
+        if sweep is not None:  # every profile it serves, as the sweep checks them before its first stop
+            sweep_op.check_launches(session, ctx.recipe(session.host), sweep)
         bench = next((s.options for s in steps[session.name] if isinstance(s.options, BenchOptions)), None)
         if bench is not None and ctx.leads(session.host):  # its dataset on the host (staged when named): exit 2 first
             bench_op.prepare_dataset(session, ctx.recipe(session.host).bench, bench)

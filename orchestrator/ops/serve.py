@@ -146,6 +146,20 @@ def check_launch(session: HostSession, recipe: Recipe, mtp: bool) -> list[str]:
     the job directory), the host's SGLang knows every flag and its parser parses the whole command (each
     value of its flag's type); else RefusedError listing every problem. The host's server surface and its
     parser's verdict are read once per session (``orch run`` checks in preflight and again in serve)."""
+    argv, problems = launch_problems(session, recipe, mtp)
+    if problems:
+        where = recipe.path or recipe.model
+        raise RefusedError(
+            f"{session.host.name}: recipe {where} refused; the running server was left untouched:\n"
+            + "\n".join(f"  - {p}" for p in problems),
+            hint="fix the recipe (see `orch recipe show` and `orch recipe discover`), then serve again",
+        )
+    return argv
+
+
+def launch_problems(session: HostSession, recipe: Recipe, mtp: bool) -> tuple[list[str], list[facts.Problem]]:
+    """The launch argv and what ``check_launch`` finds wrong with it (none: it would launch), for a caller
+    that checks several recipes before refusing (``orch sweep``'s profiles)."""
     host, server = session.host, session.server_surface()
     argv = facts.launch_argv(recipe, host, mtp=mtp, entrypoint=server.entrypoint)
     problems = facts.check_recipe(recipe, mtp=mtp)
@@ -157,14 +171,7 @@ def check_launch(session: HostSession, recipe: Recipe, mtp: bool) -> list[str]:
     refused = None if problems else session.parser_refusal(flags)
     if refused:  # every flag known: the parser still converts each value (`--mem-fraction-static lots`)
         problems.append(facts.Problem("server_args", f"the host's SGLang parser refuses the command: {refused}"))
-    if problems:
-        where = recipe.path or recipe.model
-        raise RefusedError(
-            f"{host.name}: recipe {where} refused; the running server was left untouched:\n"
-            + "\n".join(f"  - {p}" for p in problems),
-            hint="fix the recipe (see `orch recipe show` and `orch recipe discover`), then serve again",
-        )
-    return argv
+    return argv, problems
 
 
 # --- 2. the tuning gate --------------------------------------------------------------------------------------

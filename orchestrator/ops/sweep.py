@@ -1,6 +1,8 @@
 """``orch sweep``: serve each serving profile in turn on a canary host and benchmark it at each concurrency.
 
-For every profile (in the order asked): skip it when every concurrency of it is finished (stored by an
+First every profile's launch command is checked as ``orch serve`` checks it, against the host's own SGLang
+(``check_launches``): a profile it would refuse refuses the sweep before anything is stopped. Then for
+every profile (in the order asked): skip it when every concurrency of it is finished (stored by an
 earlier run of the same sweep: ``facts.sweep``'s key and labels); else serve it (``ops.serve``: checked,
 relaunched, verified; a server already serving it is left alone) and run the benchmark at each unfinished
 concurrency (``ops.bench``: a detached job; a benchmark a killed sweep left running is attached to, not
@@ -61,8 +63,10 @@ def profile_names(recipe: Recipe, options: SweepOptions) -> list[str]:
 
 def sweep(session: HostSession, recipe: Recipe, options: SweepOptions, peers: Peers | None = None) -> SweepResult:
     """Run (or finish) the sweep on the session's host; see the module docstring. ``RefusedError`` (nothing
-    stopped or started) while ``orch profile``'s job profiles its server."""
+    stopped or started) while ``orch profile``'s job profiles its server, or when the host would refuse a
+    profile's launch command (``check_launches``)."""
     _refuse_profiling(session)
+    check_launches(session, recipe, options)
     points: list[SweepPoint] = []
     failed: dict[str, str] = {}
     left = None
@@ -93,6 +97,30 @@ def _refuse_profiling(session: HostSession) -> None:
             f"{name}: orch profile (job {job.id}) is profiling this server: a sweep would relaunch it under the "
             "profile and could not benchmark it; nothing was stopped or started",
             hint=f"sweep once the profile has ended (about a minute; `orch jobs --host {name}`)",
+        )
+
+
+def check_launches(session: HostSession, recipe: Recipe, options: SweepOptions) -> None:
+    """Before any serve: every profile's launch command checked as ``orch serve`` checks it
+    (``serve_op.launch_problems``: the MTP rules, no secret, each flag and value against the host's own
+    SGLang parser); ``RefusedError`` (nothing stopped or started) naming each profile refused and why.
+    Found only when the sweep came to serve it, a broken profile cost the running server and left the host
+    on the profile served before it. A host that cannot be read now is left to each profile's serve, which
+    says why (as ``_refuse_profiling`` leaves it)."""
+    refused = []
+    for name in profile_names(recipe, options):
+        served = recipe.with_profile(name)
+        try:
+            problems = serve_op.launch_problems(session, served, served.mtp is not None)[1]
+        except (UnreachableError, HostKeyError):
+            return
+        refused += [f"  - profile {name}: {p}" for p in problems]
+    if refused:
+        where = recipe.path or recipe.model
+        raise RefusedError(
+            f"{session.name}: recipe {where} refused for the sweep; nothing was stopped or started:\n"
+            + "\n".join(refused),
+            hint="fix the profile (`orch serve --profile NAME --dry-run` checks it alone), then sweep again",
         )
 
 

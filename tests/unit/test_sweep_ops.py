@@ -1,0 +1,97 @@
+"""``ops.sweep`` on a canary whose host is faked at the session (its jobs, its SGLang's flags and parser):
+what a sweep checks before it stops anything."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import ExitCode, RefusedError
+from orchestrator.facts import server as server_facts
+from orchestrator.inventory import Host
+from orchestrator.jobs import JobInfo
+from orchestrator.ops import sweep as sweep_op
+from orchestrator.readers import HostServer
+from orchestrator.recipe import PACKAGED_PLAYBOOKS, Recipe, SweepOptions, load_recipe
+from orchestrator.session import HostSession
+from orchestrator.store import StateStore
+from tests.unit.test_bench_facts import a_record
+
+HOST = Host(name="h1", address="127.0.0.1")
+ENTRYPOINT = ["python3", "-m", "sglang.launch_server"]
+BROKEN = "  broken:\n    server_args:\n      mem-fraction-static: lots\n    mtp: null\n"
+
+
+def playbook(tmp_path: Path) -> Recipe:
+    """The shipped playbook with one more profile, ``broken``, whose value the host's parser refuses."""
+    text = (PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text()
+    path = tmp_path / "pbS.yaml"
+    path.write_text(text.replace("\nprofiles:\n", "\nprofiles:\n" + BROKEN, 1))
+    return load_recipe(path)
+
+
+class Canary(HostSession):
+    """A host whose SGLang knows every flag of the playbook's launches, whose parser refuses a float that is
+    ``lots`` (as argparse does), and which runs no job but a server (``serving``: its profile)."""
+
+    def __init__(self, store: StateStore, recipe: Recipe, serving: str | None = None) -> None:
+        super().__init__(HOST, None, store)  # type: ignore[arg-type]  # never asked: every fact is answered here
+        flags = {w.partition("=")[0] for name in recipe.profiles for w in self._argv(recipe.with_profile(name))}
+        self.surface = HostServer(ENTRYPOINT, {f: None for f in flags if f.startswith("--")})
+        self.serving = serving
+
+    @staticmethod
+    def _argv(served: Recipe) -> list[str]:
+        return server_facts.launch_argv(served, HOST, mtp=served.mtp is not None, entrypoint=ENTRYPOINT)
+
+    def jobs(self) -> list[JobInfo]:
+        if self.serving is None:
+            return []
+        return [JobInfo("server-1", "server", 1, "running", None, None, None, 0, False, "/w/jobs/server-1")]
+
+    def job_env(self, job: str) -> dict[str, str]:
+        return {"ORCH_SERVING_PROFILE": self.serving} if self.serving else {}
+
+    def server_surface(self) -> HostServer:
+        return self.surface
+
+    def parser_refusal(self, flags: Sequence[str]) -> str | None:
+        bad = "lots" in flags
+        return "argument --mem-fraction-static: invalid float value: 'lots'" if bad else None
+
+
+def serve_as_the_host_would(served: list[str]) -> Any:
+    """``ops.serve.serve`` of a canary: the launch checked as serve checks it, then the profile recorded as served."""
+
+    def serve(session: HostSession, recipe: Recipe, *_: object) -> None:
+        sweep_op.serve_op.check_launch(session, recipe, recipe.mtp is not None)
+        served.append(recipe.profile)
+
+    return serve
+
+
+def test_a_sweep_refuses_a_profile_the_hosts_parser_refuses_before_serving_any(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served: list[str] = []
+    monkeypatch.setattr(sweep_op.serve_op, "serve", serve_as_the_host_would(served))
+    monkeypatch.setattr(sweep_op.bench_op, "bench", lambda *_: SimpleNamespace(record=a_record("run", 100.0)))
+    recipe = playbook(tmp_path)
+    session = Canary(StateStore(tmp_path / "state.db"), recipe, serving=None)
+    options = SweepOptions(profiles=["low-latency", "broken"], concurrency=[1])
+    try:
+        sweep_op.sweep(session, recipe, options)
+        refused = None
+    except RefusedError as exc:
+        refused = exc
+    assert served == []  # nothing stopped or served: it served low-latency, then found broken refused
+    assert refused is not None and refused.exit_code == ExitCode.HOSTS_FAILED
+    assert refused.message.splitlines() == [
+        f"h1: recipe {recipe.path} refused for the sweep; nothing was stopped or started:",
+        "  - profile broken: server_args: the host's SGLang parser refuses the command: argument "
+        "--mem-fraction-static: invalid float value: 'lots'",
+    ]
