@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import click
 
@@ -12,9 +13,10 @@ from orchestrator.cli.common import canary_host_options, finish, options_from, p
 from orchestrator.cli.confirm import yes_option
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.facts import sweep as facts
-from orchestrator.fleet import Fleet
+from orchestrator.fleet import Fleet, FleetResult, HostResult
 from orchestrator.inventory import Host
 from orchestrator.ops import sweep as sweep_op
+from orchestrator.ops.sweep import SweepResult
 from orchestrator.recipe import Recipe, SweepOptions
 from orchestrator.render import print_json
 from orchestrator.store import StateStore
@@ -56,7 +58,8 @@ def sweep(
     of service only with --yes. The host ends serving the last profile, or with --then-serve BEST@C
     the profile that won at concurrency C on that host, served and verified as orch serve --profile.
     A profile that was not measured (it failed to serve, the host was lost) is said with why, and the
-    sweep exits 3; --then-serve then serves nothing on that host.
+    sweep exits 3; --then-serve then serves nothing on that host. The profile each host is left serving
+    is read from it once the sweep is over (left_serving in --json).
 
     \b
     Example:
@@ -91,12 +94,28 @@ def sweep(
             served = fleet.map_sessions(
                 lambda s: sweep_op.serve_best(s, chosen[s.name], swept[s.name], best_at, app.peers(fleet)),
                 lambda: app.store, [h for h in selected if h.name in swept])  # fmt: skip
+            left = fleet.map_sessions(
+                sweep_op.left_serving, lambda: app.store, [h for h in selected if h.name in swept]
+            )
+            results = left_after(results, left)
     if as_json:
         print_json(view.document(results, served))
     elif served is not None:
         view.served(served)
     code = finish(results) or (ExitCode.HOSTS_FAILED if incomplete else 0)  # a sweep missing a profile failed
     return (finish(served) if served is not None else 0) or code
+
+
+def left_after(results: FleetResult[SweepResult], left: FleetResult[str | None]) -> FleetResult[SweepResult]:
+    """``results`` with what each host of ``left`` serves once ``--then-serve`` is over (read from the host: the
+    profile it served, or, its serve failed, the server before it or none), for ``left_serving``."""
+    read = {r.host.name: r.value for r in left if r.ok}
+    return FleetResult(
+        HostResult(r.host, replace(r.value, left_serving=read[r.host.name]), r.error)
+        if r.value is not None and r.host.name in read
+        else r
+        for r in results
+    )
 
 
 def check_profiles(chosen: Mapping[str, Recipe], asked: list[str] | None) -> list[str]:

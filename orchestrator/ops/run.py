@@ -489,7 +489,7 @@ def _sweep(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> 
             best = sweep_op.serve_best(session, recipe, result, step.options.then_serve, ctx.peers)
             detail += f"; serving {best.profile} (best at {best.concurrency}): {_served(best.served)}"
         elif result.left_serving is not None:
-            detail += f"; left serving {result.left_serving}, the last profile swept"
+            detail += f"; left serving {result.left_serving}"
     finally:
         session.forget("jobs", "server_info")  # servers relaunched, benchmark jobs started
     return detail

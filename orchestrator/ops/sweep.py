@@ -8,8 +8,8 @@ relaunched, verified; a server already serving it is left alone) and run the ben
 concurrency (``ops.bench``: a detached job; a benchmark a killed sweep left running is attached to, not
 started again), with the playbook's lengths and ``facts.sweep.num_prompts`` prompts. Every run is stored
 as a benchmark with its sweep label. A profile that fails to serve is reported and the sweep goes on with
-the next one. The host ends serving the last profile served, or, with ``serve_best``
-(``--then-serve BEST@C``), the profile that won at concurrency C.
+the next one. The host ends serving the last profile served (what it serves is read from it at the end:
+``left_serving``), or, with ``serve_best`` (``--then-serve BEST@C``), the profile that won at concurrency C.
 
 Composes two operations (serve, bench), as ``orch run`` does.
 """
@@ -26,6 +26,7 @@ from orchestrator.facts.sweep import SweepPoint
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import BenchOptions, Recipe, ServeOptions, SweepOptions
+from orchestrator.server_job import SERVING_PROFILE
 from orchestrator.session import HostSession
 from orchestrator.tuning.member import Peers
 
@@ -34,7 +35,8 @@ from orchestrator.tuning.member import Peers
 class SweepResult:
     """Every run of the sweep on one host (finished now or before), the profiles that failed to serve
     (profile → why), the best profile per concurrency, the Pareto front (throughput vs median ITL), and the
-    profile this sweep left the host serving (None: it served none, every run was finished before)."""
+    serving profile the host serves once the sweep is over, as read from it (``left_serving``; None: no
+    server, or one of the playbook's own recipe)."""
 
     points: list[SweepPoint]
     failed: dict[str, str] = field(default_factory=dict)
@@ -69,17 +71,31 @@ def sweep(session: HostSession, recipe: Recipe, options: SweepOptions, peers: Pe
     check_launches(session, recipe, options)
     points: list[SweepPoint] = []
     failed: dict[str, str] = {}
-    left = None
     for name in profile_names(recipe, options):
         try:
-            runs, served = _profile_runs(session, recipe.with_profile(name), name, options, peers)
-            points, left = points + runs, name if served else left
+            points += _profile_runs(session, recipe.with_profile(name), name, options, peers)
         except OrchError as exc:
-            failed[name], left = exc.message, None  # a failed serve may leave no server, or the one before it
+            failed[name] = exc.message
             session.say(f"sweep: {name}: {failed[name]}")
     winners = facts.best(points)
     bands = facts.bands(options.concurrency, winners)
-    return SweepResult(points, failed, winners, facts.pareto(points), bands, left)
+    return SweepResult(points, failed, winners, facts.pareto(points), bands, left_serving(session))
+
+
+def left_serving(session: HostSession) -> str | None:
+    """The serving profile the host's server runs as now, read once the sweep (or ``serve_best``) is over:
+    the server job's own environment on the host, else (the host cannot be read) this state's record of its
+    server; None when no server runs or it serves the playbook's own recipe. What the sweep served last is
+    no answer: a profile whose runs were all finished before is not served again (the host serves what an
+    earlier sweep left), a failed serve leaves the server before it or none, ``serve_best`` serves another."""
+    session.forget("jobs")
+    try:
+        job = session.running_server()
+        return session.job_env(job.id).get(SERVING_PROFILE) if job is not None else None
+    except OrchError:
+        record = session.store.read([session.name], history=False).hosts.get(session.name)
+        server = record.server if record is not None else None
+        return server.profile if server is not None and server.stopped_at is None else None
 
 
 def _refuse_profiling(session: HostSession) -> None:
@@ -151,15 +167,15 @@ def serve_best(
 
 def _profile_runs(
     session: HostSession, served: Recipe, name: str, options: SweepOptions, peers: Peers | None
-) -> tuple[list[SweepPoint], bool]:
-    """The profile's runs (measured now, or finished before), and whether it was served for them."""
+) -> list[SweepPoint]:
+    """The profile's runs (measured now, or finished before); served only when one is left to measure."""
     key = run_key(served)
     done = {c: facts.finished(_benchmarks(session), key, name, c) for c in options.concurrency}
     todo = [c for c, record in done.items() if record is None]
     points = [facts.point(r, name, c, resumed=True) for c, r in done.items() if r is not None]
     if not todo:
         session.say(f"sweep: {name}: every concurrency done before, skipped")
-        return points, False
+        return points
     session.say(f"sweep: serving profile {name}")
     serve_op.serve(session, served, ServeOptions(mtp=served.mtp is not None), peers)
     for c in todo:
@@ -168,7 +184,7 @@ def _profile_runs(
         bench_options = BenchOptions(label=label, max_concurrency=c, num_prompts=facts.num_prompts(c))
         run = bench_op.bench(session, served.bench, bench_options, options.bench_timeout)
         points.append(facts.point(run.record, name, c, resumed=False))
-    return sorted(points, key=lambda p: p.concurrency), True
+    return sorted(points, key=lambda p: p.concurrency)
 
 
 def _benchmarks(session: HostSession) -> list[BenchRecord]:

@@ -40,8 +40,9 @@ def band_lines(result: SweepResult) -> list[str]:
 
 
 def show(results: FleetResult[SweepResult], then_serve: bool = False) -> None:
-    """Per host the sweep's table, its bands and Pareto front, the profiles not measured, and (without
-    ``--then-serve``, which says what it serves) the profile the sweep left it serving."""
+    """Per host the sweep's table, its bands and Pareto front, the profiles not measured, and the serving
+    profile it is left serving, as read from it (unless ``--then-serve`` serves the best there and says so:
+    a host where every profile was measured)."""
     for result in results.succeeded:
         sweep = result.value
         assert sweep is not None
@@ -58,9 +59,9 @@ def show(results: FleetResult[SweepResult], then_serve: bool = False) -> None:
             render.out.print(f"{name}: Pareto front (throughput vs median ITL): {front or '-'}", markup=False)
         for profile, why in sweep.failed.items():
             render.err.print(f"{name}: profile {profile} was not measured: {why}", markup=False)
-        if sweep.left_serving is not None and not then_serve:
+        if sweep.left_serving is not None and not (then_serve and not sweep.failed):
             render.err.print(
-                f"{name}: left serving profile {sweep.left_serving}, the last one swept: `orch serve --host {name}` "
+                f"{name}: left serving profile {sweep.left_serving}: `orch serve --host {name}` "
                 "serves the playbook's own recipe again; `--then-serve BEST@C` serves the best",
                 markup=False,
             )
@@ -94,8 +95,9 @@ def point_document(p: SweepPoint) -> dict[str, Any]:
 
 
 def document(results: FleetResult[SweepResult], served: FleetResult[BestServed] | None = None) -> dict[str, Any]:
-    """``--json``: per host every run, ``best`` (concurrency → profile), the Pareto front, failures;
-    with ``--then-serve`` ``served`` (the profile served, its job, or the error)."""
+    """``--json``: per host every run, ``best`` (concurrency → profile), the Pareto front, failures, the
+    profile the host is left serving (read from it); with ``--then-serve`` ``served`` (the profile served,
+    its job, or the error)."""
     hosts: dict[str, Any] = {}
     for result in results:
         if result.value is None:

@@ -94,7 +94,8 @@ def test_sweep_survives_a_kill_and_recommends_per_band(make_fleet, tmp_path: Pat
     again = env.orch(*args, "--yes")
     assert again.returncode == 0, again.output
     assert "every concurrency done before, skipped" in again.stderr
-    assert "left serving" not in again.stderr  # it served nothing: the host serves what it served before
+    assert f"{host}: left serving profile max-throughput: `orch serve --host {host}`" in again.stderr  # it served
+    # nothing: the host serves what the sweep before left, and this one said nothing of it
     assert "best at concurrency 1" in again.stdout and "Pareto front" in again.stdout
     assert len(sweep_labels(env, host)) == 12
 
@@ -115,6 +116,7 @@ def test_sweep_then_serve_serves_the_profile_that_won_at_that_concurrency(make_f
     doc = json.loads(result.stdout)["hosts"][host]
     winner = doc["best"]["8"]  # which one wins is wall time on a shared machine: either is checked
     assert doc["served"]["profile"] == winner and doc["served"]["problems"] == [], doc["served"]
+    assert doc["left_serving"] == winner  # it said the last profile swept, max-throughput, whichever won
     assert doc["simulated"] is True and all(r["simulated"] for r in doc["runs"])  # the sim's benchmark says so
     assert f"sweep: serving {winner}, the best at concurrency 8" in result.stderr
     server = StateStore(env.state).read().hosts[host].server

@@ -12,6 +12,8 @@ import pytest
 
 from orchestrator.errors import ExitCode, RefusedError
 from orchestrator.facts import server as server_facts
+from orchestrator.facts.bench import BenchRecord
+from orchestrator.facts.sweep import run_label
 from orchestrator.inventory import Host
 from orchestrator.jobs import JobInfo
 from orchestrator.ops import sweep as sweep_op
@@ -95,3 +97,27 @@ def test_a_sweep_refuses_a_profile_the_hosts_parser_refuses_before_serving_any(
         "  - profile broken: server_args: the host's SGLang parser refuses the command: argument "
         "--mem-fraction-static: invalid float value: 'lots'",
     ]
+
+
+def test_a_sweep_whose_runs_were_all_finished_before_says_the_profile_the_host_still_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served: list[str] = []
+    monkeypatch.setattr(sweep_op.serve_op, "serve", serve_as_the_host_would(served))
+    recipe = playbook(tmp_path)
+    names = ["low-latency", "max-throughput"]
+    finished = [finished_run(recipe, name, 1) for name in names]
+    monkeypatch.setattr(sweep_op, "_benchmarks", lambda _: finished)
+    session = Canary(StateStore(tmp_path / "state.db"), recipe, serving="max-throughput")  # an earlier sweep's
+    result = sweep_op.sweep(session, recipe, SweepOptions(profiles=names, concurrency=[1]))
+    assert served == [] and [p.resumed for p in result.points] == [True, True]
+    assert result.left_serving == "max-throughput"  # it said None: this sweep served nothing
+    session.serving = None
+    assert sweep_op.sweep(session, recipe, SweepOptions(profiles=names, concurrency=[1])).left_serving is None
+
+
+def finished_run(recipe: Recipe, name: str, concurrency: int) -> BenchRecord:
+    """The run an earlier sweep stored of profile ``name`` at ``concurrency``."""
+    label = run_label(sweep_op.run_key(recipe.with_profile(name)), name, concurrency)
+    record = a_record(label, 100.0)
+    return record.model_copy(update={"params": record.params.model_copy(update={"max_concurrency": concurrency})})

@@ -34,14 +34,16 @@ def test_sweep_text_labels_simulated_numbers(simulated: bool, capsys: pytest.Cap
     assert ("h1: every number above is SIMULATED (the cost model of orch's simulated SGLang" in text) == simulated
 
 
-@pytest.mark.parametrize(("left", "then_serve", "said"), [("max-throughput", False, True), (None, False, False),
-                                                          ("max-throughput", True, False)])  # fmt: skip
+@pytest.mark.parametrize(("left", "then_serve", "failed", "said"), [
+    ("max-throughput", False, {}, True), (None, False, {}, False), ("max-throughput", True, {}, False),
+    ("max-throughput", True, {"broken": "refused"}, True)])  # fmt: skip
 def test_the_profile_a_sweep_left_serving_is_said_unless_then_serve_says_what_it_serves(
-    left: str | None, then_serve: bool, said: bool, capsys: pytest.CaptureFixture[str]
+    left: str | None, then_serve: bool, failed: dict[str, str], said: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
     points = [SweepPoint("low-latency", 1, 100.0, 10.0, 20.0, 5.0, 9.0, 3.1)]
-    swept = FleetResult([HostResult(HOST, value=SweepResult(points, best={1: "low-latency"}, left_serving=left))])
-    view.show(swept, then_serve=then_serve)
-    line = "h1: left serving profile max-throughput, the last one swept: `orch serve --host h1` serves the playbook's"
+    value = SweepResult(points, failed=failed, best={1: "low-latency"}, left_serving=left)
+    swept = FleetResult([HostResult(HOST, value=value)])
+    view.show(swept, then_serve=then_serve)  # --then-serve serves nothing on a host missing a profile: said there
+    line = "h1: left serving profile max-throughput: `orch serve --host h1` serves the playbook's own recipe again"
     assert (line in capsys.readouterr().err) is said
     assert view.document(swept)["hosts"]["h1"]["left_serving"] == left
