@@ -145,6 +145,7 @@ class BenchRecord(_Model):
     model: str | None = None  # the server's --model-path (None: a run recorded before orch recorded it)
     nodes: int | None = None  # the machines serving it: 1 alone, a replica group's --nnodes (None: not recorded)
     profile: str | None = None  # the serving profile it was launched as (None: the base recipe, or not recorded)
+    sweep: list[str] = []  # a sweep's run: the profiles that sweep was asked to measure ([]: not a sweep's, or older)
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,20 @@ def stored_points(records: Iterable[BenchRecord]) -> list[SweepPoint]:
     return sorted(latest.values(), key=lambda p: p.concurrency)
 
 
+def unmeasured(records: Sequence[BenchRecord]) -> dict[str, list[int]]:
+    """Of the latest sweep (the profiles its latest stored run was asked to measure: ``BenchRecord.sweep``),
+    each profile asked with the concurrencies it has no run at, of those the sweep measured any profile at;
+    empty when it measured every one (or its runs predate the list). A profile that failed to serve has none:
+    a best of the others is no choice among the profiles asked."""
+    swept = [(parsed[2], r.sweep) for r in records if (parsed := parse_label(r.label)) and r.sweep]
+    if not swept:
+        return {}
+    asked = swept[-1][1]
+    levels = sorted({c for c, names in swept if names == asked})
+    have = {(p.profile, p.concurrency) for p in stored_points(records)}
+    return {name: missing for name in asked if (missing := [c for c in levels if (name, c) not in have])}
+
+
 def compared(points: Sequence[SweepPoint]) -> list[SweepPoint]:
     """``points`` at the concurrencies where every profile among them was measured: where a best compares them
     all (a later sweep of fewer profiles at another concurrency leaves its runs alone there)."""

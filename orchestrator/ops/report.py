@@ -341,7 +341,8 @@ def stage_cells(profile: ProfileRecord) -> tuple[list[str], list[list[str]]]:
 def story_rows(records: Sequence[BenchRecord], profiles: Sequence[ProfileRecord]) -> list[list[str]]:
     """The campaign in a few rows, of what the records hold: the baseline (the first benchmark without
     MTP or tuned shapes), tuned (the latest with tuned shapes, MTP off), tuned + MTP (the latest with
-    both), the profile the sweep chose per concurrency band, and the GPU time by category of the first
+    both), the profile the sweep chose per concurrency band (none when the latest sweep did not measure every
+    profile it was asked: ``facts.sweep.unmeasured``, said), and the GPU time by category of the first
     and the latest ``orch profile`` (before and after; of the only one when there is one). Sweep runs are
     not benchmarks of the campaign; its runs are of the model and node count the latest run served, and
     tuned and tuned + MTP of the baseline's serving profile and workload (``facts.differences``: an ad-hoc
@@ -357,7 +358,12 @@ def story_rows(records: Sequence[BenchRecord], profiles: Sequence[ProfileRecord]
             (("baseline", baseline), ("tuned", tuned), ("tuned + MTP", with_mtp)) if r is not None]  # fmt: skip
     points = sweep_facts.compared(sweep_facts.stored_points(records))
     bands = sweep_facts.bands(sorted({p.concurrency for p in points}), sweep_facts.best(points))
-    if bands:
+    missing = sweep_facts.unmeasured(records)
+    if missing:
+        why = "; ".join(f"profile {name} not measured at concurrency {', '.join(map(str, cs))}"
+                        for name, cs in missing.items())  # fmt: skip
+        rows.append(["chosen profile", "orch sweep", "", "", f"none: the latest sweep was incomplete ({why})"])
+    elif bands:
         chosen = "; ".join(f"concurrency {a}{f'-{b}' if b != a else ''}: {name}" for a, b, name in bands)
         rows.append(["chosen profile", "orch sweep", "", "", chosen + _sim(any(p.simulated for p in points))])
     shown = [("GPU time before", profiles[0]), ("GPU time after", profiles[-1])] if len(profiles) > 1 else [

@@ -28,6 +28,7 @@ from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import BenchOptions, Recipe, ServeOptions, SweepOptions
 from orchestrator.server_job import SERVING_PROFILE
 from orchestrator.session import HostSession
+from orchestrator.state import HostState
 from orchestrator.tuning.member import Peers
 
 
@@ -71,9 +72,10 @@ def sweep(session: HostSession, recipe: Recipe, options: SweepOptions, peers: Pe
     check_launches(session, recipe, options)
     points: list[SweepPoint] = []
     failed: dict[str, str] = {}
-    for name in profile_names(recipe, options):
+    asked = profile_names(recipe, options)
+    for name in asked:
         try:
-            points += _profile_runs(session, recipe.with_profile(name), name, options, peers)
+            points += _profile_runs(session, recipe.with_profile(name), asked, name, options, peers)
         except OrchError as exc:
             failed[name] = exc.message
             session.say(f"sweep: {name}: {failed[name]}")
@@ -166,9 +168,10 @@ def serve_best(
 
 
 def _profile_runs(
-    session: HostSession, served: Recipe, name: str, options: SweepOptions, peers: Peers | None
+    session: HostSession, served: Recipe, asked: list[str], name: str, options: SweepOptions, peers: Peers | None
 ) -> list[SweepPoint]:
-    """The profile's runs (measured now, or finished before); served only when one is left to measure."""
+    """The profile's runs (measured now, or finished before); served only when one is left to measure. A run
+    measured now is stored with the profiles ``asked`` (``_store_asked``)."""
     key = run_key(served)
     done = {c: facts.finished(_benchmarks(session), key, name, c) for c in options.concurrency}
     todo = [c for c, record in done.items() if record is None]
@@ -183,8 +186,21 @@ def _profile_runs(
         session.say(f"sweep: {name} at concurrency {c}")
         bench_options = BenchOptions(label=label, max_concurrency=c, num_prompts=facts.num_prompts(c))
         run = bench_op.bench(session, served.bench, bench_options, options.bench_timeout)
+        _store_asked(session, run.record, asked)
         points.append(facts.point(run.record, name, c, resumed=False))
     return sorted(points, key=lambda p: p.concurrency)
+
+
+def _store_asked(session: HostSession, run: BenchRecord, asked: list[str]) -> None:
+    """Record on the stored run the profiles its sweep was asked to measure (``BenchRecord.sweep``): what
+    ``orch report`` needs to tell a sweep that measured every one from one that failed on a profile, which left
+    no run (``facts.sweep.unmeasured``)."""
+
+    def mark(hs: HostState) -> None:
+        hs.benchmarks[:] = [r.model_copy(update={"sweep": list(asked)}) if r.job_id == run.job_id else r
+                            for r in hs.benchmarks]  # fmt: skip
+
+    session.store.update_host(session.name, mark)
 
 
 def _benchmarks(session: HostSession) -> list[BenchRecord]:

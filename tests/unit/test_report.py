@@ -551,3 +551,21 @@ def test_a_rerun_removes_only_chart_files_the_list_names(tmp_path: Path, listed:
         ".orch-report.json", "gpu-time-01-blackwell-1.png", "notes.txt", "report.md", "sweep-01-link.png",
         "sweep-02-blackwell-2.png", "throughput-01-blackwell-1.png"]  # fmt: skip
     assert outside.read_text() == "the user's"
+
+
+def test_a_sweep_that_did_not_measure_every_profile_it_was_asked_chose_none_and_says_which() -> None:
+    # the operator's case: low-latency measured at concurrency 1, then `broken` failed to serve; the report
+    # called low-latency the chosen profile and never named broken
+    state = campaign_state()
+    asked = {"sweep": ["low-latency", "broken"]}
+    run = a_run("sweep k1 low-latency c1", 300.0, 80, None, False) | asked
+    state.hosts["blackwell-1"].benchmarks.append(BenchRecord.model_validate(run))
+    rows = report.story_rows(state.hosts["blackwell-1"].benchmarks, [])
+    chosen = [r for r in rows if r[0] == "chosen profile"]
+    incomplete = "none: the latest sweep was incomplete (profile broken not measured at concurrency 1)"
+    assert chosen == [["chosen profile", "orch sweep", "", "", incomplete]]
+    for profile, tok_s in (("broken", 200.0), ("low-latency", 310.0)):  # the same sweep again, measuring it
+        again = a_run(f"sweep k1 {profile} c1", tok_s, 90, None, False) | asked
+        state.hosts["blackwell-1"].benchmarks.append(BenchRecord.model_validate(again))
+    rows = report.story_rows(state.hosts["blackwell-1"].benchmarks, [])
+    assert [r[4] for r in rows if r[0] == "chosen profile"] == ["concurrency 1: low-latency"]

@@ -77,6 +77,7 @@ def test_a_v1_file_is_migrated_typed_and_kept(state_path: Path, caplog: pytest.L
             "model": True,  # the served model and its nodes (a comparison tells other servers apart)
             "nodes": True,
             "profile": True,  # the serving profile it ran (a comparison tells other profiles apart)
+            "sweep": True,  # a sweep's run: the profiles it was asked (a report tells an incomplete sweep)
         }
         assert [b.model_dump(mode="json", exclude=recorded_since) for b in hs.benchmarks] == old["benchmarks"]
         assert [b.label for b in hs.benchmarks] == ["baseline", "dd7fe09 mtp", "tuned+mtp"]

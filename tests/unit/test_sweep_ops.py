@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import ExitCode, RefusedError
+from orchestrator.errors import ExitCode, HostError, RefusedError
 from orchestrator.facts import server as server_facts
+from orchestrator.facts import sweep as sweep_facts
 from orchestrator.facts.bench import BenchRecord
-from orchestrator.facts.sweep import run_label
 from orchestrator.inventory import Host
 from orchestrator.jobs import JobInfo
 from orchestrator.ops import sweep as sweep_op
@@ -118,6 +118,34 @@ def test_a_sweep_whose_runs_were_all_finished_before_says_the_profile_the_host_s
 
 def finished_run(recipe: Recipe, name: str, concurrency: int) -> BenchRecord:
     """The run an earlier sweep stored of profile ``name`` at ``concurrency``."""
-    label = run_label(sweep_op.run_key(recipe.with_profile(name)), name, concurrency)
+    label = sweep_facts.run_label(sweep_op.run_key(recipe.with_profile(name)), name, concurrency)
     record = a_record(label, 100.0)
     return record.model_copy(update={"params": record.params.model_copy(update={"max_concurrency": concurrency})})
+
+
+def test_a_sweeps_runs_are_stored_with_the_profiles_it_was_asked_so_one_that_failed_is_known(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served: list[str] = []
+    serve = serve_as_the_host_would(served)
+
+    def serve_or_crash(session: HostSession, recipe: Recipe, *args: object) -> None:
+        if recipe.profile == "balanced":
+            raise HostError("h1: the new server (job server-2) exited 1 while starting")
+        serve(session, recipe, *args)
+
+    def bench(session: HostSession, _: object, options: Any, *__: object) -> SimpleNamespace:
+        record = finished_run(recipe, options.label.split()[2], options.max_concurrency)
+        session.store.update_host(session.name, lambda hs: hs.benchmarks.append(record))
+        return SimpleNamespace(record=record)
+
+    monkeypatch.setattr(sweep_op.serve_op, "serve", serve_or_crash)
+    monkeypatch.setattr(sweep_op.bench_op, "bench", bench)
+    recipe = playbook(tmp_path)
+    store = StateStore(tmp_path / "state.db")
+    names = ["low-latency", "balanced"]
+    result = sweep_op.sweep(Canary(store, recipe), recipe, SweepOptions(profiles=names, concurrency=[1, 8]))
+    assert served == ["low-latency"] and list(result.failed) == ["balanced"]
+    stored = store.read().hosts["h1"].benchmarks
+    assert [r.sweep for r in stored] == [names, names]
+    assert sweep_facts.unmeasured(stored) == {"balanced": [1, 8]}  # what orch report says of this sweep
