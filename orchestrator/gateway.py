@@ -284,6 +284,11 @@ def drained(hosts: Sequence[Host], state: State, marks: Mapping[str, datetime | 
     return [h for h in hosts if drained_at(marks.get(h.name), state.hosts.get(h.name)) is not None]
 
 
+def relaunch_drained(name: str) -> str:
+    """How a drained host is relaunched and kept drained (``serve --rolling`` leaves it out, ``run`` refuses it)."""
+    return f"`orch serve --no-rolling --host {name}` relaunches it, left out of the gateway"
+
+
 DRAINED_BUT_REGISTERED = "drained, but registered (`orch undrain` if it should serve; `orch drain` takes it out)"
 
 

@@ -49,7 +49,7 @@ from orchestrator.facts import git
 from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as server_facts
 from orchestrator.fleet import Fleet, FleetResult, HostResult
-from orchestrator.gateway import GatewayClient, drained_at
+from orchestrator.gateway import GatewayClient, drained_at, relaunch_drained
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import doctor as doctor_op
@@ -598,7 +598,9 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
 
     def check(session: HostSession) -> None:  # a serve done before may be redone (its server gone)
         checked = doctor_op.require_healthy(session)
-        _refuse_drained(ctx, session, steps[session.name], checked.drain_mark)
+        others = selects_others(ctx, session.host, hosts)
+        if (drained := drained_refusal(ctx, session, steps[session.name], checked.drain_mark, others)) is not None:
+            raise drained
         serve = next((s for s in steps[session.name] if isinstance(s.options, ServeOptions)), None)
         if serve is not None:
             assert isinstance(serve.options, ServeOptions)
@@ -627,22 +629,34 @@ def check_launch(ctx: RunContext, session: HostSession, options: ServeOptions) -
         group_op.rank_command(session, ctx.recipe(session.host), options, rank)
 
 
-def _refuse_drained(ctx: RunContext, session: HostSession, steps: list[Step], mark: datetime | None) -> None:
-    """A host ``orch drain`` took out (``mark``: its drain mark, as doctor's round trip read it; else this
-    state's record) keeps its server for inspection: no step may stop or replace it (nor put it back in the
-    gateway) until ``orch undrain``."""
+def drained_refusal(
+    ctx: RunContext, session: HostSession, steps: list[Step], mark: datetime | None, others: bool
+) -> RefusedError | None:
+    """The refusal of a host ``orch drain`` took out (``mark``: its drain mark, as the host was read; else this
+    state's record), or None: a drained host keeps its server for inspection, so no step may stop or replace it
+    (nor put it back in the gateway) until ``orch undrain``; the preflight raises it. ``others``: hosts outside
+    its group were selected too, so leaving it out is a way on (alone, the hint could not be followed)."""
     record = session.store.read([session.name], history=False).hosts.get(session.name)
     since = drained_at(mark, record)
     if since is None:
-        return
+        return None
     rank = ctx.ranks.get(session.name)
     group = (rank, ctx.peers) if rank is not None else None
-    if stopping := stopping_steps(session, ctx.recipe(session.host), steps, ctx.redo, group):
-        raise RefusedError(
-            f"{session.name}: drained since {since:%Y-%m-%d %H:%M} UTC, its server kept for inspection: "
-            f"{' and '.join(stopping)} would stop it",
-            hint=f"`orch undrain {session.name}` first, or leave it out (--host)",
-        )
+    stopping = stopping_steps(session, ctx.recipe(session.host), steps, ctx.redo, group)
+    if not stopping:
+        return None
+    name = session.name
+    return RefusedError(
+        f"{name}: drained since {since:%Y-%m-%d %H:%M} UTC, its server kept for inspection: "
+        f"{' and '.join(stopping)} would stop it",
+        hint=f"`orch undrain {name}` puts it back, then run again; or {relaunch_drained(name)}"
+        + ("; or leave it out (--host)" if others else ""),
+    )
+
+
+def selects_others(ctx: RunContext, host: Host, hosts: list[Host]) -> bool:
+    """Whether ``hosts`` hold a host outside ``host``'s replica group (``--host`` can leave the group out)."""
+    return any(h.name not in ctx.group(host) for h in hosts)
 
 
 def around_serve(steps: list[Step]) -> tuple[list[Step], list[Step], list[Step]]:

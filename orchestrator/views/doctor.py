@@ -7,6 +7,7 @@ from typing import Any
 
 from orchestrator.facts.health import HostHealth
 from orchestrator.fleet import FleetResult
+from orchestrator.gateway import relaunch_drained
 from orchestrator.inventory import Host
 from orchestrator.ops.drain import Drained
 
@@ -74,7 +75,7 @@ def drained_left_out(names: Sequence[str], what: str, plain: bool = False) -> No
 
 
 def _plain(name: str) -> str:
-    return f"; `orch serve --no-rolling --host {name}` relaunches it, left out of the gateway"
+    return f"; {relaunch_drained(name)}"
 
 
 def drained_line(name: str, drained: Drained) -> str:

@@ -133,7 +133,12 @@ def test_drain_takes_the_host_out_of_the_gateway_keeps_it_serving_and_undrain_pu
     ran = served.env.orch("run", "--rolling", "--only", "serve", "--yes")  # nor does a campaign
     assert ran.returncode == 3, ran.output
     assert "sim-2: drained since " in ran.stderr and "its server kept for inspection: serve would stop it" in ran.stderr
-    assert "`orch undrain sim-2` first, or leave it out (--host)" in ran.stderr, ran.output
+    undrain = "`orch undrain sim-2` puts it back, then run again; or `orch serve --no-rolling --host sim-2` "
+    assert undrain + "relaunches it, left out of the gateway; or leave it out (--host)" in ran.stderr, ran.output
+    alone = served.env.orch("run", "--only", "serve", "--host", "sim-2", "--yes")  # leaving it out leaves nothing
+    assert alone.returncode == 3, alone.output
+    assert undrain + "relaunches it, left out of the gateway\n" in alone.stderr, alone.output
+    assert "leave it out" not in alone.stderr, alone.output
     assert served.workers() == [served.url("sim-1")]
     assert StateStore(served.env.state).read().hosts["sim-2"].server.job_id == job  # type: ignore[union-attr]
 
