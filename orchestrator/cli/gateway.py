@@ -242,14 +242,15 @@ def emptying(
 
 
 def plan_waves(
-    app: App, fleet: Fleet, selected: list[Host], max_unavailable: int, canary: str | None
+    app: App, fleet: Fleet, selected: list[Host], max_unavailable: int, canary: str | None, drained_out: bool = True
 ) -> tuple[list[list[Host]], bool]:
-    """A rolling relaunch's waves over ``selected`` but for the hosts ``orch doctor`` fails, those drained and
-    the rest of their replica groups, each left out with a line on stderr; and whether doctor failed any."""
+    """A rolling relaunch's waves over ``selected`` but for the hosts ``orch doctor`` fails, those drained (unless
+    ``drained_out`` is False: ``run`` judges them itself) and the rest of their replica groups, each left out
+    with a line on stderr; and whether doctor failed any."""
     from orchestrator.ops import doctor as doctor_op
     from orchestrator.views.doctor import skipped_lines
 
-    left = doctor_op.leave_out_failing(fleet, selected, app.store)
+    left = doctor_op.leave_out_failing(fleet, selected, app.store, drained_out)
     skipped_lines(left.sick, left.drained)
     groups = [g.hosts for g in app.inventory.groups.values()]
     gateway_view.group_skipped_lines(rollout.incomplete_groups(left.healthy, groups), app.inventory)
@@ -258,15 +259,17 @@ def plan_waves(
 
 def rolling_dry_run(
     app: App, fleet: Fleet, selected: list[Host], max_unavailable: int, canary: str | None, gate: str | None,
-    chosen: dict[str, Recipe], replaced: Replaced,
+    chosen: dict[str, Recipe], replaced: Replaced, drained_out: bool = True,
 ) -> tuple[list[Host], bool]:  # fmt: skip
     """``serve --rolling --dry-run``: the checks the rollout makes before anything changes (the gateway, the
     canary tag, the gate's baselines), its waves on stderr as it would run them (an interrupted rollout's
     host left out of the gateway first), and the hosts whose relaunch to plan (a wave's replica group whole);
     whether doctor failed any host (the rollout would exit 3). A wave ``replaced`` (``serve_replaced``,
-    ``run_replaced``) says would take every server the gateway routes to out is said: the rollout asks first."""
+    ``run_replaced``) says would take every server the gateway routes to out is said: the rollout asks first.
+    ``drained_out`` False (``run``'s, which refuses a drained host it would stop and leaves out the ones it
+    refuses): drained hosts are not skipped as drained (``plan_waves``)."""
     client = rollout_client(app, canary)
-    planned, sick = plan_waves(app, fleet, selected, max_unavailable, canary)
+    planned, sick = plan_waves(app, fleet, selected, max_unavailable, canary, drained_out)
     gate_plan(app, gate, planned, chosen, canary)
     planned = rollout.resume_first(app.store, planned)
     label = gateway_view.server_label(app.inventory)

@@ -28,6 +28,7 @@ from orchestrator.ops import group as group_op
 from orchestrator.ops import rollout
 from orchestrator.ops import run as run_op
 from orchestrator.recipe import Recipe, ServeOptions, Step, SweepOptions
+from orchestrator.session import HostSession
 from orchestrator.transport.base import Runner
 from orchestrator.views import gateway as gateway_view
 from orchestrator.views import run as run_view
@@ -97,19 +98,25 @@ def run(
         fleet.events = run_view.progress_lines
         redo = bool(from_step or only)
         replaced = run_replaced(app, fleet, chosen, steps, redo, ranks)
+        ctx = run_op.RunContext(fleet, app.store, chosen, app.peers(fleet), lockstep, None, redo, ranks=ranks)
         if dry_run:  # a rolling one says its checks and waves first, and plans the hosts the rollout would take
+            refused = run_op.dry_refusals(ctx, selected, steps)  # drained: as the run's preflight refuses them
+            kept = [h for h in selected if h.name not in refused]
             planning, sick = (
-                rolling_dry_run(app, fleet, selected, max_unavailable, canary, gate, chosen, replaced)
+                rolling_dry_run(app, fleet, kept, max_unavailable, canary, gate, chosen, replaced, drained_out=False)
                 if rolling
-                else (selected, False)
+                else (kept, False)
             )
-            plans = fleet.map_sessions(
-                lambda s: run_op.dry_run(s, chosen[s.name], steps[s.name], redo, ranks.get(s.name)),
-                lambda: app.store,
-                planning,
-            )
+
+            def plan(s: HostSession) -> list[str]:
+                if s.name in refused:
+                    return [run_op.refusal_line(refused[s.name])]
+                return run_op.dry_run(s, chosen[s.name], steps[s.name], redo, ranks.get(s.name))
+
+            shown = [h for h in selected if h.name in refused or h in planning]
+            plans = fleet.map_sessions(plan, lambda: app.store, shown)
             run_view.plans(plans)
-            return finish(plans) or (ExitCode.HOSTS_FAILED if sick else 0)  # exits as the run would
+            return finish(plans) or (ExitCode.HOSTS_FAILED if sick or refused else 0)  # exits as the run would
 
         maybe: set[str] = set()  # hosts whose serve stops the server only if a pull or tuning before it changes it
 
@@ -136,7 +143,7 @@ def run(
             if redo:  # once answered: a refusal forgets no done step (it said "nothing was changed")
                 run_op.forget_done(app.store, passed, chosen, steps)
 
-        ctx = run_op.RunContext(fleet, app.store, chosen, app.peers(fleet), lockstep, confirm, redo, ranks=ranks)
+        ctx.confirm = confirm
         if rolling:
             client = rollout_client(app, canary)
             planned = rollout.waves(selected, max_unavailable, canary, run_op.rolled_groups(ctx))

@@ -91,14 +91,16 @@ def require_healthy(session: HostSession) -> health.HostHealth:
     return checked
 
 
-def leave_out_failing(fleet: Fleet, hosts: list[Host], store: StateStore) -> LeftOut:
+def leave_out_failing(fleet: Fleet, hosts: list[Host], store: StateStore, drained_out: bool = True) -> LeftOut:
     """``hosts`` without those doctor fails and those drained (``serve --rolling``: neither is taken into the
     rollout; a drained host keeps its server for inspection, sick or not). A host doctor cannot reach stays
-    in, unless this state records it drained: the rollout meets it and says so."""
+    in, unless this state records it drained: the rollout meets it and says so. ``drained_out`` False
+    (``run --rolling --dry-run``): drained hosts are judged as the others (the run refuses those it would
+    stop, ``ops.run.drained_refusal``; its serve step leaves the others' servers alone)."""
     results = fleet.map_sessions(examine, store, hosts)
     results.raise_bugs()
     marks = {r.host.name: r.value.drain_mark for r in results if r.value is not None}
-    out = drained(hosts, store.read([h.name for h in hosts], history=False), marks)
+    out = drained(hosts, store.read([h.name for h in hosts], history=False), marks) if drained_out else []
     sick = [r.value for r in results if r.value is not None and r.value.verdict == "fail" and r.host not in out]
     names = {h.name for h in sick}
     return LeftOut([h for h in hosts if h.name not in names and h not in out], sick, out)

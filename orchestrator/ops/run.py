@@ -49,7 +49,7 @@ from orchestrator.facts import git
 from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as server_facts
 from orchestrator.fleet import Fleet, FleetResult, HostResult
-from orchestrator.gateway import GatewayClient, drained_at, relaunch_drained
+from orchestrator.gateway import GatewayClient, drain_mark_argv, drained_at, parse_drain_mark, relaunch_drained
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import doctor as doctor_op
@@ -634,8 +634,9 @@ def drained_refusal(
 ) -> RefusedError | None:
     """The refusal of a host ``orch drain`` took out (``mark``: its drain mark, as the host was read; else this
     state's record), or None: a drained host keeps its server for inspection, so no step may stop or replace it
-    (nor put it back in the gateway) until ``orch undrain``; the preflight raises it. ``others``: hosts outside
-    its group were selected too, so leaving it out is a way on (alone, the hint could not be followed)."""
+    (nor put it back in the gateway) until ``orch undrain``. The preflight raises it, ``--dry-run`` says it
+    (``dry_refusals``): one check. ``others``: hosts outside its group were selected too, so leaving it out is a
+    way on (alone, the hint could not be followed)."""
     record = session.store.read([session.name], history=False).hosts.get(session.name)
     since = drained_at(mark, record)
     if since is None:
@@ -657,6 +658,26 @@ def drained_refusal(
 def selects_others(ctx: RunContext, host: Host, hosts: list[Host]) -> bool:
     """Whether ``hosts`` hold a host outside ``host``'s replica group (``--host`` can leave the group out)."""
     return any(h.name not in ctx.group(host) for h in hosts)
+
+
+def dry_refusals(ctx: RunContext, hosts: list[Host], steps: Steps) -> dict[str, HostError]:
+    """``--dry-run``: the hosts the preflight would refuse as drained (``drained_refusal``, each host's drain
+    mark read from it), and the other hosts of their replica groups (``refused_groups``), by name."""
+
+    def refusal(session: HostSession) -> RefusedError | None:
+        mark = parse_drain_mark(session.runner.run(drain_mark_argv(session.host.workdir)).stdout)
+        return drained_refusal(ctx, session, steps[session.name], mark, selects_others(ctx, session.host, hosts))
+
+    results = ctx.fleet.map_sessions(refusal, ctx.store, hosts)
+    results.raise_bugs()
+    refused: dict[str, HostError] = {r.host.name: r.value for r in results if r.value is not None}
+    return {**refused, **refused_groups(ctx, hosts, refused)}
+
+
+def refusal_line(refused: HostError) -> str:
+    """A refusal as ``--dry-run`` says it: ``(refuses: ...)``, its hint after a semicolon."""
+    said = refused.message.split(": ", 1)[1]
+    return f"(refuses: {said}" + (f"; {refused.hint})" if refused.hint else ")")
 
 
 def around_serve(steps: list[Step]) -> tuple[list[Step], list[Step], list[Step]]:

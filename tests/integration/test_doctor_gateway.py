@@ -139,6 +139,13 @@ def test_drain_takes_the_host_out_of_the_gateway_keeps_it_serving_and_undrain_pu
     assert alone.returncode == 3, alone.output
     assert undrain + "relaunches it, left out of the gateway\n" in alone.stderr, alone.output
     assert "leave it out" not in alone.stderr, alone.output
+    for how in (["--rolling"], ["--no-rolling"], ["--host", "sim-2"]):  # each dry run says the run's refusal...
+        dry = served.env.orch("run", *how, "--only", "serve", "--dry-run")
+        assert dry.returncode == 3, dry.output  # ...and exits as it would: "skipped: drained" or "(stops server job", 0
+        assert "sim-2:\n(refuses: drained since " in dry.stdout, dry.output
+        assert "its server kept for inspection: serve would stop it; " + undrain in dry.stdout, dry.output
+        assert "skipped: drained" not in dry.stderr and "stops server job" not in dry.stdout.split("sim-2:")[1]
+        assert ("leave it out (--host))" in dry.stdout) == ("sim-2" not in how), dry.output
     assert served.workers() == [served.url("sim-1")]
     assert StateStore(served.env.state).read().hosts["sim-2"].server.job_id == job  # type: ignore[union-attr]
 

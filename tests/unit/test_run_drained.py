@@ -96,3 +96,55 @@ def test_a_drained_host_run_with_others_is_refused_with_leaving_it_out_as_a_thir
         "`orch undrain b1` puts it back, then run again; or `orch serve --no-rolling --host b1` relaunches it, "
         "left out of the gateway; or leave it out (--host)"
     )
+
+
+def test_the_dry_run_says_the_refusal_the_preflight_raises_for_a_drained_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the dry run said "(stops server job ...)" (--no-rolling) or "skipped: drained" (rolling), exit 0
+    ctx = context(tmp_path, {"b1"})
+    refused = run_op.dry_refusals(ctx, HOSTS[:2], {"b1": SERVE, "b2": SERVE})
+    assert list(refused) == ["b1"]
+    assert run_op.refusal_line(refused["b1"]) == (
+        "(refuses: drained since 2026-12-05 20:30 UTC, its server kept for inspection: serve would stop it; "
+        "`orch undrain b1` puts it back, then run again; or `orch serve --no-rolling --host b1` relaunches it, "
+        "left out of the gateway; or leave it out (--host))"
+    )
+    preflight = refused_by_preflight(tmp_path, monkeypatch, HOSTS[:2])["b1"]
+    assert isinstance(preflight, RefusedError)
+    assert (refused["b1"].message, refused["b1"].hint) == (preflight.message, preflight.hint)
+
+
+def test_the_dry_run_refuses_a_drained_host_by_this_states_record_without_a_mark(tmp_path: Path) -> None:
+    ctx = context(tmp_path, set())
+    ctx.store.update_host("b1", lambda hs: setattr(hs, "drained_at", SINCE))
+    refused = run_op.dry_refusals(ctx, HOSTS[:1], {"b1": SERVE})
+    assert run_op.refusal_line(refused["b1"]).startswith("(refuses: drained since 2026-12-05 20:30 UTC")
+    assert "leave it out" not in run_op.refusal_line(refused["b1"])  # the only host given
+
+
+def test_the_dry_run_refuses_the_rest_of_a_drained_hosts_group_as_the_run_does(tmp_path: Path) -> None:
+    ctx = context(tmp_path, {"g2"}, RANKS)
+    refused = run_op.dry_refusals(ctx, HOSTS, {h.name: SERVE for h in HOSTS})
+    assert sorted(refused) == ["g1", "g2"]
+    assert run_op.refusal_line(refused["g1"]) == "(refuses: group pro-1 runs no step: g2 was refused before any step)"
+    assert run_op.refusal_line(refused["g2"]).endswith("; or leave it out (--host))")  # b1, b2: outside its group
+
+
+def test_a_drained_host_no_step_would_stop_is_not_refused(tmp_path: Path) -> None:
+    ctx = context(tmp_path, {"b1"})
+    assert run_op.dry_refusals(ctx, HOSTS[:1], {"b1": []}) == {}
+
+
+def test_a_runs_rolling_dry_run_leaves_drained_hosts_to_the_runs_own_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # serve --rolling's wave planning skipped a drained host ("skipped: drained", exit 0): the run refuses it
+    marked = lambda s: HostHealth(s.name, drain_mark=SINCE if s.name == "b1" else None)  # noqa: E731
+    monkeypatch.setattr(doctor_op, "examine", marked)
+    ctx = context(tmp_path, {"b1"})
+    fleet: Any = ctx.fleet
+    serve = doctor_op.leave_out_failing(fleet, HOSTS[:2], ctx.store)
+    assert [h.name for h in serve.drained] == ["b1"] and [h.name for h in serve.healthy] == ["b2"]
+    run = doctor_op.leave_out_failing(fleet, HOSTS[:2], ctx.store, drained_out=False)
+    assert run.drained == [] and [h.name for h in run.healthy] == ["b1", "b2"]
