@@ -322,7 +322,7 @@ def stop_running_server(
             _record_unrecorded_stop(session, servers[-1] if servers else None, outage)
             return "lost" if servers and servers[-1].state == "lost" else None
         store.check_writable()  # a stop that could not be recorded must not happen
-        outcome = stop_job(session, job, gpus, drain, of_rank(server, job.id, outage), listed)
+        outcome = stop_job(session, job, gpus, drain, of_rank(session, server, job.id, outage), listed)
     finally:
         session.forget("jobs", "gpus", "server_info")  # what another orch or a reboot may have changed too
     _record_stop(session, job.id, outage, outcome)
@@ -343,13 +343,27 @@ def refuse_bare_stop(host: Host, job: jobs.JobInfo) -> None:
         )
 
 
-def of_rank(server: ServerRecord | None, job_id: str, outage: Outage) -> Outage:
-    """``outage`` said of a replica group's rank when ``server`` (the host's record) says job ``job_id`` is
-    one (stopped for tuning, a rank ends its whole group's server: said so first); a group's own stop
-    (``ops.group``) announces the group itself."""
-    if outage not in (FOR_TUNE_FP8, FOR_RUN_TUNING) or server is None or server.job_id != job_id or not server.group:
-        return outage
-    return replace(outage, why=f"{outage.why} (rank {server.rank} of group {server.group}: the group stops serving)")
+def of_rank(session: HostSession, server: ServerRecord | None, job_id: str, outage: Outage) -> Outage:
+    """``outage`` said of a replica group's rank: stopping one ends its whole group's server, said so first.
+    For tuning, when ``server`` (the host's record) says job ``job_id`` is one; else when the job's own command
+    on the host is a rank of a multi-node server (``rank_note``: ``stop-server --host`` of a rank the inventory
+    no longer groups). A group's own stop (``ops.group``) announces the group itself."""
+    tuning = outage in (FOR_TUNE_FP8, FOR_RUN_TUNING)
+    if tuning and server is not None and server.job_id == job_id and server.group:
+        said = f"(rank {server.rank} of group {server.group}: the group stops serving)"
+        return replace(outage, why=f"{outage.why} {said}")
+    note = rank_note(session, job_id)
+    return outage if note is None else replace(outage, why=f"{outage.why} {note}")
+
+
+def rank_note(session: HostSession, job_id: str) -> str | None:
+    """``(rank R of an N-node server: its other ranks stop serving with it)`` when server job ``job_id``'s
+    command, as the host started it, is a rank of a multi-node server (``--nnodes`` 2 or more); else None."""
+    argv = [a.decode(errors="replace") for a in session.job_argv(job_id)]
+    nodes, rank = facts.flag_int(argv, "--nnodes"), facts.flag_int(argv, "--node-rank") or 0
+    if nodes is None or nodes < 2:
+        return None
+    return f"(rank {rank} of a {nodes}-node server: its other ranks stop serving with it)"
 
 
 def _record_stop(session: HostSession, job_id: str, outage: Outage, outcome: str) -> None:

@@ -730,12 +730,8 @@ def replacing_alone(session: HostSession, ready: Preflight, options: ServeOption
     (a serve of one host took a replica group down unsaid)."""
     outage = replacing(session, ready, options)
     assert ready.old is not None
-    argv = [a.decode(errors="replace") for a in session.job_argv(ready.old.id)]
-    nodes, rank = facts.flag_int(argv, "--nnodes"), facts.flag_int(argv, "--node-rank") or 0
-    if nodes is None or nodes < 2:
-        return outage
-    why = f"{outage.why} (rank {rank} of a {nodes}-node server: its other ranks stop serving with it)"
-    return srv.Outage(why, outage.by)
+    note = srv.rank_note(session, ready.old.id)
+    return outage if note is None else srv.Outage(f"{outage.why} {note}", outage.by)
 
 
 def adopt(

@@ -271,3 +271,20 @@ def test_a_host_the_inventory_groups_leaves_the_gateway_as_its_group_is_rolled(f
     assert {w.url for w in fleet.client.workers()} == {fleet.url("sim-1"), fleet.url("sim-2")}
     status = env.orch("gateway", "status")
     assert status.returncode == 0, status.output
+
+
+def test_stop_server_of_a_rank_the_inventory_no_longer_groups_says_its_server_stops_whole(fleet: GroupFleet) -> None:
+    env = fleet.env
+    grouped = env.inventory.read_text()
+    alone = yaml.safe_load(grouped)
+    del alone["groups"]  # the group serves on: sim-3 runs its rank 1
+    env.inventory.write_text(yaml.safe_dump(alone, sort_keys=False))
+    try:
+        stopped = env.orch("stop-server", "--host", "sim-3")
+        assert stopped.returncode == 0, stopped.output  # rank 0 on sim-2 ended with it: it said nothing of it
+        assert "(rank 1 of a 2-node server: its other ranks stop serving with it)" in stopped.stderr, stopped.stderr
+    finally:
+        env.inventory.write_text(grouped)
+    run = env.orch("serve", "--rolling", "--host", "sim-2")  # the group back, rank 0 in the gateway again
+    assert run.returncode == 0, run.output
+    assert fleet.routed() == {fleet.url("sim-1"), fleet.url("sim-2")}
