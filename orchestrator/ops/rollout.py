@@ -42,7 +42,7 @@ from orchestrator.facts import bench as bench_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts.bench import BenchRecord, GateRecord
 from orchestrator.fleet import Fleet
-from orchestrator.gateway import GatewayClient, host_worker_url
+from orchestrator.gateway import GatewayClient, drain_mark_argv, drained_at, host_worker_url, parse_drain_mark
 from orchestrator.inventory import Host
 from orchestrator.localfile import held, holder
 from orchestrator.ops import bench as bench_op
@@ -387,15 +387,26 @@ def _unchanged(
     url: str,
     rank: group_op.Rank | None = None,
 ) -> HostRoll:
-    """A host (or group) already serving as asked: served (which leaves it alone), registered if it is not."""
+    """A host (or group) already serving as asked: served (which leaves it alone), registered if it is not,
+    unless ``orch drain`` took it out (``orch run`` rolls a drained host whose server it does not stop: it
+    stays out until ``orch undrain``)."""
     result = _serve(session, recipe, options, rolling, rank)
     roll = HostRoll("unchanged", result)
     worker = rolling.client.find(url)
-    if worker is None:
+    if worker is None and _drained(session):
+        session.say(f"serving as asked, drained: left out of the gateway (`orch undrain {session.name}` puts it back)")
+        roll.notes.append("drained: not registered")
+    elif worker is None:
         session.say(f"serving as asked but not registered: registering {url}")
         register(session, rolling.client, url)
         roll.notes.append("re-registered")
     return roll
+
+
+def _drained(session: HostSession) -> bool:
+    """Whether ``orch drain`` took the host out: its mark on the host, else this state's record."""
+    mark = parse_drain_mark(session.runner.run(drain_mark_argv(session.host.workdir)).stdout)
+    return drained_at(mark, session.store.read([session.name], history=False).hosts.get(session.name)) is not None
 
 
 def _prove_resumed(

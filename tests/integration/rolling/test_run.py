@@ -213,3 +213,22 @@ def test_rolling_run_tunes_host_by_host_out_of_the_gateway_and_fails_no_request(
         assert steps_of(env, name, new) == {"tune-fp8", "serve"}
         assert state.hosts[name].phase == Phase.SERVING
     assert sorted(w.url for w in gateway_fleet.client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+
+
+def test_a_rolling_run_leaves_a_drained_host_whose_server_it_keeps_out_of_the_gateway(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    env, client = gateway_fleet.env, gateway_fleet.client
+    same = playbook(tmp_path, "same", steps=["serve"])
+    assert env.orch("serve", "--rolling", "--playbook", same).returncode == 0  # every host serves it as asked
+    assert env.orch("drain", "sim-2").returncode == 0
+    try:
+        run = env.orch("run", same)  # its serve step not done yet: sim-2's server is kept, not refused
+        assert run.returncode == 0, run.output
+        said = "sim-2: serve: serving as asked, drained: left out of the gateway (`orch undrain sim-2`"
+        assert said in run.stderr, run.stderr
+        assert gateway_fleet.urls()[1] not in {w.url for w in client.workers()}  # it registered sim-2 again
+        assert StateStore(env.state).read().hosts["sim-2"].drained_at is not None
+    finally:
+        assert env.orch("undrain", "sim-2").returncode == 0
+    assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
