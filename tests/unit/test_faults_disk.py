@@ -134,12 +134,19 @@ def _serving(store: StateStore) -> None:
     store.update_host("b1", serving)
 
 
+def _running_alone() -> FakeRunner:
+    """A host whose server job ``server-1`` was started alone (its argv file: no ``--nnodes``)."""
+    runner = FakeRunner("b1")
+    runner.files["/w/jobs/server-1/argv"] = b"sglang\0serve\0--port\x0030000"
+    return runner
+
+
 def test_a_stop_the_full_disk_kept_from_its_record_is_said_and_recorded_by_the_next_stop_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = StateStore(tmp_path / "st")
     _serving(store)
-    session = HostSession(HOST, FakeRunner("b1"), store)
+    session = HostSession(HOST, _running_alone(), store)
     listed: list[jobs.JobInfo] = [_server_job(False, "running")]
     monkeypatch.setattr(jobs, "list_jobs", lambda runner, workdir: listed)
     monkeypatch.setattr(srv, "stop_job", lambda *args: "stopped")
@@ -201,7 +208,7 @@ def test_a_rank_stopped_for_tuning_is_announced_as_its_groups_outage_without_rea
 
     store.update_host("b1", rank_1)
     record = store.read(["b1"]).hosts["b1"].server  # as the stopping caller (tune-fp8's prepare) read it
-    session = HostSession(HOST, FakeRunner("b1"), store)
+    session = HostSession(HOST, _running_alone(), store)
     monkeypatch.setattr(jobs, "list_jobs", lambda runner, workdir: [_server_job(False, "running")])
     said: list[str] = []
     monkeypatch.setattr(srv, "stop_job", lambda _s, _j, _g, _d, outage, *_: said.append(outage.why) or "stopped")
