@@ -79,7 +79,8 @@ def status(
     observed = [r.value for r in results if r.ok and r.value is not None]
     status_op.fleet_tuning(observed, state, {h.name: h for h in selected})
     seen = status_op.record_seen(app.store, {h.name: h for h in selected}, observed, cached)
-    by_name = {o.status.name: status_op.merge_state(o, seen[o.status.name]) for o in observed}
+    records = {**cached, **seen}  # the other ranks of a group too, selected or not
+    by_name = {o.status.name: status_op.merge_state(o, seen[o.status.name], records) for o in observed}
     status_op.record_crashes(app.store, list(by_name.values()))
     views = [by_name.get(r.host.name) or status_op.unreachable(r, cached.get(r.host.name)) for r in results]
     config, hosts_all = app.inventory.gateway, list(app.inventory.hosts.values())

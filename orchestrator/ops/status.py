@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from orchestrator.fleet import HostResult
 from orchestrator.gateway import GatewayClient, Served, check_fleet, drain_mark_in, drain_mark_section
 from orchestrator.inventory import Host, Inventory
 from orchestrator.session import HostSession
-from orchestrator.state import HostState, Phase, ServerRecord, State
+from orchestrator.state import SERVER_STOPPED, HostState, Phase, ServerRecord, State
 from orchestrator.store import StateStore
 from orchestrator.transport.base import CommandResult
 from orchestrator.tuning.member import record_of
@@ -313,7 +314,9 @@ _CRASHED = "ended without orch stopping it"  # the reason ``record_crashes`` giv
 log = logging.getLogger(__name__)
 
 
-def merge_state(obs: Observed, hs: HostState) -> HostStatus:
+def merge_state(obs: Observed, hs: HostState, records: Mapping[str, HostState] | None = None) -> HostStatus:
+    """The host's status: what the probe read merged with its record ``hs``. ``records``: every host's record
+    (the other ranks of a replica group: a rank whose server ended because orch stopped another is no crash)."""
     status = obs.status
     _show_state(status, hs)
     since = drain_mark_in(obs.sections)
@@ -330,8 +333,14 @@ def merge_state(obs: Observed, hs: HostState) -> HostStatus:
         status.phase = hs.phase_before_launch().value  # another orch stopped it: the phase its stop leaves
     crashed = hs.phase == Phase.SERVING or (hs.phase == Phase.FAILED and _CRASHED in (hs.last_error or ""))
     if field is not None and field["recorded"] and crashed and field["job_state"] in _ENDED:
-        status.phase = Phase.FAILED.value  # the host serves nothing: its server ended without orch stopping it
-        field["ended_while_serving"] = True
+        stop = group_stop(status.name, hs, records or {})
+        if stop is None:
+            status.phase = Phase.FAILED.value  # the host serves nothing: its server ended without orch stopping it
+            field["ended_while_serving"] = True
+        else:  # orch stopped another rank of its group: the whole server ended, as asked
+            status.phase = hs.phase_before_launch().value
+            field.update(job_state="stopped", stopped_by=stop[0], stopped_at=stop[1].isoformat(), healthy=False)
+            field["ended_with_group"] = True
     status.phase = _unrecorded_tuning_phase(status.phase, status.extra.get("tuning") or {}, checkout)
     if field is not None and field["recorded"] and hs.server is not None:
         for key, value in pending_restart(field, hs.server, checkout, record_of(hs)).items():
@@ -343,17 +352,67 @@ def merge_state(obs: Observed, hs: HostState) -> HostStatus:
 def record_crashes(store: StateStore, views: list[HostStatus]) -> None:
     """A server this state records serving that the host shows ended unasked (a crash, an OOM kill, a reboot:
     ``ended_while_serving``) is recorded failed, once: the phase change that ``--notify-cmd`` hears of (nothing
-    recorded a crash; a later serve recorded a relaunch). Checked again in the transaction
+    recorded a crash; a later serve recorded a relaunch). A replica group's rank that ended because orch stopped
+    another rank (``ended_with_group``: ``group_stop``) is recorded stopped, as ``stop-server`` of the group
+    records it, not failed (a crash recorded before is put right). Checked again in the transaction
     (the same job, still serving, no stop recorded: a stop recorded meanwhile wins). A state another orch holds
     past the lock timeout is said, and status goes on."""
     for view in views:
         field = view.extra.get("server") or {}
+        job_id = str(field.get("job"))
         if field.get("ended_while_serving"):
-            crashed = functools.partial(_crashed, job_id=str(field["job"]), how=str(field["job_state"]))
-            try:
-                store.update_host(view.name, crashed)
-            except StateError as exc:
-                log.warning("%s: could not record that its server ended: %s", view.name, exc.message)
+            change = functools.partial(_crashed, job_id=job_id, how=str(field["job_state"]))
+        elif field.get("ended_with_group"):
+            change = functools.partial(_ended_with_group, job_id=job_id, by=str(field["stopped_by"]))
+        else:
+            continue
+        try:
+            store.update_host(view.name, change)
+        except StateError as exc:
+            log.warning("%s: could not record that its server ended: %s", view.name, exc.message)
+
+
+def group_stop(name: str, hs: HostState, records: Mapping[str, HostState]) -> tuple[str, datetime] | None:
+    """Who stopped another rank of the replica group whose rank host ``name``'s server is (``hs.server.group``),
+    and when, after this rank's server started (stopping any rank ends the whole server): ``(by, at)``, ``by``
+    in the words ``stop-server`` of a group says (``tune-fp8 --stop-server on sim-2: ended with its group``);
+    None when no other rank was stopped by orch since (its server ended unasked). The other rank's stop is its
+    server record's, or, where a serve of that host alone has since replaced the record, its phase history's
+    (a stop after its launch as a rank of this group)."""
+    server = hs.server
+    if server is None or server.group is None:
+        return None
+    for other, record in records.items():
+        stop = None if other == name else _rank_stopped(record, server.group, server.started_at)
+        if stop is not None:
+            return f"{stop[0]} on {other}: {ENDED_WITH_GROUP}", stop[1]
+    return None
+
+
+ENDED_WITH_GROUP = "ended with its group"
+"""What a rank that ended because another rank of its group stopped is said to have done (``ops.group``)."""
+
+
+def _rank_stopped(hs: HostState, group: str, since: datetime) -> tuple[str, datetime] | None:
+    """Who stopped ``hs``'s server as a rank of ``group`` at or after ``since``, and when (None: not so)."""
+    record = hs.server
+    if record is not None and record.group == group and record.stopped_at is not None:
+        return (record.stopped_by or "orch", record.stopped_at) if record.stopped_at >= since else None
+    launched = False  # as a rank of ``group``, by the launch its history records
+    for change in hs.history:
+        if change.to_phase == Phase.LAUNCHING:
+            launched = change.reason == f"serve: group {group}" or (launched and change.at >= since)
+        elif launched and change.at >= since and change.reason.startswith(f"{SERVER_STOPPED} by "):
+            return change.reason.removeprefix(f"{SERVER_STOPPED} by "), change.at
+    return None
+
+
+def _ended_with_group(hs: HostState, job_id: str, by: str) -> None:
+    server = hs.server
+    if server is None or server.job_id != job_id or server.stopped_at is not None:
+        return
+    if hs.phase == Phase.SERVING or (hs.phase == Phase.FAILED and _CRASHED in (hs.last_error or "")):
+        hs.server_stopped(job_id, by)
 
 
 def _crashed(hs: HostState, job_id: str, how: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import sqlite3
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -581,3 +582,74 @@ def _serving(hs: HostState, job: str) -> None:
     hs.server_launching("serve")
     hs.server = ServerRecord(job_id=job, argv=["sglang"], port=30000, mtp=True)
     hs.server_verified(job, Verification(), ["sglang"], [])
+
+
+def _ended_server_job(tmp_path: Path) -> tuple[str, dict[str, object]]:
+    """A server job that ran and ended on its own (exit 1: a rank whose group's other rank went), and the
+    ``server_jobs`` section status reads of it."""
+    from orchestrator.facts.probe import Section
+
+    runner, workdir = LocalRunner(Host(name="l", address="localhost", transport="local")), str(tmp_path / "w")
+    job = jobs.start(runner, workdir, jobs.JobSpec("server", "server", ["false"])).job_id
+    while jobs.find(runner, workdir, job).running:
+        time.sleep(0.05)
+    return job, {"server_jobs": Section(0, runner.run(jobs.held_argv(workdir, "server", [job])).stdout)}
+
+
+def _rank(hs: HostState, job: str, rank: int, group: str = "pro-1") -> None:
+    hs.tuned("tuned")
+    hs.server_launching(f"serve: group {group}")
+    hs.server = ServerRecord(job_id=job, argv=["sglang"], port=30000, mtp=True, group=group, rank=rank)
+    hs.server_verified(job, Verification(), ["sglang"], [])
+
+
+def test_a_rank_that_ended_because_orch_stopped_another_rank_of_its_group_is_recorded_stopped_not_crashed(
+    tmp_path: Path,
+) -> None:
+    """`tune-fp8 --stop-server` of rank 1 (sim-2) ended rank 0 (sim-1) with it; the next `orch status` showed
+    sim-1 `failed`, said its server ended `not stopped by orch` and recorded a crash (`--notify-cmd` heard one)."""
+    job, sections = _ended_server_job(tmp_path)
+    store = StateStore(tmp_path / "state.db")
+    store.update_host("sim-1", lambda hs: _rank(hs, job, 0))
+    store.update_host("sim-2", lambda hs: _rank(hs, "server-2", 1))
+    store.update_host("sim-2", lambda hs: hs.server_stopped("server-2", by="tune-fp8 --stop-server"))
+    records = store.read().hosts
+    obs = status_op.Observed(HostStatus("sim-1", "127.0.0.1", reachable=True, phase="new"), None, sections)
+    view = status_op.merge_state(obs, records["sim-1"], records)
+    server = view.extra["server"]
+    by = "tune-fp8 --stop-server on sim-2: ended with its group"
+    assert (view.phase, server["job_state"], server["stopped_by"]) == ("tuned", "stopped", by)
+    assert "ended_while_serving" not in server and views_mod.status_notes([view]) == []
+    assert views_mod._server_short(view, NOW).startswith(f"stopped (by {by}, ")
+    status_op.record_crashes(store, [view])
+    sim1 = store.read().hosts["sim-1"]
+    assert sim1.phase == Phase.TUNED and sim1.server is not None and sim1.server.stopped_by == by
+    assert not [c for c in sim1.history if c.to_phase == Phase.FAILED]
+    again = status_op.Observed(HostStatus("sim-1", "127.0.0.1", reachable=True, phase="new"), None, sections)
+    assert status_op.merge_state(again, sim1, store.read().hosts).extra["server"]["stopped_by"] == by
+    store.update_host("sim-3", lambda hs: _rank(hs, job, 0, group="pro-2"))  # a crash an older status recorded
+    store.update_host("sim-3", lambda hs: hs.server_failed(f"server job {job} ended without orch stopping it (failed)"))
+    store.update_host("sim-4", lambda hs: _rank(hs, "server-4", 1, group="pro-2"))
+    store.update_host("sim-4", lambda hs: hs.server_stopped("server-4", by="tune-fp8 --stop-server"))
+    obs = status_op.Observed(HostStatus("sim-3", "127.0.0.1", reachable=True, phase="new"), None, sections)
+    status_op.record_crashes(store, [status_op.merge_state(obs, store.read().hosts["sim-3"], store.read().hosts)])
+    assert store.read().hosts["sim-3"].phase == Phase.TUNED  # put right
+
+
+def test_a_rank_ended_after_a_serve_of_another_rank_alone_replaced_its_record_is_no_crash(tmp_path: Path) -> None:
+    """The group removed from the inventory, `serve --host sim-2` replaced rank 1 (its record now its new server's,
+    in no group): rank 0 on sim-1 ended with it, and status recorded a crash."""
+    job, sections = _ended_server_job(tmp_path)
+    records = {"sim-1": HostState(), "sim-2": HostState()}
+    _rank(records["sim-1"], job, 0)
+    _rank(records["sim-2"], "server-2", 1)
+    records["sim-2"].server_launching("serve")
+    records["sim-2"].server_stopped("server-2", by="orch serve (replaced)")
+    records["sim-2"].server = ServerRecord(job_id="server-3", argv=["sglang"], port=30000, mtp=True)
+    obs = status_op.Observed(HostStatus("sim-1", "127.0.0.1", reachable=True, phase="new"), None, sections)
+    server = status_op.merge_state(obs, records["sim-1"], records).extra["server"]
+    assert server["stopped_by"] == "orch serve (replaced) on sim-2: ended with its group"
+    alone = {"sim-1": records["sim-1"]}  # no other rank stopped: its server ended unasked, a crash
+    obs = status_op.Observed(HostStatus("sim-1", "127.0.0.1", reachable=True, phase="new"), None, sections)
+    crashed = status_op.merge_state(obs, records["sim-1"], alone)
+    assert crashed.phase == "failed" and crashed.extra["server"]["ended_while_serving"] is True
