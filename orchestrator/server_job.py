@@ -20,6 +20,7 @@ from typing import Any
 from orchestrator import jobs
 from orchestrator.errors import HostOutputError, RefusedError, StateError, local_disk_error
 from orchestrator.facts import gpus as gpu_facts
+from orchestrator.facts import group as group_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts.gpus import Holder
 from orchestrator.inventory import Host
@@ -201,6 +202,7 @@ def _unrecorded_field(http_out: str | None, seen: jobs.Held, now: datetime) -> d
         "profile": seen.env.get(SERVING_PROFILE),
         "bind": facts.bind_address(seen.argv),
         **({"rank": rank, "nnodes": nodes} if rank is not None and nodes else {}),
+        **({"dist_init_addr": group_facts.flag_value(seen.argv, "--dist-init-addr")} if nodes else {}),
     }
 
 

@@ -241,30 +241,52 @@ _NEVER = datetime.max.replace(tzinfo=timezone.utc)
 @dataclass(frozen=True)
 class GroupStatus:
     """A group as ``orch status`` shows it: its hosts in rank order, whether it serves, and each rank that
-    is down with why (host → why)."""
+    is down with why (host → why). ``in_inventory`` False: no group of the inventory, but hosts that run the
+    ranks of one multi-node server (``name``: its group as recorded, "" when not known), ``ranks`` each
+    host's rank then (a rank not shown is missing from ``hosts``)."""
 
     name: str
     hosts: tuple[str, ...]
     serving: bool
     down: Mapping[str, str]
+    in_inventory: bool = True
+    ranks: tuple[int, ...] = ()
+
+    def rank(self, host: str) -> int:
+        return self.ranks[self.hosts.index(host)] if self.ranks else self.hosts.index(host)
 
     def line(self) -> str:
         """``group pro-1: serving; ranks sim-2 (rank 0), sim-3`` or ``group pro-1: DOWN (rank 1 on sim-3
-        failed, exit code 137); ranks ...``."""
-        ranks = ", ".join(f"{h} (rank 0)" if i == 0 else h for i, h in enumerate(self.hosts))
+        failed, exit code 137); ranks ...``; ranks the inventory does not group say so, and what a serve of
+        rank 0's host would do."""
+        ranks = ", ".join(f"{h} (rank {self.rank(h)})" if self.rank(h) == 0 else h for h in self.hosts)
         if self.down:
-            dead = "; ".join(f"rank {self.hosts.index(h)} on {h} {why}" for h, why in self.down.items())
-            return f"group {self.name}: DOWN ({dead}); ranks {ranks}"
-        return f"group {self.name}: {'serving' if self.serving else 'not serving'}; ranks {ranks}"
+            dead = "; ".join(f"rank {self.rank(h)} on {h} {why}" for h, why in self.down.items())
+            said = f"DOWN ({dead}); ranks {ranks}"
+        else:
+            shown = not self.ranks or self.ranks[0] == 0  # rank 0 says whether it serves
+            said = f"{'serving' if self.serving else 'not serving' if shown else 'rank 0 not shown'}; ranks {ranks}"
+        if self.in_inventory:
+            return f"group {self.name}: {said}"
+        ranks = ", ".join(f"{h} (rank {self.rank(h)})" for h in self.hosts)
+        first = self.hosts[0]
+        return (
+            f"{f'group {self.name}' if self.name else 'a multi-node server'}, not a group of the inventory: "
+            f"{said.split('; ranks ')[0]}; {ranks} {'is a rank' if len(self.hosts) == 1 else 'are the ranks'} of one "
+            "server, and stopping any rank ends it; the "
+            f"inventory no longer groups them: `orch serve --host {first}` would serve {first} alone"
+        )
 
     def document(self) -> dict[str, Any]:
-        """The ``groups`` entry of ``orch status --json``."""
+        """The ``groups`` entry of ``orch status --json`` (``ranks``: each host's rank, in ``hosts``' order)."""
         return {
             "name": self.name,
             "hosts": list(self.hosts),
-            "rank0": self.hosts[0],
+            "rank0": self.hosts[0] if not self.ranks or self.ranks[0] == 0 else None,
             "serving": self.serving,
             "down": dict(self.down),
+            "in_inventory": self.in_inventory,
+            "ranks": list(self.ranks) if self.ranks else list(range(len(self.hosts))),
         }
 
 
@@ -282,6 +304,18 @@ def group_status(name: str, hosts: Sequence[str], servers: Mapping[str, Mapping[
     rank0 = ours.get(hosts[0])
     serving = not dead and rank0 is not None and bool(rank0.get("healthy"))
     return GroupStatus(name, tuple(hosts), serving, dead)
+
+
+def ungrouped_status(name: str, servers: Mapping[str, Mapping[str, Any]]) -> GroupStatus:
+    """The ranks of one multi-node server that no group of the inventory holds, from each host's ``server``
+    field (host → field, each with its ``rank``): serving when every rank shown runs and rank 0 is shown
+    healthy; each rank not running is down."""
+    by_rank = sorted(servers.items(), key=lambda item: int(item[1]["rank"]))
+    down = {h: why for h, s in by_rank if (why := _rank_down(True, s))}
+    rank0 = servers.get(by_rank[0][0]) if by_rank[0][1]["rank"] == 0 else None
+    serving = not down and rank0 is not None and bool(rank0.get("healthy"))
+    ranks = tuple(int(s["rank"]) for _, s in by_rank)
+    return GroupStatus(name, tuple(h for h, _ in by_rank), serving, down, in_inventory=False, ranks=ranks)
 
 
 def _rank_down(reached: bool, server: Mapping[str, Any] | None) -> str | None:
@@ -305,14 +339,14 @@ def rollback_problem(plan: GroupPlan, good: Mapping[str, Sequence[str] | None]) 
         argv = good.get(host)
         if not argv:
             return f"{host} has no known-good server command recorded"
-        layout = [_value(argv, "--nnodes"), _value(argv, "--node-rank"), _value(argv, "--dist-init-addr")]
+        layout = [flag_value(argv, "--nnodes"), flag_value(argv, "--node-rank"), flag_value(argv, "--dist-init-addr")]
         if layout != [str(plan.nodes), str(rank), plan.dist_init_addr]:
             return f"{host}'s known-good server is not its rank {rank} of group {plan.group} ({plan.nodes} hosts)"
     problems = differing_ranks({host: good[host] or [] for host in plan.hosts})
     return f"the ranks' known-good commands differ: {problems[0].reason}" if problems else None
 
 
-def _value(argv: Sequence[str], flag: str) -> str | None:
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
     """The value of ``flag`` in ``argv`` (``FLAG VALUE``, the last one), None without it."""
     found = None
     for i, arg in enumerate(argv[:-1]):

@@ -14,7 +14,7 @@ from orchestrator import server_job as server
 from orchestrator.errors import GatewayError, OrchError, RemoteCommandError, StateError, UnreachableError, UsageError
 from orchestrator.facts import git, gpus, machine, probe, replacement
 from orchestrator.facts import tuner as tf
-from orchestrator.facts.group import GroupStatus, group_status
+from orchestrator.facts.group import GroupStatus, group_status, ungrouped_status
 from orchestrator.fleet import HostResult
 from orchestrator.gateway import GatewayClient, Served, check_fleet, drain_mark_in, drain_mark_section
 from orchestrator.inventory import Host, Inventory
@@ -537,8 +537,15 @@ def name_unrecorded_ranks(inventory: Inventory, views: list[HostStatus]) -> None
     """Give the ``server`` field of each running server job this state does not record the name of its
     replica group, when its host runs it as its rank of that many nodes (``--node-rank``/``--nnodes``; which
     group is the inventory's to say): a second controller's group, or one of a lost state directory, serves
-    all the same, and ``status`` shows it as the group's (its rank, its group's line, its notes)."""
+    all the same, and ``status`` shows it as the group's (its rank, its group's line, its notes). A rank whose
+    host no group of the inventory holds as that group's (its ``groups:`` entry deleted while it served) is
+    ``grouped`` False: no group command serves it again (``ungrouped_ranks``)."""
     shown = {v.name: v for v in views}
+    for v in views:
+        field = v.extra.get("server") or {}
+        group = inventory.group_of(v.name)
+        if field.get("rank") is not None and (group is None or field.get("group") not in (None, group.name)):
+            field["grouped"] = False
     for group in inventory.groups.values():
         for rank, name in enumerate(group.hosts):
             field = shown[name].extra.get("server") if name in shown and shown[name].reachable else None
@@ -561,4 +568,17 @@ def group_statuses(inventory: Inventory, views: list[HostStatus]) -> list[GroupS
             continue
         reached = {h: shown[h].extra.get("server") for h in group.hosts if h in shown and shown[h].reachable}
         found.append(group_status(group.name, group.hosts, reached))
-    return found
+    return found + ungrouped_ranks(views)
+
+
+def ungrouped_ranks(views: list[HostStatus]) -> list[GroupStatus]:
+    """The hosts that run the ranks of one multi-node server no group of the inventory holds (``grouped``
+    False: its group as recorded, or, unrecorded, rank 0's ``--dist-init-addr`` as each rank's job runs it),
+    each such server once (``facts.group.ungrouped_status``); a server orch stopped is left out."""
+    servers: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for v in views:
+        field = v.extra.get("server") or {}
+        if field.get("grouped") is False and field.get("job_state") != "stopped":
+            key = ("group", field["group"]) if field.get("group") else ("at", str(field.get("dist_init_addr")))
+            servers.setdefault(key, {})[v.name] = field
+    return [ungrouped_status(key[1] if key[0] == "group" else "", ranks) for key, ranks in servers.items()]

@@ -263,6 +263,7 @@ def _rank_words(s: dict[str, Any]) -> str:
     if s.get("rank") is None:
         return ""
     of = f"group {s['group']}" if s.get("group") else f"{s.get('nnodes', '?')} nodes"
+    of += " (not a group of the inventory)" if s.get("grouped") is False else ""
     return f", rank {s['rank']} of {of}" + (", serving its HTTP" if s["rank"] == 0 else "")
 
 
@@ -418,6 +419,10 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
         if server.get("ended_while_serving"):
             job, group = server["job"], server.get("group")
             again = f"serves its group {group} again (every rank: one command)" if group else "serves again"
+            if server.get("grouped") is False:  # no group of the inventory: a serve of this host serves it alone
+                of = f"group {group}" if group else f"a {server.get('nnodes', '?')}-node server"
+                again = f"would serve {v.name} alone (it ran rank {server['rank']} of {of}: the inventory no "
+                again += "longer groups its ranks)"
             plain = "--no-rolling " if "drained_at" in v.extra else ""  # a rolling serve leaves a drained host out
             problems.append(
                 f"server job {job} ended ({server['job_state']}) while recorded serving, not stopped by orch: nothing "

@@ -26,7 +26,7 @@ from orchestrator.recipe import PACKAGED_PLAYBOOKS
 from orchestrator.state import Phase
 from orchestrator.store import StateStore
 from orchestrator.tuning.member import record_of
-from tests.conftest import FleetEnv, write_fleet_inventory
+from tests.conftest import FleetEnv, run_orch, write_fleet_inventory
 from tests.integration import kills
 from tests.integration.test_faults_drops import orch_process, read_line_until
 
@@ -452,10 +452,36 @@ def test_status_shows_a_serving_group_as_one_line_and_in_json(env: FleetEnv, sim
     assert "group pro-1: serving; ranks sim-2 (rank 0), sim-3" in run.stdout.splitlines()
     document = json.loads(env.orch("status", "--json").stdout)
     assert document["groups"] == [
-        {"name": "pro-1", "hosts": ["sim-2", "sim-3"], "rank0": "sim-2", "serving": True, "down": {}}
-    ]
+        {"name": "pro-1", "hosts": ["sim-2", "sim-3"], "rank0": "sim-2", "serving": True, "down": {},
+         "in_inventory": True, "ranks": [0, 1]}
+    ]  # fmt: skip
     rank1 = next(h for h in document["hosts"] if h["name"] == "sim-3")["server"]
     assert (rank1["group"], rank1["rank"], rank1["healthy"]) == ("pro-1", 1, True)
+
+
+def test_status_with_the_group_deleted_from_the_inventory_says_its_hosts_run_one_server(
+    env: FleetEnv, sims: object
+) -> None:
+    """`groups:` deleted while pro-1 served: status showed sim-2 and sim-3 as two hosts serving alone and `--json`
+    had "groups": []; it says, from what the hosts run, that they are the ranks of one server."""
+    served = env.orch("serve", "--host", "sim-2")
+    assert served.returncode == 0, served.output
+    document = yaml.safe_load(env.inventory.read_text())
+    del document["groups"]
+    ungrouped = env.inventory.with_name("hosts-ungrouped.yaml")  # beside it: the same playbooks/
+    ungrouped.write_text(yaml.safe_dump(document, sort_keys=False))
+    run = run_orch("-i", str(ungrouped), "--state", str(env.state), "status")
+    assert run.returncode == 0, run.output
+    assert (
+        "group pro-1, not a group of the inventory: serving; sim-2 (rank 0), sim-3 (rank 1) are the ranks of one "
+        "server, and stopping any rank ends it; the inventory no longer groups them: `orch serve --host sim-2` would "
+        "serve sim-2 alone"
+    ) in " ".join(line.rstrip() for line in run.stdout.splitlines())  # wrapped at the terminal's width
+    shown = json.loads(run_orch("-i", str(ungrouped), "--state", str(env.state), "status", "--json").stdout)
+    assert shown["groups"] == [
+        {"name": "pro-1", "hosts": ["sim-2", "sim-3"], "rank0": "sim-2", "serving": True, "down": {},
+         "in_inventory": False, "ranks": [0, 1]}
+    ]  # fmt: skip
 
 
 def kill_job(env: FleetEnv, host: str, job_id: str) -> None:

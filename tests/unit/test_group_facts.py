@@ -259,6 +259,8 @@ def test_a_groups_json_entry_names_rank0_and_the_dead_ranks() -> None:
         "rank0": "b1",
         "serving": False,
         "down": {"b2": "failed (job j2)"},
+        "in_inventory": True,
+        "ranks": [0, 1],
     }
 
 

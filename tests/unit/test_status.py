@@ -16,7 +16,7 @@ from orchestrator import jobs, readers
 from orchestrator.errors import HostKeyError
 from orchestrator.facts import git
 from orchestrator.fleet import HostResult
-from orchestrator.inventory import Host
+from orchestrator.inventory import Host, Inventory, ReplicaGroup
 from orchestrator.ops import status as status_op
 from orchestrator.ops.status import GpuView, HostStatus
 from orchestrator.session import HostSession
@@ -653,3 +653,50 @@ def test_a_rank_ended_after_a_serve_of_another_rank_alone_replaced_its_record_is
     obs = status_op.Observed(HostStatus("sim-1", "127.0.0.1", reachable=True, phase="new"), None, sections)
     crashed = status_op.merge_state(obs, records["sim-1"], alone)
     assert crashed.phase == "failed" and crashed.extra["server"]["ended_while_serving"] is True
+
+
+def test_ranks_of_a_group_the_inventory_no_longer_has_are_said_one_server_and_no_group_command_is_hinted() -> None:
+    """`groups:` deleted from hosts.yaml while pro-1 served: status showed sim-1 and sim-2 as two hosts serving
+    alone (`--json` "groups": []), and after a failure hinted `orch serve --host sim-1` "serves its group pro-1
+    again (every rank: one command)": no such group, and that command serves sim-1 alone."""
+    hosts = {n: Host(name=n, address="127.0.0.1") for n in ("sim-1", "sim-2", "sim-3", "sim-4")}
+    inventory = Inventory(path=Path("hosts.yaml"), hosts=hosts)
+    views = [
+        view("sim-2", group="pro-1", rank=1, recorded=True),
+        view("sim-1", group="pro-1", rank=0, recorded=True),
+        view("sim-3", rank=1, nnodes=2, recorded=False, dist_init_addr="10.0.0.4:5000"),  # unrecorded: its job
+        view("sim-4"),  # alone
+    ]
+    views[1].extra["server"] |= {"job_state": "failed", "healthy": False, "ended_while_serving": True}
+    status_op.name_unrecorded_ranks(inventory, views)
+    groups = status_op.group_statuses(inventory, views)
+    assert [g.line() for g in groups] == [
+        "group pro-1, not a group of the inventory: DOWN (rank 0 on sim-1 failed (job server-20261201T105115-529f)); "
+        "sim-1 (rank 0), sim-2 (rank 1) are the ranks of one server, and stopping any rank ends it; the inventory "
+        "no longer groups them: `orch serve --host sim-1` would serve sim-1 alone",
+        "a multi-node server, not a group of the inventory: rank 0 not shown; sim-3 (rank 1) is a rank of one "
+        "server, and stopping any rank ends it; the inventory no longer groups them: `orch serve --host sim-3` "
+        "would serve sim-3 alone",
+    ]
+    document = views_mod.status_document(views, None, groups)["groups"]
+    assert [(g["name"], g["hosts"], g["ranks"], g["in_inventory"]) for g in document] == [
+        ("pro-1", ["sim-1", "sim-2"], [0, 1], False),
+        ("", ["sim-3"], [1], False),
+    ]
+    notes = views_mod.status_notes([views[1]])
+    assert len(notes) == 1 and "serves its group" not in notes[0]
+    assert notes[0].endswith(
+        "`orch serve --host sim-1` would serve sim-1 alone (it ran rank 0 of group pro-1: the inventory no longer "
+        "groups its ranks)"
+    )
+    assert ", rank 1 of group pro-1 (not a group of the inventory); " in views_mod._server_cell(views[0], NOW)
+    grouped = Inventory(path=Path("hosts.yaml"), hosts=hosts, groups={"pro-1": _group("pro-1", ["sim-1", "sim-2"])})
+    fresh = [view("sim-1", group="pro-1", rank=0), view("sim-2", group="pro-1", rank=1)]
+    status_op.name_unrecorded_ranks(grouped, fresh)
+    assert [g.line() for g in status_op.group_statuses(grouped, fresh)] == [
+        "group pro-1: serving; ranks sim-1 (rank 0), sim-2"
+    ]
+
+
+def _group(name: str, hosts: list[str]) -> ReplicaGroup:
+    return ReplicaGroup.model_validate({"name": name, "hosts": hosts, "playbook": "deepseek-v4-pro"})
