@@ -19,7 +19,7 @@ from orchestrator.fleet import HostResult
 from orchestrator.gateway import GatewayClient, Served, check_fleet, drain_mark_in, drain_mark_section
 from orchestrator.inventory import Host, Inventory
 from orchestrator.session import HostSession
-from orchestrator.state import SERVER_STOPPED, HostState, Phase, ServerRecord, State
+from orchestrator.state import HostState, Phase, ServerRecord, State
 from orchestrator.store import StateStore
 from orchestrator.transport.base import CommandResult
 from orchestrator.tuning.member import record_of
@@ -377,8 +377,7 @@ def group_stop(name: str, hs: HostState, records: Mapping[str, HostState]) -> tu
     and when, after this rank's server started (stopping any rank ends the whole server): ``(by, at)``, ``by``
     in the words ``stop-server`` of a group says (``tune-fp8 --stop-server on sim-2: ended with its group``);
     None when no other rank was stopped by orch since (its server ended unasked). The other rank's stop is its
-    server record's, or, where a serve of that host alone has since replaced the record, its phase history's
-    (a stop after its launch as a rank of this group)."""
+    server record's (``_rank_stopped``)."""
     server = hs.server
     if server is None or server.group is None:
         return None
@@ -394,16 +393,12 @@ ENDED_WITH_GROUP = "ended with its group"
 
 
 def _rank_stopped(hs: HostState, group: str, since: datetime) -> tuple[str, datetime] | None:
-    """Who stopped ``hs``'s server as a rank of ``group`` at or after ``since``, and when (None: not so)."""
+    """Who stopped ``hs``'s server as a rank of ``group`` at or after ``since``, and when (None: not so). Its
+    server record says it; once a serve of that host alone has replaced the record, nothing here does (status
+    reads no history), and the rank that ended is said as a crash."""
     record = hs.server
-    if record is not None and record.group == group and record.stopped_at is not None:
-        return (record.stopped_by or "orch", record.stopped_at) if record.stopped_at >= since else None
-    launched = False  # as a rank of ``group``, by the launch its history records
-    for change in hs.history:
-        if change.to_phase == Phase.LAUNCHING:
-            launched = change.reason == f"serve: group {group}" or (launched and change.at >= since)
-        elif launched and change.at >= since and change.reason.startswith(f"{SERVER_STOPPED} by "):
-            return change.reason.removeprefix(f"{SERVER_STOPPED} by "), change.at
+    if record is not None and record.group == group and record.stopped_at is not None and record.stopped_at >= since:
+        return record.stopped_by or "orch", record.stopped_at
     return None
 
 

@@ -636,25 +636,6 @@ def test_a_rank_that_ended_because_orch_stopped_another_rank_of_its_group_is_rec
     assert store.read().hosts["sim-3"].phase == Phase.TUNED  # put right
 
 
-def test_a_rank_ended_after_a_serve_of_another_rank_alone_replaced_its_record_is_no_crash(tmp_path: Path) -> None:
-    """The group removed from the inventory, `serve --host sim-2` replaced rank 1 (its record now its new server's,
-    in no group): rank 0 on sim-1 ended with it, and status recorded a crash."""
-    job, sections = _ended_server_job(tmp_path)
-    records = {"sim-1": HostState(), "sim-2": HostState()}
-    _rank(records["sim-1"], job, 0)
-    _rank(records["sim-2"], "server-2", 1)
-    records["sim-2"].server_launching("serve")
-    records["sim-2"].server_stopped("server-2", by="orch serve (replaced)")
-    records["sim-2"].server = ServerRecord(job_id="server-3", argv=["sglang"], port=30000, mtp=True)
-    obs = status_op.Observed(HostStatus("sim-1", "127.0.0.1", reachable=True, phase="new"), None, sections)
-    server = status_op.merge_state(obs, records["sim-1"], records).extra["server"]
-    assert server["stopped_by"] == "orch serve (replaced) on sim-2: ended with its group"
-    alone = {"sim-1": records["sim-1"]}  # no other rank stopped: its server ended unasked, a crash
-    obs = status_op.Observed(HostStatus("sim-1", "127.0.0.1", reachable=True, phase="new"), None, sections)
-    crashed = status_op.merge_state(obs, records["sim-1"], alone)
-    assert crashed.phase == "failed" and crashed.extra["server"]["ended_while_serving"] is True
-
-
 def test_ranks_of_a_group_the_inventory_no_longer_has_are_said_one_server_and_no_group_command_is_hinted() -> None:
     """`groups:` deleted from hosts.yaml while pro-1 served: status showed sim-1 and sim-2 as two hosts serving
     alone (`--json` "groups": []), and after a failure hinted `orch serve --host sim-1` "serves its group pro-1
