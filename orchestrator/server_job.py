@@ -123,8 +123,8 @@ def argv_port(argv: Sequence[str], default: int) -> int:
 
 
 STOPPED_ELSEWHERE = "an orch this state does not record"
-"""Who stopped a recorded server whose job directory says orch stopped it, when this state did not and the
-directory does not name who (an older orch's stop)."""
+"""Who stopped a server whose job directory says orch stopped it, when this state did not and the directory
+does not name who (an older orch's stop)."""
 
 
 def status_field(
@@ -137,14 +137,15 @@ def status_field(
     server orch stopped is ``job_state`` ``stopped`` with who stopped it and when (never the ``succeeded`` of
     its drained exit), also when this state does not record the stop (another orch's, or one whose record was
     cut off): its job directory says who asked it (``JobInfo.stopped_by``; ``STOPPED_ELSEWHERE`` when it does
-    not). A running server job the record does not know is shown as the host runs it, ``recorded`` False. A
+    not). A running server job the record does not know is shown as the host runs it, ``recorded`` False; so
+    is the host's last server job orch stopped when this state records no server (``_unrecorded_stop``). A
     replica group's rank (``group``, ``rank``) other than rank 0 is healthy while its job runs: only rank 0
     answers HTTP."""
     unrecorded = unrecorded_server(jobs_out, record)
     if unrecorded is not None:
         return _unrecorded_field(http_out, unrecorded, now)
     if record is None:
-        return None
+        return _unrecorded_stop(jobs_out, now)
     seen = jobs.parse_held(jobs_out or "", "")
     job = next((j for j in [seen.job, *seen.others] if j is not None and j.id == record.job_id), None)
     health, info = _answers(http_out)
@@ -204,6 +205,21 @@ def _unrecorded_field(http_out: str | None, seen: jobs.Held, now: datetime) -> d
         **({"rank": rank, "nnodes": nodes} if rank is not None and nodes else {}),
         **({"dist_init_addr": group_facts.flag_value(seen.argv, "--dist-init-addr")} if nodes else {}),
     }
+
+
+def _unrecorded_stop(jobs_out: str | None, now: datetime) -> dict[str, Any] | None:
+    """The ``server`` field when this state records no server and the host's last server job was stopped by an
+    orch (another controller's stop, or one in a state that never recorded that server: a state database moved
+    away): ``stopped``, by whom its job directory names, ``recorded`` False. None when the host's last server
+    job runs, ended unasked, or there is none: this state knows of no server to say it of."""
+    seen = jobs.parse_held(jobs_out or "", "")
+    job = seen.job
+    if job is None or job.running or not job.stop_requested:
+        return None
+    stopped_at = job.ended_at.isoformat() if job.ended_at else None
+    by = job.stopped_by or STOPPED_ELSEWHERE
+    field = _unrecorded_field(None, seen, now)
+    return {**field, "job_state": "stopped", "stopped_by": by, "stopped_at": stopped_at, "uptime_s": None}
 
 
 def _uptime(job: jobs.JobInfo, host_now: datetime) -> int | None:

@@ -319,3 +319,25 @@ def test_a_second_controller_adopts_a_fleet_plan_for_every_host_of_its_group_and
         "sim-1": (plan, "installed"),
         "sim-2": (plan, "installed"),
     }
+
+
+def test_a_server_stopped_from_a_state_that_never_recorded_it_is_shown_stopped_from_the_host(make_fleet: Any) -> None:
+    """The state database moved away, the server stopped from the fresh one: `orch status` showed `server -`
+    (it shows a stop only of the server it records) while `orch jobs` read `stopped by orch stop-server`."""
+    env = make_fleet(1)
+    (sim,) = env.fleet.hosts
+    served = env.orch("serve", "--no-mtp")
+    assert served.returncode == 0, served.output
+    (job,) = server_jobs(env)
+    fresh = second_controller(env, "fresh")
+    stopped = fresh.orch("stop-server", "--host", sim.name)
+    assert stopped.returncode == 0, stopped.output
+    assert StateStore(fresh.state).read().hosts[sim.name].server is None
+    status = fresh.orch("status", "--json")
+    (view,) = json.loads(status.stdout)["hosts"]
+    server = view["server"]
+    assert server is not None, view
+    assert (server["job"], server["job_state"], server["stopped_by"]) == (job["id"], "stopped", "orch stop-server")
+    assert server["recorded"] is False and not server["healthy"]
+    table = fresh.orch("status", sim.name).stdout
+    assert f"stopped (by orch stop-server, just now), job {job['id']}" in table, table

@@ -154,6 +154,31 @@ def test_a_recorded_server_another_orch_stopped_is_shown_stopped_by_it_not_ended
     assert field["stopped_at"] == (ended.isoformat() if by else None)
 
 
+@pytest.mark.parametrize(
+    ("stop", "asked", "by"),
+    [
+        ("1", "orch stop-server", "orch stop-server"),
+        ("1", None, "an orch this state does not record"),  # an older orch's line: nobody named
+        ("0", "", None),  # ended unasked: this state knows of no server to say it of
+    ],
+)
+def test_a_server_stopped_in_a_state_that_records_none_is_shown_stopped_from_its_job_directory(
+    stop: str, asked: str | None, by: str | None
+) -> None:
+    """A state database moved away, the server stopped from the fresh one (which never recorded it): `orch
+    status` showed `server -` while `orch jobs` read `stopped by orch stop-server` from the host."""
+    ended = NOW - timedelta(minutes=5)
+    line = "\t".join(["job", "server-1", "server", "4242", "0", "0", str(int((NOW - timedelta(hours=1)).timestamp())),
+                      str(int(ended.timestamp())), "10", stop, *([] if asked is None else [asked])])  # fmt: skip
+    field = srv.status_field(None, f"now\t{int(NOW.timestamp())}\nheld\tserver-1\n{line}\n", None, NOW)
+    if by is None:
+        assert field is None
+        return
+    assert field is not None
+    assert (field["job"], field["job_state"], field["stopped_by"]) == ("server-1", "stopped", by)
+    assert (field["stopped_at"], field["healthy"], field["recorded"]) == (ended.isoformat(), False, False)
+
+
 def test_status_field_says_a_server_is_simulated_when_its_server_info_does() -> None:
     running = jobs_line("server-1", "1", "", NOW - timedelta(hours=2))
     simulated = {**INFO, "simulated": {"by": "orch's simulated SGLang"}}
