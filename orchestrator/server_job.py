@@ -272,6 +272,7 @@ FOR_TUNE_FP8 = Outage("for tune-fp8 --stop-server; serve again to resume", "tune
 FOR_RELAUNCH = Outage("to relaunch with the new command", "orch serve (replaced)")
 AS_ASKED = Outage("as asked (stop-server)", "orch stop-server")
 FAILED_START = Outage("that failed to start", "orch serve (failed start)")
+FOR_ROLLBACK = Outage("to roll back to the known-good server", "orch serve (rolled back)")  # --rollback
 
 
 def stop_job(

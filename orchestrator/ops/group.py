@@ -871,7 +871,7 @@ def roll_back_running(exc: GroupNotAsAsked, options: ServeOptions, good: Mapping
         exc.message += f"\nrollback: {problem}; the new server was left running"
         return
     ranks[0].session.say(f"stopping group {plan.group}'s new server to roll back: it is not serving as asked")
-    outage = _outage(plan, srv.Outage("to roll back to the known-good server", srv.FOR_RELAUNCH.by))
+    outage = _outage(plan, srv.FOR_ROLLBACK)
     running = {r.name: r.session.running_server() for r in ranks}  # a rank > 0 ends once rank 0 is gone
     for r in ranks:
         stop_rank(r.session, r.ready.recipe, running[r.name], options.drain_timeout, outage)

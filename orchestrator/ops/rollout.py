@@ -495,7 +495,7 @@ def _roll_back_running(
     ran before the rollout relaunched. Serve counts a low accept length as serving (the argv becomes known-good), so the
     rollout puts back the known-good command it found before the relaunch."""
     why = "it failed the promotion gate" if isinstance(exc, GateFailed) else "it is not serving as asked"
-    outage = srv.Outage(f"to roll back to the known-good server: {why}", srv.FOR_RELAUNCH.by)
+    outage = srv.Outage(f"{srv.FOR_ROLLBACK.why}: {why}", srv.FOR_ROLLBACK.by)
     stopped = serve_op.stop_server(session, recipe, options.drain_timeout, outage)
 
     def restore(hs: HostState) -> None:

@@ -325,7 +325,7 @@ def serve(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Pe
     if same is not None:
         return same
     unverified = None if options.force else interrupted_launch(session, ready)
-    why = _ADOPTED
+    why = adopted_why(session.state().server, unverified)
     if unverified is None and not options.force and (found := unrecorded_as_asked(session, ready)) is not None:
         unverified, why = found, _FOUND
     if unverified is None:
@@ -430,7 +430,8 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list
         return [f"(already serving as asked (job {same.job_id}): nothing to do; --force relaunches)"]
     unverified = None if options.force else interrupted_launch(session, ready)
     if unverified is not None:
-        return [f"(re-attaches to server job {unverified.id}, {_ADOPTED}, and verifies it; --force relaunches)"]
+        why = adopted_why(session.state().server, unverified)
+        return [f"(re-attaches to server job {unverified.id}, {why}, and verifies it; --force relaunches)"]
     found = None if options.force else unrecorded_as_asked(session, ready)
     if found is not None:
         return [f"(re-attaches to server job {found.id}: it {_FOUND}; verifies it; --force relaunches)"]
@@ -529,10 +530,20 @@ def read_replacement_facts(session: HostSession) -> replacement.HostFacts:
 
 
 _ADOPTED = "started with this command by a serve that was cut off before verifying it"
+_ROLLED_BACK = "relaunched by --rollback as the last known-good command: healthy, not verified since"
 _FOUND = (
     "already runs this command, commit and tuned configs, started by a serve this state does not "
     "record (another controller, or a lost state directory)"
 )
+
+
+def adopted_why(record: ServerRecord | None, job: jobs.JobInfo | None) -> str:
+    """Why server job ``job``, recorded and never verified, runs: a serve cut off before verifying it, or
+    ``--rollback``'s relaunch of the known-good command (``HostState.server_rolled_back`` records it healthy;
+    only a verification records a launch healthy otherwise)."""
+    if record is None or job is None or record.job_id != job.id:
+        return _ADOPTED
+    return _ROLLED_BACK if record.healthy and record.verified is None else _ADOPTED
 
 
 def already_serving(session: HostSession, ready: Preflight, options: ServeOptions) -> ServeResult | None:
@@ -740,7 +751,7 @@ def adopt(
     """Finish the serve that launched ``job`` (``interrupted_launch``, or ``unrecorded_as_asked``: ``why``
     says which): record what the host showed, wait until healthy, nothing stopped or started; a failed
     start is handled as ``relaunch`` handles its own."""
-    sep = ", " if why == _ADOPTED else ": it "
+    sep = ": it " if why == _FOUND else ", "
     session.say(f"re-attaching to server job {job.id}{sep}{why}; waiting for /health")
     mtp = "--speculative-algorithm" in ready.argv
     record_server(

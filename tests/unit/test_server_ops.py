@@ -6,12 +6,13 @@ import json
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from itertools import islice
 
 import pytest
 
-from orchestrator import readers
+from orchestrator import jobs, readers
 from orchestrator import server_job as srv
 from orchestrator.errors import RefusedError
 from orchestrator.facts.gpus import Holder
@@ -177,6 +178,17 @@ def test_a_server_stopped_in_a_state_that_records_none_is_shown_stopped_from_its
     assert field is not None
     assert (field["job"], field["job_state"], field["stopped_by"]) == ("server-1", "stopped", by)
     assert (field["stopped_at"], field["healthy"], field["recorded"]) == (ended.isoformat(), False, False)
+
+
+def test_a_server_relaunched_by_a_rollback_is_re_attached_as_such_not_as_a_serve_cut_off() -> None:
+    """Re-attaching to the known-good server `--rollback` relaunched said `started ... by a serve that was cut
+    off before verifying it`: the rollback records it healthy, never verified."""
+    job = jobs.JobInfo("server-1", "server", 4242, "running", None, NOW, None, 10, False, "/w/jobs/server-1")
+    hs = HostState(phase=Phase.LAUNCHING, server=RECORD.model_copy(update={"verified": None}))
+    assert "cut off before verifying it" in serve_op.adopted_why(hs.server, job)
+    hs.server_rolled_back("server-1")
+    assert serve_op.adopted_why(hs.server, job).startswith("relaunched by --rollback as the last known-good command")
+    assert "cut off before verifying it" in serve_op.adopted_why(hs.server, replace(job, id="server-2"))
 
 
 def test_status_field_says_a_server_is_simulated_when_its_server_info_does() -> None:

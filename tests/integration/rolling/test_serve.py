@@ -110,6 +110,15 @@ def test_canary_not_as_asked_halts_rolls_back_and_re_registers(
     recorded = StateStore(env.state).read().rollout
     assert recorded is not None and recorded.outcomes == {"sim-1": "rolled back"}
     assert recorded.halted == "wave 1 failed on sim-1; not touched: sim-2, sim-3"
+    # the rejected server was stopped for the rollback (it said `orch serve (replaced)`), and the known-good one
+    # it relaunched is no serve's that was cut off before verifying it
+    listed = " ".join(env.orch("jobs", "--host", "sim-1").stdout.split())
+    assert "stopped by orch serve (rolled back)" in listed, listed
+    dry = env.orch("serve", "--host", "sim-1", "--dry-run")
+    rolled_back = (
+        f"(re-attaches to server job {server_job(env, 'sim-1')}, relaunched by --rollback as the last known-good"
+    )
+    assert rolled_back in dry.stdout and "cut off before verifying" not in dry.stdout, dry.output
 
 
 def test_a_wave_holding_every_server_of_the_gateway_is_asked_as_an_outage(
