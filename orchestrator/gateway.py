@@ -298,7 +298,8 @@ def check_fleet(
 ) -> GatewayCheck:  # fmt: skip
     """``check_workers`` for ``hosts`` as ``fleet_urls`` has them (``running``: what the hosts showed). ``orch
     gateway status`` and the gateway column of ``orch status`` both judge by it. ``drained``: the hosts ``orch
-    drain`` took out, whose absence is on purpose and whose presence is flagged. ``rolling``: the live orch
+    drain`` took out, whose absence is on purpose (``GatewayCheck.drained``: those out) and whose presence is
+    flagged (its row's ``DRAINED_BUT_REGISTERED``, never said out on purpose too). ``rolling``: the live orch
     holding the rollout lock (``ops.rollout.in_progress``): the hosts left out are its, out on purpose, not
     a cut-off serve's."""
     urls, serving = fleet_urls(hosts, state, running)
@@ -306,7 +307,8 @@ def check_fleet(
     out = left_out(hosts, state, {w.url for w in workers}, urls)  # says more than "serving but not registered"
     rows = [replace(r, flag=r.flag or DRAINED_BUT_REGISTERED) if r.host in drained else r for r in check.workers]
     unregistered = [name for name in check.unregistered if name not in out and name not in drained]
-    drained_out = [h.name for h in hosts if h.name in drained]
+    registered = {r.host for r in rows}  # a drained host registered is flagged in its row: one line, not two
+    drained_out = [h.name for h in hosts if h.name in drained and h.name not in registered]
     return GatewayCheck(rows, unregistered, out, drained_out, rolling=rolling if out else None)
 
 

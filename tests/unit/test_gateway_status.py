@@ -79,7 +79,7 @@ def test_only_rank_0_of_a_replica_group_belongs_in_the_gateway() -> None:
     assert [(r.host, r.flag) for r in flagged.workers] == [("r0", None), ("r1", "registered but not serving")]
 
 
-def test_a_drained_host_is_out_on_purpose_and_flagged_only_when_registered() -> None:
+def test_a_drained_host_is_out_on_purpose_and_flagged_only_when_registered(capsys: pytest.CaptureFixture[str]) -> None:
     from orchestrator.gateway import DRAINED_BUT_REGISTERED, check_fleet, parse_drain_mark
     from orchestrator.inventory import Host
     from orchestrator.state import HostState, Phase, ServerRecord, State
@@ -93,6 +93,10 @@ def test_a_drained_host_is_out_on_purpose_and_flagged_only_when_registered() -> 
     assert not check_fleet([_worker(a)], hosts, state).consistent  # b serves, is not registered, is not drained
     back = check_fleet([_worker(a), _worker(b)], hosts, state, drained=["b"])
     assert [(r.host, r.flag) for r in back.workers] == [("a", None), ("b", DRAINED_BUT_REGISTERED)]
+    assert back.drained == []  # flagged registered: not "drained, out of the gateway on purpose" as well
+    report(back)
+    said = capsys.readouterr().out  # one line of b, the flag's (it said both, one contradicting the other)
+    assert f"FLAG: {DRAINED_BUT_REGISTERED}" in said and "b: drained, out of the gateway on purpose" not in said, said
     assert parse_drain_mark("1796481746\n") is not None and parse_drain_mark("") is None
 
 
