@@ -70,6 +70,15 @@ class NotAName(yaml.YAMLError):
         self.key, self.written, self.mark = key, node.value, node.start_mark
 
 
+class NotDecimal(yaml.YAMLError):
+    def __init__(self, value: int, node: yaml.ScalarNode) -> None:
+        super().__init__(f"{node.value!r}")
+        self.value, self.mark = value, node.start_mark
+
+
+_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
 class AliasBomb(yaml.YAMLError):
     def __init__(self, problem: str, mark: yaml.Mark) -> None:
         super().__init__(problem)
@@ -92,7 +101,10 @@ class StrictLoader(_Base):
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *defaults``: later keys override it
                 continue
-            key = self.construct_object(key_node, deep=True)
+            try:
+                key = self.construct_object(key_node, deep=True)
+            except NotDecimal as exc:  # ``0x1f:`` as a key: not a name, whatever number it is
+                raise NotAName(exc.value, key_node) from None
             if isinstance(key_node, yaml.ScalarNode) and not isinstance(key, str):
                 raise NotAName(key, key_node)
             try:
@@ -103,6 +115,17 @@ class StrictLoader(_Base):
                 raise DuplicateKey(key, first, key_node.start_mark)
         mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
         return mapping
+
+    def construct_decimal_int(self, node: yaml.ScalarNode) -> int:
+        """An integer written as one, in decimal: YAML 1.1 reads ``022`` as the octal 18 (``port: 022`` was port
+        18), ``0x16``, ``0b10110``, ``2_2`` and ``+22`` as 22; each is ``NotDecimal``."""
+        value: int = self.construct_yaml_int(node)
+        if not _DECIMAL.fullmatch(node.value):
+            raise NotDecimal(value, node)
+        return value
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_decimal_int)
 
 
 def _children(node: yaml.Node) -> Iterator[yaml.Node]:
@@ -233,6 +256,12 @@ def load_yaml(path: Path, text: str) -> Any:
         raise ConfigError(
             f"{path}:{exc.mark.line + 1}: {exc}: YAML reads it as {_yaml_reading(exc.key)}, not as a name",
             hint=f"quote it to mean the name: '{exc.written}':" if exc.written else "write the name before the ':'",
+        ) from None
+    except NotDecimal as exc:
+        raise ConfigError(
+            f"{path}:{exc.mark.line + 1}: {exc}: YAML reads it as the number {exc.value} (a leading 0 is octal, 0x "
+            "hexadecimal, 0b binary; _ and + are dropped), likely not what was meant",
+            hint=f"write the number in plain decimal ({exc.value} if that is it), or quote it if it is text",
         ) from None
     except AliasBomb as exc:
         raise ConfigError(

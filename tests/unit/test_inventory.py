@@ -230,6 +230,26 @@ def test_a_quoted_name_is_the_name_written(tmp_path: Path) -> None:
     assert list(load_inventory(path).hosts) == ["no", "1", "null"]
 
 
+@pytest.mark.parametrize(
+    ("written", "read"), [("022", 18), ("0x16", 22), ("0b10110", 22), ("2_2", 22), ("+22", 22), ("-022", -18)]
+)
+def test_a_number_not_written_in_plain_decimal_is_refused_with_what_yaml_reads(
+    tmp_path: Path, written: str, read: int
+) -> None:
+    """YAML 1.1 read `port: 022` as the octal 18: orch connected to port 18, silently."""
+    path = write(tmp_path, f"hosts:\n  a:\n    address: h\n    port: {written}\n")
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    assert info.value.message.startswith(f"{path}:4: {written!r}: YAML reads it as the number {read} (a leading 0")
+    assert info.value.hint == f"write the number in plain decimal ({read} if that is it), or quote it if it is text"
+    assert info.value.exit_code == ExitCode.USAGE
+
+
+def test_plain_decimal_numbers_load_as_written(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts:\n  a: {address: h, port: 2222, gpus: 8}\n")
+    assert load_inventory(path).hosts["a"].port == 2222
+
+
 def test_merge_key_overrides_are_not_duplicates(tmp_path: Path) -> None:
     path = write(tmp_path, "hosts:\n  a: &a {address: h, port: 22}\n  b:\n    <<: *a\n    port: 2222\n")
     assert load_inventory(path).hosts["b"].port == 2222
