@@ -286,7 +286,7 @@ def drained(hosts: Sequence[Host], state: State, marks: Mapping[str, datetime | 
 
 def relaunch_drained(name: str) -> str:
     """How a drained host is relaunched and kept drained (``serve --rolling`` leaves it out, ``run`` refuses it)."""
-    return f"`orch serve --no-rolling --host {name}` relaunches it, left out of the gateway"
+    return f"`orch serve --no-rolling --force --host {name}` relaunches it, left out of the gateway"
 
 
 DRAINED_BUT_REGISTERED = "drained, but registered (`orch undrain` if it should serve; `orch drain` takes it out)"
@@ -304,7 +304,8 @@ def check_fleet(
     a cut-off serve's."""
     urls, serving = fleet_urls(hosts, state, running)
     check = check_workers(workers, urls, serving)
-    out = left_out(hosts, state, {w.url for w in workers}, urls)  # says more than "serving but not registered"
+    routed = {w.url for w in workers if not w.draining}  # one a cut-off take-out left draining is on its way out
+    out = left_out(hosts, state, routed, urls)  # says more than "serving but not registered"
     rows = [replace(r, flag=r.flag or DRAINED_BUT_REGISTERED) if r.host in drained else r for r in check.workers]
     unregistered = [name for name in check.unregistered if name not in out and name not in drained]
     registered = {r.host for r in rows}  # a drained host registered is flagged in its row: one line, not two

@@ -393,6 +393,7 @@ def _unchanged(
     result = _serve(session, recipe, options, rolling, rank)
     roll = HostRoll("unchanged", result)
     worker = rolling.client.find(url)
+    worker = None if worker is not None and worker.draining else worker  # being removed: a cut-off take-out's
     if worker is None and _drained(session):
         session.say(f"serving as asked, drained: left out of the gateway (`orch undrain {session.name}` puts it back)")
         roll.notes.append("drained: not registered")
@@ -469,8 +470,14 @@ def _in_flight(payload: object) -> int | None:
 
 
 def register(session: HostSession, client: GatewayClient, url: str) -> None:
-    """Step 4: the gateway routes to the host's server at ``url`` once it lists it healthy."""
+    """Step 4: the gateway routes to the host's server at ``url`` once it lists it healthy. A registration the
+    gateway is still removing (draining: a take-out an interrupted orch began) is waited out first: added again
+    meanwhile, the gateway keeps removing it."""
     session.say(f"registering {url} with the gateway")
+    worker = client.find(url)
+    if worker is not None and worker.draining:
+        session.say(f"{url} is still being removed from the gateway: waiting for that first")
+        client.wait_removed(url, timeout=REGISTER_TIMEOUT)
     client.add(url)
     client.wait_routing(url, timeout=REGISTER_TIMEOUT)
     session.say(f"{url} is healthy in the gateway and routed to")

@@ -126,14 +126,16 @@ def test_drain_takes_the_host_out_of_the_gateway_keeps_it_serving_and_undrain_pu
 
     rolled = served.env.orch("serve", "--rolling", "--yes")  # a rollout does not put a drained host back
     assert rolled.returncode == 0, rolled.output
-    skipped = "sim-2: skipped: drained (`orch undrain sim-2` puts it back; `orch serve --no-rolling --host sim-2` "
+    skipped = (
+        "sim-2: skipped: drained (`orch undrain sim-2` puts it back; `orch serve --no-rolling --force --host sim-2` "
+    )
     assert skipped + "relaunches it, left out of the gateway)" in rolled.stderr, rolled.output
     assert served.workers() == [served.url("sim-1")]
     job = StateStore(served.env.state).read().hosts["sim-2"].server.job_id  # type: ignore[union-attr]
     ran = served.env.orch("run", "--rolling", "--only", "serve", "--yes")  # nor does a campaign
     assert ran.returncode == 3, ran.output
     assert "sim-2: drained since " in ran.stderr and "its server kept for inspection: serve would stop it" in ran.stderr
-    undrain = "`orch undrain sim-2` puts it back, then run again; or `orch serve --no-rolling --host sim-2` "
+    undrain = "`orch undrain sim-2` puts it back, then run again; or `orch serve --no-rolling --force --host sim-2` "
     assert undrain + "relaunches it, left out of the gateway; or leave it out (--host)" in ran.stderr, ran.output
     alone = served.env.orch("run", "--only", "serve", "--host", "sim-2", "--yes")  # leaving it out leaves nothing
     assert alone.returncode == 3, alone.output

@@ -126,3 +126,21 @@ def test_a_host_a_live_rollout_took_out_is_out_for_it_and_one_a_cut_off_rollout_
     )
     cut_off = check_fleet(workers, hosts, state)
     assert not cut_off.consistent and cut_off.left_out == ["a"] and cut_off.rolling is None
+
+
+def test_a_host_a_cut_off_rollout_left_draining_is_left_out_not_registered() -> None:
+    """SIGINT while the rollout took b out: the gateway still drained it, and `gateway status` said consistent
+    (exit 0), and a rollout run then found it listed and did not register it: once removed, it served no one."""
+    from orchestrator.gateway import check_fleet
+    from orchestrator.inventory import Host
+    from orchestrator.state import HostState, Phase, RolloutRecord, ServerRecord, State
+
+    hosts = [Host(name=n, address=f"127.0.0.{i}", server_port=30000 + i) for i, n in enumerate(("a", "b"), 1)]
+    server = ServerRecord(job_id="j", argv=["--host", "0.0.0.0"], port=1, mtp=True)
+    state = State(
+        hosts={"a": HostState(phase=Phase.SERVING, server=server), "b": HostState(phase=Phase.SERVING, server=server)},
+        rollout=RolloutRecord(waves=[["a"], ["b"]], outcomes={"a": "relaunched", "b": "removed"}),
+    )
+    workers = [_worker("http://127.0.0.1:30001"), _listed("http://127.0.0.2:30002", 0, False, "draining")]
+    cut_off = check_fleet(workers, hosts, state)
+    assert not cut_off.consistent and cut_off.left_out == ["b"]

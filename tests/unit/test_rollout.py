@@ -138,3 +138,44 @@ def test_an_interrupted_rollout_names_each_host_it_left_out_of_the_gateway_with_
             "`orch serve --rolling --playbook new.yaml` resumes the rollout: it serves b, c first and registers them "
             "with the gateway",
         ]
+
+
+def test_registering_a_worker_the_gateway_still_drains_waits_for_its_removal_first() -> None:
+    """A take-out cut off by SIGINT left the gateway draining the worker: registered again meanwhile (smg answers
+    409, already registered), the gateway went on removing it, and the rollout said `rollout complete`."""
+    from orchestrator.gateway import Worker
+    from orchestrator.ops.rollout import register
+
+    url = "http://127.0.0.1:30001"
+    calls: list[str] = []
+
+    class Gateway:
+        listed = [Worker(id="w", url=url, healthy=False, load=0, model="m", draining=True)]
+
+        def find(self, u: str) -> Worker | None:
+            return next((w for w in self.listed if w.url == u), None)
+
+        def wait_removed(self, u: str, timeout: float) -> None:
+            calls.append("wait_removed")
+            self.listed = []
+
+        def add(self, u: str) -> None:
+            calls.append("add")
+            self.listed = [Worker(id="w2", url=u, healthy=True, load=0, model="m")]
+
+        def wait_routing(self, u: str, timeout: float) -> Worker:
+            calls.append("wait_routing")
+            worker = self.find(u)
+            assert worker is not None and worker.healthy
+            return worker
+
+    class Session:
+        said: list[str] = []
+
+        def say(self, line: str) -> None:
+            self.said.append(line)
+
+    session = Session()
+    register(session, Gateway(), url)  # type: ignore[arg-type]
+    assert calls == ["wait_removed", "add", "wait_routing"]
+    assert f"{url} is still being removed from the gateway: waiting for that first" in session.said

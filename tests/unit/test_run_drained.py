@@ -81,7 +81,7 @@ def test_a_drained_host_run_alone_is_refused_with_a_hint_naming_undrain_and_the_
         "b1: drained since 2026-12-05 20:30 UTC, its server kept for inspection: serve would stop it"
     )
     assert refused.hint == (
-        "`orch undrain b1` puts it back, then run again; or `orch serve --no-rolling --host b1` relaunches it, "
+        "`orch undrain b1` puts it back, then run again; or `orch serve --no-rolling --force --host b1` relaunches it, "
         "left out of the gateway"
     )
 
@@ -93,7 +93,7 @@ def test_a_drained_host_run_with_others_is_refused_with_leaving_it_out_as_a_thir
     assert refused["b2"] is None
     assert isinstance(refused["b1"], RefusedError)
     assert refused["b1"].hint == (
-        "`orch undrain b1` puts it back, then run again; or `orch serve --no-rolling --host b1` relaunches it, "
+        "`orch undrain b1` puts it back, then run again; or `orch serve --no-rolling --force --host b1` relaunches it, "
         "left out of the gateway; or leave it out (--host)"
     )
 
@@ -107,7 +107,7 @@ def test_the_dry_run_says_the_refusal_the_preflight_raises_for_a_drained_host(
     assert list(refused) == ["b1"]
     assert run_op.refusal_line(refused["b1"]) == (
         "(refuses: drained since 2026-12-05 20:30 UTC, its server kept for inspection: serve would stop it; "
-        "`orch undrain b1` puts it back, then run again; or `orch serve --no-rolling --host b1` relaunches it, "
+        "`orch undrain b1` puts it back, then run again; or `orch serve --no-rolling --force --host b1` relaunches it, "
         "left out of the gateway; or leave it out (--host))"
     )
     preflight = refused_by_preflight(tmp_path, monkeypatch, HOSTS[:2])["b1"]
