@@ -627,12 +627,15 @@ def start_failure(host: str, workdir: str, purpose: str, output: str) -> str:
 # $1 separator, $2 number of directories N, then N directories to make (mode 0700), then start commands
 # (``start_argv``) separated by $1: run one after another, each answered by one `result\t<rc>\t<output>` line.
 _START_MANY = r"""
-sep=$1; ndirs=$2; shift 2
+sep=$1; lock=$2; ndirs=$3; shift 3
 if [ "$ndirs" -gt 0 ]; then mkdir -p -m 700 -- "${@:1:$ndirs}" || exit 1; shift "$ndirs"; fi
+if [ -n "$lock" ]; then
+  exec 8>>"$lock" && flock -w 60 8 || { echo "orch: another orch is starting jobs on this host" >&2; exit 75; }
+fi
 cmd=()
 go() {
   [ ${#cmd[@]} -gt 0 ] || return 0
-  out=$("${cmd[@]}" 2>&1); rc=$?
+  out=$("${cmd[@]}" 8>&- 2>&1); rc=$?
   printf 'result\t%s\t%s\n' "$rc" "$(printf '%s' "$out" | tr '\n\t' '  ')"
   cmd=()
 }
@@ -643,9 +646,10 @@ _START_SEPARATOR = "--orch-next-job--"
 START_MANY_BYTES = 96 * 1024  # a remote command line stays well under Linux's 128 KiB for one argument
 
 
-def start_many_argv(starts: Sequence[Sequence[str]], dirs: Sequence[str] = ()) -> list[str]:
-    """One command: make ``dirs``, then run each ``start_argv`` of ``starts`` in order."""
-    argv = ["bash", "-c", _START_MANY, "orch-start-many", _START_SEPARATOR, str(len(dirs)), *dirs]
+def start_many_argv(starts: Sequence[Sequence[str]], dirs: Sequence[str] = (), lock: str = "") -> list[str]:
+    """One command: make ``dirs``, then (holding ``lock``, a file's path, when given) run each ``start_argv`` of
+    ``starts`` in order."""
+    argv = ["bash", "-c", _START_MANY, "orch-start-many", _START_SEPARATOR, lock, str(len(dirs)), *dirs]
     for start_command in starts:
         if _START_SEPARATOR in start_command:
             raise UsageError(f"a job's command holds {_START_SEPARATOR!r}, which frames a batch of starts")
@@ -687,11 +691,16 @@ def parse_start_many(stdout: str, specs: Sequence[JobSpec]) -> list[StartResult]
     return results
 
 
-def start_many(runner: Runner, workdir: str, specs: Sequence[JobSpec], dirs: Sequence[str] = ()) -> list[StartResult]:
+def start_many(
+    runner: Runner, workdir: str, specs: Sequence[JobSpec], dirs: Sequence[str] = (), lock: str = ""
+) -> list[StartResult]:
     """Start every spec of one host as ``start`` would (detached, or attached to the job running for its
     purpose), in one remote command (more only when the command would be too long for the host): make
     ``dirs`` first, then the starts one after another. Each start is a value: one that failed does not
-    stop the next. A remote command that fails as a whole (``mkdir``) raises ``RemoteCommandError``."""
+    stop the next. A remote command that fails as a whole (``mkdir``) raises ``RemoteCommandError``.
+    ``lock``: a file on the host held over the whole batch (flock; not the jobs' own start lock), so two
+    orchs' batches for the same purposes never interleave: the second one's starts all attach to the first's
+    jobs (tuning plans started at the same moment by two controllers)."""
     batches: list[list[tuple[JobSpec, list[str]]]] = [[]]
     size = 0
     for spec in specs:
@@ -704,7 +713,7 @@ def start_many(runner: Runner, workdir: str, specs: Sequence[JobSpec], dirs: Seq
         size += length
     results: list[StartResult] = []
     for n, batch in enumerate(batches):
-        argv = start_many_argv([a for _, a in batch], dirs if n == 0 else ())
+        argv = start_many_argv([a for _, a in batch], dirs if n == 0 else (), lock)
         stdout = runner.run(argv, check=True, timeout=60 + 30 * len(batch)).stdout
         results += parse_start_many(stdout, [s for s, _ in batch])
     return results

@@ -149,7 +149,7 @@ def discover_sections(host: Host, paths: Sequence[str] = ()) -> list[tuple[str, 
         ("apps", smi.query_apps_argv()),
         ("git", git.info_argv(host.sglang_dir, host.upstream)),
         ("marks", marks_argv(host)),
-        ("open_plans", _read_docs_argv(f"{host.workdir.rstrip('/')}/tune", f"*/{PLAN_FILE}", unless=ENDED_FILE)),
+        ("open_plans", open_plans_argv(host)),
     ]
     return sections + [(f"file{i}", ["base64", "-w0", "--", path]) for i, path in enumerate(paths)]
 
@@ -225,6 +225,18 @@ def _ran_here(session: HostSession, plan: PlanRecord) -> bool:
             except OSError:
                 continue
     return False
+
+
+def open_plans_argv(host: Host) -> list[str]:
+    """The command printing the plans orch started on ``host`` that have not ended, one base64 document a line."""
+    return _read_docs_argv(f"{host.workdir.rstrip('/')}/tune", f"*/{PLAN_FILE}", unless=ENDED_FILE)
+
+
+def read_open_plans(session: HostSession) -> list[PlanRecord]:
+    """The plans orch started on the host that have not ended (as ``discover`` reads them, in a command of their
+    own)."""
+    result = session.runner.run(open_plans_argv(session.host), timeout=60)
+    return _documents(PlanRecord, session.host, probe.Section(result.exit_status, result.stdout), "tuning plan file")
 
 
 def marks_argv(host: Host) -> list[str]:

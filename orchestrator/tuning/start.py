@@ -22,7 +22,7 @@ from orchestrator.session import HostSession
 from orchestrator.state import HostState, JobRecord, State
 from orchestrator.store import StateStore
 from orchestrator.text import find_secret
-from orchestrator.tuning.install import record_failure, stop_running
+from orchestrator.tuning.install import mark_ended, record_failure, stop_running
 from orchestrator.tuning.member import (
     PLAN_FILE,
     edit_record,
@@ -34,7 +34,7 @@ from orchestrator.tuning.member import (
     store_of,
 )
 from orchestrator.tuning.plan import job_spec, make_plan
-from orchestrator.tuning.prepare import Prepared
+from orchestrator.tuning.prepare import Prepared, adopt_host_plan, read_open_plans
 from orchestrator.tuning.progress import poll_group
 from orchestrator.tuning_record import AssignmentRecord, PlanRecord, TuningRecord
 
@@ -52,6 +52,9 @@ def start_group(members: Sequence[Prepared]) -> tuple[PlanRecord, bool]:
         return other, True
     failures = _start_everywhere(members, plan)
     refused = [e for e in failures if not isinstance(e, UnreachableError)]
+    joined = _join_host_plan(members, plan, refused)
+    if joined is not None:
+        return joined, True
     if refused:
         _abandon([p.session for p in members], plan, f"could not start every job: {refused[0]}")
         raise refused[0]
@@ -96,6 +99,29 @@ def _claim(members: Sequence[Prepared], plan: PlanRecord) -> PlanRecord | None:
     return None
 
 
+class JobsOfAnotherPlan(RefusedError):
+    """Every job of a plan on a host found a job of another plan running for its purpose (another controller
+    started the same tuning there at the same moment, before either's plan file was there to adopt)."""
+
+
+def _join_host_plan(members: Sequence[Prepared], plan: PlanRecord, refused: Sequence[OrchError]) -> PlanRecord | None:
+    """The plan another orch started on this host at the same moment, when every job of ``plan`` found one of
+    its jobs running (``JobsOfAnotherPlan``): ``plan``, of which no job started, is marked ended on the host and
+    the other is adopted (recorded as this state's running plan, its jobs waited for: ``prepare.adopt_host_plan``),
+    as a prepare a moment later would have. None otherwise (a ``--fleet`` group, or no such plan on the host)."""
+    if len(members) != 1 or not refused or not all(isinstance(e, JobsOfAnotherPlan) for e in refused):
+        return None
+    session = members[0].session
+    session.forget("jobs", "gpus")
+    others = [p for p in read_open_plans(session) if p.id != plan.id]
+    mine = TuningRecord(plan_id=plan.id, state="running")
+    if adopt_host_plan(session, mine, others, look=True) is None:
+        return None
+    mark_ended(session, plan)
+    log.info("%s: %s: adopting the plan its jobs belong to", session.name, refused[0].message)
+    return adopt_host_plan(session, mine, others, look=False)
+
+
 def _abandon(group: Sequence[HostSession], plan: PlanRecord, reason: str) -> None:
     """A plan that could not start completely: stop what did start, record the failure. Jobs of a plan
     that replaced this one in the state are another orch's: never stopped here."""
@@ -124,8 +150,10 @@ def _start_jobs(session: HostSession, plan: PlanRecord, todo: Sequence[Assignmen
     for spec in specs:
         _check_recordable(host, spec)
     session.forget("jobs", "gpus")  # jobs start (or a start is cut off): the listing is stale either way
-    results = jobs.start_many(runner, host.workdir, specs, [a.staging for a in todo])
+    # the plan's file before its jobs: another orch that finds them running finds their plan too, and adopts it
+    runner.run(["mkdir", "-p", "-m", "700", "--", *(a.staging for a in todo)], check=True, timeout=60)
     runner.write_bytes(f"{plan_dir(host.workdir, plan.id)}/{PLAN_FILE}", plan.model_dump_json().encode())
+    results = jobs.start_many(runner, host.workdir, specs, lock=f"{host.workdir.rstrip('/')}/tune/start.lock")
     ours: list[tuple[AssignmentRecord, jobs.JobSpec, jobs.Started]] = []
     problem: OrchError | None = None
     for a, result in zip(todo, results, strict=True):
@@ -145,6 +173,8 @@ def _start_jobs(session: HostSession, plan: PlanRecord, todo: Sequence[Assignmen
         with session.store.update_hosts([session.name]) as state:
             for a, spec, started in ours:
                 record_start(state, a, spec, started)
+    if problem is not None and not ours and all(r.started is not None and r.started.attached for r in results):
+        raise JobsOfAnotherPlan(problem.message, hint=problem.hint)
     if problem is not None:
         raise problem
 

@@ -4,6 +4,7 @@ adopts it instead of relaunching it (no ping-pong between two controllers)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
@@ -341,3 +342,50 @@ def test_a_server_stopped_from_a_state_that_never_recorded_it_is_shown_stopped_f
     assert server["recorded"] is False and not server["healthy"]
     table = fresh.orch("status", sim.name).stdout
     assert f"stopped (by orch stop-server, just now), job {job['id']}" in table, table
+
+
+RACE_SHAPES = ("--shapes", "N=3072,K=4096;N=4096,K=3072")
+
+
+def tune_at_once(sim: Any, *controllers: FleetEnv) -> list[tuple[int, str, str]]:
+    """`orch tune-fp8 --wait` of each controller at the same moment: the host's job start lock is held until each
+    has planned (its plan's directory is there), so none finds another's plan when it prepares. Each exit status,
+    stdout and stderr."""
+    tune = Path(sim.workdir) / "tune"
+    with open(Path(sim.workdir) / "jobs.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        procs = [
+            subprocess.Popen(
+                [*c.argv(), "tune-fp8", *RACE_SHAPES, "--wait"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for c in controllers
+        ]
+        deadline = time.monotonic() + 25  # a job start waits 30 s for the lock
+        while len([d for d in tune.glob("2*") if d.is_dir()]) < len(controllers):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a controller did not plan"
+            time.sleep(0.05)
+        time.sleep(0.5)  # each at the start lock
+    outs = [p.communicate(timeout=300) for p in procs]
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
+
+
+def test_two_controllers_tuning_one_host_at_once_both_end_with_one_plan_installed(make_fleet: Any) -> None:
+    """Started at once, neither saw the other's plan when it prepared; the one whose jobs started second found
+    them running for the other's plan and failed (exit 3, with a hint to stop the other's live tuning)."""
+    env = make_fleet(1)
+    (sim,) = env.fleet.hosts
+    other = second_controller(env)
+    sim.set_knobs(tune_seconds_per_unit=0.3)
+    results = tune_at_once(sim, env, other)
+    for rc, out, err in results:
+        assert rc == 0, out + err
+        assert "orch stop" not in out + err and "installed 2 tuned configs" in out, out + err
+    assert sum("this state did not record it" in err and "adopted" in err for _, _, err in results) == 1, results
+    states = [StateStore(c.state).read() for c in (env, other)]
+    records = [s.hosts[sim.name].tuning for s in states]
+    assert [(r.state, len(r.installed)) for r in records if r] == [("installed", 2), ("installed", 2)]
+    (plan_id,) = {r.plan_id for r in records if r}
+    assert purposes(sim)["tune"] == len(states[0].tuning_plans[plan_id or ""].assignments)  # no job twice
