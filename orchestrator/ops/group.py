@@ -63,7 +63,8 @@ from orchestrator.state import HostState, Phase, ServerRecord
 from orchestrator.store import StateStore
 from orchestrator.transport.base import shell_command
 from orchestrator.tuning.member import Peers
-from orchestrator.tuning.progress import tuning_status
+from orchestrator.tuning.prepare import failure_overtaken
+from orchestrator.tuning.progress import TuneStatus, tuning_status
 
 T = TypeVar("T")
 
@@ -173,7 +174,7 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions, rank: R
         waits = [f"{name} {st.state} at {st.percent:.0f}%" for name, st in tuning if st.state in _TUNING_WAITED]
         if waits:
             return [place, f"(waits for tuning ({', '.join(waits)}), then decides)", command]
-        failed = [f"{name}: {st.reason}" for name, st in tuning if st.state == "failed"]
+        failed = [f"{s.name}: {st.reason}" for s, (_, st) in zip(sessions, tuning, strict=True) if _failed(s, st)]
         if failed and not options.use_installed_configs:
             return [place, f"(refuses: FP8 tuning failed ({'; '.join(failed)}); --use-installed-configs serves anyway)"]
     ranks = looked_ranks(session, recipe, options, plan, peers)
@@ -209,6 +210,14 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions, rank: R
 
 
 _TUNING_WAITED = ("running", "ready-to-install")
+
+
+def _failed(session: HostSession, status: TuneStatus) -> bool:
+    """A rank's tuning failed, as the host shows it: not when orch's marks there show its shapes installed since
+    (``failure_overtaken``: another controller's plan), as ``serve``'s gate reads it."""
+    return status.state == "failed" and failure_overtaken(session, look=True) is None
+
+
 """The tuning states a serve waits out before it decides (``ops.serve.preflight``'s tuning gate)."""
 
 

@@ -75,7 +75,7 @@ from orchestrator.text import find_secret, minutes_seconds
 from orchestrator.transport.base import Runner, shell_command
 from orchestrator.tuning.commands import wait_for_tuning
 from orchestrator.tuning.member import Peers, record_of
-from orchestrator.tuning.prepare import adopt_marks, read_marks
+from orchestrator.tuning.prepare import adopt_marks, failure_overtaken, read_marks
 from orchestrator.tuning.progress import tuning_status
 from orchestrator.tuning_record import TuningRecord
 
@@ -194,6 +194,8 @@ def tuning_gate(session: HostSession, recipe: Recipe, options: ServeOptions, pee
         # A job failed but the plan may still be recorded as running, its other jobs holding GPUs:
         # completing it records the failure and stops them (it returns at once if already recorded).
         status = wait_for_tuning(session, peers, TUNING_POLL_SECONDS, quiet=True)
+    if status.state == "failed" and failure_overtaken(session) is not None:  # the host has it installed since
+        return []
     if status.state == "failed" and options.use_installed_configs:
         return [f"FP8 tuning failed ({status.reason}); serving with the configs installed (--use-installed-configs)"]
     if status.state == "failed" and options.wait_tuning:
@@ -422,7 +424,8 @@ def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list
             f"(waits for tuning, {status.state} at {status.percent:.0f}%, then decides)",
             f"$ {shell_command(argv)}",
         ]
-    if status.state == "failed" and options.wait_tuning and not options.use_installed_configs:
+    refused = status.state == "failed" and options.wait_tuning and not options.use_installed_configs
+    if refused and failure_overtaken(session, look=True) is None:
         return [f"(refuses: FP8 tuning failed: {status.reason}; --use-installed-configs serves anyway)"]
     ready = decide(session, recipe, options, argv)
     same = None if options.force else already_serving(session, ready, options)

@@ -22,10 +22,10 @@ from orchestrator.session import HostSession
 from orchestrator.state import HostState, Phase, ServerRecord, State
 from orchestrator.store import StateStore
 from orchestrator.transport.base import CommandResult
-from orchestrator.tuning.member import record_of
-from orchestrator.tuning.prepare import marks_argv, marks_in
+from orchestrator.tuning.member import plan_of, record_of
+from orchestrator.tuning.prepare import marks_argv, marks_in, overtaking
 from orchestrator.tuning.progress import HostPoll, fleet_fields, installed_for, status_field
-from orchestrator.tuning_record import InstallMark, TuningRecord
+from orchestrator.tuning_record import InstallMark, PlanRecord, TuningRecord
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Gateway
@@ -112,6 +112,24 @@ def unrecorded_tuning(
     return {**(field or {}), "state": "running", "recorded": False, "jobs": running}
 
 
+def overtaken_field(field: dict[str, Any], plan: PlanRecord | None, marks: list[InstallMark]) -> dict[str, Any]:
+    """The ``tuning`` field of a host whose tuning this state records as failed (``field``, of ``plan``): as the host
+    shows it, ``installed``, when orch's marks there show every shape of that plan installed since
+    (``prepare.overtaking``: another controller's plan), with ``overtaken_by`` naming their plans. A look, as
+    ``unrecorded_marks``: ``orch serve`` checks each config's bytes and records them."""
+    found = {m.key: m.installed for m in overtaking(plan, marks)} if plan is not None else {}
+    if not found:
+        return field
+    return {
+        **field,
+        "state": "installed",
+        "reason": None,
+        "installed": sorted({*field.get("installed", []), *found}),
+        "installed_for": {**field.get("installed_for", {}), **installed_for(found)},
+        "overtaken_by": sorted({done.plan_id or "?" for done in found.values()}),
+    }
+
+
 def unrecorded_marks(marks: list[InstallMark]) -> dict[str, Any] | None:
     """The ``tuning`` field of a host whose tuning this state does not record (another controller tuned it, or
     the state directory was lost) but where orch marked configs installed: ``installed``, ``recorded`` False,
@@ -153,8 +171,8 @@ def observe(
     started_at = datetime.now(timezone.utc)
     launched = cached.server if cached is not None else None
     record_now = record_of(cached)
-    unrecorded = not record_now.installed and record_now.plan_id is None
-    argv = probe.probe_argv(status_sections(host, launched, fetch, python, marks=unrecorded))
+    marks = (not record_now.installed and record_now.plan_id is None) or record_now.state == "failed"
+    argv = probe.probe_argv(status_sections(host, launched, fetch, python, marks=marks))
     sections = probe.explain_timeouts(
         probe.parse(_probe(session, argv, FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout),
         {"gpus": gpus.HANG_MESSAGE, "apps": gpus.HANG_MESSAGE},
@@ -171,6 +189,9 @@ def observe(
         session.know("git", info)
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
     recorded, poll = status_field(session, cached, state if record is None else None)
+    if recorded is not None and recorded.get("state") == "failed":
+        plan = plan_of(state if state is not None and record is None else session.store.read([host.name]), record_now)
+        recorded = overtaken_field(recorded, plan, marks_in(host, sections.get("marks")))
     tuning = unrecorded_tuning(recorded, sections.get("tuning_jobs"), host.workdir)
     status.extra["tuning"] = tuning if tuning is not None else unrecorded_marks(marks_in(host, sections.get("marks")))
     if python:
@@ -342,6 +363,9 @@ def merge_state(obs: Observed, hs: HostState, records: Mapping[str, HostState] |
             field.update(job_state="stopped", stopped_by=stop[0], stopped_at=stop[1].isoformat(), healthy=False)
             field["ended_with_group"] = True
     status.phase = _unrecorded_tuning_phase(status.phase, status.extra.get("tuning") or {}, checkout)
+    overtaken = (status.extra.get("tuning") or {}).get("overtaken_by")
+    if overtaken and status.phase == Phase.FAILED.value and (hs.last_error or "").startswith("tuning:"):
+        status.phase = Phase.TUNED.value  # failed only in this state: the host has the plan's shapes installed since
     if field is not None and field["recorded"] and hs.server is not None:
         for key, value in pending_restart(field, hs.server, checkout, record_of(hs)).items():
             field.setdefault(key, value)

@@ -33,7 +33,7 @@ from orchestrator.facts import tuner as tf
 from orchestrator.inventory import Host
 from orchestrator.recipe import Recipe, ServeOptions, Shape, TuneOptions, parse_shapes
 from orchestrator.session import HostSession
-from orchestrator.state import ServerRecord
+from orchestrator.state import HostState, ServerRecord
 from orchestrator.transport.base import CommandResult, Runner, check_result
 from orchestrator.tuning.install import MARKS, complete_group, describe_failure
 from orchestrator.tuning.logged import logged_shapes
@@ -285,6 +285,53 @@ def adopt_marks(
         )
         edit_record(session.store, session.host.name, lambda _hs, r: r.installed.update(found))
     return record.model_copy(update={"installed": {**record.installed, **found}}) if found else record
+
+
+def failure_overtaken(session: HostSession, look: bool = False) -> dict[str, InstalledRecord] | None:
+    """The configs that make the tuning this state records as failed on the host done all the same: orch's marks
+    there (``MARKS``) show every shape of the failed plan installed since that plan was made, for its GPU and
+    SGLang commit (another controller's plan, started beside it or after), each file holding what orch wrote
+    (``adopt_marks``). None when the host shows no such thing. The state is a record, not the authority: a
+    failure it alone remembers does not hold back ``orch serve`` from what the host has. Unless ``look``, the
+    configs are recorded and the tuning ``installed`` (said): ``orch status`` shows it so too."""
+    state = session.store.read([session.name])
+    record = record_of(state.hosts.get(session.name))
+    plan = plan_of(state, record)
+    if record.state != "failed" or plan is None:
+        return None
+    since = overtaking(plan, read_marks(session))
+    marked = adopt_marks(session, TuningRecord(), since, device=plan.device, commit=plan.commit,
+                         files=session.runner, look=True).installed  # fmt: skip
+    if not {s.key for s in plan.shapes} <= set(marked):
+        return None
+    if not look:
+        by = ", ".join(sorted({done.plan_id or "?" for done in marked.values()}))
+        edit_record(session.store, session.name, lambda hs, r: _overtaken(hs, r, plan.id, marked, by))
+        session.say(
+            f"tuning plan {plan.id} failed in this state ({record.reason}), but its shapes were installed on the host "
+            f"since by orch (plan {by}; marked in {session.host.workdir.rstrip('/')}/{MARKS}): recorded installed"
+        )
+    return marked
+
+
+def overtaking(plan: PlanRecord, marks: Iterable[InstallMark]) -> list[InstallMark]:
+    """The install marks (``marks``, as read from the host) that make the failed ``plan`` done all the same: those
+    for its GPU and SGLang commit installed since it was made, when they cover every shape of it; else none."""
+    made = (plan.device, plan.commit)
+    since = [
+        m
+        for m in marks
+        if (m.installed.device, m.installed.commit) == made and m.installed.installed_at >= plan.created_at
+    ]
+    return since if {s.key for s in plan.shapes} <= {m.key for m in since} else []
+
+
+def _overtaken(hs: HostState, record: TuningRecord, plan_id: str, marked: dict[str, InstalledRecord], by: str) -> None:
+    if (record.plan_id, record.state) != (plan_id, "failed"):  # another orch of this state moved on meanwhile
+        return
+    record.installed.update(marked)
+    record.state, record.reason, record.log_tail = "installed", None, None
+    hs.nothing_to_tune(f"tuned configs installed on the host by orch (plan {by}) after this state's plan failed")
 
 
 def _file(section: probe.Section | None) -> bytes | None:
