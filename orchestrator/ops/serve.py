@@ -398,7 +398,7 @@ def decide(session: HostSession, recipe: Recipe, options: ServeOptions, argv: li
 
     def marked(record: TuningRecord) -> TuningRecord:  # read only when the record leaves a config unexplained
         marks = read_marks(session)
-        return adopt_marks(session, record, marks, device=device, commit=commit, files=session.runner, look=True)
+        return adopt_marks(session, record, marks, device=device, commit=None, files=session.runner, look=True)
 
     tuned = Tuned(configs, record, commit, gpus.compute_cap, marked)
     launched, warnings = config_gate(host, recipe, options, tuned)

@@ -82,7 +82,7 @@ def status_sections(
     server job is read whatever this state records; its HTTP is asked where orch launched one (asking costs
     a python start on the host), and where ``host.python`` imports sglang from only for ``python``
     (``--wide``, ``--json``, ``orch status HOST``): each costs a python start on the host. ``marks``: orch's
-    install marks too (where this state records no tuning: ``unrecorded_marks``)."""
+    install marks too (``marked_field``, ``unrecorded_marks``: ``status`` reads them on every host)."""
     return [
         *([("fetch", git.fetch_argv(host.sglang_dir, host.remote))] if fetch else []),
         ("machine", machine.machine_argv()),  # which machine this is: is the record this machine's?
@@ -130,6 +130,22 @@ def overtaken_field(field: dict[str, Any], plan: PlanRecord | None, marks: list[
     }
 
 
+def marked_field(field: dict[str, Any], marks: list[InstallMark]) -> dict[str, Any]:
+    """The ``tuning`` field of a host whose tuning this state records (``field``), with the configs orch marked
+    installed on the host that this state does not record (another controller installed them): counted in
+    ``installed``, with what each mark says it was made for, and named in ``unrecorded``. A look, as
+    ``unrecorded_marks``."""
+    found = {m.key: m.installed for m in marks if m.key not in field.get("installed", [])}
+    if not found:
+        return field
+    return {
+        **field,
+        "installed": sorted({*field.get("installed", []), *found}),
+        "installed_for": dict(sorted({**installed_for(found), **field.get("installed_for", {})}.items())),
+        "unrecorded": sorted(found),
+    }
+
+
 def unrecorded_marks(marks: list[InstallMark]) -> dict[str, Any] | None:
     """The ``tuning`` field of a host whose tuning this state does not record (another controller tuned it, or
     the state directory was lost) but where orch marked configs installed: ``installed``, ``recorded`` False,
@@ -171,8 +187,7 @@ def observe(
     started_at = datetime.now(timezone.utc)
     launched = cached.server if cached is not None else None
     record_now = record_of(cached)
-    marks = (not record_now.installed and record_now.plan_id is None) or record_now.state == "failed"
-    argv = probe.probe_argv(status_sections(host, launched, fetch, python, marks=marks))
+    argv = probe.probe_argv(status_sections(host, launched, fetch, python, marks=True))
     sections = probe.explain_timeouts(
         probe.parse(_probe(session, argv, FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout),
         {"gpus": gpus.HANG_MESSAGE, "apps": gpus.HANG_MESSAGE},
@@ -192,6 +207,8 @@ def observe(
     if recorded is not None and recorded.get("state") == "failed":
         plan = plan_of(state if state is not None and record is None else session.store.read([host.name]), record_now)
         recorded = overtaken_field(recorded, plan, marks_in(host, sections.get("marks")))
+    if recorded is not None:
+        recorded = marked_field(recorded, marks_in(host, sections.get("marks")))
     tuning = unrecorded_tuning(recorded, sections.get("tuning_jobs"), host.workdir)
     status.extra["tuning"] = tuning if tuning is not None else unrecorded_marks(marks_in(host, sections.get("marks")))
     if python:

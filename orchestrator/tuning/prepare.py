@@ -256,18 +256,19 @@ def read_marks(session: HostSession) -> list[InstallMark]:
 
 
 def adopt_marks(
-    session: HostSession, record: TuningRecord, marks: Sequence[InstallMark], *, device: str, commit: str,
+    session: HostSession, record: TuningRecord, marks: Sequence[InstallMark], *, device: str, commit: str | None,
     files: FileReader, look: bool,
 ) -> TuningRecord:  # fmt: skip
     """``record`` with the configs orch marked installed on the host (``marks``) for ``device`` and the checkout's
-    ``commit`` that it does not record (or records an older install of), each trusted only while its file holds
+    ``commit`` (None: any commit, for ``orch serve`` to say which one each was tuned at) that it does not record
+    (or records an older install of), each trusted only while its file holds
     the bytes orch wrote; said and recorded unless ``look``. The state is a record, not the authority: a config
     another controller installed, or one a lost state directory forgot, is not tuned again (its server
     stopped), nor called another's by ``orch serve``."""
     found: dict[str, InstalledRecord] = {}
     for mark in marks:
         done, have = mark.installed, record.installed.get(mark.key)
-        if (done.device, done.commit) != (device, commit):
+        if done.device != device or (commit is not None and done.commit != commit):
             continue
         if have is not None and have.installed_at >= done.installed_at:
             continue

@@ -183,7 +183,7 @@ def _tuning_cell(v: HostStatus) -> str:
         done = f"{t['percent']:.0f}% ({t['units_done']}/{t['units_total']})"
         return f"{t['state']} {done}{eta}{_stuck(t)}{_silent(v.name, t)}"
     if t["state"] == "installed":
-        return f"installed {len(t['installed'])} shapes{_made_for(t, (v.sglang or {}).get('commit'))}"
+        return f"installed {len(t['installed'])} shapes{_unrecorded(t)}{_made_for(t, (v.sglang or {}).get('commit'))}"
     return f"{t['state']}: {t.get('reason') or t.get('error') or ''}".rstrip(": ")
 
 
@@ -351,8 +351,13 @@ def _tuning_short(v: HostStatus) -> str:
         stuck = " STUCK" if t.get("stuck") else " SILENT" if t.get("silent") else ""
         return f"{t['state']} {t['percent']:.0f}% ({t['units_done']}/{t['units_total']}){eta}{stuck}"
     if t["state"] == "installed":
-        return f"installed {len(t['installed'])}"
+        return f"installed {len(t['installed'])}{_unrecorded(t)}"
     return str(t["state"])
+
+
+def _unrecorded(t: dict[str, Any]) -> str:
+    """`` (3 not recorded)``: installed configs orch marked on the host that this state does not record."""
+    return f" ({len(t['unrecorded'])} not recorded)" if t.get("unrecorded") else ""
 
 
 def _ended(job_state: str) -> str:
