@@ -26,7 +26,7 @@ from orchestrator.transport.local import LocalRunner
 from orchestrator.tuning.plan import make_plan
 from orchestrator.tuning.prepare import HostFacts, Prepared
 from orchestrator.tuning.progress import HostPoll, fleet_fields, group_status, status_field, summary
-from orchestrator.tuning_record import InstalledRecord, LogProgress, PlanRecord, TuningRecord
+from orchestrator.tuning_record import InstalledRecord, InstallMark, LogProgress, PlanRecord, TuningRecord
 from orchestrator.views import status as views_mod
 
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
@@ -681,3 +681,38 @@ def test_ranks_of_a_group_the_inventory_no_longer_has_are_said_one_server_and_no
 
 def _group(name: str, hosts: list[str]) -> ReplicaGroup:
     return ReplicaGroup.model_validate({"name": name, "hosts": hosts, "playbook": "deepseek-v4-pro"})
+
+
+def mark(key: str, commit: str = COMMIT, at: datetime = T0, device: str = DEVICE) -> InstallMark:
+    done = InstalledRecord(path=f"/c/{key}.json", device=device, commit=commit, batch_sizes=[1], installed_at=at)
+    return InstallMark(key=key, sha256="x", installed=done.model_copy(update={"plan_id": "theirs"}))
+
+
+BOTH = ("N=1024,K=4096", "N=4096,K=2048")
+
+
+@pytest.mark.parametrize(
+    ("marks", "state"),
+    [
+        ([mark(k, at=T0 + timedelta(hours=1)) for k in BOTH], "installed"),  # another plan installed both since
+        ([mark(BOTH[0], at=T0 + timedelta(hours=1))], "failed"),  # one shape of two: not done
+        ([mark(k, at=T0 - timedelta(hours=1)) for k in BOTH], "failed"),  # before the plan: it failed after them
+        ([mark(k, commit="0" * 40, at=T0 + timedelta(hours=1)) for k in BOTH], "failed"),  # another commit
+    ],
+)
+def test_a_failed_tuning_is_shown_installed_when_the_hosts_marks_show_its_shapes_installed_since(
+    marks: list[InstallMark], state: str
+) -> None:
+    plan = group_plan().model_copy(update={"created_at": T0, "device": DEVICE, "commit": COMMIT})
+    field = {"state": "failed", "reason": "a job failed", "installed": [], "installed_for": {}}
+    shown = status_op.overtaken_field(field, plan, marks)
+    assert shown["state"] == state
+    assert shown.get("overtaken_by") == (["theirs"] if state == "installed" else None)
+
+
+def test_configs_marked_on_the_host_beyond_this_states_record_are_counted_and_named_unrecorded() -> None:
+    field = summary(group_status("h1", installed(plan := group_plan()), plan, {}, {}))
+    shown = status_op.marked_field(field, [mark(BOTH[0]), mark("N=512,K=4096", commit="0" * 40)])
+    assert (shown["installed"], shown["unrecorded"]) == ([*BOTH, "N=512,K=4096"], ["N=512,K=4096"])
+    assert shown["installed_for"]["N=512,K=4096"]["commit"] == "0" * 40
+    assert status_op.marked_field(field, [mark(BOTH[0])]) == field  # every mark recorded: as it was
