@@ -630,6 +630,8 @@ _START_MANY = r"""
 sep=$1; lock=$2; ndirs=$3; shift 3
 if [ "$ndirs" -gt 0 ]; then mkdir -p -m 700 -- "${@:1:$ndirs}" || exit 1; shift "$ndirs"; fi
 if [ -n "$lock" ]; then
+  [ ! -L "$lock" ] || { echo "orch: $lock is a symbolic link; orch does not follow a link it did not make" >&2
+    exit 78; }
   exec 8>>"$lock" && flock -w 60 8 || { echo "orch: another orch is starting jobs on this host" >&2; exit 75; }
 fi
 cmd=()
