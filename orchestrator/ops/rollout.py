@@ -33,6 +33,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from orchestrator import readers
@@ -404,10 +405,16 @@ def _unchanged(
     return roll
 
 
+def drain_mark(session: HostSession) -> datetime | None:
+    """When ``orch drain`` marked the host drained, as its mark on the host says (None: no mark), in a round trip
+    of its own (a command that reads the host anyway reads it in its probe: ``gateway.drain_mark_in``)."""
+    return parse_drain_mark(session.runner.run(drain_mark_argv(session.host.workdir)).stdout)
+
+
 def _drained(session: HostSession) -> bool:
     """Whether ``orch drain`` took the host out: its mark on the host, else this state's record."""
-    mark = parse_drain_mark(session.runner.run(drain_mark_argv(session.host.workdir)).stdout)
-    return drained_at(mark, session.store.read([session.name], history=False).hosts.get(session.name)) is not None
+    record = session.store.read([session.name], history=False).hosts.get(session.name)
+    return drained_at(drain_mark(session), record) is not None
 
 
 def _prove_resumed(

@@ -49,7 +49,7 @@ from orchestrator.facts import git
 from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import server as server_facts
 from orchestrator.fleet import Fleet, FleetResult, HostResult
-from orchestrator.gateway import GatewayClient, drain_mark_argv, drained_at, parse_drain_mark, relaunch_drained
+from orchestrator.gateway import GatewayClient, drained_at, relaunch_drained
 from orchestrator.inventory import Host
 from orchestrator.ops import bench as bench_op
 from orchestrator.ops import doctor as doctor_op
@@ -665,7 +665,7 @@ def dry_refusals(ctx: RunContext, hosts: list[Host], steps: Steps) -> dict[str, 
     mark read from it), and the other hosts of their replica groups (``refused_groups``), by name."""
 
     def refusal(session: HostSession) -> RefusedError | None:
-        mark = parse_drain_mark(session.runner.run(drain_mark_argv(session.host.workdir)).stdout)
+        mark = rollout.drain_mark(session)
         return drained_refusal(ctx, session, steps[session.name], mark, selects_others(ctx, session.host, hosts))
 
     results = ctx.fleet.map_sessions(refusal, ctx.store, hosts)
