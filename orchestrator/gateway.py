@@ -149,6 +149,7 @@ class GatewayCheck:
     left_out: list[str] = field(default_factory=list)  # not registered, left launching or out by a serve
     drained: list[str] = field(default_factory=list)  # out on purpose (``orch drain``): not flagged unless registered
     rolling: str | None = None  # the live orch ``left_out`` is out for (pid, command, since); None: a cut-off serve's
+    resume: dict[str, str] = field(default_factory=dict)  # host left out -> the cut-off rollout's command (resumes it)
 
     @property
     def consistent(self) -> bool:
@@ -310,7 +311,9 @@ def check_fleet(
     unregistered = [name for name in check.unregistered if name not in out and name not in drained]
     registered = {r.host for r in rows}  # a drained host registered is flagged in its row: one line, not two
     drained_out = [h.name for h in hosts if h.name in drained and h.name not in registered]
-    return GatewayCheck(rows, unregistered, out, drained_out, rolling=rolling if out else None)
+    rollout = state.rollout if state.rollout is not None and state.rollout.ended_at is None else None
+    resume = {n: rollout.command for n in out if rollout and rollout.command and n in rollout.outcomes}
+    return GatewayCheck(rows, unregistered, out, drained_out, rolling=rolling if out else None, resume=resume)
 
 
 def parse_workers(payload: Any) -> list[Worker]:

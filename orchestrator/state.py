@@ -342,6 +342,7 @@ class RolloutRecord(_Model):
     outcomes: dict[str, str] = Field(default_factory=dict)
     halted: str | None = None
     gates: dict[str, GateRecord] = Field(default_factory=dict)
+    command: Annotated[str | None, NoSecrets] = None  # the orch command running it, as typed: what resumes it
 
 
 class State(_Model):

@@ -707,7 +707,7 @@ def run_waves(
     rollout = Rollout([[h.name for h in wave] for wave in planned])
     with store.update() as state:  # resuming an interrupted one goes on with it: its start, what it did (``not_again``)
         last = state.rollout if state.rollout is not None and state.rollout.ended_at is None else None
-        state.rollout = RolloutRecord(waves=rollout.waves)
+        state.rollout = RolloutRecord(waves=rollout.waves, command=this_command())
         if last is not None:
             state.rollout.started_at = last.started_at
             state.rollout.outcomes = {n: o for n, o in last.outcomes.items() if o in ("relaunched", "removed")}

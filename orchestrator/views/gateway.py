@@ -53,9 +53,10 @@ def report(result: GatewayCheck) -> None:
             out = out_for_rollout(result.rolling)
             render.out.print(f"{name}: {out}; it registers it again once it serves", markup=False)
             continue
+        again = f"`{result.resume[name]}`" if name in result.resume else "`orch serve --rolling`, `orch run`"
         render.out.print(
             f"{name}: left out of the gateway by a serve that was cut off (launching or taken out, not registered); "
-            "run the cut-off command again (`orch serve --rolling`, `orch run`) to register it  FLAG",
+            f"run the cut-off command again ({again}) to register it  FLAG",
             markup=False,
         )
     verdict = "gateway consistent with the inventory" if result.consistent else "gateway: hosts flagged"

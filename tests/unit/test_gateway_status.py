@@ -126,6 +126,12 @@ def test_a_host_a_live_rollout_took_out_is_out_for_it_and_one_a_cut_off_rollout_
     )
     cut_off = check_fleet(workers, hosts, state)
     assert not cut_off.consistent and cut_off.left_out == ["a"] and cut_off.rolling is None
+    report(cut_off)  # the rollout's command is unknown (an older orch's record): the usual commands
+    assert "cut-off command again (`orch serve --rolling`, `orch run`) to register it" in capsys.readouterr().out
+    assert state.rollout is not None
+    state.rollout.command = "orch serve --rolling --force --host a"  # what resumes it: --force kept, not dropped
+    report(check_fleet(workers, hosts, state))
+    assert "cut-off command again (`orch serve --rolling --force --host a`) to register" in capsys.readouterr().out
 
 
 def test_a_host_a_cut_off_rollout_left_draining_is_left_out_not_registered() -> None:

@@ -320,6 +320,7 @@ def test_sigterm_mid_rollout_says_how_to_resume_and_gateway_status_flags_the_hos
         ]
     )
     assert "sim-1: left out of the gateway by a serve that was cut off" in flagged.stdout
+    assert f"serve --rolling --playbook {new}`) to register it" in flagged.stdout  # the cut-off command, as typed
     resumed = env.orch("serve", "--rolling", "--playbook", new)
     assert resumed.returncode == 0, resumed.output
     assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
