@@ -36,7 +36,6 @@ rollout's waves, rolled on its rank 0 (``run_rolling``).
 
 from __future__ import annotations
 
-import itertools
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -749,7 +748,7 @@ def _say_left_out(ctx: RunContext, ready: list[Host], groups: list[list[str]]) -
         host = next(h for h in ready if h.name == name)
         group = ctx.ranks[name].plan.group
         ctx.fleet.session(host, ctx.store).say(
-            f"not rolled: its group {group} is one server and {', '.join(missing)} is not ready (see above)"
+            f"not rolled: its group {group} is one server and {', '.join(missing)} is not ready (its own line says why)"
         )
 
 
@@ -890,23 +889,21 @@ def walk_group(
     outcomes: dict[str, HostRun],
     found: dict[str, HostResult[HostRun]],
 ) -> HostRun:
-    """A replica group's steps, on rank 0's thread (``first``): each run of per-host steps on every host of
-    the group at once (each host on its own), each per-server step once on rank 0, after every host finished
-    the per-host steps before it. The other hosts' results go to ``found``; a host that fails stops the
-    group there (``GroupStopped`` on rank 0 unless rank 0 itself failed). Returns rank 0's outcome."""
+    """A replica group's steps, on rank 0's thread (``first``): each per-host step on every host of the group
+    at once (each host on its own), each per-server step once on rank 0; a step starts once every host
+    finished the one before. The other hosts' results go to ``found``; a host that fails stops the group
+    there, before the next step (a ``tune-fp8`` stopping the group's server after a rank's pull failed left
+    the group down): ``GroupStopped`` on rank 0 unless rank 0 itself failed. Returns rank 0's outcome."""
     group = ctx.ranks[first.name].plan.group
     for member in members[1:]:  # what it did, unless a batch of per-host steps failed it
         found[member.name] = HostResult(member, value=outcomes[member.name])
-    for server, part in itertools.groupby(steps[first.name], key=lambda s: s.name in PER_SERVER):
-        batch = list(part)
-        if server:
-            for step in batch:
-                run_step(ctx, first, step, outcomes[first.name])
+    for step in steps[first.name]:
+        if step.name in PER_SERVER:
+            run_step(ctx, first, step, outcomes[first.name])
             continue
 
-        def walk(session: HostSession, batch: list[Step] = batch) -> HostRun:
-            for step in batch:
-                run_step(ctx, session, step, outcomes[session.name])
+        def walk(session: HostSession, step: Step = step) -> HostRun:
+            run_step(ctx, session, step, outcomes[session.name])
             return outcomes[session.name]
 
         results = {r.host.name: r for r in ctx.fleet.map_sessions(walk, ctx.store, members)}
@@ -916,8 +913,13 @@ def walk_group(
             raise own
         failed = [n for n, r in results.items() if r.error is not None]
         if failed:
-            raise GroupStopped(f"{first.name}: group {group} stopped: {', '.join(failed)} failed (see above)")
+            raise GroupStopped(f"{first.name}: group {group} stopped: {failed_why(failed)}")
     return outcomes[first.name]
+
+
+def failed_why(failed: list[str]) -> str:
+    """``b2 failed (its own line says why)``: said on rank 0, whose line may come before theirs."""
+    return f"{', '.join(failed)} failed ({'its own line says' if len(failed) == 1 else 'their own lines say'} why)"
 
 
 def run_lockstep(
@@ -942,7 +944,7 @@ def run_lockstep(
             if failed and host.name not in errors and host.name not in stopped:
                 if ctx.leads(host):
                     group = ctx.ranks[host.name].plan.group
-                    message = f"{host.name}: group {group} stopped: {', '.join(failed)} failed (see above)"
+                    message = f"{host.name}: group {group} stopped: {failed_why(failed)}"
                     errors[host.name] = GroupStopped(message)
                 else:
                     stopped.add(host.name)

@@ -105,8 +105,20 @@ def test_a_host_of_a_group_that_fails_stops_the_group_not_the_host_alone(walked:
     results = {r.host.name: r for r in walk(ctx, HOSTS, steps())}
     assert results["alone"].value.done == ["pull", "tune-fp8", "serve", "bench"]
     assert str(results["b2"].error) == "b2: tune-fp8 failed"
-    assert str(results["b1"].error) == "b1: group pro-1 stopped: b2 failed (see above)"
+    assert str(results["b1"].error) == "b1: group pro-1 stopped: b2 failed (its own line says why)"
     assert not any(c.startswith(("b1:serve", "b2:serve", "b1:bench")) for c in calls)
+
+
+@pytest.mark.parametrize("walk", [run_op.run_independent, run_op.run_lockstep], ids=["independent", "lockstep"])
+def test_a_host_of_a_group_failing_its_pull_stops_the_group_before_another_host_tunes(walked: Any, walk: Any) -> None:
+    """b2's pull refused (a dirty checkout): b1 went on to tune-fp8 with stop_server, taking the group's
+    server down for a serve step that never ran."""
+    ctx, calls, failing = walked
+    failing.add("b2:pull")
+    results = {r.host.name: r for r in walk(ctx, HOSTS, steps())}
+    assert str(results["b1"].error) == "b1: group pro-1 stopped: b2 failed (its own line says why)"
+    assert [c for c in calls if c.startswith("b")] in (["b1:pull", "b2:pull"], ["b2:pull", "b1:pull"])
+    assert results["alone"].value.done == ["pull", "tune-fp8", "serve", "bench"]
 
 
 def test_the_preflight_refusing_one_host_of_a_group_refuses_the_others() -> None:
@@ -152,7 +164,7 @@ def test_a_host_of_a_group_failing_in_its_wave_halts_the_rollout_and_stops_the_g
     done: dict[str, Any] = run_op.run_rolling(ctx, HOSTS, {h.name: [STEPS[0], tune, STEPS[2], STEPS[3]] for h in HOSTS})
     assert lines == ["wave 1/2: alone", "wave 2/2: b1"]
     assert str(done["b2"].error) == "b2: tune-fp8 failed"
-    assert str(done["b1"].error) == "b1: group pro-1 stopped: b2 failed (see above)"
+    assert str(done["b1"].error) == "b1: group pro-1 stopped: b2 failed (its own line says why)"
     assert done["alone"].value.done == ["pull", "tune-fp8", "serve", "bench"]
     assert not any(c.startswith(("b1:serve", "b1:bench")) for c in calls)
 
@@ -169,7 +181,7 @@ def test_a_group_with_a_host_failing_before_the_rollout_is_not_rolled_and_says_w
     failing.add("b1:pull")
     done: dict[str, Any] = run_op.run_rolling(ctx, HOSTS, {h.name: [STEPS[0], STEPS[2], STEPS[3]] for h in HOSTS})
     assert lines == ["wave 1/1: alone"]
-    assert said == ["b2: not rolled: its group pro-1 is one server and b1 is not ready (see above)"]
+    assert said == ["b2: not rolled: its group pro-1 is one server and b1 is not ready (its own line says why)"]
     assert str(done["b1"].error) == "b1: pull failed"
     assert not any(c.startswith(("b1:serve", "b1:bench", "b2:serve")) for c in calls)
 
@@ -187,7 +199,7 @@ def test_a_group_host_failing_while_rank_0_is_out_leaves_it_out_when_a_rank_is_s
     tune = Step.model_validate({"tune-fp8": {"stop_server": True}})
     done: dict[str, Any] = run_op.run_rolling(ctx, HOSTS, {h.name: [tune, STEPS[2]] for h in HOSTS})
     assert str(done["b1"].error).splitlines() == [
-        "b1: group pro-1 stopped: b2 failed (see above)",
+        "b1: group pro-1 stopped: b2 failed (its own line says why)",
         "b1 was taken out of the gateway: rank 1 on b2 is stopped: it stays out until its serve step runs again",
     ]
     assert "b1:serve" not in calls
