@@ -1126,7 +1126,8 @@ def finish_verified(session: HostSession, result: ServeResult) -> ServeResult:
         raise NotAsAsked(
             f"{session.host.name}: the server is serving but NOT as asked: " + "; ".join(failed),
             result,
-            hint="see `orch logs` for the server job; `--min-accept` overrides the recipe's minimum",
+            hint="see `orch logs` for the server job"
+            + ("; `--min-accept` overrides the recipe's minimum" if result.accept_problem else ""),
         )
     return result
 

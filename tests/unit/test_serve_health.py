@@ -146,3 +146,19 @@ def test_the_new_servers_own_health_is_trusted(tmp_path: Path, health_dir: Path)
         serve_op.wait_healthy(session, started.job_id, f"http://127.0.0.1:{port}", timeout=60)
     finally:
         jobs.stop(session.runner, jobs.find(session.runner, session.host.workdir, started.job_id), 1)
+
+
+@pytest.mark.parametrize("accept", [None, "accept length 1.20 is below the minimum 2.80"], ids=["fp8", "accept"])
+def test_a_server_not_as_asked_names_min_accept_only_when_the_accept_length_is_why(
+    tmp_path: Path, accept: str | None
+) -> None:
+    """A group's rank without a tuned config was hinted `--min-accept`, which changes nothing there."""
+    from orchestrator.store import StateStore
+
+    host = Host(name="local", address="localhost", transport="local", workdir=str(tmp_path / "orch"))
+    store = StateStore(tmp_path / "state.db")
+    result = serve_op.ServeResult(["python"], "server-1", True, 3.0, problems=[] if accept else ["no tuned config"])
+    result.accept_problem = accept
+    with pytest.raises(serve_op.NotAsAsked) as refused:
+        serve_op.finish_verified(HostSession(host, LocalRunner(host), store), result)
+    assert ("`--min-accept` overrides the recipe's minimum" in (refused.value.hint or "")) is (accept is not None)
