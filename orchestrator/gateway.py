@@ -306,7 +306,7 @@ def check_fleet(
     urls, serving = fleet_urls(hosts, state, running)
     check = check_workers(workers, urls, serving)
     routed = {w.url for w in workers if not w.draining}  # one a cut-off take-out left draining is on its way out
-    out = left_out(hosts, state, routed, urls)  # says more than "serving but not registered"
+    out = [n for n in left_out(hosts, state, routed, urls) if n not in drained]  # drained: out on purpose, said so
     rows = [replace(r, flag=r.flag or DRAINED_BUT_REGISTERED) if r.host in drained else r for r in check.workers]
     unregistered = [name for name in check.unregistered if name not in out and name not in drained]
     registered = {r.host for r in rows}  # a drained host registered is flagged in its row: one line, not two

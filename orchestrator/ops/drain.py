@@ -19,6 +19,7 @@ from orchestrator import readers
 from orchestrator.errors import RefusedError
 from orchestrator.facts import server as facts
 from orchestrator.gateway import GatewayClient, drain_mark_path
+from orchestrator.jobs import JobInfo
 from orchestrator.ops import rollout
 from orchestrator.recipe import Recipe
 from orchestrator.session import HostSession
@@ -63,31 +64,54 @@ def _mark_drained(hs: HostState) -> None:
 
 
 def undrain(session: HostSession, recipe: Recipe, client: GatewayClient) -> str:
-    """Registers the host again once it serves (refused, changing nothing, when it does not); its URL."""
+    """Registers the host again once it serves (refused, changing nothing, when it does not); its URL. A server
+    a rolling relaunch launched and was cut off before verifying (and gating) is not registered: the host is
+    undrained, said, and left to that command, which no longer skips it."""
     url = rollout.worker_url_of(session, recipe)
-    _require_serving(session, recipe)
-    rollout.register(session, client, url)
+    resume = _cut_off_relaunch(session, _require_serving(session, recipe))
+    if resume is None:
+        rollout.register(session, client, url)
     session.runner.run(["rm", "-f", "--", drain_mark_path(session.host.workdir)], check=True)
     session.store.update_host(session.name, _mark_undrained)
+    if resume is not None:
+        raise RefusedError(
+            f"{session.name}: undrained, but not put back in the gateway: its server was launched by a rolling "
+            "relaunch that was cut off before it verified the server (and gated it, with --gate)",
+            hint=f"run that command again (`{resume}`): it verifies the server and registers the host",
+        )
     return url
+
+
+def _cut_off_relaunch(session: HostSession, running: JobInfo) -> str | None:
+    """The command of the rolling relaunch that took the host out, launched the server ``running`` now and was
+    cut off before registering it again (not verified, or its gate undecided); None when the server is not such."""
+    state = session.store.read([session.name], history=False)
+    last, hs = state.rollout, state.hosts.get(session.name)
+    if last is None or last.ended_at is not None or last.outcomes.get(session.name) != "removed" or hs is None:
+        return None
+    new = hs.server is not None and hs.server.job_id == running.id and hs.server.started_at >= last.started_at
+    return (last.command or "orch serve --rolling") if new else None
 
 
 def _mark_undrained(hs: HostState) -> None:
     hs.drained_at = None
 
 
-def _require_serving(session: HostSession, recipe: Recipe) -> None:
+def _require_serving(session: HostSession, recipe: Recipe) -> JobInfo:
+    """The server job orch runs on the host, once it answers /health (else ``RefusedError``)."""
     host = session.host
     hint = (  # a rolling serve leaves a drained host out: it said `serve --host`, which skipped it
         f"start it with `orch serve --no-rolling --host {host.name}` (or see `orch logs {host.name} server`), "
         "then undrain"
     )
-    if session.running_server() is None:
+    running = session.running_server()
+    if running is None:
         raise RefusedError(f"{host.name}: no server orch launched runs here: not put back in the gateway", hint=hint)
     status = readers.health(host, session.runner, facts.base_url(recipe, host))
     if status != 200:
         answered = f"answered {status}" if status else "did not answer"
         raise RefusedError(f"{host.name}: its server's /health {answered}: not put back in the gateway", hint=hint)
+    return running
 
 
 def _mark_argv(workdir: str, url: str) -> list[str]:

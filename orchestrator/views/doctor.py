@@ -84,7 +84,8 @@ def drained_line(name: str, drained: Drained) -> str:
     if not drained.server_runs:
         return (
             f"{name}: drained: {where}; no server orch launched runs here "
-            f"(`orch serve --host {name}`, then `orch undrain {name}` puts it back)"
+            f"(`orch serve --no-rolling --host {name}`, then `orch undrain {name}` puts it back: a rolling serve "
+            "leaves a drained host out)"
         )
     return (
         f"{name}: drained: {where}, {drained.in_flight} requests were in flight; its server keeps running "

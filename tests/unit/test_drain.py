@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
 from orchestrator import jobs
 from orchestrator.gateway import Served, drain_mark_argv, parse_drain_mark
 from orchestrator.inventory import Host
@@ -131,7 +133,8 @@ def test_drain_of_a_host_whose_server_was_stopped_says_none_runs(tmp_path: Path)
     assert said == [f"taking {url} out of the gateway; no server orch launched runs here"]
     assert drained_line("gpu-1", drained) == (
         f"gpu-1: drained: out of the gateway ({url}); no server orch launched runs here "
-        "(`orch serve --host gpu-1`, then `orch undrain gpu-1` puts it back)"
+        "(`orch serve --no-rolling --host gpu-1`, then `orch undrain gpu-1` puts it back: a rolling serve leaves "
+        "a drained host out)"  # `orch serve --host` with a gateway is rolling: it skipped the drained host
     )
 
 
@@ -139,3 +142,31 @@ def test_the_rolling_serve_says_its_server_is_replaced_anyway(tmp_path: Path) ->
     session, said, _ = drain_session(tmp_path, SERVER)
     assert rollout.drain(session, RECIPE, 0, "its server is replaced anyway") == 3
     assert said == ["WARNING: 3 requests still in flight after 0 s; its server is replaced anyway"]
+
+
+def test_undrain_leaves_a_cut_off_rollouts_unverified_server_to_that_rollout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A canary drained after its rollout was cut off mid-gate: `orch undrain` registered it, and the gateway
+    routed requests to a server never verified or gated. Undrained, it is left to the cut-off command."""
+    from orchestrator.errors import RefusedError
+    from orchestrator.state import RolloutRecord, ServerRecord
+
+    session, _, url = drain_session(tmp_path, SERVER)
+    cast(FakeRunner, session.runner).on(("rm", "-f"))
+    monkeypatch.setattr(drain_op.readers, "health", lambda *a: 200)
+    registered: list[str] = []
+    monkeypatch.setattr(rollout, "register", lambda s, client, u: registered.append(u))
+    command = "orch serve --rolling --force --canary canary --gate bench"
+    with session.store.update() as state:
+        state.rollout = RolloutRecord(waves=[["gpu-1"]], outcomes={"gpu-1": "removed"}, command=command)
+        state.host("gpu-1").server = ServerRecord(job_id="server-1", argv=["python"], port=30000, mtp=True)
+        state.host("gpu-1").drained_at = state.rollout.started_at
+    with pytest.raises(RefusedError) as refused:
+        drain_op.undrain(session, RECIPE, cast(Any, FakeGateway(url)))
+    assert "undrained, but not put back in the gateway" in str(refused.value) and command in (refused.value.hint or "")
+    assert registered == [] and session.store.read().hosts["gpu-1"].drained_at is None
+    with session.store.update() as state:  # the rollout ended: the server it left is its known outcome
+        assert state.rollout is not None
+        state.rollout.ended_at = state.rollout.started_at
+    assert drain_op.undrain(session, RECIPE, cast(Any, FakeGateway(url))) == url and registered == [url]

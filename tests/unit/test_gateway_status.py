@@ -132,6 +132,10 @@ def test_a_host_a_live_rollout_took_out_is_out_for_it_and_one_a_cut_off_rollout_
     state.rollout.command = "orch serve --rolling --force --host a"  # what resumes it: --force kept, not dropped
     report(check_fleet(workers, hosts, state))
     assert "cut-off command again (`orch serve --rolling --force --host a`) to register" in capsys.readouterr().out
+    drained = check_fleet(workers, hosts, state, drained=["a"])  # drained since: the rollout skips it, undrain not
+    report(drained)
+    assert drained.consistent and drained.left_out == [] and drained.drained == ["a"]
+    assert "cut-off command" not in capsys.readouterr().out
 
 
 def test_a_host_a_cut_off_rollout_left_draining_is_left_out_not_registered() -> None:
