@@ -275,6 +275,17 @@ FAILED_START = Outage("that failed to start", "orch serve (failed start)")
 FOR_ROLLBACK = Outage("to roll back to the known-good server", "orch serve (rolled back)")  # --rollback
 
 
+DOWN: dict[str, str] = {}
+"""Host → the server job this process stopped there, no new one started since (``stop_job``, ``started``): what an
+orch interrupted meanwhile names as it exits (``cli._interrupted``), since nothing serves there until it runs again.
+A stop asked for its own sake (``orch stop-server``) is not in it."""
+
+
+def started(host: str) -> None:
+    """A server job was started on ``host``: it is no longer down for this process (``DOWN``)."""
+    DOWN.pop(host, None)
+
+
 def stop_job(
     session: HostSession, job: jobs.JobInfo, gpus: Sequence[int], drain: float, outage: Outage,
     listed: Sequence[jobs.JobInfo] | None = None,
@@ -296,6 +307,8 @@ def stop_job(
                     "(the job asks /stop_profile; a profile whose load it cuts off is not stored)")  # fmt: skip
         jobs.stop(session.runner, profile, grace_seconds=10, by=f"{outage.by}: its server stopped")
     session.say(f"stopping server job {job.id} {outage.why} (draining up to {drain:.0f} s)")
+    if outage.by != AS_ASKED.by:
+        DOWN[session.name] = job.id
     try:
         outcome = jobs.stop(session.runner, job, grace_seconds=math.ceil(drain), by=outage.by)
         wait_gpus_released(session.host, session.runner, gpus, job.id, GPU_RELEASE_SECONDS)

@@ -14,6 +14,7 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -239,6 +240,19 @@ def _left_out_of_gateway() -> list[str]:
         return []
 
 
+def _servers_down(said: Collection[str]) -> list[str]:
+    """The hosts whose server this orch stopped to replace (or for tuning) and started none since
+    (``server_job.DOWN``), but those ``said`` already (a rollout's hosts out of the gateway): nothing serves
+    there until the same command runs again."""
+    stops = sys.modules.get("orchestrator.server_job")
+    down = dict(stops.DOWN) if stops is not None else {}
+    return [
+        f"{host}: its server (job {job}) is stopped or stopping and no new one was started: nothing serves there"
+        for host, job in sorted(down.items())
+        if host not in said
+    ]
+
+
 def _interrupted(code: ExitCode = ExitCode.INTERRUPTED) -> NoReturn:
     """Ctrl-C (or SIGTERM, ``code`` 143): stop now, without waiting for threads still talking to hosts.
     Jobs on the hosts are detached and keep running; every state write is one SQLite
@@ -256,7 +270,8 @@ def _interrupted(code: ExitCode = ExitCode.INTERRUPTED) -> NoReturn:
     if left:
         then += f"; {left} --notify-cmd event(s) not delivered"
     click.echo(f"orch: {how}; {then}", err=True)
-    for line in _left_out_of_gateway():
+    left_out = _left_out_of_gateway()
+    for line in left_out + _servers_down({line.partition(":")[0] for line in left_out}):
         click.echo(f"orch: {line}", err=True)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -851,6 +851,7 @@ def start_server(
         raise StartupFailed(exc.message, "", "") from None
     finally:
         session.forget("jobs", "gpus", "server_info")
+    srv.started(host.name)  # or found one another orch started: something serves again either way
     if job.attached:  # another orch started a server between our check and now: leave it to that one
         raise srv.ServedMeanwhile.of(host.name, job.job_id, "it serves now; not replacing it")
     mtp = "--speculative-algorithm" in argv

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -279,6 +281,25 @@ def test_the_old_server_slow_to_drain_is_waited_for(fleet1: FleetEnv) -> None:
     assert new["started_at"] >= jobs[old]["ended_at"]
     log = fleet1.orch("logs", "sim-1", old, "--tail", "100").stdout
     assert "SIGTERM received" in log and "Gracefully exiting" in log
+
+
+def test_ctrl_c_between_the_stop_and_the_start_says_nothing_serves_there(fleet1: FleetEnv, tmp_path: Path) -> None:
+    """Interrupted while its old server drained, `orch serve --force` said only that jobs keep running."""
+    host0(fleet1).set_knobs(drain_seconds=4)
+    serve_ok(fleet1)
+    (old,) = running_server_ids(fleet1)
+    err = tmp_path / "stderr"
+    with err.open("w") as stderr:
+        serve = subprocess.Popen([*fleet1.argv(), "serve", "--force"], stdout=subprocess.DEVNULL, stderr=stderr)
+        while f"stopping server job {old}" not in err.read_text():
+            assert serve.poll() is None, err.read_text()
+            time.sleep(0.05)
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(timeout=30) == 130
+    said = err.read_text()
+    assert f"orch: sim-1: its server (job {old}) is stopped or stopping and no new one was started" in said, said
+    serve_ok(fleet1)  # the same command again serves
+    assert len(running_server_ids(fleet1)) == 1
 
 
 def test_a_server_ignoring_sigterm_is_killed_after_the_drain_timeout(fleet1: FleetEnv) -> None:
