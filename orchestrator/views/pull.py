@@ -37,8 +37,9 @@ def pull_report(results: FleetResult[PullResult]) -> None:
 
 
 def split_groups_report(groups: list[SplitGroup]) -> None:
-    """On stderr, each replica group the pull left at two commits, and the pull that joins them: the group
-    keeps serving, but ``orch serve`` refuses it until its ranks run one commit."""
+    """On stderr, each replica group the pull left at two commits, and the pull that joins them: a server of
+    the group runs on (said whether or not one runs: the pull did not look), but ``orch serve`` refuses the
+    group until its ranks run one commit."""
     for g in groups:
         pulled = ", ".join(f"{name} {commit[:10]}" for name, commit in g.pulled.items())
         others = ", ".join(
@@ -46,8 +47,8 @@ def split_groups_report(groups: list[SplitGroup]) -> None:
         )
         hosts = " ".join(f"--host {name}" for name in g.others)
         render.err.print(
-            f"group {g.name}: its hosts are now at different commits (pulled: {pulled}; not pulled: {others}); it "
-            f"keeps serving what it runs, but `orch serve` refuses the group until every rank is at one commit: "
-            f"`orch pull {hosts}`",
+            f"group {g.name}: its hosts are now at different commits (pulled: {pulled}; not pulled: {others}); a "
+            f"server of the group runs on as it started, but `orch serve` refuses the group until every rank is "
+            f"at one commit: `orch pull {hosts}`",
             markup=False,
         )
