@@ -101,6 +101,8 @@ def parse_server_log(text: str) -> ServerLog:
     lines = [strip_prefix(line) for line in text.splitlines()]
     for line in lines:
         _read_line(log, line)
+    if log.failure is not None and log.failure.endswith(TRACEBACK):  # `Initialization failed. warmup error: ` + one
+        log.failure = f"{log.failure[: -len(TRACEBACK)].rstrip()} {traceback_error(lines) or TRACEBACK}"
     log.failure = log.failure or traceback_error(lines)
     return log
 
@@ -139,11 +141,12 @@ def _add_config(into: list[ConfigFile], path: str) -> None:
 def traceback_error(lines: Sequence[str]) -> str | None:
     """The exception line (``RuntimeError: ...``) of the last complete traceback in ``lines``, or None.
 
-    A traceback is ``Traceback (most recent call last):``, indented frame lines, then the first
-    unindented line: the exception. A traceback still being written (no exception line yet) is None.
+    A traceback is ``Traceback (most recent call last):`` (a line's end: a message may lead it), indented frame
+    lines, then the first unindented line: the exception. A traceback still being written (no exception line
+    yet) is None.
     """
     error = None
-    for start in (i for i, line in enumerate(lines) if line.strip() == TRACEBACK):
+    for start in (i for i, line in enumerate(lines) if line.rstrip().endswith(TRACEBACK)):
         error = _exception_line(lines[start + 1 :]) or error
     return error
 

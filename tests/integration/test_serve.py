@@ -218,7 +218,7 @@ def test_crash_at_start_is_failed_with_the_log_tail(fleet1: FleetEnv) -> None:
     host0(fleet1).set_knobs(server_fail="crash")
     run = fleet1.orch("serve")
     assert run.returncode == 3
-    assert "crashed at start: Initialization failed. warmup error" in run.stderr
+    assert "crashed at start: Initialization failed. warmup error: RuntimeError: CUDA error: an illegal" in run.stderr
     assert "--- log tail ---" in run.stderr and "RuntimeError: CUDA error" in run.stderr
     hs = server_state(fleet1)
     assert hs.phase.value == "failed" and "crashed at start" in (hs.last_error or "")

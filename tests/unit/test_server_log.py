@@ -83,7 +83,9 @@ def test_a_decode_line_numbered_by_log_forward_iters_still_gives_the_accept_leng
 def test_initialization_failed_is_the_failure() -> None:
     log = parse_server_log(CRASH_LOG)
     assert not log.ready
-    assert log.failure is not None and log.failure.startswith("Initialization failed. warmup error")
+    assert log.failure == (  # not cut at the traceback's first line, which said nothing
+        "Initialization failed. warmup error: RuntimeError: CUDA error: an illegal memory access was encountered"
+    )
 
 
 def test_a_traceback_is_a_failure_with_its_exception_line() -> None:
