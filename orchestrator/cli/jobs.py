@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping, Sequence
+
 import click
 
 from orchestrator import jobs as jobs_mod
 from orchestrator.app import App
 from orchestrator.cli import complete
 from orchestrator.cli.common import finish, host_options, pass_app
-from orchestrator.errors import ExitCode, UsageError
+from orchestrator.errors import ExitCode, StateError, UsageError
+from orchestrator.ops import jobs as jobs_op
 from orchestrator.ops import logs as logs_op
 from orchestrator.server_job import refuse_bare_stop
+from orchestrator.state_migration import database_path
 from orchestrator.views import jobs as jobs_view
 from orchestrator.views.jobs import RECENT
+
+log = logging.getLogger(__name__)
 
 
 @click.command(name="jobs")
@@ -36,11 +43,25 @@ def jobs_cmd(
     refuse_unknown_kind(kind)
     with app.fleet(app.select(hosts, tags), parallel) as fleet:
         results = fleet.map(lambda h, r: logs_op.of_kind(jobs_mod.list_jobs(r, h.workdir), kind))
+    record_ends(app, {r.host.name: r.value or [] for r in results.succeeded})
     if as_json:
         jobs_view.jobs_document(results)
     else:
         jobs_view.jobs_table(results, show_all, kind)
     return finish(results)
+
+
+def record_ends(app: App, listed: Mapping[str, Sequence[jobs_mod.JobInfo]]) -> None:
+    """Correct the state's records of the jobs ``listed`` shows ended (``ops.jobs.record_ends``). No state:
+    nothing records them (``orch jobs`` and ``orch stop`` create none); one that does not open is said."""
+    if not database_path(app.state_path).exists():
+        return
+    try:
+        store = app.store
+    except StateError as exc:
+        log.warning("the state's records of these jobs are not checked: %s", exc.message)
+        return
+    jobs_op.record_ends(store, listed)
 
 
 def refuse_unknown_kind(kind: str | None) -> None:
@@ -115,5 +136,6 @@ def stop(app: App, host_name: str, job_id: str, timeout: int) -> int:
         job = jobs_mod.find(runner, host.workdir, job_id)
         refuse_bare_stop(host, job)
         outcome = jobs_mod.stop(runner, job, timeout, by="orch stop")
+        record_ends(app, {host.name: [jobs_mod.find(runner, host.workdir, job_id)]})
     jobs_view.stopped_line(host, job_id, outcome)
     return int(ExitCode.OK)

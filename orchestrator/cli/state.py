@@ -101,7 +101,7 @@ def forget(app: App, name: str, yes: bool) -> int:
             raise UsageError(f"the state has no host {name!r} (another orch forgot it meanwhile)")
     running = sum(job.state == "running" for job in record.jobs.values())
     click.echo(
-        f"forgot {name} ({record.phase.value}, {len(record.jobs)} jobs"
+        f"forgot {name} ({record.phase.value}, {len(record.jobs)} job{'s' * (len(record.jobs) != 1)}"
         + (f", {running} still running on the host, now unknown to this state" if running else "")
         + ")"
     )

@@ -30,10 +30,10 @@ def forgotten(hs: HostState) -> str:
     running = sum(job.state == "running" for job in hs.jobs.values())
     server = hs.server if hs.server is not None and hs.server.stopped_at is None else None
     parts = [
-        f"{len(hs.benchmarks)} benchmark runs" if hs.benchmarks else "",
-        f"{len(hs.profiles)} profiles" if hs.profiles else "",
+        f"{len(hs.benchmarks)} benchmark run{'s' * (len(hs.benchmarks) > 1)}" if hs.benchmarks else "",
+        f"{len(hs.profiles)} profile{'s' * (len(hs.profiles) > 1)}" if hs.profiles else "",
         "its tuning record" if hs.tuning is not None else "",
         f"the record of its server (job {server.job_id}, its known-good command)" if server else "",
-        f"{running} jobs it records running on the host (left running)" if running else "",
+        f"{running} job{'s' * (running > 1)} it records running on the host (left running)" if running else "",
     ]
     return ", ".join(part for part in parts if part)

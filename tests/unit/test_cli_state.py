@@ -67,8 +67,8 @@ def test_state_forget_asks_before_losing_measurements_deletes_one_record_and_ref
     asked = orch("--state", str(path), "state", "forget", "blackwell-1")  # no terminal: refused, nothing lost
     assert asked.returncode == 2, asked.output
     assert (
-        "orch: error: Forget blackwell-1: 1 benchmark runs, its tuning record, the record of its server (job server-1, "
-        "its known-good command), 1 jobs it records running on the host (left running): refused without confirmation"
+        "orch: error: Forget blackwell-1: 1 benchmark run, its tuning record, the record of its server (job server-1, "
+        "its known-good command), 1 job it records running on the host (left running): refused without confirmation"
         in asked.stderr
     )
     assert "--yes" in asked.stderr and "orch state export FILE" in asked.stderr
@@ -81,7 +81,7 @@ def test_state_forget_asks_before_losing_measurements_deletes_one_record_and_ref
     result = orch("--state", str(path), "state", "forget", "blackwell-1", "--yes")
     assert result.returncode == 0, result.output
     assert (
-        result.stdout == "forgot blackwell-1 (pulled, 1 jobs, 1 still running on the host, now unknown to this state)\n"
+        result.stdout == "forgot blackwell-1 (pulled, 1 job, 1 still running on the host, now unknown to this state)\n"
     )
     assert set(StateStore(path).read().hosts) == {"sim-2"}
     assert orch("--state", str(path), "state", "forget", "sim-2").returncode == 0  # nothing to lose: not asked
