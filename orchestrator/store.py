@@ -408,7 +408,7 @@ def _parse(model: type[M], text: str, path: Path, what: str) -> M:
     except ValidationError as exc:
         raise StateError(
             f"state database {path} is corrupt: {what}: {summarize(exc)}",
-            hint=f"restore a copy of {path}, or export what reads (`orch state export`) and move it away",
+            hint=f"restore a copy of {path}, or move it away (`orch state show HOST` prints the other hosts first)",
         ) from exc
 
 

@@ -324,9 +324,13 @@ def test_a_document_that_does_not_validate_is_an_error_naming_the_database_and_h
     store.update_host("other", pull)
     with sqlite3.connect(db) as connection:
         connection.execute("""UPDATE hosts SET doc = '{"phase": "flying"}' WHERE host = 'h'""")
-    with pytest.raises(StateError, match=f"state database {db} is corrupt: host 'h': phase"):
+    with pytest.raises(StateError, match=f"state database {db} is corrupt: host 'h': phase") as error:
         store.read()
     assert store.read(["other"]).hosts["other"].phase == Phase.PULLED  # the other hosts still work
+    # the hint names what reads them (`orch state export` reads the whole state: it failed the same way)
+    assert error.value.hint == (
+        f"restore a copy of {db}, or move it away (`orch state show HOST` prints the other hosts first)"
+    )
 
 
 # --- concurrency: threads and real processes -------------------------------------------------------------
