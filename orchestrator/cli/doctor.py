@@ -63,9 +63,10 @@ def doctor(
     grouped = [h for h in selected if app.inventory.group_of(h.name) is not None]
     ranks = group_op.ranks(app.inventory, grouped, app.recipes(grouped, None)) if grouped else {}
     interfaces = {name: dict(rank.plan.env) for name, rank in ranks.items() if rank.plan.env}
+    store = app.store  # opened once, before any host: a state it cannot use is one exit 4, not a fail per host
     with app.fleet(selected, parallel) as fleet:
         results = fleet.map_sessions(
-            lambda s: doctor_op.examine(s, nccl_timeout if nccl else None, interfaces.get(s.name)), lambda: app.store
+            lambda s: doctor_op.examine(s, nccl_timeout if nccl else None, interfaces.get(s.name)), store
         )
     results.raise_bugs()
     checked = doctor_op.gather(results)

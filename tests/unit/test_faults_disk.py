@@ -111,6 +111,29 @@ def test_status_on_a_full_disk_is_exit_4_with_one_line(
     assert "Traceback" not in output and "internal error" not in output
 
 
+def test_doctor_on_a_read_only_state_is_exit_4_once_not_a_fail_per_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # every healthy host failed `cannot write orch's state: read-only ...`, verdict fail, exit 3
+    inventory = tmp_path / "hosts.yaml"
+    hosts = "  a: {address: 127.0.0.1}\n  b: {address: 127.0.0.2}\n"
+    inventory.write_text(f"defaults: {{transport: local, workdir: {tmp_path}/w}}\nhosts:\n{hosts}")
+    monkeypatch.setattr(sqlite3, "connect", _read_only_connect)
+    fs = os.statvfs_result((4096, 4096, 1000, 0, 1 << 20, 100, 0, 0, os.ST_RDONLY, 255))
+    monkeypatch.setattr(os, "statvfs", lambda path: fs)
+    code = run_command(["-i", str(inventory), "--state", str(tmp_path / "st"), "doctor"])
+    output = capsys.readouterr()
+    assert code == 4, output
+    assert output.err.count("orch: error: cannot write orch's state: read-only on this machine's disk") == 1
+    assert output.out == ""  # no host was examined, none failed for it
+
+
+def _read_only_connect(*args: Any, **kwargs: Any) -> Any:
+    exc = sqlite3.OperationalError("unable to open database file")  # as SQLite says it when no -shm can be made
+    exc.sqlite_errorcode = 14  # type: ignore[attr-defined]  # SQLITE_CANTOPEN
+    raise exc
+
+
 def _server_job(stop_requested: bool, state: str) -> jobs.JobInfo:
     return jobs.JobInfo(
         "server-1",
