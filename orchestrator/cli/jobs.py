@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
 
 import click
 
@@ -15,6 +14,7 @@ from orchestrator.errors import ExitCode, StateError, UsageError
 from orchestrator.ops import jobs as jobs_op
 from orchestrator.ops import logs as logs_op
 from orchestrator.server_job import refuse_bare_stop
+from orchestrator.state import State
 from orchestrator.state_migration import database_path
 from orchestrator.views import jobs as jobs_view
 from orchestrator.views.jobs import RECENT
@@ -43,25 +43,27 @@ def jobs_cmd(
     refuse_unknown_kind(kind)
     with app.fleet(app.select(hosts, tags), parallel) as fleet:
         results = fleet.map(lambda h, r: logs_op.of_kind(jobs_mod.list_jobs(r, h.workdir), kind))
-    record_ends(app, {r.host.name: r.value or [] for r in results.succeeded})
+    listed, state = {r.host.name: r.value or [] for r in results.succeeded}, recorded(app)
+    if state is not None:
+        jobs_op.record_ends(app.store, state, listed)
+    stopped = jobs_op.group_stops(state, listed) if state is not None else {}
     if as_json:
         jobs_view.jobs_document(results)
     else:
-        jobs_view.jobs_table(results, show_all, kind)
+        jobs_view.jobs_table(results, show_all, kind, stopped)
     return finish(results)
 
 
-def record_ends(app: App, listed: Mapping[str, Sequence[jobs_mod.JobInfo]]) -> None:
-    """Correct the state's records of the jobs ``listed`` shows ended (``ops.jobs.record_ends``). No state:
-    nothing records them (``orch jobs`` and ``orch stop`` create none); one that does not open is said."""
+def recorded(app: App) -> State | None:
+    """The state as ``orch jobs`` and ``orch stop`` read it (``ops.jobs``); None without one (they create
+    none: nothing records these jobs) or when it does not open (said: the jobs are listed from the hosts)."""
     if not database_path(app.state_path).exists():
-        return
+        return None
     try:
-        store = app.store
+        return app.store.read(history=False)
     except StateError as exc:
-        log.warning("the state's records of these jobs are not checked: %s", exc.message)
-        return
-    jobs_op.record_ends(store, listed)
+        log.warning("the state's records of these jobs are not read: %s", exc.message)
+        return None
 
 
 def refuse_unknown_kind(kind: str | None) -> None:
@@ -136,6 +138,8 @@ def stop(app: App, host_name: str, job_id: str, timeout: int) -> int:
         job = jobs_mod.find(runner, host.workdir, job_id)
         refuse_bare_stop(host, job)
         outcome = jobs_mod.stop(runner, job, timeout, by="orch stop")
-        record_ends(app, {host.name: [jobs_mod.find(runner, host.workdir, job_id)]})
+        state = recorded(app)
+        if state is not None:
+            jobs_op.record_ends(app.store, state, {host.name: [jobs_mod.find(runner, host.workdir, job_id)]})
     jobs_view.stopped_line(host, job_id, outcome)
     return int(ExitCode.OK)

@@ -14,7 +14,7 @@ from orchestrator import server_job as server
 from orchestrator.errors import GatewayError, OrchError, RemoteCommandError, StateError, UnreachableError, UsageError
 from orchestrator.facts import git, gpus, machine, probe, replacement
 from orchestrator.facts import tuner as tf
-from orchestrator.facts.group import GroupStatus, group_status, ungrouped_status
+from orchestrator.facts.group import GroupStatus, group_status, group_stop, ungrouped_status
 from orchestrator.fleet import HostResult
 from orchestrator.gateway import GatewayClient, Served, check_fleet, drain_mark_in, drain_mark_section
 from orchestrator.inventory import Host, Inventory
@@ -411,36 +411,6 @@ def record_crashes(store: StateStore, views: list[HostStatus]) -> None:
             store.update_host(view.name, change)
         except StateError as exc:
             log.warning("%s: could not record that its server ended: %s", view.name, exc.message)
-
-
-def group_stop(name: str, hs: HostState, records: Mapping[str, HostState]) -> tuple[str, datetime] | None:
-    """Who stopped another rank of the replica group whose rank host ``name``'s server is (``hs.server.group``),
-    and when, after this rank's server started (stopping any rank ends the whole server): ``(by, at)``, ``by``
-    in the words ``stop-server`` of a group says (``tune-fp8 --stop-server on sim-2: ended with its group``);
-    None when no other rank was stopped by orch since (its server ended unasked). The other rank's stop is its
-    server record's (``_rank_stopped``)."""
-    server = hs.server
-    if server is None or server.group is None:
-        return None
-    for other, record in records.items():
-        stop = None if other == name else _rank_stopped(record, server.group, server.started_at)
-        if stop is not None:
-            return f"{stop[0]} on {other}: {ENDED_WITH_GROUP}", stop[1]
-    return None
-
-
-ENDED_WITH_GROUP = "ended with its group"
-"""What a rank that ended because another rank of its group stopped is said to have done (``ops.group``)."""
-
-
-def _rank_stopped(hs: HostState, group: str, since: datetime) -> tuple[str, datetime] | None:
-    """Who stopped ``hs``'s server as a rank of ``group`` at or after ``since``, and when (None: not so). Its
-    server record says it; once a serve of that host alone has replaced the record, nothing here does (status
-    reads no history), and the rank that ended is said as a crash."""
-    record = hs.server
-    if record is not None and record.group == group and record.stopped_at is not None and record.stopped_at >= since:
-        return record.stopped_by or "orch", record.stopped_at
-    return None
 
 
 def _ended_with_group(hs: HostState, job_id: str, by: str) -> None:

@@ -5,6 +5,7 @@ ended."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -25,8 +26,12 @@ def age(job: JobInfo) -> str:
     return fmt_seconds(job.age(datetime.now(timezone.utc)))
 
 
-def state(job: JobInfo) -> str:
-    """The job's state; a failed job with its exit code, and whether orch stopped it."""
+def state(job: JobInfo, group_stop: str | None = None) -> str:
+    """The job's state; a failed job with its exit code, and whether orch stopped it. ``group_stop``: who
+    stopped the replica group of a rank that ended by itself with it (``ops.jobs.group_stops``), as
+    ``orch status`` says it: its job directory names nobody."""
+    if group_stop is not None and not job.running:
+        return f"stopped by {group_stop}" + (f" (exit {job.exit_code})" if job.state == "failed" else "")
     by = f"stopped by {job.stopped_by or 'orch'}"  # who asked, as the job's directory says
     if job.state == "failed":
         return f"failed (exit {job.exit_code}{', ' + by if job.stop_requested else ''})"
@@ -50,15 +55,24 @@ def jobs_document(results: FleetResult[list[JobInfo]]) -> None:
     print_json({"hosts": hosts})
 
 
-def jobs_table(results: FleetResult[list[JobInfo]], show_all: bool, kind: str | None = None) -> None:
+def jobs_table(
+    results: FleetResult[list[JobInfo]],
+    show_all: bool,
+    kind: str | None = None,
+    group_stops: Mapping[tuple[str, str], str] | None = None,
+) -> None:
     """One line per job (all of them with ``show_all``, else ``recent``), and how many were left out; ``kind``
-    (``--kind``) matching no job of a host read is said (a typo listed nothing, silently)."""
+    (``--kind``) matching no job of a host read is said (a typo listed nothing, silently). ``group_stops``:
+    who stopped the group of a rank's job that ended with it, by host and job id (``state``)."""
+    stops = group_stops or {}
     rows, hidden = [], 0
     for r in results.succeeded:
         listed = r.value or []
         shown = listed if show_all else recent(listed, RECENT)
         hidden += len(listed) - len(shown)
-        rows += [[r.host.name, j.id, state(j), str(j.pid or "-"), age(j)] for j in shown]
+        rows += [
+            [r.host.name, j.id, state(j, stops.get((r.host.name, j.id))), str(j.pid or "-"), age(j)] for j in shown
+        ]
     nothing = kind is not None and results.succeeded and not any(r.value for r in results.succeeded)
     if not nothing:  # a --kind that matched nothing: said alone, without an empty table
         table(None, ["host", "job", "state", "pid", "age"], rows)

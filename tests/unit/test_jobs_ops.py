@@ -4,13 +4,19 @@ local runner playing the host (the job scripts run for real) and the real CLI.""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
+
 from orchestrator import jobs
+from orchestrator.fleet import FleetResult, HostResult
 from orchestrator.inventory import Host
-from orchestrator.state import JobRecord
+from orchestrator.ops import jobs as jobs_op
+from orchestrator.state import JobRecord, ServerRecord, State
 from orchestrator.store import StateStore
 from orchestrator.transport.local import LocalRunner
+from orchestrator.views import jobs as jobs_view
 from tests.conftest import OrchRun
 
 
@@ -57,3 +63,83 @@ def test_orch_jobs_creates_no_state(tmp_path: Path, orch: Callable[..., OrchRun]
     result = orch("-i", str(inventory), "--state", str(tmp_path / "none.db"), "jobs")
     assert result.returncode == 0, result.output
     assert not (tmp_path / "none.db").exists()
+
+
+def _rank(state: State, host: str, rank: int, job_id: str, stopped_by: str | None = None) -> None:
+    hs = state.host(host)
+    hs.server = ServerRecord(job_id=job_id, argv=["sglang"], port=30000, mtp=False, group="pro-1", rank=rank)
+    if stopped_by is not None:
+        hs.server_stopped(job_id, stopped_by)
+
+
+def _ended(job_id: str, state: str, code: int, stop_requested: bool = False, by: str = "") -> jobs.JobInfo:
+    started = datetime(2026, 12, 6, tzinfo=timezone.utc)
+    return jobs.JobInfo(
+        job_id, "server", 7, state, code, started, None, 0, stop_requested, f"/w/jobs/{job_id}", stopped_by=by
+    )
+
+
+def _table(capsys: pytest.CaptureFixture[str], state: State, listed: dict[str, list[jobs.JobInfo]]) -> str:
+    results = FleetResult([HostResult(Host(name=n, address="127.0.0.1"), value=v) for n, v in listed.items()])
+    jobs_view.jobs_table(results, True, None, jobs_op.group_stops(state, listed))
+    return capsys.readouterr().out
+
+
+def test_jobs_says_a_rank_that_ended_with_the_group_orch_stopped_was_stopped_and_by_whom(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # `orch jobs` said `failed (exit 1)` of rank 0 after tune-fp8 --stop-server stopped rank 1 (status: stopped)
+    state = State()
+    _rank(state, "sim-2", 0, "server-r0")
+    _rank(state, "sim-3", 1, "server-r1", "tune-fp8 --stop-server")
+    listed = {
+        "sim-2": [_ended("server-r0", "failed", 1)],
+        "sim-3": [_ended("server-r1", "failed", 143, True, "tune-fp8 --stop-server")],
+    }
+    assert jobs_op.group_stops(state, listed) == {
+        ("sim-2", "server-r0"): "tune-fp8 --stop-server on sim-3: ended with its group"
+    }
+    said = jobs_view.state(listed["sim-2"][0], jobs_op.group_stops(state, listed)[("sim-2", "server-r0")])
+    assert said == "stopped by tune-fp8 --stop-server on sim-3: ended with its group (exit 1)"
+    out = _table(capsys, state, listed)
+    assert "failed (exit 1)" not in out and "ended with its group" in out
+
+
+def test_jobs_says_a_rank_stop_server_of_its_group_recorded_was_stopped_not_succeeded() -> None:
+    # rank 1 exits 0 by itself once rank 0 goes: `succeeded`, its job directory naming no stop
+    state = State()
+    _rank(state, "sim-2", 0, "server-r0", "orch stop-server")
+    _rank(state, "sim-3", 1, "server-r1", "orch stop-server")
+    listed = {"sim-3": [_ended("server-r1", "succeeded", 0)]}
+    by = jobs_op.group_stops(state, listed)[("sim-3", "server-r1")]
+    assert by == "orch stop-server: ended with its group"
+    assert jobs_view.state(listed["sim-3"][0], by) == "stopped by orch stop-server: ended with its group"
+
+
+def test_jobs_says_a_rank_that_ended_unasked_failed() -> None:
+    state = State()
+    _rank(state, "sim-2", 0, "server-r0")
+    _rank(state, "sim-3", 1, "server-r1")
+    listed = {"sim-2": [_ended("server-r0", "failed", 1)], "sim-3": [_ended("server-r1", "failed", 1)]}
+    assert jobs_op.group_stops(state, listed) == {}
+    assert jobs_view.state(listed["sim-2"][0], None) == "failed (exit 1)"
+
+
+def test_orch_jobs_lists_a_rank_that_ended_with_its_stopped_group_as_stopped(
+    tmp_path: Path, orch: Callable[..., OrchRun]
+) -> None:
+    workdir = str(tmp_path / "w")
+    inventory = tmp_path / "hosts.yaml"
+    hosts = "hosts:\n  sim-2: {address: 127.0.0.1}\n"
+    inventory.write_text(f"defaults: {{transport: local, workdir: {workdir}}}\n{hosts}")
+    runner = LocalRunner(Host(name="sim-2", address="127.0.0.1", transport="local"))
+    started = jobs.start(runner, workdir, jobs.JobSpec("server", "server", ["sh", "-c", "exit 1"]))
+    while jobs.find(runner, workdir, started.job_id).running:
+        pass
+    with StateStore(tmp_path / "state.db").update() as state:
+        _rank(state, "sim-2", 0, started.job_id)
+        _rank(state, "sim-3", 1, "server-r1", "tune-fp8 --stop-server")
+    result = orch("-i", str(inventory), "--state", str(tmp_path / "state.db"), "jobs", "--kind", "server", "--all")
+    assert result.returncode == 0, result.output
+    assert "failed (exit 1)" not in result.stdout
+    assert "stopped by tune-fp8 --stop-server on sim-3: ended with its group (exit 1)" in result.stdout
