@@ -408,7 +408,7 @@ def _parse(model: type[M], text: str, path: Path, what: str) -> M:
     except ValidationError as exc:
         raise StateError(
             f"state database {path} is corrupt: {what}: {summarize(exc)}",
-            hint=f"restore a copy of {path}, or move it away (`orch state show HOST` prints the other hosts first)",
+            hint=f"restore a copy of {path}, or move it away (`orch state show OTHER` prints the hosts that read)",
         ) from exc
 
 

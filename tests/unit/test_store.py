@@ -329,7 +329,7 @@ def test_a_document_that_does_not_validate_is_an_error_naming_the_database_and_h
     assert store.read(["other"]).hosts["other"].phase == Phase.PULLED  # the other hosts still work
     # the hint names what reads them (`orch state export` reads the whole state: it failed the same way)
     assert error.value.hint == (
-        f"restore a copy of {db}, or move it away (`orch state show HOST` prints the other hosts first)"
+        f"restore a copy of {db}, or move it away (`orch state show OTHER` prints the hosts that read)"
     )
 
 
