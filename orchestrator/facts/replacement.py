@@ -7,7 +7,8 @@ the new server crashes, and a rollback crashes the same way). So before any stop
 
 - ``model``: the model directory, its ``config.json`` (and the ``architectures`` it names) and its weights
   (``model.safetensors.index.json``, or ``*.safetensors`` shards);
-- ``port``: who listens on the server port (``/proc/net/tcp{,6}``, each listener's pid, session and name);
+- ``port``: who listens on the server port (``/proc/net/tcp{,6}``, each listener's address, pid, session and
+  name): only a listener on the address the server binds, or on a wildcard, is in its way (``holding``);
 - ``workdir``: orch's workdir (or the directory it will be made in) writable, and its free space (``df``);
 - ``sglang``: where ``host.python`` imports ``sglang`` from (an editable install of ``sglang_dir``) and
   its version;
@@ -21,6 +22,7 @@ session runs it (``ops.serve.check_replacement``).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +33,8 @@ from orchestrator.facts import probe
 MIN_FREE_MIB = 100  # a job's directory and a server's log for a while; below this a start may fail half-written
 MODEL_TIMEOUT = 15  # seconds: a hung NFS mount must not hang the check
 PYTHON_TIMEOUT = 120  # importing a real SGLang takes seconds
+
+IP = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 # $1 the model directory.
 _MODEL = r"""
@@ -44,15 +48,17 @@ if [ -r "$m/model.safetensors.index.json" ]; then echo "weights index"
 else n=0; for f in "$m"/*.safetensors; do [ -e "$f" ] && n=$((n + 1)); done; echo "weights shards $n"; fi
 """
 
-# $1 the port: "free", or one "listener PID SESSION NAME" line per process holding a listening socket on it
-# ("listener - - -" when the socket's process cannot be seen).
+# $1 the port: "free", or one "listener ADDRESS PID SESSION NAME" line per process holding a listening socket on
+# it, ADDRESS its local address as /proc/net/tcp{,6} write it ("listener ADDRESS - - -" when the socket's
+# process cannot be seen).
 _PORT = r"""
 port=$1
 hex=$(printf ':%04X' "$port")
-inodes=$(cat /proc/net/tcp /proc/net/tcp6 2>/dev/null \
-  | awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { print $10 }' | sort -u)
-[ -n "$inodes" ] || { echo free; exit 0; }
-for ino in $inodes; do
+found=$(cat /proc/net/tcp /proc/net/tcp6 2>/dev/null \
+  | awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { print substr($2, 1, length($2) - 5), $10 }' \
+  | sort -u)
+[ -n "$found" ] || { echo free; exit 0; }
+echo "$found" | while read -r addr ino; do
   seen=0
   for fd in $(find /proc/[0-9]*/fd -maxdepth 1 -lname "socket:\[$ino\]" 2>/dev/null); do
     pid=${fd#/proc/}; pid=${pid%%/*}
@@ -60,9 +66,9 @@ for ino in $inodes; do
     name=${stat#*(}; name=${name%)*}
     rest=${stat##*) }
     set -- $rest
-    echo "listener $pid $4 $name"; seen=1
+    echo "listener $addr $pid $4 $name"; seen=1
   done
-  [ $seen = 1 ] || echo "listener - - -"
+  [ $seen = 1 ] || echo "listener $addr - - -"
 done
 """
 
@@ -135,10 +141,40 @@ def listeners_argv(port: int) -> list[str]:
 
 def parse_listeners(output: str) -> tuple[Listener, ...]:
     """The listeners of ``listeners_argv``'s output (none: the port is free)."""
-    listeners: tuple[Listener, ...] = _port([line.split(" ", 3) for line in output.splitlines() if line.strip()])[
-        "listeners"
-    ]
+    listeners: tuple[Listener, ...] = _port(_rows(output, "port"))["listeners"]
     return listeners
+
+
+def holding(listeners: Sequence[Listener], address: str | None) -> list[Listener]:
+    """The ``listeners`` that hold the port for a server bound to ``address`` (its ``--host``): those on that
+    address or on a wildcard (0.0.0.0, ::), and those whose address the host did not show; all of them when
+    ``address`` is a wildcard, or a name or None (where it binds is not known here). A listener on another
+    address (an sshd on 127.0.0.2 beside a server on 127.0.0.1) shares the port's number, not the port."""
+    bound = _ip(address)
+    return [x for x in listeners if bound is None or _shares(_ip(x.address), bound)]
+
+
+def _shares(listening: IP | None, bound: IP) -> bool:
+    return listening is None or listening.is_unspecified or bound.is_unspecified or listening == bound
+
+
+def _ip(text: str | None) -> IP | None:
+    """``text`` as an IP address (an IPv4-mapped IPv6 one as its IPv4), None when it is not one."""
+    try:
+        ip = ipaddress.ip_address(text or "")
+    except ValueError:
+        return None
+    return (ip.ipv4_mapped or ip) if isinstance(ip, ipaddress.IPv6Address) else ip
+
+
+def proc_net_address(hex_text: str) -> str | None:
+    """A local address as ``/proc/net/tcp`` (``0100007F``: 127.0.0.1) or ``/proc/net/tcp6`` (32 digits) writes
+    it: 32-bit words in the host's byte order (little-endian on x86-64 and arm64, the hosts orch serves on).
+    None when it is neither."""
+    if not re.fullmatch(r"[0-9A-Fa-f]{8}|[0-9A-Fa-f]{32}", hex_text):
+        return None
+    raw = b"".join(bytes.fromhex(hex_text[i : i + 8])[::-1] for i in range(0, len(hex_text), 8))
+    return str(ipaddress.ip_address(raw))
 
 
 def probe_argv(model_path: str, port: int, workdir: str, python: str, sglang_dir: str) -> list[str]:
@@ -148,11 +184,13 @@ def probe_argv(model_path: str, port: int, workdir: str, python: str, sglang_dir
 
 @dataclass(frozen=True)
 class Listener:
-    """A process listening on the server port (pid and session None: the host would not say)."""
+    """A process listening on the server port (pid and session None: the host would not say), and the
+    local address it listens on (None: not read)."""
 
     pid: int | None
     session: int | None
     name: str
+    address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -205,12 +243,18 @@ def parse(stdout: str) -> HostFacts:
         if not section.ok:
             unanswered.append(f"{name}: exit {section.exit_status}: {_last(section.output)}")
             continue
-        lines[name] = [line.split(" ", 3) for line in section.output.splitlines() if line.strip()]
+        lines[name] = _rows(section.output, name)
     net = found.get("net")
     interfaces = tuple(line.strip() for line in net.output.splitlines() if line.strip()) if net and net.ok else None
     return HostFacts(**_model(lines.get("model")), **_port(lines.get("port")), **_workdir(lines.get("workdir")),
                      sglang=_sglang(lines.get("sglang")), interfaces=interfaces or None,
                      unanswered=tuple(unanswered))  # fmt: skip
+
+
+def _rows(output: str, section: str) -> list[list[str]]:
+    """A section's lines, each split into its words (the last word keeps its spaces: a process name)."""
+    words = 5 if section == "port" else 4
+    return [line.split(" ", words - 1) for line in output.splitlines() if line.strip()]
 
 
 def _last(text: str) -> str:
@@ -243,9 +287,10 @@ def _port(rows: list[list[str]] | None) -> dict[str, Any]:
         return {}
     listeners = []
     for row in rows:
-        if row[0] == "listener" and len(row) == 4:
-            pid, session, name = row[1:]
-            listeners.append(Listener(_int(pid), _int(session), name if name != "-" else "unknown"))
+        if row[0] == "listener" and len(row) == 5:
+            address, pid, session, name = row[1:]
+            shown = name if name != "-" else "unknown"
+            listeners.append(Listener(_int(pid), _int(session), shown, proc_net_address(address)))
     unique = tuple(dict.fromkeys(listeners))
     return {"listeners": unique}
 
@@ -285,8 +330,9 @@ def _int(text: str) -> int | None:
 @dataclass(frozen=True)
 class Needs:
     """What the new launch needs on the host: the inventory's paths and port, the GPU indexes the server
-    uses (all of them, uncapped: ``facts.server.needed_gpus``) against the indexes nvidia-smi shows, and
-    the session of orch's running server (its job's wrapper pid), whose listener is no obstacle."""
+    uses (all of them, uncapped: ``facts.server.needed_gpus``) against the indexes nvidia-smi shows, the
+    session of orch's running server (its job's wrapper pid), whose listener is no obstacle, and the address
+    the server binds, beside which a listener on another address is no obstacle either."""
 
     host: str
     model_path: str
@@ -297,6 +343,7 @@ class Needs:
     gpus: Sequence[int]
     shown_gpus: Sequence[int] | None  # None: nvidia-smi was not read
     own_session: int | None = None
+    bind_address: str | None = None  # where the server listens (its ``--host``); None: any listener is in the way
     architecture: str | None = None  # the recipe's, which config.json's architectures must name
     min_free_mib: int = MIN_FREE_MIB
     interface_env: Mapping[str, str] = field(default_factory=dict)  # a group's rank: NCCL_SOCKET_IFNAME=...
@@ -367,7 +414,8 @@ def _span(indexes: Sequence[int]) -> str:
 
 
 def _port_problems(found: HostFacts, needs: Needs) -> list[Obstacle]:
-    foreign = [x for x in found.listeners or () if needs.own_session is None or x.session != needs.own_session]
+    held = holding(found.listeners or (), needs.bind_address)
+    foreign = [x for x in held if needs.own_session is None or x.session != needs.own_session]
     if not foreign:
         return []
     named = held_by(foreign)
@@ -381,8 +429,13 @@ def _port_problems(found: HostFacts, needs: Needs) -> list[Obstacle]:
 
 
 def held_by(listeners: Sequence[Listener]) -> str:
-    """The processes of ``listeners`` in words: ``pid 4242 (python3), a process orch cannot see``."""
-    return ", ".join(f"pid {x.pid} ({x.name})" if x.pid is not None else "a process orch cannot see" for x in listeners)
+    """The processes of ``listeners`` in words, with the address each listens on:
+    ``pid 4242 (python3) on 0.0.0.0, a process orch cannot see on 127.0.0.1``."""
+    return ", ".join(_process(x) + (f" on {x.address}" if x.address else "") for x in listeners)
+
+
+def _process(listener: Listener) -> str:
+    return f"pid {listener.pid} ({listener.name})" if listener.pid is not None else "a process orch cannot see"
 
 
 def _workdir_problems(found: HostFacts, needs: Needs) -> list[Obstacle]:

@@ -198,7 +198,12 @@ def int_arg(args: Mapping[str, Any], names: Sequence[str], default: int) -> int:
 
 def probe_address(recipe: Recipe) -> str:
     """Where orch, on the host, reaches the server: the address it binds, or loopback for a wildcard."""
-    return _reachable(str(recipe.server_args.get("host", "127.0.0.1")))
+    return _reachable(recipe_bind_address(recipe))
+
+
+def recipe_bind_address(recipe: Recipe) -> str:
+    """The address the recipe's server binds: its ``host``, else SGLang's default 127.0.0.1."""
+    return str(recipe.server_args.get("host", "127.0.0.1"))
 
 
 def flag_int(argv: Sequence[str], flag: str) -> int | None:

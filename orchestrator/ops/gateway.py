@@ -237,8 +237,8 @@ def _refuse_taken_elsewhere(
 
 def _refuse_held_ports(runner: Runner, host: Host, gateway: Gateway, skip: Collection[int] = ()) -> None:
     """``GatewayError`` when a process already listens on the port smg would serve on, or on its metrics port
-    (but ``skip``, the ports a gateway job orch is replacing holds): smg could not listen there; one round
-    trip."""
+    (but ``skip``, the ports a gateway job orch is replacing holds), on the address smg binds or a wildcard
+    (``replacement.holding``): smg could not listen there; one round trip."""
     ports = {w: p for w, p in {"gateway": gateway.port, "metrics": gateway.metrics}.items() if p not in skip}
     if not ports:
         return
@@ -247,7 +247,8 @@ def _refuse_held_ports(runner: Runner, host: Host, gateway: Gateway, skip: Colle
     changed = "stopped or started" if skip else "started"
     for what, port in ports.items():
         section = found.get(what)
-        held = replacement.parse_listeners(section.output) if section is not None and section.ok else ()
+        listeners = replacement.parse_listeners(section.output) if section is not None and section.ok else ()
+        held = replacement.holding(listeners, gateway.bind_address)
         if held:
             setting = "gateway.url's port" if what == "gateway" else "gateway.metrics_port"
             raise GatewayError(

@@ -602,7 +602,8 @@ def wait_jobs(
 
 def own_job_healthy(first: RankReady, job_ids: Mapping[str, str], seen: Mapping[str, jobs.JobInfo | None]) -> bool:
     """Whether rank 0's ``/health`` 200 is its own job's (``ops.serve.own_health``)."""
-    return serve_op.own_health(first.session, job_ids[first.name], seen[first.name]).running
+    url = server_facts.base_url(first.ready.recipe, first.session.host)
+    return serve_op.own_health(first.session, job_ids[first.name], seen[first.name], url).running
 
 
 class Reconnects:

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from orchestrator import jobs, readers
 from orchestrator import server_job as srv
@@ -496,6 +497,7 @@ def replacement_obstacles(
         gpus=facts.needed_gpus(recipe),
         shown_gpus=gpus.shown,
         own_session=old.pid if old is not None else None,
+        bind_address=facts.recipe_bind_address(recipe),
         interface_env=dict(env or {}),
     )
     return replacement.unanswered_problems(found) + replacement.problems(found, needs)
@@ -895,7 +897,7 @@ def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float) ->
         try:
             status = readers.health(host, runner, url)
             log = reader.read()
-            if status == 200 and (job := own_health(session, job_id, job)).running:
+            if status == 200 and (job := own_health(session, job_id, job, url)).running:
                 return log
             now = time.monotonic()
             if job is not None and not job.running and job.stop_requested:
@@ -915,9 +917,11 @@ def wait_healthy(session: HostSession, job_id: str, url: str, timeout: float) ->
     raise AssertionError("unreachable")
 
 
-def own_health(session: HostSession, job_id: str, job: jobs.JobInfo | None) -> jobs.JobInfo:
-    """Whether a ``/health`` 200 is the new server's own: its job runs and holds the server port. Returns
-    the job as the host shows it now; StartupFailed when another process holds the port (it answered)."""
+def own_health(session: HostSession, job_id: str, job: jobs.JobInfo | None, url: str) -> jobs.JobInfo:
+    """Whether the 200 of ``url``'s ``/health`` is the new server's own: its job runs and no other process
+    listens where ``url`` asks (its address or a wildcard, on the server port: ``replacement.holding``; a
+    listener on another address shares the port's number only, and did not answer). Returns the job as the
+    host shows it now; StartupFailed when another process holds the port (it answered)."""
     host = session.host
     sections = [("job", jobs.show_argv(host.workdir, [job_id])), ("port", replacement.listeners_argv(host.server_port))]
     found = probe.parse(session.runner.run(probe.probe_argv(sections), check=True, timeout=60).stdout)
@@ -925,9 +929,9 @@ def own_health(session: HostSession, job_id: str, job: jobs.JobInfo | None) -> j
     if job is None:
         raise UsageError(f"{host.name}: no job {job_id!r} in {host.workdir}/jobs")
     listeners = replacement.parse_listeners(found["port"].output) if "port" in found else ()
-    foreign = [x for x in listeners if x.session != job.pid]
+    foreign = [x for x in replacement.holding(listeners, urlsplit(url).hostname) if x.session != job.pid]
     if job.running and foreign:
-        named = ", ".join(f"pid {x.pid} ({x.name})" for x in foreign)
+        named = replacement.held_by(foreign)
         reason = f"never got port {host.server_port}: {named} holds it and answered /health"
         raise startup_failed(session, job_id, reason, session.log(job_id))
     return job

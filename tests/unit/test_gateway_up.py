@@ -3,6 +3,8 @@ job reads in `orch gateway status`."""
 
 from __future__ import annotations
 
+import os
+import socket
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -12,8 +14,9 @@ from orchestrator.errors import ExitCode, GatewayError, UsageError
 from orchestrator.gateway import smg_argv
 from orchestrator.inventory import Gateway, Host, Inventory
 from orchestrator.jobs import JobInfo
-from orchestrator.ops.gateway import Stale, gateway_host, launch_changes, serving_urls, stale
+from orchestrator.ops.gateway import Stale, _refuse_held_ports, gateway_host, launch_changes, serving_urls, stale
 from orchestrator.state import HostState, Phase, ServerRecord, State
+from orchestrator.transport.local import LocalRunner
 from orchestrator.views.gateway import job_document, job_state, stale_unreachable
 from tests.fakerunner import FakeRunner
 from tests.unit.test_server_ops import NOW, held_out
@@ -139,3 +142,19 @@ def test_stale_reads_the_running_gateway_jobs_command_after_its_env_pairs(
     runner = FakeRunner("a").on(("orch-held", "/w", "gateway"), stdout=answer)
     found = stale(runner, HOSTS["a"].model_copy(update={"workdir": "/w"}), GATEWAY.model_copy(update={"env": env}))
     assert (found.changes if found is not None else None) == expected
+
+
+def test_a_listener_on_another_address_does_not_hold_the_gateways_port(tmp_path: Path) -> None:
+    """A process listening on 127.157.142.2 shares the port's number with a gateway on 127.0.0.1, not its port;
+    a gateway on 0.0.0.0 needs it on every address."""
+    host = Host(name="gw", address="localhost", transport="local", workdir=str(tmp_path))
+    with socket.socket() as other, socket.socket() as metrics:
+        other.bind(("127.157.142.2", 0))
+        other.listen()
+        metrics.bind(("127.0.0.1", 0))  # bound, not listening: a port free for the metrics
+        port, free = other.getsockname()[1], metrics.getsockname()[1]
+        _refuse_held_ports(LocalRunner(host), host, Gateway(url=f"http://127.0.0.1:{port}", metrics_port=free))
+        with pytest.raises(GatewayError) as held:
+            _refuse_held_ports(LocalRunner(host), host, Gateway(url=f"http://0.0.0.0:{port}", metrics_port=free))
+    assert f"gw: port {port} (the gateway's) is held by pid {os.getpid()} (" in held.value.message
+    assert "on 127.157.142.2, not by a gateway of orch's; nothing started" in held.value.message

@@ -99,20 +99,33 @@ def obstacles(stdout: str, **changes: object) -> list[str]:
         ),
         ({}, {"shown_gpus": None}, []),  # not read: nothing to compare
         (
-            {"port": (0, "listener 4242 4242 python3\nlistener 4242 4242 python3")},
+            {"port": (0, "listener 0100007F 4242 4242 python3\nlistener 0100007F 4242 4242 python3")},
             {"own_session": 999},
             [
-                "port 30000 is held by pid 4242 (python3), not by orch's server (free the port (orch never kills "
-                "a process it did not start) or change `server_port` for gpu-1)"
+                "port 30000 is held by pid 4242 (python3) on 127.0.0.1, not by orch's server (free the port (orch "
+                "never kills a process it did not start) or change `server_port` for gpu-1)"
             ],
         ),
-        ({"port": (0, "listener 5001 999 sglang::scheduler")}, {"own_session": 999}, []),  # orch's server
+        ({"port": (0, "listener 0100007F 5001 999 sglang::scheduler")}, {"own_session": 999}, []),  # orch's server
         (
-            {"port": (0, "listener - - -")},
+            {"port": (0, "listener 0100007F - - -")},
             {},
             [
-                "port 30000 is held by a process orch cannot see, not by orch's server (free the port (orch never "
-                "kills a process it did not start) or change `server_port` for gpu-1)"
+                "port 30000 is held by a process orch cannot see on 127.0.0.1, not by orch's server (free the port "
+                "(orch never kills a process it did not start) or change `server_port` for gpu-1)"
+            ],
+        ),
+        (  # another loopback address: the same port number, not the same port (issue: a rollback killed)
+            {"port": (0, "listener 028E9D7F 23088 23088 sshd")},
+            {"bind_address": "127.0.0.1"},
+            [],
+        ),
+        (
+            {"port": (0, "listener 028E9D7F 23088 23088 sshd")},
+            {"bind_address": "0.0.0.0"},
+            [
+                "port 30000 is held by pid 23088 (sshd) on 127.157.142.2, not by orch's server (free the port "
+                "(orch never kills a process it did not start) or change `server_port` for gpu-1)"
             ],
         ),
         (
@@ -228,6 +241,48 @@ def test_interfaces_not_listed_stop_only_a_groups_rank() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("written", "address"),
+    [
+        ("0100007F", "127.0.0.1"),
+        ("028E9D7F", "127.157.142.2"),
+        ("00000000", "0.0.0.0"),
+        ("00000000000000000000000000000000", "::"),
+        ("00000000000000000000000001000000", "::1"),
+        ("0000000000000000FFFF00000100007F", "::ffff:7f00:1"),  # IPv4-mapped: ``holding`` reads it as 127.0.0.1
+        ("B80D0120000000000000000001000000", "2001:db8::1"),
+        ("zz", None),
+    ],
+)
+def test_a_listeners_address_is_read_as_proc_net_tcp_writes_it(written: str, address: str | None) -> None:
+    assert r.proc_net_address(written) == address
+
+
+@pytest.mark.parametrize(
+    ("listening", "bound", "holds"),
+    [
+        ("127.0.0.1", "127.0.0.1", True),
+        ("127.157.142.2", "127.0.0.1", False),  # the same number on another address: another port
+        ("0.0.0.0", "127.0.0.1", True),  # a wildcard listener holds every address
+        ("::", "127.0.0.1", True),  # an IPv6 wildcard takes IPv4 too (unless v6only, which /proc does not say)
+        ("127.157.142.2", "0.0.0.0", True),  # a wildcard server needs every address free
+        ("127.157.142.2", "::", True),
+        ("::1", "127.0.0.1", False),
+        ("::1", "::1", True),
+        ("::ffff:127.0.0.1", "127.0.0.1", True),
+        ("127.0.0.1", "::ffff:127.0.0.1", True),
+        (None, "127.0.0.1", True),  # where it listens not read: it may be in the way
+        ("127.157.142.2", "localhost", True),  # a name: where it binds is not known here
+        ("127.157.142.2", None, True),
+    ],
+)
+def test_only_a_listener_on_the_servers_address_or_a_wildcard_holds_its_port(
+    listening: str | None, bound: str | None, holds: bool
+) -> None:
+    listener = r.Listener(23088, 23088, "sshd", listening)
+    assert r.holding([listener], bound) == ([listener] if holds else [])
+
+
 # --- the probe run for real on this machine ------------------------------------------------------------------
 
 
@@ -261,7 +316,7 @@ def test_the_probe_reads_a_real_host(tmp_path: Path, listener: tuple[int, int]) 
     assert (found.model_dir, found.model_config, found.weights) == (True, True, "shards 1")
     assert found.model_architectures == ("DeepseekV4ForCausalLM",)
     comm = Path(f"/proc/{pid}/comm").read_text().strip()  # 'python' or 'pytest', as this process was started
-    assert [(x.pid, x.name) for x in found.listeners or ()] == [(pid, comm)]
+    assert [(x.pid, x.name, x.address) for x in found.listeners or ()] == [(pid, comm, "127.0.0.1")]
     assert (found.workdir_checked, found.workdir_writable) == (str(tmp_path), True)
     assert found.free_kib is not None and found.free_kib > 0
     assert found.sglang.editable and found.sglang.version == "0.5.23"
@@ -277,3 +332,39 @@ def test_the_probe_reads_a_host_without_model_or_sglang(tmp_path: Path) -> None:
     assert found.model_dir is False and found.listeners == ()
     assert found.workdir_writable is True
     assert not found.sglang.editable  # this Python's sglang, if any, is not the checkout's
+
+
+def listening_on(address: str, port: int = 0) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+    sock.bind((address, port))
+    sock.listen()
+    return sock
+
+
+def probe_listeners(port: int) -> tuple[r.Listener, ...]:
+    argv = r.listeners_argv(port)
+    return r.parse_listeners(subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout)
+
+
+def test_the_probe_reads_where_each_listener_listens() -> None:
+    """An sshd on 127.157.142.2 once held a demo server's port number: serve refused a free port, and killed
+    a healthy rollback server, as if the sshd held it."""
+    with listening_on("127.157.142.2") as other:
+        port = other.getsockname()[1]
+        with listening_on("127.0.0.1", port):
+            found = probe_listeners(port)
+    assert sorted(x.address or "" for x in found) == ["127.0.0.1", "127.157.142.2"]
+    assert [x.address for x in r.holding(found, "127.0.0.1")] == ["127.0.0.1"]
+    assert len(r.holding(found, "0.0.0.0")) == 2
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 on this machine")
+def test_the_probe_reads_an_ipv6_listeners_address() -> None:
+    try:
+        sock = listening_on("::1")
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    with sock:
+        found = probe_listeners(sock.getsockname()[1])
+    assert [x.address for x in found] == ["::1"]
+    assert r.holding(found, "127.0.0.1") == [] and r.holding(found, "::") == list(found)

@@ -9,17 +9,18 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from orchestrator import jobs
+from orchestrator import jobs, readers
 from orchestrator.errors import UsageError
 from orchestrator.facts.server_log import ServerLog
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
+from orchestrator.recipe import Recipe
 from orchestrator.session import HostSession
 from orchestrator.transport.base import CommandResult
 from orchestrator.transport.local import LocalRunner
@@ -133,7 +134,7 @@ def test_a_foreign_listener_answering_health_is_not_the_new_server(tmp_path: Pat
             foreign.shutdown()
     assert failed.value.message.splitlines()[0] == (
         f"local: the new server (job {started.job_id}) never got port {port}: pid {os.getpid()} "
-        f"({Path(f'/proc/{os.getpid()}/comm').read_text().strip()}) holds it and answered /health"
+        f"({Path(f'/proc/{os.getpid()}/comm').read_text().strip()}) on 127.0.0.1 holds it and answered /health"
     )
 
 
@@ -146,6 +147,48 @@ def test_the_new_servers_own_health_is_trusted(tmp_path: Path, health_dir: Path)
         serve_op.wait_healthy(session, started.job_id, f"http://127.0.0.1:{port}", timeout=60)
     finally:
         jobs.stop(session.runner, jobs.find(session.runner, session.host.workdir, started.job_id), 1)
+
+
+@pytest.fixture
+def other_address_listener() -> Iterator[int]:
+    """A process's listener on 127.157.142.2 (an sshd of another host's, in a demo fleet): its port number."""
+    with socket.socket() as other:
+        other.bind(("127.157.142.2", 0))
+        other.listen()
+        yield other.getsockname()[1]
+
+
+def test_a_listener_on_another_address_does_not_take_the_new_servers_port(
+    tmp_path: Path, health_dir: Path, other_address_listener: int
+) -> None:
+    """A healthy rollback server was once stopped as "never got port 27342: pid 23088 (sshd) holds it": the
+    sshd listened on 127.157.142.2, the server on 127.0.0.1."""
+    port = other_address_listener
+    session = port_session(tmp_path, port)
+    serve = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(health_dir)]
+    started = jobs.start(session.runner, session.host.workdir, jobs.JobSpec("server", "server", serve))
+    try:
+        serve_op.wait_healthy(session, started.job_id, f"http://127.0.0.1:{port}", timeout=60)
+    finally:
+        jobs.stop(session.runner, jobs.find(session.runner, session.host.workdir, started.job_id), 1)
+
+
+@pytest.mark.parametrize(("bind", "refused"), [(None, False), ("127.0.0.1", False), ("0.0.0.0", True)])
+def test_serve_refuses_a_port_only_when_held_on_the_address_the_server_binds(
+    tmp_path: Path, other_address_listener: int, bind: str | None, refused: bool
+) -> None:
+    """``orch serve`` once refused "port 27342 is held by pid 23088 (sshd)" for an sshd on another address."""
+    session = port_session(tmp_path, other_address_listener)
+    args: dict[str, Any] = {"tp": 1, **({"host": bind} if bind else {})}
+    recipe = Recipe.model_validate({"model": "M", "architecture": "A", "server_args": args})
+    found = serve_op.replacement_obstacles(session, recipe, readers.GpuInfo(), None)
+    port = [str(o) for o in found if o.kind == "port"]
+    me = f"pid {os.getpid()} ({Path('/proc/self/comm').read_text().strip()})"
+    held = (
+        f"port {other_address_listener} is held by {me} on 127.157.142.2, not by orch's server (free the port (orch "
+        "never kills a process it did not start) or change `server_port` for local)"
+    )
+    assert port == ([held] if refused else [])
 
 
 @pytest.mark.parametrize("accept", [None, "accept length 1.20 is below the minimum 2.80"], ids=["fp8", "accept"])
