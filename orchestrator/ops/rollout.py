@@ -100,7 +100,10 @@ def incomplete_groups(hosts: Sequence[Host], groups: Sequence[Sequence[str]]) ->
 
 @dataclass
 class HostRoll:
-    """What the rollout did on one host: ``outcome`` is relaunched, unchanged, rolled back or failed."""
+    """What the rollout did on one host: ``outcome`` is relaunched, unchanged, rolled back or failed.
+    ``serves_nothing``: its new server failed and was stopped, and the rollback started no other (it failed
+    too, or no known-good command was recorded): ``result``, if any, is a stopped server's, and the host is
+    out of the gateway until ``recovery`` is run."""
 
     outcome: str
     result: serve_op.ServeResult | None = None
@@ -108,13 +111,14 @@ class HostRoll:
     drained: int = 0  # requests in flight when it was taken out of the gateway
     notes: list[str] = field(default_factory=list)
     gate: GateRecord | None = None  # the promotion gate's decision, when the host was gated
+    serves_nothing: bool = False
 
 
 class RolloutHalted(HostError):
     """The host's new server failed; it was rolled back and re-registered. ``roll`` holds what happened."""
 
-    def __init__(self, message: str, roll: HostRoll) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, roll: HostRoll, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
         self.roll = roll
 
     def took(self, began: float) -> RolloutHalted:
@@ -524,7 +528,8 @@ def _roll_back_running(
 
 def _halt(session: HostSession, client: GatewayClient, url: str, exc: HostError, roll: HostRoll) -> RolloutHalted:
     """The host's relaunch failed: re-register it when its known-good server serves again (at ``url``,
-    where that server binds), and say why the rollout halts."""
+    where that server binds), and say why the rollout halts; else it serves nothing (its new server and the
+    rollback's were stopped as they failed): the hint says how to recover it."""
     reason = exc.message.splitlines()[0]
     text = f"{session.host.name}: rollout halted: {exc.message}"
     if "the known-good server is serving again" in exc.message:
@@ -535,9 +540,24 @@ def _halt(session: HostSession, client: GatewayClient, url: str, exc: HostError,
         except GatewayError as again:
             text += f"\nNOT re-registered: {again.message}"
     else:
-        roll.outcome = "failed"
+        roll.outcome, roll.serves_nothing = "failed", True
+        text += f"\n{session.host.name} {SERVES_NOTHING}"
     roll.notes[:0] = [reason] + [line for line in exc.message.splitlines() if line.startswith("rollback")]
-    return RolloutHalted(text, roll)
+    return RolloutHalted(text, roll, recovery(session.host.name) if roll.serves_nothing else None)
+
+
+SERVES_NOTHING = "serves nothing now (its new server was stopped, and the rollback started none)"
+
+
+def recovery(name: str) -> str:
+    """The commands that recover a host the rollout left serving nothing (``HostRoll.serves_nothing``): why
+    its last server failed, and the serve that serves it again (with a gateway ``orch serve`` rolls: it
+    registers the host too)."""
+    return (
+        f"`orch logs {name} server` shows why its last server failed; `orch serve --host {name}` serves it again "
+        "and registers it with the gateway (with `--playbook`/`--profile` of what it served before, if this "
+        "rollout changed them)"
+    )
 
 
 @dataclass

@@ -13,7 +13,7 @@ from orchestrator.gateway import GatewayCheck
 from orchestrator.inventory import Host, Inventory
 from orchestrator.jobs import JobInfo
 from orchestrator.ops.gateway import GatewayUp, Stale
-from orchestrator.ops.rollout import RELAUNCHED_BEFORE, HostRoll, Rollout
+from orchestrator.ops.rollout import RELAUNCHED_BEFORE, SERVES_NOTHING, HostRoll, Rollout, recovery
 from orchestrator.render import inert, inert_log
 from orchestrator.state import Phase
 from orchestrator.views.serve import serve_report
@@ -231,7 +231,9 @@ def group_skipped_lines(incomplete: Mapping[str, list[str]], inventory: Inventor
 
 def rollout_report(selected: list[Host], done: Rollout, inventory: Inventory | None = None) -> None:
     """One line per host (its serve report first; a replica group's report is its rank 0's, its other
-    ranks say so), then the halt's reason or the rollout's time."""
+    ranks say so; a host left serving nothing, what recovers it), then the halt's reason or the rollout's
+    time. A server stopped for a rollback is named rejected, never serving, whether or not the rollback
+    brought the known-good one back."""
     for host in selected:
         roll = done.hosts.get(host.name)
         group = inventory.group_of(host.name) if inventory is not None else None
@@ -245,10 +247,12 @@ def rollout_report(selected: list[Host], done: Rollout, inventory: Inventory | N
             render.out.print(f"{host.name}: not touched ({why})", markup=False)
             continue
         if roll.result is not None and not (roll.result.unchanged and RELAUNCHED_BEFORE in roll.notes):
-            serve_report(host, roll.result, rolled_back=roll.outcome == "rolled back")
+            serve_report(host, roll.result, rolled_back=roll.outcome == "rolled back" or roll.serves_nothing)
         for line in gate_lines(host.name, roll.gate) if roll.gate is not None else []:
             render.out.print(line, markup=False)
         render.out.print(f"{host.name}: {roll_line(roll)}", markup=False)
+        if roll.serves_nothing:
+            render.out.print(f"{host.name}: {SERVES_NOTHING}: {recovery(host.name)}", markup=False)
     if done.halted:
         render.err.print(inert(f"rollout halted: {done.halted}"), style="bold red")
     else:

@@ -41,7 +41,8 @@ def reporter(host: Host) -> Sink:
 
 def serve_report(host: Host, r: serve_op.ServeResult, rolled_back: bool = False) -> None:
     """What was launched and what verification found, for one host; ``rolled_back``: that server was stopped
-    since and the known-good one relaunched (a rollout's rejected canary): its headline says so."""
+    since for a rollback (a rollout's rejected canary; whether the known-good one serves again, the rollout's
+    own lines say): its headline says so, never that it serves."""
     if r.unchanged:
         render.out.print(f"{host.name}: already serving as asked (job {r.job_id}); --force relaunches", markup=False)
         if r.group:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
-from orchestrator.errors import ExitCode
+from orchestrator.errors import ExitCode, HostError
 from orchestrator.inventory import Host
-from orchestrator.ops.rollout import HostRoll, Rollout, _in_flight, exit_code, incomplete_groups, waves
+from orchestrator.ops.rollout import HostRoll, Rollout, _halt, _in_flight, exit_code, incomplete_groups, waves
 from orchestrator.ops.serve import ServeResult
-from orchestrator.views.gateway import roll_line
+from orchestrator.views.gateway import roll_line, rollout_report
 
 
 def hosts(*specs: str) -> list[Host]:
@@ -179,3 +181,54 @@ def test_registering_a_worker_the_gateway_still_drains_waits_for_its_removal_fir
     register(session, Gateway(), url)  # type: ignore[arg-type]
     assert calls == ["wait_removed", "add", "wait_routing"]
     assert f"{url} is still being removed from the gateway: waiting for that first" in session.said
+
+
+GATE_FAILED = "sim-1: promotion gate failed: output 812.0 tok/s is below the baseline's 2,904.1 tok/s ('before')"
+ROLLBACK_FAILED = (
+    "rollback failed too: sim-1: the new server (job server-acbc) never got port 27342: pid 23088 (sshd) holds it "
+    "and answered /health"
+)
+
+
+@pytest.mark.parametrize(
+    "rollback", [ROLLBACK_FAILED, "rollback: no known-good server command recorded; nothing relaunched"]
+)
+def test_a_canary_whose_rollback_failed_is_reported_stopped_with_what_recovers_the_host(
+    capsys: pytest.CaptureFixture[str], rollback: str
+) -> None:
+    """A gated canary's rollback failed: the report said `sim-1: serving job server-3699 on port 27342` of the
+    job stopped for failing the gate, and nothing said what the host ran or how to recover it."""
+    host = Host(name="sim-1", address="127.0.0.2", server_port=27342)
+    rejected = ServeResult(["python3", "-m", "sglang.launch_server"], "server-3699", False, 4.0)
+    exc = HostError(f"{GATE_FAILED}\n{rollback}")
+    session = cast(Any, SimpleNamespace(host=host))
+    halted = _halt(session, cast(Any, None), "http://127.0.0.1:27342", exc, HostRoll("rolled back", rejected))
+    rollout_report(
+        [host], Rollout([["sim-1"]], {"sim-1": halted.roll}, halted="wave 1 failed on sim-1; not touched: none")
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        out[0] == "sim-1: rejected server job server-3699 (healthy after 4 s; stopped for the rollback), what it ran:"
+    )
+    assert not any("serving job" in line for line in out)
+    assert out[-1] == (
+        "sim-1: serves nothing now (its new server was stopped, and the rollback started none): `orch logs sim-1 "
+        "server` shows why its last server failed; `orch serve --host sim-1` serves it again and registers it with "
+        "the gateway (with `--playbook`/`--profile` of what it served before, if this rollout changed them)"
+    )
+    assert halted.roll.outcome == "failed"
+    assert halted.message.endswith(  # `orch run --rolling` says the halt's message and hint
+        "\nsim-1 serves nothing now (its new server was stopped, and the rollback started none)"
+    )
+    assert halted.hint is not None and halted.hint.startswith("`orch logs sim-1 server` shows why its last server")
+
+
+def test_a_canary_rolled_back_is_reported_stopped_and_the_host_serving_again(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    host = Host(name="sim-1", address="127.0.0.2", server_port=27342)
+    rejected = ServeResult(["python3", "-m", "sglang.launch_server"], "server-3699", False, 4.0)
+    roll = HostRoll("rolled back", rejected, notes=["rollback: the known-good server is serving again (job server-9)"])
+    rollout_report([host], Rollout([["sim-1"]], {"sim-1": roll}, halted="wave 1 failed on sim-1; not touched: none"))
+    out = capsys.readouterr().out
+    assert "sim-1: rejected server job server-3699 " in out and "serves nothing" not in out
