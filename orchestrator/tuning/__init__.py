@@ -4,8 +4,9 @@ A host is tuned alone, or (``--fleet``) in a *group* of hosts with the same GPU 
 which need the same configs and share one plan. The flow:
 
 1. ``prepare`` (``prepare.py``): attach when a plan already runs on the host (one whose jobs were lost,
-   to a reboot say, is failed first); else discover on the host (the tuner's flags from its ``--help``,
-   the runtime config directory, the GPU name, Triton, the SGLang commit), resolve the shapes
+   to a reboot say, is failed first; one that leaves out a shape asked is refused: ``attach.py``); else
+   discover on the host (the tuner's flags from its ``--help``, the runtime config directory, the GPU name,
+   Triton, the SGLang commit), resolve the shapes
    (``logged.py`` for ``--shapes logged``), skip shapes already installed for this device and commit,
    keep what a failed plan finished, stop orch's server on request and refuse busy GPUs (the one policy
    of ``facts.gpus``: ``foreign_holders``, ``busy_message``, as ``serve`` refuses them).

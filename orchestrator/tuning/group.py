@@ -17,6 +17,7 @@ from orchestrator import jobs
 from orchestrator.errors import OrchError, RefusedError
 from orchestrator.session import HostSession
 from orchestrator.state import State
+from orchestrator.tuning.attach import refuse_other_shapes
 from orchestrator.tuning.install import complete_group
 from orchestrator.tuning.member import Peers, plan_of, records, store_of
 from orchestrator.tuning.plan import group_prepared
@@ -112,7 +113,9 @@ def start_groups(
             errors.update((p.host.name, exc) for p in members)
             continue
         if adopted:
-            groups.extend(g for g in _attached_groups([_adopting(members, plan)], peers) if g.plan.id not in seen)
+            attaching = _refusing_other_shapes(members, plan, errors)
+            if attaching:
+                groups.extend(g for g in _attached_groups([_adopting(attaching, plan)], peers) if g.plan.id not in seen)
         else:
             groups.append(Group([p.session for p in members], plan, attached=False))
         seen.update(g.plan.id for g in groups)
@@ -120,6 +123,22 @@ def start_groups(
         if p.attach is None and not p.shapes:
             record_nothing_to_do(p)
     return groups, errors
+
+
+def _refusing_other_shapes(
+    members: Sequence[Prepared], plan: PlanRecord, errors: dict[str, BaseException]
+) -> list[Prepared]:
+    """The members that may attach to ``plan`` (another orch's, recorded as they planned): those it tunes every
+    needed shape of; each other member's refusal (``attach.refuse_other_shapes``) goes to ``errors``."""
+    attaching = []
+    for p in members:
+        try:
+            refuse_other_shapes(p.host.name, plan, p.shapes, {})
+        except RefusedError as exc:
+            errors[p.host.name] = exc
+            continue
+        attaching.append(p)
+    return attaching
 
 
 def _adopting(members: Sequence[Prepared], plan: PlanRecord) -> Prepared:

@@ -4,7 +4,8 @@ Nothing is hard-coded that the host can tell: the tuner's flags come from its ``
 config directory from importing SGLang's ``fp8_kernel`` with the host's python, the GPU name from
 nvidia-smi, Triton's version if it imports, the SGLang commit from git. A host already running a plan
 is attached to instead (``Prepared.attach``), unless none of that plan's jobs runs any more and some
-were lost (a reboot killed them): then it is failed first, as ``orch wait`` would (``settle_lost``).
+were lost (a reboot killed them): then it is failed first, as ``orch wait`` would (``settle_lost``); a
+plan that does not tune a shape asked is refused, not attached to (``attach.refuse_other_shapes``).
 After a plan that failed (its jobs lost to a reboot, say), the result files its finished runs wrote
 are validated and kept (``kept_results``): the next plan tunes only the rest. What is installed is read
 from the host too: a config orch marked there (``install.MARKS``) that this state does not record (another
@@ -25,7 +26,7 @@ from pydantic import BaseModel
 
 from orchestrator import jobs
 from orchestrator import server_job as srv
-from orchestrator.errors import ConfigError, RefusedError, RemoteCommandError, UnreachableError
+from orchestrator.errors import ConfigError, HostError, RefusedError, RemoteCommandError, UnreachableError
 from orchestrator.facts import git, probe
 from orchestrator.facts import gpus as smi
 from orchestrator.facts import server as server_facts
@@ -35,6 +36,7 @@ from orchestrator.recipe import Recipe, ServeOptions, Shape, TuneOptions, parse_
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord
 from orchestrator.transport.base import CommandResult, Runner, check_result
+from orchestrator.tuning.attach import refuse_other_shapes
 from orchestrator.tuning.install import MARKS, complete_group, describe_failure
 from orchestrator.tuning.logged import logged_shapes
 from orchestrator.tuning.member import (
@@ -451,12 +453,15 @@ def prepare(
     server = hs.server if (hs := state.hosts.get(host.name)) is not None else None
     if running is not None and plan is not None:
         record, plan = settle_lost(session, record, plan, look)
+    done = {} if options.force else record.installed  # what a running plan need not tune of the shapes asked
     if record.state == "running" and plan is not None:
+        refuse_other_shapes(host.name, plan, asked_shapes(session, recipe, options, plan.device), done)
         return Prepared(session, attach=plan, server=server)
     checked = [] if options.force else files_to_check(host, record, plan)
     facts, files = discover(session, [*checked, model_config_path(host)])
     adopted = adopt_host_plan(session, record, facts.open_plans, look) if record.state != "running" else None
     if adopted is not None:
+        refuse_other_shapes(host.name, adopted, asked_shapes(session, recipe, options, facts.device), done)
         return Prepared(session, attach=adopted, server=server)
     block = model_block(session, files, facts.flags)
     tp = server_facts.recipe_tp_size(recipe, host.gpus)  # the recipe's, else the host's GPU count
@@ -481,6 +486,7 @@ def prepare(
     # their jobs start, so GPUs busy with that plan's jobs are adopted, never refused as someone else's
     other = running_plan(store.read([host.name]), host.name) if needed else None
     if other is not None and not (look and other.id == running):  # looking: a lost plan is still recorded
+        refuse_other_shapes(host.name, other, needed, {})
         return Prepared(session, attach=other, server=server)  # another orch planned meanwhile: adopt its plan
     if needed:
         refuse_busy(host, facts, options.allow_busy_gpus, lambda: _job_id(session.running_server()))
@@ -579,6 +585,21 @@ def resolve_shapes(spec: str, recipe: Recipe, session: HostSession, tp: int) -> 
     if spec == "auto":
         return auto_shapes(session, tp)
     return parse_shapes(spec)
+
+
+def asked_shapes(session: HostSession, recipe: Recipe, options: TuneOptions, device: str) -> list[Shape]:
+    """The shapes ``options.shapes`` asks, to check a plan running on the host against
+    (``attach.refuse_other_shapes``). Shapes read from the host (``auto``, ``logged``) that it cannot tell now
+    (a host that does not answer, no Triton server's log) are none: the running plan is attached to as before,
+    and the watch rides out the outage."""
+    try:
+        if options.shapes == "logged":
+            return logged_shapes(session, device).shapes
+        return resolve_shapes(options.shapes, recipe, session, server_facts.recipe_tp_size(recipe, session.host.gpus))
+    except HostError:
+        if options.shapes in ("auto", "logged"):
+            return []
+        raise
 
 
 def auto_shapes(session: HostSession, tp: int) -> list[Shape]:

@@ -48,12 +48,17 @@ def test_run_gives_each_host_its_own_playbook_from_the_inventory(make_fleet: Mak
     assert "step serve:" not in second_plan and "step tune-fp8:" not in second_plan
 
 
-@pytest.mark.parametrize("command", [("tune-fp8",), ("serve", "--yes"), ("run", "--yes")])
+@pytest.mark.parametrize("command", [("tune-fp8", *SMALL), ("serve", "--yes"), ("run", "small-tune", "--yes")])
 def test_a_tuning_group_member_gone_from_the_inventory_is_a_clean_refusal_in_every_command(
     make_fleet: MakeFleet, command: tuple[str, ...]
 ) -> None:
+    """Each command asks the shapes the running group tunes (else it is refused for asking others, first)."""
     env = make_fleet(2)
     kept, gone = (h.name for h in env.fleet.hosts)  # type: ignore[attr-defined]
+    document = yaml.safe_load((PACKAGED_PLAYBOOKS / "deepseek-v4-flash.yaml").read_text())
+    document["steps"] = [{"tune-fp8": {"shapes": SMALL[1], "batch_sizes": [int(b) for b in SMALL[3].split(",")]}}]
+    (env.inventory.parent / "playbooks").mkdir(exist_ok=True)
+    (env.inventory.parent / "playbooks" / "small-tune.yaml").write_text(yaml.safe_dump(document))
     for host in env.fleet.hosts:  # type: ignore[attr-defined]
         host.set_knobs(tune_seconds_per_unit=600.0)  # the group's jobs run for the whole test
     started = env.orch("tune-fp8", "--fleet", *SMALL)

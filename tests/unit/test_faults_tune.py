@@ -97,3 +97,43 @@ def test_a_corrupt_tuning_record_is_a_state_error_naming_the_file_and_key_not_a_
     assert f"orch: error: state file {state} is corrupt: hosts.h1.tuning.state: Input should be" in run.stderr
     assert "Traceback" not in run.output
     assert json.loads(state.read_text()) == doc  # never rewritten
+
+
+def test_a_tune_of_other_shapes_started_at_the_same_moment_is_refused_not_attached(tmp_path: Path) -> None:
+    """Both planned before either recorded: the second used to attach, exit 0, and its shapes were never tuned."""
+    h, store = host(tmp_path), StateStore(tmp_path / "state.json")
+    mine = prepared(h, shapes="N=8192,K=1024", store=store)
+    other = recorded_by_another_orch(store, h)
+
+    groups, errors = start_groups([mine], False, lambda name: mine.session)
+    assert groups == []
+    assert isinstance(errors["h1"], RefusedError) and errors["h1"].exit_code == 3
+    assert errors["h1"].message == (
+        f"h1: a tuning of other shapes runs (plan {other.id}: N=1024,K=4096; N=4096,K=2048); "
+        "it does not tune N=8192,K=1024"
+    )
+    assert errors["h1"].hint == "wait for it (`orch wait --host h1`), then run this again"
+    assert running_plan(store.read(), h.name) == other and not Path(h.workdir).exists()  # nothing changed
+
+
+def test_a_tune_of_other_shapes_while_a_plan_runs_is_refused_and_one_of_its_shapes_attaches(tmp_path: Path) -> None:
+    """One after the other: the running plan is read from the state before anything on the host."""
+    from orchestrator.recipe import DEFAULT_RECIPE, TuneOptions, find_recipe, load_recipe
+    from orchestrator.session import HostSession
+    from orchestrator.tuning.prepare import prepare
+    from tests.fakerunner import FakeRunner
+
+    h, store = host(tmp_path), StateStore(tmp_path / "state.json")
+    h2 = h.model_copy(update={"name": "h2"})
+    running = make_plan([prepared(h), prepared(h2)], now=T0)  # a --fleet plan: attached to without a poll
+    with store.update() as state:
+        record_plan(state, ["h1", "h2"], running, "tuning")
+    recipe, runner = load_recipe(find_recipe(DEFAULT_RECIPE, [])), FakeRunner("h1")
+
+    def tune(shapes: str) -> PlanRecord | None:
+        return prepare(HostSession(h, runner, store), recipe, TuneOptions(shapes=shapes)).attach
+
+    with pytest.raises(RefusedError, match=r"^h1: a tuning of other shapes runs \(plan .*\); it does not tune N=8192"):
+        tune("N=8192,K=1024;N=1024,K=4096")
+    assert tune("N=1024,K=4096") == running
+    assert runner.calls == [] and running_plan(store.read(), h.name) == running
