@@ -118,7 +118,7 @@ def overtaken_field(field: dict[str, Any], plan: PlanRecord | None, marks: list[
     (``prepare.overtaking``: another controller's plan), with ``overtaken_by`` naming their plans. A look, as
     ``unrecorded_marks``: ``orch serve`` checks each config's bytes and records them."""
     found = {m.key: m.installed for m in overtaking(plan, marks)} if plan is not None else {}
-    if not found:
+    if not found or field.get("state") != "failed":
         return field
     return {
         **field,
@@ -128,6 +128,23 @@ def overtaken_field(field: dict[str, Any], plan: PlanRecord | None, marks: list[
         "installed_for": {**field.get("installed_for", {}), **installed_for(found)},
         "overtaken_by": sorted({done.plan_id or "?" for done in found.values()}),
     }
+
+
+def installed_by_another_field(
+    field: dict[str, Any], plan: PlanRecord | None, marks: list[InstallMark]
+) -> dict[str, Any]:
+    """The ``tuning`` field of a host whose tuning this state records running or ready to install (``field``, of
+    ``plan``): as the host shows it, ``installed``, when orch's marks there show every shape of this very plan
+    installed for its GPU and commit (another controller adopted the plan and installed it), with
+    ``installed_by_another`` naming the plan. A look: ``orch wait`` records it, not installing it again
+    (``prepare.installed_by_another``); ``marked_field`` then counts the configs."""
+    if plan is None or field.get("state") not in ("running", "ready-to-install"):
+        return field
+    made = (plan.device, plan.commit)
+    ours = {m.key for m in marks if m.installed.plan_id == plan.id and (m.installed.device, m.installed.commit) == made}
+    if not {s.key for s in plan.shapes} <= ours:
+        return field
+    return {**field, "state": "installed", "reason": None, "eta_seconds": None, "installed_by_another": plan.id}
 
 
 def marked_field(field: dict[str, Any], marks: list[InstallMark]) -> dict[str, Any]:
@@ -204,9 +221,10 @@ def observe(
         session.know("git", info)
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
     recorded, poll = status_field(session, cached, state if record is None else None)
-    if recorded is not None and recorded.get("state") == "failed":
+    if recorded is not None and recorded.get("state") in ("failed", "running", "ready-to-install"):
         plan = plan_of(state if state is not None and record is None else session.store.read([host.name]), record_now)
         recorded = overtaken_field(recorded, plan, marks_in(host, sections.get("marks")))
+        recorded = installed_by_another_field(recorded, plan, marks_in(host, sections.get("marks")))
     if recorded is not None:
         recorded = marked_field(recorded, marks_in(host, sections.get("marks")))
     tuning = unrecorded_tuning(recorded, sections.get("tuning_jobs"), host.workdir)
@@ -222,8 +240,12 @@ def fleet_tuning(observed: list[Observed], state: State, hosts: dict[str, Host])
     by_name = {o.status.name: o for o in observed}
     polls = {name: o.tuning_poll for name, o in by_name.items() if o.tuning_poll is not None}
     for name, whole in fleet_fields(polls, state).items():
-        listed = by_name[name].sections.get("tuning_jobs")
-        by_name[name].status.extra["tuning"] = unrecorded_tuning(whole, listed, hosts[name].workdir)
+        sections = by_name[name].sections
+        plan = plan_of(state, record_of(state.hosts.get(name)))
+        whole = installed_by_another_field(whole, plan, marks_in(hosts[name], sections.get("marks")))
+        by_name[name].status.extra["tuning"] = unrecorded_tuning(
+            whole, sections.get("tuning_jobs"), hosts[name].workdir
+        )
 
 
 def _claim_machine(
@@ -383,6 +405,8 @@ def merge_state(obs: Observed, hs: HostState, records: Mapping[str, HostState] |
     overtaken = (status.extra.get("tuning") or {}).get("overtaken_by")
     if overtaken and status.phase == Phase.FAILED.value and (hs.last_error or "").startswith("tuning:"):
         status.phase = Phase.TUNED.value  # failed only in this state: the host has the plan's shapes installed since
+    if (status.extra.get("tuning") or {}).get("installed_by_another") and status.phase == Phase.TUNING.value:
+        status.phase = Phase.TUNED.value  # tuning only in this state: another orch installed the plan on the host
     if field is not None and field["recorded"] and hs.server is not None:
         for key, value in pending_restart(field, hs.server, checkout, record_of(hs)).items():
             field.setdefault(key, value)

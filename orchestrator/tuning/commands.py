@@ -30,8 +30,10 @@ def wait_for_tuning(
 
     Polls every ``poll`` seconds; each status of the group is emitted on ``session`` as ``TuningAwaited``
     (the waiting operation's progress), none when ``quiet``. Safe to call from several orch processes:
-    installing twice writes the same files. A ``--fleet`` group needs ``peers`` (else ``RefusedError``
-    naming the group). Raises ``UnreachableError`` when a host stays unreachable for minutes.
+    a plan another orch installed already (its marks on the host) is recorded, not installed again
+    (``group.step_group``), and two installing at the same moment write the same files. A ``--fleet`` group
+    needs ``peers`` (else ``RefusedError`` naming the group). Raises ``UnreachableError`` when a host stays
+    unreachable for minutes.
     """
     state = session.store.read([session.name])
     record = record_of(state.hosts.get(session.name))

@@ -3,8 +3,9 @@ and installs.
 
 ``start_groups`` starts new plans (grouped by GPU name and SGLang commit with ``--fleet``) and gathers
 the running plans hosts attach to; ``step_group`` polls a group once (one state read, at most one
-write) and completes it when every job has ended (``install.complete_group``), stopping a job that would
-never end: one stuck after a finished tuner run.
+write) and completes it when every job has ended (``install.complete_group``; a plan whose every member's
+marks show it installed by another orch already is recorded from them instead, not installed again),
+stopping a job that would never end: one stuck after a finished tuner run.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from orchestrator.tuning.attach import refuse_other_shapes
 from orchestrator.tuning.install import complete_group
 from orchestrator.tuning.member import Peers, plan_of, records, store_of
 from orchestrator.tuning.plan import group_prepared
-from orchestrator.tuning.prepare import Prepared
+from orchestrator.tuning.prepare import Prepared, installed_by_another, record_installed_by_another
 from orchestrator.tuning.progress import (
     HostPoll,
     TuneStatus,
@@ -178,11 +179,26 @@ def step_group(
     if running is not None and _stop_stuck(members, running, polls):  # the plan as recorded: all its job ids
         polls, state = poll_group(members, plan, state)  # the stopped jobs' ends, seen in this step
         cached = records(state, names)
+    notes: dict[str, str] = {}
     if current is not None and _ended(current, plan.id, cached[names[0]], polls, cached):
-        complete_group(members, current, polls)
+        notes = _complete(members, current, polls)
         state = store.read(names)
         cached = records(state, names)
-    return {n: group_status(n, cached[n], plan_of(state, cached[n]), polls, cached) for n in names}, state
+    statuses = {n: group_status(n, cached[n], plan_of(state, cached[n]), polls, cached) for n in names}
+    for name, note in notes.items():
+        statuses[name].note = note
+    return statuses, state
+
+
+def _complete(members: Sequence[HostSession], plan: PlanRecord, polls: dict[str, HostPoll]) -> dict[str, str]:
+    """Complete the group (``complete_group``), unless another orch installed this plan on every member already
+    (``installed_by_another``: a second controller adopted it): then that is recorded, nothing installed again,
+    and each member's note says so."""
+    done = installed_by_another(members, plan)
+    if not done:
+        complete_group(members, plan, polls)
+        return {}
+    return {m.name: record_installed_by_another(m, plan, done[m.name]) for m in members}
 
 
 def _stop_stuck(members: Sequence[HostSession], plan: PlanRecord, polls: dict[str, HostPoll]) -> bool:

@@ -317,6 +317,42 @@ def failure_overtaken(session: HostSession, look: bool = False) -> dict[str, Ins
     return marked
 
 
+def installed_by_another(members: Sequence[HostSession], plan: PlanRecord) -> dict[str, dict[str, InstalledRecord]]:
+    """Each member's configs of ``plan``, when orch's marks on every member (``MARKS``) show every shape of this very
+    plan installed there, each file holding what orch wrote (``adopt_marks``): another orch (a second controller)
+    adopted the plan and installed it. Empty when the hosts do not show that. One command per member, read once
+    the plan's jobs have ended: the state is a record, not the authority, and its ``orch wait`` does not install
+    the plan again."""
+    found = {}
+    for m in members:
+        ours = [mark for mark in read_marks(m) if mark.installed.plan_id == plan.id]
+        done = adopt_marks(m, TuningRecord(), ours, device=plan.device, commit=plan.commit,
+                           files=m.runner, look=True).installed  # fmt: skip
+        if not {s.key for s in plan.shapes} <= set(done):
+            return {}
+        found[m.name] = done
+    return found
+
+
+def record_installed_by_another(member: HostSession, plan: PlanRecord, done: dict[str, InstalledRecord]) -> str:
+    """Record ``done`` (``installed_by_another``) as the member's running ``plan`` installed (phase ``tuned``), unless
+    the state moved on meanwhile; what to say of it."""
+    said = (
+        f"installed by another orch (plan {plan.id}; marked in {member.host.workdir.rstrip('/')}/{MARKS}): "
+        "recorded, not installed again"
+    )
+
+    def apply(hs: HostState, record: TuningRecord) -> None:
+        if (record.plan_id, record.state) != (plan.id, "running"):
+            return
+        record.installed.update(done)
+        record.state, record.reason, record.log_tail = "installed", None, None
+        hs.tuned(f"tuned FP8 configs of plan {plan.id} {said}")
+
+    edit_record(member.store, member.name, apply)
+    return said
+
+
 def overtaking(plan: PlanRecord, marks: Iterable[InstallMark]) -> list[InstallMark]:
     """The install marks (``marks``, as read from the host) that make the failed ``plan`` done all the same: those
     for its GPU and SGLang commit installed since it was made, when they cover every shape of it; else none."""

@@ -183,7 +183,10 @@ def _tuning_cell(v: HostStatus) -> str:
         done = f"{t['percent']:.0f}% ({t['units_done']}/{t['units_total']})"
         return f"{t['state']} {done}{eta}{_stuck(t)}{_silent(v.name, t)}"
     if t["state"] == "installed":
-        return f"installed {len(t['installed'])} shapes{_unrecorded(t)}{_made_for(t, (v.sglang or {}).get('commit'))}"
+        by = t.get("installed_by_another")
+        other = f", by another orch (plan {by}; `orch wait --host {v.name}` records it)" if by else ""
+        made = _made_for(t, (v.sglang or {}).get("commit"))
+        return f"installed {len(t['installed'])} shapes{_unrecorded(t)}{made}{other}"
     return f"{t['state']}: {t.get('reason') or t.get('error') or ''}".rstrip(": ")
 
 

@@ -716,3 +716,35 @@ def test_configs_marked_on_the_host_beyond_this_states_record_are_counted_and_na
     assert (shown["installed"], shown["unrecorded"]) == ([*BOTH, "N=512,K=4096"], ["N=512,K=4096"])
     assert shown["installed_for"]["N=512,K=4096"]["commit"] == "0" * 40
     assert status_op.marked_field(field, [mark(BOTH[0])]) == field  # every mark recorded: as it was
+
+
+@pytest.mark.parametrize(
+    ("plan_id", "keys", "state"),
+    [
+        ("p-mine", BOTH, "installed"),  # another controller adopted this plan and installed it
+        ("p-mine", BOTH[:1], "ready-to-install"),  # one shape of two: its install is under way, or cut off
+        ("theirs", BOTH, "ready-to-install"),  # another plan's marks: this one still has its own to install
+    ],
+)
+def test_a_plan_ready_to_install_here_that_another_orch_installed_is_shown_installed_and_tuned(
+    plan_id: str, keys: tuple[str, ...], state: str
+) -> None:
+    """Controller B adopted A's plan and installed it (the host's marks name the plan): A's status showed the
+    plan `ready-to-install 100%` and the host `tuning`, and A's `orch wait` installed it again."""
+    plan = group_plan().model_copy(update={"id": "p-mine", "device": DEVICE, "commit": COMMIT})
+    marks = [
+        m.model_copy(update={"installed": m.installed.model_copy(update={"plan_id": plan_id})}) for m in map(mark, keys)
+    ]
+    field = {"state": "ready-to-install", "percent": 100.0, "installed": [], "installed_for": {}}
+    shown = status_op.marked_field(status_op.installed_by_another_field(field, plan, marks), marks)
+    assert shown["state"] == state
+    info = git.GitInfo(COMMIT, "main", "s", COMMIT, 0)
+    obs = status_op.Observed(HostStatus("sim-3", "127.0.0.1", reachable=True, phase="new"), info, {})
+    obs.status.extra["tuning"] = shown
+    view = status_op.merge_state(obs, HostState(phase=Phase.TUNING))
+    assert view.phase == ("tuned" if state == "installed" else "tuning")
+    if state == "installed":
+        assert views_mod._tuning_cell(view) == (
+            f"installed 2 shapes (2 not recorded) for {COMMIT[:7]} on {DEVICE}, by another orch (plan p-mine; "
+            "`orch wait --host sim-3` records it)"
+        )
