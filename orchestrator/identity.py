@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Collection
 
 from orchestrator.facts.machine import Claim, Machine, merged, retired_name, same_machine
-from orchestrator.state import State
+from orchestrator.state import HostState, Phase, State
 from orchestrator.store import StateStore
 
 
@@ -21,9 +21,12 @@ def claim_machine(
     - a record of this machine, or with none (an older orch's), is kept and ``now`` recorded in it;
     - a record of another machine (``same_machine``) is never applied here: it is kept whole under
       ``retired_name`` (``gpu-1@3f2a9c1e``) and ``name`` starts afresh, as a new host;
-    - a name without a record (then) takes the record of the same machine-id kept under a name the
-      ``inventory`` no longer has (a renamed host, or a record kept aside earlier): the record follows
-      its machine, so a renamed host keeps its server, tuning and history.
+    - a name without a record (then), or with an ``untouched`` one, takes the record of the same machine-id
+      kept under a name the ``inventory`` no longer has (a renamed host, or a record kept aside earlier): the
+      record follows its machine, so a renamed host keeps its server, tuning and history;
+    - a record of another machine that another inventory name reaches now, its record ``untouched``, goes
+      to that name rather than aside (``moved_to``): two names swapped each end with their machine's record,
+      whichever is claimed first.
 
     What it did (``Claim``), for the caller to say. A record that already says ``now`` (``recorded``: as the
     caller read it for the fleet, ``orch status``; else read here) is not written: no write lock per host
@@ -32,9 +35,10 @@ def claim_machine(
     if recorded is not None and recorded == now:
         return Claim()
     snapshot = store.read([name], history=False).hosts.get(name)
-    if snapshot is not None and snapshot.machine == now:
+    adopts = (snapshot is None or untouched(snapshot)) and _stray(store, now, inventory)
+    if snapshot is not None and snapshot.machine == now and not adopts:
         return Claim()
-    if same_machine(snapshot.machine, now) if snapshot is not None else not _stray(store, now, inventory):
+    if not adopts and (snapshot is None or same_machine(snapshot.machine, now)):
         with store.update_hosts([name], seen=True) as state:
             recorded = state.hosts[name].machine
             if same_machine(recorded, now):  # still (another orch may have written meanwhile)
@@ -49,18 +53,50 @@ def _claim(state: State, name: str, now: Machine, inventory: Collection[str]) ->
     """``claim_machine`` inside a fleet transaction."""
     hs = state.hosts.get(name)
     recorded = hs.machine if hs is not None else None
-    if hs is not None and same_machine(recorded, now):
+    parked = _record_of(state, now.machine_id, inventory) if now.machine_id else None
+    if hs is not None and same_machine(recorded, now) and (parked is None or not untouched(hs)):
         hs.machine = merged(recorded, now)
         return Claim()
     claim = Claim(recorded=recorded)
-    if hs is not None and recorded is not None:
-        claim.kept_as = retired_name(name, recorded, {*state.hosts, *inventory})
-        state.hosts[claim.kept_as] = state.hosts.pop(name)
-    claim.followed_from = _record_of(state, now.machine_id, inventory) if now.machine_id else None
-    if claim.followed_from is not None:
-        state.hosts[name] = state.hosts.pop(claim.followed_from)
+    if hs is not None and recorded is not None and not same_machine(recorded, now):
+        claim.moved_to = target = _untouched_name_of(state, recorded, [n for n in inventory if n != name])
+        if target is None:
+            claim.kept_as = target = retired_name(name, recorded, {*state.hosts, *inventory})
+        _move(state, name, target)
+    claim.followed_from = parked
+    if parked is not None:
+        _move(state, parked, name)
     state.host(name).machine = now
     return claim
+
+
+def untouched(hs: HostState) -> bool:
+    """Whether a record holds nothing orch did on its host (a name that started afresh: no phase change,
+    job, server, tuning, benchmark, profile or drain); what a probe reads (checkout, last seen) is no work.
+    Such a record gives way to its machine's record kept under another name. Read without history (lists
+    left out), a record may look untouched when it is not: only a reason to decide again in a transaction."""
+    done = (hs.history, hs.jobs, hs.server, hs.tuning, hs.benchmarks, hs.profiles, hs.steps, hs.drained_at)
+    return hs.phase == Phase.NEW and not any(done)
+
+
+def _untouched_name_of(state: State, machine: Machine, names: Collection[str]) -> str | None:
+    """The first of ``names`` whose record is ``untouched`` and of ``machine`` (the same machine-id)."""
+    if not machine.machine_id:
+        return None
+    for n in names:
+        hs = state.hosts.get(n)
+        if hs is not None and hs.machine is not None and hs.machine.machine_id == machine.machine_id and untouched(hs):
+            return n
+    return None
+
+
+def _move(state: State, source: str, target: str) -> None:
+    """Host ``source``'s record under ``target``, with ``target``'s machine when it had one (its address now)."""
+    there = state.hosts.get(target)
+    record = state.hosts.pop(source)
+    if there is not None and there.machine is not None:
+        record.machine = merged(record.machine, there.machine)
+    state.hosts[target] = record
 
 
 _machines: weakref.WeakKeyDictionary[StateStore, dict[str, str]] = weakref.WeakKeyDictionary()

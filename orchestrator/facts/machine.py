@@ -76,12 +76,19 @@ def retired_name(name: str, recorded: Machine, taken: Container[str]) -> str:
 @dataclass
 class Claim:
     """What tying a host's record to the machine seen now did (``identity.claim_machine``): the record
-    of another machine kept aside as ``kept_as`` (``recorded`` its machine), and the record that followed
-    its machine from ``followed_from`` (a renamed host). Neither: the record was this machine's already."""
+    of another machine (``recorded``) kept aside as ``kept_as``, or moved to ``moved_to``, the inventory name
+    that machine is now (a swap); and the record that followed its machine from ``followed_from`` (a renamed
+    host). None of them: the record was this machine's already."""
 
     recorded: Machine | None = None
     kept_as: str | None = None
     followed_from: str | None = None
+    moved_to: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        """Whether the claim put another record under the name (or none): one to read again."""
+        return bool(self.kept_as or self.followed_from or self.moved_to)
 
 
 def machine_argv() -> list[str]:
@@ -124,6 +131,10 @@ def claim_lines(claim: Claim, name: str, now: Machine) -> list[str]:
     said = []
     if claim.kept_as is not None and claim.recorded is not None:
         said.append(mismatch_line(name, claim.recorded, now, claim.kept_as))
+    if claim.moved_to is not None and claim.recorded is not None:
+        said.append(followed_line(claim.moved_to, name, claim.recorded))
+        if claim.followed_from is None:
+            said.append(f"{name}: now {now.describe()}: treated as a new host (nothing was stopped)")
     if claim.followed_from is not None:
         said.append(followed_line(name, claim.followed_from, now))
     return said

@@ -17,6 +17,7 @@ from orchestrator.facts import tuner as tf
 from orchestrator.facts.group import GroupStatus, group_status, group_stop, ungrouped_status
 from orchestrator.fleet import HostResult
 from orchestrator.gateway import GatewayClient, Served, check_fleet, drain_mark_in, drain_mark_section
+from orchestrator.identity import untouched
 from orchestrator.inventory import Host, Inventory
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, Phase, ServerRecord, State
@@ -256,9 +257,9 @@ def _claim_machine(
     read again, with the HTTP of the server it records asked (the probe asked the old record's): else None."""
     found = sections.get("machine")
     machine_id = machine.parse_machine_id(found.output) if found is not None and found.ok else None
-    recorded = cached.machine if cached is not None else None
+    recorded = cached.machine if cached is not None and not untouched(cached) else None  # else it may adopt one
     claim = session.claim_machine(readers.host_machine(session.host, machine_id), recorded)
-    if claim is None or (claim.kept_as is None and claim.followed_from is None):
+    if claim is None or not claim.changed:
         return None
     record = session.store.read([session.name], history=False).host(session.name)
     sections.pop("server_http", None)

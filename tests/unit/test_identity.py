@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
+
 from orchestrator.facts.machine import Machine, claim_lines
 from orchestrator.identity import claim_machine
 from orchestrator.state import HostState, Phase, ServerRecord
@@ -122,3 +124,41 @@ def test_a_record_kept_aside_by_this_process_follows_its_machine_to_a_new_name(t
 
     assert claim.followed_from == "gpu-1@aaaaaaaa"
     assert store.read().hosts["gpu-3"].phase == Phase.SERVING
+
+
+@pytest.mark.parametrize("first", ["gpu-1", "gpu-2"])
+def test_two_swapped_names_each_end_with_their_machines_record_whichever_is_claimed_first(
+    tmp_path: Path, first: str
+) -> None:
+    store = StateStore(tmp_path / "state.db")
+    serving(store, "gpu-1", Machine(address=AT_1, machine_id=A))
+    serving(store, "gpu-2", Machine(address=AT_2, machine_id=B))
+    store.update_host("gpu-2", lambda hs: hs.set_phase(Phase.TUNED, "test"))  # two records told apart
+    now = {"gpu-1": Machine(address=AT_2, machine_id=B), "gpu-2": Machine(address=AT_1, machine_id=A)}  # swapped
+    second = "gpu-2" if first == "gpu-1" else "gpu-1"
+
+    claim_machine(store, first, now[first], set(now))
+    claim = claim_machine(store, second, now[second], set(now))
+
+    assert (
+        f"{first}: the state's record of {second!r} follows its machine ({now[first].describe()}) to this name"
+    ) in claim_lines(claim, second, now[second])
+    state = store.read()
+    assert set(state.hosts) == {"gpu-1", "gpu-2"}  # nothing left aside
+    assert [c.to_phase for c in state.hosts["gpu-1"].history] == [Phase.SERVING, Phase.TUNED]  # gpu-2's, on B
+    assert [c.to_phase for c in state.hosts["gpu-2"].history] == [Phase.SERVING]  # gpu-1's, on A
+    assert (state.hosts["gpu-1"].machine, state.hosts["gpu-2"].machine) == (now["gpu-1"], now["gpu-2"])
+
+
+def test_an_untouched_name_takes_its_machines_record_kept_aside_before(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    serving(store, "gpu-1@aaaaaaaa", Machine(address=AT_1, machine_id=A))  # an older orch's stranded swap
+    now = Machine(address=AT_2, machine_id=A)
+    store.update_host("gpu-2", lambda hs: setattr(hs, "machine", now))  # gpu-2 is A, and did nothing yet
+
+    claim = claim_machine(store, "gpu-2", now, {"gpu-2"}, recorded=None)
+
+    assert claim.followed_from == "gpu-1@aaaaaaaa"
+    state = store.read()
+    assert set(state.hosts) == {"gpu-2"} and state.hosts["gpu-2"].phase == Phase.SERVING
+    assert state.hosts["gpu-2"].machine == now
