@@ -166,10 +166,15 @@ def read_text(path: Path) -> str:
     is not a regular file (a directory, a device, a FIFO) or is larger than ``MAX_FILE_BYTES`` is a
     ``ConfigError`` naming the file and what it is, before a byte is read."""
     data = _read_bounded(path)
+    if _utf16(data):  # without a byte-order mark, ASCII text in UTF-16 decodes as UTF-8 (with NULs)
+        raise ConfigError(
+            f"{path}: not UTF-8 but UTF-16 (as PowerShell writes it); orch reads YAML files as UTF-8",
+            hint=_save_as_utf8("utf-16"),
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(_not_utf8(path, data, exc), hint=_SAVE_AS_UTF8) from None
+        raise ConfigError(_not_utf8(path, data, exc), hint=_save_as_utf8("latin1")) from None
 
 
 def _read_bounded(path: Path) -> bytes:
@@ -224,16 +229,21 @@ def _size(size: int) -> str:
     return f"{size} bytes"
 
 
-_SAVE_AS_UTF8 = (
-    "save the file as UTF-8 (PowerShell: Set-Content -Encoding utf8; "
-    "elsewhere e.g. `iconv -f latin1 -t utf-8 FILE > FILE.new`)"
-)
+def _save_as_utf8(encoding: str) -> str:
+    """How to fix a file in ``encoding`` (``utf-16``, ``latin1``: as ``iconv -f`` names it)."""
+    return (
+        "save the file as UTF-8 (PowerShell: Set-Content -Encoding utf8; "
+        f"elsewhere e.g. `iconv -f {encoding} -t utf-8 FILE > FILE.new`)"
+    )
+
+
+def _utf16(data: bytes) -> bool:
+    """Whether ``data`` looks UTF-16: its byte-order mark, or NUL bytes in its start (ASCII text in UTF-16)."""
+    return data[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in data[:64]
 
 
 def _not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError) -> str:
-    """What is wrong, in one line: UTF-16 (by its byte-order mark or its NUL bytes), else the first bad byte."""
-    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in data[:64]:
-        return f"{path}: not UTF-8 but UTF-16 (as PowerShell writes it); orch reads YAML files as UTF-8"
+    """What is wrong, in one line: the first byte that is not UTF-8."""
     line = data[: exc.start].count(b"\n") + 1
     byte = data[exc.start]
     return (

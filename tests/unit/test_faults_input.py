@@ -25,18 +25,22 @@ def orch(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize(
-    ("data", "said"),
+    ("data", "said", "encoding"),
     [
-        pytest.param(GOOD.encode("utf-16"), ": not UTF-8 but UTF-16 (as PowerShell writes it)", id="utf-16"),
+        pytest.param(GOOD.encode("utf-16"), ": not UTF-8 but UTF-16 (as PowerShell writes it)", "utf-16", id="utf-16"),
+        pytest.param(
+            GOOD.encode("utf-16-le"), ": not UTF-8 but UTF-16 (as PowerShell writes it)", "utf-16", id="utf-16-no-bom"
+        ),
         pytest.param(
             ("# café\n" + GOOD).encode("latin-1"),
             ":1: not UTF-8: byte 0xe9 at offset 5 (Latin-1 or another 8-bit encoding?)",
+            "latin1",
             id="latin-1",
         ),
     ],
 )
 def test_an_inventory_not_in_utf8_is_exit_2_naming_the_file_and_encoding(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], data: bytes, said: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], data: bytes, said: str, encoding: str
 ) -> None:
     inventory = tmp_path / "hosts.yaml"
     inventory.write_bytes(data)
@@ -44,6 +48,7 @@ def test_an_inventory_not_in_utf8_is_exit_2_naming_the_file_and_encoding(
     assert code == 2, output
     assert f"orch: error: {inventory}{said}" in output
     assert "save the file as UTF-8" in output and "Traceback" not in output
+    assert f"iconv -f {encoding} -t utf-8 FILE > FILE.new" in " ".join(output.split())  # the hint may wrap
 
 
 def test_a_playbook_not_in_utf8_is_exit_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
