@@ -6,6 +6,7 @@ Every error names the file, the host and the key, says what is wrong and how to 
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path
@@ -387,6 +388,10 @@ def load_inventory(path: Path) -> Inventory:
     return Inventory(path=path, hosts=hosts, gateway=gateway, groups=groups)
 
 
+_TOP_LEVEL = ("defaults", "hosts", "gateway", "groups")
+"""The keys an inventory takes at its top level."""
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         text = read_text(path)
@@ -399,9 +404,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     raw = load_yaml(path, text)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping with 'hosts' (and optional 'defaults')")
-    unknown = sorted(set(raw) - {"defaults", "hosts", "gateway", "groups"})
+    unknown = sorted(set(raw) - set(_TOP_LEVEL), key=str)
     if unknown:
-        raise ConfigError(f"{path}: unknown top-level key {unknown[0]!r}; allowed: defaults, hosts, gateway, groups")
+        close = difflib.get_close_matches(str(unknown[0]), _TOP_LEVEL, n=1)
+        typo = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{path}: unknown top-level key {unknown[0]!r}{typo}; allowed: {', '.join(_TOP_LEVEL)}")
     return raw
 
 
