@@ -376,7 +376,7 @@ def inventory_path(option: Path | None) -> Path:
 def load_inventory(path: Path) -> Inventory:
     raw = _read_yaml(path)
     _refuse_control_characters(path, raw)
-    defaults = _validate_defaults(path, raw.get("defaults") or {})
+    defaults = _validate_defaults(path, {} if raw.get("defaults") is None else raw["defaults"])  # `defaults:` empty
     hosts_raw = raw.get("hosts")
     if not isinstance(hosts_raw, dict) or not hosts_raw:
         raise ConfigError(f"{path}: 'hosts' must be a mapping of host names to settings, with at least one host")

@@ -44,6 +44,9 @@ def test_repository_example_loads_with_defaults_inherited() -> None:
         ("defaults:\n  gpu: 8\nhosts:\n  a:\n    address: h\n", "defaults: unknown key 'gpu'"),
         ("defaults:\n  port: x\nhosts:\n  a:\n    address: h\n", "defaults, key 'port'"),
         ("hosts: []\n", "'hosts' must be a mapping"),
+        ("defaults: []\nhosts:\n  a: {address: h}\n", "'defaults' must be a mapping of host settings"),
+        ("defaults: ''\nhosts:\n  a: {address: h}\n", "'defaults' must be a mapping of host settings"),
+        ("defaults: 5\nhosts:\n  a: {address: h}\n", "'defaults' must be a mapping of host settings"),
         ("hostz:\n  a: {}\n", "unknown top-level key 'hostz' (did you mean 'hosts'?); allowed: defaults, hosts"),
         ("colour: red\nhosts:\n  a: {address: h}\n", "unknown top-level key 'colour'; allowed: defaults, hosts"),
         ("hosts:\n  a: [1]\n", "host 'a': settings must be a mapping"),
@@ -260,3 +263,8 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
     path = write(tmp_path, "hosts:\n  a:\n    address: h\n   port: 22\n")
     with pytest.raises(ConfigError, match=f"^{path}:4: not valid YAML: "):
         load_inventory(path)
+
+
+def test_an_empty_defaults_section_is_no_defaults(tmp_path: Path) -> None:
+    inventory = load_inventory(write(tmp_path, "defaults:  # all commented out\nhosts:\n  a: {address: h}\n"))
+    assert inventory.hosts["a"].port == 22
