@@ -42,6 +42,16 @@ class Finite(click.FloatRange):
         return number
 
 
+class GivenPath(click.Path):
+    """A path option's value, refused when empty (exit 2): ``--state ''`` (an unset variable in a script) was
+    the current directory, "state database . is a directory", exit 4; an empty ``$ORCH_STATE`` is unset."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value:
+            self.fail("is empty: give a path, or leave the option out for its default", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 LAZY_COMMANDS = {
     "status": "hosts:status",
     "pull": "hosts:pull",
@@ -92,12 +102,12 @@ class LazyGroup(click.Group):
 @click.option(
     "-i",
     "--inventory",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=GivenPath(path_type=Path, dir_okay=False),
     help="Inventory file. Default: $ORCH_INVENTORY, else ./hosts.yaml.",
 )
 @click.option(
     "--state",
-    type=click.Path(path_type=Path),
+    type=GivenPath(path_type=Path),
     help="State database (a path ending .json: an older orch's state, migrated into .db beside it). "
     "Default: $ORCH_STATE, else .orch/state.db beside the inventory.",
 )

@@ -265,3 +265,15 @@ def test_jobs_refuses_a_kind_orch_does_not_start_naming_the_option_and_its_kinds
         f"orch: error: --kind: {kind!r} is not a kind of job orch starts (orch's kinds: server, tune, bench, profile, "
         "gateway)\n  hint: give one of them, or a purpose of one such as tune.gpu3"
     ), output
+
+
+@pytest.mark.parametrize("option", ["--state", "--inventory"])
+def test_an_empty_state_or_inventory_path_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str
+) -> None:
+    given = {"--inventory": str(tmp_path / "hosts.yaml"), "--state": str(tmp_path / "st.db"), option: ""}
+    (tmp_path / "hosts.yaml").write_text(GOOD)
+    code, output = orch(capsys, *[word for pair in given.items() for word in pair], "state", "show")
+    assert code == 2, output
+    assert f"{option}': is empty: give a path, or leave the option out for its default" in output
+    assert not (tmp_path / "st.db").exists()
