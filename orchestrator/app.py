@@ -84,12 +84,14 @@ class App:
 
     def existing_store(self) -> StateStore:
         """The store of a command that only reads the state (``report``, ``state show``/``export``/``forget``):
-        one that does not exist (a mistyped ``--state``) is exit 2 naming where it was looked for, not created
-        empty (an empty state reads like a fleet orch never touched)."""
+        one that does not exist (a mistyped ``--state``), or an empty file (0 bytes: SQLite would make it a
+        database), is exit 2 naming where it was looked for, not created empty (an empty state reads like a
+        fleet orch never touched); the file is left as it is."""
         database = database_path(self.state_path)
-        if not database.exists() and not legacy_path(database).exists():
+        empty = database.is_file() and database.stat().st_size == 0
+        if (empty or not database.exists()) and not legacy_path(database).exists():
             raise UsageError(
-                f"no state at {database}",
+                f"no state at {database}" + (": the file is empty (0 bytes)" if empty else ""),
                 hint="--state or ORCH_STATE names it (default: .orch/state.db beside the inventory); "
                 "orch status, pull or serve create it",
             )

@@ -124,3 +124,18 @@ def test_a_state_that_does_not_exist_is_named_not_created_empty(
     result = orch("--state", str(missing), *command)
     assert result.returncode == 2 and f"no state at {missing}" in result.stderr, result.output
     assert not (tmp_path / "nonexistent").exists()
+
+
+@pytest.mark.parametrize(
+    "command", [["state", "show"], ["state", "export"], ["state", "forget", "x", "--yes"], ["report"]]
+)
+def test_an_empty_state_file_is_named_not_made_a_database(
+    tmp_path: Path, orch: Callable[..., OrchRun], command: list[str]
+) -> None:
+    """A 0-byte --state: `state show` made it an empty database and printed no hosts."""
+    empty = tmp_path / "state.db"
+    empty.touch()
+    result = orch("--state", str(empty), *command)
+    assert result.returncode == 2, result.output
+    assert f"orch: error: no state at {empty}: the file is empty (0 bytes)" in result.stderr, result.output
+    assert empty.stat().st_size == 0 and sorted(tmp_path.iterdir()) == [empty]
