@@ -45,10 +45,12 @@ def confirm_outage(down: Sequence[str], chosen: bool, yes: bool, maybe: Collecti
 
 
 def confirm_or_refuse(question: str, alternative: str = "") -> None:
-    """Ask ``question`` on a terminal; no terminal, or not confirmed → UsageError, nothing changed."""
+    """Ask ``question`` on a terminal; no terminal, or not confirmed → UsageError, nothing changed (the
+    question, without its capital, begins the error: ``orch: error: forget gpu-1: ...: refused ...``)."""
     if not sys.stdin.isatty():
         raise UsageError(
-            f"{question[:-1]}: refused without confirmation (stdin is not a terminal); nothing was changed",
+            f"{question[:1].lower()}{question[1:-1]}: refused without confirmation (stdin is not a terminal); "
+            "nothing was changed",
             hint=f"pass --yes to confirm{', ' + alternative if alternative else ''}",
         )
     if not click.confirm(question, default=False, err=True):

@@ -180,7 +180,7 @@ def test_draining_or_stopping_the_last_server_the_gateway_routes_to_is_asked_fir
     assert served.env.orch("drain", "sim-2").returncode == 0
     refused = served.env.orch("drain", "sim-1")  # stdin is not a terminal
     assert refused.returncode == 2, refused.output  # it emptied the gateway, exit 0, every request then failed
-    assert "Drain every server the gateway routes to (sim-1): every request through it fails until one is " in (
+    assert "drain every server the gateway routes to (sim-1): every request through it fails until one is " in (
         refused.stderr
     )
     assert "refused without confirmation" in refused.stderr and "pass --yes to confirm" in refused.stderr
@@ -188,7 +188,7 @@ def test_draining_or_stopping_the_last_server_the_gateway_routes_to_is_asked_fir
     assert "drained_at" not in status_of(served, "sim-1")
     stopped = served.env.orch("stop-server", "--host", "sim-1")  # it stopped the gateway's last server, exit 0
     assert stopped.returncode == 2, stopped.output
-    assert "Stop every server the gateway routes to (sim-1): every request through it fails" in stopped.stderr
+    assert "stop every server the gateway routes to (sim-1): every request through it fails" in stopped.stderr
     assert served.workers() == [served.url("sim-1")]
     served.smg.client().remove(served.url("sim-1"))  # as a drain --yes of it leaves the gateway
     served.smg.client().wait_removed(served.url("sim-1"), timeout=10)

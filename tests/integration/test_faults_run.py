@@ -74,7 +74,7 @@ def test_a_tuning_redone_for_a_deleted_config_asks_before_stopping_servers_on_se
         os.remove(sorted(state(env)[h.name]["tuning"]["installed"].values(), key=lambda r: r["path"])[0]["path"])
     refused = env.orch("run", "deepseek-v4-flash", timeout=600)  # the redone tune-fp8 would stop both servers
     assert refused.returncode == 2, refused.output
-    assert "Take serving down on 2 hosts" in refused.stderr and "pass --yes" in refused.stderr
+    assert "take serving down on 2 hosts" in refused.stderr and "pass --yes" in refused.stderr
     assert {h.name: state(env)[h.name]["server"]["job_id"] for h in env.fleet.hosts} == servers
     assert all(purposes(h)["server"] == 1 for h in env.fleet.hosts)  # nothing stopped or started
     done = env.orch("run", "deepseek-v4-flash", "--yes", timeout=600)

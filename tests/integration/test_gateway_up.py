@@ -137,7 +137,7 @@ def test_gateway_up_runs_smg_in_front_of_the_serving_hosts_and_down_stops_it(
 
     refused = env.orch("gateway", "down")
     assert refused.returncode == 2, refused.output
-    assert f"Stop the gateway at {gateway.url} (the whole fleet's traffic): refused without" in refused.stderr
+    assert f"stop the gateway at {gateway.url} (the whole fleet's traffic): refused without" in refused.stderr
     assert "fails from now on" not in refused.stderr  # it said it was stopping it, then did not
     assert "refused without confirmation" in refused.stderr and alive(int(str(job["pid"])))
 

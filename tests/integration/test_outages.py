@@ -59,7 +59,7 @@ def test_stopping_servers_on_several_hosts_needs_yes_and_each_stop_is_announced(
     before = running(env)
     refused = env.orch("stop-server")
     assert refused.returncode == 2, refused.output
-    assert "Take serving down on 2 hosts (sim-1, sim-2): refused without confirmation" in refused.stderr
+    assert "take serving down on 2 hosts (sim-1, sim-2): refused without confirmation" in refused.stderr
     assert "pass --yes" in refused.stderr
     assert running(env) == before  # nothing was stopped
     one = ok(env, "stop-server", "--host", "sim-1")  # a host picked by name: no question
@@ -73,7 +73,7 @@ def test_stopping_servers_on_several_hosts_needs_yes_and_each_stop_is_announced(
     same = ok(env, "serve")  # both serve as asked: nothing would go down, nothing to confirm
     assert same.stdout.count("already serving as asked") == 2
     refused_serve = env.orch("serve", "--force")  # replacing both asks
-    assert refused_serve.returncode == 2 and "Take serving down on 2 hosts" in refused_serve.stderr
+    assert refused_serve.returncode == 2 and "take serving down on 2 hosts" in refused_serve.stderr
     replaced = ok(env, "serve", "--force", "--yes")
     for name, job in running(env).items():
         assert re.search(
@@ -127,7 +127,7 @@ def test_run_announces_the_stop_for_tuning_shows_it_in_the_dry_run_and_asks_on_s
     assert "to relaunch with the new command" not in dry.stdout  # the tuning step already stopped it
     refused = env.orch("run")
     assert refused.returncode == 2, refused.output
-    assert "Take serving down on 2 hosts (sim-1, sim-2)" in refused.stderr and "pass --yes" in refused.stderr
+    assert "take serving down on 2 hosts (sim-1, sim-2)" in refused.stderr and "pass --yes" in refused.stderr
     assert running(env) == before
     assert all(not hs.steps for hs in StateStore(env.state).read().hosts.values())  # no step ran
     run = ok(env, "run", "--yes")
@@ -145,7 +145,7 @@ def test_run_announces_the_stop_for_tuning_shows_it_in_the_dry_run_and_asks_on_s
     served = running(env)
     asked = other.orch("run")  # it asked to take serving down on both, as if for sure
     assert asked.returncode == 2, asked.output
-    assert "Take serving down on 2 hosts (sim-1, sim-2 only if the steps before their serve or tuning change " in (
+    assert "take serving down on 2 hosts (sim-1, sim-2 only if the steps before their serve or tuning change " in (
         asked.stderr
     )
     again = other.orch("run", "--yes")
@@ -213,7 +213,7 @@ def test_tune_fp8_stop_server_on_several_hosts_needs_yes(make_fleet: MakeFleet) 
     before = running(env)
     refused = env.orch("tune-fp8", "--stop-server", *FEW)
     assert refused.returncode == 2, refused.output
-    assert "Take serving down on 2 hosts (sim-1, sim-2)" in refused.stderr and "pass --yes" in refused.stderr
+    assert "take serving down on 2 hosts (sim-1, sim-2)" in refused.stderr and "pass --yes" in refused.stderr
     assert running(env) == before  # nothing stopped, nothing tuned
     assert "tune." not in env.orch("jobs").stdout
     went = ok(env, "tune-fp8", "--stop-server", "--yes", *FEW)

@@ -67,7 +67,7 @@ def test_state_forget_asks_before_losing_measurements_deletes_one_record_and_ref
     asked = orch("--state", str(path), "state", "forget", "blackwell-1")  # no terminal: refused, nothing lost
     assert asked.returncode == 2, asked.output
     assert (
-        "orch: error: Forget blackwell-1: 1 benchmark run, its tuning record, the record of its server (job server-1, "
+        "orch: error: forget blackwell-1: 1 benchmark run, its tuning record, the record of its server (job server-1, "
         "its known-good command), 1 job it records running on the host (left running): refused without confirmation"
         in asked.stderr
     )

@@ -132,7 +132,7 @@ def test_outage_on_several_hosts_is_refused_without_a_terminal_unless_yes(monkey
     confirm_outage(["a", "b"], chosen=False, yes=True)
     with pytest.raises(UsageError) as refused:
         confirm_outage(["a", "b", "c"], chosen=False, yes=False)
-    assert refused.value.message.startswith("Take serving down on 3 hosts (a, b, c): refused without confirmation")
+    assert refused.value.message.startswith("take serving down on 3 hosts (a, b, c): refused without confirmation")
     assert refused.value.hint is not None and "pass --yes" in refused.value.hint
 
 
@@ -141,7 +141,7 @@ def test_the_question_says_which_hosts_stop_only_if_earlier_steps_change_them(mo
     with pytest.raises(UsageError) as refused:
         confirm_outage(["a", "b", "c"], chosen=False, yes=False, maybe={"b", "c"})
     assert refused.value.message.startswith(
-        "Take serving down on 3 hosts (a; b, c only if the steps before their serve or tuning change them: as they "
+        "take serving down on 3 hosts (a; b, c only if the steps before their serve or tuning change them: as they "
         "are now none is stopped, see `orch run --dry-run`): refused without confirmation"
     )
 

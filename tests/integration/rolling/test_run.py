@@ -158,7 +158,7 @@ def test_an_interrupted_rolling_run_re_registers_the_host_it_left_out_first_and_
     other = tmp_path / "other.yaml"  # another command: a plain relaunch of 3 serving hosts is an outage, asked
     other.write_text(Path(same).read_text().replace("mem-fraction-static: 0.85", "mem-fraction-static: 0.8"))
     plain = env.orch("run", str(other), "--no-rolling")
-    assert plain.returncode == 2 and "Take serving down on 3 hosts" in plain.stderr, plain.output
+    assert plain.returncode == 2 and "take serving down on 3 hosts" in plain.stderr, plain.output
     sim2 = gateway_fleet.urls()[1]
     client.remove(sim2)  # as a rolling run cut off in sim-2's serve step, after taking it out of the gateway
     client.wait_removed(sim2, timeout=10)

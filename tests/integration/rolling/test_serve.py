@@ -130,7 +130,7 @@ def test_a_wave_holding_every_server_of_the_gateway_is_asked_as_an_outage(
     run = env.orch("serve", "--max-unavailable", "3", "--playbook", new)  # stdin is not a terminal
     assert run.returncode == 2, run.output  # it took all three out of the gateway at once, asking nothing
     assert (
-        "Take every server the gateway routes to out at once, in wave 1 (sim-1, sim-2, sim-3): a fleet outage until "
+        "take every server the gateway routes to out at once, in wave 1 (sim-1, sim-2, sim-3): a fleet outage until "
         "they serve again: refused without confirmation"
     ) in run.stderr, run.stderr
     assert "pass --yes to confirm, or lower --max-unavailable" in run.stderr
