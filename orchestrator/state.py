@@ -208,8 +208,7 @@ class StepProgress(_Model):
 
 
 SERVER_STOPPED = "server stopped"  # the reason ``server_stopped`` gives its phase change (``ops.report`` reads it)
-_LAUNCHED_FROM = (Phase.SERVING, Phase.LAUNCHING, Phase.FAILED)
-"""The phases a server (launching, serving or failed at start) leaves when it is stopped."""
+_LAUNCHED_FROM = (Phase.SERVING, Phase.LAUNCHING, Phase.FAILED)  # the phases a server leaves when it is stopped
 
 
 class HostState(_Model):
@@ -301,8 +300,8 @@ class HostState(_Model):
 
     def server_stopped(self, job_id: str | None = None, by: str | None = None) -> None:
         """The server was stopped (``by`` someone, when it is job ``job_id``: the record says who and when).
-        A launching, serving or failed host goes back to the phase it had before its last launch
-        (``pulled`` when unknown); any other phase stays (tuning stops a server it did not launch)."""
+        A launching, serving or failed host goes back to ``phase_before_launch``; any other phase stays
+        (tuning stops a server it did not launch)."""
         if self.server is not None:
             self.server.healthy = False
             if by is not None and self.server.job_id == job_id:
@@ -317,11 +316,12 @@ class HostState(_Model):
         self.last_error = error if error is not None else reason
 
     def phase_before_launch(self) -> Phase:
-        """The phase the host was in before its last ``launching`` (``pulled`` when unknown)."""
+        """The phase the host was in before its last ``launching``; when its history does not say (a record read
+        without it, as ``orch status`` reads them), ``tuned`` with tuned configs recorded installed, else ``pulled``."""
         for change in reversed(self.history):
             if change.to_phase == Phase.LAUNCHING and change.from_phase not in (Phase.SERVING, Phase.FAILED):
                 return change.from_phase
-        return Phase.PULLED
+        return Phase.TUNED if self.tuning is not None and self.tuning.installed else Phase.PULLED
 
     def progress(self, playbook: str) -> StepProgress:
         """The step record for ``playbook`` (a new one when the host last ran another playbook)."""

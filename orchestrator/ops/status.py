@@ -421,8 +421,9 @@ def record_crashes(store: StateStore, views: list[HostStatus]) -> None:
     recorded a crash; a later serve recorded a relaunch). A replica group's rank that ended because orch stopped
     another rank (``ended_with_group``: ``group_stop``) is recorded stopped, as ``stop-server`` of the group
     records it, not failed (a crash recorded before is put right). Checked again in the transaction
-    (the same job, still serving, no stop recorded: a stop recorded meanwhile wins). A state another orch holds
-    past the lock timeout is said, and status goes on."""
+    (the same job, still serving, no stop recorded: a stop recorded meanwhile wins). The view then shows the
+    phase recorded (a stop's comes from the history, which status read its records without). A state another
+    orch holds past the lock timeout is said, and status goes on."""
     for view in views:
         field = view.extra.get("server") or {}
         job_id = str(field.get("job"))
@@ -433,24 +434,33 @@ def record_crashes(store: StateStore, views: list[HostStatus]) -> None:
         else:
             continue
         try:
-            store.update_host(view.name, change)
+            recorded = store.update_host(view.name, change)
         except StateError as exc:
             log.warning("%s: could not record that its server ended: %s", view.name, exc.message)
+            continue
+        if recorded is not None:
+            checkout = (view.sglang or {}).get("commit")
+            view.phase = _unrecorded_tuning_phase(recorded.value, view.extra.get("tuning") or {}, checkout)
 
 
-def _ended_with_group(hs: HostState, job_id: str, by: str) -> None:
+def _ended_with_group(hs: HostState, job_id: str, by: str) -> Phase | None:
+    """Record the stop of job ``job_id``, ended with its group: the phase it leaves (None: nothing recorded)."""
     server = hs.server
     if server is None or server.job_id != job_id or server.stopped_at is not None:
-        return
+        return None
     if hs.phase == Phase.SERVING or (hs.phase == Phase.FAILED and _CRASHED in (hs.last_error or "")):
         hs.server_stopped(job_id, by)
+        return hs.phase
+    return None
 
 
-def _crashed(hs: HostState, job_id: str, how: str) -> None:
+def _crashed(hs: HostState, job_id: str, how: str) -> Phase | None:
+    """Record the crash of job ``job_id``: the phase it leaves (None: nothing recorded)."""
     server = hs.server
     if hs.phase != Phase.SERVING or server is None or server.job_id != job_id or server.stopped_at is not None:
-        return
+        return None
     hs.server_failed(f"server job {job_id} {_CRASHED} ({how})")
+    return hs.phase
 
 
 def _unrecorded_tuning_phase(phase: str, tuning: dict[str, Any], checkout: str | None) -> str:

@@ -23,10 +23,12 @@ from typing import Any
 import pytest
 
 from orchestrator.state import HostState, Phase, PhaseChange, ServerRecord, Verification
+from orchestrator.tuning_record import InstalledRecord, TuningRecord
 
 OLD, NEW = "a" * 40, "b" * 40
 GOOD_ARGV, NEW_ARGV = ["python", "-m", "sglang.launch_server", "--good"], ["python", "-m", "sglang.launch_server"]
 P = Phase
+DONE = InstalledRecord(path="/c/a.json", device="GPU", commit=OLD, batch_sizes=[1], installed_at="2026-11-29T22:00:00Z")
 
 
 def host_in(phase: Phase, via: tuple[Phase, ...] = ()) -> HostState:
@@ -112,6 +114,9 @@ ROWS = [
         "server stopped by orch serve (replaced)"),
     Row("stopped while launching, history unknown: pulled", host_in(P.LAUNCHING).model_copy(update={"history": []}),
         lambda h: h.server_stopped(), P.PULLED, "server stopped", {"server.stopped_by": None}),
+    Row("stopped, history unknown (read without it), tuned configs installed: tuned",
+        host_in(P.SERVING).model_copy(update={"history": [], "tuning": TuningRecord(installed={"N=1,K=2": DONE})}),
+        lambda h: h.server_stopped("server-1", "orch stop-server"), P.TUNED, "server stopped by orch stop-server"),
     Row("stopped while launching a new host: new again", host_in(P.LAUNCHING), lambda h: h.server_stopped(), P.NEW,
         "server stopped"),
     Row("stopped after a failed start", host_in(P.FAILED, (P.TUNED, P.LAUNCHING)),

@@ -636,6 +636,49 @@ def test_a_rank_that_ended_because_orch_stopped_another_rank_of_its_group_is_rec
     assert store.read().hosts["sim-3"].phase == Phase.TUNED  # put right
 
 
+def _stopped_server_job(tmp_path: Path, by: str) -> tuple[str, dict[str, object]]:
+    """A server job another orch stopped (``by``), and the ``server_jobs`` section status reads of it."""
+    from orchestrator.facts.probe import Section
+
+    runner, workdir = LocalRunner(Host(name="l", address="localhost", transport="local")), str(tmp_path / "w")
+    job = jobs.start(runner, workdir, jobs.JobSpec("server", "server", ["sleep", "60"])).job_id
+    jobs.stop(runner, jobs.find(runner, workdir, job), grace_seconds=5, by=by)
+    return job, {"server_jobs": Section(0, runner.run(jobs.held_argv(workdir, "server", [job])).stdout)}
+
+
+def test_a_tuned_host_whose_server_another_orch_stopped_shows_tuned_as_its_own_stop_records(tmp_path: Path) -> None:
+    """Another controller's `orch stop-server` of sim-3, which this state records serving after tune-fp8: status
+    showed `pulled` (the phase before the launch is in the history, which status does not read) where this
+    state's own stop records `tuned`."""
+    job, sections = _stopped_server_job(tmp_path, "orch stop-server")
+    store = StateStore(tmp_path / "state.db")
+    tuning = installed(group_plan())
+    store.update_host("sim-3", lambda hs: (_serving(hs, job), setattr(hs, "tuning", tuning)))
+    records = store.read(history=False).hosts  # as `orch status` reads them
+    obs = status_op.Observed(HostStatus("sim-3", "127.0.0.1", reachable=True, phase="new"), None, sections)
+    view = status_op.merge_state(obs, records["sim-3"], records)
+    assert (view.phase, view.extra["server"]["job_state"]) == ("tuned", "stopped")
+    store.update_host("sim-3", lambda hs: hs.server_stopped(job, "orch stop-server"))
+    assert store.read().hosts["sim-3"].phase == Phase.TUNED  # what this state's own stop records
+
+
+def test_a_rank_ended_with_its_group_shows_the_phase_status_records_for_it(tmp_path: Path) -> None:
+    """`tune-fp8 --stop-server` of sim-3 ended sim-2's rank: status showed sim-2 `pulled` while the history it
+    wrote said `serving -> tuned` (the row's phase came from a record read without history)."""
+    job, sections = _ended_server_job(tmp_path)
+    store = StateStore(tmp_path / "state.db")
+    store.update_host("sim-2", lambda hs: _rank(hs, job, 0))
+    store.update_host("sim-3", lambda hs: _rank(hs, "server-3", 1))
+    store.update_host("sim-3", lambda hs: hs.server_stopped("server-3", by="tune-fp8 --stop-server"))
+    records = store.read(history=False).hosts  # as `orch status` reads them
+    obs = status_op.Observed(HostStatus("sim-2", "127.0.0.1", reachable=True, phase="new"), None, sections)
+    view = status_op.merge_state(obs, records["sim-2"], records)
+    status_op.record_crashes(store, [view])
+    recorded = store.read().hosts["sim-2"]
+    assert [(c.from_phase, c.to_phase) for c in recorded.history[-1:]] == [(Phase.SERVING, Phase.TUNED)]
+    assert view.phase == recorded.phase.value == "tuned"
+
+
 def test_ranks_of_a_group_the_inventory_no_longer_has_are_said_one_server_and_no_group_command_is_hinted() -> None:
     """`groups:` deleted from hosts.yaml while pro-1 served: status showed sim-1 and sim-2 as two hosts serving
     alone (`--json` "groups": []), and after a failure hinted `orch serve --host sim-1` "serves its group pro-1
