@@ -138,14 +138,14 @@ def status_field(
     its drained exit), also when this state does not record the stop (another orch's, or one whose record was
     cut off): its job directory says who asked it (``JobInfo.stopped_by``; ``STOPPED_ELSEWHERE`` when it does
     not). A running server job the record does not know is shown as the host runs it, ``recorded`` False; so
-    is the host's last server job orch stopped when this state records no server (``_unrecorded_stop``). A
+    is the host's last server job, stopped or ended, when this state records no server (``_unrecorded_end``). A
     replica group's rank (``group``, ``rank``) other than rank 0 is healthy while its job runs: only rank 0
     answers HTTP."""
     unrecorded = unrecorded_server(jobs_out, record)
     if unrecorded is not None:
         return _unrecorded_field(http_out, unrecorded, now)
     if record is None:
-        return _unrecorded_stop(jobs_out, now)
+        return _unrecorded_end(jobs_out, now)
     seen = jobs.parse_held(jobs_out or "", "")
     job = next((j for j in [seen.job, *seen.others] if j is not None and j.id == record.job_id), None)
     health, info = _answers(http_out)
@@ -207,19 +207,21 @@ def _unrecorded_field(http_out: str | None, seen: jobs.Held, now: datetime) -> d
     }
 
 
-def _unrecorded_stop(jobs_out: str | None, now: datetime) -> dict[str, Any] | None:
-    """The ``server`` field when this state records no server and the host's last server job was stopped by an
-    orch (another controller's stop, or one in a state that never recorded that server: a state database moved
-    away): ``stopped``, by whom its job directory names, ``recorded`` False. None when the host's last server
-    job runs, ended unasked, or there is none: this state knows of no server to say it of."""
+def _unrecorded_end(jobs_out: str | None, now: datetime) -> dict[str, Any] | None:
+    """The ``server`` field when this state records no server (another controller's, or a state that never
+    recorded it: a state database moved away) and the host's last server job ended, ``recorded`` False: stopped
+    by an orch, ``stopped`` by whom its job directory names; else as the host says it ended (``failed``,
+    ``lost``: a crash, an OOM kill), ``ended_unasked`` (a note says so). None when it runs, or there is none."""
     seen = jobs.parse_held(jobs_out or "", "")
     job = seen.job
-    if job is None or job.running or not job.stop_requested:
+    if job is None or job.running:
         return None
+    field = {**_unrecorded_field(None, seen, now), "healthy": False, "uptime_s": None}
+    if not job.stop_requested:
+        return {**field, "ended_unasked": True}
     stopped_at = job.ended_at.isoformat() if job.ended_at else None
     by = job.stopped_by or STOPPED_ELSEWHERE
-    field = _unrecorded_field(None, seen, now)
-    return {**field, "job_state": "stopped", "stopped_by": by, "stopped_at": stopped_at, "uptime_s": None}
+    return {**field, "job_state": "stopped", "stopped_by": by, "stopped_at": stopped_at}
 
 
 def _uptime(job: jobs.JobInfo, host_now: datetime) -> int | None:

@@ -593,6 +593,7 @@ def name_unrecorded_ranks(inventory: Inventory, views: list[HostStatus]) -> None
             if (
                 field
                 and field.get("group") is None
+                and not field.get("ended_unasked")  # a rank's job that ended unasked serves no group now
                 and (field.get("rank"), field.get("nnodes")) == (rank, len(group.hosts))
             ):
                 field["group"] = group.name
@@ -615,11 +616,12 @@ def group_statuses(inventory: Inventory, views: list[HostStatus]) -> list[GroupS
 def ungrouped_ranks(views: list[HostStatus]) -> list[GroupStatus]:
     """The hosts that run the ranks of one multi-node server no group of the inventory holds (``grouped``
     False: its group as recorded, or, unrecorded, rank 0's ``--dist-init-addr`` as each rank's job runs it),
-    each such server once (``facts.group.ungrouped_status``); a server orch stopped is left out."""
+    each such server once (``facts.group.ungrouped_status``); a server orch stopped, or an unrecorded one that
+    ended (``ended_unasked``), is left out."""
     servers: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for v in views:
         field = v.extra.get("server") or {}
-        if field.get("grouped") is False and field.get("job_state") != "stopped":
+        if field.get("grouped") is False and field.get("job_state") != "stopped" and not field.get("ended_unasked"):
             key = ("group", field["group"]) if field.get("group") else ("at", str(field.get("dist_init_addr")))
             servers.setdefault(key, {})[v.name] = field
     return [ungrouped_status(key[1] if key[0] == "group" else "", ranks) for key, ranks in servers.items()]

@@ -244,7 +244,8 @@ def _server_cell(v: HostStatus, now: datetime | None = None) -> str:
     if s.get("job_state") == "stopped":
         return f"{_stopped(s, now)}, job {s['job']}{rank}"
     if not s["healthy"]:
-        return f"NOT healthy (job {s['job']}: {_ended(s['job_state'])}){rank}"
+        unrecorded = " (not recorded in this state database)" if s.get("recorded") is False else ""
+        return f"NOT healthy (job {s['job']}: {_ended(s['job_state'])}){rank}{unrecorded}"
     simulated = ", simulated" if s.get("simulated") else ""
     accept = f" (accept {s['accept_length']:.2f}{simulated})" if s.get("accept_length") is not None else ""
     mtp = f"MTP on{accept}" if s["mtp"] else "MTP off"
@@ -377,7 +378,7 @@ def _server_short(v: HostStatus, now: datetime) -> str:
     if s.get("job_state") == "stopped":
         return _stopped(s, now)
     if not s["healthy"]:
-        return f"NOT healthy ({_ended(s['job_state'])})"
+        return f"NOT healthy ({_ended(s['job_state'])}{', not recorded' if s.get('recorded') is False else ''})"
     if s.get("restart_pending"):
         return "healthy, restart pending"
     accept = f" {s['accept_length']:.2f}" if s.get("accept_length") is not None else " on"
@@ -435,6 +436,13 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
             problems.append(
                 f"server job {job} ended ({server['job_state']}) while recorded serving, not stopped by orch: nothing "
                 f"serves; `orch logs {v.name} {job}` shows why, `orch serve {plain}--host {v.name}` {again}"
+            )
+        if server.get("ended_unasked"):
+            job = server["job"]
+            problems.append(
+                f"server job {job} ended ({_ended(server['job_state'])}) not stopped by orch, and not recorded in this "
+                f"state database (started by another controller or state directory): nothing serves; `orch logs "
+                f"{v.name} {job}` shows why, `orch serve --host {v.name}` serves again"
             )
         if v.phase == "launching" and server.get("job_state") != "running" and v.reachable:
             problems.append(

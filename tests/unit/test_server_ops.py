@@ -18,8 +18,10 @@ from orchestrator.errors import RefusedError
 from orchestrator.facts.gpus import Holder
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
+from orchestrator.ops.status import HostStatus
 from orchestrator.state import HostState, Phase, ServerRecord
 from orchestrator.transport.base import CommandResult
+from orchestrator.views import status as status_views
 
 HOST = Host(name="b1", address="127.0.0.2", workdir="/w")
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
@@ -160,7 +162,6 @@ def test_a_recorded_server_another_orch_stopped_is_shown_stopped_by_it_not_ended
     [
         ("1", "orch stop-server", "orch stop-server"),
         ("1", None, "an orch this state does not record"),  # an older orch's line: nobody named
-        ("0", "", None),  # ended unasked: this state knows of no server to say it of
     ],
 )
 def test_a_server_stopped_in_a_state_that_records_none_is_shown_stopped_from_its_job_directory(
@@ -172,9 +173,6 @@ def test_a_server_stopped_in_a_state_that_records_none_is_shown_stopped_from_its
     line = "\t".join(["job", "server-1", "server", "4242", "0", "0", str(int((NOW - timedelta(hours=1)).timestamp())),
                       str(int(ended.timestamp())), "10", stop, *([] if asked is None else [asked])])  # fmt: skip
     field = srv.status_field(None, f"now\t{int(NOW.timestamp())}\nheld\tserver-1\n{line}\n", None, NOW)
-    if by is None:
-        assert field is None
-        return
     assert field is not None
     assert (field["job"], field["job_state"], field["stopped_by"]) == ("server-1", "stopped", by)
     assert (field["stopped_at"], field["healthy"], field["recorded"]) == (ended.isoformat(), False, False)
@@ -219,6 +217,25 @@ def test_status_field_of_a_healthy_mtp_server() -> None:
         "profile": None,  # the base recipe (no job env read here)
         "recorded": True,
     }
+
+
+def test_a_server_that_crashed_in_a_state_that_records_none_is_shown_as_the_host_says_it_ended() -> None:
+    """sglang of sim-3's server killed (its job `failed (exit 137)`): a fresh state's `orch status sim-3` showed
+    phase `tuned`, server `-`, no sign the host's last server job crashed (a stop it showed)."""
+    ended = NOW - timedelta(minutes=5)
+    line = "\t".join(["job", "server-1", "server", "4242", "0", "137", str(int((NOW - timedelta(hours=1)).timestamp())),
+                      str(int(ended.timestamp())), "10", "0", ""])  # fmt: skip
+    field = srv.status_field(None, f"now\t{int(NOW.timestamp())}\nheld\tserver-1\n{line}\n", None, NOW)
+    assert field is not None
+    assert (field["job"], field["job_state"], field["healthy"]) == ("server-1", "failed", False)
+    assert (field["recorded"], field["ended_unasked"], field["stopped_by"]) == (False, True, None)
+    view = HostStatus("sim-3", "127.0.0.1", reachable=True, phase="tuned", extra={"server": field})
+    assert status_views._server_short(view, NOW) == "NOT healthy (failed, not recorded)"
+    assert status_views.status_notes([view]) == [
+        "sim-3: server job server-1 ended (failed) not stopped by orch, and not recorded in this state database "
+        "(started by another controller or state directory): nothing serves; `orch logs sim-3 server-1` shows why, "
+        "`orch serve --host sim-3` serves again"
+    ]
 
 
 def test_status_field_of_a_dead_server_and_of_no_server() -> None:
