@@ -37,11 +37,12 @@ class ServedMeanwhile(RefusedError):
 
     @classmethod
     def of(cls, host: str, job: str, what: str) -> ServedMeanwhile:
-        """``HOST: another orch started server job JOB meanwhile: WHAT``, with the commands that look and replace."""
+        """``HOST: another orch started server job JOB meanwhile: WHAT``, with the command that looks and what
+        ``orch serve --host HOST`` does (``ops.serve.unrecorded_as_asked``: re-attaches when it serves as asked)."""
         return cls(
             f"{host}: another orch started server job {job} meanwhile: {what}",
-            hint=f"`orch status {host}` shows what it serves; `orch serve --host {host}` again replaces it "
-            "(said first)",
+            hint=f"`orch status {host}` shows what it serves; `orch serve --host {host}` again re-attaches to it when "
+            "it runs what that serve would launch, else replaces it (said first); --force replaces it",
         )
 
 

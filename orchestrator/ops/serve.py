@@ -342,14 +342,26 @@ def serve(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Pe
         else:
             started = relaunch(session, ready, options)
         result = verify(session, ready.recipe, options, started, ready.gpus.compute_cap)
-    except (StartupFailed, StoppedMeanwhile, srv.ServedMeanwhile):
-        raise  # already recorded (and rolled back when asked); a recorded stop, or another orch's server, wins
+    except srv.ServedMeanwhile:
+        lost_the_race(session, ready.old if unverified is None else None)
+        raise
+    except (StartupFailed, StoppedMeanwhile):
+        raise  # already recorded (and rolled back when asked); a stop orch recorded meanwhile wins
     except HostError as exc:
         mark_host_failed(host, store, str(exc).splitlines()[0])
         raise
     result.warnings[:0] = ready.warnings
     result.stopped_job = ready.old.id if ready.old and unverified is None else None
     return finish_verified(session, result)
+
+
+def lost_the_race(session: HostSession, stopped: jobs.JobInfo | None) -> None:
+    """Another orch's server started while this serve relaunched (``srv.ServedMeanwhile``): record what the host
+    shows, the server this serve ``stopped`` (None: none) stopped and no server of this serve's, the host back
+    in its phase before the launch. Left ``launching``, the state kept a stopped job as its server, and the next
+    serve took the other orch's server for its own launch cut off before verifying it (``launched_unrecorded``)."""
+    job_id = stopped.id if stopped is not None else None
+    session.store.update_host(session.name, lambda hs: srv.record_stopped(hs, job_id, srv.FOR_RELAUNCH.by))
 
 
 @dataclass

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from itertools import islice
+from pathlib import Path
 
 import pytest
 
@@ -57,7 +58,8 @@ def test_refuse_held_gpus_says_another_orch_relaunched_when_its_new_server_holds
     assert str(refused.value).splitlines() == [
         "b1: another orch started server job server-20261205T065924-c621 meanwhile: it holds the GPUs and serves "
         "now; the old server was stopped; nothing was started",
-        "  hint: `orch status b1` shows what it serves; `orch serve --host b1` again replaces it (said first)",
+        "  hint: `orch status b1` shows what it serves; `orch serve --host b1` again re-attaches to it when it runs "
+        "what that serve would launch, else replaces it (said first); --force replaces it",
     ]
 
 
@@ -383,3 +385,49 @@ def test_a_port_held_by_a_server_another_orch_just_started_is_said_as_such_not_a
     assert not isinstance(stranger.value, srv.ServedMeanwhile) and "not by orch's server (free the port)" in str(
         stranger.value
     )
+
+
+def test_a_serve_that_lost_the_race_to_another_orchs_server_records_its_stop_not_a_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two controllers' `orch serve --host sim-1 --force` at once, the other's server started first: this one said
+    so (exit 3), but its state stayed `launching` with the job it had stopped as its server, and its next `serve
+    --dry-run` took the other orch's server for its own launch `cut off before verifying it`."""
+    from orchestrator.readers import GpuInfo
+    from orchestrator.recipe import Recipe, ServeOptions
+    from orchestrator.session import HostSession
+    from orchestrator.state import Verification
+    from orchestrator.store import StateStore
+    from orchestrator.transport.local import LocalRunner
+
+    def job(job_id: str) -> jobs.JobInfo:
+        return jobs.JobInfo(job_id, readers.SERVER_PURPOSE, 4242, "running", None, NOW, None, 10, False, "/w")
+
+    def serving(hs: HostState) -> None:
+        hs.tuned("installed 6")
+        hs.server_launching("serve: MTP")
+        hs.server = RECORD.model_copy(update={"job_id": "server-a3ed"})
+        hs.server_verified("server-a3ed", Verification(), ["sglang"], [])
+
+    def theirs_first(*args: object) -> None:
+        raise srv.ServedMeanwhile.of("sim-1", "server-6fa8", "it serves now; not replacing it")
+
+    host = Host(name="sim-1", address="127.0.0.1", workdir=str(tmp_path / "w"))
+    store = StateStore(tmp_path / "state.db")
+    store.update_host("sim-1", serving)
+    ready = serve_op.Preflight(["sglang"], GpuInfo(), job("server-a3ed"), [], Recipe(model="m", architecture="A"))
+    monkeypatch.setattr(serve_op, "preflight", lambda *args: ready)
+    monkeypatch.setattr(serve_op, "check_replacement", lambda *args: None)
+    monkeypatch.setattr(serve_op, "relaunch", theirs_first)  # stopped server-a3ed, then found server-6fa8 started
+    session = HostSession(host, LocalRunner(host), store)
+    with pytest.raises(srv.ServedMeanwhile) as lost:
+        serve_op.serve(session, ready.recipe, ServeOptions(force=True))
+    assert "`orch serve --host sim-1` again re-attaches to it when it runs what that serve would launch" in str(
+        lost.value
+    )
+    hs = store.read().hosts["sim-1"]
+    assert hs.server is not None and hs.server.job_id == "server-a3ed"
+    assert hs.server.stopped_by == "orch serve (replaced)" and hs.server.stopped_at is not None
+    assert hs.phase == Phase.TUNED  # not `launching`: no launch of this state's is left to re-attach to
+    theirs = replace(ready, old=job("server-6fa8"))
+    assert serve_op.interrupted_launch(session, theirs) is None  # serve finds it another controller's (_FOUND)
