@@ -134,6 +134,8 @@ def bench(
     label is not the one this run would have (another orch's ``orch bench``, a sweep's or a gate's run on the
     same server) is collected and stored under its own label, said, and then the run asked for starts: a
     sweep or a promotion gate never takes another's numbers for its own (at most ``MAX_OTHERS`` such runs).
+    Such a run that left no result (stopped by ``orch stop``, failed) is said with why, not stored, and the run
+    asked for starts all the same: its failure is not this run's.
     One that measured an earlier server (``_measured_earlier``) is recorded as ended, not stored, and said.
     About every second while it runs the session emits a ``BenchProgress`` (requests done, from its tqdm bar
     in the job log). ``dataset``: what ``prepare_dataset`` found or staged on the host (None: called here).
@@ -156,9 +158,17 @@ def bench(
                 f"(job {server.job_id}) started after it, so its numbers are not stored; now the run asked for"
             )
             continue
-        record = _result(session, server, plan, ended)
+        asked = not attached or plan.label == (options.label or served_label(session, server))
+        try:
+            record = _result(session, server, plan, ended)
+        except OrchError as exc:
+            if asked:
+                raise
+            session.say(f"benchmark job {job_id} was another run ({plan.label!r}) and left no result "
+                        f"({_failure_reason(host, exc)}): nothing stored; now the run asked for")  # fmt: skip
+            continue
         records = store.update_host(host.name, functools.partial(_store_result, record=record, ended=ended))
-        if not attached or plan.label == (options.label or served_label(session, server)):
+        if asked:
             break
         session.say(
             f"benchmark job {job_id} was another run ({plan.label!r}): stored under its own label; "
@@ -587,7 +597,8 @@ def _metrics(host: Host, runner: Runner, plan: _Plan, ended: jobs.JobInfo) -> tu
     if ended.state != "succeeded":
         how = f"exited {ended.exit_code}" if ended.exit_code is not None else "was lost (killed or rebooted)"
         if ended.stop_requested:  # ``orch stop``, or orch stopping the server it measured: not a measurement
-            how = "was stopped before it finished (`orch stop`, or orch stopping the server it measured)"
+            by = ended.stopped_by or "`orch stop`, or orch stopping the server it measured"
+            how = f"was stopped before it finished ({'by ' if ended.stopped_by else ''}{by})"
         raise _failure(host, runner, ended, f"the benchmark (job {ended.id}) {how}")
     try:
         text = runner.read_bytes(plan.output_file).decode(errors="replace")
@@ -614,6 +625,11 @@ def _failure(host: Host, runner: Runner, ended: jobs.JobInfo, what: str) -> Remo
         exit_status=ended.exit_code if ended.exit_code is not None else -1,
         hint=f"full log: `orch logs {host.name} {ended.id}`",
     )
+
+
+def _failure_reason(host: Host, exc: OrchError) -> str:
+    """Why a run left no result, in one line: ``_failure``'s message without the host and the log's end."""
+    return exc.message.partition("\n")[0].removeprefix(f"{host.name}: ").removesuffix("; end of its log:")
 
 
 def _end_job(hs: HostState, ended: jobs.JobInfo) -> None:

@@ -152,6 +152,22 @@ def test_bench_of_a_killed_orch_is_collected_not_started_twice_and_never_taken_f
     assert [(b.label, b.params.num_prompts) for b in hs.benchmarks] == [("first", 12), ("theirs", 12), ("mine", 6)]
     assert len(list(Path(host.workdir, "jobs").glob("bench-*"))) == 3
 
+    # another run that another controller's `orch stop` ended (this state still records it running): said, not
+    # stored, and the run asked for starts (it failed exit 3 on the other's stop, and started nothing)
+    bench_killed_once_recorded(env, host, "stopped", *slow)
+    [job] = [j.id for j in StateStore(env.state).read().hosts[host.name].jobs.values() if j.state == "running"]
+    other = env.orch("--state", str(env.state.parent / "other.db"), "stop", host.name, job)
+    assert other.returncode == 0, other.output
+    after = env.orch("bench", "--label", "after", *SMALL)
+    assert after.returncode == 0, after.output
+    assert (
+        f"{host.name}: benchmark job {job} was another run ('stopped') and left no result (the benchmark (job {job}) "
+        "was stopped before it finished (by orch stop)): nothing stored; now the run asked for"
+    ) in after.output
+    hs = StateStore(env.state).read().hosts[host.name]
+    assert [b.label for b in hs.benchmarks] == ["first", "theirs", "mine", "after"]
+    assert hs.jobs[job].state == "failed"
+
 
 def test_a_profile_and_a_benchmark_never_measure_the_server_at_once(make_fleet) -> None:  # type: ignore[no-untyped-def]
     """`orch profile` while `orch bench` measured the server (or the other way round): each load, and the profiler's
