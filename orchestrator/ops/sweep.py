@@ -1,7 +1,8 @@
 """``orch sweep``: serve each serving profile in turn on a canary host and benchmark it at each concurrency.
 
 First every profile's launch command is checked as ``orch serve`` checks it, against the host's own SGLang
-(``check_launches``): a profile it would refuse refuses the sweep before anything is stopped. Then for
+(``check_launches``): a profile it would refuse refuses the sweep before anything is stopped; so does a
+benchmark dataset file missing on the host (``check_dataset``, as ``orch bench`` checks it). Then for
 every profile (in the order asked): skip it when every concurrency of it is finished (stored by an
 earlier run of the same sweep: ``facts.sweep``'s key and labels); else serve it (``ops.serve``: checked,
 relaunched, verified; a server already serving it is left alone) and run the benchmark at each unfinished
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from orchestrator import readers
-from orchestrator.errors import HostError, HostKeyError, OrchError, RefusedError, UnreachableError
+from orchestrator.errors import HostError, HostKeyError, OrchError, RefusedError, UnreachableError, UsageError
 from orchestrator.facts import sweep as facts
 from orchestrator.facts.bench import BenchRecord
 from orchestrator.facts.sweep import SweepPoint
@@ -67,9 +68,11 @@ def profile_names(recipe: Recipe, options: SweepOptions) -> list[str]:
 def sweep(session: HostSession, recipe: Recipe, options: SweepOptions, peers: Peers | None = None) -> SweepResult:
     """Run (or finish) the sweep on the session's host; see the module docstring. ``RefusedError`` (nothing
     stopped or started) while ``orch profile``'s job profiles its server, or when the host would refuse a
-    profile's launch command (``check_launches``)."""
+    profile's launch command (``check_launches``); ``UsageError`` (exit 2, nothing stopped or started) when
+    the benchmark's dataset file is not on the host (``check_dataset``)."""
     _refuse_profiling(session)
     check_launches(session, recipe, options)
+    check_dataset(session, recipe)
     points: list[SweepPoint] = []
     failed: dict[str, str] = {}
     asked = profile_names(recipe, options)
@@ -77,7 +80,7 @@ def sweep(session: HostSession, recipe: Recipe, options: SweepOptions, peers: Pe
         try:
             points += _profile_runs(session, recipe.with_profile(name), asked, name, options, peers)
         except OrchError as exc:
-            failed[name] = exc.message
+            failed[name] = exc.message.removeprefix(f"{session.name}: ")  # said and shown under the host's name
             session.say(f"sweep: {name}: {failed[name]}")
     winners = facts.best(points)
     bands = facts.bands(options.concurrency, winners)
@@ -140,6 +143,20 @@ def check_launches(session: HostSession, recipe: Recipe, options: SweepOptions) 
             + "\n".join(refused),
             hint="fix the profile (`orch serve --profile NAME --dry-run` checks it alone), then sweep again",
         )
+
+
+def check_dataset(session: HostSession, recipe: Recipe) -> None:
+    """Before any serve: the dataset file the sweep's benchmarks read is on the host, as ``orch bench`` checks
+    it before any run (``bench_op.prepare_dataset``; every profile runs the playbook's one ``bench``); else its
+    ``UsageError`` (exit 2), saying nothing was stopped or started. Found only when the sweep came to benchmark,
+    a missing file cost a server relaunch per profile and measured none. A host that cannot be read now is left
+    to each profile's serve, which says why (as ``check_launches`` leaves it)."""
+    try:
+        bench_op.prepare_dataset(session, recipe.bench, BenchOptions())
+    except (UnreachableError, HostKeyError):
+        return
+    except UsageError as exc:
+        raise UsageError(f"{exc.message}; the sweep stopped and started nothing", hint=exc.hint) from None
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ def test_a_sweep_that_measured_no_profile_on_a_host_is_exit_3_and_then_serves_no
                   "--then-serve", "BEST@1", "--yes")  # fmt: skip
     assert result.returncode == 3, result.output
     for profile in ("low-latency", "balanced"):
-        assert f"h1: profile {profile} was not measured: h1: cannot connect to 127.0.0.1:1" in result.stderr
+        assert f"h1: profile {profile} was not measured: cannot connect to 127.0.0.1:1" in result.stderr
     assert "h1: not every profile was measured: --then-serve serves nothing there" in result.stderr
     assert "won at concurrency" not in result.output and "Pareto front" not in result.output
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import ExitCode, HostError, RefusedError
+from orchestrator.errors import ExitCode, HostError, RefusedError, UsageError
 from orchestrator.facts import server as server_facts
 from orchestrator.facts import sweep as sweep_facts
 from orchestrator.facts.bench import BenchRecord
@@ -18,9 +18,10 @@ from orchestrator.inventory import Host
 from orchestrator.jobs import JobInfo
 from orchestrator.ops import sweep as sweep_op
 from orchestrator.readers import HostServer
-from orchestrator.recipe import PACKAGED_PLAYBOOKS, Recipe, SweepOptions, load_recipe
+from orchestrator.recipe import PACKAGED_PLAYBOOKS, BenchOptions, Recipe, SweepOptions, load_recipe
 from orchestrator.session import HostSession
 from orchestrator.store import StateStore
+from orchestrator.transport.base import CommandResult
 from tests.unit.test_bench_facts import a_record
 
 HOST = Host(name="h1", address="127.0.0.1")
@@ -36,12 +37,32 @@ def playbook(tmp_path: Path) -> Recipe:
     return load_recipe(path)
 
 
+class Disk:
+    """The canary's runner, asked only for the sha256 of a file (the benchmark's dataset): ``files`` are there."""
+
+    host = "h1"
+
+    def __init__(self, files: set[str]) -> None:
+        self.files = files
+
+    def run(self, argv: Sequence[str], **_: object) -> CommandResult:
+        assert list(argv[:2]) == ["sha256sum", "--"], f"unexpected remote command {list(argv)}"
+        there = argv[2] in self.files
+        return CommandResult(tuple(argv), 0 if there else 1, f"{'ab' * 32}  {argv[2]}\n" if there else "", "")
+
+
+DATASET = f"{HOST.workdir}/datasets/sharegpt.json"  # the playbook's bench.dataset_path on the host
+
+
 class Canary(HostSession):
     """A host whose SGLang knows every flag of the playbook's launches, whose parser refuses a float that is
-    ``lots`` (as argparse does), and which runs no job but a server (``serving``: its profile)."""
+    ``lots`` (as argparse does), which runs no job but a server (``serving``: its profile), and which has the
+    benchmark's dataset file (unless ``files`` says otherwise)."""
 
-    def __init__(self, store: StateStore, recipe: Recipe, serving: str | None = None) -> None:
-        super().__init__(HOST, None, store)  # type: ignore[arg-type]  # never asked: every fact is answered here
+    def __init__(
+        self, store: StateStore, recipe: Recipe, serving: str | None = None, files: set[str] | None = None
+    ) -> None:
+        super().__init__(HOST, Disk({DATASET} if files is None else files), store)  # type: ignore[arg-type]
         flags = {w.partition("=")[0] for name in recipe.profiles for w in self._argv(recipe.with_profile(name))}
         self.surface = HostServer(ENTRYPOINT, {f: None for f in flags if f.startswith("--")})
         self.serving = serving
@@ -149,3 +170,45 @@ def test_a_sweeps_runs_are_stored_with_the_profiles_it_was_asked_so_one_that_fai
     stored = store.read().hosts["h1"].benchmarks
     assert [r.sweep for r in stored] == [names, names]
     assert sweep_facts.unmeasured(stored) == {"balanced": [1, 8]}  # what orch report says of this sweep
+
+
+def test_a_sweep_refuses_a_host_without_the_benchmarks_dataset_before_serving_any(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served: list[str] = []
+    monkeypatch.setattr(sweep_op.serve_op, "serve", serve_as_the_host_would(served))
+    monkeypatch.setattr(  # a benchmark refuses as orch bench does: the file is not there
+        sweep_op.bench_op, "bench", lambda s, spec, *_: sweep_op.bench_op.prepare_dataset(s, spec, BenchOptions())
+    )
+    recipe = playbook(tmp_path)
+    session = Canary(StateStore(tmp_path / "state.db"), recipe, files=set())
+    try:
+        sweep_op.sweep(session, recipe, SweepOptions(profiles=["low-latency", "balanced"], concurrency=[1]))
+        refused = None
+    except UsageError as exc:
+        refused = exc
+    assert served == []  # it relaunched the server for every profile, each finding the file missing
+    assert refused is not None and refused.exit_code == ExitCode.USAGE
+    assert refused.message == (
+        f"h1: the benchmark's dataset {DATASET} (the playbook's bench.dataset_path) is not on the host; "
+        "the sweep stopped and started nothing"
+    )
+    assert "`orch bench --host h1 --dataset LOCAL_FILE`" in (refused.hint or "")
+
+
+def test_a_profile_that_failed_is_said_once_under_the_hosts_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    said: list[object] = []
+
+    def crash(session: HostSession, recipe: Recipe, *_: object) -> None:
+        raise HostError(f"h1: the new server (job server-2) exited 1 while starting ({recipe.profile})")
+
+    monkeypatch.setattr(sweep_op.serve_op, "serve", crash)
+    recipe = playbook(tmp_path)
+    session = Canary(StateStore(tmp_path / "state.db"), recipe)
+    session.events = said.append
+    result = sweep_op.sweep(session, recipe, SweepOptions(profiles=["low-latency"], concurrency=[1]))
+    why = "the new server (job server-2) exited 1 while starting (low-latency)"
+    assert result.failed == {"low-latency": why}  # shown as "h1: profile low-latency was not measured: <why>"
+    assert f"sweep: low-latency: {why}" in said  # the host's name is the view's prefix: it said "h1: ... h1: ..."
