@@ -13,9 +13,11 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from orchestrator.facts.bench import BenchRecord
+from orchestrator.state import JobRecord
 
 DEFAULT_CONCURRENCY = (1, 8, 32, 128)
 PROMPTS_PER_CONCURRENCY = 2
@@ -105,18 +107,33 @@ def stored_points(records: Iterable[BenchRecord]) -> list[SweepPoint]:
     return sorted(latest.values(), key=lambda p: p.concurrency)
 
 
-def unmeasured(records: Sequence[BenchRecord]) -> dict[str, list[int]]:
-    """Of the latest sweep (the profiles its latest stored run was asked to measure: ``BenchRecord.sweep``),
-    each profile asked with the concurrencies it has no run at, of those the sweep measured any profile at;
-    empty when it measured every one (or its runs predate the list). A profile that failed to serve has none:
-    a best of the others is no choice among the profiles asked."""
-    swept = [(parsed[2], r.sweep) for r in records if (parsed := parse_label(r.label)) and r.sweep]
-    if not swept:
+def unmeasured(records: Sequence[BenchRecord], jobs: Iterable[JobRecord] = ()) -> dict[str, list[int]]:
+    """Of the latest sweep (the profiles its latest stored run was asked to measure: ``BenchRecord.sweep``;
+    or those of the latest run that left no result since, a benchmark job of ``jobs`` that its sweep marked:
+    ``tried``), each profile asked with the concurrencies it has no run at, of those the sweep ran any profile
+    at; empty when it measured every one (or its runs predate the list). A profile that failed to serve has
+    none: a best of the others is no choice among the profiles asked. A sweep whose every run failed stores
+    none: its marked jobs alone tell it from the sweep before it (one before a stored run is superseded)."""
+    swept = [(r.at, parsed[2], r.sweep) for r in records if (parsed := parse_label(r.label)) and r.sweep]
+    failed = sorted(t for t in tried(jobs) if not swept or t[0] > swept[-1][0])
+    if not swept and not failed:
         return {}
-    asked = swept[-1][1]
-    levels = sorted({c for c, names in swept if names == asked})
+    asked = (failed or swept)[-1][2]
+    levels = sorted({c for _, c, names in [*swept, *failed] if names == asked})
     have = {(p.profile, p.concurrency) for p in stored_points(records)}
     return {name: missing for name in asked if (missing := [c for c in levels if (name, c) not in have])}
+
+
+def tried(jobs: Iterable[JobRecord]) -> list[tuple[datetime, int, list[str]]]:
+    """The sweep runs among benchmark ``jobs`` that left no result, as the sweep marked them (``meta``: its run
+    label, and ``sweep``, the profiles it was asked): when each ended (or started), its concurrency, the list."""
+    found = []
+    for job in jobs:
+        label, asked = job.meta.get("label"), job.meta.get("sweep")
+        parsed = parse_label(label) if isinstance(label, str) else None
+        if job.kind == "bench" and parsed and isinstance(asked, list) and all(isinstance(a, str) for a in asked):
+            found.append((job.ended_at or job.started_at, parsed[2], list(asked)))
+    return found
 
 
 def compared(points: Sequence[SweepPoint]) -> list[SweepPoint]:

@@ -22,7 +22,7 @@ import re
 import shlex
 import stat
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -34,7 +34,7 @@ from orchestrator.facts import sweep as sweep_facts
 from orchestrator.facts.bench import BenchRecord, ComparisonRow
 from orchestrator.facts.profile import CATEGORY_NAMES, ProfileRecord
 from orchestrator.localfile import replace_file
-from orchestrator.state import SERVER_STOPPED, HostState, Phase, PhaseChange, State, Verification, utc_now
+from orchestrator.state import SERVER_STOPPED, HostState, JobRecord, Phase, PhaseChange, State, Verification, utc_now
 from orchestrator.text import fmt_seconds, inert
 from orchestrator.tuning.member import record_of
 from orchestrator.tuning_record import InstalledRecord
@@ -127,7 +127,7 @@ def host_report(name: str, hs: HostState, now: datetime) -> HostReport:
         records=records,
         rows=facts.compare(records, facts.pick_baseline(records, None)),
         profiles=list(hs.profiles[-SIDE_BY_SIDE:]),
-        story=story_rows(records, list(hs.profiles)),
+        story=story_rows(records, list(hs.profiles), hs.jobs.values()),
         serving_profile=hs.server.profile if hs.server else None,
     )
 
@@ -338,11 +338,14 @@ def stage_cells(profile: ProfileRecord) -> tuple[list[str], list[list[str]]]:
     return ["category", *(name for name, _ in stages)], rows if stages else []
 
 
-def story_rows(records: Sequence[BenchRecord], profiles: Sequence[ProfileRecord]) -> list[list[str]]:
+def story_rows(
+    records: Sequence[BenchRecord], profiles: Sequence[ProfileRecord], jobs: Iterable[JobRecord] = ()
+) -> list[list[str]]:
     """The campaign in a few rows, of what the records hold: the baseline (the first benchmark without
     MTP or tuned shapes), tuned (the latest with tuned shapes, MTP off), tuned + MTP (the latest with
     both), the profile the sweep chose per concurrency band (none when the latest sweep did not measure every
-    profile it was asked: ``facts.sweep.unmeasured``, said), and the GPU time by category of the first
+    profile it was asked: ``facts.sweep.unmeasured``, said; ``jobs``: the host's, whose marked sweep runs that
+    left no result tell a sweep that measured nothing), and the GPU time by category of the first
     and the latest ``orch profile`` (before and after; of the only one when there is one). Sweep runs are
     not benchmarks of the campaign; its runs are of the model and node count the latest run served, and
     tuned and tuned + MTP of the baseline's serving profile and workload (``facts.differences``: an ad-hoc
@@ -358,7 +361,7 @@ def story_rows(records: Sequence[BenchRecord], profiles: Sequence[ProfileRecord]
             (("baseline", baseline), ("tuned", tuned), ("tuned + MTP", with_mtp)) if r is not None]  # fmt: skip
     points = sweep_facts.compared(sweep_facts.stored_points(records))
     bands = sweep_facts.bands(sorted({p.concurrency for p in points}), sweep_facts.best(points))
-    missing = sweep_facts.unmeasured(records)
+    missing = sweep_facts.unmeasured(records, jobs)
     if missing:
         why = "; ".join(f"profile {name} not measured at concurrency {', '.join(map(str, cs))}"
                         for name, cs in missing.items())  # fmt: skip

@@ -8,9 +8,11 @@ earlier run of the same sweep: ``facts.sweep``'s key and labels); else serve it 
 relaunched, verified; a server already serving it is left alone) and run the benchmark at each unfinished
 concurrency (``ops.bench``: a detached job; a benchmark a killed sweep left running is attached to, not
 started again), with the playbook's lengths and ``facts.sweep.num_prompts`` prompts. Every run is stored
-as a benchmark with its sweep label. A profile that fails to serve is reported and the sweep goes on with
-the next one. The host ends serving the last profile served (what it serves is read from it at the end:
-``left_serving``), or, with ``serve_best`` (``--then-serve BEST@C``), the profile that won at concurrency C.
+as a benchmark with its sweep label and the profiles asked; the job of one that left no result is marked
+with them (``_mark_tried``), so that a sweep that measured nothing is still the latest. A profile that fails
+to serve is reported and the sweep goes on with the next one. The host ends serving the last profile served
+(what it serves is read from it at the end: ``left_serving``), or, with ``serve_best`` (``--then-serve
+BEST@C``), the profile that won at concurrency C.
 
 Composes two operations (serve, bench), as ``orch run`` does.
 """
@@ -202,7 +204,11 @@ def _profile_runs(
         label = facts.run_label(key, name, c)
         session.say(f"sweep: {name} at concurrency {c}")
         bench_options = BenchOptions(label=label, max_concurrency=c, num_prompts=facts.num_prompts(c))
-        run = bench_op.bench(session, served.bench, bench_options, options.bench_timeout)
+        try:
+            run = bench_op.bench(session, served.bench, bench_options, options.bench_timeout)
+        except OrchError:
+            _mark_tried(session, label, asked)
+            raise
         _store_asked(session, run.record, asked)
         points.append(facts.point(run.record, name, c, resumed=False))
     return sorted(points, key=lambda p: p.concurrency)
@@ -216,6 +222,20 @@ def _store_asked(session: HostSession, run: BenchRecord, asked: list[str]) -> No
     def mark(hs: HostState) -> None:
         hs.benchmarks[:] = [r.model_copy(update={"sweep": list(asked)}) if r.job_id == run.job_id else r
                             for r in hs.benchmarks]  # fmt: skip
+
+    session.store.update_host(session.name, mark)
+
+
+def _mark_tried(session: HostSession, label: str, asked: list[str]) -> None:
+    """Record on the benchmark job of run ``label`` that left no result (its state record, the latest of that
+    label) the profiles its sweep was asked (``meta["sweep"]``): a sweep whose every run failed stores no run, and
+    ``orch report`` showed the sweep before it as the latest, its chosen profile too (``facts.sweep.unmeasured``).
+    A run that started no job (refused first) leaves nothing to mark."""
+
+    def mark(hs: HostState) -> None:
+        job = next((j for j in reversed(hs.jobs.values()) if j.kind == "bench" and j.meta.get("label") == label), None)
+        if job is not None:
+            job.meta = {**job.meta, "sweep": list(asked)}
 
     session.store.update_host(session.name, mark)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,9 @@ import orchestrator.sandbox
 from orchestrator.facts import sweep as fs
 from orchestrator.facts.bench import BenchRecord
 from orchestrator.facts.sweep import SweepPoint
+from orchestrator.state import JobRecord
 from tests.conftest import OrchRun
-from tests.unit.test_bench_facts import a_record
+from tests.unit.test_bench_facts import T0, a_record
 
 SIM = Path(orchestrator.sandbox.__file__).parent / "sglang_sim/python/sglang/_sim/throughput.py"
 _spec = importlib.util.spec_from_file_location("sim_throughput", SIM)
@@ -152,3 +154,20 @@ def test_the_sims_model_dp_attention_pays_off_only_with_many_requests() -> None:
 )  # fmt: skip
 def test_parse_label_reads_only_what_run_label_writes(label: str, parsed: tuple[str, str, int] | None) -> None:
     assert fs.parse_label(label) == parsed
+
+
+def test_a_failed_run_since_the_latest_stored_one_makes_its_sweep_the_latest_an_older_one_does_not() -> None:
+    asked = ["a", "b"]
+    at = {"sweep": asked, "at": T0 + timedelta(minutes=5)}
+    stored = [run_at("sweep k a c1", 100, 1).model_copy(update=at), run_at("sweep k b c1", 90, 1).model_copy(update=at)]
+
+    def failed(label: str, minutes: int, names: list[str]) -> JobRecord:
+        meta = {"label": label, "sweep": names}
+        return JobRecord(id=label, kind="bench", purpose="bench", argv=["python"], log="/w/log", state="failed",
+                         ended_at=T0 + timedelta(minutes=minutes), meta=meta)  # fmt: skip
+
+    assert fs.unmeasured(stored) == {}
+    earlier = failed("sweep k a c8", 4, asked)  # a sweep of 1,8 before, measured again at 1 alone since
+    assert fs.unmeasured(stored, [earlier]) == {}
+    later = failed("sweep k2 c c4", 7, ["c", "a"])  # a sweep since that measured nothing (every run failed)
+    assert fs.unmeasured(stored, [earlier, later]) == {"c": [4], "a": [4]}

@@ -10,16 +10,18 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import ExitCode, HostError, RefusedError, UsageError
+from orchestrator.errors import ExitCode, HostError, RefusedError, RemoteCommandError, UsageError
 from orchestrator.facts import server as server_facts
 from orchestrator.facts import sweep as sweep_facts
 from orchestrator.facts.bench import BenchRecord
 from orchestrator.inventory import Host
 from orchestrator.jobs import JobInfo
+from orchestrator.ops import report
 from orchestrator.ops import sweep as sweep_op
 from orchestrator.readers import HostServer
 from orchestrator.recipe import PACKAGED_PLAYBOOKS, BenchOptions, Recipe, SweepOptions, load_recipe
 from orchestrator.session import HostSession
+from orchestrator.state import JobRecord, utc_now
 from orchestrator.store import StateStore
 from orchestrator.transport.base import CommandResult
 from tests.unit.test_bench_facts import a_record
@@ -212,3 +214,36 @@ def test_a_profile_that_failed_is_said_once_under_the_hosts_name(
     why = "the new server (job server-2) exited 1 while starting (low-latency)"
     assert result.failed == {"low-latency": why}  # shown as "h1: profile low-latency was not measured: <why>"
     assert f"sweep: low-latency: {why}" in said  # the host's name is the view's prefix: it said "h1: ... h1: ..."
+
+
+def test_a_sweep_whose_every_run_failed_is_the_latest_sweep_for_orch_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep that measured nothing stored nothing: `orch report` showed the sweep before it as the latest, its
+    chosen profile too, of profiles the host no longer served."""
+    recipe = playbook(tmp_path)
+    store = StateStore(tmp_path / "state.db")
+    earlier = ["low-latency", "max-throughput"]
+    for name in earlier:  # a sweep that measured both at concurrency 1
+        record = finished_run(recipe, name, 1).model_copy(update={"sweep": earlier, "job_id": f"bench-{name}"})
+        store.update_host("h1", lambda hs, record=record: hs.benchmarks.append(record))
+
+    def failing_bench(session: HostSession, _: object, options: Any, *__: object) -> None:
+        job = JobRecord(id=f"bench-{len(session.store.read().hosts['h1'].jobs)}", kind="bench", purpose="bench",
+                        argv=["python"], log="/w/log", state="failed", exit_code=1, ended_at=utc_now(),
+                        meta={"label": options.label})  # fmt: skip
+        session.store.update_host(session.name, lambda hs: hs.jobs.setdefault(job.id, job))
+        raise RemoteCommandError(f"h1: the benchmark (job {job.id}) exited 1", exit_status=1)
+
+    monkeypatch.setattr(sweep_op.serve_op, "serve", serve_as_the_host_would([]))
+    monkeypatch.setattr(sweep_op.bench_op, "bench", failing_bench)
+    asked = ["low-latency", "balanced"]
+    result = sweep_op.sweep(Canary(store, recipe), recipe, SweepOptions(profiles=asked, concurrency=[5]))
+    assert result.points == [] and list(result.failed) == asked
+    hs = store.read().hosts["h1"]
+    chosen = [row[4] for row in report.host_report("h1", hs, utc_now()).story if row[0] == "chosen profile"]
+    assert chosen == [  # it said "concurrency 1: ..." of the sweep before
+        "none: the latest sweep was incomplete (profile low-latency not measured at concurrency 5; "
+        "profile balanced not measured at concurrency 5)"
+    ]
+    assert [j.meta.get("sweep") for j in hs.jobs.values()] == [asked, asked]  # its failed runs' jobs, marked
