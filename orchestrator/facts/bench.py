@@ -190,17 +190,20 @@ def dataset_path(workdir: str, path: str) -> str:
 def sharegpt_problem(data: bytes) -> str | None:
     """What makes ``data`` no ShareGPT-format JSON file, None when its first conversation reads: a UTF-8
     JSON list (its ends checked, a file cut short is not), whose first item is an object with a
-    ``conversations`` (or ``conversation``) list of turns holding a text ``value``, as SGLang's ``random``
-    dataset reads them (``benchmark/datasets/random.py``). Only the first item is parsed: the real file
-    (ShareGPT V3) is 650 MB, and a host gets it only if this passes."""
+    ``conversations`` (or ``conversation``) list of at least two turns holding a text ``value``, as SGLang's
+    ``random`` dataset reads them (``benchmark/datasets/random.py``: the first two turns, a conversation of
+    fewer skipped; a file its ``json.load`` refuses, one with a BOM, makes it download ShareGPT instead). Only
+    the first item is parsed: the real file (ShareGPT V3) is 650 MB, and a host gets it only if this passes."""
     try:
         text = data.decode("utf-8").strip()
     except UnicodeDecodeError as exc:
         return f"not UTF-8 (byte {data[exc.start]:#04x} at offset {exc.start})"
+    if text.startswith("\ufeff"):  # SGLang's json.load refuses it, and the benchmark then downloads ShareGPT
+        return "it starts with a UTF-8 byte order mark (BOM), which SGLang's benchmark does not read: save it without"
     if not text.startswith("["):
         return "empty" if not text else 'not a JSON list (a ShareGPT file is [{"conversations": [...]}, ...])'
     if not text.endswith("]"):
-        return "cut short: it does not end with ']'"
+        return _bad_end(text)
     try:
         first, _ = json.JSONDecoder().raw_decode(text[1:].lstrip())
     except json.JSONDecodeError as exc:
@@ -208,7 +211,20 @@ def sharegpt_problem(data: bytes) -> str | None:
     turns = first.get("conversations", first.get("conversation")) if isinstance(first, dict) else None
     if not isinstance(turns, list) or not all(isinstance(t, dict) and isinstance(t.get("value"), str) for t in turns):
         return 'its first item has no "conversations" list of turns with a text "value"'
+    if len(turns) < 2:  # SGLang skips such a conversation; with none left, its warmup fails (IndexError)
+        return (f"its first conversation has {'one turn' if turns else 'no turn'}: SGLang's benchmark reads a "
+                "prompt and its answer, the first two turns, and skips a conversation of fewer")  # fmt: skip
     return None
+
+
+def _bad_end(text: str) -> str:
+    """Why ``text`` (a JSON list's start) does not end with ``]``: text after its last ``]`` that JSON could not
+    hold there (no bracket, brace, quote, comma or colon: ``garbage``) follows the list; else it was cut short.
+    Only the ends are read (the real file is 650 MB)."""
+    after = text[text.rfind("]") + 1 :] if "]" in text else text
+    if "]" in text and not any(c in after for c in '[]{}",:'):
+        return f"something follows the list after its closing ']': {after.strip()[:40]!r}"
+    return "cut short: it does not end with ']'"
 
 
 def sha256_argv(path: str) -> list[str]:

@@ -410,8 +410,15 @@ def test_a_result_says_whether_orchs_simulated_sglang_wrote_it(text: str, simula
         (b'[{"id": 1}]', 'its first item has no "conversations" list of turns with a text "value"'),
         (b'[{"conversations": [{"from": "human", "value": 3}]}]', "its first item has no"),
         (b'[{"conversation": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}]', None),
+        # one turn: accepted and copied, then the host's benchmark skipped it and died in its warmup (IndexError)
+        (b'[{"conversations": [{"from": "human", "value": "hi"}]}]', "its first conversation has one turn: SGLang's"),
+        (b'[{"conversations": []}]', "its first conversation has no turn"),
+        (b'[{"conversations": [{"value": "hi"}, {"value": "yo"}]}]\ngarbage\n',  # it said "cut short"
+         "something follows the list after its closing ']': 'garbage'"),
+        ('\ufeff[{"conversations": [{"value": "hi"}, {"value": "yo"}]}]'.encode(),  # it said "not a JSON list"
+         "it starts with a UTF-8 byte order mark (BOM), which SGLang's benchmark does not read"),
     ],
-)
+)  # fmt: skip
 def test_a_dataset_that_is_not_sharegpt_is_told_by_its_first_item_and_ends(data: bytes, problem: str | None) -> None:
     found = bench.sharegpt_problem(data)
     assert found == problem if problem is None else (found or "").startswith(problem), found
