@@ -4,34 +4,49 @@
 a plan another controller started there) rather than start jobs beside it. A plan tunes only its own
 shapes: a command asking shapes it leaves out would exit 0 and install none of them. ``refuse_other_shapes``
 refuses it instead, before anything changed, naming the running plan and what to do (wait for it, then run
-the command again: it then tunes the rest).
+the command again: it then tunes the rest). So are batch sizes the plan does not tune (``--batch-sizes``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from orchestrator.errors import RefusedError
 from orchestrator.tuning_record import InstalledRecord, PlanRecord, Shape
 
 
-def left_out(plan: PlanRecord, asked: Iterable[Shape], installed: Mapping[str, InstalledRecord]) -> list[str]:
-    """Keys of the ``asked`` shapes that the running ``plan`` does not tune and that are not ``installed`` (the
-    host's record) for the plan's GPU and SGLang commit: what attaching to it would leave untuned."""
-    planned = {s.key for s in plan.shapes}
-    done = {k for k, r in installed.items() if (r.device, r.commit) == (plan.device, plan.commit)}
+def left_out(
+    plan: PlanRecord, asked: Iterable[Shape], installed: Mapping[str, InstalledRecord], sizes: Sequence[int] = ()
+) -> list[str]:
+    """Keys of the ``asked`` shapes that the running ``plan`` does not tune at every batch size of ``sizes``
+    (none: the plan's) and that are not ``installed`` (the host's configs) for the plan's GPU and SGLang commit
+    at those sizes: what attaching to it would leave untuned."""
+    wanted = set(sizes)
+    planned = {s.key for s in plan.shapes} if wanted <= set(plan.batch_sizes) else set()
+    done = {
+        k
+        for k, r in installed.items()
+        if (r.device, r.commit) == (plan.device, plan.commit) and wanted <= set(r.batch_sizes)
+    }
     return list(dict.fromkeys(s.key for s in asked if s.key not in planned | done))
 
 
 def refuse_other_shapes(
-    host: str, plan: PlanRecord, asked: Iterable[Shape], installed: Mapping[str, InstalledRecord]
+    host: str,
+    plan: PlanRecord,
+    asked: Iterable[Shape],
+    installed: Mapping[str, InstalledRecord],
+    sizes: Sequence[int] = (),
 ) -> None:
-    """``RefusedError`` (exit 3) when attaching to ``plan`` would leave ``asked`` shapes untuned (``left_out``)."""
-    missing = left_out(plan, asked, installed)
+    """``RefusedError`` (exit 3) when attaching to ``plan`` would leave ``asked`` shapes (at batch sizes
+    ``sizes``) untuned (``left_out``)."""
+    missing = left_out(plan, asked, installed, sizes)
     if not missing:
         return
     planned = "; ".join(s.key for s in plan.shapes)
+    other = sorted(set(sizes) - set(plan.batch_sizes))
+    at = f" at batch sizes {', '.join(map(str, other))}" if other else ""
     raise RefusedError(
-        f"{host}: a tuning of other shapes runs (plan {plan.id}: {planned}); it does not tune {'; '.join(missing)}",
+        f"{host}: a tuning of other shapes runs (plan {plan.id}: {planned}); it does not tune {'; '.join(missing)}{at}",
         hint=f"wait for it (`orch wait --host {host}`), then run this again",
     )

@@ -489,15 +489,19 @@ def prepare(
     server = hs.server if (hs := state.hosts.get(host.name)) is not None else None
     if running is not None and plan is not None:
         record, plan = settle_lost(session, record, plan, look)
-    done = {} if options.force else record.installed  # what a running plan need not tune of the shapes asked
-    if record.state == "running" and plan is not None:
-        refuse_other_shapes(host.name, plan, asked_shapes(session, recipe, options, plan.device), done)
+    sizes = list(options.batch_sizes or ())  # asked (--batch-sizes): the plan tunes them too; else any plan's do
+    if record.state == "running" and plan is not None:  # a shape asked is tuned by the plan or installed already
+        done = {} if options.force else installed_here(session, record.installed)
+        refuse_other_shapes(host.name, plan, asked_shapes(session, recipe, options, plan.device), done, sizes)
         return Prepared(session, attach=plan, server=server)
     checked = [] if options.force else files_to_check(host, record, plan)
     facts, files = discover(session, [*checked, model_config_path(host)])
     adopted = adopt_host_plan(session, record, facts.open_plans, look) if record.state != "running" else None
-    if adopted is not None:
-        refuse_other_shapes(host.name, adopted, asked_shapes(session, recipe, options, facts.device), done)
+    if adopted is not None:  # installed: as the record and orch's marks on the host say, the files still there
+        marked = adopt_marks(session, record, facts.marks, device=facts.device, commit=facts.commit, files=files,
+                             look=True).installed  # fmt: skip
+        done = {} if options.force else installed_here(session, marked)
+        refuse_other_shapes(host.name, adopted, asked_shapes(session, recipe, options, facts.device), done, sizes)
         return Prepared(session, attach=adopted, server=server)
     block = model_block(session, files, facts.flags)
     tp = server_facts.recipe_tp_size(recipe, host.gpus)  # the recipe's, else the host's GPU count
@@ -522,7 +526,7 @@ def prepare(
     # their jobs start, so GPUs busy with that plan's jobs are adopted, never refused as someone else's
     other = running_plan(store.read([host.name]), host.name) if needed else None
     if other is not None and not (look and other.id == running):  # looking: a lost plan is still recorded
-        refuse_other_shapes(host.name, other, needed, {})
+        refuse_other_shapes(host.name, other, needed, {}, sizes)
         return Prepared(session, attach=other, server=server)  # another orch planned meanwhile: adopt its plan
     if needed:
         refuse_busy(host, facts, options.allow_busy_gpus, lambda: _job_id(session.running_server()))
@@ -621,6 +625,17 @@ def resolve_shapes(spec: str, recipe: Recipe, session: HostSession, tp: int) -> 
     if spec == "auto":
         return auto_shapes(session, tp)
     return parse_shapes(spec)
+
+
+def installed_here(session: HostSession, installed: Mapping[str, InstalledRecord]) -> dict[str, InstalledRecord]:
+    """Of ``installed`` (configs recorded or marked installed), those whose file the host still has (one command):
+    a config removed since is tuned again, never taken as done."""
+    if not installed:
+        return {}
+    script = 'for p; do [ -f "$p" ] && printf "%s\\n" "$p"; done; true'
+    argv = ["sh", "-c", script, "orch-installed", *(r.path for r in installed.values())]
+    found = set(session.runner.run(argv, check=True, timeout=60).stdout.splitlines())
+    return {key: r for key, r in installed.items() if r.path in found}
 
 
 def asked_shapes(session: HostSession, recipe: Recipe, options: TuneOptions, device: str) -> list[Shape]:

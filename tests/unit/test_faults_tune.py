@@ -137,3 +137,37 @@ def test_a_tune_of_other_shapes_while_a_plan_runs_is_refused_and_one_of_its_shap
         tune("N=8192,K=1024;N=1024,K=4096")
     assert tune("N=1024,K=4096") == running
     assert runner.calls == [] and running_plan(store.read(), h.name) == running
+
+
+def test_a_running_plan_is_attached_to_only_at_the_batch_sizes_asked_and_with_installed_configs_still_there(
+    tmp_path: Path,
+) -> None:
+    """`--batch-sizes 3,5` beside a plan of 1,2,4,8 attached and never tuned them; a shape recorded installed
+    whose file was removed from the host counted as done (`orch run` then recorded its tune step done)."""
+    from orchestrator.recipe import DEFAULT_RECIPE, TuneOptions, find_recipe, load_recipe
+    from orchestrator.session import HostSession
+    from orchestrator.tuning.prepare import prepare
+    from orchestrator.tuning_record import InstalledRecord
+    from tests.fakerunner import FakeRunner
+
+    h, store = host(tmp_path), StateStore(tmp_path / "state.db")
+    h2 = h.model_copy(update={"name": "h2"})  # a --fleet plan: attached to without a poll; batch sizes 1, 2, 4, 8
+    running = make_plan([prepared(h, shapes="N=1024,K=4096"), prepared(h2, shapes="N=1024,K=4096")], now=T0)
+    config = "/configs/N=4096,K=2048.json"
+    with store.update() as state:
+        record_plan(state, ["h1", "h2"], running, "tuning")
+        record_of(state.hosts["h1"]).installed["N=4096,K=2048"] = InstalledRecord(
+            path=config, device=running.device, commit=running.commit, batch_sizes=[1, 2, 4, 8], installed_at=T0
+        )
+    recipe = load_recipe(find_recipe(DEFAULT_RECIPE, []))
+
+    def tune(runner: FakeRunner, **options: object) -> PlanRecord | None:
+        return prepare(HostSession(h, runner, store), recipe, TuneOptions(**options)).attach  # type: ignore[arg-type]
+
+    there = FakeRunner("h1").on(("orch-installed",), stdout=f"{config}\n")
+    assert tune(there, shapes="N=1024,K=4096;N=4096,K=2048") == running
+    assert tune(there, shapes="N=1024,K=4096", batch_sizes=[2, 8]) == running
+    with pytest.raises(RefusedError, match=r"it does not tune N=1024,K=4096 at batch sizes 3, 5\n"):
+        tune(there, shapes="N=1024,K=4096", batch_sizes=[1, 3, 5])
+    with pytest.raises(RefusedError, match=r"it does not tune N=4096,K=2048\n"):  # its file is gone from the host
+        tune(FakeRunner("h1").on(("orch-installed",), stdout=""), shapes="N=1024,K=4096;N=4096,K=2048")
