@@ -99,15 +99,18 @@ def status_sections(
 
 
 def unrecorded_tuning(
-    field: dict[str, Any] | None, listed: probe.Section | None, workdir: str
+    field: dict[str, Any] | None, listed: probe.Section | None, workdir: str, plan: PlanRecord | None = None
 ) -> dict[str, Any] | None:
     """The ``tuning`` field: ``field`` (this state's record), or, when that shows no tuning running and the host
     runs orch's tuning jobs all the same (``listed``: the jobs holding the ``tune.`` purposes; another controller
-    started them, or the state directory was lost), ``running`` with those jobs, ``recorded`` False."""
+    started them, or the state directory was lost), ``running`` with those jobs, ``recorded`` False. The jobs of
+    ``plan`` (the record's: failed once one of its jobs failed, `orch stop` say, the others still running) are
+    this state's."""
     if field is not None and field.get("state") in ("running", "ready-to-install"):
         return field
+    ours = {a.job_id for a in plan.assignments if a.job_id} if plan is not None else set()
     found = jobs.parse_list(listed.output, workdir) if listed is not None and listed.ok else []
-    running = [j.id for j in found if j.running]
+    running = [j.id for j in found if j.running and j.id not in ours]
     if not running:
         return field
     return {**(field or {}), "state": "running", "recorded": False, "jobs": running}
@@ -222,13 +225,14 @@ def observe(
         session.know("git", info)
     status.gpus, status.gpu_error = _parse_gpus(sections.get("gpus"), sections.get("apps"))
     recorded, poll = status_field(session, cached, state if record is None else None)
+    plan = None
     if recorded is not None and recorded.get("state") in ("failed", "running", "ready-to-install"):
         plan = plan_of(state if state is not None and record is None else session.store.read([host.name]), record_now)
         recorded = overtaken_field(recorded, plan, marks_in(host, sections.get("marks")))
         recorded = installed_by_another_field(recorded, plan, marks_in(host, sections.get("marks")))
     if recorded is not None:
         recorded = marked_field(recorded, marks_in(host, sections.get("marks")))
-    tuning = unrecorded_tuning(recorded, sections.get("tuning_jobs"), host.workdir)
+    tuning = unrecorded_tuning(recorded, sections.get("tuning_jobs"), host.workdir, plan)
     status.extra["tuning"] = tuning if tuning is not None else unrecorded_marks(marks_in(host, sections.get("marks")))
     if python:
         status.extra["sglang_import"] = _sglang_import(sections.get("sglang_import"), host)
@@ -245,7 +249,7 @@ def fleet_tuning(observed: list[Observed], state: State, hosts: dict[str, Host])
         plan = plan_of(state, record_of(state.hosts.get(name)))
         whole = installed_by_another_field(whole, plan, marks_in(hosts[name], sections.get("marks")))
         by_name[name].status.extra["tuning"] = unrecorded_tuning(
-            whole, sections.get("tuning_jobs"), hosts[name].workdir
+            whole, sections.get("tuning_jobs"), hosts[name].workdir, plan
         )
 
 

@@ -334,6 +334,9 @@ def test_tuning_jobs_the_state_does_not_record_are_shown_running_as_the_host_run
     running = {"state": "running", "percent": 10.0}  # this state's own running plan: as it records it
     assert status_op.unrecorded_tuning(running, listed, workdir) is running
     assert status_op.unrecorded_tuning(None, Section(0, ""), workdir) is None
+    failed = {"state": "failed", "reason": "a tuning job failed (details once orch completes the group)"}
+    plan = cast(Any, type("Plan", (), {"assignments": [type("A", (), {"job_id": tuning.job_id})()]})())
+    assert status_op.unrecorded_tuning(failed, listed, workdir, plan) is failed  # `orch stop` of another of its jobs
     v = view("sim-2")
     v.extra["tuning"] = field
     assert views_mod._tuning_short(v) == "running (not recorded)"
