@@ -80,6 +80,16 @@ def beside_gateway(app: App, dry_run: bool = False) -> contextlib.AbstractContex
     return rollout.one_at_a_time(app.store)
 
 
+def leave_gateway(app: App) -> Callable[[HostSession, Recipe], None] | None:
+    """With a gateway, what ``tune-fp8 --stop-server`` and ``orch sweep`` do before they stop a host's server:
+    a host the gateway routes to is taken out of it and drained, as ``orch stop-server`` does (they stopped a
+    server the gateway still routed requests to); it stays out until ``orch serve`` registers it again."""
+    if app.inventory.gateway is None:
+        return None
+    client, drain = GatewayClient(app.inventory.gateway), ServeOptions().drain_timeout
+    return lambda session, recipe: rollout.leave_before_stop(session, recipe, client, drain)
+
+
 def _no_gateway(app: App) -> NoReturn:
     raise UsageError(
         f"--rolling needs the gateway in front of the fleet: {app.inventory.path} has no 'gateway:'",

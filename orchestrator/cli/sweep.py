@@ -11,6 +11,7 @@ from orchestrator import render
 from orchestrator.app import App, refuse_bad_recipe
 from orchestrator.cli.common import canary_host_options, finish, options_from, pass_app
 from orchestrator.cli.confirm import yes_option
+from orchestrator.cli.gateway import beside_gateway, leave_gateway
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.facts import sweep as facts
 from orchestrator.fleet import Fleet, FleetResult, HostResult
@@ -74,13 +75,14 @@ def sweep(
     chosen = app.recipes(selected, playbook)
     names = check_profiles(chosen, options.profiles)
     options, best_at = options.model_copy(update={"profiles": names}), options.then_serve
-    with app.fleet(selected, parallel) as fleet:
+    leave = leave_gateway(app)  # a host the gateway routes to leaves it before its server is stopped, and stays out
+    with beside_gateway(app), app.fleet(selected, parallel) as fleet:
         fleet.events = reporter
         if not yes:
             refuse_serving(fleet, selected, app.store)
         render.err.print(f"sweep: a canary run on {', '.join(h.name for h in selected)}: each of {', '.join(names)} "
                          "is served there in turn; no other host is touched", markup=False)  # fmt: skip
-        results = fleet.map_sessions(lambda s: sweep_op.sweep(s, chosen[s.name], options, app.peers(fleet)),
+        results = fleet.map_sessions(lambda s: sweep_op.sweep(s, chosen[s.name], options, app.peers(fleet), leave),
                                      lambda: app.store)  # fmt: skip
         if not as_json:
             view.show(results, then_serve=best_at is not None)

@@ -11,15 +11,12 @@ from orchestrator.app import App
 from orchestrator.cli import Finite
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.cli.confirm import ask_before_stopping, yes_option
-from orchestrator.cli.gateway import beside_gateway
+from orchestrator.cli.gateway import beside_gateway, leave_gateway
 from orchestrator.errors import UsageError
 from orchestrator.fleet import FleetResult
-from orchestrator.gateway import GatewayClient
-from orchestrator.ops import rollout
-from orchestrator.recipe import ServeOptions, TuneOptions, check_batch_size, parse_shapes
+from orchestrator.recipe import TuneOptions, check_batch_size, parse_shapes
 from orchestrator.tuning.commands import tune_fp8 as tune_fp8_op
 from orchestrator.tuning.commands import wait_tuning as wait_tuning_op
-from orchestrator.tuning.prepare import BeforeStop
 from orchestrator.tuning.progress import TuneStatus
 from orchestrator.views import tune as tune_view
 from orchestrator.views.tune import progress_display, tune_report
@@ -71,16 +68,6 @@ def tune_fp8(
         before_stop = leave_gateway(app) if options.stop_server else None
         results = tune_fp8_op(fl, sessions, lambda h: chosen[h.name], options, app.peers(fl), before_stop)
     return report(results, options.wait)
-
-
-def leave_gateway(app: App) -> BeforeStop | None:
-    """With a gateway, ``--stop-server`` takes a host the gateway routes to out of it and drains it before its
-    server is stopped for tuning, as ``orch stop-server`` does (it stopped a server the gateway still routed
-    requests to); it stays out until ``orch serve`` registers it again."""
-    if app.inventory.gateway is None:
-        return None
-    client, drain = GatewayClient(app.inventory.gateway), ServeOptions().drain_timeout
-    return lambda session, recipe: rollout.leave_before_stop(session, recipe, client, drain)
 
 
 @click.command(name="wait")

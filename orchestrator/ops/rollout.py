@@ -546,7 +546,7 @@ def _halt(session: HostSession, client: GatewayClient, url: str, exc: HostError,
     return RolloutHalted(text, roll, recovery(session.host.name) if roll.serves_nothing else None)
 
 
-SERVES_NOTHING = "serves nothing now (its new server was stopped, and the rollback started none)"
+SERVES_NOTHING = "serves nothing now (its new server failed, and the rollback brought no server back)"
 
 
 def recovery(name: str) -> str:

@@ -19,6 +19,7 @@ Composes two operations (serve, bench), as ``orch run`` does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from orchestrator import readers
@@ -67,7 +68,13 @@ def profile_names(recipe: Recipe, options: SweepOptions) -> list[str]:
     return list(options.profiles) if options.profiles else list(recipe.profiles)
 
 
-def sweep(session: HostSession, recipe: Recipe, options: SweepOptions, peers: Peers | None = None) -> SweepResult:
+def sweep(
+    session: HostSession,
+    recipe: Recipe,
+    options: SweepOptions,
+    peers: Peers | None = None,
+    before_stop: Callable[[HostSession, Recipe], None] | None = None,
+) -> SweepResult:
     """Run (or finish) the sweep on the session's host; see the module docstring. ``RefusedError`` (nothing
     stopped or started) while ``orch profile``'s job profiles its server, or when the host would refuse a
     profile's launch command (``check_launches``); ``UsageError`` (exit 2, nothing stopped or started) when
@@ -75,6 +82,8 @@ def sweep(session: HostSession, recipe: Recipe, options: SweepOptions, peers: Pe
     _refuse_profiling(session)
     check_launches(session, recipe, options)
     check_dataset(session, recipe)
+    if before_stop is not None:  # with a gateway: out of it (drained) before a profile's serve stops its server
+        before_stop(session, recipe)
     points: list[SweepPoint] = []
     failed: dict[str, str] = {}
     asked = profile_names(recipe, options)

@@ -422,6 +422,7 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
         server, tuning = v.extra.get("server") or {}, v.extra.get("tuning") or {}
         if short_cells and server.get("restart_pending"):
             problems.append(f"server {_commits(server)}")
+        plain = "--no-rolling " if "drained_at" in v.extra else ""  # a rolling serve leaves a drained host out
         needs_you = tuning.get("state") in ("failed", "unknown") or tuning.get("stuck") or tuning.get("silent")
         if short_cells and needs_you:
             problems.append(f"tuning {_tuning_cell(v)}")
@@ -432,7 +433,6 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
                 of = f"group {group}" if group else f"a {server.get('nnodes', '?')}-node server"
                 again = f"would serve {v.name} alone (it ran rank {server['rank']} of {of}: the inventory no "
                 again += "longer groups its ranks)"
-            plain = "--no-rolling " if "drained_at" in v.extra else ""  # a rolling serve leaves a drained host out
             problems.append(
                 f"server job {job} ended ({server['job_state']}) while recorded serving, not stopped by orch: nothing "
                 f"serves; `orch logs {v.name} {job}` shows why, `orch serve {plain}--host {v.name}` {again}"
@@ -447,15 +447,15 @@ def status_notes(views: list[HostStatus], short_cells: bool = True) -> list[str]
         if v.phase == "launching" and server.get("job_state") != "running" and v.reachable:
             problems.append(
                 "phase launching, but no server of orch's runs: a serve (or sweep) is between stopping the old server "
-                "and starting the new one, or was cut off there; when no such command runs, `orch serve --host "
+                f"and starting the new one, or was cut off there; when no such command runs, `orch serve {plain}--host "
                 f"{v.name}` (or the same command) serves again"
             )
         elif v.phase == "launching" and v.reachable and server.get("healthy"):  # starting: nothing to say
             profile = f" --profile {server['profile']}" if server.get("profile") else ""
             problems.append(
                 f"phase launching while server job {server['job']} is healthy: a serve (or sweep) is verifying it, "
-                f"or was cut off before; when no such command runs, `orch serve --host {v.name}{profile}` (or the "
-                "same command) re-attaches to it and verifies it"
+                f"or was cut off before; when no such command runs, `orch serve {plain}--host {v.name}{profile}` (or "
+                "the same command) re-attaches to it and verifies it"
             )
         if short_cells and v.gpu_error:
             problems.append(f"gpus: {v.gpu_error}")

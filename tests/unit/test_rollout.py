@@ -212,13 +212,13 @@ def test_a_canary_whose_rollback_failed_is_reported_stopped_with_what_recovers_t
     )
     assert not any("serving job" in line for line in out)
     assert out[-1] == (
-        "sim-1: serves nothing now (its new server was stopped, and the rollback started none): `orch logs sim-1 "
+        "sim-1: serves nothing now (its new server failed, and the rollback brought no server back): `orch logs sim-1 "
         "server` shows why its last server failed; `orch serve --host sim-1` serves it again and registers it with "
         "the gateway (with `--playbook`/`--profile` of what it served before, if this rollout changed them)"
     )
     assert halted.roll.outcome == "failed"
     assert halted.message.endswith(  # `orch run --rolling` says the halt's message and hint
-        "\nsim-1 serves nothing now (its new server was stopped, and the rollback started none)"
+        "\nsim-1 serves nothing now (its new server failed, and the rollback brought no server back)"
     )
     assert halted.hint is not None and halted.hint.startswith("`orch logs sim-1 server` shows why its last server")
 

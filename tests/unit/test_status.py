@@ -8,6 +8,7 @@ import sqlite3
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from rich.console import Console
@@ -410,6 +411,11 @@ def test_a_relaunch_cut_off_with_nothing_serving_is_said_with_the_command_that_s
         "was cut off before; when no such command runs, `orch serve --host blackwell-12 --profile low-latency` (or "
         "the same command) re-attaches to it and verifies it"
     ]
+    v.extra["drained_at"] = "2026-12-06T15:00:00Z"  # drained since: a rolling serve (a gateway's) skips it
+    assert (
+        "when no such command runs, `orch serve --no-rolling --host blackwell-12 --profile"
+        in views_mod.status_notes([v])[0]
+    )
 
 
 def test_a_server_that_ended_while_serving_is_said_with_the_command_that_serves_again_its_group_too() -> None:

@@ -392,6 +392,21 @@ def test_a_host_whose_replacement_cannot_start_stays_in_the_gateway_serving(
     assert gateway_fleet.urls()[1] in healthy  # still routed to
 
 
+def test_a_sweep_takes_a_registered_canary_out_of_the_gateway_before_serving_its_profiles(
+    gateway_fleet: GatewayFleet,
+) -> None:
+    """`orch sweep` relaunched a server the gateway routed to once per profile, never out of the gateway."""
+    env, client = gateway_fleet.env, gateway_fleet.client
+    sim3 = gateway_fleet.urls()[2]
+    run = env.orch("sweep", "--host", "sim-3", "--profiles", "low-latency", "--concurrency", "1", "--yes")
+    assert run.returncode == 0, run.output
+    assert f"sim-3: taking {sim3} out of the gateway before its server is stopped" in run.stderr, run.stderr
+    assert sim3 not in [w.url for w in client.workers()]  # a canary serving a profile under test: out until served
+    back = env.orch("serve", "--host", "sim-3")  # rolling: serves the playbook's server and registers it again
+    assert back.returncode == 0, back.output
+    assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+
+
 def test_tune_fp8_stop_server_takes_a_registered_host_out_of_the_gateway_first(
     gateway_fleet: GatewayFleet, load_during: Callable[..., tuple[Any, ClientLoad]]
 ) -> None:
