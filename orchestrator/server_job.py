@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -430,3 +430,34 @@ def record_stopped(hs: HostState, job_id: str | None = None, by: str | None = No
     """The server record (when it is job ``job_id``) marks who stopped it and when; phase rolled back
     (``HostState.server_stopped``)."""
     hs.server_stopped(job_id, by)
+
+
+def group_stop(name: str, hs: HostState, records: Mapping[str, HostState]) -> tuple[str, datetime] | None:
+    """Who stopped another rank of the replica group whose rank host ``name``'s server is (``hs.server.group``),
+    and when, after this rank's server started (stopping any rank ends the whole server): ``(by, at)``, ``by``
+    in the words ``stop-server`` of a group says (``tune-fp8 --stop-server on sim-2: ended with its group``);
+    None when no other rank was stopped by orch since (its server ended unasked). The other rank's stop is its
+    server record's (``_rank_stopped``)."""
+    server = hs.server
+    if server is None or server.group is None:
+        return None
+    for other, record in records.items():
+        stop = None if other == name else _rank_stopped(record, server.group, server.started_at)
+        if stop is not None:
+            return f"{stop[0]} on {other}: {ENDED_WITH_GROUP}", stop[1]
+    return None
+
+
+ENDED_WITH_GROUP = "ended with its group"
+"""What a rank that ended because another rank of its group stopped is said to have done (``ops.group``,
+``ops.status``, ``ops.jobs``)."""
+
+
+def _rank_stopped(hs: HostState, group: str, since: datetime) -> tuple[str, datetime] | None:
+    """Who stopped ``hs``'s server as a rank of ``group`` at or after ``since``, and when (None: not so). Its
+    server record says it; once a serve of that host alone has replaced the record, nothing here does (status
+    reads no history), and the rank that ended is said as a crash."""
+    record = hs.server
+    if record is not None and record.group == group and record.stopped_at is not None and record.stopped_at >= since:
+        return record.stopped_by or "orch", record.stopped_at
+    return None

@@ -6,9 +6,6 @@ rank's argv is the single-host argv orch would build for its host (``server.laun
 model path, the same recipe arguments, MTP and FP8 backend on every rank), without ``--host``/``--port``
 except on rank 0, plus those three flags. The group's ``network_interface`` goes into every rank's
 environment under the recipe's ``multinode.interface_env`` names, never into the argv.
-
-And who stopped a group whose rank's server ended by itself (``group_stop``), from the state's server
-records: ``orch status`` and ``orch jobs`` say it of that rank (its job directory names no stop).
 """
 
 from __future__ import annotations
@@ -29,7 +26,6 @@ from orchestrator.facts.server import (
 )
 from orchestrator.inventory import Host, ReplicaGroup
 from orchestrator.recipe import Recipe
-from orchestrator.state import HostState
 
 MULTI_NODE_FLAGS = ("--nnodes", "--node-rank", "--dist-init-addr")
 RANK0_ONLY_FLAGS = ("--host", "--port")  # where the server listens for HTTP: rank 0 alone
@@ -357,34 +353,3 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
         if arg == flag:
             found = argv[i + 1]
     return found
-
-
-def group_stop(name: str, hs: HostState, records: Mapping[str, HostState]) -> tuple[str, datetime] | None:
-    """Who stopped another rank of the replica group whose rank host ``name``'s server is (``hs.server.group``),
-    and when, after this rank's server started (stopping any rank ends the whole server): ``(by, at)``, ``by``
-    in the words ``stop-server`` of a group says (``tune-fp8 --stop-server on sim-2: ended with its group``);
-    None when no other rank was stopped by orch since (its server ended unasked). The other rank's stop is its
-    server record's (``_rank_stopped``)."""
-    server = hs.server
-    if server is None or server.group is None:
-        return None
-    for other, record in records.items():
-        stop = None if other == name else _rank_stopped(record, server.group, server.started_at)
-        if stop is not None:
-            return f"{stop[0]} on {other}: {ENDED_WITH_GROUP}", stop[1]
-    return None
-
-
-ENDED_WITH_GROUP = "ended with its group"
-"""What a rank that ended because another rank of its group stopped is said to have done (``ops.group``,
-``ops.status``, ``ops.jobs``)."""
-
-
-def _rank_stopped(hs: HostState, group: str, since: datetime) -> tuple[str, datetime] | None:
-    """Who stopped ``hs``'s server as a rank of ``group`` at or after ``since``, and when (None: not so). Its
-    server record says it; once a serve of that host alone has replaced the record, nothing here does (status
-    reads no history), and the rank that ended is said as a crash."""
-    record = hs.server
-    if record is not None and record.group == group and record.stopped_at is not None and record.stopped_at >= since:
-        return record.stopped_by or "orch", record.stopped_at
-    return None

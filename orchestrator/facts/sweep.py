@@ -14,10 +14,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from orchestrator.facts.bench import BenchRecord
-from orchestrator.state import JobRecord
 
 DEFAULT_CONCURRENCY = (1, 8, 32, 128)
 PROMPTS_PER_CONCURRENCY = 2
@@ -107,7 +106,20 @@ def stored_points(records: Iterable[BenchRecord]) -> list[SweepPoint]:
     return sorted(latest.values(), key=lambda p: p.concurrency)
 
 
-def unmeasured(records: Sequence[BenchRecord], jobs: Iterable[JobRecord] = ()) -> dict[str, list[int]]:
+class MarkedJob(Protocol):
+    """A benchmark job as the state records it (``state.JobRecord``): what ``tried`` reads of it."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def meta(self) -> Mapping[str, Any]: ...
+    @property
+    def started_at(self) -> datetime: ...
+    @property
+    def ended_at(self) -> datetime | None: ...
+
+
+def unmeasured(records: Sequence[BenchRecord], jobs: Iterable[MarkedJob] = ()) -> dict[str, list[int]]:
     """Of the latest sweep (the profiles its latest stored run was asked to measure: ``BenchRecord.sweep``;
     or those of the latest run that left no result since, a benchmark job of ``jobs`` that its sweep marked:
     ``tried``), each profile asked with the concurrencies it has no run at, of those the sweep ran any profile
@@ -124,7 +136,7 @@ def unmeasured(records: Sequence[BenchRecord], jobs: Iterable[JobRecord] = ()) -
     return {name: missing for name in asked if (missing := [c for c in levels if (name, c) not in have])}
 
 
-def tried(jobs: Iterable[JobRecord]) -> list[tuple[datetime, int, list[str]]]:
+def tried(jobs: Iterable[MarkedJob]) -> list[tuple[datetime, int, list[str]]]:
     """The sweep runs among benchmark ``jobs`` that left no result, as the sweep marked them (``meta``: its run
     label, and ``sweep``, the profiles it was asked): when each ended (or started), its concurrency, the list."""
     found = []

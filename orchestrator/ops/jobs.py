@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from orchestrator import jobs
 from orchestrator.errors import StateError
-from orchestrator.facts.group import ENDED_WITH_GROUP, group_stop
+from orchestrator.server_job import ENDED_WITH_GROUP, group_stop
 from orchestrator.state import HostState, State
 from orchestrator.store import StateStore
 from orchestrator.utc import utc_now
@@ -57,7 +57,7 @@ def group_stops(state: State, listed: Mapping[str, Sequence[jobs.JobInfo]]) -> d
     """Who stopped each replica group's rank whose server job of ``listed`` ended by itself (no stop in its job
     directory), keyed by host and job id, in the words ``orch status`` says it: the host's server record of
     that job when it records the stop (``stop-server`` of the group records every rank's; ``status`` records
-    a rank that ended with its group), else the stop of another rank of its group (``facts.group.group_stop``).
+    a rank that ended with its group), else the stop of another rank of its group (``server_job.group_stop``).
     Only the job a host's record holds is known (``status`` reads no history either)."""
     found = {}
     for name, listing in listed.items():

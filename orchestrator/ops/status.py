@@ -14,7 +14,7 @@ from orchestrator import server_job as server
 from orchestrator.errors import GatewayError, OrchError, RemoteCommandError, StateError, UnreachableError, UsageError
 from orchestrator.facts import git, gpus, machine, probe, replacement
 from orchestrator.facts import tuner as tf
-from orchestrator.facts.group import GroupStatus, group_status, group_stop, ungrouped_status
+from orchestrator.facts.group import GroupStatus, group_status, ungrouped_status
 from orchestrator.fleet import HostResult
 from orchestrator.gateway import GatewayClient, Served, check_fleet, drain_mark_in, drain_mark_section
 from orchestrator.identity import untouched
@@ -398,7 +398,7 @@ def merge_state(obs: Observed, hs: HostState, records: Mapping[str, HostState] |
         status.phase = hs.phase_before_launch().value  # another orch stopped it: the phase its stop leaves
     crashed = hs.phase == Phase.SERVING or (hs.phase == Phase.FAILED and _CRASHED in (hs.last_error or ""))
     if field is not None and field["recorded"] and crashed and field["job_state"] in _ENDED:
-        stop = group_stop(status.name, hs, records or {})
+        stop = server.group_stop(status.name, hs, records or {})
         if stop is None:
             status.phase = Phase.FAILED.value  # the host serves nothing: its server ended without orch stopping it
             field["ended_while_serving"] = True
