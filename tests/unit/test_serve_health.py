@@ -139,7 +139,11 @@ def test_a_foreign_listener_answering_health_is_not_the_new_server(tmp_path: Pat
 
 
 def test_the_new_servers_own_health_is_trusted(tmp_path: Path, health_dir: Path) -> None:
-    port = free_port()
+    serves_healthy(tmp_path, health_dir, free_port())
+
+
+def serves_healthy(tmp_path: Path, health_dir: Path, port: int) -> None:
+    """A server job answering /health on 127.0.0.1:``port`` is waited for as the new server (no StartupFailed)."""
     session = port_session(tmp_path, port)
     serve = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(health_dir)]
     started = jobs.start(session.runner, session.host.workdir, jobs.JobSpec("server", "server", serve))
@@ -163,14 +167,7 @@ def test_a_listener_on_another_address_does_not_take_the_new_servers_port(
 ) -> None:
     """A healthy rollback server was once stopped as "never got port 27342: pid 23088 (sshd) holds it": the
     sshd listened on 127.157.142.2, the server on 127.0.0.1."""
-    port = other_address_listener
-    session = port_session(tmp_path, port)
-    serve = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(health_dir)]
-    started = jobs.start(session.runner, session.host.workdir, jobs.JobSpec("server", "server", serve))
-    try:
-        serve_op.wait_healthy(session, started.job_id, f"http://127.0.0.1:{port}", timeout=60)
-    finally:
-        jobs.stop(session.runner, jobs.find(session.runner, session.host.workdir, started.job_id), 1)
+    serves_healthy(tmp_path, health_dir, other_address_listener)
 
 
 @pytest.mark.parametrize(("bind", "refused"), [(None, False), ("127.0.0.1", False), ("0.0.0.0", True)])
