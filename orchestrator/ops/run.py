@@ -593,7 +593,7 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
     secret, every flag against the host's own ``--help``), so a recipe ``serve`` would refuse costs no
     tuning and stops no server; so is each profile of a ``sweep`` step (``sweep_op.check_launches``). A pull
     may change the host's SGLang: ``serve`` (and the sweep) checks again. On each host
-    that will benchmark: its dataset file (``bench_op.prepare_dataset``), so a missing one stops nothing."""
+    that will benchmark or sweep: its dataset file (``bench_op.prepare_dataset``), so a missing one stops nothing."""
 
     def check(session: HostSession) -> None:  # a serve done before may be redone (its server gone)
         checked = doctor_op.require_healthy(session)
@@ -614,6 +614,8 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
         bench = next((s.options for s in steps[session.name] if isinstance(s.options, BenchOptions)), None)
         if bench is not None and ctx.leads(session.host):  # its dataset on the host (staged when named): exit 2 first
             bench_op.prepare_dataset(session, ctx.recipe(session.host).bench, bench)
+        if sweep is not None and ctx.leads(session.host):  # the sweep's benchmarks read it too (after any staging)
+            sweep_op.check_dataset(session, ctx.recipe(session.host))
 
     return ctx.fleet.map_sessions(check, ctx.store, hosts)
 
