@@ -79,6 +79,16 @@ def untouched(hs: HostState) -> bool:
     return hs.phase == Phase.NEW and not any(done)
 
 
+def may_follow(state: State, name: str, machine_id: str | None, inventory: Collection[str]) -> bool:
+    """Whether, in ``state`` as a caller read it for the fleet, a record kept under a name the ``inventory`` no
+    longer has may follow its machine (``machine_id``) to ``name``, whose record is ``untouched`` or missing
+    (``claim_machine``). Only a reason to decide from the store: where it is not, a record that already says the
+    machine seen costs no read (``orch status`` reads every host's record once for the fleet)."""
+    hs = state.hosts.get(name)
+    found = machine_id is not None and _record_of(state, machine_id, inventory) is not None
+    return found and (hs is None or untouched(hs))
+
+
 def _untouched_name_of(state: State, machine: Machine, names: Collection[str]) -> str | None:
     """The first of ``names`` whose record is ``untouched`` and of ``machine`` (the same machine-id)."""
     if not machine.machine_id:

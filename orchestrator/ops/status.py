@@ -17,7 +17,7 @@ from orchestrator.facts import tuner as tf
 from orchestrator.facts.group import GroupStatus, group_status, ungrouped_status
 from orchestrator.fleet import HostResult
 from orchestrator.gateway import GatewayClient, Served, check_fleet, drain_mark_in, drain_mark_section
-from orchestrator.identity import untouched
+from orchestrator.identity import may_follow, untouched
 from orchestrator.inventory import Host, Inventory
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, Phase, ServerRecord, State
@@ -213,7 +213,7 @@ def observe(
         probe.parse(_probe(session, argv, FETCH_TIMEOUT if fetch else PROBE_TIMEOUT).stdout),
         {"gpus": gpus.HANG_MESSAGE, "apps": gpus.HANG_MESSAGE},
     )
-    record = _claim_machine(session, sections, cached)
+    record = _claim_machine(session, sections, cached, state)
     if record is not None:
         cached, launched = record, record.server
     sections.update(_unrecorded_http(session, sections, launched))
@@ -254,15 +254,16 @@ def fleet_tuning(observed: list[Observed], state: State, hosts: dict[str, Host])
 
 
 def _claim_machine(
-    session: HostSession, sections: dict[str, probe.Section], cached: HostState | None
+    session: HostSession, sections: dict[str, probe.Section], cached: HostState | None, state: State | None
 ) -> HostState | None:
     """Tie the host's record to the machine the probe found (``HostSession.claim_machine``). When that
     changed the record (another machine's kept aside, a renamed host's followed its machine), the record
     read again, with the HTTP of the server it records asked (the probe asked the old record's): else None."""
     found = sections.get("machine")
     machine_id = machine.parse_machine_id(found.output) if found is not None and found.ok else None
-    recorded = cached.machine if cached is not None and not untouched(cached) else None  # else it may adopt one
-    claim = session.claim_machine(readers.host_machine(session.host, machine_id), recorded)
+    claim = session.claim_machine(
+        readers.host_machine(session.host, machine_id), _recorded_machine(session, cached, state, machine_id)
+    )
     if claim is None or not claim.changed:
         return None
     record = session.store.read([session.name], history=False).host(session.name)
@@ -271,6 +272,19 @@ def _claim_machine(
         argv = probe.probe_argv([server.http_section(session.host, record.server.argv, record.server.port)])
         sections.update(probe.parse(session.runner.run(argv, timeout=PROBE_TIMEOUT).stdout))
     return record
+
+
+def _recorded_machine(
+    session: HostSession, cached: HostState | None, state: State | None, machine_id: str | None
+) -> machine.Machine | None:
+    """The machine ``cached`` records, for ``claim_machine`` to read nothing when it is the one seen; None (decide
+    from the store) where a record kept aside may take ``cached``'s place: ``identity.may_follow`` in the fleet's
+    ``state``, or, without it, any ``untouched`` record. A host that changed nothing costs no read per status."""
+    if cached is None:
+        return None
+    if state is None:
+        return None if untouched(cached) else cached.machine
+    return None if may_follow(state, session.name, machine_id, session.inventory or ()) else cached.machine
 
 
 def _probe(session: HostSession, argv: list[str], timeout: float) -> CommandResult:

@@ -29,6 +29,7 @@ from orchestrator.tuning.prepare import HostFacts, Prepared
 from orchestrator.tuning.progress import HostPoll, fleet_fields, group_status, status_field, summary
 from orchestrator.tuning_record import InstalledRecord, InstallMark, LogProgress, PlanRecord, TuningRecord
 from orchestrator.views import status as views_mod
+from tests.fakerunner import FakeRunner
 
 DEVICE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 COMMIT = "8e6290d39dd0e429b92f9eb2a8c753e727381e71"
@@ -800,3 +801,54 @@ def test_a_plan_ready_to_install_here_that_another_orch_installed_is_shown_insta
             f"installed 2 shapes (2 not recorded) for {COMMIT[:7]} on {DEVICE}, by another orch (plan p-mine; "
             "`orch wait --host sim-3` records it)"
         )
+
+
+# -- each record tied to its machine -----------------------------------------------------------------------
+
+GPU_2 = Host(name="gpu-2", address="10.0.0.2")
+ON_A = readers.host_machine(GPU_2, "a" * 32)  # the machine gpu-2 reaches
+
+
+def probed(store: StateStore) -> tuple[HostSession, list[list[str] | None]]:
+    """Host ``gpu-2`` (inventory ``gpu-2`` alone) whose status probe reads machine ``ON_A`` (the other sections
+    unanswered), and every read of ``store`` from then on (the names asked, None: every host)."""
+    out = f"@@orch-section begin machine\n{ON_A.machine_id}\n@@orch-section end machine 0\n"
+    runner = FakeRunner("gpu-2").on(("orch-probe",), stdout=out)
+    reads: list[list[str] | None] = []
+    real = store.read
+
+    def read(names: Any = None, *, history: bool = True) -> State:
+        reads.append(None if names is None else list(names))
+        return real(names, history=history)
+
+    store.read = read  # type: ignore[method-assign]
+    return HostSession(GPU_2, runner, store, inventory={"gpu-2"}), reads
+
+
+def test_status_of_a_host_whose_record_says_its_machine_reads_no_record_again(tmp_path: Path) -> None:
+    """A host that did nothing yet (its record ``untouched``) and is the machine it records: each status read its
+    record again, and once every host's, to learn what the fleet's read already showed (no record to adopt)."""
+    store = StateStore(tmp_path / "state.db")
+    store.update_host("gpu-2", lambda hs: setattr(hs, "machine", ON_A))
+    state = store.read(history=False)  # what `orch status` reads once for the fleet
+    session, reads = probed(store)
+
+    observed = status_op.observe(session, state.hosts["gpu-2"], state=state)
+
+    assert reads == []
+    claim = session.claim_machine()  # as the probe made it (once per invocation)
+    assert observed.record is None and claim is not None and not claim.changed
+
+
+def test_status_of_an_untouched_host_still_takes_its_machines_record_kept_aside(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    store.update_host("gpu-2", lambda hs: setattr(hs, "machine", ON_A))
+    store.update_host("gpu-1@aaaaaaaa", lambda hs: hs.set_phase(Phase.TUNED, "test"))  # kept aside before
+    store.update_host("gpu-1@aaaaaaaa", lambda hs: setattr(hs, "machine", ON_A))
+    state = store.read(history=False)
+    session, _ = probed(store)
+
+    observed = status_op.observe(session, state.hosts["gpu-2"], state=state)
+
+    assert observed.record is not None and observed.record.phase == Phase.TUNED
+    assert set(store.read().hosts) == {"gpu-2"}
