@@ -36,7 +36,7 @@ from orchestrator.recipe import Recipe, ServeOptions, Shape, TuneOptions, parse_
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, ServerRecord
 from orchestrator.transport.base import CommandResult, Runner, check_result
-from orchestrator.tuning.attach import refuse_other_shapes
+from orchestrator.tuning.attach import left_out, refuse_other_shapes
 from orchestrator.tuning.install import MARKS, complete_group, describe_failure
 from orchestrator.tuning.logged import logged_shapes
 from orchestrator.tuning.member import (
@@ -92,14 +92,18 @@ class FileReader(Protocol):
 @dataclass
 class ReadAhead:
     """Files read in the discovery round trip (None: could not be read); any other path is read from
-    the host when asked."""
+    the host when first asked, and kept (``installed_here`` asks no more of a file ``adopt_marks`` read)."""
 
     runner: Runner
     files: dict[str, bytes | None] = field(default_factory=dict)
 
     def read_bytes(self, path: str) -> bytes:
         if path not in self.files:
-            return self.runner.read_bytes(path)
+            try:
+                self.files[path] = self.runner.read_bytes(path)
+            except OSError:
+                self.files[path] = None
+                raise
         data = self.files[path]
         if data is None:
             raise OSError(f"{self.runner.host}: cannot read {path}")
@@ -491,8 +495,8 @@ def prepare(
         record, plan = settle_lost(session, record, plan, look)
     sizes = list(options.batch_sizes or ())  # asked (--batch-sizes): the plan tunes them too; else any plan's do
     if record.state == "running" and plan is not None:  # a shape asked is tuned by the plan or installed already
-        done = {} if options.force else installed_here(session, record.installed)
-        refuse_other_shapes(host.name, plan, asked_shapes(session, recipe, options, plan.device), done, sizes)
+        asked = asked_shapes(session, recipe, options, plan.device)
+        refuse_unplanned(session, plan, asked, {} if options.force else record.installed, sizes)
         return Prepared(session, attach=plan, server=server)
     checked = [] if options.force else files_to_check(host, record, plan)
     facts, files = discover(session, [*checked, model_config_path(host)])
@@ -500,8 +504,8 @@ def prepare(
     if adopted is not None:  # installed: as the record and orch's marks on the host say, the files still there
         marked = adopt_marks(session, record, facts.marks, device=facts.device, commit=facts.commit, files=files,
                              look=True).installed  # fmt: skip
-        done = {} if options.force else installed_here(session, marked)
-        refuse_other_shapes(host.name, adopted, asked_shapes(session, recipe, options, facts.device), done, sizes)
+        asked = asked_shapes(session, recipe, options, facts.device)
+        refuse_unplanned(session, adopted, asked, {} if options.force else marked, sizes, files)
         return Prepared(session, attach=adopted, server=server)
     block = model_block(session, files, facts.flags)
     tp = server_facts.recipe_tp_size(recipe, host.gpus)  # the recipe's, else the host's GPU count
@@ -627,14 +631,30 @@ def resolve_shapes(spec: str, recipe: Recipe, session: HostSession, tp: int) -> 
     return parse_shapes(spec)
 
 
-def installed_here(session: HostSession, installed: Mapping[str, InstalledRecord]) -> dict[str, InstalledRecord]:
-    """Of ``installed`` (configs recorded or marked installed), those whose file the host still has (one command):
-    a config removed since is tuned again, never taken as done."""
-    if not installed:
-        return {}
-    script = 'for p; do [ -f "$p" ] && printf "%s\\n" "$p"; done; true'
-    argv = ["sh", "-c", script, "orch-installed", *(r.path for r in installed.values())]
-    found = set(session.runner.run(argv, check=True, timeout=60).stdout.splitlines())
+def refuse_unplanned(
+    session: HostSession, plan: PlanRecord, asked: Sequence[Shape], installed: Mapping[str, InstalledRecord],
+    sizes: Sequence[int], files: ReadAhead | None = None,
+) -> None:  # fmt: skip
+    """``attach.refuse_other_shapes`` for attaching to ``plan``, counting the ``installed`` configs whose file the
+    host still has (``installed_here``, through ``files``). Those are looked for only when a shape asked is left
+    out of the plan: attaching with the plan's own shapes (a re-run, ``orch run``) costs no round trip."""
+    found = installed_here(session, installed, files) if left_out(plan, asked, {}, sizes) else {}
+    refuse_other_shapes(session.name, plan, asked, found, sizes)
+
+
+def installed_here(
+    session: HostSession, installed: Mapping[str, InstalledRecord], files: ReadAhead | None = None
+) -> dict[str, InstalledRecord]:
+    """Of ``installed`` (configs recorded or marked installed), those whose file the host still has: as ``files``
+    (the discovery round trip, ``adopt_marks``) read it, the others in one command (none: no command). A config
+    removed since is tuned again, never taken as done."""
+    known = files.files if files is not None else {}
+    found = {path for path, data in known.items() if data is not None}
+    paths = list(dict.fromkeys(r.path for r in installed.values() if r.path not in known))
+    if paths:
+        script = 'for p; do [ -f "$p" ] && printf "%s\\n" "$p"; done; true'
+        argv = ["sh", "-c", script, "orch-installed", *paths]
+        found |= set(session.runner.run(argv, check=True, timeout=60).stdout.splitlines())
     return {key: r for key, r in installed.items() if r.path in found}
 
 

@@ -171,3 +171,32 @@ def test_a_running_plan_is_attached_to_only_at_the_batch_sizes_asked_and_with_in
         tune(there, shapes="N=1024,K=4096", batch_sizes=[1, 3, 5])
     with pytest.raises(RefusedError, match=r"it does not tune N=4096,K=2048\n"):  # its file is gone from the host
         tune(FakeRunner("h1").on(("orch-installed",), stdout=""), shapes="N=1024,K=4096;N=4096,K=2048")
+
+
+def test_attaching_to_a_running_plan_with_its_own_shapes_asks_the_host_nothing(tmp_path: Path) -> None:
+    """A re-run of the plan's own command (`orch run` resuming): every shape asked is the plan's, so which
+    installed configs the host still has cannot change the answer; it was one more command all the same."""
+    from orchestrator.recipe import DEFAULT_RECIPE, TuneOptions, find_recipe, load_recipe
+    from orchestrator.session import HostSession
+    from orchestrator.tuning.prepare import prepare
+    from orchestrator.tuning_record import InstalledRecord
+    from tests.fakerunner import FakeRunner
+
+    h, store = host(tmp_path), StateStore(tmp_path / "state.db")
+    running = make_plan([prepared(h), prepared(h.model_copy(update={"name": "h2"}))], now=T0)  # a --fleet plan
+    config = "/configs/N=8192,K=1024.json"
+    with store.update() as state:
+        record_plan(state, ["h1", "h2"], running, "tuning")
+        record_of(state.hosts["h1"]).installed["N=8192,K=1024"] = InstalledRecord(
+            path=config, device=running.device, commit=running.commit, batch_sizes=[1, 2, 4, 8], installed_at=T0
+        )
+    recipe, runner = load_recipe(find_recipe(DEFAULT_RECIPE, [])), FakeRunner("h1")
+    runner.on(("orch-installed",), stdout=f"{config}\n")
+
+    def tune(shapes: str) -> PlanRecord | None:
+        return prepare(HostSession(h, runner, store), recipe, TuneOptions(shapes=shapes)).attach
+
+    assert tune("N=1024,K=4096;N=4096,K=2048") == running
+    assert runner.commands() == []
+    assert tune("N=1024,K=4096;N=8192,K=1024") == running  # one it leaves out, installed: looked for
+    assert runner.commands() == [f"orch-installed {config}"]

@@ -237,3 +237,37 @@ def test_tune_fp8_stop_server_announces_a_groups_rank_from_the_record_prepare_re
     assert said == [
         "for tune-fp8 --stop-server; serve again to resume (rank 1 of group pro-1: the group stops serving)"
     ]
+
+
+@pytest.mark.parametrize("how", ["recorded", "marked"])
+def test_attaching_to_a_plan_found_on_the_host_counts_its_installed_configs_from_the_discovery_read(
+    tmp_path: Path, how: str
+) -> None:
+    """A plan another controller started here, asked with a shape it leaves out that the host has installed
+    (this state records it, or orch's mark there says so): attached to. Whether the config is still there was
+    one more command, though the discovery round trip (or the mark's check) had just read the file."""
+    from orchestrator.tuning.plan import make_plan
+    from tests.unit.test_tuner_ops import prepared
+
+    config = json.dumps({str(m): CONFIG for m in DEFAULT_BATCH_SIZES}).encode()
+    theirs = make_plan([prepared(host())], now=datetime(2026, 12, 2, tzinfo=timezone.utc))  # N=1024; N=4096
+    found = {
+        "open_plans": (0, base64.b64encode(theirs.model_dump_json().encode()).decode()),
+        **({"file0": (1, "base64: config.json: No such file"), "marks": marked(config)} if how == "marked" else {}),
+    }
+    mine = theirs.assignments[0]
+    runner = (
+        FakeRunner("h1")
+        .on(("orch-probe",), stdout=framed(answers(**found)))
+        .on(("orch-jobs",), stdout=f"job\tj1\t{mine.purpose}\t123\t1\t\t1000\t\t0\t0\t\n")
+        .on(("orch-installed",), stdout=f"{INSTALLED}\n")
+    )
+    runner.files["/w/jobs/j1/argv"] = f"python\0{mine.staging}\0".encode()
+    runner.files[INSTALLED] = config
+    store = installed_store(tmp_path) if how == "recorded" else StateStore(tmp_path / "state.db")
+    recipe = load_recipe(find_recipe(DEFAULT_RECIPE, []))
+
+    p = prepare(session(runner, store), recipe, TuneOptions(shapes="N=1536,K=4096;N=1024,K=4096"))
+
+    assert p.attach is not None and p.attach.id == theirs.id
+    assert [c.split()[0] for c in runner.commands()] == ["orch-probe", "orch-jobs"]  # no `orch-installed`
