@@ -41,9 +41,10 @@ def jobs_cmd(
       orch jobs --kind tune --all
     """
     refuse_unknown_kind(kind)
-    with app.fleet(app.select(hosts, tags), parallel) as fleet:
+    selected = app.select(hosts, tags)
+    with app.fleet(selected, parallel) as fleet:
         results = fleet.map(lambda h, r: logs_op.of_kind(jobs_mod.list_jobs(r, h.workdir), kind))
-    listed, state = {r.host.name: r.value or [] for r in results.succeeded}, recorded(app)
+    listed, state = {r.host.name: r.value or [] for r in results.succeeded}, recorded(app, [h.name for h in selected])
     if state is not None:
         jobs_op.record_ends(app.store, state, listed)
     stopped = jobs_op.group_stops(state, listed) if state is not None else {}
@@ -54,13 +55,14 @@ def jobs_cmd(
     return finish(results)
 
 
-def recorded(app: App) -> State | None:
-    """The state as ``orch jobs`` and ``orch stop`` read it (``ops.jobs``); None without one (they create
-    none: nothing records these jobs) or when it does not open (said: the jobs are listed from the hosts)."""
+def recorded(app: App, names: list[str]) -> State | None:
+    """The records of hosts ``names`` as ``orch jobs`` and ``orch stop`` read them (``ops.jobs.read_records``: with
+    their groups' other ranks); None without a state (they create none: nothing records these jobs) or when it
+    does not open (said: the jobs are listed from the hosts)."""
     if not database_path(app.state_path).exists():
         return None
     try:
-        return app.store.read(history=False)
+        return jobs_op.read_records(app.store, app.inventory, names)
     except StateError as exc:
         log.warning("the state's records of these jobs are not read: %s", exc.message)
         return None
@@ -138,7 +140,7 @@ def stop(app: App, host_name: str, job_id: str, timeout: int) -> int:
         job = jobs_mod.find(runner, host.workdir, job_id)
         refuse_bare_stop(host, job)
         outcome = jobs_mod.stop(runner, job, timeout, by="orch stop")
-        state = recorded(app)
+        state = recorded(app, [host.name])
         if state is not None:
             jobs_op.record_ends(app.store, state, {host.name: [jobs_mod.find(runner, host.workdir, job_id)]})
     jobs_view.stopped_line(host, job_id, outcome)

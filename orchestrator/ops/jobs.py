@@ -4,7 +4,8 @@ They record the end of a job the state records running that its host shows ended
 (a job ends whoever stops it, or by itself); the state's job record only mirrors it, so ``orch state show``
 and ``orch state forget`` count the jobs that still run. And ``orch jobs`` names who stopped a replica
 group's rank that ended by itself with its group (``group_stops``): its job directory names nobody, since
-orch stopped another rank, but the state's server records do, as ``orch status`` reads them."""
+orch stopped another rank, but the state's server records do, as ``orch status`` reads them. They read the records
+of the hosts listed (and their groups' other ranks: ``read_records``), not every host's."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from orchestrator import jobs
 from orchestrator.errors import StateError
+from orchestrator.inventory import Inventory
 from orchestrator.server_job import ENDED_WITH_GROUP, group_stop
 from orchestrator.state import HostState, State
 from orchestrator.store import StateStore
@@ -51,6 +53,21 @@ def record_ends(store: StateStore, state: State, listed: Mapping[str, Sequence[j
                     record_end(current.host(name), job)
     except StateError as exc:
         log.warning("could not record the jobs that ended: %s", exc.message)
+
+
+def read_records(store: StateStore, inventory: Inventory, names: Sequence[str]) -> State:
+    """The records of hosts ``names`` and of the other ranks of their replica groups (``group_stops`` reads them),
+    without history, as ``orch status``: not every host's. A server record of these hosts naming a group that the
+    inventory does not hold so (its ``groups:`` entry deleted or changed since it served) reads every host's: its
+    other ranks are known by their records alone."""
+    peers = (n for name in names if (group := inventory.group_of(name)) is not None for n in group.hosts)
+    wanted = list(dict.fromkeys([*names, *peers]))
+    state = store.read(wanted, history=False)
+    servers = [hs.server for n in names if (hs := state.hosts.get(n)) is not None and hs.server is not None]
+    named = {server.group for server in servers if server.group is not None}
+    if all(g in inventory.groups and set(inventory.groups[g].hosts) <= set(wanted) for g in named):
+        return state
+    return store.read(history=False)
 
 
 def group_stops(state: State, listed: Mapping[str, Sequence[jobs.JobInfo]]) -> dict[tuple[str, str], str]:

@@ -143,3 +143,53 @@ def test_orch_jobs_lists_a_rank_that_ended_with_its_stopped_group_as_stopped(
     assert result.returncode == 0, result.output
     assert "failed (exit 1)" not in result.stdout
     assert "stopped by tune-fp8 --stop-server on sim-3: ended with its group (exit 1)" in result.stdout
+
+
+def test_orch_jobs_of_a_rank_reads_its_groups_records_alone_and_says_its_group_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`orch jobs --host sim-2` read every host's record, to name who stopped sim-2's group: its own and its group's
+    other ranks' say it. A record naming a group the inventory no longer holds reads every host's, as before."""
+    from click.testing import CliRunner
+    from rich.console import Console
+
+    from orchestrator import render
+    from orchestrator.cli import cli
+
+    workdir = str(tmp_path / "w")
+    names = ("sim-1", "sim-2", "sim-3", "sim-4")
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(
+        f"defaults: {{transport: local, workdir: {workdir}}}\nhosts:\n"
+        + "".join(f"  {n}: {{address: 127.0.0.1}}\n" for n in names)
+        + "groups:\n  pro-1: {hosts: [sim-2, sim-3], playbook: deepseek-v4-pro}\n"
+    )
+    runner = LocalRunner(Host(name="sim-2", address="127.0.0.1", transport="local"))
+    started = jobs.start(runner, workdir, jobs.JobSpec("server", "server", ["sh", "-c", "exit 1"]))
+    while jobs.find(runner, workdir, started.job_id).running:
+        pass
+    with StateStore(tmp_path / "state.db").update() as state:
+        _rank(state, "sim-2", 0, started.job_id)
+        _rank(state, "sim-3", 1, "server-r1", "tune-fp8 --stop-server")
+        for other in ("sim-1", "sim-4"):
+            state.host(other).jobs["b1"] = JobRecord(id="b1", kind="bench", purpose="bench", argv=["b"], log="l")
+    reads: list[list[str] | None] = []
+    real = StateStore.read
+
+    def read(store: StateStore, names: list[str] | None = None, *, history: bool = True) -> State:
+        reads.append(None if names is None else sorted(names))
+        return real(store, names, history=history)
+
+    monkeypatch.setattr(StateStore, "read", read)
+    monkeypatch.setattr(render, "out", Console(highlight=False, soft_wrap=True, width=200))  # one line a row
+    args = ["-i", str(inventory), "--state", str(tmp_path / "state.db"), "jobs", "--host", "sim-2", "--all"]
+
+    result = CliRunner().invoke(cli, args)
+
+    assert result.exit_code == 0, result.output
+    assert reads == [[], ["sim-2", "sim-3"]]  # []: the state opened and checked first (``App``); not every host's
+    assert "stopped by tune-fp8 --stop-server on sim-3: ended with its group (exit 1)" in result.output
+    inventory.write_text(inventory.read_text().split("groups:")[0])  # pro-1 deleted from the inventory since
+    reads.clear()
+    result = CliRunner().invoke(cli, args)
+    assert reads == [[], ["sim-2"], None] and "ended with its group (exit 1)" in result.output
