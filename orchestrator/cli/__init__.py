@@ -85,7 +85,7 @@ class LazyGroup(click.Group):
     pays for its own imports only; ``orch --help`` looks every command up and shows each one's own help."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*LAZY_COMMANDS, *self.commands])
+        return sorted({*LAZY_COMMANDS, *self.commands})  # a loaded command is in both
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.commands or cmd_name not in LAZY_COMMANDS:

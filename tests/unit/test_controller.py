@@ -28,6 +28,13 @@ def test_help_lists_every_command_with_its_own_first_line() -> None:
         assert command is not None and " ".join((command.help or "").split()[:3]) in line, name
 
 
+def test_commands_are_listed_once_after_they_were_loaded() -> None:
+    ctx = click.Context(cli)
+    for name in cli.list_commands(ctx):
+        cli.get_command(ctx, name)  # loads it: the lazy group then holds it in its own commands too
+    assert cli.list_commands(ctx) == sorted(LAZY_COMMANDS)
+
+
 def test_an_unknown_command_is_still_a_usage_error() -> None:
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "stauts"], capture_output=True, text=True)
     assert proc.returncode == 2
