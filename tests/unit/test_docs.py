@@ -132,3 +132,57 @@ def test_sweep_help_says_a_host_is_required_as_the_sweep_refuses_to_run_without_
     refused = CliRunner().invoke(cli, ["--inventory", "/nonexistent/hosts.yaml", "sweep"])
     assert isinstance(refused.exception, UsageError)
     assert refused.exception.message == "orch sweep runs on a canary, not the fleet: name it"
+
+
+COMMANDS_DOC = (REPO / "docs" / "commands.md").read_text().split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]
+HOST_SELECTION = {"--host", "--tag", "--parallel"}
+"""``common.host_options``: documented once, above the table, for every command that takes them."""
+
+
+def commands_table() -> tuple[str, list[tuple[str, str]]]:
+    """docs/commands.md's command table: the text above it (the options every command takes) and each row as
+    (its first cell, the whole row)."""
+    preamble, table = COMMANDS_DOC.split("\n| command |", 1)
+    rows = [line for line in table.splitlines() if line.startswith("| `orch ")]
+    cells = {row: re.split(r"(?<!\\)\|", row) for row in rows}
+    broken = [row[:40] for row, split in cells.items() if len(split) != 4 or split[-1].strip()]
+    assert not broken, f"rows of docs/commands.md that are not two cells ending with |: {broken}"
+    return preamble, [(cells[row][1], row) for row in rows]
+
+
+def long_names(command: click.Command) -> list[str]:
+    """Every long name of the command's options (``--mtp`` and ``--no-mtp`` both), ``--help`` aside."""
+    names = {o for p in command.params if isinstance(p, click.Option) for o in p.opts + p.secondary_opts}
+    return sorted(o for o in names if o.startswith("--") and o != "--help")
+
+
+def documented(option: str, text: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text) is not None
+
+
+def test_the_commands_doc_names_every_global_option_above_its_table() -> None:
+    preamble, _ = commands_table()
+    names = {o for p in cli.params for o in p.opts + p.secondary_opts} | HOST_SELECTION
+    assert not [o for o in sorted(names) if not documented(o, preamble)], preamble
+
+
+LEAVES = [(name, command) for name, command in all_commands() if not isinstance(command, click.Group)]
+
+
+@pytest.mark.parametrize(("name", "command"), LEAVES, ids=[name for name, _ in LEAVES])
+def test_the_commands_doc_has_a_row_naming_every_option_of_every_command(name: str, command: click.Command) -> None:
+    preamble, rows = commands_table()
+    mine = [(cell, row) for cell, row in rows if re.search(rf"`orch {re.escape(name)}(?=[\s`])", cell)]
+    assert mine, f"docs/commands.md has no row for `orch {name}`"
+    cell, row = mine[0]
+    missing = [
+        o
+        for o in long_names(command)
+        if not documented(o, row) and not (o in HOST_SELECTION and documented(o, preamble))
+    ]
+    assert not missing, f"`orch {name}`'s row in docs/commands.md does not name {missing}"
+    signature = re.search(rf"`orch {re.escape(name)}[^`]*`", cell)
+    assert signature is not None
+    for argument in (p for p in command.params if isinstance(p, click.Argument) and p.nargs == -1):
+        repeated = re.search(r"[A-Z\]]\.\.\.", signature.group(0))
+        assert repeated, f"{signature.group(0)} does not show that it takes several {argument.human_readable_name}"
