@@ -71,9 +71,9 @@ def recorded(app: App, names: list[str]) -> State | None:
 def refuse_unknown_kind(kind: str | None) -> None:
     """``--kind`` is one of orch's kinds or a purpose of one (``tune.gpu3``), before any host is read: a typo
     listed no job, exit 0, as if there were none."""
-    if kind is not None and logs_op.job_kind(kind) not in jobs_view.KINDS:
+    if kind is not None and logs_op.job_kind(kind) not in logs_op.KINDS:
         raise UsageError(
-            f"--kind: {kind!r} is not a kind of job orch starts (orch's kinds: {', '.join(jobs_view.KINDS)})",
+            f"--kind: {kind!r} is not a kind of job orch starts (orch's kinds: {', '.join(logs_op.KINDS)})",
             hint="give one of them, or a purpose of one such as tune.gpu3 (`orch jobs --all` lists the jobs)",
         )
 
@@ -89,7 +89,7 @@ def refuse_unknown_kind(kind: str | None) -> None:
 def logs(app: App, host_name: str, job_id: str | None, follow: bool, tail: int) -> int:
     """Print a job's log; -f follows it, resuming after dropped connections.
 
-    JOB is a job id, or a kind (server, tune, bench) or purpose (tune.gpu3) for the newest job of it;
+    JOB is a job id, or a kind (server, tune, bench, profile, gateway) or purpose (tune.gpu3) for the newest job of it;
     default: the host's newest job. The job shown is named on stderr first.
 
     \b

@@ -20,13 +20,14 @@ from orchestrator.transport.base import Runner
 log = logging.getLogger(__name__)
 CHUNK = 1 << 20
 POLL_SECONDS = 1.0  # the longest a follower waits between reads
+KINDS = ("server", "tune", "bench", "profile", "gateway")  # the kinds of job orch starts (purposes: tune.gpu3, ...)
 RECONNECT_SECONDS = 300.0  # a lost connection is retried this long before following gives up
 _CONTINUATION = bytes(range(0x80, 0xC0))  # UTF-8 continuation bytes: a character cut by a window's start
 
 
 def pick_job(runner: Runner, workdir: str, which: str | None) -> JobInfo:
-    """The job ``which`` names: a job id; else a kind or purpose (``server``, ``tune``, ``tune.gpu3``,
-    ``bench``), meaning the newest job of it; else (None) the most recently started job."""
+    """The job ``which`` names: a job id; else a kind or purpose (one of ``KINDS``, or ``tune.gpu3``),
+    meaning the newest job of it; else (None) the most recently started job."""
     listed = jobs.list_jobs(runner, workdir)
     if which is None:
         newest = jobs.latest(listed)
@@ -37,9 +38,13 @@ def pick_job(runner: Runner, workdir: str, which: str | None) -> JobInfo:
     found = by_id or newest_of_kind(listed, which)
     if found is None:
         kinds = ", ".join(sorted({job_kind(j.purpose) for j in listed})) or "none yet"
+        what = (
+            f"no {which} job"  # a kind orch starts (or a purpose of one): the host has none of it
+            if job_kind(which) in KINDS
+            else f"no job {which!r}: neither a job id nor a kind of job"
+        )
         raise UsageError(
-            f"{runner.host}: no job {which!r}: neither a job id nor a kind of job in {workdir}/jobs "
-            f"(kinds there: {kinds})",
+            f"{runner.host}: {what} in {workdir}/jobs (kinds there: {kinds})",
             hint=f"see `orch jobs --host {runner.host}`",
         )
     return found

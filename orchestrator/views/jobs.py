@@ -13,10 +13,10 @@ from orchestrator import render
 from orchestrator.fleet import FleetResult
 from orchestrator.inventory import Host
 from orchestrator.jobs import JobInfo
+from orchestrator.ops.logs import KINDS
 from orchestrator.render import InertLog, fmt_seconds, inert_log, print_json, table
 
 RECENT = 5  # ended jobs shown per host by default, besides the live ones
-KINDS = ("server", "tune", "bench", "profile", "gateway")  # the kinds of job orch starts (purposes: tune.gpu3, ...)
 
 
 def age(job: JobInfo) -> str:

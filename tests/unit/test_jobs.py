@@ -240,6 +240,24 @@ def test_a_kind_names_the_newest_job_of_it_and_a_purpose_only_its_own() -> None:
     assert newest_of_kind(listed, "tun") is None and newest_of_kind(listed, "bench") is None
 
 
+def test_logs_of_a_kind_the_host_has_no_job_of_says_so_not_that_it_is_no_kind(
+    runner: LocalRunner, workdir: str
+) -> None:
+    from orchestrator.ops.logs import pick_job
+
+    started = jobs.start(runner, workdir, jobs.JobSpec("server", "server", ["true"]))
+    wait_ended(runner, workdir, [started.job_id])
+    with pytest.raises(UsageError) as missing:
+        pick_job(runner, workdir, "profile")
+    assert missing.value.message == f"local: no profile job in {workdir}/jobs (kinds there: server)"
+    with pytest.raises(UsageError) as unknown:
+        pick_job(runner, workdir, "profil")
+    assert unknown.value.message == (
+        f"local: no job 'profil': neither a job id nor a kind of job in {workdir}/jobs (kinds there: server)"
+    )
+    assert pick_job(runner, workdir, "server").id == started.job_id
+
+
 def test_jobs_by_default_lists_every_live_job_and_the_last_ended_ones() -> None:
     from orchestrator.ops.logs import of_kind
     from orchestrator.views.jobs import recent
