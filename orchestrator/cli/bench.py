@@ -91,7 +91,7 @@ def bench(
 @click.command()
 @click.option("--format", "fmt", type=click.Choice(["md", "html"]), default="md", show_default=True)
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("orch-report"),
-              show_default=True, help="Directory for the report and its charts (created).")  # fmt: skip
+              show_default=True, help="Directory for the report and its charts (created; never stdout).")  # fmt: skip
 @pass_app
 def report(app: App, fmt: report_op.Format, out_dir: Path) -> int:
     """Write a fleet report from the state database (no SSH): per host the phase history with durations,
@@ -102,6 +102,11 @@ def report(app: App, fmt: report_op.Format, out_dir: Path) -> int:
       orch report
       orch report --format html --out /tmp/report && xdg-open /tmp/report/report.html
     """
+    if str(out_dir) == "-":  # stdout for `state export -` and `status --prometheus -`: a report is no one file
+        raise UsageError(
+            "--out -: the report is a directory (report.md or report.html beside its PNG charts), not stdout",
+            hint="give a directory, e.g. --out orch-report (./- for one named '-')",
+        )
     store = app.existing_store()
     target = report_op.write_report(store.read(), str(store.path), out_dir, fmt)
     render.out.print(f"report written to {target}", markup=False)

@@ -242,6 +242,21 @@ def test_orch_report_without_a_state_file_is_a_usage_error(tmp_path: Path, orch:
     assert f"no state at {tmp_path / 'missing.db'}" in result.stderr
 
 
+def test_orch_report_out_dash_is_refused_as_no_directory_and_writes_nothing(
+    tmp_path: Path, orch: Callable[..., OrchRun]
+) -> None:
+    state_path = tmp_path / ".orch" / "state.db"
+    with StateStore(state_path).update() as state:
+        state.hosts.update(campaign_state().hosts)
+    result = orch("--state", str(state_path), "report", "--out", "-", cwd=tmp_path)
+    assert result.returncode == 2, result.output
+    assert result.stdout == ""
+    assert result.stderr.splitlines()[0] == (
+        "orch: error: --out -: the report is a directory (report.md or report.html beside its PNG charts), not stdout"
+    )
+    assert not (tmp_path / "-").exists()
+
+
 def test_the_chart_shows_every_run_a_repeated_label_with_its_time() -> None:
     runs = [BenchRecord.model_validate(a_run(label, tok, m, None, False)) for label, tok, m in
             (("baseline", 100.0, 0), ("tuned", 150.0, 10), ("tuned", 160.0, 20))]  # fmt: skip
