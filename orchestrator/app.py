@@ -52,7 +52,7 @@ class App:
     @cached_property
     def inventory(self) -> Inventory:
         inventory = load_inventory(self.inventory_file)
-        log.info("inventory %s: %d hosts", inventory.path, len(inventory.hosts))
+        log.info("inventory %s: %s", inventory.path, hosts_count(len(inventory.hosts)))
         return inventory
 
     @property
@@ -153,8 +153,13 @@ class App:
         """The fleet of ``hosts``, once each SSH host's route is known (``check_routes``: a missing
         identity_file or a bad ssh config line is exit 2 before any host is contacted or shown)."""
         check_routes(hosts)
-        log.info("%d hosts (%s), %d at a time", len(hosts), ", ".join(h.name for h in hosts), parallel)
+        log.info("%s (%s), %d at a time", hosts_count(len(hosts)), ", ".join(h.name for h in hosts), parallel)
         return Fleet(hosts, self.options, parallel=parallel, inventory=frozenset(self.inventory.hosts))
+
+
+def hosts_count(count: int) -> str:
+    """``1 host``, ``2 hosts``: the ``-v`` log's count (it said ``1 hosts (sim-1)``)."""
+    return f"{count} host" if count == 1 else f"{count} hosts"
 
 
 def lock_timeout_setting() -> float:

@@ -19,12 +19,12 @@ def test_each_v_adds_one_layer_of_logging(make_fleet) -> None:  # type: ignore[n
     assert "orch: " not in quiet.stderr
 
     steps = env.orch("-v", "status")
-    assert f"orch: inventory {env.inventory}: 1 hosts\n" in steps.stderr
+    assert f"orch: inventory {env.inventory}: 1 host\n" in steps.stderr
     assert f"orch: state database {database_path(env.state)}\n" in steps.stderr
     assert not remote_command.search(steps.stderr) and not library.search(steps.stderr)
 
     commands = env.orch("-vv", "status")
-    assert f"orch: inventory {env.inventory}: 1 hosts\n" in commands.stderr
+    assert f"orch: inventory {env.inventory}: 1 host\n" in commands.stderr
     assert remote_command.search(commands.stderr)
     assert not library.search(commands.stderr), commands.stderr[:2000]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,17 @@ def test_an_identity_file_not_on_this_machine_is_exit_2_before_any_host_is_shown
             "  hint: fix identity_file for a in the inventory, or remove it (ssh-agent, ~/.ssh/config)\n"
         )
         assert not (tmp_path / ".orch").exists()  # no state database: nothing recorded of any host
+
+
+def test_the_verbose_log_counts_one_host_as_one_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`orch -vv status` said `orch: 1 hosts (sim-1)`."""
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  sim-1: {address: 127.0.0.1, transport: local}\n")
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level(logging.INFO, logger="orchestrator.app")
+    app = App(inventory_option=tmp_path / "hosts.yaml")
+    with app.fleet([app.inventory.hosts["sim-1"]], parallel=4):
+        pass
+    said = [r.getMessage() for r in caplog.records if r.name == "orchestrator.app"]
+    assert said == [f"inventory {app.inventory.path}: 1 host", "1 host (sim-1), 4 at a time"]
