@@ -22,6 +22,7 @@ from orchestrator.errors import HostOutputError, RefusedError, StateError, local
 from orchestrator.facts import gpus as gpu_facts
 from orchestrator.facts import group as group_facts
 from orchestrator.facts import server as facts
+from orchestrator.facts import tuner as tuner_facts
 from orchestrator.facts.gpus import Holder
 from orchestrator.inventory import Host
 from orchestrator.readers import BENCH_PURPOSE, SERVER_PURPOSE, profile_job, read_gpu_info
@@ -53,7 +54,8 @@ def refuse_held_gpus(host: Host, holders: Sequence[Holder], ours: str | None, ou
 
     Never kills: a process orch did not start is named by pid and name; another orch job is named too. When
     the GPUs are held by another server job of orch's alone (another orch relaunched the server meanwhile),
-    it says so: that server serves now.
+    it says so: that server serves now. When orch's tuning jobs alone hold them (another controller's, say),
+    the hint is ``orch wait``, which waits for that tuning and installs its configs.
     """
     others = gpu_facts.foreign_holders(holders, ours)
     if not others:
@@ -63,8 +65,19 @@ def refuse_held_gpus(host: Host, holders: Sequence[Holder], ours: str | None, ou
         raise ServedMeanwhile.of(host.name, str(others[0].job), f"it holds the GPUs and serves now; {outcome}")
     raise RefusedError(
         f"{gpu_facts.busy_message(host.name, 'GPU held by another process', others, owners=True)}; {outcome}",
-        hint="free the GPU (orch never kills a process it did not start), then serve again",
+        hint=_held_hint(host.name, others),
     )
+
+
+def _held_hint(host: str, others: Sequence[Holder]) -> str:
+    """How to free GPUs held by ``others``: orch's tuning jobs alone end by themselves, waited for (and their
+    configs installed) by ``orch wait``; anything else is the user's to free."""
+    if all(h.job and h.job.startswith(tuner_facts.JOB_PURPOSE_PREFIX) for h in others):
+        return (
+            f"orch's tuning runs there: `orch wait --host {host}` waits for it and installs its configs, then serve "
+            "again"
+        )
+    return "free the GPU (orch never kills a process it did not start), then serve again"
 
 
 def wait_gpus_released(host: Host, runner: Runner, indexes: Sequence[int], job_id: str, timeout: float) -> None:

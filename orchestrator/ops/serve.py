@@ -389,7 +389,8 @@ def preflight(session: HostSession, recipe: Recipe, options: ServeOptions, peers
     ready.warnings[:0] = warnings
     for warning in ready.warnings:
         session.say(f"WARNING: {warning}")
-    srv.refuse_held_gpus(session.host, ready.gpus.holders, ready.old.id if ready.old else None, _UNTOUCHED)
+    outcome = _UNTOUCHED if ready.old is not None else "nothing was started"
+    srv.refuse_held_gpus(session.host, ready.gpus.holders, ready.old.id if ready.old else None, outcome)
     return ready
 
 

@@ -10,6 +10,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from itertools import islice
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
@@ -20,6 +22,8 @@ from orchestrator.facts.gpus import Holder
 from orchestrator.inventory import Host
 from orchestrator.ops import serve as serve_op
 from orchestrator.ops.status import HostStatus
+from orchestrator.recipe import Recipe, ServeOptions
+from orchestrator.session import HostSession
 from orchestrator.state import HostState, Phase, ServerRecord
 from orchestrator.transport.base import CommandResult
 from orchestrator.views import status as status_views
@@ -49,6 +53,36 @@ def test_refuse_held_gpus_names_foreign_processes_and_other_jobs_but_allows_ours
     assert "GPU 3: pid 4242 (python3, not started by orch)" in message
     assert "GPU 5: pid 77 (python, orch job tune.gpu5-x)" in message
     assert "the running server was left untouched" in message and "never kills" in message
+
+
+def test_refuse_held_gpus_held_by_orch_tuning_alone_names_orch_wait_not_freeing_the_gpu() -> None:
+    tuners = [Holder(g, 22229 + g, "python", f"tune.gpu{g}-20261206T181216-f2c7") for g in range(2)]
+    with pytest.raises(RefusedError) as refused:
+        srv.refuse_held_gpus(HOST, tuners, None, "nothing was started")
+    assert refused.value.hint == (
+        "orch's tuning runs there: `orch wait --host b1` waits for it and installs its configs, then serve again"
+    )
+    with pytest.raises(RefusedError) as mixed:  # a process orch did not start is the user's to free
+        srv.refuse_held_gpus(HOST, [*tuners, Holder(3, 4242, "python3")], None, "nothing was started")
+    assert mixed.value.hint == "free the GPU (orch never kills a process it did not start), then serve again"
+
+
+def test_serve_preflight_refusing_held_gpus_with_no_server_running_says_nothing_was_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tuner = Holder(0, 22229, "python", "tune.gpu0-20261206T181216-f2c7")
+    ready = serve_op.Preflight(["py"], readers.GpuInfo(holders=[tuner]), None, [], cast(Recipe, None))
+    monkeypatch.setattr(serve_op, "forced_recipe", lambda recipe, options: recipe)
+    monkeypatch.setattr(serve_op, "check_launch", lambda session, recipe, mtp: ["py"])
+    monkeypatch.setattr(serve_op, "tuning_gate", lambda session, recipe, options, peers: [])
+    monkeypatch.setattr(serve_op, "decide", lambda session, recipe, options, argv: ready)
+    session = cast(HostSession, SimpleNamespace(host=HOST, say=lambda line: None))
+    with pytest.raises(RefusedError) as refused:
+        serve_op.preflight(session, cast(Recipe, None), ServeOptions())
+    assert str(refused.value).splitlines()[0] == (
+        "b1: GPU held by another process: GPU 0: pid 22229 (python, orch job tune.gpu0-20261206T181216-f2c7); "
+        "nothing was started"
+    )
 
 
 def test_refuse_held_gpus_says_another_orch_relaunched_when_its_new_server_holds_them() -> None:
