@@ -152,13 +152,14 @@ def status_field(
     its drained exit), also when this state does not record the stop (another orch's, or one whose record was
     cut off): its job directory says who asked it (``JobInfo.stopped_by``; ``STOPPED_ELSEWHERE`` when it does
     not). A running server job the record does not know is shown as the host runs it, ``recorded`` False; so
-    is the host's last server job, stopped or ended, when this state records no server (``_unrecorded_end``). A
+    is the host's last server job, stopped or ended, when this state records no server, or records an older
+    one it stopped (``_unrecorded_end``, ``_replaced_since_stop``: another controller's job it stopped since). A
     replica group's rank (``group``, ``rank``) other than rank 0 is healthy while its job runs: only rank 0
     answers HTTP."""
     unrecorded = unrecorded_server(jobs_out, record)
     if unrecorded is not None:
         return _unrecorded_field(http_out, unrecorded, now)
-    if record is None:
+    if record is None or _replaced_since_stop(jobs_out, record):
         return _unrecorded_end(jobs_out, now)
     seen = jobs.parse_held(jobs_out or "", "")
     job = next((j for j in [seen.job, *seen.others] if j is not None and j.id == record.job_id), None)
@@ -189,6 +190,14 @@ def status_field(
         "recorded": True,
         **({"group": record.group, "rank": record.rank} if record.group is not None else {}),
     }
+
+
+def _replaced_since_stop(jobs_out: str | None, record: ServerRecord) -> bool:
+    """Whether the host's last server job, ended, is not the one this state recorded stopped: another controller
+    started it since (and it, or this state's orch, stopped it). The host is the truth: that job is the one shown,
+    with who stopped it as its job directory says, not this state's older record."""
+    job = jobs.parse_held(jobs_out or "", "").job
+    return record.stopped_at is not None and job is not None and not job.running and job.id != record.job_id
 
 
 def _unrecorded_field(http_out: str | None, seen: jobs.Held, now: datetime) -> dict[str, Any]:
@@ -359,7 +368,8 @@ def stop_running_server(
     the last server job was lost (host rebooted or killed: nothing signalled), else None. The record
     says who stopped it and when; the phase goes back to what it was before the launch. ``server``: the
     host's server record as the caller read it (a stop for tuning: whether the job is a replica group's
-    rank, said in the announcement, ``of_rank``); the stop reads no state for it.
+    rank, said in the announcement, ``of_rank``; whether this state records the job, ``unrecorded``); the
+    stop reads no state for it. Without one it reads the record once, for the announcement.
     """
     host, store = session.host, session.store
     try:
@@ -370,11 +380,26 @@ def stop_running_server(
             _record_unrecorded_stop(session, servers[-1] if servers else None, outage)
             return "lost" if servers and servers[-1].state == "lost" else None
         store.check_writable()  # a stop that could not be recorded must not happen
-        outcome = stop_job(session, job, gpus, drain, of_rank(session, server, job.id, outage), listed)
+        record = server if server is not None else session.state().server
+        said = unrecorded(record, job.id, of_rank(session, server, job.id, outage))
+        outcome = stop_job(session, job, gpus, drain, said, listed)
     finally:
         session.forget("jobs", "gpus", "server_info")  # what another orch or a reboot may have changed too
     _record_stop(session, job.id, outage, outcome)
     return outcome
+
+
+UNRECORDED = "(not recorded in this state database: started by another controller or state directory)"
+"""What a server job this state does not record is said to be, as ``orch status`` says it."""
+
+
+def unrecorded(record: ServerRecord | None, job_id: str, outage: Outage) -> Outage:
+    """``outage`` said of server job ``job_id`` when ``record`` (the host's server record) is not of it
+    (``UNRECORDED``: another controller started it, or a state directory moved away): a stop is never
+    announced as if it stopped a server of this state's own."""
+    if record is not None and record.job_id == job_id:
+        return outage
+    return replace(outage, why=f"{UNRECORDED} {outage.why}")
 
 
 def refuse_bare_stop(host: Host, job: jobs.JobInfo) -> None:

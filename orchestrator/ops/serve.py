@@ -739,7 +739,13 @@ def running_argv(session: HostSession, job: jobs.JobInfo) -> list[str] | None:
 
 def replacing(session: HostSession, ready: Preflight, options: ServeOptions) -> srv.Outage:
     """Why the running server is replaced, in words that are true: a new command; the same one as asked
-    (``--force``, ``run --from``); or the same one on a new SGLang commit or new tuned configs."""
+    (``--force``, ``run --from``); or the same one on a new SGLang commit or new tuned configs. A server job
+    this state does not record (another controller's) is said so first (``srv.unrecorded``)."""
+    assert ready.old is not None
+    return srv.unrecorded(session.state().server, ready.old.id, _replacing(session, ready, options))
+
+
+def _replacing(session: HostSession, ready: Preflight, options: ServeOptions) -> srv.Outage:
     assert ready.old is not None
     if not runs_argv(session, ready.old, ready.argv):
         return srv.FOR_RELAUNCH

@@ -239,9 +239,9 @@ def test_a_rank_stopped_for_tuning_is_announced_as_its_groups_outage_without_rea
     real_read = store.read
     monkeypatch.setattr(store, "read", lambda *a, **k: reads.append(a) or real_read(*a, **k))
     srv.stop_running_server(session, [0], 10.0, srv.FOR_TUNE_FP8, record)
-    srv.stop_running_server(session, [0], 10.0, srv.AS_ASKED)  # orch stop-server on a group says the group itself
+    srv.stop_running_server(session, [0], 10.0, srv.AS_ASKED, record)  # stop-server of a group says the group itself
     assert said == [
         "for tune-fp8 --stop-server; serve again to resume (rank 1 of group pro-1: the group stops serving)",
         "as asked (stop-server)",
     ]
-    assert reads == []  # a stop of a running server costs no read of the state
+    assert reads == []  # a stop of a running server given the record its caller read costs no read of the state

@@ -25,8 +25,10 @@ from orchestrator.ops.status import HostStatus
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, Phase, ServerRecord
+from orchestrator.store import StateStore
 from orchestrator.transport.base import CommandResult
 from orchestrator.views import status as status_views
+from tests.fakerunner import FakeRunner
 
 HOST = Host(name="b1", address="127.0.0.2", workdir="/w")
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
@@ -465,3 +467,78 @@ def test_a_serve_that_lost_the_race_to_another_orchs_server_records_its_stop_not
     assert hs.phase == Phase.TUNED  # not `launching`: no launch of this state's is left to re-attach to
     theirs = replace(ready, old=job("server-6fa8"))
     assert serve_op.interrupted_launch(session, theirs) is None  # serve finds it another controller's (_FOUND)
+
+
+UNRECORDED = "(not recorded in this state database: started by another controller or state directory)"
+
+
+def _stopping(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recorded: str) -> tuple[HostSession, list[str]]:
+    """A host running server job ``server-2`` whose state records server job ``recorded`` (stopped, when it is
+    another), and the announcements its stop makes (``stop_job``'s outage, the stop itself faked)."""
+    store = StateStore(tmp_path / "st")
+
+    def record(hs: HostState) -> None:
+        hs.server = ServerRecord(job_id=recorded, argv=["x"], port=30000, mtp=False)
+        if recorded != "server-2":
+            srv.record_stopped(hs, recorded, srv.FOR_RELAUNCH.by)
+
+    store.update_host("b1", record)
+    runner = FakeRunner("b1")
+    runner.files["/w/jobs/server-2/argv"] = b"sglang\0serve\0--port\x0030000"
+    running = jobs.JobInfo("server-2", "server", 42, "running", None, NOW, None, 10, False, "/w/jobs/server-2")
+    monkeypatch.setattr(jobs, "list_jobs", lambda runner, workdir: [running])
+    said: list[str] = []
+    monkeypatch.setattr(srv, "stop_job", lambda _s, _j, _g, _d, outage, *_: said.append(outage.why) or "stopped")
+    return HostSession(HOST, runner, store), said
+
+
+def test_stop_server_of_a_job_this_state_does_not_record_says_so_before_the_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another controller started server-2 (this state recorded server-1, stopped): `orch stop-server` and
+    `tune-fp8 --stop-server` announced `stopping server job server-2 as asked (stop-server)`, as if its own."""
+    session, said = _stopping(tmp_path, monkeypatch, "server-1")
+    srv.stop_running_server(session, [0], 10.0)
+    srv.stop_running_server(session, [0], 10.0, srv.FOR_TUNE_FP8, None)
+    assert said == [
+        f"{UNRECORDED} as asked (stop-server)",
+        f"{UNRECORDED} for tune-fp8 --stop-server; serve again to resume",
+    ]
+
+
+def test_stop_server_of_the_job_this_state_records_says_no_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session, said = _stopping(tmp_path, monkeypatch, "server-2")
+    srv.stop_running_server(session, [0], 10.0)
+    assert said == ["as asked (stop-server)"]
+
+
+def test_serve_force_replacing_a_job_this_state_does_not_record_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`orch serve --force` said `stopping server job server-2 to relaunch the same command, as asked` of
+    another controller's job."""
+    old = jobs.JobInfo("server-2", "server", 42, "running", None, NOW, None, 10, False, "/w/jobs/server-2")
+    ready = serve_op.Preflight(["py"], readers.GpuInfo(), old, [], cast(Recipe, None))
+    monkeypatch.setattr(serve_op, "runs_argv", lambda session, job, argv: True)
+    mine = HostState(server=ServerRecord(job_id="server-2", argv=["py"], port=30000, mtp=False))
+    for hs, why in [(HostState(), f"{UNRECORDED} to relaunch the same command, as asked"),
+                    (mine, "to relaunch the same command, as asked")]:  # fmt: skip
+        session = cast(HostSession, SimpleNamespace(state=lambda hs=hs: hs))
+        assert serve_op.replacing(session, ready, ServeOptions(force=True)).why == why
+
+
+def test_status_shows_the_server_job_stopped_since_this_states_own_stopped_record() -> None:
+    """This state recorded server-1 stopped (replaced); another controller started server-2, which this orch
+    then stopped: `orch status` showed `stopped (by orch serve (replaced)), job server-1`, not the host's job."""
+    hs = HostState(server=RECORD.model_copy())
+    srv.record_stopped(hs, "server-1", srv.FOR_RELAUNCH.by)
+    ended = NOW - timedelta(minutes=1)
+    line = "\t".join(["job", "server-2", "server", "4242", "0", "0", str(int((NOW - timedelta(hours=1)).timestamp())),
+                      str(int(ended.timestamp())), "10", "1", "orch stop-server"])  # fmt: skip
+    old = jobs_line("server-1", "0", "0", NOW - timedelta(hours=2))
+    field = srv.status_field(None, f"now\t{int(NOW.timestamp())}\nheld\tserver-2\n{line}\n{old}\n", hs.server, NOW)
+    assert field is not None
+    assert (field["job"], field["job_state"], field["stopped_by"]) == ("server-2", "stopped", "orch stop-server")
+    assert (field["stopped_at"], field["recorded"]) == (ended.isoformat(), False)
+    mine = srv.status_field(None, f"now\t{int(NOW.timestamp())}\nheld\tserver-1\n{old}\n", hs.server, NOW)
+    assert mine is not None and (mine["job"], mine["stopped_by"]) == ("server-1", srv.FOR_RELAUNCH.by)
