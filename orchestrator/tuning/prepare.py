@@ -639,7 +639,34 @@ def refuse_unplanned(
     host still has (``installed_here``, through ``files``). Those are looked for only when a shape asked is left
     out of the plan: attaching with the plan's own shapes (a re-run, ``orch run``) costs no round trip."""
     found = installed_here(session, installed, files) if left_out(plan, asked, {}, sizes) else {}
-    refuse_other_shapes(session.name, plan, asked, found, sizes)
+    refuse_other_shapes(session.name, plan, asked, found, sizes, lambda: ended_here(session, plan))
+
+
+def ended_here(session: HostSession, plan: PlanRecord) -> bool:
+    """Whether every job of ``plan``, a plan of this host alone, has ended: each assignment's job found on the
+    host (its recorded id, else by purpose and staging directory: a plan adopted from the host records none)
+    and none runs. A ``--fleet`` plan's other members are not read: False."""
+    if plan.group != [session.name]:
+        return False
+    listed = session.jobs()
+    for a in plan.on(session.name):
+        job = next((j for j in reversed(listed) if _job_of(session, j, a)), None)
+        if job is None or job.running:
+            return False
+    return True
+
+
+def _job_of(session: HostSession, job: jobs.JobInfo, a: AssignmentRecord) -> bool:
+    """Whether ``job`` is assignment ``a``'s: its recorded id, else its purpose with ``a``'s staging directory in
+    its command."""
+    if a.job_id is not None:
+        return job.id == a.job_id
+    if job.purpose != a.purpose:
+        return False
+    try:
+        return a.staging.encode() in session.job_argv(job.id)
+    except OSError:
+        return False
 
 
 def installed_here(

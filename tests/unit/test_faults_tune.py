@@ -200,3 +200,42 @@ def test_attaching_to_a_running_plan_with_its_own_shapes_asks_the_host_nothing(t
     assert runner.commands() == []
     assert tune("N=1024,K=4096;N=8192,K=1024") == running  # one it leaves out, installed: looked for
     assert runner.commands() == [f"orch-installed {config}"]
+
+
+def test_a_tune_of_other_shapes_beside_a_plan_whose_jobs_all_ended_says_it_ended_and_orch_wait_installs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another controller's plan, its jobs all succeeded but never installed (its controller's state lost): a tune
+    of other shapes said `a tuning of other shapes runs` of a plan nothing ran of any more."""
+    from orchestrator.recipe import DEFAULT_RECIPE, TuneOptions, find_recipe, load_recipe
+    from orchestrator.session import HostSession
+    from orchestrator.tuning import prepare as prepare_mod
+    from tests.fakerunner import FakeRunner
+
+    h, store = host(tmp_path), StateStore(tmp_path / "state.json")
+    ended = make_plan([prepared(h)], now=T0)  # recorded as this state adopted it from the host: no job ids
+    with store.update() as state:
+        record_plan(state, ["h1"], ended, "adopted")
+    monkeypatch.setattr(prepare_mod, "settle_lost", lambda session, record, plan, look: (record, plan))
+    runner = FakeRunner("h1")
+    listed: list[jobs.JobInfo] = []
+    for i, a in enumerate(ended.assignments):
+        job_id = f"{a.purpose}-{i}"
+        runner.files[f"{h.workdir}/jobs/{job_id}/argv"] = f"python\0tune\0--save-path\0{a.staging}\0".encode()
+        listed.append(jobs.JobInfo(job_id, a.purpose, 42, "succeeded", 0, T0, T0, 10, False, f"/w/jobs/{job_id}"))
+    monkeypatch.setattr(jobs, "list_jobs", lambda runner, workdir: listed)
+    recipe = load_recipe(find_recipe(DEFAULT_RECIPE, []))
+
+    def tune() -> None:
+        prepare_mod.prepare(HostSession(h, runner, store), recipe, TuneOptions(shapes="N=2048,K=4096"))
+
+    with pytest.raises(RefusedError) as refused:
+        tune()
+    assert refused.value.message == (
+        f"h1: tuning plan {ended.id} (N=1024,K=4096; N=4096,K=2048) ended and is not installed; "
+        "it does not tune N=2048,K=4096"
+    )
+    assert refused.value.hint == "`orch wait --host h1` installs it (or says why it failed), then run this again"
+    listed[0] = jobs.JobInfo(listed[0].id, listed[0].purpose, 42, "running", None, T0, None, 10, False, "/w/j")
+    with pytest.raises(RefusedError, match=r"^h1: a tuning of other shapes runs \(plan "):  # one job still runs
+        tune()
