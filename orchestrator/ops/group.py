@@ -56,7 +56,7 @@ from orchestrator.facts.server_log import ServerLog, ShapeUse, shape_use
 from orchestrator.fleet import FleetResult, HostResult
 from orchestrator.inventory import Host, Inventory, ReplicaGroup
 from orchestrator.ops import serve as serve_op
-from orchestrator.ops.serve import check_launch, forced_recipe
+from orchestrator.ops.serve import asked_flags, check_launch, forced_recipe
 from orchestrator.recipe import Recipe, ServeOptions
 from orchestrator.session import HostSession
 from orchestrator.state import HostState, Phase, ServerRecord
@@ -150,7 +150,7 @@ def rank_command(session: HostSession, recipe: Recipe, options: ServeOptions, ra
     """Where ``rank`` stands in its group and its command with its launch environment, the flags checked
     against this host's own SGLang (RefusedError otherwise): the lines ``orch run --dry-run`` shows."""
     plan = rank.plan
-    single = check_launch(session, forced_recipe(recipe, options), options.mtp)
+    single = check_launch(session, forced_recipe(recipe, options), options.mtp, asked_flags(options))
     argv = facts.rank_argv(single, plan, rank.rank)
     problems = server_facts.check_flags(server_facts.split_entrypoint(argv)[1], session.server_surface().flags)
     if problems:
@@ -333,7 +333,7 @@ def looked_ranks(
     forced = forced_recipe(recipe, options)
     ranks = []
     for i, s in enumerate(group_sessions(session, plan.hosts, peers)):
-        ready = serve_op.decide(s, forced, options, check_launch(s, forced, options.mtp))
+        ready = serve_op.decide(s, forced, options, check_launch(s, forced, options.mtp, asked_flags(options)))
         ready.argv, ready.env = facts.rank_argv(ready.argv, plan, i), dict(plan.env)
         ranks.append(RankReady(s, i, ready))
     return ranks

@@ -142,20 +142,41 @@ class StartupFailed(HostError):
         self.tail = tail
 
 
-def check_launch(session: HostSession, recipe: Recipe, mtp: bool) -> list[str]:
+def check_launch(session: HostSession, recipe: Recipe, mtp: bool, asked: Mapping[str, str] | None = None) -> list[str]:
     """The launch argv once it passes the MTP rules, holds no secret (it goes into the state file and
     the job directory), the host's SGLang knows every flag and its parser parses the whole command (each
     value of its flag's type); else RefusedError listing every problem. The host's server surface and its
-    parser's verdict are read once per session (``orch run`` checks in preflight and again in serve)."""
+    parser's verdict are read once per session (``orch run`` checks in preflight and again in serve).
+
+    ``asked``: the flags serve's options set over the recipe's (``asked_flags``), flag → value: a problem
+    with one of them names that option and its value, not the recipe, which is not what is wrong."""
     argv, problems = launch_problems(session, recipe, mtp)
     if problems:
-        where = recipe.path or recipe.model
-        raise RefusedError(
-            f"{session.host.name}: recipe {where} refused; the running server was left untouched:\n"
-            + "\n".join(f"  - {p}" for p in problems),
-            hint="fix the recipe (see `orch recipe show` and `orch recipe discover`), then serve again",
-        )
+        raise launch_refusal(session.host.name, recipe, problems, asked or {})
     return argv
+
+
+def asked_flags(options: ServeOptions) -> dict[str, str]:
+    """The launch flags ``options`` set over the recipe's (``forced_recipe``): ``--fp8-gemm-backend``."""
+    return {} if options.fp8_gemm_backend is None else {"--fp8-gemm-backend": options.fp8_gemm_backend}
+
+
+def launch_refusal(name: str, recipe: Recipe, problems: list[facts.Problem], asked: Mapping[str, str]) -> RefusedError:
+    """RefusedError for a launch with ``problems``, naming what is to fix: the options in ``asked`` a
+    problem is about (``--fp8-gemm-backend bogus``), the recipe for every other."""
+    flags = [p.where for p in problems if p.where in asked]
+    lines = [f"  - {p.where} {asked[p.where]}: {p.reason}" if p.where in asked else f"  - {p}" for p in problems]
+    recipe_at_fault = len(flags) < len(problems)
+    what = " and ".join(
+        ([f"recipe {recipe.path or recipe.model}"] if recipe_at_fault else []) + [f"{f} {asked[f]}" for f in flags]
+    )
+    hints = ["fix the recipe (see `orch recipe show` and `orch recipe discover`)"] if recipe_at_fault else []
+    if flags:
+        hints.append(f"give {' and '.join(flags)} a value the host's SGLang accepts (or leave it out for the recipe's)")
+    return RefusedError(
+        f"{name}: {what} refused; the running server was left untouched:\n" + "\n".join(lines),
+        hint=", ".join(hints) + ", then serve again",
+    )
 
 
 def launch_problems(session: HostSession, recipe: Recipe, mtp: bool) -> tuple[list[str], list[facts.Problem]]:
@@ -383,7 +404,7 @@ def preflight(session: HostSession, recipe: Recipe, options: ServeOptions, peers
     """Recipe and flags, the tuning gate, the tuned configs on disk (which FP8 backend to launch), and
     the new server's GPUs (only orch's old server may hold them); RefusedError leaves everything as it was."""
     recipe = forced_recipe(recipe, options)
-    argv = check_launch(session, recipe, options.mtp)
+    argv = check_launch(session, recipe, options.mtp, asked_flags(options))
     warnings = tuning_gate(session, recipe, options, peers)
     ready = decide(session, recipe, options, argv)
     ready.warnings[:0] = warnings
@@ -431,7 +452,7 @@ def would_replace(session: HostSession, recipe: Recipe, options: ServeOptions) -
 def dry_run(session: HostSession, recipe: Recipe, options: ServeOptions) -> list[str]:
     """What ``serve`` would do now, without waiting for tuning or touching anything: the lines to print."""
     recipe = forced_recipe(recipe, options)
-    argv = check_launch(session, recipe, options.mtp)
+    argv = check_launch(session, recipe, options.mtp, asked_flags(options))
     status = tuning_status(session)
     if status.state in ("running", "ready-to-install") and options.wait_tuning:
         return [
@@ -1161,7 +1182,7 @@ def own_launch(session: HostSession, recipe: Recipe, options: ServeOptions) -> j
     and never verified, or started but not yet recorded), by what the host runs now; reads only. An
     interrupted ``orch run --from serve`` adopts it instead of relaunching it once more."""
     recipe = forced_recipe(recipe, options)
-    ready = decide(session, recipe, options, check_launch(session, recipe, options.mtp))
+    ready = decide(session, recipe, options, check_launch(session, recipe, options.mtp, asked_flags(options)))
     return interrupted_launch(session, ready)
 
 

@@ -75,7 +75,7 @@ def test_serve_preflight_refusing_held_gpus_with_no_server_running_says_nothing_
     tuner = Holder(0, 22229, "python", "tune.gpu0-20261206T181216-f2c7")
     ready = serve_op.Preflight(["py"], readers.GpuInfo(holders=[tuner]), None, [], cast(Recipe, None))
     monkeypatch.setattr(serve_op, "forced_recipe", lambda recipe, options: recipe)
-    monkeypatch.setattr(serve_op, "check_launch", lambda session, recipe, mtp: ["py"])
+    monkeypatch.setattr(serve_op, "check_launch", lambda session, recipe, mtp, asked=None: ["py"])
     monkeypatch.setattr(serve_op, "tuning_gate", lambda session, recipe, options, peers: [])
     monkeypatch.setattr(serve_op, "decide", lambda session, recipe, options, argv: ready)
     session = cast(HostSession, SimpleNamespace(host=HOST, say=lambda line: None))
