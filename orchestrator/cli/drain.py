@@ -16,12 +16,13 @@ from orchestrator.ops import rollout
 from orchestrator.recipe import ServeOptions
 
 
-def _client(app: App, command: str) -> GatewayClient:
-    """The inventory's gateway, asked once before anything changes (unreachable: exit 3)."""
+def _client(app: App, does: str) -> GatewayClient:
+    """The inventory's gateway, asked once before anything changes (unreachable: exit 3); ``does``: what the
+    command does with it, for the refusal of an inventory without one."""
     gateway = app.inventory.gateway
     if gateway is None:
         raise UsageError(
-            f"{command} takes a host out of the gateway: {app.inventory.path} has no 'gateway:'",
+            f"{does}: {app.inventory.path} has no 'gateway:'",
             hint=NO_GATEWAY_HINT,
         )
     client = GatewayClient(gateway)
@@ -56,7 +57,7 @@ def drain(app: App, host_names: tuple[str, ...], drain_timeout: float, yes: bool
     from orchestrator.views.serve import reporter
 
     selected = group_op.rank0s(app.inventory, app.select(host_names))  # a group: its rank 0 is in the gateway
-    client = _client(app, "drain")
+    client = _client(app, "drain takes a host out of the gateway")
     chosen = app.recipes(selected)
     with rollout.one_at_a_time(app.store), app.fleet(selected) as fleet:  # never beside a rollout: it re-registers
         fleet.events = reporter  # what it does as it goes, on stderr (a drain past its bound warns)
@@ -73,6 +74,8 @@ def drain(app: App, host_names: tuple[str, ...], drain_timeout: float, yes: bool
 def undrain(app: App, host_names: tuple[str, ...]) -> int:
     """Put a drained host back in the gateway, once its server answers /health.
 
+    A host that was not drained is said so, and registered only if the gateway does not route to it already.
+
     \b
     Example:
       orch undrain blackwell-2
@@ -82,7 +85,7 @@ def undrain(app: App, host_names: tuple[str, ...]) -> int:
     from orchestrator.views.serve import reporter
 
     selected = group_op.rank0s(app.inventory, app.select(host_names))
-    client = _client(app, "undrain")
+    client = _client(app, "undrain puts a host back in the gateway")
     chosen = app.recipes(selected)
     with rollout.one_at_a_time(app.store), app.fleet(selected) as fleet:
         fleet.events = reporter

@@ -8,7 +8,8 @@ or one whose state was lost) and in the state (``HostState.drained_at``). A host
 says so (``gateway.drained_at``; each command reads the mark in the round trip it makes to the host anyway):
 ``status`` and ``doctor`` show it, ``gateway up`` and ``serve --rolling`` leave it out, ``run`` refuses
 to replace its server. ``undrain`` first checks that the host serves (orch's server job runs and
-answers ``/health`` from the host), then registers it, waits until the gateway routes to it, and clears both.
+answers ``/health`` from the host), then registers it, waits until the gateway routes to it, and clears both;
+a host neither says is drained is said so, and registered only when the gateway does not route to it already.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from orchestrator import readers
 from orchestrator.errors import RefusedError
 from orchestrator.facts import server as facts
-from orchestrator.gateway import GatewayClient, drain_mark_path
+from orchestrator.gateway import GatewayClient, drain_mark_argv, drain_mark_path, drained_at, parse_drain_mark
 from orchestrator.jobs import JobInfo
 from orchestrator.ops import rollout
 from orchestrator.recipe import Recipe
@@ -63,23 +64,48 @@ def _mark_drained(hs: HostState) -> None:
     hs.drained_at = hs.drained_at or utc_now()
 
 
-def undrain(session: HostSession, recipe: Recipe, client: GatewayClient) -> str:
-    """Registers the host again once it serves (refused, changing nothing, when it does not); its URL. A server
+@dataclass(frozen=True)
+class Undrained:
+    url: str
+    was_drained: bool  # its mark on the host or this state said so (else undrain only made sure it is in)
+    was_routed: bool  # the gateway listed it healthy already: nothing was registered
+
+
+def undrain(session: HostSession, recipe: Recipe, client: GatewayClient) -> Undrained:
+    """Registers the host again once it serves (refused, changing nothing, when it does not). A host that was
+    never drained is registered only when the gateway does not route to it already, and said so. A server
     a rolling relaunch launched and was cut off before verifying (and gating) is not registered: the host is
     undrained, said, and left to that command, which no longer skips it."""
     url = rollout.worker_url_of(session, recipe)
     resume = _cut_off_relaunch(session, _require_serving(session, recipe))
-    if resume is None:
+    was_drained = _is_drained(session)
+    routed = not was_drained and _routed(client, url)
+    if not was_drained:
+        session.say("not drained: " + ("already in the gateway" if routed else "not in the gateway either"))
+    if resume is None and not routed:
         rollout.register(session, client, url)
-    session.runner.run(["rm", "-f", "--", drain_mark_path(session.host.workdir)], check=True)
-    session.store.update_host(session.name, _mark_undrained)
+    if was_drained:
+        session.runner.run(["rm", "-f", "--", drain_mark_path(session.host.workdir)], check=True)
+        session.store.update_host(session.name, _mark_undrained)
     if resume is not None:
         raise RefusedError(
             f"{session.name}: undrained, but not put back in the gateway: its server was launched by a rolling "
             "relaunch that was cut off before it verified the server (and gated it, with --gate)",
             hint=f"run that command again (`{resume}`): it verifies the server and registers the host",
         )
-    return url
+    return Undrained(url, was_drained, routed)
+
+
+def _is_drained(session: HostSession) -> bool:
+    """Whether the host is drained: its mark on the host, else this state's record (``gateway.drained_at``)."""
+    mark = parse_drain_mark(session.runner.run(drain_mark_argv(session.host.workdir), check=True).stdout)
+    return drained_at(mark, session.store.read([session.name], history=False).hosts.get(session.name)) is not None
+
+
+def _routed(client: GatewayClient, url: str) -> bool:
+    """Whether the gateway lists ``url`` healthy and not being removed: it routes requests to it."""
+    worker = client.find(url)
+    return worker is not None and worker.healthy and not worker.draining
 
 
 def _cut_off_relaunch(session: HostSession, running: JobInfo) -> str | None:

@@ -9,7 +9,7 @@ from orchestrator.facts.health import HostHealth
 from orchestrator.fleet import FleetResult
 from orchestrator.gateway import relaunch_drained
 from orchestrator.inventory import Host
-from orchestrator.ops.drain import Drained
+from orchestrator.ops.drain import Drained, Undrained
 
 
 def doctor_line(h: HostHealth) -> str:
@@ -101,10 +101,19 @@ def drained_lines(results: FleetResult[Drained]) -> None:
             out.print(inert(drained_line(r.host.name, r.value)), markup=False, highlight=False, soft_wrap=True)
 
 
-def undrained_lines(results: FleetResult[str]) -> None:
+def undrained_lines(results: FleetResult[Undrained]) -> None:
     from orchestrator.render import inert, out
 
     for r in results:
         if r.value is not None:
-            line = f"{r.host.name}: back in the gateway: {r.value} is healthy there and routed to"
-            out.print(inert(line), markup=False, highlight=False, soft_wrap=True)
+            out.print(inert(undrained_line(r.host.name, r.value)), markup=False, highlight=False, soft_wrap=True)
+
+
+def undrained_line(name: str, undrained: Undrained) -> str:
+    """What ``orch undrain`` did to one host: put it back, or (never drained) found it in or registered it."""
+    routed = f"{undrained.url} is healthy there and routed to"
+    if undrained.was_drained:
+        return f"{name}: back in the gateway: {routed}"
+    if undrained.was_routed:
+        return f"{name}: was not drained: already in the gateway, {routed}; nothing changed"
+    return f"{name}: was not drained, but was not in the gateway either: now registered, {routed}"

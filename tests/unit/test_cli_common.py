@@ -151,6 +151,21 @@ def test_a_rolling_dry_run_without_a_gateway_is_refused_as_the_command_would_be(
 
 @pytest.mark.parametrize(
     ("command", "said"),
+    [("drain", "drain takes a host out of the gateway"), ("undrain", "undrain puts a host back in the gateway")],
+)
+def test_drain_and_undrain_without_a_gateway_say_what_each_does(
+    tmp_path: Path, orch: Callable[..., OrchRun], command: str, said: str
+) -> None:
+    # `orch undrain` said "undrain takes a host out of the gateway"
+    inventory = tmp_path / "hosts.yaml"  # its host is never contacted: the refusal comes first
+    inventory.write_text("hosts:\n  sim-1: {address: 127.0.0.1, port: 9}\n")
+    result = orch("-i", str(inventory), "--state", str(tmp_path / "s.db"), command, "sim-1")
+    assert result.returncode == 2, result.output
+    assert f"{said}: {inventory} has no 'gateway:'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
     [
         (["run", "--canary", "canary"], "--canary canary picks a rolling relaunch's first wave: there is none"),
         (["serve", "--no-rolling", "--canary", "canary"], "--canary canary picks a rolling relaunch's first wave"),

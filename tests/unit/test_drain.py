@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 
 from orchestrator import jobs
-from orchestrator.gateway import Served, drain_mark_argv, parse_drain_mark
+from orchestrator.gateway import Served, Worker, drain_mark_argv, parse_drain_mark
 from orchestrator.inventory import Host
 from orchestrator.ops import drain as drain_op
 from orchestrator.ops import gateway as gateway_op
@@ -22,7 +22,7 @@ from orchestrator.recipe import PACKAGED_PLAYBOOKS, load_recipe
 from orchestrator.session import HostSession
 from orchestrator.store import StateStore
 from orchestrator.transport.local import LocalRunner
-from orchestrator.views.doctor import drained_line
+from orchestrator.views.doctor import drained_line, undrained_line
 from tests.fakerunner import FakeRunner
 
 
@@ -85,8 +85,8 @@ class FakeGateway:
     def __init__(self, url: str) -> None:
         self.urls = {url}
 
-    def find(self, url: str) -> object | None:
-        return url if url in self.urls else None
+    def find(self, url: str) -> Worker | None:
+        return Worker("w-1", url, healthy=True, load=0, model="m") if url in self.urls else None
 
     def remove(self, url: str) -> None:
         self.urls.discard(url)
@@ -153,7 +153,7 @@ def test_undrain_leaves_a_cut_off_rollouts_unverified_server_to_that_rollout(
     from orchestrator.state import RolloutRecord, ServerRecord
 
     session, _, url = drain_session(tmp_path, SERVER)
-    cast(FakeRunner, session.runner).on(("rm", "-f"))
+    cast(FakeRunner, session.runner).on(("rm", "-f")).on(("orch-drained",))  # no mark: the state's record says
     monkeypatch.setattr(drain_op.readers, "health", lambda *a: 200)
     registered: list[str] = []
     monkeypatch.setattr(rollout, "register", lambda s, client, u: registered.append(u))
@@ -169,4 +169,37 @@ def test_undrain_leaves_a_cut_off_rollouts_unverified_server_to_that_rollout(
     with session.store.update() as state:  # the rollout ended: the server it left is its known outcome
         assert state.rollout is not None
         state.rollout.ended_at = state.rollout.started_at
-    assert drain_op.undrain(session, RECIPE, cast(Any, FakeGateway(url))) == url and registered == [url]
+    out = FakeGateway(url)  # as the rollout left it: out of the gateway
+    out.remove(url)
+    assert drain_op.undrain(session, RECIPE, cast(Any, out)) == drain_op.Undrained(url, False, False)
+    assert registered == [url]
+
+
+@pytest.mark.parametrize("in_gateway", [True, False])
+def test_undrain_of_a_host_never_drained_says_so_and_registers_it_only_when_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_gateway: bool
+) -> None:
+    # `orch undrain` of a healthy registered host never drained said "registering" it and "back in the gateway"
+    session, said, url = drain_session(tmp_path, SERVER)
+    cast(FakeRunner, session.runner).on(("orch-drained",))  # no mark on the host, none in the state
+    monkeypatch.setattr(drain_op.readers, "health", lambda *a: 200)
+    registered: list[str] = []
+    monkeypatch.setattr(rollout, "register", lambda s, client, u: registered.append(u))
+    gateway = FakeGateway(url)
+    if not in_gateway:
+        gateway.remove(url)
+    undrained = drain_op.undrain(session, RECIPE, cast(Any, gateway))
+    assert undrained == drain_op.Undrained(url, was_drained=False, was_routed=in_gateway)
+    assert registered == ([] if in_gateway else [url])
+    assert not any(c.startswith("rm ") for c in cast(FakeRunner, session.runner).commands())  # no mark to clear
+    if in_gateway:
+        assert said == ["not drained: already in the gateway"]
+        assert undrained_line("gpu-1", undrained) == (
+            f"gpu-1: was not drained: already in the gateway, {url} is healthy there and routed to; nothing changed"
+        )
+    else:
+        assert said == ["not drained: not in the gateway either"]
+        assert undrained_line("gpu-1", undrained) == (
+            f"gpu-1: was not drained, but was not in the gateway either: now registered, {url} is healthy there "
+            "and routed to"
+        )
