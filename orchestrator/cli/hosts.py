@@ -18,7 +18,7 @@ from orchestrator.ops import rollout
 from orchestrator.ops import status as status_op
 from orchestrator.recipe import PullOptions
 from orchestrator.render import print_json
-from orchestrator.transport.ssh import trust_host_key
+from orchestrator.transport.ssh import fingerprint_problem, trust_host_key
 from orchestrator.views.pull import pull_report, split_groups_report
 from orchestrator.views.status import status_details, status_document, status_table
 
@@ -142,6 +142,7 @@ def pull(
     "--fingerprint",
     "expected",
     metavar="SHA256:...",
+    callback=lambda ctx, param, value: _fingerprint(value),
     help="Only trust the key when it has this fingerprint (as `ssh-keygen -lf` prints it on the host).",
 )
 @pass_app
@@ -158,3 +159,11 @@ def trust(app: App, host_names: tuple[str, ...], expected: str | None) -> int:
         outcome = trust_host_key(host, app.options.connect_timeout, expected)
         render.out.print(f"{host.name}: {outcome}", markup=False)
     return int(ExitCode.OK)
+
+
+def _fingerprint(value: str | None) -> str | None:
+    """``--fingerprint``, refused before any host is contacted unless it is one (exit 2)."""
+    problem = None if value is None else fingerprint_problem(value)
+    if problem:
+        raise click.BadParameter(problem)
+    return value

@@ -44,6 +44,7 @@ import itertools
 import logging
 import os
 import posixpath
+import re
 import socket
 import threading
 import time
@@ -819,10 +820,39 @@ def trust_host_key(host: Host, timeout: float, expected: str | None = None) -> s
     return "; ".join(outcomes)
 
 
+# A host key's fingerprint as `ssh-keygen -lf` prints it (and paramiko's ``PKey.fingerprint``): SHA256 and the
+# digest's 32 bytes in unpadded base64.
+_FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
+
+
+# The host key file each key type is in on the host (``/etc/ssh/ssh_host_<name>_key.pub``).
+_KEY_FILES = {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa", "rsa-sha2-256": "rsa", "rsa-sha2-512": "rsa"}
+
+
+def _key_file(key: paramiko.PKey) -> str:
+    name = key.get_name()
+    kind = "ecdsa" if name.startswith("ecdsa-") else _KEY_FILES.get(name, "ed25519")
+    return f"/etc/ssh/ssh_host_{kind}_key.pub"
+
+
+def fingerprint_problem(text: str) -> str | None:
+    """Why ``text`` is no host key fingerprint ``orch trust --fingerprint`` can compare (None: it is one)."""
+    if _FINGERPRINT.fullmatch(text):
+        return None
+    return (
+        f"{text!r} is not a host key fingerprint: write it as `ssh-keygen -lf` prints it on the host, "
+        "SHA256: and 43 base64 characters (SHA256:Zk3...)"
+    )
+
+
 def _trust(host: Host, name: str, key: paramiko.PKey, expected: str | None) -> str:
     fp = key.fingerprint
     if expected and expected != fp:
-        raise HostKeyError(f"{host.name}: offered key {key.get_name()} {fp} does not match the expected {expected}")
+        raise HostKeyError(
+            f"{host.name}: offered key {key.get_name()} {fp} does not match the expected {expected}; nothing trusted",
+            hint=f"read the host's own fingerprint out of band, on its console: `ssh-keygen -lf {_key_file(key)}`; "
+            "if it is not the one offered, something else answers at that address: do not trust it",
+        )
     table = KNOWN_HOSTS.table(host)
     if key.asbytes() in table.revoked:
         raise _revoked(host, name, key, table.revoked[key.asbytes()])
