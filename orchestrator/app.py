@@ -152,7 +152,7 @@ class App:
     def fleet(self, hosts: list[Host], parallel: int = 32) -> Fleet:
         """The fleet of ``hosts``, once each SSH host's route is known (``check_routes``: a missing
         identity_file or a bad ssh config line is exit 2 before any host is contacted or shown)."""
-        check_routes(hosts)
+        check_routes(hosts, self.inventory.path)
         log.info("%s (%s), %d at a time", hosts_count(len(hosts)), ", ".join(h.name for h in hosts), parallel)
         return Fleet(hosts, self.options, parallel=parallel, inventory=frozenset(self.inventory.hosts))
 

@@ -17,13 +17,14 @@ import traceback
 from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from orchestrator.errors import ConfigError, ExitCode, OrchError, RefusedError, local_disk_error
 from orchestrator.session import HostSession, Sink, discard
 from orchestrator.transport.base import ConnectOptions, Runner
 from orchestrator.transport.local import LocalRunner
-from orchestrator.transport.ssh import SSHRunner, resolve_route
+from orchestrator.transport.ssh import MissingIdentityFile, SSHRunner, resolve_route
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Host
@@ -40,16 +41,19 @@ def open_runner(host: Host, options: ConnectOptions) -> Runner:
     return SSHRunner(host, options)
 
 
-def check_routes(hosts: list[Host]) -> None:
+def check_routes(hosts: list[Host], inventory: Path | None = None) -> None:
     """Where each SSH host is (``resolve_route``: the ssh config, the inventory's ``identity_file``), worked
     out on this machine before any host is contacted: a ``ConfigError`` there is bad input for the whole
     command (exit 2, nothing shown or recorded), not an ``unreachable`` host in a table of results. The
-    message starts with the host's name, as ``render.host_errors`` would have said it."""
+    message starts with the host's name, as ``render.host_errors`` would have said it; a missing
+    ``identity_file`` with the inventory file (``inventory``) first, as every inventory error."""
     for host in hosts:
         if host.transport == "local":
             continue
         try:
             resolve_route(host)
+        except MissingIdentityFile as exc:
+            raise MissingIdentityFile(exc.host, exc.path, inventory) from None
         except ConfigError as exc:
             if exc.message.startswith(f"{host.name}:"):
                 raise

@@ -13,6 +13,7 @@ from orchestrator.app import App
 from orchestrator.cli import complete
 from orchestrator.cli.common import finish, host_options, options_from, pass_app
 from orchestrator.errors import ExitCode, UsageError
+from orchestrator.fleet import check_routes
 from orchestrator.ops import pull as pull_op
 from orchestrator.ops import rollout
 from orchestrator.ops import status as status_op
@@ -155,7 +156,9 @@ def trust(app: App, host_names: tuple[str, ...], expected: str | None) -> int:
     Example:
       orch trust blackwell-1 --fingerprint SHA256:Zk3...
     """
-    for host in app.select(host_names):
+    selected = app.select(host_names)
+    check_routes(selected, app.inventory.path)  # a missing identity_file: exit 2 naming the inventory, as any command
+    for host in selected:
         outcome = trust_host_key(host, app.options.connect_timeout, expected)
         render.out.print(f"{host.name}: {outcome}", markup=False)
     return int(ExitCode.OK)

@@ -304,11 +304,21 @@ def resolve_route(host: Host) -> Route:
     own_key = os.path.expanduser(host.identity_file) if host.identity_file else None
     used = [*route.target.identity_files, *(jump.identity_files if jump else ())]
     if own_key in used and not os.path.exists(own_key):
-        raise ConfigError(
-            f"{host.name}: identity_file {own_key} is not on this machine",
-            hint=f"fix identity_file for {host.name} in the inventory, or remove it (ssh-agent, ~/.ssh/config)",
-        )
+        raise MissingIdentityFile(host.name, own_key)
     return route
+
+
+class MissingIdentityFile(ConfigError):
+    """An ``identity_file`` the inventory names (``path``, ``~`` expanded) that is not on this machine. The host
+    does not know its inventory file: ``fleet.check_routes``, which does, names it."""
+
+    def __init__(self, host: str, path: str, inventory: Path | None = None) -> None:
+        where = f"{inventory}: host {host!r}, key 'identity_file': " if inventory else f"{host}: identity_file "
+        hint = (
+            f"fix identity_file for {host} in {inventory or 'the inventory'}, or remove it (ssh-agent, ~/.ssh/config)"
+        )
+        super().__init__(f"{where}{path} is not on this machine", hint=hint)
+        self.host, self.path = host, path
 
 
 def _endpoint(host: Host, found: HostConfig) -> Endpoint:

@@ -48,21 +48,22 @@ def test_a_playbook_name_given_on_the_command_line_is_said_as_typed(tmp_path: Pa
 
 
 def test_an_identity_file_not_on_this_machine_is_exit_2_before_any_host_is_shown_or_recorded(tmp_path: Path) -> None:
-    """`orch status` printed a table with every host `unreachable` (none was contacted), then the error."""
+    """`orch status` printed a table with every host `unreachable` (none was contacted), then the error; the
+    error named the host and the key but not the inventory file."""
     inventory = tmp_path / "hosts.yaml"
     inventory.write_text(
         f"hosts:\n  a: {{address: 127.0.0.1, port: 1, identity_file: {tmp_path / 'gone'}}}\n"
         "  b: {address: 127.0.0.1, port: 2}\n"
     )
 
-    for command in (["status"], ["status", "--json"], ["jobs"]):
+    for command in (["status"], ["status", "--json"], ["jobs"], ["trust", "a"]):
         result = run_orch("-i", str(inventory), *command)
 
         assert result.returncode == 2, result.output
         assert result.stdout == ""
         assert result.stderr == (
-            f"orch: error: a: identity_file {tmp_path / 'gone'} is not on this machine\n"
-            "  hint: fix identity_file for a in the inventory, or remove it (ssh-agent, ~/.ssh/config)\n"
+            f"orch: error: {inventory}: host 'a', key 'identity_file': {tmp_path / 'gone'} is not on this machine\n"
+            f"  hint: fix identity_file for a in {inventory}, or remove it (ssh-agent, ~/.ssh/config)\n"
         )
         assert not (tmp_path / ".orch").exists()  # no state database: nothing recorded of any host
 
