@@ -402,8 +402,14 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read inventory: {exc.strerror or exc}") from None
     raw = load_yaml(path, text)
+    optional = ", ".join(repr(k) for k in _TOP_LEVEL if k != "hosts")
+    if raw is None:  # nothing but comments and blank lines, or no byte at all
+        raise ConfigError(
+            f"{path}: the inventory is empty; its top level takes 'hosts' (and optional {optional})",
+            hint="add hosts: {NAME: {address: ADDRESS}} (see docs/inventory.md)",
+        )
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping with 'hosts' (and optional 'defaults')")
+        raise ConfigError(f"{path}: the top level must be a mapping with 'hosts' (and optional {optional})")
     unknown = sorted(set(raw) - set(_TOP_LEVEL), key=str)
     if unknown:
         close = difflib.get_close_matches(str(unknown[0]), _TOP_LEVEL, n=1)

@@ -268,3 +268,24 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
 def test_an_empty_defaults_section_is_no_defaults(tmp_path: Path) -> None:
     inventory = load_inventory(write(tmp_path, "defaults:  # all commented out\nhosts:\n  a: {address: h}\n"))
     assert inventory.hosts["a"].port == 22
+
+
+@pytest.mark.parametrize("text", ["", "# every host commented out\n#hosts:\n#  a: {address: h}\n\n"])
+def test_an_empty_inventory_says_it_is_empty_and_every_top_level_key(tmp_path: Path, text: str) -> None:
+    # it said "the top level must be a mapping with 'hosts' (and optional 'defaults')": no 'gateway' or 'groups'
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as refused:
+        load_inventory(path)
+    assert refused.value.message == (
+        f"{path}: the inventory is empty; its top level takes 'hosts' (and optional 'defaults', 'gateway', 'groups')"
+    )
+    assert refused.value.exit_code == ExitCode.USAGE
+
+
+def test_a_top_level_that_is_no_mapping_names_every_key_it_takes(tmp_path: Path) -> None:
+    path = write(tmp_path, "- a\n")
+    with pytest.raises(ConfigError) as refused:
+        load_inventory(path)
+    assert refused.value.message == (
+        f"{path}: the top level must be a mapping with 'hosts' (and optional 'defaults', 'gateway', 'groups')"
+    )
