@@ -482,11 +482,13 @@ def _shapes(text: str) -> list[Shape]:
 def find_recipe(name_or_path: str, search_dirs: list[Path]) -> Path:
     """The playbook file ``name_or_path`` names: an existing path that ends in ``.yaml``/``.yml`` or has a
     ``/`` (``./pb``: a path, whatever its name ends in), else ``NAME.yaml``/``NAME.yml`` in ``search_dirs``
-    then the shipped playbooks. ``ConfigError`` naming the known playbooks otherwise (and, for a bare name
-    that is a file here, how to give it as a path). An existing path is returned whatever it is: a directory
-    is refused by ``load_recipe`` as one (``read_text``), not said to be no playbook."""
+    then the shipped playbooks. ``ConfigError`` naming the known playbooks otherwise (for a bare name that
+    is a file here, how to give it as a path; for a path, that its file does not exist). An existing path
+    is returned whatever it is: a directory is refused by ``load_recipe`` as one (``read_text``), not said
+    to be no playbook."""
     candidate = Path(name_or_path)
-    if (candidate.suffix in (".yaml", ".yml") or "/" in name_or_path) and candidate.exists():
+    a_path = candidate.suffix in (".yaml", ".yml") or "/" in name_or_path
+    if a_path and candidate.exists():
         return candidate
     for d in [*search_dirs, PACKAGED_PLAYBOOKS]:
         for suffix in (".yaml", ".yml"):
@@ -498,6 +500,11 @@ def find_recipe(name_or_path: str, search_dirs: list[Path]) -> Path:
             f"no playbook {name_or_path!r}; known: {', '.join(known) or 'none'} (a file {name_or_path!r} is here, "
             "but a name without '/' or .yaml is looked up among the playbooks)",
             hint=f"give the file as a path: ./{name_or_path}",
+        )
+    if a_path:  # meant as a file: the known names are the way out, not what is wrong
+        raise ConfigError(
+            f"no playbook file {name_or_path!r}: {candidate.absolute()} does not exist",
+            hint=f"check the path, or give a known playbook by name: {', '.join(known) or 'none'}",
         )
     raise ConfigError(
         f"no playbook {name_or_path!r}; known: {', '.join(known) or 'none'}",

@@ -80,6 +80,19 @@ def test_a_playbook_path_with_a_slash_is_read_whatever_its_name_ends_in(
     assert info.value.hint == "give the file as a path: ./pb2_noext"
 
 
+@pytest.mark.parametrize("given", ["./nope.yaml", "nope.yml", "plays/nope"])
+def test_a_playbook_path_that_does_not_exist_is_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:
+    """`orch run ./nope.yaml` said `no playbook './nope.yaml'; known: ...`, hint "or a path to a YAML file"."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        find_recipe(given, [])
+    assert info.value.message == f"no playbook file {given!r}: {tmp_path / given} does not exist"
+    assert (info.value.hint or "").startswith("check the path, or give a known playbook by name: deepseek-v4-flash")
+    assert info.value.exit_code == ExitCode.USAGE
+
+
 def test_a_playbook_path_that_is_a_directory_is_said_to_be_one(tmp_path: Path) -> None:
     """`--playbook /some/existing/directory` said `no playbook '/some/existing/directory'; known: ...`."""
     (tmp_path / "pb").mkdir()
