@@ -476,7 +476,7 @@ def _sweep(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> 
     assert isinstance(step.options, SweepOptions)
     recipe = ctx.recipe(session.host)
     try:
-        result = sweep_op.sweep(session, recipe, step.options, ctx.peers)
+        result = sweep_op.sweep(session, recipe, step.options, ctx.peers, by=sweep_op.RUN_SWEEP_BY)
         failed = "; ".join(f"{name}: {why}" for name, why in result.failed.items())
         if failed:
             raise HostError(f"{session.name}: not every profile was measured ({failed})",
@@ -485,7 +485,9 @@ def _sweep(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> 
         detail = f"{len(result.points)} runs ({sum(p.resumed for p in result.points)} earlier); best by concurrency: "
         detail += bands + simulated(any(p.simulated for p in result.points))
         if step.options.then_serve is not None:
-            best = sweep_op.serve_best(session, recipe, result, step.options.then_serve, ctx.peers)
+            best = sweep_op.serve_best(
+                session, recipe, result, step.options.then_serve, ctx.peers, sweep_op.RUN_SWEEP_BY
+            )
             detail += f"; serving {best.profile} (best at {best.concurrency}): {_served(best.served)}"
         elif result.left_serving is not None:
             detail += f"; left serving {result.left_serving}"

@@ -39,7 +39,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -86,6 +86,7 @@ HEALTH_REPORT_FIRST = 5.0  # a slow start is explained after this many seconds, 
 HEALTH_REPORT_SECONDS = 30.0
 RECONNECT_SECONDS = 300.0  # a connection lost while waiting for /health is retried this long (within the timeout)
 TUNING_POLL_SECONDS = 1.0
+REPLACED_BY = srv.FOR_RELAUNCH.by  # who a server serve replaces is stopped by: "orch serve (replaced)"
 PROBE_REQUESTS = 4
 PROBE_TOKENS = 128  # 4 x 128 tokens pass SGLang's 40-step decode log interval even at accept length 3+
 LOG_TAIL_LINES = 30
@@ -335,11 +336,14 @@ def _with_backend(argv: list[str], backend: str | None) -> list[str]:
 # --- 3 + 4. relaunch ------------------------------------------------------------------------------------------
 
 
-def serve(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Peers | None = None) -> ServeResult:
+def serve(
+    session: HostSession, recipe: Recipe, options: ServeOptions, peers: Peers | None = None, by: str = REPLACED_BY
+) -> ServeResult:
     """Check, gate, relaunch and verify the server on the session's host (the flow in the module docstring).
 
     A server already running the same command, SGLang commit and tuned configs, verified as asked, is
-    left alone (``ServeResult.unchanged``) unless ``options.force``.
+    left alone (``ServeResult.unchanged``) unless ``options.force``. ``by``: who the server it replaces is
+    recorded stopped by, on the host and in the state (``orch sweep (replaced)`` for a sweep's serves).
     Raises RefusedError (nothing touched), StartupFailed (phase ``failed``; rolled back when asked)
     or VerifyError (serving, but not as asked).
     """
@@ -361,10 +365,10 @@ def serve(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Pe
         if unverified is not None:
             started = adopt(session, ready, unverified, options, why)
         else:
-            started = relaunch(session, ready, options)
+            started = relaunch(session, ready, options, by)
         result = verify(session, ready.recipe, options, started, ready.gpus.compute_cap)
     except srv.ServedMeanwhile:
-        lost_the_race(session, ready.old if unverified is None else None)
+        lost_the_race(session, ready.old if unverified is None else None, by)
         raise
     except (StartupFailed, StoppedMeanwhile):
         raise  # already recorded (and rolled back when asked); a stop orch recorded meanwhile wins
@@ -376,13 +380,13 @@ def serve(session: HostSession, recipe: Recipe, options: ServeOptions, peers: Pe
     return finish_verified(session, result)
 
 
-def lost_the_race(session: HostSession, stopped: jobs.JobInfo | None) -> None:
+def lost_the_race(session: HostSession, stopped: jobs.JobInfo | None, by: str = REPLACED_BY) -> None:
     """Another orch's server started while this serve relaunched (``srv.ServedMeanwhile``): record what the host
     shows, the server this serve ``stopped`` (None: none) stopped and no server of this serve's, the host back
     in its phase before the launch. Left ``launching``, the state kept a stopped job as its server, and the next
     serve took the other orch's server for its own launch cut off before verifying it (``launched_unrecorded``)."""
     job_id = stopped.id if stopped is not None else None
-    session.store.update_host(session.name, lambda hs: srv.record_stopped(hs, job_id, srv.FOR_RELAUNCH.by))
+    session.store.update_host(session.name, lambda hs: srv.record_stopped(hs, job_id, by))
 
 
 @dataclass
@@ -697,14 +701,15 @@ class LaunchedServer:
     commit: str | None = None  # the SGLang checkout's HEAD when the server started: the code it runs
 
 
-def relaunch(session: HostSession, ready: Preflight, options: ServeOptions) -> LaunchedServer:
-    """Stop the old server (said first), start the new one, wait until healthy; on failure stop it,
-    mark ``failed``, roll back."""
+def relaunch(session: HostSession, ready: Preflight, options: ServeOptions, by: str = REPLACED_BY) -> LaunchedServer:
+    """Stop the old server (said first; recorded stopped ``by``), start the new one, wait until healthy; on
+    failure stop it, mark ``failed``, roll back."""
     gpus = facts.server_gpus(ready.recipe, session.host)
     if ready.old is not None:
         if options.rollback:
             keep_serving_as_known_good(session, ready.old)
-        srv.stop_job(session, ready.old, gpus, options.drain_timeout, replacing_alone(session, ready, options))
+        outage = replace(replacing_alone(session, ready, options), by=by)
+        srv.stop_job(session, ready.old, gpus, options.drain_timeout, outage)
     try:
         return launch(session, ready.argv, options, ready.recipe, ready.configs)
     except StartupFailed as failure:

@@ -35,6 +35,11 @@ from orchestrator.session import HostSession
 from orchestrator.state import HostState
 from orchestrator.tuning.member import Peers
 
+SWEEP_BY = "orch sweep (replaced)"
+"""Who a server a sweep replaces is recorded stopped by (``ops.serve.serve``'s ``by``), on the host and in the state:
+the sweep, not a plain ``orch serve``. ``orch run``'s sweep step passes ``RUN_SWEEP_BY``."""
+RUN_SWEEP_BY = "orch run (sweep step)"
+
 
 @dataclass(frozen=True)
 class SweepResult:
@@ -74,11 +79,13 @@ def sweep(
     options: SweepOptions,
     peers: Peers | None = None,
     before_stop: Callable[[HostSession, Recipe], None] | None = None,
+    by: str = SWEEP_BY,
 ) -> SweepResult:
     """Run (or finish) the sweep on the session's host; see the module docstring. ``RefusedError`` (nothing
     stopped or started) while ``orch profile``'s job profiles its server, or when the host would refuse a
     profile's launch command (``check_launches``); ``UsageError`` (exit 2, nothing stopped or started) when
-    the benchmark's dataset file is not on the host (``check_dataset``)."""
+    the benchmark's dataset file is not on the host (``check_dataset``). A server a profile's serve replaces
+    is recorded stopped ``by`` the sweep."""
     _refuse_profiling(session)
     check_launches(session, recipe, options)
     check_dataset(session, recipe)
@@ -89,7 +96,7 @@ def sweep(
     asked = profile_names(recipe, options)
     for name in asked:
         try:
-            points += _profile_runs(session, recipe.with_profile(name), asked, name, options, peers)
+            points += _profile_runs(session, recipe.with_profile(name), asked, name, options, peers, by)
         except OrchError as exc:
             failed[name] = exc.message.removeprefix(f"{session.name}: ")  # said and shown under the host's name
             session.say(f"sweep: {name}: {failed[name]}")
@@ -180,7 +187,12 @@ class BestServed:
 
 
 def serve_best(
-    session: HostSession, recipe: Recipe, result: SweepResult, concurrency: int, peers: Peers | None = None
+    session: HostSession,
+    recipe: Recipe,
+    result: SweepResult,
+    concurrency: int,
+    peers: Peers | None = None,
+    by: str = SWEEP_BY,
 ) -> BestServed:
     """Serve the profile ``result.best`` names at ``concurrency`` as ``orch serve --profile NAME`` does
     (checked, relaunched unless it serves so already, verified). A host where no profile was measured
@@ -192,11 +204,17 @@ def serve_best(
     session.say(f"sweep: serving {name}, the best at concurrency {concurrency}")
     served = recipe.with_profile(name)
     options = ServeOptions(mtp=served.mtp is not None)
-    return BestServed(name, concurrency, serve_op.serve(session, served, options, peers))
+    return BestServed(name, concurrency, serve_op.serve(session, served, options, peers, by))
 
 
 def _profile_runs(
-    session: HostSession, served: Recipe, asked: list[str], name: str, options: SweepOptions, peers: Peers | None
+    session: HostSession,
+    served: Recipe,
+    asked: list[str],
+    name: str,
+    options: SweepOptions,
+    peers: Peers | None,
+    by: str,
 ) -> list[SweepPoint]:
     """The profile's runs (measured now, or finished before); served only when one is left to measure. A run
     measured now is stored with the profiles ``asked`` (``_store_asked``)."""
@@ -208,7 +226,7 @@ def _profile_runs(
         session.say(f"sweep: {name}: every concurrency done before, skipped")
         return points
     session.say(f"sweep: serving profile {name}")
-    serve_op.serve(session, served, ServeOptions(mtp=served.mtp is not None), peers)
+    serve_op.serve(session, served, ServeOptions(mtp=served.mtp is not None), peers, by)
     for c in todo:
         label = facts.run_label(key, name, c)
         session.say(f"sweep: {name} at concurrency {c}")

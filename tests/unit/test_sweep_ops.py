@@ -247,3 +247,34 @@ def test_a_sweep_whose_every_run_failed_is_the_latest_sweep_for_orch_report(
         "profile balanced not measured at concurrency 5)"
     ]
     assert [j.meta.get("sweep") for j in hs.jobs.values()] == [asked, asked]  # its failed runs' jobs, marked
+
+
+class Stopped(Exception):
+    """Raised by the fake ``stop_job``, once it has seen who the stop is recorded by: the test ends there."""
+
+
+@pytest.mark.parametrize(
+    ("asked", "by"), [({}, "orch sweep (replaced)"), ({"by": "orch run (sweep step)"}, "orch run (sweep step)")]
+)
+def test_a_server_a_sweep_replaces_is_recorded_stopped_by_the_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, asked: dict[str, str], by: str
+) -> None:
+    # `orch jobs --all` showed every server a sweep replaced as "stopped by orch serve (replaced)"
+    recipe = playbook(tmp_path)
+    session = Canary(StateStore(tmp_path / "state.db"), recipe, serving="low-latency")
+    serve_op = sweep_op.serve_op
+    ready = serve_op.Preflight(["sglang"], None, session.jobs()[0], [], recipe)  # type: ignore[arg-type]
+    monkeypatch.setattr(serve_op, "preflight", lambda *_: ready)  # serve decided to replace the running server
+    for decided in ("already_serving", "interrupted_launch", "unrecorded_as_asked", "check_replacement"):
+        monkeypatch.setattr(serve_op, decided, lambda *_: None)
+    monkeypatch.setattr(serve_op, "replacing_alone", lambda *_: serve_op.srv.FOR_RELAUNCH)
+    stops: list[str] = []
+
+    def stop_job(session: HostSession, job: JobInfo, gpus: object, drain: float, outage: Any) -> None:
+        stops.append(outage.by)  # what the job directory's stop_requested and the state record
+        raise Stopped
+
+    monkeypatch.setattr(serve_op.srv, "stop_job", stop_job)
+    with pytest.raises(Stopped):
+        sweep_op.sweep(session, recipe, SweepOptions(profiles=["max-throughput"], concurrency=[1]), **asked)
+    assert stops == [by]
