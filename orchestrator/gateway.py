@@ -31,7 +31,7 @@ from orchestrator.facts import server as server_facts
 from orchestrator.facts.probe import Section
 from orchestrator.inventory import Gateway, Host
 from orchestrator.recipe import Recipe
-from orchestrator.state import HostState, Phase, ServerRecord, State
+from orchestrator.state import HostState, Phase, RolloutRecord, ServerRecord, State
 
 T = TypeVar("T")
 
@@ -189,17 +189,26 @@ def check_workers(workers: list[Worker], urls: dict[str, str], serving: set[str]
     return GatewayCheck(rows, unregistered)
 
 
+def cut_off_rollout(rollout: RolloutRecord | None, name: str) -> RolloutRecord | None:
+    """``rollout`` (the state's last) when it took host ``name`` out of the gateway and was cut off before it put
+    it back: it never ended, and its outcome for the host is still ``removed`` (its server not verified, or
+    not gated yet with ``--gate``). None when it ended (halted or complete: what it did is said) or was done
+    with the host. orch's one reading of it: ``gateway status`` flags the host, ``serve --rolling`` resumes it
+    first, ``undrain`` leaves it to that rollout's ``command``, a resumed ``--gate`` gates it again."""
+    if rollout is None or rollout.ended_at is not None or rollout.outcomes.get(name) != "removed":
+        return None
+    return rollout
+
+
 def left_out(hosts: list[Host], state: State, registered: set[str], urls: dict[str, str]) -> list[str]:
     """Hosts a serve cut off (SIGTERM, SIGKILL, a lost laptop) left out of the gateway: not registered while
     still ``launching`` (its new server may be healthy by now), or taken out (``removed``) by a rollout that
-    never ended. Not consistent: the same ``orch serve --rolling`` registers them again."""
-    rollout = state.rollout
-    taken_out = set(rollout.outcomes) if rollout is not None and rollout.ended_at is None else set()
+    never ended (``cut_off_rollout``). Not consistent: the same ``orch serve --rolling`` registers them again."""
     found = []
     for host in hosts:
         record = state.hosts.get(host.name)
         launching = record is not None and record.phase == Phase.LAUNCHING
-        removed = host.name in taken_out and rollout is not None and rollout.outcomes[host.name] == "removed"
+        removed = cut_off_rollout(state.rollout, host.name) is not None
         rank = record is not None and _serves_no_http(record.server)
         if (launching or removed) and not rank and urls[host.name] not in registered:
             found.append(host.name)
@@ -311,8 +320,8 @@ def check_fleet(
     unregistered = [name for name in check.unregistered if name not in out and name not in drained]
     registered = {r.host for r in rows}  # a drained host registered is flagged in its row: one line, not two
     drained_out = [h.name for h in hosts if h.name in drained and h.name not in registered]
-    rollout = state.rollout if state.rollout is not None and state.rollout.ended_at is None else None
-    resume = {n: rollout.command for n in out if rollout and rollout.command and n in rollout.outcomes}
+    cut_off = {n: cut_off_rollout(state.rollout, n) for n in out}
+    resume = {n: r.command for n, r in cut_off.items() if r is not None and r.command}
     return GatewayCheck(rows, unregistered, out, drained_out, rolling=rolling if out else None, resume=resume)
 
 

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from orchestrator import readers
 from orchestrator.errors import RefusedError
 from orchestrator.facts import server as facts
-from orchestrator.gateway import GatewayClient, drain_mark_argv, drain_mark_path, drained_at, parse_drain_mark
+from orchestrator.gateway import (
+    GatewayClient,
+    cut_off_rollout,
+    drain_mark_argv,
+    drain_mark_path,
+    drained_at,
+    parse_drain_mark,
+)
 from orchestrator.jobs import JobInfo
 from orchestrator.ops import rollout
 from orchestrator.recipe import Recipe
@@ -112,8 +119,8 @@ def _cut_off_relaunch(session: HostSession, running: JobInfo) -> str | None:
     """The command of the rolling relaunch that took the host out, launched the server ``running`` now and was
     cut off before registering it again (not verified, or its gate undecided); None when the server is not such."""
     state = session.store.read([session.name], history=False)
-    last, hs = state.rollout, state.hosts.get(session.name)
-    if last is None or last.ended_at is not None or last.outcomes.get(session.name) != "removed" or hs is None:
+    last, hs = cut_off_rollout(state.rollout, session.name), state.hosts.get(session.name)
+    if last is None or hs is None:
         return None
     new = hs.server is not None and hs.server.job_id == running.id and hs.server.started_at >= last.started_at
     return (last.command or "orch serve --rolling") if new else None

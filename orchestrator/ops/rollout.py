@@ -43,7 +43,14 @@ from orchestrator.facts import bench as bench_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts.bench import BenchRecord, GateRecord
 from orchestrator.fleet import Fleet
-from orchestrator.gateway import GatewayClient, drain_mark_argv, drained_at, host_worker_url, parse_drain_mark
+from orchestrator.gateway import (
+    GatewayClient,
+    cut_off_rollout,
+    drain_mark_argv,
+    drained_at,
+    host_worker_url,
+    parse_drain_mark,
+)
 from orchestrator.inventory import Host
 from orchestrator.localfile import held, holder
 from orchestrator.ops import bench as bench_op
@@ -193,8 +200,7 @@ def _unproven(last: RolloutRecord | None, gated: Iterable[str]) -> frozenset[str
         return frozenset()
 
     def left_out(name: str) -> bool:
-        outcome = last.outcomes.get(name)
-        return (outcome == "removed" and last.ended_at is None) or (outcome == "failed" and name in last.gates)
+        return cut_off_rollout(last, name) is not None or (last.outcomes.get(name) == "failed" and name in last.gates)
 
     return frozenset(n for n in gated if left_out(n) and not (n in last.gates and last.gates[n].passed))
 
@@ -613,9 +619,8 @@ def left_out_now() -> list[tuple[str, Phase]]:
     found = []
     for path in sorted(_RUNNING):
         state = StateStore(path).read(history=False)
-        if state.rollout is None or state.rollout.ended_at is not None:
-            continue
-        for name in (n for n, outcome in state.rollout.outcomes.items() if outcome == "removed"):
+        outcomes = state.rollout.outcomes if state.rollout is not None else {}
+        for name in (n for n in outcomes if cut_off_rollout(state.rollout, n) is not None):
             record = state.hosts.get(name)
             found.append((name, record.phase if record is not None else Phase.NEW))
     return found
@@ -697,7 +702,7 @@ def not_again(store: StateStore, name: str, options: ServeOptions) -> ServeOptio
     if last is None or last.ended_at is not None:
         return options
     launched = hs is not None and hs.server is not None and hs.server.started_at >= last.started_at
-    if last.outcomes.get(name) == "relaunched" or (last.outcomes.get(name) == "removed" and launched):
+    if last.outcomes.get(name) == "relaunched" or (cut_off_rollout(last, name) is not None and launched):
         return options.model_copy(update={"force": False})
     return options
 
@@ -706,9 +711,9 @@ def resume_first(store: StateStore, planned: list[list[Host]]) -> list[list[Host
     """An interrupted rollout's hosts left out of the gateway (``removed``) go first, in a wave of their
     own: each is relaunched if it does not serve as asked, and registered again either way."""
     last = store.read().rollout
-    if last is None or last.ended_at is not None:
+    out = [h for wave in planned for h in wave if cut_off_rollout(last, h.name) is not None]
+    if not out:
         return planned
-    out = [h for wave in planned for h in wave if last.outcomes.get(h.name) == "removed"]
     rest = [[h for h in wave if h not in out] for wave in planned]
     return ([out] if out else []) + [wave for wave in rest if wave]
 

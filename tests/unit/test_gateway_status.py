@@ -138,6 +138,30 @@ def test_a_host_a_live_rollout_took_out_is_out_for_it_and_one_a_cut_off_rollout_
     assert "cut-off command" not in capsys.readouterr().out
 
 
+def test_a_cut_off_rollout_is_the_one_that_took_the_host_out_and_never_put_it_back_or_gated_it() -> None:
+    """``cut_off_rollout``: orch's one reading of "a rolling serve cut off left this host out" (gateway status'
+    flag and resume command, the resumed rollout's first wave and gate, undrain's refusal)."""
+    from orchestrator.facts.bench import gate_decision
+    from orchestrator.gateway import cut_off_rollout, left_out
+    from orchestrator.inventory import Host
+    from orchestrator.state import HostState, RolloutRecord, State
+    from tests.unit.test_bench_facts import a_record
+
+    passed = gate_decision(a_record("before", 100.0), a_record("gate-1", 200.0), None)
+    outcomes = {"out": "removed", "gated": "removed", "back": "relaunched", "kept": "unchanged", "failed": "failed"}
+    record = RolloutRecord(outcomes=outcomes, gates={"gated": passed}, command="orch serve --rolling --gate bench")
+    # removed: out, whether its new server's gate decided or not (it is still out); put back, or never reached: not
+    assert [n for n in (*outcomes, "unreached") if cut_off_rollout(record, n) is record] == ["out", "gated"]
+    assert cut_off_rollout(None, "out") is None
+    drained = State(hosts={"out": HostState(drained_at=record.started_at)}, rollout=record)  # drained since
+    assert cut_off_rollout(drained.rollout, "out") is record  # still its: undrain leaves it to record.command
+    hosts = [Host(name="out", address="127.0.0.1", server_port=30001)]
+    assert left_out(hosts, drained, set(), {"out": URLS["a"]}) == ["out"]  # check_fleet leaves the drained aside
+    ended = record.model_copy(update={"ended_at": record.started_at})  # ended: what it did is said, nothing cut off
+    assert [n for n in outcomes if cut_off_rollout(ended, n) is not None] == []
+    assert left_out(hosts, State(hosts=drained.hosts, rollout=ended), set(), {"out": URLS["a"]}) == []
+
+
 def test_a_host_a_cut_off_rollout_left_draining_is_left_out_not_registered() -> None:
     """SIGINT while the rollout took b out: the gateway still drained it, and `gateway status` said consistent
     (exit 0), and a rollout run then found it listed and did not register it: once removed, it served no one."""
