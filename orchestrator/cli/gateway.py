@@ -162,6 +162,7 @@ def rolling_serve(
         ranks = ranks or {}
 
         replaced = serve_replaced(app, fleet, chosen, options, ranks)
+        rollout.refuse_ungated(app.store, [h for wave in planned for h in wave], gating, replaced)
         ask_before_emptying(fleet, rollout.resume_first(app.store, planned), client, yes, replaced)
         rolling = rollout.RollContext(client, app.peers(fleet), gating)
 
@@ -269,7 +270,7 @@ def plan_waves(
 
 def rolling_dry_run(
     app: App, fleet: Fleet, selected: list[Host], max_unavailable: int, canary: str | None, gate: str | None,
-    chosen: dict[str, Recipe], replaced: Replaced, drained_out: bool = True,
+    chosen: dict[str, Recipe], replaced: Replaced, drained_out: bool = True, ungated_refused: bool = False,
 ) -> tuple[list[Host], bool]:  # fmt: skip
     """``serve --rolling --dry-run``: the checks the rollout makes before anything changes (the gateway, the
     canary tag, the gate's baselines), its waves on stderr as it would run them (an interrupted rollout's
@@ -277,10 +278,13 @@ def rolling_dry_run(
     whether doctor failed any host (the rollout would exit 3). A wave ``replaced`` (``serve_replaced``,
     ``run_replaced``) says would take every server the gateway routes to out is said: the rollout asks first.
     ``drained_out`` False (``run``'s, which refuses a drained host it would stop and leaves out the ones it
-    refuses): drained hosts are not skipped as drained (``plan_waves``)."""
+    refuses): drained hosts are not skipped as drained (``plan_waves``). ``ungated_refused`` (``serve``'s): a host
+    a cut-off gated rollout left out that this one would register ungated is refused (``rollout.refuse_ungated``)."""
     client = rollout_client(app, canary)
     planned, sick = plan_waves(app, fleet, selected, max_unavailable, canary, drained_out)
-    gate_plan(app, gate, planned, chosen, canary)
+    gating = gate_plan(app, gate, planned, chosen, canary)
+    if ungated_refused:
+        rollout.refuse_ungated(app.store, [h for wave in planned for h in wave], gating, replaced)
     planned = rollout.resume_first(app.store, planned)
     label = gateway_view.server_label(app.inventory)
     gateway_view.wave_line(

@@ -114,7 +114,9 @@ def serve(
         if dry_run:  # a rolling one plans its waves' hosts alone, as the rollout would relaunch them
             replaced = serve_replaced(app, fleet, chosen, options, ranks)
             planning, sick = (
-                rolling_dry_run(app, fleet, selected, max_unavailable, canary, gate, chosen, replaced)
+                rolling_dry_run(
+                    app, fleet, selected, max_unavailable, canary, gate, chosen, replaced, ungated_refused=True
+                )
                 if rolling
                 else (selected, False)
             )

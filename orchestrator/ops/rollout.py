@@ -38,7 +38,16 @@ from pathlib import Path
 
 from orchestrator import readers
 from orchestrator import server_job as srv
-from orchestrator.errors import ExitCode, GatewayError, HostError, OrchError, StateError, UsageError, local_disk_error
+from orchestrator.errors import (
+    ExitCode,
+    GatewayError,
+    HostError,
+    OrchError,
+    RefusedError,
+    StateError,
+    UsageError,
+    local_disk_error,
+)
 from orchestrator.facts import bench as bench_facts
 from orchestrator.facts import server as facts
 from orchestrator.facts.bench import BenchRecord, GateRecord
@@ -705,6 +714,47 @@ def not_again(store: StateStore, name: str, options: ServeOptions) -> ServeOptio
     if last.outcomes.get(name) == "relaunched" or (cut_off_rollout(last, name) is not None and launched):
         return options.model_copy(update={"force": False})
     return options
+
+
+def never_gated(store: StateStore, name: str) -> str | None:
+    """The command, as typed, of the gated rolling relaunch (``--gate``) that took host ``name`` out of the
+    gateway (``cut_off_rollout``), launched the server it runs and was cut off before its promotion gate passed
+    it; None when there is none. That server is a configuration no gate proved: a rollout that gates the host
+    gates it (``Gate.unproven``), a plain one must not register it (``refuse_ungated``)."""
+    state = store.read([name], history=False)
+    cut, hs = cut_off_rollout(state.rollout, name), state.hosts.get(name)
+    if cut is None or cut.command is None or not _gated(cut.command):
+        return None
+    launched = hs is not None and hs.server is not None and hs.server.started_at >= cut.started_at
+    passed = name in cut.gates and cut.gates[name].passed
+    return cut.command if launched and not passed else None
+
+
+def _gated(command: str) -> bool:
+    """Whether ``command`` (``RolloutRecord.command``, ``this_command``'s quoting) has a ``--gate``."""
+    return any(word == "--gate" or word.startswith("--gate=") for word in shlex.split(command))
+
+
+def refuse_ungated(
+    store: StateStore, hosts: Sequence[Host], gate: Gate | None, replaced: Callable[[Host], object]
+) -> None:
+    """A rolling relaunch that does not gate a host (no ``--gate``, or not one of its gated hosts) refuses, before
+    anything changes, when a gated one cut off mid-gate left it out running the server it launched
+    (``never_gated``) and this one would keep that server (``replaced`` names none: a serve of another
+    configuration replaces it): registered, the gateway would route to a canary no gate passed. ``RefusedError``
+    (exit 3, as ``orch undrain`` of such a host) naming the cut-off command, which gates it and registers it."""
+    found = {h.name: never_gated(store, h.name) for h in hosts if gate is None or h.name not in gate.baselines}
+    found = {name: command for name, command in found.items() if command is not None}
+    left = [h.name for h in hosts if h.name in found and not replaced(h)]
+    if left:
+        whose, it = ("its server was", "it") if len(left) == 1 else ("their servers were", "them")
+        raise RefusedError(
+            f"{', '.join(left)}: not registered with the gateway: {whose} launched by a gated rolling relaunch "
+            f"(--gate) that was cut off before its promotion gate passed {it}, and this one does not gate {it}; "
+            "nothing was changed",
+            hint=f"run that command again (`{found[left[0]]}`): it gates the server and registers the host once it "
+            "passes (a serve of another configuration replaces the server instead)",
+        )
 
 
 def resume_first(store: StateStore, planned: list[list[Host]]) -> list[list[Host]]:

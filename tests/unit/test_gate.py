@@ -147,6 +147,54 @@ def test_plan_gate_gates_again_a_canary_the_last_rollout_left_out_of_the_gateway
     assert plan_gate(store, everyone, dict.fromkeys("abcd", recipe())).unproven == {"d"}
 
 
+def test_a_rollout_that_does_not_gate_a_canary_a_gated_one_cut_off_mid_gate_left_out_refuses_it(
+    tmp_path: Path,
+) -> None:
+    """`orch serve --host a` after `orch serve --rolling --gate bench` was cut off mid-gate on a: it registered a's
+    never-gated server with the gateway. Refused (exit 3), naming the cut-off command; a serve that replaces the
+    server, one that gates a, and a server or rollout the cut-off one did not leave so are not."""
+    from datetime import timedelta
+
+    from orchestrator.errors import RefusedError
+    from orchestrator.ops.rollout import Gate, refuse_ungated
+    from orchestrator.state import ServerRecord
+
+    store = StateStore(tmp_path / "state.json")
+    command = "orch serve --rolling --canary canary --gate bench --playbook 'new one.yaml'"
+    cut_off = RolloutRecord(waves=[["a"], ["b"]], outcomes={"a": "removed"}, command=command)
+    with store.update() as state:
+        state.rollout = cut_off
+        state.host("a").server = ServerRecord(job_id="new", argv=["python"], port=30000, mtp=True)
+    a, b = hosts("a:canary", "b")
+    keeps, replaces = (lambda h: None), (lambda h: "http://127.0.0.2:30000")
+    with pytest.raises(RefusedError) as refused:
+        refuse_ungated(store, [a, b], None, keeps)
+    assert refused.value.exit_code == 3
+    assert refused.value.message.startswith("a: not registered with the gateway: its server was launched by a gated ")
+    assert f"run that command again (`{command}`): it gates the server" in (refused.value.hint or "")
+    refuse_ungated(store, [a, b], None, replaces)  # another configuration: the canary's server is replaced
+    refuse_ungated(store, [a], Gate({"a": a_record("before", 100.0)}, "gate-x"), keeps)  # gated: Gate.unproven
+    refuse_ungated(store, [b], None, keeps)
+
+    def cut_off_as(**changes: object) -> None:
+        with store.update() as state:
+            state.rollout = cut_off.model_copy(update=changes)
+
+    cut_off_as(command="orch serve --rolling --gate=bench")
+    with pytest.raises(RefusedError):
+        refuse_ungated(store, [a], None, keeps)
+    passed = bench.gate_decision(BASE, a_record("gate-1", 200.0), None)
+    for changes in (
+        {"command": "orch serve --rolling --playbook new.yaml"},  # no gate: a plain serve verifies as it would
+        {"command": None},  # an older orch's record: not known to be gated
+        {"gates": {"a": passed}},  # gated, passed: only its registration was cut off
+        {"ended_at": cut_off.started_at},  # ended: nothing left out
+        {"started_at": cut_off.started_at + timedelta(hours=1)},  # a's server is older than the rollout
+    ):
+        cut_off_as(**changes)
+        refuse_ungated(store, [a], None, keeps)
+
+
 def test_gate_lines_print_the_decision_both_numbers_and_the_reasons() -> None:
     run = with_params(a_record("gate-20261202T014649", 25.5, 10, accept=2.0), mtp=True)
     lines = gate_lines("sim-1", bench.gate_decision(BASE, run, 2.8))

@@ -5,6 +5,7 @@ resumed after an interruption gates the canary it left out."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,38 @@ def test_gate_bench_resumed_gates_the_canary_an_interrupted_rollout_left_out_bef
     assert server_job(env, "sim-1") == job  # not relaunched: gated as it serves
     gates = StateStore(env.state).read().rollout.gates  # type: ignore[union-attr]
     assert gates["sim-1"].passed and gates["sim-1"].baseline_label == "before-slow"
+
+
+def test_a_plain_rolling_serve_refuses_a_canary_a_gated_rollout_cut_off_mid_gate_left_out_and_names_the_command(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    """A gated rollout cut off while its canary's gate ran, then `orch serve --host sim-1` (rolling, no --gate): it
+    registered the canary's never-gated server with the gateway, and its dry run said "nothing to do". Both now
+    refuse (exit 3, as undrain), changing nothing, and name the cut-off command, which gates it and registers it."""
+    env, client = gateway_fleet.env, gateway_fleet.client
+    new = canary_relaunched_after_a_slow_baseline(env, tmp_path)
+    sim1 = gateway_fleet.urls()[0]
+    client.remove(sim1)  # as the gated rollout cut off mid-gate leaves it
+    client.wait_removed(sim1, timeout=10)
+    command = f"orch serve --rolling --host sim-1 --canary canary --gate bench --playbook {new}"
+    with StateStore(env.state).update() as state:
+        server = state.hosts["sim-1"].server
+        assert server is not None  # the rollout began before it launched sim-1's server
+        cut_off = RolloutRecord(waves=[["sim-1"]], outcomes={"sim-1": "removed"}, command=command)
+        state.rollout = cut_off.model_copy(update={"started_at": server.started_at})
+    job = server_job(env, "sim-1")
+    for dry_run in (["--dry-run"], []):
+        plain = env.orch("serve", "--host", "sim-1", "--playbook", new, *dry_run)
+        assert plain.returncode == 3, plain.output
+        assert "sim-1: not registered with the gateway: its server was launched by a gated rolling relaunch " in (
+            plain.stderr
+        )
+        assert f"run that command again (`{command}`)" in plain.stderr and "nothing to do" not in plain.output
+    assert client.find(sim1) is None and server_job(env, "sim-1") == job
+    assert StateStore(env.state).read().rollout == state.rollout  # still the cut-off one: it resumes it
+    resumed = env.orch(*shlex.split(command)[1:])
+    assert resumed.returncode == 0, resumed.output
+    assert "sim-1: promotion gate PASSED: canary " in resumed.stdout and client.find(sim1) is not None
 
 
 def test_gate_bench_resumed_on_a_canary_still_registered_takes_the_gateway_s_409_as_registered(
