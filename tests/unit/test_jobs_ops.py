@@ -125,6 +125,21 @@ def test_jobs_says_a_rank_that_ended_unasked_failed() -> None:
     assert jobs_view.state(listed["sim-2"][0], None) == "failed (exit 1)"
 
 
+def _ended_server_job(workdir: str) -> str:
+    """The id of a server job on sim-2 (local) that ended by itself (exit 1)."""
+    runner = LocalRunner(Host(name="sim-2", address="127.0.0.1", transport="local"))
+    started = jobs.start(runner, workdir, jobs.JobSpec("server", "server", ["sh", "-c", "exit 1"]))
+    while jobs.find(runner, workdir, started.job_id).running:
+        pass
+    return started.job_id
+
+
+def _stopped_group(state: State, job_id: str) -> None:
+    """sim-2 (rank 0, server job ``job_id``) and sim-3 (rank 1) of a group whose stop tune-fp8 recorded on sim-3."""
+    _rank(state, "sim-2", 0, job_id)
+    _rank(state, "sim-3", 1, "server-r1", "tune-fp8 --stop-server")
+
+
 def test_orch_jobs_lists_a_rank_that_ended_with_its_stopped_group_as_stopped(
     tmp_path: Path, orch: Callable[..., OrchRun]
 ) -> None:
@@ -132,13 +147,8 @@ def test_orch_jobs_lists_a_rank_that_ended_with_its_stopped_group_as_stopped(
     inventory = tmp_path / "hosts.yaml"
     hosts = "hosts:\n  sim-2: {address: 127.0.0.1}\n"
     inventory.write_text(f"defaults: {{transport: local, workdir: {workdir}}}\n{hosts}")
-    runner = LocalRunner(Host(name="sim-2", address="127.0.0.1", transport="local"))
-    started = jobs.start(runner, workdir, jobs.JobSpec("server", "server", ["sh", "-c", "exit 1"]))
-    while jobs.find(runner, workdir, started.job_id).running:
-        pass
     with StateStore(tmp_path / "state.db").update() as state:
-        _rank(state, "sim-2", 0, started.job_id)
-        _rank(state, "sim-3", 1, "server-r1", "tune-fp8 --stop-server")
+        _stopped_group(state, _ended_server_job(workdir))
     result = orch("-i", str(inventory), "--state", str(tmp_path / "state.db"), "jobs", "--kind", "server", "--all")
     assert result.returncode == 0, result.output
     assert "failed (exit 1)" not in result.stdout
@@ -164,13 +174,8 @@ def test_orch_jobs_of_a_rank_reads_its_groups_records_alone_and_says_its_group_s
         + "".join(f"  {n}: {{address: 127.0.0.1}}\n" for n in names)
         + "groups:\n  pro-1: {hosts: [sim-2, sim-3], playbook: deepseek-v4-pro}\n"
     )
-    runner = LocalRunner(Host(name="sim-2", address="127.0.0.1", transport="local"))
-    started = jobs.start(runner, workdir, jobs.JobSpec("server", "server", ["sh", "-c", "exit 1"]))
-    while jobs.find(runner, workdir, started.job_id).running:
-        pass
     with StateStore(tmp_path / "state.db").update() as state:
-        _rank(state, "sim-2", 0, started.job_id)
-        _rank(state, "sim-3", 1, "server-r1", "tune-fp8 --stop-server")
+        _stopped_group(state, _ended_server_job(workdir))
         for other in ("sim-1", "sim-4"):
             state.host(other).jobs["b1"] = JobRecord(id="b1", kind="bench", purpose="bench", argv=["b"], log="l")
     reads: list[list[str] | None] = []
