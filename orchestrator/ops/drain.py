@@ -90,7 +90,7 @@ def undrain(session: HostSession, recipe: Recipe, client: GatewayClient) -> Undr
     if not was_drained:
         session.say("not drained: " + ("already in the gateway" if routed else "not in the gateway either"))
     if resume is None and not routed:
-        rollout.register(session, client, url)
+        rollout.register(session, client, url, undraining=was_drained)
     if was_drained:
         session.runner.run(["rm", "-f", "--", drain_mark_path(session.host.workdir)], check=True)
         session.store.update_host(session.name, _mark_undrained)

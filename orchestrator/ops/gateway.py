@@ -70,10 +70,12 @@ def serving_urls(
 @dataclass(frozen=True)
 class OnHost:
     """What a host shows, whatever a state records: the server job orch runs there (None: none runs), as its
-    job directory's command shows it, and its drain mark (``drain_mark``: when ``orch drain`` took it out)."""
+    job directory's command shows it, and its drain mark (``drain_mark``: when ``orch drain`` took it out); ``job``:
+    the server job holding the purpose, running or not (whether a stop was asked of it: ``stop_requested``)."""
 
     served: Served | None
     drain_mark: datetime | None
+    job: jobs.JobInfo | None = None
 
 
 def on_host(session: HostSession) -> OnHost:
@@ -89,7 +91,7 @@ def on_host(session: HostSession) -> OnHost:
         raise RemoteCommandError(f"{session.name}: reading its server job failed: {why}", exit_status=status)
     job = jobs.parse_held(held.output, workdir)
     served = Served.of(job.argv) if job.job is not None and job.job.running else None
-    return OnHost(served, drain_mark_in(found))
+    return OnHost(served, drain_mark_in(found), job.job)
 
 
 def gateway_job(runner: Runner, host: Host) -> jobs.JobInfo | None:

@@ -63,6 +63,7 @@ from orchestrator.gateway import (
 from orchestrator.inventory import Host
 from orchestrator.localfile import held, holder
 from orchestrator.ops import bench as bench_op
+from orchestrator.ops import gateway as gateway_op
 from orchestrator.ops import group as group_op
 from orchestrator.ops import serve as serve_op
 from orchestrator.recipe import BenchOptions, Recipe, ServeOptions
@@ -308,8 +309,9 @@ def roll_host(
     except serve_op.StartupFailed as exc:
         roll = HostRoll("rolled back", drained=drained)
         raise _halt(session, rolling.client, worker_url_of(session, recipe), exc, roll).took(began) from None
-    register(session, rolling.client, worker_url_of(session, recipe))  # the new server's address: its --host may differ
-    return HostRoll("relaunched", result, time.monotonic() - began, drained, gate=decision)
+    joined = _joined(session, rolling.client, worker_url_of(session, recipe))  # the new server's: its --host may differ
+    notes = [] if joined else [DRAINED_NOTE]
+    return HostRoll("relaunched", result, time.monotonic() - began, drained, notes, gate=decision)
 
 
 def _ranks_out(
@@ -416,12 +418,14 @@ def _unchanged(
     worker = None if worker is not None and worker.draining else worker  # being removed: a cut-off take-out's
     if worker is None and _drained(session):
         session.say(f"serving as asked, drained: left out of the gateway (`orch undrain {session.name}` puts it back)")
-        roll.notes.append("drained: not registered")
+        roll.notes.append(DRAINED_NOTE)
     elif worker is None:
         session.say(f"serving as asked but not registered: registering {url}")
-        register(session, rolling.client, url)
-        roll.notes.append("re-registered")
+        roll.notes.append("re-registered" if _joined(session, rolling.client, url) else DRAINED_NOTE)
     return roll
+
+
+DRAINED_NOTE = "drained: not registered"
 
 
 def drain_mark(session: HostSession) -> datetime | None:
@@ -453,8 +457,8 @@ def _prove_resumed(
         name = session.host.name
         hint = f"serve what it ran before: `orch serve --rolling --host {name} --playbook OLD`"
         raise RolloutHalted(f"{name}: rollout halted: {exc.message}\nnot re-registered; {hint}", roll) from None
-    register(session, rolling.client, url)
-    return HostRoll("unchanged", result, notes=["gated on resume", "re-registered"], gate=decision)
+    joined = "re-registered" if _joined(session, rolling.client, url) else DRAINED_NOTE
+    return HostRoll("unchanged", result, notes=["gated on resume", joined], gate=decision)
 
 
 def worker_url_of(session: HostSession, recipe: Recipe) -> str:
@@ -495,18 +499,78 @@ def _in_flight(payload: object) -> int | None:
     return sum(int(r.get("num_running_reqs", 0)) + int(r.get("num_waiting_reqs", 0)) for r in loads)
 
 
-def register(session: HostSession, client: GatewayClient, url: str) -> None:
+def register(session: HostSession, client: GatewayClient, url: str, undraining: bool = False) -> None:
     """Step 4: the gateway routes to the host's server at ``url`` once it lists it healthy. A registration the
     gateway is still removing (draining: a take-out an interrupted orch began) is waited out first: added again
-    meanwhile, the gateway keeps removing it."""
+    meanwhile, the gateway keeps removing it.
+
+    Right before the URL is added, the host is read once (``ops.gateway.on_host``: its drain mark and its server
+    job): another orch, or another controller with a state of its own (whose gateway lock this one never sees),
+    may have drained the host or begun stopping its server since this one decided to register it. Added then,
+    the gateway routed to a host the engineer drained, or to a server being stopped. ``NotRegistered`` instead,
+    nothing added. ``undraining``: ``orch undrain``, which clears the drain mark once the host is registered."""
     session.say(f"registering {url} with the gateway")
     worker = client.find(url)
     if worker is not None and worker.draining:
         session.say(f"{url} is still being removed from the gateway: waiting for that first")
         client.wait_removed(url, timeout=REGISTER_TIMEOUT)
+    refused = left_out_meanwhile(session, undraining)
+    if refused is not None:
+        raise refused
     client.add(url)
     client.wait_routing(url, timeout=REGISTER_TIMEOUT)
     session.say(f"{url} is healthy in the gateway and routed to")
+
+
+class NotRegistered(GatewayError):
+    """``register`` added nothing: ``orch drain`` marked the host meanwhile (``drained``), or its server job is
+    being stopped or has ended (another orch's ``stop-server``, ``tune-fp8 --stop-server``, rolling relaunch)."""
+
+    def __init__(self, message: str, drained: bool = False, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.drained = drained
+
+
+def left_out_meanwhile(session: HostSession, undraining: bool = False) -> NotRegistered | None:
+    """Why the host must not be registered now, as it shows in one round trip (``ops.gateway.on_host``); None
+    when its server job runs with no stop asked and no drain mark is there (``undraining``: the mark is not
+    asked). A host that cannot be read is not registered either: what it runs is not known."""
+    name = session.name
+    try:
+        shown = gateway_op.on_host(session)
+    except OrchError as exc:
+        return NotRegistered(f"{name}: not registered with the gateway: reading the host first failed: {exc.message}")
+    if shown.drain_mark is not None and not undraining:
+        return NotRegistered(
+            f"{name}: drained meanwhile (orch drain, by another orch or controller): left out of the gateway "
+            f"(`orch undrain {name}` puts it back)",
+            drained=True,
+        )
+    job, again = shown.job, f"`orch serve --rolling --host {name}` serves it and registers it again"
+    if job is None or not job.running:
+        what = "no server job of orch's runs there" if job is None else f"its server job {job.id} has ended"
+        by = f", stopped by {job.stopped_by}" if job is not None and job.stopped_by else ""
+        return NotRegistered(f"{name}: not registered with the gateway: {what}{by}", hint=again)
+    if job.stop_requested:
+        by = job.stopped_by or "another orch"
+        return NotRegistered(
+            f"{name}: not registered with the gateway: its server job {job.id} is being stopped by {by}", hint=again
+        )
+    return None
+
+
+def _joined(session: HostSession, client: GatewayClient, url: str) -> bool:
+    """``register``: True once the gateway routes to the host; False (said) when ``orch drain`` marked it
+    meanwhile: it stays out, as a drained host does. A server being stopped meanwhile fails the step
+    (``NotRegistered``, exit 3)."""
+    try:
+        register(session, client, url)
+    except NotRegistered as exc:
+        if not exc.drained:
+            raise
+        session.say(exc.message.removeprefix(f"{session.name}: "))
+        return False
+    return True
 
 
 def known_good(session: HostSession) -> tuple[list[str] | None, str | None]:

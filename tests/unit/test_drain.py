@@ -156,7 +156,7 @@ def test_undrain_leaves_a_cut_off_rollouts_unverified_server_to_that_rollout(
     cast(FakeRunner, session.runner).on(("rm", "-f")).on(("orch-drained",))  # no mark: the state's record says
     monkeypatch.setattr(drain_op.readers, "health", lambda *a: 200)
     registered: list[str] = []
-    monkeypatch.setattr(rollout, "register", lambda s, client, u: registered.append(u))
+    monkeypatch.setattr(rollout, "register", lambda s, client, u, undraining: registered.append(u))
     command = "orch serve --rolling --force --canary canary --gate bench"
     with session.store.update() as state:
         state.rollout = RolloutRecord(waves=[["gpu-1"]], outcomes={"gpu-1": "removed"}, command=command)
@@ -184,7 +184,7 @@ def test_undrain_of_a_host_never_drained_says_so_and_registers_it_only_when_out(
     cast(FakeRunner, session.runner).on(("orch-drained",))  # no mark on the host, none in the state
     monkeypatch.setattr(drain_op.readers, "health", lambda *a: 200)
     registered: list[str] = []
-    monkeypatch.setattr(rollout, "register", lambda s, client, u: registered.append(u))
+    monkeypatch.setattr(rollout, "register", lambda s, client, u, undraining=False: registered.append(u))
     gateway = FakeGateway(url)
     if not in_gateway:
         gateway.remove(url)

@@ -1,17 +1,37 @@
-"""ops/rollout.py's pure parts: the waves, the in-flight count and the exit code (issue 12)."""
+"""ops/rollout.py's pure parts: the waves, the in-flight count and the exit code (issue 12); and what ``register``
+reads on the host (the real shell) before it adds a worker."""
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
-from orchestrator.errors import ExitCode, HostError
+from orchestrator import jobs
+from orchestrator.errors import ExitCode, GatewayError, HostError
+from orchestrator.gateway import Worker
 from orchestrator.inventory import Host
-from orchestrator.ops.rollout import HostRoll, Rollout, _halt, _in_flight, exit_code, incomplete_groups, waves
+from orchestrator.ops import rollout
+from orchestrator.ops.drain import _mark_argv
+from orchestrator.ops.rollout import (
+    HostRoll,
+    Rollout,
+    _halt,
+    _in_flight,
+    exit_code,
+    incomplete_groups,
+    register,
+    waves,
+)
 from orchestrator.ops.serve import ServeResult
+from orchestrator.readers import SERVER_PURPOSE
+from orchestrator.session import HostSession
+from orchestrator.store import StateStore
+from orchestrator.transport.local import LocalRunner
 from orchestrator.views.gateway import roll_line, rollout_report
 
 
@@ -142,45 +162,105 @@ def test_an_interrupted_rollout_names_each_host_it_left_out_of_the_gateway_with_
         ]
 
 
-def test_registering_a_worker_the_gateway_still_drains_waits_for_its_removal_first() -> None:
+class Gateway:
+    """The gateway client ``register`` uses: ``listed`` workers, the calls made (``calls``)."""
+
+    def __init__(self, listed: list[Worker]) -> None:
+        self.listed, self.calls = listed, cast(list[str], [])
+
+    def find(self, u: str) -> Worker | None:
+        return next((w for w in self.listed if w.url == u), None)
+
+    def wait_removed(self, u: str, timeout: float) -> None:
+        self.calls.append("wait_removed")
+        self.listed = []
+
+    def add(self, u: str) -> None:
+        self.calls.append("add")
+        self.listed = [Worker(id="w2", url=u, healthy=True, load=0, model="m")]
+
+    def wait_routing(self, u: str, timeout: float) -> Worker:
+        self.calls.append("wait_routing")
+        worker = self.find(u)
+        assert worker is not None and worker.healthy
+        return worker
+
+
+URL = "http://127.0.0.1:30001"
+
+
+@pytest.fixture
+def serving(tmp_path: Path) -> Iterator[tuple[HostSession, list[str], jobs.Started]]:
+    """A local host running a server job of orch's (a sleep), as the real shell shows it; what its session says."""
+    host = Host(name="sim-3", address="localhost", transport="local", workdir=str(tmp_path / "work"))
+    runner = LocalRunner(host)
+    said: list[str] = []
+    session = HostSession(host, runner, StateStore(tmp_path / "state.db"), events=cast(Any, said.append))
+    job = jobs.start(runner, host.workdir, jobs.JobSpec("server", SERVER_PURPOSE, ["sleep", "60"]))
+    try:
+        yield session, said, job
+    finally:
+        jobs.stop(runner, jobs.find(runner, host.workdir, job.job_id), grace_seconds=1)
+
+
+def test_registering_a_worker_the_gateway_still_drains_waits_for_its_removal_first(
+    serving: tuple[HostSession, list[str], jobs.Started],
+) -> None:
     """A take-out cut off by SIGINT left the gateway draining the worker: registered again meanwhile (smg answers
     409, already registered), the gateway went on removing it, and the rollout said `rollout complete`."""
-    from orchestrator.gateway import Worker
-    from orchestrator.ops.rollout import register
+    session, said, _ = serving
+    gateway = Gateway([Worker(id="w", url=URL, healthy=False, load=0, model="m", draining=True)])
+    register(session, cast(Any, gateway), URL)
+    assert gateway.calls == ["wait_removed", "add", "wait_routing"]
+    assert f"{URL} is still being removed from the gateway: waiting for that first" in said
 
-    url = "http://127.0.0.1:30001"
-    calls: list[str] = []
 
-    class Gateway:
-        listed = [Worker(id="w", url=url, healthy=False, load=0, model="m", draining=True)]
+def test_a_host_drained_meanwhile_by_another_controller_is_not_registered(
+    serving: tuple[HostSession, list[str], jobs.Started],
+) -> None:
+    """Controller A's rolling relaunch registered sim-3 right after controller B's `orch drain` took it out (each
+    holds the gateway lock of its own state): the gateway routed to a host the engineer drained."""
+    session, said, _ = serving
+    assert subprocess.run(_mark_argv(session.host.workdir, URL)).returncode == 0
+    gateway = Gateway([])
+    with pytest.raises(GatewayError) as caught:
+        register(session, cast(Any, gateway), URL)
+    assert gateway.calls == [] and getattr(caught.value, "drained", None)
+    assert caught.value.message == (
+        "sim-3: drained meanwhile (orch drain, by another orch or controller): left out of the gateway "
+        "(`orch undrain sim-3` puts it back)"
+    )
+    assert not rollout._joined(session, cast(Any, gateway), URL)  # a rollout step: left out as a drained host is, said
+    assert said[-1].startswith("drained meanwhile (orch drain, by another orch or controller)")
+    register(session, cast(Any, gateway), URL, undraining=True)  # `orch undrain` clears the mark once registered
+    assert gateway.calls == ["add", "wait_routing"]
 
-        def find(self, u: str) -> Worker | None:
-            return next((w for w in self.listed if w.url == u), None)
 
-        def wait_removed(self, u: str, timeout: float) -> None:
-            calls.append("wait_removed")
-            self.listed = []
-
-        def add(self, u: str) -> None:
-            calls.append("add")
-            self.listed = [Worker(id="w2", url=u, healthy=True, load=0, model="m")]
-
-        def wait_routing(self, u: str, timeout: float) -> Worker:
-            calls.append("wait_routing")
-            worker = self.find(u)
-            assert worker is not None and worker.healthy
-            return worker
-
-    class Session:
-        said: list[str] = []
-
-        def say(self, line: str) -> None:
-            self.said.append(line)
-
-    session = Session()
-    register(session, Gateway(), url)  # type: ignore[arg-type]
-    assert calls == ["wait_removed", "add", "wait_routing"]
-    assert f"{url} is still being removed from the gateway: waiting for that first" in session.said
+def test_a_server_another_orch_is_stopping_is_not_registered(
+    serving: tuple[HostSession, list[str], jobs.Started],
+) -> None:
+    """Controller A's serve step registered sim-3 while controller B's `tune-fp8 --stop-server` stopped its server:
+    the gateway then routed to a stopped server (`gateway status`: registered but not serving)."""
+    session, _, job = serving
+    dir_ = jobs.job_dir(session.host.workdir, job.job_id)
+    Path(dir_, "stop_requested").write_text("tune-fp8 --stop-server\n")  # what `jobs.stop` writes before it signals
+    gateway = Gateway([])
+    with pytest.raises(GatewayError) as caught:
+        register(session, cast(Any, gateway), URL)
+    assert gateway.calls == [] and caught.value.exit_code == ExitCode.HOSTS_FAILED
+    with pytest.raises(GatewayError) as caught:
+        rollout._joined(session, cast(Any, gateway), URL)  # a rollout step fails (exit 3), not left out as drained
+    assert gateway.calls == [] and not getattr(caught.value, "drained", None)
+    assert caught.value.message == (
+        f"sim-3: not registered with the gateway: its server job {job.job_id} is being stopped by "
+        "tune-fp8 --stop-server"
+    )
+    jobs.stop(session.runner, jobs.find(session.runner, session.host.workdir, job.job_id), 1, by="orch stop-server")
+    with pytest.raises(GatewayError) as caught:
+        register(session, cast(Any, gateway), URL)
+    assert caught.value.message == (
+        f"sim-3: not registered with the gateway: its server job {job.job_id} has ended, stopped by orch stop-server"
+    )
 
 
 GATE_FAILED = "sim-1: promotion gate failed: output 812.0 tok/s is below the baseline's 2,904.1 tok/s ('before')"
