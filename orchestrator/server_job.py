@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -306,6 +306,19 @@ orch interrupted meanwhile names as it exits (``cli._interrupted``), since nothi
 A stop asked for its own sake (``orch stop-server``) is not in it."""
 
 
+KEEP_OUT: dict[str, Callable[[], None]] = {}
+"""Host → what this process does once its server job is stopped (``stop_job``; found stopped already:
+``stop_running_server``), set by a command that took the host out of the gateway before the stop
+(``ops.rollout.keep_out``): another orch, or controller, may have registered it again meanwhile."""
+
+
+def kept_out(host: str) -> None:
+    """Run, once, what ``KEEP_OUT`` holds for ``host`` (nothing when it holds nothing)."""
+    again = KEEP_OUT.pop(host, None)
+    if again is not None:
+        again()
+
+
 def started(host: str) -> None:
     """A server job was started on ``host``: it is no longer down for this process (``DOWN``)."""
     DOWN.pop(host, None)
@@ -336,6 +349,7 @@ def stop_job(
         DOWN[session.name] = job.id
     try:
         outcome = jobs.stop(session.runner, job, grace_seconds=math.ceil(drain), by=outage.by)
+        kept_out(session.name)
         wait_gpus_released(session.host, session.runner, gpus, job.id, GPU_RELEASE_SECONDS)
     finally:
         session.forget("jobs", "gpus", "server_info", "replacement")
@@ -377,6 +391,7 @@ def stop_running_server(
         servers = [j for j in listed if j.purpose == SERVER_PURPOSE]
         job = next((j for j in reversed(servers) if j.running), None)
         if job is None:
+            kept_out(session.name)
             _record_unrecorded_stop(session, servers[-1] if servers else None, outage)
             return "lost" if servers and servers[-1].state == "lost" else None
         store.check_writable()  # a stop that could not be recorded must not happen

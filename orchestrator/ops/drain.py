@@ -46,7 +46,9 @@ def drain(session: HostSession, recipe: Recipe, client: GatewayClient, timeout: 
     """The gateway stops routing to the host and its in-flight requests finish; the server keeps running. The
     host is marked drained first: a mark that cannot be written (a link in its place) changes nothing. With no
     server of orch's on the host (``orch stop-server`` ran) there is nothing to wait for, and it is said so.
-    Requests still in flight after ``timeout`` are left to the server, which keeps running them."""
+    Requests still in flight after ``timeout`` are left to the server, which keeps running them. The gateway
+    is asked once more at the end: an orch that read no mark yet (another controller's rollout) may have
+    registered the host meanwhile, and it is taken out again, said (``rollout.out_again``)."""
     url = rollout.worker_url_of(session, recipe)
     session.runner.run(_mark_argv(session.host.workdir, url), check=True)
     registered = client.find(url) is not None
@@ -57,6 +59,7 @@ def drain(session: HostSession, recipe: Recipe, client: GatewayClient, timeout: 
         client.remove(url)
         client.wait_removed(url, timeout=30)
     in_flight = rollout.drain(session, recipe, timeout, _ANYWAY) if server_runs else 0
+    rollout.out_again(session, client, url)  # registered meanwhile by an orch that read no mark yet: out again
     if in_flight:
         session.say(f"{in_flight} requests were in flight; drained")
     session.store.update_host(session.name, _mark_drained)

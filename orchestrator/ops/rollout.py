@@ -370,6 +370,7 @@ def _take_out(
     session.say(f"taking {url} out of the gateway before its server is {why}")
     client.remove(url)
     client.wait_removed(url, timeout=30)
+    keep_out(session, client, url)
     return drain(session, recipe, drain_timeout, f"its server is {why} anyway")
 
 
@@ -380,11 +381,32 @@ def leave_before_stop(session: HostSession, recipe: Recipe, client: GatewayClien
     the stop goes on: it was asked for, and a gateway that cannot be reached routes nothing through orch."""
     url = worker_url_of(session, recipe)
     try:
+        keep_out(session, client, url)  # not listed now: another orch may register it before the stop all the same
         if client.find(url) is not None:
             _take_out(session, recipe, client, url, drain_timeout, "stopped")
             session.say(f"it stays out of the gateway: `orch serve --rolling --host {session.name}` registers it again")
     except GatewayError as exc:
         session.say(f"WARNING: could not take {url} out of the gateway first: {exc.message}; stopping it anyway")
+
+
+def keep_out(session: HostSession, client: GatewayClient, url: str) -> None:
+    """Once the host's server is stopped (``server_job.KEEP_OUT``), ``out_again``: between this orch's take-out
+    and its stop, another orch (or controller, with a state and gateway lock of its own) may have registered
+    the server, and the gateway then routed to a stopped server."""
+    srv.KEEP_OUT[session.name] = lambda: out_again(session, client, url)
+
+
+def out_again(session: HostSession, client: GatewayClient, url: str) -> None:
+    """Take ``url`` out of the gateway again if it lists it (registered by another orch since this one took it
+    out), said; a gateway that does not answer is said as a warning."""
+    try:
+        if client.find(url) is None:
+            return
+        session.say(f"{url} was registered again meanwhile (by another orch or controller): taking it out again")
+        client.remove(url)
+        client.wait_removed(url, timeout=30)
+    except GatewayError as exc:
+        session.say(f"WARNING: could not check that {url} stays out of the gateway: {exc.message}")
 
 
 def rejoin_if_serving(session: HostSession, recipe: Recipe, client: GatewayClient) -> str:

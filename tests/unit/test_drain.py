@@ -138,6 +138,26 @@ def test_drain_of_a_host_whose_server_was_stopped_says_none_runs(tmp_path: Path)
     )
 
 
+class RegisteredAgain(FakeGateway):
+    """Another controller registers the URL again right after this drain took it out (it read no mark yet)."""
+
+    def wait_removed(self, url: str, timeout: float) -> None:
+        super().wait_removed(url, timeout)
+        if not hasattr(self, "again"):
+            self.again = True
+            self.urls.add(url)
+
+
+def test_drain_takes_out_again_a_host_another_controller_registered_meanwhile(tmp_path: Path) -> None:
+    """`orch drain sim-3` 2.5 s into another controller's rolling relaunch of it: the drain said `drained: out of
+    the gateway`, exit 0, and the relaunch then registered the host (`gateway status`: drained, but registered)."""
+    session, said, url = drain_session(tmp_path, SERVER)
+    gateway = RegisteredAgain(url)
+    drain_op.drain(session, RECIPE, cast(Any, gateway), timeout=0)
+    assert gateway.urls == set()
+    assert f"{url} was registered again meanwhile (by another orch or controller): taking it out again" in said
+
+
 def test_the_rolling_serve_says_its_server_is_replaced_anyway(tmp_path: Path) -> None:
     session, said, _ = drain_session(tmp_path, SERVER)
     assert rollout.drain(session, RECIPE, 0, "its server is replaced anyway") == 3

@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 
 from orchestrator import jobs
+from orchestrator import server_job as srv
 from orchestrator.errors import ExitCode, GatewayError, HostError
 from orchestrator.gateway import Worker
 from orchestrator.inventory import Host
@@ -171,6 +172,10 @@ class Gateway:
     def find(self, u: str) -> Worker | None:
         return next((w for w in self.listed if w.url == u), None)
 
+    def remove(self, u: str) -> None:
+        self.calls.append("remove")
+        self.listed = [w for w in self.listed if w.url != u or w.draining]
+
     def wait_removed(self, u: str, timeout: float) -> None:
         self.calls.append("wait_removed")
         self.listed = []
@@ -312,3 +317,24 @@ def test_a_canary_rolled_back_is_reported_stopped_and_the_host_serving_again(
     rollout_report([host], Rollout([["sim-1"]], {"sim-1": roll}, halted="wave 1 failed on sim-1; not touched: none"))
     out = capsys.readouterr().out
     assert "sim-1: rejected server job server-3699 " in out and "serves nothing" not in out
+
+
+def test_a_stop_takes_out_again_a_server_another_controller_registered_after_the_take_out(
+    serving: tuple[HostSession, list[str], jobs.Started], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Controller B's `tune-fp8 --stop-server` took sim-3 out of the gateway; controller A's serve step registered
+    it before B's stop asked anything of the job (nothing on the host said no yet); B then stopped the server and
+    the gateway routed to a stopped server."""
+    session, said, _ = serving
+    monkeypatch.setattr(rollout, "drain", lambda *args: 0)  # no server answers /v1/loads here
+    monkeypatch.setattr(srv, "wait_gpus_released", lambda *args: None)  # no GPUs here
+    gateway = Gateway([Worker(id="w", url=URL, healthy=True, load=0, model="m")])
+    recipe = cast(Any, SimpleNamespace(server_args={}))
+    monkeypatch.setattr(rollout, "worker_url_of", lambda s, r: URL)
+    rollout.leave_before_stop(session, recipe, cast(Any, gateway), 1)
+    assert gateway.calls == ["remove", "wait_removed"]
+    gateway.listed = [Worker(id="a", url=URL, healthy=True, load=0, model="m")]  # controller A registers it
+    assert srv.stop_running_server(session, [], 1, srv.FOR_TUNE_FP8) == "stopped"
+    assert gateway.listed == [] and gateway.calls == ["remove", "wait_removed"] * 2
+    assert f"{URL} was registered again meanwhile (by another orch or controller): taking it out again" in said
+    assert session.name not in srv.KEEP_OUT  # once: a later stop in this process does not do it again
