@@ -540,6 +540,7 @@ def register(session: HostSession, client: GatewayClient, url: str, undraining: 
     if refused is not None:
         raise refused
     client.add(url)
+    srv.KEEP_OUT.pop(session.name, None)  # put back by this orch: a later stop takes out what it registered itself
     client.wait_routing(url, timeout=REGISTER_TIMEOUT)
     session.say(f"{url} is healthy in the gateway and routed to")
 

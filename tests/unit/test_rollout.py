@@ -338,3 +338,22 @@ def test_a_stop_takes_out_again_a_server_another_controller_registered_after_the
     assert gateway.listed == [] and gateway.calls == ["remove", "wait_removed"] * 2
     assert f"{URL} was registered again meanwhile (by another orch or controller): taking it out again" in said
     assert session.name not in srv.KEEP_OUT  # once: a later stop in this process does not do it again
+
+
+def test_a_host_this_orch_took_out_and_registered_again_is_not_taken_out_again_by_a_later_stop(
+    serving: tuple[HostSession, list[str], jobs.Started], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`orch run`: a rolling serve step took sim-3 out and found it serving as asked (no stop), then registered it
+    again itself; a later step's stop (its own take-out not reaching the gateway) must not say another orch
+    registered it, nor take out what this orch put back: the keep-out ends with this orch's own registration."""
+    session, said, _ = serving
+    monkeypatch.setattr(rollout, "drain", lambda *args: 0)
+    monkeypatch.setattr(srv, "wait_gpus_released", lambda *args: None)
+    gateway = Gateway([Worker(id="w", url=URL, healthy=True, load=0, model="m")])
+    recipe = cast(Any, SimpleNamespace(server_args={}))
+    rollout.leave_gateway(session, recipe, cast(Any, gateway), 1, "replaced")
+    register(session, cast(Any, gateway), URL)
+    assert session.name not in srv.KEEP_OUT
+    assert srv.stop_running_server(session, [], 1, srv.FOR_TUNE_FP8) == "stopped"
+    assert gateway.calls == ["remove", "wait_removed", "add", "wait_routing"]
+    assert not [line for line in said if "registered again meanwhile" in line]
