@@ -184,6 +184,15 @@ class ServeOptions(_Strict):
     )
     force: bool = Field(False, description="Relaunch even when the server already runs as asked.")
 
+    @field_validator("fp8_gemm_backend")
+    @classmethod
+    def _backend_name(cls, value: str | None) -> str | None:
+        """A backend's name: an empty one launched without the flag (the recipe's backend dropped, the healthy
+        server replaced by one on SGLang's default) and then asked the server for ''."""
+        if value is not None and (not value or value != value.strip() or " " in value):
+            raise ValueError(f"{value!r} is no backend name (e.g. triton, auto); leave the option out for the recipe's")
+        return value
+
 
 def _label(value: str | None) -> str | None:
     """A run's label: one line of at most 100 printable characters (it heads tables, report rows and

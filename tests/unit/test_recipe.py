@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from orchestrator.errors import ConfigError, ExitCode
-from orchestrator.recipe import PACKAGED_PLAYBOOKS, find_recipe, load_recipe, parse_shapes
+from orchestrator.recipe import PACKAGED_PLAYBOOKS, ServeOptions, find_recipe, load_recipe, parse_shapes
 
 
 def playbook_error(tmp_path: Path, text: str) -> ConfigError:
@@ -102,3 +103,12 @@ def test_a_playbook_path_that_is_a_directory_is_said_to_be_one(tmp_path: Path) -
         assert info.value.message == f"{tmp_path / 'pb'}: is a directory, not a YAML file"
         assert info.value.hint == "give the path of a YAML file (or a link to one)"
         assert info.value.exit_code == ExitCode.USAGE
+
+
+@pytest.mark.parametrize("value", ["", " ", "tri ton", " triton"])
+def test_an_fp8_gemm_backend_that_is_no_name_is_refused_before_any_host(value: str) -> None:
+    # `orch serve --fp8-gemm-backend ""` relaunched a healthy server without the flag (SGLang's default backend,
+    # the tuned configs unread) and then failed verification asking the server for ''
+    with pytest.raises(ValidationError, match="is no backend name"):
+        ServeOptions(fp8_gemm_backend=value)
+    assert ServeOptions(fp8_gemm_backend="triton").fp8_gemm_backend == "triton"
