@@ -105,7 +105,7 @@ def report(app: App, fmt: report_op.Format, out_dir: Path) -> int:
     if str(out_dir) == "-":  # stdout for `state export -` and `status --prometheus -`: a report is no one file
         raise UsageError(
             "--out -: the report is a directory (report.md or report.html beside its PNG charts), not stdout",
-            hint="give a directory, e.g. --out orch-report (./- for one named '-')",
+            hint="give a directory, e.g. --out orch-report (for one named '-', its full path: --out \"$PWD/-\")",
         )
     store = app.existing_store()
     target = report_op.write_report(store.read(), str(store.path), out_dir, fmt)

@@ -255,6 +255,9 @@ def test_orch_report_out_dash_is_refused_as_no_directory_and_writes_nothing(
         "orch: error: --out -: the report is a directory (report.md or report.html beside its PNG charts), not stdout"
     )
     assert not (tmp_path / "-").exists()
+    named = orch("--state", str(state_path), "report", "--out", str(tmp_path / "-"), cwd=tmp_path)  # as the hint says
+    assert named.returncode == 0, named.output
+    assert (tmp_path / "-" / "report.md").is_file()
 
 
 def test_the_chart_shows_every_run_a_repeated_label_with_its_time() -> None:
