@@ -148,6 +148,7 @@ class GatewayCheck:
     unregistered: list[str]  # inventory hosts serving but not registered
     left_out: list[str] = field(default_factory=list)  # not registered, left launching or out by a serve
     drained: list[str] = field(default_factory=list)  # out on purpose (``orch drain``): not flagged unless registered
+    idle: list[str] = field(default_factory=list)  # of ``drained``, those no server runs on (undrain refuses them)
     rolling: str | None = None  # the live orch ``left_out`` is out for (pid, command, since); None: a cut-off serve's
     resume: dict[str, str] = field(default_factory=dict)  # host left out -> the cut-off rollout's command (resumes it)
 
@@ -322,7 +323,8 @@ def check_fleet(
     drained_out = [h.name for h in hosts if h.name in drained and h.name not in registered]
     cut_off = {n: cut_off_rollout(state.rollout, n) for n in out}
     resume = {n: r.command for n, r in cut_off.items() if r is not None and r.command}
-    return GatewayCheck(rows, unregistered, out, drained_out, rolling=rolling if out else None, resume=resume)
+    idle = [name for name in drained_out if name not in serving]
+    return GatewayCheck(rows, unregistered, out, drained_out, idle, rolling if out else None, resume)
 
 
 def parse_workers(payload: Any) -> list[Worker]:

@@ -45,9 +45,12 @@ def report(result: GatewayCheck) -> None:
     for name in result.unregistered:
         render.out.print(f"{name}: serving but not registered with the gateway  FLAG", markup=False)
     for name in result.drained:
-        render.out.print(
-            f"{name}: drained, out of the gateway on purpose (`orch undrain {name}` puts it back)", markup=False
+        back = (  # undrain refuses a host no server runs on
+            f"no server runs there: `orch serve --no-rolling --host {name}`, then `orch undrain {name}` puts it back"
+            if name in result.idle
+            else f"`orch undrain {name}` puts it back"
         )
+        render.out.print(f"{name}: drained, out of the gateway on purpose ({back})", markup=False)
     for name in result.left_out:
         if result.rolling is not None:
             out = out_for_rollout(result.rolling)

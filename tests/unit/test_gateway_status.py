@@ -98,6 +98,15 @@ def test_a_drained_host_is_out_on_purpose_and_flagged_only_when_registered(capsy
     said = capsys.readouterr().out  # one line of b, the flag's (it said both, one contradicting the other)
     assert f"FLAG: {DRAINED_BUT_REGISTERED}" in said and "b: drained, out of the gateway on purpose" not in said, said
     assert parse_drain_mark("1796481746\n") is not None and parse_drain_mark("") is None
+    report(out)
+    assert "b: drained, out of the gateway on purpose (`orch undrain b` puts it back)" in capsys.readouterr().out
+    stopped = check_fleet([_worker(a)], hosts, state, running={"a": None, "b": None}, drained=["b"])
+    assert stopped.idle == ["b"]
+    report(stopped)  # `orch undrain b` refuses a host no server runs on: the line named it all the same
+    assert (
+        "b: drained, out of the gateway on purpose (no server runs there: `orch serve --no-rolling --host b`, then "
+        "`orch undrain b` puts it back)"
+    ) in capsys.readouterr().out
 
 
 def test_a_host_a_live_rollout_took_out_is_out_for_it_and_one_a_cut_off_rollout_left_out_is_flagged(
