@@ -23,6 +23,7 @@ from orchestrator.cli.gateway import (
 from orchestrator.cli.sweep import check_profiles
 from orchestrator.errors import ExitCode
 from orchestrator.fleet import Fleet
+from orchestrator.gateway import GatewayClient
 from orchestrator.inventory import Host
 from orchestrator.ops import group as group_op
 from orchestrator.ops import rollout
@@ -99,6 +100,7 @@ def run(
         redo = bool(from_step or only)
         replaced = run_replaced(app, fleet, chosen, steps, redo, ranks)
         ctx = run_op.RunContext(fleet, app.store, chosen, app.peers(fleet), lockstep, None, redo, ranks=ranks)
+        ctx.gateway = sweep_gateway(app, selected, steps)  # a sweep step takes its host out first, as orch sweep
         if dry_run:  # a rolling one says its checks and waves first, and plans the hosts the rollout would take
             refused = run_op.dry_refusals(ctx, selected, steps)  # drained: as the run's preflight refuses them
             kept = [h for h in selected if h.name not in refused]
@@ -151,7 +153,8 @@ def run(
             label = gateway_view.server_label(app.inventory)
             ctx.rolling = run_op.RollingRun(client, max_unavailable, canary, gateway_view.wave_line, gating, label)
             run_view.rolling_note()
-        with rollout.one_at_a_time(app.store) if rolling else contextlib.nullcontext():  # before the first pull
+        locked = rolling or ctx.gateway is not None  # a sweep step holds the rollout's lock, as orch sweep does
+        with rollout.one_at_a_time(app.store) if locked else contextlib.nullcontext():  # before the first pull
             results = run_op.run(ctx, selected, steps)
     run_view.done_lines(results)
     return finish(results)
@@ -186,3 +189,10 @@ def group_ranks(
     sweeping = {n: r for n, r in ranks.items() if any(isinstance(s.options, SweepOptions) for s in steps[n])}
     group_op.refuse_not_built(sweeping, "orch run's sweep step", "serve each profile with `orch serve --profile`")
     return ranks
+
+
+def sweep_gateway(app: App, selected: list[Host], steps: dict[str, list[Step]]) -> GatewayClient | None:
+    """The inventory's gateway when a host runs a sweep step (it stops the server once per profile: the host
+    leaves the gateway first and stays out, as ``orch sweep`` leaves it), else None."""
+    sweeps = any(isinstance(s.options, SweepOptions) for h in selected for s in steps[h.name])
+    return GatewayClient(app.inventory.gateway) if sweeps and app.inventory.gateway is not None else None

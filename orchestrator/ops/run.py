@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from orchestrator import server_job as server_host
-from orchestrator.errors import ExitCode, HostError, RefusedError, UsageError
+from orchestrator.errors import ExitCode, GatewayError, HostError, RefusedError, UsageError
 from orchestrator.facts import bench as bench_facts
 from orchestrator.facts import git
 from orchestrator.facts import gpus as gpu_facts
@@ -92,6 +92,7 @@ class RunContext:
     redo: bool = False  # --from/--only: the steps run again (serve relaunches even when serving as asked)
     rolling: RollingRun | None = None  # --rolling: the serve step goes through the gateway rollout
     ranks: Mapping[str, group_op.Rank] = field(default_factory=dict)  # each grouped host's rank (group_op.ranks)
+    gateway: GatewayClient | None = None  # the inventory's gateway: a sweep step takes its host out of it first
 
     def recipe(self, host: Host) -> Recipe:
         return self.recipes[host.name]
@@ -476,7 +477,8 @@ def _sweep(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> 
     assert isinstance(step.options, SweepOptions)
     recipe = ctx.recipe(session.host)
     try:
-        result = sweep_op.sweep(session, recipe, step.options, ctx.peers, by=sweep_op.RUN_SWEEP_BY)
+        leave = _leave_gateway(ctx)
+        result = sweep_op.sweep(session, recipe, step.options, ctx.peers, leave, sweep_op.RUN_SWEEP_BY)
         failed = "; ".join(f"{name}: {why}" for name, why in result.failed.items())
         if failed:
             raise HostError(f"{session.name}: not every profile was measured ({failed})",
@@ -493,7 +495,32 @@ def _sweep(ctx: RunContext, session: HostSession, step: Step, resumed: bool) -> 
             detail += f"; left serving {result.left_serving}"
     finally:
         session.forget("jobs", "server_info")  # servers relaunched, benchmark jobs started
-    return detail
+    return detail + _out_of_gateway(ctx, session, recipe)
+
+
+def _leave_gateway(ctx: RunContext) -> Callable[[HostSession, Recipe], None] | None:
+    """With a gateway (``ctx.gateway``), what the sweep step does before a profile's serve stops the host's
+    server, as ``orch sweep`` does: a host the gateway routes to is taken out of it and drained first, said
+    (``rollout.leave_before_stop``); it stays out, a canary serving profiles under test. Without it the step
+    stopped a server the gateway still routed requests to, and left it registered."""
+    client = ctx.gateway
+    if client is None:
+        return None
+    drain = ServeOptions().drain_timeout
+    return lambda session, recipe: rollout.leave_before_stop(session, recipe, client, drain)
+
+
+def _out_of_gateway(ctx: RunContext, session: HostSession, recipe: Recipe) -> str:
+    """The end of the sweep step's line, with a gateway: the host is out of it (as the gateway lists it now)
+    and how it is put back; nothing when it is listed, there is no gateway, or it does not answer."""
+    if ctx.gateway is None:
+        return ""
+    try:
+        if rollout.registered(session, recipe, ctx.gateway):
+            return ""
+    except GatewayError:
+        return ""
+    return f"; out of the gateway: `orch serve --rolling --host {session.name}` registers it again"
 
 
 def simulated(on: bool) -> str:

@@ -232,3 +232,22 @@ def test_a_rolling_run_leaves_a_drained_host_whose_server_it_keeps_out_of_the_ga
     finally:
         assert env.orch("undrain", "sim-2").returncode == 0
     assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
+
+
+def test_a_runs_sweep_step_takes_its_registered_host_out_of_the_gateway_before_serving_its_profiles(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    """`orch run`'s sweep step relaunched the server the gateway routed to and left it registered, as `orch sweep`
+    no longer does (rolling/test_serve.py)."""
+    env, client = gateway_fleet.env, gateway_fleet.client
+    sim3 = gateway_fleet.urls()[2]
+    sweep = {"sweep": {"profiles": ["low-latency"], "concurrency": [1]}}
+    book = playbook(tmp_path, "sweepbook", steps=["serve", sweep])
+    run = env.orch("run", book, "--host", "sim-3", "--yes")
+    assert run.returncode == 0, run.output
+    assert f"sim-3: sweep: taking {sim3} out of the gateway before its server is stopped" in run.stderr, run.stderr
+    assert "; out of the gateway: `orch serve --rolling --host sim-3` registers it again" in run.stderr
+    assert sim3 not in [w.url for w in client.workers()]  # a canary serving a profile under test: out until served
+    back = env.orch("serve", "--host", "sim-3")  # rolling: serves the playbook's server and registers it again
+    assert back.returncode == 0, back.output
+    assert sorted(w.url for w in client.workers() if w.healthy) == sorted(gateway_fleet.urls())
