@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 import click
 
@@ -21,8 +22,8 @@ from orchestrator.cli.gateway import (
     rollout_client,
 )
 from orchestrator.cli.sweep import check_profiles
-from orchestrator.errors import ExitCode
-from orchestrator.fleet import Fleet
+from orchestrator.errors import ExitCode, OrchError
+from orchestrator.fleet import Fleet, FleetResult, HostResult
 from orchestrator.gateway import GatewayClient
 from orchestrator.inventory import Host
 from orchestrator.ops import group as group_op
@@ -102,7 +103,7 @@ def run(
         ctx = run_op.RunContext(fleet, app.store, chosen, app.peers(fleet), lockstep, None, redo, ranks=ranks)
         ctx.gateway = sweep_gateway(app, selected, steps)  # a sweep step takes its host out first, as orch sweep
         if dry_run:  # a rolling one says its checks and waves first, and plans the hosts the rollout would take
-            refused = run_op.dry_refusals(ctx, selected, steps)  # drained: as the run's preflight refuses them
+            refused = run_op.dry_refusals(ctx, selected, steps)  # drained, no dataset: as the preflight refuses
             kept = [h for h in selected if h.name not in refused]
             planning, sick = (
                 rolling_dry_run(app, fleet, kept, max_unavailable, canary, gate, chosen, replaced, drained_out=False)
@@ -118,7 +119,7 @@ def run(
             shown = [h for h in selected if h.name in refused or h in planning]
             plans = fleet.map_sessions(plan, lambda: app.store, shown)
             run_view.plans(plans)
-            return finish(plans) or (ExitCode.HOSTS_FAILED if sick or refused else 0)  # exits as the run would
+            return finish(plans) or (ExitCode.HOSTS_FAILED if sick else refused_code(selected, refused))
 
         maybe: set[str] = set()  # hosts whose serve stops the server only if a pull or tuning before it changes it
 
@@ -196,3 +197,10 @@ def sweep_gateway(app: App, selected: list[Host], steps: dict[str, list[Step]]) 
     leaves the gateway first and stays out, as ``orch sweep`` leaves it), else None."""
     sweeps = any(isinstance(s.options, SweepOptions) for h in selected for s in steps[h.name])
     return GatewayClient(app.inventory.gateway) if sweeps and app.inventory.gateway is not None else None
+
+
+def refused_code(selected: list[Host], refused: Mapping[str, OrchError]) -> int:
+    """A dry run's exit code for the hosts the run would refuse before any step (``run_op.dry_refusals``): the
+    run's own, by orch's one rule (2 for a missing dataset file alone, 3 for a drained host)."""
+    results: list[HostResult[None]] = [HostResult(h, error=refused.get(h.name)) for h in selected]
+    return int(FleetResult(results).exit_code())

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from orchestrator import server_job as server_host
-from orchestrator.errors import ExitCode, GatewayError, HostError, RefusedError, UsageError
+from orchestrator.errors import ExitCode, GatewayError, HostError, OrchError, RefusedError, UsageError
 from orchestrator.facts import bench as bench_facts
 from orchestrator.facts import git
 from orchestrator.facts import gpus as gpu_facts
@@ -640,13 +640,28 @@ def preflight(ctx: RunContext, hosts: list[Host], steps: Steps) -> FleetResult[N
         sweep = next((s.options for s in steps[session.name] if isinstance(s.options, SweepOptions)), None)
         if sweep is not None:  # every profile it serves, as the sweep checks them before its first stop
             sweep_op.check_launches(session, ctx.recipe(session.host), sweep)
-        bench = next((s.options for s in steps[session.name] if isinstance(s.options, BenchOptions)), None)
-        if bench is not None and ctx.leads(session.host):  # its dataset on the host (staged when named): exit 2 first
-            bench_op.prepare_dataset(session, ctx.recipe(session.host).bench, bench)
-        if sweep is not None and ctx.leads(session.host):  # the sweep's benchmarks read it too (after any staging)
-            sweep_op.check_dataset(session, ctx.recipe(session.host))
+        check_datasets(ctx, session, steps[session.name])
 
     return ctx.fleet.map_sessions(check, ctx.store, hosts)
+
+
+def check_datasets(ctx: RunContext, session: HostSession, steps: list[Step], look: bool = False) -> None:
+    """The dataset file of the host's bench and sweep steps on the host (a replica group's on rank 0, which
+    runs them): a bench step's (``bench_op.prepare_dataset``: copied there first when the step names one),
+    then the sweep's benchmarks' (``sweep_op.check_dataset``, after any copy); ``UsageError`` (exit 2) when it
+    is not there. ``look`` (``--dry-run``): nothing is copied, and a file a bench step would copy counts as
+    there. The preflight raises it, ``--dry-run`` says it (``dry_refusals``): one check."""
+    if not ctx.leads(session.host):
+        return
+    recipe = ctx.recipe(session.host)
+    bench = next((s.options for s in steps if isinstance(s.options, BenchOptions)), None)
+    sweep = next((s.options for s in steps if isinstance(s.options, SweepOptions)), None)
+    if look and bench is not None and bench.dataset is not None:
+        return  # the run copies it there before either step reads it
+    if bench is not None:
+        bench_op.prepare_dataset(session, recipe.bench, bench)
+    if sweep is not None:
+        sweep_op.check_dataset(session, recipe)
 
 
 def check_launch(ctx: RunContext, session: HostSession, options: ServeOptions) -> None:
@@ -690,21 +705,29 @@ def selects_others(ctx: RunContext, host: Host, hosts: list[Host]) -> bool:
     return any(h.name not in ctx.group(host) for h in hosts)
 
 
-def dry_refusals(ctx: RunContext, hosts: list[Host], steps: Steps) -> dict[str, HostError]:
+def dry_refusals(ctx: RunContext, hosts: list[Host], steps: Steps) -> dict[str, OrchError]:
     """``--dry-run``: the hosts the preflight would refuse as drained (``drained_refusal``, each host's drain
-    mark read from it), and the other hosts of their replica groups (``refused_groups``), by name."""
+    mark read from it) or for a bench or sweep step's dataset file missing on them (``check_datasets``, exit 2
+    as the run's), and the other hosts of their replica groups (``refused_groups``), by name."""
 
-    def refusal(session: HostSession) -> RefusedError | None:
+    def refusal(session: HostSession) -> OrchError | None:
         mark = rollout.drain_mark(session)
-        return drained_refusal(ctx, session, steps[session.name], mark, selects_others(ctx, session.host, hosts))
+        others = selects_others(ctx, session.host, hosts)
+        if (drained := drained_refusal(ctx, session, steps[session.name], mark, others)) is not None:
+            return drained
+        try:
+            check_datasets(ctx, session, steps[session.name], look=True)
+        except UsageError as exc:
+            return exc
+        return None
 
     results = ctx.fleet.map_sessions(refusal, ctx.store, hosts)
     results.raise_bugs()
-    refused: dict[str, HostError] = {r.host.name: r.value for r in results if r.value is not None}
+    refused: dict[str, OrchError] = {r.host.name: r.value for r in results if r.value is not None}
     return {**refused, **refused_groups(ctx, hosts, refused)}
 
 
-def refusal_line(refused: HostError) -> str:
+def refusal_line(refused: OrchError) -> str:
     """A refusal as ``--dry-run`` says it: ``(refuses: ...)``, its hint after a semicolon."""
     said = refused.message.split(": ", 1)[1]
     return f"(refuses: {said}" + (f"; {refused.hint})" if refused.hint else ")")

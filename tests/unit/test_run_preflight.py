@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import OrchError, UsageError
+from orchestrator.cli.run import refused_code
+from orchestrator.errors import ExitCode, OrchError, UsageError
 from orchestrator.facts.health import HostHealth
 from orchestrator.fleet import FleetResult, HostResult
 from orchestrator.inventory import Host
@@ -52,3 +53,33 @@ def test_a_sweep_step_without_its_dataset_on_the_host_is_refused_before_the_firs
     assert "b1: the benchmark's dataset /w/datasets/" in result.error.message
     assert result.error.message.endswith("is not on the host; the sweep stopped and started nothing")
     assert "sha256sum -- /w/datasets/" in fleet.runner.commands()[-1]
+
+
+def dry_refused(tmp_path: Path, steps: list[Step]) -> tuple[dict[str, OrchError], FakeRunner]:
+    store = StateStore(tmp_path / "state.db")
+    fleet = FakeFleet(store)
+    fleet.runner.on(("orch-drained",), "")  # not drained
+    ctx = run_op.RunContext(fleet, store, {HOST.name: RECIPE}, lambda name: None)  # type: ignore[arg-type]
+    return run_op.dry_refusals(ctx, [HOST], {HOST.name: steps}), fleet.runner
+
+
+@pytest.mark.parametrize("step", ["bench", "sweep"])
+def test_the_dry_run_says_the_dataset_refusal_the_preflight_raises_and_exits_2_as_the_run(
+    tmp_path: Path, step: str
+) -> None:
+    # `orch run --dry-run` printed the whole plan and exited 0; the run exits 2 "refused before any step"
+    refused, _ = dry_refused(tmp_path, [Step.model_validate("pull"), Step.model_validate(step)])
+    assert list(refused) == ["b1"] and isinstance(refused["b1"], UsageError)
+    line = run_op.refusal_line(refused["b1"])
+    assert line.startswith("(refuses: the benchmark's dataset /w/datasets/")
+    assert "is not on the host" in line and "`orch bench --host b1 --dataset LOCAL_FILE`" in line
+    assert refused_code([HOST, Host(name="b2", address="10.0.0.2", workdir="/w")], refused) == ExitCode.USAGE
+
+
+def test_the_dry_run_does_not_refuse_a_dataset_a_bench_step_would_copy_there_and_copies_nothing(
+    tmp_path: Path,
+) -> None:
+    bench = Step.model_validate({"bench": {"dataset": str(tmp_path / "sharegpt.json")}})
+    refused, runner = dry_refused(tmp_path, [bench, Step.model_validate("sweep")])
+    assert refused == {}
+    assert [c for c in runner.commands() if "sha256sum" in c or "mkdir" in c] == []
