@@ -85,18 +85,28 @@ def undrain(session: HostSession, recipe: Recipe, client: GatewayClient) -> Undr
     """Registers the host again once it serves (refused, changing nothing, when it does not). A host that was
     never drained is registered only when the gateway does not route to it already, and said so. A server
     a rolling relaunch launched and was cut off before verifying (and gating) is not registered: the host is
-    undrained, said, and left to that command, which no longer skips it."""
+    undrained, said, and left to that command, which no longer skips it. Nor is a server a gated rollout's
+    promotion gate rejected and left running (``rollout.gate_rejected``): undrained, said, and refused, the
+    hint naming the serve that replaces it and the gated command that gates it again."""
     url = rollout.worker_url_of(session, recipe)
-    resume = _cut_off_relaunch(session, _require_serving(session, recipe))
+    running = _require_serving(session, recipe)
+    rejected = rollout.gate_rejected(session.store, session.name, running.id)
+    resume = _cut_off_relaunch(session, running)
     was_drained = _is_drained(session)
     routed = not was_drained and _routed(client, url)
     if not was_drained:
         session.say("not drained: " + ("already in the gateway" if routed else "not in the gateway either"))
-    if resume is None and not routed:
+    if resume is None and rejected is None and not routed:
         rollout.register(session, client, url, undraining=was_drained)
     if was_drained:
         session.runner.run(["rm", "-f", "--", drain_mark_path(session.host.workdir)], check=True)
         session.store.update_host(session.name, _mark_undrained)
+    if rejected is not None and not routed:  # the hint's rolling serve no longer skips it as drained
+        raise RefusedError(
+            f"{session.name}: {'undrained, but ' * was_drained}not put back in the gateway: the promotion gate of "
+            "a gated rolling relaunch rejected the server it runs, and left it running",
+            hint=rollout.rejected_hint(session.name, rejected.command),
+        )
     if resume is not None:
         raise RefusedError(
             f"{session.name}: undrained, but not put back in the gateway: its server was launched by a rolling "

@@ -817,6 +817,33 @@ def never_gated(store: StateStore, name: str) -> str | None:
     return cut.command if launched and not passed else None
 
 
+def gate_rejected(store: StateStore, name: str, job_id: str | None = None) -> RolloutRecord | None:
+    """The state's last rollout when its promotion gate failed host ``name`` and left the server it rejected
+    running (``_prove_resumed``: outcome ``failed``, ended or not): the host's server, not stopped, launched
+    since that rollout began and before it ended (``job_id``: and it is that job); None otherwise. A gate that
+    fails a relaunch rolls the host back to its known-good server (outcome ``rolled back``): nothing rejected
+    runs. Registered, the gateway would route to a configuration the gate rejected (``refuse_ungated``,
+    ``orch undrain``)."""
+    state = store.read([name], history=False)
+    last, hs = state.rollout, state.hosts.get(name)
+    if last is None or last.outcomes.get(name) != "failed" or name not in last.gates or last.gates[name].passed:
+        return None
+    server = hs.server if hs is not None else None
+    if server is None or server.stopped_at is not None or (job_id is not None and server.job_id != job_id):
+        return None
+    return last if last.started_at <= server.started_at <= (last.ended_at or server.started_at) else None
+
+
+def rejected_hint(name: str, command: str | None) -> str:
+    """How to get a host out of a server its promotion gate rejected (``gate_rejected``): serve what it ran
+    before, or run the gated command again (``command``, as typed), which gates it and registers it if it passes."""
+    again = f"`{command}`" if command is not None else "the `orch serve --rolling --gate bench` that gated it"
+    return (
+        f"serve what it ran before: `orch serve --rolling --host {name} --playbook OLD` (with `--profile` of what it "
+        f"served, if any), or run {again} again: it gates the server and registers the host only if it passes"
+    )
+
+
 def _gated(command: str) -> bool:
     """Whether ``command`` (``RolloutRecord.command``, ``this_command``'s quoting) has a ``--gate``."""
     return any(word == "--gate" or word.startswith("--gate=") for word in shlex.split(command))
@@ -829,10 +856,22 @@ def refuse_ungated(
     anything changes, when a gated one cut off mid-gate left it out running the server it launched
     (``never_gated``) and this one would keep that server (``replaced`` names none: a serve of another
     configuration replaces it): registered, the gateway would route to a canary no gate passed. ``RefusedError``
-    (exit 3, as ``orch undrain`` of such a host) naming the cut-off command, which gates it and registers it."""
-    found = {h.name: never_gated(store, h.name) for h in hosts if gate is None or h.name not in gate.baselines}
+    (exit 3, as ``orch undrain`` of such a host) naming the cut-off command, which gates it and registers it.
+    Likewise a server a gated one's promotion gate rejected and left running (``gate_rejected``): the hint says
+    to serve what the host ran before, or to run the gated command again (``rejected_hint``)."""
+    ungated = [h for h in hosts if gate is None or h.name not in gate.baselines]
+    found = {h.name: never_gated(store, h.name) for h in ungated}
     found = {name: command for name, command in found.items() if command is not None}
     left = [h.name for h in hosts if h.name in found and not replaced(h)]
+    rejected = {h.name: r for h in ungated if h.name not in found and (r := gate_rejected(store, h.name))}
+    kept = [h.name for h in hosts if h.name in rejected and not replaced(h)]
+    if kept and not left:
+        whose, it = ("its server", "it") if len(kept) == 1 else ("their servers", "them")
+        raise RefusedError(
+            f"{', '.join(kept)}: not registered with the gateway: the promotion gate of a gated rolling relaunch "
+            f"rejected {whose} and left {it} running, and this one does not gate {it}; nothing was changed",
+            hint=rejected_hint(kept[0], rejected[kept[0]].command),
+        )
     if left:
         whose, it = ("its server was", "it") if len(left) == 1 else ("their servers were", "them")
         raise RefusedError(

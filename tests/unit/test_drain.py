@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,6 +21,7 @@ from orchestrator.ops.drain import _mark_argv
 from orchestrator.readers import SERVER_PURPOSE
 from orchestrator.recipe import PACKAGED_PLAYBOOKS, load_recipe
 from orchestrator.session import HostSession
+from orchestrator.state import utc_now
 from orchestrator.store import StateStore
 from orchestrator.transport.local import LocalRunner
 from orchestrator.views.doctor import drained_line, undrained_line
@@ -223,3 +225,40 @@ def test_undrain_of_a_host_never_drained_says_so_and_registers_it_only_when_out(
             f"gpu-1: was not drained, but was not in the gateway either: now registered, {url} is healthy there "
             "and routed to"
         )
+
+
+def test_undrain_does_not_register_a_server_the_promotion_gate_rejected_and_left_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resumed gated rollout whose gate failed the canary left its server running (outcome "failed"): `orch
+    undrain` registered it, and the gateway routed to a configuration the gate rejected. Refused (exit 3), the
+    hint naming the serve of what it ran before and the gated command; a host rolled back is registered."""
+    from orchestrator.errors import RefusedError
+    from orchestrator.facts.bench import GateRecord
+    from orchestrator.state import RolloutRecord, ServerRecord
+
+    session, _, url = drain_session(tmp_path, SERVER)
+    cast(FakeRunner, session.runner).on(("orch-drained",))  # no mark on the host, none in the state
+    monkeypatch.setattr(drain_op.readers, "health", lambda *a: 200)
+    registered: list[str] = []
+    monkeypatch.setattr(rollout, "register", lambda s, client, u, undraining=False: registered.append(u))
+    command = "orch serve --rolling --gate bench --host gpu-1 --playbook bad.yaml"
+    failed = GateRecord(passed=False, baseline_label="before", baseline_at=utc_now(), baseline_tok_s=3060.2)
+    rejected = RolloutRecord(waves=[["gpu-1"]], outcomes={"gpu-1": "failed"}, command=command, gates={"gpu-1": failed})
+    with session.store.update() as state:
+        state.rollout = rejected.model_copy(update={"started_at": utc_now() - timedelta(minutes=5)})
+        state.host("gpu-1").server = ServerRecord(job_id="server-1", argv=["python"], port=30000, mtp=True)
+        state.rollout.ended_at = utc_now()
+    out = FakeGateway(url)
+    out.remove(url)
+    with pytest.raises(RefusedError) as refused:
+        drain_op.undrain(session, RECIPE, cast(Any, out))
+    assert refused.value.exit_code == 3 and registered == []
+    assert str(refused.value).startswith("gpu-1: not put back in the gateway: the promotion gate of a gated rolling ")
+    hint = refused.value.hint or ""
+    assert "`orch serve --rolling --host gpu-1 --playbook OLD`" in hint and f"run `{command}` again" in hint
+    with session.store.update() as state:  # a gate that failed a relaunch rolls it back: the known-good server
+        assert state.rollout is not None
+        state.rollout.outcomes["gpu-1"] = "rolled back"
+    assert drain_op.undrain(session, RECIPE, cast(Any, out)) == drain_op.Undrained(url, False, False)
+    assert registered == [url]

@@ -195,6 +195,69 @@ def test_a_rollout_that_does_not_gate_a_canary_a_gated_one_cut_off_mid_gate_left
         refuse_ungated(store, [a], None, keeps)
 
 
+def test_a_rollout_that_does_not_gate_a_server_a_promotion_gate_rejected_and_left_running_refuses_it(
+    tmp_path: Path,
+) -> None:
+    """A gated rollout cut off mid-gate, resumed: its gate failed the canary a, left running and out (outcome
+    "failed"); then `orch serve --host a` (rolling, no --gate) registered the rejected server. Refused (exit 3),
+    ended or not, the hint naming the serve of what it ran before and the gated command; not a serve that
+    replaces the server, one that gates a, a rolled-back host, a server stopped or launched since."""
+    from datetime import timedelta
+
+    from orchestrator.errors import RefusedError
+    from orchestrator.ops.rollout import Gate, refuse_ungated
+    from orchestrator.state import ServerRecord, utc_now
+
+    store = StateStore(tmp_path / "state.json")
+    command = "orch serve --rolling --gate bench --host a --playbook ./badbook.yaml --profile bad --yes"
+    failed = bench.gate_decision(BASE, a_record("gate-1", 73.0), None)
+    began = utc_now() - timedelta(minutes=5)
+    rejected = RolloutRecord(waves=[["a"]], outcomes={"a": "failed"}, command=command, gates={"a": failed})
+    rejected = rejected.model_copy(update={"started_at": began, "ended_at": utc_now() + timedelta(minutes=1)})
+    with store.update() as state:
+        state.rollout = rejected
+        state.host("a").server = ServerRecord(job_id="bad", argv=["python"], port=30000, mtp=True)
+    a, b = hosts("a", "b")
+    keeps, replaces = (lambda h: None), (lambda h: "http://127.0.0.2:30000")
+    for ended in (rejected.ended_at, None):
+        with store.update() as state:
+            state.rollout = rejected.model_copy(update={"ended_at": ended})
+        with pytest.raises(RefusedError) as refused:
+            refuse_ungated(store, [a, b], None, keeps)
+        assert refused.value.exit_code == 3
+        assert refused.value.message == (
+            "a: not registered with the gateway: the promotion gate of a gated rolling relaunch rejected its server "
+            "and left it running, and this one does not gate it; nothing was changed"
+        )
+        hint = refused.value.hint or ""
+        assert "serve what it ran before: `orch serve --rolling --host a --playbook OLD`" in hint
+        assert f"or run `{command}` again: it gates the server" in hint
+    refuse_ungated(store, [a, b], None, replaces)  # another configuration: the rejected server is replaced
+    refuse_ungated(store, [a], Gate({"a": a_record("before", 100.0)}, "gate-x"), keeps)  # gated again
+    refuse_ungated(store, [b], None, keeps)
+
+    def rejected_as(**changes: object) -> None:
+        with store.update() as state:
+            state.rollout = rejected.model_copy(update=changes)
+
+    stopped = utc_now()
+    for changes in (
+        {"outcomes": {"a": "rolled back"}},  # the gate failed a relaunch: the known-good server serves again
+        {"gates": {}},  # failed, but no gate decided on a: it serves nothing or what it served
+        {"gates": {"a": bench.gate_decision(BASE, a_record("gate-1", 200.0), None)}},  # passed
+        {"started_at": utc_now() + timedelta(minutes=1), "ended_at": None},  # a's server is older than the rollout
+        {"ended_at": began},  # a's server was launched after it ended (a plain serve since)
+    ):
+        rejected_as(**changes)
+        refuse_ungated(store, [a], None, keeps)
+    rejected_as()
+    with store.update() as state:
+        server = state.hosts["a"].server
+        assert server is not None
+        server.stopped_at = stopped  # stopped since: a plain serve launches another
+    refuse_ungated(store, [a], None, keeps)
+
+
 def test_gate_lines_print_the_decision_both_numbers_and_the_reasons() -> None:
     run = with_params(a_record("gate-20261202T014649", 25.5, 10, accept=2.0), mtp=True)
     lines = gate_lines("sim-1", bench.gate_decision(BASE, run, 2.8))

@@ -183,6 +183,47 @@ def test_a_plain_rolling_serve_refuses_a_canary_a_gated_rollout_cut_off_mid_gate
     assert "sim-1: promotion gate PASSED: canary " in resumed.stdout and client.find(sim1) is not None
 
 
+def test_a_server_a_resumed_gate_rejected_and_left_running_is_registered_neither_by_a_plain_serve_nor_by_undrain(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
+    """A gated rollout cut off mid-gate, resumed: its gate fails the canary and leaves the rejected server running,
+    out of the gateway (rollout failed, exit 5). `orch serve --host sim-1` (rolling, no --gate) and `orch undrain
+    sim-1` then registered it, and the gateway routed to it. Both refuse (exit 3); serving what it ran before
+    registers it."""
+    env, client = gateway_fleet.env, gateway_fleet.client
+    gate_steps(env)
+    fast, slow = gate_playbook(tmp_path, "fast", 64), gate_playbook(tmp_path, "slow", 1)
+    assert env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", fast).returncode == 0
+    assert env.orch("bench", "--host", "sim-1", "--playbook", fast, "--label", "before-fast").returncode == 0
+    sim1 = gateway_fleet.urls()[0]
+    client.remove(sim1)  # as a gated rollout cut off after sim-1's relaunch, before its gate decided, leaves it
+    client.wait_removed(sim1, timeout=10)
+    assert env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", slow).returncode == 0
+    command = f"orch serve --rolling --gate bench --host sim-1 --playbook {slow}"
+    with StateStore(env.state).update() as state:
+        server = state.hosts["sim-1"].server
+        assert server is not None  # the rollout began before it launched sim-1's server
+        cut_off = RolloutRecord(waves=[["sim-1"]], outcomes={"sim-1": "removed"}, command=command)
+        state.rollout = cut_off.model_copy(update={"started_at": server.started_at})
+    job = server_job(env, "sim-1")
+    resumed = env.orch(*shlex.split(command)[1:])
+    assert resumed.returncode == 5, resumed.output
+    assert "sim-1: promotion gate FAILED: canary " in resumed.stdout and "left out of the gateway" in resumed.stdout
+    for refused in (env.orch("serve", "--host", "sim-1", "--playbook", slow), env.orch("undrain", "sim-1")):
+        said = " ".join(refused.stderr.split())  # the hint is wrapped
+        assert refused.returncode == 3, refused.output
+        assert (
+            "sim-1: not registered with the gateway: the promotion gate of a gated rolling relaunch rejected" in (said)
+            or "sim-1: not put back in the gateway: the promotion gate of a gated rolling relaunch rejected" in said
+        )
+        assert "`orch serve --rolling --host sim-1 --playbook OLD`" in said
+        assert f"{command.removeprefix('orch ')}` again: it gates the server" in said  # as typed: with its -i, --state
+    assert client.find(sim1) is None and server_job(env, "sim-1") == job
+    back = env.orch("serve", "--host", "sim-1", "--playbook", fast)  # what it ran before: replaces it
+    assert back.returncode == 0, back.output
+    client.wait_routing(sim1, timeout=60)
+
+
 def test_gate_bench_resumed_on_a_canary_still_registered_takes_the_gateway_s_409_as_registered(
     gateway_fleet: GatewayFleet, tmp_path: Path
 ) -> None:
