@@ -271,12 +271,13 @@ def plan_waves(
 def rolling_dry_run(
     app: App, fleet: Fleet, selected: list[Host], max_unavailable: int, canary: str | None, gate: str | None,
     chosen: dict[str, Recipe], replaced: Replaced, drained_out: bool = True, ungated_refused: bool = False,
-) -> tuple[list[Host], bool]:  # fmt: skip
+) -> tuple[list[Host], bool, rollout.Gate | None]:  # fmt: skip
     """``serve --rolling --dry-run``: the checks the rollout makes before anything changes (the gateway, the
     canary tag, the gate's baselines), its waves on stderr as it would run them (an interrupted rollout's
     host left out of the gateway first), and the hosts whose relaunch to plan (a wave's replica group whole);
-    whether doctor failed any host (the rollout would exit 3). A wave ``replaced`` (``serve_replaced``,
-    ``run_replaced``) says would take every server the gateway routes to out is said: the rollout asks first.
+    whether doctor failed any host (the rollout would exit 3); and its promotion gate, if any. A wave ``replaced``
+    (``serve_replaced``, ``run_replaced``) says would take every server the gateway routes to out is said: the
+    rollout asks first.
     ``drained_out`` False (``run``'s, which refuses a drained host it would stop and leaves out the ones it
     refuses): drained hosts are not skipped as drained (``plan_waves``). ``ungated_refused`` (``serve``'s): a host
     a cut-off gated rollout left out that this one would register ungated is refused (``rollout.refuse_ungated``)."""
@@ -301,7 +302,7 @@ def rolling_dry_run(
         )
     rolled = {h.name for wave in planned for h in wave}
     rolled |= {n for g in app.inventory.groups.values() if g.hosts[0] in rolled for n in g.hosts}
-    return [h for h in selected if h.name in rolled], sick
+    return [h for h in selected if h.name in rolled], sick, gating
 
 
 @click.group("gateway")

@@ -105,10 +105,10 @@ def run(
         if dry_run:  # a rolling one says its checks and waves first, and plans the hosts the rollout would take
             refused = run_op.dry_refusals(ctx, selected, steps)  # drained, no dataset: as the preflight refuses
             kept = [h for h in selected if h.name not in refused]
-            planning, sick = (
+            planning, sick, _ = (
                 rolling_dry_run(app, fleet, kept, max_unavailable, canary, gate, chosen, replaced, drained_out=False)
                 if rolling
-                else (kept, False)
+                else (kept, False, None)
             )
 
             def plan(s: HostSession) -> list[str]:

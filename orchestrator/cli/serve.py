@@ -113,12 +113,12 @@ def serve(
         fleet.events = reporter
         if dry_run:  # a rolling one plans its waves' hosts alone, as the rollout would relaunch them
             replaced = serve_replaced(app, fleet, chosen, options, ranks)
-            planning, sick = (
+            planning, sick, gating = (
                 rolling_dry_run(
                     app, fleet, selected, max_unavailable, canary, gate, chosen, replaced, ungated_refused=True
                 )
                 if rolling
-                else (selected, False)
+                else (selected, False, None)
             )
             peers = app.peers(fleet)
 
@@ -127,6 +127,8 @@ def serve(
                 lines = dry_run_lines(s, chosen[s.name], asked, ranks.get(s.name), peers)
                 if asked is not options:  # "--force relaunches" it does not, this time
                     lines = [line.replace("; --force relaunches)", f"; {rollout.RELAUNCHED_BEFORE})") for line in lines]
+                if gating is not None and s.name in gating.unproven:  # the rollout gates it (``_prove_resumed``)
+                    lines = [_gates_kept(line) for line in lines]
                 return lines
 
             plans = fleet.map_sessions(plan, lambda: app.store, planning)
@@ -146,6 +148,16 @@ def serve(
         results = autotune_op.serve_fleet(fleet, served, chosen, serve_one, lambda: app.store)
     serve_view.serve_reports(results)
     return finish(results)
+
+
+def _gates_kept(line: str) -> str:
+    """A host's ``serve --dry-run`` line, ``line``, for a gated host the last rollout left out without a passed
+    gate (``Gate.unproven``): already serving as asked, it is not left alone but gated and registered only if it
+    passes (``rollout._prove_resumed``); any other line as it is."""
+    kept, sep, _ = line.partition(": nothing to do")
+    if not line.startswith("(already serving as asked") or not sep:
+        return line
+    return f"{kept}: no promotion gate passed it: gates it (--gate) and registers it only if it passes)"
 
 
 def serve_host(

@@ -141,6 +141,10 @@ def test_gate_bench_resumed_gates_the_canary_an_interrupted_rollout_left_out_bef
     with StateStore(env.state).update() as state:
         state.rollout = RolloutRecord(waves=[["sim-1"], ["sim-2"], ["sim-3"]], outcomes={"sim-1": "removed"})
     job = server_job(env, "sim-1")
+    dry = env.orch("serve", "--rolling", "--canary", "canary", "--gate", "bench", "--playbook", new, "--dry-run")
+    assert dry.returncode == 0, dry.output  # it said "nothing to do", though the rollout gates sim-1 and registers it
+    gated = f"(already serving as asked (job {job}): no promotion gate passed it: gates it (--gate) and registers it "
+    assert gated + "only if it passes)" in dry.stdout and "nothing to do" not in dry.stdout.split("sim-2", 1)[0]
     run = env.orch("serve", "--rolling", "--canary", "canary", "--gate", "bench", "--playbook", new)
     assert run.returncode == 0, run.output
     assert "sim-1: resuming a rollout whose gate never decided on this host" in run.stderr
