@@ -130,6 +130,17 @@ def canary_relaunched_after_a_slow_baseline(env: FleetEnv, tmp_path: Path) -> st
     return new
 
 
+def cut_off_before_the_gate(env: FleetEnv, command: str) -> RolloutRecord:
+    """The state's rollout as ``command`` (a gated rolling relaunch of sim-1) leaves it when cut off after it
+    launched sim-1's server, before its gate decided: begun then, sim-1 ``removed``, never ended."""
+    with StateStore(env.state).update() as state:
+        server = state.hosts["sim-1"].server
+        assert server is not None  # the rollout began before it launched sim-1's server
+        cut_off = RolloutRecord(waves=[["sim-1"]], outcomes={"sim-1": "removed"}, command=command)
+        state.rollout = rollout = cut_off.model_copy(update={"started_at": server.started_at})
+    return rollout
+
+
 def test_gate_bench_resumed_gates_the_canary_an_interrupted_rollout_left_out_before_registering_it(
     gateway_fleet: GatewayFleet, tmp_path: Path
 ) -> None:
@@ -167,11 +178,7 @@ def test_a_plain_rolling_serve_refuses_a_canary_a_gated_rollout_cut_off_mid_gate
     client.remove(sim1)  # as the gated rollout cut off mid-gate leaves it
     client.wait_removed(sim1, timeout=10)
     command = f"orch serve --rolling --host sim-1 --canary canary --gate bench --playbook {new}"
-    with StateStore(env.state).update() as state:
-        server = state.hosts["sim-1"].server
-        assert server is not None  # the rollout began before it launched sim-1's server
-        cut_off = RolloutRecord(waves=[["sim-1"]], outcomes={"sim-1": "removed"}, command=command)
-        state.rollout = cut_off.model_copy(update={"started_at": server.started_at})
+    rollout = cut_off_before_the_gate(env, command)
     job = server_job(env, "sim-1")
     for dry_run in (["--dry-run"], []):
         plain = env.orch("serve", "--host", "sim-1", "--playbook", new, *dry_run)
@@ -181,7 +188,7 @@ def test_a_plain_rolling_serve_refuses_a_canary_a_gated_rollout_cut_off_mid_gate
         )
         assert f"run that command again (`{command}`)" in plain.stderr and "nothing to do" not in plain.output
     assert client.find(sim1) is None and server_job(env, "sim-1") == job
-    assert StateStore(env.state).read().rollout == state.rollout  # still the cut-off one: it resumes it
+    assert StateStore(env.state).read().rollout == rollout  # still the cut-off one: it resumes it
     resumed = env.orch(*shlex.split(command)[1:])
     assert resumed.returncode == 0, resumed.output
     assert "sim-1: promotion gate PASSED: canary " in resumed.stdout and client.find(sim1) is not None
@@ -204,11 +211,7 @@ def test_a_server_a_resumed_gate_rejected_and_left_running_is_registered_neither
     client.wait_removed(sim1, timeout=10)
     assert env.orch("serve", "--no-rolling", "--host", "sim-1", "--playbook", slow).returncode == 0
     command = f"orch serve --rolling --gate bench --host sim-1 --playbook {slow}"
-    with StateStore(env.state).update() as state:
-        server = state.hosts["sim-1"].server
-        assert server is not None  # the rollout began before it launched sim-1's server
-        cut_off = RolloutRecord(waves=[["sim-1"]], outcomes={"sim-1": "removed"}, command=command)
-        state.rollout = cut_off.model_copy(update={"started_at": server.started_at})
+    cut_off_before_the_gate(env, command)
     job = server_job(env, "sim-1")
     resumed = env.orch(*shlex.split(command)[1:])
     assert resumed.returncode == 5, resumed.output
